@@ -1,0 +1,238 @@
+//! `Device`: a CUDA device and its primary context.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int};
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute};
+use parking_lot::Mutex;
+
+use crate::driver::{check, init};
+use crate::module::Module;
+use crate::{Error, Result};
+
+/// The oldest compute capability the kernels are built for (`compute_80`).
+pub const MIN_COMPUTE_CAPABILITY: (u32, u32) = (8, 0);
+
+/// What the driver says about one device, without opening it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// CUDA ordinal.
+    pub ordinal: usize,
+    /// Marketing name, e.g. "NVIDIA GeForce RTX 4090".
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Total device memory in bytes.
+    pub total_memory: usize,
+    /// PCI bus id, `domain:bus:device.function`.
+    pub pci_bus_id: String,
+    /// Number of streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Whether the device can map pinned host memory into its address space.
+    pub can_map_host_memory: bool,
+    /// Whether host and device share one virtual address space (UVA).
+    pub unified_addressing: bool,
+}
+
+impl DeviceInfo {
+    /// Whether geforce-p2p can use this device.
+    pub fn is_supported(&self) -> bool {
+        self.compute_capability >= MIN_COMPUTE_CAPABILITY
+    }
+}
+
+/// An open CUDA device: cheap to clone, shared, `Send + Sync`.
+///
+/// Holds the device's primary context, the one the CUDA runtime and most frameworks use, so
+/// pointers and streams from them are valid here. Opened devices stay open for the life of
+/// the process (like the runtime's), and each call binds the context to the calling thread.
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    info: DeviceInfo,
+    raw: CUdevice,
+    ctx: CUcontext,
+    modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+}
+
+// SAFETY: CUdevice is an integer and CUcontext an opaque handle; the driver API is
+// thread-safe, and a context may be made current on any number of threads at once.
+unsafe impl Send for Inner {}
+// SAFETY: as above; the only interior mutability is behind a Mutex.
+unsafe impl Sync for Inner {}
+
+static OPEN: Mutex<Vec<Option<Device>>> = Mutex::new(Vec::new());
+
+impl Device {
+    /// How many CUDA devices are visible. `Err(NoDriver)` without a driver.
+    pub fn count() -> Result<usize> {
+        init()?;
+        let mut count: c_int = 0;
+        // SAFETY: out-pointer to a local.
+        check(unsafe { sys::cuDeviceGetCount(&mut count) }, "cuDeviceGetCount")?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
+    /// Describe every visible device, supported or not.
+    pub fn all_info() -> Result<Vec<DeviceInfo>> {
+        (0..Self::count()?).map(|o| query(o).map(|(info, _)| info)).collect()
+    }
+
+    /// Open device `ordinal` (its primary context). Refuses devices below compute
+    /// capability 8.0. Opening the same ordinal again returns the same device.
+    pub fn open(ordinal: usize) -> Result<Device> {
+        let count = Self::count()?;
+        if ordinal >= count {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        let mut open = OPEN.lock();
+        if let Some(Some(device)) = open.get(ordinal) {
+            return Ok(device.clone());
+        }
+        let (info, raw) = query(ordinal)?;
+        if !info.is_supported() {
+            let (major, minor) = info.compute_capability;
+            return Err(Error::Unsupported { ordinal, name: info.name, major, minor });
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid device handle; out-pointer to a local. The retain is never
+        // released: opened devices live for the process, as in the CUDA runtime.
+        check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, raw) }, "cuDevicePrimaryCtxRetain")?;
+        let device = Device { inner: Arc::new(Inner { info, raw, ctx, modules: Mutex::new(HashMap::new()) }) };
+        if open.len() <= ordinal {
+            open.resize(ordinal + 1, None);
+        }
+        open[ordinal] = Some(device.clone());
+        Ok(device)
+    }
+
+    /// The CUDA ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.info.ordinal
+    }
+
+    /// What the driver said about this device when it was opened.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// Make this device's primary context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: ctx is a retained primary context, valid for the process lifetime.
+        check(unsafe { sys::cuCtxSetCurrent(self.inner.ctx) }, "cuCtxSetCurrent")
+    }
+
+    /// Block until all work on this device is done (every stream).
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the context is current; no pointers.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+    }
+
+    /// The driver's device handle.
+    pub fn raw(&self) -> CUdevice {
+        self.inner.raw
+    }
+
+    /// The module cache of this device.
+    pub(crate) fn modules(&self) -> &Mutex<HashMap<&'static str, Arc<Module>>> {
+        &self.inner.modules
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.ordinal() == other.ordinal()
+    }
+}
+impl Eq for Device {}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({}: {})", self.ordinal(), self.inner.info.name)
+    }
+}
+
+fn query(ordinal: usize) -> Result<(DeviceInfo, CUdevice)> {
+    let mut raw: CUdevice = 0;
+    let ordinal_c = c_int::try_from(ordinal)
+        .map_err(|_| Error::InvalidArgument { name: "ordinal", reason: format!("{ordinal} is too large") })?;
+    // SAFETY: out-pointer to a local; the ordinal was range-checked by the callers.
+    check(unsafe { sys::cuDeviceGet(&mut raw, ordinal_c) }, "cuDeviceGet")?;
+    let attr = |a: CUdevice_attribute| -> Result<u32> {
+        let mut v: c_int = 0;
+        // SAFETY: out-pointer to a local, valid device handle.
+        check(unsafe { sys::cuDeviceGetAttribute(&mut v, a, raw) }, "cuDeviceGetAttribute")?;
+        Ok(u32::try_from(v).unwrap_or(0))
+    };
+    let mut name_buf = [0 as c_char; 256];
+    // SAFETY: the buffer is 256 bytes and its length is passed; the driver NUL-terminates.
+    check(unsafe { sys::cuDeviceGetName(name_buf.as_mut_ptr(), 256, raw) }, "cuDeviceGetName")?;
+    let mut bus_buf = [0 as c_char; 64];
+    // SAFETY: as above, 64 bytes.
+    check(unsafe { sys::cuDeviceGetPCIBusId(bus_buf.as_mut_ptr(), 64, raw) }, "cuDeviceGetPCIBusId")?;
+    let mut total = 0usize;
+    // SAFETY: out-pointer to a local.
+    check(unsafe { sys::cuDeviceTotalMem_v2(&mut total, raw) }, "cuDeviceTotalMem")?;
+    use CUdevice_attribute::*;
+    let info = DeviceInfo {
+        ordinal,
+        name: c_buf_to_string(&name_buf),
+        compute_capability: (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        total_memory: total,
+        pci_bus_id: c_buf_to_string(&bus_buf),
+        multiprocessors: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        can_map_host_memory: attr(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? != 0,
+        unified_addressing: attr(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0,
+    };
+    Ok((info, raw))
+}
+
+fn c_buf_to_string(buf: &[c_char]) -> String {
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn support_follows_compute_capability() {
+        let mut info = DeviceInfo {
+            ordinal: 0,
+            name: "test".into(),
+            compute_capability: (7, 5),
+            total_memory: 0,
+            pci_bus_id: String::new(),
+            multiprocessors: 1,
+            can_map_host_memory: true,
+            unified_addressing: true,
+        };
+        assert!(!info.is_supported());
+        info.compute_capability = (8, 0);
+        assert!(info.is_supported());
+        info.compute_capability = (12, 0);
+        assert!(info.is_supported());
+    }
+
+    #[test]
+    fn without_a_driver_everything_is_a_value_not_a_panic() {
+        if crate::is_driver_present() {
+            return; // covered by the GPU suite instead
+        }
+        assert_eq!(Device::count(), Err(Error::NoDriver));
+        assert_eq!(Device::open(0).err(), Some(Error::NoDriver));
+        assert_eq!(Device::all_info().err(), Some(Error::NoDriver));
+        assert_eq!(crate::driver_version(), Err(Error::NoDriver));
+    }
+}

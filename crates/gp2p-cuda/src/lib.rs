@@ -1,0 +1,75 @@
+//! The safe CUDA layer of geforce-p2p, over the CUDA driver API that `cudarc` loads at run
+//! time.
+//!
+//! What it gives you:
+//! - [`Device`]: count, open by ordinal (the device's primary context, shared with the CUDA
+//!   runtime and with frameworks such as PyTorch), name, compute capability, memory, PCI bus.
+//!   Cards below compute capability 8.0 are refused, since the kernels are built for `sm_80`.
+//! - [`Stream`]: created here, or borrowed from a foreign `CUstream` so other frameworks can
+//!   pass theirs in; [`StreamFork`] runs work on internal streams that start after a caller's
+//!   stream and rejoin it.
+//! - [`Event`]: timing and non-timing events.
+//! - [`DeviceBuffer`] and the views [`DeviceView`] / [`DeviceViewMut`]: typed device memory.
+//! - [`Module`] / [`Function`]: PTX from `gp2p-kernels`, loaded once per device and cached.
+//! - [`reduce`]: the checked launch of the reduce kernel family.
+//!
+//! What it does not do: pinned host memory (that is `gp2p-pinned`), moving data between
+//! devices (`gp2p-transport`), or anything needing more than one device at a time.
+//!
+//! With no CUDA driver on the machine every entry point returns [`Error::NoDriver`]; nothing
+//! panics. That is what lets the workspace build and test on machines without a GPU.
+//!
+//! ```
+//! use gp2p_cuda::{Device, DeviceBuffer, Error, Stream, reduce};
+//! use gp2p_kernels::ReduceOp;
+//!
+//! fn add_in_place() -> Result<Vec<f32>, Error> {
+//!     let device = Device::open(0)?;
+//!     let stream = Stream::new(&device)?;
+//!     let mut dst = DeviceBuffer::from_host(&stream, &[1.0f32, 2.0, 3.0])?;
+//!     let src = DeviceBuffer::from_host(&stream, &[10.0f32, 20.0, 30.0])?;
+//!     reduce(&stream, &mut dst.view_mut(..), &src.view(..), ReduceOp::Sum, 1)?;
+//!     dst.to_host_vec(&stream)
+//! }
+//!
+//! match add_in_place() {
+//!     Ok(v) => assert_eq!(v, [11.0, 22.0, 33.0]),
+//!     // On a machine without a driver or GPU this is what comes back, never a panic.
+//!     Err(Error::NoDriver | Error::NoDevice { .. }) => {}
+//!     Err(e) => panic!("{e}"),
+//! }
+//! ```
+//!
+//! Thread safety: every type here is `Send + Sync`; the driver API is thread-safe, and each
+//! call binds the device's primary context to the calling thread first.
+
+mod device;
+mod driver;
+mod error;
+mod event;
+mod memory;
+mod module;
+mod reduce;
+mod stream;
+
+pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY};
+pub use driver::{driver_version, is_driver_present, take_deferred_error};
+pub use error::{Error, Result};
+pub use event::{Event, EventKind};
+pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr};
+pub use module::{Function, LaunchConfig, Module};
+pub use reduce::{reduce, reduce_launch_config};
+pub use stream::{RawStream, Stream, StreamFork};
+
+/// Raw driver API types, for callers that interoperate with other CUDA code.
+pub mod sys {
+    pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
+}
+
+#[doc(hidden)]
+pub mod __private {
+    //! Raw operations the sibling crates build safe APIs on. Not part of the public API.
+    pub use crate::driver::check;
+    pub use crate::memory::{clamp_range, memcpy_dtoh_async, memcpy_htod_async};
+    pub use crate::reduce::reduce_raw;
+}

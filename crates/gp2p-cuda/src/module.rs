@@ -1,0 +1,140 @@
+//! PTX modules, loaded once per device and cached, and kernel launches.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUfunction, CUmodule};
+use gp2p_kernels::PtxModule;
+use parking_lot::Mutex;
+
+use crate::driver::check;
+use crate::{Device, Error, Result, Stream};
+
+/// A PTX module loaded into one device's primary context. Obtained with [`Module::load`],
+/// which caches it: the JIT compile happens once per device and process.
+pub struct Module {
+    device: Device,
+    name: &'static str,
+    raw: CUmodule,
+    functions: Mutex<HashMap<&'static str, CUfunction>>,
+}
+
+// SAFETY: CUmodule and CUfunction are opaque driver handles, usable from any thread; the
+// function cache is behind a Mutex.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// The module `ptx` on `device`, loaded (and JIT-compiled by the driver) on first use.
+    pub fn load(device: &Device, ptx: PtxModule) -> Result<Arc<Module>> {
+        let mut cache = device.modules().lock();
+        if let Some(module) = cache.get(ptx.name) {
+            return Ok(module.clone());
+        }
+        let image = CString::new(ptx.ptx)
+            .map_err(|_| Error::InvalidArgument { name: "ptx", reason: format!("module {} contains a NUL byte", ptx.name) })?;
+        device.bind()?;
+        let mut raw: CUmodule = std::ptr::null_mut();
+        // SAFETY: the context is current; the image is a NUL-terminated PTX string that the
+        // driver copies during the call.
+        check(unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr().cast()) }, "cuModuleLoadData")?;
+        let module = Arc::new(Module { device: device.clone(), name: ptx.name, raw, functions: Mutex::new(HashMap::new()) });
+        cache.insert(ptx.name, module.clone());
+        Ok(module)
+    }
+
+    /// Look up a kernel by name (cached).
+    pub fn function(self: &Arc<Self>, name: &'static str) -> Result<Function> {
+        let mut functions = self.functions.lock();
+        let raw = match functions.get(name) {
+            Some(&f) => f,
+            None => {
+                let c_name = CString::new(name)
+                    .map_err(|_| Error::InvalidArgument { name: "name", reason: "kernel names contain no NUL".into() })?;
+                let mut f: CUfunction = std::ptr::null_mut();
+                self.device.bind()?;
+                // SAFETY: live module, NUL-terminated name, out-pointer to a local.
+                let code = unsafe { sys::cuModuleGetFunction(&mut f, self.raw, c_name.as_ptr()) };
+                if code == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+                    return Err(Error::KernelNotFound { name, module: self.name });
+                }
+                check(code, "cuModuleGetFunction")?;
+                functions.insert(name, f);
+                f
+            }
+        };
+        Ok(Function { module: self.clone(), name, raw })
+    }
+
+    /// The device this module is loaded on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+/// Grid and block shape of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in the (1-D) grid.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory bytes.
+    pub shared_bytes: u32,
+}
+
+/// A kernel of a loaded [`Module`].
+#[derive(Clone)]
+pub struct Function {
+    module: Arc<Module>,
+    name: &'static str,
+    raw: CUfunction,
+}
+
+// SAFETY: CUfunction is an opaque driver handle, usable from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+impl Function {
+    /// The kernel's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Enqueue the kernel on `stream`.
+    ///
+    /// # Safety
+    /// `params` must point to one value per kernel parameter, of exactly the parameter's type
+    /// and in order; every pointer among them must be valid for what the kernel does with it
+    /// until the kernel completes.
+    pub unsafe fn launch(&self, stream: &Stream, config: LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+        if stream.device() != &self.module.device {
+            return Err(Error::WrongDevice { what: "kernel module", got: self.module.device.ordinal(), expected: stream.device().ordinal() });
+        }
+        if config.grid == 0 || config.block == 0 {
+            return Err(Error::InvalidArgument { name: "config", reason: format!("empty launch {config:?}") });
+        }
+        self.module.device.bind()?;
+        // SAFETY: live function and stream of the current context; params per the contract.
+        let code = unsafe {
+            sys::cuLaunchKernel(
+                self.raw,
+                config.grid,
+                1,
+                1,
+                config.block,
+                1,
+                1,
+                config.shared_bytes,
+                stream.raw(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        check(code, "cuLaunchKernel")
+    }
+}

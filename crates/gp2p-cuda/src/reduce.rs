@@ -1,0 +1,116 @@
+//! The checked launch of the reduce kernel family: `dst[i] = op(dst[i], src[i])`.
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+
+use gp2p_kernels::{DType, Element, REDUCE, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, reduce_kernel_name};
+
+use crate::memory::RawDevicePtr;
+use crate::{DeviceView, DeviceViewMut, Error, LaunchConfig, Module, Result, Stream};
+
+/// Vectors each thread handles per loop step (the kernels' UNROLL).
+const VECTORS_PER_THREAD_STEP: usize = 4;
+/// Resident blocks per multiprocessor the grid is sized for: 8 × 256 threads fills an SM,
+/// and a grid-stride loop covers the rest, so large launches do not pay for block start-up.
+const BLOCKS_PER_SM: u32 = 8;
+
+/// Enqueue `dst[i] = op(dst[i], src[i])` for every element on `stream`.
+///
+/// `divide_by` serves [`ReduceOp::Avg`]: the sum is divided by it (pass the number of
+/// contributions on the last step and 1 on every other); other ops ignore it. It must be ≥ 1.
+///
+/// Both views must be on the stream's device and have equal lengths; `src` may be device
+/// memory or (through `gp2p-pinned`) mapped pinned host memory. Asynchronous; starts after
+/// earlier work on `stream`.
+pub fn reduce<T: Element>(
+    stream: &Stream,
+    dst: &mut DeviceViewMut<'_, T>,
+    src: &DeviceView<'_, T>,
+    op: ReduceOp,
+    divide_by: u32,
+) -> Result<()> {
+    for (what, device) in [("dst", dst.device()), ("src", src.device())] {
+        if device != stream.device() {
+            return Err(Error::WrongDevice { what, got: device.ordinal(), expected: stream.device().ordinal() });
+        }
+    }
+    if src.len() != dst.len() {
+        return Err(Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() });
+    }
+    // SAFETY: both views were checked to be on the stream's device with equal lengths; a
+    // DeviceViewMut is exclusive and a DeviceView shared, so they do not overlap unless the
+    // caller broke a from_raw contract.
+    unsafe { reduce_raw(stream, dst.raw_ptr(), src.raw_ptr(), dst.len(), T::DTYPE, op, divide_by) }
+}
+
+/// The launch shape for `len` elements of `dtype` on a device with `multiprocessors` SMs.
+pub fn reduce_launch_config(len: usize, dtype: DType, multiprocessors: u32) -> LaunchConfig {
+    let lanes = REDUCE_VECTOR_BYTES / dtype.size_bytes();
+    let threads = len.div_ceil(lanes * VECTORS_PER_THREAD_STEP).max(1);
+    let blocks = threads.div_ceil(REDUCE_BLOCK_THREADS as usize);
+    let cap = (multiprocessors.max(1) * BLOCKS_PER_SM) as usize;
+    LaunchConfig { grid: blocks.clamp(1, cap) as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
+}
+
+/// [`reduce`] on raw addresses, for the sibling crates' safe wrappers.
+///
+/// # Safety
+/// `dst` must be `len` writable elements of `dtype` and `src` `len` readable ones, both
+/// addressable from the stream's device (device memory or mapped pinned host memory) and
+/// valid until the kernel completes; they must not partially overlap.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn reduce_raw(
+    stream: &Stream,
+    dst: RawDevicePtr,
+    src: RawDevicePtr,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+    divide_by: u32,
+) -> Result<()> {
+    if divide_by == 0 {
+        return Err(Error::InvalidArgument { name: "divide_by", reason: "must be at least 1 (the number of contributions)".into() });
+    }
+    let align = dtype.size_bytes() as u64;
+    for (name, ptr) in [("dst", dst), ("src", src)] {
+        if ptr % align != 0 {
+            return Err(Error::InvalidArgument { name, reason: format!("address {ptr:#x} is not aligned to {align} bytes for {dtype}") });
+        }
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let function = Module::load(stream.device(), REDUCE)?.function(reduce_kernel_name(op, dtype))?;
+    let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors);
+    let mut dst_arg = dst;
+    let mut src_arg = src;
+    let mut len_arg = len as u64;
+    let mut divisor_arg = divide_by;
+    let mut params: [*mut c_void; 4] = [
+        (&raw mut dst_arg).cast(),
+        (&raw mut src_arg).cast(),
+        (&raw mut len_arg).cast(),
+        (&raw mut divisor_arg).cast(),
+    ];
+    // SAFETY: the kernels take (T*, const T*, u64, u32), matching the four locals above, which
+    // outlive the call (the driver copies parameters at launch); pointer validity is the
+    // caller's contract.
+    unsafe { function.launch(stream, config, &mut params) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_shape_covers_small_and_caps_large() {
+        let one = reduce_launch_config(1, DType::F32, 132);
+        assert_eq!((one.grid, one.block), (1, 256));
+        let mid = reduce_launch_config(256 * 16, DType::F32, 132);
+        assert_eq!(mid.grid, 1, "256 threads x 4 vectors x 4 lanes fit in one block");
+        let big = reduce_launch_config(1 << 28, DType::F32, 132);
+        assert_eq!(big.grid, 132 * BLOCKS_PER_SM);
+        let bytes = reduce_launch_config(256 * 64 + 1, DType::I8, 132);
+        assert_eq!(bytes.grid, 2);
+    }
+}

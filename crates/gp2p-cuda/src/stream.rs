@@ -1,0 +1,164 @@
+//! `Stream`: owned or borrowed CUDA streams, and `StreamFork` for work on internal streams.
+#![allow(unsafe_code)]
+
+use cudarc::driver::sys::{self, CUstream, CUstream_flags};
+
+use crate::driver::{check, defer_error, take_deferred_error};
+use crate::{Device, Error, Event, EventKind, Result};
+
+/// A raw `CUstream` handle from other CUDA code (PyTorch's `torch.cuda.Stream.cuda_stream`,
+/// CuPy's `Stream.ptr`, cudarc's `CudaStream::cu_stream`).
+pub type RawStream = CUstream;
+
+/// A CUDA stream on one device: created by us (and destroyed on drop), or borrowed from
+/// another framework (never destroyed by us). `Send + Sync`.
+pub struct Stream {
+    device: Device,
+    raw: CUstream,
+    owned: bool,
+}
+
+// SAFETY: CUstream is an opaque driver handle; enqueueing from several threads is allowed
+// by the driver API (the order between threads is then the caller's business).
+unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A new non-blocking stream on `device` (it does not synchronise with the legacy
+    /// default stream).
+    pub fn new(device: &Device) -> Result<Stream> {
+        device.bind()?;
+        let mut raw: CUstream = std::ptr::null_mut();
+        // SAFETY: the context is current; out-pointer to a local.
+        check(
+            unsafe { sys::cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+            "cuStreamCreate",
+        )?;
+        Ok(Stream { device: device.clone(), raw, owned: true })
+    }
+
+    /// Borrow a stream created elsewhere. A null handle means the legacy default stream.
+    ///
+    /// # Safety
+    /// `raw` must be a stream of `device`'s primary context (or null) and must stay alive for
+    /// as long as the returned `Stream` and anything enqueued through it are in use. It is
+    /// never destroyed by this crate.
+    pub unsafe fn borrow_raw(device: &Device, raw: RawStream) -> Stream {
+        Stream { device: device.clone(), raw, owned: false }
+    }
+
+    /// The device this stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The raw handle, for interop and for the driver calls of sibling crates.
+    pub fn raw(&self) -> RawStream {
+        self.raw
+    }
+
+    /// Whether this stream was borrowed with [`Stream::borrow_raw`].
+    pub fn is_borrowed(&self) -> bool {
+        !self.owned
+    }
+
+    /// Make later work on this stream wait (on the GPU) for the work `event` captured.
+    /// The event may belong to any device.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: both handles are live; cross-context waits are allowed by the driver.
+        check(unsafe { sys::cuStreamWaitEvent(self.raw, event.raw(), 0) }, "cuStreamWaitEvent")
+    }
+
+    /// Block the host until everything enqueued on this stream is done. Also returns the
+    /// first error a destructor met since the last call (see [`crate::take_deferred_error`]).
+    pub fn synchronize(&self) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: live stream handle.
+        check(unsafe { sys::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")?;
+        take_deferred_error().map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.owned {
+            let result = self.device.bind().and_then(|()| {
+                // SAFETY: we created the stream and destroy it once; the driver lets
+                // enqueued work finish first.
+                check(unsafe { sys::cuStreamDestroy_v2(self.raw) }, "cuStreamDestroy")
+            });
+            defer_error(result);
+        }
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.owned { "owned" } else { "borrowed" };
+        write!(f, "Stream({kind} {:p} on device {})", self.raw, self.device.ordinal())
+    }
+}
+
+/// Internal streams that start after a caller's stream and rejoin it: how an op uses
+/// several copy engines at once while still behaving like one call on the caller's stream.
+///
+/// ```no_run
+/// # fn demo() -> gp2p_cuda::Result<()> {
+/// use gp2p_cuda::{Device, Stream, StreamFork};
+/// let device = Device::open(0)?;
+/// let caller = Stream::new(&device)?;
+/// let fork = StreamFork::new(&device, 2)?;
+/// let [up, down] = fork.fork(&caller)? else { unreachable!() };
+/// // ... enqueue on `up` and `down`: both start after earlier work on `caller` ...
+/// fork.join(&caller)?; // later work on `caller` sees everything done on them
+/// # Ok(()) }
+/// ```
+///
+/// Reusable across calls; each `fork` must be followed by a `join` before the next `fork`
+/// (the type does not track this: it is a building block, not a guard).
+pub struct StreamFork {
+    streams: Vec<Stream>,
+    forked: Event,
+    joined: Vec<Event>,
+}
+
+impl StreamFork {
+    /// `count` internal streams on `device`.
+    pub fn new(device: &Device, count: usize) -> Result<StreamFork> {
+        if count == 0 {
+            return Err(Error::InvalidArgument { name: "count", reason: "a fork needs at least one stream".into() });
+        }
+        let streams = (0..count).map(|_| Stream::new(device)).collect::<Result<Vec<_>>>()?;
+        let joined = (0..count).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>>>()?;
+        Ok(StreamFork { streams, forked: Event::new(device, EventKind::Sync)?, joined })
+    }
+
+    /// Make every internal stream wait for the work enqueued on `caller` so far; returns them.
+    pub fn fork(&self, caller: &Stream) -> Result<&[Stream]> {
+        let device = self.forked.device();
+        if caller.device() != device {
+            return Err(Error::WrongDevice { what: "fork", got: device.ordinal(), expected: caller.device().ordinal() });
+        }
+        self.forked.record(caller)?;
+        for s in &self.streams {
+            s.wait(&self.forked)?;
+        }
+        Ok(&self.streams)
+    }
+
+    /// Make `caller` wait for everything enqueued on the internal streams so far.
+    pub fn join(&self, caller: &Stream) -> Result<()> {
+        for (s, e) in self.streams.iter().zip(&self.joined) {
+            e.record(s)?;
+            caller.wait(e)?;
+        }
+        Ok(())
+    }
+
+    /// The internal streams.
+    pub fn streams(&self) -> &[Stream] {
+        &self.streams
+    }
+}

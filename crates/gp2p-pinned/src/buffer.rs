@@ -1,0 +1,352 @@
+//! `PinnedBuffer`: page-locked, portable, device-mapped host memory, and `is_pinned`.
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::ops::RangeBounds;
+use std::ptr::NonNull;
+
+use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute, CUresult};
+use gp2p_cuda::__private::{check, clamp_range};
+use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, Stream};
+use gp2p_kernels::Element;
+use parking_lot::Mutex;
+
+use crate::{Error, Result};
+
+/// Page-locked host memory that every device can DMA to and from and address directly.
+///
+/// Allocated with `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`: pinned for every
+/// context and mapped into every device's address space. Not write-combined, so the CPU
+/// reads it at full speed. Starts zeroed.
+///
+/// Stream ordering: the async operations of this crate remember which streams used the
+/// buffer; [`PinnedBuffer::as_slice`] and [`PinnedBuffer::as_mut_slice`] wait (blocking the
+/// host) until that GPU work is done, so the host never reads or writes under a running DMA.
+/// `Send + Sync`.
+pub struct PinnedBuffer<T: Element> {
+    alloc: Allocation,
+    len: usize,
+    _marker: PhantomData<T>,
+}
+
+/// The untyped allocation behind a buffer, which views point into.
+pub(crate) struct Allocation {
+    ptr: NonNull<u8>,
+    bytes: usize,
+    device: Device,
+    uses: Mutex<Vec<(usize, Event)>>,
+}
+
+// SAFETY: the memory is an exclusively owned heap allocation like a Box<[u8]>; the use list
+// is behind a Mutex; Device and Event are Send + Sync.
+unsafe impl Send for Allocation {}
+// SAFETY: shared access hands out host slices only after GPU users are done (as_slice).
+unsafe impl Sync for Allocation {}
+
+impl Allocation {
+    fn new(device: &Device, bytes: usize) -> Result<Self> {
+        if !device.info().can_map_host_memory {
+            return Err(Error::NoHostMapping { ordinal: device.ordinal() });
+        }
+        let ptr = if bytes == 0 {
+            // Aligned for any element; never dereferenced with a non-zero length.
+            NonNull::<u64>::dangling().cast::<u8>()
+        } else {
+            device.bind()?;
+            let mut raw: *mut c_void = std::ptr::null_mut();
+            let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+            // SAFETY: a context is current; out-pointer to a local.
+            check(unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) }, "cuMemHostAlloc")?;
+            let ptr = NonNull::new(raw.cast::<u8>()).ok_or_else(|| {
+                Error::Cuda(gp2p_cuda::Error::InvalidArgument { name: "len", reason: "cuMemHostAlloc returned null".into() })
+            })?;
+            // SAFETY: the driver returned `bytes` writable bytes; zeroing makes them initialised.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
+            ptr
+        };
+        Ok(Allocation { ptr, bytes, device: device.clone(), uses: Mutex::new(Vec::new()) })
+    }
+
+    fn wait_for_gpu(&self) -> Result<()> {
+        let mut uses = self.uses.lock();
+        for (_, event) in uses.iter() {
+            event.synchronize()?;
+        }
+        uses.clear();
+        Ok(())
+    }
+
+    fn device_ptr(&self, device: &Device) -> Result<RawDevicePtr> {
+        if self.bytes == 0 {
+            return Ok(0);
+        }
+        if !device.info().can_map_host_memory {
+            return Err(Error::NoHostMapping { ordinal: device.ordinal() });
+        }
+        device.bind()?;
+        let mut dptr: RawDevicePtr = 0;
+        // SAFETY: the pointer is a live portable mapped allocation; out-pointer to a local.
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, self.ptr.as_ptr().cast(), 0) }, "cuMemHostGetDevicePointer")?;
+        Ok(dptr)
+    }
+
+    /// Remember that `stream` has GPU work on this memory, so host access waits for it. One
+    /// event per stream: a later record on the same stream covers the earlier work.
+    fn note_use(&self, stream: &Stream) -> Result<()> {
+        let key = stream.raw() as usize;
+        let mut uses = self.uses.lock();
+        if let Some((_, event)) = uses.iter().find(|(k, e)| *k == key && e.device() == stream.device()) {
+            return Ok(event.record(stream)?);
+        }
+        let event = Event::new(stream.device(), EventKind::Sync)?;
+        event.record(stream)?;
+        uses.push((key, event));
+        Ok(())
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        if self.bytes == 0 {
+            return;
+        }
+        // Freeing under a running DMA would let the GPU write freed memory: wait first. If
+        // the wait fails the device is broken and the memory is leaked rather than freed.
+        if self.wait_for_gpu().is_err() {
+            return;
+        }
+        if self.device.bind().is_ok() {
+            // SAFETY: we own the allocation and free it once, after its GPU users finished.
+            // A failure cannot be returned from Drop and leaves nothing to clean up.
+            let _ = unsafe { sys::cuMemFreeHost(self.ptr.as_ptr().cast()) };
+        }
+    }
+}
+
+impl<T: Element> PinnedBuffer<T> {
+    /// Allocate `len` zeroed elements. `device` supplies the context for the call; the memory
+    /// is usable from every device.
+    pub fn alloc(device: &Device, len: usize) -> Result<Self> {
+        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
+            Error::Cuda(gp2p_cuda::Error::InvalidArgument { name: "len", reason: format!("{len} elements overflow") })
+        })?;
+        Ok(PinnedBuffer { alloc: Allocation::new(device, bytes)?, len, _marker: PhantomData })
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// Block until the GPU work this crate enqueued on the buffer is done.
+    pub fn wait_for_gpu(&self) -> Result<()> {
+        self.alloc.wait_for_gpu()
+    }
+
+    /// The contents, after waiting for GPU work on the buffer (see the type's docs).
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.wait_for_gpu()?;
+        // SAFETY: len initialised elements (zeroed at allocation, T valid for any bits,
+        // suitably aligned: page-aligned or dangling-aligned); no GPU work of ours is in
+        // flight on them, and writers need &mut self.
+        Ok(unsafe { std::slice::from_raw_parts(self.host_ptr(), self.len) })
+    }
+
+    /// The contents, writable, after waiting for GPU work on the buffer.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.wait_for_gpu()?;
+        // SAFETY: as in as_slice, and &mut self makes the access exclusive.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.alloc.ptr.as_ptr().cast::<T>(), self.len) })
+    }
+
+    /// Borrow a range for reading by the GPU. Ranges are clamped to the buffer.
+    pub fn view(&self, range: impl RangeBounds<usize>) -> PinnedView<'_, T> {
+        let (start, len) = clamp_range(range, self.len);
+        PinnedView { alloc: &self.alloc, offset: start * size_of::<T>(), len, _marker: PhantomData }
+    }
+
+    /// Borrow a range for writing by the GPU. Ranges are clamped to the buffer.
+    pub fn view_mut(&mut self, range: impl RangeBounds<usize>) -> PinnedViewMut<'_, T> {
+        let (start, len) = clamp_range(range, self.len);
+        PinnedViewMut { alloc: &self.alloc, offset: start * size_of::<T>(), len, _marker: PhantomData }
+    }
+
+    /// The host address of the first element.
+    pub fn host_ptr(&self) -> *const T {
+        self.alloc.ptr.as_ptr().cast::<T>()
+    }
+
+    /// The address `device` uses for the first element (the mapping of this memory into its
+    /// address space; equal to the host address wherever unified addressing is on).
+    pub fn device_ptr(&self, device: &Device) -> Result<RawDevicePtr> {
+        self.alloc.device_ptr(device)
+    }
+}
+
+impl PinnedBuffer<u8> {
+    /// `len` elements of `T` starting `offset` bytes in, for reading by the GPU (staging
+    /// slots hold any element type). `offset` must be aligned for `T` and the range inside.
+    pub(crate) fn typed_view<U: Element>(&self, offset: usize, len: usize) -> PinnedView<'_, U> {
+        debug_assert!(offset % align_of::<U>() == 0 && offset + len * size_of::<U>() <= self.len);
+        PinnedView { alloc: &self.alloc, offset, len, _marker: PhantomData }
+    }
+
+    /// As [`PinnedBuffer::typed_view`], for writing by the GPU.
+    pub(crate) fn typed_view_mut<U: Element>(&mut self, offset: usize, len: usize) -> PinnedViewMut<'_, U> {
+        debug_assert!(offset % align_of::<U>() == 0 && offset + len * size_of::<U>() <= self.len);
+        PinnedViewMut { alloc: &self.alloc, offset, len, _marker: PhantomData }
+    }
+}
+
+impl<T: Element> std::fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PinnedBuffer<{}>({} elements at {:p})", T::DTYPE, self.len, self.alloc.ptr)
+    }
+}
+
+/// A range of pinned memory that GPU work reads.
+#[derive(Clone, Copy)]
+pub struct PinnedView<'a, T: Element> {
+    alloc: &'a Allocation,
+    offset: usize,
+    len: usize,
+    _marker: PhantomData<&'a T>,
+}
+
+/// A range of pinned memory that GPU work writes.
+pub struct PinnedViewMut<'a, T: Element> {
+    alloc: &'a Allocation,
+    offset: usize,
+    len: usize,
+    _marker: PhantomData<&'a mut T>,
+}
+
+macro_rules! pinned_view_common {
+    ($name:ident) => {
+        impl<T: Element> $name<'_, T> {
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// Whether the view is empty.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+
+            /// Size in bytes.
+            pub fn bytes(&self) -> usize {
+                self.len * size_of::<T>()
+            }
+
+            /// The host address of the first element.
+            pub fn host_ptr(&self) -> *const T {
+                self.alloc.ptr.as_ptr().wrapping_add(self.offset).cast::<T>()
+            }
+
+            /// The address `device` uses for the first element.
+            pub fn device_ptr(&self, device: &Device) -> Result<RawDevicePtr> {
+                Ok(self.alloc.device_ptr(device)? + self.offset as u64)
+            }
+
+            pub(crate) fn note_use(&self, stream: &Stream) -> Result<()> {
+                self.alloc.note_use(stream)
+            }
+        }
+
+        impl<T: Element> std::fmt::Debug for $name<'_, T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}<{}>({} elements at byte {})", stringify!($name), T::DTYPE, self.len, self.offset)
+            }
+        }
+    };
+}
+pinned_view_common!(PinnedView);
+pinned_view_common!(PinnedViewMut);
+
+impl<T: Element> PinnedViewMut<'_, T> {
+    /// The writable host address of the first element.
+    pub fn host_mut_ptr(&mut self) -> *mut T {
+        self.alloc.ptr.as_ptr().wrapping_add(self.offset).cast::<T>()
+    }
+}
+
+/// Whether `[ptr, ptr + len)` is page-locked host memory known to CUDA (allocated by
+/// `cuMemHostAlloc`/`cudaHostAlloc` or registered with `cuMemHostRegister`), inside one
+/// allocation. An empty range is trivially pinned.
+///
+/// A "no" is an answer, not a failure: it leaves no CUDA error behind, so later launches
+/// work as before. Needs a driver and at least one usable device (for a context).
+pub fn is_pinned(ptr: *const u8, len: usize) -> Result<bool> {
+    if len == 0 {
+        return Ok(true);
+    }
+    if ptr.is_null() {
+        return Ok(false);
+    }
+    Device::open(0)?.bind()?;
+    let first = ptr as u64;
+    let Some(last) = first.checked_add(len as u64 - 1) else { return Ok(false) };
+    if !is_pinned_host_byte(first)? || !is_pinned_host_byte(last)? {
+        return Ok(false);
+    }
+    // Both ends are pinned; make sure they are one allocation, not two with a gap between.
+    match allocation_range(first)? {
+        Some((start, size)) => Ok(start <= first && last < start.saturating_add(size)),
+        None => Ok(true), // the driver does not report ranges for host memory: ends suffice
+    }
+}
+
+/// One byte: does the driver know it as page-locked host memory?
+fn is_pinned_host_byte(addr: u64) -> Result<bool> {
+    let mut memory_type: u32 = 0;
+    // SAFETY: a context is current; the out-pointer is a u32 as MEMORY_TYPE requires. The
+    // address is only looked up, never dereferenced.
+    let code = unsafe {
+        sys::cuPointerGetAttribute(
+            (&raw mut memory_type).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            addr,
+        )
+    };
+    match code {
+        CUresult::CUDA_SUCCESS => {}
+        // Not memory the driver knows: ordinary pageable memory.
+        CUresult::CUDA_ERROR_INVALID_VALUE => return Ok(false),
+        other => return Ok(check(other, "cuPointerGetAttribute").map(|()| false)?),
+    }
+    if memory_type != CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+        return Ok(false);
+    }
+    let mut flags: u32 = 0;
+    // SAFETY: out-pointer to a local; the address is looked up only. Fails for memory that is
+    // not page-locked (e.g. system memory the driver merely tracks), which is the point.
+    let code = unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut c_void) };
+    Ok(code == CUresult::CUDA_SUCCESS)
+}
+
+/// The allocation containing `addr`, as (start, size), when the driver reports it.
+fn allocation_range(addr: u64) -> Result<Option<(u64, u64)>> {
+    let mut start: u64 = 0;
+    let mut size: u64 = 0;
+    // SAFETY: a context is current; out-pointers are u64 / size_t as the attributes require.
+    let codes = unsafe {
+        [
+            sys::cuPointerGetAttribute((&raw mut start).cast(), CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr),
+            sys::cuPointerGetAttribute((&raw mut size).cast(), CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr),
+        ]
+    };
+    Ok(if codes.iter().all(|&c| c == CUresult::CUDA_SUCCESS) && size > 0 { Some((start, size)) } else { None })
+}
+

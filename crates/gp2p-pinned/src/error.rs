@@ -1,0 +1,42 @@
+//! The error type of gp2p-pinned.
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong with pinned memory.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A failure of the CUDA layer below.
+    #[error(transparent)]
+    Cuda(#[from] gp2p_cuda::Error),
+    /// A device cannot map host memory into its address space.
+    #[error("device {ordinal} cannot map pinned host memory (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)")]
+    NoHostMapping {
+        /// The device.
+        ordinal: usize,
+    },
+    /// A slot index past the ring's end.
+    #[error("slot {slot} does not exist: the ring has {slots} slots")]
+    NoSuchSlot {
+        /// The slot asked for.
+        slot: usize,
+        /// How many the ring has.
+        slots: usize,
+    },
+    /// A chunk larger than a slot.
+    #[error("{bytes} bytes do not fit a staging slot of {slot_bytes} bytes: cut the transfer into chunks")]
+    ChunkTooLarge {
+        /// Bytes asked for.
+        bytes: usize,
+        /// Capacity of one slot.
+        slot_bytes: usize,
+    },
+}
+
+impl Error {
+    /// Whether this error means "no CUDA here" (no driver, or no such device).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Cuda(e) if e.is_unavailable())
+    }
+}

@@ -1,0 +1,46 @@
+//! Pinned host memory for geforce-p2p.
+//!
+//! - [`PinnedBuffer`]: page-locked host memory, allocated portable (usable from every
+//!   device's context) and device-mapped (every device can address it, which is what lets a
+//!   kernel read it across PCIe), and not write-combined, so the CPU reads it at full speed.
+//! - [`is_pinned`]: whether a host range is page-locked memory CUDA knows about.
+//! - [`copy_to_host`] / [`copy_from_host`]: asynchronous DMA between device memory and a
+//!   pinned buffer; [`reduce_from_host`]: `dst = op(dst, src)` with `src` read by the kernel
+//!   straight out of pinned host memory (the zero-copy path).
+//! - [`StagingRing`]: slots of pinned memory with the events a copy pipeline needs, fenced on
+//!   the GPU so back-to-back calls never overwrite a slot still in use.
+//!
+//! Not here: deciding chunk sizes or routes (that is `gp2p-transport`), or collectives.
+//!
+//! ```
+//! use gp2p_cuda::{Device, DeviceBuffer, Stream};
+//! use gp2p_kernels::ReduceOp;
+//! use gp2p_pinned::{PinnedBuffer, reduce_from_host};
+//!
+//! fn demo() -> Result<Vec<f32>, gp2p_pinned::Error> {
+//!     let device = Device::open(0)?;
+//!     let stream = Stream::new(&device)?;
+//!     let mut host = PinnedBuffer::<f32>::alloc(&device, 4)?;
+//!     host.as_mut_slice()?.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+//!     let mut dst = DeviceBuffer::from_host(&stream, &[10.0f32; 4])?;
+//!     // The kernel reads `host` across PCIe: no copy into device memory first.
+//!     reduce_from_host(&stream, &mut dst.view_mut(..), &host.view(..), ReduceOp::Max, 1)?;
+//!     Ok(dst.to_host_vec(&stream)?)
+//! }
+//!
+//! match demo() {
+//!     Ok(v) => assert_eq!(v, [10.0; 4]),
+//!     Err(e) if e.is_unavailable() => {} // no driver or no GPU here
+//!     Err(e) => panic!("{e}"),
+//! }
+//! ```
+
+mod buffer;
+mod error;
+mod ops;
+mod ring;
+
+pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned};
+pub use error::{Error, Result};
+pub use ops::{copy_from_host, copy_to_host, reduce_from_host};
+pub use ring::StagingRing;

@@ -1,0 +1,67 @@
+//! The host-side primitives: DMA to and from pinned memory, and the zero-copy reduce.
+#![allow(unsafe_code)]
+
+use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
+use gp2p_cuda::{DeviceView, DeviceViewMut, Error as CudaError, Stream};
+use gp2p_kernels::{Element, ReduceOp};
+
+use crate::{PinnedView, PinnedViewMut, Result};
+
+/// Enqueue a DMA of `src` (device memory) into `dst` (pinned host memory) on `stream`.
+/// Asynchronous: the host is not blocked; `dst`'s buffer waits for it before host access.
+pub fn copy_to_host<T: Element>(stream: &Stream, src: &DeviceView<'_, T>, dst: &mut PinnedViewMut<'_, T>) -> Result<()> {
+    check_pair(stream, src.device().ordinal(), "src", src.len(), dst.len())?;
+    if dst.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: src is len device elements on the stream's device, dst len pinned host
+    // elements; the buffer records the stream below so host access waits for the DMA.
+    unsafe { memcpy_dtoh_async(stream, dst.host_mut_ptr().cast(), src.raw_ptr(), dst.bytes())? };
+    dst.note_use(stream)
+}
+
+/// Enqueue a DMA of `src` (pinned host memory) into `dst` (device memory) on `stream`.
+/// Asynchronous: the host is not blocked; `src`'s buffer waits for it before host writes.
+pub fn copy_from_host<T: Element>(stream: &Stream, src: &PinnedView<'_, T>, dst: &mut DeviceViewMut<'_, T>) -> Result<()> {
+    check_pair(stream, dst.device().ordinal(), "dst", dst.len(), src.len())?;
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: as in copy_to_host, directions swapped.
+    unsafe { memcpy_htod_async(stream, dst.raw_ptr(), src.host_ptr().cast(), src.bytes())? };
+    src.note_use(stream)
+}
+
+/// Enqueue `dst[i] = op(dst[i], src[i])` on `stream`, where the kernel reads `src` straight
+/// out of pinned host memory across PCIe (no copy into device memory first).
+///
+/// `divide_by` is as in [`gp2p_cuda::reduce`]: for [`ReduceOp::Avg`], the divisor of the last
+/// step (1 otherwise); it must be ≥ 1.
+pub fn reduce_from_host<T: Element>(
+    stream: &Stream,
+    dst: &mut DeviceViewMut<'_, T>,
+    src: &PinnedView<'_, T>,
+    op: ReduceOp,
+    divide_by: u32,
+) -> Result<()> {
+    check_pair(stream, dst.device().ordinal(), "dst", dst.len(), src.len())?;
+    let mapped = src.device_ptr(stream.device())?;
+    // SAFETY: dst is len device elements on the stream's device; `mapped` addresses src's len
+    // elements as this device sees them; device and host memory cannot overlap. The buffer
+    // records the stream so host writes wait for the kernel.
+    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, dst.len(), T::DTYPE, op, divide_by)? };
+    if !src.is_empty() {
+        src.note_use(stream)?;
+    }
+    Ok(())
+}
+
+fn check_pair(stream: &Stream, device: usize, what: &'static str, device_len: usize, host_len: usize) -> Result<()> {
+    if device != stream.device().ordinal() {
+        return Err(CudaError::WrongDevice { what, got: device, expected: stream.device().ordinal() }.into());
+    }
+    if device_len != host_len {
+        return Err(CudaError::LengthMismatch { what: "host buffer", got: host_len, expected: device_len }.into());
+    }
+    Ok(())
+}

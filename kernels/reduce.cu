@@ -1,0 +1,208 @@
+// gp2p reduce kernels: dst[i] = op(dst[i], src[i]) for every op x dtype.
+//
+// `src` is either device memory (the scratch path) or mapped pinned host memory that the
+// kernel reads across PCIe (the zero-copy path); the kernel does not care which.
+//
+// Built by `cargo xtask ptx` with NVRTC 12.0 for compute_80. No CUDA headers are used, so
+// the PTX depends on this file alone: half and bfloat16 go through PTX `cvt` instructions.
+//
+// Layout of the work: when dst and src share their offset modulo 16 bytes, the bulk moves
+// as 16-byte vectors (`uint4`), UNROLL of them per thread per step so that enough loads are
+// in flight to cover PCIe latency on the zero-copy path; the unaligned head and the short
+// tail go element by element. When the offsets differ, everything goes element by element.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define VEC_BYTES 16
+#define UNROLL 4
+
+struct f16 { u16 bits; };
+struct bf16 { u16 bits; };
+
+// Each storage type names its accumulation type and how to convert to and from it.
+// Half types accumulate in f32 so one rounding happens per element, at the store.
+template <typename T> struct Lane {
+    typedef T Acc;
+    static __device__ __forceinline__ Acc load(T v) { return v; }
+    static __device__ __forceinline__ T store(Acc v) { return v; }
+};
+template <> struct Lane<f16> {
+    typedef float Acc;
+    static __device__ __forceinline__ float load(f16 v) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+        return f;
+    }
+    static __device__ __forceinline__ f16 store(float f) {
+        f16 v;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
+        return v;
+    }
+};
+template <> struct Lane<bf16> {
+    typedef float Acc;
+    static __device__ __forceinline__ float load(bf16 v) {
+        return __uint_as_float(((u32)v.bits) << 16);
+    }
+    static __device__ __forceinline__ bf16 store(float f) {
+        bf16 v;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
+        return v;
+    }
+};
+
+// Integer sums and products wrap (two's complement), computed in the unsigned type so the
+// signed ones have no undefined overflow.
+template <typename A> struct Wrap { typedef A U; };
+template <> struct Wrap<i8> { typedef u8 U; };
+template <> struct Wrap<i32> { typedef u32 U; };
+template <> struct Wrap<i64> { typedef u64 U; };
+
+template <typename A> __device__ __forceinline__ A add(A a, A b) {
+    typedef typename Wrap<A>::U U;
+    return (A)((U)a + (U)b);
+}
+template <> __device__ __forceinline__ float add<float>(float a, float b) { return a + b; }
+template <> __device__ __forceinline__ double add<double>(double a, double b) { return a + b; }
+
+template <typename A> __device__ __forceinline__ A mul(A a, A b) {
+    typedef typename Wrap<A>::U U;
+    return (A)((U)a * (U)b);
+}
+template <> __device__ __forceinline__ float mul<float>(float a, float b) { return a * b; }
+template <> __device__ __forceinline__ double mul<double>(double a, double b) { return a * b; }
+
+template <typename A> __device__ __forceinline__ A min_of(A a, A b) { return b < a ? b : a; }
+template <> __device__ __forceinline__ float min_of<float>(float a, float b) { return fminf(a, b); }
+template <> __device__ __forceinline__ double min_of<double>(double a, double b) { return fmin(a, b); }
+template <typename A> __device__ __forceinline__ A max_of(A a, A b) { return a < b ? b : a; }
+template <> __device__ __forceinline__ float max_of<float>(float a, float b) { return fmaxf(a, b); }
+template <> __device__ __forceinline__ double max_of<double>(double a, double b) { return fmax(a, b); }
+
+// avg is a sum whose last step divides by the number of ranks: floats multiply by the
+// reciprocal, integers divide (truncating toward zero). `divisor` is 1 on every other step.
+// Integers divide in a type wide enough for the divisor, so i8/u8 never see it overflow.
+template <typename A> struct Wide { typedef i32 W; };
+template <> struct Wide<u8> { typedef u32 W; };
+template <> struct Wide<u32> { typedef u32 W; };
+template <> struct Wide<i64> { typedef i64 W; };
+template <> struct Wide<u64> { typedef u64 W; };
+template <typename A> __device__ __forceinline__ A scale(A v, u32 divisor) {
+    typedef typename Wide<A>::W W;
+    return (A)((W)v / (W)divisor);
+}
+template <> __device__ __forceinline__ float scale<float>(float v, u32 divisor) {
+    return v * (1.0f / (float)divisor);
+}
+template <> __device__ __forceinline__ double scale<double>(double v, u32 divisor) {
+    return v * (1.0 / (double)divisor);
+}
+
+struct OpSum { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return add(a, b); } };
+struct OpAvg {
+    template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32 divisor) {
+        A s = add(a, b);
+        return divisor == 1 ? s : scale(s, divisor);
+    }
+};
+struct OpMin { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return min_of(a, b); } };
+struct OpMax { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return max_of(a, b); } };
+struct OpProd { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return mul(a, b); } };
+
+template <typename T, typename Op>
+__device__ __forceinline__ T combine(T d, T s, u32 divisor) {
+    typedef Lane<T> L;
+    return L::store(Op::apply(L::load(d), L::load(s), divisor));
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ void reduce_scalar(T* dst, const T* src, u64 begin, u64 end, u32 divisor) {
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = begin + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < end; i += stride) {
+        dst[i] = combine<T, Op>(dst[i], src[i], divisor);
+    }
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ void reduce_vec(uint4* dst, const uint4* src, u64 nvec, u32 divisor) {
+    const int LANES = VEC_BYTES / sizeof(T);
+    u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 i = tid;
+    // Full steps: UNROLL vectors per thread, all loads issued before any arithmetic.
+    for (; i + (UNROLL - 1) * stride < nvec; i += UNROLL * stride) {
+        uint4 d[UNROLL], s[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            s[u] = src[i + u * stride];
+            d[u] = dst[i + u * stride];
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            T* dl = reinterpret_cast<T*>(&d[u]);
+            const T* sl = reinterpret_cast<const T*>(&s[u]);
+#pragma unroll
+            for (int l = 0; l < LANES; ++l) dl[l] = combine<T, Op>(dl[l], sl[l], divisor);
+            dst[i + u * stride] = d[u];
+        }
+    }
+    for (; i < nvec; i += stride) {
+        uint4 d = dst[i];
+        uint4 s = src[i];
+        T* dl = reinterpret_cast<T*>(&d);
+        const T* sl = reinterpret_cast<const T*>(&s);
+#pragma unroll
+        for (int l = 0; l < LANES; ++l) dl[l] = combine<T, Op>(dl[l], sl[l], divisor);
+        dst[i] = d;
+    }
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ void reduce(T* dst, const T* src, u64 n, u32 divisor) {
+    const u64 dst_addr = (u64)dst;
+    const u64 src_addr = (u64)src;
+    if (((dst_addr ^ src_addr) & (VEC_BYTES - 1)) != 0) {
+        reduce_scalar<T, Op>(dst, src, 0, n, divisor);
+        return;
+    }
+    // Elements before the first 16-byte boundary, the vector body, then the tail.
+    u64 head = ((VEC_BYTES - (dst_addr & (VEC_BYTES - 1))) & (VEC_BYTES - 1)) / sizeof(T);
+    if (head > n) head = n;
+    const u64 lanes = VEC_BYTES / sizeof(T);
+    const u64 nvec = (n - head) / lanes;
+    const u64 body_end = head + nvec * lanes;
+    reduce_scalar<T, Op>(dst, src, 0, head, divisor);
+    reduce_vec<T, Op>(reinterpret_cast<uint4*>(dst + head),
+                      reinterpret_cast<const uint4*>(src + head), nvec, divisor);
+    reduce_scalar<T, Op>(dst, src, body_end, n, divisor);
+}
+
+#define GP2P_REDUCE(opname, Op, tname, T)                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                        \
+    gp2p_reduce_##opname##_##tname(T* dst, const T* src, u64 n, u32 divisor) {               \
+        reduce<T, Op>(dst, src, n, divisor);                                                 \
+    }
+
+#define GP2P_REDUCE_ALL_OPS(tname, T)        \
+    GP2P_REDUCE(sum, OpSum, tname, T)        \
+    GP2P_REDUCE(avg, OpAvg, tname, T)        \
+    GP2P_REDUCE(min, OpMin, tname, T)        \
+    GP2P_REDUCE(max, OpMax, tname, T)        \
+    GP2P_REDUCE(prod, OpProd, tname, T)
+
+GP2P_REDUCE_ALL_OPS(f32, float)
+GP2P_REDUCE_ALL_OPS(f64, double)
+GP2P_REDUCE_ALL_OPS(f16, f16)
+GP2P_REDUCE_ALL_OPS(bf16, bf16)
+GP2P_REDUCE_ALL_OPS(i8, i8)
+GP2P_REDUCE_ALL_OPS(u8, u8)
+GP2P_REDUCE_ALL_OPS(i32, i32)
+GP2P_REDUCE_ALL_OPS(u32, u32)
+GP2P_REDUCE_ALL_OPS(i64, i64)
+GP2P_REDUCE_ALL_OPS(u64, u64)

@@ -1,0 +1,154 @@
+//! GPU: pinned memory, `is_pinned`, stream fork/join ordering, and staging-ring reuse.
+
+use geforce_p2p::cuda::reduce;
+use geforce_p2p::pinned::{copy_from_host, copy_to_host, is_pinned};
+use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, Stream, StreamFork};
+use gp2p_tests::{check_reduce, fill_random};
+
+fn device() -> (Device, Stream) {
+    let device = Device::open(0).expect("GPU tests need CUDA device 0");
+    let stream = Stream::new(&device).expect("stream");
+    (device, stream)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn is_pinned_says_no_for_pageable_memory_and_leaves_no_sticky_error() {
+    let (device, stream) = device();
+    let pageable = vec![7u8; 1 << 20];
+    assert!(!is_pinned(pageable.as_ptr(), pageable.len()).unwrap());
+    assert!(!is_pinned(std::ptr::null(), 16).unwrap());
+    assert!(is_pinned(std::ptr::null(), 0).unwrap(), "an empty range needs no pinning");
+
+    let pinned = PinnedBuffer::<u8>::alloc(&device, 1 << 20).unwrap();
+    assert!(is_pinned(pinned.host_ptr(), pinned.len()).unwrap());
+    assert!(is_pinned(pinned.host_ptr().wrapping_add(4096), 1000).unwrap(), "a sub-range is pinned");
+    assert!(!is_pinned(pinned.host_ptr(), pinned.len() + (64 << 20)).unwrap(), "a range running past the allocation is not");
+
+    // After the refusals, a launch and a copy still work.
+    let mut dst = DeviceBuffer::from_host(&stream, &[1u32, 2, 3]).unwrap();
+    let src = DeviceBuffer::from_host(&stream, &[10u32, 20, 30]).unwrap();
+    reduce(&stream, &mut dst.view_mut(..), &src.view(..), ReduceOp::Sum, 1).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(dst.to_host_vec(&stream).unwrap(), [11, 22, 33]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pinned_round_trip_is_exact_and_host_access_waits_for_the_dma() {
+    let (device, stream) = device();
+    let n = (1 << 24) + 5;
+    let mut host = PinnedBuffer::<u64>::alloc(&device, n).unwrap();
+    fill_random(host.as_mut_slice().unwrap(), 42);
+    let expected = host.as_slice().unwrap().to_vec();
+    let mut dev = DeviceBuffer::<u64>::alloc(&device, n).unwrap();
+    copy_from_host(&stream, &host.view(..), &mut dev.view_mut(..)).unwrap();
+    let mut back = PinnedBuffer::<u64>::alloc(&device, n).unwrap();
+    copy_to_host(&stream, &dev.view(..), &mut back.view_mut(..)).unwrap();
+    // No stream synchronisation: as_slice must wait for the DMA itself.
+    assert!(back.as_slice().unwrap() == expected.as_slice());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn forked_streams_start_after_the_caller_and_rejoin_it() {
+    let (device, caller) = device();
+    let n = 1 << 26;
+    let mut a_host = PinnedBuffer::<f32>::alloc(&device, n).unwrap();
+    let mut b_host = PinnedBuffer::<f32>::alloc(&device, n).unwrap();
+    fill_random(a_host.as_mut_slice().unwrap(), 1);
+    fill_random(b_host.as_mut_slice().unwrap(), 2);
+    let mut a = DeviceBuffer::<f32>::alloc(&device, n).unwrap();
+    let mut b = DeviceBuffer::<f32>::alloc(&device, n).unwrap();
+    copy_from_host(&caller, &a_host.view(..), &mut a.view_mut(..)).unwrap();
+    copy_from_host(&caller, &b_host.view(..), &mut b.view_mut(..)).unwrap();
+    // The caller's reduce must finish before the forked stream reads `a`...
+    reduce(&caller, &mut a.view_mut(..), &b.view(..), ReduceOp::Sum, 1).unwrap();
+    let fork = StreamFork::new(&device, 2).unwrap();
+    let inner = fork.fork(&caller).unwrap();
+    let mut out = PinnedBuffer::<f32>::alloc(&device, n).unwrap();
+    copy_to_host(&inner[1], &a.view(..), &mut out.view_mut(..)).unwrap();
+    fork.join(&caller).unwrap();
+    // ...and the caller's later work sees what the forked streams did.
+    let done = Event::new(&device, EventKind::Sync).unwrap();
+    done.record(&caller).unwrap();
+    done.synchronize().unwrap();
+    let expected_a = a_host.as_slice().unwrap();
+    check_reduce(out.as_slice().unwrap(), expected_a, b_host.as_slice().unwrap(), ReduceOp::Sum, 1).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn staging_ring_is_reused_across_back_to_back_calls_without_host_sync() {
+    let (device, caller) = device();
+    let slot_bytes = 64 << 10;
+    let mut ring = StagingRing::new(&device, &device, 3, slot_bytes).unwrap();
+    let slot_elems = ring.slot_bytes() / 4;
+    let fork = StreamFork::new(&device, 2).unwrap();
+    let calls = 40;
+    let mut sources = Vec::new();
+    let mut outputs = Vec::new();
+    for call in 0..calls {
+        // Lengths vary: part of a slot, exactly one, several with a short tail, more than slots.
+        let len = [1, slot_elems - 1, slot_elems, 7 * slot_elems + 13][call % 4] + call;
+        let mut host = vec![0u32; len];
+        fill_random(&mut host, 1000 + call as u64);
+        let src = DeviceBuffer::from_host(&caller, &host).unwrap();
+        let mut dst = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+        dst.fill_bytes(&caller, 0xA5).unwrap();
+        sources.push((host, src));
+        outputs.push(dst);
+    }
+    caller.synchronize().unwrap();
+    // Every call: chunks through the ring, D2H on one stream and H2D on the other, no host
+    // synchronisation anywhere between the calls.
+    for ((_, src), dst) in sources.iter().zip(outputs.iter_mut()) {
+        let streams = fork.fork(&caller).unwrap();
+        let (up, down) = (&streams[0], &streams[1]);
+        let len = src.len();
+        let mut start = 0;
+        while start < len {
+            let end = (start + slot_elems).min(len);
+            let slot = ring.next_slot();
+            ring.fill(slot, up, &src.view(start..end)).unwrap();
+            ring.drain(slot, down, &mut dst.view_mut(start..end)).unwrap();
+            start = end;
+        }
+        fork.join(&caller).unwrap();
+    }
+    caller.synchronize().unwrap();
+    for (call, ((host, _), dst)) in sources.iter().zip(&outputs).enumerate() {
+        let got = dst.to_host_vec(&caller).unwrap();
+        assert!(got == *host, "call {call} of {calls}: staged data differs");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn staging_ring_zero_copy_reduce_folds_every_chunk_once() {
+    let (device, caller) = device();
+    let mut ring = StagingRing::new(&device, &device, 2, 1 << 16).unwrap();
+    let slot_elems = ring.slot_bytes() / 4;
+    let fork = StreamFork::new(&device, 2).unwrap();
+    let len = 5 * slot_elems + 3;
+    let mut a = vec![0f32; len];
+    let mut b = vec![0f32; len];
+    fill_random(&mut a, 5);
+    fill_random(&mut b, 6);
+    let src = DeviceBuffer::from_host(&caller, &b).unwrap();
+    let mut acc = DeviceBuffer::from_host(&caller, &a).unwrap();
+    for _round in 0..2 {
+        let streams = fork.fork(&caller).unwrap();
+        let mut start = 0;
+        while start < len {
+            let end = (start + slot_elems).min(len);
+            let slot = ring.next_slot();
+            ring.fill(slot, &streams[0], &src.view(start..end)).unwrap();
+            ring.drain_reduce(slot, &streams[1], &mut acc.view_mut(start..end), ReduceOp::Max, 1).unwrap();
+            start = end;
+        }
+        fork.join(&caller).unwrap();
+    }
+    let got = acc.to_host_vec(&caller).unwrap();
+    check_reduce(&got, &a, &b, ReduceOp::Max, 1).unwrap();
+}

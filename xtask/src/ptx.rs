@@ -1,0 +1,138 @@
+//! `cargo xtask ptx`: kernels/*.cu → kernels/*.ptx with NVRTC 12.0, and the `--check` mode.
+//!
+//! The dynamic loader reads LD_LIBRARY_PATH only when a process starts, and NVRTC itself
+//! opens its builtins library by name; so the compile runs in a child xtask process started
+//! with LD_LIBRARY_PATH pointing at the NVRTC 12.0 wheel installed under target/.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+
+/// The hidden subcommand the parent runs in the child.
+pub const CHILD_COMMAND: &str = "__ptx-compile-child";
+
+/// The PTX target: PTX ISA 8.0 from NVRTC 12.0 loads on drivers from 525 on, and every card
+/// from Ampere up JIT-compiles it.
+const ARCH: &str = "compute_80";
+
+/// The pinned NVRTC wheels: a different NVRTC produces different PTX, so `--check` would fail.
+const NVRTC_WHEELS: [&str; 2] = ["nvidia-cuda-nvrtc-cu12==12.0.140", "nvidia-cuda-runtime-cu12==12.0.146"];
+
+/// Compile every kernel; write the PTX next to the sources, or with `check`, compare instead.
+pub fn generate(root: &Path, check: bool) -> Result<(), String> {
+    let nvrtc = ensure_nvrtc(root)?;
+    let out_dir = root.join("target").join("xtask-ptx");
+    let _ = fs::remove_dir_all(&out_dir);
+    fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("locating xtask itself: {e}"))?;
+    let status = Command::new(exe)
+        .arg(CHILD_COMMAND)
+        .arg(&out_dir)
+        .env("LD_LIBRARY_PATH", join_paths(&[nvrtc.join("lib")]))
+        .status()
+        .map_err(|e| format!("starting the NVRTC child process: {e}"))?;
+    if !status.success() {
+        return Err(format!("compiling the kernels failed ({status})"));
+    }
+    let mut stale = Vec::new();
+    for source in kernel_sources(root)? {
+        let stem = stem_of(&source)?;
+        let fresh_path = out_dir.join(format!("{stem}.ptx"));
+        let fresh = fs::read_to_string(&fresh_path).map_err(|e| format!("reading {}: {e}", fresh_path.display()))?;
+        let committed_path = source.with_extension("ptx");
+        if check {
+            let committed = fs::read_to_string(&committed_path).unwrap_or_default();
+            if committed != fresh {
+                stale.push(committed_path.display().to_string());
+            }
+        } else {
+            fs::write(&committed_path, &fresh).map_err(|e| format!("writing {}: {e}", committed_path.display()))?;
+            println!("wrote {} ({} bytes)", committed_path.display(), fresh.len());
+        }
+    }
+    if stale.is_empty() {
+        if check {
+            println!("ptx: committed PTX matches the sources");
+        }
+        Ok(())
+    } else {
+        Err(format!("stale PTX, run `cargo xtask ptx` and commit: {}", stale.join(", ")))
+    }
+}
+
+/// Runs in the child process, with LD_LIBRARY_PATH set: compile every source into `out_dir`.
+pub fn compile_in_child(root: &Path, out_dir: &Path) -> Result<(), String> {
+    for source in kernel_sources(root)? {
+        let stem = stem_of(&source)?;
+        let text = fs::read_to_string(&source).map_err(|e| format!("reading {}: {e}", source.display()))?;
+        let options = CompileOptions {
+            arch: Some(ARCH),
+            options: vec!["--std=c++17".into()],
+            name: Some(format!("{stem}.cu")),
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(text, options).map_err(|e| format!("NVRTC failed on {}: {e:?}", source.display()))?;
+        let mut text = ptx.to_src();
+        // NVRTC may end the text with NUL; the committed file and include_str! want none.
+        text.retain(|c| c != '\0');
+        let out = out_dir.join(format!("{stem}.ptx"));
+        fs::write(&out, text).map_err(|e| format!("writing {}: {e}", out.display()))?;
+    }
+    Ok(())
+}
+
+/// `kernels/*.cu`, sorted so the output order never depends on the file system.
+fn kernel_sources(root: &Path) -> Result<Vec<PathBuf>, String> {
+    let dir = root.join("kernels");
+    let entries = fs::read_dir(&dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
+    let mut sources: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+    if sources.is_empty() {
+        return Err(format!("no .cu files in {}", dir.display()));
+    }
+    Ok(sources)
+}
+
+fn stem_of(path: &Path) -> Result<String, String> {
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{} has no usable file name", path.display()))
+}
+
+/// The NVRTC 12.0 install: `GP2P_NVRTC_DIR` if set, else target/nvrtc-12.0 (installed from
+/// PyPI on first use). Returns the wheel's `nvidia/cuda_nvrtc` folder.
+fn ensure_nvrtc(root: &Path) -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("GP2P_NVRTC_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let site = root.join("target").join("nvrtc-12.0");
+    let nvrtc = site.join("nvidia").join("cuda_nvrtc");
+    if nvrtc.join("lib").join("libnvrtc.so.12").exists() {
+        return Ok(nvrtc);
+    }
+    eprintln!("xtask: installing NVRTC 12.0 from PyPI into {}", site.display());
+    let status = Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--only-binary=:all:", "--target"])
+        .arg(&site)
+        .args(NVRTC_WHEELS)
+        .status()
+        .map_err(|e| format!("running python3 -m pip (is python3 with pip installed?): {e}"))?;
+    if !status.success() || !nvrtc.join("lib").join("libnvrtc.so.12").exists() {
+        return Err(format!("installing {} failed ({status})", NVRTC_WHEELS.join(" ")));
+    }
+    Ok(nvrtc)
+}
+
+fn join_paths(paths: &[PathBuf]) -> std::ffi::OsString {
+    let mut all: Vec<PathBuf> = paths.to_vec();
+    if let Some(existing) = std::env::var_os("LD_LIBRARY_PATH") {
+        all.extend(std::env::split_paths(&existing));
+    }
+    std::env::join_paths(all).unwrap_or_default()
+}
