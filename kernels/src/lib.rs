@@ -20,6 +20,7 @@
 mod dtype;
 mod element;
 mod op;
+pub mod reference;
 
 pub use dtype::{DType, UnknownDType};
 pub use element::Element;

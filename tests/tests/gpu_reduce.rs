@@ -4,7 +4,7 @@
 use geforce_p2p::cuda::reduce;
 use geforce_p2p::pinned::{copy_from_host, copy_to_host, reduce_from_host};
 use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream};
-use gp2p_tests::{TestElement, check_reduce, fill_random};
+use gp2p_tests::{Reference, check_reduce, fill_random};
 
 const POISON: u8 = 0xA5;
 /// Lengths from the acceptance list; GP2P_TEST_MAX_LEN caps them (the sanitizer runs use it).
@@ -22,7 +22,7 @@ fn max_len() -> usize {
     std::env::var("GP2P_TEST_MAX_LEN").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX)
 }
 
-struct Bench<T: TestElement> {
+struct Bench<T: Reference> {
     stream: Stream,
     dst: DeviceBuffer<T>,
     src: DeviceBuffer<T>,
@@ -31,7 +31,7 @@ struct Bench<T: TestElement> {
     host_out: PinnedBuffer<T>,
 }
 
-impl<T: TestElement> Bench<T> {
+impl<T: Reference> Bench<T> {
     fn new(capacity: usize) -> Self {
         let device = Device::open(0).expect("GPU tests need CUDA device 0");
         let stream = Stream::new(&device).expect("stream");
@@ -86,7 +86,7 @@ impl<T: TestElement> Bench<T> {
     }
 }
 
-fn run_dtype<T: TestElement>() {
+fn run_dtype<T: Reference>() {
     let lengths: Vec<usize> = LENGTHS.into_iter().filter(|&l| l <= max_len()).collect();
     let capacity = lengths.iter().max().copied().unwrap_or(0) + 2;
     let mut bench = Bench::<T>::new(capacity);

@@ -1,1 +1,152 @@
-pub fn run_here(_: &std::path::Path) -> Result<(), String> { Err("todo".into()) } pub fn bundle(_: &std::path::Path, _: &std::path::Path) -> Result<(), String> { Err("todo".into()) }
+//! `cargo xtask test-gpu [--bundle DIR]`: release builds of the GPU suite and of `gp2p`,
+//! with a `run` script that needs no Rust toolchain on the GPU machine.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The package holding the GPU tests.
+const SUITE_PACKAGE: &str = "gp2p-tests";
+
+/// Build the bundle under target/ and run it here; fails when no GPU is found.
+pub fn run_here(root: &Path) -> Result<(), String> {
+    let dir = root.join("target").join("gpu-bundle");
+    bundle(root, &dir)?;
+    let status = Command::new(dir.join("run")).status().map_err(|e| format!("running {}: {e}", dir.join("run").display()))?;
+    if status.success() { Ok(()) } else { Err(format!("the GPU suite failed ({status})")) }
+}
+
+/// Build the suite's test binaries and `gp2p` in release mode into `dir`, with `dir/run`.
+pub fn bundle(root: &Path, dir: &Path) -> Result<(), String> {
+    let tests_dir = dir.join("tests");
+    let bin_dir = dir.join("bin");
+    let _ = fs::remove_dir_all(dir);
+    for d in [&tests_dir, &bin_dir] {
+        fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+    }
+    for (name, exe) in build_test_binaries(root)? {
+        copy(&exe, &tests_dir.join(&name))?;
+    }
+    cargo(root, &["build", "--release", "--package", "gp2p-cli"])?;
+    copy(&root.join("target").join("release").join("gp2p"), &bin_dir.join("gp2p"))?;
+    let script = dir.join("run");
+    fs::write(&script, RUN_SCRIPT).map_err(|e| format!("writing {}: {e}", script.display()))?;
+    make_executable(&script)?;
+    println!("bundle ready: {} (run `{}/run` or `{}/run --sanitize` on the GPU machine)", dir.display(), dir.display(), dir.display());
+    Ok(())
+}
+
+/// `cargo test --release --no-run` of the suite; returns (target name, executable).
+fn build_test_binaries(root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    let output = Command::new(env_cargo())
+        .current_dir(root)
+        .args(["test", "--release", "--no-run", "--message-format=json", "--package", SUITE_PACKAGE])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("building the GPU suite failed ({})", output.status));
+    }
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let is_test = message["profile"]["test"].as_bool() == Some(true);
+        if let (true, Some(exe), Some(name)) = (is_test, message["executable"].as_str(), message["target"]["name"].as_str()) {
+            binaries.push((name.replace('-', "_"), PathBuf::from(exe)));
+        }
+    }
+    if binaries.is_empty() {
+        return Err("cargo built no test binaries for the suite".into());
+    }
+    Ok(binaries)
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<(), String> {
+    let status = Command::new(env_cargo()).current_dir(root).args(args).status().map_err(|e| format!("running cargo: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
+}
+
+fn env_cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+fn copy(from: &Path, to: &Path) -> Result<(), String> {
+    fs::copy(from, to).map(|_| ()).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+}
+
+#[cfg(unix)]
+fn make_executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).map_err(|e| format!("chmod {}: {e}", path.display()))
+}
+
+#[cfg(not(unix))]
+fn make_executable(_: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+/// The bundle's runner. Two-GPU tests are named `two_gpu_*`; with fewer than two GPUs they
+/// are listed as not run, never counted as passed.
+const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
+# geforce-p2p GPU suite. Usage: run [--sanitize]
+#   (no flag)   every test, CPU and GPU, in release mode
+#   --sanitize  the same under compute-sanitizer memcheck, then racecheck
+# Environment: GP2P_TEST_MAX_LEN caps the longest reduce length; TEST_THREADS (default 4).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+mode=plain
+case "${1:-}" in
+  "") ;;
+  --sanitize) mode=sanitize ;;
+  *) echo "usage: $0 [--sanitize]" >&2; exit 2 ;;
+esac
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${gpus:-0}" -lt 1 ]; then
+  echo "no NVIDIA GPU found (nvidia-smi -L lists none): the GPU suite needs one" >&2
+  exit 1
+fi
+skip=()
+not_run=0
+if [ "$gpus" -lt 2 ]; then
+  skip=(--skip two_gpu)
+  for t in "$here"/tests/*; do
+    n=$("$t" --list --include-ignored 2>/dev/null | grep -c 'two_gpu.*: test' || true)
+    not_run=$((not_run + n))
+  done
+fi
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+passed=0
+failed=0
+count() { # word log: sum "N word;" over libtest's result lines
+  grep -E '^test result:' "$2" | awk -v w="$1;" '{for (i = 2; i <= NF; i++) if ($i == w) s += $(i - 1)} END {print s + 0}'
+}
+run_suite() { # prefix...
+  for t in "$here"/tests/*; do
+    name=$(basename "$t")
+    log=$(mktemp)
+    "$@" "$t" --include-ignored --test-threads="${TEST_THREADS:-4}" "${skip[@]}" >"$log" 2>&1
+    rc=$?
+    cat "$log"
+    p=$(count passed "$log")
+    f=$(count failed "$log")
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-0}))
+    if [ "$rc" -ne 0 ] && [ "${f:-0}" -eq 0 ]; then
+      echo "!! $name exited with $rc without a failing test (crash or sanitizer error)"
+      failed=$((failed + 1))
+    fi
+    rm -f "$log"
+  done
+}
+if [ "$mode" = plain ]; then
+  run_suite env
+else
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool"
+    run_suite "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20
+  done
+fi
+echo
+echo "gp2p GPU suite ($mode): $passed passed, $failed failed, $not_run not run (need two GPUs)"
+[ "$failed" -eq 0 ]
+"#;

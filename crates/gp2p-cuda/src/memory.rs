@@ -231,6 +231,26 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         DeviceView { device: self.device.clone(), ptr: self.ptr, len: self.len, _marker: PhantomData }
     }
 
+    /// Copy `src` into this view on `stream` (both on the stream's device), asynchronously.
+    pub fn copy_from(&mut self, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
+        for (what, device) in [("dst view", &self.device), ("src view", src.device())] {
+            if stream.device() != device {
+                return Err(Error::WrongDevice { what, got: device.ordinal(), expected: stream.device().ordinal() });
+            }
+        }
+        check_len("src view", src.len(), self.len)?;
+        let (d, s) = (self.byte_range(), src.byte_range());
+        if d.start < s.end && s.start < d.end && self.len > 0 {
+            return Err(Error::InvalidArgument { name: "src", reason: format!("overlaps dst ({s:#x?} and {d:#x?}): copy through a temporary") });
+        }
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.device.bind()?;
+        // SAFETY: both views cover len elements on the stream's device and do not overlap.
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.bytes(), stream.raw()) }, "cuMemcpyDtoDAsync")
+    }
+
     /// Set every byte to `byte` on `stream`, asynchronously.
     pub fn fill_bytes(&mut self, stream: &Stream, byte: u8) -> Result<()> {
         if stream.device() != &self.device {

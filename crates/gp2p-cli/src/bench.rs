@@ -1,0 +1,262 @@
+//! `gp2p bench …`: nccl-tests style sweeps, each row verified and compared with a ceiling
+//! measured in the same run.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use geforce_p2p::kernels::reference::{Reference, count_wrong, fill_random};
+use geforce_p2p::ops::{copy_from_host, copy_to_host, reduce, reduce_from_host};
+use geforce_p2p::{DType, Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, half};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::error::CliError;
+use crate::measure::{Ceilings, Repeats, ceilings, median_seconds};
+use crate::report::{GpuInfo, Report, Row, human_bytes};
+use crate::sizes::{parse_size, sweep};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// The reduce kernels, `dst = op(dst, src)`, with `src` in device memory (bytes read and
+    /// written against the device-to-device copy rate) and in mapped pinned host memory
+    /// (zero-copy: bytes over PCIe against the pinned host-to-device DMA rate).
+    Reduce(ReduceArgs),
+}
+
+/// Flags every bench shares.
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long, default_value = "4K", value_parser = parse_size)]
+    begin: usize,
+    /// Largest size.
+    #[arg(short = 'e', long, default_value = "1G", value_parser = parse_size)]
+    end: usize,
+    /// Step factor between sizes.
+    #[arg(short = 'f', long, default_value_t = 4)]
+    factor: usize,
+    /// Timed runs per row (the median is reported).
+    #[arg(short = 'n', long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed runs before timing.
+    #[arg(short = 'w', long, default_value_t = 5)]
+    warmup: usize,
+    /// Device ordinal.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    device: usize,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ReduceArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Element type, or `all`.
+    #[arg(long, default_value = "all")]
+    dtype: String,
+    /// Reduction.
+    #[arg(long, default_value = "sum")]
+    op: ReduceOp,
+}
+
+pub fn run(command: BenchCommand) -> Result<(), CliError> {
+    match command {
+        BenchCommand::Reduce(args) => bench_reduce(&args),
+    }
+}
+
+/// Bytes per transfer for the ceilings: large enough for steady state on any PCIe link.
+const CEILING_BYTES: usize = 1 << 30;
+
+fn bench_reduce(args: &ReduceArgs) -> Result<(), CliError> {
+    let c = &args.common;
+    let sizes = sweep(c.begin, c.end, c.factor).map_err(CliError::Usage)?;
+    let dtypes: Vec<DType> = if args.dtype == "all" {
+        DType::ALL.to_vec()
+    } else {
+        vec![args.dtype.parse().map_err(|e| CliError::Usage(format!("--dtype: {e}")))?]
+    };
+    if c.iters == 0 {
+        return Err(CliError::Usage("-n/--iters must be at least 1".into()));
+    }
+    let repeats = Repeats { warmup: c.warmup, timed: c.iters };
+    let device = Device::open(c.device)?;
+    let stream = Stream::new(&device)?;
+    eprintln!("measuring ceilings with {} transfers ...", human_bytes(CEILING_BYTES));
+    let ceil = ceilings(&device, &stream, CEILING_BYTES, repeats)?;
+    let progress = ProgressBar::new((dtypes.len() * sizes.len() * 2) as u64);
+    progress.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let mut rows = Vec::new();
+    for dtype in dtypes {
+        let bench = ReduceBench { device: &device, stream: &stream, sizes: &sizes, op: args.op, repeats, ceilings: ceil, progress: &progress };
+        rows.extend(match dtype {
+            DType::F32 => bench.run::<f32>(),
+            DType::F64 => bench.run::<f64>(),
+            DType::F16 => bench.run::<half::f16>(),
+            DType::BF16 => bench.run::<half::bf16>(),
+            DType::I8 => bench.run::<i8>(),
+            DType::U8 => bench.run::<u8>(),
+            DType::I32 => bench.run::<i32>(),
+            DType::U32 => bench.run::<u32>(),
+            DType::I64 => bench.run::<i64>(),
+            DType::U64 => bench.run::<u64>(),
+        }?);
+    }
+    progress.finish_and_clear();
+    let (major, minor) = geforce_p2p::cuda::driver_version()?;
+    let report = Report {
+        gpu: GpuInfo {
+            name: device.info().name.clone(),
+            driver: format!("CUDA {major}.{minor}"),
+            pci_bus_id: device.info().pci_bus_id.clone(),
+            link: None,
+        },
+        ceilings: ceil,
+        repeats: c.iters,
+        rows,
+    };
+    print_reduce(&report);
+    if let Some(path) = &c.json {
+        report.write_json(path)?;
+        eprintln!("wrote {}", path.display());
+    }
+    let wrong: usize = report.rows.iter().map(|r| r.wrong).sum();
+    if wrong > 0 {
+        return Err(CliError::Wrong(format!("{wrong} wrong elements in the timed results (see the #wrong column)")));
+    }
+    Ok(())
+}
+
+struct ReduceBench<'a> {
+    device: &'a Device,
+    stream: &'a Stream,
+    sizes: &'a [usize],
+    op: ReduceOp,
+    repeats: Repeats,
+    ceilings: Ceilings,
+    progress: &'a ProgressBar,
+}
+
+impl ReduceBench<'_> {
+    fn run<T: Reference>(&self) -> Result<Vec<Row>, CliError> {
+        let (device, stream) = (self.device, self.stream);
+        let max = self.sizes.iter().max().copied().unwrap_or(0) / size_of::<T>();
+        let divide_by = if self.op == ReduceOp::Avg { 2 } else { 1 };
+        // Fresh random inputs: `pristine` is dst's starting value, restored (untimed) before
+        // every run, so every timed run computes the same verifiable result.
+        let mut host_dst = PinnedBuffer::<T>::alloc(device, max)?;
+        let mut host_src = PinnedBuffer::<T>::alloc(device, max)?;
+        let mut host_out = PinnedBuffer::<T>::alloc(device, max)?;
+        fill_random(host_dst.as_mut_slice()?, 0xD57 ^ T::DTYPE.index() as u64);
+        fill_random(host_src.as_mut_slice()?, 0x5C ^ T::DTYPE.index() as u64);
+        let mut pristine = DeviceBuffer::<T>::alloc(device, max)?;
+        let mut src = DeviceBuffer::<T>::alloc(device, max)?;
+        let mut dst = DeviceBuffer::<T>::alloc(device, max)?;
+        copy_from_host(stream, &host_dst.view(..), &mut pristine.view_mut(..))?;
+        copy_from_host(stream, &host_src.view(..), &mut src.view_mut(..))?;
+        let mut rows = Vec::new();
+        for &bytes in self.sizes {
+            let n = bytes / size_of::<T>();
+            if n == 0 {
+                continue;
+            }
+            for transport in ["device", "zero-copy"] {
+                self.progress.set_message(format!("reduce {} {} {transport}", T::DTYPE, human_bytes(bytes)));
+                dst.fill_bytes(stream, 0xA5)?;
+                let dst_cell = std::cell::RefCell::new(&mut dst);
+                let restore = || Ok(dst_cell.borrow_mut().view_mut(..n).copy_from(stream, &pristine.view(..n))?);
+                let seconds = if transport == "device" {
+                    median_seconds(stream, self.repeats, restore, || {
+                        Ok(reduce(stream, &mut dst_cell.borrow_mut().view_mut(..n), &src.view(..n), self.op, divide_by)?)
+                    })?
+                } else {
+                    median_seconds(stream, self.repeats, restore, || {
+                        Ok(reduce_from_host(stream, &mut dst_cell.borrow_mut().view_mut(..n), &host_src.view(..n), self.op, divide_by)?)
+                    })?
+                };
+                copy_to_host(stream, &dst.view(..n), &mut host_out.view_mut(..n))?;
+                let (wrong, _) = count_wrong(&host_out.as_slice()?[..n], &host_dst.as_slice()?[..n], &host_src.as_slice()?[..n], self.op, divide_by);
+                let real_bytes = n * size_of::<T>();
+                // Device source: 2 reads + 1 write in VRAM, against the D2D copy's read+write
+                // rate. Zero-copy: the src bytes cross PCIe once, against the H2D DMA rate.
+                let (busbw_bytes, ceiling, ceiling_name) = if transport == "device" {
+                    (3 * real_bytes, self.ceilings.d2d, "d2d")
+                } else {
+                    (real_bytes, self.ceilings.h2d, "h2d")
+                };
+                let busbw = busbw_bytes as f64 / seconds / 1e9;
+                rows.push(Row {
+                    bench: "reduce",
+                    transport,
+                    dtype: T::DTYPE.to_string(),
+                    op: self.op.to_string(),
+                    ranks: 1,
+                    bytes: real_bytes,
+                    count: n,
+                    time_us: seconds * 1e6,
+                    algbw: real_bytes as f64 / seconds / 1e9,
+                    busbw,
+                    ceiling,
+                    ceiling_name,
+                    ratio: busbw / ceiling,
+                    wrong,
+                });
+                self.progress.inc(1);
+            }
+        }
+        Ok(rows)
+    }
+}
+
+fn print_reduce(report: &Report) {
+    let c = &report.ceilings;
+    println!("# gp2p bench reduce on {} ({}), medians of {} timed runs", report.gpu.name, report.gpu.driver, report.repeats);
+    println!(
+        "# ceilings ({} transfers): d2d {:.1} GB/s (read+write), h2d {:.1} GB/s, d2h {:.1} GB/s",
+        human_bytes(c.bytes),
+        c.d2d,
+        c.h2d,
+        c.d2h
+    );
+    println!(
+        "# {:>6} {:>11} {:>5} {:>4} | {:>9} {:>8} {:>6} | {:>9} {:>8} {:>6} | {:>6}",
+        "size", "count", "type", "op", "dev us", "GB/s", "/d2d", "zc us", "GB/s", "/h2d", "#wrong"
+    );
+    for pair in report.rows.chunks(2) {
+        let [dev, zc] = pair else { continue };
+        println!(
+            "  {:>6} {:>11} {:>5} {:>4} | {:>9.1} {:>8.1} {:>6.3} | {:>9.1} {:>8.2} {:>6.3} | {:>6}",
+            human_bytes(dev.bytes),
+            dev.count,
+            dev.dtype,
+            dev.op,
+            dev.time_us,
+            dev.busbw,
+            dev.ratio,
+            zc.time_us,
+            zc.busbw,
+            zc.ratio,
+            dev.wrong + zc.wrong
+        );
+    }
+    // The acceptance view: the largest size of each dtype, and each dtype against f32.
+    let largest = report.rows.iter().map(|r| r.bytes).max().unwrap_or(0);
+    let at = |dtype: &str, transport: &str| {
+        report.rows.iter().find(|r| r.bytes == largest && r.dtype == dtype && r.transport == transport).map(|r| r.busbw)
+    };
+    println!("# at {}: ratio to ceiling, and bytes/s relative to f32", human_bytes(largest));
+    println!("# {:>5} | {:>6} {:>7} | {:>6} {:>7}", "type", "/d2d", "vs f32", "/h2d", "vs f32");
+    for r in report.rows.iter().filter(|r| r.bytes == largest && r.transport == "device") {
+        let zc = report.rows.iter().find(|z| z.bytes == largest && z.dtype == r.dtype && z.transport == "zero-copy");
+        let rel = |t: &str, v: f64| at("f32", t).map_or(f64::NAN, |f| v / f);
+        println!(
+            "  {:>5} | {:>6.3} {:>7.3} | {:>6.3} {:>7.3}",
+            r.dtype,
+            r.ratio,
+            rel("device", r.busbw),
+            zc.map_or(f64::NAN, |z| z.ratio),
+            zc.map_or(f64::NAN, |z| rel("zero-copy", z.busbw))
+        );
+    }
+}

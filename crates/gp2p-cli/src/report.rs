@@ -1,0 +1,81 @@
+//! Benchmark results: rows, the JSON document DESIGN.md describes, and the text table.
+
+use std::path::Path;
+
+use crate::error::CliError;
+use crate::measure::Ceilings;
+
+/// One measured configuration.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub bench: &'static str,
+    /// For reduce: where the kernel reads `src` from (`device` or `zero-copy`).
+    pub transport: &'static str,
+    pub dtype: String,
+    pub op: String,
+    pub ranks: usize,
+    /// Buffer size in bytes (nccl-tests' "size").
+    pub bytes: usize,
+    pub count: usize,
+    pub time_us: f64,
+    /// Buffer bytes per second, GB/s.
+    pub algbw: f64,
+    /// Bytes over the bottleneck per second, GB/s — what the ceiling bounds.
+    pub busbw: f64,
+    /// The ceiling that binds this row, GB/s, and its name.
+    pub ceiling: f64,
+    pub ceiling_name: &'static str,
+    pub ratio: f64,
+    pub wrong: usize,
+}
+
+/// What the GPU was.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GpuInfo {
+    pub name: String,
+    pub driver: String,
+    pub pci_bus_id: String,
+    /// PCIe link generation and width come from NVML, which the probe brings.
+    pub link: Option<String>,
+}
+
+/// The whole report, as written by `--json`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub gpu: GpuInfo,
+    pub ceilings: Ceilings,
+    pub repeats: usize,
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    /// Write the report as pretty JSON to `path`.
+    pub fn write_json(&self, path: &Path) -> Result<(), CliError> {
+        let io = |source| CliError::Io { path: path.display().to_string(), source };
+        let text = serde_json::to_string_pretty(self).map_err(|e| io(std::io::Error::other(e)))?;
+        std::fs::write(path, text + "\n").map_err(io)
+    }
+}
+
+/// Human-readable size: 4K, 16M, 1G.
+pub fn human_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_in_binary_units() {
+        assert_eq!(human_bytes(4096), "4K");
+        assert_eq!(human_bytes(1 << 30), "1G");
+        assert_eq!(human_bytes(3 << 20), "3M");
+        assert_eq!(human_bytes(1000), "1000");
+    }
+}

@@ -1,0 +1,240 @@
+//! CPU references of the kernels, for the GPU test suite and for `gp2p bench`, which checks
+//! every result it times: fresh random data, the reference of one reduce step (f64 for
+//! floats, wrapping arithmetic for integers), element-by-element comparison with a
+//! tolerance in ulps, and parallel loops so that checking 2^28 elements stays quick.
+
+use half::{bf16, f16};
+
+use crate::{Element, ReduceOp};
+
+/// A small, fast, seedable generator (SplitMix64): test data must be fresh per case but
+/// reproducible from the seed printed on failure.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-2, 2): away from overflow for products, never all zeros.
+    pub fn next_f64_signed(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
+    }
+}
+
+/// What the suite needs of an element type: random values, the reference reduction and
+/// the comparison with its tolerance.
+pub trait Reference: Element {
+    /// A random value.
+    fn random(rng: &mut SplitMix64) -> Self;
+    /// The value whose every byte is `byte` (poison).
+    fn from_byte(byte: u8) -> Self;
+    /// The reference of one kernel step: `op(dst, src)`, divided by `divide_by` for avg.
+    fn reference(dst: Self, src: Self, op: ReduceOp, divide_by: u32) -> Self;
+    /// Whether `got` is acceptable for `want` under `op`.
+    fn matches(got: Self, want: Self, op: ReduceOp) -> bool;
+}
+
+macro_rules! int_element {
+    ($($t:ty => $wide:ty),*) => {$(
+        impl Reference for $t {
+            fn random(rng: &mut SplitMix64) -> Self {
+                rng.next_u64() as $t
+            }
+            fn from_byte(byte: u8) -> Self {
+                <$t>::from_ne_bytes([byte; size_of::<$t>()])
+            }
+            fn reference(dst: Self, src: Self, op: ReduceOp, divide_by: u32) -> Self {
+                match op {
+                    ReduceOp::Sum => dst.wrapping_add(src),
+                    // Integer avg: the wrapped sum, divided with truncation toward zero.
+                    ReduceOp::Avg => (dst.wrapping_add(src) as $wide / divide_by as $wide) as $t,
+                    ReduceOp::Min => dst.min(src),
+                    ReduceOp::Max => dst.max(src),
+                    ReduceOp::Prod => dst.wrapping_mul(src),
+                }
+            }
+            fn matches(got: Self, want: Self, _: ReduceOp) -> bool {
+                got == want
+            }
+        }
+    )*};
+}
+int_element!(i8 => i32, u8 => u32, i32 => i32, u32 => u32, i64 => i64, u64 => u64);
+
+/// Distance in units in the last place between two floats given as sign-magnitude bits.
+fn ulps(a: u64, b: u64, sign_bit: u64) -> u64 {
+    let ordered = |x: u64| -> i128 { if x & sign_bit != 0 { -((x & !sign_bit) as i128) } else { x as i128 } };
+    ordered(a).abs_diff(ordered(b)) as u64
+}
+
+/// Reference for floats, in f64: the exact combination rounded once at the end.
+fn float_reference(dst: f64, src: f64, op: ReduceOp, divide_by: u32) -> f64 {
+    match op {
+        ReduceOp::Sum => dst + src,
+        ReduceOp::Avg => (dst + src) / f64::from(divide_by),
+        ReduceOp::Min => dst.min(src),
+        ReduceOp::Max => dst.max(src),
+        ReduceOp::Prod => dst * src,
+    }
+}
+
+/// Allowed ulps: min/max and products of two values are exact in every dtype (the product
+/// of two f16/bf16/f32 values is exact in the accumulator); a sum may round twice when the
+/// accumulator is f32 (f16, bf16), and avg adds the rounded reciprocal.
+fn allowed_ulps(op: ReduceOp) -> u64 {
+    match op {
+        ReduceOp::Min | ReduceOp::Max | ReduceOp::Prod => 0,
+        ReduceOp::Sum => 1,
+        ReduceOp::Avg => 2,
+    }
+}
+
+macro_rules! float_element {
+    ($($t:ty: $to:expr, $from:expr, $bits:expr, $sign:expr);*) => {$(
+        impl Reference for $t {
+            fn random(rng: &mut SplitMix64) -> Self {
+                $from(rng.next_f64_signed())
+            }
+            fn from_byte(byte: u8) -> Self {
+                // Every bit pattern is a valid float (poison is often a NaN, which is the point).
+                let bits = (0..size_of::<$t>()).fold(0u64, |acc, _| (acc << 8) | u64::from(byte));
+                <$t>::from_bits(bits as _)
+            }
+            fn reference(dst: Self, src: Self, op: ReduceOp, divide_by: u32) -> Self {
+                $from(float_reference($to(dst), $to(src), op, divide_by))
+            }
+            fn matches(got: Self, want: Self, op: ReduceOp) -> bool {
+                ulps($bits(got), $bits(want), $sign) <= allowed_ulps(op)
+            }
+        }
+    )*};
+}
+float_element!(
+    f32: f64::from, |v: f64| v as f32, |v: f32| u64::from(v.to_bits()), 1 << 31;
+    f64: |v: f64| v, |v: f64| v, |v: f64| v.to_bits(), 1 << 63;
+    f16: f64::from, f16::from_f64, |v: f16| u64::from(v.to_bits()), 1 << 15;
+    bf16: f64::from, bf16::from_f64, |v: bf16| u64::from(v.to_bits()), 1 << 15
+);
+
+/// Worker threads for the parallel helpers.
+pub fn threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get()).min(32)
+}
+
+/// Fill `out` with fresh random values from `seed`, in parallel.
+pub fn fill_random<T: Reference>(out: &mut [T], seed: u64) {
+    let chunk = out.len().div_ceil(threads()).max(1 << 16);
+    std::thread::scope(|scope| {
+        for (i, part) in out.chunks_mut(chunk).enumerate() {
+            scope.spawn(move || {
+                let mut rng = SplitMix64::new(seed ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+                part.iter_mut().for_each(|v| *v = T::random(&mut rng));
+            });
+        }
+    });
+}
+
+/// Count the elements where `got[i]` is not an acceptable `op(dst[i], src[i])`, in
+/// parallel; also describes the first few. Lengths must be equal (else every element counts).
+pub fn count_wrong<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp, divide_by: u32) -> (usize, Vec<String>) {
+    if got.len() != dst.len() || got.len() != src.len() {
+        return (got.len().max(1), vec![format!("lengths differ: got {}, dst {}, src {}", got.len(), dst.len(), src.len())]);
+    }
+    let chunk = got.len().div_ceil(threads()).max(1 << 16);
+    let parts: Vec<(usize, Vec<String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = got
+            .chunks(chunk)
+            .zip(dst.chunks(chunk))
+            .zip(src.chunks(chunk))
+            .enumerate()
+            .map(|(c, ((g, d), s))| {
+                scope.spawn(move || {
+                    let mut wrong = 0;
+                    let mut first = Vec::new();
+                    for i in 0..g.len() {
+                        let want = T::reference(d[i], s[i], op, divide_by);
+                        if !T::matches(g[i], want, op) {
+                            wrong += 1;
+                            if first.len() < 4 {
+                                first.push(format!("[{}] {:?} {op} {:?} = {:?}, got {:?}", c * chunk + i, d[i], s[i], want, g[i]));
+                            }
+                        }
+                    }
+                    (wrong, first)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or((usize::MAX, vec!["checker thread panicked".into()]))).collect()
+    });
+    let wrong = parts.iter().map(|(w, _)| *w).fold(0, usize::saturating_add);
+    (wrong, parts.into_iter().flat_map(|(_, f)| f).take(4).collect())
+}
+
+/// [`count_wrong`] as a result: `Err` says how many elements are wrong and shows the first.
+pub fn check_reduce<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp, divide_by: u32) -> Result<(), String> {
+    match count_wrong(got, dst, src, op, divide_by) {
+        (0, _) => Ok(()),
+        (wrong, first) => Err(format!("{wrong} of {} elements wrong ({op}, divide_by {divide_by}): {}", got.len(), first.join("; "))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_wrap_and_truncate_like_the_kernels() {
+        assert_eq!(i8::reference(100, 100, ReduceOp::Sum, 1), -56);
+        assert_eq!(u8::reference(200, 100, ReduceOp::Avg, 3), 14); // (300 mod 256) / 3
+        assert_eq!(i32::reference(-7, 0, ReduceOp::Avg, 2), -3); // toward zero
+        assert_eq!(u64::reference(u64::MAX, 2, ReduceOp::Prod, 1), u64::MAX - 1);
+        assert_eq!(f32::reference(1.5, -2.0, ReduceOp::Min, 1), -2.0);
+        assert_eq!(f64::reference(1.0, 2.0, ReduceOp::Avg, 4), 0.75);
+    }
+
+    #[test]
+    fn float_tolerance_is_in_ulps() {
+        let one = 1.0f32;
+        let next = f32::from_bits(one.to_bits() + 1);
+        assert!(f32::matches(next, one, ReduceOp::Sum));
+        assert!(!f32::matches(next, one, ReduceOp::Max));
+        assert!(!f32::matches(1.0 + 1e-5, one, ReduceOp::Sum));
+        assert!(f32::matches(-0.0, 0.0, ReduceOp::Max), "±0 are one ulp class apart at most");
+        assert!(!bf16::matches(bf16::from_f32(1.5), bf16::from_f32(1.0), ReduceOp::Avg));
+    }
+
+    #[test]
+    fn check_reduce_counts_every_wrong_element() {
+        let dst = vec![1u32; 300_000];
+        let src = vec![2u32; 300_000];
+        let mut got = vec![3u32; 300_000];
+        assert_eq!(check_reduce(&got, &dst, &src, ReduceOp::Sum, 1), Ok(()));
+        got[7] = 0;
+        got[299_999] = 9;
+        let err = check_reduce(&got, &dst, &src, ReduceOp::Sum, 1).unwrap_err();
+        assert!(err.starts_with("2 of 300000 elements wrong"), "{err}");
+    }
+
+    #[test]
+    fn random_data_is_fresh_and_not_zero() {
+        let mut a = vec![0f32; 1000];
+        let mut b = vec![0f32; 1000];
+        fill_random(&mut a, 1);
+        fill_random(&mut b, 2);
+        assert_ne!(a, b);
+        assert!(a.iter().filter(|v| **v == 0.0).count() < 2);
+        assert!(a.iter().all(|v| (-2.0..2.0).contains(v)));
+    }
+}
