@@ -20,9 +20,11 @@ fn enqueue(c: &mut Criterion) {
         eprintln!("no CUDA device: skipping the enqueue bench");
         return;
     };
-    let (Ok(stream), Ok(mut dst), Ok(src)) =
-        (Stream::new(&device), DeviceBuffer::<f32>::alloc(&device, 1 << 20), DeviceBuffer::<f32>::alloc(&device, 1 << 20))
-    else {
+    let (Ok(stream), Ok(mut dst), Ok(src)) = (
+        Stream::new(&device),
+        DeviceBuffer::<f32>::alloc(&device, 1 << 20),
+        DeviceBuffer::<f32>::alloc(&device, 1 << 20),
+    ) else {
         eprintln!("could not set up the enqueue bench");
         return;
     };

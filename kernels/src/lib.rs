@@ -24,9 +24,9 @@ pub mod reference;
 
 pub use dtype::{DType, UnknownDType};
 pub use element::Element;
-pub use op::{ReduceOp, UnknownReduceOp};
 /// Re-exported so users name the same f16 / bf16 types the kernels are instantiated for.
 pub use half;
+pub use op::{ReduceOp, UnknownReduceOp};
 
 /// One PTX module: its name (used as the cache key when it is loaded) and its text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

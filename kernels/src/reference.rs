@@ -148,9 +148,18 @@ pub fn fill_random<T: Reference>(out: &mut [T], seed: u64) {
 
 /// Count the elements where `got[i]` is not an acceptable `op(dst[i], src[i])`, in
 /// parallel; also describes the first few. Lengths must be equal (else every element counts).
-pub fn count_wrong<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp, divide_by: u32) -> (usize, Vec<String>) {
+pub fn count_wrong<T: Reference>(
+    got: &[T],
+    dst: &[T],
+    src: &[T],
+    op: ReduceOp,
+    divide_by: u32,
+) -> (usize, Vec<String>) {
     if got.len() != dst.len() || got.len() != src.len() {
-        return (got.len().max(1), vec![format!("lengths differ: got {}, dst {}, src {}", got.len(), dst.len(), src.len())]);
+        return (
+            got.len().max(1),
+            vec![format!("lengths differ: got {}, dst {}, src {}", got.len(), dst.len(), src.len())],
+        );
     }
     let chunk = got.len().div_ceil(threads()).max(1 << 16);
     let parts: Vec<(usize, Vec<String>)> = std::thread::scope(|scope| {
@@ -168,7 +177,14 @@ pub fn count_wrong<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp, 
                         if !T::matches(g[i], want, op) {
                             wrong += 1;
                             if first.len() < 4 {
-                                first.push(format!("[{}] {:?} {op} {:?} = {:?}, got {:?}", c * chunk + i, d[i], s[i], want, g[i]));
+                                first.push(format!(
+                                    "[{}] {:?} {op} {:?} = {:?}, got {:?}",
+                                    c * chunk + i,
+                                    d[i],
+                                    s[i],
+                                    want,
+                                    g[i]
+                                ));
                             }
                         }
                     }
@@ -186,7 +202,9 @@ pub fn count_wrong<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp, 
 pub fn check_reduce<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp, divide_by: u32) -> Result<(), String> {
     match count_wrong(got, dst, src, op, divide_by) {
         (0, _) => Ok(()),
-        (wrong, first) => Err(format!("{wrong} of {} elements wrong ({op}, divide_by {divide_by}): {}", got.len(), first.join("; "))),
+        (wrong, first) => {
+            Err(format!("{wrong} of {} elements wrong ({op}, divide_by {divide_by}): {}", got.len(), first.join("; ")))
+        }
     }
 }
 

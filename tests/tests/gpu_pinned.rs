@@ -1,5 +1,8 @@
 //! GPU: pinned memory, `is_pinned`, stream fork/join ordering, and staging-ring reuse.
 
+// A failing test is how a test reports; unwrap/expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use geforce_p2p::cuda::reduce;
 use geforce_p2p::pinned::{copy_from_host, copy_to_host, is_pinned};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, Stream, StreamFork};
@@ -23,7 +26,10 @@ fn is_pinned_says_no_for_pageable_memory_and_leaves_no_sticky_error() {
     let pinned = PinnedBuffer::<u8>::alloc(&device, 1 << 20).unwrap();
     assert!(is_pinned(pinned.host_ptr(), pinned.len()).unwrap());
     assert!(is_pinned(pinned.host_ptr().wrapping_add(4096), 1000).unwrap(), "a sub-range is pinned");
-    assert!(!is_pinned(pinned.host_ptr(), pinned.len() + (64 << 20)).unwrap(), "a range running past the allocation is not");
+    assert!(
+        !is_pinned(pinned.host_ptr(), pinned.len() + (64 << 20)).unwrap(),
+        "a range running past the allocation is not"
+    );
 
     // After the refusals, a launch and a copy still work.
     let mut dst = DeviceBuffer::from_host(&stream, &[1u32, 2, 3]).unwrap();

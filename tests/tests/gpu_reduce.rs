@@ -1,6 +1,9 @@
 //! GPU: the reduce kernel family, every op × dtype, from device memory and from mapped
 //! pinned host memory, at lengths 0 to 2^28, aligned and not, against the CPU reference.
 
+// A failing test is how a test reports; unwrap/expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use geforce_p2p::cuda::reduce;
 use geforce_p2p::pinned::{copy_from_host, copy_to_host, reduce_from_host};
 use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream};
@@ -57,13 +60,18 @@ impl<T: Reference> Bench<T> {
         }
         let s = &self.stream;
         self.dst.fill_bytes(s, POISON).unwrap();
-        copy_from_host(s, &self.host_dst.view(dst_off..dst_off + len), &mut self.dst.view_mut(dst_off..dst_off + len)).unwrap();
+        copy_from_host(s, &self.host_dst.view(dst_off..dst_off + len), &mut self.dst.view_mut(dst_off..dst_off + len))
+            .unwrap();
         let mut dst_view = self.dst.view_mut(dst_off..dst_off + len);
         match source {
             Source::Device => {
                 self.src.fill_bytes(s, POISON).unwrap();
-                copy_from_host(s, &self.host_src.view(src_off..src_off + len), &mut self.src.view_mut(src_off..src_off + len))
-                    .unwrap();
+                copy_from_host(
+                    s,
+                    &self.host_src.view(src_off..src_off + len),
+                    &mut self.src.view_mut(src_off..src_off + len),
+                )
+                .unwrap();
                 reduce(s, &mut dst_view, &self.src.view(src_off..src_off + len), op, divide_by).unwrap();
             }
             Source::MappedHost => {
@@ -81,7 +89,10 @@ impl<T: Reference> Bench<T> {
         }
         let poison = T::from_byte(POISON);
         for guard in (0..dst_off).chain([dst_off + len]) {
-            assert!(T::matches(out[guard], poison, ReduceOp::Max), "{what}: element {guard} outside the range was written");
+            assert!(
+                T::matches(out[guard], poison, ReduceOp::Max),
+                "{what}: element {guard} outside the range was written"
+            );
         }
     }
 }

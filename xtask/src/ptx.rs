@@ -73,7 +73,8 @@ pub fn compile_in_child(root: &Path, out_dir: &Path) -> Result<(), String> {
             name: Some(format!("{stem}.cu")),
             ..Default::default()
         };
-        let ptx = compile_ptx_with_opts(text, options).map_err(|e| format!("NVRTC failed on {}: {e:?}", source.display()))?;
+        let ptx =
+            compile_ptx_with_opts(text, options).map_err(|e| format!("NVRTC failed on {}: {e:?}", source.display()))?;
         let mut text = ptx.to_src();
         // NVRTC may end the text with NUL; the committed file and include_str! want none.
         text.retain(|c| c != '\0');
@@ -87,10 +88,8 @@ pub fn compile_in_child(root: &Path, out_dir: &Path) -> Result<(), String> {
 fn kernel_sources(root: &Path) -> Result<Vec<PathBuf>, String> {
     let dir = root.join("kernels");
     let entries = fs::read_dir(&dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
-    let mut sources: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
+    let mut sources: Vec<PathBuf> =
+        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "cu")).collect();
     sources.sort();
     if sources.is_empty() {
         return Err(format!("no .cu files in {}", dir.display()));

@@ -31,7 +31,9 @@ pub use gp2p_cuda as cuda;
 pub use gp2p_kernels as kernels;
 pub use gp2p_pinned as pinned;
 
-pub use gp2p_cuda::{Device, DeviceBuffer, DeviceInfo, DeviceView, DeviceViewMut, Event, EventKind, Stream, StreamFork};
+pub use gp2p_cuda::{
+    Device, DeviceBuffer, DeviceInfo, DeviceView, DeviceViewMut, Event, EventKind, Stream, StreamFork,
+};
 pub use gp2p_kernels::{DType, Element, ReduceOp, half};
 pub use gp2p_pinned::{PinnedBuffer, PinnedView, PinnedViewMut, StagingRing, is_pinned};
 

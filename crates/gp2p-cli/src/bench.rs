@@ -86,10 +86,20 @@ fn bench_reduce(args: &ReduceArgs) -> Result<(), CliError> {
     eprintln!("measuring ceilings with {} transfers ...", human_bytes(CEILING_BYTES));
     let ceil = ceilings(&device, &stream, CEILING_BYTES, repeats)?;
     let progress = ProgressBar::new((dtypes.len() * sizes.len() * 2) as u64);
-    progress.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     let mut rows = Vec::new();
     for dtype in dtypes {
-        let bench = ReduceBench { device: &device, stream: &stream, sizes: &sizes, op: args.op, repeats, ceilings: ceil, progress: &progress };
+        let bench = ReduceBench {
+            device: &device,
+            stream: &stream,
+            sizes: &sizes,
+            op: args.op,
+            repeats,
+            ceilings: ceil,
+            progress: &progress,
+        };
         rows.extend(match dtype {
             DType::F32 => bench.run::<f32>(),
             DType::F64 => bench.run::<f64>(),
@@ -168,15 +178,33 @@ impl ReduceBench<'_> {
                 let restore = || Ok(dst_cell.borrow_mut().view_mut(..n).copy_from(stream, &pristine.view(..n))?);
                 let seconds = if transport == "device" {
                     median_seconds(stream, self.repeats, restore, || {
-                        Ok(reduce(stream, &mut dst_cell.borrow_mut().view_mut(..n), &src.view(..n), self.op, divide_by)?)
+                        Ok(reduce(
+                            stream,
+                            &mut dst_cell.borrow_mut().view_mut(..n),
+                            &src.view(..n),
+                            self.op,
+                            divide_by,
+                        )?)
                     })?
                 } else {
                     median_seconds(stream, self.repeats, restore, || {
-                        Ok(reduce_from_host(stream, &mut dst_cell.borrow_mut().view_mut(..n), &host_src.view(..n), self.op, divide_by)?)
+                        Ok(reduce_from_host(
+                            stream,
+                            &mut dst_cell.borrow_mut().view_mut(..n),
+                            &host_src.view(..n),
+                            self.op,
+                            divide_by,
+                        )?)
                     })?
                 };
                 copy_to_host(stream, &dst.view(..n), &mut host_out.view_mut(..n))?;
-                let (wrong, _) = count_wrong(&host_out.as_slice()?[..n], &host_dst.as_slice()?[..n], &host_src.as_slice()?[..n], self.op, divide_by);
+                let (wrong, _) = count_wrong(
+                    &host_out.as_slice()?[..n],
+                    &host_dst.as_slice()?[..n],
+                    &host_src.as_slice()?[..n],
+                    self.op,
+                    divide_by,
+                );
                 let real_bytes = n * size_of::<T>();
                 // Device source: 2 reads + 1 write in VRAM, against the D2D copy's read+write
                 // rate. Zero-copy: the src bytes cross PCIe once, against the H2D DMA rate.
@@ -211,7 +239,10 @@ impl ReduceBench<'_> {
 
 fn print_reduce(report: &Report) {
     let c = &report.ceilings;
-    println!("# gp2p bench reduce on {} ({}), medians of {} timed runs", report.gpu.name, report.gpu.driver, report.repeats);
+    println!(
+        "# gp2p bench reduce on {} ({}), medians of {} timed runs",
+        report.gpu.name, report.gpu.driver, report.repeats
+    );
     println!(
         "# ceilings ({} transfers): d2d {:.1} GB/s (read+write), h2d {:.1} GB/s, d2h {:.1} GB/s",
         human_bytes(c.bytes),

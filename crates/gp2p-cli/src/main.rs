@@ -8,11 +8,9 @@ mod measure;
 mod report;
 mod sizes;
 
-
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
 
 /// Fast data movement between NVIDIA GPUs without driver P2P.
 #[derive(Parser)]

@@ -77,7 +77,8 @@ pub fn ceilings(device: &Device, stream: &Stream, bytes: usize, repeats: Repeats
     copy_from_host(stream, &host.view(..), &mut a.view_mut(..))?;
     let none = || Ok(());
     let d2d = median_seconds(stream, repeats, none, || Ok(b.view_mut(..).copy_from(stream, &a.view(..))?))?;
-    let h2d = median_seconds(stream, repeats, none, || Ok(copy_from_host(stream, &host.view(..), &mut a.view_mut(..))?))?;
+    let h2d =
+        median_seconds(stream, repeats, none, || Ok(copy_from_host(stream, &host.view(..), &mut a.view_mut(..))?))?;
     let d2h = median_seconds(stream, repeats, none, || Ok(copy_to_host(stream, &a.view(..), &mut host.view_mut(..))?))?;
     let gbps = |moved: usize, seconds: f64| moved as f64 / seconds / 1e9;
     Ok(Ceilings { d2d: gbps(2 * bytes, d2d), h2d: gbps(bytes, h2d), d2h: gbps(bytes, d2h), bytes })

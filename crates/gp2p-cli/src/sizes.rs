@@ -10,7 +10,8 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         Some('g' | 'G') => (&t[..t.len() - 1], 30),
         _ => (t, 0),
     };
-    let n: usize = digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional K, M or G"))?;
+    let n: usize =
+        digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional K, M or G"))?;
     n.checked_mul(1 << shift).ok_or_else(|| format!("size {text:?} is too large"))
 }
 

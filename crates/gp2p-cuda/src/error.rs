@@ -8,7 +8,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// No CUDA driver library (libcuda) could be loaded on this machine.
-    #[error("no NVIDIA CUDA driver found (libcuda could not be loaded): install the NVIDIA driver, or run on a machine with an NVIDIA GPU")]
+    #[error(
+        "no NVIDIA CUDA driver found (libcuda could not be loaded): install the NVIDIA driver, or run on a machine with an NVIDIA GPU"
+    )]
     NoDriver,
     /// The driver is there, but the ordinal names no device.
     #[error("device {ordinal} does not exist: {count} CUDA device(s) visible (check CUDA_VISIBLE_DEVICES)")]
@@ -19,7 +21,9 @@ pub enum Error {
         count: usize,
     },
     /// The device is older than the kernels support.
-    #[error("device {ordinal} ({name}) has compute capability {major}.{minor}; geforce-p2p needs 8.0 (Ampere) or newer")]
+    #[error(
+        "device {ordinal} ({name}) has compute capability {major}.{minor}; geforce-p2p needs 8.0 (Ampere) or newer"
+    )]
     Unsupported {
         /// Device ordinal.
         ordinal: usize,

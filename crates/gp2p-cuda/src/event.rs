@@ -80,7 +80,10 @@ impl Event {
     pub fn elapsed_ms(start: &Event, end: &Event) -> Result<f32> {
         for (what, e) in [("start", start), ("end", end)] {
             if e.kind != EventKind::Timing {
-                return Err(Error::InvalidArgument { name: what, reason: "created as EventKind::Sync, which records no time".into() });
+                return Err(Error::InvalidArgument {
+                    name: what,
+                    reason: "created as EventKind::Sync, which records no time".into(),
+                });
             }
         }
         end.synchronize()?;

@@ -125,12 +125,21 @@ impl<T: Element> DeviceBuffer<T> {
     /// Borrow a range of elements for writing.
     pub fn view_mut(&mut self, range: impl RangeBounds<usize>) -> DeviceViewMut<'_, T> {
         let (start, len) = clamp_range(range, self.len);
-        DeviceViewMut { device: self.device.clone(), ptr: self.ptr + offset_bytes::<T>(start), len, _marker: PhantomData }
+        DeviceViewMut {
+            device: self.device.clone(),
+            ptr: self.ptr + offset_bytes::<T>(start),
+            len,
+            _marker: PhantomData,
+        }
     }
 
     fn check_stream(&self, stream: &Stream) -> Result<()> {
         if stream.device() != &self.device {
-            return Err(Error::WrongDevice { what: "buffer", got: self.device.ordinal(), expected: stream.device().ordinal() });
+            return Err(Error::WrongDevice {
+                what: "buffer",
+                got: self.device.ordinal(),
+                expected: stream.device().ordinal(),
+            });
         }
         Ok(())
     }
@@ -217,7 +226,15 @@ macro_rules! view_common {
 
         impl<T: Element> std::fmt::Debug for $name<'_, T> {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "{}<{}>({} elements at {:#x} on device {})", stringify!($name), T::DTYPE, self.len, self.ptr, self.device.ordinal())
+                write!(
+                    f,
+                    "{}<{}>({} elements at {:#x} on device {})",
+                    stringify!($name),
+                    T::DTYPE,
+                    self.len,
+                    self.ptr,
+                    self.device.ordinal()
+                )
             }
         }
     };
@@ -241,7 +258,10 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         check_len("src view", src.len(), self.len)?;
         let (d, s) = (self.byte_range(), src.byte_range());
         if d.start < s.end && s.start < d.end && self.len > 0 {
-            return Err(Error::InvalidArgument { name: "src", reason: format!("overlaps dst ({s:#x?} and {d:#x?}): copy through a temporary") });
+            return Err(Error::InvalidArgument {
+                name: "src",
+                reason: format!("overlaps dst ({s:#x?} and {d:#x?}): copy through a temporary"),
+            });
         }
         if self.len == 0 {
             return Ok(());
@@ -254,7 +274,11 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
     /// Set every byte to `byte` on `stream`, asynchronously.
     pub fn fill_bytes(&mut self, stream: &Stream, byte: u8) -> Result<()> {
         if stream.device() != &self.device {
-            return Err(Error::WrongDevice { what: "view", got: self.device.ordinal(), expected: stream.device().ordinal() });
+            return Err(Error::WrongDevice {
+                what: "view",
+                got: self.device.ordinal(),
+                expected: stream.device().ordinal(),
+            });
         }
         if self.len == 0 {
             return Ok(());
@@ -289,8 +313,10 @@ pub unsafe fn memcpy_htod_async(stream: &Stream, dst: RawDevicePtr, src: *const 
 }
 
 fn bytes_of<T>(len: usize) -> Result<usize> {
-    len.checked_mul(size_of::<T>())
-        .ok_or_else(|| Error::InvalidArgument { name: "len", reason: format!("{len} elements overflow the address space") })
+    len.checked_mul(size_of::<T>()).ok_or_else(|| Error::InvalidArgument {
+        name: "len",
+        reason: format!("{len} elements overflow the address space"),
+    })
 }
 
 fn offset_bytes<T>(elements: usize) -> u64 {
@@ -330,7 +356,9 @@ mod tests {
         assert_eq!(clamp_range(3..=7, 10), (3, 5));
         assert_eq!(clamp_range(8.., 10), (8, 2));
         assert_eq!(clamp_range(12.., 10), (10, 0));
-        assert_eq!(clamp_range(5..2, 10), (5, 0));
+        #[allow(clippy::reversed_empty_ranges)] // a reversed range is exactly the case tested
+        let reversed = 5..2;
+        assert_eq!(clamp_range(reversed, 10), (5, 0));
         assert_eq!(clamp_range(..100, 10), (0, 10));
     }
 }

@@ -34,14 +34,17 @@ impl Module {
         if let Some(module) = cache.get(ptx.name) {
             return Ok(module.clone());
         }
-        let image = CString::new(ptx.ptx)
-            .map_err(|_| Error::InvalidArgument { name: "ptx", reason: format!("module {} contains a NUL byte", ptx.name) })?;
+        let image = CString::new(ptx.ptx).map_err(|_| Error::InvalidArgument {
+            name: "ptx",
+            reason: format!("module {} contains a NUL byte", ptx.name),
+        })?;
         device.bind()?;
         let mut raw: CUmodule = std::ptr::null_mut();
         // SAFETY: the context is current; the image is a NUL-terminated PTX string that the
         // driver copies during the call.
         check(unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr().cast()) }, "cuModuleLoadData")?;
-        let module = Arc::new(Module { device: device.clone(), name: ptx.name, raw, functions: Mutex::new(HashMap::new()) });
+        let module =
+            Arc::new(Module { device: device.clone(), name: ptx.name, raw, functions: Mutex::new(HashMap::new()) });
         cache.insert(ptx.name, module.clone());
         Ok(module)
     }
@@ -52,8 +55,10 @@ impl Module {
         let raw = match functions.get(name) {
             Some(&f) => f,
             None => {
-                let c_name = CString::new(name)
-                    .map_err(|_| Error::InvalidArgument { name: "name", reason: "kernel names contain no NUL".into() })?;
+                let c_name = CString::new(name).map_err(|_| Error::InvalidArgument {
+                    name: "name",
+                    reason: "kernel names contain no NUL".into(),
+                })?;
                 let mut f: CUfunction = std::ptr::null_mut();
                 self.device.bind()?;
                 // SAFETY: live module, NUL-terminated name, out-pointer to a local.
@@ -113,7 +118,11 @@ impl Function {
     /// until the kernel completes.
     pub unsafe fn launch(&self, stream: &Stream, config: LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
         if stream.device() != &self.module.device {
-            return Err(Error::WrongDevice { what: "kernel module", got: self.module.device.ordinal(), expected: stream.device().ordinal() });
+            return Err(Error::WrongDevice {
+                what: "kernel module",
+                got: self.module.device.ordinal(),
+                expected: stream.device().ordinal(),
+            });
         }
         if config.grid == 0 || config.block == 0 {
             return Err(Error::InvalidArgument { name: "config", reason: format!("empty launch {config:?}") });

@@ -69,12 +69,18 @@ pub unsafe fn reduce_raw(
     divide_by: u32,
 ) -> Result<()> {
     if divide_by == 0 {
-        return Err(Error::InvalidArgument { name: "divide_by", reason: "must be at least 1 (the number of contributions)".into() });
+        return Err(Error::InvalidArgument {
+            name: "divide_by",
+            reason: "must be at least 1 (the number of contributions)".into(),
+        });
     }
     let align = dtype.size_bytes() as u64;
     for (name, ptr) in [("dst", dst), ("src", src)] {
         if ptr % align != 0 {
-            return Err(Error::InvalidArgument { name, reason: format!("address {ptr:#x} is not aligned to {align} bytes for {dtype}") });
+            return Err(Error::InvalidArgument {
+                name,
+                reason: format!("address {ptr:#x} is not aligned to {align} bytes for {dtype}"),
+            });
         }
     }
     if len == 0 {

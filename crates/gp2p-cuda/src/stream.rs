@@ -30,11 +30,9 @@ impl Stream {
     pub fn new(device: &Device) -> Result<Stream> {
         device.bind()?;
         let mut raw: CUstream = std::ptr::null_mut();
+        let flags = CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: the context is current; out-pointer to a local.
-        check(
-            unsafe { sys::cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
-            "cuStreamCreate",
-        )?;
+        check(unsafe { sys::cuStreamCreate(&mut raw, flags) }, "cuStreamCreate")?;
         Ok(Stream { device: device.clone(), raw, owned: true })
     }
 
@@ -139,7 +137,11 @@ impl StreamFork {
     pub fn fork(&self, caller: &Stream) -> Result<&[Stream]> {
         let device = self.forked.device();
         if caller.device() != device {
-            return Err(Error::WrongDevice { what: "fork", got: device.ordinal(), expected: caller.device().ordinal() });
+            return Err(Error::WrongDevice {
+                what: "fork",
+                got: device.ordinal(),
+                expected: caller.device().ordinal(),
+            });
         }
         self.forked.record(caller)?;
         for s in &self.streams {

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::ptr::NonNull;
 
-use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute, CUresult};
+use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
 use gp2p_cuda::__private::{check, clamp_range};
 use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, Stream};
 use gp2p_kernels::Element;
@@ -59,7 +59,10 @@ impl Allocation {
             // SAFETY: a context is current; out-pointer to a local.
             check(unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) }, "cuMemHostAlloc")?;
             let ptr = NonNull::new(raw.cast::<u8>()).ok_or_else(|| {
-                Error::Cuda(gp2p_cuda::Error::InvalidArgument { name: "len", reason: "cuMemHostAlloc returned null".into() })
+                Error::Cuda(gp2p_cuda::Error::InvalidArgument {
+                    name: "len",
+                    reason: "cuMemHostAlloc returned null".into(),
+                })
             })?;
             // SAFETY: the driver returned `bytes` writable bytes; zeroing makes them initialised.
             unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
@@ -86,8 +89,9 @@ impl Allocation {
         }
         device.bind()?;
         let mut dptr: RawDevicePtr = 0;
+        let host: *mut c_void = self.ptr.as_ptr().cast();
         // SAFETY: the pointer is a live portable mapped allocation; out-pointer to a local.
-        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, self.ptr.as_ptr().cast(), 0) }, "cuMemHostGetDevicePointer")?;
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0) }, "cuMemHostGetDevicePointer")?;
         Ok(dptr)
     }
 
@@ -286,8 +290,9 @@ impl<T: Element> PinnedViewMut<'_, T> {
 /// `cuMemHostAlloc`/`cudaHostAlloc` or registered with `cuMemHostRegister`), inside one
 /// allocation. An empty range is trivially pinned.
 ///
-/// A "no" is an answer, not a failure: it leaves no CUDA error behind, so later launches
-/// work as before. Needs a driver and at least one usable device (for a context).
+/// A "no" is an answer, not a failure: the lookups used return success for unknown
+/// addresses, so no CUDA error is raised or left behind (compute-sanitizer stays quiet too),
+/// and later launches work as before. Needs a driver and one usable device (for a context).
 pub fn is_pinned(ptr: *const u8, len: usize) -> Result<bool> {
     if len == 0 {
         return Ok(true);
@@ -297,56 +302,49 @@ pub fn is_pinned(ptr: *const u8, len: usize) -> Result<bool> {
     }
     Device::open(0)?.bind()?;
     let first = ptr as u64;
-    let Some(last) = first.checked_add(len as u64 - 1) else { return Ok(false) };
-    if !is_pinned_host_byte(first)? || !is_pinned_host_byte(last)? {
+    let Some(last) = first.checked_add(len as u64 - 1) else {
+        return Ok(false);
+    };
+    let (head, tail) = (lookup(first)?, lookup(last)?);
+    if !head.is_pinned_host() || !tail.is_pinned_host() {
         return Ok(false);
     }
     // Both ends are pinned; make sure they are one allocation, not two with a gap between.
-    match allocation_range(first)? {
-        Some((start, size)) => Ok(start <= first && last < start.saturating_add(size)),
-        None => Ok(true), // the driver does not report ranges for host memory: ends suffice
+    Ok(match head.range {
+        Some((start, size)) => start <= first && last < start.saturating_add(size),
+        None => true, // no range reported for host memory: the two ends are what we know
+    })
+}
+
+/// What the driver knows about one address.
+struct Lookup {
+    memory_type: u32,
+    range: Option<(u64, u64)>,
+}
+
+impl Lookup {
+    fn is_pinned_host(&self) -> bool {
+        self.memory_type == CUmemorytype::CU_MEMORYTYPE_HOST as u32
     }
 }
 
-/// One byte: does the driver know it as page-locked host memory?
-fn is_pinned_host_byte(addr: u64) -> Result<bool> {
+/// Ask for the memory type and allocation range of `addr` with `cuPointerGetAttributes`,
+/// which (unlike `cuPointerGetAttribute`) answers zeros rather than an error for addresses
+/// it does not know — the common "not pinned" case must not look like a failure.
+fn lookup(addr: u64) -> Result<Lookup> {
     let mut memory_type: u32 = 0;
-    // SAFETY: a context is current; the out-pointer is a u32 as MEMORY_TYPE requires. The
-    // address is only looked up, never dereferenced.
-    let code = unsafe {
-        sys::cuPointerGetAttribute(
-            (&raw mut memory_type).cast(),
-            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            addr,
-        )
-    };
-    match code {
-        CUresult::CUDA_SUCCESS => {}
-        // Not memory the driver knows: ordinary pageable memory.
-        CUresult::CUDA_ERROR_INVALID_VALUE => return Ok(false),
-        other => return Ok(check(other, "cuPointerGetAttribute").map(|()| false)?),
-    }
-    if memory_type != CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
-        return Ok(false);
-    }
-    let mut flags: u32 = 0;
-    // SAFETY: out-pointer to a local; the address is looked up only. Fails for memory that is
-    // not page-locked (e.g. system memory the driver merely tracks), which is the point.
-    let code = unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut c_void) };
-    Ok(code == CUresult::CUDA_SUCCESS)
-}
-
-/// The allocation containing `addr`, as (start, size), when the driver reports it.
-fn allocation_range(addr: u64) -> Result<Option<(u64, u64)>> {
     let mut start: u64 = 0;
-    let mut size: u64 = 0;
-    // SAFETY: a context is current; out-pointers are u64 / size_t as the attributes require.
-    let codes = unsafe {
-        [
-            sys::cuPointerGetAttribute((&raw mut start).cast(), CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr),
-            sys::cuPointerGetAttribute((&raw mut size).cast(), CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr),
-        ]
-    };
-    Ok(if codes.iter().all(|&c| c == CUresult::CUDA_SUCCESS) && size > 0 { Some((start, size)) } else { None })
+    let mut size: usize = 0;
+    let mut attributes = [
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut c_void; 3] = [(&raw mut memory_type).cast(), (&raw mut start).cast(), (&raw mut size).cast()];
+    // SAFETY: a context is current; each data pointer addresses a local of the type its
+    // attribute writes (CUmemorytype as u32, CUdeviceptr, size_t); the address is only
+    // looked up, never dereferenced.
+    let code = unsafe { sys::cuPointerGetAttributes(3, attributes.as_mut_ptr(), data.as_mut_ptr(), addr) };
+    check(code, "cuPointerGetAttributes")?;
+    Ok(Lookup { memory_type, range: (size > 0).then_some((start, size as u64)) })
 }
-

@@ -9,7 +9,11 @@ use crate::{PinnedView, PinnedViewMut, Result};
 
 /// Enqueue a DMA of `src` (device memory) into `dst` (pinned host memory) on `stream`.
 /// Asynchronous: the host is not blocked; `dst`'s buffer waits for it before host access.
-pub fn copy_to_host<T: Element>(stream: &Stream, src: &DeviceView<'_, T>, dst: &mut PinnedViewMut<'_, T>) -> Result<()> {
+pub fn copy_to_host<T: Element>(
+    stream: &Stream,
+    src: &DeviceView<'_, T>,
+    dst: &mut PinnedViewMut<'_, T>,
+) -> Result<()> {
     check_pair(stream, src.device().ordinal(), "src", src.len(), dst.len())?;
     if dst.is_empty() {
         return Ok(());
@@ -22,7 +26,11 @@ pub fn copy_to_host<T: Element>(stream: &Stream, src: &DeviceView<'_, T>, dst: &
 
 /// Enqueue a DMA of `src` (pinned host memory) into `dst` (device memory) on `stream`.
 /// Asynchronous: the host is not blocked; `src`'s buffer waits for it before host writes.
-pub fn copy_from_host<T: Element>(stream: &Stream, src: &PinnedView<'_, T>, dst: &mut DeviceViewMut<'_, T>) -> Result<()> {
+pub fn copy_from_host<T: Element>(
+    stream: &Stream,
+    src: &PinnedView<'_, T>,
+    dst: &mut DeviceViewMut<'_, T>,
+) -> Result<()> {
     check_pair(stream, dst.device().ordinal(), "dst", dst.len(), src.len())?;
     if src.is_empty() {
         return Ok(());

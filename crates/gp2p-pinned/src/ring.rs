@@ -48,7 +48,15 @@ impl StagingRing {
         memory.device_ptr(consumer)?;
         let landed = (0..slots).map(|_| Event::new(producer, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
         let free = (0..slots).map(|_| Event::new(consumer, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
-        Ok(StagingRing { memory, slot_bytes, landed, free, cursor: 0, producer: producer.clone(), consumer: consumer.clone() })
+        Ok(StagingRing {
+            memory,
+            slot_bytes,
+            landed,
+            free,
+            cursor: 0,
+            producer: producer.clone(),
+            consumer: consumer.clone(),
+        })
     }
 
     /// Number of slots.
@@ -114,7 +122,12 @@ impl StagingRing {
             return Err(Error::ChunkTooLarge { bytes, slot_bytes: self.slot_bytes });
         }
         if stream.device() != side {
-            return Err(gp2p_cuda::Error::WrongDevice { what, got: stream.device().ordinal(), expected: side.ordinal() }.into());
+            return Err(gp2p_cuda::Error::WrongDevice {
+                what,
+                got: stream.device().ordinal(),
+                expected: side.ordinal(),
+            }
+            .into());
         }
         Ok(())
     }
