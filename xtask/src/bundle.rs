@@ -7,6 +7,8 @@ use std::process::{Command, Stdio};
 
 /// The package holding the GPU tests.
 const SUITE_PACKAGE: &str = "gp2p-tests";
+/// The package holding the criterion benches.
+const BENCH_PACKAGE: &str = "gp2p-benches";
 
 /// Build the bundle under target/ and run it here; fails when no GPU is found.
 pub fn run_here(root: &Path) -> Result<(), String> {
@@ -25,8 +27,14 @@ pub fn bundle(root: &Path, dir: &Path) -> Result<(), String> {
     for d in [&tests_dir, &bin_dir] {
         fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
     }
-    for (name, exe) in build_test_binaries(root)? {
+    for (name, exe) in build_binaries(root, "test", SUITE_PACKAGE)? {
         copy(&exe, &tests_dir.join(&name))?;
+    }
+    // The criterion benches too, so host-side costs can be measured beside a GPU.
+    let benches_dir = dir.join("benches");
+    fs::create_dir_all(&benches_dir).map_err(|e| format!("creating {}: {e}", benches_dir.display()))?;
+    for (name, exe) in build_binaries(root, "bench", BENCH_PACKAGE)? {
+        copy(&exe, &benches_dir.join(&name))?;
     }
     cargo(root, &["build", "--release", "--package", "gp2p-cli"])?;
     copy(&root.join("target").join("release").join("gp2p"), &bin_dir.join("gp2p"))?;
@@ -42,23 +50,29 @@ pub fn bundle(root: &Path, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// `cargo test --release --no-run` of the suite; returns (target name, executable).
-fn build_test_binaries(root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+/// `cargo test|bench --release --no-run` of a package; returns (target name, executable).
+fn build_binaries(root: &Path, command: &str, package: &str) -> Result<Vec<(String, PathBuf)>, String> {
+    let mut args = vec![command, "--no-run", "--message-format=json", "--package", package];
+    if command == "test" {
+        args.insert(1, "--release"); // bench builds are release already
+    }
     let output = Command::new(env_cargo())
         .current_dir(root)
-        .args(["test", "--release", "--no-run", "--message-format=json", "--package", SUITE_PACKAGE])
+        .args(&args)
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("running cargo: {e}"))?;
     if !output.status.success() {
-        return Err(format!("building the GPU suite failed ({})", output.status));
+        return Err(format!("cargo {command} --no-run --package {package} failed ({})", output.status));
     }
     let mut binaries = Vec::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let is_test = message["profile"]["test"].as_bool() == Some(true);
+        let kinds = message["target"]["kind"].as_array().cloned().unwrap_or_default();
+        let is_test = message["profile"]["test"].as_bool() == Some(true)
+            && (command != "bench" || kinds.iter().any(|k| k.as_str() == Some("bench")));
         if let (true, Some(exe), Some(name)) =
             (is_test, message["executable"].as_str(), message["target"]["name"].as_str())
         {
@@ -66,7 +80,7 @@ fn build_test_binaries(root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
         }
     }
     if binaries.is_empty() {
-        return Err("cargo built no test binaries for the suite".into());
+        return Err(format!("cargo {command} built no binaries for {package}"));
     }
     Ok(binaries)
 }

@@ -4,9 +4,12 @@
 //! - [`cuda`] (`gp2p-cuda`): devices, streams, events, device memory, the reduce launch;
 //! - [`pinned`] (`gp2p-pinned`): pinned, device-mapped host memory and staging rings;
 //! - [`kernels`] (`gp2p-kernels`): [`DType`], [`ReduceOp`] and the committed PTX;
+//! - [`transport`] (`gp2p-transport`): the cross-device copy engine;
+//! - [`copy`] / [`copy_into`]: copies between devices through one shared engine, by P2P
+//!   where the pair has it, else staged through pinned host memory;
 //! - [`ops`]: the public primitives for building your own schedules.
 //!
-//! The staged copy, the collectives and the P2P probe join this facade as their crates land.
+//! The collectives and the P2P probe join this facade as their crates land.
 //!
 //! ```
 //! use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, ops};
@@ -27,9 +30,12 @@
 //! }
 //! ```
 
+use std::sync::LazyLock;
+
 pub use gp2p_cuda as cuda;
 pub use gp2p_kernels as kernels;
 pub use gp2p_pinned as pinned;
+pub use gp2p_transport as transport;
 
 pub use gp2p_cuda::{
     Device, DeviceBuffer, DeviceInfo, DeviceView, DeviceViewMut, Event, EventKind, Stream, StreamFork,
@@ -37,10 +43,52 @@ pub use gp2p_cuda::{
 pub use gp2p_kernels::{DType, Element, ReduceOp, half};
 pub use gp2p_pinned::{PinnedBuffer, PinnedView, PinnedViewMut, StagingRing, is_pinned};
 
+pub use gp2p_transport::{CopyOptions, Error, Result, Route, Transport};
+
+/// The engine behind [`copy`], [`copy_into`] and [`ops::staged_copy`]: one per process, so
+/// its staging rings and internal streams are shared by every caller.
+pub fn transport() -> &'static Transport {
+    static TRANSPORT: LazyLock<Transport> = LazyLock::new(Transport::new);
+    &TRANSPORT
+}
+
+/// Copy `src` (on `src_stream`'s device) into a new buffer on `dst_stream`'s device, by the
+/// best route the pair allows. Stream-ordered on both streams; the host is not blocked.
+pub fn copy<T: Element>(src: &DeviceView<'_, T>, src_stream: &Stream, dst_stream: &Stream) -> Result<DeviceBuffer<T>> {
+    let mut dst = DeviceBuffer::alloc(dst_stream.device(), src.len())?;
+    copy_into(src, src_stream, &mut dst.view_mut(..), dst_stream)?;
+    Ok(dst)
+}
+
+/// Copy `src` into `dst` (same length, any devices) by the best route; returns the route.
+pub fn copy_into<T: Element>(
+    src: &DeviceView<'_, T>,
+    src_stream: &Stream,
+    dst: &mut DeviceViewMut<'_, T>,
+    dst_stream: &Stream,
+) -> Result<Route> {
+    transport().copy(src, src_stream, dst, dst_stream, CopyOptions::default())
+}
+
 /// The public primitives, for users who build their own schedules.
-///
-/// `staged_copy` joins them with the transport crate.
 pub mod ops {
     pub use gp2p_cuda::reduce;
-    pub use gp2p_pinned::{copy_from_host, copy_to_host, reduce_from_host};
+    pub use gp2p_pinned::{copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host};
+
+    use crate::{CopyOptions, DeviceView, DeviceViewMut, Element, Result, Route, Stream};
+
+    /// The pipelined copy through pinned host slots, whatever P2P the pair has: device to
+    /// host on `src_stream`'s device, host to device on `dst_stream`'s, both directions of
+    /// the links busy at once. `chunk_bytes` / `slots` override the automatic chunking.
+    pub fn staged_copy<T: Element>(
+        src: &DeviceView<'_, T>,
+        src_stream: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        dst_stream: &Stream,
+        chunk_bytes: Option<usize>,
+        slots: Option<usize>,
+    ) -> Result<()> {
+        let options = CopyOptions { route: Route::Staged, chunk_bytes, slots };
+        crate::transport().copy(src, src_stream, dst, dst_stream, options).map(|_| ())
+    }
 }

@@ -11,6 +11,9 @@ pub enum CliError {
     /// A pinned-memory failure.
     #[error(transparent)]
     Pinned(#[from] pinned::Error),
+    /// A transport failure.
+    #[error(transparent)]
+    Transport(#[from] geforce_p2p::Error),
     /// A bad command-line value.
     #[error("{0}")]
     Usage(String),
@@ -33,6 +36,7 @@ impl CliError {
         let unavailable = match self {
             CliError::Cuda(e) => e.is_unavailable(),
             CliError::Pinned(e) => e.is_unavailable(),
+            CliError::Transport(e) => e.is_unavailable(),
             _ => false,
         };
         if unavailable { 2 } else { 1 }

@@ -5,6 +5,7 @@ mod bench;
 mod devices;
 mod error;
 mod measure;
+mod plot;
 mod report;
 mod sizes;
 

@@ -1,9 +1,11 @@
 //! Timing with CUDA events, and the ceilings every benchmark is compared against.
 
+use std::collections::BTreeMap;
+
 use geforce_p2p::cuda::Error as CudaError;
-use geforce_p2p::ops::copy_from_host;
-use geforce_p2p::pinned::copy_to_host;
-use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, Stream};
+use geforce_p2p::kernels::reference::fill_random;
+use geforce_p2p::ops::{copy_from_host, copy_to_host};
+use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, Stream, StreamFork};
 
 use crate::error::CliError;
 
@@ -20,11 +22,29 @@ pub struct Repeats {
 pub fn median_seconds(
     stream: &Stream,
     repeats: Repeats,
+    setup: impl FnMut() -> Result<(), CliError>,
+    body: impl FnMut() -> Result<(), CliError>,
+) -> Result<f64, CliError> {
+    Ok(timed_runs(stream, repeats, setup, body)?.gpu_seconds)
+}
+
+/// Medians of one operation's GPU time and of the host time its enqueueing took.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub gpu_seconds: f64,
+    pub enqueue_seconds: f64,
+}
+
+/// As [`median_seconds`], also timing on the host how long each `body` call took to return.
+pub fn timed_runs(
+    stream: &Stream,
+    repeats: Repeats,
     mut setup: impl FnMut() -> Result<(), CliError>,
     mut body: impl FnMut() -> Result<(), CliError>,
-) -> Result<f64, CliError> {
+) -> Result<Timing, CliError> {
     let device = stream.device();
     let mut marks = Vec::with_capacity(repeats.timed);
+    let mut host = Vec::with_capacity(repeats.timed);
     for i in 0..repeats.warmup + repeats.timed {
         setup()?;
         if i < repeats.warmup {
@@ -33,16 +53,18 @@ pub fn median_seconds(
         }
         let (start, end) = (Event::new(device, EventKind::Timing)?, Event::new(device, EventKind::Timing)?);
         start.record(stream)?;
+        let t0 = std::time::Instant::now();
         body()?;
+        host.push(t0.elapsed().as_secs_f64());
         end.record(stream)?;
         marks.push((start, end));
     }
     stream.synchronize()?;
-    let mut times = marks
+    let mut gpu = marks
         .iter()
         .map(|(s, e)| Event::elapsed_ms(s, e).map(|ms| f64::from(ms) / 1e3))
         .collect::<Result<Vec<f64>, CudaError>>()?;
-    Ok(median(&mut times))
+    Ok(Timing { gpu_seconds: median(&mut gpu), enqueue_seconds: median(&mut host) })
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
@@ -55,31 +77,119 @@ pub fn median(values: &mut [f64]) -> f64 {
     if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 }
 }
 
-/// Rates measured in this run, in GB/s (1e9 bytes per second).
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Ceilings {
-    /// Device-to-device copy in VRAM, bytes read plus bytes written per second.
-    pub d2d: f64,
-    /// Pinned host to device DMA, one direction.
-    pub h2d: f64,
-    /// Device to pinned host DMA, one direction.
-    pub d2h: f64,
-    /// Bytes per transfer the ceilings were measured with.
-    pub bytes: usize,
+fn gbps(bytes: usize, seconds: f64) -> f64 {
+    bytes as f64 / seconds / 1e9
 }
 
-/// Measure the ceilings with `bytes`-sized transfers (fresh, non-zero data).
-pub fn ceilings(device: &Device, stream: &Stream, bytes: usize, repeats: Repeats) -> Result<Ceilings, CliError> {
-    let mut host = PinnedBuffer::<u8>::alloc(device, bytes)?;
-    geforce_p2p::kernels::reference::fill_random(host.as_mut_slice()?, 0xCE11);
-    let mut a = DeviceBuffer::<u8>::alloc(device, bytes)?;
-    let mut b = DeviceBuffer::<u8>::alloc(device, bytes)?;
-    copy_from_host(stream, &host.view(..), &mut a.view_mut(..))?;
-    let none = || Ok(());
-    let d2d = median_seconds(stream, repeats, none, || Ok(b.view_mut(..).copy_from(stream, &a.view(..))?))?;
-    let h2d =
-        median_seconds(stream, repeats, none, || Ok(copy_from_host(stream, &host.view(..), &mut a.view_mut(..))?))?;
-    let d2h = median_seconds(stream, repeats, none, || Ok(copy_to_host(stream, &a.view(..), &mut host.view_mut(..))?))?;
-    let gbps = |moved: usize, seconds: f64| moved as f64 / seconds / 1e9;
-    Ok(Ceilings { d2d: gbps(2 * bytes, d2d), h2d: gbps(bytes, h2d), d2h: gbps(bytes, d2h), bytes })
+/// Ceilings measured on one device with `bytes`-sized transfers of fresh random data.
+pub struct Ceilings<'a> {
+    device: &'a Device,
+    stream: &'a Stream,
+    repeats: Repeats,
+    host: PinnedBuffer<u8>,
+    a: DeviceBuffer<u8>,
+    b: DeviceBuffer<u8>,
+    pub measured: BTreeMap<&'static str, f64>,
+}
+
+impl<'a> Ceilings<'a> {
+    pub fn new(device: &'a Device, stream: &'a Stream, bytes: usize, repeats: Repeats) -> Result<Self, CliError> {
+        let mut host = PinnedBuffer::<u8>::alloc(device, bytes)?;
+        fill_random(host.as_mut_slice()?, 0xCE11);
+        let mut a = DeviceBuffer::<u8>::alloc(device, bytes)?;
+        let b = DeviceBuffer::<u8>::alloc(device, bytes)?;
+        copy_from_host(stream, &host.view(..), &mut a.view_mut(..))?;
+        Ok(Ceilings { device, stream, repeats, host, a, b, measured: BTreeMap::new() })
+    }
+
+    /// Device-to-device copy in VRAM, bytes read plus bytes written per second.
+    pub fn d2d(&mut self) -> Result<f64, CliError> {
+        let (stream, a, b) = (self.stream, &self.a, &mut self.b);
+        let t = median_seconds(stream, self.repeats, || Ok(()), || Ok(b.view_mut(..).copy_from(stream, &a.view(..))?))?;
+        Ok(*self.measured.entry("d2d").or_insert(gbps(2 * a.len(), t)))
+    }
+
+    /// Pinned host to device DMA, one direction alone.
+    pub fn h2d(&mut self) -> Result<f64, CliError> {
+        let (stream, host, a) = (self.stream, &self.host, &mut self.a);
+        let t = median_seconds(
+            stream,
+            self.repeats,
+            || Ok(()),
+            || Ok(copy_from_host(stream, &host.view(..), &mut a.view_mut(..))?),
+        )?;
+        Ok(*self.measured.entry("h2d").or_insert(gbps(a.len(), t)))
+    }
+
+    /// Device to pinned host DMA, one direction alone.
+    pub fn d2h(&mut self) -> Result<f64, CliError> {
+        let (stream, host, a) = (self.stream, &mut self.host, &self.a);
+        let t = median_seconds(
+            stream,
+            self.repeats,
+            || Ok(()),
+            || Ok(copy_to_host(stream, &a.view(..), &mut host.view_mut(..))?),
+        )?;
+        Ok(*self.measured.entry("d2h").or_insert(gbps(a.len(), t)))
+    }
+
+    /// Both directions of the link at once, in steady state: `transfers` DMAs queued in each
+    /// direction on two streams that start together; each direction's rate is taken over its
+    /// middle transfers only (the first and last may run alone while the other direction
+    /// starts or drains), and the ceiling is the slower direction's rate.
+    pub fn duplex(&mut self, transfers: usize) -> Result<f64, CliError> {
+        let device = self.device;
+        let transfers = transfers.max(4);
+        let bytes = self.a.len() / transfers;
+        let fork = StreamFork::new(device, 2)?;
+        let streams = fork.fork(self.stream)?;
+        let mut up_host = PinnedBuffer::<u8>::alloc(device, bytes * transfers)?;
+        let mut rates = Vec::new();
+        let mut marks: [Vec<Event>; 2] = [Vec::new(), Vec::new()];
+        for (dir, stream) in streams.iter().enumerate() {
+            let first = Event::new(device, EventKind::Timing)?;
+            first.record(stream)?;
+            marks[dir].push(first);
+            for i in 0..transfers {
+                let range = i * bytes..(i + 1) * bytes;
+                if dir == 0 {
+                    copy_to_host(stream, &self.a.view(range.clone()), &mut up_host.view_mut(range))?;
+                } else {
+                    copy_from_host(stream, &self.host.view(range.clone()), &mut self.b.view_mut(range))?;
+                }
+                let e = Event::new(device, EventKind::Timing)?;
+                e.record(stream)?;
+                marks[dir].push(e);
+            }
+        }
+        fork.join(self.stream)?;
+        self.stream.synchronize()?;
+        for m in &marks {
+            // m[i] marks the end of transfer i (m[0] the start); the middle transfers are
+            // 1..transfers-1, from m[1] to m[transfers-1].
+            let ms = Event::elapsed_ms(&m[1], &m[transfers - 1])?;
+            rates.push(gbps((transfers - 2) * bytes, f64::from(ms) / 1e3));
+        }
+        let ceiling = rates.iter().copied().fold(f64::INFINITY, f64::min);
+        self.measured.insert("duplex_d2h", rates[0]);
+        self.measured.insert("duplex_h2d", rates[1]);
+        self.measured.insert("duplex", ceiling);
+        Ok(ceiling)
+    }
+
+    /// Median time in µs of one `bytes` D2H followed by one `bytes` H2D on one stream: what
+    /// a small staged copy cannot beat.
+    pub fn pair_latency_us(&mut self, bytes: usize) -> Result<f64, CliError> {
+        let (stream, host, a, b) = (self.stream, &mut self.host, &self.a, &mut self.b);
+        let t = median_seconds(
+            stream,
+            self.repeats,
+            || Ok(()),
+            || {
+                copy_to_host(stream, &a.view(..bytes), &mut host.view_mut(..bytes))?;
+                Ok(copy_from_host(stream, &host.view(..bytes), &mut b.view_mut(..bytes))?)
+            },
+        )?;
+        Ok(t * 1e6)
+    }
 }

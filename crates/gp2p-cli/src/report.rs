@@ -1,16 +1,19 @@
-//! Benchmark results: rows, the JSON document DESIGN.md describes, and the text table.
+//! Benchmark results: rows, the JSON document DESIGN.md describes, and size formatting.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
+use geforce_p2p::Device;
+
 use crate::error::CliError;
-use crate::measure::Ceilings;
 
 /// One measured configuration.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
     pub bench: &'static str,
-    /// For reduce: where the kernel reads `src` from (`device` or `zero-copy`).
-    pub transport: &'static str,
+    /// How the data went: a copy route (`staged`, `peer`), a reduce source (`device`,
+    /// `zero-copy`), or a host-copy direction (`to_host`, `from_host`).
+    pub route: String,
     pub dtype: String,
     pub op: String,
     pub ranks: usize,
@@ -18,14 +21,16 @@ pub struct Row {
     pub bytes: usize,
     pub count: usize,
     pub time_us: f64,
-    /// Buffer bytes per second, GB/s.
+    /// Buffer bytes per second, GB/s (1e9).
     pub algbw: f64,
     /// Bytes over the bottleneck per second, GB/s — what the ceiling bounds.
     pub busbw: f64,
-    /// The ceiling that binds this row, GB/s, and its name.
+    /// The ceiling that binds this row, GB/s, and its name in `ceilings`.
     pub ceiling: f64,
     pub ceiling_name: &'static str,
     pub ratio: f64,
+    /// Host time spent enqueueing the operation (median), µs, where measured.
+    pub enqueue_us: Option<f64>,
     pub wrong: usize,
 }
 
@@ -43,12 +48,30 @@ pub struct GpuInfo {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
     pub gpu: GpuInfo,
-    pub ceilings: Ceilings,
+    /// Ceilings measured in this run, GB/s, by name.
+    pub ceilings: BTreeMap<&'static str, f64>,
     pub repeats: usize,
     pub rows: Vec<Row>,
 }
 
 impl Report {
+    /// A report for rows measured on `device`.
+    pub fn new(
+        device: &Device,
+        ceilings: BTreeMap<&'static str, f64>,
+        repeats: usize,
+        rows: Vec<Row>,
+    ) -> Result<Report, CliError> {
+        let (major, minor) = geforce_p2p::cuda::driver_version()?;
+        let gpu = GpuInfo {
+            name: device.info().name.clone(),
+            driver: format!("CUDA {major}.{minor}"),
+            pci_bus_id: device.info().pci_bus_id.clone(),
+            link: None,
+        };
+        Ok(Report { gpu, ceilings, repeats, rows })
+    }
+
     /// Write the report as pretty JSON to `path`.
     pub fn write_json(&self, path: &Path) -> Result<(), CliError> {
         let io = |source| CliError::Io { path: path.display().to_string(), source };

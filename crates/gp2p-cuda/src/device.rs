@@ -135,6 +135,38 @@ impl Device {
         check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
     }
 
+    /// Whether this device can access `peer`'s memory directly (`cuDeviceCanAccessPeer`).
+    /// A device can always access itself.
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        if self == peer {
+            return Ok(true);
+        }
+        let mut can: c_int = 0;
+        let (dev, peer_dev) = (self.inner.raw, peer.inner.raw);
+        // SAFETY: two valid device handles; out-pointer to a local.
+        check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, peer_dev) }, "cuDeviceCanAccessPeer")?;
+        Ok(can != 0)
+    }
+
+    /// Let this device's context access `peer`'s memory. Idempotent: a pair already enabled
+    /// is not an error. Check [`Device::can_access_peer`] first.
+    pub fn enable_peer_access(&self, peer: &Device) -> Result<()> {
+        if self == peer {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the current context is this device's; peer's ctx is a retained primary context.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.inner.ctx, 0) } {
+            sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            code => check(code, "cuCtxEnablePeerAccess"),
+        }
+    }
+
+    /// The primary context handle, for driver calls that name a context.
+    pub(crate) fn ctx(&self) -> CUcontext {
+        self.inner.ctx
+    }
+
     /// The driver's device handle.
     pub fn raw(&self) -> CUdevice {
         self.inner.raw

@@ -70,6 +70,6 @@ pub mod sys {
 pub mod __private {
     //! Raw operations the sibling crates build safe APIs on. Not part of the public API.
     pub use crate::driver::check;
-    pub use crate::memory::{clamp_range, memcpy_dtoh_async, memcpy_htod_async};
+    pub use crate::memory::{clamp_range, memcpy_dtoh_async, memcpy_htod_async, memcpy_peer_async};
     pub use crate::reduce::reduce_raw;
 }

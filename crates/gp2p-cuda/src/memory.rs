@@ -242,22 +242,47 @@ macro_rules! view_common {
 view_common!(DeviceView);
 view_common!(DeviceViewMut);
 
+impl<T: Element> DeviceView<'_, T> {
+    /// A sub-range of this view (clamped like [`DeviceBuffer::view`]).
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> DeviceView<'_, T> {
+        let (start, len) = clamp_range(range, self.len);
+        DeviceView { device: self.device.clone(), ptr: self.ptr + offset_bytes::<T>(start), len, _marker: PhantomData }
+    }
+}
+
 impl<'a, T: Element> DeviceViewMut<'a, T> {
     /// Reborrow as read-only.
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView { device: self.device.clone(), ptr: self.ptr, len: self.len, _marker: PhantomData }
     }
 
-    /// Copy `src` into this view on `stream` (both on the stream's device), asynchronously.
+    /// A writable sub-range of this view (clamped like [`DeviceBuffer::view_mut`]).
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> DeviceViewMut<'_, T> {
+        let (start, len) = clamp_range(range, self.len);
+        DeviceViewMut {
+            device: self.device.clone(),
+            ptr: self.ptr + offset_bytes::<T>(start),
+            len,
+            _marker: PhantomData,
+        }
+    }
+
+    /// Copy `src` into this view on `stream`, asynchronously: a device-to-device copy when
+    /// both are on one device, else one peer DMA (enable peer access first for a direct
+    /// path; without it the driver stages the copy itself). `stream` may belong to either
+    /// device.
     pub fn copy_from(&mut self, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
-        for (what, device) in [("dst view", &self.device), ("src view", src.device())] {
-            if stream.device() != device {
-                return Err(Error::WrongDevice { what, got: device.ordinal(), expected: stream.device().ordinal() });
-            }
+        if stream.device() != &self.device && stream.device() != src.device() {
+            return Err(Error::WrongDevice {
+                what: "copy",
+                got: self.device.ordinal(),
+                expected: stream.device().ordinal(),
+            });
         }
         check_len("src view", src.len(), self.len)?;
+        let same_device = src.device() == &self.device;
         let (d, s) = (self.byte_range(), src.byte_range());
-        if d.start < s.end && s.start < d.end && self.len > 0 {
+        if same_device && d.start < s.end && s.start < d.end && self.len > 0 {
             return Err(Error::InvalidArgument {
                 name: "src",
                 reason: format!("overlaps dst ({s:#x?} and {d:#x?}): copy through a temporary"),
@@ -265,6 +290,11 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         }
         if self.len == 0 {
             return Ok(());
+        }
+        if !same_device {
+            // SAFETY: both views cover len elements on their devices; different devices'
+            // memories never overlap.
+            return unsafe { memcpy_peer_async(stream, &self.device, self.ptr, src.device(), src.ptr, self.bytes()) };
         }
         self.device.bind()?;
         // SAFETY: both views cover len elements on the stream's device and do not overlap.
@@ -287,6 +317,27 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         // SAFETY: the view covers bytes() writable bytes on the stream's device.
         check(unsafe { sys::cuMemsetD8Async(self.ptr, byte, self.bytes(), stream.raw()) }, "cuMemsetD8Async")
     }
+}
+
+/// Asynchronous copy between the memories of two devices on `stream` (of either device):
+/// one peer DMA where peer access is enabled, else the driver stages it itself.
+///
+/// # Safety
+/// `src` must be `bytes` readable bytes on `src_device` and `dst` `bytes` writable bytes on
+/// `dst_device`, both valid until the copy completes, not overlapping.
+pub unsafe fn memcpy_peer_async(
+    stream: &Stream,
+    dst_device: &Device,
+    dst: RawDevicePtr,
+    src_device: &Device,
+    src: RawDevicePtr,
+    bytes: usize,
+) -> Result<()> {
+    stream.device().bind()?;
+    let (dst_ctx, src_ctx) = (dst_device.ctx(), src_device.ctx());
+    // SAFETY: forwarded to the caller's contract; both contexts are retained primary contexts.
+    let code = unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, stream.raw()) };
+    check(code, "cuMemcpyPeerAsync")
 }
 
 /// Asynchronous device → host copy on `stream`.

@@ -118,9 +118,12 @@ impl std::fmt::Debug for Stream {
 /// (the type does not track this: it is a building block, not a guard).
 pub struct StreamFork {
     streams: Vec<Stream>,
-    forked: Event,
+    forked: Vec<Event>,
     joined: Vec<Event>,
 }
+
+/// Callers one fork or join can serve at once (a copy has one per side).
+const MAX_CALLERS: usize = 2;
 
 impl StreamFork {
     /// `count` internal streams on `device`.
@@ -130,31 +133,54 @@ impl StreamFork {
         }
         let streams = (0..count).map(|_| Stream::new(device)).collect::<Result<Vec<_>>>()?;
         let joined = (0..count).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>>>()?;
-        Ok(StreamFork { streams, forked: Event::new(device, EventKind::Sync)?, joined })
+        let forked = (0..MAX_CALLERS).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>>>()?;
+        Ok(StreamFork { streams, forked, joined })
     }
 
     /// Make every internal stream wait for the work enqueued on `caller` so far; returns them.
     pub fn fork(&self, caller: &Stream) -> Result<&[Stream]> {
-        let device = self.forked.device();
-        if caller.device() != device {
-            return Err(Error::WrongDevice {
-                what: "fork",
-                got: device.ordinal(),
-                expected: caller.device().ordinal(),
+        self.fork_after(&[caller])
+    }
+
+    /// Make every internal stream wait for the work enqueued so far on each of `callers`
+    /// (at most two, all on this fork's device); returns the internal streams.
+    pub fn fork_after(&self, callers: &[&Stream]) -> Result<&[Stream]> {
+        if callers.len() > self.forked.len() {
+            return Err(Error::InvalidArgument {
+                name: "callers",
+                reason: format!("{} callers, a fork serves at most {MAX_CALLERS}", callers.len()),
             });
         }
-        self.forked.record(caller)?;
-        for s in &self.streams {
-            s.wait(&self.forked)?;
+        let device = self.streams[0].device();
+        for (caller, event) in callers.iter().zip(&self.forked) {
+            if caller.device() != device {
+                return Err(Error::WrongDevice {
+                    what: "fork",
+                    got: device.ordinal(),
+                    expected: caller.device().ordinal(),
+                });
+            }
+            event.record(caller)?;
+            for s in &self.streams {
+                s.wait(event)?;
+            }
         }
         Ok(&self.streams)
     }
 
     /// Make `caller` wait for everything enqueued on the internal streams so far.
     pub fn join(&self, caller: &Stream) -> Result<()> {
+        self.join_into(&[caller])
+    }
+
+    /// Make each of `callers` (of any device) wait for everything enqueued on the internal
+    /// streams so far.
+    pub fn join_into(&self, callers: &[&Stream]) -> Result<()> {
         for (s, e) in self.streams.iter().zip(&self.joined) {
             e.record(s)?;
-            caller.wait(e)?;
+            for caller in callers {
+                caller.wait(e)?;
+            }
         }
         Ok(())
     }
@@ -162,5 +188,10 @@ impl StreamFork {
     /// The internal streams.
     pub fn streams(&self) -> &[Stream] {
         &self.streams
+    }
+
+    /// The device the internal streams are on.
+    pub fn device(&self) -> &Device {
+        self.streams[0].device()
     }
 }

@@ -198,21 +198,6 @@ impl<T: Element> PinnedBuffer<T> {
     }
 }
 
-impl PinnedBuffer<u8> {
-    /// `len` elements of `T` starting `offset` bytes in, for reading by the GPU (staging
-    /// slots hold any element type). `offset` must be aligned for `T` and the range inside.
-    pub(crate) fn typed_view<U: Element>(&self, offset: usize, len: usize) -> PinnedView<'_, U> {
-        debug_assert!(offset % align_of::<U>() == 0 && offset + len * size_of::<U>() <= self.len);
-        PinnedView { alloc: &self.alloc, offset, len, _marker: PhantomData }
-    }
-
-    /// As [`PinnedBuffer::typed_view`], for writing by the GPU.
-    pub(crate) fn typed_view_mut<U: Element>(&mut self, offset: usize, len: usize) -> PinnedViewMut<'_, U> {
-        debug_assert!(offset % align_of::<U>() == 0 && offset + len * size_of::<U>() <= self.len);
-        PinnedViewMut { alloc: &self.alloc, offset, len, _marker: PhantomData }
-    }
-}
-
 impl<T: Element> std::fmt::Debug for PinnedBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "PinnedBuffer<{}>({} elements at {:p})", T::DTYPE, self.len, self.alloc.ptr)

@@ -24,6 +24,18 @@ pub enum Error {
         /// How many the ring has.
         slots: usize,
     },
+    /// A host range handed to a DMA is not page-locked.
+    #[error(
+        "{what}: the host range of {bytes} bytes at {ptr:#x} is not pinned memory: allocate it with gp2p_pinned::PinnedBuffer (or cudaHostAlloc, torch's pin_memory), or register it with cudaHostRegister"
+    )]
+    NotPinned {
+        /// Which argument.
+        what: &'static str,
+        /// Its address.
+        ptr: usize,
+        /// Its size.
+        bytes: usize,
+    },
     /// A chunk larger than a slot.
     #[error("{bytes} bytes do not fit a staging slot of {slot_bytes} bytes: cut the transfer into chunks")]
     ChunkTooLarge {

@@ -5,7 +5,7 @@ use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::{DeviceView, DeviceViewMut, Error as CudaError, Stream};
 use gp2p_kernels::{Element, ReduceOp};
 
-use crate::{PinnedView, PinnedViewMut, Result};
+use crate::{Error, PinnedView, PinnedViewMut, Result, is_pinned};
 
 /// Enqueue a DMA of `src` (device memory) into `dst` (pinned host memory) on `stream`.
 /// Asynchronous: the host is not blocked; `dst`'s buffer waits for it before host access.
@@ -71,5 +71,55 @@ fn check_pair(stream: &Stream, device: usize, what: &'static str, device_len: us
     if device_len != host_len {
         return Err(CudaError::LengthMismatch { what: "host buffer", got: host_len, expected: device_len }.into());
     }
+    Ok(())
+}
+
+/// Refuse a host range that is not page-locked, before any work: an async DMA from
+/// pageable memory would silently turn synchronous (or touch memory the caller frees).
+pub fn require_pinned(what: &'static str, ptr: *const u8, bytes: usize) -> Result<()> {
+    if is_pinned(ptr, bytes)? { Ok(()) } else { Err(Error::NotPinned { what, ptr: ptr as usize, bytes }) }
+}
+
+/// [`copy_to_host`] into host memory from elsewhere (a framework's pinned tensor), given by
+/// address. Refused with [`Error::NotPinned`] unless the range is page-locked; the refusal
+/// leaves no CUDA error behind.
+///
+/// # Safety
+/// `dst` must be valid for `len` writes of `T` until the copy completes (synchronise
+/// `stream` before touching it), and nothing else may access it meanwhile.
+pub unsafe fn copy_to_host_raw<T: Element>(
+    stream: &Stream,
+    src: &DeviceView<'_, T>,
+    dst: *mut T,
+    len: usize,
+) -> Result<()> {
+    check_pair(stream, src.device().ordinal(), "src", src.len(), len)?;
+    require_pinned("dst", dst.cast_const().cast(), len * size_of::<T>())?;
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract, plus the checks above (pinned, same length, device).
+    unsafe { memcpy_dtoh_async(stream, dst.cast(), src.raw_ptr(), src.bytes())? };
+    Ok(())
+}
+
+/// [`copy_from_host`] from host memory given by address. Refused with [`Error::NotPinned`]
+/// unless the range is page-locked.
+///
+/// # Safety
+/// `src` must be valid for `len` reads of `T` and not written until the copy completes.
+pub unsafe fn copy_from_host_raw<T: Element>(
+    stream: &Stream,
+    src: *const T,
+    len: usize,
+    dst: &mut DeviceViewMut<'_, T>,
+) -> Result<()> {
+    check_pair(stream, dst.device().ordinal(), "dst", dst.len(), len)?;
+    require_pinned("src", src.cast(), len * size_of::<T>())?;
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract, plus the checks above (pinned, same length, device).
+    unsafe { memcpy_htod_async(stream, dst.raw_ptr(), src.cast(), dst.bytes())? };
     Ok(())
 }

@@ -1,9 +1,13 @@
 //! `StagingRing`: pinned slots and the events that let a pipeline reuse them safely.
+#![allow(unsafe_code)]
 
-use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, Stream};
+use std::mem::ManuallyDrop;
+
+use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, RawDevicePtr, Stream};
 use gp2p_kernels::{Element, ReduceOp};
 
-use crate::{Error, PinnedBuffer, Result, copy_from_host, copy_to_host, reduce_from_host};
+use crate::{Error, PinnedBuffer, Result};
 
 /// Slot starts are aligned to this many bytes, so every slot suits the 16-byte vector path
 /// of the kernels and any element type.
@@ -22,7 +26,10 @@ const SLOT_ALIGN: usize = 256;
 /// Not `Sync` in use: filling and draining take `&mut self`, since the order in which the
 /// host enqueues them is what the events encode.
 pub struct StagingRing {
-    memory: PinnedBuffer<u8>,
+    /// Dropped by hand, after every event that may still use a slot has completed.
+    memory: ManuallyDrop<PinnedBuffer<u8>>,
+    /// The slots' base address as the consumer device sees it (zero-copy reads).
+    consumer_base: RawDevicePtr,
     slot_bytes: usize,
     landed: Vec<Event>,
     free: Vec<Event>,
@@ -45,11 +52,12 @@ impl StagingRing {
         let slot_bytes = slot_bytes.next_multiple_of(SLOT_ALIGN);
         let memory = PinnedBuffer::alloc(producer, slots * slot_bytes)?;
         // Consumers read the slots through their own mapping; fail now, not mid-pipeline.
-        memory.device_ptr(consumer)?;
+        let consumer_base = memory.device_ptr(consumer)?;
         let landed = (0..slots).map(|_| Event::new(producer, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
         let free = (0..slots).map(|_| Event::new(consumer, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
         Ok(StagingRing {
-            memory,
+            memory: ManuallyDrop::new(memory),
+            consumer_base,
             slot_bytes,
             landed,
             free,
@@ -82,8 +90,12 @@ impl StagingRing {
     pub fn fill<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
         self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
         stream.wait(&self.free[slot])?;
-        let offset = slot * self.slot_bytes;
-        copy_to_host(stream, src, &mut self.memory.typed_view_mut(offset, src.len()))?;
+        if !src.is_empty() {
+            // SAFETY: the slot holds slot_bytes >= src.bytes() pinned bytes, not in use by
+            // anyone: the stream waited for its `free` event, and the ring's Drop waits for
+            // every event before the memory goes. src is on the stream's device (checked).
+            unsafe { memcpy_dtoh_async(stream, self.slot_host(slot).cast(), src.raw_ptr(), src.bytes())? };
+        }
         Ok(self.landed[slot].record(stream)?)
     }
 
@@ -92,7 +104,11 @@ impl StagingRing {
     pub fn drain<T: Element>(&mut self, slot: usize, stream: &Stream, dst: &mut DeviceViewMut<'_, T>) -> Result<()> {
         self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
         stream.wait(&self.landed[slot])?;
-        copy_from_host(stream, &self.memory.typed_view(slot * self.slot_bytes, dst.len()), dst)?;
+        if !dst.is_empty() {
+            // SAFETY: the slot's bytes landed (the stream waited for the producer's DMA) and
+            // stay untouched until `free` is recorded below; dst is on the stream's device.
+            unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
+        }
         Ok(self.free[slot].record(stream)?)
     }
 
@@ -109,9 +125,16 @@ impl StagingRing {
     ) -> Result<()> {
         self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
         stream.wait(&self.landed[slot])?;
-        let src = self.memory.typed_view(slot * self.slot_bytes, dst.len());
-        reduce_from_host(stream, dst, &src, op, divide_by)?;
+        let src = self.consumer_base + (slot * self.slot_bytes) as u64;
+        // SAFETY: as in drain; `src` is the slot as the consumer device maps it, aligned to
+        // 256 bytes, and host memory never overlaps dst's device memory.
+        unsafe { reduce_raw(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by)? };
         Ok(self.free[slot].record(stream)?)
+    }
+
+    /// The host address of a slot.
+    fn slot_host(&mut self, slot: usize) -> *mut u8 {
+        self.memory.host_ptr().cast_mut().wrapping_add(slot * self.slot_bytes)
     }
 
     fn check(&self, slot: usize, bytes: usize, stream: &Stream, side: &Device, what: &'static str) -> Result<()> {
@@ -130,5 +153,17 @@ impl StagingRing {
             .into());
         }
         Ok(())
+    }
+}
+
+impl Drop for StagingRing {
+    fn drop(&mut self) {
+        // The memory must outlive every DMA and kernel still using a slot. The DMAs bypass
+        // the buffer's own use tracking (one event fewer per chunk), so wait here; if the
+        // device failed, leak the memory rather than free it under a live DMA.
+        if self.landed.iter().chain(&self.free).all(|event| event.synchronize().is_ok()) {
+            // SAFETY: dropped once, here, and never used again; no GPU work uses it any more.
+            unsafe { ManuallyDrop::drop(&mut self.memory) };
+        }
     }
 }

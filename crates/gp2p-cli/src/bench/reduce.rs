@@ -1,52 +1,15 @@
-//! `gp2p bench …`: nccl-tests style sweeps, each row verified and compared with a ceiling
-//! measured in the same run.
+//! `gp2p bench reduce`: the reduce kernels against the VRAM copy rate and the PCIe DMA rate.
 
-use std::path::PathBuf;
-
-use clap::{Args, Subcommand};
+use clap::Args;
 use geforce_p2p::kernels::reference::{Reference, count_wrong, fill_random};
 use geforce_p2p::ops::{copy_from_host, copy_to_host, reduce, reduce_from_host};
 use geforce_p2p::{DType, Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, half};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
+use super::{CEILING_BYTES, Common, finish};
 use crate::error::CliError;
-use crate::measure::{Ceilings, Repeats, ceilings, median_seconds};
-use crate::report::{GpuInfo, Report, Row, human_bytes};
-use crate::sizes::{parse_size, sweep};
-
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// The reduce kernels, `dst = op(dst, src)`, with `src` in device memory (bytes read and
-    /// written against the device-to-device copy rate) and in mapped pinned host memory
-    /// (zero-copy: bytes over PCIe against the pinned host-to-device DMA rate).
-    Reduce(ReduceArgs),
-}
-
-/// Flags every bench shares.
-#[derive(Args, Clone)]
-pub struct Common {
-    /// Smallest size (bytes; K, M, G suffixes).
-    #[arg(short = 'b', long, default_value = "4K", value_parser = parse_size)]
-    begin: usize,
-    /// Largest size.
-    #[arg(short = 'e', long, default_value = "1G", value_parser = parse_size)]
-    end: usize,
-    /// Step factor between sizes.
-    #[arg(short = 'f', long, default_value_t = 4)]
-    factor: usize,
-    /// Timed runs per row (the median is reported).
-    #[arg(short = 'n', long, default_value_t = 20)]
-    iters: usize,
-    /// Untimed runs before timing.
-    #[arg(short = 'w', long, default_value_t = 5)]
-    warmup: usize,
-    /// Device ordinal.
-    #[arg(short = 'd', long, default_value_t = 0)]
-    device: usize,
-    /// Write the report as JSON to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
-}
+use crate::measure::{Ceilings, Repeats, median_seconds};
+use crate::report::{Report, Row, human_bytes};
 
 #[derive(Args)]
 pub struct ReduceArgs {
@@ -58,37 +21,27 @@ pub struct ReduceArgs {
     /// Reduction.
     #[arg(long, default_value = "sum")]
     op: ReduceOp,
+    /// Device ordinal.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    device: usize,
 }
 
-pub fn run(command: BenchCommand) -> Result<(), CliError> {
-    match command {
-        BenchCommand::Reduce(args) => bench_reduce(&args),
-    }
-}
-
-/// Bytes per transfer for the ceilings: large enough for steady state on any PCIe link.
-const CEILING_BYTES: usize = 1 << 30;
-
-fn bench_reduce(args: &ReduceArgs) -> Result<(), CliError> {
+pub fn run(args: &ReduceArgs) -> Result<(), CliError> {
     let c = &args.common;
-    let sizes = sweep(c.begin, c.end, c.factor).map_err(CliError::Usage)?;
+    let sizes = c.sizes()?;
     let dtypes: Vec<DType> = if args.dtype == "all" {
         DType::ALL.to_vec()
     } else {
         vec![args.dtype.parse().map_err(|e| CliError::Usage(format!("--dtype: {e}")))?]
     };
-    if c.iters == 0 {
-        return Err(CliError::Usage("-n/--iters must be at least 1".into()));
-    }
-    let repeats = Repeats { warmup: c.warmup, timed: c.iters };
-    let device = Device::open(c.device)?;
+    let repeats = c.repeats()?;
+    let device = Device::open(args.device)?;
     let stream = Stream::new(&device)?;
     eprintln!("measuring ceilings with {} transfers ...", human_bytes(CEILING_BYTES));
-    let ceil = ceilings(&device, &stream, CEILING_BYTES, repeats)?;
-    let progress = ProgressBar::new((dtypes.len() * sizes.len() * 2) as u64);
-    progress.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let mut ceilings = Ceilings::new(&device, &stream, CEILING_BYTES, repeats)?;
+    let ceil = ReduceCeilings { d2d: ceilings.d2d()?, h2d: ceilings.h2d()? };
+    ceilings.d2h()?; // reported beside the others
+    let progress = super::progress(dtypes.len() * sizes.len() * 2);
     let mut rows = Vec::new();
     for dtype in dtypes {
         let bench = ReduceBench {
@@ -114,28 +67,16 @@ fn bench_reduce(args: &ReduceArgs) -> Result<(), CliError> {
         }?);
     }
     progress.finish_and_clear();
-    let (major, minor) = geforce_p2p::cuda::driver_version()?;
-    let report = Report {
-        gpu: GpuInfo {
-            name: device.info().name.clone(),
-            driver: format!("CUDA {major}.{minor}"),
-            pci_bus_id: device.info().pci_bus_id.clone(),
-            link: None,
-        },
-        ceilings: ceil,
-        repeats: c.iters,
-        rows,
-    };
+    let report = Report::new(&device, ceilings.measured.clone(), c.iters, rows)?;
     print_reduce(&report);
-    if let Some(path) = &c.json {
-        report.write_json(path)?;
-        eprintln!("wrote {}", path.display());
-    }
-    let wrong: usize = report.rows.iter().map(|r| r.wrong).sum();
-    if wrong > 0 {
-        return Err(CliError::Wrong(format!("{wrong} wrong elements in the timed results (see the #wrong column)")));
-    }
-    Ok(())
+    finish(&report, c, "reduce")
+}
+
+/// The rates a reduce row is compared with, GB/s.
+#[derive(Clone, Copy)]
+struct ReduceCeilings {
+    d2d: f64,
+    h2d: f64,
 }
 
 struct ReduceBench<'a> {
@@ -144,7 +85,7 @@ struct ReduceBench<'a> {
     sizes: &'a [usize],
     op: ReduceOp,
     repeats: Repeats,
-    ceilings: Ceilings,
+    ceilings: ReduceCeilings,
     progress: &'a ProgressBar,
 }
 
@@ -216,7 +157,7 @@ impl ReduceBench<'_> {
                 let busbw = busbw_bytes as f64 / seconds / 1e9;
                 rows.push(Row {
                     bench: "reduce",
-                    transport,
+                    route: transport.to_string(),
                     dtype: T::DTYPE.to_string(),
                     op: self.op.to_string(),
                     ranks: 1,
@@ -228,6 +169,7 @@ impl ReduceBench<'_> {
                     ceiling,
                     ceiling_name,
                     ratio: busbw / ceiling,
+                    enqueue_us: None,
                     wrong,
                 });
                 self.progress.inc(1);
@@ -238,17 +180,17 @@ impl ReduceBench<'_> {
 }
 
 fn print_reduce(report: &Report) {
-    let c = &report.ceilings;
+    let c = |name: &str| report.ceilings.get(name).copied().unwrap_or(f64::NAN);
     println!(
         "# gp2p bench reduce on {} ({}), medians of {} timed runs",
         report.gpu.name, report.gpu.driver, report.repeats
     );
     println!(
         "# ceilings ({} transfers): d2d {:.1} GB/s (read+write), h2d {:.1} GB/s, d2h {:.1} GB/s",
-        human_bytes(c.bytes),
-        c.d2d,
-        c.h2d,
-        c.d2h
+        human_bytes(CEILING_BYTES),
+        c("d2d"),
+        c("h2d"),
+        c("d2h")
     );
     println!(
         "# {:>6} {:>11} {:>5} {:>4} | {:>9} {:>8} {:>6} | {:>9} {:>8} {:>6} | {:>6}",
@@ -274,12 +216,12 @@ fn print_reduce(report: &Report) {
     // The acceptance view: the largest size of each dtype, and each dtype against f32.
     let largest = report.rows.iter().map(|r| r.bytes).max().unwrap_or(0);
     let at = |dtype: &str, transport: &str| {
-        report.rows.iter().find(|r| r.bytes == largest && r.dtype == dtype && r.transport == transport).map(|r| r.busbw)
+        report.rows.iter().find(|r| r.bytes == largest && r.dtype == dtype && r.route == transport).map(|r| r.busbw)
     };
     println!("# at {}: ratio to ceiling, and bytes/s relative to f32", human_bytes(largest));
     println!("# {:>5} | {:>6} {:>7} | {:>6} {:>7}", "type", "/d2d", "vs f32", "/h2d", "vs f32");
-    for r in report.rows.iter().filter(|r| r.bytes == largest && r.transport == "device") {
-        let zc = report.rows.iter().find(|z| z.bytes == largest && z.dtype == r.dtype && z.transport == "zero-copy");
+    for r in report.rows.iter().filter(|r| r.bytes == largest && r.route == "device") {
+        let zc = report.rows.iter().find(|z| z.bytes == largest && z.dtype == r.dtype && z.route == "zero-copy");
         let rel = |t: &str, v: f64| at("f32", t).map_or(f64::NAN, |f| v / f);
         println!(
             "  {:>5} | {:>6.3} {:>7.3} | {:>6.3} {:>7.3}",

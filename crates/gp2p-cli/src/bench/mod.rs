@@ -1,0 +1,106 @@
+//! `gp2p bench …`: nccl-tests style sweeps; every row is verified and compared with a
+//! ceiling measured in the same run.
+
+mod copy;
+mod host;
+mod reduce;
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::error::CliError;
+use crate::measure::Repeats;
+use crate::plot::plot_rows;
+use crate::report::Report;
+use crate::sizes::{parse_size, sweep};
+
+/// Bytes per transfer for the ceilings: large enough for steady state on any PCIe link.
+pub const CEILING_BYTES: usize = 1 << 30;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// The reduce kernels, `dst = op(dst, src)`, with `src` in device memory (bytes read and
+    /// written against the device-to-device copy rate) and in mapped pinned host memory
+    /// (zero-copy: bytes over PCIe against the pinned host-to-device DMA rate).
+    Reduce(reduce::ReduceArgs),
+    /// Device-to-device copies by route (staged through pinned host memory, or peer),
+    /// against the link ceilings: duplex on one card, min(D2H src, H2D dst) across two.
+    Copy(copy::CopyArgs),
+    /// copy_to_host and copy_from_host against the pinned DMA rates.
+    Host(host::HostArgs),
+}
+
+/// Flags every bench shares.
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long, default_value = "4K", value_parser = parse_size)]
+    begin: usize,
+    /// Largest size.
+    #[arg(short = 'e', long, default_value = "1G", value_parser = parse_size)]
+    end: usize,
+    /// Step factor between sizes.
+    #[arg(short = 'f', long, default_value_t = 4)]
+    factor: usize,
+    /// Timed runs per row (the median is reported).
+    #[arg(short = 'n', long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed runs before timing.
+    #[arg(short = 'w', long, default_value_t = 5)]
+    warmup: usize,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw GB/s against size as SVG to this file, with the ceilings dashed.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+impl Common {
+    fn sizes(&self) -> Result<Vec<usize>, CliError> {
+        sweep(self.begin, self.end, self.factor).map_err(CliError::Usage)
+    }
+
+    fn repeats(&self) -> Result<Repeats, CliError> {
+        if self.iters == 0 {
+            return Err(CliError::Usage("-n/--iters must be at least 1".into()));
+        }
+        Ok(Repeats { warmup: self.warmup, timed: self.iters })
+    }
+}
+
+pub fn run(command: BenchCommand) -> Result<(), CliError> {
+    match command {
+        BenchCommand::Reduce(args) => reduce::run(&args),
+        BenchCommand::Copy(args) => copy::run(&args),
+        BenchCommand::Host(args) => host::run(&args),
+    }
+}
+
+/// A progress bar on stderr for `steps` rows.
+fn progress(steps: usize) -> ProgressBar {
+    let bar = ProgressBar::new(steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// Write the JSON and the plot if asked, and fail when any timed result was wrong.
+fn finish(report: &Report, common: &Common, title: &str) -> Result<(), CliError> {
+    if let Some(path) = &common.json {
+        report.write_json(path)?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &common.plot {
+        plot_rows(path, title, report)?;
+        eprintln!("wrote {}", path.display());
+    }
+    let wrong: usize = report.rows.iter().map(|r| r.wrong).sum();
+    if wrong > 0 {
+        return Err(CliError::Wrong(format!("{wrong} wrong elements in the timed results (see the #wrong column)")));
+    }
+    Ok(())
+}

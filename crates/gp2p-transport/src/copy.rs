@@ -1,0 +1,242 @@
+//! `Transport`: the cross-device copy engine — route choice, the staged pipeline, and the
+//! per-pair state (staging ring, internal streams) it reuses across calls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, Stream, StreamFork};
+use gp2p_kernels::Element;
+use gp2p_pinned::StagingRing;
+use parking_lot::Mutex;
+
+use crate::plan::Chunking;
+use crate::route::resolve;
+use crate::{Error, Result, Route};
+
+/// Options of one copy. `Default` is what most callers want.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyOptions {
+    /// Which way to go; [`Route::Auto`] by default.
+    pub route: Route,
+    /// Override the chunk size of the staged pipeline (bytes).
+    pub chunk_bytes: Option<usize>,
+    /// Override the number of staging slots.
+    pub slots: Option<usize>,
+}
+
+/// The copy engine. Holds, per ordered device pair, a staging ring and internal streams,
+/// created on first use and reused by later calls; `Send + Sync`, and calls on one pair are
+/// serialised (their order is what the ring's events encode).
+///
+/// Stream semantics of [`Transport::copy`]: the copy starts after the work enqueued so far
+/// on both callers' streams, work enqueued later on either stream sees its result, the host
+/// is not blocked, and back-to-back copies need no host synchronisation (slot reuse is
+/// fenced on the GPU).
+#[derive(Default)]
+pub struct Transport {
+    pairs: Mutex<PairMap>,
+}
+
+/// Per ordered (source, destination) ordinal pair, its state, locked per call.
+type PairMap = HashMap<(usize, usize), Arc<Mutex<Pair>>>;
+
+/// What a pair of devices keeps between calls.
+struct Pair {
+    ring: Option<StagingRing>,
+    /// On one device: one fork of two streams (up, down). Across two: one stream each.
+    src_fork: StreamFork,
+    dst_fork: Option<StreamFork>,
+    /// Recorded on the consumer's stream after a single-chunk copy, for the other caller.
+    done: Event,
+    peer_both_ways: Option<bool>,
+}
+
+impl Transport {
+    /// An engine with no pairs yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Copy `src` into `dst`: on one device or between two, by the route `options` asks
+    /// for. `src_stream` must be on `src`'s device and `dst_stream` on `dst`'s (they may be
+    /// the same stream on one device). Bad input is refused before any work is enqueued.
+    /// Returns the route taken.
+    pub fn copy<T: Element>(
+        &self,
+        src: &DeviceView<'_, T>,
+        src_stream: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        dst_stream: &Stream,
+        options: CopyOptions,
+    ) -> Result<Route> {
+        let (src_dev, dst_dev) = (src.device().clone(), dst.device().clone());
+        for (what, view_dev, stream) in [("src_stream", &src_dev, src_stream), ("dst_stream", &dst_dev, dst_stream)] {
+            if stream.device() != view_dev {
+                return Err(gp2p_cuda::Error::WrongDevice {
+                    what,
+                    got: stream.device().ordinal(),
+                    expected: view_dev.ordinal(),
+                }
+                .into());
+            }
+        }
+        if src.len() != dst.len() {
+            return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
+        }
+        let same_device = src_dev == dst_dev;
+        if same_device {
+            let (s, d) = (src.byte_range(), dst.byte_range());
+            if !src.is_empty() && s.start < d.end && d.start < s.end {
+                return Err(Error::Overlap { device: src_dev.ordinal(), src: s, dst: d });
+            }
+        }
+        if options.chunk_bytes == Some(0) || options.slots == Some(0) {
+            return Err(Error::InvalidOption {
+                name: "chunk_bytes/slots",
+                reason: "must be at least 1 when given".into(),
+            });
+        }
+        let pair = self.pair(&src_dev, &dst_dev)?;
+        let mut pair = pair.lock();
+        let peer = if same_device { true } else { pair.peer_both_ways(&src_dev, &dst_dev)? };
+        let route = resolve(options.route, same_device, peer)
+            .ok_or(Error::NoPeerAccess { src: src_dev.ordinal(), dst: dst_dev.ordinal() })?;
+        if src.is_empty() {
+            return Ok(route);
+        }
+        match route {
+            Route::Staged => pair.staged(src, src_stream, dst, dst_stream, options)?,
+            _ => pair.direct(src, src_stream, dst, dst_stream)?,
+        }
+        Ok(route)
+    }
+
+    fn pair(&self, src: &Device, dst: &Device) -> Result<Arc<Mutex<Pair>>> {
+        let mut pairs = self.pairs.lock();
+        if let Some(p) = pairs.get(&(src.ordinal(), dst.ordinal())) {
+            return Ok(p.clone());
+        }
+        let (src_fork, dst_fork) = if src == dst {
+            (StreamFork::new(src, 2)?, None)
+        } else {
+            (StreamFork::new(src, 1)?, Some(StreamFork::new(dst, 1)?))
+        };
+        let pair = Arc::new(Mutex::new(Pair {
+            ring: None,
+            src_fork,
+            dst_fork,
+            done: Event::new(dst, EventKind::Sync)?,
+            peer_both_ways: None,
+        }));
+        pairs.insert((src.ordinal(), dst.ordinal()), pair.clone());
+        Ok(pair)
+    }
+}
+
+impl Pair {
+    fn peer_both_ways(&mut self, a: &Device, b: &Device) -> Result<bool> {
+        if let Some(known) = self.peer_both_ways {
+            return Ok(known);
+        }
+        let both = a.can_access_peer(b)? && b.can_access_peer(a)?;
+        if both {
+            a.enable_peer_access(b)?;
+            b.enable_peer_access(a)?;
+        }
+        self.peer_both_ways = Some(both);
+        Ok(both)
+    }
+
+    /// One DMA: device-to-device on one card, peer-to-peer across two. Runs on dst_stream,
+    /// after src_stream's earlier work; src_stream's later work waits for it.
+    fn direct<T: Element>(
+        &mut self,
+        src: &DeviceView<'_, T>,
+        src_stream: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        dst_stream: &Stream,
+    ) -> Result<()> {
+        let distinct = !same_stream(src_stream, dst_stream);
+        if distinct {
+            self.src_fork.fork_after(&[src_stream])?;
+            self.src_fork.join_into(&[dst_stream])?;
+        }
+        dst.copy_from(dst_stream, src)?;
+        if distinct {
+            self.done.record(dst_stream)?;
+            src_stream.wait(&self.done)?;
+        }
+        Ok(())
+    }
+
+    /// The pipelined copy through the staging ring.
+    fn staged<T: Element>(
+        &mut self,
+        src: &DeviceView<'_, T>,
+        src_stream: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        dst_stream: &Stream,
+        options: CopyOptions,
+    ) -> Result<()> {
+        let chunking = Chunking::for_bytes(src.bytes(), options.chunk_bytes, options.slots);
+        let plan = chunking.plan(src.len(), size_of::<T>());
+        let chunk_bytes = plan.per_chunk() * size_of::<T>();
+        let ring = ensure_ring(&mut self.ring, src.device(), dst.device(), chunk_bytes, chunking.slots)?;
+        if plan.count() == 1 {
+            // One chunk: no pipeline to overlap, so no fork either — the two DMAs go on the
+            // callers' own streams, the least latency a small copy can have.
+            let slot = ring.next_slot();
+            ring.fill(slot, src_stream, src)?;
+            ring.drain(slot, dst_stream, dst)?;
+            if !same_stream(src_stream, dst_stream) {
+                self.done.record(dst_stream)?;
+                src_stream.wait(&self.done)?;
+            }
+            return Ok(());
+        }
+        // Up (D2H) and down (H2D) on different streams, so the copy engines run both ways.
+        let callers: Vec<&Stream> =
+            if same_stream(src_stream, dst_stream) { vec![src_stream] } else { vec![src_stream, dst_stream] };
+        let (up, down) = match &self.dst_fork {
+            None => {
+                let streams = self.src_fork.fork_after(&callers)?;
+                (&streams[0], &streams[1])
+            }
+            Some(dst_fork) => (&self.src_fork.fork(src_stream)?[0], &dst_fork.fork(dst_stream)?[0]),
+        };
+        for chunk in plan.chunks() {
+            let slot = ring.next_slot();
+            ring.fill(slot, up, &src.slice(chunk.clone()))?;
+            ring.drain(slot, down, &mut dst.slice_mut(chunk))?;
+        }
+        self.src_fork.join_into(&callers)?;
+        if let Some(dst_fork) = &self.dst_fork {
+            dst_fork.join_into(&callers)?;
+        }
+        Ok(())
+    }
+}
+
+/// The pair's ring, rebuilt only when a call needs bigger slots or another slot count.
+fn ensure_ring<'r>(
+    ring: &'r mut Option<StagingRing>,
+    src: &Device,
+    dst: &Device,
+    slot_bytes: usize,
+    slots: usize,
+) -> Result<&'r mut StagingRing> {
+    if let Some(r) = ring.as_ref()
+        && (r.slot_bytes() < slot_bytes || r.slots() != slots)
+    {
+        // Dropping the old ring waits for its last users on the GPU.
+        *ring = None;
+    }
+    Ok(match ring {
+        Some(r) => r,
+        None => ring.insert(StagingRing::new(src, dst, slots, slot_bytes)?),
+    })
+}
+
+fn same_stream(a: &Stream, b: &Stream) -> bool {
+    a.device() == b.device() && a.raw() == b.raw()
+}
