@@ -95,8 +95,13 @@ fn env_cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
+/// Copy a binary into the bundle without its debug info (symbols stay, so sanitizer
+/// backtraces keep function names): the bundle must travel in a few tens of MiB.
 fn copy(from: &Path, to: &Path) -> Result<(), String> {
-    fs::copy(from, to).map(|_| ()).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+    fs::copy(from, to).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
+    // Best effort: where binutils' strip is missing the bundle is only larger.
+    let _ = Command::new("strip").arg("--strip-debug").arg(to).status();
+    Ok(())
 }
 
 #[cfg(unix)]

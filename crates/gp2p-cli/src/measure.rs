@@ -133,29 +133,35 @@ impl<'a> Ceilings<'a> {
         Ok(*self.measured.entry("d2h").or_insert(gbps(a.len(), t)))
     }
 
-    /// Both directions of the link at once, in steady state: `transfers` DMAs queued in each
-    /// direction on two streams that start together; each direction's rate is taken over its
-    /// middle transfers only (the first and last may run alone while the other direction
-    /// starts or drains), and the ceiling is the slower direction's rate.
-    pub fn duplex(&mut self, transfers: usize) -> Result<f64, CliError> {
+    /// Both directions of the link at once, in steady state. `transfers` DMAs of
+    /// `transfer_bytes` are queued in each direction on two streams that start together;
+    /// both directions cycle through the same `host_slots` host slots as a staging ring
+    /// does, so the host memory traffic is the pipeline's (uploads read recently written
+    /// memory), not that of two 1 GiB streams. Each direction's rate is
+    /// taken over its middle half of transfers only (the first and last may run alone while
+    /// the other direction starts or drains); the ceiling is the slower direction's rate.
+    pub fn duplex(&mut self, transfers: usize, transfer_bytes: usize, host_slots: usize) -> Result<f64, CliError> {
         let device = self.device;
-        let transfers = transfers.max(4);
-        let bytes = self.a.len() / transfers;
+        let transfers = transfers.max(8);
+        let bytes = transfer_bytes.min(self.a.len() / transfers).max(1);
         let fork = StreamFork::new(device, 2)?;
         let streams = fork.fork(self.stream)?;
-        let mut up_host = PinnedBuffer::<u8>::alloc(device, bytes * transfers)?;
-        let mut rates = Vec::new();
+        let mut up_host = PinnedBuffer::<u8>::alloc(device, bytes * host_slots)?;
         let mut marks: [Vec<Event>; 2] = [Vec::new(), Vec::new()];
         for (dir, stream) in streams.iter().enumerate() {
             let first = Event::new(device, EventKind::Timing)?;
             first.record(stream)?;
             marks[dir].push(first);
             for i in 0..transfers {
-                let range = i * bytes..(i + 1) * bytes;
+                let dev = i * bytes..(i + 1) * bytes;
+                let slot = (i % host_slots) * bytes..(i % host_slots + 1) * bytes;
                 if dir == 0 {
-                    copy_to_host(stream, &self.a.view(range.clone()), &mut up_host.view_mut(range))?;
+                    copy_to_host(stream, &self.a.view(dev), &mut up_host.view_mut(slot))?;
                 } else {
-                    copy_from_host(stream, &self.host.view(range.clone()), &mut self.b.view_mut(range))?;
+                    // Reads the slots the other direction writes, as a pipeline's uploads
+                    // read what its downloads just landed (no ordering: only time matters).
+                    let ahead = ((i + host_slots / 2) % host_slots) * bytes;
+                    copy_from_host(stream, &up_host.view(ahead..ahead + bytes), &mut self.b.view_mut(dev))?;
                 }
                 let e = Event::new(device, EventKind::Timing)?;
                 e.record(stream)?;
@@ -164,11 +170,12 @@ impl<'a> Ceilings<'a> {
         }
         fork.join(self.stream)?;
         self.stream.synchronize()?;
+        // marks[d][i] is the end of transfer i (marks[d][0] the start): time the middle half.
+        let (from, to) = (transfers / 4, transfers - transfers / 4);
+        let mut rates = Vec::new();
         for m in &marks {
-            // m[i] marks the end of transfer i (m[0] the start); the middle transfers are
-            // 1..transfers-1, from m[1] to m[transfers-1].
-            let ms = Event::elapsed_ms(&m[1], &m[transfers - 1])?;
-            rates.push(gbps((transfers - 2) * bytes, f64::from(ms) / 1e3));
+            let ms = Event::elapsed_ms(&m[from], &m[to])?;
+            rates.push(gbps((to - from) * bytes, f64::from(ms) / 1e3));
         }
         let ceiling = rates.iter().copied().fold(f64::INFINITY, f64::min);
         self.measured.insert("duplex_d2h", rates[0]);

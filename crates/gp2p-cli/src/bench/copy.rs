@@ -10,8 +10,11 @@ use crate::error::CliError;
 use crate::measure::{Ceilings, timed_runs};
 use crate::report::{Report, Row, human_bytes};
 
-/// Transfers per direction in the duplex ceiling measurement.
-const DUPLEX_TRANSFERS: usize = 8;
+/// The duplex ceiling's shape: transfers per direction, their size, and the host slots they
+/// cycle through — the staged pipeline's own traffic pattern at its largest chunk size.
+const DUPLEX_TRANSFERS: usize = 64;
+const DUPLEX_TRANSFER_BYTES: usize = 16 << 20;
+const DUPLEX_HOST_SLOTS: usize = 4;
 /// The small size whose latency is compared with one D2H plus one H2D.
 const SMALL_BYTES: usize = 4096;
 
@@ -28,6 +31,12 @@ pub struct CopyArgs {
     /// Destination device.
     #[arg(long, default_value_t = 0)]
     dst: usize,
+    /// Override the staged pipeline's chunk size (bytes; K, M, G suffixes).
+    #[arg(long, value_parser = crate::sizes::parse_size)]
+    chunk: Option<usize>,
+    /// Override the number of staging slots.
+    #[arg(long)]
+    slots: Option<usize>,
 }
 
 pub fn run(args: &CopyArgs) -> Result<(), CliError> {
@@ -46,7 +55,7 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
     let mut measured = src_ceilings.measured.clone();
     let (binding_name, binding) = if one_card {
         let h2d = src_ceilings.h2d()?;
-        let duplex = src_ceilings.duplex(DUPLEX_TRANSFERS)?;
+        let duplex = src_ceilings.duplex(DUPLEX_TRANSFERS, DUPLEX_TRANSFER_BYTES, DUPLEX_HOST_SLOTS)?;
         measured = src_ceilings.measured.clone();
         measured.insert("min_one_way", d2h.min(h2d));
         ("duplex", duplex)
@@ -66,7 +75,7 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
     let mut src = DeviceBuffer::<u32>::alloc(&src_dev, max)?;
     copy_from_host(&src_stream, &host.view(..), &mut src.view_mut(..))?;
     let mut dst = DeviceBuffer::<u32>::alloc(&dst_dev, max)?;
-    let options = CopyOptions { route: args.route, ..CopyOptions::default() };
+    let options = CopyOptions { route: args.route, chunk_bytes: args.chunk, slots: args.slots };
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
     for &bytes in &sizes {
