@@ -89,7 +89,11 @@ impl StagingRing {
     /// landed.
     pub fn fill<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
         self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
-        stream.wait(&self.free[slot])?;
+        // A slot whose consumer already finished needs no GPU-side wait (a host query is
+        // cheaper than a semaphore wait in the copy's critical path).
+        if !self.free[slot].is_complete()? {
+            stream.wait(&self.free[slot])?;
+        }
         if !src.is_empty() {
             // SAFETY: the slot holds slot_bytes >= src.bytes() pinned bytes, not in use by
             // anyone: the stream waited for its `free` event, and the ring's Drop waits for
@@ -107,6 +111,36 @@ impl StagingRing {
         if !dst.is_empty() {
             // SAFETY: the slot's bytes landed (the stream waited for the producer's DMA) and
             // stay untouched until `free` is recorded below; dst is on the stream's device.
+            unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
+        }
+        Ok(self.free[slot].record(stream)?)
+    }
+
+    /// Fill `slot` from `src` and drain it into `dst`, both on one stream (one device): the
+    /// stream's own order makes the upload follow the download, so *landed* is neither
+    /// recorded nor waited for — a one-chunk copy's latency is mostly such GPU-side event
+    /// work. Only *free* is recorded, for whoever uses the slot next. It is not a fill: a
+    /// [`StagingRing::drain`] of the slot must follow a [`StagingRing::fill`].
+    pub fn relay<T: Element>(
+        &mut self,
+        slot: usize,
+        stream: &Stream,
+        src: &DeviceView<'_, T>,
+        dst: &mut DeviceViewMut<'_, T>,
+    ) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
+        }
+        self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
+        self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
+        if !self.free[slot].is_complete()? {
+            stream.wait(&self.free[slot])?;
+        }
+        if !dst.is_empty() {
+            // SAFETY: as in fill: the slot is free (waited for above) and big enough.
+            unsafe { memcpy_dtoh_async(stream, self.slot_host(slot).cast(), src.raw_ptr(), src.bytes())? };
+            // SAFETY: as in drain; the DMA into the slot was enqueued just before on this
+            // same stream, so it has landed when this one starts.
             unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
         }
         Ok(self.free[slot].record(stream)?)

@@ -186,9 +186,11 @@ impl Pair {
             // One chunk: no pipeline to overlap, so no fork either — the two DMAs go on the
             // callers' own streams, the least latency a small copy can have.
             let slot = ring.next_slot();
-            ring.fill(slot, src_stream, src)?;
-            ring.drain(slot, dst_stream, dst)?;
-            if !same_stream(src_stream, dst_stream) {
+            if same_stream(src_stream, dst_stream) {
+                ring.relay(slot, src_stream, src, dst)?;
+            } else {
+                ring.fill(slot, src_stream, src)?;
+                ring.drain(slot, dst_stream, dst)?;
                 self.done.record(dst_stream)?;
                 src_stream.wait(&self.done)?;
             }
