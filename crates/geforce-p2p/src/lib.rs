@@ -4,12 +4,16 @@
 //! - [`cuda`] (`gp2p-cuda`): devices, streams, events, device memory, the reduce launch;
 //! - [`pinned`] (`gp2p-pinned`): pinned, device-mapped host memory and staging rings;
 //! - [`kernels`] (`gp2p-kernels`): [`DType`], [`ReduceOp`] and the committed PTX;
-//! - [`transport`] (`gp2p-transport`): the cross-device copy engine;
+//! - [`mod@transport`] (`gp2p-transport`): the cross-device copy engine, and [`transport()`],
+//!   the one engine this facade shares;
 //! - [`copy`] / [`copy_into`]: copies between devices through one shared engine, by P2P
 //!   where the pair has it, else staged through pinned host memory;
 //! - [`ops`]: the public primitives for building your own schedules.
 //!
-//! The collectives and the P2P probe join this facade as their crates land.
+//! - [`probe()`] (`gp2p-probe`): for every pair of devices, whether P2P is on and, if not,
+//!   the exact reason and whether the driver patch in PATCH.md would turn it on.
+//!
+//! The collectives join this facade as their crate lands.
 //!
 //! ```
 //! use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, ops};
@@ -35,6 +39,7 @@ use std::sync::LazyLock;
 pub use gp2p_cuda as cuda;
 pub use gp2p_kernels as kernels;
 pub use gp2p_pinned as pinned;
+pub use gp2p_probe as probe;
 pub use gp2p_transport as transport;
 
 pub use gp2p_cuda::{
@@ -68,6 +73,12 @@ pub fn copy_into<T: Element>(
     dst_stream: &Stream,
 ) -> Result<Route> {
     transport().copy(src, src_stream, dst, dst_stream, CopyOptions::default())
+}
+
+/// Probe this machine: facts from CUDA, NVML and Linux, and a verdict per device pair.
+/// Fails only without a CUDA driver; missing sources lower what the report says.
+pub fn probe() -> gp2p_probe::Result<gp2p_probe::Report> {
+    gp2p_probe::collect().map(gp2p_probe::Report::new)
 }
 
 /// The public primitives, for users who build their own schedules.

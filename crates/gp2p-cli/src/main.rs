@@ -6,6 +6,7 @@ mod devices;
 mod error;
 mod measure;
 mod plot;
+mod probe;
 mod report;
 mod sizes;
 
@@ -23,6 +24,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// For every pair of devices: is P2P on, and if not, exactly why and whether the driver
+    /// patch (PATCH.md) would turn it on.
+    Probe(probe::ProbeArgs),
     /// List the CUDA devices and what geforce-p2p can use.
     Devices,
     /// Benchmarks, nccl-tests style, with ceilings measured in the same run.
@@ -33,6 +37,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Probe(args) => probe::run(&args),
         Command::Devices => devices::run(),
         Command::Bench(command) => bench::run(command),
     };

@@ -44,6 +44,17 @@ impl DeviceInfo {
     }
 }
 
+/// CUDA's view of one ordered device pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct P2pAttributes {
+    /// Peer access is possible.
+    pub access_supported: bool,
+    /// All CUDA atomics work over the link.
+    pub native_atomics: bool,
+    /// Relative link performance, lower is better.
+    pub performance_rank: i32,
+}
+
 /// An open CUDA device: cheap to clone, shared, `Send + Sync`.
 ///
 /// Holds the device's primary context, the one the CUDA runtime and most frameworks use, so
@@ -146,6 +157,23 @@ impl Device {
         // SAFETY: two valid device handles; out-pointer to a local.
         check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, peer_dev) }, "cuDeviceCanAccessPeer")?;
         Ok(can != 0)
+    }
+
+    /// What CUDA says about this device reaching `peer` (`cuDeviceGetP2PAttribute`).
+    pub fn p2p_attributes(&self, peer: &Device) -> Result<P2pAttributes> {
+        use sys::CUdevice_P2PAttribute as A;
+        let get = |attr: A| -> Result<i32> {
+            let mut v: c_int = 0;
+            let (dev, peer_dev) = (self.inner.raw, peer.inner.raw);
+            // SAFETY: two valid, distinct device handles; out-pointer to a local.
+            check(unsafe { sys::cuDeviceGetP2PAttribute(&mut v, attr, dev, peer_dev) }, "cuDeviceGetP2PAttribute")?;
+            Ok(v)
+        };
+        Ok(P2pAttributes {
+            access_supported: get(A::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)? != 0,
+            native_atomics: get(A::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)? != 0,
+            performance_rank: get(A::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)?,
+        })
     }
 
     /// Let this device's context access `peer`'s memory. Idempotent: a pair already enabled

@@ -53,7 +53,7 @@ mod module;
 mod reduce;
 mod stream;
 
-pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY};
+pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes};
 pub use driver::{driver_version, is_driver_present, take_deferred_error};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind};

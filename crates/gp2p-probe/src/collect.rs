@@ -1,0 +1,189 @@
+//! Gathering facts from every source present: CUDA, NVML, and Linux's /proc and /sys.
+//! Each source is optional; what cannot be read is listed in `missing_sources`.
+
+use std::fs;
+use std::path::Path;
+
+use gp2p_cuda::{Device, driver_version};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus as NvmlStatus, TopologyLevel};
+
+use crate::facts::{DeviceFacts, Facts, HostFacts, P2pStatus, PairFacts, PcieLink};
+use crate::parse;
+use crate::{Error, Result};
+
+/// Collect the facts of this machine. Fails only without a CUDA driver.
+pub fn collect() -> Result<Facts> {
+    let cuda_driver = driver_version()?;
+    let infos = Device::all_info()?;
+    let mut facts = Facts {
+        host: HostFacts { os: std::env::consts::OS.to_owned(), cuda_driver: Some(cuda_driver), ..HostFacts::default() },
+        ..Facts::default()
+    };
+    facts.devices = infos
+        .iter()
+        .map(|i| DeviceFacts {
+            ordinal: i.ordinal,
+            name: i.name.clone(),
+            pci_bus_id: i.pci_bus_id.clone(),
+            compute_capability: i.compute_capability,
+            vram_bytes: i.total_memory as u64,
+            ..DeviceFacts::default()
+        })
+        .collect();
+    let opened: Vec<Option<Device>> = infos.iter().map(|i| Device::open(i.ordinal).ok()).collect();
+    for (a, da) in opened.iter().enumerate() {
+        for (b, db) in opened.iter().enumerate() {
+            if a == b {
+                continue;
+            }
+            let mut pair = PairFacts { a, b, ..PairFacts::default() };
+            if let (Some(da), Some(db)) = (da, db) {
+                pair.can_access_peer = da.can_access_peer(db).ok();
+                if let Ok(attrs) = da.p2p_attributes(db) {
+                    pair.native_atomics = Some(attrs.native_atomics);
+                    pair.performance_rank = Some(attrs.performance_rank);
+                }
+            }
+            facts.pairs.push(pair);
+        }
+    }
+    if opened.iter().any(Option::is_none) {
+        facts.missing_sources.push("CUDA: some devices could not be opened (compute capability below 8.0?)".into());
+    }
+    nvml_facts(&mut facts);
+    linux_facts(&mut facts);
+    Ok(facts)
+}
+
+/// Read saved facts (the `facts` of a `--json` report, or bare facts).
+pub fn load(path: &Path) -> Result<Facts> {
+    let err = |reason: String| Error::Facts { path: path.display().to_string(), reason };
+    let text = fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let facts = value.get("facts").cloned().unwrap_or(value);
+    serde_json::from_value(facts).map_err(|e| err(format!("not gp2p probe facts: {e}")))
+}
+
+fn nvml_facts(facts: &mut Facts) {
+    let nvml = match Nvml::init() {
+        Ok(n) => n,
+        Err(e) => {
+            facts.missing_sources.push(format!("NVML: {e} (BAR1, PCIe link, NVML P2P status and topology unknown)"));
+            return;
+        }
+    };
+    facts.host.driver_version = nvml.sys_driver_version().ok();
+    let handles: Vec<_> = facts
+        .devices
+        .iter()
+        .map(|d| {
+            nvml.device_by_pci_bus_id(d.pci_bus_id.as_str()).or_else(|_| nvml.device_by_index(d.ordinal as u32)).ok()
+        })
+        .collect();
+    for (d, h) in facts.devices.iter_mut().zip(&handles) {
+        let Some(h) = h else { continue };
+        d.uuid = h.uuid().ok();
+        d.bar1_bytes = h.bar1_memory_info().ok().map(|m| m.total);
+        d.brand = h.brand().ok().map(|b| format!("{b:?}"));
+        d.architecture = h.architecture().ok().map(|a| format!("{a:?}"));
+        if let (Ok(cg), Ok(cw), Ok(mg), Ok(mw)) =
+            (h.current_pcie_link_gen(), h.current_pcie_link_width(), h.max_pcie_link_gen(), h.max_pcie_link_width())
+        {
+            d.pcie = Some(PcieLink { current_gen: cg, current_width: cw, max_gen: mg, max_width: mw });
+        }
+        #[cfg(target_os = "windows")]
+        {
+            d.driver_model = h.driver_model().ok().map(|m| match m.current {
+                nvml_wrapper::enum_wrappers::device::DriverModel::WDDM => "WDDM".to_owned(),
+                nvml_wrapper::enum_wrappers::device::DriverModel::WDM => "TCC".to_owned(),
+            });
+        }
+    }
+    for pair in &mut facts.pairs {
+        let (Some(Some(ha)), Some(Some(hb))) = (handles.get(pair.a), handles.get(pair.b)) else { continue };
+        let status = |index| ha.p2p_status(hb, index).ok().map(convert_status);
+        pair.nvml_read = status(P2pCapabilitiesIndex::Read);
+        pair.nvml_write = status(P2pCapabilitiesIndex::Write);
+        pair.nvml_nvlink = status(P2pCapabilitiesIndex::NvLink);
+        pair.nvml_atomics = status(P2pCapabilitiesIndex::Atomics);
+        #[cfg(target_os = "linux")]
+        {
+            pair.topology = nvml.topology_common_ancestor(ha, hb).ok().map(|t| topology_code(t).to_owned());
+        }
+    }
+}
+
+fn convert_status(s: NvmlStatus) -> P2pStatus {
+    match s {
+        NvmlStatus::Ok => P2pStatus::Ok,
+        NvmlStatus::ChipsetNotSupported => P2pStatus::ChipsetNotSupported,
+        NvmlStatus::GpuNotSupported => P2pStatus::GpuNotSupported,
+        NvmlStatus::IohTopologyNotSupported => P2pStatus::IohTopologyNotSupported,
+        NvmlStatus::DisabledByRegkey => P2pStatus::DisabledByRegkey,
+        NvmlStatus::NotSupported => P2pStatus::NotSupported,
+        NvmlStatus::Unknown => P2pStatus::Unknown,
+    }
+}
+
+/// nvidia-smi's names for the topology levels.
+pub fn topology_code(level: TopologyLevel) -> &'static str {
+    match level {
+        TopologyLevel::Internal => "INTERNAL",
+        TopologyLevel::Single => "PIX",
+        TopologyLevel::Multiple => "PXB",
+        TopologyLevel::HostBridge => "PHB",
+        TopologyLevel::Node => "NODE",
+        TopologyLevel::System => "SYS",
+    }
+}
+
+fn linux_facts(facts: &mut Facts) {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    match fs::read_to_string("/proc/driver/nvidia/version") {
+        Ok(text) => facts.host.kernel_module = parse::kernel_module(&text),
+        Err(e) => facts.missing_sources.push(format!("/proc/driver/nvidia/version: {e}")),
+    }
+    match fs::read_to_string("/proc/cmdline") {
+        Ok(text) => facts.host.iommu_cmdline = Some(parse::iommu_cmdline(&text)),
+        Err(e) => facts.missing_sources.push(format!("/proc/cmdline: {e}")),
+    }
+    if let Ok(text) = fs::read_to_string("/proc/driver/nvidia/params") {
+        let (raw, force) = parse::registry(&text);
+        facts.host.registry_dwords = raw;
+        facts.host.force_p2p = force;
+    }
+    facts.host.virtual_machine = virtual_machine();
+    for d in &mut facts.devices {
+        d.iommu_group_type = iommu_group_type(&d.pci_bus_id);
+    }
+}
+
+/// The IOMMU group type of a PCI device, "none" when it has no group (no IOMMU), `None`
+/// when sysfs cannot tell.
+fn iommu_group_type(bus_id: &str) -> Option<String> {
+    let dev = Path::new("/sys/bus/pci/devices").join(bus_id.to_ascii_lowercase());
+    if !dev.exists() {
+        return None;
+    }
+    let group = dev.join("iommu_group");
+    if !group.exists() {
+        return Some("none".into());
+    }
+    fs::read_to_string(group.join("type")).ok().map(|t| t.trim().to_owned())
+}
+
+/// Whether the CPU reports a hypervisor, and the machine's product name when DMI has one.
+fn virtual_machine() -> Option<String> {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").ok()?;
+    let flagged = cpuinfo.lines().any(|l| l.starts_with("flags") && l.split_whitespace().any(|w| w == "hypervisor"));
+    if !flagged {
+        return None;
+    }
+    let product = ["/sys/class/dmi/id/product_name", "/sys/class/dmi/id/sys_vendor"]
+        .iter()
+        .find_map(|p| fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()));
+    Some(product.unwrap_or_else(|| "hypervisor flag set".into()))
+}

@@ -1,0 +1,43 @@
+//! Why P2P is off between two NVIDIA GPUs, and whether the open-kernel-module patch
+//! (PATCH.md) would turn it on.
+//!
+//! Three steps, each usable alone:
+//! 1. [`collect`]: facts from every source present — CUDA (peer access and attributes),
+//!    NVML (BAR1, PCIe link, P2P status codes, topology; loaded at run time), Linux's
+//!    `/proc/driver/nvidia/version`, `/proc/cmdline`, `/proc/driver/nvidia/params` and the
+//!    IOMMU group of each GPU. A missing source lowers what the report says, nothing more.
+//! 2. [`verdicts`]: a pure function from [`Facts`] to one [`Verdict`] per ordered pair — on
+//!    (and over what), or off with the exact reason, a remedy, and what the patch would do.
+//! 3. [`Report`]: a table for people, JSON for bug reports; [`load`] re-reads saved facts.
+//!
+//! Not here: measuring links (the CLI's `gp2p probe --measure` joins the transport), or
+//! changing anything on the machine.
+//!
+//! ```
+//! use gp2p_probe::{Facts, Report, facts::{DeviceFacts, PairFacts}};
+//!
+//! // Two RTX 4090s whose driver refuses P2P, with nothing known about the host:
+//! let card = |ordinal| DeviceFacts { ordinal, name: "NVIDIA GeForce RTX 4090".into(), compute_capability: (8, 9), ..Default::default() };
+//! let pair = |a, b| PairFacts { a, b, can_access_peer: Some(false), ..Default::default() };
+//! let facts = Facts { devices: vec![card(0), card(1)], pairs: vec![pair(0, 1), pair(1, 0)], ..Default::default() };
+//! let report = Report::new(facts);
+//! assert_eq!(report.verdicts.len(), 2);
+//! assert_eq!(report.verdicts[0].code, "?"); // the kernel module flavour is unknown
+//! assert!(report.render().contains("0 -> 1"));
+//! ```
+
+mod collect;
+mod error;
+pub mod facts;
+pub mod parse;
+mod report;
+mod verdict;
+
+pub use collect::{collect, load};
+pub use error::{Error, Result};
+pub use facts::Facts;
+pub use report::Report;
+pub use verdict::{Link, PATCHED_VERSIONS, PatchOutlook, RULES, Verdict, verdict, verdicts};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,124 @@
+//! Parsers for what Linux exposes in text: `/proc/driver/nvidia/version`, `/proc/cmdline`,
+//! `/proc/driver/nvidia/params`. Pure, tested on real-format strings.
+
+use crate::facts::{IommuCmdline, KernelModule, ModuleFlavour};
+
+/// The first line of `/proc/driver/nvidia/version`:
+/// - open: `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@…)  <date>`
+/// - proprietary: `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.216.03  <date>`
+pub fn kernel_module(text: &str) -> Option<KernelModule> {
+    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
+    let flavour = if line.contains("Open Kernel Module") { ModuleFlavour::Open } else { ModuleFlavour::Proprietary };
+    let version = line
+        .split_whitespace()
+        .find(|w| {
+            w.split('.').count() >= 2 && w.split('.').all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        })?
+        .to_owned();
+    let builder = line.find('(').and_then(|start| {
+        let rest = &line[start + 1..];
+        rest.find(')').map(|end| rest[..end].to_owned()).filter(|b| b.contains('@'))
+    });
+    Some(KernelModule { flavour, version, builder })
+}
+
+/// The iommu-related words of `/proc/cmdline`.
+pub fn iommu_cmdline(text: &str) -> IommuCmdline {
+    let flags: Vec<String> = text
+        .split_whitespace()
+        .filter(|w| {
+            let key = w.split('=').next().unwrap_or("");
+            matches!(key, "iommu" | "intel_iommu" | "amd_iommu" | "iommu.passthrough" | "iommu.strict")
+        })
+        .map(str::to_owned)
+        .collect();
+    let passthrough = flags.iter().any(|f| f == "iommu=pt" || f == "iommu.passthrough=1");
+    let off = flags.iter().any(|f| matches!(f.as_str(), "iommu=off" | "intel_iommu=off" | "amd_iommu=off"));
+    IommuCmdline { flags, passthrough, off }
+}
+
+/// `RegistryDwords` from `/proc/driver/nvidia/params` (a line `RegistryDwords: "k=v;k=v"`),
+/// and the `ForceP2P` value in it (decimal or 0x hex).
+pub fn registry(text: &str) -> (Option<String>, Option<u32>) {
+    let Some(line) = text.lines().find(|l| l.trim_start().starts_with("RegistryDwords:")) else {
+        return (None, None);
+    };
+    let value = line.split_once(':').map(|(_, v)| v.trim().trim_matches('"').to_owned()).unwrap_or_default();
+    if value.is_empty() {
+        return (None, None);
+    }
+    let force = value.split(';').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        if !k.trim().eq_ignore_ascii_case("ForceP2P") {
+            return None;
+        }
+        let v = v.trim();
+        match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+            Some(hex) => u32::from_str_radix(hex, 16).ok(),
+            None => v.parse().ok(),
+        }
+    });
+    (Some(value), force)
+}
+
+/// The read and write fields of a `ForceP2P` value: bits 1:0 and 5:4; 0 disables, 1
+/// enables, 2 (the default) leaves the chipset's decision.
+pub fn force_p2p_fields(value: u32) -> (u32, u32) {
+    (value & 0b11, (value >> 4) & 0b11)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_module_line() {
+        let text = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.195.03  Release Build  (dvs-builder@U22-I3-H04-03-1)  Sat Sep 20 00:47:16 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n";
+        let m = kernel_module(text).unwrap();
+        assert_eq!(m.flavour, ModuleFlavour::Open);
+        assert_eq!(m.version, "570.195.03");
+        assert_eq!(m.builder.as_deref(), Some("dvs-builder@U22-I3-H04-03-1"));
+        assert!(!m.self_built());
+    }
+
+    #[test]
+    fn self_built_open_module_names_its_builder() {
+        let text = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (alice@tinybox)  Sat Dec  7 10:00:00 UTC 2024";
+        let m = kernel_module(text).unwrap();
+        assert_eq!(m.version, "565.57.01");
+        assert!(m.self_built());
+    }
+
+    #[test]
+    fn proprietary_module_line() {
+        let m =
+            kernel_module("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.216.03  Thu Apr  3 01:14:19 UTC 2025")
+                .unwrap();
+        assert_eq!(m.flavour, ModuleFlavour::Proprietary);
+        assert_eq!(m.version, "535.216.03");
+        assert_eq!(m.builder, None);
+        assert!(kernel_module("something else").is_none());
+    }
+
+    #[test]
+    fn cmdline_iommu_words() {
+        let c = iommu_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet amd_iommu=on iommu=pt");
+        assert_eq!(c.flags, ["amd_iommu=on", "iommu=pt"]);
+        assert!(c.passthrough && !c.off);
+        let c = iommu_cmdline("root=/dev/nvme0n1p2 intel_iommu=off");
+        assert!(c.off && !c.passthrough);
+        assert!(iommu_cmdline("root=/dev/vda console=ttyS0").flags.is_empty());
+    }
+
+    #[test]
+    fn registry_dwords_and_force_p2p() {
+        let params = "ResmanDebugLevel: 4294967295\nRegistryDwords: \"ForceP2P=0x11;RMForceStaticBar1=1\"\nRegistryDwordsPerDevice: \"\"\n";
+        let (raw, force) = registry(params);
+        assert_eq!(raw.as_deref(), Some("ForceP2P=0x11;RMForceStaticBar1=1"));
+        assert_eq!(force, Some(0x11));
+        assert_eq!(force_p2p_fields(0x11), (1, 1));
+        assert_eq!(registry("RegistryDwords: \"ForceP2P=0\"\n").1, Some(0));
+        assert_eq!(registry("RegistryDwords: \"\"\n"), (None, None));
+        assert_eq!(registry("EnableMSI: 1\n"), (None, None));
+    }
+}

@@ -1,0 +1,152 @@
+//! The report: a human table (devices, pair matrix with a legend, one line per pair) and
+//! the JSON document (`facts` + `verdicts`) that `--from` re-renders.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::facts::{Facts, ModuleFlavour};
+use crate::verdict::{PatchOutlook, RULES, Verdict, verdicts};
+
+/// Facts and the verdicts drawn from them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// What was observed.
+    pub facts: Facts,
+    /// One verdict per ordered pair.
+    pub verdicts: Vec<Verdict>,
+}
+
+impl Report {
+    /// Draw the verdicts from `facts`.
+    pub fn new(facts: Facts) -> Report {
+        let verdicts = verdicts(&facts);
+        Report { facts, verdicts }
+    }
+
+    /// The JSON document.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// The human-readable report.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let f = &self.facts;
+        let h = &f.host;
+        let _ = writeln!(out, "geforce-p2p probe");
+        let module = h.kernel_module.as_ref().map_or("unknown".to_owned(), |m| {
+            let flavour = match m.flavour {
+                ModuleFlavour::Open => "open kernel module",
+                ModuleFlavour::Proprietary => "proprietary kernel module",
+            };
+            let build = match (&m.builder, m.self_built()) {
+                (Some(b), true) => format!(", self-built by {b}"),
+                (Some(_), false) => ", NVIDIA build".to_owned(),
+                (None, _) => String::new(),
+            };
+            format!("{} {flavour}{build}", m.version)
+        });
+        let cuda = h.cuda_driver.map_or("?".into(), |(a, b)| format!("{a}.{b}"));
+        let _ = writeln!(out, "driver: {module}; CUDA {cuda}; OS {}", h.os);
+        let iommu = h.iommu_cmdline.as_ref().map_or("unknown".into(), |c| {
+            if c.flags.is_empty() { "no iommu flags on the kernel command line".into() } else { c.flags.join(" ") }
+        });
+        let _ = writeln!(out, "iommu (cmdline): {iommu}");
+        if let Some(r) = &h.registry_dwords {
+            let _ = writeln!(out, "registry: {r}");
+        }
+        if let Some(vm) = &h.virtual_machine {
+            let _ = writeln!(out, "virtual machine: {vm}");
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:<16} {:<14} {:<10} bus",
+            "#", "name", "cc", "VRAM", "BAR1", "PCIe cur/max", "brand/arch", "iommu"
+        );
+        for d in &f.devices {
+            let bar1 = d.bar1_bytes.map_or("?".into(), gib);
+            let pcie = d.pcie.map_or("?".into(), |p| {
+                format!("{}.0 x{} / {}.0 x{}", p.current_gen, p.current_width, p.max_gen, p.max_width)
+            });
+            let brand = format!("{}/{}", d.brand.as_deref().unwrap_or("?"), d.architecture.as_deref().unwrap_or("?"));
+            let _ = writeln!(
+                out,
+                "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:<16} {:<14} {:<10} {}",
+                d.ordinal,
+                d.name,
+                format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
+                gib(d.vram_bytes),
+                bar1,
+                pcie,
+                brand,
+                d.iommu_group_type.as_deref().unwrap_or("?"),
+                d.pci_bus_id
+            );
+        }
+        let _ = writeln!(out);
+        if self.verdicts.is_empty() {
+            let _ = writeln!(out, "{} device(s): no pairs to check (P2P needs two devices)", f.devices.len());
+        } else {
+            self.render_matrix(&mut out);
+        }
+        if !f.missing_sources.is_empty() {
+            let _ = writeln!(out, "\nnot read (the report says less without them):");
+            for m in &f.missing_sources {
+                let _ = writeln!(out, "  - {m}");
+            }
+        }
+        out
+    }
+
+    fn render_matrix(&self, out: &mut String) {
+        let n = self.facts.devices.len();
+        let _ = write!(out, "pairs (row reads column)\n      ");
+        for b in 0..n {
+            let _ = write!(out, "{b:>7}");
+        }
+        let _ = writeln!(out);
+        for a in 0..n {
+            let _ = write!(out, "{a:>6}");
+            for b in 0..n {
+                let code = if a == b {
+                    "X".to_owned()
+                } else {
+                    self.verdicts.iter().find(|v| v.a == a && v.b == b).map_or("-".into(), |v| v.code.clone())
+                };
+                let _ = write!(out, "{code:>7}");
+            }
+            let _ = writeln!(out);
+        }
+        let _ = writeln!(
+            out,
+            "legend: OK on | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | WDDM, MIX, VM: it cannot | ? not enough facts"
+        );
+        let _ = writeln!(
+            out,
+            "rules, in order: {}",
+            RULES.iter().map(|r| r.split(':').next().unwrap_or(r)).collect::<Vec<_>>().join(" > ")
+        );
+        let _ = writeln!(out);
+        for v in &self.verdicts {
+            let patch = match &v.patch {
+                PatchOutlook::NotNeeded => "not needed".to_owned(),
+                PatchOutlook::Would => "would turn it on".to_owned(),
+                PatchOutlook::AfterChange(c) => format!("would, after: {c}"),
+                PatchOutlook::Cannot(why) => format!("cannot: {why}"),
+                PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
+            };
+            let _ = writeln!(out, "{} -> {} [{}] {}", v.a, v.b, v.code, v.reason);
+            let _ = writeln!(out, "    remedy: {}", v.remedy);
+            let _ = writeln!(out, "    patch: {patch}; facts used: {}", v.used.join(", "));
+            for w in &v.warnings {
+                let _ = writeln!(out, "    WARNING: {w}");
+            }
+        }
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}

@@ -1,0 +1,337 @@
+//! Fixtures for every verdict branch, the laws over random facts, and report round trips.
+
+use proptest::prelude::*;
+
+use crate::facts::*;
+use crate::parse;
+use crate::{PatchOutlook, Report, verdicts};
+
+const GIB: u64 = 1 << 30;
+
+/// Two RTX 4090s on a stock open-module driver that refuses P2P (NVML: CNS), with
+/// everything the patch needs in place: the "PATCH" case, which other fixtures bend.
+fn two_4090s() -> Facts {
+    let card = |ordinal: usize| DeviceFacts {
+        ordinal,
+        name: "NVIDIA GeForce RTX 4090".into(),
+        uuid: Some(format!("GPU-{ordinal}")),
+        pci_bus_id: format!("0000:0{}:00.0", ordinal + 1),
+        compute_capability: (8, 9),
+        vram_bytes: 24 * GIB - 512 * (1 << 20),
+        bar1_bytes: Some(32 * GIB),
+        pcie: Some(PcieLink { current_gen: 4, current_width: 16, max_gen: 4, max_width: 16 }),
+        brand: Some("GeForceRTX".into()),
+        architecture: Some("Ada".into()),
+        driver_model: None,
+        iommu_group_type: Some("identity".into()),
+    };
+    let pair = |a, b| PairFacts {
+        a,
+        b,
+        can_access_peer: Some(false),
+        native_atomics: Some(false),
+        performance_rank: Some(0),
+        nvml_read: Some(P2pStatus::ChipsetNotSupported),
+        nvml_write: Some(P2pStatus::ChipsetNotSupported),
+        nvml_nvlink: Some(P2pStatus::NotSupported),
+        nvml_atomics: Some(P2pStatus::NotSupported),
+        topology: Some("PHB".into()),
+    };
+    let version = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Oct  1 01:26:03 UTC 2024";
+    Facts {
+        host: HostFacts {
+            os: "linux".into(),
+            cuda_driver: Some((12, 7)),
+            driver_version: Some("565.57.01".into()),
+            kernel_module: parse::kernel_module(version),
+            iommu_cmdline: Some(parse::iommu_cmdline("BOOT_IMAGE=/vmlinuz ro quiet amd_iommu=on iommu=pt")),
+            force_p2p: None,
+            registry_dwords: None,
+            virtual_machine: None,
+        },
+        devices: vec![card(0), card(1)],
+        pairs: vec![pair(0, 1), pair(1, 0)],
+        missing_sources: vec![],
+    }
+}
+
+fn codes(facts: &Facts) -> Vec<String> {
+    verdicts(facts).into_iter().map(|v| v.code).collect()
+}
+
+fn first(facts: &Facts) -> crate::Verdict {
+    verdicts(facts).remove(0)
+}
+
+#[test]
+fn patch_would_turn_it_on_when_everything_is_in_place() {
+    let v = first(&two_4090s());
+    assert_eq!(v.code, "PATCH");
+    assert_eq!(v.patch, PatchOutlook::Would);
+    assert!(v.reason.contains("read CNS, write CNS"), "{}", v.reason);
+    assert!(v.remedy.contains("565.57.01"));
+}
+
+#[test]
+fn on_when_cuda_can_access_and_warns_on_unsafe_patched_setups() {
+    let mut f = two_4090s();
+    f.pairs.iter_mut().for_each(|p| p.can_access_peer = Some(true));
+    assert_eq!(codes(&f), ["OK", "OK"]);
+    assert!(first(&f).warnings.is_empty());
+    // A self-built (patched) module with a small BAR1 and a translating IOMMU.
+    f.host.kernel_module = parse::kernel_module(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (me@box)  Sat Dec  7 2024",
+    );
+    f.devices[1].bar1_bytes = Some(256 << 20);
+    f.devices[0].iommu_group_type = Some("DMA-FQ".into());
+    let v = first(&f);
+    assert_eq!(v.on, Some(crate::Link::PcieBar1));
+    assert_eq!(v.warnings.len(), 2, "{:?}", v.warnings);
+}
+
+#[test]
+fn nvlink_is_named_when_nvml_says_so() {
+    let mut f = two_4090s();
+    f.pairs.iter_mut().for_each(|p| {
+        p.can_access_peer = Some(true);
+        p.nvml_nvlink = Some(P2pStatus::Ok);
+    });
+    assert_eq!(first(&f).on, Some(crate::Link::NvLink));
+}
+
+#[test]
+fn wddm_cannot() {
+    let mut f = two_4090s();
+    f.host.os = "windows".into();
+    f.devices[0].driver_model = Some("WDDM".into());
+    let v = first(&f);
+    assert_eq!(v.code, "WDDM");
+    assert!(matches!(v.patch, PatchOutlook::Cannot(_)));
+}
+
+#[test]
+fn mixed_generations_cannot() {
+    let mut f = two_4090s();
+    f.devices[1].name = "NVIDIA GeForce RTX 5090".into();
+    f.devices[1].architecture = Some("Blackwell".into());
+    f.devices[1].compute_capability = (12, 0);
+    assert_eq!(codes(&f), ["MIX", "MIX"]);
+}
+
+#[test]
+fn virtual_machines_cannot() {
+    let mut f = two_4090s();
+    f.host.virtual_machine = Some("Standard PC (Q35 + ICH9, 2009)".into());
+    let v = first(&f);
+    assert_eq!(v.code, "VM");
+    assert!(matches!(v.patch, PatchOutlook::Cannot(_)));
+}
+
+#[test]
+fn a_registry_key_that_disables_it() {
+    let mut f = two_4090s();
+    let (raw, force) = parse::registry("RegistryDwords: \"ForceP2P=0\"\n");
+    f.host.registry_dwords = raw;
+    f.host.force_p2p = force;
+    let v = first(&f);
+    assert_eq!(v.code, "DR");
+    assert!(matches!(v.patch, PatchOutlook::AfterChange(_)));
+    // NVML saying DR is enough even without the params file.
+    let mut f = two_4090s();
+    f.pairs[0].nvml_read = Some(P2pStatus::DisabledByRegkey);
+    assert_eq!(first(&f).code, "DR");
+}
+
+#[test]
+fn the_proprietary_module_needs_a_switch() {
+    let mut f = two_4090s();
+    f.host.kernel_module =
+        parse::kernel_module("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024");
+    let v = first(&f);
+    assert_eq!(v.code, "PROP");
+    assert!(matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains("open kernel module")));
+}
+
+#[test]
+fn an_open_module_without_a_patch_branch_needs_a_version_change() {
+    let mut f = two_4090s();
+    f.host.kernel_module = parse::kernel_module(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)  2026",
+    );
+    assert_eq!(first(&f).code, "VER");
+}
+
+#[test]
+fn small_bar1_needs_resizable_bar() {
+    let mut f = two_4090s();
+    f.devices[1].bar1_bytes = Some(256 << 20);
+    let v = first(&f);
+    assert_eq!(v.code, "BAR1");
+    assert!(matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains("Resizable BAR")));
+    // A 48 GiB card with a 32 GiB BAR1 (the 4090D mod) too.
+    let mut f = two_4090s();
+    f.devices[0].vram_bytes = 48 * GIB;
+    assert_eq!(first(&f).code, "BAR1");
+}
+
+#[test]
+fn a_translating_iommu_needs_passthrough() {
+    let mut f = two_4090s();
+    f.devices[0].iommu_group_type = Some("DMA".into());
+    let v = first(&f);
+    assert_eq!(v.code, "IOMMU");
+    assert!(v.remedy.contains("iommu=pt"));
+}
+
+#[test]
+fn missing_facts_are_named() {
+    let mut f = two_4090s();
+    f.devices[0].bar1_bytes = None;
+    f.devices[1].iommu_group_type = None;
+    let v = first(&f);
+    assert_eq!(v.code, "?");
+    let PatchOutlook::Undecided(missing) = &v.patch else { panic!("{:?}", v.patch) };
+    assert_eq!(missing, &["BAR1 of device 0", "IOMMU state of device 1"]);
+    let mut f = two_4090s();
+    f.host.kernel_module = None;
+    assert_eq!(first(&f).code, "?");
+    let mut f = two_4090s();
+    f.pairs[0].can_access_peer = None;
+    assert!(matches!(first(&f).patch, PatchOutlook::Undecided(_)));
+}
+
+#[test]
+fn json_round_trip_renders_the_same_report() {
+    let mut f = two_4090s();
+    f.devices[1].bar1_bytes = Some(256 << 20);
+    let report = Report::new(f);
+    let dir = std::env::temp_dir().join(format!("gp2p-probe-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("report.json");
+    std::fs::write(&path, report.to_json()).unwrap();
+    let again = Report::new(crate::load(&path).unwrap());
+    assert_eq!(again, report);
+    assert_eq!(again.render(), report.render());
+    assert!(report.render().contains("BAR1"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn one_device_has_no_pairs() {
+    let mut f = two_4090s();
+    f.devices.truncate(1);
+    f.pairs.clear();
+    let r = Report::new(f);
+    assert!(r.verdicts.is_empty());
+    assert!(r.render().contains("no pairs to check"));
+}
+
+fn arb_status() -> impl Strategy<Value = Option<P2pStatus>> {
+    prop::option::of(prop::sample::select(vec![
+        P2pStatus::Ok,
+        P2pStatus::ChipsetNotSupported,
+        P2pStatus::GpuNotSupported,
+        P2pStatus::IohTopologyNotSupported,
+        P2pStatus::DisabledByRegkey,
+        P2pStatus::NotSupported,
+        P2pStatus::Unknown,
+    ]))
+}
+
+fn arb_device(ordinal: usize) -> impl Strategy<Value = DeviceFacts> {
+    (
+        prop::sample::select(vec![(8u32, 6u32), (8, 9), (12, 0)]),
+        prop::option::of(prop::sample::select(vec![256u64 << 20, 16 * GIB, 32 * GIB, 64 * GIB])),
+        prop::sample::select(vec![12 * GIB, 24 * GIB, 32 * GIB, 48 * GIB]),
+        prop::option::of(prop::sample::select(vec!["identity", "DMA", "DMA-FQ", "none"])),
+        prop::option::of(prop::sample::select(vec!["WDDM", "TCC"])),
+        any::<bool>(),
+    )
+        .prop_map(move |(cc, bar1, vram, iommu, model, known_arch)| DeviceFacts {
+            ordinal,
+            name: format!("GPU {ordinal}"),
+            compute_capability: cc,
+            vram_bytes: vram,
+            bar1_bytes: bar1,
+            iommu_group_type: iommu.map(str::to_owned),
+            driver_model: model.map(str::to_owned),
+            architecture: known_arch.then(|| format!("arch{}", cc.0)),
+            ..DeviceFacts::default()
+        })
+}
+
+fn arb_facts() -> impl Strategy<Value = Facts> {
+    (1usize..5)
+        .prop_flat_map(|n| {
+            let devices: Vec<_> = (0..n).map(arb_device).collect();
+            let pairs = prop::collection::vec(
+                (prop::option::of(any::<bool>()), arb_status(), arb_status(), arb_status()),
+                n * (n - 1),
+            );
+            let module = prop::option::of((
+                any::<bool>(),
+                prop::sample::select(vec!["565.57.01", "580.159.04", "550.54.14"]),
+                any::<bool>(),
+            ));
+            let force = prop::option::of(prop::sample::select(vec![0u32, 0x11, 0x22, 0x10]));
+            let vm = prop::option::of(Just("KVM".to_owned()));
+            (devices, pairs, module, force, vm)
+        })
+        .prop_map(|(devices, pair_facts, module, force, vm)| {
+            let n = devices.len();
+            let ordered = (0..n).flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)));
+            let pairs = ordered
+                .zip(pair_facts)
+                .map(|((a, b), (can, read, write, nvlink))| PairFacts {
+                    a,
+                    b,
+                    can_access_peer: can,
+                    nvml_read: read,
+                    nvml_write: write,
+                    nvml_nvlink: nvlink,
+                    ..PairFacts::default()
+                })
+                .collect();
+            let kernel_module = module.map(|(open, version, self_built)| KernelModule {
+                flavour: if open { ModuleFlavour::Open } else { ModuleFlavour::Proprietary },
+                version: version.to_owned(),
+                builder: Some(if self_built { "me@box".into() } else { "dvs-builder@x".into() }),
+            });
+            Facts {
+                host: HostFacts {
+                    os: "linux".into(),
+                    kernel_module,
+                    force_p2p: force,
+                    virtual_machine: vm,
+                    ..HostFacts::default()
+                },
+                devices,
+                pairs,
+                missing_sources: vec![],
+            }
+        })
+}
+
+proptest! {
+    #[test]
+    fn one_verdict_per_ordered_pair_never_on_against_cuda(facts in arb_facts()) {
+        let vs = verdicts(&facts);
+        let n = facts.devices.len();
+        prop_assert_eq!(vs.len(), n * n.saturating_sub(1));
+        for a in 0..n {
+            for b in 0..n {
+                let count = vs.iter().filter(|v| v.a == a && v.b == b).count();
+                prop_assert_eq!(count, usize::from(a != b), "pair {} -> {}", a, b);
+            }
+        }
+        for (v, p) in vs.iter().zip(&facts.pairs) {
+            prop_assert!(!v.reason.is_empty() && !v.remedy.is_empty() && !v.code.is_empty());
+            prop_assert!(!v.used.is_empty());
+            if p.can_access_peer != Some(true) {
+                prop_assert!(v.on.is_none(), "on although CUDA said {:?}", p.can_access_peer);
+            } else {
+                prop_assert!(v.on.is_some());
+            }
+        }
+    }
+}
