@@ -118,19 +118,14 @@ impl<T: Element> DeviceBuffer<T> {
 
     /// Borrow a range of elements for reading.
     pub fn view(&self, range: impl RangeBounds<usize>) -> DeviceView<'_, T> {
-        let (start, len) = clamp_range(range, self.len);
-        DeviceView { device: self.device.clone(), ptr: self.ptr + offset_bytes::<T>(start), len, _marker: PhantomData }
+        let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
+        DeviceView { device: self.device.clone(), ptr, len, _marker: PhantomData }
     }
 
     /// Borrow a range of elements for writing.
     pub fn view_mut(&mut self, range: impl RangeBounds<usize>) -> DeviceViewMut<'_, T> {
-        let (start, len) = clamp_range(range, self.len);
-        DeviceViewMut {
-            device: self.device.clone(),
-            ptr: self.ptr + offset_bytes::<T>(start),
-            len,
-            _marker: PhantomData,
-        }
+        let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
+        DeviceViewMut { device: self.device.clone(), ptr, len, _marker: PhantomData }
     }
 
     fn check_stream(&self, stream: &Stream) -> Result<()> {
@@ -245,8 +240,8 @@ view_common!(DeviceViewMut);
 impl<T: Element> DeviceView<'_, T> {
     /// A sub-range of this view (clamped like [`DeviceBuffer::view`]).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> DeviceView<'_, T> {
-        let (start, len) = clamp_range(range, self.len);
-        DeviceView { device: self.device.clone(), ptr: self.ptr + offset_bytes::<T>(start), len, _marker: PhantomData }
+        let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
+        DeviceView { device: self.device.clone(), ptr, len, _marker: PhantomData }
     }
 }
 
@@ -258,13 +253,8 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
 
     /// A writable sub-range of this view (clamped like [`DeviceBuffer::view_mut`]).
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> DeviceViewMut<'_, T> {
-        let (start, len) = clamp_range(range, self.len);
-        DeviceViewMut {
-            device: self.device.clone(),
-            ptr: self.ptr + offset_bytes::<T>(start),
-            len,
-            _marker: PhantomData,
-        }
+        let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
+        DeviceViewMut { device: self.device.clone(), ptr, len, _marker: PhantomData }
     }
 
     /// Copy `src` into this view on `stream`, asynchronously: a device-to-device copy when
@@ -370,8 +360,10 @@ fn bytes_of<T>(len: usize) -> Result<usize> {
     })
 }
 
-fn offset_bytes<T>(elements: usize) -> u64 {
-    (elements * size_of::<T>()) as u64
+/// The address and length of `range` (clamped) within `len` elements of `T` at `ptr`.
+fn subrange<T>(ptr: CUdeviceptr, len: usize, range: impl RangeBounds<usize>) -> (CUdeviceptr, usize) {
+    let (start, count) = clamp_range(range, len);
+    (ptr + (start * size_of::<T>()) as u64, count)
 }
 
 fn check_len(what: &'static str, got: usize, expected: usize) -> Result<()> {
