@@ -1,0 +1,272 @@
+//! Ring schedules as plain data (Thakur, Rabenseifner, Gropp 2005): which rank sends which
+//! element range to its successor, and whether the receiver folds it in or stores it.
+//!
+//! The buffer is cut into `ranks` segments and each segment into chunks; every chunk moves
+//! around the ring on its own, so a rank forwards chunk c while chunk c+1 is still arriving.
+//! Transfers are listed step by step (and chunk by chunk within a step): executing them in
+//! order is always valid, and an executor that runs each rank's sends and receives on their
+//! own streams, waiting only on the chunk each transfer needs, gets the pipeline.
+//!
+//! Pure: the same schedule drives the GPU executor and [`Schedule::run_on_host`], which the
+//! tests check on any machine.
+
+use std::ops::Range;
+
+/// What the receiver does with a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// `dst = op(dst, src)`; `last` marks the step that completes the segment (where avg
+    /// divides by the number of ranks).
+    Reduce {
+        /// Whether this reduction completes the element's value.
+        last: bool,
+    },
+    /// `dst = src`.
+    Copy,
+}
+
+/// One chunk sent from a rank to the next one in the ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    /// Step of the ring algorithm this belongs to (0-based, across both phases).
+    pub step: usize,
+    /// Sending rank.
+    pub from: usize,
+    /// Receiving rank (`(from + 1) % ranks`).
+    pub to: usize,
+    /// Element range, the same in the sender's and the receiver's buffer.
+    pub range: Range<usize>,
+    /// What the receiver does.
+    pub action: Action,
+}
+
+/// A collective as a list of transfers over `ranks` buffers of `len` elements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule {
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Elements per buffer.
+    pub len: usize,
+    /// The transfers, in an order that is valid to execute one by one.
+    pub transfers: Vec<Transfer>,
+}
+
+/// Segment `s` of `len` elements cut into `ranks` nearly equal parts (the first
+/// `len % ranks` segments hold one element more).
+pub fn segment(ranks: usize, len: usize, s: usize) -> Range<usize> {
+    let ranks = ranks.max(1);
+    let (base, extra) = (len / ranks, len % ranks);
+    let start = s * base + s.min(extra);
+    start..start + base + usize::from(s < extra)
+}
+
+/// `range` cut into pieces of at most `chunk` elements.
+fn chunks(range: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<usize>> {
+    let chunk = chunk.max(1);
+    (range.start..range.end).step_by(chunk).map(move |s| s..(s + chunk).min(range.end))
+}
+
+impl Schedule {
+    /// Ring all-reduce: a reduce-scatter after which rank r holds the reduced segment
+    /// (r + 1) % ranks, then an all-gather of those segments.
+    pub fn all_reduce(ranks: usize, len: usize, chunk: usize) -> Schedule {
+        let mut s = Schedule { ranks, len, transfers: Vec::new() };
+        s.push_reduce_scatter(0, chunk, 0);
+        s.push_all_gather(1, chunk, ranks.saturating_sub(1));
+        s
+    }
+
+    /// Ring reduce-scatter: afterwards rank r holds the reduced segment r.
+    pub fn reduce_scatter(ranks: usize, len: usize, chunk: usize) -> Schedule {
+        let mut s = Schedule { ranks, len, transfers: Vec::new() };
+        s.push_reduce_scatter(1, chunk, 0);
+        s
+    }
+
+    /// Ring all-gather: rank r starts with segment r filled; afterwards every rank holds all.
+    pub fn all_gather(ranks: usize, len: usize, chunk: usize) -> Schedule {
+        let mut s = Schedule { ranks, len, transfers: Vec::new() };
+        s.push_all_gather(0, chunk, 0);
+        s
+    }
+
+    /// Broadcast from `root` along the ring, chunk by chunk, each rank forwarding what it
+    /// received to the next.
+    pub fn broadcast(ranks: usize, len: usize, chunk: usize, root: usize) -> Schedule {
+        let mut transfers = Vec::new();
+        for hop in 0..ranks.saturating_sub(1) {
+            let from = (root + hop) % ranks;
+            for range in chunks(0..len, chunk) {
+                transfers.push(Transfer { step: hop, from, to: (from + 1) % ranks, range, action: Action::Copy });
+            }
+        }
+        Schedule { ranks, len, transfers }
+    }
+
+    /// Reduce-scatter steps: at step t rank r sends segment (r − t − shift) mod n.
+    fn push_reduce_scatter(&mut self, shift: usize, chunk: usize, first_step: usize) {
+        let n = self.ranks;
+        for t in 0..n.saturating_sub(1) {
+            for from in 0..n {
+                let seg = (from + 2 * n - t - shift) % n;
+                for range in chunks(segment(n, self.len, seg), chunk) {
+                    let action = Action::Reduce { last: t + 2 == n };
+                    self.transfers.push(Transfer { step: first_step + t, from, to: (from + 1) % n, range, action });
+                }
+            }
+        }
+    }
+
+    /// All-gather steps: at step t rank r sends segment (r + shift − t) mod n.
+    fn push_all_gather(&mut self, shift: usize, chunk: usize, first_step: usize) {
+        let n = self.ranks;
+        for t in 0..n.saturating_sub(1) {
+            for from in 0..n {
+                let seg = (from + shift + n - t) % n;
+                for range in chunks(segment(n, self.len, seg), chunk) {
+                    self.transfers.push(Transfer {
+                        step: first_step + t,
+                        from,
+                        to: (from + 1) % n,
+                        range,
+                        action: Action::Copy,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Execute on host buffers, one transfer at a time: `reduce(dst, src, last)` for reduce
+    /// transfers, a copy for the others. What the GPU executor does, without a GPU.
+    pub fn run_on_host<V: Clone>(&self, buffers: &mut [Vec<V>], reduce: impl Fn(&V, &V, bool) -> V) {
+        for t in &self.transfers {
+            let src: Vec<V> = buffers[t.from][t.range.clone()].to_vec();
+            let dst = &mut buffers[t.to][t.range.clone()];
+            match t.action {
+                Action::Copy => dst.clone_from_slice(&src),
+                Action::Reduce { last } => {
+                    for (d, s) in dst.iter_mut().zip(&src) {
+                        *d = reduce(d, s, last);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bytes each rank sends (and receives) for `element_bytes`-sized elements.
+    pub fn bytes_per_rank(&self, element_bytes: usize) -> Vec<usize> {
+        let mut sent = vec![0; self.ranks];
+        for t in &self.transfers {
+            sent[t.from] += t.range.len() * element_bytes;
+        }
+        sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Symbolic values: how many times each rank's input went into an element, and how many
+    /// times the element was completed (`last`).
+    #[derive(Debug, Clone, PartialEq)]
+    struct Contributions {
+        counts: Vec<u32>,
+        completions: u32,
+    }
+
+    fn inputs(ranks: usize, len: usize) -> Vec<Vec<Contributions>> {
+        (0..ranks)
+            .map(|r| {
+                let mut counts = vec![0; ranks];
+                counts[r] = 1;
+                vec![Contributions { counts, completions: 0 }; len]
+            })
+            .collect()
+    }
+
+    fn fold(d: &Contributions, s: &Contributions, last: bool) -> Contributions {
+        Contributions {
+            counts: d.counts.iter().zip(&s.counts).map(|(a, b)| a + b).collect(),
+            completions: d.completions + s.completions + u32::from(last),
+        }
+    }
+
+    #[test]
+    fn segments_partition_the_buffer() {
+        assert_eq!((0..3).map(|s| segment(3, 10, s)).collect::<Vec<_>>(), [0..4, 4..7, 7..10]);
+        assert_eq!((0..4).map(|s| segment(4, 2, s)).collect::<Vec<_>>(), [0..1, 1..2, 2..2, 2..2]);
+        assert_eq!(segment(1, 5, 0), 0..5);
+    }
+
+    #[test]
+    fn one_rank_has_nothing_to_send() {
+        assert!(Schedule::all_reduce(1, 100, 7).transfers.is_empty());
+        assert!(Schedule::broadcast(1, 100, 7, 0).transfers.is_empty());
+    }
+
+    #[test]
+    fn all_reduce_moves_the_textbook_bytes() {
+        // 2(n−1)/n · S per rank, for a length that divides evenly.
+        let s = Schedule::all_reduce(4, 4000, 64);
+        assert!(s.bytes_per_rank(4).iter().all(|&b| b == 2 * 3 * 1000 * 4));
+        let s = Schedule::all_gather(4, 4000, 64);
+        assert!(s.bytes_per_rank(4).iter().all(|&b| b == 3 * 1000 * 4));
+    }
+
+    proptest! {
+        #[test]
+        fn all_reduce_folds_every_input_once_into_every_rank(ranks in 1usize..=8, len in 0usize..400, chunk in 1usize..40) {
+            let s = Schedule::all_reduce(ranks, len, chunk);
+            let mut bufs = inputs(ranks, len);
+            s.run_on_host(&mut bufs, fold);
+            for (r, buf) in bufs.iter().enumerate() {
+                for (i, v) in buf.iter().enumerate() {
+                    prop_assert!(v.counts.iter().all(|&c| c == 1), "rank {} element {}: {:?}", r, i, v.counts);
+                    prop_assert_eq!(v.completions, u32::from(ranks > 1), "completed exactly once");
+                }
+            }
+            for t in &s.transfers {
+                prop_assert_eq!(t.to, (t.from + 1) % ranks);
+                prop_assert!(!t.range.is_empty() && t.range.len() <= chunk);
+            }
+        }
+
+        #[test]
+        fn reduce_scatter_leaves_rank_r_with_segment_r(ranks in 1usize..=8, len in 0usize..400, chunk in 1usize..40) {
+            let s = Schedule::reduce_scatter(ranks, len, chunk);
+            let mut bufs = inputs(ranks, len);
+            s.run_on_host(&mut bufs, fold);
+            for (r, buf) in bufs.iter().enumerate() {
+                for i in segment(ranks, len, r) {
+                    prop_assert!(buf[i].counts.iter().all(|&c| c == 1), "rank {} element {}", r, i);
+                }
+            }
+        }
+
+        #[test]
+        fn all_gather_delivers_every_segment_everywhere(ranks in 1usize..=8, len in 0usize..400, chunk in 1usize..40) {
+            let s = Schedule::all_gather(ranks, len, chunk);
+            // Rank r starts with its own segment holding the value r + 1, zeros elsewhere.
+            let mut bufs: Vec<Vec<usize>> = (0..ranks)
+                .map(|r| (0..len).map(|i| if segment(ranks, len, r).contains(&i) { r + 1 } else { 0 }).collect())
+                .collect();
+            s.run_on_host(&mut bufs, |_, _, _| unreachable!("all-gather only copies"));
+            for buf in &bufs {
+                for seg in 0..ranks {
+                    prop_assert!(buf[segment(ranks, len, seg)].iter().all(|&v| v == seg + 1));
+                }
+            }
+        }
+
+        #[test]
+        fn broadcast_reaches_every_rank(ranks in 1usize..=8, len in 0usize..300, chunk in 1usize..40, root_seed in 0usize..8) {
+            let root = root_seed % ranks;
+            let s = Schedule::broadcast(ranks, len, chunk, root);
+            let mut bufs: Vec<Vec<usize>> = (0..ranks).map(|r| vec![if r == root { 7 } else { 0 }; len]).collect();
+            s.run_on_host(&mut bufs, |_, _, _| unreachable!("broadcast only copies"));
+            prop_assert!(bufs.iter().all(|b| b.iter().all(|&v| v == 7)));
+        }
+    }
+}
