@@ -1,9 +1,17 @@
 //! Ring collectives over pinned host memory, for GPUs that cannot reach each other.
 //!
-//! This crate starts with the part that needs no GPU: [`schedule`], ring reduce-scatter,
-//! all-gather, all-reduce and broadcast as plain data, proven on host buffers. The GPU
-//! executor (all_reduce with the Scratch and ZeroCopy transports) builds on these schedules
-//! and on `gp2p-transport`'s staging rings.
+//! - [`schedule`]: ring reduce-scatter, all-gather, all-reduce and broadcast as plain data
+//!   (Thakur, Rabenseifner, Gropp 2005), each segment cut into chunks that flow around the
+//!   ring as a pipeline; proven on host buffers, and the same data drives the GPU.
+//! - [`Engine`]: runs a schedule on GPUs — per rank a send stream and a receive stream, a
+//!   staging ring per ring edge, and events at chunk granularity.
+//! - [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`]: checked entry points.
+//!   Receives fold in through a VRAM scratch ([`Transport::Scratch`]) or with a kernel that
+//!   reads the staged chunk from mapped host memory ([`Transport::ZeroCopy`]);
+//!   [`Transport::Auto`] measures both once per device and takes the faster.
+//!
+//! Not here: choosing P2P (a later step may read peers directly where every pair has it).
+//! With the `testing` feature, several logical ranks may share one GPU.
 //!
 //! ```
 //! use gp2p_collectives::schedule::Schedule;
@@ -15,4 +23,164 @@
 //! assert!(buffers.iter().all(|b| b.iter().all(|&v| v == 7)));
 //! ```
 
+mod calibrate;
+mod error;
+mod exec;
 pub mod schedule;
+
+use gp2p_cuda::{Device, DeviceView};
+use gp2p_kernels::{Element, ReduceOp};
+use gp2p_transport::plan::Chunking;
+
+pub use error::{Error, Result};
+pub use exec::{Engine, Rank};
+use schedule::{Schedule, segment};
+
+/// How a receiving rank folds a chunk in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// Measure both paths once per device and use the faster.
+    #[default]
+    Auto,
+    /// Host-to-device DMA into a VRAM scratch, then the reduce kernel.
+    Scratch,
+    /// The reduce kernel reads the staged chunk from mapped pinned host memory.
+    ZeroCopy,
+}
+
+/// In place: every rank's buffer becomes `op` over all ranks' buffers (avg divides by the
+/// number of ranks). One buffer per device, equal lengths; n = 1 and empty buffers are
+/// valid no-ops.
+pub fn all_reduce<T: Element>(
+    engine: &Engine,
+    ranks: &mut [Rank<'_, T>],
+    op: ReduceOp,
+    transport: Transport,
+) -> Result<()> {
+    let len = check_ranks(ranks, "buffer")?;
+    let schedule = Schedule::all_reduce(ranks.len(), len, chunk_elements::<T>(len, ranks.len()));
+    engine.execute(ranks, &schedule, op, transport)
+}
+
+/// Every rank's `output` (n × input length) becomes the concatenation of all ranks' inputs,
+/// in rank order.
+pub fn all_gather<T: Element>(
+    engine: &Engine,
+    inputs: &[DeviceView<'_, T>],
+    outputs: &mut [Rank<'_, T>],
+    transport: Transport,
+) -> Result<()> {
+    let n = outputs.len();
+    let out_len = check_ranks(outputs, "output")?;
+    check_inputs(inputs, n, out_len / n.max(1), "input")?;
+    if out_len != n * inputs.first().map_or(0, DeviceView::len) {
+        return Err(Error::WrongLength { rank: 0, what: "output", got: out_len, expected: n * inputs[0].len() });
+    }
+    // Each rank's own input goes into its own segment, on its own stream, first.
+    for (r, (input, out)) in inputs.iter().zip(outputs.iter_mut()).enumerate() {
+        let own = segment(n, out_len, r);
+        out.buffer.slice_mut(own).copy_from(out.stream, input)?;
+    }
+    let schedule = Schedule::all_gather(n, out_len, chunk_elements::<T>(out_len, n));
+    engine.execute(outputs, &schedule, ReduceOp::Sum, transport)
+}
+
+/// Rank r's `output` becomes `op` over segment r of all ranks' `inputs` (input length =
+/// n × output length). Inputs are left unchanged (the ring works in an engine-held copy).
+pub fn reduce_scatter<T: Element>(
+    engine: &Engine,
+    inputs: &[DeviceView<'_, T>],
+    outputs: &mut [Rank<'_, T>],
+    op: ReduceOp,
+    transport: Transport,
+) -> Result<()> {
+    let n = outputs.len();
+    let out_len = check_ranks(outputs, "output")?;
+    check_inputs(inputs, n, n * out_len, "input")?;
+    let devices: Vec<Device> = outputs.iter().map(|o| o.buffer.device().clone()).collect();
+    let in_len = n * out_len;
+    let mut work = Vec::with_capacity(n);
+    for (r, (input, out)) in inputs.iter().zip(outputs.iter()).enumerate() {
+        let mut buf = engine.take_work::<T>(&devices, r, in_len)?;
+        buf.view_mut(..in_len).copy_from(out.stream, input)?;
+        work.push(buf);
+    }
+    let schedule = Schedule::reduce_scatter(n, in_len, chunk_elements::<T>(in_len, n));
+    {
+        let mut ranks: Vec<Rank<'_, T>> = work
+            .iter_mut()
+            .zip(outputs.iter())
+            .map(|(buf, out)| Rank { buffer: buf.view_mut(..in_len), stream: out.stream })
+            .collect();
+        engine.execute(&mut ranks, &schedule, op, transport)?;
+    }
+    for (r, (buf, out)) in work.iter().zip(outputs.iter_mut()).enumerate() {
+        out.buffer.copy_from(out.stream, &buf.view(segment(n, in_len, r)))?;
+    }
+    for (r, buf) in work.into_iter().enumerate() {
+        engine.put_work(&devices, r, buf)?;
+    }
+    Ok(())
+}
+
+/// Every rank's buffer becomes a copy of the `root` rank's.
+pub fn broadcast<T: Element>(
+    engine: &Engine,
+    ranks: &mut [Rank<'_, T>],
+    root: usize,
+    transport: Transport,
+) -> Result<()> {
+    let len = check_ranks(ranks, "buffer")?;
+    if root >= ranks.len() {
+        return Err(Error::BadRoot { root, ranks: ranks.len() });
+    }
+    let schedule = Schedule::broadcast(ranks.len(), len, chunk_elements::<T>(len, 1), root);
+    engine.execute(ranks, &schedule, ReduceOp::Sum, transport)
+}
+
+/// Chunk length in elements for a `len`-element buffer over `ranks` ranks: the transport's
+/// chunking of one segment.
+fn chunk_elements<T>(len: usize, ranks: usize) -> usize {
+    let segment_bytes = len.div_ceil(ranks.max(1)) * size_of::<T>();
+    (Chunking::for_bytes(segment_bytes, None, None).chunk_bytes / size_of::<T>()).max(1)
+}
+
+/// Same length everywhere, streams on their buffers' devices, one buffer per device (unless
+/// logical ranks are enabled for tests). Returns the common length.
+fn check_ranks<T: Element>(ranks: &[Rank<'_, T>], what: &'static str) -> Result<usize> {
+    let first = ranks.first().ok_or(Error::NoRanks)?;
+    let len = first.buffer.len();
+    for (r, rank) in ranks.iter().enumerate() {
+        let (stream, buffer) = (rank.stream.device().ordinal(), rank.buffer.device().ordinal());
+        if stream != buffer {
+            return Err(Error::StreamDevice { rank: r, stream, buffer });
+        }
+        if rank.buffer.len() != len {
+            return Err(Error::WrongLength { rank: r, what, got: rank.buffer.len(), expected: len });
+        }
+        if !cfg!(feature = "testing")
+            && let Some(first) = ranks[..r].iter().position(|o| o.buffer.device() == rank.buffer.device())
+        {
+            return Err(Error::SharedDevice { device: buffer, first, second: r });
+        }
+    }
+    Ok(len)
+}
+
+/// `n` inputs of `len` elements, each on the device of the rank with its index.
+fn check_inputs<T: Element>(inputs: &[DeviceView<'_, T>], n: usize, len: usize, what: &'static str) -> Result<()> {
+    if inputs.len() != n {
+        return Err(Error::WrongLength {
+            rank: inputs.len().min(n),
+            what: "inputs (count)",
+            got: inputs.len(),
+            expected: n,
+        });
+    }
+    for (r, input) in inputs.iter().enumerate() {
+        if input.len() != len {
+            return Err(Error::WrongLength { rank: r, what, got: input.len(), expected: len });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! The error type of gp2p-collectives.
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong in a collective. Bad input is refused before any work is enqueued.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A failure of the CUDA layer.
+    #[error(transparent)]
+    Cuda(#[from] gp2p_cuda::Error),
+    /// A failure of the pinned-memory layer.
+    #[error(transparent)]
+    Pinned(#[from] gp2p_pinned::Error),
+    /// A failure of the transport layer.
+    #[error(transparent)]
+    Transport(#[from] gp2p_transport::Error),
+    /// No ranks were given.
+    #[error("a collective needs at least one rank, got none")]
+    NoRanks,
+    /// Two ranks' buffers are on one device.
+    #[error(
+        "ranks {first} and {second} both have their buffer on device {device}: a collective takes one buffer per device (logical ranks on one GPU are a test-only feature, `testing`)"
+    )]
+    SharedDevice {
+        /// The device.
+        device: usize,
+        /// First rank on it.
+        first: usize,
+        /// Second rank on it.
+        second: usize,
+    },
+    /// A buffer of the wrong size.
+    #[error("rank {rank}: {what} has {got} elements, expected {expected}")]
+    WrongLength {
+        /// The rank.
+        rank: usize,
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        got: usize,
+        /// The length it must have.
+        expected: usize,
+    },
+    /// A rank's stream is on another device than its buffer.
+    #[error("rank {rank}: the stream is on device {stream}, the buffer on device {buffer}")]
+    StreamDevice {
+        /// The rank.
+        rank: usize,
+        /// The stream's device.
+        stream: usize,
+        /// The buffer's device.
+        buffer: usize,
+    },
+    /// A root rank out of range.
+    #[error("root {root} is out of range: there are {ranks} ranks")]
+    BadRoot {
+        /// The root given.
+        root: usize,
+        /// The number of ranks.
+        ranks: usize,
+    },
+}

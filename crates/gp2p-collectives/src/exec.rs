@@ -1,0 +1,249 @@
+//! Executing a schedule on GPUs: each rank sends on one internal stream and receives on
+//! another (so its link carries both directions), every ring edge has a staging ring, and
+//! events carry the chunk-level dependencies — a rank forwards a chunk as soon as that
+//! chunk has arrived, not when the whole step is done.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, EventKind, Stream, StreamFork, reduce};
+use gp2p_kernels::{Element, ReduceOp};
+use gp2p_pinned::StagingRing;
+use parking_lot::Mutex;
+
+use crate::calibrate::{Path, choose};
+use crate::schedule::{Action, Schedule};
+use crate::{Error, Result, Transport};
+
+/// Staging slots per ring edge.
+const SLOTS: usize = 4;
+/// Index of the send and the receive stream in a rank's fork.
+const SEND: usize = 0;
+const RECV: usize = 1;
+
+/// One rank of a collective: its buffer and the stream the collective is ordered on.
+pub struct Rank<'a, T: Element> {
+    /// The rank's buffer (input and output of in-place collectives).
+    pub buffer: DeviceViewMut<'a, T>,
+    /// The caller's stream on the buffer's device: the collective starts after work already
+    /// enqueued there, and work enqueued later sees its result.
+    pub stream: &'a Stream,
+}
+
+/// What a group of ranks (an ordered list of devices) keeps between calls.
+struct Group {
+    forks: Vec<StreamFork>,
+    rings: Vec<Option<StagingRing>>,
+    /// Per rank, per use (scratch, work): a typed device buffer, reused while big enough.
+    buffers: Vec<HashMap<&'static str, Box<dyn Any + Send>>>,
+    events: Vec<Vec<Event>>,
+}
+
+/// The collective engine: per group of devices, internal streams, staging rings, scratch
+/// buffers and events, created on first use and reused. `Send + Sync`; calls on one group
+/// are serialised.
+#[derive(Default)]
+pub struct Engine {
+    groups: Mutex<HashMap<Vec<usize>, Arc<Mutex<Group>>>>,
+    paths: Mutex<HashMap<usize, Path>>,
+}
+
+impl Engine {
+    /// An engine with nothing cached yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Run `schedule` over `ranks` (in place), reducing with `op`.
+    pub(crate) fn execute<T: Element>(
+        &self,
+        ranks: &mut [Rank<'_, T>],
+        schedule: &Schedule,
+        op: ReduceOp,
+        transport: Transport,
+    ) -> Result<()> {
+        let n = ranks.len();
+        if schedule.transfers.is_empty() {
+            return Ok(());
+        }
+        let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
+        let paths = devices.iter().map(|d| self.path(d, transport)).collect::<Result<Vec<Path>>>()?;
+        let group = self.group(&devices)?;
+        let mut group = group.lock();
+        let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
+        let Group { forks, rings, buffers, events } = &mut *group;
+        for (r, ring) in rings.iter_mut().enumerate() {
+            let fits = ring.as_ref().is_some_and(|g| g.slot_bytes() >= chunk * size_of::<T>());
+            if !fits {
+                *ring = None; // dropping waits for the old ring's last GPU users
+                *ring = Some(StagingRing::new(&devices[r], &devices[(r + 1) % n], SLOTS, chunk * size_of::<T>())?);
+            }
+        }
+        // Two events per transfer, one on each side: allocate them before the loop.
+        let mut needed = vec![0; n];
+        for t in &schedule.transfers {
+            needed[t.from] += 1;
+            needed[t.to] += 1;
+        }
+        for (r, pool) in events.iter_mut().enumerate() {
+            while pool.len() < needed[r] {
+                pool.push(Event::new(&devices[r], EventKind::Sync)?);
+            }
+        }
+        let mut scratch: Vec<Option<DeviceBuffer<T>>> = Vec::with_capacity(n);
+        for (r, cache) in buffers.iter_mut().enumerate() {
+            scratch.push(if paths[r] == Path::Scratch {
+                Some(take_buffer(cache, "scratch", &devices[r], chunk)?)
+            } else {
+                None
+            });
+        }
+
+        for (r, rank) in ranks.iter().enumerate() {
+            forks[r].fork(rank.stream)?;
+        }
+        let mut used = vec![0usize; n];
+        // Per rank, by range start: the event after the last receive into the range (a send
+        // of it must wait) and after the last send from it (a receive into it must wait).
+        let mut received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+        let mut sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+        for t in &schedule.transfers {
+            let (from, to, range) = (t.from, t.to, t.range.clone());
+            let send = &forks[from].streams()[SEND];
+            let recv = &forks[to].streams()[RECV];
+            if let Some(&e) = received[from].get(&range.start) {
+                send.wait(&events[from][e])?;
+            }
+            if let Some(&e) = sent[to].get(&range.start) {
+                recv.wait(&events[to][e])?;
+            }
+            let ring = rings[from].as_mut().ok_or(Error::NoRanks)?;
+            let slot = ring.next_slot();
+            let (src_rank, dst_rank) = pair_mut(ranks, from, to);
+            ring.fill(slot, send, &src_rank.buffer.as_view().slice(range.clone()))?;
+            events[from][used[from]].record(send)?;
+            sent[from].insert(range.start, used[from]);
+            used[from] += 1;
+            let mut dst = dst_rank.buffer.slice_mut(range.clone());
+            match t.action {
+                Action::Copy => ring.drain(slot, recv, &mut dst)?,
+                Action::Reduce { last } => {
+                    let divide_by = if last && op == ReduceOp::Avg { n as u32 } else { 1 };
+                    match &mut scratch[to] {
+                        None => ring.drain_reduce(slot, recv, &mut dst, op, divide_by)?,
+                        Some(buf) => {
+                            let mut tmp = buf.view_mut(..range.len());
+                            ring.drain(slot, recv, &mut tmp)?;
+                            reduce(recv, &mut dst, &tmp.as_view(), op, divide_by)?;
+                        }
+                    }
+                }
+            }
+            events[to][used[to]].record(recv)?;
+            received[to].insert(range.start, used[to]);
+            used[to] += 1;
+        }
+        for (r, rank) in ranks.iter().enumerate() {
+            forks[r].join(rank.stream)?;
+        }
+        for (cache, buf) in buffers.iter_mut().zip(scratch) {
+            if let Some(buf) = buf {
+                cache.insert("scratch", Box::new(buf));
+            }
+        }
+        Ok(())
+    }
+
+    /// A typed work buffer of at least `len` elements for rank `r` of the group of
+    /// `devices`, kept between calls. Give it back with [`Engine::put_work`].
+    pub(crate) fn take_work<T: Element>(&self, devices: &[Device], r: usize, len: usize) -> Result<DeviceBuffer<T>> {
+        let group = self.group(devices)?;
+        let mut group = group.lock();
+        take_buffer(&mut group.buffers[r], "work", &devices[r], len)
+    }
+
+    /// Return a work buffer taken with [`Engine::take_work`].
+    pub(crate) fn put_work<T: Element>(&self, devices: &[Device], r: usize, buffer: DeviceBuffer<T>) -> Result<()> {
+        let group = self.group(devices)?;
+        group.lock().buffers[r].insert("work", Box::new(buffer));
+        Ok(())
+    }
+
+    fn group(&self, devices: &[Device]) -> Result<Arc<Mutex<Group>>> {
+        let key: Vec<usize> = devices.iter().map(Device::ordinal).collect();
+        let mut groups = self.groups.lock();
+        if let Some(g) = groups.get(&key) {
+            return Ok(g.clone());
+        }
+        let group = Group {
+            forks: devices.iter().map(|d| StreamFork::new(d, 2)).collect::<Result<Vec<_>, _>>()?,
+            rings: devices.iter().map(|_| None).collect(),
+            buffers: devices.iter().map(|_| HashMap::new()).collect(),
+            events: devices.iter().map(|_| Vec::new()).collect(),
+        };
+        let group = Arc::new(Mutex::new(group));
+        groups.insert(key, group.clone());
+        Ok(group)
+    }
+
+    /// The receive path of `device`: as asked, or for Auto the faster one measured on it
+    /// (once per device and process).
+    fn path(&self, device: &Device, transport: Transport) -> Result<Path> {
+        match transport {
+            Transport::Scratch => Ok(Path::Scratch),
+            Transport::ZeroCopy => Ok(Path::ZeroCopy),
+            Transport::Auto => {
+                if let Some(&p) = self.paths.lock().get(&device.ordinal()) {
+                    return Ok(p);
+                }
+                let p = choose(device)?;
+                self.paths.lock().insert(device.ordinal(), p);
+                Ok(p)
+            }
+        }
+    }
+}
+
+/// A cached typed buffer of at least `len` elements, or a new one.
+fn take_buffer<T: Element>(
+    cache: &mut HashMap<&'static str, Box<dyn Any + Send>>,
+    key: &'static str,
+    device: &Device,
+    len: usize,
+) -> Result<DeviceBuffer<T>> {
+    if let Some(boxed) = cache.remove(key) {
+        match boxed.downcast::<DeviceBuffer<T>>() {
+            Ok(buf) if buf.len() >= len => return Ok(*buf),
+            Ok(small) => drop(small),
+            Err(other) => drop(other),
+        }
+    }
+    Ok(DeviceBuffer::alloc(device, len.max(1))?)
+}
+
+/// `(&v[a], &mut v[b])` for a != b.
+fn pair_mut<T>(v: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
+    if a < b {
+        let (left, right) = v.split_at_mut(b);
+        (&left[a], &mut right[0])
+    } else {
+        let (left, right) = v.split_at_mut(a);
+        (&right[0], &mut left[b])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pair_mut;
+
+    #[test]
+    fn pair_mut_gives_both_orders() {
+        let mut v = [1, 2, 3];
+        let (a, b) = pair_mut(&mut v, 0, 2);
+        *b += *a;
+        let (a, b) = pair_mut(&mut v, 2, 1);
+        *b += *a;
+        assert_eq!(v, [1, 6, 4]);
+    }
+}
