@@ -38,6 +38,8 @@ struct Group {
     /// Per rank, per use (scratch, work): a typed device buffer, reused while big enough.
     buffers: Vec<HashMap<&'static str, Box<dyn Any + Send>>>,
     events: Vec<Vec<Event>>,
+    /// Per rank: recorded after the last use of the work buffer, on the caller's stream.
+    work_done: Vec<Option<Event>>,
 }
 
 /// The collective engine: per group of devices, internal streams, staging rings, scratch
@@ -72,7 +74,7 @@ impl Engine {
         let group = self.group(&devices)?;
         let mut group = group.lock();
         let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
-        let Group { forks, rings, buffers, events } = &mut *group;
+        let Group { forks, rings, buffers, events, .. } = &mut *group;
         for (r, ring) in rings.iter_mut().enumerate() {
             let fits = ring.as_ref().is_some_and(|g| g.slot_bytes() >= chunk * size_of::<T>());
             if !fits {
@@ -156,17 +158,41 @@ impl Engine {
     }
 
     /// A typed work buffer of at least `len` elements for rank `r` of the group of
-    /// `devices`, kept between calls. Give it back with [`Engine::put_work`].
-    pub(crate) fn take_work<T: Element>(&self, devices: &[Device], r: usize, len: usize) -> Result<DeviceBuffer<T>> {
+    /// `devices`, kept between calls, made safe to overwrite on `stream`: the stream waits
+    /// for the last use recorded by [`Engine::put_work`]. Give it back with `put_work`.
+    pub(crate) fn take_work<T: Element>(
+        &self,
+        devices: &[Device],
+        r: usize,
+        len: usize,
+        stream: &Stream,
+    ) -> Result<DeviceBuffer<T>> {
         let group = self.group(devices)?;
         let mut group = group.lock();
+        if let Some(done) = group.work_done[r].as_ref() {
+            stream.wait(done)?;
+        }
         take_buffer(&mut group.buffers[r], "work", &devices[r], len)
     }
 
-    /// Return a work buffer taken with [`Engine::take_work`].
-    pub(crate) fn put_work<T: Element>(&self, devices: &[Device], r: usize, buffer: DeviceBuffer<T>) -> Result<()> {
+    /// Return a work buffer taken with [`Engine::take_work`], whose last use was enqueued on
+    /// `stream`.
+    pub(crate) fn put_work<T: Element>(
+        &self,
+        devices: &[Device],
+        r: usize,
+        buffer: DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
         let group = self.group(devices)?;
-        group.lock().buffers[r].insert("work", Box::new(buffer));
+        let mut group = group.lock();
+        let done = match group.work_done[r].take() {
+            Some(e) => e,
+            None => Event::new(&devices[r], EventKind::Sync)?,
+        };
+        done.record(stream)?;
+        group.work_done[r] = Some(done);
+        group.buffers[r].insert("work", Box::new(buffer));
         Ok(())
     }
 
@@ -181,6 +207,7 @@ impl Engine {
             rings: devices.iter().map(|_| None).collect(),
             buffers: devices.iter().map(|_| HashMap::new()).collect(),
             events: devices.iter().map(|_| Vec::new()).collect(),
+            work_done: devices.iter().map(|_| None).collect(),
         };
         let group = Arc::new(Mutex::new(group));
         groups.insert(key, group.clone());

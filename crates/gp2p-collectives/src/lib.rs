@@ -101,7 +101,7 @@ pub fn reduce_scatter<T: Element>(
     let in_len = n * out_len;
     let mut work = Vec::with_capacity(n);
     for (r, (input, out)) in inputs.iter().zip(outputs.iter()).enumerate() {
-        let mut buf = engine.take_work::<T>(&devices, r, in_len)?;
+        let mut buf = engine.take_work::<T>(&devices, r, in_len, out.stream)?;
         buf.view_mut(..in_len).copy_from(out.stream, input)?;
         work.push(buf);
     }
@@ -117,8 +117,8 @@ pub fn reduce_scatter<T: Element>(
     for (r, (buf, out)) in work.iter().zip(outputs.iter_mut()).enumerate() {
         out.buffer.copy_from(out.stream, &buf.view(segment(n, in_len, r)))?;
     }
-    for (r, buf) in work.into_iter().enumerate() {
-        engine.put_work(&devices, r, buf)?;
+    for (r, (buf, out)) in work.into_iter().zip(outputs.iter()).enumerate() {
+        engine.put_work(&devices, r, buf, out.stream)?;
     }
     Ok(())
 }
