@@ -36,7 +36,8 @@ pub fn bundle(root: &Path, dir: &Path) -> Result<(), String> {
     for (name, exe) in build_binaries(root, "bench", BENCH_PACKAGE)? {
         copy(&exe, &benches_dir.join(&name))?;
     }
-    cargo(root, &["build", "--release", "--package", "gp2p-cli"])?;
+    // With `testing`, `gp2p bench all-reduce --ranks N` can run logical ranks on one GPU.
+    cargo(root, &["build", "--release", "--package", "gp2p-cli", "--features", "testing"])?;
     copy(&root.join("target").join("release").join("gp2p"), &bin_dir.join("gp2p"))?;
     let script = dir.join("run");
     fs::write(&script, RUN_SCRIPT).map_err(|e| format!("writing {}: {e}", script.display()))?;

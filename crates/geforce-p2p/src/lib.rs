@@ -12,8 +12,8 @@
 //!
 //! - [`probe()`] (`gp2p-probe`): for every pair of devices, whether P2P is on and, if not,
 //!   the exact reason and whether the driver patch in PATCH.md would turn it on.
-//!
-//! The collectives join this facade as their crate lands.
+//! - [`collectives`] (`gp2p-collectives`): ring all_reduce, all_gather, reduce_scatter and
+//!   broadcast over pinned host memory (in progress: not yet run on a GPU).
 //!
 //! ```
 //! use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, ops};
@@ -36,6 +36,7 @@
 
 use std::sync::LazyLock;
 
+pub use gp2p_collectives as collectives;
 pub use gp2p_cuda as cuda;
 pub use gp2p_kernels as kernels;
 pub use gp2p_pinned as pinned;

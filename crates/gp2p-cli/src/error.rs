@@ -14,6 +14,9 @@ pub enum CliError {
     /// A transport failure.
     #[error(transparent)]
     Transport(#[from] geforce_p2p::Error),
+    /// A collective failure.
+    #[error(transparent)]
+    Collective(#[from] geforce_p2p::collectives::Error),
     /// A bad command-line value.
     #[error("{0}")]
     Usage(String),
@@ -37,6 +40,7 @@ impl CliError {
             CliError::Cuda(e) => e.is_unavailable(),
             CliError::Pinned(e) => e.is_unavailable(),
             CliError::Transport(e) => e.is_unavailable(),
+            CliError::Collective(geforce_p2p::collectives::Error::Cuda(e)) => e.is_unavailable(),
             _ => false,
         };
         if unavailable { 2 } else { 1 }

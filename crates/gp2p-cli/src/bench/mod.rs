@@ -1,6 +1,7 @@
 //! `gp2p bench …`: nccl-tests style sweeps; every row is verified and compared with a
 //! ceiling measured in the same run.
 
+mod collective;
 mod copy;
 mod host;
 mod reduce;
@@ -30,6 +31,8 @@ pub enum BenchCommand {
     Copy(copy::CopyArgs),
     /// copy_to_host and copy_from_host against the pinned DMA rates.
     Host(host::HostArgs),
+    /// Ring all_reduce over pinned host memory, nccl-tests columns (not yet run on a GPU).
+    AllReduce(collective::CollectiveArgs),
 }
 
 /// Flags every bench shares.
@@ -76,6 +79,7 @@ pub fn run(command: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Reduce(args) => reduce::run(&args),
         BenchCommand::Copy(args) => copy::run(&args),
         BenchCommand::Host(args) => host::run(&args),
+        BenchCommand::AllReduce(args) => collective::run(&args),
     }
 }
 

@@ -1,0 +1,203 @@
+//! `gp2p bench all-reduce`: nccl-tests columns, every result verified, the link ceiling
+//! measured in the same run. With more ranks than GPUs (feature `testing`), the ranks share
+//! device 0 and its one link.
+
+use clap::Args;
+use geforce_p2p::collectives::schedule::Schedule;
+use geforce_p2p::collectives::{Engine, Rank, Transport, all_reduce};
+use geforce_p2p::kernels::reference::{Reference, fill_random};
+use geforce_p2p::transport::plan::Chunking;
+use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
+
+use super::{CEILING_BYTES, Common, finish, progress};
+use crate::error::CliError;
+use crate::measure::{Ceilings, timed_runs};
+use crate::report::{Report, Row, human_bytes};
+
+#[derive(Args)]
+pub struct CollectiveArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Number of ranks (more than the GPUs present needs the `testing` build: logical ranks).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Receive path: auto, scratch or zero-copy.
+    #[arg(long, default_value = "auto", value_parser = parse_transport)]
+    transport: Transport,
+    /// Reduction.
+    #[arg(long, default_value = "sum")]
+    op: ReduceOp,
+    /// Element type.
+    #[arg(long, default_value = "f32")]
+    dtype: DType,
+}
+
+fn parse_transport(s: &str) -> Result<Transport, String> {
+    match s {
+        "auto" => Ok(Transport::Auto),
+        "scratch" => Ok(Transport::Scratch),
+        "zero-copy" => Ok(Transport::ZeroCopy),
+        other => Err(format!("unknown transport {other:?}: expected auto, scratch or zero-copy")),
+    }
+}
+
+pub fn run(args: &CollectiveArgs) -> Result<(), CliError> {
+    match args.dtype {
+        DType::F32 => run_typed::<f32>(args),
+        DType::F64 => run_typed::<f64>(args),
+        DType::F16 => run_typed::<half::f16>(args),
+        DType::BF16 => run_typed::<half::bf16>(args),
+        DType::I8 => run_typed::<i8>(args),
+        DType::U8 => run_typed::<u8>(args),
+        DType::I32 => run_typed::<i32>(args),
+        DType::U32 => run_typed::<u32>(args),
+        DType::I64 => run_typed::<i64>(args),
+        DType::U64 => run_typed::<u64>(args),
+    }
+}
+
+fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
+    let c = &args.common;
+    let (sizes, repeats) = (c.sizes()?, c.repeats()?);
+    let n = args.ranks.max(1);
+    let count = Device::count()?;
+    let logical = n > count;
+    let devices: Vec<Device> = (0..n).map(|r| Device::open(if logical { 0 } else { r })).collect::<Result<_, _>>()?;
+    // Logical ranks share one stream: the collective's fork and join then bracket all ranks.
+    let streams: Vec<Stream> = if logical {
+        vec![Stream::new(&devices[0])?]
+    } else {
+        devices.iter().map(Stream::new).collect::<Result<_, _>>()?
+    };
+    let stream_of = |r: usize| &streams[if logical { 0 } else { r }];
+    eprintln!("measuring ceilings ...");
+    let mut ceil = Ceilings::new(&devices[0], stream_of(0), CEILING_BYTES, repeats)?;
+    let duplex = ceil.duplex(64, 16 << 20, 4)?;
+    let measured = ceil.measured.clone();
+    drop(ceil);
+    let engine = Engine::new();
+    let bar = progress(sizes.len());
+    let mut rows = Vec::new();
+    for &bytes in &sizes {
+        let len = bytes / size_of::<T>();
+        if len == 0 {
+            continue;
+        }
+        bar.set_message(format!("all_reduce {} x{n} {}", human_bytes(bytes), T::DTYPE));
+        let inputs: Vec<Vec<T>> = (0..n)
+            .map(|r| {
+                let mut v = vec![T::from_byte(0); len];
+                fill_random(&mut v, 0xA11 + (r as u64) * 7919 + bytes as u64);
+                v
+            })
+            .collect();
+        let pristine: Vec<DeviceBuffer<T>> =
+            (0..n).map(|r| DeviceBuffer::from_host(stream_of(r), &inputs[r])).collect::<Result<_, _>>()?;
+        let mut bufs: Vec<DeviceBuffer<T>> =
+            devices.iter().map(|d| DeviceBuffer::alloc(d, len)).collect::<Result<_, _>>()?;
+        let cells = std::cell::RefCell::new(&mut bufs);
+        let start = Event::new(&devices[0], EventKind::Sync)?;
+        let ends: Vec<Event> = devices.iter().map(|d| Event::new(d, EventKind::Sync)).collect::<Result<_, _>>()?;
+        let timing = timed_runs(
+            stream_of(0),
+            repeats,
+            || {
+                let mut bufs = cells.borrow_mut();
+                for (r, (b, p)) in bufs.iter_mut().zip(&pristine).enumerate() {
+                    b.view_mut(..).copy_from(stream_of(r), &p.view(..))?;
+                }
+                Ok(())
+            },
+            || {
+                // Every rank starts with stream 0's start and stream 0 ends after every rank.
+                start.record(stream_of(0))?;
+                for r in 1..streams.len() {
+                    stream_of(r).wait(&start)?;
+                }
+                let mut bufs = cells.borrow_mut();
+                let mut ranks: Vec<Rank<'_, T>> = bufs
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(r, b)| Rank { buffer: b.view_mut(..), stream: stream_of(r) })
+                    .collect();
+                all_reduce(&engine, &mut ranks, args.op, args.transport)?;
+                for (stream, end) in streams.iter().zip(&ends).skip(1) {
+                    end.record(stream)?;
+                    stream_of(0).wait(end)?;
+                }
+                Ok(())
+            },
+        )?;
+        // Verify: the same schedule on host copies, step by step with the CPU reference.
+        let chunk =
+            (Chunking::for_bytes(len.div_ceil(n) * size_of::<T>(), None, None).chunk_bytes / size_of::<T>()).max(1);
+        let mut want = inputs.clone();
+        let op = args.op;
+        Schedule::all_reduce(n, len, chunk).run_on_host(&mut want, |d, s, last| {
+            T::reference(*d, *s, op, if last && op == ReduceOp::Avg { n as u32 } else { 1 })
+        });
+        let mut wrong = 0;
+        for (r, b) in bufs.iter().enumerate() {
+            let got = b.to_host_vec(stream_of(r))?;
+            wrong += got.iter().zip(&want[r]).filter(|(g, w)| !T::matches(**g, **w, op)).count();
+        }
+        let seconds = timing.gpu_seconds;
+        let real = len * size_of::<T>();
+        let algbw = real as f64 / seconds / 1e9;
+        let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
+        // Bytes per direction on the binding link: each GPU's own link carries 2(n−1)/n·S
+        // each way; logical ranks put all n ranks' traffic on device 0's one link.
+        let link = if logical { busbw * n as f64 } else { busbw };
+        rows.push(Row {
+            bench: "all_reduce",
+            route: format!("{:?}", args.transport).to_lowercase(),
+            dtype: T::DTYPE.to_string(),
+            op: op.to_string(),
+            ranks: n,
+            bytes: real,
+            count: len,
+            time_us: seconds * 1e6,
+            algbw,
+            busbw,
+            ceiling: duplex,
+            ceiling_name: "duplex",
+            ratio: link / duplex,
+            enqueue_us: Some(timing.enqueue_seconds * 1e6),
+            wrong,
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let report = Report::new(&devices[0], measured, c.iters, rows)?;
+    println!(
+        "# gp2p bench all-reduce --ranks {n}{} --transport {:?} --op {} --dtype {} on {}, medians of {} runs",
+        if logical { " (logical ranks on device 0)" } else { "" },
+        args.transport,
+        args.op,
+        args.dtype,
+        report.gpu.name,
+        report.repeats
+    );
+    println!("# ceiling: duplex {duplex:.1} GB/s each way; ratio = link bytes per direction per second / duplex");
+    println!(
+        "# {:>6} {:>11} {:>5} {:>4} {:>5} | {:>10} {:>8} {:>8} {:>6} | {:>10} | {:>6}",
+        "size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", "ratio", "enqueue us", "#wrong"
+    );
+    for r in &report.rows {
+        println!(
+            "  {:>6} {:>11} {:>5} {:>4} {:>5} | {:>10.1} {:>8.2} {:>8.2} {:>6.3} | {:>10.1} | {:>6}",
+            human_bytes(r.bytes),
+            r.count,
+            r.dtype,
+            r.op,
+            r.ranks,
+            r.time_us,
+            r.algbw,
+            r.busbw,
+            r.ratio,
+            r.enqueue_us.unwrap_or(f64::NAN),
+            r.wrong
+        );
+    }
+    finish(&report, c, "all-reduce")
+}
