@@ -1,10 +1,10 @@
-//! `gp2p bench all-reduce`: nccl-tests columns, every result verified, the link ceiling
-//! measured in the same run. With more ranks than GPUs (feature `testing`), the ranks share
+//! `gp2p bench all-reduce|all-gather|reduce-scatter|broadcast`: nccl-tests columns, every
+//! result verified, the link ceiling measured in the same run. With more ranks than GPUs (feature `testing`), the ranks share
 //! device 0 and its one link.
 
 use clap::Args;
-use geforce_p2p::collectives::schedule::Schedule;
-use geforce_p2p::collectives::{Engine, Rank, Transport, all_reduce};
+use geforce_p2p::collectives::schedule::{Schedule, segment};
+use geforce_p2p::collectives::{Engine, Rank, Transport, all_gather, all_reduce, broadcast, reduce_scatter};
 use geforce_p2p::kernels::reference::{Reference, fill_random};
 use geforce_p2p::transport::plan::Chunking;
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
@@ -41,22 +41,52 @@ fn parse_transport(s: &str) -> Result<Transport, String> {
     }
 }
 
-pub fn run(args: &CollectiveArgs) -> Result<(), CliError> {
-    match args.dtype {
-        DType::F32 => run_typed::<f32>(args),
-        DType::F64 => run_typed::<f64>(args),
-        DType::F16 => run_typed::<half::f16>(args),
-        DType::BF16 => run_typed::<half::bf16>(args),
-        DType::I8 => run_typed::<i8>(args),
-        DType::U8 => run_typed::<u8>(args),
-        DType::I32 => run_typed::<i32>(args),
-        DType::U32 => run_typed::<u32>(args),
-        DType::I64 => run_typed::<i64>(args),
-        DType::U64 => run_typed::<u64>(args),
+/// Which collective a bench runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "all_reduce",
+            Kind::AllGather => "all_gather",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::Broadcast => "broadcast",
+        }
+    }
+
+    /// nccl-tests' busbw = algbw × this factor.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Kind::AllReduce => 2.0 * (n - 1.0) / n,
+            Kind::AllGather | Kind::ReduceScatter => (n - 1.0) / n,
+            Kind::Broadcast => 1.0,
+        }
     }
 }
 
-fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
+pub fn run(kind: Kind, args: &CollectiveArgs) -> Result<(), CliError> {
+    match args.dtype {
+        DType::F32 => run_typed::<f32>(kind, args),
+        DType::F64 => run_typed::<f64>(kind, args),
+        DType::F16 => run_typed::<half::f16>(kind, args),
+        DType::BF16 => run_typed::<half::bf16>(kind, args),
+        DType::I8 => run_typed::<i8>(kind, args),
+        DType::U8 => run_typed::<u8>(kind, args),
+        DType::I32 => run_typed::<i32>(kind, args),
+        DType::U32 => run_typed::<u32>(kind, args),
+        DType::I64 => run_typed::<i64>(kind, args),
+        DType::U64 => run_typed::<u64>(kind, args),
+    }
+}
+
+fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliError> {
     let c = &args.common;
     let (sizes, repeats) = (c.sizes()?, c.repeats()?);
     let n = args.ranks.max(1);
@@ -78,15 +108,23 @@ fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
     let engine = Engine::new();
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
+    let op = args.op;
     for &bytes in &sizes {
-        let len = bytes / size_of::<T>();
+        // all_gather and reduce_scatter sizes are the full buffer (n parts), as nccl-tests.
+        let len = match kind {
+            Kind::AllGather | Kind::ReduceScatter => (bytes / size_of::<T>()) / n * n,
+            Kind::AllReduce | Kind::Broadcast => bytes / size_of::<T>(),
+        };
         if len == 0 {
             continue;
         }
-        bar.set_message(format!("all_reduce {} x{n} {}", human_bytes(bytes), T::DTYPE));
+        let part = len / n;
+        bar.set_message(format!("{} {} x{n} {}", kind.name(), human_bytes(bytes), T::DTYPE));
+        let input_len = if matches!(kind, Kind::AllGather) { part } else { len };
+        let output_len = if matches!(kind, Kind::ReduceScatter) { part } else { len };
         let inputs: Vec<Vec<T>> = (0..n)
             .map(|r| {
-                let mut v = vec![T::from_byte(0); len];
+                let mut v = vec![T::from_byte(0); input_len];
                 fill_random(&mut v, 0xA11 + (r as u64) * 7919 + bytes as u64);
                 v
             })
@@ -94,25 +132,29 @@ fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
         let pristine: Vec<DeviceBuffer<T>> =
             (0..n).map(|r| DeviceBuffer::from_host(stream_of(r), &inputs[r])).collect::<Result<_, _>>()?;
         let mut bufs: Vec<DeviceBuffer<T>> =
-            devices.iter().map(|d| DeviceBuffer::alloc(d, len)).collect::<Result<_, _>>()?;
+            devices.iter().map(|d| DeviceBuffer::alloc(d, output_len)).collect::<Result<_, _>>()?;
         let cells = std::cell::RefCell::new(&mut bufs);
         let start = Event::new(&devices[0], EventKind::Sync)?;
         let ends: Vec<Event> = devices.iter().map(|d| Event::new(d, EventKind::Sync)).collect::<Result<_, _>>()?;
+        let in_place = matches!(kind, Kind::AllReduce | Kind::Broadcast);
         let timing = timed_runs(
             stream_of(0),
             repeats,
             || {
-                let mut bufs = cells.borrow_mut();
-                for (r, (b, p)) in bufs.iter_mut().zip(&pristine).enumerate() {
-                    b.view_mut(..).copy_from(stream_of(r), &p.view(..))?;
+                // In-place collectives start every run from the same inputs.
+                if in_place {
+                    let mut bufs = cells.borrow_mut();
+                    for (r, (b, p)) in bufs.iter_mut().zip(&pristine).enumerate() {
+                        b.view_mut(..).copy_from(stream_of(r), &p.view(..))?;
+                    }
                 }
                 Ok(())
             },
             || {
                 // Every rank starts with stream 0's start and stream 0 ends after every rank.
                 start.record(stream_of(0))?;
-                for r in 1..streams.len() {
-                    stream_of(r).wait(&start)?;
+                for stream in streams.iter().skip(1) {
+                    stream.wait(&start)?;
                 }
                 let mut bufs = cells.borrow_mut();
                 let mut ranks: Vec<Rank<'_, T>> = bufs
@@ -120,7 +162,13 @@ fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
                     .enumerate()
                     .map(|(r, b)| Rank { buffer: b.view_mut(..), stream: stream_of(r) })
                     .collect();
-                all_reduce(&engine, &mut ranks, args.op, args.transport)?;
+                let views: Vec<_> = pristine.iter().map(|p| p.view(..)).collect();
+                match kind {
+                    Kind::AllReduce => all_reduce(&engine, &mut ranks, op, args.transport)?,
+                    Kind::AllGather => all_gather(&engine, &views, &mut ranks, args.transport)?,
+                    Kind::ReduceScatter => reduce_scatter(&engine, &views, &mut ranks, op, args.transport)?,
+                    Kind::Broadcast => broadcast(&engine, &mut ranks, 0, args.transport)?,
+                }
                 for (stream, end) in streams.iter().zip(&ends).skip(1) {
                     end.record(stream)?;
                     stream_of(0).wait(end)?;
@@ -128,14 +176,29 @@ fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
                 Ok(())
             },
         )?;
-        // Verify: the same schedule on host copies, step by step with the CPU reference.
+        // Verify against the same schedule run on host copies, step by step with the CPU
+        // reference, so floating-point results match the GPU's order of operations.
         let chunk =
             (Chunking::for_bytes(len.div_ceil(n) * size_of::<T>(), None, None).chunk_bytes / size_of::<T>()).max(1);
-        let mut want = inputs.clone();
-        let op = args.op;
-        Schedule::all_reduce(n, len, chunk).run_on_host(&mut want, |d, s, last| {
-            T::reference(*d, *s, op, if last && op == ReduceOp::Avg { n as u32 } else { 1 })
-        });
+        let step =
+            |d: &T, s: &T, last: bool| T::reference(*d, *s, op, if last && op == ReduceOp::Avg { n as u32 } else { 1 });
+        let (schedule, want): (Schedule, Vec<Vec<T>>) = match kind {
+            Kind::AllReduce => {
+                let s = Schedule::all_reduce(n, len, chunk);
+                let mut w = inputs.clone();
+                s.run_on_host(&mut w, step);
+                (s, w)
+            }
+            Kind::AllGather => (Schedule::all_gather(n, len, chunk), vec![inputs.concat(); n]),
+            Kind::ReduceScatter => {
+                let s = Schedule::reduce_scatter(n, len, chunk);
+                let mut w = inputs.clone();
+                s.run_on_host(&mut w, step);
+                let parts = w.iter().enumerate().map(|(r, b)| b[segment(n, len, r)].to_vec()).collect();
+                (s, parts)
+            }
+            Kind::Broadcast => (Schedule::broadcast(n, len, chunk, 0), vec![inputs[0].clone(); n]),
+        };
         let mut wrong = 0;
         for (r, b) in bufs.iter().enumerate() {
             let got = b.to_host_vec(stream_of(r))?;
@@ -144,15 +207,18 @@ fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
         let seconds = timing.gpu_seconds;
         let real = len * size_of::<T>();
         let algbw = real as f64 / seconds / 1e9;
-        let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
-        // Bytes per direction on the binding link: each GPU's own link carries 2(n−1)/n·S
-        // each way; logical ranks put all n ranks' traffic on device 0's one link.
-        let link = if logical { busbw * n as f64 } else { busbw };
+        let busbw = algbw * kind.bus_factor(n);
+        // Bytes per direction on the binding link, counted from the schedule: each rank's
+        // own link carries what it sends up and receives down; logical ranks put every
+        // rank's traffic on device 0's one link.
+        let sent = schedule.bytes_per_rank(size_of::<T>());
+        let link_bytes = if logical { sent.iter().sum::<usize>() } else { sent.iter().copied().max().unwrap_or(0) };
+        let link = link_bytes as f64 / seconds / 1e9;
         rows.push(Row {
-            bench: "all_reduce",
+            bench: kind.name(),
             route: format!("{:?}", args.transport).to_lowercase(),
             dtype: T::DTYPE.to_string(),
-            op: op.to_string(),
+            op: if matches!(kind, Kind::AllGather | Kind::Broadcast) { "none".into() } else { op.to_string() },
             ranks: n,
             bytes: real,
             count: len,
@@ -170,7 +236,8 @@ fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
     bar.finish_and_clear();
     let report = Report::new(&devices[0], measured, c.iters, rows)?;
     println!(
-        "# gp2p bench all-reduce --ranks {n}{} --transport {:?} --op {} --dtype {} on {}, medians of {} runs",
+        "# gp2p bench {} --ranks {n}{} --transport {:?} --op {} --dtype {} on {}, medians of {} runs",
+        kind.name(),
         if logical { " (logical ranks on device 0)" } else { "" },
         args.transport,
         args.op,
@@ -199,5 +266,5 @@ fn run_typed<T: Reference>(args: &CollectiveArgs) -> Result<(), CliError> {
             r.wrong
         );
     }
-    finish(&report, c, "all-reduce")
+    finish(&report, c, kind.name())
 }

@@ -33,6 +33,12 @@ pub enum BenchCommand {
     Host(host::HostArgs),
     /// Ring all_reduce over pinned host memory, nccl-tests columns (not yet run on a GPU).
     AllReduce(collective::CollectiveArgs),
+    /// Ring all_gather (size = the gathered buffer).
+    AllGather(collective::CollectiveArgs),
+    /// Ring reduce_scatter (size = each rank's input).
+    ReduceScatter(collective::CollectiveArgs),
+    /// Broadcast from rank 0 along the ring.
+    Broadcast(collective::CollectiveArgs),
 }
 
 /// Flags every bench shares.
@@ -79,7 +85,10 @@ pub fn run(command: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Reduce(args) => reduce::run(&args),
         BenchCommand::Copy(args) => copy::run(&args),
         BenchCommand::Host(args) => host::run(&args),
-        BenchCommand::AllReduce(args) => collective::run(&args),
+        BenchCommand::AllReduce(args) => collective::run(collective::Kind::AllReduce, &args),
+        BenchCommand::AllGather(args) => collective::run(collective::Kind::AllGather, &args),
+        BenchCommand::ReduceScatter(args) => collective::run(collective::Kind::ReduceScatter, &args),
+        BenchCommand::Broadcast(args) => collective::run(collective::Kind::Broadcast, &args),
     }
 }
 
