@@ -187,3 +187,56 @@ fn virtual_machine() -> Option<String> {
         .find_map(|p| fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()));
     Some(product.unwrap_or_else(|| "hypervisor flag set".into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvml_statuses_map_to_nvidia_smi_codes() {
+        let codes: Vec<&str> = [
+            NvmlStatus::Ok,
+            NvmlStatus::ChipsetNotSupported,
+            NvmlStatus::GpuNotSupported,
+            NvmlStatus::IohTopologyNotSupported,
+            NvmlStatus::DisabledByRegkey,
+            NvmlStatus::NotSupported,
+            NvmlStatus::Unknown,
+        ]
+        .into_iter()
+        .map(|s| convert_status(s).code())
+        .collect();
+        assert_eq!(codes, ["OK", "CNS", "GNS", "TNS", "DR", "NS", "U"]);
+    }
+
+    #[test]
+    fn topology_levels_use_nvidia_smi_names() {
+        let names: Vec<&str> = [
+            TopologyLevel::Internal,
+            TopologyLevel::Single,
+            TopologyLevel::Multiple,
+            TopologyLevel::HostBridge,
+            TopologyLevel::Node,
+            TopologyLevel::System,
+        ]
+        .into_iter()
+        .map(topology_code)
+        .collect();
+        assert_eq!(names, ["INTERNAL", "PIX", "PXB", "PHB", "NODE", "SYS"]);
+    }
+
+    #[test]
+    fn saved_facts_load_bare_or_inside_a_report() {
+        let dir = std::env::temp_dir().join(format!("gp2p-probe-load-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let facts = Facts { host: HostFacts { os: "linux".into(), ..HostFacts::default() }, ..Facts::default() };
+        let bare = dir.join("bare.json");
+        fs::write(&bare, serde_json::to_string(&facts).unwrap()).unwrap();
+        assert_eq!(load(&bare).unwrap(), facts);
+        let bad = dir.join("bad.json");
+        fs::write(&bad, "{\"rows\": []}").unwrap();
+        assert!(load(&bad).is_err_and(|e| e.to_string().contains("not gp2p probe facts")));
+        assert!(load(&dir.join("missing.json")).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
