@@ -23,9 +23,9 @@ pub struct HostGate {
 impl HostGate {
     /// Close `stream`: later work on it waits until [`HostGate::open`].
     pub fn close(stream: &Stream) -> Result<HostGate> {
+        stream.device().bind()?;
         let open = Arc::new(AtomicBool::new(false));
         let data = Arc::into_raw(open.clone()).cast_mut().cast::<c_void>();
-        stream.device().bind()?;
         // SAFETY: `wait_until_open` matches CUhostFn and touches only the Arc it is given,
         // whose strong count `into_raw` leaked for it; it calls no CUDA function.
         let code = unsafe { sys::cuLaunchHostFunc(stream.raw(), Some(wait_until_open), data) };

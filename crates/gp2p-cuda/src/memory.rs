@@ -75,13 +75,16 @@ impl<T: Element> DeviceBuffer<T> {
 
     /// [`DeviceBuffer::download`] into a new vector.
     pub fn to_host_vec(&self, stream: &Stream) -> Result<Vec<T>> {
-        let mut out = Vec::with_capacity(self.len);
-        // SAFETY: T is plain data valid for any bit pattern (Element's contract); every
-        // element is written by the download before it is read, and on error the vector is
-        // dropped without reading it.
-        let spare = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr(), self.len) };
-        self.download(stream, spare)?;
-        // SAFETY: capacity is len and all len elements were just written.
+        self.check_stream(stream)?;
+        let mut out: Vec<T> = Vec::with_capacity(self.len);
+        if self.len > 0 {
+            // SAFETY: the spare capacity holds len elements; the DMA writes all of them and
+            // the stream is synchronised before the vector is used.
+            unsafe { memcpy_dtoh_async(stream, out.spare_capacity_mut().as_mut_ptr().cast(), self.ptr, self.bytes())? };
+        }
+        stream.synchronize()?;
+        // SAFETY: capacity is len and the completed DMA initialised all len elements (T is
+        // plain data valid for any bit pattern).
         unsafe { out.set_len(self.len) };
         Ok(out)
     }

@@ -155,9 +155,9 @@ impl StreamFork {
         for (caller, event) in callers.iter().zip(&self.forked) {
             if caller.device() != device {
                 return Err(Error::WrongDevice {
-                    what: "fork",
-                    got: device.ordinal(),
-                    expected: caller.device().ordinal(),
+                    what: "fork caller",
+                    got: caller.device().ordinal(),
+                    expected: device.ordinal(),
                 });
             }
             event.record(caller)?;

@@ -35,7 +35,7 @@ pub(crate) struct Allocation {
     ptr: NonNull<u8>,
     bytes: usize,
     device: Device,
-    uses: Mutex<Vec<(usize, Event)>>,
+    uses: Mutex<Vec<Event>>,
 }
 
 // SAFETY: the memory is an exclusively owned heap allocation like a Box<[u8]>; the use list
@@ -73,7 +73,7 @@ impl Allocation {
 
     fn wait_for_gpu(&self) -> Result<()> {
         let mut uses = self.uses.lock();
-        for (_, event) in uses.iter() {
+        for event in uses.iter() {
             event.synchronize()?;
         }
         uses.clear();
@@ -95,17 +95,30 @@ impl Allocation {
         Ok(dptr)
     }
 
-    /// Remember that `stream` has GPU work on this memory, so host access waits for it. One
-    /// event per stream: a later record on the same stream covers the earlier work.
+    /// Remember that `stream` has GPU work on this memory, so host access waits for it.
+    /// An event is re-recorded only once the work it captured is complete (a stream handle
+    /// can be reused by a new stream, so "same handle" does not mean "ordered after"), and
+    /// completed entries are pruned, so the list stays as short as the work in flight.
     fn note_use(&self, stream: &Stream) -> Result<()> {
-        let key = stream.raw() as usize;
         let mut uses = self.uses.lock();
-        if let Some((_, event)) = uses.iter().find(|(k, e)| *k == key && e.device() == stream.device()) {
-            return Ok(event.record(stream)?);
+        let mut reusable = None;
+        let mut i = 0;
+        while i < uses.len() {
+            if uses[i].is_complete()? {
+                let event = uses.swap_remove(i);
+                if reusable.is_none() && event.device() == stream.device() {
+                    reusable = Some(event);
+                }
+            } else {
+                i += 1;
+            }
         }
-        let event = Event::new(stream.device(), EventKind::Sync)?;
+        let event = match reusable {
+            Some(e) => e,
+            None => Event::new(stream.device(), EventKind::Sync)?,
+        };
         event.record(stream)?;
-        uses.push((key, event));
+        uses.push(event);
         Ok(())
     }
 }

@@ -12,6 +12,8 @@ use crate::{Error, PinnedBuffer, Result};
 /// Slot starts are aligned to this many bytes, so every slot suits the 16-byte vector path
 /// of the kernels and any element type.
 const SLOT_ALIGN: usize = 256;
+/// More slots than this buys no overlap and only costs events and pinned memory.
+pub const MAX_SLOTS: usize = 64;
 
 /// A ring of pinned host slots between a producer device (which fills a slot by D2H DMA)
 /// and a consumer device (which drains it by H2D DMA, or reads it in a reduce kernel). On
@@ -49,8 +51,20 @@ impl StagingRing {
             }
             .into());
         }
-        let slot_bytes = slot_bytes.next_multiple_of(SLOT_ALIGN);
-        let memory = PinnedBuffer::alloc(producer, slots * slot_bytes)?;
+        let too_big = || gp2p_cuda::Error::InvalidArgument {
+            name: "slot_bytes",
+            reason: format!("{slots} slots of {slot_bytes} bytes overflow the address space"),
+        };
+        let slot_bytes = slot_bytes.checked_next_multiple_of(SLOT_ALIGN).ok_or_else(too_big)?;
+        let total = slots.checked_mul(slot_bytes).ok_or_else(too_big)?;
+        if slots > MAX_SLOTS {
+            return Err(gp2p_cuda::Error::InvalidArgument {
+                name: "slots",
+                reason: format!("{slots} slots; at most {MAX_SLOTS} (each slot holds two events)"),
+            }
+            .into());
+        }
+        let memory = PinnedBuffer::alloc(producer, total)?;
         // Consumers read the slots through their own mapping; fail now, not mid-pipeline.
         let consumer_base = memory.device_ptr(consumer)?;
         let landed = (0..slots).map(|_| Event::new(producer, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
@@ -75,6 +89,12 @@ impl StagingRing {
     /// Capacity of each slot in bytes.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
+    }
+
+    /// Whether no GPU work still uses any slot (non-blocking): a ring that is idle can be
+    /// dropped without its `Drop` waiting on the host.
+    pub fn is_idle(&self) -> bool {
+        self.landed.iter().chain(&self.free).all(|e| e.is_complete().unwrap_or(false))
     }
 
     /// The next slot in round-robin order; the rotation continues across calls, so

@@ -9,7 +9,7 @@ use gp2p_kernels::Element;
 use gp2p_pinned::StagingRing;
 use parking_lot::Mutex;
 
-use crate::plan::Chunking;
+use crate::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
 use crate::route::resolve;
 use crate::{Error, Result, Route};
 
@@ -43,11 +43,17 @@ type PairMap = HashMap<(usize, usize), Arc<Mutex<Pair>>>;
 /// What a pair of devices keeps between calls.
 struct Pair {
     ring: Option<StagingRing>,
+    /// Rings replaced by a bigger one, kept until no GPU work uses them, so replacing a ring
+    /// never blocks the host (nor deadlocks behind a held stream).
+    retired: Vec<StagingRing>,
     /// On one device: one fork of two streams (up, down). Across two: one stream each.
     src_fork: StreamFork,
     dst_fork: Option<StreamFork>,
     /// Recorded on the consumer's stream after a single-chunk copy, for the other caller.
     done: Event,
+    /// Recorded on the destination caller's stream before the copy, so reading `src` also
+    /// waits for that stream's earlier work.
+    dst_started: Event,
     peer_both_ways: Option<bool>,
 }
 
@@ -126,6 +132,8 @@ impl Transport {
             src_fork,
             dst_fork,
             done: Event::new(dst, EventKind::Sync)?,
+            dst_started: Event::new(dst, EventKind::Sync)?,
+            retired: Vec::new(),
             peer_both_ways: None,
         }));
         pairs.insert((src.ordinal(), dst.ordinal()), pair.clone());
@@ -180,48 +188,70 @@ impl Pair {
     ) -> Result<()> {
         let chunking = Chunking::for_bytes(src.bytes(), options.chunk_bytes, options.slots);
         let plan = chunking.plan(src.len(), size_of::<T>());
-        let chunk_bytes = plan.per_chunk() * size_of::<T>();
-        let ring = ensure_ring(&mut self.ring, src.device(), dst.device(), chunk_bytes, chunking.slots)?;
+        // Slots fit the largest chunk, but never less than a small copy's worth, so a sweep
+        // of small copies does not replace the ring at every size.
+        let chunk_bytes = (plan.per_chunk().min(src.len()) * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
+        self.retired.retain(|ring| !ring.is_idle());
+        let ring =
+            ensure_ring(&mut self.ring, &mut self.retired, src.device(), dst.device(), chunk_bytes, chunking.slots)?;
+        let distinct = !same_stream(src_stream, dst_stream);
         if plan.count() == 1 {
             // One chunk: no pipeline to overlap, so no fork either — the two DMAs go on the
             // callers' own streams, the least latency a small copy can have.
             let slot = ring.next_slot();
-            if same_stream(src_stream, dst_stream) {
-                ring.relay(slot, src_stream, src, dst)?;
-            } else {
-                ring.fill(slot, src_stream, src)?;
-                ring.drain(slot, dst_stream, dst)?;
-                self.done.record(dst_stream)?;
-                src_stream.wait(&self.done)?;
+            if !distinct {
+                return Ok(ring.relay(slot, src_stream, src, dst)?);
             }
+            self.dst_started.record(dst_stream)?;
+            src_stream.wait(&self.dst_started)?;
+            ring.fill(slot, src_stream, src)?;
+            ring.drain(slot, dst_stream, dst)?;
+            self.done.record(dst_stream)?;
+            src_stream.wait(&self.done)?;
             return Ok(());
         }
         // Up (D2H) and down (H2D) on different streams, so the copy engines run both ways.
-        let callers: Vec<&Stream> =
-            if same_stream(src_stream, dst_stream) { vec![src_stream] } else { vec![src_stream, dst_stream] };
+        let callers: Vec<&Stream> = if distinct { vec![src_stream, dst_stream] } else { vec![src_stream] };
         let (up, down) = match &self.dst_fork {
             None => {
                 let streams = self.src_fork.fork_after(&callers)?;
                 (&streams[0], &streams[1])
             }
-            Some(dst_fork) => (&self.src_fork.fork(src_stream)?[0], &dst_fork.fork(dst_stream)?[0]),
+            Some(dst_fork) => {
+                let down = &dst_fork.fork(dst_stream)?[0];
+                let up = &self.src_fork.fork(src_stream)?[0];
+                // Reading src also waits for the destination caller's earlier work.
+                self.dst_started.record(dst_stream)?;
+                up.wait(&self.dst_started)?;
+                (up, down)
+            }
         };
+        let mut result = Ok(());
         for chunk in plan.chunks() {
             let slot = ring.next_slot();
-            ring.fill(slot, up, &src.slice(chunk.clone()))?;
-            ring.drain(slot, down, &mut dst.slice_mut(chunk))?;
+            result = ring
+                .fill(slot, up, &src.slice(chunk.clone()))
+                .and_then(|()| ring.drain(slot, down, &mut dst.slice_mut(chunk)));
+            if result.is_err() {
+                break;
+            }
         }
-        self.src_fork.join_into(&callers)?;
-        if let Some(dst_fork) = &self.dst_fork {
-            dst_fork.join_into(&callers)?;
-        }
+        // Join even after a failure, so the callers' later work (freeing the buffers, say)
+        // still waits for whatever was enqueued.
+        let joined = self.src_fork.join_into(&callers);
+        let joined_dst = self.dst_fork.as_ref().map_or(Ok(()), |f| f.join_into(&callers));
+        result?;
+        joined?;
+        joined_dst?;
         Ok(())
     }
 }
 
-/// The pair's ring, rebuilt only when a call needs bigger slots or another slot count.
+/// The pair's ring, replaced only when a call needs bigger slots or another slot count; the
+/// old one retires until its GPU work is done.
 fn ensure_ring<'r>(
     ring: &'r mut Option<StagingRing>,
+    retired: &mut Vec<StagingRing>,
     src: &Device,
     dst: &Device,
     slot_bytes: usize,
@@ -229,9 +259,9 @@ fn ensure_ring<'r>(
 ) -> Result<&'r mut StagingRing> {
     if let Some(r) = ring.as_ref()
         && (r.slot_bytes() < slot_bytes || r.slots() != slots)
+        && let Some(old) = ring.take()
     {
-        // Dropping the old ring waits for its last users on the GPU.
-        *ring = None;
+        retired.push(old);
     }
     Ok(match ring {
         Some(r) => r,
