@@ -53,6 +53,18 @@ pub enum Error {
         /// The buffer's device.
         buffer: usize,
     },
+    /// An input on another device than its rank's output.
+    #[error(
+        "rank {rank}: the input is on device {input}, the output on device {output}: give each rank its input on its own device"
+    )]
+    InputDevice {
+        /// The rank.
+        rank: usize,
+        /// The input's device.
+        input: usize,
+        /// The output's device.
+        output: usize,
+    },
     /// A root rank out of range.
     #[error("root {root} is out of range: there are {ranks} ranks")]
     BadRoot {

@@ -3,7 +3,7 @@
 //! events carry the chunk-level dependencies — a rank forwards a chunk as soon as that
 //! chunk has arrived, not when the whole step is done.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -35,8 +35,11 @@ pub struct Rank<'a, T: Element> {
 struct Group {
     forks: Vec<StreamFork>,
     rings: Vec<Option<StagingRing>>,
-    /// Per rank, per use (scratch, work): a typed device buffer, reused while big enough.
-    buffers: Vec<HashMap<&'static str, Box<dyn Any + Send>>>,
+    /// Per rank, per use (scratch, work) and element type: a device buffer, reused while
+    /// big enough.
+    buffers: Vec<BufferCache>,
+    /// Rings and buffers replaced while GPU work may still use them.
+    retired: Vec<Retired>,
     events: Vec<Vec<Event>>,
     /// Per rank: recorded after the last use of the work buffer, on the caller's stream.
     work_done: Vec<Option<Event>>,
@@ -70,15 +73,23 @@ impl Engine {
             return Ok(());
         }
         let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
-        let paths = devices.iter().map(|d| self.path(d, transport)).collect::<Result<Vec<Path>>>()?;
+        // Copy-only collectives (all_gather, broadcast) need no receive path.
+        let reduces = schedule.transfers.iter().any(|t| matches!(t.action, Action::Reduce { .. }));
+        let paths = if reduces {
+            devices.iter().map(|d| self.path(d, transport)).collect::<Result<Vec<Path>>>()?
+        } else {
+            vec![Path::ZeroCopy; n]
+        };
         let group = self.group(&devices)?;
         let mut group = group.lock();
         let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
-        let Group { forks, rings, buffers, events, .. } = &mut *group;
+        let Group { forks, rings, buffers, events, retired, .. } = &mut *group;
+        retired.retain(|r| !r.is_idle());
         for (r, ring) in rings.iter_mut().enumerate() {
             let fits = ring.as_ref().is_some_and(|g| g.slot_bytes() >= chunk * size_of::<T>());
             if !fits {
-                *ring = None; // dropping waits for the old ring's last GPU users
+                // The old ring retires until its GPU work is done: replacing never blocks.
+                retired.extend(ring.take().map(Retired::Ring));
                 *ring = Some(StagingRing::new(&devices[r], &devices[(r + 1) % n], SLOTS, chunk * size_of::<T>())?);
             }
         }
@@ -95,8 +106,9 @@ impl Engine {
         }
         let mut scratch: Vec<Option<DeviceBuffer<T>>> = Vec::with_capacity(n);
         for (r, cache) in buffers.iter_mut().enumerate() {
+            let recv = &forks[r].streams()[RECV];
             scratch.push(if paths[r] == Path::Scratch {
-                Some(take_buffer(cache, "scratch", &devices[r], chunk)?)
+                Some(take_buffer(cache, retired, "scratch", &devices[r], chunk, recv)?)
             } else {
                 None
             });
@@ -105,56 +117,20 @@ impl Engine {
         for (r, rank) in ranks.iter().enumerate() {
             forks[r].fork(rank.stream)?;
         }
-        let mut used = vec![0usize; n];
-        // Per rank, by range start: the event after the last receive into the range (a send
-        // of it must wait) and after the last send from it (a receive into it must wait).
-        let mut received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-        let mut sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-        for t in &schedule.transfers {
-            let (from, to, range) = (t.from, t.to, t.range.clone());
-            let send = &forks[from].streams()[SEND];
-            let recv = &forks[to].streams()[RECV];
-            if let Some(&e) = received[from].get(&range.start) {
-                send.wait(&events[from][e])?;
-            }
-            if let Some(&e) = sent[to].get(&range.start) {
-                recv.wait(&events[to][e])?;
-            }
-            let ring = rings[from].as_mut().ok_or(Error::NoRanks)?;
-            let slot = ring.next_slot();
-            let (src_rank, dst_rank) = pair_mut(ranks, from, to);
-            ring.fill(slot, send, &src_rank.buffer.as_view().slice(range.clone()))?;
-            events[from][used[from]].record(send)?;
-            sent[from].insert(range.start, used[from]);
-            used[from] += 1;
-            let mut dst = dst_rank.buffer.slice_mut(range.clone());
-            match t.action {
-                Action::Copy => ring.drain(slot, recv, &mut dst)?,
-                Action::Reduce { last } => {
-                    let divide_by = if last && op == ReduceOp::Avg { n as u32 } else { 1 };
-                    match &mut scratch[to] {
-                        None => ring.drain_reduce(slot, recv, &mut dst, op, divide_by)?,
-                        Some(buf) => {
-                            let mut tmp = buf.view_mut(..range.len());
-                            ring.drain(slot, recv, &mut tmp)?;
-                            reduce(recv, &mut dst, &tmp.as_view(), op, divide_by)?;
-                        }
-                    }
-                }
-            }
-            events[to][used[to]].record(recv)?;
-            received[to].insert(range.start, used[to]);
-            used[to] += 1;
-        }
+        let result = run_transfers(ranks, schedule, op, forks, rings, events, &mut scratch);
+        // Join and keep the scratch buffers even after a failure: the callers' later work
+        // (freeing their buffers, say) must still wait for what was enqueued.
+        let mut joined = Ok(());
         for (r, rank) in ranks.iter().enumerate() {
-            forks[r].join(rank.stream)?;
+            joined = joined.and(forks[r].join(rank.stream));
         }
         for (cache, buf) in buffers.iter_mut().zip(scratch) {
             if let Some(buf) = buf {
-                cache.insert("scratch", Box::new(buf));
+                cache.insert(("scratch", TypeId::of::<T>()), Box::new(buf));
             }
         }
-        Ok(())
+        result?;
+        Ok(joined?)
     }
 
     /// A typed work buffer of at least `len` elements for rank `r` of the group of
@@ -172,7 +148,9 @@ impl Engine {
         if let Some(done) = group.work_done[r].as_ref() {
             stream.wait(done)?;
         }
-        take_buffer(&mut group.buffers[r], "work", &devices[r], len)
+        let Group { buffers, retired, .. } = &mut *group;
+        retired.retain(|r| !r.is_idle());
+        take_buffer(&mut buffers[r], retired, "work", &devices[r], len, stream)
     }
 
     /// Return a work buffer taken with [`Engine::take_work`], whose last use was enqueued on
@@ -192,7 +170,12 @@ impl Engine {
         };
         done.record(stream)?;
         group.work_done[r] = Some(done);
-        group.buffers[r].insert("work", Box::new(buffer));
+        // A concurrent call may have put one back meanwhile: that one retires, not frees.
+        if let Some(old) = group.buffers[r].insert(("work", TypeId::of::<T>()), Box::new(buffer)) {
+            let old_done = Event::new(&devices[r], EventKind::Sync)?;
+            old_done.record(stream)?;
+            group.retired.push(Retired::Buffer { _held: old, done: old_done });
+        }
         Ok(())
     }
 
@@ -208,6 +191,7 @@ impl Engine {
             buffers: devices.iter().map(|_| HashMap::new()).collect(),
             events: devices.iter().map(|_| Vec::new()).collect(),
             work_done: devices.iter().map(|_| None).collect(),
+            retired: Vec::new(),
         };
         let group = Arc::new(Mutex::new(group));
         groups.insert(key, group.clone());
@@ -232,19 +216,101 @@ impl Engine {
     }
 }
 
-/// A cached typed buffer of at least `len` elements, or a new one.
+/// Enqueue every transfer of `schedule` on the forked streams.
+fn run_transfers<T: Element>(
+    ranks: &mut [Rank<'_, T>],
+    schedule: &Schedule,
+    op: ReduceOp,
+    forks: &[StreamFork],
+    rings: &mut [Option<StagingRing>],
+    events: &[Vec<Event>],
+    scratch: &mut [Option<DeviceBuffer<T>>],
+) -> Result<()> {
+    let n = ranks.len();
+    let mut used = vec![0usize; n];
+    // Per rank, by range start: the event after the last receive into the range (a send of
+    // it must wait) and after the last send from it (a receive into it must wait).
+    let mut received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+    let mut sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+    for t in &schedule.transfers {
+        let (from, to, range) = (t.from, t.to, t.range.clone());
+        let send = &forks[from].streams()[SEND];
+        let recv = &forks[to].streams()[RECV];
+        if let Some(&e) = received[from].get(&range.start) {
+            send.wait(&events[from][e])?;
+        }
+        if let Some(&e) = sent[to].get(&range.start) {
+            recv.wait(&events[to][e])?;
+        }
+        let ring = rings[from].as_mut().ok_or(Error::NoRanks)?;
+        let slot = ring.next_slot();
+        let (src_rank, dst_rank) = pair_mut(ranks, from, to);
+        ring.fill(slot, send, &src_rank.buffer.as_view().slice(range.clone()))?;
+        events[from][used[from]].record(send)?;
+        sent[from].insert(range.start, used[from]);
+        used[from] += 1;
+        let mut dst = dst_rank.buffer.slice_mut(range.clone());
+        match t.action {
+            Action::Copy => ring.drain(slot, recv, &mut dst)?,
+            Action::Reduce { last } => {
+                let divide_by = if last && op == ReduceOp::Avg { n as u32 } else { 1 };
+                match &mut scratch[to] {
+                    None => ring.drain_reduce(slot, recv, &mut dst, op, divide_by)?,
+                    Some(buf) => {
+                        let mut tmp = buf.view_mut(..range.len());
+                        ring.drain(slot, recv, &mut tmp)?;
+                        reduce(recv, &mut dst, &tmp.as_view(), op, divide_by)?;
+                    }
+                }
+            }
+        }
+        events[to][used[to]].record(recv)?;
+        received[to].insert(range.start, used[to]);
+        used[to] += 1;
+    }
+    Ok(())
+}
+
+/// Something replaced while GPU work may still use it, kept until that work is done.
+enum Retired {
+    /// A staging ring (its events tell when it is idle).
+    Ring(StagingRing),
+    /// A device buffer (held only to be freed later), with an event after its last use.
+    Buffer { _held: Box<dyn Any + Send>, done: Event },
+}
+
+impl Retired {
+    fn is_idle(&self) -> bool {
+        match self {
+            Retired::Ring(r) => r.is_idle(),
+            Retired::Buffer { done, .. } => done.is_complete().unwrap_or(false),
+        }
+    }
+}
+
+/// Cached buffers, by use and element type.
+type BufferCache = HashMap<(&'static str, TypeId), Box<dyn Any + Send>>;
+
+/// A cached typed buffer of at least `len` elements, or a new one; a cached one that is too
+/// small retires until the work enqueued on `last_user` so far is done.
 fn take_buffer<T: Element>(
-    cache: &mut HashMap<&'static str, Box<dyn Any + Send>>,
+    cache: &mut BufferCache,
+    retired: &mut Vec<Retired>,
     key: &'static str,
     device: &Device,
     len: usize,
+    last_user: &Stream,
 ) -> Result<DeviceBuffer<T>> {
-    if let Some(boxed) = cache.remove(key) {
-        match boxed.downcast::<DeviceBuffer<T>>() {
-            Ok(buf) if buf.len() >= len => return Ok(*buf),
-            Ok(small) => drop(small),
-            Err(other) => drop(other),
-        }
+    if let Some(boxed) = cache.remove(&(key, TypeId::of::<T>())) {
+        let big_enough = boxed.downcast_ref::<DeviceBuffer<T>>().is_some_and(|b| b.len() >= len);
+        let boxed = match boxed.downcast::<DeviceBuffer<T>>() {
+            Ok(buf) if big_enough => return Ok(*buf),
+            Ok(buf) => buf as Box<dyn Any + Send>,
+            Err(other) => other,
+        };
+        let done = Event::new(device, EventKind::Sync)?;
+        done.record(last_user)?;
+        retired.push(Retired::Buffer { _held: boxed, done });
     }
     Ok(DeviceBuffer::alloc(device, len.max(1))?)
 }

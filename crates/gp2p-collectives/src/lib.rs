@@ -72,7 +72,7 @@ pub fn all_gather<T: Element>(
 ) -> Result<()> {
     let n = outputs.len();
     let out_len = check_ranks(outputs, "output")?;
-    check_inputs(inputs, n, out_len / n.max(1), "input")?;
+    check_inputs(inputs, outputs, out_len / n.max(1), "input")?;
     if out_len != n * inputs.first().map_or(0, DeviceView::len) {
         return Err(Error::WrongLength { rank: 0, what: "output", got: out_len, expected: n * inputs[0].len() });
     }
@@ -96,7 +96,7 @@ pub fn reduce_scatter<T: Element>(
 ) -> Result<()> {
     let n = outputs.len();
     let out_len = check_ranks(outputs, "output")?;
-    check_inputs(inputs, n, n * out_len, "input")?;
+    check_inputs(inputs, outputs, n * out_len, "input")?;
     let devices: Vec<Device> = outputs.iter().map(|o| o.buffer.device().clone()).collect();
     let in_len = n * out_len;
     let mut work = Vec::with_capacity(n);
@@ -168,7 +168,13 @@ fn check_ranks<T: Element>(ranks: &[Rank<'_, T>], what: &'static str) -> Result<
 }
 
 /// `n` inputs of `len` elements, each on the device of the rank with its index.
-fn check_inputs<T: Element>(inputs: &[DeviceView<'_, T>], n: usize, len: usize, what: &'static str) -> Result<()> {
+fn check_inputs<T: Element>(
+    inputs: &[DeviceView<'_, T>],
+    outputs: &[Rank<'_, T>],
+    len: usize,
+    what: &'static str,
+) -> Result<()> {
+    let n = outputs.len();
     if inputs.len() != n {
         return Err(Error::WrongLength {
             rank: inputs.len().min(n),
@@ -177,9 +183,16 @@ fn check_inputs<T: Element>(inputs: &[DeviceView<'_, T>], n: usize, len: usize, 
             expected: n,
         });
     }
-    for (r, input) in inputs.iter().enumerate() {
+    for (r, (input, output)) in inputs.iter().zip(outputs).enumerate() {
         if input.len() != len {
             return Err(Error::WrongLength { rank: r, what, got: input.len(), expected: len });
+        }
+        if input.device() != output.buffer.device() {
+            return Err(Error::InputDevice {
+                rank: r,
+                input: input.device().ordinal(),
+                output: output.buffer.device().ordinal(),
+            });
         }
     }
     Ok(())
