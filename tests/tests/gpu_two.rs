@@ -5,8 +5,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use geforce_p2p::{CopyOptions, Device, DeviceBuffer, ReduceOp, Route, Stream, transport};
-use gp2p_collectives::schedule::{Schedule, segment};
-use gp2p_collectives::{Engine, Rank, Transport, all_gather, all_reduce, broadcast, reduce_scatter};
+use gp2p_collectives::schedule::segment;
+use gp2p_collectives::{
+    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, reduce_scatter, schedule_for,
+};
 use gp2p_tests::{Reference, fill_random};
 
 fn two() -> [(Device, Stream); 2] {
@@ -60,11 +62,8 @@ fn two_gpu_all_reduce_with_both_transports() {
                     bufs.iter_mut().zip(&pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
                 all_reduce(&engine, &mut ranks, op, transport).unwrap();
             }
-            let chunk =
-                (geforce_p2p::transport::plan::Chunking::for_bytes(len.div_ceil(2) * 4, None, None).chunk_bytes / 4)
-                    .max(1);
             let mut want = inputs.clone();
-            Schedule::all_reduce(2, len, chunk).run_on_host(&mut want, |d, s, last| {
+            schedule_for::<f32>(Collective::AllReduce, 2, len).run_on_host(&mut want, |d, s, last| {
                 f32::reference(*d, *s, op, if last && op == ReduceOp::Avg { 2 } else { 1 })
             });
             for (r, (b, (_, s))) in bufs.iter().zip(&pair).enumerate() {

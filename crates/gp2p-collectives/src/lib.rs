@@ -29,7 +29,7 @@ mod exec;
 pub mod schedule;
 
 use gp2p_cuda::{Device, DeviceView};
-use gp2p_kernels::{Element, ReduceOp};
+use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
 use gp2p_transport::plan::Chunking;
 
 pub use error::{Error, Result};
@@ -58,7 +58,7 @@ pub fn all_reduce<T: Element>(
     transport: Transport,
 ) -> Result<()> {
     let len = check_ranks(ranks, "buffer")?;
-    let schedule = Schedule::all_reduce(ranks.len(), len, chunk_elements::<T>(len, ranks.len()));
+    let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len);
     engine.execute(ranks, &schedule, op, transport)
 }
 
@@ -81,7 +81,7 @@ pub fn all_gather<T: Element>(
         let own = segment(n, out_len, r);
         out.buffer.slice_mut(own).copy_from(out.stream, input)?;
     }
-    let schedule = Schedule::all_gather(n, out_len, chunk_elements::<T>(out_len, n));
+    let schedule = schedule_for::<T>(Collective::AllGather, n, out_len);
     engine.execute(outputs, &schedule, ReduceOp::Sum, transport)
 }
 
@@ -105,7 +105,7 @@ pub fn reduce_scatter<T: Element>(
         buf.view_mut(..in_len).copy_from(out.stream, input)?;
         work.push(buf);
     }
-    let schedule = Schedule::reduce_scatter(n, in_len, chunk_elements::<T>(in_len, n));
+    let schedule = schedule_for::<T>(Collective::ReduceScatter, n, in_len);
     {
         let mut ranks: Vec<Rank<'_, T>> = work
             .iter_mut()
@@ -134,15 +134,43 @@ pub fn broadcast<T: Element>(
     if root >= ranks.len() {
         return Err(Error::BadRoot { root, ranks: ranks.len() });
     }
-    let schedule = Schedule::broadcast(ranks.len(), len, chunk_elements::<T>(len, 1), root);
+    let schedule = schedule_for::<T>(Collective::Broadcast { root }, ranks.len(), len);
     engine.execute(ranks, &schedule, ReduceOp::Sum, transport)
 }
 
-/// Chunk length in elements for a `len`-element buffer over `ranks` ranks: the transport's
-/// chunking of one segment.
-fn chunk_elements<T>(len: usize, ranks: usize) -> usize {
+/// Which collective a schedule is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// In-place all-reduce.
+    AllReduce,
+    /// All-gather into buffers of n parts.
+    AllGather,
+    /// Reduce-scatter of buffers of n parts.
+    ReduceScatter,
+    /// Broadcast from `root`.
+    Broadcast {
+        /// The rank whose buffer everyone receives.
+        root: usize,
+    },
+}
+
+/// The exact schedule the entry points run for `ranks` buffers of `len` elements of `T`: the
+/// transport's chunking of one segment, and for all-reduce, segment boundaries aligned to 16
+/// bytes so every chunk takes the kernels' vector path. Tests and benches replay it on host
+/// buffers to get results folded in the GPU's order.
+pub fn schedule_for<T: Element>(collective: Collective, ranks: usize, len: usize) -> Schedule {
+    let align = (REDUCE_VECTOR_BYTES / size_of::<T>()).max(1);
     let segment_bytes = len.div_ceil(ranks.max(1)) * size_of::<T>();
-    (Chunking::for_bytes(segment_bytes, None, None).chunk_bytes / size_of::<T>()).max(1)
+    let chunk = (Chunking::for_bytes(segment_bytes, None, None).chunk_bytes / size_of::<T>()).max(1);
+    match collective {
+        Collective::AllReduce => Schedule::all_reduce_aligned(ranks, len, chunk.next_multiple_of(align), align),
+        Collective::AllGather => Schedule::all_gather(ranks, len, chunk),
+        Collective::ReduceScatter => Schedule::reduce_scatter(ranks, len, chunk),
+        Collective::Broadcast { root } => {
+            let whole = (Chunking::for_bytes(len * size_of::<T>(), None, None).chunk_bytes / size_of::<T>()).max(1);
+            Schedule::broadcast(ranks, len, whole, root)
+        }
+    }
 }
 
 /// Same length everywhere, streams on their buffers' devices, one buffer per device (unless

@@ -54,10 +54,19 @@ pub struct Schedule {
 /// Segment `s` of `len` elements cut into `ranks` nearly equal parts (the first
 /// `len % ranks` segments hold one element more).
 pub fn segment(ranks: usize, len: usize, s: usize) -> Range<usize> {
-    let ranks = ranks.max(1);
-    let (base, extra) = (len / ranks, len % ranks);
+    segment_aligned(ranks, len, s, 1)
+}
+
+/// Segment `s` of `len` elements cut into `ranks` nearly equal parts whose boundaries fall
+/// on multiples of `align` elements (the last may end short at `len`), so that every chunk
+/// of a segment keeps the 16-byte alignment the vectorised kernels want.
+pub fn segment_aligned(ranks: usize, len: usize, s: usize, align: usize) -> Range<usize> {
+    let (ranks, align) = (ranks.max(1), align.max(1));
+    let units = len.div_ceil(align);
+    let (base, extra) = (units / ranks, units % ranks);
     let start = s * base + s.min(extra);
-    start..start + base + usize::from(s < extra)
+    let end = start + base + usize::from(s < extra);
+    (start * align).min(len)..(end * align).min(len)
 }
 
 /// `range` cut into pieces of at most `chunk` elements.
@@ -70,23 +79,29 @@ impl Schedule {
     /// Ring all-reduce: a reduce-scatter after which rank r holds the reduced segment
     /// (r + 1) % ranks, then an all-gather of those segments.
     pub fn all_reduce(ranks: usize, len: usize, chunk: usize) -> Schedule {
+        Self::all_reduce_aligned(ranks, len, chunk, 1)
+    }
+
+    /// [`Schedule::all_reduce`] with segment boundaries on multiples of `align` elements
+    /// (pass a `chunk` that is a multiple of `align` too).
+    pub fn all_reduce_aligned(ranks: usize, len: usize, chunk: usize, align: usize) -> Schedule {
         let mut s = Schedule { ranks, len, transfers: Vec::new() };
-        s.push_reduce_scatter(0, chunk, 0);
-        s.push_all_gather(1, chunk, ranks.saturating_sub(1));
+        s.push_reduce_scatter(0, chunk, 0, align);
+        s.push_all_gather(1, chunk, ranks.saturating_sub(1), align);
         s
     }
 
     /// Ring reduce-scatter: afterwards rank r holds the reduced segment r.
     pub fn reduce_scatter(ranks: usize, len: usize, chunk: usize) -> Schedule {
         let mut s = Schedule { ranks, len, transfers: Vec::new() };
-        s.push_reduce_scatter(1, chunk, 0);
+        s.push_reduce_scatter(1, chunk, 0, 1);
         s
     }
 
     /// Ring all-gather: rank r starts with segment r filled; afterwards every rank holds all.
     pub fn all_gather(ranks: usize, len: usize, chunk: usize) -> Schedule {
         let mut s = Schedule { ranks, len, transfers: Vec::new() };
-        s.push_all_gather(0, chunk, 0);
+        s.push_all_gather(0, chunk, 0, 1);
         s
     }
 
@@ -104,12 +119,12 @@ impl Schedule {
     }
 
     /// Reduce-scatter steps: at step t rank r sends segment (r − t − shift) mod n.
-    fn push_reduce_scatter(&mut self, shift: usize, chunk: usize, first_step: usize) {
+    fn push_reduce_scatter(&mut self, shift: usize, chunk: usize, first_step: usize, align: usize) {
         let n = self.ranks;
         for t in 0..n.saturating_sub(1) {
             for from in 0..n {
                 let seg = (from + 2 * n - t - shift) % n;
-                for range in chunks(segment(n, self.len, seg), chunk) {
+                for range in chunks(segment_aligned(n, self.len, seg, align), chunk) {
                     let action = Action::Reduce { last: t + 2 == n };
                     self.transfers.push(Transfer { step: first_step + t, from, to: (from + 1) % n, range, action });
                 }
@@ -118,12 +133,12 @@ impl Schedule {
     }
 
     /// All-gather steps: at step t rank r sends segment (r + shift − t) mod n.
-    fn push_all_gather(&mut self, shift: usize, chunk: usize, first_step: usize) {
+    fn push_all_gather(&mut self, shift: usize, chunk: usize, first_step: usize, align: usize) {
         let n = self.ranks;
         for t in 0..n.saturating_sub(1) {
             for from in 0..n {
                 let seg = (from + shift + n - t) % n;
-                for range in chunks(segment(n, self.len, seg), chunk) {
+                for range in chunks(segment_aligned(n, self.len, seg, align), chunk) {
                     self.transfers.push(Transfer {
                         step: first_step + t,
                         from,
@@ -217,8 +232,21 @@ mod tests {
 
     proptest! {
         #[test]
-        fn all_reduce_folds_every_input_once_into_every_rank(ranks in 1usize..=8, len in 0usize..400, chunk in 1usize..40) {
-            let s = Schedule::all_reduce(ranks, len, chunk);
+        fn aligned_segments_partition_on_aligned_boundaries(ranks in 1usize..=8, len in 0usize..2000, align in 1usize..=16) {
+            let mut next = 0;
+            for s in 0..ranks {
+                let seg = segment_aligned(ranks, len, s, align);
+                prop_assert_eq!(seg.start, next);
+                prop_assert!(seg.start % align == 0 || seg.start == len);
+                next = seg.end;
+            }
+            prop_assert_eq!(next, len);
+        }
+
+        #[test]
+        fn all_reduce_folds_every_input_once_into_every_rank(ranks in 1usize..=8, len in 0usize..400, chunk_units in 1usize..10, align in prop::sample::select(vec![1usize, 2, 4, 16])) {
+            let chunk = chunk_units * align;
+            let s = Schedule::all_reduce_aligned(ranks, len, chunk, align);
             let mut bufs = inputs(ranks, len);
             s.run_on_host(&mut bufs, fold);
             for (r, buf) in bufs.iter().enumerate() {
@@ -230,6 +258,7 @@ mod tests {
             for t in &s.transfers {
                 prop_assert_eq!(t.to, (t.from + 1) % ranks);
                 prop_assert!(!t.range.is_empty() && t.range.len() <= chunk);
+                prop_assert_eq!(t.range.start % align, 0, "chunks start aligned");
             }
         }
 

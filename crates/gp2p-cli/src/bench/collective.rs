@@ -3,10 +3,11 @@
 //! device 0 and its one link.
 
 use clap::Args;
-use geforce_p2p::collectives::schedule::{Schedule, segment};
-use geforce_p2p::collectives::{Engine, Rank, Transport, all_gather, all_reduce, broadcast, reduce_scatter};
+use geforce_p2p::collectives::schedule::segment;
+use geforce_p2p::collectives::{
+    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, reduce_scatter, schedule_for,
+};
 use geforce_p2p::kernels::reference::{Reference, fill_random};
-use geforce_p2p::transport::plan::Chunking;
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
 
 use super::{CEILING_BYTES, Common, finish, progress};
@@ -178,26 +179,28 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         )?;
         // Verify against the same schedule run on host copies, step by step with the CPU
         // reference, so floating-point results match the GPU's order of operations.
-        let chunk =
-            (Chunking::for_bytes(len.div_ceil(n) * size_of::<T>(), None, None).chunk_bytes / size_of::<T>()).max(1);
         let step =
             |d: &T, s: &T, last: bool| T::reference(*d, *s, op, if last && op == ReduceOp::Avg { n as u32 } else { 1 });
-        let (schedule, want): (Schedule, Vec<Vec<T>>) = match kind {
+        let collective = match kind {
+            Kind::AllReduce => Collective::AllReduce,
+            Kind::AllGather => Collective::AllGather,
+            Kind::ReduceScatter => Collective::ReduceScatter,
+            Kind::Broadcast => Collective::Broadcast { root: 0 },
+        };
+        let schedule = schedule_for::<T>(collective, n, len);
+        let want: Vec<Vec<T>> = match kind {
             Kind::AllReduce => {
-                let s = Schedule::all_reduce(n, len, chunk);
                 let mut w = inputs.clone();
-                s.run_on_host(&mut w, step);
-                (s, w)
+                schedule.run_on_host(&mut w, step);
+                w
             }
-            Kind::AllGather => (Schedule::all_gather(n, len, chunk), vec![inputs.concat(); n]),
+            Kind::AllGather => vec![inputs.concat(); n],
             Kind::ReduceScatter => {
-                let s = Schedule::reduce_scatter(n, len, chunk);
                 let mut w = inputs.clone();
-                s.run_on_host(&mut w, step);
-                let parts = w.iter().enumerate().map(|(r, b)| b[segment(n, len, r)].to_vec()).collect();
-                (s, parts)
+                schedule.run_on_host(&mut w, step);
+                w.iter().enumerate().map(|(r, b)| b[segment(n, len, r)].to_vec()).collect()
             }
-            Kind::Broadcast => (Schedule::broadcast(n, len, chunk, 0), vec![inputs[0].clone(); n]),
+            Kind::Broadcast => vec![inputs[0].clone(); n],
         };
         let mut wrong = 0;
         for (r, b) in bufs.iter().enumerate() {
