@@ -95,6 +95,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rows_serialise_with_the_fields_design_md_names() {
+        let row = Row {
+            bench: "copy",
+            route: "staged".into(),
+            dtype: "u32".into(),
+            op: "none".into(),
+            ranks: 1,
+            bytes: 4096,
+            count: 1024,
+            time_us: 9.5,
+            algbw: 0.43,
+            busbw: 0.43,
+            ceiling: 50.0,
+            ceiling_name: "duplex",
+            ratio: 0.0086,
+            enqueue_us: Some(4.0),
+            wrong: 0,
+        };
+        let value = serde_json::to_value(&row).unwrap();
+        for field in [
+            "bench", "route", "dtype", "op", "ranks", "bytes", "time_us", "algbw", "busbw", "ceiling", "ratio", "wrong",
+        ] {
+            assert!(value.get(field).is_some(), "row lacks {field}: {value}");
+        }
+        let report = Report {
+            gpu: GpuInfo {
+                name: "x".into(),
+                driver: "CUDA 13.0".into(),
+                pci_bus_id: "0000:00:06.0".into(),
+                link: None,
+            },
+            ceilings: BTreeMap::from([("duplex", 50.0)]),
+            repeats: 20,
+            rows: vec![row],
+        };
+        let value = serde_json::to_value(&report).unwrap();
+        assert_eq!(value["ceilings"]["duplex"], 50.0);
+        assert_eq!(value["gpu"]["name"], "x");
+        assert_eq!(value["rows"].as_array().map(Vec::len), Some(1));
+    }
+
+    #[test]
     fn sizes_print_in_binary_units() {
         assert_eq!(human_bytes(4096), "4K");
         assert_eq!(human_bytes(1 << 30), "1G");
