@@ -7,24 +7,12 @@
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
-    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, reduce_scatter, schedule_for,
+    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
 use gp2p_tests::{Reference, fill_random};
 
 fn device() -> Device {
     Device::open(0).expect("GPU tests need CUDA device 0")
-}
-
-/// Expected all_reduce results: the engine's schedule run on host copies with the
-/// reference step.
-fn host_all_reduce<T: Reference>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<Vec<T>> {
-    let n = inputs.len();
-    let mut bufs = inputs.to_vec();
-    let schedule = schedule_for::<T>(Collective::AllReduce, n, inputs[0].len());
-    schedule.run_on_host(&mut bufs, |d, s, last| {
-        T::reference(*d, *s, op, if last && op == ReduceOp::Avg { n as u32 } else { 1 })
-    });
-    bufs
 }
 
 fn check<T: Reference>(got: &[T], want: &[T], op: ReduceOp, what: &str) {
@@ -56,7 +44,7 @@ fn all_reduce_case<T: Reference>(engine: &Engine, n: usize, len: usize, op: Redu
             bufs.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
         all_reduce(engine, &mut ranks, op, transport).unwrap();
     }
-    let want = host_all_reduce(&inputs, op);
+    let want = expected(Collective::AllReduce, &inputs, op);
     for (r, (buf, s)) in bufs.iter().zip(&streams).enumerate() {
         let got = buf.to_host_vec(s).unwrap();
         check(&got, &want[r], op, &format!("{} {op} n={n} len={len} {transport:?} rank {r}", T::DTYPE));
@@ -121,7 +109,7 @@ fn one_hundred_back_to_back_all_reduces_without_host_sync() {
         all_reduce(&engine, &mut ranks, ReduceOp::Sum, Transport::ZeroCopy).unwrap();
     }
     for (i, (inputs, bufs)) in cases.iter().enumerate() {
-        let want = host_all_reduce(inputs, ReduceOp::Sum);
+        let want = expected(Collective::AllReduce, inputs, ReduceOp::Sum);
         for (r, (b, s)) in bufs.iter().zip(&streams).enumerate() {
             check(&b.to_host_vec(s).unwrap(), &want[r], ReduceOp::Sum, &format!("call {i} rank {r}"));
         }

@@ -7,7 +7,7 @@
 use geforce_p2p::{CopyOptions, Device, DeviceBuffer, ReduceOp, Route, Stream, transport};
 use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
-    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, reduce_scatter, schedule_for,
+    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
 use gp2p_tests::{Reference, fill_random};
 
@@ -62,10 +62,7 @@ fn two_gpu_all_reduce_with_both_transports() {
                     bufs.iter_mut().zip(&pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
                 all_reduce(&engine, &mut ranks, op, transport).unwrap();
             }
-            let mut want = inputs.clone();
-            schedule_for::<f32>(Collective::AllReduce, 2, len).run_on_host(&mut want, |d, s, last| {
-                f32::reference(*d, *s, op, if last && op == ReduceOp::Avg { 2 } else { 1 })
-            });
+            let want = expected(Collective::AllReduce, &inputs, op);
             for (r, (b, (_, s))) in bufs.iter().zip(&pair).enumerate() {
                 let got = b.to_host_vec(s).unwrap();
                 let bad = got.iter().zip(&want[r]).filter(|(g, w)| !f32::matches(**g, **w, op)).count();

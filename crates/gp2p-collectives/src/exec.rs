@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::calibrate::{Path, choose};
 use crate::schedule::{Action, Schedule};
-use crate::{Error, Result, Transport};
+use crate::{Error, Result, Transport, step_divisor};
 
 /// Staging slots per ring edge.
 const SLOTS: usize = 4;
@@ -253,7 +253,7 @@ fn run_transfers<T: Element>(
         match t.action {
             Action::Copy => ring.drain(slot, recv, &mut dst)?,
             Action::Reduce { last } => {
-                let divide_by = if last && op == ReduceOp::Avg { n as u32 } else { 1 };
+                let divide_by = step_divisor(op, last, n);
                 match &mut scratch[to] {
                     None => ring.drain_reduce(slot, recv, &mut dst, op, divide_by)?,
                     Some(buf) => {

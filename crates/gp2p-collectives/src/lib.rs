@@ -29,6 +29,7 @@ mod exec;
 pub mod schedule;
 
 use gp2p_cuda::{Device, DeviceView};
+use gp2p_kernels::reference::Reference;
 use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
 use gp2p_transport::plan::Chunking;
 
@@ -138,6 +139,35 @@ pub fn broadcast<T: Element>(
     engine.execute(ranks, &schedule, ReduceOp::Sum, transport)
 }
 
+/// The divisor of a reduce step: for avg, the number of ranks on the step that completes an
+/// element, 1 everywhere else (the kernels' avg then just sums).
+pub fn step_divisor(op: ReduceOp, last: bool, ranks: usize) -> u32 {
+    if last && op == ReduceOp::Avg { ranks as u32 } else { 1 }
+}
+
+/// What each rank's output must hold after `collective` over `inputs` (one per rank: the
+/// whole buffer, or for all-gather each rank's part), computed on the host by replaying
+/// [`schedule_for`] with the CPU reference of each kernel step — so floating-point results
+/// are folded in the GPU's order and compare within the per-step tolerance.
+pub fn expected<T: Reference>(collective: Collective, inputs: &[Vec<T>], op: ReduceOp) -> Vec<Vec<T>> {
+    let n = inputs.len();
+    let len = inputs.first().map_or(0, Vec::len);
+    let replay = |len: usize| {
+        let mut bufs = inputs.to_vec();
+        schedule_for::<T>(collective, n, len)
+            .run_on_host(&mut bufs, |d, s, last| T::reference(*d, *s, op, step_divisor(op, last, n)));
+        bufs
+    };
+    match collective {
+        Collective::AllReduce => replay(len),
+        Collective::AllGather => vec![inputs.concat(); n],
+        Collective::ReduceScatter => {
+            replay(len).iter().enumerate().map(|(r, b)| b[segment(n, len, r)].to_vec()).collect()
+        }
+        Collective::Broadcast { root } => vec![inputs.get(root).cloned().unwrap_or_default(); n],
+    }
+}
+
 /// Which collective a schedule is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Collective {
@@ -224,4 +254,31 @@ fn check_inputs<T: Element>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_results_of_each_collective() {
+        let inputs: Vec<Vec<u32>> = vec![vec![1, 2, 3, 4, 5, 6], vec![10, 20, 30, 40, 50, 60], vec![7; 6]];
+        let sums = expected(Collective::AllReduce, &inputs, ReduceOp::Sum);
+        assert!(sums.iter().all(|b| b == &[18, 29, 40, 51, 62, 73]));
+        let avg = expected(Collective::AllReduce, &inputs, ReduceOp::Avg);
+        assert!(avg.iter().all(|b| b == &[6, 9, 13, 17, 20, 24]), "{avg:?}");
+        let parts = expected(Collective::ReduceScatter, &inputs, ReduceOp::Max);
+        assert_eq!(parts, [vec![10, 20], vec![30, 40], vec![50, 60]]);
+        let gathered = expected(Collective::AllGather, &[vec![1u8], vec![2], vec![3]], ReduceOp::Sum);
+        assert!(gathered.iter().all(|b| b == &[1, 2, 3]));
+        let root = expected(Collective::Broadcast { root: 1 }, &inputs, ReduceOp::Sum);
+        assert!(root.iter().all(|b| b == &inputs[1]));
+    }
+
+    #[test]
+    fn only_the_completing_avg_step_divides() {
+        assert_eq!(step_divisor(ReduceOp::Avg, true, 4), 4);
+        assert_eq!(step_divisor(ReduceOp::Avg, false, 4), 1);
+        assert_eq!(step_divisor(ReduceOp::Sum, true, 4), 1);
+    }
 }

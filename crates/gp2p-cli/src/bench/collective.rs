@@ -3,9 +3,8 @@
 //! device 0 and its one link.
 
 use clap::Args;
-use geforce_p2p::collectives::schedule::segment;
 use geforce_p2p::collectives::{
-    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, reduce_scatter, schedule_for,
+    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter, schedule_for,
 };
 use geforce_p2p::kernels::reference::{Reference, fill_random};
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
@@ -58,6 +57,15 @@ impl Kind {
             Kind::AllGather => "all_gather",
             Kind::ReduceScatter => "reduce_scatter",
             Kind::Broadcast => "broadcast",
+        }
+    }
+
+    fn collective(self) -> Collective {
+        match self {
+            Kind::AllReduce => Collective::AllReduce,
+            Kind::AllGather => Collective::AllGather,
+            Kind::ReduceScatter => Collective::ReduceScatter,
+            Kind::Broadcast => Collective::Broadcast { root: 0 },
         }
     }
 
@@ -179,29 +187,9 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         )?;
         // Verify against the same schedule run on host copies, step by step with the CPU
         // reference, so floating-point results match the GPU's order of operations.
-        let step =
-            |d: &T, s: &T, last: bool| T::reference(*d, *s, op, if last && op == ReduceOp::Avg { n as u32 } else { 1 });
-        let collective = match kind {
-            Kind::AllReduce => Collective::AllReduce,
-            Kind::AllGather => Collective::AllGather,
-            Kind::ReduceScatter => Collective::ReduceScatter,
-            Kind::Broadcast => Collective::Broadcast { root: 0 },
-        };
+        let collective = kind.collective();
         let schedule = schedule_for::<T>(collective, n, len);
-        let want: Vec<Vec<T>> = match kind {
-            Kind::AllReduce => {
-                let mut w = inputs.clone();
-                schedule.run_on_host(&mut w, step);
-                w
-            }
-            Kind::AllGather => vec![inputs.concat(); n],
-            Kind::ReduceScatter => {
-                let mut w = inputs.clone();
-                schedule.run_on_host(&mut w, step);
-                w.iter().enumerate().map(|(r, b)| b[segment(n, len, r)].to_vec()).collect()
-            }
-            Kind::Broadcast => vec![inputs[0].clone(); n],
-        };
+        let want = expected(collective, &inputs, op);
         let mut wrong = 0;
         for (r, b) in bufs.iter().enumerate() {
             let got = b.to_host_vec(stream_of(r))?;
