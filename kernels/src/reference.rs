@@ -44,6 +44,12 @@ pub trait Reference: Element {
     fn reference(dst: Self, src: Self, op: ReduceOp, divide_by: u32) -> Self;
     /// Whether `got` is acceptable for `want` under `op`.
     fn matches(got: Self, want: Self, op: ReduceOp) -> bool;
+    /// Half the distance from 1 to the next value (0 for integers, which are exact).
+    const UNIT_ROUNDOFF: f64;
+    /// The smallest positive normal value (0 for integers).
+    const MIN_NORMAL: f64;
+    /// The value as f64 (integers may round; only floats are compared this way).
+    fn to_f64(self) -> f64;
 }
 
 macro_rules! int_element {
@@ -67,6 +73,11 @@ macro_rules! int_element {
             }
             fn matches(got: Self, want: Self, _: ReduceOp) -> bool {
                 got == want
+            }
+            const UNIT_ROUNDOFF: f64 = 0.0;
+            const MIN_NORMAL: f64 = 0.0;
+            fn to_f64(self) -> f64 {
+                self as f64
             }
         }
     )*};
@@ -102,7 +113,7 @@ fn allowed_ulps(op: ReduceOp) -> u64 {
 }
 
 macro_rules! float_element {
-    ($($t:ty: $to:expr, $from:expr, $bits:expr, $sign:expr);*) => {$(
+    ($($t:ty: $to:expr, $from:expr, $bits:expr, $sign:expr, $u:expr, $min:expr);*) => {$(
         impl Reference for $t {
             fn random(rng: &mut SplitMix64) -> Self {
                 $from(rng.next_f64_signed())
@@ -118,14 +129,20 @@ macro_rules! float_element {
             fn matches(got: Self, want: Self, op: ReduceOp) -> bool {
                 ulps($bits(got), $bits(want), $sign) <= allowed_ulps(op)
             }
+            const UNIT_ROUNDOFF: f64 = $u;
+            const MIN_NORMAL: f64 = $min;
+            fn to_f64(self) -> f64 {
+                $to(self)
+            }
         }
     )*};
 }
 float_element!(
-    f32: f64::from, |v: f64| v as f32, |v: f32| u64::from(v.to_bits()), 1 << 31;
-    f64: |v: f64| v, |v: f64| v, |v: f64| v.to_bits(), 1 << 63;
-    f16: f64::from, f16::from_f64, |v: f16| u64::from(v.to_bits()), 1 << 15;
-    bf16: f64::from, bf16::from_f64, |v: bf16| u64::from(v.to_bits()), 1 << 15
+    f32: f64::from, |v: f64| v as f32, |v: f32| u64::from(v.to_bits()), 1 << 31, f32::EPSILON as f64 / 2.0,
+        f32::MIN_POSITIVE as f64;
+    f64: |v: f64| v, |v: f64| v, |v: f64| v.to_bits(), 1 << 63, f64::EPSILON / 2.0, f64::MIN_POSITIVE;
+    f16: f64::from, f16::from_f64, |v: f16| u64::from(v.to_bits()), 1 << 15, 4.8828125e-4, 6.103515625e-5;
+    bf16: f64::from, bf16::from_f64, |v: bf16| u64::from(v.to_bits()), 1 << 15, 3.90625e-3, 1.1754943508222875e-38
 );
 
 /// Worker threads for the parallel helpers.
@@ -198,6 +215,91 @@ pub fn count_wrong<T: Reference>(
     (wrong, parts.into_iter().flat_map(|(_, f)| f).take(4).collect())
 }
 
+/// Count the elements where `got[i]` is not `op` folded over `inputs[r][i]` of every rank,
+/// computed independently of any schedule, in parallel; also describes the first few.
+///
+/// Integers: the wrapping fold in rank order, exactly (integer sum, product, min and max do
+/// not depend on the order; avg divides the wrapped sum by the number of ranks). Floats: the
+/// fold in f64, and `got` within the rounding a fold of n values in the element type may
+/// add, a bound that grows with n — for sum and avg (n + 1) units of roundoff of the sum of
+/// magnitudes; for products (n + 1) units of the product, plus slack for intermediate
+/// results below the normal range; min and max exactly.
+pub fn count_wrong_vs_fold<T: Reference>(got: &[T], inputs: &[&[T]], op: ReduceOp) -> (usize, Vec<String>) {
+    if inputs.iter().any(|v| v.len() != got.len()) {
+        return (got.len().max(1), vec![format!("input lengths differ from the output's {}", got.len())]);
+    }
+    let n = inputs.len();
+    let chunk = got.len().div_ceil(threads()).max(1 << 16);
+    let parts: Vec<(usize, Vec<String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..got.len().div_ceil(chunk))
+            .map(|c| {
+                scope.spawn(move || {
+                    let (mut wrong, mut first) = (0, Vec::new());
+                    for i in c * chunk..((c + 1) * chunk).min(got.len()) {
+                        if let Err(want) = fold_matches(got[i], inputs.iter().map(|v| v[i]), n, op) {
+                            wrong += 1;
+                            if first.len() < 4 {
+                                first.push(format!("[{i}] want {want}, got {:?}", got[i]));
+                            }
+                        }
+                    }
+                    (wrong, first)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or((usize::MAX, vec!["checker thread panicked".into()]))).collect()
+    });
+    let wrong = parts.iter().map(|(w, _)| *w).fold(0, usize::saturating_add);
+    (wrong, parts.into_iter().flat_map(|(_, f)| f).take(4).collect())
+}
+
+/// Whether `got` is `op` over `values` (n of them) as [`count_wrong_vs_fold`] defines it;
+/// `Err` carries the wanted value, written out.
+fn fold_matches<T: Reference>(
+    got: T,
+    mut values: impl Iterator<Item = T>,
+    n: usize,
+    op: ReduceOp,
+) -> Result<(), String> {
+    let Some(first) = values.next() else { return Ok(()) };
+    if !T::DTYPE.is_float() {
+        let step = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+        let mut acc = values.fold(first, |acc, v| T::reference(acc, v, step, 1));
+        if op == ReduceOp::Avg {
+            acc = T::reference(acc, T::from_byte(0), ReduceOp::Avg, n as u32);
+        }
+        return if got == acc { Ok(()) } else { Err(format!("{acc:?}")) };
+    }
+    let first = first.to_f64();
+    let (mut exact, mut magnitude) = (first, first.abs());
+    for v in values.map(T::to_f64) {
+        exact = match op {
+            ReduceOp::Sum | ReduceOp::Avg => exact + v,
+            ReduceOp::Prod => exact * v,
+            ReduceOp::Min => exact.min(v),
+            ReduceOp::Max => exact.max(v),
+        };
+        magnitude = if op == ReduceOp::Prod { magnitude * v.abs() } else { magnitude + v.abs() };
+    }
+    if op == ReduceOp::Avg {
+        (exact, magnitude) = (exact / n as f64, magnitude / n as f64);
+    }
+    let rounding = (n as f64 + 1.0) * T::UNIT_ROUNDOFF;
+    let bound = match op {
+        ReduceOp::Min | ReduceOp::Max => 0.0,
+        ReduceOp::Sum | ReduceOp::Avg => rounding * magnitude,
+        // Each partial product may also lose up to MIN_NORMAL below the normal range; later
+        // factors (|x| < 2 in the suite's data) can scale that loss up.
+        ReduceOp::Prod => rounding * magnitude + (n as f64) * 2f64.powi(n as i32) * T::MIN_NORMAL,
+    };
+    let got = got.to_f64();
+    if (got - exact).abs() <= bound || (got.is_nan() && exact.is_nan()) {
+        Ok(())
+    } else {
+        Err(format!("{exact:e} ± {bound:e}"))
+    }
+}
+
 /// [`count_wrong`] as a result: `Err` says how many elements are wrong and shows the first.
 pub fn check_reduce<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp, divide_by: u32) -> Result<(), String> {
     match count_wrong(got, dst, src, op, divide_by) {
@@ -211,6 +313,24 @@ pub fn check_reduce<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fold_reference_takes_rounding_and_refuses_errors() {
+        let a = [1.0f32, 2.0, 3.0];
+        let b = [0.5f32, -2.0, 1e-8];
+        let sum = [1.5f32, 0.0, 3.0];
+        assert_eq!(count_wrong_vs_fold(&sum, &[&a, &b], ReduceOp::Sum).0, 0);
+        let off = [1.5f32, 0.0, 3.001];
+        assert_eq!(count_wrong_vs_fold(&off, &[&a, &b], ReduceOp::Sum).0, 1);
+        assert_eq!(count_wrong_vs_fold(&[1.0f32, -2.0, 1e-8], &[&a, &b], ReduceOp::Min).0, 1, "min is exact");
+        let (x, y) = ([200u8, 7], [100u8, 9]);
+        assert_eq!(count_wrong_vs_fold(&[22u8, 8], &[&x, &y], ReduceOp::Avg).0, 0, "(300 mod 256) / 2");
+        assert_eq!(count_wrong_vs_fold(&[150u8, 8], &[&x, &y], ReduceOp::Avg).0, 1, "no widening");
+        let h = [bf16::from_f32(1.0); 2];
+        let four = [h.as_slice(); 4];
+        assert_eq!(count_wrong_vs_fold(&[bf16::from_f32(1.0); 2], &four, ReduceOp::Avg).0, 0);
+        assert_eq!(count_wrong_vs_fold(&[1.0f32], &[&a[..0], &a[..1]], ReduceOp::Sum).0, 1, "lengths");
+    }
 
     #[test]
     fn references_wrap_and_truncate_like_the_kernels() {

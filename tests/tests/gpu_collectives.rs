@@ -1,71 +1,187 @@
-//! GPU: the ring collectives with logical ranks sharing one GPU (feature `testing`), checked
-//! against the same schedule run on host buffers with the CPU reference of each step.
+//! GPU: the ring collectives with 2, 3 and 4 logical ranks sharing one GPU (feature
+//! `testing`). Every result is checked twice: against the same schedule replayed on host
+//! buffers with the CPU reference of each step (tight: the GPU's order of operations), and
+//! against a fold of all ranks' inputs computed independently of any schedule (exact for
+//! integers, f64 with a bound that grows with n for floats). Outputs start poisoned.
 
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use geforce_p2p::half::{bf16, f16};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
     Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
-use gp2p_tests::{Reference, fill_random};
+use gp2p_tests::{Reference, count_wrong_vs_fold, fill_random, max_len};
 
-fn device() -> Device {
-    Device::open(0).expect("GPU tests need CUDA device 0")
+const POISON: u8 = 0xA5;
+const TRANSPORTS: [Transport; 2] = [Transport::Scratch, Transport::ZeroCopy];
+/// Up to this length results are also compared with the replayed schedule; the replay runs
+/// on one thread, so longer cases are checked against the (parallel) fold alone.
+const REPLAY_MAX_LEN: usize = 1 << 21;
+
+/// One GPU, one stream per logical rank.
+struct Ranks {
+    device: Device,
+    streams: Vec<Stream>,
 }
 
-fn check<T: Reference>(got: &[T], want: &[T], op: ReduceOp, what: &str) {
+impl Ranks {
+    fn new(n: usize) -> Self {
+        let device = Device::open(0).expect("GPU tests need CUDA device 0");
+        let streams = (0..n).map(|_| Stream::new(&device).unwrap()).collect();
+        Ranks { device, streams }
+    }
+
+    fn random<T: Reference>(&self, len: usize, seed: u64) -> Vec<Vec<T>> {
+        (0..self.streams.len())
+            .map(|r| {
+                let mut v = vec![T::from_byte(0); len];
+                fill_random(&mut v, seed.wrapping_mul(31).wrapping_add(r as u64));
+                v
+            })
+            .collect()
+    }
+
+    fn upload<T: Reference>(&self, host: &[Vec<T>]) -> Vec<DeviceBuffer<T>> {
+        host.iter().zip(&self.streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect()
+    }
+
+    fn poisoned<T: Reference>(&self, len: usize) -> Vec<DeviceBuffer<T>> {
+        self.streams
+            .iter()
+            .map(|s| {
+                let mut b = DeviceBuffer::alloc(&self.device, len).unwrap();
+                b.fill_bytes(s, POISON).unwrap();
+                b
+            })
+            .collect()
+    }
+
+    fn ranks<'a, T: Reference>(&'a self, bufs: &'a mut [DeviceBuffer<T>]) -> Vec<Rank<'a, T>> {
+        bufs.iter_mut().zip(&self.streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect()
+    }
+
+    fn download<T: Reference>(&self, bufs: &[DeviceBuffer<T>]) -> Vec<Vec<T>> {
+        bufs.iter().zip(&self.streams).map(|(b, s)| b.to_host_vec(s).unwrap()).collect()
+    }
+}
+
+/// `got` equals the replayed `want` element by element, within the per-step tolerance.
+fn check_replay<T: Reference>(got: &[T], want: &[T], op: ReduceOp, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let wrong: Vec<usize> = (0..got.len()).filter(|&i| !T::matches(got[i], want[i], op)).take(4).collect();
     assert!(
         wrong.is_empty(),
-        "{what}: elements {wrong:?} differ, e.g. got {:?} want {:?}",
+        "{what}: elements {wrong:?} differ from the replayed schedule, e.g. got {:?} want {:?}",
         got[wrong[0]],
         want[wrong[0]]
     );
 }
 
-/// One all_reduce over `n` logical ranks of `len` elements, verified.
+/// `got` is `op` over `inputs`, computed without the schedule.
+fn check_fold<T: Reference>(got: &[T], inputs: &[&[T]], op: ReduceOp, what: &str) {
+    let (wrong, first) = count_wrong_vs_fold(got, inputs, op);
+    assert_eq!(wrong, 0, "{what}: {wrong} elements differ from the fold of the inputs: {}", first.join("; "));
+}
+
+/// One in-place all_reduce over `n` logical ranks of `len` elements, verified both ways.
 fn all_reduce_case<T: Reference>(engine: &Engine, n: usize, len: usize, op: ReduceOp, transport: Transport, seed: u64) {
-    let device = device();
-    let streams: Vec<Stream> = (0..n).map(|_| Stream::new(&device).unwrap()).collect();
-    let inputs: Vec<Vec<T>> = (0..n)
-        .map(|r| {
-            let mut v = vec![T::from_byte(0); len];
-            fill_random(&mut v, seed + r as u64);
-            v
-        })
-        .collect();
-    let mut bufs: Vec<DeviceBuffer<T>> =
-        inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
-    {
-        let mut ranks: Vec<Rank<'_, T>> =
-            bufs.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
-        all_reduce(engine, &mut ranks, op, transport).unwrap();
+    let ranks = Ranks::new(n);
+    let inputs = ranks.random::<T>(len, seed);
+    let mut bufs = ranks.upload(&inputs);
+    all_reduce(engine, &mut ranks.ranks(&mut bufs), op, transport).unwrap();
+    let got = ranks.download(&bufs);
+    let what = |r: usize| format!("all_reduce {} {op} n={n} len={len} {transport:?} rank {r}", T::DTYPE);
+    let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+    for (r, got) in got.iter().enumerate() {
+        check_fold(got, &refs, op, &what(r));
     }
-    let want = expected(Collective::AllReduce, &inputs, op);
-    for (r, (buf, s)) in bufs.iter().zip(&streams).enumerate() {
-        let got = buf.to_host_vec(s).unwrap();
-        check(&got, &want[r], op, &format!("{} {op} n={n} len={len} {transport:?} rank {r}", T::DTYPE));
+    if len <= REPLAY_MAX_LEN {
+        let want = expected(Collective::AllReduce, &inputs, op);
+        for (r, (got, want)) in got.iter().zip(&want).enumerate() {
+            check_replay(got, want, op, &what(r));
+        }
     }
+}
+
+fn all_gather_case<T: Reference>(engine: &Engine, n: usize, part: usize, transport: Transport, seed: u64) {
+    let ranks = Ranks::new(n);
+    let inputs = ranks.random::<T>(part, seed);
+    let bufs = ranks.upload(&inputs);
+    let mut outputs = ranks.poisoned::<T>(n * part);
+    let views: Vec<_> = bufs.iter().map(|b| b.view(..)).collect();
+    all_gather(engine, &views, &mut ranks.ranks(&mut outputs), transport).unwrap();
+    let gathered = inputs.concat();
+    for (r, got) in ranks.download(&outputs).iter().enumerate() {
+        assert!(*got == gathered, "all_gather {} n={n} part={part} {transport:?} rank {r}", T::DTYPE);
+    }
+    assert!(ranks.download(&bufs) == inputs, "all_gather left its inputs alone");
+}
+
+fn reduce_scatter_case<T: Reference>(
+    engine: &Engine,
+    n: usize,
+    part: usize,
+    op: ReduceOp,
+    transport: Transport,
+    seed: u64,
+) {
+    let ranks = Ranks::new(n);
+    let inputs = ranks.random::<T>(n * part, seed);
+    let bufs = ranks.upload(&inputs);
+    let mut outputs = ranks.poisoned::<T>(part);
+    let views: Vec<_> = bufs.iter().map(|b| b.view(..)).collect();
+    reduce_scatter(engine, &views, &mut ranks.ranks(&mut outputs), op, transport).unwrap();
+    let want = expected(Collective::ReduceScatter, &inputs, op);
+    for (r, got) in ranks.download(&outputs).iter().enumerate() {
+        let what = format!("reduce_scatter {} {op} n={n} part={part} {transport:?} rank {r}", T::DTYPE);
+        check_replay(got, &want[r], op, &what);
+        let seg = segment(n, n * part, r);
+        let refs: Vec<&[T]> = inputs.iter().map(|v| &v[seg.clone()]).collect();
+        check_fold(got, &refs, op, &what);
+    }
+    assert!(ranks.download(&bufs) == inputs, "reduce_scatter left its inputs alone");
+}
+
+fn broadcast_case<T: Reference>(engine: &Engine, n: usize, len: usize, root: usize, seed: u64) {
+    let ranks = Ranks::new(n);
+    let inputs = ranks.random::<T>(len, seed);
+    let mut bufs = ranks.upload(&inputs);
+    broadcast(engine, &mut ranks.ranks(&mut bufs), root, Transport::Auto).unwrap();
+    for (r, got) in ranks.download(&bufs).iter().enumerate() {
+        assert!(*got == inputs[root], "broadcast {} n={n} len={len} root {root}: rank {r}", T::DTYPE);
+    }
+}
+
+/// Runs `$case::<T>(args)` for every element type.
+macro_rules! every_dtype {
+    ($case:ident($($arg:expr),*)) => {{
+        $case::<f32>($($arg),*);
+        $case::<f64>($($arg),*);
+        $case::<f16>($($arg),*);
+        $case::<bf16>($($arg),*);
+        $case::<i8>($($arg),*);
+        $case::<u8>($($arg),*);
+        $case::<i32>($($arg),*);
+        $case::<u32>($($arg),*);
+        $case::<i64>($($arg),*);
+        $case::<u64>($($arg),*);
+    }};
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn all_reduce_every_op_on_logical_ranks() {
+fn all_reduce_every_op_and_dtype_on_two_to_four_ranks() {
     let engine = Engine::new();
-    let mut seed = 100;
+    let mut seed = 1;
     for n in [2, 3, 4] {
-        for transport in [Transport::Scratch, Transport::ZeroCopy] {
+        for transport in TRANSPORTS {
             for op in ReduceOp::ALL {
-                for len in [1, n - 1, n + 1, 1000, (1 << 20) + 3] {
-                    if len == 0 {
-                        continue;
-                    }
-                    seed += 10;
-                    all_reduce_case::<f32>(&engine, n, len, op, transport, seed);
-                    all_reduce_case::<i32>(&engine, n, len, op, transport, seed + 5);
+                for len in [n + 1, 70_001] {
+                    seed += 1;
+                    every_dtype!(all_reduce_case(&engine, n, len, op, transport, seed));
                 }
             }
         }
@@ -74,12 +190,34 @@ fn all_reduce_every_op_on_logical_ranks() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn all_reduce_other_dtypes_and_auto() {
+fn all_reduce_f32_and_bf16_full_sweep() {
+    let engine = Engine::new();
+    let mut seed = 1000;
+    for n in [2, 3, 4] {
+        for transport in TRANSPORTS {
+            for len in [1, n - 1, n + 1, (1 << 20) + 3, 1 << 28] {
+                if len > max_len() {
+                    continue;
+                }
+                let ops: &[ReduceOp] =
+                    if len > REPLAY_MAX_LEN { &[ReduceOp::Sum] } else { &[ReduceOp::Sum, ReduceOp::Avg] };
+                for &op in ops {
+                    seed += 1;
+                    all_reduce_case::<f32>(&engine, n, len, op, transport, seed);
+                    all_reduce_case::<bf16>(&engine, n, len, op, transport, seed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn auto_transport_gives_the_same_results() {
     let engine = Engine::new();
     for op in ReduceOp::ALL {
-        all_reduce_case::<u8>(&engine, 3, 70_001, op, Transport::Auto, 7);
-        all_reduce_case::<f64>(&engine, 2, 70_001, op, Transport::Auto, 8);
-        all_reduce_case::<u64>(&engine, 4, 70_001, op, Transport::Auto, 9);
+        all_reduce_case::<f16>(&engine, 3, 300_001, op, Transport::Auto, 7);
+        all_reduce_case::<i64>(&engine, 2, 300_001, op, Transport::Auto, 8);
     }
 }
 
@@ -87,99 +225,104 @@ fn all_reduce_other_dtypes_and_auto() {
 #[ignore = "needs a CUDA GPU"]
 fn one_hundred_back_to_back_all_reduces_without_host_sync() {
     let engine = Engine::new();
-    let device = device();
-    let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
+    let ranks = Ranks::new(2);
     let len = 50_000;
-    let mut cases = Vec::new();
-    for i in 0..100u64 {
-        let inputs: Vec<Vec<f32>> = (0..2)
-            .map(|r| {
-                let mut v = vec![0f32; len];
-                fill_random(&mut v, 9000 + 2 * i + r);
-                v
-            })
-            .collect();
-        let bufs: Vec<DeviceBuffer<f32>> =
-            inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
-        cases.push((inputs, bufs));
-    }
-    for (_, bufs) in &mut cases {
-        let mut ranks: Vec<Rank<'_, f32>> =
-            bufs.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
-        all_reduce(&engine, &mut ranks, ReduceOp::Sum, Transport::ZeroCopy).unwrap();
+    let mut cases: Vec<_> = (0..100)
+        .map(|i| {
+            let inputs = ranks.random::<f32>(len, 9000 + i);
+            let bufs = ranks.upload(&inputs);
+            (inputs, bufs)
+        })
+        .collect();
+    for (i, (_, bufs)) in cases.iter_mut().enumerate() {
+        let transport = TRANSPORTS[i % 2];
+        all_reduce(&engine, &mut ranks.ranks(bufs), ReduceOp::Sum, transport).unwrap();
     }
     for (i, (inputs, bufs)) in cases.iter().enumerate() {
         let want = expected(Collective::AllReduce, inputs, ReduceOp::Sum);
-        for (r, (b, s)) in bufs.iter().zip(&streams).enumerate() {
-            check(&b.to_host_vec(s).unwrap(), &want[r], ReduceOp::Sum, &format!("call {i} rank {r}"));
+        for (r, got) in ranks.download(bufs).iter().enumerate() {
+            check_replay(got, &want[r], ReduceOp::Sum, &format!("call {i} rank {r}"));
         }
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn all_gather_reduce_scatter_and_broadcast_on_three_logical_ranks() {
+fn all_gather_reduce_scatter_and_broadcast_on_two_to_four_ranks() {
     let engine = Engine::new();
-    let device = device();
-    let n = 3;
-    let streams: Vec<Stream> = (0..n).map(|_| Stream::new(&device).unwrap()).collect();
-    let part = 33_333;
-    let host_in: Vec<Vec<u32>> = (0..n)
-        .map(|r| {
-            let mut v = vec![0u32; part];
-            fill_random(&mut v, 40 + r as u64);
-            v
-        })
-        .collect();
-    let inputs: Vec<DeviceBuffer<u32>> =
-        host_in.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
-    let mut outputs: Vec<DeviceBuffer<u32>> = (0..n).map(|_| DeviceBuffer::alloc(&device, n * part).unwrap()).collect();
-    for (o, s) in outputs.iter_mut().zip(&streams) {
-        o.fill_bytes(s, 0xA5).unwrap();
+    let mut seed = 5000;
+    for n in [2, 3, 4] {
+        for transport in TRANSPORTS {
+            for part in [1, 3, 33_333] {
+                seed += 1;
+                every_dtype!(all_gather_case(&engine, n, part, transport, seed));
+                for op in ReduceOp::ALL {
+                    reduce_scatter_case::<f32>(&engine, n, part, op, transport, seed);
+                    reduce_scatter_case::<u8>(&engine, n, part, op, transport, seed);
+                }
+            }
+        }
+        every_dtype!(reduce_scatter_case(&engine, n, 1000, ReduceOp::Max, Transport::Auto, seed));
+        for root in 0..n {
+            broadcast_case::<u32>(&engine, n, 100_003, root, seed + root as u64);
+        }
+        broadcast_case::<bf16>(&engine, n, 1, n - 1, seed);
     }
-    {
-        let views: Vec<_> = inputs.iter().map(|b| b.view(..)).collect();
-        let mut ranks: Vec<Rank<'_, u32>> =
-            outputs.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
-        all_gather(&engine, &views, &mut ranks, Transport::Auto).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_rank_and_empty_buffers_are_no_ops() {
+    let engine = Engine::new();
+    let one = Ranks::new(1);
+    let inputs = one.random::<f32>(1001, 3);
+    let mut bufs = one.upload(&inputs);
+    all_reduce(&engine, &mut one.ranks(&mut bufs), ReduceOp::Avg, Transport::Auto).unwrap();
+    broadcast(&engine, &mut one.ranks(&mut bufs), 0, Transport::Auto).unwrap();
+    assert!(one.download(&bufs) == inputs, "n = 1: avg divides by 1, broadcast copies nothing");
+    let three = Ranks::new(3);
+    let mut empty: Vec<DeviceBuffer<i32>> = (0..3).map(|_| DeviceBuffer::alloc(&three.device, 0).unwrap()).collect();
+    all_reduce(&engine, &mut three.ranks(&mut empty), ReduceOp::Sum, Transport::ZeroCopy).unwrap();
+    let views: Vec<_> = empty.iter().map(|b| b.view(..)).collect();
+    let mut out: Vec<DeviceBuffer<i32>> = (0..3).map(|_| DeviceBuffer::alloc(&three.device, 0).unwrap()).collect();
+    all_gather(&engine, &views, &mut three.ranks(&mut out), Transport::Scratch).unwrap();
+    reduce_scatter(&engine, &views, &mut three.ranks(&mut out), ReduceOp::Min, Transport::Scratch).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bad_input_is_refused_and_nothing_is_written() {
+    let engine = Engine::new();
+    let ranks = Ranks::new(3);
+    let mut bufs = ranks.poisoned::<f32>(10);
+    bufs[2] = ranks.poisoned::<f32>(11).pop().unwrap();
+    let err = all_reduce(&engine, &mut ranks.ranks(&mut bufs), ReduceOp::Sum, Transport::Auto).unwrap_err();
+    assert!(err.to_string().contains("rank 2"), "{err}");
+    let err = broadcast(&engine, &mut ranks.ranks(&mut bufs[..2]), 2, Transport::Auto).unwrap_err();
+    assert!(err.to_string().contains("root 2"), "{err}");
+    // all_gather: outputs of the wrong size; reduce_scatter: inputs of the wrong size.
+    let inputs = ranks.upload(&ranks.random::<f32>(4, 1));
+    let views: Vec<_> = inputs.iter().map(|b| b.view(..)).collect();
+    let mut out = ranks.poisoned::<f32>(11);
+    assert!(all_gather(&engine, &views, &mut ranks.ranks(&mut out), Transport::Auto).is_err());
+    assert!(reduce_scatter(&engine, &views, &mut ranks.ranks(&mut out), ReduceOp::Sum, Transport::Auto).is_err());
+    assert!(all_gather(&engine, &views[..2], &mut ranks.ranks(&mut out), Transport::Auto).is_err(), "input count");
+    assert!(Engine::with_chunk_bytes(0).is_err());
+    let poison = f32::from_byte(POISON);
+    for b in ranks.download(&bufs).iter().chain(&ranks.download(&out)) {
+        assert!(b.iter().all(|v| v.to_bits() == poison.to_bits()), "a refused call wrote");
     }
-    let gathered: Vec<u32> = host_in.concat();
-    for (o, s) in outputs.iter().zip(&streams) {
-        assert!(o.to_host_vec(s).unwrap() == gathered, "all_gather");
-    }
-    // reduce_scatter of the gathered buffers (one per rank, with different data).
-    let rs_in: Vec<Vec<u32>> = (0..n)
-        .map(|r| {
-            let mut v = vec![0u32; n * part];
-            fill_random(&mut v, 70 + r as u64);
-            v
-        })
-        .collect();
-    let rs_bufs: Vec<DeviceBuffer<u32>> =
-        rs_in.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
-    let mut rs_out: Vec<DeviceBuffer<u32>> = (0..n).map(|_| DeviceBuffer::alloc(&device, part).unwrap()).collect();
-    {
-        let views: Vec<_> = rs_bufs.iter().map(|b| b.view(..)).collect();
-        let mut ranks: Vec<Rank<'_, u32>> =
-            rs_out.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
-        reduce_scatter(&engine, &views, &mut ranks, ReduceOp::Max, Transport::Scratch).unwrap();
-    }
-    for (r, (o, s)) in rs_out.iter().zip(&streams).enumerate() {
-        let seg = segment(n, n * part, r);
-        let want: Vec<u32> = seg.clone().map(|i| rs_in.iter().map(|v| v[i]).max().unwrap()).collect();
-        assert!(o.to_host_vec(s).unwrap() == want, "reduce_scatter rank {r}");
-        assert!(rs_bufs[r].to_host_vec(s).unwrap() == rs_in[r], "reduce_scatter left input {r} alone");
-    }
-    // broadcast from rank 1.
-    let mut bc: Vec<DeviceBuffer<u32>> =
-        rs_in.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
-    {
-        let mut ranks: Vec<Rank<'_, u32>> =
-            bc.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
-        broadcast(&engine, &mut ranks, 1, Transport::Auto).unwrap();
-        assert!(broadcast(&engine, &mut ranks, 3, Transport::Auto).is_err(), "root out of range");
-    }
-    for (b, s) in bc.iter().zip(&streams) {
-        assert!(b.to_host_vec(s).unwrap() == rs_in[1], "broadcast");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_chunk_override_changes_nothing_but_the_pipeline() {
+    // 4 KiB chunks: many chunks per segment, more than the four slots of every ring edge.
+    let engine = Engine::with_chunk_bytes(4096).unwrap();
+    for transport in TRANSPORTS {
+        all_reduce_case::<f32>(&engine, 3, 100_003, ReduceOp::Sum, transport, 77);
+        all_reduce_case::<u8>(&engine, 4, 100_003, ReduceOp::Prod, transport, 78);
+        reduce_scatter_case::<i32>(&engine, 2, 50_001, ReduceOp::Min, transport, 79);
+        all_gather_case::<i8>(&engine, 3, 9_999, transport, 80);
     }
 }

@@ -7,7 +7,7 @@
 use geforce_p2p::cuda::reduce;
 use geforce_p2p::pinned::{copy_from_host, copy_to_host, reduce_from_host};
 use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream};
-use gp2p_tests::{Reference, check_reduce, fill_random};
+use gp2p_tests::{Reference, check_reduce, fill_random, max_len};
 
 const POISON: u8 = 0xA5;
 /// Lengths from the acceptance list; GP2P_TEST_MAX_LEN caps them (the sanitizer runs use it).
@@ -19,10 +19,6 @@ const MISALIGNED_MAX: usize = 65537;
 enum Source {
     Device,
     MappedHost,
-}
-
-fn max_len() -> usize {
-    std::env::var("GP2P_TEST_MAX_LEN").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX)
 }
 
 struct Bench<T: Reference> {
