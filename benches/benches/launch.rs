@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use geforce_p2p::cuda::reduce_launch_config;
+use geforce_p2p::cuda::{SourceMemory, reduce_launch_config};
 use geforce_p2p::transport::plan::Chunking;
 use geforce_p2p::{DType, Device, DeviceBuffer, ReduceOp, Stream, ops};
 
@@ -16,7 +16,7 @@ const GIB: usize = 1 << 30;
 
 fn planning(c: &mut Criterion) {
     c.bench_function("reduce_launch_config 1 GiB f32", |b| {
-        b.iter(|| reduce_launch_config(black_box(1 << 28), black_box(DType::F32), black_box(132)))
+        b.iter(|| reduce_launch_config(black_box(1 << 28), black_box(DType::F32), black_box(132), SourceMemory::Device))
     });
     c.bench_function("plan a 1 GiB copy", |b| {
         b.iter(|| {

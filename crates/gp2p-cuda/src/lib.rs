@@ -60,7 +60,7 @@ pub use event::{Event, EventKind};
 pub use gate::HostGate;
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr};
 pub use module::{Function, LaunchConfig, Module};
-pub use reduce::{reduce, reduce_launch_config};
+pub use reduce::{SourceMemory, reduce, reduce_launch_config};
 pub use stream::{RawStream, Stream, StreamFork};
 
 /// Raw driver API types, for callers that interoperate with other CUDA code.

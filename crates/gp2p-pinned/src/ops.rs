@@ -2,6 +2,7 @@
 #![allow(unsafe_code)]
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
+use gp2p_cuda::SourceMemory;
 use gp2p_cuda::{DeviceView, DeviceViewMut, Error as CudaError, Stream};
 use gp2p_kernels::{Element, ReduceOp};
 
@@ -57,7 +58,7 @@ pub fn reduce_from_host<T: Element>(
     // SAFETY: dst is len device elements on the stream's device; `mapped` addresses src's len
     // elements as this device sees them; device and host memory cannot overlap. The buffer
     // records the stream so host writes wait for the kernel.
-    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, dst.len(), T::DTYPE, op, divide_by)? };
+    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, dst.len(), T::DTYPE, op, divide_by, SourceMemory::MappedHost)? };
     if !src.is_empty() {
         src.note_use(stream)?;
     }

@@ -4,6 +4,7 @@
 use std::mem::ManuallyDrop;
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
+use gp2p_cuda::SourceMemory;
 use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, RawDevicePtr, Stream};
 use gp2p_kernels::{Element, ReduceOp};
 
@@ -182,7 +183,9 @@ impl StagingRing {
         let src = self.consumer_base + (slot * self.slot_bytes) as u64;
         // SAFETY: as in drain; `src` is the slot as the consumer device maps it, aligned to
         // 256 bytes, and host memory never overlaps dst's device memory.
-        unsafe { reduce_raw(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by)? };
+        unsafe {
+            reduce_raw(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by, SourceMemory::MappedHost)?
+        };
         Ok(self.free[slot].record(stream)?)
     }
 
