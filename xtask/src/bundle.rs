@@ -119,17 +119,23 @@ fn make_executable(_: &Path) -> Result<(), String> {
 /// The bundle's runner. Two-GPU tests are named `two_gpu_*`; with fewer than two GPUs they
 /// are listed as not run, never counted as passed.
 const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
-# geforce-p2p GPU suite. Usage: run [--sanitize]
+# geforce-p2p GPU suite. Usage: run [--sanitize [memcheck|racecheck]]
 #   (no flag)   every test, CPU and GPU, in release mode
-#   --sanitize  the same under compute-sanitizer memcheck, then racecheck
+#   --sanitize  the GPU tests under compute-sanitizer memcheck, then racecheck (or the one named)
 # Environment: GP2P_TEST_MAX_LEN caps the longest reduce length; TEST_THREADS (default 4).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 mode=plain
+tools="memcheck racecheck"
 case "${1:-}" in
   "") ;;
   --sanitize) mode=sanitize ;;
-  *) echo "usage: $0 [--sanitize]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--sanitize [memcheck|racecheck]]" >&2; exit 2 ;;
+esac
+case "${2:-}" in
+  "") ;;
+  memcheck | racecheck) tools=$2 ;;
+  *) echo "usage: $0 [--sanitize [memcheck|racecheck]]" >&2; exit 2 ;;
 esac
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${gpus:-0}" -lt 1 ]; then
@@ -174,13 +180,14 @@ run_suite() { # glob prefix...
 if [ "$mode" = plain ]; then
   run_suite "*" env
 else
-  for tool in memcheck racecheck; do
+  for tool in $tools; do
     echo "== compute-sanitizer --tool $tool"
     # Only binaries with GPU tests: the sanitizer fails a program that never calls CUDA.
     run_suite "gpu_*" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20
   done
 fi
 echo
-echo "gp2p GPU suite ($mode): $passed passed, $failed failed, $not_run not run (need two GPUs)"
+label=$mode; [ "$mode" = sanitize ] && label="sanitize: $tools"
+echo "gp2p GPU suite ($label): $passed passed, $failed failed, $not_run not run (need two GPUs)"
 [ "$failed" -eq 0 ]
 "#;

@@ -13,7 +13,7 @@
 //! - [`probe()`] (`gp2p-probe`): for every pair of devices, whether P2P is on and, if not,
 //!   the exact reason and whether the driver patch in PATCH.md would turn it on.
 //! - [`collectives`] (`gp2p-collectives`): ring all_reduce, all_gather, reduce_scatter and
-//!   broadcast over pinned host memory (in progress: not yet run on a GPU).
+//!   broadcast over pinned host memory, with a VRAM-scratch and a zero-copy receive path.
 //!
 //! ```
 //! use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, ops};

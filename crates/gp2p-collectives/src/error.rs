@@ -73,4 +73,12 @@ pub enum Error {
         /// The number of ranks.
         ranks: usize,
     },
+    /// An engine option out of range.
+    #[error("invalid option {name}: {reason}")]
+    InvalidOption {
+        /// The option.
+        name: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
 }

@@ -52,12 +52,28 @@ struct Group {
 pub struct Engine {
     groups: Mutex<HashMap<Vec<usize>, Arc<Mutex<Group>>>>,
     paths: Mutex<HashMap<usize, Path>>,
+    chunk_bytes: Option<usize>,
 }
 
 impl Engine {
     /// An engine with nothing cached yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An engine whose schedules cut buffers into chunks of `chunk_bytes` (rounded to whole,
+    /// 16-byte aligned elements) instead of sizing them by the buffer: for tuning and
+    /// benchmarks. Zero is refused.
+    pub fn with_chunk_bytes(chunk_bytes: usize) -> Result<Self> {
+        if chunk_bytes == 0 {
+            return Err(Error::InvalidOption { name: "chunk_bytes", reason: "must be at least 1 byte".into() });
+        }
+        Ok(Engine { chunk_bytes: Some(chunk_bytes), ..Self::default() })
+    }
+
+    /// The chunk size given to [`Engine::with_chunk_bytes`], if any.
+    pub fn chunk_bytes(&self) -> Option<usize> {
+        self.chunk_bytes
     }
 
     /// Run `schedule` over `ranks` (in place), reducing with `op`.

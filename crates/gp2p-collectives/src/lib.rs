@@ -59,7 +59,7 @@ pub fn all_reduce<T: Element>(
     transport: Transport,
 ) -> Result<()> {
     let len = check_ranks(ranks, "buffer")?;
-    let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len);
+    let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len, engine.chunk_bytes());
     engine.execute(ranks, &schedule, op, transport)
 }
 
@@ -82,7 +82,7 @@ pub fn all_gather<T: Element>(
         let own = segment(n, out_len, r);
         out.buffer.slice_mut(own).copy_from(out.stream, input)?;
     }
-    let schedule = schedule_for::<T>(Collective::AllGather, n, out_len);
+    let schedule = schedule_for::<T>(Collective::AllGather, n, out_len, engine.chunk_bytes());
     engine.execute(outputs, &schedule, ReduceOp::Sum, transport)
 }
 
@@ -106,7 +106,7 @@ pub fn reduce_scatter<T: Element>(
         buf.view_mut(..in_len).copy_from(out.stream, input)?;
         work.push(buf);
     }
-    let schedule = schedule_for::<T>(Collective::ReduceScatter, n, in_len);
+    let schedule = schedule_for::<T>(Collective::ReduceScatter, n, in_len, engine.chunk_bytes());
     {
         let mut ranks: Vec<Rank<'_, T>> = work
             .iter_mut()
@@ -135,7 +135,7 @@ pub fn broadcast<T: Element>(
     if root >= ranks.len() {
         return Err(Error::BadRoot { root, ranks: ranks.len() });
     }
-    let schedule = schedule_for::<T>(Collective::Broadcast { root }, ranks.len(), len);
+    let schedule = schedule_for::<T>(Collective::Broadcast { root }, ranks.len(), len, engine.chunk_bytes());
     engine.execute(ranks, &schedule, ReduceOp::Sum, transport)
 }
 
@@ -154,7 +154,7 @@ pub fn expected<T: Reference>(collective: Collective, inputs: &[Vec<T>], op: Red
     let len = inputs.first().map_or(0, Vec::len);
     let replay = |len: usize| {
         let mut bufs = inputs.to_vec();
-        schedule_for::<T>(collective, n, len)
+        schedule_for::<T>(collective, n, len, None)
             .run_on_host(&mut bufs, |d, s, last| T::reference(*d, *s, op, step_divisor(op, last, n)));
         bufs
     };
@@ -184,22 +184,28 @@ pub enum Collective {
     },
 }
 
-/// The exact schedule the entry points run for `ranks` buffers of `len` elements of `T`: the
-/// transport's chunking of one segment, and for all-reduce, segment boundaries aligned to 16
-/// bytes so every chunk takes the kernels' vector path. Tests and benches replay it on host
-/// buffers to get results folded in the GPU's order.
-pub fn schedule_for<T: Element>(collective: Collective, ranks: usize, len: usize) -> Schedule {
+/// The exact schedule the entry points run for `ranks` buffers of `len` elements of `T`.
+///
+/// Chunks follow the transport's chunking of the whole buffer (about 32 chunks of 1 to 16
+/// MiB, one chunk up to 1 MiB), or `chunk_bytes` where given: the host enqueues a few
+/// driver calls per chunk, so chunks sized by the buffer keep that cost a small, fixed share
+/// of the GPU time whatever the number of ranks. For all-reduce, segment boundaries fall on
+/// 16 bytes so every chunk takes the kernels' vector path. The chunk size never changes the
+/// order in which an element is folded, so tests and benches replay it (with any chunk) on
+/// host buffers to get results folded in the GPU's order.
+pub fn schedule_for<T: Element>(
+    collective: Collective,
+    ranks: usize,
+    len: usize,
+    chunk_bytes: Option<usize>,
+) -> Schedule {
     let align = (REDUCE_VECTOR_BYTES / size_of::<T>()).max(1);
-    let segment_bytes = len.div_ceil(ranks.max(1)) * size_of::<T>();
-    let chunk = (Chunking::for_bytes(segment_bytes, None, None).chunk_bytes / size_of::<T>()).max(1);
+    let chunk = (Chunking::for_bytes(len * size_of::<T>(), chunk_bytes, None).chunk_bytes / size_of::<T>()).max(1);
     match collective {
         Collective::AllReduce => Schedule::all_reduce_aligned(ranks, len, chunk.next_multiple_of(align), align),
         Collective::AllGather => Schedule::all_gather(ranks, len, chunk),
         Collective::ReduceScatter => Schedule::reduce_scatter(ranks, len, chunk),
-        Collective::Broadcast { root } => {
-            let whole = (Chunking::for_bytes(len * size_of::<T>(), None, None).chunk_bytes / size_of::<T>()).max(1);
-            Schedule::broadcast(ranks, len, whole, root)
-        }
+        Collective::Broadcast { root } => Schedule::broadcast(ranks, len, chunk, root),
     }
 }
 

@@ -30,6 +30,10 @@ pub struct CollectiveArgs {
     /// Element type.
     #[arg(long, default_value = "f32")]
     dtype: DType,
+    /// Chunk size of the ring pipeline (bytes; K, M, G suffixes), instead of one sized by
+    /// the buffer.
+    #[arg(long, value_parser = crate::sizes::parse_size)]
+    chunk: Option<usize>,
 }
 
 fn parse_transport(s: &str) -> Result<Transport, String> {
@@ -114,7 +118,10 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
     let duplex = ceil.duplex(64, 16 << 20, 4)?;
     let measured = ceil.measured.clone();
     drop(ceil);
-    let engine = Engine::new();
+    let engine = match args.chunk {
+        Some(bytes) => Engine::with_chunk_bytes(bytes)?,
+        None => Engine::new(),
+    };
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
     let op = args.op;
@@ -188,7 +195,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         // Verify against the same schedule run on host copies, step by step with the CPU
         // reference, so floating-point results match the GPU's order of operations.
         let collective = kind.collective();
-        let schedule = schedule_for::<T>(collective, n, len);
+        let schedule = schedule_for::<T>(collective, n, len, engine.chunk_bytes());
         let want = expected(collective, &inputs, op);
         let mut wrong = 0;
         for (r, b) in bufs.iter().enumerate() {

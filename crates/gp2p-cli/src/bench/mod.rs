@@ -31,7 +31,7 @@ pub enum BenchCommand {
     Copy(copy::CopyArgs),
     /// copy_to_host and copy_from_host against the pinned DMA rates.
     Host(host::HostArgs),
-    /// Ring all_reduce over pinned host memory, nccl-tests columns (not yet run on a GPU).
+    /// Ring all_reduce over pinned host memory, nccl-tests columns.
     AllReduce(collective::CollectiveArgs),
     /// Ring all_gather (size = the gathered buffer).
     AllGather(collective::CollectiveArgs),
