@@ -109,11 +109,12 @@ impl Engine {
                 *ring = Some(StagingRing::new(&devices[r], &devices[(r + 1) % n], SLOTS, chunk * size_of::<T>())?);
             }
         }
-        // Two events per transfer, one on each side: allocate them before the loop.
+        // Events only where a later transfer waits on them: allocate them before the loop.
+        let marks = Marks::of(schedule);
         let mut needed = vec![0; n];
-        for t in &schedule.transfers {
-            needed[t.from] += 1;
-            needed[t.to] += 1;
+        for (t, mark) in schedule.transfers.iter().zip(&marks.0) {
+            needed[t.from] += usize::from(mark.sent);
+            needed[t.to] += usize::from(mark.received);
         }
         for (r, pool) in events.iter_mut().enumerate() {
             while pool.len() < needed[r] {
@@ -133,7 +134,7 @@ impl Engine {
         for (r, rank) in ranks.iter().enumerate() {
             forks[r].fork(rank.stream)?;
         }
-        let result = run_transfers(ranks, schedule, op, forks, rings, events, &mut scratch);
+        let result = run_transfers(ranks, schedule, &marks, op, forks, rings, events, &mut scratch);
         // Join and keep the scratch buffers even after a failure: the callers' later work
         // (freeing their buffers, say) must still wait for what was enqueued.
         let mut joined = Ok(());
@@ -232,10 +233,47 @@ impl Engine {
     }
 }
 
+/// Which transfers' ends a later transfer waits for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Mark {
+    /// A later receive into the same range of the sender must wait until this send read it.
+    sent: bool,
+    /// A later send of the same range by the receiver must wait until this receive wrote it.
+    received: bool,
+}
+
+/// A [`Mark`] per transfer of a schedule. Recording an event costs the host a driver call,
+/// and most transfers are never waited on (in a two-rank all-reduce, half of the ends), so
+/// only the marked ones are recorded.
+struct Marks(Vec<Mark>);
+
+impl Marks {
+    fn of(schedule: &Schedule) -> Marks {
+        let n = schedule.ranks;
+        let mut marks = vec![Mark::default(); schedule.transfers.len()];
+        // Per rank, by range start: the transfer that last received into / sent from it.
+        let mut received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+        let mut sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+        for (i, t) in schedule.transfers.iter().enumerate() {
+            if let Some(&j) = received[t.from].get(&t.range.start) {
+                marks[j].received = true;
+            }
+            if let Some(&j) = sent[t.to].get(&t.range.start) {
+                marks[j].sent = true;
+            }
+            sent[t.from].insert(t.range.start, i);
+            received[t.to].insert(t.range.start, i);
+        }
+        Marks(marks)
+    }
+}
+
 /// Enqueue every transfer of `schedule` on the forked streams.
+#[allow(clippy::too_many_arguments)]
 fn run_transfers<T: Element>(
     ranks: &mut [Rank<'_, T>],
     schedule: &Schedule,
+    marks: &Marks,
     op: ReduceOp,
     forks: &[StreamFork],
     rings: &mut [Option<StagingRing>],
@@ -248,7 +286,7 @@ fn run_transfers<T: Element>(
     // it must wait) and after the last send from it (a receive into it must wait).
     let mut received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
     let mut sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-    for t in &schedule.transfers {
+    for (t, mark) in schedule.transfers.iter().zip(&marks.0) {
         let (from, to, range) = (t.from, t.to, t.range.clone());
         let send = &forks[from].streams()[SEND];
         let recv = &forks[to].streams()[RECV];
@@ -262,9 +300,11 @@ fn run_transfers<T: Element>(
         let slot = ring.next_slot();
         let (src_rank, dst_rank) = pair_mut(ranks, from, to);
         ring.fill(slot, send, &src_rank.buffer.as_view().slice(range.clone()))?;
-        events[from][used[from]].record(send)?;
-        sent[from].insert(range.start, used[from]);
-        used[from] += 1;
+        if mark.sent {
+            events[from][used[from]].record(send)?;
+            sent[from].insert(range.start, used[from]);
+            used[from] += 1;
+        }
         let mut dst = dst_rank.buffer.slice_mut(range.clone());
         match t.action {
             Action::Copy => ring.drain(slot, recv, &mut dst)?,
@@ -280,9 +320,11 @@ fn run_transfers<T: Element>(
                 }
             }
         }
-        events[to][used[to]].record(recv)?;
-        received[to].insert(range.start, used[to]);
-        used[to] += 1;
+        if mark.received {
+            events[to][used[to]].record(recv)?;
+            received[to].insert(range.start, used[to]);
+            used[to] += 1;
+        }
     }
     Ok(())
 }
@@ -344,7 +386,22 @@ fn pair_mut<T>(v: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
 
 #[cfg(test)]
 mod tests {
-    use super::pair_mut;
+    use super::{Mark, Marks, pair_mut};
+    use crate::schedule::Schedule;
+
+    #[test]
+    fn only_ends_that_are_waited_on_are_marked() {
+        // Two ranks, one chunk per segment: rank r sends segment A (reduce-scatter), receives
+        // and reduces B, sends the reduced B (all-gather) and receives the final A.
+        let marks = Marks::of(&Schedule::all_reduce(2, 8, 4)).0;
+        assert_eq!(marks.len(), 4);
+        let waited = |m: &Mark| m.sent || m.received;
+        assert!(marks[..2].iter().all(|m| m.sent && m.received), "reduce-scatter ends are all waited on");
+        assert!(!marks[2..].iter().any(waited), "nothing waits on the all-gather's ends");
+        // A broadcast chain only forwards what arrived: receives marked, sends not.
+        let chain = Marks::of(&Schedule::broadcast(3, 8, 8, 0)).0;
+        assert_eq!(chain, [Mark { sent: false, received: true }, Mark::default()]);
+    }
 
     #[test]
     fn pair_mut_gives_both_orders() {
