@@ -15,10 +15,12 @@ const VECTORS_PER_THREAD_STEP: usize = 4;
 const BLOCKS_PER_SM: u32 = 8;
 /// The same for a source in mapped host memory. Every outstanding read is a request sent up
 /// the PCIe link, sharing that direction with the device-to-host DMAs of a pipeline; a full
-/// grid keeps so many in flight that those DMAs starve (measured on an H200: a kernel at 8
-/// blocks per SM reading 16 MiB chunks beside a D2H stream, 47 GB/s in, 29.5 out; at 2
-/// blocks, 35 and 37). Two blocks per SM still read at the full rate when alone.
-const HOST_SOURCE_BLOCKS_PER_SM: u32 = 2;
+/// grid keeps so many in flight that those DMAs starve. Measured on an H200, a kernel reading
+/// 8 MiB chunks beside a D2H stream, per direction: 35.9/37.5 GB/s in/out at 1 block per SM,
+/// 35.6/35.8 at 2, 44.2/31.1 at 4, 45.4/31.4 at 8. Several such kernels may run at once
+/// (logical ranks on one GPU), so one block per SM each; 256 threads × 64 bytes per SM still
+/// keep far more bytes in flight than the link's latency needs.
+const HOST_SOURCE_BLOCKS_PER_SM: u32 = 1;
 
 /// Where a reduce kernel's `src` lives, which sets how many reads it keeps in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,5 +150,6 @@ mod tests {
         assert_eq!(host.grid, 132 * HOST_SOURCE_BLOCKS_PER_SM, "fewer reads in flight across PCIe");
         let small_host = reduce_launch_config(256 * 64 + 1, DType::I8, 132, SourceMemory::MappedHost);
         assert_eq!(small_host.grid, 2, "a small launch is not capped");
+        assert!(host.grid < big.grid);
     }
 }
