@@ -122,14 +122,16 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # geforce-p2p GPU suite. Usage: run [--sanitize [memcheck|racecheck]]
 #   (no flag)   every test, CPU and GPU, in release mode
 #   --sanitize  the GPU tests under compute-sanitizer memcheck, then racecheck (or the one named)
-# Environment: GP2P_TEST_MAX_LEN caps the longest reduce length; TEST_THREADS (default 4).
+# Environment: GP2P_TEST_MAX_LEN caps the longest test length; TEST_THREADS (default 4, and 1
+# under the sanitizer, whose racecheck lost track of launches from several test threads).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 mode=plain
+threads=${TEST_THREADS:-4}
 tools="memcheck racecheck"
 case "${1:-}" in
   "") ;;
-  --sanitize) mode=sanitize ;;
+  --sanitize) mode=sanitize; threads=${TEST_THREADS:-1} ;;
   *) echo "usage: $0 [--sanitize [memcheck|racecheck]]" >&2; exit 2 ;;
 esac
 case "${2:-}" in
@@ -162,8 +164,14 @@ run_suite() { # glob prefix...
   shift
   for t in "$here"/tests/$glob; do
     name=$(basename "$t")
+    # A binary left with no test (the two-GPU tests on one GPU) never calls CUDA, which the
+    # sanitizer reports as a failure: skip it.
+    if ! "$t" --list --include-ignored "${skip[@]}" 2>/dev/null | grep -q ': test$'; then
+      echo "-- $name: no test to run here"
+      continue
+    fi
     log=$(mktemp)
-    "$@" "$t" --include-ignored --test-threads="${TEST_THREADS:-4}" "${skip[@]}" >"$log" 2>&1
+    "$@" "$t" --include-ignored --test-threads="$threads" "${skip[@]}" >"$log" 2>&1
     rc=$?
     cat "$log"
     p=$(count passed "$log")

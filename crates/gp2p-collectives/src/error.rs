@@ -82,3 +82,15 @@ pub enum Error {
         reason: String,
     },
 }
+
+impl Error {
+    /// Whether this error means "no CUDA here" (no driver, or no such device).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Cuda(e) => e.is_unavailable(),
+            Error::Pinned(e) => e.is_unavailable(),
+            Error::Transport(e) => e.is_unavailable(),
+            _ => false,
+        }
+    }
+}

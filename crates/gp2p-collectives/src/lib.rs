@@ -10,8 +10,50 @@
 //!   reads the staged chunk from mapped host memory ([`Transport::ZeroCopy`]);
 //!   [`Transport::Auto`] measures both once per device and takes the faster.
 //!
-//! Not here: choosing P2P (a later step may read peers directly where every pair has it).
-//! With the `testing` feature, several logical ranks may share one GPU.
+//! Not here: reading peers directly where every pair has P2P; every collective stages
+//! through pinned host memory. With the `testing` feature, several logical ranks may share
+//! one GPU.
+//!
+//! Stream semantics: each rank's part starts after the work already enqueued on its stream,
+//! work enqueued there later sees the result, and the host does not wait (the first call
+//! on a device with [`Transport::Auto`] measures the two receive paths once, blocking).
+//!
+//! ```
+//! use gp2p_collectives::{Engine, Rank, Transport, all_reduce};
+//! use gp2p_cuda::{Device, DeviceBuffer, Stream};
+//! use gp2p_kernels::ReduceOp;
+//!
+//! // Sum one buffer per GPU in place, on every GPU there is.
+//! fn sum_everywhere() -> Result<Vec<Vec<f32>>, gp2p_collectives::Error> {
+//!     let devices: Vec<Device> = (0..Device::count()?).map(Device::open).collect::<Result<_, _>>()?;
+//!     if devices.is_empty() {
+//!         return Ok(Vec::new());
+//!     }
+//!     let streams: Vec<Stream> = devices.iter().map(Stream::new).collect::<Result<_, _>>()?;
+//!     let mut buffers: Vec<DeviceBuffer<f32>> = streams
+//!         .iter()
+//!         .enumerate()
+//!         .map(|(r, s)| DeviceBuffer::from_host(s, &vec![r as f32 + 1.0; 1000]))
+//!         .collect::<Result<_, _>>()?;
+//!     let engine = Engine::new();
+//!     let mut ranks: Vec<Rank<'_, f32>> =
+//!         buffers.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
+//!     all_reduce(&engine, &mut ranks, ReduceOp::Sum, Transport::Auto)?;
+//!     drop(ranks);
+//!     Ok(buffers.iter().zip(&streams).map(|(b, s)| b.to_host_vec(s)).collect::<Result<_, _>>()?)
+//! }
+//! match sum_everywhere() {
+//!     // n GPUs holding 1, 2, ..., n: every element becomes n(n + 1)/2 everywhere.
+//!     Ok(all) => {
+//!         let n = all.len() as f32;
+//!         assert!(all.iter().flatten().all(|&v| v == n * (n + 1.0) / 2.0));
+//!     }
+//!     Err(e) if e.is_unavailable() => println!("no GPU here: {e}"),
+//!     Err(e) => panic!("{e}"),
+//! }
+//! ```
+//!
+//! The schedules alone, on the host:
 //!
 //! ```
 //! use gp2p_collectives::schedule::Schedule;
