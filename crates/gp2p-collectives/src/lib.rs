@@ -264,13 +264,23 @@ fn check_ranks<T: Element>(ranks: &[Rank<'_, T>], what: &'static str) -> Result<
         if rank.buffer.len() != len {
             return Err(Error::WrongLength { rank: r, what, got: rank.buffer.len(), expected: len });
         }
-        if !cfg!(feature = "testing")
-            && let Some(first) = ranks[..r].iter().position(|o| o.buffer.device() == rank.buffer.device())
-        {
-            return Err(Error::SharedDevice { device: buffer, first, second: r });
-        }
+    }
+    if !cfg!(feature = "testing") {
+        let ordinals: Vec<usize> = ranks.iter().map(|r| r.buffer.device().ordinal()).collect();
+        one_rank_per_device(&ordinals)?;
     }
     Ok(len)
+}
+
+/// Refuses a device that holds two ranks' buffers (the ring would run two ranks' traffic
+/// over one link and count it as two).
+fn one_rank_per_device(ordinals: &[usize]) -> Result<()> {
+    for (second, device) in ordinals.iter().enumerate() {
+        if let Some(first) = ordinals[..second].iter().position(|d| d == device) {
+            return Err(Error::SharedDevice { device: *device, first, second });
+        }
+    }
+    Ok(())
 }
 
 /// `n` inputs of `len` elements, each on the device of the rank with its index.
@@ -321,6 +331,14 @@ mod tests {
         assert!(gathered.iter().all(|b| b == &[1, 2, 3]));
         let root = expected(Collective::Broadcast { root: 1 }, &inputs, ReduceOp::Sum);
         assert!(root.iter().all(|b| b == &inputs[1]));
+    }
+
+    #[test]
+    fn two_ranks_on_one_device_are_refused() {
+        assert_eq!(one_rank_per_device(&[0, 1, 2]), Ok(()));
+        let err = one_rank_per_device(&[3, 1, 3]).unwrap_err();
+        assert_eq!(err, Error::SharedDevice { device: 3, first: 0, second: 2 });
+        assert!(err.to_string().contains("testing"), "the message names the test-only way out: {err}");
     }
 
     #[test]
