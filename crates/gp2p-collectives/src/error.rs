@@ -13,7 +13,7 @@ pub enum Error {
     /// A failure of the pinned-memory layer.
     #[error(transparent)]
     Pinned(#[from] gp2p_pinned::Error),
-    /// A failure of the transport layer.
+    /// A failure of the transport layer (its option checks, too).
     #[error(transparent)]
     Transport(#[from] gp2p_transport::Error),
     /// No ranks were given.
@@ -72,14 +72,6 @@ pub enum Error {
         root: usize,
         /// The number of ranks.
         ranks: usize,
-    },
-    /// An engine option out of range.
-    #[error("invalid option {name}: {reason}")]
-    InvalidOption {
-        /// The option.
-        name: &'static str,
-        /// Why it was refused.
-        reason: String,
     },
 }
 

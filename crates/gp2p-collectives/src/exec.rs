@@ -10,14 +10,15 @@ use std::sync::Arc;
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, EventKind, Stream, StreamFork, reduce};
 use gp2p_kernels::{Element, ReduceOp};
 use gp2p_pinned::StagingRing;
+use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS};
 use parking_lot::Mutex;
 
 use crate::calibrate::{Path, choose};
 use crate::schedule::{Action, Schedule};
 use crate::{Error, Result, Transport, step_divisor};
 
-/// Staging slots per ring edge.
-const SLOTS: usize = 4;
+/// Staging slots per ring edge: the transport's default.
+const SLOTS: usize = DEFAULT_SLOTS;
 /// Index of the send and the receive stream in a rank's fork.
 const SEND: usize = 0;
 const RECV: usize = 1;
@@ -65,9 +66,7 @@ impl Engine {
     /// 16-byte aligned elements) instead of sizing them by the buffer: for tuning and
     /// benchmarks. Zero is refused.
     pub fn with_chunk_bytes(chunk_bytes: usize) -> Result<Self> {
-        if chunk_bytes == 0 {
-            return Err(Error::InvalidOption { name: "chunk_bytes", reason: "must be at least 1 byte".into() });
-        }
+        Chunking::check_overrides(Some(chunk_bytes), None)?;
         Ok(Engine { chunk_bytes: Some(chunk_bytes), ..Self::default() })
     }
 
@@ -386,8 +385,15 @@ fn pair_mut<T>(v: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Mark, Marks, pair_mut};
+    use super::{Engine, Mark, Marks, pair_mut};
     use crate::schedule::Schedule;
+
+    #[test]
+    fn a_zero_chunk_override_is_refused_by_the_transport_check() {
+        let err = Engine::with_chunk_bytes(0).err().expect("zero refused");
+        assert!(err.to_string().contains("chunk_bytes"), "{err}");
+        assert_eq!(Engine::with_chunk_bytes(4096).map(|e| e.chunk_bytes()).ok(), Some(Some(4096)));
+    }
 
     #[test]
     fn only_ends_that_are_waited_on_are_marked() {

@@ -96,12 +96,7 @@ impl Transport {
                 return Err(Error::Overlap { device: src_dev.ordinal(), src: s, dst: d });
             }
         }
-        if options.chunk_bytes == Some(0) || options.slots == Some(0) {
-            return Err(Error::InvalidOption {
-                name: "chunk_bytes/slots",
-                reason: "must be at least 1 when given".into(),
-            });
-        }
+        Chunking::check_overrides(options.chunk_bytes, options.slots)?;
         let pair = self.pair(&src_dev, &dst_dev)?;
         let mut pair = pair.lock();
         let peer = if same_device { true } else { pair.peer_both_ways(&src_dev, &dst_dev)? };

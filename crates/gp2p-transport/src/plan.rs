@@ -25,6 +25,17 @@ pub struct Chunking {
 }
 
 impl Chunking {
+    /// Refuses overrides of zero (a chunk of no bytes, a ring of no slots). Every caller that
+    /// takes overrides checks them here, before any work.
+    pub fn check_overrides(chunk_bytes: Option<usize>, slots: Option<usize>) -> crate::Result<()> {
+        for (name, value) in [("chunk_bytes", chunk_bytes), ("slots", slots)] {
+            if value == Some(0) {
+                return Err(crate::Error::InvalidOption { name, reason: "must be at least 1 when given".into() });
+            }
+        }
+        Ok(())
+    }
+
     /// The chunking for `bytes`: one chunk up to [`SINGLE_CHUNK_MAX_BYTES`], else about
     /// [`TARGET_CHUNKS`] chunks of a whole number of MiB within [MIN, MAX]_CHUNK_BYTES.
     /// `chunk_bytes` / `slots` override the choice.
@@ -76,6 +87,16 @@ impl ChunkPlan {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn zero_overrides_are_refused_by_name() {
+        assert!(Chunking::check_overrides(None, None).is_ok());
+        assert!(Chunking::check_overrides(Some(1), Some(1)).is_ok());
+        let chunk = Chunking::check_overrides(Some(0), Some(4)).unwrap_err().to_string();
+        assert!(chunk.contains("chunk_bytes"), "{chunk}");
+        let slots = Chunking::check_overrides(None, Some(0)).unwrap_err().to_string();
+        assert!(slots.contains("slots"), "{slots}");
+    }
 
     #[test]
     fn sizes_pick_their_chunking() {
