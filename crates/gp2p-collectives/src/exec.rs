@@ -221,11 +221,14 @@ impl Engine {
             Transport::Scratch => Ok(Path::Scratch),
             Transport::ZeroCopy => Ok(Path::ZeroCopy),
             Transport::Auto => {
-                if let Some(&p) = self.paths.lock().get(&device.ordinal()) {
+                // Calibrate under the lock: a concurrent first call waits for the result
+                // instead of timing its own run beside this one (each would skew the other).
+                let mut paths = self.paths.lock();
+                if let Some(&p) = paths.get(&device.ordinal()) {
                     return Ok(p);
                 }
                 let p = choose(device)?;
-                self.paths.lock().insert(device.ordinal(), p);
+                paths.insert(device.ordinal(), p);
                 Ok(p)
             }
         }
