@@ -30,8 +30,8 @@ const DUPLEX_SHAPE: (usize, usize, usize) = (64, 16 << 20, 4);
 
 pub fn run(args: &ProbeArgs) -> Result<(), CliError> {
     let report = match &args.from {
-        Some(path) => Report::new(load(path).map_err(probe_error)?),
-        None => geforce_p2p::probe().map_err(probe_error)?,
+        Some(path) => Report::new(load(path)?),
+        None => geforce_p2p::probe()?,
     };
     if args.json {
         println!("{}", report.to_json());
@@ -42,13 +42,6 @@ pub fn run(args: &ProbeArgs) -> Result<(), CliError> {
         measure(&report)?;
     }
     Ok(())
-}
-
-fn probe_error(e: geforce_p2p::probe::Error) -> CliError {
-    match e {
-        geforce_p2p::probe::Error::Cuda(c) => CliError::Cuda(c),
-        other => CliError::Usage(other.to_string()),
-    }
 }
 
 /// Per device: pinned H2D and D2H alone and both at once; per pair: the copy rate by the
