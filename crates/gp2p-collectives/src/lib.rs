@@ -91,6 +91,45 @@ pub enum Transport {
     ZeroCopy,
 }
 
+impl Transport {
+    /// Every transport, in the order the CLI lists them.
+    pub const ALL: [Transport; 3] = [Transport::Auto, Transport::Scratch, Transport::ZeroCopy];
+
+    /// The name the CLI and reports use: `auto`, `scratch`, `zero-copy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Scratch => "scratch",
+            Transport::ZeroCopy => "zero-copy",
+        }
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A string that names no [`Transport`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown transport {given:?}: expected auto, scratch or zero-copy")]
+pub struct UnknownTransport {
+    /// What was given.
+    pub given: String,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = UnknownTransport;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Transport::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownTransport { given: s.to_owned() })
+    }
+}
+
 /// In place: every rank's buffer becomes `op` over all ranks' buffers (avg divides by the
 /// number of ranks). One buffer per device, equal lengths; n = 1 and empty buffers are
 /// valid no-ops.
@@ -331,6 +370,16 @@ mod tests {
         assert!(gathered.iter().all(|b| b == &[1, 2, 3]));
         let root = expected(Collective::Broadcast { root: 1 }, &inputs, ReduceOp::Sum);
         assert!(root.iter().all(|b| b == &inputs[1]));
+    }
+
+    #[test]
+    fn transport_names_round_trip() {
+        for t in Transport::ALL {
+            assert_eq!(t.to_string().parse::<Transport>(), Ok(t));
+        }
+        assert_eq!("Zero-Copy".parse::<Transport>(), Ok(Transport::ZeroCopy));
+        let err = "zerocopy".parse::<Transport>().unwrap_err();
+        assert!(err.to_string().contains("zero-copy"), "{err}");
     }
 
     #[test]

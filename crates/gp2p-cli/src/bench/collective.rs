@@ -22,7 +22,7 @@ pub struct CollectiveArgs {
     #[arg(long, default_value_t = 2)]
     ranks: usize,
     /// Receive path: auto, scratch or zero-copy.
-    #[arg(long, default_value = "auto", value_parser = parse_transport)]
+    #[arg(long, default_value = "auto")]
     transport: Transport,
     /// Reduction.
     #[arg(long, default_value = "sum")]
@@ -34,15 +34,6 @@ pub struct CollectiveArgs {
     /// the buffer.
     #[arg(long, value_parser = crate::sizes::parse_size)]
     chunk: Option<usize>,
-}
-
-fn parse_transport(s: &str) -> Result<Transport, String> {
-    match s {
-        "auto" => Ok(Transport::Auto),
-        "scratch" => Ok(Transport::Scratch),
-        "zero-copy" => Ok(Transport::ZeroCopy),
-        other => Err(format!("unknown transport {other:?}: expected auto, scratch or zero-copy")),
-    }
 }
 
 /// Which collective a bench runs.
@@ -214,7 +205,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         let link = link_bytes as f64 / seconds / 1e9;
         rows.push(Row {
             bench: kind.name(),
-            route: format!("{:?}", args.transport).to_lowercase(),
+            route: args.transport.to_string(),
             dtype: T::DTYPE.to_string(),
             op: if matches!(kind, Kind::AllGather | Kind::Broadcast) { "none".into() } else { op.to_string() },
             ranks: n,
@@ -234,7 +225,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
     bar.finish_and_clear();
     let report = Report::new(&devices[0], measured, c.iters, rows)?;
     println!(
-        "# gp2p bench {} --ranks {n}{} --transport {:?} --op {} --dtype {} on {}, medians of {} runs",
+        "# gp2p bench {} --ranks {n}{} --transport {} --op {} --dtype {} on {}, medians of {} runs",
         kind.name(),
         if logical { " (logical ranks on device 0)" } else { "" },
         args.transport,
