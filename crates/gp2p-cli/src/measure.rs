@@ -7,9 +7,13 @@ use std::collections::BTreeMap;
 use geforce_p2p::cuda::{Error as CudaError, HostGate};
 use geforce_p2p::kernels::reference::fill_random;
 use geforce_p2p::ops::{copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw};
+use geforce_p2p::transport::plan::{DEFAULT_SLOTS, MAX_CHUNK_BYTES};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, Stream, StreamFork};
 
 use crate::error::CliError;
+
+/// Transfers per direction of the duplex ceiling: enough that its middle half is steady.
+pub const DUPLEX_TRANSFERS: usize = 64;
 
 /// How many runs to time, after how many untimed ones.
 #[derive(Debug, Clone, Copy)]
@@ -146,17 +150,17 @@ impl<'a> Ceilings<'a> {
         Ok(rate)
     }
 
-    /// Both directions of the link at once, in steady state. `transfers` DMAs of
-    /// `transfer_bytes` are queued in each direction on two streams that start together;
-    /// both directions cycle through the same `host_slots` host slots as a staging ring
-    /// does, so the host memory traffic is the pipeline's (uploads read recently written
+    /// Both directions of the link at once, in steady state. [`DUPLEX_TRANSFERS`] DMAs of
+    /// the staged pipeline's largest chunk are queued in each direction on two streams that
+    /// start together; both directions cycle through as many host slots as a staging ring
+    /// has, so the host memory traffic is the pipeline's (uploads read recently written
     /// memory), not that of two 1 GiB streams. Each direction's rate is
     /// taken over its middle half of transfers only (the first and last may run alone while
     /// the other direction starts or drains); the ceiling is their mean: half the link's two-way throughput.
-    pub fn duplex(&mut self, transfers: usize, transfer_bytes: usize, host_slots: usize) -> Result<f64, CliError> {
+    pub fn duplex(&mut self) -> Result<f64, CliError> {
         let device = self.device;
-        let transfers = transfers.max(8);
-        let bytes = transfer_bytes.min(self.a.len() / transfers).max(1);
+        let (transfers, host_slots) = (DUPLEX_TRANSFERS, DEFAULT_SLOTS);
+        let bytes = MAX_CHUNK_BYTES.min(self.a.len() / transfers).max(1);
         let fork = StreamFork::new(device, 2)?;
         let streams = fork.fork(self.stream)?;
         let mut up_host = PinnedBuffer::<u8>::alloc(device, bytes * host_slots)?;

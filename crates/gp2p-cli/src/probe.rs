@@ -25,8 +25,6 @@ pub struct ProbeArgs {
 
 /// Runs per measurement (median).
 const MEASURE_REPEATS: Repeats = Repeats { warmup: 2, timed: 10 };
-/// Transfers of the two-way link measurement, their size and host slots (as bench copy).
-const DUPLEX_SHAPE: (usize, usize, usize) = (64, 16 << 20, 4);
 
 pub fn run(args: &ProbeArgs) -> Result<(), CliError> {
     let report = match &args.from {
@@ -61,8 +59,7 @@ fn measure(report: &Report) -> Result<(), CliError> {
         let stream = Stream::new(&device)?;
         let mut c = Ceilings::new(&device, &stream, CEILING_BYTES, MEASURE_REPEATS)?;
         let (h2d, d2h) = (c.h2d()?, c.d2h()?);
-        let (n, bytes, slots) = DUPLEX_SHAPE;
-        let both = c.duplex(n, bytes, slots)?;
+        let both = c.duplex()?;
         println!("  device {}: h2d {h2d:.1} GB/s, d2h {d2h:.1} GB/s, both ways at once {both:.1} GB/s each", d.ordinal);
         devices.push((device, stream));
     }

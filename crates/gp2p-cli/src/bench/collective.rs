@@ -106,7 +106,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
     let stream_of = |r: usize| &streams[if logical { 0 } else { r }];
     eprintln!("measuring ceilings ...");
     let mut ceil = Ceilings::new(&devices[0], stream_of(0), CEILING_BYTES, repeats)?;
-    let duplex = ceil.duplex(64, 16 << 20, 4)?;
+    let duplex = ceil.duplex()?;
     let measured = ceil.measured.clone();
     drop(ceil);
     let engine = match args.chunk {

@@ -10,11 +10,6 @@ use crate::error::CliError;
 use crate::measure::{Ceilings, timed_runs};
 use crate::report::{Report, Row, human_bytes};
 
-/// The duplex ceiling's shape: transfers per direction, their size, and the host slots they
-/// cycle through — the staged pipeline's own traffic pattern at its largest chunk size.
-const DUPLEX_TRANSFERS: usize = 64;
-const DUPLEX_TRANSFER_BYTES: usize = 16 << 20;
-const DUPLEX_HOST_SLOTS: usize = 4;
 /// The small size whose latency is compared with one D2H plus one H2D.
 const SMALL_BYTES: usize = 4096;
 
@@ -55,7 +50,7 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
     let mut measured = src_ceilings.measured.clone();
     let (binding_name, binding) = if one_card {
         let h2d = src_ceilings.h2d()?;
-        let duplex = src_ceilings.duplex(DUPLEX_TRANSFERS, DUPLEX_TRANSFER_BYTES, DUPLEX_HOST_SLOTS)?;
+        let duplex = src_ceilings.duplex()?;
         measured = src_ceilings.measured.clone();
         measured.insert("min_one_way", d2h.min(h2d));
         ("duplex", duplex)
