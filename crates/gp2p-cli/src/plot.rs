@@ -6,7 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use crate::error::CliError;
-use crate::report::Report;
+use crate::report::{Report, Row};
 
 const WIDTH: u32 = 960;
 const HEIGHT: u32 = 600;
@@ -14,15 +14,7 @@ const HEIGHT: u32 = 600;
 /// Draw every route of `report` (busbw against bytes, log-scaled size axis) and its
 /// ceilings as dashed horizontal lines.
 pub fn plot_rows(path: &Path, title: &str, report: &Report) -> Result<(), CliError> {
-    let mut lines: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for row in &report.rows {
-        let name = if row.dtype == "f32" || row.dtype == "u8" || row.dtype == "u32" {
-            row.route.clone()
-        } else {
-            format!("{} {}", row.route, row.dtype)
-        };
-        lines.entry(name).or_default().push((row.bytes as f64, row.busbw));
-    }
+    let lines = lines(&report.rows);
     let used: Vec<&'static str> = report.rows.iter().map(|r| r.ceiling_name).collect();
     let ceilings: Vec<(&str, f64)> =
         report.ceilings.iter().filter(|(n, _)| used.contains(n)).map(|(n, v)| (*n, *v)).collect();
@@ -31,6 +23,18 @@ pub fn plot_rows(path: &Path, title: &str, report: &Report) -> Result<(), CliErr
     let y_max = lines.values().flatten().map(|p| p.1).chain(ceilings.iter().map(|c| c.1)).fold(1.0, f64::max) * 1.1;
     draw(path, title, &lines, &ceilings, (x_min, x_max), y_max)
         .map_err(|e| CliError::Io { path: path.display().to_string(), source: std::io::Error::other(e.to_string()) })
+}
+
+/// One line per route, and per element type too when the rows hold several (as
+/// `bench reduce --dtype all` does), so no line mixes two dtypes.
+fn lines(rows: &[Row]) -> BTreeMap<String, Vec<(f64, f64)>> {
+    let several_dtypes = rows.iter().any(|r| r.dtype != rows[0].dtype);
+    let mut lines: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for row in rows {
+        let name = if several_dtypes { format!("{} {}", row.route, row.dtype) } else { row.route.clone() };
+        lines.entry(name).or_default().push((row.bytes as f64, row.busbw));
+    }
+    lines
 }
 
 fn draw(
@@ -72,4 +76,38 @@ fn draw(
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(route: &str, dtype: &str, bytes: usize) -> Row {
+        Row {
+            bench: "reduce",
+            route: route.into(),
+            dtype: dtype.into(),
+            op: "sum".into(),
+            ranks: 1,
+            bytes,
+            count: bytes / 4,
+            time_us: 1.0,
+            algbw: 1.0,
+            busbw: bytes as f64,
+            ceiling: 50.0,
+            ceiling_name: "h2d",
+            ratio: 0.5,
+            enqueue_us: None,
+            wrong: 0,
+        }
+    }
+
+    #[test]
+    fn a_line_never_mixes_dtypes() {
+        let one = lines(&[row("device", "u8", 4), row("device", "u8", 16), row("zero-copy", "u8", 4)]);
+        assert_eq!(one.keys().collect::<Vec<_>>(), ["device", "zero-copy"]);
+        let all = lines(&[row("device", "f32", 4), row("device", "u32", 4), row("device", "f32", 16)]);
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["device f32", "device u32"]);
+        assert_eq!(all["device f32"], [(4.0, 4.0), (16.0, 16.0)]);
+    }
 }
