@@ -163,6 +163,33 @@ pub fn fill_random<T: Reference>(out: &mut [T], seed: u64) {
     });
 }
 
+/// Count the indices in `0..len` where `wrong(i)` describes a wrong element, in parallel;
+/// also keep the first few descriptions. The one parallel checking loop every comparison
+/// below shares.
+fn count_where(len: usize, wrong: impl Fn(usize) -> Option<String> + Sync) -> (usize, Vec<String>) {
+    let chunk = len.div_ceil(threads()).max(1 << 16);
+    let wrong = &wrong;
+    let parts: Vec<(usize, Vec<String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..len.div_ceil(chunk))
+            .map(|c| {
+                scope.spawn(move || {
+                    let (mut count, mut first) = (0, Vec::new());
+                    for description in (c * chunk..((c + 1) * chunk).min(len)).filter_map(wrong) {
+                        count += 1;
+                        if first.len() < 4 {
+                            first.push(description);
+                        }
+                    }
+                    (count, first)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or((usize::MAX, vec!["checker thread panicked".into()]))).collect()
+    });
+    let count = parts.iter().map(|(w, _)| *w).fold(0, usize::saturating_add);
+    (count, parts.into_iter().flat_map(|(_, f)| f).take(4).collect())
+}
+
 /// Count the elements where `got[i]` is not an acceptable `op(dst[i], src[i])`, in
 /// parallel; also describes the first few. Lengths must be equal (else every element counts).
 pub fn count_wrong<T: Reference>(
@@ -178,41 +205,23 @@ pub fn count_wrong<T: Reference>(
             vec![format!("lengths differ: got {}, dst {}, src {}", got.len(), dst.len(), src.len())],
         );
     }
-    let chunk = got.len().div_ceil(threads()).max(1 << 16);
-    let parts: Vec<(usize, Vec<String>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = got
-            .chunks(chunk)
-            .zip(dst.chunks(chunk))
-            .zip(src.chunks(chunk))
-            .enumerate()
-            .map(|(c, ((g, d), s))| {
-                scope.spawn(move || {
-                    let mut wrong = 0;
-                    let mut first = Vec::new();
-                    for i in 0..g.len() {
-                        let want = T::reference(d[i], s[i], op, divide_by);
-                        if !T::matches(g[i], want, op) {
-                            wrong += 1;
-                            if first.len() < 4 {
-                                first.push(format!(
-                                    "[{}] {:?} {op} {:?} = {:?}, got {:?}",
-                                    c * chunk + i,
-                                    d[i],
-                                    s[i],
-                                    want,
-                                    g[i]
-                                ));
-                            }
-                        }
-                    }
-                    (wrong, first)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or((usize::MAX, vec!["checker thread panicked".into()]))).collect()
-    });
-    let wrong = parts.iter().map(|(w, _)| *w).fold(0, usize::saturating_add);
-    (wrong, parts.into_iter().flat_map(|(_, f)| f).take(4).collect())
+    count_where(got.len(), |i| {
+        let want = T::reference(dst[i], src[i], op, divide_by);
+        (!T::matches(got[i], want, op))
+            .then(|| format!("[{i}] {:?} {op} {:?} = {want:?}, got {:?}", dst[i], src[i], got[i]))
+    })
+}
+
+/// Count the elements where `got[i]` is not an acceptable `want[i]` under `op` (the
+/// tolerance of [`Reference::matches`]), in parallel; also describes the first few. Lengths
+/// must be equal (else every element counts).
+pub fn count_mismatched<T: Reference>(got: &[T], want: &[T], op: ReduceOp) -> (usize, Vec<String>) {
+    if got.len() != want.len() {
+        return (got.len().max(1), vec![format!("lengths differ: got {}, want {}", got.len(), want.len())]);
+    }
+    count_where(got.len(), |i| {
+        (!T::matches(got[i], want[i], op)).then(|| format!("[{i}] want {:?}, got {:?}", want[i], got[i]))
+    })
 }
 
 /// Count the elements where `got[i]` is not `op` folded over `inputs[r][i]` of every rank,
@@ -229,28 +238,11 @@ pub fn count_wrong_vs_fold<T: Reference>(got: &[T], inputs: &[&[T]], op: ReduceO
         return (got.len().max(1), vec![format!("input lengths differ from the output's {}", got.len())]);
     }
     let n = inputs.len();
-    let chunk = got.len().div_ceil(threads()).max(1 << 16);
-    let parts: Vec<(usize, Vec<String>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..got.len().div_ceil(chunk))
-            .map(|c| {
-                scope.spawn(move || {
-                    let (mut wrong, mut first) = (0, Vec::new());
-                    for i in c * chunk..((c + 1) * chunk).min(got.len()) {
-                        if let Err(want) = fold_matches(got[i], inputs.iter().map(|v| v[i]), n, op) {
-                            wrong += 1;
-                            if first.len() < 4 {
-                                first.push(format!("[{i}] want {want}, got {:?}", got[i]));
-                            }
-                        }
-                    }
-                    (wrong, first)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or((usize::MAX, vec!["checker thread panicked".into()]))).collect()
-    });
-    let wrong = parts.iter().map(|(w, _)| *w).fold(0, usize::saturating_add);
-    (wrong, parts.into_iter().flat_map(|(_, f)| f).take(4).collect())
+    count_where(got.len(), |i| {
+        fold_matches(got[i], inputs.iter().map(|v| v[i]), n, op)
+            .err()
+            .map(|want| format!("[{i}] want {want}, got {:?}", got[i]))
+    })
 }
 
 /// Whether `got` is `op` over `values` (n of them) as [`count_wrong_vs_fold`] defines it;
@@ -313,6 +305,24 @@ pub fn check_reduce<T: Reference>(got: &[T], dst: &[T], src: &[T], op: ReduceOp,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mismatches_are_counted_in_parallel_with_the_first_described() {
+        let want: Vec<u32> = (0..300_000).collect();
+        let mut got = want.clone();
+        for i in [5, 70_000, 200_001, 299_999] {
+            got[i] += 1;
+        }
+        let (wrong, first) = count_mismatched(&got, &want, ReduceOp::Sum);
+        assert_eq!(wrong, 4);
+        assert!(first[0].starts_with("[5] "), "{first:?}");
+        assert_eq!(count_mismatched(&got[..3], &want, ReduceOp::Sum).0, 3, "lengths differ");
+        assert_eq!(count_mismatched::<u32>(&[], &[], ReduceOp::Sum), (0, vec![]));
+        let (dst, src) = (vec![1u8; 200_000], vec![2u8; 200_000]);
+        let mut sums = vec![3u8; 200_000];
+        sums[199_999] = 4;
+        assert_eq!(count_wrong(&sums, &dst, &src, ReduceOp::Sum, 1).0, 1);
+    }
 
     #[test]
     fn fold_reference_takes_rounding_and_refuses_errors() {

@@ -3,7 +3,9 @@
 //! The CPU references they check against are `gp2p_kernels::reference`, shared with
 //! `gp2p bench`.
 
-pub use geforce_p2p::kernels::reference::{Reference, SplitMix64, check_reduce, count_wrong_vs_fold, fill_random};
+pub use geforce_p2p::kernels::reference::{
+    Reference, SplitMix64, check_reduce, count_mismatched, count_wrong_vs_fold, fill_random,
+};
 
 /// The longest length a test may use: `GP2P_TEST_MAX_LEN` where set (the sanitizer runs
 /// set it, for time), else unlimited.

@@ -13,7 +13,7 @@ use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
     Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
-use gp2p_tests::{Reference, count_wrong_vs_fold, fill_random, max_len};
+use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, fill_random, max_len};
 
 const POISON: u8 = 0xA5;
 const TRANSPORTS: [Transport; 2] = [Transport::Scratch, Transport::ZeroCopy];
@@ -70,14 +70,8 @@ impl Ranks {
 
 /// `got` equals the replayed `want` element by element, within the per-step tolerance.
 fn check_replay<T: Reference>(got: &[T], want: &[T], op: ReduceOp, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let wrong: Vec<usize> = (0..got.len()).filter(|&i| !T::matches(got[i], want[i], op)).take(4).collect();
-    assert!(
-        wrong.is_empty(),
-        "{what}: elements {wrong:?} differ from the replayed schedule, e.g. got {:?} want {:?}",
-        got[wrong[0]],
-        want[wrong[0]]
-    );
+    let (wrong, first) = count_mismatched(got, want, op);
+    assert_eq!(wrong, 0, "{what}: {wrong} elements differ from the replayed schedule: {}", first.join("; "));
 }
 
 /// `got` is `op` over `inputs`, computed without the schedule.

@@ -9,7 +9,7 @@ use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
     Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
-use gp2p_tests::{Reference, fill_random};
+use gp2p_tests::{Reference, count_mismatched, fill_random};
 
 fn two() -> [(Device, Stream); 2] {
     let open = |o| {
@@ -65,8 +65,8 @@ fn two_gpu_all_reduce_with_both_transports() {
             let want = expected(Collective::AllReduce, &inputs, op);
             for (r, (b, (_, s))) in bufs.iter().zip(&pair).enumerate() {
                 let got = b.to_host_vec(s).unwrap();
-                let bad = got.iter().zip(&want[r]).filter(|(g, w)| !f32::matches(**g, **w, op)).count();
-                assert_eq!(bad, 0, "{transport:?} {op} rank {r}: {bad} wrong");
+                let (bad, first) = count_mismatched(&got, &want[r], op);
+                assert_eq!(bad, 0, "{transport:?} {op} rank {r}: {bad} wrong: {}", first.join("; "));
             }
         }
     }
@@ -109,6 +109,10 @@ fn two_gpu_all_gather_reduce_scatter_broadcast() {
         parts.iter_mut().zip(&pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
     broadcast(&engine, &mut ranks, 1, Transport::Auto).unwrap();
     drop(ranks);
-    let want = parts[1].to_host_vec(&pair[1].1).unwrap();
-    assert!(parts[0].to_host_vec(&pair[0].1).unwrap() == want, "broadcast from rank 1");
+    // Rank 1 held its reduce_scatter result; both ranks must now hold exactly that (a
+    // broadcast that damaged the root would not pass a comparison with the root itself).
+    let root: Vec<u32> = gathered[segment(2, 2 * part, 1)].iter().map(|v| v.wrapping_mul(2)).collect();
+    for (r, (p, (_, s))) in parts.iter().zip(&pair).enumerate() {
+        assert!(p.to_host_vec(s).unwrap() == root, "broadcast from rank 1: rank {r}");
+    }
 }

@@ -6,7 +6,7 @@ use clap::Args;
 use geforce_p2p::collectives::{
     Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter, schedule_for,
 };
-use geforce_p2p::kernels::reference::{Reference, fill_random};
+use geforce_p2p::kernels::reference::{Reference, count_mismatched, fill_random};
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
 
 use super::{CEILING_BYTES, Common, finish, progress};
@@ -191,7 +191,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         let mut wrong = 0;
         for (r, b) in bufs.iter().enumerate() {
             let got = b.to_host_vec(stream_of(r))?;
-            wrong += got.iter().zip(&want[r]).filter(|(g, w)| !T::matches(**g, **w, op)).count();
+            wrong += count_mismatched(&got, &want[r], op).0;
         }
         let seconds = timing.gpu_seconds;
         let real = len * size_of::<T>();
