@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::facts::{Facts, ModuleFlavour};
-use crate::verdict::{PatchOutlook, RULES, Verdict, verdicts};
+use crate::verdict::{PatchOutlook, RULES, Verdict, gib, verdicts};
 
 /// Facts and the verdicts drawn from them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -145,8 +145,4 @@ impl Report {
             }
         }
     }
-}
-
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }

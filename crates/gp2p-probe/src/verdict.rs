@@ -129,9 +129,10 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
 
     // 2. On.
     if can_access {
+        let self_built = module.is_some_and(|m| m.self_built());
         let link = if pair.nvml_nvlink == Some(P2pStatus::Ok) {
             Link::NvLink
-        } else if module.is_some_and(|m| m.self_built()) || pair.performance_rank.is_some_and(|r| r > 0) {
+        } else if self_built || pair.performance_rank.is_some_and(|r| r > 0) {
             Link::PcieBar1
         } else {
             Link::Pcie
@@ -145,8 +146,7 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
             &["cuDeviceCanAccessPeer", "nvml p2p nvlink", "kernel module"],
         );
         // A patched driver forces NVML to OK before checking BAR1 or the IOMMU.
-        let patched =
-            module.is_some_and(|m| m.self_built()) || host.force_p2p.is_some_and(|f| force_p2p_fields(f) == (1, 1));
+        let patched = self_built || host.force_p2p.is_some_and(|f| force_p2p_fields(f) == (1, 1));
         if patched && link != Link::NvLink {
             for d in [a, b].into_iter().flatten() {
                 if d.bar1_covers_vram() == Some(false) {
@@ -383,6 +383,7 @@ fn link_name(link: Link) -> &'static str {
     }
 }
 
-fn gib(bytes: u64) -> String {
+/// Bytes as GiB with one decimal, as the verdicts and the report write them.
+pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
