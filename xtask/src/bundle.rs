@@ -21,24 +21,27 @@ pub fn run_here(root: &Path) -> Result<(), String> {
 
 /// Build the suite's test binaries and `gp2p` in release mode into `dir`, with `dir/run`.
 pub fn bundle(root: &Path, dir: &Path) -> Result<(), String> {
-    let tests_dir = dir.join("tests");
-    let bin_dir = dir.join("bin");
+    let (tests_dir, benches_dir, bin_dir) = (dir.join("tests"), dir.join("benches"), dir.join("bin"));
     let _ = fs::remove_dir_all(dir);
-    for d in [&tests_dir, &bin_dir] {
+    for d in [&tests_dir, &benches_dir, &bin_dir] {
         fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
     }
-    for (name, exe) in build_binaries(root, "test", SUITE_PACKAGE)? {
+    let is_test = |m: &serde_json::Value| m["profile"]["test"].as_bool() == Some(true);
+    let suite = ["test", "--release", "--no-run", "--package", SUITE_PACKAGE];
+    for (name, exe) in build_binaries(root, &suite, is_test)? {
         copy(&exe, &tests_dir.join(&name))?;
     }
-    // The criterion benches too, so host-side costs can be measured beside a GPU.
-    let benches_dir = dir.join("benches");
-    fs::create_dir_all(&benches_dir).map_err(|e| format!("creating {}: {e}", benches_dir.display()))?;
-    for (name, exe) in build_binaries(root, "bench", BENCH_PACKAGE)? {
+    // The criterion benches too, so host-side costs can be measured beside a GPU (bench
+    // builds are release already).
+    let benches = ["bench", "--no-run", "--package", BENCH_PACKAGE];
+    for (name, exe) in build_binaries(root, &benches, |m| is_test(m) && has_kind(m, "bench"))? {
         copy(&exe, &benches_dir.join(&name))?;
     }
     // With `testing`, `gp2p bench all-reduce --ranks N` can run logical ranks on one GPU.
-    cargo(root, &["build", "--release", "--package", "gp2p-cli", "--features", "testing"])?;
-    copy(&root.join("target").join("release").join("gp2p"), &bin_dir.join("gp2p"))?;
+    let cli = ["build", "--release", "--package", "gp2p-cli", "--features", "testing"];
+    for (name, exe) in build_binaries(root, &cli, |m| has_kind(m, "bin") && m["target"]["name"] == "gp2p")? {
+        copy(&exe, &bin_dir.join(&name))?;
+    }
     let script = dir.join("run");
     fs::write(&script, RUN_SCRIPT).map_err(|e| format!("writing {}: {e}", script.display()))?;
     make_executable(&script)?;
@@ -51,45 +54,44 @@ pub fn bundle(root: &Path, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// `cargo test|bench --release --no-run` of a package; returns (target name, executable).
-fn build_binaries(root: &Path, command: &str, package: &str) -> Result<Vec<(String, PathBuf)>, String> {
-    let mut args = vec![command, "--no-run", "--message-format=json", "--package", package];
-    if command == "test" {
-        args.insert(1, "--release"); // bench builds are release already
-    }
+/// Run cargo with `args` and JSON messages; returns (target name, executable) of every
+/// artifact that `keep` accepts. Paths come from cargo itself, so CARGO_TARGET_DIR holds.
+fn build_binaries(
+    root: &Path,
+    args: &[&str],
+    keep: impl Fn(&serde_json::Value) -> bool,
+) -> Result<Vec<(String, PathBuf)>, String> {
     let output = Command::new(env_cargo())
         .current_dir(root)
-        .args(&args)
+        .args(args)
+        .arg("--message-format=json")
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("running cargo: {e}"))?;
+    let what = args.join(" ");
     if !output.status.success() {
-        return Err(format!("cargo {command} --no-run --package {package} failed ({})", output.status));
+        return Err(format!("cargo {what} failed ({})", output.status));
     }
     let mut binaries = Vec::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let kinds = message["target"]["kind"].as_array().cloned().unwrap_or_default();
-        let is_test = message["profile"]["test"].as_bool() == Some(true)
-            && (command != "bench" || kinds.iter().any(|k| k.as_str() == Some("bench")));
         if let (true, Some(exe), Some(name)) =
-            (is_test, message["executable"].as_str(), message["target"]["name"].as_str())
+            (keep(&message), message["executable"].as_str(), message["target"]["name"].as_str())
         {
             binaries.push((name.replace('-', "_"), PathBuf::from(exe)));
         }
     }
     if binaries.is_empty() {
-        return Err(format!("cargo {command} built no binaries for {package}"));
+        return Err(format!("cargo {what} built no binaries"));
     }
     Ok(binaries)
 }
 
-fn cargo(root: &Path, args: &[&str]) -> Result<(), String> {
-    let status =
-        Command::new(env_cargo()).current_dir(root).args(args).status().map_err(|e| format!("running cargo: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
+/// Whether a cargo artifact message's target is of `kind` (bin, bench, test, ...).
+fn has_kind(message: &serde_json::Value, kind: &str) -> bool {
+    message["target"]["kind"].as_array().is_some_and(|kinds| kinds.iter().any(|k| k.as_str() == Some(kind)))
 }
 
 fn env_cargo() -> String {
