@@ -7,9 +7,9 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, EventKind, Stream, StreamFork, reduce};
+use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, EventKind, Stream, StreamFork};
 use gp2p_kernels::{Element, ReduceOp};
-use gp2p_pinned::StagingRing;
+use gp2p_pinned::{Fold, StagingRing};
 use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS};
 use parking_lot::Mutex;
 
@@ -299,28 +299,25 @@ fn run_transfers<T: Element>(
             recv.wait(&events[to][e])?;
         }
         let ring = rings[from].as_mut().ok_or(Error::NoRanks)?;
-        let slot = ring.next_slot();
         let (src_rank, dst_rank) = pair_mut(ranks, from, to);
-        ring.fill(slot, send, &src_rank.buffer.as_view().slice(range.clone()))?;
+        let whole = src_rank.buffer.as_view();
+        let src = whole.slice(range.clone());
+        let mut dst = dst_rank.buffer.slice_mut(range.clone());
+        let fold = match t.action {
+            Action::Copy => Fold::Copy,
+            Action::Reduce { last } => {
+                let divide_by = step_divisor(op, last, n);
+                match &mut scratch[to] {
+                    None => Fold::ReduceMapped { op, divide_by },
+                    Some(buf) => Fold::ReduceVia { scratch: buf.view_mut(..), op, divide_by },
+                }
+            }
+        };
+        ring.pass(send, &src, recv, &mut dst, fold)?;
         if mark.sent {
             events[from][used[from]].record(send)?;
             sent[from].insert(range.start, used[from]);
             used[from] += 1;
-        }
-        let mut dst = dst_rank.buffer.slice_mut(range.clone());
-        match t.action {
-            Action::Copy => ring.drain(slot, recv, &mut dst)?,
-            Action::Reduce { last } => {
-                let divide_by = step_divisor(op, last, n);
-                match &mut scratch[to] {
-                    None => ring.drain_reduce(slot, recv, &mut dst, op, divide_by)?,
-                    Some(buf) => {
-                        let mut tmp = buf.view_mut(..range.len());
-                        ring.drain(slot, recv, &mut tmp)?;
-                        reduce(recv, &mut dst, &tmp.as_view(), op, divide_by)?;
-                    }
-                }
-            }
         }
         if mark.received {
             events[to][used[to]].record(recv)?;

@@ -5,7 +5,7 @@ use std::mem::ManuallyDrop;
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
-use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, RawDevicePtr, Stream};
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, RawDevicePtr, Stream, reduce};
 use gp2p_kernels::{Element, ReduceOp};
 
 use crate::{Error, PinnedBuffer, Result};
@@ -15,6 +15,29 @@ use crate::{Error, PinnedBuffer, Result};
 const SLOT_ALIGN: usize = 256;
 /// More slots than this buys no overlap and only costs events and pinned memory.
 pub const MAX_SLOTS: usize = 64;
+
+/// How the consumer folds a staged chunk into its destination ([`StagingRing::pass`]).
+pub enum Fold<'s, T: Element> {
+    /// `dst = chunk`: a host-to-device DMA.
+    Copy,
+    /// `dst = op(dst, chunk)` by a kernel that reads the slot across PCIe (zero-copy).
+    ReduceMapped {
+        /// The reduction.
+        op: ReduceOp,
+        /// Divisor for avg (1 on every step but the last).
+        divide_by: u32,
+    },
+    /// A host-to-device DMA of the slot into `scratch` (at least the chunk's length), then
+    /// `dst = op(dst, scratch)` on the device.
+    ReduceVia {
+        /// Device memory on the consumer's device for the chunk.
+        scratch: DeviceViewMut<'s, T>,
+        /// The reduction.
+        op: ReduceOp,
+        /// Divisor for avg (1 on every step but the last).
+        divide_by: u32,
+    },
+}
 
 /// A ring of pinned host slots between a producer device (which fills a slot by D2H DMA)
 /// and a consumer device (which drains it by H2D DMA, or reads it in a reduce kernel). On
@@ -104,6 +127,42 @@ impl StagingRing {
         let slot = self.cursor;
         self.cursor = (self.cursor + 1) % self.slots();
         slot
+    }
+
+    /// Move one chunk through the next slot: on `producer`, a DMA of `src` into the slot; on
+    /// `consumer`, `dst` folded from it as `fold` says. The one pipeline step of every staged
+    /// transfer — the copy engine's chunks and the collectives' ring edges alike — so slot
+    /// rotation and fencing live here only. `src` and `dst` must have equal lengths.
+    pub fn pass<T: Element>(
+        &mut self,
+        producer: &Stream,
+        src: &DeviceView<'_, T>,
+        consumer: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        fold: Fold<'_, T>,
+    ) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
+        }
+        // Refuse a short scratch before the slot is filled: nothing is enqueued then.
+        if let Fold::ReduceVia { scratch, .. } = &fold
+            && scratch.len() < dst.len()
+        {
+            return Err(
+                gp2p_cuda::Error::LengthMismatch { what: "scratch", got: scratch.len(), expected: dst.len() }.into()
+            );
+        }
+        let slot = self.next_slot();
+        self.fill(slot, producer, src)?;
+        match fold {
+            Fold::Copy => self.drain(slot, consumer, dst),
+            Fold::ReduceMapped { op, divide_by } => self.drain_reduce(slot, consumer, dst, op, divide_by),
+            Fold::ReduceVia { mut scratch, op, divide_by } => {
+                let mut tmp = scratch.slice_mut(..dst.len());
+                self.drain(slot, consumer, &mut tmp)?;
+                Ok(reduce(consumer, dst, &tmp.as_view(), op, divide_by)?)
+            }
+        }
     }
 
     /// On the producer's `stream`: wait until `slot` is free, DMA `src` into it, and mark it

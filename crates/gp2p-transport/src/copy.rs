@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, Stream, StreamFork};
 use gp2p_kernels::Element;
-use gp2p_pinned::StagingRing;
+use gp2p_pinned::{Fold, StagingRing};
 use parking_lot::Mutex;
 
 use crate::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
@@ -193,14 +193,13 @@ impl Pair {
         if plan.count() == 1 {
             // One chunk: no pipeline to overlap, so no fork either — the two DMAs go on the
             // callers' own streams, the least latency a small copy can have.
-            let slot = ring.next_slot();
             if !distinct {
+                let slot = ring.next_slot();
                 return Ok(ring.relay(slot, src_stream, src, dst)?);
             }
             self.dst_started.record(dst_stream)?;
             src_stream.wait(&self.dst_started)?;
-            ring.fill(slot, src_stream, src)?;
-            ring.drain(slot, dst_stream, dst)?;
+            ring.pass(src_stream, src, dst_stream, dst, Fold::Copy)?;
             self.done.record(dst_stream)?;
             src_stream.wait(&self.done)?;
             return Ok(());
@@ -223,10 +222,7 @@ impl Pair {
         };
         let mut result = Ok(());
         for chunk in plan.chunks() {
-            let slot = ring.next_slot();
-            result = ring
-                .fill(slot, up, &src.slice(chunk.clone()))
-                .and_then(|()| ring.drain(slot, down, &mut dst.slice_mut(chunk)));
+            result = ring.pass(up, &src.slice(chunk.clone()), down, &mut dst.slice_mut(chunk), Fold::Copy);
             if result.is_err() {
                 break;
             }
