@@ -272,6 +272,49 @@ impl StagingRing {
     }
 }
 
+/// A staging ring kept across calls (one per device pair or ring edge): replaced when a call
+/// needs bigger slots or another slot count, and the old ring kept until its GPU work is
+/// done, so replacing never blocks the host (a ring's `Drop` waits for its events) nor
+/// deadlocks behind a stream the caller holds.
+#[derive(Default)]
+pub struct RingCache {
+    ring: Option<StagingRing>,
+    retired: Vec<StagingRing>,
+}
+
+impl RingCache {
+    /// A cache with no ring yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cached ring if it has `slots` slots of at least `slot_bytes`, else a new one
+    /// between `producer` and `consumer`. If making the new one fails, the old one stays.
+    pub fn ensure(
+        &mut self,
+        producer: &Device,
+        consumer: &Device,
+        slots: usize,
+        slot_bytes: usize,
+    ) -> Result<&mut StagingRing> {
+        self.retired.retain(|ring| !ring.is_idle());
+        let ring = match self.ring.take() {
+            Some(old) if old.slots() == slots && old.slot_bytes() >= slot_bytes => old,
+            old => match StagingRing::new(producer, consumer, slots, slot_bytes) {
+                Ok(new) => {
+                    self.retired.extend(old);
+                    new
+                }
+                Err(e) => {
+                    self.ring = old;
+                    return Err(e);
+                }
+            },
+        };
+        Ok(self.ring.insert(ring))
+    }
+}
+
 impl Drop for StagingRing {
     fn drop(&mut self) {
         // The memory must outlive every DMA and kernel still using a slot. The DMAs bypass
