@@ -200,14 +200,16 @@ impl StagingRing {
     /// stream's own order makes the upload follow the download, so *landed* is neither
     /// recorded nor waited for — a one-chunk copy's latency is mostly such GPU-side event
     /// work. Only *free* is recorded, for whoever uses the slot next. It is not a fill: a
-    /// [`StagingRing::drain`] of the slot must follow a [`StagingRing::fill`].
+    /// [`StagingRing::drain`] of the slot must follow a [`StagingRing::fill`]. Returns the
+    /// slot's *free* event, which completes with the relay, so another stream can wait on it
+    /// without a record of its own.
     pub fn relay<T: Element>(
         &mut self,
         slot: usize,
         stream: &Stream,
         src: &DeviceView<'_, T>,
         dst: &mut DeviceViewMut<'_, T>,
-    ) -> Result<()> {
+    ) -> Result<&Event> {
         if src.len() != dst.len() {
             return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
         }
@@ -223,7 +225,8 @@ impl StagingRing {
             // same stream, so it has landed when this one starts.
             unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
         }
-        Ok(self.free[slot].record(stream)?)
+        self.free[slot].record(stream)?;
+        Ok(&self.free[slot])
     }
 
     /// On the consumer's `stream`: wait until `slot` has landed, fold its first `dst.len()`

@@ -187,9 +187,21 @@ impl Pair {
         if plan.count() == 1 {
             // One chunk: no pipeline to overlap, so no fork either — the two DMAs go on the
             // callers' own streams, the least latency a small copy can have.
-            if !distinct {
+            if src.device() == dst.device() {
+                // Both DMAs on the source stream: a GPU-side hop between streams costs about
+                // as much as a 4 KiB DMA. The destination stream's earlier work is waited
+                // for only if some is still pending, and it waits for the copy through the
+                // slot's own `free` event rather than one more record.
+                if distinct && !dst_stream.is_idle()? {
+                    self.dst_started.record(dst_stream)?;
+                    src_stream.wait(&self.dst_started)?;
+                }
                 let slot = ring.next_slot();
-                return Ok(ring.relay(slot, src_stream, src, dst)?);
+                let done = ring.relay(slot, src_stream, src, dst)?;
+                if distinct {
+                    dst_stream.wait(done)?;
+                }
+                return Ok(());
             }
             self.dst_started.record(dst_stream)?;
             src_stream.wait(&self.dst_started)?;
