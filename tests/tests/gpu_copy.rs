@@ -96,25 +96,49 @@ fn two_hundred_back_to_back_copies_without_host_sync() {
 fn copy_is_ordered_between_user_kernels_on_two_streams() {
     let (device, src_stream) = device();
     let dst_stream = Stream::new(&device).unwrap();
-    let len = 3 * CHUNK / 4 * 5 + 11; // several chunks
-    let (a, s0, b) = (random_u32(len, 1), random_u32(len, 2), random_u32(len, 3));
-    let mut src = DeviceBuffer::from_host(&src_stream, &s0).unwrap();
-    let add = DeviceBuffer::from_host(&src_stream, &a).unwrap();
-    let mut acc = DeviceBuffer::from_host(&dst_stream, &b).unwrap();
-    let mut mid = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
-    mid.fill_bytes(&dst_stream, 0).unwrap();
-    dst_stream.synchronize().unwrap();
-    // A kernel writes src on src_stream; the copy must start after it; a kernel on
-    // dst_stream reads the copy's output; no host synchronisation in between.
-    reduce(&src_stream, &mut src.view_mut(..), &add.view(..), ReduceOp::Sum, 1).unwrap();
-    staged_copy(&src.view(..), &src_stream, &mut mid.view_mut(..), &dst_stream, Some(CHUNK), Some(SLOTS)).unwrap();
-    reduce(&dst_stream, &mut acc.view_mut(..), &mid.view(..), ReduceOp::Sum, 1).unwrap();
-    let got = acc.to_host_vec(&dst_stream).unwrap();
-    let copied: Vec<u32> = s0.iter().zip(&a).map(|(x, y)| x.wrapping_add(*y)).collect();
-    check_reduce(&got, &b, &copied, ReduceOp::Sum, 1).unwrap();
-    // The source stream's later work also sees the copy done: overwrite src right away.
-    src.fill_bytes(&src_stream, 0).unwrap();
-    assert!(mid.to_host_vec(&src_stream).unwrap() == copied);
+    // Keeps a stream busy for a while (a few ms of reduce kernels), so work queued behind it
+    // is still pending when the copy is enqueued.
+    let big = 1 << 26;
+    let mut busy = DeviceBuffer::<u32>::alloc(&device, big).unwrap();
+    let ballast = DeviceBuffer::<u32>::alloc(&device, big).unwrap();
+    // One chunk (the one-card single-chunk path) and several chunks (the pipeline); with
+    // the destination stream idle at the copy, and with its earlier work still running.
+    for (case, (len, dst_busy)) in
+        [(1000, false), (1000, true), (3 * CHUNK / 4 * 5 + 11, false), (3 * CHUNK / 4 * 5 + 11, true)]
+            .into_iter()
+            .enumerate()
+    {
+        let seed = 10 * case as u64;
+        let (a, s0, b) = (random_u32(len, seed + 1), random_u32(len, seed + 2), random_u32(len, seed + 3));
+        let mut src = DeviceBuffer::from_host(&src_stream, &s0).unwrap();
+        let add = DeviceBuffer::from_host(&src_stream, &a).unwrap();
+        let mut acc = DeviceBuffer::from_host(&dst_stream, &b).unwrap();
+        let mut mid = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+        src_stream.synchronize().unwrap();
+        dst_stream.synchronize().unwrap();
+        if dst_busy {
+            // The copy must land after this fill, which waits behind the ballast.
+            for _ in 0..4 {
+                reduce(&dst_stream, &mut busy.view_mut(..), &ballast.view(..), ReduceOp::Sum, 1).unwrap();
+            }
+            mid.fill_bytes(&dst_stream, 0x77).unwrap();
+        } else {
+            mid.fill_bytes(&dst_stream, 0x77).unwrap();
+            dst_stream.synchronize().unwrap();
+        }
+        // A kernel writes src on src_stream; the copy must start after it; a kernel on
+        // dst_stream reads the copy's output; no host synchronisation in between.
+        reduce(&src_stream, &mut src.view_mut(..), &add.view(..), ReduceOp::Sum, 1).unwrap();
+        staged_copy(&src.view(..), &src_stream, &mut mid.view_mut(..), &dst_stream, Some(CHUNK), Some(SLOTS)).unwrap();
+        reduce(&dst_stream, &mut acc.view_mut(..), &mid.view(..), ReduceOp::Sum, 1).unwrap();
+        let got = acc.to_host_vec(&dst_stream).unwrap();
+        let copied: Vec<u32> = s0.iter().zip(&a).map(|(x, y)| x.wrapping_add(*y)).collect();
+        check_reduce(&got, &b, &copied, ReduceOp::Sum, 1)
+            .unwrap_or_else(|e| panic!("len {len}, destination stream busy: {dst_busy}: {e}"));
+        // The source stream's later work also sees the copy done: overwrite src right away.
+        src.fill_bytes(&src_stream, 0).unwrap();
+        assert!(mid.to_host_vec(&src_stream).unwrap() == copied, "len {len}, busy {dst_busy}: src stream");
+    }
 }
 
 #[test]

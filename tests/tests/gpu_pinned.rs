@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use geforce_p2p::cuda::reduce;
-use geforce_p2p::pinned::{copy_from_host, copy_to_host, is_pinned};
+use geforce_p2p::pinned::{Fold, copy_from_host, copy_to_host, is_pinned};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, Stream, StreamFork};
 use gp2p_tests::{check_reduce, fill_random};
 
@@ -157,4 +157,42 @@ fn staging_ring_zero_copy_reduce_folds_every_chunk_once() {
     }
     let got = acc.to_host_vec(&caller).unwrap();
     check_reduce(&got, &a, &b, ReduceOp::Max, 1).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
+    let (device, caller) = device();
+    let mut ring = StagingRing::new(&device, &device, 3, 1 << 16).unwrap();
+    let chunk = ring.slot_bytes() / 4;
+    let fork = StreamFork::new(&device, 2).unwrap();
+    let len = 7 * chunk + 5;
+    let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+    fill_random(&mut a, 11);
+    fill_random(&mut b, 12);
+    let src = DeviceBuffer::from_host(&caller, &b).unwrap();
+    let mut copied = DeviceBuffer::<f32>::alloc(&device, len).unwrap();
+    copied.fill_bytes(&caller, 0xA5).unwrap();
+    let mut summed = DeviceBuffer::from_host(&caller, &a).unwrap();
+    let mut maxed = DeviceBuffer::from_host(&caller, &a).unwrap();
+    let mut scratch = DeviceBuffer::<f32>::alloc(&device, chunk).unwrap();
+    let streams = fork.fork(&caller).unwrap();
+    let (up, down) = (&streams[0], &streams[1]);
+    for start in (0..len).step_by(chunk) {
+        let range = start..(start + chunk).min(len);
+        let piece = src.view(range.clone());
+        ring.pass(up, &piece, down, &mut copied.view_mut(range.clone()), Fold::Copy).unwrap();
+        let mapped = Fold::ReduceMapped { op: ReduceOp::Sum, divide_by: 1 };
+        ring.pass(up, &piece, down, &mut summed.view_mut(range.clone()), mapped).unwrap();
+        let via = Fold::ReduceVia { scratch: scratch.view_mut(..), op: ReduceOp::Max, divide_by: 1 };
+        ring.pass(up, &piece, down, &mut maxed.view_mut(range), via).unwrap();
+    }
+    // Refused before any work: lengths differ, and a scratch shorter than the chunk.
+    assert!(ring.pass(up, &src.view(..10), down, &mut copied.view_mut(..11), Fold::Copy).is_err());
+    let short = Fold::ReduceVia { scratch: scratch.view_mut(..9), op: ReduceOp::Max, divide_by: 1 };
+    assert!(ring.pass(up, &src.view(..10), down, &mut maxed.view_mut(..10), short).is_err());
+    fork.join(&caller).unwrap();
+    assert!(copied.to_host_vec(&caller).unwrap() == b, "Fold::Copy");
+    check_reduce(&summed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Sum, 1).unwrap();
+    check_reduce(&maxed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Max, 1).unwrap();
 }

@@ -7,15 +7,15 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, EventKind, Stream, StreamFork, reduce};
+use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, EventKind, Stream, StreamFork};
 use gp2p_kernels::{Element, ReduceOp};
-use gp2p_pinned::StagingRing;
-use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS};
+use gp2p_pinned::{Fold, RingCache, StagingRing};
+use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES};
 use parking_lot::Mutex;
 
 use crate::calibrate::{Path, choose};
 use crate::schedule::{Action, Schedule};
-use crate::{Error, Result, Transport, step_divisor};
+use crate::{Result, Transport, step_divisor};
 
 /// Staging slots per ring edge: the transport's default.
 const SLOTS: usize = DEFAULT_SLOTS;
@@ -35,11 +35,12 @@ pub struct Rank<'a, T: Element> {
 /// What a group of ranks (an ordered list of devices) keeps between calls.
 struct Group {
     forks: Vec<StreamFork>,
-    rings: Vec<Option<StagingRing>>,
+    /// Per rank: the staging ring of its outgoing ring edge.
+    rings: Vec<RingCache>,
     /// Per rank, per use (scratch, work) and element type: a device buffer, reused while
     /// big enough.
     buffers: Vec<BufferCache>,
-    /// Rings and buffers replaced while GPU work may still use them.
+    /// Buffers replaced while GPU work may still use them.
     retired: Vec<Retired>,
     events: Vec<Vec<Event>>,
     /// Per rank: recorded after the last use of the work buffer, on the caller's stream.
@@ -100,23 +101,17 @@ impl Engine {
         let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
         let Group { forks, rings, buffers, events, retired, .. } = &mut *group;
         retired.retain(|r| !r.is_idle());
-        for (r, ring) in rings.iter_mut().enumerate() {
-            let fits = ring.as_ref().is_some_and(|g| g.slot_bytes() >= chunk * size_of::<T>());
-            if !fits {
-                // The old ring retires until its GPU work is done: replacing never blocks.
-                retired.extend(ring.take().map(Retired::Ring));
-                *ring = Some(StagingRing::new(&devices[r], &devices[(r + 1) % n], SLOTS, chunk * size_of::<T>())?);
-            }
+        // Slots fit the largest chunk, but never less than a small transfer's worth, so a
+        // sweep of small collectives does not replace the rings at every size.
+        let slot_bytes = (chunk * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
+        let mut edges: Vec<&mut StagingRing> = Vec::with_capacity(n);
+        for (r, cache) in rings.iter_mut().enumerate() {
+            edges.push(cache.ensure(&devices[r], &devices[(r + 1) % n], SLOTS, slot_bytes)?);
         }
         // Events only where a later transfer waits on them: allocate them before the loop.
-        let marks = Marks::of(schedule);
-        let mut needed = vec![0; n];
-        for (t, mark) in schedule.transfers.iter().zip(&marks.0) {
-            needed[t.from] += usize::from(mark.sent);
-            needed[t.to] += usize::from(mark.received);
-        }
+        let plan = EventPlan::of(schedule);
         for (r, pool) in events.iter_mut().enumerate() {
-            while pool.len() < needed[r] {
+            while pool.len() < plan.per_rank[r] {
                 pool.push(Event::new(&devices[r], EventKind::Sync)?);
             }
         }
@@ -133,7 +128,7 @@ impl Engine {
         for (r, rank) in ranks.iter().enumerate() {
             forks[r].fork(rank.stream)?;
         }
-        let result = run_transfers(ranks, schedule, &marks, op, forks, rings, events, &mut scratch);
+        let result = run_transfers(ranks, schedule, &plan, op, forks, &mut edges, events, &mut scratch);
         // Join and keep the scratch buffers even after a failure: the callers' later work
         // (freeing their buffers, say) must still wait for what was enqueued.
         let mut joined = Ok(());
@@ -190,7 +185,7 @@ impl Engine {
         if let Some(old) = group.buffers[r].insert(("work", TypeId::of::<T>()), Box::new(buffer)) {
             let old_done = Event::new(&devices[r], EventKind::Sync)?;
             old_done.record(stream)?;
-            group.retired.push(Retired::Buffer { _held: old, done: old_done });
+            group.retired.push(Retired { _held: old, done: old_done });
         }
         Ok(())
     }
@@ -203,7 +198,7 @@ impl Engine {
         }
         let group = Group {
             forks: devices.iter().map(|d| StreamFork::new(d, 2)).collect::<Result<Vec<_>, _>>()?,
-            rings: devices.iter().map(|_| None).collect(),
+            rings: devices.iter().map(|_| RingCache::new()).collect(),
             buffers: devices.iter().map(|_| HashMap::new()).collect(),
             events: devices.iter().map(|_| Vec::new()).collect(),
             work_done: devices.iter().map(|_| None).collect(),
@@ -235,116 +230,130 @@ impl Engine {
     }
 }
 
-/// Which transfers' ends a later transfer waits for.
+/// The events of one transfer, as indices into its ranks' event pools.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Mark {
-    /// A later receive into the same range of the sender must wait until this send read it.
-    sent: bool,
-    /// A later send of the same range by the receiver must wait until this receive wrote it.
-    received: bool,
+struct Sync {
+    /// The sender's send stream waits for this event of the sender: recorded after its last
+    /// receive into the range (a chunk is forwarded only once it has arrived).
+    send_waits: Option<usize>,
+    /// The receiver's receive stream waits for this event of the receiver: recorded after its
+    /// last send from the range (a range is overwritten only once it has been sent).
+    recv_waits: Option<usize>,
+    /// Recorded on the send stream after this send, where a later transfer waits for it.
+    record_sent: Option<usize>,
+    /// Recorded on the receive stream after this receive, where a later transfer waits for it.
+    record_received: Option<usize>,
 }
 
-/// A [`Mark`] per transfer of a schedule. Recording an event costs the host a driver call,
-/// and most transfers are never waited on (in a two-rank all-reduce, half of the ends), so
-/// only the marked ones are recorded.
-struct Marks(Vec<Mark>);
+/// Which events each transfer of a schedule waits for and records. Pure: worked out once per
+/// call from the schedule, before anything is enqueued. Recording costs the host a driver
+/// call and most ends are never waited on (in a two-rank all-reduce, half of them), so only
+/// the ends a later transfer waits for get an event.
+struct EventPlan {
+    syncs: Vec<Sync>,
+    /// Events each rank's pool must hold.
+    per_rank: Vec<usize>,
+}
 
-impl Marks {
-    fn of(schedule: &Schedule) -> Marks {
+impl EventPlan {
+    fn of(schedule: &Schedule) -> EventPlan {
         let n = schedule.ranks;
-        let mut marks = vec![Mark::default(); schedule.transfers.len()];
+        let transfers = &schedule.transfers;
         // Per rank, by range start: the transfer that last received into / sent from it.
-        let mut received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-        let mut sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-        for (i, t) in schedule.transfers.iter().enumerate() {
-            if let Some(&j) = received[t.from].get(&t.range.start) {
-                marks[j].received = true;
-            }
-            if let Some(&j) = sent[t.to].get(&t.range.start) {
-                marks[j].sent = true;
-            }
-            sent[t.from].insert(t.range.start, i);
-            received[t.to].insert(t.range.start, i);
+        let mut last_received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+        let mut last_sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+        let mut waits_on: Vec<(Option<usize>, Option<usize>)> = Vec::with_capacity(transfers.len());
+        let (mut sent_waited, mut received_waited) = (vec![false; transfers.len()], vec![false; transfers.len()]);
+        for (i, t) in transfers.iter().enumerate() {
+            let received = last_received[t.from].get(&t.range.start).copied();
+            let sent = last_sent[t.to].get(&t.range.start).copied();
+            received.inspect(|&j| received_waited[j] = true);
+            sent.inspect(|&j| sent_waited[j] = true);
+            waits_on.push((received, sent));
+            last_sent[t.from].insert(t.range.start, i);
+            last_received[t.to].insert(t.range.start, i);
         }
-        Marks(marks)
+        // Number the recorded events per rank in transfer order.
+        let mut per_rank = vec![0; n];
+        let mut next = |rank: usize| {
+            per_rank[rank] += 1;
+            per_rank[rank] - 1
+        };
+        let mut syncs: Vec<Sync> = Vec::with_capacity(transfers.len());
+        for (i, t) in transfers.iter().enumerate() {
+            let record_sent = sent_waited[i].then(|| next(t.from));
+            let record_received = received_waited[i].then(|| next(t.to));
+            let (received, sent) = waits_on[i];
+            syncs.push(Sync {
+                send_waits: received.and_then(|j| syncs[j].record_received),
+                recv_waits: sent.and_then(|j| syncs[j].record_sent),
+                record_sent,
+                record_received,
+            });
+        }
+        EventPlan { syncs, per_rank }
     }
 }
 
-/// Enqueue every transfer of `schedule` on the forked streams.
+/// Enqueue every transfer of `schedule` on the forked streams, through each sender's
+/// ring edge, with the events `plan` lays out.
 #[allow(clippy::too_many_arguments)]
 fn run_transfers<T: Element>(
     ranks: &mut [Rank<'_, T>],
     schedule: &Schedule,
-    marks: &Marks,
+    plan: &EventPlan,
     op: ReduceOp,
     forks: &[StreamFork],
-    rings: &mut [Option<StagingRing>],
+    rings: &mut [&mut StagingRing],
     events: &[Vec<Event>],
     scratch: &mut [Option<DeviceBuffer<T>>],
 ) -> Result<()> {
     let n = ranks.len();
-    let mut used = vec![0usize; n];
-    // Per rank, by range start: the event after the last receive into the range (a send of
-    // it must wait) and after the last send from it (a receive into it must wait).
-    let mut received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-    let mut sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-    for (t, mark) in schedule.transfers.iter().zip(&marks.0) {
+    for (t, sync) in schedule.transfers.iter().zip(&plan.syncs) {
         let (from, to, range) = (t.from, t.to, t.range.clone());
         let send = &forks[from].streams()[SEND];
         let recv = &forks[to].streams()[RECV];
-        if let Some(&e) = received[from].get(&range.start) {
+        if let Some(e) = sync.send_waits {
             send.wait(&events[from][e])?;
         }
-        if let Some(&e) = sent[to].get(&range.start) {
+        if let Some(e) = sync.recv_waits {
             recv.wait(&events[to][e])?;
         }
-        let ring = rings[from].as_mut().ok_or(Error::NoRanks)?;
-        let slot = ring.next_slot();
         let (src_rank, dst_rank) = pair_mut(ranks, from, to);
-        ring.fill(slot, send, &src_rank.buffer.as_view().slice(range.clone()))?;
-        if mark.sent {
-            events[from][used[from]].record(send)?;
-            sent[from].insert(range.start, used[from]);
-            used[from] += 1;
-        }
-        let mut dst = dst_rank.buffer.slice_mut(range.clone());
-        match t.action {
-            Action::Copy => ring.drain(slot, recv, &mut dst)?,
+        let whole = src_rank.buffer.as_view();
+        let src = whole.slice(range.clone());
+        let mut dst = dst_rank.buffer.slice_mut(range);
+        let fold = match t.action {
+            Action::Copy => Fold::Copy,
             Action::Reduce { last } => {
                 let divide_by = step_divisor(op, last, n);
                 match &mut scratch[to] {
-                    None => ring.drain_reduce(slot, recv, &mut dst, op, divide_by)?,
-                    Some(buf) => {
-                        let mut tmp = buf.view_mut(..range.len());
-                        ring.drain(slot, recv, &mut tmp)?;
-                        reduce(recv, &mut dst, &tmp.as_view(), op, divide_by)?;
-                    }
+                    None => Fold::ReduceMapped { op, divide_by },
+                    Some(buf) => Fold::ReduceVia { scratch: buf.view_mut(..), op, divide_by },
                 }
             }
+        };
+        rings[from].pass(send, &src, recv, &mut dst, fold)?;
+        if let Some(e) = sync.record_sent {
+            events[from][e].record(send)?;
         }
-        if mark.received {
-            events[to][used[to]].record(recv)?;
-            received[to].insert(range.start, used[to]);
-            used[to] += 1;
+        if let Some(e) = sync.record_received {
+            events[to][e].record(recv)?;
         }
     }
     Ok(())
 }
 
-/// Something replaced while GPU work may still use it, kept until that work is done.
-enum Retired {
-    /// A staging ring (its events tell when it is idle).
-    Ring(StagingRing),
-    /// A device buffer (held only to be freed later), with an event after its last use.
-    Buffer { _held: Box<dyn Any + Send>, done: Event },
+/// A device buffer replaced while GPU work may still use it, held (only to be freed later)
+/// with an event after its last use.
+struct Retired {
+    _held: Box<dyn Any + Send>,
+    done: Event,
 }
 
 impl Retired {
     fn is_idle(&self) -> bool {
-        match self {
-            Retired::Ring(r) => r.is_idle(),
-            Retired::Buffer { done, .. } => done.is_complete().unwrap_or(false),
-        }
+        self.done.is_complete().unwrap_or(false)
     }
 }
 
@@ -370,7 +379,7 @@ fn take_buffer<T: Element>(
         };
         let done = Event::new(device, EventKind::Sync)?;
         done.record(last_user)?;
-        retired.push(Retired::Buffer { _held: boxed, done });
+        retired.push(Retired { _held: boxed, done });
     }
     Ok(DeviceBuffer::alloc(device, len.max(1))?)
 }
@@ -388,7 +397,9 @@ fn pair_mut<T>(v: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Engine, Mark, Marks, pair_mut};
+    use proptest::prelude::*;
+
+    use super::{Engine, EventPlan, Sync, pair_mut};
     use crate::schedule::Schedule;
 
     #[test]
@@ -399,17 +410,51 @@ mod tests {
     }
 
     #[test]
-    fn only_ends_that_are_waited_on_are_marked() {
+    fn only_ends_that_are_waited_on_get_events() {
         // Two ranks, one chunk per segment: rank r sends segment A (reduce-scatter), receives
         // and reduces B, sends the reduced B (all-gather) and receives the final A.
-        let marks = Marks::of(&Schedule::all_reduce(2, 8, 4)).0;
-        assert_eq!(marks.len(), 4);
-        let waited = |m: &Mark| m.sent || m.received;
-        assert!(marks[..2].iter().all(|m| m.sent && m.received), "reduce-scatter ends are all waited on");
-        assert!(!marks[2..].iter().any(waited), "nothing waits on the all-gather's ends");
-        // A broadcast chain only forwards what arrived: receives marked, sends not.
-        let chain = Marks::of(&Schedule::broadcast(3, 8, 8, 0)).0;
-        assert_eq!(chain, [Mark { sent: false, received: true }, Mark::default()]);
+        let plan = EventPlan::of(&Schedule::all_reduce(2, 8, 4));
+        let s = &plan.syncs;
+        assert_eq!(s.len(), 4);
+        assert!(s[..2].iter().all(|x| x.record_sent.is_some() && x.record_received.is_some()));
+        assert!(s[2..].iter().all(|x| x.record_sent.is_none() && x.record_received.is_none()), "nothing waits");
+        assert_eq!(plan.per_rank, [2, 2]);
+        // Each all-gather send waits for the reduce its rank received, and each all-gather
+        // receive for the send that last read its range.
+        for (later, x) in s[2..].iter().enumerate() {
+            assert!(x.send_waits.is_some() && x.recv_waits.is_some(), "all-gather transfer {later}");
+        }
+        // A broadcast chain only forwards what arrived.
+        let chain = EventPlan::of(&Schedule::broadcast(3, 8, 8, 0));
+        assert_eq!(chain.syncs[0], Sync { record_received: Some(0), ..Sync::default() });
+        assert_eq!(chain.syncs[1], Sync { send_waits: Some(0), ..Sync::default() });
+        assert_eq!(chain.per_rank, [0, 1, 0]);
+    }
+
+    proptest! {
+        /// Every wait names an event its rank records earlier in the same call, and each pool
+        /// index is recorded once.
+        #[test]
+        fn waits_follow_their_records(ranks in 1usize..6, len in 0usize..200, chunk in 1usize..30) {
+            for schedule in [Schedule::all_reduce(ranks, len, chunk), Schedule::broadcast(ranks, len, chunk, 0)] {
+                let plan = EventPlan::of(&schedule);
+                let mut recorded: Vec<Vec<bool>> = plan.per_rank.iter().map(|&k| vec![false; k]).collect();
+                for (t, x) in schedule.transfers.iter().zip(&plan.syncs) {
+                    for (rank, wait) in [(t.from, x.send_waits), (t.to, x.recv_waits)] {
+                        if let Some(e) = wait {
+                            prop_assert!(recorded[rank][e], "waits before the record");
+                        }
+                    }
+                    for (rank, record) in [(t.from, x.record_sent), (t.to, x.record_received)] {
+                        if let Some(e) = record {
+                            prop_assert!(!recorded[rank][e], "recorded twice");
+                            recorded[rank][e] = true;
+                        }
+                    }
+                }
+                prop_assert!(recorded.iter().flatten().all(|&r| r), "every pooled event is used");
+            }
+        }
     }
 
     #[test]

@@ -290,15 +290,22 @@ impl<T: Element> PinnedViewMut<'_, T> {
 ///
 /// A "no" is an answer, not a failure: the lookups used return success for unknown
 /// addresses, so no CUDA error is raised or left behind (compute-sanitizer stays quiet too),
-/// and later launches work as before. Needs a driver and one usable device (for a context).
+/// and later launches work as before. Needs a driver and device 0 usable (for a context);
+/// [`is_pinned_on`] asks through a device of the caller's.
 pub fn is_pinned(ptr: *const u8, len: usize) -> Result<bool> {
+    is_pinned_on(&Device::open(0)?, ptr, len)
+}
+
+/// [`is_pinned`], asked in `device`'s context: what the copies that take raw host pointers
+/// use, with their stream's device, so they open no other device and need no device 0.
+pub fn is_pinned_on(device: &Device, ptr: *const u8, len: usize) -> Result<bool> {
     if len == 0 {
         return Ok(true);
     }
     if ptr.is_null() {
         return Ok(false);
     }
-    Device::open(0)?.bind()?;
+    device.bind()?;
     let first = ptr as u64;
     let Some(last) = first.checked_add(len as u64 - 1) else {
         return Ok(false);

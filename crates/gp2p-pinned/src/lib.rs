@@ -40,7 +40,7 @@ mod error;
 mod ops;
 mod ring;
 
-pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned};
+pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned, is_pinned_on};
 pub use error::{Error, Result};
 pub use ops::{copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host, require_pinned};
-pub use ring::{MAX_SLOTS, StagingRing};
+pub use ring::{Fold, MAX_SLOTS, RingCache, StagingRing};

@@ -3,10 +3,10 @@
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
-use gp2p_cuda::{DeviceView, DeviceViewMut, Error as CudaError, Stream};
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Error as CudaError, Stream};
 use gp2p_kernels::{Element, ReduceOp};
 
-use crate::{Error, PinnedView, PinnedViewMut, Result, is_pinned};
+use crate::{Error, PinnedView, PinnedViewMut, Result, is_pinned_on};
 
 /// Enqueue a DMA of `src` (device memory) into `dst` (pinned host memory) on `stream`.
 /// Asynchronous: the host is not blocked; `dst`'s buffer waits for it before host access.
@@ -77,8 +77,8 @@ fn check_pair(stream: &Stream, device: usize, what: &'static str, device_len: us
 
 /// Refuse a host range that is not page-locked, before any work: an async DMA from
 /// pageable memory would silently turn synchronous (or touch memory the caller frees).
-pub fn require_pinned(what: &'static str, ptr: *const u8, bytes: usize) -> Result<()> {
-    if is_pinned(ptr, bytes)? { Ok(()) } else { Err(Error::NotPinned { what, ptr: ptr as usize, bytes }) }
+pub fn require_pinned(device: &Device, what: &'static str, ptr: *const u8, bytes: usize) -> Result<()> {
+    if is_pinned_on(device, ptr, bytes)? { Ok(()) } else { Err(Error::NotPinned { what, ptr: ptr as usize, bytes }) }
 }
 
 /// [`copy_to_host`] into host memory from elsewhere (a framework's pinned tensor), given by
@@ -95,7 +95,7 @@ pub unsafe fn copy_to_host_raw<T: Element>(
     len: usize,
 ) -> Result<()> {
     check_pair(stream, src.device().ordinal(), "src", src.len(), len)?;
-    require_pinned("dst", dst.cast_const().cast(), len * size_of::<T>())?;
+    require_pinned(stream.device(), "dst", dst.cast_const().cast(), src.bytes())?;
     if len == 0 {
         return Ok(());
     }
@@ -116,7 +116,7 @@ pub unsafe fn copy_from_host_raw<T: Element>(
     dst: &mut DeviceViewMut<'_, T>,
 ) -> Result<()> {
     check_pair(stream, dst.device().ordinal(), "dst", dst.len(), len)?;
-    require_pinned("src", src.cast(), len * size_of::<T>())?;
+    require_pinned(stream.device(), "src", src.cast(), dst.bytes())?;
     if len == 0 {
         return Ok(());
     }

@@ -5,7 +5,7 @@ use std::mem::ManuallyDrop;
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
-use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, RawDevicePtr, Stream};
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, RawDevicePtr, Stream, reduce};
 use gp2p_kernels::{Element, ReduceOp};
 
 use crate::{Error, PinnedBuffer, Result};
@@ -15,6 +15,29 @@ use crate::{Error, PinnedBuffer, Result};
 const SLOT_ALIGN: usize = 256;
 /// More slots than this buys no overlap and only costs events and pinned memory.
 pub const MAX_SLOTS: usize = 64;
+
+/// How the consumer folds a staged chunk into its destination ([`StagingRing::pass`]).
+pub enum Fold<'s, T: Element> {
+    /// `dst = chunk`: a host-to-device DMA.
+    Copy,
+    /// `dst = op(dst, chunk)` by a kernel that reads the slot across PCIe (zero-copy).
+    ReduceMapped {
+        /// The reduction.
+        op: ReduceOp,
+        /// Divisor for avg (1 on every step but the last).
+        divide_by: u32,
+    },
+    /// A host-to-device DMA of the slot into `scratch` (at least the chunk's length), then
+    /// `dst = op(dst, scratch)` on the device.
+    ReduceVia {
+        /// Device memory on the consumer's device for the chunk.
+        scratch: DeviceViewMut<'s, T>,
+        /// The reduction.
+        op: ReduceOp,
+        /// Divisor for avg (1 on every step but the last).
+        divide_by: u32,
+    },
+}
 
 /// A ring of pinned host slots between a producer device (which fills a slot by D2H DMA)
 /// and a consumer device (which drains it by H2D DMA, or reads it in a reduce kernel). On
@@ -106,6 +129,42 @@ impl StagingRing {
         slot
     }
 
+    /// Move one chunk through the next slot: on `producer`, a DMA of `src` into the slot; on
+    /// `consumer`, `dst` folded from it as `fold` says. The one pipeline step of every staged
+    /// transfer — the copy engine's chunks and the collectives' ring edges alike — so slot
+    /// rotation and fencing live here only. `src` and `dst` must have equal lengths.
+    pub fn pass<T: Element>(
+        &mut self,
+        producer: &Stream,
+        src: &DeviceView<'_, T>,
+        consumer: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        fold: Fold<'_, T>,
+    ) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
+        }
+        // Refuse a short scratch before the slot is filled: nothing is enqueued then.
+        if let Fold::ReduceVia { scratch, .. } = &fold
+            && scratch.len() < dst.len()
+        {
+            return Err(
+                gp2p_cuda::Error::LengthMismatch { what: "scratch", got: scratch.len(), expected: dst.len() }.into()
+            );
+        }
+        let slot = self.next_slot();
+        self.fill(slot, producer, src)?;
+        match fold {
+            Fold::Copy => self.drain(slot, consumer, dst),
+            Fold::ReduceMapped { op, divide_by } => self.drain_reduce(slot, consumer, dst, op, divide_by),
+            Fold::ReduceVia { mut scratch, op, divide_by } => {
+                let mut tmp = scratch.slice_mut(..dst.len());
+                self.drain(slot, consumer, &mut tmp)?;
+                Ok(reduce(consumer, dst, &tmp.as_view(), op, divide_by)?)
+            }
+        }
+    }
+
     /// On the producer's `stream`: wait until `slot` is free, DMA `src` into it, and mark it
     /// landed.
     pub fn fill<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
@@ -141,14 +200,16 @@ impl StagingRing {
     /// stream's own order makes the upload follow the download, so *landed* is neither
     /// recorded nor waited for — a one-chunk copy's latency is mostly such GPU-side event
     /// work. Only *free* is recorded, for whoever uses the slot next. It is not a fill: a
-    /// [`StagingRing::drain`] of the slot must follow a [`StagingRing::fill`].
+    /// [`StagingRing::drain`] of the slot must follow a [`StagingRing::fill`]. Returns the
+    /// slot's *free* event, which completes with the relay, so another stream can wait on it
+    /// without a record of its own.
     pub fn relay<T: Element>(
         &mut self,
         slot: usize,
         stream: &Stream,
         src: &DeviceView<'_, T>,
         dst: &mut DeviceViewMut<'_, T>,
-    ) -> Result<()> {
+    ) -> Result<&Event> {
         if src.len() != dst.len() {
             return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
         }
@@ -164,7 +225,8 @@ impl StagingRing {
             // same stream, so it has landed when this one starts.
             unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
         }
-        Ok(self.free[slot].record(stream)?)
+        self.free[slot].record(stream)?;
+        Ok(&self.free[slot])
     }
 
     /// On the consumer's `stream`: wait until `slot` has landed, fold its first `dst.len()`
@@ -210,6 +272,49 @@ impl StagingRing {
             .into());
         }
         Ok(())
+    }
+}
+
+/// A staging ring kept across calls (one per device pair or ring edge): replaced when a call
+/// needs bigger slots or another slot count, and the old ring kept until its GPU work is
+/// done, so replacing never blocks the host (a ring's `Drop` waits for its events) nor
+/// deadlocks behind a stream the caller holds.
+#[derive(Default)]
+pub struct RingCache {
+    ring: Option<StagingRing>,
+    retired: Vec<StagingRing>,
+}
+
+impl RingCache {
+    /// A cache with no ring yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cached ring if it has `slots` slots of at least `slot_bytes`, else a new one
+    /// between `producer` and `consumer`. If making the new one fails, the old one stays.
+    pub fn ensure(
+        &mut self,
+        producer: &Device,
+        consumer: &Device,
+        slots: usize,
+        slot_bytes: usize,
+    ) -> Result<&mut StagingRing> {
+        self.retired.retain(|ring| !ring.is_idle());
+        let ring = match self.ring.take() {
+            Some(old) if old.slots() == slots && old.slot_bytes() >= slot_bytes => old,
+            old => match StagingRing::new(producer, consumer, slots, slot_bytes) {
+                Ok(new) => {
+                    self.retired.extend(old);
+                    new
+                }
+                Err(e) => {
+                    self.ring = old;
+                    return Err(e);
+                }
+            },
+        };
+        Ok(self.ring.insert(ring))
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, Stream, StreamFork};
 use gp2p_kernels::Element;
-use gp2p_pinned::StagingRing;
+use gp2p_pinned::{Fold, RingCache};
 use parking_lot::Mutex;
 
 use crate::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
@@ -42,10 +42,7 @@ type PairMap = HashMap<(usize, usize), Arc<Mutex<Pair>>>;
 
 /// What a pair of devices keeps between calls.
 struct Pair {
-    ring: Option<StagingRing>,
-    /// Rings replaced by a bigger one, kept until no GPU work uses them, so replacing a ring
-    /// never blocks the host (nor deadlocks behind a held stream).
-    retired: Vec<StagingRing>,
+    ring: RingCache,
     /// On one device: one fork of two streams (up, down). Across two: one stream each.
     src_fork: StreamFork,
     dst_fork: Option<StreamFork>,
@@ -123,12 +120,11 @@ impl Transport {
             (StreamFork::new(src, 1)?, Some(StreamFork::new(dst, 1)?))
         };
         let pair = Arc::new(Mutex::new(Pair {
-            ring: None,
+            ring: RingCache::new(),
             src_fork,
             dst_fork,
             done: Event::new(dst, EventKind::Sync)?,
             dst_started: Event::new(dst, EventKind::Sync)?,
-            retired: Vec::new(),
             peer_both_ways: None,
         }));
         pairs.insert((src.ordinal(), dst.ordinal()), pair.clone());
@@ -186,21 +182,30 @@ impl Pair {
         // Slots fit the largest chunk, but never less than a small copy's worth, so a sweep
         // of small copies does not replace the ring at every size.
         let chunk_bytes = (plan.per_chunk().min(src.len()) * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
-        self.retired.retain(|ring| !ring.is_idle());
-        let ring =
-            ensure_ring(&mut self.ring, &mut self.retired, src.device(), dst.device(), chunk_bytes, chunking.slots)?;
+        let ring = self.ring.ensure(src.device(), dst.device(), chunking.slots, chunk_bytes)?;
         let distinct = !same_stream(src_stream, dst_stream);
         if plan.count() == 1 {
             // One chunk: no pipeline to overlap, so no fork either — the two DMAs go on the
             // callers' own streams, the least latency a small copy can have.
-            let slot = ring.next_slot();
-            if !distinct {
-                return Ok(ring.relay(slot, src_stream, src, dst)?);
+            if src.device() == dst.device() {
+                // Both DMAs on the source stream: a GPU-side hop between streams costs about
+                // as much as a 4 KiB DMA. The destination stream's earlier work is waited
+                // for only if some is still pending, and it waits for the copy through the
+                // slot's own `free` event rather than one more record.
+                if distinct && !dst_stream.is_idle()? {
+                    self.dst_started.record(dst_stream)?;
+                    src_stream.wait(&self.dst_started)?;
+                }
+                let slot = ring.next_slot();
+                let done = ring.relay(slot, src_stream, src, dst)?;
+                if distinct {
+                    dst_stream.wait(done)?;
+                }
+                return Ok(());
             }
             self.dst_started.record(dst_stream)?;
             src_stream.wait(&self.dst_started)?;
-            ring.fill(slot, src_stream, src)?;
-            ring.drain(slot, dst_stream, dst)?;
+            ring.pass(src_stream, src, dst_stream, dst, Fold::Copy)?;
             self.done.record(dst_stream)?;
             src_stream.wait(&self.done)?;
             return Ok(());
@@ -223,10 +228,7 @@ impl Pair {
         };
         let mut result = Ok(());
         for chunk in plan.chunks() {
-            let slot = ring.next_slot();
-            result = ring
-                .fill(slot, up, &src.slice(chunk.clone()))
-                .and_then(|()| ring.drain(slot, down, &mut dst.slice_mut(chunk)));
+            result = ring.pass(up, &src.slice(chunk.clone()), down, &mut dst.slice_mut(chunk), Fold::Copy);
             if result.is_err() {
                 break;
             }
@@ -240,28 +242,6 @@ impl Pair {
         joined_dst?;
         Ok(())
     }
-}
-
-/// The pair's ring, replaced only when a call needs bigger slots or another slot count; the
-/// old one retires until its GPU work is done.
-fn ensure_ring<'r>(
-    ring: &'r mut Option<StagingRing>,
-    retired: &mut Vec<StagingRing>,
-    src: &Device,
-    dst: &Device,
-    slot_bytes: usize,
-    slots: usize,
-) -> Result<&'r mut StagingRing> {
-    if let Some(r) = ring.as_ref()
-        && (r.slot_bytes() < slot_bytes || r.slots() != slots)
-        && let Some(old) = ring.take()
-    {
-        retired.push(old);
-    }
-    Ok(match ring {
-        Some(r) => r,
-        None => ring.insert(StagingRing::new(src, dst, slots, slot_bytes)?),
-    })
 }
 
 fn same_stream(a: &Stream, b: &Stream) -> bool {
