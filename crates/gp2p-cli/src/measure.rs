@@ -154,16 +154,43 @@ impl<'a> Ceilings<'a> {
     /// the staged pipeline's largest chunk are queued in each direction on two streams that
     /// start together; both directions cycle through as many host slots as a staging ring
     /// has, so the host memory traffic is the pipeline's (uploads read recently written
-    /// memory), not that of two 1 GiB streams. Each direction's rate is
-    /// taken over its middle half of transfers only (the first and last may run alone while
-    /// the other direction starts or drains); the ceiling is their mean: half the link's two-way throughput.
+    /// memory), not that of two 1 GiB streams. Each direction's rate is taken over its middle
+    /// half of transfers only (the first and last may run alone while the other direction
+    /// starts or drains), as the median of the timed passes (one pass can dip while the
+    /// machine is busy elsewhere, and a dipped ceiling puts a copy above 1.0); the ceiling is
+    /// the mean of the two directions: half the link's two-way throughput.
     pub fn duplex(&mut self) -> Result<f64, CliError> {
-        let device = self.device;
-        let (transfers, host_slots) = (DUPLEX_TRANSFERS, DEFAULT_SLOTS);
-        let bytes = MAX_CHUNK_BYTES.min(self.a.len() / transfers).max(1);
-        let fork = StreamFork::new(device, 2)?;
+        let bytes = MAX_CHUNK_BYTES.min(self.a.len() / DUPLEX_TRANSFERS).max(1);
+        let fork = StreamFork::new(self.device, 2)?;
+        let mut slots = PinnedBuffer::<u8>::alloc(self.device, bytes * DEFAULT_SLOTS)?;
+        let (mut d2h, mut h2d) = (Vec::new(), Vec::new());
+        for pass in 0..self.repeats.warmup.min(1) + self.repeats.timed.max(1) {
+            let rates = self.duplex_pass(&fork, &mut slots, bytes)?;
+            if pass >= self.repeats.warmup.min(1) {
+                d2h.push(rates[0]);
+                h2d.push(rates[1]);
+            }
+        }
+        let (d2h, h2d) = (median(&mut d2h), median(&mut h2d));
+        // A copy moves equal bytes each way, so its per-direction ceiling is half of what
+        // the link carries both ways together (measured: D2H 48.9 with H2D 51.7 beside it,
+        // while a pipeline pacing both directions equally ran 49.7 each way).
+        let ceiling = (d2h + h2d) / 2.0;
+        self.measured.insert("duplex_d2h", d2h);
+        self.measured.insert("duplex_h2d", h2d);
+        self.measured.insert("duplex", ceiling);
+        Ok(ceiling)
+    }
+
+    /// One pass of [`Ceilings::duplex`]: the D2H and H2D rates over the middle half.
+    fn duplex_pass(
+        &mut self,
+        fork: &StreamFork,
+        slots: &mut PinnedBuffer<u8>,
+        bytes: usize,
+    ) -> Result<[f64; 2], CliError> {
+        let (device, transfers, host_slots) = (self.device, DUPLEX_TRANSFERS, DEFAULT_SLOTS);
         let streams = fork.fork(self.stream)?;
-        let mut up_host = PinnedBuffer::<u8>::alloc(device, bytes * host_slots)?;
         let mut marks: [Vec<Event>; 2] = [Vec::new(), Vec::new()];
         for (dir, stream) in streams.iter().enumerate() {
             let first = Event::new(device, EventKind::Timing)?;
@@ -173,12 +200,12 @@ impl<'a> Ceilings<'a> {
                 let dev = i * bytes..(i + 1) * bytes;
                 let slot = (i % host_slots) * bytes..(i % host_slots + 1) * bytes;
                 if dir == 0 {
-                    copy_to_host(stream, &self.a.view(dev), &mut up_host.view_mut(slot))?;
+                    copy_to_host(stream, &self.a.view(dev), &mut slots.view_mut(slot))?;
                 } else {
                     // Reads the slots the other direction writes, as a pipeline's uploads
                     // read what its downloads just landed (no ordering: only time matters).
                     let ahead = ((i + host_slots / 2) % host_slots) * bytes;
-                    copy_from_host(stream, &up_host.view(ahead..ahead + bytes), &mut self.b.view_mut(dev))?;
+                    copy_from_host(stream, &slots.view(ahead..ahead + bytes), &mut self.b.view_mut(dev))?;
                 }
                 let e = Event::new(device, EventKind::Timing)?;
                 e.record(stream)?;
@@ -189,19 +216,12 @@ impl<'a> Ceilings<'a> {
         self.stream.synchronize()?;
         // marks[d][i] is the end of transfer i (marks[d][0] the start): time the middle half.
         let (from, to) = (transfers / 4, transfers - transfers / 4);
-        let mut rates = Vec::new();
-        for m in &marks {
+        let mut rates = [0.0; 2];
+        for (rate, m) in rates.iter_mut().zip(&marks) {
             let ms = Event::elapsed_ms(&m[from], &m[to])?;
-            rates.push(gbps((to - from) * bytes, f64::from(ms) / 1e3));
+            *rate = gbps((to - from) * bytes, f64::from(ms) / 1e3);
         }
-        // A copy moves equal bytes each way, so its per-direction ceiling is half of what
-        // the link carries both ways together (measured: D2H 48.9 with H2D 51.7 beside it,
-        // while a pipeline pacing both directions equally ran 49.7 each way).
-        let ceiling = (rates[0] + rates[1]) / 2.0;
-        self.measured.insert("duplex_d2h", rates[0]);
-        self.measured.insert("duplex_h2d", rates[1]);
-        self.measured.insert("duplex", ceiling);
-        Ok(ceiling)
+        Ok(rates)
     }
 
     /// Median time in µs of one `bytes` D2H followed by one `bytes` H2D on one stream, as
