@@ -99,15 +99,22 @@ fn copy_is_ordered_between_user_kernels_on_two_streams() {
     // Keeps a stream busy for a while (a few ms of reduce kernels), so work queued behind it
     // is still pending when the copy is enqueued.
     let big = 1 << 26;
-    let mut busy = DeviceBuffer::<u32>::alloc(&device, big).unwrap();
     let ballast = DeviceBuffer::<u32>::alloc(&device, big).unwrap();
-    // One chunk (the one-card single-chunk path) and several chunks (the pipeline); with
-    // the destination stream idle at the copy, and with its earlier work still running.
-    for (case, (len, dst_busy)) in
-        [(1000, false), (1000, true), (3 * CHUNK / 4 * 5 + 11, false), (3 * CHUNK / 4 * 5 + 11, true)]
-            .into_iter()
-            .enumerate()
-    {
+    let keep_busy = |stream: &Stream| {
+        let mut target = DeviceBuffer::<u32>::alloc(&device, big).unwrap();
+        for _ in 0..4 {
+            reduce(stream, &mut target.view_mut(..), &ballast.view(..), ReduceOp::Sum, 1).unwrap();
+        }
+        target // freed by the caller after the copy, so its kernels stay queued meanwhile
+    };
+    // Staged: one chunk (the one-card single-chunk path) and several chunks (the pipeline);
+    // Auto (one device-to-device DMA on one card). Each with both streams idle when the
+    // copy is enqueued, and with both still running earlier work.
+    let long = 3 * CHUNK / 4 * 5 + 11;
+    let cases = [(Route::Staged, 1000), (Route::Staged, long), (Route::Auto, long)]
+        .into_iter()
+        .flat_map(|(route, len)| [(route, len, false), (route, len, true)]);
+    for (case, (route, len, busy)) in cases.enumerate() {
         let seed = 10 * case as u64;
         let (a, s0, b) = (random_u32(len, seed + 1), random_u32(len, seed + 2), random_u32(len, seed + 3));
         let mut src = DeviceBuffer::from_host(&src_stream, &s0).unwrap();
@@ -116,28 +123,28 @@ fn copy_is_ordered_between_user_kernels_on_two_streams() {
         let mut mid = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
         src_stream.synchronize().unwrap();
         dst_stream.synchronize().unwrap();
-        if dst_busy {
-            // The copy must land after this fill, which waits behind the ballast.
-            for _ in 0..4 {
-                reduce(&dst_stream, &mut busy.view_mut(..), &ballast.view(..), ReduceOp::Sum, 1).unwrap();
-            }
-            mid.fill_bytes(&dst_stream, 0x77).unwrap();
-        } else {
-            mid.fill_bytes(&dst_stream, 0x77).unwrap();
+        // The copy must land after this fill, and read src after the kernel below writes
+        // it: with `busy`, both wait behind ballast on their streams.
+        let ballasts = busy.then(|| (keep_busy(&dst_stream), keep_busy(&src_stream)));
+        mid.fill_bytes(&dst_stream, 0x77).unwrap();
+        if !busy {
             dst_stream.synchronize().unwrap();
         }
         // A kernel writes src on src_stream; the copy must start after it; a kernel on
         // dst_stream reads the copy's output; no host synchronisation in between.
         reduce(&src_stream, &mut src.view_mut(..), &add.view(..), ReduceOp::Sum, 1).unwrap();
-        staged_copy(&src.view(..), &src_stream, &mut mid.view_mut(..), &dst_stream, Some(CHUNK), Some(SLOTS)).unwrap();
+        let options = CopyOptions { route, chunk_bytes: Some(CHUNK), slots: Some(SLOTS) };
+        let taken = transport().copy(&src.view(..), &src_stream, &mut mid.view_mut(..), &dst_stream, options).unwrap();
+        assert_eq!(taken, if route == Route::Auto { Route::Peer } else { route });
         reduce(&dst_stream, &mut acc.view_mut(..), &mid.view(..), ReduceOp::Sum, 1).unwrap();
         let got = acc.to_host_vec(&dst_stream).unwrap();
         let copied: Vec<u32> = s0.iter().zip(&a).map(|(x, y)| x.wrapping_add(*y)).collect();
         check_reduce(&got, &b, &copied, ReduceOp::Sum, 1)
-            .unwrap_or_else(|e| panic!("len {len}, destination stream busy: {dst_busy}: {e}"));
+            .unwrap_or_else(|e| panic!("{route} len {len}, streams busy: {busy}: {e}"));
         // The source stream's later work also sees the copy done: overwrite src right away.
         src.fill_bytes(&src_stream, 0).unwrap();
-        assert!(mid.to_host_vec(&src_stream).unwrap() == copied, "len {len}, busy {dst_busy}: src stream");
+        assert!(mid.to_host_vec(&src_stream).unwrap() == copied, "{route} len {len}, busy {busy}: src stream");
+        drop(ballasts);
     }
 }
 

@@ -76,17 +76,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// [`DeviceBuffer::download`] into a new vector.
     pub fn to_host_vec(&self, stream: &Stream) -> Result<Vec<T>> {
         self.check_stream(stream)?;
-        let mut out: Vec<T> = Vec::with_capacity(self.len);
-        if self.len > 0 {
-            // SAFETY: the spare capacity holds len elements; the DMA writes all of them and
-            // the stream is synchronised before the vector is used.
-            unsafe { memcpy_dtoh_async(stream, out.spare_capacity_mut().as_mut_ptr().cast(), self.ptr, self.bytes())? };
-        }
-        stream.synchronize()?;
-        // SAFETY: capacity is len and the completed DMA initialised all len elements (T is
-        // plain data valid for any bit pattern).
-        unsafe { out.set_len(self.len) };
-        Ok(out)
+        self.view(..).to_host_vec(stream)
     }
 
     /// Set every byte to `byte` on `stream`, asynchronously (poisoning outputs in tests).
@@ -245,6 +235,29 @@ impl<T: Element> DeviceView<'_, T> {
     pub fn slice(&self, range: impl RangeBounds<usize>) -> DeviceView<'_, T> {
         let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
         DeviceView { device: self.device.clone(), ptr, len, _marker: PhantomData }
+    }
+
+    /// Copy this view into a new vector on `stream` (after earlier work there) and block
+    /// until it is done.
+    pub fn to_host_vec(&self, stream: &Stream) -> Result<Vec<T>> {
+        if stream.device() != &self.device {
+            return Err(Error::WrongDevice {
+                what: "view",
+                got: self.device.ordinal(),
+                expected: stream.device().ordinal(),
+            });
+        }
+        let mut out: Vec<T> = Vec::with_capacity(self.len);
+        if self.len > 0 {
+            // SAFETY: the spare capacity holds len elements; the DMA writes all of them and
+            // the stream is synchronised before the vector is used.
+            unsafe { memcpy_dtoh_async(stream, out.spare_capacity_mut().as_mut_ptr().cast(), self.ptr, self.bytes())? };
+        }
+        stream.synchronize()?;
+        // SAFETY: capacity is len and the completed DMA initialised all len elements (T is
+        // plain data valid for any bit pattern).
+        unsafe { out.set_len(self.len) };
+        Ok(out)
     }
 }
 

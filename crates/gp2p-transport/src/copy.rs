@@ -51,6 +51,9 @@ struct Pair {
     /// Recorded on the destination caller's stream before the copy, so reading `src` also
     /// waits for that stream's earlier work.
     dst_started: Event,
+    /// Recorded on the source caller's stream before a direct copy, which runs on the
+    /// destination caller's stream.
+    src_ready: Event,
     peer_both_ways: Option<bool>,
 }
 
@@ -125,6 +128,7 @@ impl Transport {
             dst_fork,
             done: Event::new(dst, EventKind::Sync)?,
             dst_started: Event::new(dst, EventKind::Sync)?,
+            src_ready: Event::new(src, EventKind::Sync)?,
             peer_both_ways: None,
         }));
         pairs.insert((src.ordinal(), dst.ordinal()), pair.clone());
@@ -157,8 +161,7 @@ impl Pair {
     ) -> Result<()> {
         let distinct = !same_stream(src_stream, dst_stream);
         if distinct {
-            self.src_fork.fork_after(&[src_stream])?;
-            self.src_fork.join_into(&[dst_stream])?;
+            order_after(dst_stream, src_stream, &self.src_ready)?;
         }
         dst.copy_from(dst_stream, src)?;
         if distinct {
@@ -192,9 +195,8 @@ impl Pair {
                 // as much as a 4 KiB DMA. The destination stream's earlier work is waited
                 // for only if some is still pending, and it waits for the copy through the
                 // slot's own `free` event rather than one more record.
-                if distinct && !dst_stream.is_idle()? {
-                    self.dst_started.record(dst_stream)?;
-                    src_stream.wait(&self.dst_started)?;
+                if distinct {
+                    order_after(src_stream, dst_stream, &self.dst_started)?;
                 }
                 let slot = ring.next_slot();
                 let done = ring.relay(slot, src_stream, src, dst)?;
@@ -203,8 +205,7 @@ impl Pair {
                 }
                 return Ok(());
             }
-            self.dst_started.record(dst_stream)?;
-            src_stream.wait(&self.dst_started)?;
+            order_after(src_stream, dst_stream, &self.dst_started)?;
             ring.pass(src_stream, src, dst_stream, dst, Fold::Copy)?;
             self.done.record(dst_stream)?;
             src_stream.wait(&self.done)?;
@@ -221,8 +222,7 @@ impl Pair {
                 let down = &dst_fork.fork(dst_stream)?[0];
                 let up = &self.src_fork.fork(src_stream)?[0];
                 // Reading src also waits for the destination caller's earlier work.
-                self.dst_started.record(dst_stream)?;
-                up.wait(&self.dst_started)?;
+                order_after(up, dst_stream, &self.dst_started)?;
                 (up, down)
             }
         };
@@ -242,6 +242,17 @@ impl Pair {
         joined_dst?;
         Ok(())
     }
+}
+
+/// Make `later` wait for the work enqueued on `earlier` so far, through `event` (of
+/// `earlier`'s device) — unless that work is already done: a GPU-side hop between streams
+/// costs about as much as a small DMA, and a host query far less.
+fn order_after(later: &Stream, earlier: &Stream, event: &Event) -> Result<()> {
+    if !earlier.is_idle()? {
+        event.record(earlier)?;
+        later.wait(event)?;
+    }
+    Ok(())
 }
 
 fn same_stream(a: &Stream, b: &Stream) -> bool {

@@ -88,9 +88,8 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
                 Ok(())
             },
         )?;
-        let got = dst.to_host_vec(&dst_stream)?;
-        let want = &host.as_slice()?[..n];
-        let wrong = got[..n].iter().zip(want).filter(|(g, w)| g != w).count();
+        let got = dst.view(..n).to_host_vec(&dst_stream)?;
+        let wrong = got.iter().zip(&host.as_slice()?[..n]).filter(|(g, w)| g != w).count();
         let seconds = timing.gpu_seconds;
         let busbw = (n * 4) as f64 / seconds / 1e9;
         rows.push(Row {
