@@ -89,8 +89,12 @@ fn all_reduce_case<T: Reference>(engine: &Engine, n: usize, len: usize, op: Redu
     let got = ranks.download(&bufs);
     let what = |r: usize| format!("all_reduce {} {op} n={n} len={len} {transport:?} rank {r}", T::DTYPE);
     let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
-    for (r, got) in got.iter().enumerate() {
-        check_fold(got, &refs, op, &what(r));
+    for (r, rank_got) in got.iter().enumerate() {
+        check_fold(rank_got, &refs, op, &what(r));
+        // Every rank ends with the same values (0-ulp tolerance, which takes +0 and -0 as one:
+        // two ranks' min or max may differ there, as all_reduce's docs say).
+        let (differ, first) = count_mismatched(rank_got, &got[0], ReduceOp::Sum);
+        assert_eq!(differ, 0, "{}: differs from rank 0: {}", what(r), first.join("; "));
     }
     if len <= REPLAY_MAX_LEN {
         let want = expected(Collective::AllReduce, &inputs, op);

@@ -14,7 +14,7 @@ use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES};
 use parking_lot::Mutex;
 
 use crate::calibrate::{Path, choose};
-use crate::schedule::{Action, Schedule};
+use crate::schedule::{Action, Schedule, Transfer};
 use crate::{Result, Transport, step_divisor};
 
 /// Staging slots per ring edge: the transport's default.
@@ -259,19 +259,28 @@ impl EventPlan {
     fn of(schedule: &Schedule) -> EventPlan {
         let n = schedule.ranks;
         let transfers = &schedule.transfers;
-        // Per rank, by range start: the transfer that last received into / sent from it.
+        // Per rank, by range start: the transfer that last received into / sent from it, in
+        // the order the executor enqueues: a group's sends, then its receives.
         let mut last_received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
         let mut last_sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-        let mut waits_on: Vec<(Option<usize>, Option<usize>)> = Vec::with_capacity(transfers.len());
+        let mut waits_on: Vec<(Option<usize>, Option<usize>)> = vec![(None, None); transfers.len()];
         let (mut sent_waited, mut received_waited) = (vec![false; transfers.len()], vec![false; transfers.len()]);
-        for (i, t) in transfers.iter().enumerate() {
-            let received = last_received[t.from].get(&t.range.start).copied();
-            let sent = last_sent[t.to].get(&t.range.start).copied();
-            received.inspect(|&j| received_waited[j] = true);
-            sent.inspect(|&j| sent_waited[j] = true);
-            waits_on.push((received, sent));
-            last_sent[t.from].insert(t.range.start, i);
-            last_received[t.to].insert(t.range.start, i);
+        let mut first = 0;
+        for group in schedule.groups() {
+            let indices = first..first + group.len();
+            first = indices.end;
+            for (i, t) in indices.clone().zip(group) {
+                let received = last_received[t.from].get(&t.range.start).copied();
+                received.inspect(|&j| received_waited[j] = true);
+                waits_on[i].0 = received;
+                last_sent[t.from].insert(t.range.start, i);
+            }
+            for (i, t) in indices.zip(group) {
+                let sent = last_sent[t.to].get(&t.range.start).copied();
+                sent.inspect(|&j| sent_waited[j] = true);
+                waits_on[i].1 = sent;
+                last_received[t.to].insert(t.range.start, i);
+            }
         }
         // Number the recorded events per rank in transfer order.
         let mut per_rank = vec![0; n];
@@ -279,18 +288,21 @@ impl EventPlan {
             per_rank[rank] += 1;
             per_rank[rank] - 1
         };
-        let mut syncs: Vec<Sync> = Vec::with_capacity(transfers.len());
-        for (i, t) in transfers.iter().enumerate() {
-            let record_sent = sent_waited[i].then(|| next(t.from));
-            let record_received = received_waited[i].then(|| next(t.to));
-            let (received, sent) = waits_on[i];
-            syncs.push(Sync {
-                send_waits: received.and_then(|j| syncs[j].record_received),
-                recv_waits: sent.and_then(|j| syncs[j].record_sent),
+        let records: Vec<(Option<usize>, Option<usize>)> = transfers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (sent_waited[i].then(|| next(t.from)), received_waited[i].then(|| next(t.to))))
+            .collect();
+        let syncs = waits_on
+            .iter()
+            .zip(&records)
+            .map(|(&(received, sent), &(record_sent, record_received))| Sync {
+                send_waits: received.and_then(|j| records[j].1),
+                recv_waits: sent.and_then(|j| records[j].0),
                 record_sent,
                 record_received,
-            });
-        }
+            })
+            .collect();
         EventPlan { syncs, per_rank }
     }
 }
@@ -309,36 +321,43 @@ fn run_transfers<T: Element>(
     scratch: &mut [Option<DeviceBuffer<T>>],
 ) -> Result<()> {
     let n = ranks.len();
-    for (t, sync) in schedule.transfers.iter().zip(&plan.syncs) {
-        let (from, to, range) = (t.from, t.to, t.range.clone());
-        let send = &forks[from].streams()[SEND];
-        let recv = &forks[to].streams()[RECV];
-        if let Some(e) = sync.send_waits {
-            send.wait(&events[from][e])?;
-        }
-        if let Some(e) = sync.recv_waits {
-            recv.wait(&events[to][e])?;
-        }
-        let (src_rank, dst_rank) = pair_mut(ranks, from, to);
-        let whole = src_rank.buffer.as_view();
-        let src = whole.slice(range.clone());
-        let mut dst = dst_rank.buffer.slice_mut(range);
-        let fold = match t.action {
-            Action::Copy => Fold::Copy,
-            Action::Reduce { last } => {
-                let divide_by = step_divisor(op, last, n);
-                match &mut scratch[to] {
-                    None => Fold::ReduceMapped { op, divide_by },
-                    Some(buf) => Fold::ReduceVia { scratch: buf.view_mut(..), op, divide_by },
-                }
+    let mut syncs = plan.syncs.iter();
+    for group in schedule.groups() {
+        // Every send of a group before any receive: a rank's receive may overwrite the range
+        // its own send of the group reads.
+        let group: Vec<(&Transfer, &Sync)> = group.iter().zip(syncs.by_ref()).collect();
+        let mut sent = Vec::with_capacity(group.len());
+        for &(t, sync) in &group {
+            let send = &forks[t.from].streams()[SEND];
+            if let Some(e) = sync.send_waits {
+                send.wait(&events[t.from][e])?;
             }
-        };
-        rings[from].pass(send, &src, recv, &mut dst, fold)?;
-        if let Some(e) = sync.record_sent {
-            events[from][e].record(send)?;
+            let whole = ranks[t.from].buffer.as_view();
+            sent.push(rings[t.from].send(send, &whole.slice(t.range.clone()))?);
+            if let Some(e) = sync.record_sent {
+                events[t.from][e].record(send)?;
+            }
         }
-        if let Some(e) = sync.record_received {
-            events[to][e].record(recv)?;
+        for (&(t, sync), sent) in group.iter().zip(sent) {
+            let recv = &forks[t.to].streams()[RECV];
+            if let Some(e) = sync.recv_waits {
+                recv.wait(&events[t.to][e])?;
+            }
+            let mut dst = ranks[t.to].buffer.slice_mut(t.range.clone());
+            let fold = match t.action {
+                Action::Copy => Fold::Copy,
+                Action::Reduce { last } => {
+                    let divide_by = step_divisor(op, last, n);
+                    match &mut scratch[t.to] {
+                        None => Fold::ReduceMapped { op, divide_by },
+                        Some(buf) => Fold::ReduceVia { scratch: buf.view_mut(..), op, divide_by },
+                    }
+                }
+            };
+            rings[t.from].receive(sent, recv, &mut dst, fold)?;
+            if let Some(e) = sync.record_received {
+                events[t.to][e].record(recv)?;
+            }
         }
     }
     Ok(())
@@ -384,22 +403,11 @@ fn take_buffer<T: Element>(
     Ok(DeviceBuffer::alloc(device, len.max(1))?)
 }
 
-/// `(&v[a], &mut v[b])` for a != b.
-fn pair_mut<T>(v: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
-    if a < b {
-        let (left, right) = v.split_at_mut(b);
-        (&left[a], &mut right[0])
-    } else {
-        let (left, right) = v.split_at_mut(a);
-        (&right[0], &mut left[b])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
-    use super::{Engine, EventPlan, Sync, pair_mut};
+    use super::{Engine, EventPlan, Sync};
     use crate::schedule::Schedule;
 
     #[test]
@@ -431,21 +439,42 @@ mod tests {
         assert_eq!(chain.per_rank, [0, 1, 0]);
     }
 
+    #[test]
+    fn an_exchange_receives_only_after_the_receiver_sent() {
+        // Rank r overwrites the chunk its own send reads: each receive waits for that send.
+        let schedule = Schedule::all_reduce_exchange(100, 32, 4);
+        let plan = EventPlan::of(&schedule);
+        for (t, x) in schedule.transfers.iter().zip(&plan.syncs) {
+            let waited = x.recv_waits.expect("every receive waits");
+            let sender = schedule.transfers.iter().zip(&plan.syncs).find(|(s, _)| s.from == t.to && s.range == t.range);
+            assert_eq!(sender.and_then(|(_, s)| s.record_sent), Some(waited), "{t:?}");
+            assert_eq!(x.send_waits, None, "nothing arrives before a rank sends");
+        }
+    }
+
     proptest! {
-        /// Every wait names an event its rank records earlier in the same call, and each pool
-        /// index is recorded once.
+        /// Every wait names an event its rank records earlier in the same call, in the order
+        /// the executor enqueues (a group's sends, then its receives), and each pool index is
+        /// recorded once.
         #[test]
         fn waits_follow_their_records(ranks in 1usize..6, len in 0usize..200, chunk in 1usize..30) {
-            for schedule in [Schedule::all_reduce(ranks, len, chunk), Schedule::broadcast(ranks, len, chunk, 0)] {
+            let schedules = [
+                Schedule::all_reduce(ranks, len, chunk),
+                Schedule::broadcast(ranks, len, chunk, 0),
+                Schedule::all_reduce_exchange(len, chunk, 1),
+            ];
+            for schedule in schedules {
                 let plan = EventPlan::of(&schedule);
                 let mut recorded: Vec<Vec<bool>> = plan.per_rank.iter().map(|&k| vec![false; k]).collect();
-                for (t, x) in schedule.transfers.iter().zip(&plan.syncs) {
-                    for (rank, wait) in [(t.from, x.send_waits), (t.to, x.recv_waits)] {
+                let mut syncs = plan.syncs.iter();
+                for group in schedule.groups() {
+                    let group: Vec<_> = group.iter().zip(syncs.by_ref()).collect();
+                    let sends = group.iter().map(|(t, x)| (t.from, x.send_waits, x.record_sent));
+                    let receives = group.iter().map(|(t, x)| (t.to, x.recv_waits, x.record_received));
+                    for (rank, wait, record) in sends.chain(receives) {
                         if let Some(e) = wait {
                             prop_assert!(recorded[rank][e], "waits before the record");
                         }
-                    }
-                    for (rank, record) in [(t.from, x.record_sent), (t.to, x.record_received)] {
                         if let Some(e) = record {
                             prop_assert!(!recorded[rank][e], "recorded twice");
                             recorded[rank][e] = true;
@@ -455,15 +484,5 @@ mod tests {
                 prop_assert!(recorded.iter().flatten().all(|&r| r), "every pooled event is used");
             }
         }
-    }
-
-    #[test]
-    fn pair_mut_gives_both_orders() {
-        let mut v = [1, 2, 3];
-        let (a, b) = pair_mut(&mut v, 0, 2);
-        *b += *a;
-        let (a, b) = pair_mut(&mut v, 2, 1);
-        *b += *a;
-        assert_eq!(v, [1, 6, 4]);
     }
 }

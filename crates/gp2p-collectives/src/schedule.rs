@@ -3,9 +3,17 @@
 //!
 //! The buffer is cut into `ranks` segments and each segment into chunks; every chunk moves
 //! around the ring on its own, so a rank forwards chunk c while chunk c+1 is still arriving.
-//! Transfers are listed step by step (and chunk by chunk within a step): executing them in
-//! order is always valid, and an executor that runs each rank's sends and receives on their
-//! own streams, waiting only on the chunk each transfer needs, gets the pipeline.
+//! Transfers are listed step by step (and chunk by chunk within a step), and an executor that
+//! runs each rank's sends and receives on their own streams, waiting only on the chunk each
+//! transfer needs, gets the pipeline.
+//!
+//! Execution order: transfers run in list order, except that consecutive transfers of one
+//! step over one range form an *exchange* ([`Schedule::groups`]): every transfer of a group
+//! reads its source before any of them writes its destination. The two-rank all-reduce is
+//! one such exchange per chunk — each rank sends its chunk and folds in the other's — which
+//! moves the same bytes as the two-step ring in one step, so a small all-reduce waits for
+//! one trip through host memory instead of two. Ring schedules have no two transfers of a
+//! step over one range, so for them this is plain list order.
 //!
 //! Pure: the same schedule drives the GPU executor and [`Schedule::run_on_host`], which the
 //! tests check on any machine.
@@ -76,6 +84,23 @@ fn chunks(range: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<usize
 }
 
 impl Schedule {
+    /// Two-rank all-reduce as one exchange per chunk: both ranks send the chunk and each
+    /// folds the other's into its own (rank 0 computes `op(x0, x1)`, rank 1 `op(x1, x0)`:
+    /// sums and products commute bitwise, avg divides the commuted sum, and min and max pick
+    /// the same value, up to the sign of a zero). Chunk boundaries fall on multiples of
+    /// `align` elements.
+    pub fn all_reduce_exchange(len: usize, chunk: usize, align: usize) -> Schedule {
+        let chunk = chunk.max(1).next_multiple_of(align.max(1));
+        let mut transfers = Vec::new();
+        for range in chunks(0..len, chunk) {
+            for from in 0..2 {
+                let action = Action::Reduce { last: true };
+                transfers.push(Transfer { step: 0, from, to: 1 - from, range: range.clone(), action });
+            }
+        }
+        Schedule { ranks: 2, len, transfers }
+    }
+
     /// Ring all-reduce: a reduce-scatter after which rank r holds the reduced segment
     /// (r + 1) % ranks, then an all-gather of those segments.
     pub fn all_reduce(ranks: usize, len: usize, chunk: usize) -> Schedule {
@@ -151,17 +176,26 @@ impl Schedule {
         }
     }
 
-    /// Execute on host buffers, one transfer at a time: `reduce(dst, src, last)` for reduce
+    /// The transfers in execution groups: runs of consecutive transfers of one step over one
+    /// range (an exchange), each read before any of the run writes. Ring schedules give
+    /// groups of one.
+    pub fn groups(&self) -> impl Iterator<Item = &[Transfer]> {
+        self.transfers.chunk_by(|a, b| a.step == b.step && a.range == b.range)
+    }
+
+    /// Execute on host buffers, group by group: `reduce(dst, src, last)` for reduce
     /// transfers, a copy for the others. What the GPU executor does, without a GPU.
     pub fn run_on_host<V: Clone>(&self, buffers: &mut [Vec<V>], reduce: impl Fn(&V, &V, bool) -> V) {
-        for t in &self.transfers {
-            let src: Vec<V> = buffers[t.from][t.range.clone()].to_vec();
-            let dst = &mut buffers[t.to][t.range.clone()];
-            match t.action {
-                Action::Copy => dst.clone_from_slice(&src),
-                Action::Reduce { last } => {
-                    for (d, s) in dst.iter_mut().zip(&src) {
-                        *d = reduce(d, s, last);
+        for group in self.groups() {
+            let sources: Vec<Vec<V>> = group.iter().map(|t| buffers[t.from][t.range.clone()].to_vec()).collect();
+            for (t, src) in group.iter().zip(sources) {
+                let dst = &mut buffers[t.to][t.range.clone()];
+                match t.action {
+                    Action::Copy => dst.clone_from_slice(&src),
+                    Action::Reduce { last } => {
+                        for (d, s) in dst.iter_mut().zip(&src) {
+                            *d = reduce(d, s, last);
+                        }
                     }
                 }
             }
@@ -216,6 +250,25 @@ mod tests {
     }
 
     #[test]
+    fn an_exchange_reads_both_sides_before_writing() {
+        let s = Schedule::all_reduce_exchange(5, 2, 1);
+        assert_eq!(s.groups().count(), 3, "one exchange per chunk");
+        assert!(s.groups().all(|g| g.len() == 2 && g[0].from != g[1].from));
+        let mut bufs = vec![vec![1, 2, 3, 4, 5], vec![10, 20, 30, 40, 50]];
+        s.run_on_host(&mut bufs, |d, s, _| d * 100 + s);
+        assert_eq!(bufs[0], [110, 220, 330, 440, 550]);
+        assert_eq!(bufs[1], [1001, 2002, 3003, 4004, 5005], "rank 1 folded rank 0's input, not its result");
+        assert_eq!(s.bytes_per_rank(4), Schedule::all_reduce(2, 5, 2).bytes_per_rank(4), "the ring's bytes");
+    }
+
+    #[test]
+    fn ring_schedules_have_groups_of_one() {
+        for s in [Schedule::all_reduce(4, 100, 7), Schedule::all_gather(3, 50, 4), Schedule::broadcast(3, 20, 8, 1)] {
+            assert!(s.groups().all(|g| g.len() == 1));
+        }
+    }
+
+    #[test]
     fn one_rank_has_nothing_to_send() {
         assert!(Schedule::all_reduce(1, 100, 7).transfers.is_empty());
         assert!(Schedule::broadcast(1, 100, 7, 0).transfers.is_empty());
@@ -258,6 +311,20 @@ mod tests {
             for t in &s.transfers {
                 prop_assert_eq!(t.to, (t.from + 1) % ranks);
                 prop_assert!(!t.range.is_empty() && t.range.len() <= chunk);
+                prop_assert_eq!(t.range.start % align, 0, "chunks start aligned");
+            }
+        }
+
+        #[test]
+        fn exchange_folds_both_inputs_once_into_both_ranks(len in 0usize..400, chunk in 1usize..40, align in prop::sample::select(vec![1usize, 2, 4, 16])) {
+            let s = Schedule::all_reduce_exchange(len, chunk, align);
+            let mut bufs = inputs(2, len);
+            s.run_on_host(&mut bufs, fold);
+            for buf in &bufs {
+                prop_assert!(buf.iter().all(|v| v.counts == [1, 1] && v.completions == 1));
+            }
+            for t in &s.transfers {
+                prop_assert_eq!(t.to, 1 - t.from);
                 prop_assert_eq!(t.range.start % align, 0, "chunks start aligned");
             }
         }

@@ -39,6 +39,25 @@ pub enum Fold<'s, T: Element> {
     },
 }
 
+/// A chunk in a slot, filled by [`StagingRing::send`] and waiting for
+/// [`StagingRing::receive`].
+#[must_use = "a sent chunk must be received, or its slot's data is never used"]
+#[derive(Debug)]
+pub struct Sent {
+    slot: usize,
+    bytes: usize,
+}
+
+/// Refuses a [`Fold::ReduceVia`] whose scratch is shorter than the chunk.
+fn check_scratch<T: Element>(fold: &Fold<'_, T>, len: usize) -> Result<()> {
+    if let Fold::ReduceVia { scratch, .. } = fold
+        && scratch.len() < len
+    {
+        return Err(gp2p_cuda::Error::LengthMismatch { what: "scratch", got: scratch.len(), expected: len }.into());
+    }
+    Ok(())
+}
+
 /// A ring of pinned host slots between a producer device (which fills a slot by D2H DMA)
 /// and a consumer device (which drains it by H2D DMA, or reads it in a reduce kernel). On
 /// one card both are the same device and the two sides run on different streams.
@@ -145,15 +164,37 @@ impl StagingRing {
             return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
         }
         // Refuse a short scratch before the slot is filled: nothing is enqueued then.
-        if let Fold::ReduceVia { scratch, .. } = &fold
-            && scratch.len() < dst.len()
-        {
-            return Err(
-                gp2p_cuda::Error::LengthMismatch { what: "scratch", got: scratch.len(), expected: dst.len() }.into()
-            );
-        }
+        check_scratch(&fold, dst.len())?;
+        let sent = self.send(producer, src)?;
+        self.receive(sent, consumer, dst, fold)
+    }
+
+    /// The first half of [`StagingRing::pass`]: fill the next slot from `src` on `producer`.
+    /// Hand the result to [`StagingRing::receive`] before this ring sends again, unless the
+    /// ring has a slot for each send still waiting (an exchange sends on several rings before
+    /// any receives, one slot each).
+    pub fn send<T: Element>(&mut self, producer: &Stream, src: &DeviceView<'_, T>) -> Result<Sent> {
         let slot = self.next_slot();
         self.fill(slot, producer, src)?;
+        Ok(Sent { slot, bytes: src.bytes() })
+    }
+
+    /// The second half of [`StagingRing::pass`]: fold the chunk `sent` into `dst` on
+    /// `consumer`, as `fold` says; `dst` must be as long as the chunk was.
+    pub fn receive<T: Element>(
+        &mut self,
+        sent: Sent,
+        consumer: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        fold: Fold<'_, T>,
+    ) -> Result<()> {
+        if dst.bytes() != sent.bytes {
+            return Err(
+                gp2p_cuda::Error::LengthMismatch { what: "dst bytes", got: dst.bytes(), expected: sent.bytes }.into()
+            );
+        }
+        check_scratch(&fold, dst.len())?;
+        let slot = sent.slot;
         match fold {
             Fold::Copy => self.drain(slot, consumer, dst),
             Fold::ReduceMapped { op, divide_by } => self.drain_reduce(slot, consumer, dst, op, divide_by),
