@@ -3,8 +3,9 @@
 binding (torch.cuda.nccl) over every visible GPU, with P2P disabled so NCCL takes its
 shared-memory path through host memory -- what a GeForce pair gets.
 
-Timed like `gp2p bench`: CUDA events, median of --iters runs after --warmup, fresh random
-data, every result checked. Prints nccl-tests columns and writes --json (same row fields as
+Timed like `gp2p bench`: each stream held by a spin kernel until the run is enqueued, CUDA
+events around the collective only, median of --iters runs after --warmup, fresh random data,
+every result checked. Prints nccl-tests columns and writes --json (same row fields as
 gp2p's reports: bench, route, dtype, op, ranks, bytes, time_us, algbw, busbw, wrong).
 
 Usage (on a machine with two or more GPUs):
@@ -20,6 +21,10 @@ os.environ.setdefault("NCCL_P2P_DISABLE", "1")
 
 import torch  # noqa: E402
 import torch.cuda.nccl as nccl  # noqa: E402
+
+
+# Spin long enough (about 2 ms at 2 GHz) for Python to enqueue one timed run behind it.
+GATE_CYCLES = 4_000_000
 
 
 def parse_size(text):
@@ -41,13 +46,20 @@ def median(values):
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def timed(devices, fn, warmup, iters):
-    """Median seconds of fn() across all devices: start/end events on every device's
-    current stream; a run lasts from the earliest start to the latest end."""
+def timed(devices, fn, warmup, iters, setup=lambda: None):
+    """Median seconds of fn() across all devices, timed as `gp2p bench` times: each device's
+    current stream is held by a spin kernel while setup(), the start events, fn() and the
+    end events are enqueued, so the events bracket GPU work only (not Python's enqueueing,
+    which `gp2p bench` reports apart); a run lasts from the earliest start to the latest end."""
     for _ in range(warmup):
+        setup()
         fn()
     times = []
     for _ in range(iters):
+        for d in devices:
+            with torch.cuda.device(d):
+                torch.cuda._sleep(GATE_CYCLES)
+        setup()
         starts, ends = [], []
         for d in devices:
             with torch.cuda.device(d):
@@ -97,16 +109,12 @@ def main():
             if bench == "all_reduce":
                 pristine = [t.clone() for t in inputs]
 
-                def run():
+                def restore():
                     for t, p in zip(inputs, pristine):
                         t.copy_(p)
-                    nccl.all_reduce(inputs)
 
-                seconds = timed(devices, run, args.warmup, args.iters)
-                # The copies are part of the timing here; subtract a copy-only run.
-                copy_only = timed(devices, lambda: [t.copy_(p) for t, p in zip(inputs, pristine)],
-                                  args.warmup, args.iters)
-                seconds = max(seconds - copy_only, 1e-9)
+                # In place: every run starts from the inputs, restored before the start events.
+                seconds = timed(devices, lambda: nccl.all_reduce(inputs), args.warmup, args.iters, restore)
                 want = sum(h.double() for h in host)
                 wrong = sum(int(((t.cpu().double() - want).abs() > 1e-5 * n * (want.abs() + 1)).sum())
                             for t in inputs)
