@@ -55,8 +55,7 @@ pub struct Schedule {
     pub ranks: usize,
     /// Elements per buffer.
     pub len: usize,
-    /// The transfers, in execution order: one by one, except that each exchange group
-    /// ([`Schedule::groups`]) reads all its sources before it writes.
+    /// The transfers, in an order that is valid to execute one by one.
     pub transfers: Vec<Transfer>,
 }
 

@@ -36,13 +36,6 @@ pub enum Error {
         /// Its size.
         bytes: usize,
     },
-    /// A [`crate::Sent`] handed to a ring that did not send it, or a send into a slot whose
-    /// chunk was never received.
-    #[error("staging ring misuse: {reason}")]
-    RingMisuse {
-        /// What went wrong, and what to do instead.
-        reason: &'static str,
-    },
     /// A chunk larger than a slot.
     #[error("{bytes} bytes do not fit a staging slot of {slot_bytes} bytes: cut the transfer into chunks")]
     ChunkTooLarge {

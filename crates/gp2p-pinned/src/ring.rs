@@ -2,7 +2,6 @@
 #![allow(unsafe_code)]
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
@@ -45,15 +44,8 @@ pub enum Fold<'s, T: Element> {
 #[must_use = "a sent chunk must be received, or its slot's data is never used"]
 #[derive(Debug)]
 pub struct Sent {
-    ring: u64,
     slot: usize,
     bytes: usize,
-}
-
-/// Distinguishes rings, so a [`Sent`] is received by the ring that sent it.
-fn next_ring_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Refuses a [`Fold::ReduceVia`] whose scratch is shorter than the chunk.
@@ -86,9 +78,6 @@ pub struct StagingRing {
     slot_bytes: usize,
     landed: Vec<Event>,
     free: Vec<Event>,
-    /// Per slot: filled by `send`, not yet received.
-    unreceived: Vec<bool>,
-    id: u64,
     cursor: usize,
     producer: Device,
     consumer: Device,
@@ -127,8 +116,6 @@ impl StagingRing {
             memory: ManuallyDrop::new(memory),
             consumer_base,
             slot_bytes,
-            unreceived: vec![false; slots],
-            id: next_ring_id(),
             landed,
             free,
             cursor: 0,
@@ -187,15 +174,9 @@ impl StagingRing {
     /// ring has a slot for each send still waiting (an exchange sends on several rings before
     /// any receives, one slot each).
     pub fn send<T: Element>(&mut self, producer: &Stream, src: &DeviceView<'_, T>) -> Result<Sent> {
-        if self.unreceived[self.cursor] {
-            return Err(Error::RingMisuse {
-                reason: "every slot holds a chunk not yet received: receive before sending again",
-            });
-        }
         let slot = self.next_slot();
         self.fill(slot, producer, src)?;
-        self.unreceived[slot] = true;
-        Ok(Sent { ring: self.id, slot, bytes: src.bytes() })
+        Ok(Sent { slot, bytes: src.bytes() })
     }
 
     /// The second half of [`StagingRing::pass`]: fold the chunk `sent` into `dst` on
@@ -207,11 +188,6 @@ impl StagingRing {
         dst: &mut DeviceViewMut<'_, T>,
         fold: Fold<'_, T>,
     ) -> Result<()> {
-        if sent.ring != self.id {
-            return Err(Error::RingMisuse { reason: "this chunk was sent by another ring: receive it there" });
-        }
-        // The token is used up even if the checks below refuse: the slot may be sent again.
-        self.unreceived[sent.slot] = false;
         if dst.bytes() != sent.bytes {
             return Err(
                 gp2p_cuda::Error::LengthMismatch { what: "dst bytes", got: dst.bytes(), expected: sent.bytes }.into()
