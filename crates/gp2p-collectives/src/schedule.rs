@@ -55,7 +55,8 @@ pub struct Schedule {
     pub ranks: usize,
     /// Elements per buffer.
     pub len: usize,
-    /// The transfers, in an order that is valid to execute one by one.
+    /// The transfers, in execution order: one by one, except that each exchange group
+    /// ([`Schedule::groups`]) reads all its sources before it writes.
     pub transfers: Vec<Transfer>,
 }
 

@@ -46,7 +46,8 @@ struct Pair {
     /// On one device: one fork of two streams (up, down). Across two: one stream each.
     src_fork: StreamFork,
     dst_fork: Option<StreamFork>,
-    /// Recorded on the consumer's stream after a single-chunk copy, for the other caller.
+    /// Recorded on the destination caller's stream after a direct copy or a two-device
+    /// single-chunk copy, for the source caller's stream to wait on.
     done: Event,
     /// Recorded on the destination caller's stream before the copy, so reading `src` also
     /// waits for that stream's earlier work.
