@@ -1,11 +1,11 @@
 //! `Event`: CUDA events for ordering streams and for timing.
 #![allow(unsafe_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUresult};
 
 use crate::driver::{check, defer_error};
-use parking_lot::Mutex;
-
 use crate::stream::StreamId;
 use crate::{Device, Error, Result, Stream};
 
@@ -27,10 +27,8 @@ pub struct Event {
     device: Device,
     raw: CUevent,
     kind: EventKind,
-    /// The stream of the latest [`Event::record`], or 0 when unknown (before the first, or
-    /// once the raw handle was handed out). Locked across the driver call too, so two
-    /// threads recording at once leave the one the driver kept.
-    recorded_on: Mutex<StreamId>,
+    /// The stream of the latest [`Event::record`], or 0 before the first.
+    recorded_on: AtomicU64,
 }
 
 // SAFETY: CUevent is an opaque driver handle; the driver API is thread-safe.
@@ -49,7 +47,7 @@ impl Event {
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: the device's context is current; out-pointer to a local.
         check(unsafe { sys::cuEventCreate(&mut raw, flags as u32) }, "cuEventCreate")?;
-        Ok(Event { device: device.clone(), raw, kind, recorded_on: Mutex::new(0) })
+        Ok(Event { device: device.clone(), raw, kind, recorded_on: AtomicU64::new(0) })
     }
 
     /// Capture the work enqueued on `stream` so far. The stream must be on this event's device.
@@ -62,22 +60,15 @@ impl Event {
             });
         }
         self.device.bind()?;
-        let mut recorded_on = self.recorded_on.lock();
         // SAFETY: both handles are live and belong to the same context.
         check(unsafe { sys::cuEventRecord(self.raw, stream.raw()) }, "cuEventRecord")?;
-        *recorded_on = stream.id();
+        self.recorded_on.store(stream.id(), Ordering::Release);
         Ok(())
     }
 
-    /// The stream the latest `record` used (0 when unknown).
+    /// The stream the latest `record` used (0 before the first).
     pub(crate) fn last_recorded_on(&self) -> StreamId {
-        *self.recorded_on.lock()
-    }
-
-    /// The handle, for this crate's own driver calls (unlike [`Event::raw`], it keeps what
-    /// the event knows of its last record).
-    pub(crate) fn handle(&self) -> CUevent {
-        self.raw
+        self.recorded_on.load(Ordering::Acquire)
     }
 
     /// Block the host until the captured work is done.
@@ -119,10 +110,9 @@ impl Event {
         &self.device
     }
 
-    /// The raw handle, for interop. Other code may record it, so from here on the event no
-    /// longer claims to know the stream it last captured, and [`Stream::wait`] always waits.
+    /// The raw handle, for interop: to wait on. Record through [`Event::record`] only, since
+    /// [`Stream::wait`] trusts it to know which stream the event last captured.
     pub fn raw(&self) -> CUevent {
-        *self.recorded_on.lock() = 0;
         self.raw
     }
 }

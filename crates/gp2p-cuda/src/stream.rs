@@ -19,13 +19,9 @@ pub struct Stream {
     raw: CUstream,
     owned: bool,
     /// Unique per `Stream` value for the life of the process (never reused, unlike a raw
-    /// handle), so an event can tell whether it was last recorded on this very stream; 0
-    /// for the per-thread default stream, which is a different stream on each thread.
+    /// handle), so an event can tell whether it was last recorded on this very stream.
     id: StreamId,
 }
-
-/// The driver's `CU_STREAM_PER_THREAD` handle (cuda.h defines it as `(CUstream)0x2`).
-const CU_STREAM_PER_THREAD: usize = 0x2;
 
 /// Identifies one [`Stream`] value; 0 is no stream.
 pub(crate) type StreamId = u64;
@@ -60,9 +56,7 @@ impl Stream {
     /// as long as the returned `Stream` and anything enqueued through it are in use. It is
     /// never destroyed by this crate.
     pub unsafe fn borrow_raw(device: &Device, raw: RawStream) -> Stream {
-        // The per-thread default stream is another stream on each thread: never one id.
-        let id = if raw as usize == CU_STREAM_PER_THREAD { 0 } else { next_stream_id() };
-        Stream { device: device.clone(), raw, owned: false, id }
+        Stream { device: device.clone(), raw, owned: false, id: next_stream_id() }
     }
 
     /// The device this stream belongs to.
@@ -87,12 +81,12 @@ impl Stream {
     /// waited for: the stream's own order already puts that work first, and a GPU-side wait
     /// costs microseconds on a small copy's critical path.
     pub fn wait(&self, event: &Event) -> Result<()> {
-        if self.id != 0 && event.last_recorded_on() == self.id {
+        if event.last_recorded_on() == self.id {
             return Ok(());
         }
         self.device.bind()?;
         // SAFETY: both handles are live; cross-context waits are allowed by the driver.
-        check(unsafe { sys::cuStreamWaitEvent(self.raw, event.handle(), 0) }, "cuStreamWaitEvent")
+        check(unsafe { sys::cuStreamWaitEvent(self.raw, event.raw(), 0) }, "cuStreamWaitEvent")
     }
 
     /// Whether everything enqueued on this stream so far is done, without blocking. Work
