@@ -151,9 +151,7 @@ fn linux_facts(facts: &mut Facts) {
         Err(e) => facts.missing_sources.push(format!("/proc/cmdline: {e}")),
     }
     if let Ok(text) = fs::read_to_string("/proc/driver/nvidia/params") {
-        let (raw, force) = parse::registry(&text);
-        facts.host.registry_dwords = raw;
-        facts.host.force_p2p = force;
+        facts.host.registry_dwords = parse::registry(&text);
     }
     facts.host.virtual_machine = virtual_machine();
     for d in &mut facts.devices {

@@ -50,10 +50,18 @@ impl KernelModule {
 pub struct IommuCmdline {
     /// The iommu-related words found, verbatim.
     pub flags: Vec<String>,
+}
+
+impl IommuCmdline {
     /// Whether they ask for passthrough (`iommu=pt`, `iommu.passthrough=1`).
-    pub passthrough: bool,
+    pub fn passthrough(&self) -> bool {
+        self.flags.iter().any(|f| f == "iommu=pt" || f == "iommu.passthrough=1")
+    }
+
     /// Whether they turn the IOMMU off (`iommu=off`, `intel_iommu=off`, `amd_iommu=off`).
-    pub off: bool,
+    pub fn off(&self) -> bool {
+        self.flags.iter().any(|f| matches!(f.as_str(), "iommu=off" | "intel_iommu=off" | "amd_iommu=off"))
+    }
 }
 
 /// Machine-wide facts.
@@ -69,12 +77,18 @@ pub struct HostFacts {
     pub kernel_module: Option<KernelModule>,
     /// From `/proc/cmdline`.
     pub iommu_cmdline: Option<IommuCmdline>,
-    /// `ForceP2P` from the module's RegistryDwords in `/proc/driver/nvidia/params`.
-    pub force_p2p: Option<u32>,
-    /// The RegistryDwords string, verbatim, when set.
+    /// The module's RegistryDwords string from `/proc/driver/nvidia/params`, verbatim, when
+    /// set ([`HostFacts::force_p2p`] reads `ForceP2P` from it).
     pub registry_dwords: Option<String>,
     /// Whether this is a virtual machine (and which, when known).
     pub virtual_machine: Option<String>,
+}
+
+impl HostFacts {
+    /// `ForceP2P` from the RegistryDwords, if set there.
+    pub fn force_p2p(&self) -> Option<u32> {
+        self.registry_dwords.as_deref().and_then(crate::parse::force_p2p)
+    }
 }
 
 /// PCIe link state of one device.

@@ -24,7 +24,7 @@ pub fn kernel_module(text: &str) -> Option<KernelModule> {
 
 /// The iommu-related words of `/proc/cmdline`.
 pub fn iommu_cmdline(text: &str) -> IommuCmdline {
-    let flags: Vec<String> = text
+    let flags = text
         .split_whitespace()
         .filter(|w| {
             let key = w.split('=').next().unwrap_or("");
@@ -32,22 +32,20 @@ pub fn iommu_cmdline(text: &str) -> IommuCmdline {
         })
         .map(str::to_owned)
         .collect();
-    let passthrough = flags.iter().any(|f| f == "iommu=pt" || f == "iommu.passthrough=1");
-    let off = flags.iter().any(|f| matches!(f.as_str(), "iommu=off" | "intel_iommu=off" | "amd_iommu=off"));
-    IommuCmdline { flags, passthrough, off }
+    IommuCmdline { flags }
 }
 
 /// `RegistryDwords` from `/proc/driver/nvidia/params` (a line `RegistryDwords: "k=v;k=v"`),
-/// and the `ForceP2P` value in it (decimal or 0x hex).
-pub fn registry(text: &str) -> (Option<String>, Option<u32>) {
-    let Some(line) = text.lines().find(|l| l.trim_start().starts_with("RegistryDwords:")) else {
-        return (None, None);
-    };
+/// when set.
+pub fn registry(text: &str) -> Option<String> {
+    let line = text.lines().find(|l| l.trim_start().starts_with("RegistryDwords:"))?;
     let value = line.split_once(':').map(|(_, v)| v.trim().trim_matches('"').to_owned()).unwrap_or_default();
-    if value.is_empty() {
-        return (None, None);
-    }
-    let force = value.split(';').find_map(|kv| {
+    (!value.is_empty()).then_some(value)
+}
+
+/// The `ForceP2P` value in a RegistryDwords string (decimal or 0x hex).
+pub fn force_p2p(registry_dwords: &str) -> Option<u32> {
+    registry_dwords.split(';').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
         if !k.trim().eq_ignore_ascii_case("ForceP2P") {
             return None;
@@ -57,8 +55,7 @@ pub fn registry(text: &str) -> (Option<String>, Option<u32>) {
             Some(hex) => u32::from_str_radix(hex, 16).ok(),
             None => v.parse().ok(),
         }
-    });
-    (Some(value), force)
+    })
 }
 
 /// The read and write fields of a `ForceP2P` value: bits 1:0 and 5:4; 0 disables, 1
@@ -104,21 +101,23 @@ mod tests {
     fn cmdline_iommu_words() {
         let c = iommu_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet amd_iommu=on iommu=pt");
         assert_eq!(c.flags, ["amd_iommu=on", "iommu=pt"]);
-        assert!(c.passthrough && !c.off);
+        assert!(c.passthrough() && !c.off());
         let c = iommu_cmdline("root=/dev/nvme0n1p2 intel_iommu=off");
-        assert!(c.off && !c.passthrough);
+        assert!(c.off() && !c.passthrough());
         assert!(iommu_cmdline("root=/dev/vda console=ttyS0").flags.is_empty());
     }
 
     #[test]
     fn registry_dwords_and_force_p2p() {
         let params = "ResmanDebugLevel: 4294967295\nRegistryDwords: \"ForceP2P=0x11;RMForceStaticBar1=1\"\nRegistryDwordsPerDevice: \"\"\n";
-        let (raw, force) = registry(params);
+        let raw = registry(params);
         assert_eq!(raw.as_deref(), Some("ForceP2P=0x11;RMForceStaticBar1=1"));
-        assert_eq!(force, Some(0x11));
+        assert_eq!(raw.as_deref().and_then(force_p2p), Some(0x11));
         assert_eq!(force_p2p_fields(0x11), (1, 1));
-        assert_eq!(registry("RegistryDwords: \"ForceP2P=0\"\n").1, Some(0));
-        assert_eq!(registry("RegistryDwords: \"\"\n"), (None, None));
-        assert_eq!(registry("EnableMSI: 1\n"), (None, None));
+        assert_eq!(force_p2p("ForceP2P=0"), Some(0));
+        assert_eq!(force_p2p("forcep2p=0X10"), Some(0x10));
+        assert_eq!(force_p2p("RMForceStaticBar1=1"), None);
+        assert_eq!(registry("RegistryDwords: \"\"\n"), None);
+        assert_eq!(registry("EnableMSI: 1\n"), None);
     }
 }

@@ -45,7 +45,6 @@ fn two_4090s() -> Facts {
             driver_version: Some("565.57.01".into()),
             kernel_module: parse::kernel_module(version),
             iommu_cmdline: Some(parse::iommu_cmdline("BOOT_IMAGE=/vmlinuz ro quiet amd_iommu=on iommu=pt")),
-            force_p2p: None,
             registry_dwords: None,
             virtual_machine: None,
         },
@@ -130,9 +129,7 @@ fn virtual_machines_cannot() {
 #[test]
 fn a_registry_key_that_disables_it() {
     let mut f = two_4090s();
-    let (raw, force) = parse::registry("RegistryDwords: \"ForceP2P=0\"\n");
-    f.host.registry_dwords = raw;
-    f.host.force_p2p = force;
+    f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0\"\n");
     let v = first(&f);
     assert_eq!(v.code, "DR");
     assert!(matches!(v.patch, PatchOutlook::AfterChange(_)));
@@ -301,7 +298,7 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
                 host: HostFacts {
                     os: "linux".into(),
                     kernel_module,
-                    force_p2p: force,
+                    registry_dwords: force.map(|f| format!("ForceP2P={f:#x}")),
                     virtual_machine: vm,
                     ..HostFacts::default()
                 },

@@ -146,7 +146,7 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
             &["cuDeviceCanAccessPeer", "nvml p2p nvlink", "kernel module"],
         );
         // A patched driver forces NVML to OK before checking BAR1 or the IOMMU.
-        let patched = self_built || host.force_p2p.is_some_and(|f| force_p2p_fields(f) == (1, 1));
+        let patched = self_built || host.force_p2p().is_some_and(|f| force_p2p_fields(f) == (1, 1));
         if patched && link != Link::NvLink {
             for d in [a, b].into_iter().flatten() {
                 if d.bar1_covers_vram() == Some(false) {
@@ -221,7 +221,7 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
     }
 
     // 6. A registry key disables it.
-    let regkey_off = host.force_p2p.is_some_and(|f| {
+    let regkey_off = host.force_p2p().is_some_and(|f| {
         let (read, write) = force_p2p_fields(f);
         read == 0 || write == 0
     }) || nvml.disabled_by_regkey;
@@ -231,7 +231,7 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
             None,
             format!(
                 "P2P is disabled by a registry key (ForceP2P={})",
-                host.force_p2p.map_or("?".into(), |f| format!("{f:#x}"))
+                host.force_p2p().map_or("?".into(), |f| format!("{f:#x}"))
             ),
             "remove ForceP2P from NVreg_RegistryDwords (modprobe options) and reload the module".into(),
             PatchOutlook::AfterChange("remove the ForceP2P registry key".into()),
