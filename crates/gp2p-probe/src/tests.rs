@@ -86,6 +86,16 @@ fn on_when_cuda_can_access_and_warns_on_unsafe_patched_setups() {
     let v = first(&f);
     assert_eq!(v.on, Some(crate::Link::PcieBar1));
     assert_eq!(v.warnings.len(), 2, "{:?}", v.warnings);
+    // The same hazards on a stock driver: P2P there was the driver's own decision, so no
+    // warning (the hazards only matter where a patch forces the mapping).
+    f.host.kernel_module = two_4090s().host.kernel_module;
+    assert!(first(&f).warnings.is_empty(), "{:?}", first(&f).warnings);
+    // A stock module forced on by ForceP2P=0x11 (read and write) warns like a patched one;
+    // forcing only reads does not count as forced.
+    f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x11\"\n");
+    assert_eq!(first(&f).warnings.len(), 2, "{:?}", first(&f).warnings);
+    f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x21\"\n");
+    assert!(first(&f).warnings.is_empty(), "{:?}", first(&f).warnings);
 }
 
 #[test]

@@ -151,17 +151,14 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
             for d in [a, b].into_iter().flatten() {
                 if d.bar1_covers_vram() == Some(false) {
                     verdict.warnings.push(format!(
-                        "device {}: BAR1 ({}) is smaller than VRAM ({}); a forced P2P mapping can fail or corrupt data: enable Resizable BAR",
-                        d.ordinal,
-                        gib(d.bar1_bytes.unwrap_or(0)),
-                        gib(d.vram_bytes)
+                        "{}; a forced P2P mapping can fail or corrupt data: {BAR1_REMEDY}",
+                        bar1_too_small(d)
                     ));
                 }
                 if d.iommu_translates() == Some(true) {
                     verdict.warnings.push(format!(
-                        "device {}: the IOMMU translates its DMA ({}); with the patch, P2P data can be silently wrong: set iommu=pt",
-                        d.ordinal,
-                        d.iommu_group_type.as_deref().unwrap_or("?")
+                        "{}; with the patch, P2P data can be silently wrong: {IOMMU_REMEDY}",
+                        iommu_translates(d)
                     ));
                 }
             }
@@ -286,13 +283,8 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
                 return v(
                     "BAR1",
                     None,
-                    format!(
-                        "the driver refuses P2P{status}; device {}'s BAR1 ({}) cannot map its VRAM ({})",
-                        d.ordinal,
-                        gib(d.bar1_bytes.unwrap_or(0)),
-                        gib(d.vram_bytes)
-                    ),
-                    "enable Above 4G decoding and Resizable BAR in the firmware so BAR1 covers VRAM".into(),
+                    format!("the driver refuses P2P{status}; {}", bar1_too_small(d)),
+                    BAR1_REMEDY.into(),
                     PatchOutlook::AfterChange("enable Resizable BAR so BAR1 covers VRAM".into()),
                     &["BAR1", "VRAM"],
                 );
@@ -307,12 +299,8 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
                 return v(
                     "IOMMU",
                     None,
-                    format!(
-                        "the driver refuses P2P{status}; the IOMMU translates device {}'s DMA ({})",
-                        d.ordinal,
-                        d.iommu_group_type.as_deref().unwrap_or("?")
-                    ),
-                    "set the IOMMU to passthrough (iommu=pt on the kernel command line) or turn it off".into(),
+                    format!("the driver refuses P2P{status}; {}", iommu_translates(d)),
+                    IOMMU_REMEDY.into(),
                     PatchOutlook::AfterChange("set the IOMMU to passthrough (iommu=pt)".into()),
                     &["IOMMU group type", "/proc/cmdline"],
                 );
@@ -381,6 +369,26 @@ fn link_name(link: Link) -> &'static str {
         Link::PcieBar1 => "PCIe BAR1",
         Link::Pcie => "PCIe",
     }
+}
+
+/// The patch maps peer VRAM through BAR1: what to do where BAR1 cannot map all of it.
+const BAR1_REMEDY: &str = "enable Above 4G decoding and Resizable BAR in the firmware so BAR1 covers VRAM";
+/// The patch's peer mappings bypass IOMMU translation: what to do where DMA is translated.
+const IOMMU_REMEDY: &str = "set the IOMMU to passthrough (iommu=pt on the kernel command line) or turn it off";
+
+/// The BAR1 hazard of device `d`, in words (for a refusal and for a warning alike).
+fn bar1_too_small(d: &DeviceFacts) -> String {
+    format!(
+        "device {}'s BAR1 ({}) cannot map its VRAM ({})",
+        d.ordinal,
+        gib(d.bar1_bytes.unwrap_or(0)),
+        gib(d.vram_bytes)
+    )
+}
+
+/// The IOMMU hazard of device `d`, in words.
+fn iommu_translates(d: &DeviceFacts) -> String {
+    format!("the IOMMU translates device {}'s DMA ({})", d.ordinal, d.iommu_group_type.as_deref().unwrap_or("?"))
 }
 
 /// Bytes as GiB with one decimal, as the verdicts and the report write them.
