@@ -265,19 +265,18 @@ fn fold_matches<T: Reference>(
         let step = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
         let mut acc = values.fold(first, |acc, v| T::reference(acc, v, step, 1));
         if op == ReduceOp::Avg {
-            acc = T::reference(acc, T::from_byte(0), ReduceOp::Avg, n as u32);
+            // The integer avg step: (acc + 0) / n, truncating as the kernels do.
+            let zero = T::from_byte(0);
+            acc = T::reference(acc, zero, ReduceOp::Avg, n as u32);
         }
         return if got == acc { Ok(()) } else { Err(format!("{acc:?}")) };
     }
     let first = first.to_f64();
     let (mut exact, mut magnitude) = (first, first.abs());
+    // Avg folds as a sum and divides once at the end.
+    let step = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
     for v in values.map(T::to_f64) {
-        exact = match op {
-            ReduceOp::Sum | ReduceOp::Avg => exact + v,
-            ReduceOp::Prod => exact * v,
-            ReduceOp::Min => exact.min(v),
-            ReduceOp::Max => exact.max(v),
-        };
+        exact = float_reference(exact, v, step, 1);
         magnitude = if op == ReduceOp::Prod { magnitude * v.abs() } else { magnitude + v.abs() };
     }
     if op == ReduceOp::Avg {
