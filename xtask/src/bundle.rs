@@ -10,6 +10,9 @@ const SUITE_PACKAGE: &str = "gp2p-tests";
 /// The package holding the criterion benches.
 const BENCH_PACKAGE: &str = "gp2p-benches";
 
+/// Which of cargo's artifact messages to keep.
+type ArtifactFilter<'a> = &'a dyn Fn(&serde_json::Value) -> bool;
+
 /// Build the bundle under target/ and run it here; fails when no GPU is found.
 pub fn run_here(root: &Path) -> Result<(), String> {
     let dir = root.join("target").join("gpu-bundle");
@@ -27,20 +30,20 @@ pub fn bundle(root: &Path, dir: &Path) -> Result<(), String> {
         fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
     }
     let is_test = |m: &serde_json::Value| m["profile"]["test"].as_bool() == Some(true);
-    let suite = ["test", "--release", "--no-run", "--package", SUITE_PACKAGE];
-    for (name, exe) in build_binaries(root, &suite, is_test)? {
-        copy(&exe, &tests_dir.join(&name))?;
-    }
-    // The criterion benches too, so host-side costs can be measured beside a GPU (bench
-    // builds are release already).
-    let benches = ["bench", "--no-run", "--package", BENCH_PACKAGE];
-    for (name, exe) in build_binaries(root, &benches, |m| is_test(m) && has_kind(m, "bench"))? {
-        copy(&exe, &benches_dir.join(&name))?;
-    }
-    // With `testing`, `gp2p bench all-reduce --ranks N` can run logical ranks on one GPU.
-    let cli = ["build", "--release", "--package", "gp2p-cli", "--features", "testing"];
-    for (name, exe) in build_binaries(root, &cli, |m| has_kind(m, "bin") && m["target"]["name"] == "gp2p")? {
-        copy(&exe, &bin_dir.join(&name))?;
+    let is_bench = |m: &serde_json::Value| is_test(m) && has_kind(m, "bench");
+    let is_gp2p = |m: &serde_json::Value| has_kind(m, "bin") && m["target"]["name"] == "gp2p";
+    // The GPU suite; the criterion benches, so host-side costs can be measured beside a GPU
+    // (bench builds are release already); and gp2p with `testing`, so `gp2p bench
+    // all-reduce --ranks N` can run logical ranks on one GPU.
+    let builds: [(&[&str], ArtifactFilter, &PathBuf); 3] = [
+        (&["test", "--release", "--no-run", "--package", SUITE_PACKAGE], &is_test, &tests_dir),
+        (&["bench", "--no-run", "--package", BENCH_PACKAGE], &is_bench, &benches_dir),
+        (&["build", "--release", "--package", "gp2p-cli", "--features", "testing"], &is_gp2p, &bin_dir),
+    ];
+    for (args, keep, into) in builds {
+        for (name, exe) in build_binaries(root, args, keep)? {
+            copy(&exe, &into.join(&name))?;
+        }
     }
     let script = dir.join("run");
     fs::write(&script, RUN_SCRIPT).map_err(|e| format!("writing {}: {e}", script.display()))?;
