@@ -38,13 +38,9 @@ struct Group {
     /// Per rank: the staging ring of its outgoing ring edge.
     rings: Vec<RingCache>,
     /// Per rank, per use (scratch, work) and element type: a device buffer, reused while
-    /// big enough.
+    /// big enough. A replaced one is just dropped: the lifetime rule frees it after its work.
     buffers: Vec<BufferCache>,
-    /// Buffers replaced while GPU work may still use them.
-    retired: Vec<Retired>,
     events: Vec<Vec<Event>>,
-    /// Per rank: recorded after the last use of the work buffer, on the caller's stream.
-    work_done: Vec<Option<Event>>,
 }
 
 /// The collective engine: per group of devices, internal streams, staging rings, scratch
@@ -99,8 +95,7 @@ impl Engine {
         let group = self.group(&devices)?;
         let mut group = group.lock();
         let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
-        let Group { forks, rings, buffers, events, retired, .. } = &mut *group;
-        retired.retain(|r| !r.is_idle());
+        let Group { forks, rings, buffers, events } = &mut *group;
         // Slots fit the largest chunk, but never less than a small transfer's worth, so a
         // sweep of small collectives does not replace the rings at every size.
         let slot_bytes = (chunk * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
@@ -119,7 +114,7 @@ impl Engine {
         for (r, cache) in buffers.iter_mut().enumerate() {
             let recv = &forks[r].streams()[RECV];
             scratch.push(if paths[r] == Path::Scratch {
-                Some(take_buffer(cache, retired, "scratch", &devices[r], chunk, recv)?)
+                Some(take_buffer(cache, "scratch", &devices[r], chunk, recv)?)
             } else {
                 None
             });
@@ -146,7 +141,8 @@ impl Engine {
 
     /// A typed work buffer of at least `len` elements for rank `r` of the group of
     /// `devices`, kept between calls, made safe to overwrite on `stream`: the stream waits
-    /// for the last use recorded by [`Engine::put_work`]. Give it back with `put_work`.
+    /// (on the GPU) for every use recorded on it by earlier calls, on whatever streams they
+    /// ran. Give it back with [`Engine::put_work`].
     pub(crate) fn take_work<T: Element>(
         &self,
         devices: &[Device],
@@ -156,37 +152,15 @@ impl Engine {
     ) -> Result<DeviceBuffer<T>> {
         let group = self.group(devices)?;
         let mut group = group.lock();
-        if let Some(done) = group.work_done[r].as_ref() {
-            stream.wait(done)?;
-        }
-        let Group { buffers, retired, .. } = &mut *group;
-        retired.retain(|r| !r.is_idle());
-        take_buffer(&mut buffers[r], retired, "work", &devices[r], len, stream)
+        take_buffer(&mut group.buffers[r], "work", &devices[r], len, stream)
     }
 
-    /// Return a work buffer taken with [`Engine::take_work`], whose last use was enqueued on
-    /// `stream`.
-    pub(crate) fn put_work<T: Element>(
-        &self,
-        devices: &[Device],
-        r: usize,
-        buffer: DeviceBuffer<T>,
-        stream: &Stream,
-    ) -> Result<()> {
+    /// Return a work buffer taken with [`Engine::take_work`]. Its uses were noted by the
+    /// operations that touched it, so it needs no event of its own; if a concurrent call put
+    /// one back meanwhile, that one is dropped (freed once its own work is done).
+    pub(crate) fn put_work<T: Element>(&self, devices: &[Device], r: usize, buffer: DeviceBuffer<T>) -> Result<()> {
         let group = self.group(devices)?;
-        let mut group = group.lock();
-        let done = match group.work_done[r].take() {
-            Some(e) => e,
-            None => Event::new(&devices[r], EventKind::Sync)?,
-        };
-        done.record(stream)?;
-        group.work_done[r] = Some(done);
-        // A concurrent call may have put one back meanwhile: that one retires, not frees.
-        if let Some(old) = group.buffers[r].insert(("work", TypeId::of::<T>()), Box::new(buffer)) {
-            let old_done = Event::new(&devices[r], EventKind::Sync)?;
-            old_done.record(stream)?;
-            group.retired.push(Retired { _held: old, done: old_done });
-        }
+        group.lock().buffers[r].insert(("work", TypeId::of::<T>()), Box::new(buffer));
         Ok(())
     }
 
@@ -201,8 +175,6 @@ impl Engine {
             rings: devices.iter().map(|_| RingCache::new()).collect(),
             buffers: devices.iter().map(|_| HashMap::new()).collect(),
             events: devices.iter().map(|_| Vec::new()).collect(),
-            work_done: devices.iter().map(|_| None).collect(),
-            retired: Vec::new(),
         };
         let group = Arc::new(Mutex::new(group));
         groups.insert(key, group.clone());
@@ -363,42 +335,25 @@ fn run_transfers<T: Element>(
     Ok(())
 }
 
-/// A device buffer replaced while GPU work may still use it, held (only to be freed later)
-/// with an event after its last use.
-struct Retired {
-    _held: Box<dyn Any + Send>,
-    done: Event,
-}
-
-impl Retired {
-    fn is_idle(&self) -> bool {
-        self.done.is_complete().unwrap_or(false)
-    }
-}
-
 /// Cached buffers, by use and element type.
 type BufferCache = HashMap<(&'static str, TypeId), Box<dyn Any + Send>>;
 
-/// A cached typed buffer of at least `len` elements, or a new one; a cached one that is too
-/// small retires until the work enqueued on `last_user` so far is done.
+/// A cached typed buffer of at least `len` elements, or a new one, made safe to overwrite on
+/// `user`: it waits for the buffer's recorded uses. A cached one that is too small is
+/// dropped (the lifetime rule frees it once its work is done).
 fn take_buffer<T: Element>(
     cache: &mut BufferCache,
-    retired: &mut Vec<Retired>,
     key: &'static str,
     device: &Device,
     len: usize,
-    last_user: &Stream,
+    user: &Stream,
 ) -> Result<DeviceBuffer<T>> {
-    if let Some(boxed) = cache.remove(&(key, TypeId::of::<T>())) {
-        let big_enough = boxed.downcast_ref::<DeviceBuffer<T>>().is_some_and(|b| b.len() >= len);
-        let boxed = match boxed.downcast::<DeviceBuffer<T>>() {
-            Ok(buf) if big_enough => return Ok(*buf),
-            Ok(buf) => buf as Box<dyn Any + Send>,
-            Err(other) => other,
-        };
-        let done = Event::new(device, EventKind::Sync)?;
-        done.record(last_user)?;
-        retired.push(Retired { _held: boxed, done });
+    if let Some(boxed) = cache.remove(&(key, TypeId::of::<T>()))
+        && let Ok(buf) = boxed.downcast::<DeviceBuffer<T>>()
+        && buf.len() >= len
+    {
+        buf.wait_last_uses(user)?;
+        return Ok(*buf);
     }
     Ok(DeviceBuffer::alloc(device, len.max(1))?)
 }

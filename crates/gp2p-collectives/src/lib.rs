@@ -204,8 +204,8 @@ pub fn reduce_scatter<T: Element>(
     for (r, (buf, out)) in work.iter().zip(outputs.iter_mut()).enumerate() {
         out.buffer.copy_from(out.stream, &buf.view(segment(n, in_len, r)))?;
     }
-    for (r, (buf, out)) in work.into_iter().zip(outputs.iter()).enumerate() {
-        engine.put_work(&devices, r, buf, out.stream)?;
+    for (r, buf) in work.into_iter().enumerate() {
+        engine.put_work(&devices, r, buf)?;
     }
     Ok(())
 }

@@ -70,6 +70,8 @@ struct Inner {
     raw: CUdevice,
     ctx: CUcontext,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    /// Idle events for [`crate::StreamPoint`]s, reused instead of created per operation.
+    spare_events: Mutex<Vec<crate::Event>>,
 }
 
 // SAFETY: CUdevice is an integer and CUcontext an opaque handle; the driver API is
@@ -115,7 +117,15 @@ impl Device {
         // SAFETY: `raw` is a valid device handle; out-pointer to a local. The retain is never
         // released: opened devices live for the process, as in the CUDA runtime.
         check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, raw) }, "cuDevicePrimaryCtxRetain")?;
-        let device = Device { inner: Arc::new(Inner { info, raw, ctx, modules: Mutex::new(HashMap::new()) }) };
+        let device = Device {
+            inner: Arc::new(Inner {
+                info,
+                raw,
+                ctx,
+                modules: Mutex::new(HashMap::new()),
+                spare_events: Mutex::new(Vec::new()),
+            }),
+        };
         if open.len() <= ordinal {
             open.resize(ordinal + 1, None);
         }
@@ -198,6 +208,11 @@ impl Device {
     /// The driver's device handle.
     pub fn raw(&self) -> CUdevice {
         self.inner.raw
+    }
+
+    /// Idle events of this device, for stream points.
+    pub(crate) fn spare_events(&self) -> &Mutex<Vec<crate::Event>> {
+        &self.inner.spare_events
     }
 
     /// The module cache of this device.

@@ -1,12 +1,9 @@
 //! `Event`: CUDA events for ordering streams and for timing.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUresult};
 
 use crate::driver::{check, defer_error};
-use crate::stream::StreamId;
 use crate::{Device, Error, Result, Stream};
 
 /// Whether an event records timestamps. Sync-only events are cheaper to record and wait on.
@@ -21,14 +18,14 @@ pub enum EventKind {
 /// A CUDA event on one device. `Send + Sync`.
 ///
 /// Stream ordering: [`Event::record`] captures the work enqueued on a stream so far;
-/// [`Stream::wait`] makes another stream (of any device) wait for exactly that work, and
-/// waiting on an event never recorded does not wait at all.
+/// [`Stream::wait`] makes another stream (of any device) wait for exactly the latest record
+/// made before the wait, and waiting on an event never recorded does not wait at all. An
+/// event may be re-recorded, by any thread, so a wait never assumes which stream recorded
+/// it last; [`crate::StreamPoint`] is the immutable kind that can be trusted for that.
 pub struct Event {
     device: Device,
     raw: CUevent,
     kind: EventKind,
-    /// The stream of the latest [`Event::record`], or 0 before the first.
-    recorded_on: AtomicU64,
 }
 
 // SAFETY: CUevent is an opaque driver handle; the driver API is thread-safe.
@@ -47,7 +44,7 @@ impl Event {
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: the device's context is current; out-pointer to a local.
         check(unsafe { sys::cuEventCreate(&mut raw, flags as u32) }, "cuEventCreate")?;
-        Ok(Event { device: device.clone(), raw, kind, recorded_on: AtomicU64::new(0) })
+        Ok(Event { device: device.clone(), raw, kind })
     }
 
     /// Capture the work enqueued on `stream` so far. The stream must be on this event's device.
@@ -61,14 +58,7 @@ impl Event {
         }
         self.device.bind()?;
         // SAFETY: both handles are live and belong to the same context.
-        check(unsafe { sys::cuEventRecord(self.raw, stream.raw()) }, "cuEventRecord")?;
-        self.recorded_on.store(stream.id(), Ordering::Release);
-        Ok(())
-    }
-
-    /// The stream the latest `record` used (0 before the first).
-    pub(crate) fn last_recorded_on(&self) -> StreamId {
-        self.recorded_on.load(Ordering::Acquire)
+        check(unsafe { sys::cuEventRecord(self.raw, stream.raw()) }, "cuEventRecord")
     }
 
     /// Block the host until the captured work is done.
@@ -110,8 +100,7 @@ impl Event {
         &self.device
     }
 
-    /// The raw handle, for interop: to wait on. Record through [`Event::record`] only, since
-    /// [`Stream::wait`] trusts it to know which stream the event last captured.
+    /// The raw handle, for interop (other code may wait on it or record it).
     pub fn raw(&self) -> CUevent {
         self.raw
     }

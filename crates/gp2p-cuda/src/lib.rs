@@ -10,6 +10,10 @@
 //!   stream and rejoin it.
 //! - [`Event`]: timing and non-timing events.
 //! - [`DeviceBuffer`] and the views [`DeviceView`] / [`DeviceViewMut`]: typed device memory.
+//! - [`HostAllocation`]: pinned, portable, device-mapped host memory (typed in `gp2p-pinned`).
+//! - [`lifetime`]: the one lifetime rule — every operation notes where its GPU work on a
+//!   buffer ends ([`StreamPoint`], [`LastUses`]); dropping a buffer, pinned allocation or
+//!   stream never blocks and never frees what the GPU may still use.
 //! - [`Module`] / [`Function`]: PTX from `gp2p-kernels`, loaded once per device and cached.
 //! - [`reduce`]: the checked launch of the reduce kernel family.
 //!
@@ -48,6 +52,8 @@ mod driver;
 mod error;
 mod event;
 mod gate;
+mod host;
+pub mod lifetime;
 mod memory;
 mod module;
 mod reduce;
@@ -58,7 +64,9 @@ pub use driver::{driver_version, is_driver_present, take_deferred_error};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind};
 pub use gate::HostGate;
-pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr};
+pub use host::HostAllocation;
+pub use lifetime::{LastUses, StreamPoint};
+pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, out_of_bounds};
 pub use module::{Function, LaunchConfig, Module};
 pub use reduce::{SourceMemory, reduce, reduce_launch_config};
 pub use stream::{RawStream, Stream, StreamFork};
@@ -72,6 +80,6 @@ pub mod sys {
 pub mod __private {
     //! Raw operations the sibling crates build safe APIs on. Not part of the public API.
     pub use crate::driver::check;
-    pub use crate::memory::{clamp_range, memcpy_dtoh_async, memcpy_htod_async, memcpy_peer_async};
+    pub use crate::memory::{memcpy_dtoh_async, memcpy_htod_async, memcpy_peer_async};
     pub use crate::reduce::reduce_raw;
 }

@@ -9,22 +9,27 @@ use std::ops::{Bound, RangeBounds};
 use cudarc::driver::sys::{self, CUdeviceptr};
 use gp2p_kernels::Element;
 
-use crate::driver::{check, defer_error};
-use crate::{Device, Error, Result, Stream};
+use crate::driver::check;
+use crate::lifetime::{LastUses, Release, release_after};
+use crate::{Device, Error, Result, Stream, StreamPoint};
 
 /// A raw device address.
 pub type RawDevicePtr = CUdeviceptr;
 
 /// An owned, typed device allocation. Its contents start undefined.
 ///
-/// Stream ordering: freeing waits for nothing, as with `cuMemFree`; the driver keeps the
-/// memory alive until kernels already enqueued on it have finished reading it only when
-/// the free happens after them in a synchronised order. Drop buffers after synchronising
-/// the streams that use them, as with any CUDA allocation.
+/// Lifetime: every operation of geforce-p2p that enqueues work on the buffer (through its
+/// views) records where that work ends ([`LastUses`]). Dropping the buffer never blocks and
+/// never frees memory the GPU may still use: it is freed by the reclaimer once that work is
+/// done (see [`crate::lifetime`]). Work enqueued through raw pointers is not recorded.
+///
+/// Ranges: [`DeviceBuffer::view`] and its kin index like slices and panic on a range out of
+/// bounds; [`DeviceBuffer::get`] and [`DeviceBuffer::get_mut`] return `None` instead.
 pub struct DeviceBuffer<T: Element> {
     device: Device,
     ptr: CUdeviceptr,
     len: usize,
+    uses: LastUses,
     _marker: PhantomData<T>,
 }
 
@@ -36,9 +41,17 @@ impl<T: Element> DeviceBuffer<T> {
         if bytes > 0 {
             device.bind()?;
             // SAFETY: the context is current; out-pointer to a local.
-            check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }, "cuMemAlloc")?;
+            let mut code = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) };
+            if code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                // Dropped buffers may still be waiting for their GPU work: let them go first.
+                crate::lifetime::flush_releases();
+                device.bind()?;
+                // SAFETY: as above.
+                code = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) };
+            }
+            check(code, "cuMemAlloc")?;
         }
-        Ok(DeviceBuffer { device: device.clone(), ptr, len, _marker: PhantomData })
+        Ok(DeviceBuffer { device: device.clone(), ptr, len, uses: LastUses::new(), _marker: PhantomData })
     }
 
     /// Allocate on the stream's device and upload `data`; blocks until the upload is done.
@@ -110,15 +123,54 @@ impl<T: Element> DeviceBuffer<T> {
     }
 
     /// Borrow a range of elements for reading.
-    pub fn view(&self, range: impl RangeBounds<usize>) -> DeviceView<'_, T> {
-        let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
-        DeviceView { device: self.device.clone(), ptr, len, _marker: PhantomData }
+    ///
+    /// # Panics
+    /// Like slice indexing, when the range is out of bounds or decreasing.
+    pub fn view(&self, range: impl RangeBounds<usize> + std::fmt::Debug) -> DeviceView<'_, T> {
+        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        self.view_at(start, len)
     }
 
     /// Borrow a range of elements for writing.
-    pub fn view_mut(&mut self, range: impl RangeBounds<usize>) -> DeviceViewMut<'_, T> {
-        let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
-        DeviceViewMut { device: self.device.clone(), ptr, len, _marker: PhantomData }
+    ///
+    /// # Panics
+    /// Like slice indexing, when the range is out of bounds or decreasing.
+    pub fn view_mut(&mut self, range: impl RangeBounds<usize> + std::fmt::Debug) -> DeviceViewMut<'_, T> {
+        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        self.view_mut_at(start, len)
+    }
+
+    /// A range for reading, or `None` if it is out of bounds (like `slice::get`).
+    pub fn get(&self, range: impl RangeBounds<usize>) -> Option<DeviceView<'_, T>> {
+        let (start, len) = checked_range(&range, self.len)?;
+        Some(self.view_at(start, len))
+    }
+
+    /// A range for writing, or `None` if it is out of bounds (like `slice::get_mut`).
+    pub fn get_mut(&mut self, range: impl RangeBounds<usize>) -> Option<DeviceViewMut<'_, T>> {
+        let (start, len) = checked_range(&range, self.len)?;
+        Some(self.view_mut_at(start, len))
+    }
+
+    fn view_at(&self, start: usize, len: usize) -> DeviceView<'_, T> {
+        let ptr = offset::<T>(self.ptr, start);
+        DeviceView { device: self.device.clone(), ptr, len, uses: Some(&self.uses), _marker: PhantomData }
+    }
+
+    fn view_mut_at(&mut self, start: usize, len: usize) -> DeviceViewMut<'_, T> {
+        let ptr = offset::<T>(self.ptr, start);
+        DeviceViewMut { device: self.device.clone(), ptr, len, uses: Some(&self.uses), _marker: PhantomData }
+    }
+
+    /// Make `stream` wait (on the GPU) for all recorded work on this buffer, so that what is
+    /// enqueued there next may overwrite it: for reusing a buffer on another stream.
+    pub fn wait_last_uses(&self, stream: &Stream) -> Result<()> {
+        self.uses.wait_on(stream)
+    }
+
+    /// Whether all recorded work on this buffer is done (non-blocking).
+    pub fn is_idle(&self) -> Result<bool> {
+        self.uses.is_idle()
     }
 
     fn check_stream(&self, stream: &Stream) -> Result<()> {
@@ -136,11 +188,8 @@ impl<T: Element> DeviceBuffer<T> {
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         if self.ptr != 0 {
-            let result = self.device.bind().and_then(|()| {
-                // SAFETY: we own the allocation and free it once.
-                check(unsafe { sys::cuMemFree_v2(self.ptr) }, "cuMemFree")
-            });
-            defer_error(result);
+            let release = Release::DeviceMemory { device: self.device.clone(), ptr: self.ptr };
+            release_after(self.uses.take(), release);
         }
     }
 }
@@ -157,6 +206,8 @@ pub struct DeviceView<'a, T: Element> {
     device: Device,
     ptr: CUdeviceptr,
     len: usize,
+    /// The owning buffer's use record; `None` for foreign memory.
+    uses: Option<&'a LastUses>,
     _marker: PhantomData<&'a T>,
 }
 
@@ -165,6 +216,8 @@ pub struct DeviceViewMut<'a, T: Element> {
     device: Device,
     ptr: CUdeviceptr,
     len: usize,
+    /// The owning buffer's use record; `None` for foreign memory.
+    uses: Option<&'a LastUses>,
     _marker: PhantomData<&'a mut T>,
 }
 
@@ -174,11 +227,27 @@ macro_rules! view_common {
             /// Describe foreign device memory (from another framework) as a view.
             ///
             /// # Safety
-            /// `ptr` must address `len` elements of `T`, suitably aligned, on `device`, valid
-            /// (and, for a mutable view, not accessed by anyone else) for lifetime `'a` and for
-            /// as long as any GPU work enqueued through the view runs.
+            /// The caller guarantees, for lifetime `'a` and for as long as any GPU work
+            /// enqueued through the view runs (geforce-p2p records no last use for foreign
+            /// memory, so the memory's owner must keep it until that work is done, e.g. by
+            /// ordering its free after the streams used):
+            /// - `ptr` addresses `len` elements of `T` in memory `device` can access,
+            ///   aligned to `T` (device memory of `device`, or memory mapped into it);
+            /// - for a mutable view, nothing else reads or writes that memory meanwhile, and
+            ///   for a shared one, nothing writes it;
+            /// - `len * size_of::<T>()` does not overflow the address space.
             pub unsafe fn from_raw(device: &Device, ptr: RawDevicePtr, len: usize) -> Self {
-                $name { device: device.clone(), ptr, len, _marker: PhantomData }
+                $name { device: device.clone(), ptr, len, uses: None, _marker: PhantomData }
+            }
+
+            /// Record that work up to `point` uses this memory, so the owning buffer is not
+            /// freed before it is done. Every operation of geforce-p2p does this itself;
+            /// callers that enqueue their own work on the view's raw pointer use it too.
+            /// Does nothing for foreign memory.
+            pub fn note_use(&self, point: &StreamPoint) {
+                if let Some(uses) = self.uses {
+                    uses.note(point);
+                }
             }
 
             /// Number of elements.
@@ -230,11 +299,20 @@ macro_rules! view_common {
 view_common!(DeviceView);
 view_common!(DeviceViewMut);
 
-impl<T: Element> DeviceView<'_, T> {
-    /// A sub-range of this view (clamped like [`DeviceBuffer::view`]).
-    pub fn slice(&self, range: impl RangeBounds<usize>) -> DeviceView<'_, T> {
-        let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
-        DeviceView { device: self.device.clone(), ptr, len, _marker: PhantomData }
+impl<'a, T: Element> DeviceView<'a, T> {
+    /// A sub-range of this view.
+    ///
+    /// # Panics
+    /// Like slice indexing, when the range is out of bounds or decreasing.
+    pub fn slice(&self, range: impl RangeBounds<usize> + std::fmt::Debug) -> DeviceView<'a, T> {
+        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        DeviceView {
+            device: self.device.clone(),
+            ptr: offset::<T>(self.ptr, start),
+            len,
+            uses: self.uses,
+            _marker: PhantomData,
+        }
     }
 
     /// Copy this view into a new vector on `stream` (after earlier work there) and block
@@ -264,13 +342,46 @@ impl<T: Element> DeviceView<'_, T> {
 impl<'a, T: Element> DeviceViewMut<'a, T> {
     /// Reborrow as read-only.
     pub fn as_view(&self) -> DeviceView<'_, T> {
-        DeviceView { device: self.device.clone(), ptr: self.ptr, len: self.len, _marker: PhantomData }
+        DeviceView { device: self.device.clone(), ptr: self.ptr, len: self.len, uses: self.uses, _marker: PhantomData }
     }
 
-    /// A writable sub-range of this view (clamped like [`DeviceBuffer::view_mut`]).
-    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> DeviceViewMut<'_, T> {
-        let (ptr, len) = subrange::<T>(self.ptr, self.len, range);
-        DeviceViewMut { device: self.device.clone(), ptr, len, _marker: PhantomData }
+    /// A writable sub-range of this view.
+    ///
+    /// # Panics
+    /// Like slice indexing, when the range is out of bounds or decreasing.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize> + std::fmt::Debug) -> DeviceViewMut<'_, T> {
+        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        DeviceViewMut {
+            device: self.device.clone(),
+            ptr: offset::<T>(self.ptr, start),
+            len,
+            uses: self.uses,
+            _marker: PhantomData,
+        }
+    }
+
+    /// Split into two disjoint writable views, `[0, mid)` and `[mid, len)`, like
+    /// `slice::split_at_mut`.
+    ///
+    /// # Panics
+    /// When `mid > len`.
+    pub fn split_at_mut(self, mid: usize) -> (DeviceViewMut<'a, T>, DeviceViewMut<'a, T>) {
+        assert!(mid <= self.len, "split_at_mut: mid {mid} is past the end of a view of {} elements", self.len);
+        let head = DeviceViewMut {
+            device: self.device.clone(),
+            ptr: self.ptr,
+            len: mid,
+            uses: self.uses,
+            _marker: PhantomData,
+        };
+        let tail = DeviceViewMut {
+            device: self.device,
+            ptr: offset::<T>(self.ptr, mid),
+            len: self.len - mid,
+            uses: self.uses,
+            _marker: PhantomData,
+        };
+        (head, tail)
     }
 
     /// Copy `src` into this view on `stream`, asynchronously: a device-to-device copy when
@@ -297,14 +408,20 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         if self.len == 0 {
             return Ok(());
         }
-        if !same_device {
+        if same_device {
+            self.device.bind()?;
+            // SAFETY: both views cover len elements on the stream's device and do not overlap.
+            let code = unsafe { sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.bytes(), stream.raw()) };
+            check(code, "cuMemcpyDtoDAsync")?;
+        } else {
             // SAFETY: both views cover len elements on their devices; different devices'
             // memories never overlap.
-            return unsafe { memcpy_peer_async(stream, &self.device, self.ptr, src.device(), src.ptr, self.bytes()) };
+            unsafe { memcpy_peer_async(stream, &self.device, self.ptr, src.device(), src.ptr, self.bytes())? };
         }
-        self.device.bind()?;
-        // SAFETY: both views cover len elements on the stream's device and do not overlap.
-        check(unsafe { sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.bytes(), stream.raw()) }, "cuMemcpyDtoDAsync")
+        let point = stream.point()?;
+        self.note_use(&point);
+        src.note_use(&point);
+        Ok(())
     }
 
     /// Set every byte to `byte` on `stream`, asynchronously.
@@ -321,7 +438,9 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         }
         self.device.bind()?;
         // SAFETY: the view covers bytes() writable bytes on the stream's device.
-        check(unsafe { sys::cuMemsetD8Async(self.ptr, byte, self.bytes(), stream.raw()) }, "cuMemsetD8Async")
+        check(unsafe { sys::cuMemsetD8Async(self.ptr, byte, self.bytes(), stream.raw()) }, "cuMemsetD8Async")?;
+        self.note_use(&stream.point()?);
+        Ok(())
     }
 }
 
@@ -376,32 +495,35 @@ fn bytes_of<T>(len: usize) -> Result<usize> {
     })
 }
 
-/// The address and length of `range` (clamped) within `len` elements of `T` at `ptr`.
-fn subrange<T>(ptr: CUdeviceptr, len: usize, range: impl RangeBounds<usize>) -> (CUdeviceptr, usize) {
-    let (start, count) = clamp_range(range, len);
-    (ptr + (start * size_of::<T>()) as u64, count)
+/// The address of element `start` of `T`s at `ptr`.
+fn offset<T>(ptr: CUdeviceptr, start: usize) -> CUdeviceptr {
+    ptr + (start * size_of::<T>()) as u64
 }
 
 fn check_len(what: &'static str, got: usize, expected: usize) -> Result<()> {
     if got == expected { Ok(()) } else { Err(Error::LengthMismatch { what, got, expected }) }
 }
 
-/// Resolve a range against `len`, clamping like slicing would panic — but without the panic:
-/// out-of-range ends are clamped to `len`, and a start past the end yields an empty range.
-pub fn clamp_range(range: impl RangeBounds<usize>, len: usize) -> (usize, usize) {
+/// Resolve `range` against `len` elements as slice indexing does: `Some((start, count))`
+/// when it lies within `0..len` and does not decrease, else `None`.
+pub fn checked_range(range: &impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
     let start = match range.start_bound() {
         Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Excluded(&s) => s.checked_add(1)?,
         Bound::Unbounded => 0,
-    }
-    .min(len);
+    };
     let end = match range.end_bound() {
-        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Included(&e) => e.checked_add(1)?,
         Bound::Excluded(&e) => e,
         Bound::Unbounded => len,
-    }
-    .clamp(start, len);
-    (start, end - start)
+    };
+    (start <= end && end <= len).then(|| (start, end - start))
+}
+
+/// The panic of an out-of-bounds range, worded like the standard library's.
+#[track_caller]
+pub fn out_of_bounds(range: &impl std::fmt::Debug, len: usize) -> ! {
+    panic!("range {range:?} out of bounds for a buffer or view of {len} elements")
 }
 
 #[cfg(test)]
@@ -409,15 +531,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranges_clamp_instead_of_panicking() {
-        assert_eq!(clamp_range(.., 10), (0, 10));
-        assert_eq!(clamp_range(3..7, 10), (3, 4));
-        assert_eq!(clamp_range(3..=7, 10), (3, 5));
-        assert_eq!(clamp_range(8.., 10), (8, 2));
-        assert_eq!(clamp_range(12.., 10), (10, 0));
+    fn ranges_resolve_like_slice_indexing() {
+        assert_eq!(checked_range(&.., 10), Some((0, 10)));
+        assert_eq!(checked_range(&(3..7), 10), Some((3, 4)));
+        assert_eq!(checked_range(&(3..=7), 10), Some((3, 5)));
+        assert_eq!(checked_range(&(8..), 10), Some((8, 2)));
+        assert_eq!(checked_range(&(10..), 10), Some((10, 0)), "an empty range at the end is valid");
+        assert_eq!(checked_range(&(12..), 10), None, "start past the end");
+        assert_eq!(checked_range(&(90..200), 100), None, "end past the end: refused, not clamped to 10");
+        assert_eq!(checked_range(&(..=10), 10), None);
+        assert_eq!(checked_range(&(..=usize::MAX), 10), None, "no overflow");
         #[allow(clippy::reversed_empty_ranges)] // a reversed range is exactly the case tested
         let reversed = 5..2;
-        assert_eq!(clamp_range(reversed, 10), (5, 0));
-        assert_eq!(clamp_range(..100, 10), (0, 10));
+        assert_eq!(checked_range(&reversed, 10), None);
+        let sliced = [0u8; 10];
+        for (range, ours) in [(3..7, checked_range(&(3..7), 10)), (0..10, checked_range(&(0..10), 10))] {
+            assert_eq!(ours.map(|(s, n)| s..s + n), sliced.get(range.clone()).map(|_| range));
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "range 90..200 out of bounds for a buffer or view of 100 elements")]
+    fn out_of_bounds_names_the_range_and_the_length() {
+        out_of_bounds(&(90..200), 100);
     }
 }

@@ -59,8 +59,14 @@ pub fn reduce<T: Element>(
     // DeviceViewMut is exclusive and a DeviceView shared, so they do not overlap unless the
     // caller broke a from_raw contract.
     unsafe {
-        reduce_raw(stream, dst.raw_ptr(), src.raw_ptr(), dst.len(), T::DTYPE, op, divide_by, SourceMemory::Device)
+        reduce_raw(stream, dst.raw_ptr(), src.raw_ptr(), dst.len(), T::DTYPE, op, divide_by, SourceMemory::Device)?
+    };
+    if !dst.is_empty() {
+        let point = stream.point()?;
+        dst.note_use(&point);
+        src.note_use(&point);
     }
+    Ok(())
 }
 
 /// The launch shape for `len` elements of `dtype` read from `source` on a device with

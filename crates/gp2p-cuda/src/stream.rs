@@ -4,23 +4,31 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys::{self, CUresult, CUstream, CUstream_flags};
+use parking_lot::Mutex;
 
-use crate::driver::{check, defer_error, take_deferred_error};
+use crate::driver::{check, take_deferred_error};
+use crate::lifetime::{Release, StreamPoint, release_after};
 use crate::{Device, Error, Event, EventKind, Result};
 
 /// A raw `CUstream` handle from other CUDA code (PyTorch's `torch.cuda.Stream.cuda_stream`,
 /// CuPy's `Stream.ptr`, cudarc's `CudaStream::cu_stream`).
 pub type RawStream = CUstream;
 
-/// A CUDA stream on one device: created by us (and destroyed on drop), or borrowed from
-/// another framework (never destroyed by us). `Send + Sync`.
+/// A CUDA stream on one device: created by us, or borrowed from another framework (never
+/// destroyed by us). `Send + Sync`.
+///
+/// Dropping an owned stream never blocks: it is destroyed by the reclaimer once the work
+/// enqueued on it is done (see [`crate::lifetime`]).
 pub struct Stream {
     device: Device,
     raw: CUstream,
     owned: bool,
     /// Unique per `Stream` value for the life of the process (never reused, unlike a raw
-    /// handle), so an event can tell whether it was last recorded on this very stream.
+    /// handle), so a point knows whether it was taken on this very stream.
     id: StreamId,
+    /// The number of points taken so far, held across each record so that the numbers
+    /// follow the driver's order of records on the stream.
+    points: Mutex<u64>,
 }
 
 /// Identifies one [`Stream`] value; 0 is no stream.
@@ -46,7 +54,7 @@ impl Stream {
         let flags = CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: the context is current; out-pointer to a local.
         check(unsafe { sys::cuStreamCreate(&mut raw, flags) }, "cuStreamCreate")?;
-        Ok(Stream { device: device.clone(), raw, owned: true, id: next_stream_id() })
+        Ok(Stream { device: device.clone(), raw, owned: true, id: next_stream_id(), points: Mutex::new(0) })
     }
 
     /// Borrow a stream created elsewhere. A null handle means the legacy default stream.
@@ -56,7 +64,7 @@ impl Stream {
     /// as long as the returned `Stream` and anything enqueued through it are in use. It is
     /// never destroyed by this crate.
     pub unsafe fn borrow_raw(device: &Device, raw: RawStream) -> Stream {
-        Stream { device: device.clone(), raw, owned: false, id: next_stream_id() }
+        Stream { device: device.clone(), raw, owned: false, id: next_stream_id(), points: Mutex::new(0) }
     }
 
     /// The device this stream belongs to.
@@ -74,19 +82,32 @@ impl Stream {
         !self.owned
     }
 
-    /// Make later work on this stream wait (on the GPU) for the work `event` captured.
-    /// The event may belong to any device.
-    ///
-    /// An event last recorded (through [`Event::record`]) on this same `Stream` is not
-    /// waited for: the stream's own order already puts that work first, and a GPU-side wait
-    /// costs microseconds on a small copy's critical path.
+    /// Make later work on this stream wait (on the GPU) for the work `event` captured at its
+    /// latest record. The event may belong to any device.
     pub fn wait(&self, event: &Event) -> Result<()> {
-        if event.last_recorded_on() == self.id {
-            return Ok(());
-        }
         self.device.bind()?;
         // SAFETY: both handles are live; cross-context waits are allowed by the driver.
         check(unsafe { sys::cuStreamWaitEvent(self.raw, event.raw(), 0) }, "cuStreamWaitEvent")
+    }
+
+    /// Capture the work enqueued on this stream so far as a [`StreamPoint`]: the last-use
+    /// record of the operations that touch memory, and the cheapest way to order another
+    /// stream after this one.
+    pub fn point(&self) -> Result<StreamPoint> {
+        let mut count = self.points.lock();
+        *count += 1;
+        StreamPoint::record(self, *count)
+    }
+
+    /// Make later work on this stream wait (on the GPU) for the work `point` captured. A
+    /// point taken on this very stream is not waited for: the stream's own order already
+    /// puts that work first, and a GPU-side wait costs microseconds on a small copy's
+    /// critical path.
+    pub fn wait_point(&self, point: &StreamPoint) -> Result<()> {
+        if point.stream_id() == self.id {
+            return Ok(());
+        }
+        self.wait(point.event())
     }
 
     /// Whether everything enqueued on this stream so far is done, without blocking. Work
@@ -116,14 +137,14 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.owned {
-            let result = self.device.bind().and_then(|()| {
-                // SAFETY: we created the stream and destroy it once; the driver lets
-                // enqueued work finish first.
-                check(unsafe { sys::cuStreamDestroy_v2(self.raw) }, "cuStreamDestroy")
-            });
-            defer_error(result);
+        if !self.owned {
+            return;
         }
+        // Destroyed once the work enqueued so far is done, by the reclaimer: the destroy
+        // itself is allowed while busy, but whatever the work reads must outlive it, and
+        // the releases that wait for it are ordered by this point.
+        let points = self.point().map(|p| vec![p]).unwrap_or_default();
+        release_after(points, Release::Stream { device: self.device.clone(), raw: self.raw });
     }
 }
 

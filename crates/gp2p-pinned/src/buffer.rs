@@ -4,13 +4,11 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
-use std::ptr::NonNull;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
-use gp2p_cuda::__private::{check, clamp_range};
-use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, Stream};
+use gp2p_cuda::__private::check;
+use gp2p_cuda::{Device, HostAllocation, RawDevicePtr, StreamPoint, checked_range, out_of_bounds};
 use gp2p_kernels::Element;
-use parking_lot::Mutex;
 
 use crate::{Error, Result};
 
@@ -20,125 +18,16 @@ use crate::{Error, Result};
 /// context and mapped into every device's address space. Not write-combined, so the CPU
 /// reads it at full speed. Starts zeroed.
 ///
-/// Stream ordering: the async operations of this crate remember which streams used the
-/// buffer; [`PinnedBuffer::as_slice`] and [`PinnedBuffer::as_mut_slice`] wait (blocking the
-/// host) until that GPU work is done, so the host never reads or writes under a running DMA.
-/// `Send + Sync`.
+/// Lifetime and stream ordering: the operations of geforce-p2p note where their GPU work on
+/// the buffer ends. Dropping never blocks; the memory is freed by the reclaimer once that
+/// work is done (see `gp2p_cuda::lifetime`). [`PinnedBuffer::as_slice`] and
+/// [`PinnedBuffer::as_mut_slice`] are the one place that waits: they block the host until
+/// that work is done, so the host never reads or writes under a running DMA. Views index
+/// like slices (and panic out of bounds). `Send + Sync`.
 pub struct PinnedBuffer<T: Element> {
-    alloc: Allocation,
+    alloc: HostAllocation,
     len: usize,
     _marker: PhantomData<T>,
-}
-
-/// The untyped allocation behind a buffer, which views point into.
-pub(crate) struct Allocation {
-    ptr: NonNull<u8>,
-    bytes: usize,
-    device: Device,
-    uses: Mutex<Vec<Event>>,
-}
-
-// SAFETY: the memory is an exclusively owned heap allocation like a Box<[u8]>; the use list
-// is behind a Mutex; Device and Event are Send + Sync.
-unsafe impl Send for Allocation {}
-// SAFETY: shared access hands out host slices only after GPU users are done (as_slice).
-unsafe impl Sync for Allocation {}
-
-impl Allocation {
-    fn new(device: &Device, bytes: usize) -> Result<Self> {
-        if !device.info().can_map_host_memory {
-            return Err(Error::NoHostMapping { ordinal: device.ordinal() });
-        }
-        let ptr = if bytes == 0 {
-            // Aligned for any element; never dereferenced with a non-zero length.
-            NonNull::<u64>::dangling().cast::<u8>()
-        } else {
-            device.bind()?;
-            let mut raw: *mut c_void = std::ptr::null_mut();
-            let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-            // SAFETY: a context is current; out-pointer to a local.
-            check(unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) }, "cuMemHostAlloc")?;
-            let ptr = NonNull::new(raw.cast::<u8>()).ok_or_else(|| {
-                Error::Cuda(gp2p_cuda::Error::InvalidArgument {
-                    name: "len",
-                    reason: "cuMemHostAlloc returned null".into(),
-                })
-            })?;
-            // SAFETY: the driver returned `bytes` writable bytes; zeroing makes them initialised.
-            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
-            ptr
-        };
-        Ok(Allocation { ptr, bytes, device: device.clone(), uses: Mutex::new(Vec::new()) })
-    }
-
-    fn wait_for_gpu(&self) -> Result<()> {
-        let mut uses = self.uses.lock();
-        for event in uses.iter() {
-            event.synchronize()?;
-        }
-        uses.clear();
-        Ok(())
-    }
-
-    fn device_ptr(&self, device: &Device) -> Result<RawDevicePtr> {
-        if self.bytes == 0 {
-            return Ok(0);
-        }
-        if !device.info().can_map_host_memory {
-            return Err(Error::NoHostMapping { ordinal: device.ordinal() });
-        }
-        device.bind()?;
-        let mut dptr: RawDevicePtr = 0;
-        let host: *mut c_void = self.ptr.as_ptr().cast();
-        // SAFETY: the pointer is a live portable mapped allocation; out-pointer to a local.
-        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0) }, "cuMemHostGetDevicePointer")?;
-        Ok(dptr)
-    }
-
-    /// Remember that `stream` has GPU work on this memory, so host access waits for it.
-    /// An event is re-recorded only once the work it captured is complete (a stream handle
-    /// can be reused by a new stream, so "same handle" does not mean "ordered after"), and
-    /// completed entries are pruned, so the list stays as short as the work in flight.
-    fn note_use(&self, stream: &Stream) -> Result<()> {
-        let mut uses = self.uses.lock();
-        let mut reusable = None;
-        let mut i = 0;
-        while i < uses.len() {
-            if uses[i].is_complete()? {
-                let event = uses.swap_remove(i);
-                if reusable.is_none() && event.device() == stream.device() {
-                    reusable = Some(event);
-                }
-            } else {
-                i += 1;
-            }
-        }
-        let event = match reusable {
-            Some(e) => e,
-            None => Event::new(stream.device(), EventKind::Sync)?,
-        };
-        event.record(stream)?;
-        uses.push(event);
-        Ok(())
-    }
-}
-
-impl Drop for Allocation {
-    fn drop(&mut self) {
-        if self.bytes == 0 {
-            return;
-        }
-        // Freeing under a running DMA would let the GPU write freed memory: wait first. If
-        // the wait fails the device is broken and the memory is leaked rather than freed.
-        if self.wait_for_gpu().is_err() {
-            return;
-        }
-        if self.device.bind().is_ok() {
-            // SAFETY: we own the allocation and free it once, after its GPU users finished.
-            // A failure cannot be returned from Drop and leaves nothing to clean up.
-            let _ = unsafe { sys::cuMemFreeHost(self.ptr.as_ptr().cast()) };
-        }
-    }
 }
 
 impl<T: Element> PinnedBuffer<T> {
@@ -148,7 +37,10 @@ impl<T: Element> PinnedBuffer<T> {
         let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
             Error::Cuda(gp2p_cuda::Error::InvalidArgument { name: "len", reason: format!("{len} elements overflow") })
         })?;
-        Ok(PinnedBuffer { alloc: Allocation::new(device, bytes)?, len, _marker: PhantomData })
+        if !device.info().can_map_host_memory {
+            return Err(Error::NoHostMapping { ordinal: device.ordinal() });
+        }
+        Ok(PinnedBuffer { alloc: HostAllocation::new(device, bytes)?, len, _marker: PhantomData })
     }
 
     /// Number of elements.
@@ -166,9 +58,9 @@ impl<T: Element> PinnedBuffer<T> {
         self.len * size_of::<T>()
     }
 
-    /// Block until the GPU work this crate enqueued on the buffer is done.
+    /// Block until the GPU work noted on the buffer is done.
     pub fn wait_for_gpu(&self) -> Result<()> {
-        self.alloc.wait_for_gpu()
+        Ok(self.alloc.uses().synchronize()?)
     }
 
     /// The contents, after waiting for GPU work on the buffer (see the type's docs).
@@ -184,43 +76,49 @@ impl<T: Element> PinnedBuffer<T> {
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         self.wait_for_gpu()?;
         // SAFETY: as in as_slice, and &mut self makes the access exclusive.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.alloc.ptr.as_ptr().cast::<T>(), self.len) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.alloc.host_ptr().cast::<T>(), self.len) })
     }
 
-    /// Borrow a range for reading by the GPU. Ranges are clamped to the buffer.
-    pub fn view(&self, range: impl RangeBounds<usize>) -> PinnedView<'_, T> {
-        let (start, len) = clamp_range(range, self.len);
+    /// Borrow a range for reading by the GPU.
+    ///
+    /// # Panics
+    /// Like slice indexing, when the range is out of bounds or decreasing.
+    pub fn view(&self, range: impl RangeBounds<usize> + std::fmt::Debug) -> PinnedView<'_, T> {
+        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
         PinnedView { alloc: &self.alloc, offset: start * size_of::<T>(), len, _marker: PhantomData }
     }
 
-    /// Borrow a range for writing by the GPU. Ranges are clamped to the buffer.
-    pub fn view_mut(&mut self, range: impl RangeBounds<usize>) -> PinnedViewMut<'_, T> {
-        let (start, len) = clamp_range(range, self.len);
+    /// Borrow a range for writing by the GPU.
+    ///
+    /// # Panics
+    /// Like slice indexing, when the range is out of bounds or decreasing.
+    pub fn view_mut(&mut self, range: impl RangeBounds<usize> + std::fmt::Debug) -> PinnedViewMut<'_, T> {
+        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
         PinnedViewMut { alloc: &self.alloc, offset: start * size_of::<T>(), len, _marker: PhantomData }
     }
 
     /// The host address of the first element.
     pub fn host_ptr(&self) -> *const T {
-        self.alloc.ptr.as_ptr().cast::<T>()
+        self.alloc.host_ptr().cast::<T>()
     }
 
     /// The address `device` uses for the first element (the mapping of this memory into its
     /// address space; equal to the host address wherever unified addressing is on).
     pub fn device_ptr(&self, device: &Device) -> Result<RawDevicePtr> {
-        self.alloc.device_ptr(device)
+        Ok(self.alloc.device_ptr(device)?)
     }
 }
 
 impl<T: Element> std::fmt::Debug for PinnedBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PinnedBuffer<{}>({} elements at {:p})", T::DTYPE, self.len, self.alloc.ptr)
+        write!(f, "PinnedBuffer<{}>({} elements at {:p})", T::DTYPE, self.len, self.alloc.host_ptr())
     }
 }
 
 /// A range of pinned memory that GPU work reads.
 #[derive(Clone, Copy)]
 pub struct PinnedView<'a, T: Element> {
-    alloc: &'a Allocation,
+    alloc: &'a HostAllocation,
     offset: usize,
     len: usize,
     _marker: PhantomData<&'a T>,
@@ -228,7 +126,7 @@ pub struct PinnedView<'a, T: Element> {
 
 /// A range of pinned memory that GPU work writes.
 pub struct PinnedViewMut<'a, T: Element> {
-    alloc: &'a Allocation,
+    alloc: &'a HostAllocation,
     offset: usize,
     len: usize,
     _marker: PhantomData<&'a mut T>,
@@ -254,7 +152,7 @@ macro_rules! pinned_view_common {
 
             /// The host address of the first element.
             pub fn host_ptr(&self) -> *const T {
-                self.alloc.ptr.as_ptr().wrapping_add(self.offset).cast::<T>()
+                self.alloc.host_ptr().wrapping_add(self.offset).cast::<T>()
             }
 
             /// The address `device` uses for the first element.
@@ -262,8 +160,11 @@ macro_rules! pinned_view_common {
                 Ok(self.alloc.device_ptr(device)? + self.offset as u64)
             }
 
-            pub(crate) fn note_use(&self, stream: &Stream) -> Result<()> {
-                self.alloc.note_use(stream)
+            /// Record that work up to `point` uses this memory, so the buffer is not freed
+            /// (nor handed to the host) before it is done. Every operation of geforce-p2p
+            /// does this itself; callers that enqueue their own work on the view use it too.
+            pub fn note_use(&self, point: &StreamPoint) {
+                self.alloc.uses().note(point);
             }
         }
 
@@ -280,7 +181,7 @@ pinned_view_common!(PinnedViewMut);
 impl<T: Element> PinnedViewMut<'_, T> {
     /// The writable host address of the first element.
     pub fn host_mut_ptr(&mut self) -> *mut T {
-        self.alloc.ptr.as_ptr().wrapping_add(self.offset).cast::<T>()
+        self.alloc.host_ptr().wrapping_add(self.offset).cast::<T>()
     }
 }
 

@@ -36,6 +36,26 @@ pub enum Error {
         /// Its size.
         bytes: usize,
     },
+    /// A fill of a staging slot whose chunk was never received.
+    #[error(
+        "staging slot {slot} still holds a chunk that was sent but never received: receive (drain) it before the ring comes round to the slot again"
+    )]
+    SlotBusy {
+        /// The slot.
+        slot: usize,
+    },
+    /// A drain of a staging slot that holds no chunk.
+    #[error("staging slot {slot} holds no chunk: fill (send) it before draining (receiving) it")]
+    SlotEmpty {
+        /// The slot.
+        slot: usize,
+    },
+    /// A chunk handed to a ring that did not send it.
+    #[error("the chunk in slot {slot} was sent by another staging ring: receive it on the ring that sent it")]
+    ForeignChunk {
+        /// The slot it was sent through.
+        slot: usize,
+    },
     /// A chunk larger than a slot.
     #[error("{bytes} bytes do not fit a staging slot of {slot_bytes} bytes: cut the transfer into chunks")]
     ChunkTooLarge {

@@ -20,9 +20,13 @@ pub fn copy_to_host<T: Element>(
         return Ok(());
     }
     // SAFETY: src is len device elements on the stream's device, dst len pinned host
-    // elements; the buffer records the stream below so host access waits for the DMA.
+    // elements; both note the point below, so neither is freed (nor dst handed to the host)
+    // before the DMA is done.
     unsafe { memcpy_dtoh_async(stream, dst.host_mut_ptr().cast(), src.raw_ptr(), dst.bytes())? };
-    dst.note_use(stream)
+    let point = stream.point()?;
+    src.note_use(&point);
+    dst.note_use(&point);
+    Ok(())
 }
 
 /// Enqueue a DMA of `src` (pinned host memory) into `dst` (device memory) on `stream`.
@@ -38,7 +42,10 @@ pub fn copy_from_host<T: Element>(
     }
     // SAFETY: as in copy_to_host, directions swapped.
     unsafe { memcpy_htod_async(stream, dst.raw_ptr(), src.host_ptr().cast(), src.bytes())? };
-    src.note_use(stream)
+    let point = stream.point()?;
+    src.note_use(&point);
+    dst.note_use(&point);
+    Ok(())
 }
 
 /// Enqueue `dst[i] = op(dst[i], src[i])` on `stream`, where the kernel reads `src` straight
@@ -56,11 +63,13 @@ pub fn reduce_from_host<T: Element>(
     check_pair(stream, dst.device().ordinal(), "dst", dst.len(), src.len())?;
     let mapped = src.device_ptr(stream.device())?;
     // SAFETY: dst is len device elements on the stream's device; `mapped` addresses src's len
-    // elements as this device sees them; device and host memory cannot overlap. The buffer
-    // records the stream so host writes wait for the kernel.
+    // elements as this device sees them; device and host memory cannot overlap. Both note
+    // the point below, so host writes and frees wait for the kernel.
     unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, dst.len(), T::DTYPE, op, divide_by, SourceMemory::MappedHost)? };
     if !src.is_empty() {
-        src.note_use(stream)?;
+        let point = stream.point()?;
+        src.note_use(&point);
+        dst.note_use(&point);
     }
     Ok(())
 }
@@ -86,8 +95,11 @@ pub fn require_pinned(device: &Device, what: &'static str, ptr: *const u8, bytes
 /// leaves no CUDA error behind.
 ///
 /// # Safety
-/// `dst` must be valid for `len` writes of `T` until the copy completes (synchronise
-/// `stream` before touching it), and nothing else may access it meanwhile.
+/// `dst` must point to `len` elements of `T` of page-locked host memory (the call checks
+/// that much and refuses otherwise), and the caller guarantees that the memory stays
+/// allocated, and that nothing else reads or writes it, until the copy completes on
+/// `stream` (synchronise it, or order the free after it). `src`'s own buffer is protected
+/// by the lifetime rule; `dst` is not, since geforce-p2p does not own it.
 pub unsafe fn copy_to_host_raw<T: Element>(
     stream: &Stream,
     src: &DeviceView<'_, T>,
@@ -101,6 +113,7 @@ pub unsafe fn copy_to_host_raw<T: Element>(
     }
     // SAFETY: the caller's contract, plus the checks above (pinned, same length, device).
     unsafe { memcpy_dtoh_async(stream, dst.cast(), src.raw_ptr(), src.bytes())? };
+    src.note_use(&stream.point()?);
     Ok(())
 }
 
@@ -108,7 +121,9 @@ pub unsafe fn copy_to_host_raw<T: Element>(
 /// unless the range is page-locked.
 ///
 /// # Safety
-/// `src` must be valid for `len` reads of `T` and not written until the copy completes.
+/// `src` must point to `len` elements of `T` of page-locked host memory (checked, as for
+/// [`copy_to_host_raw`]), and the caller guarantees that it stays allocated and unwritten
+/// until the copy completes on `stream`.
 pub unsafe fn copy_from_host_raw<T: Element>(
     stream: &Stream,
     src: *const T,
@@ -122,5 +137,6 @@ pub unsafe fn copy_from_host_raw<T: Element>(
     }
     // SAFETY: the caller's contract, plus the checks above (pinned, same length, device).
     unsafe { memcpy_htod_async(stream, dst.raw_ptr(), src.cast(), dst.bytes())? };
+    dst.note_use(&stream.point()?);
     Ok(())
 }

@@ -1,14 +1,14 @@
 //! `StagingRing`: pinned slots and the events that let a pipeline reuse them safely.
 #![allow(unsafe_code)]
 
-use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
-use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Event, EventKind, RawDevicePtr, Stream, reduce};
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint, reduce};
 use gp2p_kernels::{Element, ReduceOp};
 
-use crate::{Error, PinnedBuffer, Result};
+use crate::{Error, Result};
 
 /// Slot starts are aligned to this many bytes, so every slot suits the 16-byte vector path
 /// of the kernels and any element type.
@@ -44,6 +44,8 @@ pub enum Fold<'s, T: Element> {
 #[must_use = "a sent chunk must be received, or its slot's data is never used"]
 #[derive(Debug)]
 pub struct Sent {
+    /// The ring that sent it ([`StagingRing`]'s id): only that ring may receive it.
+    ring: u64,
     slot: usize,
     bytes: usize,
 }
@@ -62,25 +64,41 @@ fn check_scratch<T: Element>(fold: &Fold<'_, T>, len: usize) -> Result<()> {
 /// and a consumer device (which drains it by H2D DMA, or reads it in a reduce kernel). On
 /// one card both are the same device and the two sides run on different streams.
 ///
-/// Each slot has two events: *landed* (recorded by the producer after its DMA into the
-/// slot) and *free* (recorded by the consumer once done with it). [`StagingRing::fill`]
-/// makes the producer stream wait for *free* and [`StagingRing::drain`] makes the consumer
-/// stream wait for *landed* — both on the GPU, so the host never blocks, and a later call
-/// that comes round to a slot waits for the earlier call's consumer to be done with it.
+/// Each slot keeps two [`StreamPoint`]s: *landed* (taken on the producer's stream after its
+/// DMA into the slot) and *free* (taken on the consumer's stream once done with it).
+/// [`StagingRing::fill`] makes the producer stream wait for *free* and
+/// [`StagingRing::drain`] makes the consumer stream wait for *landed* — both on the GPU, so
+/// the host never blocks, and a later call that comes round to a slot waits for the earlier
+/// call's consumer to be done with it. The same points are the last uses of the views
+/// passed in and of the ring's memory, so dropping any of them (or the ring) right after
+/// the call is safe and does not block.
+///
+/// A slot is filled, then drained, then filled again: a fill of a slot whose chunk was not
+/// drained yet ([`Error::SlotBusy`]), a drain of a slot that holds no chunk
+/// ([`Error::SlotEmpty`]) and a [`Sent`] of another ring ([`Error::ForeignChunk`]) are
+/// refused before any work is enqueued.
 ///
 /// Not `Sync` in use: filling and draining take `&mut self`, since the order in which the
-/// host enqueues them is what the events encode.
+/// host enqueues them is what the points encode.
 pub struct StagingRing {
-    /// Dropped by hand, after every event that may still use a slot has completed.
-    memory: ManuallyDrop<PinnedBuffer<u8>>,
+    memory: HostAllocation,
     /// The slots' base address as the consumer device sees it (zero-copy reads).
     consumer_base: RawDevicePtr,
     slot_bytes: usize,
-    landed: Vec<Event>,
-    free: Vec<Event>,
+    landed: Vec<Option<StreamPoint>>,
+    free: Vec<Option<StreamPoint>>,
+    /// Per slot: filled and not yet drained.
+    holds_chunk: Vec<bool>,
     cursor: usize,
     producer: Device,
     consumer: Device,
+    /// Unique per ring for the life of the process, so a [`Sent`] names its ring.
+    id: u64,
+}
+
+fn next_ring_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl StagingRing {
@@ -103,24 +121,29 @@ impl StagingRing {
         if slots > MAX_SLOTS {
             return Err(gp2p_cuda::Error::InvalidArgument {
                 name: "slots",
-                reason: format!("{slots} slots; at most {MAX_SLOTS} (each slot holds two events)"),
+                reason: format!("{slots} slots; at most {MAX_SLOTS}"),
             }
             .into());
         }
-        let memory = PinnedBuffer::alloc(producer, total)?;
+        for device in [producer, consumer] {
+            if !device.info().can_map_host_memory {
+                return Err(Error::NoHostMapping { ordinal: device.ordinal() });
+            }
+        }
+        let memory = HostAllocation::new(producer, total)?;
         // Consumers read the slots through their own mapping; fail now, not mid-pipeline.
         let consumer_base = memory.device_ptr(consumer)?;
-        let landed = (0..slots).map(|_| Event::new(producer, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
-        let free = (0..slots).map(|_| Event::new(consumer, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
         Ok(StagingRing {
-            memory: ManuallyDrop::new(memory),
+            memory,
             consumer_base,
             slot_bytes,
-            landed,
-            free,
+            landed: vec![None; slots],
+            free: vec![None; slots],
+            holds_chunk: vec![false; slots],
             cursor: 0,
             producer: producer.clone(),
             consumer: consumer.clone(),
+            id: next_ring_id(),
         })
     }
 
@@ -134,10 +157,9 @@ impl StagingRing {
         self.slot_bytes
     }
 
-    /// Whether no GPU work still uses any slot (non-blocking): a ring that is idle can be
-    /// dropped without its `Drop` waiting on the host.
+    /// Whether no GPU work still uses any slot (non-blocking).
     pub fn is_idle(&self) -> bool {
-        self.landed.iter().chain(&self.free).all(|e| e.is_complete().unwrap_or(false))
+        self.memory.uses().is_idle().unwrap_or(false)
     }
 
     /// The next slot in round-robin order; the rotation continues across calls, so
@@ -163,20 +185,21 @@ impl StagingRing {
         if src.len() != dst.len() {
             return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
         }
-        // Refuse a short scratch before the slot is filled: nothing is enqueued then.
+        // Refuse bad input before the slot is filled: nothing is enqueued then.
         check_scratch(&fold, dst.len())?;
+        self.check(self.cursor, dst.bytes(), consumer, &self.consumer, "consumer stream")?;
         let sent = self.send(producer, src)?;
         self.receive(sent, consumer, dst, fold)
     }
 
     /// The first half of [`StagingRing::pass`]: fill the next slot from `src` on `producer`.
-    /// Hand the result to [`StagingRing::receive`] before this ring sends again, unless the
-    /// ring has a slot for each send still waiting (an exchange sends on several rings before
-    /// any receives, one slot each).
+    /// Hand the result to [`StagingRing::receive`] before the ring comes round to that slot
+    /// again (an exchange sends on several rings before any receives, one slot each).
     pub fn send<T: Element>(&mut self, producer: &Stream, src: &DeviceView<'_, T>) -> Result<Sent> {
-        let slot = self.next_slot();
+        let slot = self.cursor;
         self.fill(slot, producer, src)?;
-        Ok(Sent { slot, bytes: src.bytes() })
+        self.next_slot();
+        Ok(Sent { ring: self.id, slot, bytes: src.bytes() })
     }
 
     /// The second half of [`StagingRing::pass`]: fold the chunk `sent` into `dst` on
@@ -188,6 +211,9 @@ impl StagingRing {
         dst: &mut DeviceViewMut<'_, T>,
         fold: Fold<'_, T>,
     ) -> Result<()> {
+        if sent.ring != self.id {
+            return Err(Error::ForeignChunk { slot: sent.slot });
+        }
         if dst.bytes() != sent.bytes {
             return Err(
                 gp2p_cuda::Error::LengthMismatch { what: "dst bytes", got: dst.bytes(), expected: sent.bytes }.into()
@@ -196,7 +222,7 @@ impl StagingRing {
         check_scratch(&fold, dst.len())?;
         let slot = sent.slot;
         match fold {
-            Fold::Copy => self.drain(slot, consumer, dst),
+            Fold::Copy => self.drain(slot, consumer, dst).map(drop),
             Fold::ReduceMapped { op, divide_by } => self.drain_reduce(slot, consumer, dst, op, divide_by),
             Fold::ReduceVia { mut scratch, op, divide_by } => {
                 let mut tmp = scratch.slice_mut(..dst.len());
@@ -207,58 +233,67 @@ impl StagingRing {
     }
 
     /// On the producer's `stream`: wait until `slot` is free, DMA `src` into it, and mark it
-    /// landed.
+    /// landed. Refused if the slot still holds a chunk nobody drained.
     pub fn fill<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
         self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
-        // A slot whose consumer already finished needs no GPU-side wait (a host query is
-        // cheaper than a semaphore wait in the copy's critical path).
-        if !self.free[slot].is_complete()? {
-            stream.wait(&self.free[slot])?;
+        if self.holds_chunk[slot] {
+            return Err(Error::SlotBusy { slot });
         }
+        self.wait_free(slot, stream)?;
         if !src.is_empty() {
             // SAFETY: the slot holds slot_bytes >= src.bytes() pinned bytes, not in use by
-            // anyone: the stream waited for its `free` event, and the ring's Drop waits for
-            // every event before the memory goes. src is on the stream's device (checked).
+            // anyone: the stream waited for its `free` point, and the memory outlives every
+            // noted point. src is on the stream's device (checked).
             unsafe { memcpy_dtoh_async(stream, self.slot_host(slot).cast(), src.raw_ptr(), src.bytes())? };
         }
-        Ok(self.landed[slot].record(stream)?)
+        let point = stream.point()?;
+        src.note_use(&point);
+        self.memory.uses().note(&point);
+        self.landed[slot] = Some(point);
+        self.holds_chunk[slot] = true;
+        Ok(())
     }
 
     /// On the consumer's `stream`: wait until `slot` has landed, DMA its first `dst.len()`
-    /// elements into `dst`, and mark the slot free.
-    pub fn drain<T: Element>(&mut self, slot: usize, stream: &Stream, dst: &mut DeviceViewMut<'_, T>) -> Result<()> {
+    /// elements into `dst`, and mark the slot free. Refused if the slot holds no chunk.
+    /// Returns the slot's *free* point, which completes with the DMA into `dst`.
+    pub fn drain<T: Element>(
+        &mut self,
+        slot: usize,
+        stream: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+    ) -> Result<StreamPoint> {
         self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
-        stream.wait(&self.landed[slot])?;
+        self.wait_landed(slot, stream)?;
         if !dst.is_empty() {
             // SAFETY: the slot's bytes landed (the stream waited for the producer's DMA) and
-            // stay untouched until `free` is recorded below; dst is on the stream's device.
+            // stay untouched until `free` is taken below; dst is on the stream's device.
             unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
         }
-        Ok(self.free[slot].record(stream)?)
+        self.mark_free(slot, stream, dst)
     }
 
     /// Fill `slot` from `src` and drain it into `dst`, both on one stream (one device): the
     /// stream's own order makes the upload follow the download, so *landed* is neither
-    /// recorded nor waited for — a one-chunk copy's latency is mostly such GPU-side event
-    /// work. Only *free* is recorded, for whoever uses the slot next. It is not a fill: a
-    /// [`StagingRing::drain`] of the slot must follow a [`StagingRing::fill`]. Returns the
-    /// slot's *free* event, which completes with the relay, so another stream can wait on it
-    /// without a record of its own.
+    /// taken nor waited for — a one-chunk copy's latency is mostly such GPU-side event
+    /// work. Returns the slot's new *free* point, which completes with the relay, so another
+    /// stream can wait on it without a point of its own.
     pub fn relay<T: Element>(
         &mut self,
         slot: usize,
         stream: &Stream,
         src: &DeviceView<'_, T>,
         dst: &mut DeviceViewMut<'_, T>,
-    ) -> Result<&Event> {
+    ) -> Result<StreamPoint> {
         if src.len() != dst.len() {
             return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
         }
         self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
         self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
-        if !self.free[slot].is_complete()? {
-            stream.wait(&self.free[slot])?;
+        if self.holds_chunk[slot] {
+            return Err(Error::SlotBusy { slot });
         }
+        self.wait_free(slot, stream)?;
         if !dst.is_empty() {
             // SAFETY: as in fill: the slot is free (waited for above) and big enough.
             unsafe { memcpy_dtoh_async(stream, self.slot_host(slot).cast(), src.raw_ptr(), src.bytes())? };
@@ -266,8 +301,8 @@ impl StagingRing {
             // same stream, so it has landed when this one starts.
             unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
         }
-        self.free[slot].record(stream)?;
-        Ok(&self.free[slot])
+        src.note_use(&self.mark_free(slot, stream, dst)?);
+        Ok(self.free[slot].clone().unwrap_or_else(|| unreachable!("mark_free sets the point")))
     }
 
     /// On the consumer's `stream`: wait until `slot` has landed, fold its first `dst.len()`
@@ -282,19 +317,60 @@ impl StagingRing {
         divide_by: u32,
     ) -> Result<()> {
         self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
-        stream.wait(&self.landed[slot])?;
+        self.wait_landed(slot, stream)?;
         let src = self.consumer_base + (slot * self.slot_bytes) as u64;
         // SAFETY: as in drain; `src` is the slot as the consumer device maps it, aligned to
         // 256 bytes, and host memory never overlaps dst's device memory.
         unsafe {
             reduce_raw(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by, SourceMemory::MappedHost)?
         };
-        Ok(self.free[slot].record(stream)?)
+        self.mark_free(slot, stream, dst)?;
+        Ok(())
+    }
+
+    /// Make the producer's `stream` wait until the slot's last consumer is done with it. A
+    /// slot whose consumer already finished needs no GPU-side wait (a host query is cheaper
+    /// than a semaphore wait in the copy's critical path).
+    fn wait_free(&self, slot: usize, stream: &Stream) -> Result<()> {
+        if let Some(free) = &self.free[slot]
+            && !free.is_complete()?
+        {
+            stream.wait_point(free)?;
+        }
+        Ok(())
+    }
+
+    /// Make the consumer's `stream` wait until the slot's chunk has landed; refuses a slot
+    /// that holds none.
+    fn wait_landed(&self, slot: usize, stream: &Stream) -> Result<()> {
+        if !self.holds_chunk[slot] {
+            return Err(Error::SlotEmpty { slot });
+        }
+        if let Some(landed) = &self.landed[slot] {
+            stream.wait_point(landed)?;
+        }
+        Ok(())
+    }
+
+    /// After the consumer's work on `slot`: take the *free* point, note it as the last use
+    /// of `dst` and of the ring's memory, and mark the slot empty.
+    fn mark_free<T: Element>(
+        &mut self,
+        slot: usize,
+        stream: &Stream,
+        dst: &DeviceViewMut<'_, T>,
+    ) -> Result<StreamPoint> {
+        let point = stream.point()?;
+        dst.note_use(&point);
+        self.memory.uses().note(&point);
+        self.free[slot] = Some(point.clone());
+        self.holds_chunk[slot] = false;
+        Ok(point)
     }
 
     /// The host address of a slot.
     fn slot_host(&mut self, slot: usize) -> *mut u8 {
-        self.memory.host_ptr().cast_mut().wrapping_add(slot * self.slot_bytes)
+        self.memory.host_ptr().wrapping_add(slot * self.slot_bytes)
     }
 
     fn check(&self, slot: usize, bytes: usize, stream: &Stream, side: &Device, what: &'static str) -> Result<()> {
@@ -317,13 +393,11 @@ impl StagingRing {
 }
 
 /// A staging ring kept across calls (one per device pair or ring edge): replaced when a call
-/// needs bigger slots or another slot count, and the old ring kept until its GPU work is
-/// done, so replacing never blocks the host (a ring's `Drop` waits for its events) nor
-/// deadlocks behind a stream the caller holds.
+/// needs bigger slots or another slot count. The old ring is simply dropped: its memory
+/// outlives its GPU work by the lifetime rule, so replacing never blocks the host.
 #[derive(Default)]
 pub struct RingCache {
     ring: Option<StagingRing>,
-    retired: Vec<StagingRing>,
 }
 
 impl RingCache {
@@ -341,32 +415,10 @@ impl RingCache {
         slots: usize,
         slot_bytes: usize,
     ) -> Result<&mut StagingRing> {
-        self.retired.retain(|ring| !ring.is_idle());
-        let ring = match self.ring.take() {
-            Some(old) if old.slots() == slots && old.slot_bytes() >= slot_bytes => old,
-            old => match StagingRing::new(producer, consumer, slots, slot_bytes) {
-                Ok(new) => {
-                    self.retired.extend(old);
-                    new
-                }
-                Err(e) => {
-                    self.ring = old;
-                    return Err(e);
-                }
-            },
-        };
-        Ok(self.ring.insert(ring))
-    }
-}
-
-impl Drop for StagingRing {
-    fn drop(&mut self) {
-        // The memory must outlive every DMA and kernel still using a slot. The DMAs bypass
-        // the buffer's own use tracking (one event fewer per chunk), so wait here; if the
-        // device failed, leak the memory rather than free it under a live DMA.
-        if self.landed.iter().chain(&self.free).all(|event| event.synchronize().is_ok()) {
-            // SAFETY: dropped once, here, and never used again; no GPU work uses it any more.
-            unsafe { ManuallyDrop::drop(&mut self.memory) };
+        let fits = self.ring.as_ref().is_some_and(|r| r.slots() == slots && r.slot_bytes() >= slot_bytes);
+        if !fits {
+            self.ring = Some(StagingRing::new(producer, consumer, slots, slot_bytes)?);
         }
+        Ok(self.ring.get_or_insert_with(|| unreachable!("set above")))
     }
 }

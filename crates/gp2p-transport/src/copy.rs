@@ -46,14 +46,14 @@ struct Pair {
     /// On one device: one fork of two streams (up, down). Across two: one stream each.
     src_fork: StreamFork,
     dst_fork: Option<StreamFork>,
-    /// Recorded on the destination caller's stream after a direct copy or a two-device
-    /// single-chunk copy, for the source caller's stream to wait on.
+    /// Recorded on the destination caller's stream after a direct copy, for the source
+    /// caller's stream to wait on.
     done: Event,
     /// Recorded on the destination caller's stream before the copy, so reading `src` also
     /// waits for that stream's earlier work.
     dst_started: Event,
     /// Recorded on the source caller's stream before a direct copy, which runs on the
-    /// destination caller's stream.
+    /// destination caller's stream (and before an empty one).
     src_ready: Event,
     peer_both_ways: Option<bool>,
 }
@@ -104,6 +104,12 @@ impl Transport {
         let route = resolve(options.route, same_device, peer)
             .ok_or(Error::NoPeerAccess { src: src_dev.ordinal(), dst: dst_dev.ordinal() })?;
         if src.is_empty() {
+            // Nothing moves, but the call still orders the two streams like any copy: each
+            // one's later work follows the other's earlier work.
+            if !same_stream(src_stream, dst_stream) {
+                order_after(dst_stream, src_stream, &pair.src_ready)?;
+                order_after(src_stream, dst_stream, &pair.dst_started)?;
+            }
             return Ok(route);
         }
         match route {
@@ -202,14 +208,18 @@ impl Pair {
                 let slot = ring.next_slot();
                 let done = ring.relay(slot, src_stream, src, dst)?;
                 if distinct {
-                    dst_stream.wait(done)?;
+                    dst_stream.wait_point(&done)?;
                 }
                 return Ok(());
             }
+            // Across two cards: the D2H on the source stream, the H2D on the destination's,
+            // and the source stream's later work waits for the slot's *free* point, which
+            // completes with the H2D (no record of its own).
             order_after(src_stream, dst_stream, &self.dst_started)?;
-            ring.pass(src_stream, src, dst_stream, dst, Fold::Copy)?;
-            self.done.record(dst_stream)?;
-            src_stream.wait(&self.done)?;
+            let slot = ring.next_slot();
+            ring.fill(slot, src_stream, src)?;
+            let done = ring.drain(slot, dst_stream, dst)?;
+            src_stream.wait_point(&done)?;
             return Ok(());
         }
         // Up (D2H) and down (H2D) on different streams, so the copy engines run both ways.

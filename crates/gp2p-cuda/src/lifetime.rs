@@ -1,0 +1,341 @@
+//! The one lifetime rule of geforce-p2p: GPU-visible memory, and streams with work still
+//! queued, are released only after the GPU work that uses them, and dropping them never
+//! blocks the thread that drops them.
+//!
+//! - [`StreamPoint`]: the work enqueued on one stream up to a moment, captured by an event
+//!   that is never re-recorded (so what it stands for cannot change under a waiter).
+//! - [`LastUses`]: per allocation, the latest point of every stream that touched it. Every
+//!   safe operation of the crates notes one after it enqueues work on a buffer.
+//! - The reclaimer: a thread that releases dropped allocations (device memory, pinned host
+//!   memory) and destroys dropped streams once the points they carried have completed. A
+//!   drop only hands its resource over; the driver calls that may synchronise run there.
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use cudarc::driver::sys::{self, CUdeviceptr, CUstream};
+use parking_lot::{Condvar, Mutex};
+
+use crate::driver::{check, defer_error};
+use crate::stream::StreamId;
+use crate::{Device, Event, EventKind, Result, Stream};
+
+/// The work enqueued on one stream up to the moment the point was taken
+/// ([`Stream::point`]). Cheap to clone; its event goes back to a per-device pool when the
+/// last clone drops, and is never re-recorded before that.
+///
+/// Thread safety: `Send + Sync`; a point is immutable once taken.
+#[derive(Clone)]
+pub struct StreamPoint(Arc<Point>);
+
+struct Point {
+    event: ManuallyDrop<Event>,
+    stream: StreamId,
+    /// Order of the points of one stream: a later point covers every earlier one.
+    seq: u64,
+}
+
+impl StreamPoint {
+    /// Record a point on `stream` (the stream's lock is held, so `seq` follows the driver's
+    /// order of records on it).
+    pub(crate) fn record(stream: &Stream, seq: u64) -> Result<StreamPoint> {
+        let event = take_pooled_event(stream.device())?;
+        if let Err(e) = event.record(stream) {
+            give_back_event(event);
+            return Err(e);
+        }
+        Ok(StreamPoint(Arc::new(Point { event: ManuallyDrop::new(event), stream: stream.id(), seq })))
+    }
+
+    /// Whether the captured work is done, without blocking.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.0.event.is_complete()
+    }
+
+    /// Block the host until the captured work is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.event.synchronize()
+    }
+
+    /// The device of the stream the point was taken on.
+    pub fn device(&self) -> &Device {
+        self.0.event.device()
+    }
+
+    pub(crate) fn event(&self) -> &Event {
+        &self.0.event
+    }
+
+    pub(crate) fn stream_id(&self) -> StreamId {
+        self.0.stream
+    }
+}
+
+impl std::fmt::Debug for StreamPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StreamPoint(stream {} #{} on device {})", self.0.stream, self.0.seq, self.device().ordinal())
+    }
+}
+
+impl Drop for Point {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is never used again.
+        give_back_event(unsafe { ManuallyDrop::take(&mut self.event) });
+    }
+}
+
+/// Spare events per device: points are taken at every operation, and creating an event
+/// costs a driver call; more than this many idle ones are destroyed instead of kept.
+const MAX_POOLED_EVENTS: usize = 4096;
+
+fn take_pooled_event(device: &Device) -> Result<Event> {
+    match device.spare_events().lock().pop() {
+        Some(event) => Ok(event),
+        None => Event::new(device, EventKind::Sync),
+    }
+}
+
+fn give_back_event(event: Event) {
+    let device = event.device().clone();
+    let mut pool = device.spare_events().lock();
+    if pool.len() < MAX_POOLED_EVENTS {
+        pool.push(event);
+    }
+}
+
+/// Where GPU work last touched one allocation: the latest [`StreamPoint`] of each stream
+/// that did. The allocation may be released once all of them are complete.
+///
+/// Thread safety: `Send + Sync`; noting and taking are serialised by a lock held for a few
+/// instructions.
+#[derive(Default)]
+pub struct LastUses {
+    points: Mutex<Vec<StreamPoint>>,
+}
+
+/// Points of distinct streams kept before completed ones are pruned (streams borrowed per
+/// call, as from a framework, would otherwise grow the list without bound).
+const PRUNE_AT: usize = 8;
+
+impl LastUses {
+    /// An empty record: nothing uses the allocation yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Record that work up to `point` used the allocation. A point of a stream already
+    /// present replaces the older one of that stream (it covers it).
+    pub fn note(&self, point: &StreamPoint) {
+        let mut points = self.points.lock();
+        if let Some(known) = points.iter_mut().find(|p| p.stream_id() == point.stream_id()) {
+            if known.0.seq < point.0.seq {
+                *known = point.clone();
+            }
+            return;
+        }
+        if points.len() >= PRUNE_AT {
+            points.retain(|p| !p.is_complete().unwrap_or(false));
+        }
+        points.push(point.clone());
+    }
+
+    /// Make `stream` wait, on the GPU, for every recorded use (other than its own, which its
+    /// order already puts first): what reusing the allocation on another stream needs.
+    pub fn wait_on(&self, stream: &Stream) -> Result<()> {
+        let points = self.points.lock().clone();
+        for p in &points {
+            stream.wait_point(p)?;
+        }
+        Ok(())
+    }
+
+    /// Block the host until every recorded use is done, and forget them.
+    pub fn synchronize(&self) -> Result<()> {
+        let points = std::mem::take(&mut *self.points.lock());
+        for p in &points {
+            p.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Whether every recorded use is done (non-blocking).
+    pub fn is_idle(&self) -> Result<bool> {
+        let points = self.points.lock();
+        for p in points.iter() {
+            if !p.is_complete()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The points, for the release of the allocation.
+    pub(crate) fn take(&self) -> Vec<StreamPoint> {
+        std::mem::take(&mut *self.points.lock())
+    }
+}
+
+/// What the reclaimer releases once a resource's points are complete.
+pub(crate) enum Release {
+    /// `cuMemFree` of device memory.
+    DeviceMemory { device: Device, ptr: CUdeviceptr },
+    /// `cuMemFreeHost` of pinned host memory.
+    HostMemory { device: Device, ptr: *mut c_void },
+    /// `cuStreamDestroy` of an owned stream.
+    Stream { device: Device, raw: CUstream },
+}
+
+// SAFETY: the raw handles are owned by the release and used once, by one thread; the driver
+// API may be called from any thread.
+unsafe impl Send for Release {}
+
+impl Release {
+    fn run(self) {
+        let result = match self {
+            Release::DeviceMemory { device, ptr } => device.bind().and_then(|()| {
+                // SAFETY: owned allocation, freed once, after all recorded GPU use.
+                check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")
+            }),
+            Release::HostMemory { device, ptr } => device.bind().and_then(|()| {
+                // SAFETY: as above, for pinned host memory from cuMemHostAlloc.
+                check(unsafe { sys::cuMemFreeHost(ptr) }, "cuMemFreeHost")
+            }),
+            Release::Stream { device, raw } => device.bind().and_then(|()| {
+                // SAFETY: owned stream, destroyed once, after the work enqueued on it.
+                check(unsafe { sys::cuStreamDestroy_v2(raw) }, "cuStreamDestroy")
+            }),
+        };
+        defer_error(result);
+    }
+}
+
+/// A released resource waiting for its points.
+struct Grave {
+    points: Vec<StreamPoint>,
+    release: Release,
+}
+
+#[derive(Default)]
+struct Queue {
+    graves: Vec<Grave>,
+    /// Graves taken by the reclaimer thread and not yet released.
+    in_hand: usize,
+}
+
+struct Reclaimer {
+    queue: Mutex<Queue>,
+    /// Wakes the reclaimer thread (new graves).
+    wake: Condvar,
+    /// Wakes [`flush`] callers (the queue emptied).
+    emptied: Condvar,
+}
+
+/// How long the reclaimer sleeps between polls while graves wait: short at first (a small
+/// op completes in microseconds), longer while the GPU stays busy.
+const POLL_MIN: Duration = Duration::from_micros(50);
+const POLL_MAX: Duration = Duration::from_millis(2);
+
+fn reclaimer() -> &'static Reclaimer {
+    static RECLAIMER: OnceLock<&'static Reclaimer> = OnceLock::new();
+    RECLAIMER.get_or_init(|| {
+        let r: &'static Reclaimer = Box::leak(Box::new(Reclaimer {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            emptied: Condvar::new(),
+        }));
+        let spawned = std::thread::Builder::new().name("gp2p-reclaimer".into()).spawn(move || reclaim_forever(r));
+        if spawned.is_err() {
+            // Without the thread nothing would ever be released: leak instead (the memory
+            // stays mapped, which is safe), and say so at the next synchronisation.
+            defer_error(Err(crate::Error::InvalidArgument {
+                name: "reclaimer",
+                reason: "could not start the reclaimer thread; dropped GPU memory is leaked".into(),
+            }));
+        }
+        r
+    })
+}
+
+/// Release `release` once every point in `points` is complete, on the reclaimer thread.
+/// Never blocks: a drop calls this and returns.
+pub(crate) fn release_after(points: Vec<StreamPoint>, release: Release) {
+    let r = reclaimer();
+    r.queue.lock().graves.push(Grave { points, release });
+    r.wake.notify_one();
+}
+
+/// Block until everything handed to the reclaimer so far has been released (waiting for the
+/// GPU work it waits for). For the out-of-memory path of allocations, which retry once after
+/// this, and for tests.
+pub fn flush_releases() {
+    let r = reclaimer();
+    let mut queue = r.queue.lock();
+    while !queue.graves.is_empty() || queue.in_hand > 0 {
+        r.wake.notify_one();
+        r.emptied.wait(&mut queue);
+    }
+}
+
+fn reclaim_forever(r: &'static Reclaimer) {
+    let mut waiting: Vec<Grave> = Vec::new();
+    let mut poll = POLL_MIN;
+    loop {
+        {
+            let mut queue = r.queue.lock();
+            if waiting.is_empty() && queue.graves.is_empty() {
+                r.emptied.notify_all();
+                r.wake.wait(&mut queue);
+            } else if queue.graves.is_empty() {
+                r.wake.wait_for(&mut queue, poll);
+            }
+            let new = std::mem::take(&mut queue.graves);
+            queue.in_hand += new.len();
+            waiting.extend(new);
+        }
+        let mut settled = Vec::new();
+        let mut i = 0;
+        while i < waiting.len() {
+            match waiting[i].readiness() {
+                Readiness::Pending => i += 1,
+                readiness => settled.push((readiness, waiting.swap_remove(i))),
+            }
+        }
+        let settled_count = settled.len();
+        // Release outside the lock: a free may synchronise with the device.
+        for (readiness, grave) in settled {
+            // Broken: the context failed, so the work may never be known to be done; the
+            // resource is leaked rather than released under it.
+            if readiness == Readiness::Ready {
+                grave.release.run();
+            }
+        }
+        poll = if settled_count > 0 { POLL_MIN } else { (poll * 2).min(POLL_MAX) };
+        r.queue.lock().in_hand -= settled_count;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Readiness {
+    Ready,
+    Pending,
+    Broken,
+}
+
+impl Grave {
+    fn readiness(&self) -> Readiness {
+        for point in &self.points {
+            match point.is_complete() {
+                Ok(true) => {}
+                Ok(false) => return Readiness::Pending,
+                Err(e) => {
+                    defer_error(Err(e));
+                    return Readiness::Broken;
+                }
+            }
+        }
+        Readiness::Ready
+    }
+}
