@@ -206,3 +206,105 @@ GP2P_REDUCE_ALL_OPS(i32, i32)
 GP2P_REDUCE_ALL_OPS(u32, u32)
 GP2P_REDUCE_ALL_OPS(i64, i64)
 GP2P_REDUCE_ALL_OPS(u64, u64)
+
+// ---------------------------------------------------------------------------------------
+// Two-rank exchange through mapped pinned host memory, one kernel per rank, for small
+// all-reduces (the idea of NCCL's LL protocol). Each rank writes its buffer into its own
+// lines and reads the peer's: an 8-byte line holds 4 bytes of data and the call's sequence
+// number, so a reader knows a line has arrived when the number matches, with no separate
+// flag, fence or DMA engine on the critical path. Then buf = op(own, peer) in place, the
+// order in which the ring's two-rank exchange folds (own first on both ranks).
+//
+// A thread owns one 16-byte group of the buffer: it publishes the group (two 16-byte stores
+// of two lines each), then polls the peer's same group. Every thread publishes before it
+// waits, so the two kernels cannot wait on each other. A poll gives up `timeout_ns` after it
+// started waiting (a peer that never arrives): it sets `*failed` and returns, leaving the
+// buffer partly folded, for the host to report.
+
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ void store_lines(u64* at, u64 a, u64 b) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(at), "l"(a), "l"(b) : "memory");
+}
+
+__device__ __forceinline__ void load_lines(const u64* at, u64& a, u64& b) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(at) : "memory");
+}
+
+template <typename T> union Group16 {
+    uint4 v;
+    u32 w[4];
+    T e[VEC_BYTES / sizeof(T)];
+};
+
+template <typename T, typename Op>
+__device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq,
+                                         u32 divisor, u64 timeout_ns, u32* failed) {
+    const int PER = VEC_BYTES / sizeof(T);
+    const u64 groups = (n + PER - 1) / PER;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 tag = ((u64)seq) << 32;
+    for (u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
+        const u64 first = g * PER;
+        Group16<T> own;
+        own.v = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int l = 0; l < PER; ++l) {
+            if (first + l < n) own.e[l] = buf[first + l];
+        }
+        store_lines(out_lines + 4 * g, tag | own.w[0], tag | own.w[1]);
+        store_lines(out_lines + 4 * g + 2, tag | own.w[2], tag | own.w[3]);
+        Group16<T> peer;
+        u64 deadline = 0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            u64 a, b;
+            for (;;) {
+                load_lines(in_lines + 4 * g + 2 * half, a, b);
+                if ((u32)(a >> 32) == seq && (u32)(b >> 32) == seq) break;
+                const u64 now = global_ns();
+                if (deadline == 0) {
+                    deadline = now + timeout_ns;
+                } else if (now > deadline) {
+                    *(volatile u32*)failed = 1;
+                    return;
+                }
+            }
+            peer.w[2 * half] = (u32)a;
+            peer.w[2 * half + 1] = (u32)b;
+        }
+#pragma unroll
+        for (int l = 0; l < PER; ++l) {
+            if (first + l < n) buf[first + l] = combine<T, Op>(own.e[l], peer.e[l], divisor);
+        }
+    }
+}
+
+#define GP2P_EXCHANGE(opname, Op, tname, T)                                                  \
+    extern "C" __global__ void __launch_bounds__(256) gp2p_exchange_##opname##_##tname(      \
+        T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,            \
+        u64 timeout_ns, u32* failed) {                                                       \
+        exchange<T, Op>(buf, n, out_lines, in_lines, seq, divisor, timeout_ns, failed);      \
+    }
+
+#define GP2P_EXCHANGE_ALL_OPS(tname, T)        \
+    GP2P_EXCHANGE(sum, OpSum, tname, T)        \
+    GP2P_EXCHANGE(avg, OpAvg, tname, T)        \
+    GP2P_EXCHANGE(min, OpMin, tname, T)        \
+    GP2P_EXCHANGE(max, OpMax, tname, T)        \
+    GP2P_EXCHANGE(prod, OpProd, tname, T)
+
+GP2P_EXCHANGE_ALL_OPS(f32, float)
+GP2P_EXCHANGE_ALL_OPS(f64, double)
+GP2P_EXCHANGE_ALL_OPS(f16, f16)
+GP2P_EXCHANGE_ALL_OPS(bf16, bf16)
+GP2P_EXCHANGE_ALL_OPS(i8, i8)
+GP2P_EXCHANGE_ALL_OPS(u8, u8)
+GP2P_EXCHANGE_ALL_OPS(i32, i32)
+GP2P_EXCHANGE_ALL_OPS(u32, u32)
+GP2P_EXCHANGE_ALL_OPS(i64, i64)
+GP2P_EXCHANGE_ALL_OPS(u64, u64)

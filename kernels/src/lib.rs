@@ -52,29 +52,59 @@ pub const REDUCE_BLOCK_THREADS: u32 = 256;
 /// Bytes one vector load or store moves in the reduce kernels' aligned body.
 pub const REDUCE_VECTOR_BYTES: usize = 16;
 
-/// The exported name of the reduce kernel for `op` on `dtype`.
-pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
-    // A table rather than format!: names are looked up on every launch and must be 'static.
-    const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = {
+/// A table of kernel names `<prefix><op>_<dtype>`, indexed by op then dtype: names are looked
+/// up on every launch and must be `'static`, so they are spelled out at compile time.
+macro_rules! kernel_names {
+    ($prefix:literal) => {{
         macro_rules! row {
             ($op:literal) => {
                 [
-                    concat!("gp2p_reduce_", $op, "_f32"),
-                    concat!("gp2p_reduce_", $op, "_f64"),
-                    concat!("gp2p_reduce_", $op, "_f16"),
-                    concat!("gp2p_reduce_", $op, "_bf16"),
-                    concat!("gp2p_reduce_", $op, "_i8"),
-                    concat!("gp2p_reduce_", $op, "_u8"),
-                    concat!("gp2p_reduce_", $op, "_i32"),
-                    concat!("gp2p_reduce_", $op, "_u32"),
-                    concat!("gp2p_reduce_", $op, "_i64"),
-                    concat!("gp2p_reduce_", $op, "_u64"),
+                    concat!($prefix, $op, "_f32"),
+                    concat!($prefix, $op, "_f64"),
+                    concat!($prefix, $op, "_f16"),
+                    concat!($prefix, $op, "_bf16"),
+                    concat!($prefix, $op, "_i8"),
+                    concat!($prefix, $op, "_u8"),
+                    concat!($prefix, $op, "_i32"),
+                    concat!($prefix, $op, "_u32"),
+                    concat!($prefix, $op, "_i64"),
+                    concat!($prefix, $op, "_u64"),
                 ]
             };
         }
         [row!("sum"), row!("avg"), row!("min"), row!("max"), row!("prod")]
-    };
+    }};
+}
+
+/// The exported name of the reduce kernel for `op` on `dtype`.
+pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
+    const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_reduce_");
     NAMES[op.index()][dtype.index()]
+}
+
+/// The exported name of the two-rank exchange kernel for `op` on `dtype`, in [`REDUCE`].
+///
+/// Signature `(T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,
+/// u64 timeout_ns, u32* failed)`: each rank publishes `buf` into its own lines of mapped
+/// host memory as [`EXCHANGE_LINE_BYTES`]-byte lines of [`EXCHANGE_LINE_DATA_BYTES`] data
+/// bytes tagged with `seq`, waits for the peer's lines tagged `seq`, and folds
+/// `buf = op(own, peer)`. A wait longer than `timeout_ns` sets `*failed` to 1 and returns.
+pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
+    const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_exchange_");
+    NAMES[op.index()][dtype.index()]
+}
+
+/// Bytes of one line of the exchange kernels: data and the call's sequence number.
+pub const EXCHANGE_LINE_BYTES: usize = 8;
+/// Data bytes in one line of the exchange kernels.
+pub const EXCHANGE_LINE_DATA_BYTES: usize = 4;
+/// The exchange kernels move the buffer in groups of this many bytes, one per thread; the
+/// lines of a buffer of `b` bytes take `ceil(b / 16) * 16 * 2` bytes.
+pub const EXCHANGE_GROUP_BYTES: usize = 16;
+
+/// The bytes of lines an exchange of `bytes` bytes writes on each side.
+pub const fn exchange_line_bytes(bytes: usize) -> usize {
+    bytes.div_ceil(EXCHANGE_GROUP_BYTES) * EXCHANGE_GROUP_BYTES / EXCHANGE_LINE_DATA_BYTES * EXCHANGE_LINE_BYTES
 }
 
 #[cfg(test)]
@@ -91,6 +121,20 @@ mod tests {
                 assert!(REDUCE.ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.ptx");
             }
         }
+    }
+
+    #[test]
+    fn every_exchange_kernel_is_in_the_ptx() {
+        for op in ReduceOp::ALL {
+            for dtype in DType::ALL {
+                let name = exchange_kernel_name(op, dtype);
+                assert_eq!(name, format!("gp2p_exchange_{}_{}", op.name(), dtype.name()));
+                assert!(REDUCE.ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.ptx");
+            }
+        }
+        assert_eq!(exchange_line_bytes(0), 0);
+        assert_eq!(exchange_line_bytes(1), 32, "one group of 16 bytes is four lines");
+        assert_eq!(exchange_line_bytes(64 << 10), 128 << 10, "lines carry half data");
     }
 
     #[test]

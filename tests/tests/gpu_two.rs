@@ -116,3 +116,97 @@ fn two_gpu_all_gather_reduce_scatter_broadcast() {
         assert!(p.to_host_vec(s).unwrap() == root, "broadcast from rank 1: rank {r}");
     }
 }
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_dropping_either_side_of_a_pending_copy_is_safe_and_does_not_block() {
+    // The sequence that killed the context before the lifetime rule: the copy waits behind
+    // earlier work on the source stream, its destination (then its source) is dropped right
+    // away, and fresh memory on the destination device is written at once.
+    let [(d0, s0), (d1, s1)] = two();
+    let len = 1 << 22;
+    for route in [Route::Auto, Route::Staged] {
+        for drop_dst in [true, false] {
+            let host: Vec<u32> = random(len, 77);
+            let src = DeviceBuffer::from_host(&s0, &host).unwrap();
+            let mut dst = DeviceBuffer::<u32>::alloc(&d1, len).unwrap();
+            let mut keep = DeviceBuffer::<u32>::alloc(&d1, len).unwrap();
+            let gate = geforce_p2p::cuda::HostGate::close(&s0).unwrap();
+            let options = CopyOptions { route, ..CopyOptions::default() };
+            transport().copy(&src.view(..), &s0, &mut dst.view_mut(..), &s1, options).unwrap();
+            // A second copy out of dst, so the kept result proves the first one ran in full.
+            keep.view_mut(..).copy_from(&s1, &dst.view(..)).unwrap();
+            let start = std::time::Instant::now();
+            if drop_dst {
+                drop(dst);
+            } else {
+                drop(src);
+            }
+            let took = start.elapsed();
+            let s1b = Stream::new(&d1).unwrap();
+            let fresh = DeviceBuffer::from_host(&s1b, &vec![0x5A5A_5A5Au32; len]).unwrap();
+            let fresh0 = DeviceBuffer::from_host(&Stream::new(&d0).unwrap(), &vec![0x5A5A_5A5Au32; len]).unwrap();
+            gate.open();
+            s0.synchronize().unwrap();
+            s1.synchronize().unwrap();
+            let what = format!("{route}, dropped {}", if drop_dst { "dst" } else { "src" });
+            assert!(keep.to_host_vec(&s1).unwrap() == host, "{what}: copy result");
+            assert!(fresh.to_host_vec(&s1b).unwrap().iter().all(|&v| v == 0x5A5A_5A5A), "{what}: fresh memory on 1");
+            assert!(fresh0.to_host_vec(&s0).unwrap().iter().all(|&v| v == 0x5A5A_5A5A), "{what}: fresh memory on 0");
+            println!("{what}: drop took {:.1} us", took.as_secs_f64() * 1e6);
+            assert!(took < std::time::Duration::from_millis(1), "{what}: the drop blocked for {took:?}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_zero_length_copies_order_both_streams() {
+    let [(d0, s0), (d1, s1)] = two();
+    let src = DeviceBuffer::<u32>::alloc(&d0, 4).unwrap();
+    let mut dst = DeviceBuffer::<u32>::alloc(&d1, 4).unwrap();
+    for gate_src in [true, false] {
+        let (gated, other) = if gate_src { (&s0, &s1) } else { (&s1, &s0) };
+        let gate = geforce_p2p::cuda::HostGate::close(gated).unwrap();
+        let options = CopyOptions { route: Route::Staged, ..CopyOptions::default() };
+        transport().copy(&src.view(0..0), &s0, &mut dst.view_mut(0..0), &s1, options).unwrap();
+        let after = other.point().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let ran_early = after.is_complete().unwrap();
+        gate.open();
+        after.synchronize().unwrap();
+        assert!(!ran_early, "gated {}: the other stream did not wait", if gate_src { "src" } else { "dst" });
+    }
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_small_all_reduces_through_the_line_exchange() {
+    fn case<T: Reference>(engine: &Engine, pair: &[(Device, Stream); 2], len: usize, op: ReduceOp, seed: u64) {
+        let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed + r)).collect();
+        let mut bufs: Vec<DeviceBuffer<T>> =
+            inputs.iter().zip(pair).map(|(h, (_, s))| DeviceBuffer::from_host(s, h).unwrap()).collect();
+        {
+            let mut ranks: Vec<Rank<'_, T>> =
+                bufs.iter_mut().zip(pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
+            all_reduce(engine, &mut ranks, op, Transport::Auto).unwrap();
+        }
+        let want = expected(Collective::AllReduce, &inputs, op);
+        for (r, (b, (_, s))) in bufs.iter().zip(pair).enumerate() {
+            let (bad, first) = count_mismatched(&b.to_host_vec(s).unwrap(), &want[r], op);
+            assert_eq!(bad, 0, "{} {op} len {len} rank {r}: {}", T::DTYPE, first.join("; "));
+        }
+    }
+    let pair = two();
+    let engine = Engine::new();
+    let mut seed = 900;
+    for len in [1, 1027, (64 << 10) / 4 + 3] {
+        for op in ReduceOp::ALL {
+            seed += 2;
+            case::<f32>(&engine, &pair, len, op, seed);
+            case::<geforce_p2p::half::bf16>(&engine, &pair, len, op, seed);
+            case::<u8>(&engine, &pair, len, op, seed);
+            case::<i64>(&engine, &pair, len, op, seed);
+        }
+    }
+}

@@ -22,9 +22,15 @@ pub struct Repeats {
     pub timed: usize,
 }
 
+/// How long a timed run's stream is held while its body is enqueued, at most: an enqueue
+/// that blocks longer (the driver's queue full behind the held stream) would otherwise
+/// never finish. Such a run is reported (its GPU time then includes host time).
+const GATE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Run `body` `warmup + timed` times on `stream`, each after an untimed `setup`, and return
-/// the median GPU time of the timed runs in seconds. Everything is enqueued first and read
-/// back once, so host-side gaps do not inflate small timings.
+/// the median GPU time of the timed runs in seconds. Each timed run starts on an idle GPU
+/// with its stream held until the body is enqueued, so host-side gaps do not inflate small
+/// timings and the enqueue time is the host's own (not back-pressure from earlier runs).
 pub fn median_seconds(
     stream: &Stream,
     repeats: Repeats,
@@ -58,14 +64,20 @@ pub fn timed_runs(
             continue;
         }
         let (start, end) = (Event::new(device, EventKind::Timing)?, Event::new(device, EventKind::Timing)?);
+        // Start from an idle device, so the enqueue below is not slowed by the driver's
+        // queue still holding earlier runs.
+        device.synchronize()?;
         // Hold the stream until the body is enqueued, so the host's enqueueing time does
         // not count as GPU time (it is reported separately).
-        let gate = HostGate::close(stream)?;
+        let gate = HostGate::close_until(stream, GATE_DEADLINE)?;
         start.record(stream)?;
         let t0 = std::time::Instant::now();
         let result = body();
         host.push(t0.elapsed().as_secs_f64());
         end.record(stream)?;
+        if gate.expired() {
+            eprintln!("warning: enqueueing one run took over {GATE_DEADLINE:?}; its GPU time includes host time");
+        }
         gate.open();
         result?;
         marks.push((start, end));

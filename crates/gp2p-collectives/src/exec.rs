@@ -9,13 +9,18 @@ use std::sync::Arc;
 
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, EventKind, Stream, StreamFork};
 use gp2p_kernels::{Element, ReduceOp};
-use gp2p_pinned::{Fold, RingCache, StagingRing};
+use gp2p_pinned::{DEFAULT_PEER_TIMEOUT, Fold, LineExchange, RingCache, StagingRing};
 use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES};
 use parking_lot::Mutex;
 
 use crate::calibrate::{Path, choose};
 use crate::schedule::{Action, Schedule, Transfer};
 use crate::{Result, Transport, step_divisor};
+
+/// Two-rank all-reduces of up to this many bytes go through the line exchange
+/// ([`LineExchange`]): one kernel per rank, no DMA or event between the ranks on the
+/// critical path. Its lines carry half data, so above this the DMA exchange and the ring win.
+pub const LINE_EXCHANGE_MAX_BYTES: usize = 256 << 10;
 
 /// Staging slots per ring edge: the transport's default.
 const SLOTS: usize = DEFAULT_SLOTS;
@@ -41,6 +46,8 @@ struct Group {
     /// big enough. A replaced one is just dropped: the lifetime rule frees it after its work.
     buffers: Vec<BufferCache>,
     events: Vec<Vec<Event>>,
+    /// Two ranks only: the lines of small all-reduces, made on first use.
+    lines: Option<LineExchange>,
 }
 
 /// The collective engine: per group of devices, internal streams, staging rings, scratch
@@ -51,6 +58,8 @@ pub struct Engine {
     groups: Mutex<HashMap<Vec<usize>, Arc<Mutex<Group>>>>,
     paths: Mutex<HashMap<usize, Path>>,
     chunk_bytes: Option<usize>,
+    slots: Option<usize>,
+    line_max: Option<usize>,
 }
 
 impl Engine {
@@ -63,8 +72,28 @@ impl Engine {
     /// 16-byte aligned elements) instead of sizing them by the buffer: for tuning and
     /// benchmarks. Zero is refused.
     pub fn with_chunk_bytes(chunk_bytes: usize) -> Result<Self> {
-        Chunking::check_overrides(Some(chunk_bytes), None)?;
-        Ok(Engine { chunk_bytes: Some(chunk_bytes), ..Self::default() })
+        Self::with_staging(Some(chunk_bytes), None)
+    }
+
+    /// An engine with either or both of the chunk size ([`Engine::with_chunk_bytes`]) and the
+    /// number of staging slots per ring edge overridden: for tuning and benchmarks. Zeros are
+    /// refused.
+    pub fn with_staging(chunk_bytes: Option<usize>, slots: Option<usize>) -> Result<Self> {
+        Chunking::check_overrides(chunk_bytes, slots)?;
+        Ok(Engine { chunk_bytes, slots, ..Self::default() })
+    }
+
+    /// This engine with two-rank all-reduces of up to `bytes` going through the one-kernel
+    /// line exchange ([`LINE_EXCHANGE_MAX_BYTES`] by default; 0 turns it off): for tuning
+    /// and benchmarks.
+    pub fn with_line_exchange_max(mut self, bytes: usize) -> Self {
+        self.line_max = Some(bytes);
+        self
+    }
+
+    /// The largest two-rank all-reduce, in bytes, that takes the line exchange.
+    pub fn line_exchange_max(&self) -> usize {
+        self.line_max.unwrap_or(LINE_EXCHANGE_MAX_BYTES)
     }
 
     /// The chunk size given to [`Engine::with_chunk_bytes`], if any.
@@ -95,13 +124,13 @@ impl Engine {
         let group = self.group(&devices)?;
         let mut group = group.lock();
         let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
-        let Group { forks, rings, buffers, events } = &mut *group;
+        let Group { forks, rings, buffers, events, .. } = &mut *group;
         // Slots fit the largest chunk, but never less than a small transfer's worth, so a
         // sweep of small collectives does not replace the rings at every size.
         let slot_bytes = (chunk * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
         let mut edges: Vec<&mut StagingRing> = Vec::with_capacity(n);
         for (r, cache) in rings.iter_mut().enumerate() {
-            edges.push(cache.ensure(&devices[r], &devices[(r + 1) % n], SLOTS, slot_bytes)?);
+            edges.push(cache.ensure(&devices[r], &devices[(r + 1) % n], self.slots.unwrap_or(SLOTS), slot_bytes)?);
         }
         // Events only where a later transfer waits on them: allocate them before the loop.
         let plan = EventPlan::of(schedule);
@@ -135,6 +164,36 @@ impl Engine {
                 cache.insert(("scratch", TypeId::of::<T>()), Box::new(buf));
             }
         }
+        result?;
+        Ok(joined?)
+    }
+
+    /// A two-rank all-reduce of a small buffer through the line exchange: one kernel per
+    /// rank, on the ranks' own streams when they differ, else on the group's internal
+    /// streams (logical ranks sharing a caller stream).
+    pub(crate) fn exchange_lines<T: Element>(&self, ranks: &mut [Rank<'_, T>], op: ReduceOp) -> Result<()> {
+        let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
+        let group = self.group(&devices)?;
+        let mut group = group.lock();
+        let Group { forks, lines, .. } = &mut *group;
+        let max = self.line_exchange_max();
+        let exchange = match lines {
+            Some(l) if l.max_bytes() >= max => l,
+            slot => slot.insert(LineExchange::new([&devices[0], &devices[1]], max, DEFAULT_PEER_TIMEOUT)?),
+        };
+        let [a, b] = ranks else { unreachable!("the caller checked for two ranks") };
+        let divide_by = step_divisor(op, true, 2);
+        let distinct = a.stream.device() != b.stream.device() || a.stream.raw() != b.stream.raw();
+        if distinct {
+            return Ok(exchange.all_reduce([&mut a.buffer, &mut b.buffer], [a.stream, b.stream], op, divide_by)?);
+        }
+        let (fa, fb) = (&forks[0], &forks[1]);
+        fa.fork(a.stream)?;
+        fb.fork(b.stream)?;
+        let streams = [&fa.streams()[RECV], &fb.streams()[RECV]];
+        let result = exchange.all_reduce([&mut a.buffer, &mut b.buffer], streams, op, divide_by);
+        // Join even after a failure, so the callers' later work waits for what was enqueued.
+        let joined = fa.join(a.stream).and(fb.join(b.stream));
         result?;
         Ok(joined?)
     }
@@ -175,6 +234,7 @@ impl Engine {
             rings: devices.iter().map(|_| RingCache::new()).collect(),
             buffers: devices.iter().map(|_| HashMap::new()).collect(),
             events: devices.iter().map(|_| Vec::new()).collect(),
+            lines: None,
         };
         let group = Arc::new(Mutex::new(group));
         groups.insert(key, group.clone());

@@ -77,7 +77,7 @@ use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
 use gp2p_transport::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
 
 pub use error::{Error, Result};
-pub use exec::{Engine, Rank};
+pub use exec::{Engine, LINE_EXCHANGE_MAX_BYTES, Rank};
 use schedule::{Schedule, segment};
 
 /// How a receiving rank folds a chunk in.
@@ -145,6 +145,10 @@ pub fn all_reduce<T: Element>(
     transport: Transport,
 ) -> Result<()> {
     let len = check_ranks(ranks, "buffer")?;
+    let bytes = len * size_of::<T>();
+    if ranks.len() == 2 && bytes > 0 && bytes <= engine.line_exchange_max() {
+        return engine.exchange_lines(ranks, op);
+    }
     let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len, engine.chunk_bytes());
     engine.execute(ranks, &schedule, op, transport)
 }

@@ -68,7 +68,7 @@ pub use host::HostAllocation;
 pub use lifetime::{LastUses, StreamPoint};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, out_of_bounds};
 pub use module::{Function, LaunchConfig, Module};
-pub use reduce::{SourceMemory, reduce, reduce_launch_config};
+pub use reduce::{ExchangeLines, SourceMemory, exchange_launch_config, reduce, reduce_launch_config};
 pub use stream::{RawStream, Stream, StreamFork};
 
 /// Raw driver API types, for callers that interoperate with other CUDA code.
@@ -81,5 +81,5 @@ pub mod __private {
     //! Raw operations the sibling crates build safe APIs on. Not part of the public API.
     pub use crate::driver::check;
     pub use crate::memory::{memcpy_dtoh_async, memcpy_htod_async, memcpy_peer_async};
-    pub use crate::reduce::reduce_raw;
+    pub use crate::reduce::{exchange_raw, reduce_raw};
 }

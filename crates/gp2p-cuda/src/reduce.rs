@@ -3,7 +3,10 @@
 
 use std::ffi::c_void;
 
-use gp2p_kernels::{DType, Element, REDUCE, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, reduce_kernel_name};
+use gp2p_kernels::{
+    DType, EXCHANGE_GROUP_BYTES, Element, REDUCE, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp,
+    exchange_kernel_name, reduce_kernel_name,
+};
 
 use crate::memory::RawDevicePtr;
 use crate::{DeviceView, DeviceViewMut, Error, LaunchConfig, Module, Result, Stream};
@@ -137,6 +140,92 @@ pub unsafe fn reduce_raw(
     unsafe { function.launch(stream, config, &mut params) }
 }
 
+/// Blocks an exchange kernel may use: enough reads in flight across PCIe for the sizes it
+/// serves, few enough that two of them (logical ranks on one GPU) always fit at once.
+const EXCHANGE_MAX_BLOCKS: usize = 64;
+
+/// The launch shape of an exchange of `len` elements of `dtype`: one thread per 16-byte group.
+pub fn exchange_launch_config(len: usize, dtype: DType) -> LaunchConfig {
+    let groups = (len * dtype.size_bytes()).div_ceil(EXCHANGE_GROUP_BYTES).max(1);
+    let blocks = groups.div_ceil(REDUCE_BLOCK_THREADS as usize).clamp(1, EXCHANGE_MAX_BLOCKS);
+    LaunchConfig { grid: blocks as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
+}
+
+/// The addresses one rank's exchange kernel works on (see
+/// [`gp2p_kernels::exchange_kernel_name`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ExchangeLines {
+    /// This rank's lines, as the stream's device maps them.
+    pub out_lines: RawDevicePtr,
+    /// The peer's lines, as the stream's device maps them.
+    pub in_lines: RawDevicePtr,
+    /// A `u32` the kernel sets to 1 when it gives up waiting, as the device maps it.
+    pub failed: RawDevicePtr,
+}
+
+/// Enqueue one rank's exchange kernel on `stream`: publish `buf` tagged `seq`, wait for the
+/// peer's lines tagged `seq`, and fold `buf = op(own, peer)`.
+///
+/// # Safety
+/// `buf` must be `len` writable elements of `dtype` on the stream's device; the lines must be
+/// mapped memory holding at least [`gp2p_kernels::exchange_line_bytes`]`(len * size)` bytes
+/// each, 16-byte aligned, `out_lines` written by nobody else and `failed` a writable `u32`,
+/// all valid until the kernel completes. The peer's kernel for the same `seq` must be
+/// enqueued too, or this one waits `timeout_ns` and then fails.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn exchange_raw(
+    stream: &Stream,
+    buf: RawDevicePtr,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+    lines: ExchangeLines,
+    seq: u32,
+    divide_by: u32,
+    timeout_ns: u64,
+) -> Result<()> {
+    if divide_by == 0 {
+        return Err(Error::InvalidArgument {
+            name: "divide_by",
+            reason: "must be at least 1 (the number of contributions)".into(),
+        });
+    }
+    for (name, ptr, align) in [
+        ("buf", buf, dtype.size_bytes() as u64),
+        ("out_lines", lines.out_lines, 16),
+        ("in_lines", lines.in_lines, 16),
+        ("failed", lines.failed, 4),
+    ] {
+        if ptr % align != 0 {
+            return Err(Error::InvalidArgument {
+                name,
+                reason: format!("address {ptr:#x} is not aligned to {align} bytes"),
+            });
+        }
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let function = Module::load(stream.device(), REDUCE)?.function(exchange_kernel_name(op, dtype))?;
+    let config = exchange_launch_config(len, dtype);
+    let (mut buf_arg, mut len_arg) = (buf, len as u64);
+    let (mut out_arg, mut in_arg, mut failed_arg) = (lines.out_lines, lines.in_lines, lines.failed);
+    let (mut seq_arg, mut divisor_arg, mut timeout_arg) = (seq, divide_by, timeout_ns);
+    let mut params: [*mut c_void; 8] = [
+        (&raw mut buf_arg).cast(),
+        (&raw mut len_arg).cast(),
+        (&raw mut out_arg).cast(),
+        (&raw mut in_arg).cast(),
+        (&raw mut seq_arg).cast(),
+        (&raw mut divisor_arg).cast(),
+        (&raw mut timeout_arg).cast(),
+        (&raw mut failed_arg).cast(),
+    ];
+    // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*), matching the
+    // eight locals above, which outlive the call; pointer validity is the caller's contract.
+    unsafe { function.launch(stream, config, &mut params) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +246,13 @@ mod tests {
         let small_host = reduce_launch_config(256 * 64 + 1, DType::I8, 132, SourceMemory::MappedHost);
         assert_eq!(small_host.grid, 2, "a small launch is not capped");
         assert!(host.grid < big.grid);
+    }
+
+    #[test]
+    fn exchange_shape_is_one_thread_per_group_within_the_cap() {
+        assert_eq!(exchange_launch_config(1, DType::F32).grid, 1);
+        assert_eq!(exchange_launch_config(1024, DType::F32).grid, 1, "4 KiB is 256 groups");
+        assert_eq!(exchange_launch_config(16 << 10, DType::F32).grid, 16, "64 KiB");
+        assert_eq!(exchange_launch_config(1 << 24, DType::F32).grid, EXCHANGE_MAX_BLOCKS as u32);
     }
 }

@@ -56,6 +56,18 @@ pub enum Error {
         /// The slot it was sent through.
         slot: usize,
     },
+    /// A small exchange's kernel gave up waiting for its peer in an earlier call.
+    #[error(
+        "an earlier small all-reduce was abandoned: rank {rank} waited {timeout:?} for rank {peer}, whose stream never reached the collective, so that call's results are wrong; this call was not run"
+    )]
+    PeerTimeout {
+        /// The rank whose kernel gave up.
+        rank: usize,
+        /// The rank it waited for.
+        peer: usize,
+        /// How long it waited.
+        timeout: std::time::Duration,
+    },
     /// A chunk larger than a slot.
     #[error("{bytes} bytes do not fit a staging slot of {slot_bytes} bytes: cut the transfer into chunks")]
     ChunkTooLarge {

@@ -9,6 +9,8 @@
 //!   straight out of pinned host memory (the zero-copy path).
 //! - [`StagingRing`]: slots of pinned memory with the events a copy pipeline needs, fenced on
 //!   the GPU so back-to-back calls never overwrite a slot still in use.
+//! - [`LineExchange`]: a small two-rank all-reduce in one kernel per rank, through lines of
+//!   mapped memory that carry their own sequence number (no DMA engine on the critical path).
 //!
 //! Not here: deciding chunk sizes or routes (that is `gp2p-transport`), or collectives.
 //!
@@ -37,10 +39,12 @@
 
 mod buffer;
 mod error;
+mod exchange;
 mod ops;
 mod ring;
 
 pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned, is_pinned_on};
 pub use error::{Error, Result};
+pub use exchange::{DEFAULT_PEER_TIMEOUT, LineExchange};
 pub use ops::{copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host, require_pinned};
 pub use ring::{Fold, MAX_SLOTS, RingCache, Sent, StagingRing};

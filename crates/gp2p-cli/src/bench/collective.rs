@@ -34,6 +34,13 @@ pub struct CollectiveArgs {
     /// the buffer.
     #[arg(long, value_parser = crate::sizes::parse_size)]
     chunk: Option<usize>,
+    /// Staging slots per ring edge, instead of the default.
+    #[arg(long)]
+    slots: Option<usize>,
+    /// Two-rank all-reduces up to this size take the one-kernel line exchange (bytes; K, M,
+    /// G suffixes; 0 turns it off), instead of the default.
+    #[arg(long, value_parser = crate::sizes::parse_size)]
+    line_max: Option<usize>,
 }
 
 /// Which collective a bench runs.
@@ -109,10 +116,10 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
     let duplex = ceil.duplex()?;
     let measured = ceil.measured.clone();
     drop(ceil);
-    let engine = match args.chunk {
-        Some(bytes) => Engine::with_chunk_bytes(bytes)?,
-        None => Engine::new(),
-    };
+    let mut engine = Engine::with_staging(args.chunk, args.slots)?;
+    if let Some(bytes) = args.line_max {
+        engine = engine.with_line_exchange_max(bytes);
+    }
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
     let op = args.op;

@@ -1,0 +1,237 @@
+//! `LineExchange`: a small two-rank all-reduce in one kernel per rank, through lines of mapped
+//! pinned host memory that carry their own sequence number (no DMA, no event between ranks).
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use gp2p_cuda::__private::exchange_raw;
+use gp2p_cuda::{Device, DeviceViewMut, ExchangeLines, HostAllocation, RawDevicePtr, Stream, StreamPoint};
+use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes};
+
+use crate::{Error, Result};
+
+/// How long a rank's kernel waits for its peer's data before it gives up, by default.
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The state of small two-rank all-reduces between two devices: each rank's lines (two halves,
+/// used by calls of odd and even sequence numbers) and the sequence counter.
+///
+/// One call launches one kernel per rank. Rank r writes its buffer into its lines as 8-byte
+/// lines of 4 data bytes and the call's number, reads the peer's lines until their numbers
+/// match, and folds `buf = op(own, peer)` (own first on both ranks, as the ring's two-rank
+/// exchange does). Alternating halves keep a call from overwriting lines the peer may still
+/// be reading from the call before: rank r writes a half again only two calls later, after
+/// its previous kernel saw the peer's data of the call between, which the peer published
+/// only after finishing the read.
+///
+/// Waits are bounded: a kernel that waits longer than the timeout for its peer (a peer whose
+/// stream never reaches the collective) stops, leaving that call's buffer partly folded, and
+/// the next call returns [`Error::PeerTimeout`]. When either stream has work queued, the
+/// two kernels start only once both streams reached the call, so queued work never counts
+/// against the timeout.
+///
+/// Lifetime: the lines outlive the kernels by the lifetime rule (each call notes its points).
+/// `Send`; calls take `&mut self`.
+pub struct LineExchange {
+    devices: [Device; 2],
+    /// Per rank: its lines, both halves.
+    lines: [HostAllocation; 2],
+    /// Per rank: its own lines and its peer's, as its device maps them.
+    mapped: [(RawDevicePtr, RawDevicePtr); 2],
+    /// Two `u32` flags, one per rank, set by a kernel that gave up.
+    failed: HostAllocation,
+    failed_mapped: [RawDevicePtr; 2],
+    half_bytes: usize,
+    max_bytes: usize,
+    counter: u64,
+    timeout: Duration,
+    /// Per rank: the end of its last kernel, for a call on another stream to wait for.
+    last: [Option<StreamPoint>; 2],
+    start_together: bool,
+}
+
+impl LineExchange {
+    /// Lines for buffers of up to `max_bytes` between `devices[0]` (rank 0) and `devices[1]`.
+    pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
+        let half_bytes = exchange_line_bytes(max_bytes.max(1));
+        for device in devices {
+            if !device.info().can_map_host_memory {
+                return Err(Error::NoHostMapping { ordinal: device.ordinal() });
+            }
+        }
+        let lines =
+            [HostAllocation::new(devices[0], 2 * half_bytes)?, HostAllocation::new(devices[1], 2 * half_bytes)?];
+        let failed = HostAllocation::new(devices[0], 2 * size_of::<u32>())?;
+        let mut mapped = [(0, 0); 2];
+        let mut failed_mapped = [0; 2];
+        for r in 0..2 {
+            let device = devices[r];
+            mapped[r] = (lines[r].device_ptr(device)?, lines[1 - r].device_ptr(device)?);
+            failed_mapped[r] = failed.device_ptr(device)? + (r * size_of::<u32>()) as u64;
+        }
+        Ok(LineExchange {
+            devices: [devices[0].clone(), devices[1].clone()],
+            lines,
+            mapped,
+            failed,
+            failed_mapped,
+            half_bytes,
+            max_bytes,
+            counter: 0,
+            timeout,
+            last: [None, None],
+            start_together: true,
+        })
+    }
+
+    /// Whether a call whose streams have work queued starts both kernels only once both
+    /// streams reached it (the default). With `false` each kernel starts when its own stream
+    /// gets there, saving two GPU-side waits, and the timeout bounds how long it may wait for
+    /// the other: for callers that know both streams arrive together, and for tests.
+    pub fn set_start_together(&mut self, together: bool) {
+        self.start_together = together;
+    }
+
+    /// The largest buffer, in bytes, a call may exchange.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// The devices of rank 0 and rank 1.
+    pub fn devices(&self) -> [&Device; 2] {
+        [&self.devices[0], &self.devices[1]]
+    }
+
+    /// In place on both ranks: `buf = op(own, peer)` (for avg, `divide_by` divides the sum:
+    /// pass 2). Rank r's kernel runs on `streams[r]`, after the work queued there, and later
+    /// work there sees the result. The two streams must differ (each kernel waits for the
+    /// other), and each must be on its rank's device.
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        bufs: [&mut DeviceViewMut<'_, T>; 2],
+        streams: [&Stream; 2],
+        op: ReduceOp,
+        divide_by: u32,
+    ) -> Result<()> {
+        self.take_failure()?;
+        let len = bufs[0].len();
+        for r in 0..2 {
+            let (buf, stream, device) = (&bufs[r], streams[r], &self.devices[r]);
+            for (what, got) in [("buffer", buf.device()), ("stream", stream.device())] {
+                if got != device {
+                    return Err(
+                        gp2p_cuda::Error::WrongDevice { what, got: got.ordinal(), expected: device.ordinal() }.into()
+                    );
+                }
+            }
+            if buf.len() != len {
+                return Err(
+                    gp2p_cuda::Error::LengthMismatch { what: "rank 1 buffer", got: buf.len(), expected: len }.into()
+                );
+            }
+        }
+        if streams[0].device() == streams[1].device() && streams[0].raw() == streams[1].raw() {
+            return Err(gp2p_cuda::Error::InvalidArgument {
+                name: "streams",
+                reason: "both ranks on one stream: each rank's kernel waits for the other's, so they need two streams"
+                    .into(),
+            }
+            .into());
+        }
+        let bytes = len * size_of::<T>();
+        if bytes > self.max_bytes {
+            return Err(Error::ChunkTooLarge { bytes, slot_bytes: self.max_bytes });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        for (stream, last) in streams.iter().zip(&self.last) {
+            if let Some(last) = last {
+                stream.wait_point(last)?;
+            }
+        }
+        // A kernel may wait for its peer at most the timeout: if either stream has work
+        // queued, start both only once both reached this point.
+        if self.start_together && !(streams[0].is_idle()? && streams[1].is_idle()?) {
+            let reached = [streams[0].point()?, streams[1].point()?];
+            streams[0].wait_point(&reached[1])?;
+            streams[1].wait_point(&reached[0])?;
+        }
+        let seq = next_seq(&mut self.counter);
+        let half = ((seq & 1) as usize * self.half_bytes) as u64;
+        let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX);
+        for r in 0..2 {
+            let (own, peer) = self.mapped[r];
+            let lines = ExchangeLines { out_lines: own + half, in_lines: peer + half, failed: self.failed_mapped[r] };
+            // SAFETY: the buffer is `len` elements on the stream's device (checked above);
+            // both halves hold exchange_line_bytes(max_bytes) >= what `len` needs, are
+            // 256-aligned mapped pinned memory that only rank r writes (`own`), and outlive
+            // the kernels by the points noted below; `failed` is rank r's own u32. Both
+            // ranks' kernels are enqueued in this loop.
+            unsafe {
+                exchange_raw(streams[r], bufs[r].raw_ptr(), len, T::DTYPE, op, lines, seq, divide_by, timeout_ns)?
+            };
+        }
+        for r in 0..2 {
+            let point = streams[r].point()?;
+            bufs[r].note_use(&point);
+            self.lines[0].uses().note(&point);
+            self.lines[1].uses().note(&point);
+            self.failed.uses().note(&point);
+            self.last[r] = Some(point);
+        }
+        Ok(())
+    }
+
+    /// Report (once) a kernel of an earlier call that gave up waiting for its peer.
+    fn take_failure(&mut self) -> Result<()> {
+        let flags = self.failed.host_ptr().cast::<AtomicU32>();
+        for rank in 0..2 {
+            // SAFETY: `failed` holds two aligned u32 of pinned memory that kernels write
+            // with plain stores; atomics on the host side read them without tearing.
+            let flag = unsafe { &*flags.add(rank) };
+            if flag.swap(0, Ordering::AcqRel) != 0 {
+                return Err(Error::PeerTimeout { rank, peer: 1 - rank, timeout: self.timeout });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The next sequence number from `counter`: never 0 (the tag of lines never written), and odd
+/// and even in turn, so consecutive calls use different halves.
+fn next_seq(counter: &mut u64) -> u32 {
+    *counter += 1;
+    if *counter as u32 == 0 {
+        *counter += 2;
+    }
+    *counter as u32
+}
+
+impl std::fmt::Debug for LineExchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "LineExchange(devices {} and {}, up to {} bytes, call {})",
+            self.devices[0].ordinal(),
+            self.devices[1].ordinal(),
+            self.max_bytes,
+            self.counter
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_seq;
+
+    #[test]
+    fn sequence_numbers_alternate_and_skip_zero() {
+        let mut counter = 0;
+        assert_eq!(next_seq(&mut counter), 1, "the first call is never tagged 0");
+        let mut counter = u64::from(u32::MAX) - 2;
+        let seqs: Vec<u32> = (0..4).map(|_| next_seq(&mut counter)).collect();
+        assert_eq!(seqs, [u32::MAX - 1, u32::MAX, 2, 3], "0 skipped, parity still alternating");
+    }
+}

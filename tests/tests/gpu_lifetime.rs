@@ -1,0 +1,331 @@
+//! GPU: the lifetime rule. Buffers, pinned memory, rings, streams and engines dropped while
+//! their work is still queued (behind a closed `HostGate`) neither block nor free memory in
+//! use; the staging ring refuses misuse; views index like slices; zero-length copies still
+//! order their streams; a shared event is never trusted to know who recorded it last.
+
+// A failing test is how a test reports; unwrap/expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+// The raw event record below stands for foreign code holding the handle.
+#![allow(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use geforce_p2p::cuda::HostGate;
+use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_host};
+use geforce_p2p::{
+    CopyOptions, Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, Route, StagingRing, Stream, Transport,
+};
+use gp2p_collectives::{Engine, Rank, Transport as Receive, all_reduce, reduce_scatter};
+use gp2p_tests::{fill_random, max_len};
+
+/// What a drop may cost the host while the dropped thing's work is still queued.
+const DROP_LIMIT: Duration = Duration::from_millis(1);
+/// How long a test lets queued work sit before checking it has not run.
+const SETTLE: Duration = Duration::from_millis(20);
+
+fn device() -> Device {
+    Device::open(0).expect("GPU tests need CUDA device 0")
+}
+
+fn random_u32(len: usize, seed: u64) -> Vec<u32> {
+    let mut v = vec![0u32; len];
+    fill_random(&mut v, seed);
+    v
+}
+
+/// Drop `value`, returning how long the drop took.
+fn timed_drop<T>(value: T) -> Duration {
+    let start = Instant::now();
+    drop(value);
+    start.elapsed()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn drops_never_block_and_never_free_memory_still_in_use() {
+    let device = device();
+    let caller = Stream::new(&device).unwrap();
+    let len = (1usize << 22).min(max_len()); // 16 MiB of u32: a multi-chunk staged copy
+    let host = random_u32(len, 1);
+    let src = DeviceBuffer::from_host(&caller, &host).unwrap();
+    let mut out = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+    let (a_host, b_host) = (random_u32(len, 2), random_u32(len, 3));
+    let mut a = DeviceBuffer::from_host(&caller, &a_host).unwrap();
+    let mut b = DeviceBuffer::from_host(&caller, &b_host).unwrap();
+    let transport = Transport::new();
+    let engine = Engine::new();
+    let mut drops: Vec<(&str, Duration)> = Vec::new();
+
+    let gate = HostGate::close(&caller).unwrap();
+    // Everything below queues behind the gate; each helper is dropped right after its last
+    // enqueue, as temporaries and worker-owned objects are in real code.
+    let mut mid = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+    let staged = CopyOptions { route: Route::Staged, chunk_bytes: Some(1 << 20), slots: Some(3) };
+    transport.copy(&src.view(..), &caller, &mut mid.view_mut(..), &caller, staged).unwrap();
+    let mut pinned = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
+    copy_to_host(&caller, &mid.view(..), &mut pinned.view_mut(..)).unwrap();
+    drops.push(("DeviceBuffer (copied from, then read by a DMA)", timed_drop(mid)));
+    let mut back = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+    copy_from_host(&caller, &pinned.view(..), &mut back.view_mut(..)).unwrap();
+    drops.push(("PinnedBuffer (DMA in and out pending)", timed_drop(pinned)));
+    out.view_mut(..).copy_from(&caller, &back.view(..)).unwrap();
+    drops.push(("DeviceBuffer (source of a pending copy)", timed_drop(back)));
+    drops.push(("Transport (rings and streams of a pending copy)", timed_drop(transport)));
+
+    let mut ring = StagingRing::new(&device, &device, 2, 4096).unwrap();
+    let small: Vec<u32> = (0..1000).collect();
+    let small_src = DeviceBuffer::from_host(&Stream::new(&device).unwrap(), &small).unwrap();
+    let mut small_dst = DeviceBuffer::<u32>::alloc(&device, small.len()).unwrap();
+    ring.pass(&caller, &small_src.view(..), &caller, &mut small_dst.view_mut(..), Fold::Copy).unwrap();
+    drops.push(("StagingRing (a pass pending)", timed_drop(ring)));
+
+    {
+        let mut ranks =
+            vec![Rank { buffer: a.view_mut(..), stream: &caller }, Rank { buffer: b.view_mut(..), stream: &caller }];
+        all_reduce(&engine, &mut ranks, ReduceOp::Sum, Receive::Scratch).unwrap();
+    }
+    drops.push(("collectives Engine (an all_reduce pending)", timed_drop(engine)));
+
+    let side = Stream::new(&device).unwrap();
+    side.wait_point(&caller.point().unwrap()).unwrap();
+    let mut side_buf = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
+    side_buf.fill_bytes(&side, 0x11).unwrap();
+    drops.push(("Stream (waiting behind the gate)", timed_drop(side)));
+    drops.push(("DeviceBuffer (written on a dropped stream)", timed_drop(side_buf)));
+
+    // Fresh memory written at once: had any of the above been freed, these could take its
+    // place, and the queued work would then read or write them.
+    let writer = Stream::new(&device).unwrap();
+    let mut fresh: Vec<DeviceBuffer<u32>> = Vec::new();
+    for _ in 0..6 {
+        let mut f = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+        f.fill_bytes(&writer, 0xEE).unwrap();
+        fresh.push(f);
+    }
+    let mut fresh_pinned = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
+    fresh_pinned.as_mut_slice().unwrap().fill(0xEEEE_EEEE);
+    writer.synchronize().unwrap();
+    assert!(!caller.is_idle().unwrap(), "the gate must still hold the work");
+
+    gate.open();
+    caller.synchronize().unwrap();
+    assert!(out.to_host_vec(&caller).unwrap() == host, "the chain of copies through dropped buffers");
+    let sum: Vec<u32> = a_host.iter().zip(&b_host).map(|(x, y)| x.wrapping_add(*y)).collect();
+    assert!(a.to_host_vec(&caller).unwrap() == sum, "all_reduce rank 0 after the engine was dropped");
+    assert!(b.to_host_vec(&caller).unwrap() == sum, "all_reduce rank 1 after the engine was dropped");
+    assert_eq!(small_dst.to_host_vec(&caller).unwrap(), small, "ring pass after the ring was dropped");
+    for f in &fresh {
+        assert!(f.to_host_vec(&writer).unwrap().iter().all(|&v| v == 0xEEEE_EEEE), "fresh memory overwritten");
+    }
+    assert!(fresh_pinned.as_slice().unwrap().iter().all(|&v| v == 0xEEEE_EEEE), "fresh pinned memory overwritten");
+    for (what, took) in &drops {
+        println!("drop of {what}: {:.1} us", took.as_secs_f64() * 1e6);
+    }
+    for (what, took) in &drops {
+        assert!(*took < DROP_LIMIT, "dropping a {what} blocked the host for {took:?}");
+    }
+    assert_eq!(geforce_p2p::cuda::take_deferred_error(), None, "no destructor failed");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
+    let device = device();
+    let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    // Deterministic: recorded on s1 through the API, then on the gated s2 by code holding the
+    // raw handle. A wait on s1 must still wait for s2's record (an older version skipped it,
+    // believing s1 recorded last).
+    let gate = HostGate::close(&s2).unwrap();
+    let event = Event::new(&device, EventKind::Sync).unwrap();
+    event.record(&s1).unwrap();
+    // SAFETY: both handles are live and of the same context; this is what foreign code
+    // holding `Event::raw` may do.
+    let code = unsafe { cudarc::driver::sys::cuEventRecord(event.raw(), s2.raw()) };
+    assert_eq!(code, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    s1.wait(&event).unwrap();
+    let after = s1.point().unwrap();
+    std::thread::sleep(SETTLE);
+    assert!(!after.is_complete().unwrap(), "s1 ran past a wait on work still gated on s2");
+    gate.open();
+    after.synchronize().unwrap();
+
+    // Racing: two threads record one event on s1 and on the gated s2, many times; whoever
+    // recorded last, a wait on s1 must never let s1 pass while the event is incomplete.
+    for round in 0..200 {
+        let gate = HostGate::close(&s2).unwrap();
+        let event = Event::new(&device, EventKind::Sync).unwrap();
+        std::thread::scope(|scope| {
+            scope.spawn(|| event.record(&s1).unwrap());
+            scope.spawn(|| event.record(&s2).unwrap());
+        });
+        s1.wait(&event).unwrap();
+        let after = s1.point().unwrap();
+        s1.synchronize_or_timeout(Duration::from_millis(2));
+        let passed_early = after.is_complete().unwrap() && !event.is_complete().unwrap();
+        gate.open();
+        s1.synchronize().unwrap();
+        assert!(!passed_early, "round {round}: s1 passed a wait on an incomplete event");
+    }
+}
+
+/// Sleep until `stream` is idle or `limit` passes (a non-blocking stand-in for synchronize
+/// on a stream that may be waiting on a gate).
+trait SettleExt {
+    fn synchronize_or_timeout(&self, limit: Duration);
+}
+
+impl SettleExt for Stream {
+    fn synchronize_or_timeout(&self, limit: Duration) {
+        let start = Instant::now();
+        while !self.is_idle().unwrap() && start.elapsed() < limit {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn concurrent_reduce_scatters_never_lose_a_work_buffer_in_use() {
+    // Two threads share one engine (and so its cached work buffers). Thread A's calls sit
+    // behind a gate while thread B's calls of other sizes take, replace and give back the
+    // cached buffers, and then write fresh memory: A's buffers must survive until A's work ran.
+    let device = device();
+    let engine = Engine::new();
+    let n = 2;
+    let run = |stream_count: usize, len_per_rank: usize, rounds: usize, gated: bool, seed: u64| {
+        let streams: Vec<Stream> = (0..stream_count).map(|_| Stream::new(&device).unwrap()).collect();
+        let inputs: Vec<Vec<u32>> = (0..n).map(|r| random_u32(n * len_per_rank, seed + r as u64)).collect();
+        let ins: Vec<DeviceBuffer<u32>> =
+            inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
+        let gates: Vec<HostGate> =
+            if gated { streams.iter().map(|s| HostGate::close(s).unwrap()).collect() } else { Vec::new() };
+        let mut outs: Vec<Vec<DeviceBuffer<u32>>> = Vec::new();
+        for _ in 0..rounds {
+            let mut o: Vec<DeviceBuffer<u32>> =
+                (0..n).map(|_| DeviceBuffer::alloc(&device, len_per_rank).unwrap()).collect();
+            {
+                let views: Vec<_> = ins.iter().map(|b| b.view(..)).collect();
+                let mut ranks: Vec<Rank<'_, u32>> =
+                    o.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
+                reduce_scatter(&engine, &views, &mut ranks, ReduceOp::Sum, Receive::Scratch).unwrap();
+            }
+            outs.push(o);
+        }
+        if gated {
+            std::thread::sleep(Duration::from_millis(50));
+            for s in &streams {
+                assert!(!s.is_idle().unwrap(), "gated work ran early");
+            }
+        }
+        drop(gates);
+        for (round, o) in outs.iter().enumerate() {
+            for (r, (buf, s)) in o.iter().zip(&streams).enumerate() {
+                let want: Vec<u32> = (0..len_per_rank)
+                    .map(|i| inputs[0][r * len_per_rank + i].wrapping_add(inputs[1][r * len_per_rank + i]))
+                    .collect();
+                assert!(buf.to_host_vec(s).unwrap() == want, "gated {gated}, round {round}, rank {r}");
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        scope.spawn(|| run(2, 1 << 18, 3, true, 100));
+        scope.spawn(|| {
+            for (i, len) in [1000, 1 << 19, 77, 1 << 20, 4096, 1 << 18].into_iter().enumerate() {
+                run(2, len, 2, false, 200 + i as u64);
+                let writer = Stream::new(&device).unwrap();
+                for _ in 0..4 {
+                    let mut f = DeviceBuffer::<u32>::alloc(&device, 1 << 21).unwrap();
+                    f.fill_bytes(&writer, 0xEE).unwrap();
+                }
+                writer.synchronize().unwrap();
+            }
+        });
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_staging_ring_refuses_misuse_before_any_work() {
+    let device = device();
+    let stream = Stream::new(&device).unwrap();
+    let data: Vec<u32> = (0..64).collect();
+    let src = DeviceBuffer::from_host(&stream, &data).unwrap();
+    let mut dst = DeviceBuffer::<u32>::alloc(&device, 64).unwrap();
+    dst.fill_bytes(&stream, 0xA5).unwrap();
+    let mut ring = StagingRing::new(&device, &device, 2, 4096).unwrap();
+    let mut other = StagingRing::new(&device, &device, 2, 4096).unwrap();
+
+    let first = ring.send(&stream, &src.view(..32)).unwrap();
+    let second = ring.send(&stream, &src.view(32..)).unwrap();
+    let busy = ring.send(&stream, &src.view(..)).unwrap_err();
+    assert_eq!(busy, PinnedError::SlotBusy { slot: 0 }, "{busy}");
+    assert!(busy.to_string().contains("never received"), "{busy}");
+
+    let foreign = other.send(&stream, &src.view(..32)).unwrap();
+    let err = ring.receive(foreign, &stream, &mut dst.view_mut(..32), Fold::Copy).unwrap_err();
+    assert!(matches!(err, PinnedError::ForeignChunk { .. }), "{err}");
+    stream.synchronize().unwrap();
+    assert!(dst.to_host_vec(&stream).unwrap().iter().all(|&v| v == 0xA5A5_A5A5), "a refusal wrote nothing");
+
+    ring.receive(first, &stream, &mut dst.view_mut(..32), Fold::Copy).unwrap();
+    ring.receive(second, &stream, &mut dst.view_mut(32..), Fold::Copy).unwrap();
+    let empty = ring.drain(0, &stream, &mut dst.view_mut(..32)).unwrap_err();
+    assert_eq!(empty, PinnedError::SlotEmpty { slot: 0 });
+    assert_eq!(dst.to_host_vec(&stream).unwrap(), data, "the legitimate receives");
+    // The other ring's slot still holds its chunk: it refuses to be filled again there.
+    assert!(matches!(other.fill(0, &stream, &src.view(..1)), Err(PinnedError::SlotBusy { slot: 0 })));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn views_index_like_slices_and_split_without_unsafe() {
+    let device = device();
+    let stream = Stream::new(&device).unwrap();
+    let mut buf = DeviceBuffer::<u32>::alloc(&device, 100).unwrap();
+    assert!(buf.get(90..200).is_none(), "out of bounds is refused, not clamped to 10 elements");
+    assert!(buf.get(101..).is_none());
+    assert_eq!(buf.get(90..100).map(|v| v.len()), Some(10));
+    assert_eq!(buf.get(100..).map(|v| v.len()), Some(0));
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| buf.view(90..200).len()));
+    let message = caught.unwrap_err();
+    let text = message.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(text.contains("90..200") && text.contains("100 elements"), "{text}");
+    let mut pinned = PinnedBuffer::<u32>::alloc(&device, 10).unwrap();
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pinned.view_mut(5..11).len())).is_err());
+
+    let (mut head, mut tail) = buf.view_mut(..).split_at_mut(40);
+    assert_eq!((head.len(), tail.len()), (40, 60));
+    head.fill_bytes(&stream, 0x01).unwrap();
+    tail.fill_bytes(&stream, 0x02).unwrap();
+    let got = buf.to_host_vec(&stream).unwrap();
+    assert!(got[..40].iter().all(|&v| v == 0x0101_0101) && got[40..].iter().all(|&v| v == 0x0202_0202));
+    let ones: Vec<u32> = vec![9; 60];
+    let src = DeviceBuffer::from_host(&stream, &ones).unwrap();
+    let (_, mut tail) = buf.view_mut(..).split_at_mut(40);
+    tail.copy_from(&stream, &src.view(..)).unwrap();
+    assert_eq!(buf.to_host_vec(&stream).unwrap()[40..], ones[..]);
+    pinned.as_mut_slice().unwrap().fill(3);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn zero_length_copies_order_both_streams() {
+    let device = device();
+    let (s_src, s_dst) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let src = DeviceBuffer::<u32>::alloc(&device, 8).unwrap();
+    let mut dst = DeviceBuffer::<u32>::alloc(&device, 8).unwrap();
+    for route in [Route::Auto, Route::Staged] {
+        for gate_src in [true, false] {
+            let (gated, other) = if gate_src { (&s_src, &s_dst) } else { (&s_dst, &s_src) };
+            let gate = HostGate::close(gated).unwrap();
+            let options = CopyOptions { route, ..CopyOptions::default() };
+            geforce_p2p::transport().copy(&src.view(0..0), &s_src, &mut dst.view_mut(0..0), &s_dst, options).unwrap();
+            let after = other.point().unwrap();
+            std::thread::sleep(SETTLE);
+            let ran_early = after.is_complete().unwrap();
+            gate.open();
+            after.synchronize().unwrap();
+            assert!(!ran_early, "{route}: an empty copy did not order the other stream after the gated one");
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! GPU: the two-rank line exchange (one kernel per rank, data and sequence numbers in
+//! mapped host memory) behind small all-reduces: every op and dtype at odd lengths, logical
+//! ranks on one shared stream and on two, back-to-back calls, and a peer that never comes.
+
+// A failing test is how a test reports; unwrap/expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use geforce_p2p::cuda::HostGate;
+use geforce_p2p::half::{bf16, f16};
+use geforce_p2p::pinned::{Error as PinnedError, LineExchange};
+use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
+use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_MAX_BYTES, Rank, Transport, all_reduce, expected};
+use gp2p_tests::{Reference, count_mismatched, fill_random};
+
+fn device() -> Device {
+    Device::open(0).expect("GPU tests need CUDA device 0")
+}
+
+fn random<T: Reference>(len: usize, seed: u64) -> Vec<T> {
+    let mut v = vec![T::from_byte(0); len];
+    fill_random(&mut v, seed);
+    v
+}
+
+/// One all_reduce of two logical ranks through the engine, on one shared stream or two.
+fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, seed: u64) {
+    let device = device();
+    let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
+    let stream_of = |r: usize| if shared { &streams[0] } else { &streams[r] };
+    let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed * 7 + r as u64)).collect();
+    let mut bufs: Vec<DeviceBuffer<T>> =
+        inputs.iter().enumerate().map(|(r, h)| DeviceBuffer::from_host(stream_of(r), h).unwrap()).collect();
+    {
+        let mut ranks: Vec<Rank<'_, T>> =
+            bufs.iter_mut().enumerate().map(|(r, b)| Rank { buffer: b.view_mut(..), stream: stream_of(r) }).collect();
+        all_reduce(engine, &mut ranks, op, Transport::Auto).unwrap();
+    }
+    let want = expected(Collective::AllReduce, &inputs, op);
+    for (r, b) in bufs.iter().enumerate() {
+        let got = b.to_host_vec(stream_of(r)).unwrap();
+        let (bad, first) = count_mismatched(&got, &want[r], op);
+        assert_eq!(bad, 0, "{} {op} len {len} shared {shared} rank {r}: {}", T::DTYPE, first.join("; "));
+    }
+}
+
+macro_rules! every_dtype {
+    ($case:ident($($arg:expr),*)) => {{
+        $case::<f32>($($arg),*);
+        $case::<f64>($($arg),*);
+        $case::<f16>($($arg),*);
+        $case::<bf16>($($arg),*);
+        $case::<i8>($($arg),*);
+        $case::<u8>($($arg),*);
+        $case::<i32>($($arg),*);
+        $case::<u32>($($arg),*);
+        $case::<i64>($($arg),*);
+        $case::<u64>($($arg),*);
+    }};
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn small_all_reduces_take_the_line_exchange_for_every_op_and_dtype() {
+    let engine = Engine::new();
+    let mut seed = 0;
+    // Odd lengths around the 16-byte groups; f64 at the last one fills the lines exactly.
+    for len in [1, 3, 17, 1027, LINE_EXCHANGE_MAX_BYTES / 8] {
+        for op in ReduceOp::ALL {
+            for shared in [true, false] {
+                seed += 1;
+                every_dtype!(case(&engine, len, op, shared, seed));
+            }
+        }
+    }
+    // The largest byte buffer the lines take.
+    for shared in [true, false] {
+        case::<u8>(&engine, LINE_EXCHANGE_MAX_BYTES, ReduceOp::Sum, shared, 99);
+        case::<i8>(&engine, LINE_EXCHANGE_MAX_BYTES - 1, ReduceOp::Max, shared, 98);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn back_to_back_line_exchanges_without_host_sync() {
+    // Sums of u32 double each time: after k calls both ranks hold 2^(k-1) (x0 + x1), wrapping.
+    let device = device();
+    let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
+    let engine = Engine::new();
+    for len in [5usize, 4099, 60_000] {
+        let inputs: Vec<Vec<u32>> = (0..2).map(|r| random(len, 40 + r as u64)).collect();
+        let mut bufs: Vec<DeviceBuffer<u32>> =
+            inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
+        let calls = 300;
+        for _ in 0..calls {
+            let mut ranks: Vec<Rank<'_, u32>> =
+                bufs.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
+            all_reduce(&engine, &mut ranks, ReduceOp::Sum, Transport::Auto).unwrap();
+        }
+        let scale = 1u32.wrapping_shl(calls - 1);
+        let want: Vec<u32> =
+            inputs[0].iter().zip(&inputs[1]).map(|(a, b)| a.wrapping_add(*b).wrapping_mul(scale)).collect();
+        for (r, (b, s)) in bufs.iter().zip(&streams).enumerate() {
+            assert!(b.to_host_vec(s).unwrap() == want, "len {len} rank {r} after {calls} calls");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
+    let device = device();
+    let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
+    let mut exchange = LineExchange::new([&device, &device], 4096, Duration::from_millis(50)).unwrap();
+    exchange.set_start_together(false);
+    let (x, y) = (random::<u32>(100, 1), random::<u32>(100, 2));
+    let mut a = DeviceBuffer::from_host(&streams[0], &x).unwrap();
+    let mut b = DeviceBuffer::from_host(&streams[1], &y).unwrap();
+    // Rank 1's stream is held well past the timeout: rank 0's kernel gives up.
+    let gate = HostGate::close(&streams[1]).unwrap();
+    exchange
+        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+        .unwrap();
+    streams[0].synchronize().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    gate.open();
+    streams[1].synchronize().unwrap();
+    let err = exchange
+        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+        .unwrap_err();
+    assert_eq!(err, PinnedError::PeerTimeout { rank: 0, peer: 1, timeout: Duration::from_millis(50) });
+    assert!(err.to_string().contains("rank 0 waited") && err.to_string().contains("rank 1"), "{err}");
+    // Rank 1 still found rank 0's published data: its side is complete.
+    let sum: Vec<u32> = y.iter().zip(&x).map(|(p, q)| p.wrapping_add(*q)).collect();
+    assert!(b.to_host_vec(&streams[1]).unwrap() == sum, "rank 1 folded rank 0's lines");
+    // The failure is reported once; the exchange works again afterwards.
+    a.upload(&streams[0], &x).unwrap();
+    b.upload(&streams[1], &y).unwrap();
+    exchange.set_start_together(true);
+    exchange
+        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+        .unwrap();
+    let sum: Vec<u32> = x.iter().zip(&y).map(|(p, q)| p.wrapping_add(*q)).collect();
+    assert!(a.to_host_vec(&streams[0]).unwrap() == sum);
+    assert!(b.to_host_vec(&streams[1]).unwrap() == sum);
+    // Both ranks on one stream would wait for each other: refused.
+    let err = exchange
+        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[0]], ReduceOp::Sum, 1)
+        .unwrap_err();
+    assert!(err.to_string().contains("one stream"), "{err}");
+}
