@@ -1,20 +1,20 @@
 //! Executing a schedule on GPUs: each rank sends on one internal stream and receives on
 //! another (so its link carries both directions), every ring edge has a staging ring, and
-//! events carry the chunk-level dependencies — a rank forwards a chunk as soon as that
+//! the staging rings' stream points carry the chunk-level dependencies — a rank forwards a chunk as soon as that
 //! chunk has arrived, not when the whole step is done.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, EventKind, Stream, StreamFork};
+use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamFork, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
 use gp2p_pinned::{DEFAULT_PEER_TIMEOUT, Fold, LineExchange, RingCache, StagingRing};
 use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES};
 use parking_lot::Mutex;
 
 use crate::calibrate::{Path, choose};
-use crate::schedule::{Action, Schedule, Transfer};
+use crate::schedule::{Action, Schedule};
 use crate::{Result, Transport, step_divisor};
 
 /// Two-rank all-reduces of up to this many bytes go through the line exchange
@@ -45,7 +45,6 @@ struct Group {
     /// Per rank, per use (scratch, work) and element type: a device buffer, reused while
     /// big enough. A replaced one is just dropped: the lifetime rule frees it after its work.
     buffers: Vec<BufferCache>,
-    events: Vec<Vec<Event>>,
     /// Two ranks only: the lines of small all-reduces, made on first use.
     lines: Option<LineExchange>,
 }
@@ -124,7 +123,7 @@ impl Engine {
         let group = self.group(&devices)?;
         let mut group = group.lock();
         let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
-        let Group { forks, rings, buffers, events, .. } = &mut *group;
+        let Group { forks, rings, buffers, .. } = &mut *group;
         // Slots fit the largest chunk, but never less than a small transfer's worth, so a
         // sweep of small collectives does not replace the rings at every size.
         let slot_bytes = (chunk * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
@@ -132,13 +131,7 @@ impl Engine {
         for (r, cache) in rings.iter_mut().enumerate() {
             edges.push(cache.ensure(&devices[r], &devices[(r + 1) % n], self.slots.unwrap_or(SLOTS), slot_bytes)?);
         }
-        // Events only where a later transfer waits on them: allocate them before the loop.
-        let plan = EventPlan::of(schedule);
-        for (r, pool) in events.iter_mut().enumerate() {
-            while pool.len() < plan.per_rank[r] {
-                pool.push(Event::new(&devices[r], EventKind::Sync)?);
-            }
-        }
+        let waits = plan_waits(schedule);
         let mut scratch: Vec<Option<DeviceBuffer<T>>> = Vec::with_capacity(n);
         for (r, cache) in buffers.iter_mut().enumerate() {
             let recv = &forks[r].streams()[RECV];
@@ -152,7 +145,7 @@ impl Engine {
         for (r, rank) in ranks.iter().enumerate() {
             forks[r].fork(rank.stream)?;
         }
-        let result = run_transfers(ranks, schedule, &plan, op, forks, &mut edges, events, &mut scratch);
+        let result = run_transfers(ranks, schedule, &waits, op, forks, &mut edges, &mut scratch);
         // Join and keep the scratch buffers even after a failure: the callers' later work
         // (freeing their buffers, say) must still wait for what was enqueued.
         let mut joined = Ok(());
@@ -233,7 +226,6 @@ impl Engine {
             forks: devices.iter().map(|d| StreamFork::new(d, 2)).collect::<Result<Vec<_>, _>>()?,
             rings: devices.iter().map(|_| RingCache::new()).collect(),
             buffers: devices.iter().map(|_| HashMap::new()).collect(),
-            events: devices.iter().map(|_| Vec::new()).collect(),
             lines: None,
         };
         let group = Arc::new(Mutex::new(group));
@@ -262,118 +254,91 @@ impl Engine {
     }
 }
 
-/// The events of one transfer, as indices into its ranks' event pools.
+/// What one transfer waits for, besides its ring's slot, as indices of earlier transfers of
+/// the schedule.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Sync {
-    /// The sender's send stream waits for this event of the sender: recorded after its last
-    /// receive into the range (a chunk is forwarded only once it has arrived).
-    send_waits: Option<usize>,
-    /// The receiver's receive stream waits for this event of the receiver: recorded after its
-    /// last send from the range (a range is overwritten only once it has been sent).
-    recv_waits: Option<usize>,
-    /// Recorded on the send stream after this send, where a later transfer waits for it.
-    record_sent: Option<usize>,
-    /// Recorded on the receive stream after this receive, where a later transfer waits for it.
-    record_received: Option<usize>,
+struct Waits {
+    /// The sender's send stream waits for this transfer's fold into the sender (a chunk is
+    /// forwarded only once it has arrived).
+    send_after_fold: Option<usize>,
+    /// The receiver's receive stream waits for this transfer's send from the receiver (a
+    /// range is overwritten only once it has been sent).
+    receive_after_send: Option<usize>,
 }
 
-/// Which events each transfer of a schedule waits for and records. Pure: worked out once per
-/// call from the schedule, before anything is enqueued. Recording costs the host a driver
-/// call and most ends are never waited on (in a two-rank all-reduce, half of them), so only
-/// the ends a later transfer waits for get an event.
-struct EventPlan {
-    syncs: Vec<Sync>,
-    /// Events each rank's pool must hold.
-    per_rank: Vec<usize>,
-}
-
-impl EventPlan {
-    fn of(schedule: &Schedule) -> EventPlan {
-        let n = schedule.ranks;
-        let transfers = &schedule.transfers;
-        // Per rank, by range start: the transfer that last received into / sent from it, in
-        // the order the executor enqueues: a group's sends, then its receives.
-        let mut last_received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-        let mut last_sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-        let mut waits_on: Vec<(Option<usize>, Option<usize>)> = vec![(None, None); transfers.len()];
-        let (mut sent_waited, mut received_waited) = (vec![false; transfers.len()], vec![false; transfers.len()]);
-        let mut first = 0;
-        for group in schedule.groups() {
-            let indices = first..first + group.len();
-            first = indices.end;
-            for (i, t) in indices.clone().zip(group) {
-                let received = last_received[t.from].get(&t.range.start).copied();
-                received.inspect(|&j| received_waited[j] = true);
-                waits_on[i].0 = received;
-                last_sent[t.from].insert(t.range.start, i);
-            }
-            for (i, t) in indices.zip(group) {
-                let sent = last_sent[t.to].get(&t.range.start).copied();
-                sent.inspect(|&j| sent_waited[j] = true);
-                waits_on[i].1 = sent;
-                last_received[t.to].insert(t.range.start, i);
-            }
+/// Which earlier transfer each transfer of `schedule` waits for, in the order the executor
+/// enqueues (a group's sends, then its receives). Pure: worked out once per call, before
+/// anything is enqueued. The waits name the stream points the staging rings take anyway
+/// (*landed* after a send, the fold's point after a receive), so no event is recorded for
+/// them.
+fn plan_waits(schedule: &Schedule) -> Vec<Waits> {
+    let n = schedule.ranks;
+    // Per rank, by range start: the transfer that last received into / sent from it.
+    let mut last_received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+    let mut last_sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
+    let mut waits = vec![Waits::default(); schedule.transfers.len()];
+    let mut first = 0;
+    for group in schedule.groups() {
+        let indices = first..first + group.len();
+        first = indices.end;
+        for (i, t) in indices.clone().zip(group) {
+            waits[i].send_after_fold = last_received[t.from].get(&t.range.start).copied();
+            last_sent[t.from].insert(t.range.start, i);
         }
-        // Number the recorded events per rank in transfer order.
-        let mut per_rank = vec![0; n];
-        let mut next = |rank: usize| {
-            per_rank[rank] += 1;
-            per_rank[rank] - 1
-        };
-        let records: Vec<(Option<usize>, Option<usize>)> = transfers
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (sent_waited[i].then(|| next(t.from)), received_waited[i].then(|| next(t.to))))
-            .collect();
-        let syncs = waits_on
-            .iter()
-            .zip(&records)
-            .map(|(&(received, sent), &(record_sent, record_received))| Sync {
-                send_waits: received.and_then(|j| records[j].1),
-                recv_waits: sent.and_then(|j| records[j].0),
-                record_sent,
-                record_received,
-            })
-            .collect();
-        EventPlan { syncs, per_rank }
+        for (i, t) in indices.zip(group) {
+            waits[i].receive_after_send = last_sent[t.to].get(&t.range.start).copied();
+            last_received[t.to].insert(t.range.start, i);
+        }
     }
+    waits
 }
 
 /// Enqueue every transfer of `schedule` on the forked streams, through each sender's
-/// ring edge, with the events `plan` lays out.
+/// ring edge, with the waits `waits` lays out.
 #[allow(clippy::too_many_arguments)]
 fn run_transfers<T: Element>(
     ranks: &mut [Rank<'_, T>],
     schedule: &Schedule,
-    plan: &EventPlan,
+    waits: &[Waits],
     op: ReduceOp,
     forks: &[StreamFork],
     rings: &mut [&mut StagingRing],
-    events: &[Vec<Event>],
     scratch: &mut [Option<DeviceBuffer<T>>],
 ) -> Result<()> {
     let n = ranks.len();
-    let mut syncs = plan.syncs.iter();
+    let count = schedule.transfers.len();
+    let (mut landed, mut folded): (Vec<Option<StreamPoint>>, Vec<Option<StreamPoint>>) =
+        (vec![None; count], vec![None; count]);
+    let earlier = |points: &[Option<StreamPoint>], j: usize| -> Result<StreamPoint> {
+        points[j].clone().ok_or_else(|| {
+            gp2p_cuda::Error::InvalidArgument {
+                name: "schedule",
+                reason: format!("transfer {j} is waited on before it was enqueued"),
+            }
+            .into()
+        })
+    };
+    let mut first = 0;
     for group in schedule.groups() {
+        let indices = first..first + group.len();
+        first = indices.end;
         // Every send of a group before any receive: a rank's receive may overwrite the range
         // its own send of the group reads.
-        let group: Vec<(&Transfer, &Sync)> = group.iter().zip(syncs.by_ref()).collect();
         let mut sent = Vec::with_capacity(group.len());
-        for &(t, sync) in &group {
+        for (i, t) in indices.clone().zip(group) {
             let send = &forks[t.from].streams()[SEND];
-            if let Some(e) = sync.send_waits {
-                send.wait(&events[t.from][e])?;
+            if let Some(j) = waits[i].send_after_fold {
+                send.wait_point(&earlier(&folded, j)?)?;
             }
             let whole = ranks[t.from].buffer.as_view();
-            sent.push(rings[t.from].send(send, &whole.slice(t.range.clone()))?);
-            if let Some(e) = sync.record_sent {
-                events[t.from][e].record(send)?;
-            }
+            let chunk = rings[t.from].send(send, &whole.slice(t.range.clone()))?;
+            landed[i] = Some(chunk.landed().clone());
+            sent.push(chunk);
         }
-        for (&(t, sync), sent) in group.iter().zip(sent) {
+        for ((i, t), chunk) in indices.zip(group).zip(sent) {
             let recv = &forks[t.to].streams()[RECV];
-            if let Some(e) = sync.recv_waits {
-                recv.wait(&events[t.to][e])?;
+            if let Some(j) = waits[i].receive_after_send {
+                recv.wait_point(&earlier(&landed, j)?)?;
             }
             let mut dst = ranks[t.to].buffer.slice_mut(t.range.clone());
             let fold = match t.action {
@@ -386,10 +351,7 @@ fn run_transfers<T: Element>(
                     }
                 }
             };
-            rings[t.from].receive(sent, recv, &mut dst, fold)?;
-            if let Some(e) = sync.record_received {
-                events[t.to][e].record(recv)?;
-            }
+            folded[i] = Some(rings[t.from].receive(chunk, recv, &mut dst, fold)?);
         }
     }
     Ok(())
@@ -422,7 +384,7 @@ fn take_buffer<T: Element>(
 mod tests {
     use proptest::prelude::*;
 
-    use super::{Engine, EventPlan, Sync};
+    use super::{Engine, Waits, plan_waits};
     use crate::schedule::Schedule;
 
     #[test]
@@ -430,73 +392,77 @@ mod tests {
         let err = Engine::with_chunk_bytes(0).err().expect("zero refused");
         assert!(err.to_string().contains("chunk_bytes"), "{err}");
         assert_eq!(Engine::with_chunk_bytes(4096).map(|e| e.chunk_bytes()).ok(), Some(Some(4096)));
+        assert!(Engine::with_staging(None, Some(0)).is_err(), "zero slots refused");
     }
 
     #[test]
-    fn only_ends_that_are_waited_on_get_events() {
+    fn forwarding_waits_for_arrival_and_overwriting_for_the_send() {
         // Two ranks, one chunk per segment: rank r sends segment A (reduce-scatter), receives
         // and reduces B, sends the reduced B (all-gather) and receives the final A.
-        let plan = EventPlan::of(&Schedule::all_reduce(2, 8, 4));
-        let s = &plan.syncs;
-        assert_eq!(s.len(), 4);
-        assert!(s[..2].iter().all(|x| x.record_sent.is_some() && x.record_received.is_some()));
-        assert!(s[2..].iter().all(|x| x.record_sent.is_none() && x.record_received.is_none()), "nothing waits");
-        assert_eq!(plan.per_rank, [2, 2]);
-        // Each all-gather send waits for the reduce its rank received, and each all-gather
-        // receive for the send that last read its range.
-        for (later, x) in s[2..].iter().enumerate() {
-            assert!(x.send_waits.is_some() && x.recv_waits.is_some(), "all-gather transfer {later}");
+        let waits = plan_waits(&Schedule::all_reduce(2, 8, 4));
+        assert_eq!(waits.len(), 4);
+        assert!(waits[..2].iter().all(|w| *w == Waits::default()), "the first step waits for nothing");
+        for (later, w) in waits[2..].iter().enumerate() {
+            assert!(w.send_after_fold.is_some_and(|j| j < 2), "all-gather send {later} forwards a fold");
+            assert!(w.receive_after_send.is_some_and(|j| j < 2), "all-gather receive {later} overwrites a sent range");
         }
         // A broadcast chain only forwards what arrived.
-        let chain = EventPlan::of(&Schedule::broadcast(3, 8, 8, 0));
-        assert_eq!(chain.syncs[0], Sync { record_received: Some(0), ..Sync::default() });
-        assert_eq!(chain.syncs[1], Sync { send_waits: Some(0), ..Sync::default() });
-        assert_eq!(chain.per_rank, [0, 1, 0]);
+        let chain = plan_waits(&Schedule::broadcast(3, 8, 8, 0));
+        assert_eq!(chain[0], Waits::default());
+        assert_eq!(chain[1], Waits { send_after_fold: Some(0), receive_after_send: None });
     }
 
     #[test]
     fn an_exchange_receives_only_after_the_receiver_sent() {
         // Rank r overwrites the chunk its own send reads: each receive waits for that send.
         let schedule = Schedule::all_reduce_exchange(100, 32, 4);
-        let plan = EventPlan::of(&schedule);
-        for (t, x) in schedule.transfers.iter().zip(&plan.syncs) {
-            let waited = x.recv_waits.expect("every receive waits");
-            let sender = schedule.transfers.iter().zip(&plan.syncs).find(|(s, _)| s.from == t.to && s.range == t.range);
-            assert_eq!(sender.and_then(|(_, s)| s.record_sent), Some(waited), "{t:?}");
-            assert_eq!(x.send_waits, None, "nothing arrives before a rank sends");
+        let waits = plan_waits(&schedule);
+        for (t, w) in schedule.transfers.iter().zip(&waits) {
+            let j = w.receive_after_send.expect("every receive waits");
+            let sender = &schedule.transfers[j];
+            assert!(sender.from == t.to && sender.range == t.range, "{t:?} waits for {sender:?}");
+            assert_eq!(w.send_after_fold, None, "nothing arrives before a rank sends");
         }
     }
 
     proptest! {
-        /// Every wait names an event its rank records earlier in the same call, in the order
-        /// the executor enqueues (a group's sends, then its receives), and each pool index is
-        /// recorded once.
+        /// Every wait names an earlier transfer in the order the executor enqueues (a group's
+        /// sends, then its receives): a send waits for a fold into its own rank and range, a
+        /// receive for a send from its own rank and range.
         #[test]
-        fn waits_follow_their_records(ranks in 1usize..6, len in 0usize..200, chunk in 1usize..30) {
+        fn waits_name_earlier_transfers_of_the_same_rank_and_range(ranks in 1usize..6, len in 0usize..200, chunk in 1usize..30) {
             let schedules = [
                 Schedule::all_reduce(ranks, len, chunk),
                 Schedule::broadcast(ranks, len, chunk, 0),
                 Schedule::all_reduce_exchange(len, chunk, 1),
             ];
             for schedule in schedules {
-                let plan = EventPlan::of(&schedule);
-                let mut recorded: Vec<Vec<bool>> = plan.per_rank.iter().map(|&k| vec![false; k]).collect();
-                let mut syncs = plan.syncs.iter();
+                let waits = plan_waits(&schedule);
+                let mut enqueued_sends = vec![false; waits.len()];
+                let mut enqueued_folds = vec![false; waits.len()];
+                let mut first = 0;
                 for group in schedule.groups() {
-                    let group: Vec<_> = group.iter().zip(syncs.by_ref()).collect();
-                    let sends = group.iter().map(|(t, x)| (t.from, x.send_waits, x.record_sent));
-                    let receives = group.iter().map(|(t, x)| (t.to, x.recv_waits, x.record_received));
-                    for (rank, wait, record) in sends.chain(receives) {
-                        if let Some(e) = wait {
-                            prop_assert!(recorded[rank][e], "waits before the record");
+                    let indices = first..first + group.len();
+                    first = indices.end;
+                    for i in indices.clone() {
+                        let t = &schedule.transfers[i];
+                        if let Some(j) = waits[i].send_after_fold {
+                            prop_assert!(enqueued_folds[j], "send {i} waits for fold {j} not yet enqueued");
+                            let f = &schedule.transfers[j];
+                            prop_assert!(f.to == t.from && f.range.start == t.range.start);
                         }
-                        if let Some(e) = record {
-                            prop_assert!(!recorded[rank][e], "recorded twice");
-                            recorded[rank][e] = true;
+                        enqueued_sends[i] = true;
+                    }
+                    for i in indices {
+                        let t = &schedule.transfers[i];
+                        if let Some(j) = waits[i].receive_after_send {
+                            prop_assert!(enqueued_sends[j], "receive {i} waits for send {j} not yet enqueued");
+                            let s = &schedule.transfers[j];
+                            prop_assert!(s.from == t.to && s.range.start == t.range.start);
                         }
+                        enqueued_folds[i] = true;
                     }
                 }
-                prop_assert!(recorded.iter().flatten().all(|&r| r), "every pooled event is used");
             }
         }
     }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
-use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint, reduce};
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
 
 use crate::{Error, Result};
@@ -48,6 +48,15 @@ pub struct Sent {
     ring: u64,
     slot: usize,
     bytes: usize,
+    landed: StreamPoint,
+}
+
+impl Sent {
+    /// The point after the DMA into the slot on the producer's stream: once it completes,
+    /// the source range was read (it may be overwritten) and the chunk is in the slot.
+    pub fn landed(&self) -> &StreamPoint {
+        &self.landed
+    }
 }
 
 /// Refuses a [`Fold::ReduceVia`] whose scratch is shorter than the chunk.
@@ -181,7 +190,7 @@ impl StagingRing {
         consumer: &Stream,
         dst: &mut DeviceViewMut<'_, T>,
         fold: Fold<'_, T>,
-    ) -> Result<()> {
+    ) -> Result<StreamPoint> {
         if src.len() != dst.len() {
             return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
         }
@@ -199,18 +208,20 @@ impl StagingRing {
         let slot = self.cursor;
         self.fill(slot, producer, src)?;
         self.next_slot();
-        Ok(Sent { ring: self.id, slot, bytes: src.bytes() })
+        let landed = self.landed[slot].clone().unwrap_or_else(|| unreachable!("fill takes the point"));
+        Ok(Sent { ring: self.id, slot, bytes: src.bytes(), landed })
     }
 
     /// The second half of [`StagingRing::pass`]: fold the chunk `sent` into `dst` on
-    /// `consumer`, as `fold` says; `dst` must be as long as the chunk was.
+    /// `consumer`, as `fold` says; `dst` must be as long as the chunk was. Returns the point
+    /// after the fold on `consumer`: once it completes, `dst` holds the result.
     pub fn receive<T: Element>(
         &mut self,
         sent: Sent,
         consumer: &Stream,
         dst: &mut DeviceViewMut<'_, T>,
         fold: Fold<'_, T>,
-    ) -> Result<()> {
+    ) -> Result<StreamPoint> {
         if sent.ring != self.id {
             return Err(Error::ForeignChunk { slot: sent.slot });
         }
@@ -222,12 +233,42 @@ impl StagingRing {
         check_scratch(&fold, dst.len())?;
         let slot = sent.slot;
         match fold {
-            Fold::Copy => self.drain(slot, consumer, dst).map(drop),
+            Fold::Copy => self.drain(slot, consumer, dst),
             Fold::ReduceMapped { op, divide_by } => self.drain_reduce(slot, consumer, dst, op, divide_by),
             Fold::ReduceVia { mut scratch, op, divide_by } => {
-                let mut tmp = scratch.slice_mut(..dst.len());
-                self.drain(slot, consumer, &mut tmp)?;
-                Ok(reduce(consumer, dst, &tmp.as_view(), op, divide_by)?)
+                let tmp = scratch.slice_mut(..dst.len());
+                self.check(slot, dst.bytes(), consumer, &self.consumer, "consumer stream")?;
+                self.wait_landed(slot, consumer)?;
+                if !tmp.is_empty() {
+                    // SAFETY: as in drain, into the scratch.
+                    unsafe {
+                        memcpy_htod_async(
+                            consumer,
+                            tmp.raw_ptr(),
+                            self.slot_host(slot).cast_const().cast(),
+                            tmp.bytes(),
+                        )?
+                    };
+                }
+                // SAFETY: dst and the scratch are dst.len() elements on the consumer's device
+                // (checked), distinct device memory, valid until the point noted below.
+                unsafe {
+                    reduce_raw(
+                        consumer,
+                        dst.raw_ptr(),
+                        tmp.raw_ptr(),
+                        dst.len(),
+                        T::DTYPE,
+                        op,
+                        divide_by,
+                        SourceMemory::Device,
+                    )?
+                };
+                // One point for the slot, the scratch and dst: the slot is free a kernel
+                // later than it could be, which saves a record per chunk.
+                let point = self.mark_free(slot, consumer, dst)?;
+                tmp.note_use(&point);
+                Ok(point)
             }
         }
     }
@@ -307,7 +348,7 @@ impl StagingRing {
 
     /// On the consumer's `stream`: wait until `slot` has landed, fold its first `dst.len()`
     /// elements into `dst` with a kernel that reads the slot across PCIe (zero-copy), and
-    /// mark the slot free.
+    /// mark the slot free. Returns the slot's *free* point, which completes with the fold.
     pub fn drain_reduce<T: Element>(
         &mut self,
         slot: usize,
@@ -315,7 +356,7 @@ impl StagingRing {
         dst: &mut DeviceViewMut<'_, T>,
         op: ReduceOp,
         divide_by: u32,
-    ) -> Result<()> {
+    ) -> Result<StreamPoint> {
         self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
         self.wait_landed(slot, stream)?;
         let src = self.consumer_base + (slot * self.slot_bytes) as u64;
@@ -324,8 +365,7 @@ impl StagingRing {
         unsafe {
             reduce_raw(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by, SourceMemory::MappedHost)?
         };
-        self.mark_free(slot, stream, dst)?;
-        Ok(())
+        self.mark_free(slot, stream, dst)
     }
 
     /// Make the producer's `stream` wait until the slot's last consumer is done with it. A

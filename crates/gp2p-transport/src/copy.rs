@@ -239,7 +239,7 @@ impl Pair {
         };
         let mut result = Ok(());
         for chunk in plan.chunks() {
-            result = ring.pass(up, &src.slice(chunk.clone()), down, &mut dst.slice_mut(chunk), Fold::Copy);
+            result = ring.pass(up, &src.slice(chunk.clone()), down, &mut dst.slice_mut(chunk), Fold::Copy).map(drop);
             if result.is_err() {
                 break;
             }
