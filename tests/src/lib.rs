@@ -12,3 +12,11 @@ pub use geforce_p2p::kernels::reference::{
 pub fn max_len() -> usize {
     std::env::var("GP2P_TEST_MAX_LEN").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX)
 }
+
+/// The longest a drop may block the host while the dropped thing's work is still queued:
+/// 1 ms, or `GP2P_DROP_LIMIT_US` microseconds where set (the sanitizer runs set it, since
+/// compute-sanitizer intercepts the driver calls a drop makes).
+pub fn drop_limit() -> std::time::Duration {
+    let us = std::env::var("GP2P_DROP_LIMIT_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    std::time::Duration::from_micros(us)
+}
