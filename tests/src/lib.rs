@@ -3,6 +3,7 @@
 //! The CPU references they check against are `gp2p_kernels::reference`, shared with
 //! `gp2p bench`.
 
+pub use geforce_p2p::cuda::HostGate;
 pub use geforce_p2p::kernels::reference::{
     Reference, SplitMix64, check_reduce, count_mismatched, count_wrong_vs_fold, fill_random,
 };
@@ -20,3 +21,15 @@ pub fn drop_limit() -> std::time::Duration {
     let us = std::env::var("GP2P_DROP_LIMIT_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     std::time::Duration::from_micros(us)
 }
+
+/// Hold `stream` closed (later work on it waits) until the returned gate is opened or
+/// dropped, or at most `GATE_LIMIT`: a test that blocks the host while holding it (a driver
+/// call that waits for the device, say) then fails instead of hanging. Check
+/// [`HostGate::expired`] before relying on the work still being queued.
+#[allow(clippy::expect_used)] // a test helper: failing is how it reports
+pub fn hold(stream: &geforce_p2p::Stream) -> geforce_p2p::cuda::HostGate {
+    geforce_p2p::cuda::HostGate::close_until(stream, GATE_LIMIT).expect("closing a gate on a stream")
+}
+
+/// The longest [`hold`] keeps a stream closed.
+pub const GATE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);

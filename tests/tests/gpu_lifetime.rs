@@ -10,13 +10,12 @@
 
 use std::time::{Duration, Instant};
 
-use geforce_p2p::cuda::HostGate;
 use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_host};
 use geforce_p2p::{
     CopyOptions, Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, Route, StagingRing, Stream, Transport,
 };
 use gp2p_collectives::{Engine, Rank, Transport as Receive, all_reduce, reduce_scatter};
-use gp2p_tests::{drop_limit, fill_random, max_len};
+use gp2p_tests::{HostGate, drop_limit, fill_random, hold, max_len};
 
 /// How long a test lets queued work sit before checking it has not run.
 const SETTLE: Duration = Duration::from_millis(20);
@@ -52,48 +51,59 @@ fn drops_never_block_and_never_free_memory_still_in_use() {
     let mut b = DeviceBuffer::from_host(&caller, &b_host).unwrap();
     let transport = Transport::new();
     let engine = Engine::new();
+    let staged = CopyOptions { route: Route::Staged, chunk_bytes: Some(1 << 20), slots: Some(3) };
+    // Everything that allocates is made before the gate closes (a driver allocation may wait
+    // for the device): the buffers, and the engines' rings and scratch by a first run.
+    let mut mid = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+    transport.copy(&src.view(..), &caller, &mut mid.view_mut(..), &caller, staged).unwrap();
+    let (mut warm_a, mut warm_b) =
+        (DeviceBuffer::<u32>::alloc(&device, len).unwrap(), DeviceBuffer::<u32>::alloc(&device, len).unwrap());
+    {
+        let mut ranks = vec![
+            Rank { buffer: warm_a.view_mut(..), stream: &caller },
+            Rank { buffer: warm_b.view_mut(..), stream: &caller },
+        ];
+        all_reduce(&engine, &mut ranks, ReduceOp::Sum, Receive::Scratch).unwrap();
+    }
+    let mut pinned = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
+    let mut back = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+    let mut ring = StagingRing::new(&device, &device, 2, 4096).unwrap();
+    let small: Vec<u32> = (0..1000).collect();
+    let small_src = DeviceBuffer::from_host(&caller, &small).unwrap();
+    let mut small_dst = DeviceBuffer::<u32>::alloc(&device, small.len()).unwrap();
+    let side = Stream::new(&device).unwrap();
+    let mut side_buf = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
+    let writer = Stream::new(&device).unwrap();
+    caller.synchronize().unwrap();
     let mut drops: Vec<(&str, Duration)> = Vec::new();
 
-    let gate = HostGate::close(&caller).unwrap();
+    let gate = hold(&caller);
     // Everything below queues behind the gate; each helper is dropped right after its last
     // enqueue, as temporaries and worker-owned objects are in real code.
-    let mut mid = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
-    let staged = CopyOptions { route: Route::Staged, chunk_bytes: Some(1 << 20), slots: Some(3) };
     transport.copy(&src.view(..), &caller, &mut mid.view_mut(..), &caller, staged).unwrap();
-    let mut pinned = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
     copy_to_host(&caller, &mid.view(..), &mut pinned.view_mut(..)).unwrap();
-    drops.push(("DeviceBuffer (copied from, then read by a DMA)", timed_drop(mid)));
-    let mut back = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+    drops.push(("DeviceBuffer (copied into, then read by a DMA)", timed_drop(mid)));
     copy_from_host(&caller, &pinned.view(..), &mut back.view_mut(..)).unwrap();
     drops.push(("PinnedBuffer (DMA in and out pending)", timed_drop(pinned)));
     out.view_mut(..).copy_from(&caller, &back.view(..)).unwrap();
     drops.push(("DeviceBuffer (source of a pending copy)", timed_drop(back)));
     drops.push(("Transport (rings and streams of a pending copy)", timed_drop(transport)));
-
-    let mut ring = StagingRing::new(&device, &device, 2, 4096).unwrap();
-    let small: Vec<u32> = (0..1000).collect();
-    let small_src = DeviceBuffer::from_host(&Stream::new(&device).unwrap(), &small).unwrap();
-    let mut small_dst = DeviceBuffer::<u32>::alloc(&device, small.len()).unwrap();
     ring.pass(&caller, &small_src.view(..), &caller, &mut small_dst.view_mut(..), Fold::Copy).unwrap();
     drops.push(("StagingRing (a pass pending)", timed_drop(ring)));
-
     {
         let mut ranks =
             vec![Rank { buffer: a.view_mut(..), stream: &caller }, Rank { buffer: b.view_mut(..), stream: &caller }];
         all_reduce(&engine, &mut ranks, ReduceOp::Sum, Receive::Scratch).unwrap();
     }
     drops.push(("collectives Engine (an all_reduce pending)", timed_drop(engine)));
-
-    let side = Stream::new(&device).unwrap();
     side.wait_point(&caller.point().unwrap()).unwrap();
-    let mut side_buf = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
     side_buf.fill_bytes(&side, 0x11).unwrap();
     drops.push(("Stream (waiting behind the gate)", timed_drop(side)));
     drops.push(("DeviceBuffer (written on a dropped stream)", timed_drop(side_buf)));
+    drops.push(("DeviceBuffer (read by pending work, then dropped)", timed_drop(warm_a)));
 
     // Fresh memory written at once: had any of the above been freed, these could take its
     // place, and the queued work would then read or write them.
-    let writer = Stream::new(&device).unwrap();
     let mut fresh: Vec<DeviceBuffer<u32>> = Vec::new();
     for _ in 0..6 {
         let mut f = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
@@ -103,6 +113,7 @@ fn drops_never_block_and_never_free_memory_still_in_use() {
     let mut fresh_pinned = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
     fresh_pinned.as_mut_slice().unwrap().fill(0xEEEE_EEEE);
     writer.synchronize().unwrap();
+    assert!(!gate.expired(), "an allocation waited for the held stream (driver synchronisation)");
     assert!(!caller.is_idle().unwrap(), "the gate must still hold the work");
 
     gate.open();
@@ -116,6 +127,7 @@ fn drops_never_block_and_never_free_memory_still_in_use() {
         assert!(f.to_host_vec(&writer).unwrap().iter().all(|&v| v == 0xEEEE_EEEE), "fresh memory overwritten");
     }
     assert!(fresh_pinned.as_slice().unwrap().iter().all(|&v| v == 0xEEEE_EEEE), "fresh pinned memory overwritten");
+    drop(warm_b);
     for (what, took) in &drops {
         println!("drop of {what}: {:.1} us", took.as_secs_f64() * 1e6);
     }
@@ -133,7 +145,7 @@ fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
     // Deterministic: recorded on s1 through the API, then on the gated s2 by code holding the
     // raw handle. A wait on s1 must still wait for s2's record (an older version skipped it,
     // believing s1 recorded last).
-    let gate = HostGate::close(&s2).unwrap();
+    let gate = hold(&s2);
     let event = Event::new(&device, EventKind::Sync).unwrap();
     event.record(&s1).unwrap();
     // SAFETY: both handles are live and of the same context; this is what foreign code
@@ -144,14 +156,15 @@ fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
     let after = s1.point().unwrap();
     std::thread::sleep(SETTLE);
     assert!(!after.is_complete().unwrap(), "s1 ran past a wait on work still gated on s2");
+    assert!(!gate.expired());
     gate.open();
     after.synchronize().unwrap();
 
     // Racing: two threads record one event on s1 and on the gated s2, many times; whoever
     // recorded last, a wait on s1 must never let s1 pass while the event is incomplete.
     for round in 0..200 {
-        let gate = HostGate::close(&s2).unwrap();
         let event = Event::new(&device, EventKind::Sync).unwrap();
+        let gate = hold(&s2);
         std::thread::scope(|scope| {
             scope.spawn(|| event.record(&s1).unwrap());
             scope.spawn(|| event.record(&s2).unwrap());
@@ -160,6 +173,7 @@ fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
         let after = s1.point().unwrap();
         s1.synchronize_or_timeout(Duration::from_millis(2));
         let passed_early = after.is_complete().unwrap() && !event.is_complete().unwrap();
+        assert!(!gate.expired(), "round {round}: the test held s2 too long");
         gate.open();
         s1.synchronize().unwrap();
         assert!(!passed_early, "round {round}: s1 passed a wait on an incomplete event");
@@ -195,25 +209,35 @@ fn concurrent_reduce_scatters_never_lose_a_work_buffer_in_use() {
         let inputs: Vec<Vec<u32>> = (0..n).map(|r| random_u32(n * len_per_rank, seed + r as u64)).collect();
         let ins: Vec<DeviceBuffer<u32>> =
             inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
-        let gates: Vec<HostGate> =
-            if gated { streams.iter().map(|s| HostGate::close(s).unwrap()).collect() } else { Vec::new() };
-        let mut outs: Vec<Vec<DeviceBuffer<u32>>> = Vec::new();
-        for _ in 0..rounds {
-            let mut o: Vec<DeviceBuffer<u32>> =
+        let mut outs: Vec<Vec<DeviceBuffer<u32>>> = (0..rounds)
+            .map(|_| (0..n).map(|_| DeviceBuffer::alloc(&device, len_per_rank).unwrap()).collect())
+            .collect();
+        if gated {
+            // A first run makes the group, its rings and its work buffer, outside the gate.
+            let mut warm: Vec<DeviceBuffer<u32>> =
                 (0..n).map(|_| DeviceBuffer::alloc(&device, len_per_rank).unwrap()).collect();
+            let views: Vec<_> = ins.iter().map(|b| b.view(..)).collect();
+            let mut ranks: Vec<Rank<'_, u32>> =
+                warm.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
+            reduce_scatter(&engine, &views, &mut ranks, ReduceOp::Sum, Receive::Scratch).unwrap();
+            drop(ranks);
+            streams.iter().for_each(|s| s.synchronize().unwrap());
+        }
+        let gates: Vec<HostGate> = if gated { streams.iter().map(hold).collect() } else { Vec::new() };
+        for o in &mut outs {
             {
                 let views: Vec<_> = ins.iter().map(|b| b.view(..)).collect();
                 let mut ranks: Vec<Rank<'_, u32>> =
                     o.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
                 reduce_scatter(&engine, &views, &mut ranks, ReduceOp::Sum, Receive::Scratch).unwrap();
             }
-            outs.push(o);
         }
         if gated {
             std::thread::sleep(Duration::from_millis(50));
             for s in &streams {
                 assert!(!s.is_idle().unwrap(), "gated work ran early");
             }
+            assert!(gates.iter().all(|g| !g.expired()), "the enqueue blocked while the streams were held");
         }
         drop(gates);
         for (round, o) in outs.iter().enumerate() {
@@ -313,14 +337,19 @@ fn zero_length_copies_order_both_streams() {
     let src = DeviceBuffer::<u32>::alloc(&device, 8).unwrap();
     let mut dst = DeviceBuffer::<u32>::alloc(&device, 8).unwrap();
     for route in [Route::Auto, Route::Staged] {
+        let options = CopyOptions { route, ..CopyOptions::default() };
+        // The pair's state is made by a first copy, outside the gate.
+        geforce_p2p::transport().copy(&src.view(..), &s_src, &mut dst.view_mut(..), &s_dst, options).unwrap();
+        s_dst.synchronize().unwrap();
+        s_src.synchronize().unwrap();
         for gate_src in [true, false] {
             let (gated, other) = if gate_src { (&s_src, &s_dst) } else { (&s_dst, &s_src) };
-            let gate = HostGate::close(gated).unwrap();
-            let options = CopyOptions { route, ..CopyOptions::default() };
+            let gate = hold(gated);
             geforce_p2p::transport().copy(&src.view(0..0), &s_src, &mut dst.view_mut(0..0), &s_dst, options).unwrap();
             let after = other.point().unwrap();
             std::thread::sleep(SETTLE);
             let ran_early = after.is_complete().unwrap();
+            assert!(!gate.expired());
             gate.open();
             after.synchronize().unwrap();
             assert!(!ran_early, "{route}: an empty copy did not order the other stream after the gated one");

@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use geforce_p2p::cuda::HostGate;
 use geforce_p2p::half::{bf16, f16};
 use geforce_p2p::pinned::{Error as PinnedError, LineExchange};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
@@ -118,7 +117,7 @@ fn a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
     let mut a = DeviceBuffer::from_host(&streams[0], &x).unwrap();
     let mut b = DeviceBuffer::from_host(&streams[1], &y).unwrap();
     // Rank 1's stream is held well past the timeout: rank 0's kernel gives up.
-    let gate = HostGate::close(&streams[1]).unwrap();
+    let gate = gp2p_tests::hold(&streams[1]);
     exchange
         .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
         .unwrap();

@@ -131,8 +131,12 @@ fn two_gpu_dropping_either_side_of_a_pending_copy_is_safe_and_does_not_block() {
             let src = DeviceBuffer::from_host(&s0, &host).unwrap();
             let mut dst = DeviceBuffer::<u32>::alloc(&d1, len).unwrap();
             let mut keep = DeviceBuffer::<u32>::alloc(&d1, len).unwrap();
-            let gate = geforce_p2p::cuda::HostGate::close(&s0).unwrap();
             let options = CopyOptions { route, ..CopyOptions::default() };
+            // The pair's ring and streams are made by a first copy, outside the gate.
+            transport().copy(&src.view(..), &s0, &mut keep.view_mut(..), &s1, options).unwrap();
+            s1.synchronize().unwrap();
+            let (s1b, s0b) = (Stream::new(&d1).unwrap(), Stream::new(&d0).unwrap());
+            let gate = gp2p_tests::hold(&s0);
             transport().copy(&src.view(..), &s0, &mut dst.view_mut(..), &s1, options).unwrap();
             // A second copy out of dst, so the kept result proves the first one ran in full.
             keep.view_mut(..).copy_from(&s1, &dst.view(..)).unwrap();
@@ -143,9 +147,9 @@ fn two_gpu_dropping_either_side_of_a_pending_copy_is_safe_and_does_not_block() {
                 drop(src);
             }
             let took = start.elapsed();
-            let s1b = Stream::new(&d1).unwrap();
             let fresh = DeviceBuffer::from_host(&s1b, &vec![0x5A5A_5A5Au32; len]).unwrap();
-            let fresh0 = DeviceBuffer::from_host(&Stream::new(&d0).unwrap(), &vec![0x5A5A_5A5Au32; len]).unwrap();
+            let fresh0 = DeviceBuffer::from_host(&s0b, &vec![0x5A5A_5A5Au32; len]).unwrap();
+            let expired = gate.expired();
             gate.open();
             s0.synchronize().unwrap();
             s1.synchronize().unwrap();
@@ -154,6 +158,7 @@ fn two_gpu_dropping_either_side_of_a_pending_copy_is_safe_and_does_not_block() {
             assert!(fresh.to_host_vec(&s1b).unwrap().iter().all(|&v| v == 0x5A5A_5A5A), "{what}: fresh memory on 1");
             assert!(fresh0.to_host_vec(&s0).unwrap().iter().all(|&v| v == 0x5A5A_5A5A), "{what}: fresh memory on 0");
             println!("{what}: drop took {:.1} us", took.as_secs_f64() * 1e6);
+            assert!(!expired, "{what}: fresh allocations waited for the held stream");
             assert!(took < gp2p_tests::drop_limit(), "{what}: the drop blocked for {took:?}");
         }
     }
@@ -165,10 +170,13 @@ fn two_gpu_zero_length_copies_order_both_streams() {
     let [(d0, s0), (d1, s1)] = two();
     let src = DeviceBuffer::<u32>::alloc(&d0, 4).unwrap();
     let mut dst = DeviceBuffer::<u32>::alloc(&d1, 4).unwrap();
+    let options = CopyOptions { route: Route::Staged, ..CopyOptions::default() };
+    // The pair's state is made by a first copy, outside the gate.
+    transport().copy(&src.view(..), &s0, &mut dst.view_mut(..), &s1, options).unwrap();
+    s1.synchronize().unwrap();
     for gate_src in [true, false] {
         let (gated, other) = if gate_src { (&s0, &s1) } else { (&s1, &s0) };
-        let gate = geforce_p2p::cuda::HostGate::close(gated).unwrap();
-        let options = CopyOptions { route: Route::Staged, ..CopyOptions::default() };
+        let gate = gp2p_tests::hold(gated);
         transport().copy(&src.view(0..0), &s0, &mut dst.view_mut(0..0), &s1, options).unwrap();
         let after = other.point().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));

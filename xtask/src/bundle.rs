@@ -128,7 +128,8 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 #   (no flag)   every test, CPU and GPU, in release mode
 #   --sanitize  the GPU tests under compute-sanitizer memcheck, then racecheck (or the one named)
 # Environment: GP2P_TEST_MAX_LEN caps the longest test length; TEST_THREADS (default 4, and 1
-# under the sanitizer, whose racecheck lost track of launches from several test threads).
+# under the sanitizer, whose racecheck lost track of launches from several test threads);
+# GP2P_TEST_TIMEOUT (seconds, default 900) kills a test binary that hangs, as a failure.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 mode=plain
@@ -176,8 +177,11 @@ run_suite() { # glob prefix...
       continue
     fi
     log=$(mktemp)
-    "$@" "$t" --include-ignored --test-threads="$threads" "${skip[@]}" >"$log" 2>&1
+    timeout --signal=KILL "${GP2P_TEST_TIMEOUT:-900}" "$@" "$t" --include-ignored --test-threads="$threads" "${skip[@]}" >"$log" 2>&1
     rc=$?
+    if [ "$rc" -eq 137 ]; then
+      echo "!! $name was killed after ${GP2P_TEST_TIMEOUT:-900} s (hung)"
+    fi
     cat "$log"
     p=$(count passed "$log")
     f=$(count failed "$log")

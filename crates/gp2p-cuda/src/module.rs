@@ -19,6 +19,8 @@ pub struct Module {
     name: &'static str,
     raw: CUmodule,
     functions: Mutex<HashMap<&'static str, CUfunction>>,
+    /// Whether [`Module::warm_once`] has run; held while it runs.
+    warmed: Mutex<bool>,
 }
 
 // SAFETY: CUmodule and CUfunction are opaque driver handles, usable from any thread; the
@@ -43,10 +45,26 @@ impl Module {
         // SAFETY: the context is current; the image is a NUL-terminated PTX string that the
         // driver copies during the call.
         check(unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr().cast()) }, "cuModuleLoadData")?;
-        let module =
-            Arc::new(Module { device: device.clone(), name: ptx.name, raw, functions: Mutex::new(HashMap::new()) });
+        let module = Arc::new(Module {
+            device: device.clone(),
+            name: ptx.name,
+            raw,
+            functions: Mutex::new(HashMap::new()),
+            warmed: Mutex::new(false),
+        });
         cache.insert(ptx.name, module.clone());
         Ok(module)
+    }
+
+    /// Run `warm` once for this module (concurrent first callers wait for it): for loading
+    /// every kernel up front, see `reduce.rs`.
+    pub(crate) fn warm_once(self: &Arc<Self>, warm: impl FnOnce(&Arc<Module>) -> Result<()>) -> Result<()> {
+        let mut warmed = self.warmed.lock();
+        if !*warmed {
+            warm(self)?;
+            *warmed = true;
+        }
+        Ok(())
     }
 
     /// Look up a kernel by name (cached).

@@ -72,6 +72,54 @@ pub fn reduce<T: Element>(
     Ok(())
 }
 
+/// The reduce module on `device`, every kernel of it loaded.
+///
+/// Under the driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, the default of recent
+/// drivers) a kernel's code is loaded at its first launch, and a load may wait for the whole
+/// context to go idle. The exchange kernels spin until their peer kernel runs: a load
+/// between the two ranks' launches (another thread's first reduce of a new dtype, say) would
+/// wait for the spinning kernel, which waits for a launch held up behind the load, until
+/// its timeout. So the first use launches every kernel of the module once, empty, and waits
+/// for them (once per device and process).
+fn reduce_module(device: &crate::Device) -> Result<std::sync::Arc<Module>> {
+    let module = Module::load(device, REDUCE)?;
+    module.warm_once(|module| {
+        let stream = Stream::new(device)?;
+        let one = LaunchConfig { grid: 1, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 };
+        for op in ReduceOp::ALL {
+            for dtype in DType::ALL {
+                let (mut null, mut null2, mut zero, mut one_u32) = (0u64, 0u64, 0u64, 1u32);
+                let mut reduce_params: [*mut c_void; 4] = [
+                    (&raw mut null).cast(),
+                    (&raw mut null2).cast(),
+                    (&raw mut zero).cast(),
+                    (&raw mut one_u32).cast(),
+                ];
+                // SAFETY: (T*, const T*, u64, u32) with n = 0: the kernel touches no memory.
+                unsafe { module.function(reduce_kernel_name(op, dtype))?.launch(&stream, one, &mut reduce_params)? };
+                let (mut buf, mut n, mut out, mut inp, mut seq, mut div, mut timeout, mut failed) =
+                    (0u64, 0u64, 0u64, 0u64, 0u32, 1u32, 0u64, 0u64);
+                let mut exchange_params: [*mut c_void; 8] = [
+                    (&raw mut buf).cast(),
+                    (&raw mut n).cast(),
+                    (&raw mut out).cast(),
+                    (&raw mut inp).cast(),
+                    (&raw mut seq).cast(),
+                    (&raw mut div).cast(),
+                    (&raw mut timeout).cast(),
+                    (&raw mut failed).cast(),
+                ];
+                // SAFETY: the exchange signature with n = 0: no group, so no memory touched.
+                unsafe {
+                    module.function(exchange_kernel_name(op, dtype))?.launch(&stream, one, &mut exchange_params)?
+                };
+            }
+        }
+        stream.synchronize()
+    })?;
+    Ok(module)
+}
+
 /// The launch shape for `len` elements of `dtype` read from `source` on a device with
 /// `multiprocessors` SMs.
 pub fn reduce_launch_config(len: usize, dtype: DType, multiprocessors: u32, source: SourceMemory) -> LaunchConfig {
@@ -122,7 +170,7 @@ pub unsafe fn reduce_raw(
     if len == 0 {
         return Ok(());
     }
-    let function = Module::load(stream.device(), REDUCE)?.function(reduce_kernel_name(op, dtype))?;
+    let function = reduce_module(stream.device())?.function(reduce_kernel_name(op, dtype))?;
     let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
     let mut dst_arg = dst;
     let mut src_arg = src;
@@ -206,7 +254,7 @@ pub unsafe fn exchange_raw(
     if len == 0 {
         return Ok(());
     }
-    let function = Module::load(stream.device(), REDUCE)?.function(exchange_kernel_name(op, dtype))?;
+    let function = reduce_module(stream.device())?.function(exchange_kernel_name(op, dtype))?;
     let config = exchange_launch_config(len, dtype);
     let (mut buf_arg, mut len_arg) = (buf, len as u64);
     let (mut out_arg, mut in_arg, mut failed_arg) = (lines.out_lines, lines.in_lines, lines.failed);
