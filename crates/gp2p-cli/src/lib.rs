@@ -1,0 +1,74 @@
+//! `gp2p`: see what the CUDA layer sees, and benchmark the data paths against the link and
+//! memory ceilings measured in the same run.
+//!
+//! The whole command line lives in this library, behind one entry point, [`run_cli`], so the
+//! `gp2p` binary and the Python package's `python -m geforce_p2p` run the same code. Nothing
+//! else is public: the subcommands are not an API.
+//!
+//! ```
+//! // `gp2p --version` prints the version and succeeds, driver or not.
+//! assert_eq!(gp2p_cli::run_cli(["gp2p".to_owned(), "--version".to_owned()]), 0);
+//! ```
+
+mod bench;
+mod devices;
+mod error;
+mod measure;
+mod plot;
+mod probe;
+mod report;
+mod sizes;
+
+use clap::{Parser, Subcommand};
+
+/// Fast data movement between NVIDIA GPUs without driver P2P.
+#[derive(Parser)]
+#[command(name = "gp2p", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// For every pair of devices: is P2P on, and if not, exactly why and whether the driver
+    /// patch (PATCH.md) would turn it on.
+    Probe(probe::ProbeArgs),
+    /// List the CUDA devices and what geforce-p2p can use.
+    Devices,
+    /// Benchmarks, nccl-tests style, with ceilings measured in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+/// Run `gp2p` with `args` (the first is the program name, as in `std::env::args`; `String`s or `OsString`s) and return
+/// its exit code: 0 on success, 2 without a driver or device (and for a usage error, as
+/// clap's), 1 for any other failure. Prints what the binary prints; `--help` and `--version`
+/// print and return 0 instead of exiting the process.
+pub fn run_cli<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // What `Cli::parse` does, short of exiting: help and version on stdout, usage
+            // errors on stderr, clap's exit code.
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    let result = match cli.command {
+        Command::Probe(args) => probe::run(&args),
+        Command::Devices => devices::run(),
+        Command::Bench(command) => bench::run(command),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("gp2p: {e}");
+            i32::from(e.exit_code())
+        }
+    }
+}

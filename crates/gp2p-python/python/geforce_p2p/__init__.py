@@ -1,0 +1,42 @@
+"""geforce_p2p: fast copies and collectives between NVIDIA GPUs whose driver refuses P2P.
+
+Works on torch tensors (torch is never imported by this package; it is used when the
+tensors are torch's) and on any object with ``__cuda_array_interface__`` or DLPack. Every op
+is ordered on the current torch stream of each tensor's device, without synchronisation.
+
+    import torch, geforce_p2p as gp
+    print(gp.probe())                         # devices, pairs, verdicts
+    b = gp.copy(a, device="cuda:1")           # P2P where on, else staged through pinned memory
+    gp.all_reduce([g0, g1], op="avg")         # in place, one tensor per device
+
+Errors of the library are ``geforce_p2p.Error`` subclasses (``UnavailableError`` without a
+driver or device); bad arguments raise ``TypeError`` or ``ValueError`` naming the argument.
+"""
+
+from . import ops
+from ._api import all_gather, all_reduce, broadcast, copy, copy_, device_count, reduce_scatter
+from ._errors import CudaError, Error, InvalidArgumentError, NotPinnedError, UnavailableError, UnsupportedDeviceError
+from ._native import __version__
+from ._probe import ProbeReport, probe
+from ._tensors import supported_torch_dtypes
+
+__all__ = [
+    "probe",
+    "ProbeReport",
+    "copy",
+    "copy_",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "device_count",
+    "ops",
+    "supported_torch_dtypes",
+    "Error",
+    "UnavailableError",
+    "UnsupportedDeviceError",
+    "InvalidArgumentError",
+    "NotPinnedError",
+    "CudaError",
+    "__version__",
+]

@@ -1,0 +1,211 @@
+"""The torch-facing operations: copies and collectives on tensors, on torch's current streams.
+
+Stream semantics, for every op: its work is ordered after the work already queued on the
+current stream of each tensor's device, and work queued there afterwards sees its result,
+with no synchronisation; the host is not blocked. The library's internal streams join back
+into those streams before the call returns, so torch may free or reuse a tensor's memory in
+stream order as usual. Pinned CPU tensors that a copy reads or writes are held by this
+module until the copy is done (torch would otherwise hand their memory out again at once);
+read a CPU result only after synchronising its stream, as with ``non_blocking=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from . import _native
+from ._tensors import (
+    Tensor,
+    check_choice,
+    describe,
+    disjoint,
+    hold_until_done,
+    on_device,
+    on_host,
+    one_per_device,
+    same_dtype,
+    same_shape,
+    tensor_list,
+    torch_dtype,
+    writable,
+)
+
+REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
+ROUTES = ("auto", "peer", "staged")
+TRANSPORTS = ("auto", "scratch", "zero-copy")
+
+
+def _positive(name: str, value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError("%s: %r is not a positive integer" % (name, value))
+    return value
+
+
+def _target_device(device: Any) -> Optional[int]:
+    """A CUDA ordinal, or None for pinned host memory, from 1, "cuda:1", "cuda", "cpu" or a
+    torch.device."""
+    if isinstance(device, bool):
+        raise TypeError("device: expected a device such as 'cuda:1', got %r" % (device,))
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError("device: %d is not a CUDA ordinal" % device)
+        return device
+    text = str(device)
+    if text == "cpu":
+        return None
+    if text == "cuda":
+        import torch
+
+        return torch.cuda.current_device()
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    raise ValueError("device: %r is not a device; expected 'cuda:N', N or 'cpu'" % (device,))
+
+
+def _import_torch(what: str):
+    try:
+        import torch
+    except ImportError:
+        raise TypeError(
+            "%s allocates its output with torch, which is not installed: "
+            "pass an output of your own to copy_(dst, src)" % what
+        ) from None
+    return torch
+
+
+def copy(src: Any, device: Any, *, route: str = "auto", chunk_bytes: Optional[int] = None,
+         slots: Optional[int] = None) -> Any:
+    """A new tensor on ``device`` (``"cuda:1"``, ``1``, a ``torch.device``, or ``"cpu"`` for a
+    pinned CPU tensor) holding a copy of ``src``, allocated by torch (torch owns it).
+
+    Between two GPUs it goes by P2P where the pair has it (``route="auto"``), else staged
+    through pinned host memory; ``route="staged"`` forces the staged pipeline and
+    ``route="peer"`` P2P (an error without it). ``chunk_bytes`` and ``slots`` tune the
+    staged pipeline. A CPU source must be pinned. Stream-ordered; see the module docs.
+    """
+    s = describe(src, "src")
+    target = _target_device(device)
+    if s.device is None and target is None:
+        raise ValueError("src: a CPU tensor copied to the CPU; use torch's copy_")
+    torch = _import_torch("copy")
+    where = "cpu" if target is None else "cuda:%d" % target
+    out = torch.empty(s.shape, dtype=torch_dtype(s.dtype), device=where, pin_memory=target is None)
+    _copy(describe(out, "dst"), s, route, chunk_bytes, slots)
+    return out
+
+
+def copy_(dst: Any, src: Any, *, route: str = "auto", chunk_bytes: Optional[int] = None,
+          slots: Optional[int] = None) -> Any:
+    """Copy ``src`` into ``dst`` (same shape and dtype; any two devices, or a pinned CPU
+    tensor on one side) and return ``dst``. Options as for :func:`copy`."""
+    _copy(describe(dst, "dst"), describe(src, "src"), route, chunk_bytes, slots)
+    return dst
+
+
+def _copy(d: Tensor, s: Tensor, route: str, chunk_bytes: Optional[int], slots: Optional[int]) -> None:
+    route = check_choice("route", route, ROUTES)
+    chunk_bytes, slots = _positive("chunk_bytes", chunk_bytes), _positive("slots", slots)
+    writable(d)
+    same_dtype(d, s)
+    same_shape(d, s)
+    if d.device is not None and s.device is not None:
+        disjoint(d, s)
+        _native.copy(s.dtype, s.numel, s.memory, d.memory, route, chunk_bytes, slots)
+        return
+    if route == "peer":
+        raise ValueError("route: 'peer' needs two CUDA tensors; a host copy is one DMA")
+    if d.device is None and s.device is None:
+        raise ValueError("dst: src and dst are both CPU tensors; use torch's copy_")
+    if d.device is not None:
+        on_host(s)
+        _native.copy_from_host(s.dtype, s.numel, s.ptr, d.memory)
+        hold_until_done(s, d)
+    else:
+        on_host(d)
+        _native.copy_to_host(s.dtype, s.numel, s.memory, d.ptr)
+        hold_until_done(d, s)
+
+
+def _ranks(objs: Any, name: str, write: bool = True) -> list:
+    """A list of CUDA tensors of one dtype and shape, one per device."""
+    ts = tensor_list(objs, name)
+    for t in ts:
+        on_device(t)
+        if write:
+            writable(t)
+        same_dtype(t, ts[0])
+        same_shape(t, ts[0])
+    one_per_device(ts)
+    return ts
+
+
+def all_reduce(tensors: Sequence[Any], op: str = "sum", *, transport: str = "auto") -> None:
+    """In place: every tensor becomes ``op`` (sum, avg, min, max, prod) over all of them.
+    ``tensors``: one CUDA tensor per device, same shape and dtype. One tensor is a no-op.
+    ``transport`` picks how received chunks are folded in (auto, scratch, zero-copy)."""
+    op = check_choice("op", op, REDUCE_OPS)
+    transport = check_choice("transport", transport, TRANSPORTS)
+    ts = _ranks(tensors, "tensors")
+    _native.all_reduce(ts[0].dtype, ts[0].numel, [t.memory for t in ts], op, transport)
+
+
+def _paired(inputs: Any, outputs: Any) -> tuple:
+    ins = _ranks(inputs, "inputs", write=False)
+    outs = _ranks(outputs, "outputs")
+    if len(ins) != len(outs):
+        raise ValueError("inputs: %d tensors for %d outputs; give one per output" % (len(ins), len(outs)))
+    for i, o in zip(ins, outs):
+        same_dtype(i, outs[0])
+        if i.device != o.device:
+            raise ValueError("%s: on %s, but %s is on %s" % (i.name, i.where(), o.name, o.where()))
+    for i in ins:
+        for o in outs:
+            disjoint(i, o)
+    return ins, outs
+
+
+def all_gather(inputs: Sequence[Any], outputs: Sequence[Any], *, transport: str = "auto") -> None:
+    """Every ``outputs[r]`` (n times the elements of an input) becomes the concatenation of
+    all ``inputs`` in rank order; ``inputs[r]`` is on ``outputs[r]``'s device."""
+    transport = check_choice("transport", transport, TRANSPORTS)
+    ins, outs = _paired(inputs, outputs)
+    n = len(ins)
+    if outs[0].numel != n * ins[0].numel:
+        raise ValueError(
+            "outputs[0]: %d elements, expected %d (%d inputs of %d)" % (outs[0].numel, n * ins[0].numel, n, ins[0].numel)
+        )
+    _native.all_gather(ins[0].dtype, ins[0].numel, [i.ptr for i in ins], [o.memory for o in outs], transport)
+
+
+def reduce_scatter(inputs: Sequence[Any], outputs: Sequence[Any], op: str = "sum", *,
+                   transport: str = "auto") -> None:
+    """``outputs[r]`` becomes ``op`` over part r of every input (each input n times the
+    elements of an output); ``inputs[r]`` is on ``outputs[r]``'s device and is unchanged."""
+    op = check_choice("op", op, REDUCE_OPS)
+    transport = check_choice("transport", transport, TRANSPORTS)
+    ins, outs = _paired(inputs, outputs)
+    n = len(ins)
+    if ins[0].numel != n * outs[0].numel:
+        raise ValueError(
+            "inputs[0]: %d elements, expected %d (%d outputs of %d)" % (ins[0].numel, n * outs[0].numel, n, outs[0].numel)
+        )
+    _native.reduce_scatter(outs[0].dtype, outs[0].numel, [i.ptr for i in ins], [o.memory for o in outs], op, transport)
+
+
+def broadcast(tensors: Sequence[Any], root: int = 0, *, transport: str = "auto") -> None:
+    """Every tensor becomes a copy of ``tensors[root]``; one CUDA tensor per device."""
+    transport = check_choice("transport", transport, TRANSPORTS)
+    ts = _ranks(tensors, "tensors", write=False)
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < len(ts):
+        raise ValueError("root: %r is not a rank of %d tensors" % (root, len(ts)))
+    for r, t in enumerate(ts):
+        if r != root:
+            writable(t)
+    _native.broadcast(ts[0].dtype, ts[0].numel, [t.memory for t in ts], root, transport)
+
+
+def device_count() -> int:
+    """The number of visible CUDA devices; raises UnavailableError without a driver."""
+    return _native.device_count()

@@ -1,0 +1,409 @@
+"""Reading tensors without importing torch, and the checks every op makes before native code.
+
+A tensor is read through torch's own attributes when it is a torch tensor (torch is looked
+up in ``sys.modules``, never imported here), else through ``__cuda_array_interface__``
+(device memory), ``__array_interface__`` (host memory) or DLPack (``__dlpack__``).
+
+Streams: a torch tensor's op is ordered on the current torch stream of its device; an
+array-interface object's on the stream it names (the legacy default stream when it names
+none); a DLPack object's on the legacy default stream, which the producer is asked to
+order its own work before.
+
+Every refusal here is a ``TypeError`` (not a tensor, a dtype the kernels lack, mismatched
+dtypes) or a ``ValueError`` (non-contiguous, mismatched shapes, two tensors on one device,
+a CPU tensor that is not pinned), its message starting with the argument's name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
+
+# The kernels' dtypes (kernels/src/dtype.rs) with their sizes and torch's names for them.
+KERNEL_DTYPES = {
+    "f32": (4, "float32"),
+    "f64": (8, "float64"),
+    "f16": (2, "float16"),
+    "bf16": (2, "bfloat16"),
+    "i8": (1, "int8"),
+    "u8": (1, "uint8"),
+    "i32": (4, "int32"),
+    "u32": (4, "uint32"),
+    "i64": (8, "int64"),
+    "u64": (8, "uint64"),
+}
+
+# Array-interface type strings (numpy's) of each kernel dtype; bfloat16 has none.
+_TYPESTR = {
+    "f4": "f32",
+    "f8": "f64",
+    "f2": "f16",
+    "i1": "i8",
+    "u1": "u8",
+    "i4": "i32",
+    "u4": "u32",
+    "i8": "i64",
+    "u8": "u64",
+}
+
+# DLPack type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat) and bits to kernel dtypes.
+_DLPACK_DTYPE = {
+    (0, 8): "i8",
+    (0, 32): "i32",
+    (0, 64): "i64",
+    (1, 8): "u8",
+    (1, 32): "u32",
+    (1, 64): "u64",
+    (2, 16): "f16",
+    (2, 32): "f32",
+    (2, 64): "f64",
+    (4, 16): "bf16",
+}
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
+
+# Stream handles with a fixed meaning (the driver API's CU_STREAM_LEGACY is 0x1; 0 is the
+# NULL stream, the legacy default stream too).
+LEGACY_DEFAULT_STREAM = 0
+_DLPACK_LEGACY_STREAM = 1
+
+
+def supported_torch_dtypes() -> Tuple[str, ...]:
+    """Torch's names of the dtypes the kernels support."""
+    return tuple(torch_name for _, torch_name in KERNEL_DTYPES.values())
+
+
+class Tensor(NamedTuple):
+    """What an op needs of one tensor argument."""
+
+    obj: Any  # the object itself, held so its memory stays alive during the call
+    name: str  # the argument's name for messages, such as "tensors[1]"
+    device: Optional[int]  # CUDA ordinal, or None for host memory
+    ptr: int  # address of the first element
+    shape: Tuple[int, ...]
+    dtype: str  # kernel dtype name
+    pinned: Optional[bool]  # host memory: page-locked? None where only the library can tell
+    stream: int  # raw CUstream the op is ordered on (device memory)
+    is_torch: bool
+    keep: Any = None  # anything else to hold during the call (a DLPack capsule)
+    readonly: bool = False  # the producer marked the memory read-only
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * KERNEL_DTYPES[self.dtype][0]
+
+    @property
+    def memory(self) -> Tuple[int, int, int]:
+        """(device, address, stream): what the native calls take for device memory."""
+        assert self.device is not None
+        return (self.device, self.ptr, self.stream)
+
+    def where(self) -> str:
+        return "cpu" if self.device is None else "cuda:%d" % self.device
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_torch_tensor(obj: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def torch_dtype_name(dtype: Any) -> Optional[str]:
+    """The kernel name of a torch dtype, or None."""
+    text = str(dtype)
+    for name, (_, torch_name) in KERNEL_DTYPES.items():
+        if text == "torch." + torch_name:
+            return name
+    return None
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a kernel dtype name."""
+    import torch  # only callers that allocate with torch get here
+
+    return getattr(torch, KERNEL_DTYPES[name][1])
+
+
+def _unsupported(name: str, what: str) -> TypeError:
+    return TypeError(
+        "%s: dtype %s is not supported; the kernels take %s"
+        % (name, what, ", ".join(supported_torch_dtypes()))
+    )
+
+
+def describe(obj: Any, name: str) -> Tensor:
+    """Read one tensor argument, or raise TypeError naming it."""
+    if is_torch_tensor(obj):
+        return _from_torch(obj, name)
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _from_interface(obj, name, obj.__cuda_array_interface__, device_memory=True)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return _from_dlpack(obj, name)
+    if hasattr(obj, "__array_interface__"):
+        return _from_interface(obj, name, obj.__array_interface__, device_memory=False)
+    raise TypeError(
+        "%s: expected a tensor (torch, __cuda_array_interface__ or DLPack), got %s"
+        % (name, type(obj).__name__)
+    )
+
+
+def _from_torch(t: Any, name: str) -> Tensor:
+    torch = _torch()
+    if t.layout != torch.strided:
+        raise TypeError("%s: a %s tensor; only dense (strided) tensors are supported" % (name, t.layout))
+    dtype = torch_dtype_name(t.dtype)
+    if dtype is None:
+        raise _unsupported(name, str(t.dtype))
+    kind = t.device.type
+    if kind not in ("cuda", "cpu"):
+        raise TypeError("%s: a tensor on %s; only cuda and cpu tensors are supported" % (name, t.device))
+    if not t.is_contiguous():
+        raise ValueError(
+            "%s: not contiguous (shape %s, strides %s); pass %s.contiguous()"
+            % (name, tuple(t.shape), tuple(t.stride()), name)
+        )
+    if kind == "cuda":
+        device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        stream = torch.cuda.current_stream(device).cuda_stream
+        pinned = None
+    else:
+        device, stream, pinned = None, LEGACY_DEFAULT_STREAM, bool(t.is_pinned())
+    return Tensor(t, name, device, t.data_ptr(), tuple(t.shape), dtype, pinned, stream, True)
+
+
+def _c_strides(shape: Sequence[int], size: int) -> Tuple[int, ...]:
+    strides, step = [], size
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def _contiguous(shape: Sequence[int], strides: Optional[Sequence[int]], size: int) -> bool:
+    """Row-major contiguity; strides of extent-1 dimensions do not matter, nor any of an
+    empty array."""
+    if strides is None or 0 in shape:
+        return True
+    expected = _c_strides(shape, size)
+    return all(d == 1 or s == e for d, s, e in zip(shape, strides, expected))
+
+
+def _from_interface(obj: Any, name: str, interface: dict, device_memory: bool) -> Tensor:
+    which = "__cuda_array_interface__" if device_memory else "__array_interface__"
+    try:
+        shape = tuple(int(d) for d in interface["shape"])
+        typestr = str(interface["typestr"])
+        ptr = int(interface["data"][0])
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        raise TypeError("%s: malformed %s (%s)" % (name, which, e)) from None
+    if typestr[:1] not in ("<", "|", "="):
+        raise _unsupported(name, "%r (only little-endian data)" % typestr)
+    dtype = _TYPESTR.get(typestr[1:])
+    if dtype is None:
+        raise _unsupported(name, repr(typestr))
+    readonly = bool(interface["data"][1])
+    strides = interface.get("strides")
+    if not _contiguous(shape, strides, KERNEL_DTYPES[dtype][0]):
+        raise ValueError(
+            "%s: not contiguous (shape %s, strides %s); pass a contiguous copy"
+            % (name, shape, tuple(strides or ()))
+        )
+    if device_memory:
+        device = _device_of(obj, name)
+        stream = interface.get("stream")
+        stream = LEGACY_DEFAULT_STREAM if stream is None else int(stream)
+        return Tensor(obj, name, device, ptr, shape, dtype, None, stream, False, None, readonly)
+    return Tensor(obj, name, None, ptr, shape, dtype, None, LEGACY_DEFAULT_STREAM, False, None, readonly)
+
+
+def _device_of(obj: Any, name: str) -> int:
+    """The CUDA ordinal of a ``__cuda_array_interface__`` object, which the interface does not
+    say: its ``device`` attribute (an int, or an object with an int ``id`` or ``index``, as
+    CuPy's and torch's are), else device 0 when it is the only one."""
+    value = getattr(obj, "device", None)
+    if isinstance(value, int):
+        return value
+    for field in ("id", "index"):
+        inner = getattr(value, field, None)
+        if isinstance(inner, int):
+            return inner
+    from . import _native
+
+    if _native.device_count() == 1:
+        return 0
+    raise TypeError(
+        "%s: cannot tell which CUDA device holds it (__cuda_array_interface__ does not say): "
+        "give it a `device` attribute with the ordinal, or pass a torch tensor" % name
+    )
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [
+        ("dl_tensor", _DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
+
+
+def _capsule_pointer(capsule: Any, name: bytes) -> int:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return get(capsule, name) or 0
+
+
+def _from_dlpack(obj: Any, name: str) -> Tensor:
+    device_type, device_id = obj.__dlpack_device__()
+    if device_type not in (_DL_CPU, _DL_CUDA, _DL_CUDA_HOST):
+        raise TypeError("%s: a DLPack tensor on device type %d; only CUDA and CPU memory" % (name, device_type))
+    if device_type == _DL_CUDA:
+        capsule = obj.__dlpack__(stream=_DLPACK_LEGACY_STREAM)
+    else:
+        capsule = obj.__dlpack__()
+    address = _capsule_pointer(capsule, b"dltensor")
+    if not address:
+        raise TypeError("%s: __dlpack__ gave no 'dltensor' capsule" % name)
+    # The capsule is not consumed (not renamed): its producer frees the managed tensor when
+    # the capsule goes, after the call, while the object itself keeps the memory.
+    dl = _DLManagedTensor.from_address(address).dl_tensor
+    if dl.dtype.lanes != 1:
+        raise _unsupported(name, "with %d lanes" % dl.dtype.lanes)
+    dtype = _DLPACK_DTYPE.get((dl.dtype.code, dl.dtype.bits))
+    if dtype is None:
+        raise _unsupported(name, "DLPack code %d, %d bits" % (dl.dtype.code, dl.dtype.bits))
+    shape = tuple(dl.shape[i] for i in range(dl.ndim))
+    size = KERNEL_DTYPES[dtype][0]
+    strides = None if not dl.strides else tuple(dl.strides[i] * size for i in range(dl.ndim))
+    if not _contiguous(shape, strides, size):
+        raise ValueError("%s: not contiguous (shape %s, strides %s elements)" % (name, shape, strides))
+    ptr = (dl.data or 0) + dl.byte_offset
+    if device_type == _DL_CUDA:
+        return Tensor(obj, name, int(device_id), ptr, shape, dtype, None, LEGACY_DEFAULT_STREAM, False, capsule)
+    pinned = True if device_type == _DL_CUDA_HOST else None
+    return Tensor(obj, name, None, ptr, shape, dtype, pinned, LEGACY_DEFAULT_STREAM, False, capsule)
+
+
+# ---- checks shared by the ops ----
+
+
+def on_device(t: Tensor, what: str = "a CUDA tensor") -> Tensor:
+    if t.device is None:
+        raise ValueError("%s: a CPU tensor, expected %s" % (t.name, what))
+    return t
+
+
+def writable(t: Tensor) -> Tensor:
+    if t.readonly:
+        raise ValueError("%s: read-only memory cannot be written" % t.name)
+    return t
+
+
+def on_host(t: Tensor) -> Tensor:
+    if t.device is not None:
+        raise ValueError("%s: a tensor on %s, expected a pinned CPU tensor" % (t.name, t.where()))
+    if t.pinned is False:
+        raise ValueError("%s: a CPU tensor that is not pinned; pass %s.pin_memory()" % (t.name, t.name))
+    return t
+
+
+def same_dtype(t: Tensor, like: Tensor) -> None:
+    if t.dtype != like.dtype:
+        raise TypeError(
+            "%s: dtype %s, but %s is %s; give both one dtype"
+            % (t.name, KERNEL_DTYPES[t.dtype][1], like.name, KERNEL_DTYPES[like.dtype][1])
+        )
+
+
+def same_shape(t: Tensor, like: Tensor) -> None:
+    if t.shape != like.shape:
+        raise ValueError("%s: shape %s, but %s has shape %s" % (t.name, t.shape, like.name, like.shape))
+
+
+def one_per_device(ts: Sequence[Tensor]) -> None:
+    seen = {}
+    for t in ts:
+        if t.device in seen:
+            raise ValueError(
+                "%s: on %s like %s; give one tensor per device" % (t.name, t.where(), seen[t.device].name)
+            )
+        seen[t.device] = t
+
+
+def disjoint(a: Tensor, b: Tensor) -> None:
+    """Refuse two tensors whose memory overlaps (one read while the other is written)."""
+    if a.device != b.device or a.nbytes == 0 or b.nbytes == 0:
+        return
+    if a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes:
+        raise ValueError("%s: overlaps %s in memory; give separate tensors" % (a.name, b.name))
+
+
+def tensor_list(objs: Any, name: str) -> list:
+    """Read a list argument (one tensor per device)."""
+    if isinstance(objs, (str, bytes)) or not isinstance(objs, (list, tuple)):
+        raise TypeError("%s: expected a list of tensors, one per device, got %s" % (name, type(objs).__name__))
+    if not objs:
+        raise ValueError("%s: an empty list; give one tensor per device" % name)
+    return [describe(o, "%s[%d]" % (name, i)) for i, o in enumerate(objs)]
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ValueError("%s: %r is not one of %s" % (name, value, ", ".join(choices)))
+    return value.lower()
+
+
+# ---- keeping host memory alive ----
+
+# Host tensors that a copy still reads or writes, each with a torch event recorded after
+# the copy on its stream. Torch frees device memory in stream order, but pinned host
+# memory goes back to its cache as soon as the tensor dies and may be handed out and
+# written by the CPU at once: so the tensor is held until its copy is done.
+_held: list = []
+
+
+def hold_until_done(t: Tensor, stream_of: Tensor) -> None:
+    """Keep torch host tensor ``t`` alive until the work queued so far on the stream of
+    ``stream_of`` (a CUDA tensor) is done. Non-torch host memory is its owner's to keep."""
+    _release_done()
+    torch = _torch()
+    if not t.is_torch or torch is None or stream_of.device is None:
+        return
+    stream = torch.cuda.current_stream(stream_of.device)
+    event = torch.cuda.Event()
+    event.record(stream)
+    _held.append((event, t.obj))
+
+
+def _release_done() -> None:
+    if _held:
+        _held[:] = [(e, o) for e, o in _held if not e.query()]

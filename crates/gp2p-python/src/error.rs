@@ -1,0 +1,210 @@
+//! Library errors as Python exceptions: which class of `geforce_p2p._errors` each error of
+//! the layers below is raised as, with the library's own message.
+//!
+//! The classes live in Python (`python/geforce_p2p/_errors.py`) so that a refusal can be both
+//! a `geforce_p2p.Error` and a `ValueError`. Errors are plain data ([`Raised`]) until they
+//! reach the Python boundary, since the native calls run with the GIL released.
+
+use geforce_p2p::{collectives, cuda, pinned, probe};
+use pyo3::prelude::*;
+
+/// The Python module that holds the exception classes.
+const ERRORS_MODULE: &str = "geforce_p2p._errors";
+
+/// The exception class an error is raised as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// `Error`: anything not more specific below.
+    Error,
+    /// `UnavailableError`: no NVIDIA driver, or no such device.
+    Unavailable,
+    /// `UnsupportedDeviceError`: a device geforce-p2p cannot use (compute capability, no
+    /// host mapping, no unified addressing).
+    UnsupportedDevice,
+    /// `InvalidArgumentError` (also a `ValueError`): bad input, refused before any GPU work.
+    InvalidArgument,
+    /// `NotPinnedError` (an `InvalidArgumentError`): host memory that is not page-locked.
+    NotPinned,
+    /// `CudaError`: a CUDA driver call failed.
+    Cuda,
+}
+
+impl Class {
+    /// The class's name in `geforce_p2p._errors`.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Class::Error => "Error",
+            Class::Unavailable => "UnavailableError",
+            Class::UnsupportedDevice => "UnsupportedDeviceError",
+            Class::InvalidArgument => "InvalidArgumentError",
+            Class::NotPinned => "NotPinnedError",
+            Class::Cuda => "CudaError",
+        }
+    }
+
+    /// Every class, for the test that the Python module defines each.
+    pub(crate) const ALL: [Class; 6] = [
+        Class::Error,
+        Class::Unavailable,
+        Class::UnsupportedDevice,
+        Class::InvalidArgument,
+        Class::NotPinned,
+        Class::Cuda,
+    ];
+}
+
+/// An error on its way to Python: its class and the library's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Raised {
+    pub(crate) class: Class,
+    pub(crate) message: String,
+}
+
+impl Raised {
+    /// A refusal of argument `name` by the checks of this crate.
+    pub(crate) fn argument(name: &str, reason: impl std::fmt::Display) -> Raised {
+        Raised { class: Class::InvalidArgument, message: format!("invalid argument {name}: {reason}") }
+    }
+
+    /// The Python exception. Falls back to `RuntimeError` only if the package's own error
+    /// module cannot be imported (a broken install).
+    pub(crate) fn into_pyerr(self, py: Python<'_>) -> PyErr {
+        let made = py
+            .import(ERRORS_MODULE)
+            .and_then(|m| m.getattr(self.class.name()))
+            .and_then(|class| class.call1((self.message.clone(),)));
+        match made {
+            Ok(instance) => PyErr::from_value(instance),
+            Err(_) => pyo3::exceptions::PyRuntimeError::new_err(self.message),
+        }
+    }
+}
+
+/// Which class an error of a layer below is raised as.
+pub(crate) trait Classify: std::fmt::Display {
+    /// The class.
+    fn class(&self) -> Class;
+}
+
+impl Classify for cuda::Error {
+    fn class(&self) -> Class {
+        use cuda::Error as E;
+        match self {
+            E::NoDriver | E::NoDevice { .. } => Class::Unavailable,
+            E::Unsupported { .. } => Class::UnsupportedDevice,
+            E::Driver { .. } => Class::Cuda,
+            E::LengthMismatch { .. } | E::WrongDevice { .. } | E::InvalidArgument { .. } => Class::InvalidArgument,
+            _ => Class::Error,
+        }
+    }
+}
+
+impl Classify for pinned::Error {
+    fn class(&self) -> Class {
+        use pinned::Error as E;
+        match self {
+            E::Cuda(e) => e.class(),
+            E::NotPinned { .. } => Class::NotPinned,
+            E::NoHostMapping { .. } => Class::UnsupportedDevice,
+            _ => Class::Error,
+        }
+    }
+}
+
+impl Classify for geforce_p2p::Error {
+    fn class(&self) -> Class {
+        use geforce_p2p::Error as E;
+        match self {
+            E::Cuda(e) => e.class(),
+            E::Pinned(e) => e.class(),
+            E::NoPeerAccess { .. } | E::Overlap { .. } | E::InvalidOption { .. } => Class::InvalidArgument,
+            _ => Class::Error,
+        }
+    }
+}
+
+impl Classify for collectives::Error {
+    fn class(&self) -> Class {
+        use collectives::Error as E;
+        match self {
+            E::Cuda(e) => e.class(),
+            E::Pinned(e) => e.class(),
+            E::Transport(e) => e.class(),
+            E::NoRanks
+            | E::SharedDevice { .. }
+            | E::WrongLength { .. }
+            | E::StreamDevice { .. }
+            | E::InputDevice { .. }
+            | E::BadRoot { .. } => Class::InvalidArgument,
+            _ => Class::Error,
+        }
+    }
+}
+
+impl Classify for probe::Error {
+    fn class(&self) -> Class {
+        match self {
+            probe::Error::Cuda(e) => e.class(),
+            _ => Class::Error,
+        }
+    }
+}
+
+macro_rules! raised_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Raised {
+            fn from(e: $t) -> Raised {
+                Raised { class: e.class(), message: e.to_string() }
+            }
+        }
+    )*};
+}
+raised_from!(cuda::Error, pinned::Error, geforce_p2p::Error, collectives::Error, probe::Error);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_driver_is_unavailable_through_every_layer() {
+        let none = || cuda::Error::NoDriver;
+        let all: [Raised; 5] = [
+            none().into(),
+            pinned::Error::Cuda(none()).into(),
+            geforce_p2p::Error::Pinned(pinned::Error::Cuda(none())).into(),
+            collectives::Error::Transport(geforce_p2p::Error::Cuda(none())).into(),
+            probe::Error::Cuda(none()).into(),
+        ];
+        for raised in all {
+            assert_eq!(raised.class, Class::Unavailable);
+            assert!(raised.message.starts_with("no NVIDIA CUDA driver found"), "same message: {}", raised.message);
+        }
+        let missing: Raised = cuda::Error::NoDevice { ordinal: 3, count: 2 }.into();
+        assert_eq!(missing.class, Class::Unavailable);
+    }
+
+    #[test]
+    fn refusals_are_invalid_arguments_and_failures_are_not() {
+        let shared = collectives::Error::SharedDevice { device: 0, first: 0, second: 1 };
+        assert_eq!(Raised::from(shared).class, Class::InvalidArgument);
+        let unpinned = pinned::Error::NotPinned { what: "src", ptr: 0x1000, bytes: 64 };
+        let raised = Raised::from(geforce_p2p::Error::Pinned(unpinned));
+        assert_eq!(raised.class, Class::NotPinned);
+        assert!(raised.message.starts_with("src: "), "names the argument: {}", raised.message);
+        let overlap = geforce_p2p::Error::Overlap { device: 0, src: 0..8, dst: 4..12 };
+        assert_eq!(Raised::from(overlap).class, Class::InvalidArgument);
+        let driver = cuda::Error::Driver { call: "cuMemAlloc", name: "CUDA_ERROR_OUT_OF_MEMORY".into(), code: 2 };
+        assert_eq!(Raised::from(driver).class, Class::Cuda);
+        let old = cuda::Error::Unsupported { ordinal: 0, name: "T4".into(), major: 7, minor: 5 };
+        assert_eq!(Raised::from(old).class, Class::UnsupportedDevice);
+        assert_eq!(Raised::argument("len", "too long").message, "invalid argument len: too long");
+    }
+
+    #[test]
+    fn class_names_are_distinct() {
+        let mut names: Vec<&str> = Class::ALL.iter().map(|c| c.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Class::ALL.len());
+    }
+}

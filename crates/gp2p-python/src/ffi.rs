@@ -1,0 +1,476 @@
+//! The native calls that take tensors' raw addresses and streams: the one file of this crate
+//! that builds views and borrowed streams from raw values (through the facade's `unsafe`
+//! entry points) and hands them to the safe library.
+//!
+//! # The contract with the Python layer
+//!
+//! These functions are private to the package (`geforce_p2p._native`); only the Python layer
+//! (`python/geforce_p2p/_tensors.py` and its callers) calls them, and it guarantees, for each
+//! call:
+//! 1. Every device address with its length and dtype describes the contiguous memory of a
+//!    tensor that Python code holds for the whole call (read from torch's own attributes, or
+//!    from `__cuda_array_interface__` / DLPack), on the CUDA device whose ordinal is given,
+//!    aligned to the element; every host address, the memory of a CPU tensor of that length.
+//!    Lengths, dtypes, devices and contiguity were checked there before the call; the
+//!    cheap part is checked again here ([`crate::args`]), and the library checks devices,
+//!    lengths, overlap on one device and pinning itself.
+//! 2. Every stream handle is a stream of that device's primary context (torch's current
+//!    stream of the tensor's device, or the stream the array's producer named; 0 is the legacy
+//!    default stream) that outlives the work enqueued on it: torch never destroys the
+//!    streams of its pools, and a producer's stream is the producer's to keep.
+//! 3. The memory stays allocated while the enqueued work runs. geforce-p2p records no last
+//!    use for foreign memory; what protects it is stream order: every op here is ordered
+//!    after the work already queued on the caller streams and before anything queued there
+//!    later (the library's internal streams join back into them before it returns), and
+//!    torch frees and reuses a tensor's memory in the order of those streams. Memory not
+//!    owned by torch must be kept by its owner until the streams' work is done (the Python
+//!    API says so).
+//! 4. Nothing else writes memory an op reads, or touches memory it writes, while the op
+//!    runs, except through work ordered on the same streams. Inputs and outputs of one call
+//!    do not overlap: the library refuses an overlapping source and destination on one
+//!    device, and [`check_disjoint`] refuses the rest before any work.
+#![allow(unsafe_code)]
+
+use std::sync::LazyLock;
+
+use geforce_p2p::collectives::{self, Engine, Rank, Transport as Receive};
+use geforce_p2p::cuda::sys::CUstream;
+use geforce_p2p::{CopyOptions, DType, Device, DeviceView, DeviceViewMut, Element, ReduceOp, Route, Stream, half, ops};
+use pyo3::prelude::*;
+
+use crate::args::{self, Memory, MemoryArg, memories};
+use crate::error::Raised;
+
+/// The collective engine of the process: its staging rings, internal streams and scratch
+/// buffers are shared by every call, as the facade's copy engine is.
+fn engine() -> &'static Engine {
+    static ENGINE: LazyLock<Engine> = LazyLock::new(Engine::new);
+    &ENGINE
+}
+
+/// Run `f::<T>(args...)` with `T` the element type of a [`DType`].
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::F16 => $f::<half::f16>($($arg),*),
+            DType::BF16 => $f::<half::bf16>($($arg),*),
+            DType::I8 => $f::<i8>($($arg),*),
+            DType::U8 => $f::<u8>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::U32 => $f::<u32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::U64 => $f::<u64>($($arg),*),
+        }
+    };
+}
+
+/// The `CUstream` a handle from Python stands for (an opaque value, never dereferenced here).
+fn stream_handle(raw: u64) -> CUstream {
+    std::ptr::without_provenance_mut(raw as usize)
+}
+
+/// A host address from Python as a pointer for the driver (it came from a live allocation
+/// of the CPU tensor, so its provenance is that of exposed memory).
+fn host_ptr<T>(addr: u64) -> *mut T {
+    std::ptr::with_exposed_provenance_mut(addr as usize)
+}
+
+/// A device and the caller's stream on it, borrowed for one call.
+struct Caller {
+    device: Device,
+    stream: Stream,
+}
+
+impl Caller {
+    fn open(memory: &Memory) -> Result<Caller, Raised> {
+        let device = Device::open(memory.device)?;
+        // SAFETY: by the module's contract (2), `memory.stream` is a stream of this device's
+        // primary context that outlives the work enqueued through it; it is borrowed, never
+        // destroyed.
+        let stream = unsafe { Stream::borrow_raw(&device, stream_handle(memory.stream)) };
+        Ok(Caller { device, stream })
+    }
+
+    /// The tensor's memory, for reading.
+    fn view<T: Element>(&self, ptr: u64, len: usize) -> DeviceView<'_, T> {
+        // SAFETY: by the module's contract (1, 3, 4): `ptr` addresses `len` aligned elements
+        // of `T` on this device, kept allocated until the work ordered on the caller streams
+        // is done and not written meanwhile except in that order. The view borrows the
+        // caller, so it is dropped before the call returns.
+        unsafe { DeviceView::from_raw(&self.device, ptr, len) }
+    }
+
+    /// The tensor's memory, for writing.
+    fn view_mut<T: Element>(&self, ptr: u64, len: usize) -> DeviceViewMut<'_, T> {
+        // SAFETY: as in `view`, and nothing else reads or writes the memory while the op
+        // runs except in the caller streams' order (contract 4).
+        unsafe { DeviceViewMut::from_raw(&self.device, ptr, len) }
+    }
+}
+
+/// A device ordinal and an address on it.
+type Placed = (usize, u64);
+
+/// Refuse any overlap between the byte ranges of `a` and `b` on one device: a shared and a
+/// mutable view of the same memory would break the views' contract.
+fn check_disjoint(
+    a_name: &str,
+    a: &[Placed],
+    a_len: usize,
+    b_name: &str,
+    b: &[Placed],
+    b_len: usize,
+    dtype: DType,
+) -> Result<(), Raised> {
+    let size = dtype.size_bytes() as u64;
+    for (i, &(da, pa)) in a.iter().enumerate() {
+        for (j, &(db, pb)) in b.iter().enumerate() {
+            let (ea, eb) = (pa + a_len as u64 * size, pb + b_len as u64 * size);
+            if da == db && a_len > 0 && b_len > 0 && pa < eb && pb < ea {
+                return Err(Raised::argument(
+                    a_name,
+                    format!("{a_name}[{i}] overlaps {b_name}[{j}] on cuda:{da}: give separate tensors"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn copy_t<T: Element>(src: &Memory, dst: &Memory, len: usize, options: CopyOptions) -> Result<Route, Raised> {
+    let (from, to) = (Caller::open(src)?, Caller::open(dst)?);
+    let source = from.view::<T>(src.ptr, len);
+    let mut target = to.view_mut::<T>(dst.ptr, len);
+    Ok(geforce_p2p::transport().copy(&source, &from.stream, &mut target, &to.stream, options)?)
+}
+
+/// Copy `len` elements of `dtype` from `src` to `dst` (device memory, any two devices) by
+/// `route`, ordered on both streams. Returns the route taken.
+#[pyfunction]
+#[pyo3(signature = (dtype, len, src, dst, route="auto", chunk_bytes=None, slots=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy(
+    py: Python<'_>,
+    dtype: &str,
+    len: usize,
+    src: MemoryArg,
+    dst: MemoryArg,
+    route: &str,
+    chunk_bytes: Option<usize>,
+    slots: Option<usize>,
+) -> PyResult<&'static str> {
+    let src = Memory::from(src);
+    let dst = Memory::from(dst);
+    let run = || -> Result<&'static str, Raised> {
+        let dtype = args::dtype(dtype)?;
+        let options = CopyOptions { route: args::route(route)?, chunk_bytes, slots };
+        args::check_range("src", src.ptr, len, dtype)?;
+        args::check_range("dst", dst.ptr, len, dtype)?;
+        by_dtype!(dtype, copy_t(&src, &dst, len, options)).map(Route::name)
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+fn copy_to_host_t<T: Element>(src: &Memory, dst: u64, len: usize) -> Result<(), Raised> {
+    let from = Caller::open(src)?;
+    let source = from.view::<T>(src.ptr, len);
+    // SAFETY: by the module's contract (1, 3), `dst` addresses `len` elements of a CPU
+    // tensor the caller keeps until the copy is done on the stream; the call refuses it
+    // unless it is page-locked, and device and host memory never overlap.
+    unsafe { ops::copy_to_host_raw(&from.stream, &source, host_ptr::<T>(dst), len)? };
+    Ok(())
+}
+
+/// Copy `len` elements from device memory `src` into the pinned host memory at `dst`,
+/// ordered on `src`'s stream. Refused unless `dst` is page-locked.
+#[pyfunction]
+pub(crate) fn copy_to_host(py: Python<'_>, dtype: &str, len: usize, src: MemoryArg, dst: u64) -> PyResult<()> {
+    let src = Memory::from(src);
+    let run = || -> Result<(), Raised> {
+        let dtype = args::dtype(dtype)?;
+        args::check_range("src", src.ptr, len, dtype)?;
+        args::check_range("dst", dst, len, dtype)?;
+        by_dtype!(dtype, copy_to_host_t(&src, dst, len))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+fn copy_from_host_t<T: Element>(src: u64, dst: &Memory, len: usize) -> Result<(), Raised> {
+    let to = Caller::open(dst)?;
+    let mut target = to.view_mut::<T>(dst.ptr, len);
+    // SAFETY: by the module's contract (1, 3, 4), `src` addresses `len` elements of a CPU
+    // tensor the caller keeps, unwritten, until the copy is done on the stream; the call
+    // refuses it unless it is page-locked.
+    unsafe { ops::copy_from_host_raw(&to.stream, host_ptr::<T>(src).cast_const(), len, &mut target)? };
+    Ok(())
+}
+
+/// Copy `len` elements from the pinned host memory at `src` into device memory `dst`,
+/// ordered on `dst`'s stream. Refused unless `src` is page-locked.
+#[pyfunction]
+pub(crate) fn copy_from_host(py: Python<'_>, dtype: &str, len: usize, src: u64, dst: MemoryArg) -> PyResult<()> {
+    let dst = Memory::from(dst);
+    let run = || -> Result<(), Raised> {
+        let dtype = args::dtype(dtype)?;
+        args::check_range("src", src, len, dtype)?;
+        args::check_range("dst", dst.ptr, len, dtype)?;
+        by_dtype!(dtype, copy_from_host_t(src, &dst, len))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+fn reduce_from_host_t<T: Element>(
+    dst: &Memory,
+    src: u64,
+    len: usize,
+    op: ReduceOp,
+    divide_by: u32,
+) -> Result<(), Raised> {
+    let to = Caller::open(dst)?;
+    if !to.device.info().unified_addressing {
+        return Err(Raised {
+            class: crate::error::Class::UnsupportedDevice,
+            message: format!(
+                "device {} has no unified addressing, so a kernel cannot read pinned host memory at its host address",
+                to.device.ordinal()
+            ),
+        });
+    }
+    let bytes = len * size_of::<T>();
+    geforce_p2p::pinned::require_pinned(&to.device, "src", host_ptr::<u8>(src).cast_const(), bytes)?;
+    let mut target = to.view_mut::<T>(dst.ptr, len);
+    // Pinned host memory is mapped into every device at its host address where unified
+    // addressing is on (checked above), so the kernel reads it there.
+    let source = to.view::<T>(src, len);
+    Ok(ops::reduce(&to.stream, &mut target, &source, op, divide_by)?)
+}
+
+/// `dst[i] = op(dst[i], src[i])` with `src` read by the kernel straight out of pinned host
+/// memory, ordered on `dst`'s stream. `divide_by` (≥ 1) divides the result of avg.
+#[pyfunction]
+#[pyo3(signature = (dtype, len, dst, src, op, divide_by=1))]
+pub(crate) fn reduce_from_host(
+    py: Python<'_>,
+    dtype: &str,
+    len: usize,
+    dst: MemoryArg,
+    src: u64,
+    op: &str,
+    divide_by: u32,
+) -> PyResult<()> {
+    let dst = Memory::from(dst);
+    let run = || -> Result<(), Raised> {
+        let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
+        args::check_range("dst", dst.ptr, len, dtype)?;
+        args::check_range("src", src, len, dtype)?;
+        by_dtype!(dtype, reduce_from_host_t(&dst, src, len, op, divide_by))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+fn reduce_t<T: Element>(dst: &Memory, src: u64, len: usize, op: ReduceOp, divide_by: u32) -> Result<(), Raised> {
+    let at = Caller::open(dst)?;
+    let mut target = at.view_mut::<T>(dst.ptr, len);
+    let source = at.view::<T>(src, len);
+    Ok(ops::reduce(&at.stream, &mut target, &source, op, divide_by)?)
+}
+
+/// `dst[i] = op(dst[i], src[i])` for device memory `dst` and `src` of one device, ordered
+/// on `dst`'s stream.
+#[pyfunction]
+#[pyo3(signature = (dtype, len, dst, src, op, divide_by=1))]
+pub(crate) fn reduce(
+    py: Python<'_>,
+    dtype: &str,
+    len: usize,
+    dst: MemoryArg,
+    src: u64,
+    op: &str,
+    divide_by: u32,
+) -> PyResult<()> {
+    let dst = Memory::from(dst);
+    let run = || -> Result<(), Raised> {
+        let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
+        args::check_range("dst", dst.ptr, len, dtype)?;
+        args::check_range("src", src, len, dtype)?;
+        check_disjoint("src", &[(dst.device, src)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
+        by_dtype!(dtype, reduce_t(&dst, src, len, op, divide_by))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+fn all_reduce_t<T: Element>(ranks: &[Memory], len: usize, op: ReduceOp, receive: Receive) -> Result<(), Raised> {
+    let callers = ranks.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let mut views: Vec<Rank<'_, T>> = callers
+        .iter()
+        .zip(ranks)
+        .map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, len), stream: &c.stream })
+        .collect();
+    Ok(collectives::all_reduce(engine(), &mut views, op, receive)?)
+}
+
+/// In place: every rank's `len` elements become `op` over all ranks'. One rank per device.
+#[pyfunction]
+#[pyo3(signature = (dtype, len, ranks, op, transport="auto"))]
+pub(crate) fn all_reduce(
+    py: Python<'_>,
+    dtype: &str,
+    len: usize,
+    ranks: Vec<MemoryArg>,
+    op: &str,
+    transport: &str,
+) -> PyResult<()> {
+    let ranks = memories(ranks);
+    let run = || -> Result<(), Raised> {
+        let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::transport(transport)?);
+        args::check_ranks("tensors", &ranks, len, dtype)?;
+        by_dtype!(dtype, all_reduce_t(&ranks, len, op, receive))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+fn all_gather_t<T: Element>(inputs: &[u64], in_len: usize, outputs: &[Memory], receive: Receive) -> Result<(), Raised> {
+    let callers = outputs.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let out_len = args::times("outputs", outputs.len(), in_len)?;
+    let sources: Vec<DeviceView<'_, T>> = callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, in_len)).collect();
+    let mut ranks: Vec<Rank<'_, T>> = callers
+        .iter()
+        .zip(outputs)
+        .map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, out_len), stream: &c.stream })
+        .collect();
+    Ok(collectives::all_gather(engine(), &sources, &mut ranks, receive)?)
+}
+
+/// Every output (n × `in_len` elements) becomes the concatenation of all inputs (`in_len`
+/// each), in rank order; input r is on output r's device.
+#[pyfunction]
+#[pyo3(signature = (dtype, in_len, inputs, outputs, transport="auto"))]
+pub(crate) fn all_gather(
+    py: Python<'_>,
+    dtype: &str,
+    in_len: usize,
+    inputs: Vec<u64>,
+    outputs: Vec<MemoryArg>,
+    transport: &str,
+) -> PyResult<()> {
+    let outputs = memories(outputs);
+    let run = || -> Result<(), Raised> {
+        let (dtype, receive) = (args::dtype(dtype)?, args::transport(transport)?);
+        let out_len = args::times("outputs", outputs.len(), in_len)?;
+        args::check_ranks("outputs", &outputs, out_len, dtype)?;
+        args::check_inputs("inputs", &inputs, outputs.len(), in_len, dtype)?;
+        let (ins, outs) = on_devices(&inputs, &outputs);
+        check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)?;
+        by_dtype!(dtype, all_gather_t(&inputs, in_len, &outputs, receive))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+fn reduce_scatter_t<T: Element>(
+    inputs: &[u64],
+    out_len: usize,
+    outputs: &[Memory],
+    op: ReduceOp,
+    receive: Receive,
+) -> Result<(), Raised> {
+    let callers = outputs.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let in_len = args::times("inputs", outputs.len(), out_len)?;
+    let sources: Vec<DeviceView<'_, T>> = callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, in_len)).collect();
+    let mut ranks: Vec<Rank<'_, T>> = callers
+        .iter()
+        .zip(outputs)
+        .map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, out_len), stream: &c.stream })
+        .collect();
+    Ok(collectives::reduce_scatter(engine(), &sources, &mut ranks, op, receive)?)
+}
+
+/// Output r (`out_len` elements) becomes `op` over segment r of every input (n × `out_len`
+/// each); input r is on output r's device and is left unchanged.
+#[pyfunction]
+#[pyo3(signature = (dtype, out_len, inputs, outputs, op, transport="auto"))]
+pub(crate) fn reduce_scatter(
+    py: Python<'_>,
+    dtype: &str,
+    out_len: usize,
+    inputs: Vec<u64>,
+    outputs: Vec<MemoryArg>,
+    op: &str,
+    transport: &str,
+) -> PyResult<()> {
+    let outputs = memories(outputs);
+    let run = || -> Result<(), Raised> {
+        let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::transport(transport)?);
+        let in_len = args::times("inputs", outputs.len(), out_len)?;
+        args::check_ranks("outputs", &outputs, out_len, dtype)?;
+        args::check_inputs("inputs", &inputs, outputs.len(), in_len, dtype)?;
+        let (ins, outs) = on_devices(&inputs, &outputs);
+        check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)?;
+        by_dtype!(dtype, reduce_scatter_t(&inputs, out_len, &outputs, op, receive))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+fn broadcast_t<T: Element>(ranks: &[Memory], len: usize, root: usize, receive: Receive) -> Result<(), Raised> {
+    let callers = ranks.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let mut views: Vec<Rank<'_, T>> = callers
+        .iter()
+        .zip(ranks)
+        .map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, len), stream: &c.stream })
+        .collect();
+    Ok(collectives::broadcast(engine(), &mut views, root, receive)?)
+}
+
+/// Every rank's `len` elements become a copy of rank `root`'s. One rank per device.
+#[pyfunction]
+#[pyo3(signature = (dtype, len, ranks, root, transport="auto"))]
+pub(crate) fn broadcast(
+    py: Python<'_>,
+    dtype: &str,
+    len: usize,
+    ranks: Vec<MemoryArg>,
+    root: usize,
+    transport: &str,
+) -> PyResult<()> {
+    let ranks = memories(ranks);
+    let run = || -> Result<(), Raised> {
+        let (dtype, receive) = (args::dtype(dtype)?, args::transport(transport)?);
+        args::check_ranks("tensors", &ranks, len, dtype)?;
+        if root >= ranks.len() {
+            return Err(Raised::argument("root", format!("{root} is out of range for {} tensors", ranks.len())));
+        }
+        by_dtype!(dtype, broadcast_t(&ranks, len, root, receive))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+/// Pair each input address with its output's device.
+fn on_devices(inputs: &[u64], outputs: &[Memory]) -> (Vec<Placed>, Vec<Placed>) {
+    let ins = inputs.iter().zip(outputs).map(|(&p, m)| (m.device, p)).collect();
+    let outs = outputs.iter().map(|m| (m.device, m.ptr)).collect();
+    (ins, outs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlaps_on_one_device_are_refused_and_elsewhere_allowed() {
+        let f = DType::F32;
+        // 4 f32 at 0x100 end at 0x110; 0x110 starts right after.
+        assert_eq!(check_disjoint("a", &[(0, 0x100)], 4, "b", &[(0, 0x110)], 4, f), Ok(()));
+        assert_eq!(check_disjoint("a", &[(0, 0x100)], 4, "b", &[(1, 0x100)], 4, f), Ok(()), "other device");
+        assert_eq!(check_disjoint("a", &[(0, 0x100)], 0, "b", &[(0, 0x100)], 4, f), Ok(()), "empty");
+        let err = check_disjoint("inputs", &[(0, 0x100), (1, 0x10c)], 4, "outputs", &[(1, 0x100)], 8, f)
+            .expect_err("inputs[1] lies inside outputs[0]");
+        assert!(err.message.contains("inputs[1] overlaps outputs[0] on cuda:1"), "{}", err.message);
+    }
+
+    #[test]
+    fn stream_handles_keep_their_value() {
+        assert!(stream_handle(0).is_null(), "0 is the legacy default stream");
+        assert_eq!(stream_handle(0x2) as usize, 2, "per-thread default stream");
+    }
+}

@@ -1,0 +1,110 @@
+//! `geforce_p2p._native`: the native half of the `geforce_p2p` Python package, over the
+//! geforce-p2p facade.
+//!
+//! What it does: copies between devices (P2P where the pair has it, else staged through
+//! pinned host memory), host copies, the zero-copy reduce, and the collectives, on memory
+//! and streams handed over by the Python layer as raw addresses and `CUstream` handles; the
+//! probe; and the `gp2p` command line (`python -m geforce_p2p`), which is
+//! [`gp2p_cli::run_cli`] itself.
+//!
+//! What it does not: know about torch, DLPack or `__cuda_array_interface__`. Reading tensors,
+//! choosing streams, allocating outputs and the user-facing checks are the Python layer's
+//! (`python/geforce_p2p/`); this crate checks again what is cheap (`args.rs`) and turns the
+//! library's errors into the package's exception classes (`error.rs`). Every native call
+//! releases the GIL while it enqueues work; none waits for the GPU.
+//!
+//! `unsafe` is confined to `ffi.rs`, whose module docs state the contract the Python layer
+//! keeps.
+//!
+//! The pure parts are usable from Rust, for instance the argument checks:
+//!
+//! ```
+//! use gp2p_python::check_range;
+//!
+//! assert!(check_range("src", 0x1000, 4, "f32").is_ok());
+//! let refused = check_range("src", 0x1002, 4, "f32").unwrap_err();
+//! assert!(refused.contains("not aligned to 4 bytes"));
+//! ```
+#![deny(unsafe_code)]
+
+mod args;
+mod error;
+mod ffi;
+
+use geforce_p2p::{DType, Device, ReduceOp};
+use pyo3::prelude::*;
+
+use crate::error::Raised;
+
+/// Check that `len` elements of the dtype named `dtype` at `ptr` can be a tensor's memory (no
+/// overflow, aligned, not at address 0 unless empty), as every native call does; the error
+/// is the message a Python caller would see.
+pub fn check_range(name: &str, ptr: u64, len: usize, dtype: &str) -> Result<(), String> {
+    args::dtype(dtype).and_then(|d| args::check_range(name, ptr, len, d)).map_err(|e| e.message)
+}
+
+/// The facade's probe: `(json, text)`, the report as JSON and as the table `gp2p probe`
+/// prints. Raises `UnavailableError` without a driver.
+#[pyfunction]
+fn probe(py: Python<'_>) -> PyResult<(String, String)> {
+    let run = || -> Result<(String, String), Raised> {
+        let report = geforce_p2p::probe()?;
+        Ok((report.to_json(), report.render()))
+    };
+    py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+/// The number of visible CUDA devices. Raises `UnavailableError` without a driver.
+#[pyfunction]
+fn device_count(py: Python<'_>) -> PyResult<usize> {
+    py.detach(|| Device::count().map_err(Raised::from)).map_err(|e| e.into_pyerr(py))
+}
+
+/// Run the `gp2p` command line with `args` (the first is the program name); returns its exit
+/// code. Output goes to the process's stdout and stderr, as the binary's does.
+#[pyfunction]
+fn run_cli(py: Python<'_>, args: Vec<String>) -> i32 {
+    py.detach(|| gp2p_cli::run_cli(args))
+}
+
+/// The kernels' dtypes as `(name, bytes)`, in the kernels' order: the Python layer's tables
+/// are tested against it.
+#[pyfunction]
+fn dtypes() -> Vec<(&'static str, usize)> {
+    DType::ALL.iter().map(|d| (d.name(), d.size_bytes())).collect()
+}
+
+/// The reduce ops' names.
+#[pyfunction]
+fn reduce_ops() -> Vec<&'static str> {
+    ReduceOp::ALL.iter().map(|o| o.name()).collect()
+}
+
+/// The exception classes this module raises, by name (all defined in `geforce_p2p._errors`).
+#[pyfunction]
+fn error_classes() -> Vec<&'static str> {
+    error::Class::ALL.iter().map(|c| c.name()).collect()
+}
+
+/// The module `geforce_p2p._native`.
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(probe, m)?)?;
+    m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(run_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(reduce_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(error_classes, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::copy, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::reduce_from_host, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::all_reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::all_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::reduce_scatter, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::broadcast, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,492 @@
+"""CPU tests of the installed geforce_p2p package: no GPU, no driver, no torch needed.
+
+What they cover: the package imports, the probe and the command line report the missing
+driver as geforce_p2p.UnavailableError / exit code 2, the dtype and error tables agree with
+the native module, every argument check refuses bad input by name before native code runs
+(stand-ins with __cuda_array_interface__, __array_interface__ and DLPack, and a stand-in
+torch module for the torch path), valid input reaches native code with the right
+addresses, lengths and streams, and the native module's own checks refuse bad input
+before touching the (absent) driver.
+"""
+
+import ctypes
+import json
+import pathlib
+import subprocess
+import sys
+import types
+
+import pytest
+
+import geforce_p2p as gp
+from geforce_p2p import _api, _native, _tensors, ops
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# ---- stand-ins ----------------------------------------------------------------------------
+
+_next_address = [0x7F00_0000_0000]
+
+
+def _address(nbytes):
+    """A fresh, 256-byte aligned fake device address (never dereferenced: these tests stop
+    before the driver)."""
+    addr = _next_address[0]
+    _next_address[0] += (nbytes + 255) // 256 * 256 + 256
+    return addr
+
+
+class CudaArray:
+    """A device array as far as __cuda_array_interface__ (v3) goes."""
+
+    def __init__(self, shape, typestr="<f4", device=0, strides=None, readonly=False, stream=None, ptr=None):
+        size = int(typestr[2:])
+        n = 1
+        for d in shape:
+            n *= d
+        self.device = device
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape),
+            "typestr": typestr,
+            "data": (_address(n * size) if ptr is None else ptr, readonly),
+            "strides": strides,
+            "stream": stream,
+            "version": 3,
+        }
+
+    @property
+    def ptr(self):
+        return self.__cuda_array_interface__["data"][0]
+
+
+class HostArray:
+    """Host memory as far as __array_interface__ goes (its pinning is unknown to Python)."""
+
+    def __init__(self, shape, typestr="<f4"):
+        self.__array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (_address(4096), False), "version": 3}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class DLPackArray:
+    """A DLPack producer built with ctypes: its capsule points at a DLManagedTensor this
+    object owns (no deleter: the object outlives the capsule in these tests)."""
+
+    def __init__(self, shape, code, bits, device_type=2, device_id=0, strides=None, byte_offset=0):
+        self._shape = (ctypes.c_int64 * len(shape))(*shape)
+        self._strides = None if strides is None else (ctypes.c_int64 * len(strides))(*strides)
+        self.data = _address(1 << 16)
+        self._managed = _DLManagedTensor()
+        t = self._managed.dl_tensor
+        t.data = self.data
+        t.device = _DLDevice(device_type, device_id)
+        t.ndim = len(shape)
+        t.dtype = _DLDataType(code, bits, 1)
+        t.shape = self._shape
+        t.strides = self._strides
+        t.byte_offset = byte_offset
+        self.streams_asked = []
+
+    def __dlpack_device__(self):
+        return (self._managed.dl_tensor.device.device_type, self._managed.dl_tensor.device.device_id)
+
+    def __dlpack__(self, stream=None):
+        self.streams_asked.append(stream)
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self._managed), b"dltensor", None)
+
+
+class FakeTorch:
+    """Enough of torch for the package's torch path: tensors, dtypes, devices, current
+    streams (handle 0x5000 + ordinal, so tests can see which stream was used), events."""
+
+    def __init__(self):
+        self.module = types.ModuleType("torch")
+        m = self.module
+        m.strided = "torch.strided"
+        m.sparse_coo = "torch.sparse_coo"
+
+        class Dtype:
+            def __init__(self, name):
+                self.name = name
+
+            def __str__(self):
+                return "torch." + self.name
+
+        for name in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "uint32", "int64",
+                     "uint64", "bool", "complex64", "int16"):
+            setattr(m, name, Dtype(name))
+
+        class Device:
+            def __init__(self, text):
+                kind, _, index = str(text).partition(":")
+                self.type, self.index = kind, (int(index) if index else None)
+
+            def __str__(self):
+                return self.type if self.index is None else "%s:%d" % (self.type, self.index)
+
+        sizes = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int32": 4,
+                 "uint32": 4, "int64": 8, "uint64": 8, "bool": 1, "complex64": 8, "int16": 2}
+
+        class Tensor:
+            def __init__(self, shape, dtype=m.float32, device="cuda:0", pinned=False, strides=None,
+                         layout=m.strided):
+                self.shape, self.dtype, self.device = tuple(shape), dtype, Device(device)
+                self.layout, self._pinned = layout, pinned
+                n = 1
+                for d in shape:
+                    n *= d
+                self._ptr = _address(n * sizes[dtype.name])
+                self._strides = strides or tuple(_tensors._c_strides(shape, 1))
+
+            def is_contiguous(self):
+                return _tensors._contiguous(self.shape, self._strides, 1)
+
+            def stride(self):
+                return self._strides
+
+            def data_ptr(self):
+                return self._ptr
+
+            def is_pinned(self):
+                return self._pinned
+
+        m.Tensor = Tensor
+        m.device = Device
+        m.events = []
+
+        class Stream:
+            def __init__(self, device):
+                self.cuda_stream = 0x5000 + device
+
+        class Event:
+            def __init__(self):
+                self.recorded, self.done = None, False
+                m.events.append(self)
+
+            def record(self, stream):
+                self.recorded = stream.cuda_stream
+
+            def query(self):
+                return self.done
+
+        def empty(shape, dtype, device, pin_memory=False):
+            return Tensor(shape, dtype=dtype, device=device, pinned=pin_memory)
+
+        m.empty = empty
+        m.cuda = types.SimpleNamespace(
+            current_stream=lambda device: Stream(device if isinstance(device, int) else device.index),
+            current_device=lambda: 0,
+            Event=Event,
+        )
+
+
+@pytest.fixture
+def torch(monkeypatch):
+    fake = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake.module)
+    return fake.module
+
+
+class Recorder:
+    """Stands in for the native module: records each call instead of running it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def record(*args):
+            self.calls.append((name, args))
+
+        return record
+
+
+@pytest.fixture
+def native(monkeypatch):
+    recorder = Recorder()
+    monkeypatch.setattr(_api, "_native", recorder)
+    monkeypatch.setattr(ops, "_native", recorder)
+    return recorder
+
+
+# ---- the package without a driver ------------------------------------------------------------
+
+
+def test_probe_raises_no_driver():
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA") as raised:
+        gp.probe()
+    assert isinstance(raised.value, gp.Error)
+    assert str(raised.value).startswith("no NVIDIA CUDA driver found")
+    with pytest.raises(gp.UnavailableError):
+        gp.device_count()
+
+
+def test_valid_input_reaches_the_library_and_gets_its_error():
+    a, b = CudaArray((5,), device=0), CudaArray((5,), device=1)
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+        gp.copy_(b, a)
+    with pytest.raises(gp.UnavailableError):
+        gp.all_reduce([a, b], op="avg")
+
+
+def test_command_line_is_the_gp2p_one():
+    run = lambda *args: subprocess.run([sys.executable, "-m", "geforce_p2p", *args], capture_output=True, text=True)
+    probe = run("probe")
+    assert probe.returncode == 2, probe
+    assert "gp2p: no NVIDIA CUDA driver found" in probe.stderr
+    assert run("devices").returncode == 2
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.strip() == "gp2p " + gp.__version__
+    usage = run("bogus")
+    assert usage.returncode == 2 and "unrecognized subcommand" in usage.stderr
+    bench = run("bench", "--help")
+    assert bench.returncode == 0 and "all-reduce" in bench.stdout
+    saved = REPO / "benches" / "results" / "probe-h200.json"
+    if saved.exists():
+        rendered = run("probe", "--from", str(saved))
+        assert rendered.returncode == 0, rendered.stderr
+        assert "NVIDIA H200" in rendered.stdout
+
+
+def test_probe_report_is_dicts_and_printable():
+    saved = REPO / "benches" / "results" / "probe-h200.json"
+    if not saved.exists():
+        pytest.skip("no saved probe in this checkout")
+    data = json.loads(saved.read_text())
+    report = gp.ProbeReport(data, "table")
+    assert report.devices[0]["name"] == "NVIDIA H200"
+    assert report.verdicts == data["verdicts"] and report.pairs == data["facts"]["pairs"]
+    assert str(report) == "table" and "1 device(s)" in repr(report)
+    assert json.loads(report.to_json()) == data
+
+
+def test_tables_agree_with_the_native_module():
+    assert [(k, v[0]) for k, v in _tensors.KERNEL_DTYPES.items()] == list(map(tuple, _native.dtypes()))
+    assert list(_api.REDUCE_OPS) == list(_native.reduce_ops())
+    for name in _native.error_classes():
+        assert issubclass(getattr(gp, name), gp.Error), name
+    assert issubclass(gp.InvalidArgumentError, ValueError) and issubclass(gp.NotPinnedError, gp.InvalidArgumentError)
+    assert gp.Error.__module__ == "geforce_p2p"
+
+
+def test_native_checks_refuse_before_the_driver():
+    """The Rust side checks what it cheaply can, before it looks for a driver."""
+    cases = [
+        (lambda: _native.copy("f32", 4, (0, 0x1002, 0), (1, 0x2000, 0)), "not aligned to 4 bytes"),
+        (lambda: _native.copy("bool", 4, (0, 0x1000, 0), (1, 0x2000, 0)), "dtype"),
+        (lambda: _native.copy("f32", 4, (0, 0x1000, 0), (1, 0x2000, 0), "p2p"), "route"),
+        (lambda: _native.copy("f32", 4, (0, 0, 0), (1, 0x2000, 0)), "address 0"),
+        (lambda: _native.all_reduce("f32", 4, [(0, 0x100, 0), (0, 0x200, 0)], "sum"), "both on cuda:0"),
+        (lambda: _native.all_reduce("f32", 4, [(0, 0x100, 0)], "mean"), "op"),
+        (lambda: _native.all_reduce("f32", 4, [(0, 0x100, 0)], "sum", "dma"), "transport"),
+        (lambda: _native.broadcast("f32", 4, [(0, 0x100, 0), (1, 0x100, 0)], 2), "root"),
+        (lambda: _native.all_gather("f32", 4, [0x100], [(0, 0x104, 0)]), "overlaps"),
+        (lambda: _native.reduce("f32", 4, (0, 0x100, 0), 0x108, "sum"), "overlaps"),
+    ]
+    for call, words in cases:
+        with pytest.raises(gp.InvalidArgumentError, match=words):
+            call()
+
+
+# ---- argument checks: refused by name before native code ------------------------------------
+
+
+def test_copy_refusals_name_the_argument(native):
+    a, b = CudaArray((4, 3), device=0), CudaArray((4, 3), device=1)
+    refusals = [
+        (lambda: gp.copy_(b, CudaArray((4, 3), device=0, strides=(4, 16))), ValueError, "src: not contiguous"),
+        (lambda: gp.copy_(b, CudaArray((3, 4), device=0)), ValueError, "dst: shape"),
+        (lambda: gp.copy_(b, CudaArray((4, 3), "<f8", device=0)), TypeError, "dst: dtype float32, but src is float64"),
+        (lambda: gp.copy_(b, CudaArray((4, 3), "<c8", device=0)), TypeError, "src: dtype '<c8' is not supported"),
+        (lambda: gp.copy_(b, CudaArray((4, 3), ">f4", device=0)), TypeError, "src: dtype"),
+        (lambda: gp.copy_(b, [1.0, 2.0]), TypeError, "src: expected a tensor"),
+        (lambda: gp.copy_(CudaArray((4, 3), readonly=True), a), ValueError, "dst: read-only"),
+        (lambda: gp.copy_(b, a, route="p2p"), ValueError, "route"),
+        (lambda: gp.copy_(b, a, chunk_bytes=0), ValueError, "chunk_bytes"),
+        (lambda: gp.copy_(b, a, slots=-1), ValueError, "slots"),
+        (lambda: gp.copy_(HostArray((4, 3)), HostArray((4, 3))), ValueError, "both CPU"),
+        (lambda: gp.copy_(a, CudaArray((4, 3), device=0, ptr=a.ptr + 8)), ValueError, "overlaps"),
+        (lambda: gp.copy_(HostArray((4, 3)), a, route="peer"), ValueError, "route"),
+        (lambda: ops.staged_copy(HostArray((4, 3)), a), ValueError, "dst: a CPU tensor"),
+    ]
+    for call, kind, words in refusals:
+        with pytest.raises(kind, match=words):
+            call()
+    assert native.calls == [], "nothing reached native code"
+
+
+def test_copy_hands_over_addresses_lengths_and_streams(native):
+    a, b = CudaArray((4, 3), device=0, stream=0x77), CudaArray((4, 3), device=1)
+    assert gp.copy_(b, a) is b
+    ops.staged_copy(b, a, chunk_bytes=1 << 20, slots=3)
+    host = HostArray((4, 3))
+    gp.copy_(host, a)
+    gp.copy_(b, host)
+    assert native.calls == [
+        ("copy", ("f32", 12, (0, a.ptr, 0x77), (1, b.ptr, 0), "auto", None, None)),
+        ("copy", ("f32", 12, (0, a.ptr, 0x77), (1, b.ptr, 0), "staged", 1 << 20, 3)),
+        ("copy_to_host", ("f32", 12, (0, a.ptr, 0x77), host.__array_interface__["data"][0])),
+        ("copy_from_host", ("f32", 12, host.__array_interface__["data"][0], (1, b.ptr, 0))),
+    ]
+
+
+def test_collective_refusals_name_the_argument(native):
+    x0, x1 = CudaArray((6,), device=0), CudaArray((6,), device=1)
+    refusals = [
+        (lambda: gp.all_reduce(x0), TypeError, "tensors: expected a list"),
+        (lambda: gp.all_reduce([]), ValueError, "tensors: an empty list"),
+        (lambda: gp.all_reduce([x0, CudaArray((6,), device=0)]), ValueError, r"tensors\[1\]: on cuda:0 like tensors\[0\]"),
+        (lambda: gp.all_reduce([x0, CudaArray((7,), device=1)]), ValueError, r"tensors\[1\]: shape"),
+        (lambda: gp.all_reduce([x0, CudaArray((6,), "<i4", device=1)]), TypeError, r"tensors\[1\]: dtype int32"),
+        (lambda: gp.all_reduce([x0, CudaArray((2, 3), device=1, strides=(4, 8))]), ValueError, "not contiguous"),
+        (lambda: gp.all_reduce([x0, HostArray((6,))]), ValueError, r"tensors\[1\]: a CPU tensor"),
+        (lambda: gp.all_reduce([x0, x1], op="mean"), ValueError, "op: 'mean' is not one of sum, avg, min, max, prod"),
+        (lambda: gp.all_reduce([x0, x1], transport="dma"), ValueError, "transport"),
+        (lambda: gp.broadcast([x0, x1], root=2), ValueError, "root"),
+        (lambda: gp.all_gather([x0, x1], [CudaArray((12,), device=0)]), ValueError, "inputs: 2 tensors for 1"),
+        (lambda: gp.all_gather([x0, x1], [CudaArray((11,), device=0), CudaArray((11,), device=1)]), ValueError,
+         r"outputs\[0\]: 11 elements, expected 12"),
+        (lambda: gp.all_gather([x0, x1], [CudaArray((12,), device=1), CudaArray((12,), device=0)]), ValueError,
+         r"inputs\[0\]: on cuda:0, but outputs\[0\] is on cuda:1"),
+        (lambda: gp.all_gather([CudaArray((6,), device=0, ptr=0x10000), x1],
+                               [CudaArray((12,), device=0, ptr=0x10000 - 8), CudaArray((12,), device=1)]),
+         ValueError, "overlaps"),
+        (lambda: gp.reduce_scatter([x0, x1], [CudaArray((4,), device=0), CudaArray((4,), device=1)]), ValueError,
+         r"inputs\[0\]: 6 elements, expected 8"),
+    ]
+    for call, kind, words in refusals:
+        with pytest.raises(kind, match=words):
+            call()
+    assert native.calls == []
+
+
+def test_collectives_hand_over_one_rank_per_device(native):
+    x = [CudaArray((2, 3), "<u8", device=d) for d in (1, 0)]
+    gp.all_reduce(x, op="AVG")
+    gp.broadcast(x, root=1, transport="zero-copy")
+    outs = [CudaArray((4, 3), "<u8", device=d) for d in (1, 0)]
+    gp.all_gather(x, outs)
+    gp.reduce_scatter(outs, x, op="max", transport="scratch")
+    ranks = [(1, x[0].ptr, 0), (0, x[1].ptr, 0)]
+    out_ranks = [(1, outs[0].ptr, 0), (0, outs[1].ptr, 0)]
+    assert native.calls == [
+        ("all_reduce", ("u64", 6, ranks, "avg", "auto")),
+        ("broadcast", ("u64", 6, ranks, 1, "zero-copy")),
+        ("all_gather", ("u64", 6, [x[0].ptr, x[1].ptr], out_ranks, "auto")),
+        ("reduce_scatter", ("u64", 6, [outs[0].ptr, outs[1].ptr], ranks, "max", "scratch")),
+    ]
+
+
+def test_ops_check_and_hand_over(native):
+    d = CudaArray((8,), "|i1", device=0)
+    host = HostArray((8,), "|i1")
+    ops.reduce_from_host(d, host, op="avg", divide_by=2)
+    ops.copy_to_host(host, d)
+    ops.copy_from_host(d, host)
+    ops.reduce(d, CudaArray((8,), "|i1", device=0), op="prod")
+    assert [c[0] for c in native.calls] == ["reduce_from_host", "copy_to_host", "copy_from_host", "reduce"]
+    assert native.calls[0][1] == ("i8", 8, (0, d.ptr, 0), host.__array_interface__["data"][0], "avg", 2)
+    for call, kind, words in [
+        (lambda: ops.reduce_from_host(d, host, divide_by=0), ValueError, "divide_by"),
+        (lambda: ops.reduce_from_host(host, d), ValueError, "dst: a CPU tensor"),
+        (lambda: ops.copy_to_host(d, d), ValueError, "dst: a tensor on cuda:0, expected a pinned CPU tensor"),
+        (lambda: ops.reduce(d, CudaArray((8,), "|i1", device=1)), ValueError, "one device"),
+        (lambda: ops.reduce(d, CudaArray((8,), "|i1", device=0, ptr=d.ptr + 4)), ValueError, "overlaps"),
+    ]:
+        with pytest.raises(kind, match=words):
+            call()
+
+
+# ---- the torch path, through a stand-in torch module ----------------------------------------
+
+
+def test_torch_tensors_use_each_devices_current_stream(torch, native):
+    a = torch.Tensor((3, 5), dtype=torch.bfloat16, device="cuda:1")
+    b = gp.copy(a, device="cuda:0")
+    assert isinstance(b, torch.Tensor) and str(b.device) == "cuda:0" and b.dtype is torch.bfloat16
+    assert native.calls == [("copy", ("bf16", 15, (1, a.data_ptr(), 0x5001), (0, b.data_ptr(), 0x5000), "auto", None, None))]
+    grads = [torch.Tensor((7,), device="cuda:%d" % d) for d in (0, 1)]
+    gp.all_reduce(grads, op="avg")
+    assert native.calls[-1] == ("all_reduce", ("f32", 7, [(0, grads[0].data_ptr(), 0x5000), (1, grads[1].data_ptr(), 0x5001)], "avg", "auto"))
+
+
+def test_torch_refusals(torch, native):
+    cuda0 = torch.Tensor((4,), device="cuda:0")
+    for call, kind, words in [
+        (lambda: gp.copy_(cuda0, torch.Tensor((4,), device="cpu")), ValueError, r"src: a CPU tensor that is not pinned; pass src.pin_memory\(\)"),
+        (lambda: gp.copy(torch.Tensor((4,), device="cpu"), device="cuda:0"), ValueError, "pin_memory"),
+        (lambda: gp.copy(torch.Tensor((4,), dtype=torch.bool), device="cuda:1"), TypeError, "src: dtype torch.bool is not supported"),
+        (lambda: gp.copy(torch.Tensor((4,), dtype=torch.complex64), device="cuda:1"), TypeError, "complex64"),
+        (lambda: gp.copy(torch.Tensor((2, 2), strides=(1, 2)), device="cuda:1"), ValueError, r"src: not contiguous.*src.contiguous\(\)"),
+        (lambda: gp.copy(torch.Tensor((4,), layout=torch.sparse_coo), device="cuda:1"), TypeError, "strided"),
+        (lambda: gp.copy(torch.Tensor((4,), device="meta"), device="cuda:1"), TypeError, "only cuda and cpu"),
+        (lambda: gp.copy(cuda0, device="tpu:0"), ValueError, "device"),
+        (lambda: gp.all_reduce([cuda0, torch.Tensor((4,), device="cuda:0")]), ValueError, "on cuda:0 like tensors"),
+    ]:
+        with pytest.raises(kind, match=words):
+            call()
+    assert native.calls == []
+
+
+def test_pinned_host_tensors_are_held_until_their_copy_is_done(torch, native):
+    _tensors._held.clear()
+    host = torch.Tensor((4,), device="cpu", pinned=True)
+    out = gp.copy(host, device="cuda:1")
+    assert native.calls[-1] == ("copy_from_host", ("f32", 4, host.data_ptr(), (1, out.data_ptr(), 0x5001)))
+    back = gp.copy(out, device="cpu")
+    assert back._pinned, "a CPU result is allocated pinned"
+    assert [o for _, o in _tensors._held] == [host, back]
+    assert [e.recorded for e in torch.events] == [0x5001, 0x5001], "recorded on the CUDA side's stream"
+    for e in torch.events:
+        e.done = True
+    gp.copy_(out, host)
+    assert [o for _, o in _tensors._held] == [host], "completed copies let go; the new one holds"
+
+
+# ---- reading DLPack ---------------------------------------------------------------------------
+
+
+def test_dlpack_is_read_with_offset_dtype_device_and_strides():
+    x = DLPackArray((2, 3), code=4, bits=16, device_id=1, byte_offset=64)
+    t = _tensors.describe(x, "x")
+    assert (t.device, t.ptr, t.shape, t.dtype, t.stream) == (1, x.data + 64, (2, 3), "bf16", 0)
+    assert x.streams_asked == [1], "the producer orders itself before the legacy default stream"
+    assert _tensors.describe(DLPackArray((4,), code=1, bits=64, strides=(1,)), "y").dtype == "u64"
+    host = _tensors.describe(DLPackArray((4,), code=2, bits=32, device_type=3), "h")
+    assert host.device is None and host.pinned is True
+    with pytest.raises(ValueError, match="x: not contiguous"):
+        _tensors.describe(DLPackArray((2, 3), code=2, bits=32, strides=(1, 2)), "x")
+    with pytest.raises(TypeError, match="x: dtype DLPack code 5"):
+        _tensors.describe(DLPackArray((2,), code=5, bits=64), "x")
+    with pytest.raises(TypeError, match="device type 10"):
+        _tensors.describe(DLPackArray((2,), code=2, bits=32, device_type=10), "x")
+
+
+def test_contiguity_ignores_extent_one_and_empty():
+    assert _tensors._contiguous((1, 4), (999, 4), 4)
+    assert _tensors._contiguous((0, 4), (4, 4), 4)
+    assert not _tensors._contiguous((2, 4), (4, 8), 4)

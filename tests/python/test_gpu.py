@@ -1,0 +1,490 @@
+"""GPU tests of the geforce_p2p package against torch: every op and dtype at odd lengths,
+fresh random data, poisoned outputs, every element checked against a CPU reference (numpy),
+on torch's current streams with torch kernels queued before and after and no
+synchronisation between, and the refusals (nothing written, no CUDA error left behind).
+
+Skipped as a whole without torch or CUDA. Collectives across devices need two visible
+devices (the first two are used); with one device, a single rank must be a no-op and two
+tensors on one device must be refused.
+
+    python3 -m pytest -q tests/python/test_gpu.py
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import geforce_p2p as gp  # noqa: E402
+
+NDEV = torch.cuda.device_count()
+two_devices = pytest.mark.skipif(NDEV < 2, reason="needs two CUDA devices")
+one_device = pytest.mark.skipif(NDEV != 1, reason="checks the one-device behaviour")
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "uint32", "int64", "uint64"]
+OPS = ["sum", "avg", "min", "max", "prod"]
+FLOATS = {"float32", "float64", "float16", "bfloat16"}
+# Odd lengths: one element, a few, around the kernels' vector width, the staged copy's
+# one-chunk limit (1 MiB) passed for every dtype, and the collectives' exchange/ring switch.
+COPY_LENGTHS = [1, 7, 4099, (1 << 20) + 3]
+COLLECTIVE_LENGTHS = [1, 7, 4097, (1 << 19) + 3, (1 << 21) + 5]
+SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+NUMPY_UNSIGNED = {"uint32": np.uint32, "uint64": np.uint64}
+
+
+def dt(name):
+    return getattr(torch, name)
+
+
+def cuda(d):
+    return torch.device("cuda", d)
+
+
+def random(n, name, device):
+    """Fresh random data of dtype `name`: normal floats; small integers, so that sums and
+    products of two ranks stay meaningful (they wrap like C where they overflow)."""
+    if name in FLOATS:
+        return torch.randn(n, device=device).to(dt(name))
+    if name == "uint32":
+        return torch.randint(0, 16, (n,), device=device, dtype=torch.int32).view(torch.uint32)
+    if name == "uint64":
+        return torch.randint(0, 16, (n,), device=device, dtype=torch.int64).view(torch.uint64)
+    low = 0 if name == "uint8" else -8
+    return torch.randint(low, 16, (n,), device=device, dtype=torch.int64).to(dt(name))
+
+
+def empty(n, name, device, pinned=False):
+    """A poisoned output: every byte 0xA5, so an element left unwritten shows."""
+    t = torch.empty(n, dtype=dt(name), device=device, pin_memory=pinned)
+    t.view(torch.uint8).fill_(0xA5)
+    return t
+
+
+def bits(t):
+    """The elements' bit patterns on the host, as signed integers of the same size."""
+    return t.detach().cpu().view(SIGNED[t.element_size()]).numpy()
+
+
+def values(t):
+    """The elements on the host as numpy: float64 for floats, the integer type otherwise."""
+    name = str(t.dtype).replace("torch.", "")
+    if name in FLOATS:
+        return t.detach().cpu().to(torch.float64).numpy()
+    if name in NUMPY_UNSIGNED:
+        return bits(t).view(NUMPY_UNSIGNED[name])
+    return t.detach().cpu().numpy()
+
+
+def to_torch(array, name):
+    """numpy values back into a CPU tensor of dtype `name` (floats rounded via float32,
+    as the kernels accumulate half types in float32)."""
+    if name in FLOATS:
+        t = torch.from_numpy(np.asarray(array, dtype=np.float64))
+        return t if name == "float64" else t.to(torch.float32).to(dt(name))
+    if name in NUMPY_UNSIGNED:
+        signed = np.int64 if name == "uint64" else np.int32
+        unsigned = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_UNSIGNED[name]))
+        return torch.from_numpy(unsigned.view(signed)).view(dt(name))
+    return torch.from_numpy(np.asarray(array)).to(dt(name))
+
+
+def reduce_ref(op, arrays, name):
+    """`op` over the ranks' arrays, folded left to right, as the kernels do."""
+    acc = arrays[0]
+    n = len(arrays)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for a in arrays[1:]:
+            if op in ("sum", "avg"):
+                acc = acc + a
+            elif op == "prod":
+                acc = acc * a
+            elif op == "min":
+                acc = np.fmin(acc, a) if name in FLOATS else np.minimum(acc, a)
+            else:
+                acc = np.fmax(acc, a) if name in FLOATS else np.maximum(acc, a)
+        if op == "avg":
+            if name in FLOATS:
+                acc = acc / n
+            elif name.startswith("u"):
+                acc = acc // acc.dtype.type(n)
+            else:
+                wide = acc.astype(np.int64)
+                acc = np.where(wide < 0, -((-wide) // n), wide // n).astype(acc.dtype)
+    return to_torch(acc, name)
+
+
+def assert_matches(out, ref, name, op="sum"):
+    if op == "avg" and name in FLOATS:
+        tol = {"float64": 1e-12, "float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2}[name]
+        torch.testing.assert_close(out.cpu().to(torch.float64), ref.to(torch.float64), rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(bits(out), bits(ref))
+
+
+def no_cuda_error():
+    for d in range(NDEV):
+        torch.cuda.synchronize(d)
+
+
+# ---- copies -----------------------------------------------------------------------------
+
+
+def pairs():
+    yield (0, 0)
+    if NDEV >= 2:
+        yield (0, 1)
+        yield (1, 0)
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("n", COPY_LENGTHS)
+@pytest.mark.parametrize("src_dev,dst_dev", list(pairs()))
+@pytest.mark.parametrize("route", ["auto", "staged"])
+def test_copy_between_devices(name, n, src_dev, dst_dev, route):
+    torch.manual_seed(n)
+    a = random(n, name, cuda(src_dev))
+    expected = a.cpu()
+    b = gp.copy(a, device="cuda:%d" % dst_dev, route=route)
+    assert b.device == cuda(dst_dev) and b.dtype == a.dtype and b.shape == a.shape
+    assert_matches(b, expected, name)
+    into = empty(n, name, cuda(dst_dev))
+    assert gp.copy_(into, a, route=route) is into
+    assert_matches(into, expected, name)
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("n", COPY_LENGTHS)
+def test_staged_copy_and_host_copies(name, n):
+    torch.manual_seed(n + 1)
+    dst_dev = 1 if NDEV >= 2 else 0
+    a = random(n, name, cuda(0))
+    expected = a.cpu()
+    out = empty(n, name, cuda(dst_dev))
+    gp.ops.staged_copy(out, a, chunk_bytes=64 << 10, slots=3)
+    assert_matches(out, expected, name)
+    host = empty(n, name, "cpu", pinned=True)
+    gp.ops.copy_to_host(host, a)
+    torch.cuda.current_stream(0).synchronize()  # a CPU read waits, as with non_blocking=True
+    assert_matches(host, expected, name)
+    back = empty(n, name, cuda(dst_dev))
+    gp.ops.copy_from_host(back, host)
+    assert_matches(back, expected, name)
+    # gp.copy to and from the CPU: pinned output, allocated by torch.
+    cpu = gp.copy(a, device="cpu")
+    assert cpu.is_pinned()
+    torch.cuda.current_stream(0).synchronize()
+    assert_matches(cpu, expected, name)
+    assert_matches(gp.copy(cpu, device=cuda(dst_dev)), expected, name)
+
+
+def test_two_dimensional_tensors_keep_their_shape():
+    a = torch.randn(33, 17, device="cuda:0")
+    b = gp.copy(a, device="cuda:%d" % (NDEV - 1))
+    assert b.shape == (33, 17)
+    assert torch.equal(b.cpu(), a.cpu())
+
+
+def test_empty_tensors_copy_and_reduce():
+    a = torch.empty(0, device="cuda:0")
+    assert gp.copy(a, device="cuda:%d" % (NDEV - 1)).numel() == 0
+    gp.all_reduce([torch.empty(0, device=cuda(d)) for d in range(min(NDEV, 2))])
+    no_cuda_error()
+
+
+# ---- the reduce primitives --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("n", [1, 7, 4099, (1 << 20) + 3])
+def test_reduce_from_host_and_reduce(name, op, n):
+    torch.manual_seed(n + 2)
+    dst = random(n, name, cuda(0))
+    src = random(n, name, cuda(0))
+    host = src.cpu().pin_memory()
+    divide_by = 2 if op == "avg" else 1
+    ref = reduce_ref(op, [values(dst), values(src)], name)
+    d1, d2 = dst.clone(), dst.clone()
+    gp.ops.reduce_from_host(d1, host, op=op, divide_by=divide_by)
+    assert_matches(d1, ref, name, op)
+    gp.ops.reduce(d2, src, op=op, divide_by=divide_by)
+    assert_matches(d2, ref, name, op)
+
+
+# ---- collectives --------------------------------------------------------------------------
+
+
+def ranks_of(k):
+    """Device ordinals of k ranks, in rank order: 0, 1 (and reversed, to check rank order
+    is the list's, not the devices')."""
+    return [[0, 1], [1, 0]] if k == 2 else [[0]]
+
+
+@two_devices
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("n", COLLECTIVE_LENGTHS)
+def test_all_reduce_two_devices(name, op, n):
+    torch.manual_seed(n + 3)
+    for devices in ranks_of(2):
+        xs = [random(n, name, cuda(d)) for d in devices]
+        ref = reduce_ref(op, [values(x) for x in xs], name)
+        gp.all_reduce(xs, op=op)
+        for x in xs:
+            assert_matches(x, ref, name, op)
+
+
+@two_devices
+@pytest.mark.parametrize("transport", ["scratch", "zero-copy", "auto"])
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "int64"])
+def test_all_reduce_each_receive_path(transport, name):
+    n = (1 << 21) + 5
+    xs = [random(n, name, cuda(d)) for d in (0, 1)]
+    ref = reduce_ref("sum", [values(x) for x in xs], name)
+    gp.all_reduce(xs, op="sum", transport=transport)
+    for x in xs:
+        assert_matches(x, ref, name)
+
+
+@two_devices
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("n", COLLECTIVE_LENGTHS)
+def test_all_gather_broadcast_two_devices(name, n):
+    torch.manual_seed(n + 4)
+    for devices in ranks_of(2):
+        ins = [random(n, name, cuda(d)) for d in devices]
+        outs = [empty(2 * n, name, cuda(d)) for d in devices]
+        gp.all_gather(ins, outs)
+        ref = torch.cat([i.cpu() for i in ins])
+        for o in outs:
+            assert_matches(o, ref, name)
+        for root in (0, 1):
+            ts = [random(n, name, cuda(d)) for d in devices]
+            expected = ts[root].cpu()
+            gp.broadcast(ts, root=root)
+            for t in ts:
+                assert_matches(t, expected, name)
+
+
+@two_devices
+@pytest.mark.parametrize("name", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("n", [1, 7, 4097, (1 << 20) + 5])
+def test_reduce_scatter_two_devices(name, op, n):
+    torch.manual_seed(n + 5)
+    for devices in ranks_of(2):
+        ins = [random(2 * n, name, cuda(d)) for d in devices]
+        kept = [i.cpu() for i in ins]
+        outs = [empty(n, name, cuda(d)) for d in devices]
+        gp.reduce_scatter(ins, outs, op=op)
+        for r, o in enumerate(outs):
+            part = [values(k[r * n:(r + 1) * n]) for k in kept]
+            assert_matches(o, reduce_ref(op, part, name), name, op)
+        for i, k in zip(ins, kept):
+            assert_matches(i, k, name)  # inputs unchanged
+
+
+@pytest.mark.parametrize("name", ["float32", "int8", "bfloat16"])
+def test_a_single_rank_is_a_no_op(name):
+    x = random(1001, name, cuda(0))
+    before = x.cpu()
+    for op in OPS:
+        gp.all_reduce([x], op=op)
+    gp.broadcast([x], root=0)
+    assert_matches(x, before, name)
+    out = empty(1001, name, cuda(0))
+    gp.all_gather([x], [out])  # one rank: its own input is the whole output
+    assert_matches(out, before, name)
+
+
+def test_two_tensors_on_one_device_are_refused():
+    a, b = torch.ones(8, device="cuda:0"), torch.ones(8, device="cuda:0")
+    with pytest.raises(ValueError, match=r"tensors\[1\]: on cuda:0 like tensors\[0\]"):
+        gp.all_reduce([a, b])
+    with pytest.raises(ValueError, match="one tensor per device"):
+        gp.broadcast([a, b])
+    assert torch.equal(a.cpu(), torch.ones(8)) and torch.equal(b.cpu(), torch.ones(8))
+    no_cuda_error()
+
+
+# ---- stream semantics ----------------------------------------------------------------------
+
+
+def spin(device, ms=50):
+    """Hold the current stream of `device` busy, so an op that did not wait for it would
+    read or write too early (torch.cuda._sleep spins a kernel for a number of cycles)."""
+    with torch.cuda.device(device):
+        torch.cuda._sleep(int(ms * 1e6))
+
+
+@pytest.mark.parametrize("route", ["auto", "staged"])
+@pytest.mark.parametrize("n", [7, (1 << 22) + 1])
+def test_copies_order_with_torch_work_on_current_streams(route, n):
+    src_dev, dst_dev = 0, NDEV - 1
+    streams = [torch.cuda.Stream(device=d) for d in (src_dev, dst_dev)]
+    with torch.cuda.stream(streams[0]), torch.cuda.stream(streams[-1]):
+        a = torch.zeros(n, device=cuda(src_dev))
+        spin(src_dev)
+        a.add_(3)  # queued after the spin: the copy must see 3
+        spin(dst_dev)
+        b = gp.copy(a, device=cuda(dst_dev), route=route)
+        b.mul_(2)  # queued after the copy: must see its result
+        a.fill_(-1)  # a later write to the source must not reach b
+        c = torch.empty(n, device=cuda(dst_dev))
+        gp.copy_(c, b, route=route)
+        c.add_(1)
+    for d in {src_dev, dst_dev}:
+        torch.cuda.synchronize(d)
+    assert torch.all(b.cpu() == 6) and torch.all(c.cpu() == 7)
+
+
+@two_devices
+@pytest.mark.parametrize("n", [7, (1 << 21) + 5])
+def test_collectives_order_with_torch_work_on_current_streams(n):
+    streams = [torch.cuda.Stream(device=d) for d in (0, 1)]
+    with torch.cuda.stream(streams[0]), torch.cuda.stream(streams[1]):
+        xs = [torch.zeros(n, device=cuda(d)) for d in (0, 1)]
+        for d, x in enumerate(xs):
+            spin(d)
+            x.add_(d + 1)  # 1 and 2, written after the spin
+        gp.all_reduce(xs, op="sum")
+        for x in xs:
+            x.mul_(10)  # 30 everywhere if the all_reduce is ordered between
+        outs = [torch.empty(2 * n, device=cuda(d)) for d in (0, 1)]
+        gp.all_gather(xs, outs)
+        for o in outs:
+            o.add_(1)
+    for d in (0, 1):
+        torch.cuda.synchronize(d)
+    assert all(torch.all(x.cpu() == 30) for x in xs)
+    assert all(torch.all(o.cpu() == 31) for o in outs)
+
+
+def test_freed_source_memory_is_reused_only_after_the_copy():
+    """Torch may hand a freed tensor's memory out again at once, in stream order: the copy
+    must be done with it by then."""
+    n = 1 << 22
+    dst_dev = NDEV - 1
+    a = torch.full((n,), 5.0, device="cuda:0")
+    spin(0)
+    b = gp.copy(a, device=cuda(dst_dev), route="staged")
+    del a
+    junk = torch.full((n,), 9.0, device="cuda:0")  # likely a's memory, written after the copy
+    torch.cuda.synchronize(dst_dev)
+    torch.cuda.synchronize(0)
+    assert torch.all(b.cpu() == 5.0)
+    del junk
+
+
+def test_pinned_source_is_kept_until_its_copy_is_done():
+    n = 1 << 22
+    spin(0)
+    host = torch.full((n,), 4.0).pin_memory()
+    out = gp.copy(host, device="cuda:0")
+    del host  # the package holds it until the copy is done
+    again = torch.full((n,), 8.0).pin_memory()  # might reuse the block
+    torch.cuda.synchronize(0)
+    assert torch.all(out.cpu() == 4.0)
+    del again
+
+
+# ---- other producers ---------------------------------------------------------------------
+
+
+class DLPackOnly:
+    """Shows a torch tensor through DLPack alone."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None):
+        return self.t.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+class InterfaceOnly:
+    """Shows a torch tensor through __cuda_array_interface__ alone, with its device."""
+
+    def __init__(self, t):
+        self.t = t
+        self.device = t.device.index
+        self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+
+def test_dlpack_and_array_interface_objects():
+    a = torch.arange(1001, dtype=torch.float32, device="cuda:0")
+    torch.cuda.synchronize(0)  # the stand-ins order on the legacy default stream
+    dst_dev = NDEV - 1
+    out = torch.empty(1001, device=cuda(dst_dev))
+    gp.copy_(out, DLPackOnly(a))
+    torch.cuda.synchronize(dst_dev)
+    assert torch.equal(out.cpu(), a.cpu())
+    out2 = torch.empty(1001, device=cuda(dst_dev))
+    gp.copy_(InterfaceOnly(out2), InterfaceOnly(a))
+    torch.cuda.synchronize(dst_dev)
+    assert torch.equal(out2.cpu(), a.cpu())
+    bf = torch.randn(99, device="cuda:0").to(torch.bfloat16)
+    torch.cuda.synchronize(0)
+    assert torch.equal(gp.copy(DLPackOnly(bf), device=cuda(dst_dev)).cpu().view(torch.int16), bf.cpu().view(torch.int16))
+
+
+# ---- refusals: by name, nothing written, no CUDA error -------------------------------------
+
+
+def test_refusals_write_nothing_and_leave_no_cuda_error():
+    dst_dev = NDEV - 1
+    a = torch.randn(64, device="cuda:0")
+    dst = torch.full((64,), 7.0, device=cuda(dst_dev))
+    cases = [
+        (lambda: gp.copy_(dst, torch.randn(8, 8, device="cuda:0").t()), ValueError, "src: not contiguous"),
+        (lambda: gp.copy_(dst, torch.randn(65, device="cuda:0")), ValueError, "dst: shape"),
+        (lambda: gp.copy_(dst, torch.randn(8, 8, device="cuda:0")), ValueError, "dst: shape"),
+        (lambda: gp.copy_(dst, a.double()), TypeError, "dst: dtype float32, but src is float64"),
+        (lambda: gp.copy_(dst, a > 0), TypeError, "src: dtype torch.bool is not supported"),
+        (lambda: gp.copy_(dst, a.to(torch.complex64)), TypeError, "complex64"),
+        (lambda: gp.copy_(dst, torch.randn(64)), ValueError, r"pin_memory\(\)"),
+        (lambda: gp.copy(torch.randn(64), device=cuda(dst_dev)), ValueError, r"pin_memory\(\)"),
+        (lambda: gp.ops.copy_to_host(torch.empty(64), a), ValueError, "dst: a CPU tensor that is not pinned"),
+        (lambda: gp.ops.reduce_from_host(dst, torch.randn(64), op="sum"), ValueError, "src: a CPU tensor that is not pinned"),
+        (lambda: gp.all_reduce([dst], op="mean"), ValueError, "op"),
+        (lambda: gp.copy_(dst, a, chunk_bytes=0), ValueError, "chunk_bytes"),
+    ]
+    for call, kind, words in cases:
+        with pytest.raises(kind, match=words):
+            call()
+    no_cuda_error()
+    assert torch.all(dst.cpu() == 7.0), "nothing written"
+
+
+def test_unpinned_host_memory_from_numpy_is_refused_by_the_library():
+    host = np.zeros(64, dtype=np.float32)  # __array_interface__: only the driver can tell
+    dst = torch.full((64,), 7.0, device="cuda:0")
+    with pytest.raises(gp.NotPinnedError, match="not pinned") as raised:
+        gp.copy_(dst, host)
+    assert isinstance(raised.value, ValueError) and isinstance(raised.value, gp.Error)
+    no_cuda_error()
+    assert torch.all(dst.cpu() == 7.0)
+
+
+def test_probe_reports_every_device():
+    report = gp.probe()
+    assert len(report.devices) == NDEV
+    assert len(report.verdicts) == NDEV * (NDEV - 1)
+    assert "geforce-p2p probe" in str(report)
+    assert gp.device_count() == NDEV
+
+
+@two_devices
+def test_forced_peer_route_without_p2p_is_an_error_or_works():
+    a = torch.randn(1001, device="cuda:0")
+    try:
+        b = gp.copy(a, device="cuda:1", route="peer")
+    except gp.InvalidArgumentError as e:
+        assert "no P2P" in str(e)
+    else:
+        assert torch.equal(b.cpu(), a.cpu())
+    no_cuda_error()
