@@ -56,13 +56,16 @@ pub fn collect() -> Result<Facts> {
     Ok(facts)
 }
 
-/// Read saved facts (the `facts` of a `--json` report, or bare facts).
+/// Read saved facts (the `facts` of a `--json` report, or bare facts), and check that they
+/// hold together ([`Facts::check`]).
 pub fn load(path: &Path) -> Result<Facts> {
     let err = |reason: String| Error::Facts { path: path.display().to_string(), reason };
     let text = fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
     let facts = value.get("facts").cloned().unwrap_or(value);
-    serde_json::from_value(facts).map_err(|e| err(format!("not gp2p probe facts: {e}")))
+    let facts: Facts = serde_json::from_value(facts).map_err(|e| err(format!("not gp2p probe facts: {e}")))?;
+    facts.check().map_err(|reason| Error::Inconsistent { path: path.display().to_string(), reason })?;
+    Ok(facts)
 }
 
 fn nvml_facts(facts: &mut Facts) {

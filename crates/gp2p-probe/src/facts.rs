@@ -1,5 +1,10 @@
-//! The facts a verdict rests on: plain data, serialisable, every field optional — a
-//! missing source lowers what the report can say, it never fails it.
+//! The facts a verdict rests on: plain data, serialisable. A missing source lowers what
+//! the report can say, it never fails it, so a saved file may leave out any field except
+//! the few that name things: `devices`, each device's `ordinal`, `compute_capability` and
+//! `vram_bytes` (CUDA always has them), and each pair's `a` and `b`. [`Facts::check`]
+//! refuses facts that contradict themselves.
+
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
@@ -7,13 +12,55 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Facts {
     /// Machine-wide facts.
+    #[serde(default)]
     pub host: HostFacts,
-    /// One entry per CUDA device, by ordinal.
+    /// One entry per CUDA device, by ordinal (required: it is what tells probe facts from
+    /// any other JSON).
     pub devices: Vec<DeviceFacts>,
     /// One entry per ordered pair (a, b), a != b.
+    #[serde(default)]
     pub pairs: Vec<PairFacts>,
     /// Sources that could not be read, in words (e.g. "NVML: library not found").
+    #[serde(default)]
     pub missing_sources: Vec<String>,
+}
+
+impl Facts {
+    /// The device with this ordinal.
+    pub fn device(&self, ordinal: usize) -> Option<&DeviceFacts> {
+        self.devices.iter().find(|d| d.ordinal == ordinal)
+    }
+
+    /// Whether the facts hold together: each device listed once, each pair joining two
+    /// different listed devices, each ordered pair once. Saved files are checked on load;
+    /// the error says what is wrong, in words.
+    pub fn check(&self) -> Result<(), String> {
+        let mut ordinals = BTreeSet::new();
+        for d in &self.devices {
+            if !ordinals.insert(d.ordinal) {
+                return Err(format!("device {} is listed twice: each device appears once in `devices`", d.ordinal));
+            }
+        }
+        let listed = || ordinals.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+        let mut pairs = BTreeSet::new();
+        for p in &self.pairs {
+            if p.a == p.b {
+                return Err(format!("pair {} -> {} joins a device to itself: a pair needs two devices", p.a, p.b));
+            }
+            if let Some(absent) = [p.a, p.b].into_iter().find(|o| !ordinals.contains(o)) {
+                return Err(format!(
+                    "pair {} -> {} names device {absent}, which `devices` does not list (it lists: {})",
+                    p.a,
+                    p.b,
+                    listed()
+                ));
+            }
+            if !pairs.insert((p.a, p.b)) {
+                return Err(format!("pair {} -> {} is listed twice: each ordered pair appears once", p.a, p.b));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Which kernel module flavour drives the GPUs.
@@ -47,6 +94,7 @@ impl KernelModule {
 
 /// What the kernel command line says about the IOMMU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct IommuCmdline {
     /// The iommu-related words found, verbatim.
     pub flags: Vec<String>,
@@ -66,8 +114,9 @@ impl IommuCmdline {
 
 /// Machine-wide facts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HostFacts {
-    /// `linux` or `windows` or another OS name.
+    /// `linux` or `windows` or another OS name; empty when not known.
     pub os: String,
     /// The CUDA driver version, e.g. (13, 0).
     pub cuda_driver: Option<(u32, u32)>,
@@ -110,10 +159,12 @@ pub struct DeviceFacts {
     /// CUDA ordinal.
     pub ordinal: usize,
     /// Name, e.g. "NVIDIA GeForce RTX 4090".
+    #[serde(default)]
     pub name: String,
     /// UUID (NVML).
     pub uuid: Option<String>,
     /// PCI bus id.
+    #[serde(default)]
     pub pci_bus_id: String,
     /// Compute capability.
     pub compute_capability: (u32, u32),
@@ -138,15 +189,25 @@ impl DeviceFacts {
     /// Whether BAR1 can map all of VRAM (the static BAR1 rule: BAR1 − 128 KiB ≥ VRAM rounded
     /// up to 2 MiB). `None` when BAR1 is unknown.
     pub fn bar1_covers_vram(&self) -> Option<bool> {
-        const RESERVED: u64 = 128 << 10;
-        const ALIGN: u64 = 2 << 20;
-        self.bar1_bytes.map(|bar1| bar1.saturating_sub(RESERVED) >= self.vram_bytes.next_multiple_of(ALIGN))
+        self.bar1_bytes.map(|bar1| bar1_holds(bar1, self.vram_bytes))
     }
 
     /// Whether the IOMMU translates this device's DMA. `None` when unknown.
     pub fn iommu_translates(&self) -> Option<bool> {
         self.iommu_group_type.as_deref().map(|t| t.eq_ignore_ascii_case("DMA") || t.eq_ignore_ascii_case("DMA-FQ"))
     }
+}
+
+/// BAR1 space the driver keeps for itself (doorbell and MMIO pages: 32 × 4 KiB).
+const BAR1_RESERVED_BYTES: u64 = 128 << 10;
+/// The static BAR1 mapping maps VRAM in 2 MiB pages.
+const BAR1_MAP_ALIGN_BYTES: u64 = 2 << 20;
+
+/// The static BAR1 rule: whether a BAR1 of `bar1` bytes can map `vram` bytes. VRAM so large
+/// that rounding it up overflows fits in no BAR1.
+pub fn bar1_holds(bar1: u64, vram: u64) -> bool {
+    vram.checked_next_multiple_of(BAR1_MAP_ALIGN_BYTES)
+        .is_some_and(|needed| bar1.saturating_sub(BAR1_RESERVED_BYTES) >= needed)
 }
 
 /// NVML's P2P status for one capability.

@@ -1,6 +1,7 @@
 //! The report: a human table (devices, pair matrix with a legend, one line per pair) and
 //! the JSON document (`facts` + `verdicts`) that `--from` re-renders.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -41,23 +42,24 @@ impl Report {
                 ModuleFlavour::Proprietary => "proprietary kernel module",
             };
             let build = match (&m.builder, m.self_built()) {
-                (Some(b), true) => format!(", self-built by {b}"),
+                (Some(b), true) => format!(", self-built by {}", shown(b)),
                 (Some(_), false) => ", NVIDIA build".to_owned(),
                 (None, _) => String::new(),
             };
-            format!("{} {flavour}{build}", m.version)
+            format!("{} {flavour}{build}", shown(&m.version))
         });
         let cuda = h.cuda_driver.map_or("?".into(), |(a, b)| format!("{a}.{b}"));
-        let _ = writeln!(out, "driver: {module}; CUDA {cuda}; OS {}", h.os);
+        let os = if h.os.is_empty() { "unknown" } else { &h.os };
+        let _ = writeln!(out, "driver: {module}; CUDA {cuda}; OS {}", shown(os));
         let iommu = h.iommu_cmdline.as_ref().map_or("unknown".into(), |c| {
             if c.flags.is_empty() { "no iommu flags on the kernel command line".into() } else { c.flags.join(" ") }
         });
-        let _ = writeln!(out, "iommu (cmdline): {iommu}");
+        let _ = writeln!(out, "iommu (cmdline): {}", shown(&iommu));
         if let Some(r) = &h.registry_dwords {
-            let _ = writeln!(out, "registry: {r}");
+            let _ = writeln!(out, "registry: {}", shown(r));
         }
         if let Some(vm) = &h.virtual_machine {
-            let _ = writeln!(out, "virtual machine: {vm}");
+            let _ = writeln!(out, "virtual machine: {}", shown(vm));
         }
         let _ = writeln!(out);
         let _ = writeln!(
@@ -75,14 +77,14 @@ impl Report {
                 out,
                 "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:<16} {:<14} {:<10} {}",
                 d.ordinal,
-                d.name,
+                shown(&d.name),
                 format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
                 gib(d.vram_bytes),
                 bar1,
                 pcie,
-                brand,
-                d.iommu_group_type.as_deref().unwrap_or("?"),
-                d.pci_bus_id
+                shown(&brand),
+                shown(d.iommu_group_type.as_deref().unwrap_or("?")),
+                shown(&d.pci_bus_id)
             );
         }
         let _ = writeln!(out);
@@ -94,22 +96,22 @@ impl Report {
         if !f.missing_sources.is_empty() {
             let _ = writeln!(out, "\nnot read (the report says less without them):");
             for m in &f.missing_sources {
-                let _ = writeln!(out, "  - {m}");
+                let _ = writeln!(out, "  - {}", shown(m));
             }
         }
         out
     }
 
     fn render_matrix(&self, out: &mut String) {
-        let n = self.facts.devices.len();
+        let ordinals: Vec<usize> = self.facts.devices.iter().map(|d| d.ordinal).collect();
         let _ = write!(out, "pairs (row reads column)\n      ");
-        for b in 0..n {
+        for b in &ordinals {
             let _ = write!(out, "{b:>7}");
         }
         let _ = writeln!(out);
-        for a in 0..n {
+        for &a in &ordinals {
             let _ = write!(out, "{a:>6}");
-            for b in 0..n {
+            for &b in &ordinals {
                 let code = if a == b {
                     "X".to_owned()
                 } else {
@@ -137,12 +139,25 @@ impl Report {
                 PatchOutlook::Cannot(why) => format!("cannot: {why}"),
                 PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
             };
-            let _ = writeln!(out, "{} -> {} [{}] {}", v.a, v.b, v.code, v.reason);
-            let _ = writeln!(out, "    remedy: {}", v.remedy);
-            let _ = writeln!(out, "    patch: {patch}; facts used: {}", v.used.join(", "));
+            let _ = writeln!(out, "{} -> {} [{}] {}", v.a, v.b, v.code, shown(&v.reason));
+            let _ = writeln!(out, "    remedy: {}", shown(&v.remedy));
+            let _ = writeln!(out, "    patch: {}; facts used: {}", shown(&patch), v.used.join(", "));
             for w in &v.warnings {
-                let _ = writeln!(out, "    WARNING: {w}");
+                let _ = writeln!(out, "    WARNING: {}", shown(w));
             }
         }
     }
+}
+
+/// `text` as the report prints it: control characters (and the bidirectional overrides
+/// that reorder what a terminal shows) escaped, so a saved file cannot move the cursor,
+/// recolour the terminal or fake a line of the report.
+pub(crate) fn shown(text: &str) -> Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(text.chars().map(|c| if hidden(c) { c.escape_default().to_string() } else { c.to_string() }).collect())
 }

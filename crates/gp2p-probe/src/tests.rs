@@ -1,12 +1,24 @@
 //! Fixtures for every verdict branch, the laws over random facts, and report round trips.
 
+use std::path::{Path, PathBuf};
+
 use proptest::prelude::*;
 
 use crate::facts::*;
 use crate::parse;
-use crate::{PatchOutlook, Report, verdicts};
+use crate::{Error, PatchOutlook, Report, verdicts};
 
 const GIB: u64 = 1 << 30;
+
+/// A saved-facts file under `tests/fixtures/` (the shape `gp2p probe --json` writes).
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// A fixture's facts, loaded (and checked) as `gp2p probe --from` loads them.
+fn load_fixture(name: &str) -> Facts {
+    crate::load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
 
 /// Two RTX 4090s on a stock open-module driver that refuses P2P (NVML: CNS), with
 /// everything the patch needs in place: the "PATCH" case, which other fixtures bend.
@@ -231,6 +243,67 @@ fn one_device_has_no_pairs() {
     let r = Report::new(f);
     assert!(r.verdicts.is_empty());
     assert!(r.render().contains("no pairs to check"));
+}
+
+#[test]
+fn saved_files_that_contradict_themselves_are_refused() {
+    for (name, says) in [
+        ("pair-names-absent-device.json", "pair 0 -> 2 names device 2, which `devices` does not list (it lists: 0, 1)"),
+        ("self-pair.json", "pair 1 -> 1 joins a device to itself"),
+        ("duplicate-ordinals.json", "device 0 is listed twice"),
+    ] {
+        let err = crate::load(&fixture(name)).expect_err(name);
+        assert!(matches!(err, Error::Inconsistent { .. }), "{name}: {err:?}");
+        let text = err.to_string();
+        assert!(text.contains(says) && text.contains(name), "{name}: {text}");
+        assert!(!err.is_unavailable(), "a bad file is not a missing driver (exit 1, not 2)");
+    }
+}
+
+#[test]
+fn a_pair_naming_an_unlisted_device_decides_nothing() {
+    // Facts built in code are not checked; the verdict still refuses to guess.
+    let mut f = two_4090s();
+    f.pairs.push(PairFacts { a: 0, b: 7, can_access_peer: Some(false), ..PairFacts::default() });
+    let v = verdicts(&f).pop().unwrap();
+    assert_eq!(v.code, "?");
+    assert!(v.reason.contains("no device 7"), "{}", v.reason);
+}
+
+#[test]
+fn sizes_do_not_wrap() {
+    // VRAM of u64::MAX rounded up to 2 MiB used to wrap to 0 and fit any BAR1.
+    let f = load_fixture("vram-u64-max.json");
+    assert_eq!(f.devices[1].vram_bytes, u64::MAX);
+    assert_eq!(f.devices[1].bar1_covers_vram(), Some(false));
+    assert_eq!(codes(&f), ["BAR1", "BAR1"]);
+    assert!(!bar1_holds(u64::MAX, u64::MAX));
+    assert!(bar1_holds(32 * GIB, 24 * GIB) && !bar1_holds(32 * GIB, 32 * GIB));
+    assert!(Report::new(f).render().contains("17179869184.0 GiB"));
+}
+
+#[test]
+fn control_characters_in_saved_facts_are_escaped_on_output() {
+    let report = Report::new(load_fixture("control-chars-in-names.json"));
+    let text = report.render();
+    assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text:?}");
+    assert!(text.contains("RTX 4090\\u{1b}[1A\\u{1b}[2K\\r0 -> 1 [OK]"), "{text}");
+    // The fake verdict is part of the name on the device line, never a line of its own.
+    assert_eq!(text.lines().filter(|l| l.starts_with("0 -> 1 [")).count(), 1);
+    // JSON escapes them its own way and round-trips.
+    let json = report.to_json();
+    assert!(!json.contains('\u{1b}') && json.contains("\\u001b[1A"));
+}
+
+#[test]
+fn fields_the_docs_call_optional_may_be_absent() {
+    // An older file: no `os`, no `missing_sources`, no uuid, PCIe link or NVML atomics, and
+    // fields since dropped (`force_p2p`, the cmdline's `passthrough`).
+    let f = load_fixture("older-file-without-optional-fields.json");
+    assert_eq!(f.host.os, "");
+    assert!(f.missing_sources.is_empty() && f.devices[0].uuid.is_none() && f.pairs[0].nvml_atomics.is_none());
+    assert_eq!(codes(&f), ["PATCH", "PATCH"]);
+    assert!(Report::new(f).render().contains("OS unknown"));
 }
 
 fn arb_status() -> impl Strategy<Value = Option<P2pStatus>> {

@@ -27,7 +27,7 @@ pub const PATCHED_VERSIONS: &[&str] = &[
 
 /// The rules, in the order they are tried, as documented in the report's legend.
 pub const RULES: &[&str] = &[
-    "facts: without CUDA's answer for the pair nothing is decided",
+    "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
     "on: CUDA can access the peer (warn when a patched driver runs with BAR1 < VRAM or a translating IOMMU)",
     "wddm: a Windows WDDM driver never exposes P2P",
     "mixed: different GPU generations (CUDA refuses them even on a patched driver)",
@@ -97,7 +97,6 @@ pub fn verdicts(facts: &Facts) -> Vec<Verdict> {
 
 /// The verdict for one pair.
 pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
-    let (a, b) = (device(facts, pair.a), device(facts, pair.b));
     let v =
         |code: &str, on: Option<Link>, reason: String, remedy: String, patch: PatchOutlook, used: &[&str]| Verdict {
             a: pair.a,
@@ -114,7 +113,18 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
     let module = host.kernel_module.as_ref();
     let nvml = nvml_summary(pair);
 
-    // 1. Without CUDA's answer nothing is decided.
+    // 1. A pair of devices the facts describe, and CUDA's answer for it.
+    let (Some(a), Some(b)) = (facts.device(pair.a), facts.device(pair.b)) else {
+        let absent = if facts.device(pair.a).is_none() { pair.a } else { pair.b };
+        return v(
+            "?",
+            None,
+            format!("the facts list no device {absent}, so nothing is known about it"),
+            "probe again on the machine itself (`gp2p probe --json`) rather than editing saved facts".into(),
+            PatchOutlook::Undecided(vec![format!("device {absent}")]),
+            &["devices"],
+        );
+    };
     let Some(can_access) = pair.can_access_peer else {
         let missing = vec!["cuDeviceCanAccessPeer".to_owned()];
         return v(
@@ -148,7 +158,7 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
         // A patched driver forces NVML to OK before checking BAR1 or the IOMMU.
         let patched = self_built || host.force_p2p().is_some_and(|f| force_p2p_fields(f) == (1, 1));
         if patched && link != Link::NvLink {
-            for d in [a, b].into_iter().flatten() {
+            for d in [a, b] {
                 if d.bar1_covers_vram() == Some(false) {
                     verdict.warnings.push(format!(
                         "{}; a forced P2P mapping can fail or corrupt data: {BAR1_REMEDY}",
@@ -167,7 +177,7 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
     }
 
     // 3. WDDM.
-    let wddm = [a, b].into_iter().flatten().find(|d| d.driver_model.as_deref() == Some("WDDM"));
+    let wddm = [a, b].into_iter().find(|d| d.driver_model.as_deref() == Some("WDDM"));
     if let Some(d) = wddm {
         return v(
             "WDDM",
@@ -180,29 +190,27 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
     }
 
     // 4. Mixed generations.
-    if let (Some(a), Some(b)) = (a, b) {
-        let arch_differs = match (&a.architecture, &b.architecture) {
-            (Some(x), Some(y)) => x != y,
-            _ => a.compute_capability != b.compute_capability,
-        };
-        if arch_differs {
-            return v(
-                "MIX",
-                None,
-                format!(
-                    "the devices are of different generations ({} {}.{} and {} {}.{})",
-                    a.name,
-                    a.compute_capability.0,
-                    a.compute_capability.1,
-                    b.name,
-                    b.compute_capability.0,
-                    b.compute_capability.1
-                ),
-                "pair cards of the same generation for P2P; this pair uses the staged copy".into(),
-                PatchOutlook::Cannot("CUDA refuses P2P between generations even on a patched driver".into()),
-                &["architecture", "compute capability"],
-            );
-        }
+    let arch_differs = match (&a.architecture, &b.architecture) {
+        (Some(x), Some(y)) => x != y,
+        _ => a.compute_capability != b.compute_capability,
+    };
+    if arch_differs {
+        return v(
+            "MIX",
+            None,
+            format!(
+                "the devices are of different generations ({} {}.{} and {} {}.{})",
+                a.name,
+                a.compute_capability.0,
+                a.compute_capability.1,
+                b.name,
+                b.compute_capability.0,
+                b.compute_capability.1
+            ),
+            "pair cards of the same generation for P2P; this pair uses the staged copy".into(),
+            PatchOutlook::Cannot("CUDA refuses P2P between generations even on a patched driver".into()),
+            &["architecture", "compute capability"],
+        );
     }
 
     // 5. Virtual machine.
@@ -277,7 +285,7 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
 
     // 9, 10. BAR1 and the IOMMU, where the patch's mappings go.
     let mut missing = Vec::new();
-    for d in [a, b].into_iter().flatten() {
+    for d in [a, b] {
         match d.bar1_covers_vram() {
             Some(false) => {
                 return v(
@@ -293,7 +301,7 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
             Some(true) => {}
         }
     }
-    for d in [a, b].into_iter().flatten() {
+    for d in [a, b] {
         match d.iommu_translates() {
             Some(true) => {
                 return v(
@@ -332,10 +340,6 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
         PatchOutlook::Would,
         &["cuDeviceCanAccessPeer", "kernel module", "BAR1", "IOMMU group type", "nvml p2p read/write"],
     )
-}
-
-fn device(facts: &Facts, ordinal: usize) -> Option<&DeviceFacts> {
-    facts.devices.iter().find(|d| d.ordinal == ordinal)
 }
 
 /// NVML's statuses for a pair, summarised for the reason text.
