@@ -80,15 +80,18 @@ pub struct KernelModule {
     pub flavour: ModuleFlavour,
     /// Driver version, e.g. "580.159.04".
     pub version: String,
-    /// `user@host` of the build, when the line has one: NVIDIA's builds say `dvs-builder@…`,
-    /// a self-built (possibly patched) module names its builder.
+    /// `user@host` of the build, when the line has one: NVIDIA's builds say `dvs-builder@…`;
+    /// a module built anywhere else names that builder — a distribution's (NixOS:
+    /// `nixbld@…`), DKMS on the machine itself (`root@…`), or a person building the patch.
     pub builder: Option<String>,
 }
 
 impl KernelModule {
-    /// Whether the module was built outside NVIDIA (a self-built or patched module).
-    pub fn self_built(&self) -> bool {
-        self.builder.as_deref().is_some_and(|b| !b.starts_with("dvs-builder@"))
+    /// Whether NVIDIA built this module (`dvs-builder@…`); `None` when the line names no
+    /// builder. A build elsewhere says nothing about the patch by itself: distributions and
+    /// DKMS build NVIDIA's stock sources too.
+    pub fn built_by_nvidia(&self) -> Option<bool> {
+        self.builder.as_deref().map(|b| b.starts_with("dvs-builder@"))
     }
 }
 
@@ -137,6 +140,79 @@ impl HostFacts {
     /// `ForceP2P` from the RegistryDwords, if set there.
     pub fn force_p2p(&self) -> Option<u32> {
         self.registry_dwords.as_deref().and_then(crate::parse::force_p2p)
+    }
+}
+
+/// What a card is sold as, from NVML's brand (or, without NVML, its name). It decides which
+/// advice fits: the P2P patch is for GeForce cards; professional and datacenter cards get P2P
+/// from the stock driver, and can leave WDDM on Windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CardClass {
+    /// GeForce and TITAN cards.
+    GeForce,
+    /// Workstation cards: Quadro, RTX A-series, RTX Ada / PRO.
+    Professional,
+    /// Datacenter and virtual-GPU cards: Tesla, A100, H100, L40, …
+    Datacenter,
+}
+
+impl CardClass {
+    /// The words for it in a verdict.
+    pub fn name(self) -> &'static str {
+        match self {
+            CardClass::GeForce => "GeForce",
+            CardClass::Professional => "professional",
+            CardClass::Datacenter => "datacenter",
+        }
+    }
+}
+
+/// The GPU architecture (generation) of a card, from NVML or, without it, from the
+/// compute capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Architecture {
+    /// Volta and older (compute capability below 7.5): the open kernel module does not
+    /// drive them.
+    Older,
+    /// Turing (7.5).
+    Turing,
+    /// Ampere (8.0, 8.6, 8.7).
+    Ampere,
+    /// Ada (8.9).
+    Ada,
+    /// Hopper (9.0).
+    Hopper,
+    /// Blackwell (10.x, 12.x).
+    Blackwell,
+    /// Something newer than this probe knows.
+    Newer,
+}
+
+impl Architecture {
+    /// Its name, as NVML spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Older => "pre-Turing",
+            Architecture::Turing => "Turing",
+            Architecture::Ampere => "Ampere",
+            Architecture::Ada => "Ada",
+            Architecture::Hopper => "Hopper",
+            Architecture::Blackwell => "Blackwell",
+            Architecture::Newer => "newer",
+        }
+    }
+
+    /// From a compute capability.
+    pub fn from_compute_capability((major, minor): (u32, u32)) -> Architecture {
+        match (major, minor) {
+            (0..=6, _) | (7, 0..=4) => Architecture::Older,
+            (7, _) => Architecture::Turing,
+            (8, 9) => Architecture::Ada,
+            (8, _) => Architecture::Ampere,
+            (9, _) => Architecture::Hopper,
+            (10..=12, _) => Architecture::Blackwell,
+            _ => Architecture::Newer,
+        }
     }
 }
 
@@ -190,6 +266,42 @@ impl DeviceFacts {
     /// up to 2 MiB). `None` when BAR1 is unknown.
     pub fn bar1_covers_vram(&self) -> Option<bool> {
         self.bar1_bytes.map(|bar1| bar1_holds(bar1, self.vram_bytes))
+    }
+
+    /// What the card is sold as: NVML's brand, else its CUDA name (every GeForce card's
+    /// name says GeForce or TITAN). `None` when neither is known.
+    pub fn class(&self) -> Option<CardClass> {
+        match self.brand.as_deref() {
+            Some("GeForce" | "GeForceRTX" | "Titan" | "TitanRTX") => return Some(CardClass::GeForce),
+            Some("Quadro" | "QuadroRTX" | "NvidiaRTX" | "NVS") => return Some(CardClass::Professional),
+            Some("Tesla" | "Nvidia" | "GRID" | "VApps" | "VPC" | "VCS" | "VWS" | "CloudGaming" | "VGaming") => {
+                return Some(CardClass::Datacenter);
+            }
+            _ => {}
+        }
+        let name = self.name.to_ascii_lowercase();
+        if name.is_empty() {
+            None
+        } else if name.contains("geforce") || name.contains("titan") {
+            Some(CardClass::GeForce)
+        } else if name.contains("quadro") || name.contains("rtx") {
+            Some(CardClass::Professional)
+        } else {
+            Some(CardClass::Datacenter)
+        }
+    }
+
+    /// The card's architecture: NVML's, else the compute capability's.
+    pub fn arch(&self) -> Architecture {
+        match self.architecture.as_deref() {
+            Some("Kepler" | "Maxwell" | "Pascal" | "Volta") => Architecture::Older,
+            Some("Turing") => Architecture::Turing,
+            Some("Ampere") => Architecture::Ampere,
+            Some("Ada") => Architecture::Ada,
+            Some("Hopper") => Architecture::Hopper,
+            Some("Blackwell") => Architecture::Blackwell,
+            _ => Architecture::from_compute_capability(self.compute_capability),
+        }
     }
 
     /// Whether the IOMMU translates this device's DMA. `None` when unknown.

@@ -30,12 +30,14 @@ mod collect;
 mod error;
 pub mod facts;
 pub mod parse;
+mod patch;
 mod report;
 mod verdict;
 
 pub use collect::{collect, load};
 pub use error::{Error, Result};
 pub use facts::Facts;
+pub use patch::{Certainty, PatchState, patch_state};
 pub use report::Report;
 pub use verdict::{Link, PATCHED_VERSIONS, PatchOutlook, RULES, Verdict, verdict, verdicts};
 

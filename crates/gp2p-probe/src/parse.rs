@@ -64,6 +64,12 @@ pub fn force_p2p_fields(value: u32) -> (u32, u32) {
     (value & 0b11, (value >> 4) & 0b11)
 }
 
+/// The atomics field of a `ForceP2P` value: bits 9:8, coded like the others (0x11, the
+/// patch's built-in default, leaves it 0: atomics disabled).
+pub fn force_p2p_atomics(value: u32) -> u32 {
+    (value >> 8) & 0b11
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,15 +81,20 @@ mod tests {
         assert_eq!(m.flavour, ModuleFlavour::Open);
         assert_eq!(m.version, "570.195.03");
         assert_eq!(m.builder.as_deref(), Some("dvs-builder@U22-I3-H04-03-1"));
-        assert!(!m.self_built());
+        assert_eq!(m.built_by_nvidia(), Some(true));
     }
 
     #[test]
-    fn self_built_open_module_names_its_builder() {
+    fn a_module_built_elsewhere_names_its_builder() {
         let text = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (alice@tinybox)  Sat Dec  7 10:00:00 UTC 2024";
         let m = kernel_module(text).unwrap();
         assert_eq!(m.version, "565.57.01");
-        assert!(m.self_built());
+        assert_eq!(m.built_by_nvidia(), Some(false));
+        // NixOS builds NVIDIA's stock sources as nixbld, with no host after the @.
+        let nix = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  Thu Jan  1 00:00:01 UTC 1970";
+        let m = kernel_module(nix).unwrap();
+        assert_eq!((m.version.as_str(), m.builder.as_deref()), ("580.159.04", Some("nixbld@")));
+        assert_eq!(m.built_by_nvidia(), Some(false));
     }
 
     #[test]
@@ -114,6 +125,7 @@ mod tests {
         assert_eq!(raw.as_deref(), Some("ForceP2P=0x11;RMForceStaticBar1=1"));
         assert_eq!(raw.as_deref().and_then(force_p2p), Some(0x11));
         assert_eq!(force_p2p_fields(0x11), (1, 1));
+        assert_eq!((force_p2p_atomics(0x11), force_p2p_atomics(0x111), force_p2p_atomics(0x222)), (0, 1, 2));
         assert_eq!(force_p2p("ForceP2P=0"), Some(0));
         assert_eq!(force_p2p("forcep2p=0X10"), Some(0x10));
         assert_eq!(force_p2p("RMForceStaticBar1=1"), None);

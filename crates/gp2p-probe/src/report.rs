@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::facts::{Facts, ModuleFlavour};
+use crate::patch::patch_state;
 use crate::verdict::{PatchOutlook, RULES, Verdict, gib, verdicts};
 
 /// Facts and the verdicts drawn from them.
@@ -41,9 +42,9 @@ impl Report {
                 ModuleFlavour::Open => "open kernel module",
                 ModuleFlavour::Proprietary => "proprietary kernel module",
             };
-            let build = match (&m.builder, m.self_built()) {
-                (Some(b), true) => format!(", self-built by {}", shown(b)),
-                (Some(_), false) => ", NVIDIA build".to_owned(),
+            let build = match (&m.builder, m.built_by_nvidia()) {
+                (_, Some(true)) => ", NVIDIA build".to_owned(),
+                (Some(b), _) => format!(", built by {}", shown(b)),
                 (None, _) => String::new(),
             };
             format!("{} {flavour}{build}", shown(&m.version))
@@ -55,6 +56,7 @@ impl Report {
             if c.flags.is_empty() { "no iommu flags on the kernel command line".into() } else { c.flags.join(" ") }
         });
         let _ = writeln!(out, "iommu (cmdline): {}", shown(&iommu));
+        let _ = writeln!(out, "P2P patch: {}", shown(&patch_state(f).describe()));
         if let Some(r) = &h.registry_dwords {
             let _ = writeln!(out, "registry: {}", shown(r));
         }
@@ -139,7 +141,7 @@ impl Report {
                 PatchOutlook::Cannot(why) => format!("cannot: {why}"),
                 PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
             };
-            let _ = writeln!(out, "{} -> {} [{}] {}", v.a, v.b, v.code, shown(&v.reason));
+            let _ = writeln!(out, "{} -> {} [{}, {}] {}", v.a, v.b, v.code, v.certainty.name(), shown(&v.reason));
             let _ = writeln!(out, "    remedy: {}", shown(&v.remedy));
             let _ = writeln!(out, "    patch: {}; facts used: {}", shown(&patch), v.used.join(", "));
             for w in &v.warnings {

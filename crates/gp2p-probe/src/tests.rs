@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use crate::facts::*;
 use crate::parse;
-use crate::{Error, PatchOutlook, Report, verdicts};
+use crate::{Certainty, Error, PatchOutlook, Report, verdicts};
 
 const GIB: u64 = 1 << 30;
 
@@ -83,31 +83,117 @@ fn patch_would_turn_it_on_when_everything_is_in_place() {
     assert!(v.remedy.contains("565.57.01"));
 }
 
+/// The patch in effect on `f`, as a patched machine reports it: a module built outside
+/// NVIDIA, NVML read/write OK with atomics "disabled by regkey" (the built-in
+/// ForceP2P=0x11) though no key is set, and CUDA reporting peer access.
+fn patch(f: &mut Facts) {
+    f.host.kernel_module = parse::kernel_module(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (alice@tinybox)  Sat Dec  7 10:00:00 UTC 2024",
+    );
+    for p in &mut f.pairs {
+        p.can_access_peer = Some(true);
+        p.nvml_read = Some(P2pStatus::Ok);
+        p.nvml_write = Some(P2pStatus::Ok);
+        p.nvml_atomics = Some(P2pStatus::DisabledByRegkey);
+    }
+}
+
 #[test]
 fn on_when_cuda_can_access_and_warns_on_unsafe_patched_setups() {
     let mut f = two_4090s();
-    f.pairs.iter_mut().for_each(|p| p.can_access_peer = Some(true));
+    patch(&mut f);
     assert_eq!(codes(&f), ["OK", "OK"]);
     assert!(first(&f).warnings.is_empty());
-    // A self-built (patched) module with a small BAR1 and a translating IOMMU.
-    f.host.kernel_module = parse::kernel_module(
-        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (me@box)  Sat Dec  7 2024",
-    );
+    assert_eq!(first(&f).on, Some(crate::Link::PcieBar1));
+    // A small BAR1 and a translating IOMMU under the patch.
     f.devices[1].bar1_bytes = Some(256 << 20);
     f.devices[0].iommu_group_type = Some("DMA-FQ".into());
-    let v = first(&f);
-    assert_eq!(v.on, Some(crate::Link::PcieBar1));
-    assert_eq!(v.warnings.len(), 2, "{:?}", v.warnings);
-    // The same hazards on a stock driver: P2P there was the driver's own decision, so no
-    // warning (the hazards only matter where a patch forces the mapping).
+    assert_eq!(first(&f).warnings.len(), 2, "{:?}", first(&f).warnings);
+    // The same hazards where the driver decided on its own (NVIDIA's build, NVML's own OK,
+    // no atomics override): no warning, the hazards only matter where P2P is forced.
     f.host.kernel_module = two_4090s().host.kernel_module;
+    f.pairs.iter_mut().for_each(|p| p.nvml_atomics = Some(P2pStatus::NotSupported));
+    f.devices.iter_mut().for_each(|d| d.brand = Some("NvidiaRTX".into()));
     assert!(first(&f).warnings.is_empty(), "{:?}", first(&f).warnings);
-    // A stock module forced on by ForceP2P=0x11 (read and write) warns like a patched one;
-    // forcing only reads does not count as forced.
+    // Forced on by ForceP2P=0x11 (read and write) warns like the patch; forcing only reads
+    // does not count as forced.
     f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x11\"\n");
     assert_eq!(first(&f).warnings.len(), 2, "{:?}", first(&f).warnings);
     f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x21\"\n");
     assert!(first(&f).warnings.is_empty(), "{:?}", first(&f).warnings);
+}
+
+#[test]
+fn a_module_built_outside_nvidia_is_not_taken_for_the_patch() {
+    // NixOS (nixbld@) and Ubuntu (buildd@) build NVIDIA's stock sources; the driver's own
+    // P2P on datacenter and professional cards copes with a translating IOMMU and a small
+    // BAR1, so neither is a hazard there and nothing is forced.
+    for name in ["h100-pair-nixos-stock-iommu-translated.json", "a6000-pair-ubuntu-stock-small-bar1.json"] {
+        let f = load_fixture(name);
+        let state = crate::patch_state(&f);
+        assert!(!state.acted_on(), "{name}: {state:?}");
+        for v in verdicts(&f) {
+            assert_eq!(
+                (v.code.as_str(), v.on, v.certainty),
+                ("OK", Some(crate::Link::Pcie), Certainty::Shown),
+                "{name}"
+            );
+            assert!(v.warnings.is_empty(), "{name}: {:?}", v.warnings);
+            assert!(v.reason.contains("the driver's own decision"), "{name}: {}", v.reason);
+        }
+        let text = Report::new(f).render();
+        assert!(!text.contains("self-built") && !text.contains("WARNING"), "{name}: {text}");
+    }
+    // A version a patch branch exists for, built outside NVIDIA, is at most "possible".
+    let state = crate::patch_state(&load_fixture("h100-pair-nixos-stock-iommu-translated.json"));
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Possible));
+    assert!(state.describe().starts_with("possibly in effect, not relied on"), "{}", state.describe());
+    // The H200 this project measures on: NixOS's stock 580.159.04, one device.
+    let h200 =
+        crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/results/probe-h200.json")).unwrap();
+    let text = Report::new(h200).render();
+    assert!(text.contains("580.159.04 open kernel module, built by nixbld@"), "{text}");
+    assert!(text.contains("P2P patch: no sign of it"), "{text}");
+}
+
+#[test]
+fn the_patch_is_inferred_from_what_only_it_produces() {
+    // NVML atomics DR with no ForceP2P key: the patch's built-in default.
+    let f = load_fixture("4090-pair-patched-565.json");
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Shown));
+    assert!(state.because.contains("atomics 0 -> 1 disabled by a registry key"), "{}", state.because);
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.on), ("OK", Some(crate::Link::PcieBar1)));
+    assert!(v.reason.contains("the P2P patch forces it on"), "{}", v.reason);
+    // Without the atomics status, NVML's OK between GeForce cards over PCIe shows it too.
+    let mut f = load_fixture("4090-pair-patched-565.json");
+    f.pairs.iter_mut().for_each(|p| p.nvml_atomics = None);
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Shown));
+    assert!(state.because.contains("GeForce Ada cards 0 and 1 over PCIe"), "{}", state.because);
+    // Without NVML at all, CUDA's yes between two Ada cards (no NVLink) makes it likely.
+    for p in &mut f.pairs {
+        (p.nvml_read, p.nvml_write, p.nvml_nvlink) = (None, None, None);
+    }
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Likely));
+    // A ForceP2P key that disables atomics explains the DR: the key forces, not the patch.
+    let mut f = load_fixture("4090-pair-patched-565.json");
+    f.host.kernel_module = two_4090s().host.kernel_module;
+    f.host.registry_dwords = Some("ForceP2P=0x11".into());
+    assert_eq!(crate::patch_state(&f).in_effect, Some(false));
+    assert!(first(&f).reason.contains("ForceP2P=0x11 in the module's RegistryDwords forces it on"));
+    // NVML refusing any pair (CNS) shows the patch is not in effect, whoever built the module.
+    let mut f = two_4090s();
+    f.host.kernel_module = load_fixture("4090-pair-patched-565.json").host.kernel_module;
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(false), Certainty::Shown));
+    assert!(state.because.contains("NVML reports CNS"), "{}", state.because);
+    // The proprietary module cannot carry it.
+    f.host.kernel_module =
+        parse::kernel_module("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024");
+    assert_eq!(crate::patch_state(&f).in_effect, Some(false));
 }
 
 #[test]

@@ -3,8 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::facts::{DeviceFacts, Facts, ModuleFlavour, P2pStatus, PairFacts};
+use crate::facts::{DeviceFacts, Facts, KernelModule, ModuleFlavour, P2pStatus, PairFacts};
 use crate::parse::force_p2p_fields;
+use crate::patch::{Certainty, PatchState, forced, patch_state};
 
 /// Driver versions the open-kernel-module P2P patch has been published for (tinygrad and
 /// aikitoria branches; see PATCH.md).
@@ -28,7 +29,7 @@ pub const PATCHED_VERSIONS: &[&str] = &[
 /// The rules, in the order they are tried, as documented in the report's legend.
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
-    "on: CUDA can access the peer (warn when a patched driver runs with BAR1 < VRAM or a translating IOMMU)",
+    "on: CUDA can access the peer (warn where the patch or a ForceP2P key forces it over BAR1 < VRAM or a translating IOMMU)",
     "wddm: a Windows WDDM driver never exposes P2P",
     "mixed: different GPU generations (CUDA refuses them even on a patched driver)",
     "vm: inside a virtual machine the patch cannot help (the hypervisor decides)",
@@ -76,6 +77,9 @@ pub struct Verdict {
     pub b: usize,
     /// Short code for the pair matrix (OK, WDDM, MIX, VM, DR, PROP, VER, BAR1, IOMMU, PATCH, ?).
     pub code: String,
+    /// How sure the verdict is: shown by the facts, likely (one assumption, named in the
+    /// reason), or possible.
+    pub certainty: Certainty,
     /// `Some(link)` when P2P is on.
     pub on: Option<Link>,
     /// Why, in a sentence.
@@ -92,112 +96,202 @@ pub struct Verdict {
 
 /// The verdict for every ordered pair of `facts`, in order.
 pub fn verdicts(facts: &Facts) -> Vec<Verdict> {
-    facts.pairs.iter().map(|p| verdict(facts, p)).collect()
+    let patch = patch_state(facts);
+    facts.pairs.iter().map(|p| judge(facts, &patch, p)).collect()
 }
 
 /// The verdict for one pair.
 pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
-    let v =
-        |code: &str, on: Option<Link>, reason: String, remedy: String, patch: PatchOutlook, used: &[&str]| Verdict {
-            a: pair.a,
-            b: pair.b,
+    judge(facts, &patch_state(facts), pair)
+}
+
+/// One pair with everything its rules look at.
+struct Pair<'f> {
+    facts: &'f Facts,
+    pair: &'f PairFacts,
+    a: &'f DeviceFacts,
+    b: &'f DeviceFacts,
+    patch: &'f PatchState,
+}
+
+/// A rule: the verdict when it applies to the pair.
+type Rule = fn(&Pair<'_>) -> Option<Verdict>;
+
+/// The rules after `facts`, in the order of [`RULES`] (`patch` is the fallback).
+const CHECKS: &[(&str, Rule)] = &[
+    ("on", on),
+    ("wddm", wddm),
+    ("mixed", mixed),
+    ("vm", virtual_machine),
+    ("regkey", regkey),
+    ("module", module),
+    ("version", version),
+    ("bar1", bar1),
+    ("iommu", iommu),
+];
+
+fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
+    let undecided = |reason: String, remedy: &str, missing: String, used: &str| Verdict {
+        a: pair.a,
+        b: pair.b,
+        code: "?".into(),
+        certainty: Certainty::Shown,
+        on: None,
+        reason,
+        remedy: remedy.into(),
+        patch: PatchOutlook::Undecided(vec![missing]),
+        used: vec![used.into()],
+        warnings: Vec::new(),
+    };
+    // 1. A pair of devices the facts describe, and CUDA's answer for it.
+    let (Some(a), Some(b)) = (facts.device(pair.a), facts.device(pair.b)) else {
+        let absent = if facts.device(pair.a).is_none() { pair.a } else { pair.b };
+        return undecided(
+            format!("the facts list no device {absent}, so nothing is known about it"),
+            "probe again on the machine itself (`gp2p probe --json`) rather than editing saved facts",
+            format!("device {absent}"),
+            "devices",
+        );
+    };
+    if pair.can_access_peer.is_none() {
+        return undecided(
+            "CUDA did not answer for this pair (a device could not be opened)".into(),
+            "run the probe where both devices can be opened (compute capability 8.0+, not hidden by CUDA_VISIBLE_DEVICES)",
+            "cuDeviceCanAccessPeer".into(),
+            "cuDeviceCanAccessPeer",
+        );
+    }
+    let p = Pair { facts, pair, a, b, patch };
+    CHECKS.iter().find_map(|(_, rule)| rule(&p)).unwrap_or_else(|| p.patch_would())
+}
+
+impl Pair<'_> {
+    /// A verdict on this pair, P2P off.
+    fn off(
+        &self,
+        code: &str,
+        certainty: Certainty,
+        reason: String,
+        remedy: String,
+        patch: PatchOutlook,
+        used: &[&str],
+    ) -> Verdict {
+        Verdict {
+            a: self.pair.a,
+            b: self.pair.b,
             code: code.to_owned(),
-            on,
+            certainty,
+            on: None,
             reason,
             remedy,
             patch,
             used: used.iter().map(|s| (*s).to_owned()).collect(),
             warnings: Vec::new(),
-        };
-    let host = &facts.host;
-    let module = host.kernel_module.as_ref();
-    let nvml = nvml_summary(pair);
+        }
+    }
 
-    // 1. A pair of devices the facts describe, and CUDA's answer for it.
-    let (Some(a), Some(b)) = (facts.device(pair.a), facts.device(pair.b)) else {
-        let absent = if facts.device(pair.a).is_none() { pair.a } else { pair.b };
-        return v(
-            "?",
-            None,
-            format!("the facts list no device {absent}, so nothing is known about it"),
-            "probe again on the machine itself (`gp2p probe --json`) rather than editing saved facts".into(),
-            PatchOutlook::Undecided(vec![format!("device {absent}")]),
-            &["devices"],
-        );
-    };
-    let Some(can_access) = pair.can_access_peer else {
-        let missing = vec!["cuDeviceCanAccessPeer".to_owned()];
-        return v(
-            "?",
-            None,
-            "CUDA did not answer for this pair (a device could not be opened)".into(),
-            "run the probe where both devices can be opened (compute capability 8.0+, not hidden by CUDA_VISIBLE_DEVICES)".into(),
-            PatchOutlook::Undecided(missing),
-            &["cuDeviceCanAccessPeer"],
-        );
-    };
+    fn devices(&self) -> [&DeviceFacts; 2] {
+        [self.a, self.b]
+    }
 
-    // 2. On.
-    if can_access {
-        let self_built = module.is_some_and(|m| m.self_built());
-        let link = if pair.nvml_nvlink == Some(P2pStatus::Ok) {
-            Link::NvLink
-        } else if self_built || pair.performance_rank.is_some_and(|r| r > 0) {
-            Link::PcieBar1
-        } else {
-            Link::Pcie
-        };
-        let mut verdict = v(
-            "OK",
-            Some(link),
-            format!("CUDA can access the peer (over {})", link_name(link)),
-            "nothing to do: geforce-p2p copies by P2P on this pair".into(),
-            PatchOutlook::NotNeeded,
-            &["cuDeviceCanAccessPeer", "nvml p2p nvlink", "kernel module"],
-        );
-        // A patched driver forces NVML to OK before checking BAR1 or the IOMMU.
-        let patched = self_built || host.force_p2p().is_some_and(|f| force_p2p_fields(f) == (1, 1));
-        if patched && link != Link::NvLink {
-            for d in [a, b] {
-                if d.bar1_covers_vram() == Some(false) {
-                    verdict.warnings.push(format!(
-                        "{}; a forced P2P mapping can fail or corrupt data: {BAR1_REMEDY}",
-                        bar1_too_small(d)
-                    ));
-                }
-                if d.iommu_translates() == Some(true) {
-                    verdict.warnings.push(format!(
-                        "{}; with the patch, P2P data can be silently wrong: {IOMMU_REMEDY}",
-                        iommu_translates(d)
-                    ));
-                }
+    fn module(&self) -> Option<&KernelModule> {
+        self.facts.host.kernel_module.as_ref()
+    }
+
+    /// NVML's read/write statuses for the reason text, or nothing when unknown.
+    fn nvml_status(&self) -> String {
+        match (self.pair.nvml_read, self.pair.nvml_write) {
+            (Some(r), Some(w)) => format!(" (NVML: read {}, write {})", r.code(), w.code()),
+            _ => String::new(),
+        }
+    }
+
+    /// Rule `patch`: everything the patch needs is in place.
+    fn patch_would(&self) -> Verdict {
+        let version = self.module().map_or("?", |m| m.version.as_str());
+        self.off(
+            "PATCH",
+            Certainty::Likely,
+            format!("the driver refuses P2P between these cards{}", self.nvml_status()),
+            format!(
+                "install the P2P patch for open module {version} (PATCH.md), then check with `gp2p probe` and `gp2p bench copy --route peer`"
+            ),
+            PatchOutlook::Would,
+            &["cuDeviceCanAccessPeer", "kernel module", "BAR1", "IOMMU group type", "nvml p2p read/write"],
+        )
+    }
+}
+
+/// Rule `on`: CUDA can access the peer. Where an override forces P2P on (the patch, or a ForceP2P
+/// key), the driver skipped its own BAR1 and IOMMU checks, so those are checked here.
+fn on(p: &Pair<'_>) -> Option<Verdict> {
+    if p.pair.can_access_peer != Some(true) {
+        return None;
+    }
+    let forced = forced(p.facts, p.patch);
+    let link = if p.pair.nvml_nvlink == Some(P2pStatus::Ok) {
+        Link::NvLink
+    } else if forced.is_some() || p.pair.performance_rank.is_some_and(|r| r > 0) {
+        Link::PcieBar1
+    } else {
+        Link::Pcie
+    };
+    let (certainty, why) = match &forced {
+        Some((certainty, why)) => (*certainty, format!("; {why}")),
+        None => (Certainty::Shown, "; the driver's own decision".to_owned()),
+    };
+    let mut verdict = p.off(
+        "OK",
+        certainty,
+        format!("CUDA can access the peer (over {}){why}", link_name(link)),
+        "nothing to do: geforce-p2p copies by P2P on this pair".into(),
+        PatchOutlook::NotNeeded,
+        &["cuDeviceCanAccessPeer", "nvml p2p nvlink", "nvml p2p atomics", "kernel module"],
+    );
+    verdict.on = Some(link);
+    if forced.is_some() && link != Link::NvLink {
+        for d in p.devices() {
+            if d.bar1_covers_vram() == Some(false) {
+                verdict.warnings.push(format!(
+                    "{}; a forced P2P mapping can fail or corrupt data: {BAR1_REMEDY}",
+                    bar1_too_small(d)
+                ));
+            }
+            if d.iommu_translates() == Some(true) {
+                verdict.warnings.push(format!(
+                    "{}; with the patch, P2P data can be silently wrong: {IOMMU_REMEDY}",
+                    iommu_translates(d)
+                ));
             }
         }
-        return verdict;
     }
+    Some(verdict)
+}
 
-    // 3. WDDM.
-    let wddm = [a, b].into_iter().find(|d| d.driver_model.as_deref() == Some("WDDM"));
-    if let Some(d) = wddm {
-        return v(
-            "WDDM",
-            None,
-            format!("device {} runs under the Windows WDDM driver model, which never exposes P2P", d.ordinal),
-            "switch the cards to TCC/MCDM where the card supports it, or run Linux; otherwise geforce-p2p's staged copy is the way".into(),
-            PatchOutlook::Cannot("the patch is for the Linux open kernel module; WDDM never exposes P2P".into()),
-            &["driver model"],
-        );
-    }
+/// Rule `wddm`: a Windows WDDM driver never exposes P2P.
+fn wddm(p: &Pair<'_>) -> Option<Verdict> {
+    let d = p.devices().into_iter().find(|d| d.driver_model.as_deref() == Some("WDDM"))?;
+    Some(p.off(
+        "WDDM",
+        Certainty::Shown,
+        format!("device {} runs under the Windows WDDM driver model, which never exposes P2P", d.ordinal),
+        "switch the cards to TCC/MCDM where the card supports it, or run Linux; otherwise geforce-p2p's staged copy is the way".into(),
+        PatchOutlook::Cannot("the patch is for the Linux open kernel module; WDDM never exposes P2P".into()),
+        &["driver model"],
+    ))
+}
 
-    // 4. Mixed generations.
+/// Rule `mixed`: different generations.
+fn mixed(p: &Pair<'_>) -> Option<Verdict> {
+    let (a, b) = (p.a, p.b);
     let arch_differs = match (&a.architecture, &b.architecture) {
         (Some(x), Some(y)) => x != y,
         _ => a.compute_capability != b.compute_capability,
     };
-    if arch_differs {
-        return v(
+    arch_differs.then(|| {
+        p.off(
             "MIX",
-            None,
+            Certainty::Shown,
             format!(
                 "the devices are of different generations ({} {}.{} and {} {}.{})",
                 a.name,
@@ -210,56 +304,62 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
             "pair cards of the same generation for P2P; this pair uses the staged copy".into(),
             PatchOutlook::Cannot("CUDA refuses P2P between generations even on a patched driver".into()),
             &["architecture", "compute capability"],
-        );
-    }
+        )
+    })
+}
 
-    // 5. Virtual machine.
-    if let Some(vm) = &host.virtual_machine {
-        return v(
-            "VM",
-            None,
-            format!("this is a virtual machine ({vm}); the emulated chipset makes the driver refuse P2P"),
-            "ask the hypervisor for a GPUDirect clique (QEMU x-nv-gpudirect-clique) or run on bare metal".into(),
-            PatchOutlook::Cannot("inside a VM the patch cannot map the peer's BAR1; the hypervisor decides".into()),
-            &["virtualization"],
-        );
-    }
+/// Rule `vm`: inside a virtual machine the hypervisor decides.
+fn virtual_machine(p: &Pair<'_>) -> Option<Verdict> {
+    let vm = p.facts.host.virtual_machine.as_ref()?;
+    Some(p.off(
+        "VM",
+        Certainty::Likely,
+        format!("this is a virtual machine ({vm}); the emulated chipset makes the driver refuse P2P"),
+        "ask the hypervisor for a GPUDirect clique (QEMU x-nv-gpudirect-clique) or run on bare metal".into(),
+        PatchOutlook::Cannot("inside a VM the patch cannot map the peer's BAR1; the hypervisor decides".into()),
+        &["virtualization"],
+    ))
+}
 
-    // 6. A registry key disables it.
-    let regkey_off = host.force_p2p().is_some_and(|f| {
+/// Rule `regkey`: a ForceP2P registry key disables it.
+fn regkey(p: &Pair<'_>) -> Option<Verdict> {
+    let host = &p.facts.host;
+    let key = host.force_p2p();
+    let key_off = key.is_some_and(|f| {
         let (read, write) = force_p2p_fields(f);
         read == 0 || write == 0
-    }) || nvml.disabled_by_regkey;
-    if regkey_off {
-        return v(
+    });
+    let dr = Some(P2pStatus::DisabledByRegkey);
+    let nvml_dr = p.pair.nvml_read == dr || p.pair.nvml_write == dr;
+    (key_off || nvml_dr).then(|| {
+        p.off(
             "DR",
-            None,
-            format!(
-                "P2P is disabled by a registry key (ForceP2P={})",
-                host.force_p2p().map_or("?".into(), |f| format!("{f:#x}"))
-            ),
+            Certainty::Shown,
+            format!("P2P is disabled by a registry key (ForceP2P={})", key.map_or("?".into(), |f| format!("{f:#x}"))),
             "remove ForceP2P from NVreg_RegistryDwords (modprobe options) and reload the module".into(),
             PatchOutlook::AfterChange("remove the ForceP2P registry key".into()),
             &["/proc/driver/nvidia/params", "nvml p2p read/write"],
-        );
-    }
+        )
+    })
+}
 
-    let status = nvml.describe();
-    // 7. The proprietary module.
-    let Some(module) = module else {
-        return v(
+/// Rule `module`: the kernel module: unknown, or the proprietary one.
+fn module(p: &Pair<'_>) -> Option<Verdict> {
+    let status = p.nvml_status();
+    let Some(module) = p.module() else {
+        return Some(p.off(
             "?",
-            None,
+            Certainty::Shown,
             format!("the driver refuses P2P{status}; the kernel module flavour is unknown"),
             "read /proc/driver/nvidia/version (Linux) to tell open from proprietary".into(),
             PatchOutlook::Undecided(vec!["/proc/driver/nvidia/version".into()]),
             &["cuDeviceCanAccessPeer", "nvml p2p read/write"],
-        );
+        ));
     };
-    if module.flavour == ModuleFlavour::Proprietary {
-        return v(
+    (module.flavour == ModuleFlavour::Proprietary).then(|| {
+        p.off(
             "PROP",
-            None,
+            Certainty::Shown,
             format!("the driver refuses P2P{status}, and runs the proprietary kernel module {}", module.version),
             "switch to NVIDIA's open kernel module at a version the patch exists for (see PATCH.md)".into(),
             PatchOutlook::AfterChange(format!(
@@ -267,104 +367,77 @@ pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
                 PATCHED_VERSIONS.join(", ")
             )),
             &["cuDeviceCanAccessPeer", "kernel module"],
-        );
-    }
+        )
+    })
+}
 
-    // 8. An open module no patch exists for.
-    if !PATCHED_VERSIONS.contains(&module.version.as_str()) {
-        return v(
+/// Rule `version`: an open module no patch exists for.
+fn version(p: &Pair<'_>) -> Option<Verdict> {
+    let module = p.module()?;
+    (!PATCHED_VERSIONS.contains(&module.version.as_str())).then(|| {
+        p.off(
             "VER",
-            None,
-            format!("the driver refuses P2P{status}; no patch branch exists for open module {}", module.version),
+            Certainty::Shown,
+            format!(
+                "the driver refuses P2P{}; no patch branch exists for open module {}",
+                p.nvml_status(),
+                module.version
+            ),
             "install a driver version with a patch branch and build the patched open module at exactly that version"
                 .into(),
             PatchOutlook::AfterChange(format!("move to one of {}", PATCHED_VERSIONS.join(", "))),
             &["cuDeviceCanAccessPeer", "kernel module"],
-        );
-    }
+        )
+    })
+}
 
-    // 9, 10. BAR1 and the IOMMU, where the patch's mappings go.
+/// Rule `bar1`: BAR1 too small to map VRAM, where the patch's mappings go.
+fn bar1(p: &Pair<'_>) -> Option<Verdict> {
+    let d = p.devices().into_iter().find(|d| d.bar1_covers_vram() == Some(false))?;
+    Some(p.off(
+        "BAR1",
+        Certainty::Shown,
+        format!("the driver refuses P2P{}; {}", p.nvml_status(), bar1_too_small(d)),
+        BAR1_REMEDY.into(),
+        PatchOutlook::AfterChange("enable Resizable BAR so BAR1 covers VRAM".into()),
+        &["BAR1", "VRAM"],
+    ))
+}
+
+/// Rule `iommu`: a translating IOMMU, which the patch's raw BAR1 addresses bypass; then any fact
+/// these two rules could not check.
+fn iommu(p: &Pair<'_>) -> Option<Verdict> {
+    if let Some(d) = p.devices().into_iter().find(|d| d.iommu_translates() == Some(true)) {
+        return Some(p.off(
+            "IOMMU",
+            Certainty::Shown,
+            format!("the driver refuses P2P{}; {}", p.nvml_status(), iommu_translates(d)),
+            IOMMU_REMEDY.into(),
+            PatchOutlook::AfterChange("set the IOMMU to passthrough (iommu=pt)".into()),
+            &["IOMMU group type", "/proc/cmdline"],
+        ));
+    }
     let mut missing = Vec::new();
-    for d in [a, b] {
-        match d.bar1_covers_vram() {
-            Some(false) => {
-                return v(
-                    "BAR1",
-                    None,
-                    format!("the driver refuses P2P{status}; {}", bar1_too_small(d)),
-                    BAR1_REMEDY.into(),
-                    PatchOutlook::AfterChange("enable Resizable BAR so BAR1 covers VRAM".into()),
-                    &["BAR1", "VRAM"],
-                );
-            }
-            None => missing.push(format!("BAR1 of device {}", d.ordinal)),
-            Some(true) => {}
+    for d in p.devices() {
+        if d.bar1_covers_vram().is_none() {
+            missing.push(format!("BAR1 of device {}", d.ordinal));
         }
     }
-    for d in [a, b] {
-        match d.iommu_translates() {
-            Some(true) => {
-                return v(
-                    "IOMMU",
-                    None,
-                    format!("the driver refuses P2P{status}; {}", iommu_translates(d)),
-                    IOMMU_REMEDY.into(),
-                    PatchOutlook::AfterChange("set the IOMMU to passthrough (iommu=pt)".into()),
-                    &["IOMMU group type", "/proc/cmdline"],
-                );
-            }
-            None => missing.push(format!("IOMMU state of device {}", d.ordinal)),
-            Some(false) => {}
+    for d in p.devices() {
+        if d.iommu_translates().is_none() {
+            missing.push(format!("IOMMU state of device {}", d.ordinal));
         }
     }
-    if !missing.is_empty() {
-        return v(
+    (!missing.is_empty()).then(|| {
+        p.off(
             "?",
-            None,
-            format!("the driver refuses P2P{status}; the patch's requirements cannot all be checked"),
+            Certainty::Shown,
+            format!("the driver refuses P2P{}; the patch's requirements cannot all be checked", p.nvml_status()),
             format!("provide the missing facts ({}) — run the probe as root on the host", missing.join(", ")),
             PatchOutlook::Undecided(missing),
             &["kernel module", "BAR1", "IOMMU group type"],
-        );
-    }
-
-    // 11. Everything the patch needs is there.
-    v(
-        "PATCH",
-        None,
-        format!("the driver refuses P2P between these cards{status}"),
-        format!(
-            "install the P2P patch for open module {} (PATCH.md), then check with `gp2p probe` and `gp2p bench copy --route peer`",
-            module.version
-        ),
-        PatchOutlook::Would,
-        &["cuDeviceCanAccessPeer", "kernel module", "BAR1", "IOMMU group type", "nvml p2p read/write"],
-    )
-}
-
-/// NVML's statuses for a pair, summarised for the reason text.
-struct NvmlSummary {
-    read: Option<P2pStatus>,
-    write: Option<P2pStatus>,
-    disabled_by_regkey: bool,
-}
-
-fn nvml_summary(pair: &PairFacts) -> NvmlSummary {
-    let dr = Some(P2pStatus::DisabledByRegkey);
-    NvmlSummary {
-        read: pair.nvml_read,
-        write: pair.nvml_write,
-        disabled_by_regkey: pair.nvml_read == dr || pair.nvml_write == dr,
-    }
-}
-
-impl NvmlSummary {
-    fn describe(&self) -> String {
-        match (self.read, self.write) {
-            (Some(r), Some(w)) => format!(" (NVML: read {}, write {})", r.code(), w.code()),
-            _ => String::new(),
-        }
-    }
+        )
+    })
 }
 
 fn link_name(link: Link) -> &'static str {
@@ -398,4 +471,17 @@ fn iommu_translates(d: &DeviceFacts) -> String {
 /// Bytes as GiB with one decimal, as the verdicts and the report write them.
 pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legend_lists_the_rules_in_the_order_they_run() {
+        let names: Vec<&str> = RULES.iter().map(|r| r.split(':').next().unwrap_or(r)).collect();
+        let run: Vec<&str> =
+            std::iter::once("facts").chain(CHECKS.iter().map(|(name, _)| *name)).chain(["patch"]).collect();
+        assert_eq!(names, run);
+    }
 }
