@@ -14,6 +14,25 @@ use crate::{Error, Result};
 
 /// Collect the facts of this machine. Fails only without a CUDA driver.
 pub fn collect() -> Result<Facts> {
+    gather(AskCuda::PerPair)
+}
+
+/// Collect every fact but CUDA's per-pair answers, which need each device opened (a CUDA
+/// context on every GPU): the facts a copy engine needs at start-up, with CUDA answering
+/// for itself at the first copy ([`verdicts_if_on`](crate::verdicts_if_on)). Pairs carry
+/// NVML's statuses; `can_access_peer` stays unknown. Fails only without a CUDA driver.
+pub fn collect_host() -> Result<Facts> {
+    gather(AskCuda::NotPerPair)
+}
+
+/// Whether to open every device to ask CUDA about each pair.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AskCuda {
+    PerPair,
+    NotPerPair,
+}
+
+fn gather(ask: AskCuda) -> Result<Facts> {
     let cuda_driver = driver_version()?;
     let infos = Device::all_info()?;
     let mut facts = Facts {
@@ -31,7 +50,10 @@ pub fn collect() -> Result<Facts> {
             ..DeviceFacts::default()
         })
         .collect();
-    let opened: Vec<Option<Device>> = infos.iter().map(|i| Device::open(i.ordinal).ok()).collect();
+    let opened: Vec<Option<Device>> = match ask {
+        AskCuda::PerPair => infos.iter().map(|i| Device::open(i.ordinal).ok()).collect(),
+        AskCuda::NotPerPair => infos.iter().map(|_| None).collect(),
+    };
     for (a, da) in opened.iter().enumerate() {
         for (b, db) in opened.iter().enumerate() {
             if a == b {
@@ -48,7 +70,7 @@ pub fn collect() -> Result<Facts> {
             facts.pairs.push(pair);
         }
     }
-    if opened.iter().any(Option::is_none) {
+    if ask == AskCuda::PerPair && opened.iter().any(Option::is_none) {
         facts.missing_sources.push("CUDA: some devices could not be opened (compute capability below 8.0?)".into());
     }
     nvml_facts(&mut facts);

@@ -34,12 +34,12 @@ mod patch;
 mod report;
 mod verdict;
 
-pub use collect::{collect, load};
+pub use collect::{collect, collect_host, load};
 pub use error::{Error, Result};
 pub use facts::Facts;
 pub use patch::{Certainty, PatchState, patch_state};
 pub use report::Report;
-pub use verdict::{Link, PATCHED_VERSIONS, PatchOutlook, RULES, Verdict, verdict, verdicts};
+pub use verdict::{Link, PATCHED_VERSIONS, PatchOutlook, RULES, Verdict, verdict, verdicts, verdicts_if_on};
 
 #[cfg(test)]
 mod tests;

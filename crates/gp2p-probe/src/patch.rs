@@ -215,10 +215,7 @@ pub(crate) fn forced(facts: &Facts, patch: &PatchState) -> Option<(Certainty, St
     if let Some(key) = facts.host.force_p2p().filter(|&k| force_p2p_fields(k) == (1, 1)) {
         return Some((Certainty::Shown, format!("ForceP2P={key:#x} in the module's RegistryDwords forces it on")));
     }
-    patch.acted_on().then(|| {
-        (
-            patch.certainty,
-            format!("the P2P patch forces it on ({} in effect: see the P2P patch line)", patch.certainty.name()),
-        )
-    })
+    patch
+        .acted_on()
+        .then(|| (patch.certainty, format!("the P2P patch forces it on (in effect: {})", patch.certainty.name())))
 }

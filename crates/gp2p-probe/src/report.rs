@@ -125,7 +125,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "legend: OK on | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | WDDM, MIX, VM: it cannot | ? not enough facts"
+            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | WDDM, MIX, VM: it cannot | ? not enough facts"
         );
         let _ = writeln!(
             out,
@@ -144,6 +144,9 @@ impl Report {
             let _ = writeln!(out, "{} -> {} [{}, {}] {}", v.a, v.b, v.code, v.certainty.name(), shown(&v.reason));
             let _ = writeln!(out, "    remedy: {}", shown(&v.remedy));
             let _ = writeln!(out, "    patch: {}; facts used: {}", shown(&patch), v.used.join(", "));
+            for h in &v.hazards {
+                let _ = writeln!(out, "    UNSAFE: {}", shown(h));
+            }
             for w in &v.warnings {
                 let _ = writeln!(out, "    WARNING: {}", shown(w));
             }

@@ -83,44 +83,83 @@ fn patch_would_turn_it_on_when_everything_is_in_place() {
     assert!(v.remedy.contains("565.57.01"));
 }
 
-/// The patch in effect on `f`, as a patched machine reports it: a module built outside
-/// NVIDIA, NVML read/write OK with atomics "disabled by regkey" (the built-in
-/// ForceP2P=0x11) though no key is set, and CUDA reporting peer access.
-fn patch(f: &mut Facts) {
-    f.host.kernel_module = parse::kernel_module(
-        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (alice@tinybox)  Sat Dec  7 10:00:00 UTC 2024",
-    );
-    for p in &mut f.pairs {
-        p.can_access_peer = Some(true);
-        p.nvml_read = Some(P2pStatus::Ok);
-        p.nvml_write = Some(P2pStatus::Ok);
-        p.nvml_atomics = Some(P2pStatus::DisabledByRegkey);
+#[test]
+fn on_and_forced_over_a_translating_iommu_or_a_small_bar1_is_unsafe() {
+    // The patch in effect, IOMMU translating (amd_iommu=on without pt).
+    let f = load_fixture("4090-pair-patched-iommu-translated.json");
+    for v in verdicts(&f) {
+        assert_eq!((v.code.as_str(), v.on, v.certainty), ("UNSAFE", Some(crate::Link::PcieBar1), Certainty::Shown));
+        assert_eq!(v.hazards.len(), 2, "{:?}", v.hazards);
+        for d in [v.a, v.b] {
+            let says = format!("the IOMMU translates device {d}'s DMA (DMA-FQ)");
+            assert!(v.hazards.iter().any(|h| h.contains(&says)), "{:?}", v.hazards);
+        }
+        assert!(v.remedy.starts_with("set the IOMMU to passthrough (iommu=pt"), "{}", v.remedy);
+        assert!(v.remedy.contains("copies this pair staged"), "{}", v.remedy);
+        assert!(!v.peer_trusted());
+        assert!(v.peer_distrust().is_some_and(|why| why.contains("[UNSAFE]")));
     }
+    let text = Report::new(f).render();
+    assert!(text.contains("[UNSAFE, shown]") && text.contains("    UNSAFE: the IOMMU translates"), "{text}");
+    // A 48 GB 4090 D with its 32 GiB BAR1, forced on by the patch.
+    let f = load_fixture("4090d-48g-pair-patched.json");
+    let v = first(&f);
+    assert_eq!(v.code, "UNSAFE");
+    assert!(v.hazards.iter().all(|h| h.contains("BAR1 (32.0 GiB) cannot map its VRAM (48.0 GiB)")), "{:?}", v.hazards);
 }
 
 #[test]
-fn on_when_cuda_can_access_and_warns_on_unsafe_patched_setups() {
+fn forced_by_a_key_counts_and_the_driver_s_own_p2p_does_not() {
     let mut f = two_4090s();
-    patch(&mut f);
-    assert_eq!(codes(&f), ["OK", "OK"]);
-    assert!(first(&f).warnings.is_empty());
-    assert_eq!(first(&f).on, Some(crate::Link::PcieBar1));
-    // A small BAR1 and a translating IOMMU under the patch.
+    f.pairs.iter_mut().for_each(|p| p.can_access_peer = Some(true));
     f.devices[1].bar1_bytes = Some(256 << 20);
     f.devices[0].iommu_group_type = Some("DMA-FQ".into());
-    assert_eq!(first(&f).warnings.len(), 2, "{:?}", first(&f).warnings);
-    // The same hazards where the driver decided on its own (NVIDIA's build, NVML's own OK,
-    // no atomics override): no warning, the hazards only matter where P2P is forced.
-    f.host.kernel_module = two_4090s().host.kernel_module;
-    f.pairs.iter_mut().for_each(|p| p.nvml_atomics = Some(P2pStatus::NotSupported));
-    f.devices.iter_mut().for_each(|d| d.brand = Some("NvidiaRTX".into()));
-    assert!(first(&f).warnings.is_empty(), "{:?}", first(&f).warnings);
-    // Forced on by ForceP2P=0x11 (read and write) warns like the patch; forcing only reads
-    // does not count as forced.
+    // The driver's own yes (NVML's CNS shows no override): OK, trusted.
+    assert_eq!(codes(&f), ["OK", "OK"]);
+    assert!(first(&f).peer_trusted() && first(&f).hazards.is_empty());
+    // ForceP2P=0x11 forces read and write on past the same checks: unsafe.
     f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x11\"\n");
-    assert_eq!(first(&f).warnings.len(), 2, "{:?}", first(&f).warnings);
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.hazards.len()), ("UNSAFE", 2), "{v:?}");
+    assert!(v.reason.contains("ForceP2P=0x11"), "{}", v.reason);
+    // Forcing reads only (0x21) forces nothing the copy engine uses.
     f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x21\"\n");
-    assert!(first(&f).warnings.is_empty(), "{:?}", first(&f).warnings);
+    assert_eq!(first(&f).code, "OK");
+    // NVLink does not go through BAR1: forced or not, nothing to check.
+    f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x11\"\n");
+    f.pairs.iter_mut().for_each(|p| p.nvml_nvlink = Some(P2pStatus::Ok));
+    assert_eq!((first(&f).code.as_str(), first(&f).on), ("OK", Some(crate::Link::NvLink)));
+}
+
+#[test]
+fn forced_with_requirements_unknown_is_not_trusted() {
+    let mut f = load_fixture("4090-pair-patched-565.json");
+    assert!(first(&f).peer_trusted(), "BAR1 32 GiB, IOMMU identity: {:?}", first(&f));
+    f.devices[1].iommu_group_type = None;
+    f.devices[0].bar1_bytes = None;
+    // iommu=pt on the command line still tells: passthrough does not translate.
+    assert_eq!(first(&f).unchecked, ["BAR1 of device 0"]);
+    f.host.iommu_cmdline = None;
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.certainty), ("OK?", Certainty::Possible));
+    assert_eq!(v.unchecked, ["BAR1 of device 0", "IOMMU state of device 1"]);
+    assert!(v.on.is_some() && !v.peer_trusted() && v.hazards.is_empty());
+}
+
+#[test]
+fn verdicts_if_on_judge_pairs_collected_without_cuda() {
+    // What the facade's engine gets at start-up: no CUDA answers, NVML's statuses.
+    let mut f = load_fixture("4090-pair-patched-iommu-translated.json");
+    f.pairs.iter_mut().for_each(|p| p.can_access_peer = None);
+    assert_eq!(codes(&f), ["?", "?"]);
+    let if_on = crate::verdicts_if_on(&f);
+    assert!(if_on.iter().all(|v| v.code == "UNSAFE" && v.peer_distrust().is_some()));
+    // The H100 pair on NixOS's stock module: nothing forced, so nothing to keep Auto off.
+    assert!(
+        crate::verdicts_if_on(&load_fixture("h100-pair-nixos-stock-iommu-translated.json"))
+            .iter()
+            .all(|v| v.peer_trusted())
+    );
 }
 
 #[test]
@@ -293,6 +332,7 @@ fn missing_facts_are_named() {
     let mut f = two_4090s();
     f.devices[0].bar1_bytes = None;
     f.devices[1].iommu_group_type = None;
+    f.host.iommu_cmdline = None;
     let v = first(&f);
     assert_eq!(v.code, "?");
     let PatchOutlook::Undecided(missing) = &v.patch else { panic!("{:?}", v.patch) };

@@ -29,7 +29,7 @@ pub const PATCHED_VERSIONS: &[&str] = &[
 /// The rules, in the order they are tried, as documented in the report's legend.
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
-    "on: CUDA can access the peer (warn where the patch or a ForceP2P key forces it over BAR1 < VRAM or a translating IOMMU)",
+    "on: CUDA can access the peer; where the patch or a ForceP2P key forces it, BAR1 < VRAM or a translating IOMMU make it UNSAFE and unknown ones OK? (Route::Auto copies both staged)",
     "wddm: a Windows WDDM driver never exposes P2P",
     "mixed: different GPU generations (CUDA refuses them even on a patched driver)",
     "vm: inside a virtual machine the patch cannot help (the hypervisor decides)",
@@ -75,7 +75,8 @@ pub struct Verdict {
     pub a: usize,
     /// Peer ordinal.
     pub b: usize,
-    /// Short code for the pair matrix (OK, WDDM, MIX, VM, DR, PROP, VER, BAR1, IOMMU, PATCH, ?).
+    /// Short code for the pair matrix (OK, UNSAFE, OK?, WDDM, MIX, VM, DR, PROP, VER, BAR1,
+    /// IOMMU, PATCH, ?).
     pub code: String,
     /// How sure the verdict is: shown by the facts, likely (one assumption, named in the
     /// reason), or possible.
@@ -90,8 +91,36 @@ pub struct Verdict {
     pub patch: PatchOutlook,
     /// The facts this verdict used.
     pub used: Vec<String>,
-    /// Things that are on but unsafe, or worth knowing.
+    /// Why P2P that CUDA offers is unsafe here (forced past the driver's own checks onto a
+    /// BAR1 smaller than VRAM or through a translating IOMMU): transfers fail or corrupt
+    /// data silently. Non-empty means `Route::Auto` must not use P2P on this pair.
+    #[serde(default)]
+    pub hazards: Vec<String>,
+    /// Requirements of forced P2P that the facts could not check (BAR1 or IOMMU unknown).
+    /// Non-empty means `Route::Auto` must not use P2P on this pair until they are known.
+    #[serde(default)]
+    pub unchecked: Vec<String>,
+    /// Things worth knowing.
     pub warnings: Vec<String>,
+}
+
+impl Verdict {
+    /// Whether `Route::Auto` may copy this pair by P2P: CUDA offers it and nothing is
+    /// shown, or left unchecked, against it.
+    pub fn peer_trusted(&self) -> bool {
+        self.on.is_some() && self.hazards.is_empty() && self.unchecked.is_empty()
+    }
+
+    /// Why `Route::Auto` must not use the P2P CUDA offers on this pair; `None` when it may,
+    /// or when P2P is off (then there is nothing to keep it from).
+    pub fn peer_distrust(&self) -> Option<String> {
+        if self.on.is_none() || self.peer_trusted() {
+            return None;
+        }
+        let mut why = self.hazards.clone();
+        why.extend(self.unchecked.iter().map(|u| format!("{u} unknown")));
+        Some(format!("{} -> {} [{}]: {}", self.a, self.b, self.code, why.join("; ")))
+    }
 }
 
 /// The verdict for every ordered pair of `facts`, in order.
@@ -103,6 +132,16 @@ pub fn verdicts(facts: &Facts) -> Vec<Verdict> {
 /// The verdict for one pair.
 pub fn verdict(facts: &Facts, pair: &PairFacts) -> Verdict {
     judge(facts, &patch_state(facts), pair)
+}
+
+/// For every ordered pair, the verdict it gets if CUDA offers peer access, whatever the
+/// facts say CUDA answered: what a copy engine must know before `Route::Auto` takes P2P
+/// (it asks CUDA itself). Works on facts gathered without opening any device
+/// ([`collect_host`](crate::collect_host)). The machine-wide patch evidence comes from the
+/// facts as they are.
+pub fn verdicts_if_on(facts: &Facts) -> Vec<Verdict> {
+    let patch = patch_state(facts);
+    facts.pairs.iter().map(|p| judge(facts, &patch, &PairFacts { can_access_peer: Some(true), ..p.clone() })).collect()
 }
 
 /// One pair with everything its rules look at.
@@ -141,6 +180,8 @@ fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
         remedy: remedy.into(),
         patch: PatchOutlook::Undecided(vec![missing]),
         used: vec![used.into()],
+        hazards: Vec::new(),
+        unchecked: Vec::new(),
         warnings: Vec::new(),
     };
     // 1. A pair of devices the facts describe, and CUDA's answer for it.
@@ -186,12 +227,21 @@ impl Pair<'_> {
             remedy,
             patch,
             used: used.iter().map(|s| (*s).to_owned()).collect(),
+            hazards: Vec::new(),
+            unchecked: Vec::new(),
             warnings: Vec::new(),
         }
     }
 
     fn devices(&self) -> [&DeviceFacts; 2] {
         [self.a, self.b]
+    }
+
+    /// Whether the IOMMU translates `d`'s DMA: its group's type, else the kernel command
+    /// line when that turns translation off (passthrough, or the IOMMU off).
+    fn iommu_translates(&self, d: &DeviceFacts) -> Option<bool> {
+        let cmdline = self.facts.host.iommu_cmdline.as_ref();
+        d.iommu_translates().or_else(|| cmdline.filter(|c| c.passthrough() || c.off()).map(|_| false))
     }
 
     fn module(&self) -> Option<&KernelModule> {
@@ -222,8 +272,10 @@ impl Pair<'_> {
     }
 }
 
-/// Rule `on`: CUDA can access the peer. Where an override forces P2P on (the patch, or a ForceP2P
-/// key), the driver skipped its own BAR1 and IOMMU checks, so those are checked here.
+/// Rule `on`: CUDA can access the peer. Where an override forces P2P on (the patch, or a
+/// ForceP2P key), the driver skipped its own BAR1 and IOMMU checks, so those are checked
+/// here: a failed one makes the pair UNSAFE, an unknown one OK?, and `Route::Auto` copies
+/// either staged.
 fn on(p: &Pair<'_>) -> Option<Verdict> {
     if p.pair.can_access_peer != Some(true) {
         return None;
@@ -236,36 +288,89 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
     } else {
         Link::Pcie
     };
-    let (certainty, why) = match &forced {
-        Some((certainty, why)) => (*certainty, format!("; {why}")),
-        None => (Certainty::Shown, "; the driver's own decision".to_owned()),
+    let used = ["cuDeviceCanAccessPeer", "nvml p2p nvlink", "nvml p2p atomics", "kernel module"];
+    let over = link_name(link);
+    let Some((certainty, why)) = forced.filter(|_| link != Link::NvLink) else {
+        let mut v = p.off(
+            "OK",
+            Certainty::Shown,
+            format!("CUDA can access the peer (over {over}); the driver's own decision"),
+            "nothing to do: geforce-p2p copies by P2P on this pair".into(),
+            PatchOutlook::NotNeeded,
+            &used,
+        );
+        v.on = Some(link);
+        return Some(v);
     };
-    let mut verdict = p.off(
-        "OK",
-        certainty,
-        format!("CUDA can access the peer (over {}){why}", link_name(link)),
-        "nothing to do: geforce-p2p copies by P2P on this pair".into(),
-        PatchOutlook::NotNeeded,
-        &["cuDeviceCanAccessPeer", "nvml p2p nvlink", "nvml p2p atomics", "kernel module"],
-    );
-    verdict.on = Some(link);
-    if forced.is_some() && link != Link::NvLink {
-        for d in p.devices() {
-            if d.bar1_covers_vram() == Some(false) {
-                verdict.warnings.push(format!(
-                    "{}; a forced P2P mapping can fail or corrupt data: {BAR1_REMEDY}",
+    let (mut hazards, mut remedies, mut unchecked) = (Vec::new(), Vec::new(), Vec::new());
+    for d in p.devices() {
+        match d.bar1_covers_vram() {
+            Some(false) => {
+                hazards.push(format!(
+                    "{}: forced peer mappings fail (cudaErrorMapBufferObjectFailed) or copies land in the wrong place",
                     bar1_too_small(d)
                 ));
+                remedies.push(BAR1_REMEDY);
             }
-            if d.iommu_translates() == Some(true) {
-                verdict.warnings.push(format!(
-                    "{}; with the patch, P2P data can be silently wrong: {IOMMU_REMEDY}",
+            None => unchecked.push(format!("BAR1 of device {}", d.ordinal)),
+            Some(true) => {}
+        }
+        match p.iommu_translates(d) {
+            Some(true) => {
+                hazards.push(format!(
+                    "{}: peer copies finish with zeros or garbage (IO_PAGE_FAULT in dmesg)",
                     iommu_translates(d)
                 ));
+                remedies.push(IOMMU_REMEDY);
             }
+            None => unchecked.push(format!("IOMMU state of device {}", d.ordinal)),
+            Some(false) => {}
         }
     }
-    Some(verdict)
+    remedies.dedup();
+    let staged =
+        "until then geforce-p2p copies this pair staged (Route::Auto); Route::Peer still forces P2P, at your own risk";
+    let mut v = if !hazards.is_empty() {
+        p.off(
+            "UNSAFE",
+            certainty,
+            format!(
+                "CUDA can access the peer (over {over}), but {why}, past the driver's own BAR1 and IOMMU checks, and this pair fails them ({} hazard{})",
+                hazards.len(),
+                if hazards.len() == 1 { "" } else { "s" }
+            ),
+            format!("{}; {staged}", remedies.join("; ")),
+            PatchOutlook::NotNeeded,
+            &used,
+        )
+    } else if !unchecked.is_empty() {
+        p.off(
+            "OK?",
+            Certainty::Possible,
+            format!(
+                "CUDA can access the peer (over {over}) and {why}, past the driver's own checks; whether that is safe is unknown: {} not known",
+                unchecked.join(", ")
+            ),
+            format!(
+                "provide the missing facts, or check by hand with `gp2p bench copy --route peer` (zero wrong elements at every size) and force Route::Peer; {staged}"
+            ),
+            PatchOutlook::NotNeeded,
+            &used,
+        )
+    } else {
+        p.off(
+            "OK",
+            certainty,
+            format!("CUDA can access the peer (over {over}); {why}, and BAR1 and the IOMMU allow it"),
+            "nothing to do: geforce-p2p copies by P2P on this pair".into(),
+            PatchOutlook::NotNeeded,
+            &used,
+        )
+    };
+    v.on = Some(link);
+    v.hazards = hazards;
+    v.unchecked = unchecked;
+    Some(v)
 }
 
 /// Rule `wddm`: a Windows WDDM driver never exposes P2P.
@@ -407,7 +512,7 @@ fn bar1(p: &Pair<'_>) -> Option<Verdict> {
 /// Rule `iommu`: a translating IOMMU, which the patch's raw BAR1 addresses bypass; then any fact
 /// these two rules could not check.
 fn iommu(p: &Pair<'_>) -> Option<Verdict> {
-    if let Some(d) = p.devices().into_iter().find(|d| d.iommu_translates() == Some(true)) {
+    if let Some(d) = p.devices().into_iter().find(|d| p.iommu_translates(d) == Some(true)) {
         return Some(p.off(
             "IOMMU",
             Certainty::Shown,
@@ -424,7 +529,7 @@ fn iommu(p: &Pair<'_>) -> Option<Verdict> {
         }
     }
     for d in p.devices() {
-        if d.iommu_translates().is_none() {
+        if p.iommu_translates(d).is_none() {
             missing.push(format!("IOMMU state of device {}", d.ordinal));
         }
     }
