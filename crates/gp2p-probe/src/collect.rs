@@ -179,8 +179,46 @@ fn linux_facts(facts: &mut Facts) {
         facts.host.registry_dwords = parse::registry(&text);
     }
     facts.host.virtual_machine = virtual_machine();
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").ok().and_then(|t| parse::kernel_release(&t));
     for d in &mut facts.devices {
         d.iommu_group_type = iommu_group_type(&d.pci_bus_id);
+        d.bar1_sizes = bar1_sizes(&d.pci_bus_id, kernel, &mut facts.missing_sources);
+    }
+}
+
+/// The first kernel whose sysfs lists the sizes of every resizable BAR (`resource<N>_resize`).
+const REBAR_SYSFS_KERNEL: (u32, u32) = (6, 1);
+
+/// The BAR1 sizes a PCI device's Resizable BAR capability offers, from sysfs: empty when the
+/// file is absent on a kernel that lists every resizable BAR (the card has none); `None`
+/// when sysfs cannot tell, with the reason added to `missing`.
+fn bar1_sizes(bus_id: &str, kernel: Option<(u32, u32)>, missing: &mut Vec<String>) -> Option<Vec<u64>> {
+    let dev = Path::new("/sys/bus/pci/devices").join(bus_id.to_ascii_lowercase());
+    if !dev.exists() {
+        return None;
+    }
+    let file = dev.join("resource1_resize");
+    match fs::read_to_string(&file) {
+        Ok(text) => parse::rebar_sizes(&text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if kernel.is_some_and(|k| k >= REBAR_SYSFS_KERNEL) {
+                return Some(Vec::new());
+            }
+            missing.push(format!(
+                "{}: absent, and this kernel ({}) may predate it (Linux 6.1); the BAR1 sizes the card offers are unknown",
+                file.display(),
+                kernel.map_or("version unknown".into(), |(major, minor)| format!("{major}.{minor}"))
+            ));
+            None
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            missing.push(format!("{}: permission denied (run the probe as root to read it)", file.display()));
+            None
+        }
+        Err(e) => {
+            missing.push(format!("{}: {e}", file.display()));
+            None
+        }
     }
 }
 

@@ -248,6 +248,10 @@ pub struct DeviceFacts {
     pub vram_bytes: u64,
     /// BAR1 aperture, bytes (NVML).
     pub bar1_bytes: Option<u64>,
+    /// BAR1 sizes the card's Resizable BAR capability offers, bytes, ascending (Linux sysfs
+    /// `resource1_resize` of its PCI function). Empty: the card offers no resizable BAR1
+    /// (Linux 6.1 and later list every resizable BAR). `None`: not read.
+    pub bar1_sizes: Option<Vec<u64>>,
     /// PCIe link (NVML).
     pub pcie: Option<PcieLink>,
     /// Brand, e.g. "GeForce", "GeForceRTX", "Nvidia" (NVML).
@@ -304,6 +308,13 @@ impl DeviceFacts {
         }
     }
 
+    /// The largest BAR1 the card can have: the largest size its Resizable BAR capability
+    /// offers, or, with none offered, the BAR1 it has. `None` when the sizes were not read.
+    pub fn bar1_largest(&self) -> Option<u64> {
+        let sizes = self.bar1_sizes.as_ref()?;
+        sizes.iter().copied().max().or(self.bar1_bytes)
+    }
+
     /// Whether the IOMMU translates this device's DMA. `None` when unknown.
     pub fn iommu_translates(&self) -> Option<bool> {
         self.iommu_group_type.as_deref().map(|t| t.eq_ignore_ascii_case("DMA") || t.eq_ignore_ascii_case("DMA-FQ"))
@@ -318,8 +329,13 @@ const BAR1_MAP_ALIGN_BYTES: u64 = 2 << 20;
 /// The static BAR1 rule: whether a BAR1 of `bar1` bytes can map `vram` bytes. VRAM so large
 /// that rounding it up overflows fits in no BAR1.
 pub fn bar1_holds(bar1: u64, vram: u64) -> bool {
-    vram.checked_next_multiple_of(BAR1_MAP_ALIGN_BYTES)
-        .is_some_and(|needed| bar1.saturating_sub(BAR1_RESERVED_BYTES) >= needed)
+    bar1_needed(vram).is_some_and(|needed| bar1 >= needed)
+}
+
+/// The smallest BAR1 that maps `vram` bytes under the static BAR1 rule; `None` when no
+/// 64-bit size can.
+pub fn bar1_needed(vram: u64) -> Option<u64> {
+    vram.checked_next_multiple_of(BAR1_MAP_ALIGN_BYTES)?.checked_add(BAR1_RESERVED_BYTES)
 }
 
 /// NVML's P2P status for one capability.

@@ -39,7 +39,9 @@ pub use error::{Error, Result};
 pub use facts::Facts;
 pub use patch::{Certainty, PatchState, patch_state};
 pub use report::Report;
-pub use verdict::{Link, PATCHED_VERSIONS, PatchOutlook, RULES, Verdict, verdict, verdicts, verdicts_if_on};
+pub use verdict::{
+    BAR1_PER_ALLOCATION_BRANCH, Link, PATCHED_VERSIONS, PatchOutlook, RULES, Verdict, verdict, verdicts, verdicts_if_on,
+};
 
 #[cfg(test)]
 mod tests;

@@ -22,6 +22,22 @@ pub fn kernel_module(text: &str) -> Option<KernelModule> {
     Some(KernelModule { flavour, version, builder })
 }
 
+/// The sizes a BAR's Resizable BAR capability offers, in bytes, ascending, from its sysfs
+/// `resource<N>_resize` file: a hex bitmask where bit n offers 2^n MiB (`0000000000003fc0`
+/// offers 64 MiB to 8 GiB). Bits past what 64-bit bytes can count are dropped.
+pub fn rebar_sizes(text: &str) -> Option<Vec<u64>> {
+    const MIB_SHIFT: u32 = 20;
+    let mask = u64::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()?;
+    Some((0..u64::BITS - MIB_SHIFT).filter(|bit| mask & (1 << bit) != 0).map(|bit| 1u64 << (bit + MIB_SHIFT)).collect())
+}
+
+/// Major and minor version of the running kernel, from `/proc/sys/kernel/osrelease`
+/// (`6.8.0-45-generic`).
+pub fn kernel_release(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.trim().split(['.', '-']);
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 /// The iommu-related words of `/proc/cmdline`.
 pub fn iommu_cmdline(text: &str) -> IommuCmdline {
     let flags = text
@@ -116,6 +132,21 @@ mod tests {
         let c = iommu_cmdline("root=/dev/nvme0n1p2 intel_iommu=off");
         assert!(c.off() && !c.passthrough());
         assert!(iommu_cmdline("root=/dev/vda console=ttyS0").flags.is_empty());
+    }
+
+    #[test]
+    fn resizable_bar_sizes_and_kernel_release() {
+        const MIB: u64 = 1 << 20;
+        // A 4090: 64 MiB to 32 GiB.
+        let sizes = rebar_sizes("000000000000ffc0\n").unwrap();
+        assert_eq!((sizes.len(), sizes[0], sizes[9]), (10, 64 * MIB, 32 << 30));
+        assert_eq!(rebar_sizes("0000000000000000\n"), Some(vec![]));
+        assert_eq!(rebar_sizes("8000000000000000"), Some(vec![]), "2^63 MiB is past u64 bytes");
+        assert_eq!(rebar_sizes("0000080000000000").map(|s| s[0]), Some(1 << 63));
+        assert_eq!(rebar_sizes("not hex"), None);
+        assert_eq!(kernel_release("6.8.0-45-generic\n"), Some((6, 8)));
+        assert_eq!(kernel_release("5.15.167.4-microsoft-standard-WSL2"), Some((5, 15)));
+        assert_eq!(kernel_release("garbage"), None);
     }
 
     #[test]

@@ -66,23 +66,30 @@ impl Report {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:<16} {:<14} {:<10} bus",
-            "#", "name", "cc", "VRAM", "BAR1", "PCIe cur/max", "brand/arch", "iommu"
+            "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:>10}  {:<16} {:<14} {:<10} bus",
+            "#", "name", "cc", "VRAM", "BAR1", "BAR1 max", "PCIe cur/max", "brand/arch", "iommu"
         );
         for d in &f.devices {
             let bar1 = d.bar1_bytes.map_or("?".into(), gib);
+            // The largest BAR1 Resizable BAR offers; "fixed" when the card offers none.
+            let bar1_max = match &d.bar1_sizes {
+                None => "?".to_owned(),
+                Some(sizes) if sizes.is_empty() => "fixed".to_owned(),
+                Some(_) => d.bar1_largest().map_or("?".into(), gib),
+            };
             let pcie = d.pcie.map_or("?".into(), |p| {
                 format!("{}.0 x{} / {}.0 x{}", p.current_gen, p.current_width, p.max_gen, p.max_width)
             });
             let brand = format!("{}/{}", d.brand.as_deref().unwrap_or("?"), d.architecture.as_deref().unwrap_or("?"));
             let _ = writeln!(
                 out,
-                "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:<16} {:<14} {:<10} {}",
+                "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:>10}  {:<16} {:<14} {:<10} {}",
                 d.ordinal,
                 shown(&d.name),
                 format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
                 gib(d.vram_bytes),
                 bar1,
+                bar1_max,
                 pcie,
                 shown(&brand),
                 shown(d.iommu_group_type.as_deref().unwrap_or("?")),

@@ -31,6 +31,7 @@ fn two_4090s() -> Facts {
         compute_capability: (8, 9),
         vram_bytes: 24 * GIB - 512 * (1 << 20),
         bar1_bytes: Some(32 * GIB),
+        bar1_sizes: Some((6..=15).map(|bit| (1 << 20) << bit).collect()),
         pcie: Some(PcieLink { current_gen: 4, current_width: 16, max_gen: 4, max_width: 16 }),
         brand: Some("GeForceRTX".into()),
         architecture: Some("Ada".into()),
@@ -311,11 +312,49 @@ fn small_bar1_needs_resizable_bar() {
     f.devices[1].bar1_bytes = Some(256 << 20);
     let v = first(&f);
     assert_eq!(v.code, "BAR1");
-    assert!(matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains("Resizable BAR")));
+    assert!(matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains("Resizable BAR")), "{:?}", v.patch);
     // A 48 GiB card with a 32 GiB BAR1 (the 4090D mod) too.
     let mut f = two_4090s();
     f.devices[0].vram_bytes = 48 * GIB;
     assert_eq!(first(&f).code, "BAR1");
+}
+
+#[test]
+fn resizable_bar_is_advised_only_where_the_card_offers_a_large_enough_bar1() {
+    // 48 GB 4090s: BAR1 tops out at 32 GiB, so the 48g branch, not Resizable BAR.
+    let v = first(&load_fixture("4090-48g-pair-stock.json"));
+    assert_eq!(v.code, "BAR1");
+    assert!(!v.remedy.contains("enable Above 4G decoding"), "{}", v.remedy);
+    assert!(v.remedy.contains("cannot grow past 32.0 GiB") && v.remedy.contains(crate::BAR1_PER_ALLOCATION_BRANCH));
+    assert!(matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains("590.48.01-p2p-48g")), "{:?}", v.patch);
+    // The same cards forced on by the patch: UNSAFE, with the same remedy.
+    let v = first(&load_fixture("4090d-48g-pair-patched.json"));
+    assert_eq!(v.code, "UNSAFE");
+    assert!(
+        v.remedy.contains(crate::BAR1_PER_ALLOCATION_BRANCH) && !v.remedy.contains("Resizable BAR"),
+        "{}",
+        v.remedy
+    );
+    // 5090s with Resizable BAR off: they offer 32 GiB, enough for 32607 MiB.
+    let v = first(&load_fixture("5090-pair-rebar-off.json"));
+    assert_eq!(v.code, "BAR1");
+    assert!(v.remedy.starts_with("enable Above 4G decoding and Resizable BAR") && v.remedy.contains("up to 32.0 GiB"));
+    // 3090s whose VBIOS predates Resizable BAR: no sizes offered at all, no 48g branch (Ampere).
+    let v = first(&load_fixture("3090-pair-pre-rebar-vbios.json"));
+    assert_eq!(v.code, "BAR1");
+    assert!(v.remedy.contains("offers no resizable BAR1") && v.remedy.contains("VBIOS update"), "{}", v.remedy);
+    assert!(!v.remedy.contains("enable Above 4G") && !v.remedy.contains("p2p-48g"), "{}", v.remedy);
+    // Sizes not read: the advice is conditional and names the size needed.
+    let mut f = load_fixture("5090-pair-rebar-off.json");
+    f.devices.iter_mut().for_each(|d| d.bar1_sizes = None);
+    let v = first(&f);
+    assert!(v.remedy.contains("if device 0 offers a BAR1 of at least 31.8 GiB"), "{}", v.remedy);
+    // A card that cannot grow and has no branch for it: no remedy, and the patch cannot help.
+    let mut f = load_fixture("3090-pair-pre-rebar-vbios.json");
+    f.devices.iter_mut().for_each(|d| d.bar1_sizes = Some(vec![256 << 20]));
+    let v = first(&f);
+    assert!(v.remedy.starts_with("none: device 0's BAR1 cannot grow past 0.2 GiB"), "{}", v.remedy);
+    assert!(matches!(v.patch, PatchOutlook::Cannot(_)), "{:?}", v.patch);
 }
 
 #[test]

@@ -3,7 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::facts::{DeviceFacts, Facts, KernelModule, ModuleFlavour, P2pStatus, PairFacts};
+use crate::facts::{
+    Architecture, CardClass, DeviceFacts, Facts, KernelModule, ModuleFlavour, P2pStatus, PairFacts, bar1_holds,
+    bar1_needed,
+};
 use crate::parse::force_p2p_fields;
 use crate::patch::{Certainty, PatchState, forced, patch_state};
 
@@ -26,6 +29,10 @@ pub const PATCHED_VERSIONS: &[&str] = &[
     "595.71.05",
 ];
 
+/// The experimental branch for cards whose BAR1 cannot hold their VRAM (48 GB 4090s top
+/// out at a 32 GiB BAR1): it maps BAR1 per allocation instead of all VRAM at once.
+pub const BAR1_PER_ALLOCATION_BRANCH: &str = "590.48.01-p2p-48g";
+
 /// The rules, in the order they are tried, as documented in the report's legend.
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
@@ -36,7 +43,7 @@ pub const RULES: &[&str] = &[
     "regkey: a ForceP2P registry key disables it",
     "module: the proprietary kernel module (the patch needs the open one)",
     "version: an open module version no patch branch exists for",
-    "bar1: BAR1 smaller than VRAM (Resizable BAR off)",
+    "bar1: BAR1 smaller than VRAM (Resizable BAR off where the card offers more; else the per-allocation branch, or nothing)",
     "iommu: the IOMMU translates GPU DMA",
     "patch: everything the patch needs is in place",
 ];
@@ -244,6 +251,74 @@ impl Pair<'_> {
         d.iommu_translates().or_else(|| cmdline.filter(|c| c.passthrough() || c.off()).map(|_| false))
     }
 
+    /// What would let device `d`'s BAR1 map its VRAM (the static BAR1 mapping the patch
+    /// uses), and what the patch would do then: Resizable BAR only where the card offers a
+    /// BAR1 that large.
+    fn bar1_fix(&self, d: &DeviceFacts) -> (String, PatchOutlook) {
+        let n = d.ordinal;
+        let vram = gib(d.vram_bytes);
+        let needed = bar1_needed(d.vram_bytes).map_or("more than any BAR can be".into(), gib);
+        let Some(largest) = d.bar1_largest() else {
+            return (
+                format!(
+                    "enable Above 4G decoding and Resizable BAR in the firmware, if device {n} offers a BAR1 of at least {needed} (the sizes it offers were not read: sysfs resource1_resize)"
+                ),
+                PatchOutlook::AfterChange(format!(
+                    "enable Resizable BAR, if device {n} offers a BAR1 of at least {needed}"
+                )),
+            );
+        };
+        if bar1_holds(largest, d.vram_bytes) {
+            let resizes = if self.patch.acted_on() {
+                " (the patched module resizes BAR1 itself at load where the firmware leaves room)"
+            } else {
+                ""
+            };
+            return (
+                format!(
+                    "enable Above 4G decoding and Resizable BAR in the firmware: device {n} offers a BAR1 of up to {}, enough for its {vram} of VRAM{resizes}",
+                    gib(largest)
+                ),
+                PatchOutlook::AfterChange(format!(
+                    "enable Resizable BAR (device {n} offers a BAR1 of up to {})",
+                    gib(largest)
+                )),
+            );
+        }
+        let stuck = if d.bar1_sizes.as_ref().is_some_and(Vec::is_empty) {
+            format!("device {n} offers no resizable BAR1 (it stays at {})", gib(largest))
+        } else {
+            format!("device {n}'s BAR1 cannot grow past {}", gib(largest))
+        };
+        let geforce = d.class() == Some(CardClass::GeForce);
+        if geforce && d.arch() == Architecture::Ada {
+            return (
+                format!(
+                    "{stuck}, less than its {vram} of VRAM, so the static BAR1 mapping cannot fit: the experimental {BAR1_PER_ALLOCATION_BRANCH} branch maps BAR1 per allocation instead (made for 48 GB 4090s)"
+                ),
+                PatchOutlook::AfterChange(format!(
+                    "move to the experimental {BAR1_PER_ALLOCATION_BRANCH} branch, which maps BAR1 per allocation"
+                )),
+            );
+        }
+        if geforce && d.bar1_sizes.as_ref().is_some_and(Vec::is_empty) {
+            return (
+                format!(
+                    "{stuck}: a VBIOS update from the card's maker may add Resizable BAR; without one there is no remedy and this pair stays staged"
+                ),
+                PatchOutlook::AfterChange(
+                    "a VBIOS update that adds Resizable BAR, where the card's maker has one".into(),
+                ),
+            );
+        }
+        (
+            format!(
+                "none: {stuck}, less than its {vram} of VRAM, and no patch branch maps BAR1 per allocation for this card; this pair stays staged"
+            ),
+            PatchOutlook::Cannot(format!("device {n}'s BAR1 cannot map its VRAM, and it cannot grow")),
+        )
+    }
+
     fn module(&self) -> Option<&KernelModule> {
         self.facts.host.kernel_module.as_ref()
     }
@@ -302,7 +377,8 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
         v.on = Some(link);
         return Some(v);
     };
-    let (mut hazards, mut remedies, mut unchecked) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut hazards, mut unchecked) = (Vec::new(), Vec::new());
+    let (mut bar1_remedy, mut iommu_remedy) = (None, None);
     for d in p.devices() {
         match d.bar1_covers_vram() {
             Some(false) => {
@@ -310,7 +386,9 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                     "{}: forced peer mappings fail (cudaErrorMapBufferObjectFailed) or copies land in the wrong place",
                     bar1_too_small(d)
                 ));
-                remedies.push(BAR1_REMEDY);
+                // One BAR1 remedy, for the first card: a pair's two cards are (almost
+                // always) the same model, and the hazards name both.
+                bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).0);
             }
             None => unchecked.push(format!("BAR1 of device {}", d.ordinal)),
             Some(true) => {}
@@ -321,13 +399,13 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                     "{}: peer copies finish with zeros or garbage (IO_PAGE_FAULT in dmesg)",
                     iommu_translates(d)
                 ));
-                remedies.push(IOMMU_REMEDY);
+                iommu_remedy = Some(IOMMU_REMEDY.to_owned());
             }
             None => unchecked.push(format!("IOMMU state of device {}", d.ordinal)),
             Some(false) => {}
         }
     }
-    remedies.dedup();
+    let remedies: Vec<String> = [bar1_remedy, iommu_remedy].into_iter().flatten().collect();
     let staged =
         "until then geforce-p2p copies this pair staged (Route::Auto); Route::Peer still forces P2P, at your own risk";
     let mut v = if !hazards.is_empty() {
@@ -499,13 +577,14 @@ fn version(p: &Pair<'_>) -> Option<Verdict> {
 /// Rule `bar1`: BAR1 too small to map VRAM, where the patch's mappings go.
 fn bar1(p: &Pair<'_>) -> Option<Verdict> {
     let d = p.devices().into_iter().find(|d| d.bar1_covers_vram() == Some(false))?;
+    let (remedy, outlook) = p.bar1_fix(d);
     Some(p.off(
         "BAR1",
         Certainty::Shown,
         format!("the driver refuses P2P{}; {}", p.nvml_status(), bar1_too_small(d)),
-        BAR1_REMEDY.into(),
-        PatchOutlook::AfterChange("enable Resizable BAR so BAR1 covers VRAM".into()),
-        &["BAR1", "VRAM"],
+        remedy,
+        outlook,
+        &["BAR1", "BAR1 sizes (resource1_resize)", "VRAM"],
     ))
 }
 
@@ -553,8 +632,6 @@ fn link_name(link: Link) -> &'static str {
     }
 }
 
-/// The patch maps peer VRAM through BAR1: what to do where BAR1 cannot map all of it.
-const BAR1_REMEDY: &str = "enable Above 4G decoding and Resizable BAR in the firmware so BAR1 covers VRAM";
 /// The patch's peer mappings bypass IOMMU translation: what to do where DMA is translated.
 const IOMMU_REMEDY: &str = "set the IOMMU to passthrough (iommu=pt on the kernel command line) or turn it off";
 
