@@ -209,13 +209,29 @@ pub fn patch_state(facts: &Facts) -> PatchState {
     )
 }
 
-/// Why P2P is forced on before the driver's own checks, when facts show it: a `ForceP2P`
+/// What forces P2P on before the driver's own checks.
+pub(crate) struct Forced {
+    /// How sure.
+    pub certainty: Certainty,
+    /// In words, for a verdict's reason.
+    pub why: String,
+    /// A `ForceP2P` key (removing it hands the decision back to the driver), not the patch.
+    pub by_key: bool,
+}
+
+/// What forces P2P on before the driver's own checks, when facts show it: a `ForceP2P`
 /// key enabling read and write, or the patch (whose built-in default is that key).
-pub(crate) fn forced(facts: &Facts, patch: &PatchState) -> Option<(Certainty, String)> {
+pub(crate) fn forced(facts: &Facts, patch: &PatchState) -> Option<Forced> {
     if let Some(key) = facts.host.force_p2p().filter(|&k| force_p2p_fields(k) == (1, 1)) {
-        return Some((Certainty::Shown, format!("ForceP2P={key:#x} in the module's RegistryDwords forces it on")));
+        return Some(Forced {
+            certainty: Certainty::Shown,
+            why: format!("ForceP2P={key:#x} in the module's RegistryDwords forces it on"),
+            by_key: true,
+        });
     }
-    patch
-        .acted_on()
-        .then(|| (patch.certainty, format!("the P2P patch forces it on (in effect: {})", patch.certainty.name())))
+    patch.acted_on().then(|| Forced {
+        certainty: patch.certainty,
+        why: format!("the P2P patch forces it on (in effect: {})", patch.certainty.name()),
+        by_key: false,
+    })
 }

@@ -132,7 +132,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | WDDM, MIX, VM: it cannot | ? not enough facts"
+            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | WDDM, MIX, VM: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"
         );
         let _ = writeln!(
             out,
@@ -142,15 +142,19 @@ impl Report {
         let _ = writeln!(out);
         for v in &self.verdicts {
             let patch = match &v.patch {
-                PatchOutlook::NotNeeded => "not needed".to_owned(),
-                PatchOutlook::Would => "would turn it on".to_owned(),
-                PatchOutlook::AfterChange(c) => format!("would, after: {c}"),
-                PatchOutlook::Cannot(why) => format!("cannot: {why}"),
-                PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
+                PatchOutlook::NotApplicable(_) => None,
+                outlook => Some(describe(outlook)),
             };
             let _ = writeln!(out, "{} -> {} [{}, {}] {}", v.a, v.b, v.code, v.certainty.name(), shown(&v.reason));
             let _ = writeln!(out, "    remedy: {}", shown(&v.remedy));
-            let _ = writeln!(out, "    patch: {}; facts used: {}", shown(&patch), v.used.join(", "));
+            match patch {
+                Some(patch) => {
+                    let _ = writeln!(out, "    patch: {}; facts used: {}", shown(&patch), v.used.join(", "));
+                }
+                None => {
+                    let _ = writeln!(out, "    facts used: {}", v.used.join(", "));
+                }
+            }
             for h in &v.hazards {
                 let _ = writeln!(out, "    UNSAFE: {}", shown(h));
             }
@@ -172,4 +176,17 @@ pub(crate) fn shown(text: &str) -> Cow<'_, str> {
         return Cow::Borrowed(text);
     }
     Cow::Owned(text.chars().map(|c| if hidden(c) { c.escape_default().to_string() } else { c.to_string() }).collect())
+}
+
+/// What the patch would do, in words (for every outlook but `NotApplicable`, which the
+/// report leaves out).
+fn describe(outlook: &PatchOutlook) -> String {
+    match outlook {
+        PatchOutlook::NotNeeded => "not needed".to_owned(),
+        PatchOutlook::Would => "would turn it on".to_owned(),
+        PatchOutlook::AfterChange(c) => format!("would, after: {c}"),
+        PatchOutlook::Cannot(why) => format!("cannot: {why}"),
+        PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
+        PatchOutlook::NotApplicable(why) => format!("not applicable: {why}"),
+    }
 }

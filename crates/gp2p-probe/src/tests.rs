@@ -257,6 +257,63 @@ fn wddm_cannot() {
 }
 
 #[test]
+fn professional_and_datacenter_cards_never_get_geforce_patch_advice() {
+    // RTX 6000 Ada pair across two sockets on the proprietary module: not "switch to the
+    // open module for the patch", but the topology.
+    let f = load_fixture("rtx6000ada-pair-proprietary-across-sockets.json");
+    for v in verdicts(&f) {
+        assert_eq!(v.code, "TOPO");
+        assert!(matches!(v.patch, PatchOutlook::NotApplicable(_)), "{:?}", v.patch);
+        assert!(v.remedy.contains("one PCIe switch") && v.remedy.contains("ACSCtl"), "{}", v.remedy);
+        assert!(!v.remedy.contains("patch") && !v.remedy.contains("open kernel module"), "{}", v.remedy);
+    }
+    let text = Report::new(f).render();
+    assert!(!text.contains("    patch:"), "no patch clause for these cards: {text}");
+    // A100 pair with ForceP2P=0: remove the key, and nothing about the patch.
+    let f = load_fixture("a100-pair-forcep2p-disabled.json");
+    let v = first(&f);
+    assert_eq!(v.code, "DR");
+    assert_eq!(v.remedy, "remove ForceP2P from NVreg_RegistryDwords (modprobe options) and reload the module");
+    assert!(matches!(v.patch, PatchOutlook::NotApplicable(_)), "{:?}", v.patch);
+    assert!(!Report::new(f).render().contains("    patch:"));
+    // The GeForce pair with the same key keeps its patch clause.
+    let mut f = two_4090s();
+    f.host.registry_dwords = Some("ForceP2P=0".into());
+    assert!(matches!(first(&f).patch, PatchOutlook::AfterChange(_)));
+    // A datacenter pair the driver refuses for the GPU's own reason, and one NVML cannot explain.
+    let mut f = load_fixture("a100-pair-forcep2p-disabled.json");
+    f.host.registry_dwords = None;
+    for p in &mut f.pairs {
+        (p.nvml_read, p.nvml_write, p.nvml_atomics) =
+            (Some(P2pStatus::GpuNotSupported), Some(P2pStatus::GpuNotSupported), Some(P2pStatus::NotSupported));
+    }
+    let v = first(&f);
+    assert_eq!(v.code, "DRV");
+    assert!(v.remedy.contains("virtual function") && v.remedy.contains("MIG"), "{}", v.remedy);
+    f.pairs.iter_mut().for_each(|p| (p.nvml_read, p.nvml_write) = (None, None));
+    assert!(first(&f).reason.contains("libnvidia-ml could not be loaded"), "{}", first(&f).reason);
+}
+
+#[test]
+fn tcc_is_suggested_only_for_cards_that_support_it() {
+    let v = first(&load_fixture("windows-4090-pair-wddm.json"));
+    assert_eq!(v.code, "WDDM");
+    assert!(!v.remedy.contains("switch") && v.remedy.contains("cannot leave WDDM"), "{}", v.remedy);
+    let v = first(&load_fixture("windows-a6000-pair-wddm.json"));
+    assert_eq!(v.code, "WDDM");
+    assert!(v.remedy.starts_with("switch device 0 (professional card) to the TCC or MCDM"), "{}", v.remedy);
+    assert!(matches!(v.patch, PatchOutlook::NotApplicable(_)));
+    // GeForce under Windows without NVML (driver model unknown) is WDDM all the same.
+    let mut f = load_fixture("windows-4090-pair-wddm.json");
+    for d in &mut f.devices {
+        (d.driver_model, d.brand) = (None, None);
+    }
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.certainty), ("WDDM", Certainty::Likely));
+    assert!(v.reason.contains("is a GeForce card, so it runs under"), "{}", v.reason);
+}
+
+#[test]
 fn mixed_generations_cannot() {
     let mut f = two_4090s();
     f.devices[1].name = "NVIDIA GeForce RTX 5090".into();
@@ -491,16 +548,21 @@ fn arb_device(ordinal: usize) -> impl Strategy<Value = DeviceFacts> {
         prop::option::of(prop::sample::select(vec!["identity", "DMA", "DMA-FQ", "none"])),
         prop::option::of(prop::sample::select(vec!["WDDM", "TCC"])),
         any::<bool>(),
+        prop::sample::select(vec!["NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000", "NVIDIA H100 PCIe", ""]),
+        prop::option::of(prop::sample::select(vec!["GeForceRTX", "NvidiaRTX", "Nvidia"])),
+        prop::option::of(prop::collection::vec(prop::sample::select(vec![256u64 << 20, 32 * GIB]), 0..3)),
     )
-        .prop_map(move |(cc, bar1, vram, iommu, model, known_arch)| DeviceFacts {
+        .prop_map(move |(cc, bar1, vram, iommu, model, known_arch, name, brand, sizes)| DeviceFacts {
             ordinal,
-            name: format!("GPU {ordinal}"),
+            name: name.to_owned(),
             compute_capability: cc,
             vram_bytes: vram,
             bar1_bytes: bar1,
+            bar1_sizes: sizes,
             iommu_group_type: iommu.map(str::to_owned),
             driver_model: model.map(str::to_owned),
-            architecture: known_arch.then(|| format!("arch{}", cc.0)),
+            architecture: known_arch.then(|| Architecture::from_compute_capability(cc).name().to_owned()),
+            brand: brand.map(str::to_owned),
             ..DeviceFacts::default()
         })
 }
@@ -510,7 +572,7 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
         .prop_flat_map(|n| {
             let devices: Vec<_> = (0..n).map(arb_device).collect();
             let pairs = prop::collection::vec(
-                (prop::option::of(any::<bool>()), arb_status(), arb_status(), arb_status()),
+                (prop::option::of(any::<bool>()), arb_status(), arb_status(), arb_status(), arb_status()),
                 n * (n - 1),
             );
             let module = prop::option::of((
@@ -520,20 +582,22 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
             ));
             let force = prop::option::of(prop::sample::select(vec![0u32, 0x11, 0x22, 0x10]));
             let vm = prop::option::of(Just("KVM".to_owned()));
-            (devices, pairs, module, force, vm)
+            let os = prop::sample::select(vec!["linux", "windows"]);
+            (devices, pairs, module, force, vm, os)
         })
-        .prop_map(|(devices, pair_facts, module, force, vm)| {
+        .prop_map(|(devices, pair_facts, module, force, vm, os)| {
             let n = devices.len();
             let ordered = (0..n).flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)));
             let pairs = ordered
                 .zip(pair_facts)
-                .map(|((a, b), (can, read, write, nvlink))| PairFacts {
+                .map(|((a, b), (can, read, write, nvlink, atomics))| PairFacts {
                     a,
                     b,
                     can_access_peer: can,
                     nvml_read: read,
                     nvml_write: write,
                     nvml_nvlink: nvlink,
+                    nvml_atomics: atomics,
                     ..PairFacts::default()
                 })
                 .collect();
@@ -544,7 +608,7 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
             });
             Facts {
                 host: HostFacts {
-                    os: "linux".into(),
+                    os: os.into(),
                     kernel_module,
                     registry_dwords: force.map(|f| format!("ForceP2P={f:#x}")),
                     virtual_machine: vm,
@@ -577,6 +641,16 @@ proptest! {
             } else {
                 prop_assert!(v.on.is_some());
             }
+            // Auto is kept off P2P exactly where the verdict says it is on but not safe.
+            prop_assert_eq!(v.on.is_some() && !v.peer_trusted(), matches!(v.code.as_str(), "UNSAFE" | "OK?"));
+            // Professional and datacenter pairs never hear that the patch would help.
+            let pro = |o: usize| facts.device(o).and_then(DeviceFacts::class).is_some_and(|c| c != CardClass::GeForce);
+            if pro(p.a) && pro(p.b) {
+                prop_assert!(!matches!(v.patch, PatchOutlook::Would | PatchOutlook::AfterChange(_)), "{:?}", v);
+                prop_assert!(!v.remedy.contains("install the P2P patch") && !v.remedy.contains("branch"), "{}", v.remedy);
+            }
         }
+        // Judged as if CUDA offered P2P, every pair is on.
+        prop_assert!(crate::verdicts_if_on(&facts).iter().all(|v| v.on.is_some()));
     }
 }

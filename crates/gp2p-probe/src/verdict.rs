@@ -8,7 +8,7 @@ use crate::facts::{
     bar1_needed,
 };
 use crate::parse::force_p2p_fields;
-use crate::patch::{Certainty, PatchState, forced, patch_state};
+use crate::patch::{Certainty, Forced, PatchState, forced, patch_state};
 
 /// Driver versions the open-kernel-module P2P patch has been published for (tinygrad and
 /// aikitoria branches; see PATCH.md).
@@ -37,10 +37,11 @@ pub const BAR1_PER_ALLOCATION_BRANCH: &str = "590.48.01-p2p-48g";
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
     "on: CUDA can access the peer; where the patch or a ForceP2P key forces it, BAR1 < VRAM or a translating IOMMU make it UNSAFE and unknown ones OK? (Route::Auto copies both staged)",
-    "wddm: a Windows WDDM driver never exposes P2P",
+    "wddm: a Windows WDDM driver never exposes P2P (TCC/MCDM only where the card supports it, never GeForce)",
     "mixed: different GPU generations (CUDA refuses them even on a patched driver)",
     "vm: inside a virtual machine the patch cannot help (the hypervisor decides)",
     "regkey: a ForceP2P registry key disables it",
+    "card: a professional or datacenter pair the stock driver refuses: topology, ACS or the GPU's mode, never the patch",
     "module: the proprietary kernel module (the patch needs the open one)",
     "version: an open module version no patch branch exists for",
     "bar1: BAR1 smaller than VRAM (Resizable BAR off where the card offers more; else the per-allocation branch, or nothing)",
@@ -62,6 +63,9 @@ pub enum PatchOutlook {
     Cannot(String),
     /// Not enough facts to say; the missing ones are named.
     Undecided(Vec<String>),
+    /// The patch is not for these cards (professional and datacenter cards), for the
+    /// reason given; the report then prints no patch clause.
+    NotApplicable(String),
 }
 
 /// How P2P travels when it is on.
@@ -170,6 +174,7 @@ const CHECKS: &[(&str, Rule)] = &[
     ("mixed", mixed),
     ("vm", virtual_machine),
     ("regkey", regkey),
+    ("card", card),
     ("module", module),
     ("version", version),
     ("bar1", bar1),
@@ -242,6 +247,20 @@ impl Pair<'_> {
 
     fn devices(&self) -> [&DeviceFacts; 2] {
         [self.a, self.b]
+    }
+
+    /// Whether GeForce advice can fit this pair: a card is GeForce, or of unknown class.
+    /// Professional and datacenter pairs never get it.
+    fn geforce(&self) -> bool {
+        self.devices().iter().any(|d| !matches!(d.class(), Some(CardClass::Professional | CardClass::Datacenter)))
+    }
+
+    /// The patch's outlook for a professional or datacenter pair: it is not for them.
+    fn patch_not_applicable(&self) -> PatchOutlook {
+        PatchOutlook::NotApplicable(
+            "the P2P patch works around the driver's GeForce policy; professional and datacenter cards get P2P from the stock driver"
+                .into(),
+        )
     }
 
     /// Whether the IOMMU translates `d`'s DMA: its group's type, else the kernel command
@@ -365,7 +384,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
     };
     let used = ["cuDeviceCanAccessPeer", "nvml p2p nvlink", "nvml p2p atomics", "kernel module"];
     let over = link_name(link);
-    let Some((certainty, why)) = forced.filter(|_| link != Link::NvLink) else {
+    let Some(Forced { certainty, why, by_key }) = forced.filter(|_| link != Link::NvLink) else {
         let mut v = p.off(
             "OK",
             Certainty::Shown,
@@ -387,8 +406,11 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                     bar1_too_small(d)
                 ));
                 // One BAR1 remedy, for the first card: a pair's two cards are (almost
-                // always) the same model, and the hazards name both.
-                bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).0);
+                // always) the same model, and the hazards name both. Only GeForce cards
+                // need BAR1 to hold VRAM: the stock driver's own P2P does not.
+                if p.geforce() {
+                    bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).0);
+                }
             }
             None => unchecked.push(format!("BAR1 of device {}", d.ordinal)),
             Some(true) => {}
@@ -405,7 +427,19 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
             Some(false) => {}
         }
     }
-    let remedies: Vec<String> = [bar1_remedy, iommu_remedy].into_iter().flatten().collect();
+    // Without the override the driver checks BAR1 and the IOMMU itself: where the key
+    // forces P2P, or the patch does on cards the stock driver serves, undoing it is the fix.
+    let undo = if by_key {
+        Some(format!(
+            "remove ForceP2P from NVreg_RegistryDwords so the driver decides P2P itself{}",
+            if p.geforce() { "" } else { " (it does so safely on these cards)" }
+        ))
+    } else if !p.geforce() {
+        Some("go back to NVIDIA's stock module (PATCH.md, Going back): its own P2P on these cards checks BAR1 and the IOMMU".into())
+    } else {
+        None
+    };
+    let remedies: Vec<String> = [undo, bar1_remedy, iommu_remedy].into_iter().flatten().collect();
     let staged =
         "until then geforce-p2p copies this pair staged (Route::Auto); Route::Peer still forces P2P, at your own risk";
     let mut v = if !hazards.is_empty() {
@@ -453,14 +487,48 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
 
 /// Rule `wddm`: a Windows WDDM driver never exposes P2P.
 fn wddm(p: &Pair<'_>) -> Option<Verdict> {
-    let d = p.devices().into_iter().find(|d| d.driver_model.as_deref() == Some("WDDM"))?;
+    let windows = p.facts.host.os.eq_ignore_ascii_case("windows");
+    // A GeForce card under Windows always runs WDDM: it cannot switch.
+    let (d, certainty) = match p.devices().into_iter().find(|d| d.driver_model.as_deref() == Some("WDDM")) {
+        Some(d) => (d, Certainty::Shown),
+        None if windows => {
+            let d = p.devices().into_iter().find(|d| d.class() == Some(CardClass::GeForce))?;
+            (d, Certainty::Likely)
+        }
+        None => return None,
+    };
+    let n = d.ordinal;
+    let (remedy, patch) = match d.class() {
+        Some(CardClass::GeForce) => (
+            format!(
+                "none on Windows: device {n} is a GeForce card, which cannot leave WDDM (TCC and MCDM are for professional and datacenter cards); geforce-p2p's staged copy is the way here, or Linux with the P2P patch (PATCH.md)"
+            ),
+            PatchOutlook::Cannot(
+                "the patch is for Linux's open kernel module; on Windows a GeForce card stays on WDDM".into(),
+            ),
+        ),
+        Some(class) => (
+            format!(
+                "switch device {n} ({} card) to the TCC or MCDM driver model (`nvidia-smi -g {n} -dm TCC`, or MCDM where the driver offers it; no display attached), then reboot",
+                class.name()
+            ),
+            p.patch_not_applicable(),
+        ),
+        None => (
+            format!(
+                "switch device {n} to the TCC or MCDM driver model if it is a professional or datacenter card (GeForce cards cannot); otherwise geforce-p2p's staged copy is the way"
+            ),
+            PatchOutlook::Cannot("the patch is for Linux's open kernel module".into()),
+        ),
+    };
+    let model = if certainty == Certainty::Shown { "runs under" } else { "is a GeForce card, so it runs under" };
     Some(p.off(
         "WDDM",
-        Certainty::Shown,
-        format!("device {} runs under the Windows WDDM driver model, which never exposes P2P", d.ordinal),
-        "switch the cards to TCC/MCDM where the card supports it, or run Linux; otherwise geforce-p2p's staged copy is the way".into(),
-        PatchOutlook::Cannot("the patch is for the Linux open kernel module; WDDM never exposes P2P".into()),
-        &["driver model"],
+        certainty,
+        format!("device {n} {model} the Windows WDDM driver model, which never exposes P2P"),
+        remedy,
+        patch,
+        &["driver model", "brand"],
     ))
 }
 
@@ -485,7 +553,11 @@ fn mixed(p: &Pair<'_>) -> Option<Verdict> {
                 b.compute_capability.1
             ),
             "pair cards of the same generation for P2P; this pair uses the staged copy".into(),
-            PatchOutlook::Cannot("CUDA refuses P2P between generations even on a patched driver".into()),
+            if p.geforce() {
+                PatchOutlook::Cannot("CUDA refuses P2P between generations even on a patched driver".into())
+            } else {
+                p.patch_not_applicable()
+            },
             &["architecture", "compute capability"],
         )
     })
@@ -499,7 +571,11 @@ fn virtual_machine(p: &Pair<'_>) -> Option<Verdict> {
         Certainty::Likely,
         format!("this is a virtual machine ({vm}); the emulated chipset makes the driver refuse P2P"),
         "ask the hypervisor for a GPUDirect clique (QEMU x-nv-gpudirect-clique) or run on bare metal".into(),
-        PatchOutlook::Cannot("inside a VM the patch cannot map the peer's BAR1; the hypervisor decides".into()),
+        if p.geforce() {
+            PatchOutlook::Cannot("inside a VM the patch cannot map the peer's BAR1; the hypervisor decides".into())
+        } else {
+            p.patch_not_applicable()
+        },
         &["virtualization"],
     ))
 }
@@ -514,16 +590,85 @@ fn regkey(p: &Pair<'_>) -> Option<Verdict> {
     });
     let dr = Some(P2pStatus::DisabledByRegkey);
     let nvml_dr = p.pair.nvml_read == dr || p.pair.nvml_write == dr;
+    let remedy = if host.os.eq_ignore_ascii_case("windows") {
+        "remove the ForceP2P value from the NVIDIA driver's registry key and restart"
+    } else {
+        "remove ForceP2P from NVreg_RegistryDwords (modprobe options) and reload the module"
+    };
     (key_off || nvml_dr).then(|| {
         p.off(
             "DR",
             Certainty::Shown,
             format!("P2P is disabled by a registry key (ForceP2P={})", key.map_or("?".into(), |f| format!("{f:#x}"))),
-            "remove ForceP2P from NVreg_RegistryDwords (modprobe options) and reload the module".into(),
-            PatchOutlook::AfterChange("remove the ForceP2P registry key".into()),
+            remedy.into(),
+            if p.geforce() {
+                PatchOutlook::AfterChange("remove the ForceP2P registry key".into())
+            } else {
+                p.patch_not_applicable()
+            },
             &["/proc/driver/nvidia/params", "nvml p2p read/write"],
         )
     })
+}
+
+/// Rule `card`: professional and datacenter cards get P2P from the stock driver, so when it
+/// refuses them the cause is elsewhere (topology, ACS, the GPU's mode), never the GeForce
+/// policy the patch works around.
+fn card(p: &Pair<'_>) -> Option<Verdict> {
+    if p.geforce() {
+        return None;
+    }
+    let classes = if p.a.class() == p.b.class() {
+        format!("{} cards", p.a.class().map_or("these", CardClass::name))
+    } else {
+        "professional and datacenter cards".to_owned()
+    };
+    let statuses = [p.pair.nvml_read, p.pair.nvml_write];
+    let topology = p.pair.topology.as_deref();
+    let path = topology.map_or(String::new(), |t| format!("; topology {t}"));
+    let status = p.nvml_status();
+    let acs = "check ACS redirect on the PCIe switches and root ports (as root: `sudo lspci -vvv | grep ACSCtl`; ReqRedir+ or CmpltRedir+ send P2P up to the root complex) and disable ACS in the firmware";
+    let (code, certainty, reason, remedy) = if statuses
+        .iter()
+        .any(|s| matches!(s, Some(P2pStatus::ChipsetNotSupported | P2pStatus::IohTopologyNotSupported)))
+        || topology == Some("SYS")
+    {
+        (
+            "TOPO",
+            Certainty::Likely,
+            format!("the driver refuses P2P between these {classes} over their PCIe path{status}{path}"),
+            format!(
+                "put both cards under one PCIe switch or one CPU's root complex (topology PIX, PXB or PHB): this chipset or path does not carry P2P; {acs}"
+            ),
+        )
+    } else if statuses.contains(&Some(P2pStatus::GpuNotSupported)) {
+        (
+            "DRV",
+            Certainty::Possible,
+            format!("the driver refuses P2P between these {classes}: the GPU side does not support it{status}"),
+            "use the physical GPU rather than an SR-IOV virtual function or vGPU, leave MIG mode (`nvidia-smi -q | grep -i mig`), and remove PeerMappingOverride from the driver's registry keys".into(),
+        )
+    } else {
+        let known = if status.is_empty() {
+            " (NVML's reason is unknown: libnvidia-ml could not be loaded)".to_owned()
+        } else {
+            status
+        };
+        (
+            "DRV",
+            Certainty::Possible,
+            format!("the driver refuses P2P between these {classes}{known}{path}"),
+            format!("{acs}; check MIG mode (`nvidia-smi -q | grep -i mig`) and that both cards are the same chip"),
+        )
+    };
+    Some(p.off(
+        code,
+        certainty,
+        reason,
+        remedy,
+        p.patch_not_applicable(),
+        &["brand", "nvml p2p read/write", "topology"],
+    ))
 }
 
 /// Rule `module`: the kernel module: unknown, or the proprietary one.
