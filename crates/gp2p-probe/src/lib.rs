@@ -26,6 +26,7 @@
 //! assert!(report.render().contains("0 -> 1"));
 //! ```
 
+pub mod branches;
 mod collect;
 mod error;
 pub mod facts;
@@ -34,14 +35,13 @@ mod patch;
 mod report;
 mod verdict;
 
+pub use branches::{BAR1_PER_ALLOCATION_BRANCH, Branch, PATCH_BRANCHES};
 pub use collect::{collect, collect_host, load};
 pub use error::{Error, Result};
 pub use facts::Facts;
 pub use patch::{Certainty, PatchState, patch_state};
 pub use report::Report;
-pub use verdict::{
-    BAR1_PER_ALLOCATION_BRANCH, Link, PATCHED_VERSIONS, PatchOutlook, RULES, Verdict, verdict, verdicts, verdicts_if_on,
-};
+pub use verdict::{Link, PatchOutlook, RULES, Verdict, verdict, verdicts, verdicts_if_on};
 
 #[cfg(test)]
 mod tests;

@@ -4,9 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::branches::branch_for_version;
 use crate::facts::{Architecture, CardClass, DeviceFacts, Facts, ModuleFlavour, P2pStatus, PairFacts};
 use crate::parse::{force_p2p_atomics, force_p2p_fields};
-use crate::verdict::PATCHED_VERSIONS;
 
 /// How sure a conclusion is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -189,7 +189,7 @@ pub fn patch_state(facts: &Facts) -> PatchState {
             format!("open module {} is NVIDIA's own build ({builder})", module.version),
         );
     }
-    if PATCHED_VERSIONS.contains(&module.version.as_str()) {
+    if branch_for_version(&module.version).is_some() {
         return PatchState::new(
             Some(true),
             Certainty::Possible,

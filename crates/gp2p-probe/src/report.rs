@@ -132,7 +132,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | WDDM, MIX, VM: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"
+            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | PFAIL the patch is in effect, cause not shown | WDDM, MIX, VM, ARCH: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"
         );
         let _ = writeln!(
             out,
@@ -187,6 +187,7 @@ fn describe(outlook: &PatchOutlook) -> String {
         PatchOutlook::AfterChange(c) => format!("would, after: {c}"),
         PatchOutlook::Cannot(why) => format!("cannot: {why}"),
         PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
+        PatchOutlook::InEffect(missing) => format!("in effect; still missing: {missing}"),
         PatchOutlook::NotApplicable(why) => format!("not applicable: {why}"),
     }
 }

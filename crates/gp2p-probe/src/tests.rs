@@ -314,11 +314,93 @@ fn tcc_is_suggested_only_for_cards_that_support_it() {
 }
 
 #[test]
+fn a_5090_is_only_sent_to_branches_that_drive_it() {
+    // Stock 570.86.16: its branch exists but drives Ampere and Ada only.
+    let f = load_fixture("5090-pair-stock-570.json");
+    let v = first(&f);
+    assert_eq!(v.code, "VER");
+    assert!(v.reason.contains("the 570.86.16-p2p branch does not drive Blackwell cards"), "{}", v.reason);
+    let PatchOutlook::AfterChange(change) = &v.patch else { panic!("{:?}", v.patch) };
+    assert!(change.starts_with("move to one of 575.64.05") && !change.contains("570.") && !change.contains("565."));
+    // The proprietary module: the switch names Blackwell branches only.
+    let mut f = load_fixture("5090-pair-stock-570.json");
+    f.host.kernel_module =
+        parse::kernel_module("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.16  Thu Jan 23 23:01:05 UTC 2025");
+    let v = first(&f);
+    assert_eq!(v.code, "PROP");
+    assert!(v.remedy.contains("Blackwell cards") && !v.remedy.contains("565.77"), "{}", v.remedy);
+    // The 570.86.16-p2p branch installed anyway: CUDA says yes, mapping fails; UNSAFE.
+    let f = load_fixture("5090-pair-patched-570-branch.json");
+    let v = first(&f);
+    assert_eq!(v.code, "UNSAFE");
+    assert!(
+        v.hazards[0].contains("does not drive Blackwell")
+            && v.remedy.starts_with("move to a branch that drives Blackwell cards: 575.64.05")
+    );
+    // And where CUDA refuses on that branch: told the branch is wrong, not to install the patch.
+    let mut f = load_fixture("5090-pair-patched-570-branch.json");
+    f.pairs.iter_mut().for_each(|p| p.can_access_peer = Some(false));
+    let v = first(&f);
+    assert_eq!(v.code, "VER");
+    assert!(matches!(&v.patch, PatchOutlook::InEffect(m) if m.contains("Blackwell")), "{:?}", v.patch);
+    // A 4090 pair on 570.86.16 is fine: that branch drives Ada.
+    let mut f = load_fixture("5090-pair-stock-570.json");
+    for d in &mut f.devices {
+        (d.name, d.architecture, d.compute_capability) = ("NVIDIA GeForce RTX 4090".into(), Some("Ada".into()), (8, 9));
+    }
+    assert_eq!(first(&f).code, "PATCH");
+    assert!(first(&f).remedy.contains("branch 570.86.16-p2p of aikitoria/open-gpu-kernel-modules"));
+    // Turing: no branch at all.
+    let mut f = two_4090s();
+    for d in &mut f.devices {
+        (d.name, d.architecture, d.compute_capability) =
+            ("NVIDIA GeForce RTX 2080 Ti".into(), Some("Turing".into()), (7, 5));
+    }
+    let v = first(&f);
+    assert_eq!(v.code, "ARCH");
+    assert!(v.reason.contains("branches exist for Ampere, Ada and Blackwell"), "{}", v.reason);
+}
+
+#[test]
+fn an_already_patched_module_is_told_what_else_is_missing() {
+    let f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    for v in verdicts(&f) {
+        assert_eq!((v.code.as_str(), v.certainty), ("PFAIL", Certainty::Possible));
+        assert!(!v.remedy.contains("install the P2P patch"), "{}", v.remedy);
+        assert!(v.remedy.contains("RMForceStaticBar1=1") && v.remedy.contains("dmesg"), "{}", v.remedy);
+        assert!(!v.remedy.contains("display"), "the 5090 display note is for Blackwell: {}", v.remedy);
+        assert!(matches!(v.patch, PatchOutlook::InEffect(_)), "{:?}", v.patch);
+    }
+    // With a small BAR1 the missing piece is named.
+    let mut f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    f.devices[1].bar1_bytes = Some(256 << 20);
+    let v = first(&f);
+    assert_eq!(v.code, "BAR1");
+    assert!(v.reason.starts_with("the P2P patch is in effect (shown) but CUDA refuses"), "{}", v.reason);
+    assert!(v.remedy.contains("offers a BAR1 of up to 32.0 GiB"), "{}", v.remedy);
+    // A module that only may be patched (no NVML to tell) gets the install advice, with a warning.
+    let mut f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    for p in &mut f.pairs {
+        (p.nvml_read, p.nvml_write, p.nvml_atomics, p.nvml_nvlink) = (None, None, None, None);
+    }
+    let v = first(&f);
+    assert_eq!(v.code, "PATCH");
+    assert!(v.warnings.iter().any(|w| w.contains("may already carry the patch")), "{:?}", v.warnings);
+}
+
+#[test]
 fn mixed_generations_cannot() {
     let mut f = two_4090s();
     f.devices[1].name = "NVIDIA GeForce RTX 5090".into();
     f.devices[1].architecture = Some("Blackwell".into());
     f.devices[1].compute_capability = (12, 0);
+    assert_eq!(codes(&f), ["MIX", "MIX"]);
+    // One generation, different chips (A100 GA100 and A6000 GA102): refused alike.
+    let mut f = two_4090s();
+    (f.devices[0].name, f.devices[0].architecture, f.devices[0].compute_capability) =
+        ("NVIDIA A100-PCIE-40GB".into(), Some("Ampere".into()), (8, 0));
+    (f.devices[1].name, f.devices[1].architecture, f.devices[1].compute_capability) =
+        ("NVIDIA RTX A6000".into(), Some("Ampere".into()), (8, 6));
     assert_eq!(codes(&f), ["MIX", "MIX"]);
 }
 

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::branches::{BAR1_PER_ALLOCATION_BRANCH, architectures_driven, branch_for_version, versions_for};
 use crate::facts::{
     Architecture, CardClass, DeviceFacts, Facts, KernelModule, ModuleFlavour, P2pStatus, PairFacts, bar1_holds,
     bar1_needed,
@@ -10,40 +11,19 @@ use crate::facts::{
 use crate::parse::force_p2p_fields;
 use crate::patch::{Certainty, Forced, PatchState, forced, patch_state};
 
-/// Driver versions the open-kernel-module P2P patch has been published for (tinygrad and
-/// aikitoria branches; see PATCH.md).
-pub const PATCHED_VERSIONS: &[&str] = &[
-    "550.54.15",
-    "550.90.07",
-    "550.127.08",
-    "560.35.03",
-    "565.57.01",
-    "565.77",
-    "570.86.16",
-    "570.148.08",
-    "575.64.05",
-    "580.82.09",
-    "580.95.05",
-    "590.48.01",
-    "595.58.03",
-    "595.71.05",
-];
-
-/// The experimental branch for cards whose BAR1 cannot hold their VRAM (48 GB 4090s top
-/// out at a 32 GiB BAR1): it maps BAR1 per allocation instead of all VRAM at once.
-pub const BAR1_PER_ALLOCATION_BRANCH: &str = "590.48.01-p2p-48g";
-
 /// The rules, in the order they are tried, as documented in the report's legend.
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
     "on: CUDA can access the peer; where the patch or a ForceP2P key forces it, BAR1 < VRAM or a translating IOMMU make it UNSAFE and unknown ones OK? (Route::Auto copies both staged)",
     "wddm: a Windows WDDM driver never exposes P2P (TCC/MCDM only where the card supports it, never GeForce)",
-    "mixed: different GPU generations (CUDA refuses them even on a patched driver)",
+    "mixed: different GPU generations or chips (CUDA refuses them even on a patched driver)",
     "vm: inside a virtual machine the patch cannot help (the hypervisor decides)",
     "regkey: a ForceP2P registry key disables it",
     "card: a professional or datacenter pair the stock driver refuses: topology, ACS or the GPU's mode, never the patch",
-    "module: the proprietary kernel module (the patch needs the open one)",
-    "version: an open module version no patch branch exists for",
+    "arch: GeForce cards of an architecture no patch branch drives",
+    "patched: the patch is in effect and CUDA still refuses: what else is missing (branch, BAR1, IOMMU, or a cause the facts cannot show)",
+    "module: the proprietary kernel module (the patch needs the open one, at a version with a branch for the cards)",
+    "version: an open module version with no patch branch for the cards' architecture",
     "bar1: BAR1 smaller than VRAM (Resizable BAR off where the card offers more; else the per-allocation branch, or nothing)",
     "iommu: the IOMMU translates GPU DMA",
     "patch: everything the patch needs is in place",
@@ -63,6 +43,8 @@ pub enum PatchOutlook {
     Cannot(String),
     /// Not enough facts to say; the missing ones are named.
     Undecided(Vec<String>),
+    /// The patch is already in effect; P2P still needs what is named.
+    InEffect(String),
     /// The patch is not for these cards (professional and datacenter cards), for the
     /// reason given; the report then prints no patch clause.
     NotApplicable(String),
@@ -175,6 +157,8 @@ const CHECKS: &[(&str, Rule)] = &[
     ("vm", virtual_machine),
     ("regkey", regkey),
     ("card", card),
+    ("arch", arch),
+    ("patched", patched),
     ("module", module),
     ("version", version),
     ("bar1", bar1),
@@ -247,6 +231,20 @@ impl Pair<'_> {
 
     fn devices(&self) -> [&DeviceFacts; 2] {
         [self.a, self.b]
+    }
+
+    /// The driver versions whose patch branch drives this pair's architecture, in words.
+    fn versions(&self) -> String {
+        versions_for(self.a.arch()).join(", ")
+    }
+
+    /// Why the module's patch branch cannot drive this pair, when it is a branch that
+    /// does not list the pair's architecture (a 5090 on the 570.86.16 branch).
+    fn branch_lacking_arch(&self) -> Option<String> {
+        let branch = branch_for_version(&self.module()?.version)?;
+        let arch = self.a.arch();
+        (!branch.architectures.contains(&arch))
+            .then(|| format!("the {} branch does not drive {} cards", branch.name, arch.name()))
     }
 
     /// Whether GeForce advice can fit this pair: a card is GeForce, or of unknown class.
@@ -353,16 +351,32 @@ impl Pair<'_> {
     /// Rule `patch`: everything the patch needs is in place.
     fn patch_would(&self) -> Verdict {
         let version = self.module().map_or("?", |m| m.version.as_str());
-        self.off(
+        let branch = branch_for_version(version)
+            .map_or(format!("the {version} branch"), |b| format!("branch {} of {}", b.name, b.line.repository()));
+        let mut verdict = self.off(
             "PATCH",
             Certainty::Likely,
             format!("the driver refuses P2P between these cards{}", self.nvml_status()),
             format!(
-                "install the P2P patch for open module {version} (PATCH.md), then check with `gp2p probe` and `gp2p bench copy --route peer`"
+                "install the P2P patch, {branch}, for open module {version} (PATCH.md), then check with `gp2p probe` and `gp2p bench copy --route peer`"
             ),
             PatchOutlook::Would,
             &["cuDeviceCanAccessPeer", "kernel module", "BAR1", "IOMMU group type", "nvml p2p read/write"],
-        )
+        );
+        if self.patch.in_effect == Some(true) {
+            // Possible only (acted-on states were handled by `patched`).
+            verdict.warnings.push(format!(
+                "the module may already carry the patch ({}); if it does, CUDA refuses for another reason: NVML's P2P statuses would tell (OK everywhere under the patch)",
+                self.patch.because
+            ));
+        }
+        if self.a.name != self.b.name {
+            verdict.warnings.push(format!(
+                "different models ({} and {}): the patch has been seen to work between cards of one chip; CUDA may refuse other pairs",
+                self.a.name, self.b.name
+            ));
+        }
+        verdict
     }
 }
 
@@ -398,6 +412,12 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
     };
     let (mut hazards, mut unchecked) = (Vec::new(), Vec::new());
     let (mut bar1_remedy, mut iommu_remedy) = (None, None);
+    let mut branch_remedy = None;
+    if let Some(wrong) = p.branch_lacking_arch().filter(|_| !by_key && p.geforce()) {
+        hazards
+            .push(format!("{wrong}: enabling peer access fails (cudaErrorMapBufferObjectFailed) or copies go wrong"));
+        branch_remedy = Some(format!("move to a branch that drives {} cards: {}", p.a.arch().name(), p.versions()));
+    }
     for d in p.devices() {
         match d.bar1_covers_vram() {
             Some(false) => {
@@ -439,7 +459,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
     } else {
         None
     };
-    let remedies: Vec<String> = [undo, bar1_remedy, iommu_remedy].into_iter().flatten().collect();
+    let remedies: Vec<String> = [undo, branch_remedy, bar1_remedy, iommu_remedy].into_iter().flatten().collect();
     let staged =
         "until then geforce-p2p copies this pair staged (Route::Auto); Route::Peer still forces P2P, at your own risk";
     let mut v = if !hazards.is_empty() {
@@ -535,16 +555,14 @@ fn wddm(p: &Pair<'_>) -> Option<Verdict> {
 /// Rule `mixed`: different generations.
 fn mixed(p: &Pair<'_>) -> Option<Verdict> {
     let (a, b) = (p.a, p.b);
-    let arch_differs = match (&a.architecture, &b.architecture) {
-        (Some(x), Some(y)) => x != y,
-        _ => a.compute_capability != b.compute_capability,
-    };
-    arch_differs.then(|| {
+    // Different chips of one generation (an A100 and an A6000) are refused alike.
+    let differ = a.arch() != b.arch() || a.compute_capability != b.compute_capability;
+    differ.then(|| {
         p.off(
             "MIX",
             Certainty::Shown,
             format!(
-                "the devices are of different generations ({} {}.{} and {} {}.{})",
+                "the devices are of different generations or chips ({} {}.{} and {} {}.{})",
                 a.name,
                 a.compute_capability.0,
                 a.compute_capability.1,
@@ -689,11 +707,12 @@ fn module(p: &Pair<'_>) -> Option<Verdict> {
             "PROP",
             Certainty::Shown,
             format!("the driver refuses P2P{status}, and runs the proprietary kernel module {}", module.version),
-            "switch to NVIDIA's open kernel module at a version the patch exists for (see PATCH.md)".into(),
-            PatchOutlook::AfterChange(format!(
-                "switch to the open kernel module at one of {}",
-                PATCHED_VERSIONS.join(", ")
-            )),
+            format!(
+                "switch to NVIDIA's open kernel module at a version with a patch branch for {} cards (PATCH.md): {}",
+                p.a.arch().name(),
+                p.versions()
+            ),
+            PatchOutlook::AfterChange(format!("switch to the open kernel module at one of {}", p.versions())),
             &["cuDeviceCanAccessPeer", "kernel module"],
         )
     })
@@ -702,21 +721,110 @@ fn module(p: &Pair<'_>) -> Option<Verdict> {
 /// Rule `version`: an open module no patch exists for.
 fn version(p: &Pair<'_>) -> Option<Verdict> {
     let module = p.module()?;
-    (!PATCHED_VERSIONS.contains(&module.version.as_str())).then(|| {
+    let arch = p.a.arch();
+    let missing = match branch_for_version(&module.version) {
+        None => format!("no patch branch exists for open module {}", module.version),
+        Some(b) if !b.architectures.contains(&arch) => {
+            format!("the {} branch does not drive {} cards", b.name, arch.name())
+        }
+        Some(_) => return None,
+    };
+    Some(p.off(
+        "VER",
+        Certainty::Shown,
+        format!("the driver refuses P2P{}; {missing}", p.nvml_status()),
+        format!(
+            "install a driver version whose patch branch drives {} cards ({}) and build the patched open module at exactly that version",
+            arch.name(),
+            p.versions()
+        ),
+        PatchOutlook::AfterChange(format!("move to one of {}", p.versions())),
+        &["cuDeviceCanAccessPeer", "kernel module", "architecture"],
+    ))
+}
+
+/// Rule `arch`: GeForce cards of an architecture no branch drives (Turing and older).
+fn arch(p: &Pair<'_>) -> Option<Verdict> {
+    let arch = p.a.arch();
+    versions_for(arch).is_empty().then(|| {
         p.off(
-            "VER",
+            "ARCH",
             Certainty::Shown,
             format!(
-                "the driver refuses P2P{}; no patch branch exists for open module {}",
+                "the driver refuses P2P{}, and no patch branch drives {} cards (branches exist for {})",
                 p.nvml_status(),
-                module.version
+                arch.name(),
+                architectures_driven()
             ),
-            "install a driver version with a patch branch and build the patched open module at exactly that version"
-                .into(),
-            PatchOutlook::AfterChange(format!("move to one of {}", PATCHED_VERSIONS.join(", "))),
-            &["cuDeviceCanAccessPeer", "kernel module"],
+            "none: geforce-p2p's staged copy is the way for this pair".into(),
+            PatchOutlook::Cannot(format!("no branch drives {} cards", arch.name())),
+            &["architecture", "compute capability"],
         )
     })
+}
+
+/// Rule `patched`: the patch is in effect and CUDA still refuses. Installing it is not the
+/// answer; what else is missing is.
+fn patched(p: &Pair<'_>) -> Option<Verdict> {
+    if !p.patch.acted_on() {
+        return None;
+    }
+    let status = p.nvml_status();
+    let in_effect =
+        format!("the P2P patch is in effect ({}) but CUDA refuses this pair{status}", p.patch.certainty.name());
+    let used = ["cuDeviceCanAccessPeer", "nvml p2p read/write/atomics", "kernel module"];
+    if let Some(wrong) = p.branch_lacking_arch() {
+        return Some(p.off(
+            "VER",
+            Certainty::Shown,
+            format!("{in_effect}: {wrong}"),
+            format!("move to a branch that drives {} cards: {}", p.a.arch().name(), p.versions()),
+            PatchOutlook::InEffect(format!("a branch for {} cards", p.a.arch().name())),
+            &used,
+        ));
+    }
+    if let Some(d) = p.devices().into_iter().find(|d| d.bar1_covers_vram() == Some(false)) {
+        let (remedy, _) = p.bar1_fix(d);
+        return Some(p.off(
+            "BAR1",
+            Certainty::Shown,
+            format!("{in_effect}: {}", bar1_too_small(d)),
+            remedy,
+            PatchOutlook::InEffect("a BAR1 that holds VRAM".into()),
+            &["BAR1", "BAR1 sizes (resource1_resize)", "VRAM", "kernel module"],
+        ));
+    }
+    if let Some(d) = p.devices().into_iter().find(|d| p.iommu_translates(d) == Some(true)) {
+        return Some(p.off(
+            "IOMMU",
+            Certainty::Shown,
+            format!("{in_effect}: {}", iommu_translates(d)),
+            IOMMU_REMEDY.into(),
+            PatchOutlook::InEffect("the IOMMU in passthrough".into()),
+            &["IOMMU group type", "/proc/cmdline", "kernel module"],
+        ));
+    }
+    let mut causes = vec![
+        "look for NVRM errors in the kernel log (`sudo dmesg | grep NVRM`)".to_owned(),
+        "static BAR1 may be off: add RMForceStaticBar1=1 to NVreg_RegistryDwords".to_owned(),
+        "ACS redirect on a switch or root port (`sudo lspci -vvv | grep ACSCtl`): disable ACS in the firmware"
+            .to_owned(),
+        "a kernel upgrade since the module was built: rebuild it for the running kernel".to_owned(),
+    ];
+    if p.a.arch() == Architecture::Blackwell {
+        causes.insert(
+            1,
+            "a display attached to a 5090 breaks it on some branches: move the display to another card".into(),
+        );
+    }
+    Some(p.off(
+        "PFAIL",
+        Certainty::Possible,
+        format!("{in_effect}, and the facts show no cause"),
+        format!("known further causes: {}", causes.join("; ")),
+        PatchOutlook::InEffect("something the facts do not show (see the remedy)".into()),
+        &used,
+    ))
 }
 
 /// Rule `bar1`: BAR1 too small to map VRAM, where the patch's mappings go.
