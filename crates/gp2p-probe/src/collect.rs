@@ -7,6 +7,7 @@ use std::path::Path;
 use gp2p_cuda::{Device, driver_version};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus as NvmlStatus, TopologyLevel};
+use nvml_wrapper::error::NvmlError;
 
 use crate::facts::{DeviceFacts, Facts, HostFacts, P2pStatus, PairFacts, PcieLink};
 use crate::parse;
@@ -94,7 +95,7 @@ fn nvml_facts(facts: &mut Facts) {
     let nvml = match Nvml::init() {
         Ok(n) => n,
         Err(e) => {
-            facts.missing_sources.push(format!("NVML: {e} (BAR1, PCIe link, NVML P2P status and topology unknown)"));
+            facts.missing_sources.push(nvml_missing(&e));
             return;
         }
     };
@@ -139,6 +140,25 @@ fn nvml_facts(facts: &mut Facts) {
     }
 }
 
+/// What NVML would have told.
+const NVML_TELLS: &str = "each card's BAR1 size, brand, architecture and PCIe link, and for each pair the driver's P2P status (the reason P2P is off), the atomics status and the topology";
+
+/// The `missing_sources` entry for an NVML that did not start: which of libnvidia-ml's
+/// failures it was, what to do, and what NVML would have told.
+fn nvml_missing(e: &NvmlError) -> String {
+    let what = match e {
+        NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => {
+            format!(
+                "libnvidia-ml could not be loaded ({e}); install the NVIDIA driver's user-space libraries, or expose libnvidia-ml.so.1 to this container"
+            )
+        }
+        NvmlError::NoPermission => format!("libnvidia-ml refused this user ({e}); run the probe as root"),
+        NvmlError::DriverNotLoaded => format!("the NVIDIA kernel driver is not loaded ({e})"),
+        _ => format!("libnvidia-ml failed to start ({e})"),
+    };
+    format!("NVML: {what}; it would have told {NVML_TELLS}")
+}
+
 fn convert_status(s: NvmlStatus) -> P2pStatus {
     match s {
         NvmlStatus::Ok => P2pStatus::Ok,
@@ -169,11 +189,11 @@ fn linux_facts(facts: &mut Facts) {
     }
     match fs::read_to_string("/proc/driver/nvidia/version") {
         Ok(text) => facts.host.kernel_module = parse::kernel_module(&text),
-        Err(e) => facts.missing_sources.push(format!("/proc/driver/nvidia/version: {e}")),
+        Err(e) => facts.missing_sources.push(unreadable("/proc/driver/nvidia/version", &e)),
     }
     match fs::read_to_string("/proc/cmdline") {
         Ok(text) => facts.host.iommu_cmdline = Some(parse::iommu_cmdline(&text)),
-        Err(e) => facts.missing_sources.push(format!("/proc/cmdline: {e}")),
+        Err(e) => facts.missing_sources.push(unreadable("/proc/cmdline", &e)),
     }
     if let Ok(text) = fs::read_to_string("/proc/driver/nvidia/params") {
         facts.host.registry_dwords = parse::registry(&text);
@@ -211,14 +231,20 @@ fn bar1_sizes(bus_id: &str, kernel: Option<(u32, u32)>, missing: &mut Vec<String
             ));
             None
         }
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            missing.push(format!("{}: permission denied (run the probe as root to read it)", file.display()));
-            None
-        }
         Err(e) => {
-            missing.push(format!("{}: {e}", file.display()));
+            missing.push(unreadable(&file.display().to_string(), &e));
             None
         }
+    }
+}
+
+/// The `missing_sources` entry for a file that could not be read; root is suggested only
+/// where root would help (permission denied).
+fn unreadable(path: &str, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        format!("{path}: permission denied (run the probe as root to read it)")
+    } else {
+        format!("{path}: {e}")
     }
 }
 
@@ -284,6 +310,19 @@ mod tests {
         .map(topology_code)
         .collect();
         assert_eq!(names, ["INTERNAL", "PIX", "PXB", "PHB", "NODE", "SYS"]);
+    }
+
+    #[test]
+    fn a_missing_nvml_names_itself_and_what_it_would_have_told() {
+        let loading = nvml_missing(&NvmlError::LibraryNotFound);
+        assert!(loading.starts_with("NVML: libnvidia-ml could not be loaded"), "{loading}");
+        assert!(loading.contains("BAR1 size") && loading.contains("atomics status") && !loading.contains("root"));
+        assert!(nvml_missing(&NvmlError::NoPermission).contains("run the probe as root"));
+        assert!(!nvml_missing(&NvmlError::DriverNotLoaded).contains("root"));
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(unreadable("/proc/cmdline", &denied).contains("run the probe as root"));
+        let absent = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(!unreadable("/proc/driver/nvidia/version", &absent).contains("root"));
     }
 
     #[test]

@@ -31,6 +31,14 @@ impl Facts {
         self.devices.iter().find(|d| d.ordinal == ordinal)
     }
 
+    /// Whether NVML answered at all: some fact only NVML gives is known. `false` means
+    /// libnvidia-ml could not be loaded or initialised (`missing_sources` says which).
+    pub fn nvml_answered(&self) -> bool {
+        self.host.driver_version.is_some()
+            || self.devices.iter().any(|d| d.brand.is_some() || d.bar1_bytes.is_some() || d.pcie.is_some())
+            || self.pairs.iter().any(|p| p.nvml_read.is_some() || p.nvml_write.is_some() || p.nvml_atomics.is_some())
+    }
+
     /// Whether the facts hold together: each device listed once, each pair joining two
     /// different listed devices, each ordered pair once. Saved files are checked on load;
     /// the error says what is wrong, in words.

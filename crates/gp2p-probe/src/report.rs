@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::facts::{Facts, ModuleFlavour};
+use crate::facts::{Facts, ModuleFlavour, PairFacts};
 use crate::patch::patch_state;
 use crate::verdict::{PatchOutlook, RULES, Verdict, gib, verdicts};
 
@@ -57,6 +57,12 @@ impl Report {
         });
         let _ = writeln!(out, "iommu (cmdline): {}", shown(&iommu));
         let _ = writeln!(out, "P2P patch: {}", shown(&patch_state(f).describe()));
+        if !f.nvml_answered() {
+            let _ = writeln!(
+                out,
+                "NVML: not loaded (libnvidia-ml); BAR1, brand, PCIe link, P2P status codes, atomics and topology unknown"
+            );
+        }
         if let Some(r) = &h.registry_dwords {
             let _ = writeln!(out, "registry: {}", shown(r));
         }
@@ -147,6 +153,9 @@ impl Report {
             };
             let _ = writeln!(out, "{} -> {} [{}, {}] {}", v.a, v.b, v.code, v.certainty.name(), shown(&v.reason));
             let _ = writeln!(out, "    remedy: {}", shown(&v.remedy));
+            if let Some(pair) = self.facts.pairs.iter().find(|p| p.a == v.a && p.b == v.b) {
+                let _ = writeln!(out, "    driver: {}", shown(&driver_line(pair, self.facts.nvml_answered())));
+            }
             match patch {
                 Some(patch) => {
                     let _ = writeln!(out, "    patch: {}; facts used: {}", shown(&patch), v.used.join(", "));
@@ -176,6 +185,27 @@ pub(crate) fn shown(text: &str) -> Cow<'_, str> {
         return Cow::Borrowed(text);
     }
     Cow::Owned(text.chars().map(|c| if hidden(c) { c.escape_default().to_string() } else { c.to_string() }).collect())
+}
+
+/// What CUDA and NVML said about a pair, in nvidia-smi's codes, where known.
+fn driver_line(p: &PairFacts, nvml_answered: bool) -> String {
+    let cuda = match p.can_access_peer {
+        Some(true) => "peer access yes",
+        Some(false) => "peer access no",
+        None => "peer access ?",
+    };
+    let nvml: Vec<String> =
+        [("read", p.nvml_read), ("write", p.nvml_write), ("atomics", p.nvml_atomics), ("nvlink", p.nvml_nvlink)]
+            .into_iter()
+            .filter_map(|(what, s)| s.map(|s| format!("{what} {}", s.code())))
+            .collect();
+    let nvml = match (nvml.is_empty(), nvml_answered) {
+        (false, _) => nvml.join(", "),
+        (true, true) => "no P2P status".to_owned(),
+        (true, false) => "not loaded".to_owned(),
+    };
+    let topology = p.topology.as_deref().map_or(String::new(), |t| format!("; topology {t}"));
+    format!("CUDA {cuda}; NVML {nvml}{topology}")
 }
 
 /// What the patch would do, in words (for every outlook but `NotApplicable`, which the

@@ -139,11 +139,12 @@ fn forced_with_requirements_unknown_is_not_trusted() {
     f.devices[1].iommu_group_type = None;
     f.devices[0].bar1_bytes = None;
     // iommu=pt on the command line still tells: passthrough does not translate.
-    assert_eq!(first(&f).unchecked, ["BAR1 of device 0"]);
+    assert_eq!(first(&f).unchecked, ["BAR1 of device 0 (NVML gave none)"]);
     f.host.iommu_cmdline = None;
     let v = first(&f);
     assert_eq!((v.code.as_str(), v.certainty), ("OK?", Certainty::Possible));
-    assert_eq!(v.unchecked, ["BAR1 of device 0", "IOMMU state of device 1"]);
+    assert_eq!(v.unchecked.len(), 2);
+    assert!(v.unchecked[0].starts_with("BAR1 of device 0") && v.unchecked[1].starts_with("IOMMU state of device 1"));
     assert!(v.on.is_some() && !v.peer_trusted() && v.hazards.is_empty());
 }
 
@@ -290,8 +291,18 @@ fn professional_and_datacenter_cards_never_get_geforce_patch_advice() {
     let v = first(&f);
     assert_eq!(v.code, "DRV");
     assert!(v.remedy.contains("virtual function") && v.remedy.contains("MIG"), "{}", v.remedy);
-    f.pairs.iter_mut().for_each(|p| (p.nvml_read, p.nvml_write) = (None, None));
-    assert!(first(&f).reason.contains("libnvidia-ml could not be loaded"), "{}", first(&f).reason);
+    // Without NVML (libnvidia-ml absent) the brand comes from the name, and the reason
+    // says NVML's answer is missing rather than inventing one.
+    f.host.driver_version = None;
+    for d in &mut f.devices {
+        (d.brand, d.architecture, d.bar1_bytes, d.pcie) = (None, None, None, None);
+    }
+    for p in &mut f.pairs {
+        (p.nvml_read, p.nvml_write, p.nvml_atomics, p.nvml_nvlink) = (None, None, None, None);
+    }
+    let v = first(&f);
+    assert_eq!(v.code, "DRV");
+    assert!(v.reason.contains("libnvidia-ml could not be loaded"), "{}", v.reason);
 }
 
 #[test]
@@ -386,6 +397,37 @@ fn an_already_patched_module_is_told_what_else_is_missing() {
     let v = first(&f);
     assert_eq!(v.code, "PATCH");
     assert!(v.warnings.iter().any(|w| w.contains("may already carry the patch")), "{:?}", v.warnings);
+}
+
+#[test]
+fn missing_sources_name_themselves() {
+    // No libnvidia-ml: the verdict says so and what it would have told; root is no remedy.
+    let f = load_fixture("4090-pair-without-nvml.json");
+    assert!(!f.nvml_answered());
+    let v = first(&f);
+    assert_eq!(v.code, "?");
+    assert!(v.reason.contains("NVML's reason is unknown: libnvidia-ml could not be loaded"), "{}", v.reason);
+    assert!(v.remedy.contains("libnvidia-ml.so.1") && !v.remedy.contains("root"), "{}", v.remedy);
+    let PatchOutlook::Undecided(missing) = &v.patch else { panic!("{:?}", v.patch) };
+    assert!(missing.iter().all(|m| m.contains("NVML, which could not be loaded")), "{missing:?}");
+    let text = Report::new(f).render();
+    assert!(text.contains("NVML: not loaded (libnvidia-ml)") && text.contains("it would have told"), "{text}");
+    assert!(text.contains("NVML not loaded") && !text.contains("as root"), "{text}");
+    // A file root could have read is the one place root is suggested.
+    let mut f = load_fixture("4090-pair-without-nvml.json");
+    f.missing_sources.push(
+        "/sys/bus/pci/devices/0000:01:00.0/resource1_resize: permission denied (run the probe as root to read it)"
+            .into(),
+    );
+    assert!(Report::new(f).render().contains("as root to read it"));
+    // NVML's atomics status is shown where it is known.
+    let f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    assert!(first(&f).reason.contains("(NVML: read OK, write OK, atomics DR)"), "{}", first(&f).reason);
+    let text = Report::new(f).render();
+    assert!(
+        text.contains("driver: CUDA peer access no; NVML read OK, write OK, atomics DR, nvlink NS; topology SYS"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -514,7 +556,14 @@ fn missing_facts_are_named() {
     let v = first(&f);
     assert_eq!(v.code, "?");
     let PatchOutlook::Undecided(missing) = &v.patch else { panic!("{:?}", v.patch) };
-    assert_eq!(missing, &["BAR1 of device 0", "IOMMU state of device 1"]);
+    assert_eq!(
+        missing,
+        &[
+            "BAR1 of device 0 (NVML gave none)",
+            "IOMMU state of device 1 (sysfs /sys/bus/pci/devices/0000:02:00.0/iommu_group, or iommu=pt on the kernel command line)"
+        ]
+    );
+    assert!(!v.remedy.contains("root"), "root cannot read what NVML or sysfs lack: {}", v.remedy);
     let mut f = two_4090s();
     f.host.kernel_module = None;
     assert_eq!(first(&f).code, "?");

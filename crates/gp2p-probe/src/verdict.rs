@@ -137,6 +137,15 @@ pub fn verdicts_if_on(facts: &Facts) -> Vec<Verdict> {
     facts.pairs.iter().map(|p| judge(facts, &patch, &PairFacts { can_access_peer: Some(true), ..p.clone() })).collect()
 }
 
+/// A fact a verdict can lack.
+#[derive(Clone, Copy)]
+enum Missing {
+    /// A device's BAR1 size (NVML).
+    Bar1,
+    /// Whether the IOMMU translates a device's DMA (sysfs, or the kernel command line).
+    Iommu,
+}
+
 /// One pair with everything its rules look at.
 struct Pair<'f> {
     facts: &'f Facts,
@@ -342,10 +351,44 @@ impl Pair<'_> {
 
     /// NVML's read/write statuses for the reason text, or nothing when unknown.
     fn nvml_status(&self) -> String {
+        let atomics = self.pair.nvml_atomics.map_or(String::new(), |a| format!(", atomics {}", a.code()));
         match (self.pair.nvml_read, self.pair.nvml_write) {
-            (Some(r), Some(w)) => format!(" (NVML: read {}, write {})", r.code(), w.code()),
+            (Some(r), Some(w)) => format!(" (NVML: read {}, write {}{atomics})", r.code(), w.code()),
+            _ if !self.facts.nvml_answered() => " (NVML's reason is unknown: libnvidia-ml could not be loaded)".into(),
             _ => String::new(),
         }
+    }
+
+    /// A fact this pair's verdict needs but lacks, with where it comes from.
+    fn missing(&self, fact: Missing, d: &DeviceFacts) -> String {
+        let n = d.ordinal;
+        match fact {
+            Missing::Bar1 if !self.facts.nvml_answered() => {
+                format!("BAR1 of device {n} (NVML, which could not be loaded: libnvidia-ml)")
+            }
+            Missing::Bar1 => format!("BAR1 of device {n} (NVML gave none)"),
+            Missing::Iommu => format!(
+                "IOMMU state of device {n} (sysfs /sys/bus/pci/devices/{}/iommu_group, or iommu=pt on the kernel command line)",
+                d.pci_bus_id.to_ascii_lowercase()
+            ),
+        }
+    }
+
+    /// What to do about the missing facts named.
+    fn provide(&self, missing: &[String]) -> String {
+        let mut how = Vec::new();
+        if missing.iter().any(|m| m.contains("libnvidia-ml")) {
+            how.push("make libnvidia-ml.so.1 loadable (it ships with the NVIDIA driver's user-space libraries; containers need it mounted)");
+        }
+        if missing.iter().any(|m| m.contains("IOMMU state")) {
+            how.push(
+                "run the probe where /sys shows the GPUs' IOMMU groups (on the host, not in a container without /sys)",
+            );
+        }
+        if how.is_empty() {
+            how.push("see \"not read\" below for why each is missing");
+        }
+        how.join("; ")
     }
 
     /// Rule `patch`: everything the patch needs is in place.
@@ -432,7 +475,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                     bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).0);
                 }
             }
-            None => unchecked.push(format!("BAR1 of device {}", d.ordinal)),
+            None => unchecked.push(p.missing(Missing::Bar1, d)),
             Some(true) => {}
         }
         match p.iommu_translates(d) {
@@ -443,7 +486,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                 ));
                 iommu_remedy = Some(IOMMU_REMEDY.to_owned());
             }
-            None => unchecked.push(format!("IOMMU state of device {}", d.ordinal)),
+            None => unchecked.push(p.missing(Missing::Iommu, d)),
             Some(false) => {}
         }
     }
@@ -484,7 +527,8 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                 unchecked.join(", ")
             ),
             format!(
-                "provide the missing facts, or check by hand with `gp2p bench copy --route peer` (zero wrong elements at every size) and force Route::Peer; {staged}"
+                "provide the missing facts ({}), or check by hand with `gp2p bench copy --route peer` (zero wrong elements at every size) and force Route::Peer; {staged}",
+                p.provide(&unchecked)
             ),
             PatchOutlook::NotNeeded,
             &used,
@@ -667,15 +711,10 @@ fn card(p: &Pair<'_>) -> Option<Verdict> {
             "use the physical GPU rather than an SR-IOV virtual function or vGPU, leave MIG mode (`nvidia-smi -q | grep -i mig`), and remove PeerMappingOverride from the driver's registry keys".into(),
         )
     } else {
-        let known = if status.is_empty() {
-            " (NVML's reason is unknown: libnvidia-ml could not be loaded)".to_owned()
-        } else {
-            status
-        };
         (
             "DRV",
             Certainty::Possible,
-            format!("the driver refuses P2P between these {classes}{known}{path}"),
+            format!("the driver refuses P2P between these {classes}{status}{path}"),
             format!("{acs}; check MIG mode (`nvidia-smi -q | grep -i mig`) and that both cards are the same chip"),
         )
     };
@@ -857,12 +896,12 @@ fn iommu(p: &Pair<'_>) -> Option<Verdict> {
     let mut missing = Vec::new();
     for d in p.devices() {
         if d.bar1_covers_vram().is_none() {
-            missing.push(format!("BAR1 of device {}", d.ordinal));
+            missing.push(p.missing(Missing::Bar1, d));
         }
     }
     for d in p.devices() {
         if p.iommu_translates(d).is_none() {
-            missing.push(format!("IOMMU state of device {}", d.ordinal));
+            missing.push(p.missing(Missing::Iommu, d));
         }
     }
     (!missing.is_empty()).then(|| {
@@ -870,7 +909,7 @@ fn iommu(p: &Pair<'_>) -> Option<Verdict> {
             "?",
             Certainty::Shown,
             format!("the driver refuses P2P{}; the patch's requirements cannot all be checked", p.nvml_status()),
-            format!("provide the missing facts ({}) — run the probe as root on the host", missing.join(", ")),
+            format!("provide the missing facts: {}", p.provide(&missing)),
             PatchOutlook::Undecided(missing),
             &["kernel module", "BAR1", "IOMMU group type"],
         )
