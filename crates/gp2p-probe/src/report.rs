@@ -217,6 +217,7 @@ fn describe(outlook: &PatchOutlook) -> String {
         PatchOutlook::AfterChange(c) => format!("would, after: {c}"),
         PatchOutlook::Cannot(why) => format!("cannot: {why}"),
         PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
+        PatchOutlook::InEffect(missing) if missing.is_empty() => "in effect".to_owned(),
         PatchOutlook::InEffect(missing) => format!("in effect; still missing: {missing}"),
         PatchOutlook::NotApplicable(why) => format!("not applicable: {why}"),
     }

@@ -99,6 +99,7 @@ fn on_and_forced_over_a_translating_iommu_or_a_small_bar1_is_unsafe() {
         assert!(v.remedy.contains("copies this pair staged"), "{}", v.remedy);
         assert!(!v.peer_trusted());
         assert!(v.peer_distrust().is_some_and(|why| why.contains("[UNSAFE]")));
+        assert_eq!(v.patch, PatchOutlook::InEffect("the IOMMU in passthrough".into()));
     }
     let text = Report::new(f).render();
     assert!(text.contains("[UNSAFE, shown]") && text.contains("    UNSAFE: the IOMMU translates"), "{text}");
@@ -123,6 +124,8 @@ fn forced_by_a_key_counts_and_the_driver_s_own_p2p_does_not() {
     let v = first(&f);
     assert_eq!((v.code.as_str(), v.hazards.len()), ("UNSAFE", 2), "{v:?}");
     assert!(v.reason.contains("ForceP2P=0x11"), "{}", v.reason);
+    assert!(v.remedy.starts_with("remove ForceP2P from NVreg_RegistryDwords"), "{}", v.remedy);
+    assert_eq!(v.patch, PatchOutlook::NotNeeded, "the key, not the patch, forces it");
     // Forcing reads only (0x21) forces nothing the copy engine uses.
     f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x21\"\n");
     assert_eq!(first(&f).code, "OK");
@@ -207,6 +210,7 @@ fn the_patch_is_inferred_from_what_only_it_produces() {
     let v = first(&f);
     assert_eq!((v.code.as_str(), v.on), ("OK", Some(crate::Link::PcieBar1)));
     assert!(v.reason.contains("the P2P patch forces it on"), "{}", v.reason);
+    assert_eq!(v.patch, PatchOutlook::InEffect(String::new()), "on because of the patch, nothing missing");
     // Without the atomics status, NVML's OK between GeForce cards over PCIe shows it too.
     let mut f = load_fixture("4090-pair-patched-565.json");
     f.pairs.iter_mut().for_each(|p| p.nvml_atomics = None);

@@ -43,7 +43,7 @@ pub enum PatchOutlook {
     Cannot(String),
     /// Not enough facts to say; the missing ones are named.
     Undecided(Vec<String>),
-    /// The patch is already in effect; P2P still needs what is named.
+    /// The patch is already in effect; P2P still needs what is named (nothing, when empty).
     InEffect(String),
     /// The patch is not for these cards (professional and datacenter cards), for the
     /// reason given; the report then prints no patch clause.
@@ -502,6 +502,24 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
     } else {
         None
     };
+    // What the patch, where it forces P2P, still needs for this pair to be safe.
+    let outlook = |needs: Vec<&str>| {
+        if by_key {
+            PatchOutlook::NotNeeded
+        } else if !p.geforce() {
+            p.patch_not_applicable()
+        } else {
+            PatchOutlook::InEffect(needs.join(", "))
+        }
+    };
+    let needs: Vec<&str> = [
+        branch_remedy.as_ref().map(|_| "a branch for these cards"),
+        bar1_remedy.as_ref().map(|_| "a BAR1 that holds VRAM"),
+        iommu_remedy.as_ref().map(|_| "the IOMMU in passthrough"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let remedies: Vec<String> = [undo, branch_remedy, bar1_remedy, iommu_remedy].into_iter().flatten().collect();
     let staged =
         "until then geforce-p2p copies this pair staged (Route::Auto); Route::Peer still forces P2P, at your own risk";
@@ -515,7 +533,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                 if hazards.len() == 1 { "" } else { "s" }
             ),
             format!("{}; {staged}", remedies.join("; ")),
-            PatchOutlook::NotNeeded,
+            outlook(needs),
             &used,
         )
     } else if !unchecked.is_empty() {
@@ -530,7 +548,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                 "provide the missing facts ({}), or check by hand with `gp2p bench copy --route peer` (zero wrong elements at every size) and force Route::Peer; {staged}",
                 p.provide(&unchecked)
             ),
-            PatchOutlook::NotNeeded,
+            outlook(vec!["the BAR1 and IOMMU facts to check it against"]),
             &used,
         )
     } else {
@@ -539,7 +557,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
             certainty,
             format!("CUDA can access the peer (over {over}); {why}, and BAR1 and the IOMMU allow it"),
             "nothing to do: geforce-p2p copies by P2P on this pair".into(),
-            PatchOutlook::NotNeeded,
+            outlook(Vec::new()),
             &used,
         )
     };
