@@ -603,6 +603,25 @@ fn one_device_has_no_pairs() {
 }
 
 #[test]
+fn every_fixture_s_saved_verdicts_are_what_the_code_draws() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let doc: serde_json::Value = match std::fs::read_to_string(&path) {
+            Ok(text) if path.extension().is_some_and(|e| e == "json") => serde_json::from_str(&text).unwrap(),
+            _ => continue,
+        };
+        let Some(saved) = doc.get("verdicts") else { continue };
+        let saved: Vec<crate::Verdict> = serde_json::from_value(saved.clone()).unwrap();
+        let drawn = Report::new(crate::load(&path).unwrap()).verdicts;
+        assert_eq!(drawn, saved, "{}: verdicts changed; rewrite them as tests/fixtures/README.md says", path.display());
+        checked += 1;
+    }
+    assert!(checked >= 18, "only {checked} fixtures carry verdicts");
+}
+
+#[test]
 fn saved_files_that_contradict_themselves_are_refused() {
     for (name, says) in [
         ("pair-names-absent-device.json", "pair 0 -> 2 names device 2, which `devices` does not list (it lists: 0, 1)"),
