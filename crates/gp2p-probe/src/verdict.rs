@@ -68,8 +68,8 @@ pub struct Verdict {
     pub a: usize,
     /// Peer ordinal.
     pub b: usize,
-    /// Short code for the pair matrix (OK, UNSAFE, OK?, WDDM, MIX, VM, DR, PROP, VER, BAR1,
-    /// IOMMU, PATCH, ?).
+    /// Short code for the pair matrix (OK, UNSAFE, OK?, WDDM, MIX, VM, DR, TOPO, DRV, ARCH,
+    /// PFAIL, PROP, VER, BAR1, IOMMU, PATCH, ?), as the report's legend explains.
     pub code: String,
     /// How sure the verdict is: shown by the facts, likely (one assumption, named in the
     /// reason), or possible.
@@ -111,7 +111,7 @@ impl Verdict {
             return None;
         }
         let mut why = self.hazards.clone();
-        why.extend(self.unchecked.iter().map(|u| format!("{u} unknown")));
+        why.extend(self.unchecked.iter().map(|u| format!("not known: {u}")));
         Some(format!("{} -> {} [{}]: {}", self.a, self.b, self.code, why.join("; ")))
     }
 }
@@ -138,7 +138,7 @@ pub fn verdicts_if_on(facts: &Facts) -> Vec<Verdict> {
 }
 
 /// A fact a verdict can lack.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Missing {
     /// A device's BAR1 size (NVML).
     Bar1,
@@ -374,19 +374,21 @@ impl Pair<'_> {
         }
     }
 
-    /// What to do about the missing facts named.
-    fn provide(&self, missing: &[String]) -> String {
+    /// What to do about the facts lacking: the fix for each one's source (root reads
+    /// neither, so it is never the advice here).
+    fn provide(&self, lacking: &[Missing]) -> String {
         let mut how = Vec::new();
-        if missing.iter().any(|m| m.contains("libnvidia-ml")) {
-            how.push("make libnvidia-ml.so.1 loadable (it ships with the NVIDIA driver's user-space libraries; containers need it mounted)");
+        if lacking.contains(&Missing::Bar1) {
+            how.push(if self.facts.nvml_answered() {
+                "NVML answered but gave no BAR1: see \"not read\" below"
+            } else {
+                "make libnvidia-ml.so.1 loadable (it ships with the NVIDIA driver's user-space libraries; containers need it mounted)"
+            });
         }
-        if missing.iter().any(|m| m.contains("IOMMU state")) {
+        if lacking.contains(&Missing::Iommu) {
             how.push(
                 "run the probe where /sys shows the GPUs' IOMMU groups (on the host, not in a container without /sys)",
             );
-        }
-        if how.is_empty() {
-            how.push("see \"not read\" below for why each is missing");
         }
         how.join("; ")
     }
@@ -453,7 +455,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
         v.on = Some(link);
         return Some(v);
     };
-    let (mut hazards, mut unchecked) = (Vec::new(), Vec::new());
+    let (mut hazards, mut unchecked, mut lacking) = (Vec::new(), Vec::new(), Vec::new());
     let (mut bar1_remedy, mut iommu_remedy) = (None, None);
     let mut branch_remedy = None;
     if let Some(wrong) = p.branch_lacking_arch().filter(|_| !by_key && p.geforce()) {
@@ -475,7 +477,10 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                     bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).0);
                 }
             }
-            None => unchecked.push(p.missing(Missing::Bar1, d)),
+            None => {
+                unchecked.push(p.missing(Missing::Bar1, d));
+                lacking.push(Missing::Bar1);
+            }
             Some(true) => {}
         }
         match p.iommu_translates(d) {
@@ -486,7 +491,10 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                 ));
                 iommu_remedy = Some(IOMMU_REMEDY.to_owned());
             }
-            None => unchecked.push(p.missing(Missing::Iommu, d)),
+            None => {
+                unchecked.push(p.missing(Missing::Iommu, d));
+                lacking.push(Missing::Iommu);
+            }
             Some(false) => {}
         }
     }
@@ -541,12 +549,12 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
             "OK?",
             Certainty::Possible,
             format!(
-                "CUDA can access the peer (over {over}) and {why}, past the driver's own checks; whether that is safe is unknown: {} not known",
+                "CUDA can access the peer (over {over}) and {why}, past the driver's own checks; whether that is safe cannot be checked without: {}",
                 unchecked.join(", ")
             ),
             format!(
                 "provide the missing facts ({}), or check by hand with `gp2p bench copy --route peer` (zero wrong elements at every size) and force Route::Peer; {staged}",
-                p.provide(&unchecked)
+                p.provide(&lacking)
             ),
             outlook(vec!["the BAR1 and IOMMU facts to check it against"]),
             &used,
@@ -591,8 +599,9 @@ fn wddm(p: &Pair<'_>) -> Option<Verdict> {
         ),
         Some(class) => (
             format!(
-                "switch device {n} ({} card) to the TCC or MCDM driver model (`nvidia-smi -g {n} -dm TCC`, or MCDM where the driver offers it; no display attached), then reboot",
-                class.name()
+                "switch device {n} ({} card) to the TCC or MCDM driver model (`nvidia-smi -i {} -dm TCC`, or MCDM where the driver offers it; no display attached), then reboot",
+                class.name(),
+                if d.pci_bus_id.is_empty() { "<its bus id>" } else { &d.pci_bus_id }
             ),
             p.patch_not_applicable(),
         ),
@@ -911,15 +920,17 @@ fn iommu(p: &Pair<'_>) -> Option<Verdict> {
             &["IOMMU group type", "/proc/cmdline"],
         ));
     }
-    let mut missing = Vec::new();
+    let (mut missing, mut lacking) = (Vec::new(), Vec::new());
     for d in p.devices() {
         if d.bar1_covers_vram().is_none() {
             missing.push(p.missing(Missing::Bar1, d));
+            lacking.push(Missing::Bar1);
         }
     }
     for d in p.devices() {
         if p.iommu_translates(d).is_none() {
             missing.push(p.missing(Missing::Iommu, d));
+            lacking.push(Missing::Iommu);
         }
     }
     (!missing.is_empty()).then(|| {
@@ -927,7 +938,7 @@ fn iommu(p: &Pair<'_>) -> Option<Verdict> {
             "?",
             Certainty::Shown,
             format!("the driver refuses P2P{}; the patch's requirements cannot all be checked", p.nvml_status()),
-            format!("provide the missing facts: {}", p.provide(&missing)),
+            format!("provide the missing facts: {}", p.provide(&lacking)),
             PatchOutlook::Undecided(missing),
             &["kernel module", "BAR1", "IOMMU group type"],
         )
