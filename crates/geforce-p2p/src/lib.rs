@@ -5,9 +5,10 @@
 //! - [`pinned`] (`gp2p-pinned`): pinned, device-mapped host memory and staging rings;
 //! - [`kernels`] (`gp2p-kernels`): [`DType`], [`ReduceOp`] and the committed PTX;
 //! - [`mod@transport`] (`gp2p-transport`): the cross-device copy engine, and [`transport()`],
-//!   the one engine this facade shares;
+//!   the one engine this facade shares, which the probe's verdicts keep off unsafe P2P
+//!   ([`guard_peer_routes`]);
 //! - [`copy`] / [`copy_into`]: copies between devices through one shared engine, by P2P
-//!   where the pair has it, else staged through pinned host memory;
+//!   where the pair has it safely, else staged through pinned host memory;
 //! - [`ops`]: the public primitives for building your own schedules.
 //!
 //! - [`probe()`] (`gp2p-probe`): for every pair of devices, whether P2P is on and, if not,
@@ -53,9 +54,34 @@ pub use gp2p_transport::{CopyOptions, Error, Result, Route, Transport};
 
 /// The engine behind [`copy`], [`copy_into`] and [`ops::staged_copy`]: one per process, so
 /// its staging rings and internal streams are shared by every caller.
+///
+/// On first use it reads this machine's facts without opening any device
+/// ([`probe::collect_host`]: NVML, `/proc`, `/sys`) and keeps `Route::Auto` off the pairs
+/// whose P2P the probe finds on but unsafe ([`guard_peer_routes`]): there a patched driver
+/// forces P2P over a BAR1 smaller than VRAM or through a translating IOMMU, and copies
+/// would fail or corrupt data silently. Those pairs copy staged; `Route::Peer` still
+/// forces P2P. Without a driver the policy stays empty.
 pub fn transport() -> &'static Transport {
-    static TRANSPORT: LazyLock<Transport> = LazyLock::new(Transport::new);
+    static TRANSPORT: LazyLock<Transport> = LazyLock::new(|| {
+        let transport = Transport::new();
+        if let Ok(facts) = gp2p_probe::collect_host() {
+            guard_peer_routes(&transport, &facts);
+        }
+        transport
+    });
     &TRANSPORT
+}
+
+/// Join the probe to a copy engine: distrust, in `transport`'s [`PeerPolicy`](transport::PeerPolicy),
+/// every pair whose P2P the probe judges unsafe or unchecked were CUDA to offer it
+/// ([`probe::verdicts_if_on`]), so its `Route::Auto` copies those pairs staged. Touches no
+/// GPU; [`transport()`] does this for the shared engine, call it for an engine of your own.
+pub fn guard_peer_routes(transport: &Transport, facts: &gp2p_probe::Facts) {
+    for verdict in gp2p_probe::verdicts_if_on(facts) {
+        if let Some(why) = verdict.peer_distrust() {
+            transport.peer_policy().distrust(verdict.a, verdict.b, why);
+        }
+    }
 }
 
 /// Copy `src` (on `src_stream`'s device) into a new buffer on `dst_stream`'s device, by the
@@ -102,5 +128,52 @@ pub mod ops {
     ) -> Result<()> {
         let options = CopyOptions { route: Route::Staged, chunk_bytes, slots };
         crate::transport().copy(src, src_stream, dst, dst_stream, options).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// A saved-facts fixture of the probe.
+    fn fixture(name: &str) -> gp2p_probe::Facts {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gp2p-probe/tests/fixtures").join(name);
+        gp2p_probe::load(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The route the engine takes between devices 0 and 1 when the driver offers P2P.
+    fn route_0_to_1(transport: &Transport, asked: Route) -> Option<Route> {
+        let distrusted = transport.peer_policy().is_distrusted(0, 1);
+        gp2p_transport::choose(asked, false, distrusted, || Ok::<_, Error>(true)).unwrap()
+    }
+
+    #[test]
+    fn auto_copies_staged_where_the_probe_finds_forced_p2p_unsafe() {
+        // A patched 4090 pair with the IOMMU translating: CUDA offers P2P, copies would be zeros.
+        let transport = Transport::new();
+        guard_peer_routes(&transport, &fixture("4090-pair-patched-iommu-translated.json"));
+        let why = transport.peer_policy().distrusted(1, 0).unwrap();
+        assert!(why.contains("[UNSAFE]") && why.contains("IOMMU translates"), "{why}");
+        assert_eq!(route_0_to_1(&transport, Route::Auto), Some(Route::Staged));
+        assert_eq!(route_0_to_1(&transport, Route::Peer), Some(Route::Peer), "forcing Peer is the caller's call");
+        // The same with a 48 GB 4090 D whose BAR1 tops out at 32 GiB.
+        let transport = Transport::new();
+        guard_peer_routes(&transport, &fixture("4090d-48g-pair-patched.json"));
+        assert_eq!(route_0_to_1(&transport, Route::Auto), Some(Route::Staged));
+    }
+
+    #[test]
+    fn auto_keeps_p2p_the_driver_enabled_itself() {
+        // H100s on NixOS's stock module, IOMMU translating: the driver remaps peer MMIO itself.
+        let transport = Transport::new();
+        guard_peer_routes(&transport, &fixture("h100-pair-nixos-stock-iommu-translated.json"));
+        assert_eq!(transport.peer_policy().distrusted(0, 1), None);
+        assert_eq!(route_0_to_1(&transport, Route::Auto), Some(Route::Peer));
+        // And a safe patched pair (BAR1 covers VRAM, IOMMU passthrough) keeps P2P too.
+        let transport = Transport::new();
+        guard_peer_routes(&transport, &fixture("4090-pair-patched-565.json"));
+        assert_eq!(route_0_to_1(&transport, Route::Auto), Some(Route::Peer));
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use gp2p_cuda::{Device, driver_version};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus as NvmlStatus, TopologyLevel};
+use nvml_wrapper::error::NvmlError;
 
 use crate::facts::{DeviceFacts, Facts, HostFacts, P2pStatus, PairFacts, PcieLink};
 use crate::parse;
@@ -14,6 +15,25 @@ use crate::{Error, Result};
 
 /// Collect the facts of this machine. Fails only without a CUDA driver.
 pub fn collect() -> Result<Facts> {
+    gather(AskCuda::PerPair)
+}
+
+/// Collect every fact but CUDA's per-pair answers, which need each device opened (a CUDA
+/// context on every GPU): the facts a copy engine needs at start-up, with CUDA answering
+/// for itself at the first copy ([`verdicts_if_on`](crate::verdicts_if_on)). Pairs carry
+/// NVML's statuses; `can_access_peer` stays unknown. Fails only without a CUDA driver.
+pub fn collect_host() -> Result<Facts> {
+    gather(AskCuda::NotPerPair)
+}
+
+/// Whether to open every device to ask CUDA about each pair.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AskCuda {
+    PerPair,
+    NotPerPair,
+}
+
+fn gather(ask: AskCuda) -> Result<Facts> {
     let cuda_driver = driver_version()?;
     let infos = Device::all_info()?;
     let mut facts = Facts {
@@ -31,7 +51,10 @@ pub fn collect() -> Result<Facts> {
             ..DeviceFacts::default()
         })
         .collect();
-    let opened: Vec<Option<Device>> = infos.iter().map(|i| Device::open(i.ordinal).ok()).collect();
+    let opened: Vec<Option<Device>> = match ask {
+        AskCuda::PerPair => infos.iter().map(|i| Device::open(i.ordinal).ok()).collect(),
+        AskCuda::NotPerPair => infos.iter().map(|_| None).collect(),
+    };
     for (a, da) in opened.iter().enumerate() {
         for (b, db) in opened.iter().enumerate() {
             if a == b {
@@ -48,7 +71,7 @@ pub fn collect() -> Result<Facts> {
             facts.pairs.push(pair);
         }
     }
-    if opened.iter().any(Option::is_none) {
+    if ask == AskCuda::PerPair && opened.iter().any(Option::is_none) {
         facts.missing_sources.push("CUDA: some devices could not be opened (compute capability below 8.0?)".into());
     }
     nvml_facts(&mut facts);
@@ -56,20 +79,23 @@ pub fn collect() -> Result<Facts> {
     Ok(facts)
 }
 
-/// Read saved facts (the `facts` of a `--json` report, or bare facts).
+/// Read saved facts (the `facts` of a `--json` report, or bare facts), and check that they
+/// hold together ([`Facts::check`]).
 pub fn load(path: &Path) -> Result<Facts> {
     let err = |reason: String| Error::Facts { path: path.display().to_string(), reason };
     let text = fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
     let facts = value.get("facts").cloned().unwrap_or(value);
-    serde_json::from_value(facts).map_err(|e| err(format!("not gp2p probe facts: {e}")))
+    let facts: Facts = serde_json::from_value(facts).map_err(|e| err(format!("not gp2p probe facts: {e}")))?;
+    facts.check().map_err(|reason| Error::Inconsistent { path: path.display().to_string(), reason })?;
+    Ok(facts)
 }
 
 fn nvml_facts(facts: &mut Facts) {
     let nvml = match Nvml::init() {
         Ok(n) => n,
         Err(e) => {
-            facts.missing_sources.push(format!("NVML: {e} (BAR1, PCIe link, NVML P2P status and topology unknown)"));
+            facts.missing_sources.push(nvml_missing(&e));
             return;
         }
     };
@@ -114,6 +140,25 @@ fn nvml_facts(facts: &mut Facts) {
     }
 }
 
+/// What NVML would have told.
+const NVML_TELLS: &str = "each card's BAR1 size, brand, architecture and PCIe link, and for each pair the driver's P2P status (the reason P2P is off), the atomics status and the topology";
+
+/// The `missing_sources` entry for an NVML that did not start: which of libnvidia-ml's
+/// failures it was, what to do, and what NVML would have told.
+fn nvml_missing(e: &NvmlError) -> String {
+    let what = match e {
+        NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => {
+            format!(
+                "libnvidia-ml could not be loaded ({e}); install the NVIDIA driver's user-space libraries, or expose libnvidia-ml.so.1 to this container"
+            )
+        }
+        NvmlError::NoPermission => format!("libnvidia-ml refused this user ({e}); run the probe as root"),
+        NvmlError::DriverNotLoaded => format!("the NVIDIA kernel driver is not loaded ({e})"),
+        _ => format!("libnvidia-ml failed to start ({e})"),
+    };
+    format!("NVML: {what}; it would have told {NVML_TELLS}")
+}
+
 fn convert_status(s: NvmlStatus) -> P2pStatus {
     match s {
         NvmlStatus::Ok => P2pStatus::Ok,
@@ -144,18 +189,62 @@ fn linux_facts(facts: &mut Facts) {
     }
     match fs::read_to_string("/proc/driver/nvidia/version") {
         Ok(text) => facts.host.kernel_module = parse::kernel_module(&text),
-        Err(e) => facts.missing_sources.push(format!("/proc/driver/nvidia/version: {e}")),
+        Err(e) => facts.missing_sources.push(unreadable("/proc/driver/nvidia/version", &e)),
     }
     match fs::read_to_string("/proc/cmdline") {
         Ok(text) => facts.host.iommu_cmdline = Some(parse::iommu_cmdline(&text)),
-        Err(e) => facts.missing_sources.push(format!("/proc/cmdline: {e}")),
+        Err(e) => facts.missing_sources.push(unreadable("/proc/cmdline", &e)),
     }
     if let Ok(text) = fs::read_to_string("/proc/driver/nvidia/params") {
         facts.host.registry_dwords = parse::registry(&text);
     }
     facts.host.virtual_machine = virtual_machine();
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").ok().and_then(|t| parse::kernel_release(&t));
     for d in &mut facts.devices {
         d.iommu_group_type = iommu_group_type(&d.pci_bus_id);
+        d.bar1_sizes = bar1_sizes(&d.pci_bus_id, kernel, &mut facts.missing_sources);
+    }
+}
+
+/// The first kernel whose sysfs lists the sizes of every resizable BAR (`resource<N>_resize`).
+const REBAR_SYSFS_KERNEL: (u32, u32) = (6, 1);
+
+/// The BAR1 sizes a PCI device's Resizable BAR capability offers, from sysfs: empty when the
+/// file is absent on a kernel that lists every resizable BAR (the card has none); `None`
+/// when sysfs cannot tell, with the reason added to `missing`.
+fn bar1_sizes(bus_id: &str, kernel: Option<(u32, u32)>, missing: &mut Vec<String>) -> Option<Vec<u64>> {
+    let dev = Path::new("/sys/bus/pci/devices").join(bus_id.to_ascii_lowercase());
+    if !dev.exists() {
+        return None;
+    }
+    let file = dev.join("resource1_resize");
+    match fs::read_to_string(&file) {
+        Ok(text) => parse::rebar_sizes(&text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if kernel.is_some_and(|k| k >= REBAR_SYSFS_KERNEL) {
+                return Some(Vec::new());
+            }
+            missing.push(format!(
+                "{}: absent, and this kernel ({}) may predate it (Linux 6.1); the BAR1 sizes the card offers are unknown",
+                file.display(),
+                kernel.map_or("version unknown".into(), |(major, minor)| format!("{major}.{minor}"))
+            ));
+            None
+        }
+        Err(e) => {
+            missing.push(unreadable(&file.display().to_string(), &e));
+            None
+        }
+    }
+}
+
+/// The `missing_sources` entry for a file that could not be read; root is suggested only
+/// where root would help (permission denied).
+fn unreadable(path: &str, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        format!("{path}: permission denied (run the probe as root to read it)")
+    } else {
+        format!("{path}: {e}")
     }
 }
 
@@ -221,6 +310,19 @@ mod tests {
         .map(topology_code)
         .collect();
         assert_eq!(names, ["INTERNAL", "PIX", "PXB", "PHB", "NODE", "SYS"]);
+    }
+
+    #[test]
+    fn a_missing_nvml_names_itself_and_what_it_would_have_told() {
+        let loading = nvml_missing(&NvmlError::LibraryNotFound);
+        assert!(loading.starts_with("NVML: libnvidia-ml could not be loaded"), "{loading}");
+        assert!(loading.contains("BAR1 size") && loading.contains("atomics status") && !loading.contains("root"));
+        assert!(nvml_missing(&NvmlError::NoPermission).contains("run the probe as root"));
+        assert!(!nvml_missing(&NvmlError::DriverNotLoaded).contains("root"));
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(unreadable("/proc/cmdline", &denied).contains("run the probe as root"));
+        let absent = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(!unreadable("/proc/driver/nvidia/version", &absent).contains("root"));
     }
 
     #[test]

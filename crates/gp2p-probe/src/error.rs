@@ -15,6 +15,14 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// Saved facts were read but contradict themselves (see [`crate::Facts::check`]).
+    #[error("facts in {path} do not hold together: {reason}; save them again with `gp2p probe --json`")]
+    Inconsistent {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl Error {

@@ -1,5 +1,10 @@
-//! The facts a verdict rests on: plain data, serialisable, every field optional — a
-//! missing source lowers what the report can say, it never fails it.
+//! The facts a verdict rests on: plain data, serialisable. A missing source lowers what
+//! the report can say, it never fails it, so a saved file may leave out any field except
+//! the few that name things: `devices`, each device's `ordinal`, `compute_capability` and
+//! `vram_bytes` (CUDA always has them), and each pair's `a` and `b`. [`Facts::check`]
+//! refuses facts that contradict themselves.
+
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
@@ -7,13 +12,63 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Facts {
     /// Machine-wide facts.
+    #[serde(default)]
     pub host: HostFacts,
-    /// One entry per CUDA device, by ordinal.
+    /// One entry per CUDA device, by ordinal (required: it is what tells probe facts from
+    /// any other JSON).
     pub devices: Vec<DeviceFacts>,
     /// One entry per ordered pair (a, b), a != b.
+    #[serde(default)]
     pub pairs: Vec<PairFacts>,
     /// Sources that could not be read, in words (e.g. "NVML: library not found").
+    #[serde(default)]
     pub missing_sources: Vec<String>,
+}
+
+impl Facts {
+    /// The device with this ordinal.
+    pub fn device(&self, ordinal: usize) -> Option<&DeviceFacts> {
+        self.devices.iter().find(|d| d.ordinal == ordinal)
+    }
+
+    /// Whether NVML answered at all: some fact only NVML gives is known. `false` means
+    /// libnvidia-ml could not be loaded or initialised (`missing_sources` says which).
+    pub fn nvml_answered(&self) -> bool {
+        self.host.driver_version.is_some()
+            || self.devices.iter().any(|d| d.brand.is_some() || d.bar1_bytes.is_some() || d.pcie.is_some())
+            || self.pairs.iter().any(|p| p.nvml_read.is_some() || p.nvml_write.is_some() || p.nvml_atomics.is_some())
+    }
+
+    /// Whether the facts hold together: each device listed once, each pair joining two
+    /// different listed devices, each ordered pair once. Saved files are checked on load;
+    /// the error says what is wrong, in words.
+    pub fn check(&self) -> Result<(), String> {
+        let mut ordinals = BTreeSet::new();
+        for d in &self.devices {
+            if !ordinals.insert(d.ordinal) {
+                return Err(format!("device {} is listed twice: each device appears once in `devices`", d.ordinal));
+            }
+        }
+        let listed = || ordinals.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+        let mut pairs = BTreeSet::new();
+        for p in &self.pairs {
+            if p.a == p.b {
+                return Err(format!("pair {} -> {} joins a device to itself: a pair needs two devices", p.a, p.b));
+            }
+            if let Some(absent) = [p.a, p.b].into_iter().find(|o| !ordinals.contains(o)) {
+                return Err(format!(
+                    "pair {} -> {} names device {absent}, which `devices` does not list (it lists: {})",
+                    p.a,
+                    p.b,
+                    listed()
+                ));
+            }
+            if !pairs.insert((p.a, p.b)) {
+                return Err(format!("pair {} -> {} is listed twice: each ordered pair appears once", p.a, p.b));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Which kernel module flavour drives the GPUs.
@@ -33,20 +88,24 @@ pub struct KernelModule {
     pub flavour: ModuleFlavour,
     /// Driver version, e.g. "580.159.04".
     pub version: String,
-    /// `user@host` of the build, when the line has one: NVIDIA's builds say `dvs-builder@…`,
-    /// a self-built (possibly patched) module names its builder.
+    /// `user@host` of the build, when the line has one: NVIDIA's builds say `dvs-builder@…`;
+    /// a module built anywhere else names that builder — a distribution's (NixOS:
+    /// `nixbld@…`), DKMS on the machine itself (`root@…`), or a person building the patch.
     pub builder: Option<String>,
 }
 
 impl KernelModule {
-    /// Whether the module was built outside NVIDIA (a self-built or patched module).
-    pub fn self_built(&self) -> bool {
-        self.builder.as_deref().is_some_and(|b| !b.starts_with("dvs-builder@"))
+    /// Whether NVIDIA built this module (`dvs-builder@…`); `None` when the line names no
+    /// builder. A build elsewhere says nothing about the patch by itself: distributions and
+    /// DKMS build NVIDIA's stock sources too.
+    pub fn built_by_nvidia(&self) -> Option<bool> {
+        self.builder.as_deref().map(|b| b.starts_with("dvs-builder@"))
     }
 }
 
 /// What the kernel command line says about the IOMMU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct IommuCmdline {
     /// The iommu-related words found, verbatim.
     pub flags: Vec<String>,
@@ -66,8 +125,9 @@ impl IommuCmdline {
 
 /// Machine-wide facts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HostFacts {
-    /// `linux` or `windows` or another OS name.
+    /// `linux` or `windows` or another OS name; empty when not known.
     pub os: String,
     /// The CUDA driver version, e.g. (13, 0).
     pub cuda_driver: Option<(u32, u32)>,
@@ -91,6 +151,79 @@ impl HostFacts {
     }
 }
 
+/// What a card is sold as, from NVML's brand (or, without NVML, its name). It decides which
+/// advice fits: the P2P patch is for GeForce cards; professional and datacenter cards get P2P
+/// from the stock driver, and can leave WDDM on Windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CardClass {
+    /// GeForce and TITAN cards.
+    GeForce,
+    /// Workstation cards: Quadro, RTX A-series, RTX Ada / PRO.
+    Professional,
+    /// Datacenter and virtual-GPU cards: Tesla, A100, H100, L40, …
+    Datacenter,
+}
+
+impl CardClass {
+    /// The words for it in a verdict.
+    pub fn name(self) -> &'static str {
+        match self {
+            CardClass::GeForce => "GeForce",
+            CardClass::Professional => "professional",
+            CardClass::Datacenter => "datacenter",
+        }
+    }
+}
+
+/// The GPU architecture (generation) of a card, from NVML or, without it, from the
+/// compute capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Architecture {
+    /// Volta and older (compute capability below 7.5): the open kernel module does not
+    /// drive them.
+    Older,
+    /// Turing (7.5).
+    Turing,
+    /// Ampere (8.0, 8.6, 8.7).
+    Ampere,
+    /// Ada (8.9).
+    Ada,
+    /// Hopper (9.0).
+    Hopper,
+    /// Blackwell (10.x, 12.x).
+    Blackwell,
+    /// Something newer than this probe knows.
+    Newer,
+}
+
+impl Architecture {
+    /// Its name, as NVML spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Older => "pre-Turing",
+            Architecture::Turing => "Turing",
+            Architecture::Ampere => "Ampere",
+            Architecture::Ada => "Ada",
+            Architecture::Hopper => "Hopper",
+            Architecture::Blackwell => "Blackwell",
+            Architecture::Newer => "newer",
+        }
+    }
+
+    /// From a compute capability.
+    pub fn from_compute_capability((major, minor): (u32, u32)) -> Architecture {
+        match (major, minor) {
+            (0..=6, _) | (7, 0..=4) => Architecture::Older,
+            (7, _) => Architecture::Turing,
+            (8, 9) => Architecture::Ada,
+            (8, _) => Architecture::Ampere,
+            (9, _) => Architecture::Hopper,
+            (10..=12, _) => Architecture::Blackwell,
+            _ => Architecture::Newer,
+        }
+    }
+}
+
 /// PCIe link state of one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PcieLink {
@@ -110,10 +243,12 @@ pub struct DeviceFacts {
     /// CUDA ordinal.
     pub ordinal: usize,
     /// Name, e.g. "NVIDIA GeForce RTX 4090".
+    #[serde(default)]
     pub name: String,
     /// UUID (NVML).
     pub uuid: Option<String>,
     /// PCI bus id.
+    #[serde(default)]
     pub pci_bus_id: String,
     /// Compute capability.
     pub compute_capability: (u32, u32),
@@ -121,6 +256,10 @@ pub struct DeviceFacts {
     pub vram_bytes: u64,
     /// BAR1 aperture, bytes (NVML).
     pub bar1_bytes: Option<u64>,
+    /// BAR1 sizes the card's Resizable BAR capability offers, bytes, ascending (Linux sysfs
+    /// `resource1_resize` of its PCI function). Empty: the card offers no resizable BAR1
+    /// (Linux 6.1 and later list every resizable BAR). `None`: not read.
+    pub bar1_sizes: Option<Vec<u64>>,
     /// PCIe link (NVML).
     pub pcie: Option<PcieLink>,
     /// Brand, e.g. "GeForce", "GeForceRTX", "Nvidia" (NVML).
@@ -138,15 +277,73 @@ impl DeviceFacts {
     /// Whether BAR1 can map all of VRAM (the static BAR1 rule: BAR1 − 128 KiB ≥ VRAM rounded
     /// up to 2 MiB). `None` when BAR1 is unknown.
     pub fn bar1_covers_vram(&self) -> Option<bool> {
-        const RESERVED: u64 = 128 << 10;
-        const ALIGN: u64 = 2 << 20;
-        self.bar1_bytes.map(|bar1| bar1.saturating_sub(RESERVED) >= self.vram_bytes.next_multiple_of(ALIGN))
+        self.bar1_bytes.map(|bar1| bar1_holds(bar1, self.vram_bytes))
+    }
+
+    /// What the card is sold as: NVML's brand, else its CUDA name (every GeForce card's
+    /// name says GeForce or TITAN). `None` when neither is known.
+    pub fn class(&self) -> Option<CardClass> {
+        match self.brand.as_deref() {
+            Some("GeForce" | "GeForceRTX" | "Titan" | "TitanRTX") => return Some(CardClass::GeForce),
+            Some("Quadro" | "QuadroRTX" | "NvidiaRTX" | "NVS") => return Some(CardClass::Professional),
+            Some("Tesla" | "Nvidia" | "GRID" | "VApps" | "VPC" | "VCS" | "VWS" | "CloudGaming" | "VGaming") => {
+                return Some(CardClass::Datacenter);
+            }
+            _ => {}
+        }
+        let name = self.name.to_ascii_lowercase();
+        if name.is_empty() {
+            None
+        } else if name.contains("geforce") || name.contains("titan") {
+            Some(CardClass::GeForce)
+        } else if name.contains("quadro") || name.contains("rtx") {
+            Some(CardClass::Professional)
+        } else {
+            Some(CardClass::Datacenter)
+        }
+    }
+
+    /// The card's architecture: NVML's, else the compute capability's.
+    pub fn arch(&self) -> Architecture {
+        match self.architecture.as_deref() {
+            Some("Kepler" | "Maxwell" | "Pascal" | "Volta") => Architecture::Older,
+            Some("Turing") => Architecture::Turing,
+            Some("Ampere") => Architecture::Ampere,
+            Some("Ada") => Architecture::Ada,
+            Some("Hopper") => Architecture::Hopper,
+            Some("Blackwell") => Architecture::Blackwell,
+            _ => Architecture::from_compute_capability(self.compute_capability),
+        }
+    }
+
+    /// The largest BAR1 the card can have: the largest size its Resizable BAR capability
+    /// offers, or, with none offered, the BAR1 it has. `None` when the sizes were not read.
+    pub fn bar1_largest(&self) -> Option<u64> {
+        let sizes = self.bar1_sizes.as_ref()?;
+        sizes.iter().copied().max().or(self.bar1_bytes)
     }
 
     /// Whether the IOMMU translates this device's DMA. `None` when unknown.
     pub fn iommu_translates(&self) -> Option<bool> {
         self.iommu_group_type.as_deref().map(|t| t.eq_ignore_ascii_case("DMA") || t.eq_ignore_ascii_case("DMA-FQ"))
     }
+}
+
+/// BAR1 space the driver keeps for itself (doorbell and MMIO pages: 32 × 4 KiB).
+const BAR1_RESERVED_BYTES: u64 = 128 << 10;
+/// The static BAR1 mapping maps VRAM in 2 MiB pages.
+const BAR1_MAP_ALIGN_BYTES: u64 = 2 << 20;
+
+/// The static BAR1 rule: whether a BAR1 of `bar1` bytes can map `vram` bytes. VRAM so large
+/// that rounding it up overflows fits in no BAR1.
+pub fn bar1_holds(bar1: u64, vram: u64) -> bool {
+    bar1_needed(vram).is_some_and(|needed| bar1 >= needed)
+}
+
+/// The smallest BAR1 that maps `vram` bytes under the static BAR1 rule; `None` when no
+/// 64-bit size can.
+pub fn bar1_needed(vram: u64) -> Option<u64> {
+    vram.checked_next_multiple_of(BAR1_MAP_ALIGN_BYTES)?.checked_add(BAR1_RESERVED_BYTES)
 }
 
 /// NVML's P2P status for one capability.

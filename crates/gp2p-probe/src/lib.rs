@@ -4,14 +4,23 @@
 //! Three steps, each usable alone:
 //! 1. [`collect`]: facts from every source present — CUDA (peer access and attributes),
 //!    NVML (BAR1, PCIe link, P2P status codes, topology; loaded at run time), Linux's
-//!    `/proc/driver/nvidia/version`, `/proc/cmdline`, `/proc/driver/nvidia/params` and the
-//!    IOMMU group of each GPU. A missing source lowers what the report says, nothing more.
+//!    `/proc/driver/nvidia/version`, `/proc/cmdline`, `/proc/driver/nvidia/params`, and
+//!    each GPU's IOMMU group and Resizable BAR sizes in sysfs. A missing source lowers what
+//!    the report says and names itself, nothing more. [`collect_host`] gathers the same
+//!    without opening any device (no CUDA context), leaving CUDA's per-pair answers out.
 //! 2. [`verdicts`]: a pure function from [`Facts`] to one [`Verdict`] per ordered pair — on
-//!    (and over what), or off with the exact reason, a remedy, and what the patch would do.
-//! 3. [`Report`]: a table for people, JSON for bug reports; [`load`] re-reads saved facts.
+//!    (and over what, and whether safe: `UNSAFE` pairs must be copied staged), or off with
+//!    the exact reason, a remedy fitting the card, what the patch would do, and how sure
+//!    ([`Certainty`]). Whether the patch is in effect ([`patch_state`]) is inferred only
+//!    from facts that show it; [`branches`] says which branch drives which architecture.
+//!    [`verdicts_if_on`] judges every pair as if CUDA offered P2P: what a copy engine needs
+//!    before it lets `Route::Auto` take it.
+//! 3. [`Report`]: a table for people, JSON for bug reports; [`load`] re-reads saved facts
+//!    and refuses ones that contradict themselves.
 //!
-//! Not here: measuring links (the CLI's `gp2p probe --measure` joins the transport), or
-//! changing anything on the machine.
+//! Not here: measuring links (the CLI's `gp2p probe --measure` joins the transport), acting
+//! on the verdicts (the facade hands them to the transport), or changing anything on the
+//! machine.
 //!
 //! ```
 //! use gp2p_probe::{Facts, Report, facts::{DeviceFacts, PairFacts}};
@@ -26,18 +35,22 @@
 //! assert!(report.render().contains("0 -> 1"));
 //! ```
 
+pub mod branches;
 mod collect;
 mod error;
 pub mod facts;
 pub mod parse;
+mod patch;
 mod report;
 mod verdict;
 
-pub use collect::{collect, load};
+pub use branches::{BAR1_PER_ALLOCATION_BRANCH, Branch, PATCH_BRANCHES};
+pub use collect::{collect, collect_host, load};
 pub use error::{Error, Result};
 pub use facts::Facts;
+pub use patch::{Certainty, PatchState, patch_state};
 pub use report::Report;
-pub use verdict::{Link, PATCHED_VERSIONS, PatchOutlook, RULES, Verdict, verdict, verdicts};
+pub use verdict::{Link, PatchOutlook, RULES, Verdict, verdict, verdicts, verdicts_if_on};
 
 #[cfg(test)]
 mod tests;

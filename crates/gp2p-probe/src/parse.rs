@@ -22,6 +22,22 @@ pub fn kernel_module(text: &str) -> Option<KernelModule> {
     Some(KernelModule { flavour, version, builder })
 }
 
+/// The sizes a BAR's Resizable BAR capability offers, in bytes, ascending, from its sysfs
+/// `resource<N>_resize` file: a hex bitmask where bit n offers 2^n MiB (`0000000000003fc0`
+/// offers 64 MiB to 8 GiB). Bits past what 64-bit bytes can count are dropped.
+pub fn rebar_sizes(text: &str) -> Option<Vec<u64>> {
+    const MIB_SHIFT: u32 = 20;
+    let mask = u64::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()?;
+    Some((0..u64::BITS - MIB_SHIFT).filter(|bit| mask & (1 << bit) != 0).map(|bit| 1u64 << (bit + MIB_SHIFT)).collect())
+}
+
+/// Major and minor version of the running kernel, from `/proc/sys/kernel/osrelease`
+/// (`6.8.0-45-generic`).
+pub fn kernel_release(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.trim().split(['.', '-']);
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 /// The iommu-related words of `/proc/cmdline`.
 pub fn iommu_cmdline(text: &str) -> IommuCmdline {
     let flags = text
@@ -64,6 +80,12 @@ pub fn force_p2p_fields(value: u32) -> (u32, u32) {
     (value & 0b11, (value >> 4) & 0b11)
 }
 
+/// The atomics field of a `ForceP2P` value: bits 9:8, coded like the others (0x11, the
+/// patch's built-in default, leaves it 0: atomics disabled).
+pub fn force_p2p_atomics(value: u32) -> u32 {
+    (value >> 8) & 0b11
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,15 +97,20 @@ mod tests {
         assert_eq!(m.flavour, ModuleFlavour::Open);
         assert_eq!(m.version, "570.195.03");
         assert_eq!(m.builder.as_deref(), Some("dvs-builder@U22-I3-H04-03-1"));
-        assert!(!m.self_built());
+        assert_eq!(m.built_by_nvidia(), Some(true));
     }
 
     #[test]
-    fn self_built_open_module_names_its_builder() {
+    fn a_module_built_elsewhere_names_its_builder() {
         let text = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (alice@tinybox)  Sat Dec  7 10:00:00 UTC 2024";
         let m = kernel_module(text).unwrap();
         assert_eq!(m.version, "565.57.01");
-        assert!(m.self_built());
+        assert_eq!(m.built_by_nvidia(), Some(false));
+        // NixOS builds NVIDIA's stock sources as nixbld, with no host after the @.
+        let nix = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  Thu Jan  1 00:00:01 UTC 1970";
+        let m = kernel_module(nix).unwrap();
+        assert_eq!((m.version.as_str(), m.builder.as_deref()), ("580.159.04", Some("nixbld@")));
+        assert_eq!(m.built_by_nvidia(), Some(false));
     }
 
     #[test]
@@ -108,12 +135,28 @@ mod tests {
     }
 
     #[test]
+    fn resizable_bar_sizes_and_kernel_release() {
+        const MIB: u64 = 1 << 20;
+        // A 4090: 64 MiB to 32 GiB.
+        let sizes = rebar_sizes("000000000000ffc0\n").unwrap();
+        assert_eq!((sizes.len(), sizes[0], sizes[9]), (10, 64 * MIB, 32 << 30));
+        assert_eq!(rebar_sizes("0000000000000000\n"), Some(vec![]));
+        assert_eq!(rebar_sizes("8000000000000000"), Some(vec![]), "2^63 MiB is past u64 bytes");
+        assert_eq!(rebar_sizes("0000080000000000").map(|s| s[0]), Some(1 << 63));
+        assert_eq!(rebar_sizes("not hex"), None);
+        assert_eq!(kernel_release("6.8.0-45-generic\n"), Some((6, 8)));
+        assert_eq!(kernel_release("5.15.167.4-microsoft-standard-WSL2"), Some((5, 15)));
+        assert_eq!(kernel_release("garbage"), None);
+    }
+
+    #[test]
     fn registry_dwords_and_force_p2p() {
         let params = "ResmanDebugLevel: 4294967295\nRegistryDwords: \"ForceP2P=0x11;RMForceStaticBar1=1\"\nRegistryDwordsPerDevice: \"\"\n";
         let raw = registry(params);
         assert_eq!(raw.as_deref(), Some("ForceP2P=0x11;RMForceStaticBar1=1"));
         assert_eq!(raw.as_deref().and_then(force_p2p), Some(0x11));
         assert_eq!(force_p2p_fields(0x11), (1, 1));
+        assert_eq!((force_p2p_atomics(0x11), force_p2p_atomics(0x111), force_p2p_atomics(0x222)), (0, 1, 2));
         assert_eq!(force_p2p("ForceP2P=0"), Some(0));
         assert_eq!(force_p2p("forcep2p=0X10"), Some(0x10));
         assert_eq!(force_p2p("RMForceStaticBar1=1"), None);

@@ -1,11 +1,13 @@
 //! The report: a human table (devices, pair matrix with a legend, one line per pair) and
 //! the JSON document (`facts` + `verdicts`) that `--from` re-renders.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::facts::{Facts, ModuleFlavour};
+use crate::facts::{Facts, ModuleFlavour, PairFacts};
+use crate::patch::patch_state;
 use crate::verdict::{PatchOutlook, RULES, Verdict, gib, verdicts};
 
 /// Facts and the verdicts drawn from them.
@@ -40,49 +42,64 @@ impl Report {
                 ModuleFlavour::Open => "open kernel module",
                 ModuleFlavour::Proprietary => "proprietary kernel module",
             };
-            let build = match (&m.builder, m.self_built()) {
-                (Some(b), true) => format!(", self-built by {b}"),
-                (Some(_), false) => ", NVIDIA build".to_owned(),
+            let build = match (&m.builder, m.built_by_nvidia()) {
+                (_, Some(true)) => ", NVIDIA build".to_owned(),
+                (Some(b), _) => format!(", built by {}", shown(b)),
                 (None, _) => String::new(),
             };
-            format!("{} {flavour}{build}", m.version)
+            format!("{} {flavour}{build}", shown(&m.version))
         });
         let cuda = h.cuda_driver.map_or("?".into(), |(a, b)| format!("{a}.{b}"));
-        let _ = writeln!(out, "driver: {module}; CUDA {cuda}; OS {}", h.os);
+        let os = if h.os.is_empty() { "unknown" } else { &h.os };
+        let _ = writeln!(out, "driver: {module}; CUDA {cuda}; OS {}", shown(os));
         let iommu = h.iommu_cmdline.as_ref().map_or("unknown".into(), |c| {
             if c.flags.is_empty() { "no iommu flags on the kernel command line".into() } else { c.flags.join(" ") }
         });
-        let _ = writeln!(out, "iommu (cmdline): {iommu}");
+        let _ = writeln!(out, "iommu (cmdline): {}", shown(&iommu));
+        let _ = writeln!(out, "P2P patch: {}", shown(&patch_state(f).describe()));
+        if !f.nvml_answered() {
+            let _ = writeln!(
+                out,
+                "NVML: not loaded (libnvidia-ml); BAR1, brand, PCIe link, P2P status codes, atomics and topology unknown"
+            );
+        }
         if let Some(r) = &h.registry_dwords {
-            let _ = writeln!(out, "registry: {r}");
+            let _ = writeln!(out, "registry: {}", shown(r));
         }
         if let Some(vm) = &h.virtual_machine {
-            let _ = writeln!(out, "virtual machine: {vm}");
+            let _ = writeln!(out, "virtual machine: {}", shown(vm));
         }
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:<16} {:<14} {:<10} bus",
-            "#", "name", "cc", "VRAM", "BAR1", "PCIe cur/max", "brand/arch", "iommu"
+            "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:>10}  {:<16} {:<14} {:<10} bus",
+            "#", "name", "cc", "VRAM", "BAR1", "BAR1 max", "PCIe cur/max", "brand/arch", "iommu"
         );
         for d in &f.devices {
             let bar1 = d.bar1_bytes.map_or("?".into(), gib);
+            // The largest BAR1 Resizable BAR offers; "fixed" when the card offers none.
+            let bar1_max = match &d.bar1_sizes {
+                None => "?".to_owned(),
+                Some(sizes) if sizes.is_empty() => "fixed".to_owned(),
+                Some(_) => d.bar1_largest().map_or("?".into(), gib),
+            };
             let pcie = d.pcie.map_or("?".into(), |p| {
                 format!("{}.0 x{} / {}.0 x{}", p.current_gen, p.current_width, p.max_gen, p.max_width)
             });
             let brand = format!("{}/{}", d.brand.as_deref().unwrap_or("?"), d.architecture.as_deref().unwrap_or("?"));
             let _ = writeln!(
                 out,
-                "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:<16} {:<14} {:<10} {}",
+                "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:>10}  {:<16} {:<14} {:<10} {}",
                 d.ordinal,
-                d.name,
+                shown(&d.name),
                 format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
                 gib(d.vram_bytes),
                 bar1,
+                bar1_max,
                 pcie,
-                brand,
-                d.iommu_group_type.as_deref().unwrap_or("?"),
-                d.pci_bus_id
+                shown(&brand),
+                shown(d.iommu_group_type.as_deref().unwrap_or("?")),
+                shown(&d.pci_bus_id)
             );
         }
         let _ = writeln!(out);
@@ -94,22 +111,22 @@ impl Report {
         if !f.missing_sources.is_empty() {
             let _ = writeln!(out, "\nnot read (the report says less without them):");
             for m in &f.missing_sources {
-                let _ = writeln!(out, "  - {m}");
+                let _ = writeln!(out, "  - {}", shown(m));
             }
         }
         out
     }
 
     fn render_matrix(&self, out: &mut String) {
-        let n = self.facts.devices.len();
+        let ordinals: Vec<usize> = self.facts.devices.iter().map(|d| d.ordinal).collect();
         let _ = write!(out, "pairs (row reads column)\n      ");
-        for b in 0..n {
+        for b in &ordinals {
             let _ = write!(out, "{b:>7}");
         }
         let _ = writeln!(out);
-        for a in 0..n {
+        for &a in &ordinals {
             let _ = write!(out, "{a:>6}");
-            for b in 0..n {
+            for &b in &ordinals {
                 let code = if a == b {
                     "X".to_owned()
                 } else {
@@ -121,7 +138,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "legend: OK on | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | WDDM, MIX, VM: it cannot | ? not enough facts"
+            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | PFAIL the patch is in effect, cause not shown | WDDM, MIX, VM, ARCH: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"
         );
         let _ = writeln!(
             out,
@@ -131,18 +148,77 @@ impl Report {
         let _ = writeln!(out);
         for v in &self.verdicts {
             let patch = match &v.patch {
-                PatchOutlook::NotNeeded => "not needed".to_owned(),
-                PatchOutlook::Would => "would turn it on".to_owned(),
-                PatchOutlook::AfterChange(c) => format!("would, after: {c}"),
-                PatchOutlook::Cannot(why) => format!("cannot: {why}"),
-                PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
+                PatchOutlook::NotApplicable(_) => None,
+                outlook => Some(describe(outlook)),
             };
-            let _ = writeln!(out, "{} -> {} [{}] {}", v.a, v.b, v.code, v.reason);
-            let _ = writeln!(out, "    remedy: {}", v.remedy);
-            let _ = writeln!(out, "    patch: {patch}; facts used: {}", v.used.join(", "));
+            let _ = writeln!(out, "{} -> {} [{}, {}] {}", v.a, v.b, v.code, v.certainty.name(), shown(&v.reason));
+            let _ = writeln!(out, "    remedy: {}", shown(&v.remedy));
+            if let Some(pair) = self.facts.pairs.iter().find(|p| p.a == v.a && p.b == v.b) {
+                let _ = writeln!(out, "    driver: {}", shown(&driver_line(pair, self.facts.nvml_answered())));
+            }
+            match patch {
+                Some(patch) => {
+                    let _ = writeln!(out, "    patch: {}; facts used: {}", shown(&patch), v.used.join(", "));
+                }
+                None => {
+                    let _ = writeln!(out, "    facts used: {}", v.used.join(", "));
+                }
+            }
+            for h in &v.hazards {
+                let _ = writeln!(out, "    UNSAFE: {}", shown(h));
+            }
             for w in &v.warnings {
-                let _ = writeln!(out, "    WARNING: {w}");
+                let _ = writeln!(out, "    WARNING: {}", shown(w));
             }
         }
+    }
+}
+
+/// `text` as the report prints it: control characters (and the bidirectional overrides
+/// that reorder what a terminal shows) escaped, so a saved file cannot move the cursor,
+/// recolour the terminal or fake a line of the report.
+pub(crate) fn shown(text: &str) -> Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(text.chars().map(|c| if hidden(c) { c.escape_default().to_string() } else { c.to_string() }).collect())
+}
+
+/// What CUDA and NVML said about a pair, in nvidia-smi's codes, where known.
+fn driver_line(p: &PairFacts, nvml_answered: bool) -> String {
+    let cuda = match p.can_access_peer {
+        Some(true) => "peer access yes",
+        Some(false) => "peer access no",
+        None => "peer access ?",
+    };
+    let nvml: Vec<String> =
+        [("read", p.nvml_read), ("write", p.nvml_write), ("atomics", p.nvml_atomics), ("nvlink", p.nvml_nvlink)]
+            .into_iter()
+            .filter_map(|(what, s)| s.map(|s| format!("{what} {}", s.code())))
+            .collect();
+    let nvml = match (nvml.is_empty(), nvml_answered) {
+        (false, _) => nvml.join(", "),
+        (true, true) => "no P2P status".to_owned(),
+        (true, false) => "not loaded".to_owned(),
+    };
+    let topology = p.topology.as_deref().map_or(String::new(), |t| format!("; topology {t}"));
+    format!("CUDA {cuda}; NVML {nvml}{topology}")
+}
+
+/// What the patch would do, in words (for every outlook but `NotApplicable`, which the
+/// report leaves out).
+fn describe(outlook: &PatchOutlook) -> String {
+    match outlook {
+        PatchOutlook::NotNeeded => "not needed".to_owned(),
+        PatchOutlook::Would => "would turn it on".to_owned(),
+        PatchOutlook::AfterChange(c) => format!("would, after: {c}"),
+        PatchOutlook::Cannot(why) => format!("cannot: {why}"),
+        PatchOutlook::Undecided(missing) => format!("cannot tell, missing: {}", missing.join(", ")),
+        PatchOutlook::InEffect(missing) if missing.is_empty() => "in effect".to_owned(),
+        PatchOutlook::InEffect(missing) => format!("in effect; still missing: {missing}"),
+        PatchOutlook::NotApplicable(why) => format!("not applicable: {why}"),
     }
 }

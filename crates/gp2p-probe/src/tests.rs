@@ -1,12 +1,24 @@
 //! Fixtures for every verdict branch, the laws over random facts, and report round trips.
 
+use std::path::{Path, PathBuf};
+
 use proptest::prelude::*;
 
 use crate::facts::*;
 use crate::parse;
-use crate::{PatchOutlook, Report, verdicts};
+use crate::{Certainty, Error, PatchOutlook, Report, verdicts};
 
 const GIB: u64 = 1 << 30;
+
+/// A saved-facts file under `tests/fixtures/` (the shape `gp2p probe --json` writes).
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// A fixture's facts, loaded (and checked) as `gp2p probe --from` loads them.
+fn load_fixture(name: &str) -> Facts {
+    crate::load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
 
 /// Two RTX 4090s on a stock open-module driver that refuses P2P (NVML: CNS), with
 /// everything the patch needs in place: the "PATCH" case, which other fixtures bend.
@@ -19,6 +31,7 @@ fn two_4090s() -> Facts {
         compute_capability: (8, 9),
         vram_bytes: 24 * GIB - 512 * (1 << 20),
         bar1_bytes: Some(32 * GIB),
+        bar1_sizes: Some((6..=15).map(|bit| (1 << 20) << bit).collect()),
         pcie: Some(PcieLink { current_gen: 4, current_width: 16, max_gen: 4, max_width: 16 }),
         brand: Some("GeForceRTX".into()),
         architecture: Some("Ada".into()),
@@ -72,30 +85,160 @@ fn patch_would_turn_it_on_when_everything_is_in_place() {
 }
 
 #[test]
-fn on_when_cuda_can_access_and_warns_on_unsafe_patched_setups() {
+fn on_and_forced_over_a_translating_iommu_or_a_small_bar1_is_unsafe() {
+    // The patch in effect, IOMMU translating (amd_iommu=on without pt).
+    let f = load_fixture("4090-pair-patched-iommu-translated.json");
+    for v in verdicts(&f) {
+        assert_eq!((v.code.as_str(), v.on, v.certainty), ("UNSAFE", Some(crate::Link::PcieBar1), Certainty::Shown));
+        assert_eq!(v.hazards.len(), 2, "{:?}", v.hazards);
+        for d in [v.a, v.b] {
+            let says = format!("the IOMMU translates device {d}'s DMA (DMA-FQ)");
+            assert!(v.hazards.iter().any(|h| h.contains(&says)), "{:?}", v.hazards);
+        }
+        assert!(v.remedy.starts_with("set the IOMMU to passthrough (iommu=pt"), "{}", v.remedy);
+        assert!(v.remedy.contains("copies this pair staged"), "{}", v.remedy);
+        assert!(!v.peer_trusted());
+        assert!(v.peer_distrust().is_some_and(|why| why.contains("[UNSAFE]")));
+        assert_eq!(v.patch, PatchOutlook::InEffect("the IOMMU in passthrough".into()));
+    }
+    let text = Report::new(f).render();
+    assert!(text.contains("[UNSAFE, shown]") && text.contains("    UNSAFE: the IOMMU translates"), "{text}");
+    // A 48 GB 4090 D with its 32 GiB BAR1, forced on by the patch.
+    let f = load_fixture("4090d-48g-pair-patched.json");
+    let v = first(&f);
+    assert_eq!(v.code, "UNSAFE");
+    assert!(v.hazards.iter().all(|h| h.contains("BAR1 (32.0 GiB) cannot map its VRAM (48.0 GiB)")), "{:?}", v.hazards);
+}
+
+#[test]
+fn forced_by_a_key_counts_and_the_driver_s_own_p2p_does_not() {
     let mut f = two_4090s();
     f.pairs.iter_mut().for_each(|p| p.can_access_peer = Some(true));
-    assert_eq!(codes(&f), ["OK", "OK"]);
-    assert!(first(&f).warnings.is_empty());
-    // A self-built (patched) module with a small BAR1 and a translating IOMMU.
-    f.host.kernel_module = parse::kernel_module(
-        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (me@box)  Sat Dec  7 2024",
-    );
     f.devices[1].bar1_bytes = Some(256 << 20);
     f.devices[0].iommu_group_type = Some("DMA-FQ".into());
-    let v = first(&f);
-    assert_eq!(v.on, Some(crate::Link::PcieBar1));
-    assert_eq!(v.warnings.len(), 2, "{:?}", v.warnings);
-    // The same hazards on a stock driver: P2P there was the driver's own decision, so no
-    // warning (the hazards only matter where a patch forces the mapping).
-    f.host.kernel_module = two_4090s().host.kernel_module;
-    assert!(first(&f).warnings.is_empty(), "{:?}", first(&f).warnings);
-    // A stock module forced on by ForceP2P=0x11 (read and write) warns like a patched one;
-    // forcing only reads does not count as forced.
+    // The driver's own yes (NVML's CNS shows no override): OK, trusted.
+    assert_eq!(codes(&f), ["OK", "OK"]);
+    assert!(first(&f).peer_trusted() && first(&f).hazards.is_empty());
+    // ForceP2P=0x11 forces read and write on past the same checks: unsafe.
     f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x11\"\n");
-    assert_eq!(first(&f).warnings.len(), 2, "{:?}", first(&f).warnings);
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.hazards.len()), ("UNSAFE", 2), "{v:?}");
+    assert!(v.reason.contains("ForceP2P=0x11"), "{}", v.reason);
+    assert!(v.remedy.starts_with("remove ForceP2P from NVreg_RegistryDwords"), "{}", v.remedy);
+    assert_eq!(v.patch, PatchOutlook::NotNeeded, "the key, not the patch, forces it");
+    // Forcing reads only (0x21) forces nothing the copy engine uses.
     f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x21\"\n");
-    assert!(first(&f).warnings.is_empty(), "{:?}", first(&f).warnings);
+    assert_eq!(first(&f).code, "OK");
+    // NVLink does not go through BAR1: forced or not, nothing to check.
+    f.host.registry_dwords = parse::registry("RegistryDwords: \"ForceP2P=0x11\"\n");
+    f.pairs.iter_mut().for_each(|p| p.nvml_nvlink = Some(P2pStatus::Ok));
+    assert_eq!((first(&f).code.as_str(), first(&f).on), ("OK", Some(crate::Link::NvLink)));
+}
+
+#[test]
+fn forced_with_requirements_unknown_is_not_trusted() {
+    let mut f = load_fixture("4090-pair-patched-565.json");
+    assert!(first(&f).peer_trusted(), "BAR1 32 GiB, IOMMU identity: {:?}", first(&f));
+    f.devices[1].iommu_group_type = None;
+    f.devices[0].bar1_bytes = None;
+    // iommu=pt on the command line still tells: passthrough does not translate.
+    assert_eq!(first(&f).unchecked, ["BAR1 of device 0 (NVML gave none)"]);
+    f.host.iommu_cmdline = None;
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.certainty), ("OK?", Certainty::Possible));
+    assert_eq!(v.unchecked.len(), 2);
+    assert!(v.unchecked[0].starts_with("BAR1 of device 0") && v.unchecked[1].starts_with("IOMMU state of device 1"));
+    assert!(v.on.is_some() && !v.peer_trusted() && v.hazards.is_empty());
+}
+
+#[test]
+fn verdicts_if_on_judge_pairs_collected_without_cuda() {
+    // What the facade's engine gets at start-up: no CUDA answers, NVML's statuses.
+    let mut f = load_fixture("4090-pair-patched-iommu-translated.json");
+    f.pairs.iter_mut().for_each(|p| p.can_access_peer = None);
+    assert_eq!(codes(&f), ["?", "?"]);
+    let if_on = crate::verdicts_if_on(&f);
+    assert!(if_on.iter().all(|v| v.code == "UNSAFE" && v.peer_distrust().is_some()));
+    // The H100 pair on NixOS's stock module: nothing forced, so nothing to keep Auto off.
+    assert!(
+        crate::verdicts_if_on(&load_fixture("h100-pair-nixos-stock-iommu-translated.json"))
+            .iter()
+            .all(|v| v.peer_trusted())
+    );
+}
+
+#[test]
+fn a_module_built_outside_nvidia_is_not_taken_for_the_patch() {
+    // NixOS (nixbld@) and Ubuntu (buildd@) build NVIDIA's stock sources; the driver's own
+    // P2P on datacenter and professional cards copes with a translating IOMMU and a small
+    // BAR1, so neither is a hazard there and nothing is forced.
+    for name in ["h100-pair-nixos-stock-iommu-translated.json", "a6000-pair-ubuntu-stock-small-bar1.json"] {
+        let f = load_fixture(name);
+        let state = crate::patch_state(&f);
+        assert!(!state.acted_on(), "{name}: {state:?}");
+        for v in verdicts(&f) {
+            assert_eq!(
+                (v.code.as_str(), v.on, v.certainty),
+                ("OK", Some(crate::Link::Pcie), Certainty::Shown),
+                "{name}"
+            );
+            assert!(v.warnings.is_empty(), "{name}: {:?}", v.warnings);
+            assert!(v.reason.contains("the driver's own decision"), "{name}: {}", v.reason);
+        }
+        let text = Report::new(f).render();
+        assert!(!text.contains("self-built") && !text.contains("WARNING"), "{name}: {text}");
+    }
+    // A version a patch branch exists for, built outside NVIDIA, is at most "possible".
+    let state = crate::patch_state(&load_fixture("h100-pair-nixos-stock-iommu-translated.json"));
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Possible));
+    assert!(state.describe().starts_with("possibly in effect, not relied on"), "{}", state.describe());
+    // The H200 this project measures on: NixOS's stock 580.159.04, one device.
+    let h200 =
+        crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/results/probe-h200.json")).unwrap();
+    let text = Report::new(h200).render();
+    assert!(text.contains("580.159.04 open kernel module, built by nixbld@"), "{text}");
+    assert!(text.contains("P2P patch: no sign of it"), "{text}");
+}
+
+#[test]
+fn the_patch_is_inferred_from_what_only_it_produces() {
+    // NVML atomics DR with no ForceP2P key: the patch's built-in default.
+    let f = load_fixture("4090-pair-patched-565.json");
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Shown));
+    assert!(state.because.contains("atomics 0 -> 1 disabled by a registry key"), "{}", state.because);
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.on), ("OK", Some(crate::Link::PcieBar1)));
+    assert!(v.reason.contains("the P2P patch forces it on"), "{}", v.reason);
+    assert_eq!(v.patch, PatchOutlook::InEffect(String::new()), "on because of the patch, nothing missing");
+    // Without the atomics status, NVML's OK between GeForce cards over PCIe shows it too.
+    let mut f = load_fixture("4090-pair-patched-565.json");
+    f.pairs.iter_mut().for_each(|p| p.nvml_atomics = None);
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Shown));
+    assert!(state.because.contains("GeForce Ada cards 0 and 1 over PCIe"), "{}", state.because);
+    // Without NVML at all, CUDA's yes between two Ada cards (no NVLink) makes it likely.
+    for p in &mut f.pairs {
+        (p.nvml_read, p.nvml_write, p.nvml_nvlink) = (None, None, None);
+    }
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Likely));
+    // A ForceP2P key that disables atomics explains the DR: the key forces, not the patch.
+    let mut f = load_fixture("4090-pair-patched-565.json");
+    f.host.kernel_module = two_4090s().host.kernel_module;
+    f.host.registry_dwords = Some("ForceP2P=0x11".into());
+    assert_eq!(crate::patch_state(&f).in_effect, Some(false));
+    assert!(first(&f).reason.contains("ForceP2P=0x11 in the module's RegistryDwords forces it on"));
+    // NVML refusing any pair (CNS) shows the patch is not in effect, whoever built the module.
+    let mut f = two_4090s();
+    f.host.kernel_module = load_fixture("4090-pair-patched-565.json").host.kernel_module;
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(false), Certainty::Shown));
+    assert!(state.because.contains("NVML reports CNS"), "{}", state.because);
+    // The proprietary module cannot carry it.
+    f.host.kernel_module =
+        parse::kernel_module("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024");
+    assert_eq!(crate::patch_state(&f).in_effect, Some(false));
 }
 
 #[test]
@@ -119,11 +262,191 @@ fn wddm_cannot() {
 }
 
 #[test]
+fn professional_and_datacenter_cards_never_get_geforce_patch_advice() {
+    // RTX 6000 Ada pair across two sockets on the proprietary module: not "switch to the
+    // open module for the patch", but the topology.
+    let f = load_fixture("rtx6000ada-pair-proprietary-across-sockets.json");
+    for v in verdicts(&f) {
+        assert_eq!(v.code, "TOPO");
+        assert!(matches!(v.patch, PatchOutlook::NotApplicable(_)), "{:?}", v.patch);
+        assert!(v.remedy.contains("one PCIe switch") && v.remedy.contains("ACSCtl"), "{}", v.remedy);
+        assert!(!v.remedy.contains("patch") && !v.remedy.contains("open kernel module"), "{}", v.remedy);
+    }
+    let text = Report::new(f).render();
+    assert!(!text.contains("    patch:"), "no patch clause for these cards: {text}");
+    // A100 pair with ForceP2P=0: remove the key, and nothing about the patch.
+    let f = load_fixture("a100-pair-forcep2p-disabled.json");
+    let v = first(&f);
+    assert_eq!(v.code, "DR");
+    assert_eq!(v.remedy, "remove ForceP2P from NVreg_RegistryDwords (modprobe options) and reload the module");
+    assert!(matches!(v.patch, PatchOutlook::NotApplicable(_)), "{:?}", v.patch);
+    assert!(!Report::new(f).render().contains("    patch:"));
+    // The GeForce pair with the same key keeps its patch clause.
+    let mut f = two_4090s();
+    f.host.registry_dwords = Some("ForceP2P=0".into());
+    assert!(matches!(first(&f).patch, PatchOutlook::AfterChange(_)));
+    // A datacenter pair the driver refuses for the GPU's own reason, and one NVML cannot explain.
+    let mut f = load_fixture("a100-pair-forcep2p-disabled.json");
+    f.host.registry_dwords = None;
+    for p in &mut f.pairs {
+        (p.nvml_read, p.nvml_write, p.nvml_atomics) =
+            (Some(P2pStatus::GpuNotSupported), Some(P2pStatus::GpuNotSupported), Some(P2pStatus::NotSupported));
+    }
+    let v = first(&f);
+    assert_eq!(v.code, "DRV");
+    assert!(v.remedy.contains("virtual function") && v.remedy.contains("MIG"), "{}", v.remedy);
+    // Without NVML (libnvidia-ml absent) the brand comes from the name, and the reason
+    // says NVML's answer is missing rather than inventing one.
+    f.host.driver_version = None;
+    for d in &mut f.devices {
+        (d.brand, d.architecture, d.bar1_bytes, d.pcie) = (None, None, None, None);
+    }
+    for p in &mut f.pairs {
+        (p.nvml_read, p.nvml_write, p.nvml_atomics, p.nvml_nvlink) = (None, None, None, None);
+    }
+    let v = first(&f);
+    assert_eq!(v.code, "DRV");
+    assert!(v.reason.contains("libnvidia-ml could not be loaded"), "{}", v.reason);
+}
+
+#[test]
+fn tcc_is_suggested_only_for_cards_that_support_it() {
+    let v = first(&load_fixture("windows-4090-pair-wddm.json"));
+    assert_eq!(v.code, "WDDM");
+    assert!(!v.remedy.contains("switch") && v.remedy.contains("cannot leave WDDM"), "{}", v.remedy);
+    let v = first(&load_fixture("windows-a6000-pair-wddm.json"));
+    assert_eq!(v.code, "WDDM");
+    assert!(v.remedy.starts_with("switch device 0 (professional card) to the TCC or MCDM"), "{}", v.remedy);
+    assert!(matches!(v.patch, PatchOutlook::NotApplicable(_)));
+    // GeForce under Windows without NVML (driver model unknown) is WDDM all the same.
+    let mut f = load_fixture("windows-4090-pair-wddm.json");
+    for d in &mut f.devices {
+        (d.driver_model, d.brand) = (None, None);
+    }
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.certainty), ("WDDM", Certainty::Likely));
+    assert!(v.reason.contains("is a GeForce card, so it runs under"), "{}", v.reason);
+}
+
+#[test]
+fn a_5090_is_only_sent_to_branches_that_drive_it() {
+    // Stock 570.86.16: its branch exists but drives Ampere and Ada only.
+    let f = load_fixture("5090-pair-stock-570.json");
+    let v = first(&f);
+    assert_eq!(v.code, "VER");
+    assert!(v.reason.contains("the 570.86.16-p2p branch does not drive Blackwell cards"), "{}", v.reason);
+    let PatchOutlook::AfterChange(change) = &v.patch else { panic!("{:?}", v.patch) };
+    assert!(change.starts_with("move to one of 575.64.05") && !change.contains("570.") && !change.contains("565."));
+    // The proprietary module: the switch names Blackwell branches only.
+    let mut f = load_fixture("5090-pair-stock-570.json");
+    f.host.kernel_module =
+        parse::kernel_module("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.16  Thu Jan 23 23:01:05 UTC 2025");
+    let v = first(&f);
+    assert_eq!(v.code, "PROP");
+    assert!(v.remedy.contains("Blackwell cards") && !v.remedy.contains("565.77"), "{}", v.remedy);
+    // The 570.86.16-p2p branch installed anyway: CUDA says yes, mapping fails; UNSAFE.
+    let f = load_fixture("5090-pair-patched-570-branch.json");
+    let v = first(&f);
+    assert_eq!(v.code, "UNSAFE");
+    assert!(
+        v.hazards[0].contains("does not drive Blackwell")
+            && v.remedy.starts_with("move to a branch that drives Blackwell cards: 575.64.05")
+    );
+    // And where CUDA refuses on that branch: told the branch is wrong, not to install the patch.
+    let mut f = load_fixture("5090-pair-patched-570-branch.json");
+    f.pairs.iter_mut().for_each(|p| p.can_access_peer = Some(false));
+    let v = first(&f);
+    assert_eq!(v.code, "VER");
+    assert!(matches!(&v.patch, PatchOutlook::InEffect(m) if m.contains("Blackwell")), "{:?}", v.patch);
+    // A 4090 pair on 570.86.16 is fine: that branch drives Ada.
+    let mut f = load_fixture("5090-pair-stock-570.json");
+    for d in &mut f.devices {
+        (d.name, d.architecture, d.compute_capability) = ("NVIDIA GeForce RTX 4090".into(), Some("Ada".into()), (8, 9));
+    }
+    assert_eq!(first(&f).code, "PATCH");
+    assert!(first(&f).remedy.contains("branch 570.86.16-p2p of aikitoria/open-gpu-kernel-modules"));
+    // Turing: no branch at all.
+    let mut f = two_4090s();
+    for d in &mut f.devices {
+        (d.name, d.architecture, d.compute_capability) =
+            ("NVIDIA GeForce RTX 2080 Ti".into(), Some("Turing".into()), (7, 5));
+    }
+    let v = first(&f);
+    assert_eq!(v.code, "ARCH");
+    assert!(v.reason.contains("branches exist for Ampere, Ada and Blackwell"), "{}", v.reason);
+}
+
+#[test]
+fn an_already_patched_module_is_told_what_else_is_missing() {
+    let f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    for v in verdicts(&f) {
+        assert_eq!((v.code.as_str(), v.certainty), ("PFAIL", Certainty::Possible));
+        assert!(!v.remedy.contains("install the P2P patch"), "{}", v.remedy);
+        assert!(v.remedy.contains("RMForceStaticBar1=1") && v.remedy.contains("dmesg"), "{}", v.remedy);
+        assert!(!v.remedy.contains("display"), "the 5090 display note is for Blackwell: {}", v.remedy);
+        assert!(matches!(v.patch, PatchOutlook::InEffect(_)), "{:?}", v.patch);
+    }
+    // With a small BAR1 the missing piece is named.
+    let mut f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    f.devices[1].bar1_bytes = Some(256 << 20);
+    let v = first(&f);
+    assert_eq!(v.code, "BAR1");
+    assert!(v.reason.starts_with("the P2P patch is in effect (shown) but CUDA refuses"), "{}", v.reason);
+    assert!(v.remedy.contains("offers a BAR1 of up to 32.0 GiB"), "{}", v.remedy);
+    // A module that only may be patched (no NVML to tell) gets the install advice, with a warning.
+    let mut f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    for p in &mut f.pairs {
+        (p.nvml_read, p.nvml_write, p.nvml_atomics, p.nvml_nvlink) = (None, None, None, None);
+    }
+    let v = first(&f);
+    assert_eq!(v.code, "PATCH");
+    assert!(v.warnings.iter().any(|w| w.contains("may already carry the patch")), "{:?}", v.warnings);
+}
+
+#[test]
+fn missing_sources_name_themselves() {
+    // No libnvidia-ml: the verdict says so and what it would have told; root is no remedy.
+    let f = load_fixture("4090-pair-without-nvml.json");
+    assert!(!f.nvml_answered());
+    let v = first(&f);
+    assert_eq!(v.code, "?");
+    assert!(v.reason.contains("NVML's reason is unknown: libnvidia-ml could not be loaded"), "{}", v.reason);
+    assert!(v.remedy.contains("libnvidia-ml.so.1") && !v.remedy.contains("root"), "{}", v.remedy);
+    let PatchOutlook::Undecided(missing) = &v.patch else { panic!("{:?}", v.patch) };
+    assert!(missing.iter().all(|m| m.contains("NVML, which could not be loaded")), "{missing:?}");
+    let text = Report::new(f).render();
+    assert!(text.contains("NVML: not loaded (libnvidia-ml)") && text.contains("it would have told"), "{text}");
+    assert!(text.contains("NVML not loaded") && !text.contains("as root"), "{text}");
+    // A file root could have read is the one place root is suggested.
+    let mut f = load_fixture("4090-pair-without-nvml.json");
+    f.missing_sources.push(
+        "/sys/bus/pci/devices/0000:01:00.0/resource1_resize: permission denied (run the probe as root to read it)"
+            .into(),
+    );
+    assert!(Report::new(f).render().contains("as root to read it"));
+    // NVML's atomics status is shown where it is known.
+    let f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    assert!(first(&f).reason.contains("(NVML: read OK, write OK, atomics DR)"), "{}", first(&f).reason);
+    let text = Report::new(f).render();
+    assert!(
+        text.contains("driver: CUDA peer access no; NVML read OK, write OK, atomics DR, nvlink NS; topology SYS"),
+        "{text}"
+    );
+}
+
+#[test]
 fn mixed_generations_cannot() {
     let mut f = two_4090s();
     f.devices[1].name = "NVIDIA GeForce RTX 5090".into();
     f.devices[1].architecture = Some("Blackwell".into());
     f.devices[1].compute_capability = (12, 0);
+    assert_eq!(codes(&f), ["MIX", "MIX"]);
+    // One generation, different chips (A100 GA100 and A6000 GA102): refused alike.
+    let mut f = two_4090s();
+    (f.devices[0].name, f.devices[0].architecture, f.devices[0].compute_capability) =
+        ("NVIDIA A100-PCIE-40GB".into(), Some("Ampere".into()), (8, 0));
+    (f.devices[1].name, f.devices[1].architecture, f.devices[1].compute_capability) =
+        ("NVIDIA RTX A6000".into(), Some("Ampere".into()), (8, 6));
     assert_eq!(codes(&f), ["MIX", "MIX"]);
 }
 
@@ -174,11 +497,49 @@ fn small_bar1_needs_resizable_bar() {
     f.devices[1].bar1_bytes = Some(256 << 20);
     let v = first(&f);
     assert_eq!(v.code, "BAR1");
-    assert!(matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains("Resizable BAR")));
+    assert!(matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains("Resizable BAR")), "{:?}", v.patch);
     // A 48 GiB card with a 32 GiB BAR1 (the 4090D mod) too.
     let mut f = two_4090s();
     f.devices[0].vram_bytes = 48 * GIB;
     assert_eq!(first(&f).code, "BAR1");
+}
+
+#[test]
+fn resizable_bar_is_advised_only_where_the_card_offers_a_large_enough_bar1() {
+    // 48 GB 4090s: BAR1 tops out at 32 GiB, so the 48g branch, not Resizable BAR.
+    let v = first(&load_fixture("4090-48g-pair-stock.json"));
+    assert_eq!(v.code, "BAR1");
+    assert!(!v.remedy.contains("enable Above 4G decoding"), "{}", v.remedy);
+    assert!(v.remedy.contains("cannot grow past 32.0 GiB") && v.remedy.contains(crate::BAR1_PER_ALLOCATION_BRANCH));
+    assert!(matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains("590.48.01-p2p-48g")), "{:?}", v.patch);
+    // The same cards forced on by the patch: UNSAFE, with the same remedy.
+    let v = first(&load_fixture("4090d-48g-pair-patched.json"));
+    assert_eq!(v.code, "UNSAFE");
+    assert!(
+        v.remedy.contains(crate::BAR1_PER_ALLOCATION_BRANCH) && !v.remedy.contains("Resizable BAR"),
+        "{}",
+        v.remedy
+    );
+    // 5090s with Resizable BAR off: they offer 32 GiB, enough for 32607 MiB.
+    let v = first(&load_fixture("5090-pair-rebar-off.json"));
+    assert_eq!(v.code, "BAR1");
+    assert!(v.remedy.starts_with("enable Above 4G decoding and Resizable BAR") && v.remedy.contains("up to 32.0 GiB"));
+    // 3090s whose VBIOS predates Resizable BAR: no sizes offered at all, no 48g branch (Ampere).
+    let v = first(&load_fixture("3090-pair-pre-rebar-vbios.json"));
+    assert_eq!(v.code, "BAR1");
+    assert!(v.remedy.contains("offers no resizable BAR1") && v.remedy.contains("VBIOS update"), "{}", v.remedy);
+    assert!(!v.remedy.contains("enable Above 4G") && !v.remedy.contains("p2p-48g"), "{}", v.remedy);
+    // Sizes not read: the advice is conditional and names the size needed.
+    let mut f = load_fixture("5090-pair-rebar-off.json");
+    f.devices.iter_mut().for_each(|d| d.bar1_sizes = None);
+    let v = first(&f);
+    assert!(v.remedy.contains("if device 0 offers a BAR1 of at least 31.8 GiB"), "{}", v.remedy);
+    // A card that cannot grow and has no branch for it: no remedy, and the patch cannot help.
+    let mut f = load_fixture("3090-pair-pre-rebar-vbios.json");
+    f.devices.iter_mut().for_each(|d| d.bar1_sizes = Some(vec![256 << 20]));
+    let v = first(&f);
+    assert!(v.remedy.starts_with("none: device 0's BAR1 cannot grow past 0.2 GiB"), "{}", v.remedy);
+    assert!(matches!(v.patch, PatchOutlook::Cannot(_)), "{:?}", v.patch);
 }
 
 #[test]
@@ -195,10 +556,18 @@ fn missing_facts_are_named() {
     let mut f = two_4090s();
     f.devices[0].bar1_bytes = None;
     f.devices[1].iommu_group_type = None;
+    f.host.iommu_cmdline = None;
     let v = first(&f);
     assert_eq!(v.code, "?");
     let PatchOutlook::Undecided(missing) = &v.patch else { panic!("{:?}", v.patch) };
-    assert_eq!(missing, &["BAR1 of device 0", "IOMMU state of device 1"]);
+    assert_eq!(
+        missing,
+        &[
+            "BAR1 of device 0 (NVML gave none)",
+            "IOMMU state of device 1 (sysfs /sys/bus/pci/devices/0000:02:00.0/iommu_group, or iommu=pt on the kernel command line)"
+        ]
+    );
+    assert!(!v.remedy.contains("root"), "root cannot read what NVML or sysfs lack: {}", v.remedy);
     let mut f = two_4090s();
     f.host.kernel_module = None;
     assert_eq!(first(&f).code, "?");
@@ -233,6 +602,86 @@ fn one_device_has_no_pairs() {
     assert!(r.render().contains("no pairs to check"));
 }
 
+#[test]
+fn every_fixture_s_saved_verdicts_are_what_the_code_draws() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let doc: serde_json::Value = match std::fs::read_to_string(&path) {
+            Ok(text) if path.extension().is_some_and(|e| e == "json") => serde_json::from_str(&text).unwrap(),
+            _ => continue,
+        };
+        let Some(saved) = doc.get("verdicts") else { continue };
+        let saved: Vec<crate::Verdict> = serde_json::from_value(saved.clone()).unwrap();
+        let drawn = Report::new(crate::load(&path).unwrap()).verdicts;
+        assert_eq!(drawn, saved, "{}: verdicts changed; rewrite them as tests/fixtures/README.md says", path.display());
+        checked += 1;
+    }
+    assert!(checked >= 18, "only {checked} fixtures carry verdicts");
+}
+
+#[test]
+fn saved_files_that_contradict_themselves_are_refused() {
+    for (name, says) in [
+        ("pair-names-absent-device.json", "pair 0 -> 2 names device 2, which `devices` does not list (it lists: 0, 1)"),
+        ("self-pair.json", "pair 1 -> 1 joins a device to itself"),
+        ("duplicate-ordinals.json", "device 0 is listed twice"),
+    ] {
+        let err = crate::load(&fixture(name)).expect_err(name);
+        assert!(matches!(err, Error::Inconsistent { .. }), "{name}: {err:?}");
+        let text = err.to_string();
+        assert!(text.contains(says) && text.contains(name), "{name}: {text}");
+        assert!(!err.is_unavailable(), "a bad file is not a missing driver (exit 1, not 2)");
+    }
+}
+
+#[test]
+fn a_pair_naming_an_unlisted_device_decides_nothing() {
+    // Facts built in code are not checked; the verdict still refuses to guess.
+    let mut f = two_4090s();
+    f.pairs.push(PairFacts { a: 0, b: 7, can_access_peer: Some(false), ..PairFacts::default() });
+    let v = verdicts(&f).pop().unwrap();
+    assert_eq!(v.code, "?");
+    assert!(v.reason.contains("no device 7"), "{}", v.reason);
+}
+
+#[test]
+fn sizes_do_not_wrap() {
+    // VRAM of u64::MAX rounded up to 2 MiB used to wrap to 0 and fit any BAR1.
+    let f = load_fixture("vram-u64-max.json");
+    assert_eq!(f.devices[1].vram_bytes, u64::MAX);
+    assert_eq!(f.devices[1].bar1_covers_vram(), Some(false));
+    assert_eq!(codes(&f), ["BAR1", "BAR1"]);
+    assert!(!bar1_holds(u64::MAX, u64::MAX));
+    assert!(bar1_holds(32 * GIB, 24 * GIB) && !bar1_holds(32 * GIB, 32 * GIB));
+    assert!(Report::new(f).render().contains("17179869184.0 GiB"));
+}
+
+#[test]
+fn control_characters_in_saved_facts_are_escaped_on_output() {
+    let report = Report::new(load_fixture("control-chars-in-names.json"));
+    let text = report.render();
+    assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text:?}");
+    assert!(text.contains("RTX 4090\\u{1b}[1A\\u{1b}[2K\\r0 -> 1 [OK]"), "{text}");
+    // The fake verdict is part of the name on the device line, never a line of its own.
+    assert_eq!(text.lines().filter(|l| l.starts_with("0 -> 1 [")).count(), 1);
+    // JSON escapes them its own way and round-trips.
+    let json = report.to_json();
+    assert!(!json.contains('\u{1b}') && json.contains("\\u001b[1A"));
+}
+
+#[test]
+fn fields_the_docs_call_optional_may_be_absent() {
+    // An older file: no `os`, no `missing_sources`, no uuid, PCIe link or NVML atomics, and
+    // fields since dropped (`force_p2p`, the cmdline's `passthrough`).
+    let f = load_fixture("older-file-without-optional-fields.json");
+    assert_eq!(f.host.os, "");
+    assert!(f.missing_sources.is_empty() && f.devices[0].uuid.is_none() && f.pairs[0].nvml_atomics.is_none());
+    assert_eq!(codes(&f), ["PATCH", "PATCH"]);
+    assert!(Report::new(f).render().contains("OS unknown"));
+}
+
 fn arb_status() -> impl Strategy<Value = Option<P2pStatus>> {
     prop::option::of(prop::sample::select(vec![
         P2pStatus::Ok,
@@ -253,16 +702,21 @@ fn arb_device(ordinal: usize) -> impl Strategy<Value = DeviceFacts> {
         prop::option::of(prop::sample::select(vec!["identity", "DMA", "DMA-FQ", "none"])),
         prop::option::of(prop::sample::select(vec!["WDDM", "TCC"])),
         any::<bool>(),
+        prop::sample::select(vec!["NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000", "NVIDIA H100 PCIe", ""]),
+        prop::option::of(prop::sample::select(vec!["GeForceRTX", "NvidiaRTX", "Nvidia"])),
+        prop::option::of(prop::collection::vec(prop::sample::select(vec![256u64 << 20, 32 * GIB]), 0..3)),
     )
-        .prop_map(move |(cc, bar1, vram, iommu, model, known_arch)| DeviceFacts {
+        .prop_map(move |(cc, bar1, vram, iommu, model, known_arch, name, brand, sizes)| DeviceFacts {
             ordinal,
-            name: format!("GPU {ordinal}"),
+            name: name.to_owned(),
             compute_capability: cc,
             vram_bytes: vram,
             bar1_bytes: bar1,
+            bar1_sizes: sizes,
             iommu_group_type: iommu.map(str::to_owned),
             driver_model: model.map(str::to_owned),
-            architecture: known_arch.then(|| format!("arch{}", cc.0)),
+            architecture: known_arch.then(|| Architecture::from_compute_capability(cc).name().to_owned()),
+            brand: brand.map(str::to_owned),
             ..DeviceFacts::default()
         })
 }
@@ -272,7 +726,7 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
         .prop_flat_map(|n| {
             let devices: Vec<_> = (0..n).map(arb_device).collect();
             let pairs = prop::collection::vec(
-                (prop::option::of(any::<bool>()), arb_status(), arb_status(), arb_status()),
+                (prop::option::of(any::<bool>()), arb_status(), arb_status(), arb_status(), arb_status()),
                 n * (n - 1),
             );
             let module = prop::option::of((
@@ -282,20 +736,22 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
             ));
             let force = prop::option::of(prop::sample::select(vec![0u32, 0x11, 0x22, 0x10]));
             let vm = prop::option::of(Just("KVM".to_owned()));
-            (devices, pairs, module, force, vm)
+            let os = prop::sample::select(vec!["linux", "windows"]);
+            (devices, pairs, module, force, vm, os)
         })
-        .prop_map(|(devices, pair_facts, module, force, vm)| {
+        .prop_map(|(devices, pair_facts, module, force, vm, os)| {
             let n = devices.len();
             let ordered = (0..n).flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)));
             let pairs = ordered
                 .zip(pair_facts)
-                .map(|((a, b), (can, read, write, nvlink))| PairFacts {
+                .map(|((a, b), (can, read, write, nvlink, atomics))| PairFacts {
                     a,
                     b,
                     can_access_peer: can,
                     nvml_read: read,
                     nvml_write: write,
                     nvml_nvlink: nvlink,
+                    nvml_atomics: atomics,
                     ..PairFacts::default()
                 })
                 .collect();
@@ -306,7 +762,7 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
             });
             Facts {
                 host: HostFacts {
-                    os: "linux".into(),
+                    os: os.into(),
                     kernel_module,
                     registry_dwords: force.map(|f| format!("ForceP2P={f:#x}")),
                     virtual_machine: vm,
@@ -339,6 +795,16 @@ proptest! {
             } else {
                 prop_assert!(v.on.is_some());
             }
+            // Auto is kept off P2P exactly where the verdict says it is on but not safe.
+            prop_assert_eq!(v.on.is_some() && !v.peer_trusted(), matches!(v.code.as_str(), "UNSAFE" | "OK?"));
+            // Professional and datacenter pairs never hear that the patch would help.
+            let pro = |o: usize| facts.device(o).and_then(DeviceFacts::class).is_some_and(|c| c != CardClass::GeForce);
+            if pro(p.a) && pro(p.b) {
+                prop_assert!(!matches!(v.patch, PatchOutlook::Would | PatchOutlook::AfterChange(_)), "{:?}", v);
+                prop_assert!(!v.remedy.contains("install the P2P patch") && !v.remedy.contains("branch"), "{}", v.remedy);
+            }
         }
+        // Judged as if CUDA offered P2P, every pair is on.
+        prop_assert!(crate::verdicts_if_on(&facts).iter().all(|v| v.on.is_some()));
     }
 }

@@ -10,8 +10,8 @@ use gp2p_pinned::{Fold, RingCache};
 use parking_lot::Mutex;
 
 use crate::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
-use crate::route::resolve;
-use crate::{Error, Result, Route};
+use crate::route::choose;
+use crate::{Error, PeerPolicy, Result, Route};
 
 /// Options of one copy. `Default` is what most callers want.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,9 +32,13 @@ pub struct CopyOptions {
 /// on both callers' streams, work enqueued later on either stream sees its result, the host
 /// is not blocked, and back-to-back copies need no host synchronisation (slot reuse is
 /// fenced on the GPU).
+///
+/// `Route::Auto` leaves P2P alone on pairs its [`PeerPolicy`] distrusts
+/// ([`Transport::peer_policy`]).
 #[derive(Default)]
 pub struct Transport {
     pairs: Mutex<PairMap>,
+    pub(crate) policy: PeerPolicy,
 }
 
 /// Per ordered (source, destination) ordinal pair, its state, locked per call.
@@ -100,8 +104,8 @@ impl Transport {
         Chunking::check_overrides(options.chunk_bytes, options.slots)?;
         let pair = self.pair(&src_dev, &dst_dev)?;
         let mut pair = pair.lock();
-        let peer = if same_device { true } else { pair.peer_both_ways(&src_dev, &dst_dev)? };
-        let route = resolve(options.route, same_device, peer)
+        let distrusted = self.policy.is_distrusted(src_dev.ordinal(), dst_dev.ordinal());
+        let route = choose(options.route, same_device, distrusted, || pair.peer_both_ways(&src_dev, &dst_dev))?
             .ok_or(Error::NoPeerAccess { src: src_dev.ordinal(), dst: dst_dev.ordinal() })?;
         if src.is_empty() {
             // Nothing moves, but the call still orders the two streams like any copy: each

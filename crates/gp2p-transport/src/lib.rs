@@ -7,9 +7,11 @@
 //! - Host copies: [`copy_to_host`], [`copy_from_host`] for [`gp2p_pinned`] buffers, and the
 //!   `_raw` forms for pinned memory from elsewhere (refused unless it is pinned).
 //! - [`plan`]: the chunk plans, pure and tested without a GPU.
+//! - [`PeerPolicy`]: pairs whose P2P `Route::Auto` must not use although the driver offers
+//!   it (on but unsafe); [`choose`] is the pure route choice the engine makes with it.
 //!
-//! Not here: choosing a route from the driver's reasons (the probe does that and hands a
-//! [`Route`] in), collectives.
+//! Not here: judging whether a pair's P2P is safe (the probe does that; the facade hands
+//! its verdicts in as a [`PeerPolicy`]), collectives.
 //!
 //! ```
 //! use gp2p_cuda::{Device, DeviceBuffer, Stream};
@@ -35,9 +37,11 @@
 mod copy;
 mod error;
 pub mod plan;
+mod policy;
 mod route;
 
 pub use copy::{CopyOptions, Transport};
 pub use error::{Error, Result};
 pub use gp2p_pinned::{copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw};
-pub use route::{Route, UnknownRoute, resolve};
+pub use policy::PeerPolicy;
+pub use route::{Route, UnknownRoute, choose, resolve};

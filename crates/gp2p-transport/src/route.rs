@@ -65,6 +65,27 @@ pub fn resolve(asked: Route, same_device: bool, peer_both_ways: bool) -> Option<
     }
 }
 
+/// The route a copy between two devices takes, as the engine chooses it: like [`resolve`],
+/// except that `Route::Auto` on a pair the [`PeerPolicy`](crate::PeerPolicy) distrusts goes
+/// staged. `peer_both_ways` asks the driver (and, in the engine, enables peer access); it
+/// runs only when its answer can change the route, so a staged or distrusted copy never
+/// maps the peer. `None` when Peer is forced without P2P.
+pub fn choose<E>(
+    asked: Route,
+    same_device: bool,
+    distrusted: bool,
+    peer_both_ways: impl FnOnce() -> Result<bool, E>,
+) -> Result<Option<Route>, E> {
+    if same_device {
+        return Ok(resolve(asked, true, true));
+    }
+    match asked {
+        Route::Staged => Ok(Some(Route::Staged)),
+        Route::Auto if distrusted => Ok(Some(Route::Staged)),
+        _ => Ok(resolve(asked, false, peer_both_ways()?)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +98,25 @@ mod tests {
         assert_eq!(resolve(Route::Staged, false, true), Some(Route::Staged));
         assert_eq!(resolve(Route::Peer, false, false), None);
         assert_eq!(resolve(Route::Peer, true, false), Some(Route::Peer));
+    }
+
+    #[test]
+    fn auto_stays_off_a_distrusted_pair_unless_peer_is_forced() {
+        let never = || -> Result<bool, &str> { Err("the driver must not be asked") };
+        let yes = || -> Result<bool, &str> { Ok(true) };
+        // Distrusted: Auto stages without asking the driver (no peer mapping is made)...
+        assert_eq!(choose(Route::Auto, false, true, never), Ok(Some(Route::Staged)));
+        // ...Peer forced still goes peer where the driver offers it, and fails where not.
+        assert_eq!(choose(Route::Peer, false, true, yes), Ok(Some(Route::Peer)));
+        assert_eq!(choose(Route::Peer, false, true, || Ok::<_, &str>(false)), Ok(None));
+        // Trusted: Auto takes peer where offered; staged never asks.
+        assert_eq!(choose(Route::Auto, false, false, yes), Ok(Some(Route::Peer)));
+        assert_eq!(choose(Route::Auto, false, false, || Ok::<_, &str>(false)), Ok(Some(Route::Staged)));
+        assert_eq!(choose(Route::Staged, false, false, never), Ok(Some(Route::Staged)));
+        // One device is a device copy whatever the policy says, and asks nothing.
+        assert_eq!(choose(Route::Auto, true, true, never), Ok(Some(Route::Peer)));
+        // A driver failure is the copy's failure.
+        assert_eq!(choose(Route::Auto, false, false, never), Err("the driver must not be asked"));
     }
 
     #[test]
