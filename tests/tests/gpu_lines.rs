@@ -1,6 +1,7 @@
 //! GPU: the two-rank line exchange (one kernel per rank, data and sequence numbers in
-//! mapped host memory) behind small all-reduces: every op and dtype at odd lengths, logical
-//! ranks on one shared stream and on two, back-to-back calls, and a peer that never comes.
+//! mapped host memory) behind small all-reduces between two GPUs: every op and dtype at odd
+//! lengths, back-to-back calls, a peer that never comes; and on one GPU, that ranks sharing
+//! a device never take it (their two kernels might not run at once).
 
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,16 +18,21 @@ fn device() -> Device {
     Device::open(0).expect("GPU tests need CUDA device 0")
 }
 
+fn two() -> [Device; 2] {
+    [0, 1].map(|o| Device::open(o).expect("two-GPU tests need CUDA devices 0 and 1"))
+}
+
 fn random<T: Reference>(len: usize, seed: u64) -> Vec<T> {
     let mut v = vec![T::from_byte(0); len];
     fill_random(&mut v, seed);
     v
 }
 
-/// One all_reduce of two logical ranks through the engine, on one shared stream or two.
+/// One all_reduce of two ranks through the engine: on two devices, or (`shared`) two logical
+/// ranks on device 0 sharing one stream.
 fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, seed: u64) {
-    let device = device();
-    let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
+    let devices = if shared { [device(), device()] } else { two() };
+    let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
     let stream_of = |r: usize| if shared { &streams[0] } else { &streams[r] };
     let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed * 7 + r as u64)).collect();
     let mut bufs: Vec<DeviceBuffer<T>> =
@@ -60,34 +66,43 @@ macro_rules! every_dtype {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
-fn small_all_reduces_take_the_line_exchange_for_every_op_and_dtype() {
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_small_all_reduces_take_the_line_exchange_for_every_op_and_dtype() {
     let engine = Engine::new();
     let mut seed = 0;
     // Odd lengths around the 16-byte groups; f64 at the last one fills the lines exactly.
-    for len in [1, 3, 17, 1027, LINE_EXCHANGE_MAX_BYTES / 8] {
+    for len in [1, 3, 17, 129, LINE_EXCHANGE_MAX_BYTES / 8] {
         for op in ReduceOp::ALL {
-            for shared in [true, false] {
-                seed += 1;
-                every_dtype!(case(&engine, len, op, shared, seed));
-            }
+            seed += 1;
+            every_dtype!(case(&engine, len, op, false, seed));
         }
     }
-    // The largest byte buffer the lines take.
-    for shared in [true, false] {
-        case::<u8>(&engine, LINE_EXCHANGE_MAX_BYTES, ReduceOp::Sum, shared, 99);
-        case::<i8>(&engine, LINE_EXCHANGE_MAX_BYTES - 1, ReduceOp::Max, shared, 98);
-    }
+    case::<u8>(&engine, LINE_EXCHANGE_MAX_BYTES, ReduceOp::Sum, false, 99);
+    case::<i8>(&engine, LINE_EXCHANGE_MAX_BYTES - 1, ReduceOp::Max, false, 98);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn back_to_back_line_exchanges_without_host_sync() {
-    // Sums of u32 double each time: after k calls both ranks hold 2^(k-1) (x0 + x1), wrapping.
+fn ranks_sharing_a_device_never_take_the_line_exchange() {
     let device = device();
-    let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
+    let err = LineExchange::new([&device, &device], 4096, Duration::from_secs(1)).unwrap_err();
+    assert!(err.to_string().contains("needs two devices"), "{err}");
+    // The engine takes the DMA exchange instead, on one shared stream and on two.
     let engine = Engine::new();
-    for len in [5usize, 4099, 60_000] {
+    for (i, len) in [1usize, 17, 1000].into_iter().enumerate() {
+        case::<f32>(&engine, len, ReduceOp::Sum, true, 500 + i as u64);
+        case::<u8>(&engine, len, ReduceOp::Max, true, 600 + i as u64);
+    }
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
+    // Sums of u32 double each time: after k calls both ranks hold 2^(k-1) (x0 + x1), wrapping.
+    let devices = two();
+    let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
+    let engine = Engine::new();
+    for len in [5usize, 333, LINE_EXCHANGE_MAX_BYTES / 4] {
         let inputs: Vec<Vec<u32>> = (0..2).map(|r| random(len, 40 + r as u64)).collect();
         let mut bufs: Vec<DeviceBuffer<u32>> =
             inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
@@ -107,11 +122,11 @@ fn back_to_back_line_exchanges_without_host_sync() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
-fn a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
-    let device = device();
-    let streams = [Stream::new(&device).unwrap(), Stream::new(&device).unwrap()];
-    let mut exchange = LineExchange::new([&device, &device], 4096, Duration::from_millis(50)).unwrap();
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
+    let devices = two();
+    let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
+    let mut exchange = LineExchange::new([&devices[0], &devices[1]], 4096, Duration::from_millis(50)).unwrap();
     exchange.set_start_together(false);
     let (x, y) = (random::<u32>(100, 1), random::<u32>(100, 2));
     let mut a = DeviceBuffer::from_host(&streams[0], &x).unwrap();
@@ -143,9 +158,4 @@ fn a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
     let sum: Vec<u32> = x.iter().zip(&y).map(|(p, q)| p.wrapping_add(*q)).collect();
     assert!(a.to_host_vec(&streams[0]).unwrap() == sum);
     assert!(b.to_host_vec(&streams[1]).unwrap() == sum);
-    // Both ranks on one stream would wait for each other: refused.
-    let err = exchange
-        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[0]], ReduceOp::Sum, 1)
-        .unwrap_err();
-    assert!(err.to_string().contains("one stream"), "{err}");
 }

@@ -17,10 +17,26 @@ use crate::calibrate::{Path, choose};
 use crate::schedule::{Action, Schedule};
 use crate::{Result, Transport, step_divisor};
 
-/// Two-rank all-reduces of up to this many bytes go through the line exchange
-/// ([`LineExchange`]): one kernel per rank, no DMA or event between the ranks on the
-/// critical path. Its lines carry half data, so above this the DMA exchange and the ring win.
-pub const LINE_EXCHANGE_MAX_BYTES: usize = 256 << 10;
+/// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
+/// exchange ([`LineExchange`]): one kernel per rank, no DMA or event between the ranks on the
+/// critical path. Measured on two H200s (f32 sum, medians): 15-23 us up to 4 KiB against
+/// 25-30 us for the DMA exchange, but 29 us at 8 KiB and 55-134 us from 16 to 128 KiB, where
+/// each thread's polls across PCIe keep too few reads in flight; so it stops at 4 KiB.
+/// Ranks on one device never take it: the two kernels would need to run at once, and two
+/// streams of one device may share a hardware queue, which runs them one after the other.
+pub const LINE_EXCHANGE_MAX_BYTES: usize = 4 << 10;
+
+/// Chunks of the ring pipeline between several devices are at most this big, and then a
+/// ring edge has [`CACHED_SLOTS`] slots: each staged byte is written into host memory by one
+/// DMA and read by another, and four such DMAs at once (two cards, both ways) outrun host
+/// DRAM unless the staging footprint stays in the CPU's cache. Measured on two H200s, f32
+/// all_reduce at 64 MiB / 256 MiB / 1 GiB, ratio of duplex by chunk x slots: 1 MiB x 2:
+/// 0.59-0.60, 1 MiB x 4: 0.64-0.65, 2 MiB x 2: 0.73-0.74, 2 MiB x 4: 0.78-0.80, 4 MiB x 2:
+/// 0.825/0.850/0.858, 4 MiB x 4: 0.80-0.83; the one-device chunking (up to 16 MiB x 4):
+/// 0.70-0.76 from 256 MiB up.
+pub const MULTI_DEVICE_MAX_CHUNK_BYTES: usize = 4 << 20;
+/// Slots per ring edge with [`MULTI_DEVICE_MAX_CHUNK_BYTES`] chunks.
+pub const CACHED_SLOTS: usize = 2;
 
 /// Staging slots per ring edge: the transport's default.
 const SLOTS: usize = DEFAULT_SLOTS;
@@ -95,6 +111,17 @@ impl Engine {
         self.line_max.unwrap_or(LINE_EXCHANGE_MAX_BYTES)
     }
 
+    /// The chunk size of a collective of `bytes` over `devices`: the override if one was
+    /// given, else for several distinct devices a cache-sized chunk
+    /// ([`MULTI_DEVICE_MAX_CHUNK_BYTES`]), else `None` (the transport's chunking).
+    pub fn chunk_for(&self, bytes: usize, devices: &[Device]) -> Option<usize> {
+        if self.chunk_bytes.is_some() {
+            return self.chunk_bytes;
+        }
+        let distinct = devices.iter().any(|d| d != &devices[0]);
+        distinct.then(|| (bytes / 16).next_multiple_of(1 << 20).clamp(1 << 20, MULTI_DEVICE_MAX_CHUNK_BYTES))
+    }
+
     /// The chunk size given to [`Engine::with_chunk_bytes`], if any.
     pub fn chunk_bytes(&self) -> Option<usize> {
         self.chunk_bytes
@@ -127,9 +154,12 @@ impl Engine {
         // Slots fit the largest chunk, but never less than a small transfer's worth, so a
         // sweep of small collectives does not replace the rings at every size.
         let slot_bytes = (chunk * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
+        let distinct = devices.iter().any(|d| d != &devices[0]);
+        let cached = distinct && chunk * size_of::<T>() >= MULTI_DEVICE_MAX_CHUNK_BYTES;
+        let slots = self.slots.unwrap_or(if cached { CACHED_SLOTS } else { SLOTS });
         let mut edges: Vec<&mut StagingRing> = Vec::with_capacity(n);
         for (r, cache) in rings.iter_mut().enumerate() {
-            edges.push(cache.ensure(&devices[r], &devices[(r + 1) % n], self.slots.unwrap_or(SLOTS), slot_bytes)?);
+            edges.push(cache.ensure(&devices[r], &devices[(r + 1) % n], slots, slot_bytes)?);
         }
         let waits = plan_waits(schedule);
         let mut scratch: Vec<Option<DeviceBuffer<T>>> = Vec::with_capacity(n);
@@ -162,33 +192,19 @@ impl Engine {
     }
 
     /// A two-rank all-reduce of a small buffer through the line exchange: one kernel per
-    /// rank, on the ranks' own streams when they differ, else on the group's internal
-    /// streams (logical ranks sharing a caller stream).
+    /// rank, on the ranks' own streams (the caller checked the two devices differ).
     pub(crate) fn exchange_lines<T: Element>(&self, ranks: &mut [Rank<'_, T>], op: ReduceOp) -> Result<()> {
         let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
         let group = self.group(&devices)?;
         let mut group = group.lock();
-        let Group { forks, lines, .. } = &mut *group;
         let max = self.line_exchange_max();
-        let exchange = match lines {
+        let exchange = match &mut group.lines {
             Some(l) if l.max_bytes() >= max => l,
             slot => slot.insert(LineExchange::new([&devices[0], &devices[1]], max, DEFAULT_PEER_TIMEOUT)?),
         };
         let [a, b] = ranks else { unreachable!("the caller checked for two ranks") };
         let divide_by = step_divisor(op, true, 2);
-        let distinct = a.stream.device() != b.stream.device() || a.stream.raw() != b.stream.raw();
-        if distinct {
-            return Ok(exchange.all_reduce([&mut a.buffer, &mut b.buffer], [a.stream, b.stream], op, divide_by)?);
-        }
-        let (fa, fb) = (&forks[0], &forks[1]);
-        fa.fork(a.stream)?;
-        fb.fork(b.stream)?;
-        let streams = [&fa.streams()[RECV], &fb.streams()[RECV]];
-        let result = exchange.all_reduce([&mut a.buffer, &mut b.buffer], streams, op, divide_by);
-        // Join even after a failure, so the callers' later work waits for what was enqueued.
-        let joined = fa.join(a.stream).and(fb.join(b.stream));
-        result?;
-        Ok(joined?)
+        Ok(exchange.all_reduce([&mut a.buffer, &mut b.buffer], [a.stream, b.stream], op, divide_by)?)
     }
 
     /// A typed work buffer of at least `len` elements for rank `r` of the group of

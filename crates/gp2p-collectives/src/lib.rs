@@ -77,7 +77,7 @@ use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
 use gp2p_transport::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
 
 pub use error::{Error, Result};
-pub use exec::{Engine, LINE_EXCHANGE_MAX_BYTES, Rank};
+pub use exec::{CACHED_SLOTS, Engine, LINE_EXCHANGE_MAX_BYTES, MULTI_DEVICE_MAX_CHUNK_BYTES, Rank};
 use schedule::{Schedule, segment};
 
 /// How a receiving rank folds a chunk in.
@@ -146,10 +146,15 @@ pub fn all_reduce<T: Element>(
 ) -> Result<()> {
     let len = check_ranks(ranks, "buffer")?;
     let bytes = len * size_of::<T>();
-    if ranks.len() == 2 && bytes > 0 && bytes <= engine.line_exchange_max() {
+    if ranks.len() == 2
+        && bytes > 0
+        && bytes <= engine.line_exchange_max()
+        && ranks[0].buffer.device() != ranks[1].buffer.device()
+    {
         return engine.exchange_lines(ranks, op);
     }
-    let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len, engine.chunk_bytes());
+    let chunk = engine.chunk_for(bytes, &devices_of(ranks));
+    let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len, chunk);
     engine.execute(ranks, &schedule, op, transport)
 }
 
@@ -172,7 +177,8 @@ pub fn all_gather<T: Element>(
         let own = segment(n, out_len, r);
         out.buffer.slice_mut(own).copy_from(out.stream, input)?;
     }
-    let schedule = schedule_for::<T>(Collective::AllGather, n, out_len, engine.chunk_bytes());
+    let chunk = engine.chunk_for(out_len * size_of::<T>(), &devices_of(outputs));
+    let schedule = schedule_for::<T>(Collective::AllGather, n, out_len, chunk);
     engine.execute(outputs, &schedule, ReduceOp::Sum, transport)
 }
 
@@ -196,7 +202,8 @@ pub fn reduce_scatter<T: Element>(
         buf.view_mut(..in_len).copy_from(out.stream, input)?;
         work.push(buf);
     }
-    let schedule = schedule_for::<T>(Collective::ReduceScatter, n, in_len, engine.chunk_bytes());
+    let chunk = engine.chunk_for(in_len * size_of::<T>(), &devices);
+    let schedule = schedule_for::<T>(Collective::ReduceScatter, n, in_len, chunk);
     {
         let mut ranks: Vec<Rank<'_, T>> = work
             .iter_mut()
@@ -225,7 +232,8 @@ pub fn broadcast<T: Element>(
     if root >= ranks.len() {
         return Err(Error::BadRoot { root, ranks: ranks.len() });
     }
-    let schedule = schedule_for::<T>(Collective::Broadcast { root }, ranks.len(), len, engine.chunk_bytes());
+    let chunk = engine.chunk_for(len * size_of::<T>(), &devices_of(ranks));
+    let schedule = schedule_for::<T>(Collective::Broadcast { root }, ranks.len(), len, chunk);
     engine.execute(ranks, &schedule, ReduceOp::Sum, transport)
 }
 
@@ -310,6 +318,11 @@ pub fn schedule_for<T: Element>(
         Collective::ReduceScatter => Schedule::reduce_scatter(ranks, len, chunk),
         Collective::Broadcast { root } => Schedule::broadcast(ranks, len, chunk, root),
     }
+}
+
+/// The devices of the ranks' buffers, in rank order.
+fn devices_of<T: Element>(ranks: &[Rank<'_, T>]) -> Vec<Device> {
+    ranks.iter().map(|r| r.buffer.device().clone()).collect()
 }
 
 /// Same length everywhere, streams on their buffers' devices, one buffer per device (unless

@@ -53,7 +53,19 @@ pub struct LineExchange {
 
 impl LineExchange {
     /// Lines for buffers of up to `max_bytes` between `devices[0]` (rank 0) and `devices[1]`.
+    /// The two devices must differ: each rank's kernel waits for the other's, and two
+    /// streams of one device may share a hardware queue that runs them one after the other.
     pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
+        if devices[0] == devices[1] {
+            return Err(gp2p_cuda::Error::InvalidArgument {
+                name: "devices",
+                reason: format!(
+                    "both ranks on device {}: a line exchange needs two devices (its two kernels must run at once)",
+                    devices[0].ordinal()
+                ),
+            }
+            .into());
+        }
         let half_bytes = exchange_line_bytes(max_bytes.max(1));
         for device in devices {
             if !device.info().can_map_host_memory {
