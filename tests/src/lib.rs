@@ -33,3 +33,13 @@ pub fn hold(stream: &geforce_p2p::Stream) -> geforce_p2p::cuda::HostGate {
 
 /// The longest [`hold`] keeps a stream closed.
 pub const GATE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Taken by every test of a binary that holds streams with [`hold`]: while a stream is held,
+/// a driver allocation on another test thread of the process may wait for it (the driver
+/// synchronises there on some systems, the two-H200 machine among them), and the held test
+/// may then wait on that thread's driver call until the gate's deadline; so the tests of
+/// such a binary run one at a time.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -40,6 +40,7 @@ fn timed_drop<T>(value: T) -> Duration {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn drops_never_block_and_never_free_memory_still_in_use() {
+    let _serial = gp2p_tests::serial();
     let device = device();
     let caller = Stream::new(&device).unwrap();
     let len = (1usize << 22).min(max_len()); // 16 MiB of u32: a multi-chunk staged copy
@@ -141,6 +142,7 @@ fn drops_never_block_and_never_free_memory_still_in_use() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
+    let _serial = gp2p_tests::serial();
     let device = device();
     let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     // Deterministic: recorded on s1 through the API, then on the gated s2 by code holding the
@@ -198,6 +200,7 @@ impl SettleExt for Stream {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn concurrent_reduce_scatters_never_lose_a_work_buffer_in_use() {
+    let _serial = gp2p_tests::serial();
     // Two threads share one engine (and so its cached work buffers). Thread A's calls sit
     // behind a gate while thread B's calls of other sizes take, replace and give back the
     // cached buffers, and then write fresh memory: A's buffers must survive until A's work ran.
@@ -266,6 +269,7 @@ fn concurrent_reduce_scatters_never_lose_a_work_buffer_in_use() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_staging_ring_refuses_misuse_before_any_work() {
+    let _serial = gp2p_tests::serial();
     let device = device();
     let stream = Stream::new(&device).unwrap();
     let data: Vec<u32> = (0..64).collect();
@@ -299,6 +303,7 @@ fn the_staging_ring_refuses_misuse_before_any_work() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn views_index_like_slices_and_split_without_unsafe() {
+    let _serial = gp2p_tests::serial();
     let device = device();
     let stream = Stream::new(&device).unwrap();
     let mut buf = DeviceBuffer::<u32>::alloc(&device, 100).unwrap();
@@ -330,6 +335,7 @@ fn views_index_like_slices_and_split_without_unsafe() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn zero_length_copies_order_both_streams() {
+    let _serial = gp2p_tests::serial();
     let device = device();
     let (s_src, s_dst) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let src = DeviceBuffer::<u32>::alloc(&device, 8).unwrap();

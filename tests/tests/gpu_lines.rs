@@ -11,7 +11,7 @@ use std::time::Duration;
 use geforce_p2p::half::{bf16, f16};
 use geforce_p2p::pinned::{Error as PinnedError, LineExchange};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
-use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_MAX_BYTES, Rank, Transport, all_reduce, expected};
+use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Transport, all_reduce, expected};
 use gp2p_tests::{Reference, count_mismatched, fill_random};
 
 fn device() -> Device {
@@ -68,27 +68,29 @@ macro_rules! every_dtype {
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_small_all_reduces_take_the_line_exchange_for_every_op_and_dtype() {
-    let engine = Engine::new();
+    let _serial = gp2p_tests::serial();
+    let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
     let mut seed = 0;
     // Odd lengths around the 16-byte groups; f64 at the last one fills the lines exactly.
-    for len in [1, 3, 17, 129, LINE_EXCHANGE_MAX_BYTES / 8] {
+    for len in [1, 3, 17, 129, LINE_EXCHANGE_WINS_UP_TO / 8] {
         for op in ReduceOp::ALL {
             seed += 1;
             every_dtype!(case(&engine, len, op, false, seed));
         }
     }
-    case::<u8>(&engine, LINE_EXCHANGE_MAX_BYTES, ReduceOp::Sum, false, 99);
-    case::<i8>(&engine, LINE_EXCHANGE_MAX_BYTES - 1, ReduceOp::Max, false, 98);
+    case::<u8>(&engine, LINE_EXCHANGE_WINS_UP_TO, ReduceOp::Sum, false, 99);
+    case::<i8>(&engine, LINE_EXCHANGE_WINS_UP_TO - 1, ReduceOp::Max, false, 98);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn ranks_sharing_a_device_never_take_the_line_exchange() {
+    let _serial = gp2p_tests::serial();
     let device = device();
     let err = LineExchange::new([&device, &device], 4096, Duration::from_secs(1)).unwrap_err();
     assert!(err.to_string().contains("needs two devices"), "{err}");
-    // The engine takes the DMA exchange instead, on one shared stream and on two.
-    let engine = Engine::new();
+    // The engine takes the DMA exchange instead, even when asked for lines.
+    let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
     for (i, len) in [1usize, 17, 1000].into_iter().enumerate() {
         case::<f32>(&engine, len, ReduceOp::Sum, true, 500 + i as u64);
         case::<u8>(&engine, len, ReduceOp::Max, true, 600 + i as u64);
@@ -98,11 +100,14 @@ fn ranks_sharing_a_device_never_take_the_line_exchange() {
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
+    let _serial = gp2p_tests::serial();
     // Sums of u32 double each time: after k calls both ranks hold 2^(k-1) (x0 + x1), wrapping.
     let devices = two();
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
-    let engine = Engine::new();
-    for len in [5usize, 333, LINE_EXCHANGE_MAX_BYTES / 4] {
+    // Failed once on two H200s (len 5, rank 0 wrong after 300 calls, no error): the reason
+    // the line exchange is off by default. Kept so the next run shows whether it still does.
+    let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
+    for len in [5usize, 333, LINE_EXCHANGE_WINS_UP_TO / 4] {
         let inputs: Vec<Vec<u32>> = (0..2).map(|r| random(len, 40 + r as u64)).collect();
         let mut bufs: Vec<DeviceBuffer<u32>> =
             inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
@@ -124,6 +129,7 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
+    let _serial = gp2p_tests::serial();
     let devices = two();
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
     let mut exchange = LineExchange::new([&devices[0], &devices[1]], 4096, Duration::from_millis(50)).unwrap();

@@ -18,13 +18,20 @@ use crate::schedule::{Action, Schedule};
 use crate::{Result, Transport, step_divisor};
 
 /// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
-/// exchange ([`LineExchange`]): one kernel per rank, no DMA or event between the ranks on the
-/// critical path. Measured on two H200s (f32 sum, medians): 15-23 us up to 4 KiB against
-/// 25-30 us for the DMA exchange, but 29 us at 8 KiB and 55-134 us from 16 to 128 KiB, where
-/// each thread's polls across PCIe keep too few reads in flight; so it stops at 4 KiB.
-/// Ranks on one device never take it: the two kernels would need to run at once, and two
-/// streams of one device may share a hardware queue, which runs them one after the other.
-pub const LINE_EXCHANGE_MAX_BYTES: usize = 4 << 10;
+/// exchange ([`LineExchange`]) by default: none, for now. It is experimental and opt-in
+/// ([`Engine::with_line_exchange_max`]). Measured on two H200s (f32 sum, medians): 15-23 us
+/// up to 4 KiB against 25-30 us for the DMA exchange, but 29 us at 8 KiB and 55-134 us from
+/// 16 to 128 KiB (too few reads in flight across PCIe per polling thread). Its GPU test of
+/// 300 back-to-back calls gave a wrong result once on that machine (unexplained: a kernel
+/// that gives up waiting after its timeout leaves its buffer unfolded, and only the next
+/// call reports it), so it stays off until that is understood. Ranks on one device never
+/// take it: the two kernels must run at once, and two streams of one device may share a
+/// hardware queue, which runs them one after the other.
+pub const LINE_EXCHANGE_MAX_BYTES: usize = 0;
+
+/// The largest buffer the line exchange was measured to win at (see
+/// [`LINE_EXCHANGE_MAX_BYTES`]), for callers that opt in.
+pub const LINE_EXCHANGE_WINS_UP_TO: usize = 4 << 10;
 
 /// Chunks of the ring pipeline between several devices are at most this big, and then a
 /// ring edge has [`CACHED_SLOTS`] slots: each staged byte is written into host memory by one
@@ -98,9 +105,10 @@ impl Engine {
         Ok(Engine { chunk_bytes, slots, ..Self::default() })
     }
 
-    /// This engine with two-rank all-reduces of up to `bytes` going through the one-kernel
-    /// line exchange ([`LINE_EXCHANGE_MAX_BYTES`] by default; 0 turns it off): for tuning
-    /// and benchmarks.
+    /// This engine with two-rank all-reduces of up to `bytes` between two devices going
+    /// through the one-kernel line exchange (experimental, off by default: see
+    /// [`LINE_EXCHANGE_MAX_BYTES`]; [`LINE_EXCHANGE_WINS_UP_TO`] is where it was measured to
+    /// win; 0 turns it off).
     pub fn with_line_exchange_max(mut self, bytes: usize) -> Self {
         self.line_max = Some(bytes);
         self

@@ -77,7 +77,9 @@ use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
 use gp2p_transport::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
 
 pub use error::{Error, Result};
-pub use exec::{CACHED_SLOTS, Engine, LINE_EXCHANGE_MAX_BYTES, MULTI_DEVICE_MAX_CHUNK_BYTES, Rank};
+pub use exec::{
+    CACHED_SLOTS, Engine, LINE_EXCHANGE_MAX_BYTES, LINE_EXCHANGE_WINS_UP_TO, MULTI_DEVICE_MAX_CHUNK_BYTES, Rank,
+};
 use schedule::{Schedule, segment};
 
 /// How a receiving rank folds a chunk in.
