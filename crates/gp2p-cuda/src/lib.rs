@@ -68,7 +68,9 @@ pub use host::HostAllocation;
 pub use lifetime::{LastUses, StreamPoint};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, out_of_bounds};
 pub use module::{Function, LaunchConfig, Module};
-pub use reduce::{ExchangeLines, SourceMemory, exchange_launch_config, reduce, reduce_launch_config};
+pub use reduce::{
+    ExchangeLines, SourceMemory, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config,
+};
 pub use stream::{RawStream, Stream, StreamFork};
 
 /// Raw driver API types, for callers that interoperate with other CUDA code.

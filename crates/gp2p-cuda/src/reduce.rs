@@ -72,16 +72,18 @@ pub fn reduce<T: Element>(
     Ok(())
 }
 
-/// The reduce module on `device`, every kernel of it loaded.
+/// Load every kernel of the reduce module on `device` now, by launching each once, empty,
+/// and waiting for them (once per device and process; later calls return at once).
 ///
 /// Under the driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, the default of recent
 /// drivers) a kernel's code is loaded at its first launch, and a load may wait for the whole
 /// context to go idle. The exchange kernels spin until their peer kernel runs: a load
 /// between the two ranks' launches (another thread's first reduce of a new dtype, say) would
 /// wait for the spinning kernel, which waits for a launch held up behind the load, until
-/// its timeout. So the first use launches every kernel of the module once, empty, and waits
-/// for them (once per device and process).
-fn reduce_module(device: &crate::Device) -> Result<std::sync::Arc<Module>> {
+/// its timeout. Whoever launches exchange kernels calls this first. (Not done for every
+/// module use: under compute-sanitizer each kernel's first launch is slow, and instrumenting
+/// all of them made the racecheck run of the collectives' tests outlast its limit.)
+pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
     let module = Module::load(device, REDUCE)?;
     module.warm_once(|module| {
         let stream = Stream::new(device)?;
@@ -116,8 +118,7 @@ fn reduce_module(device: &crate::Device) -> Result<std::sync::Arc<Module>> {
             }
         }
         stream.synchronize()
-    })?;
-    Ok(module)
+    })
 }
 
 /// The launch shape for `len` elements of `dtype` read from `source` on a device with
@@ -170,7 +171,7 @@ pub unsafe fn reduce_raw(
     if len == 0 {
         return Ok(());
     }
-    let function = reduce_module(stream.device())?.function(reduce_kernel_name(op, dtype))?;
+    let function = Module::load(stream.device(), REDUCE)?.function(reduce_kernel_name(op, dtype))?;
     let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
     let mut dst_arg = dst;
     let mut src_arg = src;
@@ -254,7 +255,7 @@ pub unsafe fn exchange_raw(
     if len == 0 {
         return Ok(());
     }
-    let function = reduce_module(stream.device())?.function(exchange_kernel_name(op, dtype))?;
+    let function = Module::load(stream.device(), REDUCE)?.function(exchange_kernel_name(op, dtype))?;
     let config = exchange_launch_config(len, dtype);
     let (mut buf_arg, mut len_arg) = (buf, len as u64);
     let (mut out_arg, mut in_arg, mut failed_arg) = (lines.out_lines, lines.in_lines, lines.failed);

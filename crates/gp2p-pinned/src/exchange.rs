@@ -71,6 +71,8 @@ impl LineExchange {
             if !device.info().can_map_host_memory {
                 return Err(Error::NoHostMapping { ordinal: device.ordinal() });
             }
+            // No kernel may be loaded lazily between the two ranks' launches.
+            gp2p_cuda::load_all_reduce_kernels(device)?;
         }
         let lines =
             [HostAllocation::new(devices[0], 2 * half_bytes)?, HostAllocation::new(devices[1], 2 * half_bytes)?];
