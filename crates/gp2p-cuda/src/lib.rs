@@ -16,6 +16,8 @@
 //!   stream never blocks and never frees what the GPU may still use.
 //! - [`Module`] / [`Function`]: PTX from `gp2p-kernels`, loaded once per device and cached.
 //! - [`reduce`]: the checked launch of the reduce kernel family.
+//! - `interop` (feature `cudarc`): cudarc's memory and streams as views and streams of this
+//!   crate, in place, holding cudarc's synchronisation guards.
 //!
 //! What it does not do: pinned host memory (that is `gp2p-pinned`), moving data between
 //! devices (`gp2p-transport`), or anything needing more than one device at a time.
@@ -53,6 +55,8 @@ mod error;
 mod event;
 mod gate;
 mod host;
+#[cfg(feature = "cudarc")]
+pub mod interop;
 pub mod lifetime;
 mod memory;
 mod module;

@@ -1,0 +1,90 @@
+//! GPU: cudarc's memory and streams used in place (feature `cudarc`): copies and all_reduce
+//! on cudarc allocations and streams, interleaved with cudarc's own work, no host
+//! synchronisation until the results are read back; a cudarc slice dropped right after the
+//! enqueue is freed only after the work that reads it.
+
+// A failing test is how a test reports; unwrap/expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use geforce_p2p::cuda::interop::{CudarcStream, CudarcView, CudarcViewMut};
+use geforce_p2p::{CopyOptions, Device, ReduceOp, Route, transport};
+use gp2p_collectives::{Collective, Engine, Rank, Transport, all_reduce, expected};
+use gp2p_tests::{count_mismatched, fill_random};
+
+fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut v = vec![0f32; len];
+    fill_random(&mut v, seed);
+    v
+}
+
+fn context(ordinal: usize) -> (Arc<CudaContext>, Arc<CudaStream>, Arc<CudaStream>) {
+    Device::open(ordinal).expect("GPU tests need a CUDA device");
+    let ctx = CudaContext::new(ordinal).unwrap();
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    (ctx, a, b)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn staged_copies_of_cudarc_memory_on_cudarc_streams() {
+    let (_ctx, s1, s2) = context(0);
+    let len = (3 << 20) + 5; // several chunks
+    let host = random(len, 1);
+    let staging = s1.clone_htod(&host).unwrap();
+    let mut src: CudaSlice<f32> = s1.alloc_zeros(len).unwrap();
+    let mut dst: CudaSlice<f32> = s2.alloc_zeros(len).unwrap();
+    let mut out: CudaSlice<f32> = s2.alloc_zeros(len).unwrap();
+    // cudarc writes src, ours copies it across streams, cudarc reads the copy: no host sync.
+    s1.memcpy_dtod(&staging, &mut src).unwrap();
+    {
+        let (a, b) = (CudarcStream::new(&s1).unwrap(), CudarcStream::new(&s2).unwrap());
+        let from = CudarcView::new(&src, &s1).unwrap();
+        let mut to = CudarcViewMut::new(&mut dst, &s2).unwrap();
+        let options = CopyOptions { route: Route::Staged, chunk_bytes: Some(1 << 20), slots: Some(3) };
+        transport().copy(&from, &a, &mut to, &b, options).unwrap();
+    }
+    drop(src); // cudarc frees it stream-ordered, after the read event the view recorded
+    s2.memcpy_dtod(&dst, &mut out).unwrap();
+    assert!(s2.clone_dtoh(&out).unwrap() == host, "the copy seen by cudarc's later work");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn all_reduce_of_cudarc_memory_interleaved_with_cudarc_work() {
+    // Two GPUs when there are, else two logical ranks on one (feature `testing`).
+    let count = Device::count().unwrap();
+    let ordinals = if count >= 2 { [0, 1] } else { [0, 0] };
+    let ranks: Vec<_> = ordinals.iter().map(|&o| context(o)).collect();
+    let engine = Engine::new();
+    for (case, len) in [1usize, 1000, (1 << 20) + 3].into_iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 10 * case as u64 + r)).collect();
+        let mut bufs: Vec<CudaSlice<f32>> = Vec::new();
+        for ((_, s, _), input) in ranks.iter().zip(&inputs) {
+            // Written by cudarc on its stream just before the collective.
+            let staged = s.clone_htod(input).unwrap();
+            let mut b: CudaSlice<f32> = s.alloc_zeros(len).unwrap();
+            s.memcpy_dtod(&staged, &mut b).unwrap();
+            bufs.push(b);
+        }
+        {
+            let streams: Vec<CudarcStream<'_>> = ranks.iter().map(|(_, s, _)| CudarcStream::new(s).unwrap()).collect();
+            let mut views: Vec<CudarcViewMut<'_, f32>> =
+                bufs.iter_mut().zip(&ranks).map(|(b, (_, s, _))| CudarcViewMut::new(b, s).unwrap()).collect();
+            let mut rank_list: Vec<Rank<'_, f32>> =
+                views.iter_mut().zip(&streams).map(|(v, s)| Rank { buffer: v.slice_mut(..), stream: s }).collect();
+            all_reduce(&engine, &mut rank_list, ReduceOp::Sum, Transport::Auto).unwrap();
+        }
+        let want = expected(Collective::AllReduce, &inputs, ReduceOp::Sum);
+        for (r, (b, (_, s, _))) in bufs.iter().zip(&ranks).enumerate() {
+            // Read by cudarc after the collective, on the same stream: sees the result.
+            let mut copy: CudaSlice<f32> = s.alloc_zeros(len).unwrap();
+            s.memcpy_dtod(b, &mut copy).unwrap();
+            let got = s.clone_dtoh(&copy).unwrap();
+            let (bad, first) = count_mismatched(&got, &want[r], ReduceOp::Sum);
+            assert_eq!(bad, 0, "len {len} rank {r}: {}", first.join("; "));
+        }
+    }
+}
