@@ -8,9 +8,7 @@
 
 use geforce_p2p::ops::{copy_from_host_raw, copy_to_host_raw, reduce, staged_copy};
 use geforce_p2p::pinned;
-use geforce_p2p::{
-    CopyOptions, Device, DeviceBuffer, Error, PinnedBuffer, ReduceOp, Route, Stream, copy_into, transport,
-};
+use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, ReduceOp, Route, Stream, copy_into, transport};
 use gp2p_tests::{check_reduce, fill_random};
 
 const CHUNK: usize = 64 << 10;
@@ -178,7 +176,7 @@ fn bad_copies_are_refused_before_any_work() {
     let err = transport()
         .copy(&overlapping, &stream, &mut both.view_mut(0..64), &stream, CopyOptions::default())
         .unwrap_err();
-    assert!(matches!(err, Error::Overlap { .. }), "{err}");
+    assert!(matches!(err, geforce_p2p::transport::Error::Overlap { .. }), "{err}");
     let bad = CopyOptions { route: Route::Staged, chunk_bytes: Some(0), slots: None };
     assert!(transport().copy(&src.view(..), &stream, &mut short.view_mut(..), &stream, bad).is_err());
     assert!(Device::open(64).is_err_and(|e| e.to_string().contains("does not exist")));

@@ -13,13 +13,18 @@
 //!
 //! - [`probe()`] (`gp2p-probe`): for every pair of devices, whether P2P is on and, if not,
 //!   the exact reason and whether the driver patch in PATCH.md would turn it on.
-//! - [`collectives`] (`gp2p-collectives`): ring all_reduce, all_gather, reduce_scatter and
-//!   broadcast over pinned host memory, with a VRAM-scratch and a zero-copy receive path.
+//! - [`mod@collectives`] (`gp2p-collectives`): ring all_reduce, all_gather, reduce_scatter and
+//!   broadcast over pinned host memory, with a VRAM-scratch and a zero-copy receive path;
+//!   [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`] run them on one
+//!   shared engine ([`collectives()`]).
+//!
+//! Every facade function returns one [`Error`], whichever layer failed. Memory the GPU may
+//! still use is never freed and drops never block (the lifetime rule of [`cuda::lifetime`]).
 //!
 //! ```
 //! use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, ops};
 //!
-//! fn demo() -> Result<Vec<f32>, geforce_p2p::pinned::Error> {
+//! fn demo() -> Result<Vec<f32>, geforce_p2p::Error> {
 //!     let device = Device::open(0)?;
 //!     let stream = Stream::new(&device)?;
 //!     let mut staged = PinnedBuffer::<f32>::alloc(&device, 3)?;
@@ -37,6 +42,9 @@
 
 use std::sync::LazyLock;
 
+mod error;
+
+pub use error::{Error, Result};
 pub use gp2p_collectives as collectives;
 pub use gp2p_cuda as cuda;
 pub use gp2p_kernels as kernels;
@@ -50,7 +58,8 @@ pub use gp2p_cuda::{
 pub use gp2p_kernels::{DType, Element, ReduceOp, half};
 pub use gp2p_pinned::{PinnedBuffer, PinnedView, PinnedViewMut, StagingRing, is_pinned};
 
-pub use gp2p_transport::{CopyOptions, Error, Result, Route, Transport};
+pub use gp2p_collectives::{Engine, Rank, Transport as Receive};
+pub use gp2p_transport::{CopyOptions, Route, Transport};
 
 /// The engine behind [`copy`], [`copy_into`] and [`ops::staged_copy`]: one per process, so
 /// its staging rings and internal streams are shared by every caller.
@@ -99,21 +108,61 @@ pub fn copy_into<T: Element>(
     dst: &mut DeviceViewMut<'_, T>,
     dst_stream: &Stream,
 ) -> Result<Route> {
-    transport().copy(src, src_stream, dst, dst_stream, CopyOptions::default())
+    Ok(transport().copy(src, src_stream, dst, dst_stream, CopyOptions::default())?)
 }
 
 /// Probe this machine: facts from CUDA, NVML and Linux, and a verdict per device pair.
 /// Fails only without a CUDA driver; missing sources lower what the report says.
-pub fn probe() -> gp2p_probe::Result<gp2p_probe::Report> {
-    gp2p_probe::collect().map(gp2p_probe::Report::new)
+pub fn probe() -> Result<gp2p_probe::Report> {
+    Ok(gp2p_probe::collect().map(gp2p_probe::Report::new)?)
 }
 
-/// The public primitives, for users who build their own schedules.
-pub mod ops {
-    pub use gp2p_cuda::reduce;
-    pub use gp2p_pinned::{copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host};
+/// The collectives engine behind [`all_reduce`], [`all_gather`], [`reduce_scatter`] and
+/// [`broadcast`]: one per process, so its staging rings, streams and scratch buffers are
+/// shared by every caller (calls on one group of devices are serialised).
+pub fn collectives() -> &'static Engine {
+    static ENGINE: LazyLock<Engine> = LazyLock::new(Engine::new);
+    &ENGINE
+}
 
-    use crate::{CopyOptions, DeviceView, DeviceViewMut, Element, Result, Route, Stream};
+/// In place on every rank (one buffer per device): `op` over all ranks' buffers, through
+/// the shared engine and the receive path it measures fastest. Stream-ordered on each
+/// rank's stream; see [`collectives::all_reduce`].
+pub fn all_reduce<T: Element>(ranks: &mut [Rank<'_, T>], op: ReduceOp) -> Result<()> {
+    Ok(gp2p_collectives::all_reduce(collectives(), ranks, op, Receive::Auto)?)
+}
+
+/// Every rank's output becomes all ranks' inputs in rank order; see
+/// [`collectives::all_gather`].
+pub fn all_gather<T: Element>(inputs: &[DeviceView<'_, T>], outputs: &mut [Rank<'_, T>]) -> Result<()> {
+    Ok(gp2p_collectives::all_gather(collectives(), inputs, outputs, Receive::Auto)?)
+}
+
+/// Rank r's output becomes `op` over segment r of all inputs; see
+/// [`collectives::reduce_scatter`].
+pub fn reduce_scatter<T: Element>(
+    inputs: &[DeviceView<'_, T>],
+    outputs: &mut [Rank<'_, T>],
+    op: ReduceOp,
+) -> Result<()> {
+    Ok(gp2p_collectives::reduce_scatter(collectives(), inputs, outputs, op, Receive::Auto)?)
+}
+
+/// Every rank's buffer becomes a copy of rank `root`'s; see [`collectives::broadcast`].
+pub fn broadcast<T: Element>(ranks: &mut [Rank<'_, T>], root: usize) -> Result<()> {
+    Ok(gp2p_collectives::broadcast(collectives(), ranks, root, Receive::Auto)?)
+}
+
+/// The public primitives, for users who build their own schedules. Each returns the
+/// facade's [`Error`], except the two raw-pointer copies re-exported from
+/// `gp2p-pinned` (unsafe functions, which this crate does not define: it has no `unsafe`),
+/// whose error converts into it with `?`.
+pub mod ops {
+    pub use gp2p_pinned::{copy_from_host_raw, copy_to_host_raw};
+
+    use crate::{
+        CopyOptions, DeviceView, DeviceViewMut, Element, PinnedView, PinnedViewMut, ReduceOp, Result, Route, Stream,
+    };
 
     /// The pipelined copy through pinned host slots, whatever P2P the pair has: device to
     /// host on `src_stream`'s device, host to device on `dst_stream`'s, both directions of
@@ -127,9 +176,59 @@ pub mod ops {
         slots: Option<usize>,
     ) -> Result<()> {
         let options = CopyOptions { route: Route::Staged, chunk_bytes, slots };
-        crate::transport().copy(src, src_stream, dst, dst_stream, options).map(|_| ())
+        crate::transport().copy(src, src_stream, dst, dst_stream, options)?;
+        Ok(())
+    }
+
+    /// `dst[i] = op(dst[i], src[i])` on `stream`, both in device memory; see
+    /// [`gp2p_cuda::reduce`].
+    pub fn reduce<T: Element>(
+        stream: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        src: &DeviceView<'_, T>,
+        op: ReduceOp,
+        divide_by: u32,
+    ) -> Result<()> {
+        Ok(gp2p_cuda::reduce(stream, dst, src, op, divide_by)?)
+    }
+
+    /// `dst[i] = op(dst[i], src[i])` with the kernel reading `src` from pinned host memory
+    /// across PCIe (zero-copy); see [`gp2p_pinned::reduce_from_host`].
+    pub fn reduce_from_host<T: Element>(
+        stream: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        src: &PinnedView<'_, T>,
+        op: ReduceOp,
+        divide_by: u32,
+    ) -> Result<()> {
+        Ok(gp2p_pinned::reduce_from_host(stream, dst, src, op, divide_by)?)
+    }
+
+    /// A DMA of device memory into pinned host memory on `stream`; see
+    /// [`gp2p_pinned::copy_to_host`].
+    pub fn copy_to_host<T: Element>(
+        stream: &Stream,
+        src: &DeviceView<'_, T>,
+        dst: &mut PinnedViewMut<'_, T>,
+    ) -> Result<()> {
+        Ok(gp2p_pinned::copy_to_host(stream, src, dst)?)
+    }
+
+    /// A DMA of pinned host memory into device memory on `stream`; see
+    /// [`gp2p_pinned::copy_from_host`].
+    pub fn copy_from_host<T: Element>(
+        stream: &Stream,
+        src: &PinnedView<'_, T>,
+        dst: &mut DeviceViewMut<'_, T>,
+    ) -> Result<()> {
+        Ok(gp2p_pinned::copy_from_host(stream, src, dst)?)
     }
 }
+
+/// The README's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;
 
 #[cfg(test)]
 mod tests {
@@ -146,7 +245,7 @@ mod tests {
     /// The route the engine takes between devices 0 and 1 when the driver offers P2P.
     fn route_0_to_1(transport: &Transport, asked: Route) -> Option<Route> {
         let distrusted = transport.peer_policy().is_distrusted(0, 1);
-        gp2p_transport::choose(asked, false, distrusted, || Ok::<_, Error>(true)).unwrap()
+        gp2p_transport::choose(asked, false, distrusted, || Ok::<_, gp2p_transport::Error>(true)).unwrap()
     }
 
     #[test]

@@ -1,25 +1,13 @@
 //! The error type of the CLI and its exit codes.
 
-use geforce_p2p::{cuda, pinned};
+use geforce_p2p::{collectives, cuda, pinned, probe, transport};
 
 /// What can make a `gp2p` command fail.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    /// A CUDA-layer failure.
+    /// A failure of the library, whichever layer.
     #[error(transparent)]
-    Cuda(#[from] cuda::Error),
-    /// A pinned-memory failure.
-    #[error(transparent)]
-    Pinned(#[from] pinned::Error),
-    /// A transport failure.
-    #[error(transparent)]
-    Transport(#[from] geforce_p2p::Error),
-    /// A collective failure.
-    #[error(transparent)]
-    Collective(#[from] geforce_p2p::collectives::Error),
-    /// A probe failure (no driver, or saved facts that cannot be read).
-    #[error(transparent)]
-    Probe(#[from] geforce_p2p::probe::Error),
+    Library(#[from] geforce_p2p::Error),
     /// A bad command-line value.
     #[error("{0}")]
     Usage(String),
@@ -39,32 +27,36 @@ pub enum CliError {
 impl CliError {
     /// 2 when there is no driver or device (nothing to do here), 1 for any other failure.
     pub fn exit_code(&self) -> u8 {
-        let unavailable = match self {
-            CliError::Cuda(e) => e.is_unavailable(),
-            CliError::Pinned(e) => e.is_unavailable(),
-            CliError::Transport(e) => e.is_unavailable(),
-            CliError::Collective(e) => e.is_unavailable(),
-            CliError::Probe(e) => e.is_unavailable(),
-            _ => false,
-        };
-        if unavailable { 2 } else { 1 }
+        if matches!(self, CliError::Library(e) if e.is_unavailable()) { 2 } else { 1 }
     }
 }
+
+/// The layers' errors go through the facade's one [`geforce_p2p::Error`].
+macro_rules! library_error_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for CliError {
+            fn from(e: $t) -> CliError {
+                CliError::Library(e.into())
+            }
+        }
+    )*};
+}
+library_error_from!(cuda::Error, pinned::Error, transport::Error, collectives::Error, probe::Error);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use geforce_p2p::collectives;
 
     #[test]
     fn no_driver_exits_2_from_every_layer() {
         let none = || cuda::Error::NoDriver;
-        assert_eq!(CliError::Cuda(none()).exit_code(), 2);
-        assert_eq!(CliError::Collective(collectives::Error::Cuda(none())).exit_code(), 2);
+        assert_eq!(CliError::from(none()).exit_code(), 2);
+        assert_eq!(CliError::from(collectives::Error::Cuda(none())).exit_code(), 2);
         let pinned_inside = collectives::Error::Pinned(pinned::Error::Cuda(none()));
-        assert_eq!(CliError::Collective(pinned_inside).exit_code(), 2, "through the pinned layer too");
-        assert_eq!(CliError::Probe(geforce_p2p::probe::Error::Cuda(none())).exit_code(), 2);
-        assert_eq!(CliError::Collective(collectives::Error::NoRanks).exit_code(), 1);
+        assert_eq!(CliError::from(pinned_inside).exit_code(), 2, "through the pinned layer too");
+        assert_eq!(CliError::from(probe::Error::Cuda(none())).exit_code(), 2);
+        assert_eq!(CliError::from(transport::Error::Cuda(none())).exit_code(), 2);
+        assert_eq!(CliError::from(collectives::Error::NoRanks).exit_code(), 1);
         assert_eq!(CliError::Usage("bad".into()).exit_code(), 1);
     }
 }

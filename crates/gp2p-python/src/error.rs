@@ -5,7 +5,7 @@
 //! a `geforce_p2p.Error` and a `ValueError`. Errors are plain data ([`Raised`]) until they
 //! reach the Python boundary, since the native calls run with the GIL released.
 
-use geforce_p2p::{collectives, cuda, pinned, probe};
+use geforce_p2p::{collectives, cuda, pinned, probe, transport};
 use pyo3::prelude::*;
 
 /// The Python module that holds the exception classes.
@@ -111,13 +111,27 @@ impl Classify for pinned::Error {
     }
 }
 
+impl Classify for transport::Error {
+    fn class(&self) -> Class {
+        use transport::Error as E;
+        match self {
+            E::Cuda(e) => e.class(),
+            E::Pinned(e) => e.class(),
+            E::NoPeerAccess { .. } | E::Overlap { .. } | E::InvalidOption { .. } => Class::InvalidArgument,
+            _ => Class::Error,
+        }
+    }
+}
+
 impl Classify for geforce_p2p::Error {
     fn class(&self) -> Class {
         use geforce_p2p::Error as E;
         match self {
             E::Cuda(e) => e.class(),
             E::Pinned(e) => e.class(),
-            E::NoPeerAccess { .. } | E::Overlap { .. } | E::InvalidOption { .. } => Class::InvalidArgument,
+            E::Transport(e) => e.class(),
+            E::Collectives(e) => e.class(),
+            E::Probe(e) => e.class(),
             _ => Class::Error,
         }
     }
@@ -159,7 +173,7 @@ macro_rules! raised_from {
         }
     )*};
 }
-raised_from!(cuda::Error, pinned::Error, geforce_p2p::Error, collectives::Error, probe::Error);
+raised_from!(cuda::Error, pinned::Error, transport::Error, geforce_p2p::Error, collectives::Error, probe::Error);
 
 #[cfg(test)]
 mod tests {
@@ -168,12 +182,13 @@ mod tests {
     #[test]
     fn no_driver_is_unavailable_through_every_layer() {
         let none = || cuda::Error::NoDriver;
-        let all: [Raised; 5] = [
+        let all: [Raised; 6] = [
             none().into(),
             pinned::Error::Cuda(none()).into(),
-            geforce_p2p::Error::Pinned(pinned::Error::Cuda(none())).into(),
-            collectives::Error::Transport(geforce_p2p::Error::Cuda(none())).into(),
+            transport::Error::Pinned(pinned::Error::Cuda(none())).into(),
+            collectives::Error::Transport(transport::Error::Cuda(none())).into(),
             probe::Error::Cuda(none()).into(),
+            geforce_p2p::Error::Collectives(collectives::Error::Cuda(none())).into(),
         ];
         for raised in all {
             assert_eq!(raised.class, Class::Unavailable);
@@ -191,7 +206,7 @@ mod tests {
         let raised = Raised::from(geforce_p2p::Error::Pinned(unpinned));
         assert_eq!(raised.class, Class::NotPinned);
         assert!(raised.message.starts_with("src: "), "names the argument: {}", raised.message);
-        let overlap = geforce_p2p::Error::Overlap { device: 0, src: 0..8, dst: 4..12 };
+        let overlap = geforce_p2p::Error::Transport(transport::Error::Overlap { device: 0, src: 0..8, dst: 4..12 });
         assert_eq!(Raised::from(overlap).class, Class::InvalidArgument);
         let driver = cuda::Error::Driver { call: "cuMemAlloc", name: "CUDA_ERROR_OUT_OF_MEMORY".into(), code: 2 };
         assert_eq!(Raised::from(driver).class, Class::Cuda);
