@@ -43,3 +43,22 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+pub use geforce_p2p::half;
+
+/// Runs `$case::<T>(args)` for every element type the kernels support.
+#[macro_export]
+macro_rules! every_dtype {
+    ($case:ident($($arg:expr),*)) => {{
+        $case::<f32>($($arg),*);
+        $case::<f64>($($arg),*);
+        $case::<$crate::half::f16>($($arg),*);
+        $case::<$crate::half::bf16>($($arg),*);
+        $case::<i8>($($arg),*);
+        $case::<u8>($($arg),*);
+        $case::<i32>($($arg),*);
+        $case::<u32>($($arg),*);
+        $case::<i64>($($arg),*);
+        $case::<u64>($($arg),*);
+    }};
+}

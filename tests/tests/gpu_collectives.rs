@@ -13,7 +13,7 @@ use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
     Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
-use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, fill_random, max_len};
+use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, every_dtype, fill_random, max_len};
 
 const POISON: u8 = 0xA5;
 const TRANSPORTS: [Transport; 2] = [Transport::Scratch, Transport::ZeroCopy];
@@ -151,22 +151,6 @@ fn broadcast_case<T: Reference>(engine: &Engine, n: usize, len: usize, root: usi
     for (r, got) in ranks.download(&bufs).iter().enumerate() {
         assert!(*got == inputs[root], "broadcast {} n={n} len={len} root {root}: rank {r}", T::DTYPE);
     }
-}
-
-/// Runs `$case::<T>(args)` for every element type.
-macro_rules! every_dtype {
-    ($case:ident($($arg:expr),*)) => {{
-        $case::<f32>($($arg),*);
-        $case::<f64>($($arg),*);
-        $case::<f16>($($arg),*);
-        $case::<bf16>($($arg),*);
-        $case::<i8>($($arg),*);
-        $case::<u8>($($arg),*);
-        $case::<i32>($($arg),*);
-        $case::<u32>($($arg),*);
-        $case::<i64>($($arg),*);
-        $case::<u64>($($arg),*);
-    }};
 }
 
 #[test]

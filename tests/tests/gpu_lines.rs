@@ -8,11 +8,10 @@
 
 use std::time::Duration;
 
-use geforce_p2p::half::{bf16, f16};
 use geforce_p2p::pinned::{Error as PinnedError, LineExchange};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Transport, all_reduce, expected};
-use gp2p_tests::{Reference, count_mismatched, fill_random};
+use gp2p_tests::{Reference, count_mismatched, every_dtype, fill_random};
 
 fn device() -> Device {
     Device::open(0).expect("GPU tests need CUDA device 0")
@@ -48,21 +47,6 @@ fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, s
         let (bad, first) = count_mismatched(&got, &want[r], op);
         assert_eq!(bad, 0, "{} {op} len {len} shared {shared} rank {r}: {}", T::DTYPE, first.join("; "));
     }
-}
-
-macro_rules! every_dtype {
-    ($case:ident($($arg:expr),*)) => {{
-        $case::<f32>($($arg),*);
-        $case::<f64>($($arg),*);
-        $case::<f16>($($arg),*);
-        $case::<bf16>($($arg),*);
-        $case::<i8>($($arg),*);
-        $case::<u8>($($arg),*);
-        $case::<i32>($($arg),*);
-        $case::<u32>($($arg),*);
-        $case::<i64>($($arg),*);
-        $case::<u64>($($arg),*);
-    }};
 }
 
 #[test]
