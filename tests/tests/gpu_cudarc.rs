@@ -1,7 +1,8 @@
 //! GPU: cudarc's memory and streams used in place (feature `cudarc`): copies and all_reduce
 //! on cudarc allocations and streams, interleaved with cudarc's own work, no host
 //! synchronisation until the results are read back; a cudarc slice dropped right after the
-//! enqueue is freed only after the work that reads it.
+//! enqueue is freed only after the work that reads it, even when that work ran on another
+//! stream than the one its view was made for.
 
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -40,11 +41,14 @@ fn staged_copies_of_cudarc_memory_on_cudarc_streams() {
     // cudarc writes src, ours copies it across streams, cudarc reads the copy: no host sync.
     s1.memcpy_dtod(&staging, &mut src).unwrap();
     {
-        let (a, b) = (CudarcStream::new(&s1).unwrap(), CudarcStream::new(&s2).unwrap());
+        let b = CudarcStream::new(&s2).unwrap();
+        // The view is ordered on s1 (after cudarc's write there), but the copy runs on s2:
+        // the wrapper still makes s1 wait for it before cudarc may free `src`.
+        s2.join(&s1).unwrap();
         let from = CudarcView::new(&src, &s1).unwrap();
         let mut to = CudarcViewMut::new(&mut dst, &s2).unwrap();
         let options = CopyOptions { route: Route::Staged, chunk_bytes: Some(1 << 20), slots: Some(3) };
-        transport().copy(&from, &a, &mut to, &b, options).unwrap();
+        transport().copy(&from.view(), &b, &mut to.view_mut(), &b, options).unwrap();
     }
     drop(src); // cudarc frees it stream-ordered, after the read event the view recorded
     s2.memcpy_dtod(&dst, &mut out).unwrap();
@@ -74,7 +78,7 @@ fn all_reduce_of_cudarc_memory_interleaved_with_cudarc_work() {
             let mut views: Vec<CudarcViewMut<'_, f32>> =
                 bufs.iter_mut().zip(&ranks).map(|(b, (_, s, _))| CudarcViewMut::new(b, s).unwrap()).collect();
             let mut rank_list: Vec<Rank<'_, f32>> =
-                views.iter_mut().zip(&streams).map(|(v, s)| Rank { buffer: v.slice_mut(..), stream: s }).collect();
+                views.iter_mut().zip(&streams).map(|(v, s)| Rank { buffer: v.view_mut(), stream: s }).collect();
             all_reduce(&engine, &mut rank_list, ReduceOp::Sum, Transport::Auto).unwrap();
         }
         let want = expected(Collective::AllReduce, &inputs, ReduceOp::Sum);

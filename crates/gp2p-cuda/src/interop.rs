@@ -1,11 +1,14 @@
 //! Memory and streams of `cudarc`, used in place and safely (feature `cudarc`).
 //!
-//! cudarc tracks, per allocation, a read and a write event: taking a pointer makes the stream
+//! cudarc tracks, per allocation, a read and a write event: taking a pointer makes a stream
 //! wait for earlier writes (and, to write, reads), and a guard records the event on that
 //! stream when dropped, which cudarc's own later work and its `Drop` (a stream-ordered free)
-//! wait for. The views here hold that guard for as long as they live, so everything enqueued
-//! through them before they drop is covered: keep a view until the operations using it have
-//! been enqueued (they are asynchronous: enqueueing is enough), then drop it.
+//! wait for. [`CudarcView`] and [`CudarcViewMut`] hold that guard, and note the last uses of
+//! every operation done through their views (on whatever streams, internal ones included);
+//! when they drop, cudarc's stream first waits (on the GPU) for those uses, then the guard
+//! records cudarc's event. So cudarc never frees or overwrites the memory under our work.
+//! Keep a wrapper until the operations using its views are enqueued (enqueueing is
+//! enough), then drop it.
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,20 +25,22 @@
 //! {
 //!     let src = CudarcView::new(&a, &cu)?;
 //!     let mut dst = CudarcViewMut::new(&mut b, &cu)?;
-//!     reduce(&stream, &mut dst, &src, ReduceOp::Sum, 1)?; // b += a, on cudarc's stream
-//! } // the guards record cudarc's events here, after the reduce was enqueued
+//!     reduce(&stream, &mut dst.view_mut(), &src.view(), ReduceOp::Sum, 1)?; // b += a
+//! } // cudarc's stream waits for the reduce, then records cudarc's events
 //! assert_eq!(cu.clone_dtoh(&b)?, [11.0, 22.0, 33.0]);
 //! # Ok(()) }
 //! ```
 #![allow(unsafe_code)]
 
 use std::marker::PhantomData;
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use gp2p_kernels::Element;
 
-use crate::{Device, DeviceView, DeviceViewMut, Error, Result, Stream};
+use crate::driver::defer_error;
+use crate::lifetime::LastUses;
+use crate::{Device, DeviceView, DeviceViewMut, Error, RawDevicePtr, Result, Stream};
 
 /// A [`Stream`] borrowing a cudarc [`CudaStream`] for `'a`: work enqueued through it goes on
 /// cudarc's stream, ordered with cudarc's own work there. Never destroys it.
@@ -47,13 +52,7 @@ pub struct CudarcStream<'a> {
 impl<'a> CudarcStream<'a> {
     /// Borrow `stream`, of the primary context of its device (cudarc's contexts are).
     pub fn new(stream: &'a CudaStream) -> Result<Self> {
-        let device = Device::open(stream.context().ordinal())?;
-        // SAFETY: cudarc's contexts are their devices' primary contexts, which `device`
-        // holds too; the borrow keeps the stream alive for 'a, and nothing of this crate
-        // uses a borrowed stream's handle after the call that enqueued on it returns
-        // (completion is tracked with events; a borrowed stream is never destroyed).
-        let stream = unsafe { Stream::borrow_raw(&device, stream.cu_stream()) };
-        Ok(CudarcStream { stream, _borrow: PhantomData })
+        Ok(CudarcStream { stream: borrow(stream)?, _borrow: PhantomData })
     }
 }
 
@@ -64,82 +63,111 @@ impl Deref for CudarcStream<'_> {
     }
 }
 
-/// A read-only [`DeviceView`] of cudarc memory, ordered on `stream` after cudarc's earlier
-/// writes; when dropped, it records cudarc's read event there, so cudarc's later writes and
-/// its free wait for whatever was enqueued through the view.
+/// A [`Stream`] over cudarc's stream, for a wrapper that lives no longer than its borrow.
+fn borrow(stream: &CudaStream) -> Result<Stream> {
+    let device = Device::open(stream.context().ordinal())?;
+    // SAFETY: cudarc's contexts are their devices' primary contexts, which `device` holds
+    // too; every caller keeps the CudaStream borrowed for as long as the returned Stream
+    // lives, and nothing of this crate uses a borrowed stream's handle after that (completion
+    // is tracked with events; a borrowed stream is never destroyed).
+    Ok(unsafe { Stream::borrow_raw(&device, stream.cu_stream()) })
+}
+
+/// What both wrappers hold: the memory's address, the cudarc stream the guard records on
+/// (borrowed as a [`Stream`]), the last uses of the views handed out, and the guard.
+struct Foreign<'a> {
+    device: Device,
+    ptr: RawDevicePtr,
+    len: usize,
+    stream: Stream,
+    uses: LastUses,
+    guard: Option<SyncOnDrop<'a>>,
+}
+
+impl<'a> Foreign<'a> {
+    fn new<T: Element>(
+        stream: &'a CudaStream,
+        len: usize,
+        (ptr, guard): (RawDevicePtr, SyncOnDrop<'a>),
+    ) -> Result<Self> {
+        let device = Device::open(stream.context().ordinal())?;
+        let align = align_of::<T>() as u64;
+        if ptr % align != 0 {
+            return Err(Error::InvalidArgument {
+                name: "memory",
+                reason: format!("cudarc memory at {ptr:#x} is not aligned to {align} bytes for {}", T::DTYPE),
+            });
+        }
+        Ok(Foreign { device, ptr, len, stream: borrow(stream)?, uses: LastUses::new(), guard: Some(guard) })
+    }
+}
+
+impl Drop for Foreign<'_> {
+    fn drop(&mut self) {
+        // cudarc's stream waits for every use made through the views before the guard
+        // records cudarc's event there: a GPU-side wait, the host does not block.
+        for point in self.uses.take() {
+            defer_error(self.stream.wait_point(&point));
+        }
+        drop(self.guard.take());
+    }
+}
+
+/// Read-only access to cudarc memory through [`CudarcView::view`], ordered on the given
+/// cudarc stream after cudarc's earlier writes; when dropped, cudarc's later writes and its
+/// free wait for whatever was enqueued through the views.
 pub struct CudarcView<'a, T: Element> {
-    view: DeviceView<'a, T>,
-    _guard: SyncOnDrop<'a>,
+    foreign: Foreign<'a>,
+    _memory: PhantomData<&'a T>,
 }
 
 impl<'a, T: Element> CudarcView<'a, T> {
-    /// View all of `memory` (a `cudarc::driver::CudaSlice`, or a `CudaView` of one) for work
-    /// on `stream`.
+    /// Wrap all of `memory` (a `cudarc::driver::CudaSlice`, or a `CudaView` of one), with
+    /// `stream` the cudarc stream that orders it against cudarc's work.
     pub fn new<M: DevicePtr<T>>(memory: &'a M, stream: &'a CudaStream) -> Result<Self> {
-        let device = Device::open(stream.context().ordinal())?;
-        let len = memory.len();
-        let (ptr, guard) = memory.device_ptr(stream);
-        check_alignment::<T>(ptr)?;
-        // SAFETY: cudarc owns `len` elements of T at `ptr` on this device, borrowed for 'a;
-        // no one writes them meanwhile through cudarc (its writes wait for the read event
-        // the guard records) or safely through this crate (the borrow is shared); the guard
-        // makes cudarc's free of the memory wait for the work enqueued through the view.
-        let view = unsafe { DeviceView::from_raw(&device, ptr, len) };
-        Ok(CudarcView { view, _guard: guard })
+        let foreign = Foreign::new::<T>(stream, memory.len(), memory.device_ptr(stream))?;
+        Ok(CudarcView { foreign, _memory: PhantomData })
+    }
+
+    /// The memory as a view, for operations on any stream of its device or another.
+    pub fn view(&self) -> DeviceView<'_, T> {
+        let f = &self.foreign;
+        // SAFETY: cudarc owns `len` aligned elements of T at `ptr` on this device (checked in
+        // new), borrowed shared for 'a; cudarc's writes wait for the read event recorded
+        // after every use noted in `f.uses` (Drop), and the view cannot outlive `self`.
+        unsafe { DeviceView::from_raw_tracked(&f.device, f.ptr, f.len, &f.uses) }
     }
 }
 
-impl<'a, T: Element> Deref for CudarcView<'a, T> {
-    type Target = DeviceView<'a, T>;
-    fn deref(&self) -> &DeviceView<'a, T> {
-        &self.view
-    }
-}
-
-/// A writable [`DeviceViewMut`] of cudarc memory, ordered on `stream` after cudarc's earlier
-/// reads and writes; when dropped, it records cudarc's write event there.
+/// Writable access to cudarc memory through [`CudarcViewMut::view_mut`], ordered on the
+/// given cudarc stream after cudarc's earlier reads and writes; when dropped, cudarc's later
+/// work and its free wait for whatever was enqueued through the views.
 pub struct CudarcViewMut<'a, T: Element> {
-    view: DeviceViewMut<'a, T>,
-    _guard: SyncOnDrop<'a>,
+    foreign: Foreign<'a>,
+    _memory: PhantomData<&'a mut T>,
 }
 
 impl<'a, T: Element> CudarcViewMut<'a, T> {
-    /// View all of `memory` (a `cudarc::driver::CudaSlice`, or a `CudaViewMut` of one) for
-    /// work on `stream`.
+    /// Wrap all of `memory` (a `cudarc::driver::CudaSlice`, or a `CudaViewMut` of one), with
+    /// `stream` the cudarc stream that orders it against cudarc's work.
     pub fn new<M: DevicePtrMut<T>>(memory: &'a mut M, stream: &'a CudaStream) -> Result<Self> {
-        let device = Device::open(stream.context().ordinal())?;
         let len = memory.len();
-        let (ptr, guard) = memory.device_ptr_mut(stream);
-        check_alignment::<T>(ptr)?;
-        // SAFETY: as in CudarcView::new, with the borrow exclusive: nobody else reads or
-        // writes the memory while the view lives, and cudarc's later work waits for the
-        // write event the guard records.
-        let view = unsafe { DeviceViewMut::from_raw(&device, ptr, len) };
-        Ok(CudarcViewMut { view, _guard: guard })
+        let foreign = Foreign::new::<T>(stream, len, memory.device_ptr_mut(stream))?;
+        Ok(CudarcViewMut { foreign, _memory: PhantomData })
     }
-}
 
-impl<'a, T: Element> Deref for CudarcViewMut<'a, T> {
-    type Target = DeviceViewMut<'a, T>;
-    fn deref(&self) -> &DeviceViewMut<'a, T> {
-        &self.view
+    /// The memory as a writable view.
+    pub fn view_mut(&mut self) -> DeviceViewMut<'_, T> {
+        let f = &self.foreign;
+        // SAFETY: as in CudarcView::view, with the borrow exclusive: nobody else reads or
+        // writes the memory while the wrapper lives, and `&mut self` makes the view unique.
+        unsafe { DeviceViewMut::from_raw_tracked(&f.device, f.ptr, f.len, &f.uses) }
     }
-}
 
-impl<'a, T: Element> DerefMut for CudarcViewMut<'a, T> {
-    fn deref_mut(&mut self) -> &mut DeviceViewMut<'a, T> {
-        &mut self.view
+    /// The memory as a read-only view.
+    pub fn view(&self) -> DeviceView<'_, T> {
+        let f = &self.foreign;
+        // SAFETY: as in view_mut; a shared borrow of self excludes view_mut meanwhile.
+        unsafe { DeviceView::from_raw_tracked(&f.device, f.ptr, f.len, &f.uses) }
     }
-}
-
-/// cudarc hands out any `T`; the kernels need `T`'s alignment.
-fn check_alignment<T: Element>(ptr: crate::RawDevicePtr) -> Result<()> {
-    let align = align_of::<T>() as u64;
-    if ptr % align != 0 {
-        return Err(Error::InvalidArgument {
-            name: "memory",
-            reason: format!("cudarc memory at {ptr:#x} is not aligned to {align} bytes for {}", T::DTYPE),
-        });
-    }
-    Ok(())
 }

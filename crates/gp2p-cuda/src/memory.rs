@@ -240,6 +240,21 @@ macro_rules! view_common {
                 $name { device: device.clone(), ptr, len, uses: None, _marker: PhantomData }
             }
 
+            /// As [`Self::from_raw`], with the operations' last uses noted in `uses`, for
+            /// wrappers of foreign memory that order its owner after them.
+            ///
+            /// # Safety
+            /// As [`Self::from_raw`].
+            #[cfg(feature = "cudarc")]
+            pub(crate) unsafe fn from_raw_tracked(
+                device: &Device,
+                ptr: RawDevicePtr,
+                len: usize,
+                uses: &'a LastUses,
+            ) -> Self {
+                $name { device: device.clone(), ptr, len, uses: Some(uses), _marker: PhantomData }
+            }
+
             /// Record that work up to `point` uses this memory, so the owning buffer is not
             /// freed before it is done. Every operation of geforce-p2p does this itself;
             /// callers that enqueue their own work on the view's raw pointer use it too.
