@@ -206,9 +206,8 @@ impl StagingRing {
     /// again (an exchange sends on several rings before any receives, one slot each).
     pub fn send<T: Element>(&mut self, producer: &Stream, src: &DeviceView<'_, T>) -> Result<Sent> {
         let slot = self.cursor;
-        self.fill(slot, producer, src)?;
+        let landed = self.fill_slot(slot, producer, src)?;
         self.next_slot();
-        let landed = self.landed[slot].clone().unwrap_or_else(|| unreachable!("fill takes the point"));
         Ok(Sent { ring: self.id, slot, bytes: src.bytes(), landed })
     }
 
@@ -237,19 +236,7 @@ impl StagingRing {
             Fold::ReduceMapped { op, divide_by } => self.drain_reduce(slot, consumer, dst, op, divide_by),
             Fold::ReduceVia { mut scratch, op, divide_by } => {
                 let tmp = scratch.slice_mut(..dst.len());
-                self.check(slot, dst.bytes(), consumer, &self.consumer, "consumer stream")?;
-                self.wait_landed(slot, consumer)?;
-                if !tmp.is_empty() {
-                    // SAFETY: as in drain, into the scratch.
-                    unsafe {
-                        memcpy_htod_async(
-                            consumer,
-                            tmp.raw_ptr(),
-                            self.slot_host(slot).cast_const().cast(),
-                            tmp.bytes(),
-                        )?
-                    };
-                }
+                self.land_into(slot, consumer, &tmp)?;
                 // SAFETY: dst and the scratch are dst.len() elements on the consumer's device
                 // (checked), distinct device memory, valid until the point noted below.
                 unsafe {
@@ -276,11 +263,13 @@ impl StagingRing {
     /// On the producer's `stream`: wait until `slot` is free, DMA `src` into it, and mark it
     /// landed. Refused if the slot still holds a chunk nobody drained.
     pub fn fill<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
+        self.fill_slot(slot, stream, src).map(drop)
+    }
+
+    /// [`StagingRing::fill`], returning the slot's *landed* point.
+    fn fill_slot<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<StreamPoint> {
         self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
-        if self.holds_chunk[slot] {
-            return Err(Error::SlotBusy { slot });
-        }
-        self.wait_free(slot, stream)?;
+        self.claim(slot, stream)?;
         if !src.is_empty() {
             // SAFETY: the slot holds slot_bytes >= src.bytes() pinned bytes, not in use by
             // anyone: the stream waited for its `free` point, and the memory outlives every
@@ -290,9 +279,9 @@ impl StagingRing {
         let point = stream.point()?;
         src.note_use(&point);
         self.memory.uses().note(&point);
-        self.landed[slot] = Some(point);
+        self.landed[slot] = Some(point.clone());
         self.holds_chunk[slot] = true;
-        Ok(())
+        Ok(point)
     }
 
     /// On the consumer's `stream`: wait until `slot` has landed, DMA its first `dst.len()`
@@ -304,14 +293,21 @@ impl StagingRing {
         stream: &Stream,
         dst: &mut DeviceViewMut<'_, T>,
     ) -> Result<StreamPoint> {
+        self.land_into(slot, stream, dst)?;
+        self.mark_free(slot, stream, dst)
+    }
+
+    /// On the consumer's `stream`: wait until `slot` has landed and DMA its first
+    /// `dst.len()` elements into `dst`; the slot stays taken until [`Self::mark_free`].
+    fn land_into<T: Element>(&mut self, slot: usize, stream: &Stream, dst: &DeviceViewMut<'_, T>) -> Result<()> {
         self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
         self.wait_landed(slot, stream)?;
         if !dst.is_empty() {
             // SAFETY: the slot's bytes landed (the stream waited for the producer's DMA) and
-            // stay untouched until `free` is taken below; dst is on the stream's device.
+            // stay untouched until `free` is taken; dst is on the stream's device (checked).
             unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
         }
-        self.mark_free(slot, stream, dst)
+        Ok(())
     }
 
     /// Fill `slot` from `src` and drain it into `dst`, both on one stream (one device): the
@@ -331,10 +327,7 @@ impl StagingRing {
         }
         self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
         self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
-        if self.holds_chunk[slot] {
-            return Err(Error::SlotBusy { slot });
-        }
-        self.wait_free(slot, stream)?;
+        self.claim(slot, stream)?;
         if !dst.is_empty() {
             // SAFETY: as in fill: the slot is free (waited for above) and big enough.
             unsafe { memcpy_dtoh_async(stream, self.slot_host(slot).cast(), src.raw_ptr(), src.bytes())? };
@@ -342,8 +335,9 @@ impl StagingRing {
             // same stream, so it has landed when this one starts.
             unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
         }
-        src.note_use(&self.mark_free(slot, stream, dst)?);
-        Ok(self.free[slot].clone().unwrap_or_else(|| unreachable!("mark_free sets the point")))
+        let free = self.mark_free(slot, stream, dst)?;
+        src.note_use(&free);
+        Ok(free)
     }
 
     /// On the consumer's `stream`: wait until `slot` has landed, fold its first `dst.len()`
@@ -368,10 +362,14 @@ impl StagingRing {
         self.mark_free(slot, stream, dst)
     }
 
-    /// Make the producer's `stream` wait until the slot's last consumer is done with it. A
-    /// slot whose consumer already finished needs no GPU-side wait (a host query is cheaper
-    /// than a semaphore wait in the copy's critical path).
-    fn wait_free(&self, slot: usize, stream: &Stream) -> Result<()> {
+    /// Before a fill: refuse a slot that still holds a chunk, and make the producer's
+    /// `stream` wait until the slot's last consumer is done with it. A slot whose consumer
+    /// already finished needs no GPU-side wait (a host query is cheaper than a semaphore
+    /// wait in the copy's critical path).
+    fn claim(&self, slot: usize, stream: &Stream) -> Result<()> {
+        if self.holds_chunk[slot] {
+            return Err(Error::SlotBusy { slot });
+        }
         if let Some(free) = &self.free[slot]
             && !free.is_complete()?
         {
@@ -455,10 +453,16 @@ impl RingCache {
         slots: usize,
         slot_bytes: usize,
     ) -> Result<&mut StagingRing> {
-        let fits = self.ring.as_ref().is_some_and(|r| r.slots() == slots && r.slot_bytes() >= slot_bytes);
-        if !fits {
-            self.ring = Some(StagingRing::new(producer, consumer, slots, slot_bytes)?);
-        }
-        Ok(self.ring.get_or_insert_with(|| unreachable!("set above")))
+        let ring = match self.ring.take() {
+            Some(ring) if ring.slots() == slots && ring.slot_bytes() >= slot_bytes => ring,
+            old => match StagingRing::new(producer, consumer, slots, slot_bytes) {
+                Ok(new) => new,
+                Err(e) => {
+                    self.ring = old;
+                    return Err(e);
+                }
+            },
+        };
+        Ok(self.ring.insert(ring))
     }
 }
