@@ -9,7 +9,7 @@ use gp2p_kernels::{
 };
 
 use crate::memory::RawDevicePtr;
-use crate::{DeviceView, DeviceViewMut, Error, LaunchConfig, Module, Result, Stream};
+use crate::{DeviceView, DeviceViewMut, Error, Function, LaunchConfig, Module, Result, Stream};
 
 /// Vectors each thread handles per loop step (the kernels' UNROLL).
 const VECTORS_PER_THREAD_STEP: usize = 4;
@@ -90,35 +90,105 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         let one = LaunchConfig { grid: 1, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 };
         for op in ReduceOp::ALL {
             for dtype in DType::ALL {
-                let (mut null, mut null2, mut zero, mut one_u32) = (0u64, 0u64, 0u64, 1u32);
-                let mut reduce_params: [*mut c_void; 4] = [
-                    (&raw mut null).cast(),
-                    (&raw mut null2).cast(),
-                    (&raw mut zero).cast(),
-                    (&raw mut one_u32).cast(),
-                ];
-                // SAFETY: (T*, const T*, u64, u32) with n = 0: the kernel touches no memory.
-                unsafe { module.function(reduce_kernel_name(op, dtype))?.launch(&stream, one, &mut reduce_params)? };
-                let (mut buf, mut n, mut out, mut inp, mut seq, mut div, mut timeout, mut failed) =
-                    (0u64, 0u64, 0u64, 0u64, 0u32, 1u32, 0u64, 0u64);
-                let mut exchange_params: [*mut c_void; 8] = [
-                    (&raw mut buf).cast(),
-                    (&raw mut n).cast(),
-                    (&raw mut out).cast(),
-                    (&raw mut inp).cast(),
-                    (&raw mut seq).cast(),
-                    (&raw mut div).cast(),
-                    (&raw mut timeout).cast(),
-                    (&raw mut failed).cast(),
-                ];
-                // SAFETY: the exchange signature with n = 0: no group, so no memory touched.
+                // SAFETY: n = 0: neither kernel touches memory, so null addresses are fine.
                 unsafe {
-                    module.function(exchange_kernel_name(op, dtype))?.launch(&stream, one, &mut exchange_params)?
-                };
+                    launch_reduce(
+                        &module.function(reduce_kernel_name(op, dtype))?,
+                        &stream,
+                        one,
+                        ReduceArgs::default(),
+                    )?;
+                    let exchange = module.function(exchange_kernel_name(op, dtype))?;
+                    launch_exchange(&exchange, &stream, one, ExchangeArgs::default())?;
+                }
             }
         }
-        stream.synchronize()
+        // Waiting on a point, not Stream::synchronize: that would also take (and so hide
+        // from its owner) an error some destructor deferred.
+        stream.point()?.synchronize()
     })
+}
+
+/// The reduce kernels' parameters `(T* dst, const T* src, u64 n, u32 divisor)`, in order.
+#[derive(Default)]
+struct ReduceArgs {
+    dst: RawDevicePtr,
+    src: RawDevicePtr,
+    len: u64,
+    divisor: u32,
+}
+
+/// Launch a reduce kernel with `args`.
+///
+/// # Safety
+/// `function` is a reduce kernel; the addresses are valid for what it does with `len`
+/// elements, until it completes.
+unsafe fn launch_reduce(
+    function: &Function,
+    stream: &Stream,
+    config: LaunchConfig,
+    mut args: ReduceArgs,
+) -> Result<()> {
+    let mut params: [*mut c_void; 4] = [
+        (&raw mut args.dst).cast(),
+        (&raw mut args.src).cast(),
+        (&raw mut args.len).cast(),
+        (&raw mut args.divisor).cast(),
+    ];
+    // SAFETY: the kernels take (T*, const T*, u64, u32), matching the fields above, which
+    // outlive the call (the driver copies parameters at launch); addresses: the caller's.
+    unsafe { function.launch(stream, config, &mut params) }
+}
+
+/// The exchange kernels' parameters `(T* buf, u64 n, u64* out_lines, const u64* in_lines,
+/// u32 seq, u32 divisor, u64 timeout_ns, u32* failed)`, in order.
+#[derive(Default)]
+struct ExchangeArgs {
+    buf: RawDevicePtr,
+    len: u64,
+    out_lines: RawDevicePtr,
+    in_lines: RawDevicePtr,
+    seq: u32,
+    divisor: u32,
+    timeout_ns: u64,
+    failed: RawDevicePtr,
+}
+
+/// Launch an exchange kernel with `args`.
+///
+/// # Safety
+/// `function` is an exchange kernel; the addresses are valid for what it does with `len`
+/// elements, until it completes (see [`exchange_raw`]).
+unsafe fn launch_exchange(
+    function: &Function,
+    stream: &Stream,
+    config: LaunchConfig,
+    mut args: ExchangeArgs,
+) -> Result<()> {
+    let mut params: [*mut c_void; 8] = [
+        (&raw mut args.buf).cast(),
+        (&raw mut args.len).cast(),
+        (&raw mut args.out_lines).cast(),
+        (&raw mut args.in_lines).cast(),
+        (&raw mut args.seq).cast(),
+        (&raw mut args.divisor).cast(),
+        (&raw mut args.timeout_ns).cast(),
+        (&raw mut args.failed).cast(),
+    ];
+    // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*), matching
+    // the fields above, which outlive the call; addresses: the caller's.
+    unsafe { function.launch(stream, config, &mut params) }
+}
+
+/// Refuses a divisor of 0 (avg divides by the number of contributions).
+fn check_divisor(divide_by: u32) -> Result<()> {
+    if divide_by == 0 {
+        return Err(Error::InvalidArgument {
+            name: "divide_by",
+            reason: "must be at least 1 (the number of contributions)".into(),
+        });
+    }
+    Ok(())
 }
 
 /// The launch shape for `len` elements of `dtype` read from `source` on a device with
@@ -153,12 +223,7 @@ pub unsafe fn reduce_raw(
     divide_by: u32,
     source: SourceMemory,
 ) -> Result<()> {
-    if divide_by == 0 {
-        return Err(Error::InvalidArgument {
-            name: "divide_by",
-            reason: "must be at least 1 (the number of contributions)".into(),
-        });
-    }
+    check_divisor(divide_by)?;
     let align = dtype.size_bytes() as u64;
     for (name, ptr) in [("dst", dst), ("src", src)] {
         if ptr % align != 0 {
@@ -173,20 +238,9 @@ pub unsafe fn reduce_raw(
     }
     let function = Module::load(stream.device(), REDUCE)?.function(reduce_kernel_name(op, dtype))?;
     let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
-    let mut dst_arg = dst;
-    let mut src_arg = src;
-    let mut len_arg = len as u64;
-    let mut divisor_arg = divide_by;
-    let mut params: [*mut c_void; 4] = [
-        (&raw mut dst_arg).cast(),
-        (&raw mut src_arg).cast(),
-        (&raw mut len_arg).cast(),
-        (&raw mut divisor_arg).cast(),
-    ];
-    // SAFETY: the kernels take (T*, const T*, u64, u32), matching the four locals above, which
-    // outlive the call (the driver copies parameters at launch); pointer validity is the
-    // caller's contract.
-    unsafe { function.launch(stream, config, &mut params) }
+    let args = ReduceArgs { dst, src, len: len as u64, divisor: divide_by };
+    // SAFETY: a reduce kernel; the addresses are the caller's contract.
+    unsafe { launch_reduce(&function, stream, config, args) }
 }
 
 /// Blocks an exchange kernel may use: enough reads in flight across PCIe for the sizes it
@@ -233,12 +287,7 @@ pub unsafe fn exchange_raw(
     divide_by: u32,
     timeout_ns: u64,
 ) -> Result<()> {
-    if divide_by == 0 {
-        return Err(Error::InvalidArgument {
-            name: "divide_by",
-            reason: "must be at least 1 (the number of contributions)".into(),
-        });
-    }
+    check_divisor(divide_by)?;
     for (name, ptr, align) in [
         ("buf", buf, dtype.size_bytes() as u64),
         ("out_lines", lines.out_lines, 16),
@@ -257,22 +306,18 @@ pub unsafe fn exchange_raw(
     }
     let function = Module::load(stream.device(), REDUCE)?.function(exchange_kernel_name(op, dtype))?;
     let config = exchange_launch_config(len, dtype);
-    let (mut buf_arg, mut len_arg) = (buf, len as u64);
-    let (mut out_arg, mut in_arg, mut failed_arg) = (lines.out_lines, lines.in_lines, lines.failed);
-    let (mut seq_arg, mut divisor_arg, mut timeout_arg) = (seq, divide_by, timeout_ns);
-    let mut params: [*mut c_void; 8] = [
-        (&raw mut buf_arg).cast(),
-        (&raw mut len_arg).cast(),
-        (&raw mut out_arg).cast(),
-        (&raw mut in_arg).cast(),
-        (&raw mut seq_arg).cast(),
-        (&raw mut divisor_arg).cast(),
-        (&raw mut timeout_arg).cast(),
-        (&raw mut failed_arg).cast(),
-    ];
-    // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*), matching the
-    // eight locals above, which outlive the call; pointer validity is the caller's contract.
-    unsafe { function.launch(stream, config, &mut params) }
+    let args = ExchangeArgs {
+        buf,
+        len: len as u64,
+        out_lines: lines.out_lines,
+        in_lines: lines.in_lines,
+        seq,
+        divisor: divide_by,
+        timeout_ns,
+        failed: lines.failed,
+    };
+    // SAFETY: an exchange kernel; the addresses are the caller's contract.
+    unsafe { launch_exchange(&function, stream, config, args) }
 }
 
 #[cfg(test)]
