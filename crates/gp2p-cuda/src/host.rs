@@ -104,15 +104,9 @@ fn alloc_pinned(device: &Device, bytes: usize) -> Result<NonNull<u8>> {
     let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
     let mut raw: *mut c_void = std::ptr::null_mut();
     device.bind()?;
-    // SAFETY: a context is current; out-pointer to a local.
-    let mut code = unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) };
-    if code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        // Dropped pinned buffers may still be waiting for their GPU work: let them go first.
-        crate::lifetime::flush_releases();
-        device.bind()?;
-        // SAFETY: as above.
-        code = unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) };
-    }
+    // SAFETY: a context is current (flushing releases runs on this thread and leaves it so);
+    // out-pointer to a local.
+    let code = crate::lifetime::retry_after_releases(|| unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) });
     check(code, "cuMemHostAlloc")?;
     NonNull::new(raw.cast::<u8>())
         .ok_or_else(|| Error::InvalidArgument { name: "bytes", reason: "cuMemHostAlloc returned null".into() })

@@ -267,6 +267,19 @@ pub(crate) fn release_after(points: Vec<StreamPoint>, release: Release) {
     r.wake.notify_one();
 }
 
+/// Run a driver allocation; if it fails for lack of memory, wait until what was dropped has
+/// been released (waiting for its GPU work) and try once more. The out-of-memory path is the
+/// one place an allocation may block on other work.
+pub(crate) fn retry_after_releases(mut allocate: impl FnMut() -> sys::CUresult) -> sys::CUresult {
+    match allocate() {
+        sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            flush_releases();
+            allocate()
+        }
+        code => code,
+    }
+}
+
 /// Block until everything handed to the reclaimer so far has been released (waiting for the
 /// GPU work it waits for). For the out-of-memory path of allocations, which retry once after
 /// this, and for tests.

@@ -40,15 +40,9 @@ impl<T: Element> DeviceBuffer<T> {
         let mut ptr: CUdeviceptr = 0;
         if bytes > 0 {
             device.bind()?;
-            // SAFETY: the context is current; out-pointer to a local.
-            let mut code = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) };
-            if code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                // Dropped buffers may still be waiting for their GPU work: let them go first.
-                crate::lifetime::flush_releases();
-                device.bind()?;
-                // SAFETY: as above.
-                code = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) };
-            }
+            // SAFETY: the context is current (flushing releases runs on this thread and leaves
+            // it so); out-pointer to a local.
+            let code = crate::lifetime::retry_after_releases(|| unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) });
             check(code, "cuMemAlloc")?;
         }
         Ok(DeviceBuffer { device: device.clone(), ptr, len, uses: LastUses::new(), _marker: PhantomData })
