@@ -77,6 +77,12 @@ impl Stream {
         self.raw
     }
 
+    /// Whether `other` enqueues on the same driver stream (two `Stream` values may wrap one
+    /// handle: a borrowed stream and its owner, say).
+    pub fn is_same_as(&self, other: &Stream) -> bool {
+        self.device == other.device && self.raw == other.raw
+    }
+
     /// Whether this stream was borrowed with [`Stream::borrow_raw`].
     pub fn is_borrowed(&self) -> bool {
         !self.owned

@@ -30,6 +30,12 @@ pub struct PinnedBuffer<T: Element> {
     _marker: PhantomData<T>,
 }
 
+/// Refuses a device that cannot map pinned host memory into its address space (every
+/// staging path needs the mapping), with this crate's error.
+pub(crate) fn require_host_mapping(device: &Device) -> Result<()> {
+    if device.info().can_map_host_memory { Ok(()) } else { Err(Error::NoHostMapping { ordinal: device.ordinal() }) }
+}
+
 impl<T: Element> PinnedBuffer<T> {
     /// Allocate `len` zeroed elements. `device` supplies the context for the call; the memory
     /// is usable from every device.
@@ -37,9 +43,7 @@ impl<T: Element> PinnedBuffer<T> {
         let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
             Error::Cuda(gp2p_cuda::Error::InvalidArgument { name: "len", reason: format!("{len} elements overflow") })
         })?;
-        if !device.info().can_map_host_memory {
-            return Err(Error::NoHostMapping { ordinal: device.ordinal() });
-        }
+        require_host_mapping(device)?;
         Ok(PinnedBuffer { alloc: HostAllocation::new(device, bytes)?, len, _marker: PhantomData })
     }
 

@@ -9,6 +9,7 @@ use gp2p_cuda::__private::exchange_raw;
 use gp2p_cuda::{Device, DeviceViewMut, ExchangeLines, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes};
 
+use crate::buffer::require_host_mapping;
 use crate::{Error, Result};
 
 /// How long a rank's kernel waits for its peer's data before it gives up, by default.
@@ -68,9 +69,7 @@ impl LineExchange {
         }
         let half_bytes = exchange_line_bytes(max_bytes.max(1));
         for device in devices {
-            if !device.info().can_map_host_memory {
-                return Err(Error::NoHostMapping { ordinal: device.ordinal() });
-            }
+            require_host_mapping(device)?;
             // No kernel may be loaded lazily between the two ranks' launches.
             gp2p_cuda::load_all_reduce_kernels(device)?;
         }
@@ -145,7 +144,7 @@ impl LineExchange {
                 );
             }
         }
-        if streams[0].device() == streams[1].device() && streams[0].raw() == streams[1].raw() {
+        if streams[0].is_same_as(streams[1]) {
             return Err(gp2p_cuda::Error::InvalidArgument {
                 name: "streams",
                 reason: "both ranks on one stream: each rank's kernel waits for the other's, so they need two streams"

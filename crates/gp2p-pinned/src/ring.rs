@@ -8,6 +8,7 @@ use gp2p_cuda::SourceMemory;
 use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
 
+use crate::buffer::require_host_mapping;
 use crate::{Error, Result};
 
 /// Slot starts are aligned to this many bytes, so every slot suits the 16-byte vector path
@@ -134,11 +135,8 @@ impl StagingRing {
             }
             .into());
         }
-        for device in [producer, consumer] {
-            if !device.info().can_map_host_memory {
-                return Err(Error::NoHostMapping { ordinal: device.ordinal() });
-            }
-        }
+        require_host_mapping(producer)?;
+        require_host_mapping(consumer)?;
         let memory = HostAllocation::new(producer, total)?;
         // Consumers read the slots through their own mapping; fail now, not mid-pipeline.
         let consumer_base = memory.device_ptr(consumer)?;

@@ -110,7 +110,7 @@ impl Transport {
         if src.is_empty() {
             // Nothing moves, but the call still orders the two streams like any copy: each
             // one's later work follows the other's earlier work.
-            if !same_stream(src_stream, dst_stream) {
+            if !src_stream.is_same_as(dst_stream) {
                 order_after(dst_stream, src_stream, &pair.src_ready)?;
                 order_after(src_stream, dst_stream, &pair.dst_started)?;
             }
@@ -170,7 +170,7 @@ impl Pair {
         dst: &mut DeviceViewMut<'_, T>,
         dst_stream: &Stream,
     ) -> Result<()> {
-        let distinct = !same_stream(src_stream, dst_stream);
+        let distinct = !src_stream.is_same_as(dst_stream);
         if distinct {
             order_after(dst_stream, src_stream, &self.src_ready)?;
         }
@@ -197,7 +197,7 @@ impl Pair {
         // of small copies does not replace the ring at every size.
         let chunk_bytes = (plan.per_chunk().min(src.len()) * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
         let ring = self.ring.ensure(src.device(), dst.device(), chunking.slots, chunk_bytes)?;
-        let distinct = !same_stream(src_stream, dst_stream);
+        let distinct = !src_stream.is_same_as(dst_stream);
         if plan.count() == 1 {
             // One chunk: no pipeline to overlap, so no fork either — the two DMAs go on the
             // callers' own streams, the least latency a small copy can have.
@@ -268,8 +268,4 @@ fn order_after(later: &Stream, earlier: &Stream, event: &Event) -> Result<()> {
         later.wait(event)?;
     }
     Ok(())
-}
-
-fn same_stream(a: &Stream, b: &Stream) -> bool {
-    a.device() == b.device() && a.raw() == b.raw()
 }
