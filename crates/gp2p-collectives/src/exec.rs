@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::calibrate::{Path, choose};
 use crate::schedule::{Action, Schedule};
-use crate::{Result, Transport, step_divisor};
+use crate::{Result, Transport, spans_devices, step_divisor};
 
 /// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
 /// exchange ([`LineExchange`]) by default: none, for now. It is experimental and opt-in
@@ -126,8 +126,8 @@ impl Engine {
         if self.chunk_bytes.is_some() {
             return self.chunk_bytes;
         }
-        let distinct = devices.iter().any(|d| d != &devices[0]);
-        distinct.then(|| (bytes / 16).next_multiple_of(1 << 20).clamp(1 << 20, MULTI_DEVICE_MAX_CHUNK_BYTES))
+        spans_devices(devices)
+            .then(|| (bytes / 16).next_multiple_of(1 << 20).clamp(1 << 20, MULTI_DEVICE_MAX_CHUNK_BYTES))
     }
 
     /// The chunk size given to [`Engine::with_chunk_bytes`], if any.
@@ -162,8 +162,7 @@ impl Engine {
         // Slots fit the largest chunk, but never less than a small transfer's worth, so a
         // sweep of small collectives does not replace the rings at every size.
         let slot_bytes = (chunk * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
-        let distinct = devices.iter().any(|d| d != &devices[0]);
-        let cached = distinct && chunk * size_of::<T>() >= MULTI_DEVICE_MAX_CHUNK_BYTES;
+        let cached = spans_devices(&devices) && chunk * size_of::<T>() >= MULTI_DEVICE_MAX_CHUNK_BYTES;
         let slots = self.slots.unwrap_or(if cached { CACHED_SLOTS } else { SLOTS });
         let mut edges: Vec<&mut StagingRing> = Vec::with_capacity(n);
         for (r, cache) in rings.iter_mut().enumerate() {

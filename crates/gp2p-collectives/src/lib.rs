@@ -148,14 +148,11 @@ pub fn all_reduce<T: Element>(
 ) -> Result<()> {
     let len = check_ranks(ranks, "buffer")?;
     let bytes = len * size_of::<T>();
-    if ranks.len() == 2
-        && bytes > 0
-        && bytes <= engine.line_exchange_max()
-        && ranks[0].buffer.device() != ranks[1].buffer.device()
-    {
+    let devices = devices_of(ranks);
+    if ranks.len() == 2 && bytes > 0 && bytes <= engine.line_exchange_max() && spans_devices(&devices) {
         return engine.exchange_lines(ranks, op);
     }
-    let chunk = engine.chunk_for(bytes, &devices_of(ranks));
+    let chunk = engine.chunk_for(bytes, &devices);
     let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len, chunk);
     engine.execute(ranks, &schedule, op, transport)
 }
@@ -320,6 +317,12 @@ pub fn schedule_for<T: Element>(
         Collective::ReduceScatter => Schedule::reduce_scatter(ranks, len, chunk),
         Collective::Broadcast { root } => Schedule::broadcast(ranks, len, chunk, root),
     }
+}
+
+/// Whether the ranks' buffers are on more than one device (several cards' DMAs then run
+/// through host memory at once; logical ranks share one).
+pub(crate) fn spans_devices(devices: &[Device]) -> bool {
+    devices.iter().any(|d| d != &devices[0])
 }
 
 /// The devices of the ranks' buffers, in rank order.
