@@ -154,11 +154,11 @@ pub fn broadcast<T: Element>(ranks: &mut [Rank<'_, T>], root: usize) -> Result<(
 }
 
 /// The public primitives, for users who build their own schedules. Each returns the
-/// facade's [`Error`], except the two raw-pointer copies re-exported from
+/// facade's [`Error`], except the three raw-pointer primitives re-exported from
 /// `gp2p-pinned` (unsafe functions, which this crate does not define: it has no `unsafe`),
 /// whose error converts into it with `?`.
 pub mod ops {
-    pub use gp2p_pinned::{copy_from_host_raw, copy_to_host_raw};
+    pub use gp2p_pinned::{copy_from_host_raw, copy_to_host_raw, reduce_from_host_raw};
 
     use crate::{
         CopyOptions, DeviceView, DeviceViewMut, Element, PinnedView, PinnedViewMut, ReduceOp, Result, Route, Stream,

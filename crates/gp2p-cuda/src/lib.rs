@@ -68,7 +68,7 @@ pub use driver::{driver_version, is_driver_present, take_deferred_error};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind};
 pub use gate::HostGate;
-pub use host::HostAllocation;
+pub use host::{HostAllocation, mapped_device_ptr};
 pub use lifetime::{LastUses, StreamPoint};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, out_of_bounds};
 pub use module::{Function, LaunchConfig, Module};

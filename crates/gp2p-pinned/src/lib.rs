@@ -46,5 +46,8 @@ mod ring;
 pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned, is_pinned_on};
 pub use error::{Error, Result};
 pub use exchange::{DEFAULT_PEER_TIMEOUT, LineExchange};
-pub use ops::{copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host, require_pinned};
+pub use ops::{
+    copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host, reduce_from_host_raw,
+    require_pinned,
+};
 pub use ring::{Fold, MAX_SLOTS, RingCache, Sent, StagingRing};

@@ -140,3 +140,34 @@ pub unsafe fn copy_from_host_raw<T: Element>(
     dst.note_use(&stream.point()?);
     Ok(())
 }
+
+/// [`reduce_from_host`] with `src` in page-locked host memory from elsewhere (a framework's
+/// pinned tensor), given by address: the kernel reads it across PCIe where the stream's
+/// device maps it, with the zero-copy launch shape. Refused with [`Error::NotPinned`] unless
+/// the range is page-locked; the refusal leaves no CUDA error behind.
+///
+/// # Safety
+/// `src` must point to `len` elements of `T` of page-locked host memory (checked), which
+/// stay allocated and unwritten until the kernel completes on `stream`; this crate does not
+/// own it, so the lifetime rule does not cover it.
+pub unsafe fn reduce_from_host_raw<T: Element>(
+    stream: &Stream,
+    dst: &mut DeviceViewMut<'_, T>,
+    src: *const T,
+    len: usize,
+    op: ReduceOp,
+    divide_by: u32,
+) -> Result<()> {
+    check_pair(stream, dst.device().ordinal(), "dst", dst.len(), len)?;
+    require_pinned(stream.device(), "src", src.cast(), dst.bytes())?;
+    if len == 0 {
+        return Ok(());
+    }
+    let mapped = gp2p_cuda::mapped_device_ptr(stream.device(), src.cast())?;
+    // SAFETY: dst is len device elements on the stream's device (checked); `mapped` addresses
+    // the caller's len pinned elements as this device sees them, valid per the contract;
+    // host memory never overlaps device memory.
+    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, len, T::DTYPE, op, divide_by, SourceMemory::MappedHost)? };
+    dst.note_use(&stream.point()?);
+    Ok(())
+}

@@ -19,7 +19,7 @@ pub(crate) enum Class {
     /// `UnavailableError`: no NVIDIA driver, or no such device.
     Unavailable,
     /// `UnsupportedDeviceError`: a device geforce-p2p cannot use (compute capability, no
-    /// host mapping, no unified addressing).
+    /// host mapping).
     UnsupportedDevice,
     /// `InvalidArgumentError` (also a `ValueError`): bad input, refused before any GPU work.
     InvalidArgument,

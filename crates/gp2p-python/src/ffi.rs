@@ -229,22 +229,12 @@ fn reduce_from_host_t<T: Element>(
     divide_by: u32,
 ) -> Result<(), Raised> {
     let to = Caller::open(dst)?;
-    if !to.device.info().unified_addressing {
-        return Err(Raised {
-            class: crate::error::Class::UnsupportedDevice,
-            message: format!(
-                "device {} has no unified addressing, so a kernel cannot read pinned host memory at its host address",
-                to.device.ordinal()
-            ),
-        });
-    }
-    let bytes = len * size_of::<T>();
-    geforce_p2p::pinned::require_pinned(&to.device, "src", host_ptr::<u8>(src).cast_const(), bytes)?;
     let mut target = to.view_mut::<T>(dst.ptr, len);
-    // Pinned host memory is mapped into every device at its host address where unified
-    // addressing is on (checked above), so the kernel reads it there.
-    let source = to.view::<T>(src, len);
-    Ok(ops::reduce(&to.stream, &mut target, &source, op, divide_by)?)
+    // SAFETY: by the module's contract (1, 3, 4), `src` addresses `len` elements of a CPU
+    // tensor the caller keeps, unwritten, until the kernel is done on the stream; the call
+    // refuses it unless it is page-locked.
+    unsafe { ops::reduce_from_host_raw(&to.stream, &mut target, host_ptr::<T>(src).cast_const(), len, op, divide_by)? };
+    Ok(())
 }
 
 /// `dst[i] = op(dst[i], src[i])` with `src` read by the kernel straight out of pinned host
