@@ -174,7 +174,7 @@ fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
         });
         s1.wait(&event).unwrap();
         let after = s1.point().unwrap();
-        s1.synchronize_or_timeout(Duration::from_millis(2));
+        settle(&s1, Duration::from_millis(2));
         let passed_early = after.is_complete().unwrap() && !event.is_complete().unwrap();
         gate.open();
         s1.synchronize().unwrap();
@@ -182,18 +182,12 @@ fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
     }
 }
 
-/// Sleep until `stream` is idle or `limit` passes (a non-blocking stand-in for synchronize
-/// on a stream that may be waiting on a gate).
-trait SettleExt {
-    fn synchronize_or_timeout(&self, limit: Duration);
-}
-
-impl SettleExt for Stream {
-    fn synchronize_or_timeout(&self, limit: Duration) {
-        let start = Instant::now();
-        while !self.is_idle().unwrap() && start.elapsed() < limit {
-            std::thread::sleep(Duration::from_micros(100));
-        }
+/// Sleep until `stream` is idle or `limit` passes (a stand-in for synchronize on a stream
+/// that may be waiting on a held one).
+fn settle(stream: &Stream, limit: Duration) {
+    let start = Instant::now();
+    while !stream.is_idle().unwrap() && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
