@@ -31,9 +31,7 @@
 //!    device, and [`check_disjoint`] refuses the rest before any work.
 #![allow(unsafe_code)]
 
-use std::sync::LazyLock;
-
-use geforce_p2p::collectives::{self, Engine, Rank, Transport as Receive};
+use geforce_p2p::collectives::{self, Rank, Transport as Receive};
 use geforce_p2p::cuda::sys::CUstream;
 use geforce_p2p::{CopyOptions, DType, Device, DeviceView, DeviceViewMut, Element, ReduceOp, Route, Stream, half, ops};
 use pyo3::prelude::*;
@@ -41,11 +39,9 @@ use pyo3::prelude::*;
 use crate::args::{self, Memory, MemoryArg, memories};
 use crate::error::Raised;
 
-/// The collective engine of the process: its staging rings, internal streams and scratch
-/// buffers are shared by every call, as the facade's copy engine is.
-fn engine() -> &'static Engine {
-    static ENGINE: LazyLock<Engine> = LazyLock::new(Engine::new);
-    &ENGINE
+/// The callers' memories as ranks of `len` elements, each on its caller's stream.
+fn ranks_of<'c, T: Element>(callers: &'c [Caller], memories: &[Memory], len: usize) -> Vec<Rank<'c, T>> {
+    callers.iter().zip(memories).map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, len), stream: &c.stream }).collect()
 }
 
 /// Run `f::<T>(args...)` with `T` the element type of a [`DType`].
@@ -293,12 +289,8 @@ pub(crate) fn reduce(
 
 fn all_reduce_t<T: Element>(ranks: &[Memory], len: usize, op: ReduceOp, receive: Receive) -> Result<(), Raised> {
     let callers = ranks.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
-    let mut views: Vec<Rank<'_, T>> = callers
-        .iter()
-        .zip(ranks)
-        .map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, len), stream: &c.stream })
-        .collect();
-    Ok(collectives::all_reduce(engine(), &mut views, op, receive)?)
+    let mut views = ranks_of::<T>(&callers, ranks, len);
+    Ok(collectives::all_reduce(geforce_p2p::collectives(), &mut views, op, receive)?)
 }
 
 /// In place: every rank's `len` elements become `op` over all ranks'. One rank per device.
@@ -325,12 +317,8 @@ fn all_gather_t<T: Element>(inputs: &[u64], in_len: usize, outputs: &[Memory], r
     let callers = outputs.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
     let out_len = args::times("outputs", outputs.len(), in_len)?;
     let sources: Vec<DeviceView<'_, T>> = callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, in_len)).collect();
-    let mut ranks: Vec<Rank<'_, T>> = callers
-        .iter()
-        .zip(outputs)
-        .map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, out_len), stream: &c.stream })
-        .collect();
-    Ok(collectives::all_gather(engine(), &sources, &mut ranks, receive)?)
+    let mut ranks = ranks_of::<T>(&callers, outputs, out_len);
+    Ok(collectives::all_gather(geforce_p2p::collectives(), &sources, &mut ranks, receive)?)
 }
 
 /// Every output (n × `in_len` elements) becomes the concatenation of all inputs (`in_len`
@@ -368,12 +356,8 @@ fn reduce_scatter_t<T: Element>(
     let callers = outputs.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
     let in_len = args::times("inputs", outputs.len(), out_len)?;
     let sources: Vec<DeviceView<'_, T>> = callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, in_len)).collect();
-    let mut ranks: Vec<Rank<'_, T>> = callers
-        .iter()
-        .zip(outputs)
-        .map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, out_len), stream: &c.stream })
-        .collect();
-    Ok(collectives::reduce_scatter(engine(), &sources, &mut ranks, op, receive)?)
+    let mut ranks = ranks_of::<T>(&callers, outputs, out_len);
+    Ok(collectives::reduce_scatter(geforce_p2p::collectives(), &sources, &mut ranks, op, receive)?)
 }
 
 /// Output r (`out_len` elements) becomes `op` over segment r of every input (n × `out_len`
@@ -404,12 +388,8 @@ pub(crate) fn reduce_scatter(
 
 fn broadcast_t<T: Element>(ranks: &[Memory], len: usize, root: usize, receive: Receive) -> Result<(), Raised> {
     let callers = ranks.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
-    let mut views: Vec<Rank<'_, T>> = callers
-        .iter()
-        .zip(ranks)
-        .map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, len), stream: &c.stream })
-        .collect();
-    Ok(collectives::broadcast(engine(), &mut views, root, receive)?)
+    let mut views = ranks_of::<T>(&callers, ranks, len);
+    Ok(collectives::broadcast(geforce_p2p::collectives(), &mut views, root, receive)?)
 }
 
 /// Every rank's `len` elements become a copy of rank `root`'s. One rank per device.
