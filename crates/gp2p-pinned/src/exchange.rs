@@ -180,13 +180,12 @@ impl LineExchange {
             // SAFETY: the buffer is `len` elements on the stream's device (checked above);
             // both halves hold exchange_line_bytes(max_bytes) >= what `len` needs, are
             // 256-aligned mapped pinned memory that only rank r writes (`own`), and outlive
-            // the kernels by the points noted below; `failed` is rank r's own u32. Both
-            // ranks' kernels are enqueued in this loop.
+            // the kernels by the points noted right after each launch; `failed` is rank r's
+            // own u32. Both ranks' kernels are enqueued in this loop (should the second
+            // launch fail, the first gives up at its timeout, its uses already noted).
             unsafe {
                 exchange_raw(streams[r], bufs[r].raw_ptr(), len, T::DTYPE, op, lines, seq, divide_by, timeout_ns)?
             };
-        }
-        for r in 0..2 {
             let point = streams[r].point()?;
             bufs[r].note_use(&point);
             self.lines[0].uses().note(&point);
