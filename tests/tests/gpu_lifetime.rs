@@ -354,3 +354,31 @@ fn zero_length_copies_order_both_streams() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn borrowing_one_stream_at_every_call_keeps_one_use_for_it() {
+    let _serial = gp2p_tests::serial();
+    // A framework hands over its current stream at each call (the Python package borrows it
+    // anew every time). Each borrow must count as that one stream: were each a stream of its
+    // own, the buffer would keep a point per call and every later call would wait on all.
+    let device = device();
+    let owner = Stream::new(&device).unwrap();
+    let mut buffer = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
+    let gate = hold(&owner);
+    for byte in 0..40u8 {
+        // SAFETY: `owner` outlives every borrow and the work enqueued through them (it is
+        // synchronised below before it drops).
+        let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
+        buffer.fill_bytes(&borrowed, byte).unwrap();
+    }
+    assert_eq!(buffer.uses().stream_count(), 1, "40 borrows of one stream, all pending");
+    let other = Stream::new(&device).unwrap();
+    other.wait_point(&owner.point().unwrap()).unwrap();
+    buffer.fill_bytes(&other, 40).unwrap();
+    assert_eq!(buffer.uses().stream_count(), 2, "a second stream is a second use");
+    gate.open();
+    other.synchronize().unwrap();
+    owner.synchronize().unwrap();
+    assert_eq!(buffer.to_host_vec(&other).unwrap(), vec![u32::from_ne_bytes([40; 4]); 1024]);
+}

@@ -85,27 +85,36 @@ fn ranks_sharing_a_device_never_take_the_line_exchange() {
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
     let _serial = gp2p_tests::serial();
-    // Sums of u32 double each time: after k calls both ranks hold 2^(k-1) (x0 + x1), wrapping.
+    // Each call on buffers of its own, with fresh data, so every call's result is checked on
+    // its own: a chain of sums on one buffer would double each time and reach zero after 32
+    // calls, hiding any call after those. (An earlier version computed its expectation with
+    // a shift masked to 5 bits and failed for that reason, not the exchange's.)
     let devices = two();
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
-    // Failed once on two H200s (len 5, rank 0 wrong after 300 calls, no error): the reason
-    // the line exchange is off by default. Kept so the next run shows whether it still does.
     let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
+    let calls = 300;
     for len in [5usize, 333, LINE_EXCHANGE_WINS_UP_TO / 4] {
-        let inputs: Vec<Vec<u32>> = (0..2).map(|r| random(len, 40 + r as u64)).collect();
-        let mut bufs: Vec<DeviceBuffer<u32>> =
-            inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
-        let calls = 300;
-        for _ in 0..calls {
-            let mut ranks: Vec<Rank<'_, u32>> =
-                bufs.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
+        let seed = 1000 * len as u64;
+        let inputs: Vec<[Vec<u32>; 2]> =
+            (0..calls).map(|c| [0, 1].map(|r| random(len, seed + 2 * c as u64 + r))).collect();
+        let mut bufs: Vec<[DeviceBuffer<u32>; 2]> =
+            inputs.iter().map(|pair| [0, 1].map(|r| DeviceBuffer::from_host(&streams[r], &pair[r]).unwrap())).collect();
+        for pair in &streams {
+            pair.synchronize().unwrap();
+        }
+        for pair in &mut bufs {
+            let [b0, b1] = pair;
+            let mut ranks = vec![
+                Rank { buffer: b0.view_mut(..), stream: &streams[0] },
+                Rank { buffer: b1.view_mut(..), stream: &streams[1] },
+            ];
             all_reduce(&engine, &mut ranks, ReduceOp::Sum, Transport::Auto).unwrap();
         }
-        let scale = 1u32.wrapping_shl(calls - 1);
-        let want: Vec<u32> =
-            inputs[0].iter().zip(&inputs[1]).map(|(a, b)| a.wrapping_add(*b).wrapping_mul(scale)).collect();
-        for (r, (b, s)) in bufs.iter().zip(&streams).enumerate() {
-            assert!(b.to_host_vec(s).unwrap() == want, "len {len} rank {r} after {calls} calls");
+        for (c, (pair, input)) in bufs.iter().zip(&inputs).enumerate() {
+            let want: Vec<u32> = input[0].iter().zip(&input[1]).map(|(a, b)| a.wrapping_add(*b)).collect();
+            for r in 0..2 {
+                assert!(pair[r].to_host_vec(&streams[r]).unwrap() == want, "len {len} call {c} rank {r}");
+            }
         }
     }
 }

@@ -35,11 +35,33 @@ struct Tracked {
     model: Vec<u32>,
 }
 
+/// One timed drop: how long it took, how much of that the thread sat runnable waiting for a
+/// CPU (the scheduler's doing, not the drop's), and what was dropped.
+#[derive(Clone, Copy)]
+struct DropTime {
+    took: Duration,
+    runnable: Duration,
+    what: &'static str,
+}
+
+impl DropTime {
+    /// The time the drop ran or blocked: what the library is answerable for.
+    fn own(&self) -> Duration {
+        self.took.saturating_sub(self.runnable)
+    }
+}
+
+/// Nanoseconds this thread has spent runnable but waiting for a CPU (Linux schedstat), if known.
+fn runqueue_wait_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// What one thread measured.
 #[derive(Default)]
 struct Tally {
     ops: usize,
-    drops: Vec<Duration>,
+    drops: Vec<DropTime>,
     checked: usize,
 }
 
@@ -68,9 +90,16 @@ impl Worker<'_> {
     }
 
     fn drop_timed<T>(&mut self, value: T) {
+        let waited = runqueue_wait_ns();
         let start = Instant::now();
         drop(value);
-        self.tally.drops.push(start.elapsed());
+        let took = start.elapsed();
+        let runnable = match (waited, runqueue_wait_ns()) {
+            (Some(before), Some(after)) => Duration::from_nanos(after.saturating_sub(before)),
+            _ => Duration::ZERO,
+        };
+        let what = std::any::type_name::<T>().rsplit("::").next().unwrap_or("?");
+        self.tally.drops.push(DropTime { took, runnable, what });
     }
 
     /// A fresh buffer written at once: from a pinned buffer of random data, or by a memset.
@@ -299,29 +328,42 @@ fn random_operations_from_many_threads_without_host_synchronisation() {
         }
     });
     let tallies = tallies.into_inner().unwrap();
-    let mut drops: Vec<Duration> = tallies.iter().flat_map(|t| t.drops.iter().copied()).collect();
-    drops.sort();
+    let mut drops: Vec<DropTime> = tallies.iter().flat_map(|t| t.drops.iter().copied()).collect();
+    drops.sort_by_key(|d| d.took);
     let ops: usize = tallies.iter().map(|t| t.ops).sum();
     let checked: usize = tallies.iter().map(|t| t.checked).sum();
-    let max = drops.last().copied().unwrap_or_default();
-    let p999 = drops.get(drops.len() * 999 / 1000).copied().unwrap_or_default();
-    let p99 = drops.get(drops.len() * 99 / 100).copied().unwrap_or_default();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let at = |q: usize| drops.get(drops.len() * q / 1000).map_or(Duration::ZERO, |d| d.took);
+    let (p99, p999) = (at(990), at(999));
+    let own_max = drops.iter().map(DropTime::own).max().unwrap_or_default();
     println!(
-        "stress: {ops} operations in {:.2} s, {checked} buffers checked, {} drops: p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+        "stress: {ops} operations in {:.2} s, {checked} buffers checked, {} drops: p99 {:.1} us, p99.9 {:.1} us, max {:.1} us; max without runqueue waits {:.1} us",
         started.elapsed().as_secs_f64(),
         drops.len(),
-        p99.as_secs_f64() * 1e6,
-        p999.as_secs_f64() * 1e6,
-        max.as_secs_f64() * 1e6
+        us(p99),
+        us(p999),
+        us(drops.last().map_or(Duration::ZERO, |d| d.took)),
+        us(own_max),
     );
+    for d in drops.iter().rev().take(5) {
+        println!(
+            "stress: slow drop of {}: {:.1} us, {:.1} us of it runnable, waiting for a CPU",
+            d.what,
+            us(d.took),
+            us(d.runnable)
+        );
+    }
     assert_eq!(ops, total);
     assert!(checked > 0, "some buffers survive to be checked");
-    // The drops themselves take microseconds (gpu_lifetime times each kind alone); with
-    // eight threads, the driver's threads and the reclaimer on a shared machine, a thread is
-    // now and then descheduled in the middle of one (measured on H200 machines: p99.9 of
-    // 1-2.6 ms at most), so the bound is on the 99th percentile, and the maximum is held to
-    // five times it.
+    // The drops themselves take microseconds (gpu_lifetime times each kind alone). With eight
+    // threads, the driver's threads and the reclaimer on a shared machine, a thread is now
+    // and then descheduled in the middle of one (measured on H200 machines: p99.9 of 1-1.8
+    // ms): time spent runnable, waiting for a CPU, is the scheduler's, so the bound on every
+    // drop excludes it, and the 99th percentile is bounded with it included.
     assert!(p99 < drop_limit(), "seed {seed}: the 99th percentile of drops took {p99:?}");
-    assert!(max < 5 * drop_limit(), "seed {seed}: a drop blocked the host for {max:?}");
+    assert!(
+        own_max < drop_limit(),
+        "seed {seed}: a drop blocked the host for {own_max:?} (not counting runqueue waits)"
+    );
     assert_eq!(geforce_p2p::cuda::take_deferred_error(), None, "seed {seed}: a destructor failed");
 }

@@ -92,7 +92,10 @@ impl Drop for Point {
 const MAX_POOLED_EVENTS: usize = 4096;
 
 fn take_pooled_event(device: &Device) -> Result<Event> {
-    match device.spare_events().lock().pop() {
+    // The pool's lock is let go before a new event is created: the driver call can wait
+    // behind another thread's allocation, and no other thread should wait on the pool for it.
+    let spare = device.spare_events().lock().pop();
+    match spare {
         Some(event) => Ok(event),
         None => Event::new(device, EventKind::Sync),
     }
@@ -140,6 +143,12 @@ impl LastUses {
             points.retain(|p| !p.is_complete().unwrap_or(false));
         }
         points.push(point.clone());
+    }
+
+    /// How many streams' latest uses are recorded (completed ones are pruned only once
+    /// there are several).
+    pub fn stream_count(&self) -> usize {
+        self.points.lock().len()
     }
 
     /// Make `stream` wait, on the GPU, for every recorded use (other than its own, which its

@@ -101,6 +101,11 @@ impl<T: Element> DeviceBuffer<T> {
         self.len == 0
     }
 
+    /// Where GPU work last used the buffer.
+    pub fn uses(&self) -> &LastUses {
+        &self.uses
+    }
+
     /// Size in bytes.
     pub fn bytes(&self) -> usize {
         self.len * size_of::<T>()

@@ -1,7 +1,9 @@
 //! `Stream`: owned or borrowed CUDA streams, and `StreamFork` for work on internal streams.
 #![allow(unsafe_code)]
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUresult, CUstream, CUstream_flags};
 use parking_lot::Mutex;
@@ -23,20 +25,56 @@ pub struct Stream {
     device: Device,
     raw: CUstream,
     owned: bool,
-    /// Unique per `Stream` value for the life of the process (never reused, unlike a raw
-    /// handle), so a point knows whether it was taken on this very stream.
+    identity: Arc<Identity>,
+}
+
+/// Identifies one driver stream for the life of the process; 0 is no stream.
+pub(crate) type StreamId = u64;
+
+/// What every `Stream` value over one driver stream shares: its id, never reused (unlike a
+/// raw handle), so a point knows whether it was taken on the stream it is waited on, and the
+/// number of points taken so far, held across each record so that the numbers follow the
+/// driver's order of records on the stream.
+struct Identity {
     id: StreamId,
-    /// The number of points taken so far, held across each record so that the numbers
-    /// follow the driver's order of records on the stream.
     points: Mutex<u64>,
 }
 
-/// Identifies one [`Stream`] value; 0 is no stream.
-pub(crate) type StreamId = u64;
+impl Identity {
+    fn fresh() -> Arc<Identity> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Arc::new(Identity { id: NEXT.fetch_add(1, Ordering::Relaxed), points: Mutex::new(0) })
+    }
 
-fn next_stream_id() -> StreamId {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    /// The identity of a borrowed driver stream. A framework hands over the same stream at
+    /// every call (PyTorch's current stream); were each borrow a stream of its own, every
+    /// allocation it touches would keep a point per call, and every later call would wait
+    /// for all of them. The driver's stream id (`cuStreamGetId`) is unique in the process and
+    /// never reused, so borrows of one stream share one identity, kept for the process.
+    /// The per-thread default stream is one handle for a different stream on each thread, so
+    /// each of its borrows (and any stream the driver cannot name) gets an identity of its own.
+    fn of_borrowed(device: &Device, raw: CUstream) -> Arc<Identity> {
+        /// `CU_STREAM_PER_THREAD` in cuda.h.
+        const PER_THREAD: usize = 0x2;
+        if raw as usize == PER_THREAD {
+            return Identity::fresh();
+        }
+        let mut driver_id: std::ffi::c_ulonglong = 0;
+        let named = device.bind().is_ok() && {
+            // SAFETY: the caller vouches for the handle (`borrow_raw`'s contract); a context
+            // is current; out-pointer to a local.
+            let code = unsafe { sys::cuStreamGetId(raw, &mut driver_id) };
+            code == CUresult::CUDA_SUCCESS
+        };
+        if !named {
+            return Identity::fresh();
+        }
+        /// Identities of the borrowed streams seen so far, by device ordinal and driver id.
+        type Known = Mutex<HashMap<(usize, u64), Arc<Identity>>>;
+        static KNOWN: OnceLock<Known> = OnceLock::new();
+        let known = KNOWN.get_or_init(Default::default);
+        known.lock().entry((device.ordinal(), driver_id)).or_insert_with(Identity::fresh).clone()
+    }
 }
 
 // SAFETY: CUstream is an opaque driver handle; enqueueing from several threads is allowed
@@ -54,7 +92,7 @@ impl Stream {
         let flags = CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: the context is current; out-pointer to a local.
         check(unsafe { sys::cuStreamCreate(&mut raw, flags) }, "cuStreamCreate")?;
-        Ok(Stream { device: device.clone(), raw, owned: true, id: next_stream_id(), points: Mutex::new(0) })
+        Ok(Stream { device: device.clone(), raw, owned: true, identity: Identity::fresh() })
     }
 
     /// Borrow a stream created elsewhere. A null handle means the legacy default stream.
@@ -64,7 +102,7 @@ impl Stream {
     /// as long as the returned `Stream` and anything enqueued through it are in use. It is
     /// never destroyed by this crate.
     pub unsafe fn borrow_raw(device: &Device, raw: RawStream) -> Stream {
-        Stream { device: device.clone(), raw, owned: false, id: next_stream_id(), points: Mutex::new(0) }
+        Stream { device: device.clone(), raw, owned: false, identity: Identity::of_borrowed(device, raw) }
     }
 
     /// The device this stream belongs to.
@@ -100,7 +138,7 @@ impl Stream {
     /// record of the operations that touch memory, and the cheapest way to order another
     /// stream after this one.
     pub fn point(&self) -> Result<StreamPoint> {
-        let mut count = self.points.lock();
+        let mut count = self.identity.points.lock();
         *count += 1;
         StreamPoint::record(self, *count)
     }
@@ -110,7 +148,7 @@ impl Stream {
     /// puts that work first, and a GPU-side wait costs microseconds on a small copy's
     /// critical path.
     pub fn wait_point(&self, point: &StreamPoint) -> Result<()> {
-        if point.stream_id() == self.id {
+        if point.stream_id() == self.identity.id {
             return Ok(());
         }
         self.wait(point.event())
@@ -128,7 +166,7 @@ impl Stream {
     }
 
     pub(crate) fn id(&self) -> StreamId {
-        self.id
+        self.identity.id
     }
 
     /// Block the host until everything enqueued on this stream is done. Also returns the
