@@ -11,12 +11,12 @@ use geforce_p2p::half::{bf16, f16};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
-    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter,
+    Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
 use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, every_dtype, fill_random, max_len};
 
 const POISON: u8 = 0xA5;
-const TRANSPORTS: [Transport; 2] = [Transport::Scratch, Transport::ZeroCopy];
+const RECEIVE_PATHS: [Receive; 2] = [Receive::Scratch, Receive::ZeroCopy];
 /// Up to this length results are also compared with the replayed schedule; the replay runs
 /// on one thread, so longer cases are checked against the (parallel) fold alone.
 const REPLAY_MAX_LEN: usize = 1 << 21;
@@ -81,13 +81,13 @@ fn check_fold<T: Reference>(got: &[T], inputs: &[&[T]], op: ReduceOp, what: &str
 }
 
 /// One in-place all_reduce over `n` logical ranks of `len` elements, verified both ways.
-fn all_reduce_case<T: Reference>(engine: &Engine, n: usize, len: usize, op: ReduceOp, transport: Transport, seed: u64) {
+fn all_reduce_case<T: Reference>(engine: &Engine, n: usize, len: usize, op: ReduceOp, receive: Receive, seed: u64) {
     let ranks = Ranks::new(n);
     let inputs = ranks.random::<T>(len, seed);
     let mut bufs = ranks.upload(&inputs);
-    all_reduce(engine, &mut ranks.ranks(&mut bufs), op, transport).unwrap();
+    all_reduce(engine, &mut ranks.ranks(&mut bufs), op, receive).unwrap();
     let got = ranks.download(&bufs);
-    let what = |r: usize| format!("all_reduce {} {op} n={n} len={len} {transport:?} rank {r}", T::DTYPE);
+    let what = |r: usize| format!("all_reduce {} {op} n={n} len={len} {receive:?} rank {r}", T::DTYPE);
     let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
     for (r, rank_got) in got.iter().enumerate() {
         check_fold(rank_got, &refs, op, &what(r));
@@ -104,16 +104,16 @@ fn all_reduce_case<T: Reference>(engine: &Engine, n: usize, len: usize, op: Redu
     }
 }
 
-fn all_gather_case<T: Reference>(engine: &Engine, n: usize, part: usize, transport: Transport, seed: u64) {
+fn all_gather_case<T: Reference>(engine: &Engine, n: usize, part: usize, receive: Receive, seed: u64) {
     let ranks = Ranks::new(n);
     let inputs = ranks.random::<T>(part, seed);
     let bufs = ranks.upload(&inputs);
     let mut outputs = ranks.poisoned::<T>(n * part);
     let views: Vec<_> = bufs.iter().map(|b| b.view(..)).collect();
-    all_gather(engine, &views, &mut ranks.ranks(&mut outputs), transport).unwrap();
+    all_gather(engine, &views, &mut ranks.ranks(&mut outputs), receive).unwrap();
     let gathered = inputs.concat();
     for (r, got) in ranks.download(&outputs).iter().enumerate() {
-        assert!(*got == gathered, "all_gather {} n={n} part={part} {transport:?} rank {r}", T::DTYPE);
+        assert!(*got == gathered, "all_gather {} n={n} part={part} {receive:?} rank {r}", T::DTYPE);
     }
     assert!(ranks.download(&bufs) == inputs, "all_gather left its inputs alone");
 }
@@ -123,7 +123,7 @@ fn reduce_scatter_case<T: Reference>(
     n: usize,
     part: usize,
     op: ReduceOp,
-    transport: Transport,
+    receive: Receive,
     seed: u64,
 ) {
     let ranks = Ranks::new(n);
@@ -131,10 +131,10 @@ fn reduce_scatter_case<T: Reference>(
     let bufs = ranks.upload(&inputs);
     let mut outputs = ranks.poisoned::<T>(part);
     let views: Vec<_> = bufs.iter().map(|b| b.view(..)).collect();
-    reduce_scatter(engine, &views, &mut ranks.ranks(&mut outputs), op, transport).unwrap();
+    reduce_scatter(engine, &views, &mut ranks.ranks(&mut outputs), op, receive).unwrap();
     let want = expected(Collective::ReduceScatter, &inputs, op);
     for (r, got) in ranks.download(&outputs).iter().enumerate() {
-        let what = format!("reduce_scatter {} {op} n={n} part={part} {transport:?} rank {r}", T::DTYPE);
+        let what = format!("reduce_scatter {} {op} n={n} part={part} {receive:?} rank {r}", T::DTYPE);
         check_replay(got, &want[r], op, &what);
         let seg = segment(n, n * part, r);
         let refs: Vec<&[T]> = inputs.iter().map(|v| &v[seg.clone()]).collect();
@@ -147,7 +147,7 @@ fn broadcast_case<T: Reference>(engine: &Engine, n: usize, len: usize, root: usi
     let ranks = Ranks::new(n);
     let inputs = ranks.random::<T>(len, seed);
     let mut bufs = ranks.upload(&inputs);
-    broadcast(engine, &mut ranks.ranks(&mut bufs), root, Transport::Auto).unwrap();
+    broadcast(engine, &mut ranks.ranks(&mut bufs), root, Receive::Auto).unwrap();
     for (r, got) in ranks.download(&bufs).iter().enumerate() {
         assert!(*got == inputs[root], "broadcast {} n={n} len={len} root {root}: rank {r}", T::DTYPE);
     }
@@ -159,11 +159,11 @@ fn all_reduce_every_op_and_dtype_on_two_to_four_ranks() {
     let engine = Engine::new();
     let mut seed = 1;
     for n in [2, 3, 4] {
-        for transport in TRANSPORTS {
+        for receive in RECEIVE_PATHS {
             for op in ReduceOp::ALL {
                 for len in [n + 1, 70_001] {
                     seed += 1;
-                    every_dtype!(all_reduce_case(&engine, n, len, op, transport, seed));
+                    every_dtype!(all_reduce_case(&engine, n, len, op, receive, seed));
                 }
             }
         }
@@ -176,7 +176,7 @@ fn all_reduce_f32_and_bf16_full_sweep() {
     let engine = Engine::new();
     let mut seed = 1000;
     for n in [2, 3, 4] {
-        for transport in TRANSPORTS {
+        for receive in RECEIVE_PATHS {
             for len in [1, n - 1, n + 1, (1 << 20) + 3, 1 << 28] {
                 if len > max_len() {
                     continue;
@@ -185,8 +185,8 @@ fn all_reduce_f32_and_bf16_full_sweep() {
                     if len > REPLAY_MAX_LEN { &[ReduceOp::Sum] } else { &[ReduceOp::Sum, ReduceOp::Avg] };
                 for &op in ops {
                     seed += 1;
-                    all_reduce_case::<f32>(&engine, n, len, op, transport, seed);
-                    all_reduce_case::<bf16>(&engine, n, len, op, transport, seed);
+                    all_reduce_case::<f32>(&engine, n, len, op, receive, seed);
+                    all_reduce_case::<bf16>(&engine, n, len, op, receive, seed);
                 }
             }
         }
@@ -195,11 +195,11 @@ fn all_reduce_f32_and_bf16_full_sweep() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn auto_transport_gives_the_same_results() {
+fn auto_receive_gives_the_same_results() {
     let engine = Engine::new();
     for op in ReduceOp::ALL {
-        all_reduce_case::<f16>(&engine, 3, 300_001, op, Transport::Auto, 7);
-        all_reduce_case::<i64>(&engine, 2, 300_001, op, Transport::Auto, 8);
+        all_reduce_case::<f16>(&engine, 3, 300_001, op, Receive::Auto, 7);
+        all_reduce_case::<i64>(&engine, 2, 300_001, op, Receive::Auto, 8);
     }
 }
 
@@ -217,8 +217,8 @@ fn one_hundred_back_to_back_all_reduces_without_host_sync() {
         })
         .collect();
     for (i, (_, bufs)) in cases.iter_mut().enumerate() {
-        let transport = TRANSPORTS[i % 2];
-        all_reduce(&engine, &mut ranks.ranks(bufs), ReduceOp::Sum, transport).unwrap();
+        let receive = RECEIVE_PATHS[i % 2];
+        all_reduce(&engine, &mut ranks.ranks(bufs), ReduceOp::Sum, receive).unwrap();
     }
     for (i, (inputs, bufs)) in cases.iter().enumerate() {
         let want = expected(Collective::AllReduce, inputs, ReduceOp::Sum);
@@ -234,17 +234,17 @@ fn all_gather_reduce_scatter_and_broadcast_on_two_to_four_ranks() {
     let engine = Engine::new();
     let mut seed = 5000;
     for n in [2, 3, 4] {
-        for transport in TRANSPORTS {
+        for receive in RECEIVE_PATHS {
             for part in [1, 3, 33_333] {
                 seed += 1;
-                every_dtype!(all_gather_case(&engine, n, part, transport, seed));
+                every_dtype!(all_gather_case(&engine, n, part, receive, seed));
                 for op in ReduceOp::ALL {
-                    reduce_scatter_case::<f32>(&engine, n, part, op, transport, seed);
-                    reduce_scatter_case::<u8>(&engine, n, part, op, transport, seed);
+                    reduce_scatter_case::<f32>(&engine, n, part, op, receive, seed);
+                    reduce_scatter_case::<u8>(&engine, n, part, op, receive, seed);
                 }
             }
         }
-        every_dtype!(reduce_scatter_case(&engine, n, 1000, ReduceOp::Max, Transport::Auto, seed));
+        every_dtype!(reduce_scatter_case(&engine, n, 1000, ReduceOp::Max, Receive::Auto, seed));
         for root in 0..n {
             broadcast_case::<u32>(&engine, n, 100_003, root, seed + root as u64);
         }
@@ -259,16 +259,16 @@ fn one_rank_and_empty_buffers_are_no_ops() {
     let one = Ranks::new(1);
     let inputs = one.random::<f32>(1001, 3);
     let mut bufs = one.upload(&inputs);
-    all_reduce(&engine, &mut one.ranks(&mut bufs), ReduceOp::Avg, Transport::Auto).unwrap();
-    broadcast(&engine, &mut one.ranks(&mut bufs), 0, Transport::Auto).unwrap();
+    all_reduce(&engine, &mut one.ranks(&mut bufs), ReduceOp::Avg, Receive::Auto).unwrap();
+    broadcast(&engine, &mut one.ranks(&mut bufs), 0, Receive::Auto).unwrap();
     assert!(one.download(&bufs) == inputs, "n = 1: avg divides by 1, broadcast copies nothing");
     let three = Ranks::new(3);
     let mut empty: Vec<DeviceBuffer<i32>> = (0..3).map(|_| DeviceBuffer::alloc(&three.device, 0).unwrap()).collect();
-    all_reduce(&engine, &mut three.ranks(&mut empty), ReduceOp::Sum, Transport::ZeroCopy).unwrap();
+    all_reduce(&engine, &mut three.ranks(&mut empty), ReduceOp::Sum, Receive::ZeroCopy).unwrap();
     let views: Vec<_> = empty.iter().map(|b| b.view(..)).collect();
     let mut out: Vec<DeviceBuffer<i32>> = (0..3).map(|_| DeviceBuffer::alloc(&three.device, 0).unwrap()).collect();
-    all_gather(&engine, &views, &mut three.ranks(&mut out), Transport::Scratch).unwrap();
-    reduce_scatter(&engine, &views, &mut three.ranks(&mut out), ReduceOp::Min, Transport::Scratch).unwrap();
+    all_gather(&engine, &views, &mut three.ranks(&mut out), Receive::Scratch).unwrap();
+    reduce_scatter(&engine, &views, &mut three.ranks(&mut out), ReduceOp::Min, Receive::Scratch).unwrap();
 }
 
 #[test]
@@ -278,17 +278,17 @@ fn bad_input_is_refused_and_nothing_is_written() {
     let ranks = Ranks::new(3);
     let mut bufs = ranks.poisoned::<f32>(10);
     bufs[2] = ranks.poisoned::<f32>(11).pop().unwrap();
-    let err = all_reduce(&engine, &mut ranks.ranks(&mut bufs), ReduceOp::Sum, Transport::Auto).unwrap_err();
+    let err = all_reduce(&engine, &mut ranks.ranks(&mut bufs), ReduceOp::Sum, Receive::Auto).unwrap_err();
     assert!(err.to_string().contains("rank 2"), "{err}");
-    let err = broadcast(&engine, &mut ranks.ranks(&mut bufs[..2]), 2, Transport::Auto).unwrap_err();
+    let err = broadcast(&engine, &mut ranks.ranks(&mut bufs[..2]), 2, Receive::Auto).unwrap_err();
     assert!(err.to_string().contains("root 2"), "{err}");
     // all_gather: outputs of the wrong size; reduce_scatter: inputs of the wrong size.
     let inputs = ranks.upload(&ranks.random::<f32>(4, 1));
     let views: Vec<_> = inputs.iter().map(|b| b.view(..)).collect();
     let mut out = ranks.poisoned::<f32>(11);
-    assert!(all_gather(&engine, &views, &mut ranks.ranks(&mut out), Transport::Auto).is_err());
-    assert!(reduce_scatter(&engine, &views, &mut ranks.ranks(&mut out), ReduceOp::Sum, Transport::Auto).is_err());
-    assert!(all_gather(&engine, &views[..2], &mut ranks.ranks(&mut out), Transport::Auto).is_err(), "input count");
+    assert!(all_gather(&engine, &views, &mut ranks.ranks(&mut out), Receive::Auto).is_err());
+    assert!(reduce_scatter(&engine, &views, &mut ranks.ranks(&mut out), ReduceOp::Sum, Receive::Auto).is_err());
+    assert!(all_gather(&engine, &views[..2], &mut ranks.ranks(&mut out), Receive::Auto).is_err(), "input count");
     assert!(Engine::with_chunk_bytes(0).is_err());
     let poison = f32::from_byte(POISON);
     for b in ranks.download(&bufs).iter().chain(&ranks.download(&out)) {
@@ -301,10 +301,10 @@ fn bad_input_is_refused_and_nothing_is_written() {
 fn a_chunk_override_changes_nothing_but_the_pipeline() {
     // 4 KiB chunks: many chunks per segment, more than the four slots of every ring edge.
     let engine = Engine::with_chunk_bytes(4096).unwrap();
-    for transport in TRANSPORTS {
-        all_reduce_case::<f32>(&engine, 3, 100_003, ReduceOp::Sum, transport, 77);
-        all_reduce_case::<u8>(&engine, 4, 100_003, ReduceOp::Prod, transport, 78);
-        reduce_scatter_case::<i32>(&engine, 2, 50_001, ReduceOp::Min, transport, 79);
-        all_gather_case::<i8>(&engine, 3, 9_999, transport, 80);
+    for receive in RECEIVE_PATHS {
+        all_reduce_case::<f32>(&engine, 3, 100_003, ReduceOp::Sum, receive, 77);
+        all_reduce_case::<u8>(&engine, 4, 100_003, ReduceOp::Prod, receive, 78);
+        reduce_scatter_case::<i32>(&engine, 2, 50_001, ReduceOp::Min, receive, 79);
+        all_gather_case::<i8>(&engine, 3, 9_999, receive, 80);
     }
 }

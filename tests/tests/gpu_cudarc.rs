@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use geforce_p2p::cuda::interop::{CudarcStream, CudarcView, CudarcViewMut};
 use geforce_p2p::{CopyOptions, Device, ReduceOp, Route, transport};
-use gp2p_collectives::{Collective, Engine, Rank, Transport, all_reduce, expected};
+use gp2p_collectives::{Collective, Engine, Rank, Receive, all_reduce, expected};
 use gp2p_tests::{count_mismatched, fill_random};
 
 fn random(len: usize, seed: u64) -> Vec<f32> {
@@ -79,7 +79,7 @@ fn all_reduce_of_cudarc_memory_interleaved_with_cudarc_work() {
                 bufs.iter_mut().zip(&ranks).map(|(b, (_, s, _))| CudarcViewMut::new(b, s).unwrap()).collect();
             let mut rank_list: Vec<Rank<'_, f32>> =
                 views.iter_mut().zip(&streams).map(|(v, s)| Rank { buffer: v.view_mut(), stream: s }).collect();
-            all_reduce(&engine, &mut rank_list, ReduceOp::Sum, Transport::Auto).unwrap();
+            all_reduce(&engine, &mut rank_list, ReduceOp::Sum, Receive::Auto).unwrap();
         }
         let want = expected(Collective::AllReduce, &inputs, ReduceOp::Sum);
         for (r, (b, (_, s, _))) in bufs.iter().zip(&ranks).enumerate() {

@@ -14,7 +14,7 @@ use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_ho
 use geforce_p2p::{
     CopyOptions, Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, Route, StagingRing, Stream, Transport,
 };
-use gp2p_collectives::{Engine, Rank, Transport as Receive, all_reduce, reduce_scatter};
+use gp2p_collectives::{Engine, Rank, Receive, all_reduce, reduce_scatter};
 use gp2p_tests::{HostGate, drop_limit, fill_random, hold, max_len};
 
 /// How long a test lets queued work sit before checking it has not run.

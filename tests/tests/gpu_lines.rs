@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use geforce_p2p::pinned::{Error as PinnedError, LineExchange};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
-use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Transport, all_reduce, expected};
+use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Receive, all_reduce, expected};
 use gp2p_tests::{Reference, count_mismatched, every_dtype, fill_random};
 
 fn device() -> Device {
@@ -39,7 +39,7 @@ fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, s
     {
         let mut ranks: Vec<Rank<'_, T>> =
             bufs.iter_mut().enumerate().map(|(r, b)| Rank { buffer: b.view_mut(..), stream: stream_of(r) }).collect();
-        all_reduce(engine, &mut ranks, op, Transport::Auto).unwrap();
+        all_reduce(engine, &mut ranks, op, Receive::Auto).unwrap();
     }
     let want = expected(Collective::AllReduce, &inputs, op);
     for (r, b) in bufs.iter().enumerate() {
@@ -108,7 +108,7 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
                 Rank { buffer: b0.view_mut(..), stream: &streams[0] },
                 Rank { buffer: b1.view_mut(..), stream: &streams[1] },
             ];
-            all_reduce(&engine, &mut ranks, ReduceOp::Sum, Transport::Auto).unwrap();
+            all_reduce(&engine, &mut ranks, ReduceOp::Sum, Receive::Auto).unwrap();
         }
         for (c, (pair, input)) in bufs.iter().zip(&inputs).enumerate() {
             let want: Vec<u32> = input[0].iter().zip(&input[1]).map(|(a, b)| a.wrapping_add(*b)).collect();

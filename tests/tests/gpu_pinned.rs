@@ -150,7 +150,7 @@ fn staging_ring_zero_copy_reduce_folds_every_chunk_once() {
             let end = (start + slot_elems).min(len);
             let slot = ring.next_slot();
             ring.fill(slot, &streams[0], &src.view(start..end)).unwrap();
-            ring.drain_reduce(slot, &streams[1], &mut acc.view_mut(start..end), ReduceOp::Max, 1).unwrap();
+            ring.drain_zero_copy(slot, &streams[1], &mut acc.view_mut(start..end), ReduceOp::Max, 1).unwrap();
             start = end;
         }
         fork.join(&caller).unwrap();
@@ -182,14 +182,14 @@ fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
         let range = start..(start + chunk).min(len);
         let piece = src.view(range.clone());
         ring.pass(up, &piece, down, &mut copied.view_mut(range.clone()), Fold::Copy).unwrap();
-        let mapped = Fold::ReduceMapped { op: ReduceOp::Sum, divide_by: 1 };
-        ring.pass(up, &piece, down, &mut summed.view_mut(range.clone()), mapped).unwrap();
-        let via = Fold::ReduceVia { scratch: scratch.view_mut(..), op: ReduceOp::Max, divide_by: 1 };
-        ring.pass(up, &piece, down, &mut maxed.view_mut(range), via).unwrap();
+        let zero_copy = Fold::ZeroCopy { op: ReduceOp::Sum, divide_by: 1 };
+        ring.pass(up, &piece, down, &mut summed.view_mut(range.clone()), zero_copy).unwrap();
+        let via_scratch = Fold::Scratch { scratch: scratch.view_mut(..), op: ReduceOp::Max, divide_by: 1 };
+        ring.pass(up, &piece, down, &mut maxed.view_mut(range), via_scratch).unwrap();
     }
     // Refused before any work: lengths differ, and a scratch shorter than the chunk.
     assert!(ring.pass(up, &src.view(..10), down, &mut copied.view_mut(..11), Fold::Copy).is_err());
-    let short = Fold::ReduceVia { scratch: scratch.view_mut(..9), op: ReduceOp::Max, divide_by: 1 };
+    let short = Fold::Scratch { scratch: scratch.view_mut(..9), op: ReduceOp::Max, divide_by: 1 };
     assert!(ring.pass(up, &src.view(..10), down, &mut maxed.view_mut(..10), short).is_err());
     fork.join(&caller).unwrap();
     assert!(copied.to_host_vec(&caller).unwrap() == b, "Fold::Copy");

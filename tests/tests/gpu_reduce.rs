@@ -1,5 +1,5 @@
-//! GPU: the reduce kernel family, every op × dtype, from device memory and from mapped
-//! pinned host memory, at lengths 0 to 2^28, aligned and not, against the CPU reference.
+//! GPU: the reduce kernel family, every op × dtype, from device memory and zero-copy from
+//! mapped pinned host memory, at lengths 0 to 2^28, aligned and not, against the CPU reference.
 
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,7 +18,8 @@ const MISALIGNED_MAX: usize = 65537;
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Source {
     Device,
-    MappedHost,
+    /// Zero-copy: mapped pinned host memory.
+    ZeroCopy,
 }
 
 struct Bench<T: Reference> {
@@ -70,7 +71,7 @@ impl<T: Reference> Bench<T> {
                 .unwrap();
                 reduce(s, &mut dst_view, &self.src.view(src_off..src_off + len), op, divide_by).unwrap();
             }
-            Source::MappedHost => {
+            Source::ZeroCopy => {
                 reduce_from_host(s, &mut dst_view, &self.host_src.view(src_off..src_off + len), op, divide_by).unwrap();
             }
         }
@@ -100,7 +101,7 @@ fn run_dtype<T: Reference>() {
     let mut seed = 0x6770_3270 ^ (T::DTYPE.index() as u64) << 40;
     for &len in &lengths {
         for op in ReduceOp::ALL {
-            for source in [Source::Device, Source::MappedHost] {
+            for source in [Source::Device, Source::ZeroCopy] {
                 // Offset 0 is the all-vector path; offset 1 element breaks 16-byte alignment
                 // of both (head, body, tail); dst+1/src+0 can never be vectorised.
                 let mut offsets = vec![(0, 0), (1, 1)];

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use geforce_p2p::ops::reduce_from_host;
 use geforce_p2p::pinned::{copy_from_host, copy_to_host};
 use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, ReduceOp, Route, Stream, transport};
-use gp2p_collectives::{Engine, Rank, Transport as Receive, all_gather, all_reduce};
+use gp2p_collectives::{Engine, Rank, Receive, all_gather, all_reduce};
 use gp2p_tests::{SplitMix64, drop_limit, fill_random, max_len};
 
 /// Host threads, unless `GP2P_STRESS_THREADS` says otherwise.

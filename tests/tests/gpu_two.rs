@@ -7,7 +7,7 @@
 use geforce_p2p::{CopyOptions, Device, DeviceBuffer, ReduceOp, Route, Stream, transport};
 use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
-    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter,
+    Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
 use gp2p_tests::{Reference, count_mismatched, fill_random};
 
@@ -49,11 +49,11 @@ fn two_gpu_staged_and_auto_copies_both_ways() {
 
 #[test]
 #[ignore = "needs two CUDA GPUs"]
-fn two_gpu_all_reduce_with_both_transports() {
+fn two_gpu_all_reduce_with_both_receive_paths() {
     let _serial = gp2p_tests::serial();
     let pair = two();
     let engine = Engine::new();
-    for transport in [Transport::Scratch, Transport::ZeroCopy] {
+    for receive in [Receive::Scratch, Receive::ZeroCopy] {
         for op in ReduceOp::ALL {
             let len = (1 << 22) + 5;
             let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 300 + r)).collect();
@@ -62,13 +62,13 @@ fn two_gpu_all_reduce_with_both_transports() {
             {
                 let mut ranks: Vec<Rank<'_, f32>> =
                     bufs.iter_mut().zip(&pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
-                all_reduce(&engine, &mut ranks, op, transport).unwrap();
+                all_reduce(&engine, &mut ranks, op, receive).unwrap();
             }
             let want = expected(Collective::AllReduce, &inputs, op);
             for (r, (b, (_, s))) in bufs.iter().zip(&pair).enumerate() {
                 let got = b.to_host_vec(s).unwrap();
                 let (bad, first) = count_mismatched(&got, &want[r], op);
-                assert_eq!(bad, 0, "{transport:?} {op} rank {r}: {bad} wrong: {}", first.join("; "));
+                assert_eq!(bad, 0, "{receive:?} {op} rank {r}: {bad} wrong: {}", first.join("; "));
             }
         }
     }
@@ -90,7 +90,7 @@ fn two_gpu_all_gather_reduce_scatter_broadcast() {
         let views: Vec<_> = inputs.iter().map(|b| b.view(..)).collect();
         let mut ranks: Vec<Rank<'_, u32>> =
             outputs.iter_mut().zip(&pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
-        all_gather(&engine, &views, &mut ranks, Transport::Auto).unwrap();
+        all_gather(&engine, &views, &mut ranks, Receive::Auto).unwrap();
     }
     let gathered = host_in.concat();
     for (o, (_, s)) in outputs.iter().zip(&pair) {
@@ -101,7 +101,7 @@ fn two_gpu_all_gather_reduce_scatter_broadcast() {
         let views: Vec<_> = outputs.iter().map(|b| b.view(..)).collect();
         let mut ranks: Vec<Rank<'_, u32>> =
             parts.iter_mut().zip(&pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
-        reduce_scatter(&engine, &views, &mut ranks, ReduceOp::Sum, Transport::Auto).unwrap();
+        reduce_scatter(&engine, &views, &mut ranks, ReduceOp::Sum, Receive::Auto).unwrap();
     }
     for (r, (p, (_, s))) in parts.iter().zip(&pair).enumerate() {
         // Both ranks hold the same gathered buffer, so segment r sums to twice itself.
@@ -110,7 +110,7 @@ fn two_gpu_all_gather_reduce_scatter_broadcast() {
     }
     let mut ranks: Vec<Rank<'_, u32>> =
         parts.iter_mut().zip(&pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
-    broadcast(&engine, &mut ranks, 1, Transport::Auto).unwrap();
+    broadcast(&engine, &mut ranks, 1, Receive::Auto).unwrap();
     drop(ranks);
     // Rank 1 held its reduce_scatter result; both ranks must now hold exactly that (a
     // broadcast that damaged the root would not pass a comparison with the root itself).
@@ -203,7 +203,7 @@ fn two_gpu_small_all_reduces_through_the_line_exchange() {
         {
             let mut ranks: Vec<Rank<'_, T>> =
                 bufs.iter_mut().zip(pair).map(|(b, (_, s))| Rank { buffer: b.view_mut(..), stream: s }).collect();
-            all_reduce(engine, &mut ranks, op, Transport::Auto).unwrap();
+            all_reduce(engine, &mut ranks, op, Receive::Auto).unwrap();
         }
         let want = expected(Collective::AllReduce, &inputs, op);
         for (r, (b, (_, s))) in bufs.iter().zip(pair).enumerate() {

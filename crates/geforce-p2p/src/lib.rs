@@ -58,7 +58,7 @@ pub use gp2p_cuda::{
 pub use gp2p_kernels::{DType, Element, ReduceOp, half};
 pub use gp2p_pinned::{PinnedBuffer, PinnedView, PinnedViewMut, StagingRing, is_pinned};
 
-pub use gp2p_collectives::{Engine, Rank, Transport as Receive};
+pub use gp2p_collectives::{Engine, Rank, Receive};
 pub use gp2p_transport::{CopyOptions, Route, Transport};
 
 /// The engine behind [`copy`], [`copy_into`] and [`ops::staged_copy`]: one per process, so

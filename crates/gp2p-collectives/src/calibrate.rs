@@ -7,30 +7,22 @@ use gp2p_cuda::{Device, DeviceBuffer, Event, EventKind, Stream, reduce};
 use gp2p_kernels::ReduceOp;
 use gp2p_pinned::{PinnedBuffer, copy_from_host, copy_to_host, reduce_from_host};
 
-use crate::Result;
-
-/// How a rank folds a received chunk into its buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Path {
-    /// H2D DMA into a VRAM scratch, then the reduce kernel.
-    Scratch,
-    /// The reduce kernel reads the pinned slot across PCIe.
-    ZeroCopy,
-}
+use crate::{Receive, Result};
 
 /// Elements (f32) of the calibration transfer: 64 MiB, long enough for steady state.
 const CALIBRATION_ELEMENTS: usize = 16 << 20;
 /// Timed runs per path.
 const RUNS: usize = 5;
 
-/// Time both paths on `device` and return the faster. Blocks the host for the measurement
+/// Time both receive paths on `device` and return the faster ([`Receive::Scratch`] or
+/// [`Receive::ZeroCopy`], never `Auto`). Blocks the host for the measurement
 /// (tens of milliseconds), once per device and process.
 ///
 /// Each path is timed as the ring runs it: beside a device-to-host DMA of the same size on
 /// another stream, until both are done. Alone, a kernel reading mapped memory looks almost
 /// as fast as the DMA on an H200; beside the outgoing DMA it is slower, because its many
 /// small read requests share the upstream direction with that DMA's writes.
-pub(crate) fn choose(device: &Device) -> Result<Path> {
+pub(crate) fn choose(device: &Device) -> Result<Receive> {
     let stream = Stream::new(device)?;
     let up = Stream::new(device)?;
     let mut host = PinnedBuffer::<f32>::alloc(device, CALIBRATION_ELEMENTS)?;
@@ -44,22 +36,21 @@ pub(crate) fn choose(device: &Device) -> Result<Path> {
     let up_done = Event::new(device, EventKind::Sync)?;
     let mut best = [f32::INFINITY; 2];
     for _round in 0..=RUNS {
-        for (i, path) in [Path::Scratch, Path::ZeroCopy].into_iter().enumerate() {
+        for (i, path) in [Receive::Scratch, Receive::ZeroCopy].into_iter().enumerate() {
             start.record(&stream)?;
             up.wait(&start)?;
             copy_to_host(&up, &sent.view(..), &mut outgoing.view_mut(..))?;
             up_done.record(&up)?;
-            match path {
-                Path::Scratch => {
-                    copy_from_host(&stream, &host.view(..), &mut scratch.view_mut(..))?;
-                    reduce(&stream, &mut dst.view_mut(..), &scratch.view(..), ReduceOp::Max, 1)?;
-                }
-                Path::ZeroCopy => reduce_from_host(&stream, &mut dst.view_mut(..), &host.view(..), ReduceOp::Max, 1)?,
+            if path == Receive::Scratch {
+                copy_from_host(&stream, &host.view(..), &mut scratch.view_mut(..))?;
+                reduce(&stream, &mut dst.view_mut(..), &scratch.view(..), ReduceOp::Max, 1)?;
+            } else {
+                reduce_from_host(&stream, &mut dst.view_mut(..), &host.view(..), ReduceOp::Max, 1)?;
             }
             stream.wait(&up_done)?;
             end.record(&stream)?;
             best[i] = best[i].min(Event::elapsed_ms(&start, &end)?);
         }
     }
-    Ok(if best[1] < best[0] { Path::ZeroCopy } else { Path::Scratch })
+    Ok(if best[1] < best[0] { Receive::ZeroCopy } else { Receive::Scratch })
 }

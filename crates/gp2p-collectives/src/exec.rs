@@ -13,9 +13,9 @@ use gp2p_pinned::{DEFAULT_PEER_TIMEOUT, Fold, LineExchange, RingCache, StagingRi
 use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES};
 use parking_lot::Mutex;
 
-use crate::calibrate::{Path, choose};
+use crate::calibrate::choose;
 use crate::schedule::{Action, Schedule};
-use crate::{Result, Transport, spans_devices, step_divisor};
+use crate::{Receive, Result, spans_devices, step_divisor};
 
 /// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
 /// exchange ([`LineExchange`]) by default: none, for now. It is experimental and opt-in
@@ -78,7 +78,8 @@ struct Group {
 #[derive(Default)]
 pub struct Engine {
     groups: Mutex<HashMap<Vec<usize>, Arc<Mutex<Group>>>>,
-    paths: Mutex<HashMap<usize, Path>>,
+    /// Per device ordinal: the receive path `Receive::Auto` measured fastest there.
+    paths: Mutex<HashMap<usize, Receive>>,
     chunk_bytes: Option<usize>,
     slots: Option<usize>,
     line_max: Option<usize>,
@@ -141,19 +142,20 @@ impl Engine {
         ranks: &mut [Rank<'_, T>],
         schedule: &Schedule,
         op: ReduceOp,
-        transport: Transport,
+        receive: Receive,
     ) -> Result<()> {
         let n = ranks.len();
         if schedule.transfers.is_empty() {
             return Ok(());
         }
         let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
-        // Copy-only collectives (all_gather, broadcast) need no receive path.
+        // Copy-only collectives (all_gather, broadcast) land every chunk by DMA: no receive
+        // path to choose, and no scratch to hold.
         let reduces = schedule.transfers.iter().any(|t| matches!(t.action, Action::Reduce { .. }));
         let paths = if reduces {
-            devices.iter().map(|d| self.path(d, transport)).collect::<Result<Vec<Path>>>()?
+            devices.iter().map(|d| self.receive_path(d, receive)).collect::<Result<Vec<Receive>>>()?
         } else {
-            vec![Path::ZeroCopy; n]
+            vec![Receive::ZeroCopy; n]
         };
         let group = self.group(&devices)?;
         let mut group = group.lock();
@@ -172,7 +174,7 @@ impl Engine {
         let mut scratch: Vec<Option<DeviceBuffer<T>>> = Vec::with_capacity(n);
         for (r, cache) in buffers.iter_mut().enumerate() {
             let recv = &forks[r].streams()[RECV];
-            scratch.push(if paths[r] == Path::Scratch {
+            scratch.push(if paths[r] == Receive::Scratch {
                 Some(take_buffer(cache, "scratch", &devices[r], chunk, recv)?)
             } else {
                 None
@@ -257,12 +259,11 @@ impl Engine {
     }
 
     /// The receive path of `device`: as asked, or for Auto the faster one measured on it
-    /// (once per device and process).
-    fn path(&self, device: &Device, transport: Transport) -> Result<Path> {
-        match transport {
-            Transport::Scratch => Ok(Path::Scratch),
-            Transport::ZeroCopy => Ok(Path::ZeroCopy),
-            Transport::Auto => {
+    /// (once per device and process). Never `Auto`.
+    fn receive_path(&self, device: &Device, receive: Receive) -> Result<Receive> {
+        match receive {
+            Receive::Scratch | Receive::ZeroCopy => Ok(receive),
+            Receive::Auto => {
                 // Calibrate under the lock: a concurrent first call waits for the result
                 // instead of timing its own run beside this one (each would skew the other).
                 let mut paths = self.paths.lock();
@@ -369,8 +370,8 @@ fn run_transfers<T: Element>(
                 Action::Reduce { last } => {
                     let divide_by = step_divisor(op, last, n);
                     match &mut scratch[t.to] {
-                        None => Fold::ReduceMapped { op, divide_by },
-                        Some(buf) => Fold::ReduceVia { scratch: buf.view_mut(..), op, divide_by },
+                        None => Fold::ZeroCopy { op, divide_by },
+                        Some(buf) => Fold::Scratch { scratch: buf.view_mut(..), op, divide_by },
                     }
                 }
             };

@@ -7,9 +7,10 @@
 //! - [`Engine`]: runs a schedule on GPUs — per rank a send stream and a receive stream, a
 //!   staging ring per ring edge, and events at chunk granularity.
 //! - [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`]: checked entry points.
-//!   Receives fold in through a VRAM scratch ([`Transport::Scratch`]) or with a kernel that
-//!   reads the staged chunk from mapped host memory ([`Transport::ZeroCopy`]);
-//!   [`Transport::Auto`] measures both once per device and takes the faster.
+//!   The receive path ([`Receive`]) folds chunks in through a VRAM scratch
+//!   ([`Receive::Scratch`]) or with a kernel that reads the staged chunk from mapped host
+//!   memory ([`Receive::ZeroCopy`]); [`Receive::Auto`] measures both once per device and
+//!   takes the faster.
 //!
 //! Not here: reading peers directly where every pair has P2P; every collective stages
 //! through pinned host memory. With the `testing` feature, several logical ranks may share
@@ -17,10 +18,10 @@
 //!
 //! Stream semantics: each rank's part starts after the work already enqueued on its stream,
 //! work enqueued there later sees the result, and the host does not wait (the first call
-//! on a device with [`Transport::Auto`] measures the two receive paths once, blocking).
+//! on a device with [`Receive::Auto`] measures the two receive paths once, blocking).
 //!
 //! ```
-//! use gp2p_collectives::{Engine, Rank, Transport, all_reduce};
+//! use gp2p_collectives::{Engine, Rank, Receive, all_reduce};
 //! use gp2p_cuda::{Device, DeviceBuffer, Stream};
 //! use gp2p_kernels::ReduceOp;
 //!
@@ -39,7 +40,7 @@
 //!     let engine = Engine::new();
 //!     let mut ranks: Vec<Rank<'_, f32>> =
 //!         buffers.iter_mut().zip(&streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
-//!     all_reduce(&engine, &mut ranks, ReduceOp::Sum, Transport::Auto)?;
+//!     all_reduce(&engine, &mut ranks, ReduceOp::Sum, Receive::Auto)?;
 //!     drop(ranks);
 //!     Ok(buffers.iter().zip(&streams).map(|(b, s)| b.to_host_vec(s)).collect::<Result<_, _>>()?)
 //! }
@@ -82,54 +83,61 @@ pub use exec::{
 };
 use schedule::{Schedule, segment};
 
-/// How a receiving rank folds a chunk in.
+/// The receive path: how a receiving rank folds a staged chunk into its buffer.
+///
+/// The chunk sits in a slot of pinned, device-mapped host memory. [`Receive::Scratch`] lands
+/// it in VRAM by DMA and folds it there; [`Receive::ZeroCopy`] has the kernel read the slot
+/// across PCIe itself (the *zero-copy* path, named so from here down to the kernels' launch
+/// shape: `gp2p_pinned::Fold::ZeroCopy`, `gp2p_cuda::SourceMemory::ZeroCopy`). Copy-only
+/// collectives (all-gather, broadcast) always land by DMA and ignore it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Transport {
+pub enum Receive {
     /// Measure both paths once per device and use the faster.
     #[default]
     Auto,
     /// Host-to-device DMA into a VRAM scratch, then the reduce kernel.
     Scratch,
-    /// The reduce kernel reads the staged chunk from mapped pinned host memory.
+    /// Zero-copy: the reduce kernel reads the staged chunk from mapped pinned host memory.
     ZeroCopy,
 }
 
-impl Transport {
-    /// Every transport, in the order the CLI lists them.
-    pub const ALL: [Transport; 3] = [Transport::Auto, Transport::Scratch, Transport::ZeroCopy];
+impl Receive {
+    /// Every receive path, in the order the CLI lists them.
+    pub const ALL: [Receive; 3] = [Receive::Auto, Receive::Scratch, Receive::ZeroCopy];
 
-    /// The name the CLI and reports use: `auto`, `scratch`, `zero-copy`.
+    /// The name the CLI (`--transport`), Python (`transport=`) and reports use: `auto`,
+    /// `scratch`, `zero-copy`.
     pub fn name(self) -> &'static str {
         match self {
-            Transport::Auto => "auto",
-            Transport::Scratch => "scratch",
-            Transport::ZeroCopy => "zero-copy",
+            Receive::Auto => "auto",
+            Receive::Scratch => "scratch",
+            Receive::ZeroCopy => "zero-copy",
         }
     }
 }
 
-impl std::fmt::Display for Transport {
+impl std::fmt::Display for Receive {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
 }
 
-/// A string that names no [`Transport`].
+/// A string that names no [`Receive`] path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown transport {given:?}: expected auto, scratch or zero-copy")]
-pub struct UnknownTransport {
+#[error("unknown receive path {given:?}: expected auto, scratch or zero-copy")]
+pub struct UnknownReceive {
     /// What was given.
     pub given: String,
 }
 
-impl std::str::FromStr for Transport {
-    type Err = UnknownTransport;
+impl std::str::FromStr for Receive {
+    type Err = UnknownReceive;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Transport::ALL
+        Receive::ALL
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| UnknownTransport { given: s.to_owned() })
+            .ok_or_else(|| UnknownReceive { given: s.to_owned() })
     }
 }
 
@@ -144,7 +152,7 @@ pub fn all_reduce<T: Element>(
     engine: &Engine,
     ranks: &mut [Rank<'_, T>],
     op: ReduceOp,
-    transport: Transport,
+    receive: Receive,
 ) -> Result<()> {
     let len = check_ranks(ranks, "buffer")?;
     let bytes = len * size_of::<T>();
@@ -154,7 +162,7 @@ pub fn all_reduce<T: Element>(
     }
     let chunk = engine.chunk_for(bytes, &devices);
     let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len, chunk);
-    engine.execute(ranks, &schedule, op, transport)
+    engine.execute(ranks, &schedule, op, receive)
 }
 
 /// Every rank's `output` (n × input length) becomes the concatenation of all ranks' inputs,
@@ -163,7 +171,7 @@ pub fn all_gather<T: Element>(
     engine: &Engine,
     inputs: &[DeviceView<'_, T>],
     outputs: &mut [Rank<'_, T>],
-    transport: Transport,
+    receive: Receive,
 ) -> Result<()> {
     let n = outputs.len();
     let out_len = check_ranks(outputs, "output")?;
@@ -178,7 +186,7 @@ pub fn all_gather<T: Element>(
     }
     let chunk = engine.chunk_for(out_len * size_of::<T>(), &devices_of(outputs));
     let schedule = schedule_for::<T>(Collective::AllGather, n, out_len, chunk);
-    engine.execute(outputs, &schedule, ReduceOp::Sum, transport)
+    engine.execute(outputs, &schedule, ReduceOp::Sum, receive)
 }
 
 /// Rank r's `output` becomes `op` over segment r of all ranks' `inputs` (input length =
@@ -188,7 +196,7 @@ pub fn reduce_scatter<T: Element>(
     inputs: &[DeviceView<'_, T>],
     outputs: &mut [Rank<'_, T>],
     op: ReduceOp,
-    transport: Transport,
+    receive: Receive,
 ) -> Result<()> {
     let n = outputs.len();
     let out_len = check_ranks(outputs, "output")?;
@@ -209,7 +217,7 @@ pub fn reduce_scatter<T: Element>(
             .zip(outputs.iter())
             .map(|(buf, out)| Rank { buffer: buf.view_mut(..in_len), stream: out.stream })
             .collect();
-        engine.execute(&mut ranks, &schedule, op, transport)?;
+        engine.execute(&mut ranks, &schedule, op, receive)?;
     }
     for (r, (buf, out)) in work.iter().zip(outputs.iter_mut()).enumerate() {
         out.buffer.copy_from(out.stream, &buf.view(segment(n, in_len, r)))?;
@@ -221,19 +229,14 @@ pub fn reduce_scatter<T: Element>(
 }
 
 /// Every rank's buffer becomes a copy of the `root` rank's.
-pub fn broadcast<T: Element>(
-    engine: &Engine,
-    ranks: &mut [Rank<'_, T>],
-    root: usize,
-    transport: Transport,
-) -> Result<()> {
+pub fn broadcast<T: Element>(engine: &Engine, ranks: &mut [Rank<'_, T>], root: usize, receive: Receive) -> Result<()> {
     let len = check_ranks(ranks, "buffer")?;
     if root >= ranks.len() {
         return Err(Error::BadRoot { root, ranks: ranks.len() });
     }
     let chunk = engine.chunk_for(len * size_of::<T>(), &devices_of(ranks));
     let schedule = schedule_for::<T>(Collective::Broadcast { root }, ranks.len(), len, chunk);
-    engine.execute(ranks, &schedule, ReduceOp::Sum, transport)
+    engine.execute(ranks, &schedule, ReduceOp::Sum, receive)
 }
 
 /// The divisor of a reduce step: for avg, the number of ranks on the step that completes an
@@ -425,12 +428,12 @@ mod tests {
     }
 
     #[test]
-    fn transport_names_round_trip() {
-        for t in Transport::ALL {
-            assert_eq!(t.to_string().parse::<Transport>(), Ok(t));
+    fn receive_names_round_trip() {
+        for t in Receive::ALL {
+            assert_eq!(t.to_string().parse::<Receive>(), Ok(t));
         }
-        assert_eq!("Zero-Copy".parse::<Transport>(), Ok(Transport::ZeroCopy));
-        let err = "zerocopy".parse::<Transport>().unwrap_err();
+        assert_eq!("Zero-Copy".parse::<Receive>(), Ok(Receive::ZeroCopy));
+        let err = "zerocopy".parse::<Receive>().unwrap_err();
         assert!(err.to_string().contains("zero-copy"), "{err}");
     }
 

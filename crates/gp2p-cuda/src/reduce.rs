@@ -16,23 +16,23 @@ const VECTORS_PER_THREAD_STEP: usize = 4;
 /// Resident blocks per multiprocessor the grid is sized for: 8 × 256 threads fills an SM,
 /// and a grid-stride loop covers the rest, so large launches do not pay for block start-up.
 const BLOCKS_PER_SM: u32 = 8;
-/// The same for a source in mapped host memory. Every outstanding read is a request sent up
+/// The same for a zero-copy source (mapped host memory). Every outstanding read is a request sent up
 /// the PCIe link, sharing that direction with the device-to-host DMAs of a pipeline; a full
 /// grid keeps so many in flight that those DMAs starve. Measured on an H200, a kernel reading
 /// 8 MiB chunks beside a D2H stream, per direction: 35.9/37.5 GB/s in/out at 1 block per SM,
 /// 35.6/35.8 at 2, 44.2/31.1 at 4, 45.4/31.4 at 8. Several such kernels may run at once
 /// (logical ranks on one GPU), so one block per SM each; 256 threads × 64 bytes per SM still
 /// keep far more bytes in flight than the link's latency needs.
-const HOST_SOURCE_BLOCKS_PER_SM: u32 = 1;
+const ZERO_COPY_BLOCKS_PER_SM: u32 = 1;
 
 /// Where a reduce kernel's `src` lives, which sets how many reads it keeps in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceMemory {
     /// Device memory: a full grid.
     Device,
-    /// Mapped pinned host memory, read across PCIe: a smaller grid, so the link's other
-    /// direction keeps room for outgoing DMAs.
-    MappedHost,
+    /// Zero-copy: mapped pinned host memory, read in place across PCIe. A smaller grid, so
+    /// the link's other direction keeps room for outgoing DMAs.
+    ZeroCopy,
 }
 
 /// Enqueue `dst[i] = op(dst[i], src[i])` for every element on `stream`.
@@ -199,7 +199,7 @@ pub fn reduce_launch_config(len: usize, dtype: DType, multiprocessors: u32, sour
     let blocks = threads.div_ceil(REDUCE_BLOCK_THREADS as usize);
     let per_sm = match source {
         SourceMemory::Device => BLOCKS_PER_SM,
-        SourceMemory::MappedHost => HOST_SOURCE_BLOCKS_PER_SM,
+        SourceMemory::ZeroCopy => ZERO_COPY_BLOCKS_PER_SM,
     };
     let cap = (multiprocessors.max(1) * per_sm) as usize;
     LaunchConfig { grid: blocks.clamp(1, cap) as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
@@ -335,9 +335,9 @@ mod tests {
         assert_eq!(big.grid, 132 * BLOCKS_PER_SM);
         let bytes = reduce_launch_config(256 * 64 + 1, DType::I8, 132, dev);
         assert_eq!(bytes.grid, 2);
-        let host = reduce_launch_config(1 << 28, DType::F32, 132, SourceMemory::MappedHost);
-        assert_eq!(host.grid, 132 * HOST_SOURCE_BLOCKS_PER_SM, "fewer reads in flight across PCIe");
-        let small_host = reduce_launch_config(256 * 64 + 1, DType::I8, 132, SourceMemory::MappedHost);
+        let host = reduce_launch_config(1 << 28, DType::F32, 132, SourceMemory::ZeroCopy);
+        assert_eq!(host.grid, 132 * ZERO_COPY_BLOCKS_PER_SM, "fewer reads in flight across PCIe");
+        let small_host = reduce_launch_config(256 * 64 + 1, DType::I8, 132, SourceMemory::ZeroCopy);
         assert_eq!(small_host.grid, 2, "a small launch is not capped");
         assert!(host.grid < big.grid);
     }

@@ -65,7 +65,7 @@ pub fn reduce_from_host<T: Element>(
     // SAFETY: dst is len device elements on the stream's device; `mapped` addresses src's len
     // elements as this device sees them; device and host memory cannot overlap. Both note
     // the point below, so host writes and frees wait for the kernel.
-    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, dst.len(), T::DTYPE, op, divide_by, SourceMemory::MappedHost)? };
+    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, dst.len(), T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
     if !src.is_empty() {
         let point = stream.point()?;
         src.note_use(&point);
@@ -167,7 +167,7 @@ pub unsafe fn reduce_from_host_raw<T: Element>(
     // SAFETY: dst is len device elements on the stream's device (checked); `mapped` addresses
     // the caller's len pinned elements as this device sees them, valid per the contract;
     // host memory never overlaps device memory.
-    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, len, T::DTYPE, op, divide_by, SourceMemory::MappedHost)? };
+    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, len, T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
     dst.note_use(&stream.point()?);
     Ok(())
 }

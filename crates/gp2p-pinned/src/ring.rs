@@ -21,8 +21,8 @@ pub const MAX_SLOTS: usize = 64;
 pub enum Fold<'s, T: Element> {
     /// `dst = chunk`: a host-to-device DMA.
     Copy,
-    /// `dst = op(dst, chunk)` by a kernel that reads the slot across PCIe (zero-copy).
-    ReduceMapped {
+    /// Zero-copy: `dst = op(dst, chunk)` by a kernel that reads the slot across PCIe.
+    ZeroCopy {
         /// The reduction.
         op: ReduceOp,
         /// Divisor for avg (1 on every step but the last).
@@ -30,7 +30,7 @@ pub enum Fold<'s, T: Element> {
     },
     /// A host-to-device DMA of the slot into `scratch` (at least the chunk's length), then
     /// `dst = op(dst, scratch)` on the device.
-    ReduceVia {
+    Scratch {
         /// Device memory on the consumer's device for the chunk.
         scratch: DeviceViewMut<'s, T>,
         /// The reduction.
@@ -60,9 +60,9 @@ impl Sent {
     }
 }
 
-/// Refuses a [`Fold::ReduceVia`] whose scratch is shorter than the chunk.
+/// Refuses a [`Fold::Scratch`] whose scratch is shorter than the chunk.
 fn check_scratch<T: Element>(fold: &Fold<'_, T>, len: usize) -> Result<()> {
-    if let Fold::ReduceVia { scratch, .. } = fold
+    if let Fold::Scratch { scratch, .. } = fold
         && scratch.len() < len
     {
         return Err(gp2p_cuda::Error::LengthMismatch { what: "scratch", got: scratch.len(), expected: len }.into());
@@ -231,8 +231,8 @@ impl StagingRing {
         let slot = sent.slot;
         match fold {
             Fold::Copy => self.drain(slot, consumer, dst),
-            Fold::ReduceMapped { op, divide_by } => self.drain_reduce(slot, consumer, dst, op, divide_by),
-            Fold::ReduceVia { mut scratch, op, divide_by } => {
+            Fold::ZeroCopy { op, divide_by } => self.drain_zero_copy(slot, consumer, dst, op, divide_by),
+            Fold::Scratch { mut scratch, op, divide_by } => {
                 let tmp = scratch.slice_mut(..dst.len());
                 self.land_into(slot, consumer, &tmp)?;
                 // SAFETY: dst and the scratch are dst.len() elements on the consumer's device
@@ -341,7 +341,7 @@ impl StagingRing {
     /// On the consumer's `stream`: wait until `slot` has landed, fold its first `dst.len()`
     /// elements into `dst` with a kernel that reads the slot across PCIe (zero-copy), and
     /// mark the slot free. Returns the slot's *free* point, which completes with the fold.
-    pub fn drain_reduce<T: Element>(
+    pub fn drain_zero_copy<T: Element>(
         &mut self,
         slot: usize,
         stream: &Stream,
@@ -354,9 +354,7 @@ impl StagingRing {
         let src = self.consumer_base + (slot * self.slot_bytes) as u64;
         // SAFETY: as in drain; `src` is the slot as the consumer device maps it, aligned to
         // 256 bytes, and host memory never overlaps dst's device memory.
-        unsafe {
-            reduce_raw(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by, SourceMemory::MappedHost)?
-        };
+        unsafe { reduce_raw(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
         self.mark_free(slot, stream, dst)
     }
 

@@ -5,7 +5,7 @@
 use std::str::FromStr;
 
 use crate::error::Raised;
-use geforce_p2p::collectives::Transport as Receive;
+use geforce_p2p::collectives::Receive;
 use geforce_p2p::{DType, ReduceOp, Route};
 
 /// A contiguous run of device memory from a tensor, as the Python layer hands it over: a
@@ -50,8 +50,9 @@ pub(crate) fn route(name: &str) -> Result<Route, Raised> {
     Route::from_str(name).map_err(|e| Raised::argument("route", e))
 }
 
-/// A parsed receive path of the collectives (`auto`, `scratch`, `zero-copy`).
-pub(crate) fn transport(name: &str) -> Result<Receive, Raised> {
+/// A parsed receive path of the collectives (`auto`, `scratch`, `zero-copy`), given as the
+/// Python argument `transport`.
+pub(crate) fn receive(name: &str) -> Result<Receive, Raised> {
     Receive::from_str(name).map_err(|e| Raised::argument("transport", e))
 }
 
@@ -126,7 +127,7 @@ mod tests {
         assert_eq!(dtype("bf16"), Ok(DType::BF16));
         assert_eq!(op("avg"), Ok(ReduceOp::Avg));
         assert_eq!(route("staged"), Ok(Route::Staged));
-        assert_eq!(transport("zero-copy"), Ok(Receive::ZeroCopy));
+        assert_eq!(receive("zero-copy"), Ok(Receive::ZeroCopy));
         let bad = dtype("bool").unwrap_err();
         assert_eq!(bad.class, Class::InvalidArgument);
         assert!(bad.message.contains("dtype") && bad.message.contains("\"bool\""), "{}", bad.message);

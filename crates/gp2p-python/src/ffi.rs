@@ -31,7 +31,7 @@
 //!    device, and [`check_disjoint`] refuses the rest before any work.
 #![allow(unsafe_code)]
 
-use geforce_p2p::collectives::{self, Rank, Transport as Receive};
+use geforce_p2p::collectives::{self, Rank, Receive};
 use geforce_p2p::cuda::sys::CUstream;
 use geforce_p2p::{CopyOptions, DType, Device, DeviceView, DeviceViewMut, Element, ReduceOp, Route, Stream, half, ops};
 use pyo3::prelude::*;
@@ -306,7 +306,7 @@ pub(crate) fn all_reduce(
 ) -> PyResult<()> {
     let ranks = memories(ranks);
     let run = || -> Result<(), Raised> {
-        let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::transport(transport)?);
+        let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::receive(transport)?);
         args::check_ranks("tensors", &ranks, len, dtype)?;
         by_dtype!(dtype, all_reduce_t(&ranks, len, op, receive))
     };
@@ -335,7 +335,7 @@ pub(crate) fn all_gather(
 ) -> PyResult<()> {
     let outputs = memories(outputs);
     let run = || -> Result<(), Raised> {
-        let (dtype, receive) = (args::dtype(dtype)?, args::transport(transport)?);
+        let (dtype, receive) = (args::dtype(dtype)?, args::receive(transport)?);
         let out_len = args::times("outputs", outputs.len(), in_len)?;
         args::check_ranks("outputs", &outputs, out_len, dtype)?;
         args::check_inputs("inputs", &inputs, outputs.len(), in_len, dtype)?;
@@ -375,7 +375,7 @@ pub(crate) fn reduce_scatter(
 ) -> PyResult<()> {
     let outputs = memories(outputs);
     let run = || -> Result<(), Raised> {
-        let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::transport(transport)?);
+        let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::receive(transport)?);
         let in_len = args::times("inputs", outputs.len(), out_len)?;
         args::check_ranks("outputs", &outputs, out_len, dtype)?;
         args::check_inputs("inputs", &inputs, outputs.len(), in_len, dtype)?;
@@ -405,7 +405,7 @@ pub(crate) fn broadcast(
 ) -> PyResult<()> {
     let ranks = memories(ranks);
     let run = || -> Result<(), Raised> {
-        let (dtype, receive) = (args::dtype(dtype)?, args::transport(transport)?);
+        let (dtype, receive) = (args::dtype(dtype)?, args::receive(transport)?);
         args::check_ranks("tensors", &ranks, len, dtype)?;
         if root >= ranks.len() {
             return Err(Raised::argument("root", format!("{root} is out of range for {} tensors", ranks.len())));

@@ -4,7 +4,7 @@
 
 use clap::Args;
 use geforce_p2p::collectives::{
-    Collective, Engine, Rank, Transport, all_gather, all_reduce, broadcast, expected, reduce_scatter, schedule_for,
+    Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, expected, reduce_scatter, schedule_for,
 };
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, fill_random};
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
@@ -23,7 +23,7 @@ pub struct CollectiveArgs {
     ranks: usize,
     /// Receive path: auto, scratch or zero-copy.
     #[arg(long, default_value = "auto")]
-    transport: Transport,
+    transport: Receive,
     /// Reduction.
     #[arg(long, default_value = "sum")]
     op: ReduceOp,
