@@ -168,7 +168,7 @@ fn bad_copies_are_refused_before_any_work() {
     let src = DeviceBuffer::from_host(&stream, &[1u32; 64]).unwrap();
     let mut short = DeviceBuffer::from_host(&stream, &[7u32; 63]).unwrap();
     let err = copy_into(&src.view(..), &stream, &mut short.view_mut(..), &stream).unwrap_err();
-    assert!(err.to_string().contains("64 elements, expected 63"), "{err}");
+    assert!(err.to_string().contains("src has 64 elements, but dst has 63"), "{err}");
     let mut both = DeviceBuffer::from_host(&stream, &[3u32; 128]).unwrap();
     let head = both.view(0..64).raw_ptr();
     // SAFETY: 64 elements from element 4 lie inside `both` (128 elements), which outlives the view.

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use geforce_p2p::cuda::reduce;
-use geforce_p2p::pinned::{Fold, copy_from_host, copy_to_host, is_pinned};
+use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_host, is_pinned};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, Stream, StreamFork};
 use gp2p_tests::{check_reduce, fill_random};
 
@@ -187,10 +187,13 @@ fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
         let via_scratch = Fold::Scratch { scratch: scratch.view_mut(..), op: ReduceOp::Max, divide_by: 1 };
         ring.pass(up, &piece, down, &mut maxed.view_mut(range), via_scratch).unwrap();
     }
-    // Refused before any work: lengths differ, and a scratch shorter than the chunk.
-    assert!(ring.pass(up, &src.view(..10), down, &mut copied.view_mut(..11), Fold::Copy).is_err());
+    // Refused before any work, by the pinned layer's own variants: lengths differ, and a
+    // scratch shorter than the chunk.
+    let err = ring.pass(up, &src.view(..10), down, &mut copied.view_mut(..11), Fold::Copy).unwrap_err();
+    assert!(matches!(err, PinnedError::LengthMismatch { got: 10, expected: 11, .. }), "{err}");
     let short = Fold::Scratch { scratch: scratch.view_mut(..9), op: ReduceOp::Max, divide_by: 1 };
-    assert!(ring.pass(up, &src.view(..10), down, &mut maxed.view_mut(..10), short).is_err());
+    let err = ring.pass(up, &src.view(..10), down, &mut maxed.view_mut(..10), short).unwrap_err();
+    assert_eq!(err, PinnedError::ScratchTooShort { got: 9, needed: 10 });
     fork.join(&caller).unwrap();
     assert!(copied.to_host_vec(&caller).unwrap() == b, "Fold::Copy");
     check_reduce(&summed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Sum, 1).unwrap();

@@ -62,4 +62,48 @@ mod tests {
         assert!(!refused.is_unavailable());
         assert!(refused.to_string().contains("at least one rank"), "{refused}");
     }
+
+    #[test]
+    fn a_refusal_keeps_its_layer_and_message() {
+        use std::error::Error as _;
+        // A pinned-layer refusal seen through the transport: the message is the pinned
+        // layer's own, naming the argument and the fix, and no CUDA error sits in between.
+        let short = gp2p_pinned::Error::LengthMismatch { what: "the host memory", got: 3, of: "dst", expected: 4 };
+        let e: Error = gp2p_transport::Error::Pinned(short.clone()).into();
+        assert!(!e.is_unavailable());
+        assert_eq!(e.to_string(), "the host memory has 3 elements, but dst has 4: pass views of equal length");
+        assert!(matches!(e, Error::Transport(gp2p_transport::Error::Pinned(ref p)) if *p == short));
+        // Wrapping is transparent: message and source() are the refusing layer's own.
+        assert_eq!(e.source().map(ToString::to_string), short.source().map(ToString::to_string));
+    }
+
+    /// Each crate raises its own variants (DESIGN.md, "Errors and bad input"): outside tests,
+    /// no crate above gp2p-cuda builds a lower crate's error variant, so a refusal arrives
+    /// from the layer that made it, not as `Cuda(..)` from one layer and `Pinned(Cuda(..))`
+    /// from another.
+    #[test]
+    fn no_crate_builds_a_lower_crates_error() {
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let lower = ["gp2p_cuda::Error::", "gp2p_pinned::Error::", "gp2p_transport::Error::", "Error as CudaError"];
+        let mut found = Vec::new();
+        for krate in ["gp2p-pinned", "gp2p-transport", "gp2p-collectives", "gp2p-probe", "geforce-p2p"] {
+            let src = crates.join(krate).join("src");
+            let Ok(entries) = std::fs::read_dir(&src) else { continue };
+            for entry in entries.flatten() {
+                let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
+                // Tests may build any layer's errors to check how they travel.
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                for (n, line) in code.lines().enumerate() {
+                    if lower.iter().any(|l| line.contains(l)) {
+                        found.push(format!("{}:{}: {}", entry.path().display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "a lower crate's error built here; add a variant of this crate's own:\n{}",
+            found.join("\n")
+        );
+    }
 }

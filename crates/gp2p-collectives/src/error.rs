@@ -65,6 +65,16 @@ pub enum Error {
         /// The output's device.
         output: usize,
     },
+    /// A schedule whose transfer waits for one not yet enqueued: a fault of the planning in
+    /// this crate (`plan_waits`), never of the caller's input. The call stops there; what it
+    /// enqueued before is joined back into the callers' streams, as after any failure.
+    #[error(
+        "internal error: transfer {transfer} of the schedule is waited on before it is enqueued (a bug in gp2p-collectives, please report it)"
+    )]
+    ScheduleOrder {
+        /// The transfer waited on.
+        transfer: usize,
+    },
     /// A root rank out of range.
     #[error("root {root} is out of range: there are {ranks} ranks")]
     BadRoot {

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::calibrate::choose;
 use crate::schedule::{Action, Schedule};
-use crate::{Receive, Result, spans_devices, step_divisor};
+use crate::{Error, Receive, Result, spans_devices, step_divisor};
 
 /// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
 /// exchange ([`LineExchange`]) by default: none, for now. It is experimental and opt-in
@@ -334,13 +334,7 @@ fn run_transfers<T: Element>(
     let (mut landed, mut folded): (Vec<Option<StreamPoint>>, Vec<Option<StreamPoint>>) =
         (vec![None; count], vec![None; count]);
     let earlier = |points: &[Option<StreamPoint>], j: usize| -> Result<StreamPoint> {
-        points[j].clone().ok_or_else(|| {
-            gp2p_cuda::Error::InvalidArgument {
-                name: "schedule",
-                reason: format!("transfer {j} is waited on before it was enqueued"),
-            }
-            .into()
-        })
+        points[j].clone().ok_or(Error::ScheduleOrder { transfer: j })
     };
     let mut first = 0;
     for group in schedule.groups() {

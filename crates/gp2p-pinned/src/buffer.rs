@@ -40,8 +40,9 @@ impl<T: Element> PinnedBuffer<T> {
     /// Allocate `len` zeroed elements. `device` supplies the context for the call; the memory
     /// is usable from every device.
     pub fn alloc(device: &Device, len: usize) -> Result<Self> {
-        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
-            Error::Cuda(gp2p_cuda::Error::InvalidArgument { name: "len", reason: format!("{len} elements overflow") })
+        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| Error::InvalidArgument {
+            name: "len",
+            reason: format!("{len} elements of {} overflow the address space", T::DTYPE),
         })?;
         require_host_mapping(device)?;
         Ok(PinnedBuffer { alloc: HostAllocation::new(device, bytes)?, len, _marker: PhantomData })

@@ -10,6 +10,54 @@ pub enum Error {
     /// A failure of the CUDA layer below.
     #[error(transparent)]
     Cuda(#[from] gp2p_cuda::Error),
+    /// A view or stream on another device than the one it is used with.
+    #[error("{what} is on device {got}, but {of} is on device {expected}: pass {what} on device {expected}")]
+    WrongDevice {
+        /// Which argument.
+        what: &'static str,
+        /// The device it is on.
+        got: usize,
+        /// What fixes the device it must be on.
+        of: &'static str,
+        /// The device it must be on.
+        expected: usize,
+    },
+    /// Two views that must have the same length do not.
+    #[error("{what} has {got} elements, but {of} has {expected}: pass views of equal length")]
+    LengthMismatch {
+        /// Which argument.
+        what: &'static str,
+        /// Its length.
+        got: usize,
+        /// The argument whose length it must have.
+        of: &'static str,
+        /// The length it must have.
+        expected: usize,
+    },
+    /// A scratch view shorter than the chunk it must hold ([`crate::Fold::Scratch`]).
+    #[error("scratch has {got} elements, but the chunk has {needed}: pass a scratch at least as long as the chunk")]
+    ScratchTooShort {
+        /// The scratch's length.
+        got: usize,
+        /// The chunk's length.
+        needed: usize,
+    },
+    /// A receive into a view of another size than the chunk that was sent.
+    #[error("dst has {got} bytes, but the chunk sent has {sent}: receive into a view as long as the one sent")]
+    ReceiveSize {
+        /// Bytes of the destination view.
+        got: usize,
+        /// Bytes of the chunk.
+        sent: usize,
+    },
+    /// An argument out of its valid range.
+    #[error("invalid argument {name}: {reason}")]
+    InvalidArgument {
+        /// The argument's name.
+        name: &'static str,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
     /// A device cannot map host memory into its address space.
     #[error("device {ordinal} cannot map pinned host memory (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)")]
     NoHostMapping {

@@ -58,14 +58,13 @@ impl LineExchange {
     /// streams of one device may share a hardware queue that runs them one after the other.
     pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
         if devices[0] == devices[1] {
-            return Err(gp2p_cuda::Error::InvalidArgument {
+            return Err(Error::InvalidArgument {
                 name: "devices",
                 reason: format!(
                     "both ranks on device {}: a line exchange needs two devices (its two kernels must run at once)",
                     devices[0].ordinal()
                 ),
-            }
-            .into());
+            });
         }
         let half_bytes = exchange_line_bytes(max_bytes.max(1));
         for device in devices {
@@ -129,28 +128,31 @@ impl LineExchange {
     ) -> Result<()> {
         self.take_failure()?;
         let len = bufs[0].len();
+        const BUFFER: [&str; 2] = ["rank 0's buffer", "rank 1's buffer"];
+        const STREAM: [&str; 2] = ["rank 0's stream", "rank 1's stream"];
+        const RANK: [&str; 2] = ["rank 0 of the exchange", "rank 1 of the exchange"];
         for r in 0..2 {
             let (buf, stream, device) = (&bufs[r], streams[r], &self.devices[r]);
-            for (what, got) in [("buffer", buf.device()), ("stream", stream.device())] {
+            for (what, got) in [(BUFFER[r], buf.device()), (STREAM[r], stream.device())] {
                 if got != device {
-                    return Err(
-                        gp2p_cuda::Error::WrongDevice { what, got: got.ordinal(), expected: device.ordinal() }.into()
-                    );
+                    return Err(Error::WrongDevice {
+                        what,
+                        got: got.ordinal(),
+                        of: RANK[r],
+                        expected: device.ordinal(),
+                    });
                 }
             }
             if buf.len() != len {
-                return Err(
-                    gp2p_cuda::Error::LengthMismatch { what: "rank 1 buffer", got: buf.len(), expected: len }.into()
-                );
+                return Err(Error::LengthMismatch { what: BUFFER[r], got: buf.len(), of: BUFFER[0], expected: len });
             }
         }
         if streams[0].is_same_as(streams[1]) {
-            return Err(gp2p_cuda::Error::InvalidArgument {
+            return Err(Error::InvalidArgument {
                 name: "streams",
                 reason: "both ranks on one stream: each rank's kernel waits for the other's, so they need two streams"
                     .into(),
-            }
-            .into());
+            });
         }
         let bytes = len * size_of::<T>();
         if bytes > self.max_bytes {

@@ -3,7 +3,7 @@
 
 use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
-use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Error as CudaError, Stream};
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Stream};
 use gp2p_kernels::{Element, ReduceOp};
 
 use crate::{Error, PinnedView, PinnedViewMut, Result, is_pinned_on};
@@ -74,12 +74,14 @@ pub fn reduce_from_host<T: Element>(
     Ok(())
 }
 
+/// Refuses a device view `what` off the stream's device, and a host range of another length.
 fn check_pair(stream: &Stream, device: usize, what: &'static str, device_len: usize, host_len: usize) -> Result<()> {
-    if device != stream.device().ordinal() {
-        return Err(CudaError::WrongDevice { what, got: device, expected: stream.device().ordinal() }.into());
+    let expected = stream.device().ordinal();
+    if device != expected {
+        return Err(Error::WrongDevice { what, got: device, of: "the stream", expected });
     }
     if device_len != host_len {
-        return Err(CudaError::LengthMismatch { what: "host buffer", got: host_len, expected: device_len }.into());
+        return Err(Error::LengthMismatch { what: "the host memory", got: host_len, of: what, expected: device_len });
     }
     Ok(())
 }

@@ -65,7 +65,7 @@ fn check_scratch<T: Element>(fold: &Fold<'_, T>, len: usize) -> Result<()> {
     if let Fold::Scratch { scratch, .. } = fold
         && scratch.len() < len
     {
-        return Err(gp2p_cuda::Error::LengthMismatch { what: "scratch", got: scratch.len(), expected: len }.into());
+        return Err(Error::ScratchTooShort { got: scratch.len(), needed: len });
     }
     Ok(())
 }
@@ -116,24 +116,22 @@ impl StagingRing {
     /// and `consumer`.
     pub fn new(producer: &Device, consumer: &Device, slots: usize, slot_bytes: usize) -> Result<Self> {
         if slots == 0 || slot_bytes == 0 {
-            return Err(gp2p_cuda::Error::InvalidArgument {
+            return Err(Error::InvalidArgument {
                 name: "slots",
                 reason: format!("a ring needs at least one slot of at least one byte, got {slots} x {slot_bytes}"),
-            }
-            .into());
+            });
         }
-        let too_big = || gp2p_cuda::Error::InvalidArgument {
+        let too_big = || Error::InvalidArgument {
             name: "slot_bytes",
             reason: format!("{slots} slots of {slot_bytes} bytes overflow the address space"),
         };
         let slot_bytes = slot_bytes.checked_next_multiple_of(SLOT_ALIGN).ok_or_else(too_big)?;
         let total = slots.checked_mul(slot_bytes).ok_or_else(too_big)?;
         if slots > MAX_SLOTS {
-            return Err(gp2p_cuda::Error::InvalidArgument {
+            return Err(Error::InvalidArgument {
                 name: "slots",
-                reason: format!("{slots} slots; at most {MAX_SLOTS}"),
-            }
-            .into());
+                reason: format!("{slots} slots; at most {MAX_SLOTS} (more buy no overlap)"),
+            });
         }
         require_host_mapping(producer)?;
         require_host_mapping(consumer)?;
@@ -190,11 +188,11 @@ impl StagingRing {
         fold: Fold<'_, T>,
     ) -> Result<StreamPoint> {
         if src.len() != dst.len() {
-            return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
+            return Err(Error::LengthMismatch { what: "src", got: src.len(), of: "dst", expected: dst.len() });
         }
         // Refuse bad input before the slot is filled: nothing is enqueued then.
         check_scratch(&fold, dst.len())?;
-        self.check(self.cursor, dst.bytes(), consumer, &self.consumer, "consumer stream")?;
+        self.check(self.cursor, dst.bytes(), consumer, Side::Consumer)?;
         let sent = self.send(producer, src)?;
         self.receive(sent, consumer, dst, fold)
     }
@@ -223,9 +221,7 @@ impl StagingRing {
             return Err(Error::ForeignChunk { slot: sent.slot });
         }
         if dst.bytes() != sent.bytes {
-            return Err(
-                gp2p_cuda::Error::LengthMismatch { what: "dst bytes", got: dst.bytes(), expected: sent.bytes }.into()
-            );
+            return Err(Error::ReceiveSize { got: dst.bytes(), sent: sent.bytes });
         }
         check_scratch(&fold, dst.len())?;
         let slot = sent.slot;
@@ -266,7 +262,7 @@ impl StagingRing {
 
     /// [`StagingRing::fill`], returning the slot's *landed* point.
     fn fill_slot<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<StreamPoint> {
-        self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
+        self.check(slot, src.bytes(), stream, Side::Producer)?;
         self.claim(slot, stream)?;
         if !src.is_empty() {
             // SAFETY: the slot holds slot_bytes >= src.bytes() pinned bytes, not in use by
@@ -298,7 +294,7 @@ impl StagingRing {
     /// On the consumer's `stream`: wait until `slot` has landed and DMA its first
     /// `dst.len()` elements into `dst`; the slot stays taken until [`Self::mark_free`].
     fn land_into<T: Element>(&mut self, slot: usize, stream: &Stream, dst: &DeviceViewMut<'_, T>) -> Result<()> {
-        self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
+        self.check(slot, dst.bytes(), stream, Side::Consumer)?;
         self.wait_landed(slot, stream)?;
         if !dst.is_empty() {
             // SAFETY: the slot's bytes landed (the stream waited for the producer's DMA) and
@@ -321,10 +317,10 @@ impl StagingRing {
         dst: &mut DeviceViewMut<'_, T>,
     ) -> Result<StreamPoint> {
         if src.len() != dst.len() {
-            return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
+            return Err(Error::LengthMismatch { what: "src", got: src.len(), of: "dst", expected: dst.len() });
         }
-        self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
-        self.check(slot, src.bytes(), stream, &self.producer, "producer stream")?;
+        self.check(slot, dst.bytes(), stream, Side::Consumer)?;
+        self.check(slot, src.bytes(), stream, Side::Producer)?;
         self.claim(slot, stream)?;
         if !dst.is_empty() {
             // SAFETY: as in fill: the slot is free (waited for above) and big enough.
@@ -349,7 +345,7 @@ impl StagingRing {
         op: ReduceOp,
         divide_by: u32,
     ) -> Result<StreamPoint> {
-        self.check(slot, dst.bytes(), stream, &self.consumer, "consumer stream")?;
+        self.check(slot, dst.bytes(), stream, Side::Consumer)?;
         self.wait_landed(slot, stream)?;
         let src = self.consumer_base + (slot * self.slot_bytes) as u64;
         // SAFETY: as in drain; `src` is the slot as the consumer device maps it, aligned to
@@ -407,23 +403,33 @@ impl StagingRing {
         self.memory.host_ptr().wrapping_add(slot * self.slot_bytes)
     }
 
-    fn check(&self, slot: usize, bytes: usize, stream: &Stream, side: &Device, what: &'static str) -> Result<()> {
+    /// Refuses a slot past the end, a chunk larger than a slot, and a stream off the device
+    /// of `side` of the ring.
+    fn check(&self, slot: usize, bytes: usize, stream: &Stream, side: Side) -> Result<()> {
         if slot >= self.slots() {
             return Err(Error::NoSuchSlot { slot, slots: self.slots() });
         }
         if bytes > self.slot_bytes {
             return Err(Error::ChunkTooLarge { bytes, slot_bytes: self.slot_bytes });
         }
-        if stream.device() != side {
-            return Err(gp2p_cuda::Error::WrongDevice {
-                what,
-                got: stream.device().ordinal(),
-                expected: side.ordinal(),
-            }
-            .into());
+        let (device, what, of) = match side {
+            Side::Producer => (&self.producer, "the producer stream", "the ring's producer"),
+            Side::Consumer => (&self.consumer, "the consumer stream", "the ring's consumer"),
+        };
+        if stream.device() != device {
+            return Err(Error::WrongDevice { what, got: stream.device().ordinal(), of, expected: device.ordinal() });
         }
         Ok(())
     }
+}
+
+/// Which end of a ring a stream works for.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    /// Fills slots by device-to-host DMA.
+    Producer,
+    /// Drains slots into its device.
+    Consumer,
 }
 
 /// A staging ring kept across calls (one per device pair or ring edge): replaced when a call

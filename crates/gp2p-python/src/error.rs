@@ -106,6 +106,11 @@ impl Classify for pinned::Error {
             E::Cuda(e) => e.class(),
             E::NotPinned { .. } => Class::NotPinned,
             E::NoHostMapping { .. } => Class::UnsupportedDevice,
+            E::WrongDevice { .. }
+            | E::LengthMismatch { .. }
+            | E::ScratchTooShort { .. }
+            | E::ReceiveSize { .. }
+            | E::InvalidArgument { .. } => Class::InvalidArgument,
             _ => Class::Error,
         }
     }
@@ -117,7 +122,11 @@ impl Classify for transport::Error {
         match self {
             E::Cuda(e) => e.class(),
             E::Pinned(e) => e.class(),
-            E::NoPeerAccess { .. } | E::Overlap { .. } | E::InvalidOption { .. } => Class::InvalidArgument,
+            E::StreamDevice { .. }
+            | E::LengthMismatch { .. }
+            | E::NoPeerAccess { .. }
+            | E::Overlap { .. }
+            | E::InvalidOption { .. } => Class::InvalidArgument,
             _ => Class::Error,
         }
     }
@@ -208,6 +217,18 @@ mod tests {
         assert!(raised.message.starts_with("src: "), "names the argument: {}", raised.message);
         let overlap = geforce_p2p::Error::Transport(transport::Error::Overlap { device: 0, src: 0..8, dst: 4..12 });
         assert_eq!(Raised::from(overlap).class, Class::InvalidArgument);
+        // Each layer's own refusals, wherever they arrive from.
+        let short = transport::Error::Pinned(pinned::Error::LengthMismatch {
+            what: "the host memory",
+            got: 3,
+            of: "dst",
+            expected: 4,
+        });
+        assert_eq!(Raised::from(short).class, Class::InvalidArgument);
+        let lengths = geforce_p2p::Error::Transport(transport::Error::LengthMismatch { src: 3, dst: 4 });
+        assert_eq!(Raised::from(lengths).class, Class::InvalidArgument);
+        let stream = transport::Error::StreamDevice { stream: "src_stream", got: 1, view: "src", expected: 0 };
+        assert_eq!(Raised::from(stream).class, Class::InvalidArgument);
         let driver = cuda::Error::Driver { call: "cuMemAlloc", name: "CUDA_ERROR_OUT_OF_MEMORY".into(), code: 2 };
         assert_eq!(Raised::from(driver).class, Class::Cuda);
         let old = cuda::Error::Unsupported { ordinal: 0, name: "T4".into(), major: 7, minor: 5 };

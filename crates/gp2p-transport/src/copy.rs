@@ -81,18 +81,19 @@ impl Transport {
         options: CopyOptions,
     ) -> Result<Route> {
         let (src_dev, dst_dev) = (src.device().clone(), dst.device().clone());
-        for (what, view_dev, stream) in [("src_stream", &src_dev, src_stream), ("dst_stream", &dst_dev, dst_stream)] {
+        let sides = [("src_stream", "src", &src_dev, src_stream), ("dst_stream", "dst", &dst_dev, dst_stream)];
+        for (what, view, view_dev, stream) in sides {
             if stream.device() != view_dev {
-                return Err(gp2p_cuda::Error::WrongDevice {
-                    what,
+                return Err(Error::StreamDevice {
+                    stream: what,
                     got: stream.device().ordinal(),
+                    view,
                     expected: view_dev.ordinal(),
-                }
-                .into());
+                });
             }
         }
         if src.len() != dst.len() {
-            return Err(gp2p_cuda::Error::LengthMismatch { what: "src", got: src.len(), expected: dst.len() }.into());
+            return Err(Error::LengthMismatch { src: src.len(), dst: dst.len() });
         }
         let same_device = src_dev == dst_dev;
         if same_device {

@@ -13,6 +13,26 @@ pub enum Error {
     /// A failure of the pinned-memory layer.
     #[error(transparent)]
     Pinned(#[from] gp2p_pinned::Error),
+    /// A stream on another device than the view it orders.
+    #[error("{stream} is on device {got}, but {view} is on device {expected}: pass a stream of device {expected}")]
+    StreamDevice {
+        /// Which stream argument.
+        stream: &'static str,
+        /// The stream's device.
+        got: usize,
+        /// The view it must share a device with.
+        view: &'static str,
+        /// The view's device.
+        expected: usize,
+    },
+    /// Source and destination of a copy differ in length.
+    #[error("src has {src} elements, but dst has {dst}: copy between views of equal length")]
+    LengthMismatch {
+        /// Elements of the source.
+        src: usize,
+        /// Elements of the destination.
+        dst: usize,
+    },
     /// `Route::Peer` was forced on a pair that cannot access each other.
     #[error(
         "route Peer forced, but devices {src} and {dst} cannot access each other's memory (no P2P): use Route::Auto or Route::Staged, and see `gp2p probe` for why"
