@@ -1,10 +1,12 @@
 //! GPU: pinned memory, `is_pinned`, stream fork/join ordering, and staging-ring reuse.
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use geforce_p2p::cuda::reduce;
-use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_host, is_pinned};
+use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_host, is_pinned, round_trip};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, Stream, StreamFork};
 use gp2p_tests::{check_reduce, fill_random};
 
@@ -53,6 +55,24 @@ fn pinned_round_trip_is_exact_and_host_access_waits_for_the_dma() {
     copy_to_host(&stream, &dev.view(..), &mut back.view_mut(..)).unwrap();
     // No stream synchronisation: as_slice must wait for the DMA itself.
     assert!(back.as_slice().unwrap() == expected.as_slice());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dma_round_trip_lands_src_in_host_and_dst_and_refuses_other_lengths() {
+    let (device, stream) = device();
+    let n = 4099;
+    let mut data = vec![0u32; n];
+    fill_random(&mut data, 7);
+    let src = DeviceBuffer::from_host(&stream, &data).unwrap();
+    let mut host = PinnedBuffer::<u32>::alloc(&device, n).unwrap();
+    let mut dst = DeviceBuffer::<u32>::alloc(&device, n).unwrap();
+    dst.fill_bytes(&stream, 0xA5).unwrap();
+    round_trip(&stream, &src.view(..), &mut host.view_mut(..), &mut dst.view_mut(..)).unwrap();
+    assert!(host.as_slice().unwrap() == data.as_slice(), "the host leg");
+    assert!(dst.to_host_vec(&stream).unwrap() == data, "the device leg");
+    let err = round_trip(&stream, &src.view(..), &mut host.view_mut(..n - 1), &mut dst.view_mut(..)).unwrap_err();
+    assert!(matches!(err, PinnedError::LengthMismatch { got: 4098, expected: 4099, .. }), "{err}");
 }
 
 #[test]

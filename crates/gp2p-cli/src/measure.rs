@@ -1,12 +1,11 @@
 //! Timing with CUDA events, and the ceilings every benchmark is compared against.
-// The small-copy reference uses the raw DMA entry points, which are unsafe fns.
-#![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
 
 use geforce_p2p::cuda::{Error as CudaError, HostGate};
 use geforce_p2p::kernels::reference::fill_random;
-use geforce_p2p::ops::{copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw};
+use geforce_p2p::ops::{copy_from_host, copy_to_host};
+use geforce_p2p::pinned::round_trip;
 use geforce_p2p::transport::plan::{DEFAULT_SLOTS, MAX_CHUNK_BYTES};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, Stream, StreamFork};
 
@@ -240,20 +239,11 @@ impl<'a> Ceilings<'a> {
     /// bare DMAs (no bookkeeping events): what a small staged copy cannot beat.
     pub fn pair_latency_us(&mut self, bytes: usize) -> Result<f64, CliError> {
         let (stream, host, a, b) = (self.stream, &mut self.host, &self.a, &mut self.b);
-        let host_ptr = host.view_mut(..bytes).host_mut_ptr();
         let t = median_seconds(
             stream,
             self.repeats,
             || Ok(()),
-            || {
-                // SAFETY: `host` is pinned, holds `bytes` bytes and outlives the DMAs, which
-                // median_seconds synchronises before returning; nothing else touches it.
-                unsafe {
-                    copy_to_host_raw(stream, &a.view(..bytes), host_ptr, bytes)?;
-                    copy_from_host_raw(stream, host_ptr.cast_const(), bytes, &mut b.view_mut(..bytes))?;
-                }
-                Ok(())
-            },
+            || Ok(round_trip(stream, &a.view(..bytes), &mut host.view_mut(..bytes), &mut b.view_mut(..bytes))?),
         )?;
         Ok(t * 1e6)
     }

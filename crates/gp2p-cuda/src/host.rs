@@ -76,21 +76,8 @@ impl HostAllocation {
         if self.bytes == 0 {
             return Ok(0);
         }
-        mapped_device_ptr(device, self.ptr.as_ptr())
+        crate::raw::mapped_device_ptr(device, self.ptr.as_ptr())
     }
-}
-
-/// The address at which `device` sees the page-locked host memory at `host` (allocated
-/// mapped, or registered, with the driver); an error for memory the driver does not know as
-/// mapped. Equal to the host address wherever unified addressing is on.
-pub fn mapped_device_ptr(device: &Device, host: *const u8) -> Result<RawDevicePtr> {
-    device.bind()?;
-    let mut dptr: RawDevicePtr = 0;
-    // SAFETY: the driver only looks the address up (an unknown one is an error, not a
-    // dereference); out-pointer to a local.
-    let code = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.cast_mut().cast::<c_void>(), 0) };
-    check(code, "cuMemHostGetDevicePointer")?;
-    Ok(dptr)
 }
 
 impl Drop for HostAllocation {

@@ -16,6 +16,8 @@
 //!   stream never blocks and never frees what the GPU may still use.
 //! - [`Module`] / [`Function`]: PTX from `gp2p-kernels`, loaded once per device and cached.
 //! - [`reduce`]: the checked launch of the reduce kernel family.
+//! - [`raw`]: the one door to the driver for the crates above: copies and kernel launches on
+//!   addresses (unsafe, each with its contract), and address lookups.
 //! - `interop` (feature `cudarc`): cudarc's memory and streams as views and streams of this
 //!   crate, in place, holding cudarc's synchronisation guards.
 //!
@@ -60,6 +62,7 @@ pub mod interop;
 pub mod lifetime;
 mod memory;
 mod module;
+pub mod raw;
 mod reduce;
 mod stream;
 
@@ -68,24 +71,9 @@ pub use driver::{driver_version, is_driver_present, take_deferred_error};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind};
 pub use gate::HostGate;
-pub use host::{HostAllocation, mapped_device_ptr};
+pub use host::HostAllocation;
 pub use lifetime::{LastUses, StreamPoint};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, out_of_bounds};
 pub use module::{Function, LaunchConfig, Module};
-pub use reduce::{
-    ExchangeLines, SourceMemory, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config,
-};
+pub use reduce::{SourceMemory, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config};
 pub use stream::{RawStream, Stream, StreamFork};
-
-/// Raw driver API types, for callers that interoperate with other CUDA code.
-pub mod sys {
-    pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
-}
-
-#[doc(hidden)]
-pub mod __private {
-    //! Raw operations the sibling crates build safe APIs on. Not part of the public API.
-    pub use crate::driver::check;
-    pub use crate::memory::{memcpy_dtoh_async, memcpy_htod_async, memcpy_peer_async};
-    pub use crate::reduce::{exchange_raw, reduce_raw};
-}

@@ -2,7 +2,6 @@
 //! borrow a range of one (or describe foreign memory, for interop).
 #![allow(unsafe_code)]
 
-use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
@@ -11,6 +10,7 @@ use gp2p_kernels::Element;
 
 use crate::driver::check;
 use crate::lifetime::{LastUses, Release, release_after};
+use crate::raw;
 use crate::{Device, Error, Result, Stream, StreamPoint};
 
 /// A raw device address.
@@ -63,7 +63,7 @@ impl<T: Element> DeviceBuffer<T> {
         if self.len > 0 {
             // SAFETY: the destination holds len elements, the source slice as many; the host
             // memory stays borrowed until the stream is synchronised below.
-            unsafe { memcpy_htod_async(stream, self.ptr, data.as_ptr().cast(), self.bytes())? };
+            unsafe { raw::memcpy_htod_async(stream, self.ptr, data.as_ptr().cast(), self.bytes())? };
         }
         stream.synchronize()
     }
@@ -75,7 +75,7 @@ impl<T: Element> DeviceBuffer<T> {
         check_len("host output", out.len(), self.len)?;
         if self.len > 0 {
             // SAFETY: both sides hold len elements; `out` stays borrowed until the sync.
-            unsafe { memcpy_dtoh_async(stream, out.as_mut_ptr().cast(), self.ptr, self.bytes())? };
+            unsafe { raw::memcpy_dtoh_async(stream, out.as_mut_ptr().cast(), self.ptr, self.bytes())? };
         }
         stream.synchronize()
     }
@@ -343,7 +343,9 @@ impl<'a, T: Element> DeviceView<'a, T> {
         if self.len > 0 {
             // SAFETY: the spare capacity holds len elements; the DMA writes all of them and
             // the stream is synchronised before the vector is used.
-            unsafe { memcpy_dtoh_async(stream, out.spare_capacity_mut().as_mut_ptr().cast(), self.ptr, self.bytes())? };
+            unsafe {
+                raw::memcpy_dtoh_async(stream, out.spare_capacity_mut().as_mut_ptr().cast(), self.ptr, self.bytes())?
+            };
         }
         stream.synchronize()?;
         // SAFETY: capacity is len and the completed DMA initialised all len elements (T is
@@ -430,7 +432,7 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         } else {
             // SAFETY: both views cover len elements on their devices; different devices'
             // memories never overlap.
-            unsafe { memcpy_peer_async(stream, &self.device, self.ptr, src.device(), src.ptr, self.bytes())? };
+            unsafe { raw::memcpy_peer_async(stream, &self.device, self.ptr, src.device(), src.ptr, self.bytes())? };
         }
         let point = stream.point()?;
         self.note_use(&point);
@@ -456,50 +458,6 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         self.note_use(&stream.point()?);
         Ok(())
     }
-}
-
-/// Asynchronous copy between the memories of two devices on `stream` (of either device):
-/// one peer DMA where peer access is enabled, else the driver stages it itself.
-///
-/// # Safety
-/// `src` must be `bytes` readable bytes on `src_device` and `dst` `bytes` writable bytes on
-/// `dst_device`, both valid until the copy completes, not overlapping.
-pub unsafe fn memcpy_peer_async(
-    stream: &Stream,
-    dst_device: &Device,
-    dst: RawDevicePtr,
-    src_device: &Device,
-    src: RawDevicePtr,
-    bytes: usize,
-) -> Result<()> {
-    stream.device().bind()?;
-    let (dst_ctx, src_ctx) = (dst_device.ctx(), src_device.ctx());
-    // SAFETY: forwarded to the caller's contract; both contexts are retained primary contexts.
-    let code = unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, stream.raw()) };
-    check(code, "cuMemcpyPeerAsync")
-}
-
-/// Asynchronous device → host copy on `stream`.
-///
-/// # Safety
-/// `dst` must be valid for `bytes` writes and `src` for `bytes` reads on the stream's device,
-/// both until the copy completes; nothing else may access `dst` meanwhile. For an
-/// asynchronous copy `dst` must be page-locked; pageable memory makes the call synchronous.
-pub unsafe fn memcpy_dtoh_async(stream: &Stream, dst: *mut c_void, src: RawDevicePtr, bytes: usize) -> Result<()> {
-    stream.device().bind()?;
-    // SAFETY: forwarded to the caller's contract.
-    check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream.raw()) }, "cuMemcpyDtoHAsync")
-}
-
-/// Asynchronous host → device copy on `stream`.
-///
-/// # Safety
-/// `src` must be valid for `bytes` reads and `dst` for `bytes` writes on the stream's device,
-/// both until the copy completes; nothing may write `src` meanwhile.
-pub unsafe fn memcpy_htod_async(stream: &Stream, dst: RawDevicePtr, src: *const c_void, bytes: usize) -> Result<()> {
-    stream.device().bind()?;
-    // SAFETY: forwarded to the caller's contract.
-    check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream.raw()) }, "cuMemcpyHtoDAsync")
 }
 
 fn bytes_of<T>(len: usize) -> Result<usize> {

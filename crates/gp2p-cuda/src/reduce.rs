@@ -62,7 +62,16 @@ pub fn reduce<T: Element>(
     // DeviceViewMut is exclusive and a DeviceView shared, so they do not overlap unless the
     // caller broke a from_raw contract.
     unsafe {
-        reduce_raw(stream, dst.raw_ptr(), src.raw_ptr(), dst.len(), T::DTYPE, op, divide_by, SourceMemory::Device)?
+        crate::raw::reduce(
+            stream,
+            dst.raw_ptr(),
+            src.raw_ptr(),
+            dst.len(),
+            T::DTYPE,
+            op,
+            divide_by,
+            SourceMemory::Device,
+        )?
     };
     if !dst.is_empty() {
         let point = stream.point()?;
@@ -111,11 +120,11 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
 
 /// The reduce kernels' parameters `(T* dst, const T* src, u64 n, u32 divisor)`, in order.
 #[derive(Default)]
-struct ReduceArgs {
-    dst: RawDevicePtr,
-    src: RawDevicePtr,
-    len: u64,
-    divisor: u32,
+pub(crate) struct ReduceArgs {
+    pub(crate) dst: RawDevicePtr,
+    pub(crate) src: RawDevicePtr,
+    pub(crate) len: u64,
+    pub(crate) divisor: u32,
 }
 
 /// Launch a reduce kernel with `args`.
@@ -123,7 +132,7 @@ struct ReduceArgs {
 /// # Safety
 /// `function` is a reduce kernel; the addresses are valid for what it does with `len`
 /// elements, until it completes.
-unsafe fn launch_reduce(
+pub(crate) unsafe fn launch_reduce(
     function: &Function,
     stream: &Stream,
     config: LaunchConfig,
@@ -143,23 +152,23 @@ unsafe fn launch_reduce(
 /// The exchange kernels' parameters `(T* buf, u64 n, u64* out_lines, const u64* in_lines,
 /// u32 seq, u32 divisor, u64 timeout_ns, u32* failed)`, in order.
 #[derive(Default)]
-struct ExchangeArgs {
-    buf: RawDevicePtr,
-    len: u64,
-    out_lines: RawDevicePtr,
-    in_lines: RawDevicePtr,
-    seq: u32,
-    divisor: u32,
-    timeout_ns: u64,
-    failed: RawDevicePtr,
+pub(crate) struct ExchangeArgs {
+    pub(crate) buf: RawDevicePtr,
+    pub(crate) len: u64,
+    pub(crate) out_lines: RawDevicePtr,
+    pub(crate) in_lines: RawDevicePtr,
+    pub(crate) seq: u32,
+    pub(crate) divisor: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
 }
 
 /// Launch an exchange kernel with `args`.
 ///
 /// # Safety
 /// `function` is an exchange kernel; the addresses are valid for what it does with `len`
-/// elements, until it completes (see [`exchange_raw`]).
-unsafe fn launch_exchange(
+/// elements, until it completes (see [`crate::raw::exchange`]).
+pub(crate) unsafe fn launch_exchange(
     function: &Function,
     stream: &Stream,
     config: LaunchConfig,
@@ -181,7 +190,7 @@ unsafe fn launch_exchange(
 }
 
 /// Refuses a divisor of 0 (avg divides by the number of contributions).
-fn check_divisor(divide_by: u32) -> Result<()> {
+pub(crate) fn check_divisor(divide_by: u32) -> Result<()> {
     if divide_by == 0 {
         return Err(Error::InvalidArgument {
             name: "divide_by",
@@ -205,44 +214,6 @@ pub fn reduce_launch_config(len: usize, dtype: DType, multiprocessors: u32, sour
     LaunchConfig { grid: blocks.clamp(1, cap) as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
 }
 
-/// [`reduce`] on raw addresses, for the sibling crates' safe wrappers.
-///
-/// # Safety
-/// `dst` must be `len` writable elements of `dtype` and `src` `len` readable ones, both
-/// addressable from the stream's device (device memory or mapped pinned host memory) and
-/// valid until the kernel completes; they must not partially overlap. `source` says where
-/// `src` lives (only the launch shape depends on it).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn reduce_raw(
-    stream: &Stream,
-    dst: RawDevicePtr,
-    src: RawDevicePtr,
-    len: usize,
-    dtype: DType,
-    op: ReduceOp,
-    divide_by: u32,
-    source: SourceMemory,
-) -> Result<()> {
-    check_divisor(divide_by)?;
-    let align = dtype.size_bytes() as u64;
-    for (name, ptr) in [("dst", dst), ("src", src)] {
-        if ptr % align != 0 {
-            return Err(Error::InvalidArgument {
-                name,
-                reason: format!("address {ptr:#x} is not aligned to {align} bytes for {dtype}"),
-            });
-        }
-    }
-    if len == 0 {
-        return Ok(());
-    }
-    let function = Module::load(stream.device(), REDUCE)?.function(reduce_kernel_name(op, dtype))?;
-    let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
-    let args = ReduceArgs { dst, src, len: len as u64, divisor: divide_by };
-    // SAFETY: a reduce kernel; the addresses are the caller's contract.
-    unsafe { launch_reduce(&function, stream, config, args) }
-}
-
 /// Blocks an exchange kernel may use: enough reads in flight across PCIe for the sizes it
 /// serves, few enough that two of them (logical ranks on one GPU) always fit at once.
 const EXCHANGE_MAX_BLOCKS: usize = 64;
@@ -252,72 +223,6 @@ pub fn exchange_launch_config(len: usize, dtype: DType) -> LaunchConfig {
     let groups = (len * dtype.size_bytes()).div_ceil(EXCHANGE_GROUP_BYTES).max(1);
     let blocks = groups.div_ceil(REDUCE_BLOCK_THREADS as usize).clamp(1, EXCHANGE_MAX_BLOCKS);
     LaunchConfig { grid: blocks as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
-}
-
-/// The addresses one rank's exchange kernel works on (see
-/// [`gp2p_kernels::exchange_kernel_name`]).
-#[derive(Debug, Clone, Copy)]
-pub struct ExchangeLines {
-    /// This rank's lines, as the stream's device maps them.
-    pub out_lines: RawDevicePtr,
-    /// The peer's lines, as the stream's device maps them.
-    pub in_lines: RawDevicePtr,
-    /// A `u32` the kernel sets to 1 when it gives up waiting, as the device maps it.
-    pub failed: RawDevicePtr,
-}
-
-/// Enqueue one rank's exchange kernel on `stream`: publish `buf` tagged `seq`, wait for the
-/// peer's lines tagged `seq`, and fold `buf = op(own, peer)`.
-///
-/// # Safety
-/// `buf` must be `len` writable elements of `dtype` on the stream's device; the lines must be
-/// mapped memory holding at least [`gp2p_kernels::exchange_line_bytes`]`(len * size)` bytes
-/// each, 16-byte aligned, `out_lines` written by nobody else and `failed` a writable `u32`,
-/// all valid until the kernel completes. The peer's kernel for the same `seq` must be
-/// enqueued too, or this one waits `timeout_ns` and then fails.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn exchange_raw(
-    stream: &Stream,
-    buf: RawDevicePtr,
-    len: usize,
-    dtype: DType,
-    op: ReduceOp,
-    lines: ExchangeLines,
-    seq: u32,
-    divide_by: u32,
-    timeout_ns: u64,
-) -> Result<()> {
-    check_divisor(divide_by)?;
-    for (name, ptr, align) in [
-        ("buf", buf, dtype.size_bytes() as u64),
-        ("out_lines", lines.out_lines, 16),
-        ("in_lines", lines.in_lines, 16),
-        ("failed", lines.failed, 4),
-    ] {
-        if ptr % align != 0 {
-            return Err(Error::InvalidArgument {
-                name,
-                reason: format!("address {ptr:#x} is not aligned to {align} bytes"),
-            });
-        }
-    }
-    if len == 0 {
-        return Ok(());
-    }
-    let function = Module::load(stream.device(), REDUCE)?.function(exchange_kernel_name(op, dtype))?;
-    let config = exchange_launch_config(len, dtype);
-    let args = ExchangeArgs {
-        buf,
-        len: len as u64,
-        out_lines: lines.out_lines,
-        in_lines: lines.in_lines,
-        seq,
-        divisor: divide_by,
-        timeout_ns,
-        failed: lines.failed,
-    };
-    // SAFETY: an exchange kernel; the addresses are the caller's contract.
-    unsafe { launch_exchange(&function, stream, config, args) }
 }
 
 #[cfg(test)]

@@ -1,12 +1,10 @@
 //! `PinnedBuffer`: page-locked, portable, device-mapped host memory, and `is_pinned`.
 #![allow(unsafe_code)]
 
-use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
 
-use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
-use gp2p_cuda::__private::check;
+use gp2p_cuda::raw;
 use gp2p_cuda::{Device, HostAllocation, RawDevicePtr, StreamPoint, checked_range, out_of_bounds};
 use gp2p_kernels::Element;
 
@@ -211,51 +209,17 @@ pub fn is_pinned_on(device: &Device, ptr: *const u8, len: usize) -> Result<bool>
     if ptr.is_null() {
         return Ok(false);
     }
-    device.bind()?;
     let first = ptr as u64;
     let Some(last) = first.checked_add(len as u64 - 1) else {
         return Ok(false);
     };
-    let (head, tail) = (lookup(first)?, lookup(last)?);
-    if !head.is_pinned_host() || !tail.is_pinned_host() {
+    let (head, tail) = (raw::lookup_host(device, first)?, raw::lookup_host(device, last)?);
+    if !head.pinned || !tail.pinned {
         return Ok(false);
     }
     // Both ends are pinned; make sure they are one allocation, not two with a gap between.
-    Ok(match head.range {
-        Some((start, size)) => start <= first && last < start.saturating_add(size),
+    Ok(match head.allocation {
+        Some(allocation) => allocation.contains(&first) && allocation.contains(&last),
         None => true, // no range reported for host memory: the two ends are what we know
     })
-}
-
-/// What the driver knows about one address.
-struct Lookup {
-    memory_type: u32,
-    range: Option<(u64, u64)>,
-}
-
-impl Lookup {
-    fn is_pinned_host(&self) -> bool {
-        self.memory_type == CUmemorytype::CU_MEMORYTYPE_HOST as u32
-    }
-}
-
-/// Ask for the memory type and allocation range of `addr` with `cuPointerGetAttributes`,
-/// which (unlike `cuPointerGetAttribute`) answers zeros rather than an error for addresses
-/// it does not know — the common "not pinned" case must not look like a failure.
-fn lookup(addr: u64) -> Result<Lookup> {
-    let mut memory_type: u32 = 0;
-    let mut start: u64 = 0;
-    let mut size: usize = 0;
-    let mut attributes = [
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-    ];
-    let mut data: [*mut c_void; 3] = [(&raw mut memory_type).cast(), (&raw mut start).cast(), (&raw mut size).cast()];
-    // SAFETY: a context is current; each data pointer addresses a local of the type its
-    // attribute writes (CUmemorytype as u32, CUdeviceptr, size_t); the address is only
-    // looked up, never dereferenced.
-    let code = unsafe { sys::cuPointerGetAttributes(3, attributes.as_mut_ptr(), data.as_mut_ptr(), addr) };
-    check(code, "cuPointerGetAttributes")?;
-    Ok(Lookup { memory_type, range: (size > 0).then_some((start, size as u64)) })
 }

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use gp2p_cuda::__private::exchange_raw;
-use gp2p_cuda::{Device, DeviceViewMut, ExchangeLines, HostAllocation, RawDevicePtr, Stream, StreamPoint};
+use gp2p_cuda::raw::{self, ExchangeLines};
+use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes};
 
 use crate::buffer::require_host_mapping;
@@ -186,7 +186,7 @@ impl LineExchange {
             // own u32. Both ranks' kernels are enqueued in this loop (should the second
             // launch fail, the first gives up at its timeout, its uses already noted).
             unsafe {
-                exchange_raw(streams[r], bufs[r].raw_ptr(), len, T::DTYPE, op, lines, seq, divide_by, timeout_ns)?
+                raw::exchange(streams[r], bufs[r].raw_ptr(), len, T::DTYPE, op, lines, seq, divide_by, timeout_ns)?
             };
             let point = streams[r].point()?;
             bufs[r].note_use(&point);

@@ -6,7 +6,8 @@
 //! - [`is_pinned`]: whether a host range is page-locked memory CUDA knows about.
 //! - [`copy_to_host`] / [`copy_from_host`]: asynchronous DMA between device memory and a
 //!   pinned buffer; [`reduce_from_host`]: `dst = op(dst, src)` with `src` read by the kernel
-//!   straight out of pinned host memory (the zero-copy path).
+//!   straight out of pinned host memory (the zero-copy path); [`round_trip`]: a DMA out to
+//!   pinned memory and back in, for latency measurements.
 //! - [`StagingRing`]: slots of pinned memory with the events a copy pipeline needs, fenced on
 //!   the GPU so back-to-back calls never overwrite a slot still in use.
 //! - [`LineExchange`]: a small two-rank all-reduce in one kernel per rank, through lines of
@@ -48,6 +49,6 @@ pub use error::{Error, Result};
 pub use exchange::{DEFAULT_PEER_TIMEOUT, LineExchange};
 pub use ops::{
     copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host, reduce_from_host_raw,
-    require_pinned,
+    require_pinned, round_trip,
 };
 pub use ring::{Fold, MAX_SLOTS, RingCache, Sent, StagingRing};

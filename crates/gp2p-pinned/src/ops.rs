@@ -1,8 +1,8 @@
 //! The host-side primitives: DMA to and from pinned memory, and the zero-copy reduce.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
+use gp2p_cuda::raw::{self, memcpy_dtoh_async, memcpy_htod_async};
 use gp2p_cuda::{Device, DeviceView, DeviceViewMut, Stream};
 use gp2p_kernels::{Element, ReduceOp};
 
@@ -65,12 +65,44 @@ pub fn reduce_from_host<T: Element>(
     // SAFETY: dst is len device elements on the stream's device; `mapped` addresses src's len
     // elements as this device sees them; device and host memory cannot overlap. Both note
     // the point below, so host writes and frees wait for the kernel.
-    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, dst.len(), T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
+    unsafe { raw::reduce(stream, dst.raw_ptr(), mapped, dst.len(), T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
     if !src.is_empty() {
         let point = stream.point()?;
         src.note_use(&point);
         dst.note_use(&point);
     }
+    Ok(())
+}
+
+/// Enqueue a round trip through pinned host memory on one stream: a DMA of `src` (device
+/// memory) into `host`, then a DMA of `host` into `dst` (device memory), with one stream
+/// point noted on all three after both. Nothing else is enqueued between or around the two
+/// DMAs (no event in between), so timing it measures what a one-chunk staged copy on one
+/// device cannot beat: the CLI's small-copy latency reference. `src`, `dst` and the stream
+/// are on one device; all three views have equal lengths. Asynchronous, like
+/// [`copy_to_host`].
+pub fn round_trip<T: Element>(
+    stream: &Stream,
+    src: &DeviceView<'_, T>,
+    host: &mut PinnedViewMut<'_, T>,
+    dst: &mut DeviceViewMut<'_, T>,
+) -> Result<()> {
+    check_pair(stream, src.device().ordinal(), "src", src.len(), host.len())?;
+    check_pair(stream, dst.device().ordinal(), "dst", dst.len(), host.len())?;
+    if host.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: src is len device elements on the stream's device, host len pinned host
+    // elements; all three note the point below, so none is freed (nor host handed to the
+    // CPU) before both DMAs are done.
+    unsafe { memcpy_dtoh_async(stream, host.host_mut_ptr().cast(), src.raw_ptr(), host.bytes())? };
+    // SAFETY: as above, directions swapped; the stream orders this DMA after the first, so
+    // it reads what that one wrote.
+    unsafe { memcpy_htod_async(stream, dst.raw_ptr(), host.host_mut_ptr().cast_const().cast(), host.bytes())? };
+    let point = stream.point()?;
+    src.note_use(&point);
+    host.note_use(&point);
+    dst.note_use(&point);
     Ok(())
 }
 
@@ -165,11 +197,11 @@ pub unsafe fn reduce_from_host_raw<T: Element>(
     if len == 0 {
         return Ok(());
     }
-    let mapped = gp2p_cuda::mapped_device_ptr(stream.device(), src.cast())?;
+    let mapped = raw::mapped_device_ptr(stream.device(), src.cast())?;
     // SAFETY: dst is len device elements on the stream's device (checked); `mapped` addresses
     // the caller's len pinned elements as this device sees them, valid per the contract;
     // host memory never overlaps device memory.
-    unsafe { reduce_raw(stream, dst.raw_ptr(), mapped, len, T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
+    unsafe { raw::reduce(stream, dst.raw_ptr(), mapped, len, T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
     dst.note_use(&stream.point()?);
     Ok(())
 }

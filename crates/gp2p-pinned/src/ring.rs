@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gp2p_cuda::__private::{memcpy_dtoh_async, memcpy_htod_async, reduce_raw};
 use gp2p_cuda::SourceMemory;
+use gp2p_cuda::raw::{self, memcpy_dtoh_async, memcpy_htod_async};
 use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
 
@@ -234,7 +234,7 @@ impl StagingRing {
                 // SAFETY: dst and the scratch are dst.len() elements on the consumer's device
                 // (checked), distinct device memory, valid until the point noted below.
                 unsafe {
-                    reduce_raw(
+                    raw::reduce(
                         consumer,
                         dst.raw_ptr(),
                         tmp.raw_ptr(),
@@ -350,7 +350,7 @@ impl StagingRing {
         let src = self.consumer_base + (slot * self.slot_bytes) as u64;
         // SAFETY: as in drain; `src` is the slot as the consumer device maps it, aligned to
         // 256 bytes, and host memory never overlaps dst's device memory.
-        unsafe { reduce_raw(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
+        unsafe { raw::reduce(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
         self.mark_free(slot, stream, dst)
     }
 

@@ -32,7 +32,7 @@
 #![allow(unsafe_code)]
 
 use geforce_p2p::collectives::{self, Rank, Receive};
-use geforce_p2p::cuda::sys::CUstream;
+use geforce_p2p::cuda::RawStream;
 use geforce_p2p::{CopyOptions, DType, Device, DeviceView, DeviceViewMut, Element, ReduceOp, Route, Stream, half, ops};
 use pyo3::prelude::*;
 
@@ -63,7 +63,7 @@ macro_rules! by_dtype {
 }
 
 /// The `CUstream` a handle from Python stands for (an opaque value, never dereferenced here).
-fn stream_handle(raw: u64) -> CUstream {
+fn stream_handle(raw: u64) -> RawStream {
     std::ptr::without_provenance_mut(raw as usize)
 }
 

@@ -1,0 +1,250 @@
+//! `raw`: the one door to the driver for the crates above. Operations on addresses rather
+//! than typed views, which the layers built on this crate wrap in safe, checked APIs.
+//!
+//! What it is for: `gp2p-pinned` moves data between device memory and pinned host memory
+//! it owns (or that a framework hands it by address), and launches the reduce and exchange
+//! kernels on mapped host memory; it does that through these functions and nothing else, so
+//! every raw driver call of the workspace lives in this crate. Application code should not
+//! need it: the typed views of this crate and of `gp2p-pinned` check bounds, devices and
+//! pinning, and keep memory alive until the GPU is done with it (the lifetime rule of
+//! [`crate::lifetime`]).
+//!
+//! What the unsafe functions here do not do: they note no last use (the caller notes the
+//! point after the call on whatever it must keep alive), check no bounds (an address has
+//! none), and do not check that host memory is pinned. Each says in `# Safety` exactly what
+//! its caller guarantees. The safe functions only look addresses up; they never dereference.
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::ops::Range;
+
+use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
+use gp2p_kernels::{DType, REDUCE, ReduceOp, exchange_kernel_name, reduce_kernel_name};
+
+use crate::driver::check;
+use crate::reduce::{
+    ExchangeArgs, ReduceArgs, SourceMemory, check_divisor, exchange_launch_config, launch_exchange, launch_reduce,
+    reduce_launch_config,
+};
+use crate::{Device, Error, Module, RawDevicePtr, Result, Stream};
+
+/// Enqueue an asynchronous copy of `bytes` bytes between the memories of two devices on
+/// `stream` (a stream of either device): one peer DMA where peer access is enabled, else
+/// the driver stages it through host memory itself.
+///
+/// # Safety
+/// - `src` is `bytes` readable bytes of device memory on `src_device`, and `dst` `bytes`
+///   writable bytes on `dst_device`;
+/// - both stay allocated, and nothing else writes `src` or touches `dst`, until the copy
+///   completes on `stream` (order a free after it, or synchronise);
+/// - the two ranges do not overlap.
+pub unsafe fn memcpy_peer_async(
+    stream: &Stream,
+    dst_device: &Device,
+    dst: RawDevicePtr,
+    src_device: &Device,
+    src: RawDevicePtr,
+    bytes: usize,
+) -> Result<()> {
+    stream.device().bind()?;
+    let (dst_ctx, src_ctx) = (dst_device.ctx(), src_device.ctx());
+    // SAFETY: the ranges are the caller's contract; both contexts are retained primary
+    // contexts, alive as long as their devices.
+    let code = unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, stream.raw()) };
+    check(code, "cuMemcpyPeerAsync")
+}
+
+/// Enqueue an asynchronous device → host copy of `bytes` bytes on `stream`.
+///
+/// # Safety
+/// - `src` is `bytes` readable bytes of device memory addressable from the stream's device;
+/// - `dst` is `bytes` writable bytes of host memory, page-locked (the copy is asynchronous
+///   only then: from pageable memory the driver copies synchronously, or reads memory the
+///   caller has since freed);
+/// - both stay allocated, nothing else reads or writes `dst` and nothing writes `src`, until
+///   the copy completes on `stream`.
+pub unsafe fn memcpy_dtoh_async(stream: &Stream, dst: *mut c_void, src: RawDevicePtr, bytes: usize) -> Result<()> {
+    stream.device().bind()?;
+    // SAFETY: the ranges are the caller's contract; the stream belongs to the bound context.
+    check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream.raw()) }, "cuMemcpyDtoHAsync")
+}
+
+/// Enqueue an asynchronous host → device copy of `bytes` bytes on `stream`.
+///
+/// # Safety
+/// - `src` is `bytes` readable bytes of host memory, page-locked (as for
+///   [`memcpy_dtoh_async`]);
+/// - `dst` is `bytes` writable bytes of device memory addressable from the stream's device;
+/// - both stay allocated, nothing writes `src` and nothing else touches `dst`, until the copy
+///   completes on `stream`.
+pub unsafe fn memcpy_htod_async(stream: &Stream, dst: RawDevicePtr, src: *const c_void, bytes: usize) -> Result<()> {
+    stream.device().bind()?;
+    // SAFETY: the ranges are the caller's contract; the stream belongs to the bound context.
+    check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream.raw()) }, "cuMemcpyHtoDAsync")
+}
+
+/// Enqueue `dst[i] = op(dst[i], src[i])` for `len` elements of `dtype` on `stream`: the
+/// checked [`crate::reduce`] on addresses, for views the caller checked itself (a pinned
+/// slot, a framework's tensor). `source` says where `src` lives, which sets only the launch
+/// shape ([`SourceMemory::ZeroCopy`] for mapped host memory read in place). Refuses
+/// `divide_by` = 0 and misaligned addresses before launching.
+///
+/// # Safety
+/// - `dst` is `len` writable elements of `dtype`, and `src` `len` readable ones, both
+///   addressable from the stream's device (device memory, or mapped pinned host memory at
+///   the address this device maps it: see [`mapped_device_ptr`]);
+/// - both stay allocated, nothing else writes `dst` or `src`, until the kernel completes on
+///   `stream`;
+/// - the two ranges are the same range or do not overlap at all.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn reduce(
+    stream: &Stream,
+    dst: RawDevicePtr,
+    src: RawDevicePtr,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+    divide_by: u32,
+    source: SourceMemory,
+) -> Result<()> {
+    check_divisor(divide_by)?;
+    let align = dtype.size_bytes() as u64;
+    for (name, ptr) in [("dst", dst), ("src", src)] {
+        if ptr % align != 0 {
+            return Err(Error::InvalidArgument {
+                name,
+                reason: format!("address {ptr:#x} is not aligned to {align} bytes for {dtype}"),
+            });
+        }
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let function = Module::load(stream.device(), REDUCE)?.function(reduce_kernel_name(op, dtype))?;
+    let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
+    let args = ReduceArgs { dst, src, len: len as u64, divisor: divide_by };
+    // SAFETY: a reduce kernel of `dtype`; the addresses are the caller's contract.
+    unsafe { launch_reduce(&function, stream, config, args) }
+}
+
+/// The addresses one rank's exchange kernel works on (see [`exchange`] and
+/// [`gp2p_kernels::exchange_kernel_name`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ExchangeLines {
+    /// This rank's lines, as the stream's device maps them.
+    pub out_lines: RawDevicePtr,
+    /// The peer's lines, as the stream's device maps them.
+    pub in_lines: RawDevicePtr,
+    /// A `u32` the kernel sets to 1 when it gives up waiting, as the device maps it.
+    pub failed: RawDevicePtr,
+}
+
+/// Enqueue one rank's exchange kernel on `stream`: publish `buf` tagged `seq` in its lines,
+/// wait (at most `timeout_ns`) for the peer's lines tagged `seq`, and fold
+/// `buf = op(own, peer)`. Refuses `divide_by` = 0 and misaligned addresses before launching.
+///
+/// # Safety
+/// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
+/// - `lines.out_lines` and `lines.in_lines` each address at least
+///   [`gp2p_kernels::exchange_line_bytes`]`(len * dtype.size_bytes())` bytes of mapped
+///   pinned host memory as this device maps it, 16-byte aligned; nobody but this kernel
+///   writes `out_lines` until it completes;
+/// - `lines.failed` is a writable `u32` of mapped pinned host memory, 4-byte aligned;
+/// - all of them stay allocated until the kernel completes on `stream`;
+/// - the peer's kernel for the same `seq` is enqueued too, on a stream that can run at the
+///   same time as this one; otherwise this kernel waits `timeout_ns`, sets `failed` and
+///   leaves `buf` partly folded.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn exchange(
+    stream: &Stream,
+    buf: RawDevicePtr,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+    lines: ExchangeLines,
+    seq: u32,
+    divide_by: u32,
+    timeout_ns: u64,
+) -> Result<()> {
+    check_divisor(divide_by)?;
+    for (name, ptr, align) in [
+        ("buf", buf, dtype.size_bytes() as u64),
+        ("out_lines", lines.out_lines, 16),
+        ("in_lines", lines.in_lines, 16),
+        ("failed", lines.failed, 4),
+    ] {
+        if ptr % align != 0 {
+            return Err(Error::InvalidArgument {
+                name,
+                reason: format!("address {ptr:#x} is not aligned to {align} bytes"),
+            });
+        }
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let function = Module::load(stream.device(), REDUCE)?.function(exchange_kernel_name(op, dtype))?;
+    let config = exchange_launch_config(len, dtype);
+    let args = ExchangeArgs {
+        buf,
+        len: len as u64,
+        out_lines: lines.out_lines,
+        in_lines: lines.in_lines,
+        seq,
+        divisor: divide_by,
+        timeout_ns,
+        failed: lines.failed,
+    };
+    // SAFETY: an exchange kernel of `dtype`; the addresses are the caller's contract.
+    unsafe { launch_exchange(&function, stream, config, args) }
+}
+
+/// The address at which `device` sees the page-locked host memory at `host` (allocated
+/// mapped, or registered, with the driver); an error for memory the driver does not know as
+/// mapped. Equal to the host address wherever unified addressing is on. Only looks the
+/// address up.
+pub fn mapped_device_ptr(device: &Device, host: *const u8) -> Result<RawDevicePtr> {
+    device.bind()?;
+    let mut dptr: RawDevicePtr = 0;
+    // SAFETY: the driver only looks the address up (an unknown one is an error, not a
+    // dereference); out-pointer to a local.
+    let code = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.cast_mut().cast::<c_void>(), 0) };
+    check(code, "cuMemHostGetDevicePointer")?;
+    Ok(dptr)
+}
+
+/// What the driver knows about one host address ([`lookup_host`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLookup {
+    /// Whether the address lies in page-locked host memory known to CUDA.
+    pub pinned: bool,
+    /// The allocation it lies in, where the driver reports one.
+    pub allocation: Option<Range<u64>>,
+}
+
+/// Ask, in `device`'s context, whether `addr` is page-locked host memory and which
+/// allocation holds it. Uses `cuPointerGetAttributes`, which (unlike
+/// `cuPointerGetAttribute`) answers zeros rather than an error for addresses it does not
+/// know: the common "not pinned" answer raises no CUDA error and leaves none behind. Only
+/// looks the address up.
+pub fn lookup_host(device: &Device, addr: u64) -> Result<HostLookup> {
+    device.bind()?;
+    let mut memory_type: u32 = 0;
+    let mut start: u64 = 0;
+    let mut size: usize = 0;
+    let mut attributes = [
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut c_void; 3] = [(&raw mut memory_type).cast(), (&raw mut start).cast(), (&raw mut size).cast()];
+    // SAFETY: a context is current (bound above); each data pointer addresses a local of the
+    // type its attribute writes (CUmemorytype as u32, CUdeviceptr, size_t); the address is
+    // only looked up, never dereferenced.
+    let code = unsafe { sys::cuPointerGetAttributes(3, attributes.as_mut_ptr(), data.as_mut_ptr(), addr) };
+    check(code, "cuPointerGetAttributes")?;
+    Ok(HostLookup {
+        pinned: memory_type == CUmemorytype::CU_MEMORYTYPE_HOST as u32,
+        allocation: (size > 0).then(|| start..start.saturating_add(size as u64)),
+    })
+}
