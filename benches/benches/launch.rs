@@ -1,6 +1,8 @@
 //! Host-side costs: planning and enqueueing a reduce launch and a 1 GiB staged copy. On a
 //! machine without a GPU only the planning benches run.
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 // criterion_group! generates undocumented items.
 #![allow(missing_docs)]
 

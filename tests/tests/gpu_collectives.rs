@@ -4,6 +4,8 @@
 //! against a fold of all ranks' inputs computed independently of any schedule (exact for
 //! integers, f64 with a bound that grows with n for floats). Outputs start poisoned.
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

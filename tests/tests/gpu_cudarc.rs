@@ -4,6 +4,8 @@
 //! enqueue is freed only after the work that reads it, even when that work ran on another
 //! stream than the one its view was made for.
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

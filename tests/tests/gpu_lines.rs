@@ -3,6 +3,8 @@
 //! lengths, back-to-back calls, a peer that never comes; and on one GPU, that ranks sharing
 //! a device never take it (their two kernels might not run at once).
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

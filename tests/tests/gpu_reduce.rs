@@ -1,6 +1,8 @@
 //! GPU: the reduce kernel family, every op × dtype, from device memory and zero-copy from
 //! mapped pinned host memory, at lengths 0 to 2^28, aligned and not, against the CPU reference.
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -5,6 +5,8 @@
 //! checked against a host model. Seeded: the seed is printed, and `GP2P_STRESS_SEED` replays
 //! it; `GP2P_STRESS_OPS` sets the number of operations (2,000 by default).
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

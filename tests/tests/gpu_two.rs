@@ -1,6 +1,8 @@
 //! Two GPUs: copies both ways and the collectives with one buffer per device. The bundle's
 //! runner lists these (`two_gpu_*`) as not run where fewer than two GPUs are present.
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 // A failing test is how a test reports; unwrap/expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

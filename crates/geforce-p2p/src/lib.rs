@@ -40,6 +40,9 @@
 //! }
 //! ```
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
+
 use std::sync::LazyLock;
 
 mod error;

@@ -10,6 +10,9 @@
 //! assert_eq!(gp2p_cli::run_cli(["gp2p".to_owned(), "--version".to_owned()]), 0);
 //! ```
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
+
 mod bench;
 mod devices;
 mod error;

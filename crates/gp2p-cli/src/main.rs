@@ -1,5 +1,8 @@
 //! `gp2p`: the command line over [`gp2p_cli::run_cli`], which the Python package calls too.
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

@@ -3,6 +3,8 @@
 //! contradicts itself is refused with exit code 1 and a message naming the file. No GPU
 //! or driver is needed.
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};

@@ -67,6 +67,9 @@
 //! assert!(buffers.iter().all(|b| b.iter().all(|&v| v == 7)));
 //! ```
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
+
 mod calibrate;
 mod error;
 mod exec;

@@ -35,6 +35,9 @@
 //! assert!(report.render().contains("0 -> 1"));
 //! ```
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
+
 pub mod branches;
 mod collect;
 mod error;

@@ -34,6 +34,9 @@
 //! }
 //! ```
 
+// No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
+#![forbid(unsafe_code)]
+
 mod copy;
 mod error;
 pub mod plan;
