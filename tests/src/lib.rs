@@ -1,12 +1,29 @@
 //! The workspace integration suite. GPU tests live in `tests/` and are
 //! `#[ignore = "needs a CUDA GPU"]`; `cargo xtask test-gpu` (or a bundle's `run`) runs them.
-//! The CPU references they check against are `gp2p_kernels::reference`, shared with
-//! `gp2p bench`.
+//! Each states what it needs with [`needs!`] (`let [d0, d1] = needs!(gpus: 2);`), which
+//! reports it as not run where this machine lacks that. The CPU references they check
+//! against are `gp2p_kernels::reference`, shared with `gp2p bench`; the helpers every test
+//! file uses (devices, random data, poison) live here once.
+
+mod needs;
+
+pub use needs::{NOT_RUN, Needs, device, gpus, not_run_line, with_stream};
 
 pub use geforce_p2p::cuda::HostGate;
 pub use geforce_p2p::kernels::reference::{
     Reference, SplitMix64, check_reduce, count_mismatched, count_wrong_vs_fold, fill_random,
 };
+
+/// The byte outputs are filled with before an operation, so an element it failed to write
+/// shows (`T::from_byte(POISON)` is the poisoned element of type `T`).
+pub const POISON: u8 = 0xA5;
+
+/// `len` random elements from `seed`: fresh data for one case.
+pub fn random<T: Reference>(len: usize, seed: u64) -> Vec<T> {
+    let mut v = vec![T::from_byte(0); len];
+    fill_random(&mut v, seed);
+    v
+}
 
 /// The longest length a test may use: `GP2P_TEST_MAX_LEN` where set (the sanitizer runs
 /// set it, for time), else unlimited.

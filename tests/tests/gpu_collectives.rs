@@ -15,15 +15,16 @@ use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
     Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
-use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, every_dtype, fill_random, max_len};
+use gp2p_tests::{
+    POISON, Reference, count_mismatched, count_wrong_vs_fold, device, every_dtype, max_len, needs, random,
+};
 
-const POISON: u8 = 0xA5;
 const RECEIVE_PATHS: [Receive; 2] = [Receive::Scratch, Receive::ZeroCopy];
 /// Up to this length results are also compared with the replayed schedule; the replay runs
 /// on one thread, so longer cases are checked against the (parallel) fold alone.
 const REPLAY_MAX_LEN: usize = 1 << 21;
 
-/// One GPU, one stream per logical rank.
+/// One GPU, one stream per logical rank. The calling test states that it needs the GPU.
 struct Ranks {
     device: Device,
     streams: Vec<Stream>,
@@ -31,19 +32,13 @@ struct Ranks {
 
 impl Ranks {
     fn new(n: usize) -> Self {
-        let device = Device::open(0).expect("GPU tests need CUDA device 0");
+        let device = device(0);
         let streams = (0..n).map(|_| Stream::new(&device).unwrap()).collect();
         Ranks { device, streams }
     }
 
     fn random<T: Reference>(&self, len: usize, seed: u64) -> Vec<Vec<T>> {
-        (0..self.streams.len())
-            .map(|r| {
-                let mut v = vec![T::from_byte(0); len];
-                fill_random(&mut v, seed.wrapping_mul(31).wrapping_add(r as u64));
-                v
-            })
-            .collect()
+        (0..self.streams.len()).map(|r| random(len, seed.wrapping_mul(31).wrapping_add(r as u64))).collect()
     }
 
     fn upload<T: Reference>(&self, host: &[Vec<T>]) -> Vec<DeviceBuffer<T>> {
@@ -158,6 +153,7 @@ fn broadcast_case<T: Reference>(engine: &Engine, n: usize, len: usize, root: usi
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn all_reduce_every_op_and_dtype_on_two_to_four_ranks() {
+    needs!(gpus: 1);
     let engine = Engine::new();
     let mut seed = 1;
     for n in [2, 3, 4] {
@@ -175,6 +171,7 @@ fn all_reduce_every_op_and_dtype_on_two_to_four_ranks() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn all_reduce_f32_and_bf16_full_sweep() {
+    needs!(gpus: 1);
     let engine = Engine::new();
     let mut seed = 1000;
     for n in [2, 3, 4] {
@@ -198,6 +195,7 @@ fn all_reduce_f32_and_bf16_full_sweep() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn auto_receive_gives_the_same_results() {
+    needs!(gpus: 1);
     let engine = Engine::new();
     for op in ReduceOp::ALL {
         all_reduce_case::<f16>(&engine, 3, 300_001, op, Receive::Auto, 7);
@@ -208,6 +206,7 @@ fn auto_receive_gives_the_same_results() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_hundred_back_to_back_all_reduces_without_host_sync() {
+    needs!(gpus: 1);
     let engine = Engine::new();
     let ranks = Ranks::new(2);
     let len = 50_000;
@@ -233,6 +232,7 @@ fn one_hundred_back_to_back_all_reduces_without_host_sync() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn all_gather_reduce_scatter_and_broadcast_on_two_to_four_ranks() {
+    needs!(gpus: 1);
     let engine = Engine::new();
     let mut seed = 5000;
     for n in [2, 3, 4] {
@@ -257,6 +257,7 @@ fn all_gather_reduce_scatter_and_broadcast_on_two_to_four_ranks() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_rank_and_empty_buffers_are_no_ops() {
+    needs!(gpus: 1);
     let engine = Engine::new();
     let one = Ranks::new(1);
     let inputs = one.random::<f32>(1001, 3);
@@ -276,6 +277,7 @@ fn one_rank_and_empty_buffers_are_no_ops() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bad_input_is_refused_and_nothing_is_written() {
+    needs!(gpus: 1);
     let engine = Engine::new();
     let ranks = Ranks::new(3);
     let mut bufs = ranks.poisoned::<f32>(10);
@@ -301,6 +303,7 @@ fn bad_input_is_refused_and_nothing_is_written() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_chunk_override_changes_nothing_but_the_pipeline() {
+    needs!(gpus: 1);
     // 4 KiB chunks: many chunks per segment, more than the four slots of every ring edge.
     let engine = Engine::with_chunk_bytes(4096).unwrap();
     for receive in RECEIVE_PATHS {

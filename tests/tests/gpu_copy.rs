@@ -9,27 +9,15 @@
 use geforce_p2p::ops::{copy_from_host_raw, copy_to_host_raw, reduce, staged_copy};
 use geforce_p2p::pinned;
 use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, ReduceOp, Route, Stream, copy_into, transport};
-use gp2p_tests::{check_reduce, fill_random};
+use gp2p_tests::{POISON, Reference, check_reduce, fill_random, needs, random, with_stream};
 
 const CHUNK: usize = 64 << 10;
 const SLOTS: usize = 3;
 
-fn device() -> (Device, Stream) {
-    let device = Device::open(0).expect("GPU tests need CUDA device 0");
-    let stream = Stream::new(&device).expect("stream");
-    (device, stream)
-}
-
-fn random_u32(len: usize, seed: u64) -> Vec<u32> {
-    let mut v = vec![0u32; len];
-    fill_random(&mut v, seed);
-    v
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn staged_copy_moves_every_size_exactly() {
-    let (_, stream) = device();
+    let [(_, stream)] = needs!(gpus: 1).map(with_stream);
     // One byte, around one chunk, several chunks with an odd tail (more chunks than slots).
     let one = DeviceBuffer::from_host(&stream, &[0x5Au8]).unwrap();
     let mut one_out = DeviceBuffer::from_host(&stream, &[0u8]).unwrap();
@@ -37,28 +25,28 @@ fn staged_copy_moves_every_size_exactly() {
     assert_eq!(one_out.to_host_vec(&stream).unwrap(), [0x5A]);
     let per_chunk = CHUNK / 4;
     for (i, len) in [per_chunk - 1, per_chunk, per_chunk + 1, 7 * per_chunk + 13].into_iter().enumerate() {
-        let host = random_u32(len, 10 + i as u64);
+        let host = random::<u32>(len, 10 + i as u64);
         let src = DeviceBuffer::from_host(&stream, &host).unwrap();
         let mut dst = DeviceBuffer::<u32>::alloc(src.device(), len + 1).unwrap();
-        dst.fill_bytes(&stream, 0xA5).unwrap();
+        dst.fill_bytes(&stream, POISON).unwrap();
         staged_copy(&src.view(..), &stream, &mut dst.view_mut(..len), &stream, Some(CHUNK), Some(SLOTS)).unwrap();
         let got = dst.to_host_vec(&stream).unwrap();
         assert!(got[..len] == host[..], "len {len}: data differs");
-        assert_eq!(got[len], 0xA5A5_A5A5, "len {len}: wrote past the end");
+        assert_eq!(got[len], u32::from_byte(POISON), "len {len}: wrote past the end");
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn staged_copy_of_one_gib_with_default_chunking() {
-    let (device, stream) = device();
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     let len = 1 << 28; // u32: 1 GiB
     let mut host = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
     fill_random(host.as_mut_slice().unwrap(), 77);
     let mut src = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
     pinned::copy_from_host(&stream, &host.view(..), &mut src.view_mut(..)).unwrap();
     let mut dst = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
-    dst.fill_bytes(&stream, 0xA5).unwrap();
+    dst.fill_bytes(&stream, POISON).unwrap();
     staged_copy(&src.view(..), &stream, &mut dst.view_mut(..), &stream, None, None).unwrap();
     let mut out = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
     pinned::copy_to_host(&stream, &dst.view(..), &mut out.view_mut(..)).unwrap();
@@ -68,16 +56,16 @@ fn staged_copy_of_one_gib_with_default_chunking() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn two_hundred_back_to_back_copies_without_host_sync() {
-    let (device, stream) = device();
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     let copies = 200;
     let mut cases = Vec::new();
     for i in 0..copies {
         // Sizes from one element to several chunks, so slots are reused across calls.
         let len = [1, 1000, CHUNK / 4 + 3, 5 * CHUNK / 4 + 7][i % 4] + i;
-        let host = random_u32(len, 5000 + i as u64);
+        let host = random::<u32>(len, 5000 + i as u64);
         let src = DeviceBuffer::from_host(&stream, &host).unwrap();
         let mut dst = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
-        dst.fill_bytes(&stream, 0xA5).unwrap();
+        dst.fill_bytes(&stream, POISON).unwrap();
         cases.push((host, src, dst));
     }
     stream.synchronize().unwrap();
@@ -92,7 +80,7 @@ fn two_hundred_back_to_back_copies_without_host_sync() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn copy_is_ordered_between_user_kernels_on_two_streams() {
-    let (device, src_stream) = device();
+    let [(device, src_stream)] = needs!(gpus: 1).map(with_stream);
     let dst_stream = Stream::new(&device).unwrap();
     // Keeps a stream busy for a while (a few ms of reduce kernels), so work queued behind it
     // is still pending when the copy is enqueued.
@@ -114,7 +102,7 @@ fn copy_is_ordered_between_user_kernels_on_two_streams() {
         .flat_map(|(route, len)| [(route, len, false), (route, len, true)]);
     for (case, (route, len, busy)) in cases.enumerate() {
         let seed = 10 * case as u64;
-        let (a, s0, b) = (random_u32(len, seed + 1), random_u32(len, seed + 2), random_u32(len, seed + 3));
+        let (a, s0, b) = (random::<u32>(len, seed + 1), random::<u32>(len, seed + 2), random::<u32>(len, seed + 3));
         let mut src = DeviceBuffer::from_host(&src_stream, &s0).unwrap();
         let add = DeviceBuffer::from_host(&src_stream, &a).unwrap();
         let mut acc = DeviceBuffer::from_host(&dst_stream, &b).unwrap();
@@ -149,10 +137,10 @@ fn copy_is_ordered_between_user_kernels_on_two_streams() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn auto_route_on_one_card_is_a_device_copy_and_borrowed_streams_work() {
-    let (device, owner) = device();
+    let [(device, owner)] = needs!(gpus: 1).map(with_stream);
     // SAFETY: `owner` outlives `borrowed` and belongs to `device`.
     let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
-    let host = random_u32(100_000, 9);
+    let host = random::<u32>(100_000, 9);
     let src = DeviceBuffer::from_host(&owner, &host).unwrap();
     let mut dst = DeviceBuffer::<u32>::alloc(&device, host.len()).unwrap();
     let route = copy_into(&src.view(..), &borrowed, &mut dst.view_mut(..), &borrowed).unwrap();
@@ -164,7 +152,7 @@ fn auto_route_on_one_card_is_a_device_copy_and_borrowed_streams_work() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bad_copies_are_refused_before_any_work() {
-    let (device, stream) = device();
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     let src = DeviceBuffer::from_host(&stream, &[1u32; 64]).unwrap();
     let mut short = DeviceBuffer::from_host(&stream, &[7u32; 63]).unwrap();
     let err = copy_into(&src.view(..), &stream, &mut short.view_mut(..), &stream).unwrap_err();
@@ -187,7 +175,7 @@ fn bad_copies_are_refused_before_any_work() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn host_copies_round_trip_and_unpinned_memory_is_refused() {
-    let (device, stream) = device();
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     let len = (1 << 22) + 3;
     let mut pinned_in = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
     fill_random(pinned_in.as_mut_slice().unwrap(), 31);

@@ -15,16 +15,11 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use geforce_p2p::cuda::interop::{CudarcStream, CudarcView, CudarcViewMut};
 use geforce_p2p::{CopyOptions, Device, ReduceOp, Route, transport};
 use gp2p_collectives::{Collective, Engine, Rank, Receive, all_reduce, expected};
-use gp2p_tests::{count_mismatched, fill_random};
-
-fn random(len: usize, seed: u64) -> Vec<f32> {
-    let mut v = vec![0f32; len];
-    fill_random(&mut v, seed);
-    v
-}
+use gp2p_tests::{count_mismatched, device, needs, random};
 
 fn context(ordinal: usize) -> (Arc<CudaContext>, Arc<CudaStream>, Arc<CudaStream>) {
-    Device::open(ordinal).expect("GPU tests need a CUDA device");
+    // Our library opens the primary context first, as an application mixing the two would.
+    device(ordinal);
     let ctx = CudaContext::new(ordinal).unwrap();
     let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     (ctx, a, b)
@@ -33,9 +28,10 @@ fn context(ordinal: usize) -> (Arc<CudaContext>, Arc<CudaStream>, Arc<CudaStream
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn staged_copies_of_cudarc_memory_on_cudarc_streams() {
+    needs!(gpus: 1);
     let (_ctx, s1, s2) = context(0);
     let len = (3 << 20) + 5; // several chunks
-    let host = random(len, 1);
+    let host = random::<f32>(len, 1);
     let staging = s1.clone_htod(&host).unwrap();
     let mut src: CudaSlice<f32> = s1.alloc_zeros(len).unwrap();
     let mut dst: CudaSlice<f32> = s2.alloc_zeros(len).unwrap();
@@ -60,13 +56,14 @@ fn staged_copies_of_cudarc_memory_on_cudarc_streams() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn all_reduce_of_cudarc_memory_interleaved_with_cudarc_work() {
+    needs!(gpus: 1);
     // Two GPUs when there are, else two logical ranks on one (feature `testing`).
     let count = Device::count().unwrap();
     let ordinals = if count >= 2 { [0, 1] } else { [0, 0] };
     let ranks: Vec<_> = ordinals.iter().map(|&o| context(o)).collect();
     let engine = Engine::new();
     for (case, len) in [1usize, 1000, (1 << 20) + 3].into_iter().enumerate() {
-        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 10 * case as u64 + r)).collect();
+        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random::<f32>(len, 10 * case as u64 + r)).collect();
         let mut bufs: Vec<CudaSlice<f32>> = Vec::new();
         for ((_, s, _), input) in ranks.iter().zip(&inputs) {
             // Written by cudarc on its stream just before the collective.

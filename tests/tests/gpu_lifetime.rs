@@ -12,23 +12,13 @@ use std::time::{Duration, Instant};
 
 use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_host};
 use geforce_p2p::{
-    CopyOptions, Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, Route, StagingRing, Stream, Transport,
+    CopyOptions, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, Route, StagingRing, Stream, Transport,
 };
 use gp2p_collectives::{Engine, Rank, Receive, all_reduce, reduce_scatter};
-use gp2p_tests::{HostGate, drop_limit, fill_random, hold, max_len};
+use gp2p_tests::{HostGate, POISON, Reference, drop_limit, hold, max_len, needs, random};
 
 /// How long a test lets queued work sit before checking it has not run.
 const SETTLE: Duration = Duration::from_millis(20);
-
-fn device() -> Device {
-    Device::open(0).expect("GPU tests need CUDA device 0")
-}
-
-fn random_u32(len: usize, seed: u64) -> Vec<u32> {
-    let mut v = vec![0u32; len];
-    fill_random(&mut v, seed);
-    v
-}
 
 /// Drop `value`, returning how long the drop took.
 fn timed_drop<T>(value: T) -> Duration {
@@ -41,13 +31,13 @@ fn timed_drop<T>(value: T) -> Duration {
 #[ignore = "needs a CUDA GPU"]
 fn drops_never_block_and_never_free_memory_still_in_use() {
     let _serial = gp2p_tests::serial();
-    let device = device();
+    let [device] = needs!(gpus: 1);
     let caller = Stream::new(&device).unwrap();
     let len = (1usize << 22).min(max_len()); // 16 MiB of u32: a multi-chunk staged copy
-    let host = random_u32(len, 1);
+    let host = random::<u32>(len, 1);
     let src = DeviceBuffer::from_host(&caller, &host).unwrap();
     let mut out = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
-    let (a_host, b_host) = (random_u32(len, 2), random_u32(len, 3));
+    let (a_host, b_host) = (random::<u32>(len, 2), random::<u32>(len, 3));
     let mut a = DeviceBuffer::from_host(&caller, &a_host).unwrap();
     let mut b = DeviceBuffer::from_host(&caller, &b_host).unwrap();
     let transport = Transport::new();
@@ -143,7 +133,7 @@ fn drops_never_block_and_never_free_memory_still_in_use() {
 #[ignore = "needs a CUDA GPU"]
 fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
     let _serial = gp2p_tests::serial();
-    let device = device();
+    let [device] = needs!(gpus: 1);
     let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     // Deterministic: recorded on s1 through the API, then on the gated s2 by code holding the
     // raw handle. A wait on s1 must still wait for s2's record (an older version skipped it,
@@ -198,12 +188,12 @@ fn concurrent_reduce_scatters_never_lose_a_work_buffer_in_use() {
     // Two threads share one engine (and so its cached work buffers). Thread A's calls sit
     // behind a gate while thread B's calls of other sizes take, replace and give back the
     // cached buffers, and then write fresh memory: A's buffers must survive until A's work ran.
-    let device = device();
+    let [device] = needs!(gpus: 1);
     let engine = Engine::new();
     let n = 2;
     let run = |stream_count: usize, len_per_rank: usize, rounds: usize, gated: bool, seed: u64| {
         let streams: Vec<Stream> = (0..stream_count).map(|_| Stream::new(&device).unwrap()).collect();
-        let inputs: Vec<Vec<u32>> = (0..n).map(|r| random_u32(n * len_per_rank, seed + r as u64)).collect();
+        let inputs: Vec<Vec<u32>> = (0..n).map(|r| random::<u32>(n * len_per_rank, seed + r as u64)).collect();
         let ins: Vec<DeviceBuffer<u32>> =
             inputs.iter().zip(&streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
         let mut outs: Vec<Vec<DeviceBuffer<u32>>> = (0..rounds)
@@ -264,12 +254,12 @@ fn concurrent_reduce_scatters_never_lose_a_work_buffer_in_use() {
 #[ignore = "needs a CUDA GPU"]
 fn the_staging_ring_refuses_misuse_before_any_work() {
     let _serial = gp2p_tests::serial();
-    let device = device();
+    let [device] = needs!(gpus: 1);
     let stream = Stream::new(&device).unwrap();
     let data: Vec<u32> = (0..64).collect();
     let src = DeviceBuffer::from_host(&stream, &data).unwrap();
     let mut dst = DeviceBuffer::<u32>::alloc(&device, 64).unwrap();
-    dst.fill_bytes(&stream, 0xA5).unwrap();
+    dst.fill_bytes(&stream, POISON).unwrap();
     let mut ring = StagingRing::new(&device, &device, 2, 4096).unwrap();
     let mut other = StagingRing::new(&device, &device, 2, 4096).unwrap();
 
@@ -283,7 +273,7 @@ fn the_staging_ring_refuses_misuse_before_any_work() {
     let err = ring.receive(foreign, &stream, &mut dst.view_mut(..32), Fold::Copy).unwrap_err();
     assert!(matches!(err, PinnedError::ForeignChunk { .. }), "{err}");
     stream.synchronize().unwrap();
-    assert!(dst.to_host_vec(&stream).unwrap().iter().all(|&v| v == 0xA5A5_A5A5), "a refusal wrote nothing");
+    assert!(dst.to_host_vec(&stream).unwrap().iter().all(|&v| v == u32::from_byte(POISON)), "a refusal wrote nothing");
 
     ring.receive(first, &stream, &mut dst.view_mut(..32), Fold::Copy).unwrap();
     ring.receive(second, &stream, &mut dst.view_mut(32..), Fold::Copy).unwrap();
@@ -298,7 +288,7 @@ fn the_staging_ring_refuses_misuse_before_any_work() {
 #[ignore = "needs a CUDA GPU"]
 fn views_index_like_slices_and_split_without_unsafe() {
     let _serial = gp2p_tests::serial();
-    let device = device();
+    let [device] = needs!(gpus: 1);
     let stream = Stream::new(&device).unwrap();
     let mut buf = DeviceBuffer::<u32>::alloc(&device, 100).unwrap();
     assert!(buf.get(90..200).is_none(), "out of bounds is refused, not clamped to 10 elements");
@@ -330,7 +320,7 @@ fn views_index_like_slices_and_split_without_unsafe() {
 #[ignore = "needs a CUDA GPU"]
 fn zero_length_copies_order_both_streams() {
     let _serial = gp2p_tests::serial();
-    let device = device();
+    let [device] = needs!(gpus: 1);
     let (s_src, s_dst) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
     let src = DeviceBuffer::<u32>::alloc(&device, 8).unwrap();
     let mut dst = DeviceBuffer::<u32>::alloc(&device, 8).unwrap();
@@ -362,7 +352,7 @@ fn borrowing_one_stream_at_every_call_keeps_one_use_for_it() {
     // A framework hands over its current stream at each call (the Python package borrows it
     // anew every time). Each borrow must count as that one stream: were each a stream of its
     // own, the buffer would keep a point per call and every later call would wait on all.
-    let device = device();
+    let [device] = needs!(gpus: 1);
     let owner = Stream::new(&device).unwrap();
     let mut buffer = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
     let gate = hold(&owner);

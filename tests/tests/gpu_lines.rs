@@ -11,28 +11,14 @@
 use std::time::Duration;
 
 use geforce_p2p::pinned::{Error as PinnedError, LineExchange};
-use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
+use geforce_p2p::{DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Receive, all_reduce, expected};
-use gp2p_tests::{Reference, count_mismatched, every_dtype, fill_random};
-
-fn device() -> Device {
-    Device::open(0).expect("GPU tests need CUDA device 0")
-}
-
-fn two() -> [Device; 2] {
-    [0, 1].map(|o| Device::open(o).expect("two-GPU tests need CUDA devices 0 and 1"))
-}
-
-fn random<T: Reference>(len: usize, seed: u64) -> Vec<T> {
-    let mut v = vec![T::from_byte(0); len];
-    fill_random(&mut v, seed);
-    v
-}
+use gp2p_tests::{Reference, count_mismatched, device, every_dtype, needs, random};
 
 /// One all_reduce of two ranks through the engine: on two devices, or (`shared`) two logical
-/// ranks on device 0 sharing one stream.
+/// ranks on device 0 sharing one stream. The calling test states what it needs.
 fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, seed: u64) {
-    let devices = if shared { [device(), device()] } else { two() };
+    let devices = if shared { [device(0), device(0)] } else { [device(0), device(1)] };
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
     let stream_of = |r: usize| if shared { &streams[0] } else { &streams[r] };
     let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed * 7 + r as u64)).collect();
@@ -55,6 +41,7 @@ fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, s
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_small_all_reduces_take_the_line_exchange_for_every_op_and_dtype() {
     let _serial = gp2p_tests::serial();
+    needs!(gpus: 2);
     let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
     let mut seed = 0;
     // Odd lengths around the 16-byte groups; f64 at the last one fills the lines exactly.
@@ -72,7 +59,7 @@ fn two_gpu_small_all_reduces_take_the_line_exchange_for_every_op_and_dtype() {
 #[ignore = "needs a CUDA GPU"]
 fn ranks_sharing_a_device_never_take_the_line_exchange() {
     let _serial = gp2p_tests::serial();
-    let device = device();
+    let [device] = needs!(gpus: 1);
     let err = LineExchange::new([&device, &device], 4096, Duration::from_secs(1)).unwrap_err();
     assert!(err.to_string().contains("needs two devices"), "{err}");
     // The engine takes the DMA exchange instead, even when asked for lines.
@@ -91,7 +78,7 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
     // its own: a chain of sums on one buffer would double each time and reach zero after 32
     // calls, hiding any call after those. (An earlier version computed its expectation with
     // a shift masked to 5 bits and failed for that reason, not the exchange's.)
-    let devices = two();
+    let devices = needs!(gpus: 2);
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
     let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
     let calls = 300;
@@ -125,7 +112,7 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
     let _serial = gp2p_tests::serial();
-    let devices = two();
+    let devices = needs!(gpus: 2);
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
     let mut exchange = LineExchange::new([&devices[0], &devices[1]], 4096, Duration::from_millis(50)).unwrap();
     exchange.set_start_together(false);

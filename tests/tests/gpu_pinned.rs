@@ -7,19 +7,13 @@
 
 use geforce_p2p::cuda::reduce;
 use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_host, is_pinned, round_trip};
-use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, Stream, StreamFork};
-use gp2p_tests::{check_reduce, fill_random};
-
-fn device() -> (Device, Stream) {
-    let device = Device::open(0).expect("GPU tests need CUDA device 0");
-    let stream = Stream::new(&device).expect("stream");
-    (device, stream)
-}
+use geforce_p2p::{DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, StreamFork};
+use gp2p_tests::{POISON, check_reduce, fill_random, needs, with_stream};
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn is_pinned_says_no_for_pageable_memory_and_leaves_no_sticky_error() {
-    let (device, stream) = device();
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     let pageable = vec![7u8; 1 << 20];
     assert!(!is_pinned(pageable.as_ptr(), pageable.len()).unwrap());
     assert!(!is_pinned(std::ptr::null(), 16).unwrap());
@@ -44,7 +38,7 @@ fn is_pinned_says_no_for_pageable_memory_and_leaves_no_sticky_error() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn pinned_round_trip_is_exact_and_host_access_waits_for_the_dma() {
-    let (device, stream) = device();
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     let n = (1 << 24) + 5;
     let mut host = PinnedBuffer::<u64>::alloc(&device, n).unwrap();
     fill_random(host.as_mut_slice().unwrap(), 42);
@@ -60,7 +54,7 @@ fn pinned_round_trip_is_exact_and_host_access_waits_for_the_dma() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dma_round_trip_lands_src_in_host_and_dst_and_refuses_other_lengths() {
-    let (device, stream) = device();
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     let n = 4099;
     let mut data = vec![0u32; n];
     fill_random(&mut data, 7);
@@ -78,7 +72,7 @@ fn dma_round_trip_lands_src_in_host_and_dst_and_refuses_other_lengths() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn forked_streams_start_after_the_caller_and_rejoin_it() {
-    let (device, caller) = device();
+    let [(device, caller)] = needs!(gpus: 1).map(with_stream);
     let n = 1 << 26;
     let mut a_host = PinnedBuffer::<f32>::alloc(&device, n).unwrap();
     let mut b_host = PinnedBuffer::<f32>::alloc(&device, n).unwrap();
@@ -106,7 +100,7 @@ fn forked_streams_start_after_the_caller_and_rejoin_it() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn staging_ring_is_reused_across_back_to_back_calls_without_host_sync() {
-    let (device, caller) = device();
+    let [(device, caller)] = needs!(gpus: 1).map(with_stream);
     let slot_bytes = 64 << 10;
     let mut ring = StagingRing::new(&device, &device, 3, slot_bytes).unwrap();
     let slot_elems = ring.slot_bytes() / 4;
@@ -121,7 +115,7 @@ fn staging_ring_is_reused_across_back_to_back_calls_without_host_sync() {
         fill_random(&mut host, 1000 + call as u64);
         let src = DeviceBuffer::from_host(&caller, &host).unwrap();
         let mut dst = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
-        dst.fill_bytes(&caller, 0xA5).unwrap();
+        dst.fill_bytes(&caller, POISON).unwrap();
         sources.push((host, src));
         outputs.push(dst);
     }
@@ -152,7 +146,7 @@ fn staging_ring_is_reused_across_back_to_back_calls_without_host_sync() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn staging_ring_zero_copy_reduce_folds_every_chunk_once() {
-    let (device, caller) = device();
+    let [(device, caller)] = needs!(gpus: 1).map(with_stream);
     let mut ring = StagingRing::new(&device, &device, 2, 1 << 16).unwrap();
     let slot_elems = ring.slot_bytes() / 4;
     let fork = StreamFork::new(&device, 2).unwrap();
@@ -182,7 +176,7 @@ fn staging_ring_zero_copy_reduce_folds_every_chunk_once() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
-    let (device, caller) = device();
+    let [(device, caller)] = needs!(gpus: 1).map(with_stream);
     let mut ring = StagingRing::new(&device, &device, 3, 1 << 16).unwrap();
     let chunk = ring.slot_bytes() / 4;
     let fork = StreamFork::new(&device, 2).unwrap();
@@ -192,7 +186,7 @@ fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
     fill_random(&mut b, 12);
     let src = DeviceBuffer::from_host(&caller, &b).unwrap();
     let mut copied = DeviceBuffer::<f32>::alloc(&device, len).unwrap();
-    copied.fill_bytes(&caller, 0xA5).unwrap();
+    copied.fill_bytes(&caller, POISON).unwrap();
     let mut summed = DeviceBuffer::from_host(&caller, &a).unwrap();
     let mut maxed = DeviceBuffer::from_host(&caller, &a).unwrap();
     let mut scratch = DeviceBuffer::<f32>::alloc(&device, chunk).unwrap();

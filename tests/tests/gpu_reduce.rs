@@ -8,10 +8,9 @@
 
 use geforce_p2p::cuda::reduce;
 use geforce_p2p::pinned::{copy_from_host, copy_to_host, reduce_from_host};
-use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream};
-use gp2p_tests::{Reference, check_reduce, fill_random, max_len};
+use geforce_p2p::{DeviceBuffer, PinnedBuffer, ReduceOp, Stream};
+use gp2p_tests::{POISON, Reference, check_reduce, device, fill_random, max_len, needs, with_stream};
 
-const POISON: u8 = 0xA5;
 /// Lengths from the acceptance list; GP2P_TEST_MAX_LEN caps them (the sanitizer runs use it).
 const LENGTHS: [usize; 7] = [0, 1, 3, 4095, 65537, (1 << 20) + 3, 1 << 28];
 /// Lengths small enough to also run with dst and src misaligned against each other.
@@ -35,7 +34,7 @@ struct Bench<T: Reference> {
 
 impl<T: Reference> Bench<T> {
     fn new(capacity: usize) -> Self {
-        let device = Device::open(0).expect("GPU tests need CUDA device 0");
+        let device = device(0);
         let stream = Stream::new(&device).expect("stream");
         Bench {
             dst: DeviceBuffer::alloc(&device, capacity).expect("dst"),
@@ -124,6 +123,7 @@ macro_rules! dtype_tests {
         #[test]
         #[ignore = "needs a CUDA GPU"]
         fn $name() {
+            needs!(gpus: 1);
             run_dtype::<$t>();
         }
     )*};
@@ -136,8 +136,7 @@ dtype_tests!(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bad_reduce_arguments_are_refused_before_any_work() {
-    let device = Device::open(0).unwrap();
-    let stream = Stream::new(&device).unwrap();
+    let [(_, stream)] = needs!(gpus: 1).map(with_stream);
     let mut dst = DeviceBuffer::from_host(&stream, &[1.0f32; 8]).unwrap();
     let src = DeviceBuffer::from_host(&stream, &[2.0f32; 7]).unwrap();
     let err = reduce(&stream, &mut dst.view_mut(..), &src.view(..), ReduceOp::Sum, 1).unwrap_err();

@@ -17,7 +17,7 @@ use geforce_p2p::ops::reduce_from_host;
 use geforce_p2p::pinned::{copy_from_host, copy_to_host};
 use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, ReduceOp, Route, Stream, transport};
 use gp2p_collectives::{Engine, Rank, Receive, all_gather, all_reduce};
-use gp2p_tests::{SplitMix64, drop_limit, fill_random, max_len};
+use gp2p_tests::{SplitMix64, device, drop_limit, fill_random, max_len, needs};
 
 /// Host threads, unless `GP2P_STRESS_THREADS` says otherwise.
 const THREADS: usize = 8;
@@ -293,8 +293,10 @@ impl Worker<'_> {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn random_operations_from_many_threads_without_host_synchronisation() {
-    let count = Device::count().expect("GPU tests need a CUDA driver");
-    let devices: Vec<Device> = (0..count.min(2)).map(|o| Device::open(o).unwrap()).collect();
+    // One GPU at least; a second, where present, takes half the work and the cross-device copies.
+    needs!(gpus: 1);
+    let count = Device::count().expect("a driver that just counted the devices");
+    let devices: Vec<Device> = (0..count.min(2)).map(device).collect();
     let total: usize = env_or("GP2P_STRESS_OPS", 2000);
     let threads: usize = env_or("GP2P_STRESS_THREADS", THREADS).max(1);
     let seed: u64 = env_or(

@@ -1,5 +1,5 @@
-//! Two GPUs: copies both ways and the collectives with one buffer per device. The bundle's
-//! runner lists these (`two_gpu_*`) as not run where fewer than two GPUs are present.
+//! Two GPUs: copies both ways and the collectives with one buffer per device. Each test
+//! states `needs!(gpus: 2)`, so where fewer are present it is reported as not run.
 
 // No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
 #![forbid(unsafe_code)]
@@ -11,28 +11,13 @@ use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{
     Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, expected, reduce_scatter,
 };
-use gp2p_tests::{Reference, count_mismatched, fill_random};
-
-fn two() -> [(Device, Stream); 2] {
-    let open = |o| {
-        let d = Device::open(o).expect("two-GPU tests need CUDA devices 0 and 1");
-        let s = Stream::new(&d).unwrap();
-        (d, s)
-    };
-    [open(0), open(1)]
-}
-
-fn random<T: Reference>(len: usize, seed: u64) -> Vec<T> {
-    let mut v = vec![T::from_byte(0); len];
-    fill_random(&mut v, seed);
-    v
-}
+use gp2p_tests::{POISON, Reference, count_mismatched, needs, random, with_stream};
 
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_staged_and_auto_copies_both_ways() {
     let _serial = gp2p_tests::serial();
-    let [(d0, s0), (d1, s1)] = two();
+    let [(d0, s0), (d1, s1)] = needs!(gpus: 2).map(with_stream);
     for (route, len) in
         [(Route::Staged, 1), (Route::Staged, (64 << 20) + 7), (Route::Auto, 3 << 20), (Route::Staged, 1 << 28)]
     {
@@ -40,7 +25,7 @@ fn two_gpu_staged_and_auto_copies_both_ways() {
             let host: Vec<u32> = random(len, len as u64);
             let src = DeviceBuffer::from_host(src_s, &host).unwrap();
             let mut dst = DeviceBuffer::<u32>::alloc(dst_dev, len).unwrap();
-            dst.fill_bytes(dst_s, 0xA5).unwrap();
+            dst.fill_bytes(dst_s, POISON).unwrap();
             let options = CopyOptions { route, ..CopyOptions::default() };
             transport().copy(&src.view(..), src_s, &mut dst.view_mut(..), dst_s, options).unwrap();
             let what = format!("{route} {} -> {} len {len}", src_dev.ordinal(), dst_dev.ordinal());
@@ -53,7 +38,7 @@ fn two_gpu_staged_and_auto_copies_both_ways() {
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_all_reduce_with_both_receive_paths() {
     let _serial = gp2p_tests::serial();
-    let pair = two();
+    let pair = needs!(gpus: 2).map(with_stream);
     let engine = Engine::new();
     for receive in [Receive::Scratch, Receive::ZeroCopy] {
         for op in ReduceOp::ALL {
@@ -80,7 +65,7 @@ fn two_gpu_all_reduce_with_both_receive_paths() {
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_all_gather_reduce_scatter_broadcast() {
     let _serial = gp2p_tests::serial();
-    let pair = two();
+    let pair = needs!(gpus: 2).map(with_stream);
     let engine = Engine::new();
     let part = 1_000_003;
     let host_in: Vec<Vec<u32>> = (0..2).map(|r| random(part, 500 + r)).collect();
@@ -129,7 +114,7 @@ fn two_gpu_dropping_either_side_of_a_pending_copy_is_safe_and_does_not_block() {
     // The sequence that killed the context before the lifetime rule: the copy waits behind
     // earlier work on the source stream, its destination (then its source) is dropped right
     // away, and fresh memory on the destination device is written at once.
-    let [(d0, s0), (d1, s1)] = two();
+    let [(d0, s0), (d1, s1)] = needs!(gpus: 2).map(with_stream);
     let len = 1 << 22;
     for route in [Route::Auto, Route::Staged] {
         for drop_dst in [true, false] {
@@ -174,7 +159,7 @@ fn two_gpu_dropping_either_side_of_a_pending_copy_is_safe_and_does_not_block() {
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_zero_length_copies_order_both_streams() {
     let _serial = gp2p_tests::serial();
-    let [(d0, s0), (d1, s1)] = two();
+    let [(d0, s0), (d1, s1)] = needs!(gpus: 2).map(with_stream);
     let src = DeviceBuffer::<u32>::alloc(&d0, 4).unwrap();
     let mut dst = DeviceBuffer::<u32>::alloc(&d1, 4).unwrap();
     let options = CopyOptions { route: Route::Staged, ..CopyOptions::default() };
@@ -213,7 +198,7 @@ fn two_gpu_small_all_reduces_through_the_line_exchange() {
             assert_eq!(bad, 0, "{} {op} len {len} rank {r}: {}", T::DTYPE, first.join("; "));
         }
     }
-    let pair = two();
+    let pair = needs!(gpus: 2).map(with_stream);
     let engine = Engine::new();
     let mut seed = 900;
     for len in [1, 1027, (64 << 10) / 4 + 3] {

@@ -4,12 +4,13 @@ use geforce_p2p::Device;
 use geforce_p2p::cuda::{MIN_COMPUTE_CAPABILITY, driver_version};
 
 use crate::error::CliError;
+use crate::table::{num, table};
 
 pub fn run() -> Result<(), CliError> {
     let (major, minor) = driver_version()?;
     let devices = Device::all_info()?;
     println!("CUDA driver {major}.{minor}, {} device(s)", devices.len());
-    println!("{:>3}  {:<28} {:>5}  {:>9}  {:>4}  {:<14} usable", "#", "name", "cc", "memory", "SMs", "pci");
+    let mut t = table(&["#", "name", "cc", "memory GiB", "SMs", "pci", "usable"], &["name", "pci", "usable"]);
     for d in &devices {
         let (cc_major, cc_minor) = d.compute_capability;
         let usable = if d.is_supported() {
@@ -18,15 +19,16 @@ pub fn run() -> Result<(), CliError> {
             let (min_major, min_minor) = MIN_COMPUTE_CAPABILITY;
             format!("no: needs compute capability {min_major}.{min_minor}")
         };
-        println!(
-            "{:>3}  {:<28} {:>5}  {:>6.1} GiB  {:>4}  {:<14} {usable}",
-            d.ordinal,
-            d.name,
+        t.add_row(vec![
+            d.ordinal.to_string(),
+            d.name.clone(),
             format!("{cc_major}.{cc_minor}"),
-            d.total_memory as f64 / (1u64 << 30) as f64,
-            d.multiprocessors,
-            d.pci_bus_id,
-        );
+            num(d.total_memory as f64 / (1u64 << 30) as f64, 1),
+            d.multiprocessors.to_string(),
+            d.pci_bus_id.clone(),
+            usable,
+        ]);
     }
+    println!("{}", t.trim_fmt());
     Ok(())
 }

@@ -16,11 +16,13 @@
 mod bench;
 mod devices;
 mod error;
+mod flags;
 mod measure;
 mod plot;
 mod probe;
 mod report;
 mod sizes;
+mod table;
 
 use clap::{Parser, Subcommand};
 

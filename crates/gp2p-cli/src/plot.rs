@@ -57,7 +57,7 @@ fn draw(
         .configure_mesh()
         .x_desc("bytes")
         .y_desc("GB/s")
-        .x_label_formatter(&|x| crate::report::human_bytes(x.round() as usize))
+        .x_label_formatter(&|x| crate::sizes::format_size(x.round() as usize))
         .draw()?;
     for (i, (name, points)) in lines.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();

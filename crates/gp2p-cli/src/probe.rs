@@ -9,6 +9,7 @@ use geforce_p2p::{CopyOptions, Device, DeviceBuffer, Route, Stream, transport};
 use crate::bench::CEILING_BYTES;
 use crate::error::CliError;
 use crate::measure::{Ceilings, Repeats, timed_runs};
+use crate::table::{num, table};
 
 #[derive(Args)]
 pub struct ProbeArgs {
@@ -47,10 +48,11 @@ pub fn run(args: &ProbeArgs) -> Result<(), CliError> {
 fn measure(report: &Report) -> Result<(), CliError> {
     println!(
         "\nmeasured ({} transfers, medians of {}):",
-        crate::report::human_bytes(CEILING_BYTES),
+        crate::sizes::format_size(CEILING_BYTES),
         MEASURE_REPEATS.timed
     );
     let mut devices = Vec::new();
+    let mut links = table(&["device", "h2d GB/s", "d2h GB/s", "both ways, each GB/s"], &[]);
     for d in &report.facts.devices {
         let Ok(device) = Device::open(d.ordinal) else {
             println!("  device {}: cannot be opened, not measured", d.ordinal);
@@ -60,9 +62,11 @@ fn measure(report: &Report) -> Result<(), CliError> {
         let mut c = Ceilings::new(&device, &stream, CEILING_BYTES, MEASURE_REPEATS)?;
         let (h2d, d2h) = (c.h2d()?, c.d2h()?);
         let both = c.duplex()?;
-        println!("  device {}: h2d {h2d:.1} GB/s, d2h {d2h:.1} GB/s, both ways at once {both:.1} GB/s each", d.ordinal);
+        links.add_row(vec![d.ordinal.to_string(), num(h2d, 1), num(d2h, 1), num(both, 1)]);
         devices.push((device, stream));
     }
+    println!("{}", links.trim_fmt());
+    let mut pairs = table(&["from", "to", "route", "took", "GB/s"], &["route", "took"]);
     for (a, (da, sa)) in devices.iter().enumerate() {
         for (b, (db, sb)) in devices.iter().enumerate() {
             if a == b {
@@ -84,9 +88,12 @@ fn measure(report: &Report) -> Result<(), CliError> {
                     },
                 )?;
                 let rate = CEILING_BYTES as f64 / t.gpu_seconds / 1e9;
-                println!("  {a} -> {b} ({route}, took {taken}): {rate:.1} GB/s");
+                pairs.add_row(vec![a.to_string(), b.to_string(), route.to_string(), taken.to_string(), num(rate, 1)]);
             }
         }
+    }
+    if devices.len() > 1 {
+        println!("{}", pairs.trim_fmt());
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Benchmark results: rows, the JSON document DESIGN.md describes, and size formatting.
+//! Benchmark results: rows and the JSON document DESIGN.md describes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -80,16 +80,6 @@ impl Report {
     }
 }
 
-/// Human-readable size: 4K, 16M, 1G.
-pub fn human_bytes(bytes: usize) -> String {
-    match bytes {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
-        b => format!("{b}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,13 +124,5 @@ mod tests {
         assert_eq!(value["ceilings"]["duplex"], 50.0);
         assert_eq!(value["gpu"]["name"], "x");
         assert_eq!(value["rows"].as_array().map(Vec::len), Some(1));
-    }
-
-    #[test]
-    fn sizes_print_in_binary_units() {
-        assert_eq!(human_bytes(4096), "4K");
-        assert_eq!(human_bytes(1 << 30), "1G");
-        assert_eq!(human_bytes(3 << 20), "3M");
-        assert_eq!(human_bytes(1000), "1000");
     }
 }

@@ -1,5 +1,6 @@
-//! Byte sizes on the command line (`4K`, `1M`, `1G`, plain numbers) and nccl-tests style
-//! `-b/-e/-f` sweeps.
+//! Byte sizes as `gp2p` reads and prints them (`4K`, `1M`, `1G`, plain numbers; binary
+//! units), and nccl-tests style `-b/-e/-f` sweeps. The one place sizes are parsed or printed:
+//! what a table prints, `-b` reads back.
 
 /// Parse `4096`, `4K`, `16M`, `1G` (binary units, case-insensitive, optional trailing `B`).
 pub fn parse_size(text: &str) -> Result<usize, String> {
@@ -13,6 +14,17 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     let n: usize =
         digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional K, M or G"))?;
     n.checked_mul(1 << shift).ok_or_else(|| format!("size {text:?} is too large"))
+}
+
+/// A size as [`parse_size`] reads it: the largest binary unit that divides it exactly
+/// (`4K`, `16M`, `1G`), else plain bytes.
+pub fn format_size(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b}"),
+    }
 }
 
 /// Sizes from `begin` to `end` inclusive, each `factor` times the last.
@@ -46,6 +58,17 @@ mod tests {
         assert_eq!(parse_size("16MB"), Ok(16 << 20));
         assert_eq!(parse_size("123"), Ok(123));
         assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn sizes_print_in_binary_units_and_parse_back() {
+        assert_eq!(format_size(4096), "4K");
+        assert_eq!(format_size(1 << 30), "1G");
+        assert_eq!(format_size(3 << 20), "3M");
+        assert_eq!(format_size(1000), "1000");
+        for bytes in [0, 1, 8, 1000, 4096, 4097, 3 << 20, (1 << 30) + 1024, 5 << 30] {
+            assert_eq!(parse_size(&format_size(bytes)), Ok(bytes), "{bytes}");
+        }
     }
 
     #[test]

@@ -4,15 +4,18 @@
 
 use clap::Args;
 use geforce_p2p::collectives::{
-    Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, expected, reduce_scatter, schedule_for,
+    Collective, Engine, Rank, all_gather, all_reduce, broadcast, expected, reduce_scatter, schedule_for,
 };
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, fill_random};
-use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
+use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, Stream, half};
 
 use super::{CEILING_BYTES, Common, finish, progress};
 use crate::error::CliError;
+use crate::flags::{DTypeFlag, OpFlag, ReceiveFlag};
 use crate::measure::{Ceilings, timed_runs};
-use crate::report::{Report, Row, human_bytes};
+use crate::report::{Report, Row};
+use crate::sizes::format_size;
+use crate::table::{num, table};
 
 #[derive(Args)]
 pub struct CollectiveArgs {
@@ -21,15 +24,15 @@ pub struct CollectiveArgs {
     /// Number of ranks (more than the GPUs present needs the `testing` build: logical ranks).
     #[arg(long, default_value_t = 2)]
     ranks: usize,
-    /// Receive path: auto, scratch or zero-copy.
-    #[arg(long, default_value = "auto")]
-    transport: Receive,
+    /// Receive path.
+    #[arg(long, value_enum, default_value = "auto")]
+    transport: ReceiveFlag,
     /// Reduction.
-    #[arg(long, default_value = "sum")]
-    op: ReduceOp,
+    #[arg(long, value_enum, default_value = "sum")]
+    op: OpFlag,
     /// Element type.
-    #[arg(long, default_value = "f32")]
-    dtype: DType,
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: DTypeFlag,
     /// Chunk size of the ring pipeline (bytes; K, M, G suffixes), instead of one sized by
     /// the buffer.
     #[arg(long, value_parser = crate::sizes::parse_size)]
@@ -83,7 +86,7 @@ impl Kind {
 }
 
 pub fn run(kind: Kind, args: &CollectiveArgs) -> Result<(), CliError> {
-    match args.dtype {
+    match args.dtype.0 {
         DType::F32 => run_typed::<f32>(kind, args),
         DType::F64 => run_typed::<f64>(kind, args),
         DType::F16 => run_typed::<half::f16>(kind, args),
@@ -122,7 +125,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
     }
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
-    let op = args.op;
+    let (op, transport) = (args.op.0, args.transport.0);
     for &bytes in &sizes {
         // all_gather and reduce_scatter sizes are the full buffer (n parts), as nccl-tests.
         let len = match kind {
@@ -133,7 +136,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
             continue;
         }
         let part = len / n;
-        bar.set_message(format!("{} {} x{n} {}", kind.name(), human_bytes(bytes), T::DTYPE));
+        bar.set_message(format!("{} {} x{n} {}", kind.name(), format_size(bytes), T::DTYPE));
         let input_len = if matches!(kind, Kind::AllGather) { part } else { len };
         let output_len = if matches!(kind, Kind::ReduceScatter) { part } else { len };
         let inputs: Vec<Vec<T>> = (0..n)
@@ -178,10 +181,10 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
                     .collect();
                 let views: Vec<_> = pristine.iter().map(|p| p.view(..)).collect();
                 match kind {
-                    Kind::AllReduce => all_reduce(&engine, &mut ranks, op, args.transport)?,
-                    Kind::AllGather => all_gather(&engine, &views, &mut ranks, args.transport)?,
-                    Kind::ReduceScatter => reduce_scatter(&engine, &views, &mut ranks, op, args.transport)?,
-                    Kind::Broadcast => broadcast(&engine, &mut ranks, 0, args.transport)?,
+                    Kind::AllReduce => all_reduce(&engine, &mut ranks, op, transport)?,
+                    Kind::AllGather => all_gather(&engine, &views, &mut ranks, transport)?,
+                    Kind::ReduceScatter => reduce_scatter(&engine, &views, &mut ranks, op, transport)?,
+                    Kind::Broadcast => broadcast(&engine, &mut ranks, 0, transport)?,
                 }
                 for (stream, end) in streams.iter().zip(&ends).skip(1) {
                     end.record(stream)?;
@@ -212,7 +215,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         let link = link_bytes as f64 / seconds / 1e9;
         rows.push(Row {
             bench: kind.name(),
-            route: args.transport.to_string(),
+            route: transport.to_string(),
             dtype: T::DTYPE.to_string(),
             op: if matches!(kind, Kind::AllGather | Kind::Broadcast) { "none".into() } else { op.to_string() },
             ranks: n,
@@ -235,32 +238,78 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         "# gp2p bench {} --ranks {n}{} --transport {} --op {} --dtype {} on {}, medians of {} runs",
         kind.name(),
         if logical { " (logical ranks on device 0)" } else { "" },
-        args.transport,
-        args.op,
-        args.dtype,
+        transport,
+        op,
+        args.dtype.0,
         report.gpu.name,
         report.repeats
     );
     println!("# ceiling: duplex {duplex:.1} GB/s each way; ratio = link bytes per direction per second / duplex");
-    println!(
-        "# {:>6} {:>11} {:>5} {:>4} {:>5} | {:>10} {:>8} {:>8} {:>6} | {:>10} | {:>6}",
-        "size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", "ratio", "enqueue us", "#wrong"
-    );
-    for r in &report.rows {
-        println!(
-            "  {:>6} {:>11} {:>5} {:>4} {:>5} | {:>10.1} {:>8.2} {:>8.2} {:>6.3} | {:>10.1} | {:>6}",
-            human_bytes(r.bytes),
-            r.count,
-            r.dtype,
-            r.op,
-            r.ranks,
-            r.time_us,
-            r.algbw,
-            r.busbw,
-            r.ratio,
-            r.enqueue_us.unwrap_or(f64::NAN),
-            r.wrong
-        );
-    }
+    println!("{}", rows_table(&report.rows).trim_fmt());
     finish(&report, c, kind.name())
+}
+
+/// nccl-tests' columns, one row per size.
+fn rows_table(rows: &[Row]) -> comfy_table::Table {
+    let mut t = table(
+        &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", "ratio", "enqueue us", "#wrong"],
+        &[],
+    );
+    for r in rows {
+        t.add_row(vec![
+            format_size(r.bytes),
+            r.count.to_string(),
+            r.dtype.clone(),
+            r.op.clone(),
+            r.ranks.to_string(),
+            num(r.time_us, 1),
+            num(r.algbw, 2),
+            num(r.busbw, 2),
+            num(r.ratio, 3),
+            num(r.enqueue_us.unwrap_or(f64::NAN), 1),
+            r.wrong.to_string(),
+        ]);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(bytes: usize) -> Row {
+        Row {
+            bench: "all_reduce",
+            route: "auto".into(),
+            dtype: "f32".into(),
+            op: "sum".into(),
+            ranks: 2,
+            bytes,
+            count: bytes / 4,
+            time_us: 18.9,
+            algbw: 0.0,
+            busbw: 0.0,
+            ceiling: 49.7,
+            ceiling_name: "duplex",
+            ratio: 0.0,
+            enqueue_us: Some(20.5),
+            wrong: 0,
+        }
+    }
+
+    /// The device scripts keep data rows with `grep -E '^ +[0-9]'` (bench.sh: `'^ +[0-9.]+[KMG]? '`):
+    /// every data row, and nothing else, starts that way.
+    #[test]
+    fn data_rows_are_what_the_device_scripts_grep() {
+        let text = rows_table(&[row(8), row(1 << 30)]).trim_fmt();
+        let data: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                let rest = l.trim_start_matches(' ');
+                rest.len() < l.len() && rest.starts_with(|c: char| c.is_ascii_digit())
+            })
+            .collect();
+        assert_eq!(data.len(), 2, "{text}");
+        assert!(data[0].trim_start().starts_with("8 ") && data[1].trim_start().starts_with("1G "), "{text}");
+    }
 }

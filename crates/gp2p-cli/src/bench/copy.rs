@@ -3,12 +3,15 @@
 use clap::Args;
 use geforce_p2p::kernels::reference::fill_random;
 use geforce_p2p::ops::copy_from_host;
-use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, Route, Stream, transport};
+use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, Stream, transport};
 
 use super::{CEILING_BYTES, Common, finish, progress};
 use crate::error::CliError;
+use crate::flags::RouteFlag;
 use crate::measure::{Ceilings, timed_runs};
-use crate::report::{Report, Row, human_bytes};
+use crate::report::{Report, Row};
+use crate::sizes::format_size;
+use crate::table::{num, table};
 
 /// The small size whose latency is compared with one D2H plus one H2D.
 const SMALL_BYTES: usize = 4096;
@@ -17,9 +20,9 @@ const SMALL_BYTES: usize = 4096;
 pub struct CopyArgs {
     #[command(flatten)]
     common: Common,
-    /// Route: auto, peer or staged.
-    #[arg(long, default_value = "staged")]
-    route: Route,
+    /// Route.
+    #[arg(long, value_enum, default_value = "staged")]
+    route: RouteFlag,
     /// Source device.
     #[arg(long, default_value_t = 0)]
     src: usize,
@@ -70,15 +73,16 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
     let mut src = DeviceBuffer::<u32>::alloc(&src_dev, max)?;
     copy_from_host(&src_stream, &host.view(..), &mut src.view_mut(..))?;
     let mut dst = DeviceBuffer::<u32>::alloc(&dst_dev, max)?;
-    let options = CopyOptions { route: args.route, chunk_bytes: args.chunk, slots: args.slots };
+    let route = args.route.0;
+    let options = CopyOptions { route, chunk_bytes: args.chunk, slots: args.slots };
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
     for &bytes in &sizes {
         let n = bytes.div_ceil(4);
-        bar.set_message(format!("copy {} {}", args.route, human_bytes(bytes)));
+        bar.set_message(format!("copy {route} {}", format_size(bytes)));
         dst.fill_bytes(&dst_stream, 0xA5)?;
         dst_stream.synchronize()?;
-        let mut taken = args.route;
+        let mut taken = route;
         let timing = timed_runs(
             &src_stream,
             repeats,
@@ -121,7 +125,7 @@ fn print_copy(report: &Report, args: &CopyArgs) {
     let c = |name: &str| report.ceilings.get(name).copied().unwrap_or(f64::NAN);
     println!(
         "# gp2p bench copy --route {} --src {} --dst {} on {} ({}), medians of {} timed runs",
-        args.route, args.src, args.dst, report.gpu.name, report.gpu.driver, report.repeats
+        args.route.0, args.src, args.dst, report.gpu.name, report.gpu.driver, report.repeats
     );
     let duplex = report.ceilings.get("duplex").map_or(String::new(), |d| format!(", duplex {d:.1} GB/s each way"));
     println!(
@@ -130,31 +134,32 @@ fn print_copy(report: &Report, args: &CopyArgs) {
         c("h2d").min(c("h2d_dst")),
         c("min_one_way")
     );
-    println!(
-        "# {:>6} {:>11} {:>7} | {:>10} {:>8} {:>7} {:>9} | {:>10} {:>8} | {:>6}",
-        "size", "count", "route", "time us", "GB/s", "/ceil", "/one-way", "enqueue us", "/gpu", "#wrong"
+    let mut t = table(
+        &["size", "count", "route", "time us", "GB/s", "/ceil", "/one-way", "enqueue us", "/gpu", "#wrong"],
+        &["route"],
     );
     for r in &report.rows {
-        println!(
-            "  {:>6} {:>11} {:>7} | {:>10.1} {:>8.2} {:>7.3} {:>9.3} | {:>10.1} {:>8.3} | {:>6}",
-            human_bytes(r.bytes),
-            r.count,
-            r.route,
-            r.time_us,
-            r.busbw,
-            r.ratio,
-            r.busbw / c("min_one_way"),
-            r.enqueue_us.unwrap_or(f64::NAN),
-            r.enqueue_us.unwrap_or(f64::NAN) / r.time_us,
-            r.wrong
-        );
+        let enqueue = r.enqueue_us.unwrap_or(f64::NAN);
+        t.add_row(vec![
+            format_size(r.bytes),
+            r.count.to_string(),
+            r.route.clone(),
+            num(r.time_us, 1),
+            num(r.busbw, 2),
+            num(r.ratio, 3),
+            num(r.busbw / c("min_one_way"), 3),
+            num(enqueue, 1),
+            num(enqueue / r.time_us, 3),
+            r.wrong.to_string(),
+        ]);
     }
+    println!("{}", t.trim_fmt());
     if let Some(small) = report.rows.iter().find(|r| r.bytes == SMALL_BYTES) {
         println!(
             "# {}: {:.1} us against one D2H + one H2D of {} in {:.1} us: {:.2}x",
-            human_bytes(SMALL_BYTES),
+            format_size(SMALL_BYTES),
             small.time_us,
-            human_bytes(SMALL_BYTES),
+            format_size(SMALL_BYTES),
             c("small_pair_us"),
             small.time_us / c("small_pair_us")
         );

@@ -8,7 +8,9 @@ use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use super::{CEILING_BYTES, Common, finish, progress};
 use crate::error::CliError;
 use crate::measure::{Ceilings, timed_runs};
-use crate::report::{Report, Row, human_bytes};
+use crate::report::{Report, Row};
+use crate::sizes::format_size;
+use crate::table::{num, table};
 
 #[derive(Args)]
 pub struct HostArgs {
@@ -39,7 +41,7 @@ pub fn run(args: &HostArgs) -> Result<(), CliError> {
     let mut rows = Vec::new();
     for &bytes in &sizes {
         for direction in ["from_host", "to_host"] {
-            bar.set_message(format!("{direction} {}", human_bytes(bytes)));
+            bar.set_message(format!("{direction} {}", format_size(bytes)));
             let timing = if direction == "from_host" {
                 timed_runs(
                     &stream,
@@ -89,18 +91,18 @@ pub fn run(args: &HostArgs) -> Result<(), CliError> {
         "# gp2p bench host on {} ({}), medians of {} timed runs",
         report.gpu.name, report.gpu.driver, report.repeats
     );
-    println!("# ceilings (plain pinned DMA, {}): h2d {h2d:.1} GB/s, d2h {d2h:.1} GB/s", human_bytes(CEILING_BYTES));
-    println!("# {:>6} {:>10} | {:>10} {:>8} {:>7} | {:>6}", "size", "direction", "time us", "GB/s", "/ceil", "#wrong");
+    println!("# ceilings (plain pinned DMA, {}): h2d {h2d:.1} GB/s, d2h {d2h:.1} GB/s", format_size(CEILING_BYTES));
+    let mut t = table(&["size", "direction", "time us", "GB/s", "/ceil", "#wrong"], &["direction"]);
     for r in &report.rows {
-        println!(
-            "  {:>6} {:>10} | {:>10.1} {:>8.2} {:>7.3} | {:>6}",
-            human_bytes(r.bytes),
-            r.route,
-            r.time_us,
-            r.busbw,
-            r.ratio,
-            r.wrong
-        );
+        t.add_row(vec![
+            format_size(r.bytes),
+            r.route.clone(),
+            num(r.time_us, 1),
+            num(r.busbw, 2),
+            num(r.ratio, 3),
+            r.wrong.to_string(),
+        ]);
     }
+    println!("{}", t.trim_fmt());
     finish(&report, c, "host")
 }

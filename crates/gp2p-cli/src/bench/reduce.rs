@@ -8,19 +8,22 @@ use indicatif::ProgressBar;
 
 use super::{CEILING_BYTES, Common, finish};
 use crate::error::CliError;
+use crate::flags::{DTypes, OpFlag};
 use crate::measure::{Ceilings, Repeats, median_seconds};
-use crate::report::{Report, Row, human_bytes};
+use crate::report::{Report, Row};
+use crate::sizes::format_size;
+use crate::table::{num, table};
 
 #[derive(Args)]
 pub struct ReduceArgs {
     #[command(flatten)]
     common: Common,
-    /// Element type, or `all`.
-    #[arg(long, default_value = "all")]
-    dtype: String,
+    /// Element type, or every one in turn.
+    #[arg(long, value_enum, default_value = "all")]
+    dtype: DTypes,
     /// Reduction.
-    #[arg(long, default_value = "sum")]
-    op: ReduceOp,
+    #[arg(long, value_enum, default_value = "sum")]
+    op: OpFlag,
     /// Device ordinal.
     #[arg(short = 'd', long, default_value_t = 0)]
     device: usize,
@@ -29,15 +32,11 @@ pub struct ReduceArgs {
 pub fn run(args: &ReduceArgs) -> Result<(), CliError> {
     let c = &args.common;
     let sizes = c.sizes()?;
-    let dtypes: Vec<DType> = if args.dtype == "all" {
-        DType::ALL.to_vec()
-    } else {
-        vec![args.dtype.parse().map_err(|e| CliError::Usage(format!("--dtype: {e}")))?]
-    };
+    let dtypes = args.dtype.list();
     let repeats = c.repeats()?;
     let device = Device::open(args.device)?;
     let stream = Stream::new(&device)?;
-    eprintln!("measuring ceilings with {} transfers ...", human_bytes(CEILING_BYTES));
+    eprintln!("measuring ceilings with {} transfers ...", format_size(CEILING_BYTES));
     let mut ceilings = Ceilings::new(&device, &stream, CEILING_BYTES, repeats)?;
     let ceil = ReduceCeilings { d2d: ceilings.d2d()?, h2d: ceilings.h2d()? };
     ceilings.d2h()?; // reported beside the others
@@ -48,7 +47,7 @@ pub fn run(args: &ReduceArgs) -> Result<(), CliError> {
             device: &device,
             stream: &stream,
             sizes: &sizes,
-            op: args.op,
+            op: args.op.0,
             repeats,
             ceilings: ceil,
             progress: &progress,
@@ -113,7 +112,7 @@ impl ReduceBench<'_> {
                 continue;
             }
             for transport in ["device", "zero-copy"] {
-                self.progress.set_message(format!("reduce {} {} {transport}", T::DTYPE, human_bytes(bytes)));
+                self.progress.set_message(format!("reduce {} {} {transport}", T::DTYPE, format_size(bytes)));
                 dst.fill_bytes(stream, 0xA5)?;
                 let dst_cell = std::cell::RefCell::new(&mut dst);
                 let restore = || Ok(dst_cell.borrow_mut().view_mut(..n).copy_from(stream, &pristine.view(..n))?);
@@ -187,49 +186,47 @@ fn print_reduce(report: &Report) {
     );
     println!(
         "# ceilings ({} transfers): d2d {:.1} GB/s (read+write), h2d {:.1} GB/s, d2h {:.1} GB/s",
-        human_bytes(CEILING_BYTES),
+        format_size(CEILING_BYTES),
         c("d2d"),
         c("h2d"),
         c("d2h")
     );
-    println!(
-        "# {:>6} {:>11} {:>5} {:>4} | {:>9} {:>8} {:>6} | {:>9} {:>8} {:>6} | {:>6}",
-        "size", "count", "type", "op", "dev us", "GB/s", "/d2d", "zc us", "GB/s", "/h2d", "#wrong"
-    );
+    let mut t =
+        table(&["size", "count", "type", "op", "dev us", "GB/s", "/d2d", "zc us", "GB/s", "/h2d", "#wrong"], &[]);
     for pair in report.rows.chunks(2) {
         let [dev, zc] = pair else { continue };
-        println!(
-            "  {:>6} {:>11} {:>5} {:>4} | {:>9.1} {:>8.1} {:>6.3} | {:>9.1} {:>8.2} {:>6.3} | {:>6}",
-            human_bytes(dev.bytes),
-            dev.count,
-            dev.dtype,
-            dev.op,
-            dev.time_us,
-            dev.busbw,
-            dev.ratio,
-            zc.time_us,
-            zc.busbw,
-            zc.ratio,
-            dev.wrong + zc.wrong
-        );
+        t.add_row(vec![
+            format_size(dev.bytes),
+            dev.count.to_string(),
+            dev.dtype.clone(),
+            dev.op.clone(),
+            num(dev.time_us, 1),
+            num(dev.busbw, 1),
+            num(dev.ratio, 3),
+            num(zc.time_us, 1),
+            num(zc.busbw, 2),
+            num(zc.ratio, 3),
+            (dev.wrong + zc.wrong).to_string(),
+        ]);
     }
+    println!("{}", t.trim_fmt());
     // The acceptance view: the largest size of each dtype, and each dtype against f32.
     let largest = report.rows.iter().map(|r| r.bytes).max().unwrap_or(0);
     let at = |dtype: &str, transport: &str| {
         report.rows.iter().find(|r| r.bytes == largest && r.dtype == dtype && r.route == transport).map(|r| r.busbw)
     };
-    println!("# at {}: ratio to ceiling, and bytes/s relative to f32", human_bytes(largest));
-    println!("# {:>5} | {:>6} {:>7} | {:>6} {:>7}", "type", "/d2d", "vs f32", "/h2d", "vs f32");
+    println!("# at {}: ratio to ceiling, and bytes/s relative to f32", format_size(largest));
+    let mut t = table(&["type", "/d2d", "vs f32", "/h2d", "vs f32"], &[]);
     for r in report.rows.iter().filter(|r| r.bytes == largest && r.route == "device") {
         let zc = report.rows.iter().find(|z| z.bytes == largest && z.dtype == r.dtype && z.route == "zero-copy");
         let rel = |t: &str, v: f64| at("f32", t).map_or(f64::NAN, |f| v / f);
-        println!(
-            "  {:>5} | {:>6.3} {:>7.3} | {:>6.3} {:>7.3}",
-            r.dtype,
-            r.ratio,
-            rel("device", r.busbw),
-            zc.map_or(f64::NAN, |z| z.ratio),
-            zc.map_or(f64::NAN, |z| rel("zero-copy", z.busbw))
-        );
+        t.add_row(vec![
+            r.dtype.clone(),
+            num(r.ratio, 3),
+            num(rel("device", r.busbw), 3),
+            num(zc.map_or(f64::NAN, |z| z.ratio), 3),
+            num(zc.map_or(f64::NAN, |z| rel("zero-copy", z.busbw)), 3),
+        ]);
     }
+    println!("{}", t.trim_fmt());
 }

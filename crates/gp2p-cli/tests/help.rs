@@ -1,0 +1,42 @@
+//! `gp2p … --help` lists the allowed values of every enum-valued flag (they are clap
+//! `ValueEnum`s), and a value outside them is a usage error that names them. No GPU needed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+fn gp2p(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gp2p")).args(args).output().expect("gp2p runs")
+}
+
+fn stdout(args: &[&str]) -> String {
+    let out = gp2p(args);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn help_lists_the_allowed_values_of_enum_flags() {
+    // -h prints clap's one-line form of each list.
+    let collective = stdout(&["bench", "all-reduce", "-h"]);
+    for values in [
+        "[possible values: auto, scratch, zero-copy]",
+        "[possible values: sum, avg, min, max, prod]",
+        "[possible values: f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64]",
+    ] {
+        assert!(collective.contains(values), "all-reduce -h lacks {values}:\n{collective}");
+    }
+    let copy = stdout(&["bench", "copy", "-h"]);
+    assert!(copy.contains("[possible values: auto, peer, staged]"), "{copy}");
+    // --help gives each value its line, with `all` explained.
+    let reduce = stdout(&["bench", "reduce", "--help"]);
+    assert!(reduce.contains("- all:  every dtype in turn") && reduce.contains("- bf16"), "{reduce}");
+}
+
+#[test]
+fn a_value_outside_the_list_is_a_usage_error_naming_the_list() {
+    let out = gp2p(&["bench", "all-reduce", "--transport", "zerocopy"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("zerocopy") && stderr.contains("zero-copy"), "{stderr}");
+}
