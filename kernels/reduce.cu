@@ -3,8 +3,10 @@
 // `src` is either device memory (the scratch path) or mapped pinned host memory that the
 // kernel reads across PCIe (the zero-copy path); the kernel does not care which.
 //
-// Built by `cargo xtask ptx` with NVRTC 12.0 for compute_80. No CUDA headers are used, so
-// the PTX depends on this file alone: half and bfloat16 go through PTX `cvt` instructions.
+// Built by `cargo xtask ptx` with NVRTC 12.0 twice: for compute_80 (reduce.ptx) and for
+// compute_75 (reduce.compute_75.ptx, Turing). No CUDA headers are used, so the PTX depends
+// on this file alone: half goes through PTX `cvt` instructions (sm_53 and up), bfloat16
+// through `cvt` where the hardware has it (sm_80 and up) and integer rounding below.
 //
 // Layout of the work: when dst and src share their offset modulo 16 bytes, the bulk moves
 // as 16-byte vectors (`uint4`), UNROLL of them per thread per step so that enough loads are
@@ -52,7 +54,19 @@ template <> struct Lane<bf16> {
     }
     static __device__ __forceinline__ bf16 store(float f) {
         bf16 v;
+#if __CUDA_ARCH__ >= 800
         asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
+#else
+        // Round to nearest even in the integer domain (what cvt.rn does): add half an ulp of
+        // bf16, plus one if the kept part is odd, then truncate. A NaN stays a (quiet) NaN
+        // instead of rounding into infinity.
+        const u32 x = __float_as_uint(f);
+        if ((x & 0x7fffffffu) > 0x7f800000u) {
+            v.bits = (u16)((x >> 16) | 0x40u);
+        } else {
+            v.bits = (u16)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+        }
+#endif
         return v;
     }
 };

@@ -1,9 +1,10 @@
 //! The CUDA kernels of geforce-p2p as committed PTX, and the vocabulary they are indexed by.
 //!
 //! The kernels are CUDA C in this crate's folder (`reduce.cu`); `cargo xtask ptx` compiles
-//! them with NVRTC 12.0 for `compute_80` and the PTX is committed next to them, so users need
-//! no CUDA toolkit: the driver JIT-compiles the PTX for whatever card it meets (Ampere and
-//! newer). `cargo xtask ptx --check` fails when the committed PTX is stale.
+//! them with NVRTC 12.0 for `compute_80` and `compute_75` and the PTX is committed next to
+//! them, so users need no CUDA toolkit: the driver JIT-compiles the PTX for whatever card it
+//! meets (Turing and newer; [`PtxTarget`] picks the build). `cargo xtask ptx --check` fails
+//! when the committed PTX is stale.
 //!
 //! This crate holds data only — PTX text, [`DType`], [`ReduceOp`] and kernel names. Loading
 //! and launching belong to `gp2p-cuda`; this crate never touches a GPU.
@@ -43,8 +44,55 @@ pub struct PtxModule {
 /// is used by [`ReduceOp::Avg`] only and is 1 on every step but the last.
 pub const REDUCE: PtxModule = PtxModule { name: "reduce", ptx: include_str!("../reduce.ptx") };
 
+/// The same kernels as [`REDUCE`] built for `compute_75` (Turing, RTX 20-series), which
+/// lacks the bfloat16 conversion instruction: bfloat16 is rounded in integer arithmetic,
+/// to the same bits.
+pub const REDUCE_COMPUTE_75: PtxModule =
+    PtxModule { name: "reduce.compute_75", ptx: include_str!("../reduce.compute_75.ptx") };
+
 /// Every module this crate ships, for tools that compile or check them all.
-pub const MODULES: &[PtxModule] = &[REDUCE];
+pub const MODULES: &[PtxModule] = &[REDUCE, REDUCE_COMPUTE_75];
+
+/// A PTX target the kernels are built for, oldest first (a card runs every target up to its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PtxTarget {
+    /// `compute_75`: Turing.
+    Compute75,
+    /// `compute_80`: Ampere and every later card.
+    Compute80,
+}
+
+impl PtxTarget {
+    /// The newest target a card of compute capability `(major, minor)` runs, if any.
+    pub fn for_capability(capability: (u32, u32)) -> Option<PtxTarget> {
+        match capability {
+            c if c >= (8, 0) => Some(PtxTarget::Compute80),
+            c if c >= (7, 5) => Some(PtxTarget::Compute75),
+            _ => None,
+        }
+    }
+
+    /// The name NVRTC and the driver use: `compute_75`, `compute_80`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PtxTarget::Compute75 => "compute_75",
+            PtxTarget::Compute80 => "compute_80",
+        }
+    }
+
+    /// The target named `name` (`compute_75`, `compute_80`).
+    pub fn from_name(name: &str) -> Option<PtxTarget> {
+        [PtxTarget::Compute75, PtxTarget::Compute80].into_iter().find(|t| t.name() == name)
+    }
+
+    /// The reduce kernels built for this target.
+    pub fn reduce_module(self) -> PtxModule {
+        match self {
+            PtxTarget::Compute75 => REDUCE_COMPUTE_75,
+            PtxTarget::Compute80 => REDUCE,
+        }
+    }
+}
 
 /// Threads per block the reduce kernels are compiled for (`__launch_bounds__`).
 pub const REDUCE_BLOCK_THREADS: u32 = 256;
@@ -141,5 +189,31 @@ mod tests {
     fn ptx_targets_compute_80_and_has_no_nul() {
         assert!(REDUCE.ptx.contains(".target sm_80"));
         assert!(!REDUCE.ptx.contains('\0'));
+    }
+
+    #[test]
+    fn the_turing_build_has_every_kernel_and_no_sm_80_instruction() {
+        let ptx = REDUCE_COMPUTE_75.ptx;
+        assert!(ptx.contains(".target sm_75") && !ptx.contains('\0'));
+        assert!(!ptx.contains("cvt.rn.bf16"), "bfloat16 conversion needs sm_80");
+        for op in ReduceOp::ALL {
+            for dtype in DType::ALL {
+                for name in [reduce_kernel_name(op, dtype), exchange_kernel_name(op, dtype)] {
+                    assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.compute_75.ptx");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_card_gets_the_newest_target_it_runs() {
+        assert_eq!(PtxTarget::for_capability((7, 0)), None);
+        assert_eq!(PtxTarget::for_capability((7, 5)), Some(PtxTarget::Compute75));
+        assert_eq!(PtxTarget::for_capability((8, 0)), Some(PtxTarget::Compute80));
+        assert_eq!(PtxTarget::for_capability((12, 0)), Some(PtxTarget::Compute80));
+        for t in [PtxTarget::Compute75, PtxTarget::Compute80] {
+            assert_eq!(PtxTarget::from_name(t.name()), Some(t));
+            assert!(t.reduce_module().ptx.contains(&format!(".target sm_{}", &t.name()[8..])));
+        }
     }
 }

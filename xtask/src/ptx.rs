@@ -13,9 +13,10 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 /// The hidden subcommand the parent runs in the child.
 pub const CHILD_COMMAND: &str = "__ptx-compile-child";
 
-/// The PTX target: PTX ISA 8.0 from NVRTC 12.0 loads on drivers from 525 on, and every card
-/// from Ampere up JIT-compiles it.
-const ARCH: &str = "compute_80";
+/// The PTX targets and the suffix of their files: PTX ISA 8.0 from NVRTC 12.0 loads on
+/// drivers from 525 on; compute_80 is JIT-compiled by every card from Ampere up, compute_75
+/// serves Turing (RTX 20-series), where bfloat16 is rounded without the sm_80 instruction.
+const ARCHES: [(&str, &str); 2] = [("compute_80", ""), ("compute_75", ".compute_75")];
 
 /// The pinned NVRTC wheels: a different NVRTC produces different PTX, so `--check` would fail.
 const NVRTC_WHEELS: [&str; 2] = ["nvidia-cuda-nvrtc-cu12==12.0.140", "nvidia-cuda-runtime-cu12==12.0.146"];
@@ -37,11 +38,11 @@ pub fn generate(root: &Path, check: bool) -> Result<(), String> {
         return Err(format!("compiling the kernels failed ({status})"));
     }
     let mut stale = Vec::new();
-    for source in kernel_sources(root)? {
-        let stem = stem_of(&source)?;
+    for (source, suffix) in kernel_sources(root)?.into_iter().flat_map(|s| ARCHES.map(|(_, x)| (s.clone(), x))) {
+        let stem = format!("{}{suffix}", stem_of(&source)?);
         let fresh_path = out_dir.join(format!("{stem}.ptx"));
         let fresh = fs::read_to_string(&fresh_path).map_err(|e| format!("reading {}: {e}", fresh_path.display()))?;
-        let committed_path = source.with_extension("ptx");
+        let committed_path = source.with_file_name(format!("{stem}.ptx"));
         if check {
             let committed = fs::read_to_string(&committed_path).unwrap_or_default();
             if committed != fresh {
@@ -64,11 +65,11 @@ pub fn generate(root: &Path, check: bool) -> Result<(), String> {
 
 /// Runs in the child process, with LD_LIBRARY_PATH set: compile every source into `out_dir`.
 pub fn compile_in_child(root: &Path, out_dir: &Path) -> Result<(), String> {
-    for source in kernel_sources(root)? {
+    for (source, (arch, suffix)) in kernel_sources(root)?.into_iter().flat_map(|s| ARCHES.map(|a| (s.clone(), a))) {
         let stem = stem_of(&source)?;
         let text = fs::read_to_string(&source).map_err(|e| format!("reading {}: {e}", source.display()))?;
         let options = CompileOptions {
-            arch: Some(ARCH),
+            arch: Some(arch),
             options: vec!["--std=c++17".into()],
             name: Some(format!("{stem}.cu")),
             ..Default::default()
@@ -78,7 +79,7 @@ pub fn compile_in_child(root: &Path, out_dir: &Path) -> Result<(), String> {
         let mut text = ptx.to_src();
         // NVRTC may end the text with NUL; the committed file and include_str! want none.
         text.retain(|c| c != '\0');
-        let out = out_dir.join(format!("{stem}.ptx"));
+        let out = out_dir.join(format!("{stem}{suffix}.ptx"));
         fs::write(&out, text).map_err(|e| format!("writing {}: {e}", out.display()))?;
     }
     Ok(())

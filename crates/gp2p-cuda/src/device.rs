@@ -12,9 +12,14 @@ use parking_lot::Mutex;
 use crate::driver::{check, init};
 use crate::module::Module;
 use crate::{Error, Result};
+use gp2p_kernels::PtxTarget;
 
-/// The oldest compute capability the kernels are built for (`compute_80`).
-pub const MIN_COMPUTE_CAPABILITY: (u32, u32) = (8, 0);
+/// The oldest compute capability the kernels are built for (`compute_75`, Turing).
+pub const MIN_COMPUTE_CAPABILITY: (u32, u32) = (7, 5);
+
+/// Set to a PTX target name (`compute_75`) to load that build of the kernels on every device
+/// that can run it instead of the newest one: how the Turing build is tested on newer cards.
+pub const PTX_TARGET_ENV: &str = "GP2P_PTX_TARGET";
 
 /// What the driver says about one device, without opening it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +75,8 @@ struct Inner {
     raw: CUdevice,
     ctx: CUcontext,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    /// The build of the kernels this device loads.
+    ptx_target: PtxTarget,
     /// Idle events for [`crate::StreamPoint`]s, reused instead of created per operation.
     spare_events: Mutex<Vec<crate::Event>>,
 }
@@ -98,7 +105,7 @@ impl Device {
     }
 
     /// Open device `ordinal` (its primary context). Refuses devices below compute
-    /// capability 8.0. Opening the same ordinal again returns the same device.
+    /// capability 7.5. Opening the same ordinal again returns the same device.
     pub fn open(ordinal: usize) -> Result<Device> {
         let count = Self::count()?;
         if ordinal >= count {
@@ -113,6 +120,7 @@ impl Device {
             let (major, minor) = info.compute_capability;
             return Err(Error::Unsupported { ordinal, name: info.name, major, minor });
         }
+        let ptx_target = ptx_target_for(&info)?;
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: `raw` is a valid device handle; out-pointer to a local. The retain is never
         // released: opened devices live for the process, as in the CUDA runtime.
@@ -123,6 +131,7 @@ impl Device {
                 raw,
                 ctx,
                 modules: Mutex::new(HashMap::new()),
+                ptx_target,
                 spare_events: Mutex::new(Vec::new()),
             }),
         };
@@ -141,6 +150,12 @@ impl Device {
     /// What the driver said about this device when it was opened.
     pub fn info(&self) -> &DeviceInfo {
         &self.inner.info
+    }
+
+    /// The build of the kernels this device loads: the newest its compute capability runs,
+    /// unless [`PTX_TARGET_ENV`] names an older one.
+    pub fn ptx_target(&self) -> PtxTarget {
+        self.inner.ptx_target
     }
 
     /// Make this device's primary context current on the calling thread.
@@ -277,6 +292,37 @@ fn c_buf_to_string(buf: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The kernels' build for a supported device: the newest it runs, or the one
+/// [`PTX_TARGET_ENV`] names if the device runs that.
+fn ptx_target_for(info: &DeviceInfo) -> Result<PtxTarget> {
+    let forced = std::env::var(PTX_TARGET_ENV).ok().filter(|v| !v.is_empty());
+    choose_ptx_target(info.compute_capability, forced.as_deref())
+}
+
+fn choose_ptx_target(capability: (u32, u32), forced: Option<&str>) -> Result<PtxTarget> {
+    let newest = PtxTarget::for_capability(capability).ok_or(Error::InvalidArgument {
+        name: "device",
+        reason: format!("compute capability {}.{} has no build of the kernels", capability.0, capability.1),
+    })?;
+    let Some(name) = forced else { return Ok(newest) };
+    match PtxTarget::from_name(name) {
+        Some(target) if target <= newest => Ok(target),
+        Some(_) => Err(Error::InvalidArgument {
+            name: PTX_TARGET_ENV,
+            reason: format!(
+                "{name} is newer than this card (compute capability {}.{}) runs; use {} or unset it",
+                capability.0,
+                capability.1,
+                newest.name()
+            ),
+        }),
+        None => Err(Error::InvalidArgument {
+            name: PTX_TARGET_ENV,
+            reason: format!("unknown PTX target {name:?}; use compute_75 or compute_80, or unset it"),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,7 +332,7 @@ mod tests {
         let mut info = DeviceInfo {
             ordinal: 0,
             name: "test".into(),
-            compute_capability: (7, 5),
+            compute_capability: (7, 0),
             total_memory: 0,
             pci_bus_id: String::new(),
             multiprocessors: 1,
@@ -294,10 +340,24 @@ mod tests {
             unified_addressing: true,
         };
         assert!(!info.is_supported());
+        info.compute_capability = (7, 5);
+        assert!(info.is_supported(), "Turing runs the compute_75 build");
         info.compute_capability = (8, 0);
         assert!(info.is_supported());
         info.compute_capability = (12, 0);
         assert!(info.is_supported());
+    }
+
+    #[test]
+    fn the_forced_ptx_target_must_be_known_and_not_newer_than_the_card() {
+        assert_eq!(choose_ptx_target((9, 0), None).unwrap(), PtxTarget::Compute80);
+        assert_eq!(choose_ptx_target((7, 5), None).unwrap(), PtxTarget::Compute75);
+        assert_eq!(choose_ptx_target((9, 0), Some("compute_75")).unwrap(), PtxTarget::Compute75);
+        let newer = choose_ptx_target((7, 5), Some("compute_80")).unwrap_err().to_string();
+        assert!(newer.contains(PTX_TARGET_ENV) && newer.contains("use compute_75"), "{newer}");
+        let unknown = choose_ptx_target((9, 0), Some("sm_90")).unwrap_err().to_string();
+        assert!(unknown.contains("unknown PTX target \"sm_90\""), "{unknown}");
+        assert!(choose_ptx_target((7, 0), None).is_err());
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub enum Error {
     },
     /// The device is older than the kernels support.
     #[error(
-        "device {ordinal} ({name}) has compute capability {major}.{minor}; geforce-p2p needs 8.0 (Ampere) or newer"
+        "device {ordinal} ({name}) has compute capability {major}.{minor}; geforce-p2p needs 7.5 (Turing) or newer"
     )]
     Unsupported {
         /// Device ordinal.

@@ -4,7 +4,8 @@
 //! What it gives you:
 //! - [`Device`]: count, open by ordinal (the device's primary context, shared with the CUDA
 //!   runtime and with frameworks such as PyTorch), name, compute capability, memory, PCI bus.
-//!   Cards below compute capability 8.0 are refused, since the kernels are built for `sm_80`.
+//!   Cards below compute capability 7.5 are refused: the kernels are built for `compute_80`
+//!   and, for Turing, `compute_75` (see [`Device::ptx_target`]).
 //! - [`Stream`]: created here, or borrowed from a foreign `CUstream` so other frameworks can
 //!   pass theirs in; [`StreamFork`] runs work on internal streams that start after a caller's
 //!   stream and rejoin it.
@@ -66,11 +67,12 @@ pub mod raw;
 mod reduce;
 mod stream;
 
-pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes};
+pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes, PTX_TARGET_ENV};
 pub use driver::{driver_version, is_driver_present, take_deferred_error};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind};
 pub use gate::HostGate;
+pub use gp2p_kernels::PtxTarget;
 pub use host::HostAllocation;
 pub use lifetime::{LastUses, StreamPoint};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, out_of_bounds};

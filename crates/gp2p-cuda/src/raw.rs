@@ -19,7 +19,7 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
-use gp2p_kernels::{DType, REDUCE, ReduceOp, exchange_kernel_name, reduce_kernel_name};
+use gp2p_kernels::{DType, ReduceOp, exchange_kernel_name, reduce_kernel_name};
 
 use crate::driver::check;
 use crate::reduce::{
@@ -120,7 +120,8 @@ pub unsafe fn reduce(
     if len == 0 {
         return Ok(());
     }
-    let function = Module::load(stream.device(), REDUCE)?.function(reduce_kernel_name(op, dtype))?;
+    let function = Module::load(stream.device(), stream.device().ptx_target().reduce_module())?
+        .function(reduce_kernel_name(op, dtype))?;
     let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
     let args = ReduceArgs { dst, src, len: len as u64, divisor: divide_by };
     // SAFETY: a reduce kernel of `dtype`; the addresses are the caller's contract.
@@ -183,7 +184,8 @@ pub unsafe fn exchange(
     if len == 0 {
         return Ok(());
     }
-    let function = Module::load(stream.device(), REDUCE)?.function(exchange_kernel_name(op, dtype))?;
+    let function = Module::load(stream.device(), stream.device().ptx_target().reduce_module())?
+        .function(exchange_kernel_name(op, dtype))?;
     let config = exchange_launch_config(len, dtype);
     let args = ExchangeArgs {
         buf,

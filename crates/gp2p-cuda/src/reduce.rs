@@ -4,8 +4,8 @@
 use std::ffi::c_void;
 
 use gp2p_kernels::{
-    DType, EXCHANGE_GROUP_BYTES, Element, REDUCE, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp,
-    exchange_kernel_name, reduce_kernel_name,
+    DType, EXCHANGE_GROUP_BYTES, Element, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, exchange_kernel_name,
+    reduce_kernel_name,
 };
 
 use crate::memory::RawDevicePtr;
@@ -93,7 +93,7 @@ pub fn reduce<T: Element>(
 /// module use: under compute-sanitizer each kernel's first launch is slow, and instrumenting
 /// all of them made the racecheck run of the collectives' tests outlast its limit.)
 pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
-    let module = Module::load(device, REDUCE)?;
+    let module = Module::load(device, device.ptx_target().reduce_module())?;
     module.warm_once(|module| {
         let stream = Stream::new(device)?;
         let one = LaunchConfig { grid: 1, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 };

@@ -72,7 +72,7 @@ fn gather(ask: AskCuda) -> Result<Facts> {
         }
     }
     if ask == AskCuda::PerPair && opened.iter().any(Option::is_none) {
-        facts.missing_sources.push("CUDA: some devices could not be opened (compute capability below 8.0?)".into());
+        facts.missing_sources.push("CUDA: some devices could not be opened (compute capability below 7.5?)".into());
     }
     nvml_facts(&mut facts);
     linux_facts(&mut facts);

@@ -202,7 +202,7 @@ fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
     if pair.can_access_peer.is_none() {
         return undecided(
             "CUDA did not answer for this pair (a device could not be opened)".into(),
-            "run the probe where both devices can be opened (compute capability 8.0+, not hidden by CUDA_VISIBLE_DEVICES)",
+            "run the probe where both devices can be opened (compute capability 7.5+, not hidden by CUDA_VISIBLE_DEVICES)",
             "cuDeviceCanAccessPeer".into(),
             "cuDeviceCanAccessPeer",
         );

@@ -24,7 +24,7 @@ class UnavailableError(Error):
 
 
 class UnsupportedDeviceError(Error):
-    """A device geforce-p2p cannot use (compute capability below 8.0, no host mapping)."""
+    """A device geforce-p2p cannot use (compute capability below 7.5, no host mapping)."""
 
 
 class InvalidArgumentError(Error, ValueError):
