@@ -7,7 +7,9 @@
 
 mod needs;
 
-pub use needs::{NOT_RUN, Needs, device, gpus, not_run_line, with_stream};
+pub use needs::{
+    NOT_RUN, Needs, SANITIZER_ENV, concurrent_gpus, device, gpus, kernels_serialized, not_run_line, with_stream,
+};
 
 pub use geforce_p2p::cuda::HostGate;
 pub use geforce_p2p::kernels::reference::{

@@ -64,6 +64,26 @@ pub fn gpus<const N: usize>(test: &str) -> Option<[Device; N]> {
     Some(std::array::from_fn(device))
 }
 
+/// Set (by the bundle's runner) to the compute-sanitizer tool a test runs under.
+pub const SANITIZER_ENV: &str = "GP2P_SANITIZER";
+
+/// Why kernels on different GPUs cannot be counted on to run at the same time here, if they
+/// cannot: compute-sanitizer runs one kernel at a time, so a kernel that waits for its
+/// peer's (the line exchange) waits until its timeout.
+pub fn kernels_serialized(sanitizer: Option<&str>) -> Option<String> {
+    sanitizer.filter(|s| !s.is_empty()).map(|tool| format!("compute-sanitizer {tool} runs kernels one at a time"))
+}
+
+/// Like [`gpus`], for a test whose kernels must run at the same time on their GPUs.
+pub fn concurrent_gpus<const N: usize>(test: &str) -> Option<[Device; N]> {
+    let sanitizer = std::env::var(SANITIZER_ENV).ok();
+    if let Some(why) = kernels_serialized(sanitizer.as_deref()) {
+        println!("{}", not_run_line(test, &format!("needs kernels that run at once: {why}")));
+        return None;
+    }
+    gpus::<N>(test)
+}
+
 /// Device `ordinal`, for a helper deep inside a test whose [`needs!`](crate::needs) has
 /// already found it.
 #[allow(clippy::expect_used)] // a test helper: failing is how it reports
@@ -94,6 +114,10 @@ pub fn with_stream(device: Device) -> (Device, Stream) {
 macro_rules! needs {
     (gpus: $n:literal) => {
         $crate::needs!(@open $crate::gpus::<$n>)
+    };
+    // Kernels on the GPUs must run at the same time (each waits for the other's).
+    (gpus: $n:literal, concurrent_kernels) => {
+        $crate::needs!(@open $crate::concurrent_gpus::<$n>)
     };
     // The opener is a parameter so that the unit tests run the macro without a GPU and
     // without printing a not-run line of their own (the runner would count it).
@@ -130,6 +154,16 @@ mod tests {
         assert_eq!(
             Needs::gpus(0).unmet(Err("no CUDA driver".into())).as_deref(),
             Some("needs 0 GPUs, the driver reports none: no CUDA driver")
+        );
+    }
+
+    #[test]
+    fn kernels_are_serialized_only_under_a_sanitizer() {
+        assert_eq!(kernels_serialized(None), None);
+        assert_eq!(kernels_serialized(Some("")), None);
+        assert_eq!(
+            kernels_serialized(Some("memcheck")).as_deref(),
+            Some("compute-sanitizer memcheck runs kernels one at a time")
         );
     }
 

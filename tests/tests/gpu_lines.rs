@@ -41,7 +41,7 @@ fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, s
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_small_all_reduces_take_the_line_exchange_for_every_op_and_dtype() {
     let _serial = gp2p_tests::serial();
-    needs!(gpus: 2);
+    needs!(gpus: 2, concurrent_kernels);
     let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
     let mut seed = 0;
     // Odd lengths around the 16-byte groups; f64 at the last one fills the lines exactly.
@@ -78,7 +78,7 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
     // its own: a chain of sums on one buffer would double each time and reach zero after 32
     // calls, hiding any call after those. (An earlier version computed its expectation with
     // a shift masked to 5 bits and failed for that reason, not the exchange's.)
-    let devices = needs!(gpus: 2);
+    let devices = needs!(gpus: 2, concurrent_kernels);
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
     let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
     let calls = 300;

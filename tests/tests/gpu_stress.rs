@@ -44,6 +44,8 @@ struct DropTime {
     took: Duration,
     runnable: Duration,
     what: &'static str,
+    /// Which of its thread's drops it was (0: the first).
+    nth: usize,
 }
 
 impl DropTime {
@@ -101,7 +103,8 @@ impl Worker<'_> {
             _ => Duration::ZERO,
         };
         let what = std::any::type_name::<T>().rsplit("::").next().unwrap_or("?");
-        self.tally.drops.push(DropTime { took, runnable, what });
+        let nth = self.tally.drops.len();
+        self.tally.drops.push(DropTime { took, runnable, what, nth });
     }
 
     /// A fresh buffer written at once: from a pinned buffer of random data, or by a memset.
@@ -351,8 +354,9 @@ fn random_operations_from_many_threads_without_host_synchronisation() {
     );
     for d in drops.iter().rev().take(5) {
         println!(
-            "stress: slow drop of {}: {:.1} us, {:.1} us of it runnable, waiting for a CPU",
+            "stress: slow drop of {} (its thread's drop #{}): {:.1} us, {:.1} us of it runnable, waiting for a CPU",
             d.what,
+            d.nth,
             us(d.took),
             us(d.runnable)
         );

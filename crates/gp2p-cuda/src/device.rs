@@ -121,6 +121,7 @@ impl Device {
             return Err(Error::Unsupported { ordinal, name: info.name, major, minor });
         }
         let ptx_target = ptx_target_for(&info)?;
+        crate::lifetime::start_reclaimer();
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: `raw` is a valid device handle; out-pointer to a local. The retain is never
         // released: opened devices live for the process, as in the CUDA runtime.

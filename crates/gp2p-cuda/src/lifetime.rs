@@ -268,6 +268,12 @@ fn reclaimer() -> &'static Reclaimer {
     })
 }
 
+/// Start the reclaimer thread now (opening a device does), so that no drop ever waits for
+/// the thread to be spawned.
+pub(crate) fn start_reclaimer() {
+    reclaimer();
+}
+
 /// Release `release` once every point in `points` is complete, on the reclaimer thread.
 /// Never blocks: a drop calls this and returns.
 pub(crate) fn release_after(points: Vec<StreamPoint>, release: Release) {
@@ -303,6 +309,7 @@ pub fn flush_releases() {
 
 fn reclaim_forever(r: &'static Reclaimer) {
     let mut waiting: Vec<Grave> = Vec::new();
+    let mut arrived: Vec<Grave> = Vec::new();
     let mut poll = POLL_MIN;
     loop {
         {
@@ -313,9 +320,12 @@ fn reclaim_forever(r: &'static Reclaimer) {
             } else if queue.graves.is_empty() {
                 r.wake.wait_for(&mut queue, poll);
             }
-            let new = std::mem::take(&mut queue.graves);
-            queue.in_hand += new.len();
-            waiting.extend(new);
+            // Swapped with an emptied vector that keeps its capacity, so a drop's push rarely
+            // allocates (an allocation can wait on the process's memory-map lock, which the
+            // driver holds while it pins host memory).
+            std::mem::swap(&mut queue.graves, &mut arrived);
+            queue.in_hand += arrived.len();
+            waiting.append(&mut arrived);
         }
         let mut settled = Vec::new();
         let mut i = 0;
