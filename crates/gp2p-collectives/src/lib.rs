@@ -78,6 +78,7 @@ pub mod schedule;
 use gp2p_cuda::{Device, DeviceView};
 use gp2p_kernels::reference::Reference;
 use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
+use gp2p_pinned::LineExchange;
 use gp2p_transport::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
 
 pub use error::{Error, Result};
@@ -160,7 +161,12 @@ pub fn all_reduce<T: Element>(
     let len = check_ranks(ranks, "buffer")?;
     let bytes = len * size_of::<T>();
     let devices = devices_of(ranks);
-    if ranks.len() == 2 && bytes > 0 && bytes <= engine.line_exchange_max() && spans_devices(&devices) {
+    if ranks.len() == 2
+        && bytes > 0
+        && bytes <= engine.line_exchange_max()
+        && spans_devices(&devices)
+        && devices.iter().all(LineExchange::supported_on)
+    {
         return engine.exchange_lines(ranks, op);
     }
     let chunk = engine.chunk_for(bytes, &devices);

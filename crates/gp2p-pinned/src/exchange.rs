@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use gp2p_cuda::raw::{self, ExchangeLines};
-use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
+use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, PtxTarget, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes};
 
 use crate::buffer::require_host_mapping;
@@ -66,6 +66,17 @@ impl LineExchange {
                 ),
             });
         }
+        if let Some(device) = devices.iter().find(|d| !LineExchange::supported_on(d)) {
+            return Err(Error::InvalidArgument {
+                name: "devices",
+                reason: format!(
+                    "device {} runs the {} build of the kernels, on which the line exchange is not offered; \
+                     use the DMA exchange (the collectives' default)",
+                    device.ordinal(),
+                    device.ptx_target().name()
+                ),
+            });
+        }
         let half_bytes = exchange_line_bytes(max_bytes.max(1));
         for device in devices {
             require_host_mapping(device)?;
@@ -95,6 +106,15 @@ impl LineExchange {
             last: [None, None],
             start_together: true,
         })
+    }
+
+    /// Whether `device` may take part in a line exchange: only where it runs the compute_80
+    /// build of the kernels. On two H200s with the compute_75 (Turing) build forced, the
+    /// exchange of f64 after an f32 one waited out its timeout every time, with kernels
+    /// whose PTX is identical in both builds; until that is understood, Turing cards take
+    /// the DMA exchange.
+    pub fn supported_on(device: &Device) -> bool {
+        device.ptx_target() >= PtxTarget::Compute80
     }
 
     /// Whether a call whose streams have work queued starts both kernels only once both

@@ -118,13 +118,23 @@ def is_torch_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+_TORCH_DTYPE_NAMES: dict = {}
+
+
 def torch_dtype_name(dtype: Any) -> Optional[str]:
-    """The kernel name of a torch dtype, or None."""
+    """The kernel name of a torch dtype, or None (memoised: torch dtypes are singletons, and
+    this runs for every tensor of every call)."""
+    try:
+        return _TORCH_DTYPE_NAMES[dtype]
+    except KeyError:
+        pass
     text = str(dtype)
+    found = None
     for name, (_, torch_name) in KERNEL_DTYPES.items():
         if text == "torch." + torch_name:
-            return name
-    return None
+            found = name
+    _TORCH_DTYPE_NAMES[dtype] = found
+    return found
 
 
 def torch_dtype(name: str) -> Any:
