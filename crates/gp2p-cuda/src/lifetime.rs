@@ -42,7 +42,11 @@ impl StreamPoint {
     /// Record a point on `stream` (the stream's lock is held, so `seq` follows the driver's
     /// order of records on it).
     pub(crate) fn record(stream: &Stream, seq: u64) -> Result<StreamPoint> {
-        let event = take_pooled_event(stream.device())?;
+        Self::record_with(stream, seq, take_pooled_event(stream.device())?)
+    }
+
+    /// Record a point on `stream` with an event taken earlier (a [`ReservedPoint`]'s).
+    pub(crate) fn record_with(stream: &Stream, seq: u64, event: Event) -> Result<StreamPoint> {
         if let Err(e) = event.record(stream) {
             give_back_event(event);
             return Err(e);
@@ -74,6 +78,40 @@ impl StreamPoint {
     }
 }
 
+/// An event set aside for a [`StreamPoint`] still to be taken ([`Stream::reserve_point`]):
+/// taking the point then makes one driver call, the record, which never waits. Creating an
+/// event can wait for the device to go idle on some drivers, so code that must not stall
+/// between two launches (the line exchange, whose kernels wait for each other) reserves its
+/// points before the first launch. Dropped unused, the event goes back to the pool.
+pub struct ReservedPoint {
+    event: Option<Event>,
+}
+
+impl ReservedPoint {
+    pub(crate) fn new(device: &Device) -> Result<ReservedPoint> {
+        Ok(ReservedPoint { event: Some(take_pooled_event(device)?) })
+    }
+
+    /// The event, for the record (once).
+    pub(crate) fn take(mut self) -> Option<Event> {
+        self.event.take()
+    }
+}
+
+impl Drop for ReservedPoint {
+    fn drop(&mut self) {
+        if let Some(event) = self.event.take() {
+            give_back_event(event);
+        }
+    }
+}
+
+impl std::fmt::Debug for ReservedPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReservedPoint")
+    }
+}
+
 impl std::fmt::Debug for StreamPoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "StreamPoint(stream {} #{} on device {})", self.0.stream, self.0.seq, self.device().ordinal())
@@ -101,7 +139,7 @@ fn take_pooled_event(device: &Device) -> Result<Event> {
     }
 }
 
-fn give_back_event(event: Event) {
+pub(crate) fn give_back_event(event: Event) {
     let device = event.device().clone();
     let mut pool = device.spare_events().lock();
     if pool.len() < MAX_POOLED_EVENTS {

@@ -9,7 +9,7 @@ use cudarc::driver::sys::{self, CUresult, CUstream, CUstream_flags};
 use parking_lot::Mutex;
 
 use crate::driver::{check, take_deferred_error};
-use crate::lifetime::{Release, StreamPoint, release_after};
+use crate::lifetime::{Release, ReservedPoint, StreamPoint, give_back_event, release_after};
 use crate::{Device, Error, Event, EventKind, Result};
 
 /// A raw `CUstream` handle from other CUDA code (PyTorch's `torch.cuda.Stream.cuda_stream`,
@@ -141,6 +141,27 @@ impl Stream {
         let mut count = self.identity.points.lock();
         *count += 1;
         StreamPoint::record(self, *count)
+    }
+
+    /// Set aside an event for a point to be taken on this stream later with
+    /// [`Stream::point_from`], whose only driver call is then the record (see
+    /// [`ReservedPoint`]).
+    pub fn reserve_point(&self) -> Result<ReservedPoint> {
+        ReservedPoint::new(&self.device)
+    }
+
+    /// [`Stream::point`] with an event reserved before. The reservation must come from a
+    /// stream of this device.
+    pub fn point_from(&self, reserved: ReservedPoint) -> Result<StreamPoint> {
+        let Some(event) = reserved.take() else { return self.point() };
+        if event.device() != &self.device {
+            let got = event.device().ordinal();
+            give_back_event(event);
+            return Err(Error::WrongDevice { what: "reserved point", got, expected: self.device.ordinal() });
+        }
+        let mut count = self.identity.points.lock();
+        *count += 1;
+        StreamPoint::record_with(self, *count, event)
     }
 
     /// Make later work on this stream wait (on the GPU) for the work `point` captured. A

@@ -196,6 +196,10 @@ impl LineExchange {
         let seq = next_seq(&mut self.counter);
         let half = ((seq & 1) as usize * self.half_bytes) as u64;
         let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX);
+        // Events for the two points, taken now: between the two launches nothing may wait
+        // for a device (creating an event can, on some drivers, wait for the device to go
+        // idle, which rank 0's kernel does only once rank 1's runs or its timeout passes).
+        let mut reserved = [Some(streams[0].reserve_point()?), Some(streams[1].reserve_point()?)];
         for r in 0..2 {
             let (own, peer) = self.mapped[r];
             let lines = ExchangeLines { out_lines: own + half, in_lines: peer + half, failed: self.failed_mapped[r] };
@@ -208,7 +212,10 @@ impl LineExchange {
             unsafe {
                 raw::exchange(streams[r], bufs[r].raw_ptr(), len, T::DTYPE, op, lines, seq, divide_by, timeout_ns)?
             };
-            let point = streams[r].point()?;
+            let point = match reserved[r].take() {
+                Some(event) => streams[r].point_from(event)?,
+                None => streams[r].point()?,
+            };
             bufs[r].note_use(&point);
             self.lines[0].uses().note(&point);
             self.lines[1].uses().note(&point);
