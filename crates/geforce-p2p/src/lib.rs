@@ -21,7 +21,8 @@
 //! Every facade function returns one [`Error`], whichever layer failed. Memory the GPU may
 //! still use is never freed and drops never block (the lifetime rule of [`cuda::lifetime`]).
 //!
-//! ```
+//! (The example needs a CUDA GPU, so `cargo test` compiles it without running it.)
+//! ```no_run
 //! use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, ops};
 //!
 //! fn demo() -> Result<Vec<f32>, geforce_p2p::Error> {

@@ -20,7 +20,8 @@
 //! work enqueued there later sees the result, and the host does not wait (the first call
 //! on a device with [`Receive::Auto`] measures the two receive paths once, blocking).
 //!
-//! ```
+//! (The example needs a CUDA GPU, so `cargo test` compiles it without running it.)
+//! ```no_run
 //! use gp2p_collectives::{Engine, Rank, Receive, all_reduce};
 //! use gp2p_cuda::{Device, DeviceBuffer, Stream};
 //! use gp2p_kernels::ReduceOp;

@@ -15,7 +15,8 @@
 //!
 //! Not here: deciding chunk sizes or routes (that is `gp2p-transport`), or collectives.
 //!
-//! ```
+//! (The example needs a CUDA GPU, so `cargo test` compiles it without running it.)
+//! ```no_run
 //! use gp2p_cuda::{Device, DeviceBuffer, Stream};
 //! use gp2p_kernels::ReduceOp;
 //! use gp2p_pinned::{PinnedBuffer, reduce_from_host};

@@ -13,7 +13,8 @@
 //! Not here: judging whether a pair's P2P is safe (the probe does that; the facade hands
 //! its verdicts in as a [`PeerPolicy`]), collectives.
 //!
-//! ```
+//! (The example needs a CUDA GPU, so `cargo test` compiles it without running it.)
+//! ```no_run
 //! use gp2p_cuda::{Device, DeviceBuffer, Stream};
 //! use gp2p_transport::{CopyOptions, Route, Transport};
 //!
