@@ -175,6 +175,20 @@ class FakeTorch:
             def is_pinned(self):
                 return self._pinned
 
+            # What torch offers besides .device, read on the hot path.
+            @property
+            def is_cuda(self):
+                return self.device.type == "cuda"
+
+            @property
+            def is_cpu(self):
+                return self.device.type == "cpu"
+
+            def get_device(self):
+                if self.device.type != "cuda":
+                    return -1
+                return 0 if self.device.index is None else self.device.index
+
         m.Tensor = Tensor
         m.device = Device
         m.events = []

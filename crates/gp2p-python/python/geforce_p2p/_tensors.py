@@ -169,7 +169,7 @@ def describe(obj: Any, name: str) -> Tensor:
 
 def _current_raw_stream(torch: Any, device: int) -> int:
     """The handle of `device`'s current torch stream."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return raw(device)
     return torch.cuda.current_stream(device).cuda_stream
