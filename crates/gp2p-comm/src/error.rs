@@ -1,0 +1,157 @@
+//! The error type of gp2p-comm.
+
+use std::time::Duration;
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong while ranks create a communicator.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A unique id that is not one [`UniqueId::to_bytes`](crate::UniqueId::to_bytes) or its
+    /// `Display` made, or one made by another layout version.
+    #[error("malformed unique id: {problem}; pass the id one rank made with UniqueId::new, unchanged")]
+    MalformedId {
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// `/dev/shm` cannot be used on this machine.
+    #[error(
+        "shared memory: {path} is not usable ({source}); mount a tmpfs there (containers: --ipc=host or a shared /dev/shm)"
+    )]
+    NoSharedMemory {
+        /// The path looked at.
+        path: &'static str,
+        /// Why it is not usable.
+        source: std::io::Error,
+    },
+    /// This rank sees another `/dev/shm` than the rank that made the id.
+    #[error(
+        "shared memory: this rank sees /dev/shm as device {here_dev:#x} inode {here_ino}, the unique id was made where it is device {id_dev:#x} inode {id_ino}; every rank must run on one host and share one /dev/shm (containers: --ipc=host or mount the same /dev/shm)"
+    )]
+    OtherSharedMemory {
+        /// Device number of `/dev/shm` seen by this rank.
+        here_dev: u64,
+        /// Inode number of `/dev/shm` seen by this rank.
+        here_ino: u64,
+        /// Device number recorded in the id.
+        id_dev: u64,
+        /// Inode number recorded in the id.
+        id_ino: u64,
+    },
+    /// This rank runs on another host (or boot) than the rank that made the id.
+    #[error(
+        "host: this rank runs on boot id {here}, the unique id was made on boot id {id}; every rank must run on the host that made the id"
+    )]
+    OtherHost {
+        /// Boot id of this host.
+        here: String,
+        /// Boot id recorded in the id.
+        id: String,
+    },
+    /// A world size this crate does not accept.
+    #[error("world: {world} ranks; pass between 1 and {max} ranks")]
+    World {
+        /// The world size passed.
+        world: usize,
+        /// The largest world size supported.
+        max: usize,
+    },
+    /// A rank outside `0..world`.
+    #[error("rank: {rank} is not below the world size {world}; pass a rank in 0..{world}")]
+    Rank {
+        /// The rank passed.
+        rank: usize,
+        /// The world size passed.
+        world: usize,
+    },
+    /// A staging size whose segment would not fit in the address space.
+    #[error("staging bytes: {bytes} plus the {header} bytes of header do not fit in a mapping; pass fewer bytes")]
+    StagingTooLarge {
+        /// The staging size passed.
+        bytes: usize,
+        /// The bytes before the staging area.
+        header: usize,
+    },
+    /// This rank and the segment's creator disagree on the world size.
+    #[error(
+        "world: this rank says {here}, the segment was created for {segment} ranks; every rank must pass the same world size"
+    )]
+    WorldMismatch {
+        /// The world size this rank passed.
+        here: usize,
+        /// The world size the segment was created for.
+        segment: usize,
+    },
+    /// This rank and the segment's creator disagree on the staging size.
+    #[error(
+        "staging bytes: this rank says {here}, the segment was created with {segment}; every rank must pass the same staging size"
+    )]
+    BytesMismatch {
+        /// The staging size this rank passed.
+        here: usize,
+        /// The staging size the segment was created with.
+        segment: usize,
+    },
+    /// Another live process already joined with this rank.
+    #[error(
+        "rank: {rank} already joined this communicator from live process {pid}; every rank must pass a different rank"
+    )]
+    RankTaken {
+        /// The rank passed.
+        rank: usize,
+        /// The process that holds it.
+        pid: i32,
+    },
+    /// Some ranks did not join before the timeout.
+    #[error(
+        "ranks {missing:?} of {world} never joined within {waited:?}; start every rank with the same unique id and world size, or raise the timeout"
+    )]
+    PeersMissing {
+        /// The ranks that never came, in increasing order.
+        missing: Vec<usize>,
+        /// The world size.
+        world: usize,
+        /// How long this rank waited.
+        waited: Duration,
+    },
+    /// A rank that had joined exited before every rank joined.
+    #[error("rank {rank} (process {pid}) exited before every rank joined; restart every rank with a new unique id")]
+    PeerDied {
+        /// The rank that died.
+        rank: usize,
+        /// Its process id.
+        pid: i32,
+    },
+    /// The segment exists but its creator never finished setting it up.
+    #[error(
+        "segment {name}: created but not set up within {waited:?}; its creator may have died: restart every rank with a new unique id"
+    )]
+    CreatorStalled {
+        /// The segment's name.
+        name: String,
+        /// How long this rank waited.
+        waited: Duration,
+    },
+    /// A segment of this name holds something this version does not understand.
+    #[error(
+        "segment {name}: {problem}; it was not made by this version of gp2p-comm: restart every rank with a new unique id"
+    )]
+    Foreign {
+        /// The segment's name.
+        name: String,
+        /// What does not match.
+        problem: String,
+    },
+    /// A system call on the segment failed.
+    #[error("segment {name}: {call} failed: {source}")]
+    Os {
+        /// The segment's name.
+        name: String,
+        /// The call that failed.
+        call: &'static str,
+        /// The error it returned.
+        source: std::io::Error,
+    },
+}

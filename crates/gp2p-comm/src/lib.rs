@@ -1,0 +1,63 @@
+//! The foundation of a communicator for one process per GPU on one host (torchrun, vLLM and
+//! sglang tensor parallelism) on cards without P2P: how the ranks find each other and the
+//! staging memory they share.
+//!
+//! - [`UniqueId`]: made by one rank ([`UniqueId::new`]) and handed by the caller to every
+//!   other rank, as bytes or hex (an environment variable, torch.distributed's store), as
+//!   with `ncclGetUniqueId`. It names the communicator and lets a joining rank check that it
+//!   sees the same `/dev/shm` on the same host.
+//! - [`Segment`]: the communicator's one POSIX shared-memory segment, mode 0600, mapped by
+//!   every rank. [`Segment::join`] takes the id, this process's rank and the world size,
+//!   refuses mismatched sizes and ranks, and returns once every rank has mapped the segment;
+//!   the name is then unlinked, so nothing is left in `/dev/shm`. Segments left by crashed
+//!   runs are removed at the next creation. Only names and offsets cross processes.
+//!
+//! **Not built yet** — this crate is not the communicator, only what it stands on:
+//! registering the segment with the driver (`cuMemHostRegister`, one rank at a time: see
+//! [`Segment::mapping`]); GPU ordering through sequence counters in the segment (nothing on
+//! the host waits for another process once the communicator exists); the collectives
+//! themselves (all_reduce, all_gather, reduce_scatter, broadcast, send/recv); the LL
+//! small-message kernel; CUDA graph capture; the torch.distributed backend and the vLLM /
+//! sglang custom all-reduce object. Joining waits on the host, polling, bounded by a timeout.
+//!
+//! Two ranks, here two threads of one process (in real use, two processes):
+//! ```
+//! use std::time::Duration;
+//! use gp2p_comm::{Error, Segment, UniqueId};
+//!
+//! let id = match UniqueId::new() {
+//!     Ok(id) => id,
+//!     Err(Error::NoSharedMemory { .. }) => return Ok(()), // no /dev/shm on this machine
+//!     Err(e) => return Err(e),
+//! };
+//! // Rank 0 passes `text` to the other ranks, e.g. in an environment variable.
+//! let text = id.to_string();
+//! let staging_bytes = 1 << 20;
+//! let timeout = Duration::from_secs(10);
+//! let (a, b) = std::thread::scope(|s| {
+//!     let rank1 = s.spawn(|| {
+//!         let id: UniqueId = text.parse()?;
+//!         Segment::join(&id, 1, 2, staging_bytes, timeout)
+//!     });
+//!     let a = Segment::join(&id, 0, 2, staging_bytes, timeout);
+//!     (a, rank1.join().expect("rank 1 panicked"))
+//! });
+//! let (a, b) = (a?, b?);
+//! assert_eq!((a.rank(), b.rank(), a.world()), (0, 1, 2));
+//! // Both map the same memory, at different addresses: exchange offsets, not pointers.
+//! a.staging()[7].store(42, std::sync::atomic::Ordering::Release);
+//! assert_eq!(b.staging()[7].load(std::sync::atomic::Ordering::Acquire), 42);
+//! // Every rank has mapped it, so the name is gone from /dev/shm.
+//! assert!(!std::path::Path::new(&format!("/dev/shm{}", a.name())).exists());
+//! # Ok::<(), Error>(())
+//! ```
+
+#![deny(unsafe_code)]
+
+mod error;
+mod id;
+mod segment;
+
+pub use error::{Error, Result};
+pub use id::UniqueId;
+pub use segment::{DEFAULT_JOIN_TIMEOUT, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};
