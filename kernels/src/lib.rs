@@ -155,6 +155,17 @@ pub const fn exchange_line_bytes(bytes: usize) -> usize {
     bytes.div_ceil(EXCHANGE_GROUP_BYTES) * EXCHANGE_GROUP_BYTES / EXCHANGE_LINE_DATA_BYTES * EXCHANGE_LINE_BYTES
 }
 
+/// The next sequence number of an exchange from its call counter: never 0 (the tag of lines
+/// never written), and odd and even in turn, so consecutive calls use different halves of
+/// the lines. Every party of an exchange counts its calls alike, so their numbers agree.
+pub fn next_exchange_seq(counter: &mut u64) -> u32 {
+    *counter += 1;
+    if *counter as u32 == 0 {
+        *counter += 2;
+    }
+    *counter as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +191,10 @@ mod tests {
                 assert!(REDUCE.ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.ptx");
             }
         }
+        assert_eq!(next_exchange_seq(&mut 0), 1, "the first call is never tagged 0");
+        let mut counter = u64::from(u32::MAX) - 2;
+        let seqs: Vec<u32> = (0..4).map(|_| next_exchange_seq(&mut counter)).collect();
+        assert_eq!(seqs, [u32::MAX - 1, u32::MAX, 2, 3], "0 skipped, parity still alternating");
         assert_eq!(exchange_line_bytes(0), 0);
         assert_eq!(exchange_line_bytes(1), 32, "one group of 16 bytes is four lines");
         assert_eq!(exchange_line_bytes(64 << 10), 128 << 10, "lines carry half data");

@@ -154,4 +154,47 @@ pub enum Error {
         /// The error it returned.
         source: std::io::Error,
     },
+    /// The CUDA layer refused or failed (registering the segment, a launch).
+    #[error(transparent)]
+    Cuda(#[from] gp2p_cuda::Error),
+    /// Part of the communicator that is not built yet.
+    #[error("{what} is not built yet; this version runs {supported}")]
+    NotBuiltYet {
+        /// What was asked for.
+        what: String,
+        /// What this version does run.
+        supported: &'static str,
+    },
+    /// A buffer larger than the communicator's small-message path takes.
+    #[error(
+        "buf: {bytes} bytes, more than the {max} bytes this communicator was made for; raise CommOptions::small_max_bytes"
+    )]
+    TooLarge {
+        /// Bytes asked for.
+        bytes: usize,
+        /// The most a call takes.
+        max: usize,
+    },
+    /// A buffer or stream on another device than the communicator's.
+    #[error("{what} is on device {got}, but this rank's communicator is on device {expected}; use this rank's device")]
+    WrongDevice {
+        /// Which argument.
+        what: &'static str,
+        /// Its device.
+        got: usize,
+        /// The communicator's device.
+        expected: usize,
+    },
+    /// An earlier call's kernel gave up waiting for the peer: its result is wrong.
+    #[error(
+        "rank {rank}: a collective before this call waited {timeout:?} for rank {peer} and gave up, so its result is wrong; every rank must make the same calls in the same order, and no rank's stream may fall behind by more than the timeout (CommOptions::peer_timeout)"
+    )]
+    PeerTimeout {
+        /// This rank.
+        rank: usize,
+        /// The rank it waited for.
+        peer: usize,
+        /// How long it waited.
+        timeout: Duration,
+    },
 }

@@ -12,13 +12,17 @@
 //!   the name is then unlinked, so nothing is left in `/dev/shm`. Segments left by crashed
 //!   runs are removed at the next creation. Only names and offsets cross processes.
 //!
-//! **Not built yet** — this crate is not the communicator, only what it stands on:
-//! registering the segment with the driver (`cuMemHostRegister`, one rank at a time: see
-//! [`Segment::mapping`]); GPU ordering through sequence counters in the segment (nothing on
-//! the host waits for another process once the communicator exists); the collectives
-//! themselves (all_reduce, all_gather, reduce_scatter, broadcast, send/recv); the LL
-//! small-message kernel; CUDA graph capture; the torch.distributed backend and the vLLM /
-//! sglang custom all-reduce object. Joining waits on the host, polling, bounded by a timeout.
+//! - [`Communicator`]: one rank on one GPU. It joins the segment, registers it with the
+//!   driver (portable, device-mapped; ranks in turn), and runs the small-message all-reduce
+//!   of two ranks: one kernel per rank on the caller's stream, whose 8-byte lines carry data
+//!   and the call's sequence number (NCCL's LL idea), with a bounded wait for the peer.
+//!
+//! **Not built yet** — more than two ranks; buffers above [`CommOptions::small_max_bytes`]
+//! (the staged DMA pipeline with cache-sized slots); all_gather, reduce_scatter, broadcast,
+//! send/recv; the sequence number kept in device memory, so a captured CUDA graph can be
+//! replayed; the torch.distributed backend and the vLLM / sglang custom all-reduce object.
+//! The communicator's GPU path has not run on a GPU yet (its two-process test is
+//! `tests/tests/gpu_comm.rs`). Joining waits on the host, polling, bounded by a timeout.
 //!
 //! Two ranks, here two threads of one process (in real use, two processes):
 //! ```
@@ -54,10 +58,12 @@
 
 #![deny(unsafe_code)]
 
+mod communicator;
 mod error;
 mod id;
 mod segment;
 
+pub use communicator::{CommOptions, Communicator};
 pub use error::{Error, Result};
 pub use id::UniqueId;
 pub use segment::{DEFAULT_JOIN_TIMEOUT, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};

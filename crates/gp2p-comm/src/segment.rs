@@ -326,6 +326,20 @@ impl Segment {
         }
     }
 
+    /// The aligned `u32` at byte `offset` of the staging area, for counters and flags that
+    /// processes (and their GPUs) share; `None` past the end or unaligned.
+    pub fn staging_u32(&self, offset: usize) -> Option<&AtomicU32> {
+        let end = offset.checked_add(size_of::<u32>())?;
+        if end > self.staging_bytes || offset % align_of::<AtomicU32>() != 0 {
+            return None;
+        }
+        // SAFETY: in bounds and aligned (the staging area starts at a multiple of
+        // STAGING_ALIGN, checked above for the offset); AtomicU32 is valid for any bit pattern,
+        // and other processes touch these bytes only through atomic or device accesses; the
+        // reference borrows `self`, so the mapping outlives it.
+        Some(unsafe { &*self.map.ptr.cast::<u8>().add(self.staging_offset() + offset).cast::<AtomicU32>().as_ptr() })
+    }
+
     /// Start and length of the whole mapping in this process, page-aligned: what the
     /// communicator will register with the driver (`cuMemHostRegister`, portable and
     /// device-mapped), one rank at a time. Not registered by this crate.

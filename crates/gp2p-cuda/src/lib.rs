@@ -65,6 +65,7 @@ mod memory;
 mod module;
 pub mod raw;
 mod reduce;
+mod registered;
 mod stream;
 
 pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes, PTX_TARGET_ENV};
@@ -78,4 +79,5 @@ pub use lifetime::{LastUses, ReservedPoint, StreamPoint};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, out_of_bounds};
 pub use module::{Function, LaunchConfig, Module};
 pub use reduce::{SourceMemory, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config};
+pub use registered::{HostRegistration, MappingOwner};
 pub use stream::{RawStream, Stream, StreamFork};

@@ -233,6 +233,9 @@ pub(crate) enum Release {
     HostMemory { device: Device, ptr: *mut c_void },
     /// `cuStreamDestroy` of an owned stream.
     Stream { device: Device, raw: CUstream },
+    /// `cuMemHostUnregister` of registered host memory, then the drop of the mapping's owner
+    /// (which may unmap it: only once the driver has let go of the pages).
+    HostRegistration { device: Device, ptr: *mut c_void, owner: Option<crate::registered::MappingOwner> },
 }
 
 // SAFETY: the raw handles are owned by the release and used once, by one thread; the driver
@@ -254,6 +257,15 @@ impl Release {
                 // SAFETY: owned stream, destroyed once, after the work enqueued on it.
                 check(unsafe { sys::cuStreamDestroy_v2(raw) }, "cuStreamDestroy")
             }),
+            Release::HostRegistration { device, ptr, owner } => {
+                let result = device.bind().and_then(|()| {
+                    // SAFETY: registered once by its owner, unregistered once, after all recorded
+                    // GPU use; the mapping is still held by `owner`.
+                    check(unsafe { sys::cuMemHostUnregister(ptr) }, "cuMemHostUnregister")
+                });
+                drop(owner);
+                result
+            }
         };
         defer_error(result);
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gp2p_cuda::raw::{self, ExchangeLines};
 use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, PtxTarget, RawDevicePtr, Stream, StreamPoint};
-use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes};
+use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes, next_exchange_seq};
 
 use crate::buffer::require_host_mapping;
 use crate::{Error, Result};
@@ -193,7 +193,7 @@ impl LineExchange {
             streams[0].wait_point(&reached[1])?;
             streams[1].wait_point(&reached[0])?;
         }
-        let seq = next_seq(&mut self.counter);
+        let seq = next_exchange_seq(&mut self.counter);
         let half = ((seq & 1) as usize * self.half_bytes) as u64;
         let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX);
         // Events for the two points, taken now: between the two launches nothing may wait
@@ -240,16 +240,6 @@ impl LineExchange {
     }
 }
 
-/// The next sequence number from `counter`: never 0 (the tag of lines never written), and odd
-/// and even in turn, so consecutive calls use different halves.
-fn next_seq(counter: &mut u64) -> u32 {
-    *counter += 1;
-    if *counter as u32 == 0 {
-        *counter += 2;
-    }
-    *counter as u32
-}
-
 impl std::fmt::Debug for LineExchange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -260,19 +250,5 @@ impl std::fmt::Debug for LineExchange {
             self.max_bytes,
             self.counter
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::next_seq;
-
-    #[test]
-    fn sequence_numbers_alternate_and_skip_zero() {
-        let mut counter = 0;
-        assert_eq!(next_seq(&mut counter), 1, "the first call is never tagged 0");
-        let mut counter = u64::from(u32::MAX) - 2;
-        let seqs: Vec<u32> = (0..4).map(|_| next_seq(&mut counter)).collect();
-        assert_eq!(seqs, [u32::MAX - 1, u32::MAX, 2, 3], "0 skipped, parity still alternating");
     }
 }

@@ -1,0 +1,108 @@
+//! GPU: the one-process-per-GPU communicator, two processes on two GPUs. The test starts as
+//! rank 0, runs itself again as rank 1 (the child selected by GP2P_COMM_TEST_RANK1, which
+//! carries the unique id), and both check every result against a CPU reference: each rank
+//! knows both ranks' inputs, which come from seeds.
+
+// A failing test is how a test reports; unwrap/expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![forbid(unsafe_code)]
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::Command;
+
+use geforce_p2p::{DeviceBuffer, ReduceOp, Stream};
+use gp2p_collectives::{Collective, expected};
+use gp2p_comm::{CommOptions, Communicator, UniqueId};
+use gp2p_tests::{Reference, count_mismatched, device, every_dtype, needs, random};
+
+/// Set in the child: the unique id, as hex.
+const CHILD_ENV: &str = "GP2P_COMM_TEST_RANK1";
+
+/// This process's rank and the communicator's id: rank 1 in the child, else rank 0 with a
+/// child started on `test` (returned, to be waited for).
+fn rank_and_id(test: &str) -> (usize, UniqueId, Option<std::process::Child>) {
+    if let Ok(hex) = std::env::var(CHILD_ENV) {
+        return (1, hex.parse().expect("the parent's unique id"), None);
+    }
+    let id = UniqueId::new().expect("a unique id (is /dev/shm there?)");
+    let exe = std::env::current_exe().unwrap();
+    // The child's output goes to a file, shown only if it fails: its libtest summary must not
+    // reach the runner, which counts summary lines.
+    let log = File::create(child_log()).expect("a log file for rank 1");
+    let child = Command::new(exe)
+        .args([test, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, id.to_string())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting rank 1");
+    (0, id, Some(child))
+}
+
+fn child_log() -> PathBuf {
+    std::env::temp_dir().join(format!("gp2p-comm-rank1-{}.log", std::process::id()))
+}
+
+fn wait_for(child: Option<std::process::Child>) {
+    if let Some(mut child) = child {
+        let ok = child.wait().unwrap().success();
+        let output = std::fs::read_to_string(child_log()).unwrap_or_default();
+        let _ = std::fs::remove_file(child_log());
+        assert!(ok, "rank 1 failed:\n{output}");
+    }
+}
+
+/// One all_reduce per op at odd lengths, enqueued back to back on one stream; results
+/// checked once all are queued.
+fn every_op<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
+    let rank = comm.rank();
+    let max_len = comm.small_max_bytes() / size_of::<T>();
+    let mut cases = Vec::new();
+    for (i, len) in [1usize, 7, 4099, max_len].into_iter().enumerate() {
+        for (j, op) in ReduceOp::ALL.into_iter().enumerate() {
+            let case_seed = seed * 1000 + (i * 10 + j) as u64 * 2;
+            let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, case_seed + r as u64)).collect();
+            let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+            comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+            cases.push((len, op, inputs, buf));
+        }
+    }
+    for (len, op, inputs, buf) in cases {
+        let want = expected(Collective::AllReduce, &inputs, op);
+        let got = buf.to_host_vec(stream).unwrap();
+        let (bad, first) = count_mismatched(&got, &want[rank], op);
+        assert_eq!(bad, 0, "rank {rank} {} {op} len {len}: {}", T::DTYPE, first.join("; "));
+    }
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_back() {
+    let test = "two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_back";
+    let child = std::env::var(CHILD_ENV).is_ok();
+    let _serial = (!child).then(gp2p_tests::serial);
+    if !child {
+        needs!(gpus: 2);
+    }
+    let (rank, id, child) = rank_and_id(test);
+    let dev = device(rank);
+    let stream = Stream::new(&dev).unwrap();
+    let mut comm = Communicator::new(&id, rank, 2, &dev, CommOptions::default()).unwrap();
+    every_dtype!(every_op(&mut comm, &stream, 7));
+    // A thousand calls without host synchronisation, each on a buffer of its own.
+    let len = 333;
+    let mut calls = Vec::new();
+    for c in 0..1000u64 {
+        let inputs: Vec<Vec<u32>> = (0..2).map(|r| random(len, 100_000 + 2 * c + r)).collect();
+        let mut buf = DeviceBuffer::from_host(&stream, &inputs[rank]).unwrap();
+        comm.all_reduce(&mut buf.view_mut(..), &stream, ReduceOp::Sum).unwrap();
+        calls.push((inputs, buf));
+    }
+    for (c, (inputs, buf)) in calls.iter().enumerate() {
+        let want: Vec<u32> = inputs[0].iter().zip(&inputs[1]).map(|(a, b)| a.wrapping_add(*b)).collect();
+        assert!(buf.to_host_vec(&stream).unwrap() == want, "rank {rank} call {c}");
+    }
+    drop(comm);
+    wait_for(child);
+}
