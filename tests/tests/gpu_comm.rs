@@ -106,3 +106,39 @@ fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_ba
     drop(comm);
     wait_for(child);
 }
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout() {
+    let test = "two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout";
+    let child = std::env::var(CHILD_ENV).is_ok();
+    let _serial = (!child).then(gp2p_tests::serial);
+    if !child {
+        needs!(gpus: 2);
+    }
+    let (rank, id, child) = rank_and_id(test);
+    let dev = device(rank);
+    let stream = Stream::new(&dev).unwrap();
+    let timeout = std::time::Duration::from_millis(300);
+    let options = CommOptions { peer_timeout: timeout, ..CommOptions::default() };
+    let mut comm = Communicator::new(&id, rank, 2, &dev, options).unwrap();
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(1000, 90 + r as u64)).collect();
+    let mut buf = DeviceBuffer::from_host(&stream, &inputs[rank]).unwrap();
+    comm.all_reduce(&mut buf.view_mut(..), &stream, ReduceOp::Sum).unwrap();
+    stream.synchronize().unwrap();
+    if rank == 1 {
+        // Rank 1 leaves after one call, as a crashed process would, without a word.
+        std::process::exit(0);
+    }
+    // The shared name was unlinked once both ranks joined: nothing is left in /dev/shm.
+    let path = format!("/dev/shm{}", id.segment_name());
+    assert!(!std::path::Path::new(&path).exists(), "{path} is gone once both ranks joined");
+    let started = std::time::Instant::now();
+    comm.all_reduce(&mut buf.view_mut(..), &stream, ReduceOp::Sum).unwrap();
+    stream.synchronize().unwrap();
+    let waited = started.elapsed();
+    assert!(waited >= timeout && waited < timeout * 10, "the kernel gave up after {waited:?} (timeout {timeout:?})");
+    let err = comm.all_reduce(&mut buf.view_mut(..), &stream, ReduceOp::Sum).unwrap_err();
+    assert!(err.to_string().contains("waited") && err.to_string().contains("rank 1"), "{err}");
+    wait_for(child);
+}
