@@ -39,6 +39,16 @@ use pyo3::prelude::*;
 use crate::args::{self, Memory, MemoryArg, memories};
 use crate::error::Raised;
 
+/// A caller per rank, in rank order: what every collective opens first.
+fn open_all(memories: &[Memory]) -> Result<Vec<Caller>, Raised> {
+    memories.iter().map(Caller::open).collect()
+}
+
+/// The inputs of a gather or scatter as views of `len` elements, input r on caller r's device.
+fn sources_of<'c, T: Element>(callers: &'c [Caller], inputs: &[u64], len: usize) -> Vec<DeviceView<'c, T>> {
+    callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, len)).collect()
+}
+
 /// The callers' memories as ranks of `len` elements, each on its caller's stream.
 fn ranks_of<'c, T: Element>(callers: &'c [Caller], memories: &[Memory], len: usize) -> Vec<Rank<'c, T>> {
     callers.iter().zip(memories).map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, len), stream: &c.stream }).collect()
@@ -288,7 +298,7 @@ pub(crate) fn reduce(
 }
 
 fn all_reduce_t<T: Element>(ranks: &[Memory], len: usize, op: ReduceOp, receive: Receive) -> Result<(), Raised> {
-    let callers = ranks.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let callers = open_all(ranks)?;
     let mut views = ranks_of::<T>(&callers, ranks, len);
     Ok(collectives::all_reduce(geforce_p2p::collectives(), &mut views, op, receive)?)
 }
@@ -314,9 +324,9 @@ pub(crate) fn all_reduce(
 }
 
 fn all_gather_t<T: Element>(inputs: &[u64], in_len: usize, outputs: &[Memory], receive: Receive) -> Result<(), Raised> {
-    let callers = outputs.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let callers = open_all(outputs)?;
     let out_len = args::times("outputs", outputs.len(), in_len)?;
-    let sources: Vec<DeviceView<'_, T>> = callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, in_len)).collect();
+    let sources = sources_of::<T>(&callers, inputs, in_len);
     let mut ranks = ranks_of::<T>(&callers, outputs, out_len);
     Ok(collectives::all_gather(geforce_p2p::collectives(), &sources, &mut ranks, receive)?)
 }
@@ -337,10 +347,7 @@ pub(crate) fn all_gather(
     let run = || -> Result<(), Raised> {
         let (dtype, receive) = (args::dtype(dtype)?, args::receive(transport)?);
         let out_len = args::times("outputs", outputs.len(), in_len)?;
-        args::check_ranks("outputs", &outputs, out_len, dtype)?;
-        args::check_inputs("inputs", &inputs, outputs.len(), in_len, dtype)?;
-        let (ins, outs) = on_devices(&inputs, &outputs);
-        check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)?;
+        check_segmented(&inputs, in_len, &outputs, out_len, dtype)?;
         by_dtype!(dtype, all_gather_t(&inputs, in_len, &outputs, receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
@@ -353,9 +360,9 @@ fn reduce_scatter_t<T: Element>(
     op: ReduceOp,
     receive: Receive,
 ) -> Result<(), Raised> {
-    let callers = outputs.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let callers = open_all(outputs)?;
     let in_len = args::times("inputs", outputs.len(), out_len)?;
-    let sources: Vec<DeviceView<'_, T>> = callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, in_len)).collect();
+    let sources = sources_of::<T>(&callers, inputs, in_len);
     let mut ranks = ranks_of::<T>(&callers, outputs, out_len);
     Ok(collectives::reduce_scatter(geforce_p2p::collectives(), &sources, &mut ranks, op, receive)?)
 }
@@ -377,17 +384,14 @@ pub(crate) fn reduce_scatter(
     let run = || -> Result<(), Raised> {
         let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::receive(transport)?);
         let in_len = args::times("inputs", outputs.len(), out_len)?;
-        args::check_ranks("outputs", &outputs, out_len, dtype)?;
-        args::check_inputs("inputs", &inputs, outputs.len(), in_len, dtype)?;
-        let (ins, outs) = on_devices(&inputs, &outputs);
-        check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)?;
+        check_segmented(&inputs, in_len, &outputs, out_len, dtype)?;
         by_dtype!(dtype, reduce_scatter_t(&inputs, out_len, &outputs, op, receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
 
 fn broadcast_t<T: Element>(ranks: &[Memory], len: usize, root: usize, receive: Receive) -> Result<(), Raised> {
-    let callers = ranks.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let callers = open_all(ranks)?;
     let mut views = ranks_of::<T>(&callers, ranks, len);
     Ok(collectives::broadcast(geforce_p2p::collectives(), &mut views, root, receive)?)
 }
@@ -415,6 +419,22 @@ pub(crate) fn broadcast(
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
 
+/// The checks of a gather or scatter, before any work: one output of `out_len` elements per
+/// device, one input of `in_len` per output (on its device), and no input overlapping an
+/// output.
+fn check_segmented(
+    inputs: &[u64],
+    in_len: usize,
+    outputs: &[Memory],
+    out_len: usize,
+    dtype: DType,
+) -> Result<(), Raised> {
+    args::check_ranks("outputs", outputs, out_len, dtype)?;
+    args::check_inputs("inputs", inputs, outputs.len(), in_len, dtype)?;
+    let (ins, outs) = on_devices(inputs, outputs);
+    check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)
+}
+
 /// Pair each input address with its output's device.
 fn on_devices(inputs: &[u64], outputs: &[Memory]) -> (Vec<Placed>, Vec<Placed>) {
     let ins = inputs.iter().zip(outputs).map(|(&p, m)| (m.device, p)).collect();
@@ -436,6 +456,22 @@ mod tests {
         let err = check_disjoint("inputs", &[(0, 0x100), (1, 0x10c)], 4, "outputs", &[(1, 0x100)], 8, f)
             .expect_err("inputs[1] lies inside outputs[0]");
         assert!(err.message.contains("inputs[1] overlaps outputs[0] on cuda:1"), "{}", err.message);
+    }
+
+    #[test]
+    fn gathers_and_scatters_check_outputs_inputs_and_overlap() {
+        let f = DType::F32;
+        let out = |device, ptr| Memory { device, ptr, stream: 0 };
+        let outputs = [out(0, 0x1000), out(1, 0x1000)];
+        // Inputs of 2 f32 beside outputs of 4: an all_gather over two ranks.
+        assert_eq!(check_segmented(&[0x100, 0x100], 2, &outputs, 4, f), Ok(()), "same address, other device");
+        let missing = check_segmented(&[0x100], 2, &outputs, 4, f).expect_err("one input for two outputs");
+        assert!(missing.message.contains("1 tensors for 2"), "{}", missing.message);
+        let shared = check_segmented(&[0x100, 0x200], 2, &[out(0, 0x1000), out(0, 0x2000)], 4, f)
+            .expect_err("two outputs on one device");
+        assert!(shared.message.contains("outputs[0] and outputs[1] are both on cuda:0"), "{}", shared.message);
+        let inside = check_segmented(&[0x1008, 0x100], 2, &outputs, 4, f).expect_err("inputs[0] inside outputs[0]");
+        assert!(inside.message.contains("inputs[0] overlaps outputs[0] on cuda:0"), "{}", inside.message);
     }
 
     #[test]
