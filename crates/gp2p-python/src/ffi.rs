@@ -297,10 +297,24 @@ pub(crate) fn reduce(
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
 
-fn all_reduce_t<T: Element>(ranks: &[Memory], len: usize, op: ReduceOp, receive: Receive) -> Result<(), Raised> {
+/// The collectives that work in place on one buffer per rank.
+#[derive(Clone, Copy)]
+enum InPlace {
+    AllReduce(ReduceOp),
+    Broadcast { root: usize },
+}
+
+/// Run an in-place collective over the ranks' `len` elements of `T`: all_reduce and
+/// broadcast open their callers and views alike and differ only in the call.
+fn in_place_t<T: Element>(ranks: &[Memory], len: usize, what: InPlace, receive: Receive) -> Result<(), Raised> {
     let callers = open_all(ranks)?;
     let mut views = ranks_of::<T>(&callers, ranks, len);
-    Ok(collectives::all_reduce(geforce_p2p::collectives(), &mut views, op, receive)?)
+    let engine = geforce_p2p::collectives();
+    match what {
+        InPlace::AllReduce(op) => collectives::all_reduce(engine, &mut views, op, receive)?,
+        InPlace::Broadcast { root } => collectives::broadcast(engine, &mut views, root, receive)?,
+    }
+    Ok(())
 }
 
 /// In place: every rank's `len` elements become `op` over all ranks'. One rank per device.
@@ -318,7 +332,7 @@ pub(crate) fn all_reduce(
     let run = || -> Result<(), Raised> {
         let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::receive(transport)?);
         args::check_ranks("tensors", &ranks, len, dtype)?;
-        by_dtype!(dtype, all_reduce_t(&ranks, len, op, receive))
+        by_dtype!(dtype, in_place_t(&ranks, len, InPlace::AllReduce(op), receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
@@ -390,12 +404,6 @@ pub(crate) fn reduce_scatter(
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
 
-fn broadcast_t<T: Element>(ranks: &[Memory], len: usize, root: usize, receive: Receive) -> Result<(), Raised> {
-    let callers = open_all(ranks)?;
-    let mut views = ranks_of::<T>(&callers, ranks, len);
-    Ok(collectives::broadcast(geforce_p2p::collectives(), &mut views, root, receive)?)
-}
-
 /// Every rank's `len` elements become a copy of rank `root`'s. One rank per device.
 #[pyfunction]
 #[pyo3(signature = (dtype, len, ranks, root, transport="auto"))]
@@ -414,7 +422,7 @@ pub(crate) fn broadcast(
         if root >= ranks.len() {
             return Err(Raised::argument("root", format!("{root} is out of range for {} tensors", ranks.len())));
         }
-        by_dtype!(dtype, broadcast_t(&ranks, len, root, receive))
+        by_dtype!(dtype, in_place_t(&ranks, len, InPlace::Broadcast { root }, receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
