@@ -258,9 +258,7 @@ pub(crate) fn reduce_from_host(
 ) -> PyResult<()> {
     let dst = Memory::from(dst);
     let run = || -> Result<(), Raised> {
-        let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
-        args::check_range("dst", dst.ptr, len, dtype)?;
-        args::check_range("src", src, len, dtype)?;
+        let (dtype, op) = reduce_args(dtype, op, &dst, src, len)?;
         by_dtype!(dtype, reduce_from_host_t(&dst, src, len, op, divide_by))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
@@ -288,9 +286,7 @@ pub(crate) fn reduce(
 ) -> PyResult<()> {
     let dst = Memory::from(dst);
     let run = || -> Result<(), Raised> {
-        let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
-        args::check_range("dst", dst.ptr, len, dtype)?;
-        args::check_range("src", src, len, dtype)?;
+        let (dtype, op) = reduce_args(dtype, op, &dst, src, len)?;
         check_disjoint("src", &[(dst.device, src)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
         by_dtype!(dtype, reduce_t(&dst, src, len, op, divide_by))
     };
@@ -443,6 +439,15 @@ fn check_segmented(
     check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)
 }
 
+/// The checks both reduces make before any work: dtype and op known, `dst` and `src` valid
+/// ranges of `len` elements.
+fn reduce_args(dtype: &str, op: &str, dst: &Memory, src: u64, len: usize) -> Result<(DType, ReduceOp), Raised> {
+    let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
+    args::check_range("dst", dst.ptr, len, dtype)?;
+    args::check_range("src", src, len, dtype)?;
+    Ok((dtype, op))
+}
+
 /// Pair each input address with its output's device.
 fn on_devices(inputs: &[u64], outputs: &[Memory]) -> (Vec<Placed>, Vec<Placed>) {
     let ins = inputs.iter().zip(outputs).map(|(&p, m)| (m.device, p)).collect();
@@ -480,6 +485,19 @@ mod tests {
         assert!(shared.message.contains("outputs[0] and outputs[1] are both on cuda:0"), "{}", shared.message);
         let inside = check_segmented(&[0x1008, 0x100], 2, &outputs, 4, f).expect_err("inputs[0] inside outputs[0]");
         assert!(inside.message.contains("inputs[0] overlaps outputs[0] on cuda:0"), "{}", inside.message);
+    }
+
+    #[test]
+    fn reduces_check_dtype_op_and_both_ranges() {
+        let dst = Memory { device: 0, ptr: 0x1000, stream: 0 };
+        assert!(reduce_args("f32", "sum", &dst, 0x2000, 4).is_ok());
+        assert!(reduce_args("f31", "sum", &dst, 0x2000, 4).is_err(), "unknown dtype");
+        assert!(reduce_args("f32", "plus", &dst, 0x2000, 4).is_err(), "unknown op");
+        let src = reduce_args("f32", "sum", &dst, 0x2001, 4).expect_err("src not aligned to f32");
+        assert!(src.message.contains("src"), "{}", src.message);
+        let dst = Memory { ptr: 0x1001, ..dst };
+        let refused = reduce_args("f32", "sum", &dst, 0x2000, 4).expect_err("dst not aligned to f32");
+        assert!(refused.message.contains("dst"), "{}", refused.message);
     }
 
     #[test]
