@@ -66,28 +66,22 @@ class HostArray:
         self.__array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (_address(4096), False), "version": 3}
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+# The DLPack structs are the library's own (geforce_p2p._tensors): a second copy here would
+# only test that two copies agree. test_dlpack_structs_have_dlpacks_layout checks the
+# library's against the offsets of dlpack.h instead, and the GPU tests against torch.
+_DLDevice, _DLDataType, _DLManagedTensor = _tensors._DLDevice, _tensors._DLDataType, _tensors._DLManagedTensor
 
 
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+@pytest.mark.skipif(ctypes.sizeof(ctypes.c_void_p) != 8, reason="the offsets below are those of a 64-bit build")
+def test_dlpack_structs_have_dlpacks_layout():
+    # (field, byte offset) as dlpack.h lays out DLTensor and DLManagedTensor on 64-bit.
+    tensor = [("data", 0), ("device", 8), ("ndim", 16), ("dtype", 20), ("shape", 24), ("strides", 32), ("byte_offset", 40)]
+    for field, at in tensor:
+        assert getattr(_tensors._DLTensor, field).offset == at, field
+    assert ctypes.sizeof(_tensors._DLTensor) == 48
+    for field, at in [("dl_tensor", 0), ("manager_ctx", 48), ("deleter", 56)]:
+        assert getattr(_DLManagedTensor, field).offset == at, field
+    assert (ctypes.sizeof(_DLDevice), ctypes.sizeof(_DLDataType)) == (8, 4)
 
 
 class DLPackArray:
@@ -383,14 +377,14 @@ def test_collective_refusals_name_the_argument(native):
         (lambda: gp.broadcast([x0, x1], root=2), ValueError, "root"),
         (lambda: gp.all_gather([x0, x1], [CudaArray((12,), device=0)]), ValueError, "inputs: 2 tensors for 1"),
         (lambda: gp.all_gather([x0, x1], [CudaArray((11,), device=0), CudaArray((11,), device=1)]), ValueError,
-         r"outputs\[0\]: 11 elements, expected 12"),
+         r"outputs\[0\]: 11 elements, expected 12 \(2 inputs of 6\)"),
         (lambda: gp.all_gather([x0, x1], [CudaArray((12,), device=1), CudaArray((12,), device=0)]), ValueError,
          r"inputs\[0\]: on cuda:0, but outputs\[0\] is on cuda:1"),
         (lambda: gp.all_gather([CudaArray((6,), device=0, ptr=0x10000), x1],
                                [CudaArray((12,), device=0, ptr=0x10000 - 8), CudaArray((12,), device=1)]),
          ValueError, "overlaps"),
         (lambda: gp.reduce_scatter([x0, x1], [CudaArray((4,), device=0), CudaArray((4,), device=1)]), ValueError,
-         r"inputs\[0\]: 6 elements, expected 8"),
+         r"inputs\[0\]: 6 elements, expected 8 \(2 outputs of 4\)"),
     ]
     for call, kind, words in refusals:
         with pytest.raises(kind, match=words):

@@ -53,6 +53,11 @@ fn every_fixture_renders_or_is_refused_with_exit_1() {
                 assert_eq!(out.status.code(), Some(0), "{name}: {stderr}");
                 assert!(stdout.starts_with("geforce-p2p probe\n"), "{name}: {stdout}");
                 assert!(!stdout.contains('\u{1b}'), "{name}: raw escape on output");
+                // The device table and pair matrix are drawn like the CLI's tables: a header
+                // that starts with a space, data rows that start with spaces then a number.
+                assert!(stdout.contains("\n #  name "), "{name}: no device table header: {stdout}");
+                assert!(stdout.lines().any(|l| l.starts_with(' ') && l.trim_start().starts_with('0')), "{name}");
+                assert!(stdout.lines().all(|l| l == l.trim_end()), "{name}: trailing spaces: {stdout}");
             }
         }
     }

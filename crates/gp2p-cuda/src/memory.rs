@@ -126,7 +126,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// # Panics
     /// Like slice indexing, when the range is out of bounds or decreasing.
     pub fn view(&self, range: impl RangeBounds<usize> + std::fmt::Debug) -> DeviceView<'_, T> {
-        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        let (start, len) = index_range(&range, self.len);
         self.view_at(start, len)
     }
 
@@ -135,7 +135,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// # Panics
     /// Like slice indexing, when the range is out of bounds or decreasing.
     pub fn view_mut(&mut self, range: impl RangeBounds<usize> + std::fmt::Debug) -> DeviceViewMut<'_, T> {
-        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        let (start, len) = index_range(&range, self.len);
         self.view_mut_at(start, len)
     }
 
@@ -319,7 +319,7 @@ impl<'a, T: Element> DeviceView<'a, T> {
     /// # Panics
     /// Like slice indexing, when the range is out of bounds or decreasing.
     pub fn slice(&self, range: impl RangeBounds<usize> + std::fmt::Debug) -> DeviceView<'a, T> {
-        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        let (start, len) = index_range(&range, self.len);
         DeviceView {
             device: self.device.clone(),
             ptr: offset::<T>(self.ptr, start),
@@ -366,7 +366,7 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
     /// # Panics
     /// Like slice indexing, when the range is out of bounds or decreasing.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize> + std::fmt::Debug) -> DeviceViewMut<'_, T> {
-        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        let (start, len) = index_range(&range, self.len);
         DeviceViewMut {
             device: self.device.clone(),
             ptr: offset::<T>(self.ptr, start),
@@ -492,6 +492,14 @@ pub fn checked_range(range: &impl RangeBounds<usize>, len: usize) -> Option<(usi
     (start <= end && end <= len).then(|| (start, end - start))
 }
 
+/// Resolve `range` against `len` elements as slice indexing does, panicking like it (with
+/// [`out_of_bounds`]) when the range is out of bounds or decreasing: the one range check of
+/// every `view`/`slice` of device and pinned memory.
+#[track_caller]
+pub fn index_range(range: &(impl RangeBounds<usize> + std::fmt::Debug), len: usize) -> (usize, usize) {
+    checked_range(range, len).unwrap_or_else(|| out_of_bounds(range, len))
+}
+
 /// The panic of an out-of-bounds range, worded like the standard library's.
 #[track_caller]
 pub fn out_of_bounds(range: &impl std::fmt::Debug, len: usize) -> ! {
@@ -526,5 +534,18 @@ mod tests {
     #[should_panic(expected = "range 90..200 out of bounds for a buffer or view of 100 elements")]
     fn out_of_bounds_names_the_range_and_the_length() {
         out_of_bounds(&(90..200), 100);
+    }
+
+    #[test]
+    fn index_range_resolves_what_checked_range_accepts() {
+        assert_eq!(index_range(&(3..7), 10), (3, 4));
+        assert_eq!(index_range(&(10..), 10), (10, 0));
+        assert_eq!(index_range(&.., 0), (0, 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "range 4..=10 out of bounds for a buffer or view of 10 elements")]
+    fn index_range_panics_on_what_checked_range_refuses() {
+        index_range(&(4..=10), 10);
     }
 }

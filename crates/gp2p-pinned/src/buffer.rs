@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::ops::RangeBounds;
 
 use gp2p_cuda::raw;
-use gp2p_cuda::{Device, HostAllocation, RawDevicePtr, StreamPoint, checked_range, out_of_bounds};
+use gp2p_cuda::{Device, HostAllocation, RawDevicePtr, StreamPoint, index_range};
 use gp2p_kernels::Element;
 
 use crate::{Error, Result};
@@ -87,7 +87,7 @@ impl<T: Element> PinnedBuffer<T> {
     /// # Panics
     /// Like slice indexing, when the range is out of bounds or decreasing.
     pub fn view(&self, range: impl RangeBounds<usize> + std::fmt::Debug) -> PinnedView<'_, T> {
-        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        let (start, len) = index_range(&range, self.len);
         PinnedView { alloc: &self.alloc, offset: start * size_of::<T>(), len, _marker: PhantomData }
     }
 
@@ -96,7 +96,7 @@ impl<T: Element> PinnedBuffer<T> {
     /// # Panics
     /// Like slice indexing, when the range is out of bounds or decreasing.
     pub fn view_mut(&mut self, range: impl RangeBounds<usize> + std::fmt::Debug) -> PinnedViewMut<'_, T> {
-        let (start, len) = checked_range(&range, self.len).unwrap_or_else(|| out_of_bounds(&range, self.len));
+        let (start, len) = index_range(&range, self.len);
         PinnedViewMut { alloc: &self.alloc, offset: start * size_of::<T>(), len, _marker: PhantomData }
     }
 

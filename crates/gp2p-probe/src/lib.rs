@@ -16,7 +16,8 @@
 //!    [`verdicts_if_on`] judges every pair as if CUDA offered P2P: what a copy engine needs
 //!    before it lets `Route::Auto` take it.
 //! 3. [`Report`]: a table for people, JSON for bug reports; [`load`] re-reads saved facts
-//!    and refuses ones that contradict themselves.
+//!    and refuses ones that contradict themselves. [`table`] draws its tables (and the
+//!    CLI's, so that all of gp2p's tables look alike).
 //!
 //! Not here: measuring links (the CLI's `gp2p probe --measure` joins the transport), acting
 //! on the verdicts (the facade hands them to the transport), or changing anything on the
@@ -45,6 +46,7 @@ pub mod facts;
 pub mod parse;
 mod patch;
 mod report;
+pub mod table;
 mod verdict;
 
 pub use branches::{BAR1_PER_ALLOCATION_BRANCH, Branch, PATCH_BRANCHES};

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::facts::{Facts, ModuleFlavour, PairFacts};
 use crate::patch::patch_state;
+use crate::table::table;
 use crate::verdict::{PatchOutlook, RULES, Verdict, gib, verdicts};
 
 /// Facts and the verdicts drawn from them.
@@ -70,10 +71,9 @@ impl Report {
             let _ = writeln!(out, "virtual machine: {}", shown(vm));
         }
         let _ = writeln!(out);
-        let _ = writeln!(
-            out,
-            "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:>10}  {:<16} {:<14} {:<10} bus",
-            "#", "name", "cc", "VRAM", "BAR1", "BAR1 max", "PCIe cur/max", "brand/arch", "iommu"
+        let mut devices = table(
+            &["#", "name", "cc", "VRAM", "BAR1", "BAR1 max", "PCIe cur/max", "brand/arch", "iommu", "bus"],
+            &["name", "PCIe cur/max", "brand/arch", "iommu", "bus"],
         );
         for d in &f.devices {
             let bar1 = d.bar1_bytes.map_or("?".into(), gib);
@@ -87,21 +87,20 @@ impl Report {
                 format!("{}.0 x{} / {}.0 x{}", p.current_gen, p.current_width, p.max_gen, p.max_width)
             });
             let brand = format!("{}/{}", d.brand.as_deref().unwrap_or("?"), d.architecture.as_deref().unwrap_or("?"));
-            let _ = writeln!(
-                out,
-                "{:>3}  {:<28} {:>4}  {:>10}  {:>10}  {:>10}  {:<16} {:<14} {:<10} {}",
-                d.ordinal,
-                shown(&d.name),
+            devices.add_row(vec![
+                d.ordinal.to_string(),
+                shown(&d.name).into_owned(),
                 format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
                 gib(d.vram_bytes),
                 bar1,
                 bar1_max,
                 pcie,
-                shown(&brand),
-                shown(d.iommu_group_type.as_deref().unwrap_or("?")),
-                shown(&d.pci_bus_id)
-            );
+                shown(&brand).into_owned(),
+                shown(d.iommu_group_type.as_deref().unwrap_or("?")).into_owned(),
+                shown(&d.pci_bus_id).into_owned(),
+            ]);
         }
+        let _ = writeln!(out, "{}", devices.trim_fmt());
         let _ = writeln!(out);
         if self.verdicts.is_empty() {
             let _ = writeln!(out, "{} device(s): no pairs to check (P2P needs two devices)", f.devices.len());
@@ -119,23 +118,23 @@ impl Report {
 
     fn render_matrix(&self, out: &mut String) {
         let ordinals: Vec<usize> = self.facts.devices.iter().map(|d| d.ordinal).collect();
-        let _ = write!(out, "pairs (row reads column)\n      ");
-        for b in &ordinals {
-            let _ = write!(out, "{b:>7}");
-        }
-        let _ = writeln!(out);
+        let _ = writeln!(out, "pairs (row reads column)");
+        // The corner cell is empty: the header is the column devices, the first cell of a
+        // row its row device.
+        let header: Vec<String> =
+            std::iter::once(String::new()).chain(ordinals.iter().map(|b| b.to_string())).collect();
+        let mut matrix = table(&header.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
         for &a in &ordinals {
-            let _ = write!(out, "{a:>6}");
-            for &b in &ordinals {
-                let code = if a == b {
+            let codes = ordinals.iter().map(|&b| {
+                if a == b {
                     "X".to_owned()
                 } else {
                     self.verdicts.iter().find(|v| v.a == a && v.b == b).map_or("-".into(), |v| v.code.clone())
-                };
-                let _ = write!(out, "{code:>7}");
-            }
-            let _ = writeln!(out);
+                }
+            });
+            matrix.add_row(std::iter::once(a.to_string()).chain(codes).collect::<Vec<_>>());
         }
+        let _ = writeln!(out, "{}", matrix.trim_fmt());
         let _ = writeln!(
             out,
             "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | PFAIL the patch is in effect, cause not shown | WDDM, MIX, VM, ARCH: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"

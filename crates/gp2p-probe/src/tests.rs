@@ -808,3 +808,21 @@ proptest! {
         prop_assert!(crate::verdicts_if_on(&facts).iter().all(|v| v.on.is_some()));
     }
 }
+
+#[test]
+fn device_table_and_pair_matrix_are_drawn_like_the_cli_tables() {
+    // The look of `crate::table`: no borders, numbers right, text left, no trailing spaces.
+    let text = Report::new(load_fixture("4090-pair-patched-565.json")).render();
+    let expected = "\
+ #  name                      cc      VRAM      BAR1  BAR1 max  PCIe cur/max       brand/arch      iommu     bus
+ 0  NVIDIA GeForce RTX 4090  8.9  23.6 GiB  32.0 GiB         ?  4.0 x16 / 4.0 x16  GeForceRTX/Ada  identity  0000:01:00.0
+ 1  NVIDIA GeForce RTX 4090  8.9  23.6 GiB  32.0 GiB         ?  4.0 x16 / 4.0 x16  GeForceRTX/Ada  identity  0000:41:00.0
+
+pairs (row reads column)
+     0   1
+ 0   X  OK
+ 1  OK   X
+legend: ";
+    assert!(text.contains(expected), "{text}");
+    assert!(text.lines().all(|line| line == line.trim_end()), "trailing spaces:\n{text}");
+}

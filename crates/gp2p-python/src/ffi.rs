@@ -39,6 +39,16 @@ use pyo3::prelude::*;
 use crate::args::{self, Memory, MemoryArg, memories};
 use crate::error::Raised;
 
+/// A caller per rank, in rank order: what every collective opens first.
+fn open_all(memories: &[Memory]) -> Result<Vec<Caller>, Raised> {
+    memories.iter().map(Caller::open).collect()
+}
+
+/// The inputs of a gather or scatter as views of `len` elements, input r on caller r's device.
+fn sources_of<'c, T: Element>(callers: &'c [Caller], inputs: &[u64], len: usize) -> Vec<DeviceView<'c, T>> {
+    callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, len)).collect()
+}
+
 /// The callers' memories as ranks of `len` elements, each on its caller's stream.
 fn ranks_of<'c, T: Element>(callers: &'c [Caller], memories: &[Memory], len: usize) -> Vec<Rank<'c, T>> {
     callers.iter().zip(memories).map(|(c, m)| Rank { buffer: c.view_mut::<T>(m.ptr, len), stream: &c.stream }).collect()
@@ -248,9 +258,7 @@ pub(crate) fn reduce_from_host(
 ) -> PyResult<()> {
     let dst = Memory::from(dst);
     let run = || -> Result<(), Raised> {
-        let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
-        args::check_range("dst", dst.ptr, len, dtype)?;
-        args::check_range("src", src, len, dtype)?;
+        let (dtype, op) = reduce_args(dtype, op, &dst, src, len)?;
         by_dtype!(dtype, reduce_from_host_t(&dst, src, len, op, divide_by))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
@@ -278,19 +286,31 @@ pub(crate) fn reduce(
 ) -> PyResult<()> {
     let dst = Memory::from(dst);
     let run = || -> Result<(), Raised> {
-        let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
-        args::check_range("dst", dst.ptr, len, dtype)?;
-        args::check_range("src", src, len, dtype)?;
+        let (dtype, op) = reduce_args(dtype, op, &dst, src, len)?;
         check_disjoint("src", &[(dst.device, src)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
         by_dtype!(dtype, reduce_t(&dst, src, len, op, divide_by))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
 
-fn all_reduce_t<T: Element>(ranks: &[Memory], len: usize, op: ReduceOp, receive: Receive) -> Result<(), Raised> {
-    let callers = ranks.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+/// The collectives that work in place on one buffer per rank.
+#[derive(Clone, Copy)]
+enum InPlace {
+    AllReduce(ReduceOp),
+    Broadcast { root: usize },
+}
+
+/// Run an in-place collective over the ranks' `len` elements of `T`: all_reduce and
+/// broadcast open their callers and views alike and differ only in the call.
+fn in_place_t<T: Element>(ranks: &[Memory], len: usize, what: InPlace, receive: Receive) -> Result<(), Raised> {
+    let callers = open_all(ranks)?;
     let mut views = ranks_of::<T>(&callers, ranks, len);
-    Ok(collectives::all_reduce(geforce_p2p::collectives(), &mut views, op, receive)?)
+    let engine = geforce_p2p::collectives();
+    match what {
+        InPlace::AllReduce(op) => collectives::all_reduce(engine, &mut views, op, receive)?,
+        InPlace::Broadcast { root } => collectives::broadcast(engine, &mut views, root, receive)?,
+    }
+    Ok(())
 }
 
 /// In place: every rank's `len` elements become `op` over all ranks'. One rank per device.
@@ -308,15 +328,15 @@ pub(crate) fn all_reduce(
     let run = || -> Result<(), Raised> {
         let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::receive(transport)?);
         args::check_ranks("tensors", &ranks, len, dtype)?;
-        by_dtype!(dtype, all_reduce_t(&ranks, len, op, receive))
+        by_dtype!(dtype, in_place_t(&ranks, len, InPlace::AllReduce(op), receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
 
 fn all_gather_t<T: Element>(inputs: &[u64], in_len: usize, outputs: &[Memory], receive: Receive) -> Result<(), Raised> {
-    let callers = outputs.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let callers = open_all(outputs)?;
     let out_len = args::times("outputs", outputs.len(), in_len)?;
-    let sources: Vec<DeviceView<'_, T>> = callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, in_len)).collect();
+    let sources = sources_of::<T>(&callers, inputs, in_len);
     let mut ranks = ranks_of::<T>(&callers, outputs, out_len);
     Ok(collectives::all_gather(geforce_p2p::collectives(), &sources, &mut ranks, receive)?)
 }
@@ -337,10 +357,7 @@ pub(crate) fn all_gather(
     let run = || -> Result<(), Raised> {
         let (dtype, receive) = (args::dtype(dtype)?, args::receive(transport)?);
         let out_len = args::times("outputs", outputs.len(), in_len)?;
-        args::check_ranks("outputs", &outputs, out_len, dtype)?;
-        args::check_inputs("inputs", &inputs, outputs.len(), in_len, dtype)?;
-        let (ins, outs) = on_devices(&inputs, &outputs);
-        check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)?;
+        check_segmented(&inputs, in_len, &outputs, out_len, dtype)?;
         by_dtype!(dtype, all_gather_t(&inputs, in_len, &outputs, receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
@@ -353,9 +370,9 @@ fn reduce_scatter_t<T: Element>(
     op: ReduceOp,
     receive: Receive,
 ) -> Result<(), Raised> {
-    let callers = outputs.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
+    let callers = open_all(outputs)?;
     let in_len = args::times("inputs", outputs.len(), out_len)?;
-    let sources: Vec<DeviceView<'_, T>> = callers.iter().zip(inputs).map(|(c, &p)| c.view::<T>(p, in_len)).collect();
+    let sources = sources_of::<T>(&callers, inputs, in_len);
     let mut ranks = ranks_of::<T>(&callers, outputs, out_len);
     Ok(collectives::reduce_scatter(geforce_p2p::collectives(), &sources, &mut ranks, op, receive)?)
 }
@@ -377,19 +394,10 @@ pub(crate) fn reduce_scatter(
     let run = || -> Result<(), Raised> {
         let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::receive(transport)?);
         let in_len = args::times("inputs", outputs.len(), out_len)?;
-        args::check_ranks("outputs", &outputs, out_len, dtype)?;
-        args::check_inputs("inputs", &inputs, outputs.len(), in_len, dtype)?;
-        let (ins, outs) = on_devices(&inputs, &outputs);
-        check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)?;
+        check_segmented(&inputs, in_len, &outputs, out_len, dtype)?;
         by_dtype!(dtype, reduce_scatter_t(&inputs, out_len, &outputs, op, receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
-}
-
-fn broadcast_t<T: Element>(ranks: &[Memory], len: usize, root: usize, receive: Receive) -> Result<(), Raised> {
-    let callers = ranks.iter().map(Caller::open).collect::<Result<Vec<_>, _>>()?;
-    let mut views = ranks_of::<T>(&callers, ranks, len);
-    Ok(collectives::broadcast(geforce_p2p::collectives(), &mut views, root, receive)?)
 }
 
 /// Every rank's `len` elements become a copy of rank `root`'s. One rank per device.
@@ -410,9 +418,34 @@ pub(crate) fn broadcast(
         if root >= ranks.len() {
             return Err(Raised::argument("root", format!("{root} is out of range for {} tensors", ranks.len())));
         }
-        by_dtype!(dtype, broadcast_t(&ranks, len, root, receive))
+        by_dtype!(dtype, in_place_t(&ranks, len, InPlace::Broadcast { root }, receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
+}
+
+/// The checks of a gather or scatter, before any work: one output of `out_len` elements per
+/// device, one input of `in_len` per output (on its device), and no input overlapping an
+/// output.
+fn check_segmented(
+    inputs: &[u64],
+    in_len: usize,
+    outputs: &[Memory],
+    out_len: usize,
+    dtype: DType,
+) -> Result<(), Raised> {
+    args::check_ranks("outputs", outputs, out_len, dtype)?;
+    args::check_inputs("inputs", inputs, outputs.len(), in_len, dtype)?;
+    let (ins, outs) = on_devices(inputs, outputs);
+    check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)
+}
+
+/// The checks both reduces make before any work: dtype and op known, `dst` and `src` valid
+/// ranges of `len` elements.
+fn reduce_args(dtype: &str, op: &str, dst: &Memory, src: u64, len: usize) -> Result<(DType, ReduceOp), Raised> {
+    let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
+    args::check_range("dst", dst.ptr, len, dtype)?;
+    args::check_range("src", src, len, dtype)?;
+    Ok((dtype, op))
 }
 
 /// Pair each input address with its output's device.
@@ -436,6 +469,35 @@ mod tests {
         let err = check_disjoint("inputs", &[(0, 0x100), (1, 0x10c)], 4, "outputs", &[(1, 0x100)], 8, f)
             .expect_err("inputs[1] lies inside outputs[0]");
         assert!(err.message.contains("inputs[1] overlaps outputs[0] on cuda:1"), "{}", err.message);
+    }
+
+    #[test]
+    fn gathers_and_scatters_check_outputs_inputs_and_overlap() {
+        let f = DType::F32;
+        let out = |device, ptr| Memory { device, ptr, stream: 0 };
+        let outputs = [out(0, 0x1000), out(1, 0x1000)];
+        // Inputs of 2 f32 beside outputs of 4: an all_gather over two ranks.
+        assert_eq!(check_segmented(&[0x100, 0x100], 2, &outputs, 4, f), Ok(()), "same address, other device");
+        let missing = check_segmented(&[0x100], 2, &outputs, 4, f).expect_err("one input for two outputs");
+        assert!(missing.message.contains("1 tensors for 2"), "{}", missing.message);
+        let shared = check_segmented(&[0x100, 0x200], 2, &[out(0, 0x1000), out(0, 0x2000)], 4, f)
+            .expect_err("two outputs on one device");
+        assert!(shared.message.contains("outputs[0] and outputs[1] are both on cuda:0"), "{}", shared.message);
+        let inside = check_segmented(&[0x1008, 0x100], 2, &outputs, 4, f).expect_err("inputs[0] inside outputs[0]");
+        assert!(inside.message.contains("inputs[0] overlaps outputs[0] on cuda:0"), "{}", inside.message);
+    }
+
+    #[test]
+    fn reduces_check_dtype_op_and_both_ranges() {
+        let dst = Memory { device: 0, ptr: 0x1000, stream: 0 };
+        assert!(reduce_args("f32", "sum", &dst, 0x2000, 4).is_ok());
+        assert!(reduce_args("f31", "sum", &dst, 0x2000, 4).is_err(), "unknown dtype");
+        assert!(reduce_args("f32", "plus", &dst, 0x2000, 4).is_err(), "unknown op");
+        let src = reduce_args("f32", "sum", &dst, 0x2001, 4).expect_err("src not aligned to f32");
+        assert!(src.message.contains("src"), "{}", src.message);
+        let dst = Memory { ptr: 0x1001, ..dst };
+        let refused = reduce_args("f32", "sum", &dst, 0x2000, 4).expect_err("dst not aligned to f32");
+        assert!(refused.message.contains("dst"), "{}", refused.message);
     }
 
     #[test]

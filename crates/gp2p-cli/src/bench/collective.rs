@@ -250,7 +250,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
 }
 
 /// nccl-tests' columns, one row per size.
-fn rows_table(rows: &[Row]) -> comfy_table::Table {
+fn rows_table(rows: &[Row]) -> crate::table::Table {
     let mut t = table(
         &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", "ratio", "enqueue us", "#wrong"],
         &[],

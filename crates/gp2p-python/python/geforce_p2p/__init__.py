@@ -13,7 +13,7 @@ Errors of the library are ``geforce_p2p.Error`` subclasses (``UnavailableError``
 driver or device); bad arguments raise ``TypeError`` or ``ValueError`` naming the argument.
 """
 
-from . import ops
+from . import _errors, ops
 from ._api import all_gather, all_reduce, broadcast, copy, copy_, device_count, reduce_scatter
 from ._errors import CudaError, Error, InvalidArgumentError, NotPinnedError, UnavailableError, UnsupportedDeviceError
 from ._native import __version__
@@ -32,11 +32,7 @@ __all__ = [
     "device_count",
     "ops",
     "supported_torch_dtypes",
-    "Error",
-    "UnavailableError",
-    "UnsupportedDeviceError",
-    "InvalidArgumentError",
-    "NotPinnedError",
-    "CudaError",
+    # The exceptions, named once (in _errors, where the native module looks them up).
+    *_errors.__all__,
     "__version__",
 ]

@@ -166,16 +166,21 @@ def _paired(inputs: Any, outputs: Any) -> tuple:
     return ins, outs
 
 
+def _check_n_times(whole: str, numel: int, parts: str, part_numel: int, n: int) -> None:
+    """Refuse ``whole[0]`` unless it holds ``n`` times ``parts[0]``'s elements (the gather's
+    outputs and the scatter's inputs hold one segment per rank)."""
+    if numel != n * part_numel:
+        raise ValueError(
+            "%s[0]: %d elements, expected %d (%d %s of %d)" % (whole, numel, n * part_numel, n, parts, part_numel)
+        )
+
+
 def all_gather(inputs: Sequence[Any], outputs: Sequence[Any], *, transport: str = "auto") -> None:
     """Every ``outputs[r]`` (n times the elements of an input) becomes the concatenation of
     all ``inputs`` in rank order; ``inputs[r]`` is on ``outputs[r]``'s device."""
     transport = check_choice("transport", transport, TRANSPORTS)
     ins, outs = _paired(inputs, outputs)
-    n = len(ins)
-    if outs[0].numel != n * ins[0].numel:
-        raise ValueError(
-            "outputs[0]: %d elements, expected %d (%d inputs of %d)" % (outs[0].numel, n * ins[0].numel, n, ins[0].numel)
-        )
+    _check_n_times("outputs", outs[0].numel, "inputs", ins[0].numel, len(ins))
     _native.all_gather(ins[0].dtype, ins[0].numel, [i.ptr for i in ins], [o.memory for o in outs], transport)
 
 
@@ -186,11 +191,7 @@ def reduce_scatter(inputs: Sequence[Any], outputs: Sequence[Any], op: str = "sum
     op = check_choice("op", op, REDUCE_OPS)
     transport = check_choice("transport", transport, TRANSPORTS)
     ins, outs = _paired(inputs, outputs)
-    n = len(ins)
-    if ins[0].numel != n * outs[0].numel:
-        raise ValueError(
-            "inputs[0]: %d elements, expected %d (%d outputs of %d)" % (ins[0].numel, n * outs[0].numel, n, outs[0].numel)
-        )
+    _check_n_times("inputs", ins[0].numel, "outputs", outs[0].numel, len(ins))
     _native.reduce_scatter(outs[0].dtype, outs[0].numel, [i.ptr for i in ins], [o.memory for o in outs], op, transport)
 
 
