@@ -197,6 +197,20 @@ __device__ __forceinline__ void reduce(T* dst, const T* src, u64 n, u32 divisor)
     reduce_scalar<T, Op>(dst, src, body_end, n, divisor);
 }
 
+// Every dtype the kernels are built for, as (name in kernel names, storage type): one list
+// for each kernel family, in the order of gp2p_kernels::DType::ALL.
+#define GP2P_FOR_EACH_DTYPE(X) \
+    X(f32, float)              \
+    X(f64, double)             \
+    X(f16, f16)                \
+    X(bf16, bf16)              \
+    X(i8, i8)                  \
+    X(u8, u8)                  \
+    X(i32, i32)                \
+    X(u32, u32)                \
+    X(i64, i64)                \
+    X(u64, u64)
+
 #define GP2P_REDUCE(opname, Op, tname, T)                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                        \
     gp2p_reduce_##opname##_##tname(T* dst, const T* src, u64 n, u32 divisor) {               \
@@ -210,16 +224,7 @@ __device__ __forceinline__ void reduce(T* dst, const T* src, u64 n, u32 divisor)
     GP2P_REDUCE(max, OpMax, tname, T)        \
     GP2P_REDUCE(prod, OpProd, tname, T)
 
-GP2P_REDUCE_ALL_OPS(f32, float)
-GP2P_REDUCE_ALL_OPS(f64, double)
-GP2P_REDUCE_ALL_OPS(f16, f16)
-GP2P_REDUCE_ALL_OPS(bf16, bf16)
-GP2P_REDUCE_ALL_OPS(i8, i8)
-GP2P_REDUCE_ALL_OPS(u8, u8)
-GP2P_REDUCE_ALL_OPS(i32, i32)
-GP2P_REDUCE_ALL_OPS(u32, u32)
-GP2P_REDUCE_ALL_OPS(i64, i64)
-GP2P_REDUCE_ALL_OPS(u64, u64)
+GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 
 // ---------------------------------------------------------------------------------------
 // Two-rank exchange through mapped pinned host memory, one kernel per rank, for small
@@ -312,13 +317,4 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
     GP2P_EXCHANGE(max, OpMax, tname, T)        \
     GP2P_EXCHANGE(prod, OpProd, tname, T)
 
-GP2P_EXCHANGE_ALL_OPS(f32, float)
-GP2P_EXCHANGE_ALL_OPS(f64, double)
-GP2P_EXCHANGE_ALL_OPS(f16, f16)
-GP2P_EXCHANGE_ALL_OPS(bf16, bf16)
-GP2P_EXCHANGE_ALL_OPS(i8, i8)
-GP2P_EXCHANGE_ALL_OPS(u8, u8)
-GP2P_EXCHANGE_ALL_OPS(i32, i32)
-GP2P_EXCHANGE_ALL_OPS(u32, u32)
-GP2P_EXCHANGE_ALL_OPS(i64, i64)
-GP2P_EXCHANGE_ALL_OPS(u64, u64)
+GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
