@@ -53,6 +53,39 @@ fn wait_for(child: Option<std::process::Child>) {
     }
 }
 
+/// Whether this process is rank 1, started by rank 0.
+fn is_child() -> bool {
+    std::env::var(CHILD_ENV).is_ok()
+}
+
+/// One rank of a two-process test: its communicator on its device, a stream, and (rank 0)
+/// the child to wait for and the suite's serial lock.
+struct Ranked {
+    rank: usize,
+    stream: Stream,
+    comm: Communicator,
+    child: Option<std::process::Child>,
+    _serial: Option<std::sync::MutexGuard<'static, ()>>,
+}
+
+impl Ranked {
+    /// Start (rank 0: also start rank 1 on `test`) and join the communicator.
+    fn start(test: &str, options: CommOptions) -> Ranked {
+        let serial = (!is_child()).then(gp2p_tests::serial);
+        let (rank, id, child) = rank_and_id(test);
+        let dev = device(rank);
+        let stream = Stream::new(&dev).unwrap();
+        let comm = Communicator::new(&id, rank, 2, &dev, options).unwrap();
+        Ranked { rank, stream, comm, child, _serial: serial }
+    }
+
+    /// Drop the communicator and (rank 0) wait for rank 1's verdict.
+    fn finish(self) {
+        drop(self.comm);
+        wait_for(self.child);
+    }
+}
+
 /// One all_reduce per op at odd lengths, enqueued back to back on one stream; results
 /// checked once all are queued.
 fn every_op<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
@@ -80,65 +113,55 @@ fn every_op<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_back() {
     let test = "two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_back";
-    let child = std::env::var(CHILD_ENV).is_ok();
-    let _serial = (!child).then(gp2p_tests::serial);
-    if !child {
+    if !is_child() {
         needs!(gpus: 2);
     }
-    let (rank, id, child) = rank_and_id(test);
-    let dev = device(rank);
-    let stream = Stream::new(&dev).unwrap();
-    let mut comm = Communicator::new(&id, rank, 2, &dev, CommOptions::default()).unwrap();
-    every_dtype!(every_op(&mut comm, &stream, 7));
+    let mut r = Ranked::start(test, CommOptions::default());
+    let (rank, stream) = (r.rank, &r.stream);
+    every_dtype!(every_op(&mut r.comm, stream, 7));
     // A thousand calls without host synchronisation, each on a buffer of its own.
     let len = 333;
     let mut calls = Vec::new();
     for c in 0..1000u64 {
         let inputs: Vec<Vec<u32>> = (0..2).map(|r| random(len, 100_000 + 2 * c + r)).collect();
-        let mut buf = DeviceBuffer::from_host(&stream, &inputs[rank]).unwrap();
-        comm.all_reduce(&mut buf.view_mut(..), &stream, ReduceOp::Sum).unwrap();
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
         calls.push((inputs, buf));
     }
     for (c, (inputs, buf)) in calls.iter().enumerate() {
         let want: Vec<u32> = inputs[0].iter().zip(&inputs[1]).map(|(a, b)| a.wrapping_add(*b)).collect();
-        assert!(buf.to_host_vec(&stream).unwrap() == want, "rank {rank} call {c}");
+        assert!(buf.to_host_vec(stream).unwrap() == want, "rank {rank} call {c}");
     }
-    drop(comm);
-    wait_for(child);
+    r.finish();
 }
 
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout() {
     let test = "two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout";
-    let child = std::env::var(CHILD_ENV).is_ok();
-    let _serial = (!child).then(gp2p_tests::serial);
-    if !child {
+    if !is_child() {
         needs!(gpus: 2);
     }
-    let (rank, id, child) = rank_and_id(test);
-    let dev = device(rank);
-    let stream = Stream::new(&dev).unwrap();
     let timeout = std::time::Duration::from_millis(300);
-    let options = CommOptions { peer_timeout: timeout, ..CommOptions::default() };
-    let mut comm = Communicator::new(&id, rank, 2, &dev, options).unwrap();
+    let mut r = Ranked::start(test, CommOptions { peer_timeout: timeout, ..CommOptions::default() });
+    let (rank, stream, comm) = (r.rank, &r.stream, &mut r.comm);
     let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(1000, 90 + r as u64)).collect();
-    let mut buf = DeviceBuffer::from_host(&stream, &inputs[rank]).unwrap();
-    comm.all_reduce(&mut buf.view_mut(..), &stream, ReduceOp::Sum).unwrap();
+    let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+    comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
     stream.synchronize().unwrap();
     if rank == 1 {
         // Rank 1 leaves after one call, as a crashed process would, without a word.
         std::process::exit(0);
     }
     // The shared name was unlinked once both ranks joined: nothing is left in /dev/shm.
-    let path = format!("/dev/shm{}", id.segment_name());
+    let path = format!("/dev/shm{}", comm.segment_name());
     assert!(!std::path::Path::new(&path).exists(), "{path} is gone once both ranks joined");
     let started = std::time::Instant::now();
-    comm.all_reduce(&mut buf.view_mut(..), &stream, ReduceOp::Sum).unwrap();
+    comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
     stream.synchronize().unwrap();
     let waited = started.elapsed();
     assert!(waited >= timeout && waited < timeout * 10, "the kernel gave up after {waited:?} (timeout {timeout:?})");
-    let err = comm.all_reduce(&mut buf.view_mut(..), &stream, ReduceOp::Sum).unwrap_err();
+    let err = comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap_err();
     assert!(err.to_string().contains("waited") && err.to_string().contains("rank 1"), "{err}");
-    wait_for(child);
+    r.finish();
 }

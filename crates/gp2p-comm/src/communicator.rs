@@ -140,6 +140,11 @@ impl Communicator {
         &self.device
     }
 
+    /// The shared segment's name (`/gp2p-<token>`), unlinked once every rank joined.
+    pub fn segment_name(&self) -> &str {
+        self.segment.name()
+    }
+
     /// The largest buffer, in bytes, [`Communicator::all_reduce`] takes.
     pub fn small_max_bytes(&self) -> usize {
         // exchange_line_bytes doubles the data bytes: lines carry half data.
