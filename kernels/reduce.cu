@@ -197,6 +197,14 @@ __device__ __forceinline__ void reduce(T* dst, const T* src, u64 n, u32 divisor)
     reduce_scalar<T, Op>(dst, src, body_end, n, divisor);
 }
 
+// Every op, as (name in kernel names, functor), applied to one dtype by X.
+#define GP2P_FOR_EACH_OP(X, tname, T) \
+    X(sum, OpSum, tname, T)           \
+    X(avg, OpAvg, tname, T)           \
+    X(min, OpMin, tname, T)           \
+    X(max, OpMax, tname, T)           \
+    X(prod, OpProd, tname, T)
+
 // Every dtype the kernels are built for, as (name in kernel names, storage type): one list
 // for each kernel family, in the order of gp2p_kernels::DType::ALL.
 #define GP2P_FOR_EACH_DTYPE(X) \
@@ -217,12 +225,7 @@ __device__ __forceinline__ void reduce(T* dst, const T* src, u64 n, u32 divisor)
         reduce<T, Op>(dst, src, n, divisor);                                                 \
     }
 
-#define GP2P_REDUCE_ALL_OPS(tname, T)        \
-    GP2P_REDUCE(sum, OpSum, tname, T)        \
-    GP2P_REDUCE(avg, OpAvg, tname, T)        \
-    GP2P_REDUCE(min, OpMin, tname, T)        \
-    GP2P_REDUCE(max, OpMax, tname, T)        \
-    GP2P_REDUCE(prod, OpProd, tname, T)
+#define GP2P_REDUCE_ALL_OPS(tname, T) GP2P_FOR_EACH_OP(GP2P_REDUCE, tname, T)
 
 GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 
@@ -310,11 +313,6 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
         exchange<T, Op>(buf, n, out_lines, in_lines, seq, divisor, timeout_ns, failed);      \
     }
 
-#define GP2P_EXCHANGE_ALL_OPS(tname, T)        \
-    GP2P_EXCHANGE(sum, OpSum, tname, T)        \
-    GP2P_EXCHANGE(avg, OpAvg, tname, T)        \
-    GP2P_EXCHANGE(min, OpMin, tname, T)        \
-    GP2P_EXCHANGE(max, OpMax, tname, T)        \
-    GP2P_EXCHANGE(prod, OpProd, tname, T)
+#define GP2P_EXCHANGE_ALL_OPS(tname, T) GP2P_FOR_EACH_OP(GP2P_EXCHANGE, tname, T)
 
 GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
