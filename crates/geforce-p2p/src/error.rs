@@ -24,6 +24,9 @@ pub enum Error {
     /// The probe.
     #[error(transparent)]
     Probe(#[from] gp2p_probe::Error),
+    /// The one-process-per-GPU communicator.
+    #[error(transparent)]
+    Comm(#[from] gp2p_comm::Error),
 }
 
 impl Error {
@@ -36,6 +39,7 @@ impl Error {
             Error::Transport(e) => e.is_unavailable(),
             Error::Collectives(e) => e.is_unavailable(),
             Error::Probe(e) => e.is_unavailable(),
+            Error::Comm(e) => e.is_unavailable(),
         }
     }
 }
@@ -47,12 +51,13 @@ mod tests {
     #[test]
     fn no_driver_is_unavailable_from_every_layer_with_the_same_message() {
         let none = || gp2p_cuda::Error::NoDriver;
-        let all: [Error; 5] = [
+        let all: [Error; 6] = [
             none().into(),
             gp2p_pinned::Error::Cuda(none()).into(),
             gp2p_transport::Error::Pinned(gp2p_pinned::Error::Cuda(none())).into(),
             gp2p_collectives::Error::Transport(gp2p_transport::Error::Cuda(none())).into(),
             gp2p_probe::Error::Cuda(none()).into(),
+            gp2p_comm::Error::Cuda(none()).into(),
         ];
         for e in all {
             assert!(e.is_unavailable(), "{e:?}");

@@ -17,6 +17,9 @@
 //!   broadcast over pinned host memory, with a VRAM-scratch and a zero-copy receive path;
 //!   [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`] run them on one
 //!   shared engine ([`collectives()`]).
+//! - [`comm`] (`gp2p-comm`): one process per GPU (torchrun, vLLM, sglang): a unique id, the
+//!   shared segment every rank maps, and a communicator whose first collective is the
+//!   two-rank small-message all-reduce.
 //!
 //! Every facade function returns one [`Error`], whichever layer failed. Memory the GPU may
 //! still use is never freed and drops never block (the lifetime rule of [`cuda::lifetime`]).
@@ -50,6 +53,7 @@ mod error;
 
 pub use error::{Error, Result};
 pub use gp2p_collectives as collectives;
+pub use gp2p_comm as comm;
 pub use gp2p_cuda as cuda;
 pub use gp2p_kernels as kernels;
 pub use gp2p_pinned as pinned;

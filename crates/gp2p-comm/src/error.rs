@@ -198,3 +198,10 @@ pub enum Error {
         timeout: Duration,
     },
 }
+
+impl Error {
+    /// Whether this error means "no CUDA here" (no driver, or no such device).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Cuda(e) if e.is_unavailable())
+    }
+}
