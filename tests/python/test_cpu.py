@@ -498,3 +498,85 @@ def test_contiguity_ignores_extent_one_and_empty():
     assert _tensors._contiguous((1, 4), (999, 4), 4)
     assert _tensors._contiguous((0, 4), (4, 4), 4)
     assert not _tensors._contiguous((2, 4), (4, 8), 4)
+
+
+# ---- one process per GPU (geforce_p2p.distributed) -------------------------------------------
+
+needs_shm = pytest.mark.skipif(not pathlib.Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+
+
+@needs_shm
+def test_unique_ids_are_fresh_text():
+    from geforce_p2p import distributed as gpd
+
+    a, b = gpd.unique_id(), gpd.unique_id()
+    assert a != b and isinstance(a, str)
+    assert all(c in "0123456789abcdef" for c in a), a
+
+
+@needs_shm
+def test_a_communicator_without_a_driver_fails_at_once_naming_it():
+    import time
+
+    from geforce_p2p import distributed as gpd
+
+    started = time.monotonic()
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+        gpd.Communicator(gpd.unique_id(), 0, 2, device="cuda:0", join_timeout=20)
+    assert time.monotonic() - started < 5, "the device is opened before waiting for peers"
+    with pytest.raises(gp.InvalidArgumentError, match="malformed unique id"):
+        gpd.Communicator("not-an-id", 0, 2, device=0)
+    with pytest.raises(ValueError, match="device"):
+        gpd.Communicator(gpd.unique_id(), 0, 2, device="cpu")
+
+
+class _Comm:
+    """What CustomAllreduce reads of a communicator, without a GPU."""
+
+    def __init__(self, world_size=2, device=0, max_bytes=64 << 10):
+        self.world_size, self.device, self.max_bytes, self.calls = world_size, device, max_bytes, []
+
+    def all_reduce(self, tensor, op):
+        self.calls.append((tensor, op))
+
+    def close(self):
+        self.calls.append("closed")
+
+
+class _Cloneable(CudaArray):
+    def clone(self):
+        return _Cloneable(self.__cuda_array_interface__["shape"], self.__cuda_array_interface__["typestr"],
+                          device=self.device)
+
+
+def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
+    from geforce_p2p.distributed import CustomAllreduce
+
+    ca = CustomAllreduce(_Comm())
+    assert not ca.disabled
+    assert ca.should_custom_ar(CudaArray((1024,)))  # 4 KiB of f32 on device 0
+    assert ca.should_custom_ar(CudaArray((16,), typestr="<f2"))  # 32 bytes of f16
+    refused = {
+        "another device": CudaArray((1024,), device=1),
+        "above max_bytes": CudaArray((16385,)),
+        "not a 16-byte multiple": CudaArray((3,)),
+        "empty": CudaArray((0,)),
+        "non-contiguous": CudaArray((4, 8), strides=(64, 4)),
+        "read-only": CudaArray((1024,), readonly=True),
+        "unsupported dtype": CudaArray((1024,), typestr="<c8"),
+        "host memory": HostArray((1024,)),
+        "not a tensor": object(),
+    }
+    for why, t in refused.items():
+        assert not ca.should_custom_ar(t), why
+    with ca.capture():
+        assert not ca.should_custom_ar(CudaArray((1024,))), "graph capture is not built yet"
+    assert ca.should_custom_ar(CudaArray((1024,)))
+    inp = _Cloneable((1024,))
+    out = ca.custom_all_reduce(inp)
+    assert out is not inp and ca.comm.calls == [(out, "sum")], "out of place, summed"
+    assert ca.custom_all_reduce(CudaArray((3,))) is None
+    assert CustomAllreduce(_Comm(world_size=4)).disabled, "more than two ranks is not built yet"
+    assert not CustomAllreduce(_Comm(world_size=4)).should_custom_ar(CudaArray((1024,)))
+    ca.close()
+    assert ca.comm.calls[-1] == "closed"

@@ -488,3 +488,49 @@ def test_forced_peer_route_without_p2p_is_an_error_or_works():
     else:
         assert torch.equal(b.cpu(), a.cpu())
     no_cuda_error()
+
+
+# One process per GPU: this process is rank 0 on cuda:0, a second Python process rank 1 on
+# cuda:1; both sum the same seeded inputs and check every element.
+_RANK1 = r"""
+import os, sys, torch
+import geforce_p2p.distributed as gpd
+sys.path.insert(0, os.environ["GP2P_TEST_DIR"])
+from test_gpu import _distributed_rank
+_distributed_rank(os.environ["GP2P_TEST_UID"], 1)
+"""
+
+
+def _distributed_rank(uid, rank):
+    import geforce_p2p.distributed as gpd
+
+    torch.cuda.set_device(rank)
+    comm = gpd.Communicator(uid, rank, 2, device=rank)
+    results = []
+    for i, (name, n) in enumerate((d, n) for d in ("float32", "bfloat16", "int32", "uint8") for n in (1, 7, 4099)):
+        inputs = [torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(1000 * i + r)).to(dt(name))
+                  for r in range(2)]
+        t = inputs[rank].to("cuda:%d" % rank)
+        comm.all_reduce(t)  # no synchronisation between calls
+        results.append((t, (inputs[0].double() + inputs[1].double())))
+    for t, want in results:
+        got = t.cpu().double()
+        assert torch.equal(got, want.to(t.dtype).double()), (t.dtype, t.numel())
+    comm.close()
+
+
+@two_devices
+def test_two_processes_all_reduce_through_the_distributed_communicator():
+    import os
+    import subprocess
+    import sys
+
+    import geforce_p2p.distributed as gpd
+
+    uid = gpd.unique_id()
+    env = dict(os.environ, GP2P_TEST_UID=uid, GP2P_TEST_DIR=os.path.dirname(__file__))
+    child = subprocess.Popen([sys.executable, "-c", _RANK1], env=env)
+    try:
+        _distributed_rank(uid, 0)
+    finally:
+        assert child.wait(timeout=120) == 0, "rank 1 failed (its output is above)"

@@ -5,7 +5,7 @@
 //! a `geforce_p2p.Error` and a `ValueError`. Errors are plain data ([`Raised`]) until they
 //! reach the Python boundary, since the native calls run with the GIL released.
 
-use geforce_p2p::{collectives, cuda, pinned, probe, transport};
+use geforce_p2p::{collectives, comm, cuda, pinned, probe, transport};
 use pyo3::prelude::*;
 
 /// The Python module that holds the exception classes.
@@ -141,6 +141,7 @@ impl Classify for geforce_p2p::Error {
             E::Transport(e) => e.class(),
             E::Collectives(e) => e.class(),
             E::Probe(e) => e.class(),
+            E::Comm(e) => e.class(),
             _ => Class::Error,
         }
     }
@@ -168,6 +169,25 @@ impl Classify for probe::Error {
     fn class(&self) -> Class {
         match self {
             probe::Error::Cuda(e) => e.class(),
+            _ => Class::Error,
+        }
+    }
+}
+
+impl Classify for comm::Error {
+    fn class(&self) -> Class {
+        use comm::Error as E;
+        match self {
+            E::Cuda(e) => e.class(),
+            E::MalformedId { .. }
+            | E::World { .. }
+            | E::Rank { .. }
+            | E::StagingTooLarge { .. }
+            | E::WorldMismatch { .. }
+            | E::BytesMismatch { .. }
+            | E::RankTaken { .. }
+            | E::TooLarge { .. }
+            | E::WrongDevice { .. } => Class::InvalidArgument,
             _ => Class::Error,
         }
     }

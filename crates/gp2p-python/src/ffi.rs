@@ -33,7 +33,7 @@
 
 use geforce_p2p::collectives::{self, Rank, Receive};
 use geforce_p2p::cuda::RawStream;
-use geforce_p2p::{CopyOptions, DType, Device, DeviceView, DeviceViewMut, Element, ReduceOp, Route, Stream, half, ops};
+use geforce_p2p::{CopyOptions, DType, Device, DeviceView, DeviceViewMut, Element, ReduceOp, Route, Stream, ops};
 use pyo3::prelude::*;
 
 use crate::args::{self, Memory, MemoryArg, memories};
@@ -58,19 +58,20 @@ fn ranks_of<'c, T: Element>(callers: &'c [Caller], memories: &[Memory], len: usi
 macro_rules! by_dtype {
     ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $dtype {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F64 => $f::<f64>($($arg),*),
-            DType::F16 => $f::<half::f16>($($arg),*),
-            DType::BF16 => $f::<half::bf16>($($arg),*),
-            DType::I8 => $f::<i8>($($arg),*),
-            DType::U8 => $f::<u8>($($arg),*),
-            DType::I32 => $f::<i32>($($arg),*),
-            DType::U32 => $f::<u32>($($arg),*),
-            DType::I64 => $f::<i64>($($arg),*),
-            DType::U64 => $f::<u64>($($arg),*),
+            ::geforce_p2p::DType::F32 => $f::<f32>($($arg),*),
+            ::geforce_p2p::DType::F64 => $f::<f64>($($arg),*),
+            ::geforce_p2p::DType::F16 => $f::<::geforce_p2p::half::f16>($($arg),*),
+            ::geforce_p2p::DType::BF16 => $f::<::geforce_p2p::half::bf16>($($arg),*),
+            ::geforce_p2p::DType::I8 => $f::<i8>($($arg),*),
+            ::geforce_p2p::DType::U8 => $f::<u8>($($arg),*),
+            ::geforce_p2p::DType::I32 => $f::<i32>($($arg),*),
+            ::geforce_p2p::DType::U32 => $f::<u32>($($arg),*),
+            ::geforce_p2p::DType::I64 => $f::<i64>($($arg),*),
+            ::geforce_p2p::DType::U64 => $f::<u64>($($arg),*),
         }
     };
 }
+pub(crate) use by_dtype;
 
 /// The `CUstream` a handle from Python stands for (an opaque value, never dereferenced here).
 fn stream_handle(raw: u64) -> RawStream {
@@ -84,13 +85,13 @@ fn host_ptr<T>(addr: u64) -> *mut T {
 }
 
 /// A device and the caller's stream on it, borrowed for one call.
-struct Caller {
-    device: Device,
-    stream: Stream,
+pub(crate) struct Caller {
+    pub(crate) device: Device,
+    pub(crate) stream: Stream,
 }
 
 impl Caller {
-    fn open(memory: &Memory) -> Result<Caller, Raised> {
+    pub(crate) fn open(memory: &Memory) -> Result<Caller, Raised> {
         let device = Device::open(memory.device)?;
         // SAFETY: by the module's contract (2), `memory.stream` is a stream of this device's
         // primary context that outlives the work enqueued through it; it is borrowed, never
@@ -109,7 +110,7 @@ impl Caller {
     }
 
     /// The tensor's memory, for writing.
-    fn view_mut<T: Element>(&self, ptr: u64, len: usize) -> DeviceViewMut<'_, T> {
+    pub(crate) fn view_mut<T: Element>(&self, ptr: u64, len: usize) -> DeviceViewMut<'_, T> {
         // SAFETY: as in `view`, and nothing else reads or writes the memory while the op
         // runs except in the caller streams' order (contract 4).
         unsafe { DeviceViewMut::from_raw(&self.device, ptr, len) }

@@ -28,6 +28,7 @@
 #![deny(unsafe_code)]
 
 mod args;
+mod comm;
 mod error;
 mod ffi;
 
@@ -106,5 +107,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ffi::all_gather, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::reduce_scatter, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::broadcast, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::unique_id, m)?)?;
+    m.add_class::<comm::PyCommunicator>()?;
     Ok(())
 }

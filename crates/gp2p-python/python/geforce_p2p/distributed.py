@@ -1,0 +1,171 @@
+"""One process per GPU (torchrun, vLLM and sglang tensor parallelism) on cards without P2P.
+
+Every rank joins one communicator: rank 0 makes an id with :func:`unique_id`, the caller hands
+it to the other ranks (an environment variable, or torch.distributed's CPU group, as
+:meth:`CustomAllreduce.from_group` does), and each rank makes a :class:`Communicator` with
+the id, its rank, the world size and its GPU. The ranks share one POSIX shared-memory segment
+(mode 0600, unlinked once everyone has mapped it); after that nothing on the host waits for
+another process: each call is one kernel on the tensor's current torch stream, and a peer
+that never arrives makes that kernel give up after ``peer_timeout`` seconds (the next call
+raises).
+
+This version runs the all-reduce of **two** ranks for tensors of up to ``max_bytes`` (64 KiB
+by default), the small messages where NCCL's shared-memory path costs most. Larger tensors,
+more ranks, the other collectives, CUDA graph capture and a ``torch.distributed`` backend
+are not built yet: :class:`CustomAllreduce` says no to those (``should_custom_ar``), so
+callers fall back to what they used before.
+
+    import geforce_p2p.distributed as gpd
+    comm = gpd.Communicator(uid, rank, 2, device=rank)       # uid from rank 0's gpd.unique_id()
+    comm.all_reduce(t)                                       # in place, on t's current stream
+
+vLLM and sglang call their custom all-reduce through an object with ``disabled``,
+``should_custom_ar(t)``, ``custom_all_reduce(t)``, ``capture()`` and ``close()``;
+:class:`CustomAllreduce` is one::
+
+    ca = gpd.CustomAllreduce.from_group(cpu_group, device)   # a gloo group of the TP ranks
+    if ca.should_custom_ar(t):
+        t = ca.custom_all_reduce(t)
+"""
+
+import contextlib
+from typing import Any, Optional
+
+from . import _native
+from ._api import REDUCE_OPS
+from ._tensors import KERNEL_DTYPES, check_choice, describe, on_device, writable
+
+__all__ = ["unique_id", "Communicator", "CustomAllreduce"]
+
+
+def unique_id() -> str:
+    """A new communicator id, as text: make it on one rank and hand it to every other."""
+    return _native.unique_id()
+
+
+def _device_index(device: Any) -> int:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if isinstance(device, str):
+        index = device[5:] if device.startswith("cuda:") else None
+    else:
+        index = getattr(device, "index", None)  # a torch.device
+    try:
+        return int(index)
+    except (TypeError, ValueError):
+        raise ValueError("device: %r is not a CUDA device; pass an ordinal, 'cuda:N' or a torch.device" % (device,))
+
+
+class Communicator:
+    """This process's rank of a communicator (see the module docs).
+
+    ``unique_id``: the text :func:`unique_id` gave on one rank; ``rank`` in
+    ``0..world_size``; ``device``: this rank's GPU (ordinal, ``"cuda:N"`` or a
+    ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
+    """
+
+    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 64 << 10,
+                 peer_timeout: float = 5.0, join_timeout: float = 30.0):
+        if not isinstance(unique_id, str):
+            raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
+        self._native = _native.Communicator(unique_id, int(rank), int(world_size), _device_index(device),
+                                            int(max_bytes), float(peer_timeout), float(join_timeout))
+
+    @property
+    def rank(self) -> int:
+        return self._native.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._native.world
+
+    @property
+    def device(self) -> int:
+        return self._native.device
+
+    @property
+    def max_bytes(self) -> int:
+        """The largest tensor, in bytes, :meth:`all_reduce` takes."""
+        return self._native.max_bytes
+
+    def all_reduce(self, tensor: Any, op: str = "sum") -> Any:
+        """In place: ``tensor`` becomes ``op`` (sum, avg, min, max, prod) over every rank's,
+        ordered on its device's current torch stream. Every rank must make the same calls, in
+        the same order, with tensors of one dtype and length. Returns ``tensor``."""
+        op = check_choice("op", op, REDUCE_OPS)
+        t = writable(on_device(describe(tensor, "tensor")))
+        if t.device != self.device:
+            raise ValueError("tensor: on %s, but this rank's communicator is on cuda:%d" % (t.where(), self.device))
+        self._native.all_reduce(t.dtype, t.numel, t.memory, op)
+        return tensor
+
+    def close(self) -> None:
+        """Let go of the communicator (never blocking: its memory is released once the GPU
+        work of its calls is done). Later calls raise."""
+        self._native.close()
+
+
+class CustomAllreduce:
+    """The custom all-reduce object vLLM and sglang call (``disabled``,
+    ``should_custom_ar``, ``custom_all_reduce``, ``capture``, ``close``), over a
+    :class:`Communicator`.
+
+    It takes what this version runs (two ranks, contiguous CUDA tensors of a supported dtype
+    on this rank's device, 16-byte multiples up to ``max_bytes``) and says no to the rest,
+    including everything inside :meth:`capture`: CUDA graph capture is not built yet, so
+    captured all-reduces go to the caller's fallback.
+    """
+
+    def __init__(self, comm: Any):
+        self.comm = comm
+        self.disabled = comm.world_size != 2
+        self._capturing = False
+
+    @classmethod
+    def from_group(cls, group: Any, device: Any, **options: Any) -> "CustomAllreduce":
+        """Make the communicator over a torch.distributed CPU (gloo) group: its first rank
+        makes the id and broadcasts it to the others."""
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
+        box = [unique_id() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        return cls(Communicator(box[0], rank, world, device, **options))
+
+    def should_custom_ar(self, inp: Any) -> bool:
+        """Whether :meth:`custom_all_reduce` takes ``inp`` (a cheap check, no GPU work)."""
+        if self.disabled or self._capturing:
+            return False
+        try:
+            t = describe(inp, "inp")
+        except (TypeError, ValueError):
+            return False
+        nbytes = t.numel * KERNEL_DTYPES[t.dtype][0]
+        return (
+            t.device == self.comm.device
+            and not t.readonly
+            and 0 < nbytes <= self.comm.max_bytes
+            and nbytes % 16 == 0
+        )
+
+    def custom_all_reduce(self, inp: Any) -> Optional[Any]:
+        """A new tensor holding the sum of ``inp`` over every rank (``inp`` is left as it
+        was), or None for a tensor :meth:`should_custom_ar` refuses."""
+        if not self.should_custom_ar(inp):
+            return None
+        out = inp.clone()
+        self.comm.all_reduce(out, "sum")
+        return out
+
+    @contextlib.contextmanager
+    def capture(self):
+        """While CUDA graphs are captured: this version's calls cannot be replayed, so
+        :meth:`should_custom_ar` says no inside (the caller's fallback is captured instead)."""
+        self._capturing = True
+        try:
+            yield
+        finally:
+            self._capturing = False
+
+    def close(self) -> None:
+        self.comm.close()

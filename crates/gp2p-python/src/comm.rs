@@ -1,0 +1,117 @@
+//! `geforce_p2p.distributed`'s native side: the one-process-per-GPU communicator.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use geforce_p2p::comm::{CommOptions, Communicator, UniqueId};
+use geforce_p2p::{Device, Element, ReduceOp};
+use pyo3::prelude::*;
+
+use crate::args::{self, Memory, MemoryArg};
+use crate::error::Raised;
+use crate::ffi::{Caller, by_dtype};
+
+/// A new unique id for a communicator, as text to hand to every rank.
+#[pyfunction]
+pub(crate) fn unique_id(py: Python<'_>) -> PyResult<String> {
+    py.detach(|| UniqueId::new().map(|id| id.to_string()).map_err(|e| Raised::from(geforce_p2p::Error::from(e))))
+        .map_err(|e| e.into_pyerr(py))
+}
+
+/// One rank of a communicator (see `geforce_p2p.distributed.Communicator`).
+#[pyclass(name = "Communicator", module = "geforce_p2p._native")]
+pub(crate) struct PyCommunicator {
+    /// `None` once closed.
+    inner: Mutex<Option<Communicator>>,
+    rank: usize,
+    world: usize,
+    device: usize,
+    max_bytes: usize,
+}
+
+fn seconds(name: &str, value: f64) -> Result<Duration, Raised> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| Raised::argument(name, format!("{value} is not a number of seconds >= 0")))
+}
+
+#[pymethods]
+impl PyCommunicator {
+    /// Join communicator `id` as `rank` of `world` on CUDA device `device`; waits (with the
+    /// GIL released) until every rank joined, at most `join_timeout` seconds.
+    #[new]
+    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout))]
+    #[allow(clippy::too_many_arguments)] // the Python constructor's keywords, passed through
+    fn new(
+        py: Python<'_>,
+        id: &str,
+        rank: usize,
+        world: usize,
+        device: usize,
+        max_bytes: usize,
+        peer_timeout: f64,
+        join_timeout: f64,
+    ) -> PyResult<Self> {
+        let run = || -> Result<PyCommunicator, Raised> {
+            let id: UniqueId = id.parse().map_err(|e| Raised::from(geforce_p2p::Error::from(e)))?;
+            let options = CommOptions {
+                small_max_bytes: max_bytes,
+                peer_timeout: seconds("peer_timeout", peer_timeout)?,
+                join_timeout: seconds("join_timeout", join_timeout)?,
+            };
+            // The device first: without a driver this fails at once, not after the join.
+            let dev = Device::open(device)?;
+            let comm = Communicator::new(&id, rank, world, &dev, options).map_err(geforce_p2p::Error::from)?;
+            let max_bytes = comm.small_max_bytes();
+            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), rank, world, device, max_bytes })
+        };
+        py.detach(run).map_err(|e| e.into_pyerr(py))
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    #[getter]
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    #[getter]
+    fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// In place: `len` elements of `dtype` at `buf` (device, address, stream) become `op`
+    /// over every rank's, ordered on the stream.
+    fn all_reduce(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, op: &str) -> PyResult<()> {
+        let buf = Memory::from(buf);
+        let run = || -> Result<(), Raised> {
+            let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
+            args::check_range("tensor", buf.ptr, len, dtype)?;
+            let mut guard = self.inner.lock().map_err(|_| Raised::argument("self", "a call on it panicked"))?;
+            let comm = guard.as_mut().ok_or_else(|| Raised::argument("self", "closed; make a new communicator"))?;
+            by_dtype!(dtype, all_reduce_t(comm, &buf, len, op))
+        };
+        py.detach(run).map_err(|e| e.into_pyerr(py))
+    }
+
+    /// Let go of the communicator: its segment is unregistered and unmapped once the GPU
+    /// work of its calls is done (never blocking). Later calls raise.
+    fn close(&self) {
+        if let Ok(mut guard) = self.inner.lock() {
+            guard.take();
+        }
+    }
+}
+
+fn all_reduce_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, op: ReduceOp) -> Result<(), Raised> {
+    let caller = Caller::open(buf)?;
+    let mut view = caller.view_mut::<T>(buf.ptr, len);
+    comm.all_reduce(&mut view, &caller.stream, op).map_err(|e| Raised::from(geforce_p2p::Error::from(e)))
+}
