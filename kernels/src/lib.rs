@@ -85,6 +85,15 @@ impl PtxTarget {
         [PtxTarget::Compute75, PtxTarget::Compute80].into_iter().find(|t| t.name() == name)
     }
 
+    /// Whether the line exchange (two kernels that wait for each other's data in mapped host
+    /// memory) is offered on this build. Not on compute_75: with the Turing build forced on
+    /// two H200s, an f64 exchange after an f32 one waited out its timeout every time, with
+    /// kernels whose PTX is identical in both builds; until that is understood, Turing cards
+    /// take the DMA paths.
+    pub fn runs_line_exchange(self) -> bool {
+        self >= PtxTarget::Compute80
+    }
+
     /// The reduce kernels built for this target.
     pub fn reduce_module(self) -> PtxModule {
         match self {

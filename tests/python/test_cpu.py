@@ -580,3 +580,6 @@ def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
     assert not CustomAllreduce(_Comm(world_size=4)).should_custom_ar(CudaArray((1024,)))
     ca.close()
     assert ca.comm.calls[-1] == "closed"
+    off = CustomAllreduce(None)  # what from_group gives where this version cannot serve
+    assert off.disabled and not off.should_custom_ar(CudaArray((1024,))) and off.custom_all_reduce(CudaArray((4,))) is None
+    off.close()

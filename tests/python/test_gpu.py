@@ -511,7 +511,7 @@ def _distributed_rank(uid, rank):
         inputs = [torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(1000 * i + r)).to(dt(name))
                   for r in range(2)]
         t = inputs[rank].to("cuda:%d" % rank)
-        comm.all_reduce(t)  # no synchronisation between calls
+        comm.all_reduce(t)
         results.append((t, (inputs[0].double() + inputs[1].double())))
     for t, want in results:
         got = t.cpu().double()
@@ -532,5 +532,8 @@ def test_two_processes_all_reduce_through_the_distributed_communicator():
     child = subprocess.Popen([sys.executable, "-c", _RANK1], env=env)
     try:
         _distributed_rank(uid, 0)
-    finally:
         assert child.wait(timeout=120) == 0, "rank 1 failed (its output is above)"
+    finally:
+        if child.poll() is None:  # rank 0 failed, or rank 1 hangs: never leave it behind
+            child.kill()
+            child.wait()

@@ -80,9 +80,20 @@ impl Ranked {
     }
 
     /// Drop the communicator and (rank 0) wait for rank 1's verdict.
-    fn finish(self) {
-        drop(self.comm);
-        wait_for(self.child);
+    fn finish(mut self) {
+        let child = self.child.take();
+        drop(self);
+        wait_for(child);
+    }
+}
+
+impl Drop for Ranked {
+    /// A rank 0 that fails before `finish` takes rank 1 down with it rather than orphaning it.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -114,7 +125,7 @@ fn every_op<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
 fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_back() {
     let test = "two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_back";
     if !is_child() {
-        needs!(gpus: 2);
+        needs!(gpus: 2, concurrent_kernels);
     }
     let mut r = Ranked::start(test, CommOptions::default());
     let (rank, stream) = (r.rank, &r.stream);
@@ -140,7 +151,7 @@ fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_ba
 fn two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout() {
     let test = "two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout";
     if !is_child() {
-        needs!(gpus: 2);
+        needs!(gpus: 2, concurrent_kernels);
     }
     let timeout = std::time::Duration::from_millis(300);
     let mut r = Ranked::start(test, CommOptions { peer_timeout: timeout, ..CommOptions::default() });

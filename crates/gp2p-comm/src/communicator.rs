@@ -49,20 +49,47 @@ struct Layout {
 
 /// The turn counter of the serialised registration, at the start of the staging area.
 const REGISTRATION_TURN: usize = 0;
-/// One cache line per rank for its give-up flag, after the turn counter's line.
+/// How many ranks have published how their registration went.
+const REGISTERED: usize = 4;
+/// Set by a rank whose collective gave up waiting: every rank's calls then fail.
+const BROKEN: usize = 8;
+/// One cache line per rank after the counters' line: its give-up flag (written by its
+/// kernel), then how its registration went ([`REGISTERED_OK`] or [`REGISTRATION_FAILED`]).
 const FLAGS: usize = 64;
+const STATUS: usize = 4;
+const REGISTERED_OK: u32 = 1;
+const REGISTRATION_FAILED: u32 = 2;
 /// Lines start on this alignment (the kernel needs 16; a page keeps them apart from flags).
 const LINES_ALIGN: usize = 4096;
+/// The largest small-message size a communicator is made for: the line path is for small
+/// messages, and the bound keeps the layout's arithmetic far from overflow.
+const MAX_SMALL_BYTES: usize = 16 << 20;
+/// The longest peer timeout taken (the kernel adds it to a nanosecond clock).
+const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Layout {
-    fn new(world: usize, small_max_bytes: usize) -> Layout {
-        let half = exchange_line_bytes(small_max_bytes.max(1)).next_multiple_of(256);
+    fn new(world: usize, small_max_bytes: usize) -> Result<Layout> {
+        if world == 0 || world > crate::MAX_WORLD {
+            return Err(Error::World { world, max: crate::MAX_WORLD });
+        }
+        if small_max_bytes == 0 || small_max_bytes > MAX_SMALL_BYTES {
+            return Err(Error::InvalidOption {
+                name: "small_max_bytes",
+                reason: format!(
+                    "{small_max_bytes} is outside 1..={MAX_SMALL_BYTES}; the line path is for small messages"
+                ),
+            });
+        }
+        // Bounded above, so none of this overflows.
+        let half = exchange_line_bytes(small_max_bytes).next_multiple_of(256);
         let lines = (FLAGS + 64 * world).next_multiple_of(LINES_ALIGN);
-        Layout { half, lines, world }
+        Ok(Layout { half, lines, world })
     }
 
+    /// The staging area's size: whole multiples of the alignment that covers every page size,
+    /// so the registered range ends on a page boundary.
     fn staging_bytes(&self) -> usize {
-        self.lines + self.world * 2 * self.half
+        (self.lines + self.world * 2 * self.half).next_multiple_of(crate::STAGING_ALIGN)
     }
 
     fn flag(&self, rank: usize) -> usize {
@@ -101,27 +128,50 @@ pub struct Communicator {
     timeout: Duration,
     /// The end of this rank's last kernel, for a call on another stream to wait for.
     last: Option<StreamPoint>,
+    /// Once a call gave up waiting, the ranks' sequence numbers may disagree: every later
+    /// call fails instead of pairing with the wrong peer call.
+    broken: bool,
 }
 
 impl Communicator {
-    /// Join the communicator `id` as `rank` of `world`, on `device`.
+    /// Join the communicator `id` as `rank` of `world`, on `device`. Returns once every rank
+    /// has joined and registered the segment (or with the error of the first that failed).
     pub fn new(id: &UniqueId, rank: usize, world: usize, device: &Device, options: CommOptions) -> Result<Self> {
-        let layout = Layout::new(world, options.small_max_bytes);
+        let layout = Layout::new(world, options.small_max_bytes)?;
+        if options.peer_timeout.is_zero() || options.peer_timeout > MAX_PEER_TIMEOUT {
+            return Err(Error::InvalidOption {
+                name: "peer_timeout",
+                reason: format!("{:?} is outside (0, {MAX_PEER_TIMEOUT:?}]", options.peer_timeout),
+            });
+        }
+        if !device.ptx_target().runs_line_exchange() {
+            return Err(Error::NotBuiltYet {
+                what: format!("the small all-reduce on the {} build of the kernels", device.ptx_target().name()),
+                supported: "cards that run the compute_80 build (Ampere and newer)",
+            });
+        }
+        // Loaded now, before any peer waits: a kernel loaded lazily at its first launch may
+        // wait for the device to go idle, while the peer's kernel waits for this one.
+        gp2p_cuda::load_all_reduce_kernels(device)?;
         let segment = Arc::new(Segment::join(id, rank, world, layout.staging_bytes(), options.join_timeout)?);
-        let registration = register_in_turn(&segment, device, options.join_timeout)?;
-        let base = registration.device_ptr(device)?;
-        let staging = base + segment.staging_offset() as u64;
+        let registered =
+            register_in_turn(&segment, device, options.join_timeout).and_then(|r| Ok((r.device_ptr(device)?, r)));
+        let everyone = all_registered(&segment, &layout, registered.is_ok(), options.join_timeout);
+        // This rank's own failure first: it says why, where a peer's can only say who.
+        let (base, registration) = registered?;
+        everyone?;
         Ok(Communicator {
             device: device.clone(),
             rank,
             world,
+            staging: base + segment.staging_offset() as u64,
             segment,
             registration,
-            staging,
             layout,
             counter: 0,
             timeout: options.peer_timeout,
             last: None,
+            broken: false,
         })
     }
 
@@ -160,16 +210,24 @@ impl Communicator {
         stream: &Stream,
         op: ReduceOp,
     ) -> Result<()> {
+        if self.world != 2 {
+            return Err(Error::NotBuiltYet {
+                what: format!("all_reduce over {} ranks", self.world),
+                supported: "the all_reduce of two ranks",
+            });
+        }
         self.take_failure()?;
         for (what, got) in [("buf", buf.device()), ("stream", stream.device())] {
             if got != &self.device {
                 return Err(Error::WrongDevice { what, got: got.ordinal(), expected: self.device.ordinal() });
             }
         }
-        if self.world != 2 {
+        if stream.is_capturing()? {
+            // The call's sequence number is a kernel argument: a replayed graph would pair
+            // with the peer's lines of an earlier replay.
             return Err(Error::NotBuiltYet {
-                what: format!("all_reduce over {} ranks", self.world),
-                supported: "the all_reduce of two ranks",
+                what: "an all_reduce captured into a CUDA graph".into(),
+                supported: "calls outside graph capture",
             });
         }
         let bytes = buf.len() * size_of::<T>();
@@ -207,28 +265,57 @@ impl Communicator {
         unsafe {
             exchange(stream, buf.raw_ptr(), buf.len(), T::DTYPE, op, lines, seq, divide_by, timeout_ns)?;
         }
-        let point = stream.point_from(reserved)?;
+        let point = match stream.point_from(reserved) {
+            Ok(point) => point,
+            Err(e) => {
+                // The kernel is queued but its uses could not be noted: wait for it (at most
+                // its timeout) so nothing it touches is freed or unregistered under it.
+                let _ = stream.synchronize();
+                return Err(e.into());
+            }
+        };
         buf.note_use(&point);
         self.registration.uses().note(&point);
         self.last = Some(point);
         Ok(())
     }
 
-    /// Report (once) a kernel of an earlier call that gave up waiting for its peer.
+    /// Fail if a kernel of an earlier call, on this rank or another, gave up waiting for its
+    /// peer: from then on the ranks' calls may no longer pair up, so every call fails (the
+    /// first on this rank with the timeout, later ones as broken) and the other ranks learn
+    /// it from the segment.
     fn take_failure(&mut self) -> Result<()> {
-        let flag = self.flag(self.rank)?;
-        if flag.swap(0, Ordering::AcqRel) != 0 {
+        if self.broken {
+            return Err(Error::Broken { rank: self.rank });
+        }
+        let gave_up = self.word(self.layout.flag(self.rank))?.swap(0, Ordering::AcqRel) != 0;
+        let shared = self.word(BROKEN)?;
+        if gave_up {
+            shared.store(1, Ordering::Release);
+        }
+        let peer_broke = shared.load(Ordering::Acquire) != 0;
+        if gave_up {
+            self.broken = true;
             return Err(Error::PeerTimeout { rank: self.rank, peer: 1 - self.rank, timeout: self.timeout });
+        }
+        if peer_broke {
+            self.broken = true;
+            return Err(Error::Broken { rank: self.rank });
         }
         Ok(())
     }
 
-    fn flag(&self, rank: usize) -> Result<&AtomicU32> {
-        self.segment.staging_u32(self.layout.flag(rank)).ok_or(Error::NotBuiltYet {
-            what: "a staging area without room for the flags".into(),
-            supported: "the layout it was made with",
-        })
+    fn word(&self, offset: usize) -> Result<&AtomicU32> {
+        word(&self.segment, offset)
     }
+}
+
+/// The shared `u32` at `offset` of the staging area (the layout keeps them in range).
+fn word(segment: &Segment, offset: usize) -> Result<&AtomicU32> {
+    segment.staging_u32(offset).ok_or(Error::NotBuiltYet {
+        what: format!("a staging area without room for its word at {offset}"),
+        supported: "the layout it was made with",
+    })
 }
 
 impl std::fmt::Debug for Communicator {
@@ -250,30 +337,67 @@ impl std::fmt::Debug for Communicator {
 /// counter lives in the segment; a rank whose registration fails still passes the turn on,
 /// so the others are not held up, and returns its error.
 fn register_in_turn(segment: &Arc<Segment>, device: &Device, timeout: Duration) -> Result<HostRegistration> {
-    let turn = segment.staging_u32(REGISTRATION_TURN).ok_or(Error::NotBuiltYet {
-        what: "a staging area without room for the registration turn".into(),
-        supported: "the layout it was made with",
-    })?;
-    let started = Instant::now();
+    let turn = word(segment, REGISTRATION_TURN)?;
     let rank = segment.rank() as u32;
-    while turn.load(Ordering::Acquire) < rank {
-        if started.elapsed() > timeout {
-            return Err(Error::PeersMissing {
-                missing: (turn.load(Ordering::Acquire) as usize..segment.rank()).collect(),
-                world: segment.world(),
-                waited: started.elapsed(),
-            });
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    let missing = || (turn.load(Ordering::Acquire) as usize..segment.rank()).collect();
+    wait_until(timeout, segment.world(), || turn.load(Ordering::Acquire) >= rank, missing)?;
     let (ptr, len) = segment.mapping();
     let owner: gp2p_cuda::MappingOwner = segment.clone();
-    // SAFETY: the mapping is this process's, page aligned at both ends, and stays mapped while
-    // `owner` (the segment) lives; nothing else registers it (one communicator per segment,
-    // and the ranks of other processes register their own mappings, one at a time).
+    // SAFETY: the mapping is this process's, page aligned at both ends (the segment's size is
+    // a multiple of STAGING_ALIGN), and stays mapped while `owner` (the segment) lives;
+    // nothing else registers it (one communicator per segment, and the ranks of other
+    // processes register their own mappings, one at a time).
     let registered = unsafe { HostRegistration::new(device, ptr, len, owner) };
     turn.fetch_add(1, Ordering::AcqRel);
     Ok(registered?)
+}
+
+/// Publish whether this rank registered, and wait until every rank has: a communicator is
+/// only handed out where every rank has one, so no rank's first call waits out its timeout
+/// for a peer that already failed.
+fn all_registered(segment: &Segment, layout: &Layout, ok: bool, timeout: Duration) -> Result<()> {
+    let status = if ok { REGISTERED_OK } else { REGISTRATION_FAILED };
+    word(segment, layout.flag(segment.rank()) + STATUS)?.store(status, Ordering::Release);
+    let done = word(segment, REGISTERED)?;
+    done.fetch_add(1, Ordering::AcqRel);
+    let world = segment.world();
+    let statuses = || (0..world).map(|r| word(segment, layout.flag(r) + STATUS).map(|w| w.load(Ordering::Acquire)));
+    wait_until(
+        timeout,
+        world,
+        || done.load(Ordering::Acquire) as usize >= world,
+        || {
+            statuses()
+                .enumerate()
+                .filter(|(_, s)| !matches!(s, Ok(REGISTERED_OK | REGISTRATION_FAILED)))
+                .map(|(r, _)| r)
+                .collect()
+        },
+    )?;
+    for (rank, s) in statuses().enumerate() {
+        if rank != segment.rank() && s? != REGISTERED_OK {
+            return Err(Error::PeerFailed { rank });
+        }
+    }
+    Ok(())
+}
+
+/// Poll `ready` (on the host, sleeping between polls) for at most `timeout`; on timeout the
+/// error names the ranks of `world` that `missing` gives.
+fn wait_until(
+    timeout: Duration,
+    world: usize,
+    ready: impl Fn() -> bool,
+    missing: impl Fn() -> Vec<usize>,
+) -> Result<()> {
+    let started = Instant::now();
+    while !ready() {
+        if started.elapsed() > timeout {
+            return Err(Error::PeersMissing { missing: missing(), world, waited: started.elapsed() });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -282,17 +406,23 @@ mod tests {
 
     #[test]
     fn the_layout_keeps_flags_and_lines_apart_and_aligned() {
-        let layout = Layout::new(2, 64 << 10);
+        let layout = Layout::new(2, 64 << 10).unwrap();
         assert_eq!(layout.half, 128 << 10, "lines carry half data");
         assert_eq!(layout.lines % LINES_ALIGN, 0);
         assert!(layout.flag(1) + 4 <= layout.lines);
         assert_eq!(layout.lines_of(0, 1), layout.lines + layout.half, "odd calls use the second half");
         assert_eq!(layout.lines_of(1, 2), layout.lines + 2 * layout.half);
-        assert_eq!(layout.staging_bytes(), layout.lines_of(1, 1) + layout.half);
+        assert!(layout.staging_bytes() >= layout.lines_of(1, 1) + layout.half);
+        assert_eq!(layout.staging_bytes() % crate::STAGING_ALIGN, 0, "ends on a page boundary");
         for rank in 0..2 {
             assert_eq!(layout.flag(rank) % 64, 0);
             assert_eq!(layout.lines_of(rank, 7) % 256, 0);
         }
-        assert_eq!(Layout::new(2, 1).half, 256, "at least one aligned block");
+        assert_eq!(Layout::new(2, 1).unwrap().half, 256, "at least one aligned block");
+        for (name, layout) in [("0 bytes", Layout::new(2, 0)), ("1 << 61 bytes", Layout::new(2, 1 << 61))] {
+            assert!(matches!(layout, Err(Error::InvalidOption { name: "small_max_bytes", .. })), "{name}");
+        }
+        assert!(matches!(Layout::new(0, 1024), Err(Error::World { .. })));
+        assert!(matches!(Layout::new(crate::MAX_WORLD + 1, 1024), Err(Error::World { .. })));
     }
 }

@@ -185,6 +185,28 @@ pub enum Error {
         /// The communicator's device.
         expected: usize,
     },
+    /// A communicator option out of range.
+    #[error("{name}: {reason}")]
+    InvalidOption {
+        /// Which option.
+        name: &'static str,
+        /// What is wrong, and the fix.
+        reason: String,
+    },
+    /// A rank failed while the communicator was being made, after this rank had joined.
+    #[error("rank {rank} failed to register the shared segment with the driver; make a new communicator on every rank")]
+    PeerFailed {
+        /// The rank that failed.
+        rank: usize,
+    },
+    /// The ranks' calls no longer pair up: a collective gave up waiting on some rank.
+    #[error(
+        "rank {rank}: the communicator is broken (a collective on some rank gave up waiting for its peer, so the ranks' calls no longer pair up); make a new communicator on every rank"
+    )]
+    Broken {
+        /// This rank.
+        rank: usize,
+    },
     /// An earlier call's kernel gave up waiting for the peer: its result is wrong.
     #[error(
         "rank {rank}: a collective before this call waited {timeout:?} for rank {peer} and gave up, so its result is wrong; every rank must make the same calls in the same order, and no rank's stream may fall behind by more than the timeout (CommOptions::peer_timeout)"

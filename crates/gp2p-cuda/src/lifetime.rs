@@ -39,13 +39,8 @@ struct Point {
 }
 
 impl StreamPoint {
-    /// Record a point on `stream` (the stream's lock is held, so `seq` follows the driver's
-    /// order of records on it).
-    pub(crate) fn record(stream: &Stream, seq: u64) -> Result<StreamPoint> {
-        Self::record_with(stream, seq, take_pooled_event(stream.device())?)
-    }
-
-    /// Record a point on `stream` with an event taken earlier (a [`ReservedPoint`]'s).
+    /// Record a point on `stream` with an event taken earlier (a [`ReservedPoint`]'s). The
+    /// caller holds the stream's lock, so `seq` follows the driver's order of records on it.
     pub(crate) fn record_with(stream: &Stream, seq: u64, event: Event) -> Result<StreamPoint> {
         if let Err(e) = event.record(stream) {
             give_back_event(event);
@@ -263,7 +258,11 @@ impl Release {
                     // GPU use; the mapping is still held by `owner`.
                     check(unsafe { sys::cuMemHostUnregister(ptr) }, "cuMemHostUnregister")
                 });
-                drop(owner);
+                match result {
+                    Ok(()) => drop(owner),
+                    // Still registered: the mapping is leaked rather than unmapped under the driver.
+                    Err(_) => std::mem::forget(owner),
+                }
                 result
             }
         };
@@ -392,6 +391,10 @@ fn reclaim_forever(r: &'static Reclaimer) {
             // resource is leaked rather than released under it.
             if readiness == Readiness::Ready {
                 grave.release.run();
+            } else {
+                // Forgotten, not dropped: a release may own the mapping of registered memory,
+                // whose drop would unmap pages the driver and the GPU may still use.
+                std::mem::forget(grave);
             }
         }
         poll = if settled_count > 0 { POLL_MIN } else { (poll * 2).min(POLL_MAX) };

@@ -138,9 +138,9 @@ impl Stream {
     /// record of the operations that touch memory, and the cheapest way to order another
     /// stream after this one.
     pub fn point(&self) -> Result<StreamPoint> {
-        let mut count = self.identity.points.lock();
-        *count += 1;
-        StreamPoint::record(self, *count)
+        // The event is taken before the identity's lock, which every borrow of this driver
+        // stream shares: creating an event can wait for the device.
+        self.point_from(self.reserve_point()?)
     }
 
     /// Set aside an event for a point to be taken on this stream later with
@@ -153,7 +153,9 @@ impl Stream {
     /// [`Stream::point`] with an event reserved before. The reservation must come from a
     /// stream of this device.
     pub fn point_from(&self, reserved: ReservedPoint) -> Result<StreamPoint> {
-        let Some(event) = reserved.take() else { return self.point() };
+        let Some(event) = reserved.take() else {
+            return Err(Error::InvalidArgument { name: "reserved", reason: "its event was taken already".into() });
+        };
         if event.device() != &self.device {
             let got = event.device().ordinal();
             give_back_event(event);
@@ -173,6 +175,16 @@ impl Stream {
             return Ok(());
         }
         self.wait(point.event())
+    }
+
+    /// Whether the stream is capturing a CUDA graph: work enqueued now is recorded into the
+    /// graph, not run.
+    pub fn is_capturing(&self) -> Result<bool> {
+        self.device.bind()?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: live stream handle; out-pointer to a local.
+        check(unsafe { sys::cuStreamIsCapturing(self.raw, &mut status) }, "cuStreamIsCapturing")?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
     /// Whether everything enqueued on this stream so far is done, without blocking. Work

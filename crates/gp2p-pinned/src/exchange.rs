@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use gp2p_cuda::raw::{self, ExchangeLines};
-use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, PtxTarget, RawDevicePtr, Stream, StreamPoint};
+use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes, next_exchange_seq};
 
 use crate::buffer::require_host_mapping;
@@ -108,13 +108,10 @@ impl LineExchange {
         })
     }
 
-    /// Whether `device` may take part in a line exchange: only where it runs the compute_80
-    /// build of the kernels. On two H200s with the compute_75 (Turing) build forced, the
-    /// exchange of f64 after an f32 one waited out its timeout every time, with kernels
-    /// whose PTX is identical in both builds; until that is understood, Turing cards take
-    /// the DMA exchange.
+    /// Whether `device` may take part in a line exchange: only where it runs a build of the
+    /// kernels that offers it ([`gp2p_cuda::PtxTarget::runs_line_exchange`]).
     pub fn supported_on(device: &Device) -> bool {
-        device.ptx_target() >= PtxTarget::Compute80
+        device.ptx_target().runs_line_exchange()
     }
 
     /// Whether a call whose streams have work queued starts both kernels only once both
@@ -212,9 +209,18 @@ impl LineExchange {
             unsafe {
                 raw::exchange(streams[r], bufs[r].raw_ptr(), len, T::DTYPE, op, lines, seq, divide_by, timeout_ns)?
             };
-            let point = match reserved[r].take() {
-                Some(event) => streams[r].point_from(event)?,
-                None => streams[r].point()?,
+            let taken = match reserved[r].take() {
+                Some(event) => streams[r].point_from(event),
+                None => streams[r].point(),
+            };
+            let point = match taken {
+                Ok(point) => point,
+                Err(e) => {
+                    // The kernel is queued but its uses could not be noted: wait for it (at
+                    // most its timeout) so nothing it touches is freed under it.
+                    let _ = streams[r].synchronize();
+                    return Err(e.into());
+                }
             };
             bufs[r].note_use(&point);
             self.lines[0].uses().note(&point);

@@ -116,25 +116,41 @@ class CustomAllreduce:
     captured all-reduces go to the caller's fallback.
     """
 
-    def __init__(self, comm: Any):
+    def __init__(self, comm: Optional[Any]):
+        """Over ``comm`` (a :class:`Communicator`), or disabled with None."""
         self.comm = comm
-        self.disabled = comm.world_size != 2
+        self.disabled = comm is None or comm.world_size != 2
         self._capturing = False
 
     @classmethod
     def from_group(cls, group: Any, device: Any, **options: Any) -> "CustomAllreduce":
         """Make the communicator over a torch.distributed CPU (gloo) group: its first rank
-        makes the id and broadcasts it to the others."""
+        makes the id and broadcasts it to the others. Disabled (never raising) where this
+        version cannot serve the group: not two ranks, or a rank that failed to join (every
+        rank then agrees to disable it, so none waits on a peer that is not there)."""
         import torch.distributed as dist
 
         rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
+        if world != 2:
+            return cls(None)
         box = [unique_id() if rank == 0 else None]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        return cls(Communicator(box[0], rank, world, device, **options))
+        comm, ok = None, True
+        try:
+            comm = Communicator(box[0], rank, world, device, **options)
+        except Exception:  # noqa: BLE001  (any failure disables it, on every rank)
+            ok = False
+        everyone = [None] * world
+        dist.all_gather_object(everyone, ok, group=group)
+        if not all(everyone):
+            if comm is not None:
+                comm.close()
+            return cls(None)
+        return cls(comm)
 
     def should_custom_ar(self, inp: Any) -> bool:
         """Whether :meth:`custom_all_reduce` takes ``inp`` (a cheap check, no GPU work)."""
-        if self.disabled or self._capturing:
+        if self.disabled or self._capturing or _torch_capturing():
             return False
         try:
             t = describe(inp, "inp")
@@ -168,4 +184,18 @@ class CustomAllreduce:
             self._capturing = False
 
     def close(self) -> None:
-        self.comm.close()
+        if self.comm is not None:
+            self.comm.close()
+
+
+def _torch_capturing() -> bool:
+    """Whether torch is capturing a CUDA graph on the current stream (False without torch):
+    a capture outside :meth:`CustomAllreduce.capture` is declined too."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    check = getattr(getattr(torch, "cuda", None), "is_current_stream_capturing", None)
+    try:
+        return bool(check()) if check is not None else False
+    except Exception:  # noqa: BLE001  (no CUDA: nothing can be capturing)
+        return False
