@@ -265,15 +265,7 @@ impl Communicator {
         unsafe {
             exchange(stream, buf.raw_ptr(), buf.len(), T::DTYPE, op, lines, seq, divide_by, timeout_ns)?;
         }
-        let point = match stream.point_from(reserved) {
-            Ok(point) => point,
-            Err(e) => {
-                // The kernel is queued but its uses could not be noted: wait for it (at most
-                // its timeout) so nothing it touches is freed or unregistered under it.
-                let _ = stream.synchronize();
-                return Err(e.into());
-            }
-        };
+        let point = stream.point_from(reserved)?;
         buf.note_use(&point);
         self.registration.uses().note(&point);
         self.last = Some(point);

@@ -79,25 +79,26 @@ impl StreamPoint {
 /// between two launches (the line exchange, whose kernels wait for each other) reserves its
 /// points before the first launch. Dropped unused, the event goes back to the pool.
 pub struct ReservedPoint {
-    event: Option<Event>,
+    event: ManuallyDrop<Event>,
 }
 
 impl ReservedPoint {
     pub(crate) fn new(device: &Device) -> Result<ReservedPoint> {
-        Ok(ReservedPoint { event: Some(take_pooled_event(device)?) })
+        Ok(ReservedPoint { event: ManuallyDrop::new(take_pooled_event(device)?) })
     }
 
-    /// The event, for the record (once).
-    pub(crate) fn take(mut self) -> Option<Event> {
-        self.event.take()
+    /// The event, for the record.
+    pub(crate) fn into_event(self) -> Event {
+        let mut reserved = ManuallyDrop::new(self);
+        // SAFETY: `reserved` is never dropped, so its event is taken exactly once, here.
+        unsafe { ManuallyDrop::take(&mut reserved.event) }
     }
 }
 
 impl Drop for ReservedPoint {
     fn drop(&mut self) {
-        if let Some(event) = self.event.take() {
-            give_back_event(event);
-        }
+        // SAFETY: dropped once; `into_event` (the only other taker) never lets it drop.
+        give_back_event(unsafe { ManuallyDrop::take(&mut self.event) });
     }
 }
 

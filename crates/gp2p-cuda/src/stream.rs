@@ -137,10 +137,18 @@ impl Stream {
     /// Capture the work enqueued on this stream so far as a [`StreamPoint`]: the last-use
     /// record of the operations that touch memory, and the cheapest way to order another
     /// stream after this one.
+    ///
+    /// Every operation enqueues its work and then notes a point on what it touched. If the
+    /// point cannot be taken, this waits for the stream before returning the error, so that
+    /// work enqueued before it has no use left to note: a buffer dropped after the error is
+    /// not freed under it. (Only on this error path does taking a point block.)
     pub fn point(&self) -> Result<StreamPoint> {
         // The event is taken before the identity's lock, which every borrow of this driver
         // stream shares: creating an event can wait for the device.
-        self.point_from(self.reserve_point()?)
+        match self.reserve_point() {
+            Ok(reserved) => self.point_from(reserved),
+            Err(e) => Err(self.settle_after(e)),
+        }
     }
 
     /// Set aside an event for a point to be taken on this stream later with
@@ -150,20 +158,35 @@ impl Stream {
         ReservedPoint::new(&self.device)
     }
 
-    /// [`Stream::point`] with an event reserved before. The reservation must come from a
-    /// stream of this device.
+    /// [`Stream::point`] with an event reserved before (its only driver call is the record,
+    /// which never waits). The reservation must come from a stream of this device. As with
+    /// `point`, a failure waits for the stream before it returns.
     pub fn point_from(&self, reserved: ReservedPoint) -> Result<StreamPoint> {
-        let Some(event) = reserved.take() else {
-            return Err(Error::InvalidArgument { name: "reserved", reason: "its event was taken already".into() });
-        };
+        let event = reserved.into_event();
         if event.device() != &self.device {
             let got = event.device().ordinal();
             give_back_event(event);
-            return Err(Error::WrongDevice { what: "reserved point", got, expected: self.device.ordinal() });
+            let wrong = Error::WrongDevice { what: "reserved point", got, expected: self.device.ordinal() };
+            return Err(self.settle_after(wrong));
         }
-        let mut count = self.identity.points.lock();
-        *count += 1;
-        StreamPoint::record_with(self, *count, event)
+        let recorded = {
+            let mut count = self.identity.points.lock();
+            *count += 1;
+            StreamPoint::record_with(self, *count, event)
+        };
+        recorded.map_err(|e| self.settle_after(e))
+    }
+
+    /// Wait for everything enqueued so far (ignoring how that goes: `error` is what the
+    /// caller reports), for when a point after enqueued work could not be taken.
+    fn settle_after(&self, error: Error) -> Error {
+        if self.device.bind().is_ok() {
+            // SAFETY: live stream handle. The result is not taken: a context failure shows
+            // in `error` or at the next call, and a destructor's deferred error stays queued
+            // for its owner (Stream::synchronize would take it).
+            let _ = unsafe { sys::cuStreamSynchronize(self.raw) };
+        }
+        error
     }
 
     /// Make later work on this stream wait (on the GPU) for the work `point` captured. A

@@ -196,8 +196,8 @@ impl LineExchange {
         // Events for the two points, taken now: between the two launches nothing may wait
         // for a device (creating an event can, on some drivers, wait for the device to go
         // idle, which rank 0's kernel does only once rank 1's runs or its timeout passes).
-        let mut reserved = [Some(streams[0].reserve_point()?), Some(streams[1].reserve_point()?)];
-        for r in 0..2 {
+        let reserved = [streams[0].reserve_point()?, streams[1].reserve_point()?];
+        for (r, reserved) in reserved.into_iter().enumerate() {
             let (own, peer) = self.mapped[r];
             let lines = ExchangeLines { out_lines: own + half, in_lines: peer + half, failed: self.failed_mapped[r] };
             // SAFETY: the buffer is `len` elements on the stream's device (checked above);
@@ -209,19 +209,7 @@ impl LineExchange {
             unsafe {
                 raw::exchange(streams[r], bufs[r].raw_ptr(), len, T::DTYPE, op, lines, seq, divide_by, timeout_ns)?
             };
-            let taken = match reserved[r].take() {
-                Some(event) => streams[r].point_from(event),
-                None => streams[r].point(),
-            };
-            let point = match taken {
-                Ok(point) => point,
-                Err(e) => {
-                    // The kernel is queued but its uses could not be noted: wait for it (at
-                    // most its timeout) so nothing it touches is freed under it.
-                    let _ = streams[r].synchronize();
-                    return Err(e.into());
-                }
-            };
+            let point = streams[r].point_from(reserved)?;
             bufs[r].note_use(&point);
             self.lines[0].uses().note(&point);
             self.lines[1].uses().note(&point);
