@@ -30,6 +30,11 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
+    /// The reduce and exchange kernels, in the build `device` runs ([`Device::ptx_target`]).
+    pub fn reduce_kernels(device: &Device) -> Result<Arc<Module>> {
+        Module::load(device, device.ptx_target().reduce_module())
+    }
+
     /// The module `ptx` on `device`, loaded (and JIT-compiled by the driver) on first use.
     pub fn load(device: &Device, ptx: PtxModule) -> Result<Arc<Module>> {
         let mut cache = device.modules().lock();

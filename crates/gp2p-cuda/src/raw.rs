@@ -120,8 +120,7 @@ pub unsafe fn reduce(
     if len == 0 {
         return Ok(());
     }
-    let function = Module::load(stream.device(), stream.device().ptx_target().reduce_module())?
-        .function(reduce_kernel_name(op, dtype))?;
+    let function = Module::reduce_kernels(stream.device())?.function(reduce_kernel_name(op, dtype))?;
     let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
     let args = ReduceArgs { dst, src, len: len as u64, divisor: divide_by };
     // SAFETY: a reduce kernel of `dtype`; the addresses are the caller's contract.
@@ -184,8 +183,7 @@ pub unsafe fn exchange(
     if len == 0 {
         return Ok(());
     }
-    let function = Module::load(stream.device(), stream.device().ptx_target().reduce_module())?
-        .function(exchange_kernel_name(op, dtype))?;
+    let function = Module::reduce_kernels(stream.device())?.function(exchange_kernel_name(op, dtype))?;
     let config = exchange_launch_config(len, dtype);
     let args = ExchangeArgs {
         buf,

@@ -93,7 +93,7 @@ pub fn reduce<T: Element>(
 /// module use: under compute-sanitizer each kernel's first launch is slow, and instrumenting
 /// all of them made the racecheck run of the collectives' tests outlast its limit.)
 pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
-    let module = Module::load(device, device.ptx_target().reduce_module())?;
+    let module = Module::reduce_kernels(device)?;
     module.warm_once(|module| {
         let stream = Stream::new(device)?;
         let one = LaunchConfig { grid: 1, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 };
