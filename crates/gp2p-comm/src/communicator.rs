@@ -13,6 +13,7 @@ use gp2p_cuda::raw::{ExchangeLines, exchange};
 use gp2p_cuda::{Device, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes, next_exchange_seq};
 
+use crate::segment::{LONGEST_TIMEOUT, poll_until};
 use crate::{Error, Result, Segment, UniqueId};
 
 /// How a communicator is made.
@@ -374,8 +375,8 @@ fn all_registered(segment: &Segment, layout: &Layout, ok: bool, timeout: Duratio
     Ok(())
 }
 
-/// Poll `ready` (on the host, sleeping between polls) for at most `timeout`; on timeout the
-/// error names the ranks of `world` that `missing` gives.
+/// Wait until `ready` (see [`crate::segment::poll_until`]) for at most `timeout`; on timeout
+/// the error names the ranks of `world` that `missing` gives.
 fn wait_until(
     timeout: Duration,
     world: usize,
@@ -383,13 +384,10 @@ fn wait_until(
     missing: impl Fn() -> Vec<usize>,
 ) -> Result<()> {
     let started = Instant::now();
-    while !ready() {
-        if started.elapsed() > timeout {
-            return Err(Error::PeersMissing { missing: missing(), world, waited: started.elapsed() });
-        }
-        std::thread::sleep(Duration::from_micros(200));
+    match poll_until(started + timeout.min(LONGEST_TIMEOUT), || Ok(ready().then_some(())))? {
+        Some(()) => Ok(()),
+        None => Err(Error::PeersMissing { missing: missing(), world, waited: started.elapsed() }),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const STAGING_ALIGN: usize = 64 * 1024;
 
 /// Longer timeouts are cut to this, so a deadline never overflows (a year: "forever").
-const LONGEST_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+pub(crate) const LONGEST_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// `b"gp2pcomm"`: a header the creator has finished setting up.
 const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"gp2pcomm");
 /// Version of the segment layout above; raised whenever it changes.
@@ -50,6 +50,24 @@ const SEGMENT_MODE: u32 = 0o600;
 const POLL_FIRST: Duration = Duration::from_micros(20);
 /// Longest pause while polling the header.
 const POLL_MAX: Duration = Duration::from_millis(1);
+
+/// Poll `ready` on the host until it gives `Some` (returned) or `deadline` passes (`None`),
+/// sleeping between polls for a pause that starts at [`POLL_FIRST`] and doubles up to
+/// [`POLL_MAX`]; an error from `ready` ends the wait. Every wait for other processes in this
+/// crate, all before a communicator exists, goes through here.
+pub(crate) fn poll_until<T>(deadline: Instant, mut ready: impl FnMut() -> Result<Option<T>>) -> Result<Option<T>> {
+    let mut pause = POLL_FIRST;
+    loop {
+        if let Some(value) = ready()? {
+            return Ok(Some(value));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(POLL_MAX);
+    }
+}
 
 /// The start of every segment. Atomics only: other processes write it while this one reads.
 #[repr(C, align(64))]
@@ -236,16 +254,11 @@ impl Segment {
                 }
             }
         }
-        let mut pause = POLL_FIRST;
-        loop {
-            if header.joined.load(Ordering::Acquire) as usize == self.world {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return self.give_up(start);
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(POLL_MAX);
+        let all_in =
+            poll_until(deadline, || Ok((header.joined.load(Ordering::Acquire) as usize == self.world).then_some(())))?;
+        match all_in {
+            Some(()) => Ok(()),
+            None => self.give_up(start),
         }
     }
 
@@ -410,41 +423,27 @@ fn attach(fd: OwnedFd, name: &str, want: Want, start: Instant, deadline: Instant
     let file = File::from(fd);
     let stalled = || Error::CreatorStalled { name: name.to_owned(), waited: start.elapsed() };
     // The creator sizes the segment before it writes the header: wait for the size first.
-    let mut pause = POLL_FIRST;
-    let len = loop {
+    let sized = poll_until(deadline, || {
         let len = file.metadata().map_err(|e| Error::Os { name: name.to_owned(), call: "fstat", source: e })?.len();
-        if len > 0 {
-            break usize::try_from(len)
-                .map_err(|_| Error::Foreign { name: name.to_owned(), problem: format!("{len} bytes") })?;
-        }
-        if Instant::now() >= deadline {
-            return Err(stalled());
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(POLL_MAX);
-    };
+        Ok((len > 0).then_some(len))
+    })?;
+    let len = sized.ok_or_else(stalled)?;
+    let len =
+        usize::try_from(len).map_err(|_| Error::Foreign { name: name.to_owned(), problem: format!("{len} bytes") })?;
     if len < LINE {
         return Err(Error::Foreign { name: name.to_owned(), problem: format!("{len} bytes, shorter than its header") });
     }
     let map = Mapping::new(file.as_fd(), len, name)?;
     let h = map.header();
-    let mut pause = POLL_FIRST;
-    loop {
-        match h.magic.load(Ordering::Acquire) {
-            SEGMENT_MAGIC => break,
-            0 if Instant::now() < deadline => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(POLL_MAX);
-            }
-            0 => return Err(stalled()),
-            other => {
-                return Err(Error::Foreign {
-                    name: name.to_owned(),
-                    problem: format!("magic {other:#018x}, expected {SEGMENT_MAGIC:#018x}"),
-                });
-            }
-        }
-    }
+    let set_up = poll_until(deadline, || match h.magic.load(Ordering::Acquire) {
+        SEGMENT_MAGIC => Ok(Some(())),
+        0 => Ok(None),
+        other => Err(Error::Foreign {
+            name: name.to_owned(),
+            problem: format!("magic {other:#018x}, expected {SEGMENT_MAGIC:#018x}"),
+        }),
+    })?;
+    set_up.ok_or_else(stalled)?;
     let version = h.version.load(Ordering::Relaxed);
     if version != LAYOUT_VERSION {
         return Err(Error::Foreign {
