@@ -191,6 +191,10 @@ class FakeTorch:
             def __init__(self, device):
                 self.cuda_stream = 0x5000 + device
 
+        class ExternalStream:
+            def __init__(self, stream_ptr, device=None):
+                self.cuda_stream = stream_ptr
+
         class Event:
             def __init__(self):
                 self.recorded, self.done = None, False
@@ -210,6 +214,7 @@ class FakeTorch:
             current_stream=lambda device: Stream(device if isinstance(device, int) else device.index),
             current_device=lambda: 0,
             Event=Event,
+            ExternalStream=ExternalStream,
         )
 
 
@@ -583,3 +588,16 @@ def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
     off = CustomAllreduce(None)  # what from_group gives where this version cannot serve
     assert off.disabled and not off.should_custom_ar(CudaArray((1024,))) and off.custom_all_reduce(CudaArray((4,))) is None
     off.close()
+
+
+def test_a_read_tensor_on_another_stream_of_its_device_is_refused(native):
+    # The op runs on the written tensor's stream: an input ordered on another stream of the
+    # same device would be read before its producer is done, and could be freed under it.
+    src = CudaArray((8,), device=0, stream=0x11)
+    with pytest.raises(ValueError, match="src: ordered on stream 0x11, but dst on stream 0x22"):
+        ops.reduce(CudaArray((8,), device=0, stream=0x22), src)
+    ins = [CudaArray((4,), device=d, stream=0x30 + d) for d in (0, 1)]
+    outs = [CudaArray((8,), device=d, stream=0x40 + d) for d in (0, 1)]
+    with pytest.raises(ValueError, match=r"inputs\[0\]: ordered on stream 0x30"):
+        gp.all_gather(ins, outs)
+    assert native.calls == [], "refused before the library"

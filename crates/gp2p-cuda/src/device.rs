@@ -107,6 +107,11 @@ impl Device {
     /// Open device `ordinal` (its primary context). Refuses devices below compute
     /// capability 7.5. Opening the same ordinal again returns the same device.
     pub fn open(ordinal: usize) -> Result<Device> {
+        // An open device first: the bindings open one per call, and the count is a driver
+        // call that an open device has already passed.
+        if let Some(Some(device)) = OPEN.lock().get(ordinal) {
+            return Ok(device.clone());
+        }
         let count = Self::count()?;
         if ordinal >= count {
             return Err(Error::NoDevice { ordinal, count });

@@ -14,8 +14,7 @@ use crate::ffi::{Caller, by_dtype};
 /// A new unique id for a communicator, as text to hand to every rank.
 #[pyfunction]
 pub(crate) fn unique_id(py: Python<'_>) -> PyResult<String> {
-    py.detach(|| UniqueId::new().map(|id| id.to_string()).map_err(|e| Raised::from(geforce_p2p::Error::from(e))))
-        .map_err(|e| e.into_pyerr(py))
+    py.detach(|| UniqueId::new().map(|id| id.to_string()).map_err(Raised::from)).map_err(|e| e.into_pyerr(py))
 }
 
 /// One rank of a communicator (see `geforce_p2p.distributed.Communicator`).
@@ -52,7 +51,7 @@ impl PyCommunicator {
         join_timeout: f64,
     ) -> PyResult<Self> {
         let run = || -> Result<PyCommunicator, Raised> {
-            let id: UniqueId = id.parse().map_err(|e| Raised::from(geforce_p2p::Error::from(e)))?;
+            let id: UniqueId = id.parse().map_err(Raised::from)?;
             let options = CommOptions {
                 small_max_bytes: max_bytes,
                 peer_timeout: seconds("peer_timeout", peer_timeout)?,
@@ -60,7 +59,7 @@ impl PyCommunicator {
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;
-            let comm = Communicator::new(&id, rank, world, &dev, options).map_err(geforce_p2p::Error::from)?;
+            let comm = Communicator::new(&id, rank, world, &dev, options)?;
             let max_bytes = comm.small_max_bytes();
             Ok(PyCommunicator { inner: Mutex::new(Some(comm)), rank, world, device, max_bytes })
         };
@@ -113,5 +112,5 @@ impl PyCommunicator {
 fn all_reduce_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, op: ReduceOp) -> Result<(), Raised> {
     let caller = Caller::open(buf)?;
     let mut view = caller.view_mut::<T>(buf.ptr, len);
-    comm.all_reduce(&mut view, &caller.stream, op).map_err(|e| Raised::from(geforce_p2p::Error::from(e)))
+    comm.all_reduce(&mut view, &caller.stream, op).map_err(Raised::from)
 }

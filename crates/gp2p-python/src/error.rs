@@ -202,7 +202,15 @@ macro_rules! raised_from {
         }
     )*};
 }
-raised_from!(cuda::Error, pinned::Error, transport::Error, geforce_p2p::Error, collectives::Error, probe::Error);
+raised_from!(
+    cuda::Error,
+    pinned::Error,
+    transport::Error,
+    geforce_p2p::Error,
+    collectives::Error,
+    probe::Error,
+    comm::Error
+);
 
 #[cfg(test)]
 mod tests {

@@ -21,10 +21,12 @@
 //! 3. The memory stays allocated while the enqueued work runs. geforce-p2p records no last
 //!    use for foreign memory; what protects it is stream order: every op here is ordered
 //!    after the work already queued on the caller streams and before anything queued there
-//!    later (the library's internal streams join back into them before it returns), and
-//!    torch frees and reuses a tensor's memory in the order of those streams. Memory not
-//!    owned by torch must be kept by its owner until the streams' work is done (the Python
-//!    API says so).
+//!    later (the library's internal streams join back into them before it returns). Torch's
+//!    caching allocator reuses a freed tensor's memory in the order of the stream the tensor
+//!    was allocated on, which is the current stream the op runs on unless the caller switched
+//!    streams since the allocation; then, as for torch's own ops, the caller must
+//!    `record_stream` the tensor (the Python API says so). Memory not owned by torch must be
+//!    kept by its owner until the streams' work is done.
 //! 4. Nothing else writes memory an op reads, or touches memory it writes, while the op
 //!    runs, except through work ordered on the same streams. Inputs and outputs of one call
 //!    do not overlap: the library refuses an overlapping source and destination on one

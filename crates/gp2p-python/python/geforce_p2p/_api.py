@@ -4,7 +4,9 @@ Stream semantics, for every op: its work is ordered after the work already queue
 current stream of each tensor's device, and work queued there afterwards sees its result,
 with no synchronisation; the host is not blocked. The library's internal streams join back
 into those streams before the call returns, so torch may free or reuse a tensor's memory in
-stream order as usual. Pinned CPU tensors that a copy reads or writes are held by this
+stream order as usual. As with torch's own ops, a tensor used under a stream other than the
+one it was allocated on (``with torch.cuda.stream(s)``) needs ``t.record_stream(s)`` before it
+is freed. Pinned CPU tensors that a copy reads or writes are held by this
 module until the copy is done (torch would otherwise hand their memory out again at once);
 read a CPU result only after synchronising its stream, as with ``non_blocking=True``.
 """
@@ -27,6 +29,7 @@ from ._tensors import (
     same_shape,
     tensor_list,
     torch_dtype,
+    same_stream,
     writable,
 )
 
@@ -107,9 +110,7 @@ def copy_(dst: Any, src: Any, *, route: str = "auto", chunk_bytes: Optional[int]
 def _copy(d: Tensor, s: Tensor, route: str, chunk_bytes: Optional[int], slots: Optional[int]) -> None:
     route = check_choice("route", route, ROUTES)
     chunk_bytes, slots = _positive("chunk_bytes", chunk_bytes), _positive("slots", slots)
-    writable(d)
-    same_dtype(d, s)
-    same_shape(d, s)
+    _pair(d, s)
     if d.device is not None and s.device is not None:
         disjoint(d, s)
         _native.copy(s.dtype, s.numel, s.memory, d.memory, route, chunk_bytes, slots)
@@ -126,6 +127,13 @@ def _copy(d: Tensor, s: Tensor, route: str, chunk_bytes: Optional[int], slots: O
         on_host(d)
         _native.copy_to_host(s.dtype, s.numel, s.memory, d.ptr)
         hold_until_done(d, s)
+
+
+def _pair(d: Tensor, s: Tensor) -> None:
+    """``dst`` and ``src`` of a two-tensor op: ``dst`` writable, same dtype and shape."""
+    writable(d)
+    same_dtype(d, s)
+    same_shape(d, s)
 
 
 def _ranks(objs: Any, name: str, write: bool = True) -> list:
@@ -160,6 +168,7 @@ def _paired(inputs: Any, outputs: Any) -> tuple:
         same_dtype(i, outs[0])
         if i.device != o.device:
             raise ValueError("%s: on %s, but %s is on %s" % (i.name, i.where(), o.name, o.where()))
+        same_stream(i, o)
     for i in ins:
         for o in outs:
             disjoint(i, o)

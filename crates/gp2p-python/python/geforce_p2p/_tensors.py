@@ -296,11 +296,14 @@ class _DLManagedTensor(ctypes.Structure):
     ]
 
 
+# A prototype of its own, set once (not on the shared ctypes.pythonapi entry at every call).
+_PyCapsule_GetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
+
+
 def _capsule_pointer(capsule: Any, name: bytes) -> int:
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype = ctypes.c_void_p
-    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    return get(capsule, name) or 0
+    return _PyCapsule_GetPointer(capsule, name) or 0
 
 
 def _from_dlpack(obj: Any, name: str) -> Tensor:
@@ -365,6 +368,17 @@ def same_dtype(t: Tensor, like: Tensor) -> None:
         )
 
 
+def same_stream(t: Tensor, like: Tensor) -> None:
+    """Refuse a read tensor ordered on another stream of its device than the op's: the op runs
+    on ``like``'s stream, and would neither wait for ``t``'s producer nor hold off its free.
+    (Torch tensors of one device share the current stream, so they always pass.)"""
+    if t.device is not None and t.device == like.device and t.stream != like.stream:
+        raise ValueError(
+            "%s: ordered on stream %#x, but %s on stream %#x of the same device; give both one stream"
+            % (t.name, t.stream, like.name, like.stream)
+        )
+
+
 def same_shape(t: Tensor, like: Tensor) -> None:
     if t.shape != like.shape:
         raise ValueError("%s: shape %s, but %s has shape %s" % (t.name, t.shape, like.name, like.shape))
@@ -419,7 +433,9 @@ def hold_until_done(t: Tensor, stream_of: Tensor) -> None:
     torch = _torch()
     if not t.is_torch or torch is None or stream_of.device is None:
         return
-    stream = torch.cuda.current_stream(stream_of.device)
+    # The stream the op ran on (what the native call was given), not the current one: for
+    # an array naming its own stream, or DLPack's legacy stream, they differ.
+    stream = torch.cuda.ExternalStream(stream_of.stream, device=stream_of.device)
     event = torch.cuda.Event()
     event.record(stream)
     _held.append((event, t.obj))

@@ -32,8 +32,8 @@ import contextlib
 from typing import Any, Optional
 
 from . import _native
-from ._api import REDUCE_OPS
-from ._tensors import KERNEL_DTYPES, check_choice, describe, on_device, writable
+from ._api import REDUCE_OPS, _target_device
+from ._tensors import check_choice, describe, on_device, writable
 
 __all__ = ["unique_id", "Communicator", "CustomAllreduce"]
 
@@ -44,16 +44,10 @@ def unique_id() -> str:
 
 
 def _device_index(device: Any) -> int:
-    if isinstance(device, int) and not isinstance(device, bool):
-        return device
-    if isinstance(device, str):
-        index = device[5:] if device.startswith("cuda:") else None
-    else:
-        index = getattr(device, "index", None)  # a torch.device
-    try:
-        return int(index)
-    except (TypeError, ValueError):
+    index = _target_device(device)
+    if index is None:
         raise ValueError("device: %r is not a CUDA device; pass an ordinal, 'cuda:N' or a torch.device" % (device,))
+    return index
 
 
 class Communicator:
@@ -156,12 +150,11 @@ class CustomAllreduce:
             t = describe(inp, "inp")
         except (TypeError, ValueError):
             return False
-        nbytes = t.numel * KERNEL_DTYPES[t.dtype][0]
         return (
             t.device == self.comm.device
             and not t.readonly
-            and 0 < nbytes <= self.comm.max_bytes
-            and nbytes % 16 == 0
+            and 0 < t.nbytes <= self.comm.max_bytes
+            and t.nbytes % 16 == 0
         )
 
     def custom_all_reduce(self, inp: Any) -> Optional[Any]:
@@ -184,6 +177,7 @@ class CustomAllreduce:
             self._capturing = False
 
     def close(self) -> None:
+        self.disabled = True  # callers fall back from now on
         if self.comm is not None:
             self.comm.close()
 

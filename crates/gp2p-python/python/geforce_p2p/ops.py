@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _native
-from ._api import REDUCE_OPS, _copy, _positive
-from ._tensors import check_choice, describe, disjoint, hold_until_done, on_device, on_host, same_dtype, same_shape, writable
+from ._api import REDUCE_OPS, _copy, _pair, _positive
+from ._tensors import check_choice, describe, disjoint, hold_until_done, on_device, on_host, same_stream
 
 __all__ = ["staged_copy", "reduce_from_host", "copy_to_host", "copy_from_host", "reduce"]
 
@@ -29,18 +29,14 @@ def copy_to_host(dst: Any, src: Any) -> Any:
     """DMA CUDA tensor ``src`` into pinned CPU tensor ``dst``. Returns ``dst``; read it after
     synchronising ``src``'s stream."""
     d, s = on_host(describe(dst, "dst")), on_device(describe(src, "src"))
-    _pair(d, s)
-    _native.copy_to_host(s.dtype, s.numel, s.memory, d.ptr)
-    hold_until_done(d, s)
+    _copy(d, s, "auto", None, None)
     return dst
 
 
 def copy_from_host(dst: Any, src: Any) -> Any:
     """DMA pinned CPU tensor ``src`` into CUDA tensor ``dst``. Returns ``dst``."""
     d, s = on_device(describe(dst, "dst")), on_host(describe(src, "src"))
-    _pair(d, s)
-    _native.copy_from_host(s.dtype, s.numel, s.ptr, d.memory)
-    hold_until_done(s, d)
+    _copy(d, s, "auto", None, None)
     return dst
 
 
@@ -66,12 +62,7 @@ def reduce(dst: Any, src: Any, op: str = "sum", divide_by: int = 1) -> Any:
     _pair(d, s)
     if d.device != s.device:
         raise ValueError("src: on %s, but dst is on %s; reduce works on one device" % (s.where(), d.where()))
+    same_stream(s, d)
     disjoint(s, d)
     _native.reduce(d.dtype, d.numel, d.memory, s.ptr, op, divide_by)
     return dst
-
-
-def _pair(d, s) -> None:
-    writable(d)
-    same_dtype(s, d)
-    same_shape(s, d)
