@@ -98,12 +98,14 @@ pub fn round_trip<T: Element>(
     unsafe { memcpy_dtoh_async(stream, host.host_mut_ptr().cast(), src.raw_ptr(), host.bytes())? };
     // SAFETY: as above, directions swapped; the stream orders this DMA after the first, so
     // it reads what that one wrote.
-    unsafe { memcpy_htod_async(stream, dst.raw_ptr(), host.host_mut_ptr().cast_const().cast(), host.bytes())? };
+    let second =
+        unsafe { memcpy_htod_async(stream, dst.raw_ptr(), host.host_mut_ptr().cast_const().cast(), host.bytes()) };
+    // Noted even if the second DMA failed: the first is enqueued.
     let point = stream.point()?;
     src.note_use(&point);
     host.note_use(&point);
     dst.note_use(&point);
-    Ok(())
+    Ok(second?)
 }
 
 /// Refuses a device view `what` off the stream's device, and a host range of another length.

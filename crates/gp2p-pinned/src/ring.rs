@@ -61,11 +61,32 @@ impl Sent {
 }
 
 /// Refuses a [`Fold::Scratch`] whose scratch is shorter than the chunk.
-fn check_scratch<T: Element>(fold: &Fold<'_, T>, len: usize) -> Result<()> {
-    if let Fold::Scratch { scratch, .. } = fold
-        && scratch.len() < len
-    {
-        return Err(Error::ScratchTooShort { got: scratch.len(), needed: len });
+/// Refuse a fold that could not run, before anything is enqueued: a scratch too short or on
+/// another device than `consumer`, or an avg divisor of 0.
+fn check_fold<T: Element>(fold: &Fold<'_, T>, len: usize, consumer: &Device) -> Result<()> {
+    let divide_by = match fold {
+        Fold::Copy => return Ok(()),
+        Fold::ZeroCopy { divide_by, .. } => *divide_by,
+        Fold::Scratch { scratch, divide_by, .. } => {
+            if scratch.len() < len {
+                return Err(Error::ScratchTooShort { got: scratch.len(), needed: len });
+            }
+            if scratch.device() != consumer {
+                return Err(Error::WrongDevice {
+                    what: "the scratch",
+                    got: scratch.device().ordinal(),
+                    of: "the ring's consumer",
+                    expected: consumer.ordinal(),
+                });
+            }
+            *divide_by
+        }
+    };
+    if divide_by == 0 {
+        return Err(Error::InvalidArgument {
+            name: "divide_by",
+            reason: "0; pass 1, or the number of contributions for avg".into(),
+        });
     }
     Ok(())
 }
@@ -162,9 +183,9 @@ impl StagingRing {
         self.slot_bytes
     }
 
-    /// Whether no GPU work still uses any slot (non-blocking).
-    pub fn is_idle(&self) -> bool {
-        self.memory.uses().is_idle().unwrap_or(false)
+    /// Whether some slot was filled and not yet drained.
+    fn holds_any_chunk(&self) -> bool {
+        self.holds_chunk.contains(&true)
     }
 
     /// The next slot in round-robin order; the rotation continues across calls, so
@@ -191,8 +212,8 @@ impl StagingRing {
             return Err(Error::LengthMismatch { what: "src", got: src.len(), of: "dst", expected: dst.len() });
         }
         // Refuse bad input before the slot is filled: nothing is enqueued then.
-        check_scratch(&fold, dst.len())?;
-        self.check(self.cursor, dst.bytes(), consumer, Side::Consumer)?;
+        check_fold(&fold, dst.len(), &self.consumer)?;
+        self.check(self.cursor, dst.bytes(), consumer, dst.device(), Side::Consumer)?;
         let sent = self.send(producer, src)?;
         self.receive(sent, consumer, dst, fold)
     }
@@ -202,7 +223,7 @@ impl StagingRing {
     /// again (an exchange sends on several rings before any receives, one slot each).
     pub fn send<T: Element>(&mut self, producer: &Stream, src: &DeviceView<'_, T>) -> Result<Sent> {
         let slot = self.cursor;
-        let landed = self.fill_slot(slot, producer, src)?;
+        let landed = self.fill(slot, producer, src)?;
         self.next_slot();
         Ok(Sent { ring: self.id, slot, bytes: src.bytes(), landed })
     }
@@ -223,7 +244,7 @@ impl StagingRing {
         if dst.bytes() != sent.bytes {
             return Err(Error::ReceiveSize { got: dst.bytes(), sent: sent.bytes });
         }
-        check_scratch(&fold, dst.len())?;
+        check_fold(&fold, dst.len(), &self.consumer)?;
         let slot = sent.slot;
         match fold {
             Fold::Copy => self.drain(slot, consumer, dst),
@@ -233,7 +254,7 @@ impl StagingRing {
                 self.land_into(slot, consumer, &tmp)?;
                 // SAFETY: dst and the scratch are dst.len() elements on the consumer's device
                 // (checked), distinct device memory, valid until the point noted below.
-                unsafe {
+                let folded = unsafe {
                     raw::reduce(
                         consumer,
                         dst.raw_ptr(),
@@ -243,26 +264,24 @@ impl StagingRing {
                         op,
                         divide_by,
                         SourceMemory::Device,
-                    )?
+                    )
                 };
                 // One point for the slot, the scratch and dst: the slot is free a kernel
-                // later than it could be, which saves a record per chunk.
+                // later than it could be, which saves a record per chunk. Taken even if the
+                // launch failed: the DMA into the scratch is enqueued and must be noted.
                 let point = self.mark_free(slot, consumer, dst)?;
                 tmp.note_use(&point);
+                folded?;
                 Ok(point)
             }
         }
     }
 
     /// On the producer's `stream`: wait until `slot` is free, DMA `src` into it, and mark it
-    /// landed. Refused if the slot still holds a chunk nobody drained.
-    pub fn fill<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
-        self.fill_slot(slot, stream, src).map(drop)
-    }
-
-    /// [`StagingRing::fill`], returning the slot's *landed* point.
-    fn fill_slot<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<StreamPoint> {
-        self.check(slot, src.bytes(), stream, Side::Producer)?;
+    /// landed. Refused if the slot still holds a chunk nobody drained. Returns the slot's
+    /// *landed* point.
+    pub fn fill<T: Element>(&mut self, slot: usize, stream: &Stream, src: &DeviceView<'_, T>) -> Result<StreamPoint> {
+        self.check(slot, src.bytes(), stream, src.device(), Side::Producer)?;
         self.claim(slot, stream)?;
         if !src.is_empty() {
             // SAFETY: the slot holds slot_bytes >= src.bytes() pinned bytes, not in use by
@@ -294,7 +313,7 @@ impl StagingRing {
     /// On the consumer's `stream`: wait until `slot` has landed and DMA its first
     /// `dst.len()` elements into `dst`; the slot stays taken until [`Self::mark_free`].
     fn land_into<T: Element>(&mut self, slot: usize, stream: &Stream, dst: &DeviceViewMut<'_, T>) -> Result<()> {
-        self.check(slot, dst.bytes(), stream, Side::Consumer)?;
+        self.check(slot, dst.bytes(), stream, dst.device(), Side::Consumer)?;
         self.wait_landed(slot, stream)?;
         if !dst.is_empty() {
             // SAFETY: the slot's bytes landed (the stream waited for the producer's DMA) and
@@ -319,18 +338,24 @@ impl StagingRing {
         if src.len() != dst.len() {
             return Err(Error::LengthMismatch { what: "src", got: src.len(), of: "dst", expected: dst.len() });
         }
-        self.check(slot, dst.bytes(), stream, Side::Consumer)?;
-        self.check(slot, src.bytes(), stream, Side::Producer)?;
+        self.check(slot, dst.bytes(), stream, dst.device(), Side::Consumer)?;
+        self.check(slot, src.bytes(), stream, src.device(), Side::Producer)?;
         self.claim(slot, stream)?;
-        if !dst.is_empty() {
+        let slot_host = self.slot_host(slot);
+        let relayed = if dst.is_empty() {
+            Ok(())
+        } else {
             // SAFETY: as in fill: the slot is free (waited for above) and big enough.
-            unsafe { memcpy_dtoh_async(stream, self.slot_host(slot).cast(), src.raw_ptr(), src.bytes())? };
-            // SAFETY: as in drain; the DMA into the slot was enqueued just before on this
-            // same stream, so it has landed when this one starts.
-            unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
-        }
+            unsafe { memcpy_dtoh_async(stream, slot_host.cast(), src.raw_ptr(), src.bytes()) }.and_then(|()| {
+                // SAFETY: as in drain; the DMA into the slot was enqueued just before on this
+                // same stream, so it has landed when this one starts.
+                unsafe { memcpy_htod_async(stream, dst.raw_ptr(), slot_host.cast_const().cast(), dst.bytes()) }
+            })
+        };
+        // Noted even if the second DMA failed: the first is enqueued.
         let free = self.mark_free(slot, stream, dst)?;
         src.note_use(&free);
+        relayed?;
         Ok(free)
     }
 
@@ -345,7 +370,7 @@ impl StagingRing {
         op: ReduceOp,
         divide_by: u32,
     ) -> Result<StreamPoint> {
-        self.check(slot, dst.bytes(), stream, Side::Consumer)?;
+        self.check(slot, dst.bytes(), stream, dst.device(), Side::Consumer)?;
         self.wait_landed(slot, stream)?;
         let src = self.consumer_base + (slot * self.slot_bytes) as u64;
         // SAFETY: as in drain; `src` is the slot as the consumer device maps it, aligned to
@@ -403,21 +428,23 @@ impl StagingRing {
         self.memory.host_ptr().wrapping_add(slot * self.slot_bytes)
     }
 
-    /// Refuses a slot past the end, a chunk larger than a slot, and a stream off the device
-    /// of `side` of the ring.
-    fn check(&self, slot: usize, bytes: usize, stream: &Stream, side: Side) -> Result<()> {
+    /// Refuses a slot past the end, a chunk larger than a slot, and a stream or a view
+    /// (`view`: its device) off the device of `side` of the ring.
+    fn check(&self, slot: usize, bytes: usize, stream: &Stream, view: &Device, side: Side) -> Result<()> {
         if slot >= self.slots() {
             return Err(Error::NoSuchSlot { slot, slots: self.slots() });
         }
         if bytes > self.slot_bytes {
             return Err(Error::ChunkTooLarge { bytes, slot_bytes: self.slot_bytes });
         }
-        let (device, what, of) = match side {
-            Side::Producer => (&self.producer, "the producer stream", "the ring's producer"),
-            Side::Consumer => (&self.consumer, "the consumer stream", "the ring's consumer"),
+        let (device, stream_is, view_is, of) = match side {
+            Side::Producer => (&self.producer, "the producer stream", "src", "the ring's producer"),
+            Side::Consumer => (&self.consumer, "the consumer stream", "dst", "the ring's consumer"),
         };
-        if stream.device() != device {
-            return Err(Error::WrongDevice { what, got: stream.device().ordinal(), of, expected: device.ordinal() });
+        for (what, got) in [(stream_is, stream.device()), (view_is, view)] {
+            if got != device {
+                return Err(Error::WrongDevice { what, got: got.ordinal(), of, expected: device.ordinal() });
+            }
         }
         Ok(())
     }
@@ -456,7 +483,9 @@ impl RingCache {
         slot_bytes: usize,
     ) -> Result<&mut StagingRing> {
         let ring = match self.ring.take() {
-            Some(ring) if ring.slots() == slots && ring.slot_bytes() >= slot_bytes => ring,
+            // A ring left holding a chunk (a call that failed between send and receive)
+            // would refuse that slot for good: it is replaced like a ring of the wrong size.
+            Some(ring) if ring.slots() == slots && ring.slot_bytes() >= slot_bytes && !ring.holds_any_chunk() => ring,
             old => match StagingRing::new(producer, consumer, slots, slot_bytes) {
                 Ok(new) => new,
                 Err(e) => {

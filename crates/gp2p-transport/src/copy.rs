@@ -221,9 +221,7 @@ impl Pair {
             // and the source stream's later work waits for the slot's *free* point, which
             // completes with the H2D (no record of its own).
             order_after(src_stream, dst_stream, &self.dst_started)?;
-            let slot = ring.next_slot();
-            ring.fill(slot, src_stream, src)?;
-            let done = ring.drain(slot, dst_stream, dst)?;
+            let done = ring.pass(src_stream, src, dst_stream, dst, Fold::Copy)?;
             src_stream.wait_point(&done)?;
             return Ok(());
         }
