@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::calibrate::choose;
 use crate::schedule::{Action, Schedule};
-use crate::{Error, Receive, Result, spans_devices, step_divisor};
+use crate::{Error, Receive, Result, devices_of, spans_devices, step_divisor};
 
 /// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
 /// exchange ([`LineExchange`]) by default: none, for now. It is experimental and opt-in
@@ -148,7 +148,7 @@ impl Engine {
         if schedule.transfers.is_empty() {
             return Ok(());
         }
-        let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
+        let devices = devices_of(ranks);
         // Copy-only collectives (all_gather, broadcast) land every chunk by DMA: no receive
         // path to choose, and no scratch to hold.
         let reduces = schedule.transfers.iter().any(|t| matches!(t.action, Action::Reduce { .. }));
@@ -203,7 +203,7 @@ impl Engine {
     /// A two-rank all-reduce of a small buffer through the line exchange: one kernel per
     /// rank, on the ranks' own streams (the caller checked the two devices differ).
     pub(crate) fn exchange_lines<T: Element>(&self, ranks: &mut [Rank<'_, T>], op: ReduceOp) -> Result<()> {
-        let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
+        let devices = devices_of(ranks);
         let group = self.group(&devices)?;
         let mut group = group.lock();
         let max = self.line_exchange_max();

@@ -170,9 +170,7 @@ pub fn all_reduce<T: Element>(
     {
         return engine.exchange_lines(ranks, op);
     }
-    let chunk = engine.chunk_for(bytes, &devices);
-    let schedule = schedule_for::<T>(Collective::AllReduce, ranks.len(), len, chunk);
-    engine.execute(ranks, &schedule, op, receive)
+    run(engine, ranks, Collective::AllReduce, op, receive)
 }
 
 /// Every rank's `output` (n × input length) becomes the concatenation of all ranks' inputs,
@@ -194,9 +192,7 @@ pub fn all_gather<T: Element>(
         let own = segment(n, out_len, r);
         out.buffer.slice_mut(own).copy_from(out.stream, input)?;
     }
-    let chunk = engine.chunk_for(out_len * size_of::<T>(), &devices_of(outputs));
-    let schedule = schedule_for::<T>(Collective::AllGather, n, out_len, chunk);
-    engine.execute(outputs, &schedule, ReduceOp::Sum, receive)
+    run(engine, outputs, Collective::AllGather, ReduceOp::Sum, receive)
 }
 
 /// Rank r's `output` becomes `op` over segment r of all ranks' `inputs` (input length =
@@ -211,7 +207,7 @@ pub fn reduce_scatter<T: Element>(
     let n = outputs.len();
     let out_len = check_ranks(outputs, "output")?;
     check_inputs(inputs, outputs, n * out_len, "input")?;
-    let devices: Vec<Device> = outputs.iter().map(|o| o.buffer.device().clone()).collect();
+    let devices = devices_of(outputs);
     let in_len = n * out_len;
     let mut work = Vec::with_capacity(n);
     for (r, (input, out)) in inputs.iter().zip(outputs.iter()).enumerate() {
@@ -219,15 +215,13 @@ pub fn reduce_scatter<T: Element>(
         buf.view_mut(..in_len).copy_from(out.stream, input)?;
         work.push(buf);
     }
-    let chunk = engine.chunk_for(in_len * size_of::<T>(), &devices);
-    let schedule = schedule_for::<T>(Collective::ReduceScatter, n, in_len, chunk);
     {
         let mut ranks: Vec<Rank<'_, T>> = work
             .iter_mut()
             .zip(outputs.iter())
             .map(|(buf, out)| Rank { buffer: buf.view_mut(..in_len), stream: out.stream })
             .collect();
-        engine.execute(&mut ranks, &schedule, op, receive)?;
+        run(engine, &mut ranks, Collective::ReduceScatter, op, receive)?;
     }
     for (r, (buf, out)) in work.iter().zip(outputs.iter_mut()).enumerate() {
         out.buffer.copy_from(out.stream, &buf.view(segment(n, in_len, r)))?;
@@ -240,13 +234,11 @@ pub fn reduce_scatter<T: Element>(
 
 /// Every rank's buffer becomes a copy of the `root` rank's.
 pub fn broadcast<T: Element>(engine: &Engine, ranks: &mut [Rank<'_, T>], root: usize, receive: Receive) -> Result<()> {
-    let len = check_ranks(ranks, "buffer")?;
+    check_ranks(ranks, "buffer")?;
     if root >= ranks.len() {
         return Err(Error::BadRoot { root, ranks: ranks.len() });
     }
-    let chunk = engine.chunk_for(len * size_of::<T>(), &devices_of(ranks));
-    let schedule = schedule_for::<T>(Collective::Broadcast { root }, ranks.len(), len, chunk);
-    engine.execute(ranks, &schedule, ReduceOp::Sum, receive)
+    run(engine, ranks, Collective::Broadcast { root }, ReduceOp::Sum, receive)
 }
 
 /// The divisor of a reduce step: for avg, the number of ranks on the step that completes an
@@ -338,8 +330,23 @@ pub(crate) fn spans_devices(devices: &[Device]) -> bool {
     devices.iter().any(|d| d != &devices[0])
 }
 
+/// Run `collective` in place over `ranks` (checked, of one length): the schedule of the
+/// engine's chunk for it, executed. What every entry point ends with.
+fn run<T: Element>(
+    engine: &Engine,
+    ranks: &mut [Rank<'_, T>],
+    collective: Collective,
+    op: ReduceOp,
+    receive: Receive,
+) -> Result<()> {
+    let len = ranks.first().map_or(0, |r| r.buffer.len());
+    let chunk = engine.chunk_for(len * size_of::<T>(), &devices_of(ranks));
+    let schedule = schedule_for::<T>(collective, ranks.len(), len, chunk);
+    engine.execute(ranks, &schedule, op, receive)
+}
+
 /// The devices of the ranks' buffers, in rank order.
-fn devices_of<T: Element>(ranks: &[Rank<'_, T>]) -> Vec<Device> {
+pub(crate) fn devices_of<T: Element>(ranks: &[Rank<'_, T>]) -> Vec<Device> {
     ranks.iter().map(|r| r.buffer.device().clone()).collect()
 }
 
