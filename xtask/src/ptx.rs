@@ -38,11 +38,10 @@ pub fn generate(root: &Path, check: bool) -> Result<(), String> {
         return Err(format!("compiling the kernels failed ({status})"));
     }
     let mut stale = Vec::new();
-    for (source, suffix) in kernel_sources(root)?.into_iter().flat_map(|s| ARCHES.map(|(_, x)| (s.clone(), x))) {
-        let stem = format!("{}{suffix}", stem_of(&source)?);
-        let fresh_path = out_dir.join(format!("{stem}.ptx"));
+    for target in targets(root)? {
+        let fresh_path = out_dir.join(&target.ptx_name);
         let fresh = fs::read_to_string(&fresh_path).map_err(|e| format!("reading {}: {e}", fresh_path.display()))?;
-        let committed_path = source.with_file_name(format!("{stem}.ptx"));
+        let committed_path = target.source.with_file_name(&target.ptx_name);
         if check {
             let committed = fs::read_to_string(&committed_path).unwrap_or_default();
             if committed != fresh {
@@ -65,7 +64,7 @@ pub fn generate(root: &Path, check: bool) -> Result<(), String> {
 
 /// Runs in the child process, with LD_LIBRARY_PATH set: compile every source into `out_dir`.
 pub fn compile_in_child(root: &Path, out_dir: &Path) -> Result<(), String> {
-    for (source, (arch, suffix)) in kernel_sources(root)?.into_iter().flat_map(|s| ARCHES.map(|a| (s.clone(), a))) {
+    for Target { source, arch, ptx_name } in targets(root)? {
         let stem = stem_of(&source)?;
         let text = fs::read_to_string(&source).map_err(|e| format!("reading {}: {e}", source.display()))?;
         let options = CompileOptions {
@@ -79,10 +78,29 @@ pub fn compile_in_child(root: &Path, out_dir: &Path) -> Result<(), String> {
         let mut text = ptx.to_src();
         // NVRTC may end the text with NUL; the committed file and include_str! want none.
         text.retain(|c| c != '\0');
-        let out = out_dir.join(format!("{stem}{suffix}.ptx"));
+        let out = out_dir.join(ptx_name);
         fs::write(&out, text).map_err(|e| format!("writing {}: {e}", out.display()))?;
     }
     Ok(())
+}
+
+/// One PTX file to build: a kernel source, the target it is built for, and the file's name.
+struct Target {
+    source: PathBuf,
+    arch: &'static str,
+    ptx_name: String,
+}
+
+/// Every source for every target in [`ARCHES`] (`reduce.ptx`, `reduce.compute_75.ptx`).
+fn targets(root: &Path) -> Result<Vec<Target>, String> {
+    let mut all = Vec::new();
+    for source in kernel_sources(root)? {
+        let stem = stem_of(&source)?;
+        for (arch, suffix) in ARCHES {
+            all.push(Target { source: source.clone(), arch, ptx_name: format!("{stem}{suffix}.ptx") });
+        }
+    }
+    Ok(all)
 }
 
 /// `kernels/*.cu`, sorted so the output order never depends on the file system.

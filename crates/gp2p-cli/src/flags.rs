@@ -45,7 +45,7 @@ macro_rules! value_enum {
 
 value_enum!(
     /// `--route`: how a copy travels.
-    RouteFlag(Route) = [Route::Auto, Route::Peer, Route::Staged]
+    RouteFlag(Route) = Route::ALL
 );
 value_enum!(
     /// `--transport`: a collective's receive path.

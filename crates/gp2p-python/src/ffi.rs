@@ -336,12 +336,30 @@ pub(crate) fn all_reduce(
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }
 
-fn all_gather_t<T: Element>(inputs: &[u64], in_len: usize, outputs: &[Memory], receive: Receive) -> Result<(), Raised> {
+/// The collectives whose inputs and outputs differ in length by the rank count.
+#[derive(Clone, Copy)]
+enum Segmented {
+    AllGather,
+    ReduceScatter(ReduceOp),
+}
+
+fn segmented_t<T: Element>(
+    inputs: &[u64],
+    in_len: usize,
+    outputs: &[Memory],
+    out_len: usize,
+    what: Segmented,
+    receive: Receive,
+) -> Result<(), Raised> {
     let callers = open_all(outputs)?;
-    let out_len = args::times("outputs", outputs.len(), in_len)?;
     let sources = sources_of::<T>(&callers, inputs, in_len);
     let mut ranks = ranks_of::<T>(&callers, outputs, out_len);
-    Ok(collectives::all_gather(geforce_p2p::collectives(), &sources, &mut ranks, receive)?)
+    let engine = geforce_p2p::collectives();
+    match what {
+        Segmented::AllGather => collectives::all_gather(engine, &sources, &mut ranks, receive)?,
+        Segmented::ReduceScatter(op) => collectives::reduce_scatter(engine, &sources, &mut ranks, op, receive)?,
+    }
+    Ok(())
 }
 
 /// Every output (n × `in_len` elements) becomes the concatenation of all inputs (`in_len`
@@ -361,23 +379,9 @@ pub(crate) fn all_gather(
         let (dtype, receive) = (args::dtype(dtype)?, args::receive(transport)?);
         let out_len = args::times("outputs", outputs.len(), in_len)?;
         check_segmented(&inputs, in_len, &outputs, out_len, dtype)?;
-        by_dtype!(dtype, all_gather_t(&inputs, in_len, &outputs, receive))
+        by_dtype!(dtype, segmented_t(&inputs, in_len, &outputs, out_len, Segmented::AllGather, receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
-}
-
-fn reduce_scatter_t<T: Element>(
-    inputs: &[u64],
-    out_len: usize,
-    outputs: &[Memory],
-    op: ReduceOp,
-    receive: Receive,
-) -> Result<(), Raised> {
-    let callers = open_all(outputs)?;
-    let in_len = args::times("inputs", outputs.len(), out_len)?;
-    let sources = sources_of::<T>(&callers, inputs, in_len);
-    let mut ranks = ranks_of::<T>(&callers, outputs, out_len);
-    Ok(collectives::reduce_scatter(geforce_p2p::collectives(), &sources, &mut ranks, op, receive)?)
 }
 
 /// Output r (`out_len` elements) becomes `op` over segment r of every input (n × `out_len`
@@ -398,7 +402,7 @@ pub(crate) fn reduce_scatter(
         let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::receive(transport)?);
         let in_len = args::times("inputs", outputs.len(), out_len)?;
         check_segmented(&inputs, in_len, &outputs, out_len, dtype)?;
-        by_dtype!(dtype, reduce_scatter_t(&inputs, out_len, &outputs, op, receive))
+        by_dtype!(dtype, segmented_t(&inputs, in_len, &outputs, out_len, Segmented::ReduceScatter(op), receive))
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))
 }

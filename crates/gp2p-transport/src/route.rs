@@ -18,6 +18,9 @@ pub enum Route {
 }
 
 impl Route {
+    /// Every route, in the order `--help` lists them.
+    pub const ALL: [Route; 3] = [Route::Auto, Route::Peer, Route::Staged];
+
     /// Short lowercase name.
     pub const fn name(self) -> &'static str {
         match self {
@@ -46,7 +49,7 @@ impl FromStr for Route {
     type Err = UnknownRoute;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Route::Auto, Route::Peer, Route::Staged]
+        Route::ALL
             .into_iter()
             .find(|r| r.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| UnknownRoute { given: s.to_owned() })
@@ -121,7 +124,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for r in [Route::Auto, Route::Peer, Route::Staged] {
+        for r in Route::ALL {
             assert_eq!(r.name().parse::<Route>(), Ok(r));
         }
         assert!("p2p".parse::<Route>().is_err());
