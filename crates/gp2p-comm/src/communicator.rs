@@ -118,8 +118,6 @@ impl Layout {
 /// done, whenever the communicator is dropped (see `gp2p_cuda::lifetime`).
 pub struct Communicator {
     device: Device,
-    rank: usize,
-    world: usize,
     segment: Arc<Segment>,
     registration: HostRegistration,
     /// The staging area's start as this device maps it.
@@ -163,8 +161,6 @@ impl Communicator {
         everyone?;
         Ok(Communicator {
             device: device.clone(),
-            rank,
-            world,
             staging: base + segment.staging_offset() as u64,
             segment,
             registration,
@@ -178,12 +174,12 @@ impl Communicator {
 
     /// This process's rank.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.segment.rank()
     }
 
     /// How many ranks there are.
     pub fn world(&self) -> usize {
-        self.world
+        self.segment.world()
     }
 
     /// The device this rank runs on.
@@ -211,9 +207,9 @@ impl Communicator {
         stream: &Stream,
         op: ReduceOp,
     ) -> Result<()> {
-        if self.world != 2 {
+        if self.world() != 2 {
             return Err(Error::NotBuiltYet {
-                what: format!("all_reduce over {} ranks", self.world),
+                what: format!("all_reduce over {} ranks", self.world()),
                 supported: "the all_reduce of two ranks",
             });
         }
@@ -245,14 +241,14 @@ impl Communicator {
         // gp2p_cuda::ReservedPoint).
         let reserved = stream.reserve_point()?;
         let seq = next_exchange_seq(&mut self.counter);
-        let peer = 1 - self.rank;
+        let peer = 1 - self.rank();
         let at = |offset: usize| self.staging + offset as u64;
         let lines = ExchangeLines {
-            out_lines: at(self.layout.lines_of(self.rank, seq)),
+            out_lines: at(self.layout.lines_of(self.rank(), seq)),
             in_lines: at(self.layout.lines_of(peer, seq)),
-            failed: at(self.layout.flag(self.rank)),
+            failed: at(self.layout.flag(self.rank())),
         };
-        let divide_by = if op == ReduceOp::Avg { self.world as u32 } else { 1 };
+        let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
         let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX);
         // SAFETY: `buf` is `len` elements on this device (checked above); both lines lie in
         // the registered staging area, 256-aligned, sized by the layout for
@@ -279,9 +275,9 @@ impl Communicator {
     /// it from the segment.
     fn take_failure(&mut self) -> Result<()> {
         if self.broken {
-            return Err(Error::Broken { rank: self.rank });
+            return Err(Error::Broken { rank: self.rank() });
         }
-        let gave_up = self.word(self.layout.flag(self.rank))?.swap(0, Ordering::AcqRel) != 0;
+        let gave_up = self.word(self.layout.flag(self.rank()))?.swap(0, Ordering::AcqRel) != 0;
         let shared = self.word(BROKEN)?;
         if gave_up {
             shared.store(1, Ordering::Release);
@@ -289,11 +285,11 @@ impl Communicator {
         let peer_broke = shared.load(Ordering::Acquire) != 0;
         if gave_up {
             self.broken = true;
-            return Err(Error::PeerTimeout { rank: self.rank, peer: 1 - self.rank, timeout: self.timeout });
+            return Err(Error::PeerTimeout { rank: self.rank(), peer: 1 - self.rank(), timeout: self.timeout });
         }
         if peer_broke {
             self.broken = true;
-            return Err(Error::Broken { rank: self.rank });
+            return Err(Error::Broken { rank: self.rank() });
         }
         Ok(())
     }
@@ -316,8 +312,8 @@ impl std::fmt::Debug for Communicator {
         write!(
             f,
             "Communicator(rank {} of {} on device {}, segment {}, call {})",
-            self.rank,
-            self.world,
+            self.rank(),
+            self.world(),
             self.device.ordinal(),
             self.segment.name(),
             self.counter
