@@ -156,3 +156,44 @@ fn two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
     assert!(a.to_host_vec(&streams[0]).unwrap() == sum);
     assert!(b.to_host_vec(&streams[1]).unwrap() == sum);
 }
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_line_exchanges_while_the_reclaimer_frees_many_buffers() {
+    // A free may wait for its device to go idle while holding a driver lock that the launch
+    // of the second rank's kernel needs; with the first rank's kernel already waiting for
+    // the second, the pair then stalled until the timeout and the call came out unfolded.
+    // Found after gpu_lines' back-to-back test left the reclaimer 1,800 buffers to free.
+    let _serial = gp2p_tests::serial();
+    let devices = needs!(gpus: 2, concurrent_kernels);
+    if devices.iter().any(|d| !LineExchange::supported_on(d)) {
+        let why = "needs the compute_80 build of the kernels";
+        println!("{}", gp2p_tests::not_run_line("gpu_lines::two_gpu_line_exchanges_while_the_reclaimer_frees", why));
+        return;
+    }
+    let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
+    let timeout = Duration::from_secs(1);
+    let mut exchange = LineExchange::new([&devices[0], &devices[1]], 4096, timeout).unwrap();
+    for round in 0..8u64 {
+        let doomed: Vec<DeviceBuffer<u8>> =
+            (0..600).map(|i| DeviceBuffer::alloc(&devices[i % 2], 4096).unwrap()).collect();
+        let (x, y) = (random::<f64>(33, 2 * round), random::<f64>(33, 2 * round + 1));
+        let mut a = DeviceBuffer::from_host(&streams[0], &x).unwrap();
+        let mut b = DeviceBuffer::from_host(&streams[1], &y).unwrap();
+        drop(doomed); // 600 frees queued for the reclaimer, which starts on them at once
+        exchange
+            .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+            .unwrap();
+        let want: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+        assert!(a.to_host_vec(&streams[0]).unwrap() == want, "round {round}: rank 0 did not fold rank 1's data");
+        let want: Vec<f64> = y.iter().zip(&x).map(|(p, q)| p + q).collect();
+        assert!(b.to_host_vec(&streams[1]).unwrap() == want, "round {round}: rank 1 did not fold rank 0's data");
+    }
+    // No kernel gave up waiting: the next call would report it.
+    let mut a = DeviceBuffer::from_host(&streams[0], &[1.0f64]).unwrap();
+    let mut b = DeviceBuffer::from_host(&streams[1], &[2.0f64]).unwrap();
+    exchange
+        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+        .unwrap();
+    assert_eq!(a.to_host_vec(&streams[0]).unwrap(), vec![3.0]);
+}

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUstream};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockWriteGuard};
 
 use crate::driver::{check, defer_error};
 use crate::stream::StreamId;
@@ -324,6 +324,36 @@ pub(crate) fn start_reclaimer() {
     reclaimer();
 }
 
+/// Held (shared) by the reclaimer around each release's driver call, and exclusively by
+/// [`pause_releases`]'s guard.
+static RELEASING: RwLock<()> = RwLock::new(());
+
+/// While the guard lives, the reclaimer makes no driver call: it finishes the release in
+/// hand, if any, then waits.
+///
+/// For enqueueing kernels that wait for each other across devices (the line exchange). A
+/// free (`cuMemFree`, `cuMemFreeHost`) may wait for its device to go idle while holding a
+/// lock of the driver that a launch on another device of the process also needs: if the
+/// first rank's kernel is already waiting for the second's, the free waits for a kernel
+/// that waits for a launch that waits for the free, until the kernel's timeout. With the
+/// guard held across both launches no release falls between them. Hold it only that long:
+/// drops go on queueing meanwhile (they never block), and nothing is released.
+pub fn pause_releases() -> ReleasesPaused {
+    ReleasesPaused { _guard: RELEASING.write() }
+}
+
+/// The guard of [`pause_releases`]: releases resume when it drops.
+#[must_use = "releases resume as soon as the guard is dropped"]
+pub struct ReleasesPaused {
+    _guard: RwLockWriteGuard<'static, ()>,
+}
+
+impl std::fmt::Debug for ReleasesPaused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReleasesPaused")
+    }
+}
+
 /// Release `release` once every point in `points` is complete, on the reclaimer thread.
 /// Never blocks: a drop calls this and returns.
 pub(crate) fn release_after(points: Vec<StreamPoint>, release: Release) {
@@ -391,6 +421,7 @@ fn reclaim_forever(r: &'static Reclaimer) {
             // Broken: the context failed, so the work may never be known to be done; the
             // resource is leaked rather than released under it.
             if readiness == Readiness::Ready {
+                let _not_paused = RELEASING.read();
                 grave.release.run();
             } else {
                 // Forgotten, not dropped: a release may own the mapping of registered memory,

@@ -197,6 +197,8 @@ impl LineExchange {
         // for a device (creating an event can, on some drivers, wait for the device to go
         // idle, which rank 0's kernel does only once rank 1's runs or its timeout passes).
         let reserved = [streams[0].reserve_point()?, streams[1].reserve_point()?];
+        // Nor may the reclaimer free memory between them: see `pause_releases`.
+        let _paused = gp2p_cuda::pause_releases();
         for (r, reserved) in reserved.into_iter().enumerate() {
             let (own, peer) = self.mapped[r];
             let lines = ExchangeLines { out_lines: own + half, in_lines: peer + half, failed: self.failed_mapped[r] };
