@@ -237,11 +237,16 @@ GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 // flag, fence or DMA engine on the critical path. Then buf = op(own, peer) in place, the
 // order in which the ring's two-rank exchange folds (own first on both ranks).
 //
-// A thread owns one 16-byte group of the buffer: it publishes the group (two 16-byte stores
-// of two lines each), then polls the peer's same group. Every thread publishes before it
-// waits, so the two kernels cannot wait on each other. A poll gives up `timeout_ns` after it
+// A thread owns 16-byte groups of the buffer (grid-stride): it publishes all of them (two
+// 16-byte stores of two lines each per group), then polls the peer's same groups. Every
+// thread publishes before it waits, so the two kernels cannot wait on each other. A poll gives up `timeout_ns` after it
 // started waiting (a peer that never arrives): it sets `*failed` and returns, leaving the
 // buffer partly folded, for the host to report.
+
+// Groups a thread loads before it checks any (see exchange), and the pause between polls
+// of a group whose lines have not arrived.
+#define EXCHANGE_BATCH 4
+#define EXCHANGE_POLL_GAP_NS 64
 
 __device__ __forceinline__ u64 global_ns() {
     u64 t;
@@ -270,38 +275,64 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
     const u64 groups = (n + PER - 1) / PER;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 tag = ((u64)seq) << 32;
-    for (u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
-        const u64 first = g * PER;
+    const u64 mine = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    // Publish every group first, then wait: all of a rank's stores are on their way before
+    // any poll, so the peer's polls mostly find data the first time, and a thread's later
+    // groups never wait for the round trip of its earlier ones.
+    for (u64 g = mine; g < groups; g += stride) {
         Group16<T> own;
         own.v = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int l = 0; l < PER; ++l) {
-            if (first + l < n) own.e[l] = buf[first + l];
+            if (g * PER + l < n) own.e[l] = buf[g * PER + l];
         }
         store_lines(out_lines + 4 * g, tag | own.w[0], tag | own.w[1]);
         store_lines(out_lines + 4 * g + 2, tag | own.w[2], tag | own.w[3]);
-        Group16<T> peer;
-        u64 deadline = 0;
+    }
+    // Then fold, EXCHANGE_BATCH groups at a time: their loads go out together, so data
+    // that has arrived costs one round trip across PCIe per batch, not one per group. A
+    // group whose lines are not there yet is polled alone, a little apart (each poll is a
+    // read across the link, and thousands of threads polling at once slow the writes they
+    // wait for).
+    u64 deadline = 0;
+    for (u64 g0 = mine; g0 < groups; g0 += EXCHANGE_BATCH * stride) {
+        u64 lines[EXCHANGE_BATCH][4];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            u64 a, b;
-            for (;;) {
-                load_lines(in_lines + 4 * g + 2 * half, a, b);
-                if ((u32)(a >> 32) == seq && (u32)(b >> 32) == seq) break;
-                const u64 now = global_ns();
-                if (deadline == 0) {
-                    deadline = now + timeout_ns;
-                } else if (now > deadline) {
-                    *(volatile u32*)failed = 1;
-                    return;
-                }
+        for (int k = 0; k < EXCHANGE_BATCH; ++k) {
+            const u64 g = g0 + k * stride;
+            if (g < groups) {
+                load_lines(in_lines + 4 * g, lines[k][0], lines[k][1]);
+                load_lines(in_lines + 4 * g + 2, lines[k][2], lines[k][3]);
             }
-            peer.w[2 * half] = (u32)a;
-            peer.w[2 * half + 1] = (u32)b;
         }
 #pragma unroll
-        for (int l = 0; l < PER; ++l) {
-            if (first + l < n) buf[first + l] = combine<T, Op>(own.e[l], peer.e[l], divisor);
+        for (int k = 0; k < EXCHANGE_BATCH; ++k) {
+            const u64 g = g0 + k * stride;
+            if (g >= groups) break;
+            for (int half = 0; half < 2; ++half) {
+                u64& a = lines[k][2 * half];
+                u64& b = lines[k][2 * half + 1];
+                while ((u32)(a >> 32) != seq || (u32)(b >> 32) != seq) {
+                    const u64 now = global_ns();
+                    if (deadline == 0) {
+                        deadline = now + timeout_ns;
+                    } else if (now > deadline) {
+                        *(volatile u32*)failed = 1;
+                        return;
+                    }
+                    __nanosleep(EXCHANGE_POLL_GAP_NS);
+                    load_lines(in_lines + 4 * g + 2 * half, a, b);
+                }
+            }
+            Group16<T> peer;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) peer.w[w] = (u32)lines[k][w];
+            // This thread's own group is still in buf: only this thread writes it, below.
+            const u64 first = g * PER;
+#pragma unroll
+            for (int l = 0; l < PER; ++l) {
+                if (first + l < n) buf[first + l] = combine<T, Op>(buf[first + l], peer.e[l], divisor);
+            }
         }
     }
 }
