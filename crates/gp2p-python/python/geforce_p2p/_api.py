@@ -139,13 +139,19 @@ def _pair(d: Tensor, s: Tensor) -> None:
 def _ranks(objs: Any, name: str, write: bool = True) -> list:
     """A list of CUDA tensors of one dtype and shape, one per device."""
     ts = tensor_list(objs, name)
+    first = ts[0]
+    devices = set()
     for t in ts:
-        on_device(t)
-        if write:
-            writable(t)
-        same_dtype(t, ts[0])
-        same_shape(t, ts[0])
-    one_per_device(ts)
+        # One test for the usual case; the checks below name what is wrong otherwise.
+        if t.device is None or (write and t.readonly) or t.dtype != first.dtype or t.shape != first.shape:
+            on_device(t)
+            if write:
+                writable(t)
+            same_dtype(t, first)
+            same_shape(t, first)
+        devices.add(t.device)
+    if len(devices) != len(ts):
+        one_per_device(ts)
     return ts
 
 
@@ -156,7 +162,7 @@ def all_reduce(tensors: Sequence[Any], op: str = "sum", *, transport: str = "aut
     op = check_choice("op", op, REDUCE_OPS)
     transport = check_choice("transport", transport, TRANSPORTS)
     ts = _ranks(tensors, "tensors")
-    _native.all_reduce(ts[0].dtype, ts[0].numel, [t.memory for t in ts], op, transport)
+    _native.all_reduce(ts[0].dtype, ts[0].numel, [(t.device, t.ptr, t.stream) for t in ts], op, transport)
 
 
 def _paired(inputs: Any, outputs: Any) -> tuple:

@@ -17,6 +17,7 @@ a CPU tensor that is not pinned), its message starting with the argument's name.
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
@@ -90,10 +91,7 @@ class Tensor(NamedTuple):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -153,8 +151,9 @@ def _unsupported(name: str, what: str) -> TypeError:
 
 def describe(obj: Any, name: str) -> Tensor:
     """Read one tensor argument, or raise TypeError naming it."""
-    if is_torch_tensor(obj):
-        return _from_torch(obj, name)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return _from_torch(obj, name, torch)
     if hasattr(obj, "__cuda_array_interface__"):
         return _from_interface(obj, name, obj.__cuda_array_interface__, device_memory=True)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
@@ -167,19 +166,29 @@ def describe(obj: Any, name: str) -> Tensor:
     )
 
 
+# (torch module, its raw-stream getter or None): looked up once, not at every call.
+_RAW_STREAM_GETTER: list = [None, None]
+
+
 def _current_raw_stream(torch: Any, device: int) -> int:
     """The handle of `device`'s current torch stream."""
-    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    if _RAW_STREAM_GETTER[0] is not torch:
+        _RAW_STREAM_GETTER[:] = [torch, getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)]
+    raw = _RAW_STREAM_GETTER[1]
     if raw is not None:
         return raw(device)
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _from_torch(t: Any, name: str) -> Tensor:
-    torch = _torch()
+# Tensor's fields in order, without NamedTuple's keyword-handling constructor (this runs
+# for every tensor of every call).
+_new_tensor = tuple.__new__
+
+
+def _from_torch(t: Any, name: str, torch: Any) -> Tensor:
     if t.layout != torch.strided:
         raise TypeError("%s: a %s tensor; only dense (strided) tensors are supported" % (name, t.layout))
-    dtype = torch_dtype_name(t.dtype)
+    dtype = _TORCH_DTYPE_NAMES.get(t.dtype) or torch_dtype_name(t.dtype)
     if dtype is None:
         raise _unsupported(name, str(t.dtype))
     # is_cuda / get_device() / the raw stream getter instead of t.device and
@@ -195,11 +204,12 @@ def _from_torch(t: Any, name: str) -> Tensor:
         )
     if is_cuda:
         device = t.get_device()
-        stream = _current_raw_stream(torch, device)
+        raw = _RAW_STREAM_GETTER[1] if _RAW_STREAM_GETTER[0] is torch else None
+        stream = raw(device) if raw is not None else _current_raw_stream(torch, device)
         pinned = None
     else:
         device, stream, pinned = None, LEGACY_DEFAULT_STREAM, bool(t.is_pinned())
-    return Tensor(t, name, device, t.data_ptr(), tuple(t.shape), dtype, pinned, stream, True)
+    return _new_tensor(Tensor, (t, name, device, t.data_ptr(), tuple(t.shape), dtype, pinned, stream, True, None, False))
 
 
 def _c_strides(shape: Sequence[int], size: int) -> Tuple[int, ...]:
@@ -402,16 +412,30 @@ def disjoint(a: Tensor, b: Tensor) -> None:
         raise ValueError("%s: overlaps %s in memory; give separate tensors" % (a.name, b.name))
 
 
+# "tensors[1]" and the like, made once per (list name, index).
+_ITEM_NAMES: dict = {}
+
+
+def _item_name(name: str, i: int) -> str:
+    try:
+        return _ITEM_NAMES[name, i]
+    except KeyError:
+        text = _ITEM_NAMES[name, i] = "%s[%d]" % (name, i)
+        return text
+
+
 def tensor_list(objs: Any, name: str) -> list:
     """Read a list argument (one tensor per device)."""
     if isinstance(objs, (str, bytes)) or not isinstance(objs, (list, tuple)):
         raise TypeError("%s: expected a list of tensors, one per device, got %s" % (name, type(objs).__name__))
     if not objs:
         raise ValueError("%s: an empty list; give one tensor per device" % name)
-    return [describe(o, "%s[%d]" % (name, i)) for i, o in enumerate(objs)]
+    return [describe(o, _item_name(name, i)) for i, o in enumerate(objs)]
 
 
 def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if value in choices:  # the usual case: already one of the lower-case choices
+        return value
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError("%s: %r is not one of %s" % (name, value, ", ".join(choices)))
     return value.lower()

@@ -1,0 +1,86 @@
+"""Where the Python layer's time per call goes, for a 4-byte staged copy and a 2-rank
+all_reduce: the whole call, reading the tensors (``describe``), and the native call alone
+with its arguments made beforehand. Host time per call, median of ``--calls``, with the
+devices' streams held busy by a spinning kernel so calls only enqueue; the parts of one op
+take turns call by call, so a drift in the machine's speed reaches them all alike.
+
+    python3 benches/python/overhead_parts.py [--json parts.json]
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import geforce_p2p as gp
+from geforce_p2p import _native
+from geforce_p2p._tensors import describe
+
+
+def spin(device, ms):
+    with torch.cuda.device(device):
+        torch.cuda._sleep(int(ms * 2_000_000))
+
+
+def per_call_us(parts, devices, calls):
+    """Median host microseconds per call of each part, the parts taking turns."""
+    for d in devices:
+        spin(d, 200)
+    times = {name: [] for name in parts}
+    for _ in range(calls):
+        for name, call in parts.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    for d in devices:
+        torch.cuda.synchronize(d)
+    return {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    n = torch.cuda.device_count()
+    src, dst = 0, min(1, n - 1)
+    devices = sorted({src, dst})
+    a = torch.randn(1, device="cuda:%d" % src)
+    b = torch.empty(1, device="cuda:%d" % dst)
+    rows = {}
+    s, d = describe(a, "src"), describe(b, "dst")
+    ops = {"copy_": {
+        "whole call": lambda: gp.copy_(b, a, route="staged"),
+        "describe x2": lambda: (describe(b, "dst"), describe(a, "src")),
+        "native only": lambda: _native.copy(s.dtype, s.numel, s.memory, d.memory, "staged", None, None),
+    }}
+    if n >= 2:
+        xs = [torch.randn(1, device="cuda:%d" % i) for i in (0, 1)]
+        ms = [describe(x, "t").memory for x in xs]
+        ops["all_reduce"] = {
+            "whole call": lambda: gp.all_reduce(xs, op="sum"),
+            "describe x2": lambda: [describe(x, "t") for x in xs],
+            "native only": lambda: _native.all_reduce("f32", 1, ms, "sum", "auto"),
+        }
+    for op, parts in ops.items():
+        per_call_us(parts, devices, 20)  # warm-up: caches and the library's state
+        for part, us in per_call_us(parts, devices, args.calls).items():
+            rows["%s %s" % (op, part)] = us
+        rows["%s python layer" % op] = rows["%s whole call" % op] - rows["%s native only" % op]
+    for name, us in rows.items():
+        print("parts %-26s %6.2f us/call" % (name, us))
+    torch.cuda.synchronize()
+    want = a.cpu()
+    gp.copy_(b, a, route="staged")
+    torch.cuda.synchronize()
+    assert torch.equal(b.cpu(), want), "the copy's result"
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpus": [torch.cuda.get_device_name(i) for i in range(n)], "torch": torch.__version__,
+                       "calls": args.calls, "us_per_call": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
