@@ -81,7 +81,7 @@ class Tensor(NamedTuple):
     name: str  # the argument's name for messages, such as "tensors[1]"
     device: Optional[int]  # CUDA ordinal, or None for host memory
     ptr: int  # address of the first element
-    shape: Tuple[int, ...]
+    shape: Tuple[int, ...]  # for torch tensors its torch.Size (a tuple), not copied
     dtype: str  # kernel dtype name
     pinned: Optional[bool]  # host memory: page-locked? None where only the library can tell
     stream: int  # raw CUstream the op is ordered on (device memory)
@@ -209,7 +209,7 @@ def _from_torch(t: Any, name: str, torch: Any) -> Tensor:
         pinned = None
     else:
         device, stream, pinned = None, LEGACY_DEFAULT_STREAM, bool(t.is_pinned())
-    return _new_tensor(Tensor, (t, name, device, t.data_ptr(), tuple(t.shape), dtype, pinned, stream, True, None, False))
+    return _new_tensor(Tensor, (t, name, device, t.data_ptr(), t.shape, dtype, pinned, stream, True, None, False))
 
 
 def _c_strides(shape: Sequence[int], size: int) -> Tuple[int, ...]:
@@ -391,7 +391,7 @@ def same_stream(t: Tensor, like: Tensor) -> None:
 
 def same_shape(t: Tensor, like: Tensor) -> None:
     if t.shape != like.shape:
-        raise ValueError("%s: shape %s, but %s has shape %s" % (t.name, t.shape, like.name, like.shape))
+        raise ValueError("%s: shape %s, but %s has shape %s" % (t.name, tuple(t.shape), like.name, tuple(like.shape)))
 
 
 def one_per_device(ts: Sequence[Tensor]) -> None:
