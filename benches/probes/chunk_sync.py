@@ -220,16 +220,19 @@ def main():
     ap.add_argument("--total", default="64M", help="bytes per direction (every chunk is queued at once)")
     ap.add_argument("--both", action="store_true", help="also 1 -> 0 at the same time")
     ap.add_argument("-n", "--runs", type=int, default=5)
+    ap.add_argument("--chunks", default="1M,2M,4M", help="chunk sizes, comma-separated")
+    ap.add_argument("--slots", default="2,4", help="slot counts, comma-separated")
+    ap.add_argument("--modes", default="events,memops")
     args = ap.parse_args()
     total = parse_size(args.total)
     print("bulk D2H %s: %.1f GB/s per card" % (args.total, bulk(total, args.both)))
     print("%-8s %6s %5s %10s" % ("mode", "chunk", "slots", "GB/s/dir"))
     gate = Gate()
-    for chunk in ("1M", "2M", "4M"):
-        for slots in (2, 4):
+    for chunk in args.chunks.split(","):
+        for slots in map(int, args.slots.split(",")):
             c = parse_size(chunk)
             pipes = [Pipe(0, 1, total, c, slots)] + ([Pipe(1, 0, total, c, slots)] if args.both else [])
-            for mode in ("events", "memops"):
+            for mode in args.modes.split(","):
                 rate = timed(pipes, mode, args.runs, 1, gate)
                 print("%-8s %6s %5d %10.1f" % (mode, chunk, slots, rate), flush=True)
             del pipes
