@@ -21,8 +21,13 @@
 //! (the staged DMA pipeline with cache-sized slots); all_gather, reduce_scatter, broadcast,
 //! send/recv; the sequence number kept in device memory, so a captured CUDA graph can be
 //! replayed; the torch.distributed backend and the vLLM / sglang custom all-reduce object.
-//! The communicator's GPU path has not run on a GPU yet (its two-process test is
-//! `tests/tests/gpu_comm.rs`). Joining waits on the host, polling, bounded by a timeout.
+//! Joining waits on the host, polling, bounded by a timeout.
+//!
+//! Measured on two H200s, one process each (`benches/python/mp_allreduce.py`, f32 sum, CUDA
+//! events around 50 back-to-back calls): 7–12 µs per call up to 2 KiB, 13–14 µs at 8 KiB,
+//! 26–33 µs at 32–64 KiB, against NCCL's shared-memory path (NCCL_P2P_DISABLE=1) at 21–43 µs
+//! in the same processes. The two-process GPU test is `tests/tests/gpu_comm.rs` (also run
+//! under compute-sanitizer memcheck).
 //!
 //! Two ranks, here two threads of one process (in real use, two processes):
 //! ```
