@@ -377,6 +377,7 @@ def test_collective_refusals_name_the_argument(native):
         (lambda: gp.all_reduce([x0, CudaArray((6,), "<i4", device=1)]), TypeError, r"tensors\[1\]: dtype int32"),
         (lambda: gp.all_reduce([x0, CudaArray((2, 3), device=1, strides=(4, 8))]), ValueError, "not contiguous"),
         (lambda: gp.all_reduce([x0, HostArray((6,))]), ValueError, r"tensors\[1\]: a CPU tensor"),
+        (lambda: gp.all_reduce([x0, CudaArray((6,), device=1, readonly=True)]), ValueError, r"tensors\[1\]: read-only"),
         (lambda: gp.all_reduce([x0, x1], op="mean"), ValueError, "op: 'mean' is not one of sum, avg, min, max, prod"),
         (lambda: gp.all_reduce([x0, x1], transport="dma"), ValueError, "transport"),
         (lambda: gp.broadcast([x0, x1], root=2), ValueError, "root"),
