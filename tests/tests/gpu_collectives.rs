@@ -11,10 +11,9 @@
 
 use geforce_p2p::half::{bf16, f16};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
+use gp2p_collectives::reference::expected;
 use gp2p_collectives::schedule::segment;
-use gp2p_collectives::{
-    Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, expected, reduce_scatter,
-};
+use gp2p_collectives::{Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, reduce_scatter};
 use gp2p_tests::{
     POISON, Reference, count_mismatched, count_wrong_vs_fold, device, every_dtype, max_len, needs, random,
 };

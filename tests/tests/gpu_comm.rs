@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
-use gp2p_collectives::{Collective, expected};
+use gp2p_collectives::Collective;
+use gp2p_collectives::reference::expected;
 use gp2p_comm::{CommOptions, Communicator, UniqueId};
 use gp2p_tests::{Reference, count_mismatched, device, every_dtype, needs, random};
 

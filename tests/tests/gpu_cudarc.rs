@@ -14,7 +14,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use geforce_p2p::cuda::interop::{CudarcStream, CudarcView, CudarcViewMut};
 use geforce_p2p::{CopyOptions, Device, ReduceOp, Route, transport};
-use gp2p_collectives::{Collective, Engine, Rank, Receive, all_reduce, expected};
+use gp2p_collectives::reference::expected;
+use gp2p_collectives::{Collective, Engine, Rank, Receive, all_reduce};
 use gp2p_tests::{count_mismatched, device, needs, random};
 
 fn context(ordinal: usize) -> (Arc<CudaContext>, Arc<CudaStream>, Arc<CudaStream>) {

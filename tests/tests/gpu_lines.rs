@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use geforce_p2p::pinned::{Error as PinnedError, LineExchange};
 use geforce_p2p::{DeviceBuffer, ReduceOp, Stream};
-use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Receive, all_reduce, expected};
+use gp2p_collectives::reference::expected;
+use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Receive, all_reduce};
 use gp2p_tests::{Reference, count_mismatched, device, every_dtype, needs, random};
 
 /// One all_reduce of two ranks through the engine: on two devices, or (`shared`) two logical

@@ -7,10 +7,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use geforce_p2p::{CopyOptions, Device, DeviceBuffer, ReduceOp, Route, Stream, transport};
+use gp2p_collectives::reference::expected;
 use gp2p_collectives::schedule::segment;
-use gp2p_collectives::{
-    Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, expected, reduce_scatter,
-};
+use gp2p_collectives::{Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, reduce_scatter};
 use gp2p_tests::{POISON, Reference, count_mismatched, needs, random, with_stream};
 
 #[test]

@@ -14,8 +14,9 @@ use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES};
 use parking_lot::Mutex;
 
 use crate::calibrate::choose;
+use crate::schedule::step_divisor;
 use crate::schedule::{Action, Schedule};
-use crate::{Error, Receive, Result, devices_of, spans_devices, step_divisor};
+use crate::{Error, Receive, Result, devices_of, spans_devices};
 
 /// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
 /// exchange ([`LineExchange`]) by default: none, for now. It is experimental and opt-in

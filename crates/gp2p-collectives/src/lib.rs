@@ -74,19 +74,19 @@
 mod calibrate;
 mod error;
 mod exec;
+pub mod reference;
 pub mod schedule;
 
 use gp2p_cuda::{Device, DeviceView};
-use gp2p_kernels::reference::Reference;
-use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
+use gp2p_kernels::{Element, ReduceOp};
 use gp2p_pinned::LineExchange;
-use gp2p_transport::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
 
 pub use error::{Error, Result};
 pub use exec::{
     CACHED_SLOTS, Engine, LINE_EXCHANGE_MAX_BYTES, LINE_EXCHANGE_WINS_UP_TO, MULTI_DEVICE_MAX_CHUNK_BYTES, Rank,
 };
-use schedule::{Schedule, segment};
+pub use schedule::{Collective, EXCHANGE_MAX_BYTES};
+use schedule::{schedule_for, segment};
 
 /// The receive path: how a receiving rank folds a staged chunk into its buffer.
 ///
@@ -241,89 +241,6 @@ pub fn broadcast<T: Element>(engine: &Engine, ranks: &mut [Rank<'_, T>], root: u
     run(engine, ranks, Collective::Broadcast { root }, ReduceOp::Sum, receive)
 }
 
-/// The divisor of a reduce step: for avg, the number of ranks on the step that completes an
-/// element, 1 everywhere else (the kernels' avg then just sums).
-pub fn step_divisor(op: ReduceOp, last: bool, ranks: usize) -> u32 {
-    if last && op == ReduceOp::Avg { ranks as u32 } else { 1 }
-}
-
-/// What each rank's output must hold after `collective` over `inputs` (one per rank: the
-/// whole buffer, or for all-gather each rank's part), computed on the host by replaying
-/// [`schedule_for`] with the CPU reference of each kernel step — so floating-point results
-/// are folded in the GPU's order and compare within the per-step tolerance.
-pub fn expected<T: Reference>(collective: Collective, inputs: &[Vec<T>], op: ReduceOp) -> Vec<Vec<T>> {
-    let n = inputs.len();
-    let len = inputs.first().map_or(0, Vec::len);
-    let replay = |len: usize| {
-        let mut bufs = inputs.to_vec();
-        schedule_for::<T>(collective, n, len, None)
-            .run_on_host(&mut bufs, |d, s, last| T::reference(*d, *s, op, step_divisor(op, last, n)));
-        bufs
-    };
-    match collective {
-        Collective::AllReduce => replay(len),
-        Collective::AllGather => vec![inputs.concat(); n],
-        Collective::ReduceScatter => {
-            replay(len).iter().enumerate().map(|(r, b)| b[segment(n, len, r)].to_vec()).collect()
-        }
-        Collective::Broadcast { root } => vec![inputs.get(root).cloned().unwrap_or_default(); n],
-    }
-}
-
-/// Which collective a schedule is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Collective {
-    /// In-place all-reduce.
-    AllReduce,
-    /// All-gather into buffers of n parts.
-    AllGather,
-    /// Reduce-scatter of buffers of n parts.
-    ReduceScatter,
-    /// Broadcast from `root`.
-    Broadcast {
-        /// The rank whose buffer everyone receives.
-        root: usize,
-    },
-}
-
-/// Two-rank all-reduces of up to this many bytes exchange their buffers in one step
-/// ([`Schedule::all_reduce_exchange`]); larger ones run the ring. The transport's one-chunk
-/// limit: below it a collective is bound by latency, above it by bandwidth.
-pub const EXCHANGE_MAX_BYTES: usize = SINGLE_CHUNK_MAX_BYTES;
-
-/// The exact schedule the entry points run for `ranks` buffers of `len` elements of `T`.
-///
-/// Chunks follow the transport's chunking of the whole buffer (about 32 chunks of 1 to 16
-/// MiB, one chunk up to 1 MiB), or `chunk_bytes` where given: the host enqueues a few
-/// driver calls per chunk, so chunks sized by the buffer keep that cost a small, fixed share
-/// of the GPU time whatever the number of ranks. For all-reduce, segment boundaries fall on
-/// 16 bytes so every chunk takes the kernels' vector path. The chunk size never changes the
-/// order in which an element is folded, so tests and benches replay it (with any chunk) on
-/// host buffers to get results folded in the GPU's order.
-pub fn schedule_for<T: Element>(
-    collective: Collective,
-    ranks: usize,
-    len: usize,
-    chunk_bytes: Option<usize>,
-) -> Schedule {
-    let align = (REDUCE_VECTOR_BYTES / size_of::<T>()).max(1);
-    let chunk = (Chunking::for_bytes(len * size_of::<T>(), chunk_bytes, None).chunk_bytes / size_of::<T>()).max(1);
-    match collective {
-        // Two ranks with a small buffer exchange it in one step: the ring's bytes, one trip
-        // through host memory instead of two (measured on an H200, 8 B to 256 KiB: 18-38 us
-        // against the ring's 26-63). Larger buffers take the ring, whose all-gather half
-        // lands by DMA; the exchange folds every byte in, which costs bandwidth at 2 MiB and
-        // more (zero-copy at 128 MiB: 0.63 of duplex against 0.85).
-        Collective::AllReduce if ranks == 2 && len * size_of::<T>() <= EXCHANGE_MAX_BYTES => {
-            Schedule::all_reduce_exchange(len, chunk, align)
-        }
-        Collective::AllReduce => Schedule::all_reduce_aligned(ranks, len, chunk.next_multiple_of(align), align),
-        Collective::AllGather => Schedule::all_gather(ranks, len, chunk),
-        Collective::ReduceScatter => Schedule::reduce_scatter(ranks, len, chunk),
-        Collective::Broadcast { root } => Schedule::broadcast(ranks, len, chunk, root),
-    }
-}
-
 /// Whether the ranks' buffers are on more than one device (several cards' DMAs then run
 /// through host memory at once; logical ranks share one).
 pub(crate) fn spans_devices(devices: &[Device]) -> bool {
@@ -418,33 +335,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn two_ranks_exchange_small_buffers_and_ring_large_ones() {
-        let steps = |s: &Schedule| s.transfers.iter().map(|t| t.step).max().map_or(0, |m| m + 1);
-        let small = EXCHANGE_MAX_BYTES / 4;
-        assert_eq!(steps(&schedule_for::<f32>(Collective::AllReduce, 2, small, None)), 1, "exchange");
-        assert_eq!(steps(&schedule_for::<f32>(Collective::AllReduce, 2, small + 1, None)), 2, "ring");
-        assert_eq!(steps(&schedule_for::<f32>(Collective::AllReduce, 3, 100, None)), 4, "ring for three");
-        // Both give every rank the sum, and rank 1 of the exchange folds rank 0 in.
-        let inputs = vec![vec![1u32, 2, 3], vec![10, 20, 30]];
-        assert_eq!(expected(Collective::AllReduce, &inputs, ReduceOp::Sum), vec![vec![11, 22, 33]; 2]);
-    }
-
-    #[test]
-    fn expected_results_of_each_collective() {
-        let inputs: Vec<Vec<u32>> = vec![vec![1, 2, 3, 4, 5, 6], vec![10, 20, 30, 40, 50, 60], vec![7; 6]];
-        let sums = expected(Collective::AllReduce, &inputs, ReduceOp::Sum);
-        assert!(sums.iter().all(|b| b == &[18, 29, 40, 51, 62, 73]));
-        let avg = expected(Collective::AllReduce, &inputs, ReduceOp::Avg);
-        assert!(avg.iter().all(|b| b == &[6, 9, 13, 17, 20, 24]), "{avg:?}");
-        let parts = expected(Collective::ReduceScatter, &inputs, ReduceOp::Max);
-        assert_eq!(parts, [vec![10, 20], vec![30, 40], vec![50, 60]]);
-        let gathered = expected(Collective::AllGather, &[vec![1u8], vec![2], vec![3]], ReduceOp::Sum);
-        assert!(gathered.iter().all(|b| b == &[1, 2, 3]));
-        let root = expected(Collective::Broadcast { root: 1 }, &inputs, ReduceOp::Sum);
-        assert!(root.iter().all(|b| b == &inputs[1]));
-    }
-
-    #[test]
     fn receive_names_round_trip() {
         for t in Receive::ALL {
             assert_eq!(t.to_string().parse::<Receive>(), Ok(t));
@@ -460,12 +350,5 @@ mod tests {
         let err = one_rank_per_device(&[3, 1, 3]).unwrap_err();
         assert_eq!(err, Error::SharedDevice { device: 3, first: 0, second: 2 });
         assert!(err.to_string().contains("testing"), "the message names the test-only way out: {err}");
-    }
-
-    #[test]
-    fn only_the_completing_avg_step_divides() {
-        assert_eq!(step_divisor(ReduceOp::Avg, true, 4), 4);
-        assert_eq!(step_divisor(ReduceOp::Avg, false, 4), 1);
-        assert_eq!(step_divisor(ReduceOp::Sum, true, 4), 1);
     }
 }

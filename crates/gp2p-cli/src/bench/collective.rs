@@ -3,9 +3,8 @@
 //! device 0 and its one link.
 
 use clap::Args;
-use geforce_p2p::collectives::{
-    Collective, Engine, Rank, all_gather, all_reduce, broadcast, expected, reduce_scatter, schedule_for,
-};
+use geforce_p2p::collectives::reference::{expected, schedule_for};
+use geforce_p2p::collectives::{Collective, Engine, Rank, all_gather, all_reduce, broadcast, reduce_scatter};
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, fill_random};
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, Stream, half};
 
