@@ -1,11 +1,13 @@
 """Where the Python layer's time per call goes, for a 4-byte staged copy and a 2-rank
 all_reduce: the whole call, reading the tensors (``describe``), and the native call alone
-with its arguments made beforehand. Host time per call, median of ``--calls``, with the
-devices' streams held busy by a spinning kernel so calls only enqueue; the parts of one op
-take turns call by call, so a drift in the machine's speed reaches them all alike.
+with its arguments made beforehand; beside them, the enqueue time ``gp2p bench`` reports for
+the same op (run in this process). Host time per call, median of ``--calls``; the parts of one
+op take turns call by call, so a drift in the machine's speed reaches them all alike. Two ways:
+"queued", calls back to back behind a spinning kernel (the driver's queue fills as they go), and
+"from idle", each call alone on an idle device behind a short spin, as ``gp2p bench`` times
+its enqueue, so the native call and the Rust bench are timed alike.
 
-    python3 benches/python/overhead_parts.py [--json parts.json]
-"""
+    python3 benches/python/overhead_parts.py [--json parts.json]"""
 
 import argparse
 import json
@@ -18,19 +20,27 @@ import geforce_p2p as gp
 from geforce_p2p import _native
 from geforce_p2p._tensors import describe
 
+from compare_torch import rust_enqueue_us  # beside this script: the Rust bench, in-process
+
 
 def spin(device, ms):
     with torch.cuda.device(device):
         torch.cuda._sleep(int(ms * 2_000_000))
 
 
-def per_call_us(parts, devices, calls):
+def per_call_us(parts, devices, calls, from_idle):
     """Median host microseconds per call of each part, the parts taking turns."""
-    for d in devices:
-        spin(d, 200)
     times = {name: [] for name in parts}
+    if not from_idle:
+        for d in devices:
+            spin(d, 200)
     for _ in range(calls):
         for name, call in parts.items():
+            if from_idle:
+                for d in devices:
+                    torch.cuda.synchronize(d)
+                for d in devices:
+                    spin(d, 0.3)
             t0 = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - t0)
@@ -64,13 +74,18 @@ def main():
             "describe x2": lambda: [describe(x, "t") for x in xs],
             "native only": lambda: _native.all_reduce("f32", 1, ms, "sum", "auto"),
         }
+    rust_args = {"copy_": ["copy", "--route", "staged", "--src", str(src), "--dst", str(dst)],
+                 "all_reduce": ["all-reduce", "--ranks", "2", "--op", "sum", "--dtype", "f32"]}
     for op, parts in ops.items():
-        per_call_us(parts, devices, 20)  # warm-up: caches and the library's state
-        for part, us in per_call_us(parts, devices, args.calls).items():
-            rows["%s %s" % (op, part)] = us
-        rows["%s python layer" % op] = rows["%s whole call" % op] - rows["%s native only" % op]
+        per_call_us(parts, devices, 20, False)  # warm-up: caches and the library's state
+        for way, from_idle in (("queued", False), ("from idle", True)):
+            for part, us in per_call_us(parts, devices, args.calls, from_idle).items():
+                rows["%s %s: %s" % (op, way, part)] = us
+            rows["%s %s: python layer" % (op, way)] = (
+                rows["%s %s: whole call" % (op, way)] - rows["%s %s: native only" % (op, way)])
+        rows["%s: gp2p bench enqueue" % op] = rust_enqueue_us(rust_args[op])
     for name, us in rows.items():
-        print("parts %-26s %6.2f us/call" % (name, us))
+        print("parts %-40s %6.2f us/call" % (name, us if us is not None else float("nan")))
     torch.cuda.synchronize()
     want = a.cpu()
     gp.copy_(b, a, route="staged")
