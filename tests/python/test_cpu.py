@@ -15,6 +15,7 @@ import pathlib
 import subprocess
 import sys
 import types
+import unittest.mock
 
 import pytest
 
@@ -379,6 +380,8 @@ def test_collective_refusals_name_the_argument(native):
         (lambda: gp.all_reduce([x0, HostArray((6,))]), ValueError, r"tensors\[1\]: a CPU tensor"),
         (lambda: gp.all_reduce([x0, CudaArray((6,), device=1, readonly=True)]), ValueError, r"tensors\[1\]: read-only"),
         (lambda: gp.all_reduce([x0, x1], op="mean"), ValueError, "op: 'mean' is not one of sum, avg, min, max, prod"),
+        # Equal to every choice but not a string: refused, not passed on.
+        (lambda: gp.all_reduce([x0, x1], op=unittest.mock.ANY), ValueError, "op: <ANY> is not one of"),
         (lambda: gp.all_reduce([x0, x1], transport="dma"), ValueError, "transport"),
         (lambda: gp.broadcast([x0, x1], root=2), ValueError, "root"),
         (lambda: gp.all_gather([x0, x1], [CudaArray((12,), device=0)]), ValueError, "inputs: 2 tensors for 1"),

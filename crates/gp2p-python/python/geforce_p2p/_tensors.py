@@ -434,7 +434,7 @@ def tensor_list(objs: Any, name: str) -> list:
 
 
 def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    if value in choices:  # the usual case: already one of the lower-case choices
+    if type(value) is str and value in choices:  # the usual case: already a lower-case choice
         return value
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError("%s: %r is not one of %s" % (name, value, ", ".join(choices)))
