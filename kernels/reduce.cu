@@ -239,9 +239,9 @@ GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 //
 // A thread owns 16-byte groups of the buffer (grid-stride): it publishes all of them (two
 // 16-byte stores of two lines each per group), then polls the peer's same groups. Every
-// thread publishes before it waits, so the two kernels cannot wait on each other. A poll gives up `timeout_ns` after it
-// started waiting (a peer that never arrives): it sets `*failed` and returns, leaving the
-// buffer partly folded, for the host to report.
+// thread publishes before it waits, so the two kernels cannot wait on each other. A thread
+// gives up `timeout_ns` after its first wait began (a peer that never arrives): it sets
+// `*failed` and returns, leaving the buffer partly folded, for the host to report.
 
 // Groups a thread loads before it checks any (see exchange), and the pause between polls
 // of a group whose lines have not arrived.
@@ -292,8 +292,8 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
     // Then fold, EXCHANGE_BATCH groups at a time: their loads go out together, so data
     // that has arrived costs one round trip across PCIe per batch, not one per group. A
     // group whose lines are not there yet is polled alone, a little apart (each poll is a
-    // read across the link, and thousands of threads polling at once slow the writes they
-    // wait for).
+    // read across the link, and many threads polling at once, as with 16 blocks, slow the
+    // writes they wait for).
     u64 deadline = 0;
     for (u64 g0 = mine; g0 < groups; g0 += EXCHANGE_BATCH * stride) {
         u64 lines[EXCHANGE_BATCH][4];

@@ -15,7 +15,9 @@ in-place sums give fl(a0 + a1) * 2**(calls - 1) exactly (doubling is exact in bi
 import os
 
 # NCCL reads its environment when its first communicator starts: set before torch loads.
-os.environ.setdefault("NCCL_P2P_DISABLE", "1")
+# Forced, not defaulted: the comparison is with NCCL's shared-memory path (no P2P, no NVLS).
+os.environ["NCCL_P2P_DISABLE"] = "1"
+os.environ["NCCL_NVLS_ENABLE"] = "0"
 
 import argparse  # noqa: E402
 import json  # noqa: E402

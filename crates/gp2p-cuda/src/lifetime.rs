@@ -328,8 +328,8 @@ pub(crate) fn start_reclaimer() {
 /// [`pause_releases`]'s guard.
 static RELEASING: RwLock<()> = RwLock::new(());
 
-/// While the guard lives, the reclaimer makes no driver call: it finishes the release in
-/// hand, if any, then waits.
+/// While the guard lives, the reclaimer makes no driver call. Taking the guard waits for the
+/// release in hand, if any, to finish (a free may itself wait for its device to go idle).
 ///
 /// For enqueueing kernels that wait for each other across devices (the line exchange). A
 /// free (`cuMemFree`, `cuMemFreeHost`) may wait for its device to go idle while holding a

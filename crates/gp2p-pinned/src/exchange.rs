@@ -15,6 +15,11 @@ use crate::{Error, Result};
 /// How long a rank's kernel waits for its peer's data before it gives up, by default.
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The longest wait a kernel is given, in ns (2^62, about 146 years): longer timeouts are
+/// cut to it, so the deadline (the GPU's nanosecond timer, about 2^61 today, plus the wait)
+/// fits in 64 bits.
+const MAX_TIMEOUT_NS: u64 = 1 << 62;
+
 /// The state of small two-rank all-reduces between two devices: each rank's lines (two halves,
 /// used by calls of odd and even sequence numbers) and the sequence counter.
 ///
@@ -192,7 +197,8 @@ impl LineExchange {
         }
         let seq = next_exchange_seq(&mut self.counter);
         let half = ((seq & 1) as usize * self.half_bytes) as u64;
-        let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX);
+        // Capped so the kernel's deadline (the GPU's global timer plus this) cannot wrap.
+        let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX).min(MAX_TIMEOUT_NS);
         // Events for the two points, taken now: between the two launches nothing may wait
         // for a device (creating an event can, on some drivers, wait for the device to go
         // idle, which rank 0's kernel does only once rank 1's runs or its timeout passes).
