@@ -16,9 +16,14 @@ use crate::{Error, Result};
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The longest wait a kernel is given, in ns (2^62, about 146 years): longer timeouts are
-/// cut to it, so the deadline (the GPU's nanosecond timer, about 2^61 today, plus the wait)
-/// fits in 64 bits.
+/// cut to it, so the deadline (the GPU's nanosecond global timer plus the wait) fits in 64
+/// bits as long as the timer reads below 3 * 2^62.
 const MAX_TIMEOUT_NS: u64 = 1 << 62;
+
+/// The kernels' wait for `timeout`, in ns, capped at [`MAX_TIMEOUT_NS`].
+fn kernel_wait_ns(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX).min(MAX_TIMEOUT_NS)
+}
 
 /// The state of small two-rank all-reduces between two devices: each rank's lines (two halves,
 /// used by calls of odd and even sequence numbers) and the sequence counter.
@@ -197,8 +202,7 @@ impl LineExchange {
         }
         let seq = next_exchange_seq(&mut self.counter);
         let half = ((seq & 1) as usize * self.half_bytes) as u64;
-        // Capped so the kernel's deadline (the GPU's global timer plus this) cannot wrap.
-        let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX).min(MAX_TIMEOUT_NS);
+        let timeout_ns = kernel_wait_ns(self.timeout);
         // Events for the two points, taken now: between the two launches nothing may wait
         // for a device (creating an event can, on some drivers, wait for the device to go
         // idle, which rank 0's kernel does only once rank 1's runs or its timeout passes).
@@ -252,5 +256,18 @@ impl std::fmt::Debug for LineExchange {
             self.max_bytes,
             self.counter
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_waits_are_exact_up_to_the_cap_and_capped_beyond() {
+        assert_eq!(kernel_wait_ns(Duration::from_secs(5)), 5_000_000_000);
+        assert_eq!(kernel_wait_ns(Duration::from_nanos(1)), 1);
+        assert_eq!(kernel_wait_ns(Duration::MAX), MAX_TIMEOUT_NS, "Duration::MAX would wrap the deadline");
+        assert_eq!(kernel_wait_ns(Duration::from_secs(400 * 365 * 24 * 3600)), MAX_TIMEOUT_NS);
     }
 }
