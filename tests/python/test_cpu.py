@@ -320,6 +320,7 @@ def test_native_checks_refuse_before_the_driver():
         (lambda: _native.broadcast("f32", 4, [(0, 0x100, 0), (1, 0x100, 0)], 2), "root"),
         (lambda: _native.all_gather("f32", 4, [0x100], [(0, 0x104, 0)]), "overlaps"),
         (lambda: _native.reduce("f32", 4, (0, 0x100, 0), 0x108, "sum"), "overlaps"),
+        (lambda: _native.copy("f32", 4, (0, 0x100, 0), (0, 0x108, 0)), "overlaps"),
     ]
     for call, words in cases:
         with pytest.raises(gp.InvalidArgumentError, match=words):
@@ -476,12 +477,25 @@ def test_pinned_host_tensors_are_held_until_their_copy_is_done(torch, native):
     assert native.calls[-1] == ("copy_from_host", ("f32", 4, host.data_ptr(), (1, out.data_ptr(), 0x5001)))
     back = gp.copy(out, device="cpu")
     assert back._pinned, "a CPU result is allocated pinned"
-    assert [o for _, o in _tensors._held] == [host, back]
+    assert [o for _, o, _ in _tensors._held] == [host, back]
     assert [e.recorded for e in torch.events] == [0x5001, 0x5001], "recorded on the CUDA side's stream"
-    for e in torch.events:
-        e.done = True
+    torch.events[1].done = True
     gp.copy_(out, host)
-    assert [o for _, o in _tensors._held] == [host], "completed copies let go; the new one holds"
+    assert [o for _, o, _ in _tensors._held] == [host, back, host], "let go oldest first: the first is not done"
+    torch.events[0].done = True
+    torch.events[2].done = True
+    gp.copy_(out, host)
+    assert [o for _, o, _ in _tensors._held] == [host], "completed copies let go; the new one holds"
+
+
+def test_host_arrays_of_other_frameworks_are_held_too(torch, native):
+    # A pinned array that is not torch's goes back to its owner's allocator as soon as it
+    # dies, like a torch tensor's: it is held until the copy is done, whenever torch can
+    # record the event.
+    _tensors._held.clear()
+    arr = HostArray((4,))
+    gp.copy_(torch.Tensor((4,), device="cuda:0"), arr)
+    assert [o for _, o, _ in _tensors._held] == [arr]
 
 
 # ---- reading DLPack ---------------------------------------------------------------------------

@@ -195,12 +195,15 @@ impl LastUses {
         Ok(())
     }
 
-    /// Block the host until every recorded use is done, and forget them.
+    /// Block the host until every recorded use is done, and forget them. On an error the
+    /// record is left as it was: a use not known to be done must still hold the release.
     pub fn synchronize(&self) -> Result<()> {
-        let points = std::mem::take(&mut *self.points.lock());
-        for p in &points {
+        let waited = self.points.lock().clone();
+        for p in &waited {
             p.synchronize()?;
         }
+        // Points noted meanwhile by other threads are newer: only those waited on go.
+        self.points.lock().retain(|p| !waited.iter().any(|w| w.stream_id() == p.stream_id() && w.0.seq >= p.0.seq));
         Ok(())
     }
 

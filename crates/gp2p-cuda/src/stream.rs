@@ -24,7 +24,10 @@ pub type RawStream = CUstream;
 pub struct Stream {
     device: Device,
     raw: CUstream,
-    owned: bool,
+    /// Owned streams only (`None` when borrowed): the event of the point the drop takes,
+    /// reserved at creation so that dropping makes no driver call that can wait (creating an
+    /// event can).
+    drop_point: Option<ReservedPoint>,
     identity: Arc<Identity>,
 }
 
@@ -92,7 +95,15 @@ impl Stream {
         let flags = CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: the context is current; out-pointer to a local.
         check(unsafe { sys::cuStreamCreate(&mut raw, flags) }, "cuStreamCreate")?;
-        Ok(Stream { device: device.clone(), raw, owned: true, identity: Identity::fresh() })
+        let drop_point = match ReservedPoint::new(device) {
+            Ok(reserved) => reserved,
+            Err(e) => {
+                // SAFETY: the stream was just created and nothing was enqueued on it.
+                let _ = unsafe { sys::cuStreamDestroy_v2(raw) };
+                return Err(e);
+            }
+        };
+        Ok(Stream { device: device.clone(), raw, drop_point: Some(drop_point), identity: Identity::fresh() })
     }
 
     /// Borrow a stream created elsewhere. A null handle means the legacy default stream.
@@ -102,7 +113,7 @@ impl Stream {
     /// as long as the returned `Stream` and anything enqueued through it are in use. It is
     /// never destroyed by this crate.
     pub unsafe fn borrow_raw(device: &Device, raw: RawStream) -> Stream {
-        Stream { device: device.clone(), raw, owned: false, identity: Identity::of_borrowed(device, raw) }
+        Stream { device: device.clone(), raw, drop_point: None, identity: Identity::of_borrowed(device, raw) }
     }
 
     /// The device this stream belongs to.
@@ -123,7 +134,7 @@ impl Stream {
 
     /// Whether this stream was borrowed with [`Stream::borrow_raw`].
     pub fn is_borrowed(&self) -> bool {
-        !self.owned
+        self.drop_point.is_none()
     }
 
     /// Make later work on this stream wait (on the GPU) for the work `event` captured at its
@@ -162,19 +173,21 @@ impl Stream {
     /// which never waits). The reservation must come from a stream of this device. As with
     /// `point`, a failure waits for the stream before it returns.
     pub fn point_from(&self, reserved: ReservedPoint) -> Result<StreamPoint> {
+        self.record(reserved).map_err(|e| self.settle_after(e))
+    }
+
+    /// Record `reserved` as this stream's next point; on failure, return the error without
+    /// waiting (the callers decide whether to).
+    fn record(&self, reserved: ReservedPoint) -> Result<StreamPoint> {
         let event = reserved.into_event();
         if event.device() != &self.device {
             let got = event.device().ordinal();
             give_back_event(event);
-            let wrong = Error::WrongDevice { what: "reserved point", got, expected: self.device.ordinal() };
-            return Err(self.settle_after(wrong));
+            return Err(Error::WrongDevice { what: "reserved point", got, expected: self.device.ordinal() });
         }
-        let recorded = {
-            let mut count = self.identity.points.lock();
-            *count += 1;
-            StreamPoint::record_with(self, *count, event)
-        };
-        recorded.map_err(|e| self.settle_after(e))
+        let mut count = self.identity.points.lock();
+        *count += 1;
+        StreamPoint::record_with(self, *count, event)
     }
 
     /// Wait for everything enqueued so far (ignoring how that goes: `error` is what the
@@ -237,20 +250,23 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if !self.owned {
-            return;
-        }
+        let Some(reserved) = self.drop_point.take() else {
+            return; // borrowed: its owner destroys it
+        };
         // Destroyed once the work enqueued so far is done, by the reclaimer: the destroy
         // itself is allowed while busy, but whatever the work reads must outlive it, and
-        // the releases that wait for it are ordered by this point.
-        let points = self.point().map(|p| vec![p]).unwrap_or_default();
+        // the releases that wait for it are ordered by this point. The record is the only
+        // driver call here; should it fail (a broken context), the stream is destroyed at
+        // once, which the driver allows while work is pending, and the drop does not wait:
+        // the memory that work touches keeps points of its own.
+        let points = self.record(reserved).map(|p| vec![p]).unwrap_or_default();
         release_after(points, Release::Stream { device: self.device.clone(), raw: self.raw });
     }
 }
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = if self.owned { "owned" } else { "borrowed" };
+        let kind = if self.is_borrowed() { "borrowed" } else { "owned" };
         write!(f, "Stream({kind} {:p} on device {})", self.raw, self.device.ordinal())
     }
 }

@@ -187,7 +187,8 @@ impl Classify for comm::Error {
             | E::BytesMismatch { .. }
             | E::RankTaken { .. }
             | E::TooLarge { .. }
-            | E::WrongDevice { .. } => Class::InvalidArgument,
+            | E::WrongDevice { .. }
+            | E::InvalidOption { .. } => Class::InvalidArgument,
             _ => Class::Error,
         }
     }
@@ -262,6 +263,9 @@ mod tests {
         let old = cuda::Error::Unsupported { ordinal: 0, name: "T4".into(), major: 7, minor: 5 };
         assert_eq!(Raised::from(old).class, Class::UnsupportedDevice);
         assert_eq!(Raised::argument("len", "too long").message, "invalid argument len: too long");
+        // A communicator option out of range is the caller's to fix (ValueError in Python).
+        let option = comm::Error::InvalidOption { name: "small_max_bytes", reason: "0 is outside 1..=65536".into() };
+        assert_eq!(Raised::from(option).class, Class::InvalidArgument);
     }
 
     #[test]

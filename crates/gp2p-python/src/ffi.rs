@@ -177,6 +177,9 @@ pub(crate) fn copy(
         let options = CopyOptions { route: args::route(route)?, chunk_bytes, slots };
         args::check_range("src", src.ptr, len, dtype)?;
         args::check_range("dst", dst.ptr, len, dtype)?;
+        // Before any view is made: a shared and a mutable view of one memory would break
+        // the views' contract, whatever the library refuses later.
+        check_disjoint("src", &[(src.device, src.ptr)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
         by_dtype!(dtype, copy_t(&src, &dst, len, options)).map(Route::name)
     };
     py.detach(run).map_err(|e| e.into_pyerr(py))

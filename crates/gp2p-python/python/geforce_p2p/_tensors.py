@@ -16,6 +16,7 @@ a CPU tensor that is not pinned), its message starting with the argument's name.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import math
 import sys
@@ -443,28 +444,32 @@ def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
 
 # ---- keeping host memory alive ----
 
-# Host tensors that a copy still reads or writes, each with a torch event recorded after
-# the copy on its stream. Torch frees device memory in stream order, but pinned host
-# memory goes back to its cache as soon as the tensor dies and may be handed out and
-# written by the CPU at once: so the tensor is held until its copy is done.
-_held: list = []
+# Host memory that a copy or a reduce still reads or writes, each with a torch event recorded
+# after the op on its stream, oldest first. Torch frees device memory in stream order, but
+# pinned host memory goes back to its cache as soon as the tensor dies and may be handed out
+# and written by the CPU at once; other frameworks' host arrays likewise: so the object (and
+# any DLPack capsule behind it) is held until its op is done.
+_held: collections.deque = collections.deque()
 
 
 def hold_until_done(t: Tensor, stream_of: Tensor) -> None:
-    """Keep torch host tensor ``t`` alive until the work queued so far on the stream of
-    ``stream_of`` (a CUDA tensor) is done. Non-torch host memory is its owner's to keep."""
+    """Keep host memory ``t`` (its object and capsule) alive until the work queued so far on
+    the stream of ``stream_of`` (a CUDA tensor) is done. Needs torch for the event; without
+    torch loaded the memory is its owner's to keep until the stream is synchronised."""
     _release_done()
     torch = _torch()
-    if not t.is_torch or torch is None or stream_of.device is None:
+    if torch is None or stream_of.device is None:
         return
     # The stream the op ran on (what the native call was given), not the current one: for
     # an array naming its own stream, or DLPack's legacy stream, they differ.
     stream = torch.cuda.ExternalStream(stream_of.stream, device=stream_of.device)
     event = torch.cuda.Event()
     event.record(stream)
-    _held.append((event, t.obj))
+    _held.append((event, t.obj, t.keep))
 
 
 def _release_done() -> None:
-    if _held:
-        _held[:] = [(e, o) for e, o in _held if not e.query()]
+    """Let go of what finished ops held, oldest first: a call costs one query when nothing
+    finished, not one per op in flight."""
+    while _held and _held[0][0].query():
+        _held.popleft()
