@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use geforce_p2p::cuda::reduce;
-use geforce_p2p::pinned::{Error as PinnedError, Fold, copy_from_host, copy_to_host, is_pinned, round_trip};
+use geforce_p2p::pinned::{Error as PinnedError, Fold, RingCache, copy_from_host, copy_to_host, is_pinned, round_trip};
 use geforce_p2p::{DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, StreamFork};
 use gp2p_tests::{POISON, check_reduce, fill_random, needs, with_stream};
 
@@ -212,4 +212,25 @@ fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
     assert!(copied.to_host_vec(&caller).unwrap() == b, "Fold::Copy");
     check_reduce(&summed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Sum, 1).unwrap();
     check_reduce(&maxed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Max, 1).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn ring_cache_keeps_a_ring_per_slot_count_across_alternating_calls() {
+    // Collectives pick 2 slots for large chunks across devices and 4 otherwise: a cache of
+    // one ring replaced it (a pinned allocation and a free) at every alternation.
+    let [device] = needs!(gpus: 1);
+    let mut cache = RingCache::new();
+    let small = cache.ensure(&device, &device, 4, 1 << 20).unwrap().id();
+    let large = cache.ensure(&device, &device, 2, 4 << 20).unwrap().id();
+    assert_ne!(small, large);
+    for _ in 0..3 {
+        assert_eq!(cache.ensure(&device, &device, 4, 1 << 20).unwrap().id(), small, "the 4-slot ring is kept");
+        assert_eq!(cache.ensure(&device, &device, 2, 4 << 20).unwrap().id(), large, "the 2-slot ring is kept");
+    }
+    // Smaller slots than held reuse the ring; bigger ones replace only that count's ring.
+    assert_eq!(cache.ensure(&device, &device, 4, 4096).unwrap().id(), small);
+    let bigger = cache.ensure(&device, &device, 4, 2 << 20).unwrap();
+    assert!(bigger.id() != small && bigger.slot_bytes() >= 2 << 20);
+    assert_eq!(cache.ensure(&device, &device, 2, 4 << 20).unwrap().id(), large);
 }

@@ -173,6 +173,11 @@ impl StagingRing {
         })
     }
 
+    /// This ring's number, unique for the life of the process (what a [`Sent`] names).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Number of slots.
     pub fn slots(&self) -> usize {
         self.landed.len()
@@ -459,13 +464,19 @@ enum Side {
     Consumer,
 }
 
-/// A staging ring kept across calls (one per device pair or ring edge): replaced when a call
-/// needs bigger slots or another slot count. The old ring is simply dropped: its memory
-/// outlives its GPU work by the lifetime rule, so replacing never blocks the host.
+/// The staging rings kept across calls for one device pair or ring edge: one per slot count,
+/// since callers pick the count by transfer size (a collective's large and small calls use
+/// two), and a cache of one ring would replace it at every alternation, each time a pinned
+/// allocation and a free. A ring is replaced only when a call needs bigger slots than its
+/// count's ring has. A replaced ring is simply dropped: its memory outlives its GPU work by
+/// the lifetime rule, so replacing never blocks the host.
 #[derive(Default)]
 pub struct RingCache {
-    ring: Option<StagingRing>,
+    rings: Vec<StagingRing>,
 }
+
+/// Slot counts a cache keeps a ring for at once; a further count evicts the oldest.
+const KEPT_SLOT_COUNTS: usize = 4;
 
 impl RingCache {
     /// A cache with no ring yet.
@@ -473,8 +484,9 @@ impl RingCache {
         Self::default()
     }
 
-    /// The cached ring if it has `slots` slots of at least `slot_bytes`, else a new one
-    /// between `producer` and `consumer`. If making the new one fails, the old one stays.
+    /// The cached ring of `slots` slots if its slots hold at least `slot_bytes`, else a new
+    /// one between `producer` and `consumer` (replacing that count's ring). If making the new
+    /// one fails, the cache stays as it was.
     pub fn ensure(
         &mut self,
         producer: &Device,
@@ -482,18 +494,26 @@ impl RingCache {
         slots: usize,
         slot_bytes: usize,
     ) -> Result<&mut StagingRing> {
-        let ring = match self.ring.take() {
-            // A ring left holding a chunk (a call that failed between send and receive)
-            // would refuse that slot for good: it is replaced like a ring of the wrong size.
-            Some(ring) if ring.slots() == slots && ring.slot_bytes() >= slot_bytes && !ring.holds_any_chunk() => ring,
-            old => match StagingRing::new(producer, consumer, slots, slot_bytes) {
-                Ok(new) => new,
-                Err(e) => {
-                    self.ring = old;
-                    return Err(e);
+        let same_count = self.rings.iter().position(|r| r.slots() == slots);
+        // A ring left holding a chunk (a call that failed between send and receive) would
+        // refuse that slot for good: it is replaced like a ring with too small slots.
+        let reusable =
+            same_count.filter(|&i| self.rings[i].slot_bytes() >= slot_bytes && !self.rings[i].holds_any_chunk());
+        let at = match (reusable, same_count) {
+            (Some(i), _) => i,
+            (None, Some(i)) => {
+                self.rings[i] = StagingRing::new(producer, consumer, slots, slot_bytes)?;
+                i
+            }
+            (None, None) => {
+                let ring = StagingRing::new(producer, consumer, slots, slot_bytes)?;
+                if self.rings.len() == KEPT_SLOT_COUNTS {
+                    self.rings.remove(0);
                 }
-            },
+                self.rings.push(ring);
+                self.rings.len() - 1
+            }
         };
-        Ok(self.ring.insert(ring))
+        Ok(&mut self.rings[at])
     }
 }
