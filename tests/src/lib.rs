@@ -8,7 +8,8 @@
 mod needs;
 
 pub use needs::{
-    NOT_RUN, Needs, SANITIZER_ENV, concurrent_gpus, device, gpus, kernels_serialized, not_run_line, with_stream,
+    NOT_RUN, Needs, SANITIZER_ENV, compute_80_gpus, concurrent_gpus, device, gpus, kernels_serialized,
+    lacks_compute_80, not_run_line, with_stream,
 };
 
 pub use geforce_p2p::cuda::HostGate;

@@ -6,6 +6,7 @@
 //! not run instead of passed (libtest itself knows only passed and failed). The test's name
 //! is what decides nothing: the runner reads the line, not a name prefix.
 
+use geforce_p2p::cuda::PtxTarget;
 use geforce_p2p::{Device, Stream};
 
 /// How every not-run line starts. The bundle's runner (xtask/src/bundle.rs) greps for it;
@@ -84,6 +85,27 @@ pub fn concurrent_gpus<const N: usize>(test: &str) -> Option<[Device; N]> {
     gpus::<N>(test)
 }
 
+/// Why devices of these builds (ordinal and build) cannot run the line exchange's kernels,
+/// if one cannot: they ship in the compute_80 build only (a Turing card, or
+/// `GP2P_PTX_TARGET=compute_75`, loads compute_75). Pure, so it is tested without a GPU.
+pub fn lacks_compute_80(builds: &[(usize, PtxTarget)]) -> Option<String> {
+    builds.iter().find(|(_, build)| !build.runs_line_exchange()).map(|(ordinal, build)| {
+        format!("needs the compute_80 build of the kernels; device {ordinal} runs {}", build.name())
+    })
+}
+
+/// Like [`gpus`] (or [`concurrent_gpus`] when `concurrent`), for a test of the line exchange
+/// or the communicator, whose kernels need the compute_80 build on every device.
+pub fn compute_80_gpus<const N: usize>(test: &str, concurrent: bool) -> Option<[Device; N]> {
+    let devices = if concurrent { concurrent_gpus::<N>(test)? } else { gpus::<N>(test)? };
+    let builds: Vec<(usize, PtxTarget)> = devices.iter().map(|d| (d.ordinal(), d.ptx_target())).collect();
+    if let Some(why) = lacks_compute_80(&builds) {
+        println!("{}", not_run_line(test, &why));
+        return None;
+    }
+    Some(devices)
+}
+
 /// Device `ordinal`, for a helper deep inside a test whose [`needs!`](crate::needs) has
 /// already found it.
 #[allow(clippy::expect_used)] // a test helper: failing is how it reports
@@ -118,6 +140,15 @@ macro_rules! needs {
     // Kernels on the GPUs must run at the same time (each waits for the other's).
     (gpus: $n:literal, concurrent_kernels) => {
         $crate::needs!(@open $crate::concurrent_gpus::<$n>)
+    };
+    // The line exchange's kernels (compute_80 build only), in one process: they must also
+    // run at the same time.
+    (gpus: $n:literal, concurrent_kernels, compute_80) => {
+        $crate::needs!(@open |test: &str| $crate::compute_80_gpus::<$n>(test, true))
+    };
+    // The communicator's kernels (compute_80 build only), one process per GPU.
+    (gpus: $n:literal, compute_80) => {
+        $crate::needs!(@open |test: &str| $crate::compute_80_gpus::<$n>(test, false))
     };
     // The opener is a parameter so that the unit tests run the macro without a GPU and
     // without printing a not-run line of their own (the runner would count it).
@@ -164,6 +195,16 @@ mod tests {
         assert_eq!(
             kernels_serialized(Some("memcheck")).as_deref(),
             Some("compute-sanitizer memcheck runs kernels one at a time")
+        );
+    }
+
+    #[test]
+    fn the_line_exchange_needs_the_compute_80_build_on_every_device() {
+        let (new, turing) = (PtxTarget::Compute80, PtxTarget::Compute75);
+        assert_eq!(lacks_compute_80(&[(0, new), (1, new)]), None);
+        assert_eq!(
+            lacks_compute_80(&[(0, new), (1, turing)]).as_deref(),
+            Some("needs the compute_80 build of the kernels; device 1 runs compute_75")
         );
     }
 

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::process::Command;
 
-use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
+use geforce_p2p::{DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::Collective;
 use gp2p_collectives::reference::expected;
 use gp2p_comm::{CommOptions, Communicator, UniqueId};
@@ -51,23 +51,6 @@ fn wait_for(child: Option<std::process::Child>) {
         let output = std::fs::read_to_string(child_log()).unwrap_or_default();
         let _ = std::fs::remove_file(child_log());
         assert!(ok, "rank 1 failed:\n{output}");
-    }
-}
-
-/// Whether every device runs the communicator's kernels (the compute_80 build); if not,
-/// prints the test's not-run line. Asked by rank 0 before it starts rank 1.
-fn runs_the_communicator(devices: &[Device], test: &str) -> bool {
-    match devices.iter().find(|d| !d.ptx_target().runs_line_exchange()) {
-        None => true,
-        Some(d) => {
-            let why = format!(
-                "needs the compute_80 build of the kernels; device {} runs {}",
-                d.ordinal(),
-                d.ptx_target().name()
-            );
-            println!("{}", gp2p_tests::not_run_line(&format!("gpu_comm::{test}"), &why));
-            false
-        }
     }
 }
 
@@ -145,10 +128,7 @@ fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_ba
     if !is_child() {
         // Not `concurrent_kernels`: the two kernels that wait for each other are in two
         // processes, which a sanitizer's one-kernel-at-a-time within a process leaves alone.
-        let devices = needs!(gpus: 2);
-        if !runs_the_communicator(&devices, test) {
-            return;
-        }
+        needs!(gpus: 2, compute_80);
     }
     let mut r = Ranked::start(test, CommOptions::default());
     let (rank, stream) = (r.rank, &r.stream);
@@ -176,10 +156,7 @@ fn two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_time
     if !is_child() {
         // Not `concurrent_kernels`: the two kernels that wait for each other are in two
         // processes, which a sanitizer's one-kernel-at-a-time within a process leaves alone.
-        let devices = needs!(gpus: 2);
-        if !runs_the_communicator(&devices, test) {
-            return;
-        }
+        needs!(gpus: 2, compute_80);
     }
     let timeout = std::time::Duration::from_millis(300);
     let mut r = Ranked::start(test, CommOptions { peer_timeout: timeout, ..CommOptions::default() });

@@ -42,7 +42,8 @@ fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, s
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_small_all_reduces_take_the_line_exchange_for_every_op_and_dtype() {
     let _serial = gp2p_tests::serial();
-    needs!(gpus: 2, concurrent_kernels);
+    // compute_80: on the Turing build the engine would quietly take the ring instead.
+    needs!(gpus: 2, concurrent_kernels, compute_80);
     let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
     let mut seed = 0;
     // Odd lengths around the 16-byte groups; f64 at the last one fills the lines exactly.
@@ -79,7 +80,7 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
     // its own: a chain of sums on one buffer would double each time and reach zero after 32
     // calls, hiding any call after those. (An earlier version computed its expectation with
     // a shift masked to 5 bits and failed for that reason, not the exchange's.)
-    let devices = needs!(gpus: 2, concurrent_kernels);
+    let devices = needs!(gpus: 2, concurrent_kernels, compute_80);
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
     let engine = Engine::new().with_line_exchange_max(LINE_EXCHANGE_WINS_UP_TO);
     let calls = 300;
@@ -114,13 +115,14 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
 fn two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
     let _serial = gp2p_tests::serial();
     let devices = needs!(gpus: 2);
-    if let Some(d) = devices.iter().find(|d| !LineExchange::supported_on(d)) {
-        // The Turing build (GP2P_PTX_TARGET=compute_75) refuses the line exchange, and says so.
+    let builds: Vec<_> = devices.iter().map(|d| (d.ordinal(), d.ptx_target())).collect();
+    if let Some(why) = gp2p_tests::lacks_compute_80(&builds) {
+        // The Turing build (GP2P_PTX_TARGET=compute_75) refuses the line exchange, and says so;
+        // the rest of the test is not run there.
         let err = LineExchange::new([&devices[0], &devices[1]], 4096, Duration::from_millis(50)).unwrap_err();
         assert!(err.to_string().contains("not offered"), "{err}");
-        let why =
-            format!("needs the compute_80 build of the kernels; device {} runs {}", d.ordinal(), d.ptx_target().name());
-        println!("{}", gp2p_tests::not_run_line("gpu_lines::two_gpu_a_peer_that_never_comes_times_out", &why));
+        let test = "gpu_lines::two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so";
+        println!("{}", gp2p_tests::not_run_line(test, &why));
         return;
     }
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
@@ -166,12 +168,7 @@ fn two_gpu_line_exchanges_while_the_reclaimer_frees_many_buffers() {
     // the second, the pair then stalled until the timeout and the call came out unfolded.
     // Found after gpu_lines' back-to-back test left the reclaimer 1,800 buffers to free.
     let _serial = gp2p_tests::serial();
-    let devices = needs!(gpus: 2, concurrent_kernels);
-    if devices.iter().any(|d| !LineExchange::supported_on(d)) {
-        let why = "needs the compute_80 build of the kernels";
-        println!("{}", gp2p_tests::not_run_line("gpu_lines::two_gpu_line_exchanges_while_the_reclaimer_frees", why));
-        return;
-    }
+    let devices = needs!(gpus: 2, concurrent_kernels, compute_80);
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
     let timeout = Duration::from_secs(1);
     let mut exchange = LineExchange::new([&devices[0], &devices[1]], 4096, timeout).unwrap();

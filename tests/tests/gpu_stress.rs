@@ -64,7 +64,6 @@ fn runqueue_wait_ns() -> Option<u64> {
 /// What one thread measured.
 #[derive(Default)]
 struct Tally {
-    ops: usize,
     drops: Vec<DropTime>,
     checked: usize,
 }
@@ -156,7 +155,6 @@ impl Worker<'_> {
             let t = self.live.swap_remove(0);
             self.drop_timed(t.buffer);
         }
-        self.tally.ops += 1;
     }
 
     /// A copy into a new buffer on a random device by a random route, then (half the time)
@@ -337,14 +335,13 @@ fn random_operations_from_many_threads_without_host_synchronisation() {
     let tallies = tallies.into_inner().unwrap();
     let mut drops: Vec<DropTime> = tallies.iter().flat_map(|t| t.drops.iter().copied()).collect();
     drops.sort_by_key(|d| d.took);
-    let ops: usize = tallies.iter().map(|t| t.ops).sum();
     let checked: usize = tallies.iter().map(|t| t.checked).sum();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let at = |q: usize| drops.get(drops.len() * q / 1000).map_or(Duration::ZERO, |d| d.took);
     let (p99, p999) = (at(990), at(999));
     let own_max = drops.iter().map(DropTime::own).max().unwrap_or_default();
     println!(
-        "stress: {ops} operations in {:.2} s, {checked} buffers checked, {} drops: p99 {:.1} us, p99.9 {:.1} us, max {:.1} us; max without runqueue waits {:.1} us",
+        "stress: {total} operations in {:.2} s, {checked} buffers checked, {} drops: p99 {:.1} us, p99.9 {:.1} us, max {:.1} us; max without runqueue waits {:.1} us",
         started.elapsed().as_secs_f64(),
         drops.len(),
         us(p99),
@@ -361,7 +358,6 @@ fn random_operations_from_many_threads_without_host_synchronisation() {
             us(d.runnable)
         );
     }
-    assert_eq!(ops, total);
     assert!(checked > 0, "some buffers survive to be checked");
     // The drops themselves take microseconds (gpu_lifetime times each kind alone). With eight
     // threads, the driver's threads and the reclaimer on a shared machine, a thread is now

@@ -180,7 +180,9 @@ fn two_gpu_zero_length_copies_order_both_streams() {
 
 #[test]
 #[ignore = "needs two CUDA GPUs"]
-fn two_gpu_small_all_reduces_through_the_line_exchange() {
+fn two_gpu_small_all_reduces_through_the_default_engine() {
+    // The default engine's path for small two-rank all-reduces (the DMA exchange: the line
+    // exchange is opt-in, and gpu_lines tests it for every op and dtype).
     let _serial = gp2p_tests::serial();
     fn case<T: Reference>(engine: &Engine, pair: &[(Device, Stream); 2], len: usize, op: ReduceOp, seed: u64) {
         let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed + r)).collect();

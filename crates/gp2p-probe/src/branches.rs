@@ -131,9 +131,15 @@ mod tests {
     #[test]
     fn one_ordinary_branch_per_version_and_the_48g_variant_apart() {
         let ordinary: Vec<&str> = PATCH_BRANCHES.iter().filter(|b| !b.per_allocation_bar1).map(|b| b.version).collect();
-        let mut unique = ordinary.clone();
-        unique.dedup();
-        assert_eq!(ordinary, unique, "sorted, no version twice");
+        let numeric = |v: &str| v.split('.').map(|p| p.parse::<u32>().expect("numeric version")).collect::<Vec<_>>();
+        for pair in ordinary.windows(2) {
+            assert!(
+                numeric(pair[0]) < numeric(pair[1]),
+                "oldest first, no version twice: {} then {}",
+                pair[0],
+                pair[1]
+            );
+        }
         assert_eq!(branch_for_version("590.48.01").map(|b| b.name), Some("590.48.01-p2p"));
         assert!(PATCH_BRANCHES.iter().any(|b| b.name == BAR1_PER_ALLOCATION_BRANCH && b.per_allocation_bar1));
         assert_eq!(branch_for_version("580.159.04"), None);
