@@ -30,7 +30,6 @@ for section in "$@"; do
     for t in scratch zero-copy auto; do
       run all-reduce-$t-$tag $G bench all-reduce --ranks 2 --transport $t -b 8 -e 1G -f 2 -n 20 -w 5 --json "$R/all-reduce-$t-$tag.json"
     done
-    run all-reduce-no-lines-$tag $G bench all-reduce --ranks 2 --line-max 0 -b 8 -e 2M -f 2 -n 20 -w 5 --json "$R/all-reduce-no-lines-$tag.json"
     run nccl-shm-$tag python3 benches/nccl/nccl_shm.py -b 8 -e 1G -f 2 -n 20 -w 5 --json "$R/nccl-shm-$tag.json"
     ;;
   tune)

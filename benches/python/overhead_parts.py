@@ -20,12 +20,7 @@ import geforce_p2p as gp
 from geforce_p2p import _native
 from geforce_p2p._tensors import describe
 
-from compare_torch import rust_enqueue_us  # beside this script: the Rust bench, in-process
-
-
-def spin(device, ms):
-    with torch.cuda.device(device):
-        torch.cuda._sleep(int(ms * 2_000_000))
+from compare_torch import rust_enqueue_us, spin  # beside this script: the Rust bench in-process, a busy kernel
 
 
 def per_call_us(parts, devices, calls, from_idle):

@@ -562,6 +562,9 @@ class _Comm:
     def all_reduce(self, tensor, op):
         self.calls.append((tensor, op))
 
+    def _sum_into(self, t, ptr):
+        self.calls.append(("sum into", t.dtype, t.numel, ptr, t.stream))
+
     def close(self):
         self.calls.append("closed")
 
@@ -570,6 +573,9 @@ class _Cloneable(CudaArray):
     def clone(self):
         return _Cloneable(self.__cuda_array_interface__["shape"], self.__cuda_array_interface__["typestr"],
                           device=self.device)
+
+    def data_ptr(self):
+        return self.ptr
 
 
 def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
@@ -597,7 +603,8 @@ def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
     assert ca.should_custom_ar(CudaArray((1024,)))
     inp = _Cloneable((1024,))
     out = ca.custom_all_reduce(inp)
-    assert out is not inp and ca.comm.calls == [(out, "sum")], "out of place, summed"
+    assert out is not inp and out.ptr != inp.ptr
+    assert ca.comm.calls == [("sum into", "f32", 1024, out.ptr, 0)], "out of place, summed, the input read once"
     assert ca.custom_all_reduce(CudaArray((3,))) is None
     assert CustomAllreduce(_Comm(world_size=4)).disabled, "more than two ranks is not built yet"
     assert not CustomAllreduce(_Comm(world_size=4)).should_custom_ar(CudaArray((1024,)))

@@ -116,14 +116,6 @@ pub enum Error {
         /// How long this rank waited.
         waited: Duration,
     },
-    /// A rank that had joined exited before every rank joined.
-    #[error("rank {rank} (process {pid}) exited before every rank joined; restart every rank with a new unique id")]
-    PeerDied {
-        /// The rank that died.
-        rank: usize,
-        /// Its process id.
-        pid: i32,
-    },
     /// The segment exists but its creator never finished setting it up.
     #[error(
         "segment {name}: created but not set up within {waited:?}; its creator may have died: restart every rank with a new unique id"

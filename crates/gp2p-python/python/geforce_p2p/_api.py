@@ -162,7 +162,7 @@ def all_reduce(tensors: Sequence[Any], op: str = "sum", *, transport: str = "aut
     op = check_choice("op", op, REDUCE_OPS)
     transport = check_choice("transport", transport, TRANSPORTS)
     ts = _ranks(tensors, "tensors")
-    _native.all_reduce(ts[0].dtype, ts[0].numel, [(t.device, t.ptr, t.stream) for t in ts], op, transport)
+    _native.all_reduce(ts[0].dtype, ts[0].numel, [t.memory for t in ts], op, transport)
 
 
 def _paired(inputs: Any, outputs: Any) -> tuple:

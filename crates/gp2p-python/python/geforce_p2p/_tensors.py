@@ -112,11 +112,6 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def is_torch_tensor(obj: Any) -> bool:
-    torch = _torch()
-    return torch is not None and isinstance(obj, torch.Tensor)
-
-
 _TORCH_DTYPE_NAMES: dict = {}
 
 
@@ -205,8 +200,7 @@ def _from_torch(t: Any, name: str, torch: Any) -> Tensor:
         )
     if is_cuda:
         device = t.get_device()
-        raw = _RAW_STREAM_GETTER[1] if _RAW_STREAM_GETTER[0] is torch else None
-        stream = raw(device) if raw is not None else _current_raw_stream(torch, device)
+        stream = _current_raw_stream(torch, device)
         pinned = None
     else:
         device, stream, pinned = None, LEGACY_DEFAULT_STREAM, bool(t.is_pinned())

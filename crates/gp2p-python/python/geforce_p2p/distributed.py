@@ -95,6 +95,12 @@ class Communicator:
         self._native.all_reduce(t.dtype, t.numel, t.memory, op)
         return tensor
 
+    def _sum_into(self, t: Any, ptr: int) -> None:
+        """The sum all-reduce of a tensor already read and accepted (``t``, on this rank's
+        device) into the memory at ``ptr``, of its size, on its stream: for
+        :class:`CustomAllreduce`, which has checked everything :meth:`all_reduce` would."""
+        self._native.all_reduce(t.dtype, t.numel, (t.device, ptr, t.stream), "sum")
+
     def close(self) -> None:
         """Let go of the communicator (never blocking: its memory is released once the GPU
         work of its calls is done). Later calls raise."""
@@ -144,28 +150,30 @@ class CustomAllreduce:
             return cls(None)
         return cls(comm)
 
-    def should_custom_ar(self, inp: Any) -> bool:
-        """Whether :meth:`custom_all_reduce` takes ``inp`` (a cheap check, no GPU work)."""
+    def _accepted(self, inp: Any) -> Optional[Any]:
+        """``inp`` as read by ``describe`` if this object takes it, else None."""
         if self.disabled or self._capturing or _torch_capturing():
-            return False
+            return None
         try:
             t = describe(inp, "inp")
         except (TypeError, ValueError):
-            return False
-        return (
-            t.device == self.comm.device
-            and not t.readonly
-            and 0 < t.nbytes <= self.comm.max_bytes
-            and t.nbytes % 16 == 0
-        )
+            return None
+        fits = 0 < t.nbytes <= self.comm.max_bytes and t.nbytes % 16 == 0
+        return t if t.device == self.comm.device and not t.readonly and fits else None
+
+    def should_custom_ar(self, inp: Any) -> bool:
+        """Whether :meth:`custom_all_reduce` takes ``inp`` (a cheap check, no GPU work)."""
+        return self._accepted(inp) is not None
 
     def custom_all_reduce(self, inp: Any) -> Optional[Any]:
         """A new tensor holding the sum of ``inp`` over every rank (``inp`` is left as it
-        was), or None for a tensor :meth:`should_custom_ar` refuses."""
-        if not self.should_custom_ar(inp):
+        was), or None for a tensor :meth:`should_custom_ar` refuses. The tensor is read once:
+        its clone has the same dtype, size, device and stream."""
+        t = self._accepted(inp)
+        if t is None:
             return None
         out = inp.clone()
-        self.comm.all_reduce(out, "sum")
+        self.comm._sum_into(t, out.data_ptr())
         return out
 
     @contextlib.contextmanager
