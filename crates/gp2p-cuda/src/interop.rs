@@ -129,7 +129,10 @@ impl<'a, T: Element> CudarcView<'a, T> {
         Ok(CudarcView { foreign, _memory: PhantomData })
     }
 
-    /// The memory as a view, for operations on any stream of its device or another.
+    /// The memory as a view. Only the cudarc stream given to [`CudarcView::new`] is ordered
+    /// after cudarc's earlier writes (and its allocation): an operation on another stream must
+    /// first wait for that one (`other.wait_point(&cudarc_stream.point()?)`). Its uses, on any
+    /// stream, are waited for before cudarc's later work.
     pub fn view(&self) -> DeviceView<'_, T> {
         let f = &self.foreign;
         // SAFETY: cudarc owns `len` aligned elements of T at `ptr` on this device (checked in
@@ -156,7 +159,8 @@ impl<'a, T: Element> CudarcViewMut<'a, T> {
         Ok(CudarcViewMut { foreign, _memory: PhantomData })
     }
 
-    /// The memory as a writable view.
+    /// The memory as a writable view; ordering as in [`CudarcView::view`] (and after
+    /// cudarc's earlier reads too).
     pub fn view_mut(&mut self) -> DeviceViewMut<'_, T> {
         let f = &self.foreign;
         // SAFETY: as in CudarcView::view, with the borrow exclusive: nobody else reads or
