@@ -14,7 +14,7 @@ use crate::ffi::{Caller, by_dtype};
 /// A new unique id for a communicator, as text to hand to every rank.
 #[pyfunction]
 pub(crate) fn unique_id(py: Python<'_>) -> PyResult<String> {
-    py.detach(|| UniqueId::new().map(|id| id.to_string()).map_err(Raised::from)).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, || UniqueId::new().map(|id| id.to_string()).map_err(Raised::from))
 }
 
 /// One rank of a communicator (see `geforce_p2p.distributed.Communicator`).
@@ -63,7 +63,7 @@ impl PyCommunicator {
             let max_bytes = comm.small_max_bytes();
             Ok(PyCommunicator { inner: Mutex::new(Some(comm)), rank, world, device, max_bytes })
         };
-        py.detach(run).map_err(|e| e.into_pyerr(py))
+        Raised::detached(py, run)
     }
 
     #[getter]
@@ -97,7 +97,7 @@ impl PyCommunicator {
             let comm = guard.as_mut().ok_or_else(|| Raised::argument("self", "closed; make a new communicator"))?;
             by_dtype!(dtype, all_reduce_t(comm, &buf, len, op))
         };
-        py.detach(run).map_err(|e| e.into_pyerr(py))
+        Raised::detached(py, run)
     }
 
     /// Let go of the communicator: its segment is unregistered and unmapped once the GPU

@@ -66,6 +66,12 @@ impl Raised {
         Raised { class: Class::InvalidArgument, message: format!("invalid argument {name}: {reason}") }
     }
 
+    /// Run `work` with the GIL released (it may enqueue GPU work or wait on a lock), and
+    /// raise its error as the Python exception: how every native call runs.
+    pub(crate) fn detached<T: Send>(py: Python<'_>, work: impl FnOnce() -> Result<T, Raised> + Send) -> PyResult<T> {
+        py.detach(work).map_err(|e| e.into_pyerr(py))
+    }
+
     /// The Python exception. Falls back to `RuntimeError` only if the package's own error
     /// module cannot be imported (a broken install).
     pub(crate) fn into_pyerr(self, py: Python<'_>) -> PyErr {

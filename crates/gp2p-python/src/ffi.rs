@@ -182,7 +182,7 @@ pub(crate) fn copy(
         check_disjoint("src", &[(src.device, src.ptr)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
         by_dtype!(dtype, copy_t(&src, &dst, len, options)).map(Route::name)
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 fn copy_to_host_t<T: Element>(src: &Memory, dst: u64, len: usize) -> Result<(), Raised> {
@@ -206,7 +206,7 @@ pub(crate) fn copy_to_host(py: Python<'_>, dtype: &str, len: usize, src: MemoryA
         args::check_range("dst", dst, len, dtype)?;
         by_dtype!(dtype, copy_to_host_t(&src, dst, len))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 fn copy_from_host_t<T: Element>(src: u64, dst: &Memory, len: usize) -> Result<(), Raised> {
@@ -230,7 +230,7 @@ pub(crate) fn copy_from_host(py: Python<'_>, dtype: &str, len: usize, src: u64, 
         args::check_range("dst", dst.ptr, len, dtype)?;
         by_dtype!(dtype, copy_from_host_t(src, &dst, len))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 fn reduce_from_host_t<T: Element>(
@@ -267,7 +267,7 @@ pub(crate) fn reduce_from_host(
         let (dtype, op) = reduce_args(dtype, op, &dst, src, len)?;
         by_dtype!(dtype, reduce_from_host_t(&dst, src, len, op, divide_by))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 fn reduce_t<T: Element>(dst: &Memory, src: u64, len: usize, op: ReduceOp, divide_by: u32) -> Result<(), Raised> {
@@ -296,7 +296,7 @@ pub(crate) fn reduce(
         check_disjoint("src", &[(dst.device, src)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
         by_dtype!(dtype, reduce_t(&dst, src, len, op, divide_by))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 /// The collectives that work in place on one buffer per rank.
@@ -336,7 +336,7 @@ pub(crate) fn all_reduce(
         args::check_ranks("tensors", &ranks, len, dtype)?;
         by_dtype!(dtype, in_place_t(&ranks, len, InPlace::AllReduce(op), receive))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 /// The collectives whose inputs and outputs differ in length by the rank count.
@@ -384,7 +384,7 @@ pub(crate) fn all_gather(
         check_segmented(&inputs, in_len, &outputs, out_len, dtype)?;
         by_dtype!(dtype, segmented_t(&inputs, in_len, &outputs, out_len, Segmented::AllGather, receive))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 /// Output r (`out_len` elements) becomes `op` over segment r of every input (n × `out_len`
@@ -407,7 +407,7 @@ pub(crate) fn reduce_scatter(
         check_segmented(&inputs, in_len, &outputs, out_len, dtype)?;
         by_dtype!(dtype, segmented_t(&inputs, in_len, &outputs, out_len, Segmented::ReduceScatter(op), receive))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 /// Every rank's `len` elements become a copy of rank `root`'s. One rank per device.
@@ -430,7 +430,7 @@ pub(crate) fn broadcast(
         }
         by_dtype!(dtype, in_place_t(&ranks, len, InPlace::Broadcast { root }, receive))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 /// The checks of a gather or scatter, before any work: one output of `out_len` elements per

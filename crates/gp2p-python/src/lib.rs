@@ -52,13 +52,13 @@ fn probe(py: Python<'_>) -> PyResult<(String, String)> {
         let report = geforce_p2p::probe()?;
         Ok((report.to_json(), report.render()))
     };
-    py.detach(run).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, run)
 }
 
 /// The number of visible CUDA devices. Raises `UnavailableError` without a driver.
 #[pyfunction]
 fn device_count(py: Python<'_>) -> PyResult<usize> {
-    py.detach(|| Device::count().map_err(Raised::from)).map_err(|e| e.into_pyerr(py))
+    Raised::detached(py, || Device::count().map_err(Raised::from))
 }
 
 /// Run the `gp2p` command line with `args` (the first is the program name); returns its exit
