@@ -426,8 +426,8 @@ def test_ops_check_and_hand_over(native):
     ops.copy_to_host(host, d)
     ops.copy_from_host(d, host)
     ops.reduce(d, CudaArray((8,), "|i1", device=0), op="prod")
-    assert [c[0] for c in native.calls] == ["reduce_from_host", "copy_to_host", "copy_from_host", "reduce"]
-    assert native.calls[0][1] == ("i8", 8, (0, d.ptr, 0), host.__array_interface__["data"][0], "avg", 2)
+    assert [c[0] for c in native.calls] == ["reduce", "copy_to_host", "copy_from_host", "reduce"]
+    assert native.calls[0][1] == ("i8", 8, (0, d.ptr, 0), host.__array_interface__["data"][0], "avg", 2, True)
     for call, kind, words in [
         (lambda: ops.reduce_from_host(d, host, divide_by=0), ValueError, "divide_by"),
         (lambda: ops.reduce_from_host(host, d), ValueError, "dst: a CPU tensor"),

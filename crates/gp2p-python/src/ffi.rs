@@ -249,27 +249,6 @@ fn reduce_from_host_t<T: Element>(
     Ok(())
 }
 
-/// `dst[i] = op(dst[i], src[i])` with `src` read by the kernel straight out of pinned host
-/// memory, ordered on `dst`'s stream. `divide_by` (≥ 1) divides the result of avg.
-#[pyfunction]
-#[pyo3(signature = (dtype, len, dst, src, op, divide_by=1))]
-pub(crate) fn reduce_from_host(
-    py: Python<'_>,
-    dtype: &str,
-    len: usize,
-    dst: MemoryArg,
-    src: u64,
-    op: &str,
-    divide_by: u32,
-) -> PyResult<()> {
-    let dst = Memory::from(dst);
-    let run = || -> Result<(), Raised> {
-        let (dtype, op) = reduce_args(dtype, op, &dst, src, len)?;
-        by_dtype!(dtype, reduce_from_host_t(&dst, src, len, op, divide_by))
-    };
-    Raised::detached(py, run)
-}
-
 fn reduce_t<T: Element>(dst: &Memory, src: u64, len: usize, op: ReduceOp, divide_by: u32) -> Result<(), Raised> {
     let at = Caller::open(dst)?;
     let mut target = at.view_mut::<T>(dst.ptr, len);
@@ -277,10 +256,12 @@ fn reduce_t<T: Element>(dst: &Memory, src: u64, len: usize, op: ReduceOp, divide
     Ok(ops::reduce(&at.stream, &mut target, &source, op, divide_by)?)
 }
 
-/// `dst[i] = op(dst[i], src[i])` for device memory `dst` and `src` of one device, ordered
-/// on `dst`'s stream.
+/// `dst[i] = op(dst[i], src[i])` ordered on `dst`'s stream, `src` either device memory of
+/// `dst`'s device or (`src_on_host`) pinned host memory the kernel reads across PCIe.
+/// `divide_by` (≥ 1) divides the result of avg.
 #[pyfunction]
-#[pyo3(signature = (dtype, len, dst, src, op, divide_by=1))]
+#[pyo3(signature = (dtype, len, dst, src, op, divide_by=1, src_on_host=false))]
+#[allow(clippy::too_many_arguments)] // the Python call's arguments, passed through
 pub(crate) fn reduce(
     py: Python<'_>,
     dtype: &str,
@@ -289,10 +270,14 @@ pub(crate) fn reduce(
     src: u64,
     op: &str,
     divide_by: u32,
+    src_on_host: bool,
 ) -> PyResult<()> {
     let dst = Memory::from(dst);
     let run = || -> Result<(), Raised> {
         let (dtype, op) = reduce_args(dtype, op, &dst, src, len)?;
+        if src_on_host {
+            return by_dtype!(dtype, reduce_from_host_t(&dst, src, len, op, divide_by));
+        }
         check_disjoint("src", &[(dst.device, src)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
         by_dtype!(dtype, reduce_t(&dst, src, len, op, divide_by))
     };
@@ -449,8 +434,8 @@ fn check_segmented(
     check_disjoint("inputs", &ins, in_len, "outputs", &outs, out_len, dtype)
 }
 
-/// The checks both reduces make before any work: dtype and op known, `dst` and `src` valid
-/// ranges of `len` elements.
+/// The reduce's checks before any work: dtype and op known, `dst` and `src` valid ranges of
+/// `len` elements.
 fn reduce_args(dtype: &str, op: &str, dst: &Memory, src: u64, len: usize) -> Result<(DType, ReduceOp), Raised> {
     let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
     args::check_range("dst", dst.ptr, len, dtype)?;

@@ -101,7 +101,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ffi::copy, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;
-    m.add_function(wrap_pyfunction!(ffi::reduce_from_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::reduce, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::all_gather, m)?)?;

@@ -48,7 +48,7 @@ def reduce_from_host(dst: Any, src: Any, op: str = "sum", divide_by: int = 1) ->
     divide_by = _positive("divide_by", divide_by) or 1
     d, s = on_device(describe(dst, "dst")), on_host(describe(src, "src"))
     _pair(d, s)
-    _native.reduce_from_host(d.dtype, d.numel, d.memory, s.ptr, op, divide_by)
+    _native.reduce(d.dtype, d.numel, d.memory, s.ptr, op, divide_by, True)
     hold_until_done(s, d)
     return dst
 
