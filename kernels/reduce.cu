@@ -347,3 +347,40 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
 #define GP2P_EXCHANGE_ALL_OPS(tname, T) GP2P_FOR_EACH_OP(GP2P_EXCHANGE, tname, T)
 
 GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
+
+// ---------------------------------------------------------------------------------------
+// A bounded wait on flags in mapped pinned host memory, for pipelines between processes
+// that share staging memory (the communicator's large messages). One thread waits until
+// every flag given has reached `target` (compared as sequence numbers: the signed
+// difference, so the count may wrap), then the stream goes on. `second` may be null.
+// A wait longer than `timeout_ns` sets `*failed` to 1 and returns; a wait that finds
+// `*failed` already set returns at once, so one lost peer costs one timeout per call, not
+// one per chunk. The flags are written by the peer's stream (a stream memory operation
+// after its copy), so a flag at `target` means the data it guards has landed.
+
+#define WAIT_POLL_GAP_NS 256
+
+__device__ __forceinline__ bool reached(const u32* flag, u32 target) {
+    if (flag == 0) return true;
+    const u32 now = *(const volatile u32*)flag;
+    return (int)(now - target) >= 0;
+}
+
+extern "C" __global__ void gp2p_wait_flags(const u32* first, const u32* second, u32 target, u64 timeout_ns,
+                                           u32* failed) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    u64 deadline = 0;
+    while (!(reached(first, target) && reached(second, target))) {
+        if (*(volatile u32*)failed != 0) return;
+        const u64 now = global_ns();
+        if (deadline == 0) {
+            deadline = now + timeout_ns;
+        } else if (now > deadline) {
+            *(volatile u32*)failed = 1;
+            return;
+        }
+        __nanosleep(WAIT_POLL_GAP_NS);
+    }
+    // Whatever this stream does next reads what the flags guard.
+    __threadfence_system();
+}

@@ -5,11 +5,17 @@ Launch with torchrun, one process per GPU:
     python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --json mp.json
 
 NCCL runs with NCCL_P2P_DISABLE=1 (its shared-memory path, what GeForce pairs get); the gp2p
-communicator is the one-process-per-GPU small all-reduce. For every size: f32 sum, fresh
-random data per repeat, a barrier and a synchronise, then CUDA events around `--calls`
-back-to-back in-place all-reduces on the current stream (time per call = elapsed / calls,
-as nccl-tests reports), median over `--repeats`. Every timed loop is verified: two ranks'
-in-place sums give fl(a0 + a1) * 2**(calls - 1) exactly (doubling is exact in binary).
+communicator is the one-process-per-GPU all-reduce (one kernel up to its max_bytes, the staged
+pipeline above). For every size: f32 sum, fresh random data per repeat, a barrier and a
+synchronise, then CUDA events around back-to-back in-place all-reduces on the current stream
+(`--calls`, fewer for large sizes; time per call = elapsed / calls, as nccl-tests reports),
+median over `--repeats`. Every timed loop is verified: two ranks' in-place sums give
+fl(a0 + a1) * 2**(calls - 1) exactly (doubling is exact in binary).
+
+From 1 MiB up the same run also times the duplex ceiling: every rank copies the size device
+to pinned host and pinned host to device at once, on two streams, both ranks together (what
+a two-rank all-reduce must move per link, each direction), so `ceiling_over_gp2p` is the
+share of the links' duplex rate the all-reduce reaches.
 """
 
 import os
@@ -28,16 +34,57 @@ import torch.distributed as dist  # noqa: E402
 
 import geforce_p2p.distributed as gpd  # noqa: E402
 
-SIZES = [8, 32, 128, 512, 2 << 10, 8 << 10, 32 << 10, 64 << 10]
+SMALL = [8, 32, 128, 512, 2 << 10, 8 << 10, 32 << 10, 64 << 10]
+LARGE = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
+# Bytes moved per timed loop at most (calls shrink for large sizes, to at least 3).
+LOOP_BYTES = 1 << 30
+CEILING_FROM = 1 << 20
 
 
-def inputs(numel, seed, world):
-    """Every rank's input for one repeat (every rank makes all of them, to check results)."""
+def inputs(numel, seed, world, device):
+    """Every rank's input for one repeat (every rank makes all of them, to check results),
+    drawn on the GPU: the same seed gives the same numbers on every rank's device."""
     out = []
     for r in range(world):
-        g = torch.Generator().manual_seed(seed * 131 + r)
-        out.append(torch.randn(numel, generator=g, dtype=torch.float32))
+        g = torch.Generator(device=device).manual_seed(seed * 131 + r)
+        out.append(torch.randn(numel, generator=g, dtype=torch.float32, device=device))
     return out
+
+
+def calls_for(size, args):
+    return max(3, min(args.calls, LOOP_BYTES // size))
+
+
+def duplex_us(size, device, repeats):
+    """Median microseconds for `size` bytes device -> pinned host and pinned host -> device at
+    once on two streams, every rank together (after a barrier)."""
+    numel = size // 4
+    dev_src = torch.randn(numel, device=device)
+    dev_dst = torch.empty(numel, device=device)
+    host_dst = torch.empty(numel, pin_memory=True)
+    host_src = torch.randn(numel).pin_memory()
+    up, down = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    times = []
+    for rep in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        for s in (up, down):
+            s.wait_event(start)
+        with torch.cuda.stream(up):
+            host_dst.copy_(dev_src, non_blocking=True)
+        with torch.cuda.stream(down):
+            dev_dst.copy_(host_src, non_blocking=True)
+        for s in (up, down):
+            torch.cuda.current_stream().wait_stream(s)
+        end.record()
+        end.synchronize()
+        if rep > 0:
+            times.append(start.elapsed_time(end) * 1e3)
+    if not (torch.equal(host_dst, dev_src.cpu()) and torch.equal(dev_dst.cpu(), host_src)):
+        raise SystemExit("duplex ceiling: a copy came back wrong")
+    return statistics.median(times)
 
 
 def timed(op, buf, calls):
@@ -55,12 +102,13 @@ def timed(op, buf, calls):
 
 def run(name, op, numel, args, rank, world, device):
     per_call = []
+    calls = calls_for(numel * 4, args)
     for rep in range(args.warmup + args.repeats):
-        data = inputs(numel, numel * 1000 + rep, world)
-        buf = data[rank].to(device)
-        us = timed(op, buf, args.calls)
-        want = (data[0] + data[1]) * 2.0 ** (args.calls - 1)
-        got = buf.cpu()
+        data = inputs(numel, numel * 1000 + rep, world, device)
+        buf = data[rank].clone()
+        us = timed(op, buf, calls)
+        want = (data[0] + data[1]) * 2.0 ** (calls - 1)
+        got = buf
         if not torch.equal(got, want):
             bad = int((got != want).sum())
             raise SystemExit("%s: rank %d, %d B: %d of %d elements wrong" % (name, rank, numel * 4, bad, numel))
@@ -75,6 +123,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=7, help="timed loops per size (median)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", help="write the results here (rank 0)")
+    parser.add_argument("--max-bytes", type=int, default=1 << 30, help="the largest size timed")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != 2:
@@ -87,17 +136,24 @@ def main():
     dist.broadcast_object_list(box, src=0)
     comm = gpd.Communicator(box[0], rank, world, local)
     rows = []
-    for size in SIZES:
+    for size in [s for s in SMALL + LARGE if s <= args.max_bytes]:
         numel = size // 4
         nccl, nccl_all = run("nccl", lambda b: dist.all_reduce(b), numel, args, rank, world, device)
         gp2p, gp2p_all = run("gp2p", lambda b: comm.all_reduce(b, "sum"), numel, args, rank, world, device)
-        rows.append({"bytes": size, "dtype": "f32", "op": "sum", "nccl_us": nccl, "gp2p_us": gp2p,
-                     "gp2p_over_nccl": gp2p / nccl, "nccl_us_all": nccl_all, "gp2p_us_all": gp2p_all})
+        row = {"bytes": size, "dtype": "f32", "op": "sum", "calls_per_loop": calls_for(size, args),
+               "nccl_us": nccl, "gp2p_us": gp2p, "gp2p_over_nccl": gp2p / nccl,
+               "nccl_us_all": nccl_all, "gp2p_us_all": gp2p_all}
+        if size >= CEILING_FROM:
+            ceiling = duplex_us(size, device, args.repeats)
+            row.update(duplex_us=ceiling, ceiling_over_gp2p=ceiling / gp2p, ceiling_over_nccl=ceiling / nccl)
+        rows.append(row)
+        torch.cuda.empty_cache()
     comm.close()
     if rank == 0:
-        print("%10s %10s %10s %8s" % ("bytes", "nccl us", "gp2p us", "ratio"))
+        print("%10s %10s %10s %8s %10s %8s" % ("bytes", "nccl us", "gp2p us", "ratio", "duplex us", "of duplex"))
         for r in rows:
-            print("%10d %10.1f %10.1f %8.3f" % (r["bytes"], r["nccl_us"], r["gp2p_us"], r["gp2p_over_nccl"]))
+            ceiling = ("%10.1f %8.3f" % (r["duplex_us"], r["ceiling_over_gp2p"])) if "duplex_us" in r else ""
+            print("%10d %10.1f %10.1f %8.3f %s" % (r["bytes"], r["nccl_us"], r["gp2p_us"], r["gp2p_over_nccl"], ceiling))
         if args.json:
             meta = {"gpus": [torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())],
                     "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),

@@ -151,6 +151,14 @@ pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
+/// The exported name of the bounded wait on flags in mapped host memory, in [`REDUCE`].
+///
+/// Signature `(const u32* first, const u32* second, u32 target, u64 timeout_ns, u32* failed)`:
+/// one thread waits until `*first` and `*second` (null: not waited for) reach `target`,
+/// compared as wrapping sequence numbers. A wait longer than `timeout_ns` sets `*failed` to
+/// 1 and returns; a wait that finds `*failed` set returns at once.
+pub const WAIT_FLAGS_KERNEL: &str = "gp2p_wait_flags";
+
 /// Bytes of one line of the exchange kernels: data and the call's sequence number.
 pub const EXCHANGE_LINE_BYTES: usize = 8;
 /// Data bytes in one line of the exchange kernels.

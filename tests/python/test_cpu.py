@@ -553,6 +553,67 @@ def test_a_communicator_without_a_driver_fails_at_once_naming_it():
         gpd.Communicator(gpd.unique_id(), 0, 2, device="cpu")
 
 
+class _Native:
+    """What geforce_p2p.distributed.Communicator calls of its native side, recorded."""
+
+    rank, world, device, max_bytes = 0, 2, 0, 64 << 10
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name,) + args)
+
+
+def _communicator_without_a_gpu():
+    from geforce_p2p import distributed as gpd
+
+    comm = gpd.Communicator.__new__(gpd.Communicator)
+    comm._native = _Native()
+    return comm
+
+
+def test_communicator_collectives_pass_checked_tensors_to_the_native_calls():
+    comm = _communicator_without_a_gpu()
+    out, inp = CudaArray((8,)), CudaArray((4,))
+    assert comm.all_gather_into_tensor(out, inp) is out
+    small, big = CudaArray((3,), typestr="<i4"), CudaArray((6,), typestr="<i4")
+    assert comm.reduce_scatter_tensor(small, big, op="max") is small
+    t = CudaArray((5,), typestr="<f2")
+    assert comm.broadcast(t, src=1) is t
+    assert comm.all_reduce(t, op="avg") is t
+    assert comm._native.calls == [
+        ("all_gather", "f32", 4, inp.ptr, (0, out.ptr, 0)),
+        ("reduce_scatter", "i32", 3, big.ptr, (0, small.ptr, 0), "max"),
+        ("broadcast", "f16", 5, (0, t.ptr, 0), 1),
+        ("all_reduce", "f16", 5, (0, t.ptr, 0), "avg"),
+    ]
+
+
+def test_communicator_collectives_refuse_bad_arguments_by_name_before_any_native_call():
+    comm = _communicator_without_a_gpu()
+    base = CudaArray((8,))
+    refused = [
+        ("output: 6 elements", ValueError,
+         lambda: comm.all_gather_into_tensor(CudaArray((6,)), CudaArray((4,)))),
+        ("output must hold input / world_size", ValueError,
+         lambda: comm.reduce_scatter_tensor(CudaArray((4,)), CudaArray((6,)))),
+        ("overlaps", ValueError,
+         lambda: comm.all_gather_into_tensor(base, CudaArray((4,), ptr=base.ptr + 16))),
+        ("dtype", TypeError, lambda: comm.all_gather_into_tensor(CudaArray((8,)), CudaArray((4,), typestr="<i4"))),
+        ("input: on cuda:1", ValueError, lambda: comm.all_gather_into_tensor(CudaArray((8,)), CudaArray((4,), device=1))),
+        ("output: on cuda:1", ValueError, lambda: comm.reduce_scatter_tensor(CudaArray((4,), device=1), CudaArray((8,)))),
+        ("read-only", ValueError, lambda: comm.reduce_scatter_tensor(CudaArray((4,), readonly=True), CudaArray((8,)))),
+        ("op", ValueError, lambda: comm.reduce_scatter_tensor(CudaArray((4,)), CudaArray((8,)), op="median")),
+        ("src", ValueError, lambda: comm.broadcast(CudaArray((4,)), src=2)),
+        ("tensor: a CPU tensor", ValueError, lambda: comm.broadcast(HostArray((4,)))),
+    ]
+    for match, error, call in refused:
+        with pytest.raises(error, match=match):
+            call()
+    assert comm._native.calls == [], "nothing reached the native side"
+
+
 class _Comm:
     """What CustomAllreduce reads of a communicator, without a GPU."""
 

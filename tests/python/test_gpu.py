@@ -513,6 +513,26 @@ def _distributed_rank(uid, rank):
         t = inputs[rank].to("cuda:%d" % rank)
         comm.all_reduce(t)
         results.append((t, (inputs[0].double() + inputs[1].double())))
+    # Through the staged pipeline: an all-reduce above max_bytes (several 4 MiB chunks, the
+    # last one partial) and the other collectives, at odd lengths.
+    n = 3 * (1 << 20) + 7
+    gen = lambda r, i: torch.Generator().manual_seed(7000 + 10 * i + r)  # noqa: E731
+    inputs = [torch.randint(-50, 50, (n,), generator=gen(r, 0)).float() for r in range(2)]
+    t = inputs[rank].to("cuda:%d" % rank)
+    comm.all_reduce(t, op="max")
+    results.append((t, torch.maximum(inputs[0], inputs[1]).double()))
+    parts = [torch.randint(0, 50, (n,), generator=gen(r, 1)).to(torch.int32) for r in range(2)]
+    gathered = torch.empty(2 * n, dtype=torch.int32, device="cuda:%d" % rank)
+    comm.all_gather_into_tensor(gathered, parts[rank].to("cuda:%d" % rank))
+    results.append((gathered, torch.cat(parts).double()))
+    whole = [torch.randint(0, 50, (2 * n,), generator=gen(r, 2)).to(torch.bfloat16) for r in range(2)]
+    mine = torch.empty(n, dtype=torch.bfloat16, device="cuda:%d" % rank)
+    comm.reduce_scatter_tensor(mine, whole[rank].to("cuda:%d" % rank), op="sum")
+    results.append((mine, (whole[0].double() + whole[1].double())[rank * n:(rank + 1) * n]))
+    sent = [torch.randint(0, 50, (n,), generator=gen(r, 3)).to(torch.float16) for r in range(2)]
+    b = sent[rank].to("cuda:%d" % rank)
+    comm.broadcast(b, src=1)
+    results.append((b, sent[1].double()))
     for t, want in results:
         got = t.cpu().double()
         assert torch.equal(got, want.to(t.dtype).double()), (t.dtype, t.numel())

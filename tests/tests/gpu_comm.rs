@@ -149,19 +149,101 @@ fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_ba
     r.finish();
 }
 
+/// Options that send the pipeline's chunks through small slots, so a few hundred KiB take
+/// many chunks and wrap around the slots several times.
+fn small_slots() -> CommOptions {
+    CommOptions { slot_bytes: 64 << 10, slots: 2, ..CommOptions::default() }
+}
+
+/// Every collective through the pipeline at odd lengths (each op for the reductions),
+/// enqueued back to back on one stream; results checked once all are queued.
+fn every_collective<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
+    let rank = comm.rank();
+    let just_above = comm.small_max_bytes() / size_of::<T>() + 1;
+    let many_chunks = (300 << 10) / size_of::<T>() + 3;
+    let mut pending: Vec<(String, Vec<T>, DeviceBuffer<T>, ReduceOp)> = Vec::new();
+    let inputs_of = |len: usize, case: u64| -> Vec<Vec<T>> {
+        (0..2).map(|r| random(len, seed * 10_000 + case * 2 + r as u64)).collect()
+    };
+    let mut case = 0;
+    for len in [just_above, many_chunks] {
+        for op in ReduceOp::ALL {
+            case += 1;
+            let inputs = inputs_of(len, case);
+            let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+            comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+            let want = expected(Collective::AllReduce, &inputs, op).swap_remove(rank);
+            pending.push((format!("all_reduce {op} len {len}"), want, buf, op));
+        }
+    }
+    let len = many_chunks;
+    for op in ReduceOp::ALL {
+        case += 1;
+        let inputs = inputs_of(2 * len, case);
+        let input = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        let mut output = DeviceBuffer::<T>::alloc(stream.device(), len).unwrap();
+        comm.reduce_scatter(&input.view(..), &mut output.view_mut(..), stream, op).unwrap();
+        let want = expected(Collective::ReduceScatter, &inputs, op).swap_remove(rank);
+        pending.push((format!("reduce_scatter {op} len {len}"), want, output, op));
+    }
+    case += 1;
+    let inputs = inputs_of(len, case);
+    let input = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+    let mut output = DeviceBuffer::<T>::alloc(stream.device(), 2 * len).unwrap();
+    comm.all_gather(&input.view(..), &mut output.view_mut(..), stream).unwrap();
+    pending.push((format!("all_gather len {len}"), inputs.concat(), output, ReduceOp::Sum));
+    for root in 0..2 {
+        case += 1;
+        let inputs = inputs_of(len, case);
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        comm.broadcast(&mut buf.view_mut(..), stream, root).unwrap();
+        pending.push((format!("broadcast from {root} len {len}"), inputs[root].clone(), buf, ReduceOp::Sum));
+    }
+    for (what, want, buf, op) in pending {
+        let got = buf.to_host_vec(stream).unwrap();
+        let (bad, first) = count_mismatched(&got, &want, op);
+        assert_eq!(bad, 0, "rank {rank} {} {what}: {}", T::DTYPE, first.join("; "));
+    }
+}
+
 #[test]
 #[ignore = "needs two CUDA GPUs"]
-fn two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout() {
-    let test = "two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout";
+fn two_gpu_two_processes_pipeline_runs_every_collective_op_and_dtype_and_mixes_with_the_line_path() {
+    let test = "two_gpu_two_processes_pipeline_runs_every_collective_op_and_dtype_and_mixes_with_the_line_path";
     if !is_child() {
-        // Not `concurrent_kernels`: the two kernels that wait for each other are in two
-        // processes, which a sanitizer's one-kernel-at-a-time within a process leaves alone.
+        // As above: the waits across ranks are in two processes.
         needs!(gpus: 2, compute_80);
     }
+    let mut r = Ranked::start(test, small_slots());
+    let rank = r.rank;
+    every_dtype!(every_collective(&mut r.comm, &r.stream, 11));
+    // Two hundred calls without host synchronisation, line path and pipeline in turn, on two
+    // streams in turn: each call is ordered after the rank's previous one on either stream.
+    let other = Stream::new(r.comm.device()).unwrap();
+    let mut calls = Vec::new();
+    for c in 0..200u64 {
+        let len = if c % 2 == 0 { 333 } else { 70_001 };
+        let stream = if c % 3 == 0 { &other } else { &r.stream };
+        let inputs: Vec<Vec<u32>> = (0..2).map(|r| random(len, 200_000 + 2 * c + r)).collect();
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
+        calls.push((inputs, buf, stream));
+    }
+    for (c, (inputs, buf, stream)) in calls.iter().enumerate() {
+        let want: Vec<u32> = inputs[0].iter().zip(&inputs[1]).map(|(a, b)| a.wrapping_add(*b)).collect();
+        assert!(buf.to_host_vec(stream).unwrap() == want, "rank {rank} call {c} ({} elements)", want.len());
+    }
+    drop(calls);
+    r.finish();
+}
+
+/// Rank 1 leaves after one call of `len` f32s; rank 0's next call gives up within the
+/// timeout and the one after says so. (The callers check the test's needs.)
+fn a_peer_exits(test: &str, len: usize) {
     let timeout = std::time::Duration::from_millis(300);
-    let mut r = Ranked::start(test, CommOptions { peer_timeout: timeout, ..CommOptions::default() });
+    let mut r = Ranked::start(test, CommOptions { peer_timeout: timeout, ..small_slots() });
     let (rank, stream, comm) = (r.rank, &r.stream, &mut r.comm);
-    let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(1000, 90 + r as u64)).collect();
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 90 + r as u64)).collect();
     let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
     comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
     stream.synchronize().unwrap();
@@ -176,8 +258,30 @@ fn two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_time
     comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
     stream.synchronize().unwrap();
     let waited = started.elapsed();
-    assert!(waited >= timeout && waited < timeout * 10, "the kernel gave up after {waited:?} (timeout {timeout:?})");
+    assert!(waited >= timeout && waited < timeout * 10, "the call gave up after {waited:?} (timeout {timeout:?})");
     let err = comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap_err();
     assert!(err.to_string().contains("waited") && err.to_string().contains("rank 1"), "{err}");
     r.finish();
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout() {
+    if !is_child() {
+        // Not `concurrent_kernels`: the two kernels that wait for each other are in two
+        // processes, which a sanitizer's one-kernel-at-a-time within a process leaves alone.
+        needs!(gpus: 2, compute_80);
+    }
+    a_peer_exits("two_gpu_a_peer_that_exits_mid_run_gives_the_survivor_an_error_within_the_timeout", 1000);
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_a_peer_that_exits_mid_pipeline_gives_the_survivor_an_error_within_the_timeout() {
+    if !is_child() {
+        // As above: the waits across ranks are in two processes.
+        needs!(gpus: 2, compute_80);
+    }
+    // Many chunks: one lost peer costs one timeout per call, not one per chunk.
+    a_peer_exits("two_gpu_a_peer_that_exits_mid_pipeline_gives_the_survivor_an_error_within_the_timeout", 1 << 20);
 }

@@ -1,8 +1,9 @@
 //! `Communicator`: one rank of a group of processes, one GPU each, that share a [`Segment`]
-//! registered with the driver. This version runs the small-message all-reduce of two ranks:
-//! one kernel per rank that writes its buffer into its lines of the segment, each 8-byte line
-//! carrying 4 bytes of data and the call's sequence number, and folds the peer's lines in as
-//! they arrive (NCCL's LL idea, the kernel the single-process line exchange uses).
+//! registered with the driver. Two ranks: the small all-reduce is one kernel per rank that
+//! writes its buffer into its lines of the segment, each 8-byte line carrying 4 bytes of data
+//! and the call's sequence number, and folds the peer's lines in as they arrive (NCCL's LL
+//! idea, the kernel the single-process line exchange uses); every other call goes through
+//! the staged pipeline of [`crate::pipeline`].
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
@@ -10,9 +11,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use gp2p_cuda::raw::{ExchangeLines, exchange};
-use gp2p_cuda::{Device, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes, next_exchange_seq};
 
+use crate::pipeline::{Landing, Pipeline, Staging, Transfer};
 use crate::segment::{LONGEST_TIMEOUT, poll_until};
 use crate::{Error, Result, Segment, UniqueId};
 
@@ -26,6 +28,11 @@ pub struct CommOptions {
     pub peer_timeout: Duration,
     /// How long creation waits for every rank to join and register.
     pub join_timeout: Duration,
+    /// Bytes of one slot of the pipeline that carries larger messages: a chunk's DMA copy.
+    /// A multiple of 4096 in 64 KiB..=256 MiB.
+    pub slot_bytes: usize,
+    /// Slots per rank of that pipeline: chunks in flight at once, 2..=16.
+    pub slots: usize,
 }
 
 impl Default for CommOptions {
@@ -34,18 +41,30 @@ impl Default for CommOptions {
             small_max_bytes: 64 << 10,
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
+            // What the single-process engine measured best on two H200s: 4 MiB slots, three
+            // in flight (benches/results/README.md, #12).
+            slot_bytes: 4 << 20,
+            slots: 3,
         }
     }
 }
 
 /// Where things sit in the staging area: the same offsets in every process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Layout {
+pub(crate) struct Layout {
     /// Bytes of one half of one rank's lines (calls alternate halves).
     half: usize,
     /// Offset of rank 0's lines; rank r's follow at `r * 2 * half`.
     lines: usize,
     world: usize,
+    /// The pipeline's flags, after the ranks' flag lines: per rank and slot, `ready` then
+    /// `done`, a u32 each.
+    chunk_flags: usize,
+    /// The pipeline's slots: `slot_count` per rank of `slot_bytes` each, rank 0's first,
+    /// from offset `slots`.
+    slots: usize,
+    slot_bytes: usize,
+    slot_count: usize,
 }
 
 /// The turn counter of the serialised registration, at the start of the staging area.
@@ -60,8 +79,12 @@ const FLAGS: usize = 64;
 const STATUS: usize = 4;
 const REGISTERED_OK: u32 = 1;
 const REGISTRATION_FAILED: u32 = 2;
-/// Lines start on this alignment (the kernel needs 16; a page keeps them apart from flags).
+/// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
+/// from flags and from each other).
 const LINES_ALIGN: usize = 4096;
+/// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
+const SLOT_BYTES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
+const SLOTS: std::ops::RangeInclusive<usize> = 2..=16;
 /// The largest small-message size a communicator is made for: the line path is for small
 /// messages, and the bound keeps the layout's arithmetic far from overflow.
 const MAX_SMALL_BYTES: usize = 16 << 20;
@@ -69,7 +92,8 @@ const MAX_SMALL_BYTES: usize = 16 << 20;
 const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Layout {
-    fn new(world: usize, small_max_bytes: usize) -> Result<Layout> {
+    fn new(world: usize, options: &CommOptions) -> Result<Layout> {
+        let CommOptions { small_max_bytes, slot_bytes, slots: slot_count, .. } = *options;
         if world == 0 || world > crate::MAX_WORLD {
             return Err(Error::World { world, max: crate::MAX_WORLD });
         }
@@ -81,20 +105,53 @@ impl Layout {
                 ),
             });
         }
+        if !SLOT_BYTES.contains(&slot_bytes) || slot_bytes % LINES_ALIGN != 0 {
+            return Err(Error::InvalidOption {
+                name: "slot_bytes",
+                reason: format!("{slot_bytes} is not a multiple of {LINES_ALIGN} in {SLOT_BYTES:?}"),
+            });
+        }
+        if !SLOTS.contains(&slot_count) {
+            return Err(Error::InvalidOption { name: "slots", reason: format!("{slot_count} is outside {SLOTS:?}") });
+        }
         // Bounded above, so none of this overflows.
         let half = exchange_line_bytes(small_max_bytes).next_multiple_of(256);
-        let lines = (FLAGS + 64 * world).next_multiple_of(LINES_ALIGN);
-        Ok(Layout { half, lines, world })
+        let chunk_flags = FLAGS + 64 * world;
+        let lines = (chunk_flags + 8 * slot_count * world).next_multiple_of(LINES_ALIGN);
+        let slots = lines + world * 2 * half;
+        Ok(Layout { half, lines, world, chunk_flags, slots, slot_bytes, slot_count })
     }
 
     /// The staging area's size: whole multiples of the alignment that covers every page size,
     /// so the registered range ends on a page boundary.
     fn staging_bytes(&self) -> usize {
-        (self.lines + self.world * 2 * self.half).next_multiple_of(crate::STAGING_ALIGN)
+        (self.slots + self.world * self.slot_count * self.slot_bytes).next_multiple_of(crate::STAGING_ALIGN)
     }
 
-    fn flag(&self, rank: usize) -> usize {
+    /// Offset of `rank`'s give-up flag (set by its kernels when a wait times out).
+    pub(crate) fn flag(&self, rank: usize) -> usize {
         FLAGS + 64 * rank
+    }
+
+    /// Bytes of one pipeline slot.
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Offset of `rank`'s pipeline slot `slot`.
+    pub(crate) fn slot(&self, rank: usize, slot: usize) -> usize {
+        self.slots + (rank * self.slot_count + slot) * self.slot_bytes
+    }
+
+    /// Offset of the sequence number of the chunk `rank` last put in its slot `slot`.
+    pub(crate) fn ready(&self, rank: usize, slot: usize) -> usize {
+        self.chunk_flags + 8 * (rank * self.slot_count + slot)
+    }
+
+    /// Offset of the sequence number of the chunk `rank` last finished reading from its
+    /// peer's slot `slot`.
+    pub(crate) fn done(&self, rank: usize, slot: usize) -> usize {
+        self.ready(rank, slot) + 4
     }
 
     /// Offset of `rank`'s lines for the call tagged `seq`.
@@ -108,11 +165,17 @@ impl Layout {
 /// Made by every rank with the same [`UniqueId`] (one rank makes it and the caller hands it
 /// to the others, as with NCCL) and the same world size and options. Creation waits, on the
 /// host, for every rank to join and register the shared segment (one rank at a time); after
-/// that nothing on the host waits for another process: each call is one kernel on the
-/// caller's stream, whose waits for the peer are bounded by [`CommOptions::peer_timeout`].
+/// that nothing on the host waits for another process: each call is enqueued on the
+/// caller's stream, and its waits for the peer run on the GPU, each bounded by
+/// [`CommOptions::peer_timeout`].
 ///
-/// Every rank must make the same calls (same op, dtype and length) in the same order: the
-/// calls are matched by their sequence number, counted by each rank.
+/// Two paths: an all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel whose
+/// 8-byte lines carry data and the call's sequence number; everything else goes through a
+/// pipeline of DMA copies via slots of the segment, flagged chunk by chunk (see the
+/// `pipeline` module). Two ranks; more are not built yet.
+///
+/// Every rank must make the same calls (same collective, op, dtype and lengths, and root)
+/// in the same order: the calls are matched by sequence numbers each rank counts.
 ///
 /// Lifetime: the segment stays mapped and registered until the GPU work of every call is
 /// done, whenever the communicator is dropped (see `gp2p_cuda::lifetime`).
@@ -124,8 +187,9 @@ pub struct Communicator {
     staging: RawDevicePtr,
     layout: Layout,
     counter: u64,
+    pipeline: Pipeline,
     timeout: Duration,
-    /// The end of this rank's last kernel, for a call on another stream to wait for.
+    /// The end of this rank's last call, for a call on another stream to wait for.
     last: Option<StreamPoint>,
     /// Once a call gave up waiting, the ranks' sequence numbers may disagree: every later
     /// call fails instead of pairing with the wrong peer call.
@@ -136,7 +200,7 @@ impl Communicator {
     /// Join the communicator `id` as `rank` of `world`, on `device`. Returns once every rank
     /// has joined and registered the segment (or with the error of the first that failed).
     pub fn new(id: &UniqueId, rank: usize, world: usize, device: &Device, options: CommOptions) -> Result<Self> {
-        let layout = Layout::new(world, options.small_max_bytes)?;
+        let layout = Layout::new(world, &options)?;
         if options.peer_timeout.is_zero() || options.peer_timeout > MAX_PEER_TIMEOUT {
             return Err(Error::InvalidOption {
                 name: "peer_timeout",
@@ -145,13 +209,14 @@ impl Communicator {
         }
         if !device.ptx_target().runs_line_exchange() {
             return Err(Error::NotBuiltYet {
-                what: format!("the small all-reduce on the {} build of the kernels", device.ptx_target().name()),
+                what: format!("the communicator on the {} build of the kernels", device.ptx_target().name()),
                 supported: "cards that run the compute_80 build (Ampere and newer)",
             });
         }
         // Loaded now, before any peer waits: a kernel loaded lazily at its first launch may
         // wait for the device to go idle, while the peer's kernel waits for this one.
         gp2p_cuda::load_all_reduce_kernels(device)?;
+        let pipeline = Pipeline::new(device, options.slots)?;
         let segment = Arc::new(Segment::join(id, rank, world, layout.staging_bytes(), options.join_timeout)?);
         let registered =
             register_in_turn(&segment, device, options.join_timeout).and_then(|r| Ok((r.device_ptr(device)?, r)));
@@ -166,6 +231,7 @@ impl Communicator {
             registration,
             layout,
             counter: 0,
+            pipeline,
             timeout: options.peer_timeout,
             last: None,
             broken: false,
@@ -192,7 +258,8 @@ impl Communicator {
         self.segment.name()
     }
 
-    /// The largest buffer, in bytes, [`Communicator::all_reduce`] takes.
+    /// The largest buffer, in bytes, [`Communicator::all_reduce`] runs as one kernel; larger
+    /// ones go through the pipeline.
     pub fn small_max_bytes(&self) -> usize {
         // exchange_line_bytes doubles the data bytes: lines carry half data.
         self.layout.half / 2
@@ -200,38 +267,25 @@ impl Communicator {
 
     /// In place on every rank: `buf = op(every rank's buf)`, ordered after the work queued
     /// on `stream` so far; later work there sees the result. For avg the sum is divided by
-    /// the world size. Two ranks, buffers of at most [`Communicator::small_max_bytes`].
+    /// the world size.
     pub fn all_reduce<T: Element>(
         &mut self,
         buf: &mut DeviceViewMut<'_, T>,
         stream: &Stream,
         op: ReduceOp,
     ) -> Result<()> {
-        if self.world() != 2 {
-            return Err(Error::NotBuiltYet {
-                what: format!("all_reduce over {} ranks", self.world()),
-                supported: "the all_reduce of two ranks",
-            });
+        self.check_call(stream, &[("buf", buf.device())])?;
+        let bytes = buf.bytes();
+        if bytes == 0 {
+            return Ok(());
         }
-        self.take_failure()?;
-        for (what, got) in [("buf", buf.device()), ("stream", stream.device())] {
-            if got != &self.device {
-                return Err(Error::WrongDevice { what, got: got.ordinal(), expected: self.device.ordinal() });
-            }
-        }
-        if stream.is_capturing()? {
-            // The call's sequence number is a kernel argument: a replayed graph would pair
-            // with the peer's lines of an earlier replay.
-            return Err(Error::NotBuiltYet {
-                what: "an all_reduce captured into a CUDA graph".into(),
-                supported: "calls outside graph capture",
-            });
-        }
-        let bytes = buf.len() * size_of::<T>();
+        let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
         if bytes > self.small_max_bytes() {
-            return Err(Error::TooLarge { bytes, max: self.small_max_bytes() });
-        }
-        if buf.is_empty() {
+            let ptr = buf.raw_ptr();
+            let receive = Some((ptr, Landing::Fold { op, divide_by }));
+            let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive };
+            let point = self.enqueue(stream, transfer)?;
+            buf.note_use(&point);
             return Ok(());
         }
         if let Some(last) = &self.last {
@@ -248,8 +302,7 @@ impl Communicator {
             in_lines: at(self.layout.lines_of(peer, seq)),
             failed: at(self.layout.flag(self.rank())),
         };
-        let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
-        let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX);
+        let timeout_ns = self.timeout_ns();
         // SAFETY: `buf` is `len` elements on this device (checked above); both lines lie in
         // the registered staging area, 256-aligned, sized by the layout for
         // `small_max_bytes` (checked above), and only this rank's kernels write its own
@@ -267,6 +320,157 @@ impl Communicator {
         self.registration.uses().note(&point);
         self.last = Some(point);
         Ok(())
+    }
+
+    /// Every rank's `input` in rank order into `output` (of `world` times `input`'s length),
+    /// on every rank, ordered after the work queued on `stream`.
+    pub fn all_gather<T: Element>(
+        &mut self,
+        input: &DeviceView<'_, T>,
+        output: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
+        self.check_lengths("output", output.len(), input.len() * self.world())?;
+        check_apart(input.byte_range(), output.byte_range())?;
+        let (len, bytes) = (input.len(), input.bytes());
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
+        output.slice_mut(own..own + len).copy_from(stream, input)?;
+        let transfer = Transfer {
+            bytes,
+            dtype: T::DTYPE,
+            send: Some(input.raw_ptr()),
+            receive: Some((output.slice_mut(peer..peer + len).raw_ptr(), Landing::Copy)),
+        };
+        let point = self.enqueue(stream, transfer)?;
+        input.note_use(&point);
+        output.note_use(&point);
+        Ok(())
+    }
+
+    /// Every rank's `input` (of `world` times `output`'s length) reduced with `op`, and this
+    /// rank's share of the result in `output`: `output = op over ranks of input[rank's part]`,
+    /// ordered after the work queued on `stream`.
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &DeviceView<'_, T>,
+        output: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
+        self.check_lengths("input", input.len(), output.len() * self.world())?;
+        check_apart(input.byte_range(), output.byte_range())?;
+        let (len, bytes) = (output.len(), output.bytes());
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
+        output.copy_from(stream, &input.slice(own..own + len))?;
+        let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
+        let transfer = Transfer {
+            bytes,
+            dtype: T::DTYPE,
+            send: Some(input.slice(peer..peer + len).raw_ptr()),
+            receive: Some((output.raw_ptr(), Landing::Fold { op, divide_by })),
+        };
+        let point = self.enqueue(stream, transfer)?;
+        input.note_use(&point);
+        output.note_use(&point);
+        Ok(())
+    }
+
+    /// `buf` of rank `root` into `buf` of every rank, ordered after the work queued on
+    /// `stream`.
+    pub fn broadcast<T: Element>(
+        &mut self,
+        buf: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        root: usize,
+    ) -> Result<()> {
+        self.check_call(stream, &[("buf", buf.device())])?;
+        if root >= self.world() {
+            return Err(Error::Rank { rank: root, world: self.world() });
+        }
+        let bytes = buf.bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let ptr = buf.raw_ptr();
+        let (send, receive) = if root == self.rank() { (Some(ptr), None) } else { (None, Some((ptr, Landing::Copy))) };
+        let transfer = Transfer { bytes, dtype: T::DTYPE, send, receive };
+        let point = self.enqueue(stream, transfer)?;
+        buf.note_use(&point);
+        Ok(())
+    }
+
+    /// The checks every collective makes first: built for this world, no earlier failure,
+    /// `stream` and every buffer on this rank's device, no graph capture.
+    fn check_call(&mut self, stream: &Stream, buffers: &[(&'static str, &Device)]) -> Result<()> {
+        if self.world() != 2 {
+            return Err(Error::NotBuiltYet {
+                what: format!("collectives over {} ranks", self.world()),
+                supported: "the collectives of two ranks",
+            });
+        }
+        self.take_failure()?;
+        for &(what, got) in buffers.iter().chain([&("stream", stream.device())]) {
+            if got != &self.device {
+                return Err(Error::WrongDevice { what, got: got.ordinal(), expected: self.device.ordinal() });
+            }
+        }
+        if stream.is_capturing()? {
+            // Sequence numbers are fixed at enqueue (kernel arguments, flag values): a
+            // replayed graph would pair with the peer's data of an earlier replay.
+            return Err(Error::NotBuiltYet {
+                what: "a collective captured into a CUDA graph".into(),
+                supported: "calls outside graph capture",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_lengths(&self, what: &'static str, got: usize, expected: usize) -> Result<()> {
+        if got != expected {
+            return Err(Error::LengthMismatch { what, got, expected, world: self.world() });
+        }
+        Ok(())
+    }
+
+    /// Enqueue a checked call's pipeline on `stream` after this rank's previous call, and
+    /// return the point after it (noted on the registration and kept as the last call; the
+    /// caller notes it on its views).
+    fn enqueue(&mut self, stream: &Stream, transfer: Transfer) -> Result<StreamPoint> {
+        if let Some(last) = &self.last {
+            stream.wait_point(last)?;
+        }
+        let staging = Staging {
+            device: self.staging,
+            host: self.registration.host_ptr().wrapping_add(self.segment.staging_offset()),
+        };
+        let timeout_ns = self.timeout_ns();
+        // SAFETY: the caller checked that every range of the transfer is device memory of
+        // this rank's device with the call's lengths, apart where they must be; the views
+        // they came from note the point returned, and the registration notes it too, so all
+        // stay allocated until the work completes. The staging addresses are this process's
+        // mappings of the registered area laid out as `layout`. The peer makes the same call.
+        let enqueued = unsafe { self.pipeline.run(stream, staging, &self.layout, self.rank(), transfer, timeout_ns) };
+        if let Err(e) = enqueued {
+            // Part of the call may be enqueued: the ranks' chunk counts may now disagree.
+            self.broken = true;
+            return Err(e);
+        }
+        let point = stream.point()?;
+        self.registration.uses().note(&point);
+        self.last = Some(point.clone());
+        Ok(point)
+    }
+
+    fn timeout_ns(&self) -> u64 {
+        u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Fail if a kernel of an earlier call, on this rank or another, gave up waiting for its
@@ -297,6 +501,15 @@ impl Communicator {
     fn word(&self, offset: usize) -> Result<&AtomicU32> {
         word(&self.segment, offset)
     }
+}
+
+/// Refuses an input and output that share memory (the collectives that take both read one
+/// while they write the other).
+fn check_apart(input: std::ops::Range<u64>, output: std::ops::Range<u64>) -> Result<()> {
+    if input.start < output.end && output.start < input.end {
+        return Err(Error::Overlap { input, output });
+    }
+    Ok(())
 }
 
 /// The shared `u32` at `offset` of the staging area (the layout keeps them in range).
@@ -390,12 +603,17 @@ fn wait_until(
 mod tests {
     use super::*;
 
+    fn small(small_max_bytes: usize) -> CommOptions {
+        CommOptions { small_max_bytes, ..CommOptions::default() }
+    }
+
     #[test]
     fn the_layout_keeps_flags_and_lines_apart_and_aligned() {
-        let layout = Layout::new(2, 64 << 10).unwrap();
+        let layout = Layout::new(2, &small(64 << 10)).unwrap();
         assert_eq!(layout.half, 128 << 10, "lines carry half data");
         assert_eq!(layout.lines % LINES_ALIGN, 0);
-        assert!(layout.flag(1) + 4 <= layout.lines);
+        assert!(layout.flag(1) + 8 <= layout.ready(0, 0), "status words end before the chunk flags");
+        assert!(layout.done(1, layout.slot_count - 1) + 4 <= layout.lines);
         assert_eq!(layout.lines_of(0, 1), layout.lines + layout.half, "odd calls use the second half");
         assert_eq!(layout.lines_of(1, 2), layout.lines + 2 * layout.half);
         assert!(layout.staging_bytes() >= layout.lines_of(1, 1) + layout.half);
@@ -404,11 +622,57 @@ mod tests {
             assert_eq!(layout.flag(rank) % 64, 0);
             assert_eq!(layout.lines_of(rank, 7) % 256, 0);
         }
-        assert_eq!(Layout::new(2, 1).unwrap().half, 256, "at least one aligned block");
-        for (name, layout) in [("0 bytes", Layout::new(2, 0)), ("1 << 61 bytes", Layout::new(2, 1 << 61))] {
+        assert_eq!(Layout::new(2, &small(1)).unwrap().half, 256, "at least one aligned block");
+        for (name, layout) in
+            [("0 bytes", Layout::new(2, &small(0))), ("1 << 61 bytes", Layout::new(2, &small(1 << 61)))]
+        {
             assert!(matches!(layout, Err(Error::InvalidOption { name: "small_max_bytes", .. })), "{name}");
         }
-        assert!(matches!(Layout::new(0, 1024), Err(Error::World { .. })));
-        assert!(matches!(Layout::new(crate::MAX_WORLD + 1, 1024), Err(Error::World { .. })));
+        assert!(matches!(Layout::new(0, &small(1024)), Err(Error::World { .. })));
+        assert!(matches!(Layout::new(crate::MAX_WORLD + 1, &small(1024)), Err(Error::World { .. })));
+    }
+
+    #[test]
+    fn every_flag_and_slot_has_its_own_aligned_place_after_the_lines() {
+        let options = CommOptions { slot_bytes: 1 << 20, slots: 3, ..CommOptions::default() };
+        let layout = Layout::new(2, &options).unwrap();
+        let mut flags = Vec::new();
+        let mut slots = Vec::new();
+        for rank in 0..2 {
+            for slot in 0..3 {
+                flags.extend([layout.ready(rank, slot), layout.done(rank, slot)]);
+                slots.push(layout.slot(rank, slot));
+            }
+        }
+        let (flag_count, slot_count) = (flags.len(), slots.len());
+        flags.sort_unstable();
+        flags.dedup();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!((flags.len(), slots.len()), (flag_count, slot_count), "no two share a place");
+        assert!(flags.iter().all(|f| f % 4 == 0 && *f >= layout.flag(1) + 8 && f + 4 <= layout.lines));
+        assert!(slots.windows(2).all(|w| w[1] - w[0] >= options.slot_bytes), "slots do not overlap");
+        assert!(slots.iter().all(|s| s % LINES_ALIGN == 0 && *s >= layout.lines_of(1, 1) + layout.half));
+        assert!(layout.slot(1, 2) + options.slot_bytes <= layout.staging_bytes());
+        assert_eq!(layout.staging_bytes() % crate::STAGING_ALIGN, 0);
+    }
+
+    #[test]
+    fn slot_options_out_of_range_are_refused_by_name() {
+        for (slot_bytes, slots, name) in [
+            (4096, 3, "slot_bytes"),
+            ((64 << 10) + 1, 3, "slot_bytes"),
+            (512 << 20, 3, "slot_bytes"),
+            (1 << 20, 1, "slots"),
+            (1 << 20, 17, "slots"),
+        ] {
+            let options = CommOptions { slot_bytes, slots, ..CommOptions::default() };
+            match Layout::new(2, &options) {
+                Err(Error::InvalidOption { name: got, .. }) => assert_eq!(got, name, "{slot_bytes} x {slots}"),
+                other => panic!("{slot_bytes} x {slots}: {other:?}"),
+            }
+        }
+        let options = CommOptions { slot_bytes: 64 << 10, slots: 16, ..CommOptions::default() };
+        assert!(Layout::new(2, &options).is_ok(), "the bounds themselves are taken");
     }
 }

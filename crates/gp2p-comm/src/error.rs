@@ -157,15 +157,30 @@ pub enum Error {
         /// What this version does run.
         supported: &'static str,
     },
-    /// A buffer larger than the communicator's small-message path takes.
+    /// A collective's buffers whose lengths do not fit each other.
     #[error(
-        "buf: {bytes} bytes, more than the {max} bytes this communicator was made for; raise CommOptions::small_max_bytes"
+        "{what}: {got} elements, but the call needs {expected} (the collective's other buffer times the world size {world}); pass buffers of matching lengths"
     )]
-    TooLarge {
-        /// Bytes asked for.
-        bytes: usize,
-        /// The most a call takes.
-        max: usize,
+    LengthMismatch {
+        /// Which argument.
+        what: &'static str,
+        /// Its length.
+        got: usize,
+        /// The length the call needs.
+        expected: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// An input and output that share memory, in a collective that reads one while it
+    /// writes the other.
+    #[error(
+        "input and output overlap (device bytes {input:#x?} and {output:#x?}); pass separate buffers, or use all_reduce for an in-place reduction"
+    )]
+    Overlap {
+        /// The input's device byte range.
+        input: std::ops::Range<u64>,
+        /// The output's.
+        output: std::ops::Range<u64>,
     },
     /// A buffer or stream on another device than the communicator's.
     #[error("{what} is on device {got}, but this rank's communicator is on device {expected}; use this rank's device")]

@@ -13,21 +13,25 @@
 //!   runs are removed at the next creation. Only names and offsets cross processes.
 //!
 //! - [`Communicator`]: one rank on one GPU. It joins the segment, registers it with the
-//!   driver (portable, device-mapped; ranks in turn), and runs the small-message all-reduce
-//!   of two ranks: one kernel per rank on the caller's stream, whose 8-byte lines carry data
-//!   and the call's sequence number (NCCL's LL idea), with a bounded wait for the peer.
+//!   driver (portable, device-mapped; ranks in turn), and runs the collectives of two ranks
+//!   on the caller's stream: all_reduce (every op and dtype), all_gather, reduce_scatter and
+//!   broadcast. An all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
+//!   rank whose 8-byte lines carry data and the call's sequence number (NCCL's LL idea);
+//!   everything else goes through a pipeline of DMA copies via slots of the segment
+//!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), whose chunks are flagged by
+//!   stream memory operations and awaited by a one-thread kernel. Every wait for the peer
+//!   runs on the GPU and is bounded by [`CommOptions::peer_timeout`].
 //!
-//! **Not built yet** — more than two ranks; buffers above [`CommOptions::small_max_bytes`]
-//! (the staged DMA pipeline with cache-sized slots); all_gather, reduce_scatter, broadcast,
-//! send/recv; the sequence number kept in device memory, so a captured CUDA graph can be
-//! replayed; the torch.distributed backend and the vLLM / sglang custom all-reduce object.
-//! Joining waits on the host, polling, bounded by a timeout.
+//! **Not built yet** — more than two ranks; send/recv; sequence numbers kept in device
+//! memory, so a captured CUDA graph can be replayed (capture is refused); a torch.distributed
+//! backend. Joining waits on the host, polling, bounded by a timeout.
 //!
 //! Measured on two H200s, one process each (`benches/python/mp_allreduce.py`, f32 sum, CUDA
-//! events around 50 back-to-back calls): 7–12 µs per call up to 2 KiB, 13–14 µs at 8 KiB,
-//! 26–33 µs at 32–64 KiB, against NCCL's shared-memory path (NCCL_P2P_DISABLE=1) at 21–43 µs
-//! in the same processes. The two-process GPU test is `tests/tests/gpu_comm.rs` (also run
-//! under compute-sanitizer memcheck).
+//! events around 50 back-to-back calls), the one-kernel path: 7-12 us per call up to 2 KiB,
+//! 13-14 us at 8 KiB, 26-33 us at 32-64 KiB, against NCCL's shared-memory path
+//! (NCCL_P2P_DISABLE=1) at 21-43 us in the same processes. The pipeline has not been timed
+//! yet. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run under
+//! compute-sanitizer memcheck).
 //!
 //! Two ranks, here two threads of one process (in real use, two processes):
 //! ```
@@ -66,6 +70,7 @@
 mod communicator;
 mod error;
 mod id;
+mod pipeline;
 mod segment;
 
 pub use communicator::{CommOptions, Communicator};

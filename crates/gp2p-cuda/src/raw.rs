@@ -19,12 +19,12 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
-use gp2p_kernels::{DType, ReduceOp, exchange_kernel_name, reduce_kernel_name};
+use gp2p_kernels::{DType, ReduceOp, WAIT_FLAGS_KERNEL, exchange_kernel_name, reduce_kernel_name};
 
 use crate::driver::check;
 use crate::reduce::{
-    ExchangeArgs, ReduceArgs, SourceMemory, check_divisor, exchange_launch_config, launch_exchange, launch_reduce,
-    reduce_launch_config,
+    ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagsArgs, check_divisor, exchange_launch_config, launch_exchange,
+    launch_reduce, launch_wait_flags, reduce_launch_config,
 };
 use crate::{Device, Error, Module, RawDevicePtr, Result, Stream};
 
@@ -197,6 +197,70 @@ pub unsafe fn exchange(
     };
     // SAFETY: an exchange kernel of `dtype`; the addresses are the caller's contract.
     unsafe { launch_exchange(&function, stream, config, args) }
+}
+
+/// Enqueue a write of `value` to the `u32` at `flag` on `stream`, after the work queued
+/// there so far has completed and its writes are visible (a stream memory operation, with
+/// its default memory barrier): the signal half of a pipeline between processes.
+///
+/// # Safety
+/// `flag` is a writable, 4-byte aligned `u32` addressable from the stream's device (mapped
+/// pinned host memory as this device maps it, say) that stays allocated until the write
+/// completes on `stream`.
+pub unsafe fn write_flag(stream: &Stream, flag: RawDevicePtr, value: u32) -> Result<()> {
+    if flag % 4 != 0 {
+        return Err(Error::InvalidArgument {
+            name: "flag",
+            reason: format!("address {flag:#x} is not 4-byte aligned"),
+        });
+    }
+    stream.device().bind()?;
+    let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    // SAFETY: the address is the caller's contract; the stream belongs to the bound context.
+    check(unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), flag, value, flags) }, "cuStreamWriteValue32")
+}
+
+/// The flags one [`wait_flags`] waits for, and where it reports giving up.
+#[derive(Debug, Clone, Copy)]
+pub struct FlagWait {
+    /// A `u32` to wait for, as the stream's device maps it.
+    pub first: RawDevicePtr,
+    /// A second one, or 0 for none.
+    pub second: RawDevicePtr,
+    /// The value both must reach, compared as wrapping sequence numbers.
+    pub target: u32,
+    /// Set to 1 by a wait that gives up; a wait that finds it set returns at once.
+    pub failed: RawDevicePtr,
+}
+
+/// Enqueue a bounded wait on `stream` (one thread of the wait kernel,
+/// [`gp2p_kernels::WAIT_FLAGS_KERNEL`]): later work there starts once both flags have
+/// reached the target, or once the wait gave up after `timeout_ns` (then `failed` is set
+/// and what follows reads whatever the flags guard, as it is).
+///
+/// # Safety
+/// - `wait.first` and (unless 0) `wait.second` are readable `u32`s, and `wait.failed` a
+///   writable one, all 4-byte aligned and addressable from the stream's device, and
+///   allocated until the kernel completes on `stream`;
+/// - the kernel occupies one thread until then: whoever writes the flags must not need this
+///   stream's later work, or the wait ends only at its timeout.
+pub unsafe fn wait_flags(stream: &Stream, wait: FlagWait, timeout_ns: u64) -> Result<()> {
+    for (name, ptr) in [("first", wait.first), ("second", wait.second), ("failed", wait.failed)] {
+        if ptr % 4 != 0 {
+            return Err(Error::InvalidArgument { name, reason: format!("address {ptr:#x} is not 4-byte aligned") });
+        }
+    }
+    if wait.first == 0 || wait.failed == 0 {
+        return Err(Error::InvalidArgument {
+            name: if wait.first == 0 { "first" } else { "failed" },
+            reason: "a wait needs a flag to wait for and one to report giving up in".into(),
+        });
+    }
+    let function = Module::reduce_kernels(stream.device())?.function(WAIT_FLAGS_KERNEL)?;
+    let args =
+        WaitFlagsArgs { first: wait.first, second: wait.second, target: wait.target, timeout_ns, failed: wait.failed };
+    // SAFETY: the wait kernel; the addresses are the caller's contract.
+    unsafe { launch_wait_flags(&function, stream, args) }
 }
 
 /// The address at which `device` sees the page-locked host memory at `host` (allocated

@@ -4,8 +4,8 @@
 use std::ffi::c_void;
 
 use gp2p_kernels::{
-    DType, EXCHANGE_GROUP_BYTES, Element, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, exchange_kernel_name,
-    reduce_kernel_name,
+    DType, EXCHANGE_GROUP_BYTES, Element, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, WAIT_FLAGS_KERNEL,
+    exchange_kernel_name, reduce_kernel_name,
 };
 
 use crate::memory::RawDevicePtr;
@@ -112,6 +112,8 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                 }
             }
         }
+        // SAFETY: with neither flag given the wait kernel returns at once, touching no memory.
+        unsafe { launch_wait_flags(&module.function(WAIT_FLAGS_KERNEL)?, &stream, WaitFlagsArgs::default())? };
         // Waiting on a point, not Stream::synchronize: that would also take (and so hide
         // from its owner) an error some destructor deferred.
         stream.point()?.synchronize()
@@ -187,6 +189,36 @@ pub(crate) unsafe fn launch_exchange(
     // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*), matching
     // the fields above, which outlive the call; addresses: the caller's.
     unsafe { function.launch(stream, config, &mut params) }
+}
+
+/// The wait kernel's parameters `(const u32* first, const u32* second, u32 target,
+/// u64 timeout_ns, u32* failed)`, in order (see [`gp2p_kernels::WAIT_FLAGS_KERNEL`]).
+#[derive(Default)]
+pub(crate) struct WaitFlagsArgs {
+    pub(crate) first: RawDevicePtr,
+    pub(crate) second: RawDevicePtr,
+    pub(crate) target: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
+}
+
+/// Launch the wait kernel with `args`, one thread.
+///
+/// # Safety
+/// `function` is the wait kernel; `first` and `second` are null or readable `u32`s and
+/// `failed` a writable `u32`, all addressable from the stream's device until it completes.
+pub(crate) unsafe fn launch_wait_flags(function: &Function, stream: &Stream, mut args: WaitFlagsArgs) -> Result<()> {
+    let mut params: [*mut c_void; 5] = [
+        (&raw mut args.first).cast(),
+        (&raw mut args.second).cast(),
+        (&raw mut args.target).cast(),
+        (&raw mut args.timeout_ns).cast(),
+        (&raw mut args.failed).cast(),
+    ];
+    let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
+    // SAFETY: the kernel takes (const u32*, const u32*, u32, u64, u32*), matching the fields
+    // above, which outlive the call; addresses: the caller's.
+    unsafe { function.launch(stream, one, &mut params) }
 }
 
 /// Refuses a divisor of 0 (avg divides by the number of contributions).

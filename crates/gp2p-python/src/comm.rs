@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use geforce_p2p::comm::{CommOptions, Communicator, UniqueId};
-use geforce_p2p::{Device, Element, ReduceOp};
+use geforce_p2p::{DType, Device, Element, ReduceOp};
 use pyo3::prelude::*;
 
 use crate::args::{self, Memory, MemoryArg};
@@ -56,6 +56,7 @@ impl PyCommunicator {
                 small_max_bytes: max_bytes,
                 peer_timeout: seconds("peer_timeout", peer_timeout)?,
                 join_timeout: seconds("join_timeout", join_timeout)?,
+                ..CommOptions::default()
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;
@@ -93,9 +94,58 @@ impl PyCommunicator {
         let run = || -> Result<(), Raised> {
             let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
             args::check_range("tensor", buf.ptr, len, dtype)?;
-            let mut guard = self.inner.lock().map_err(|_| Raised::argument("self", "a call on it panicked"))?;
-            let comm = guard.as_mut().ok_or_else(|| Raised::argument("self", "closed; make a new communicator"))?;
-            by_dtype!(dtype, all_reduce_t(comm, &buf, len, op))
+            self.with(|comm| by_dtype!(dtype, all_reduce_t(comm, &buf, len, op)))
+        };
+        Raised::detached(py, run)
+    }
+
+    /// `world * len` elements at `output` (device, address, stream) become every rank's
+    /// `len` elements at `input` (same device) in rank order, ordered on the stream.
+    fn all_gather(&self, py: Python<'_>, dtype: &str, len: usize, input: u64, output: MemoryArg) -> PyResult<()> {
+        let output = Memory::from(output);
+        let run = || -> Result<(), Raised> {
+            let dtype = args::dtype(dtype)?;
+            let out_len = args::times("output", self.world, len)?;
+            args::check_range("input", input, len, dtype)?;
+            args::check_range("output", output.ptr, out_len, dtype)?;
+            check_apart(input, len, output.ptr, out_len, dtype)?;
+            self.with(|comm| by_dtype!(dtype, all_gather_t(comm, input, len, &output)))
+        };
+        Raised::detached(py, run)
+    }
+
+    /// `len` elements at `output` (device, address, stream) become `op` over every rank's
+    /// part `rank` of the `world * len` elements at `input` (same device), ordered on the
+    /// stream.
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        dtype: &str,
+        len: usize,
+        input: u64,
+        output: MemoryArg,
+        op: &str,
+    ) -> PyResult<()> {
+        let output = Memory::from(output);
+        let run = || -> Result<(), Raised> {
+            let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
+            let in_len = args::times("input", self.world, len)?;
+            args::check_range("input", input, in_len, dtype)?;
+            args::check_range("output", output.ptr, len, dtype)?;
+            check_apart(input, in_len, output.ptr, len, dtype)?;
+            self.with(|comm| by_dtype!(dtype, reduce_scatter_t(comm, input, &output, len, op)))
+        };
+        Raised::detached(py, run)
+    }
+
+    /// `len` elements at `buf` (device, address, stream) become rank `root`'s, ordered on
+    /// the stream.
+    fn broadcast(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, root: usize) -> PyResult<()> {
+        let buf = Memory::from(buf);
+        let run = || -> Result<(), Raised> {
+            let dtype = args::dtype(dtype)?;
+            args::check_range("tensor", buf.ptr, len, dtype)?;
+            self.with(|comm| by_dtype!(dtype, broadcast_t(comm, &buf, len, root)))
         };
         Raised::detached(py, run)
     }
@@ -109,8 +159,58 @@ impl PyCommunicator {
     }
 }
 
+impl PyCommunicator {
+    /// Run `call` on the communicator, unless it was closed.
+    fn with(&self, call: impl FnOnce(&mut Communicator) -> Result<(), Raised>) -> Result<(), Raised> {
+        let mut guard = self.inner.lock().map_err(|_| Raised::argument("self", "a call on it panicked"))?;
+        let comm = guard.as_mut().ok_or_else(|| Raised::argument("self", "closed; make a new communicator"))?;
+        call(comm)
+    }
+}
+
 fn all_reduce_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, op: ReduceOp) -> Result<(), Raised> {
     let caller = Caller::open(buf)?;
     let mut view = caller.view_mut::<T>(buf.ptr, len);
     comm.all_reduce(&mut view, &caller.stream, op).map_err(Raised::from)
+}
+
+/// Refuse an input and output that share memory before any view is made of them (a shared
+/// and a mutable view of the same bytes would break the views' contract). The ranges were
+/// checked not to overflow.
+fn check_apart(input: u64, in_len: usize, output: u64, out_len: usize, dtype: DType) -> Result<(), Raised> {
+    let size = dtype.size_bytes() as u64;
+    let (in_end, out_end) = (input + in_len as u64 * size, output + out_len as u64 * size);
+    if in_len > 0 && out_len > 0 && input < out_end && output < in_end {
+        return Err(Raised::argument(
+            "output",
+            "shares memory with input; pass separate tensors (all_reduce works in place)",
+        ));
+    }
+    Ok(())
+}
+
+fn all_gather_t<T: Element>(comm: &mut Communicator, input: u64, len: usize, output: &Memory) -> Result<(), Raised> {
+    let caller = Caller::open(output)?;
+    let input = caller.view::<T>(input, len);
+    let mut out = caller.view_mut::<T>(output.ptr, len * comm.world());
+    comm.all_gather(&input, &mut out, &caller.stream).map_err(Raised::from)
+}
+
+fn reduce_scatter_t<T: Element>(
+    comm: &mut Communicator,
+    input: u64,
+    output: &Memory,
+    len: usize,
+    op: ReduceOp,
+) -> Result<(), Raised> {
+    let caller = Caller::open(output)?;
+    let input = caller.view::<T>(input, len * comm.world());
+    let mut out = caller.view_mut::<T>(output.ptr, len);
+    comm.reduce_scatter(&input, &mut out, &caller.stream, op).map_err(Raised::from)
+}
+
+fn broadcast_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, root: usize) -> Result<(), Raised> {
+    let caller = Caller::open(buf)?;
+    let mut view = caller.view_mut::<T>(buf.ptr, len);
+    comm.broadcast(&mut view, &caller.stream, root).map_err(Raised::from)
 }

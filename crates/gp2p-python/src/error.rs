@@ -192,7 +192,8 @@ impl Classify for comm::Error {
             | E::WorldMismatch { .. }
             | E::BytesMismatch { .. }
             | E::RankTaken { .. }
-            | E::TooLarge { .. }
+            | E::LengthMismatch { .. }
+            | E::Overlap { .. }
             | E::WrongDevice { .. }
             | E::InvalidOption { .. } => Class::InvalidArgument,
             _ => Class::Error,

@@ -103,7 +103,7 @@ impl Caller {
     }
 
     /// The tensor's memory, for reading.
-    fn view<T: Element>(&self, ptr: u64, len: usize) -> DeviceView<'_, T> {
+    pub(crate) fn view<T: Element>(&self, ptr: u64, len: usize) -> DeviceView<'_, T> {
         // SAFETY: by the module's contract (1, 3, 4): `ptr` addresses `len` aligned elements
         // of `T` on this device, kept allocated until the work ordered on the caller streams
         // is done and not written meanwhile except in that order. The view borrows the

@@ -9,17 +9,20 @@ another process: each call is one kernel on the tensor's current torch stream, a
 that never arrives makes that kernel give up after ``peer_timeout`` seconds (the next call
 raises).
 
-This version runs the all-reduce of **two** ranks for tensors of up to ``max_bytes`` (64 KiB
-by default), the small messages where NCCL's shared-memory path costs most. Larger tensors,
-more ranks, the other collectives, CUDA graph capture and a ``torch.distributed`` backend
-are not built yet: :class:`CustomAllreduce` says no to those (``should_custom_ar``), so
-callers fall back to what they used before. On two H200s, one process each, a call takes
-7-12 us up to 2 KiB and 26-33 us at 32-64 KiB, where NCCL's shared-memory path takes 21-43 us
-(``benches/python/mp_allreduce.py``).
+This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor
+and broadcast. An all-reduce of up to ``max_bytes`` (64 KiB by default) is one kernel whose
+lines carry data and a sequence number through the shared memory; everything else goes
+through a pipeline of DMA copies via slots of the segment, flagged chunk by chunk from the
+GPU. On two H200s, one process each, a small all-reduce takes 7-12 us up to 2 KiB and
+26-33 us at 32-64 KiB, where NCCL's shared-memory path takes 21-43 us
+(``benches/python/mp_allreduce.py``); the pipeline has not been timed yet. More ranks, CUDA
+graph capture and a ``torch.distributed`` backend are not built yet: :class:`CustomAllreduce`
+says no to those (``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
     comm = gpd.Communicator(uid, rank, 2, device=rank)       # uid from rank 0's gpd.unique_id()
     comm.all_reduce(t)                                       # in place, on t's current stream
+    comm.all_gather_into_tensor(out, t)                      # out: 2 x t's elements
 
 vLLM and sglang call their custom all-reduce through an object with ``disabled``,
 ``should_custom_ar(t)``, ``custom_all_reduce(t)``, ``capture()`` and ``close()``;
@@ -35,7 +38,7 @@ from typing import Any, Optional
 
 from . import _native
 from ._api import REDUCE_OPS, _target_device
-from ._tensors import check_choice, describe, on_device, writable
+from ._tensors import check_choice, describe, disjoint, on_device, same_dtype, same_stream, writable
 
 __all__ = ["unique_id", "Communicator", "CustomAllreduce"]
 
@@ -81,18 +84,63 @@ class Communicator:
 
     @property
     def max_bytes(self) -> int:
-        """The largest tensor, in bytes, :meth:`all_reduce` takes."""
+        """The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones go
+        through the staged pipeline)."""
         return self._native.max_bytes
+
+    def _mine(self, obj: Any, name: str) -> Any:
+        """``obj`` read as a tensor on this rank's device."""
+        t = on_device(describe(obj, name))
+        if t.device != self.device:
+            raise ValueError("%s: on %s, but this rank's communicator is on cuda:%d" % (name, t.where(), self.device))
+        return t
+
+    def _pair(self, output: Any, input: Any, out_times: int, in_times: int) -> tuple:
+        """``output`` and ``input`` read and checked for a collective whose output holds
+        ``out_times`` parts where the input holds ``in_times``."""
+        out, inp = writable(self._mine(output, "output")), self._mine(input, "input")
+        same_dtype(inp, out)
+        same_stream(inp, out)
+        disjoint(inp, out)
+        if out.numel * in_times != inp.numel * out_times:
+            raise ValueError(
+                "output: %d elements, but input has %d; output must hold %s"
+                % (out.numel, inp.numel, "world_size x input" if out_times > 1 else "input / world_size")
+            )
+        return out, inp
 
     def all_reduce(self, tensor: Any, op: str = "sum") -> Any:
         """In place: ``tensor`` becomes ``op`` (sum, avg, min, max, prod) over every rank's,
         ordered on its device's current torch stream. Every rank must make the same calls, in
         the same order, with tensors of one dtype and length. Returns ``tensor``."""
         op = check_choice("op", op, REDUCE_OPS)
-        t = writable(on_device(describe(tensor, "tensor")))
-        if t.device != self.device:
-            raise ValueError("tensor: on %s, but this rank's communicator is on cuda:%d" % (t.where(), self.device))
+        t = writable(self._mine(tensor, "tensor"))
         self._native.all_reduce(t.dtype, t.numel, t.memory, op)
+        return tensor
+
+    def all_gather_into_tensor(self, output: Any, input: Any) -> Any:
+        """``output`` (``world_size`` times ``input``'s elements) becomes every rank's
+        ``input`` in rank order, as ``torch.distributed.all_gather_into_tensor``. Returns
+        ``output``."""
+        out, inp = self._pair(output, input, self.world_size, 1)
+        self._native.all_gather(out.dtype, inp.numel, inp.ptr, out.memory)
+        return output
+
+    def reduce_scatter_tensor(self, output: Any, input: Any, op: str = "sum") -> Any:
+        """``output`` becomes ``op`` over every rank's part ``rank`` of ``input``
+        (``world_size`` times ``output``'s elements), as
+        ``torch.distributed.reduce_scatter_tensor``. Returns ``output``."""
+        op = check_choice("op", op, REDUCE_OPS)
+        out, inp = self._pair(output, input, 1, self.world_size)
+        self._native.reduce_scatter(out.dtype, out.numel, inp.ptr, out.memory, op)
+        return output
+
+    def broadcast(self, tensor: Any, src: int = 0) -> Any:
+        """In place: ``tensor`` becomes rank ``src``'s. Returns ``tensor``."""
+        t = writable(self._mine(tensor, "tensor"))
+        if not 0 <= int(src) < self.world_size:
+            raise ValueError("src: %r is not a rank in 0..%d" % (src, self.world_size))
+        self._native.broadcast(t.dtype, t.numel, t.memory, int(src))
         return tensor
 
     def _sum_into(self, t: Any, ptr: int) -> None:
