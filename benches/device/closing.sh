@@ -28,7 +28,7 @@ PYTHONPATH=/tmp/site timeout --signal=KILL 200 python3 -m pytest -q -p no:cachep
 echo "python GPU tests: $(tail -1 "$OUT/python-gpu-x2.log")"
 PYTHONPATH=/tmp/site timeout --signal=KILL 60 python3 benches/python/compare_torch.py --skip copy,all_reduce --json "$OUT/python-overhead-x2.json" 2>&1 | grep -E '^overhead'
 PYTHONPATH=/tmp/site timeout --signal=KILL 60 python3 benches/python/overhead_parts.py --json "$OUT/python-overhead-parts-x2.json" 2>&1 | grep -E 'python layer|native only'
-PYTHONPATH=/tmp/site timeout --signal=KILL 120 python3 -m torch.distributed.run --nproc-per-node 2 \
+PYTHONPATH=/tmp/site timeout --signal=KILL 200 python3 -m torch.distributed.run --nproc-per-node 2 \
   benches/python/mp_allreduce.py --json "$OUT/all-reduce-mp-x2.json" >"$OUT/mp.log" 2>&1
 echo "all_reduce, one process per GPU (rc $?): bytes:gp2p/nccl us"
 grep -E "^ +[0-9]+ " "$OUT/mp.log" | awk '{printf "%s:%s/%s ", $1, $3, $2} END {print ""}'

@@ -41,10 +41,15 @@ pub const LINE_EXCHANGE_WINS_UP_TO: usize = 4 << 10;
 /// all_reduce at 64 MiB / 256 MiB / 1 GiB, ratio of duplex by chunk x slots: 1 MiB x 2:
 /// 0.59-0.60, 1 MiB x 4: 0.64-0.65, 2 MiB x 2: 0.73-0.74, 2 MiB x 4: 0.78-0.80, 4 MiB x 2:
 /// 0.825/0.850/0.858, 4 MiB x 4: 0.80-0.83; the one-device chunking (up to 16 MiB x 4):
-/// 0.70-0.76 from 256 MiB up.
+/// 0.70-0.76 from 256 MiB up. Later, one run of the scratch transport (b79dc4d,
+/// benches/results/x2/chunk-sync-probe-x2.txt): 4 MiB x 2: 0.811/0.851/0.845, x 3:
+/// 0.844/0.871/0.864, x 4: 0.833/0.869/0.830, 8 MiB x 3: 0.849/0.836/0.865 — and the
+/// probe there moves 4 MiB chunks at 45.8 GB/s per direction from three slots, 43.4 from two.
 pub const MULTI_DEVICE_MAX_CHUNK_BYTES: usize = 4 << 20;
-/// Slots per ring edge with [`MULTI_DEVICE_MAX_CHUNK_BYTES`] chunks.
-pub const CACHED_SLOTS: usize = 2;
+/// Slots per ring edge with [`MULTI_DEVICE_MAX_CHUNK_BYTES`] chunks: three, the best of the
+/// counts measured above at every size (a third chunk in flight covers the handoff between
+/// chunks, about 6.5 us each, without outgrowing the cache).
+pub const CACHED_SLOTS: usize = 3;
 
 /// Staging slots per ring edge: the transport's default.
 const SLOTS: usize = DEFAULT_SLOTS;
