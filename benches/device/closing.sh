@@ -24,7 +24,7 @@ for i in 1 2 3; do
   echo "gpu_lines run $i: $(grep -E '^test result' "$OUT/lines-repeat.log" | tail -1 | cut -c1-60)"
 done
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-PYTHONPATH=/tmp/site timeout --signal=KILL 200 python3 -m pytest -q -p no:cacheprovider tests/python/test_gpu.py >"$OUT/python-gpu-x2.log" 2>&1
+PYTHONPATH=/tmp/site timeout --signal=KILL 200 python3 -m pytest -q -p no:cacheprovider tests/python/test_gpu.py tests/python/test_torch_backend.py >"$OUT/python-gpu-x2.log" 2>&1
 echo "python GPU tests: $(tail -1 "$OUT/python-gpu-x2.log")"
 PYTHONPATH=/tmp/site timeout --signal=KILL 60 python3 benches/python/compare_torch.py --skip copy,all_reduce --json "$OUT/python-overhead-x2.json" 2>&1 | grep -E '^overhead'
 PYTHONPATH=/tmp/site timeout --signal=KILL 60 python3 benches/python/overhead_parts.py --json "$OUT/python-overhead-parts-x2.json" 2>&1 | grep -E 'python layer|native only'

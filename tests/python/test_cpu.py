@@ -219,6 +219,14 @@ class FakeTorch:
         )
 
 
+@pytest.fixture(autouse=True)
+def no_real_torch(monkeypatch):
+    """These tests' world has no torch but the fake one the `torch` fixture brings, even
+    where another test module loaded the real one (which would record CUDA events for the
+    stand-ins, on a machine without a driver)."""
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+
+
 @pytest.fixture
 def torch(monkeypatch):
     fake = FakeTorch()

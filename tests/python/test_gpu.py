@@ -539,6 +539,70 @@ def _distributed_rank(uid, rank):
     comm.close()
 
 
+# The same through torch.distributed: init_process_group("cpu:gloo,cuda:gp2p") in two processes.
+_BACKEND_RANK1 = r"""
+import os, sys, torch
+sys.path.insert(0, os.environ["GP2P_TEST_DIR"])
+from test_gpu import _backend_rank
+_backend_rank(1, os.environ["GP2P_TEST_INIT"])
+"""
+
+
+def _backend_rank(rank, init):
+    import torch.distributed as dist
+
+    import geforce_p2p.distributed as gpd
+
+    torch.cuda.set_device(rank)
+    gpd.register_backend()
+    dist.init_process_group("cpu:gloo,cuda:gp2p", init_method=init, rank=rank, world_size=2)
+    dev = "cuda:%d" % rank
+    n = 300_007  # several pipeline chunks are 4 MiB: this is one partial chunk, odd
+    gen = lambda r, i: torch.Generator().manual_seed(900 + 10 * i + r)  # noqa: E731
+    both = [torch.randint(-1000, 1000, (n,), generator=gen(r, 0)).float() for r in range(2)]
+    t = both[rank].to(dev)
+    dist.all_reduce(t)
+    assert torch.equal(t.cpu(), both[0] + both[1]), "all_reduce"
+    small = [torch.randint(-9, 9, (1001,), generator=gen(r, 1)).to(torch.int32) for r in range(2)]
+    s = small[rank].to(dev)
+    dist.all_reduce(s, op=dist.ReduceOp.MAX)
+    assert torch.equal(s.cpu(), torch.maximum(small[0], small[1])), "all_reduce max, one kernel"
+    out = torch.empty(2 * n, device=dev)
+    dist.all_gather_into_tensor(out, both[rank].to(dev))
+    assert torch.equal(out.cpu(), torch.cat(both)), "all_gather_into_tensor"
+    half = torch.empty(n // 2 + 1, device=dev)
+    whole = torch.cat([b[: n // 2 + 1] for b in both])  # 2 x (n // 2 + 1) elements on each rank
+    dist.reduce_scatter_tensor(half, (whole * (rank + 1)).to(dev))
+    want = (whole * 1 + whole * 2).chunk(2)[rank]
+    assert torch.equal(half.cpu(), want), "reduce_scatter_tensor"
+    b = both[rank].to(dev)
+    dist.broadcast(b, src=1)
+    assert torch.equal(b.cpu(), both[1]), "broadcast"
+    cpu = torch.tensor([rank + 1])
+    dist.all_reduce(cpu)  # gloo's
+    assert int(cpu) == 3
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@two_devices
+def test_two_processes_through_init_process_group_with_the_gp2p_backend(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    init = "file://" + str(tmp_path / "init")
+    env = dict(os.environ, GP2P_TEST_INIT=init, GP2P_TEST_DIR=os.path.dirname(__file__))
+    child = subprocess.Popen([sys.executable, "-c", _BACKEND_RANK1], env=env)
+    try:
+        _backend_rank(0, init)
+        assert child.wait(timeout=120) == 0, "rank 1 failed (its output is above)"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 @two_devices
 def test_two_processes_all_reduce_through_the_distributed_communicator():
     import os

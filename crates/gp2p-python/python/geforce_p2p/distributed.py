@@ -10,19 +10,27 @@ that never arrives makes that kernel give up after ``peer_timeout`` seconds (the
 raises).
 
 This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor
-and broadcast. An all-reduce of up to ``max_bytes`` (64 KiB by default) is one kernel whose
+and broadcast, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
+backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (64 KiB by default) is one kernel whose
 lines carry data and a sequence number through the shared memory; everything else goes
 through a pipeline of DMA copies via slots of the segment, flagged chunk by chunk from the
 GPU. On two H200s, one process each, a small all-reduce takes 7-12 us up to 2 KiB and
 26-33 us at 32-64 KiB, where NCCL's shared-memory path takes 21-43 us
-(``benches/python/mp_allreduce.py``); the pipeline has not been timed yet. More ranks, CUDA
-graph capture and a ``torch.distributed`` backend are not built yet: :class:`CustomAllreduce`
-says no to those (``should_custom_ar``), so callers fall back to what they used before.
+(``benches/python/mp_allreduce.py``); the pipeline has not been timed yet. More ranks and
+CUDA graph capture are not built yet: :class:`CustomAllreduce` says no to those
+(``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
     comm = gpd.Communicator(uid, rank, 2, device=rank)       # uid from rank 0's gpd.unique_id()
     comm.all_reduce(t)                                       # in place, on t's current stream
     comm.all_gather_into_tensor(out, t)                      # out: 2 x t's elements
+
+As a torch.distributed backend (for CUDA tensors; gloo keeps the CPU ones)::
+
+    gpd.register_backend()                                   # once per process, before init
+    torch.cuda.set_device(local_rank)                        # the group's device, as for NCCL
+    dist.init_process_group("cpu:gloo,cuda:gp2p")            # torchrun's env:// rendezvous
+    dist.all_reduce(t)                                       # on t's current stream
 
 vLLM and sglang call their custom all-reduce through an object with ``disabled``,
 ``should_custom_ar(t)``, ``custom_all_reduce(t)``, ``capture()`` and ``close()``;
@@ -40,12 +48,39 @@ from . import _native
 from ._api import REDUCE_OPS, _target_device
 from ._tensors import check_choice, describe, disjoint, on_device, same_dtype, same_stream, writable
 
-__all__ = ["unique_id", "Communicator", "CustomAllreduce"]
+__all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend"]
 
 
 def unique_id() -> str:
     """A new communicator id, as text: make it on one rank and hand it to every other."""
     return _native.unique_id()
+
+
+_REGISTERED: set = set()
+
+
+def register_backend(name: str = "gp2p") -> str:
+    """Make ``name`` a torch.distributed backend for CUDA tensors, run by this package's
+    communicator (two ranks: all_reduce, all_gather, reduce_scatter, broadcast, barrier; other
+    ops raise ``NotImplementedError``). Pass it to ``init_process_group`` alone or beside
+    gloo for CPU tensors (``"cpu:gloo,cuda:gp2p"``). Each rank's device is the current CUDA
+    device when its group is made. Calling it again does nothing. Returns ``name``."""
+    import torch.distributed as dist
+
+    if name not in _REGISTERED:
+        dist.Backend.register_backend(name, _create_process_group, devices=["cuda"])
+        _REGISTERED.add(name)
+    return name
+
+
+def _create_process_group(store: Any, rank: int, world_size: int, timeout: Any) -> Any:
+    import torch
+
+    from ._torch_backend import GP2PProcessGroup
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    return GP2PProcessGroup(store, rank, world_size, timeout, communicator=Communicator, device=device,
+                            unique_id=unique_id)
 
 
 def _device_index(device: Any) -> int:

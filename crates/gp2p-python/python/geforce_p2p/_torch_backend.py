@@ -1,0 +1,173 @@
+"""The ``gp2p`` backend of torch.distributed: a process group over :class:`Communicator`.
+
+Imported only by :func:`geforce_p2p.distributed.register_backend`, so that the package
+never needs torch to import. The process group runs what the communicator runs (two ranks,
+CUDA tensors: all_reduce, all_gather, reduce_scatter, broadcast, barrier), each op enqueued on
+the tensor's device's current stream at the call, like NCCL's. Its Work objects are
+CUDA-aware futures: ``wait()`` makes the then-current stream wait for the op, as NCCL's does.
+Ops it does not run (send/recv, gather, scatter, all_to_all, reduce) raise
+``NotImplementedError`` naming the op.
+"""
+
+from typing import Any, Callable, List
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+# torch's reduce ops by the names the communicator takes; the rest are refused by name.
+_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "min",
+        dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "prod"}
+
+# Where rank 0 publishes the communicator's id, in the group's own (prefixed) store.
+UNIQUE_ID_KEY = "gp2p/unique_id"
+
+_NOT_BUILT = ("not built yet in the gp2p backend; run it on a second process group with "
+              "backend='nccl' (NCCL uses shared memory where P2P is off)")
+
+
+def op_name(reduce_op: Any) -> str:
+    for op, name in _OPS.items():
+        if reduce_op == op:
+            return name
+    raise ValueError("op: %s is not one the gp2p backend runs; use one of SUM, AVG, MIN, MAX, PRODUCT" % reduce_op)
+
+
+class GP2PProcessGroup(dist.ProcessGroup):
+    """One rank of a ``gp2p`` process group (see the module docs).
+
+    Made by torch.distributed through the creator :func:`register_backend` registers.
+    ``communicator`` makes the :class:`Communicator` (replaceable for tests), ``device`` is
+    this rank's device: the current CUDA device at creation, as for NCCL.
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, timeout: Any, *,
+                 communicator: Callable[..., Any], device: Any, unique_id: Callable[[], str]):
+        super().__init__(rank, world_size)
+        if world_size != 2:
+            raise ValueError("world_size: %d ranks; the gp2p backend runs two ranks (more are not built yet)"
+                             % world_size)
+        if rank == 0:
+            store.set(UNIQUE_ID_KEY, unique_id())
+        # get() waits (up to the store's timeout) until rank 0 has set it.
+        uid = store.get(UNIQUE_ID_KEY).decode()
+        self._device = torch.device(device)
+        index = self._device.index if self._device.type == "cuda" else 0
+        self._comm = communicator(uid, rank, world_size, index, join_timeout=timeout.total_seconds())
+
+    def getBackendName(self) -> str:  # noqa: N802  (torch's name)
+        return "gp2p"
+
+    def __repr__(self) -> str:
+        return "GP2PProcessGroup(rank %d of %d on %s)" % (self.rank(), self.size(), self._device)
+
+    def _done(self, result: List[Any]) -> Any:
+        """A Work already complete on the host whose ``wait()`` orders the then-current
+        stream after the op (a CUDA-aware future records an event on the current stream)."""
+        devices = [self._device] if self._device.type == "cuda" else []
+        future = torch.futures.Future(devices=devices)
+        future.set_result(result)
+        return _create_work_from_future(future)
+
+    # -- the ops the communicator runs --------------------------------------------------------
+
+    def allreduce(self, tensors: List[Any], opts: Any = None) -> Any:
+        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        for t in tensors:
+            self._comm.all_reduce(t, op)
+        return self._done(tensors)
+
+    def allreduce_coalesced(self, tensors: List[Any], opts: Any = None) -> Any:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: List[Any], opts: Any = None) -> Any:
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            self._comm.broadcast(t, root)
+        return self._done(tensors)
+
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        self._comm.all_gather_into_tensor(output, input)
+        return self._done([output])
+
+    _allgather_base = all_gather_single  # its name before torch 2.12
+
+    def allgather(self, outputs: List[List[Any]], inputs: List[Any], opts: Any = None) -> Any:
+        """The list form: ``outputs[i][r]`` becomes rank r's ``inputs[i]``, through one
+        gathered tensor per input."""
+        for outs, inp in zip(outputs, inputs):
+            gathered = torch.empty((len(outs) * inp.numel(),), dtype=inp.dtype, device=inp.device)
+            self._comm.all_gather_into_tensor(gathered, inp.contiguous().view(-1))
+            for out, part in zip(outs, gathered.chunk(len(outs))):
+                out.copy_(part.view_as(out))
+        return self._done([t for outs in outputs for t in outs])
+
+    def allgather_into_tensor_coalesced(self, outputs: List[Any], inputs: List[Any], opts: Any = None) -> Any:
+        for out, inp in zip(outputs, inputs):
+            self._comm.all_gather_into_tensor(out, inp)
+        return self._done(list(outputs))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        self._comm.reduce_scatter_tensor(output, input, op)
+        return self._done([output])
+
+    _reduce_scatter_base = reduce_scatter_single  # its name before torch 2.12
+
+    def reduce_scatter(self, outputs: List[Any], inputs: List[List[Any]], opts: Any = None) -> Any:
+        """The list form: ``outputs[i]`` becomes op over ranks of their ``inputs[i][rank]``,
+        through one concatenated input per output."""
+        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        for out, ins in zip(outputs, inputs):
+            whole = torch.cat([t.reshape(-1) for t in ins])
+            mine = torch.empty((out.numel(),), dtype=out.dtype, device=out.device)
+            self._comm.reduce_scatter_tensor(mine, whole, op)
+            out.copy_(mine.view_as(out))
+        return self._done(list(outputs))
+
+    def reduce_scatter_tensor_coalesced(self, outputs: List[Any], inputs: List[Any], opts: Any = None) -> Any:
+        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        for out, inp in zip(outputs, inputs):
+            self._comm.reduce_scatter_tensor(out, inp, op)
+        return self._done(list(outputs))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def barrier(self, opts: Any = None) -> Any:
+        """Every rank has reached it once it returns: a one-element all-reduce, waited for on
+        the host (NCCL's barrier blocks the host too)."""
+        token = torch.zeros((1,), dtype=torch.int32, device=self._device)
+        self._comm.all_reduce(token, "sum")
+        if self._device.type == "cuda":
+            torch.cuda.current_stream(self._device).synchronize()
+        return self._done([token])
+
+    # -- the ops it does not run ------------------------------------------------------------
+
+    def _not_built(self, what: str) -> Any:
+        raise NotImplementedError("%s is %s" % (what, _NOT_BUILT))
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_built("send")
+
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_built("recv")
+
+    def recv_anysource(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_built("recv")
+
+    def gather(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_built("gather")
+
+    def scatter(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_built("scatter")
+
+    def reduce(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_built("reduce")
+
+    def alltoall(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_built("all_to_all")
+
+    alltoall_base = all_to_all_single = alltoall

@@ -1,0 +1,167 @@
+"""The gp2p torch.distributed backend's plumbing, on CPU: two processes run torch.distributed
+calls through geforce_p2p._torch_backend.GP2PProcessGroup over a stand-in communicator that
+does each collective through a file store, so every call torch makes reaches the right
+communicator method with the right arguments, and results are checked element by element.
+Needs torch (skipped without it: CI has none); the GPU test with the real communicator is in
+test_gpu.py."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not built in", allow_module_level=True)
+
+_RANK = r"""
+import io, os, sys, datetime
+import torch, torch.distributed as dist
+sys.path.insert(0, os.environ["GP2P_TEST_DIR"])
+from test_torch_backend import run_rank
+run_rank(int(sys.argv[1]), os.environ["GP2P_TEST_TMP"])
+"""
+
+
+class StoreCommunicator:
+    """The communicator's duck type on CPU tensors: each call swaps this rank's tensor with
+    the peer's through a file store, then computes its result from both."""
+
+    calls = []
+
+    def __init__(self, uid, rank, world_size, device, join_timeout):
+        self.rank, self.world_size, self.seq = rank, world_size, 0
+        self.store = dist.FileStore(os.path.join(os.environ["GP2P_TEST_TMP"], "comm-" + uid), world_size)
+        StoreCommunicator.calls.append(("made", rank, world_size, device, join_timeout))
+
+    def _both(self, t):
+        import io
+
+        self.seq += 1
+        out = io.BytesIO()
+        torch.save(t.clone(), out)
+        self.store.set("%d/%d" % (self.seq, self.rank), out.getvalue())
+        peer = torch.load(io.BytesIO(self.store.get("%d/%d" % (self.seq, 1 - self.rank))))
+        return [t.clone(), peer] if self.rank == 0 else [peer, t.clone()]
+
+    @staticmethod
+    def _fold(parts, op):
+        a, b = parts
+        if op == "avg":
+            return (a + b) / 2 if a.is_floating_point() else torch.div(a + b, 2, rounding_mode="trunc")
+        return {"sum": torch.add, "min": torch.minimum, "max": torch.maximum, "prod": torch.mul}[op](a, b)
+
+    def all_reduce(self, t, op="sum"):
+        StoreCommunicator.calls.append(("all_reduce", op))
+        t.copy_(self._fold(self._both(t), op))
+
+    def all_gather_into_tensor(self, out, inp):
+        StoreCommunicator.calls.append(("all_gather_into_tensor",))
+        out.copy_(torch.cat(self._both(inp)))
+
+    def reduce_scatter_tensor(self, out, inp, op="sum"):
+        StoreCommunicator.calls.append(("reduce_scatter_tensor", op))
+        out.copy_(self._fold(self._both(inp), op).chunk(2)[self.rank])
+
+    def broadcast(self, t, src=0):
+        StoreCommunicator.calls.append(("broadcast", src))
+        t.copy_(self._both(t)[src])
+
+
+def _make_group(store, rank, world_size, timeout):
+    from geforce_p2p._torch_backend import GP2PProcessGroup
+
+    return GP2PProcessGroup(store, rank, world_size, timeout, communicator=StoreCommunicator, device="cpu",
+                            unique_id=lambda: "uid-%d" % os.getpid())
+
+
+def run_rank(rank, tmp):
+    """One rank's side: every op torch routes to the backend, each result checked."""
+    dist.Backend.register_backend("gp2p_stand_in", _make_group, devices=["cpu"])
+    dist.init_process_group("gp2p_stand_in", init_method="file://" + os.path.join(tmp, "init"), rank=rank,
+                            world_size=2)
+    both = [torch.arange(1, 7, dtype=torch.int64) * (r + 2) for r in range(2)]  # 2,4,..  3,6,..
+    mine = both[rank]
+    for op, want in [(dist.ReduceOp.SUM, both[0] + both[1]), (dist.ReduceOp.MIN, both[0]),
+                     (dist.ReduceOp.MAX, both[1]), (dist.ReduceOp.PRODUCT, both[0] * both[1]),
+                     (dist.ReduceOp.AVG, torch.div(both[0] + both[1], 2, rounding_mode="trunc"))]:
+        t = mine.clone()
+        dist.all_reduce(t, op=op)
+        assert torch.equal(t, want), (op, t, want)
+    t = mine.clone()
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    assert torch.equal(t, both[0] + both[1]), "async all_reduce"
+    gathered = torch.empty(12, dtype=torch.int64)
+    dist.all_gather_into_tensor(gathered, mine)
+    assert torch.equal(gathered, torch.cat(both))
+    parts = [torch.empty(2, 3, dtype=torch.int64) for _ in range(2)]
+    dist.all_gather(parts, mine.view(2, 3))
+    assert all(torch.equal(p, b.view(2, 3)) for p, b in zip(parts, both)), "list all_gather"
+    half = torch.empty(3, dtype=torch.int64)
+    dist.reduce_scatter_tensor(half, mine, op=dist.ReduceOp.MAX)
+    assert torch.equal(half, torch.maximum(both[0], both[1]).chunk(2)[rank])
+    out = torch.empty(3, dtype=torch.int64)
+    dist.reduce_scatter(out, list(mine.chunk(2)))
+    assert torch.equal(out, (both[0] + both[1]).chunk(2)[rank]), "list reduce_scatter"
+    t = mine.clone()
+    dist.broadcast(t, src=1)
+    assert torch.equal(t, both[1])
+    dist.barrier()
+    for call, what in [(lambda: dist.send(mine, 1 - rank), "send is not built yet"),
+                       (lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.BAND), "op:")]:
+        try:
+            call()
+        except (NotImplementedError, ValueError, RuntimeError) as e:
+            assert what in str(e), str(e)
+        else:
+            raise AssertionError("%s: not refused" % what)
+    made = [c for c in StoreCommunicator.calls if c[0] == "made"]
+    assert made == [("made", rank, 2, 0, 1800.0)], made
+    names = [c[0] for c in StoreCommunicator.calls]
+    assert names.count("all_gather_into_tensor") == 2 and names.count("reduce_scatter_tensor") == 2, names
+    dist.destroy_process_group()
+
+
+def test_torch_distributed_calls_reach_the_communicator_and_give_right_results(tmp_path):
+    env = dict(os.environ, GP2P_TEST_DIR=os.path.dirname(__file__), GP2P_TEST_TMP=str(tmp_path))
+    ranks = [subprocess.Popen([sys.executable, "-c", _RANK, str(r)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+    for r, (p, out) in enumerate(zip(ranks, outputs)):
+        assert p.returncode == 0, "rank %d failed:\n%s" % (r, out)
+
+
+def test_a_group_of_other_than_two_ranks_is_refused_at_creation():
+    from datetime import timedelta
+
+    from geforce_p2p._torch_backend import GP2PProcessGroup
+
+    with pytest.raises(ValueError, match="two ranks"):
+        GP2PProcessGroup(dist.HashStore(), 0, 3, timedelta(seconds=1), communicator=StoreCommunicator,
+                         device="cpu", unique_id=lambda: "x")
+
+
+def test_every_op_the_communicator_runs_has_its_torch_op():
+    from geforce_p2p._api import REDUCE_OPS
+    from geforce_p2p._torch_backend import _OPS, op_name
+
+    assert sorted(_OPS.values()) == sorted(REDUCE_OPS)
+    assert op_name(dist.ReduceOp.PRODUCT) == "prod"
+    with pytest.raises(ValueError, match="op: .*SUM, AVG"):
+        op_name(dist.ReduceOp.BXOR)
+
+
+def test_register_backend_is_idempotent_and_names_the_backend():
+    from geforce_p2p import distributed as gpd
+
+    assert gpd.register_backend("gp2p_registered_twice") == "gp2p_registered_twice"
+    assert gpd.register_backend("gp2p_registered_twice") == "gp2p_registered_twice"
+    assert hasattr(dist.Backend, "GP2P_REGISTERED_TWICE")
