@@ -237,6 +237,12 @@ GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 // flag, fence or DMA engine on the critical path. Then buf = op(own, peer) in place, the
 // order in which the ring's two-rank exchange folds (own first on both ranks).
 //
+// The sequence number is the kernel's `seq`, or, where `seq_counter` is given, the next one
+// after the count in device memory there, which the kernel stores back: then the call needs
+// no host work to be numbered, so a CUDA graph that captured it can be replayed (one block
+// only: every thread reads the count before thread 0 stores it). The call's lines are
+// `out_lines` and `in_lines` plus `half_stride` bytes for odd numbers: calls alternate halves.
+//
 // A thread owns 16-byte groups of the buffer (grid-stride): it publishes all of them (two
 // 16-byte stores of two lines each per group), then polls the peer's same groups. Every
 // thread publishes before it waits, so the two kernels cannot wait on each other. A thread
@@ -268,9 +274,26 @@ template <typename T> union Group16 {
     T e[VEC_BYTES / sizeof(T)];
 };
 
+// The next sequence number after `count`: never 0 (the tag of lines never written), and odd
+// and even in turn (after 0xffffffff comes 2), as gp2p_kernels::next_exchange_seq counts.
+__device__ __forceinline__ u32 next_seq(u32 count) {
+    const u32 next = count + 1;
+    return next == 0 ? 2 : next;
+}
+
 template <typename T, typename Op>
 __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq,
-                                         u32 divisor, u64 timeout_ns, u32* failed) {
+                                         u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter,
+                                         u64 half_stride) {
+    if (seq_counter != 0) {
+        seq = next_seq(*(volatile u32*)seq_counter);
+        __syncthreads();
+        if (threadIdx.x == 0) *(volatile u32*)seq_counter = seq;
+    }
+    if (seq & 1) {
+        out_lines += half_stride / sizeof(u64);
+        in_lines += half_stride / sizeof(u64);
+    }
     const int PER = VEC_BYTES / sizeof(T);
     const u64 groups = (n + PER - 1) / PER;
     const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -340,8 +363,9 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
 #define GP2P_EXCHANGE(opname, Op, tname, T)                                                  \
     extern "C" __global__ void __launch_bounds__(256) gp2p_exchange_##opname##_##tname(      \
         T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,            \
-        u64 timeout_ns, u32* failed) {                                                       \
-        exchange<T, Op>(buf, n, out_lines, in_lines, seq, divisor, timeout_ns, failed);      \
+        u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride) {                    \
+        exchange<T, Op>(buf, n, out_lines, in_lines, seq, divisor, timeout_ns, failed,       \
+                        seq_counter, half_stride);                                           \
     }
 
 #define GP2P_EXCHANGE_ALL_OPS(tname, T) GP2P_FOR_EACH_OP(GP2P_EXCHANGE, tname, T)
@@ -349,28 +373,21 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
 GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 
 // ---------------------------------------------------------------------------------------
-// A bounded wait on flags in mapped pinned host memory, for pipelines between processes
-// that share staging memory (the communicator's large messages). One thread waits until
-// every flag given has reached `target` (compared as sequence numbers: the signed
-// difference, so the count may wrap), then the stream goes on. `second` may be null.
-// A wait longer than `timeout_ns` sets `*failed` to 1 and returns; a wait that finds
-// `*failed` already set returns at once, so one lost peer costs one timeout per call, not
-// one per chunk. The flags are written by the peer's stream (a stream memory operation
-// after its copy), so a flag at `target` means the data it guards has landed.
+// A bounded wait on a flag in mapped pinned host memory, for pipelines between processes
+// that share staging memory (the communicator's large messages): one thread waits until
+// `*flag == value`, then the stream goes on. The flags are handshakes (a slot's sender sets
+// its flag to 1 once the slot holds a chunk, its receiver back to 0 once it has read it), so
+// a call waits for the same values every time and a CUDA graph that captured it can be
+// replayed. A wait longer than `timeout_ns` sets `*failed` to 1 and returns; a wait that
+// finds `*failed` already set returns at once, so one lost peer costs one timeout per call,
+// not one per chunk.
 
 #define WAIT_POLL_GAP_NS 256
 
-__device__ __forceinline__ bool reached(const u32* flag, u32 target) {
-    if (flag == 0) return true;
-    const u32 now = *(const volatile u32*)flag;
-    return (int)(now - target) >= 0;
-}
-
-extern "C" __global__ void gp2p_wait_flags(const u32* first, const u32* second, u32 target, u64 timeout_ns,
-                                           u32* failed) {
+extern "C" __global__ void gp2p_wait_flag(const u32* flag, u32 value, u64 timeout_ns, u32* failed) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     u64 deadline = 0;
-    while (!(reached(first, target) && reached(second, target))) {
+    while (*(const volatile u32*)flag != value) {
         if (*(volatile u32*)failed != 0) return;
         const u64 now = global_ns();
         if (deadline == 0) {
@@ -381,6 +398,6 @@ extern "C" __global__ void gp2p_wait_flags(const u32* first, const u32* second, 
         }
         __nanosleep(WAIT_POLL_GAP_NS);
     }
-    // Whatever this stream does next reads what the flags guard.
+    // Whatever this stream does next reads what the flag guards.
     __threadfence_system();
 }

@@ -142,22 +142,24 @@ pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
 /// The exported name of the two-rank exchange kernel for `op` on `dtype`, in [`REDUCE`].
 ///
 /// Signature `(T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,
-/// u64 timeout_ns, u32* failed)`: each rank publishes `buf` into its own lines of mapped
-/// host memory as [`EXCHANGE_LINE_BYTES`]-byte lines of [`EXCHANGE_LINE_DATA_BYTES`] data
-/// bytes tagged with `seq`, waits for the peer's lines tagged `seq`, and folds
-/// `buf = op(own, peer)`. A wait longer than `timeout_ns` sets `*failed` to 1 and returns.
+/// u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride)`: each rank publishes
+/// `buf` into its own lines of mapped host memory as [`EXCHANGE_LINE_BYTES`]-byte lines of
+/// [`EXCHANGE_LINE_DATA_BYTES`] data bytes tagged with `seq`, waits for the peer's lines
+/// tagged `seq`, and folds `buf = op(own, peer)`. A wait longer than `timeout_ns` sets
+/// `*failed` to 1 and returns. With `seq_counter` (device memory; one block only) the number
+/// is the next after the count there, which the kernel stores back, and `seq` is ignored;
+/// odd numbers use the lines `half_stride` bytes on.
 pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_exchange_");
     NAMES[op.index()][dtype.index()]
 }
 
-/// The exported name of the bounded wait on flags in mapped host memory, in [`REDUCE`].
+/// The exported name of the bounded wait on a flag in mapped host memory, in [`REDUCE`].
 ///
-/// Signature `(const u32* first, const u32* second, u32 target, u64 timeout_ns, u32* failed)`:
-/// one thread waits until `*first` and `*second` (null: not waited for) reach `target`,
-/// compared as wrapping sequence numbers. A wait longer than `timeout_ns` sets `*failed` to
-/// 1 and returns; a wait that finds `*failed` set returns at once.
-pub const WAIT_FLAGS_KERNEL: &str = "gp2p_wait_flags";
+/// Signature `(const u32* flag, u32 value, u64 timeout_ns, u32* failed)`: one thread waits
+/// until `*flag == value`. A wait longer than `timeout_ns` sets `*failed` to 1 and returns; a
+/// wait that finds `*failed` set returns at once.
+pub const WAIT_FLAG_KERNEL: &str = "gp2p_wait_flag";
 
 /// Bytes of one line of the exchange kernels: data and the call's sequence number.
 pub const EXCHANGE_LINE_BYTES: usize = 8;

@@ -668,7 +668,7 @@ def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
     for why, t in refused.items():
         assert not ca.should_custom_ar(t), why
     with ca.capture():
-        assert not ca.should_custom_ar(CudaArray((1024,))), "graph capture is not built yet"
+        assert ca.should_custom_ar(CudaArray((1024,))), "captured calls replay"
     assert ca.should_custom_ar(CudaArray((1024,)))
     inp = _Cloneable((1024,))
     out = ca.custom_all_reduce(inp)

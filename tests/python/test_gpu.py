@@ -536,7 +536,51 @@ def _distributed_rank(uid, rank):
     for t, want in results:
         got = t.cpu().double()
         assert torch.equal(got, want.to(t.dtype).double()), (t.dtype, t.numel())
+    _captured_and_replayed(comm, rank)
     comm.close()
+
+
+def _captured_and_replayed(comm, rank):
+    """Every collective captured into one CUDA graph (the one-kernel all-reduce and the
+    pipeline), then 10 replays, each with new data copied into the captured tensors and every
+    element checked."""
+    dev = "cuda:%d" % rank
+    small, big, half = 1001, (1 << 20) + 3, 150_001
+    x = torch.zeros(small, device=dev)
+    y = torch.zeros(big, device=dev)
+    gin, gout = torch.zeros(small, dtype=torch.int32, device=dev), torch.zeros(2 * small, dtype=torch.int32, device=dev)
+    rsin, rsout = torch.zeros(2 * half, device=dev), torch.zeros(half, device=dev)
+    b = torch.zeros(5003, dtype=torch.float16, device=dev)
+
+    def step():
+        comm.all_reduce(x)
+        comm.all_reduce(y, op="max")
+        comm.all_gather_into_tensor(gout, gin)
+        comm.reduce_scatter_tensor(rsout, rsin, op="sum")
+        comm.broadcast(b, src=1)
+
+    side = torch.cuda.Stream(dev)  # torch's recipe: run once on a side stream before capture
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for replay in range(10):
+        gen = lambda r, i: torch.Generator().manual_seed(50_000 + 100 * replay + 10 * i + r)  # noqa: E731
+        xs = [torch.randint(-99, 99, (small,), generator=gen(r, 0)).float() for r in range(2)]
+        ys = [torch.randint(-99, 99, (big,), generator=gen(r, 1)).float() for r in range(2)]
+        gs = [torch.randint(-99, 99, (small,), generator=gen(r, 2)).to(torch.int32) for r in range(2)]
+        rs = [torch.randint(-99, 99, (2 * half,), generator=gen(r, 3)).float() for r in range(2)]
+        bs = [torch.randint(-99, 99, (5003,), generator=gen(r, 4)).to(torch.float16) for r in range(2)]
+        for t, values in ((x, xs), (y, ys), (gin, gs), (rsin, rs), (b, bs)):
+            t.copy_(values[rank])
+        graph.replay()
+        checks = [(x, xs[0] + xs[1]), (y, torch.maximum(ys[0], ys[1])), (gout, torch.cat(gs)),
+                  (rsout, (rs[0] + rs[1])[rank * half:(rank + 1) * half]), (b, bs[1])]
+        for i, (t, want) in enumerate(checks):
+            assert torch.equal(t.cpu(), want), "replay %d, output %d" % (replay, i)
 
 
 # The same through torch.distributed: init_process_group("cpu:gloo,cuda:gp2p") in two processes.

@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use gp2p_cuda::raw::{ExchangeLines, exchange};
-use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
-use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes, next_exchange_seq};
+use std::mem::ManuallyDrop;
+
+use gp2p_cuda::raw::{ExchangeLines, Numbering, exchange};
+use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
+use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes};
 
 use crate::pipeline::{Landing, Pipeline, Staging, Transfer};
 use crate::segment::{LONGEST_TIMEOUT, poll_until};
@@ -57,8 +59,7 @@ pub(crate) struct Layout {
     /// Offset of rank 0's lines; rank r's follow at `r * 2 * half`.
     lines: usize,
     world: usize,
-    /// The pipeline's flags, after the ranks' flag lines: per rank and slot, `ready` then
-    /// `done`, a u32 each.
+    /// The pipeline's flags, after the ranks' flag lines: a u32 per rank and slot.
     chunk_flags: usize,
     /// The pipeline's slots: `slot_count` per rank of `slot_bytes` each, rank 0's first,
     /// from offset `slots`.
@@ -117,7 +118,7 @@ impl Layout {
         // Bounded above, so none of this overflows.
         let half = exchange_line_bytes(small_max_bytes).next_multiple_of(256);
         let chunk_flags = FLAGS + 64 * world;
-        let lines = (chunk_flags + 8 * slot_count * world).next_multiple_of(LINES_ALIGN);
+        let lines = (chunk_flags + 4 * slot_count * world).next_multiple_of(LINES_ALIGN);
         let slots = lines + world * 2 * half;
         Ok(Layout { half, lines, world, chunk_flags, slots, slot_bytes, slot_count })
     }
@@ -143,15 +144,10 @@ impl Layout {
         self.slots + (rank * self.slot_count + slot) * self.slot_bytes
     }
 
-    /// Offset of the sequence number of the chunk `rank` last put in its slot `slot`.
-    pub(crate) fn ready(&self, rank: usize, slot: usize) -> usize {
-        self.chunk_flags + 8 * (rank * self.slot_count + slot)
-    }
-
-    /// Offset of the sequence number of the chunk `rank` last finished reading from its
-    /// peer's slot `slot`.
-    pub(crate) fn done(&self, rank: usize, slot: usize) -> usize {
-        self.ready(rank, slot) + 4
+    /// Offset of the handshake flag of `rank`'s pipeline slot `slot` (1: it holds a chunk
+    /// for the peer; 0: the peer has read it).
+    pub(crate) fn full(&self, rank: usize, slot: usize) -> usize {
+        self.chunk_flags + 4 * (rank * self.slot_count + slot)
     }
 
     /// Offset of `rank`'s lines for the call tagged `seq`.
@@ -179,21 +175,41 @@ impl Layout {
 ///
 /// Lifetime: the segment stays mapped and registered until the GPU work of every call is
 /// done, whenever the communicator is dropped (see `gp2p_cuda::lifetime`).
+///
+/// CUDA graphs: calls on a capturing stream are refused unless
+/// [`Communicator::allow_graph_capture`] was called; then they are captured, and the graph
+/// can be replayed with whatever the captured buffers hold by then (no call keeps a count
+/// on the host). A communicator that captured a call keeps its segment and device memory
+/// for the rest of the process, since a graph may be replayed after it is dropped.
 pub struct Communicator {
     device: Device,
     segment: Arc<Segment>,
-    registration: HostRegistration,
+    /// Dropped in `Drop` unless a call was captured into a graph (then kept: see above).
+    registration: ManuallyDrop<HostRegistration>,
+    /// The small path's call count, in device memory: its kernel numbers its call from it,
+    /// so a replayed graph's calls are numbered too. Kept like `registration`.
+    seq_counter: ManuallyDrop<DeviceBuffer<u32>>,
     /// The staging area's start as this device maps it.
     staging: RawDevicePtr,
     layout: Layout,
-    counter: u64,
+    /// Calls made, for `Debug`.
+    calls: u64,
     pipeline: Pipeline,
     timeout: Duration,
     /// The end of this rank's last call, for a call on another stream to wait for.
     last: Option<StreamPoint>,
-    /// Once a call gave up waiting, the ranks' sequence numbers may disagree: every later
-    /// call fails instead of pairing with the wrong peer call.
+    /// Once a call gave up waiting, the ranks' calls may no longer pair up: every later call
+    /// fails instead of pairing with the wrong peer call.
     broken: bool,
+    capture: Capture,
+}
+
+/// Whether calls may be captured into CUDA graphs, and whether one was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Capture {
+    Refused,
+    Allowed,
+    Used,
 }
 
 impl Communicator {
@@ -217,6 +233,7 @@ impl Communicator {
         // wait for the device to go idle, while the peer's kernel waits for this one.
         gp2p_cuda::load_all_reduce_kernels(device)?;
         let pipeline = Pipeline::new(device, options.slots)?;
+        let seq_counter = zeroed_counter(device)?;
         let segment = Arc::new(Segment::join(id, rank, world, layout.staging_bytes(), options.join_timeout)?);
         let registered =
             register_in_turn(&segment, device, options.join_timeout).and_then(|r| Ok((r.device_ptr(device)?, r)));
@@ -228,14 +245,33 @@ impl Communicator {
             device: device.clone(),
             staging: base + segment.staging_offset() as u64,
             segment,
-            registration,
+            registration: ManuallyDrop::new(registration),
+            seq_counter: ManuallyDrop::new(seq_counter),
             layout,
-            counter: 0,
+            calls: 0,
             pipeline,
             timeout: options.peer_timeout,
             last: None,
             broken: false,
+            capture: Capture::Refused,
         })
+    }
+
+    /// Let calls on a capturing stream be captured into CUDA graphs (refused otherwise).
+    ///
+    /// # Safety
+    /// For as long as a graph holding a captured call may be launched:
+    /// - the buffers of the captured calls stay allocated, and nothing else touches them
+    ///   while a launch runs except through work ordered on the launch's stream (what
+    ///   torch's graph memory pool gives the tensors a graph captured);
+    /// - every rank launches its graphs, and makes its uncaptured calls, in the same order as
+    ///   every other rank, each rank on one stream or ordered as if it were (calls pair up by
+    ///   their order; a launch on another stream is not ordered after this rank's earlier
+    ///   calls by the communicator, which cannot see it).
+    pub unsafe fn allow_graph_capture(&mut self) {
+        if self.capture == Capture::Refused {
+            self.capture = Capture::Allowed;
+        }
     }
 
     /// This process's rank.
@@ -284,41 +320,44 @@ impl Communicator {
             let ptr = buf.raw_ptr();
             let receive = Some((ptr, Landing::Fold { op, divide_by }));
             let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive };
-            let point = self.enqueue(stream, transfer)?;
-            buf.note_use(&point);
+            if let Some(point) = self.enqueue(stream, transfer)? {
+                buf.note_use(&point);
+            }
             return Ok(());
         }
-        if let Some(last) = &self.last {
-            stream.wait_point(last)?;
-        }
+        let capturing = self.begin_call(stream)?;
         // Taken before the launch: nothing after it may wait for the device (see
         // gp2p_cuda::ReservedPoint).
-        let reserved = stream.reserve_point()?;
-        let seq = next_exchange_seq(&mut self.counter);
+        let reserved = if capturing { None } else { Some(stream.reserve_point()?) };
         let peer = 1 - self.rank();
         let at = |offset: usize| self.staging + offset as u64;
         let lines = ExchangeLines {
-            out_lines: at(self.layout.lines_of(self.rank(), seq)),
-            in_lines: at(self.layout.lines_of(peer, seq)),
+            out_lines: at(self.layout.lines_of(self.rank(), 0)),
+            in_lines: at(self.layout.lines_of(peer, 0)),
             failed: at(self.layout.flag(self.rank())),
+            numbering: Numbering::Counted { counter: self.seq_counter.raw_ptr(), half_stride: self.layout.half as u64 },
         };
         let timeout_ns = self.timeout_ns();
-        // SAFETY: `buf` is `len` elements on this device (checked above); both lines lie in
-        // the registered staging area, 256-aligned, sized by the layout for
-        // `small_max_bytes` (checked above), and only this rank's kernels write its own
-        // lines (the peer writes its own); `failed` is this rank's aligned u32 of it; the
-        // registration outlives the kernel by the point noted right after the launch, and
-        // keeps the segment mapped until then. Calls alternate halves and each rank's calls
-        // run in order (the wait on `last` above), so a half is rewritten only after the peer
-        // finished reading it (the peer's next call, which this rank's waited for, starts
-        // after its previous one ended). The peer enqueues the same call on its own device.
+        // SAFETY: `buf` is `len` elements on this device (checked above); both ranks' lines
+        // (two halves each) lie in the registered staging area, 256-aligned, sized by the
+        // layout for `small_max_bytes` (checked above), and only this rank's kernels write its
+        // own lines (the peer writes its own); `failed` is this rank's aligned u32 of it; the
+        // counter is this communicator's own device word, touched only by its small-path
+        // kernels, which run in order (each call waits for the last, or a captured graph's
+        // launches are ordered by the caller: allow_graph_capture's contract). The
+        // registration and counter outlive the kernel: by the point noted right after the
+        // launch, or, captured, for the process's life. Calls alternate halves, so a half is
+        // rewritten only after the peer finished reading it (the peer's next call, which this
+        // rank's waited for, starts after its previous one ended). The peer enqueues the same
+        // call on its own device.
         unsafe {
-            exchange(stream, buf.raw_ptr(), buf.len(), T::DTYPE, op, lines, seq, divide_by, timeout_ns)?;
+            exchange(stream, buf.raw_ptr(), buf.len(), T::DTYPE, op, lines, 0, divide_by, timeout_ns)?;
         }
-        let point = stream.point_from(reserved)?;
-        buf.note_use(&point);
-        self.registration.uses().note(&point);
-        self.last = Some(point);
+        if let Some(reserved) = reserved {
+            let point = stream.point_from(reserved)?;
+            buf.note_use(&point);
+            self.end_call(point);
+        }
         Ok(())
     }
 
@@ -345,9 +384,10 @@ impl Communicator {
             send: Some(input.raw_ptr()),
             receive: Some((output.slice_mut(peer..peer + len).raw_ptr(), Landing::Copy)),
         };
-        let point = self.enqueue(stream, transfer)?;
-        input.note_use(&point);
-        output.note_use(&point);
+        if let Some(point) = self.enqueue(stream, transfer)? {
+            input.note_use(&point);
+            output.note_use(&point);
+        }
         Ok(())
     }
 
@@ -377,9 +417,10 @@ impl Communicator {
             send: Some(input.slice(peer..peer + len).raw_ptr()),
             receive: Some((output.raw_ptr(), Landing::Fold { op, divide_by })),
         };
-        let point = self.enqueue(stream, transfer)?;
-        input.note_use(&point);
-        output.note_use(&point);
+        if let Some(point) = self.enqueue(stream, transfer)? {
+            input.note_use(&point);
+            output.note_use(&point);
+        }
         Ok(())
     }
 
@@ -402,8 +443,9 @@ impl Communicator {
         let ptr = buf.raw_ptr();
         let (send, receive) = if root == self.rank() { (Some(ptr), None) } else { (None, Some((ptr, Landing::Copy))) };
         let transfer = Transfer { bytes, dtype: T::DTYPE, send, receive };
-        let point = self.enqueue(stream, transfer)?;
-        buf.note_use(&point);
+        if let Some(point) = self.enqueue(stream, transfer)? {
+            buf.note_use(&point);
+        }
         Ok(())
     }
 
@@ -422,13 +464,8 @@ impl Communicator {
                 return Err(Error::WrongDevice { what, got: got.ordinal(), expected: self.device.ordinal() });
             }
         }
-        if stream.is_capturing()? {
-            // Sequence numbers are fixed at enqueue (kernel arguments, flag values): a
-            // replayed graph would pair with the peer's data of an earlier replay.
-            return Err(Error::NotBuiltYet {
-                what: "a collective captured into a CUDA graph".into(),
-                supported: "calls outside graph capture",
-            });
+        if self.capture == Capture::Refused && stream.is_capturing()? {
+            return Err(Error::CaptureRefused);
         }
         Ok(())
     }
@@ -440,13 +477,32 @@ impl Communicator {
         Ok(())
     }
 
-    /// Enqueue a checked call's pipeline on `stream` after this rank's previous call, and
-    /// return the point after it (noted on the registration and kept as the last call; the
-    /// caller notes it on its views).
-    fn enqueue(&mut self, stream: &Stream, transfer: Transfer) -> Result<StreamPoint> {
+    /// Order a checked call after this rank's previous one on `stream`; returns whether the
+    /// stream is capturing a graph (then nothing is ordered: the graph's launches are, by
+    /// the caller, and the call keeps the communicator's memory for the process's life).
+    fn begin_call(&mut self, stream: &Stream) -> Result<bool> {
+        self.calls += 1;
+        if self.capture != Capture::Refused && stream.is_capturing()? {
+            self.capture = Capture::Used;
+            return Ok(true);
+        }
         if let Some(last) = &self.last {
             stream.wait_point(last)?;
         }
+        Ok(false)
+    }
+
+    /// Note an uncaptured call's end on the registration and keep it as the last call.
+    fn end_call(&mut self, point: StreamPoint) {
+        self.registration.uses().note(&point);
+        self.last = Some(point);
+    }
+
+    /// Enqueue a checked call's pipeline on `stream` after this rank's previous call, and
+    /// return the point after it (the caller notes it on its views), or `None` for a call
+    /// captured into a graph.
+    fn enqueue(&mut self, stream: &Stream, transfer: Transfer) -> Result<Option<StreamPoint>> {
+        let capturing = self.begin_call(stream)?;
         let staging = Staging {
             device: self.staging,
             host: self.registration.host_ptr().wrapping_add(self.segment.staging_offset()),
@@ -455,18 +511,22 @@ impl Communicator {
         // SAFETY: the caller checked that every range of the transfer is device memory of
         // this rank's device with the call's lengths, apart where they must be; the views
         // they came from note the point returned, and the registration notes it too, so all
-        // stay allocated until the work completes. The staging addresses are this process's
-        // mappings of the registered area laid out as `layout`. The peer makes the same call.
+        // stay allocated until the work completes (captured: the caller keeps the buffers,
+        // and the communicator its registration, for every launch). The staging addresses are
+        // this process's mappings of the registered area laid out as `layout`. The peer makes
+        // the same call.
         let enqueued = unsafe { self.pipeline.run(stream, staging, &self.layout, self.rank(), transfer, timeout_ns) };
         if let Err(e) = enqueued {
-            // Part of the call may be enqueued: the ranks' chunk counts may now disagree.
+            // Part of the call may be enqueued: the ranks' handshakes may now disagree.
             self.broken = true;
             return Err(e);
         }
+        if capturing {
+            return Ok(None);
+        }
         let point = stream.point()?;
-        self.registration.uses().note(&point);
-        self.last = Some(point.clone());
-        Ok(point)
+        self.end_call(point.clone());
+        Ok(Some(point))
     }
 
     fn timeout_ns(&self) -> u64 {
@@ -524,14 +584,39 @@ impl std::fmt::Debug for Communicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Communicator(rank {} of {} on device {}, segment {}, call {})",
+            "Communicator(rank {} of {} on device {}, segment {}, {} calls)",
             self.rank(),
             self.world(),
             self.device.ordinal(),
             self.segment.name(),
-            self.counter
+            self.calls
         )
     }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if self.capture == Capture::Used {
+            // A captured graph may still be launched: its staging and counter stay, unfreed.
+            return;
+        }
+        // SAFETY: dropped once, here, and not used again; the lifetime rule defers the actual
+        // release until the GPU work of every call is done.
+        unsafe {
+            ManuallyDrop::drop(&mut self.registration);
+            ManuallyDrop::drop(&mut self.seq_counter);
+        }
+    }
+}
+
+/// The small path's call count on `device`, zero before any kernel can read it.
+fn zeroed_counter(device: &Device) -> Result<DeviceBuffer<u32>> {
+    let stream = Stream::new(device)?;
+    let counter = DeviceBuffer::from_host(&stream, &[0u32])?;
+    // Once, at creation (which waits for the other ranks anyway): the calls run on other
+    // streams.
+    stream.point()?.synchronize()?;
+    Ok(counter)
 }
 
 /// Register the whole segment on `device`, ranks in order: concurrent registrations of the
@@ -612,8 +697,8 @@ mod tests {
         let layout = Layout::new(2, &small(64 << 10)).unwrap();
         assert_eq!(layout.half, 128 << 10, "lines carry half data");
         assert_eq!(layout.lines % LINES_ALIGN, 0);
-        assert!(layout.flag(1) + 8 <= layout.ready(0, 0), "status words end before the chunk flags");
-        assert!(layout.done(1, layout.slot_count - 1) + 4 <= layout.lines);
+        assert!(layout.flag(1) + 8 <= layout.full(0, 0), "status words end before the chunk flags");
+        assert!(layout.full(1, layout.slot_count - 1) + 4 <= layout.lines);
         assert_eq!(layout.lines_of(0, 1), layout.lines + layout.half, "odd calls use the second half");
         assert_eq!(layout.lines_of(1, 2), layout.lines + 2 * layout.half);
         assert!(layout.staging_bytes() >= layout.lines_of(1, 1) + layout.half);
@@ -640,7 +725,7 @@ mod tests {
         let mut slots = Vec::new();
         for rank in 0..2 {
             for slot in 0..3 {
-                flags.extend([layout.ready(rank, slot), layout.done(rank, slot)]);
+                flags.push(layout.full(rank, slot));
                 slots.push(layout.slot(rank, slot));
             }
         }

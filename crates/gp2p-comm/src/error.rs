@@ -157,6 +157,11 @@ pub enum Error {
         /// What this version does run.
         supported: &'static str,
     },
+    /// A call on a stream that is capturing a CUDA graph, without the caller's promise.
+    #[error(
+        "stream: capturing a CUDA graph; call the unsafe Communicator::allow_graph_capture first (its contract: the captured buffers outlive every launch, and every rank launches in the same order)"
+    )]
+    CaptureRefused,
     /// A collective's buffers whose lengths do not fit each other.
     #[error(
         "{what}: {got} elements, but the call needs {expected} (the collective's other buffer times the world size {world}); pass buffers of matching lengths"

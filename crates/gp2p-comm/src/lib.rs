@@ -18,13 +18,15 @@
 //!   broadcast. An all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
 //!   rank whose 8-byte lines carry data and the call's sequence number (NCCL's LL idea);
 //!   everything else goes through a pipeline of DMA copies via slots of the segment
-//!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), whose chunks are flagged by
-//!   stream memory operations and awaited by a one-thread kernel. Every wait for the peer
-//!   runs on the GPU and is bounded by [`CommOptions::peer_timeout`].
+//!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
+//!   that stream memory operations set and a one-thread kernel awaits. Every wait for the
+//!   peer runs on the GPU and is bounded by [`CommOptions::peer_timeout`]. No call keeps a
+//!   count on the host (the one-kernel path numbers its calls in device memory), so calls
+//!   can be captured into CUDA graphs and replayed, once the caller has promised what
+//!   [`Communicator::allow_graph_capture`] asks.
 //!
-//! **Not built yet** — more than two ranks; send/recv; sequence numbers kept in device
-//! memory, so a captured CUDA graph can be replayed (capture is refused); a torch.distributed
-//! backend. Joining waits on the host, polling, bounded by a timeout.
+//! **Not built yet** — more than two ranks; send/recv. Joining waits on the host, polling,
+//! bounded by a timeout.
 //!
 //! Measured on two H200s, one process each (`benches/python/mp_allreduce.py`, f32 sum, CUDA
 //! events around 50 back-to-back calls), the one-kernel path: 7-12 us per call up to 2 KiB,

@@ -1,32 +1,36 @@
 //! Messages above the line path's size between two ranks: a pipeline of DMA copies through
-//! slots of the shared segment, flagged chunk by chunk from the GPU.
+//! slots of the shared segment, handed over chunk by chunk by flags the GPUs set and wait on.
 //!
-//! Each rank has `slots` slots of `slot_bytes` in the segment, and per slot two flags: `ready`
-//! (the sequence number of the chunk its sender last put there) and `done` (the sequence
-//! number of the chunk its receiver last finished reading from the *peer's* same slot).
-//! Chunks are numbered by a counter every rank advances alike (by the chunk count of each
-//! call, whatever its role), and chunk `q` goes through slot `q % slots`. Per chunk:
+//! Each rank has `slots` slots of `slot_bytes` in the segment and one flag per slot, a
+//! handshake between the slot's two users: its sender sets it to 1 once the slot holds a
+//! chunk, its receiver (the peer) back to 0 once it has read it, and each waits for the
+//! other's value before touching the slot. Chunk `i` of a call goes through slot
+//! `i % slots` on both ranks. Per chunk:
 //!
-//! - the send stream waits until the peer is done with the slot's previous chunk, copies the
-//!   chunk device → slot (DMA), and sets the slot's `ready` to `q` (a stream memory
-//!   operation, after the copy);
-//! - the receive stream waits for the peer's `ready` (and, when this rank also sends, its own,
-//!   since in place the fold overwrites what the send copies out), then folds the peer's slot
-//!   into the destination with a kernel that reads the mapped slot in place, or copies it
-//!   slot → device (DMA), and sets its `done` to `q`.
+//! - the send stream waits for the slot's flag to be 0, copies the chunk device → slot (DMA),
+//!   and sets the flag to 1 (a stream memory operation, after the copy);
+//! - the receive stream waits for the peer's flag to be 1 (and, when this rank also sends, for
+//!   its own copy of the chunk, by an event: in place, the fold overwrites what the send copies
+//!   out), then folds the peer's slot into the destination with a kernel that reads the mapped
+//!   slot in place, or copies it slot → device (DMA), and sets the peer's flag back to 0.
 //!
 //! The two streams fork from the caller's stream and join back into it, so up to `slots`
-//! chunks are in flight and both directions of the link are busy at once. Every wait is the
-//! bounded wait kernel: a peer that never arrives costs one timeout and sets this rank's
-//! give-up flag, which the next call reports.
+//! chunks are in flight and both directions of the link are busy at once. A call waits for
+//! the same values every time and keeps no count on the host, so a CUDA graph that captured
+//! it can be replayed. Every wait is the bounded wait kernel: a peer that never arrives costs
+//! one timeout and sets this rank's give-up flag, which the next call reports.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::raw::{FlagWait, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flags, write_flag};
-use gp2p_cuda::{Device, RawDevicePtr, SourceMemory, Stream, StreamFork};
+use gp2p_cuda::raw::{memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, write_flag};
+use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
 use crate::communicator::Layout;
+
+/// A slot's flag: empty (the sender may write it) or full (the receiver may read it).
+const EMPTY: u32 = 0;
+const FULL: u32 = 1;
 
 /// What happens to the peer's chunks where they land.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,19 +61,17 @@ pub(crate) struct Staging {
     pub(crate) host: *mut u8,
 }
 
-/// The streams and counters of one rank's pipeline.
+/// The streams and events of one rank's pipeline.
 pub(crate) struct Pipeline {
     fork: StreamFork,
-    /// Chunks enqueued so far, by every call.
-    chunks: u64,
-    /// The sequence number of the chunk this rank last sent through each slot (0: none),
-    /// which the peer's `done` must reach before the slot is written again.
-    last_sent: Vec<u32>,
+    /// Per slot, recorded on the send stream once this rank's chunk has left for the slot.
+    sent: Vec<Event>,
 }
 
 impl Pipeline {
     pub(crate) fn new(device: &Device, slots: usize) -> Result<Pipeline> {
-        Ok(Pipeline { fork: StreamFork::new(device, 2)?, chunks: 0, last_sent: vec![0; slots] })
+        let sent = (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Pipeline { fork: StreamFork::new(device, 2)?, sent })
     }
 
     /// Enqueue this rank's side of `transfer` after the work queued on `stream`; work queued
@@ -97,7 +99,6 @@ impl Pipeline {
     ) -> Result<()> {
         let peer = 1 - rank;
         let slot_bytes = layout.slot_bytes();
-        let chunk_count = transfer.bytes.div_ceil(slot_bytes);
         // Nothing the reclaimer frees may fall between this rank's chunks: a free that waits
         // for the device to go idle would wait for a chunk whose peer waits for a chunk not
         // yet enqueued here (see gp2p_cuda::pause_releases).
@@ -107,36 +108,31 @@ impl Pipeline {
         // Only an address (offsets from the layout lie in the staging area); the copies use it.
         let host_at = |offset: usize| staging.host.wrapping_add(offset);
         let failed = device_at(layout.flag(rank));
-        for chunk in 0..chunk_count {
-            self.chunks += 1;
-            let seq = self.chunks as u32;
-            let slot = self.chunks as usize % self.last_sent.len();
-            let start = chunk * slot_bytes;
+        for (chunk, start) in (0..transfer.bytes).step_by(slot_bytes).enumerate() {
+            let slot = chunk % self.sent.len();
             let len = slot_bytes.min(transfer.bytes - start);
             if let Some(src) = transfer.send {
-                let previous = self.last_sent[slot];
-                // SAFETY: flags and slot come from the layout, in the registered area;
-                // `src + start` is `len` bytes of the caller's range; the peer writes `done`
-                // only after it finished reading this slot's previous chunk.
+                let flag = device_at(layout.full(rank, slot));
+                // SAFETY: the flag and slot come from the layout, in the registered area;
+                // `src + start` is `len` bytes of the caller's range; the slot is written only
+                // once its receiver has set its flag back to empty.
                 unsafe {
-                    if previous != 0 {
-                        let wait =
-                            FlagWait { first: device_at(layout.done(peer, slot)), second: 0, target: previous, failed };
-                        wait_flags(send, wait, timeout_ns)?;
-                    }
+                    wait_flag(send, flag, EMPTY, failed, timeout_ns)?;
                     memcpy_dtoh_async(send, host_at(layout.slot(rank, slot)).cast(), src + start as u64, len)?;
-                    write_flag(send, device_at(layout.ready(rank, slot)), seq)?;
+                    write_flag(send, flag, FULL)?;
                 }
-                self.last_sent[slot] = seq;
+                self.sent[slot].record(send)?;
             }
             if let Some((dst, landing)) = transfer.receive {
-                let own = if transfer.send.is_some() { device_at(layout.ready(rank, slot)) } else { 0 };
-                let wait = FlagWait { first: device_at(layout.ready(peer, slot)), second: own, target: seq, failed };
+                if transfer.send.is_some() {
+                    receive.wait(&self.sent[slot])?;
+                }
+                let flag = device_at(layout.full(peer, slot));
                 let dst = dst + start as u64;
-                // SAFETY: as above; the peer's slot holds chunk `seq` once its `ready` says so,
-                // and is not rewritten until this rank's `done` says it was read.
+                // SAFETY: as above; the peer's slot holds this chunk once its flag is full, and
+                // is not rewritten until this rank sets it back to empty, after reading it.
                 unsafe {
-                    wait_flags(receive, wait, timeout_ns)?;
+                    wait_flag(receive, flag, FULL, failed, timeout_ns)?;
                     match landing {
                         Landing::Fold { op, divide_by } => {
                             let src = device_at(layout.slot(peer, slot));
@@ -146,7 +142,7 @@ impl Pipeline {
                         }
                         Landing::Copy => memcpy_htod_async(receive, dst, host_at(layout.slot(peer, slot)).cast(), len)?,
                     }
-                    write_flag(receive, device_at(layout.done(rank, slot)), seq)?;
+                    write_flag(receive, flag, EMPTY)?;
                 }
             }
         }

@@ -391,6 +391,15 @@ pub fn flush_releases() {
 }
 
 fn reclaim_forever(r: &'static Reclaimer) {
+    // Relaxed capture mode: this thread's event queries and frees are neither refused nor
+    // breaking while another thread of the process captures a CUDA graph in the default,
+    // global mode (torch's). It only releases what finished uncaptured work last used.
+    if crate::driver::is_driver_present() {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: in/out pointer to a local; the driver is loaded (checked above). A failure
+        // leaves the thread's mode as it was (global).
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
     let mut waiting: Vec<Grave> = Vec::new();
     let mut arrived: Vec<Grave> = Vec::new();
     let mut poll = POLL_MIN;

@@ -19,12 +19,12 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
-use gp2p_kernels::{DType, ReduceOp, WAIT_FLAGS_KERNEL, exchange_kernel_name, reduce_kernel_name};
+use gp2p_kernels::{DType, ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name, reduce_kernel_name};
 
 use crate::driver::check;
 use crate::reduce::{
-    ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagsArgs, check_divisor, exchange_launch_config, launch_exchange,
-    launch_reduce, launch_wait_flags, reduce_launch_config,
+    ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagArgs, check_divisor, exchange_launch_config, launch_exchange,
+    launch_reduce, launch_wait_flag, reduce_launch_config,
 };
 use crate::{Device, Error, Module, RawDevicePtr, Result, Stream};
 
@@ -137,6 +137,23 @@ pub struct ExchangeLines {
     pub in_lines: RawDevicePtr,
     /// A `u32` the kernel sets to 1 when it gives up waiting, as the device maps it.
     pub failed: RawDevicePtr,
+    /// Where the call's sequence number comes from: the `seq` argument, or the count in
+    /// device memory that the kernel advances (so a captured graph numbers its replays).
+    pub numbering: Numbering,
+}
+
+/// How an exchange kernel numbers its call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numbering {
+    /// The `seq` passed, with the lines given used as they are.
+    Given,
+    /// The next number after a count in device memory, which the kernel stores back.
+    Counted {
+        /// The `u32` count, in device memory of the stream's device.
+        counter: RawDevicePtr,
+        /// Odd numbers use the lines this many bytes after those given (a multiple of 16).
+        half_stride: u64,
+    },
 }
 
 /// Enqueue one rank's exchange kernel on `stream`: publish `buf` tagged `seq` in its lines,
@@ -150,6 +167,9 @@ pub struct ExchangeLines {
 ///   pinned host memory as this device maps it, 16-byte aligned; nobody but this kernel
 ///   writes `out_lines` until it completes;
 /// - `lines.failed` is a writable `u32` of mapped pinned host memory, 4-byte aligned;
+/// - with [`Numbering::Counted`], `counter` is a `u32` of device memory on the stream's
+///   device that only this rank's exchange kernels touch, in stream order, and the lines
+///   `half_stride` bytes on obey what is said of the lines above;
 /// - all of them stay allocated until the kernel completes on `stream`;
 /// - the peer's kernel for the same `seq` is enqueued too, on a stream that can run at the
 ///   same time as this one; otherwise this kernel waits `timeout_ns`, sets `failed` and
@@ -167,11 +187,17 @@ pub unsafe fn exchange(
     timeout_ns: u64,
 ) -> Result<()> {
     check_divisor(divide_by)?;
+    let (counter, half_stride) = match lines.numbering {
+        Numbering::Given => (0, 0),
+        Numbering::Counted { counter, half_stride } => (counter, half_stride),
+    };
     for (name, ptr, align) in [
         ("buf", buf, dtype.size_bytes() as u64),
         ("out_lines", lines.out_lines, 16),
         ("in_lines", lines.in_lines, 16),
         ("failed", lines.failed, 4),
+        ("counter", counter, 4),
+        ("half_stride", half_stride, 16),
     ] {
         if ptr % align != 0 {
             return Err(Error::InvalidArgument {
@@ -185,6 +211,13 @@ pub unsafe fn exchange(
     }
     let function = Module::reduce_kernels(stream.device())?.function(exchange_kernel_name(op, dtype))?;
     let config = exchange_launch_config(len, dtype);
+    if counter != 0 && config.grid != 1 {
+        // Every thread reads the count before thread 0 stores it back: one block only.
+        return Err(Error::InvalidArgument {
+            name: "numbering",
+            reason: format!("a counted exchange runs in one block, this launch has {}", config.grid),
+        });
+    }
     let args = ExchangeArgs {
         buf,
         len: len as u64,
@@ -194,6 +227,8 @@ pub unsafe fn exchange(
         divisor: divide_by,
         timeout_ns,
         failed: lines.failed,
+        seq_counter: counter,
+        half_stride,
     };
     // SAFETY: an exchange kernel of `dtype`; the addresses are the caller's contract.
     unsafe { launch_exchange(&function, stream, config, args) }
@@ -220,47 +255,36 @@ pub unsafe fn write_flag(stream: &Stream, flag: RawDevicePtr, value: u32) -> Res
     check(unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), flag, value, flags) }, "cuStreamWriteValue32")
 }
 
-/// The flags one [`wait_flags`] waits for, and where it reports giving up.
-#[derive(Debug, Clone, Copy)]
-pub struct FlagWait {
-    /// A `u32` to wait for, as the stream's device maps it.
-    pub first: RawDevicePtr,
-    /// A second one, or 0 for none.
-    pub second: RawDevicePtr,
-    /// The value both must reach, compared as wrapping sequence numbers.
-    pub target: u32,
-    /// Set to 1 by a wait that gives up; a wait that finds it set returns at once.
-    pub failed: RawDevicePtr,
-}
-
 /// Enqueue a bounded wait on `stream` (one thread of the wait kernel,
-/// [`gp2p_kernels::WAIT_FLAGS_KERNEL`]): later work there starts once both flags have
-/// reached the target, or once the wait gave up after `timeout_ns` (then `failed` is set
-/// and what follows reads whatever the flags guard, as it is).
+/// [`gp2p_kernels::WAIT_FLAG_KERNEL`]): later work there starts once the `u32` at `flag`
+/// equals `value`, or once the wait gave up after `timeout_ns` (then `*failed` is 1 and what
+/// follows reads whatever the flag guards, as it is). A wait that finds `*failed` set
+/// returns at once.
 ///
 /// # Safety
-/// - `wait.first` and (unless 0) `wait.second` are readable `u32`s, and `wait.failed` a
-///   writable one, all 4-byte aligned and addressable from the stream's device, and
-///   allocated until the kernel completes on `stream`;
-/// - the kernel occupies one thread until then: whoever writes the flags must not need this
+/// - `flag` is a readable and `failed` a writable `u32`, 4-byte aligned, addressable from the
+///   stream's device (mapped pinned host memory as this device maps it, say) and allocated
+///   until the kernel completes on `stream`;
+/// - the kernel occupies one thread until then: whoever sets the flag must not need this
 ///   stream's later work, or the wait ends only at its timeout.
-pub unsafe fn wait_flags(stream: &Stream, wait: FlagWait, timeout_ns: u64) -> Result<()> {
-    for (name, ptr) in [("first", wait.first), ("second", wait.second), ("failed", wait.failed)] {
-        if ptr % 4 != 0 {
-            return Err(Error::InvalidArgument { name, reason: format!("address {ptr:#x} is not 4-byte aligned") });
+pub unsafe fn wait_flag(
+    stream: &Stream,
+    flag: RawDevicePtr,
+    value: u32,
+    failed: RawDevicePtr,
+    timeout_ns: u64,
+) -> Result<()> {
+    for (name, ptr) in [("flag", flag), ("failed", failed)] {
+        if ptr == 0 || ptr % 4 != 0 {
+            return Err(Error::InvalidArgument {
+                name,
+                reason: format!("address {ptr:#x} is not a 4-byte aligned u32"),
+            });
         }
     }
-    if wait.first == 0 || wait.failed == 0 {
-        return Err(Error::InvalidArgument {
-            name: if wait.first == 0 { "first" } else { "failed" },
-            reason: "a wait needs a flag to wait for and one to report giving up in".into(),
-        });
-    }
-    let function = Module::reduce_kernels(stream.device())?.function(WAIT_FLAGS_KERNEL)?;
-    let args =
-        WaitFlagsArgs { first: wait.first, second: wait.second, target: wait.target, timeout_ns, failed: wait.failed };
+    let function = Module::reduce_kernels(stream.device())?.function(WAIT_FLAG_KERNEL)?;
     // SAFETY: the wait kernel; the addresses are the caller's contract.
-    unsafe { launch_wait_flags(&function, stream, args) }
+    unsafe { launch_wait_flag(&function, stream, WaitFlagArgs { flag, value, timeout_ns, failed }) }
 }
 
 /// The address at which `device` sees the page-locked host memory at `host` (allocated

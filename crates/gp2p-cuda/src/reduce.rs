@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 
 use gp2p_kernels::{
-    DType, EXCHANGE_GROUP_BYTES, Element, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, WAIT_FLAGS_KERNEL,
+    DType, EXCHANGE_GROUP_BYTES, Element, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, WAIT_FLAG_KERNEL,
     exchange_kernel_name, reduce_kernel_name,
 };
 
@@ -112,8 +112,14 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                 }
             }
         }
-        // SAFETY: with neither flag given the wait kernel returns at once, touching no memory.
-        unsafe { launch_wait_flags(&module.function(WAIT_FLAGS_KERNEL)?, &stream, WaitFlagsArgs::default())? };
+        // The wait kernel waits for its flag to equal 0 here: a zeroed word of its own, also
+        // the `failed` word it never needs to set.
+        let word = crate::DeviceBuffer::from_host(&stream, &[0u32])?;
+        let wait = WaitFlagArgs { flag: word.raw_ptr(), value: 0, timeout_ns: 0, failed: word.raw_ptr() };
+        // SAFETY: the flag already holds the value: the kernel reads the live word once and
+        // returns; the word is freed after the kernel (its use is noted right after).
+        unsafe { launch_wait_flag(&module.function(WAIT_FLAG_KERNEL)?, &stream, wait)? };
+        word.view(..).note_use(&stream.point()?);
         // Waiting on a point, not Stream::synchronize: that would also take (and so hide
         // from its owner) an error some destructor deferred.
         stream.point()?.synchronize()
@@ -152,7 +158,8 @@ pub(crate) unsafe fn launch_reduce(
 }
 
 /// The exchange kernels' parameters `(T* buf, u64 n, u64* out_lines, const u64* in_lines,
-/// u32 seq, u32 divisor, u64 timeout_ns, u32* failed)`, in order.
+/// u32 seq, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride)`,
+/// in order.
 #[derive(Default)]
 pub(crate) struct ExchangeArgs {
     pub(crate) buf: RawDevicePtr,
@@ -163,6 +170,8 @@ pub(crate) struct ExchangeArgs {
     pub(crate) divisor: u32,
     pub(crate) timeout_ns: u64,
     pub(crate) failed: RawDevicePtr,
+    pub(crate) seq_counter: RawDevicePtr,
+    pub(crate) half_stride: u64,
 }
 
 /// Launch an exchange kernel with `args`.
@@ -176,7 +185,7 @@ pub(crate) unsafe fn launch_exchange(
     config: LaunchConfig,
     mut args: ExchangeArgs,
 ) -> Result<()> {
-    let mut params: [*mut c_void; 8] = [
+    let mut params: [*mut c_void; 10] = [
         (&raw mut args.buf).cast(),
         (&raw mut args.len).cast(),
         (&raw mut args.out_lines).cast(),
@@ -185,19 +194,19 @@ pub(crate) unsafe fn launch_exchange(
         (&raw mut args.divisor).cast(),
         (&raw mut args.timeout_ns).cast(),
         (&raw mut args.failed).cast(),
+        (&raw mut args.seq_counter).cast(),
+        (&raw mut args.half_stride).cast(),
     ];
-    // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*), matching
-    // the fields above, which outlive the call; addresses: the caller's.
+    // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64),
+    // matching the fields above, which outlive the call; addresses: the caller's.
     unsafe { function.launch(stream, config, &mut params) }
 }
 
-/// The wait kernel's parameters `(const u32* first, const u32* second, u32 target,
-/// u64 timeout_ns, u32* failed)`, in order (see [`gp2p_kernels::WAIT_FLAGS_KERNEL`]).
-#[derive(Default)]
-pub(crate) struct WaitFlagsArgs {
-    pub(crate) first: RawDevicePtr,
-    pub(crate) second: RawDevicePtr,
-    pub(crate) target: u32,
+/// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed)`,
+/// in order (see [`gp2p_kernels::WAIT_FLAG_KERNEL`]).
+pub(crate) struct WaitFlagArgs {
+    pub(crate) flag: RawDevicePtr,
+    pub(crate) value: u32,
     pub(crate) timeout_ns: u64,
     pub(crate) failed: RawDevicePtr,
 }
@@ -205,19 +214,18 @@ pub(crate) struct WaitFlagsArgs {
 /// Launch the wait kernel with `args`, one thread.
 ///
 /// # Safety
-/// `function` is the wait kernel; `first` and `second` are null or readable `u32`s and
-/// `failed` a writable `u32`, all addressable from the stream's device until it completes.
-pub(crate) unsafe fn launch_wait_flags(function: &Function, stream: &Stream, mut args: WaitFlagsArgs) -> Result<()> {
-    let mut params: [*mut c_void; 5] = [
-        (&raw mut args.first).cast(),
-        (&raw mut args.second).cast(),
-        (&raw mut args.target).cast(),
+/// `function` is the wait kernel; `flag` is a readable and `failed` a writable `u32`, both
+/// addressable from the stream's device until it completes.
+pub(crate) unsafe fn launch_wait_flag(function: &Function, stream: &Stream, mut args: WaitFlagArgs) -> Result<()> {
+    let mut params: [*mut c_void; 4] = [
+        (&raw mut args.flag).cast(),
+        (&raw mut args.value).cast(),
         (&raw mut args.timeout_ns).cast(),
         (&raw mut args.failed).cast(),
     ];
     let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
-    // SAFETY: the kernel takes (const u32*, const u32*, u32, u64, u32*), matching the fields
-    // above, which outlive the call; addresses: the caller's.
+    // SAFETY: the kernel takes (const u32*, u32, u64, u32*), matching the fields above, which
+    // outlive the call; addresses: the caller's.
     unsafe { function.launch(stream, one, &mut params) }
 }
 

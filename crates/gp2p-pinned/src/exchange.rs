@@ -211,7 +211,12 @@ impl LineExchange {
         let _paused = gp2p_cuda::pause_releases();
         for (r, reserved) in reserved.into_iter().enumerate() {
             let (own, peer) = self.mapped[r];
-            let lines = ExchangeLines { out_lines: own + half, in_lines: peer + half, failed: self.failed_mapped[r] };
+            let lines = ExchangeLines {
+                out_lines: own + half,
+                in_lines: peer + half,
+                failed: self.failed_mapped[r],
+                numbering: raw::Numbering::Given,
+            };
             // SAFETY: the buffer is `len` elements on the stream's device (checked above);
             // both halves hold exchange_line_bytes(max_bytes) >= what `len` needs, are
             // 256-aligned mapped pinned memory that only rank r writes (`own`), and outlive

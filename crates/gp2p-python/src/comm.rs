@@ -60,7 +60,8 @@ impl PyCommunicator {
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;
-            let comm = Communicator::new(&id, rank, world, &dev, options)?;
+            let mut comm = Communicator::new(&id, rank, world, &dev, options)?;
+            crate::ffi::allow_torch_graphs(&mut comm);
             let max_bytes = comm.small_max_bytes();
             Ok(PyCommunicator { inner: Mutex::new(Some(comm)), rank, world, device, max_bytes })
         };

@@ -194,6 +194,7 @@ impl Classify for comm::Error {
             | E::RankTaken { .. }
             | E::LengthMismatch { .. }
             | E::Overlap { .. }
+            | E::CaptureRefused
             | E::WrongDevice { .. }
             | E::InvalidOption { .. } => Class::InvalidArgument,
             _ => Class::Error,

@@ -31,6 +31,12 @@
 //!    runs, except through work ordered on the same streams. Inputs and outputs of one call
 //!    do not overlap: the library refuses an overlapping source and destination on one
 //!    device, and [`check_disjoint`] refuses the rest before any work.
+//! 5. A call of the one-process-per-GPU communicator made while torch captures a CUDA graph
+//!    on its stream is replayed by every launch of that graph. The tensors such a call uses
+//!    come from torch's graph memory pool, which keeps them for as long as the graph lives,
+//!    and are touched during a launch only through work ordered on the launch's stream; every
+//!    rank captures and launches the same graphs in the same order (what torchrun, vLLM and
+//!    sglang do, each rank running the same program). Only `crate::comm` relies on this.
 #![allow(unsafe_code)]
 
 use geforce_p2p::collectives::{self, Rank, Receive};
@@ -117,6 +123,13 @@ impl Caller {
         // runs except in the caller streams' order (contract 4).
         unsafe { DeviceViewMut::from_raw(&self.device, ptr, len) }
     }
+}
+
+/// Let `comm`'s calls be captured into torch's CUDA graphs.
+pub(crate) fn allow_torch_graphs(comm: &mut geforce_p2p::comm::Communicator) {
+    // SAFETY: contract (5): the tensors of captured calls live as long as their graph (torch's
+    // graph pool), and every rank launches the same graphs in the same order.
+    unsafe { comm.allow_graph_capture() }
 }
 
 /// A device ordinal and an address on it.

@@ -16,9 +16,11 @@ lines carry data and a sequence number through the shared memory; everything els
 through a pipeline of DMA copies via slots of the segment, flagged chunk by chunk from the
 GPU. On two H200s, one process each, a small all-reduce takes 7-12 us up to 2 KiB and
 26-33 us at 32-64 KiB, where NCCL's shared-memory path takes 21-43 us
-(``benches/python/mp_allreduce.py``); the pipeline has not been timed yet. More ranks and
-CUDA graph capture are not built yet: :class:`CustomAllreduce` says no to those
-(``should_custom_ar``), so callers fall back to what they used before.
+(``benches/python/mp_allreduce.py``); the pipeline has not been timed yet. Calls made while
+torch captures a CUDA graph are captured too, and each launch of the graph runs them again
+on whatever the captured tensors hold then (every rank must capture and launch the same
+graphs in the same order). More ranks are not built yet: :class:`CustomAllreduce` says no
+to them (``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
     comm = gpd.Communicator(uid, rank, 2, device=rank)       # uid from rank 0's gpd.unique_id()
@@ -195,17 +197,15 @@ class CustomAllreduce:
     ``should_custom_ar``, ``custom_all_reduce``, ``capture``, ``close``), over a
     :class:`Communicator`.
 
-    It takes what this version runs (two ranks, contiguous CUDA tensors of a supported dtype
-    on this rank's device, 16-byte multiples up to ``max_bytes``) and says no to the rest,
-    including everything inside :meth:`capture`: CUDA graph capture is not built yet, so
-    captured all-reduces go to the caller's fallback.
+    It takes what this version runs in one kernel (two ranks, contiguous CUDA tensors of a
+    supported dtype on this rank's device, 16-byte multiples up to ``max_bytes``), inside
+    :meth:`capture` too, and says no to the rest.
     """
 
     def __init__(self, comm: Optional[Any]):
         """Over ``comm`` (a :class:`Communicator`), or disabled with None."""
         self.comm = comm
         self.disabled = comm is None or comm.world_size != 2
-        self._capturing = False
 
     @classmethod
     def from_group(cls, group: Any, device: Any, **options: Any) -> "CustomAllreduce":
@@ -235,7 +235,7 @@ class CustomAllreduce:
 
     def _accepted(self, inp: Any) -> Optional[Any]:
         """``inp`` as read by ``describe`` if this object takes it, else None."""
-        if self.disabled or self._capturing or _torch_capturing():
+        if self.disabled:
             return None
         try:
             t = describe(inp, "inp")
@@ -261,28 +261,13 @@ class CustomAllreduce:
 
     @contextlib.contextmanager
     def capture(self):
-        """While CUDA graphs are captured: this version's calls cannot be replayed, so
-        :meth:`should_custom_ar` says no inside (the caller's fallback is captured instead)."""
-        self._capturing = True
-        try:
-            yield
-        finally:
-            self._capturing = False
+        """Around CUDA graph capture, as vLLM and sglang call it. Nothing to set up: the
+        communicator numbers its calls on the GPU, so captured calls replay, and
+        ``custom_all_reduce``'s output is allocated during the capture, from the graph's
+        memory pool, which keeps it for the graph's life."""
+        yield
 
     def close(self) -> None:
         self.disabled = True  # callers fall back from now on
         if self.comm is not None:
             self.comm.close()
-
-
-def _torch_capturing() -> bool:
-    """Whether torch is capturing a CUDA graph on the current stream (False without torch):
-    a capture outside :meth:`CustomAllreduce.capture` is declined too."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    check = getattr(getattr(torch, "cuda", None), "is_current_stream_capturing", None)
-    try:
-        return bool(check()) if check is not None else False
-    except Exception:  # noqa: BLE001  (no CUDA: nothing can be capturing)
-        return False
