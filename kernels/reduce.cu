@@ -378,22 +378,24 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 // `*flag == value`, then the stream goes on. The flags are handshakes (a slot's sender sets
 // its flag to 1 once the slot holds a chunk, its receiver back to 0 once it has read it), so
 // a call waits for the same values every time and a CUDA graph that captured it can be
-// replayed. A wait longer than `timeout_ns` sets `*failed` to 1 and returns; a wait that
-// finds `*failed` already set returns at once, so one lost peer costs one timeout per call,
-// not one per chunk.
+// replayed. A wait longer than `timeout_ns` sets `*failed` (this rank's) and `*broken` (the
+// communicator's, which every rank's waits read) to 1 and returns; a wait that finds either
+// set returns at once: the handshakes may no longer pair up, so one lost peer costs one
+// timeout, not one per chunk, and both ranks' hosts report it at their next call.
 
 #define WAIT_POLL_GAP_NS 256
 
-extern "C" __global__ void gp2p_wait_flag(const u32* flag, u32 value, u64 timeout_ns, u32* failed) {
+extern "C" __global__ void gp2p_wait_flag(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     u64 deadline = 0;
     while (*(const volatile u32*)flag != value) {
-        if (*(volatile u32*)failed != 0) return;
+        if (*(volatile u32*)failed != 0 || *(volatile u32*)broken != 0) return;
         const u64 now = global_ns();
         if (deadline == 0) {
             deadline = now + timeout_ns;
         } else if (now > deadline) {
             *(volatile u32*)failed = 1;
+            *(volatile u32*)broken = 1;
             return;
         }
         __nanosleep(WAIT_POLL_GAP_NS);

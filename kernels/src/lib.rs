@@ -156,9 +156,9 @@ pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
 
 /// The exported name of the bounded wait on a flag in mapped host memory, in [`REDUCE`].
 ///
-/// Signature `(const u32* flag, u32 value, u64 timeout_ns, u32* failed)`: one thread waits
-/// until `*flag == value`. A wait longer than `timeout_ns` sets `*failed` to 1 and returns; a
-/// wait that finds `*failed` set returns at once.
+/// Signature `(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken)`: one
+/// thread waits until `*flag == value`. A wait longer than `timeout_ns` sets `*failed` and
+/// `*broken` to 1 and returns; a wait that finds either set returns at once.
 pub const WAIT_FLAG_KERNEL: &str = "gp2p_wait_flag";
 
 /// Bytes of one line of the exchange kernels: data and the call's sequence number.

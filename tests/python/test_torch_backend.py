@@ -21,7 +21,7 @@ import io, os, sys, datetime
 import torch, torch.distributed as dist
 sys.path.insert(0, os.environ["GP2P_TEST_DIR"])
 from test_torch_backend import run_rank
-run_rank(int(sys.argv[1]), os.environ["GP2P_TEST_TMP"])
+run_rank(int(sys.argv[1]), os.environ["GP2P_TEST_TMP"], sys.argv[2])
 """
 
 
@@ -31,10 +31,10 @@ class StoreCommunicator:
 
     calls = []
 
-    def __init__(self, uid, rank, world_size, device, join_timeout):
+    def __init__(self, uid, rank, world_size, device, peer_timeout, join_timeout):
         self.rank, self.world_size, self.seq = rank, world_size, 0
         self.store = dist.FileStore(os.path.join(os.environ["GP2P_TEST_TMP"], "comm-" + uid), world_size)
-        StoreCommunicator.calls.append(("made", rank, world_size, device, join_timeout))
+        StoreCommunicator.calls.append(("made", rank, world_size, device, peer_timeout, join_timeout))
 
     def _both(self, t):
         import io
@@ -70,18 +70,31 @@ class StoreCommunicator:
         t.copy_(self._both(t)[src])
 
 
-def _make_group(store, rank, world_size, timeout):
-    from geforce_p2p._torch_backend import GP2PProcessGroup
+def _group_on(device):
+    """A creator of gp2p groups over the stand-in communicator whose device is `device`."""
 
-    return GP2PProcessGroup(store, rank, world_size, timeout, communicator=StoreCommunicator, device="cpu",
-                            unique_id=lambda: "uid-%d" % os.getpid())
+    def make(store, rank, world_size, timeout):
+        from geforce_p2p._torch_backend import GP2PProcessGroup
+
+        return GP2PProcessGroup(store, rank, world_size, timeout, communicator=StoreCommunicator, device=device,
+                                unique_id=lambda: "uid-%d" % os.getpid())
+
+    return make
 
 
-def run_rank(rank, tmp):
-    """One rank's side: every op torch routes to the backend, each result checked."""
-    dist.Backend.register_backend("gp2p_stand_in", _make_group, devices=["cpu"])
+def _init(rank, tmp, device):
+    dist.Backend.register_backend("gp2p_stand_in", _group_on(device), devices=["cpu", "cuda"])
     dist.init_process_group("gp2p_stand_in", init_method="file://" + os.path.join(tmp, "init"), rank=rank,
                             world_size=2)
+
+
+def run_rank(rank, tmp, mode):
+    """One rank's side: with the group's device the CPU (`mode` "comm"), every op torch routes
+    to the communicator, each result checked; with the group's device a GPU (`mode` "gloo"),
+    CPU tensors, which go to the gloo group beside it."""
+    if mode == "gloo":
+        return run_rank_on_gloo(rank, tmp)
+    _init(rank, tmp, "cpu")
     both = [torch.arange(1, 7, dtype=torch.int64) * (r + 2) for r in range(2)]  # 2,4,..  3,6,..
     mine = both[rank]
     for op, want in [(dist.ReduceOp.SUM, both[0] + both[1]), (dist.ReduceOp.MIN, both[0]),
@@ -119,15 +132,39 @@ def run_rank(rank, tmp):
         else:
             raise AssertionError("%s: not refused" % what)
     made = [c for c in StoreCommunicator.calls if c[0] == "made"]
-    assert made == [("made", rank, 2, 0, 1800.0)], made
+    assert made == [("made", rank, 2, 0, 1800.0, 1800.0)], made
     names = [c[0] for c in StoreCommunicator.calls]
     assert names.count("all_gather_into_tensor") == 2 and names.count("reduce_scatter_tensor") == 2, names
     dist.destroy_process_group()
 
 
-def test_torch_distributed_calls_reach_the_communicator_and_give_right_results(tmp_path):
+def run_rank_on_gloo(rank, tmp):
+    """CPU tensors of a group whose device is a GPU: gloo's, the communicator never called."""
+    _init(rank, tmp, "cuda:0")  # never touched: no CUDA work is made on this machine
+    both = [torch.arange(1, 7, dtype=torch.float32) * (r + 2) for r in range(2)]
+    t = both[rank].clone()
+    dist.all_reduce(t)
+    assert torch.equal(t, both[0] + both[1])
+    gathered = torch.empty(12)
+    dist.all_gather_into_tensor(gathered, both[rank])
+    assert torch.equal(gathered, torch.cat(both))
+    t = both[rank].clone()
+    dist.broadcast(t, src=1)
+    assert torch.equal(t, both[1])
+    if rank == 0:
+        dist.send(both[0], 1)
+    else:
+        got = torch.empty(6)
+        dist.recv(got, 0)
+        assert torch.equal(got, both[0])
+    dist.barrier()
+    assert [c[0] for c in StoreCommunicator.calls] == ["made"], StoreCommunicator.calls
+    dist.destroy_process_group()
+
+
+def _run_two(tmp_path, mode):
     env = dict(os.environ, GP2P_TEST_DIR=os.path.dirname(__file__), GP2P_TEST_TMP=str(tmp_path))
-    ranks = [subprocess.Popen([sys.executable, "-c", _RANK, str(r)], env=env, stdout=subprocess.PIPE,
+    ranks = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), mode], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(2)]
     try:
         outputs = [p.communicate(timeout=120)[0] for p in ranks]
@@ -137,6 +174,14 @@ def test_torch_distributed_calls_reach_the_communicator_and_give_right_results(t
                 p.kill()
     for r, (p, out) in enumerate(zip(ranks, outputs)):
         assert p.returncode == 0, "rank %d failed:\n%s" % (r, out)
+
+
+def test_torch_distributed_calls_reach_the_communicator_and_give_right_results(tmp_path):
+    _run_two(tmp_path, "comm")
+
+
+def test_cpu_tensors_of_a_gpu_group_go_to_the_gloo_group_beside_it(tmp_path):
+    _run_two(tmp_path, "gloo")
 
 
 def test_a_group_of_other_than_two_ranks_is_refused_at_creation():

@@ -285,3 +285,23 @@ fn two_gpu_a_peer_that_exits_mid_pipeline_gives_the_survivor_an_error_within_the
     // Many chunks: one lost peer costs one timeout per call, not one per chunk.
     a_peer_exits("two_gpu_a_peer_that_exits_mid_pipeline_gives_the_survivor_an_error_within_the_timeout", 1 << 20);
 }
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_ranks_made_with_other_options_of_the_same_size_are_refused_by_name() {
+    let test = "two_gpu_ranks_made_with_other_options_of_the_same_size_are_refused_by_name";
+    if !is_child() {
+        needs!(gpus: 2, compute_80);
+    }
+    let _serial = (!is_child()).then(gp2p_tests::serial);
+    let (rank, id, child) = rank_and_id(test);
+    let dev = device(rank);
+    // 2 x 128 KiB and 4 x 64 KiB slots: the same segment size, other offsets.
+    let (slot_bytes, slots) = if rank == 0 { (128 << 10, 2) } else { (64 << 10, 4) };
+    let options = CommOptions { slot_bytes, slots, ..CommOptions::default() };
+    match Communicator::new(&id, rank, 2, &dev, options) {
+        Err(gp2p_comm::Error::OptionsMismatch { rank: other, .. }) => assert_eq!(other, 1 - rank),
+        other => panic!("rank {rank}: {other:?}"),
+    }
+    wait_for(child);
+}

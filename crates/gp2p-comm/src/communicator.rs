@@ -75,9 +75,11 @@ const REGISTERED: usize = 4;
 /// Set by a rank whose collective gave up waiting: every rank's calls then fail.
 const BROKEN: usize = 8;
 /// One cache line per rank after the counters' line: its give-up flag (written by its
-/// kernel), then how its registration went ([`REGISTERED_OK`] or [`REGISTRATION_FAILED`]).
+/// kernel), then how its registration went ([`REGISTERED_OK`] or [`REGISTRATION_FAILED`]),
+/// then the options that set the layout, which every rank checks against its own.
 const FLAGS: usize = 64;
 const STATUS: usize = 4;
+const OPTIONS: usize = 8;
 const REGISTERED_OK: u32 = 1;
 const REGISTRATION_FAILED: u32 = 2;
 /// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
@@ -132,6 +134,18 @@ impl Layout {
     /// Offset of `rank`'s give-up flag (set by its kernels when a wait times out).
     pub(crate) fn flag(&self, rank: usize) -> usize {
         FLAGS + 64 * rank
+    }
+
+    /// What the layout was made from, as every rank publishes it to be compared: the lines'
+    /// half, the slot size and the slot count (each bounded well below `u32::MAX`).
+    fn options(&self) -> [u32; 3] {
+        [self.half as u32, self.slot_bytes as u32, self.slot_count as u32]
+    }
+
+    /// Offset of the communicator's broken flag, which every rank's host and pipeline waits
+    /// read, and set when they give up.
+    pub(crate) fn broken(&self) -> usize {
+        BROKEN
     }
 
     /// Bytes of one pipeline slot.
@@ -319,11 +333,8 @@ impl Communicator {
         if bytes > self.small_max_bytes() {
             let ptr = buf.raw_ptr();
             let receive = Some((ptr, Landing::Fold { op, divide_by }));
-            let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive };
-            if let Some(point) = self.enqueue(stream, transfer)? {
-                buf.note_use(&point);
-            }
-            return Ok(());
+            let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive, local: None };
+            return self.enqueue(stream, transfer, |point| buf.note_use(point));
         }
         let capturing = self.begin_call(stream)?;
         // Taken before the launch: nothing after it may wait for the device (see
@@ -371,24 +382,23 @@ impl Communicator {
     ) -> Result<()> {
         self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
         self.check_lengths("output", output.len(), input.len() * self.world())?;
-        check_apart(input.byte_range(), output.byte_range())?;
         let (len, bytes) = (input.len(), input.bytes());
         if bytes == 0 {
             return Ok(());
         }
+        check_apart(input.byte_range(), output.byte_range())?;
         let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
-        output.slice_mut(own..own + len).copy_from(stream, input)?;
         let transfer = Transfer {
             bytes,
             dtype: T::DTYPE,
             send: Some(input.raw_ptr()),
             receive: Some((output.slice_mut(peer..peer + len).raw_ptr(), Landing::Copy)),
+            local: Some((output.slice_mut(own..own + len).raw_ptr(), input.raw_ptr(), bytes)),
         };
-        if let Some(point) = self.enqueue(stream, transfer)? {
-            input.note_use(&point);
-            output.note_use(&point);
-        }
-        Ok(())
+        self.enqueue(stream, transfer, |point| {
+            input.note_use(point);
+            output.note_use(point);
+        })
     }
 
     /// Every rank's `input` (of `world` times `output`'s length) reduced with `op`, and this
@@ -403,25 +413,24 @@ impl Communicator {
     ) -> Result<()> {
         self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
         self.check_lengths("input", input.len(), output.len() * self.world())?;
-        check_apart(input.byte_range(), output.byte_range())?;
         let (len, bytes) = (output.len(), output.bytes());
         if bytes == 0 {
             return Ok(());
         }
+        check_apart(input.byte_range(), output.byte_range())?;
         let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
-        output.copy_from(stream, &input.slice(own..own + len))?;
         let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
         let transfer = Transfer {
             bytes,
             dtype: T::DTYPE,
             send: Some(input.slice(peer..peer + len).raw_ptr()),
             receive: Some((output.raw_ptr(), Landing::Fold { op, divide_by })),
+            local: Some((output.raw_ptr(), input.slice(own..own + len).raw_ptr(), bytes)),
         };
-        if let Some(point) = self.enqueue(stream, transfer)? {
-            input.note_use(&point);
-            output.note_use(&point);
-        }
-        Ok(())
+        self.enqueue(stream, transfer, |point| {
+            input.note_use(point);
+            output.note_use(point);
+        })
     }
 
     /// `buf` of rank `root` into `buf` of every rank, ordered after the work queued on
@@ -442,11 +451,8 @@ impl Communicator {
         }
         let ptr = buf.raw_ptr();
         let (send, receive) = if root == self.rank() { (Some(ptr), None) } else { (None, Some((ptr, Landing::Copy))) };
-        let transfer = Transfer { bytes, dtype: T::DTYPE, send, receive };
-        if let Some(point) = self.enqueue(stream, transfer)? {
-            buf.note_use(&point);
-        }
-        Ok(())
+        let transfer = Transfer { bytes, dtype: T::DTYPE, send, receive, local: None };
+        self.enqueue(stream, transfer, |point| buf.note_use(point))
     }
 
     /// The checks every collective makes first: built for this world, no earlier failure,
@@ -499,9 +505,10 @@ impl Communicator {
     }
 
     /// Enqueue a checked call's pipeline on `stream` after this rank's previous call, and
-    /// return the point after it (the caller notes it on its views), or `None` for a call
-    /// captured into a graph.
-    fn enqueue(&mut self, stream: &Stream, transfer: Transfer) -> Result<Option<StreamPoint>> {
+    /// hand the point after it to `note` (for the caller's views) and the registration, also
+    /// when enqueueing failed part-way (what was enqueued still runs). A call captured into a
+    /// graph notes nothing.
+    fn enqueue(&mut self, stream: &Stream, transfer: Transfer, note: impl FnOnce(&StreamPoint)) -> Result<()> {
         let capturing = self.begin_call(stream)?;
         let staging = Staging {
             device: self.staging,
@@ -510,27 +517,33 @@ impl Communicator {
         let timeout_ns = self.timeout_ns();
         // SAFETY: the caller checked that every range of the transfer is device memory of
         // this rank's device with the call's lengths, apart where they must be; the views
-        // they came from note the point returned, and the registration notes it too, so all
-        // stay allocated until the work completes (captured: the caller keeps the buffers,
-        // and the communicator its registration, for every launch). The staging addresses are
-        // this process's mappings of the registered area laid out as `layout`. The peer makes
-        // the same call.
+        // they came from note the point taken below, and the registration notes it too, so
+        // all stay allocated until the work completes (captured: the caller keeps the
+        // buffers, and the communicator its registration, for every launch). The staging
+        // addresses are this process's mappings of the registered area laid out as `layout`.
+        // The peer makes the same call.
         let enqueued = unsafe { self.pipeline.run(stream, staging, &self.layout, self.rank(), transfer, timeout_ns) };
-        if let Err(e) = enqueued {
+        if enqueued.is_err() {
             // Part of the call may be enqueued: the ranks' handshakes may now disagree.
             self.broken = true;
-            return Err(e);
         }
-        if capturing {
-            return Ok(None);
+        if !capturing {
+            let point = stream.point()?;
+            note(&point);
+            self.end_call(point);
         }
-        let point = stream.point()?;
-        self.end_call(point.clone());
-        Ok(Some(point))
+        enqueued
     }
 
     fn timeout_ns(&self) -> u64 {
         u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Fail if a wait of an earlier call, on any rank, gave up on its peer (then every call
+    /// fails: the ranks' calls may no longer pair up). Calls check this themselves; launches
+    /// of captured graphs do not, so call it once a graph's launches are synchronised.
+    pub fn check(&mut self) -> Result<()> {
+        self.take_failure()
     }
 
     /// Fail if a kernel of an earlier call, on this rank or another, gave up waiting for its
@@ -643,6 +656,14 @@ fn register_in_turn(segment: &Arc<Segment>, device: &Device, timeout: Duration) 
 /// only handed out where every rank has one, so no rank's first call waits out its timeout
 /// for a peer that already failed.
 fn all_registered(segment: &Segment, layout: &Layout, ok: bool, timeout: Duration) -> Result<()> {
+    let options = |rank: usize| -> Result<[&AtomicU32; 3]> {
+        let at = |i: usize| word(segment, layout.flag(rank) + OPTIONS + 4 * i);
+        Ok([at(0)?, at(1)?, at(2)?])
+    };
+    for (w, value) in options(segment.rank())?.into_iter().zip(layout.options()) {
+        w.store(value, Ordering::Relaxed);
+    }
+    // Release: whoever sees the status sees the options too.
     let status = if ok { REGISTERED_OK } else { REGISTRATION_FAILED };
     word(segment, layout.flag(segment.rank()) + STATUS)?.store(status, Ordering::Release);
     let done = word(segment, REGISTERED)?;
@@ -664,6 +685,16 @@ fn all_registered(segment: &Segment, layout: &Layout, ok: bool, timeout: Duratio
     for (rank, s) in statuses().enumerate() {
         if rank != segment.rank() && s? != REGISTERED_OK {
             return Err(Error::PeerFailed { rank });
+        }
+    }
+    // Layouts of one size can still differ (sizes round up to whole pages): every rank must
+    // have made its communicator with the same options, or calls would take different paths
+    // and read slots at different offsets.
+    let ours = layout.options();
+    for rank in (0..world).filter(|&r| r != segment.rank()) {
+        let theirs = options(rank)?.map(|w| w.load(Ordering::Relaxed));
+        if theirs != ours {
+            return Err(Error::OptionsMismatch { rank, ours, theirs });
         }
     }
     Ok(())

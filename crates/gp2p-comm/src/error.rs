@@ -157,6 +157,18 @@ pub enum Error {
         /// What this version does run.
         supported: &'static str,
     },
+    /// A rank made its communicator with other options than this one.
+    #[error(
+        "rank {rank} made its communicator with other options (line half, slot bytes, slots: {theirs:?}, here {ours:?}); make every rank's with the same CommOptions"
+    )]
+    OptionsMismatch {
+        /// The rank whose options differ.
+        rank: usize,
+        /// This rank's.
+        ours: [u32; 3],
+        /// Theirs.
+        theirs: [u32; 3],
+    },
     /// A call on a stream that is capturing a CUDA graph, without the caller's promise.
     #[error(
         "stream: capturing a CUDA graph; call the unsafe Communicator::allow_graph_capture first (its contract: the captured buffers outlive every launch, and every rank launches in the same order)"

@@ -14,14 +14,19 @@
 //!   out), then folds the peer's slot into the destination with a kernel that reads the mapped
 //!   slot in place, or copies it slot → device (DMA), and sets the peer's flag back to 0.
 //!
-//! The two streams fork from the caller's stream and join back into it, so up to `slots`
-//! chunks are in flight and both directions of the link are busy at once. A call waits for
-//! the same values every time and keeps no count on the host, so a CUDA graph that captured
-//! it can be replayed. Every wait is the bounded wait kernel: a peer that never arrives costs
-//! one timeout and sets this rank's give-up flag, which the next call reports.
+//! The two streams fork from the caller's stream and join back into it (also when enqueueing
+//! fails part-way, so the caller's later work still waits for whatever was enqueued), so up
+//! to `slots` chunks are in flight and both directions of the link are busy at once. The send
+//! of chunk `i` also waits, by an event, for this rank's receive of chunk `i - slots` (the
+//! same slot's previous turn): the handshakes already order them across ranks, and with the
+//! event every order in which a GPU may run the two streams' work (a graph's branches on one
+//! queue, say) is free of deadlock. A call waits for the same values every time and keeps no
+//! count on the host, so a CUDA graph that captured it can be replayed. Every wait is the
+//! bounded wait kernel: a peer that never arrives costs one timeout and marks the
+//! communicator broken in the segment, which every rank's later waits and calls see.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::raw::{memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, write_flag};
+use gp2p_cuda::raw::{GiveUp, memcpy_dtoh_async, memcpy_htod_async, memcpy_peer_async, reduce, wait_flag, write_flag};
 use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
 use gp2p_kernels::{DType, ReduceOp};
 
@@ -51,6 +56,9 @@ pub(crate) struct Transfer {
     pub(crate) send: Option<RawDevicePtr>,
     /// Device memory the peer's bytes land in, and how.
     pub(crate) receive: Option<(RawDevicePtr, Landing)>,
+    /// A copy within this rank's device before the exchange, on the caller's stream:
+    /// `(dst, src, bytes)` (this rank's own part of an all-gather or reduce-scatter).
+    pub(crate) local: Option<(RawDevicePtr, RawDevicePtr, usize)>,
 }
 
 /// Where this process sees the staging area: the device's mapping (for kernels and stream
@@ -66,12 +74,14 @@ pub(crate) struct Pipeline {
     fork: StreamFork,
     /// Per slot, recorded on the send stream once this rank's chunk has left for the slot.
     sent: Vec<Event>,
+    /// Per slot, recorded on the receive stream once the peer's chunk in that slot was read.
+    received: Vec<Event>,
 }
 
 impl Pipeline {
     pub(crate) fn new(device: &Device, slots: usize) -> Result<Pipeline> {
-        let sent = (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Pipeline { fork: StreamFork::new(device, 2)?, sent })
+        let events = || (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>();
+        Ok(Pipeline { fork: StreamFork::new(device, 2)?, sent: events()?, received: events()? })
     }
 
     /// Enqueue this rank's side of `transfer` after the work queued on `stream`; work queued
@@ -97,27 +107,56 @@ impl Pipeline {
         transfer: Transfer,
         timeout_ns: u64,
     ) -> Result<()> {
-        let peer = 1 - rank;
-        let slot_bytes = layout.slot_bytes();
         // Nothing the reclaimer frees may fall between this rank's chunks: a free that waits
         // for the device to go idle would wait for a chunk whose peer waits for a chunk not
         // yet enqueued here (see gp2p_cuda::pause_releases).
         let _paused = gp2p_cuda::pause_releases();
-        let [send, receive] = self.fork.fork(stream)? else { unreachable!("the fork was made with two streams") };
+        if let Some((dst, src, bytes)) = transfer.local {
+            let device = stream.device();
+            // SAFETY: both ranges are the caller's, on this device, apart (its contract).
+            unsafe { memcpy_peer_async(stream, device, dst, device, src, bytes)? };
+        }
+        self.fork.fork(stream)?;
+        // SAFETY: the caller's contract, passed on.
+        let enqueued = unsafe { self.enqueue_chunks(staging, layout, rank, transfer, timeout_ns) };
+        // Joined whatever happened: the caller's later work waits for what was enqueued.
+        let joined = self.fork.join(stream);
+        enqueued.and(joined.map_err(Into::into))
+    }
+
+    /// The chunks of [`Pipeline::run`], on the forked streams.
+    ///
+    /// # Safety
+    /// As for [`Pipeline::run`].
+    unsafe fn enqueue_chunks(
+        &self,
+        staging: Staging,
+        layout: &Layout,
+        rank: usize,
+        transfer: Transfer,
+        timeout_ns: u64,
+    ) -> Result<()> {
+        let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
+        let peer = 1 - rank;
+        let slot_bytes = layout.slot_bytes();
+        let slots = self.sent.len();
         let device_at = |offset: usize| staging.device + offset as u64;
         // Only an address (offsets from the layout lie in the staging area); the copies use it.
         let host_at = |offset: usize| staging.host.wrapping_add(offset);
-        let failed = device_at(layout.flag(rank));
+        let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
         for (chunk, start) in (0..transfer.bytes).step_by(slot_bytes).enumerate() {
-            let slot = chunk % self.sent.len();
+            let slot = chunk % slots;
             let len = slot_bytes.min(transfer.bytes - start);
             if let Some(src) = transfer.send {
+                if chunk >= slots && transfer.receive.is_some() {
+                    send.wait(&self.received[slot])?;
+                }
                 let flag = device_at(layout.full(rank, slot));
                 // SAFETY: the flag and slot come from the layout, in the registered area;
                 // `src + start` is `len` bytes of the caller's range; the slot is written only
                 // once its receiver has set its flag back to empty.
                 unsafe {
-                    wait_flag(send, flag, EMPTY, failed, timeout_ns)?;
+                    wait_flag(send, flag, EMPTY, give_up, timeout_ns)?;
                     memcpy_dtoh_async(send, host_at(layout.slot(rank, slot)).cast(), src + start as u64, len)?;
                     write_flag(send, flag, FULL)?;
                 }
@@ -132,7 +171,7 @@ impl Pipeline {
                 // SAFETY: as above; the peer's slot holds this chunk once its flag is full, and
                 // is not rewritten until this rank sets it back to empty, after reading it.
                 unsafe {
-                    wait_flag(receive, flag, FULL, failed, timeout_ns)?;
+                    wait_flag(receive, flag, FULL, give_up, timeout_ns)?;
                     match landing {
                         Landing::Fold { op, divide_by } => {
                             let src = device_at(layout.slot(peer, slot));
@@ -144,9 +183,9 @@ impl Pipeline {
                     }
                     write_flag(receive, flag, EMPTY)?;
                 }
+                self.received[slot].record(receive)?;
             }
         }
-        self.fork.join(stream)?;
         Ok(())
     }
 }

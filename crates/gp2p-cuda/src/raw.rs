@@ -255,26 +255,35 @@ pub unsafe fn write_flag(stream: &Stream, flag: RawDevicePtr, value: u32) -> Res
     check(unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), flag, value, flags) }, "cuStreamWriteValue32")
 }
 
+/// Where a [`wait_flag`] reports giving up, and learns that another wait did.
+#[derive(Debug, Clone, Copy)]
+pub struct GiveUp {
+    /// This rank's `u32`, set to 1 by a wait that gives up.
+    pub failed: RawDevicePtr,
+    /// A `u32` every rank's waits read and set: once it is 1, waits return at once.
+    pub broken: RawDevicePtr,
+}
+
 /// Enqueue a bounded wait on `stream` (one thread of the wait kernel,
 /// [`gp2p_kernels::WAIT_FLAG_KERNEL`]): later work there starts once the `u32` at `flag`
-/// equals `value`, or once the wait gave up after `timeout_ns` (then `*failed` is 1 and what
-/// follows reads whatever the flag guards, as it is). A wait that finds `*failed` set
-/// returns at once.
+/// equals `value`, or once the wait gave up after `timeout_ns` (then both words of `give_up`
+/// are 1 and what follows reads whatever the flag guards, as it is). A wait that finds either
+/// word set returns at once.
 ///
 /// # Safety
-/// - `flag` is a readable and `failed` a writable `u32`, 4-byte aligned, addressable from the
-///   stream's device (mapped pinned host memory as this device maps it, say) and allocated
-///   until the kernel completes on `stream`;
+/// - `flag` is a readable `u32` and the words of `give_up` writable ones, 4-byte aligned,
+///   addressable from the stream's device (mapped pinned host memory as this device maps
+///   it, say) and allocated until the kernel completes on `stream`;
 /// - the kernel occupies one thread until then: whoever sets the flag must not need this
 ///   stream's later work, or the wait ends only at its timeout.
 pub unsafe fn wait_flag(
     stream: &Stream,
     flag: RawDevicePtr,
     value: u32,
-    failed: RawDevicePtr,
+    give_up: GiveUp,
     timeout_ns: u64,
 ) -> Result<()> {
-    for (name, ptr) in [("flag", flag), ("failed", failed)] {
+    for (name, ptr) in [("flag", flag), ("failed", give_up.failed), ("broken", give_up.broken)] {
         if ptr == 0 || ptr % 4 != 0 {
             return Err(Error::InvalidArgument {
                 name,
@@ -283,8 +292,9 @@ pub unsafe fn wait_flag(
         }
     }
     let function = Module::reduce_kernels(stream.device())?.function(WAIT_FLAG_KERNEL)?;
+    let args = WaitFlagArgs { flag, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
-    unsafe { launch_wait_flag(&function, stream, WaitFlagArgs { flag, value, timeout_ns, failed }) }
+    unsafe { launch_wait_flag(&function, stream, args) }
 }
 
 /// The address at which `device` sees the page-locked host memory at `host` (allocated

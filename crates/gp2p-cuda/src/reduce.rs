@@ -115,7 +115,8 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         // The wait kernel waits for its flag to equal 0 here: a zeroed word of its own, also
         // the `failed` word it never needs to set.
         let word = crate::DeviceBuffer::from_host(&stream, &[0u32])?;
-        let wait = WaitFlagArgs { flag: word.raw_ptr(), value: 0, timeout_ns: 0, failed: word.raw_ptr() };
+        let word_ptr = word.raw_ptr();
+        let wait = WaitFlagArgs { flag: word_ptr, value: 0, timeout_ns: 0, failed: word_ptr, broken: word_ptr };
         // SAFETY: the flag already holds the value: the kernel reads the live word once and
         // returns; the word is freed after the kernel (its use is noted right after).
         unsafe { launch_wait_flag(&module.function(WAIT_FLAG_KERNEL)?, &stream, wait)? };
@@ -202,30 +203,32 @@ pub(crate) unsafe fn launch_exchange(
     unsafe { function.launch(stream, config, &mut params) }
 }
 
-/// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed)`,
-/// in order (see [`gp2p_kernels::WAIT_FLAG_KERNEL`]).
+/// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed,
+/// u32* broken)`, in order (see [`gp2p_kernels::WAIT_FLAG_KERNEL`]).
 pub(crate) struct WaitFlagArgs {
     pub(crate) flag: RawDevicePtr,
     pub(crate) value: u32,
     pub(crate) timeout_ns: u64,
     pub(crate) failed: RawDevicePtr,
+    pub(crate) broken: RawDevicePtr,
 }
 
 /// Launch the wait kernel with `args`, one thread.
 ///
 /// # Safety
-/// `function` is the wait kernel; `flag` is a readable and `failed` a writable `u32`, both
-/// addressable from the stream's device until it completes.
+/// `function` is the wait kernel; `flag` is a readable and `failed` and `broken` writable
+/// `u32`s, all addressable from the stream's device until it completes.
 pub(crate) unsafe fn launch_wait_flag(function: &Function, stream: &Stream, mut args: WaitFlagArgs) -> Result<()> {
-    let mut params: [*mut c_void; 4] = [
+    let mut params: [*mut c_void; 5] = [
         (&raw mut args.flag).cast(),
         (&raw mut args.value).cast(),
         (&raw mut args.timeout_ns).cast(),
         (&raw mut args.failed).cast(),
+        (&raw mut args.broken).cast(),
     ];
     let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
-    // SAFETY: the kernel takes (const u32*, u32, u64, u32*), matching the fields above, which
-    // outlive the call; addresses: the caller's.
+    // SAFETY: the kernel takes (const u32*, u32, u64, u32*, u32*), matching the fields above,
+    // which outlive the call; addresses: the caller's.
     unsafe { function.launch(stream, one, &mut params) }
 }
 

@@ -151,6 +151,12 @@ impl PyCommunicator {
         Raised::detached(py, run)
     }
 
+    /// Raise if a wait of any rank gave up on its peer (calls check this themselves; launches
+    /// of captured graphs do not).
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        Raised::detached(py, || self.with(|comm| comm.check().map_err(Raised::from)))
+    }
+
     /// Let go of the communicator: its segment is unregistered and unmapped once the GPU
     /// work of its calls is done (never blocking). Later calls raise.
     fn close(&self) {

@@ -195,6 +195,7 @@ impl Classify for comm::Error {
             | E::LengthMismatch { .. }
             | E::Overlap { .. }
             | E::CaptureRefused
+            | E::OptionsMismatch { .. }
             | E::WrongDevice { .. }
             | E::InvalidOption { .. } => Class::InvalidArgument,
             _ => Class::Error,

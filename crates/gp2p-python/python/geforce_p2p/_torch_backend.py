@@ -1,15 +1,19 @@
 """The ``gp2p`` backend of torch.distributed: a process group over :class:`Communicator`.
 
 Imported only by :func:`geforce_p2p.distributed.register_backend`, so that the package
-never needs torch to import. The process group runs what the communicator runs (two ranks,
-CUDA tensors: all_reduce, all_gather, reduce_scatter, broadcast, barrier), each op enqueued on
-the tensor's device's current stream at the call, like NCCL's. Its Work objects are
-CUDA-aware futures: ``wait()`` makes the then-current stream wait for the op, as NCCL's does.
-Ops it does not run (send/recv, gather, scatter, all_to_all, reduce) raise
-``NotImplementedError`` naming the op.
+never needs torch to import. Tensors on the group's device go to the communicator (two
+ranks: all_reduce, all_gather, reduce_scatter, broadcast), each op enqueued on the device's
+current stream at the call, like NCCL's; its Work objects are CUDA-aware futures, so
+``wait()`` makes the then-current stream wait for the op, as NCCL's does. Everything else
+goes to a gloo group the process group keeps beside it: CPU tensors (torch hands a
+``ProcessGroup`` its creator returns every device's tensors, even under
+``"cpu:gloo,cuda:gp2p"``), the barrier (a host barrier) and, for CPU tensors, the ops the
+communicator does not run. Those ops on the group's device (send/recv, gather, scatter,
+all_to_all, reduce) raise ``NotImplementedError`` naming the op.
 """
 
-from typing import Any, Callable, List
+from datetime import timedelta
+from typing import Any, Callable, Iterator, List
 
 import torch
 import torch.distributed as dist
@@ -22,7 +26,10 @@ _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "
 # Where rank 0 publishes the communicator's id, in the group's own (prefixed) store.
 UNIQUE_ID_KEY = "gp2p/unique_id"
 
-_NOT_BUILT = ("not built yet in the gp2p backend; run it on a second process group with "
+# The longest wait for a peer the communicator takes (CommOptions' bound).
+_LONGEST_PEER_TIMEOUT = timedelta(hours=1)
+
+_NOT_BUILT = ("not built yet in the gp2p backend for CUDA tensors; run it on a second process group with "
               "backend='nccl' (NCCL uses shared memory where P2P is off)")
 
 
@@ -33,33 +40,55 @@ def op_name(reduce_op: Any) -> str:
     raise ValueError("op: %s is not one the gp2p backend runs; use one of SUM, AVG, MIN, MAX, PRODUCT" % reduce_op)
 
 
+def _tensors_in(args: Any) -> Iterator[Any]:
+    """Every tensor in an op's arguments (tensors, lists of them, lists of lists)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors_in(a)
+
+
 class GP2PProcessGroup(dist.ProcessGroup):
     """One rank of a ``gp2p`` process group (see the module docs).
 
     Made by torch.distributed through the creator :func:`register_backend` registers.
     ``communicator`` makes the :class:`Communicator` (replaceable for tests), ``device`` is
-    this rank's device: the current CUDA device at creation, as for NCCL.
+    this rank's device: the current CUDA device at creation, as for NCCL. The group's timeout
+    is also how long a collective waits for its peer (at most an hour).
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, timeout: Any, *,
+    def __init__(self, store: Any, rank: int, world_size: int, timeout: timedelta, *,
                  communicator: Callable[..., Any], device: Any, unique_id: Callable[[], str]):
         super().__init__(rank, world_size)
         if world_size != 2:
             raise ValueError("world_size: %d ranks; the gp2p backend runs two ranks (more are not built yet)"
                              % world_size)
+        self._device = torch.device(device)
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         if rank == 0:
             store.set(UNIQUE_ID_KEY, unique_id())
         # get() waits (up to the store's timeout) until rank 0 has set it.
         uid = store.get(UNIQUE_ID_KEY).decode()
-        self._device = torch.device(device)
         index = self._device.index if self._device.type == "cuda" else 0
-        self._comm = communicator(uid, rank, world_size, index, join_timeout=timeout.total_seconds())
+        peer_timeout = min(timeout, _LONGEST_PEER_TIMEOUT).total_seconds()
+        self._comm = communicator(uid, rank, world_size, index, peer_timeout=peer_timeout,
+                                  join_timeout=timeout.total_seconds())
 
     def getBackendName(self) -> str:  # noqa: N802  (torch's name)
         return "gp2p"
 
     def __repr__(self) -> str:
         return "GP2PProcessGroup(rank %d of %d on %s)" % (self.rank(), self.size(), self._device)
+
+    def _ours(self, *args: Any) -> bool:
+        """Whether the op's tensors are on the group's device (the communicator's), or
+        elsewhere (gloo's); refuses a mix."""
+        kinds = {t.device.type == self._device.type for t in _tensors_in(args)}
+        if len(kinds) > 1:
+            raise ValueError("tensors: some on %s, some not; give one op tensors of one device type"
+                             % self._device.type)
+        return kinds != {False}
 
     def _done(self, result: List[Any]) -> Any:
         """A Work already complete on the host whose ``wait()`` orders the then-current
@@ -72,21 +101,29 @@ class GP2PProcessGroup(dist.ProcessGroup):
     # -- the ops the communicator runs --------------------------------------------------------
 
     def allreduce(self, tensors: List[Any], opts: Any = None) -> Any:
+        if not self._ours(tensors):
+            return self._gloo.allreduce(tensors, opts)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         for t in tensors:
             self._comm.all_reduce(t, op)
         return self._done(tensors)
 
     def allreduce_coalesced(self, tensors: List[Any], opts: Any = None) -> Any:
+        if not self._ours(tensors):
+            return self._gloo.allreduce_coalesced(tensors, opts)
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: List[Any], opts: Any = None) -> Any:
+        if not self._ours(tensors):
+            return self._gloo.broadcast(tensors, opts)
         root = opts.rootRank if opts is not None else 0
         for t in tensors:
             self._comm.broadcast(t, root)
         return self._done(tensors)
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if not self._ours(output, input):
+            return self._gloo._allgather_base(output, input, opts)
         self._comm.all_gather_into_tensor(output, input)
         return self._done([output])
 
@@ -95,6 +132,8 @@ class GP2PProcessGroup(dist.ProcessGroup):
     def allgather(self, outputs: List[List[Any]], inputs: List[Any], opts: Any = None) -> Any:
         """The list form: ``outputs[i][r]`` becomes rank r's ``inputs[i]``, through one
         gathered tensor per input."""
+        if not self._ours(outputs, inputs):
+            return self._gloo.allgather(outputs, inputs, opts)
         for outs, inp in zip(outputs, inputs):
             gathered = torch.empty((len(outs) * inp.numel(),), dtype=inp.dtype, device=inp.device)
             self._comm.all_gather_into_tensor(gathered, inp.contiguous().view(-1))
@@ -103,6 +142,8 @@ class GP2PProcessGroup(dist.ProcessGroup):
         return self._done([t for outs in outputs for t in outs])
 
     def allgather_into_tensor_coalesced(self, outputs: List[Any], inputs: List[Any], opts: Any = None) -> Any:
+        if not self._ours(outputs, inputs):
+            return self._gloo.allgather_into_tensor_coalesced(outputs, inputs, opts)
         for out, inp in zip(outputs, inputs):
             self._comm.all_gather_into_tensor(out, inp)
         return self._done(list(outputs))
@@ -110,6 +151,8 @@ class GP2PProcessGroup(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        if not self._ours(output, input):
+            return self._gloo._reduce_scatter_base(output, input, opts)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         self._comm.reduce_scatter_tensor(output, input, op)
         return self._done([output])
@@ -119,6 +162,8 @@ class GP2PProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs: List[Any], inputs: List[List[Any]], opts: Any = None) -> Any:
         """The list form: ``outputs[i]`` becomes op over ranks of their ``inputs[i][rank]``,
         through one concatenated input per output."""
+        if not self._ours(outputs, inputs):
+            return self._gloo.reduce_scatter(outputs, inputs, opts)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         for out, ins in zip(outputs, inputs):
             whole = torch.cat([t.reshape(-1) for t in ins])
@@ -128,6 +173,8 @@ class GP2PProcessGroup(dist.ProcessGroup):
         return self._done(list(outputs))
 
     def reduce_scatter_tensor_coalesced(self, outputs: List[Any], inputs: List[Any], opts: Any = None) -> Any:
+        if not self._ours(outputs, inputs):
+            return self._gloo.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         for out, inp in zip(outputs, inputs):
             self._comm.reduce_scatter_tensor(out, inp, op)
@@ -136,38 +183,39 @@ class GP2PProcessGroup(dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def barrier(self, opts: Any = None) -> Any:
-        """Every rank has reached it once it returns: a one-element all-reduce, waited for on
-        the host (NCCL's barrier blocks the host too)."""
-        token = torch.zeros((1,), dtype=torch.int32, device=self._device)
-        self._comm.all_reduce(token, "sum")
-        if self._device.type == "cuda":
-            torch.cuda.current_stream(self._device).synchronize()
-        return self._done([token])
+        """Every rank has reached it once its Work is waited for: gloo's host barrier (the
+        GPU work queued before it is not waited for; synchronise for that)."""
+        return self._gloo.barrier(opts) if opts is not None else self._gloo.barrier()
 
-    # -- the ops it does not run ------------------------------------------------------------
+    # -- the ops it runs for CPU tensors only ---------------------------------------------
 
-    def _not_built(self, what: str) -> Any:
-        raise NotImplementedError("%s is %s" % (what, _NOT_BUILT))
+    def _gloo_only(self, what: str, name: str, args: Any) -> Any:
+        if self._ours(args):
+            raise NotImplementedError("%s is %s" % (what, _NOT_BUILT))
+        return getattr(self._gloo, name)(*args)
 
-    def send(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_built("send")
+    def send(self, *args: Any) -> Any:
+        return self._gloo_only("send", "send", args)
 
-    def recv(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_built("recv")
+    def recv(self, *args: Any) -> Any:
+        return self._gloo_only("recv", "recv", args)
 
-    def recv_anysource(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_built("recv")
+    def recv_anysource(self, *args: Any) -> Any:
+        return self._gloo_only("recv", "recv_anysource", args)
 
-    def gather(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_built("gather")
+    def gather(self, *args: Any) -> Any:
+        return self._gloo_only("gather", "gather", args)
 
-    def scatter(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_built("scatter")
+    def scatter(self, *args: Any) -> Any:
+        return self._gloo_only("scatter", "scatter", args)
 
-    def reduce(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_built("reduce")
+    def reduce(self, *args: Any) -> Any:
+        return self._gloo_only("reduce", "reduce", args)
 
-    def alltoall(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_built("all_to_all")
+    def alltoall(self, *args: Any) -> Any:
+        return self._gloo_only("all_to_all", "alltoall", args)
 
-    alltoall_base = all_to_all_single = alltoall
+    def alltoall_base(self, *args: Any) -> Any:
+        return self._gloo_only("all_to_all", "alltoall_base", args)
+
+    all_to_all_single = alltoall_base  # its name from torch 2.12

@@ -27,11 +27,11 @@ to them (``should_custom_ar``), so callers fall back to what they used before.
     comm.all_reduce(t)                                       # in place, on t's current stream
     comm.all_gather_into_tensor(out, t)                      # out: 2 x t's elements
 
-As a torch.distributed backend (for CUDA tensors; gloo keeps the CPU ones)::
+As a torch.distributed backend (CUDA tensors; CPU ones go to a gloo group beside it)::
 
     gpd.register_backend()                                   # once per process, before init
     torch.cuda.set_device(local_rank)                        # the group's device, as for NCCL
-    dist.init_process_group("cpu:gloo,cuda:gp2p")            # torchrun's env:// rendezvous
+    dist.init_process_group("gp2p")                          # torchrun's env:// rendezvous
     dist.all_reduce(t)                                       # on t's current stream
 
 vLLM and sglang call their custom all-reduce through an object with ``disabled``,
@@ -62,15 +62,17 @@ _REGISTERED: set = set()
 
 
 def register_backend(name: str = "gp2p") -> str:
-    """Make ``name`` a torch.distributed backend for CUDA tensors, run by this package's
-    communicator (two ranks: all_reduce, all_gather, reduce_scatter, broadcast, barrier; other
-    ops raise ``NotImplementedError``). Pass it to ``init_process_group`` alone or beside
-    gloo for CPU tensors (``"cpu:gloo,cuda:gp2p"``). Each rank's device is the current CUDA
-    device when its group is made. Calling it again does nothing. Returns ``name``."""
+    """Make ``name`` a torch.distributed backend (``init_process_group(backend="gp2p")``):
+    CUDA tensors go to this package's communicator (two ranks: all_reduce, all_gather,
+    reduce_scatter, broadcast; other ops on CUDA tensors raise ``NotImplementedError``), CPU
+    tensors and the barrier to a gloo group it keeps beside it. Each rank's device is the
+    current CUDA device when its group is made, and the group's timeout is also how long a
+    collective waits for its peer (at most an hour). Calling it again does nothing. Returns
+    ``name``."""
     import torch.distributed as dist
 
     if name not in _REGISTERED:
-        dist.Backend.register_backend(name, _create_process_group, devices=["cuda"])
+        dist.Backend.register_backend(name, _create_process_group, devices=["cpu", "cuda"])
         _REGISTERED.add(name)
     return name
 
@@ -185,6 +187,12 @@ class Communicator:
         device) into the memory at ``ptr``, of its size, on its stream: for
         :class:`CustomAllreduce`, which has checked everything :meth:`all_reduce` would."""
         self._native.all_reduce(t.dtype, t.numel, (t.device, ptr, t.stream), "sum")
+
+    def check(self) -> None:
+        """Raise if a wait of any rank gave up on its peer, after which every call raises.
+        Calls check this themselves; launches of captured CUDA graphs do not, so call it once
+        they are synchronised."""
+        self._native.check()
 
     def close(self) -> None:
         """Let go of the communicator (never blocking: its memory is released once the GPU
