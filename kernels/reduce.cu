@@ -247,7 +247,9 @@ GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 // 16-byte stores of two lines each per group), then polls the peer's same groups. Every
 // thread publishes before it waits, so the two kernels cannot wait on each other. A thread
 // gives up `timeout_ns` after its first wait began (a peer that never arrives): it sets
-// `*failed` and returns, leaving the buffer partly folded, for the host to report.
+// `*failed` (and `*broken`, where given) and returns, leaving the buffer partly folded, for
+// the host to report. Where `broken` is given, a thread that finds it set while it waits
+// returns at once: another wait of the communicator gave up, and the peer may never come.
 
 // Groups a thread loads before it checks any (see exchange), and the pause between polls
 // of a group whose lines have not arrived.
@@ -284,7 +286,7 @@ __device__ __forceinline__ u32 next_seq(u32 count) {
 template <typename T, typename Op>
 __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq,
                                          u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter,
-                                         u64 half_stride) {
+                                         u64 half_stride, u32* broken) {
     if (seq_counter != 0) {
         seq = next_seq(*(volatile u32*)seq_counter);
         __syncthreads();
@@ -336,11 +338,14 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
                 u64& a = lines[k][2 * half];
                 u64& b = lines[k][2 * half + 1];
                 while ((u32)(a >> 32) != seq || (u32)(b >> 32) != seq) {
+                    // Another wait of the communicator gave up: the peer's lines may never come.
+                    if (broken != 0 && *(volatile u32*)broken != 0) return;
                     const u64 now = global_ns();
                     if (deadline == 0) {
                         deadline = now + timeout_ns;
                     } else if (now > deadline) {
                         *(volatile u32*)failed = 1;
+                        if (broken != 0) *(volatile u32*)broken = 1;
                         return;
                     }
                     __nanosleep(EXCHANGE_POLL_GAP_NS);
@@ -363,9 +368,9 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
 #define GP2P_EXCHANGE(opname, Op, tname, T)                                                  \
     extern "C" __global__ void __launch_bounds__(256) gp2p_exchange_##opname##_##tname(      \
         T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,            \
-        u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride) {                    \
+        u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u32* broken) {       \
         exchange<T, Op>(buf, n, out_lines, in_lines, seq, divisor, timeout_ns, failed,       \
-                        seq_counter, half_stride);                                           \
+                        seq_counter, half_stride, broken);                                   \
     }
 
 #define GP2P_EXCHANGE_ALL_OPS(tname, T) GP2P_FOR_EACH_OP(GP2P_EXCHANGE, tname, T)

@@ -142,13 +142,15 @@ pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
 /// The exported name of the two-rank exchange kernel for `op` on `dtype`, in [`REDUCE`].
 ///
 /// Signature `(T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,
-/// u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride)`: each rank publishes
+/// u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u32* broken)`: each rank
+/// publishes
 /// `buf` into its own lines of mapped host memory as [`EXCHANGE_LINE_BYTES`]-byte lines of
 /// [`EXCHANGE_LINE_DATA_BYTES`] data bytes tagged with `seq`, waits for the peer's lines
 /// tagged `seq`, and folds `buf = op(own, peer)`. A wait longer than `timeout_ns` sets
 /// `*failed` to 1 and returns. With `seq_counter` (device memory; one block only) the number
 /// is the next after the count there, which the kernel stores back, and `seq` is ignored;
-/// odd numbers use the lines `half_stride` bytes on.
+/// odd numbers use the lines `half_stride` bytes on. With `broken` (a word every rank's waits
+/// share), a wait returns at once once it is set, and a timeout sets it too.
 pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_exchange_");
     NAMES[op.index()][dtype.index()]

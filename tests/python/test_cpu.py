@@ -598,6 +598,23 @@ def test_communicator_collectives_pass_checked_tensors_to_the_native_calls():
     ]
 
 
+def test_communicator_runs_nccls_in_place_forms_in_place():
+    comm = _communicator_without_a_gpu()
+    comm._native.rank = 1
+    out = CudaArray((8,))
+    comm.all_gather_into_tensor(out, CudaArray((4,), ptr=out.ptr + 16))  # rank 1's part of out
+    whole = CudaArray((8,), typestr="<i4")
+    comm.reduce_scatter_tensor(CudaArray((4,), typestr="<i4", ptr=whole.ptr + 16), whole, op="min")
+    assert comm._native.calls == [
+        ("all_gather_in_place", "f32", 4, (0, out.ptr, 0)),
+        ("reduce_scatter_in_place", "i32", 4, (0, whole.ptr, 0), "min"),
+    ]
+    with pytest.raises(ValueError, match="overlaps"):
+        comm.all_gather_into_tensor(out, CudaArray((4,), ptr=out.ptr))  # rank 0's part, not this rank's
+    with pytest.raises(ValueError, match="read-only"):
+        comm.reduce_scatter_tensor(CudaArray((4,), ptr=out.ptr + 16), CudaArray((8,), ptr=out.ptr, readonly=True))
+
+
 def test_communicator_collectives_refuse_bad_arguments_by_name_before_any_native_call():
     comm = _communicator_without_a_gpu()
     base = CudaArray((8,))

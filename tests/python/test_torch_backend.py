@@ -69,6 +69,9 @@ class StoreCommunicator:
         StoreCommunicator.calls.append(("broadcast", src))
         t.copy_(self._both(t)[src])
 
+    def close(self):
+        StoreCommunicator.calls.append(("close",))
+
 
 def _group_on(device):
     """A creator of gp2p groups over the stand-in communicator whose device is `device`."""
@@ -135,7 +138,9 @@ def run_rank(rank, tmp, mode):
     assert made == [("made", rank, 2, 0, 1800.0, 1800.0)], made
     names = [c[0] for c in StoreCommunicator.calls]
     assert names.count("all_gather_into_tensor") == 2 and names.count("reduce_scatter_tensor") == 2, names
+    assert dist.group.WORLD._get_backend(torch.device("cpu")).supports_splitting is False
     dist.destroy_process_group()
+    assert StoreCommunicator.calls[-1] == ("close",), "destroy_process_group lets go of the communicator"
 
 
 def run_rank_on_gloo(rank, tmp):
@@ -158,6 +163,10 @@ def run_rank_on_gloo(rank, tmp):
         dist.recv(got, 0)
         assert torch.equal(got, both[0])
     dist.barrier()
+    # An op torch calls without options (older torch's list all-gather does) reaches gloo too.
+    parts = [torch.empty(6), torch.empty(6)]
+    dist.group.WORLD.allgather([parts], [both[rank]]).wait()
+    assert all(torch.equal(p, b) for p, b in zip(parts, both))
     assert [c[0] for c in StoreCommunicator.calls] == ["made"], StoreCommunicator.calls
     dist.destroy_process_group()
 

@@ -192,6 +192,26 @@ fn every_collective<T: Reference>(comm: &mut Communicator, stream: &Stream, seed
     let mut output = DeviceBuffer::<T>::alloc(stream.device(), 2 * len).unwrap();
     comm.all_gather(&input.view(..), &mut output.view_mut(..), stream).unwrap();
     pending.push((format!("all_gather len {len}"), inputs.concat(), output, ReduceOp::Sum));
+    // NCCL's in-place forms: this rank's input is its part of the output, its output its
+    // part of the input.
+    case += 1;
+    let inputs = inputs_of(len, case);
+    // The peer's part holds stale numbers, which the call overwrites.
+    let mut whole: Vec<T> = random(2 * len, seed + 999);
+    whole[rank * len..(rank + 1) * len].copy_from_slice(&inputs[rank]);
+    let mut buf = DeviceBuffer::from_host(stream, &whole).unwrap();
+    comm.all_gather_in_place(&mut buf.view_mut(..), stream).unwrap();
+    pending.push((format!("all_gather_in_place len {len}"), inputs.concat(), buf, ReduceOp::Sum));
+    for op in [ReduceOp::Sum, ReduceOp::Max] {
+        case += 1;
+        let inputs = inputs_of(2 * len, case);
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        comm.reduce_scatter_in_place(&mut buf.view_mut(..), stream, op).unwrap();
+        let mut want = inputs[rank].clone();
+        let mine = expected(Collective::ReduceScatter, &inputs, op).swap_remove(rank);
+        want[rank * len..(rank + 1) * len].copy_from_slice(&mine);
+        pending.push((format!("reduce_scatter_in_place {op} len {len}"), want, buf, op));
+    }
     for root in 0..2 {
         case += 1;
         let inputs = inputs_of(len, case);

@@ -336,6 +336,23 @@ impl Communicator {
             let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive, local: None };
             return self.enqueue(stream, transfer, |point| buf.note_use(point));
         }
+        let launched = self.exchange_lines(buf, stream, op, divide_by);
+        if launched.is_err() {
+            // This rank's count of calls may now differ from the peer's.
+            self.fail();
+        }
+        launched
+    }
+
+    /// The small all-reduce of [`Communicator::all_reduce`]: one exchange kernel, numbered
+    /// from the device counter.
+    fn exchange_lines<T: Element>(
+        &mut self,
+        buf: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+        divide_by: u32,
+    ) -> Result<()> {
         let capturing = self.begin_call(stream)?;
         // Taken before the launch: nothing after it may wait for the device (see
         // gp2p_cuda::ReservedPoint).
@@ -346,21 +363,22 @@ impl Communicator {
             out_lines: at(self.layout.lines_of(self.rank(), 0)),
             in_lines: at(self.layout.lines_of(peer, 0)),
             failed: at(self.layout.flag(self.rank())),
+            broken: at(self.layout.broken()),
             numbering: Numbering::Counted { counter: self.seq_counter.raw_ptr(), half_stride: self.layout.half as u64 },
         };
         let timeout_ns = self.timeout_ns();
-        // SAFETY: `buf` is `len` elements on this device (checked above); both ranks' lines
-        // (two halves each) lie in the registered staging area, 256-aligned, sized by the
-        // layout for `small_max_bytes` (checked above), and only this rank's kernels write its
-        // own lines (the peer writes its own); `failed` is this rank's aligned u32 of it; the
-        // counter is this communicator's own device word, touched only by its small-path
-        // kernels, which run in order (each call waits for the last, or a captured graph's
-        // launches are ordered by the caller: allow_graph_capture's contract). The
-        // registration and counter outlive the kernel: by the point noted right after the
-        // launch, or, captured, for the process's life. Calls alternate halves, so a half is
-        // rewritten only after the peer finished reading it (the peer's next call, which this
-        // rank's waited for, starts after its previous one ended). The peer enqueues the same
-        // call on its own device.
+        // SAFETY: `buf` is `len` elements on this device (checked by the caller); both ranks'
+        // lines (two halves each) lie in the registered staging area, 256-aligned, sized by
+        // the layout for `small_max_bytes` (checked by the caller), and only this rank's
+        // kernels write its own lines (the peer writes its own); `failed` is this rank's
+        // aligned u32 of it, `broken` the communicator's; the counter is this communicator's
+        // own device word, touched only by its small-path kernels, which run in order (each
+        // call waits for the last, or a captured graph's launches are ordered by the caller:
+        // allow_graph_capture's contract). The registration and counter outlive the kernel:
+        // by the point noted right after the launch, or, captured, for the process's life.
+        // Calls alternate halves, so a half is rewritten only after the peer finished reading
+        // it (the peer's next call, which this rank's waited for, starts after its previous
+        // one ended). The peer enqueues the same call on its own device.
         unsafe {
             exchange(stream, buf.raw_ptr(), buf.len(), T::DTYPE, op, lines, 0, divide_by, timeout_ns)?;
         }
@@ -431,6 +449,59 @@ impl Communicator {
             input.note_use(point);
             output.note_use(point);
         })
+    }
+
+    /// [`Communicator::all_gather`] in place: `buf` holds `world` parts, this rank's input in
+    /// part `rank`; afterwards every part holds its rank's input (NCCL's in-place form,
+    /// where the input is the output's own part).
+    pub fn all_gather_in_place<T: Element>(&mut self, buf: &mut DeviceViewMut<'_, T>, stream: &Stream) -> Result<()> {
+        self.check_call(stream, &[("buf", buf.device())])?;
+        let len = self.part_len("buf", buf.len())?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
+        let transfer = Transfer {
+            bytes: len * size_of::<T>(),
+            dtype: T::DTYPE,
+            send: Some(buf.slice_mut(own..own + len).raw_ptr()),
+            receive: Some((buf.slice_mut(peer..peer + len).raw_ptr(), Landing::Copy)),
+            local: None,
+        };
+        self.enqueue(stream, transfer, |point| buf.note_use(point))
+    }
+
+    /// [`Communicator::reduce_scatter`] in place: `buf` holds `world` parts; afterwards part
+    /// `rank` holds `op` over every rank's part `rank` (the other parts are left as they
+    /// were). NCCL's in-place form, where the output is the input's own part.
+    pub fn reduce_scatter_in_place<T: Element>(
+        &mut self,
+        buf: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_call(stream, &[("buf", buf.device())])?;
+        let len = self.part_len("buf", buf.len())?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
+        let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
+        let transfer = Transfer {
+            bytes: len * size_of::<T>(),
+            dtype: T::DTYPE,
+            send: Some(buf.slice_mut(peer..peer + len).raw_ptr()),
+            receive: Some((buf.slice_mut(own..own + len).raw_ptr(), Landing::Fold { op, divide_by })),
+            local: None,
+        };
+        self.enqueue(stream, transfer, |point| buf.note_use(point))
+    }
+
+    /// The length of one of `world` equal parts of a buffer of `len` elements.
+    fn part_len(&self, what: &'static str, len: usize) -> Result<usize> {
+        let part = len / self.world();
+        self.check_lengths(what, len, part * self.world())?;
+        Ok(part)
     }
 
     /// `buf` of rank `root` into `buf` of every rank, ordered after the work queued on
@@ -509,7 +580,13 @@ impl Communicator {
     /// when enqueueing failed part-way (what was enqueued still runs). A call captured into a
     /// graph notes nothing.
     fn enqueue(&mut self, stream: &Stream, transfer: Transfer, note: impl FnOnce(&StreamPoint)) -> Result<()> {
-        let capturing = self.begin_call(stream)?;
+        let capturing = match self.begin_call(stream) {
+            Ok(capturing) => capturing,
+            Err(e) => {
+                self.fail();
+                return Err(e);
+            }
+        };
         let staging = Staging {
             device: self.staging,
             host: self.registration.host_ptr().wrapping_add(self.segment.staging_offset()),
@@ -525,7 +602,7 @@ impl Communicator {
         let enqueued = unsafe { self.pipeline.run(stream, staging, &self.layout, self.rank(), transfer, timeout_ns) };
         if enqueued.is_err() {
             // Part of the call may be enqueued: the ranks' handshakes may now disagree.
-            self.broken = true;
+            self.fail();
         }
         if !capturing {
             let point = stream.point()?;
@@ -533,6 +610,15 @@ impl Communicator {
             self.end_call(point);
         }
         enqueued
+    }
+
+    /// After an error part-way through a call: every later call on every rank fails, and the
+    /// peer's waits stop at once instead of at their timeout (they read the segment's word).
+    fn fail(&mut self) {
+        self.broken = true;
+        if let Ok(shared) = self.word(BROKEN) {
+            shared.store(1, Ordering::Release);
+        }
     }
 
     fn timeout_ns(&self) -> u64 {

@@ -137,6 +137,9 @@ pub struct ExchangeLines {
     pub in_lines: RawDevicePtr,
     /// A `u32` the kernel sets to 1 when it gives up waiting, as the device maps it.
     pub failed: RawDevicePtr,
+    /// A `u32` every rank's waits share, or 0 for none: a wait returns at once once it is 1,
+    /// and a wait that gives up sets it.
+    pub broken: RawDevicePtr,
     /// Where the call's sequence number comes from: the `seq` argument, or the count in
     /// device memory that the kernel advances (so a captured graph numbers its replays).
     pub numbering: Numbering,
@@ -166,7 +169,8 @@ pub enum Numbering {
 ///   [`gp2p_kernels::exchange_line_bytes`]`(len * dtype.size_bytes())` bytes of mapped
 ///   pinned host memory as this device maps it, 16-byte aligned; nobody but this kernel
 ///   writes `out_lines` until it completes;
-/// - `lines.failed` is a writable `u32` of mapped pinned host memory, 4-byte aligned;
+/// - `lines.failed` and (unless 0) `lines.broken` are writable `u32`s of mapped pinned host
+///   memory, 4-byte aligned;
 /// - with [`Numbering::Counted`], `counter` is a `u32` of device memory on the stream's
 ///   device that only this rank's exchange kernels touch, in stream order, and the lines
 ///   `half_stride` bytes on obey what is said of the lines above;
@@ -196,6 +200,7 @@ pub unsafe fn exchange(
         ("out_lines", lines.out_lines, 16),
         ("in_lines", lines.in_lines, 16),
         ("failed", lines.failed, 4),
+        ("broken", lines.broken, 4),
         ("counter", counter, 4),
         ("half_stride", half_stride, 16),
     ] {
@@ -229,6 +234,7 @@ pub unsafe fn exchange(
         failed: lines.failed,
         seq_counter: counter,
         half_stride,
+        broken: lines.broken,
     };
     // SAFETY: an exchange kernel of `dtype`; the addresses are the caller's contract.
     unsafe { launch_exchange(&function, stream, config, args) }

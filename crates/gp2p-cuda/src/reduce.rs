@@ -159,8 +159,8 @@ pub(crate) unsafe fn launch_reduce(
 }
 
 /// The exchange kernels' parameters `(T* buf, u64 n, u64* out_lines, const u64* in_lines,
-/// u32 seq, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride)`,
-/// in order.
+/// u32 seq, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,
+/// u32* broken)`, in order.
 #[derive(Default)]
 pub(crate) struct ExchangeArgs {
     pub(crate) buf: RawDevicePtr,
@@ -173,6 +173,7 @@ pub(crate) struct ExchangeArgs {
     pub(crate) failed: RawDevicePtr,
     pub(crate) seq_counter: RawDevicePtr,
     pub(crate) half_stride: u64,
+    pub(crate) broken: RawDevicePtr,
 }
 
 /// Launch an exchange kernel with `args`.
@@ -186,7 +187,7 @@ pub(crate) unsafe fn launch_exchange(
     config: LaunchConfig,
     mut args: ExchangeArgs,
 ) -> Result<()> {
-    let mut params: [*mut c_void; 10] = [
+    let mut params: [*mut c_void; 11] = [
         (&raw mut args.buf).cast(),
         (&raw mut args.len).cast(),
         (&raw mut args.out_lines).cast(),
@@ -197,9 +198,10 @@ pub(crate) unsafe fn launch_exchange(
         (&raw mut args.failed).cast(),
         (&raw mut args.seq_counter).cast(),
         (&raw mut args.half_stride).cast(),
+        (&raw mut args.broken).cast(),
     ];
-    // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64),
-    // matching the fields above, which outlive the call; addresses: the caller's.
+    // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64,
+    // u32*), matching the fields above, which outlive the call; addresses: the caller's.
     unsafe { function.launch(stream, config, &mut params) }
 }
 

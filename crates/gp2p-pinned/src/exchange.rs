@@ -215,6 +215,7 @@ impl LineExchange {
                 out_lines: own + half,
                 in_lines: peer + half,
                 failed: self.failed_mapped[r],
+                broken: 0,
                 numbering: raw::Numbering::Given,
             };
             // SAFETY: the buffer is `len` elements on the stream's device (checked above);

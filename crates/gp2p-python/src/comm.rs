@@ -139,6 +139,39 @@ impl PyCommunicator {
         Raised::detached(py, run)
     }
 
+    /// In place: the `world * len` elements at `buf` (device, address, stream), this rank's
+    /// input in part `rank`, become every rank's part in rank order.
+    fn all_gather_in_place(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg) -> PyResult<()> {
+        let buf = Memory::from(buf);
+        let run = || -> Result<(), Raised> {
+            let dtype = args::dtype(dtype)?;
+            let whole = args::times("output", self.world, len)?;
+            args::check_range("output", buf.ptr, whole, dtype)?;
+            self.with(|comm| by_dtype!(dtype, in_place_t(comm, &buf, whole, InPlace::AllGather)))
+        };
+        Raised::detached(py, run)
+    }
+
+    /// In place: part `rank` of the `world * len` elements at `buf` (device, address, stream)
+    /// becomes `op` over every rank's part `rank`.
+    fn reduce_scatter_in_place(
+        &self,
+        py: Python<'_>,
+        dtype: &str,
+        len: usize,
+        buf: MemoryArg,
+        op: &str,
+    ) -> PyResult<()> {
+        let buf = Memory::from(buf);
+        let run = || -> Result<(), Raised> {
+            let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
+            let whole = args::times("input", self.world, len)?;
+            args::check_range("input", buf.ptr, whole, dtype)?;
+            self.with(|comm| by_dtype!(dtype, in_place_t(comm, &buf, whole, InPlace::ReduceScatter(op))))
+        };
+        Raised::detached(py, run)
+    }
+
     /// `len` elements at `buf` (device, address, stream) become rank `root`'s, ordered on
     /// the stream.
     fn broadcast(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, root: usize) -> PyResult<()> {
@@ -220,4 +253,21 @@ fn broadcast_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, ro
     let caller = Caller::open(buf)?;
     let mut view = caller.view_mut::<T>(buf.ptr, len);
     comm.broadcast(&mut view, &caller.stream, root).map_err(Raised::from)
+}
+
+/// The in-place collectives of [`in_place_t`].
+#[derive(Clone, Copy)]
+enum InPlace {
+    AllGather,
+    ReduceScatter(ReduceOp),
+}
+
+fn in_place_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what: InPlace) -> Result<(), Raised> {
+    let caller = Caller::open(buf)?;
+    let mut view = caller.view_mut::<T>(buf.ptr, len);
+    match what {
+        InPlace::AllGather => comm.all_gather_in_place(&mut view, &caller.stream),
+        InPlace::ReduceScatter(op) => comm.reduce_scatter_in_place(&mut view, &caller.stream, op),
+    }
+    .map_err(Raised::from)
 }

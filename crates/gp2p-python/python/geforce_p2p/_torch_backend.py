@@ -40,6 +40,12 @@ def op_name(reduce_op: Any) -> str:
     raise ValueError("op: %s is not one the gp2p backend runs; use one of SUM, AVG, MIN, MAX, PRODUCT" % reduce_op)
 
 
+class _Unsplittable:
+    """The answer of :meth:`GP2PProcessGroup._get_backend`: a backend that cannot split."""
+
+    supports_splitting = False
+
+
 def _tensors_in(args: Any) -> Iterator[Any]:
     """Every tensor in an op's arguments (tensors, lists of them, lists of lists)."""
     for a in args:
@@ -90,6 +96,10 @@ class GP2PProcessGroup(dist.ProcessGroup):
                              % self._device.type)
         return kinds != {False}
 
+    def _to_gloo(self, name: str, *args: Any, opts: Any = None) -> Any:
+        """Gloo's op `name` (its bindings refuse None for options: they go only when given)."""
+        return getattr(self._gloo, name)(*args, *([opts] if opts is not None else []))
+
     def _done(self, result: List[Any]) -> Any:
         """A Work already complete on the host whose ``wait()`` orders the then-current
         stream after the op (a CUDA-aware future records an event on the current stream)."""
@@ -102,7 +112,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: List[Any], opts: Any = None) -> Any:
         if not self._ours(tensors):
-            return self._gloo.allreduce(tensors, opts)
+            return self._to_gloo("allreduce", tensors, opts=opts)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         for t in tensors:
             self._comm.all_reduce(t, op)
@@ -110,12 +120,12 @@ class GP2PProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors: List[Any], opts: Any = None) -> Any:
         if not self._ours(tensors):
-            return self._gloo.allreduce_coalesced(tensors, opts)
+            return self._to_gloo("allreduce_coalesced", tensors, opts=opts)
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: List[Any], opts: Any = None) -> Any:
         if not self._ours(tensors):
-            return self._gloo.broadcast(tensors, opts)
+            return self._to_gloo("broadcast", tensors, opts=opts)
         root = opts.rootRank if opts is not None else 0
         for t in tensors:
             self._comm.broadcast(t, root)
@@ -123,7 +133,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         if not self._ours(output, input):
-            return self._gloo._allgather_base(output, input, opts)
+            return self._to_gloo("_allgather_base", output, input, opts=opts)
         self._comm.all_gather_into_tensor(output, input)
         return self._done([output])
 
@@ -133,7 +143,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
         """The list form: ``outputs[i][r]`` becomes rank r's ``inputs[i]``, through one
         gathered tensor per input."""
         if not self._ours(outputs, inputs):
-            return self._gloo.allgather(outputs, inputs, opts)
+            return self._to_gloo("allgather", outputs, inputs, opts=opts)
         for outs, inp in zip(outputs, inputs):
             gathered = torch.empty((len(outs) * inp.numel(),), dtype=inp.dtype, device=inp.device)
             self._comm.all_gather_into_tensor(gathered, inp.contiguous().view(-1))
@@ -143,7 +153,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
 
     def allgather_into_tensor_coalesced(self, outputs: List[Any], inputs: List[Any], opts: Any = None) -> Any:
         if not self._ours(outputs, inputs):
-            return self._gloo.allgather_into_tensor_coalesced(outputs, inputs, opts)
+            return self._to_gloo("allgather_into_tensor_coalesced", outputs, inputs, opts=opts)
         for out, inp in zip(outputs, inputs):
             self._comm.all_gather_into_tensor(out, inp)
         return self._done(list(outputs))
@@ -152,7 +162,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         if not self._ours(output, input):
-            return self._gloo._reduce_scatter_base(output, input, opts)
+            return self._to_gloo("_reduce_scatter_base", output, input, opts=opts)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         self._comm.reduce_scatter_tensor(output, input, op)
         return self._done([output])
@@ -163,7 +173,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
         """The list form: ``outputs[i]`` becomes op over ranks of their ``inputs[i][rank]``,
         through one concatenated input per output."""
         if not self._ours(outputs, inputs):
-            return self._gloo.reduce_scatter(outputs, inputs, opts)
+            return self._to_gloo("reduce_scatter", outputs, inputs, opts=opts)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         for out, ins in zip(outputs, inputs):
             whole = torch.cat([t.reshape(-1) for t in ins])
@@ -174,7 +184,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs: List[Any], inputs: List[Any], opts: Any = None) -> Any:
         if not self._ours(outputs, inputs):
-            return self._gloo.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+            return self._to_gloo("reduce_scatter_tensor_coalesced", outputs, inputs, opts=opts)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         for out, inp in zip(outputs, inputs):
             self._comm.reduce_scatter_tensor(out, inp, op)
@@ -185,7 +195,22 @@ class GP2PProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Any:
         """Every rank has reached it once its Work is waited for: gloo's host barrier (the
         GPU work queued before it is not waited for; synchronise for that)."""
-        return self._gloo.barrier(opts) if opts is not None else self._gloo.barrier()
+        return self._to_gloo("barrier", opts=opts)
+
+    def _get_backend(self, device: Any) -> Any:
+        """What torch asks of a group made with ``device_id`` (and of one it may split): the
+        backend of that device. This group has none it could split, so it says so, and
+        torch makes new groups through the creator instead."""
+        return _Unsplittable()
+
+    def shutdown(self) -> None:
+        """Let go of the communicator (its memory is released once the GPU work of its calls
+        is done) and of the gloo group: ``destroy_process_group`` calls this."""
+        self._comm.close()
+        getattr(self._gloo, "shutdown", lambda: None)()
+
+    def abort(self) -> None:
+        self.shutdown()
 
     # -- the ops it runs for CPU tensors only ---------------------------------------------
 

@@ -134,19 +134,26 @@ class Communicator:
             raise ValueError("%s: on %s, but this rank's communicator is on cuda:%d" % (name, t.where(), self.device))
         return t
 
-    def _pair(self, output: Any, input: Any, out_times: int, in_times: int) -> tuple:
-        """``output`` and ``input`` read and checked for a collective whose output holds
-        ``out_times`` parts where the input holds ``in_times``."""
+    def _pair(self, output: Any, input: Any, gathers: bool) -> tuple:
+        """``output`` and ``input`` read and checked for an all-gather (``gathers``: the output
+        holds ``world_size`` inputs) or a reduce-scatter (the input holds ``world_size``
+        outputs). Returns them and whether the call is in place: the smaller one is exactly
+        this rank's part of the larger (NCCL's in-place form)."""
         out, inp = writable(self._mine(output, "output")), self._mine(input, "input")
         same_dtype(inp, out)
         same_stream(inp, out)
-        disjoint(inp, out)
-        if out.numel * in_times != inp.numel * out_times:
+        whole, part = (out, inp) if gathers else (inp, out)
+        if whole.numel != part.numel * self.world_size:
             raise ValueError(
                 "output: %d elements, but input has %d; output must hold %s"
-                % (out.numel, inp.numel, "world_size x input" if out_times > 1 else "input / world_size")
+                % (out.numel, inp.numel, "world_size x input" if gathers else "input / world_size")
             )
-        return out, inp
+        in_place = part.nbytes > 0 and part.ptr == whole.ptr + self.rank * part.nbytes
+        if in_place:
+            writable(whole)
+        else:
+            disjoint(inp, out)
+        return out, inp, in_place
 
     def all_reduce(self, tensor: Any, op: str = "sum") -> Any:
         """In place: ``tensor`` becomes ``op`` (sum, avg, min, max, prod) over every rank's,
@@ -159,19 +166,26 @@ class Communicator:
 
     def all_gather_into_tensor(self, output: Any, input: Any) -> Any:
         """``output`` (``world_size`` times ``input``'s elements) becomes every rank's
-        ``input`` in rank order, as ``torch.distributed.all_gather_into_tensor``. Returns
-        ``output``."""
-        out, inp = self._pair(output, input, self.world_size, 1)
-        self._native.all_gather(out.dtype, inp.numel, inp.ptr, out.memory)
+        ``input`` in rank order, as ``torch.distributed.all_gather_into_tensor`` (``input`` may
+        be ``output``'s part ``rank``: in place). Returns ``output``."""
+        out, inp, in_place = self._pair(output, input, gathers=True)
+        if in_place:
+            self._native.all_gather_in_place(out.dtype, inp.numel, out.memory)
+        else:
+            self._native.all_gather(out.dtype, inp.numel, inp.ptr, out.memory)
         return output
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: str = "sum") -> Any:
         """``output`` becomes ``op`` over every rank's part ``rank`` of ``input``
         (``world_size`` times ``output``'s elements), as
-        ``torch.distributed.reduce_scatter_tensor``. Returns ``output``."""
+        ``torch.distributed.reduce_scatter_tensor`` (``output`` may be ``input``'s part
+        ``rank``: in place). Returns ``output``."""
         op = check_choice("op", op, REDUCE_OPS)
-        out, inp = self._pair(output, input, 1, self.world_size)
-        self._native.reduce_scatter(out.dtype, out.numel, inp.ptr, out.memory, op)
+        out, inp, in_place = self._pair(output, input, gathers=False)
+        if in_place:
+            self._native.reduce_scatter_in_place(inp.dtype, out.numel, inp.memory, op)
+        else:
+            self._native.reduce_scatter(out.dtype, out.numel, inp.ptr, out.memory, op)
         return output
 
     def broadcast(self, tensor: Any, src: int = 0) -> Any:
