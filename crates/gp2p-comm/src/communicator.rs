@@ -281,7 +281,9 @@ impl Communicator {
     /// - every rank launches its graphs, and makes its uncaptured calls, in the same order as
     ///   every other rank, each rank on one stream or ordered as if it were (calls pair up by
     ///   their order; a launch on another stream is not ordered after this rank's earlier
-    ///   calls by the communicator, which cannot see it).
+    ///   calls by the communicator, which cannot see it);
+    /// - while a capture that holds a call of this communicator is open, no other call of it
+    ///   is made (its internal streams belong to that capture until it ends).
     pub unsafe fn allow_graph_capture(&mut self) {
         if self.capture == Capture::Refused {
             self.capture = Capture::Allowed;

@@ -26,7 +26,7 @@
 //! communicator broken in the segment, which every rank's later waits and calls see.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::raw::{GiveUp, memcpy_dtoh_async, memcpy_htod_async, memcpy_peer_async, reduce, wait_flag, write_flag};
+use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, write_flag};
 use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
 use gp2p_kernels::{DType, ReduceOp};
 
@@ -112,11 +112,15 @@ impl Pipeline {
         // yet enqueued here (see gp2p_cuda::pause_releases).
         let _paused = gp2p_cuda::pause_releases();
         if let Some((dst, src, bytes)) = transfer.local {
-            let device = stream.device();
             // SAFETY: both ranges are the caller's, on this device, apart (its contract).
-            unsafe { memcpy_peer_async(stream, device, dst, device, src, bytes)? };
+            unsafe { memcpy_dtod_async(stream, dst, src, bytes)? };
         }
-        self.fork.fork(stream)?;
+        if let Err(e) = self.fork.fork(stream) {
+            // A fork that failed part-way leaves a side stream waiting on the caller's: join it
+            // back (a capture must end with every stream joined).
+            let _ = self.fork.join(stream);
+            return Err(e.into());
+        }
         // SAFETY: the caller's contract, passed on.
         let enqueued = unsafe { self.enqueue_chunks(staging, layout, rank, transfer, timeout_ns) };
         // Joined whatever happened: the caller's later work waits for what was enqueued.

@@ -54,6 +54,20 @@ pub unsafe fn memcpy_peer_async(
     check(code, "cuMemcpyPeerAsync")
 }
 
+/// Enqueue an asynchronous copy of `bytes` bytes within the memory of the stream's device.
+///
+/// # Safety
+/// - `src` is `bytes` readable and `dst` `bytes` writable bytes of device memory of the
+///   stream's device;
+/// - both stay allocated, nothing else writes `src` or touches `dst`, until the copy
+///   completes on `stream`;
+/// - the two ranges do not overlap.
+pub unsafe fn memcpy_dtod_async(stream: &Stream, dst: RawDevicePtr, src: RawDevicePtr, bytes: usize) -> Result<()> {
+    stream.device().bind()?;
+    // SAFETY: the ranges are the caller's contract; the stream belongs to the bound context.
+    check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.raw()) }, "cuMemcpyDtoDAsync")
+}
+
 /// Enqueue an asynchronous device → host copy of `bytes` bytes on `stream`.
 ///
 /// # Safety
