@@ -71,6 +71,7 @@
 
 mod communicator;
 mod error;
+mod handshake;
 mod id;
 mod pipeline;
 mod segment;

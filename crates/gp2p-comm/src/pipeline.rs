@@ -3,27 +3,19 @@
 //!
 //! Each rank has `slots` slots of `slot_bytes` in the segment and one flag per slot, a
 //! handshake between the slot's two users: its sender sets it to 1 once the slot holds a
-//! chunk, its receiver (the peer) back to 0 once it has read it, and each waits for the
-//! other's value before touching the slot. Chunk `i` of a call goes through slot
-//! `i % slots` on both ranks. Per chunk:
+//! chunk (a stream memory operation after the device → slot copy), its receiver back to 0
+//! once it has read it (folded in place by a kernel that reads the mapped slot, or copied
+//! slot → device). The steps, their order and why no order a GPU may run them in deadlocks
+//! are in [`crate::handshake`], which checks them on a model; this module turns each step into
+//! one CUDA call on one of two streams forked from the caller's.
 //!
-//! - the send stream waits for the slot's flag to be 0, copies the chunk device → slot (DMA),
-//!   and sets the flag to 1 (a stream memory operation, after the copy);
-//! - the receive stream waits for the peer's flag to be 1 (and, when this rank also sends, for
-//!   its own copy of the chunk, by an event: in place, the fold overwrites what the send copies
-//!   out), then folds the peer's slot into the destination with a kernel that reads the mapped
-//!   slot in place, or copies it slot → device (DMA), and sets the peer's flag back to 0.
-//!
-//! The two streams fork from the caller's stream and join back into it (also when enqueueing
-//! fails part-way, so the caller's later work still waits for whatever was enqueued), so up
-//! to `slots` chunks are in flight and both directions of the link are busy at once. The send
-//! of chunk `i` also waits, by an event, for this rank's receive of chunk `i - slots` (the
-//! same slot's previous turn): the handshakes already order them across ranks, and with the
-//! event every order in which a GPU may run the two streams' work (a graph's branches on one
-//! queue, say) is free of deadlock. A call waits for the same values every time and keeps no
-//! count on the host, so a CUDA graph that captured it can be replayed. Every wait is the
-//! bounded wait kernel: a peer that never arrives costs one timeout and marks the
-//! communicator broken in the segment, which every rank's later waits and calls see.
+//! The streams join back into the caller's (also when enqueueing fails part-way, so the
+//! caller's later work still waits for whatever was enqueued), so up to `slots` chunks are in
+//! flight and both directions of the link are busy at once. A call waits for the same values
+//! every time and keeps no count on the host, so a CUDA graph that captured it can be
+//! replayed. Every wait is the bounded wait kernel: a peer that never arrives costs one
+//! timeout and marks the communicator broken in the segment, which every rank's later waits
+//! and calls see.
 #![allow(unsafe_code)]
 
 use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, write_flag};
@@ -32,10 +24,7 @@ use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
 use crate::communicator::Layout;
-
-/// A slot's flag: empty (the sender may write it) or full (the receiver may read it).
-const EMPTY: u32 = 0;
-const FULL: u32 = 1;
+use crate::handshake::{Lane, Owner, Step, plan};
 
 /// What happens to the peer's chunks where they land.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +117,8 @@ impl Pipeline {
         enqueued.and(joined.map_err(Into::into))
     }
 
-    /// The chunks of [`Pipeline::run`], on the forked streams.
+    /// The chunks of [`Pipeline::run`], on the forked streams: the steps of
+    /// [`crate::handshake::plan`], each as one CUDA call.
     ///
     /// # Safety
     /// As for [`Pipeline::run`].
@@ -143,51 +133,61 @@ impl Pipeline {
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let peer = 1 - rank;
         let slot_bytes = layout.slot_bytes();
-        let slots = self.sent.len();
         let device_at = |offset: usize| staging.device + offset as u64;
         // Only an address (offsets from the layout lie in the staging area); the copies use it.
         let host_at = |offset: usize| staging.host.wrapping_add(offset);
+        let owner_of = |owner: Owner| if owner == Owner::Own { rank } else { peer };
+        let flag = |owner: Owner, slot: usize| device_at(layout.full(owner_of(owner), slot));
+        // Chunk `chunk`'s offset and length.
+        let range = |chunk: usize| (chunk * slot_bytes, slot_bytes.min(transfer.bytes - chunk * slot_bytes));
         let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
-        for (chunk, start) in (0..transfer.bytes).step_by(slot_bytes).enumerate() {
-            let slot = chunk % slots;
-            let len = slot_bytes.min(transfer.bytes - start);
-            if let Some(src) = transfer.send {
-                if chunk >= slots && transfer.receive.is_some() {
-                    send.wait(&self.received[slot])?;
+        let (sends, receives) = (transfer.send.is_some(), transfer.receive.is_some());
+        let (src, (dst, landing)) = (transfer.send.unwrap_or(0), transfer.receive.unwrap_or((0, Landing::Copy)));
+        for (lane, step) in plan(sends, receives, transfer.bytes.div_ceil(slot_bytes), self.sent.len()) {
+            let stream = if lane == Lane::Send { send } else { receive };
+            // Why each call below is sound: flags and slots come from the layout, in the
+            // registered area; chunk ranges lie in the caller's ranges (`src` is used only by
+            // a sending rank's plan, `dst` by a receiving one's). The plan's handshakes write a
+            // slot only once its flag is empty and read it only once full, and its events order
+            // a landing after this rank's own copy out of the same range (see `handshake`).
+            match step {
+                Step::AfterSent { slot } => stream.wait(&self.sent[slot])?,
+                Step::AfterReceived { slot } => stream.wait(&self.received[slot])?,
+                Step::RecordSent { slot } => self.sent[slot].record(stream)?,
+                Step::RecordReceived { slot } => self.received[slot].record(stream)?,
+                Step::WaitFlag { owner, slot, value } => {
+                    // SAFETY: a flag and this rank's give-up words of the registered area.
+                    unsafe { wait_flag(stream, flag(owner, slot), value, give_up, timeout_ns)? }
                 }
-                let flag = device_at(layout.full(rank, slot));
-                // SAFETY: the flag and slot come from the layout, in the registered area;
-                // `src + start` is `len` bytes of the caller's range; the slot is written only
-                // once its receiver has set its flag back to empty.
-                unsafe {
-                    wait_flag(send, flag, EMPTY, give_up, timeout_ns)?;
-                    memcpy_dtoh_async(send, host_at(layout.slot(rank, slot)).cast(), src + start as u64, len)?;
-                    write_flag(send, flag, FULL)?;
+                Step::SetFlag { owner, slot, value } => {
+                    // SAFETY: a flag of the registered area.
+                    unsafe { write_flag(stream, flag(owner, slot), value)? }
                 }
-                self.sent[slot].record(send)?;
-            }
-            if let Some((dst, landing)) = transfer.receive {
-                if transfer.send.is_some() {
-                    receive.wait(&self.sent[slot])?;
+                Step::CopyOut { chunk, slot } => {
+                    let (start, len) = range(chunk);
+                    let to = host_at(layout.slot(rank, slot)).cast();
+                    // SAFETY: this rank's slot, empty (the plan waited), and a chunk of `src`.
+                    unsafe { memcpy_dtoh_async(stream, to, src + start as u64, len)? }
                 }
-                let flag = device_at(layout.full(peer, slot));
-                let dst = dst + start as u64;
-                // SAFETY: as above; the peer's slot holds this chunk once its flag is full, and
-                // is not rewritten until this rank sets it back to empty, after reading it.
-                unsafe {
-                    wait_flag(receive, flag, FULL, give_up, timeout_ns)?;
+                Step::Land { chunk, slot } => {
+                    let (start, len) = range(chunk);
+                    let to = dst + start as u64;
                     match landing {
                         Landing::Fold { op, divide_by } => {
-                            let src = device_at(layout.slot(peer, slot));
+                            let from = device_at(layout.slot(peer, slot));
                             let elements = len / transfer.dtype.size_bytes();
                             let source = SourceMemory::ZeroCopy;
-                            reduce(receive, dst, src, elements, transfer.dtype, op, divide_by, source)?;
+                            // SAFETY: the peer's slot, full (the plan waited), into a chunk of
+                            // `dst`, which no other step of the call touches meanwhile.
+                            unsafe { reduce(stream, to, from, elements, transfer.dtype, op, divide_by, source)? }
                         }
-                        Landing::Copy => memcpy_htod_async(receive, dst, host_at(layout.slot(peer, slot)).cast(), len)?,
+                        Landing::Copy => {
+                            let from = host_at(layout.slot(peer, slot)).cast();
+                            // SAFETY: as for the fold.
+                            unsafe { memcpy_htod_async(stream, to, from, len)? }
+                        }
                     }
-                    write_flag(receive, flag, EMPTY)?;
                 }
-                self.received[slot].record(receive)?;
             }
         }
         Ok(())
