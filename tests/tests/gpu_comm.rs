@@ -70,11 +70,17 @@ struct Ranked {
 }
 
 impl Ranked {
-    /// Start (rank 0: also start rank 1 on `test`) and join the communicator.
+    /// Start (rank 0: also start rank 1 on `test`) and join the communicator, rank r on
+    /// device r.
     fn start(test: &str, options: CommOptions) -> Ranked {
+        Ranked::start_on(test, options, |rank| rank)
+    }
+
+    /// [`Ranked::start`] with rank r on device `device_of(r)`.
+    fn start_on(test: &str, options: CommOptions, device_of: fn(usize) -> usize) -> Ranked {
         let serial = (!is_child()).then(gp2p_tests::serial);
         let (rank, id, child) = rank_and_id(test);
-        let dev = device(rank);
+        let dev = device(device_of(rank));
         let stream = Stream::new(&dev).unwrap();
         let comm = Communicator::new(&id, rank, 2, &dev, options).unwrap();
         Ranked { rank, stream, comm, child, _serial: serial }
@@ -324,4 +330,35 @@ fn two_gpu_ranks_made_with_other_options_of_the_same_size_are_refused_by_name() 
         other => panic!("rank {rank}: {other:?}"),
     }
     wait_for(child);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_share_it_on_both_paths() {
+    // Where one GPU is all there is, both ranks run on it: their kernels, in two contexts,
+    // take turns on the GPU (time slices), so each wait lasts until the other's turn.
+    let test = "one_gpu_two_processes_share_it_on_both_paths";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    let options = CommOptions { peer_timeout: std::time::Duration::from_secs(30), ..small_slots() };
+    let mut r = Ranked::start_on(test, options, |_| 0);
+    let (rank, stream) = (r.rank, &r.stream);
+    let mut calls = Vec::new();
+    for (c, (len, op)) in [(7, ReduceOp::Sum), (4099, ReduceOp::Max), (70_001, ReduceOp::Sum), (300_007, ReduceOp::Min)]
+        .into_iter()
+        .enumerate()
+    {
+        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 500 + 2 * c as u64 + r as u64)).collect();
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        r.comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+        calls.push((op, inputs, buf));
+    }
+    for (op, inputs, buf) in &calls {
+        let want = expected(Collective::AllReduce, inputs, *op).swap_remove(rank);
+        let (bad, first) = count_mismatched(&buf.to_host_vec(stream).unwrap(), &want, *op);
+        assert_eq!(bad, 0, "rank {rank} {op} len {}: {}", want.len(), first.join("; "));
+    }
+    drop(calls);
+    r.finish();
 }
