@@ -16,7 +16,7 @@ use gp2p_cuda::raw::{ExchangeLines, Numbering, exchange};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes};
 
-use crate::pipeline::{Landing, Pipeline, Staging, Transfer};
+use crate::pipeline::{Landing, Pipeline, RankSide, Staging, Transfer};
 use crate::segment::{LONGEST_TIMEOUT, poll_until};
 use crate::{Error, Result, Segment, UniqueId};
 
@@ -331,7 +331,7 @@ impl Communicator {
         if bytes == 0 {
             return Ok(());
         }
-        let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
+        let divide_by = self.divisor(op);
         if bytes > self.small_max_bytes() {
             let ptr = buf.raw_ptr();
             let receive = Some((ptr, Landing::Fold { op, divide_by }));
@@ -407,13 +407,13 @@ impl Communicator {
             return Ok(());
         }
         check_apart(input.byte_range(), output.byte_range())?;
-        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
+        let (own, peer) = self.parts(len);
         let transfer = Transfer {
             bytes,
             dtype: T::DTYPE,
             send: Some(input.raw_ptr()),
-            receive: Some((output.slice_mut(peer..peer + len).raw_ptr(), Landing::Copy)),
-            local: Some((output.slice_mut(own..own + len).raw_ptr(), input.raw_ptr(), bytes)),
+            receive: Some((output.slice_mut(peer).raw_ptr(), Landing::Copy)),
+            local: Some((output.slice_mut(own).raw_ptr(), input.raw_ptr(), bytes)),
         };
         self.enqueue(stream, transfer, |point| {
             input.note_use(point);
@@ -438,14 +438,14 @@ impl Communicator {
             return Ok(());
         }
         check_apart(input.byte_range(), output.byte_range())?;
-        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
-        let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
+        let (own, peer) = self.parts(len);
+        let divide_by = self.divisor(op);
         let transfer = Transfer {
             bytes,
             dtype: T::DTYPE,
-            send: Some(input.slice(peer..peer + len).raw_ptr()),
+            send: Some(input.slice(peer).raw_ptr()),
             receive: Some((output.raw_ptr(), Landing::Fold { op, divide_by })),
-            local: Some((output.raw_ptr(), input.slice(own..own + len).raw_ptr(), bytes)),
+            local: Some((output.raw_ptr(), input.slice(own).raw_ptr(), bytes)),
         };
         self.enqueue(stream, transfer, |point| {
             input.note_use(point);
@@ -462,12 +462,12 @@ impl Communicator {
         if len == 0 {
             return Ok(());
         }
-        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
+        let (own, peer) = self.parts(len);
         let transfer = Transfer {
             bytes: len * size_of::<T>(),
             dtype: T::DTYPE,
-            send: Some(buf.slice_mut(own..own + len).raw_ptr()),
-            receive: Some((buf.slice_mut(peer..peer + len).raw_ptr(), Landing::Copy)),
+            send: Some(buf.slice_mut(own).raw_ptr()),
+            receive: Some((buf.slice_mut(peer).raw_ptr(), Landing::Copy)),
             local: None,
         };
         self.enqueue(stream, transfer, |point| buf.note_use(point))
@@ -487,16 +487,27 @@ impl Communicator {
         if len == 0 {
             return Ok(());
         }
-        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
-        let divide_by = if op == ReduceOp::Avg { self.world() as u32 } else { 1 };
+        let (own, peer) = self.parts(len);
+        let divide_by = self.divisor(op);
         let transfer = Transfer {
             bytes: len * size_of::<T>(),
             dtype: T::DTYPE,
-            send: Some(buf.slice_mut(peer..peer + len).raw_ptr()),
-            receive: Some((buf.slice_mut(own..own + len).raw_ptr(), Landing::Fold { op, divide_by })),
+            send: Some(buf.slice_mut(peer).raw_ptr()),
+            receive: Some((buf.slice_mut(own).raw_ptr(), Landing::Fold { op, divide_by })),
             local: None,
         };
         self.enqueue(stream, transfer, |point| buf.note_use(point))
+    }
+
+    /// This rank's part and the peer's of a buffer of two parts of `len` elements each.
+    fn parts(&self, len: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
+        (own..own + len, peer..peer + len)
+    }
+
+    /// What a reduction's last step divides by: the world size for avg, else 1.
+    fn divisor(&self, op: ReduceOp) -> u32 {
+        if op == ReduceOp::Avg { self.world() as u32 } else { 1 }
     }
 
     /// The length of one of `world` equal parts of a buffer of `len` elements.
@@ -589,11 +600,15 @@ impl Communicator {
                 return Err(e);
             }
         };
-        let staging = Staging {
-            device: self.staging,
-            host: self.registration.host_ptr().wrapping_add(self.segment.staging_offset()),
+        let side = RankSide {
+            staging: Staging {
+                device: self.staging,
+                host: self.registration.host_ptr().wrapping_add(self.segment.staging_offset()),
+            },
+            layout: &self.layout,
+            rank: self.rank(),
+            timeout_ns: self.timeout_ns(),
         };
-        let timeout_ns = self.timeout_ns();
         // SAFETY: the caller checked that every range of the transfer is device memory of
         // this rank's device with the call's lengths, apart where they must be; the views
         // they came from note the point taken below, and the registration notes it too, so
@@ -601,7 +616,7 @@ impl Communicator {
         // buffers, and the communicator its registration, for every launch). The staging
         // addresses are this process's mappings of the registered area laid out as `layout`.
         // The peer makes the same call.
-        let enqueued = unsafe { self.pipeline.run(stream, staging, &self.layout, self.rank(), transfer, timeout_ns) };
+        let enqueued = unsafe { self.pipeline.run(stream, side, transfer) };
         if enqueued.is_err() {
             // Part of the call may be enqueued: the ranks' handshakes may now disagree.
             self.fail();

@@ -58,6 +58,16 @@ pub(crate) struct Staging {
     pub(crate) host: *mut u8,
 }
 
+/// What a transfer needs of this rank's communicator.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RankSide<'a> {
+    pub(crate) staging: Staging,
+    pub(crate) layout: &'a Layout,
+    pub(crate) rank: usize,
+    /// How long each wait for the peer may last.
+    pub(crate) timeout_ns: u64,
+}
+
 /// The streams and events of one rank's pipeline.
 pub(crate) struct Pipeline {
     fork: StreamFork,
@@ -81,21 +91,12 @@ impl Pipeline {
     ///   writable bytes of device memory on the stream's device, aligned for `dtype`, that stay
     ///   allocated and untouched by others until the work completes on `stream`; they are
     ///   the same range or do not overlap;
-    /// - `staging` is where this process maps the registered staging area laid out as
-    ///   `layout`, which stays registered until then;
+    /// - `side.staging` is where this process maps the registered staging area laid out as
+    ///   `side.layout`, which stays registered until then;
     /// - the peer enqueues the matching side, with the same bytes, on a device that runs at
     ///   the same time (else the waits end at their timeout, and the destination holds
     ///   whatever the slots held).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn run(
-        &mut self,
-        stream: &Stream,
-        staging: Staging,
-        layout: &Layout,
-        rank: usize,
-        transfer: Transfer,
-        timeout_ns: u64,
-    ) -> Result<()> {
+    pub(crate) unsafe fn run(&mut self, stream: &Stream, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
         // Nothing the reclaimer frees may fall between this rank's chunks: a free that waits
         // for the device to go idle would wait for a chunk whose peer waits for a chunk not
         // yet enqueued here (see gp2p_cuda::pause_releases).
@@ -111,7 +112,7 @@ impl Pipeline {
             return Err(e.into());
         }
         // SAFETY: the caller's contract, passed on.
-        let enqueued = unsafe { self.enqueue_chunks(staging, layout, rank, transfer, timeout_ns) };
+        let enqueued = unsafe { self.enqueue_chunks(side, transfer) };
         // Joined whatever happened: the caller's later work waits for what was enqueued.
         let joined = self.fork.join(stream);
         enqueued.and(joined.map_err(Into::into))
@@ -122,14 +123,8 @@ impl Pipeline {
     ///
     /// # Safety
     /// As for [`Pipeline::run`].
-    unsafe fn enqueue_chunks(
-        &self,
-        staging: Staging,
-        layout: &Layout,
-        rank: usize,
-        transfer: Transfer,
-        timeout_ns: u64,
-    ) -> Result<()> {
+    unsafe fn enqueue_chunks(&self, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
+        let RankSide { staging, layout, rank, timeout_ns } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let peer = 1 - rank;
         let slot_bytes = layout.slot_bytes();
