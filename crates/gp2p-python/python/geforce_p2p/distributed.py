@@ -5,22 +5,23 @@ it to the other ranks (an environment variable, or torch.distributed's CPU group
 :meth:`CustomAllreduce.from_group` does), and each rank makes a :class:`Communicator` with
 the id, its rank, the world size and its GPU. The ranks share one POSIX shared-memory segment
 (mode 0600, unlinked once everyone has mapped it); after that nothing on the host waits for
-another process: each call is one kernel on the tensor's current torch stream, and a peer
-that never arrives makes that kernel give up after ``peer_timeout`` seconds (the next call
-raises).
+another process: each call is enqueued on the tensor's current torch stream, its waits for
+the peer run on the GPU, and a peer that never arrives makes them give up after
+``peer_timeout`` seconds (the next call raises).
 
 This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor
 and broadcast, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
-backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (64 KiB by default) is one kernel whose
-lines carry data and a sequence number through the shared memory; everything else goes
-through a pipeline of DMA copies via slots of the segment, flagged chunk by chunk from the
-GPU. On two H200s, one process each, a small all-reduce takes 7-12 us up to 2 KiB and
-26-33 us at 32-64 KiB, where NCCL's shared-memory path takes 21-43 us
-(``benches/python/mp_allreduce.py``); the pipeline has not been timed yet. Calls made while
-torch captures a CUDA graph are captured too, and each launch of the graph runs them again
-on whatever the captured tensors hold then (every rank must capture and launch the same
-graphs in the same order). More ranks are not built yet: :class:`CustomAllreduce` says no
-to them (``should_custom_ar``), so callers fall back to what they used before.
+backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (64 KiB by
+default) is one kernel whose lines carry data and a sequence number through the shared
+memory; everything else goes through a pipeline of DMA copies via slots of the segment,
+handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process
+each, a small all-reduce takes 7-12 us up to 2 KiB and 26-33 us at 32-64 KiB, where NCCL's
+shared-memory path takes 21-43 us (``benches/python/mp_allreduce.py``); the pipeline has not
+been timed yet. Calls made while torch captures a CUDA graph are captured too, and each
+launch of the graph runs them again on whatever the captured tensors hold then (every rank
+must capture and launch the same graphs in the same order; :meth:`Communicator.check` says
+whether a launch's waits gave up). More ranks are not built yet: :class:`CustomAllreduce`
+says no to them (``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
     comm = gpd.Communicator(uid, rank, 2, device=rank)       # uid from rank 0's gpd.unique_id()
