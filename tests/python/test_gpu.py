@@ -594,13 +594,18 @@ _backend_rank(1, os.environ["GP2P_TEST_INIT"])
 
 
 def _backend_rank(rank, init):
+    import datetime
+
     import torch.distributed as dist
 
     import geforce_p2p.distributed as gpd
 
     torch.cuda.set_device(rank)
     gpd.register_backend()
-    dist.init_process_group("gp2p", init_method=init, rank=rank, world_size=2)
+    # A short timeout: it is also how long a collective waits for its peer, and a test that
+    # hangs should fail well before the runner kills it.
+    dist.init_process_group("gp2p", init_method=init, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
     dev = "cuda:%d" % rank
     n = 300_007  # several pipeline chunks are 4 MiB: this is one partial chunk, odd
     gen = lambda r, i: torch.Generator().manual_seed(900 + 10 * i + r)  # noqa: E731

@@ -59,13 +59,33 @@ fn is_child() -> bool {
     std::env::var(CHILD_ENV).is_ok()
 }
 
+/// Rank 1's process, held by rank 0: killed if rank 0 fails before waiting for its verdict,
+/// rather than left to run on.
+struct Child(Option<std::process::Child>);
+
+impl Child {
+    /// Wait for rank 1's verdict (nothing to wait for in rank 1 itself).
+    fn wait(mut self) {
+        wait_for(self.0.take());
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// One rank of a two-process test: its communicator on its device, a stream, and (rank 0)
 /// the child to wait for and the suite's serial lock.
 struct Ranked {
     rank: usize,
     stream: Stream,
     comm: Communicator,
-    child: Option<std::process::Child>,
+    child: Child,
     _serial: Option<std::sync::MutexGuard<'static, ()>>,
 }
 
@@ -80,6 +100,7 @@ impl Ranked {
     fn start_on(test: &str, options: CommOptions, device_of: fn(usize) -> usize) -> Ranked {
         let serial = (!is_child()).then(gp2p_tests::serial);
         let (rank, id, child) = rank_and_id(test);
+        let child = Child(child);
         let dev = device(device_of(rank));
         let stream = Stream::new(&dev).unwrap();
         let comm = Communicator::new(&id, rank, 2, &dev, options).unwrap();
@@ -87,20 +108,10 @@ impl Ranked {
     }
 
     /// Drop the communicator and (rank 0) wait for rank 1's verdict.
-    fn finish(mut self) {
-        let child = self.child.take();
-        drop(self);
-        wait_for(child);
-    }
-}
-
-impl Drop for Ranked {
-    /// A rank 0 that fails before `finish` takes rank 1 down with it rather than orphaning it.
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+    fn finish(self) {
+        let Ranked { comm, child, .. } = self;
+        drop(comm);
+        child.wait();
     }
 }
 
@@ -268,7 +279,11 @@ fn two_gpu_two_processes_pipeline_runs_every_collective_op_and_dtype_and_mixes_w
 /// Rank 1 leaves after one call of `len` f32s; rank 0's next call gives up within the
 /// timeout and the one after says so. (The callers check the test's needs.)
 fn a_peer_exits(test: &str, len: usize) {
-    let timeout = std::time::Duration::from_millis(300);
+    // Under a sanitizer every launch is slow: a longer timeout, so that the first call (which
+    // must succeed) never waits it out, and the bound below still tells one timeout per call
+    // from one per chunk.
+    let sanitized = std::env::var_os(gp2p_tests::SANITIZER_ENV).is_some();
+    let timeout = std::time::Duration::from_millis(if sanitized { 2000 } else { 300 });
     let mut r = Ranked::start(test, CommOptions { peer_timeout: timeout, ..small_slots() });
     let (rank, stream, comm) = (r.rank, &r.stream, &mut r.comm);
     let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 90 + r as u64)).collect();
@@ -323,6 +338,7 @@ fn two_gpu_ranks_made_with_other_options_of_the_same_size_are_refused_by_name() 
     }
     let _serial = (!is_child()).then(gp2p_tests::serial);
     let (rank, id, child) = rank_and_id(test);
+    let child = Child(child);
     let dev = device(rank);
     // 2 x 128 KiB and 4 x 64 KiB slots: the same segment size, other offsets.
     let (slot_bytes, slots) = if rank == 0 { (128 << 10, 2) } else { (64 << 10, 4) };
@@ -331,7 +347,7 @@ fn two_gpu_ranks_made_with_other_options_of_the_same_size_are_refused_by_name() 
         Err(gp2p_comm::Error::OptionsMismatch { rank: other, .. }) => assert_eq!(other, 1 - rank),
         other => panic!("rank {rank}: {other:?}"),
     }
-    wait_for(child);
+    child.wait();
 }
 
 #[test]
