@@ -91,6 +91,8 @@ impl Pipeline {
     ///   writable bytes of device memory on the stream's device, aligned for `dtype`, that stay
     ///   allocated and untouched by others until the work completes on `stream`; they are
     ///   the same range or do not overlap;
+    /// - `transfer.local`'s destination and source are `bytes` bytes each of device memory on
+    ///   the stream's device, apart, held likewise;
     /// - `side.staging` is where this process maps the registered staging area laid out as
     ///   `side.layout`, which stays registered until then;
     /// - the peer enqueues the matching side, with the same bytes, on a device that runs at
