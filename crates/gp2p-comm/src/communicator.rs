@@ -218,6 +218,13 @@ pub struct Communicator {
     capture: Capture,
 }
 
+/// Which way an all-gather or reduce-scatter moves its parts (see `Communicator::split`).
+#[derive(Debug, Clone, Copy)]
+enum Split {
+    Gather,
+    Scatter(ReduceOp),
+}
+
 /// Whether calls may be captured into CUDA graphs, and whether one was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Capture {
@@ -407,14 +414,7 @@ impl Communicator {
             return Ok(());
         }
         check_apart(input.byte_range(), output.byte_range())?;
-        let (own, peer) = self.parts(len);
-        let transfer = Transfer {
-            bytes,
-            dtype: T::DTYPE,
-            send: Some(input.raw_ptr()),
-            receive: Some((output.slice_mut(peer).raw_ptr(), Landing::Copy)),
-            local: Some((output.slice_mut(own).raw_ptr(), input.raw_ptr(), bytes)),
-        };
+        let transfer = self.split::<T>(output.raw_ptr(), Some(input.raw_ptr()), len, Split::Gather);
         self.enqueue(stream, transfer, |point| {
             input.note_use(point);
             output.note_use(point);
@@ -438,15 +438,7 @@ impl Communicator {
             return Ok(());
         }
         check_apart(input.byte_range(), output.byte_range())?;
-        let (own, peer) = self.parts(len);
-        let divide_by = self.divisor(op);
-        let transfer = Transfer {
-            bytes,
-            dtype: T::DTYPE,
-            send: Some(input.slice(peer).raw_ptr()),
-            receive: Some((output.raw_ptr(), Landing::Fold { op, divide_by })),
-            local: Some((output.raw_ptr(), input.slice(own).raw_ptr(), bytes)),
-        };
+        let transfer = self.split::<T>(input.raw_ptr(), Some(output.raw_ptr()), len, Split::Scatter(op));
         self.enqueue(stream, transfer, |point| {
             input.note_use(point);
             output.note_use(point);
@@ -457,20 +449,7 @@ impl Communicator {
     /// part `rank`; afterwards every part holds its rank's input (NCCL's in-place form,
     /// where the input is the output's own part).
     pub fn all_gather_in_place<T: Element>(&mut self, buf: &mut DeviceViewMut<'_, T>, stream: &Stream) -> Result<()> {
-        self.check_call(stream, &[("buf", buf.device())])?;
-        let len = self.part_len("buf", buf.len())?;
-        if len == 0 {
-            return Ok(());
-        }
-        let (own, peer) = self.parts(len);
-        let transfer = Transfer {
-            bytes: len * size_of::<T>(),
-            dtype: T::DTYPE,
-            send: Some(buf.slice_mut(own).raw_ptr()),
-            receive: Some((buf.slice_mut(peer).raw_ptr(), Landing::Copy)),
-            local: None,
-        };
-        self.enqueue(stream, transfer, |point| buf.note_use(point))
+        self.split_in_place(buf, stream, Split::Gather)
     }
 
     /// [`Communicator::reduce_scatter`] in place: `buf` holds `world` parts; afterwards part
@@ -482,27 +461,41 @@ impl Communicator {
         stream: &Stream,
         op: ReduceOp,
     ) -> Result<()> {
+        self.split_in_place(buf, stream, Split::Scatter(op))
+    }
+
+    fn split_in_place<T: Element>(
+        &mut self,
+        buf: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        how: Split,
+    ) -> Result<()> {
         self.check_call(stream, &[("buf", buf.device())])?;
         let len = self.part_len("buf", buf.len())?;
         if len == 0 {
             return Ok(());
         }
-        let (own, peer) = self.parts(len);
-        let divide_by = self.divisor(op);
-        let transfer = Transfer {
-            bytes: len * size_of::<T>(),
-            dtype: T::DTYPE,
-            send: Some(buf.slice_mut(peer).raw_ptr()),
-            receive: Some((buf.slice_mut(own).raw_ptr(), Landing::Fold { op, divide_by })),
-            local: None,
-        };
+        let transfer = self.split::<T>(buf.raw_ptr(), None, len, how);
         self.enqueue(stream, transfer, |point| buf.note_use(point))
     }
 
-    /// This rank's part and the peer's of a buffer of two parts of `len` elements each.
-    fn parts(&self, len: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
-        let (own, peer) = (self.rank() * len, (1 - self.rank()) * len);
-        (own..own + len, peer..peer + len)
+    /// The transfer of an all-gather or reduce-scatter over `whole`, two parts of `len`
+    /// elements (the gather's output, the scatter's input), and `part`, this rank's separate
+    /// part (the gather's input, the scatter's output), or `None` in place (this rank's part
+    /// of `whole`). A gather sends this rank's part and copies the peer's in; a scatter sends
+    /// the peer's part and folds the peer's copy of this rank's part into it.
+    fn split<T: Element>(&self, whole: RawDevicePtr, part: Option<RawDevicePtr>, len: usize, how: Split) -> Transfer {
+        let bytes = len * size_of::<T>();
+        let at = |index: usize| whole + (index * bytes) as u64;
+        let (own, peer) = (at(self.rank()), at(1 - self.rank()));
+        let mine = part.unwrap_or(own);
+        let (send, receive, local) = match how {
+            Split::Gather => (mine, (peer, Landing::Copy), (own, mine)),
+            Split::Scatter(op) => (peer, (mine, Landing::Fold { op, divide_by: self.divisor(op) }), (mine, own)),
+        };
+        // In place, this rank's part is where it belongs already.
+        let local = part.map(|_| (local.0, local.1, bytes));
+        Transfer { bytes, dtype: T::DTYPE, send: Some(send), receive: Some(receive), local }
     }
 
     /// What a reduction's last step divides by: the world size for avg, else 1.
