@@ -56,6 +56,46 @@ fn staged_copies_of_cudarc_memory_on_cudarc_streams() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn a_leaked_wrapper_still_orders_cudarcs_free_after_the_work() {
+    // mem::forget is safe: a wrapper that never drops must not let cudarc free (and reuse)
+    // the memory under work still queued through its views.
+    let _serial = gp2p_tests::serial();
+    needs!(gpus: 1);
+    let (_ctx, s1, s2) = context(0);
+    let len = (1 << 20) + 3;
+    let host = random::<f32>(len, 2);
+    let src: CudaSlice<f32> = s1.clone_htod(&host).unwrap();
+    let mut dst: CudaSlice<f32> = s2.alloc_zeros(len).unwrap();
+    s2.join(&s1).unwrap();
+    let b = CudarcStream::new(&s2).unwrap();
+    let options = CopyOptions { route: Route::Staged, chunk_bytes: Some(1 << 20), slots: Some(2) };
+    {
+        // Once before the gate: the transport's staging ring is allocated now, not behind it
+        // (an allocation may wait for a held stream).
+        let (from, mut to) = (CudarcView::new(&src, &s1).unwrap(), CudarcViewMut::new(&mut dst, &s2).unwrap());
+        transport().copy(&from.view(), &b, &mut to.view_mut(), &b, options).unwrap();
+    }
+    s2.memset_zeros(&mut dst).unwrap();
+    s2.synchronize().unwrap();
+    let gate = gp2p_tests::hold(&b); // the copy below waits behind it
+    let from = CudarcView::new(&src, &s1).unwrap();
+    let mut to = CudarcViewMut::new(&mut dst, &s2).unwrap();
+    transport().copy(&from.view(), &b, &mut to.view_mut(), &b, options).unwrap();
+    std::mem::forget(from);
+    std::mem::forget(to);
+    // cudarc frees `src` on s1 and hands the memory to the next allocation there, which
+    // cudarc fills: both must wait for the held copy.
+    drop(src);
+    let poison: CudaSlice<f32> = s1.clone_htod(&vec![f32::NAN; len]).unwrap();
+    assert!(!gate.expired(), "the copy was still held when cudarc freed and refilled");
+    drop(gate);
+    drop(b);
+    assert!(s2.clone_dtoh(&dst).unwrap() == host, "the copy read the memory before cudarc reused it");
+    drop(poison);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn all_reduce_of_cudarc_memory_interleaved_with_cudarc_work() {
     needs!(gpus: 1);
     // Two GPUs when there are, else two logical ranks on one (feature `testing`).

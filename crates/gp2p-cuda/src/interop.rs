@@ -2,13 +2,12 @@
 //!
 //! cudarc tracks, per allocation, a read and a write event: taking a pointer makes a stream
 //! wait for earlier writes (and, to write, reads), and a guard records the event on that
-//! stream when dropped, which cudarc's own later work and its `Drop` (a stream-ordered free)
-//! wait for. [`CudarcView`] and [`CudarcViewMut`] hold that guard, and note the last uses of
-//! every operation done through their views (on whatever streams, internal ones included);
-//! when they drop, cudarc's stream first waits (on the GPU) for those uses, then the guard
-//! records cudarc's event. So cudarc never frees or overwrites the memory under our work.
-//! Keep a wrapper until the operations using its views are enqueued (enqueueing is
-//! enough), then drop it.
+//! stream, which cudarc's own later work and its `Drop` (a stream-ordered free) wait for.
+//! [`CudarcView`] and [`CudarcViewMut`] hold that guard, and every operation done through
+//! their views (on whatever streams, internal ones included), as it notes its last use, makes
+//! cudarc's stream wait (on the GPU) for it and records cudarc's event after that wait. So
+//! cudarc never frees or overwrites the memory under our work, even if a wrapper is leaked
+//! (`mem::forget` is safe): nothing waits for the wrapper's drop.
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,7 +25,7 @@
 //!     let src = CudarcView::new(&a, &cu)?;
 //!     let mut dst = CudarcViewMut::new(&mut b, &cu)?;
 //!     reduce(&stream, &mut dst.view_mut(), &src.view(), ReduceOp::Sum, 1)?; // b += a
-//! } // cudarc's stream waits for the reduce, then records cudarc's events
+//! } // cudarc's stream already waits for the reduce, and cudarc's event is recorded after it
 //! assert_eq!(cu.clone_dtoh(&b)?, [11.0, 22.0, 33.0]);
 //! # Ok(()) }
 //! ```
@@ -39,8 +38,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use gp2p_kernels::Element;
 
 use crate::driver::defer_error;
-use crate::lifetime::LastUses;
-use crate::{Device, DeviceView, DeviceViewMut, Error, RawDevicePtr, Result, Stream};
+use crate::lifetime::UseSink;
+use crate::{Device, DeviceView, DeviceViewMut, Error, RawDevicePtr, Result, Stream, StreamPoint};
 
 /// A [`Stream`] borrowing a cudarc [`CudaStream`] for `'a`: work enqueued through it goes on
 /// cudarc's stream, ordered with cudarc's own work there. Never destroys it.
@@ -74,14 +73,12 @@ fn borrow(stream: &CudaStream) -> Result<Stream> {
 }
 
 /// What both wrappers hold: the memory's address, the cudarc stream the guard records on
-/// (borrowed as a [`Stream`]), the last uses of the views handed out, and the guard.
+/// (borrowed as a [`Stream`]), and the guard.
 struct Foreign<'a> {
-    device: Device,
     ptr: RawDevicePtr,
     len: usize,
     stream: Stream,
-    uses: LastUses,
-    guard: Option<SyncOnDrop<'a>>,
+    guard: SyncOnDrop<'a>,
 }
 
 impl<'a> Foreign<'a> {
@@ -90,7 +87,6 @@ impl<'a> Foreign<'a> {
         len: usize,
         (ptr, guard): (RawDevicePtr, SyncOnDrop<'a>),
     ) -> Result<Self> {
-        let device = Device::open(stream.context().ordinal())?;
         let align = align_of::<T>() as u64;
         if ptr % align != 0 {
             return Err(Error::InvalidArgument {
@@ -98,24 +94,31 @@ impl<'a> Foreign<'a> {
                 reason: format!("cudarc memory at {ptr:#x} is not aligned to {align} bytes for {}", T::DTYPE),
             });
         }
-        Ok(Foreign { device, ptr, len, stream: borrow(stream)?, uses: LastUses::new(), guard: Some(guard) })
+        Ok(Foreign { ptr, len, stream: borrow(stream)?, guard })
+    }
+
+    fn device(&self) -> &Device {
+        self.stream.device()
     }
 }
 
-impl Drop for Foreign<'_> {
-    fn drop(&mut self) {
-        // cudarc's stream waits for every use made through the views before the guard
-        // records cudarc's event there: a GPU-side wait, the host does not block.
-        for point in self.uses.take() {
-            defer_error(self.stream.wait_point(&point));
+impl UseSink for Foreign<'_> {
+    /// cudarc's stream waits for the use (a GPU-side wait, the host does not block), then
+    /// cudarc's event is recorded after it, as the guard would at its drop: cudarc's later
+    /// work and its free wait for the use from now on.
+    fn note(&self, point: &StreamPoint) {
+        defer_error(self.stream.wait_point(point));
+        if let SyncOnDrop::Record(Some((event, stream))) = &self.guard {
+            if stream.context().is_managing_stream_synchronization() {
+                stream.context().record_err(event.record(stream));
+            }
         }
-        drop(self.guard.take());
     }
 }
 
 /// Read-only access to cudarc memory through [`CudarcView::view`], ordered on the given
-/// cudarc stream after cudarc's earlier writes; when dropped, cudarc's later writes and its
-/// free wait for whatever was enqueued through the views.
+/// cudarc stream after cudarc's earlier writes; cudarc's later writes and its free wait for
+/// whatever is enqueued through the views (each operation orders them as it is enqueued).
 pub struct CudarcView<'a, T: Element> {
     foreign: Foreign<'a>,
     _memory: PhantomData<&'a T>,
@@ -137,14 +140,15 @@ impl<'a, T: Element> CudarcView<'a, T> {
         let f = &self.foreign;
         // SAFETY: cudarc owns `len` aligned elements of T at `ptr` on this device (checked in
         // new), borrowed shared for 'a; cudarc's writes wait for the read event recorded
-        // after every use noted in `f.uses` (Drop), and the view cannot outlive `self`.
-        unsafe { DeviceView::from_raw_tracked(&f.device, f.ptr, f.len, &f.uses) }
+        // after every use as it is noted (`Foreign::note`), and the view cannot outlive `self`.
+        unsafe { DeviceView::from_raw_tracked(f.device(), f.ptr, f.len, f) }
     }
 }
 
 /// Writable access to cudarc memory through [`CudarcViewMut::view_mut`], ordered on the
-/// given cudarc stream after cudarc's earlier reads and writes; when dropped, cudarc's later
-/// work and its free wait for whatever was enqueued through the views.
+/// given cudarc stream after cudarc's earlier reads and writes; cudarc's later work and its
+/// free wait for whatever is enqueued through the views (each operation orders them as it is
+/// enqueued).
 pub struct CudarcViewMut<'a, T: Element> {
     foreign: Foreign<'a>,
     _memory: PhantomData<&'a mut T>,
@@ -165,13 +169,13 @@ impl<'a, T: Element> CudarcViewMut<'a, T> {
         let f = &self.foreign;
         // SAFETY: as in CudarcView::view, with the borrow exclusive: nobody else reads or
         // writes the memory while the wrapper lives, and `&mut self` makes the view unique.
-        unsafe { DeviceViewMut::from_raw_tracked(&f.device, f.ptr, f.len, &f.uses) }
+        unsafe { DeviceViewMut::from_raw_tracked(f.device(), f.ptr, f.len, f) }
     }
 
     /// The memory as a read-only view.
     pub fn view(&self) -> DeviceView<'_, T> {
         let f = &self.foreign;
         // SAFETY: as in view_mut; a shared borrow of self excludes view_mut meanwhile.
-        unsafe { DeviceView::from_raw_tracked(&f.device, f.ptr, f.len, &f.uses) }
+        unsafe { DeviceView::from_raw_tracked(f.device(), f.ptr, f.len, f) }
     }
 }

@@ -143,6 +143,20 @@ pub(crate) fn give_back_event(event: Event) {
     }
 }
 
+/// What a view reports its uses to (see `DeviceView::note_use`): the [`LastUses`] of an
+/// allocation this crate owns, or whatever orders foreign memory's owner after the work
+/// (the cudarc wrappers make cudarc's stream wait at once).
+pub(crate) trait UseSink: Sync {
+    /// Work up to `point` uses the memory.
+    fn note(&self, point: &StreamPoint);
+}
+
+impl UseSink for LastUses {
+    fn note(&self, point: &StreamPoint) {
+        LastUses::note(self, point);
+    }
+}
+
 /// Where GPU work last touched one allocation: the latest [`StreamPoint`] of each stream
 /// that did. The allocation may be released once all of them are complete.
 ///

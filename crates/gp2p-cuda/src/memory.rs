@@ -9,7 +9,7 @@ use cudarc::driver::sys::{self, CUdeviceptr};
 use gp2p_kernels::Element;
 
 use crate::driver::check;
-use crate::lifetime::{LastUses, Release, release_after};
+use crate::lifetime::{LastUses, Release, UseSink, release_after};
 use crate::raw;
 use crate::{Device, Error, Result, Stream, StreamPoint};
 
@@ -206,7 +206,7 @@ pub struct DeviceView<'a, T: Element> {
     ptr: CUdeviceptr,
     len: usize,
     /// The owning buffer's use record; `None` for foreign memory.
-    uses: Option<&'a LastUses>,
+    uses: Option<&'a dyn UseSink>,
     _marker: PhantomData<&'a T>,
 }
 
@@ -216,7 +216,7 @@ pub struct DeviceViewMut<'a, T: Element> {
     ptr: CUdeviceptr,
     len: usize,
     /// The owning buffer's use record; `None` for foreign memory.
-    uses: Option<&'a LastUses>,
+    uses: Option<&'a dyn UseSink>,
     _marker: PhantomData<&'a mut T>,
 }
 
@@ -249,7 +249,7 @@ macro_rules! view_common {
                 device: &Device,
                 ptr: RawDevicePtr,
                 len: usize,
-                uses: &'a LastUses,
+                uses: &'a dyn UseSink,
             ) -> Self {
                 $name { device: device.clone(), ptr, len, uses: Some(uses), _marker: PhantomData }
             }
