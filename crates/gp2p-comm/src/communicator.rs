@@ -345,58 +345,39 @@ impl Communicator {
             let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive, local: None };
             return self.enqueue(stream, transfer, |point| buf.note_use(point));
         }
-        let launched = self.exchange_lines(buf, stream, op, divide_by);
-        if launched.is_err() {
-            // This rank's count of calls may now differ from the peer's.
-            self.fail();
-        }
-        launched
+        let lines = self.exchange_lines();
+        let timeout_ns = self.timeout_ns();
+        let (ptr, len) = (buf.raw_ptr(), buf.len());
+        self.call(
+            stream,
+            // SAFETY: `buf` is `len` elements on this device (checked above); both ranks' lines
+            // (two halves each) lie in the registered staging area, 256-aligned, sized by the
+            // layout for `small_max_bytes` (checked above), and only this rank's kernels write
+            // its own lines (the peer writes its own); `failed` is this rank's aligned u32 of
+            // it, `broken` the communicator's; the counter is this communicator's own device
+            // word, touched only by its small-path kernels, which run in order (each call
+            // waits for the last, or a captured graph's launches are ordered by the caller:
+            // allow_graph_capture's contract). The registration and counter outlive the
+            // kernel: `call` notes its point on them, or, captured, they stay for the
+            // process's life. Calls alternate halves, so a half is rewritten only after the
+            // peer finished reading it (the peer's next call, which this rank's waited for,
+            // starts after its previous one ended). The peer enqueues the same call.
+            |_| unsafe { Ok(exchange(stream, ptr, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns)?) },
+            |point| buf.note_use(point),
+        )
     }
 
-    /// The small all-reduce of [`Communicator::all_reduce`]: one exchange kernel, numbered
-    /// from the device counter.
-    fn exchange_lines<T: Element>(
-        &mut self,
-        buf: &mut DeviceViewMut<'_, T>,
-        stream: &Stream,
-        op: ReduceOp,
-        divide_by: u32,
-    ) -> Result<()> {
-        let capturing = self.begin_call(stream)?;
-        // Taken before the launch: nothing after it may wait for the device (see
-        // gp2p_cuda::ReservedPoint).
-        let reserved = if capturing { None } else { Some(stream.reserve_point()?) };
+    /// The lines of the small all-reduce, numbered from the device counter.
+    fn exchange_lines(&self) -> ExchangeLines {
         let peer = 1 - self.rank();
         let at = |offset: usize| self.staging + offset as u64;
-        let lines = ExchangeLines {
+        ExchangeLines {
             out_lines: at(self.layout.lines_of(self.rank(), 0)),
             in_lines: at(self.layout.lines_of(peer, 0)),
             failed: at(self.layout.flag(self.rank())),
             broken: at(self.layout.broken()),
             numbering: Numbering::Counted { counter: self.seq_counter.raw_ptr(), half_stride: self.layout.half as u64 },
-        };
-        let timeout_ns = self.timeout_ns();
-        // SAFETY: `buf` is `len` elements on this device (checked by the caller); both ranks'
-        // lines (two halves each) lie in the registered staging area, 256-aligned, sized by
-        // the layout for `small_max_bytes` (checked by the caller), and only this rank's
-        // kernels write its own lines (the peer writes its own); `failed` is this rank's
-        // aligned u32 of it, `broken` the communicator's; the counter is this communicator's
-        // own device word, touched only by its small-path kernels, which run in order (each
-        // call waits for the last, or a captured graph's launches are ordered by the caller:
-        // allow_graph_capture's contract). The registration and counter outlive the kernel:
-        // by the point noted right after the launch, or, captured, for the process's life.
-        // Calls alternate halves, so a half is rewritten only after the peer finished reading
-        // it (the peer's next call, which this rank's waited for, starts after its previous
-        // one ended). The peer enqueues the same call on its own device.
-        unsafe {
-            exchange(stream, buf.raw_ptr(), buf.len(), T::DTYPE, op, lines, 0, divide_by, timeout_ns)?;
         }
-        if let Some(reserved) = reserved {
-            let point = stream.point_from(reserved)?;
-            buf.note_use(&point);
-            self.end_call(point);
-        }
-        Ok(())
     }
 
     /// Every rank's `input` in rank order into `output` (of `world` times `input`'s length),
@@ -560,66 +541,73 @@ impl Communicator {
         Ok(())
     }
 
-    /// Order a checked call after this rank's previous one on `stream`; returns whether the
-    /// stream is capturing a graph (then nothing is ordered: the graph's launches are, by
-    /// the caller, and the call keeps the communicator's memory for the process's life).
-    fn begin_call(&mut self, stream: &Stream) -> Result<bool> {
+    /// Run a checked call: ordered after this rank's previous one on `stream`, `launch`
+    /// enqueues it, and the point after it (reserved before the launch, so that nothing
+    /// after the launch may wait for the device: see `gp2p_cuda::ReservedPoint`) goes to
+    /// `note` (the caller's views), the registration and the counter, also when the launch
+    /// failed part-way (what was enqueued still runs). Any error marks the communicator
+    /// broken: the ranks' calls may no longer pair up. A call on a stream capturing a graph
+    /// is ordered and noted by nobody: the graph's launches are ordered by the caller, and
+    /// the communicator keeps its memory for the process's life.
+    fn call(
+        &mut self,
+        stream: &Stream,
+        launch: impl FnOnce(&mut Self) -> Result<()>,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        let result = self.framed(stream, launch, note);
+        if result.is_err() {
+            self.fail();
+        }
+        result
+    }
+
+    fn framed(
+        &mut self,
+        stream: &Stream,
+        launch: impl FnOnce(&mut Self) -> Result<()>,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
         self.calls += 1;
         if self.capture != Capture::Refused && stream.is_capturing()? {
             self.capture = Capture::Used;
-            return Ok(true);
+            return launch(self);
         }
         if let Some(last) = &self.last {
             stream.wait_point(last)?;
         }
-        Ok(false)
-    }
-
-    /// Note an uncaptured call's end on the registration and keep it as the last call.
-    fn end_call(&mut self, point: StreamPoint) {
+        let reserved = stream.reserve_point()?;
+        let launched = launch(self);
+        let point = stream.point_from(reserved)?;
+        note(&point);
         self.registration.uses().note(&point);
+        self.seq_counter.view(..).note_use(&point);
         self.last = Some(point);
+        launched
     }
 
-    /// Enqueue a checked call's pipeline on `stream` after this rank's previous call, and
-    /// hand the point after it to `note` (for the caller's views) and the registration, also
-    /// when enqueueing failed part-way (what was enqueued still runs). A call captured into a
-    /// graph notes nothing.
+    /// Enqueue a checked call's pipeline on `stream` (see [`Communicator::call`]).
     fn enqueue(&mut self, stream: &Stream, transfer: Transfer, note: impl FnOnce(&StreamPoint)) -> Result<()> {
-        let capturing = match self.begin_call(stream) {
-            Ok(capturing) => capturing,
-            Err(e) => {
-                self.fail();
-                return Err(e);
-            }
+        let launch = |comm: &mut Self| {
+            let side = RankSide {
+                staging: Staging {
+                    device: comm.staging,
+                    host: comm.registration.host_ptr().wrapping_add(comm.segment.staging_offset()),
+                },
+                layout: &comm.layout,
+                rank: comm.rank(),
+                timeout_ns: comm.timeout_ns(),
+            };
+            // SAFETY: the caller checked that every range of the transfer is device memory of
+            // this rank's device with the call's lengths, apart where they must be; the views
+            // they came from note the point `call` takes, and the registration notes it too,
+            // so all stay allocated until the work completes (captured: the caller keeps the
+            // buffers, and the communicator its registration, for every launch). The staging
+            // addresses are this process's mappings of the registered area laid out as
+            // `layout`. The peer makes the same call.
+            unsafe { comm.pipeline.run(stream, side, transfer) }
         };
-        let side = RankSide {
-            staging: Staging {
-                device: self.staging,
-                host: self.registration.host_ptr().wrapping_add(self.segment.staging_offset()),
-            },
-            layout: &self.layout,
-            rank: self.rank(),
-            timeout_ns: self.timeout_ns(),
-        };
-        // SAFETY: the caller checked that every range of the transfer is device memory of
-        // this rank's device with the call's lengths, apart where they must be; the views
-        // they came from note the point taken below, and the registration notes it too, so
-        // all stay allocated until the work completes (captured: the caller keeps the
-        // buffers, and the communicator its registration, for every launch). The staging
-        // addresses are this process's mappings of the registered area laid out as `layout`.
-        // The peer makes the same call.
-        let enqueued = unsafe { self.pipeline.run(stream, side, transfer) };
-        if enqueued.is_err() {
-            // Part of the call may be enqueued: the ranks' handshakes may now disagree.
-            self.fail();
-        }
-        if !capturing {
-            let point = stream.point()?;
-            note(&point);
-            self.end_call(point);
-        }
-        enqueued
+        self.call(stream, launch, note)
     }
 
     /// After an error part-way through a call: every later call on every rank fails, and the
