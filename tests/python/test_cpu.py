@@ -564,7 +564,7 @@ def test_a_communicator_without_a_driver_fails_at_once_naming_it():
 class _Native:
     """What geforce_p2p.distributed.Communicator calls of its native side, recorded."""
 
-    rank, world, device, max_bytes = 0, 2, 0, 64 << 10
+    max_bytes = 64 << 10
 
     def __init__(self):
         self.calls = []
@@ -577,7 +577,8 @@ def _communicator_without_a_gpu():
     from geforce_p2p import distributed as gpd
 
     comm = gpd.Communicator.__new__(gpd.Communicator)
-    comm._native = _Native()
+    comm.rank, comm.world_size, comm.device, comm._native = 0, 2, 0, _Native()
+    comm.max_bytes = comm._native.max_bytes
     return comm
 
 
@@ -598,33 +599,30 @@ def test_communicator_collectives_pass_checked_tensors_to_the_native_calls():
     ]
 
 
-def test_communicator_runs_nccls_in_place_forms_in_place():
+def test_communicator_hands_nccls_in_place_forms_to_the_native_side_as_they_are():
+    # The native side tells the in-place form (the part is exactly this rank's part of the
+    # whole) from any other overlap, which it refuses; Python passes the addresses through.
     comm = _communicator_without_a_gpu()
-    comm._native.rank = 1
+    comm.rank = 1
     out = CudaArray((8,))
     comm.all_gather_into_tensor(out, CudaArray((4,), ptr=out.ptr + 16))  # rank 1's part of out
     whole = CudaArray((8,), typestr="<i4")
     comm.reduce_scatter_tensor(CudaArray((4,), typestr="<i4", ptr=whole.ptr + 16), whole, op="min")
     assert comm._native.calls == [
-        ("all_gather_in_place", "f32", 4, (0, out.ptr, 0)),
-        ("reduce_scatter_in_place", "i32", 4, (0, whole.ptr, 0), "min"),
+        ("all_gather", "f32", 4, out.ptr + 16, (0, out.ptr, 0)),
+        ("reduce_scatter", "i32", 4, whole.ptr, (0, whole.ptr + 16, 0), "min"),
     ]
-    with pytest.raises(ValueError, match="overlaps"):
-        comm.all_gather_into_tensor(out, CudaArray((4,), ptr=out.ptr))  # rank 0's part, not this rank's
     with pytest.raises(ValueError, match="read-only"):
-        comm.reduce_scatter_tensor(CudaArray((4,), ptr=out.ptr + 16), CudaArray((8,), ptr=out.ptr, readonly=True))
+        comm.reduce_scatter_tensor(CudaArray((4,), ptr=out.ptr + 16, readonly=True), CudaArray((8,), ptr=out.ptr))
 
 
 def test_communicator_collectives_refuse_bad_arguments_by_name_before_any_native_call():
     comm = _communicator_without_a_gpu()
-    base = CudaArray((8,))
     refused = [
         ("output: 6 elements", ValueError,
          lambda: comm.all_gather_into_tensor(CudaArray((6,)), CudaArray((4,)))),
         ("output must hold input / world_size", ValueError,
          lambda: comm.reduce_scatter_tensor(CudaArray((4,)), CudaArray((6,)))),
-        ("overlaps", ValueError,
-         lambda: comm.all_gather_into_tensor(base, CudaArray((4,), ptr=base.ptr + 16))),
         ("dtype", TypeError, lambda: comm.all_gather_into_tensor(CudaArray((8,)), CudaArray((4,), typestr="<i4"))),
         ("input: on cuda:1", ValueError, lambda: comm.all_gather_into_tensor(CudaArray((8,)), CudaArray((4,), device=1))),
         ("output: on cuda:1", ValueError, lambda: comm.reduce_scatter_tensor(CudaArray((4,), device=1), CudaArray((8,)))),

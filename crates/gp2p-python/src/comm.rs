@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 
 use crate::args::{self, Memory, MemoryArg};
 use crate::error::Raised;
-use crate::ffi::{Caller, by_dtype};
+use crate::ffi::{Caller, by_dtype, check_disjoint};
 
 /// A new unique id for a communicator, as text to hand to every rank.
 #[pyfunction]
@@ -17,14 +17,14 @@ pub(crate) fn unique_id(py: Python<'_>) -> PyResult<String> {
     Raised::detached(py, || UniqueId::new().map(|id| id.to_string()).map_err(Raised::from))
 }
 
-/// One rank of a communicator (see `geforce_p2p.distributed.Communicator`).
+/// One rank of a communicator (see `geforce_p2p.distributed.Communicator`, which keeps its
+/// rank, world size and device from its own arguments).
 #[pyclass(name = "Communicator", module = "geforce_p2p._native")]
 pub(crate) struct PyCommunicator {
     /// `None` once closed.
     inner: Mutex<Option<Communicator>>,
-    rank: usize,
-    world: usize,
-    device: usize,
+    /// The largest all-reduce the one-kernel path takes, read once (the Python layer asks at
+    /// every `should_custom_ar`).
     max_bytes: usize,
 }
 
@@ -63,24 +63,9 @@ impl PyCommunicator {
             let mut comm = Communicator::new(&id, rank, world, &dev, options)?;
             crate::ffi::allow_torch_graphs(&mut comm);
             let max_bytes = comm.small_max_bytes();
-            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), rank, world, device, max_bytes })
+            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), max_bytes })
         };
         Raised::detached(py, run)
-    }
-
-    #[getter]
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    #[getter]
-    fn world(&self) -> usize {
-        self.world
-    }
-
-    #[getter]
-    fn device(&self) -> usize {
-        self.device
     }
 
     #[getter]
@@ -91,33 +76,26 @@ impl PyCommunicator {
     /// In place: `len` elements of `dtype` at `buf` (device, address, stream) become `op`
     /// over every rank's, ordered on the stream.
     fn all_reduce(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, op: &str) -> PyResult<()> {
-        let buf = Memory::from(buf);
-        let run = || -> Result<(), Raised> {
-            let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
-            args::check_range("tensor", buf.ptr, len, dtype)?;
-            self.with(|comm| by_dtype!(dtype, all_reduce_t(comm, &buf, len, op)))
-        };
-        Raised::detached(py, run)
+        let op = args::op(op);
+        self.single(py, dtype, len, buf, move || Ok(Single::AllReduce(op?)))
+    }
+
+    /// `len` elements at `buf` (device, address, stream) become rank `root`'s, ordered on
+    /// the stream.
+    fn broadcast(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, root: usize) -> PyResult<()> {
+        self.single(py, dtype, len, buf, move || Ok(Single::Broadcast(root)))
     }
 
     /// `world * len` elements at `output` (device, address, stream) become every rank's
-    /// `len` elements at `input` (same device) in rank order, ordered on the stream.
+    /// `len` elements at `input` (same device) in rank order, ordered on the stream. An
+    /// input that is exactly this rank's part of the output runs in place (NCCL's form).
     fn all_gather(&self, py: Python<'_>, dtype: &str, len: usize, input: u64, output: MemoryArg) -> PyResult<()> {
-        let output = Memory::from(output);
-        let run = || -> Result<(), Raised> {
-            let dtype = args::dtype(dtype)?;
-            let out_len = args::times("output", self.world, len)?;
-            args::check_range("input", input, len, dtype)?;
-            args::check_range("output", output.ptr, out_len, dtype)?;
-            check_apart(input, len, output.ptr, out_len, dtype)?;
-            self.with(|comm| by_dtype!(dtype, all_gather_t(comm, input, len, &output)))
-        };
-        Raised::detached(py, run)
+        self.split(py, dtype, len, (input, Memory::from(output)), || Ok(Split::Gather))
     }
 
     /// `len` elements at `output` (device, address, stream) become `op` over every rank's
     /// part `rank` of the `world * len` elements at `input` (same device), ordered on the
-    /// stream.
+    /// stream. An output that is exactly this rank's part of the input runs in place.
     fn reduce_scatter(
         &self,
         py: Python<'_>,
@@ -127,61 +105,8 @@ impl PyCommunicator {
         output: MemoryArg,
         op: &str,
     ) -> PyResult<()> {
-        let output = Memory::from(output);
-        let run = || -> Result<(), Raised> {
-            let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
-            let in_len = args::times("input", self.world, len)?;
-            args::check_range("input", input, in_len, dtype)?;
-            args::check_range("output", output.ptr, len, dtype)?;
-            check_apart(input, in_len, output.ptr, len, dtype)?;
-            self.with(|comm| by_dtype!(dtype, reduce_scatter_t(comm, input, &output, len, op)))
-        };
-        Raised::detached(py, run)
-    }
-
-    /// In place: the `world * len` elements at `buf` (device, address, stream), this rank's
-    /// input in part `rank`, become every rank's part in rank order.
-    fn all_gather_in_place(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg) -> PyResult<()> {
-        let buf = Memory::from(buf);
-        let run = || -> Result<(), Raised> {
-            let dtype = args::dtype(dtype)?;
-            let whole = args::times("output", self.world, len)?;
-            args::check_range("output", buf.ptr, whole, dtype)?;
-            self.with(|comm| by_dtype!(dtype, in_place_t(comm, &buf, whole, InPlace::AllGather)))
-        };
-        Raised::detached(py, run)
-    }
-
-    /// In place: part `rank` of the `world * len` elements at `buf` (device, address, stream)
-    /// becomes `op` over every rank's part `rank`.
-    fn reduce_scatter_in_place(
-        &self,
-        py: Python<'_>,
-        dtype: &str,
-        len: usize,
-        buf: MemoryArg,
-        op: &str,
-    ) -> PyResult<()> {
-        let buf = Memory::from(buf);
-        let run = || -> Result<(), Raised> {
-            let (dtype, op) = (args::dtype(dtype)?, args::op(op)?);
-            let whole = args::times("input", self.world, len)?;
-            args::check_range("input", buf.ptr, whole, dtype)?;
-            self.with(|comm| by_dtype!(dtype, in_place_t(comm, &buf, whole, InPlace::ReduceScatter(op))))
-        };
-        Raised::detached(py, run)
-    }
-
-    /// `len` elements at `buf` (device, address, stream) become rank `root`'s, ordered on
-    /// the stream.
-    fn broadcast(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, root: usize) -> PyResult<()> {
-        let buf = Memory::from(buf);
-        let run = || -> Result<(), Raised> {
-            let dtype = args::dtype(dtype)?;
-            args::check_range("tensor", buf.ptr, len, dtype)?;
-            self.with(|comm| by_dtype!(dtype, broadcast_t(comm, &buf, len, root)))
-        };
-        Raised::detached(py, run)
+        let op = args::op(op);
+        self.split(py, dtype, len, (input, Memory::from(output)), move || Ok(Split::Scatter(op?)))
     }
 
     /// Raise if a wait of any rank gave up on its peer (calls check this themselves; launches
@@ -206,68 +131,165 @@ impl PyCommunicator {
         let comm = guard.as_mut().ok_or_else(|| Raised::argument("self", "closed; make a new communicator"))?;
         call(comm)
     }
-}
 
-fn all_reduce_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, op: ReduceOp) -> Result<(), Raised> {
-    let caller = Caller::open(buf)?;
-    let mut view = caller.view_mut::<T>(buf.ptr, len);
-    comm.all_reduce(&mut view, &caller.stream, op).map_err(Raised::from)
-}
-
-/// Refuse an input and output that share memory before any view is made of them (a shared
-/// and a mutable view of the same bytes would break the views' contract). The ranges were
-/// checked not to overflow.
-fn check_apart(input: u64, in_len: usize, output: u64, out_len: usize, dtype: DType) -> Result<(), Raised> {
-    let size = dtype.size_bytes() as u64;
-    let (in_end, out_end) = (input + in_len as u64 * size, output + out_len as u64 * size);
-    if in_len > 0 && out_len > 0 && input < out_end && output < in_end {
-        return Err(Raised::argument(
-            "output",
-            "shares memory with input; pass separate tensors (all_reduce works in place)",
-        ));
+    /// A call on one buffer of `len` elements: checked, then `what()` run on it.
+    fn single(
+        &self,
+        py: Python<'_>,
+        dtype: &str,
+        len: usize,
+        buf: MemoryArg,
+        what: impl FnOnce() -> Result<Single, Raised> + Send,
+    ) -> PyResult<()> {
+        let buf = Memory::from(buf);
+        let run = || -> Result<(), Raised> {
+            let (dtype, what) = (args::dtype(dtype)?, what()?);
+            args::check_range("tensor", buf.ptr, len, dtype)?;
+            self.with(|comm| by_dtype!(dtype, single_t(comm, &buf, len, what)))
+        };
+        Raised::detached(py, run)
     }
-    Ok(())
+
+    /// An all-gather or reduce-scatter of parts of `len` elements between `input` (an
+    /// address on the output's device) and `output`, in place where the part is exactly this
+    /// rank's part of the whole, else over two buffers that must not overlap.
+    fn split(
+        &self,
+        py: Python<'_>,
+        dtype: &str,
+        len: usize,
+        (input, output): (u64, Memory),
+        how: impl FnOnce() -> Result<Split, Raised> + Send,
+    ) -> PyResult<()> {
+        let run = || -> Result<(), Raised> {
+            let (dtype, how) = (args::dtype(dtype)?, how()?);
+            self.with(|comm| {
+                let whole_len = args::times("output", comm.world(), len)?;
+                let ((whole_name, whole), (part_name, part)) = match how {
+                    Split::Gather => (("output", output.ptr), ("input", input)),
+                    Split::Scatter(_) => (("input", input), ("output", output.ptr)),
+                };
+                args::check_range(whole_name, whole, whole_len, dtype)?;
+                args::check_range(part_name, part, len, dtype)?;
+                let device = output.device;
+                let parts =
+                    Parts { device, whole: (whole_name, whole), part: (part_name, part), len, whole_len, dtype };
+                if parts.in_place(comm.rank())? {
+                    let what = match how {
+                        Split::Gather => Single::AllGatherInPlace,
+                        Split::Scatter(op) => Single::ReduceScatterInPlace(op),
+                    };
+                    return by_dtype!(dtype, single_t(comm, &Memory { ptr: whole, ..output }, whole_len, what));
+                }
+                by_dtype!(dtype, split_t(comm, &output, (input, output.ptr), len, how))
+            })
+        };
+        Raised::detached(py, run)
+    }
 }
 
-fn all_gather_t<T: Element>(comm: &mut Communicator, input: u64, len: usize, output: &Memory) -> Result<(), Raised> {
-    let caller = Caller::open(output)?;
-    let input = caller.view::<T>(input, len);
-    let mut out = caller.view_mut::<T>(output.ptr, len * comm.world());
-    comm.all_gather(&input, &mut out, &caller.stream).map_err(Raised::from)
-}
-
-fn reduce_scatter_t<T: Element>(
-    comm: &mut Communicator,
-    input: u64,
-    output: &Memory,
+/// The two buffers of an all-gather or reduce-scatter on one device: the whole (`whole_len`
+/// elements, `world` parts) and this rank's part (`len`), each with its argument's name.
+struct Parts {
+    device: usize,
+    whole: (&'static str, u64),
+    part: (&'static str, u64),
     len: usize,
-    op: ReduceOp,
-) -> Result<(), Raised> {
-    let caller = Caller::open(output)?;
-    let input = caller.view::<T>(input, len * comm.world());
-    let mut out = caller.view_mut::<T>(output.ptr, len);
-    comm.reduce_scatter(&input, &mut out, &caller.stream, op).map_err(Raised::from)
+    whole_len: usize,
+    dtype: DType,
 }
 
-fn broadcast_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, root: usize) -> Result<(), Raised> {
-    let caller = Caller::open(buf)?;
-    let mut view = caller.view_mut::<T>(buf.ptr, len);
-    comm.broadcast(&mut view, &caller.stream, root).map_err(Raised::from)
+impl Parts {
+    /// Whether the part is exactly `rank`'s part of the whole (NCCL's in-place form); any
+    /// other overlap is refused before a view is made (a shared and a mutable view of the
+    /// same bytes would break the views' contract).
+    fn in_place(&self, rank: usize) -> Result<bool, Raised> {
+        let ((whole_name, whole), (part_name, part)) = (self.whole, self.part);
+        if self.len > 0 && part == whole + (rank * self.len * self.dtype.size_bytes()) as u64 {
+            return Ok(true);
+        }
+        let at = |p: u64| [(self.device, p)];
+        check_disjoint(part_name, &at(part), self.len, whole_name, &at(whole), self.whole_len, self.dtype)?;
+        Ok(false)
+    }
 }
 
-/// The in-place collectives of [`in_place_t`].
+/// The calls on one buffer.
 #[derive(Clone, Copy)]
-enum InPlace {
-    AllGather,
-    ReduceScatter(ReduceOp),
+enum Single {
+    AllReduce(ReduceOp),
+    Broadcast(usize),
+    AllGatherInPlace,
+    ReduceScatterInPlace(ReduceOp),
 }
 
-fn in_place_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what: InPlace) -> Result<(), Raised> {
+/// Which way a two-buffer call moves its parts.
+#[derive(Clone, Copy)]
+enum Split {
+    Gather,
+    Scatter(ReduceOp),
+}
+
+fn single_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what: Single) -> Result<(), Raised> {
     let caller = Caller::open(buf)?;
     let mut view = caller.view_mut::<T>(buf.ptr, len);
+    let stream = &caller.stream;
     match what {
-        InPlace::AllGather => comm.all_gather_in_place(&mut view, &caller.stream),
-        InPlace::ReduceScatter(op) => comm.reduce_scatter_in_place(&mut view, &caller.stream, op),
+        Single::AllReduce(op) => comm.all_reduce(&mut view, stream, op),
+        Single::Broadcast(root) => comm.broadcast(&mut view, stream, root),
+        Single::AllGatherInPlace => comm.all_gather_in_place(&mut view, stream),
+        Single::ReduceScatterInPlace(op) => comm.reduce_scatter_in_place(&mut view, stream, op),
     }
     .map_err(Raised::from)
+}
+
+/// A two-buffer call: `input` and `output` addresses on `at`'s device and stream, parts of
+/// `len` elements (the gather's input and the scatter's output hold one).
+fn split_t<T: Element>(
+    comm: &mut Communicator,
+    at: &Memory,
+    (input, output): (u64, u64),
+    len: usize,
+    how: Split,
+) -> Result<(), Raised> {
+    let caller = Caller::open(at)?;
+    let whole = len * comm.world();
+    let stream = &caller.stream;
+    match how {
+        Split::Gather => {
+            let mut out = caller.view_mut::<T>(output, whole);
+            comm.all_gather(&caller.view::<T>(input, len), &mut out, stream)
+        }
+        Split::Scatter(op) => {
+            let mut out = caller.view_mut::<T>(output, len);
+            comm.reduce_scatter(&caller.view::<T>(input, whole), &mut out, stream, op)
+        }
+    }
+    .map_err(Raised::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_part_is_in_place_only_where_it_is_exactly_this_ranks_part_of_the_whole() {
+        let parts = |part: u64| Parts {
+            device: 0,
+            whole: ("output", 0x1000),
+            part: ("input", part),
+            len: 4,
+            whole_len: 8,
+            dtype: DType::F32,
+        };
+        assert!(parts(0x1000).in_place(0).unwrap(), "rank 0's part starts the whole");
+        assert!(parts(0x1010).in_place(1).unwrap(), "rank 1's starts 16 bytes on");
+        assert!(!parts(0x2000).in_place(0).unwrap(), "apart: two buffers");
+        for (part, rank) in [(0x1010, 0), (0x1004, 1), (0x0ff8, 0)] {
+            let err = parts(part).in_place(rank).unwrap_err();
+            assert!(err.message.contains("overlaps"), "{part:#x} for rank {rank}: {}", err.message);
+        }
+        let empty = Parts { len: 0, ..parts(0x1000) };
+        assert!(!empty.in_place(0).unwrap(), "nothing to move, nothing overlaps");
+    }
 }

@@ -133,11 +133,11 @@ pub(crate) fn allow_torch_graphs(comm: &mut geforce_p2p::comm::Communicator) {
 }
 
 /// A device ordinal and an address on it.
-type Placed = (usize, u64);
+pub(crate) type Placed = (usize, u64);
 
 /// Refuse any overlap between the byte ranges of `a` and `b` on one device: a shared and a
 /// mutable view of the same memory would break the views' contract.
-fn check_disjoint(
+pub(crate) fn check_disjoint(
     a_name: &str,
     a: &[Placed],
     a_len: usize,

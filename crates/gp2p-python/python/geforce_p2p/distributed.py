@@ -49,7 +49,7 @@ from typing import Any, Optional
 
 from . import _native
 from ._api import REDUCE_OPS, _target_device
-from ._tensors import check_choice, describe, disjoint, on_device, same_dtype, same_stream, writable
+from ._tensors import check_choice, describe, on_device, same_dtype, same_stream, writable
 
 __all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend"]
 
@@ -107,26 +107,12 @@ class Communicator:
                  peer_timeout: float = 5.0, join_timeout: float = 30.0):
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
-        self._native = _native.Communicator(unique_id, int(rank), int(world_size), _device_index(device),
-                                            int(max_bytes), float(peer_timeout), float(join_timeout))
-
-    @property
-    def rank(self) -> int:
-        return self._native.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._native.world
-
-    @property
-    def device(self) -> int:
-        return self._native.device
-
-    @property
-    def max_bytes(self) -> int:
-        """The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones go
-        through the staged pipeline)."""
-        return self._native.max_bytes
+        self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
+        self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, int(max_bytes),
+                                            float(peer_timeout), float(join_timeout))
+        #: The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones
+        #: go through the staged pipeline).
+        self.max_bytes = self._native.max_bytes
 
     def _mine(self, obj: Any, name: str) -> Any:
         """``obj`` read as a tensor on this rank's device."""
@@ -138,8 +124,8 @@ class Communicator:
     def _pair(self, output: Any, input: Any, gathers: bool) -> tuple:
         """``output`` and ``input`` read and checked for an all-gather (``gathers``: the output
         holds ``world_size`` inputs) or a reduce-scatter (the input holds ``world_size``
-        outputs). Returns them and whether the call is in place: the smaller one is exactly
-        this rank's part of the larger (NCCL's in-place form)."""
+        outputs). Overlap is the native side's to judge: exactly this rank's part runs in
+        place (NCCL's form), any other overlap is refused."""
         out, inp = writable(self._mine(output, "output")), self._mine(input, "input")
         same_dtype(inp, out)
         same_stream(inp, out)
@@ -149,12 +135,7 @@ class Communicator:
                 "output: %d elements, but input has %d; output must hold %s"
                 % (out.numel, inp.numel, "world_size x input" if gathers else "input / world_size")
             )
-        in_place = part.nbytes > 0 and part.ptr == whole.ptr + self.rank * part.nbytes
-        if in_place:
-            writable(whole)
-        else:
-            disjoint(inp, out)
-        return out, inp, in_place
+        return out, inp
 
     def all_reduce(self, tensor: Any, op: str = "sum") -> Any:
         """In place: ``tensor`` becomes ``op`` (sum, avg, min, max, prod) over every rank's,
@@ -169,11 +150,8 @@ class Communicator:
         """``output`` (``world_size`` times ``input``'s elements) becomes every rank's
         ``input`` in rank order, as ``torch.distributed.all_gather_into_tensor`` (``input`` may
         be ``output``'s part ``rank``: in place). Returns ``output``."""
-        out, inp, in_place = self._pair(output, input, gathers=True)
-        if in_place:
-            self._native.all_gather_in_place(out.dtype, inp.numel, out.memory)
-        else:
-            self._native.all_gather(out.dtype, inp.numel, inp.ptr, out.memory)
+        out, inp = self._pair(output, input, gathers=True)
+        self._native.all_gather(out.dtype, inp.numel, inp.ptr, out.memory)
         return output
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: str = "sum") -> Any:
@@ -182,11 +160,8 @@ class Communicator:
         ``torch.distributed.reduce_scatter_tensor`` (``output`` may be ``input``'s part
         ``rank``: in place). Returns ``output``."""
         op = check_choice("op", op, REDUCE_OPS)
-        out, inp, in_place = self._pair(output, input, gathers=False)
-        if in_place:
-            self._native.reduce_scatter_in_place(inp.dtype, out.numel, inp.memory, op)
-        else:
-            self._native.reduce_scatter(out.dtype, out.numel, inp.ptr, out.memory, op)
+        out, inp = self._pair(output, input, gathers=False)
+        self._native.reduce_scatter(out.dtype, out.numel, inp.ptr, out.memory, op)
         return output
 
     def broadcast(self, tensor: Any, src: int = 0) -> Any:
