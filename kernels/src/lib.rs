@@ -63,13 +63,20 @@ pub enum PtxTarget {
 }
 
 impl PtxTarget {
+    /// Every target, oldest first.
+    pub const ALL: [PtxTarget; 2] = [PtxTarget::Compute75, PtxTarget::Compute80];
+
+    /// The oldest compute capability that runs this target.
+    pub const fn min_capability(self) -> (u32, u32) {
+        match self {
+            PtxTarget::Compute75 => (7, 5),
+            PtxTarget::Compute80 => (8, 0),
+        }
+    }
+
     /// The newest target a card of compute capability `(major, minor)` runs, if any.
     pub fn for_capability(capability: (u32, u32)) -> Option<PtxTarget> {
-        match capability {
-            c if c >= (8, 0) => Some(PtxTarget::Compute80),
-            c if c >= (7, 5) => Some(PtxTarget::Compute75),
-            _ => None,
-        }
+        PtxTarget::ALL.into_iter().rev().find(|t| capability >= t.min_capability())
     }
 
     /// The name NVRTC and the driver use: `compute_75`, `compute_80`.
@@ -82,7 +89,7 @@ impl PtxTarget {
 
     /// The target named `name` (`compute_75`, `compute_80`).
     pub fn from_name(name: &str) -> Option<PtxTarget> {
-        [PtxTarget::Compute75, PtxTarget::Compute80].into_iter().find(|t| t.name() == name)
+        PtxTarget::ALL.into_iter().find(|t| t.name() == name)
     }
 
     /// Whether the line exchange (two kernels that wait for each other's data in mapped host

@@ -709,10 +709,14 @@ impl Drop for Communicator {
 /// The small path's call count on `device`, zero before any kernel can read it.
 fn zeroed_counter(device: &Device) -> Result<DeviceBuffer<u32>> {
     let stream = Stream::new(device)?;
-    let counter = DeviceBuffer::from_host(&stream, &[0u32])?;
-    // Once, at creation (which waits for the other ranks anyway): the calls run on other
-    // streams.
-    stream.point()?.synchronize()?;
+    let mut counter = DeviceBuffer::<u32>::alloc(device, 1)?;
+    counter.fill_bytes(&stream, 0)?;
+    // Waited for once, at creation (which waits for the other ranks anyway): the calls run
+    // on other streams. A point, not Stream::synchronize, which would take an error some
+    // destructor deferred.
+    let point = stream.point()?;
+    counter.view(..).note_use(&point);
+    point.synchronize()?;
     Ok(counter)
 }
 

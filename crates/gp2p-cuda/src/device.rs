@@ -15,7 +15,7 @@ use crate::{Error, Result};
 use gp2p_kernels::PtxTarget;
 
 /// The oldest compute capability the kernels are built for (`compute_75`, Turing).
-pub const MIN_COMPUTE_CAPABILITY: (u32, u32) = (7, 5);
+pub const MIN_COMPUTE_CAPABILITY: (u32, u32) = PtxTarget::ALL[0].min_capability();
 
 /// Set to a PTX target name (`compute_75`) to load that build of the kernels on every device
 /// that can run it instead of the newest one: how the Turing build is tested on newer cards.
@@ -324,7 +324,10 @@ fn choose_ptx_target(capability: (u32, u32), forced: Option<&str>) -> Result<Ptx
         }),
         None => Err(Error::InvalidArgument {
             name: PTX_TARGET_ENV,
-            reason: format!("unknown PTX target {name:?}; use compute_75 or compute_80, or unset it"),
+            reason: format!(
+                "unknown PTX target {name:?}; use one of {}, or unset it",
+                PtxTarget::ALL.map(PtxTarget::name).join(", ")
+            ),
         }),
     }
 }

@@ -425,10 +425,8 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
             return Ok(());
         }
         if same_device {
-            self.device.bind()?;
             // SAFETY: both views cover len elements on the stream's device and do not overlap.
-            let code = unsafe { sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.bytes(), stream.raw()) };
-            check(code, "cuMemcpyDtoDAsync")?;
+            unsafe { raw::memcpy_dtod_async(stream, self.ptr, src.ptr, self.bytes())? };
         } else {
             // SAFETY: both views cover len elements on their devices; different devices'
             // memories never overlap.

@@ -114,16 +114,19 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         }
         // The wait kernel waits for its flag to equal 0 here: a zeroed word of its own, also
         // the `failed` word it never needs to set.
-        let word = crate::DeviceBuffer::from_host(&stream, &[0u32])?;
+        let mut word = crate::DeviceBuffer::<u32>::alloc(device, 1)?;
+        word.fill_bytes(&stream, 0)?;
         let word_ptr = word.raw_ptr();
         let wait = WaitFlagArgs { flag: word_ptr, value: 0, timeout_ns: 0, failed: word_ptr, broken: word_ptr };
-        // SAFETY: the flag already holds the value: the kernel reads the live word once and
-        // returns; the word is freed after the kernel (its use is noted right after).
+        // SAFETY: the flag holds the value by then (zeroed before, in stream order): the
+        // kernel reads the live word once and returns; the word is freed after the point
+        // noted below.
         unsafe { launch_wait_flag(&module.function(WAIT_FLAG_KERNEL)?, &stream, wait)? };
-        word.view(..).note_use(&stream.point()?);
         // Waiting on a point, not Stream::synchronize: that would also take (and so hide
         // from its owner) an error some destructor deferred.
-        stream.point()?.synchronize()
+        let point = stream.point()?;
+        word.view(..).note_use(&point);
+        point.synchronize()
     })
 }
 
