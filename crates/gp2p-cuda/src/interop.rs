@@ -39,7 +39,7 @@ use gp2p_kernels::Element;
 
 use crate::driver::defer_error;
 use crate::lifetime::UseSink;
-use crate::{Device, DeviceView, DeviceViewMut, Error, RawDevicePtr, Result, Stream, StreamPoint};
+use crate::{Device, DeviceView, DeviceViewMut, RawDevicePtr, Result, Stream, StreamPoint};
 
 /// A [`Stream`] borrowing a cudarc [`CudaStream`] for `'a`: work enqueued through it goes on
 /// cudarc's stream, ordered with cudarc's own work there. Never destroys it.
@@ -87,13 +87,7 @@ impl<'a> Foreign<'a> {
         len: usize,
         (ptr, guard): (RawDevicePtr, SyncOnDrop<'a>),
     ) -> Result<Self> {
-        let align = align_of::<T>() as u64;
-        if ptr % align != 0 {
-            return Err(Error::InvalidArgument {
-                name: "memory",
-                reason: format!("cudarc memory at {ptr:#x} is not aligned to {align} bytes for {}", T::DTYPE),
-            });
-        }
+        crate::raw::check_aligned(&[("memory", ptr)], align_of::<T>())?;
         Ok(Foreign { ptr, len, stream: borrow(stream)?, guard })
     }
 

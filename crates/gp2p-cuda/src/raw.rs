@@ -122,15 +122,7 @@ pub unsafe fn reduce(
     source: SourceMemory,
 ) -> Result<()> {
     check_divisor(divide_by)?;
-    let align = dtype.size_bytes() as u64;
-    for (name, ptr) in [("dst", dst), ("src", src)] {
-        if ptr % align != 0 {
-            return Err(Error::InvalidArgument {
-                name,
-                reason: format!("address {ptr:#x} is not aligned to {align} bytes for {dtype}"),
-            });
-        }
-    }
+    check_aligned(&[("dst", dst), ("src", src)], dtype.size_bytes())?;
     if len == 0 {
         return Ok(());
     }
@@ -209,22 +201,9 @@ pub unsafe fn exchange(
         Numbering::Given => (0, 0),
         Numbering::Counted { counter, half_stride } => (counter, half_stride),
     };
-    for (name, ptr, align) in [
-        ("buf", buf, dtype.size_bytes() as u64),
-        ("out_lines", lines.out_lines, 16),
-        ("in_lines", lines.in_lines, 16),
-        ("failed", lines.failed, 4),
-        ("broken", lines.broken, 4),
-        ("counter", counter, 4),
-        ("half_stride", half_stride, 16),
-    ] {
-        if ptr % align != 0 {
-            return Err(Error::InvalidArgument {
-                name,
-                reason: format!("address {ptr:#x} is not aligned to {align} bytes"),
-            });
-        }
-    }
+    check_aligned(&[("buf", buf)], dtype.size_bytes())?;
+    check_aligned(&[("out_lines", lines.out_lines), ("in_lines", lines.in_lines), ("half_stride", half_stride)], 16)?;
+    check_aligned(&[("failed", lines.failed), ("broken", lines.broken), ("counter", counter)], 4)?;
     if len == 0 {
         return Ok(());
     }
@@ -263,12 +242,7 @@ pub unsafe fn exchange(
 /// pinned host memory as this device maps it, say) that stays allocated until the write
 /// completes on `stream`.
 pub unsafe fn write_flag(stream: &Stream, flag: RawDevicePtr, value: u32) -> Result<()> {
-    if flag % 4 != 0 {
-        return Err(Error::InvalidArgument {
-            name: "flag",
-            reason: format!("address {flag:#x} is not 4-byte aligned"),
-        });
-    }
+    check_aligned(&[("flag", flag)], 4)?;
     stream.device().bind()?;
     let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
     // SAFETY: the address is the caller's contract; the stream belongs to the bound context.
@@ -303,18 +277,25 @@ pub unsafe fn wait_flag(
     give_up: GiveUp,
     timeout_ns: u64,
 ) -> Result<()> {
-    for (name, ptr) in [("flag", flag), ("failed", give_up.failed), ("broken", give_up.broken)] {
-        if ptr == 0 || ptr % 4 != 0 {
-            return Err(Error::InvalidArgument {
-                name,
-                reason: format!("address {ptr:#x} is not a 4-byte aligned u32"),
-            });
-        }
+    let words = [("flag", flag), ("failed", give_up.failed), ("broken", give_up.broken)];
+    if let Some((name, _)) = words.iter().find(|(_, ptr)| *ptr == 0) {
+        return Err(Error::InvalidArgument { name, reason: "a wait needs this word; got address 0".into() });
     }
+    check_aligned(&words, 4)?;
     let function = Module::reduce_kernels(stream.device())?.function(WAIT_FLAG_KERNEL)?;
     let args = WaitFlagArgs { flag, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
     unsafe { launch_wait_flag(&function, stream, args) }
+}
+
+/// Refuses the first of `addresses` (argument name, address) not aligned to `align` bytes.
+pub(crate) fn check_aligned(addresses: &[(&'static str, RawDevicePtr)], align: usize) -> Result<()> {
+    match addresses.iter().find(|(_, ptr)| ptr % align as u64 != 0) {
+        Some(&(name, ptr)) => {
+            Err(Error::InvalidArgument { name, reason: format!("address {ptr:#x} is not aligned to {align} bytes") })
+        }
+        None => Ok(()),
+    }
 }
 
 /// The address at which `device` sees the page-locked host memory at `host` (allocated
