@@ -116,10 +116,10 @@ pub struct StagingRing {
     /// The slots' base address as the consumer device sees it (zero-copy reads).
     consumer_base: RawDevicePtr,
     slot_bytes: usize,
+    /// Per slot: the point where its chunk landed, while it holds one (filled and not yet
+    /// drained).
     landed: Vec<Option<StreamPoint>>,
     free: Vec<Option<StreamPoint>>,
-    /// Per slot: filled and not yet drained.
-    holds_chunk: Vec<bool>,
     cursor: usize,
     producer: Device,
     consumer: Device,
@@ -165,7 +165,6 @@ impl StagingRing {
             slot_bytes,
             landed: vec![None; slots],
             free: vec![None; slots],
-            holds_chunk: vec![false; slots],
             cursor: 0,
             producer: producer.clone(),
             consumer: consumer.clone(),
@@ -190,7 +189,7 @@ impl StagingRing {
 
     /// Whether some slot was filled and not yet drained.
     fn holds_any_chunk(&self) -> bool {
-        self.holds_chunk.contains(&true)
+        self.landed.iter().any(Option::is_some)
     }
 
     /// The next slot in round-robin order; the rotation continues across calls, so
@@ -298,7 +297,6 @@ impl StagingRing {
         src.note_use(&point);
         self.memory.uses().note(&point);
         self.landed[slot] = Some(point.clone());
-        self.holds_chunk[slot] = true;
         Ok(point)
     }
 
@@ -389,7 +387,7 @@ impl StagingRing {
     /// already finished needs no GPU-side wait (a host query is cheaper than a semaphore
     /// wait in the copy's critical path).
     fn claim(&self, slot: usize, stream: &Stream) -> Result<()> {
-        if self.holds_chunk[slot] {
+        if self.landed[slot].is_some() {
             return Err(Error::SlotBusy { slot });
         }
         if let Some(free) = &self.free[slot]
@@ -403,12 +401,8 @@ impl StagingRing {
     /// Make the consumer's `stream` wait until the slot's chunk has landed; refuses a slot
     /// that holds none.
     fn wait_landed(&self, slot: usize, stream: &Stream) -> Result<()> {
-        if !self.holds_chunk[slot] {
-            return Err(Error::SlotEmpty { slot });
-        }
-        if let Some(landed) = &self.landed[slot] {
-            stream.wait_point(landed)?;
-        }
+        let Some(landed) = &self.landed[slot] else { return Err(Error::SlotEmpty { slot }) };
+        stream.wait_point(landed)?;
         Ok(())
     }
 
@@ -424,7 +418,7 @@ impl StagingRing {
         dst.note_use(&point);
         self.memory.uses().note(&point);
         self.free[slot] = Some(point.clone());
-        self.holds_chunk[slot] = false;
+        self.landed[slot] = None;
         Ok(point)
     }
 
