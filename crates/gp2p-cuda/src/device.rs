@@ -90,6 +90,11 @@ unsafe impl Sync for Inner {}
 static OPEN: Mutex<Vec<Option<Device>>> = Mutex::new(Vec::new());
 
 impl Device {
+    /// Refuses a device that cannot map pinned host memory, which every staging path needs.
+    pub fn require_host_mapping(&self) -> Result<()> {
+        if self.info().can_map_host_memory { Ok(()) } else { Err(Error::NoHostMapping { ordinal: self.ordinal() }) }
+    }
+
     /// How many CUDA devices are visible. `Err(NoDriver)` without a driver.
     pub fn count() -> Result<usize> {
         init()?;

@@ -34,6 +34,13 @@ pub enum Error {
         /// Compute capability, minor.
         minor: u32,
     },
+    /// A device cannot map pinned host memory into its address space (every staging path
+    /// needs that).
+    #[error("device {ordinal} cannot map pinned host memory (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)")]
+    NoHostMapping {
+        /// Device ordinal.
+        ordinal: usize,
+    },
     /// A driver call failed.
     #[error("{call} failed: {name} ({code})")]
     Driver {

@@ -34,15 +34,7 @@ impl HostAllocation {
     /// `bytes` zeroed bytes; `device` supplies the context for the call (the memory is usable
     /// from every device). Zero bytes allocate nothing.
     pub fn new(device: &Device, bytes: usize) -> Result<Self> {
-        if !device.info().can_map_host_memory {
-            return Err(Error::InvalidArgument {
-                name: "device",
-                reason: format!(
-                    "device {} cannot map pinned host memory (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)",
-                    device.ordinal()
-                ),
-            });
-        }
+        device.require_host_mapping()?;
         let ptr = if bytes == 0 {
             // Aligned for any element; never dereferenced with a non-zero length.
             NonNull::<u64>::dangling().cast::<u8>()

@@ -50,12 +50,7 @@ impl HostRegistration {
     ///   pages twice fails; concurrent registrations of shared pages from several processes
     ///   have been seen to fail now and then, so callers serialise them).
     pub unsafe fn new(device: &Device, ptr: NonNull<u8>, bytes: usize, owner: MappingOwner) -> Result<Self> {
-        if !device.info().can_map_host_memory {
-            return Err(Error::InvalidArgument {
-                name: "device",
-                reason: format!("device {} cannot map host memory into its address space", device.ordinal()),
-            });
-        }
+        device.require_host_mapping()?;
         if bytes == 0 {
             return Err(Error::InvalidArgument { name: "bytes", reason: "nothing to register (0 bytes)".into() });
         }

@@ -28,12 +28,6 @@ pub struct PinnedBuffer<T: Element> {
     _marker: PhantomData<T>,
 }
 
-/// Refuses a device that cannot map pinned host memory into its address space (every
-/// staging path needs the mapping), with this crate's error.
-pub(crate) fn require_host_mapping(device: &Device) -> Result<()> {
-    if device.info().can_map_host_memory { Ok(()) } else { Err(Error::NoHostMapping { ordinal: device.ordinal() }) }
-}
-
 impl<T: Element> PinnedBuffer<T> {
     /// Allocate `len` zeroed elements. `device` supplies the context for the call; the memory
     /// is usable from every device.
@@ -42,7 +36,6 @@ impl<T: Element> PinnedBuffer<T> {
             name: "len",
             reason: format!("{len} elements of {} overflow the address space", T::DTYPE),
         })?;
-        require_host_mapping(device)?;
         Ok(PinnedBuffer { alloc: HostAllocation::new(device, bytes)?, len, _marker: PhantomData })
     }
 

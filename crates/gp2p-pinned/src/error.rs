@@ -58,12 +58,6 @@ pub enum Error {
         /// What is wrong and what is expected.
         reason: String,
     },
-    /// A device cannot map host memory into its address space.
-    #[error("device {ordinal} cannot map pinned host memory (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)")]
-    NoHostMapping {
-        /// The device.
-        ordinal: usize,
-    },
     /// A slot index past the ring's end.
     #[error("slot {slot} does not exist: the ring has {slots} slots")]
     NoSuchSlot {

@@ -9,7 +9,6 @@ use gp2p_cuda::raw::{self, ExchangeLines};
 use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes, next_exchange_seq};
 
-use crate::buffer::require_host_mapping;
 use crate::{Error, Result};
 
 /// How long a rank's kernel waits for its peer's data before it gives up, by default.
@@ -89,7 +88,7 @@ impl LineExchange {
         }
         let half_bytes = exchange_line_bytes(max_bytes.max(1));
         for device in devices {
-            require_host_mapping(device)?;
+            device.require_host_mapping()?;
             // No kernel may be loaded lazily between the two ranks' launches.
             gp2p_cuda::load_all_reduce_kernels(device)?;
         }

@@ -8,7 +8,6 @@ use gp2p_cuda::raw::{self, memcpy_dtoh_async, memcpy_htod_async};
 use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
 
-use crate::buffer::require_host_mapping;
 use crate::{Error, Result};
 
 /// Slot starts are aligned to this many bytes, so every slot suits the 16-byte vector path
@@ -154,8 +153,8 @@ impl StagingRing {
                 reason: format!("{slots} slots; at most {MAX_SLOTS} (more buy no overlap)"),
             });
         }
-        require_host_mapping(producer)?;
-        require_host_mapping(consumer)?;
+        // The producer's is checked by the allocation; the consumer reads through its own.
+        consumer.require_host_mapping()?;
         let memory = HostAllocation::new(producer, total)?;
         // Consumers read the slots through their own mapping; fail now, not mid-pipeline.
         let consumer_base = memory.device_ptr(consumer)?;

@@ -97,7 +97,7 @@ impl Classify for cuda::Error {
         use cuda::Error as E;
         match self {
             E::NoDriver | E::NoDevice { .. } => Class::Unavailable,
-            E::Unsupported { .. } => Class::UnsupportedDevice,
+            E::Unsupported { .. } | E::NoHostMapping { .. } => Class::UnsupportedDevice,
             E::Driver { .. } => Class::Cuda,
             E::LengthMismatch { .. } | E::WrongDevice { .. } | E::InvalidArgument { .. } => Class::InvalidArgument,
             _ => Class::Error,
@@ -111,7 +111,6 @@ impl Classify for pinned::Error {
         match self {
             E::Cuda(e) => e.class(),
             E::NotPinned { .. } => Class::NotPinned,
-            E::NoHostMapping { .. } => Class::UnsupportedDevice,
             E::WrongDevice { .. }
             | E::LengthMismatch { .. }
             | E::ScratchTooShort { .. }
