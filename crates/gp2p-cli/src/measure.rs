@@ -127,7 +127,12 @@ impl<'a> Ceilings<'a> {
     /// Device-to-device copy in VRAM, bytes read plus bytes written per second.
     pub fn d2d(&mut self) -> Result<f64, CliError> {
         let (stream, a, b) = (self.stream, &self.a, &mut self.b);
-        let t = median_seconds(stream, self.repeats, || Ok(()), || Ok(b.view_mut(..).copy_from(stream, &a.view(..))?))?;
+        let t = median_seconds(
+            stream,
+            self.repeats,
+            || Ok(()),
+            || b.view_mut(..).copy_from(stream, &a.view(..)).map(drop).map_err(Into::into),
+        )?;
         let rate = gbps(2 * a.len(), t);
         self.measured.insert("d2d", rate);
         Ok(rate)

@@ -403,8 +403,9 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
     /// Copy `src` into this view on `stream`, asynchronously: a device-to-device copy when
     /// both are on one device, else one peer DMA (enable peer access first for a direct
     /// path; without it the driver stages the copy itself). `stream` may belong to either
-    /// device.
-    pub fn copy_from(&mut self, stream: &Stream, src: &DeviceView<'_, T>) -> Result<()> {
+    /// device. Returns the point after the copy, noted on both views (`None` for an empty
+    /// copy, which enqueues nothing), for another stream to wait on.
+    pub fn copy_from(&mut self, stream: &Stream, src: &DeviceView<'_, T>) -> Result<Option<StreamPoint>> {
         if stream.device() != &self.device && stream.device() != src.device() {
             return Err(Error::WrongDevice {
                 what: "copy",
@@ -422,7 +423,7 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
             });
         }
         if self.len == 0 {
-            return Ok(());
+            return Ok(None);
         }
         if same_device {
             // SAFETY: both views cover len elements on the stream's device and do not overlap.
@@ -435,7 +436,7 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         let point = stream.point()?;
         self.note_use(&point);
         src.note_use(&point);
-        Ok(())
+        Ok(Some(point))
     }
 
     /// Set every byte to `byte` on `stream`, asynchronously.

@@ -50,9 +50,6 @@ struct Pair {
     /// On one device: one fork of two streams (up, down). Across two: one stream each.
     src_fork: StreamFork,
     dst_fork: Option<StreamFork>,
-    /// Recorded on the destination caller's stream after a direct copy, for the source
-    /// caller's stream to wait on.
-    done: Event,
     /// Recorded on the destination caller's stream before the copy, so reading `src` also
     /// waits for that stream's earlier work.
     dst_started: Event,
@@ -138,7 +135,6 @@ impl Transport {
             ring: RingCache::new(),
             src_fork,
             dst_fork,
-            done: Event::new(dst, EventKind::Sync)?,
             dst_started: Event::new(dst, EventKind::Sync)?,
             src_ready: Event::new(src, EventKind::Sync)?,
             peer_both_ways: None,
@@ -175,10 +171,14 @@ impl Pair {
         if distinct {
             order_after(dst_stream, src_stream, &self.src_ready)?;
         }
-        dst.copy_from(dst_stream, src)?;
+        let copied = dst.copy_from(dst_stream, src)?;
         if distinct {
-            self.done.record(dst_stream)?;
-            src_stream.wait(&self.done)?;
+            // An empty copy enqueues nothing, but orders the two streams all the same.
+            let point = match copied {
+                Some(point) => point,
+                None => dst_stream.point()?,
+            };
+            src_stream.wait_point(&point)?;
         }
         Ok(())
     }

@@ -115,7 +115,14 @@ impl ReduceBench<'_> {
                 self.progress.set_message(format!("reduce {} {} {transport}", T::DTYPE, format_size(bytes)));
                 dst.fill_bytes(stream, 0xA5)?;
                 let dst_cell = std::cell::RefCell::new(&mut dst);
-                let restore = || Ok(dst_cell.borrow_mut().view_mut(..n).copy_from(stream, &pristine.view(..n))?);
+                let restore = || {
+                    dst_cell
+                        .borrow_mut()
+                        .view_mut(..n)
+                        .copy_from(stream, &pristine.view(..n))
+                        .map(drop)
+                        .map_err(Into::into)
+                };
                 let seconds = if transport == "device" {
                     median_seconds(stream, self.repeats, restore, || {
                         Ok(reduce(
