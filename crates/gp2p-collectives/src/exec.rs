@@ -10,13 +10,13 @@ use std::sync::Arc;
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamFork, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
 use gp2p_pinned::{DEFAULT_PEER_TIMEOUT, Fold, LineExchange, RingCache, StagingRing};
-use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES};
+use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES, pipelined_chunk_bytes};
 use parking_lot::Mutex;
 
 use crate::calibrate::choose;
 use crate::schedule::step_divisor;
 use crate::schedule::{Action, Schedule};
-use crate::{Error, Receive, Result, devices_of, spans_devices};
+use crate::{Error, Receive, Result, spans_devices};
 
 /// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
 /// exchange ([`LineExchange`]) by default: none, for now. It is experimental and opt-in
@@ -46,6 +46,8 @@ pub const LINE_EXCHANGE_WINS_UP_TO: usize = 4 << 10;
 /// 0.844/0.871/0.864, x 4: 0.833/0.869/0.830, 8 MiB x 3: 0.849/0.836/0.865 — and the
 /// probe there moves 4 MiB chunks at 45.8 GB/s per direction from three slots, 43.4 from two.
 pub const MULTI_DEVICE_MAX_CHUNK_BYTES: usize = 4 << 20;
+/// Chunks a collective across several devices is cut into, about (up to the largest chunk).
+pub const MULTI_DEVICE_TARGET_CHUNKS: usize = 16;
 /// Slots per ring edge with [`MULTI_DEVICE_MAX_CHUNK_BYTES`] chunks: three, the best of the
 /// counts measured above at every size (a third chunk in flight covers the handoff between
 /// chunks, about 6.5 us each, without outgrowing the cache).
@@ -126,15 +128,23 @@ impl Engine {
         self.line_max.unwrap_or(LINE_EXCHANGE_MAX_BYTES)
     }
 
-    /// The chunk size of a collective of `bytes` over `devices`: the override if one was
-    /// given, else for several distinct devices a cache-sized chunk
-    /// ([`MULTI_DEVICE_MAX_CHUNK_BYTES`]), else `None` (the transport's chunking).
-    pub fn chunk_for(&self, bytes: usize, devices: &[Device]) -> Option<usize> {
-        if self.chunk_bytes.is_some() {
-            return self.chunk_bytes;
-        }
-        spans_devices(devices)
-            .then(|| (bytes / 16).next_multiple_of(1 << 20).clamp(1 << 20, MULTI_DEVICE_MAX_CHUNK_BYTES))
+    /// How a collective of `bytes` over `devices` is staged: the chunk (the override if one
+    /// was given, else for several distinct devices a cache-sized chunk of about
+    /// [`MULTI_DEVICE_TARGET_CHUNKS`], at most [`MULTI_DEVICE_MAX_CHUNK_BYTES`], else the
+    /// transport's chunking) and the slots per ring edge (the override, else
+    /// [`CACHED_SLOTS`] for full cache-sized chunks across devices, else the transport's).
+    pub fn staging_for(&self, bytes: usize, devices: &[Device]) -> Chunking {
+        self.staging(bytes, spans_devices(devices))
+    }
+
+    /// [`Engine::staging_for`] for ranks on one device or (`across`) several.
+    fn staging(&self, bytes: usize, across: bool) -> Chunking {
+        let chunk_bytes = self.chunk_bytes.unwrap_or_else(|| match across {
+            true => pipelined_chunk_bytes(bytes, MULTI_DEVICE_TARGET_CHUNKS, MULTI_DEVICE_MAX_CHUNK_BYTES),
+            false => Chunking::for_bytes(bytes, None, None).chunk_bytes,
+        });
+        let cached = across && chunk_bytes >= MULTI_DEVICE_MAX_CHUNK_BYTES && bytes >= MULTI_DEVICE_MAX_CHUNK_BYTES;
+        Chunking { chunk_bytes, slots: self.slots.unwrap_or(if cached { CACHED_SLOTS } else { SLOTS }) }
     }
 
     /// The chunk size given to [`Engine::with_chunk_bytes`], if any.
@@ -142,11 +152,14 @@ impl Engine {
         self.chunk_bytes
     }
 
-    /// Run `schedule` over `ranks` (in place), reducing with `op`.
+    /// Run `schedule` over `ranks` (in place, on `devices`, theirs in rank order) through
+    /// rings of `slots` slots per edge, reducing with `op`.
     pub(crate) fn execute<T: Element>(
         &self,
         ranks: &mut [Rank<'_, T>],
+        devices: &[Device],
         schedule: &Schedule,
+        slots: usize,
         op: ReduceOp,
         receive: Receive,
     ) -> Result<()> {
@@ -154,7 +167,6 @@ impl Engine {
         if schedule.transfers.is_empty() {
             return Ok(());
         }
-        let devices = devices_of(ranks);
         // Copy-only collectives (all_gather, broadcast) land every chunk by DMA: no receive
         // path to choose, and no scratch to hold.
         let reduces = schedule.transfers.iter().any(|t| matches!(t.action, Action::Reduce { .. }));
@@ -163,15 +175,13 @@ impl Engine {
         } else {
             vec![Receive::ZeroCopy; n]
         };
-        let group = self.group(&devices)?;
+        let group = self.group(devices)?;
         let mut group = group.lock();
         let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
         let Group { forks, rings, buffers, .. } = &mut *group;
         // Slots fit the largest chunk, but never less than a small transfer's worth, so a
         // sweep of small collectives does not replace the rings at every size.
         let slot_bytes = (chunk * size_of::<T>()).max(SINGLE_CHUNK_MAX_BYTES);
-        let cached = spans_devices(&devices) && chunk * size_of::<T>() >= MULTI_DEVICE_MAX_CHUNK_BYTES;
-        let slots = self.slots.unwrap_or(if cached { CACHED_SLOTS } else { SLOTS });
         let mut edges: Vec<&mut StagingRing> = Vec::with_capacity(n);
         for (r, cache) in rings.iter_mut().enumerate() {
             edges.push(cache.ensure(&devices[r], &devices[(r + 1) % n], slots, slot_bytes)?);
@@ -208,9 +218,13 @@ impl Engine {
 
     /// A two-rank all-reduce of a small buffer through the line exchange: one kernel per
     /// rank, on the ranks' own streams (the caller checked the two devices differ).
-    pub(crate) fn exchange_lines<T: Element>(&self, ranks: &mut [Rank<'_, T>], op: ReduceOp) -> Result<()> {
-        let devices = devices_of(ranks);
-        let group = self.group(&devices)?;
+    pub(crate) fn exchange_lines<T: Element>(
+        &self,
+        ranks: &mut [Rank<'_, T>],
+        devices: &[Device],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let group = self.group(devices)?;
         let mut group = group.lock();
         let max = self.line_exchange_max();
         let exchange = match &mut group.lines {
@@ -408,7 +422,7 @@ fn take_buffer<T: Element>(
 mod tests {
     use proptest::prelude::*;
 
-    use super::{Engine, Waits, plan_waits};
+    use super::{CACHED_SLOTS, Chunking, Engine, MULTI_DEVICE_MAX_CHUNK_BYTES, SLOTS, Waits, plan_waits};
     use crate::schedule::Schedule;
 
     #[test]
@@ -489,5 +503,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn staging_takes_cache_sized_chunks_and_three_slots_only_across_devices() {
+        let engine = Engine::new();
+        let across = engine.staging(1 << 30, true);
+        assert_eq!((across.chunk_bytes, across.slots), (MULTI_DEVICE_MAX_CHUNK_BYTES, CACHED_SLOTS));
+        let mid = engine.staging(16 << 20, true);
+        assert_eq!((mid.chunk_bytes, mid.slots), (1 << 20, SLOTS), "16 chunks of 1 MiB, not cached-sized");
+        let one_device = engine.staging(1 << 30, false);
+        assert_eq!(one_device, Chunking::for_bytes(1 << 30, None, None), "the transport's chunking");
+        let forced = Engine::with_staging(Some(8 << 20), Some(5)).unwrap().staging(1 << 30, true);
+        assert_eq!((forced.chunk_bytes, forced.slots), (8 << 20, 5));
     }
 }

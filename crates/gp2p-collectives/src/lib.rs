@@ -83,7 +83,8 @@ use gp2p_pinned::LineExchange;
 
 pub use error::{Error, Result};
 pub use exec::{
-    CACHED_SLOTS, Engine, LINE_EXCHANGE_MAX_BYTES, LINE_EXCHANGE_WINS_UP_TO, MULTI_DEVICE_MAX_CHUNK_BYTES, Rank,
+    CACHED_SLOTS, Engine, LINE_EXCHANGE_MAX_BYTES, LINE_EXCHANGE_WINS_UP_TO, MULTI_DEVICE_MAX_CHUNK_BYTES,
+    MULTI_DEVICE_TARGET_CHUNKS, Rank,
 };
 pub use schedule::{Collective, EXCHANGE_MAX_BYTES};
 use schedule::{schedule_for, segment};
@@ -159,18 +160,17 @@ pub fn all_reduce<T: Element>(
     op: ReduceOp,
     receive: Receive,
 ) -> Result<()> {
-    let len = check_ranks(ranks, "buffer")?;
+    let (len, devices) = check_ranks(ranks, "buffer")?;
     let bytes = len * size_of::<T>();
-    let devices = devices_of(ranks);
     if ranks.len() == 2
         && bytes > 0
         && bytes <= engine.line_exchange_max()
         && spans_devices(&devices)
         && devices.iter().all(LineExchange::supported_on)
     {
-        return engine.exchange_lines(ranks, op);
+        return engine.exchange_lines(ranks, &devices, op);
     }
-    run(engine, ranks, Collective::AllReduce, op, receive)
+    run(engine, ranks, &devices, Collective::AllReduce, op, receive)
 }
 
 /// Every rank's `output` (n × input length) becomes the concatenation of all ranks' inputs,
@@ -182,7 +182,7 @@ pub fn all_gather<T: Element>(
     receive: Receive,
 ) -> Result<()> {
     let n = outputs.len();
-    let out_len = check_ranks(outputs, "output")?;
+    let (out_len, devices) = check_ranks(outputs, "output")?;
     check_inputs(inputs, outputs, out_len / n.max(1), "input")?;
     if out_len != n * inputs.first().map_or(0, DeviceView::len) {
         return Err(Error::WrongLength { rank: 0, what: "output", got: out_len, expected: n * inputs[0].len() });
@@ -192,7 +192,7 @@ pub fn all_gather<T: Element>(
         let own = segment(n, out_len, r);
         out.buffer.slice_mut(own).copy_from(out.stream, input)?;
     }
-    run(engine, outputs, Collective::AllGather, ReduceOp::Sum, receive)
+    run(engine, outputs, &devices, Collective::AllGather, ReduceOp::Sum, receive)
 }
 
 /// Rank r's `output` becomes `op` over segment r of all ranks' `inputs` (input length =
@@ -205,9 +205,8 @@ pub fn reduce_scatter<T: Element>(
     receive: Receive,
 ) -> Result<()> {
     let n = outputs.len();
-    let out_len = check_ranks(outputs, "output")?;
+    let (out_len, devices) = check_ranks(outputs, "output")?;
     check_inputs(inputs, outputs, n * out_len, "input")?;
-    let devices = devices_of(outputs);
     let in_len = n * out_len;
     let mut work = Vec::with_capacity(n);
     for (r, (input, out)) in inputs.iter().zip(outputs.iter()).enumerate() {
@@ -221,7 +220,7 @@ pub fn reduce_scatter<T: Element>(
             .zip(outputs.iter())
             .map(|(buf, out)| Rank { buffer: buf.view_mut(..in_len), stream: out.stream })
             .collect();
-        run(engine, &mut ranks, Collective::ReduceScatter, op, receive)?;
+        run(engine, &mut ranks, &devices, Collective::ReduceScatter, op, receive)?;
     }
     for (r, (buf, out)) in work.iter().zip(outputs.iter_mut()).enumerate() {
         out.buffer.copy_from(out.stream, &buf.view(segment(n, in_len, r)))?;
@@ -234,11 +233,11 @@ pub fn reduce_scatter<T: Element>(
 
 /// Every rank's buffer becomes a copy of the `root` rank's.
 pub fn broadcast<T: Element>(engine: &Engine, ranks: &mut [Rank<'_, T>], root: usize, receive: Receive) -> Result<()> {
-    check_ranks(ranks, "buffer")?;
+    let (_, devices) = check_ranks(ranks, "buffer")?;
     if root >= ranks.len() {
         return Err(Error::BadRoot { root, ranks: ranks.len() });
     }
-    run(engine, ranks, Collective::Broadcast { root }, ReduceOp::Sum, receive)
+    run(engine, ranks, &devices, Collective::Broadcast { root }, ReduceOp::Sum, receive)
 }
 
 /// Whether the ranks' buffers are on more than one device (several cards' DMAs then run
@@ -247,29 +246,26 @@ pub(crate) fn spans_devices(devices: &[Device]) -> bool {
     devices.iter().any(|d| d != &devices[0])
 }
 
-/// Run `collective` in place over `ranks` (checked, of one length): the schedule of the
-/// engine's chunk for it, executed. What every entry point ends with.
+/// Run `collective` in place over `ranks` (checked, of one length, on `devices`): the
+/// schedule of the engine's staging for it, executed. What every entry point ends with.
 fn run<T: Element>(
     engine: &Engine,
     ranks: &mut [Rank<'_, T>],
+    devices: &[Device],
     collective: Collective,
     op: ReduceOp,
     receive: Receive,
 ) -> Result<()> {
     let len = ranks.first().map_or(0, |r| r.buffer.len());
-    let chunk = engine.chunk_for(len * size_of::<T>(), &devices_of(ranks));
-    let schedule = schedule_for::<T>(collective, ranks.len(), len, chunk);
-    engine.execute(ranks, &schedule, op, receive)
-}
-
-/// The devices of the ranks' buffers, in rank order.
-pub(crate) fn devices_of<T: Element>(ranks: &[Rank<'_, T>]) -> Vec<Device> {
-    ranks.iter().map(|r| r.buffer.device().clone()).collect()
+    let staging = engine.staging_for(len * size_of::<T>(), devices);
+    let schedule = schedule_for::<T>(collective, ranks.len(), len, Some(staging.chunk_bytes));
+    engine.execute(ranks, devices, &schedule, staging.slots, op, receive)
 }
 
 /// Same length everywhere, streams on their buffers' devices, one buffer per device (unless
-/// logical ranks are enabled for tests). Returns the common length.
-fn check_ranks<T: Element>(ranks: &[Rank<'_, T>], what: &'static str) -> Result<usize> {
+/// logical ranks are enabled for tests). Returns the common length and the devices, in rank
+/// order.
+fn check_ranks<T: Element>(ranks: &[Rank<'_, T>], what: &'static str) -> Result<(usize, Vec<Device>)> {
     let first = ranks.first().ok_or(Error::NoRanks)?;
     let len = first.buffer.len();
     for (r, rank) in ranks.iter().enumerate() {
@@ -281,11 +277,11 @@ fn check_ranks<T: Element>(ranks: &[Rank<'_, T>], what: &'static str) -> Result<
             return Err(Error::WrongLength { rank: r, what, got: rank.buffer.len(), expected: len });
         }
     }
+    let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
     if !cfg!(feature = "testing") {
-        let ordinals: Vec<usize> = ranks.iter().map(|r| r.buffer.device().ordinal()).collect();
-        one_rank_per_device(&ordinals)?;
+        one_rank_per_device(&devices.iter().map(Device::ordinal).collect::<Vec<_>>())?;
     }
-    Ok(len)
+    Ok((len, devices))
 }
 
 /// Refuses a device that holds two ranks' buffers (the ring would run two ranks' traffic

@@ -43,7 +43,7 @@ impl Chunking {
         let chosen = if bytes <= SINGLE_CHUNK_MAX_BYTES {
             bytes.max(1)
         } else {
-            (bytes / TARGET_CHUNKS).next_multiple_of(MIN_CHUNK_BYTES).clamp(MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+            pipelined_chunk_bytes(bytes, TARGET_CHUNKS, MAX_CHUNK_BYTES)
         };
         Chunking { chunk_bytes: chunk_bytes.unwrap_or(chosen), slots: slots.unwrap_or(DEFAULT_SLOTS) }
     }
@@ -54,6 +54,12 @@ impl Chunking {
         let per_chunk = (self.chunk_bytes / element_bytes.max(1)).max(1);
         ChunkPlan { len, per_chunk }
     }
+}
+
+/// The chunk of a pipelined transfer of `bytes`: about `target_chunks` chunks of a whole
+/// number of MiB, within [`MIN_CHUNK_BYTES`] and `max_chunk_bytes`.
+pub fn pipelined_chunk_bytes(bytes: usize, target_chunks: usize, max_chunk_bytes: usize) -> usize {
+    (bytes / target_chunks.max(1)).next_multiple_of(MIN_CHUNK_BYTES).clamp(MIN_CHUNK_BYTES, max_chunk_bytes)
 }
 
 /// Consecutive element ranges covering `0..len`, each `per_chunk` long but the last.

@@ -195,7 +195,8 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         // Verify against the same schedule run on host copies, step by step with the CPU
         // reference, so floating-point results match the GPU's order of operations.
         let collective = kind.collective();
-        let schedule = schedule_for::<T>(collective, n, len, engine.chunk_bytes());
+        let staging = engine.staging_for(len * size_of::<T>(), &devices);
+        let schedule = schedule_for::<T>(collective, n, len, Some(staging.chunk_bytes));
         let want = expected(collective, &inputs, op);
         let mut wrong = 0;
         for (r, b) in bufs.iter().enumerate() {
