@@ -78,6 +78,8 @@ pub use host::HostAllocation;
 pub use lifetime::{LastUses, ReleasesPaused, ReservedPoint, StreamPoint, pause_releases};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, index_range, out_of_bounds};
 pub use module::{Function, LaunchConfig, Module};
-pub use reduce::{SourceMemory, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config};
+pub use reduce::{
+    SourceMemory, check_divisor, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config,
+};
 pub use registered::{HostRegistration, MappingOwner};
 pub use stream::{RawStream, Stream, StreamFork};

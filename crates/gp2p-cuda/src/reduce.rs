@@ -237,8 +237,9 @@ pub(crate) unsafe fn launch_wait_flag(function: &Function, stream: &Stream, mut 
     unsafe { function.launch(stream, one, &mut params) }
 }
 
-/// Refuses a divisor of 0 (avg divides by the number of contributions).
-pub(crate) fn check_divisor(divide_by: u32) -> Result<()> {
+/// Refuses a divisor of 0 (avg divides by the number of contributions): what every reduce
+/// launch checks, for callers that refuse it before enqueueing anything.
+pub fn check_divisor(divide_by: u32) -> Result<()> {
     if divide_by == 0 {
         return Err(Error::InvalidArgument {
             name: "divide_by",

@@ -59,7 +59,6 @@ impl Sent {
     }
 }
 
-/// Refuses a [`Fold::Scratch`] whose scratch is shorter than the chunk.
 /// Refuse a fold that could not run, before anything is enqueued: a scratch too short or on
 /// another device than `consumer`, or an avg divisor of 0.
 fn check_fold<T: Element>(fold: &Fold<'_, T>, len: usize, consumer: &Device) -> Result<()> {
@@ -81,13 +80,7 @@ fn check_fold<T: Element>(fold: &Fold<'_, T>, len: usize, consumer: &Device) -> 
             *divide_by
         }
     };
-    if divide_by == 0 {
-        return Err(Error::InvalidArgument {
-            name: "divide_by",
-            reason: "0; pass 1, or the number of contributions for avg".into(),
-        });
-    }
-    Ok(())
+    Ok(gp2p_cuda::check_divisor(divide_by)?)
 }
 
 /// A ring of pinned host slots between a producer device (which fills a slot by D2H DMA)
