@@ -249,12 +249,19 @@ GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 // gives up `timeout_ns` after its first wait began (a peer that never arrives): it sets
 // `*failed` (and `*broken`, where given) and returns, leaving the buffer partly folded, for
 // the host to report. Where `broken` is given, a thread that finds it set while it waits
-// returns at once: another wait of the communicator gave up, and the peer may never come.
+// returns (it looks every GIVE_UP_CHECK_POLLS polls): another wait of the communicator gave
+// up, and the peer may never come.
 
 // Groups a thread loads before it checks any (see exchange), and the pause between polls
 // of a group whose lines have not arrived.
 #define EXCHANGE_BATCH 4
 #define EXCHANGE_POLL_GAP_NS 64
+
+// A wait reads the shared give-up words (in host memory, a round trip across PCIe each) only
+// every this many polls: read at every poll they doubled each poll's latency and tripled a
+// 32 KiB exchange between processes (26 -> 82 us on two H200s). A lost peer is still seen
+// within a few tens of microseconds.
+#define GIVE_UP_CHECK_POLLS 16
 
 __device__ __forceinline__ u64 global_ns() {
     u64 t;
@@ -320,6 +327,7 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
     // read across the link, and many threads polling at once, as with 16 blocks, slow the
     // writes they wait for).
     u64 deadline = 0;
+    u32 polls = 0;
     for (u64 g0 = mine; g0 < groups; g0 += EXCHANGE_BATCH * stride) {
         u64 lines[EXCHANGE_BATCH][4];
 #pragma unroll
@@ -339,7 +347,7 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
                 u64& b = lines[k][2 * half + 1];
                 while ((u32)(a >> 32) != seq || (u32)(b >> 32) != seq) {
                     // Another wait of the communicator gave up: the peer's lines may never come.
-                    if (broken != 0 && *(volatile u32*)broken != 0) return;
+                    if (broken != 0 && ++polls % GIVE_UP_CHECK_POLLS == 0 && *(volatile u32*)broken != 0) return;
                     const u64 now = global_ns();
                     if (deadline == 0) {
                         deadline = now + timeout_ns;
@@ -385,16 +393,18 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 // a call waits for the same values every time and a CUDA graph that captured it can be
 // replayed. A wait longer than `timeout_ns` sets `*failed` (this rank's) and `*broken` (the
 // communicator's, which every rank's waits read) to 1 and returns; a wait that finds either
-// set returns at once: the handshakes may no longer pair up, so one lost peer costs one
-// timeout, not one per chunk, and both ranks' hosts report it at their next call.
+// set (it looks every GIVE_UP_CHECK_POLLS polls) returns: the handshakes may no longer pair
+// up, so one lost peer costs one timeout, not one per chunk, and both ranks' hosts report it
+// at their next call.
 
 #define WAIT_POLL_GAP_NS 256
 
 extern "C" __global__ void gp2p_wait_flag(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     u64 deadline = 0;
+    u32 polls = 0;
     while (*(const volatile u32*)flag != value) {
-        if (*(volatile u32*)failed != 0 || *(volatile u32*)broken != 0) return;
+        if (++polls % GIVE_UP_CHECK_POLLS == 0 && (*(volatile u32*)failed != 0 || *(volatile u32*)broken != 0)) return;
         const u64 now = global_ns();
         if (deadline == 0) {
             deadline = now + timeout_ns;

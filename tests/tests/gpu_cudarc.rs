@@ -84,9 +84,10 @@ fn a_leaked_wrapper_still_orders_cudarcs_free_after_the_work() {
     std::mem::forget(from);
     std::mem::forget(to);
     // cudarc frees `src` on s1 and hands the memory to the next allocation there, which
-    // cudarc fills: both must wait for the held copy.
+    // cudarc zeroes: both must wait for the held copy. (Zeroed on the GPU: a refill copied
+    // from pageable host memory blocks the host until s1 reaches it, past the gate.)
     drop(src);
-    let poison: CudaSlice<f32> = s1.clone_htod(&vec![f32::NAN; len]).unwrap();
+    let poison: CudaSlice<f32> = s1.alloc_zeros(len).unwrap();
     assert!(!gate.expired(), "the copy was still held when cudarc freed and refilled");
     drop(gate);
     drop(b);

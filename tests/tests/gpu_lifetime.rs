@@ -372,3 +372,41 @@ fn borrowing_one_stream_at_every_call_keeps_one_use_for_it() {
     owner.synchronize().unwrap();
     assert_eq!(buffer.to_host_vec(&other).unwrap(), vec![u32::from_ne_bytes([40; 4]); 1024]);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn borrowing_a_capturing_stream_leaves_its_capture_valid() {
+    use cudarc::driver::sys::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus, cuGraphDestroy};
+    let _serial = gp2p_tests::serial();
+    // torch hands over its capture stream inside `torch.cuda.graph`: naming that stream by
+    // its driver id (what a borrow does otherwise) ended the capture as invalidated.
+    let [device] = needs!(gpus: 1);
+    let owner = Stream::new(&device).unwrap();
+    let mut buffer = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    // SAFETY: a live stream of the current context (Stream::new bound it).
+    assert_eq!(unsafe { cudarc::driver::sys::cuStreamBeginCapture_v2(owner.raw(), mode) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: `owner` outlives the borrow and the captured work.
+    let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: live stream; out-pointer to a local.
+    unsafe { cudarc::driver::sys::cuStreamIsCapturing(owner.raw(), &mut status) };
+    assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "the borrow ended the capture");
+    assert!(borrowed.is_capturing().unwrap());
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the capture begun above, on the same stream; out-pointer to a local.
+    let ended = unsafe { cudarc::driver::sys::cuStreamEndCapture(owner.raw(), &mut graph) };
+    assert_eq!(ended, CUresult::CUDA_SUCCESS, "the capture was invalidated");
+    // SAFETY: the graph the capture made, destroyed once.
+    unsafe { cuGraphDestroy(graph) };
+    // Uncaptured again, the stream is named as before: one use for every borrow.
+    let gate = hold(&owner);
+    for byte in 0..3u8 {
+        // SAFETY: as above; synchronised below.
+        let again = unsafe { Stream::borrow_raw(&device, owner.raw()) };
+        buffer.fill_bytes(&again, byte).unwrap();
+    }
+    assert_eq!(buffer.uses().stream_count(), 1, "3 borrows of one stream, all pending");
+    gate.open();
+    owner.synchronize().unwrap();
+}

@@ -56,6 +56,8 @@ impl Identity {
     /// never reused, so borrows of one stream share one identity, kept for the process.
     /// The per-thread default stream is one handle for a different stream on each thread, so
     /// each of its borrows (and any stream the driver cannot name) gets an identity of its own.
+    /// So does a stream capturing a CUDA graph: asking its id ends the capture as invalidated
+    /// (seen on driver 580 with torch's captures), and calls under capture note no points.
     fn of_borrowed(device: &Device, raw: CUstream) -> Arc<Identity> {
         /// `CU_STREAM_PER_THREAD` in cuda.h.
         const PER_THREAD: usize = 0x2;
@@ -63,12 +65,18 @@ impl Identity {
             return Identity::fresh();
         }
         let mut driver_id: std::ffi::c_ulonglong = 0;
-        let named = device.bind().is_ok() && {
-            // SAFETY: the caller vouches for the handle (`borrow_raw`'s contract); a context
-            // is current; out-pointer to a local.
-            let code = unsafe { sys::cuStreamGetId(raw, &mut driver_id) };
-            code == CUresult::CUDA_SUCCESS
-        };
+        let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        let named = device.bind().is_ok()
+            && {
+                // SAFETY: the caller vouches for the handle (`borrow_raw`'s contract); a context
+                // is current; out-pointers to locals.
+                let code = unsafe { sys::cuStreamIsCapturing(raw, &mut capture) };
+                code == CUresult::CUDA_SUCCESS && capture == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+            }
+            && {
+                // SAFETY: as above.
+                unsafe { sys::cuStreamGetId(raw, &mut driver_id) == CUresult::CUDA_SUCCESS }
+            };
         if !named {
             return Identity::fresh();
         }
