@@ -10,6 +10,8 @@
 # Logs gather in a folder outside $OUT and are tarred into $OUT/closing-logs.tgz after every
 # section, so a call cut off at its limit still brings back what ran (at most 8 files come
 # back: the archive and the JSON figures). Racecheck is skipped once the call is late.
+# TURING=0 leaves out the compute_75 suite, LINE_REPEATS=N repeats the line tests N times
+# (default 3), RACECHECK_END=S ends gpu_collectives' racecheck S seconds into the call.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${BUNDLE:-bundle}
@@ -21,15 +23,17 @@ nvidia-smi --query-gpu=index,name,compute_mode --format=csv >"$L/gpus.log" 2>&1
 s=$SECONDS; GP2P_TEST_TIMEOUT=150 GP2P_TEST_MAX_LEN=4194307 "$B/run" >"$L/suite-x2.log" 2>&1
 echo "suite, compute_80 ($((SECONDS - s)) s): $(tail -1 "$L/suite-x2.log")"
 save
-s=$SECONDS; GP2P_PTX_TARGET=compute_75 GP2P_TEST_TIMEOUT=150 GP2P_TEST_MAX_LEN=4194307 "$B/run" >"$L/suite-compute75-x2.log" 2>&1
-echo "suite, compute_75 forced ($((SECONDS - s)) s): $(tail -1 "$L/suite-compute75-x2.log")"
+if [ "${TURING:-1}" != 0 ]; then
+  s=$SECONDS; GP2P_PTX_TARGET=compute_75 GP2P_TEST_TIMEOUT=150 GP2P_TEST_MAX_LEN=4194307 "$B/run" >"$L/suite-compute75-x2.log" 2>&1
+  echo "suite, compute_75 forced ($((SECONDS - s)) s): $(tail -1 "$L/suite-compute75-x2.log")"
+fi
 for t in gpu_lifetime gpu_stress gpu_lines; do
   CUDA_VISIBLE_DEVICES=0 timeout --signal=KILL 90 "$B/tests/$t" --include-ignored --test-threads=1 --nocapture >>"$L/one-gpu.log" 2>&1
   echo "$t, one GPU: $(grep -E '^test result' "$L/one-gpu.log" | tail -1)"
 done
 grep -hE '^stress' "$L"/one-gpu.log
 # Run the line exchange's tests a few times (in libtest's order they once stalled 6 of 6).
-for i in 1 2 3; do
+for i in $(seq 1 "${LINE_REPEATS:-3}"); do
   timeout --signal=KILL 60 "$B/tests/gpu_lines" --include-ignored --test-threads=1 >>"$L/lines-repeat.log" 2>&1
   echo "gpu_lines run $i: $(grep -E '^test result' "$L/lines-repeat.log" | tail -1 | cut -c1-60)"
 done
@@ -49,16 +53,18 @@ save
 s=$SECONDS; GP2P_TEST_TIMEOUT=120 GP2P_TEST_MAX_LEN=1048579 GP2P_STRESS_OPS=200 GP2P_DROP_LIMIT_US=100000 "$B/run" --sanitize memcheck >"$L/sanitize-memcheck-x2.log" 2>&1
 echo "memcheck ($((SECONDS - s)) s): $(tail -1 "$L/sanitize-memcheck-x2.log")"
 save
+# gpu_collectives last, with whatever time the call has left (RACECHECK_END, default 560 s):
+# its every-op-and-dtype sweep on up to four ranks makes thousands of launches, each slow
+# under racecheck (it outlasted 150 s at 4 Ki elements, 16 chunks a part): short buffers there.
 for t in gpu_copy gpu_cudarc gpu_lifetime gpu_lines gpu_pinned gpu_reduce gpu_stress gpu_two gpu_collectives; do
-  if [ "$SECONDS" -gt 450 ]; then
+  limit=150; len=65539
+  [ "$t" = gpu_collectives ] && limit=$((${RACECHECK_END:-560} - SECONDS)) && len=1027
+  if [ "$limit" -lt 60 ] || [ "$SECONDS" -gt 450 ]; then
     echo "racecheck $t: skipped, the call is at ${SECONDS} s"
     continue
   fi
   echo "== racecheck $t" >>"$L/sanitize-racecheck-x2.log"
-  # gpu_collectives' every-op-and-dtype sweep on up to four ranks outlasts 100 s under
-  # racecheck at 64 Ki elements: shorter buffers there.
-  len=65539; [ "$t" = gpu_collectives ] && len=4099
-  GP2P_SANITIZER=racecheck GP2P_TEST_MAX_LEN=$len GP2P_STRESS_OPS=200 GP2P_DROP_LIMIT_US=100000 timeout --signal=KILL 150 \
+  GP2P_SANITIZER=racecheck GP2P_TEST_MAX_LEN=$len GP2P_STRESS_OPS=200 GP2P_DROP_LIMIT_US=100000 timeout --signal=KILL $limit \
     "$S" --tool racecheck --error-exitcode 86 --print-limit 20 "$B/tests/$t" --include-ignored --test-threads=1 \
     --skip concurrent_reduce_scatters >>"$L/sanitize-racecheck-x2.log" 2>&1
   echo "racecheck $t: rc $? $(grep -E '^test result' "$L/sanitize-racecheck-x2.log" | tail -1 | cut -c1-40) $(grep -E 'RACECHECK SUMMARY' "$L/sanitize-racecheck-x2.log" | tail -1)"
