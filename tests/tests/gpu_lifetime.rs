@@ -138,18 +138,28 @@ fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
     // Deterministic: recorded on s1 through the API, then on the gated s2 by code holding the
     // raw handle. A wait on s1 must still wait for s2's record (an older version skipped it,
     // believing s1 recorded last).
-    let gate = hold(&s2);
+    // The events are made before the gate closes: creating one may wait for the device to go
+    // idle (the driver grows its event pool), which would wait out the gate and let s1 pass.
     let event = Event::new(&device, EventKind::Sync).unwrap();
+    let reserved = s1.reserve_point().unwrap();
+    let gate = hold(&s2);
     event.record(&s1).unwrap();
     // SAFETY: both handles are live and of the same context; this is what foreign code
     // holding `Event::raw` may do.
     let code = unsafe { cudarc::driver::sys::cuEventRecord(event.raw(), s2.raw()) };
     assert_eq!(code, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
     s1.wait(&event).unwrap();
-    let after = s1.point().unwrap();
+    let after = s1.point_from(reserved).unwrap();
+    let start = Instant::now();
     std::thread::sleep(SETTLE);
-    assert!(!after.is_complete().unwrap(), "s1 ran past a wait on work still gated on s2");
-    assert!(!gate.expired());
+    let (ran_past, gated_done) = (after.is_complete().unwrap(), event.is_complete().unwrap());
+    let (expired, slept) = (gate.expired(), start.elapsed());
+    assert!(
+        !ran_past,
+        "s1 ran past a wait on work still gated on s2 (s2's record done: {gated_done}, gate expired: {expired}, \
+         slept {slept:?})"
+    );
+    assert!(!expired);
     gate.open();
     after.synchronize().unwrap();
 
@@ -157,13 +167,14 @@ fn a_shared_event_is_never_trusted_to_know_who_recorded_it_last() {
     // recorded last, a wait on s1 must never let s1 pass while the event is incomplete.
     for round in 0..200 {
         let event = Event::new(&device, EventKind::Sync).unwrap();
+        let reserved = s1.reserve_point().unwrap();
         let gate = hold(&s2);
         std::thread::scope(|scope| {
             scope.spawn(|| event.record(&s1).unwrap());
             scope.spawn(|| event.record(&s2).unwrap());
         });
         s1.wait(&event).unwrap();
-        let after = s1.point().unwrap();
+        let after = s1.point_from(reserved).unwrap();
         settle(&s1, Duration::from_millis(2));
         let passed_early = after.is_complete().unwrap() && !event.is_complete().unwrap();
         gate.open();
