@@ -29,10 +29,11 @@
 //! bounded by a timeout.
 //!
 //! Measured on two H200s, one process each (`benches/python/mp_allreduce.py`, f32 sum, CUDA
-//! events around 50 back-to-back calls), the one-kernel path: 7-12 us per call up to 2 KiB,
-//! 13-14 us at 8 KiB, 26-33 us at 32-64 KiB, against NCCL's shared-memory path
-//! (NCCL_P2P_DISABLE=1) at 21-43 us in the same processes. The pipeline has not been timed
-//! yet. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run under
+//! events around back-to-back calls, medians), against NCCL's shared-memory path
+//! (NCCL_P2P_DISABLE=1) in the same processes at 41-45 us: the one-kernel path 11-13 us per
+//! call up to 2 KiB, 16 us at 8 KiB, 29 us at 32 KiB, 43 us at 64 KiB; the pipeline 36 us at
+//! 256 KiB and, from 64 MiB to 1 GiB, 0.79-0.84 of the duplex ceiling (0.93-0.95 of NCCL's
+//! time). The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run under
 //! compute-sanitizer memcheck).
 //!
 //! Two ranks, here two threads of one process (in real use, two processes):

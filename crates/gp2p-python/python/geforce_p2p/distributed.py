@@ -15,9 +15,11 @@ backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (64 KiB
 default) is one kernel whose lines carry data and a sequence number through the shared
 memory; everything else goes through a pipeline of DMA copies via slots of the segment,
 handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process
-each, a small all-reduce takes 7-12 us up to 2 KiB and 26-33 us at 32-64 KiB, where NCCL's
-shared-memory path takes 21-43 us (``benches/python/mp_allreduce.py``); the pipeline has not
-been timed yet. Calls made while torch captures a CUDA graph are captured too, and each
+each, an all-reduce takes 11-13 us up to 2 KiB, 16 us at 8 KiB and 29-43 us at 32-64 KiB,
+where NCCL's shared-memory path takes 41-45 us; from 64 MiB the pipeline moves 0.79-0.84 of
+what the two links carry both ways at once, a little faster than NCCL
+(``benches/python/mp_allreduce.py``). Calls made while torch captures a CUDA graph are
+captured too (tested: every collective captured, then 10 replays on new data), and each
 launch of the graph runs them again on whatever the captured tensors hold then (every rank
 must capture and launch the same graphs in the same order; :meth:`Communicator.check` says
 whether a launch's waits gave up). More ranks are not built yet: :class:`CustomAllreduce`
