@@ -421,3 +421,39 @@ fn borrowing_a_capturing_stream_leaves_its_capture_valid() {
     gate.open();
     owner.synchronize().unwrap();
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_release_never_stalls_other_threads_while_a_stream_is_held() {
+    let _serial = gp2p_tests::serial();
+    // A drop hands its memory to the reclaimer and returns at once; the release must not
+    // then make driver calls on other threads wait until every stream of the device is idle.
+    // Each kind alone: made and left idle before another stream is held closed, dropped
+    // while it is, then one driver call (an event record) timed on this thread.
+    let [device] = needs!(gpus: 1);
+    let (held, caller) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let limit = Duration::from_secs(1);
+    let mut seen = Vec::new();
+    for kind in ["device memory", "pinned host memory", "a stream"] {
+        let dropped: Box<dyn std::any::Any> = match kind {
+            "device memory" => Box::new(DeviceBuffer::<u32>::alloc(&device, 1 << 20).unwrap()),
+            "pinned host memory" => Box::new(PinnedBuffer::<u32>::alloc(&device, 1 << 20).unwrap()),
+            _ => Box::new(Stream::new(&device).unwrap()),
+        };
+        let reserved = caller.reserve_point().unwrap();
+        let gate = HostGate::close_until(&held, limit).unwrap();
+        drop(dropped);
+        std::thread::sleep(SETTLE); // the reclaimer takes the release up meanwhile
+        let start = Instant::now();
+        let point = caller.point_from(reserved).unwrap();
+        let spent = start.elapsed();
+        let expired = gate.expired();
+        gate.open();
+        point.synchronize().unwrap();
+        held.synchronize().unwrap();
+        println!("release of {kind} while a stream is held: the next driver call took {spent:?}");
+        seen.push((kind, spent, expired));
+    }
+    let stalled: Vec<_> = seen.iter().filter(|(_, spent, expired)| *expired || *spent > limit / 10).collect();
+    assert!(stalled.is_empty(), "driver calls waited for the held stream behind a release: {stalled:?}");
+}
