@@ -533,6 +533,22 @@ def _distributed_rank(uid, rank):
     b = sent[rank].to("cuda:%d" % rank)
     comm.broadcast(b, src=1)
     results.append((b, sent[1].double()))
+    # Point to point both ways: the receiver's tensor becomes the sender's.
+    for sender in range(2):
+        mine = [torch.randint(-50, 50, (n,), generator=gen(r, 4 + sender)).to(torch.int32) for r in range(2)]
+        p = mine[rank].to("cuda:%d" % rank)
+        if rank == sender:
+            comm.send(p, 1 - rank)
+        else:
+            comm.recv(p, sender)
+        results.append((p, mine[sender].double()))
+    for bad in (rank, 2, -1):
+        try:
+            comm.send(p, bad)
+        except ValueError as e:
+            assert "not another rank" in str(e), str(e)
+        else:
+            raise AssertionError("send to %r: not refused" % bad)
     for t, want in results:
         got = t.cpu().double()
         assert torch.equal(got, want.to(t.dtype).double()), (t.dtype, t.numel())

@@ -69,6 +69,16 @@ class StoreCommunicator:
         StoreCommunicator.calls.append(("broadcast", src))
         t.copy_(self._both(t)[src])
 
+    def send(self, t, dst):
+        StoreCommunicator.calls.append(("send", dst))
+        assert dst == 1 - self.rank, dst
+        self._both(t)
+
+    def recv(self, t, src):
+        StoreCommunicator.calls.append(("recv", src))
+        assert src == 1 - self.rank, src
+        t.copy_(self._both(t)[src])
+
     def close(self):
         StoreCommunicator.calls.append(("close",))
 
@@ -125,8 +135,18 @@ def run_rank(rank, tmp, mode):
     t = mine.clone()
     dist.broadcast(t, src=1)
     assert torch.equal(t, both[1])
+    # Point to point, both ways: each rank's send pairs with the other's receive.
+    for sender in range(2):
+        if rank == sender:
+            dist.send(mine, 1 - rank)
+        else:
+            got = torch.zeros(6, dtype=torch.int64)
+            dist.recv(got, sender)
+            assert torch.equal(got, both[sender]), ("recv", got)
+    assert [c for c in StoreCommunicator.calls if c[0] in ("send", "recv")] == (
+        [("send", 1), ("recv", 1)] if rank == 0 else [("recv", 0), ("send", 0)])
     dist.barrier()
-    for call, what in [(lambda: dist.send(mine, 1 - rank), "send is not built yet"),
+    for call, what in [(lambda: dist.reduce(mine.clone(), dst=0), "reduce is not built yet"),
                        (lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.BAND), "op:")]:
         try:
             call()

@@ -236,6 +236,28 @@ fn every_collective<T: Reference>(comm: &mut Communicator, stream: &Stream, seed
         comm.broadcast(&mut buf.view_mut(..), stream, root).unwrap();
         pending.push((format!("broadcast from {root} len {len}"), inputs[root].clone(), buf, ReduceOp::Sum));
     }
+    // Point to point both ways, one short message and one of many chunks: the receiver's
+    // buffer becomes the sender's, the sender's stays as it was. A peer that is this rank or
+    // outside the world is refused before anything is enqueued (the calls still pair up).
+    let mut buf = DeviceBuffer::<T>::alloc(stream.device(), 3).unwrap();
+    let to_self = comm.send(&buf.view(..), stream, rank).unwrap_err();
+    assert!(to_self.to_string().contains("is this rank"), "{to_self}");
+    let outside = comm.recv(&mut buf.view_mut(..), stream, 2).unwrap_err();
+    assert!(outside.to_string().contains("not below the world size"), "{outside}");
+    drop(buf);
+    for len in [3, len] {
+        for sender in 0..2 {
+            case += 1;
+            let inputs = inputs_of(len, case);
+            let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+            if rank == sender {
+                comm.send(&buf.view(..), stream, 1 - rank).unwrap();
+            } else {
+                comm.recv(&mut buf.view_mut(..), stream, sender).unwrap();
+            }
+            pending.push((format!("send from {sender} len {len}"), inputs[sender].clone(), buf, ReduceOp::Sum));
+        }
+    }
     for (what, want, buf, op) in pending {
         let got = buf.to_host_vec(stream).unwrap();
         let (bad, first) = count_mismatched(&got, &want, op);

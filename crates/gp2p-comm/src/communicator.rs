@@ -513,6 +513,47 @@ impl Communicator {
         self.enqueue(stream, transfer, |point| buf.note_use(point))
     }
 
+    /// Send `buf` to rank `peer`, which makes the matching [`Communicator::recv`] of the same
+    /// length and type; ordered after the work queued on `stream`, and `buf` may be written
+    /// by work queued there afterwards. Every rank makes its sends and receives, and its
+    /// collectives, in the same order as its peer: a send pairs with the peer's call at the
+    /// same place in its sequence.
+    pub fn send<T: Element>(&mut self, buf: &DeviceView<'_, T>, stream: &Stream, peer: usize) -> Result<()> {
+        self.check_call(stream, &[("buf", buf.device())])?;
+        self.check_peer(peer)?;
+        let bytes = buf.bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(buf.raw_ptr()), receive: None, local: None };
+        self.enqueue(stream, transfer, |point| buf.note_use(point))
+    }
+
+    /// Receive into `buf` what rank `peer` sends with [`Communicator::send`]; ordered after
+    /// the work queued on `stream`, and later work there sees it.
+    pub fn recv<T: Element>(&mut self, buf: &mut DeviceViewMut<'_, T>, stream: &Stream, peer: usize) -> Result<()> {
+        self.check_call(stream, &[("buf", buf.device())])?;
+        self.check_peer(peer)?;
+        let bytes = buf.bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let receive = Some((buf.raw_ptr(), Landing::Copy));
+        let transfer = Transfer { bytes, dtype: T::DTYPE, send: None, receive, local: None };
+        self.enqueue(stream, transfer, |point| buf.note_use(point))
+    }
+
+    /// Refuses a peer outside the world, or this rank itself.
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.world() {
+            return Err(Error::Rank { rank: peer, world: self.world() });
+        }
+        if peer == self.rank() {
+            return Err(Error::SelfPeer { rank: peer });
+        }
+        Ok(())
+    }
+
     /// The checks every collective makes first: built for this world, no earlier failure,
     /// `stream` and every buffer on this rank's device, no graph capture.
     fn check_call(&mut self, stream: &Stream, buffers: &[(&'static str, &Device)]) -> Result<()> {

@@ -209,6 +209,12 @@ pub enum Error {
         /// The communicator's device.
         expected: usize,
     },
+    /// A send or receive naming this rank as its peer.
+    #[error("peer: {rank} is this rank; send to and receive from another rank")]
+    SelfPeer {
+        /// This rank.
+        rank: usize,
+    },
     /// A communicator option out of range.
     #[error("{name}: {reason}")]
     InvalidOption {

@@ -14,8 +14,8 @@
 //!
 //! - [`Communicator`]: one rank on one GPU. It joins the segment, registers it with the
 //!   driver (portable, device-mapped; ranks in turn), and runs the collectives of two ranks
-//!   on the caller's stream: all_reduce (every op and dtype), all_gather, reduce_scatter and
-//!   broadcast. An all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
+//!   on the caller's stream: all_reduce (every op and dtype), all_gather, reduce_scatter,
+//!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
 //!   rank whose 8-byte lines carry data and the call's sequence number (NCCL's LL idea);
 //!   everything else goes through a pipeline of DMA copies via slots of the segment
 //!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
@@ -25,7 +25,7 @@
 //!   can be captured into CUDA graphs and replayed, once the caller has promised what
 //!   [`Communicator::allow_graph_capture`] asks.
 //!
-//! **Not built yet** — more than two ranks; send/recv. Joining waits on the host, polling,
+//! **Not built yet** — more than two ranks. Joining waits on the host, polling,
 //! bounded by a timeout.
 //!
 //! Measured on two H200s, one process each (`benches/python/mp_allreduce.py`, f32 sum, CUDA

@@ -86,6 +86,18 @@ impl PyCommunicator {
         self.single(py, dtype, len, buf, move || Ok(Single::Broadcast(root)))
     }
 
+    /// Send `len` elements of `dtype` at `buf` (device, address, stream) to rank `peer`,
+    /// ordered on the stream; the peer receives them with `recv`.
+    fn send(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, peer: usize) -> PyResult<()> {
+        self.single(py, dtype, len, buf, move || Ok(Single::Send(peer)))
+    }
+
+    /// `len` elements at `buf` (device, address, stream) become what rank `peer` sends,
+    /// ordered on the stream.
+    fn recv(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, peer: usize) -> PyResult<()> {
+        self.single(py, dtype, len, buf, move || Ok(Single::Recv(peer)))
+    }
+
     /// `world * len` elements at `output` (device, address, stream) become every rank's
     /// `len` elements at `input` (same device) in rank order, ordered on the stream. An
     /// input that is exactly this rank's part of the output runs in place (NCCL's form).
@@ -219,6 +231,8 @@ impl Parts {
 enum Single {
     AllReduce(ReduceOp),
     Broadcast(usize),
+    Send(usize),
+    Recv(usize),
     AllGatherInPlace,
     ReduceScatterInPlace(ReduceOp),
 }
@@ -232,13 +246,16 @@ enum Split {
 
 fn single_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what: Single) -> Result<(), Raised> {
     let caller = Caller::open(buf)?;
-    let mut view = caller.view_mut::<T>(buf.ptr, len);
     let stream = &caller.stream;
+    // One view per call, shared only where the call only reads.
+    let view_mut = || caller.view_mut::<T>(buf.ptr, len);
     match what {
-        Single::AllReduce(op) => comm.all_reduce(&mut view, stream, op),
-        Single::Broadcast(root) => comm.broadcast(&mut view, stream, root),
-        Single::AllGatherInPlace => comm.all_gather_in_place(&mut view, stream),
-        Single::ReduceScatterInPlace(op) => comm.reduce_scatter_in_place(&mut view, stream, op),
+        Single::AllReduce(op) => comm.all_reduce(&mut view_mut(), stream, op),
+        Single::Broadcast(root) => comm.broadcast(&mut view_mut(), stream, root),
+        Single::Send(peer) => comm.send(&caller.view::<T>(buf.ptr, len), stream, peer),
+        Single::Recv(peer) => comm.recv(&mut view_mut(), stream, peer),
+        Single::AllGatherInPlace => comm.all_gather_in_place(&mut view_mut(), stream),
+        Single::ReduceScatterInPlace(op) => comm.reduce_scatter_in_place(&mut view_mut(), stream, op),
     }
     .map_err(Raised::from)
 }

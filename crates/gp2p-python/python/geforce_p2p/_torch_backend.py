@@ -2,14 +2,15 @@
 
 Imported only by :func:`geforce_p2p.distributed.register_backend`, so that the package
 never needs torch to import. Tensors on the group's device go to the communicator (two
-ranks: all_reduce, all_gather, reduce_scatter, broadcast), each op enqueued on the device's
+ranks: all_reduce, all_gather, reduce_scatter, broadcast, send and recv), each op enqueued on the device's
 current stream at the call, like NCCL's; its Work objects are CUDA-aware futures, so
 ``wait()`` makes the then-current stream wait for the op, as NCCL's does. Everything else
 goes to a gloo group the process group keeps beside it: CPU tensors (torch hands a
 ``ProcessGroup`` its creator returns every device's tensors, even under
 ``"cpu:gloo,cuda:gp2p"``), the barrier (a host barrier) and, for CPU tensors, the ops the
-communicator does not run. Those ops on the group's device (send/recv, gather, scatter,
-all_to_all, reduce) raise ``NotImplementedError`` naming the op.
+communicator does not run. Those ops on the group's device (gather, scatter, all_to_all,
+reduce, recv from any source) raise ``NotImplementedError`` naming the op. A send and a
+receive pair in call order (tags are not matched).
 """
 
 from datetime import timedelta
@@ -219,11 +220,19 @@ class GP2PProcessGroup(dist.ProcessGroup):
             raise NotImplementedError("%s is %s" % (what, _NOT_BUILT))
         return getattr(self._gloo, name)(*args)
 
-    def send(self, *args: Any) -> Any:
-        return self._gloo_only("send", "send", args)
+    def send(self, tensors: List[Any], dst: int, tag: int = 0) -> Any:
+        if not self._ours(tensors):
+            return self._gloo.send(tensors, dst, tag)
+        for t in tensors:
+            self._comm.send(t, dst)
+        return self._done(tensors)
 
-    def recv(self, *args: Any) -> Any:
-        return self._gloo_only("recv", "recv", args)
+    def recv(self, tensors: List[Any], src: int, tag: int = 0) -> Any:
+        if not self._ours(tensors):
+            return self._gloo.recv(tensors, src, tag)
+        for t in tensors:
+            self._comm.recv(t, src)
+        return self._done(tensors)
 
     def recv_anysource(self, *args: Any) -> Any:
         return self._gloo_only("recv", "recv_anysource", args)

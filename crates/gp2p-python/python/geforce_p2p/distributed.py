@@ -9,8 +9,8 @@ another process: each call is enqueued on the tensor's current torch stream, its
 the peer run on the GPU, and a peer that never arrives makes them give up after
 ``peer_timeout`` seconds (the next call raises).
 
-This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor
-and broadcast, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
+This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
+broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
 backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (64 KiB by
 default) is one kernel whose lines carry data and a sequence number through the shared
 memory; everything else goes through a pipeline of DMA copies via slots of the segment,
@@ -47,6 +47,7 @@ vLLM and sglang call their custom all-reduce through an object with ``disabled``
 """
 
 import contextlib
+import operator
 from typing import Any, Optional
 
 from . import _native
@@ -67,7 +68,7 @@ _REGISTERED: set = set()
 def register_backend(name: str = "gp2p") -> str:
     """Make ``name`` a torch.distributed backend (``init_process_group(backend="gp2p")``):
     CUDA tensors go to this package's communicator (two ranks: all_reduce, all_gather,
-    reduce_scatter, broadcast; other ops on CUDA tensors raise ``NotImplementedError``), CPU
+    reduce_scatter, broadcast, send, recv; other ops on CUDA tensors raise ``NotImplementedError``), CPU
     tensors and the barrier to a gloo group it keeps beside it. Each rank's device is the
     current CUDA device when its group is made, and the group's timeout is also how long a
     collective waits for its peer (at most an hour). Calling it again does nothing. Returns
@@ -173,6 +174,31 @@ class Communicator:
             raise ValueError("src: %r is not a rank in 0..%d" % (src, self.world_size))
         self._native.broadcast(t.dtype, t.numel, t.memory, int(src))
         return tensor
+
+    def send(self, tensor: Any, dst: int) -> None:
+        """Send ``tensor`` to rank ``dst``, which calls :meth:`recv` with a tensor of the
+        same dtype and size at the same place in its sequence of calls; ordered on
+        ``tensor``'s current stream (work queued there afterwards may overwrite it)."""
+        t = self._mine(tensor, "tensor")
+        self._native.send(t.dtype, t.numel, t.memory, self._peer("dst", dst))
+
+    def recv(self, tensor: Any, src: int) -> Any:
+        """In place: ``tensor`` becomes what rank ``src`` sends (:meth:`send`), ordered on its
+        current stream. Returns ``tensor``."""
+        t = writable(self._mine(tensor, "tensor"))
+        self._native.recv(t.dtype, t.numel, t.memory, self._peer("src", src))
+        return tensor
+
+    def _peer(self, name: str, rank: Any) -> int:
+        """``rank`` as another rank of this communicator, or ValueError naming ``name``."""
+        try:
+            peer = operator.index(rank)
+        except TypeError:
+            peer = None
+        if peer is None or isinstance(rank, bool) or not 0 <= peer < self.world_size or peer == self.rank:
+            raise ValueError("%s: %r is not another rank in 0..%d (this is rank %d)"
+                             % (name, rank, self.world_size, self.rank))
+        return peer
 
     def _sum_into(self, t: Any, ptr: int) -> None:
         """The sum all-reduce of a tensor already read and accepted (``t``, on this rank's
