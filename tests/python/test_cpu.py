@@ -591,11 +591,16 @@ def test_communicator_collectives_pass_checked_tensors_to_the_native_calls():
     t = CudaArray((5,), typestr="<f2")
     assert comm.broadcast(t, src=1) is t
     assert comm.all_reduce(t, op="avg") is t
+    sent = CudaArray((7,), typestr="<i4", readonly=True)  # a send only reads
+    assert comm.send(sent, 1) is None
+    assert comm.recv(t, src=1) is t
     assert comm._native.calls == [
         ("all_gather", "f32", 4, inp.ptr, (0, out.ptr, 0)),
         ("reduce_scatter", "i32", 3, big.ptr, (0, small.ptr, 0), "max"),
         ("broadcast", "f16", 5, (0, t.ptr, 0), 1),
         ("all_reduce", "f16", 5, (0, t.ptr, 0), "avg"),
+        ("send", "i32", 7, (0, sent.ptr, 0), 1),
+        ("recv", "f16", 5, (0, t.ptr, 0), 1),
     ]
 
 
@@ -629,6 +634,11 @@ def test_communicator_collectives_refuse_bad_arguments_by_name_before_any_native
         ("read-only", ValueError, lambda: comm.reduce_scatter_tensor(CudaArray((4,), readonly=True), CudaArray((8,)))),
         ("op", ValueError, lambda: comm.reduce_scatter_tensor(CudaArray((4,)), CudaArray((8,)), op="median")),
         ("src", ValueError, lambda: comm.broadcast(CudaArray((4,)), src=2)),
+        ("dst: 0 is not another rank", ValueError, lambda: comm.send(CudaArray((4,)), 0)),
+        ("dst: 2 is not another rank", ValueError, lambda: comm.send(CudaArray((4,)), 2)),
+        ("dst: True is not another rank", ValueError, lambda: comm.send(CudaArray((4,)), True)),
+        ("src: '1' is not another rank", ValueError, lambda: comm.recv(CudaArray((4,)), "1")),
+        ("read-only", ValueError, lambda: comm.recv(CudaArray((4,), readonly=True), 1)),
         ("tensor: a CPU tensor", ValueError, lambda: comm.broadcast(HostArray((4,)))),
     ]
     for match, error, call in refused:
