@@ -258,9 +258,11 @@ GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 #define EXCHANGE_POLL_GAP_NS 64
 
 // A wait reads the shared give-up words (in host memory, a round trip across PCIe each) only
-// every this many polls: read at every poll they doubled each poll's latency and tripled a
-// 32 KiB exchange between processes (26 -> 82 us on two H200s). A lost peer is still seen
-// within a few tens of microseconds.
+// every this many polls: read at every poll they doubled each poll's latency, and a 32 KiB
+// all-reduce between processes took 82 us instead of 29 (two H200s). A lost peer is caught by
+// each wait's own deadline, checked at every poll; the words only tell a wait that another
+// one gave up, now a few tens of microseconds later (so after a failure each remaining wait of
+// a pipeline costs that much, not one poll).
 #define GIVE_UP_CHECK_POLLS 16
 
 __device__ __forceinline__ u64 global_ns() {

@@ -23,7 +23,7 @@ table=()
 for B in ${BUNDLES:-bundle}; do
   L=$OUT/release-ab/$(basename "$B")
   mkdir -p "$L"
-  timeout --signal=KILL 60 "$B/tests/gpu_lifetime" --include-ignored --nocapture \
+  GP2P_KNOWN_DEFECTS=1 timeout --signal=KILL 60 "$B/tests/gpu_lifetime" --include-ignored --nocapture \
     --exact a_release_never_stalls_other_threads_while_a_stream_is_held >"$L/release-test.log" 2>&1
   table+=("$B release test: $(grep -E '^test result' "$L/release-test.log" | cut -c14-40) | $(grep -oE 'release of .*took [0-9.]+[a-zµ]+' "$L/release-test.log" | sed 's/ while a stream is held: the next driver call took/:/' | tr '\n' ';')")
   for t in gpu_lifetime gpu_lines; do

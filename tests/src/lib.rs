@@ -46,8 +46,15 @@ pub fn drop_limit() -> std::time::Duration {
 /// dropped, or at most `GATE_LIMIT`: a test that blocks the host while holding it (a driver
 /// call that waits for the device, say) then fails instead of hanging. Check
 /// [`HostGate::expired`] before relying on the work still being queued.
+///
+/// The gate closes once everything dropped before it is released: the reclaimer frees device
+/// memory with `cuMemFree`, which waits for every stream of the device, the held one too, and
+/// meanwhile other threads' driver calls wait (what `a_release_never_stalls_other_threads_while_
+/// a_stream_is_held` shows); a test of something else must not fail on a release left over
+/// from the test before it.
 #[allow(clippy::expect_used)] // a test helper: failing is how it reports
 pub fn hold(stream: &geforce_p2p::Stream) -> geforce_p2p::cuda::HostGate {
+    geforce_p2p::cuda::lifetime::flush_releases();
     geforce_p2p::cuda::HostGate::close_until(stream, GATE_LIMIT).expect("closing a gate on a stream")
 }
 

@@ -545,11 +545,8 @@ impl Communicator {
 
     /// Refuses a peer outside the world, or this rank itself.
     fn check_peer(&self, peer: usize) -> Result<()> {
-        if peer >= self.world() {
-            return Err(Error::Rank { rank: peer, world: self.world() });
-        }
-        if peer == self.rank() {
-            return Err(Error::SelfPeer { rank: peer });
+        if peer >= self.world() || peer == self.rank() {
+            return Err(Error::Peer { peer, rank: self.rank(), world: self.world() });
         }
         Ok(())
     }

@@ -209,11 +209,17 @@ pub enum Error {
         /// The communicator's device.
         expected: usize,
     },
-    /// A send or receive naming this rank as its peer.
-    #[error("peer: {rank} is this rank; send to and receive from another rank")]
-    SelfPeer {
+    /// A send or receive whose peer is this rank or outside the world.
+    #[error(
+        "peer: {peer} is not another rank of this communicator (this is rank {rank} of {world}); pass one of the others"
+    )]
+    Peer {
+        /// The peer asked for.
+        peer: usize,
         /// This rank.
         rank: usize,
+        /// The world size.
+        world: usize,
     },
     /// A communicator option out of range.
     #[error("{name}: {reason}")]

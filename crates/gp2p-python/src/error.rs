@@ -196,7 +196,7 @@ impl Classify for comm::Error {
             | E::CaptureRefused
             | E::OptionsMismatch { .. }
             | E::WrongDevice { .. }
-            | E::SelfPeer { .. }
+            | E::Peer { .. }
             | E::InvalidOption { .. } => Class::InvalidArgument,
             _ => Class::Error,
         }

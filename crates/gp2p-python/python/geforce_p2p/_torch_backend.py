@@ -9,8 +9,10 @@ goes to a gloo group the process group keeps beside it: CPU tensors (torch hands
 ``ProcessGroup`` its creator returns every device's tensors, even under
 ``"cpu:gloo,cuda:gp2p"``), the barrier (a host barrier) and, for CPU tensors, the ops the
 communicator does not run. Those ops on the group's device (gather, scatter, all_to_all,
-reduce, recv from any source) raise ``NotImplementedError`` naming the op. A send and a
-receive pair in call order (tags are not matched).
+reduce, recv from any source) raise ``NotImplementedError`` naming the op. Sends and receives
+pair with the peer's calls in call order (tags are not matched); as with NCCL, two ranks that
+both send before they receive stall once a message outgrows the staging slots (three of 4 MiB
+by default), until the peer timeout.
 """
 
 from datetime import timedelta
