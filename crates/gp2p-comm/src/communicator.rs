@@ -14,7 +14,7 @@ use std::mem::ManuallyDrop;
 
 use gp2p_cuda::raw::{ExchangeLines, Numbering, exchange};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
-use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes};
+use gp2p_kernels::{DType, Element, ReduceOp, exchange_line_bytes};
 
 use crate::pipeline::{Landing, Pipeline, RankSide, Staging, Transfer};
 use crate::segment::{LONGEST_TIMEOUT, poll_until};
@@ -503,14 +503,8 @@ impl Communicator {
         if root >= self.world() {
             return Err(Error::Rank { rank: root, world: self.world() });
         }
-        let bytes = buf.bytes();
-        if bytes == 0 {
-            return Ok(());
-        }
-        let ptr = buf.raw_ptr();
-        let (send, receive) = if root == self.rank() { (Some(ptr), None) } else { (None, Some((ptr, Landing::Copy))) };
-        let transfer = Transfer { bytes, dtype: T::DTYPE, send, receive, local: None };
-        self.enqueue(stream, transfer, |point| buf.note_use(point))
+        let sends = root == self.rank();
+        self.one_way(stream, (buf.raw_ptr(), buf.bytes(), T::DTYPE), sends, |point| buf.note_use(point))
     }
 
     /// Send `buf` to rank `peer`, which makes the matching [`Communicator::recv`] of the same
@@ -521,12 +515,7 @@ impl Communicator {
     pub fn send<T: Element>(&mut self, buf: &DeviceView<'_, T>, stream: &Stream, peer: usize) -> Result<()> {
         self.check_call(stream, &[("buf", buf.device())])?;
         self.check_peer(peer)?;
-        let bytes = buf.bytes();
-        if bytes == 0 {
-            return Ok(());
-        }
-        let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(buf.raw_ptr()), receive: None, local: None };
-        self.enqueue(stream, transfer, |point| buf.note_use(point))
+        self.one_way(stream, (buf.raw_ptr(), buf.bytes(), T::DTYPE), true, |point| buf.note_use(point))
     }
 
     /// Receive into `buf` what rank `peer` sends with [`Communicator::send`]; ordered after
@@ -534,13 +523,24 @@ impl Communicator {
     pub fn recv<T: Element>(&mut self, buf: &mut DeviceViewMut<'_, T>, stream: &Stream, peer: usize) -> Result<()> {
         self.check_call(stream, &[("buf", buf.device())])?;
         self.check_peer(peer)?;
-        let bytes = buf.bytes();
+        self.one_way(stream, (buf.raw_ptr(), buf.bytes(), T::DTYPE), false, |point| buf.note_use(point))
+    }
+
+    /// A checked one-way call (broadcast, send, recv) through the pipeline: this rank sends
+    /// the `bytes` at `ptr` when `sends`, else lands the peer's there. Nothing is enqueued
+    /// for zero bytes, on either rank.
+    fn one_way(
+        &mut self,
+        stream: &Stream,
+        (ptr, bytes, dtype): (RawDevicePtr, usize, DType),
+        sends: bool,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
-        let receive = Some((buf.raw_ptr(), Landing::Copy));
-        let transfer = Transfer { bytes, dtype: T::DTYPE, send: None, receive, local: None };
-        self.enqueue(stream, transfer, |point| buf.note_use(point))
+        let (send, receive) = if sends { (Some(ptr), None) } else { (None, Some((ptr, Landing::Copy))) };
+        self.enqueue(stream, Transfer { bytes, dtype, send, receive, local: None }, note)
     }
 
     /// Refuses a peer outside the world, or this rank itself.
