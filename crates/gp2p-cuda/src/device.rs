@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use crate::driver::{check, init};
 use crate::module::Module;
+use crate::pool::MemoryPool;
 use crate::{Error, Result};
 use gp2p_kernels::PtxTarget;
 
@@ -79,6 +80,9 @@ struct Inner {
     ptx_target: PtxTarget,
     /// Idle events for [`crate::StreamPoint`]s, reused instead of created per operation.
     spare_events: Mutex<Vec<crate::Event>>,
+    /// Where [`crate::DeviceBuffer`]s come from: the library's stream-ordered pool, or
+    /// `cuMemAlloc` where the device has none (see `pool.rs`).
+    memory: Option<MemoryPool>,
 }
 
 // SAFETY: CUdevice is an integer and CUcontext an opaque handle; the driver API is
@@ -136,6 +140,10 @@ impl Device {
         // SAFETY: `raw` is a valid device handle; out-pointer to a local. The retain is never
         // released: opened devices live for the process, as in the CUDA runtime.
         check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, raw) }, "cuDevicePrimaryCtxRetain")?;
+        // SAFETY: the context just retained.
+        check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
+        // A device whose pool cannot be made allocates with cuMemAlloc, as before pools.
+        let memory = MemoryPool::for_device(raw, ordinal).ok().flatten();
         let device = Device {
             inner: Arc::new(Inner {
                 info,
@@ -144,6 +152,7 @@ impl Device {
                 modules: Mutex::new(HashMap::new()),
                 ptx_target,
                 spare_events: Mutex::new(Vec::new()),
+                memory,
             }),
         };
         if open.len() <= ordinal {
@@ -221,8 +230,42 @@ impl Device {
         self.bind()?;
         // SAFETY: the current context is this device's; peer's ctx is a retained primary context.
         match unsafe { sys::cuCtxEnablePeerAccess(peer.inner.ctx, 0) } {
-            sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-            code => check(code, "cuCtxEnablePeerAccess"),
+            sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+            code => check(code, "cuCtxEnablePeerAccess")?,
+        }
+        // Pool memory has access rights of its own, which the context's do not cover.
+        match &peer.inner.memory {
+            Some(pool) => pool.grant(self),
+            None => Ok(()),
+        }
+    }
+
+    /// `bytes` of this device's memory, usable by every stream of it when this returns
+    /// (from the library's pool, else `cuMemAlloc`).
+    pub(crate) fn alloc_memory(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
+        self.bind()?;
+        if let Some(pool) = &self.inner.memory {
+            return pool.alloc(bytes);
+        }
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the context is current (flushing releases runs on this thread and leaves
+        // it so); out-pointer to a local.
+        let code = crate::lifetime::retry_after_releases(|| unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) });
+        check(code, "cuMemAlloc")?;
+        Ok(ptr)
+    }
+
+    /// Free memory from [`Device::alloc_memory`] without waiting for the device.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc_memory` of this device, is freed once, and the GPU is done with it.
+    pub(crate) unsafe fn free_memory(&self, ptr: sys::CUdeviceptr) -> Result<()> {
+        self.bind()?;
+        match &self.inner.memory {
+            // SAFETY: the caller's contract.
+            Some(pool) => unsafe { pool.free(ptr) },
+            // SAFETY: as above. (cuMemFree waits until every stream of the device is idle.)
+            None => check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree"),
         }
     }
 

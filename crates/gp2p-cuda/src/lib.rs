@@ -63,6 +63,7 @@ pub mod interop;
 pub mod lifetime;
 mod memory;
 mod module;
+mod pool;
 pub mod raw;
 mod reduce;
 mod registered;

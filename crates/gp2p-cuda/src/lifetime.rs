@@ -258,10 +258,9 @@ unsafe impl Send for Release {}
 impl Release {
     fn run(self) {
         let result = match self {
-            Release::DeviceMemory { device, ptr } => device.bind().and_then(|()| {
-                // SAFETY: owned allocation, freed once, after all recorded GPU use.
-                check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")
-            }),
+            // SAFETY: owned allocation from the device's alloc_memory, freed once, after all
+            // recorded GPU use.
+            Release::DeviceMemory { device, ptr } => unsafe { device.free_memory(ptr) },
             Release::HostMemory { device, ptr } => device.bind().and_then(|()| {
                 // SAFETY: as above, for pinned host memory from cuMemHostAlloc.
                 check(unsafe { sys::cuMemFreeHost(ptr) }, "cuMemFreeHost")

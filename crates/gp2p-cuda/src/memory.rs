@@ -37,14 +37,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// Allocate `len` elements on `device`. A zero length allocates nothing.
     pub fn alloc(device: &Device, len: usize) -> Result<Self> {
         let bytes = bytes_of::<T>(len)?;
-        let mut ptr: CUdeviceptr = 0;
-        if bytes > 0 {
-            device.bind()?;
-            // SAFETY: the context is current (flushing releases runs on this thread and leaves
-            // it so); out-pointer to a local.
-            let code = crate::lifetime::retry_after_releases(|| unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) });
-            check(code, "cuMemAlloc")?;
-        }
+        let ptr: CUdeviceptr = if bytes > 0 { device.alloc_memory(bytes)? } else { 0 };
         Ok(DeviceBuffer { device: device.clone(), ptr, len, uses: LastUses::new(), _marker: PhantomData })
     }
 
