@@ -142,7 +142,8 @@ impl Device {
         check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, raw) }, "cuDevicePrimaryCtxRetain")?;
         // SAFETY: the context just retained.
         check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
-        // A device whose pool cannot be made allocates with cuMemAlloc, as before pools.
+        // A device whose pool cannot be made allocates with cuMemAlloc, as before pools (the
+        // error is not the caller's to handle: that path works, only slower to free).
         let memory = MemoryPool::for_device(raw, ordinal).ok().flatten();
         let device = Device {
             inner: Arc::new(Inner {
@@ -155,6 +156,12 @@ impl Device {
                 memory,
             }),
         };
+        // Pool memory is reachable from a peer only where granted, whoever enabled peer access
+        // (torch may have, at the context level): grant every pair that can, both ways.
+        for other in open.iter().flatten() {
+            device.grant_pool_access(other);
+            other.grant_pool_access(&device);
+        }
         if open.len() <= ordinal {
             open.resize(ordinal + 1, None);
         }
@@ -233,10 +240,17 @@ impl Device {
             sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
             code => check(code, "cuCtxEnablePeerAccess")?,
         }
-        // Pool memory has access rights of its own, which the context's do not cover.
-        match &peer.inner.memory {
-            Some(pool) => pool.grant(self),
-            None => Ok(()),
+        Ok(())
+    }
+
+    /// Let `accessor` reach this device's pool memory where the pair allows peer access (done
+    /// for every pair as devices open). Best effort: without it a peer copy is staged by the
+    /// driver or, on the P2P route, refused by the access check first.
+    fn grant_pool_access(&self, accessor: &Device) {
+        if let Some(pool) = &self.inner.memory
+            && accessor.can_access_peer(self).unwrap_or(false)
+        {
+            crate::driver::defer_error(pool.grant(accessor));
         }
     }
 
@@ -248,8 +262,8 @@ impl Device {
             return pool.alloc(bytes);
         }
         let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: the context is current (flushing releases runs on this thread and leaves
-        // it so); out-pointer to a local.
+        // SAFETY: the context is current (bound above; waiting for the reclaimer on the
+        // out-of-memory path leaves this thread's context as it was); out-pointer to a local.
         let code = crate::lifetime::retry_after_releases(|| unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) });
         check(code, "cuMemAlloc")?;
         Ok(ptr)

@@ -240,7 +240,7 @@ impl LastUses {
 
 /// What the reclaimer releases once a resource's points are complete.
 pub(crate) enum Release {
-    /// `cuMemFree` of device memory.
+    /// Device memory back to its pool (`cuMemFreeAsync`), or `cuMemFree` without one.
     DeviceMemory { device: Device, ptr: CUdeviceptr },
     /// `cuMemFreeHost` of pinned host memory.
     HostMemory { device: Device, ptr: *mut c_void },

@@ -21,6 +21,12 @@ use cudarc::driver::sys::{self, CUdeviceptr, CUmemoryPool, CUstream};
 use crate::driver::check;
 use crate::{Device, Result};
 
+/// Freed memory the pool keeps for the next allocations instead of giving it back to the
+/// system at the next synchronisation (the pool's default keeps none, and the synchronise in
+/// every allocation would then return and re-map memory each time). What is beyond goes back,
+/// so a large buffer dropped leaves its memory to other allocators (torch's, say).
+const KEPT_BYTES: u64 = 256 << 20;
+
 /// A device's pool and the stream its operations run on; both live as long as the process
 /// (like the primary context the device keeps retained).
 pub(crate) struct MemoryPool {
@@ -58,6 +64,15 @@ impl MemoryPool {
         // SAFETY: props describes device memory of this device, no export handles; out-pointer
         // to a local.
         check(unsafe { sys::cuMemPoolCreate(&mut pool, &props) }, "cuMemPoolCreate")?;
+        let mut kept = KEPT_BYTES;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        // SAFETY: the pool just made; the attribute takes a u64, read during the call.
+        let code = unsafe { sys::cuMemPoolSetAttribute(pool, attr, (&raw mut kept).cast()) };
+        if let Err(e) = check(code, "cuMemPoolSetAttribute") {
+            // SAFETY: the pool just made, nothing allocated from it.
+            unsafe { sys::cuMemPoolDestroy(pool) };
+            return Err(e);
+        }
         let mut stream: CUstream = ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: the device's context is current (the caller's contract); out-pointer to a local.
@@ -73,6 +88,8 @@ impl MemoryPool {
     /// The device's context must be current.
     pub(crate) fn alloc(&self, bytes: usize) -> Result<CUdeviceptr> {
         let mut dptr: CUdeviceptr = 0;
+        // Out of memory: once what was dropped is released (its frees are on this pool's
+        // stream, so the retry can reuse it), the retry may succeed.
         let code = crate::lifetime::retry_after_releases(|| {
             // SAFETY: a live pool and stream of the current context; out-pointer to a local.
             unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, bytes, self.pool, self.stream) }
@@ -101,7 +118,9 @@ impl MemoryPool {
     }
 
     /// Let `accessor` read and write this pool's memory (peer access: the context-level
-    /// `cuCtxEnablePeerAccess` does not cover pool memory).
+    /// `cuCtxEnablePeerAccess` does not cover pool memory, and a peer copy into pool memory
+    /// that was not granted has been reported to succeed without writing). Never called for
+    /// the pool's own device.
     pub(crate) fn grant(&self, accessor: &Device) -> Result<()> {
         let desc = sys::CUmemAccessDesc {
             location: sys::CUmemLocation {
