@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Do the reclaimer's releases stall other threads, and does device memory from the library's
-# own pool (branch pool-device-memory) stop that? One call, two bundles side by side.
+# Do the reclaimer's releases stall other threads? Device memory from the library's own pool
+# (merged from branch pool-device-memory in the sixth session) does not; pinned host memory
+# still does. One call, any number of bundles side by side.
 #
-# Build both here (each `cargo xtask test-gpu --bundle DIR` from its checkout), carry them,
-# then on the device: BUNDLES="bundle-main bundle-pool" benches/device/release_ab.sh
+# Build each here (`cargo xtask test-gpu --bundle DIR` from its checkout), carry them, then
+# on the device: BUNDLES="bundle-a bundle-b" benches/device/release_ab.sh
 #
 # For each bundle:
-# - the release test alone (it prints how long the next driver call took after each kind of
+# - the release tests alone, the pinned one included (they print how long the next driver call took after each kind of
 #   release, with another stream held);
 # - gpu_lifetime and gpu_lines whole, three times each with the suite's 4 test threads (the
 #   gated tests failed only when they ran after tests that dropped many buffers);
@@ -24,7 +25,7 @@ for B in ${BUNDLES:-bundle}; do
   L=$OUT/release-ab/$(basename "$B")
   mkdir -p "$L"
   GP2P_KNOWN_DEFECTS=1 timeout --signal=KILL 60 "$B/tests/gpu_lifetime" --include-ignored --nocapture \
-    --exact a_release_never_stalls_other_threads_while_a_stream_is_held >"$L/release-test.log" 2>&1
+    release_never_stalls_other_threads >"$L/release-test.log" 2>&1
   table+=("$B release test: $(grep -E '^test result' "$L/release-test.log" | cut -c14-40) | $(grep -oE 'release of .*took [0-9.]+[a-zµ]+' "$L/release-test.log" | sed 's/ while a stream is held: the next driver call took/:/' | tr '\n' ';')")
   for t in gpu_lifetime gpu_lines; do
     ok=0

@@ -47,9 +47,10 @@ pub fn drop_limit() -> std::time::Duration {
 /// call that waits for the device, say) then fails instead of hanging. Check
 /// [`HostGate::expired`] before relying on the work still being queued.
 ///
-/// The gate closes once everything dropped before it is released: the reclaimer frees device
-/// memory with `cuMemFree`, which waits for every stream of the device, the held one too, and
-/// meanwhile other threads' driver calls wait (what `a_release_never_stalls_other_threads_while_
+/// The gate closes once everything dropped before it is released: the reclaimer frees pinned
+/// host memory with `cuMemFreeHost` (and device memory with `cuMemFree` where a device has no
+/// memory pool), which waits for every stream of the device, the held one too, and meanwhile
+/// other threads' driver calls wait (what `a_pinned_release_never_stalls_other_threads_while_
 /// a_stream_is_held` shows); a test of something else must not fail on a release left over
 /// from the test before it.
 #[allow(clippy::expect_used)] // a test helper: failing is how it reports
