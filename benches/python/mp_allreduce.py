@@ -34,7 +34,7 @@ import torch.distributed as dist  # noqa: E402
 
 import geforce_p2p.distributed as gpd  # noqa: E402
 
-SMALL = [8, 32, 128, 512, 2 << 10, 8 << 10, 32 << 10, 64 << 10]
+SMALL = [8, 32, 128, 512, 2 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10]
 LARGE = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 # Bytes moved per timed loop at most (calls shrink for large sizes, to at least 3).
 LOOP_BYTES = 1 << 30
@@ -124,6 +124,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", help="write the results here (rank 0)")
     parser.add_argument("--max-bytes", type=int, default=1 << 30, help="the largest size timed")
+    parser.add_argument("--small-max-bytes", type=int, default=64 << 10,
+                        help="the communicator's one-kernel path up to this size (its max_bytes)")
+    parser.add_argument("--slot-bytes", type=int, help="the pipeline's slot size (default the library's)")
+    parser.add_argument("--slots", type=int, help="the pipeline's slots per rank (default the library's)")
+    parser.add_argument("--min-bytes", type=int, default=0, help="the smallest size timed")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != 2:
@@ -134,9 +139,10 @@ def main():
     dist.init_process_group("nccl", device_id=device)
     box = [gpd.unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    comm = gpd.Communicator(box[0], rank, world, local)
+    comm = gpd.Communicator(box[0], rank, world, local, max_bytes=args.small_max_bytes,
+                            slot_bytes=args.slot_bytes, slots=args.slots)
     rows = []
-    for size in [s for s in SMALL + LARGE if s <= args.max_bytes]:
+    for size in [s for s in SMALL + LARGE if args.min_bytes <= s <= args.max_bytes]:
         numel = size // 4
         nccl, nccl_all = run("nccl", lambda b: dist.all_reduce(b), numel, args, rank, world, device)
         gp2p, gp2p_all = run("gp2p", lambda b: comm.all_reduce(b, "sum"), numel, args, rank, world, device)
@@ -159,7 +165,8 @@ def main():
                     "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                     "env": {k: os.environ.get(k) for k in ("NCCL_P2P_DISABLE", "NCCL_NVLS_ENABLE")},
                     "processes": world, "calls_per_loop": args.calls, "repeats": args.repeats,
-                    "warmup": args.warmup, "rows": rows}
+                    "warmup": args.warmup, "small_max_bytes": comm.max_bytes,
+                    "slot_bytes": args.slot_bytes, "slots": args.slots, "rows": rows}
             with open(args.json, "w") as f:
                 json.dump(meta, f, indent=1)
     dist.destroy_process_group()

@@ -38,7 +38,7 @@ impl PyCommunicator {
     /// Join communicator `id` as `rank` of `world` on CUDA device `device`; waits (with the
     /// GIL released) until every rank joined, at most `join_timeout` seconds.
     #[new]
-    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout))]
+    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's keywords, passed through
     fn new(
         py: Python<'_>,
@@ -49,14 +49,18 @@ impl PyCommunicator {
         max_bytes: usize,
         peer_timeout: f64,
         join_timeout: f64,
+        slot_bytes: Option<usize>,
+        slots: Option<usize>,
     ) -> PyResult<Self> {
         let run = || -> Result<PyCommunicator, Raised> {
             let id: UniqueId = id.parse().map_err(Raised::from)?;
+            let defaults = CommOptions::default();
             let options = CommOptions {
                 small_max_bytes: max_bytes,
                 peer_timeout: seconds("peer_timeout", peer_timeout)?,
                 join_timeout: seconds("join_timeout", join_timeout)?,
-                ..CommOptions::default()
+                slot_bytes: slot_bytes.unwrap_or(defaults.slot_bytes),
+                slots: slots.unwrap_or(defaults.slots),
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;

@@ -104,15 +104,21 @@ class Communicator:
     ``unique_id``: the text :func:`unique_id` gave on one rank; ``rank`` in
     ``0..world_size``; ``device``: this rank's GPU (ordinal, ``"cuda:N"`` or a
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
+    ``max_bytes``: the largest all-reduce run as one kernel; ``slot_bytes`` and ``slots``
+    (every rank must give the same): the staged pipeline's slot size (a multiple of 4096 in
+    64 KiB..256 MiB, default 4 MiB) and slots per rank (2..16, default 3), for tuning.
     """
 
     def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 64 << 10,
-                 peer_timeout: float = 5.0, join_timeout: float = 30.0):
+                 peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
+                 slots: Optional[int] = None):
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
         self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
         self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, int(max_bytes),
-                                            float(peer_timeout), float(join_timeout))
+                                            float(peer_timeout), float(join_timeout),
+                                            None if slot_bytes is None else int(slot_bytes),
+                                            None if slots is None else int(slots))
         #: The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones
         #: go through the staged pipeline).
         self.max_bytes = self._native.max_bytes
