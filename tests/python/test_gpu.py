@@ -299,6 +299,79 @@ def test_a_single_rank_is_a_no_op(name):
     assert_matches(out, before, name)
 
 
+@two_devices
+def test_all_reduce_of_torch_tensors_takes_the_native_fast_path(monkeypatch):
+    """The usual case (contiguous CUDA tensors, one dtype and shape, one per device, on
+    their current streams) is read by the native call itself; the general path is not
+    reached. Anything else falls back and is refused by name as before."""
+    from geforce_p2p import _api
+
+    warm = [random(5, "float32", cuda(d)) for d in (0, 1)]
+    gp.all_reduce(warm)  # the dtype's name is learnt by the general path first
+    reached = []
+    general = _api._native.all_reduce
+    monkeypatch.setattr(_api._native, "all_reduce", lambda *a: reached.append(a) or general(*a))
+    side = [torch.cuda.Stream(device=d) for d in (0, 1)]
+    for n in (1, 4099):
+        xs = [random(n, "float32", cuda(d)) for d in (0, 1)]
+        ref = reduce_ref("sum", [values(x) for x in xs], "float32")
+        with torch.cuda.stream(side[0]), torch.cuda.stream(side[1]):
+            # Torch work queued first on the current (side) streams: the fast path must order
+            # the all-reduce after it, as the general path does.
+            spin(0, 20)
+            xs[0].mul_(1)
+            gp.all_reduce(tuple(xs), op="sum")
+            xs[1].add_(0)
+        for d in (0, 1):
+            side[d].synchronize()
+        for x in xs:
+            assert_matches(x, ref, "float32")
+    assert reached == [], "the general path was taken for plain torch tensors"
+    odd = [random(6, "float32", cuda(0)).view(2, 3).t(), random(6, "float32", cuda(1)).view(3, 2)]
+    with pytest.raises(ValueError, match=r"tensors\[0\]: not contiguous"):
+        gp.all_reduce(odd)
+    with pytest.raises(TypeError, match=r"tensors\[1\]: dtype"):
+        gp.all_reduce([random(6, "float32", cuda(0)), random(6, "int32", cuda(1))])
+    with pytest.raises(ValueError, match=r"tensors\[1\]: shape"):
+        gp.all_reduce([random(6, "float32", cuda(0)), random(7, "float32", cuda(1))])
+    assert len(reached) == 0, "refused before the native call"
+    no_cuda_error()
+
+
+@two_devices
+def test_copy_of_torch_tensors_takes_the_native_fast_path(monkeypatch):
+    """copy_ between two devices' plain torch tensors is read by the native call itself,
+    ordered on both current streams; other cases fall back and are refused as before."""
+    from geforce_p2p import _api
+
+    gp.copy_(torch.empty(3, device="cuda:1"), torch.ones(3, device="cuda:0"))  # dtype learnt
+    reached = []
+    general = _api._native.copy
+    monkeypatch.setattr(_api._native, "copy", lambda *a: reached.append(a) or general(*a))
+    side = [torch.cuda.Stream(device=d) for d in (0, 1)]
+    for n in (1, (1 << 20) + 3):
+        for route in ("auto", "staged"):
+            src = random(n, "float32", cuda(0))
+            want = values(src)
+            dst = empty(n, "float32", cuda(1))
+            torch.cuda.synchronize(1)  # its poison written before the side stream uses it
+            with torch.cuda.stream(side[0]), torch.cuda.stream(side[1]):
+                spin(0, 20)
+                src.mul_(1)  # queued on the source's current stream before the copy
+                assert gp.copy_(dst, src, route=route) is dst
+                dst.add_(0)
+            for d in (0, 1):
+                side[d].synchronize()
+            assert np.array_equal(values(dst), want), route
+    assert reached == [], "the general path was taken for plain torch tensors"
+    with pytest.raises(ValueError, match="dst: shape"):
+        gp.copy_(torch.empty(4, device="cuda:1"), torch.ones(3, device="cuda:0"))
+    with pytest.raises(TypeError, match="dst: dtype"):
+        gp.copy_(torch.empty(3, device="cuda:1", dtype=torch.int32), torch.ones(3, device="cuda:0"))
+    assert reached == [], "refused before the native call"
+    no_cuda_error()
+
+
 def test_two_tensors_on_one_device_are_refused():
     a, b = torch.ones(8, device="cuda:0"), torch.ones(8, device="cuda:0")
     with pytest.raises(ValueError, match=r"tensors\[1\]: on cuda:0 like tensors\[0\]"):
@@ -513,7 +586,7 @@ def _distributed_rank(uid, rank):
         t = inputs[rank].to("cuda:%d" % rank)
         comm.all_reduce(t)
         results.append((t, (inputs[0].double() + inputs[1].double())))
-    # Through the staged pipeline: an all-reduce above max_bytes (several 4 MiB chunks, the
+    # Through the staged pipeline: an all-reduce above max_bytes (two 8 MiB chunks, the
     # last one partial) and the other collectives, at odd lengths.
     n = 3 * (1 << 20) + 7
     gen = lambda r, i: torch.Generator().manual_seed(7000 + 10 * i + r)  # noqa: E731

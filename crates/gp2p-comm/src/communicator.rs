@@ -40,12 +40,18 @@ pub struct CommOptions {
 impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
-            small_max_bytes: 64 << 10,
+            // Where the one kernel stops winning over the pipeline: on two H200s, one process
+            // each, 64 KiB took 43-46 us in one kernel and 36-40 us through the pipeline;
+            // 32 KiB 29-34 us against 35 (benches/results/README.md, sixth session).
+            small_max_bytes: 32 << 10,
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
-            // What the single-process engine measured best on two H200s: 4 MiB slots, three
-            // in flight (benches/results/README.md, #12).
-            slot_bytes: 4 << 20,
+            // Measured on two H200s, one process each, f32 all-reduce at 16 MiB / 64 MiB /
+            // 256 MiB / 1 GiB, ratio of the duplex ceiling (one call): 8 MiB x 3 slots
+            // 0.80/0.88/0.88/0.94, 16 MiB x 2 0.68/0.87/0.90/0.93, 4 MiB x 3 (the single-process
+            // engine's best) 0.63/0.76/0.81/0.79, 4 MiB x 4 0.75/0.79/0.82/0.79; 1-2 MiB slots
+            // 0.55-0.70 (benches/results/README.md, sixth session).
+            slot_bytes: 8 << 20,
             slots: 3,
         }
     }

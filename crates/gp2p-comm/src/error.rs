@@ -136,6 +136,16 @@ pub enum Error {
         /// What does not match.
         problem: String,
     },
+    /// /dev/shm cannot hold the segment (a container's default is 64 MiB).
+    #[error(
+        "segment {name}: /dev/shm has no room for its {bytes} bytes; give it more (docker run --shm-size=1g, or --ipc=host) or make the communicator with fewer or smaller slots (slot_bytes, slots)"
+    )]
+    NoRoom {
+        /// The segment's name.
+        name: String,
+        /// The segment's size.
+        bytes: usize,
+    },
     /// A system call on the segment failed.
     #[error("segment {name}: {call} failed: {source}")]
     Os {

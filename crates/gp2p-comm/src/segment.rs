@@ -405,6 +405,13 @@ fn set_up(fd: OwnedFd, name: &str, want: Want, pid: i32) -> Result<Mapping> {
     // The umask may have taken bits off the mode; the other ranks need read and write.
     rustix::fs::fchmod(&fd, Mode::from_raw_mode(SEGMENT_MODE)).map_err(|e| os(name, "fchmod", e))?;
     rustix::fs::ftruncate(&fd, want.total as u64).map_err(|e| os(name, "ftruncate", e))?;
+    // Reserve the pages now: a tmpfs that runs out of room later raises SIGBUS at the first
+    // touch of a page it cannot back (here, or in the driver's registration), not an error.
+    match rustix::fs::fallocate(&fd, rustix::fs::FallocateFlags::empty(), 0, want.total as u64) {
+        Ok(()) | Err(Errno::OPNOTSUPP) => {}
+        Err(Errno::NOSPC) => return Err(Error::NoRoom { name: name.to_owned(), bytes: want.total }),
+        Err(e) => return Err(os(name, "fallocate", e)),
+    }
     let map = Mapping::new(fd.as_fd(), want.total, name)?;
     let h = map.header();
     h.version.store(LAYOUT_VERSION, Ordering::Relaxed);

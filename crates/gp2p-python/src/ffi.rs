@@ -161,7 +161,12 @@ pub(crate) fn check_disjoint(
     Ok(())
 }
 
-fn copy_t<T: Element>(src: &Memory, dst: &Memory, len: usize, options: CopyOptions) -> Result<Route, Raised> {
+pub(crate) fn copy_t<T: Element>(
+    src: &Memory,
+    dst: &Memory,
+    len: usize,
+    options: CopyOptions,
+) -> Result<Route, Raised> {
     let (from, to) = (Caller::open(src)?, Caller::open(dst)?);
     let source = from.view::<T>(src.ptr, len);
     let mut target = to.view_mut::<T>(dst.ptr, len);
@@ -299,14 +304,19 @@ pub(crate) fn reduce(
 
 /// The collectives that work in place on one buffer per rank.
 #[derive(Clone, Copy)]
-enum InPlace {
+pub(crate) enum InPlace {
     AllReduce(ReduceOp),
     Broadcast { root: usize },
 }
 
 /// Run an in-place collective over the ranks' `len` elements of `T`: all_reduce and
 /// broadcast open their callers and views alike and differ only in the call.
-fn in_place_t<T: Element>(ranks: &[Memory], len: usize, what: InPlace, receive: Receive) -> Result<(), Raised> {
+pub(crate) fn in_place_t<T: Element>(
+    ranks: &[Memory],
+    len: usize,
+    what: InPlace,
+    receive: Receive,
+) -> Result<(), Raised> {
     let callers = open_all(ranks)?;
     let mut views = ranks_of::<T>(&callers, ranks, len);
     let engine = geforce_p2p::collectives();

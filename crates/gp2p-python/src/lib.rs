@@ -30,6 +30,7 @@
 mod args;
 mod comm;
 mod error;
+mod fast;
 mod ffi;
 
 use geforce_p2p::{DType, Device, ReduceOp};
@@ -103,6 +104,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::reduce, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::all_reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(fast::all_reduce_torch, m)?)?;
+    m.add_function(wrap_pyfunction!(fast::copy_torch, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::all_gather, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::reduce_scatter, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::broadcast, m)?)?;

@@ -176,6 +176,23 @@ def _current_raw_stream(torch: Any, device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+# (torch module, the arguments of the native fast paths or None): found once, not per call.
+_TORCH_FAST: list = [None, None]
+
+
+def torch_fast_args(objs: Any) -> Optional[tuple]:
+    """What the native fast paths take to read torch tensors themselves (``torch.Tensor``,
+    the current-raw-stream getter, the dtype names learnt so far), where ``objs`` is a list
+    or tuple whose first item is a torch tensor; else None, and the tensors are read here."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(objs) not in (list, tuple) or not objs or not isinstance(objs[0], torch.Tensor):
+        return None
+    if _TORCH_FAST[0] is not torch:
+        getter = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        _TORCH_FAST[:] = [torch, None if getter is None else (torch.Tensor, getter, _TORCH_DTYPE_NAMES)]
+    return _TORCH_FAST[1]
+
+
 # Tensor's fields in order, without NamedTuple's keyword-handling constructor (this runs
 # for every tensor of every call).
 _new_tensor = tuple.__new__

@@ -11,7 +11,7 @@ goes to a gloo group the process group keeps beside it: CPU tensors (torch hands
 communicator does not run. Those ops on the group's device (gather, scatter, all_to_all,
 reduce, recv from any source) raise ``NotImplementedError`` naming the op. Sends and receives
 pair with the peer's calls in call order (tags are not matched); as with NCCL, two ranks that
-both send before they receive stall once a message outgrows the staging slots (three of 4 MiB
+both send before they receive stall once a message outgrows the staging slots (three of 8 MiB
 by default), until the peer timeout.
 """
 

@@ -11,7 +11,7 @@ the peer run on the GPU, and a peer that never arrives makes them give up after
 
 This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
-backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (64 KiB by
+backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (32 KiB by
 default) is one kernel whose lines carry data and a sequence number through the shared
 memory; everything else goes through a pipeline of DMA copies via slots of the segment,
 handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process
@@ -106,10 +106,10 @@ class Communicator:
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
     ``max_bytes``: the largest all-reduce run as one kernel; ``slot_bytes`` and ``slots``
     (every rank must give the same): the staged pipeline's slot size (a multiple of 4096 in
-    64 KiB..256 MiB, default 4 MiB) and slots per rank (2..16, default 3), for tuning.
+    64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning.
     """
 
-    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 64 << 10,
+    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 32 << 10,
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
                  slots: Optional[int] = None):
         if not isinstance(unique_id, str):
