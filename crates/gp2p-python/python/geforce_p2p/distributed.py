@@ -15,9 +15,9 @@ backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (32 KiB
 default) is one kernel whose lines carry data and a sequence number through the shared
 memory; everything else goes through a pipeline of DMA copies via slots of the segment,
 handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process
-each, an all-reduce takes 11-13 us up to 2 KiB, 16 us at 8 KiB and 29-43 us at 32-64 KiB,
-where NCCL's shared-memory path takes 41-45 us; from 64 MiB the pipeline moves 0.79-0.84 of
-what the two links carry both ways at once, a little faster than NCCL
+each, an all-reduce takes 8-9 us up to 2 KiB, 15 us at 8 KiB and 26-27 us at 16-64 KiB,
+where NCCL's shared-memory path takes 23-38 us; from 64 MiB the pipeline moves 0.88-0.92 of
+what the two links carry both ways at once, in 0.79-0.83 of NCCL's time
 (``benches/python/mp_allreduce.py``). Calls made while torch captures a CUDA graph are
 captured too (tested: every collective captured, then 10 replays on new data), and each
 launch of the graph runs them again on whatever the captured tensors hold then (every rank
