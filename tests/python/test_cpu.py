@@ -219,6 +219,14 @@ class FakeTorch:
         )
 
 
+# The real torch where installed (CI has none), taken before the fixture below hides it: the
+# fast-path test reads real tensors (torch cannot be imported again once it was removed).
+try:
+    import torch as _REAL_TORCH
+except ImportError:
+    _REAL_TORCH = None
+
+
 @pytest.fixture(autouse=True)
 def no_real_torch(monkeypatch):
     """These tests' world has no torch but the fake one the `torch` fixture brings, even
@@ -559,6 +567,9 @@ def test_a_communicator_without_a_driver_fails_at_once_naming_it():
         gpd.Communicator("not-an-id", 0, 2, device=0)
     with pytest.raises(ValueError, match="device"):
         gpd.Communicator(gpd.unique_id(), 0, 2, device="cpu")
+    for name, bad in (("max_bytes", -1), ("slot_bytes", 0), ("slots", -2), ("slots", True), ("slot_bytes", 1.5)):
+        with pytest.raises(ValueError, match="%s: .* is not a positive number" % name):
+            gpd.Communicator(gpd.unique_id(), 0, 2, device=0, **{name: bad})
 
 
 class _Native:
@@ -720,3 +731,68 @@ def test_a_read_tensor_on_another_stream_of_its_device_is_refused(native):
     with pytest.raises(ValueError, match=r"inputs\[0\]: ordered on stream 0x30"):
         gp.all_gather(ins, outs)
     assert native.calls == [], "refused before the library"
+
+
+def test_torch_fast_paths_take_only_plain_cuda_tensors(monkeypatch):
+    """The native fast paths read torch tensors themselves: with tensors that only say they
+    are on CUDA (no driver here), the plain case reaches the library (and its no-driver
+    error), everything else falls back (False) for the Python layer to refuse by name, and an
+    exception that is not an Exception (Ctrl-C) is raised, not swallowed."""
+    torch = _REAL_TORCH
+    if torch is None:
+        pytest.skip("needs torch (CPU is enough)")
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+    class Pretend(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+        def get_device(self):
+            return self._dev
+
+        def data_ptr(self):
+            return 0x10000 * (self._dev + 1)
+
+    class Interrupted(Pretend):
+        def get_device(self):
+            raise KeyboardInterrupt
+
+    class Failing(Pretend):
+        def get_device(self):
+            raise RuntimeError("boom")
+
+    def on(dev, n=4, dtype=torch.float32, kind=Pretend):
+        t = torch.zeros(n, dtype=dtype).as_subclass(kind)
+        t._dev = dev
+        return t
+
+    monkeypatch.setitem(_tensors._TORCH_DTYPE_NAMES, torch.float32, "f32")
+    monkeypatch.setitem(_tensors._TORCH_DTYPE_NAMES, torch.bool, None)
+    args = list(_tensors.torch_fast_args([torch.zeros(1)]))
+    args[2] = lambda device: 0  # every device's current stream: the legacy default one
+    fast = lambda xs: _native.all_reduce_torch(xs, "sum", "auto", *args)  # noqa: E731
+    for xs in ([on(0), on(1)], (on(0), on(1))):
+        with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+            fast(xs)
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+        _native.copy_torch(on(1), on(0), "auto", *args)
+    fall_back = {
+        "cpu": [torch.zeros(4), torch.zeros(4)],
+        "one device": [on(0), on(0)],
+        "shapes": [on(0), on(1, 5)],
+        "dtypes": [on(0), on(1, dtype=torch.float64)],
+        "not learnt": [on(0, dtype=torch.int16), on(1, dtype=torch.int16)],
+        "not taken": [on(0, dtype=torch.bool), on(1, dtype=torch.bool)],
+        "empty": [on(0, 0), on(1, 0)],
+        "alone": [on(0)],
+        "strided": [on(0, 8)[::2], on(1)],
+        "sparse": [torch.zeros(4).to_sparse(), torch.zeros(4).to_sparse()],
+        "not a list": on(0),
+        "raises": [on(0, kind=Failing), on(1)],
+    }
+    for name, xs in fall_back.items():
+        assert fast(xs) is False, name
+    assert _native.copy_torch(on(0), on(0), "auto", *args) is False, "one device: the Python layer checks overlap"
+    with pytest.raises(KeyboardInterrupt):
+        fast([on(0, kind=Interrupted), on(1)])

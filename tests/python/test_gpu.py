@@ -306,26 +306,26 @@ def test_all_reduce_of_torch_tensors_takes_the_native_fast_path(monkeypatch):
     reached. Anything else falls back and is refused by name as before."""
     from geforce_p2p import _api
 
-    warm = [random(5, "float32", cuda(d)) for d in (0, 1)]
+    warm = [random(5, "int32", cuda(d)) for d in (0, 1)]
     gp.all_reduce(warm)  # the dtype's name is learnt by the general path first
     reached = []
     general = _api._native.all_reduce
     monkeypatch.setattr(_api._native, "all_reduce", lambda *a: reached.append(a) or general(*a))
     side = [torch.cuda.Stream(device=d) for d in (0, 1)]
     for n in (1, 4099):
-        xs = [random(n, "float32", cuda(d)) for d in (0, 1)]
-        ref = reduce_ref("sum", [values(x) for x in xs], "float32")
+        xs = [random(n, "int32", cuda(d)) for d in (0, 1)]
+        want = values(xs[0]) * 2 + values(xs[1])
         with torch.cuda.stream(side[0]), torch.cuda.stream(side[1]):
-            # Torch work queued first on the current (side) streams: the fast path must order
-            # the all-reduce after it, as the general path does.
+            # Torch work on the current (side) streams: the doubling queued before must be
+            # in the sum, the increment queued after must see it (exact in int32).
             spin(0, 20)
-            xs[0].mul_(1)
+            xs[0].mul_(2)
             gp.all_reduce(tuple(xs), op="sum")
-            xs[1].add_(0)
+            xs[1].add_(1)
         for d in (0, 1):
             side[d].synchronize()
-        for x in xs:
-            assert_matches(x, ref, "float32")
+        assert np.array_equal(values(xs[0]), want), n
+        assert np.array_equal(values(xs[1]), want + 1), n
     assert reached == [], "the general path was taken for plain torch tensors"
     odd = [random(6, "float32", cuda(0)).view(2, 3).t(), random(6, "float32", cuda(1)).view(3, 2)]
     with pytest.raises(ValueError, match=r"tensors\[0\]: not contiguous"):
@@ -344,22 +344,22 @@ def test_copy_of_torch_tensors_takes_the_native_fast_path(monkeypatch):
     ordered on both current streams; other cases fall back and are refused as before."""
     from geforce_p2p import _api
 
-    gp.copy_(torch.empty(3, device="cuda:1"), torch.ones(3, device="cuda:0"))  # dtype learnt
+    gp.copy_(torch.empty(3, device="cuda:1", dtype=torch.int32), torch.ones(3, device="cuda:0", dtype=torch.int32))
     reached = []
     general = _api._native.copy
     monkeypatch.setattr(_api._native, "copy", lambda *a: reached.append(a) or general(*a))
     side = [torch.cuda.Stream(device=d) for d in (0, 1)]
     for n in (1, (1 << 20) + 3):
         for route in ("auto", "staged"):
-            src = random(n, "float32", cuda(0))
-            want = values(src)
-            dst = empty(n, "float32", cuda(1))
+            src = random(n, "int32", cuda(0))
+            want = values(src) * 2 + 1
+            dst = empty(n, "int32", cuda(1))
             torch.cuda.synchronize(1)  # its poison written before the side stream uses it
             with torch.cuda.stream(side[0]), torch.cuda.stream(side[1]):
                 spin(0, 20)
-                src.mul_(1)  # queued on the source's current stream before the copy
+                src.mul_(2)  # queued on the source's current stream before the copy
                 assert gp.copy_(dst, src, route=route) is dst
-                dst.add_(0)
+                dst.add_(1)  # queued on the destination's after it
             for d in (0, 1):
                 side[d].synchronize()
             assert np.array_equal(values(dst), want), route
@@ -696,7 +696,7 @@ def _backend_rank(rank, init):
     dist.init_process_group("gp2p", init_method=init, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     dev = "cuda:%d" % rank
-    n = 300_007  # several pipeline chunks are 4 MiB: this is one partial chunk, odd
+    n = 300_007  # the pipeline's chunks are 8 MiB: this is one partial chunk, odd
     gen = lambda r, i: torch.Generator().manual_seed(900 + 10 * i + r)  # noqa: E731
     both = [torch.randint(-1000, 1000, (n,), generator=gen(r, 0)).float() for r in range(2)]
     t = both[rank].to(dev)

@@ -41,8 +41,9 @@ impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
             // Where the one kernel stops winning over the pipeline: on two H200s, one process
-            // each, 64 KiB took 43-46 us in one kernel and 36-40 us through the pipeline;
-            // 32 KiB 29-34 us against 35 (benches/results/README.md, sixth session).
+            // each, in two runs of the same call, 64 KiB took 43-46 us in one kernel and 36-40
+            // us through the pipeline, 32 KiB 29-34 us in one kernel and 35 us through the
+            // pipeline (benches/results/README.md, sixth session, all-reduce-mp-chunks4-*).
             small_max_bytes: 32 << 10,
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,

@@ -407,9 +407,11 @@ fn set_up(fd: OwnedFd, name: &str, want: Want, pid: i32) -> Result<Mapping> {
     rustix::fs::ftruncate(&fd, want.total as u64).map_err(|e| os(name, "ftruncate", e))?;
     // Reserve the pages now: a tmpfs that runs out of room later raises SIGBUS at the first
     // touch of a page it cannot back (here, or in the driver's registration), not an error.
-    match rustix::fs::fallocate(&fd, rustix::fs::FallocateFlags::empty(), 0, want.total as u64) {
+    // tmpfs gives up with EINTR when a signal arrives meanwhile (it is safe to repeat).
+    let reserve = || rustix::fs::fallocate(&fd, rustix::fs::FallocateFlags::empty(), 0, want.total as u64);
+    match rustix::io::retry_on_intr(reserve) {
         Ok(()) | Err(Errno::OPNOTSUPP) => {}
-        Err(Errno::NOSPC) => return Err(Error::NoRoom { name: name.to_owned(), bytes: want.total }),
+        Err(Errno::NOSPC | Errno::NOMEM) => return Err(Error::NoRoom { name: name.to_owned(), bytes: want.total }),
         Err(e) => return Err(os(name, "fallocate", e)),
     }
     let map = Mapping::new(fd.as_fd(), want.total, name)?;

@@ -244,8 +244,10 @@ impl Device {
     }
 
     /// Let `accessor` reach this device's pool memory where the pair allows peer access (done
-    /// for every pair as devices open). Best effort: without it a peer copy is staged by the
-    /// driver or, on the P2P route, refused by the access check first.
+    /// for every pair as devices open). A grant that fails (never seen) is reported at the
+    /// next synchronise; the P2P route's own check looks only at context-level peer access,
+    /// so a peer copy into that memory would then fail in the driver, or has been reported
+    /// to succeed without writing.
     fn grant_pool_access(&self, accessor: &Device) {
         if let Some(pool) = &self.inner.memory
             && accessor.can_access_peer(self).unwrap_or(false)

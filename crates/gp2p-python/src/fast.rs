@@ -14,6 +14,7 @@
 use std::str::FromStr;
 
 use geforce_p2p::{CopyOptions, DType};
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{intern, types::PyAnyMethods};
@@ -26,6 +27,8 @@ use crate::ffi::{InPlace, by_dtype, copy_t, in_place_t};
 struct TorchParts<'a, 'py> {
     /// `torch.Tensor`.
     tensor_type: &'a Bound<'py, PyAny>,
+    /// `torch.strided`, the one layout taken.
+    strided: &'a Bound<'py, PyAny>,
     /// `torch._C._cuda_getCurrentRawStream`: a device's current stream as an integer.
     current_stream: &'a Bound<'py, PyAny>,
     /// Torch dtype → kernel dtype name (or None where the kernels do not take it), as the
@@ -33,8 +36,32 @@ struct TorchParts<'a, 'py> {
     dtype_names: &'a Bound<'py, PyDict>,
 }
 
-/// One torch tensor as the fast paths take it: a contiguous CUDA tensor of a dtype the
-/// kernels take, with at least one element.
+/// What reading a tensor gives: `Ok(None)` where the Python layer must read it (an ordinary
+/// exception included: it reads again and says what is wrong), `Err` for an exception that
+/// is not an `Exception` (KeyboardInterrupt, SystemExit), raised as it came.
+type Read<T> = PyResult<Option<T>>;
+
+/// `r` as a [`Read`]: a value, `None` for an ordinary exception, or the exception to raise.
+fn soft<T>(py: Python<'_>, r: PyResult<T>) -> Read<T> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.is_instance_of::<PyException>(py) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The value of a [`soft`] read, or return `Ok(None)` (or the exception) from the function.
+macro_rules! read {
+    ($py:expr, $e:expr) => {
+        match soft($py, $e)? {
+            Some(v) => v,
+            None => return Ok(None),
+        }
+    };
+}
+
+/// One torch tensor as the fast paths take it: a contiguous, strided CUDA tensor of a dtype
+/// the kernels take, with at least one element.
 struct CudaTensor<'py> {
     dtype_obj: Bound<'py, PyAny>,
     dtype: DType,
@@ -43,55 +70,72 @@ struct CudaTensor<'py> {
     memory: Memory,
 }
 
-/// `t` read as a [`CudaTensor`], or `None` where the Python layer must read it.
-fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'_, 'py>) -> Option<CudaTensor<'py>> {
+/// `t` read as a [`CudaTensor`] (see [`Read`]).
+fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'_, 'py>) -> Read<CudaTensor<'py>> {
     let py = t.py();
-    if !t.is_instance(parts.tensor_type).ok()?
-        || !t.getattr(intern!(py, "is_cuda")).ok()?.is_truthy().ok()?
-        || !t.call_method0(intern!(py, "is_contiguous")).ok()?.is_truthy().ok()?
+    if !read!(py, t.is_instance(parts.tensor_type))
+        || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided)
+        || !read!(py, t.getattr(intern!(py, "is_cuda")).and_then(|b| b.is_truthy()))
+        || !read!(py, t.call_method0(intern!(py, "is_contiguous")).and_then(|b| b.is_truthy()))
     {
-        return None;
+        return Ok(None);
     }
-    let dtype_obj = t.getattr(intern!(py, "dtype")).ok()?;
-    let name = parts.dtype_names.get_item(&dtype_obj).ok()??;
-    let dtype = DType::from_str(&name.extract::<String>().ok()?).ok()?;
-    let len: usize = t.call_method0(intern!(py, "numel")).ok()?.extract().ok()?;
+    let dtype_obj = read!(py, t.getattr(intern!(py, "dtype")));
+    let Some(name) = read!(py, parts.dtype_names.get_item(&dtype_obj)) else {
+        return Ok(None); // not learnt yet: the Python layer learns it
+    };
+    let Ok(dtype) = DType::from_str(&read!(py, name.extract::<String>())) else {
+        return Ok(None);
+    };
+    let len: usize = read!(py, t.call_method0(intern!(py, "numel")).and_then(|n| n.extract()));
     if len == 0 {
-        return None;
+        return Ok(None);
     }
-    let shape = t.getattr(intern!(py, "shape")).ok()?;
-    let device: usize = t.call_method0(intern!(py, "get_device")).ok()?.extract().ok()?;
-    let stream: u64 = parts.current_stream.call1((device,)).ok()?.extract().ok()?;
-    let ptr: u64 = t.call_method0(intern!(py, "data_ptr")).ok()?.extract().ok()?;
-    Some(CudaTensor { dtype_obj, dtype, shape, len, memory: Memory { device, ptr, stream } })
+    let shape = read!(py, t.getattr(intern!(py, "shape")));
+    let device: usize = read!(py, t.call_method0(intern!(py, "get_device")).and_then(|d| d.extract()));
+    let stream: u64 = read!(py, parts.current_stream.call1((device,)).and_then(|s| s.extract()));
+    let ptr: u64 = read!(py, t.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()));
+    Ok(Some(CudaTensor { dtype_obj, dtype, shape, len, memory: Memory { device, ptr, stream } }))
 }
 
-/// Whether `t` has `like`'s dtype and shape.
-fn alike(t: &CudaTensor<'_>, like: &CudaTensor<'_>) -> Option<bool> {
-    Some(t.dtype_obj.is(&like.dtype_obj) && t.shape.eq(&like.shape).ok()?)
+/// Whether `t` has `like`'s dtype and shape (see [`Read`]).
+fn alike(t: &CudaTensor<'_>, like: &CudaTensor<'_>) -> Read<bool> {
+    let py = t.shape.py();
+    Ok(Some(t.dtype_obj.is(&like.dtype_obj) && read!(py, t.shape.eq(&like.shape))))
 }
 
-/// The ranks of an all_reduce read from torch tensors: `(dtype, elements, memories)`, or
-/// `None` where the Python layer must read them (see the module docs).
-fn torch_ranks(objs: &Bound<'_, PyAny>, parts: &TorchParts<'_, '_>) -> Option<(DType, usize, Vec<Memory>)> {
-    let items: Vec<Bound<'_, PyAny>> = if let Ok(list) = objs.cast::<PyList>() {
+/// The ranks of an all_reduce read from torch tensors: `(dtype, elements, memories, the
+/// tensors)`, the tensors held so that none is freed while the call runs without the GIL
+/// (another thread may empty the list meanwhile). See [`Read`].
+#[allow(clippy::type_complexity)]
+fn torch_ranks<'py>(
+    objs: &Bound<'py, PyAny>,
+    parts: &TorchParts<'_, 'py>,
+) -> Read<(DType, usize, Vec<Memory>, Vec<Bound<'py, PyAny>>)> {
+    let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = objs.cast::<PyList>() {
         list.iter().collect()
+    } else if let Ok(tuple) = objs.cast::<PyTuple>() {
+        tuple.iter().collect()
     } else {
-        objs.cast::<PyTuple>().ok()?.iter().collect()
+        return Ok(None);
     };
     if items.len() < 2 {
-        return None;
+        return Ok(None);
     }
-    let first = cuda_tensor(&items[0], parts)?;
+    let Some(first) = cuda_tensor(&items[0], parts)? else {
+        return Ok(None);
+    };
     let mut ranks = vec![first.memory];
     for t in &items[1..] {
-        let t = cuda_tensor(t, parts)?;
-        if !alike(&t, &first)? || ranks.iter().any(|m| m.device == t.memory.device) {
-            return None;
+        let Some(t) = cuda_tensor(t, parts)? else {
+            return Ok(None);
+        };
+        if alike(&t, &first)? != Some(true) || ranks.iter().any(|m| m.device == t.memory.device) {
+            return Ok(None);
         }
         ranks.push(t.memory);
     }
-    Some((first.dtype, first.len, ranks))
+    Ok(Some((first.dtype, first.len, ranks, items)))
 }
 
 /// `copy_(dst, src)` of two torch tensors on two devices, read here: `False` where the
@@ -99,25 +143,28 @@ fn torch_ranks(objs: &Bound<'_, PyAny>, parts: &TorchParts<'_, '_>) -> Option<(D
 /// enqueued on both tensors' current streams. Errors of the library raise as from
 /// `_native.copy`.
 #[pyfunction]
-#[pyo3(signature = (dst, src, route, tensor_type, current_stream, dtype_names))]
+#[pyo3(signature = (dst, src, route, tensor_type, strided, current_stream, dtype_names))]
+#[allow(clippy::too_many_arguments)] // the fast-path arguments, passed through from Python
 pub(crate) fn copy_torch(
     py: Python<'_>,
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
     route: &str,
     tensor_type: &Bound<'_, PyAny>,
+    strided: &Bound<'_, PyAny>,
     current_stream: &Bound<'_, PyAny>,
     dtype_names: &Bound<'_, PyDict>,
 ) -> PyResult<bool> {
-    let parts = TorchParts { tensor_type, current_stream, dtype_names };
-    let read = || {
-        let (d, s) = (cuda_tensor(dst, &parts)?, cuda_tensor(src, &parts)?);
-        // One device: the Python layer checks the two do not overlap first.
-        (alike(&d, &s)? && d.memory.device != s.memory.device).then_some((s.dtype, s.len, s.memory, d.memory))
-    };
-    let Some((dtype, len, src, dst)) = read() else {
+    let parts = TorchParts { tensor_type, strided, current_stream, dtype_names };
+    let (Some(d), Some(s)) = (cuda_tensor(dst, &parts)?, cuda_tensor(src, &parts)?) else {
         return Ok(false);
     };
+    // One device: the Python layer checks the two do not overlap first. (`dst` and `src`
+    // are held by the caller's frame for the whole call.)
+    if alike(&d, &s)? != Some(true) || d.memory.device == s.memory.device {
+        return Ok(false);
+    }
+    let (dtype, len, src, dst) = (s.dtype, s.len, s.memory, d.memory);
     let run = || -> Result<(), Raised> {
         let options = CopyOptions { route: args::route(route)?, chunk_bytes: None, slots: None };
         args::check_range("src", src.ptr, len, dtype)?;
@@ -131,18 +178,20 @@ pub(crate) fn copy_torch(
 /// (nothing was enqueued then); `True` once the all-reduce is enqueued on the tensors' current
 /// streams. Errors of the library raise as from `_native.all_reduce`.
 #[pyfunction]
-#[pyo3(signature = (tensors, op, transport, tensor_type, current_stream, dtype_names))]
+#[pyo3(signature = (tensors, op, transport, tensor_type, strided, current_stream, dtype_names))]
+#[allow(clippy::too_many_arguments)] // the fast-path arguments, passed through from Python
 pub(crate) fn all_reduce_torch(
     py: Python<'_>,
     tensors: &Bound<'_, PyAny>,
     op: &str,
     transport: &str,
     tensor_type: &Bound<'_, PyAny>,
+    strided: &Bound<'_, PyAny>,
     current_stream: &Bound<'_, PyAny>,
     dtype_names: &Bound<'_, PyDict>,
 ) -> PyResult<bool> {
-    let parts = TorchParts { tensor_type, current_stream, dtype_names };
-    let Some((dtype, len, ranks)) = torch_ranks(tensors, &parts) else {
+    let parts = TorchParts { tensor_type, strided, current_stream, dtype_names };
+    let Some((dtype, len, ranks, _held)) = torch_ranks(tensors, &parts)? else {
         return Ok(false);
     };
     let run = || -> Result<(), Raised> {

@@ -182,14 +182,16 @@ _TORCH_FAST: list = [None, None]
 
 def torch_fast_args(objs: Any) -> Optional[tuple]:
     """What the native fast paths take to read torch tensors themselves (``torch.Tensor``,
-    the current-raw-stream getter, the dtype names learnt so far), where ``objs`` is a list
-    or tuple whose first item is a torch tensor; else None, and the tensors are read here."""
+    ``torch.strided``, the current-raw-stream getter, the dtype names learnt so far), where
+    ``objs`` is a list or tuple whose first item is a torch tensor; else None, and the
+    tensors are read here."""
     torch = sys.modules.get("torch")
     if torch is None or type(objs) not in (list, tuple) or not objs or not isinstance(objs[0], torch.Tensor):
         return None
     if _TORCH_FAST[0] is not torch:
         getter = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
-        _TORCH_FAST[:] = [torch, None if getter is None else (torch.Tensor, getter, _TORCH_DTYPE_NAMES)]
+        parts = (torch.Tensor, torch.strided, getter, _TORCH_DTYPE_NAMES)
+        _TORCH_FAST[:] = [torch, None if getter is None else parts]
     return _TORCH_FAST[1]
 
 

@@ -15,8 +15,9 @@ backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (32 KiB
 default) is one kernel whose lines carry data and a sequence number through the shared
 memory; everything else goes through a pipeline of DMA copies via slots of the segment,
 handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process
-each, an all-reduce takes 8-9 us up to 2 KiB, 15 us at 8 KiB and 26-27 us at 16-64 KiB,
-where NCCL's shared-memory path takes 23-38 us; from 64 MiB the pipeline moves 0.88-0.92 of
+each, an all-reduce took 8-9 us up to 2 KiB, 15 us at 8 KiB, 26 us at 16-32 KiB and 27 us
+at 64 KiB (through the pipeline), where NCCL's shared-memory path took 23-28 us up to 32 KiB
+and 38 us at 64 KiB in the same run; from 64 MiB the pipeline moves 0.88-0.92 of
 what the two links carry both ways at once, in 0.79-0.83 of NCCL's time
 (``benches/python/mp_allreduce.py``). Calls made while torch captures a CUDA graph are
 captured too (tested: every collective captured, then 10 replays on new data), and each
@@ -114,6 +115,9 @@ class Communicator:
                  slots: Optional[int] = None):
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
+        for name, value in (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError("%s: %r is not a positive number of %s" % (name, value, "slots" if name == "slots" else "bytes"))
         self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
         self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, int(max_bytes),
                                             float(peer_timeout), float(join_timeout),
@@ -244,9 +248,14 @@ class CustomAllreduce:
         """Make the communicator over a torch.distributed CPU (gloo) group: its first rank
         makes the id and broadcasts it to the others. Disabled (never raising) where this
         version cannot serve the group: not two ranks, or a rank that failed to join (every
-        rank then agrees to disable it, so none waits on a peer that is not there)."""
+        rank then agrees to disable it, so none waits on a peer that is not there).
+        ``options`` go to :class:`Communicator`; its pipeline, which this object never uses,
+        gets the smallest slots unless given (the segment then takes about 1 MiB of
+        /dev/shm, not 48: containers often have 64 MiB, shared with NCCL)."""
         import torch.distributed as dist
 
+        options.setdefault("slot_bytes", 64 << 10)
+        options.setdefault("slots", 2)
         rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
         if world != 2:
             return cls(None)
