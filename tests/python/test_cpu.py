@@ -771,12 +771,13 @@ def test_torch_fast_paths_take_only_plain_cuda_tensors(monkeypatch):
     monkeypatch.setitem(_tensors._TORCH_DTYPE_NAMES, torch.bool, None)
     args = list(_tensors.torch_fast_args([torch.zeros(1)]))
     args[2] = lambda device: 0  # every device's current stream: the legacy default one
-    fast = lambda xs: _native.all_reduce_torch(xs, "sum", "auto", *args)  # noqa: E731
+    args = tuple(args)
+    fast = lambda xs: _native.all_reduce_torch(xs, "sum", "auto", args)  # noqa: E731
     for xs in ([on(0), on(1)], (on(0), on(1))):
         with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
             fast(xs)
     with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
-        _native.copy_torch(on(1), on(0), "auto", *args)
+        _native.copy_torch(on(1), on(0), "auto", args)
     fall_back = {
         "cpu": [torch.zeros(4), torch.zeros(4)],
         "one device": [on(0), on(0)],
@@ -793,6 +794,6 @@ def test_torch_fast_paths_take_only_plain_cuda_tensors(monkeypatch):
     }
     for name, xs in fall_back.items():
         assert fast(xs) is False, name
-    assert _native.copy_torch(on(0), on(0), "auto", *args) is False, "one device: the Python layer checks overlap"
+    assert _native.copy_torch(on(0), on(0), "auto", args) is False, "one device: the Python layer checks overlap"
     with pytest.raises(KeyboardInterrupt):
         fast([on(0, kind=Interrupted), on(1)])

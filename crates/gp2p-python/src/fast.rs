@@ -23,17 +23,27 @@ use crate::args::{self, Memory};
 use crate::error::Raised;
 use crate::ffi::{InPlace, by_dtype, copy_t, in_place_t};
 
-/// What the Python layer hands over for reading torch tensors, found once per torch module.
-struct TorchParts<'a, 'py> {
-    /// `torch.Tensor`.
-    tensor_type: &'a Bound<'py, PyAny>,
-    /// `torch.strided`, the one layout taken.
-    strided: &'a Bound<'py, PyAny>,
-    /// `torch._C._cuda_getCurrentRawStream`: a device's current stream as an integer.
-    current_stream: &'a Bound<'py, PyAny>,
-    /// Torch dtype → kernel dtype name (or None where the kernels do not take it), as the
-    /// Python layer has learnt them.
-    dtype_names: &'a Bound<'py, PyDict>,
+/// What the Python layer hands over for reading torch tensors (`_tensors.torch_fast_args`,
+/// found once per torch module), as one tuple: `torch.Tensor`; `torch.strided`, the one
+/// layout taken; `torch._C._cuda_getCurrentRawStream`, a device's current stream as an
+/// integer; and torch dtype → kernel dtype name (None where the kernels do not take it), as
+/// the Python layer has learnt them.
+#[derive(FromPyObject)]
+pub(crate) struct TorchParts<'py>(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyDict>);
+
+impl<'py> TorchParts<'py> {
+    fn tensor_type(&self) -> &Bound<'py, PyAny> {
+        &self.0
+    }
+    fn strided(&self) -> &Bound<'py, PyAny> {
+        &self.1
+    }
+    fn current_stream(&self) -> &Bound<'py, PyAny> {
+        &self.2
+    }
+    fn dtype_names(&self) -> &Bound<'py, PyDict> {
+        &self.3
+    }
 }
 
 /// What reading a tensor gives: `Ok(None)` where the Python layer must read it (an ordinary
@@ -71,17 +81,17 @@ struct CudaTensor<'py> {
 }
 
 /// `t` read as a [`CudaTensor`] (see [`Read`]).
-fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'_, 'py>) -> Read<CudaTensor<'py>> {
+fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'py>) -> Read<CudaTensor<'py>> {
     let py = t.py();
-    if !read!(py, t.is_instance(parts.tensor_type))
-        || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided)
+    if !read!(py, t.is_instance(parts.tensor_type()))
+        || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided())
         || !read!(py, t.getattr(intern!(py, "is_cuda")).and_then(|b| b.is_truthy()))
         || !read!(py, t.call_method0(intern!(py, "is_contiguous")).and_then(|b| b.is_truthy()))
     {
         return Ok(None);
     }
     let dtype_obj = read!(py, t.getattr(intern!(py, "dtype")));
-    let Some(name) = read!(py, parts.dtype_names.get_item(&dtype_obj)) else {
+    let Some(name) = read!(py, parts.dtype_names().get_item(&dtype_obj)) else {
         return Ok(None); // not learnt yet: the Python layer learns it
     };
     let Ok(dtype) = DType::from_str(&read!(py, name.extract::<String>())) else {
@@ -93,7 +103,7 @@ fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'_, 'py>) -> Read<
     }
     let shape = read!(py, t.getattr(intern!(py, "shape")));
     let device: usize = read!(py, t.call_method0(intern!(py, "get_device")).and_then(|d| d.extract()));
-    let stream: u64 = read!(py, parts.current_stream.call1((device,)).and_then(|s| s.extract()));
+    let stream: u64 = read!(py, parts.current_stream().call1((device,)).and_then(|s| s.extract()));
     let ptr: u64 = read!(py, t.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()));
     Ok(Some(CudaTensor { dtype_obj, dtype, shape, len, memory: Memory { device, ptr, stream } }))
 }
@@ -110,7 +120,7 @@ fn alike(t: &CudaTensor<'_>, like: &CudaTensor<'_>) -> Read<bool> {
 #[allow(clippy::type_complexity)]
 fn torch_ranks<'py>(
     objs: &Bound<'py, PyAny>,
-    parts: &TorchParts<'_, 'py>,
+    parts: &TorchParts<'py>,
 ) -> Read<(DType, usize, Vec<Memory>, Vec<Bound<'py, PyAny>>)> {
     let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = objs.cast::<PyList>() {
         list.iter().collect()
@@ -143,19 +153,13 @@ fn torch_ranks<'py>(
 /// enqueued on both tensors' current streams. Errors of the library raise as from
 /// `_native.copy`.
 #[pyfunction]
-#[pyo3(signature = (dst, src, route, tensor_type, strided, current_stream, dtype_names))]
-#[allow(clippy::too_many_arguments)] // the fast-path arguments, passed through from Python
 pub(crate) fn copy_torch(
     py: Python<'_>,
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
     route: &str,
-    tensor_type: &Bound<'_, PyAny>,
-    strided: &Bound<'_, PyAny>,
-    current_stream: &Bound<'_, PyAny>,
-    dtype_names: &Bound<'_, PyDict>,
+    parts: TorchParts<'_>,
 ) -> PyResult<bool> {
-    let parts = TorchParts { tensor_type, strided, current_stream, dtype_names };
     let (Some(d), Some(s)) = (cuda_tensor(dst, &parts)?, cuda_tensor(src, &parts)?) else {
         return Ok(false);
     };
@@ -178,19 +182,13 @@ pub(crate) fn copy_torch(
 /// (nothing was enqueued then); `True` once the all-reduce is enqueued on the tensors' current
 /// streams. Errors of the library raise as from `_native.all_reduce`.
 #[pyfunction]
-#[pyo3(signature = (tensors, op, transport, tensor_type, strided, current_stream, dtype_names))]
-#[allow(clippy::too_many_arguments)] // the fast-path arguments, passed through from Python
 pub(crate) fn all_reduce_torch(
     py: Python<'_>,
     tensors: &Bound<'_, PyAny>,
     op: &str,
     transport: &str,
-    tensor_type: &Bound<'_, PyAny>,
-    strided: &Bound<'_, PyAny>,
-    current_stream: &Bound<'_, PyAny>,
-    dtype_names: &Bound<'_, PyDict>,
+    parts: TorchParts<'_>,
 ) -> PyResult<bool> {
-    let parts = TorchParts { tensor_type, strided, current_stream, dtype_names };
     let Some((dtype, len, ranks, _held)) = torch_ranks(tensors, &parts)? else {
         return Ok(false);
     };

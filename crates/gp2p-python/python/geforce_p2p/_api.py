@@ -108,7 +108,7 @@ def copy_(dst: Any, src: Any, *, route: str = "auto", chunk_bytes: Optional[int]
         # Two torch tensors on two devices are read by the native call itself (see
         # all_reduce); it returns False for anything else, untouched.
         fast = torch_fast_args((dst, src))
-        if fast is not None and _native.copy_torch(dst, src, check_choice("route", route, ROUTES), *fast):
+        if fast is not None and _native.copy_torch(dst, src, check_choice("route", route, ROUTES), fast):
             return dst
     _copy(describe(dst, "dst"), describe(src, "src"), route, chunk_bytes, slots)
     return dst
@@ -171,7 +171,7 @@ def all_reduce(tensors: Sequence[Any], op: str = "sum", *, transport: str = "aut
     # Torch tensors in the usual shape are read by the native call itself (about half the
     # host time of reading them here); it returns False for anything else, untouched.
     fast = torch_fast_args(tensors)
-    if fast is not None and _native.all_reduce_torch(tensors, op, transport, *fast):
+    if fast is not None and _native.all_reduce_torch(tensors, op, transport, fast):
         return
     ts = _ranks(tensors, "tensors")
     _native.all_reduce(ts[0].dtype, ts[0].numel, [t.memory for t in ts], op, transport)
