@@ -433,12 +433,42 @@ fn borrowing_a_capturing_stream_leaves_its_capture_valid() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn an_operation_on_a_borrowed_capturing_stream_is_refused_and_no_graph_is_made() {
+    use cudarc::driver::sys::{CUresult, CUstreamCaptureMode, cuGraphDestroy};
+    let _serial = gp2p_tests::serial();
+    // A graph replays the work as captured, long after the buffers' last-use records (taken
+    // once, at capture) say it is done: the memory could be freed or reused by then.
+    let [device] = needs!(gpus: 1);
+    let owner = Stream::new(&device).unwrap();
+    let mut buffer = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: a live stream of the current context (Stream::new bound it).
+    assert_eq!(unsafe { cudarc::driver::sys::cuStreamBeginCapture_v2(owner.raw(), mode) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: `owner` outlives the borrow and anything enqueued through it.
+    let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
+    let refused = buffer.fill_bytes(&borrowed, 7);
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the capture begun above, on the same stream; out-pointer to a local.
+    let ended = unsafe { cudarc::driver::sys::cuStreamEndCapture(owner.raw(), &mut graph) };
+    if !graph.is_null() {
+        // SAFETY: the graph the capture made, destroyed once.
+        unsafe { cuGraphDestroy(graph) };
+    }
+    assert!(matches!(refused, Err(geforce_p2p::cuda::Error::Capturing)), "{refused:?}");
+    assert!(graph.is_null() && ended != CUresult::CUDA_SUCCESS, "a graph was made of refused work: {ended:?}");
+    // The stream works again once the capture is over.
+    buffer.fill_bytes(&borrowed, 9).unwrap();
+    assert_eq!(buffer.to_host_vec(&owner).unwrap(), vec![u32::from_ne_bytes([9; 4]); 1024]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn a_release_never_stalls_other_threads_while_a_stream_is_held() {
     let _serial = gp2p_tests::serial();
     let [device] = needs!(gpus: 1);
     // Device memory goes back to the library's stream-ordered pool (cuMemFreeAsync); a
     // stream's destroy is deferred by the driver.
-    releases_leave_other_threads_alone(&device, &["device memory", "a stream"]);
+    releases_leave_other_threads_alone(&device, &[DEVICE_MEMORY, A_STREAM]);
 }
 
 #[test]
@@ -457,23 +487,27 @@ fn a_pinned_release_never_stalls_other_threads_while_a_stream_is_held() {
         println!("{}", gp2p_tests::not_run_line(test, &why));
         return;
     }
-    releases_leave_other_threads_alone(&device, &["pinned host memory"]);
+    releases_leave_other_threads_alone(&device, &[PINNED_HOST_MEMORY]);
 }
+
+/// A kind of resource the release tests drop: its name and how one is made (idle).
+type Released = (&'static str, fn(&Device) -> Box<dyn std::any::Any>);
+
+const DEVICE_MEMORY: Released = ("device memory", |d| Box::new(DeviceBuffer::<u32>::alloc(d, 1 << 20).unwrap()));
+const PINNED_HOST_MEMORY: Released =
+    ("pinned host memory", |d| Box::new(PinnedBuffer::<u32>::alloc(d, 1 << 20).unwrap()));
+const A_STREAM: Released = ("a stream", |d| Box::new(Stream::new(d).unwrap()));
 
 /// A drop hands its memory to the reclaimer and returns at once; the release must not then
 /// make driver calls on other threads wait until every stream of the device is idle. Each
 /// kind alone: made and left idle before another stream is held closed, dropped while it is,
 /// then one driver call (an event record) timed on this thread.
-fn releases_leave_other_threads_alone(device: &Device, kinds: &[&str]) {
+fn releases_leave_other_threads_alone(device: &Device, kinds: &[Released]) {
     let (held, caller) = (Stream::new(device).unwrap(), Stream::new(device).unwrap());
     let limit = Duration::from_secs(1);
     let mut seen = Vec::new();
-    for &kind in kinds {
-        let dropped: Box<dyn std::any::Any> = match kind {
-            "device memory" => Box::new(DeviceBuffer::<u32>::alloc(device, 1 << 20).unwrap()),
-            "pinned host memory" => Box::new(PinnedBuffer::<u32>::alloc(device, 1 << 20).unwrap()),
-            _ => Box::new(Stream::new(device).unwrap()),
-        };
+    for &(kind, make) in kinds {
+        let dropped = make(device);
         let reserved = caller.reserve_point().unwrap();
         let gate = HostGate::close_until(&held, limit).unwrap();
         drop(dropped);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use std::mem::ManuallyDrop;
 
-use gp2p_cuda::raw::{ExchangeLines, Numbering, exchange};
+use gp2p_cuda::raw::{ExchangeLines, Numbering, exchange, write_flag};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{DType, Element, ReduceOp, exchange_line_bytes};
 
@@ -395,18 +395,7 @@ impl Communicator {
         output: &mut DeviceViewMut<'_, T>,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
-        self.check_lengths("output", output.len(), input.len() * self.world())?;
-        let (len, bytes) = (input.len(), input.bytes());
-        if bytes == 0 {
-            return Ok(());
-        }
-        check_apart(input.byte_range(), output.byte_range())?;
-        let transfer = self.split::<T>(output.raw_ptr(), Some(input.raw_ptr()), len, Split::Gather);
-        self.enqueue(stream, transfer, |point| {
-            input.note_use(point);
-            output.note_use(point);
-        })
+        self.split_apart(input, output, stream, Split::Gather)
     }
 
     /// Every rank's `input` (of `world` times `output`'s length) reduced with `op`, and this
@@ -419,14 +408,29 @@ impl Communicator {
         stream: &Stream,
         op: ReduceOp,
     ) -> Result<()> {
+        self.split_apart(input, output, stream, Split::Scatter(op))
+    }
+
+    /// An all-gather or reduce-scatter whose input and output lie apart: the whole (`world`
+    /// parts) is the gather's output and the scatter's input, the part the other.
+    fn split_apart<T: Element>(
+        &mut self,
+        input: &DeviceView<'_, T>,
+        output: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        how: Split,
+    ) -> Result<()> {
         self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
-        self.check_lengths("input", input.len(), output.len() * self.world())?;
-        let (len, bytes) = (output.len(), output.bytes());
-        if bytes == 0 {
+        let (whole_name, (whole, whole_len), (part, part_len)) = match how {
+            Split::Gather => ("output", (output.raw_ptr(), output.len()), (input.raw_ptr(), input.len())),
+            Split::Scatter(_) => ("input", (input.raw_ptr(), input.len()), (output.raw_ptr(), output.len())),
+        };
+        self.check_lengths(whole_name, whole_len, part_len * self.world())?;
+        if part_len == 0 {
             return Ok(());
         }
         check_apart(input.byte_range(), output.byte_range())?;
-        let transfer = self.split::<T>(input.raw_ptr(), Some(output.raw_ptr()), len, Split::Scatter(op));
+        let transfer = self.split::<T>(whole, Some(part), part_len, how);
         self.enqueue(stream, transfer, |point| {
             input.note_use(point);
             output.note_use(point);
@@ -602,7 +606,7 @@ impl Communicator {
     ) -> Result<()> {
         let result = self.framed(stream, launch, note);
         if result.is_err() {
-            self.fail();
+            self.fail(stream);
         }
         result
     }
@@ -655,11 +659,31 @@ impl Communicator {
         self.call(stream, launch, note)
     }
 
-    /// After an error part-way through a call: every later call on every rank fails, and the
-    /// peer's waits stop at once instead of at their timeout (they read the segment's word).
-    fn fail(&mut self) {
+    /// After an error part-way through a call on `stream`: every later call on every rank
+    /// fails, and the waits of this call and later ones stop instead of running to their
+    /// timeout (they read the segment's word). The word is written in `stream`'s order,
+    /// after what the failed call enqueued: calls that already returned Ok and are still
+    /// running would stop at it too, leaving their buffers partly folded. Where that cannot
+    /// be enqueued (a broken context, a stream capturing a graph, which would replay it), the
+    /// host writes it at once.
+    fn fail(&mut self, stream: &Stream) {
         self.broken = true;
-        if let Ok(shared) = self.word(BROKEN) {
+        let ordered = matches!(stream.is_capturing(), Ok(false))
+            && stream
+                .reserve_point()
+                .and_then(|reserved| {
+                    // SAFETY: the communicator's word in the registered area, 4-byte aligned;
+                    // the registration notes the point taken after the write (or, should that
+                    // fail, the stream was waited for), so it stays mapped until the write.
+                    unsafe { write_flag(stream, self.staging + self.layout.broken() as u64, 1)? };
+                    stream.point_from(reserved)
+                })
+                .map(|point| {
+                    self.registration.uses().note(&point);
+                    self.last = Some(point);
+                })
+                .is_ok();
+        if !ordered && let Ok(shared) = self.word(BROKEN) {
             shared.store(1, Ordering::Release);
         }
     }
@@ -708,7 +732,7 @@ impl Communicator {
 /// Refuses an input and output that share memory (the collectives that take both read one
 /// while they write the other).
 fn check_apart(input: std::ops::Range<u64>, output: std::ops::Range<u64>) -> Result<()> {
-    if input.start < output.end && output.start < input.end {
+    if gp2p_cuda::byte_ranges_overlap(&input, &output) {
         return Err(Error::Overlap { input, output });
     }
     Ok(())

@@ -61,6 +61,13 @@ pub enum Error {
         /// The length it must have.
         expected: usize,
     },
+    /// An operation was enqueued on a borrowed stream that is capturing a CUDA graph: its
+    /// last-use records would describe the capture, not the graph's launches, so replays
+    /// could touch memory already freed or reused. The capture is invalidated.
+    #[error(
+        "stream: capturing a CUDA graph; this operation cannot be captured (its buffers are kept per call, not per graph launch): run it outside the capture (the one-process-per-GPU communicator's calls can be captured)"
+    )]
+    Capturing,
     /// A buffer or event lives on another device than the stream it is used with.
     #[error("{what} is on device {got}, but the stream is on device {expected}: use a stream of device {got}")]
     WrongDevice {

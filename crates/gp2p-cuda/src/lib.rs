@@ -77,7 +77,10 @@ pub use gate::HostGate;
 pub use gp2p_kernels::PtxTarget;
 pub use host::HostAllocation;
 pub use lifetime::{LastUses, ReleasesPaused, ReservedPoint, StreamPoint, pause_releases};
-pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, checked_range, index_range, out_of_bounds};
+pub use memory::{
+    DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, byte_ranges_overlap, checked_range, index_range,
+    out_of_bounds,
+};
 pub use module::{Function, LaunchConfig, Module};
 pub use reduce::{
     SourceMemory, check_divisor, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config,

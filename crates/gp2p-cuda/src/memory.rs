@@ -409,7 +409,7 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         check_len("src view", src.len(), self.len)?;
         let same_device = src.device() == &self.device;
         let (d, s) = (self.byte_range(), src.byte_range());
-        if same_device && d.start < s.end && s.start < d.end && self.len > 0 {
+        if same_device && byte_ranges_overlap(&d, &s) {
             return Err(Error::InvalidArgument {
                 name: "src",
                 reason: format!("overlaps dst ({s:#x?} and {d:#x?}): copy through a temporary"),
@@ -468,6 +468,12 @@ fn check_len(what: &'static str, got: usize, expected: usize) -> Result<()> {
     if got == expected { Ok(()) } else { Err(Error::LengthMismatch { what, got, expected }) }
 }
 
+/// Whether two byte ranges (of one device's memory) share a byte; an empty one shares none.
+/// The one overlap test of every operation that refuses a source overlapping its destination.
+pub fn byte_ranges_overlap(a: &std::ops::Range<u64>, b: &std::ops::Range<u64>) -> bool {
+    !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
+}
+
 /// Resolve `range` against `len` elements as slice indexing does: `Some((start, count))`
 /// when it lies within `0..len` and does not decrease, else `None`.
 pub fn checked_range(range: &impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
@@ -501,6 +507,14 @@ pub fn out_of_bounds(range: &impl std::fmt::Debug, len: usize) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_ranges_overlap_when_they_share_a_byte() {
+        assert!(byte_ranges_overlap(&(0x100..0x110), &(0x10f..0x200)));
+        assert!(byte_ranges_overlap(&(0x100..0x200), &(0x140..0x150)), "one inside the other");
+        assert!(!byte_ranges_overlap(&(0x100..0x110), &(0x110..0x120)), "adjacent");
+        assert!(!byte_ranges_overlap(&(0x100..0x100), &(0x0..0x200)), "empty");
+    }
 
     #[test]
     fn ranges_resolve_like_slice_indexing() {

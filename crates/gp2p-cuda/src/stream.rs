@@ -57,7 +57,8 @@ impl Identity {
     /// The per-thread default stream is one handle for a different stream on each thread, so
     /// each of its borrows (and any stream the driver cannot name) gets an identity of its own.
     /// So does a stream capturing a CUDA graph: asking its id ends the capture as invalidated
-    /// (seen on driver 580 with torch's captures), and calls under capture note no points.
+    /// (seen on driver 580 with torch's captures). Operations that take points refuse such a
+    /// stream ([`Error::Capturing`]); the communicator's calls take none while capturing.
     fn of_borrowed(device: &Device, raw: CUstream) -> Arc<Identity> {
         /// `CU_STREAM_PER_THREAD` in cuda.h.
         const PER_THREAD: usize = 0x2;
@@ -185,13 +186,26 @@ impl Stream {
     }
 
     /// Record `reserved` as this stream's next point; on failure, return the error without
-    /// waiting (the callers decide whether to).
+    /// waiting (the callers decide whether to). Every operation that touches memory records
+    /// one, so this is where work captured into a graph is refused: on a borrowed stream,
+    /// whose owner may capture it (safely, through cudarc); an owned stream's handle is
+    /// captured only through raw driver calls.
     fn record(&self, reserved: ReservedPoint) -> Result<StreamPoint> {
         let event = reserved.into_event();
-        if event.device() != &self.device {
-            let got = event.device().ordinal();
+        let refused = if event.device() != &self.device {
+            Some(Error::WrongDevice {
+                what: "reserved point",
+                got: event.device().ordinal(),
+                expected: self.device.ordinal(),
+            })
+        } else if self.is_borrowed() && self.is_capturing()? {
+            Some(Error::Capturing)
+        } else {
+            None
+        };
+        if let Some(e) = refused {
             give_back_event(event);
-            return Err(Error::WrongDevice { what: "reserved point", got, expected: self.device.ordinal() });
+            return Err(e);
         }
         let mut count = self.identity.points.lock();
         *count += 1;

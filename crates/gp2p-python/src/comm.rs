@@ -180,11 +180,11 @@ impl PyCommunicator {
         let run = || -> Result<(), Raised> {
             let (dtype, how) = (args::dtype(dtype)?, how()?);
             self.with(|comm| {
-                let whole_len = args::times("output", comm.world(), len)?;
                 let ((whole_name, whole), (part_name, part)) = match how {
                     Split::Gather => (("output", output.ptr), ("input", input)),
                     Split::Scatter(_) => (("input", input), ("output", output.ptr)),
                 };
+                let whole_len = args::times(whole_name, comm.world(), len)?;
                 args::check_range(whole_name, whole, whole_len, dtype)?;
                 args::check_range(part_name, part, len, dtype)?;
                 let device = output.device;
@@ -197,7 +197,7 @@ impl PyCommunicator {
                     };
                     return by_dtype!(dtype, single_t(comm, &Memory { ptr: whole, ..output }, whole_len, what));
                 }
-                by_dtype!(dtype, split_t(comm, &output, (input, output.ptr), len, how))
+                by_dtype!(dtype, split_t(comm, &output, (input, output.ptr), (len, whole_len), how))
             })
         };
         Raised::detached(py, run)
@@ -265,16 +265,16 @@ fn single_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what:
 }
 
 /// A two-buffer call: `input` and `output` addresses on `at`'s device and stream, parts of
-/// `len` elements (the gather's input and the scatter's output hold one).
+/// `len` elements and wholes of `whole` (the gather's input and the scatter's output are
+/// one part).
 fn split_t<T: Element>(
     comm: &mut Communicator,
     at: &Memory,
     (input, output): (u64, u64),
-    len: usize,
+    (len, whole): (usize, usize),
     how: Split,
 ) -> Result<(), Raised> {
     let caller = Caller::open(at)?;
-    let whole = len * comm.world();
     let stream = &caller.stream;
     match how {
         Split::Gather => {

@@ -99,7 +99,9 @@ impl Classify for cuda::Error {
             E::NoDriver | E::NoDevice { .. } => Class::Unavailable,
             E::Unsupported { .. } | E::NoHostMapping { .. } => Class::UnsupportedDevice,
             E::Driver { .. } => Class::Cuda,
-            E::LengthMismatch { .. } | E::WrongDevice { .. } | E::InvalidArgument { .. } => Class::InvalidArgument,
+            E::LengthMismatch { .. } | E::WrongDevice { .. } | E::InvalidArgument { .. } | E::Capturing => {
+                Class::InvalidArgument
+            }
             _ => Class::Error,
         }
     }

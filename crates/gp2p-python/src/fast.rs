@@ -21,7 +21,7 @@ use pyo3::{intern, types::PyAnyMethods};
 
 use crate::args::{self, Memory};
 use crate::error::Raised;
-use crate::ffi::{InPlace, by_dtype, copy_t, in_place_t};
+use crate::ffi::{all_reduce_checked, copy_checked};
 
 /// What the Python layer hands over for reading torch tensors (`_tensors.torch_fast_args`,
 /// found once per torch module), as one tuple: `torch.Tensor`; `torch.strided`, the one
@@ -168,12 +168,9 @@ pub(crate) fn copy_torch(
     if alike(&d, &s)? != Some(true) || d.memory.device == s.memory.device {
         return Ok(false);
     }
-    let (dtype, len, src, dst) = (s.dtype, s.len, s.memory, d.memory);
     let run = || -> Result<(), Raised> {
         let options = CopyOptions { route: args::route(route)?, chunk_bytes: None, slots: None };
-        args::check_range("src", src.ptr, len, dtype)?;
-        args::check_range("dst", dst.ptr, len, dtype)?;
-        by_dtype!(dtype, copy_t(&src, &dst, len, options)).map(|_| ())
+        copy_checked(s.dtype, s.len, &s.memory, &d.memory, options).map(|_| ())
     };
     Raised::detached(py, run).map(|()| true)
 }
@@ -192,10 +189,6 @@ pub(crate) fn all_reduce_torch(
     let Some((dtype, len, ranks, _held)) = torch_ranks(tensors, &parts)? else {
         return Ok(false);
     };
-    let run = || -> Result<(), Raised> {
-        let (op, receive) = (args::op(op)?, args::receive(transport)?);
-        args::check_ranks("tensors", &ranks, len, dtype)?;
-        by_dtype!(dtype, in_place_t(&ranks, len, InPlace::AllReduce(op), receive))
-    };
+    let run = || all_reduce_checked(dtype, len, &ranks, args::op(op)?, args::receive(transport)?);
     Raised::detached(py, run).map(|()| true)
 }

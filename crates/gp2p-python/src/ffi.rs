@@ -149,8 +149,8 @@ pub(crate) fn check_disjoint(
     let size = dtype.size_bytes() as u64;
     for (i, &(da, pa)) in a.iter().enumerate() {
         for (j, &(db, pb)) in b.iter().enumerate() {
-            let (ea, eb) = (pa + a_len as u64 * size, pb + b_len as u64 * size);
-            if da == db && a_len > 0 && b_len > 0 && pa < eb && pb < ea {
+            let (ra, rb) = (pa..pa + a_len as u64 * size, pb..pb + b_len as u64 * size);
+            if da == db && geforce_p2p::cuda::byte_ranges_overlap(&ra, &rb) {
                 return Err(Raised::argument(
                     a_name,
                     format!("{a_name}[{i}] overlaps {b_name}[{j}] on cuda:{da}: give separate tensors"),
@@ -161,12 +161,7 @@ pub(crate) fn check_disjoint(
     Ok(())
 }
 
-pub(crate) fn copy_t<T: Element>(
-    src: &Memory,
-    dst: &Memory,
-    len: usize,
-    options: CopyOptions,
-) -> Result<Route, Raised> {
+fn copy_t<T: Element>(src: &Memory, dst: &Memory, len: usize, options: CopyOptions) -> Result<Route, Raised> {
     let (from, to) = (Caller::open(src)?, Caller::open(dst)?);
     let source = from.view::<T>(src.ptr, len);
     let mut target = to.view_mut::<T>(dst.ptr, len);
@@ -188,19 +183,29 @@ pub(crate) fn copy(
     chunk_bytes: Option<usize>,
     slots: Option<usize>,
 ) -> PyResult<&'static str> {
-    let src = Memory::from(src);
-    let dst = Memory::from(dst);
+    let (src, dst) = (Memory::from(src), Memory::from(dst));
     let run = || -> Result<&'static str, Raised> {
-        let dtype = args::dtype(dtype)?;
         let options = CopyOptions { route: args::route(route)?, chunk_bytes, slots };
-        args::check_range("src", src.ptr, len, dtype)?;
-        args::check_range("dst", dst.ptr, len, dtype)?;
-        // Before any view is made: a shared and a mutable view of one memory would break
-        // the views' contract, whatever the library refuses later.
-        check_disjoint("src", &[(src.device, src.ptr)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
-        by_dtype!(dtype, copy_t(&src, &dst, len, options)).map(Route::name)
+        copy_checked(args::dtype(dtype)?, len, &src, &dst, options).map(Route::name)
     };
     Raised::detached(py, run)
+}
+
+/// The copy of [`copy`] (and of the torch fast path) once its arguments are parsed: the
+/// ranges checked, then the copy enqueued.
+pub(crate) fn copy_checked(
+    dtype: DType,
+    len: usize,
+    src: &Memory,
+    dst: &Memory,
+    options: CopyOptions,
+) -> Result<Route, Raised> {
+    args::check_range("src", src.ptr, len, dtype)?;
+    args::check_range("dst", dst.ptr, len, dtype)?;
+    // Before any view is made: a shared and a mutable view of one memory would break the
+    // views' contract, whatever the library refuses later.
+    check_disjoint("src", &[(src.device, src.ptr)], len, "dst", &[(dst.device, dst.ptr)], len, dtype)?;
+    by_dtype!(dtype, copy_t(src, dst, len, options))
 }
 
 fn copy_to_host_t<T: Element>(src: &Memory, dst: u64, len: usize) -> Result<(), Raised> {
@@ -304,19 +309,14 @@ pub(crate) fn reduce(
 
 /// The collectives that work in place on one buffer per rank.
 #[derive(Clone, Copy)]
-pub(crate) enum InPlace {
+enum InPlace {
     AllReduce(ReduceOp),
     Broadcast { root: usize },
 }
 
 /// Run an in-place collective over the ranks' `len` elements of `T`: all_reduce and
 /// broadcast open their callers and views alike and differ only in the call.
-pub(crate) fn in_place_t<T: Element>(
-    ranks: &[Memory],
-    len: usize,
-    what: InPlace,
-    receive: Receive,
-) -> Result<(), Raised> {
+fn in_place_t<T: Element>(ranks: &[Memory], len: usize, what: InPlace, receive: Receive) -> Result<(), Raised> {
     let callers = open_all(ranks)?;
     let mut views = ranks_of::<T>(&callers, ranks, len);
     let engine = geforce_p2p::collectives();
@@ -339,12 +339,21 @@ pub(crate) fn all_reduce(
     transport: &str,
 ) -> PyResult<()> {
     let ranks = memories(ranks);
-    let run = || -> Result<(), Raised> {
-        let (dtype, op, receive) = (args::dtype(dtype)?, args::op(op)?, args::receive(transport)?);
-        args::check_ranks("tensors", &ranks, len, dtype)?;
-        by_dtype!(dtype, in_place_t(&ranks, len, InPlace::AllReduce(op), receive))
-    };
+    let run = || all_reduce_checked(args::dtype(dtype)?, len, &ranks, args::op(op)?, args::receive(transport)?);
     Raised::detached(py, run)
+}
+
+/// The all-reduce of [`all_reduce`] (and of the torch fast path) once its arguments are
+/// parsed: the ranks checked, then the all-reduce enqueued.
+pub(crate) fn all_reduce_checked(
+    dtype: DType,
+    len: usize,
+    ranks: &[Memory],
+    op: ReduceOp,
+    receive: Receive,
+) -> Result<(), Raised> {
+    args::check_ranks("tensors", ranks, len, dtype)?;
+    by_dtype!(dtype, in_place_t(ranks, len, InPlace::AllReduce(op), receive))
 }
 
 /// The collectives whose inputs and outputs differ in length by the rank count.

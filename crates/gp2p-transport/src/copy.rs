@@ -95,7 +95,7 @@ impl Transport {
         let same_device = src_dev == dst_dev;
         if same_device {
             let (s, d) = (src.byte_range(), dst.byte_range());
-            if !src.is_empty() && s.start < d.end && d.start < s.end {
+            if gp2p_cuda::byte_ranges_overlap(&s, &d) {
                 return Err(Error::Overlap { device: src_dev.ordinal(), src: s, dst: d });
             }
         }

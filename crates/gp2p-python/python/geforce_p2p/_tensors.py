@@ -86,7 +86,6 @@ class Tensor(NamedTuple):
     dtype: str  # kernel dtype name
     pinned: Optional[bool]  # host memory: page-locked? None where only the library can tell
     stream: int  # raw CUstream the op is ordered on (device memory)
-    is_torch: bool
     keep: Any = None  # anything else to hold during the call (a DLPack capsule)
     readonly: bool = False  # the producer marked the memory read-only
 
@@ -162,22 +161,26 @@ def describe(obj: Any, name: str) -> Tensor:
     )
 
 
-# (torch module, its raw-stream getter or None): looked up once, not at every call.
-_RAW_STREAM_GETTER: list = [None, None]
+# What the package takes from the torch module it last saw, found once, not per call:
+# [module, its raw-stream getter or None, the native fast paths' arguments or None].
+_TORCH: list = [None, None, None]
+
+
+def _torch_parts(torch: Any) -> list:
+    """`_TORCH` for `torch`, found again only when the module changes."""
+    if _TORCH[0] is not torch:
+        getter = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        fast = None if getter is None else (torch.Tensor, torch.strided, getter, _TORCH_DTYPE_NAMES)
+        _TORCH[:] = [torch, getter, fast]
+    return _TORCH
 
 
 def _current_raw_stream(torch: Any, device: int) -> int:
     """The handle of `device`'s current torch stream."""
-    if _RAW_STREAM_GETTER[0] is not torch:
-        _RAW_STREAM_GETTER[:] = [torch, getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)]
-    raw = _RAW_STREAM_GETTER[1]
+    raw = _torch_parts(torch)[1]
     if raw is not None:
         return raw(device)
     return torch.cuda.current_stream(device).cuda_stream
-
-
-# (torch module, the arguments of the native fast paths or None): found once, not per call.
-_TORCH_FAST: list = [None, None]
 
 
 def torch_fast_args(objs: Any) -> Optional[tuple]:
@@ -188,11 +191,7 @@ def torch_fast_args(objs: Any) -> Optional[tuple]:
     torch = sys.modules.get("torch")
     if torch is None or type(objs) not in (list, tuple) or not objs or not isinstance(objs[0], torch.Tensor):
         return None
-    if _TORCH_FAST[0] is not torch:
-        getter = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
-        parts = (torch.Tensor, torch.strided, getter, _TORCH_DTYPE_NAMES)
-        _TORCH_FAST[:] = [torch, None if getter is None else parts]
-    return _TORCH_FAST[1]
+    return _torch_parts(torch)[2]
 
 
 # Tensor's fields in order, without NamedTuple's keyword-handling constructor (this runs
@@ -223,7 +222,7 @@ def _from_torch(t: Any, name: str, torch: Any) -> Tensor:
         pinned = None
     else:
         device, stream, pinned = None, LEGACY_DEFAULT_STREAM, bool(t.is_pinned())
-    return _new_tensor(Tensor, (t, name, device, t.data_ptr(), t.shape, dtype, pinned, stream, True, None, False))
+    return _new_tensor(Tensor, (t, name, device, t.data_ptr(), t.shape, dtype, pinned, stream, None, False))
 
 
 def _c_strides(shape: Sequence[int], size: int) -> Tuple[int, ...]:
@@ -267,8 +266,8 @@ def _from_interface(obj: Any, name: str, interface: dict, device_memory: bool) -
         device = _device_of(obj, name)
         stream = interface.get("stream")
         stream = LEGACY_DEFAULT_STREAM if stream is None else int(stream)
-        return Tensor(obj, name, device, ptr, shape, dtype, None, stream, False, None, readonly)
-    return Tensor(obj, name, None, ptr, shape, dtype, None, LEGACY_DEFAULT_STREAM, False, None, readonly)
+        return Tensor(obj, name, device, ptr, shape, dtype, None, stream, None, readonly)
+    return Tensor(obj, name, None, ptr, shape, dtype, None, LEGACY_DEFAULT_STREAM, None, readonly)
 
 
 def _device_of(obj: Any, name: str) -> int:
@@ -356,9 +355,9 @@ def _from_dlpack(obj: Any, name: str) -> Tensor:
         raise ValueError("%s: not contiguous (shape %s, strides %s elements)" % (name, shape, strides))
     ptr = (dl.data or 0) + dl.byte_offset
     if device_type == _DL_CUDA:
-        return Tensor(obj, name, int(device_id), ptr, shape, dtype, None, LEGACY_DEFAULT_STREAM, False, capsule)
+        return Tensor(obj, name, int(device_id), ptr, shape, dtype, None, LEGACY_DEFAULT_STREAM, capsule)
     pinned = True if device_type == _DL_CUDA_HOST else None
-    return Tensor(obj, name, None, ptr, shape, dtype, pinned, LEGACY_DEFAULT_STREAM, False, capsule)
+    return Tensor(obj, name, None, ptr, shape, dtype, pinned, LEGACY_DEFAULT_STREAM, capsule)
 
 
 # ---- checks shared by the ops ----

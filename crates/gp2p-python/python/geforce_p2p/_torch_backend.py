@@ -43,6 +43,24 @@ def op_name(reduce_op: Any) -> str:
     raise ValueError("op: %s is not one the gp2p backend runs; use one of SUM, AVG, MIN, MAX, PRODUCT" % reduce_op)
 
 
+def _op(opts: Any) -> str:
+    """The reduce op an op's options name (sum without options)."""
+    return op_name(opts.reduceOp) if opts is not None else "sum"
+
+
+def _gloo_only(what: str, name: str) -> Callable[..., Any]:
+    """Gloo's op `name` for CPU tensors; for the group's device, NotImplementedError naming
+    `what`."""
+
+    def op(self: "GP2PProcessGroup", *args: Any) -> Any:
+        if self._ours(args):
+            raise NotImplementedError("%s is %s" % (what, _NOT_BUILT))
+        return self._to_gloo(name, *args)
+
+    op.__name__ = name
+    return op
+
+
 class _Unsplittable:
     """The answer of :meth:`GP2PProcessGroup._get_backend`: a backend that cannot split."""
 
@@ -116,7 +134,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: List[Any], opts: Any = None) -> Any:
         if not self._ours(tensors):
             return self._to_gloo("allreduce", tensors, opts=opts)
-        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        op = _op(opts)
         for t in tensors:
             self._comm.all_reduce(t, op)
         return self._done(tensors)
@@ -166,7 +184,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         if not self._ours(output, input):
             return self._to_gloo("_reduce_scatter_base", output, input, opts=opts)
-        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        op = _op(opts)
         self._comm.reduce_scatter_tensor(output, input, op)
         return self._done([output])
 
@@ -177,18 +195,21 @@ class GP2PProcessGroup(dist.ProcessGroup):
         through one concatenated input per output."""
         if not self._ours(outputs, inputs):
             return self._to_gloo("reduce_scatter", outputs, inputs, opts=opts)
-        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        op = _op(opts)
         for out, ins in zip(outputs, inputs):
             whole = torch.cat([t.reshape(-1) for t in ins])
-            mine = torch.empty((out.numel(),), dtype=out.dtype, device=out.device)
+            # Straight into `out` where it is one run of memory (the usual case).
+            mine = out.view(-1) if out.is_contiguous() else torch.empty((out.numel(),), dtype=out.dtype,
+                                                                        device=out.device)
             self._comm.reduce_scatter_tensor(mine, whole, op)
-            out.copy_(mine.view_as(out))
+            if mine.data_ptr() != out.data_ptr():
+                out.copy_(mine.view_as(out))
         return self._done(list(outputs))
 
     def reduce_scatter_tensor_coalesced(self, outputs: List[Any], inputs: List[Any], opts: Any = None) -> Any:
         if not self._ours(outputs, inputs):
             return self._to_gloo("reduce_scatter_tensor_coalesced", outputs, inputs, opts=opts)
-        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        op = _op(opts)
         for out, inp in zip(outputs, inputs):
             self._comm.reduce_scatter_tensor(out, inp, op)
         return self._done(list(outputs))
@@ -217,11 +238,6 @@ class GP2PProcessGroup(dist.ProcessGroup):
 
     # -- the ops it runs for CPU tensors only ---------------------------------------------
 
-    def _gloo_only(self, what: str, name: str, args: Any) -> Any:
-        if self._ours(args):
-            raise NotImplementedError("%s is %s" % (what, _NOT_BUILT))
-        return getattr(self._gloo, name)(*args)
-
     def send(self, tensors: List[Any], dst: int, tag: int = 0) -> Any:
         if not self._ours(tensors):
             return self._gloo.send(tensors, dst, tag)
@@ -236,22 +252,11 @@ class GP2PProcessGroup(dist.ProcessGroup):
             self._comm.recv(t, src)
         return self._done(tensors)
 
-    def recv_anysource(self, *args: Any) -> Any:
-        return self._gloo_only("recv", "recv_anysource", args)
-
-    def gather(self, *args: Any) -> Any:
-        return self._gloo_only("gather", "gather", args)
-
-    def scatter(self, *args: Any) -> Any:
-        return self._gloo_only("scatter", "scatter", args)
-
-    def reduce(self, *args: Any) -> Any:
-        return self._gloo_only("reduce", "reduce", args)
-
-    def alltoall(self, *args: Any) -> Any:
-        return self._gloo_only("all_to_all", "alltoall", args)
-
-    def alltoall_base(self, *args: Any) -> Any:
-        return self._gloo_only("all_to_all", "alltoall_base", args)
+    recv_anysource = _gloo_only("recv", "recv_anysource")
+    gather = _gloo_only("gather", "gather")
+    scatter = _gloo_only("scatter", "scatter")
+    reduce = _gloo_only("reduce", "reduce")
+    alltoall = _gloo_only("all_to_all", "alltoall")
+    alltoall_base = _gloo_only("all_to_all", "alltoall_base")
 
     all_to_all_single = alltoall_base  # its name from torch 2.12

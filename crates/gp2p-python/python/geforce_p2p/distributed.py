@@ -52,7 +52,7 @@ import operator
 from typing import Any, Optional
 
 from . import _native
-from ._api import REDUCE_OPS, _target_device
+from ._api import REDUCE_OPS, _positive, _target_device
 from ._tensors import check_choice, describe, on_device, same_dtype, same_stream, writable
 
 __all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend"]
@@ -115,14 +115,11 @@ class Communicator:
                  slots: Optional[int] = None):
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
-        for name, value in (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError("%s: %r is not a positive number of %s" % (name, value, "slots" if name == "slots" else "bytes"))
+        max_bytes, slot_bytes, slots = (_positive(name, value) for name, value in
+                                        (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots)))
         self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
-        self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, int(max_bytes),
-                                            float(peer_timeout), float(join_timeout),
-                                            None if slot_bytes is None else int(slot_bytes),
-                                            None if slots is None else int(slots))
+        self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, max_bytes,
+                                            float(peer_timeout), float(join_timeout), slot_bytes, slots)
         #: The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones
         #: go through the staged pipeline).
         self.max_bytes = self._native.max_bytes
@@ -180,9 +177,7 @@ class Communicator:
     def broadcast(self, tensor: Any, src: int = 0) -> Any:
         """In place: ``tensor`` becomes rank ``src``'s. Returns ``tensor``."""
         t = writable(self._mine(tensor, "tensor"))
-        if not 0 <= int(src) < self.world_size:
-            raise ValueError("src: %r is not a rank in 0..%d" % (src, self.world_size))
-        self._native.broadcast(t.dtype, t.numel, t.memory, int(src))
+        self._native.broadcast(t.dtype, t.numel, t.memory, self._rank("src", src))
         return tensor
 
     def send(self, tensor: Any, dst: int) -> None:
@@ -190,25 +185,26 @@ class Communicator:
         same dtype and size at the same place in its sequence of calls; ordered on
         ``tensor``'s current stream (work queued there afterwards may overwrite it)."""
         t = self._mine(tensor, "tensor")
-        self._native.send(t.dtype, t.numel, t.memory, self._peer("dst", dst))
+        self._native.send(t.dtype, t.numel, t.memory, self._rank("dst", dst, other=True))
 
     def recv(self, tensor: Any, src: int) -> Any:
         """In place: ``tensor`` becomes what rank ``src`` sends (:meth:`send`), ordered on its
         current stream. Returns ``tensor``."""
         t = writable(self._mine(tensor, "tensor"))
-        self._native.recv(t.dtype, t.numel, t.memory, self._peer("src", src))
+        self._native.recv(t.dtype, t.numel, t.memory, self._rank("src", src, other=True))
         return tensor
 
-    def _peer(self, name: str, rank: Any) -> int:
-        """``rank`` as another rank of this communicator, or ValueError naming ``name``."""
+    def _rank(self, name: str, rank: Any, *, other: bool = False) -> int:
+        """``rank`` as a rank of this communicator (``other``: not this one), or ValueError
+        naming ``name``."""
         try:
-            peer = operator.index(rank)
+            index = operator.index(rank)
         except TypeError:
-            peer = None
-        if peer is None or isinstance(rank, bool) or not 0 <= peer < self.world_size or peer == self.rank:
-            raise ValueError("%s: %r is not another rank in 0..%d (this is rank %d)"
-                             % (name, rank, self.world_size, self.rank))
-        return peer
+            index = None
+        if index is None or isinstance(rank, bool) or not 0 <= index < self.world_size or (other and index == self.rank):
+            raise ValueError("%s: %r is not %s rank in 0..%d (this is rank %d)"
+                             % (name, rank, "another" if other else "a", self.world_size, self.rank))
+        return index
 
     def _sum_into(self, t: Any, ptr: int) -> None:
         """The sum all-reduce of a tensor already read and accepted (``t``, on this rank's
