@@ -387,10 +387,33 @@ fn borrowing_one_stream_at_every_call_keeps_one_use_for_it() {
     assert_eq!(buffer.to_host_vec(&other).unwrap(), vec![u32::from_ne_bytes([40; 4]); 1024]);
 }
 
+/// Run `body` while `stream` captures a CUDA graph in `mode`. The capture ends (and the
+/// graph it made, if any, is destroyed) before this returns, so an assertion that fails
+/// afterwards leaves no capture open for the binary's later tests. Returns what `body` gave
+/// and what ending the capture said.
+fn while_capturing<R>(
+    stream: &Stream,
+    mode: cudarc::driver::sys::CUstreamCaptureMode,
+    body: impl FnOnce() -> R,
+) -> (R, cudarc::driver::sys::CUresult) {
+    use cudarc::driver::sys::{CUresult, cuGraphDestroy, cuStreamBeginCapture_v2, cuStreamEndCapture};
+    // SAFETY: a live stream of the current context (Stream::new bound it).
+    assert_eq!(unsafe { cuStreamBeginCapture_v2(stream.raw(), mode) }, CUresult::CUDA_SUCCESS);
+    let given = body();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the capture begun above, on the same stream; out-pointer to a local.
+    let ended = unsafe { cuStreamEndCapture(stream.raw(), &mut graph) };
+    if !graph.is_null() {
+        // SAFETY: the graph the capture made, destroyed once.
+        unsafe { cuGraphDestroy(graph) };
+    }
+    (given, ended)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn borrowing_a_capturing_stream_leaves_its_capture_valid() {
-    use cudarc::driver::sys::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus, cuGraphDestroy};
+    use cudarc::driver::sys::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
     let _serial = gp2p_tests::serial();
     // torch hands over its capture stream inside `torch.cuda.graph`: naming that stream by
     // its driver id (what a borrow does otherwise) ended the capture as invalidated.
@@ -398,23 +421,14 @@ fn borrowing_a_capturing_stream_leaves_its_capture_valid() {
     let owner = Stream::new(&device).unwrap();
     let mut buffer = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-    // SAFETY: a live stream of the current context (Stream::new bound it).
-    assert_eq!(unsafe { cudarc::driver::sys::cuStreamBeginCapture_v2(owner.raw(), mode) }, CUresult::CUDA_SUCCESS);
-    // SAFETY: `owner` outlives the borrow and the captured work.
-    let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: live stream; out-pointer to a local.
-    let asked = unsafe { cudarc::driver::sys::cuStreamIsCapturing(owner.raw(), &mut status) };
-    let seen_capturing = borrowed.is_capturing();
-    // The capture ends before any assertion: a test that unwound with it open would leave
-    // later tests of the binary failing on it.
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: the capture begun above, on the same stream; out-pointer to a local.
-    let ended = unsafe { cudarc::driver::sys::cuStreamEndCapture(owner.raw(), &mut graph) };
-    if !graph.is_null() {
-        // SAFETY: the graph the capture made, destroyed once.
-        unsafe { cuGraphDestroy(graph) };
-    }
+    let ((asked, status, seen_capturing), ended) = while_capturing(&owner, mode, || {
+        // SAFETY: `owner` outlives the borrow, which enqueues nothing.
+        let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
+        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: live stream; out-pointer to a local.
+        let asked = unsafe { cudarc::driver::sys::cuStreamIsCapturing(owner.raw(), &mut status) };
+        (asked, status, borrowed.is_capturing())
+    });
     assert_eq!(asked, CUresult::CUDA_SUCCESS);
     assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "the borrow ended the capture");
     assert!(seen_capturing.unwrap(), "the borrowed stream says it is not capturing");
@@ -434,28 +448,19 @@ fn borrowing_a_capturing_stream_leaves_its_capture_valid() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn an_operation_on_a_borrowed_capturing_stream_is_refused_and_no_graph_is_made() {
-    use cudarc::driver::sys::{CUresult, CUstreamCaptureMode, cuGraphDestroy};
+    use cudarc::driver::sys::{CUresult, CUstreamCaptureMode};
     let _serial = gp2p_tests::serial();
     // A graph replays the work as captured, long after the buffers' last-use records (taken
     // once, at capture) say it is done: the memory could be freed or reused by then.
     let [device] = needs!(gpus: 1);
     let owner = Stream::new(&device).unwrap();
     let mut buffer = DeviceBuffer::<u32>::alloc(&device, 1024).unwrap();
-    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: a live stream of the current context (Stream::new bound it).
-    assert_eq!(unsafe { cudarc::driver::sys::cuStreamBeginCapture_v2(owner.raw(), mode) }, CUresult::CUDA_SUCCESS);
     // SAFETY: `owner` outlives the borrow and anything enqueued through it.
     let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
-    let refused = buffer.fill_bytes(&borrowed, 7);
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: the capture begun above, on the same stream; out-pointer to a local.
-    let ended = unsafe { cudarc::driver::sys::cuStreamEndCapture(owner.raw(), &mut graph) };
-    if !graph.is_null() {
-        // SAFETY: the graph the capture made, destroyed once.
-        unsafe { cuGraphDestroy(graph) };
-    }
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let (refused, ended) = while_capturing(&owner, mode, || buffer.fill_bytes(&borrowed, 7));
     assert!(matches!(refused, Err(geforce_p2p::cuda::Error::Capturing)), "{refused:?}");
-    assert!(graph.is_null() && ended != CUresult::CUDA_SUCCESS, "a graph was made of refused work: {ended:?}");
+    assert_ne!(ended, CUresult::CUDA_SUCCESS, "a graph was made of refused work");
     // The stream works again once the capture is over.
     buffer.fill_bytes(&borrowed, 9).unwrap();
     assert_eq!(buffer.to_host_vec(&owner).unwrap(), vec![u32::from_ne_bytes([9; 4]); 1024]);
