@@ -447,7 +447,7 @@ fn borrowing_a_capturing_stream_leaves_its_capture_valid() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn an_operation_on_a_borrowed_capturing_stream_is_refused_and_no_graph_is_made() {
+fn an_operation_on_a_borrowed_capturing_stream_is_refused() {
     use cudarc::driver::sys::{CUresult, CUstreamCaptureMode};
     let _serial = gp2p_tests::serial();
     // A graph replays the work as captured, long after the buffers' last-use records (taken
@@ -458,9 +458,21 @@ fn an_operation_on_a_borrowed_capturing_stream_is_refused_and_no_graph_is_made()
     // SAFETY: `owner` outlives the borrow and anything enqueued through it.
     let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    let (refused, ended) = while_capturing(&owner, mode, || buffer.fill_bytes(&borrowed, 7));
+    // Checked first, nothing is enqueued and the owner's capture stays valid.
+    let (refused, ended) = while_capturing(&owner, mode, || borrowed.refuse_capture());
     assert!(matches!(refused, Err(geforce_p2p::cuda::Error::Capturing)), "{refused:?}");
-    assert_ne!(ended, CUresult::CUDA_SUCCESS, "a graph was made of refused work");
+    assert_eq!(ended, CUresult::CUDA_SUCCESS, "the owner's (empty) capture ends well");
+    assert!(owner.refuse_capture().is_ok() && borrowed.refuse_capture().is_ok(), "owned, or not capturing");
+    // Found only where the operation records its use, after its work was enqueued: the
+    // refusal invalidates the capture with a capture-illegal wait, an API error that
+    // compute-sanitizer reports, so that part runs without one.
+    if let Some(tool) = std::env::var(gp2p_tests::SANITIZER_ENV).ok().filter(|t| !t.is_empty()) {
+        println!("the refusal after enqueueing not run: it provokes an API error on purpose, which {tool} reports");
+    } else {
+        let (refused, ended) = while_capturing(&owner, mode, || buffer.fill_bytes(&borrowed, 7));
+        assert!(matches!(refused, Err(geforce_p2p::cuda::Error::Capturing)), "{refused:?}");
+        assert_ne!(ended, CUresult::CUDA_SUCCESS, "a graph was made of refused work");
+    }
     // The stream works again once the capture is over.
     buffer.fill_bytes(&borrowed, 9).unwrap();
     assert_eq!(buffer.to_host_vec(&owner).unwrap(), vec![u32::from_ne_bytes([9; 4]); 1024]);

@@ -63,7 +63,8 @@ pub enum Error {
     },
     /// An operation was enqueued on a borrowed stream that is capturing a CUDA graph: its
     /// last-use records would describe the capture, not the graph's launches, so replays
-    /// could touch memory already freed or reused. The capture is invalidated.
+    /// could touch memory already freed or reused. Found once the work is enqueued, the
+    /// capture is invalidated too; [`crate::Stream::refuse_capture`] finds it before.
     #[error(
         "stream: capturing a CUDA graph; this operation cannot be captured (its buffers are kept per call, not per graph launch): run it outside the capture (the one-process-per-GPU communicator's calls can be captured)"
     )]

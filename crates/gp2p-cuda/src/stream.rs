@@ -198,10 +198,8 @@ impl Stream {
                 got: event.device().ordinal(),
                 expected: self.device.ordinal(),
             })
-        } else if self.is_borrowed() && self.is_capturing()? {
-            Some(Error::Capturing)
         } else {
-            None
+            self.refuse_capture().err()
         };
         if let Some(e) = refused {
             give_back_event(event);
@@ -233,6 +231,18 @@ impl Stream {
             return Ok(());
         }
         self.wait(point.event())
+    }
+
+    /// Refuse a borrowed stream that is capturing a CUDA graph ([`Error::Capturing`]),
+    /// before anything is enqueued on it: an operation's buffers record their last use once,
+    /// at capture, and would not know about the replays. Every operation checks this when it
+    /// records its use, after its work is enqueued, and the refusal there also invalidates
+    /// the capture (a deliberate capture-illegal wait, which compute-sanitizer reports as an
+    /// API error); callers that take a stream from elsewhere, such as the Python bindings,
+    /// check here first so that nothing is captured at all. An owned stream passes: only raw
+    /// driver calls capture it.
+    pub fn refuse_capture(&self) -> Result<()> {
+        if self.is_borrowed() && self.is_capturing()? { Err(Error::Capturing) } else { Ok(()) }
     }
 
     /// Whether the stream is capturing a CUDA graph: work enqueued now is recorded into the

@@ -99,7 +99,18 @@ pub(crate) struct Caller {
 }
 
 impl Caller {
+    /// The caller's device and stream, for an operation that cannot be captured into a CUDA
+    /// graph: a stream that is capturing (torch.cuda.graph) is refused here, before anything
+    /// is enqueued, so torch's capture stays valid.
     pub(crate) fn open(memory: &Memory) -> Result<Caller, Raised> {
+        let caller = Caller::open_capturable(memory)?;
+        caller.stream.refuse_capture()?;
+        Ok(caller)
+    }
+
+    /// The caller's device and stream, capturing or not: for the communicator, whose calls
+    /// can be captured.
+    pub(crate) fn open_capturable(memory: &Memory) -> Result<Caller, Raised> {
         let device = Device::open(memory.device)?;
         // SAFETY: by the module's contract (2), `memory.stream` is a stream of this device's
         // primary context that outlives the work enqueued through it; it is borrowed, never
