@@ -163,6 +163,38 @@ pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
+/// The exported name of the flagged-chunk all-reduce kernel for `op` on `dtype`, in
+/// [`REDUCE`]: the one-process-per-GPU communicator's small and middling messages.
+///
+/// Signature `(T* buf, u64 n, char* out_area, const char* in_area, u32 divisor,
+/// u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u64 flags_offset,
+/// u32* broken)`: each rank stores `buf` into its own data area of mapped host memory in
+/// [`CHUNK_BYTES`] chunks, a block each, and marks each with the call's number in its flag
+/// (a word every [`CHUNK_FLAG_STRIDE`] bytes from `flags_offset` on); then it waits for the
+/// peer's flags and folds `buf = op(own, peer)` chunk by chunk. The number is the next after
+/// the count in `seq_counter[0]` (device memory); the kernel's last block stores it back,
+/// using `seq_counter[1]` (0 between calls) as its ticket. Odd numbers use the areas
+/// `half_stride` bytes on. Waits give up as the exchange kernels' do.
+pub fn chunks_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
+    const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_chunks_");
+    NAMES[op.index()][dtype.index()]
+}
+
+/// Bytes of one chunk of the flagged-chunk kernels (one block's share, one flag).
+pub const CHUNK_BYTES: usize = 2048;
+/// Bytes from one chunk's flag to the next (flags of different chunks on their own lines).
+pub const CHUNK_FLAG_STRIDE: usize = 64;
+/// The most blocks a flagged-chunk kernel runs: more only add pollers.
+pub const CHUNK_MAX_BLOCKS: usize = 64;
+
+/// Where a flagged-chunk area of a `bytes`-byte buffer keeps its flags (the data, in whole
+/// 16-byte groups, comes first), and the area's whole size.
+pub const fn chunk_area_layout(bytes: usize) -> (usize, usize) {
+    let data = bytes.div_ceil(EXCHANGE_GROUP_BYTES) * EXCHANGE_GROUP_BYTES;
+    let flags = data.next_multiple_of(CHUNK_FLAG_STRIDE);
+    (flags, flags + bytes.div_ceil(CHUNK_BYTES) * CHUNK_FLAG_STRIDE)
+}
+
 /// The exported name of the bounded wait on a flag in mapped host memory, in [`REDUCE`].
 ///
 /// Signature `(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken)`: one
@@ -217,12 +249,18 @@ mod tests {
                 let name = exchange_kernel_name(op, dtype);
                 assert_eq!(name, format!("gp2p_exchange_{}_{}", op.name(), dtype.name()));
                 assert!(REDUCE.ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.ptx");
+                let chunks = chunks_kernel_name(op, dtype);
+                assert_eq!(chunks, format!("gp2p_chunks_{}_{}", op.name(), dtype.name()));
+                assert!(REDUCE.ptx.contains(&format!(".entry {chunks}(")), "{chunks} missing from reduce.ptx");
             }
         }
         assert_eq!(next_exchange_seq(&mut 0), 1, "the first call is never tagged 0");
         let mut counter = u64::from(u32::MAX) - 2;
         let seqs: Vec<u32> = (0..4).map(|_| next_exchange_seq(&mut counter)).collect();
         assert_eq!(seqs, [u32::MAX - 1, u32::MAX, 2, 3], "0 skipped, parity still alternating");
+        assert_eq!(chunk_area_layout(1), (64, 128), "one group, its flag on the next line");
+        assert_eq!(chunk_area_layout(CHUNK_BYTES + 1), (CHUNK_BYTES + 64, CHUNK_BYTES + 64 + 2 * CHUNK_FLAG_STRIDE));
+        assert_eq!(chunk_area_layout(64 << 10).1, (64 << 10) + 32 * CHUNK_FLAG_STRIDE);
         assert_eq!(exchange_line_bytes(0), 0);
         assert_eq!(exchange_line_bytes(1), 32, "one group of 16 bytes is four lines");
         assert_eq!(exchange_line_bytes(64 << 10), 128 << 10, "lines carry half data");
@@ -241,7 +279,9 @@ mod tests {
         assert!(!ptx.contains("cvt.rn.bf16"), "bfloat16 conversion needs sm_80");
         for op in ReduceOp::ALL {
             for dtype in DType::ALL {
-                for name in [reduce_kernel_name(op, dtype), exchange_kernel_name(op, dtype)] {
+                for name in
+                    [reduce_kernel_name(op, dtype), exchange_kernel_name(op, dtype), chunks_kernel_name(op, dtype)]
+                {
                     assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.compute_75.ptx");
                 }
             }

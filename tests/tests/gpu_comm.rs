@@ -384,6 +384,7 @@ fn one_gpu_two_processes_share_it_on_both_paths() {
     let options = CommOptions { peer_timeout: std::time::Duration::from_secs(30), ..small_slots() };
     let mut r = Ranked::start_on(test, options, |_| 0);
     let (rank, stream) = (r.rank, &r.stream);
+    every_dtype!(every_op(&mut r.comm, stream, 11));
     let mut calls = Vec::new();
     for (c, (len, op)) in [(7, ReduceOp::Sum), (4099, ReduceOp::Max), (70_001, ReduceOp::Sum), (300_007, ReduceOp::Min)]
         .into_iter()

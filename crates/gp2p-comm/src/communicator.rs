@@ -1,9 +1,9 @@
 //! `Communicator`: one rank of a group of processes, one GPU each, that share a [`Segment`]
 //! registered with the driver. Two ranks: the small all-reduce is one kernel per rank that
-//! writes its buffer into its lines of the segment, each 8-byte line carrying 4 bytes of data
-//! and the call's sequence number, and folds the peer's lines in as they arrive (NCCL's LL
-//! idea, the kernel the single-process line exchange uses); every other call goes through
-//! the staged pipeline of [`crate::pipeline`].
+//! stores its buffer into its area of the segment in 2 KiB chunks, flags each with the call's
+//! sequence number, and folds the peer's chunks in as their flags arrive (see
+//! `gp2p_kernels::chunks_kernel_name`); every other call goes through the staged pipeline of
+//! [`crate::pipeline`].
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use std::mem::ManuallyDrop;
 
-use gp2p_cuda::raw::{ExchangeLines, Numbering, exchange, write_flag};
+use gp2p_cuda::raw::{ChunkAreas, exchange_chunks, write_flag};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
-use gp2p_kernels::{DType, Element, ReduceOp, exchange_line_bytes};
+use gp2p_kernels::{DType, Element, ReduceOp, chunk_area_layout};
 
 use crate::pipeline::{Landing, Pipeline, RankSide, Staging, Transfer};
 use crate::segment::{LONGEST_TIMEOUT, poll_until};
@@ -23,7 +23,7 @@ use crate::{Error, Result, Segment, UniqueId};
 /// How a communicator is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommOptions {
-    /// The largest buffer, in bytes, a small-message call takes (its lines are sized for it).
+    /// The largest buffer, in bytes, a small-message call takes (its areas are sized for it).
     pub small_max_bytes: usize,
     /// How long a rank's kernel waits for its peer's data before it gives up (the next call
     /// then says so). It must exceed how far one rank's stream may fall behind another's.
@@ -61,10 +61,14 @@ impl Default for CommOptions {
 /// Where things sit in the staging area: the same offsets in every process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Layout {
-    /// Bytes of one half of one rank's lines (calls alternate halves).
+    /// The largest all-reduce of the one-kernel path, in bytes.
+    small_max: usize,
+    /// Bytes of one half of one rank's area for that path (calls alternate halves): its
+    /// data, then its chunk flags at `flags_offset`.
     half: usize,
-    /// Offset of rank 0's lines; rank r's follow at `r * 2 * half`.
-    lines: usize,
+    flags_offset: usize,
+    /// Offset of rank 0's area; rank r's follows at `r * 2 * half`.
+    areas: usize,
     world: usize,
     /// The pipeline's flags, after the ranks' flag lines: a u32 per rank and slot.
     chunk_flags: usize,
@@ -95,7 +99,7 @@ const LINES_ALIGN: usize = 4096;
 /// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
 const SLOT_BYTES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
 const SLOTS: std::ops::RangeInclusive<usize> = 2..=16;
-/// The largest small-message size a communicator is made for: the line path is for small
+/// The largest small-message size a communicator is made for: the one-kernel path is for small
 /// messages, and the bound keeps the layout's arithmetic far from overflow.
 const MAX_SMALL_BYTES: usize = 16 << 20;
 /// The longest peer timeout taken (the kernel adds it to a nanosecond clock).
@@ -111,7 +115,7 @@ impl Layout {
             return Err(Error::InvalidOption {
                 name: "small_max_bytes",
                 reason: format!(
-                    "{small_max_bytes} is outside 1..={MAX_SMALL_BYTES}; the line path is for small messages"
+                    "{small_max_bytes} is outside 1..={MAX_SMALL_BYTES}; the one-kernel path is for small messages"
                 ),
             });
         }
@@ -125,11 +129,22 @@ impl Layout {
             return Err(Error::InvalidOption { name: "slots", reason: format!("{slot_count} is outside {SLOTS:?}") });
         }
         // Bounded above, so none of this overflows.
-        let half = exchange_line_bytes(small_max_bytes).next_multiple_of(256);
+        let (flags_offset, area) = chunk_area_layout(small_max_bytes);
+        let half = area.next_multiple_of(256);
         let chunk_flags = FLAGS + 64 * world;
-        let lines = (chunk_flags + 4 * slot_count * world).next_multiple_of(LINES_ALIGN);
-        let slots = lines + world * 2 * half;
-        Ok(Layout { half, lines, world, chunk_flags, slots, slot_bytes, slot_count })
+        let areas = (chunk_flags + 4 * slot_count * world).next_multiple_of(LINES_ALIGN);
+        let slots = areas + world * 2 * half;
+        Ok(Layout {
+            small_max: small_max_bytes,
+            half,
+            flags_offset,
+            areas,
+            world,
+            chunk_flags,
+            slots,
+            slot_bytes,
+            slot_count,
+        })
     }
 
     /// The staging area's size: whole multiples of the alignment that covers every page size,
@@ -143,10 +158,11 @@ impl Layout {
         FLAGS + 64 * rank
     }
 
-    /// What the layout was made from, as every rank publishes it to be compared: the lines'
-    /// half, the slot size and the slot count (each bounded well below `u32::MAX`).
+    /// What the layout was made from, as every rank publishes it to be compared: the
+    /// one-kernel path's largest size, the slot size and the slot count (each bounded well
+    /// below `u32::MAX`).
     fn options(&self) -> [u32; 3] {
-        [self.half as u32, self.slot_bytes as u32, self.slot_count as u32]
+        [self.small_max as u32, self.slot_bytes as u32, self.slot_count as u32]
     }
 
     /// Offset of the communicator's broken flag, which every rank's host and pipeline waits
@@ -171,9 +187,9 @@ impl Layout {
         self.chunk_flags + 4 * (rank * self.slot_count + slot)
     }
 
-    /// Offset of `rank`'s lines for the call tagged `seq`.
-    fn lines_of(&self, rank: usize, seq: u32) -> usize {
-        self.lines + rank * 2 * self.half + (seq & 1) as usize * self.half
+    /// Offset of `rank`'s one-kernel area for the call numbered `seq`.
+    fn area_of(&self, rank: usize, seq: u32) -> usize {
+        self.areas + rank * 2 * self.half + (seq & 1) as usize * self.half
     }
 }
 
@@ -186,8 +202,9 @@ impl Layout {
 /// caller's stream, and its waits for the peer run on the GPU, each bounded by
 /// [`CommOptions::peer_timeout`].
 ///
-/// Two paths: an all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel whose
-/// 8-byte lines carry data and the call's sequence number; everything else goes through a
+/// Two paths: an all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
+/// rank that hands its buffer over in flagged chunks of mapped host memory, numbered in
+/// device memory; everything else goes through a
 /// pipeline of DMA copies via slots of the segment, flagged chunk by chunk (see the
 /// `pipeline` module). Two ranks; more are not built yet.
 ///
@@ -327,8 +344,7 @@ impl Communicator {
     /// The largest buffer, in bytes, [`Communicator::all_reduce`] runs as one kernel; larger
     /// ones go through the pipeline.
     pub fn small_max_bytes(&self) -> usize {
-        // exchange_line_bytes doubles the data bytes: lines carry half data.
-        self.layout.half / 2
+        self.layout.small_max
     }
 
     /// In place on every rank: `buf = op(every rank's buf)`, ordered after the work queued
@@ -352,38 +368,39 @@ impl Communicator {
             let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive, local: None };
             return self.enqueue(stream, transfer, |point| buf.note_use(point));
         }
-        let lines = self.exchange_lines();
+        let areas = self.chunk_areas();
         let timeout_ns = self.timeout_ns();
         let (ptr, len) = (buf.raw_ptr(), buf.len());
         self.call(
             stream,
-            // SAFETY: `buf` is `len` elements on this device (checked above); both ranks' lines
-            // (two halves each) lie in the registered staging area, 256-aligned, sized by the
-            // layout for `small_max_bytes` (checked above), and only this rank's kernels write
-            // its own lines (the peer writes its own); `failed` is this rank's aligned u32 of
-            // it, `broken` the communicator's; the counter is this communicator's own device
-            // word, touched only by its small-path kernels, which run in order (each call
-            // waits for the last, or a captured graph's launches are ordered by the caller:
+            // SAFETY: `buf` is `len` elements on this device (checked above); both ranks'
+            // areas (two halves each) lie in the registered staging area, 256-aligned, laid
+            // out by chunk_area_layout for `small_max_bytes`, which `len` does not exceed
+            // (checked above), and only this rank's kernels write its own area (the peer
+            // writes its own); `failed` is this rank's aligned u32 of it, `broken` the
+            // communicator's; the counter is this communicator's own two device words,
+            // touched only by its small-path kernels, which run in order (each call waits for
+            // the last, or a captured graph's launches are ordered by the caller:
             // allow_graph_capture's contract). The registration and counter outlive the
             // kernel: `call` notes its point on them, or, captured, they stay for the
-            // process's life. Calls alternate halves, so a half is rewritten only after the
-            // peer finished reading it (the peer's next call, which this rank's waited for,
-            // starts after its previous one ended). The peer enqueues the same call.
-            |_| unsafe { Ok(exchange(stream, ptr, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns)?) },
+            // process's life. The peer enqueues the same call.
+            |_| unsafe { Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, timeout_ns)?) },
             |point| buf.note_use(point),
         )
     }
 
-    /// The lines of the small all-reduce, numbered from the device counter.
-    fn exchange_lines(&self) -> ExchangeLines {
+    /// The areas of the small all-reduce, numbered from the device counter.
+    fn chunk_areas(&self) -> ChunkAreas {
         let peer = 1 - self.rank();
         let at = |offset: usize| self.staging + offset as u64;
-        ExchangeLines {
-            out_lines: at(self.layout.lines_of(self.rank(), 0)),
-            in_lines: at(self.layout.lines_of(peer, 0)),
+        ChunkAreas {
+            out_area: at(self.layout.area_of(self.rank(), 0)),
+            in_area: at(self.layout.area_of(peer, 0)),
+            half_stride: self.layout.half as u64,
+            flags_offset: self.layout.flags_offset as u64,
+            counter: self.seq_counter.raw_ptr(),
             failed: at(self.layout.flag(self.rank())),
             broken: at(self.layout.broken()),
-            numbering: Numbering::Counted { counter: self.seq_counter.raw_ptr(), half_stride: self.layout.half as u64 },
         }
     }
 
@@ -778,7 +795,8 @@ impl Drop for Communicator {
 /// The small path's call count on `device`, zero before any kernel can read it.
 fn zeroed_counter(device: &Device) -> Result<DeviceBuffer<u32>> {
     let stream = Stream::new(device)?;
-    let mut counter = DeviceBuffer::<u32>::alloc(device, 1)?;
+    // The call count and the kernels' ticket (see gp2p_kernels::chunks_kernel_name).
+    let mut counter = DeviceBuffer::<u32>::alloc(device, 2)?;
     counter.fill_bytes(&stream, 0)?;
     // Waited for once, at creation (which waits for the other ranks anyway): the calls run
     // on other streams. A point, not Stream::synchronize, which would take an error some
@@ -883,17 +901,19 @@ mod tests {
     #[test]
     fn the_layout_keeps_flags_and_lines_apart_and_aligned() {
         let layout = Layout::new(2, &small(64 << 10)).unwrap();
-        assert_eq!(layout.half, 128 << 10, "lines carry half data");
-        assert_eq!(layout.lines % LINES_ALIGN, 0);
+        assert_eq!(layout.half, (64 << 10) + 32 * 64, "the data, then a flag line per 2 KiB chunk");
+        assert_eq!(layout.flags_offset, 64 << 10);
+        assert_eq!(layout.small_max, 64 << 10);
+        assert_eq!(layout.areas % LINES_ALIGN, 0);
         assert!(layout.flag(1) + 8 <= layout.full(0, 0), "status words end before the chunk flags");
-        assert!(layout.full(1, layout.slot_count - 1) + 4 <= layout.lines);
-        assert_eq!(layout.lines_of(0, 1), layout.lines + layout.half, "odd calls use the second half");
-        assert_eq!(layout.lines_of(1, 2), layout.lines + 2 * layout.half);
-        assert!(layout.staging_bytes() >= layout.lines_of(1, 1) + layout.half);
+        assert!(layout.full(1, layout.slot_count - 1) + 4 <= layout.areas);
+        assert_eq!(layout.area_of(0, 1), layout.areas + layout.half, "odd calls use the second half");
+        assert_eq!(layout.area_of(1, 2), layout.areas + 2 * layout.half);
+        assert!(layout.staging_bytes() >= layout.area_of(1, 1) + layout.half);
         assert_eq!(layout.staging_bytes() % crate::STAGING_ALIGN, 0, "ends on a page boundary");
         for rank in 0..2 {
             assert_eq!(layout.flag(rank) % 64, 0);
-            assert_eq!(layout.lines_of(rank, 7) % 256, 0);
+            assert_eq!(layout.area_of(rank, 7) % 256, 0);
         }
         assert_eq!(Layout::new(2, &small(1)).unwrap().half, 256, "at least one aligned block");
         for (name, layout) in
@@ -906,7 +926,7 @@ mod tests {
     }
 
     #[test]
-    fn every_flag_and_slot_has_its_own_aligned_place_after_the_lines() {
+    fn every_flag_and_slot_has_its_own_aligned_place_after_the_areas() {
         let options = CommOptions { slot_bytes: 1 << 20, slots: 3, ..CommOptions::default() };
         let layout = Layout::new(2, &options).unwrap();
         let mut flags = Vec::new();
@@ -923,9 +943,9 @@ mod tests {
         slots.sort_unstable();
         slots.dedup();
         assert_eq!((flags.len(), slots.len()), (flag_count, slot_count), "no two share a place");
-        assert!(flags.iter().all(|f| f % 4 == 0 && *f >= layout.flag(1) + 8 && f + 4 <= layout.lines));
+        assert!(flags.iter().all(|f| f % 4 == 0 && *f >= layout.flag(1) + 8 && f + 4 <= layout.areas));
         assert!(slots.windows(2).all(|w| w[1] - w[0] >= options.slot_bytes), "slots do not overlap");
-        assert!(slots.iter().all(|s| s % LINES_ALIGN == 0 && *s >= layout.lines_of(1, 1) + layout.half));
+        assert!(slots.iter().all(|s| s % LINES_ALIGN == 0 && *s >= layout.area_of(1, 1) + layout.half));
         assert!(layout.slot(1, 2) + options.slot_bytes <= layout.staging_bytes());
         assert_eq!(layout.staging_bytes() % crate::STAGING_ALIGN, 0);
     }

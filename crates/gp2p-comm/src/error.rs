@@ -169,7 +169,7 @@ pub enum Error {
     },
     /// A rank made its communicator with other options than this one.
     #[error(
-        "rank {rank} made its communicator with other options (line half, slot bytes, slots: {theirs:?}, here {ours:?}); make every rank's with the same CommOptions"
+        "rank {rank} made its communicator with other options (one-kernel max bytes, slot bytes, slots: {theirs:?}, here {ours:?}); make every rank's with the same CommOptions"
     )]
     OptionsMismatch {
         /// The rank whose options differ.

@@ -16,7 +16,9 @@
 //!   driver (portable, device-mapped; ranks in turn), and runs the collectives of two ranks
 //!   on the caller's stream: all_reduce (every op and dtype), all_gather, reduce_scatter,
 //!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
-//!   rank whose 8-byte lines carry data and the call's sequence number (NCCL's LL idea);
+//!   rank that stores its buffer into mapped host memory in 2 KiB chunks and flags each
+//!   with the call's sequence number (one fence and one flag per chunk, so many blocks read
+//!   at once; 8-byte lines of data and number, NCCL's LL idea, measured slower from 2 KiB up);
 //!   everything else goes through a pipeline of DMA copies via slots of the segment
 //!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
 //!   that stream memory operations set and a one-thread kernel awaits. Every wait for the

@@ -1,4 +1,4 @@
-//! Messages above the line path's size between two ranks: a pipeline of DMA copies through
+//! Messages above the one-kernel path's size between two ranks: a pipeline of DMA copies through
 //! slots of the shared segment, handed over chunk by chunk by flags the GPUs set and wait on.
 //!
 //! Each rank has `slots` slots of `slot_bytes` in the segment and one flag per slot, a

@@ -19,12 +19,12 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
-use gp2p_kernels::{DType, ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name, reduce_kernel_name};
+use gp2p_kernels::{DType, ReduceOp, WAIT_FLAG_KERNEL, chunks_kernel_name, exchange_kernel_name, reduce_kernel_name};
 
 use crate::driver::check;
 use crate::reduce::{
-    ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagArgs, check_divisor, exchange_launch_config, launch_exchange,
-    launch_reduce, launch_wait_flag, reduce_launch_config,
+    ChunksArgs, ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagArgs, check_divisor, chunks_launch_config,
+    exchange_launch_config, launch_chunks, launch_exchange, launch_reduce, launch_wait_flag, reduce_launch_config,
 };
 use crate::{Device, Error, Module, RawDevicePtr, Result, Stream};
 
@@ -231,6 +231,81 @@ pub unsafe fn exchange(
     };
     // SAFETY: an exchange kernel of `dtype`; the addresses are the caller's contract.
     unsafe { launch_exchange(&function, stream, config, args) }
+}
+
+/// The areas one rank's flagged-chunk kernel works on (see [`exchange_chunks`] and
+/// [`gp2p_kernels::chunks_kernel_name`]), each as the stream's device maps it.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkAreas {
+    /// This rank's area for even call numbers: its data, then its flags at `flags_offset`.
+    pub out_area: RawDevicePtr,
+    /// The peer's area for even call numbers.
+    pub in_area: RawDevicePtr,
+    /// Odd call numbers use the areas this many bytes on (a multiple of 64).
+    pub half_stride: u64,
+    /// Bytes from an area's start to its flags ([`gp2p_kernels::chunk_area_layout`]).
+    pub flags_offset: u64,
+    /// Two `u32`s in device memory of the stream's device: the call count, then the last
+    /// block's ticket (0 between calls).
+    pub counter: RawDevicePtr,
+    /// A `u32` the kernel sets to 1 when it gives up waiting.
+    pub failed: RawDevicePtr,
+    /// A `u32` every rank's waits share, or 0 for none (as in [`ExchangeLines::broken`]).
+    pub broken: RawDevicePtr,
+}
+
+/// Enqueue one rank's flagged-chunk kernel on `stream`: store `buf` into its area in chunks,
+/// flag each with the call's number (the next after the count at `areas.counter`), wait (at
+/// most `timeout_ns` each) for the peer's flags and fold `buf = op(own, peer)`. Refuses
+/// `divide_by` = 0 and misaligned addresses before launching.
+///
+/// # Safety
+/// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
+/// - `areas.out_area` and `areas.in_area`, and both again `half_stride` bytes on, each
+///   address [`gp2p_kernels::chunk_area_layout`]`(len * dtype.size_bytes()).1` bytes of
+///   mapped pinned host memory as this device maps it, laid out with that function's
+///   `flags_offset`; nobody but this rank's kernels writes its areas, and the peer runs the
+///   same calls in the same order on its own;
+/// - `areas.counter` is two `u32`s of this device's memory that only these kernels touch,
+///   in stream order; `failed` and (unless 0) `broken` are writable `u32`s of mapped pinned
+///   host memory;
+/// - everything stays allocated until the kernel completes on `stream`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn exchange_chunks(
+    stream: &Stream,
+    buf: RawDevicePtr,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+    areas: ChunkAreas,
+    divide_by: u32,
+    timeout_ns: u64,
+) -> Result<()> {
+    check_divisor(divide_by)?;
+    check_aligned(&[("buf", buf)], dtype.size_bytes())?;
+    check_aligned(&[("out_area", areas.out_area), ("in_area", areas.in_area), ("half_stride", areas.half_stride)], 64)?;
+    check_aligned(&[("flags_offset", areas.flags_offset)], 64)?;
+    check_aligned(&[("failed", areas.failed), ("broken", areas.broken), ("counter", areas.counter)], 4)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let function = Module::reduce_kernels(stream.device())?.function(chunks_kernel_name(op, dtype))?;
+    let config = chunks_launch_config(len * dtype.size_bytes());
+    let args = ChunksArgs {
+        buf,
+        len: len as u64,
+        out_area: areas.out_area,
+        in_area: areas.in_area,
+        divisor: divide_by,
+        timeout_ns,
+        failed: areas.failed,
+        seq_counter: areas.counter,
+        half_stride: areas.half_stride,
+        flags_offset: areas.flags_offset,
+        broken: areas.broken,
+    };
+    // SAFETY: a flagged-chunk kernel of `dtype`; the addresses are the caller's contract.
+    unsafe { launch_chunks(&function, stream, config, args) }
 }
 
 /// Enqueue a write of `value` to the `u32` at `flag` on `stream`, after the work queued

@@ -4,8 +4,8 @@
 use std::ffi::c_void;
 
 use gp2p_kernels::{
-    DType, EXCHANGE_GROUP_BYTES, Element, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, WAIT_FLAG_KERNEL,
-    exchange_kernel_name, reduce_kernel_name,
+    CHUNK_BYTES, CHUNK_MAX_BLOCKS, DType, EXCHANGE_GROUP_BYTES, Element, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES,
+    ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name, reduce_kernel_name,
 };
 
 use crate::memory::RawDevicePtr;
@@ -161,6 +161,59 @@ pub(crate) unsafe fn launch_reduce(
     unsafe { function.launch(stream, config, &mut params) }
 }
 
+/// The flagged-chunk kernels' parameters `(T* buf, u64 n, char* out_area,
+/// const char* in_area, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter,
+/// u64 half_stride, u64 flags_offset, u32* broken)`, in order.
+pub(crate) struct ChunksArgs {
+    pub(crate) buf: RawDevicePtr,
+    pub(crate) len: u64,
+    pub(crate) out_area: RawDevicePtr,
+    pub(crate) in_area: RawDevicePtr,
+    pub(crate) divisor: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
+    pub(crate) seq_counter: RawDevicePtr,
+    pub(crate) half_stride: u64,
+    pub(crate) flags_offset: u64,
+    pub(crate) broken: RawDevicePtr,
+}
+
+/// Launch a flagged-chunk kernel with `args`.
+///
+/// # Safety
+/// `function` is a flagged-chunk kernel; the addresses are valid for what it does with
+/// `len` elements, until it completes (see [`crate::raw::exchange_chunks`]).
+pub(crate) unsafe fn launch_chunks(
+    function: &Function,
+    stream: &Stream,
+    config: LaunchConfig,
+    mut args: ChunksArgs,
+) -> Result<()> {
+    let mut params: [*mut c_void; 11] = [
+        (&raw mut args.buf).cast(),
+        (&raw mut args.len).cast(),
+        (&raw mut args.out_area).cast(),
+        (&raw mut args.in_area).cast(),
+        (&raw mut args.divisor).cast(),
+        (&raw mut args.timeout_ns).cast(),
+        (&raw mut args.failed).cast(),
+        (&raw mut args.seq_counter).cast(),
+        (&raw mut args.half_stride).cast(),
+        (&raw mut args.flags_offset).cast(),
+        (&raw mut args.broken).cast(),
+    ];
+    // SAFETY: the kernels take (T*, u64, char*, const char*, u32, u64, u32*, u32*, u64, u64,
+    // u32*), matching the fields above, which outlive the call; addresses: the caller's.
+    unsafe { function.launch(stream, config, &mut params) }
+}
+
+/// The launch shape of a flagged-chunk kernel over `bytes` bytes: a block per chunk, at
+/// most [`CHUNK_MAX_BLOCKS`] (each then takes several).
+pub fn chunks_launch_config(bytes: usize) -> LaunchConfig {
+    let blocks = bytes.div_ceil(CHUNK_BYTES).clamp(1, CHUNK_MAX_BLOCKS);
+    LaunchConfig { grid: blocks as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
+}
+
 /// The exchange kernels' parameters `(T* buf, u64 n, u64* out_lines, const u64* in_lines,
 /// u32 seq, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,
 /// u32* broken)`, in order.
@@ -297,6 +350,15 @@ mod tests {
         let small_host = reduce_launch_config(256 * 64 + 1, DType::I8, 132, SourceMemory::ZeroCopy);
         assert_eq!(small_host.grid, 2, "a small launch is not capped");
         assert!(host.grid < big.grid);
+    }
+
+    #[test]
+    fn chunks_shape_is_a_block_per_chunk_up_to_the_cap() {
+        assert_eq!(chunks_launch_config(1).grid, 1);
+        assert_eq!(chunks_launch_config(CHUNK_BYTES).grid, 1);
+        assert_eq!(chunks_launch_config(CHUNK_BYTES + 1).grid, 2);
+        assert_eq!(chunks_launch_config(1 << 30).grid as usize, CHUNK_MAX_BLOCKS);
+        assert_eq!(chunks_launch_config(1).block, REDUCE_BLOCK_THREADS);
     }
 
     #[test]

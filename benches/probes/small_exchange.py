@@ -1,0 +1,276 @@
+"""Small two-rank all-reduces through mapped pinned host memory: which kernel shape is fastest.
+
+Two devices, one process, f32 sum in place. Each variant is one kernel per rank per call:
+- `ll`: the library's line exchange (8-byte lines of 4 data bytes and the call's number,
+  every thread publishes its 16-byte groups, then polls the peer's in batches);
+- `flag`: plain 16-byte stores of a chunk, a system fence, then one flag per chunk; the
+  reader's thread 0 polls the flag, then the block reads the chunk (half the bytes of `ll`,
+  one poller per block).
+Every timed loop enqueues `--calls` back-to-back calls on each device behind a gate kernel
+(so the host's launch rate is not what is timed), opens the gate, and times with events on
+each device; the figure is the slower device's time per call. Results are checked: after k
+calls of in-place sum, fl(a0 + a1) * 2**(k - 1) on both devices (inputs scaled by 2**-100 so nothing
+overflows). A null kernel gives the launch floor.
+
+    python3 benches/probes/small_exchange.py [--calls 100] [--repeats 5]
+"""
+
+import argparse
+import ctypes
+import statistics
+
+import cupy as cp
+import numpy as np
+
+SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ void st2(u64* at, u64 a, u64 b) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(at), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ void ld2(const u64* at, u64& a, u64& b) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(at) : "memory");
+}
+__device__ __forceinline__ uint4 ld4(const uint4* at) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(at) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Every spin gives up after SPIN_LIMIT_NS (a wrong variant or a launch that failed on the
+// other rank), setting *failed, so the probe reports instead of hanging.
+#define SPIN_LIMIT_NS 300000000ull
+__device__ u32 failed_word;
+__device__ __forceinline__ bool given_up(u64& deadline) {
+    if (*(volatile u32*)&failed_word) return true;
+    const u64 t = now_ns();
+    if (deadline == 0) deadline = t + SPIN_LIMIT_NS;
+    if (t > deadline) { failed_word = 1; return true; }
+    return false;
+}
+
+extern "C" __global__ void gate(const volatile u32* flag) {
+    u64 deadline = 0;
+    while (*flag == 0 && !given_up(deadline)) __nanosleep(1000);
+}
+
+extern "C" __global__ void null_kernel() {}
+
+// n: floats, a multiple of 4.
+extern "C" __global__ void __launch_bounds__(1024) ll(float* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 batch, u32 gap, u64 half) {
+    if (seq & 1) { out_lines += half / 8; in_lines += half / 8; }
+    const u64 groups = n / 4;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 tag = ((u64)seq) << 32;
+    const u64 mine = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u64 g = mine; g < groups; g += stride) {
+        uint4 v = ((const uint4*)buf)[g];
+        st2(out_lines + 4 * g, tag | v.x, tag | v.y);
+        st2(out_lines + 4 * g + 2, tag | v.z, tag | v.w);
+    }
+    for (u64 g0 = mine; g0 < groups; g0 += 8 * stride) {
+        u64 l[8][4];
+        #pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const u64 g = g0 + k * stride;
+            if (k < batch && g < groups) { ld2(in_lines + 4 * g, l[k][0], l[k][1]); ld2(in_lines + 4 * g + 2, l[k][2], l[k][3]); }
+        }
+        #pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const u64 g = g0 + k * stride;
+            if (g >= groups) break;
+            if (k >= batch) { ld2(in_lines + 4 * g, l[k][0], l[k][1]); ld2(in_lines + 4 * g + 2, l[k][2], l[k][3]); }
+            for (int h = 0; h < 2; ++h) {
+                u64 deadline = 0;
+                while ((u32)(l[k][2 * h] >> 32) != seq || (u32)(l[k][2 * h + 1] >> 32) != seq) {
+                    if (given_up(deadline)) return;
+                    __nanosleep(gap);
+                    ld2(in_lines + 4 * g + 2 * h, l[k][2 * h], l[k][2 * h + 1]);
+                }
+            }
+            float4 own = ((float4*)buf)[g];
+            own.x += __uint_as_float((u32)l[k][0]); own.y += __uint_as_float((u32)l[k][1]);
+            own.z += __uint_as_float((u32)l[k][2]); own.w += __uint_as_float((u32)l[k][3]);
+            ((float4*)buf)[g] = own;
+        }
+    }
+}
+
+// Chunks of `chunk` floats (a multiple of 4); block b takes chunks b, b + grid, ...
+extern "C" __global__ void __launch_bounds__(256) flag(float* buf, u64 n, float* out_data, const float* in_data, u32* out_flags,
+                                const u32* in_flags, u32 seq, u64 chunk, u32 gap, u64 half) {
+    // Calls alternate halves: a rank publishes call k + 2 only after the peer read call k.
+    if (seq & 1) { out_data += half / 4; in_data += half / 4; out_flags += 8192; in_flags += 8192; }
+    const u64 chunks = (n + chunk - 1) / chunk;
+    for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+        const u64 end = min(n, (c + 1) * chunk) / 4;
+        for (u64 g = c * chunk / 4 + threadIdx.x; g < end; g += blockDim.x)
+            ((uint4*)out_data)[g] = ((const uint4*)buf)[g];
+        // Every thread's stores are out before the flag: each fences its own.
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) *(volatile u32*)(out_flags + 16 * c) = seq;
+    }
+    for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+        if (threadIdx.x == 0) {
+            u64 deadline = 0;
+            while (*(const volatile u32*)(in_flags + 16 * c) != seq && !given_up(deadline)) __nanosleep(gap);
+            __threadfence_system();
+        }
+        __syncthreads();
+        const u64 end = min(n, (c + 1) * chunk) / 4;
+        for (u64 g = c * chunk / 4 + threadIdx.x; g < end; g += blockDim.x) {
+            uint4 p = ld4((const uint4*)in_data + g);
+            float4 own = ((float4*)buf)[g];
+            own.x += __uint_as_float(p.x); own.y += __uint_as_float(p.y);
+            own.z += __uint_as_float(p.z); own.w += __uint_as_float(p.w);
+            ((float4*)buf)[g] = own;
+        }
+    }
+}
+"""
+
+MAPPED_PORTABLE = 0x1 | 0x2
+SIZES = [64, 2 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10]
+
+
+class Rank:
+    def __init__(self, index, dev, module_src, max_bytes):
+        self.index, self.dev = index, dev
+        with cp.cuda.Device(dev):
+            self.mod = cp.RawModule(code=module_src, options=("-arch=compute_80",))
+            self.k = {n: self.mod.get_function(n) for n in ("gate", "null_kernel", "ll", "flag")}
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            self.buf = cp.empty(max_bytes // 4, dtype=cp.float32)
+
+
+def run(ranks, host, variant, size, calls, seq0, gate_word, max_bytes):
+    """Enqueue `calls` calls of `variant` on both ranks behind gates; returns (us per call, next seq)."""
+    n = size // 4
+    kind, shape = variant
+    gate_word[0] = 0
+    starts, ends = [], []
+    for r in ranks:
+        with cp.cuda.Device(r.dev):
+            r.k["gate"]((1,), (1,), (np.uint64(host["gate"]),), stream=r.stream)
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(r.stream)
+            starts.append(e0)
+            ends.append(e1)
+    seq = seq0
+    try:
+        seq = enqueue(ranks, host, variant, size, calls, seq, max_bytes, n)
+    finally:
+        for r, e1 in zip(ranks, ends):
+            with cp.cuda.Device(r.dev):
+                e1.record(r.stream)
+        gate_word[0] = 1
+    us = []
+    for r, e0, e1 in zip(ranks, starts, ends):
+        with cp.cuda.Device(r.dev):
+            e1.synchronize()
+            us.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / calls)
+    return max(us), seq
+
+
+def enqueue(ranks, host, variant, size, calls, seq, max_bytes, n):
+    kind, shape = variant
+    for i in range(calls):
+        seq += 1
+        for r in ranks:
+            me, peer = r.index, 1 - r.index
+            with cp.cuda.Device(r.dev):
+                if kind == "null":
+                    r.k["null_kernel"]((1,), (1,), (), stream=r.stream)
+                elif kind == "ll":
+                    grid, threads, batch, gap = shape
+                    args = (r.buf, np.uint64(n), np.uint64(host["lines"][me]), np.uint64(host["lines"][peer]),
+                            np.uint32(seq), np.uint32(batch), np.uint32(gap), np.uint64(2 * max_bytes))
+                    r.k["ll"]((grid,), (threads,), args, stream=r.stream)
+                else:
+                    blocks, chunk, gap = shape
+                    chunks = (size + chunk - 1) // chunk
+                    args = (r.buf, np.uint64(n), np.uint64(host["data"][me]), np.uint64(host["data"][peer]),
+                            np.uint64(host["flags"][me]), np.uint64(host["flags"][peer]), np.uint32(seq),
+                            np.uint64(chunk // 4), np.uint32(gap), np.uint64(max_bytes))
+                    r.k["flag"]((min(blocks, chunks),), (256,), args, stream=r.stream)
+    return seq
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--devices", default="0,1", help="the two ranks' devices (0,0: both on one, two streams)")
+    args = p.parse_args()
+    max_bytes = max(SIZES)
+    ranks = [Rank(i, int(d), SOURCE, max_bytes) for i, d in enumerate(args.devices.split(","))]
+    alloc = lambda nbytes: cp.cuda.runtime.hostAlloc(nbytes, MAPPED_PORTABLE)
+    sizes = {"lines": 4 * max_bytes, "data": 2 * max_bytes, "flags": 64 * 1024}
+    host = {"gate": alloc(64)}
+    for k, nbytes in sizes.items():
+        host[k] = [alloc(nbytes) for _ in range(2)]
+        for ptr in host[k]:
+            ctypes.memset(ptr, 0, nbytes)
+    gate_word = (ctypes.c_uint32 * 1).from_address(host["gate"])
+    variants = [("null", ())]
+    variants += [("ll", (g, t, b, 64)) for g in (1, 2, 4, 8) for t in (256, 512, 1024) for b in (4, 8)]
+    variants += [("flag", (bl, ch, 64)) for bl in (1, 4, 16, 64) for ch in (512, 1 << 10, 2 << 10, 4 << 10, 8 << 10)]
+    seqbox = [0]
+    rng = np.random.default_rng(7)
+    results = {}
+    for size in SIZES:
+        for v in variants:
+            if v[0] == "ll" and size <= 2048 and v[1][0] > 1:
+                continue
+            times = []
+            try:
+                measure(ranks, host, v, size, args, rng, gate_word, max_bytes, times, seqbox)
+            except Exception as e:  # a variant that cannot launch or gives wrong results
+                print("%d %s%s FAILED: %s" % (size, v[0], v[1], str(e)[:200]), flush=True)
+                continue
+            results[(size, v)] = statistics.median(times)
+            print("%d %s%s %.2f" % (size, v[0], v[1], results[(size, v)]), flush=True)
+        best = sorted(((t, v) for (s, v), t in results.items() if s == size and v[0] != "null"))[:4]
+        base = results.get((size, ("ll", (1, 256, 4, 64))))
+        print("%7d B: null %.2f us; ll(1 block, batch 4, gap 64) %s us; best: %s" % (
+            size, results[(size, ("null", ()))], base,
+            ", ".join("%s%s %.2f" % (v[0], v[1], t) for t, v in best)), flush=True)
+
+
+def measure(ranks, host, v, size, args, rng, gate_word, max_bytes, times, seqbox):
+    n = size // 4
+    for rep in range(args.repeats + 1):
+        a = [(rng.standard_normal(n).astype(np.float32) * np.float32(2.0 ** -100)) for _ in range(2)]
+        for r in ranks:
+            with cp.cuda.Device(r.dev):
+                r.buf[:n].set(a[r.index])
+                cp.cuda.Device(r.dev).synchronize()
+        us, seqbox[0] = run(ranks, host, v, size, args.calls, seqbox[0], gate_word, max_bytes)
+        for r in ranks:
+            with cp.cuda.Device(r.dev):
+                word = cp.ndarray((1,), cp.uint32, memptr=r.mod.get_global("failed_word"))
+                if int(word.get()[0]):
+                    word.fill(0)
+                    cp.cuda.Device(r.dev).synchronize()
+                    raise RuntimeError("a spin gave up (rank %d)" % r.index)
+        if v[0] != "null":
+            want = (a[0] + a[1]) * np.float32(2.0 ** (args.calls - 1))
+            for r in ranks:
+                with cp.cuda.Device(r.dev):
+                    got = r.buf[:n].get()
+                if not np.array_equal(got, want):
+                    raise RuntimeError("%s %s %d B: rank %d wrong (%d of %d)" % (v[0], v[1], size, r.index, int((got != want).sum()), n))
+        if rep:
+            times.append(us)
+
+if __name__ == "__main__":
+    main()
