@@ -570,20 +570,20 @@ import os, sys, torch
 import geforce_p2p.distributed as gpd
 sys.path.insert(0, os.environ["GP2P_TEST_DIR"])
 from test_gpu import _distributed_rank
-_distributed_rank(os.environ["GP2P_TEST_UID"], 1)
+_distributed_rank(os.environ["GP2P_TEST_UID"], 1, int(os.environ.get("GP2P_TEST_DEVICE", "1")))
 """
 
 
-def _distributed_rank(uid, rank):
+def _distributed_rank(uid, rank, device):
     import geforce_p2p.distributed as gpd
 
-    torch.cuda.set_device(rank)
-    comm = gpd.Communicator(uid, rank, 2, device=rank)
+    torch.cuda.set_device(device)
+    comm = gpd.Communicator(uid, rank, 2, device=device)
     results = []
     for i, (name, n) in enumerate((d, n) for d in ("float32", "bfloat16", "int32", "uint8") for n in (1, 7, 4099)):
         inputs = [torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(1000 * i + r)).to(dt(name))
                   for r in range(2)]
-        t = inputs[rank].to("cuda:%d" % rank)
+        t = inputs[rank].to("cuda:%d" % device)
         comm.all_reduce(t)
         results.append((t, (inputs[0].double() + inputs[1].double())))
     # Through the staged pipeline: an all-reduce above max_bytes (two 8 MiB chunks, the
@@ -591,25 +591,25 @@ def _distributed_rank(uid, rank):
     n = 3 * (1 << 20) + 7
     gen = lambda r, i: torch.Generator().manual_seed(7000 + 10 * i + r)  # noqa: E731
     inputs = [torch.randint(-50, 50, (n,), generator=gen(r, 0)).float() for r in range(2)]
-    t = inputs[rank].to("cuda:%d" % rank)
+    t = inputs[rank].to("cuda:%d" % device)
     comm.all_reduce(t, op="max")
     results.append((t, torch.maximum(inputs[0], inputs[1]).double()))
     parts = [torch.randint(0, 50, (n,), generator=gen(r, 1)).to(torch.int32) for r in range(2)]
-    gathered = torch.empty(2 * n, dtype=torch.int32, device="cuda:%d" % rank)
-    comm.all_gather_into_tensor(gathered, parts[rank].to("cuda:%d" % rank))
+    gathered = torch.empty(2 * n, dtype=torch.int32, device="cuda:%d" % device)
+    comm.all_gather_into_tensor(gathered, parts[rank].to("cuda:%d" % device))
     results.append((gathered, torch.cat(parts).double()))
     whole = [torch.randint(0, 50, (2 * n,), generator=gen(r, 2)).to(torch.bfloat16) for r in range(2)]
-    mine = torch.empty(n, dtype=torch.bfloat16, device="cuda:%d" % rank)
-    comm.reduce_scatter_tensor(mine, whole[rank].to("cuda:%d" % rank), op="sum")
+    mine = torch.empty(n, dtype=torch.bfloat16, device="cuda:%d" % device)
+    comm.reduce_scatter_tensor(mine, whole[rank].to("cuda:%d" % device), op="sum")
     results.append((mine, (whole[0].double() + whole[1].double())[rank * n:(rank + 1) * n]))
     sent = [torch.randint(0, 50, (n,), generator=gen(r, 3)).to(torch.float16) for r in range(2)]
-    b = sent[rank].to("cuda:%d" % rank)
+    b = sent[rank].to("cuda:%d" % device)
     comm.broadcast(b, src=1)
     results.append((b, sent[1].double()))
     # Point to point both ways: the receiver's tensor becomes the sender's.
     for sender in range(2):
         mine = [torch.randint(-50, 50, (n,), generator=gen(r, 4 + sender)).to(torch.int32) for r in range(2)]
-        p = mine[rank].to("cuda:%d" % rank)
+        p = mine[rank].to("cuda:%d" % device)
         if rank == sender:
             comm.send(p, 1 - rank)
         else:
@@ -625,15 +625,15 @@ def _distributed_rank(uid, rank):
     for t, want in results:
         got = t.cpu().double()
         assert torch.equal(got, want.to(t.dtype).double()), (t.dtype, t.numel())
-    _captured_and_replayed(comm, rank)
+    _captured_and_replayed(comm, rank, device)
     comm.close()
 
 
-def _captured_and_replayed(comm, rank):
+def _captured_and_replayed(comm, rank, device):
     """Every collective captured into one CUDA graph (the one-kernel all-reduce and the
     pipeline), then 10 replays, each with new data copied into the captured tensors and every
     element checked."""
-    dev = "cuda:%d" % rank
+    dev = "cuda:%d" % device
     small, big, half = 1001, (1 << 20) + 3, 150_001
     x = torch.zeros(small, device=dev)
     y = torch.zeros(big, device=dev)
@@ -742,8 +742,7 @@ def test_two_processes_through_init_process_group_with_the_gp2p_backend(tmp_path
             child.wait()
 
 
-@two_devices
-def test_two_processes_all_reduce_through_the_distributed_communicator():
+def _two_ranks_through_the_distributed_communicator(devices):
     import os
     import subprocess
     import sys
@@ -751,12 +750,43 @@ def test_two_processes_all_reduce_through_the_distributed_communicator():
     import geforce_p2p.distributed as gpd
 
     uid = gpd.unique_id()
-    env = dict(os.environ, GP2P_TEST_UID=uid, GP2P_TEST_DIR=os.path.dirname(__file__))
+    env = dict(os.environ, GP2P_TEST_UID=uid, GP2P_TEST_DIR=os.path.dirname(__file__),
+               GP2P_TEST_DEVICE=str(devices[1]))
     child = subprocess.Popen([sys.executable, "-c", _RANK1], env=env)
     try:
-        _distributed_rank(uid, 0)
+        _distributed_rank(uid, 0, devices[0])
         assert child.wait(timeout=120) == 0, "rank 1 failed (its output is above)"
     finally:
         if child.poll() is None:  # rank 0 failed, or rank 1 hangs: never leave it behind
             child.kill()
             child.wait()
+
+
+@two_devices
+def test_two_processes_all_reduce_through_the_distributed_communicator():
+    _two_ranks_through_the_distributed_communicator((0, 1))
+
+
+def test_two_processes_sharing_one_gpu_run_the_distributed_communicator():
+    # Both ranks on cuda:0 (their kernels take turns on it): every path, the torch fast path
+    # of all_reduce among them, and capture.
+    _two_ranks_through_the_distributed_communicator((0, 0))
+
+def test_an_op_on_a_capturing_stream_is_refused_before_anything_is_captured():
+    # Only the communicator's calls can be captured: any other op on a stream that torch is
+    # capturing is refused before it enqueues anything, so torch's capture stays valid.
+    a = random(1001, "float32", 0)
+    host = torch.empty(1001, pin_memory=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # on torch's own capture stream, current meanwhile
+        with pytest.raises(gp.Error, match="capturing a CUDA graph"):
+            gp.ops.copy_to_host(host, a)
+        b = a * 2
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(b, a * 2), "the graph was made and runs what was captured"
+    gp.ops.copy_to_host(host, a)  # outside the capture it runs
+    torch.cuda.synchronize()
+    assert torch.equal(host, a.cpu())
+    no_cuda_error()
