@@ -28,6 +28,7 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -88,25 +89,66 @@ def duplex_us(size, device, repeats):
 
 
 def timed(op, buf, calls):
-    """Microseconds per call of `calls` back-to-back `op(buf)`, by CUDA events."""
+    """Microseconds per call of `calls` back-to-back `op(buf)`, by CUDA events, and the
+    host's microseconds per call to enqueue them."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     dist.barrier()
     torch.cuda.synchronize()
     start.record()
+    t0 = time.perf_counter()
     for _ in range(calls):
         op(buf)
+    host = (time.perf_counter() - t0) * 1e6 / calls
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
+    return start.elapsed_time(end) * 1e3 / calls, host
 
 
-def run(name, op, numel, args, rank, world, device):
-    per_call = []
+class Graphed:
+    """`calls` back-to-back `op(buf)` captured once as a CUDA graph (after one call on a side
+    stream, as NCCL asks), replayed on `buf` refilled with fresh data: the GPU's own time per
+    call, without the host's enqueue (how CUDA-graph users such as vLLM's decode call it)."""
+
+    def __init__(self, op, numel, calls, device):
+        self.buf = torch.zeros(numel, dtype=torch.float32, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            op(self.buf)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        dist.barrier()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for _ in range(calls):
+                op(self.buf)
+        torch.cuda.synchronize()
+
+    def __call__(self, buf, calls):
+        self.buf.copy_(buf)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        self.graph.replay()
+        end.record()
+        end.synchronize()
+        buf.copy_(self.buf)
+        return start.elapsed_time(end) * 1e3 / calls, 0.0
+
+
+def run(name, op, numel, args, rank, world, device, graphed=False):
+    per_call, host_us = [], []
     calls = calls_for(numel * 4, args)
+    if graphed:
+        replay = Graphed(op, numel, calls, device)
+        op_timed = lambda b, c: replay(b, c)
+    else:
+        op_timed = lambda b, c: timed(op, b, c)
     for rep in range(args.warmup + args.repeats):
         data = inputs(numel, numel * 1000 + rep, world, device)
         buf = data[rank].clone()
-        us = timed(op, buf, calls)
+        us, host = op_timed(buf, calls)
         want = (data[0] + data[1]) * 2.0 ** (calls - 1)
         got = buf
         if not torch.equal(got, want):
@@ -114,7 +156,8 @@ def run(name, op, numel, args, rank, world, device):
             raise SystemExit("%s: rank %d, %d B: %d of %d elements wrong" % (name, rank, numel * 4, bad, numel))
         if rep >= args.warmup:
             per_call.append(us)
-    return statistics.median(per_call), per_call
+            host_us.append(host)
+    return statistics.median(per_call), per_call, statistics.median(host_us)
 
 
 def main():
@@ -129,6 +172,8 @@ def main():
     parser.add_argument("--slot-bytes", type=int, help="the pipeline's slot size (default the library's)")
     parser.add_argument("--slots", type=int, help="the pipeline's slots per rank (default the library's)")
     parser.add_argument("--min-bytes", type=int, default=0, help="the smallest size timed")
+    parser.add_argument("--graph-max-bytes", type=int, default=0,
+                        help="also time sizes up to this as CUDA-graph replays (GPU time only)")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != 2:
@@ -144,11 +189,17 @@ def main():
     rows = []
     for size in [s for s in SMALL + LARGE if args.min_bytes <= s <= args.max_bytes]:
         numel = size // 4
-        nccl, nccl_all = run("nccl", lambda b: dist.all_reduce(b), numel, args, rank, world, device)
-        gp2p, gp2p_all = run("gp2p", lambda b: comm.all_reduce(b, "sum"), numel, args, rank, world, device)
+        nccl_op, gp2p_op = (lambda b: dist.all_reduce(b)), (lambda b: comm.all_reduce(b, "sum"))
+        nccl, nccl_all, nccl_host = run("nccl", nccl_op, numel, args, rank, world, device)
+        gp2p, gp2p_all, gp2p_host = run("gp2p", gp2p_op, numel, args, rank, world, device)
         row = {"bytes": size, "dtype": "f32", "op": "sum", "calls_per_loop": calls_for(size, args),
                "nccl_us": nccl, "gp2p_us": gp2p, "gp2p_over_nccl": gp2p / nccl,
-               "nccl_us_all": nccl_all, "gp2p_us_all": gp2p_all}
+               "nccl_us_all": nccl_all, "gp2p_us_all": gp2p_all,
+               "nccl_host_us": nccl_host, "gp2p_host_us": gp2p_host}
+        if size <= args.graph_max_bytes:
+            g_nccl, _, _ = run("nccl graph", nccl_op, numel, args, rank, world, device, graphed=True)
+            g_gp2p, _, _ = run("gp2p graph", gp2p_op, numel, args, rank, world, device, graphed=True)
+            row.update(nccl_graph_us=g_nccl, gp2p_graph_us=g_gp2p, graph_gp2p_over_nccl=g_gp2p / g_nccl)
         if size >= CEILING_FROM:
             ceiling = duplex_us(size, device, args.repeats)
             row.update(duplex_us=ceiling, ceiling_over_gp2p=ceiling / gp2p, ceiling_over_nccl=ceiling / nccl)
@@ -160,6 +211,11 @@ def main():
         for r in rows:
             ceiling = ("%10.1f %8.3f" % (r["duplex_us"], r["ceiling_over_gp2p"])) if "duplex_us" in r else ""
             print("%10d %10.1f %10.1f %8.3f %s" % (r["bytes"], r["nccl_us"], r["gp2p_us"], r["gp2p_over_nccl"], ceiling))
+        print("host enqueue us per call (nccl/gp2p), and graph replays (nccl/gp2p us, ratio):")
+        for r in rows:
+            graph = ("  graph %.1f/%.1f %.3f" % (r["nccl_graph_us"], r["gp2p_graph_us"], r["graph_gp2p_over_nccl"])
+                     if "gp2p_graph_us" in r else "")
+            print("%10d host %.1f/%.1f%s" % (r["bytes"], r["nccl_host_us"], r["gp2p_host_us"], graph))
         if args.json:
             meta = {"gpus": [torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())],
                     "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
