@@ -167,7 +167,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", help="write the results here (rank 0)")
     parser.add_argument("--max-bytes", type=int, default=1 << 30, help="the largest size timed")
-    parser.add_argument("--small-max-bytes", type=int, default=32 << 10,
+    parser.add_argument("--small-max-bytes", type=int, default=256 << 10,
                         help="the communicator's one-kernel path up to this size (its max_bytes)")
     parser.add_argument("--slot-bytes", type=int, help="the pipeline's slot size (default the library's)")
     parser.add_argument("--slots", type=int, help="the pipeline's slots per rank (default the library's)")

@@ -40,11 +40,11 @@ pub struct CommOptions {
 impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
-            // Where the one kernel stops winning over the pipeline: on two H200s, one process
-            // each, in two runs of the same call, 64 KiB took 43-46 us in one kernel and 36-40
-            // us through the pipeline, 32 KiB 29-34 us in one kernel and 35 us through the
-            // pipeline (benches/results/README.md, sixth session, all-reduce-mp-chunks4-*).
-            small_max_bytes: 32 << 10,
+            // The flagged-chunk kernel with both ranks on one H200 (each link carrying both
+            // ranks' traffic) took 28 us at 256 KiB, where the pipeline took 34 us between two
+            // H200s (benches/results/README.md, seventh session); with 8-byte lines the
+            // kernel stopped winning at 32 KiB.
+            small_max_bytes: 256 << 10,
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
             // Measured on two H200s, one process each, f32 all-reduce at 16 MiB / 64 MiB /

@@ -33,10 +33,13 @@
 //! Measured on two H200s, one process each (`benches/python/mp_allreduce.py`, f32 sum, CUDA
 //! events around back-to-back calls, medians), against NCCL's shared-memory path
 //! (NCCL_P2P_DISABLE=1) in the same processes, which took 23-26 us up to 32 KiB in that run
-//! (41-45 us in earlier ones): the one-kernel path 8.0-8.4 us per call up to 2 KiB, 15 us at
-//! 8 KiB, 26 us at 16-32 KiB; the pipeline 27 us at 64 KiB, 34 us at 256 KiB, 66 and 188 us
-//! at 1 and 4 MiB (NCCL 64 and 174) and, from 64 MiB to 1 GiB, 0.88-0.92 of the duplex
-//! ceiling (0.79-0.83 of NCCL's time). The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run under
+//! (41-45 us in earlier ones): with the one-kernel path's earlier 8-byte lines, 8.0-8.4 us
+//! per call up to 2 KiB, 15 us at 8 KiB, 26 us at 16-32 KiB; the pipeline 27 us at 64 KiB,
+//! 34 us at 256 KiB, 66 and 188 us at 1 and 4 MiB (NCCL 64 and 174) and, from 64 MiB to
+//! 1 GiB, 0.88-0.92 of the duplex ceiling (0.79-0.83 of NCCL's time). The flagged chunks
+//! that replaced the lines were timed with both ranks on one H200 only
+//! (`benches/probes/small_exchange.py`): 7.7 us at 2 KiB, 8.6 at 8 KiB, 13.4 at 64 KiB,
+//! 28 at 256 KiB, where the lines took 9.1, 14.3, 58 and 207. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run under
 //! compute-sanitizer memcheck).
 //!
 //! Two ranks, here two threads of one process (in real use, two processes):

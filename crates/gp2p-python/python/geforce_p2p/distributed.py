@@ -11,13 +11,14 @@ the peer run on the GPU, and a peer that never arrives makes them give up after
 
 This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
-backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (32 KiB by
-default) is one kernel whose lines carry data and a sequence number through the shared
+backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (256 KiB by
+default) is one kernel that hands the tensor over in flagged 2 KiB chunks of the shared
 memory; everything else goes through a pipeline of DMA copies via slots of the segment,
 handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process
-each, an all-reduce took 8-9 us up to 2 KiB, 15 us at 8 KiB, 26 us at 16-32 KiB and 27 us
-at 64 KiB (through the pipeline), where NCCL's shared-memory path took 23-28 us up to 32 KiB
-and 38 us at 64 KiB in the same run; from 64 MiB the pipeline moves 0.88-0.92 of
+each, the earlier one-kernel path (8-byte lines) took 8-9 us up to 2 KiB, 15 us at 8 KiB,
+26 us at 16-32 KiB, where NCCL's shared-memory path took 23-28 us up to 32 KiB in the same
+run; the flagged chunks took 7.7 us at 2 KiB, 13.4 at 64 KiB and 28 at 256 KiB with both
+ranks on one H200 (the pipeline: 34 us at 256 KiB); from 64 MiB the pipeline moves 0.88-0.92 of
 what the two links carry both ways at once, in 0.79-0.83 of NCCL's time
 (``benches/python/mp_allreduce.py``). Calls made while torch captures a CUDA graph are
 captured too (tested: every collective captured, then 10 replays on new data), and each
@@ -110,7 +111,7 @@ class Communicator:
     64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning.
     """
 
-    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 32 << 10,
+    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 256 << 10,
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
                  slots: Optional[int] = None):
         if not isinstance(unique_id, str):
@@ -249,8 +250,8 @@ class CustomAllreduce:
         version cannot serve the group: not two ranks, or a rank that failed to join (every
         rank then agrees to disable it, so none waits on a peer that is not there).
         ``options`` go to :class:`Communicator`; its pipeline, which this object never uses,
-        gets the smallest slots unless given (the segment then takes about 1 MiB of
-        /dev/shm, not 48: containers often have 64 MiB, shared with NCCL)."""
+        gets the smallest slots unless given (the segment then takes about 1.5 MiB of
+        /dev/shm, not 49: containers often have 64 MiB, shared with NCCL)."""
         import torch.distributed as dist
 
         options.setdefault("slot_bytes", 64 << 10)
