@@ -9,7 +9,6 @@ use pyo3::prelude::*;
 
 use crate::args::{self, Memory, MemoryArg};
 use crate::error::Raised;
-use crate::fast::{TorchParts, cuda_tensor};
 use crate::ffi::{Caller, by_dtype, check_disjoint};
 
 /// A new unique id for a communicator, as text to hand to every rank.
@@ -27,8 +26,6 @@ pub(crate) struct PyCommunicator {
     /// The largest all-reduce the one-kernel path takes, read once (the Python layer asks at
     /// every `should_custom_ar`).
     max_bytes: usize,
-    /// The communicator's CUDA device ordinal.
-    device: usize,
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, Raised> {
@@ -70,7 +67,7 @@ impl PyCommunicator {
             let mut comm = Communicator::new(&id, rank, world, &dev, options)?;
             crate::ffi::allow_torch_graphs(&mut comm);
             let max_bytes = comm.small_max_bytes();
-            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), max_bytes, device })
+            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), max_bytes })
         };
         Raised::detached(py, run)
     }
@@ -85,32 +82,6 @@ impl PyCommunicator {
     fn all_reduce(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, op: &str) -> PyResult<()> {
         let op = args::op(op);
         self.single(py, dtype, len, buf, move || Ok(Single::AllReduce(op?)))
-    }
-
-    /// `all_reduce` of a torch tensor read here (see [`crate::fast`]): `False` where the
-    /// Python layer must read it (not a plain CUDA tensor of a dtype the kernels take, on
-    /// this rank's device, or an op it does not know: nothing was enqueued then), `True` once
-    /// the all-reduce is enqueued on the tensor's current stream.
-    fn all_reduce_torch(
-        &self,
-        py: Python<'_>,
-        tensor: &Bound<'_, PyAny>,
-        op: &str,
-        parts: TorchParts<'_>,
-    ) -> PyResult<bool> {
-        let Some(t) = cuda_tensor(tensor, &parts)? else {
-            return Ok(false);
-        };
-        let (Ok(op), true) = (args::op(op), t.memory.device == self.device) else {
-            return Ok(false);
-        };
-        let (dtype, len, buf) = (t.dtype, t.len, t.memory);
-        let run = || -> Result<(), Raised> {
-            args::check_range("tensor", buf.ptr, len, dtype)?;
-            self.with(|comm| by_dtype!(dtype, single_t(comm, &buf, len, Single::AllReduce(op))))
-        };
-        // `tensor` is held by the caller's frame for the whole call.
-        Raised::detached(py, run).map(|()| true)
     }
 
     /// `len` elements at `buf` (device, address, stream) become rank `root`'s, ordered on
@@ -278,7 +249,7 @@ enum Split {
 }
 
 fn single_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what: Single) -> Result<(), Raised> {
-    let caller = Caller::open_capturable(buf)?;
+    let caller = Caller::open(buf)?;
     let stream = &caller.stream;
     // One view per call, shared only where the call only reads.
     let view_mut = || caller.view_mut::<T>(buf.ptr, len);
@@ -303,7 +274,7 @@ fn split_t<T: Element>(
     (len, whole): (usize, usize),
     how: Split,
 ) -> Result<(), Raised> {
-    let caller = Caller::open_capturable(at)?;
+    let caller = Caller::open(at)?;
     let stream = &caller.stream;
     match how {
         Split::Gather => {

@@ -1,5 +1,4 @@
-//! The fast paths of `geforce_p2p.all_reduce` and `copy_` over torch tensors (and of the
-//! communicator's all_reduce, in [`crate::comm`]): the tensors
+//! The fast paths of `geforce_p2p.all_reduce` and `copy_` over torch tensors: the tensors
 //! are read here, not by the Python layer, because reading them there (a dozen attribute
 //! lookups per tensor, a tuple per tensor, the checks between them) took about 10 us of host
 //! time per all_reduce on the device machine; here it takes 2-3.
@@ -73,16 +72,16 @@ macro_rules! read {
 
 /// One torch tensor as the fast paths take it: a contiguous, strided CUDA tensor of a dtype
 /// the kernels take, with at least one element.
-pub(crate) struct CudaTensor<'py> {
+struct CudaTensor<'py> {
     dtype_obj: Bound<'py, PyAny>,
-    pub(crate) dtype: DType,
+    dtype: DType,
     shape: Bound<'py, PyAny>,
-    pub(crate) len: usize,
-    pub(crate) memory: Memory,
+    len: usize,
+    memory: Memory,
 }
 
 /// `t` read as a [`CudaTensor`] (see [`Read`]).
-pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'py>) -> Read<CudaTensor<'py>> {
+fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'py>) -> Read<CudaTensor<'py>> {
     let py = t.py();
     if !read!(py, t.is_instance(parts.tensor_type()))
         || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided())

@@ -54,7 +54,7 @@ from typing import Any, Optional
 
 from . import _native
 from ._api import REDUCE_OPS, _positive, _target_device
-from ._tensors import check_choice, describe, on_device, same_dtype, same_stream, torch_fast_args, writable
+from ._tensors import check_choice, describe, on_device, same_dtype, same_stream, writable
 
 __all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend"]
 
@@ -152,9 +152,6 @@ class Communicator:
         """In place: ``tensor`` becomes ``op`` (sum, avg, min, max, prod) over every rank's,
         ordered on its device's current torch stream. Every rank must make the same calls, in
         the same order, with tensors of one dtype and length. Returns ``tensor``."""
-        fast = torch_fast_args((tensor,))
-        if fast is not None and self._native.all_reduce_torch(tensor, op, fast):
-            return tensor
         op = check_choice("op", op, REDUCE_OPS)
         t = writable(self._mine(tensor, "tensor"))
         self._native.all_reduce(t.dtype, t.numel, t.memory, op)
