@@ -1,0 +1,79 @@
+"""Host cost of the driver calls one enqueued operation makes, each timed alone in a loop
+through ctypes (the loop's own overhead, a no-op ctypes call, is printed first), to tell the
+driver's share of an enqueue from the library's bookkeeping.
+
+    python3 benches/probes/driver_call_costs.py [--calls 20000]
+"""
+
+import argparse
+import ctypes
+import time
+
+import cupy as cp
+
+cuda = ctypes.CDLL("libcuda.so.1")
+
+
+def timed(name, call, calls):
+    for _ in range(100):
+        call()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    us = (time.perf_counter() - t0) * 1e6 / calls
+    print("%-34s %6.3f us" % (name, us), flush=True)
+    return us
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=20000)
+    args = p.parse_args()
+    cp.cuda.Device(0).use()
+    mod = cp.RawModule(code='extern "C" __global__ void null_kernel(unsigned long long a, unsigned long long b) {}')
+    fn = mod.get_function("null_kernel")
+    stream = cp.cuda.Stream(non_blocking=True)
+    raw = ctypes.c_void_p(stream.ptr)
+    ctx = ctypes.c_void_p()
+    assert cuda.cuCtxGetCurrent(ctypes.byref(ctx)) == 0
+    status = ctypes.c_int()
+    sid = ctypes.c_ulonglong()
+    event = ctypes.c_void_p()
+    assert cuda.cuEventCreate(ctypes.byref(event), 2) == 0  # CU_EVENT_DISABLE_TIMING
+    a, b = ctypes.c_ulonglong(1), ctypes.c_ulonglong(2)
+    params = (ctypes.c_void_p * 2)(ctypes.cast(ctypes.byref(a), ctypes.c_void_p), ctypes.cast(ctypes.byref(b), ctypes.c_void_p))
+    func = ctypes.c_void_p(fn.kernel.ptr)  # cupy.cuda.function.Function: the CUfunction
+    launch = cuda.cuLaunchKernel
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    n = args.calls
+    timed("ctypes no-op (cuDriverGetVersion)", lambda: cuda.cuDriverGetVersion(ctypes.byref(status)), n)
+    timed("cuCtxSetCurrent", lambda: cuda.cuCtxSetCurrent(ctx), n)
+    timed("cuStreamIsCapturing", lambda: cuda.cuStreamIsCapturing(raw, ctypes.byref(status)), n)
+    timed("cuStreamGetId", lambda: cuda.cuStreamGetId(raw, ctypes.byref(sid)), n)
+    timed("cuEventQuery", lambda: cuda.cuEventQuery(event), n)
+    # Enqueues: in batches, with a synchronise between, so the queue never fills.
+    for name, call in (
+        ("cuEventRecord", lambda: cuda.cuEventRecord(event, raw)),
+        ("cuStreamWaitEvent", lambda: cuda.cuStreamWaitEvent(raw, event, 0)),
+        ("cuLaunchKernel (2 u64 params, 1x1)", lambda: launch(func, 1, 1, 1, 1, 1, 1, 0, raw, params, None)),
+        ("cuLaunchKernel (2 u64 params, 64x256)", lambda: launch(func, 64, 1, 1, 256, 1, 1, 0, raw, params, None)),
+    ):
+        code = call()
+        if code != 0:
+            raise SystemExit("%s failed: CUresult %d" % (name, code))
+        total = 0.0
+        for _ in range(20):
+            total += _batch(call, 500)
+            stream.synchronize()
+        print("%-34s %6.3f us (mean of 20 batches of 500)" % (name, total / 20), flush=True)
+
+
+def _batch(call, calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+if __name__ == "__main__":
+    main()
