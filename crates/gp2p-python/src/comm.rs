@@ -249,7 +249,7 @@ enum Split {
 }
 
 fn single_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what: Single) -> Result<(), Raised> {
-    let caller = Caller::open(buf)?;
+    let caller = Caller::open_capturable(buf)?;
     let stream = &caller.stream;
     // One view per call, shared only where the call only reads.
     let view_mut = || caller.view_mut::<T>(buf.ptr, len);
@@ -274,7 +274,7 @@ fn split_t<T: Element>(
     (len, whole): (usize, usize),
     how: Split,
 ) -> Result<(), Raised> {
-    let caller = Caller::open(at)?;
+    let caller = Caller::open_capturable(at)?;
     let stream = &caller.stream;
     match how {
         Split::Gather => {
