@@ -415,7 +415,7 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 // GIVE_UP_CHECK_POLLS polls), as in the line exchange; the block then stops folding, and
 // the ticket is still taken so the count stays right.
 
-#define CHUNK_BYTES 2048
+#define CHUNK_BYTES 4096
 #define CHUNK_FLAG_STRIDE 64
 #define CHUNK_POLL_GAP_NS 64
 

@@ -35,7 +35,7 @@ import torch.distributed as dist  # noqa: E402
 
 import geforce_p2p.distributed as gpd  # noqa: E402
 
-SMALL = [8, 32, 128, 512, 2 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10]
+SMALL = [8, 32, 128, 512, 2 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10]
 LARGE = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 # Bytes moved per timed loop at most (calls shrink for large sizes, to at least 3).
 LOOP_BYTES = 1 << 30

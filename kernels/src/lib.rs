@@ -181,7 +181,7 @@ pub fn chunks_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
 }
 
 /// Bytes of one chunk of the flagged-chunk kernels (one block's share, one flag).
-pub const CHUNK_BYTES: usize = 2048;
+pub const CHUNK_BYTES: usize = 4096;
 /// Bytes from one chunk's flag to the next (flags of different chunks on their own lines).
 pub const CHUNK_FLAG_STRIDE: usize = 64;
 /// The most blocks a flagged-chunk kernel runs: more only add pollers.
@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(seqs, [u32::MAX - 1, u32::MAX, 2, 3], "0 skipped, parity still alternating");
         assert_eq!(chunk_area_layout(1), (64, 128), "one group, its flag on the next line");
         assert_eq!(chunk_area_layout(CHUNK_BYTES + 1), (CHUNK_BYTES + 64, CHUNK_BYTES + 64 + 2 * CHUNK_FLAG_STRIDE));
-        assert_eq!(chunk_area_layout(64 << 10).1, (64 << 10) + 32 * CHUNK_FLAG_STRIDE);
+        assert_eq!(chunk_area_layout(64 << 10).1, (64 << 10) + 16 * CHUNK_FLAG_STRIDE);
         assert_eq!(exchange_line_bytes(0), 0);
         assert_eq!(exchange_line_bytes(1), 32, "one group of 16 bytes is four lines");
         assert_eq!(exchange_line_bytes(64 << 10), 128 << 10, "lines carry half data");

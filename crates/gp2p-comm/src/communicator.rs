@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use std::mem::ManuallyDrop;
 
-use gp2p_cuda::raw::{ChunkAreas, exchange_chunks, write_flag};
+use gp2p_cuda::raw::{ChunkAreas, ExchangeLines, Numbering, exchange, exchange_chunks, write_flag};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
-use gp2p_kernels::{DType, Element, ReduceOp, chunk_area_layout};
+use gp2p_kernels::{DType, Element, ReduceOp, chunk_area_layout, exchange_line_bytes};
 
 use crate::pipeline::{Landing, Pipeline, RankSide, Staging, Transfer};
 use crate::segment::{LONGEST_TIMEOUT, poll_until};
@@ -63,9 +63,11 @@ impl Default for CommOptions {
 pub(crate) struct Layout {
     /// The largest all-reduce of the one-kernel path, in bytes.
     small_max: usize,
-    /// Bytes of one half of one rank's area for that path (calls alternate halves): its
-    /// data, then its chunk flags at `flags_offset`.
+    /// Bytes of one half of one rank's area for that path (calls alternate halves): the
+    /// lines of the smallest calls (`lines_bytes`), then the flagged chunks' data, then
+    /// their flags at `flags_offset` from the chunks' start.
     half: usize,
+    lines_bytes: usize,
     flags_offset: usize,
     /// Offset of rank 0's area; rank r's follows at `r * 2 * half`.
     areas: usize,
@@ -99,6 +101,11 @@ const LINES_ALIGN: usize = 4096;
 /// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
 const SLOT_BYTES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
 const SLOTS: std::ops::RangeInclusive<usize> = 2..=16;
+/// All-reduces up to this size take the line kernel (8-byte lines of data and the call's
+/// number, one block), larger ones the flagged chunks. Two H200s, one kernel per rank per
+/// call (benches/probes/small_exchange.py): lines 6.0 us at 64 B and 6.5 at 2 KiB, chunks 7.7
+/// and 8.3 (their fence); at 8 KiB lines 20 us, chunks 8.3.
+const LINES_MAX_BYTES: usize = 2 << 10;
 /// The largest small-message size a communicator is made for: the one-kernel path is for small
 /// messages, and the bound keeps the layout's arithmetic far from overflow.
 const MAX_SMALL_BYTES: usize = 16 << 20;
@@ -129,14 +136,16 @@ impl Layout {
             return Err(Error::InvalidOption { name: "slots", reason: format!("{slot_count} is outside {SLOTS:?}") });
         }
         // Bounded above, so none of this overflows.
-        let (flags_offset, area) = chunk_area_layout(small_max_bytes);
-        let half = area.next_multiple_of(256);
+        let lines_bytes = exchange_line_bytes(small_max_bytes.min(LINES_MAX_BYTES)).next_multiple_of(256);
+        let (flags_offset, chunks) = chunk_area_layout(small_max_bytes);
+        let half = (lines_bytes + chunks).next_multiple_of(256);
         let chunk_flags = FLAGS + 64 * world;
         let areas = (chunk_flags + 4 * slot_count * world).next_multiple_of(LINES_ALIGN);
         let slots = areas + world * 2 * half;
         Ok(Layout {
             small_max: small_max_bytes,
             half,
+            lines_bytes,
             flags_offset,
             areas,
             world,
@@ -368,34 +377,55 @@ impl Communicator {
             let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive, local: None };
             return self.enqueue(stream, transfer, |point| buf.note_use(point));
         }
-        let areas = self.chunk_areas();
         let timeout_ns = self.timeout_ns();
         let (ptr, len) = (buf.raw_ptr(), buf.len());
+        let (lines, areas) = (self.exchange_lines(), self.chunk_areas());
         self.call(
             stream,
             // SAFETY: `buf` is `len` elements on this device (checked above); both ranks'
             // areas (two halves each) lie in the registered staging area, 256-aligned, laid
-            // out by chunk_area_layout for `small_max_bytes`, which `len` does not exceed
-            // (checked above), and only this rank's kernels write its own area (the peer
-            // writes its own); `failed` is this rank's aligned u32 of it, `broken` the
-            // communicator's; the counter is this communicator's own two device words,
-            // touched only by its small-path kernels, which run in order (each call waits for
-            // the last, or a captured graph's launches are ordered by the caller:
-            // allow_graph_capture's contract). The registration and counter outlive the
-            // kernel: `call` notes its point on them, or, captured, they stay for the
-            // process's life. The peer enqueues the same call.
-            |_| unsafe { Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, timeout_ns)?) },
+            // out by Layout::new for `small_max_bytes`, which `len` does not exceed (checked
+            // above): the lines for up to LINES_MAX_BYTES, then the chunks. Only this rank's
+            // kernels write its own area (the peer writes its own); `failed` is this rank's
+            // aligned u32 of it, `broken` the communicator's; the counter is this
+            // communicator's own two device words, touched only by its small-path kernels,
+            // which run in order (each call waits for the last, or a captured graph's
+            // launches are ordered by the caller: allow_graph_capture's contract), and both
+            // kernels number calls alike (the line kernel leaves the ticket at 0). The
+            // registration and counter outlive the kernel: `call` notes its point on them,
+            // or, captured, they stay for the process's life. The peer enqueues the same call
+            // (it takes the same kernel: the size decides).
+            |_| unsafe {
+                if bytes <= LINES_MAX_BYTES {
+                    Ok(exchange(stream, ptr, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns)?)
+                } else {
+                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, timeout_ns)?)
+                }
+            },
             |point| buf.note_use(point),
         )
     }
 
-    /// The areas of the small all-reduce, numbered from the device counter.
+    /// The lines of the smallest all-reduces, numbered from the device counter.
+    fn exchange_lines(&self) -> ExchangeLines {
+        let peer = 1 - self.rank();
+        let at = |offset: usize| self.staging + offset as u64;
+        ExchangeLines {
+            out_lines: at(self.layout.area_of(self.rank(), 0)),
+            in_lines: at(self.layout.area_of(peer, 0)),
+            failed: at(self.layout.flag(self.rank())),
+            broken: at(self.layout.broken()),
+            numbering: Numbering::Counted { counter: self.seq_counter.raw_ptr(), half_stride: self.layout.half as u64 },
+        }
+    }
+
+    /// The flagged chunks of the other small all-reduces, numbered from the device counter.
     fn chunk_areas(&self) -> ChunkAreas {
         let peer = 1 - self.rank();
         let at = |offset: usize| self.staging + offset as u64;
         ChunkAreas {
-            out_area: at(self.layout.area_of(self.rank(), 0)),
-            in_area: at(self.layout.area_of(peer, 0)),
+            out_area: at(self.layout.area_of(self.rank(), 0) + self.layout.lines_bytes),
+            in_area: at(self.layout.area_of(peer, 0) + self.layout.lines_bytes),
             half_stride: self.layout.half as u64,
             flags_offset: self.layout.flags_offset as u64,
             counter: self.seq_counter.raw_ptr(),
@@ -901,8 +931,10 @@ mod tests {
     #[test]
     fn the_layout_keeps_flags_and_lines_apart_and_aligned() {
         let layout = Layout::new(2, &small(64 << 10)).unwrap();
-        assert_eq!(layout.half, (64 << 10) + 32 * 64, "the data, then a flag line per 2 KiB chunk");
+        assert_eq!(layout.lines_bytes, 4 << 10, "lines for 2 KiB: half data");
+        assert_eq!(layout.half, (4 << 10) + (64 << 10) + 16 * 64, "lines, data, then a flag line per 4 KiB chunk");
         assert_eq!(layout.flags_offset, 64 << 10);
+        assert_eq!(Layout::new(2, &small(100)).unwrap().lines_bytes, 256, "lines for the one-kernel size only");
         assert_eq!(layout.small_max, 64 << 10);
         assert_eq!(layout.areas % LINES_ALIGN, 0);
         assert!(layout.flag(1) + 8 <= layout.full(0, 0), "status words end before the chunk flags");
@@ -915,7 +947,7 @@ mod tests {
             assert_eq!(layout.flag(rank) % 64, 0);
             assert_eq!(layout.area_of(rank, 7) % 256, 0);
         }
-        assert_eq!(Layout::new(2, &small(1)).unwrap().half, 256, "at least one aligned block");
+        assert_eq!(Layout::new(2, &small(1)).unwrap().half, 512, "an aligned block of lines, one of chunks");
         for (name, layout) in
             [("0 bytes", Layout::new(2, &small(0))), ("1 << 61 bytes", Layout::new(2, &small(1 << 61)))]
         {
