@@ -1,9 +1,10 @@
 //! `Communicator`: one rank of a group of processes, one GPU each, that share a [`Segment`]
-//! registered with the driver. Two ranks: the small all-reduce is one kernel per rank that
-//! stores its buffer into its area of the segment in 2 KiB chunks, flags each with the call's
-//! sequence number, and folds the peer's chunks in as their flags arrive (see
-//! `gp2p_kernels::chunks_kernel_name`); every other call goes through the staged pipeline of
-//! [`crate::pipeline`].
+//! registered with the driver. Two ranks: the small all-reduce is one kernel per rank. Up to
+//! 2 KiB it writes its buffer into its lines of the segment, each 8-byte line carrying 4 bytes
+//! of data and the call's sequence number (NCCL's LL idea); above, it stores the buffer in
+//! 4 KiB chunks and flags each with the number (see `gp2p_kernels::chunks_kernel_name`). It
+//! folds the peer's data in as it arrives. Every other call goes through the staged pipeline
+//! of [`crate::pipeline`].
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
@@ -40,9 +41,9 @@ pub struct CommOptions {
 impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
-            // The flagged-chunk kernel with both ranks on one H200 (each link carrying both
-            // ranks' traffic) took 28 us at 256 KiB, where the pipeline took 34 us between two
-            // H200s (benches/results/README.md, seventh session); with 8-byte lines the
+            // Two H200s, one process each, in the same call: 4 KiB chunks in one kernel took
+            // 15.1 us at 128 KiB and 19.7 at 256 KiB, the pipeline 32.8 and 36.0
+            // (benches/results/README.md, seventh session); with 8-byte lines alone the
             // kernel stopped winning at 32 KiB.
             small_max_bytes: 256 << 10,
             peer_timeout: Duration::from_secs(5),
@@ -212,8 +213,9 @@ impl Layout {
 /// [`CommOptions::peer_timeout`].
 ///
 /// Two paths: an all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
-/// rank that hands its buffer over in flagged chunks of mapped host memory, numbered in
-/// device memory; everything else goes through a
+/// rank that hands its buffer over in mapped host memory (8-byte lines of data and number up
+/// to 2 KiB, flagged 4 KiB chunks above), numbered in device memory; everything else goes
+/// through a
 /// pipeline of DMA copies via slots of the segment, flagged chunk by chunk (see the
 /// `pipeline` module). Two ranks; more are not built yet.
 ///

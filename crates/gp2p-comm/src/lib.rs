@@ -16,9 +16,9 @@
 //!   driver (portable, device-mapped; ranks in turn), and runs the collectives of two ranks
 //!   on the caller's stream: all_reduce (every op and dtype), all_gather, reduce_scatter,
 //!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
-//!   rank that stores its buffer into mapped host memory in 2 KiB chunks and flags each
-//!   with the call's sequence number (one fence and one flag per chunk, so many blocks read
-//!   at once; 8-byte lines of data and number, NCCL's LL idea, measured slower from 2 KiB up);
+//!   rank through mapped host memory: up to 2 KiB its 8-byte lines carry data and the call's
+//!   sequence number (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and flags
+//!   each with the number (one fence and one flag per chunk, so many blocks read at once);
 //!   everything else goes through a pipeline of DMA copies via slots of the segment
 //!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
 //!   that stream memory operations set and a one-thread kernel awaits. Every wait for the
@@ -36,10 +36,11 @@
 //! (41-45 us in earlier ones): with the one-kernel path's earlier 8-byte lines, 8.0-8.4 us
 //! per call up to 2 KiB, 15 us at 8 KiB, 26 us at 16-32 KiB; the pipeline 27 us at 64 KiB,
 //! 34 us at 256 KiB, 66 and 188 us at 1 and 4 MiB (NCCL 64 and 174) and, from 64 MiB to
-//! 1 GiB, 0.88-0.92 of the duplex ceiling (0.79-0.83 of NCCL's time). The flagged chunks
-//! that replaced the lines were timed with both ranks on one H200 only
-//! (`benches/probes/small_exchange.py`): 7.7 us at 2 KiB, 8.6 at 8 KiB, 13.4 at 64 KiB,
-//! 28 at 256 KiB, where the lines took 9.1, 14.3, 58 and 207. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run under
+//! 1 GiB, 0.88-0.92 of the duplex ceiling (0.79-0.83 of NCCL's time). With lines up to 2 KiB
+//! and 4 KiB chunks up to 256 KiB (seventh session, NCCL 24.7-35.4 us up to 256 KiB in that
+//! run): 8.5-12.4 us a call up to 64 KiB (the host's enqueue, 8-11 us, bounds it), 15.1 at
+//! 128 KiB, 19.7 at 256 KiB; replayed from a CUDA graph, 4.6-5.6 us up to 2 KiB and 7.7-17.9
+//! from 8 to 256 KiB, against NCCL's 15.0-39.9. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run under
 //! compute-sanitizer memcheck).
 //!
 //! Two ranks, here two threads of one process (in real use, two processes):

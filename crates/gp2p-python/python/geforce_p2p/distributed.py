@@ -12,13 +12,13 @@ the peer run on the GPU, and a peer that never arrives makes them give up after
 This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
 backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (256 KiB by
-default) is one kernel that hands the tensor over in flagged 2 KiB chunks of the shared
-memory; everything else goes through a pipeline of DMA copies via slots of the segment,
-handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process
-each, the earlier one-kernel path (8-byte lines) took 8-9 us up to 2 KiB, 15 us at 8 KiB,
-26 us at 16-32 KiB, where NCCL's shared-memory path took 23-28 us up to 32 KiB in the same
-run; the flagged chunks took 7.7 us at 2 KiB, 13.4 at 64 KiB and 28 at 256 KiB with both
-ranks on one H200 (the pipeline: 34 us at 256 KiB); from 64 MiB the pipeline moves 0.88-0.92 of
+default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
+data and sequence number up to 2 KiB, flagged 4 KiB chunks above); everything else goes
+through a pipeline of DMA copies via slots of the segment, handed over chunk by chunk by
+flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 8.5-12.4
+us a call up to 64 KiB, 15.1 at 128 KiB and 19.7 at 256 KiB, where NCCL's shared-memory
+path took 24.7-35.4 us in the same run; replayed from a CUDA graph, 4.6-5.6 us up to 2 KiB
+and 7.7-17.9 from 8 to 256 KiB (NCCL 15.0-39.9); from 64 MiB the pipeline moves 0.88-0.92 of
 what the two links carry both ways at once, in 0.79-0.83 of NCCL's time
 (``benches/python/mp_allreduce.py``). Calls made while torch captures a CUDA graph are
 captured too (tested: every collective captured, then 10 replays on new data), and each
