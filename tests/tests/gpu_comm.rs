@@ -150,10 +150,12 @@ fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_ba
     let mut r = Ranked::start(test, CommOptions::default());
     let (rank, stream) = (r.rank, &r.stream);
     every_dtype!(every_op(&mut r.comm, stream, 7));
-    // A thousand calls without host synchronisation, each on a buffer of its own.
-    let len = 333;
+    // A thousand calls without host synchronisation, each on a buffer of its own, taking
+    // the line kernel and the flagged chunks in turn (both number their calls from one
+    // device counter).
     let mut calls = Vec::new();
     for c in 0..1000u64 {
+        let len = if c % 2 == 0 { 333 } else { 5_001 };
         let inputs: Vec<Vec<u32>> = (0..2).map(|r| random(len, 100_000 + 2 * c + r)).collect();
         let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
         r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
