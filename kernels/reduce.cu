@@ -399,8 +399,9 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 //
 // Against the line exchange (an 8-byte line per 4 data bytes, every thread polling), this
 // moves half the bytes and polls with one thread per chunk, so many blocks can read at
-// once: both ranks on one H200 (benches/probes/small_exchange.py), 8 KiB 8.6 us against
-// 14.3, 64 KiB 13.4 against 58; equal at 64 bytes.
+// once. Two H200s, one kernel per rank per call (benches/probes/small_exchange.py): 8 KiB
+// 8.3 us against 20, 64 KiB 11.5 against 71, 256 KiB 19.9 against 227; but 7.7 against 6.0
+// at 64 bytes (the fence), so the communicator keeps the lines up to 2 KiB.
 //
 // Numbering: every thread reads the count in `seq_counter[0]`; the call's number is the next
 // one (next_seq), and the last block to finish (a ticket in `seq_counter[1]`) stores it back
@@ -409,7 +410,10 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 // numbers use the areas `half_stride` bytes on; the flags lie `flags_offset` bytes after
 // their data area's start, a word every CHUNK_FLAG_STRIDE bytes. Calls alternate halves, and
 // a rank starts call k + 2 only after the peer's flags of call k + 1, which the peer sets
-// after it finished reading call k: a half is rewritten only once the peer read it.
+// after it finished reading call k: a half is rewritten only once the peer read it. (Not
+// after a wait gave up: the next calls then return at once, and one may rewrite a half the
+// peer is still reading. Only the shared `broken` word reports that, at the peer's next call,
+// and the communicator refuses every call once it is set.)
 //
 // A wait gives up `timeout_ns` after it began, or once `broken` is set (read every
 // GIVE_UP_CHECK_POLLS polls), as in the line exchange; the block then stops folding, and
@@ -428,11 +432,20 @@ __device__ __forceinline__ uint4 load_volatile16(const uint4* at) {
     return v;
 }
 
+// A system-scope acquire load: the peer's data stores, fenced before its flag store on the
+// other GPU, are visible to whatever this block reads after seeing the flag (thread 0 loads,
+// the block's barrier passes it on to the other threads).
+__device__ __forceinline__ u32 load_acquire_sys(const u32* at) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
+    return v;
+}
+
 // Thread 0's bounded wait for the peer's flag of a chunk: whether it arrived.
 __device__ __forceinline__ bool await_flag(const u32* flag, u32 seq, u64 timeout_ns, u32* failed, u32* broken) {
     u64 deadline = 0;
     u32 polls = 0;
-    while (*(const volatile u32*)flag != seq) {
+    while (load_acquire_sys(flag) != seq) {
         if (broken != 0 && ++polls % GIVE_UP_CHECK_POLLS == 0 && *(volatile u32*)broken != 0) return false;
         const u64 now = global_ns();
         if (deadline == 0) {
