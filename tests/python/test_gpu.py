@@ -630,18 +630,20 @@ def _distributed_rank(uid, rank, device):
 
 
 def _captured_and_replayed(comm, rank, device):
-    """Every collective captured into one CUDA graph (the one-kernel all-reduce and the
-    pipeline), then 10 replays, each with new data copied into the captured tensors and every
-    element checked."""
+    """Every collective captured into one CUDA graph (the one-kernel all-reduce, by its line
+    kernel and by its flagged chunks, and the pipeline), then 10 replays, each with new data
+    copied into the captured tensors and every element checked."""
     dev = "cuda:%d" % device
     small, big, half = 1001, (1 << 20) + 3, 150_001
-    x = torch.zeros(small, device=dev)
+    tiny = torch.zeros(301, dtype=torch.int32, device=dev)  # the line kernel (up to 2 KiB)
+    x = torch.zeros(small, device=dev)  # the flagged chunks
     y = torch.zeros(big, device=dev)
     gin, gout = torch.zeros(small, dtype=torch.int32, device=dev), torch.zeros(2 * small, dtype=torch.int32, device=dev)
     rsin, rsout = torch.zeros(2 * half, device=dev), torch.zeros(half, device=dev)
     b = torch.zeros(5003, dtype=torch.float16, device=dev)
 
     def step():
+        comm.all_reduce(tiny, op="max")
         comm.all_reduce(x)
         comm.all_reduce(y, op="max")
         comm.all_gather_into_tensor(gout, gin)
@@ -663,11 +665,12 @@ def _captured_and_replayed(comm, rank, device):
         gs = [torch.randint(-99, 99, (small,), generator=gen(r, 2)).to(torch.int32) for r in range(2)]
         rs = [torch.randint(-99, 99, (2 * half,), generator=gen(r, 3)).float() for r in range(2)]
         bs = [torch.randint(-99, 99, (5003,), generator=gen(r, 4)).to(torch.float16) for r in range(2)]
-        for t, values in ((x, xs), (y, ys), (gin, gs), (rsin, rs), (b, bs)):
+        ts = [torch.randint(-99, 99, (301,), generator=gen(r, 5)).to(torch.int32) for r in range(2)]
+        for t, values in ((tiny, ts), (x, xs), (y, ys), (gin, gs), (rsin, rs), (b, bs)):
             t.copy_(values[rank])
         graph.replay()
-        checks = [(x, xs[0] + xs[1]), (y, torch.maximum(ys[0], ys[1])), (gout, torch.cat(gs)),
-                  (rsout, (rs[0] + rs[1])[rank * half:(rank + 1) * half]), (b, bs[1])]
+        checks = [(tiny, torch.maximum(ts[0], ts[1])), (x, xs[0] + xs[1]), (y, torch.maximum(ys[0], ys[1])),
+                  (gout, torch.cat(gs)), (rsout, (rs[0] + rs[1])[rank * half:(rank + 1) * half]), (b, bs[1])]
         for i, (t, want) in enumerate(checks):
             assert torch.equal(t.cpu(), want), "replay %d, output %d" % (replay, i)
     comm.check()  # no wait of any replay gave up
@@ -768,9 +771,9 @@ def test_two_processes_all_reduce_through_the_distributed_communicator():
 
 
 def test_two_processes_sharing_one_gpu_run_the_distributed_communicator():
-    # Both ranks on cuda:0 (their kernels take turns on it): every path, the torch fast path
-    # of all_reduce among them, and capture.
+    # Both ranks on cuda:0 (their kernels take turns on it): every path, and capture.
     _two_ranks_through_the_distributed_communicator((0, 0))
+
 
 def test_an_op_on_a_capturing_stream_is_refused_before_anything_is_captured():
     # Only the communicator's calls can be captured: any other op on a stream that torch is

@@ -39,8 +39,11 @@ pub const STAGING_ALIGN: usize = 64 * 1024;
 pub(crate) const LONGEST_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// `b"gp2pcomm"`: a header the creator has finished setting up.
 const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"gp2pcomm");
-/// Version of the segment layout above; raised whenever it changes.
-const LAYOUT_VERSION: u32 = 1;
+/// Version of the segment layout above and of what the communicator keeps in it; raised
+/// whenever either changes. 2: the one-kernel areas hold lines, then flagged chunks, and
+/// ranks publish the one-kernel size (not the lines' half) for each other to compare, so a
+/// build of version 1 must not join.
+const LAYOUT_VERSION: u32 = 2;
 /// One cache line: the header and each rank's slot have one of their own, so no two writers
 /// share a line.
 const LINE: usize = 64;

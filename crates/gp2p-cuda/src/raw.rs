@@ -19,7 +19,10 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
-use gp2p_kernels::{DType, ReduceOp, WAIT_FLAG_KERNEL, chunks_kernel_name, exchange_kernel_name, reduce_kernel_name};
+use gp2p_kernels::{
+    CHUNK_BYTES, CHUNK_FLAG_STRIDE, DType, ReduceOp, WAIT_FLAG_KERNEL, chunks_kernel_name, exchange_kernel_name,
+    reduce_kernel_name,
+};
 
 use crate::driver::check;
 use crate::reduce::{
@@ -178,7 +181,8 @@ pub enum Numbering {
 /// - `lines.failed` and (unless 0) `lines.broken` are writable `u32`s of mapped pinned host
 ///   memory, 4-byte aligned;
 /// - with [`Numbering::Counted`], `counter` is a `u32` of device memory on the stream's
-///   device that only this rank's exchange kernels touch, in stream order, and the lines
+///   device that only this rank's exchange kernels and its flagged-chunk kernels on the same
+///   counter ([`exchange_chunks`]) touch, in stream order, and the lines
 ///   `half_stride` bytes on obey what is said of the lines above;
 /// - all of them stay allocated until the kernel completes on `stream`;
 /// - the peer's kernel for the same `seq` is enqueued too, on a stream that can run at the
@@ -243,7 +247,8 @@ pub struct ChunkAreas {
     pub in_area: RawDevicePtr,
     /// Odd call numbers use the areas this many bytes on (a multiple of 64).
     pub half_stride: u64,
-    /// Bytes from an area's start to its flags ([`gp2p_kernels::chunk_area_layout`]).
+    /// Bytes from an area's start to its flags: at least the data's bytes rounded up to 16,
+    /// a multiple of 64 ([`gp2p_kernels::chunk_area_layout`] gives it for the largest size).
     pub flags_offset: u64,
     /// Two `u32`s in device memory of the stream's device: the call count, then the last
     /// block's ticket (0 between calls).
@@ -259,17 +264,25 @@ pub struct ChunkAreas {
 /// most `timeout_ns` each) for the peer's flags and fold `buf = op(own, peer)`. Refuses
 /// `divide_by` = 0 and misaligned addresses before launching.
 ///
+/// Also refuses a `flags_offset` that the data would overrun, and a `half_stride` that would
+/// make the two halves overlap.
+///
 /// # Safety
 /// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
 /// - `areas.out_area` and `areas.in_area`, and both again `half_stride` bytes on, each
-///   address [`gp2p_kernels::chunk_area_layout`]`(len * dtype.size_bytes()).1` bytes of
-///   mapped pinned host memory as this device maps it, laid out with that function's
-///   `flags_offset`; nobody but this rank's kernels writes its areas, and the peer runs the
-///   same calls in the same order on its own;
-/// - `areas.counter` is two `u32`s of this device's memory that only these kernels touch,
-///   in stream order; `failed` and (unless 0) `broken` are writable `u32`s of mapped pinned
-///   host memory;
-/// - everything stays allocated until the kernel completes on `stream`.
+///   address `flags_offset + ceil(len * dtype.size_bytes() / CHUNK_BYTES) * CHUNK_FLAG_STRIDE`
+///   bytes of mapped pinned host memory as this device maps it
+///   ([`gp2p_kernels::CHUNK_BYTES`], [`gp2p_kernels::CHUNK_FLAG_STRIDE`]); nobody but this
+///   rank's kernels writes its areas, and the peer runs the same calls in the same order on
+///   its own, with the same layout;
+/// - `areas.counter` is two `u32`s of this device's memory that only this rank's flagged-chunk
+///   kernels and its line kernels with [`Numbering::Counted`] on the same counter touch, in
+///   stream order (the line kernels leave the ticket at 0); `failed` and (unless 0) `broken`
+///   are writable `u32`s of mapped pinned host memory;
+/// - everything stays allocated until the kernel completes on `stream`;
+/// - the peer's kernel for the same call is enqueued too, on a stream that can run at the
+///   same time as this one; otherwise this kernel waits `timeout_ns`, sets `failed` and
+///   leaves `buf` partly folded.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange_chunks(
     stream: &Stream,
@@ -285,6 +298,20 @@ pub unsafe fn exchange_chunks(
     check_aligned(&[("buf", buf)], dtype.size_bytes())?;
     check_aligned(&[("out_area", areas.out_area), ("in_area", areas.in_area), ("half_stride", areas.half_stride)], 64)?;
     check_aligned(&[("flags_offset", areas.flags_offset)], 64)?;
+    let bytes = (len * dtype.size_bytes()) as u64;
+    let (data, flags) = (bytes.next_multiple_of(16), bytes.div_ceil(CHUNK_BYTES as u64) * CHUNK_FLAG_STRIDE as u64);
+    if areas.flags_offset < data {
+        return Err(Error::InvalidArgument {
+            name: "flags_offset",
+            reason: format!("{} bytes: the data of {len} elements take {data}", areas.flags_offset),
+        });
+    }
+    if areas.half_stride < areas.flags_offset + flags {
+        return Err(Error::InvalidArgument {
+            name: "half_stride",
+            reason: format!("{} bytes: one half takes {}", areas.half_stride, areas.flags_offset + flags),
+        });
+    }
     check_aligned(&[("failed", areas.failed), ("broken", areas.broken), ("counter", areas.counter)], 4)?;
     if len == 0 {
         return Ok(());
