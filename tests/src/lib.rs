@@ -9,7 +9,7 @@ mod needs;
 
 pub use needs::{
     NOT_RUN, Needs, SANITIZER_ENV, compute_80_gpus, concurrent_gpus, device, gpus, kernels_serialized,
-    lacks_compute_80, not_run_line, with_stream,
+    lacks_compute_80, not_run_line, sanitizer, with_stream,
 };
 
 pub use geforce_p2p::cuda::HostGate;

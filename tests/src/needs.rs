@@ -68,6 +68,11 @@ pub fn gpus<const N: usize>(test: &str) -> Option<[Device; N]> {
 /// Set (by the bundle's runner) to the compute-sanitizer tool a test runs under.
 pub const SANITIZER_ENV: &str = "GP2P_SANITIZER";
 
+/// The compute-sanitizer tool this test runs under ([`SANITIZER_ENV`]), if any.
+pub fn sanitizer() -> Option<String> {
+    std::env::var(SANITIZER_ENV).ok().filter(|tool| !tool.is_empty())
+}
+
 /// Why kernels on different GPUs cannot be counted on to run at the same time here, if they
 /// cannot: compute-sanitizer runs one kernel at a time, so a kernel that waits for its
 /// peer's (the line exchange) waits until its timeout.
@@ -77,8 +82,7 @@ pub fn kernels_serialized(sanitizer: Option<&str>) -> Option<String> {
 
 /// Like [`gpus`], for a test whose kernels must run at the same time on their GPUs.
 pub fn concurrent_gpus<const N: usize>(test: &str) -> Option<[Device; N]> {
-    let sanitizer = std::env::var(SANITIZER_ENV).ok();
-    if let Some(why) = kernels_serialized(sanitizer.as_deref()) {
+    if let Some(why) = kernels_serialized(sanitizer().as_deref()) {
         println!("{}", not_run_line(test, &format!("needs kernels that run at once: {why}")));
         return None;
     }

@@ -282,7 +282,7 @@ fn two_gpu_two_processes_pipeline_runs_every_collective_op_and_dtype_and_mixes_w
     // every kernel slowly), line path and pipeline in turn, on two streams in turn: each call
     // is ordered after the rank's previous one on either stream.
     let other = Stream::new(r.comm.device()).unwrap();
-    let count = if std::env::var_os(gp2p_tests::SANITIZER_ENV).is_some() { 20 } else { 200 };
+    let count = if gp2p_tests::sanitizer().is_some() { 20 } else { 200 };
     let mut calls = Vec::new();
     for c in 0..count {
         let len = if c % 2 == 0 { 333 } else { 70_001 };
@@ -306,7 +306,7 @@ fn a_peer_exits(test: &str, len: usize) {
     // Under a sanitizer every launch is slow: a longer timeout, so that the first call (which
     // must succeed) never waits it out, and the bound below still tells one timeout per call
     // from one per chunk.
-    let sanitized = std::env::var_os(gp2p_tests::SANITIZER_ENV).is_some();
+    let sanitized = gp2p_tests::sanitizer().is_some();
     let timeout = std::time::Duration::from_millis(if sanitized { 2000 } else { 300 });
     let mut r = Ranked::start(test, CommOptions { peer_timeout: timeout, ..small_slots() });
     let (rank, stream, comm) = (r.rank, &r.stream, &mut r.comm);

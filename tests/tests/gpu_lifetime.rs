@@ -466,7 +466,7 @@ fn an_operation_on_a_borrowed_capturing_stream_is_refused() {
     // Found only where the operation records its use, after its work was enqueued: the
     // refusal invalidates the capture with a capture-illegal wait, an API error that
     // compute-sanitizer reports, so that part runs without one.
-    if let Some(tool) = std::env::var(gp2p_tests::SANITIZER_ENV).ok().filter(|t| !t.is_empty()) {
+    if let Some(tool) = gp2p_tests::sanitizer() {
         println!("the refusal after enqueueing not run: it provokes an API error on purpose, which {tool} reports");
     } else {
         let (refused, ended) = while_capturing(&owner, mode, || buffer.fill_bytes(&borrowed, 7));

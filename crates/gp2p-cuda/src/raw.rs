@@ -298,18 +298,22 @@ pub unsafe fn exchange_chunks(
     check_aligned(&[("buf", buf)], dtype.size_bytes())?;
     check_aligned(&[("out_area", areas.out_area), ("in_area", areas.in_area), ("half_stride", areas.half_stride)], 64)?;
     check_aligned(&[("flags_offset", areas.flags_offset)], 64)?;
-    let bytes = (len * dtype.size_bytes()) as u64;
-    let (data, flags) = (bytes.next_multiple_of(16), bytes.div_ceil(CHUNK_BYTES as u64) * CHUNK_FLAG_STRIDE as u64);
+    let bytes = len.checked_mul(dtype.size_bytes()).ok_or_else(|| Error::InvalidArgument {
+        name: "len",
+        reason: format!("{len} elements of {} do not fit in the address space", dtype.name()),
+    })?;
+    let data = (bytes as u64).next_multiple_of(16);
+    let half = areas.flags_offset.saturating_add((bytes.div_ceil(CHUNK_BYTES) * CHUNK_FLAG_STRIDE) as u64);
     if areas.flags_offset < data {
         return Err(Error::InvalidArgument {
             name: "flags_offset",
             reason: format!("{} bytes: the data of {len} elements take {data}", areas.flags_offset),
         });
     }
-    if areas.half_stride < areas.flags_offset + flags {
+    if areas.half_stride < half {
         return Err(Error::InvalidArgument {
             name: "half_stride",
-            reason: format!("{} bytes: one half takes {}", areas.half_stride, areas.flags_offset + flags),
+            reason: format!("{} bytes: one half takes {half}", areas.half_stride),
         });
     }
     check_aligned(&[("failed", areas.failed), ("broken", areas.broken), ("counter", areas.counter)], 4)?;
@@ -317,7 +321,7 @@ pub unsafe fn exchange_chunks(
         return Ok(());
     }
     let function = Module::reduce_kernels(stream.device())?.function(chunks_kernel_name(op, dtype))?;
-    let config = chunks_launch_config(len * dtype.size_bytes());
+    let config = chunks_launch_config(bytes);
     let args = ChunksArgs {
         buf,
         len: len as u64,
