@@ -5,14 +5,20 @@ Two devices, one process, f32 sum in place. Each variant is one kernel per rank 
   every thread publishes its 16-byte groups, then polls the peer's in batches);
 - `flag`: plain 16-byte stores of a chunk, a system fence, then one flag per chunk; the
   reader's thread 0 polls the flag, then the block reads the chunk (half the bytes of `ll`,
-  one poller per block).
+  one poller per block);
+- `flagacq`: `flag`, the reader polling with a system-scope acquire load (as the library's
+  chunk kernel does) in place of a volatile load and a fence;
+- `flagws`: `flagacq` with warp roles in each block: half the threads store and flag chunks,
+  half fold the peer's, so stores of one chunk overlap reads of the one before.
 Every timed loop enqueues `--calls` back-to-back calls on each device behind a gate kernel
 (so the host's launch rate is not what is timed), opens the gate, and times with events on
 each device; the figure is the slower device's time per call. Results are checked: after k
-calls of in-place sum, fl(a0 + a1) * 2**(k - 1) on both devices (inputs scaled by 2**-100 so nothing
-overflows). A null kernel gives the launch floor.
+calls of in-place sum, fl(a0 + a1) * 2**(k - 1) on both devices (inputs scaled by 2**-60 so nothing
+overflows; at 2**-100 one input in 10**8 was subnormal, and a 16 MiB run then saw one wrong
+element, which a flush to zero somewhere in the toolchain explains). A null kernel gives the launch floor.
 
     python3 benches/probes/small_exchange.py [--calls 100] [--repeats 5]
+        [--sizes 64,2048,...] [--kinds null,ll,flag,flagacq,flagws] [--blocks 1,4,16,64] [--chunks 512,...]
 """
 
 import argparse
@@ -36,6 +42,12 @@ __device__ __forceinline__ uint4 ld4(const uint4* at) {
     uint4 v;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(at) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_acquire_sys(const u32* at) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
     return v;
 }
 
@@ -106,9 +118,9 @@ extern "C" __global__ void __launch_bounds__(1024) ll(float* buf, u64 n, u64* ou
 
 // Chunks of `chunk` floats (a multiple of 4); block b takes chunks b, b + grid, ...
 extern "C" __global__ void __launch_bounds__(256) flag(float* buf, u64 n, float* out_data, const float* in_data, u32* out_flags,
-                                const u32* in_flags, u32 seq, u64 chunk, u32 gap, u64 half) {
+                                const u32* in_flags, u32 seq, u64 chunk, u32 gap, u64 half, u64 flags_half, u32 acquire) {
     // Calls alternate halves: a rank publishes call k + 2 only after the peer read call k.
-    if (seq & 1) { out_data += half / 4; in_data += half / 4; out_flags += 8192; in_flags += 8192; }
+    if (seq & 1) { out_data += half / 4; in_data += half / 4; out_flags += flags_half; in_flags += flags_half; }
     const u64 chunks = (n + chunk - 1) / chunk;
     for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
         const u64 end = min(n, (c + 1) * chunk) / 4;
@@ -122,8 +134,12 @@ extern "C" __global__ void __launch_bounds__(256) flag(float* buf, u64 n, float*
     for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
         if (threadIdx.x == 0) {
             u64 deadline = 0;
-            while (*(const volatile u32*)(in_flags + 16 * c) != seq && !given_up(deadline)) __nanosleep(gap);
-            __threadfence_system();
+            if (acquire) {
+                while (ld_acquire_sys(in_flags + 16 * c) != seq && !given_up(deadline)) __nanosleep(gap);
+            } else {
+                while (*(const volatile u32*)(in_flags + 16 * c) != seq && !given_up(deadline)) __nanosleep(gap);
+                __threadfence_system();
+            }
         }
         __syncthreads();
         const u64 end = min(n, (c + 1) * chunk) / 4;
@@ -136,10 +152,68 @@ extern "C" __global__ void __launch_bounds__(256) flag(float* buf, u64 n, float*
         }
     }
 }
+// `flag` with warp roles: the block's first half stores its chunks and flags them; the second
+// half waits for each chunk's own store (a shared count) and the peer's flag (thread 0), then
+// folds, four 16-byte loads in flight per thread. Storing chunk i + 1 overlaps reading chunk i,
+// so both directions of the link carry data at once.
+extern "C" __global__ void __launch_bounds__(1024) flagws(float* buf, u64 n, float* out_data, const float* in_data, u32* out_flags,
+                                const u32* in_flags, u32 seq, u64 chunk, u32 gap, u64 half, u64 flags_half, u32 acquire) {
+    __shared__ volatile u32 stored;
+    if (seq & 1) { out_data += half / 4; in_data += half / 4; out_flags += flags_half; in_flags += flags_half; }
+    if (threadIdx.x == 0) stored = 0;
+    __syncthreads();
+    const u32 team = blockDim.x / 2;
+    const u64 chunks = (n + chunk - 1) / chunk;
+    if (threadIdx.x < team) {
+        u32 i = 0;
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
+            const u64 end = min(n, (c + 1) * chunk) / 4;
+            for (u64 g = c * chunk / 4 + threadIdx.x; g < end; g += team)
+                ((uint4*)out_data)[g] = ((const uint4*)buf)[g];
+            __threadfence_system();
+            asm volatile("bar.sync 1, %0;" ::"r"(team) : "memory");
+            if (threadIdx.x == 0) {
+                *(volatile u32*)(out_flags + 16 * c) = seq;
+                __threadfence_block();
+                stored = i + 1;
+            }
+        }
+    } else {
+        const u32 t = threadIdx.x - team;
+        u32 i = 0;
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
+            if (t == 0) {
+                u64 deadline = 0;
+                while (stored <= i && !given_up(deadline)) __nanosleep(32);
+                while (ld_acquire_sys(in_flags + 16 * c) != seq && !given_up(deadline)) __nanosleep(gap);
+                __threadfence_block();
+            }
+            asm volatile("bar.sync 2, %0;" ::"r"(team) : "memory");
+            const u64 end = min(n, (c + 1) * chunk) / 4;
+            for (u64 g0 = c * chunk / 4 + t; g0 < end; g0 += 4 * team) {
+                uint4 p[4];
+                #pragma unroll
+                for (int k = 0; k < 4; ++k) if (g0 + k * team < end) p[k] = ld4((const uint4*)in_data + g0 + k * team);
+                #pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const u64 g = g0 + k * team;
+                    if (g >= end) break;
+                    float4 own = ((float4*)buf)[g];
+                    own.x += __uint_as_float(p[k].x); own.y += __uint_as_float(p[k].y);
+                    own.z += __uint_as_float(p[k].z); own.w += __uint_as_float(p[k].w);
+                    ((float4*)buf)[g] = own;
+                }
+            }
+        }
+    }
+}
 """
 
 MAPPED_PORTABLE = 0x1 | 0x2
 SIZES = [64, 2 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10]
+# Flag words per half: one flag every 16 words for each chunk of the smallest chunk size at
+# the largest size (set in main).
+FLAG_WORDS_HALF = 8192
 
 
 class Rank:
@@ -147,7 +221,7 @@ class Rank:
         self.index, self.dev = index, dev
         with cp.cuda.Device(dev):
             self.mod = cp.RawModule(code=module_src, options=("-arch=compute_80",))
-            self.k = {n: self.mod.get_function(n) for n in ("gate", "null_kernel", "ll", "flag")}
+            self.k = {n: self.mod.get_function(n) for n in ("gate", "null_kernel", "ll", "flag", "flagws")}
             self.stream = cp.cuda.Stream(non_blocking=True)
             self.buf = cp.empty(max_bytes // 4, dtype=cp.float32)
 
@@ -196,12 +270,14 @@ def enqueue(ranks, host, variant, size, calls, seq, max_bytes, n):
                             np.uint32(seq), np.uint32(batch), np.uint32(gap), np.uint64(2 * max_bytes))
                     r.k["ll"]((grid,), (threads,), args, stream=r.stream)
                 else:
-                    blocks, chunk, gap = shape
+                    blocks, chunk, gap = shape[:3]
+                    threads = shape[3] if kind == "flagws" else 256
                     chunks = (size + chunk - 1) // chunk
                     args = (r.buf, np.uint64(n), np.uint64(host["data"][me]), np.uint64(host["data"][peer]),
                             np.uint64(host["flags"][me]), np.uint64(host["flags"][peer]), np.uint32(seq),
-                            np.uint64(chunk // 4), np.uint32(gap), np.uint64(max_bytes))
-                    r.k["flag"]((min(blocks, chunks),), (256,), args, stream=r.stream)
+                            np.uint64(chunk // 4), np.uint32(gap), np.uint64(max_bytes),
+                            np.uint64(FLAG_WORDS_HALF), np.uint32(kind == "flagacq"))
+                    r.k["flagws" if kind == "flagws" else "flag"]((min(blocks, chunks),), (threads,), args, stream=r.stream)
     return seq
 
 
@@ -210,24 +286,39 @@ def main():
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--devices", default="0,1", help="the two ranks' devices (0,0: both on one, two streams)")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes per call, comma-separated")
+    p.add_argument("--kinds", default="null,ll,flag", help="variants to time: null, ll, flag, flagacq, flagws")
+    p.add_argument("--blocks", default="1,4,16,64", help="grid sizes of the flag variants")
+    p.add_argument("--chunks", default="512,1024,2048,4096,8192", help="chunk bytes of the flag variants")
     args = p.parse_args()
-    max_bytes = max(SIZES)
+    global FLAG_WORDS_HALF
+    sizes = [int(x) for x in args.sizes.split(",")]
+    kinds = args.kinds.split(",")
+    chunk_sizes = [int(x) for x in args.chunks.split(",")]
+    max_bytes = max(sizes)
+    FLAG_WORDS_HALF = 16 * max(8192 // 16, -(-max_bytes // min(chunk_sizes)))
     ranks = [Rank(i, int(d), SOURCE, max_bytes) for i, d in enumerate(args.devices.split(","))]
     alloc = lambda nbytes: cp.cuda.runtime.hostAlloc(nbytes, MAPPED_PORTABLE)
-    sizes = {"lines": 4 * max_bytes, "data": 2 * max_bytes, "flags": 64 * 1024}
+    areas = {"lines": 4 * max_bytes, "data": 2 * max_bytes, "flags": 2 * 4 * FLAG_WORDS_HALF}
     host = {"gate": alloc(64)}
-    for k, nbytes in sizes.items():
+    for k, nbytes in areas.items():
         host[k] = [alloc(nbytes) for _ in range(2)]
         for ptr in host[k]:
             ctypes.memset(ptr, 0, nbytes)
     gate_word = (ctypes.c_uint32 * 1).from_address(host["gate"])
     variants = [("null", ())]
-    variants += [("ll", (g, t, b, 64)) for g in (1, 2, 4, 8) for t in (256, 512, 1024) for b in (4, 8)]
-    variants += [("flag", (bl, ch, 64)) for bl in (1, 4, 16, 64) for ch in (512, 1 << 10, 2 << 10, 4 << 10, 8 << 10)]
+    if "ll" in kinds:
+        variants += [("ll", (g, t, b, 64)) for g in (1, 2, 4, 8) for t in (256, 512, 1024) for b in (4, 8)]
+    for kind in ("flag", "flagacq"):
+        if kind in kinds:
+            variants += [(kind, (int(bl), ch, 64)) for bl in args.blocks.split(",") for ch in chunk_sizes]
+    if "flagws" in kinds:
+        variants += [("flagws", (int(bl), ch, 64, th)) for bl in args.blocks.split(",") for ch in chunk_sizes
+                     for th in (256, 512)]
     seqbox = [0]
     rng = np.random.default_rng(7)
     results = {}
-    for size in SIZES:
+    for size in sizes:
         for v in variants:
             if v[0] == "ll" and size <= 2048 and v[1][0] > 1:
                 continue
@@ -249,7 +340,7 @@ def main():
 def measure(ranks, host, v, size, args, rng, gate_word, max_bytes, times, seqbox):
     n = size // 4
     for rep in range(args.repeats + 1):
-        a = [(rng.standard_normal(n).astype(np.float32) * np.float32(2.0 ** -100)) for _ in range(2)]
+        a = [(rng.standard_normal(n).astype(np.float32) * np.float32(2.0 ** -60)) for _ in range(2)]
         for r in ranks:
             with cp.cuda.Device(r.dev):
                 r.buf[:n].set(a[r.index])
