@@ -389,19 +389,24 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 
 // ---------------------------------------------------------------------------------------
 // Two-rank all-reduce through mapped pinned host memory in flagged chunks, one kernel per
-// rank, for the one-process-per-GPU communicator's small and middling messages. The buffer
-// is cut into CHUNK_BYTES chunks, a block per chunk (grid-stride): the block stores its chunk
-// into this rank's data area as it is, each thread fences its own stores to the system, and
-// once the block has passed a barrier its thread 0 writes the call's sequence number into
-// the chunk's flag. Then, chunk by chunk, thread 0 polls the peer's flag, and once it reads
-// the number the block reads the peer's chunk and folds buf = op(own, peer) in place (own
-// first on both ranks, as the line exchange folds).
+// rank, for the one-process-per-GPU communicator's messages up to a few MiB. The buffer is
+// cut into CHUNK_BYTES chunks, dealt to the blocks grid-stride, and each block splits into
+// two teams of threads. The storing team stores each of the block's chunks into this rank's
+// data area as it is, each thread fences its own stores to the system, and once the team has
+// passed its barrier its thread 0 writes the call's sequence number into the chunk's flag and
+// counts the chunk as stored. The folding team follows chunk by chunk: its thread 0 waits
+// until the chunk is stored (the fold overwrites it in place) and polls the peer's flag, and
+// once it reads the number the team reads the peer's chunk and folds buf = op(own, peer) (own
+// first on both ranks, as the line exchange folds). Storing one chunk overlaps reading the
+// one before, so both directions of the bus carry data at once.
 //
-// Against the line exchange (an 8-byte line per 4 data bytes, every thread polling), this
-// moves half the bytes and polls with one thread per chunk, so many blocks can read at
-// once. Two H200s, one kernel per rank per call (benches/probes/small_exchange.py): 8 KiB
-// 8.3 us against 20, 64 KiB 11.5 against 71, 256 KiB 19.9 against 227; but 7.7 against 6.0
-// at 64 bytes (the fence), so the communicator keeps the lines up to 2 KiB.
+// Two H200s, one kernel per rank per call, f32 (benches/probes/small_exchange.py, `flagws`
+// against `flagacq`, which is one team doing both in turn; 4 KiB chunks, 264 blocks of 512
+// threads): 64 KiB 10.2 us against 10.4, 1 MiB 47.7 against 47.9, 4 MiB 150 against 172,
+// 16 MiB 521 against 700. Against the line exchange (an 8-byte line per 4 data bytes, every
+// thread polling), this moves half the bytes and polls with one thread per chunk: 8 KiB 8.3
+// us against 20, 64 KiB 11.5 against 71; but 7.7 against 6.0 at 64 bytes (the fence), so the
+// communicator keeps the lines up to 2 KiB.
 //
 // Numbering: every thread reads the count in `seq_counter[0]`; the call's number is the next
 // one (next_seq), and the last block to finish (a ticket in `seq_counter[1]`) stores it back
@@ -460,11 +465,25 @@ __device__ __forceinline__ bool await_flag(const u32* flag, u32 seq, u64 timeout
     return true;
 }
 
+// A barrier for one team of `threads` threads (a multiple of 32) of the block; `id` > 0 so it
+// is not __syncthreads' barrier 0.
+__device__ __forceinline__ void team_barrier(u32 id, u32 threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+#define STORE_TEAM_BARRIER 1
+#define FOLD_TEAM_BARRIER 2
+// 16-byte peer loads each folding thread keeps in flight: a load across the bus takes about
+// a microsecond, and volatile loads are not moved past the stores that fold them in.
+#define CHUNK_FOLD_UNROLL 4
+
 template <typename T, typename Op>
 __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, const char* in_area, u32 divisor,
                                                 u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,
                                                 u64 flags_offset, u32* broken) {
     __shared__ bool arrived;
+    // Chunks the storing team has stored and flagged in this call, in the block's order.
+    __shared__ volatile u32 stored;
     const u32 seq = next_seq(*(volatile u32*)seq_counter);
     if (seq & 1) {
         out_area += half_stride;
@@ -479,38 +498,65 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
     const u64 per_chunk = CHUNK_BYTES / VEC_BYTES;
     const u64 groups = (n + PER - 1) / PER;
     const u64 chunks = (groups + per_chunk - 1) / per_chunk;
-    for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
-        const u64 end = min(groups, (c + 1) * per_chunk);
-        for (u64 g = c * per_chunk + threadIdx.x; g < end; g += blockDim.x) {
-            Group16<T> own;
-            own.v = make_uint4(0, 0, 0, 0);
+    const u32 team = blockDim.x / 2;
+    if (threadIdx.x == 0) stored = 0;
+    __syncthreads();
+    if (threadIdx.x < team) {
+        // The storing team never waits for anything, so the folding team's wait for it ends.
+        u32 done = 0;
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+            const u64 end = min(groups, (c + 1) * per_chunk);
+            for (u64 g = c * per_chunk + threadIdx.x; g < end; g += team) {
+                Group16<T> own;
+                own.v = make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int l = 0; l < PER; ++l) {
-                if (g * PER + l < n) own.e[l] = buf[g * PER + l];
+                for (int l = 0; l < PER; ++l) {
+                    if (g * PER + l < n) own.e[l] = buf[g * PER + l];
+                }
+                out_data[g] = own.v;
             }
-            out_data[g] = own.v;
-        }
-        // Each thread's stores reach the system before the barrier, the flag after it.
-        __threadfence_system();
-        __syncthreads();
-        if (threadIdx.x == 0) *(volatile u32*)(out_flags + c * FLAG_WORDS) = seq;
-    }
-    for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
-        if (threadIdx.x == 0) arrived = await_flag(in_flags + c * FLAG_WORDS, seq, timeout_ns, failed, broken);
-        __syncthreads();
-        if (!arrived) break;  // the same for the whole block: read after the barrier
-        const u64 end = min(groups, (c + 1) * per_chunk);
-        for (u64 g = c * per_chunk + threadIdx.x; g < end; g += blockDim.x) {
-            Group16<T> peer;
-            peer.v = load_volatile16(in_data + g);
-            // This thread wrote this group's own half above and nothing else writes it.
-#pragma unroll
-            for (int l = 0; l < PER; ++l) {
-                if (g * PER + l < n) buf[g * PER + l] = combine<T, Op>(buf[g * PER + l], peer.e[l], divisor);
+            // Each thread's stores reach the system before the barrier, the flag after it.
+            __threadfence_system();
+            team_barrier(STORE_TEAM_BARRIER, team);
+            if (threadIdx.x == 0) {
+                *(volatile u32*)(out_flags + c * FLAG_WORDS) = seq;
+                // The team's reads of this chunk of `buf` are done before the folding team,
+                // which overwrites it, learns that the chunk is stored.
+                __threadfence_block();
+                stored = ++done;
             }
         }
-        // Thread 0 sets `arrived` again only after every thread read it.
-        __syncthreads();
+    } else {
+        const u32 t = threadIdx.x - team;
+        u32 index = 0;
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++index) {
+            if (t == 0) {
+                while (stored <= index) __nanosleep(CHUNK_POLL_GAP_NS);
+                __threadfence_block();
+                arrived = await_flag(in_flags + c * FLAG_WORDS, seq, timeout_ns, failed, broken);
+            }
+            team_barrier(FOLD_TEAM_BARRIER, team);
+            if (!arrived) break;  // the same for the whole team: read after the barrier
+            const u64 end = min(groups, (c + 1) * per_chunk);
+            for (u64 g0 = c * per_chunk + t; g0 < end; g0 += CHUNK_FOLD_UNROLL * team) {
+                Group16<T> peer[CHUNK_FOLD_UNROLL];
+#pragma unroll
+                for (int k = 0; k < CHUNK_FOLD_UNROLL; ++k) {
+                    if (g0 + k * team < end) peer[k].v = load_volatile16(in_data + g0 + k * team);
+                }
+#pragma unroll
+                for (int k = 0; k < CHUNK_FOLD_UNROLL; ++k) {
+                    const u64 g = g0 + k * team;
+                    if (g >= end) break;
+#pragma unroll
+                    for (int l = 0; l < PER; ++l) {
+                        if (g * PER + l < n) buf[g * PER + l] = combine<T, Op>(buf[g * PER + l], peer[k].e[l], divisor);
+                    }
+                }
+            }
+            // Thread 0 sets `arrived` again only after every thread of the team read it.
+            team_barrier(FOLD_TEAM_BARRIER, team);
+        }
     }
     // The last block to finish stores the count: every block has read it by then.
     __syncthreads();
@@ -525,7 +571,7 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
 }
 
 #define GP2P_CHUNKS(opname, Op, tname, T)                                                      \
-    extern "C" __global__ void __launch_bounds__(256) gp2p_chunks_##opname##_##tname(          \
+    extern "C" __global__ void __launch_bounds__(512) gp2p_chunks_##opname##_##tname(          \
         T* buf, u64 n, char* out_area, const char* in_area, u32 divisor, u64 timeout_ns,       \
         u32* failed, u32* seq_counter, u64 half_stride, u64 flags_offset, u32* broken) {       \
         exchange_chunks<T, Op>(buf, n, out_area, in_area, divisor, timeout_ns, failed,         \

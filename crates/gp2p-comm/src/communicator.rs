@@ -41,11 +41,11 @@ pub struct CommOptions {
 impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
-            // Two H200s, one process each, in the same call: 4 KiB chunks in one kernel took
-            // 15.1 us at 128 KiB and 19.7 at 256 KiB, the pipeline 32.8 and 36.0
-            // (benches/results/README.md, seventh session); with 8-byte lines alone the
-            // kernel stopped winning at 32 KiB.
-            small_max_bytes: 256 << 10,
+            // Two H200s, one kernel per rank per call (benches/probes/small_exchange.py,
+            // eighth session): flagged 4 KiB chunks took 47.7 us at 1 MiB and 150 at 4 MiB,
+            // where the pipeline took 70.6 and 194 and NCCL's shared-memory path 64.6 and 172
+            // (all-reduce-mp-232530c-x2.json); at 16 MiB the pipeline (588) beats the kernel.
+            small_max_bytes: 4 << 20,
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
             // Measured on two H200s, one process each, f32 all-reduce at 16 MiB / 64 MiB /

@@ -321,7 +321,7 @@ pub unsafe fn exchange_chunks(
         return Ok(());
     }
     let function = Module::reduce_kernels(stream.device())?.function(chunks_kernel_name(op, dtype))?;
-    let config = chunks_launch_config(bytes);
+    let config = chunks_launch_config(bytes, stream.device().info().multiprocessors);
     let args = ChunksArgs {
         buf,
         len: len as u64,

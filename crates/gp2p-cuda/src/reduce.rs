@@ -4,8 +4,8 @@
 use std::ffi::c_void;
 
 use gp2p_kernels::{
-    CHUNK_BYTES, CHUNK_MAX_BLOCKS, DType, EXCHANGE_GROUP_BYTES, Element, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES,
-    ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name, reduce_kernel_name,
+    CHUNK_BLOCK_THREADS, CHUNK_BLOCKS_PER_SM, CHUNK_BYTES, CHUNK_MAX_BLOCKS, DType, EXCHANGE_GROUP_BYTES, Element,
+    REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name, reduce_kernel_name,
 };
 
 use crate::memory::RawDevicePtr;
@@ -208,10 +208,12 @@ pub(crate) unsafe fn launch_chunks(
 }
 
 /// The launch shape of a flagged-chunk kernel over `bytes` bytes: a block per chunk, at
-/// most [`CHUNK_MAX_BLOCKS`] (each then takes several).
-pub fn chunks_launch_config(bytes: usize) -> LaunchConfig {
-    let blocks = bytes.div_ceil(CHUNK_BYTES).clamp(1, CHUNK_MAX_BLOCKS);
-    LaunchConfig { grid: blocks as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
+/// most [`CHUNK_MAX_BLOCKS`] and [`CHUNK_BLOCKS_PER_SM`] per multiprocessor of the device
+/// (each then takes several), so every block is resident and polling at once.
+pub fn chunks_launch_config(bytes: usize, multiprocessors: u32) -> LaunchConfig {
+    let cap = CHUNK_MAX_BLOCKS.min((multiprocessors.max(1) * CHUNK_BLOCKS_PER_SM) as usize);
+    let blocks = bytes.div_ceil(CHUNK_BYTES).clamp(1, cap);
+    LaunchConfig { grid: blocks as u32, block: CHUNK_BLOCK_THREADS, shared_bytes: 0 }
 }
 
 /// The exchange kernels' parameters `(T* buf, u64 n, u64* out_lines, const u64* in_lines,
@@ -354,11 +356,13 @@ mod tests {
 
     #[test]
     fn chunks_shape_is_a_block_per_chunk_up_to_the_cap() {
-        assert_eq!(chunks_launch_config(1).grid, 1);
-        assert_eq!(chunks_launch_config(CHUNK_BYTES).grid, 1);
-        assert_eq!(chunks_launch_config(CHUNK_BYTES + 1).grid, 2);
-        assert_eq!(chunks_launch_config(1 << 30).grid as usize, CHUNK_MAX_BLOCKS);
-        assert_eq!(chunks_launch_config(1).block, REDUCE_BLOCK_THREADS);
+        assert_eq!(chunks_launch_config(1, 132).grid, 1);
+        assert_eq!(chunks_launch_config(CHUNK_BYTES, 132).grid, 1);
+        assert_eq!(chunks_launch_config(CHUNK_BYTES + 1, 132).grid, 2);
+        assert_eq!(chunks_launch_config(1 << 30, 132).grid as usize, CHUNK_MAX_BLOCKS);
+        assert_eq!(chunks_launch_config(1 << 30, 28).grid, 28 * CHUNK_BLOCKS_PER_SM);
+        assert_eq!(chunks_launch_config(1 << 30, 0).grid, CHUNK_BLOCKS_PER_SM);
+        assert_eq!(chunks_launch_config(1, 132).block, CHUNK_BLOCK_THREADS);
     }
 
     #[test]

@@ -11,7 +11,7 @@ the peer run on the GPU, and a peer that never arrives makes them give up after
 
 This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
-backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (256 KiB by
+backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (4 MiB by
 default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
 data and sequence number up to 2 KiB, flagged 4 KiB chunks above); everything else goes
 through a pipeline of DMA copies via slots of the segment, handed over chunk by chunk by
@@ -111,7 +111,7 @@ class Communicator:
     64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning.
     """
 
-    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 256 << 10,
+    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 4 << 20,
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
                  slots: Optional[int] = None):
         if not isinstance(unique_id, str):
