@@ -1,7 +1,8 @@
-//! GPU: the two-rank line exchange (one kernel per rank, data and sequence numbers in
-//! mapped host memory) behind small all-reduces between two GPUs: every op and dtype at odd
-//! lengths, back-to-back calls, a peer that never comes; and on one GPU, that ranks sharing
-//! a device never take it (their two kernels might not run at once).
+//! GPU: the two-rank one-kernel exchanges behind small and middling all-reduces between two
+//! GPUs, the line exchange (data and sequence numbers in mapped host memory) and the chunk
+//! exchange (flagged 4 KiB chunks): every op and dtype at odd lengths, back-to-back calls,
+//! a peer that never comes; and on one GPU, that ranks sharing a device never take them
+//! (their two kernels might not run at once).
 
 // No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
 #![forbid(unsafe_code)]
@@ -10,10 +11,12 @@
 
 use std::time::Duration;
 
-use geforce_p2p::pinned::{Error as PinnedError, LineExchange};
-use geforce_p2p::{DeviceBuffer, ReduceOp, Stream};
+use geforce_p2p::pinned::{ChunkExchange, Error as PinnedError, LineExchange};
+use geforce_p2p::{Device, DeviceBuffer, DeviceViewMut, Element, ReduceOp, Stream};
 use gp2p_collectives::reference::expected;
-use gp2p_collectives::{Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Receive, all_reduce};
+use gp2p_collectives::{
+    CHUNK_EXCHANGE_MAX_BYTES, Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Receive, all_reduce,
+};
 use gp2p_tests::{Reference, count_mismatched, device, every_dtype, needs, random};
 
 /// One all_reduce of two ranks through the engine: on two devices, or (`shared`) two logical
@@ -110,54 +113,160 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
     }
 }
 
+/// The one-kernel exchanges, for tests that run alike on both.
+trait Exchange: Sized + std::fmt::Debug {
+    const TEST: &'static str;
+    fn make(devices: [&Device; 2], timeout: Duration) -> Result<Self, PinnedError>;
+    fn start_together(&mut self, together: bool);
+    fn call<T: Element>(
+        &mut self,
+        bufs: [&mut DeviceViewMut<'_, T>; 2],
+        streams: [&Stream; 2],
+    ) -> Result<(), PinnedError>;
+}
+
+impl Exchange for LineExchange {
+    const TEST: &'static str = "gpu_lines::two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so";
+    fn make(devices: [&Device; 2], timeout: Duration) -> Result<Self, PinnedError> {
+        LineExchange::new(devices, 4096, timeout)
+    }
+    fn start_together(&mut self, together: bool) {
+        self.set_start_together(together);
+    }
+    fn call<T: Element>(
+        &mut self,
+        bufs: [&mut DeviceViewMut<'_, T>; 2],
+        streams: [&Stream; 2],
+    ) -> Result<(), PinnedError> {
+        self.all_reduce(bufs, streams, ReduceOp::Sum, 1)
+    }
+}
+
+impl Exchange for ChunkExchange {
+    const TEST: &'static str =
+        "gpu_lines::two_gpu_a_chunk_exchange_peer_that_never_comes_times_out_and_the_next_call_says_so";
+    fn make(devices: [&Device; 2], timeout: Duration) -> Result<Self, PinnedError> {
+        ChunkExchange::new(devices, 64 << 10, timeout)
+    }
+    fn start_together(&mut self, together: bool) {
+        self.set_start_together(together);
+    }
+    fn call<T: Element>(
+        &mut self,
+        bufs: [&mut DeviceViewMut<'_, T>; 2],
+        streams: [&Stream; 2],
+    ) -> Result<(), PinnedError> {
+        self.all_reduce(bufs, streams, ReduceOp::Sum, 1)
+    }
+}
+
+/// Rank 1's stream held past the timeout: rank 0's kernel gives up, the next call says so
+/// (once), rank 1's side is complete, and the exchange works again afterwards.
+fn a_peer_that_never_comes<E: Exchange>(devices: [Device; 2], len: usize) {
+    let builds: Vec<_> = devices.iter().map(|d| (d.ordinal(), d.ptx_target())).collect();
+    if let Some(why) = gp2p_tests::lacks_compute_80(&builds) {
+        // The Turing build (GP2P_PTX_TARGET=compute_75) refuses the one-kernel exchanges, and
+        // says so; the rest of the test is not run there.
+        let err = E::make([&devices[0], &devices[1]], Duration::from_millis(50)).unwrap_err();
+        assert!(err.to_string().contains("not offered"), "{err}");
+        println!("{}", gp2p_tests::not_run_line(E::TEST, &why));
+        return;
+    }
+    let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
+    let mut exchange = E::make([&devices[0], &devices[1]], Duration::from_millis(50)).unwrap();
+    exchange.start_together(false);
+    let (x, y) = (random::<u32>(len, 1), random::<u32>(len, 2));
+    let mut a = DeviceBuffer::from_host(&streams[0], &x).unwrap();
+    let mut b = DeviceBuffer::from_host(&streams[1], &y).unwrap();
+    // Rank 1's stream is held well past the timeout: rank 0's kernel gives up.
+    let gate = gp2p_tests::hold(&streams[1]);
+    exchange.call([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]]).unwrap();
+    streams[0].synchronize().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    gate.open();
+    streams[1].synchronize().unwrap();
+    let err = exchange.call([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]]).unwrap_err();
+    assert_eq!(err, PinnedError::PeerTimeout { rank: 0, peer: 1, timeout: Duration::from_millis(50) });
+    assert!(err.to_string().contains("rank 0 waited") && err.to_string().contains("rank 1"), "{err}");
+    // Rank 1 still found rank 0's published data: its side is complete.
+    let sum: Vec<u32> = y.iter().zip(&x).map(|(p, q)| p.wrapping_add(*q)).collect();
+    assert!(b.to_host_vec(&streams[1]).unwrap() == sum, "rank 1 folded rank 0's data");
+    // The failure is reported once; the exchange works again afterwards.
+    a.upload(&streams[0], &x).unwrap();
+    b.upload(&streams[1], &y).unwrap();
+    exchange.start_together(true);
+    exchange.call([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]]).unwrap();
+    let sum: Vec<u32> = x.iter().zip(&y).map(|(p, q)| p.wrapping_add(*q)).collect();
+    assert!(a.to_host_vec(&streams[0]).unwrap() == sum);
+    assert!(b.to_host_vec(&streams[1]).unwrap() == sum);
+}
+
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
     let _serial = gp2p_tests::serial();
     let devices = needs!(gpus: 2);
-    let builds: Vec<_> = devices.iter().map(|d| (d.ordinal(), d.ptx_target())).collect();
-    if let Some(why) = gp2p_tests::lacks_compute_80(&builds) {
-        // The Turing build (GP2P_PTX_TARGET=compute_75) refuses the line exchange, and says so;
-        // the rest of the test is not run there.
-        let err = LineExchange::new([&devices[0], &devices[1]], 4096, Duration::from_millis(50)).unwrap_err();
-        assert!(err.to_string().contains("not offered"), "{err}");
-        let test = "gpu_lines::two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so";
-        println!("{}", gp2p_tests::not_run_line(test, &why));
-        return;
+    a_peer_that_never_comes::<LineExchange>(devices, 100);
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_a_chunk_exchange_peer_that_never_comes_times_out_and_the_next_call_says_so() {
+    let _serial = gp2p_tests::serial();
+    let devices = needs!(gpus: 2);
+    // Several chunks, the last one partial.
+    a_peer_that_never_comes::<ChunkExchange>(devices, 10_001);
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_all_reduces_up_to_the_limit_take_the_chunk_exchange_for_every_op_and_dtype() {
+    let _serial = gp2p_tests::serial();
+    needs!(gpus: 2, concurrent_kernels, compute_80);
+    // Explicitly on: GP2P_CHUNK_EXCHANGE_MAX_BYTES may turn the default off.
+    let engine = Engine::new().with_chunk_exchange_max(CHUNK_EXCHANGE_MAX_BYTES);
+    let mut seed = 5000;
+    // One chunk, a partial 16-byte group, several chunks with a partial last one, and more
+    // chunks than blocks (each block then takes several).
+    for len in [1, 7, 4099, 300_007] {
+        for op in ReduceOp::ALL {
+            seed += 1;
+            every_dtype!(case(&engine, len, op, false, seed));
+        }
     }
-    let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
-    let mut exchange = LineExchange::new([&devices[0], &devices[1]], 4096, Duration::from_millis(50)).unwrap();
-    exchange.set_start_together(false);
-    let (x, y) = (random::<u32>(100, 1), random::<u32>(100, 2));
-    let mut a = DeviceBuffer::from_host(&streams[0], &x).unwrap();
-    let mut b = DeviceBuffer::from_host(&streams[1], &y).unwrap();
-    // Rank 1's stream is held well past the timeout: rank 0's kernel gives up.
-    let gate = gp2p_tests::hold(&streams[1]);
-    exchange
-        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
-        .unwrap();
-    streams[0].synchronize().unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    gate.open();
-    streams[1].synchronize().unwrap();
-    let err = exchange
-        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
-        .unwrap_err();
-    assert_eq!(err, PinnedError::PeerTimeout { rank: 0, peer: 1, timeout: Duration::from_millis(50) });
-    assert!(err.to_string().contains("rank 0 waited") && err.to_string().contains("rank 1"), "{err}");
-    // Rank 1 still found rank 0's published data: its side is complete.
-    let sum: Vec<u32> = y.iter().zip(&x).map(|(p, q)| p.wrapping_add(*q)).collect();
-    assert!(b.to_host_vec(&streams[1]).unwrap() == sum, "rank 1 folded rank 0's lines");
-    // The failure is reported once; the exchange works again afterwards.
-    a.upload(&streams[0], &x).unwrap();
-    b.upload(&streams[1], &y).unwrap();
-    exchange.set_start_together(true);
-    exchange
-        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
-        .unwrap();
-    let sum: Vec<u32> = x.iter().zip(&y).map(|(p, q)| p.wrapping_add(*q)).collect();
-    assert!(a.to_host_vec(&streams[0]).unwrap() == sum);
-    assert!(b.to_host_vec(&streams[1]).unwrap() == sum);
+    // Exactly the limit.
+    case::<u8>(&engine, CHUNK_EXCHANGE_MAX_BYTES, ReduceOp::Sum, false, 97);
+    case::<f32>(&engine, CHUNK_EXCHANGE_MAX_BYTES / 4, ReduceOp::Avg, false, 96);
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_back_to_back_chunk_exchanges_on_two_stream_pairs_without_host_sync() {
+    let _serial = gp2p_tests::serial();
+    let devices = needs!(gpus: 2, concurrent_kernels, compute_80);
+    // Two pairs of streams taken in turn: each call is ordered after the one before, on
+    // whichever streams that ran, and both kernels count calls on their device.
+    let pairs: Vec<[Stream; 2]> =
+        (0..2).map(|_| [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()]).collect();
+    let mut exchange = ChunkExchange::new([&devices[0], &devices[1]], 1 << 20, Duration::from_secs(5)).unwrap();
+    let calls = 300u64;
+    let len_of = |c: u64| if c.is_multiple_of(2) { 333 } else { 200_001 };
+    let inputs: Vec<[Vec<u32>; 2]> = (0..calls).map(|c| [0, 1].map(|r| random(len_of(c), 7000 + 2 * c + r))).collect();
+    let mut bufs: Vec<[DeviceBuffer<u32>; 2]> =
+        inputs.iter().map(|pair| [0, 1].map(|r| DeviceBuffer::from_host(&pairs[0][r], &pair[r]).unwrap())).collect();
+    for (c, pair) in bufs.iter_mut().enumerate() {
+        let streams = &pairs[c % 2];
+        let [b0, b1] = pair;
+        exchange
+            .all_reduce([&mut b0.view_mut(..), &mut b1.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+            .unwrap();
+    }
+    for (c, (pair, input)) in bufs.iter().zip(&inputs).enumerate() {
+        let want: Vec<u32> = input[0].iter().zip(&input[1]).map(|(a, b)| a.wrapping_add(*b)).collect();
+        for r in 0..2 {
+            assert!(pair[r].to_host_vec(&pairs[c % 2][r]).unwrap() == want, "call {c} rank {r}");
+        }
+    }
 }
 
 #[test]

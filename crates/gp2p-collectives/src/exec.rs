@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamFork, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
-use gp2p_pinned::{DEFAULT_PEER_TIMEOUT, Fold, LineExchange, RingCache, StagingRing};
+use gp2p_pinned::{ChunkExchange, DEFAULT_PEER_TIMEOUT, Fold, LineExchange, RingCache, StagingRing};
 use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES, pipelined_chunk_bytes};
 use parking_lot::Mutex;
 
@@ -29,6 +29,41 @@ use crate::{Error, Receive, Result, spans_devices};
 /// take it: the two kernels must run at once, and two streams of one device may share a
 /// hardware queue, which runs them one after the other.
 pub const LINE_EXCHANGE_MAX_BYTES: usize = 0;
+
+/// Two-rank all-reduces of up to this many bytes, between two devices, go through the chunk
+/// exchange ([`ChunkExchange`]: one kernel per rank, flagged 4 KiB chunks of mapped host
+/// memory) by default, unless the environment variable `GP2P_CHUNK_EXCHANGE_MAX_BYTES` gives
+/// another limit (0 turns it off: under compute-sanitizer, which runs one kernel at a time,
+/// each call would wait out the peer timeout) or [`Engine::with_chunk_exchange_max`] does.
+/// Between two processes on two H200s, the same kernel took 7.6-12.7 us a call up to 64 KiB,
+/// 49.6 at 1 MiB and 158.6 at 4 MiB, where NCCL's shared-memory path took 22.8-35.3, 63.4 and
+/// 170.6 (benches/results/x2/all-reduce-mp-53a30ec-x2.json); at 16 MiB the DMA pipeline wins.
+pub const CHUNK_EXCHANGE_MAX_BYTES: usize = 4 << 20;
+
+/// The environment variable that overrides [`CHUNK_EXCHANGE_MAX_BYTES`] (a byte count).
+pub const CHUNK_EXCHANGE_MAX_VAR: &str = "GP2P_CHUNK_EXCHANGE_MAX_BYTES";
+
+/// [`CHUNK_EXCHANGE_MAX_BYTES`], or the byte count in [`CHUNK_EXCHANGE_MAX_VAR`] (read once).
+/// A value that is not a byte count is ignored, with a note on stderr.
+fn default_chunk_exchange_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| parse_chunk_exchange_max(std::env::var(CHUNK_EXCHANGE_MAX_VAR).ok().as_deref()))
+}
+
+/// The limit a value of [`CHUNK_EXCHANGE_MAX_VAR`] sets (unset: the default).
+fn parse_chunk_exchange_max(value: Option<&str>) -> usize {
+    match value.map(|v| v.trim().parse::<usize>()) {
+        None => CHUNK_EXCHANGE_MAX_BYTES,
+        Some(Ok(bytes)) => bytes,
+        Some(Err(_)) => {
+            eprintln!(
+                "geforce-p2p: ignoring {CHUNK_EXCHANGE_MAX_VAR}={:?}: not a byte count (0 turns the chunk exchange off)",
+                value.unwrap_or_default()
+            );
+            CHUNK_EXCHANGE_MAX_BYTES
+        }
+    }
+}
 
 /// The largest buffer the line exchange was measured to win at (see
 /// [`LINE_EXCHANGE_MAX_BYTES`]), for callers that opt in.
@@ -78,6 +113,8 @@ struct Group {
     buffers: Vec<BufferCache>,
     /// Two ranks only: the lines of small all-reduces, made on first use.
     lines: Option<LineExchange>,
+    /// Two ranks only: the chunks of small and middling all-reduces, made on first use.
+    chunks: Option<ChunkExchange>,
 }
 
 /// The collective engine: per group of devices, internal streams, staging rings, scratch
@@ -91,6 +128,7 @@ pub struct Engine {
     chunk_bytes: Option<usize>,
     slots: Option<usize>,
     line_max: Option<usize>,
+    chunk_max: Option<usize>,
 }
 
 impl Engine {
@@ -126,6 +164,20 @@ impl Engine {
     /// The largest two-rank all-reduce, in bytes, that takes the line exchange.
     pub fn line_exchange_max(&self) -> usize {
         self.line_max.unwrap_or(LINE_EXCHANGE_MAX_BYTES)
+    }
+
+    /// This engine with two-rank all-reduces of up to `bytes` between two devices going
+    /// through the one-kernel chunk exchange (0 turns it off; the default is
+    /// [`CHUNK_EXCHANGE_MAX_BYTES`]). Buffers small enough for the line exchange, where that
+    /// is on, take it instead.
+    pub fn with_chunk_exchange_max(mut self, bytes: usize) -> Self {
+        self.chunk_max = Some(bytes);
+        self
+    }
+
+    /// The largest two-rank all-reduce, in bytes, that takes the chunk exchange.
+    pub fn chunk_exchange_max(&self) -> usize {
+        self.chunk_max.unwrap_or_else(default_chunk_exchange_max)
     }
 
     /// How a collective of `bytes` over `devices` is staged: the chunk (the override if one
@@ -236,6 +288,26 @@ impl Engine {
         Ok(exchange.all_reduce([&mut a.buffer, &mut b.buffer], [a.stream, b.stream], op, divide_by)?)
     }
 
+    /// A two-rank all-reduce through the chunk exchange: one kernel per rank, on the ranks'
+    /// own streams (the caller checked the two devices differ).
+    pub(crate) fn exchange_chunks<T: Element>(
+        &self,
+        ranks: &mut [Rank<'_, T>],
+        devices: &[Device],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let group = self.group(devices)?;
+        let mut group = group.lock();
+        let max = self.chunk_exchange_max();
+        let exchange = match &mut group.chunks {
+            Some(c) if c.max_bytes() >= max => c,
+            slot => slot.insert(ChunkExchange::new([&devices[0], &devices[1]], max, DEFAULT_PEER_TIMEOUT)?),
+        };
+        let [a, b] = ranks else { unreachable!("the caller checked for two ranks") };
+        let divide_by = step_divisor(op, true, 2);
+        Ok(exchange.all_reduce([&mut a.buffer, &mut b.buffer], [a.stream, b.stream], op, divide_by)?)
+    }
+
     /// A typed work buffer of at least `len` elements for rank `r` of the group of
     /// `devices`, kept between calls, made safe to overwrite on `stream`: the stream waits
     /// (on the GPU) for every use recorded on it by earlier calls, on whatever streams they
@@ -272,6 +344,7 @@ impl Engine {
             rings: devices.iter().map(|_| RingCache::new()).collect(),
             buffers: devices.iter().map(|_| HashMap::new()).collect(),
             lines: None,
+            chunks: None,
         };
         let group = Arc::new(Mutex::new(group));
         groups.insert(key, group.clone());
@@ -422,7 +495,10 @@ fn take_buffer<T: Element>(
 mod tests {
     use proptest::prelude::*;
 
-    use super::{CACHED_SLOTS, Chunking, Engine, MULTI_DEVICE_MAX_CHUNK_BYTES, SLOTS, Waits, plan_waits};
+    use super::{
+        CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, Chunking, Engine, MULTI_DEVICE_MAX_CHUNK_BYTES, SLOTS, Waits,
+        parse_chunk_exchange_max, plan_waits,
+    };
     use crate::schedule::Schedule;
 
     #[test]
@@ -448,6 +524,15 @@ mod tests {
         let chain = plan_waits(&Schedule::broadcast(3, 8, 8, 0));
         assert_eq!(chain[0], Waits::default());
         assert_eq!(chain[1], Waits { send_after_fold: Some(0), receive_after_send: None });
+    }
+
+    #[test]
+    fn the_chunk_exchange_limit_comes_from_the_environment_or_the_default() {
+        assert_eq!(parse_chunk_exchange_max(None), CHUNK_EXCHANGE_MAX_BYTES);
+        assert_eq!(parse_chunk_exchange_max(Some("0")), 0, "0 turns it off");
+        assert_eq!(parse_chunk_exchange_max(Some(" 65536 ")), 65536);
+        assert_eq!(parse_chunk_exchange_max(Some("4 MiB")), CHUNK_EXCHANGE_MAX_BYTES, "not a byte count");
+        assert_eq!(Engine::new().with_chunk_exchange_max(7).chunk_exchange_max(), 7);
     }
 
     #[test]

@@ -83,8 +83,8 @@ use gp2p_pinned::LineExchange;
 
 pub use error::{Error, Result};
 pub use exec::{
-    CACHED_SLOTS, Engine, LINE_EXCHANGE_MAX_BYTES, LINE_EXCHANGE_WINS_UP_TO, MULTI_DEVICE_MAX_CHUNK_BYTES,
-    MULTI_DEVICE_TARGET_CHUNKS, Rank,
+    CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, CHUNK_EXCHANGE_MAX_VAR, Engine, LINE_EXCHANGE_MAX_BYTES,
+    LINE_EXCHANGE_WINS_UP_TO, MULTI_DEVICE_MAX_CHUNK_BYTES, MULTI_DEVICE_TARGET_CHUNKS, Rank,
 };
 pub use schedule::{Collective, EXCHANGE_MAX_BYTES};
 use schedule::{schedule_for, segment};
@@ -162,13 +162,13 @@ pub fn all_reduce<T: Element>(
 ) -> Result<()> {
     let (len, devices) = check_ranks(ranks, "buffer")?;
     let bytes = len * size_of::<T>();
-    if ranks.len() == 2
-        && bytes > 0
-        && bytes <= engine.line_exchange_max()
-        && spans_devices(&devices)
-        && devices.iter().all(LineExchange::supported_on)
-    {
-        return engine.exchange_lines(ranks, &devices, op);
+    if ranks.len() == 2 && bytes > 0 && spans_devices(&devices) && devices.iter().all(LineExchange::supported_on) {
+        if bytes <= engine.line_exchange_max() {
+            return engine.exchange_lines(ranks, &devices, op);
+        }
+        if bytes <= engine.chunk_exchange_max() {
+            return engine.exchange_chunks(ranks, &devices, op);
+        }
     }
     run(engine, ranks, &devices, Collective::AllReduce, op, receive)
 }

@@ -289,7 +289,9 @@ impl Communicator {
         // wait for the device to go idle, while the peer's kernel waits for this one.
         gp2p_cuda::load_all_reduce_kernels(device)?;
         let pipeline = Pipeline::new(device, options.slots)?;
-        let seq_counter = zeroed_counter(device)?;
+        // The call count and the kernels' ticket (see gp2p_kernels::chunks_kernel_name), zero
+        // before any kernel can read them.
+        let seq_counter = DeviceBuffer::<u32>::zeroed(device, 2)?;
         let segment = Arc::new(Segment::join(id, rank, world, layout.staging_bytes(), options.join_timeout)?);
         let registered =
             register_in_turn(&segment, device, options.join_timeout).and_then(|r| Ok((r.device_ptr(device)?, r)));
@@ -822,21 +824,6 @@ impl Drop for Communicator {
             ManuallyDrop::drop(&mut self.seq_counter);
         }
     }
-}
-
-/// The small path's call count on `device`, zero before any kernel can read it.
-fn zeroed_counter(device: &Device) -> Result<DeviceBuffer<u32>> {
-    let stream = Stream::new(device)?;
-    // The call count and the kernels' ticket (see gp2p_kernels::chunks_kernel_name).
-    let mut counter = DeviceBuffer::<u32>::alloc(device, 2)?;
-    counter.fill_bytes(&stream, 0)?;
-    // Waited for once, at creation (which waits for the other ranks anyway): the calls run
-    // on other streams. A point, not Stream::synchronize, which would take an error some
-    // destructor deferred.
-    let point = stream.point()?;
-    counter.view(..).note_use(&point);
-    point.synchronize()?;
-    Ok(counter)
 }
 
 /// Register the whole segment on `device`, ranks in order: concurrent registrations of the

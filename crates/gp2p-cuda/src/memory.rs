@@ -41,6 +41,20 @@ impl<T: Element> DeviceBuffer<T> {
         Ok(DeviceBuffer { device: device.clone(), ptr, len, uses: LastUses::new(), _marker: PhantomData })
     }
 
+    /// Allocate `len` elements on `device`, every byte zero, and block until they are: for
+    /// state that kernels on other streams read from their first launch (call counters).
+    pub fn zeroed(device: &Device, len: usize) -> Result<Self> {
+        let stream = Stream::new(device)?;
+        let mut buffer = Self::alloc(device, len)?;
+        buffer.fill_bytes(&stream, 0)?;
+        // A point, not Stream::synchronize, which would take an error some destructor
+        // deferred; noted first, so the buffer is not freed under the fill if the wait fails.
+        let point = stream.point()?;
+        buffer.view(..).note_use(&point);
+        point.synchronize()?;
+        Ok(buffer)
+    }
+
     /// Allocate on the stream's device and upload `data`; blocks until the upload is done.
     pub fn from_host(stream: &Stream, data: &[T]) -> Result<Self> {
         let mut buffer = Self::alloc(stream.device(), data.len())?;

@@ -12,6 +12,7 @@
 //!   the GPU so back-to-back calls never overwrite a slot still in use.
 //! - [`LineExchange`]: a small two-rank all-reduce in one kernel per rank, through lines of
 //!   mapped memory that carry their own sequence number (no DMA engine on the critical path).
+//! - [`ChunkExchange`]: the same for buffers of up to a few MiB, in flagged 4 KiB chunks.
 //!
 //! Not here: deciding chunk sizes or routes (that is `gp2p-transport`), or collectives.
 //!
@@ -40,12 +41,15 @@
 //! ```
 
 mod buffer;
+mod chunks;
 mod error;
 mod exchange;
 mod ops;
+mod pair;
 mod ring;
 
 pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned, is_pinned_on};
+pub use chunks::ChunkExchange;
 pub use error::{Error, Result};
 pub use exchange::{DEFAULT_PEER_TIMEOUT, LineExchange};
 pub use ops::{

@@ -1,0 +1,145 @@
+//! `ChunkExchange`: a two-rank all-reduce of up to a few MiB in one kernel per rank, through
+//! flagged chunks of mapped pinned host memory (no DMA, no event between ranks).
+#![allow(unsafe_code)]
+
+use std::time::Duration;
+
+use gp2p_cuda::raw::{self, ChunkAreas};
+use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
+use gp2p_kernels::{Element, ReduceOp, chunk_area_layout};
+
+use crate::Result;
+use crate::pair::{Pair, kernel_wait_ns};
+
+/// The state of two-rank all-reduces through flagged chunks between two devices: each rank's
+/// area (two halves, for calls of odd and even numbers) and, in each device's memory, its
+/// call count.
+///
+/// One call launches one kernel per rank (`gp2p_kernels::chunks_kernel_name`). Rank r
+/// stores its buffer into its area in 4 KiB chunks and flags each with the call's number
+/// once its stores are out; it waits for the peer's flag of each chunk, reads the chunk and
+/// folds `buf = op(own, peer)` (own first on both ranks). Storing one chunk overlaps folding
+/// the one before. The kernels number their calls from their device's counter, so nothing on
+/// the host numbers a call. Alternating halves keep a call from overwriting an area the peer
+/// may still be reading: rank r writes a half again only two calls later, after its previous
+/// kernel saw all of the peer's flags of the call between, which the peer set only after its
+/// kernel of the call before had finished reading.
+///
+/// Waits are bounded as in [`crate::LineExchange`], and as there, when either stream has
+/// work queued both kernels start only once both streams reached the call. The two kernels
+/// must run at the same time: a tool that runs one kernel at a time (compute-sanitizer)
+/// makes every call wait out the timeout.
+///
+/// Lifetime: the areas and counters outlive the kernels by the lifetime rule (each call
+/// notes its points). `Send`; calls take `&mut self`.
+pub struct ChunkExchange {
+    pair: Pair,
+    /// Per rank: its area, both halves.
+    areas: [HostAllocation; 2],
+    /// Per rank: its own area and its peer's, as its device maps them.
+    mapped: [(RawDevicePtr, RawDevicePtr); 2],
+    /// Per rank, in its device's memory: the call count and the kernels' ticket.
+    counters: [DeviceBuffer<u32>; 2],
+    half_bytes: usize,
+    flags_offset: usize,
+    max_bytes: usize,
+}
+
+impl ChunkExchange {
+    /// Areas for buffers of up to `max_bytes` between `devices[0]` (rank 0) and `devices[1]`.
+    /// The two devices must differ, as for [`crate::LineExchange::new`].
+    pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
+        let pair = Pair::new(devices, timeout, "chunk exchange")?;
+        let (flags_offset, area_bytes) = chunk_area_layout(max_bytes.max(1));
+        // Halves on their own pages: the kernels need 64-byte alignment.
+        let half_bytes = area_bytes.next_multiple_of(4096);
+        let areas =
+            [HostAllocation::new(devices[0], 2 * half_bytes)?, HostAllocation::new(devices[1], 2 * half_bytes)?];
+        let mut mapped = [(0, 0); 2];
+        for (r, device) in devices.into_iter().enumerate() {
+            mapped[r] = (areas[r].device_ptr(device)?, areas[1 - r].device_ptr(device)?);
+        }
+        let counters = [DeviceBuffer::zeroed(devices[0], 2)?, DeviceBuffer::zeroed(devices[1], 2)?];
+        Ok(ChunkExchange { pair, areas, mapped, counters, half_bytes, flags_offset, max_bytes })
+    }
+
+    /// Whether a call whose streams have work queued starts both kernels only once both
+    /// streams reached it (the default); see [`crate::LineExchange::set_start_together`].
+    pub fn set_start_together(&mut self, together: bool) {
+        self.pair.start_together = together;
+    }
+
+    /// The largest buffer, in bytes, a call may exchange.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// The devices of rank 0 and rank 1.
+    pub fn devices(&self) -> [&Device; 2] {
+        [&self.pair.devices[0], &self.pair.devices[1]]
+    }
+
+    /// In place on both ranks: `buf = op(own, peer)` (for avg, `divide_by` divides the sum:
+    /// pass 2). Rank r's kernel runs on `streams[r]`, after the work queued there, and later
+    /// work there sees the result. The two streams must differ (each kernel waits for the
+    /// other), and each must be on its rank's device.
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        bufs: [&mut DeviceViewMut<'_, T>; 2],
+        streams: [&Stream; 2],
+        op: ReduceOp,
+        divide_by: u32,
+    ) -> Result<()> {
+        let len = self.pair.check(&bufs, streams, self.max_bytes)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.pair.order(streams)?;
+        let timeout_ns = kernel_wait_ns(self.pair.timeout);
+        let (areas, counters, mapped, failed) = (&self.areas, &self.counters, self.mapped, self.pair.failed_mapped);
+        let (half_stride, flags_offset) = (self.half_bytes as u64, self.flags_offset as u64);
+        let raw_bufs = [bufs[0].raw_ptr(), bufs[1].raw_ptr()];
+        let launch = |r: usize| {
+            let (own, peer) = mapped[r];
+            let chunk_areas = ChunkAreas {
+                out_area: own,
+                in_area: peer,
+                half_stride,
+                flags_offset,
+                counter: counters[r].raw_ptr(),
+                failed: failed[r],
+                broken: 0,
+            };
+            // SAFETY: the buffer is `len` elements on the stream's device, at most
+            // `max_bytes` (checked above); each half of each area is
+            // chunk_area_layout(max_bytes).1 bytes or more of page-aligned, mapped pinned
+            // memory laid out with that flags_offset, which only rank r's kernels write
+            // (`own`); the counter is rank r's own, in its device's memory, touched only by
+            // this exchange's kernels on rank r, in the order `order` keeps; `failed` is rank
+            // r's own u32; all of them outlive the kernels by the points `launch_both` notes
+            // right after each launch. Both kernels are enqueued by `launch_both`.
+            unsafe {
+                raw::exchange_chunks(streams[r], raw_bufs[r], len, T::DTYPE, op, chunk_areas, divide_by, timeout_ns)
+            }
+            .map_err(Into::into)
+        };
+        let note = |r: usize, point: &StreamPoint| {
+            areas[0].uses().note(point);
+            areas[1].uses().note(point);
+            counters[r].view(..).note_use(point);
+        };
+        self.pair.launch_both(streams, bufs, launch, note)
+    }
+}
+
+impl std::fmt::Debug for ChunkExchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ChunkExchange(devices {} and {}, up to {} bytes)",
+            self.pair.devices[0].ordinal(),
+            self.pair.devices[1].ordinal(),
+            self.max_bytes
+        )
+    }
+}

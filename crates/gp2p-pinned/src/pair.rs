@@ -1,0 +1,197 @@
+//! What the one-kernel two-rank exchanges ([`crate::LineExchange`], [`crate::ChunkExchange`])
+//! share: the two devices, each rank's give-up flag, the checks of a call's arguments, and the
+//! ordering of a call after the one before and, when either stream has work queued, of the
+//! two kernels' starts.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
+use gp2p_kernels::Element;
+
+use crate::{Error, Result};
+
+/// The longest wait a kernel is given, in ns (2^62, about 146 years): longer timeouts are
+/// cut to it, so the deadline (the GPU's nanosecond global timer plus the wait) fits in 64
+/// bits as long as the timer reads below 3 * 2^62.
+const MAX_TIMEOUT_NS: u64 = 1 << 62;
+
+/// The kernels' wait for `timeout`, in ns, capped at [`MAX_TIMEOUT_NS`].
+pub(crate) fn kernel_wait_ns(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX).min(MAX_TIMEOUT_NS)
+}
+
+/// Two ranks on two devices whose kernels wait for each other.
+pub(crate) struct Pair {
+    pub(crate) devices: [Device; 2],
+    /// Two `u32` flags, one per rank, set by a kernel that gave up.
+    pub(crate) failed: HostAllocation,
+    pub(crate) failed_mapped: [RawDevicePtr; 2],
+    pub(crate) timeout: Duration,
+    /// Per rank: the end of its last kernel, for a call on another stream to wait for.
+    last: [Option<StreamPoint>; 2],
+    pub(crate) start_together: bool,
+}
+
+impl Pair {
+    /// The pair of `devices` for an exchange called `what` (in messages): two different
+    /// devices that run a build of the kernels offering it, with host mapping, their kernels
+    /// loaded (none may load lazily between the two ranks' launches).
+    pub(crate) fn new(devices: [&Device; 2], timeout: Duration, what: &str) -> Result<Pair> {
+        if devices[0] == devices[1] {
+            return Err(Error::InvalidArgument {
+                name: "devices",
+                reason: format!(
+                    "both ranks on device {}: a {what} needs two devices (its two kernels must run at once)",
+                    devices[0].ordinal()
+                ),
+            });
+        }
+        if let Some(device) = devices.iter().find(|d| !d.ptx_target().runs_line_exchange()) {
+            return Err(Error::InvalidArgument {
+                name: "devices",
+                reason: format!(
+                    "device {} runs the {} build of the kernels, on which the {what} is not offered; \
+                     use the DMA exchange (the collectives' default)",
+                    device.ordinal(),
+                    device.ptx_target().name()
+                ),
+            });
+        }
+        for device in devices {
+            device.require_host_mapping()?;
+            gp2p_cuda::load_all_reduce_kernels(device)?;
+        }
+        let failed = HostAllocation::new(devices[0], 2 * size_of::<u32>())?;
+        let mut failed_mapped = [0; 2];
+        for (r, mapped) in failed_mapped.iter_mut().enumerate() {
+            *mapped = failed.device_ptr(devices[r])? + (r * size_of::<u32>()) as u64;
+        }
+        Ok(Pair {
+            devices: [devices[0].clone(), devices[1].clone()],
+            failed,
+            failed_mapped,
+            timeout,
+            last: [None, None],
+            start_together: true,
+        })
+    }
+
+    /// Check a call's arguments (after reporting a kernel of an earlier call that gave up):
+    /// each rank's buffer and stream on its device, equal lengths, two streams, at most
+    /// `max_bytes`. Returns the length.
+    pub(crate) fn check<T: Element>(
+        &self,
+        bufs: &[&mut DeviceViewMut<'_, T>; 2],
+        streams: [&Stream; 2],
+        max_bytes: usize,
+    ) -> Result<usize> {
+        self.take_failure()?;
+        let len = bufs[0].len();
+        const BUFFER: [&str; 2] = ["rank 0's buffer", "rank 1's buffer"];
+        const STREAM: [&str; 2] = ["rank 0's stream", "rank 1's stream"];
+        const RANK: [&str; 2] = ["rank 0 of the exchange", "rank 1 of the exchange"];
+        for r in 0..2 {
+            let (buf, stream, device) = (&bufs[r], streams[r], &self.devices[r]);
+            for (what, got) in [(BUFFER[r], buf.device()), (STREAM[r], stream.device())] {
+                if got != device {
+                    return Err(Error::WrongDevice {
+                        what,
+                        got: got.ordinal(),
+                        of: RANK[r],
+                        expected: device.ordinal(),
+                    });
+                }
+            }
+            if buf.len() != len {
+                return Err(Error::LengthMismatch { what: BUFFER[r], got: buf.len(), of: BUFFER[0], expected: len });
+            }
+        }
+        if streams[0].is_same_as(streams[1]) {
+            return Err(Error::InvalidArgument {
+                name: "streams",
+                reason: "both ranks on one stream: each rank's kernel waits for the other's, so they need two streams"
+                    .into(),
+            });
+        }
+        let bytes = len * size_of::<T>();
+        if bytes > max_bytes {
+            return Err(Error::ChunkTooLarge { bytes, slot_bytes: max_bytes });
+        }
+        Ok(len)
+    }
+
+    /// Order a call's kernels after the pair's previous call (which may have run on other
+    /// streams) and, if either stream has work queued, start both only once both streams
+    /// reached the call: a kernel may wait for its peer at most the timeout.
+    pub(crate) fn order(&self, streams: [&Stream; 2]) -> Result<()> {
+        for (stream, last) in streams.iter().zip(&self.last) {
+            if let Some(last) = last {
+                stream.wait_point(last)?;
+            }
+        }
+        if self.start_together && !(streams[0].is_idle()? && streams[1].is_idle()?) {
+            let reached = [streams[0].point()?, streams[1].point()?];
+            streams[0].wait_point(&reached[1])?;
+            streams[1].wait_point(&reached[0])?;
+        }
+        Ok(())
+    }
+
+    /// Enqueue rank 0's kernel, then rank 1's (`launch(r)` on `streams[r]`), and note where
+    /// each ends on its buffer, on the give-up flags and (`note(r, point)`) on whatever else
+    /// it touches.
+    ///
+    /// The events of both ends are taken first: between the two launches nothing may wait
+    /// for a device (creating an event can, on some drivers, wait for the device to go idle,
+    /// which rank 0's kernel does only once rank 1's runs or its timeout passes). Nor may the
+    /// reclaimer free memory between them (see `gp2p_cuda::pause_releases`). Should the
+    /// second launch fail, the first kernel gives up at its timeout, its uses already noted.
+    pub(crate) fn launch_both<T: Element>(
+        &mut self,
+        streams: [&Stream; 2],
+        bufs: [&mut DeviceViewMut<'_, T>; 2],
+        mut launch: impl FnMut(usize) -> Result<()>,
+        note: impl Fn(usize, &StreamPoint),
+    ) -> Result<()> {
+        let reserved = [streams[0].reserve_point()?, streams[1].reserve_point()?];
+        let _paused = gp2p_cuda::pause_releases();
+        for (r, reserved) in reserved.into_iter().enumerate() {
+            launch(r)?;
+            let point = streams[r].point_from(reserved)?;
+            bufs[r].note_use(&point);
+            note(r, &point);
+            self.failed.uses().note(&point);
+            self.last[r] = Some(point);
+        }
+        Ok(())
+    }
+
+    /// Report (once) a kernel of an earlier call that gave up waiting for its peer.
+    fn take_failure(&self) -> Result<()> {
+        let flags = self.failed.host_ptr().cast::<AtomicU32>();
+        for rank in 0..2 {
+            // SAFETY: `failed` holds two aligned u32 of pinned memory that kernels write
+            // with plain stores; atomics on the host side read them without tearing.
+            let flag = unsafe { &*flags.add(rank) };
+            if flag.swap(0, Ordering::AcqRel) != 0 {
+                return Err(Error::PeerTimeout { rank, peer: 1 - rank, timeout: self.timeout });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_waits_are_exact_up_to_the_cap_and_capped_beyond() {
+        assert_eq!(kernel_wait_ns(Duration::from_secs(5)), 5_000_000_000);
+        assert_eq!(kernel_wait_ns(Duration::from_nanos(1)), 1);
+        assert_eq!(kernel_wait_ns(Duration::MAX), MAX_TIMEOUT_NS, "Duration::MAX would wrap the deadline");
+        assert_eq!(kernel_wait_ns(Duration::from_secs(400 * 365 * 24 * 3600)), MAX_TIMEOUT_NS);
+    }
+}
