@@ -393,12 +393,14 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 // cut into CHUNK_BYTES chunks, dealt to the blocks grid-stride, and each block splits into
 // two teams of threads. The storing team stores each of the block's chunks into this rank's
 // data area as it is, each thread fences its own stores to the system, and once the team has
-// passed its barrier its thread 0 writes the call's sequence number into the chunk's flag and
-// counts the chunk as stored. The folding team follows chunk by chunk: its thread 0 waits
-// until the chunk is stored (the fold overwrites it in place) and polls the peer's flag, and
-// once it reads the number the team reads the peer's chunk and folds buf = op(own, peer) (own
-// first on both ranks, as the line exchange folds). Storing one chunk overlaps reading the
-// one before, so both directions of the bus carry data at once.
+// passed its barrier its thread 0 writes the call's sequence number into the chunk's flag.
+// The folding team follows chunk by chunk: its thread 1 waits for that flag (the fold
+// overwrites the chunk in place, so the storing team must have read it; a flag in host
+// memory rather than a shared-memory counter, so compute-sanitizer's racecheck, which knows
+// only barriers, sees no race), its thread 0 polls the peer's flag, and once both read the
+// number the team reads the peer's chunk and folds buf = op(own, peer) (own first on both
+// ranks, as the line exchange folds). Storing one chunk overlaps reading the one before, so
+// both directions of the bus carry data at once.
 //
 // Two H200s, one kernel per rank per call, f32 (benches/probes/small_exchange.py, `flagws`
 // against `flagacq`, which is one team doing both in turn; 4 KiB chunks, 264 blocks of 512
@@ -420,9 +422,10 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 // peer is still reading. Only the shared `broken` word reports that, at the peer's next call,
 // and the communicator refuses every call once it is set.)
 //
-// A wait gives up `timeout_ns` after it began, or once `broken` is set (read every
-// GIVE_UP_CHECK_POLLS polls), as in the line exchange; the block then stops folding, and
-// the ticket is still taken so the count stays right.
+// A wait gives up `timeout_ns` after the peer's first flag of the call was seen, or
+// `queue_timeout_ns` after it began (a peer still behind queued work), or once `broken` is
+// set (read every GIVE_UP_CHECK_POLLS polls); the block then stops folding, and the ticket
+// is still taken so the count stays right.
 
 #define CHUNK_BYTES 4096
 #define CHUNK_FLAG_STRIDE 64
@@ -446,16 +449,25 @@ __device__ __forceinline__ u32 load_acquire_sys(const u32* at) {
     return v;
 }
 
-// Thread 0's bounded wait for the peer's flag of a chunk: whether it arrived.
-__device__ __forceinline__ bool await_flag(const u32* flag, u32 seq, u64 timeout_ns, u32* failed, u32* broken) {
+// Thread 0's bounded wait for the peer's flag of a chunk: whether it arrived. Two bounds: the
+// wait gives up `timeout_ns` after the peer was first seen in this call (its first chunk's
+// flag, `first_flag`, looked at every GIVE_UP_CHECK_POLLS polls), or `queue_timeout_ns` after
+// the wait began whether or not it was: a peer still behind queued work is given the longer
+// bound, a peer that began the call and stopped the shorter one.
+__device__ __forceinline__ bool await_flag(const u32* flag, const u32* first_flag, u32 seq, u64 timeout_ns,
+                                           u64 queue_timeout_ns, u32* failed, u32* broken) {
     u64 deadline = 0;
+    u64 queue_deadline = 0;
     u32 polls = 0;
     while (load_acquire_sys(flag) != seq) {
-        if (broken != 0 && ++polls % GIVE_UP_CHECK_POLLS == 0 && *(volatile u32*)broken != 0) return false;
         const u64 now = global_ns();
-        if (deadline == 0) {
-            deadline = now + timeout_ns;
-        } else if (now > deadline) {
+        if (++polls % GIVE_UP_CHECK_POLLS == 0) {
+            if (broken != 0 && *(volatile u32*)broken != 0) return false;
+            if (deadline == 0 && *(const volatile u32*)first_flag == seq) deadline = now + timeout_ns;
+        }
+        if (queue_deadline == 0) {
+            queue_deadline = now + queue_timeout_ns;
+        } else if (now > queue_deadline || (deadline != 0 && now > deadline)) {
             *(volatile u32*)failed = 1;
             if (broken != 0) *(volatile u32*)broken = 1;
             return false;
@@ -479,11 +491,9 @@ __device__ __forceinline__ void team_barrier(u32 id, u32 threads) {
 
 template <typename T, typename Op>
 __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, const char* in_area, u32 divisor,
-                                                u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,
-                                                u64 flags_offset, u32* broken) {
+                                                u64 timeout_ns, u64 queue_timeout_ns, u32* failed, u32* seq_counter,
+                                                u64 half_stride, u64 flags_offset, u32* broken) {
     __shared__ bool arrived;
-    // Chunks the storing team has stored and flagged in this call, in the block's order.
-    __shared__ volatile u32 stored;
     const u32 seq = next_seq(*(volatile u32*)seq_counter);
     if (seq & 1) {
         out_area += half_stride;
@@ -499,11 +509,8 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
     const u64 groups = (n + PER - 1) / PER;
     const u64 chunks = (groups + per_chunk - 1) / per_chunk;
     const u32 team = blockDim.x / 2;
-    if (threadIdx.x == 0) stored = 0;
-    __syncthreads();
     if (threadIdx.x < team) {
         // The storing team never waits for anything, so the folding team's wait for it ends.
-        u32 done = 0;
         for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
             const u64 end = min(groups, (c + 1) * per_chunk);
             for (u64 g = c * per_chunk + threadIdx.x; g < end; g += team) {
@@ -518,22 +525,18 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
             // Each thread's stores reach the system before the barrier, the flag after it.
             __threadfence_system();
             team_barrier(STORE_TEAM_BARRIER, team);
-            if (threadIdx.x == 0) {
-                *(volatile u32*)(out_flags + c * FLAG_WORDS) = seq;
-                // The team's reads of this chunk of `buf` are done before the folding team,
-                // which overwrites it, learns that the chunk is stored.
-                __threadfence_block();
-                stored = ++done;
-            }
+            if (threadIdx.x == 0) *(volatile u32*)(out_flags + c * FLAG_WORDS) = seq;
         }
     } else {
         const u32 t = threadIdx.x - team;
-        u32 index = 0;
-        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++index) {
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
             if (t == 0) {
-                while (stored <= index) __nanosleep(CHUNK_POLL_GAP_NS);
-                __threadfence_block();
-                arrived = await_flag(in_flags + c * FLAG_WORDS, seq, timeout_ns, failed, broken);
+                arrived = await_flag(in_flags + c * FLAG_WORDS, in_flags, seq, timeout_ns, queue_timeout_ns, failed, broken);
+            } else if (t == 1) {
+                // The fold overwrites the chunk in place: the storing team must have read it,
+                // which its flag says (set after its loads; acquired here, then passed on by
+                // the team's barrier). It never waits, so this wait ends.
+                while (load_acquire_sys(out_flags + c * FLAG_WORDS) != seq) __nanosleep(CHUNK_POLL_GAP_NS);
             }
             team_barrier(FOLD_TEAM_BARRIER, team);
             if (!arrived) break;  // the same for the whole team: read after the barrier
@@ -573,9 +576,10 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
 #define GP2P_CHUNKS(opname, Op, tname, T)                                                      \
     extern "C" __global__ void __launch_bounds__(512) gp2p_chunks_##opname##_##tname(          \
         T* buf, u64 n, char* out_area, const char* in_area, u32 divisor, u64 timeout_ns,       \
-        u32* failed, u32* seq_counter, u64 half_stride, u64 flags_offset, u32* broken) {       \
-        exchange_chunks<T, Op>(buf, n, out_area, in_area, divisor, timeout_ns, failed,         \
-                               seq_counter, half_stride, flags_offset, broken);                \
+        u64 queue_timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u64 flags_offset, \
+        u32* broken) {                                                                         \
+        exchange_chunks<T, Op>(buf, n, out_area, in_area, divisor, timeout_ns, queue_timeout_ns, \
+                               failed, seq_counter, half_stride, flags_offset, broken);        \
     }
 
 #define GP2P_CHUNKS_ALL_OPS(tname, T) GP2P_FOR_EACH_OP(GP2P_CHUNKS, tname, T)

@@ -146,7 +146,10 @@ impl Exchange for ChunkExchange {
     const TEST: &'static str =
         "gpu_lines::two_gpu_a_chunk_exchange_peer_that_never_comes_times_out_and_the_next_call_says_so";
     fn make(devices: [&Device; 2], timeout: Duration) -> Result<Self, PinnedError> {
-        ChunkExchange::new(devices, 64 << 10, timeout)
+        // A peer that never begins the call is given the queue timeout: here the same.
+        let mut exchange = ChunkExchange::new(devices, 64 << 10, timeout)?;
+        exchange.set_queue_timeout(timeout);
+        Ok(exchange)
     }
     fn start_together(&mut self, together: bool) {
         self.set_start_together(together);
@@ -216,6 +219,35 @@ fn two_gpu_a_chunk_exchange_peer_that_never_comes_times_out_and_the_next_call_sa
     let devices = needs!(gpus: 2);
     // Several chunks, the last one partial.
     a_peer_that_never_comes::<ChunkExchange>(devices, 10_001);
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn two_gpu_a_chunk_exchange_peer_behind_queued_work_is_waited_for_past_the_timeout() {
+    let _serial = gp2p_tests::serial();
+    let devices = needs!(gpus: 2, concurrent_kernels, compute_80);
+    let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
+    // 50 ms once the peer began the call, the default queue timeout (a minute) before.
+    let mut exchange = ChunkExchange::new([&devices[0], &devices[1]], 64 << 10, Duration::from_millis(50)).unwrap();
+    let (x, y) = (random::<f32>(10_001, 11), random::<f32>(10_001, 12));
+    let mut a = DeviceBuffer::from_host(&streams[0], &x).unwrap();
+    let mut b = DeviceBuffer::from_host(&streams[1], &y).unwrap();
+    // Rank 1's stream is held four times the timeout: work queued before the call.
+    let gate = gp2p_tests::hold(&streams[1]);
+    exchange
+        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!gate.expired(), "the gate held rank 1 for the whole wait");
+    gate.open();
+    let sum: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+    assert!(a.to_host_vec(&streams[0]).unwrap() == sum, "rank 0 waited for rank 1 and folded its data");
+    let sum: Vec<f32> = y.iter().zip(&x).map(|(p, q)| p + q).collect();
+    assert!(b.to_host_vec(&streams[1]).unwrap() == sum);
+    // No kernel gave up: the next call would report it.
+    exchange
+        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+        .unwrap();
 }
 
 #[test]

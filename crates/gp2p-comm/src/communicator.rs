@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use std::mem::ManuallyDrop;
 
-use gp2p_cuda::raw::{ChunkAreas, ExchangeLines, Numbering, exchange, exchange_chunks, write_flag};
+use gp2p_cuda::raw::{ChunkAreas, ChunkWaits, ExchangeLines, Numbering, exchange, exchange_chunks, write_flag};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{DType, Element, ReduceOp, chunk_area_layout, exchange_line_bytes};
 
@@ -403,7 +403,10 @@ impl Communicator {
                 if bytes <= LINES_MAX_BYTES {
                     Ok(exchange(stream, ptr, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns)?)
                 } else {
-                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, timeout_ns)?)
+                    // Between processes a peer that never arrives may have died: the same bound either
+                    // way, so every rank hears of it within the peer timeout.
+                    let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
+                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, waits)?)
                 }
             },
             |point| buf.note_use(point),

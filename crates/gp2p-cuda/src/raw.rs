@@ -259,9 +259,20 @@ pub struct ChunkAreas {
     pub broken: RawDevicePtr,
 }
 
+/// How long a flagged-chunk kernel waits for its peer, in ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkWaits {
+    /// Once the peer was seen in this call (its first chunk's flag): the wait for each of
+    /// its other flags.
+    pub timeout_ns: u64,
+    /// From the start of a wait, whether or not the peer was seen: a peer still behind work
+    /// queued before the call gets this long (at least `timeout_ns` makes sense).
+    pub queue_timeout_ns: u64,
+}
+
 /// Enqueue one rank's flagged-chunk kernel on `stream`: store `buf` into its area in chunks,
-/// flag each with the call's number (the next after the count at `areas.counter`), wait (at
-/// most `timeout_ns` each) for the peer's flags and fold `buf = op(own, peer)`. Refuses
+/// flag each with the call's number (the next after the count at `areas.counter`), wait (as
+/// `waits` bounds it) for the peer's flags and fold `buf = op(own, peer)`. Refuses
 /// `divide_by` = 0 and misaligned addresses before launching.
 ///
 /// Also refuses a `flags_offset` that the data would overrun, and a `half_stride` that would
@@ -281,8 +292,8 @@ pub struct ChunkAreas {
 ///   are writable `u32`s of mapped pinned host memory;
 /// - everything stays allocated until the kernel completes on `stream`;
 /// - the peer's kernel for the same call is enqueued too, on a stream that can run at the
-///   same time as this one; otherwise this kernel waits `timeout_ns`, sets `failed` and
-///   leaves `buf` partly folded.
+///   same time as this one; otherwise this kernel waits `waits.queue_timeout_ns`, sets
+///   `failed` and leaves `buf` partly folded.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange_chunks(
     stream: &Stream,
@@ -292,7 +303,7 @@ pub unsafe fn exchange_chunks(
     op: ReduceOp,
     areas: ChunkAreas,
     divide_by: u32,
-    timeout_ns: u64,
+    waits: ChunkWaits,
 ) -> Result<()> {
     check_divisor(divide_by)?;
     check_aligned(&[("buf", buf)], dtype.size_bytes())?;
@@ -328,7 +339,8 @@ pub unsafe fn exchange_chunks(
         out_area: areas.out_area,
         in_area: areas.in_area,
         divisor: divide_by,
-        timeout_ns,
+        timeout_ns: waits.timeout_ns,
+        queue_timeout_ns: waits.queue_timeout_ns,
         failed: areas.failed,
         seq_counter: areas.counter,
         half_stride: areas.half_stride,

@@ -171,6 +171,7 @@ pub(crate) struct ChunksArgs {
     pub(crate) in_area: RawDevicePtr,
     pub(crate) divisor: u32,
     pub(crate) timeout_ns: u64,
+    pub(crate) queue_timeout_ns: u64,
     pub(crate) failed: RawDevicePtr,
     pub(crate) seq_counter: RawDevicePtr,
     pub(crate) half_stride: u64,
@@ -189,21 +190,22 @@ pub(crate) unsafe fn launch_chunks(
     config: LaunchConfig,
     mut args: ChunksArgs,
 ) -> Result<()> {
-    let mut params: [*mut c_void; 11] = [
+    let mut params: [*mut c_void; 12] = [
         (&raw mut args.buf).cast(),
         (&raw mut args.len).cast(),
         (&raw mut args.out_area).cast(),
         (&raw mut args.in_area).cast(),
         (&raw mut args.divisor).cast(),
         (&raw mut args.timeout_ns).cast(),
+        (&raw mut args.queue_timeout_ns).cast(),
         (&raw mut args.failed).cast(),
         (&raw mut args.seq_counter).cast(),
         (&raw mut args.half_stride).cast(),
         (&raw mut args.flags_offset).cast(),
         (&raw mut args.broken).cast(),
     ];
-    // SAFETY: the kernels take (T*, u64, char*, const char*, u32, u64, u32*, u32*, u64, u64,
-    // u32*), matching the fields above, which outlive the call; addresses: the caller's.
+    // SAFETY: the kernels take (T*, u64, char*, const char*, u32, u64, u64, u32*, u32*, u64,
+    // u64, u32*), matching the fields above, which outlive the call; addresses: the caller's.
     unsafe { function.launch(stream, config, &mut params) }
 }
 

@@ -4,12 +4,16 @@
 
 use std::time::Duration;
 
-use gp2p_cuda::raw::{self, ChunkAreas};
+use gp2p_cuda::raw::{self, ChunkAreas, ChunkWaits};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, chunk_area_layout};
 
 use crate::Result;
 use crate::pair::{Pair, kernel_wait_ns};
+
+/// How long a chunk exchange's kernel waits for a peer it has not yet seen begin the call,
+/// by default: the peer's stream may be working through queued work.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The state of two-rank all-reduces through flagged chunks between two devices: each rank's
 /// area (two halves, for calls of odd and even numbers) and, in each device's memory, its
@@ -25,10 +29,15 @@ use crate::pair::{Pair, kernel_wait_ns};
 /// kernel saw all of the peer's flags of the call between, which the peer set only after its
 /// kernel of the call before had finished reading.
 ///
-/// Waits are bounded as in [`crate::LineExchange`], and as there, when either stream has
-/// work queued both kernels start only once both streams reached the call. The two kernels
-/// must run at the same time: a tool that runs one kernel at a time (compute-sanitizer)
-/// makes every call wait out the timeout.
+/// Waits are bounded twice: once a kernel has seen its peer begin the call, it waits at most
+/// the timeout for each of the peer's chunks; until then, while the peer's stream may still
+/// be working through what was queued before the call, at most the queue timeout
+/// ([`DEFAULT_QUEUE_TIMEOUT`] unless set). So the two kernels need not start together
+/// (starting them together, as [`crate::LineExchange`] does, costs a wait across devices on
+/// each side: about 15 us a call on two H200s), and a peer that never comes still ends in
+/// [`crate::Error::PeerTimeout`] at the next call. The two kernels must run at the same time:
+/// a tool that runs one kernel at a time (compute-sanitizer) makes every call wait out the
+/// queue timeout.
 ///
 /// Lifetime: the areas and counters outlive the kernels by the lifetime rule (each call
 /// notes its points). `Send`; calls take `&mut self`.
@@ -43,13 +52,15 @@ pub struct ChunkExchange {
     half_bytes: usize,
     flags_offset: usize,
     max_bytes: usize,
+    queue_timeout: Duration,
 }
 
 impl ChunkExchange {
     /// Areas for buffers of up to `max_bytes` between `devices[0]` (rank 0) and `devices[1]`.
     /// The two devices must differ, as for [`crate::LineExchange::new`].
     pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
-        let pair = Pair::new(devices, timeout, "chunk exchange")?;
+        let mut pair = Pair::new(devices, timeout, "chunk exchange")?;
+        pair.start_together = false;
         let (flags_offset, area_bytes) = chunk_area_layout(max_bytes.max(1));
         // Halves on their own pages: the kernels need 64-byte alignment.
         let half_bytes = area_bytes.next_multiple_of(4096);
@@ -60,13 +71,29 @@ impl ChunkExchange {
             mapped[r] = (areas[r].device_ptr(device)?, areas[1 - r].device_ptr(device)?);
         }
         let counters = [DeviceBuffer::zeroed(devices[0], 2)?, DeviceBuffer::zeroed(devices[1], 2)?];
-        Ok(ChunkExchange { pair, areas, mapped, counters, half_bytes, flags_offset, max_bytes })
+        Ok(ChunkExchange {
+            pair,
+            areas,
+            mapped,
+            counters,
+            half_bytes,
+            flags_offset,
+            max_bytes,
+            queue_timeout: DEFAULT_QUEUE_TIMEOUT.max(timeout),
+        })
     }
 
     /// Whether a call whose streams have work queued starts both kernels only once both
-    /// streams reached it (the default); see [`crate::LineExchange::set_start_together`].
+    /// streams reached it (off by default: the queue timeout covers queued work); see
+    /// [`crate::LineExchange::set_start_together`].
     pub fn set_start_together(&mut self, together: bool) {
         self.pair.start_together = together;
+    }
+
+    /// How long a kernel waits for a peer it has not yet seen begin the call (at least the
+    /// timeout given at creation; shorter values are raised to it).
+    pub fn set_queue_timeout(&mut self, queue_timeout: Duration) {
+        self.queue_timeout = queue_timeout.max(self.pair.timeout);
     }
 
     /// The largest buffer, in bytes, a call may exchange.
@@ -95,7 +122,10 @@ impl ChunkExchange {
             return Ok(());
         }
         self.pair.order(streams)?;
-        let timeout_ns = kernel_wait_ns(self.pair.timeout);
+        let waits = ChunkWaits {
+            timeout_ns: kernel_wait_ns(self.pair.timeout),
+            queue_timeout_ns: kernel_wait_ns(self.queue_timeout),
+        };
         let (areas, counters, mapped, failed) = (&self.areas, &self.counters, self.mapped, self.pair.failed_mapped);
         let (half_stride, flags_offset) = (self.half_bytes as u64, self.flags_offset as u64);
         let raw_bufs = [bufs[0].raw_ptr(), bufs[1].raw_ptr()];
@@ -118,10 +148,8 @@ impl ChunkExchange {
             // this exchange's kernels on rank r, in the order `order` keeps; `failed` is rank
             // r's own u32; all of them outlive the kernels by the points `launch_both` notes
             // right after each launch. Both kernels are enqueued by `launch_both`.
-            unsafe {
-                raw::exchange_chunks(streams[r], raw_bufs[r], len, T::DTYPE, op, chunk_areas, divide_by, timeout_ns)
-            }
-            .map_err(Into::into)
+            unsafe { raw::exchange_chunks(streams[r], raw_bufs[r], len, T::DTYPE, op, chunk_areas, divide_by, waits) }
+                .map_err(Into::into)
         };
         let note = |r: usize, point: &StreamPoint| {
             areas[0].uses().note(point);
