@@ -430,6 +430,16 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 #define CHUNK_BYTES 4096
 #define CHUNK_FLAG_STRIDE 64
 #define CHUNK_POLL_GAP_NS 64
+#define CHUNK_POLL_GAP_MAX_NS 2048
+
+// The pause after a chunk poll that found nothing, `polls` polls into a wait: 64 ns, doubling
+// every 16 polls up to 2 us. Every waiting block polls across the bus, and a rank that starts
+// well ahead of its peer (two processes) would otherwise keep a read per block in flight the
+// whole time, traffic that slows the peer's stores into the same host memory.
+__device__ __forceinline__ u32 chunk_poll_gap(u32 polls) {
+    const u32 doublings = min(polls / 16, 5u);
+    return min(CHUNK_POLL_GAP_NS << doublings, CHUNK_POLL_GAP_MAX_NS);
+}
 
 __device__ __forceinline__ uint4 load_volatile16(const uint4* at) {
     uint4 v;
@@ -472,7 +482,7 @@ __device__ __forceinline__ bool await_flag(const u32* flag, const u32* first_fla
             if (broken != 0) *(volatile u32*)broken = 1;
             return false;
         }
-        __nanosleep(CHUNK_POLL_GAP_NS);
+        __nanosleep(chunk_poll_gap(polls));
     }
     return true;
 }
@@ -536,7 +546,9 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
                 // The fold overwrites the chunk in place: the storing team must have read it,
                 // which its flag says (set after its loads; acquired here, then passed on by
                 // the team's barrier). It never waits, so this wait ends.
-                while (load_acquire_sys(out_flags + c * FLAG_WORDS) != seq) __nanosleep(CHUNK_POLL_GAP_NS);
+                for (u32 polls = 1; load_acquire_sys(out_flags + c * FLAG_WORDS) != seq; ++polls) {
+                    __nanosleep(chunk_poll_gap(polls));
+                }
             }
             team_barrier(FOLD_TEAM_BARRIER, team);
             if (!arrived) break;  // the same for the whole team: read after the barrier
