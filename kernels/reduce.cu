@@ -389,7 +389,8 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 
 // ---------------------------------------------------------------------------------------
 // Two-rank all-reduce through mapped pinned host memory in flagged chunks, one kernel per
-// rank, for the one-process-per-GPU communicator's messages up to a few MiB. The buffer is
+// rank, for messages up to a few MiB (the one-process-per-GPU communicator's and, between two
+// devices of one process, gp2p-pinned's ChunkExchange). The buffer is
 // cut into CHUNK_BYTES chunks, dealt to the blocks grid-stride, and each block splits into
 // two teams of threads. The storing team stores each of the block's chunks into this rank's
 // data area as it is, each thread fences its own stores to the system, and once the team has
@@ -435,7 +436,8 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 // The pause after a chunk poll that found nothing, `polls` polls into a wait: 64 ns, doubling
 // every 16 polls up to 2 us. Every waiting block polls across the bus, and a rank that starts
 // well ahead of its peer (two processes) would otherwise keep a read per block in flight the
-// whole time, traffic that slows the peer's stores into the same host memory.
+// whole time. (Added against the two-mode timing seen between processes, which it did not
+// cure: see CommOptions::small_max_bytes.)
 __device__ __forceinline__ u32 chunk_poll_gap(u32 polls) {
     const u32 doublings = min(polls / 16, 5u);
     return min(CHUNK_POLL_GAP_NS << doublings, CHUNK_POLL_GAP_MAX_NS);

@@ -35,9 +35,12 @@ pub const LINE_EXCHANGE_MAX_BYTES: usize = 0;
 /// memory) by default, unless the environment variable `GP2P_CHUNK_EXCHANGE_MAX_BYTES` gives
 /// another limit (0 turns it off: under compute-sanitizer, which runs one kernel at a time,
 /// each call would wait out the peer timeout) or [`Engine::with_chunk_exchange_max`] does.
-/// Between two processes on two H200s, the same kernel took 7.6-12.7 us a call up to 64 KiB,
-/// 49.6 at 1 MiB and 158.6 at 4 MiB, where NCCL's shared-memory path took 22.8-35.3, 63.4 and
-/// 170.6 (benches/results/x2/all-reduce-mp-53a30ec-x2.json); at 16 MiB the DMA pipeline wins.
+/// Two H200s, `gp2p bench all-reduce --ranks 2` against NCCL's shared-memory path in the same
+/// call (benches/results/x2/run-a70c2c6-inproc-x2.txt): 15.6-19.4 us up to 64 KiB (NCCL
+/// 18.7-26.1), 26.3 at 256 KiB (43.7), 57.4 at 1 MiB (72.3), 164.1 at 4 MiB (175.3); where the
+/// DMA exchange took 22.1-34.7, 41.8, 68.3 and 167.2 (run-55a8f63-inproc-x2.txt); at 8 MiB the
+/// ring matches the kernel. (In another call NCCL took 12.8-15.8 us up to 32 KiB and the
+/// kernel 16.2-19.3: run-b733047-inproc-x2.txt.)
 pub const CHUNK_EXCHANGE_MAX_BYTES: usize = 4 << 20;
 
 /// The environment variable that overrides [`CHUNK_EXCHANGE_MAX_BYTES`] (a byte count).

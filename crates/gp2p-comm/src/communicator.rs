@@ -41,11 +41,15 @@ pub struct CommOptions {
 impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
-            // Two H200s, one kernel per rank per call (benches/probes/small_exchange.py,
-            // eighth session): flagged 4 KiB chunks took 47.7 us at 1 MiB and 150 at 4 MiB,
-            // where the pipeline took 70.6 and 194 and NCCL's shared-memory path 64.6 and 172
-            // (all-reduce-mp-232530c-x2.json); at 16 MiB the pipeline (588) beats the kernel.
-            small_max_bytes: 4 << 20,
+            // Two H200s, one process each (benches/results/README.md, eighth session): the
+            // one-kernel path took 15.2-17.8 us at 128 KiB in every run. Above, it ran in
+            // two modes that switch from one 50-call loop to the next, in some runs and not
+            // others: 256 KiB 19.6 or 57-66 us, 1 MiB 49.6 or 240-318, 4 MiB 154-159 or
+            // 328-344 (all-reduce-mp-{53a30ec,b733047,a70c2c6-1,a70c2c6-2}-x2.json), where
+            // the pipeline takes 36-40, 70 and 190-194 and NCCL's shared-memory path 35-44,
+            // 63-66 and 170-173. Never seen with both ranks in one process (ChunkExchange).
+            // Until that is understood, the pipeline takes everything above 128 KiB.
+            small_max_bytes: 128 << 10,
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
             // Measured on two H200s, one process each, f32 all-reduce at 16 MiB / 64 MiB /

@@ -40,8 +40,12 @@
 //! and 4 KiB chunks up to 256 KiB (seventh session, NCCL 24.7-35.4 us up to 256 KiB in that
 //! run): 8.5-12.4 us a call up to 64 KiB (the host's enqueue, 8-11 us, bounds it), 15.1 at
 //! 128 KiB, 19.7 at 256 KiB; replayed from a CUDA graph, 4.6-5.6 us up to 2 KiB and 7.7-17.9
-//! from 8 to 256 KiB, against NCCL's 15.0-39.9. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run under
-//! compute-sanitizer memcheck).
+//! from 8 to 256 KiB, against NCCL's 15.0-39.9. Eighth session (four runs, the chunk kernel
+//! with two teams per block): 7.6-14.8 us a call up to 64 KiB and 15.2-17.8 at 128 KiB (NCCL
+//! 22.8-45.9); above 128 KiB the kernel ran in two modes between processes (1 MiB 49.6 or
+//! 240-318 us), so the pipeline takes those sizes by default (see
+//! [`CommOptions::small_max_bytes`]). The two-process GPU tests are `tests/tests/gpu_comm.rs`
+//! (also run under compute-sanitizer memcheck and racecheck).
 //!
 //! Two ranks, here two threads of one process (in real use, two processes):
 //! ```

@@ -11,15 +11,15 @@ the peer run on the GPU, and a peer that never arrives makes them give up after
 
 This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
-backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (4 MiB by
+backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (128 KiB by
 default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
 data and sequence number up to 2 KiB, flagged 4 KiB chunks above); everything else goes
 through a pipeline of DMA copies via slots of the segment, handed over chunk by chunk by
-flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 8.5-12.4
-us a call up to 64 KiB, 15.1 at 128 KiB and 19.7 at 256 KiB, where NCCL's shared-memory
-path took 24.7-35.4 us in the same run; replayed from a CUDA graph, 4.6-5.6 us up to 2 KiB
-and 7.7-17.9 from 8 to 256 KiB (NCCL 15.0-39.9); from 64 MiB the pipeline moves 0.88-0.92 of
-what the two links carry both ways at once, in 0.79-0.83 of NCCL's time
+flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 7.6-14.8
+us a call up to 64 KiB and 15.2-17.8 at 128 KiB, where NCCL's shared-memory path took
+22.8-45.9 us in the same runs; replayed from a CUDA graph, 4.8-5.7 us up to 2 KiB and
+7.7-14.9 from 8 to 128 KiB (NCCL 14.0-27.8); from 64 MiB the pipeline moves 0.86-1.0 of
+what the two links carry both ways at once, in 0.79-0.84 of NCCL's time
 (``benches/python/mp_allreduce.py``). Calls made while torch captures a CUDA graph are
 captured too (tested: every collective captured, then 10 replays on new data), and each
 launch of the graph runs them again on whatever the captured tensors hold then (every rank
@@ -111,7 +111,7 @@ class Communicator:
     64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning.
     """
 
-    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 4 << 20,
+    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 128 << 10,
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
                  slots: Optional[int] = None):
         if not isinstance(unique_id, str):
