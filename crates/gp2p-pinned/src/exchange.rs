@@ -27,7 +27,7 @@ pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Waits are bounded: a kernel that waits longer than the timeout for its peer (a peer whose
 /// stream never reaches the collective) stops, leaving that call's buffer partly folded, and
-/// the next call returns [`Error::PeerTimeout`]. When either stream has work queued, the
+/// the next call returns [`crate::Error::PeerTimeout`]. When either stream has work queued, the
 /// two kernels start only once both streams reached the call, so queued work never counts
 /// against the timeout.
 ///
