@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use geforce_p2p::pinned::{ChunkExchange, Error as PinnedError, LineExchange};
-use geforce_p2p::{Device, DeviceBuffer, DeviceViewMut, Element, ReduceOp, Stream};
+use geforce_p2p::pinned::{ChunkExchange, Error as PinnedError, LineExchange, PairExchange};
+use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::reference::expected;
 use gp2p_collectives::{
     CHUNK_EXCHANGE_MAX_BYTES, Collective, Engine, LINE_EXCHANGE_WINS_UP_TO, Rank, Receive, all_reduce,
@@ -113,82 +113,46 @@ fn two_gpu_back_to_back_line_exchanges_without_host_sync() {
     }
 }
 
-/// The one-kernel exchanges, for tests that run alike on both.
-trait Exchange: Sized + std::fmt::Debug {
-    const TEST: &'static str;
-    fn make(devices: [&Device; 2], timeout: Duration) -> Result<Self, PinnedError>;
-    fn start_together(&mut self, together: bool);
-    fn call<T: Element>(
-        &mut self,
-        bufs: [&mut DeviceViewMut<'_, T>; 2],
-        streams: [&Stream; 2],
-    ) -> Result<(), PinnedError>;
-}
-
-impl Exchange for LineExchange {
-    const TEST: &'static str = "gpu_lines::two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so";
-    fn make(devices: [&Device; 2], timeout: Duration) -> Result<Self, PinnedError> {
-        LineExchange::new(devices, 4096, timeout)
-    }
-    fn start_together(&mut self, together: bool) {
-        self.set_start_together(together);
-    }
-    fn call<T: Element>(
-        &mut self,
-        bufs: [&mut DeviceViewMut<'_, T>; 2],
-        streams: [&Stream; 2],
-    ) -> Result<(), PinnedError> {
-        self.all_reduce(bufs, streams, ReduceOp::Sum, 1)
-    }
-}
-
-impl Exchange for ChunkExchange {
-    const TEST: &'static str =
-        "gpu_lines::two_gpu_a_chunk_exchange_peer_that_never_comes_times_out_and_the_next_call_says_so";
-    fn make(devices: [&Device; 2], timeout: Duration) -> Result<Self, PinnedError> {
-        // A peer that never begins the call is given the queue timeout: here the same.
-        let mut exchange = ChunkExchange::new(devices, 64 << 10, timeout)?;
-        exchange.set_queue_timeout(timeout);
-        Ok(exchange)
-    }
-    fn start_together(&mut self, together: bool) {
-        self.set_start_together(together);
-    }
-    fn call<T: Element>(
-        &mut self,
-        bufs: [&mut DeviceViewMut<'_, T>; 2],
-        streams: [&Stream; 2],
-    ) -> Result<(), PinnedError> {
-        self.all_reduce(bufs, streams, ReduceOp::Sum, 1)
-    }
-}
-
 /// Rank 1's stream held past the timeout: rank 0's kernel gives up, the next call says so
 /// (once), rank 1's side is complete, and the exchange works again afterwards.
-fn a_peer_that_never_comes<E: Exchange>(devices: [Device; 2], len: usize) {
+fn a_peer_that_never_comes<E: PairExchange + std::fmt::Debug>(
+    test: &str,
+    devices: [Device; 2],
+    len: usize,
+    prepare: impl Fn(&mut E, Duration),
+) {
+    let make = |timeout: Duration| {
+        E::create([&devices[0], &devices[1]], 64 << 10, timeout).map(|mut exchange| {
+            prepare(&mut exchange, timeout);
+            exchange
+        })
+    };
     let builds: Vec<_> = devices.iter().map(|d| (d.ordinal(), d.ptx_target())).collect();
     if let Some(why) = gp2p_tests::lacks_compute_80(&builds) {
         // The Turing build (GP2P_PTX_TARGET=compute_75) refuses the one-kernel exchanges, and
         // says so; the rest of the test is not run there.
-        let err = E::make([&devices[0], &devices[1]], Duration::from_millis(50)).unwrap_err();
+        let err = make(Duration::from_millis(50)).unwrap_err();
         assert!(err.to_string().contains("not offered"), "{err}");
-        println!("{}", gp2p_tests::not_run_line(E::TEST, &why));
+        println!("{}", gp2p_tests::not_run_line(test, &why));
         return;
     }
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
-    let mut exchange = E::make([&devices[0], &devices[1]], Duration::from_millis(50)).unwrap();
-    exchange.start_together(false);
+    let mut exchange = make(Duration::from_millis(50)).unwrap();
+    exchange.set_start_together(false);
     let (x, y) = (random::<u32>(len, 1), random::<u32>(len, 2));
     let mut a = DeviceBuffer::from_host(&streams[0], &x).unwrap();
     let mut b = DeviceBuffer::from_host(&streams[1], &y).unwrap();
     // Rank 1's stream is held well past the timeout: rank 0's kernel gives up.
     let gate = gp2p_tests::hold(&streams[1]);
-    exchange.call([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]]).unwrap();
+    let sum_op = ReduceOp::Sum;
+    exchange.all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], sum_op, 1).unwrap();
     streams[0].synchronize().unwrap();
     std::thread::sleep(Duration::from_millis(100));
     gate.open();
     streams[1].synchronize().unwrap();
-    let err = exchange.call([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]]).unwrap_err();
+    let err = exchange
+        .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], sum_op, 1)
+        .unwrap_err();
     assert_eq!(err, PinnedError::PeerTimeout { rank: 0, peer: 1, timeout: Duration::from_millis(50) });
     assert!(err.to_string().contains("rank 0 waited") && err.to_string().contains("rank 1"), "{err}");
     // Rank 1 still found rank 0's published data: its side is complete.
@@ -197,8 +161,8 @@ fn a_peer_that_never_comes<E: Exchange>(devices: [Device; 2], len: usize) {
     // The failure is reported once; the exchange works again afterwards.
     a.upload(&streams[0], &x).unwrap();
     b.upload(&streams[1], &y).unwrap();
-    exchange.start_together(true);
-    exchange.call([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]]).unwrap();
+    exchange.set_start_together(true);
+    exchange.all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], sum_op, 1).unwrap();
     let sum: Vec<u32> = x.iter().zip(&y).map(|(p, q)| p.wrapping_add(*q)).collect();
     assert!(a.to_host_vec(&streams[0]).unwrap() == sum);
     assert!(b.to_host_vec(&streams[1]).unwrap() == sum);
@@ -209,7 +173,8 @@ fn a_peer_that_never_comes<E: Exchange>(devices: [Device; 2], len: usize) {
 fn two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
     let _serial = gp2p_tests::serial();
     let devices = needs!(gpus: 2);
-    a_peer_that_never_comes::<LineExchange>(devices, 100);
+    let test = "gpu_lines::two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so";
+    a_peer_that_never_comes::<LineExchange>(test, devices, 100, |_, _| ());
 }
 
 #[test]
@@ -217,8 +182,10 @@ fn two_gpu_a_peer_that_never_comes_times_out_and_the_next_call_says_so() {
 fn two_gpu_a_chunk_exchange_peer_that_never_comes_times_out_and_the_next_call_says_so() {
     let _serial = gp2p_tests::serial();
     let devices = needs!(gpus: 2);
-    // Several chunks, the last one partial.
-    a_peer_that_never_comes::<ChunkExchange>(devices, 10_001);
+    let test = "gpu_lines::two_gpu_a_chunk_exchange_peer_that_never_comes_times_out_and_the_next_call_says_so";
+    // Several chunks, the last one partial; a peer that never begins the call is given the
+    // queue timeout, here the same as the timeout.
+    a_peer_that_never_comes::<ChunkExchange>(test, devices, 10_001, |x, timeout| x.set_queue_timeout(timeout));
 }
 
 #[test]

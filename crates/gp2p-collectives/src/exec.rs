@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamFork, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
-use gp2p_pinned::{ChunkExchange, DEFAULT_PEER_TIMEOUT, Fold, LineExchange, RingCache, StagingRing};
+use gp2p_pinned::{ChunkExchange, DEFAULT_PEER_TIMEOUT, Fold, LineExchange, PairExchange, RingCache, StagingRing};
 use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES, pipelined_chunk_bytes};
 use parking_lot::Mutex;
 
@@ -279,16 +279,7 @@ impl Engine {
         devices: &[Device],
         op: ReduceOp,
     ) -> Result<()> {
-        let group = self.group(devices)?;
-        let mut group = group.lock();
-        let max = self.line_exchange_max();
-        let exchange = match &mut group.lines {
-            Some(l) if l.max_bytes() >= max => l,
-            slot => slot.insert(LineExchange::new([&devices[0], &devices[1]], max, DEFAULT_PEER_TIMEOUT)?),
-        };
-        let [a, b] = ranks else { unreachable!("the caller checked for two ranks") };
-        let divide_by = step_divisor(op, true, 2);
-        Ok(exchange.all_reduce([&mut a.buffer, &mut b.buffer], [a.stream, b.stream], op, divide_by)?)
+        self.exchange_in_one_kernel(ranks, devices, op, self.line_exchange_max(), |g| &mut g.lines)
     }
 
     /// A two-rank all-reduce through the chunk exchange: one kernel per rank, on the ranks'
@@ -299,12 +290,24 @@ impl Engine {
         devices: &[Device],
         op: ReduceOp,
     ) -> Result<()> {
+        self.exchange_in_one_kernel(ranks, devices, op, self.chunk_exchange_max(), |g| &mut g.chunks)
+    }
+
+    /// A two-rank all-reduce through the group's exchange in `slot`, made (or remade, for a
+    /// larger limit) for buffers of up to `max` bytes.
+    fn exchange_in_one_kernel<T: Element, X: PairExchange>(
+        &self,
+        ranks: &mut [Rank<'_, T>],
+        devices: &[Device],
+        op: ReduceOp,
+        max: usize,
+        slot: impl FnOnce(&mut Group) -> &mut Option<X>,
+    ) -> Result<()> {
         let group = self.group(devices)?;
         let mut group = group.lock();
-        let max = self.chunk_exchange_max();
-        let exchange = match &mut group.chunks {
-            Some(c) if c.max_bytes() >= max => c,
-            slot => slot.insert(ChunkExchange::new([&devices[0], &devices[1]], max, DEFAULT_PEER_TIMEOUT)?),
+        let exchange = match slot(&mut group) {
+            Some(x) if x.max_bytes() >= max => x,
+            empty => empty.insert(X::create([&devices[0], &devices[1]], max, DEFAULT_PEER_TIMEOUT)?),
         };
         let [a, b] = ranks else { unreachable!("the caller checked for two ranks") };
         let divide_by = step_divisor(op, true, 2);

@@ -161,6 +161,8 @@ impl ChunkExchange {
     }
 }
 
+crate::pair::pair_exchange!(ChunkExchange);
+
 impl std::fmt::Debug for ChunkExchange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -131,6 +131,8 @@ impl LineExchange {
     }
 }
 
+crate::pair::pair_exchange!(LineExchange);
+
 impl std::fmt::Debug for LineExchange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -56,4 +56,5 @@ pub use ops::{
     copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host, reduce_from_host_raw,
     require_pinned, round_trip,
 };
+pub use pair::PairExchange;
 pub use ring::{Fold, MAX_SLOTS, RingCache, Sent, StagingRing};

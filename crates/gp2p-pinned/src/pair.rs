@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
-use gp2p_kernels::Element;
+use gp2p_kernels::{Element, ReduceOp};
 
 use crate::{Error, Result};
 
@@ -21,6 +21,62 @@ const MAX_TIMEOUT_NS: u64 = 1 << 62;
 pub(crate) fn kernel_wait_ns(timeout: Duration) -> u64 {
     u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX).min(MAX_TIMEOUT_NS)
 }
+
+/// A two-rank all-reduce in one kernel per device, between two devices:
+/// [`crate::LineExchange`] and [`crate::ChunkExchange`], for code that keeps either.
+pub trait PairExchange: Sized {
+    /// An exchange between `devices[0]` (rank 0) and `devices[1]` for buffers of up to
+    /// `max_bytes`, whose kernels wait at most `timeout` for a peer that began the call.
+    fn create(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self>;
+
+    /// The largest buffer, in bytes, a call may exchange.
+    fn max_bytes(&self) -> usize;
+
+    /// Whether a call whose streams have work queued starts both kernels only once both
+    /// streams reached it.
+    fn set_start_together(&mut self, together: bool);
+
+    /// In place on both ranks: `buf = op(own, peer)` (for avg, `divide_by` divides the sum),
+    /// rank r's kernel on `streams[r]`.
+    fn all_reduce<T: Element>(
+        &mut self,
+        bufs: [&mut DeviceViewMut<'_, T>; 2],
+        streams: [&Stream; 2],
+        op: ReduceOp,
+        divide_by: u32,
+    ) -> Result<()>;
+}
+
+/// Implements [`PairExchange`] for a type with inherent methods of the same names.
+macro_rules! pair_exchange {
+    ($t:ty) => {
+        impl $crate::pair::PairExchange for $t {
+            fn create(
+                devices: [&gp2p_cuda::Device; 2],
+                max_bytes: usize,
+                timeout: std::time::Duration,
+            ) -> $crate::Result<Self> {
+                <$t>::new(devices, max_bytes, timeout)
+            }
+            fn max_bytes(&self) -> usize {
+                <$t>::max_bytes(self)
+            }
+            fn set_start_together(&mut self, together: bool) {
+                <$t>::set_start_together(self, together)
+            }
+            fn all_reduce<T: gp2p_kernels::Element>(
+                &mut self,
+                bufs: [&mut gp2p_cuda::DeviceViewMut<'_, T>; 2],
+                streams: [&gp2p_cuda::Stream; 2],
+                op: gp2p_kernels::ReduceOp,
+                divide_by: u32,
+            ) -> $crate::Result<()> {
+                <$t>::all_reduce(self, bufs, streams, op, divide_by)
+            }
+        }
+    };
+}
+pub(crate) use pair_exchange;
 
 /// Two ranks on two devices whose kernels wait for each other.
 pub(crate) struct Pair {
