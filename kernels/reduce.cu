@@ -419,9 +419,10 @@ GP2P_FOR_EACH_DTYPE(GP2P_EXCHANGE_ALL_OPS)
 // their data area's start, a word every CHUNK_FLAG_STRIDE bytes. Calls alternate halves, and
 // a rank starts call k + 2 only after the peer's flags of call k + 1, which the peer sets
 // after it finished reading call k: a half is rewritten only once the peer read it. (Not
-// after a wait gave up: the next calls then return at once, and one may rewrite a half the
-// peer is still reading. Only the shared `broken` word reports that, at the peer's next call,
-// and the communicator refuses every call once it is set.)
+// after a wait gave up: later calls may then rewrite a half the peer is still reading. With
+// a shared `broken` word, set when a wait gives up, the next calls return at once and the
+// communicator refuses every call once it is set; without one (ChunkExchange), the next
+// call's host side reports the timeout.)
 //
 // A wait gives up `timeout_ns` after the peer's first flag of the call was seen, or
 // `queue_timeout_ns` after it began (a peer still behind queued work), or once `broken` is

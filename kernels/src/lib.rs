@@ -164,18 +164,21 @@ pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
 }
 
 /// The exported name of the flagged-chunk all-reduce kernel for `op` on `dtype`, in
-/// [`REDUCE`]: the one-process-per-GPU communicator's small and middling messages.
+/// [`REDUCE`]: small and middling two-rank all-reduces, of the one-process-per-GPU
+/// communicator and of gp2p-pinned's `ChunkExchange` (two devices of one process).
 ///
 /// Signature `(T* buf, u64 n, char* out_area, const char* in_area, u32 divisor,
-/// u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u64 flags_offset,
-/// u32* broken)`: each rank stores `buf` into its own data area of mapped host memory in
-/// [`CHUNK_BYTES`] chunks, a block each, and marks each with the call's number in its flag
+/// u64 timeout_ns, u64 queue_timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,
+/// u64 flags_offset, u32* broken)`: each rank stores `buf` into its own data area of mapped
+/// host memory in [`CHUNK_BYTES`] chunks, dealt to the blocks grid-stride, and marks each
+/// with the call's number in its flag
 /// (a word every [`CHUNK_FLAG_STRIDE`] bytes from `flags_offset` on); then it waits for the
 /// peer's flags and folds `buf = op(own, peer)` chunk by chunk (half of each block stores,
 /// half folds: launch [`CHUNK_BLOCK_THREADS`] threads per block). The number is the next after
 /// the count in `seq_counter[0]` (device memory); the kernel's last block stores it back,
 /// using `seq_counter[1]` (0 between calls) as its ticket. Odd numbers use the areas
-/// `half_stride` bytes on. Waits give up as the exchange kernels' do.
+/// `half_stride` bytes on. A wait gives up `timeout_ns` after the peer's first flag of the
+/// call was seen, or `queue_timeout_ns` after it began, or once `broken` (unless null) is set.
 pub fn chunks_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_chunks_");
     NAMES[op.index()][dtype.index()]

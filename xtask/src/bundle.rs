@@ -207,7 +207,7 @@ else
     # GP2P_SANITIZER tells tests whose kernels must run at once that they will not (the
     # sanitizer runs kernels one at a time): they report themselves not run.
     # The one-kernel chunk exchange between two devices of one process is off for the same
-    # reason (each call would wait out the peer timeout); gpu_lines runs it outside.
+    # reason (each call would wait out its queue timeout); gpu_lines runs it outside.
     run_suite "gpu_*" env GP2P_SANITIZER="$tool" GP2P_CHUNK_EXCHANGE_MAX_BYTES=0 "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20
   done
 fi

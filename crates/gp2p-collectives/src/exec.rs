@@ -34,7 +34,10 @@ pub const LINE_EXCHANGE_MAX_BYTES: usize = 0;
 /// exchange ([`ChunkExchange`]: one kernel per rank, flagged 4 KiB chunks of mapped host
 /// memory) by default, unless the environment variable `GP2P_CHUNK_EXCHANGE_MAX_BYTES` gives
 /// another limit (0 turns it off: under compute-sanitizer, which runs one kernel at a time,
-/// each call would wait out the peer timeout) or [`Engine::with_chunk_exchange_max`] does.
+/// each call would wait out the exchange's queue timeout, a minute) or
+/// [`Engine::with_chunk_exchange_max`] does; either is at most
+/// [`gp2p_pinned::CHUNK_EXCHANGE_LIMIT`]. See [`ChunkExchange`] for what its kernels' waits
+/// for each other can cost.
 /// Two H200s, `gp2p bench all-reduce --ranks 2` against NCCL's shared-memory path in the same
 /// call (benches/results/x2/run-a70c2c6-inproc-x2.txt): 15.6-19.4 us up to 64 KiB (NCCL
 /// 18.7-26.1), 26.3 at 256 KiB (43.7), 57.4 at 1 MiB (72.3), 164.1 at 4 MiB (175.3); where the
@@ -47,7 +50,8 @@ pub const CHUNK_EXCHANGE_MAX_BYTES: usize = 4 << 20;
 pub const CHUNK_EXCHANGE_MAX_VAR: &str = "GP2P_CHUNK_EXCHANGE_MAX_BYTES";
 
 /// [`CHUNK_EXCHANGE_MAX_BYTES`], or the byte count in [`CHUNK_EXCHANGE_MAX_VAR`] (read once).
-/// A value that is not a byte count is ignored, with a note on stderr.
+/// A value that is not a byte count, or is above [`gp2p_pinned::CHUNK_EXCHANGE_LIMIT`], is
+/// ignored, with a note on stderr.
 fn default_chunk_exchange_max() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| parse_chunk_exchange_max(std::env::var(CHUNK_EXCHANGE_MAX_VAR).ok().as_deref()))
@@ -57,11 +61,12 @@ fn default_chunk_exchange_max() -> usize {
 fn parse_chunk_exchange_max(value: Option<&str>) -> usize {
     match value.map(|v| v.trim().parse::<usize>()) {
         None => CHUNK_EXCHANGE_MAX_BYTES,
-        Some(Ok(bytes)) => bytes,
-        Some(Err(_)) => {
+        Some(Ok(bytes)) if bytes <= gp2p_pinned::CHUNK_EXCHANGE_LIMIT => bytes,
+        Some(_) => {
             eprintln!(
-                "geforce-p2p: ignoring {CHUNK_EXCHANGE_MAX_VAR}={:?}: not a byte count (0 turns the chunk exchange off)",
-                value.unwrap_or_default()
+                "geforce-p2p: ignoring {CHUNK_EXCHANGE_MAX_VAR}={:?}: not a byte count up to {} (0 turns the chunk exchange off)",
+                value.unwrap_or_default(),
+                gp2p_pinned::CHUNK_EXCHANGE_LIMIT
             );
             CHUNK_EXCHANGE_MAX_BYTES
         }
@@ -306,7 +311,9 @@ impl Engine {
         let group = self.group(devices)?;
         let mut group = group.lock();
         let exchange = match slot(&mut group) {
-            Some(x) if x.max_bytes() >= max => x,
+            // One out of step (a call that enqueued one rank's kernel only) is replaced; its
+            // memory is freed once the kernel it ran is done.
+            Some(x) if x.max_bytes() >= max && x.is_in_step() => x,
             empty => empty.insert(X::create([&devices[0], &devices[1]], max, DEFAULT_PEER_TIMEOUT)?),
         };
         let [a, b] = ranks else { unreachable!("the caller checked for two ranks") };
@@ -538,6 +545,14 @@ mod tests {
         assert_eq!(parse_chunk_exchange_max(Some("0")), 0, "0 turns it off");
         assert_eq!(parse_chunk_exchange_max(Some(" 65536 ")), 65536);
         assert_eq!(parse_chunk_exchange_max(Some("4 MiB")), CHUNK_EXCHANGE_MAX_BYTES, "not a byte count");
+        let limit = gp2p_pinned::CHUNK_EXCHANGE_LIMIT;
+        assert_eq!(parse_chunk_exchange_max(Some(&limit.to_string())), limit);
+        assert_eq!(
+            parse_chunk_exchange_max(Some(&(limit + 1).to_string())),
+            CHUNK_EXCHANGE_MAX_BYTES,
+            "above the limit"
+        );
+        assert_eq!(parse_chunk_exchange_max(Some(&usize::MAX.to_string())), CHUNK_EXCHANGE_MAX_BYTES);
         assert_eq!(Engine::new().with_chunk_exchange_max(7).chunk_exchange_max(), 7);
     }
 

@@ -11,6 +11,10 @@ use gp2p_kernels::{Element, ReduceOp, chunk_area_layout};
 use crate::Result;
 use crate::pair::{Pair, kernel_wait_ns};
 
+/// The largest buffer a chunk exchange is made for (its areas take four times as much pinned
+/// memory): 16 MiB, where the DMA pipeline has long since won.
+pub const CHUNK_EXCHANGE_LIMIT: usize = 16 << 20;
+
 /// How long a chunk exchange's kernel waits for a peer it has not yet seen begin the call,
 /// by default: the peer's stream may be working through queued work.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -38,7 +42,13 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 /// without, in two other calls of `gp2p bench`), and a peer that never comes still ends in
 /// [`crate::Error::PeerTimeout`] at the next call. The two kernels must run at the same time:
 /// a tool that runs one kernel at a time (compute-sanitizer) makes every call wait out the
-/// queue timeout.
+/// queue timeout. And a kernel waiting for its peer holds its device's multiprocessors (at
+/// 4 MiB, two blocks of 512 threads on each, all its registers): if the peer's stream waits
+/// for work on this device that is not yet running, that work waits for the kernel, and the
+/// call ends in the queue timeout (NCCL's kernels share this hazard, without a bound).
+///
+/// After a timeout, calls enqueued before the next call reported it may have folded a half
+/// the late rank was still rewriting: [`crate::Error::PeerTimeout`] says so.
 ///
 /// Lifetime: the areas and counters outlive the kernels by the lifetime rule (each call
 /// notes its points). `Send`; calls take `&mut self`.
@@ -60,8 +70,17 @@ impl ChunkExchange {
     /// Areas for buffers of up to `max_bytes` between `devices[0]` (rank 0) and `devices[1]`.
     /// The two devices must differ, as for [`crate::LineExchange::new`].
     pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
+        if max_bytes > CHUNK_EXCHANGE_LIMIT {
+            return Err(crate::Error::InvalidArgument {
+                name: "max_bytes",
+                reason: format!(
+                    "{max_bytes} bytes is above the chunk exchange's {CHUNK_EXCHANGE_LIMIT}: larger all-reduces belong to the DMA pipeline"
+                ),
+            });
+        }
         let mut pair = Pair::new(devices, timeout, "chunk exchange")?;
         pair.start_together = false;
+        pair.counted = true;
         let (flags_offset, area_bytes) = chunk_area_layout(max_bytes.max(1));
         // Halves on their own pages: the kernels need 64-byte alignment.
         let half_bytes = area_bytes.next_multiple_of(4096);
@@ -100,6 +119,13 @@ impl ChunkExchange {
     /// The largest buffer, in bytes, a call may exchange.
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
+    }
+
+    /// Whether calls can still run: false once a call enqueued rank 0's kernel and failed
+    /// before rank 1's (the kernels count calls on their devices, so the ranks would pair the
+    /// wrong calls from then on); later calls return [`crate::Error::OutOfStep`].
+    pub fn is_in_step(&self) -> bool {
+        self.pair.is_in_step()
     }
 
     /// The devices of rank 0 and rank 1.

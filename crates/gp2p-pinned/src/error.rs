@@ -100,7 +100,7 @@ pub enum Error {
     },
     /// A small exchange's kernel gave up waiting for its peer in an earlier call.
     #[error(
-        "an earlier small all-reduce was abandoned: rank {rank} waited {timeout:?} for rank {peer}, whose stream never reached the collective, so that call's results are wrong; this call was not run"
+        "an earlier small all-reduce was abandoned: rank {rank} waited {timeout:?} (or, for a peer not yet seen in the call, the exchange's queue timeout) for rank {peer}, whose stream never reached the collective, so that call's results are wrong, and those of calls enqueued before this one may be; this call was not run"
     )]
     PeerTimeout {
         /// The rank whose kernel gave up.
@@ -109,6 +109,15 @@ pub enum Error {
         peer: usize,
         /// How long it waited.
         timeout: std::time::Duration,
+    },
+    /// A one-kernel exchange whose two ranks no longer number their calls alike: an earlier
+    /// call enqueued rank 0's kernel and failed before rank 1's.
+    #[error(
+        "this exchange is out of step: an earlier call enqueued rank 0's kernel but not rank 1's ({cause}), so its later calls would pair the wrong data and it refuses them: make a new exchange"
+    )]
+    OutOfStep {
+        /// The error that stopped the earlier call.
+        cause: String,
     },
     /// A chunk larger than a slot.
     #[error("{bytes} bytes do not fit a staging slot of {slot_bytes} bytes: cut the transfer into chunks")]

@@ -49,7 +49,7 @@ mod pair;
 mod ring;
 
 pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned, is_pinned_on};
-pub use chunks::{ChunkExchange, DEFAULT_QUEUE_TIMEOUT};
+pub use chunks::{CHUNK_EXCHANGE_LIMIT, ChunkExchange, DEFAULT_QUEUE_TIMEOUT};
 pub use error::{Error, Result};
 pub use exchange::{DEFAULT_PEER_TIMEOUT, LineExchange};
 pub use ops::{

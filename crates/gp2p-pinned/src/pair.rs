@@ -32,6 +32,10 @@ pub trait PairExchange: Sized {
     /// The largest buffer, in bytes, a call may exchange.
     fn max_bytes(&self) -> usize;
 
+    /// Whether calls can still run: false once the exchange is out of step
+    /// ([`crate::Error::OutOfStep`]), when only a new one will do.
+    fn is_in_step(&self) -> bool;
+
     /// Whether a call whose streams have work queued starts both kernels only once both
     /// streams reached it.
     fn set_start_together(&mut self, together: bool);
@@ -61,6 +65,9 @@ macro_rules! pair_exchange {
             fn max_bytes(&self) -> usize {
                 <$t>::max_bytes(self)
             }
+            fn is_in_step(&self) -> bool {
+                <$t>::is_in_step(self)
+            }
             fn set_start_together(&mut self, together: bool) {
                 <$t>::set_start_together(self, together)
             }
@@ -88,6 +95,11 @@ pub(crate) struct Pair {
     /// Per rank: the end of its last kernel, for a call on another stream to wait for.
     last: [Option<StreamPoint>; 2],
     pub(crate) start_together: bool,
+    /// Whether the kernels number calls themselves, each from its device's counter: a call
+    /// that enqueues one rank's kernel only then leaves the ranks out of step for good.
+    pub(crate) counted: bool,
+    /// Why the pair is out of step, once it is.
+    out_of_step: Option<String>,
 }
 
 impl Pair {
@@ -131,12 +143,21 @@ impl Pair {
             timeout,
             last: [None, None],
             start_together: true,
+            counted: false,
+            out_of_step: None,
         })
     }
 
-    /// Check a call's arguments (after reporting a kernel of an earlier call that gave up):
-    /// each rank's buffer and stream on its device, equal lengths, two streams, at most
-    /// `max_bytes`. Returns the length.
+    /// Whether calls can still run (see [`Error::OutOfStep`]).
+    pub(crate) fn is_in_step(&self) -> bool {
+        self.out_of_step.is_none()
+    }
+
+    /// Check a call's arguments (after reporting a kernel of an earlier call that gave up,
+    /// or a pair out of step): each rank's buffer and stream on its device, equal lengths,
+    /// two streams, neither capturing a CUDA graph (the call takes events, which a capture
+    /// refuses, and it must not enqueue one rank's kernel only), at most `max_bytes`. Returns
+    /// the length.
     pub(crate) fn check<T: Element>(
         &self,
         bufs: &[&mut DeviceViewMut<'_, T>; 2],
@@ -144,6 +165,9 @@ impl Pair {
         max_bytes: usize,
     ) -> Result<usize> {
         self.take_failure()?;
+        if let Some(cause) = &self.out_of_step {
+            return Err(Error::OutOfStep { cause: cause.clone() });
+        }
         let len = bufs[0].len();
         const BUFFER: [&str; 2] = ["rank 0's buffer", "rank 1's buffer"];
         const STREAM: [&str; 2] = ["rank 0's stream", "rank 1's stream"];
@@ -175,6 +199,9 @@ impl Pair {
         if bytes > max_bytes {
             return Err(Error::ChunkTooLarge { bytes, slot_bytes: max_bytes });
         }
+        for stream in streams {
+            stream.refuse_capture()?;
+        }
         Ok(len)
     }
 
@@ -203,7 +230,10 @@ impl Pair {
     /// for a device (creating an event can, on some drivers, wait for the device to go idle,
     /// which rank 0's kernel does only once rank 1's runs or its timeout passes). Nor may the
     /// reclaimer free memory between them (see `gp2p_cuda::pause_releases`). Should the
-    /// second launch fail, the first kernel gives up at its timeout, its uses already noted.
+    /// second launch fail (or the first point not be taken), the first kernel gives up at its
+    /// timeout (the queue timeout of a [`crate::ChunkExchange`]), its uses noted (or its
+    /// stream waited for, by `point_from`); a pair whose kernels count calls is then out of
+    /// step.
     pub(crate) fn launch_both<T: Element>(
         &mut self,
         streams: [&Stream; 2],
@@ -214,14 +244,36 @@ impl Pair {
         let reserved = [streams[0].reserve_point()?, streams[1].reserve_point()?];
         let _paused = gp2p_cuda::pause_releases();
         for (r, reserved) in reserved.into_iter().enumerate() {
-            launch(r)?;
-            let point = streams[r].point_from(reserved)?;
+            if let Err(e) = launch(r) {
+                if r == 1 {
+                    self.fell_out_of_step(&e);
+                }
+                return Err(e);
+            }
+            let point = match streams[r].point_from(reserved) {
+                Ok(point) => point,
+                Err(e) => {
+                    let e = Error::from(e);
+                    if r == 0 {
+                        self.fell_out_of_step(&e);
+                    }
+                    return Err(e);
+                }
+            };
             bufs[r].note_use(&point);
             note(r, &point);
             self.failed.uses().note(&point);
             self.last[r] = Some(point);
         }
         Ok(())
+    }
+
+    /// A call enqueued rank 0's kernel and not rank 1's: if the kernels count calls, the
+    /// ranks are out of step from now on.
+    fn fell_out_of_step(&mut self, cause: &Error) {
+        if self.counted {
+            self.out_of_step = Some(cause.to_string());
+        }
     }
 
     /// Report (once) a kernel of an earlier call that gave up waiting for its peer.
