@@ -2,7 +2,8 @@
 //! on cudarc allocations and streams, interleaved with cudarc's own work, no host
 //! synchronisation until the results are read back; a cudarc slice dropped right after the
 //! enqueue is freed only after the work that reads it, even when that work ran on another
-//! stream than the one its view was made for.
+//! stream than the one its view was made for; an all-reduce on a capturing cudarc stream is
+//! refused before either rank's kernel is enqueued.
 
 // No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
 #![forbid(unsafe_code)]
@@ -131,5 +132,63 @@ fn all_reduce_of_cudarc_memory_interleaved_with_cudarc_work() {
             let (bad, first) = count_mismatched(&got, &want[r], ReduceOp::Sum);
             assert_eq!(bad, 0, "len {len} rank {r}: {}", first.join("; "));
         }
+    }
+}
+
+/// A two-rank sum of cudarc slices on cudarc streams (each on its own device) through
+/// `engine`.
+fn sum_on(
+    engine: &Engine,
+    views: [&mut CudarcViewMut<'_, f32>; 2],
+    streams: [&CudarcStream<'_>; 2],
+) -> Result<(), gp2p_collectives::Error> {
+    let [v0, v1] = views;
+    let mut ranks =
+        vec![Rank { buffer: v0.view_mut(), stream: streams[0] }, Rank { buffer: v1.view_mut(), stream: streams[1] }];
+    all_reduce(engine, &mut ranks, ReduceOp::Sum, Receive::Auto)
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn an_all_reduce_on_a_capturing_stream_is_refused_before_either_rank_enqueues() {
+    // The one-kernel exchange numbers calls on each device: a call that enqueued rank 0's
+    // kernel and not rank 1's would leave the two out of step. A capturing stream is refused
+    // before anything is enqueued, so the capture stays valid and the next call pairs up.
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let _serial = gp2p_tests::serial();
+    needs!(gpus: 2, concurrent_kernels, compute_80);
+    let (_c0, a0, _) = context(0);
+    let (_c1, a1, _) = context(1);
+    let (s0, s1) = (CudarcStream::new(&a0).unwrap(), CudarcStream::new(&a1).unwrap());
+    let engine = Engine::new();
+    // A first call makes the engine's exchange (allocations and module loads stay outside
+    // the capture below).
+    let mut warm = [a0.clone_htod(&[1.0f32; 4]).unwrap(), a1.clone_htod(&[2.0f32; 4]).unwrap()];
+    {
+        let [w0, w1] = &mut warm;
+        let (mut v0, mut v1) = (CudarcViewMut::new(w0, &a0).unwrap(), CudarcViewMut::new(w1, &a1).unwrap());
+        sum_on(&engine, [&mut v0, &mut v1], [&s0, &s1]).unwrap();
+    }
+    assert_eq!(a1.clone_dtoh(&warm[1]).unwrap(), vec![3.0f32; 4]);
+    let len = 10_001;
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 40 + r)).collect();
+    let mut bufs = [a0.clone_htod(&inputs[0]).unwrap(), a1.clone_htod(&inputs[1]).unwrap()];
+    {
+        // The views (and cudarc's waits they take) come before the capture begins.
+        let [b0, b1] = &mut bufs;
+        let (mut v0, mut v1) = (CudarcViewMut::new(b0, &a0).unwrap(), CudarcViewMut::new(b1, &a1).unwrap());
+        a1.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+        let refused = sum_on(&engine, [&mut v0, &mut v1], [&s0, &s1]);
+        let ended = a1.end_capture(CUgraphInstantiate_flags(0));
+        let err = refused.expect_err("rank 1's stream is capturing");
+        assert!(err.to_string().contains("captur"), "{err}");
+        assert!(ended.is_ok(), "the capture stayed valid: {:?}", ended.err());
+        sum_on(&engine, [&mut v0, &mut v1], [&s0, &s1]).unwrap();
+    }
+    let want = expected(Collective::AllReduce, &inputs, ReduceOp::Sum);
+    for (r, (buf, stream)) in bufs.iter().zip([&a0, &a1]).enumerate() {
+        let got = stream.clone_dtoh(buf).unwrap();
+        let (bad, first) = count_mismatched(&got, &want[r], ReduceOp::Sum);
+        assert_eq!(bad, 0, "rank {r}: {}", first.join("; "));
     }
 }
