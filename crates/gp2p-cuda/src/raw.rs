@@ -20,8 +20,7 @@ use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
 use gp2p_kernels::{
-    CHUNK_BYTES, CHUNK_FLAG_STRIDE, DType, ReduceOp, WAIT_FLAG_KERNEL, chunks_kernel_name, exchange_kernel_name,
-    reduce_kernel_name,
+    DType, ReduceOp, WAIT_FLAG_KERNEL, chunk_area_layout, chunks_kernel_name, exchange_kernel_name, reduce_kernel_name,
 };
 
 use crate::driver::check;
@@ -313,9 +312,11 @@ pub unsafe fn exchange_chunks(
         name: "len",
         reason: format!("{len} elements of {} do not fit in the address space", dtype.name()),
     })?;
-    let data = (bytes as u64).next_multiple_of(16);
-    let half = areas.flags_offset.saturating_add((bytes.div_ceil(CHUNK_BYTES) * CHUNK_FLAG_STRIDE) as u64);
-    if areas.flags_offset < data {
+    // The layout every maker of the areas uses: the data in whole 16-byte groups, the flags
+    // from a 64-byte boundary after them (flags_offset is a multiple of 64, checked above).
+    let (data, area) = chunk_area_layout(bytes);
+    let half = areas.flags_offset.saturating_add((area - data) as u64);
+    if areas.flags_offset < data as u64 {
         return Err(Error::InvalidArgument {
             name: "flags_offset",
             reason: format!("{} bytes: the data of {len} elements take {data}", areas.flags_offset),

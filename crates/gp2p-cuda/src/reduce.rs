@@ -162,8 +162,8 @@ pub(crate) unsafe fn launch_reduce(
 }
 
 /// The flagged-chunk kernels' parameters `(T* buf, u64 n, char* out_area,
-/// const char* in_area, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter,
-/// u64 half_stride, u64 flags_offset, u32* broken)`, in order.
+/// const char* in_area, u32 divisor, u64 timeout_ns, u64 queue_timeout_ns, u32* failed,
+/// u32* seq_counter, u64 half_stride, u64 flags_offset, u32* broken)`, in order.
 pub(crate) struct ChunksArgs {
     pub(crate) buf: RawDevicePtr,
     pub(crate) len: u64,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gp2p_cuda::raw::{self, ChunkAreas, ChunkWaits};
-use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
+use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp, chunk_area_layout};
 
 use crate::Result;
@@ -53,16 +53,11 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Lifetime: the areas and counters outlive the kernels by the lifetime rule (each call
 /// notes its points). `Send`; calls take `&mut self`.
 pub struct ChunkExchange {
+    /// The devices, and per rank its area (data, then flags at `flags_offset`), both halves.
     pair: Pair,
-    /// Per rank: its area, both halves.
-    areas: [HostAllocation; 2],
-    /// Per rank: its own area and its peer's, as its device maps them.
-    mapped: [(RawDevicePtr, RawDevicePtr); 2],
     /// Per rank, in its device's memory: the call count and the kernels' ticket.
     counters: [DeviceBuffer<u32>; 2],
-    half_bytes: usize,
     flags_offset: usize,
-    max_bytes: usize,
     queue_timeout: Duration,
 }
 
@@ -78,29 +73,14 @@ impl ChunkExchange {
                 ),
             });
         }
-        let mut pair = Pair::new(devices, timeout, "chunk exchange")?;
-        pair.start_together = false;
-        pair.counted = true;
         let (flags_offset, area_bytes) = chunk_area_layout(max_bytes.max(1));
         // Halves on their own pages: the kernels need 64-byte alignment.
         let half_bytes = area_bytes.next_multiple_of(4096);
-        let areas =
-            [HostAllocation::new(devices[0], 2 * half_bytes)?, HostAllocation::new(devices[1], 2 * half_bytes)?];
-        let mut mapped = [(0, 0); 2];
-        for (r, device) in devices.into_iter().enumerate() {
-            mapped[r] = (areas[r].device_ptr(device)?, areas[1 - r].device_ptr(device)?);
-        }
+        let mut pair = Pair::new(devices, timeout, "chunk exchange", (max_bytes, half_bytes))?;
+        pair.start_together = false;
+        pair.counted = true;
         let counters = [DeviceBuffer::zeroed(devices[0], 2)?, DeviceBuffer::zeroed(devices[1], 2)?];
-        Ok(ChunkExchange {
-            pair,
-            areas,
-            mapped,
-            counters,
-            half_bytes,
-            flags_offset,
-            max_bytes,
-            queue_timeout: DEFAULT_QUEUE_TIMEOUT.max(timeout),
-        })
+        Ok(ChunkExchange { pair, counters, flags_offset, queue_timeout: DEFAULT_QUEUE_TIMEOUT.max(timeout) })
     }
 
     /// Whether a call whose streams have work queued starts both kernels only once both
@@ -118,7 +98,7 @@ impl ChunkExchange {
 
     /// The largest buffer, in bytes, a call may exchange.
     pub fn max_bytes(&self) -> usize {
-        self.max_bytes
+        self.pair.max_bytes
     }
 
     /// Whether calls can still run: false once a call enqueued rank 0's kernel and failed
@@ -126,11 +106,6 @@ impl ChunkExchange {
     /// wrong calls from then on); later calls return [`crate::Error::OutOfStep`].
     pub fn is_in_step(&self) -> bool {
         self.pair.is_in_step()
-    }
-
-    /// The devices of rank 0 and rank 1.
-    pub fn devices(&self) -> [&Device; 2] {
-        [&self.pair.devices[0], &self.pair.devices[1]]
     }
 
     /// In place on both ranks: `buf = op(own, peer)` (for avg, `divide_by` divides the sum:
@@ -144,17 +119,16 @@ impl ChunkExchange {
         op: ReduceOp,
         divide_by: u32,
     ) -> Result<()> {
-        let len = self.pair.check(&bufs, streams, self.max_bytes)?;
+        let len = self.pair.begin(&bufs, streams)?;
         if len == 0 {
             return Ok(());
         }
-        self.pair.order(streams)?;
         let waits = ChunkWaits {
             timeout_ns: kernel_wait_ns(self.pair.timeout),
             queue_timeout_ns: kernel_wait_ns(self.queue_timeout),
         };
-        let (areas, counters, mapped, failed) = (&self.areas, &self.counters, self.mapped, self.pair.failed_mapped);
-        let (half_stride, flags_offset) = (self.half_bytes as u64, self.flags_offset as u64);
+        let (counters, mapped, failed) = (&self.counters, self.pair.mapped, self.pair.failed_mapped);
+        let (half_stride, flags_offset) = (self.pair.half_bytes as u64, self.flags_offset as u64);
         let raw_bufs = [bufs[0].raw_ptr(), bufs[1].raw_ptr()];
         let launch = |r: usize| {
             let (own, peer) = mapped[r];
@@ -172,17 +146,15 @@ impl ChunkExchange {
             // chunk_area_layout(max_bytes).1 bytes or more of page-aligned, mapped pinned
             // memory laid out with that flags_offset, which only rank r's kernels write
             // (`own`); the counter is rank r's own, in its device's memory, touched only by
-            // this exchange's kernels on rank r, in the order `order` keeps; `failed` is rank
-            // r's own u32; all of them outlive the kernels by the points `launch_both` notes
-            // right after each launch. Both kernels are enqueued by `launch_both`.
+            // this exchange's kernels on rank r, in the order `Pair::begin` keeps; `failed` is
+            // rank r's own u32; all of them outlive the kernels by the points `launch_both`
+            // notes right after each launch. `launch_both` enqueues both kernels (should the
+            // second fail, the first gives up at its queue timeout, and the pair, out of
+            // step, refuses every later call).
             unsafe { raw::exchange_chunks(streams[r], raw_bufs[r], len, T::DTYPE, op, chunk_areas, divide_by, waits) }
                 .map_err(Into::into)
         };
-        let note = |r: usize, point: &StreamPoint| {
-            areas[0].uses().note(point);
-            areas[1].uses().note(point);
-            counters[r].view(..).note_use(point);
-        };
+        let note = |r: usize, point: &StreamPoint| counters[r].view(..).note_use(point);
         self.pair.launch_both(streams, bufs, launch, note)
     }
 }
@@ -196,7 +168,7 @@ impl std::fmt::Debug for ChunkExchange {
             "ChunkExchange(devices {} and {}, up to {} bytes)",
             self.pair.devices[0].ordinal(),
             self.pair.devices[1].ordinal(),
-            self.max_bytes
+            self.pair.max_bytes
         )
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gp2p_cuda::raw::{self, ExchangeLines};
-use gp2p_cuda::{Device, DeviceViewMut, HostAllocation, RawDevicePtr, Stream};
+use gp2p_cuda::{Device, DeviceViewMut, Stream};
 use gp2p_kernels::{Element, ReduceOp, exchange_line_bytes, next_exchange_seq};
 
 use crate::Result;
@@ -34,13 +34,8 @@ pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Lifetime: the lines outlive the kernels by the lifetime rule (each call notes its points).
 /// `Send`; calls take `&mut self`.
 pub struct LineExchange {
+    /// The devices, and per rank its lines (the pair's area), both halves.
     pair: Pair,
-    /// Per rank: its lines, both halves.
-    lines: [HostAllocation; 2],
-    /// Per rank: its own lines and its peer's, as its device maps them.
-    mapped: [(RawDevicePtr, RawDevicePtr); 2],
-    half_bytes: usize,
-    max_bytes: usize,
     counter: u64,
 }
 
@@ -49,15 +44,9 @@ impl LineExchange {
     /// The two devices must differ: each rank's kernel waits for the other's, and two
     /// streams of one device may share a hardware queue that runs them one after the other.
     pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
-        let pair = Pair::new(devices, timeout, "line exchange")?;
         let half_bytes = exchange_line_bytes(max_bytes.max(1));
-        let lines =
-            [HostAllocation::new(devices[0], 2 * half_bytes)?, HostAllocation::new(devices[1], 2 * half_bytes)?];
-        let mut mapped = [(0, 0); 2];
-        for (r, device) in devices.into_iter().enumerate() {
-            mapped[r] = (lines[r].device_ptr(device)?, lines[1 - r].device_ptr(device)?);
-        }
-        Ok(LineExchange { pair, lines, mapped, half_bytes, max_bytes, counter: 0 })
+        let pair = Pair::new(devices, timeout, "line exchange", (max_bytes, half_bytes))?;
+        Ok(LineExchange { pair, counter: 0 })
     }
 
     /// Whether `device` may take part in a line exchange: only where it runs a build of the
@@ -76,7 +65,7 @@ impl LineExchange {
 
     /// The largest buffer, in bytes, a call may exchange.
     pub fn max_bytes(&self) -> usize {
-        self.max_bytes
+        self.pair.max_bytes
     }
 
     /// Always true: the host numbers the calls, so a call that enqueued one kernel only
@@ -101,15 +90,14 @@ impl LineExchange {
         op: ReduceOp,
         divide_by: u32,
     ) -> Result<()> {
-        let len = self.pair.check(&bufs, streams, self.max_bytes)?;
+        let len = self.pair.begin(&bufs, streams)?;
         if len == 0 {
             return Ok(());
         }
-        self.pair.order(streams)?;
         let seq = next_exchange_seq(&mut self.counter);
-        let half = ((seq & 1) as usize * self.half_bytes) as u64;
+        let half = ((seq & 1) as usize * self.pair.half_bytes) as u64;
         let timeout_ns = kernel_wait_ns(self.pair.timeout);
-        let (lines, mapped, failed) = (&self.lines, self.mapped, self.pair.failed_mapped);
+        let (mapped, failed) = (self.pair.mapped, self.pair.failed_mapped);
         let raw_bufs = [bufs[0].raw_ptr(), bufs[1].raw_ptr()];
         let launch = |r: usize| {
             let (own, peer) = mapped[r];
@@ -128,11 +116,7 @@ impl LineExchange {
             unsafe { raw::exchange(streams[r], raw_bufs[r], len, T::DTYPE, op, lines, seq, divide_by, timeout_ns) }
                 .map_err(Into::into)
         };
-        let note = |_: usize, point: &gp2p_cuda::StreamPoint| {
-            lines[0].uses().note(point);
-            lines[1].uses().note(point);
-        };
-        self.pair.launch_both(streams, bufs, launch, note)?;
+        self.pair.launch_both(streams, bufs, launch, |_, _| ())?;
         Ok(())
     }
 }
@@ -146,7 +130,7 @@ impl std::fmt::Debug for LineExchange {
             "LineExchange(devices {} and {}, up to {} bytes, call {})",
             self.pair.devices[0].ordinal(),
             self.pair.devices[1].ordinal(),
-            self.max_bytes,
+            self.pair.max_bytes,
             self.counter
         )
     }

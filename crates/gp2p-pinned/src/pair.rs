@@ -85,9 +85,18 @@ macro_rules! pair_exchange {
 }
 pub(crate) use pair_exchange;
 
-/// Two ranks on two devices whose kernels wait for each other.
+/// Two ranks on two devices whose kernels wait for each other, each with an area of mapped
+/// pinned memory in two halves (calls alternate them) that only its kernels write.
 pub(crate) struct Pair {
     pub(crate) devices: [Device; 2],
+    /// Per rank: its area, both halves.
+    areas: [HostAllocation; 2],
+    /// Per rank: its own area and its peer's, as its device maps them.
+    pub(crate) mapped: [(RawDevicePtr, RawDevicePtr); 2],
+    /// Bytes of one half of an area.
+    pub(crate) half_bytes: usize,
+    /// The largest buffer, in bytes, a call may exchange.
+    pub(crate) max_bytes: usize,
     /// Two `u32` flags, one per rank, set by a kernel that gave up.
     pub(crate) failed: HostAllocation,
     pub(crate) failed_mapped: [RawDevicePtr; 2],
@@ -103,10 +112,16 @@ pub(crate) struct Pair {
 }
 
 impl Pair {
-    /// The pair of `devices` for an exchange called `what` (in messages): two different
-    /// devices that run a build of the kernels offering it, with host mapping, their kernels
-    /// loaded (none may load lazily between the two ranks' launches).
-    pub(crate) fn new(devices: [&Device; 2], timeout: Duration, what: &str) -> Result<Pair> {
+    /// The pair of `devices` for an exchange called `what` (in messages) of buffers up to
+    /// `max_bytes`, with areas of two `half_bytes` halves: two different devices that run a
+    /// build of the kernels offering it, with host mapping, their kernels loaded (none may
+    /// load lazily between the two ranks' launches).
+    pub(crate) fn new(
+        devices: [&Device; 2],
+        timeout: Duration,
+        what: &str,
+        (max_bytes, half_bytes): (usize, usize),
+    ) -> Result<Pair> {
         if devices[0] == devices[1] {
             return Err(Error::InvalidArgument {
                 name: "devices",
@@ -132,12 +147,19 @@ impl Pair {
             gp2p_cuda::load_all_reduce_kernels(device)?;
         }
         let failed = HostAllocation::new(devices[0], 2 * size_of::<u32>())?;
-        let mut failed_mapped = [0; 2];
-        for (r, mapped) in failed_mapped.iter_mut().enumerate() {
-            *mapped = failed.device_ptr(devices[r])? + (r * size_of::<u32>()) as u64;
+        let areas =
+            [HostAllocation::new(devices[0], 2 * half_bytes)?, HostAllocation::new(devices[1], 2 * half_bytes)?];
+        let (mut failed_mapped, mut mapped) = ([0; 2], [(0, 0); 2]);
+        for (r, device) in devices.into_iter().enumerate() {
+            failed_mapped[r] = failed.device_ptr(device)? + (r * size_of::<u32>()) as u64;
+            mapped[r] = (areas[r].device_ptr(device)?, areas[1 - r].device_ptr(device)?);
         }
         Ok(Pair {
             devices: [devices[0].clone(), devices[1].clone()],
+            areas,
+            mapped,
+            half_bytes,
+            max_bytes,
             failed,
             failed_mapped,
             timeout,
@@ -153,17 +175,26 @@ impl Pair {
         self.out_of_step.is_none()
     }
 
+    /// Begin a call: check its arguments, and unless the buffers are empty (then it returns
+    /// 0, and nothing is to be enqueued) order it with [`Pair::order`]. Returns the length.
+    pub(crate) fn begin<T: Element>(
+        &self,
+        bufs: &[&mut DeviceViewMut<'_, T>; 2],
+        streams: [&Stream; 2],
+    ) -> Result<usize> {
+        let len = self.check(bufs, streams)?;
+        if len > 0 {
+            self.order(streams)?;
+        }
+        Ok(len)
+    }
+
     /// Check a call's arguments (after reporting a kernel of an earlier call that gave up,
     /// or a pair out of step): each rank's buffer and stream on its device, equal lengths,
     /// two streams, neither capturing a CUDA graph (the call takes events, which a capture
     /// refuses, and it must not enqueue one rank's kernel only), at most `max_bytes`. Returns
     /// the length.
-    pub(crate) fn check<T: Element>(
-        &self,
-        bufs: &[&mut DeviceViewMut<'_, T>; 2],
-        streams: [&Stream; 2],
-        max_bytes: usize,
-    ) -> Result<usize> {
+    fn check<T: Element>(&self, bufs: &[&mut DeviceViewMut<'_, T>; 2], streams: [&Stream; 2]) -> Result<usize> {
         self.take_failure()?;
         if let Some(cause) = &self.out_of_step {
             return Err(Error::OutOfStep { cause: cause.clone() });
@@ -196,8 +227,8 @@ impl Pair {
             });
         }
         let bytes = len * size_of::<T>();
-        if bytes > max_bytes {
-            return Err(Error::ChunkTooLarge { bytes, slot_bytes: max_bytes });
+        if bytes > self.max_bytes {
+            return Err(Error::ChunkTooLarge { bytes, slot_bytes: self.max_bytes });
         }
         for stream in streams {
             stream.refuse_capture()?;
@@ -208,7 +239,7 @@ impl Pair {
     /// Order a call's kernels after the pair's previous call (which may have run on other
     /// streams) and, if either stream has work queued, start both only once both streams
     /// reached the call: a kernel may wait for its peer at most the timeout.
-    pub(crate) fn order(&self, streams: [&Stream; 2]) -> Result<()> {
+    fn order(&self, streams: [&Stream; 2]) -> Result<()> {
         for (stream, last) in streams.iter().zip(&self.last) {
             if let Some(last) = last {
                 stream.wait_point(last)?;
@@ -223,8 +254,8 @@ impl Pair {
     }
 
     /// Enqueue rank 0's kernel, then rank 1's (`launch(r)` on `streams[r]`), and note where
-    /// each ends on its buffer, on the give-up flags and (`note(r, point)`) on whatever else
-    /// it touches.
+    /// each ends on its buffer, on both areas, on the give-up flags and (`note(r, point)`) on
+    /// whatever else it touches.
     ///
     /// The events of both ends are taken first: between the two launches nothing may wait
     /// for a device (creating an event can, on some drivers, wait for the device to go idle,
@@ -262,7 +293,9 @@ impl Pair {
             };
             bufs[r].note_use(&point);
             note(r, &point);
-            self.failed.uses().note(&point);
+            for used in [&self.areas[0], &self.areas[1], &self.failed] {
+                used.uses().note(&point);
+            }
             self.last[r] = Some(point);
         }
         Ok(())
