@@ -167,8 +167,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", help="write the results here (rank 0)")
     parser.add_argument("--max-bytes", type=int, default=1 << 30, help="the largest size timed")
-    parser.add_argument("--small-max-bytes", type=int, default=256 << 10,
-                        help="the communicator's one-kernel path up to this size (its max_bytes)")
+    parser.add_argument("--small-max-bytes", type=int,
+                        help="the communicator's one-kernel path up to this size (its max_bytes; "
+                             "default the library's)")
     parser.add_argument("--slot-bytes", type=int, help="the pipeline's slot size (default the library's)")
     parser.add_argument("--slots", type=int, help="the pipeline's slots per rank (default the library's)")
     parser.add_argument("--min-bytes", type=int, default=0, help="the smallest size timed")
@@ -184,7 +185,8 @@ def main():
     dist.init_process_group("nccl", device_id=device)
     box = [gpd.unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    comm = gpd.Communicator(box[0], rank, world, local, max_bytes=args.small_max_bytes,
+    limit = {} if args.small_max_bytes is None else {"max_bytes": args.small_max_bytes}
+    comm = gpd.Communicator(box[0], rank, world, local, **limit,
                             slot_bytes=args.slot_bytes, slots=args.slots)
     rows = []
     for size in [s for s in SMALL + LARGE if args.min_bytes <= s <= args.max_bytes]:

@@ -7,7 +7,11 @@ op take turns call by call, so a drift in the machine's speed reaches them all a
 "from idle", each call alone on an idle device behind a short spin, as ``gp2p bench`` times
 its enqueue, so the native call and the Rust bench are timed alike.
 
-    python3 benches/python/overhead_parts.py [--json parts.json]"""
+With ``--streams side`` each device's current torch stream is a side stream from torch's pool (non-blocking)
+rather than the legacy default stream torch starts with, to tell the stream's kind apart from
+the call's own cost.
+
+    python3 benches/python/overhead_parts.py [--streams legacy|side] [--json parts.json]"""
 
 import argparse
 import json
@@ -47,11 +51,15 @@ def per_call_us(parts, devices, calls, from_idle):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--streams", choices=("legacy", "side"), default="legacy")
     parser.add_argument("--json")
     args = parser.parse_args()
     n = torch.cuda.device_count()
     src, dst = 0, min(1, n - 1)
     devices = sorted({src, dst})
+    if args.streams == "side":
+        for d in range(n):
+            torch.cuda.set_stream(torch.cuda.Stream(device=d))
     a = torch.randn(1, device="cuda:%d" % src)
     b = torch.empty(1, device="cuda:%d" % dst)
     rows = {}
@@ -98,7 +106,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpus": [torch.cuda.get_device_name(i) for i in range(n)], "torch": torch.__version__,
-                       "calls": args.calls, "us_per_call": rows}, f, indent=1)
+                       "calls": args.calls, "streams": args.streams, "us_per_call": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
