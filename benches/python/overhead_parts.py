@@ -4,12 +4,16 @@ with its arguments made beforehand; beside them, the enqueue time ``gp2p bench``
 the same op (run in this process). Host time per call, median of ``--calls``; the parts of one
 op take turns call by call, so a drift in the machine's speed reaches them all alike. Two ways:
 "queued", calls back to back behind a spinning kernel (the driver's queue fills as they go), and
-"from idle", each call alone on an idle device behind a short spin, as ``gp2p bench`` times
-its enqueue, so the native call and the Rust bench are timed alike.
+"from idle", each call alone after both devices are idle, behind a short spin on device 0
+only: ``gp2p bench`` times its enqueue so (device 0 synchronised and its stream held, the
+other device's stream left idle), and the library skips the cross-device ordering an idle
+stream does not need, so the two are timed alike only if the other device is idle too. The
+from-idle parts and the Rust bench are measured ``--rounds`` times, in turns, to show the
+spread of the difference.
 
-With ``--streams side`` each device's current torch stream is a side stream from torch's pool (non-blocking)
-rather than the legacy default stream torch starts with, to tell the stream's kind apart from
-the call's own cost.
+With ``--streams side`` each device's current torch stream is a side stream from torch's pool
+(non-blocking) rather than the legacy default stream torch starts with; the Rust bench runs on
+streams of the same kind (``--stream legacy`` or its own non-blocking ones).
 
     python3 benches/python/overhead_parts.py [--streams legacy|side] [--json parts.json]"""
 
@@ -38,8 +42,7 @@ def per_call_us(parts, devices, calls, from_idle):
             if from_idle:
                 for d in devices:
                     torch.cuda.synchronize(d)
-                for d in devices:
-                    spin(d, 0.3)
+                spin(devices[0], 0.3)
             t0 = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - t0)
@@ -51,12 +54,16 @@ def per_call_us(parts, devices, calls, from_idle):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3, help="from-idle and Rust bench measurements, in turns")
     parser.add_argument("--streams", choices=("legacy", "side"), default="legacy")
     parser.add_argument("--json")
     args = parser.parse_args()
     n = torch.cuda.device_count()
     src, dst = 0, min(1, n - 1)
     devices = sorted({src, dst})
+    # The Rust bench on streams of the same kind: the legacy default stream, or new
+    # non-blocking streams (torch's pool streams are non-blocking).
+    bench_stream = "legacy" if args.streams == "legacy" else "own"
     if args.streams == "side":
         for d in range(n):
             torch.cuda.set_stream(torch.cuda.Stream(device=d))
@@ -81,12 +88,19 @@ def main():
                  "all_reduce": ["all-reduce", "--ranks", "2", "--op", "sum", "--dtype", "f32"]}
     for op, parts in ops.items():
         per_call_us(parts, devices, 20, False)  # warm-up: caches and the library's state
-        for way, from_idle in (("queued", False), ("from idle", True)):
-            for part, us in per_call_us(parts, devices, args.calls, from_idle).items():
+        for part, us in per_call_us(parts, devices, args.calls, False).items():
+            rows["%s queued: %s" % (op, part)] = us
+        rows["%s queued: python layer" % op] = rows["%s queued: whole call" % op] - rows["%s queued: native only" % op]
+        for r in range(1, args.rounds + 1):
+            way = "from idle %d" % r
+            for part, us in per_call_us(parts, devices, args.calls, True).items():
                 rows["%s %s: %s" % (op, way, part)] = us
             rows["%s %s: python layer" % (op, way)] = (
                 rows["%s %s: whole call" % (op, way)] - rows["%s %s: native only" % (op, way)])
-        rows["%s: gp2p bench enqueue" % op] = rust_enqueue_us(rust_args[op])
+            bench = rust_enqueue_us(rust_args[op] + ["--stream", bench_stream])
+            rows["%s %s: gp2p bench enqueue" % (op, way)] = bench
+            if bench is not None:
+                rows["%s %s: whole call - bench" % (op, way)] = rows["%s %s: whole call" % (op, way)] - bench
     for name, us in rows.items():
         print("parts %-40s %6.2f us/call" % (name, us if us is not None else float("nan")))
     # The timed calls' results are not kept (the all-reduces double their inputs each time):

@@ -79,6 +79,7 @@ fn a_leaked_wrapper_still_orders_cudarcs_free_after_the_work() {
     s2.memset_zeros(&mut dst).unwrap();
     s2.synchronize().unwrap();
     let gate = gp2p_tests::hold(&b); // the copy below waits behind it
+    let held = std::time::Instant::now();
     let from = CudarcView::new(&src, &s1).unwrap();
     let mut to = CudarcViewMut::new(&mut dst, &s2).unwrap();
     transport().copy(&from.view(), &b, &mut to.view_mut(), &b, options).unwrap();
@@ -87,9 +88,17 @@ fn a_leaked_wrapper_still_orders_cudarcs_free_after_the_work() {
     // cudarc frees `src` on s1 and hands the memory to the next allocation there, which
     // cudarc zeroes: both must wait for the held copy. (Zeroed on the GPU: a refill copied
     // from pageable host memory blocks the host until s1 reaches it, past the gate.)
+    let copied = held.elapsed();
     drop(src);
+    let freed = held.elapsed();
     let poison: CudaSlice<f32> = s1.alloc_zeros(len).unwrap();
-    assert!(!gate.expired(), "the copy was still held when cudarc freed and refilled");
+    let refilled = held.elapsed();
+    // Which host call waited on the gate, if one did: the times since it closed.
+    assert!(
+        !gate.expired(),
+        "the copy was still held when cudarc freed and refilled (since the gate closed: copy \
+         enqueued at {copied:?}, src freed at {freed:?}, refilled at {refilled:?})"
+    );
     drop(gate);
     drop(b);
     assert!(s2.clone_dtoh(&dst).unwrap() == host, "the copy read the memory before cudarc reused it");

@@ -115,6 +115,17 @@ impl Stream {
         Ok(Stream { device: device.clone(), raw, drop_point: Some(drop_point), identity: Identity::fresh() })
     }
 
+    /// The legacy default stream of `device`'s primary context: where the CUDA runtime and
+    /// PyTorch enqueue unless told otherwise. It waits for, and is waited for by, every
+    /// blocking stream of the context (the library's own streams are non-blocking).
+    pub fn legacy(device: &Device) -> Stream {
+        // SAFETY: the null handle names the legacy default stream of the current context,
+        // which every call through this stream binds to `device`'s primary context first;
+        // the device keeps that context retained for the process, so the stream outlives
+        // anything enqueued on it, and borrowed streams are never destroyed.
+        unsafe { Stream::borrow_raw(device, std::ptr::null_mut()) }
+    }
+
     /// Borrow a stream created elsewhere. A null handle means the legacy default stream.
     ///
     /// # Safety

@@ -108,9 +108,9 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
     let devices: Vec<Device> = (0..n).map(|r| Device::open(if logical { 0 } else { r })).collect::<Result<_, _>>()?;
     // Logical ranks share one stream: the collective's fork and join then bracket all ranks.
     let streams: Vec<Stream> = if logical {
-        vec![Stream::new(&devices[0])?]
+        vec![c.stream(&devices[0])?]
     } else {
-        devices.iter().map(Stream::new).collect::<Result<_, _>>()?
+        devices.iter().map(|d| c.stream(d)).collect::<Result<_, _>>()?
     };
     let stream_of = |r: usize| &streams[if logical { 0 } else { r }];
     eprintln!("measuring ceilings ...");

@@ -3,7 +3,7 @@
 use clap::Args;
 use geforce_p2p::kernels::reference::fill_random;
 use geforce_p2p::ops::copy_from_host;
-use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, Stream, transport};
+use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, transport};
 
 use super::{CEILING_BYTES, Common, finish, progress};
 use crate::error::CliError;
@@ -42,7 +42,7 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
     let sizes = c.sizes()?;
     let repeats = c.repeats()?;
     let (src_dev, dst_dev) = (Device::open(args.src)?, Device::open(args.dst)?);
-    let (src_stream, dst_stream) = (Stream::new(&src_dev)?, Stream::new(&dst_dev)?);
+    let (src_stream, dst_stream) = (c.stream(&src_dev)?, c.stream(&dst_dev)?);
     let one_card = src_dev == dst_dev;
     eprintln!("measuring ceilings ...");
     // Ceilings of the links this copy uses: the source's D2H and the destination's H2D;

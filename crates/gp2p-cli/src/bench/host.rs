@@ -3,7 +3,7 @@
 use clap::Args;
 use geforce_p2p::kernels::reference::fill_random;
 use geforce_p2p::ops::{copy_from_host, copy_to_host};
-use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer};
 
 use super::{CEILING_BYTES, Common, finish, progress};
 use crate::error::CliError;
@@ -26,7 +26,7 @@ pub fn run(args: &HostArgs) -> Result<(), CliError> {
     let sizes = c.sizes()?;
     let repeats = c.repeats()?;
     let device = Device::open(args.device)?;
-    let stream = Stream::new(&device)?;
+    let stream = c.stream(&device)?;
     eprintln!("measuring ceilings ...");
     let mut ceilings = Ceilings::new(&device, &stream, CEILING_BYTES, repeats)?;
     let (d2h, h2d) = (ceilings.d2h()?, ceilings.h2d()?);

@@ -9,6 +9,7 @@ mod reduce;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use geforce_p2p::{Device, Stream};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::error::CliError;
@@ -65,11 +66,32 @@ pub struct Common {
     /// Draw GB/s against size as SVG to this file, with the ceilings dashed.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// The streams the bench enqueues on: new non-blocking streams, or each
+    /// device's legacy default stream (where PyTorch enqueues unless told otherwise).
+    #[arg(long, value_enum, default_value = "own")]
+    stream: StreamFlag,
+}
+
+/// Which streams a bench enqueues on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamFlag {
+    /// A new non-blocking stream per device.
+    Own,
+    /// Each device's legacy default stream.
+    Legacy,
 }
 
 impl Common {
     fn sizes(&self) -> Result<Vec<usize>, CliError> {
         sweep(self.begin, self.end, self.factor).map_err(CliError::Usage)
+    }
+
+    /// The caller stream on `device` that `--stream` asks for.
+    fn stream(&self, device: &Device) -> Result<Stream, CliError> {
+        Ok(match self.stream {
+            StreamFlag::Own => Stream::new(device)?,
+            StreamFlag::Legacy => Stream::legacy(device),
+        })
     }
 
     fn repeats(&self) -> Result<Repeats, CliError> {

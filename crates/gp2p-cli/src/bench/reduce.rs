@@ -35,7 +35,7 @@ pub fn run(args: &ReduceArgs) -> Result<(), CliError> {
     let dtypes = args.dtype.list();
     let repeats = c.repeats()?;
     let device = Device::open(args.device)?;
-    let stream = Stream::new(&device)?;
+    let stream = c.stream(&device)?;
     eprintln!("measuring ceilings with {} transfers ...", format_size(CEILING_BYTES));
     let mut ceilings = Ceilings::new(&device, &stream, CEILING_BYTES, repeats)?;
     let ceil = ReduceCeilings { d2d: ceilings.d2d()?, h2d: ceilings.h2d()? };
