@@ -160,6 +160,20 @@ def run(name, op, numel, args, rank, world, device, graphed=False):
     return statistics.median(per_call), per_call, statistics.median(host_us)
 
 
+def bind_to_gpu_cpus(local):
+    """Pin this process to the CPUs the kernel lists as local to GPU `local`'s PCI device."""
+    props = torch.cuda.get_device_properties(local)
+    bus = "%04x:%02x:%02x.0" % (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+    with open("/sys/bus/pci/devices/%s/local_cpulist" % bus) as f:
+        spans = f.read().strip()
+    cpus = set()
+    for span in spans.split(","):
+        first, _, last = span.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    os.sched_setaffinity(0, cpus)
+    print("rank on GPU %d (%s): CPUs %s" % (local, bus, spans), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=50, help="back-to-back calls per timed loop")
@@ -175,6 +189,8 @@ def main():
     parser.add_argument("--min-bytes", type=int, default=0, help="the smallest size timed")
     parser.add_argument("--graph-max-bytes", type=int, default=0,
                         help="also time sizes up to this as CUDA-graph replays (GPU time only)")
+    parser.add_argument("--bind-cpus", action="store_true",
+                        help="run each rank on the CPUs local to its GPU (the PCI device's local_cpulist)")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != 2:
@@ -182,6 +198,8 @@ def main():
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
+    if args.bind_cpus:
+        bind_to_gpu_cpus(local)
     dist.init_process_group("nccl", device_id=device)
     box = [gpd.unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)

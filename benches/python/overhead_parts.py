@@ -4,10 +4,11 @@ with its arguments made beforehand; beside them, the enqueue time ``gp2p bench``
 the same op (run in this process). Host time per call, median of ``--calls``; the parts of one
 op take turns call by call, so a drift in the machine's speed reaches them all alike. Two ways:
 "queued", calls back to back behind a spinning kernel (the driver's queue fills as they go), and
-"from idle", each call alone after both devices are idle, behind a short spin on device 0
-only: ``gp2p bench`` times its enqueue so (device 0 synchronised and its stream held, the
-other device's stream left idle), and the library skips the cross-device ordering an idle
-stream does not need, so the two are timed alike only if the other device is idle too. The
+"from idle", each call alone after both devices are idle, with device 0's current stream
+held closed by the same host gate ``gp2p bench`` closes while it times an enqueue (device 0
+synchronised and its stream held, the other device's stream left idle: the library skips the
+cross-device ordering an idle stream does not need, so the two are timed alike only if the
+other device is idle too). The
 from-idle parts and the Rust bench are measured ``--rounds`` times, in turns, to show the
 spread of the difference.
 
@@ -15,7 +16,9 @@ With ``--streams side`` each device's current torch stream is a side stream from
 (non-blocking) rather than the legacy default stream torch starts with; the Rust bench runs on
 streams of the same kind (``--stream legacy`` or its own non-blocking ones).
 
-    python3 benches/python/overhead_parts.py [--streams legacy|side] [--json parts.json]"""
+``--hold spin`` holds it with a short spin kernel instead of the gate.
+
+    python3 benches/python/overhead_parts.py [--streams legacy|side] [--hold gate|spin] [--json parts.json]"""
 
 import argparse
 import json
@@ -31,7 +34,7 @@ from geforce_p2p._tensors import describe
 from compare_torch import rust_enqueue_us, spin  # beside this script: the Rust bench in-process, a busy kernel
 
 
-def per_call_us(parts, devices, calls, from_idle):
+def per_call_us(parts, devices, calls, from_idle, hold="gate"):
     """Median host microseconds per call of each part, the parts taking turns."""
     times = {name: [] for name in parts}
     if not from_idle:
@@ -39,13 +42,19 @@ def per_call_us(parts, devices, calls, from_idle):
             spin(d, 200)
     for _ in range(calls):
         for name, call in parts.items():
+            gate = None
             if from_idle:
                 for d in devices:
                     torch.cuda.synchronize(d)
-                spin(devices[0], 0.3)
+                if hold == "gate":
+                    gate = _native.Gate(devices[0], torch.cuda.current_stream(devices[0]).cuda_stream, 2.0)
+                else:
+                    spin(devices[0], 0.3)
             t0 = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - t0)
+            if gate is not None:
+                gate.open()
     for d in devices:
         torch.cuda.synchronize(d)
     return {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
@@ -55,6 +64,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3, help="from-idle and Rust bench measurements, in turns")
+    parser.add_argument("--hold", choices=("gate", "spin"), default="gate",
+                        help="from idle, device 0's stream held by the bench's host gate or by a short spin kernel")
     parser.add_argument("--streams", choices=("legacy", "side"), default="legacy")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -93,7 +104,7 @@ def main():
         rows["%s queued: python layer" % op] = rows["%s queued: whole call" % op] - rows["%s queued: native only" % op]
         for r in range(1, args.rounds + 1):
             way = "from idle %d" % r
-            for part, us in per_call_us(parts, devices, args.calls, True).items():
+            for part, us in per_call_us(parts, devices, args.calls, True, args.hold).items():
                 rows["%s %s: %s" % (op, way, part)] = us
             rows["%s %s: python layer" % (op, way)] = (
                 rows["%s %s: whole call" % (op, way)] - rows["%s %s: native only" % (op, way)])
@@ -120,7 +131,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpus": [torch.cuda.get_device_name(i) for i in range(n)], "torch": torch.__version__,
-                       "calls": args.calls, "streams": args.streams, "us_per_call": rows}, f, indent=1)
+                       "calls": args.calls, "streams": args.streams, "hold": args.hold, "us_per_call": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -59,33 +59,34 @@ impl Identity {
     /// So does a stream capturing a CUDA graph: asking its id ends the capture as invalidated
     /// (seen on driver 580 with torch's captures). Operations that take points refuse such a
     /// stream ([`Error::Capturing`]); the communicator's calls take none while capturing.
-    fn of_borrowed(device: &Device, raw: CUstream) -> Arc<Identity> {
+    ///
+    /// Also returns whether the stream was capturing, where the driver said (not for the
+    /// per-thread default stream, which is not asked).
+    fn of_borrowed(device: &Device, raw: CUstream) -> (Arc<Identity>, Option<bool>) {
         /// `CU_STREAM_PER_THREAD` in cuda.h.
         const PER_THREAD: usize = 0x2;
-        if raw as usize == PER_THREAD {
-            return Identity::fresh();
+        if raw as usize == PER_THREAD || device.bind().is_err() {
+            return (Identity::fresh(), None);
+        }
+        let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        // SAFETY: the caller vouches for the handle (`borrow_raw`'s contract); a context is
+        // current; out-pointer to a local.
+        if unsafe { sys::cuStreamIsCapturing(raw, &mut capture) } != CUresult::CUDA_SUCCESS {
+            return (Identity::fresh(), None);
+        }
+        if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return (Identity::fresh(), Some(true));
         }
         let mut driver_id: std::ffi::c_ulonglong = 0;
-        let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-        let named = device.bind().is_ok()
-            && {
-                // SAFETY: the caller vouches for the handle (`borrow_raw`'s contract); a context
-                // is current; out-pointers to locals.
-                let code = unsafe { sys::cuStreamIsCapturing(raw, &mut capture) };
-                code == CUresult::CUDA_SUCCESS && capture == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-            }
-            && {
-                // SAFETY: as above.
-                unsafe { sys::cuStreamGetId(raw, &mut driver_id) == CUresult::CUDA_SUCCESS }
-            };
-        if !named {
-            return Identity::fresh();
+        // SAFETY: as above.
+        if unsafe { sys::cuStreamGetId(raw, &mut driver_id) } != CUresult::CUDA_SUCCESS {
+            return (Identity::fresh(), Some(false));
         }
         /// Identities of the borrowed streams seen so far, by device ordinal and driver id.
         type Known = Mutex<HashMap<(usize, u64), Arc<Identity>>>;
         static KNOWN: OnceLock<Known> = OnceLock::new();
         let known = KNOWN.get_or_init(Default::default);
-        known.lock().entry((device.ordinal(), driver_id)).or_insert_with(Identity::fresh).clone()
+        (known.lock().entry((device.ordinal(), driver_id)).or_insert_with(Identity::fresh).clone(), Some(false))
     }
 }
 
@@ -133,7 +134,23 @@ impl Stream {
     /// as long as the returned `Stream` and anything enqueued through it are in use. It is
     /// never destroyed by this crate.
     pub unsafe fn borrow_raw(device: &Device, raw: RawStream) -> Stream {
-        Stream { device: device.clone(), raw, drop_point: None, identity: Identity::of_borrowed(device, raw) }
+        Stream { device: device.clone(), raw, drop_point: None, identity: Identity::of_borrowed(device, raw).0 }
+    }
+
+    /// As [`Stream::borrow_raw`], then [`Stream::refuse_capture`], asking the driver once
+    /// rather than twice whether the stream is capturing: for a framework's stream borrowed
+    /// for one call that cannot be captured.
+    ///
+    /// # Safety
+    /// As [`Stream::borrow_raw`].
+    pub unsafe fn borrow_raw_uncaptured(device: &Device, raw: RawStream) -> Result<Stream> {
+        let (identity, capturing) = Identity::of_borrowed(device, raw);
+        let stream = Stream { device: device.clone(), raw, drop_point: None, identity };
+        match capturing {
+            Some(true) => Err(Error::Capturing),
+            Some(false) => Ok(stream),
+            None => stream.refuse_capture().map(|()| stream),
+        }
     }
 
     /// The device this stream belongs to.

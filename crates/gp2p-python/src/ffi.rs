@@ -103,9 +103,10 @@ impl Caller {
     /// graph: a stream that is capturing (torch.cuda.graph) is refused here, before anything
     /// is enqueued, so torch's capture stays valid.
     pub(crate) fn open(memory: &Memory) -> Result<Caller, Raised> {
-        let caller = Caller::open_capturable(memory)?;
-        caller.stream.refuse_capture()?;
-        Ok(caller)
+        let device = Device::open(memory.device)?;
+        // SAFETY: as in `open_capturable`.
+        let stream = unsafe { Stream::borrow_raw_uncaptured(&device, stream_handle(memory.stream))? };
+        Ok(Caller { device, stream })
     }
 
     /// The caller's device and stream, capturing or not: for the communicator, whose calls
@@ -141,6 +142,42 @@ pub(crate) fn allow_torch_graphs(comm: &mut geforce_p2p::comm::Communicator) {
     // SAFETY: contract (5): the tensors of captured calls live as long as their graph (torch's
     // graph pool), and every rank launches the same graphs in the same order.
     unsafe { comm.allow_graph_capture() }
+}
+
+/// A caller's stream held closed, for benchmarks (`benches/python/overhead_parts.py`): work
+/// enqueued on it waits until [`Gate::open`], or until the deadline, as `gp2p bench` holds
+/// its stream while it times an enqueue. Not part of the package's API.
+#[pyclass(module = "geforce_p2p._native")]
+pub(crate) struct Gate(Option<geforce_p2p::cuda::HostGate>);
+
+#[pymethods]
+impl Gate {
+    /// Close `stream` (a handle, as the Python layer passes them) of device `device`, for at
+    /// most `deadline` seconds.
+    #[new]
+    fn new(py: Python<'_>, device: usize, stream: u64, deadline: f64) -> PyResult<Gate> {
+        let run = || -> Result<Gate, Raised> {
+            let device = Device::open(device)?;
+            let deadline = std::time::Duration::try_from_secs_f64(deadline)
+                .map_err(|_| Raised::argument("deadline", format!("{deadline} is not a duration in seconds")))?;
+            // SAFETY: by the module's contract (2), `stream` is a stream of this device's
+            // primary context that outlives the work enqueued on it (the gate's host function
+            // among it); it is borrowed, never destroyed.
+            let stream = unsafe { Stream::borrow_raw(&device, stream_handle(stream)) };
+            Ok(Gate(Some(geforce_p2p::cuda::HostGate::close_until(&stream, deadline)?)))
+        };
+        run().map_err(|e| e.into_pyerr(py))
+    }
+
+    /// Let the stream run (again a no-op once open).
+    fn open(&mut self) {
+        self.0.take();
+    }
+
+    /// Whether the deadline opened the gate before `open` did (false once open).
+    fn expired(&self) -> bool {
+        self.0.as_ref().is_some_and(geforce_p2p::cuda::HostGate::expired)
+    }
 }
 
 /// A device ordinal and an address on it.
