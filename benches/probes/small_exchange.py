@@ -23,7 +23,9 @@ element, which a flush to zero somewhere in the toolchain explains). A null kern
 
 import argparse
 import ctypes
+import mmap
 import statistics
+import tempfile
 
 import cupy as cp
 import numpy as np
@@ -290,6 +292,9 @@ def main():
     p.add_argument("--kinds", default="null,ll,flag", help="variants to time: null, ll, flag, flagacq, flagws")
     p.add_argument("--blocks", default="1,4,16,64", help="grid sizes of the flag variants")
     p.add_argument("--chunks", default="512,1024,2048,4096,8192", help="chunk bytes of the flag variants")
+    p.add_argument("--host", choices=("alloc", "registered"), default="alloc",
+                   help="host areas from cudaHostAlloc, or /dev/shm pages registered with cudaHostRegister "
+                        "(the one-process-per-GPU communicator's kind of memory)")
     args = p.parse_args()
     global FLAG_WORDS_HALF
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -298,7 +303,20 @@ def main():
     max_bytes = max(sizes)
     FLAG_WORDS_HALF = 16 * max(8192 // 16, -(-max_bytes // min(chunk_sizes)))
     ranks = [Rank(i, int(d), SOURCE, max_bytes) for i, d in enumerate(args.devices.split(","))]
-    alloc = lambda nbytes: cp.cuda.runtime.hostAlloc(nbytes, MAPPED_PORTABLE)
+    kept = []  # the registered mappings, alive for the run
+
+    def alloc(nbytes):
+        if args.host == "alloc":
+            return cp.cuda.runtime.hostAlloc(nbytes, MAPPED_PORTABLE)
+        nbytes = -(-nbytes // 4096) * 4096
+        with tempfile.NamedTemporaryFile(dir="/dev/shm") as f:
+            f.truncate(nbytes)
+            m = mmap.mmap(f.fileno(), nbytes)
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        cp.cuda.runtime.hostRegister(ptr, nbytes, 1 | 2)  # portable | mapped
+        kept.append(m)
+        return ptr
+
     areas = {"lines": 4 * max_bytes, "data": 2 * max_bytes, "flags": 2 * 4 * FLAG_WORDS_HALF}
     host = {"gate": alloc(64)}
     for k, nbytes in areas.items():
@@ -329,7 +347,8 @@ def main():
                 print("%d %s%s FAILED: %s" % (size, v[0], v[1], str(e)[:200]), flush=True)
                 continue
             results[(size, v)] = statistics.median(times)
-            print("%d %s%s %.2f" % (size, v[0], v[1], results[(size, v)]), flush=True)
+            print("%d %s%s %.2f (each: %s)" % (size, v[0], v[1], results[(size, v)],
+                                                 " ".join("%.1f" % t for t in times)), flush=True)
         best = sorted(((t, v) for (s, v), t in results.items() if s == size and v[0] != "null"))[:4]
         base = results.get((size, ("ll", (1, 256, 4, 64))))
         print("%7d B: null %.2f us; ll(1 block, batch 4, gap 64) %s us; best: %s" % (

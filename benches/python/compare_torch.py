@@ -161,12 +161,13 @@ def python_call_us(call, devices, calls):
     return statistics.median(per_call) * 1e6
 
 
-def rust_enqueue_us(args_list):
-    """The enqueue time `gp2p bench` reports for one 4-byte row, run in this process."""
+def rust_enqueue_us(args_list, iters=50):
+    """The enqueue time `gp2p bench` reports for one 4-byte row (median of `iters` runs),
+    run in this process."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rust.json")
         sys.stdout.flush()
-        code = _native.run_cli(["gp2p", "bench", *args_list, "-b", "4", "-e", "4", "-n", "50", "-w", "5",
+        code = _native.run_cli(["gp2p", "bench", *args_list, "-b", "4", "-e", "4", "-n", str(iters), "-w", "5",
                                 "--json", path])
         if code != 0:
             return None

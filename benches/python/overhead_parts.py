@@ -108,12 +108,21 @@ def main():
                 rows["%s %s: %s" % (op, way, part)] = us
             rows["%s %s: python layer" % (op, way)] = (
                 rows["%s %s: whole call" % (op, way)] - rows["%s %s: native only" % (op, way)])
-            bench = rust_enqueue_us(rust_args[op] + ["--stream", bench_stream])
+            bench = rust_enqueue_us(rust_args[op] + ["--stream", bench_stream], min(args.calls, 100))
             rows["%s %s: gp2p bench enqueue" % (op, way)] = bench
             if bench is not None:
                 rows["%s %s: whole call - bench" % (op, way)] = rows["%s %s: whole call" % (op, way)] - bench
     for name, us in rows.items():
         print("parts %-40s %6.2f us/call" % (name, us if us is not None else float("nan")))
+    # Across rounds: the machine's speed drifts between rounds far more than within one.
+    for op in ops:
+        for part in ("python layer", "whole call - bench"):
+            each = [rows.get("%s from idle %d: %s" % (op, r, part)) for r in range(1, args.rounds + 1)]
+            each = [x for x in each if x is not None]
+            if each:
+                rows["%s from idle, median of rounds: %s" % (op, part)] = statistics.median(each)
+                print("rounds %-12s %-20s median %6.2f us, each %s" % (
+                    op, part, statistics.median(each), " ".join("%.2f" % x for x in each)))
     # The timed calls' results are not kept (the all-reduces double their inputs each time):
     # one call of each op on fresh data is checked instead.
     torch.cuda.synchronize()
