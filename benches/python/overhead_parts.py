@@ -1,27 +1,27 @@
 """Where the Python layer's time per call goes, for a 4-byte staged copy and a 2-rank
-all_reduce: the whole call, reading the tensors (``describe``), and the native call alone
-with its arguments made beforehand; beside them, the enqueue time ``gp2p bench`` reports for
-the same op (run in this process). Host time per call, median of ``--calls``; the parts of one
-op take turns call by call, so a drift in the machine's speed reaches them all alike. Two ways:
-"queued", calls back to back behind a spinning kernel (the driver's queue fills as they go), and
-"from idle", each call alone after both devices are idle, with device 0's current stream
-held closed by the same host gate ``gp2p bench`` closes while it times an enqueue (device 0
-synchronised and its stream held, the other device's stream left idle: the library skips the
-cross-device ordering an idle stream does not need, so the two are timed alike only if the
-other device is idle too). The
-from-idle parts and the Rust bench are measured ``--rounds`` times, in turns, to show the
-spread of the difference.
+all_reduce: the whole call, reading the tensors (``describe``), the native call alone with its
+arguments made beforehand, and the Rust call alone (``_native.RustCalls``: the library call
+``gp2p bench`` times, on buffers and streams made in Rust, timed in Rust). Host time per call,
+median of ``--calls``; the parts of one op take turns call by call, so a drift in the
+machine's speed reaches them all alike (it moves separate runs by several microseconds).
+
+Two ways: "queued", calls back to back behind a spinning kernel (the driver's queue fills as
+they go; no Rust call), and "from idle", each call alone after both devices are idle, with its
+first stream held closed by the host gate ``gp2p bench`` closes while it times an enqueue (the
+other device's stream left idle, as in the bench: the library skips the cross-device ordering
+an idle stream does not need). The from-idle parts are measured ``--rounds`` times, each round
+followed by a ``gp2p bench`` run in this process for reference, and the differences are
+reported per round and as the median over rounds.
 
 With ``--streams side`` each device's current torch stream is a side stream from torch's pool
-(non-blocking) rather than the legacy default stream torch starts with; the Rust bench runs on
-streams of the same kind (``--stream legacy`` or its own non-blocking ones).
+(non-blocking) rather than the legacy default stream torch starts with; the Rust calls and the
+bench run on streams of the same kind (the legacy default stream, or non-blocking ones).
 
-``--hold spin`` holds it with a short spin kernel instead of the gate.
-
-    python3 benches/python/overhead_parts.py [--streams legacy|side] [--hold gate|spin] [--json parts.json]"""
+    python3 benches/python/overhead_parts.py [--streams legacy|side] [--rounds N] [--json parts.json]"""
 
 import argparse
 import json
+import random
 import statistics
 import time
 
@@ -34,25 +34,28 @@ from geforce_p2p._tensors import describe
 from compare_torch import rust_enqueue_us, spin  # beside this script: the Rust bench in-process, a busy kernel
 
 
-def per_call_us(parts, devices, calls, from_idle, hold="gate"):
-    """Median host microseconds per call of each part, the parts taking turns."""
+def per_call_us(parts, devices, calls, from_idle):
+    """Median host microseconds per call of each part, the parts taking turns. A part is a
+    call, or (call, handle of the stream to hold from idle instead of device 0's current torch
+    stream); a call that returns a float has timed itself (seconds), in Rust."""
     times = {name: [] for name in parts}
     if not from_idle:
         for d in devices:
             spin(d, 200)
     for _ in range(calls):
-        for name, call in parts.items():
+        for name, part in parts.items():
+            call, held = part if isinstance(part, tuple) else (part, None)
             gate = None
             if from_idle:
                 for d in devices:
                     torch.cuda.synchronize(d)
-                if hold == "gate":
-                    gate = _native.Gate(devices[0], torch.cuda.current_stream(devices[0]).cuda_stream, 2.0)
-                else:
-                    spin(devices[0], 0.3)
+                if held is None:
+                    held = torch.cuda.current_stream(devices[0]).cuda_stream
+                gate = _native.Gate(devices[0], held, 2.0)
             t0 = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - t0)
+            result = call()
+            elapsed = time.perf_counter() - t0
+            times[name].append(result if isinstance(result, float) else elapsed)
             if gate is not None:
                 gate.open()
     for d in devices:
@@ -64,17 +67,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3, help="from-idle and Rust bench measurements, in turns")
-    parser.add_argument("--hold", choices=("gate", "spin"), default="gate",
-                        help="from idle, device 0's stream held by the bench's host gate or by a short spin kernel")
     parser.add_argument("--streams", choices=("legacy", "side"), default="legacy")
     parser.add_argument("--json")
     args = parser.parse_args()
     n = torch.cuda.device_count()
     src, dst = 0, min(1, n - 1)
     devices = sorted({src, dst})
-    # The Rust bench on streams of the same kind: the legacy default stream, or new
+    # The Rust calls on streams of the same kind: the legacy default stream, or new
     # non-blocking streams (torch's pool streams are non-blocking).
     bench_stream = "legacy" if args.streams == "legacy" else "own"
+    rust = _native.RustCalls([src, dst], legacy=args.streams == "legacy")
     if args.streams == "side":
         for d in range(n):
             torch.cuda.set_stream(torch.cuda.Stream(device=d))
@@ -86,6 +88,7 @@ def main():
         "whole call": lambda: gp.copy_(b, a, route="staged"),
         "describe x2": lambda: (describe(b, "dst"), describe(a, "src")),
         "native only": lambda: _native.copy(s.dtype, s.numel, s.memory, d.memory, "staged", None, None),
+        "rust call": (rust.copy, rust.first_stream()),
     }}
     if n >= 2:
         xs = [torch.randn(1, device="cuda:%d" % i) for i in (0, 1)]
@@ -94,20 +97,25 @@ def main():
             "whole call": lambda: gp.all_reduce(xs, op="sum"),
             "describe x2": lambda: [describe(x, "t") for x in xs],
             "native only": lambda: _native.all_reduce("f32", 1, ms, "sum", "auto"),
+            "rust call": (rust.all_reduce, rust.first_stream()),
         }
     rust_args = {"copy_": ["copy", "--route", "staged", "--src", str(src), "--dst", str(dst)],
                  "all_reduce": ["all-reduce", "--ranks", "2", "--op", "sum", "--dtype", "f32"]}
     for op, parts in ops.items():
-        per_call_us(parts, devices, 20, False)  # warm-up: caches and the library's state
-        for part, us in per_call_us(parts, devices, args.calls, False).items():
+        # Queued, the Rust calls would run on streams of their own, not behind the spin.
+        python_parts = {name: part for name, part in parts.items() if name != "rust call"}
+        per_call_us(parts, devices, 20, True)  # warm-up: caches and the library's state
+        for part, us in per_call_us(python_parts, devices, args.calls, False).items():
             rows["%s queued: %s" % (op, part)] = us
         rows["%s queued: python layer" % op] = rows["%s queued: whole call" % op] - rows["%s queued: native only" % op]
         for r in range(1, args.rounds + 1):
             way = "from idle %d" % r
-            for part, us in per_call_us(parts, devices, args.calls, True, args.hold).items():
+            for part, us in per_call_us(parts, devices, args.calls, True).items():
                 rows["%s %s: %s" % (op, way, part)] = us
             rows["%s %s: python layer" % (op, way)] = (
                 rows["%s %s: whole call" % (op, way)] - rows["%s %s: native only" % (op, way)])
+            rows["%s %s: whole call - rust call" % (op, way)] = (
+                rows["%s %s: whole call" % (op, way)] - rows["%s %s: rust call" % (op, way)])
             bench = rust_enqueue_us(rust_args[op] + ["--stream", bench_stream], min(args.calls, 100))
             rows["%s %s: gp2p bench enqueue" % (op, way)] = bench
             if bench is not None:
@@ -116,7 +124,7 @@ def main():
         print("parts %-40s %6.2f us/call" % (name, us if us is not None else float("nan")))
     # Across rounds: the machine's speed drifts between rounds far more than within one.
     for op in ops:
-        for part in ("python layer", "whole call - bench"):
+        for part in ("python layer", "whole call - rust call", "whole call - bench"):
             each = [rows.get("%s from idle %d: %s" % (op, r, part)) for r in range(1, args.rounds + 1)]
             each = [x for x in each if x is not None]
             if each:
@@ -131,6 +139,15 @@ def main():
     gp.copy_(b, a, route="staged")
     torch.cuda.synchronize()
     assert torch.equal(b.cpu(), want), "the copy's result"
+    # The Rust calls' results too, on fresh values (eighths: exact in f32).
+    values = [random.randint(-4000, 4000) / 8 for _ in range(2)]
+    rust.fill(values)
+    rust.copy()
+    assert rust.read() == [values[0], values[0]], "the Rust copy's result"
+    if n >= 2:
+        rust.fill(values)
+        rust.all_reduce()
+        assert rust.read() == [sum(values)] * 2, "the Rust all_reduce's result"
     if n >= 2:
         fresh = [torch.randn(5, device="cuda:%d" % i) for i in (0, 1)]
         total = fresh[0].cpu() + fresh[1].cpu()
@@ -140,7 +157,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpus": [torch.cuda.get_device_name(i) for i in range(n)], "torch": torch.__version__,
-                       "calls": args.calls, "streams": args.streams, "hold": args.hold, "us_per_call": rows}, f, indent=1)
+                       "calls": args.calls, "streams": args.streams, "us_per_call": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

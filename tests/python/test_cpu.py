@@ -337,6 +337,8 @@ def test_native_checks_refuse_before_the_driver():
         (lambda: _native.all_gather("f32", 4, [0x100], [(0, 0x104, 0)]), "overlaps"),
         (lambda: _native.reduce("f32", 4, (0, 0x100, 0), 0x108, "sum"), "overlaps"),
         (lambda: _native.copy("f32", 4, (0, 0x100, 0), (0, 0x108, 0)), "overlaps"),
+        (lambda: _native.Gate(0, 0, -1.0), "deadline"),
+        (lambda: _native.RustCalls([0]), "devices"),
     ]
     for call, words in cases:
         with pytest.raises(gp.InvalidArgumentError, match=words):

@@ -28,6 +28,7 @@
 #![deny(unsafe_code)]
 
 mod args;
+mod bench;
 mod comm;
 mod error;
 mod fast;
@@ -100,6 +101,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reduce_ops, m)?)?;
     m.add_function(wrap_pyfunction!(error_classes, m)?)?;
     m.add_class::<ffi::Gate>()?;
+    m.add_class::<bench::RustCalls>()?;
     m.add_function(wrap_pyfunction!(ffi::copy, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;
