@@ -19,11 +19,17 @@ share of the links' duplex rate the all-reduce reaches.
 """
 
 import os
+import sys
 
 # NCCL reads its environment when its first communicator starts: set before torch loads.
 # Forced, not defaulted: the comparison is with NCCL's shared-memory path (no P2P, no NVLS).
 os.environ["NCCL_P2P_DISABLE"] = "1"
 os.environ["NCCL_NVLS_ENABLE"] = "0"
+# --one-visible-gpu: each rank sees its own GPU only (as device 0), so no process can make a
+# context on the other's GPU; set before torch loads, as CUDA reads it once.
+ONE_VISIBLE_GPU = "--one-visible-gpu" in sys.argv
+if ONE_VISIBLE_GPU:
+    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("LOCAL_RANK", "0")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -160,6 +166,19 @@ def run(name, op, numel, args, rank, world, device, graphed=False):
     return statistics.median(per_call), per_call, statistics.median(host_us)
 
 
+def list_contexts(rank):
+    """Print which processes hold a context on which GPU (a process with a context on the
+    other rank's GPU makes that GPU time-slice between the two)."""
+    import subprocess
+
+    dist.barrier()
+    if rank == 0:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_bus_id,used_memory", "--format=csv"],
+                             capture_output=True, text=True)
+        print("compute processes (pid %d and its peer):\n%s" % (os.getpid(), out.stdout or out.stderr), flush=True)
+    dist.barrier()
+
+
 def bind_to_gpu_cpus(local):
     """Pin this process to the CPUs the kernel lists as local to GPU `local`'s PCI device."""
     props = torch.cuda.get_device_properties(local)
@@ -189,13 +208,17 @@ def main():
     parser.add_argument("--min-bytes", type=int, default=0, help="the smallest size timed")
     parser.add_argument("--graph-max-bytes", type=int, default=0,
                         help="also time sizes up to this as CUDA-graph replays (GPU time only)")
+    parser.add_argument("--one-visible-gpu", action="store_true",
+                        help="each rank sees only its own GPU (CUDA_VISIBLE_DEVICES=LOCAL_RANK)")
+    parser.add_argument("--list-contexts", action="store_true",
+                        help="print nvidia-smi's compute processes per GPU once the communicator exists")
     parser.add_argument("--bind-cpus", action="store_true",
                         help="run each rank on the CPUs local to its GPU (the PCI device's local_cpulist)")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != 2:
         raise SystemExit("the gp2p communicator runs two ranks: launch with --nproc-per-node 2")
-    local = int(os.environ.get("LOCAL_RANK", rank))
+    local = 0 if ONE_VISIBLE_GPU else int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
     if args.bind_cpus:
@@ -206,6 +229,8 @@ def main():
     limit = {} if args.small_max_bytes is None else {"max_bytes": args.small_max_bytes}
     comm = gpd.Communicator(box[0], rank, world, local, **limit,
                             slot_bytes=args.slot_bytes, slots=args.slots)
+    if args.list_contexts:
+        list_contexts(rank)
     rows = []
     for size in [s for s in SMALL + LARGE if args.min_bytes <= s <= args.max_bytes]:
         numel = size // 4
