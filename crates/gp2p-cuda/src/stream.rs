@@ -60,11 +60,22 @@ impl Identity {
     /// (seen on driver 580 with torch's captures). Operations that take points refuse such a
     /// stream ([`Error::Capturing`]); the communicator's calls take none while capturing.
     ///
+    /// The legacy default stream (the null handle) is one stream per context for the
+    /// process's life, so it has one identity per device without asking the driver for its
+    /// id: a framework on its default stream (PyTorch's, unless told otherwise) saves a
+    /// driver call per borrow.
+    ///
     /// Also returns whether the stream was capturing, where the driver said (not for the
-    /// per-thread default stream, which is not asked).
+    /// default streams, which are not asked here).
     fn of_borrowed(device: &Device, raw: CUstream) -> (Arc<Identity>, Option<bool>) {
         /// `CU_STREAM_PER_THREAD` in cuda.h.
         const PER_THREAD: usize = 0x2;
+        /// The key of the legacy default stream among the driver's ids, which count up
+        /// from small numbers.
+        const LEGACY: u64 = u64::MAX;
+        if raw.is_null() {
+            return (Identity::known(device, LEGACY), None);
+        }
         if raw as usize == PER_THREAD || device.bind().is_err() {
             return (Identity::fresh(), None);
         }
@@ -82,11 +93,16 @@ impl Identity {
         if unsafe { sys::cuStreamGetId(raw, &mut driver_id) } != CUresult::CUDA_SUCCESS {
             return (Identity::fresh(), Some(false));
         }
+        (Identity::known(device, driver_id), Some(false))
+    }
+
+    /// The identity of the borrowed stream `driver_id` names on `device`, kept for the process.
+    fn known(device: &Device, driver_id: u64) -> Arc<Identity> {
         /// Identities of the borrowed streams seen so far, by device ordinal and driver id.
         type Known = Mutex<HashMap<(usize, u64), Arc<Identity>>>;
         static KNOWN: OnceLock<Known> = OnceLock::new();
         let known = KNOWN.get_or_init(Default::default);
-        (known.lock().entry((device.ordinal(), driver_id)).or_insert_with(Identity::fresh).clone(), Some(false))
+        known.lock().entry((device.ordinal(), driver_id)).or_insert_with(Identity::fresh).clone()
     }
 }
 
@@ -226,6 +242,11 @@ impl Stream {
                 got: event.device().ordinal(),
                 expected: self.device.ordinal(),
             })
+        } else if self.raw.is_null() {
+            // The legacy default stream never captures: no capture can start on it or take
+            // it in (while another stream captures globally, work on it fails instead, at the
+            // enqueue that precedes any point). Not asking saves a driver call per point.
+            None
         } else {
             self.refuse_capture().err()
         };
