@@ -201,3 +201,38 @@ fn an_all_reduce_on_a_capturing_stream_is_refused_before_either_rank_enqueues() 
         assert_eq!(bad, 0, "rank {r}: {}", first.join("; "));
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gate_on_a_capturing_stream_is_refused_and_the_capture_stays_valid() {
+    // Captured, the gate's host function would run at every launch of the graph, each time
+    // on state counted for one run.
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let _serial = gp2p_tests::serial();
+    needs!(gpus: 1);
+    let (_ctx, s1, _) = context(0);
+    let b = CudarcStream::new(&s1).unwrap();
+    s1.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let refused = geforce_p2p::cuda::HostGate::close(&b);
+    let ended = s1.end_capture(CUgraphInstantiate_flags(0));
+    let Err(err) = refused else { panic!("a gate closed on a capturing stream") };
+    assert!(err.to_string().contains("captur"), "{err}");
+    assert!(ended.is_ok(), "the capture stayed valid: {:?}", ended.err());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_stream_of_a_non_primary_cudarc_context_is_refused() {
+    // The library's kernels run in the primary context, where memory of another context is
+    // not mapped: wrapping such a stream (or its memory) must fail, not fault.
+    let _serial = gp2p_tests::serial();
+    needs!(gpus: 1);
+    device(0);
+    let ctx = CudaContext::new_non_primary(0, 0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let Err(err) = CudarcStream::new(&stream) else { panic!("a non-primary context's stream was borrowed") };
+    assert!(err.to_string().contains("primary context"), "{err}");
+    let buf: CudaSlice<f32> = stream.alloc_zeros(4).unwrap();
+    let Err(err) = CudarcView::new(&buf, &stream) else { panic!("a non-primary context's memory was viewed") };
+    assert!(err.to_string().contains("primary context"), "{err}");
+}

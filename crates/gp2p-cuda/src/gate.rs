@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
+#[cfg(doc)]
+use crate::Error;
 use crate::driver::check;
 use crate::{Result, Stream};
 
@@ -31,7 +33,8 @@ struct GateState {
 }
 
 impl HostGate {
-    /// Close `stream`: later work on it waits until [`HostGate::open`].
+    /// Close `stream`: later work on it waits until [`HostGate::open`]. A stream capturing a
+    /// CUDA graph is refused ([`Error::Capturing`]).
     pub fn close(stream: &Stream) -> Result<HostGate> {
         Self::close_with(stream, None)
     }
@@ -50,6 +53,9 @@ impl HostGate {
     }
 
     fn close_with(stream: &Stream, deadline: Option<Duration>) -> Result<HostGate> {
+        // A capture would record the host function into its graph, and every launch of the
+        // graph would run it again on the state counted for one run ([`Error::Capturing`]).
+        stream.refuse_capture()?;
         stream.device().bind()?;
         let state = Arc::new(GateState { open: AtomicBool::new(false), deadline, expired: AtomicBool::new(false) });
         let data = Arc::into_raw(state.clone()).cast_mut().cast::<c_void>();

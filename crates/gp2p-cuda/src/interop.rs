@@ -37,6 +37,7 @@ use std::ops::Deref;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use gp2p_kernels::Element;
 
+use crate::Error;
 use crate::driver::defer_error;
 use crate::lifetime::UseSink;
 use crate::{Device, DeviceView, DeviceViewMut, RawDevicePtr, Result, Stream, StreamPoint};
@@ -49,7 +50,8 @@ pub struct CudarcStream<'a> {
 }
 
 impl<'a> CudarcStream<'a> {
-    /// Borrow `stream`, of the primary context of its device (cudarc's contexts are).
+    /// Borrow `stream`, of the primary context of its device (`CudaContext::new` makes those;
+    /// a non-primary context's stream is refused).
     pub fn new(stream: &'a CudaStream) -> Result<Self> {
         Ok(CudarcStream { stream: borrow(stream)?, _borrow: PhantomData })
     }
@@ -63,10 +65,23 @@ impl Deref for CudarcStream<'_> {
 }
 
 /// A [`Stream`] over cudarc's stream, for a wrapper that lives no longer than its borrow.
+/// A stream (and so memory) of a context other than the device's primary one is refused:
+/// this crate's kernels run in the primary context, where another context's memory is not
+/// mapped.
 fn borrow(stream: &CudaStream) -> Result<Stream> {
-    let device = Device::open(stream.context().ordinal())?;
-    // SAFETY: cudarc's contexts are their devices' primary contexts, which `device` holds
-    // too; every caller keeps the CudaStream borrowed for as long as the returned Stream
+    let ordinal = stream.context().ordinal();
+    if !stream.context().is_primary() {
+        return Err(Error::InvalidArgument {
+            name: "stream",
+            reason: format!(
+                "cudarc's context of device {ordinal} is not its primary context (CudaContext::new_non_primary); \
+                 geforce-p2p works in primary contexts: make the context with CudaContext::new"
+            ),
+        });
+    }
+    let device = Device::open(ordinal)?;
+    // SAFETY: the context is its device's primary context (checked above), which `device`
+    // holds too; every caller keeps the CudaStream borrowed for as long as the returned Stream
     // lives, and nothing of this crate uses a borrowed stream's handle after that (completion
     // is tracked with events; a borrowed stream is never destroyed).
     Ok(unsafe { Stream::borrow_raw(&device, stream.cu_stream()) })
