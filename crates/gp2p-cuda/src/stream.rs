@@ -43,6 +43,13 @@ struct Identity {
     points: Mutex<u64>,
 }
 
+/// Whether `raw` names the legacy default stream: the null handle, or `CU_STREAM_LEGACY`.
+fn is_legacy(raw: CUstream) -> bool {
+    /// `CU_STREAM_LEGACY` in cuda.h.
+    const LEGACY_HANDLE: usize = 0x1;
+    raw.is_null() || raw as usize == LEGACY_HANDLE
+}
+
 impl Identity {
     fn fresh() -> Arc<Identity> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -60,10 +67,10 @@ impl Identity {
     /// (seen on driver 580 with torch's captures). Operations that take points refuse such a
     /// stream ([`Error::Capturing`]); the communicator's calls take none while capturing.
     ///
-    /// The legacy default stream (the null handle) is one stream per context for the
-    /// process's life, so it has one identity per device without asking the driver for its
-    /// id: a framework on its default stream (PyTorch's, unless told otherwise) saves a
-    /// driver call per borrow.
+    /// The legacy default stream (the null or `CU_STREAM_LEGACY` handle) is one stream per
+    /// context for the process's life, so it has one identity per device without asking the
+    /// driver for its id: a framework on its default stream (PyTorch's, unless told
+    /// otherwise) saves a driver call per borrow.
     ///
     /// Also returns whether the stream was capturing, where the driver said (not for the
     /// default streams, which are not asked here).
@@ -73,7 +80,10 @@ impl Identity {
         /// The key of the legacy default stream among the driver's ids, which count up
         /// from small numbers.
         const LEGACY: u64 = u64::MAX;
-        if raw.is_null() {
+        if is_legacy(raw) {
+            // Its capture status is still asked where the caller wants it (`None`): while a
+            // blocking stream of the context captures, the question fails with the
+            // driver's own error before anything is enqueued, and the capture survives.
             return (Identity::known(device, LEGACY), None);
         }
         if raw as usize == PER_THREAD || device.bind().is_err() {
@@ -242,10 +252,11 @@ impl Stream {
                 got: event.device().ordinal(),
                 expected: self.device.ordinal(),
             })
-        } else if self.raw.is_null() {
+        } else if is_legacy(self.raw) {
             // The legacy default stream never captures: no capture can start on it or take
-            // it in (while another stream captures globally, work on it fails instead, at the
-            // enqueue that precedes any point). Not asking saves a driver call per point.
+            // it in (while a blocking stream of the context captures, work on it fails
+            // instead, at the enqueue that precedes any point). Not asking saves a driver
+            // call per point.
             None
         } else {
             self.refuse_capture().err()
@@ -446,5 +457,19 @@ impl StreamFork {
     /// The device the internal streams are on.
     pub fn device(&self) -> &Device {
         self.streams[0].device()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legacy_stream_has_two_handles_and_the_per_thread_stream_is_not_one() {
+        let handle = |raw: usize| -> CUstream { std::ptr::without_provenance_mut(raw) };
+        assert!(is_legacy(handle(0)), "null");
+        assert!(is_legacy(handle(0x1)), "CU_STREAM_LEGACY");
+        assert!(!is_legacy(handle(0x2)), "CU_STREAM_PER_THREAD is another stream on each thread");
+        assert!(!is_legacy(handle(0x7f00_dead_b000)), "a created stream");
     }
 }
