@@ -51,10 +51,18 @@ pub struct Report {
     /// Ceilings measured in this run, GB/s, by name.
     pub ceilings: BTreeMap<&'static str, f64>,
     pub repeats: usize,
+    /// The streams the bench enqueued on: `own` (new non-blocking ones) or `legacy`.
+    pub streams: &'static str,
     pub rows: Vec<Row>,
 }
 
 impl Report {
+    /// The report of a bench that enqueued on `streams` (`own` unless said).
+    pub fn on_streams(mut self, streams: &'static str) -> Report {
+        self.streams = streams;
+        self
+    }
+
     /// A report for rows measured on `device`.
     pub fn new(
         device: &Device,
@@ -69,7 +77,7 @@ impl Report {
             pci_bus_id: device.info().pci_bus_id.clone(),
             link: None,
         };
-        Ok(Report { gpu, ceilings, repeats, rows })
+        Ok(Report { gpu, ceilings, repeats, streams: "own", rows })
     }
 
     /// Write the report as pretty JSON to `path`.
@@ -118,9 +126,12 @@ mod tests {
             },
             ceilings: BTreeMap::from([("duplex", 50.0)]),
             repeats: 20,
+            streams: "own",
             rows: vec![row],
-        };
+        }
+        .on_streams("legacy");
         let value = serde_json::to_value(&report).unwrap();
+        assert_eq!(value["streams"], "legacy", "the streams a bench ran on tell its files apart");
         assert_eq!(value["ceilings"]["duplex"], 50.0);
         assert_eq!(value["gpu"]["name"], "x");
         assert_eq!(value["rows"].as_array().map(Vec::len), Some(1));

@@ -28,6 +28,10 @@ fn help_lists_the_allowed_values_of_enum_flags() {
     }
     let copy = stdout(&["bench", "copy", "-h"]);
     assert!(copy.contains("[possible values: auto, peer, staged]"), "{copy}");
+    for bench in ["copy", "host", "reduce", "all-reduce"] {
+        let help = stdout(&["bench", bench, "-h"]);
+        assert!(help.contains("--stream") && help.contains("[possible values: own, legacy]"), "{bench}: {help}");
+    }
     // --help gives each value its line, with `all` explained.
     let reduce = stdout(&["bench", "reduce", "--help"]);
     assert!(reduce.contains("- all:  every dtype in turn") && reduce.contains("- bf16"), "{reduce}");

@@ -233,7 +233,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let report = Report::new(&devices[0], measured, c.iters, rows)?;
+    let report = Report::new(&devices[0], measured, c.iters, rows)?.on_streams(c.stream.name());
     println!(
         "# gp2p bench {} --ranks {n}{} --transport {} --op {} --dtype {} on {}, medians of {} runs",
         kind.name(),

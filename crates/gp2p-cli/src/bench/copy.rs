@@ -116,7 +116,7 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let report = Report::new(&src_dev, measured, c.iters, rows)?;
+    let report = Report::new(&src_dev, measured, c.iters, rows)?.on_streams(c.stream.name());
     print_copy(&report, args);
     finish(&report, c, "copy")
 }

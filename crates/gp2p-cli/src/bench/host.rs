@@ -86,7 +86,7 @@ pub fn run(args: &HostArgs) -> Result<(), CliError> {
         }
     }
     bar.finish_and_clear();
-    let report = Report::new(&device, measured, c.iters, rows)?;
+    let report = Report::new(&device, measured, c.iters, rows)?.on_streams(c.stream.name());
     println!(
         "# gp2p bench host on {} ({}), medians of {} timed runs",
         report.gpu.name, report.gpu.driver, report.repeats

@@ -67,7 +67,8 @@ pub struct Common {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// The streams the bench enqueues on: new non-blocking streams, or each
-    /// device's legacy default stream (where PyTorch enqueues unless told otherwise).
+    /// device's legacy default stream (where PyTorch enqueues unless told otherwise; a copy
+    /// within one device then has one stream for both ends).
     #[arg(long, value_enum, default_value = "own")]
     stream: StreamFlag,
 }
@@ -79,6 +80,16 @@ pub enum StreamFlag {
     Own,
     /// Each device's legacy default stream.
     Legacy,
+}
+
+impl StreamFlag {
+    /// The flag's value, as the JSON report names it.
+    fn name(self) -> &'static str {
+        match self {
+            StreamFlag::Own => "own",
+            StreamFlag::Legacy => "legacy",
+        }
+    }
 }
 
 impl Common {

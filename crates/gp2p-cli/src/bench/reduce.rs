@@ -66,7 +66,7 @@ pub fn run(args: &ReduceArgs) -> Result<(), CliError> {
         }?);
     }
     progress.finish_and_clear();
-    let report = Report::new(&device, ceilings.measured.clone(), c.iters, rows)?;
+    let report = Report::new(&device, ceilings.measured.clone(), c.iters, rows)?.on_streams(c.stream.name());
     print_reduce(&report);
     finish(&report, c, "reduce")
 }
