@@ -29,7 +29,9 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"
 # context on the other's GPU; set before torch loads, as CUDA reads it once.
 ONE_VISIBLE_GPU = "--one-visible-gpu" in sys.argv
 if ONE_VISIBLE_GPU:
-    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("LOCAL_RANK", "0")
+    _local = int(os.environ.get("LOCAL_RANK", "0"))
+    _visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = _visible.split(",")[_local] if _visible else str(_local)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -194,7 +196,8 @@ def bind_to_gpu_cpus(local):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # No abbreviations: --one-visible-gpu is read from sys.argv before torch loads, whole.
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--calls", type=int, default=50, help="back-to-back calls per timed loop")
     parser.add_argument("--repeats", type=int, default=7, help="timed loops per size (median)")
     parser.add_argument("--warmup", type=int, default=2)

@@ -58,6 +58,9 @@ def per_call_us(parts, devices, calls, from_idle):
             times[name].append(result if isinstance(result, float) else elapsed)
             if gate is not None:
                 gate.open()
+                if gate.expired():
+                    raise SystemExit("%s: the call waited for its held stream until the gate's deadline; "
+                                     "its time would include that wait" % name)
     for d in devices:
         torch.cuda.synchronize(d)
     return {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
@@ -102,7 +105,8 @@ def main():
     rust_args = {"copy_": ["copy", "--route", "staged", "--src", str(src), "--dst", str(dst)],
                  "all_reduce": ["all-reduce", "--ranks", "2", "--op", "sum", "--dtype", "f32"]}
     for op, parts in ops.items():
-        # Queued, the Rust calls would run on streams of their own, not behind the spin.
+        # The queued way leaves the Rust calls out: with --streams side they would run on
+        # idle streams of their own, not behind the spin.
         python_parts = {name: part for name, part in parts.items() if name != "rust call"}
         per_call_us(parts, devices, 20, True)  # warm-up: caches and the library's state
         for part, us in per_call_us(python_parts, devices, args.calls, False).items():
@@ -140,7 +144,7 @@ def main():
     torch.cuda.synchronize()
     assert torch.equal(b.cpu(), want), "the copy's result"
     # The Rust calls' results too, on fresh values (eighths: exact in f32).
-    values = [random.randint(-4000, 4000) / 8 for _ in range(2)]
+    values = [v / 8 for v in random.sample(range(1, 4000), 2)]  # distinct: a copy that did nothing shows
     rust.fill(values)
     rust.copy()
     assert rust.read() == [values[0], values[0]], "the Rust copy's result"

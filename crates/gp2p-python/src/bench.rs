@@ -13,7 +13,7 @@ use crate::error::Raised;
 
 /// One f32 per device with a stream each, and the copy and all-reduce `gp2p bench` times on
 /// them: `copy` a staged copy from the first device to the second, `all_reduce` a sum over all.
-#[pyclass(module = "geforce_p2p._native", unsendable)]
+#[pyclass(module = "geforce_p2p._native")]
 pub(crate) struct RustCalls {
     streams: Vec<Stream>,
     buffers: Vec<DeviceBuffer<f32>>,
@@ -44,8 +44,8 @@ impl RustCalls {
 
 #[pymethods]
 impl RustCalls {
-    /// Over `devices` (two ordinals), on new non-blocking streams or, with `legacy`, each
-    /// device's legacy default stream.
+    /// Over `devices` (two ordinals or more: `copy` uses the first two), on new non-blocking
+    /// streams or, with `legacy`, each device's legacy default stream.
     #[new]
     #[pyo3(signature = (devices, legacy=false))]
     fn new(py: Python<'_>, devices: Vec<usize>, legacy: bool) -> PyResult<RustCalls> {
@@ -92,6 +92,10 @@ impl RustCalls {
     /// Set the buffers to `values`, one per device (waits for the copies).
     fn fill(&mut self, py: Python<'_>, values: Vec<f32>) -> PyResult<()> {
         let mut run = || -> Result<(), Raised> {
+            if values.len() != self.buffers.len() {
+                let why = format!("{} values for {} devices; give one per device", values.len(), self.buffers.len());
+                return Err(Raised::argument("values", why));
+            }
             for ((b, s), v) in self.buffers.iter_mut().zip(&self.streams).zip(&values) {
                 *b = DeviceBuffer::from_host(s, &[*v])?;
                 s.synchronize()?;

@@ -146,9 +146,14 @@ pub(crate) fn allow_torch_graphs(comm: &mut geforce_p2p::comm::Communicator) {
 
 /// A caller's stream held closed, for benchmarks (`benches/python/overhead_parts.py`): work
 /// enqueued on it waits until [`Gate::open`], or until the deadline, as `gp2p bench` holds
-/// its stream while it times an enqueue. Not part of the package's API.
+/// its stream while it times an enqueue. Not part of the package's API. A stream capturing a
+/// CUDA graph is refused.
 #[pyclass(module = "geforce_p2p._native")]
-pub(crate) struct Gate(Option<geforce_p2p::cuda::HostGate>);
+pub(crate) struct Gate {
+    gate: Option<geforce_p2p::cuda::HostGate>,
+    /// Whether the deadline, not `open`, opened it (known once open).
+    expired: bool,
+}
 
 #[pymethods]
 impl Gate {
@@ -162,21 +167,26 @@ impl Gate {
             let device = Device::open(device)?;
             // SAFETY: by the module's contract (2), `stream` is a stream of this device's
             // primary context that outlives the work enqueued on it (the gate's host function
-            // among it); it is borrowed, never destroyed.
-            let stream = unsafe { Stream::borrow_raw(&device, stream_handle(stream)) };
-            Ok(Gate(Some(geforce_p2p::cuda::HostGate::close_until(&stream, deadline)?)))
+            // among it): torch's current stream, or a stream of `RustCalls`, which the bench
+            // script keeps; it is borrowed, never destroyed.
+            let stream = unsafe { Stream::borrow_raw_uncaptured(&device, stream_handle(stream))? };
+            let gate = geforce_p2p::cuda::HostGate::close_until(&stream, deadline)?;
+            Ok(Gate { gate: Some(gate), expired: false })
         };
         run().map_err(|e| e.into_pyerr(py))
     }
 
     /// Let the stream run (again a no-op once open).
     fn open(&mut self) {
-        self.0.take();
+        if let Some(gate) = self.gate.take() {
+            self.expired = gate.expired();
+        }
     }
 
-    /// Whether the deadline opened the gate before `open` did (false once open).
+    /// Whether the deadline opened the gate before `open` did: the host waited for the held
+    /// stream meanwhile, and a time taken under the gate includes that wait.
     fn expired(&self) -> bool {
-        self.0.as_ref().is_some_and(geforce_p2p::cuda::HostGate::expired)
+        self.expired || self.gate.as_ref().is_some_and(geforce_p2p::cuda::HostGate::expired)
     }
 }
 
