@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
 use geforce_p2p::cuda::interop::{CudarcStream, CudarcView, CudarcViewMut};
 use geforce_p2p::{CopyOptions, Device, ReduceOp, Route, transport};
 use gp2p_collectives::reference::expected;
@@ -25,6 +25,15 @@ fn context(ordinal: usize) -> (Arc<CudaContext>, Arc<CudaStream>, Arc<CudaStream
     let ctx = CudaContext::new(ordinal).unwrap();
     let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     (ctx, a, b)
+}
+
+/// Run `body` while cudarc's `stream` captures a graph (relaxed mode); returns what `body`
+/// gave and what ending the capture said (the graph, if any, is dropped).
+fn while_capturing<R>(stream: &Arc<CudaStream>, body: impl FnOnce() -> R) -> (R, Result<(), DriverError>) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let given = body();
+    (given, stream.end_capture(CUgraphInstantiate_flags(0)).map(drop))
 }
 
 #[test]
@@ -163,7 +172,6 @@ fn an_all_reduce_on_a_capturing_stream_is_refused_before_either_rank_enqueues() 
     // The one-kernel exchange numbers calls on each device: a call that enqueued rank 0's
     // kernel and not rank 1's would leave the two out of step. A capturing stream is refused
     // before anything is enqueued, so the capture stays valid and the next call pairs up.
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let _serial = gp2p_tests::serial();
     needs!(gpus: 2, concurrent_kernels, compute_80);
     let (_c0, a0, _) = context(0);
@@ -186,9 +194,7 @@ fn an_all_reduce_on_a_capturing_stream_is_refused_before_either_rank_enqueues() 
         // The views (and cudarc's waits they take) come before the capture begins.
         let [b0, b1] = &mut bufs;
         let (mut v0, mut v1) = (CudarcViewMut::new(b0, &a0).unwrap(), CudarcViewMut::new(b1, &a1).unwrap());
-        a1.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
-        let refused = sum_on(&engine, [&mut v0, &mut v1], [&s0, &s1]);
-        let ended = a1.end_capture(CUgraphInstantiate_flags(0));
+        let (refused, ended) = while_capturing(&a1, || sum_on(&engine, [&mut v0, &mut v1], [&s0, &s1]));
         let err = refused.expect_err("rank 1's stream is capturing");
         assert!(err.to_string().contains("captur"), "{err}");
         assert!(ended.is_ok(), "the capture stayed valid: {:?}", ended.err());
@@ -207,14 +213,11 @@ fn an_all_reduce_on_a_capturing_stream_is_refused_before_either_rank_enqueues() 
 fn a_gate_on_a_capturing_stream_is_refused_and_the_capture_stays_valid() {
     // Captured, the gate's host function would run at every launch of the graph, each time
     // on state counted for one run.
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let _serial = gp2p_tests::serial();
     needs!(gpus: 1);
     let (_ctx, s1, _) = context(0);
     let b = CudarcStream::new(&s1).unwrap();
-    s1.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
-    let refused = geforce_p2p::cuda::HostGate::close(&b);
-    let ended = s1.end_capture(CUgraphInstantiate_flags(0));
+    let (refused, ended) = while_capturing(&s1, || geforce_p2p::cuda::HostGate::close(&b));
     let Err(err) = refused else { panic!("a gate closed on a capturing stream") };
     assert!(err.to_string().contains("captur"), "{err}");
     assert!(ended.is_ok(), "the capture stayed valid: {:?}", ended.err());

@@ -1,4 +1,4 @@
-//! The enum-valued flags (`--route`, `--transport`, `--op`, `--dtype`) as clap
+//! The enum-valued flags (`--route`, `--transport`, `--op`, `--dtype`, `--stream`) as clap
 //! [`ValueEnum`]s, so `--help` lists the allowed values and clap refuses others.
 //!
 //! Each flag wraps the library's own type, and its values and their names are the library's
@@ -95,6 +95,41 @@ impl ValueEnum for DTypes {
     }
 }
 
+/// `--stream`: which streams a bench enqueues on (a choice of the CLI's, named once here for
+/// both `--help` and the JSON report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFlag {
+    /// A new non-blocking stream per device.
+    Own,
+    /// Each device's legacy default stream.
+    Legacy,
+}
+
+impl StreamFlag {
+    const VALUES: [StreamFlag; 2] = [StreamFlag::Own, StreamFlag::Legacy];
+
+    /// The value's name, as `--stream` takes it and the JSON report records it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamFlag::Own => "own",
+            StreamFlag::Legacy => "legacy",
+        }
+    }
+}
+
+impl ValueEnum for StreamFlag {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::VALUES
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            StreamFlag::Own => PossibleValue::new(self.name()).help("a new non-blocking stream per device"),
+            StreamFlag::Legacy => PossibleValue::new(self.name()).help("each device's legacy default stream"),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +152,7 @@ mod tests {
         round_trips::<OpFlag>(ReduceOp::ALL.len());
         round_trips::<DTypeFlag>(DType::ALL.len());
         round_trips::<DTypes>(DType::ALL.len() + 1);
+        round_trips::<StreamFlag>(2);
         assert_eq!(ReceiveFlag::from_str("zero-copy", false).map(|f| f.0.name()), Ok("zero-copy"));
         assert_eq!(DTypes::from_str("all", false).map(DTypes::list), Ok(DType::ALL.to_vec()));
         assert_eq!(DTypes::from_str("bf16", false).map(DTypes::list), Ok(vec![DType::BF16]));

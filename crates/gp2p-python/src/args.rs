@@ -56,6 +56,12 @@ pub(crate) fn receive(name: &str) -> Result<Receive, Raised> {
     Receive::from_str(name).map_err(|e| Raised::argument("transport", e))
 }
 
+/// A duration given in seconds, or an error naming the argument.
+pub(crate) fn seconds(name: &str, value: f64) -> Result<std::time::Duration, Raised> {
+    std::time::Duration::try_from_secs_f64(value)
+        .map_err(|_| Raised::argument(name, format!("{value} is not a number of seconds >= 0")))
+}
+
 /// Check that `len` elements of `dtype` at `ptr` can be a tensor's memory: the byte count and
 /// the end address do not overflow, the address is aligned to the element, and a non-empty
 /// range is not at address 0. What the Python layer checked is checked again here because a

@@ -1,7 +1,6 @@
 //! `geforce_p2p.distributed`'s native side: the one-process-per-GPU communicator.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use geforce_p2p::comm::{CommOptions, Communicator, UniqueId};
 use geforce_p2p::{DType, Device, Element, ReduceOp};
@@ -28,11 +27,6 @@ pub(crate) struct PyCommunicator {
     max_bytes: usize,
 }
 
-fn seconds(name: &str, value: f64) -> Result<Duration, Raised> {
-    Duration::try_from_secs_f64(value)
-        .map_err(|_| Raised::argument(name, format!("{value} is not a number of seconds >= 0")))
-}
-
 #[pymethods]
 impl PyCommunicator {
     /// Join communicator `id` as `rank` of `world` on CUDA device `device`; waits (with the
@@ -57,8 +51,8 @@ impl PyCommunicator {
             let defaults = CommOptions::default();
             let options = CommOptions {
                 small_max_bytes: max_bytes,
-                peer_timeout: seconds("peer_timeout", peer_timeout)?,
-                join_timeout: seconds("join_timeout", join_timeout)?,
+                peer_timeout: args::seconds("peer_timeout", peer_timeout)?,
+                join_timeout: args::seconds("join_timeout", join_timeout)?,
                 slot_bytes: slot_bytes.unwrap_or(defaults.slot_bytes),
                 slots: slots.unwrap_or(defaults.slots),
             };

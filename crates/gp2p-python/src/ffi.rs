@@ -162,8 +162,7 @@ impl Gate {
     #[new]
     fn new(py: Python<'_>, device: usize, stream: u64, deadline: f64) -> PyResult<Gate> {
         let run = || -> Result<Gate, Raised> {
-            let deadline = std::time::Duration::try_from_secs_f64(deadline)
-                .map_err(|_| Raised::argument("deadline", format!("{deadline} is not a duration in seconds")))?;
+            let deadline = args::seconds("deadline", deadline)?;
             let device = Device::open(device)?;
             // SAFETY: by the module's contract (2), `stream` is a stream of this device's
             // primary context that outlives the work enqueued on it (the gate's host function

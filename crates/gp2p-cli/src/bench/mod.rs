@@ -13,6 +13,7 @@ use geforce_p2p::{Device, Stream};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::error::CliError;
+use crate::flags::StreamFlag;
 use crate::measure::Repeats;
 use crate::plot::plot_rows;
 use crate::report::Report;
@@ -71,25 +72,6 @@ pub struct Common {
     /// within one device then has one stream for both ends).
     #[arg(long, value_enum, default_value = "own")]
     stream: StreamFlag,
-}
-
-/// Which streams a bench enqueues on.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StreamFlag {
-    /// A new non-blocking stream per device.
-    Own,
-    /// Each device's legacy default stream.
-    Legacy,
-}
-
-impl StreamFlag {
-    /// The flag's value, as the JSON report names it.
-    fn name(self) -> &'static str {
-        match self {
-            StreamFlag::Own => "own",
-            StreamFlag::Legacy => "legacy",
-        }
-    }
 }
 
 impl Common {
