@@ -20,9 +20,6 @@ use gp2p_tests::{HostGate, POISON, Reference, drop_limit, hold, max_len, needs, 
 /// How long a test lets queued work sit before checking it has not run.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// Set to run the tests of defects not yet mended (they fail until then).
-const KNOWN_DEFECTS_ENV: &str = "GP2P_KNOWN_DEFECTS";
-
 /// Drop `value`, returning how long the drop took.
 fn timed_drop<T>(value: T) -> Duration {
     let start = Instant::now();
@@ -493,18 +490,47 @@ fn a_release_never_stalls_other_threads_while_a_stream_is_held() {
 fn a_pinned_release_never_stalls_other_threads_while_a_stream_is_held() {
     let _serial = gp2p_tests::serial();
     let [device] = needs!(gpus: 1);
-    if std::env::var_os(KNOWN_DEFECTS_ENV).is_none() {
-        // Expected to fail: pinned host memory has no stream-ordered free here (cuMemFreeHost
-        // waits for the whole device, 0.98 s behind a 1 s gate on nvidia-h200-x2);
-        // benches/device/release_ab.sh runs it with the variable set.
-        let test = "gpu_lifetime::a_pinned_release_never_stalls_other_threads_while_a_stream_is_held";
-        let why = format!(
-            "a known defect (the reclaimer's cuMemFreeHost waits for the whole device): set {KNOWN_DEFECTS_ENV}=1"
-        );
-        println!("{}", gp2p_tests::not_run_line(test, &why));
-        return;
-    }
+    // cuMemFreeHost waits for the whole device (0.98 s behind a 1 s gate on two H200s): the
+    // reclaimer keeps the block for reuse instead.
     releases_leave_other_threads_alone(&device, &[PINNED_HOST_MEMORY]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dropped_pinned_memory_is_reused_zeroed_and_handed_back_on_request() {
+    use geforce_p2p::cuda::{cached_host_bytes, lifetime::flush_releases, release_cached_host_memory};
+    let _serial = gp2p_tests::serial();
+    let [device] = needs!(gpus: 1);
+    let stream = Stream::new(&device).unwrap();
+    // Blocks earlier tests dropped would be taken before this test's.
+    flush_releases();
+    release_cached_host_memory(&device).unwrap();
+    // An odd size: its block is rounded up, and a request a little smaller shares it.
+    let len = 300_007;
+    let mut first = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
+    first.as_mut_slice().unwrap().fill(0xA5A5_A5A5);
+    let on_gpu = DeviceBuffer::<u32>::alloc(&device, len).unwrap();
+    let gate = hold(&stream);
+    geforce_p2p::pinned::copy_to_host(&stream, &on_gpu.view(..), &mut first.view_mut(..)).unwrap();
+    let address = first.host_ptr() as usize;
+    drop(first); // its copy still queued: the block must not be reused before it runs
+    std::thread::sleep(SETTLE); // the reclaimer has taken the release up and polls its copy
+    let meanwhile = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
+    assert_ne!(meanwhile.host_ptr() as usize, address, "a block reused under its pending copy");
+    gate.open();
+    stream.synchronize().unwrap();
+    flush_releases();
+    assert!(cached_host_bytes() >= len * 4, "the dropped block is not cached: {} bytes", cached_host_bytes());
+    let second = PinnedBuffer::<u32>::alloc(&device, len - 1000).unwrap();
+    assert_eq!(second.host_ptr() as usize, address, "the cached block of the size class was not reused");
+    assert!(second.as_slice().unwrap().iter().all(|&x| x == 0), "a reused block is not zeroed");
+    assert!(geforce_p2p::is_pinned(second.host_ptr().cast(), second.bytes()).unwrap());
+    drop(second);
+    flush_releases();
+    let cached = cached_host_bytes();
+    let freed = release_cached_host_memory(&device).unwrap();
+    assert!(freed >= cached && freed >= len * 4, "handed back {freed} of {cached} cached bytes");
+    assert_eq!(cached_host_bytes(), 0);
 }
 
 /// A kind of resource the release tests drop: its name and how one is made (idle).

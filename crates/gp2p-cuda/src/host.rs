@@ -8,6 +8,7 @@ use std::ptr::NonNull;
 use cudarc::driver::sys;
 
 use crate::driver::check;
+use crate::host_cache;
 use crate::lifetime::{LastUses, Release, release_after};
 use crate::{Device, Error, RawDevicePtr, Result};
 
@@ -16,11 +17,14 @@ use crate::{Device, Error, RawDevicePtr, Result};
 /// reads it at full speed. Starts zeroed. The typed buffers of `gp2p-pinned` are built on it.
 ///
 /// Lifetime: operations note their GPU work on [`HostAllocation::uses`]; dropping never
-/// blocks, and the memory is freed once that work is done.
+/// blocks, and once that work is done the memory is kept for the next allocation of about
+/// the same size, never handed back to the driver behind the caller's back (freeing pinned
+/// memory waits for the whole device): [`crate::release_cached_host_memory`] does that.
 pub struct HostAllocation {
     ptr: NonNull<u8>,
     bytes: usize,
-    device: Device,
+    /// The block's size (`host_cache::block_bytes(bytes)`), which it goes back to the cache as.
+    block: usize,
     uses: LastUses,
 }
 
@@ -32,19 +36,26 @@ unsafe impl Sync for HostAllocation {}
 
 impl HostAllocation {
     /// `bytes` zeroed bytes; `device` supplies the context for the call (the memory is usable
-    /// from every device). Zero bytes allocate nothing.
+    /// from every device). Zero bytes allocate nothing. A block freed earlier is reused when
+    /// one of the size class is cached (no driver call then).
     pub fn new(device: &Device, bytes: usize) -> Result<Self> {
         device.require_host_mapping()?;
-        let ptr = if bytes == 0 {
+        let (ptr, block) = if bytes == 0 {
             // Aligned for any element; never dereferenced with a non-zero length.
-            NonNull::<u64>::dangling().cast::<u8>()
+            (NonNull::<u64>::dangling().cast::<u8>(), 0)
         } else {
-            let raw = alloc_pinned(device, bytes)?;
-            // SAFETY: the driver returned `bytes` writable bytes; zeroing initialises them.
+            let block = host_cache::block_bytes(bytes);
+            let raw = match host_cache::take(block) {
+                Some(cached) => cached,
+                None => alloc_pinned(device, block)?,
+            };
+            // SAFETY: the block has at least `bytes` writable bytes that nothing else uses (a
+            // fresh allocation, or a cached one whose owner and GPU work are gone); zeroing
+            // initialises them.
             unsafe { std::ptr::write_bytes(raw.as_ptr(), 0, bytes) };
-            raw
+            (raw, block)
         };
-        Ok(HostAllocation { ptr, bytes, device: device.clone(), uses: LastUses::new() })
+        Ok(HostAllocation { ptr, bytes, block, uses: LastUses::new() })
     }
 
     /// The host address of the first byte.
@@ -75,8 +86,7 @@ impl HostAllocation {
 impl Drop for HostAllocation {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            let release = Release::HostMemory { device: self.device.clone(), ptr: self.ptr.as_ptr().cast() };
-            release_after(self.uses.take(), release);
+            release_after(self.uses.take(), Release::HostMemory { ptr: self.ptr, block: self.block });
         }
     }
 }
@@ -87,13 +97,22 @@ impl std::fmt::Debug for HostAllocation {
     }
 }
 
+/// A new block from the driver. Out of memory, it waits for what was dropped to be released
+/// and hands the cached blocks back to the driver (both may block), then tries once more.
 fn alloc_pinned(device: &Device, bytes: usize) -> Result<NonNull<u8>> {
     let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
     let mut raw: *mut c_void = std::ptr::null_mut();
     device.bind()?;
-    // SAFETY: a context is current (flushing releases runs on this thread and leaves it so);
-    // out-pointer to a local.
-    let code = crate::lifetime::retry_after_releases(|| unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) });
+    // SAFETY: a context is current (bound above; flushing releases and the cache's release run
+    // on this thread and leave it so); out-pointer to a local.
+    let mut allocate = || unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) };
+    let mut code = allocate();
+    if code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        crate::lifetime::flush_releases();
+        // Its error (a block the driver would not take back) leaves the retry to say more.
+        let _ = host_cache::release_cached_host_memory(device);
+        code = allocate();
+    }
     check(code, "cuMemHostAlloc")?;
     NonNull::new(raw.cast::<u8>())
         .ok_or_else(|| Error::InvalidArgument { name: "bytes", reason: "cuMemHostAlloc returned null".into() })

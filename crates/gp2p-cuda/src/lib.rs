@@ -11,7 +11,8 @@
 //!   stream and rejoin it.
 //! - [`Event`]: timing and non-timing events.
 //! - [`DeviceBuffer`] and the views [`DeviceView`] / [`DeviceViewMut`]: typed device memory.
-//! - [`HostAllocation`]: pinned, portable, device-mapped host memory (typed in `gp2p-pinned`).
+//! - [`HostAllocation`]: pinned, portable, device-mapped host memory (typed in `gp2p-pinned`),
+//!   kept for reuse once dropped ([`release_cached_host_memory`] hands it back).
 //! - [`lifetime`]: the one lifetime rule — every operation notes where its GPU work on a
 //!   buffer ends ([`StreamPoint`], [`LastUses`]); dropping a buffer, pinned allocation or
 //!   stream never blocks and never frees what the GPU may still use.
@@ -58,6 +59,7 @@ mod error;
 mod event;
 mod gate;
 mod host;
+mod host_cache;
 #[cfg(feature = "cudarc")]
 pub mod interop;
 pub mod lifetime;
@@ -76,6 +78,7 @@ pub use event::{Event, EventKind};
 pub use gate::HostGate;
 pub use gp2p_kernels::PtxTarget;
 pub use host::HostAllocation;
+pub use host_cache::{cached_host_bytes, release_cached_host_memory};
 pub use lifetime::{LastUses, ReleasesPaused, ReservedPoint, StreamPoint, pause_releases};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, byte_ranges_overlap, checked_range, index_range,

@@ -6,9 +6,10 @@
 //!   that is never re-recorded (so what it stands for cannot change under a waiter).
 //! - [`LastUses`]: per allocation, the latest point of every stream that touched it. Every
 //!   safe operation of the crates notes one after it enqueues work on a buffer.
-//! - The reclaimer: a thread that releases dropped allocations (device memory, pinned host
-//!   memory) and destroys dropped streams once the points they carried have completed. A
-//!   drop only hands its resource over; the driver calls that may synchronise run there.
+//! - The reclaimer: a thread that releases dropped allocations (device memory to its pool,
+//!   pinned host memory to a cache for reuse) and destroys dropped streams once the points
+//!   they carried have completed. A drop only hands its resource over; the driver calls
+//!   that may synchronise run there.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -242,8 +243,9 @@ impl LastUses {
 pub(crate) enum Release {
     /// Device memory back to its pool (`cuMemFreeAsync`), or `cuMemFree` without one.
     DeviceMemory { device: Device, ptr: CUdeviceptr },
-    /// `cuMemFreeHost` of pinned host memory.
-    HostMemory { device: Device, ptr: *mut c_void },
+    /// Pinned host memory (a block of `block` bytes) back to the cache for reuse: no
+    /// driver call (see `host_cache`).
+    HostMemory { ptr: std::ptr::NonNull<u8>, block: usize },
     /// `cuStreamDestroy` of an owned stream.
     Stream { device: Device, raw: CUstream },
     /// `cuMemHostUnregister` of registered host memory, then the drop of the mapping's owner
@@ -261,10 +263,10 @@ impl Release {
             // SAFETY: owned allocation from the device's alloc_memory, freed once, after all
             // recorded GPU use.
             Release::DeviceMemory { device, ptr } => unsafe { device.free_memory(ptr) },
-            Release::HostMemory { device, ptr } => device.bind().and_then(|()| {
-                // SAFETY: as above, for pinned host memory from cuMemHostAlloc.
-                check(unsafe { sys::cuMemFreeHost(ptr) }, "cuMemFreeHost")
-            }),
+            Release::HostMemory { ptr, block } => {
+                crate::host_cache::put(block, ptr);
+                Ok(())
+            }
             Release::Stream { device, raw } => device.bind().and_then(|()| {
                 // SAFETY: owned stream, destroyed once, after the work enqueued on it.
                 check(unsafe { sys::cuStreamDestroy_v2(raw) }, "cuStreamDestroy")
@@ -348,7 +350,7 @@ static RELEASING: RwLock<()> = RwLock::new(());
 /// release in hand, if any, to finish (a free may itself wait for its device to go idle).
 ///
 /// For enqueueing kernels that wait for each other across devices (the line exchange). A
-/// free (`cuMemFree`, `cuMemFreeHost`) may wait for its device to go idle while holding a
+/// free (`cuMemFree` without a pool, `cuMemHostUnregister`) may wait for its device to go idle while holding a
 /// lock of the driver that a launch on another device of the process also needs: if the
 /// first rank's kernel is already waiting for the second's, the free waits for a kernel
 /// that waits for a launch that waits for the free, until the kernel's timeout. With the
@@ -356,6 +358,12 @@ static RELEASING: RwLock<()> = RwLock::new(());
 /// drops go on queueing meanwhile (they never block), and nothing is released.
 pub fn pause_releases() -> ReleasesPaused {
     ReleasesPaused { _guard: RELEASING.write() }
+}
+
+/// Held by a driver call that frees outside the reclaimer (the host cache's release), so it
+/// does not fall between launches made under [`pause_releases`] either.
+pub(crate) fn not_paused() -> parking_lot::RwLockReadGuard<'static, ()> {
+    RELEASING.read()
 }
 
 /// The guard of [`pause_releases`]: releases resume when it drops.
