@@ -165,7 +165,12 @@ def run(name, op, numel, args, rank, world, device, graphed=False):
         if rep >= args.warmup:
             per_call.append(us)
             host_us.append(host)
-    return statistics.median(per_call), per_call, statistics.median(host_us)
+    return statistics.median(per_call), per_call, statistics.median(host_us), host_us
+
+
+def fmt(value, form="%.1f"):
+    """`value` in `form`, or "-" where it was not measured."""
+    return "-" if value is None else form % value
 
 
 def list_contexts(rank):
@@ -215,6 +220,9 @@ def main():
                         help="each rank sees only its own GPU (CUDA_VISIBLE_DEVICES=LOCAL_RANK)")
     parser.add_argument("--list-contexts", action="store_true",
                         help="print nvidia-smi's compute processes per GPU once the communicator exists")
+    parser.add_argument("--skip-nccl", action="store_true",
+                        help="time the gp2p communicator only, with no NCCL communicator in the processes "
+                             "(barriers through gloo): whether NCCL's presence changes gp2p's times")
     parser.add_argument("--bind-cpus", action="store_true",
                         help="run each rank on the CPUs local to its GPU (the PCI device's local_cpulist)")
     args = parser.parse_args()
@@ -226,7 +234,10 @@ def main():
     device = torch.device("cuda", local)
     if args.bind_cpus:
         bind_to_gpu_cpus(local)
-    dist.init_process_group("nccl", device_id=device)
+    if args.skip_nccl:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("nccl", device_id=device)
     box = [gpd.unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     limit = {} if args.small_max_bytes is None else {"max_bytes": args.small_max_bytes}
@@ -238,19 +249,25 @@ def main():
     for size in [s for s in SMALL + LARGE if args.min_bytes <= s <= args.max_bytes]:
         numel = size // 4
         nccl_op, gp2p_op = (lambda b: dist.all_reduce(b)), (lambda b: comm.all_reduce(b, "sum"))
-        nccl, nccl_all, nccl_host = run("nccl", nccl_op, numel, args, rank, world, device)
-        gp2p, gp2p_all, gp2p_host = run("gp2p", gp2p_op, numel, args, rank, world, device)
+        nccl = nccl_all = nccl_host = nccl_host_all = None
+        if not args.skip_nccl:
+            nccl, nccl_all, nccl_host, nccl_host_all = run("nccl", nccl_op, numel, args, rank, world, device)
+        gp2p, gp2p_all, gp2p_host, gp2p_host_all = run("gp2p", gp2p_op, numel, args, rank, world, device)
         row = {"bytes": size, "dtype": "f32", "op": "sum", "calls_per_loop": calls_for(size, args),
-               "nccl_us": nccl, "gp2p_us": gp2p, "gp2p_over_nccl": gp2p / nccl,
+               "nccl_us": nccl, "gp2p_us": gp2p, "gp2p_over_nccl": gp2p / nccl if nccl else None,
                "nccl_us_all": nccl_all, "gp2p_us_all": gp2p_all,
-               "nccl_host_us": nccl_host, "gp2p_host_us": gp2p_host}
+               "nccl_host_us": nccl_host, "gp2p_host_us": gp2p_host,
+               "nccl_host_us_all": nccl_host_all, "gp2p_host_us_all": gp2p_host_all}
         if size <= args.graph_max_bytes:
-            g_nccl, _, _ = run("nccl graph", nccl_op, numel, args, rank, world, device, graphed=True)
-            g_gp2p, _, _ = run("gp2p graph", gp2p_op, numel, args, rank, world, device, graphed=True)
-            row.update(nccl_graph_us=g_nccl, gp2p_graph_us=g_gp2p, graph_gp2p_over_nccl=g_gp2p / g_nccl)
+            g_gp2p = run("gp2p graph", gp2p_op, numel, args, rank, world, device, graphed=True)[0]
+            row.update(gp2p_graph_us=g_gp2p)
+            if not args.skip_nccl:
+                g_nccl = run("nccl graph", nccl_op, numel, args, rank, world, device, graphed=True)[0]
+                row.update(nccl_graph_us=g_nccl, graph_gp2p_over_nccl=g_gp2p / g_nccl)
         if size >= CEILING_FROM:
             ceiling = duplex_us(size, device, args.repeats)
-            row.update(duplex_us=ceiling, ceiling_over_gp2p=ceiling / gp2p, ceiling_over_nccl=ceiling / nccl)
+            row.update(duplex_us=ceiling, ceiling_over_gp2p=ceiling / gp2p,
+                       ceiling_over_nccl=ceiling / nccl if nccl else None)
         rows.append(row)
         torch.cuda.empty_cache()
     comm.close()
@@ -258,12 +275,15 @@ def main():
         print("%10s %10s %10s %8s %10s %8s" % ("bytes", "nccl us", "gp2p us", "ratio", "duplex us", "of duplex"))
         for r in rows:
             ceiling = ("%10.1f %8.3f" % (r["duplex_us"], r["ceiling_over_gp2p"])) if "duplex_us" in r else ""
-            print("%10d %10.1f %10.1f %8.3f %s" % (r["bytes"], r["nccl_us"], r["gp2p_us"], r["gp2p_over_nccl"], ceiling))
-        print("host enqueue us per call (nccl/gp2p), and graph replays (nccl/gp2p us, ratio):")
+            nccl, ratio = ("%10.1f" % r["nccl_us"], "%8.3f" % r["gp2p_over_nccl"]) if r["nccl_us"] else ("-", "-")
+            print("%10d %10s %10.1f %8s %s" % (r["bytes"], nccl, r["gp2p_us"], ratio, ceiling))
+        print("host enqueue us per call (nccl/gp2p), graph replays (nccl/gp2p us, ratio), gp2p's loops (us per call):")
         for r in rows:
-            graph = ("  graph %.1f/%.1f %.3f" % (r["nccl_graph_us"], r["gp2p_graph_us"], r["graph_gp2p_over_nccl"])
+            graph = ("  graph %s/%.1f %s" % (fmt(r.get("nccl_graph_us")), r["gp2p_graph_us"],
+                                             fmt(r.get("graph_gp2p_over_nccl"), "%.3f"))
                      if "gp2p_graph_us" in r else "")
-            print("%10d host %.1f/%.1f%s" % (r["bytes"], r["nccl_host_us"], r["gp2p_host_us"], graph))
+            loops = " ".join("%.1f" % us for us in r["gp2p_us_all"])
+            print("%10d host %s/%.1f%s  loops %s" % (r["bytes"], fmt(r["nccl_host_us"]), r["gp2p_host_us"], graph, loops))
         if args.json:
             meta = {"gpus": [torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())],
                     "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
