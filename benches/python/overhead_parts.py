@@ -34,10 +34,12 @@ from geforce_p2p._tensors import describe
 from compare_torch import rust_enqueue_us, spin  # beside this script: the Rust bench in-process, a busy kernel
 
 
-def per_call_us(parts, devices, calls, from_idle):
+def per_call_us(parts, devices, calls, from_idle, expired=None):
     """Median host microseconds per call of each part, the parts taking turns. A part is a
     call, or (call, handle of the stream to hold from idle instead of device 0's current torch
-    stream); a call that returns a float has timed itself (seconds), in Rust."""
+    stream); a call that returns a float has timed itself (seconds), in Rust. A call that
+    waited for its held stream until the gate's deadline ends the script, unless `expired` is
+    a dict: then the part's name is counted there."""
     times = {name: [] for name in parts}
     if not from_idle:
         for d in devices:
@@ -58,7 +60,9 @@ def per_call_us(parts, devices, calls, from_idle):
             times[name].append(result if isinstance(result, float) else elapsed)
             if gate is not None:
                 gate.open()
-                if gate.expired():
+                if gate.expired() and expired is not None:
+                    expired[name] = expired.get(name, 0) + 1
+                elif gate.expired():
                     raise SystemExit("%s: the call waited for its held stream until the gate's deadline; "
                                      "its time would include that wait" % name)
     for d in devices:
@@ -108,7 +112,14 @@ def main():
         # The queued way leaves the Rust calls out: with --streams side they would run on
         # idle streams of their own, not behind the spin.
         python_parts = {name: part for name, part in parts.items() if name != "rust call"}
-        per_call_us(parts, devices, 20, True)  # warm-up: caches and the library's state
+        # Warm-up (caches and the library's state): a first call that waits for its stream
+        # (a driver call waiting for the device to go idle) is reported, not timed.
+        first = {}
+        per_call_us(parts, devices, 20, True, expired=first)
+        for part, count in first.items():
+            print("warm-up: %s %s waited for its held stream until the gate's deadline in %d of 20 calls"
+                  % (op, part, count))
+            rows["%s warm-up: %s calls that waited for the held stream" % (op, part)] = count
         for part, us in per_call_us(python_parts, devices, args.calls, False).items():
             rows["%s queued: %s" % (op, part)] = us
         rows["%s queued: python layer" % op] = rows["%s queued: whole call" % op] - rows["%s queued: native only" % op]
