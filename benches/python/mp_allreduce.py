@@ -212,6 +212,8 @@ def main():
                         help="the communicator's one-kernel path up to this size (its max_bytes; "
                              "default the library's)")
     parser.add_argument("--slot-bytes", type=int, help="the pipeline's slot size (default the library's)")
+    parser.add_argument("--chunk-blocks", type=int,
+                        help="the most blocks of the one-kernel path's chunk kernel (default the library's)")
     parser.add_argument("--slots", type=int, help="the pipeline's slots per rank (default the library's)")
     parser.add_argument("--min-bytes", type=int, default=0, help="the smallest size timed")
     parser.add_argument("--graph-max-bytes", type=int, default=0,
@@ -242,7 +244,7 @@ def main():
     dist.broadcast_object_list(box, src=0)
     limit = {} if args.small_max_bytes is None else {"max_bytes": args.small_max_bytes}
     comm = gpd.Communicator(box[0], rank, world, local, **limit,
-                            slot_bytes=args.slot_bytes, slots=args.slots)
+                            slot_bytes=args.slot_bytes, slots=args.slots, chunk_blocks=args.chunk_blocks)
     if args.list_contexts:
         list_contexts(rank)
     rows = []
@@ -290,7 +292,8 @@ def main():
                     "env": {k: os.environ.get(k) for k in ("NCCL_P2P_DISABLE", "NCCL_NVLS_ENABLE")},
                     "processes": world, "calls_per_loop": args.calls, "repeats": args.repeats,
                     "warmup": args.warmup, "small_max_bytes": comm.max_bytes,
-                    "slot_bytes": args.slot_bytes, "slots": args.slots, "rows": rows}
+                    "slot_bytes": args.slot_bytes, "slots": args.slots, "chunk_blocks": args.chunk_blocks,
+                    "rows": rows}
             with open(args.json, "w") as f:
                 json.dump(meta, f, indent=1)
     dist.destroy_process_group()

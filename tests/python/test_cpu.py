@@ -569,7 +569,8 @@ def test_a_communicator_without_a_driver_fails_at_once_naming_it():
         gpd.Communicator("not-an-id", 0, 2, device=0)
     with pytest.raises(ValueError, match="device"):
         gpd.Communicator(gpd.unique_id(), 0, 2, device="cpu")
-    for name, bad in (("max_bytes", -1), ("slot_bytes", 0), ("slots", -2), ("slots", True), ("slot_bytes", 1.5)):
+    for name, bad in (("max_bytes", -1), ("slot_bytes", 0), ("slots", -2), ("slots", True), ("slot_bytes", 1.5),
+                      ("chunk_blocks", 0)):
         with pytest.raises(ValueError, match="%s: .* is not a positive integer" % name):
             gpd.Communicator(gpd.unique_id(), 0, 2, device=0, **{name: bad})
 

@@ -15,7 +15,7 @@ use std::mem::ManuallyDrop;
 
 use gp2p_cuda::raw::{ChunkAreas, ChunkWaits, ExchangeLines, Numbering, exchange, exchange_chunks, write_flag};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
-use gp2p_kernels::{DType, Element, ReduceOp, chunk_area_layout, exchange_line_bytes};
+use gp2p_kernels::{CHUNK_MAX_BLOCKS, DType, Element, ReduceOp, chunk_area_layout, exchange_line_bytes};
 
 use crate::pipeline::{Landing, Pipeline, RankSide, Staging, Transfer};
 use crate::segment::{LONGEST_TIMEOUT, poll_until};
@@ -36,6 +36,9 @@ pub struct CommOptions {
     pub slot_bytes: usize,
     /// Slots per rank of that pipeline: chunks in flight at once, 2..=16.
     pub slots: usize,
+    /// The most blocks the one-kernel path's flagged-chunk kernel runs, 1..=256 (a block per
+    /// 4 KiB chunk up to this, several chunks each above). Each rank may pick its own.
+    pub chunk_blocks: usize,
 }
 
 impl Default for CommOptions {
@@ -59,6 +62,7 @@ impl Default for CommOptions {
             // 0.55-0.70 (benches/results/README.md, sixth session).
             slot_bytes: 8 << 20,
             slots: 3,
+            chunk_blocks: DEFAULT_CHUNK_BLOCKS,
         }
     }
 }
@@ -103,6 +107,12 @@ const REGISTRATION_FAILED: u32 = 2;
 /// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
 /// from flags and from each other).
 const LINES_ALIGN: usize = 4096;
+/// [`CommOptions::chunk_blocks`] by default. Two H200s, one process each, no NCCL in the
+/// processes (benches/results/README.md, tenth session): with up to 256 blocks, 1 MiB took
+/// 50 us in some 50-call loops and 225-280 in others, 4 MiB 152 or 307-363; with 64, every
+/// loop took 48-54 and 167-176.
+const DEFAULT_CHUNK_BLOCKS: usize = 64;
+
 /// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
 const SLOT_BYTES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
 const SLOTS: std::ops::RangeInclusive<usize> = 2..=16;
@@ -122,6 +132,12 @@ impl Layout {
         let CommOptions { small_max_bytes, slot_bytes, slots: slot_count, .. } = *options;
         if world == 0 || world > crate::MAX_WORLD {
             return Err(Error::World { world, max: crate::MAX_WORLD });
+        }
+        if !(1..=CHUNK_MAX_BLOCKS).contains(&options.chunk_blocks) {
+            return Err(Error::InvalidOption {
+                name: "chunk_blocks",
+                reason: format!("{} is outside 1..={CHUNK_MAX_BLOCKS}", options.chunk_blocks),
+            });
         }
         if small_max_bytes == 0 || small_max_bytes > MAX_SMALL_BYTES {
             return Err(Error::InvalidOption {
@@ -249,6 +265,8 @@ pub struct Communicator {
     calls: u64,
     pipeline: Pipeline,
     timeout: Duration,
+    /// [`CommOptions::chunk_blocks`].
+    chunk_blocks: usize,
     /// The end of this rank's last call, for a call on another stream to wait for.
     last: Option<StreamPoint>,
     /// Once a call gave up waiting, the ranks' calls may no longer pair up: every later call
@@ -313,6 +331,7 @@ impl Communicator {
             calls: 0,
             pipeline,
             timeout: options.peer_timeout,
+            chunk_blocks: options.chunk_blocks,
             last: None,
             broken: false,
             capture: Capture::Refused,
@@ -385,7 +404,7 @@ impl Communicator {
             let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive, local: None };
             return self.enqueue(stream, transfer, |point| buf.note_use(point));
         }
-        let timeout_ns = self.timeout_ns();
+        let (timeout_ns, chunk_blocks) = (self.timeout_ns(), self.chunk_blocks);
         let (ptr, len) = (buf.raw_ptr(), buf.len());
         let (lines, areas) = (self.exchange_lines(), self.chunk_areas());
         self.call(
@@ -410,7 +429,7 @@ impl Communicator {
                     // Between processes a peer that never arrives may have died: the same bound either
                     // way, so every rank hears of it within the peer timeout.
                     let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
-                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, waits)?)
+                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, waits, chunk_blocks)?)
                 }
             },
             |point| buf.note_use(point),
@@ -995,5 +1014,22 @@ mod tests {
         }
         let options = CommOptions { slot_bytes: 64 << 10, slots: 16, ..CommOptions::default() };
         assert!(Layout::new(2, &options).is_ok(), "the bounds themselves are taken");
+    }
+
+    #[test]
+    fn chunk_blocks_outside_one_to_the_kernels_cap_are_refused_by_name() {
+        for chunk_blocks in [0, CHUNK_MAX_BLOCKS + 1] {
+            let options = CommOptions { chunk_blocks, ..CommOptions::default() };
+            match Layout::new(2, &options) {
+                Err(Error::InvalidOption { name, reason }) => {
+                    assert_eq!(name, "chunk_blocks");
+                    assert!(reason.contains(&chunk_blocks.to_string()), "{reason}");
+                }
+                other => panic!("{chunk_blocks}: {other:?}"),
+            }
+        }
+        for chunk_blocks in [1, CHUNK_MAX_BLOCKS] {
+            assert!(Layout::new(2, &CommOptions { chunk_blocks, ..CommOptions::default() }).is_ok());
+        }
     }
 }

@@ -272,7 +272,8 @@ pub struct ChunkWaits {
 /// Enqueue one rank's flagged-chunk kernel on `stream`: store `buf` into its area in chunks,
 /// flag each with the call's number (the next after the count at `areas.counter`), wait (as
 /// `waits` bounds it) for the peer's flags and fold `buf = op(own, peer)`. Refuses
-/// `divide_by` = 0 and misaligned addresses before launching.
+/// `divide_by` = 0 and misaligned addresses before launching. At most `max_blocks` blocks
+/// run (see [`crate::reduce::chunks_launch_config`]); each rank may pick its own.
 ///
 /// Also refuses a `flags_offset` that the data would overrun, and a `half_stride` that would
 /// make the two halves overlap.
@@ -303,6 +304,7 @@ pub unsafe fn exchange_chunks(
     areas: ChunkAreas,
     divide_by: u32,
     waits: ChunkWaits,
+    max_blocks: usize,
 ) -> Result<()> {
     check_divisor(divide_by)?;
     check_aligned(&[("buf", buf)], dtype.size_bytes())?;
@@ -333,7 +335,7 @@ pub unsafe fn exchange_chunks(
         return Ok(());
     }
     let function = Module::reduce_kernels(stream.device())?.function(chunks_kernel_name(op, dtype))?;
-    let config = chunks_launch_config(bytes, stream.device().info().multiprocessors);
+    let config = chunks_launch_config(bytes, stream.device().info().multiprocessors, max_blocks);
     let args = ChunksArgs {
         buf,
         len: len as u64,

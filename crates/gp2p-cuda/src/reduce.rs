@@ -210,12 +210,12 @@ pub(crate) unsafe fn launch_chunks(
 }
 
 /// The launch shape of a flagged-chunk kernel over `bytes` bytes: a block per chunk, at
-/// most [`CHUNK_MAX_BLOCKS`] and [`CHUNK_BLOCKS_PER_SM`] per multiprocessor of the device
-/// (each then takes several), so that on an otherwise idle device every block can be
-/// resident and polling at once (the kernels take at most 64 registers a thread, assembled
-/// by ptxas 12.4 for sm_75 to sm_90).
-pub fn chunks_launch_config(bytes: usize, multiprocessors: u32) -> LaunchConfig {
-    let cap = CHUNK_MAX_BLOCKS.min((multiprocessors.max(1) * CHUNK_BLOCKS_PER_SM) as usize);
+/// most `max_blocks` (itself at most [`CHUNK_MAX_BLOCKS`], at least 1) and
+/// [`CHUNK_BLOCKS_PER_SM`] per multiprocessor of the device (each then takes several), so
+/// that on an otherwise idle device every block can be resident and polling at once (the
+/// kernels take at most 64 registers a thread, assembled by ptxas 12.4 for sm_75 to sm_90).
+pub fn chunks_launch_config(bytes: usize, multiprocessors: u32, max_blocks: usize) -> LaunchConfig {
+    let cap = max_blocks.clamp(1, CHUNK_MAX_BLOCKS).min((multiprocessors.max(1) * CHUNK_BLOCKS_PER_SM) as usize);
     let blocks = bytes.div_ceil(CHUNK_BYTES).clamp(1, cap);
     LaunchConfig { grid: blocks as u32, block: CHUNK_BLOCK_THREADS, shared_bytes: 0 }
 }
@@ -360,13 +360,17 @@ mod tests {
 
     #[test]
     fn chunks_shape_is_a_block_per_chunk_up_to_the_cap() {
-        assert_eq!(chunks_launch_config(1, 132).grid, 1);
-        assert_eq!(chunks_launch_config(CHUNK_BYTES, 132).grid, 1);
-        assert_eq!(chunks_launch_config(CHUNK_BYTES + 1, 132).grid, 2);
-        assert_eq!(chunks_launch_config(1 << 30, 132).grid as usize, CHUNK_MAX_BLOCKS);
-        assert_eq!(chunks_launch_config(1 << 30, 28).grid, 28 * CHUNK_BLOCKS_PER_SM);
-        assert_eq!(chunks_launch_config(1 << 30, 0).grid, CHUNK_BLOCKS_PER_SM);
-        assert_eq!(chunks_launch_config(1, 132).block, CHUNK_BLOCK_THREADS);
+        assert_eq!(chunks_launch_config(1, 132, CHUNK_MAX_BLOCKS).grid, 1);
+        assert_eq!(chunks_launch_config(CHUNK_BYTES, 132, CHUNK_MAX_BLOCKS).grid, 1);
+        assert_eq!(chunks_launch_config(CHUNK_BYTES + 1, 132, CHUNK_MAX_BLOCKS).grid, 2);
+        assert_eq!(chunks_launch_config(1 << 30, 132, CHUNK_MAX_BLOCKS).grid as usize, CHUNK_MAX_BLOCKS);
+        assert_eq!(chunks_launch_config(1 << 30, 132, 64).grid, 64);
+        assert_eq!(chunks_launch_config(1 << 30, 132, 0).grid, 1);
+        assert_eq!(chunks_launch_config(1 << 30, 132, usize::MAX).grid as usize, CHUNK_MAX_BLOCKS);
+        assert_eq!(chunks_launch_config(3 * CHUNK_BYTES, 132, 64).grid, 3);
+        assert_eq!(chunks_launch_config(1 << 30, 28, CHUNK_MAX_BLOCKS).grid, 28 * CHUNK_BLOCKS_PER_SM);
+        assert_eq!(chunks_launch_config(1 << 30, 0, CHUNK_MAX_BLOCKS).grid, CHUNK_BLOCKS_PER_SM);
+        assert_eq!(chunks_launch_config(1, 132, CHUNK_MAX_BLOCKS).block, CHUNK_BLOCK_THREADS);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use gp2p_cuda::raw::{self, ChunkAreas, ChunkWaits};
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamPoint};
-use gp2p_kernels::{Element, ReduceOp, chunk_area_layout};
+use gp2p_kernels::{CHUNK_MAX_BLOCKS, Element, ReduceOp, chunk_area_layout};
 
 use crate::Result;
 use crate::pair::{Pair, kernel_wait_ns};
@@ -151,8 +151,20 @@ impl ChunkExchange {
             // notes right after each launch. `launch_both` enqueues both kernels (should the
             // second fail, the first gives up at its queue timeout, and the pair, out of
             // step, refuses every later call).
-            unsafe { raw::exchange_chunks(streams[r], raw_bufs[r], len, T::DTYPE, op, chunk_areas, divide_by, waits) }
-                .map_err(Into::into)
+            unsafe {
+                raw::exchange_chunks(
+                    streams[r],
+                    raw_bufs[r],
+                    len,
+                    T::DTYPE,
+                    op,
+                    chunk_areas,
+                    divide_by,
+                    waits,
+                    CHUNK_MAX_BLOCKS,
+                )
+            }
+            .map_err(Into::into)
         };
         let note = |r: usize, point: &StreamPoint| counters[r].view(..).note_use(point);
         self.pair.launch_both(streams, bufs, launch, note)

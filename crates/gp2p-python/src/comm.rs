@@ -32,7 +32,7 @@ impl PyCommunicator {
     /// Join communicator `id` as `rank` of `world` on CUDA device `device`; waits (with the
     /// GIL released) until every rank joined, at most `join_timeout` seconds.
     #[new]
-    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None))]
+    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's keywords, passed through
     fn new(
         py: Python<'_>,
@@ -45,6 +45,7 @@ impl PyCommunicator {
         join_timeout: f64,
         slot_bytes: Option<usize>,
         slots: Option<usize>,
+        chunk_blocks: Option<usize>,
     ) -> PyResult<Self> {
         let run = || -> Result<PyCommunicator, Raised> {
             let id: UniqueId = id.parse().map_err(Raised::from)?;
@@ -55,6 +56,7 @@ impl PyCommunicator {
                 join_timeout: args::seconds("join_timeout", join_timeout)?,
                 slot_bytes: slot_bytes.unwrap_or(defaults.slot_bytes),
                 slots: slots.unwrap_or(defaults.slots),
+                chunk_blocks: chunk_blocks.unwrap_or(defaults.chunk_blocks),
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;

@@ -108,19 +108,22 @@ class Communicator:
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
     ``max_bytes``: the largest all-reduce run as one kernel; ``slot_bytes`` and ``slots``
     (every rank must give the same): the staged pipeline's slot size (a multiple of 4096 in
-    64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning.
+    64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning;
+    ``chunk_blocks``: the most blocks the one-kernel path's kernel runs (1..256, default 64).
     """
 
     def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 128 << 10,
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
-                 slots: Optional[int] = None):
+                 slots: Optional[int] = None, chunk_blocks: Optional[int] = None):
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
-        max_bytes, slot_bytes, slots = (_positive(name, value) for name, value in
-                                        (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots)))
+        max_bytes, slot_bytes, slots, chunk_blocks = (
+            _positive(name, value) for name, value in
+            (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots), ("chunk_blocks", chunk_blocks)))
         self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
         self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, max_bytes,
-                                            float(peer_timeout), float(join_timeout), slot_bytes, slots)
+                                            float(peer_timeout), float(join_timeout), slot_bytes, slots,
+                                            chunk_blocks)
         #: The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones
         #: go through the staged pipeline).
         self.max_bytes = self._native.max_bytes
