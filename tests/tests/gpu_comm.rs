@@ -169,9 +169,10 @@ fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_ba
 }
 
 /// Options that send the pipeline's chunks through small slots, so a few hundred KiB take
-/// many chunks and wrap around the slots several times.
+/// many chunks and wrap around the slots several times; the one-kernel path stops at
+/// 128 KiB, so a few hundred KiB take the pipeline.
 fn small_slots() -> CommOptions {
-    CommOptions { slot_bytes: 64 << 10, slots: 2, ..CommOptions::default() }
+    CommOptions { small_max_bytes: 128 << 10, slot_bytes: 64 << 10, slots: 2, ..CommOptions::default() }
 }
 
 /// Every collective through the pipeline at odd lengths (each op for the reductions),

@@ -36,23 +36,22 @@ pub struct CommOptions {
     pub slot_bytes: usize,
     /// Slots per rank of that pipeline: chunks in flight at once, 2..=16.
     pub slots: usize,
-    /// The most blocks the one-kernel path's flagged-chunk kernel runs, 1..=256 (a block per
-    /// 4 KiB chunk up to this, several chunks each above). Each rank may pick its own.
+    /// The most blocks the one-kernel path's flagged-chunk kernel runs, 1..=256 (default 128:
+    /// a block per 4 KiB chunk up to 64, and more only for 8 chunks each or more, see
+    /// `chunk_grid`). Each rank may pick its own.
     pub chunk_blocks: usize,
 }
 
 impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
-            // Two H200s, one process each (benches/results/README.md, eighth session): the
-            // one-kernel path took 15.2-17.8 us at 128 KiB in every run. Above, it ran in
-            // two modes that switch from one 50-call loop to the next, in some runs and not
-            // others: 256 KiB 19.6 or 57-66 us, 1 MiB 49.6 or 240-318, 4 MiB 154-159 or
-            // 328-344 (all-reduce-mp-{53a30ec,b733047,a70c2c6-1,a70c2c6-2}-x2.json), where
-            // the pipeline takes 36-40, 70 and 190-194 and NCCL's shared-memory path 35-44,
-            // 63-66 and 170-173. Never seen with both ranks in one process (ChunkExchange).
-            // Until that is understood, the pipeline takes everything above 128 KiB.
-            small_max_bytes: 128 << 10,
+            // Two H200s, one process each, NCCL's shared-memory path in the same processes
+            // (benches/results/README.md, tenth session): one kernel took 15.8 us at 128 KiB
+            // (NCCL 23.6-32.0), 20.1-22.7 at 256 KiB (35.8-37.7), 48.1-50.0 at 1 MiB (63.2-64.5)
+            // and 147.4-152.1 at 4 MiB with 128 blocks (171.5-173.0), where the pipeline took
+            // 36-40, 70 and 190-194 in earlier runs. The chunk kernel's block cap
+            // (`chunk_grid`) keeps it out of the two-mode timing seen above 128 KiB before.
+            small_max_bytes: 4 << 20,
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
             // Measured on two H200s, one process each, f32 all-reduce at 16 MiB / 64 MiB /
@@ -107,11 +106,22 @@ const REGISTRATION_FAILED: u32 = 2;
 /// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
 /// from flags and from each other).
 const LINES_ALIGN: usize = 4096;
-/// [`CommOptions::chunk_blocks`] by default. Two H200s, one process each, no NCCL in the
-/// processes (benches/results/README.md, tenth session): with up to 256 blocks, 1 MiB took
-/// 50 us in some 50-call loops and 225-280 in others, 4 MiB 152 or 307-363; with 64, every
-/// loop took 48-54 and 167-176.
-const DEFAULT_CHUNK_BLOCKS: usize = 64;
+/// [`CommOptions::chunk_blocks`] by default (see [`chunk_grid`]).
+const DEFAULT_CHUNK_BLOCKS: usize = 128;
+
+/// The blocks the chunk kernel runs for `bytes`, at most `chunk_blocks`: a block per 4 KiB
+/// chunk up to 64 blocks (up to 4 chunks each), more only where each takes 8 chunks or more.
+/// Between processes on two H200s (benches/results/README.md, tenth session), grids of many
+/// blocks with few chunks each ran in two modes that switch from one 50-call loop to the
+/// next: 256 blocks of 1 (1 MiB) took 50 us or 225-280, 256 of 4 (4 MiB) 152 or 307-363, 128
+/// of 2 (1 MiB) 49 or 124-143; 64 of 4 (1 MiB) took 48-52 in 35 of 36 loops, 128 of 8 (4 MiB)
+/// 147-153 in 18 of 18 (32 of 32: 61 and 220, slower). Never seen with both ranks in one
+/// process, which keeps 256.
+fn chunk_grid(bytes: usize, chunk_blocks: usize) -> usize {
+    const ONE_EACH: usize = 64;
+    const CHUNKS_EACH_ABOVE: usize = 8;
+    (bytes.div_ceil(gp2p_kernels::CHUNK_BYTES) / CHUNKS_EACH_ABOVE).max(ONE_EACH).min(chunk_blocks)
+}
 
 /// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
 const SLOT_BYTES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
@@ -429,7 +439,8 @@ impl Communicator {
                     // Between processes a peer that never arrives may have died: the same bound either
                     // way, so every rank hears of it within the peer timeout.
                     let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
-                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, waits, chunk_blocks)?)
+                    let blocks = chunk_grid(bytes, chunk_blocks);
+                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, waits, blocks)?)
                 }
             },
             |point| buf.note_use(point),
@@ -1014,6 +1025,20 @@ mod tests {
         }
         let options = CommOptions { slot_bytes: 64 << 10, slots: 16, ..CommOptions::default() };
         assert!(Layout::new(2, &options).is_ok(), "the bounds themselves are taken");
+    }
+
+    #[test]
+    fn chunk_grids_take_a_block_per_chunk_up_to_64_and_8_chunks_a_block_above() {
+        let kib = 1 << 10;
+        assert_eq!(chunk_grid(4 * kib, DEFAULT_CHUNK_BLOCKS), 64, "the launch clamps to the chunks itself");
+        assert_eq!(chunk_grid(256 * kib, DEFAULT_CHUNK_BLOCKS), 64);
+        assert_eq!(chunk_grid(1 << 20, DEFAULT_CHUNK_BLOCKS), 64, "1 MiB: 4 chunks a block");
+        assert_eq!(chunk_grid(2 << 20, DEFAULT_CHUNK_BLOCKS), 64);
+        assert_eq!(chunk_grid(3 << 20, DEFAULT_CHUNK_BLOCKS), 96, "8 chunks a block");
+        assert_eq!(chunk_grid(4 << 20, DEFAULT_CHUNK_BLOCKS), 128);
+        assert_eq!(chunk_grid(16 << 20, DEFAULT_CHUNK_BLOCKS), 128, "the default cap");
+        assert_eq!(chunk_grid(16 << 20, 256), 256);
+        assert_eq!(chunk_grid(1 << 20, 32), 32, "a smaller cap wins");
     }
 
     #[test]

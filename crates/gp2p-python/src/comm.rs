@@ -40,7 +40,7 @@ impl PyCommunicator {
         rank: usize,
         world: usize,
         device: usize,
-        max_bytes: usize,
+        max_bytes: Option<usize>,
         peer_timeout: f64,
         join_timeout: f64,
         slot_bytes: Option<usize>,
@@ -51,7 +51,7 @@ impl PyCommunicator {
             let id: UniqueId = id.parse().map_err(Raised::from)?;
             let defaults = CommOptions::default();
             let options = CommOptions {
-                small_max_bytes: max_bytes,
+                small_max_bytes: max_bytes.unwrap_or(defaults.small_max_bytes),
                 peer_timeout: args::seconds("peer_timeout", peer_timeout)?,
                 join_timeout: args::seconds("join_timeout", join_timeout)?,
                 slot_bytes: slot_bytes.unwrap_or(defaults.slot_bytes),

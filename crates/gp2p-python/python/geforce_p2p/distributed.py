@@ -106,13 +106,13 @@ class Communicator:
     ``unique_id``: the text :func:`unique_id` gave on one rank; ``rank`` in
     ``0..world_size``; ``device``: this rank's GPU (ordinal, ``"cuda:N"`` or a
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
-    ``max_bytes``: the largest all-reduce run as one kernel; ``slot_bytes`` and ``slots``
+    ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB); ``slot_bytes`` and ``slots``
     (every rank must give the same): the staged pipeline's slot size (a multiple of 4096 in
     64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning;
     ``chunk_blocks``: the most blocks the one-kernel path's kernel runs (1..256, default 64).
     """
 
-    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: int = 128 << 10,
+    def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: Optional[int] = None,
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
                  slots: Optional[int] = None, chunk_blocks: Optional[int] = None):
         if not isinstance(unique_id, str):
