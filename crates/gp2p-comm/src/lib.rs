@@ -43,9 +43,21 @@
 //! from 8 to 256 KiB, against NCCL's 15.0-39.9. Eighth session (four runs, the chunk kernel
 //! with two teams per block): 7.6-14.8 us a call up to 64 KiB and 15.2-17.8 at 128 KiB (NCCL
 //! 22.8-45.9); above 128 KiB the kernel ran in two modes between processes (1 MiB 49.6 or
-//! 240-318 us), so the pipeline takes those sizes by default (see
-//! [`CommOptions::small_max_bytes`]). The two-process GPU tests are `tests/tests/gpu_comm.rs`
-//! (also run under compute-sanitizer memcheck and racecheck).
+//! 240-318 us). Tenth session: those modes follow the kernel's grid, and with the grids that
+//! ran steadily (see [`CommOptions::chunk_blocks`]) one kernel takes everything up to 4 MiB
+//! by default: two process pairs, NCCL in the same processes, 6.7-11.4 us up to 2 KiB
+//! (0.31-0.34 of NCCL's time), 11.6-13.2 us from 8 to 64 KiB, 15.8-16.1 at 128 KiB (0.68-0.71),
+//! 1 MiB 48.3-49.3 (0.76-0.78), 4 MiB 148.3-148.4 (0.86-0.87); 256 KiB took 20 us in one pair
+//! and 55 in four of seven loops of the other (1.56: 64 blocks of one chunk still show the
+//! two modes); the pipeline 0.95-0.96 of NCCL's time at 16 MiB and 0.84-0.91 of the duplex
+//! ceiling from 64 MiB. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run
+//! under compute-sanitizer memcheck and racecheck).
+//!
+//! The segment in /dev/shm takes about 65 MiB with the default options (the one-kernel
+//! areas for 4 MiB, two halves per rank, and 3 pipeline slots of 8 MiB per rank): a
+//! container with Docker's default 64 MiB /dev/shm needs `--shm-size`, or smaller options
+//! (`small_max_bytes` of 1 MiB: about 53 MiB). Creation reserves the whole segment first,
+//! so too little space is an error that names /dev/shm, never a crash later.
 //!
 //! Two ranks, here two threads of one process (in real use, two processes):
 //! ```

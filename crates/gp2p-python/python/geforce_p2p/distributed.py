@@ -11,16 +11,15 @@ the peer run on the GPU, and a peer that never arrives makes them give up after
 
 This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
-backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (128 KiB by
+backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (4 MiB by
 default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
 data and sequence number up to 2 KiB, flagged 4 KiB chunks above); everything else goes
 through a pipeline of DMA copies via slots of the segment, handed over chunk by chunk by
-flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 7.6-14.8
-us a call up to 64 KiB and 15.2-17.8 at 128 KiB, where NCCL's shared-memory path took
-22.8-45.9 us in the same runs; replayed from a CUDA graph, 4.8-5.7 us up to 2 KiB and
-7.7-14.9 from 8 to 128 KiB (NCCL 14.0-27.8); from 64 MiB the pipeline moves 0.86-1.0 of
-what the two links carry both ways at once, in 0.79-0.84 of NCCL's time
-(``benches/python/mp_allreduce.py``). Calls made while torch captures a CUDA graph are
+flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 6.7-13.2
+us a call up to 64 KiB, 16 at 128 KiB, 48-49 at 1 MiB and 148 at 4 MiB, 0.31-0.87 of the
+time NCCL's shared-memory path took in the same runs; replayed from a CUDA graph, 4.8-5.7 us
+up to 2 KiB; from 64 MiB the pipeline moves 0.84-0.91 of what the two links carry both ways
+at once (``benches/python/mp_allreduce.py``). Calls made while torch captures a CUDA graph are
 captured too (tested: every collective captured, then 10 replays on new data), and each
 launch of the graph runs them again on whatever the captured tensors hold then (every rank
 must capture and launch the same graphs in the same order; :meth:`Communicator.check` says
@@ -109,7 +108,10 @@ class Communicator:
     ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB); ``slot_bytes`` and ``slots``
     (every rank must give the same): the staged pipeline's slot size (a multiple of 4096 in
     64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning;
-    ``chunk_blocks``: the most blocks the one-kernel path's kernel runs (1..256, default 64).
+    ``chunk_blocks``: the most blocks the one-kernel path's kernel runs (1..256, default 128).
+    With the defaults the shared segment takes about 65 MiB of /dev/shm: under Docker's
+    default 64 MiB give the container ``--shm-size``, or pass ``max_bytes=1 << 20`` (about
+    53 MiB) or ``slots=2``; too little room is an error at creation that names /dev/shm.
     """
 
     def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: Optional[int] = None,
@@ -250,8 +252,8 @@ class CustomAllreduce:
         version cannot serve the group: not two ranks, or a rank that failed to join (every
         rank then agrees to disable it, so none waits on a peer that is not there).
         ``options`` go to :class:`Communicator`; its pipeline, which this object never uses,
-        gets the smallest slots unless given (the segment then takes about 1.5 MiB of
-        /dev/shm, not 49: containers often have 64 MiB, shared with NCCL)."""
+        gets the smallest slots unless given (the segment then takes about 17 MiB of
+        /dev/shm, not 65: containers often have 64 MiB, shared with NCCL)."""
         import torch.distributed as dist
 
         options.setdefault("slot_bytes", 64 << 10)
