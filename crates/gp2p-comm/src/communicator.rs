@@ -37,8 +37,8 @@ pub struct CommOptions {
     /// Slots per rank of that pipeline: chunks in flight at once, 2..=16.
     pub slots: usize,
     /// The most blocks the one-kernel path's flagged-chunk kernel runs, 1..=256 (default 128:
-    /// a block per 4 KiB chunk up to 64, and more only for 8 chunks each or more, see
-    /// `chunk_grid`). Each rank may pick its own.
+    /// a block per 4 KiB chunk up to 32, up to 64 with 4 chunks each, more only with 8 each,
+    /// see `chunk_grid`). Each rank may pick its own.
     pub chunk_blocks: usize,
 }
 
@@ -110,17 +110,20 @@ const LINES_ALIGN: usize = 4096;
 const DEFAULT_CHUNK_BLOCKS: usize = 128;
 
 /// The blocks the chunk kernel runs for `bytes`, at most `chunk_blocks`: a block per 4 KiB
-/// chunk up to 64 blocks (up to 4 chunks each), more only where each takes 8 chunks or more.
-/// Between processes on two H200s (benches/results/README.md, tenth session), grids of many
-/// blocks with few chunks each ran in two modes that switch from one 50-call loop to the
-/// next: 256 blocks of 1 (1 MiB) took 50 us or 225-280, 256 of 4 (4 MiB) 152 or 307-363, 128
-/// of 2 (1 MiB) 49 or 124-143; 64 of 4 (1 MiB) took 48-52 in 35 of 36 loops, 128 of 8 (4 MiB)
-/// 147-153 in 18 of 18 (32 of 32: 61 and 220, slower). Never seen with both ranks in one
-/// process, which keeps 256.
+/// chunk up to 32 blocks, up to 64 only with 4 chunks each or more, and more only with 8 or
+/// more. Between processes on two H200s (benches/results/README.md, tenth session), grids of
+/// many blocks with few chunks each ran in two modes that switch from one 50-call loop to the
+/// next: 256 blocks of 1 chunk (1 MiB) took 50 us or 225-280, 256 of 4 (4 MiB) 152 or
+/// 307-363, 128 of 2 (1 MiB) 49 or 124-143, 64 of 1 (256 KiB) 20 or 55-61. These did not:
+/// 32 of 2 (256 KiB, 22-24 us, a few loops to 40), 64 of 4 (1 MiB, 48-52 in 35 of 36 loops),
+/// 128 of 8 (4 MiB, 147-153 in 18 of 18); fewer blocks are slower (256 KiB: 16 blocks 29 us,
+/// 8 blocks 43). Never seen with both ranks in one process, which keeps 256.
 fn chunk_grid(bytes: usize, chunk_blocks: usize) -> usize {
-    const ONE_EACH: usize = 64;
-    const CHUNKS_EACH_ABOVE: usize = 8;
-    (bytes.div_ceil(gp2p_kernels::CHUNK_BYTES) / CHUNKS_EACH_ABOVE).max(ONE_EACH).min(chunk_blocks)
+    let chunks = bytes.div_ceil(gp2p_kernels::CHUNK_BYTES);
+    let one_each = chunks.min(32);
+    let four_each = (chunks / 4).min(64);
+    let eight_each = chunks / 8;
+    one_each.max(four_each).max(eight_each).min(chunk_blocks)
 }
 
 /// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
@@ -1028,17 +1031,26 @@ mod tests {
     }
 
     #[test]
-    fn chunk_grids_take_a_block_per_chunk_up_to_64_and_8_chunks_a_block_above() {
+    fn chunk_grids_take_a_block_per_chunk_up_to_32_then_4_chunks_a_block_up_to_64_then_8() {
         let kib = 1 << 10;
-        assert_eq!(chunk_grid(4 * kib, DEFAULT_CHUNK_BLOCKS), 64, "the launch clamps to the chunks itself");
-        assert_eq!(chunk_grid(256 * kib, DEFAULT_CHUNK_BLOCKS), 64);
+        assert_eq!(chunk_grid(4 * kib, DEFAULT_CHUNK_BLOCKS), 1);
+        assert_eq!(chunk_grid(128 * kib, DEFAULT_CHUNK_BLOCKS), 32, "one chunk a block");
+        assert_eq!(chunk_grid(256 * kib, DEFAULT_CHUNK_BLOCKS), 32, "two a block");
+        assert_eq!(chunk_grid(512 * kib, DEFAULT_CHUNK_BLOCKS), 32, "four a block");
         assert_eq!(chunk_grid(1 << 20, DEFAULT_CHUNK_BLOCKS), 64, "1 MiB: 4 chunks a block");
         assert_eq!(chunk_grid(2 << 20, DEFAULT_CHUNK_BLOCKS), 64);
         assert_eq!(chunk_grid(3 << 20, DEFAULT_CHUNK_BLOCKS), 96, "8 chunks a block");
         assert_eq!(chunk_grid(4 << 20, DEFAULT_CHUNK_BLOCKS), 128);
         assert_eq!(chunk_grid(16 << 20, DEFAULT_CHUNK_BLOCKS), 128, "the default cap");
         assert_eq!(chunk_grid(16 << 20, 256), 256);
-        assert_eq!(chunk_grid(1 << 20, 32), 32, "a smaller cap wins");
+        assert_eq!(chunk_grid(1 << 20, 16), 16, "a smaller cap wins");
+        for bytes in (1..=4096).map(|k| k * kib) {
+            let blocks = chunk_grid(bytes, 256);
+            let chunks = bytes.div_ceil(4 * kib);
+            assert!(blocks >= 1 && blocks <= chunks, "{bytes}: {blocks} blocks for {chunks} chunks");
+            assert!(blocks <= 32 || chunks >= 4 * blocks, "{bytes}: {blocks} blocks for {chunks} chunks");
+            assert!(blocks <= 64 || chunks >= 8 * blocks, "{bytes}: {blocks} blocks for {chunks} chunks");
+        }
     }
 
     #[test]
