@@ -48,8 +48,8 @@
 //! by default: two process pairs, NCCL in the same processes, 6.7-11.4 us up to 2 KiB
 //! (0.31-0.34 of NCCL's time), 11.6-13.2 us from 8 to 64 KiB, 15.8-16.1 at 128 KiB (0.68-0.71),
 //! 1 MiB 48.3-49.3 (0.76-0.78), 4 MiB 148.3-148.4 (0.86-0.87); 256 KiB took 20 us in one pair
-//! and 55 in four of seven loops of the other (1.56: 64 blocks of one chunk still show the
-//! two modes); the pipeline 0.95-0.96 of NCCL's time at 16 MiB and 0.84-0.91 of the duplex
+//! and 55 in four of seven loops of the other with 64 blocks of one chunk, which are no longer
+//! made (32 blocks of two: 22-24 us in most loops, none in the slow mode); the pipeline 0.95-0.96 of NCCL's time at 16 MiB and 0.84-0.91 of the duplex
 //! ceiling from 64 MiB. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run
 //! under compute-sanitizer memcheck and racecheck).
 //!
