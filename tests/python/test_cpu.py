@@ -275,6 +275,16 @@ def test_probe_raises_no_driver():
         gp.device_count()
 
 
+def test_the_pinned_cache_is_empty_and_its_release_needs_a_driver():
+    assert gp.cached_host_bytes() == 0
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+        gp.release_cached_host_memory()
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+        gp.release_cached_host_memory("cuda:1")
+    with pytest.raises(ValueError, match="device: 'cpu' is not a CUDA device"):
+        gp.release_cached_host_memory("cpu")
+
+
 def test_valid_input_reaches_the_library_and_gets_its_error():
     a, b = CudaArray((5,), device=0), CudaArray((5,), device=1)
     with pytest.raises(gp.UnavailableError, match="no NVIDIA"):

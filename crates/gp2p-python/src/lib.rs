@@ -63,6 +63,22 @@ fn device_count(py: Python<'_>) -> PyResult<usize> {
     Raised::detached(py, || Device::count().map_err(Raised::from))
 }
 
+/// Hand the pinned host memory the library keeps for reuse back to the driver, with device
+/// `device`'s context; returns the bytes handed back. Blocks until the device is idle.
+#[pyfunction]
+fn release_cached_host_memory(py: Python<'_>, device: usize) -> PyResult<usize> {
+    Raised::detached(py, || {
+        let device = Device::open(device)?;
+        Ok(geforce_p2p::cuda::release_cached_host_memory(&device)?)
+    })
+}
+
+/// Bytes of pinned host memory the library keeps for reuse.
+#[pyfunction]
+fn cached_host_bytes() -> usize {
+    geforce_p2p::cuda::cached_host_bytes()
+}
+
 /// Run the `gp2p` command line with `args` (the first is the program name); returns its exit
 /// code. Output goes to the process's stdout and stderr, as the binary's does.
 #[pyfunction]
@@ -96,6 +112,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(release_cached_host_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(cached_host_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(reduce_ops, m)?)?;

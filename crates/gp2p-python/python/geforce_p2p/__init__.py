@@ -14,7 +14,8 @@ driver or device); bad arguments raise ``TypeError`` or ``ValueError`` naming th
 """
 
 from . import _errors, ops
-from ._api import all_gather, all_reduce, broadcast, copy, copy_, device_count, reduce_scatter
+from ._api import (all_gather, all_reduce, broadcast, cached_host_bytes, copy, copy_, device_count, reduce_scatter,
+                   release_cached_host_memory)
 from ._errors import CudaError, Error, InvalidArgumentError, NotPinnedError, UnavailableError, UnsupportedDeviceError
 from ._native import __version__
 from ._probe import ProbeReport, probe
@@ -30,6 +31,8 @@ __all__ = [
     "reduce_scatter",
     "broadcast",
     "device_count",
+    "cached_host_bytes",
+    "release_cached_host_memory",
     "ops",
     "supported_torch_dtypes",
     # The exceptions, named once (in _errors, where the native module looks them up).

@@ -68,6 +68,14 @@ def _target_device(device: Any) -> Optional[int]:
     raise ValueError("device: %r is not a device; expected 'cuda:N', N or 'cpu'" % (device,))
 
 
+def _device_index(device: Any) -> int:
+    """``device`` as a CUDA ordinal; ValueError naming it where it is not a CUDA device."""
+    index = _target_device(device)
+    if index is None:
+        raise ValueError("device: %r is not a CUDA device; pass an ordinal, 'cuda:N' or a torch.device" % (device,))
+    return index
+
+
 def _import_torch(what: str):
     try:
         import torch
@@ -237,3 +245,20 @@ def broadcast(tensors: Sequence[Any], root: int = 0, *, transport: str = "auto")
 def device_count() -> int:
     """The number of visible CUDA devices; raises UnavailableError without a driver."""
     return _native.device_count()
+
+
+def cached_host_bytes() -> int:
+    """Bytes of pinned host memory the library keeps for reuse: its staging buffers, once
+    dropped and their GPU work done, are kept for the next of about their size rather than
+    freed (freeing pinned memory waits for the whole device, and other threads' CUDA calls
+    wait behind it), as torch's pinned-memory allocator does."""
+    return _native.cached_host_bytes()
+
+
+def release_cached_host_memory(device: Any = 0) -> int:
+    """Hand the pinned host memory kept for reuse back to the driver and return how many
+    bytes that was (``device``: whose context makes the calls; an ordinal, ``"cuda:N"`` or a
+    ``torch.device``). This blocks until the device is idle: call it between phases of work,
+    like ``torch.cuda.empty_cache()``. Raises UnavailableError without a driver."""
+    return _native.release_cached_host_memory(_device_index(device))
+

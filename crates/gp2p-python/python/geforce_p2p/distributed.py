@@ -52,7 +52,7 @@ import operator
 from typing import Any, Optional
 
 from . import _native
-from ._api import REDUCE_OPS, _positive, _target_device
+from ._api import REDUCE_OPS, _device_index, _positive
 from ._tensors import check_choice, describe, on_device, same_dtype, same_stream, writable
 
 __all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend"]
@@ -90,13 +90,6 @@ def _create_process_group(store: Any, rank: int, world_size: int, timeout: Any) 
     device = torch.device("cuda", torch.cuda.current_device())
     return GP2PProcessGroup(store, rank, world_size, timeout, communicator=Communicator, device=device,
                             unique_id=unique_id)
-
-
-def _device_index(device: Any) -> int:
-    index = _target_device(device)
-    if index is None:
-        raise ValueError("device: %r is not a CUDA device; pass an ordinal, 'cuda:N' or a torch.device" % (device,))
-    return index
 
 
 class Communicator:
