@@ -477,6 +477,55 @@ fn an_operation_on_a_borrowed_capturing_stream_is_refused() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn staged_copies_and_ring_collectives_on_a_borrowed_capturing_stream_are_refused_before_enqueueing() {
+    use cudarc::driver::sys::{CUresult, CUstreamCaptureMode};
+    let _serial = gp2p_tests::serial();
+    // Captured, their DMAs through the library's pinned staging slots would replay at every
+    // graph launch into slots reused since, or (once the engine or transport is dropped) into
+    // pinned blocks handed to another owner.
+    let [device] = needs!(gpus: 1);
+    let owner = Stream::new(&device).unwrap();
+    // SAFETY: `owner` outlives the borrow and anything enqueued through it.
+    let borrowed = unsafe { Stream::borrow_raw(&device, owner.raw()) };
+    // The second rank's stream, not capturing: one capturing rank refuses the whole call.
+    let other = Stream::new(&device).unwrap();
+    let len = 300_007;
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 70 + r)).collect();
+    let src = DeviceBuffer::from_host(&owner, &inputs[0]).unwrap();
+    let mut dst = DeviceBuffer::<f32>::alloc(&device, len).unwrap();
+    let mut ring =
+        [DeviceBuffer::from_host(&owner, &inputs[0]).unwrap(), DeviceBuffer::from_host(&owner, &inputs[1]).unwrap()];
+    owner.synchronize().unwrap();
+    let (transport, engine) = (Transport::new(), Engine::new());
+    let options = CopyOptions { route: Route::Staged, chunk_bytes: Some(64 << 10), slots: None };
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    let (copied, ended) = while_capturing(&owner, mode, || {
+        transport.copy(&src.view(..), &borrowed, &mut dst.view_mut(..), &borrowed, options)
+    });
+    assert!(copied.as_ref().is_err_and(|e| e.to_string().contains("captur")), "{copied:?}");
+    assert_eq!(ended, CUresult::CUDA_SUCCESS, "the staged copy invalidated the capture");
+    let (reduced, ended) = while_capturing(&owner, mode, || {
+        let [a, b] = &mut ring;
+        let mut ranks =
+            [Rank { buffer: a.view_mut(..), stream: &other }, Rank { buffer: b.view_mut(..), stream: &borrowed }];
+        all_reduce(&engine, &mut ranks, ReduceOp::Sum, Receive::Scratch)
+    });
+    assert!(reduced.as_ref().is_err_and(|e| e.to_string().contains("captur")), "{reduced:?}");
+    assert_eq!(ended, CUresult::CUDA_SUCCESS, "the all_reduce invalidated the capture");
+    // Nothing was enqueued: uncaptured, both run and are right.
+    transport.copy(&src.view(..), &borrowed, &mut dst.view_mut(..), &borrowed, options).unwrap();
+    assert_eq!(dst.to_host_vec(&owner).unwrap(), inputs[0]);
+    let [a, b] = &mut ring;
+    let mut ranks =
+        [Rank { buffer: a.view_mut(..), stream: &other }, Rank { buffer: b.view_mut(..), stream: &borrowed }];
+    all_reduce(&engine, &mut ranks, ReduceOp::Sum, Receive::Scratch).unwrap();
+    let want: Vec<f32> = inputs[0].iter().zip(&inputs[1]).map(|(x, y)| x + y).collect();
+    assert_eq!(ring[0].to_host_vec(&owner).unwrap(), want);
+    assert_eq!(ring[1].to_host_vec(&owner).unwrap(), want);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn a_release_never_stalls_other_threads_while_a_stream_is_held() {
     let _serial = gp2p_tests::serial();
     let [device] = needs!(gpus: 1);

@@ -277,6 +277,12 @@ fn check_ranks<T: Element>(ranks: &[Rank<'_, T>], what: &'static str) -> Result<
             return Err(Error::WrongLength { rank: r, what, got: rank.buffer.len(), expected: len });
         }
     }
+    // Before anything is enqueued: a collective captured into a CUDA graph would replay its
+    // DMAs into staging slots the engine has since reused (or, once the engine is dropped,
+    // handed to another owner), with no record of the replays.
+    for rank in ranks {
+        rank.stream.refuse_capture()?;
+    }
     let devices: Vec<Device> = ranks.iter().map(|r| r.buffer.device().clone()).collect();
     if !cfg!(feature = "testing") {
         one_rank_per_device(&devices.iter().map(Device::ordinal).collect::<Vec<_>>())?;

@@ -158,7 +158,9 @@ macro_rules! pinned_view_common {
 
             /// Record that work up to `point` uses this memory, so the buffer is not freed
             /// (nor handed to the host) before it is done. Every operation of geforce-p2p
-            /// does this itself; callers that enqueue their own work on the view use it too.
+            /// does this itself; callers that enqueue their own work on the view (through
+            /// its addresses) must too: a dropped buffer's memory is handed to the next
+            /// allocation as soon as the noted work is done.
             pub fn note_use(&self, point: &StreamPoint) {
                 self.alloc.uses().note(point);
             }
@@ -184,6 +186,9 @@ impl<T: Element> PinnedViewMut<'_, T> {
 /// Whether `[ptr, ptr + len)` is page-locked host memory known to CUDA (allocated by
 /// `cuMemHostAlloc`/`cudaHostAlloc` or registered with `cuMemHostRegister`), inside one
 /// allocation. An empty range is trivially pinned.
+///
+/// A "yes" says nothing about ownership: the memory of a dropped [`PinnedBuffer`] stays
+/// pinned (kept for the next allocation), so a stale pointer into it still passes.
 ///
 /// A "no" is an answer, not a failure: the lookups used return success for unknown
 /// addresses, so no CUDA error is raised or left behind (compute-sanitizer stays quiet too),

@@ -100,6 +100,13 @@ impl Transport {
             }
         }
         Chunking::check_overrides(options.chunk_bytes, options.slots)?;
+        // Before anything is enqueued: a staged copy captured into a CUDA graph would replay
+        // its DMAs into ring slots reused since (or handed to another owner once the
+        // transport is dropped), with no record of the replays.
+        src_stream.refuse_capture()?;
+        if !src_stream.is_same_as(dst_stream) {
+            dst_stream.refuse_capture()?;
+        }
         let pair = self.pair(&src_dev, &dst_dev)?;
         let mut pair = pair.lock();
         let distrusted = self.policy.is_distrusted(src_dev.ordinal(), dst_dev.ordinal());
