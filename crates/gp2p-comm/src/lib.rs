@@ -49,7 +49,9 @@
 //! (0.31-0.34 of NCCL's time), 11.6-13.2 us from 8 to 64 KiB, 15.8-16.1 at 128 KiB (0.68-0.71),
 //! 1 MiB 48.3-49.3 (0.76-0.78), 4 MiB 148.3-148.4 (0.86-0.87); 256 KiB took 20 us in one pair
 //! and 55 in four of seven loops of the other with 64 blocks of one chunk, which are no longer
-//! made (32 blocks of two: 22-24 us in most loops, none in the slow mode); the pipeline 0.95-0.96 of NCCL's time at 16 MiB and 0.84-0.91 of the duplex
+//! made (32 blocks of two: 22.3-23.5 us in 18 of 18 loops against NCCL, 0.64); 1 MiB's 64
+//! blocks of four still took 87 us instead of 49 in five of nine loops of one later process
+//! pair (a milder third mode: the cause is not known); the pipeline 0.95-0.96 of NCCL's time at 16 MiB and 0.84-0.91 of the duplex
 //! ceiling from 64 MiB. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run
 //! under compute-sanitizer memcheck and racecheck).
 //!
