@@ -51,9 +51,9 @@
 //! and 55 in four of seven loops of the other with 64 blocks of one chunk, which are no longer
 //! made (32 blocks of two: 22.3-23.5 us in 18 of 18 loops against NCCL, 0.64); 1 MiB's 64
 //! blocks of four still took 87 us instead of 49 in five of nine loops of one later process
-//! pair (a milder third mode: the cause is not known); the pipeline 0.95-0.96 of NCCL's time at 16 MiB and 0.84-0.91 of the duplex
-//! ceiling from 64 MiB. The two-process GPU tests are `tests/tests/gpu_comm.rs` (also run
-//! under compute-sanitizer memcheck and racecheck).
+//! pair (a milder third mode: the cause is not known); the pipeline 0.95-0.96 of NCCL's time
+//! at 16 MiB and 0.84-0.91 of the duplex ceiling from 64 MiB. The two-process GPU tests are
+//! `tests/tests/gpu_comm.rs` (also run under compute-sanitizer memcheck and racecheck).
 //!
 //! The segment in /dev/shm takes about 65 MiB with the default options (the one-kernel
 //! areas for 4 MiB, two halves per rank, and 3 pipeline slots of 8 MiB per rank): a

@@ -98,7 +98,8 @@ impl std::fmt::Debug for HostAllocation {
 }
 
 /// A new block from the driver. Out of memory, it waits for what was dropped to be released
-/// and hands the cached blocks back to the driver (both may block), then tries once more.
+/// and tries again; still out of memory, it hands the cached blocks back to the driver and
+/// tries once more (both may block).
 fn alloc_pinned(device: &Device, bytes: usize) -> Result<NonNull<u8>> {
     let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
     let mut raw: *mut c_void = std::ptr::null_mut();
@@ -106,11 +107,11 @@ fn alloc_pinned(device: &Device, bytes: usize) -> Result<NonNull<u8>> {
     // SAFETY: a context is current (bound above; flushing releases and the cache's release run
     // on this thread and leave it so); out-pointer to a local.
     let mut allocate = || unsafe { sys::cuMemHostAlloc(&mut raw, bytes, flags) };
-    let mut code = allocate();
-    if code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        crate::lifetime::flush_releases();
-        // Its error (a block the driver would not take back) leaves the retry to say more.
-        let _ = host_cache::release_cached_host_memory(device);
+    let mut code = crate::lifetime::retry_after_releases(&mut allocate);
+    // A failed release (a block the driver would not take back) leaves the error to the retry.
+    if code == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+        && host_cache::release_cached_host_memory(device).is_ok_and(|b| b > 0)
+    {
         code = allocate();
     }
     check(code, "cuMemHostAlloc")?;

@@ -15,7 +15,6 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys;
 use parking_lot::Mutex;
@@ -42,35 +41,29 @@ struct Block(NonNull<u8>);
 // SAFETY: the address of pinned memory no one else holds; the cache hands it to one owner.
 unsafe impl Send for Block {}
 
-struct HostCache {
-    free: Mutex<HashMap<usize, Vec<Block>>>,
-    /// Bytes in `free`, for [`cached_host_bytes`].
-    held: AtomicUsize,
-}
+/// Cached blocks by size.
+type HostCache = Mutex<HashMap<usize, Vec<Block>>>;
 
 fn cache() -> &'static HostCache {
     static CACHE: std::sync::OnceLock<HostCache> = std::sync::OnceLock::new();
-    CACHE.get_or_init(|| HostCache { free: Mutex::new(HashMap::new()), held: AtomicUsize::new(0) })
+    CACHE.get_or_init(Default::default)
 }
 
 /// A block of `block` bytes (a [`block_bytes`] size) freed earlier, if there is one.
 pub(crate) fn take(block: usize) -> Option<NonNull<u8>> {
-    let found = cache().free.lock().get_mut(&block).and_then(Vec::pop)?;
-    cache().held.fetch_sub(block, Ordering::Relaxed);
-    Some(found.0)
+    cache().lock().get_mut(&block).and_then(Vec::pop).map(|found| found.0)
 }
 
 /// Keep `ptr`, a block of `block` bytes from `cuMemHostAlloc` that no GPU work and no owner
 /// uses any more, for a later [`take`]. Makes no driver call.
 pub(crate) fn put(block: usize, ptr: NonNull<u8>) {
-    cache().free.lock().entry(block).or_default().push(Block(ptr));
-    cache().held.fetch_add(block, Ordering::Relaxed);
+    cache().lock().entry(block).or_default().push(Block(ptr));
 }
 
 /// Bytes of pinned host memory kept for reuse: dropped by their buffers, their GPU work
 /// done, not yet handed back to the driver.
 pub fn cached_host_bytes() -> usize {
-    cache().held.load(Ordering::Relaxed)
+    cache().lock().iter().map(|(size, blocks)| size * blocks.len()).sum()
 }
 
 /// Hand the pinned host memory kept for reuse back to the driver, returning how many bytes
@@ -92,13 +85,12 @@ pub fn cached_host_bytes() -> usize {
 pub fn release_cached_host_memory(device: &Device) -> Result<usize> {
     device.bind()?;
     let blocks: Vec<(usize, Block)> =
-        cache().free.lock().drain().flat_map(|(size, blocks)| blocks.into_iter().map(move |b| (size, b))).collect();
+        cache().lock().drain().flat_map(|(size, blocks)| blocks.into_iter().map(move |b| (size, b))).collect();
     // Outside the cache's lock, so drops and allocations go on meanwhile; and not between two
     // launches that must both be queued (see `pause_releases`).
     let _not_paused = crate::lifetime::not_paused();
     let (mut freed, mut first_error) = (0, None);
     for (size, block) in blocks {
-        cache().held.fetch_sub(size, Ordering::Relaxed);
         // SAFETY: a block from cuMemHostAlloc that the cache owned (no GPU work, no owner),
         // freed once; a context is current (bound above).
         match check(unsafe { sys::cuMemFreeHost(block.0.as_ptr().cast()) }, "cuMemFreeHost") {

@@ -350,8 +350,8 @@ static RELEASING: RwLock<()> = RwLock::new(());
 /// release in hand, if any, to finish (a free may itself wait for its device to go idle).
 ///
 /// For enqueueing kernels that wait for each other across devices (the line exchange). A
-/// free (`cuMemFree` without a pool, `cuMemHostUnregister`) may wait for its device to go idle while holding a
-/// lock of the driver that a launch on another device of the process also needs: if the
+/// free (`cuMemFree` without a pool, `cuMemHostUnregister`) may wait for its device to go
+/// idle while holding a lock of the driver that a launch on another device of the process also needs: if the
 /// first rank's kernel is already waiting for the second's, the free waits for a kernel
 /// that waits for a launch that waits for the free, until the kernel's timeout. With the
 /// guard held across both launches no release falls between them. Hold it only that long:

@@ -29,9 +29,6 @@ pub struct Stream {
     /// event can).
     drop_point: Option<ReservedPoint>,
     identity: Arc<Identity>,
-    /// Borrowed by [`Stream::borrow_raw_uncaptured`], which found it not capturing: the
-    /// operations of that one call need not ask again ([`Stream::refuse_capture`]).
-    checked_uncaptured: bool,
 }
 
 /// Identifies one driver stream for the life of the process; 0 is no stream.
@@ -142,8 +139,7 @@ impl Stream {
                 return Err(e);
             }
         };
-        let identity = Identity::fresh();
-        Ok(Stream { device: device.clone(), raw, drop_point: Some(drop_point), identity, checked_uncaptured: false })
+        Ok(Stream { device: device.clone(), raw, drop_point: Some(drop_point), identity: Identity::fresh() })
     }
 
     /// The legacy default stream of `device`'s primary context: where the CUDA runtime and
@@ -164,28 +160,23 @@ impl Stream {
     /// as long as the returned `Stream` and anything enqueued through it are in use. It is
     /// never destroyed by this crate.
     pub unsafe fn borrow_raw(device: &Device, raw: RawStream) -> Stream {
-        let identity = Identity::of_borrowed(device, raw).0;
-        Stream { device: device.clone(), raw, drop_point: None, identity, checked_uncaptured: false }
+        Stream { device: device.clone(), raw, drop_point: None, identity: Identity::of_borrowed(device, raw).0 }
     }
 
     /// As [`Stream::borrow_raw`], then [`Stream::refuse_capture`], asking the driver once
     /// rather than twice whether the stream is capturing: for a framework's stream borrowed
-    /// for one call that cannot be captured. The operations of that call trust the answer
-    /// ([`Stream::refuse_capture`] does not ask again); a capture begun meanwhile is still
-    /// refused where they record their use. Borrow again for the next call.
+    /// for one call that cannot be captured.
     ///
     /// # Safety
     /// As [`Stream::borrow_raw`].
     pub unsafe fn borrow_raw_uncaptured(device: &Device, raw: RawStream) -> Result<Stream> {
         let (identity, capturing) = Identity::of_borrowed(device, raw);
-        let mut stream = Stream { device: device.clone(), raw, drop_point: None, identity, checked_uncaptured: false };
+        let stream = Stream { device: device.clone(), raw, drop_point: None, identity };
         match capturing {
-            Some(true) => return Err(Error::Capturing),
-            Some(false) => {}
-            None => stream.refuse_capture()?,
+            Some(true) => Err(Error::Capturing),
+            Some(false) => Ok(stream),
+            None => stream.refuse_capture().map(|()| stream),
         }
-        stream.checked_uncaptured = true;
-        Ok(stream)
     }
 
     /// The device this stream belongs to.
@@ -311,11 +302,7 @@ impl Stream {
     /// check here first so that nothing is captured at all. An owned stream passes: only raw
     /// driver calls capture it.
     pub fn refuse_capture(&self) -> Result<()> {
-        if self.is_borrowed() && !self.checked_uncaptured && self.is_capturing()? {
-            Err(Error::Capturing)
-        } else {
-            Ok(())
-        }
+        if self.is_borrowed() && self.is_capturing()? { Err(Error::Capturing) } else { Ok(()) }
     }
 
     /// Whether the stream is capturing a CUDA graph: work enqueued now is recorded into the
