@@ -351,11 +351,12 @@ static RELEASING: RwLock<()> = RwLock::new(());
 ///
 /// For enqueueing kernels that wait for each other across devices (the line exchange). A
 /// free (`cuMemFree` without a pool, `cuMemHostUnregister`) may wait for its device to go
-/// idle while holding a lock of the driver that a launch on another device of the process also needs: if the
-/// first rank's kernel is already waiting for the second's, the free waits for a kernel
-/// that waits for a launch that waits for the free, until the kernel's timeout. With the
-/// guard held across both launches no release falls between them. Hold it only that long:
-/// drops go on queueing meanwhile (they never block), and nothing is released.
+/// idle while holding a lock of the driver that a launch on another device of the process
+/// also needs: if the first rank's kernel is already waiting for the second's, the free
+/// waits for a kernel that waits for a launch that waits for the free, until the kernel's
+/// timeout. With the guard held across both launches no release falls between them. Hold it
+/// only that long: drops go on queueing meanwhile (they never block), and nothing is
+/// released.
 pub fn pause_releases() -> ReleasesPaused {
     ReleasesPaused { _guard: RELEASING.write() }
 }
