@@ -622,6 +622,20 @@ def _distributed_rank(uid, rank, device):
             assert "not another rank" in str(e), str(e)
         else:
             raise AssertionError("send to %r: not refused" % bad)
+    # What the native read of a torch tensor declines, the Python layer reads and refuses by
+    # name, before anything is enqueued (both ranks refuse alike, so they stay paired).
+    dev, other = "cuda:%d" % device, (device + 1) % torch.cuda.device_count()
+    refused = [(torch.zeros(16, device=dev)[::2], "not contiguous"), (torch.zeros(4), "a CPU tensor"),
+               (torch.zeros(4, dtype=torch.complex64, device=dev), "is not supported")]
+    if other != device:
+        refused.append((torch.zeros(4, device="cuda:%d" % other), "this rank's communicator"))
+    for bad, words in refused:
+        try:
+            comm.all_reduce(bad)
+        except (TypeError, ValueError) as e:
+            assert words in str(e), str(e)
+        else:
+            raise AssertionError("all_reduce of %s: not refused" % words)
     for t, want in results:
         got = t.cpu().double()
         assert torch.equal(got, want.to(t.dtype).double()), (t.dtype, t.numel())

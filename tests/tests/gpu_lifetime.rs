@@ -444,6 +444,43 @@ fn borrowing_a_capturing_stream_leaves_its_capture_valid() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn a_stream_borrowed_for_one_call_keeps_the_capture_status_it_was_borrowed_with() {
+    use cudarc::driver::sys::{CUresult, CUstreamCaptureMode};
+    let _serial = gp2p_tests::serial();
+    // The Python bindings borrow torch's streams per call and ask once whether each captures;
+    // every refusal later in the call reads that answer instead of the driver.
+    let [device] = needs!(gpus: 1);
+    let owner = Stream::new(&device).unwrap();
+    let len = 70_001;
+    let data = random(len, 91);
+    let src = DeviceBuffer::from_host(&owner, &data).unwrap();
+    let mut dst = DeviceBuffer::<f32>::alloc(&device, len).unwrap();
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    let ((capturing, refused), ended) = while_capturing(&owner, mode, || {
+        // SAFETY: `owner` outlives the borrow, dropped inside the capture; nothing is enqueued.
+        let borrowed = unsafe { Stream::borrow_raw_for_call(&device, owner.raw()) }.unwrap();
+        (borrowed.is_capturing().unwrap(), borrowed.refuse_capture())
+    });
+    assert!(capturing, "borrowed inside a capture, the stream says it is not capturing");
+    assert!(matches!(refused, Err(geforce_p2p::cuda::Error::Capturing)), "{refused:?}");
+    assert_eq!(ended, CUresult::CUDA_SUCCESS, "the borrow or the refusal invalidated the capture");
+    // Borrowed outside a capture it works as any borrow: a staged copy through it is right.
+    // SAFETY: as above; synchronised below, before `owner` drops.
+    let borrowed = unsafe { Stream::borrow_raw_for_call(&device, owner.raw()) }.unwrap();
+    assert!(!borrowed.is_capturing().unwrap() && borrowed.refuse_capture().is_ok());
+    let options = CopyOptions { route: Route::Staged, chunk_bytes: Some(64 << 10), slots: None };
+    Transport::new().copy(&src.view(..), &borrowed, &mut dst.view_mut(..), &borrowed, options).unwrap();
+    assert_eq!(dst.to_host_vec(&owner).unwrap(), data);
+    // The legacy default stream is asked at the borrow too (it never captures).
+    // SAFETY: the null handle is the legacy default stream, alive for the process.
+    let legacy = unsafe { Stream::borrow_raw_for_call(&device, std::ptr::null_mut()) }.unwrap();
+    assert!(!legacy.is_capturing().unwrap());
+    drop(borrowed);
+    owner.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn an_operation_on_a_borrowed_capturing_stream_is_refused() {
     use cudarc::driver::sys::{CUresult, CUstreamCaptureMode};
     let _serial = gp2p_tests::serial();

@@ -29,6 +29,10 @@ pub struct Stream {
     /// event can).
     drop_point: Option<ReservedPoint>,
     identity: Arc<Identity>,
+    /// Whether the stream was capturing when it was borrowed for one call
+    /// ([`Stream::borrow_raw_for_call`], whose contract keeps it true while this value
+    /// lives); `None`: ask the driver each time.
+    capture_at_borrow: Option<bool>,
 }
 
 /// Identifies one driver stream for the life of the process; 0 is no stream.
@@ -139,7 +143,13 @@ impl Stream {
                 return Err(e);
             }
         };
-        Ok(Stream { device: device.clone(), raw, drop_point: Some(drop_point), identity: Identity::fresh() })
+        Ok(Stream {
+            device: device.clone(),
+            raw,
+            drop_point: Some(drop_point),
+            identity: Identity::fresh(),
+            capture_at_borrow: None,
+        })
     }
 
     /// The legacy default stream of `device`'s primary context: where the CUDA runtime and
@@ -160,23 +170,31 @@ impl Stream {
     /// as long as the returned `Stream` and anything enqueued through it are in use. It is
     /// never destroyed by this crate.
     pub unsafe fn borrow_raw(device: &Device, raw: RawStream) -> Stream {
-        Stream { device: device.clone(), raw, drop_point: None, identity: Identity::of_borrowed(device, raw).0 }
+        let identity = Identity::of_borrowed(device, raw).0;
+        Stream { device: device.clone(), raw, drop_point: None, identity, capture_at_borrow: None }
     }
 
-    /// As [`Stream::borrow_raw`], then [`Stream::refuse_capture`], asking the driver once
-    /// rather than twice whether the stream is capturing: for a framework's stream borrowed
-    /// for one call that cannot be captured.
+    /// As [`Stream::borrow_raw`], for one call of a framework's stream: the driver is asked
+    /// once, here, whether the stream is capturing a CUDA graph, and that answer stands for
+    /// the returned value's life ([`Stream::is_capturing`] and every capture refusal read it
+    /// instead of asking again: a staged copy asked up to three times per stream, a third of
+    /// a microsecond each). Fails only where the driver refuses the question (the legacy
+    /// default stream while a blocking stream of the context captures); the caller refuses
+    /// a capturing stream with [`Stream::refuse_capture`], or lets the call be captured.
     ///
     /// # Safety
-    /// As [`Stream::borrow_raw`].
-    pub unsafe fn borrow_raw_uncaptured(device: &Device, raw: RawStream) -> Result<Stream> {
+    /// As [`Stream::borrow_raw`], and no capture begins or ends on `raw` while the returned
+    /// value lives: drop it before the call that borrowed it returns. (Frameworks begin and
+    /// end captures between calls, on the capturing thread.)
+    pub unsafe fn borrow_raw_for_call(device: &Device, raw: RawStream) -> Result<Stream> {
         let (identity, capturing) = Identity::of_borrowed(device, raw);
-        let stream = Stream { device: device.clone(), raw, drop_point: None, identity };
-        match capturing {
-            Some(true) => Err(Error::Capturing),
-            Some(false) => Ok(stream),
-            None => stream.refuse_capture().map(|()| stream),
-        }
+        let mut stream = Stream { device: device.clone(), raw, drop_point: None, identity, capture_at_borrow: None };
+        let capturing = match capturing {
+            Some(capturing) => capturing,
+            None => stream.is_capturing()?,
+        };
+        stream.capture_at_borrow = Some(capturing);
+        Ok(stream)
     }
 
     /// The device this stream belongs to.
@@ -298,16 +316,20 @@ impl Stream {
     /// at capture, and would not know about the replays. Every operation checks this when it
     /// records its use, after its work is enqueued, and the refusal there also invalidates
     /// the capture (a deliberate capture-illegal wait, which compute-sanitizer reports as an
-    /// API error); callers that take a stream from elsewhere, such as the Python bindings,
-    /// check here first so that nothing is captured at all. An owned stream passes: only raw
+    /// API error); callers that take a stream from elsewhere (the Python bindings, the
+    /// staged copies, the collectives) check here first so that nothing is captured at all. An owned stream passes: only raw
     /// driver calls capture it.
     pub fn refuse_capture(&self) -> Result<()> {
         if self.is_borrowed() && self.is_capturing()? { Err(Error::Capturing) } else { Ok(()) }
     }
 
     /// Whether the stream is capturing a CUDA graph: work enqueued now is recorded into the
-    /// graph, not run.
+    /// graph, not run. A stream borrowed for one call ([`Stream::borrow_raw_for_call`])
+    /// answers what the driver said at the borrow.
     pub fn is_capturing(&self) -> Result<bool> {
+        if let Some(capturing) = self.capture_at_borrow {
+            return Ok(capturing);
+        }
         self.device.bind()?;
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: live stream handle; out-pointer to a local.

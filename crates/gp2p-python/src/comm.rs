@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 use crate::args::{self, Memory, MemoryArg};
 use crate::error::Raised;
+use crate::fast::{TorchParts, cuda_tensor};
 use crate::ffi::{Caller, by_dtype, check_disjoint};
 
 /// A new unique id for a communicator, as text to hand to every rank.
@@ -25,6 +26,8 @@ pub(crate) struct PyCommunicator {
     /// The largest all-reduce the one-kernel path takes, read once (the Python layer asks at
     /// every `should_custom_ar`).
     max_bytes: usize,
+    /// This rank's device ordinal.
+    device: usize,
 }
 
 #[pymethods]
@@ -63,7 +66,7 @@ impl PyCommunicator {
             let mut comm = Communicator::new(&id, rank, world, &dev, options)?;
             crate::ffi::allow_torch_graphs(&mut comm);
             let max_bytes = comm.small_max_bytes();
-            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), max_bytes })
+            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), max_bytes, device })
         };
         Raised::detached(py, run)
     }
@@ -78,6 +81,34 @@ impl PyCommunicator {
     fn all_reduce(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, op: &str) -> PyResult<()> {
         let op = args::op(op);
         self.single(py, dtype, len, buf, move || Ok(Single::AllReduce(op?)))
+    }
+
+    /// `all_reduce` of a torch tensor read here (see [`crate::fast`]): `False` where the
+    /// Python layer must read it (not a contiguous CUDA tensor of a kernel dtype on this
+    /// rank's device; nothing was enqueued then), `True` once the all-reduce is enqueued on
+    /// the device's current torch stream. Saves about a microsecond a call, a sixth of the
+    /// host time of a small all-reduce.
+    fn all_reduce_torch(
+        &self,
+        py: Python<'_>,
+        tensor: &Bound<'_, PyAny>,
+        op: &str,
+        parts: TorchParts<'_>,
+    ) -> PyResult<bool> {
+        let Some(t) = cuda_tensor(tensor, &parts)? else {
+            return Ok(false);
+        };
+        if t.memory.device != self.device {
+            return Ok(false);
+        }
+        let (dtype, len, buf) = (t.dtype, t.len, t.memory);
+        let run = || -> Result<(), Raised> {
+            let what = Single::AllReduce(args::op(op)?);
+            args::check_range("tensor", buf.ptr, len, dtype)?;
+            self.with(|comm| by_dtype!(dtype, single_t(comm, &buf, len, what)))
+        };
+        // `tensor` is held by the caller's frame for the whole call (contract 1).
+        Raised::detached(py, run).map(|()| true)
     }
 
     /// `len` elements at `buf` (device, address, stream) become rank `root`'s, ordered on

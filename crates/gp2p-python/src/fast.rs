@@ -1,11 +1,12 @@
-//! The fast paths of `geforce_p2p.all_reduce` and `copy_` over torch tensors: the tensors
-//! are read here, not by the Python layer, because reading them there (a dozen attribute
-//! lookups per tensor, a tuple per tensor, the checks between them) took about 10 us of host
-//! time per all_reduce on the device machine; here it takes 2-3.
+//! The fast paths of `geforce_p2p.all_reduce` and `copy_`, and of the communicator's
+//! `all_reduce` (in [`crate::comm`]), over torch tensors: the tensors are read here, not by
+//! the Python layer, because reading them there (a dozen attribute lookups per tensor, a
+//! tuple per tensor, the checks between them) took about 10 us of host time per all_reduce
+//! on the device machine; here it takes 2-3.
 //!
 //! They take only the usual case: contiguous CUDA torch tensors of one dtype the kernels
 //! take and one shape, each on another device (a list or tuple of at least two for
-//! all_reduce; for copy_, the default chunking). Anything else, and any error while reading,
+//! all_reduce; for copy_, the default chunking; for the communicator, one on its device). Anything else, and any error while reading,
 //! gives `False` and the Python layer reads the tensors again and names what is wrong, so
 //! the refusals and their messages stay in one place. What is read here is what
 //! `_tensors.describe` reads for a torch tensor, and it goes on to the same native call, so
@@ -49,7 +50,7 @@ impl<'py> TorchParts<'py> {
 /// What reading a tensor gives: `Ok(None)` where the Python layer must read it (an ordinary
 /// exception included: it reads again and says what is wrong), `Err` for an exception that
 /// is not an `Exception` (KeyboardInterrupt, SystemExit), raised as it came.
-type Read<T> = PyResult<Option<T>>;
+pub(crate) type Read<T> = PyResult<Option<T>>;
 
 /// `r` as a [`Read`]: a value, `None` for an ordinary exception, or the exception to raise.
 fn soft<T>(py: Python<'_>, r: PyResult<T>) -> Read<T> {
@@ -72,16 +73,16 @@ macro_rules! read {
 
 /// One torch tensor as the fast paths take it: a contiguous, strided CUDA tensor of a dtype
 /// the kernels take, with at least one element.
-struct CudaTensor<'py> {
+pub(crate) struct CudaTensor<'py> {
     dtype_obj: Bound<'py, PyAny>,
-    dtype: DType,
+    pub(crate) dtype: DType,
     shape: Bound<'py, PyAny>,
-    len: usize,
-    memory: Memory,
+    pub(crate) len: usize,
+    pub(crate) memory: Memory,
 }
 
 /// `t` read as a [`CudaTensor`] (see [`Read`]).
-fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'py>) -> Read<CudaTensor<'py>> {
+pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'py>) -> Read<CudaTensor<'py>> {
     let py = t.py();
     if !read!(py, t.is_instance(parts.tensor_type()))
         || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided())

@@ -37,6 +37,10 @@
 //!    and are touched during a launch only through work ordered on the launch's stream; every
 //!    rank captures and launches the same graphs in the same order (what torchrun, vLLM and
 //!    sglang do, each rank running the same program). Only `crate::comm` relies on this.
+//! 6. No capture begins or ends on a stream while a call that borrowed it runs: torch begins
+//!    and ends a capture on the capturing thread, between calls. So a call asks the driver
+//!    once whether each stream captures ([`Stream::borrow_raw_for_call`]) and drops its
+//!    borrows before it returns.
 #![allow(unsafe_code)]
 
 use geforce_p2p::collectives::{self, Rank, Receive};
@@ -103,10 +107,9 @@ impl Caller {
     /// graph: a stream that is capturing (torch.cuda.graph) is refused here, before anything
     /// is enqueued, so torch's capture stays valid.
     pub(crate) fn open(memory: &Memory) -> Result<Caller, Raised> {
-        let device = Device::open(memory.device)?;
-        // SAFETY: as in `open_capturable`.
-        let stream = unsafe { Stream::borrow_raw_uncaptured(&device, stream_handle(memory.stream))? };
-        Ok(Caller { device, stream })
+        let caller = Caller::open_capturable(memory)?;
+        caller.stream.refuse_capture()?;
+        Ok(caller)
     }
 
     /// The caller's device and stream, capturing or not: for the communicator, whose calls
@@ -114,9 +117,10 @@ impl Caller {
     pub(crate) fn open_capturable(memory: &Memory) -> Result<Caller, Raised> {
         let device = Device::open(memory.device)?;
         // SAFETY: by the module's contract (2), `memory.stream` is a stream of this device's
-        // primary context that outlives the work enqueued through it; it is borrowed, never
-        // destroyed.
-        let stream = unsafe { Stream::borrow_raw(&device, stream_handle(memory.stream)) };
+        // primary context that outlives the work enqueued through it, and (6) no capture
+        // begins or ends on it during the call, which drops the caller before it returns;
+        // it is borrowed, never destroyed.
+        let stream = unsafe { Stream::borrow_raw_for_call(&device, stream_handle(memory.stream))? };
         Ok(Caller { device, stream })
     }
 
@@ -167,8 +171,9 @@ impl Gate {
             // SAFETY: by the module's contract (2), `stream` is a stream of this device's
             // primary context that outlives the work enqueued on it (the gate's host function
             // among it): torch's current stream, or a stream of `RustCalls`, which the bench
-            // script keeps; it is borrowed, never destroyed.
-            let stream = unsafe { Stream::borrow_raw_uncaptured(&device, stream_handle(stream))? };
+            // script keeps; it is borrowed, never destroyed. The gate's close refuses a
+            // capturing stream; the stream is dropped before `new` returns (contract 6).
+            let stream = unsafe { Stream::borrow_raw_for_call(&device, stream_handle(stream))? };
             let gate = geforce_p2p::cuda::HostGate::close_until(&stream, deadline)?;
             Ok(Gate { gate: Some(gate), expired: false })
         };
