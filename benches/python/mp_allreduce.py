@@ -232,6 +232,13 @@ def main():
     if world != 2:
         raise SystemExit("the gp2p communicator runs two ranks: launch with --nproc-per-node 2")
     local = 0 if ONE_VISIBLE_GPU else int(os.environ.get("LOCAL_RANK", rank))
+    if local >= torch.cuda.device_count():
+        # One GPU for two ranks (the one-H200 machine): both share it. NCCL refuses two ranks
+        # on one GPU, and the times are the host's and the shared GPU's, not two links'.
+        if not args.skip_nccl:
+            raise SystemExit("%d GPU(s) for rank %d: pass --skip-nccl to share one (NCCL refuses to)"
+                             % (torch.cuda.device_count(), rank))
+        local = 0
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
     if args.bind_cpus:
