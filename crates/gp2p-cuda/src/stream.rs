@@ -177,8 +177,8 @@ impl Stream {
     /// As [`Stream::borrow_raw`], for one call of a framework's stream: the driver is asked
     /// once, here, whether the stream is capturing a CUDA graph, and that answer stands for
     /// the returned value's life ([`Stream::is_capturing`] and every capture refusal read it
-    /// instead of asking again: a staged copy asked up to three times per stream, a third of
-    /// a microsecond each). Fails only where the driver refuses the question (the legacy
+    /// instead of asking again: a staged copy asked up to three times per stream, and the
+    /// communicator twice). Fails only where the driver refuses the question (the legacy
     /// default stream while a blocking stream of the context captures); the caller refuses
     /// a capturing stream with [`Stream::refuse_capture`], or lets the call be captured.
     ///
