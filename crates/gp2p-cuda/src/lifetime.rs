@@ -295,12 +295,17 @@ struct Grave {
     release: Release,
 }
 
-#[derive(Default)]
 struct Queue {
     graves: Vec<Grave>,
     /// Graves taken by the reclaimer thread and not yet released.
     in_hand: usize,
 }
+
+/// Graves the queue and the reclaimer's lists hold without growing: a drop's push then finds
+/// room, since growing touches fresh pages, and a page fault waits on the process's
+/// memory-map lock, which the driver holds while it pins host memory (a first run's drop took
+/// 1.2 ms so, on a machine just started).
+const GRAVES_RESERVED: usize = 256;
 
 struct Reclaimer {
     queue: Mutex<Queue>,
@@ -319,7 +324,7 @@ fn reclaimer() -> &'static Reclaimer {
     static RECLAIMER: OnceLock<&'static Reclaimer> = OnceLock::new();
     RECLAIMER.get_or_init(|| {
         let r: &'static Reclaimer = Box::leak(Box::new(Reclaimer {
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue { graves: Vec::with_capacity(GRAVES_RESERVED), in_hand: 0 }),
             wake: Condvar::new(),
             emptied: Condvar::new(),
         }));
@@ -422,8 +427,8 @@ fn reclaim_forever(r: &'static Reclaimer) {
         // leaves the thread's mode as it was (global).
         let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
     }
-    let mut waiting: Vec<Grave> = Vec::new();
-    let mut arrived: Vec<Grave> = Vec::new();
+    let mut waiting: Vec<Grave> = Vec::with_capacity(GRAVES_RESERVED);
+    let mut arrived: Vec<Grave> = Vec::with_capacity(GRAVES_RESERVED);
     let mut poll = POLL_MIN;
     loop {
         {
@@ -439,8 +444,9 @@ fn reclaim_forever(r: &'static Reclaimer) {
             // driver holds while it pins host memory).
             std::mem::swap(&mut queue.graves, &mut arrived);
             queue.in_hand += arrived.len();
-            waiting.append(&mut arrived);
         }
+        // Outside the lock: `waiting` may grow, and a drop must not wait for that.
+        waiting.append(&mut arrived);
         let mut settled = Vec::new();
         let mut i = 0;
         while i < waiting.len() {
