@@ -3,6 +3,9 @@
 Two devices, one process, f32 sum in place. Each variant is one kernel per rank per call:
 - `ll`: the library's line exchange (8-byte lines of 4 data bytes and the call's number,
   every thread publishes its 16-byte groups, then polls the peer's in batches);
+- `llp`: `ll` with the lines in two planes (a group's first two lines in one, its last two
+  in the other), so a warp's 16-byte stores and loads cover 512 contiguous bytes instead of
+  every other 16 bytes of 1 KiB;
 - `flag`: plain 16-byte stores of a chunk, a system fence, then one flag per chunk; the
   reader's thread 0 polls the flag, then the block reads the chunk (half the bytes of `ll`,
   one poller per block);
@@ -118,6 +121,50 @@ extern "C" __global__ void __launch_bounds__(1024) ll(float* buf, u64 n, u64* ou
     }
 }
 
+// `ll` with planar lines: group g's lines 0-1 at 16 g bytes into the first plane, its lines 2-3
+// at 16 g bytes into the second (2 * groups lines on), so a warp's stores and loads are
+// contiguous. Same area size, same batches and polls.
+extern "C" __global__ void __launch_bounds__(1024) llp(float* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 batch, u32 gap, u64 half) {
+    if (seq & 1) { out_lines += half / 8; in_lines += half / 8; }
+    const u64 groups = n / 4;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 tag = ((u64)seq) << 32;
+    const u64 mine = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64* const out_plane[2] = {out_lines, out_lines + 2 * groups};
+    const u64* const in_plane[2] = {in_lines, in_lines + 2 * groups};
+    for (u64 g = mine; g < groups; g += stride) {
+        uint4 v = ((const uint4*)buf)[g];
+        st2(out_plane[0] + 2 * g, tag | v.x, tag | v.y);
+        st2(out_plane[1] + 2 * g, tag | v.z, tag | v.w);
+    }
+    for (u64 g0 = mine; g0 < groups; g0 += 8 * stride) {
+        u64 l[8][4];
+        #pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const u64 g = g0 + k * stride;
+            if (k < batch && g < groups) { ld2(in_plane[0] + 2 * g, l[k][0], l[k][1]); ld2(in_plane[1] + 2 * g, l[k][2], l[k][3]); }
+        }
+        #pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const u64 g = g0 + k * stride;
+            if (g >= groups) break;
+            if (k >= batch) { ld2(in_plane[0] + 2 * g, l[k][0], l[k][1]); ld2(in_plane[1] + 2 * g, l[k][2], l[k][3]); }
+            for (int h = 0; h < 2; ++h) {
+                u64 deadline = 0;
+                while ((u32)(l[k][2 * h] >> 32) != seq || (u32)(l[k][2 * h + 1] >> 32) != seq) {
+                    if (given_up(deadline)) return;
+                    __nanosleep(gap);
+                    ld2(in_plane[h] + 2 * g, l[k][2 * h], l[k][2 * h + 1]);
+                }
+            }
+            float4 own = ((float4*)buf)[g];
+            own.x += __uint_as_float((u32)l[k][0]); own.y += __uint_as_float((u32)l[k][1]);
+            own.z += __uint_as_float((u32)l[k][2]); own.w += __uint_as_float((u32)l[k][3]);
+            ((float4*)buf)[g] = own;
+        }
+    }
+}
+
 // Chunks of `chunk` floats (a multiple of 4); block b takes chunks b, b + grid, ...
 extern "C" __global__ void __launch_bounds__(256) flag(float* buf, u64 n, float* out_data, const float* in_data, u32* out_flags,
                                 const u32* in_flags, u32 seq, u64 chunk, u32 gap, u64 half, u64 flags_half, u32 acquire) {
@@ -223,7 +270,7 @@ class Rank:
         self.index, self.dev = index, dev
         with cp.cuda.Device(dev):
             self.mod = cp.RawModule(code=module_src, options=("-arch=compute_80",))
-            self.k = {n: self.mod.get_function(n) for n in ("gate", "null_kernel", "ll", "flag", "flagws")}
+            self.k = {n: self.mod.get_function(n) for n in ("gate", "null_kernel", "ll", "llp", "flag", "flagws")}
             self.stream = cp.cuda.Stream(non_blocking=True)
             self.buf = cp.empty(max_bytes // 4, dtype=cp.float32)
 
@@ -266,11 +313,11 @@ def enqueue(ranks, host, variant, size, calls, seq, max_bytes, n):
             with cp.cuda.Device(r.dev):
                 if kind == "null":
                     r.k["null_kernel"]((1,), (1,), (), stream=r.stream)
-                elif kind == "ll":
+                elif kind in ("ll", "llp"):
                     grid, threads, batch, gap = shape
                     args = (r.buf, np.uint64(n), np.uint64(host["lines"][me]), np.uint64(host["lines"][peer]),
                             np.uint32(seq), np.uint32(batch), np.uint32(gap), np.uint64(2 * max_bytes))
-                    r.k["ll"]((grid,), (threads,), args, stream=r.stream)
+                    r.k[kind]((grid,), (threads,), args, stream=r.stream)
                 else:
                     blocks, chunk, gap = shape[:3]
                     threads = shape[3] if kind == "flagws" else 256
@@ -289,7 +336,7 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--devices", default="0,1", help="the two ranks' devices (0,0: both on one, two streams)")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes per call, comma-separated")
-    p.add_argument("--kinds", default="null,ll,flag", help="variants to time: null, ll, flag, flagacq, flagws")
+    p.add_argument("--kinds", default="null,ll,flag", help="variants to time: null, ll, llp, flag, flagacq, flagws")
     p.add_argument("--blocks", default="1,4,16,64", help="grid sizes of the flag variants")
     p.add_argument("--chunks", default="512,1024,2048,4096,8192", help="chunk bytes of the flag variants")
     p.add_argument("--host", choices=("alloc", "registered"), default="alloc",
@@ -325,8 +372,9 @@ def main():
             ctypes.memset(ptr, 0, nbytes)
     gate_word = (ctypes.c_uint32 * 1).from_address(host["gate"])
     variants = [("null", ())]
-    if "ll" in kinds:
-        variants += [("ll", (g, t, b, 64)) for g in (1, 2, 4, 8) for t in (256, 512, 1024) for b in (4, 8)]
+    for kind in ("ll", "llp"):
+        if kind in kinds:
+            variants += [(kind, (g, t, b, 64)) for g in (1, 2, 4, 8) for t in (256, 512, 1024) for b in (4, 8)]
     for kind in ("flag", "flagacq"):
         if kind in kinds:
             variants += [(kind, (int(bl), ch, 64)) for bl in args.blocks.split(",") for ch in chunk_sizes]
@@ -338,7 +386,7 @@ def main():
     results = {}
     for size in sizes:
         for v in variants:
-            if v[0] == "ll" and size <= 2048 and v[1][0] > 1:
+            if v[0] in ("ll", "llp") and size <= 2048 and v[1][0] > 1:
                 continue
             times = []
             try:
