@@ -244,7 +244,12 @@ GP2P_FOR_EACH_DTYPE(GP2P_REDUCE_ALL_OPS)
 // `out_lines` and `in_lines` plus `half_stride` bytes for odd numbers: calls alternate halves.
 //
 // A thread owns 16-byte groups of the buffer (grid-stride): it publishes all of them (two
-// 16-byte stores of two lines each per group), then polls the peer's same groups. Every
+// 16-byte stores of two lines each per group), then polls the peer's same groups. The lines
+// lie in two planes: group g's first two lines at 16 g bytes into the first, its last two at
+// 16 g bytes into the second, which starts 16 bytes per group on. So a warp's stores and
+// loads cover 512 contiguous bytes of host memory; with a group's four lines side by side
+// they covered every other 16 bytes of 1 KiB, and a call took 17-28 % longer (64 B-2 KiB,
+// both ranks on one H200: benches/results/small-exchange-llp-h200.txt). Every
 // thread publishes before it waits, so the two kernels cannot wait on each other. A thread
 // gives up `timeout_ns` after its first wait began (a peer that never arrives): it sets
 // `*failed` (and `*broken`, where given) and returns, leaving the buffer partly folded, for
@@ -310,6 +315,9 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 tag = ((u64)seq) << 32;
     const u64 mine = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    // The two planes of lines, two u64 lines per group in each.
+    u64* const out_plane[2] = {out_lines, out_lines + 2 * groups};
+    const u64* const in_plane[2] = {in_lines, in_lines + 2 * groups};
     // Publish every group first, then wait: all of a rank's stores are on their way before
     // any poll, so the peer's polls mostly find data the first time, and a thread's later
     // groups never wait for the round trip of its earlier ones.
@@ -320,8 +328,8 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
         for (int l = 0; l < PER; ++l) {
             if (g * PER + l < n) own.e[l] = buf[g * PER + l];
         }
-        store_lines(out_lines + 4 * g, tag | own.w[0], tag | own.w[1]);
-        store_lines(out_lines + 4 * g + 2, tag | own.w[2], tag | own.w[3]);
+        store_lines(out_plane[0] + 2 * g, tag | own.w[0], tag | own.w[1]);
+        store_lines(out_plane[1] + 2 * g, tag | own.w[2], tag | own.w[3]);
     }
     // Then fold, EXCHANGE_BATCH groups at a time: their loads go out together, so data
     // that has arrived costs one round trip across PCIe per batch, not one per group. A
@@ -336,8 +344,8 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
         for (int k = 0; k < EXCHANGE_BATCH; ++k) {
             const u64 g = g0 + k * stride;
             if (g < groups) {
-                load_lines(in_lines + 4 * g, lines[k][0], lines[k][1]);
-                load_lines(in_lines + 4 * g + 2, lines[k][2], lines[k][3]);
+                load_lines(in_plane[0] + 2 * g, lines[k][0], lines[k][1]);
+                load_lines(in_plane[1] + 2 * g, lines[k][2], lines[k][3]);
             }
         }
 #pragma unroll
@@ -359,7 +367,7 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
                         return;
                     }
                     __nanosleep(EXCHANGE_POLL_GAP_NS);
-                    load_lines(in_lines + 4 * g + 2 * half, a, b);
+                    load_lines(in_plane[half] + 2 * g, a, b);
                 }
             }
             Group16<T> peer;

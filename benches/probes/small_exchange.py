@@ -1,11 +1,12 @@
 """Small two-rank all-reduces through mapped pinned host memory: which kernel shape is fastest.
 
 Two devices, one process, f32 sum in place. Each variant is one kernel per rank per call:
-- `ll`: the library's line exchange (8-byte lines of 4 data bytes and the call's number,
-  every thread publishes its 16-byte groups, then polls the peer's in batches);
+- `ll`: the line exchange as the library had it until 2026-12-01 (8-byte lines of 4 data
+  bytes and the call's number, a group's four lines side by side; every thread publishes
+  its 16-byte groups, then polls the peer's in batches);
 - `llp`: `ll` with the lines in two planes (a group's first two lines in one, its last two
   in the other), so a warp's 16-byte stores and loads cover 512 contiguous bytes instead of
-  every other 16 bytes of 1 KiB;
+  every other 16 bytes of 1 KiB: the library's layout since;
 - `flag`: plain 16-byte stores of a chunk, a system fence, then one flag per chunk; the
   reader's thread 0 polls the flag, then the block reads the chunk (half the bytes of `ll`,
   one poller per block);
