@@ -116,12 +116,13 @@ impl Ranked {
 }
 
 /// One all_reduce per op at odd lengths, enqueued back to back on one stream; results
-/// checked once all are queued.
+/// checked once all are queued. 255 elements take the line kernel for every dtype (at most
+/// 2040 bytes), in many 16-byte groups: both planes of its lines.
 fn every_op<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
     let rank = comm.rank();
     let max_len = comm.small_max_bytes() / size_of::<T>();
     let mut cases = Vec::new();
-    for (i, len) in [1usize, 7, 4099, max_len].into_iter().enumerate() {
+    for (i, len) in [1usize, 7, 255, 4099, max_len].into_iter().enumerate() {
         for (j, op) in ReduceOp::ALL.into_iter().enumerate() {
             let case_seed = seed * 1000 + (i * 10 + j) as u64 * 2;
             let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, case_seed + r as u64)).collect();
