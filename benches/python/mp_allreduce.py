@@ -43,7 +43,7 @@ import torch.distributed as dist  # noqa: E402
 
 import geforce_p2p.distributed as gpd  # noqa: E402
 
-SMALL = [8, 32, 128, 512, 2 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10]
+SMALL = [8, 32, 128, 512, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10]
 LARGE = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 # Bytes moved per timed loop at most (calls shrink for large sizes, to at least 3).
 LOOP_BYTES = 1 << 30
@@ -215,6 +215,8 @@ def main():
     parser.add_argument("--chunk-blocks", type=int,
                         help="the most blocks of the one-kernel path's chunk kernel (default the library's)")
     parser.add_argument("--slots", type=int, help="the pipeline's slots per rank (default the library's)")
+    parser.add_argument("--lines-max-bytes", type=int,
+                        help="the largest all-reduce the one-kernel path runs with its line kernel (default the library's)")
     parser.add_argument("--min-bytes", type=int, default=0, help="the smallest size timed")
     parser.add_argument("--graph-max-bytes", type=int, default=0,
                         help="also time sizes up to this as CUDA-graph replays (GPU time only)")
@@ -250,8 +252,8 @@ def main():
     box = [gpd.unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     limit = {} if args.small_max_bytes is None else {"max_bytes": args.small_max_bytes}
-    comm = gpd.Communicator(box[0], rank, world, local, **limit,
-                            slot_bytes=args.slot_bytes, slots=args.slots, chunk_blocks=args.chunk_blocks)
+    comm = gpd.Communicator(box[0], rank, world, local, **limit, slot_bytes=args.slot_bytes, slots=args.slots,
+                            chunk_blocks=args.chunk_blocks, lines_max_bytes=args.lines_max_bytes)
     if args.list_contexts:
         list_contexts(rank)
     rows = []
@@ -300,6 +302,7 @@ def main():
                     "processes": world, "calls_per_loop": args.calls, "repeats": args.repeats,
                     "warmup": args.warmup, "small_max_bytes": comm.max_bytes,
                     "slot_bytes": args.slot_bytes, "slots": args.slots, "chunk_blocks": args.chunk_blocks,
+                    "lines_max_bytes": args.lines_max_bytes,
                     "rows": rows}
             with open(args.json, "w") as f:
                 json.dump(meta, f, indent=1)

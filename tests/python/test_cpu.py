@@ -583,6 +583,11 @@ def test_a_communicator_without_a_driver_fails_at_once_naming_it():
                       ("chunk_blocks", 0)):
         with pytest.raises(ValueError, match="%s: .* is not a positive integer" % name):
             gpd.Communicator(gpd.unique_id(), 0, 2, device=0, **{name: bad})
+    for bad in (-1, 1.5, True, "2048"):
+        with pytest.raises(ValueError, match="lines_max_bytes: .* is not an integer >= 0"):
+            gpd.Communicator(gpd.unique_id(), 0, 2, device=0, lines_max_bytes=bad)
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):  # 0 is taken: no lines at all
+        gpd.Communicator(gpd.unique_id(), 0, 2, device=0, lines_max_bytes=0, join_timeout=1)
 
 
 class _Native:

@@ -407,3 +407,22 @@ fn one_gpu_two_processes_share_it_on_both_paths() {
     drop(calls);
     r.finish();
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn two_processes_take_the_line_kernel_up_to_16_kib_when_told() {
+    // CommOptions::lines_max_bytes: the line kernel in its one block over many 16-byte groups
+    // per thread (4099 bytes of u8, 8198 of f16 and bf16: two to three each), every op and
+    // dtype; f32 and wider at 4099 elements go past 16 KiB, to the chunks. Both ranks on the
+    // first GPU, which every machine has.
+    let test = "two_processes_take_the_line_kernel_up_to_16_kib_when_told";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    let peer_timeout = std::time::Duration::from_secs(30);
+    let options = CommOptions { lines_max_bytes: 16 << 10, peer_timeout, ..small_slots() };
+    let mut r = Ranked::start_on(test, options, |_| 0);
+    let stream = &r.stream;
+    every_dtype!(every_op(&mut r.comm, stream, 13));
+    r.finish();
+}

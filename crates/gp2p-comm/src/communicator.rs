@@ -40,6 +40,13 @@ pub struct CommOptions {
     /// a block per 4 KiB chunk up to 32, up to 64 with 4 chunks each, more only with 8 each,
     /// see `chunk_grid`). Each rank may pick its own.
     pub chunk_blocks: usize,
+    /// All-reduces of up to this many bytes take the line kernel (8-byte lines of 4 data
+    /// bytes and the call's number, one block: no fence, one read of the peer's data), larger
+    /// ones up to `small_max_bytes` the flagged chunks. 0..=64 KiB, default 2 KiB; every rank
+    /// must give the same. For tuning: since the lines lie in two planes (7774b2d) the two
+    /// kernels came within half a microsecond of each other at 4-8 KiB on one H200, and
+    /// where they cross between two GPUs is not measured yet.
+    pub lines_max_bytes: usize,
 }
 
 impl Default for CommOptions {
@@ -62,6 +69,7 @@ impl Default for CommOptions {
             slot_bytes: 8 << 20,
             slots: 3,
             chunk_blocks: DEFAULT_CHUNK_BLOCKS,
+            lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
         }
     }
 }
@@ -71,6 +79,8 @@ impl Default for CommOptions {
 pub(crate) struct Layout {
     /// The largest all-reduce of the one-kernel path, in bytes.
     small_max: usize,
+    /// The largest all-reduce of that path that takes the line kernel, in bytes.
+    lines_max: usize,
     /// Bytes of one half of one rank's area for that path (calls alternate halves): the
     /// lines of the smallest calls (`lines_bytes`), then the flagged chunks' data, then
     /// their flags at `flags_offset` from the chunks' start.
@@ -101,6 +111,8 @@ const BROKEN: usize = 8;
 const FLAGS: usize = 64;
 const STATUS: usize = 4;
 const OPTIONS: usize = 8;
+/// The options' words, after `OPTIONS` in each rank's cache line.
+pub(crate) const OPTION_WORDS: usize = 4;
 const REGISTERED_OK: u32 = 1;
 const REGISTRATION_FAILED: u32 = 2;
 /// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
@@ -129,11 +141,14 @@ fn chunk_grid(bytes: usize, chunk_blocks: usize) -> usize {
 /// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
 const SLOT_BYTES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
 const SLOTS: std::ops::RangeInclusive<usize> = 2..=16;
-/// All-reduces up to this size take the line kernel (8-byte lines of data and the call's
-/// number, one block), larger ones the flagged chunks. Two H200s, one kernel per rank per
-/// call (benches/probes/small_exchange.py): lines 6.0 us at 64 B and 6.5 at 2 KiB, chunks 7.7
-/// and 8.3 (their fence); at 8 KiB lines 20 us, chunks 8.3.
-const LINES_MAX_BYTES: usize = 2 << 10;
+/// [`CommOptions::lines_max_bytes`] by default. Two H200s, one kernel per rank per call
+/// (benches/probes/small_exchange.py), with the lines side by side as they were until
+/// 7774b2d: lines 6.0 us at 64 B and 6.5 at 2 KiB, chunks 7.7 and 8.3 (their fence); at 8 KiB
+/// lines 20 us, chunks 8.3.
+const DEFAULT_LINES_MAX_BYTES: usize = 2 << 10;
+/// The bound of [`CommOptions::lines_max_bytes`]: one block of the line kernel for the whole
+/// buffer, each thread a few batches of groups.
+const MAX_LINES_BYTES: usize = 64 << 10;
 /// The largest small-message size a communicator is made for: the one-kernel path is for small
 /// messages, and the bound keeps the layout's arithmetic far from overflow.
 const MAX_SMALL_BYTES: usize = 16 << 20;
@@ -169,8 +184,16 @@ impl Layout {
         if !SLOTS.contains(&slot_count) {
             return Err(Error::InvalidOption { name: "slots", reason: format!("{slot_count} is outside {SLOTS:?}") });
         }
+        let lines_max = options.lines_max_bytes;
+        if lines_max > MAX_LINES_BYTES {
+            return Err(Error::InvalidOption {
+                name: "lines_max_bytes",
+                reason: format!("{lines_max} is outside 0..={MAX_LINES_BYTES}; the line kernel runs in one block"),
+            });
+        }
         // Bounded above, so none of this overflows.
-        let lines_bytes = exchange_line_bytes(small_max_bytes.min(LINES_MAX_BYTES)).next_multiple_of(256);
+        let lines_max = lines_max.min(small_max_bytes);
+        let lines_bytes = exchange_line_bytes(lines_max).next_multiple_of(256);
         let (flags_offset, chunks) = chunk_area_layout(small_max_bytes);
         let half = (lines_bytes + chunks).next_multiple_of(256);
         let chunk_flags = FLAGS + 64 * world;
@@ -178,6 +201,7 @@ impl Layout {
         let slots = areas + world * 2 * half;
         Ok(Layout {
             small_max: small_max_bytes,
+            lines_max,
             half,
             lines_bytes,
             flags_offset,
@@ -202,10 +226,10 @@ impl Layout {
     }
 
     /// What the layout was made from, as every rank publishes it to be compared: the
-    /// one-kernel path's largest size, the slot size and the slot count (each bounded well
-    /// below `u32::MAX`).
-    fn options(&self) -> [u32; 3] {
-        [self.small_max as u32, self.slot_bytes as u32, self.slot_count as u32]
+    /// one-kernel path's largest size, the slot size, the slot count and the line kernel's
+    /// largest size (each bounded well below `u32::MAX`).
+    fn options(&self) -> [u32; OPTION_WORDS] {
+        [self.small_max as u32, self.slot_bytes as u32, self.slot_count as u32, self.lines_max as u32]
     }
 
     /// Offset of the communicator's broken flag, which every rank's host and pipeline waits
@@ -417,7 +441,7 @@ impl Communicator {
             let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive, local: None };
             return self.enqueue(stream, transfer, |point| buf.note_use(point));
         }
-        let (timeout_ns, chunk_blocks) = (self.timeout_ns(), self.chunk_blocks);
+        let (timeout_ns, chunk_blocks, lines_max) = (self.timeout_ns(), self.chunk_blocks, self.layout.lines_max);
         let (ptr, len) = (buf.raw_ptr(), buf.len());
         let (lines, areas) = (self.exchange_lines(), self.chunk_areas());
         self.call(
@@ -425,7 +449,7 @@ impl Communicator {
             // SAFETY: `buf` is `len` elements on this device (checked above); both ranks'
             // areas (two halves each) lie in the registered staging area, 256-aligned, laid
             // out by Layout::new for `small_max_bytes`, which `len` does not exceed (checked
-            // above): the lines for up to LINES_MAX_BYTES, then the chunks. Only this rank's
+            // above): the lines for up to the layout's lines_max, then the chunks. Only this rank's
             // kernels write its own area (the peer writes its own); `failed` is this rank's
             // aligned u32 of it, `broken` the communicator's; the counter is this
             // communicator's own two device words, touched only by its small-path kernels,
@@ -436,7 +460,7 @@ impl Communicator {
             // or, captured, they stay for the process's life. The peer enqueues the same call
             // (it takes the same kernel: the size decides).
             |_| unsafe {
-                if bytes <= LINES_MAX_BYTES {
+                if bytes <= lines_max {
                     Ok(exchange(stream, ptr, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns)?)
                 } else {
                     // Between processes a peer that never arrives may have died: the same bound either
@@ -890,9 +914,9 @@ fn register_in_turn(segment: &Arc<Segment>, device: &Device, timeout: Duration) 
 /// only handed out where every rank has one, so no rank's first call waits out its timeout
 /// for a peer that already failed.
 fn all_registered(segment: &Segment, layout: &Layout, ok: bool, timeout: Duration) -> Result<()> {
-    let options = |rank: usize| -> Result<[&AtomicU32; 3]> {
+    let options = |rank: usize| -> Result<[&AtomicU32; OPTION_WORDS]> {
         let at = |i: usize| word(segment, layout.flag(rank) + OPTIONS + 4 * i);
-        Ok([at(0)?, at(1)?, at(2)?])
+        Ok([at(0)?, at(1)?, at(2)?, at(3)?])
     };
     for (w, value) in options(segment.rank())?.into_iter().zip(layout.options()) {
         w.store(value, Ordering::Relaxed);
@@ -966,7 +990,7 @@ mod tests {
         assert_eq!(Layout::new(2, &small(100)).unwrap().lines_bytes, 256, "lines for the one-kernel size only");
         assert_eq!(layout.small_max, 64 << 10);
         assert_eq!(layout.areas % LINES_ALIGN, 0);
-        assert!(layout.flag(1) + 8 <= layout.full(0, 0), "status words end before the chunk flags");
+        assert!(layout.flag(1) + OPTIONS + 4 * OPTION_WORDS <= layout.full(0, 0), "options end before the chunk flags");
         assert!(layout.full(1, layout.slot_count - 1) + 4 <= layout.areas);
         assert_eq!(layout.area_of(0, 1), layout.areas + layout.half, "odd calls use the second half");
         assert_eq!(layout.area_of(1, 2), layout.areas + 2 * layout.half);
@@ -984,6 +1008,24 @@ mod tests {
         }
         assert!(matches!(Layout::new(0, &small(1024)), Err(Error::World { .. })));
         assert!(matches!(Layout::new(crate::MAX_WORLD + 1, &small(1024)), Err(Error::World { .. })));
+    }
+
+    #[test]
+    fn the_line_kernels_size_sets_its_lines_and_is_compared_between_ranks() {
+        let lines = |lines_max_bytes: usize, small_max_bytes: usize| {
+            Layout::new(2, &CommOptions { lines_max_bytes, small_max_bytes, ..CommOptions::default() })
+        };
+        let wide = lines(16 << 10, 64 << 10).unwrap();
+        assert_eq!((wide.lines_max, wide.lines_bytes), (16 << 10, 32 << 10), "lines for 16 KiB: half data");
+        assert_eq!(wide.half, (32 << 10) + (64 << 10) + 16 * 64, "the chunks follow the wider lines");
+        assert_eq!(wide.options()[3], 16 << 10, "published beside the other options");
+        assert_ne!(wide.options(), lines(2 << 10, 64 << 10).unwrap().options(), "a different size is a mismatch");
+        let capped = lines(64 << 10, 4 << 10).unwrap();
+        assert_eq!((capped.lines_max, capped.lines_bytes), (4 << 10, 8 << 10), "no lines past the one-kernel size");
+        let none = lines(0, 64 << 10).unwrap();
+        assert_eq!((none.lines_max, none.lines_bytes), (0, 0), "0: every small call takes the chunks");
+        assert!(matches!(lines((64 << 10) + 1, 4 << 20), Err(Error::InvalidOption { name: "lines_max_bytes", .. })));
+        assert_eq!(CommOptions::default().lines_max_bytes, 2 << 10);
     }
 
     #[test]

@@ -169,15 +169,15 @@ pub enum Error {
     },
     /// A rank made its communicator with other options than this one.
     #[error(
-        "rank {rank} made its communicator with other options (one-kernel max bytes, slot bytes, slots: {theirs:?}, here {ours:?}); make every rank's with the same CommOptions"
+        "rank {rank} made its communicator with other options (one-kernel max bytes, slot bytes, slots, line kernel max bytes: {theirs:?}, here {ours:?}); make every rank's with the same CommOptions"
     )]
     OptionsMismatch {
         /// The rank whose options differ.
         rank: usize,
         /// This rank's.
-        ours: [u32; 3],
+        ours: [u32; crate::communicator::OPTION_WORDS],
         /// Theirs.
-        theirs: [u32; 3],
+        theirs: [u32; crate::communicator::OPTION_WORDS],
     },
     /// A call on a stream that is capturing a CUDA graph, without the caller's promise.
     #[error(

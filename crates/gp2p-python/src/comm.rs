@@ -35,7 +35,7 @@ impl PyCommunicator {
     /// Join communicator `id` as `rank` of `world` on CUDA device `device`; waits (with the
     /// GIL released) until every rank joined, at most `join_timeout` seconds.
     #[new]
-    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None))]
+    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None, lines_max_bytes=None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's keywords, passed through
     fn new(
         py: Python<'_>,
@@ -49,6 +49,7 @@ impl PyCommunicator {
         slot_bytes: Option<usize>,
         slots: Option<usize>,
         chunk_blocks: Option<usize>,
+        lines_max_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let run = || -> Result<PyCommunicator, Raised> {
             let id: UniqueId = id.parse().map_err(Raised::from)?;
@@ -60,6 +61,7 @@ impl PyCommunicator {
                 slot_bytes: slot_bytes.unwrap_or(defaults.slot_bytes),
                 slots: slots.unwrap_or(defaults.slots),
                 chunk_blocks: chunk_blocks.unwrap_or(defaults.chunk_blocks),
+                lines_max_bytes: lines_max_bytes.unwrap_or(defaults.lines_max_bytes),
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;

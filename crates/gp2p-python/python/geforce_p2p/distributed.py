@@ -101,24 +101,30 @@ class Communicator:
     ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB); ``slot_bytes`` and ``slots``
     (every rank must give the same): the staged pipeline's slot size (a multiple of 4096 in
     64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning;
-    ``chunk_blocks``: the most blocks the one-kernel path's kernel runs (1..256, default 128).
-    With the defaults the shared segment takes about 65 MiB of /dev/shm: under Docker's
+    ``chunk_blocks``: the most blocks the one-kernel path's kernel runs (1..256, default 128);
+    ``lines_max_bytes`` (every rank the same): the largest all-reduce whose one kernel hands
+    data over in 8-byte lines of data and sequence number rather than in flagged 4 KiB chunks
+    (0..65536, default 2048), for tuning. With the defaults the shared segment takes about 65 MiB of /dev/shm: under Docker's
     default 64 MiB give the container ``--shm-size``, or pass ``max_bytes=1 << 20`` (about
     53 MiB) or ``slots=2``; too little room is an error at creation that names /dev/shm.
     """
 
     def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: Optional[int] = None,
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
-                 slots: Optional[int] = None, chunk_blocks: Optional[int] = None):
+                 slots: Optional[int] = None, chunk_blocks: Optional[int] = None,
+                 lines_max_bytes: Optional[int] = None):
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
         max_bytes, slot_bytes, slots, chunk_blocks = (
             _positive(name, value) for name, value in
             (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots), ("chunk_blocks", chunk_blocks)))
+        if lines_max_bytes is not None and (isinstance(lines_max_bytes, bool) or not isinstance(lines_max_bytes, int)
+                                            or lines_max_bytes < 0):
+            raise ValueError("lines_max_bytes: %r is not an integer >= 0" % (lines_max_bytes,))
         self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
         self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, max_bytes,
                                             float(peer_timeout), float(join_timeout), slot_bytes, slots,
-                                            chunk_blocks)
+                                            chunk_blocks, lines_max_bytes)
         #: The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones
         #: go through the staged pipeline).
         self.max_bytes = self._native.max_bytes
