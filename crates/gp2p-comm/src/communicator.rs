@@ -1,9 +1,9 @@
 //! `Communicator`: one rank of a group of processes, one GPU each, that share a [`Segment`]
 //! registered with the driver. Two ranks: the small all-reduce is one kernel per rank. Up to
-//! 2 KiB it writes its buffer into its lines of the segment, each 8-byte line carrying 4 bytes
-//! of data and the call's sequence number (NCCL's LL idea); above, it stores the buffer in
-//! 4 KiB chunks and flags each with the number (see `gp2p_kernels::chunks_kernel_name`). It
-//! folds the peer's data in as it arrives. Every other call goes through the staged pipeline
+//! [`CommOptions::lines_max_bytes`] (2 KiB by default) it writes its buffer into its lines of
+//! the segment, each 8-byte line carrying 4 bytes of data and the call's sequence number
+//! (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and flags each with the
+//! number (see `gp2p_kernels::chunks_kernel_name`). It folds the peer's data in as it arrives. Every other call goes through the staged pipeline
 //! of [`crate::pipeline`].
 #![allow(unsafe_code)]
 
@@ -271,7 +271,7 @@ impl Layout {
 ///
 /// Two paths: an all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
 /// rank that hands its buffer over in mapped host memory (8-byte lines of data and number up
-/// to 2 KiB, flagged 4 KiB chunks above), numbered in device memory; everything else goes
+/// to [`CommOptions::lines_max_bytes`], flagged 4 KiB chunks above), numbered in device memory; everything else goes
 /// through a
 /// pipeline of DMA copies via slots of the segment, flagged chunk by chunk (see the
 /// `pipeline` module). Two ranks; more are not built yet.
