@@ -352,9 +352,9 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
         for (int k = 0; k < EXCHANGE_BATCH; ++k) {
             const u64 g = g0 + k * stride;
             if (g >= groups) break;
-            for (int half = 0; half < 2; ++half) {
-                u64& a = lines[k][2 * half];
-                u64& b = lines[k][2 * half + 1];
+            for (int plane = 0; plane < 2; ++plane) {
+                u64& a = lines[k][2 * plane];
+                u64& b = lines[k][2 * plane + 1];
                 while ((u32)(a >> 32) != seq || (u32)(b >> 32) != seq) {
                     // Another wait of the communicator gave up: the peer's lines may never come.
                     if (broken != 0 && ++polls % GIVE_UP_CHECK_POLLS == 0 && *(volatile u32*)broken != 0) return;
@@ -367,7 +367,7 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
                         return;
                     }
                     __nanosleep(EXCHANGE_POLL_GAP_NS);
-                    load_lines(in_plane[half] + 2 * g, a, b);
+                    load_lines(in_plane[plane] + 2 * g, a, b);
                 }
             }
             Group16<T> peer;

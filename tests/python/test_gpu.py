@@ -622,6 +622,12 @@ def _distributed_rank(uid, rank, device):
             assert "not another rank" in str(e), str(e)
         else:
             raise AssertionError("send to %r: not refused" % bad)
+    # A usual CUDA tensor is read natively (the fast path all_reduce tries first) and enqueued.
+    from geforce_p2p._tensors import torch_fast_args
+
+    t = torch.full((33,), float(rank + 1), device="cuda:%d" % device)
+    assert comm._native.all_reduce_torch(t, "sum", torch_fast_args((t,))) is True
+    results.append((t, torch.full((33,), 3.0, dtype=torch.float64)))
     # What the native read of a torch tensor declines, the Python layer reads and refuses by
     # name, before anything is enqueued (both ranks refuse alike, so they stay paired).
     dev, other = "cuda:%d" % device, (device + 1) % torch.cuda.device_count()

@@ -410,19 +410,33 @@ fn one_gpu_two_processes_share_it_on_both_paths() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn two_processes_take_the_line_kernel_up_to_16_kib_when_told() {
-    // CommOptions::lines_max_bytes: the line kernel in its one block over many 16-byte groups
-    // per thread (4099 bytes of u8, 8198 of f16 and bf16: two to three each), every op and
-    // dtype; f32 and wider at 4099 elements go past 16 KiB, to the chunks. Both ranks on the
-    // first GPU, which every machine has.
-    let test = "two_processes_take_the_line_kernel_up_to_16_kib_when_told";
+fn two_processes_take_the_line_kernel_up_to_64_kib_when_told() {
+    // CommOptions::lines_max_bytes at its bound: the line kernel in its one block over many
+    // 16-byte groups per thread, every op and dtype (4099 elements: 4099-32792 bytes, two to
+    // nine groups a thread), and f32 up to the last element that fits (16 groups a thread:
+    // four batches). Both ranks on the first GPU, which every machine has.
+    let test = "two_processes_take_the_line_kernel_up_to_64_kib_when_told";
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
     let peer_timeout = std::time::Duration::from_secs(30);
-    let options = CommOptions { lines_max_bytes: 16 << 10, peer_timeout, ..small_slots() };
+    let options = CommOptions { lines_max_bytes: 64 << 10, peer_timeout, ..small_slots() };
     let mut r = Ranked::start_on(test, options, |_| 0);
-    let stream = &r.stream;
+    assert_eq!(r.comm.lines_max_bytes(), 64 << 10, "the option reached the communicator");
+    let (rank, stream) = (r.rank, &r.stream);
     every_dtype!(every_op(&mut r.comm, stream, 13));
+    let mut calls = Vec::new();
+    for (c, len) in [16_383usize, 16_384, 9_999].into_iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 900 + 2 * c as u64 + r as u64)).collect();
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
+        calls.push((inputs, buf));
+    }
+    for (inputs, buf) in &calls {
+        let want = expected(Collective::AllReduce, inputs, ReduceOp::Sum).swap_remove(rank);
+        let (bad, first) = count_mismatched(&buf.to_host_vec(stream).unwrap(), &want, ReduceOp::Sum);
+        assert_eq!(bad, 0, "rank {rank} len {}: {}", want.len(), first.join("; "));
+    }
+    drop(calls);
     r.finish();
 }

@@ -456,14 +456,19 @@ fn a_stream_borrowed_for_one_call_keeps_the_capture_status_it_was_borrowed_with(
     let src = DeviceBuffer::from_host(&owner, &data).unwrap();
     let mut dst = DeviceBuffer::<f32>::alloc(&device, len).unwrap();
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-    let ((capturing, refused), ended) = while_capturing(&owner, mode, || {
+    // SAFETY: `owner` outlives the borrow. Against the contract a capture begins while it
+    // lives, to show that the answer is the borrow's; nothing is enqueued through it.
+    let before = unsafe { Stream::borrow_raw_for_call(&device, owner.raw()) }.unwrap();
+    let ((capturing, refused, kept), ended) = while_capturing(&owner, mode, || {
         // SAFETY: `owner` outlives the borrow, dropped inside the capture; nothing is enqueued.
         let borrowed = unsafe { Stream::borrow_raw_for_call(&device, owner.raw()) }.unwrap();
-        (borrowed.is_capturing().unwrap(), borrowed.refuse_capture())
+        (borrowed.is_capturing().unwrap(), borrowed.refuse_capture(), before.is_capturing().unwrap())
     });
     assert!(capturing, "borrowed inside a capture, the stream says it is not capturing");
     assert!(matches!(refused, Err(geforce_p2p::cuda::Error::Capturing)), "{refused:?}");
+    assert!(!kept, "borrowed before the capture, the stream asked the driver again");
     assert_eq!(ended, CUresult::CUDA_SUCCESS, "the borrow or the refusal invalidated the capture");
+    drop(before);
     // Borrowed outside a capture it works as any borrow: a staged copy through it is right.
     // SAFETY: as above; synchronised below, before `owner` drops.
     let borrowed = unsafe { Stream::borrow_raw_for_call(&device, owner.raw()) }.unwrap();

@@ -113,6 +113,7 @@ const STATUS: usize = 4;
 const OPTIONS: usize = 8;
 /// The options' words, after `OPTIONS` in each rank's cache line.
 pub(crate) const OPTION_WORDS: usize = 4;
+const _: () = assert!(OPTIONS + 4 * OPTION_WORDS <= 64, "a rank's words fit in its cache line");
 const REGISTERED_OK: u32 = 1;
 const REGISTRATION_FAILED: u32 = 2;
 /// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
@@ -418,6 +419,12 @@ impl Communicator {
     /// ones go through the pipeline.
     pub fn small_max_bytes(&self) -> usize {
         self.layout.small_max
+    }
+
+    /// The largest all-reduce, in bytes, that the one-kernel path runs with its line kernel
+    /// ([`CommOptions::lines_max_bytes`], at most [`Communicator::small_max_bytes`]).
+    pub fn lines_max_bytes(&self) -> usize {
+        self.layout.lines_max
     }
 
     /// In place on every rank: `buf = op(every rank's buf)`, ordered after the work queued
@@ -1046,7 +1053,11 @@ mod tests {
         slots.sort_unstable();
         slots.dedup();
         assert_eq!((flags.len(), slots.len()), (flag_count, slot_count), "no two share a place");
-        assert!(flags.iter().all(|f| f % 4 == 0 && *f >= layout.flag(1) + 8 && f + 4 <= layout.areas));
+        assert!(
+            flags
+                .iter()
+                .all(|f| f % 4 == 0 && *f >= layout.flag(1) + OPTIONS + 4 * OPTION_WORDS && f + 4 <= layout.areas)
+        );
         assert!(slots.windows(2).all(|w| w[1] - w[0] >= options.slot_bytes), "slots do not overlap");
         assert!(slots.iter().all(|s| s % LINES_ALIGN == 0 && *s >= layout.area_of(1, 1) + layout.half));
         assert!(layout.slot(1, 2) + options.slot_bytes <= layout.staging_bytes());

@@ -15,10 +15,11 @@
 //! - [`Communicator`]: one rank on one GPU. It joins the segment, registers it with the
 //!   driver (portable, device-mapped; ranks in turn), and runs the collectives of two ranks
 //!   on the caller's stream: all_reduce (every op and dtype), all_gather, reduce_scatter,
-//!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
-//!   rank through mapped host memory: up to 2 KiB (`lines_max_bytes`) its 8-byte lines carry
-//!   data and the call's sequence number (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and flags
-//!   each with the number (one fence and one flag per chunk, so many blocks read at once);
+//!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] is
+//!   one kernel per rank through mapped host memory: up to
+//!   [`CommOptions::lines_max_bytes`] (2 KiB by default) its 8-byte lines carry data and the
+//!   call's sequence number (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and
+//!   flags each with the number (one fence and one flag per chunk, so many blocks read at once);
 //!   everything else goes through a pipeline of DMA copies via slots of the segment
 //!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
 //!   that stream memory operations set and a one-thread kernel awaits. Every wait for the

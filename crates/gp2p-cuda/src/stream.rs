@@ -176,9 +176,10 @@ impl Stream {
 
     /// As [`Stream::borrow_raw`], for one call of a framework's stream: the driver is asked
     /// once, here, whether the stream is capturing a CUDA graph, and that answer stands for
-    /// the returned value's life ([`Stream::is_capturing`] and every capture refusal read it
-    /// instead of asking again: a staged copy asked up to three times per stream, and the
-    /// communicator twice). Fails only where the driver refuses the question (the legacy
+    /// the returned value's life: [`Stream::is_capturing`] and the refusals before anything
+    /// is enqueued read it instead of asking again (a staged copy asked twice per stream
+    /// before its work, the communicator twice per call). The refusal where an operation
+    /// records its use, after its work, still asks the driver. Fails only where the driver refuses the question (the legacy
     /// default stream while a blocking stream of the context captures); the caller refuses
     /// a capturing stream with [`Stream::refuse_capture`], or lets the call be captured.
     ///
@@ -276,8 +277,16 @@ impl Stream {
             // instead, at the enqueue that precedes any point). Not asking saves a driver
             // call per point.
             None
+        } else if !self.is_borrowed() {
+            None
         } else {
-            self.refuse_capture().err()
+            // The driver is asked even where the borrow's answer is kept: this is the net for
+            // a capture another thread began on the stream meanwhile.
+            match self.driver_says_capturing() {
+                Ok(true) => Some(Error::Capturing),
+                Ok(false) => None,
+                Err(e) => Some(e),
+            }
         };
         if let Some(e) = refused {
             give_back_event(event);
@@ -313,12 +322,12 @@ impl Stream {
 
     /// Refuse a borrowed stream that is capturing a CUDA graph ([`Error::Capturing`]),
     /// before anything is enqueued on it: an operation's buffers record their last use once,
-    /// at capture, and would not know about the replays. Every operation checks this when it
-    /// records its use, after its work is enqueued, and the refusal there also invalidates
-    /// the capture (a deliberate capture-illegal wait, which compute-sanitizer reports as an
-    /// API error); callers that take a stream from elsewhere (the Python bindings, the
-    /// staged copies, the collectives) check here first so that nothing is captured at all. An owned stream passes: only raw
-    /// driver calls capture it.
+    /// at capture, and would not know about the replays. Every operation checks this (asking
+    /// the driver) when it records its use, after its work is enqueued, and the refusal there
+    /// also invalidates the capture (a deliberate capture-illegal wait, which
+    /// compute-sanitizer reports as an API error); callers that take a stream from elsewhere
+    /// (the Python bindings, the staged copies, the collectives) check here first so that
+    /// nothing is captured at all. An owned stream passes: only raw driver calls capture it.
     pub fn refuse_capture(&self) -> Result<()> {
         if self.is_borrowed() && self.is_capturing()? { Err(Error::Capturing) } else { Ok(()) }
     }
@@ -327,9 +336,14 @@ impl Stream {
     /// graph, not run. A stream borrowed for one call ([`Stream::borrow_raw_for_call`])
     /// answers what the driver said at the borrow.
     pub fn is_capturing(&self) -> Result<bool> {
-        if let Some(capturing) = self.capture_at_borrow {
-            return Ok(capturing);
+        match self.capture_at_borrow {
+            Some(capturing) => Ok(capturing),
+            None => self.driver_says_capturing(),
         }
+    }
+
+    /// Whether the driver says the stream is capturing now.
+    fn driver_says_capturing(&self) -> Result<bool> {
         self.device.bind()?;
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: live stream handle; out-pointer to a local.

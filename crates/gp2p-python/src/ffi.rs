@@ -39,8 +39,10 @@
 //!    sglang do, each rank running the same program). Only `crate::comm` relies on this.
 //! 6. No capture begins or ends on a stream while a call that borrowed it runs: torch begins
 //!    and ends a capture on the capturing thread, between calls. So a call asks the driver
-//!    once whether each stream captures ([`Stream::borrow_raw_for_call`]) and drops its
-//!    borrows before it returns.
+//!    once, before it enqueues anything, whether each stream captures
+//!    ([`Stream::borrow_raw_for_call`]), and drops its borrows before it returns. (A capture
+//!    that another Python thread begins on the same stream during the call, which this
+//!    excludes, is still caught where the call records its points: those ask the driver.)
 #![allow(unsafe_code)]
 
 use geforce_p2p::collectives::{self, Rank, Receive};

@@ -13,7 +13,8 @@ This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scat
 broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
 backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (4 MiB by
 default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
-data and sequence number up to 2 KiB, flagged 4 KiB chunks above); everything else goes
+data and sequence number up to ``lines_max_bytes``, 2 KiB by default; flagged 4 KiB chunks
+above); everything else goes
 through a pipeline of DMA copies via slots of the segment, handed over chunk by chunk by
 flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 6.7-13.2
 us a call up to 64 KiB, 16 at 128 KiB, 48-49 at 1 MiB and 148 at 4 MiB, 0.31-0.87 of the
@@ -104,7 +105,7 @@ class Communicator:
     ``chunk_blocks``: the most blocks the one-kernel path's kernel runs (1..256, default 128);
     ``lines_max_bytes`` (every rank the same): the largest all-reduce whose one kernel hands
     data over in 8-byte lines of data and sequence number rather than in flagged 4 KiB chunks
-    (0..65536, default 2048), for tuning. With the defaults the shared segment takes about 65 MiB of /dev/shm: under Docker's
+    (0 to 65536, default 2048), for tuning. With the defaults the shared segment takes about 65 MiB of /dev/shm: under Docker's
     default 64 MiB give the container ``--shm-size``, or pass ``max_bytes=1 << 20`` (about
     53 MiB) or ``slots=2``; too little room is an error at creation that names /dev/shm.
     """
