@@ -3,7 +3,9 @@
 # lines printed are a short table. Usage: benches/device/bench.sh SECTION...
 # Sections: regress (same-card figures, one GPU visible), allreduce (x2 sweep, gp2p and NCCL
 # in one call), tune (chunk x slots at 64M/256M/1G), others (reduce_scatter, all_gather,
-# broadcast), copy (staged 0->1 sweep and chunk variants), spread (1 GiB all_reduce, 3 processes).
+# broadcast), copy (staged 0->1 sweep and chunk variants), spread (1 GiB all_reduce, 3 processes),
+# mp (one process per GPU against NCCL SHM in the same processes: the default, then the line
+# kernel to 4, 16 and 64 KiB; needs the wheel installed on PYTHONPATH).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${BUNDLE:-bundle}
@@ -49,6 +51,12 @@ for section in "$@"; do
     run copy-staged-01-$tag $G bench copy --route staged --src 0 --dst 1 -b 4K -e 1G -f 4 -n 20 -w 5 --json "$R/copy-staged-01-$tag.json"
     for chunk in 1M 2M 4M; do
       run tune-copy-c$chunk-$tag $G bench copy --route staged --src 0 --dst 1 --chunk $chunk -b 64M -e 1G -f 4 -n 10 -w 3
+    done
+    ;;
+  mp)
+    run all-reduce-mp-default-$tag python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --json "$R/all-reduce-mp-default-$tag.json"
+    for lines in 4096 16384 65536; do
+      run all-reduce-mp-lines$lines-$tag python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --lines-max-bytes $lines --max-bytes 131072 --json "$R/all-reduce-mp-lines$lines-$tag.json"
     done
     ;;
   spread)
