@@ -328,12 +328,23 @@ pub fn reduce_launch_config(len: usize, dtype: DType, multiprocessors: u32, sour
 /// 82 with four, 88 with eight (benches/results/x2/all-reduce-mp-cap*-x2.json).
 const EXCHANGE_MAX_BLOCKS: usize = 1;
 
+/// Threads of an exchange's block past 4 KiB (256 16-byte groups): its threads each keep a
+/// batch of loads in flight, so more threads read more at once. Both ranks on one H200, the
+/// probe's copy of the kernel with planar lines in one block (benches/probes/small_exchange.py,
+/// benches/results/small-exchange-llp-h200.txt): 8 KiB 8.55 us with 256 threads, 7.69 with
+/// 512; 16 KiB 12.73 and 9.84; 32 KiB 17.56 and 15.35. (The kernels' launch bounds allow 512
+/// at one block per multiprocessor, which left their registers at 72-80 and spilled nothing:
+/// benches/results/exchange-registers-h200.txt.)
+const EXCHANGE_WIDE_THREADS: u32 = 512;
+
 /// The launch shape of an exchange of `len` elements of `dtype`: a thread per 16-byte group,
-/// up to one block of threads (each then takes several groups).
+/// up to one block of 256 threads, or of [`EXCHANGE_WIDE_THREADS`] past that (each then takes
+/// several groups).
 pub fn exchange_launch_config(len: usize, dtype: DType) -> LaunchConfig {
     let groups = (len * dtype.size_bytes()).div_ceil(EXCHANGE_GROUP_BYTES).max(1);
-    let blocks = groups.div_ceil(REDUCE_BLOCK_THREADS as usize).clamp(1, EXCHANGE_MAX_BLOCKS);
-    LaunchConfig { grid: blocks as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
+    let block = if groups > REDUCE_BLOCK_THREADS as usize { EXCHANGE_WIDE_THREADS } else { REDUCE_BLOCK_THREADS };
+    let blocks = groups.div_ceil(block as usize).clamp(1, EXCHANGE_MAX_BLOCKS);
+    LaunchConfig { grid: blocks as u32, block, shared_bytes: 0 }
 }
 
 #[cfg(test)]
@@ -375,9 +386,11 @@ mod tests {
 
     #[test]
     fn exchange_shape_is_one_block_whatever_the_size() {
-        for len in [1, 1024, 16 << 10, 1 << 24] {
+        for (len, threads) in [(1, 256), (1024, 256), (1025, 512), (16 << 10, 512), (1 << 24, 512)] {
             let shape = exchange_launch_config(len, DType::F32);
-            assert_eq!((shape.grid, shape.block), (1, REDUCE_BLOCK_THREADS), "{len} elements");
+            assert_eq!((shape.grid, shape.block), (1, threads), "{len} elements");
         }
+        assert_eq!(exchange_launch_config(4096, DType::U8).block, 256, "4 KiB: a thread per group");
+        assert_eq!(exchange_launch_config(4097, DType::U8).block, EXCHANGE_WIDE_THREADS);
     }
 }
