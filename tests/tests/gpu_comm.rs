@@ -411,10 +411,10 @@ fn one_gpu_two_processes_share_it_on_both_paths() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn two_processes_take_the_line_kernel_up_to_64_kib_when_told() {
-    // CommOptions::lines_max_bytes at its bound: the line kernel in its one block over many
-    // 16-byte groups per thread, every op and dtype (4099 elements: 4099-32792 bytes, two to
-    // nine groups a thread), and f32 up to the last element that fits (16 groups a thread:
-    // four batches). Both ranks on the first GPU, which every machine has.
+    // CommOptions::lines_max_bytes at its bound: the line kernel in its one block (512 threads
+    // past 4 KiB) over one or more 16-byte groups per thread, every op and dtype (4099
+    // elements: 4099-32792 bytes, one to five groups a thread), and f32 up to the last element
+    // that fits (eight groups a thread: two batches). Both ranks on the first GPU.
     let test = "two_processes_take_the_line_kernel_up_to_64_kib_when_told";
     if !is_child() {
         needs!(gpus: 1, compute_80);

@@ -331,15 +331,15 @@ const EXCHANGE_MAX_BLOCKS: usize = 1;
 /// Threads of an exchange's block past 4 KiB (256 16-byte groups): its threads each keep a
 /// batch of loads in flight, so more threads read more at once. Both ranks on one H200, the
 /// probe's copy of the kernel with planar lines in one block (benches/probes/small_exchange.py,
-/// benches/results/small-exchange-llp-h200.txt): 8 KiB 8.55 us with 256 threads, 7.69 with
-/// 512; 16 KiB 12.73 and 9.84; 32 KiB 17.56 and 15.35. (The kernels' launch bounds allow 512
+/// benches/results/small-exchange-llp-h200.txt, batches of 4 as the kernel's): 8 KiB 8.70 us
+/// with 256 threads, 7.69 with 512; 16 KiB 12.73 and 9.84; 32 KiB 19.97 and 15.35. (The kernels' launch bounds allow 512
 /// at one block per multiprocessor, which left their registers at 72-80 and spilled nothing:
 /// benches/results/exchange-registers-h200.txt.)
 const EXCHANGE_WIDE_THREADS: u32 = 512;
 
 /// The launch shape of an exchange of `len` elements of `dtype`: a thread per 16-byte group,
-/// up to one block of 256 threads, or of [`EXCHANGE_WIDE_THREADS`] past that (each then takes
-/// several groups).
+/// up to one block of 256 threads, or of [`EXCHANGE_WIDE_THREADS`] past that (each thread
+/// takes one group or more).
 pub fn exchange_launch_config(len: usize, dtype: DType) -> LaunchConfig {
     let groups = (len * dtype.size_bytes()).div_ceil(EXCHANGE_GROUP_BYTES).max(1);
     let block = if groups > REDUCE_BLOCK_THREADS as usize { EXCHANGE_WIDE_THREADS } else { REDUCE_BLOCK_THREADS };
