@@ -338,8 +338,7 @@ const EXCHANGE_MAX_BLOCKS: usize = 1;
 const EXCHANGE_WIDE_THREADS: u32 = 512;
 
 /// The launch shape of an exchange of `len` elements of `dtype`: a thread per 16-byte group,
-/// up to one block of 256 threads, or of [`EXCHANGE_WIDE_THREADS`] past that (each thread
-/// takes one group or more).
+/// up to one block of 256 threads, or of 512 past that (each thread takes one group or more).
 pub fn exchange_launch_config(len: usize, dtype: DType) -> LaunchConfig {
     let groups = (len * dtype.size_bytes()).div_ceil(EXCHANGE_GROUP_BYTES).max(1);
     let block = if groups > REDUCE_BLOCK_THREADS as usize { EXCHANGE_WIDE_THREADS } else { REDUCE_BLOCK_THREADS };
