@@ -141,6 +141,22 @@ def all_reduce_rows(args):
     return rows
 
 
+def bind_to_gpu_cpus(local):
+    """Pin this process to the CPUs the kernel lists as local to GPU `local`'s PCI device (for
+    the host-time benches: a process the scheduler moves between sockets times slower and more
+    unevenly)."""
+    props = torch.cuda.get_device_properties(local)
+    bus = "%04x:%02x:%02x.0" % (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+    with open("/sys/bus/pci/devices/%s/local_cpulist" % bus) as f:
+        spans = f.read().strip()
+    cpus = set()
+    for span in spans.split(","):
+        first, _, last = span.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    os.sched_setaffinity(0, cpus)
+    print("process on GPU %d (%s): CPUs %s" % (local, bus, spans), flush=True)
+
+
 def spin(device, ms):
     with torch.cuda.device(device):
         torch.cuda._sleep(int(ms * 1e6))

@@ -41,6 +41,8 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from compare_torch import bind_to_gpu_cpus  # noqa: E402  (beside this script)
+
 import geforce_p2p.distributed as gpd  # noqa: E402
 
 SMALL = [8, 32, 128, 512, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10]
@@ -184,20 +186,6 @@ def list_contexts(rank):
                              capture_output=True, text=True)
         print("compute processes (pid %d and its peer):\n%s" % (os.getpid(), out.stdout or out.stderr), flush=True)
     dist.barrier()
-
-
-def bind_to_gpu_cpus(local):
-    """Pin this process to the CPUs the kernel lists as local to GPU `local`'s PCI device."""
-    props = torch.cuda.get_device_properties(local)
-    bus = "%04x:%02x:%02x.0" % (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
-    with open("/sys/bus/pci/devices/%s/local_cpulist" % bus) as f:
-        spans = f.read().strip()
-    cpus = set()
-    for span in spans.split(","):
-        first, _, last = span.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    os.sched_setaffinity(0, cpus)
-    print("rank on GPU %d (%s): CPUs %s" % (local, bus, spans), flush=True)
 
 
 def main():

@@ -17,7 +17,7 @@ With ``--streams side`` each device's current torch stream is a side stream from
 (non-blocking) rather than the legacy default stream torch starts with; the Rust calls and the
 bench run on streams of the same kind (the legacy default stream, or non-blocking ones).
 
-    python3 benches/python/overhead_parts.py [--streams legacy|side] [--rounds N] [--json parts.json]"""
+    python3 benches/python/overhead_parts.py [--streams legacy|side] [--rounds N] [--bind-cpus] [--json parts.json]"""
 
 import argparse
 import json
@@ -31,7 +31,7 @@ import geforce_p2p as gp
 from geforce_p2p import _native
 from geforce_p2p._tensors import describe
 
-from compare_torch import rust_enqueue_us, spin  # beside this script: the Rust bench in-process, a busy kernel
+from compare_torch import bind_to_gpu_cpus, rust_enqueue_us, spin  # beside this script
 
 
 def per_call_us(parts, devices, calls, from_idle, expired=None):
@@ -76,8 +76,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="from-idle and Rust bench measurements, in turns")
     parser.add_argument("--streams", choices=("legacy", "side"), default="legacy")
     parser.add_argument("--json")
+    parser.add_argument("--bind-cpus", action="store_true",
+                        help="run on the CPUs local to the first GPU (the PCI device's local_cpulist): "
+                             "fewer moves between sockets, steadier host times")
     args = parser.parse_args()
     n = torch.cuda.device_count()
+    if args.bind_cpus:
+        bind_to_gpu_cpus(0)
     src, dst = 0, min(1, n - 1)
     devices = sorted({src, dst})
     # The Rust calls on streams of the same kind: the legacy default stream, or new
