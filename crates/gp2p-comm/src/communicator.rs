@@ -3,8 +3,8 @@
 //! [`CommOptions::lines_max_bytes`] (2 KiB by default) it writes its buffer into its lines of
 //! the segment, each 8-byte line carrying 4 bytes of data and the call's sequence number
 //! (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and flags each with the
-//! number (see `gp2p_kernels::chunks_kernel_name`). It folds the peer's data in as it arrives. Every other call goes through the staged pipeline
-//! of [`crate::pipeline`].
+//! number (see `gp2p_kernels::chunks_kernel_name`). It folds the peer's data in as it arrives.
+//! Every other call goes through the staged pipeline of [`crate::pipeline`].
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
@@ -272,10 +272,9 @@ impl Layout {
 ///
 /// Two paths: an all-reduce of at most [`CommOptions::small_max_bytes`] is one kernel per
 /// rank that hands its buffer over in mapped host memory (8-byte lines of data and number up
-/// to [`CommOptions::lines_max_bytes`], flagged 4 KiB chunks above), numbered in device memory; everything else goes
-/// through a
-/// pipeline of DMA copies via slots of the segment, flagged chunk by chunk (see the
-/// `pipeline` module). Two ranks; more are not built yet.
+/// to [`CommOptions::lines_max_bytes`], flagged 4 KiB chunks above), numbered in device
+/// memory; everything else goes through a pipeline of DMA copies via slots of the segment,
+/// flagged chunk by chunk (see the `pipeline` module). Two ranks; more are not built yet.
 ///
 /// Every rank must make the same calls (same collective, op, dtype and lengths, and root)
 /// in the same order: the calls are matched by sequence numbers each rank counts.
@@ -456,8 +455,8 @@ impl Communicator {
             // SAFETY: `buf` is `len` elements on this device (checked above); both ranks'
             // areas (two halves each) lie in the registered staging area, 256-aligned, laid
             // out by Layout::new for `small_max_bytes`, which `len` does not exceed (checked
-            // above): the lines for up to the layout's lines_max, then the chunks. Only this rank's
-            // kernels write its own area (the peer writes its own); `failed` is this rank's
+            // above): the lines for up to the layout's lines_max, then the chunks. Only this
+            // rank's kernels write its own area (the peer writes its own); `failed` is this rank's
             // aligned u32 of it, `broken` the communicator's; the counter is this
             // communicator's own two device words, touched only by its small-path kernels,
             // which run in order (each call waits for the last, or a captured graph's

@@ -273,7 +273,8 @@ pub struct ChunkWaits {
 /// flag each with the call's number (the next after the count at `areas.counter`), wait (as
 /// `waits` bounds it) for the peer's flags and fold `buf = op(own, peer)`. Refuses
 /// `divide_by` = 0 and misaligned addresses before launching. At most `max_blocks` blocks
-/// run, and no more than one per 4 KiB chunk or two per multiprocessor; each rank may pick its own.
+/// run, and no more than one per 4 KiB chunk or two per multiprocessor; each rank may pick
+/// its own.
 ///
 /// Also refuses a `flags_offset` that the data would overrun, and a `half_stride` that would
 /// make the two halves overlap.

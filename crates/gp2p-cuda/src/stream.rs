@@ -179,9 +179,10 @@ impl Stream {
     /// the returned value's life: [`Stream::is_capturing`] and the refusals before anything
     /// is enqueued read it instead of asking again (a staged copy asked twice per stream
     /// before its work, the communicator twice per call). The refusal where an operation
-    /// records its use, after its work, still asks the driver. Fails only where the driver refuses the question (the legacy
-    /// default stream while a blocking stream of the context captures); the caller refuses
-    /// a capturing stream with [`Stream::refuse_capture`], or lets the call be captured.
+    /// records its use, after its work, still asks the driver. Fails only where the driver
+    /// refuses the question (the legacy default stream while a blocking stream of the context
+    /// captures); the caller refuses a capturing stream with [`Stream::refuse_capture`], or
+    /// lets the call be captured.
     ///
     /// # Safety
     /// As [`Stream::borrow_raw`], and no capture begins or ends on `raw` while the returned

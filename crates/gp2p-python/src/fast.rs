@@ -6,9 +6,10 @@
 //!
 //! They take only the usual case: contiguous CUDA torch tensors of one dtype the kernels
 //! take and one shape, each on another device (a list or tuple of at least two for
-//! all_reduce; for copy_, the default chunking; for the communicator, one on its device). Anything else, and any error while reading,
-//! gives `False` and the Python layer reads the tensors again and names what is wrong, so
-//! the refusals and their messages stay in one place. What is read here is what
+//! all_reduce; for copy_, the default chunking; for the communicator, one on its device).
+//! Anything else, and any error while reading, gives `False` and the Python layer reads the
+//! tensors again and names what is wrong, so the refusals and their messages stay in one
+//! place. What is read here is what
 //! `_tensors.describe` reads for a torch tensor, and it goes on to the same native call, so
 //! the module contract of [`crate::ffi`] holds as it does for the Python layer's calls.
 
@@ -50,7 +51,7 @@ impl<'py> TorchParts<'py> {
 /// What reading a tensor gives: `Ok(None)` where the Python layer must read it (an ordinary
 /// exception included: it reads again and says what is wrong), `Err` for an exception that
 /// is not an `Exception` (KeyboardInterrupt, SystemExit), raised as it came.
-pub(crate) type Read<T> = PyResult<Option<T>>;
+type Read<T> = PyResult<Option<T>>;
 
 /// `r` as a [`Read`]: a value, `None` for an ordinary exception, or the exception to raise.
 fn soft<T>(py: Python<'_>, r: PyResult<T>) -> Read<T> {

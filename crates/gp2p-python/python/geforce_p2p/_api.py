@@ -39,12 +39,19 @@ ROUTES = ("auto", "peer", "staged")
 TRANSPORTS = ("auto", "scratch", "zero-copy")
 
 
-def _positive(name: str, value: Any) -> Optional[int]:
+def _at_least(name: str, value: Any, least: int) -> Optional[int]:
+    """``value``: None, or an integer (not a bool) of at least ``least``; else ValueError
+    naming ``name``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError("%s: %r is not a positive integer" % (name, value))
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        what = "a positive integer" if least == 1 else "an integer >= %d" % least
+        raise ValueError("%s: %r is not %s" % (name, value, what))
     return value
+
+
+def _positive(name: str, value: Any) -> Optional[int]:
+    return _at_least(name, value, 1)
 
 
 def _target_device(device: Any) -> Optional[int]:

@@ -14,9 +14,8 @@ broadcast, send and recv, called on a :class:`Communicator` or through torch.dis
 backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (4 MiB by
 default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
 data and sequence number up to ``lines_max_bytes``, 2 KiB by default; flagged 4 KiB chunks
-above); everything else goes
-through a pipeline of DMA copies via slots of the segment, handed over chunk by chunk by
-flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 6.7-13.2
+above); everything else goes through a pipeline of DMA copies via slots of the segment,
+handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 6.7-13.2
 us a call up to 64 KiB, 16 at 128 KiB, 48-49 at 1 MiB and 148 at 4 MiB, 0.31-0.87 of the
 time NCCL's shared-memory path took in the same runs; replayed from a CUDA graph, 4.8-5.7 us
 up to 2 KiB; from 64 MiB the pipeline moves 0.84-0.91 of what the two links carry both ways
@@ -53,7 +52,7 @@ import operator
 from typing import Any, Optional
 
 from . import _native
-from ._api import REDUCE_OPS, _device_index, _positive
+from ._api import REDUCE_OPS, _at_least, _device_index, _positive
 from ._tensors import check_choice, describe, on_device, same_dtype, same_stream, torch_fast_args, writable
 
 __all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend"]
@@ -99,15 +98,16 @@ class Communicator:
     ``unique_id``: the text :func:`unique_id` gave on one rank; ``rank`` in
     ``0..world_size``; ``device``: this rank's GPU (ordinal, ``"cuda:N"`` or a
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
-    ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB); ``slot_bytes`` and ``slots``
-    (every rank must give the same): the staged pipeline's slot size (a multiple of 4096 in
-    64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default 3), for tuning;
-    ``chunk_blocks``: the most blocks the one-kernel path's kernel runs (1..256, default 128);
-    ``lines_max_bytes`` (every rank the same): the largest all-reduce whose one kernel hands
-    data over in 8-byte lines of data and sequence number rather than in flagged 4 KiB chunks
-    (0 to 65536, default 2048), for tuning. With the defaults the shared segment takes about 65 MiB of /dev/shm: under Docker's
-    default 64 MiB give the container ``--shm-size``, or pass ``max_bytes=1 << 20`` (about
-    53 MiB) or ``slots=2``; too little room is an error at creation that names /dev/shm.
+    ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB); ``slot_bytes``
+    and ``slots`` (every rank must give the same): the staged pipeline's slot size (a
+    multiple of 4096 in 64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default
+    3), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
+    (1..256, default 128); ``lines_max_bytes`` (every rank the same): the largest all-reduce
+    whose one kernel hands data over in 8-byte lines of data and sequence number rather than
+    in flagged 4 KiB chunks (0 to 65536, default 2048), for tuning. With the defaults the
+    shared segment takes about 65 MiB of /dev/shm: under Docker's default 64 MiB give the
+    container ``--shm-size``, or pass ``max_bytes=1 << 20`` (about 53 MiB) or ``slots=2``;
+    too little room is an error at creation that names /dev/shm.
     """
 
     def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: Optional[int] = None,
@@ -119,9 +119,7 @@ class Communicator:
         max_bytes, slot_bytes, slots, chunk_blocks = (
             _positive(name, value) for name, value in
             (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots), ("chunk_blocks", chunk_blocks)))
-        if lines_max_bytes is not None and (isinstance(lines_max_bytes, bool) or not isinstance(lines_max_bytes, int)
-                                            or lines_max_bytes < 0):
-            raise ValueError("lines_max_bytes: %r is not an integer >= 0" % (lines_max_bytes,))
+        lines_max_bytes = _at_least("lines_max_bytes", lines_max_bytes, 0)
         self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
         self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, max_bytes,
                                             float(peer_timeout), float(join_timeout), slot_bytes, slots,
