@@ -105,12 +105,8 @@ impl PyCommunicator {
             return Ok(false);
         }
         let (dtype, len, buf) = (t.dtype, t.len, t.memory);
-        let run = || -> Result<(), Raised> {
-            let what = Single::AllReduce(args::op(op)?);
-            args::check_range("tensor", buf.ptr, len, dtype)?;
-            self.with(|comm| by_dtype!(dtype, single_t(comm, &buf, len, what)))
-        };
         // `tensor` is held by the caller's frame for the whole call (contract 1).
+        let run = || self.run_single(dtype, len, &buf, Single::AllReduce(args::op(op)?));
         Raised::detached(py, run).map(|()| true)
     }
 
@@ -188,12 +184,14 @@ impl PyCommunicator {
         what: impl FnOnce() -> Result<Single, Raised> + Send,
     ) -> PyResult<()> {
         let buf = Memory::from(buf);
-        let run = || -> Result<(), Raised> {
-            let (dtype, what) = (args::dtype(dtype)?, what()?);
-            args::check_range("tensor", buf.ptr, len, dtype)?;
-            self.with(|comm| by_dtype!(dtype, single_t(comm, &buf, len, what)))
-        };
+        let run = || self.run_single(args::dtype(dtype)?, len, &buf, what()?);
         Raised::detached(py, run)
+    }
+
+    /// `what` on the `len` elements of `dtype` at `buf`, once their range is checked.
+    fn run_single(&self, dtype: DType, len: usize, buf: &Memory, what: Single) -> Result<(), Raised> {
+        args::check_range("tensor", buf.ptr, len, dtype)?;
+        self.with(|comm| by_dtype!(dtype, single_t(comm, buf, len, what)))
     }
 
     /// An all-gather or reduce-scatter of parts of `len` elements between `input` (an
