@@ -243,12 +243,17 @@ def torch(monkeypatch):
 
 
 class Recorder:
-    """Stands in for the native module: records each call instead of running it."""
+    """Stands in for the native module: records each call instead of running it, except the
+    torch fast paths, which are the real ones (they decline every stand-in, so the calls
+    the Python layer makes next are the ones recorded)."""
 
     def __init__(self):
         self.calls = []
 
     def __getattr__(self, name):
+        if name.endswith("_torch"):
+            return getattr(_native, name)
+
         def record(*args):
             self.calls.append((name, args))
 
@@ -601,6 +606,10 @@ class _Native:
     def __getattr__(self, name):
         return lambda *args: self.calls.append((name,) + args)
 
+    def all_reduce_torch(self, tensor, op):
+        """The native fast path declines what is not a torch tensor (none is, here)."""
+        return False
+
 
 def _communicator_without_a_gpu():
     from geforce_p2p import distributed as gpd
@@ -770,7 +779,7 @@ def test_torch_fast_paths_take_only_plain_cuda_tensors(monkeypatch):
             return self._dev
 
         def data_ptr(self):
-            return 0x10000 * (self._dev + 1)
+            return getattr(self, "_dev_ptr", 0x10000 * (self._dev + 1))
 
     class Interrupted(Pretend):
         def get_device(self):
@@ -787,7 +796,7 @@ def test_torch_fast_paths_take_only_plain_cuda_tensors(monkeypatch):
 
     monkeypatch.setitem(_tensors._TORCH_DTYPE_NAMES, torch.float32, "f32")
     monkeypatch.setitem(_tensors._TORCH_DTYPE_NAMES, torch.bool, None)
-    args = list(_tensors.torch_fast_args([torch.zeros(1)]))
+    args = list(_tensors.torch_fast_parts(torch))
     args[2] = lambda device: 0  # every device's current stream: the legacy default one
     args = tuple(args)
     fast = lambda xs: _native.all_reduce_torch(xs, "sum", "auto", args)  # noqa: E731
@@ -812,6 +821,26 @@ def test_torch_fast_paths_take_only_plain_cuda_tensors(monkeypatch):
     }
     for name, xs in fall_back.items():
         assert fast(xs) is False, name
-    assert _native.copy_torch(on(0), on(0), "auto", args) is False, "one device: the Python layer checks overlap"
+    assert _native.copy_torch(on(0), on(0), "auto", args) is False, "overlapping on one device: the Python layer refuses"
+    apart = on(0)
+    apart._dev_ptr = 0x80000
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+        _native.copy_torch(apart, on(0), "auto", args)  # one device, apart: the library's
+    for route in ("sideways", 3, None):
+        assert _native.copy_torch(on(1), on(0), route, args) is False, route
+    for op, transport in (("mean", "auto"), ("sum", "zero_copy"), (None, "auto")):
+        assert _native.all_reduce_torch([on(0), on(1)], op, transport, args) is False, (op, transport)
     with pytest.raises(KeyboardInterrupt):
         fast([on(0, kind=Interrupted), on(1)])
+
+
+def test_torch_fast_paths_find_torch_themselves(monkeypatch, torch):
+    """Without parts given, the fast paths find torch in sys.modules: none there, or a torch
+    without a raw-stream getter (the fake one), and they decline, for the Python layer."""
+    monkeypatch.delitem(sys.modules, "torch")
+    assert _native.copy_torch(object(), object(), "auto") is False
+    assert _native.all_reduce_torch([object(), object()], "sum", "auto") is False
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    assert _tensors.torch_fast_parts(torch) is None
+    assert _native.copy_torch(object(), object(), "auto") is False
+    assert _native.all_reduce_torch([object(), object()], "sum", "auto") is False

@@ -372,6 +372,34 @@ def test_copy_of_torch_tensors_takes_the_native_fast_path(monkeypatch):
     no_cuda_error()
 
 
+def test_copy_on_one_device_takes_the_native_fast_path_and_overlap_is_refused(monkeypatch):
+    """copy_ between two plain torch tensors of one device is read by the native call too,
+    in stream order; overlapping ones fall back and are refused by name, nothing written."""
+    from geforce_p2p import _api
+
+    reached = []
+    general = _api._native.copy
+    monkeypatch.setattr(_api._native, "copy", lambda *a: reached.append(a) or general(*a))
+    for n in (1, (1 << 20) + 3):
+        for route in ("auto", "staged"):
+            src = random(n, "int32", cuda(0))
+            want = values(src) * 2 + 1
+            dst = empty(n, "int32", cuda(0))
+            spin(0, 20)
+            src.mul_(2)  # queued on the current stream before the copy
+            assert gp.copy_(dst, src, route=route) is dst
+            dst.add_(1)  # and after it
+            assert np.array_equal(values(dst), want), (n, route)
+    assert reached == [], "the general path was taken for plain torch tensors"
+    whole = torch.arange(16, dtype=torch.float32, device="cuda:0")
+    for dst, src in ((whole[4:12], whole[0:8]), (whole[0:8], whole[0:8]), (whole[0:8], whole[7:15])):
+        with pytest.raises(ValueError, match="dst: overlaps src in memory"):
+            gp.copy_(dst, src)
+    assert torch.equal(whole.cpu(), torch.arange(16, dtype=torch.float32)), "nothing written"
+    assert reached == [], "refused before the native call"
+    no_cuda_error()
+
+
 def test_two_tensors_on_one_device_are_refused():
     a, b = torch.ones(8, device="cuda:0"), torch.ones(8, device="cuda:0")
     with pytest.raises(ValueError, match=r"tensors\[1\]: on cuda:0 like tensors\[0\]"):
@@ -622,11 +650,11 @@ def _distributed_rank(uid, rank, device):
             assert "not another rank" in str(e), str(e)
         else:
             raise AssertionError("send to %r: not refused" % bad)
-    # A usual CUDA tensor is read natively (the fast path all_reduce tries first) and enqueued.
-    from geforce_p2p._tensors import torch_fast_args
-
+    # A usual CUDA tensor is read natively (the fast path all_reduce tries first, with the
+    # torch parts the native side keeps) and enqueued; an op it does not know is declined.
     t = torch.full((33,), float(rank + 1), device="cuda:%d" % device)
-    assert comm._native.all_reduce_torch(t, "sum", torch_fast_args((t,))) is True
+    assert comm._native.all_reduce_torch(t, "mean") is False
+    assert comm._native.all_reduce_torch(t, "sum") is True
     results.append((t, torch.full((33,), 3.0, dtype=torch.float64)))
     # What the native read of a torch tensor declines, the Python layer reads and refuses by
     # name, before anything is enqueued (both ranks refuse alike, so they stay paired).

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use crate::args::{self, Memory, MemoryArg};
 use crate::error::Raised;
-use crate::fast::{TorchParts, cuda_tensor};
+use crate::fast::{Torch, TorchParts, choice, cuda_tensor};
 use crate::ffi::{Caller, by_dtype, check_disjoint};
 
 /// A new unique id for a communicator, as text to hand to every rank.
@@ -85,20 +85,27 @@ impl PyCommunicator {
         self.single(py, dtype, len, buf, move || Ok(Single::AllReduce(op?)))
     }
 
-    /// `all_reduce` of a torch tensor read here (see [`crate::fast`]): `False` where the
-    /// Python layer must read it (not a contiguous CUDA tensor of a kernel dtype on this
-    /// rank's device; nothing was enqueued then), `True` once the all-reduce is enqueued on
-    /// the device's current torch stream. With the one capture query per borrow, it took
-    /// a small all-reduce's host time from 9.9 to 8.1 us a call on one H200
-    /// (benches/results/ab-6376a46-h200).
-    fn all_reduce_torch(
+    /// `all_reduce` of a torch tensor read here (see [`crate::fast`]; `parts` as for
+    /// `copy_torch`): `False` where the Python layer must read it or `op` (not a contiguous
+    /// CUDA tensor of a kernel dtype on this rank's device; nothing was enqueued then), `True`
+    /// once the all-reduce is enqueued on the device's current torch stream. With the one
+    /// capture query per borrow, it took a small all-reduce's host time from 9.9 to 8.1 us a
+    /// call on one H200 (benches/results/ab-6376a46-h200).
+    #[pyo3(signature = (tensor, op, parts=None))]
+    fn all_reduce_torch<'py>(
         &self,
-        py: Python<'_>,
-        tensor: &Bound<'_, PyAny>,
-        op: &str,
-        parts: TorchParts<'_>,
+        py: Python<'py>,
+        tensor: &Bound<'py, PyAny>,
+        op: &Bound<'py, PyAny>,
+        parts: Option<TorchParts<'py>>,
     ) -> PyResult<bool> {
-        let Some(t) = cuda_tensor(tensor, &parts)? else {
+        let Some(op) = choice(op, args::op) else {
+            return Ok(false);
+        };
+        let Some(torch) = Torch::find(py, parts)? else {
+            return Ok(false);
+        };
+        let Some(t) = cuda_tensor(tensor, &torch)? else {
             return Ok(false);
         };
         if t.memory.device != self.device {
@@ -106,7 +113,7 @@ impl PyCommunicator {
         }
         let (dtype, len, buf) = (t.dtype, t.len, t.memory);
         // `tensor` is held by the caller's frame for the whole call (contract 1).
-        let run = || self.run_single(dtype, len, &buf, Single::AllReduce(args::op(op)?));
+        let run = || self.run_single(dtype, len, &buf, Single::AllReduce(op));
         Raised::detached(py, run).map(|()| true)
     }
 

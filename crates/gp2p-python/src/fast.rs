@@ -2,51 +2,33 @@
 //! `all_reduce` (in [`crate::comm`]), over torch tensors: the tensors are read here, not by
 //! the Python layer, because reading them there (a dozen attribute lookups per tensor, a
 //! tuple per tensor, the checks between them) took about 10 us of host time per all_reduce
-//! on the device machine; here it takes 2-3.
+//! on the device machine; here it takes 2-3. The Python layer calls them first, with the
+//! arguments as the user gave them: what they read torch tensors with is found here once
+//! per torch module ([`Torch`]), and the op and route names are parsed here.
 //!
 //! They take only the usual case: contiguous CUDA torch tensors of one dtype the kernels
-//! take and one shape, each on another device (a list or tuple of at least two for
-//! all_reduce; for copy_, the default chunking; for the communicator, one on its device).
-//! Anything else, and any error while reading, gives `False` and the Python layer reads the
-//! tensors again and names what is wrong, so the refusals and their messages stay in one
-//! place. What is read here is what
-//! `_tensors.describe` reads for a torch tensor, and it goes on to the same native call, so
-//! the module contract of [`crate::ffi`] holds as it does for the Python layer's calls.
+//! take and one shape (a list or tuple of at least two on as many devices for all_reduce;
+//! for copy_, two that do not overlap, with the default chunking; for the communicator, one
+//! on its device), and op, route and transport names the library knows. Anything else, and
+//! any error while reading, gives `False` and the Python layer reads the arguments again and
+//! names what is wrong, so the refusals and their messages stay in one place. What is read
+//! here is what `_tensors.describe` reads for a torch tensor, and it goes on to the same
+//! native call, so the module contract of [`crate::ffi`] holds as it does for the Python
+//! layer's calls.
 
 use std::str::FromStr;
+use std::sync::Mutex;
 
 use geforce_p2p::{CopyOptions, DType};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{intern, types::PyAnyMethods};
 
 use crate::args::{self, Memory};
 use crate::error::Raised;
 use crate::ffi::{all_reduce_checked, copy_checked};
-
-/// What the Python layer hands over for reading torch tensors (`_tensors.torch_fast_args`,
-/// found once per torch module), as one tuple: `torch.Tensor`; `torch.strided`, the one
-/// layout taken; `torch._C._cuda_getCurrentRawStream`, a device's current stream as an
-/// integer; and torch dtype → kernel dtype name (None where the kernels do not take it), as
-/// the Python layer has learnt them.
-#[derive(FromPyObject)]
-pub(crate) struct TorchParts<'py>(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyDict>);
-
-impl<'py> TorchParts<'py> {
-    fn tensor_type(&self) -> &Bound<'py, PyAny> {
-        &self.0
-    }
-    fn strided(&self) -> &Bound<'py, PyAny> {
-        &self.1
-    }
-    fn current_stream(&self) -> &Bound<'py, PyAny> {
-        &self.2
-    }
-    fn dtype_names(&self) -> &Bound<'py, PyDict> {
-        &self.3
-    }
-}
 
 /// What reading a tensor gives: `Ok(None)` where the Python layer must read it (an ordinary
 /// exception included: it reads again and says what is wrong), `Err` for an exception that
@@ -72,6 +54,124 @@ macro_rules! read {
     };
 }
 
+/// What the fast paths read torch tensors with, as one tuple (`_tensors.torch_fast_parts`):
+/// `torch.Tensor`; `torch.strided`, the one layout taken; `torch._C._cuda_getCurrentRawStream`,
+/// a device's current stream as an integer; and torch dtype → kernel dtype name (None where the
+/// kernels do not take it), as the Python layer has learnt them. Found here once per torch
+/// module ([`torch_parts`]); tests pass their own.
+#[derive(FromPyObject, Clone)]
+pub(crate) struct TorchParts<'py>(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyDict>);
+
+impl<'py> TorchParts<'py> {
+    fn tensor_type(&self) -> &Bound<'py, PyAny> {
+        &self.0
+    }
+    fn strided(&self) -> &Bound<'py, PyAny> {
+        &self.1
+    }
+    fn current_stream(&self) -> &Bound<'py, PyAny> {
+        &self.2
+    }
+    fn dtype_names(&self) -> &Bound<'py, PyDict> {
+        &self.3
+    }
+}
+
+/// The parts of the torch module that `sys.modules` last named, kept across calls: finding
+/// them in Python took about 1 us of host time a call (more after the device was idle).
+struct TorchCache {
+    module: Py<PyAny>,
+    /// None where that torch has no raw-stream getter: its tensors are read in Python.
+    parts: Option<KeptParts>,
+    /// Torch dtypes seen so far and their kernel dtypes (None: not taken), by identity
+    /// (torch's dtypes are singletons; holding them keeps each identity unique).
+    dtypes: Vec<(Py<PyAny>, Option<DType>)>,
+}
+
+/// [`TorchParts`] kept across calls.
+struct KeptParts(Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyDict>);
+
+impl KeptParts {
+    fn keep(p: &TorchParts<'_>) -> KeptParts {
+        KeptParts(p.0.clone().unbind(), p.1.clone().unbind(), p.2.clone().unbind(), p.3.clone().unbind())
+    }
+
+    fn bind<'py>(&self, py: Python<'py>) -> TorchParts<'py> {
+        TorchParts(self.0.bind(py).clone(), self.1.bind(py).clone(), self.2.bind(py).clone(), self.3.bind(py).clone())
+    }
+}
+
+/// Read and written only while attached to the interpreter, in short sections that run no
+/// Python code, so it is never contended.
+static TORCH: Mutex<Option<TorchCache>> = Mutex::new(None);
+
+/// Where the parts came from: the caller, or the cache (whose learnt dtypes then apply).
+#[derive(Clone)]
+pub(crate) struct Torch<'py> {
+    parts: TorchParts<'py>,
+    cached: bool,
+}
+
+impl<'py> Torch<'py> {
+    /// The parts `given` by the caller, else those of the torch module `sys.modules` holds
+    /// now, found once per module (see [`Read`]; `None` where torch is not imported or has no
+    /// raw-stream getter).
+    pub(crate) fn find(py: Python<'py>, given: Option<TorchParts<'py>>) -> Read<Torch<'py>> {
+        if let Some(parts) = given {
+            return Ok(Some(Torch { parts, cached: false }));
+        }
+        static MODULES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+        let modules = read!(py, MODULES.import(py, "sys", "modules"));
+        let Some(module) = read!(py, modules.get_item(intern!(py, "torch"))) else {
+            return Ok(None);
+        };
+        let cached = {
+            let cache = lock(&TORCH);
+            cache.as_ref().filter(|c| c.module.is(&module)).map(|c| c.parts.as_ref().map(|p| p.bind(py)))
+        };
+        if let Some(parts) = cached {
+            return Ok(parts.map(|parts| Torch { parts, cached: true }));
+        }
+        // A module not seen before: the Python layer says what its parts are.
+        let tensors = read!(py, py.import(intern!(py, "geforce_p2p._tensors")));
+        let found = read!(py, tensors.call_method1(intern!(py, "torch_fast_parts"), (&module,)));
+        let parts: Option<TorchParts<'py>> = read!(py, found.extract());
+        let kept = parts.as_ref().map(KeptParts::keep);
+        let replaced = lock(&TORCH).replace(TorchCache { module: module.unbind(), parts: kept, dtypes: Vec::new() });
+        drop(replaced); // outside the lock: letting go of the old module's parts may run Python code
+        Ok(parts.map(|parts| Torch { parts, cached: true }))
+    }
+
+    /// The kernel dtype of the torch dtype `dtype` (see [`Read`]; `None` where the kernels do
+    /// not take it or the Python layer has not learnt it yet).
+    fn kernel_dtype(&self, dtype: &Bound<'py, PyAny>) -> Read<DType> {
+        let py = dtype.py();
+        if self.cached {
+            let cache = lock(&TORCH);
+            let learnt = cache.as_ref().and_then(|c| c.dtypes.iter().find(|(d, _)| d.is(dtype)));
+            if let Some(&(_, kernel)) = learnt {
+                return Ok(kernel);
+            }
+        }
+        let Some(name) = read!(py, self.parts.dtype_names().get_item(dtype)) else {
+            return Ok(None); // not learnt yet: the Python layer learns it
+        };
+        let kernel = if name.is_none() { None } else { DType::from_str(&read!(py, name.extract::<String>())).ok() };
+        if self.cached {
+            if let Some(cache) = lock(&TORCH).as_mut() {
+                cache.dtypes.push((dtype.clone().unbind(), kernel));
+            }
+        }
+        Ok(kernel)
+    }
+}
+
+/// `mutex` locked; a poisoned one (a panic while it was held, which the sections above
+/// cannot raise) is taken as it is.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// One torch tensor as the fast paths take it: a contiguous, strided CUDA tensor of a dtype
 /// the kernels take, with at least one element.
 pub(crate) struct CudaTensor<'py> {
@@ -83,8 +183,9 @@ pub(crate) struct CudaTensor<'py> {
 }
 
 /// `t` read as a [`CudaTensor`] (see [`Read`]).
-pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'py>) -> Read<CudaTensor<'py>> {
+pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, torch: &Torch<'py>) -> Read<CudaTensor<'py>> {
     let py = t.py();
+    let parts = &torch.parts;
     if !read!(py, t.is_instance(parts.tensor_type()))
         || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided())
         || !read!(py, t.getattr(intern!(py, "is_cuda")).and_then(|b| b.is_truthy()))
@@ -93,10 +194,7 @@ pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, parts: &TorchParts<'py>) -
         return Ok(None);
     }
     let dtype_obj = read!(py, t.getattr(intern!(py, "dtype")));
-    let Some(name) = read!(py, parts.dtype_names().get_item(&dtype_obj)) else {
-        return Ok(None); // not learnt yet: the Python layer learns it
-    };
-    let Ok(dtype) = DType::from_str(&read!(py, name.extract::<String>())) else {
+    let Some(dtype) = torch.kernel_dtype(&dtype_obj)? else {
         return Ok(None);
     };
     let len: usize = read!(py, t.call_method0(intern!(py, "numel")).and_then(|n| n.extract()));
@@ -116,13 +214,20 @@ fn alike(t: &CudaTensor<'_>, like: &CudaTensor<'_>) -> Read<bool> {
     Ok(Some(t.dtype_obj.is(&like.dtype_obj) && read!(py, t.shape.eq(&like.shape))))
 }
 
+/// Whether `a` and `b` share bytes (both have `a`'s dtype and length).
+fn overlap(a: &CudaTensor<'_>, b: &CudaTensor<'_>) -> bool {
+    let bytes = (a.len * a.dtype.size_bytes()) as u64;
+    let range = |t: &CudaTensor<'_>| t.memory.ptr..t.memory.ptr + bytes;
+    a.memory.device == b.memory.device && geforce_p2p::cuda::byte_ranges_overlap(&range(a), &range(b))
+}
+
 /// The ranks of an all_reduce read from torch tensors: `(dtype, elements, memories, the
 /// tensors)`, the tensors held so that none is freed while the call runs without the GIL
 /// (another thread may empty the list meanwhile). See [`Read`].
 #[allow(clippy::type_complexity)]
 fn torch_ranks<'py>(
     objs: &Bound<'py, PyAny>,
-    parts: &TorchParts<'py>,
+    torch: &Torch<'py>,
 ) -> Read<(DType, usize, Vec<Memory>, Vec<Bound<'py, PyAny>>)> {
     let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = objs.cast::<PyList>() {
         list.iter().collect()
@@ -134,12 +239,12 @@ fn torch_ranks<'py>(
     if items.len() < 2 {
         return Ok(None);
     }
-    let Some(first) = cuda_tensor(&items[0], parts)? else {
+    let Some(first) = cuda_tensor(&items[0], torch)? else {
         return Ok(None);
     };
     let mut ranks = vec![first.memory];
     for t in &items[1..] {
-        let Some(t) = cuda_tensor(t, parts)? else {
+        let Some(t) = cuda_tensor(t, torch)? else {
             return Ok(None);
         };
         if alike(&t, &first)? != Some(true) || ranks.iter().any(|m| m.device == t.memory.device) {
@@ -150,47 +255,66 @@ fn torch_ranks<'py>(
     Ok(Some((first.dtype, first.len, ranks, items)))
 }
 
-/// `copy_(dst, src)` of two torch tensors on two devices, read here: `False` where the
-/// Python layer must read them (nothing was enqueued then), `True` once the copy is
-/// enqueued on both tensors' current streams. Errors of the library raise as from
-/// `_native.copy`.
+/// A choice argument (a route, an op) as `parse` reads it, or `None` for anything else: the
+/// Python layer then names what is wrong.
+pub(crate) fn choice<T>(value: &Bound<'_, PyAny>, parse: impl FnOnce(&str) -> Result<T, Raised>) -> Option<T> {
+    value.extract::<String>().ok().and_then(|text| parse(&text).ok())
+}
+
+/// `copy_(dst, src)` of two torch tensors on the GPUs, read here with the torch `parts`
+/// found once per module (or given, by tests): `False` where the Python layer must read
+/// them or `route` (nothing was enqueued then), `True` once the copy is enqueued on both
+/// tensors' current streams. Errors of the library raise as from `_native.copy`.
 #[pyfunction]
-pub(crate) fn copy_torch(
-    py: Python<'_>,
-    dst: &Bound<'_, PyAny>,
-    src: &Bound<'_, PyAny>,
-    route: &str,
-    parts: TorchParts<'_>,
+#[pyo3(signature = (dst, src, route, parts=None))]
+pub(crate) fn copy_torch<'py>(
+    py: Python<'py>,
+    dst: &Bound<'py, PyAny>,
+    src: &Bound<'py, PyAny>,
+    route: &Bound<'py, PyAny>,
+    parts: Option<TorchParts<'py>>,
 ) -> PyResult<bool> {
-    let (Some(d), Some(s)) = (cuda_tensor(dst, &parts)?, cuda_tensor(src, &parts)?) else {
+    let Some(route) = choice(route, args::route) else {
         return Ok(false);
     };
-    // One device: the Python layer checks the two do not overlap first. (`dst` and `src`
-    // are held by the caller's frame for the whole call.)
-    if alike(&d, &s)? != Some(true) || d.memory.device == s.memory.device {
+    let Some(torch) = Torch::find(py, parts)? else {
+        return Ok(false);
+    };
+    let (Some(d), Some(s)) = (cuda_tensor(dst, &torch)?, cuda_tensor(src, &torch)?) else {
+        return Ok(false);
+    };
+    // Overlapping tensors on one device are refused by the Python layer, in its words.
+    // (`dst` and `src` are held by the caller's frame for the whole call.)
+    if alike(&d, &s)? != Some(true) || overlap(&d, &s) {
         return Ok(false);
     }
-    let run = || -> Result<(), Raised> {
-        let options = CopyOptions { route: args::route(route)?, chunk_bytes: None, slots: None };
-        copy_checked(s.dtype, s.len, &s.memory, &d.memory, options).map(|_| ())
-    };
+    let options = CopyOptions { route, chunk_bytes: None, slots: None };
+    let run = || copy_checked(s.dtype, s.len, &s.memory, &d.memory, options).map(|_| ());
     Raised::detached(py, run).map(|()| true)
 }
 
-/// `all_reduce` over torch tensors read here: `False` where the Python layer must read them
-/// (nothing was enqueued then); `True` once the all-reduce is enqueued on the tensors' current
-/// streams. Errors of the library raise as from `_native.all_reduce`.
+/// `all_reduce` over torch tensors read here (`parts` as for [`copy_torch`]): `False` where
+/// the Python layer must read them, `op` or `transport` (nothing was enqueued then); `True`
+/// once the all-reduce is enqueued on the tensors' current streams. Errors of the library
+/// raise as from `_native.all_reduce`.
 #[pyfunction]
-pub(crate) fn all_reduce_torch(
-    py: Python<'_>,
-    tensors: &Bound<'_, PyAny>,
-    op: &str,
-    transport: &str,
-    parts: TorchParts<'_>,
+#[pyo3(signature = (tensors, op, transport, parts=None))]
+pub(crate) fn all_reduce_torch<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyAny>,
+    op: &Bound<'py, PyAny>,
+    transport: &Bound<'py, PyAny>,
+    parts: Option<TorchParts<'py>>,
 ) -> PyResult<bool> {
-    let Some((dtype, len, ranks, _held)) = torch_ranks(tensors, &parts)? else {
+    let (Some(op), Some(receive)) = (choice(op, args::op), choice(transport, args::receive)) else {
         return Ok(false);
     };
-    let run = || all_reduce_checked(dtype, len, &ranks, args::op(op)?, args::receive(transport)?);
+    let Some(torch) = Torch::find(py, parts)? else {
+        return Ok(false);
+    };
+    let Some((dtype, len, ranks, _held)) = torch_ranks(tensors, &torch)? else {
+        return Ok(false);
+    };
+    let run = || all_reduce_checked(dtype, len, &ranks, op, receive);
     Raised::detached(py, run).map(|()| true)
 }

@@ -29,7 +29,6 @@ from ._tensors import (
     same_shape,
     tensor_list,
     torch_dtype,
-    torch_fast_args,
     same_stream,
     writable,
 )
@@ -119,12 +118,10 @@ def copy_(dst: Any, src: Any, *, route: str = "auto", chunk_bytes: Optional[int]
           slots: Optional[int] = None) -> Any:
     """Copy ``src`` into ``dst`` (same shape and dtype; any two devices, or a pinned CPU
     tensor on one side) and return ``dst``. Options as for :func:`copy`."""
-    if chunk_bytes is None and slots is None:
-        # Two torch tensors on two devices are read by the native call itself (see
-        # all_reduce); it returns False for anything else, untouched.
-        fast = torch_fast_args((dst, src))
-        if fast is not None and _native.copy_torch(dst, src, check_choice("route", route, ROUTES), fast):
-            return dst
+    # Two torch CUDA tensors are read by the native call itself (see all_reduce); it returns
+    # False for anything else, overlapping tensors and a route it does not know, untouched.
+    if chunk_bytes is None and slots is None and _native.copy_torch(dst, src, route):
+        return dst
     _copy(describe(dst, "dst"), describe(src, "src"), route, chunk_bytes, slots)
     return dst
 
@@ -181,13 +178,13 @@ def all_reduce(tensors: Sequence[Any], op: str = "sum", *, transport: str = "aut
     """In place: every tensor becomes ``op`` (sum, avg, min, max, prod) over all of them.
     ``tensors``: one CUDA tensor per device, same shape and dtype. One tensor is a no-op.
     ``transport`` picks how received chunks are folded in (auto, scratch, zero-copy)."""
+    # Torch tensors in the usual shape are read by the native call itself (about half the
+    # host time of reading them here); it returns False for anything else and for an op or
+    # transport it does not know, untouched, and they are read and checked here.
+    if _native.all_reduce_torch(tensors, op, transport):
+        return
     op = check_choice("op", op, REDUCE_OPS)
     transport = check_choice("transport", transport, TRANSPORTS)
-    # Torch tensors in the usual shape are read by the native call itself (about half the
-    # host time of reading them here); it returns False for anything else, untouched.
-    fast = torch_fast_args(tensors)
-    if fast is not None and _native.all_reduce_torch(tensors, op, transport, fast):
-        return
     ts = _ranks(tensors, "tensors")
     _native.all_reduce(ts[0].dtype, ts[0].numel, [t.memory for t in ts], op, transport)
 

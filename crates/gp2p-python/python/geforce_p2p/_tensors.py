@@ -183,14 +183,11 @@ def _current_raw_stream(torch: Any, device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def torch_fast_args(objs: Any) -> Optional[tuple]:
-    """What the native fast paths take to read torch tensors themselves (``torch.Tensor``,
-    ``torch.strided``, the current-raw-stream getter, the dtype names learnt so far), where
-    ``objs`` is a list or tuple whose first item is a torch tensor; else None, and the
-    tensors are read here."""
-    torch = sys.modules.get("torch")
-    if torch is None or type(objs) not in (list, tuple) or not objs or not isinstance(objs[0], torch.Tensor):
-        return None
+def torch_fast_parts(torch: Any) -> Optional[tuple]:
+    """What the native fast paths read tensors of the module ``torch`` with: ``torch.Tensor``,
+    ``torch.strided``, the current-raw-stream getter and the dtype names learnt so far; None
+    where torch has no raw-stream getter (its tensors are read here). The native side asks
+    once per torch module and keeps the answer."""
     return _torch_parts(torch)[2]
 
 
