@@ -1,9 +1,16 @@
-"""Where the Python layer's time per call goes, for a 4-byte staged copy and a 2-rank
-all_reduce: the whole call, reading the tensors (``describe``), the native call alone with its
-arguments made beforehand, and the Rust call alone (``_native.RustCalls``: the library call
-``gp2p bench`` times, on buffers and streams made in Rust, timed in Rust). Host time per call,
-median of ``--calls``; the parts of one op take turns call by call, so a drift in the
-machine's speed reaches them all alike (it moves separate runs by several microseconds).
+"""Where the Python layer's time per call goes, for a 4-byte staged copy and a 2-rank all_reduce:
+the whole call, reading the tensors (``describe``), the native call alone with its arguments
+made beforehand, and the Rust call alone (``_native.RustCalls``: the library call ``gp2p
+bench`` times, on buffers and streams made in Rust, timed in Rust). The copy has more parts,
+which split the whole call's difference from the Rust call: the native fast path's
+reading of the two tensors alone (``fast read x2``), the native call's own path without the
+interpreter (``rust borrowed``: the Rust call with its streams borrowed from raw handles, as
+the native call borrows torch's), and the native call on torch's tensors timed inside, in Rust
+(``native timed in rust``); beside them, what the timing itself and a native call that enqueues
+nothing cost in the same turns (``empty lambda``, ``native call, no copy``). With one GPU the
+copy goes between two tensors on it (the all_reduce needs two). Host time per call, median of
+``--calls``; the parts of one op take turns call by call, so a drift in the machine's speed
+reaches them all alike (it moves separate runs by several microseconds).
 
 Two ways: "queued", calls back to back behind a spinning kernel (the driver's queue fills as
 they go; no Rust call), and "from idle", each call alone after both devices are idle, with its
@@ -99,7 +106,13 @@ def main():
     ops = {"copy_": {
         "whole call": lambda: gp.copy_(b, a, route="staged"),
         "describe x2": lambda: (describe(b, "dst"), describe(a, "src")),
+        "fast read x2": lambda: _native.read_torch_pair(b, a),
         "native only": lambda: _native.copy(s.dtype, s.numel, s.memory, d.memory, "staged", None, None),
+        "native timed in rust": lambda: _native.copy_timed(s.dtype, s.numel, s.memory, d.memory, "staged"),
+        "native call, no copy": lambda: _native.copy_call_only(s.dtype, s.numel, s.memory, d.memory, "staged",
+                                                               None, None, True),
+        "empty lambda": lambda: None,
+        "rust borrowed": (rust.copy_borrowed, rust.first_stream()),
         "rust call": (rust.copy, rust.first_stream()),
     }}
     if n >= 2:
@@ -116,7 +129,7 @@ def main():
     for op, parts in ops.items():
         # The queued way leaves the Rust calls out: with --streams side they would run on
         # idle streams of their own, not behind the spin.
-        python_parts = {name: part for name, part in parts.items() if name != "rust call"}
+        python_parts = {name: part for name, part in parts.items() if not name.startswith("rust")}
         # Warm-up (caches and the library's state): a first call that waits for its stream
         # (a driver call waiting for the device to go idle) is reported, not timed.
         first = {}
@@ -136,6 +149,17 @@ def main():
                 rows["%s %s: whole call" % (op, way)] - rows["%s %s: native only" % (op, way)])
             rows["%s %s: whole call - rust call" % (op, way)] = (
                 rows["%s %s: whole call" % (op, way)] - rows["%s %s: rust call" % (op, way)])
+            if "rust borrowed" in parts:
+                # The whole call's difference in parts: the Python function around the
+                # native call, the interpreter's call and argument conversion, the borrows.
+                row = lambda part: rows["%s %s: %s" % (op, way, part)]  # noqa: E731
+                rows["%s %s: python function" % (op, way)] = (
+                    row("whole call") - row("fast read x2") - row("native only"))
+                rows["%s %s: native call - rust borrowed" % (op, way)] = row("native only") - row("rust borrowed")
+                rows["%s %s: native call - timed in rust" % (op, way)] = row("native only") - row("native timed in rust")
+                rows["%s %s: timed in rust - rust borrowed" % (op, way)] = (
+                    row("native timed in rust") - row("rust borrowed"))
+                rows["%s %s: rust borrowed - rust call" % (op, way)] = row("rust borrowed") - row("rust call")
             bench = rust_enqueue_us(rust_args[op] + ["--stream", bench_stream], min(args.calls, 100))
             rows["%s %s: gp2p bench enqueue" % (op, way)] = bench
             if bench is not None:
@@ -144,7 +168,9 @@ def main():
         print("parts %-40s %6.2f us/call" % (name, us if us is not None else float("nan")))
     # Across rounds: the machine's speed drifts between rounds far more than within one.
     for op in ops:
-        for part in ("python layer", "whole call - rust call", "whole call - bench"):
+        for part in ("python layer", "whole call - rust call", "whole call - bench", "python function",
+                     "native call - rust borrowed", "native call - timed in rust", "timed in rust - rust borrowed",
+                     "rust borrowed - rust call", "native call, no copy", "empty lambda"):
             each = [rows.get("%s from idle %d: %s" % (op, r, part)) for r in range(1, args.rounds + 1)]
             each = [x for x in each if x is not None]
             if each:

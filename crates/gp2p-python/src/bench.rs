@@ -6,10 +6,13 @@
 use std::time::Instant;
 
 use geforce_p2p::collectives::{self, Rank, Receive};
-use geforce_p2p::{CopyOptions, Device, DeviceBuffer, ReduceOp, Route, Stream};
+use geforce_p2p::{CopyOptions, DType, Device, DeviceBuffer, ReduceOp, Route, Stream};
 use pyo3::prelude::*;
 
+use crate::args::{self, Memory, MemoryArg};
 use crate::error::Raised;
+use crate::fast::{Torch, TorchParts, cuda_tensor};
+use crate::ffi::{copy_checked, copy_named};
 
 /// One f32 per device with a stream each, and the copy and all-reduce `gp2p bench` times on
 /// them: `copy` a staged copy from the first device to the second, `all_reduce` a sum over all.
@@ -74,6 +77,34 @@ impl RustCalls {
         .map_err(|e| e.into_pyerr(py))
     }
 
+    /// Enqueue the same staged copy as `copy` through the native call's own path
+    /// (`ffi::copy_checked`: the buffers and streams given as raw values, the streams
+    /// borrowed for the call) without the interpreter; returns the seconds it took. Set
+    /// beside `copy`, it is what borrowing costs; beside `_native.copy`, what the interpreter
+    /// and the argument conversion cost.
+    fn copy_borrowed(&mut self, py: Python<'_>) -> PyResult<f64> {
+        let memory = |i: usize| Memory {
+            device: self.buffers[i].device().ordinal(),
+            ptr: self.buffers[i].raw_ptr(),
+            stream: self.streams[i].raw() as usize as u64,
+        };
+        let (src, dst) = (memory(0), memory(1));
+        let options = CopyOptions { route: Route::Staged, chunk_bytes: None, slots: None };
+        let run = || -> Result<f64, Raised> {
+            // Contract of `crate::ffi`: the buffers are this object's, alive for the call,
+            // and their last uses are noted below, so dropping the object frees them only
+            // after the copy.
+            let t0 = Instant::now();
+            copy_checked(DType::F32, 1, &src, &dst, options)?;
+            let seconds = t0.elapsed().as_secs_f64();
+            for (buffer, stream) in self.buffers.iter().zip(&self.streams).take(2) {
+                buffer.view(..).note_use(&stream.point()?);
+            }
+            Ok(seconds)
+        };
+        run().map_err(|e| e.into_pyerr(py))
+    }
+
     /// Enqueue the sum all-reduce; returns the seconds the library call took.
     fn all_reduce(&mut self, py: Python<'_>) -> PyResult<f64> {
         self.timed(|me| {
@@ -116,4 +147,70 @@ impl RustCalls {
         };
         run().map_err(|e| e.into_pyerr(py))
     }
+}
+
+/// Read `dst` and `src` as `_native.copy_torch` reads them, and nothing more: whether both
+/// are tensors it takes. Its time, beside `copy_torch`'s, is what reading costs.
+#[pyfunction]
+#[pyo3(signature = (dst, src, parts=None))]
+pub(crate) fn read_torch_pair<'py>(
+    py: Python<'py>,
+    dst: &Bound<'py, PyAny>,
+    src: &Bound<'py, PyAny>,
+    parts: Option<TorchParts<'py>>,
+) -> PyResult<bool> {
+    let Some(torch) = Torch::find(py, parts)? else {
+        return Ok(false);
+    };
+    Ok(cuda_tensor(dst, &torch)?.is_some() && cuda_tensor(src, &torch)?.is_some())
+}
+
+/// Nothing but what `_native.copy` does around the copy: its arguments converted as it
+/// converts them and, with `detach`, the GIL released and taken back as every native call
+/// does; returns a route's name as it does. Its time is the native call's own cost.
+#[pyfunction]
+#[pyo3(signature = (dtype, len, src, dst, route="auto", chunk_bytes=None, slots=None, detach=true))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_call_only(
+    py: Python<'_>,
+    dtype: &str,
+    len: usize,
+    src: MemoryArg,
+    dst: MemoryArg,
+    route: &str,
+    chunk_bytes: Option<usize>,
+    slots: Option<usize>,
+    detach: bool,
+) -> PyResult<&'static str> {
+    let (src, dst) = (Memory::from(src), Memory::from(dst));
+    let run = || -> Result<&'static str, Raised> {
+        let _ = (args::route(route)?, args::dtype(dtype)?, len, src, dst, chunk_bytes, slots);
+        Ok("staged")
+    };
+    if detach { Raised::detached(py, run) } else { run().map_err(|e| e.into_pyerr(py)) }
+}
+
+/// `_native.copy` with the copy timed in Rust: the seconds `copy_named` took (the names
+/// parsed, the ranges checked, the streams borrowed, the library's call), with the GIL released around it as
+/// `_native.copy` releases it. Beside `_native.copy`'s time taken in Python it is what the
+/// interpreter's call costs; beside `RustCalls.copy_borrowed`, what the memory and streams
+/// being torch's rather than the library's cost. The module contract of [`crate::ffi`] holds
+/// for its arguments as for `_native.copy`'s.
+#[pyfunction]
+#[pyo3(signature = (dtype, len, src, dst, route="auto"))]
+pub(crate) fn copy_timed(
+    py: Python<'_>,
+    dtype: &str,
+    len: usize,
+    src: MemoryArg,
+    dst: MemoryArg,
+    route: &str,
+) -> PyResult<f64> {
+    let (src, dst) = (Memory::from(src), Memory::from(dst));
+    let run = || -> Result<f64, Raised> {
+        let t0 = Instant::now();
+        copy_named(dtype, len, &src, &dst, (route, None, None))?;
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    Raised::detached(py, run)
 }

@@ -248,11 +248,20 @@ pub(crate) fn copy(
     slots: Option<usize>,
 ) -> PyResult<&'static str> {
     let (src, dst) = (Memory::from(src), Memory::from(dst));
-    let run = || -> Result<&'static str, Raised> {
-        let options = CopyOptions { route: args::route(route)?, chunk_bytes, slots };
-        copy_checked(args::dtype(dtype)?, len, &src, &dst, options).map(Route::name)
-    };
+    let run = || copy_named(dtype, len, &src, &dst, (route, chunk_bytes, slots)).map(Route::name);
     Raised::detached(py, run)
+}
+
+/// The copy of [`copy`] with its names parsed: `(route, chunk_bytes, slots)` are the options.
+pub(crate) fn copy_named(
+    dtype: &str,
+    len: usize,
+    src: &Memory,
+    dst: &Memory,
+    (route, chunk_bytes, slots): (&str, Option<usize>, Option<usize>),
+) -> Result<Route, Raised> {
+    let options = CopyOptions { route: args::route(route)?, chunk_bytes, slots };
+    copy_checked(args::dtype(dtype)?, len, src, dst, options)
 }
 
 /// The copy of [`copy`] (and of the torch fast path) once its arguments are parsed: the

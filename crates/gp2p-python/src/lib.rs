@@ -120,6 +120,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(error_classes, m)?)?;
     m.add_class::<ffi::Gate>()?;
     m.add_class::<bench::RustCalls>()?;
+    m.add_function(wrap_pyfunction!(bench::read_torch_pair, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::copy_call_only, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::copy_timed, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;
