@@ -2,9 +2,9 @@
 enqueueing it), by layer, two processes:
 
 - `whole`: `Communicator.all_reduce(t)` as users call it;
-- `python`: the Python layer's reading of the tensor, then the native call (`whole` less the
-  op check; they differ where a fast path reads torch tensors natively, as one did for a
-  while: 2 us slower than this);
+- `python`: the Python layer's general path, its reading of the tensor then the native call
+  (`whole` less the op check, until the native fast path: since then `whole` reads a torch
+  tensor, and checks the op, natively);
 - `native`: the native call alone, its arguments read once beforehand.
 
 Launch with torchrun (two processes); `--same-device` puts both ranks on cuda:0, where the

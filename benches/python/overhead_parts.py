@@ -156,7 +156,8 @@ def main():
                 rows["%s %s: python function" % (op, way)] = (
                     row("whole call") - row("fast read x2") - row("native only"))
                 rows["%s %s: native call - rust borrowed" % (op, way)] = row("native only") - row("rust borrowed")
-                rows["%s %s: native call - timed in rust" % (op, way)] = row("native only") - row("native timed in rust")
+                rows["%s %s: native call - timed in rust" % (op, way)] = (
+                    row("native only") - row("native timed in rust"))
                 rows["%s %s: timed in rust - rust borrowed" % (op, way)] = (
                     row("native timed in rust") - row("rust borrowed"))
                 rows["%s %s: rust borrowed - rust call" % (op, way)] = row("rust borrowed") - row("rust call")

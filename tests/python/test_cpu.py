@@ -821,7 +821,8 @@ def test_torch_fast_paths_take_only_plain_cuda_tensors(monkeypatch):
     }
     for name, xs in fall_back.items():
         assert fast(xs) is False, name
-    assert _native.copy_torch(on(0), on(0), "auto", args) is False, "overlapping on one device: the Python layer refuses"
+    overlapping = _native.copy_torch(on(0), on(0), "auto", args)
+    assert overlapping is False, "overlapping on one device: the Python layer refuses"
     apart = on(0)
     apart._dev_ptr = 0x80000
     with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
@@ -844,3 +845,69 @@ def test_torch_fast_paths_find_torch_themselves(monkeypatch, torch):
     assert _tensors.torch_fast_parts(torch) is None
     assert _native.copy_torch(object(), object(), "auto") is False
     assert _native.all_reduce_torch([object(), object()], "sum", "auto") is False
+
+
+def _torch_with_a_stream_getter():
+    """A stand-in torch module with what the fast paths read: tensors that say they are
+    contiguous, strided and on CUDA, dtypes compared by identity, a raw-stream getter."""
+    torch = types.ModuleType("torch")
+    torch.strided = object()
+    torch.float32 = type("dtype", (), {"__str__": lambda self: "torch.float32"})()
+
+    class Tensor:
+        layout, is_cuda, dtype = torch.strided, True, torch.float32
+
+        def __init__(self, device, ptr, n=4):
+            self.device_index, self.ptr, self.shape = device, ptr, (n,)
+
+        def is_contiguous(self):
+            return True
+
+        def numel(self):
+            return self.shape[0]
+
+        def get_device(self):
+            return self.device_index
+
+        def data_ptr(self):
+            return self.ptr
+
+    torch.Tensor = Tensor
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
+    return torch
+
+
+def test_torch_fast_paths_keep_torch_parts_and_dtypes_per_module(monkeypatch, torch):
+    """Without parts given, the fast paths take a torch with a raw-stream getter and read
+    its plain tensors up to the library (no driver here); what they learnt of its dtypes
+    stays while the module does; another torch module is looked at afresh. A list or str
+    subclass and a range past the address space are declined, for the Python layer."""
+    fake = _torch_with_a_stream_getter()
+    T = fake.Tensor
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setitem(_tensors._TORCH_DTYPE_NAMES, fake.float32, "f32")
+    no_driver = lambda: pytest.raises(gp.UnavailableError, match="no NVIDIA")  # noqa: E731
+    with no_driver():
+        _native.copy_torch(T(1, 0x10000), T(0, 0x20000), "auto")
+    with no_driver():
+        _native.all_reduce_torch([T(0, 0x10000), T(1, 0x20000)], "sum", "auto")
+
+    class Items(list):
+        def __iter__(self):  # what the Python layer reads: both on cuda:0
+            return iter([self[0], self[0]])
+
+    class Name(str):
+        def lower(self):
+            return "sideways"
+
+    assert _native.all_reduce_torch(Items([T(0, 0x10000), T(1, 0x20000)]), "sum", "auto") is False
+    assert _native.all_reduce_torch((T(0, 0x10000), T(1, 0x20000)), Name("sum"), "auto") is False
+    assert _native.copy_torch(T(1, 0x10000), T(0, 0x20000), Name("auto")) is False
+    assert _native.copy_torch(T(1, 0x10000), T(0, (1 << 64) - 16), "auto") is False, "past the address space"
+    monkeypatch.delitem(_tensors._TORCH_DTYPE_NAMES, fake.float32)
+    with no_driver():
+        _native.copy_torch(T(1, 0x10000), T(0, 0x20000), "auto")  # float32 was learnt
+    monkeypatch.setitem(sys.modules, "torch", torch)  # no raw-stream getter
+    assert _native.copy_torch(T(1, 0x10000), T(0, 0x20000), "auto") is False
+    monkeypatch.setitem(sys.modules, "torch", _torch_with_a_stream_getter())  # float32 not learnt
+    assert _native.copy_torch(T(1, 0x10000), T(0, 0x20000), "auto") is False

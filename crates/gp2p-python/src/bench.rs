@@ -92,14 +92,21 @@ impl RustCalls {
         let options = CopyOptions { route: Route::Staged, chunk_bytes: None, slots: None };
         let run = || -> Result<f64, Raised> {
             // Contract of `crate::ffi`: the buffers are this object's, alive for the call,
-            // and their last uses are noted below, so dropping the object frees them only
-            // after the copy.
+            // and their last uses are noted below whatever the copy's outcome (it may have
+            // enqueued work before failing), so dropping the object frees them only after
+            // that work. A point that cannot be taken waits for its stream instead.
             let t0 = Instant::now();
-            copy_checked(DType::F32, 1, &src, &dst, options)?;
+            let copied = copy_checked(DType::F32, 1, &src, &dst, options);
             let seconds = t0.elapsed().as_secs_f64();
+            let mut noted = Ok(());
             for (buffer, stream) in self.buffers.iter().zip(&self.streams).take(2) {
-                buffer.view(..).note_use(&stream.point()?);
+                match stream.point() {
+                    Ok(point) => buffer.view(..).note_use(&point),
+                    Err(e) => noted = noted.and(Err(e)),
+                }
             }
+            copied?;
+            noted?;
             Ok(seconds)
         };
         run().map_err(|e| e.into_pyerr(py))
@@ -167,7 +174,8 @@ pub(crate) fn read_torch_pair<'py>(
 
 /// Nothing but what `_native.copy` does around the copy: its arguments converted as it
 /// converts them and, with `detach`, the GIL released and taken back as every native call
-/// does; returns a route's name as it does. Its time is the native call's own cost.
+/// does; returns a route's name (always "staged") as it returns the route taken. Its time
+/// is the native call's own cost.
 #[pyfunction]
 #[pyo3(signature = (dtype, len, src, dst, route="auto", chunk_bytes=None, slots=None, detach=true))]
 #[allow(clippy::too_many_arguments)]

@@ -23,12 +23,12 @@ use geforce_p2p::{CopyOptions, DType};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{intern, types::PyAnyMethods};
 
 use crate::args::{self, Memory};
 use crate::error::Raised;
-use crate::ffi::{all_reduce_checked, copy_checked};
+use crate::ffi::{all_reduce_checked, check_disjoint, copy_checked};
 
 /// What reading a tensor gives: `Ok(None)` where the Python layer must read it (an ordinary
 /// exception included: it reads again and says what is wrong), `Err` for an exception that
@@ -58,7 +58,7 @@ macro_rules! read {
 /// `torch.Tensor`; `torch.strided`, the one layout taken; `torch._C._cuda_getCurrentRawStream`,
 /// a device's current stream as an integer; and torch dtype → kernel dtype name (None where the
 /// kernels do not take it), as the Python layer has learnt them. Found here once per torch
-/// module ([`torch_parts`]); tests pass their own.
+/// module ([`Torch::find`]); tests pass their own.
 #[derive(FromPyObject, Clone)]
 pub(crate) struct TorchParts<'py>(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyDict>);
 
@@ -88,7 +88,7 @@ struct TorchCache {
     dtypes: Vec<(Py<PyAny>, Option<DType>)>,
 }
 
-/// [`TorchParts`] kept across calls.
+/// [`TorchParts`] kept across calls (the same four, held without the interpreter's lifetime).
 struct KeptParts(Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyDict>);
 
 impl KeptParts {
@@ -214,11 +214,12 @@ fn alike(t: &CudaTensor<'_>, like: &CudaTensor<'_>) -> Read<bool> {
     Ok(Some(t.dtype_obj.is(&like.dtype_obj) && read!(py, t.shape.eq(&like.shape))))
 }
 
-/// Whether `a` and `b` share bytes (both have `a`'s dtype and length).
-fn overlap(a: &CudaTensor<'_>, b: &CudaTensor<'_>) -> bool {
-    let bytes = (a.len * a.dtype.size_bytes()) as u64;
-    let range = |t: &CudaTensor<'_>| t.memory.ptr..t.memory.ptr + bytes;
-    a.memory.device == b.memory.device && geforce_p2p::cuda::byte_ranges_overlap(&range(a), &range(b))
+/// Whether `copy_` may take `dst` and `src` here: ranges the native checks accept, apart
+/// where they share a device. Anything else goes to the Python layer, which names it.
+fn apart(dst: &CudaTensor<'_>, src: &CudaTensor<'_>) -> bool {
+    let valid = |t: &CudaTensor<'_>| args::check_range("", t.memory.ptr, t.len, t.dtype).is_ok();
+    let at = |t: &CudaTensor<'_>| [(t.memory.device, t.memory.ptr)];
+    valid(dst) && valid(src) && check_disjoint("src", &at(src), src.len, "dst", &at(dst), dst.len, src.dtype).is_ok()
 }
 
 /// The ranks of an all_reduce read from torch tensors: `(dtype, elements, memories, the
@@ -229,9 +230,11 @@ fn torch_ranks<'py>(
     objs: &Bound<'py, PyAny>,
     torch: &Torch<'py>,
 ) -> Read<(DType, usize, Vec<Memory>, Vec<Bound<'py, PyAny>>)> {
-    let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = objs.cast::<PyList>() {
+    // Exactly a list or tuple: a subclass may iterate otherwise than its storage reads, and
+    // the Python layer iterates.
+    let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = objs.cast_exact::<PyList>() {
         list.iter().collect()
-    } else if let Ok(tuple) = objs.cast::<PyTuple>() {
+    } else if let Ok(tuple) = objs.cast_exact::<PyTuple>() {
         tuple.iter().collect()
     } else {
         return Ok(None);
@@ -258,7 +261,9 @@ fn torch_ranks<'py>(
 /// A choice argument (a route, an op) as `parse` reads it, or `None` for anything else: the
 /// Python layer then names what is wrong.
 pub(crate) fn choice<T>(value: &Bound<'_, PyAny>, parse: impl FnOnce(&str) -> Result<T, Raised>) -> Option<T> {
-    value.extract::<String>().ok().and_then(|text| parse(&text).ok())
+    // Exactly a str: the Python layer reads a subclass through its own `lower()`.
+    let text = value.cast_exact::<PyString>().ok()?.to_cow().ok()?;
+    parse(&text).ok()
 }
 
 /// `copy_(dst, src)` of two torch tensors on the GPUs, read here with the torch `parts`
@@ -285,7 +290,7 @@ pub(crate) fn copy_torch<'py>(
     };
     // Overlapping tensors on one device are refused by the Python layer, in its words.
     // (`dst` and `src` are held by the caller's frame for the whole call.)
-    if alike(&d, &s)? != Some(true) || overlap(&d, &s) {
+    if alike(&d, &s)? != Some(true) || !apart(&d, &s) {
         return Ok(false);
     }
     let options = CopyOptions { route, chunk_bytes: None, slots: None };

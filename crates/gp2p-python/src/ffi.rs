@@ -5,7 +5,9 @@
 //! # The contract with the Python layer
 //!
 //! These functions are private to the package (`geforce_p2p._native`); only the Python layer
-//! (`python/geforce_p2p/_tensors.py` and its callers) calls them, and it guarantees, for each
+//! (`python/geforce_p2p/_tensors.py` and its callers), the native fast paths that read torch
+//! tensors in its stead ([`crate::fast`]) and the benchmark aids ([`crate::bench`], on
+//! tensors and buffers the benchmark scripts hold) call them, and they guarantee, for each
 //! call:
 //! 1. Every device address with its length and dtype describes the contiguous memory of a
 //!    tensor that Python code holds for the whole call (read from torch's own attributes, or

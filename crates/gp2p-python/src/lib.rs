@@ -7,10 +7,13 @@
 //! probe; and the `gp2p` command line (`python -m geforce_p2p`), which is
 //! [`gp2p_cli::run_cli`] itself.
 //!
-//! What it does not: know about torch, DLPack or `__cuda_array_interface__`. Reading tensors,
-//! choosing streams, allocating outputs and the user-facing checks are the Python layer's
-//! (`python/geforce_p2p/`); this crate checks again what is cheap (`args.rs`) and turns the
-//! library's errors into the package's exception classes (`error.rs`). Every native call
+//! What it leaves to the Python layer (`python/geforce_p2p/`): DLPack and
+//! `__cuda_array_interface__`, choosing streams, allocating outputs and the user-facing
+//! checks and their messages. Torch tensors in the usual case are read here (`fast.rs`, with
+//! the parts of torch the Python layer names, found once per torch module), because reading
+//! them in Python cost several microseconds a call; anything unusual goes back to the Python
+//! layer. This crate checks again what is cheap (`args.rs`) and turns the library's errors
+//! into the package's exception classes (`error.rs`). Every native call
 //! releases the GIL while it enqueues work; none waits for the GPU.
 //!
 //! `unsafe` is confined to `ffi.rs`, whose module docs state the contract the Python layer

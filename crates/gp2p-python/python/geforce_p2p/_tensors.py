@@ -162,7 +162,8 @@ def describe(obj: Any, name: str) -> Tensor:
 
 
 # What the package takes from the torch module it last saw, found once, not per call:
-# [module, its raw-stream getter or None, the native fast paths' arguments or None].
+# [module, its raw-stream getter or None, the parts the native fast paths ask for (see
+# torch_fast_parts) or None].
 _TORCH: list = [None, None, None]
 
 
