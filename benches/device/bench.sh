@@ -5,7 +5,9 @@
 # in one call), tune (chunk x slots at 64M/256M/1G), others (reduce_scatter, all_gather,
 # broadcast), copy (staged 0->1 sweep and chunk variants), spread (1 GiB all_reduce, 3 processes),
 # mp (one process per GPU against NCCL SHM in the same processes: the default, then the line
-# kernel to 4, 16 and 64 KiB; needs the wheel installed on PYTHONPATH).
+# kernel to 4, 16 and 64 KiB; needs the wheel installed on PYTHONPATH), python (issue 14's
+# comparison with torch, 4 KiB to 1 GiB, and the Python layer's host time per call split
+# against the Rust call, legacy and side streams; needs the wheel on PYTHONPATH).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${BUNDLE:-bundle}
@@ -57,6 +59,12 @@ for section in "$@"; do
     run all-reduce-mp-default-$tag python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --json "$R/all-reduce-mp-default-$tag.json"
     for lines in 4096 16384 65536; do
       run all-reduce-mp-lines$lines-$tag python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --lines-max-bytes $lines --max-bytes 131072 --json "$R/all-reduce-mp-lines$lines-$tag.json"
+    done
+    ;;
+  python)
+    run compare-torch-$tag python3 benches/python/compare_torch.py --json "$R/compare-torch-$tag.json"
+    for st in legacy side; do
+      run python-overhead-parts-$st-$tag sh -c "cd benches/python && python3 overhead_parts.py --streams $st --rounds 5 --bind-cpus --json '$R/python-overhead-parts-$st-$tag.json'"
     done
     ;;
   spread)
