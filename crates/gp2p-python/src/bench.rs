@@ -199,11 +199,11 @@ pub(crate) fn copy_call_only(
 }
 
 /// `_native.copy` with the copy timed in Rust: the seconds `copy_named` took (the names
-/// parsed, the ranges checked, the streams borrowed, the library's call), with the GIL released around it as
-/// `_native.copy` releases it. Beside `_native.copy`'s time taken in Python it is what the
-/// interpreter's call costs; beside `RustCalls.copy_borrowed`, what the memory and streams
-/// being torch's rather than the library's cost. The module contract of [`crate::ffi`] holds
-/// for its arguments as for `_native.copy`'s.
+/// parsed, the ranges checked, the streams borrowed, the library's call), with the GIL
+/// released around it as `_native.copy` releases it. Beside `_native.copy`'s time taken in
+/// Python it is what the interpreter's call costs; beside `RustCalls.copy_borrowed`, what
+/// the memory and streams being torch's rather than the library's cost. The module contract
+/// of [`crate::ffi`] holds for its arguments as for `_native.copy`'s.
 #[pyfunction]
 #[pyo3(signature = (dtype, len, src, dst, route="auto"))]
 pub(crate) fn copy_timed(
