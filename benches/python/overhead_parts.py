@@ -20,6 +20,13 @@ an idle stream does not need). The from-idle parts are measured ``--rounds`` tim
 followed by a ``gp2p bench`` run in this process for reference, and the differences are
 reported per round and as the median over rounds.
 
+Reading the differences: from idle, a part timed in Python also pays for caches gone cold
+during the sync and the gate, which a part timed inside Rust mostly does not (on one H200 an
+empty lambda took 0.26 us and a native call that enqueues nothing about 2 us, against 0.03
+and 0.76 in a tight loop: benches/results/python-host-parts-h200/). So "whole call - rust
+call" is what a Python caller pays over a Rust caller after an idle spell, an upper bound for
+calls made in a busy loop ("queued").
+
 With ``--streams side`` each device's current torch stream is a side stream from torch's pool
 (non-blocking) rather than the legacy default stream torch starts with; the Rust calls and the
 bench run on streams of the same kind (the legacy default stream, or non-blocking ones).
