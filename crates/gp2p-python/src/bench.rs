@@ -164,7 +164,7 @@ pub(crate) fn read_torch_pair<'py>(
     py: Python<'py>,
     dst: &Bound<'py, PyAny>,
     src: &Bound<'py, PyAny>,
-    parts: Option<TorchParts<'py>>,
+    parts: Option<TorchParts>,
 ) -> PyResult<bool> {
     let Some(torch) = Torch::find(py, parts)? else {
         return Ok(false);

@@ -97,7 +97,7 @@ impl PyCommunicator {
         py: Python<'py>,
         tensor: &Bound<'py, PyAny>,
         op: &Bound<'py, PyAny>,
-        parts: Option<TorchParts<'py>>,
+        parts: Option<TorchParts>,
     ) -> PyResult<bool> {
         let Some(op) = choice(op, args::op) else {
             return Ok(false);

@@ -59,21 +59,24 @@ macro_rules! read {
 /// a device's current stream as an integer; and torch dtype → kernel dtype name (None where the
 /// kernels do not take it), as the Python layer has learnt them. Found here once per torch
 /// module ([`Torch::find`]); tests pass their own.
-#[derive(FromPyObject, Clone)]
-pub(crate) struct TorchParts<'py>(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyDict>);
+#[derive(FromPyObject)]
+pub(crate) struct TorchParts(Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyDict>);
 
-impl<'py> TorchParts<'py> {
-    fn tensor_type(&self) -> &Bound<'py, PyAny> {
-        &self.0
+impl TorchParts {
+    fn tensor_type<'py>(&self, py: Python<'py>) -> &Bound<'py, PyAny> {
+        self.0.bind(py)
     }
-    fn strided(&self) -> &Bound<'py, PyAny> {
-        &self.1
+    fn strided<'py>(&self, py: Python<'py>) -> &Bound<'py, PyAny> {
+        self.1.bind(py)
     }
-    fn current_stream(&self) -> &Bound<'py, PyAny> {
-        &self.2
+    fn current_stream<'py>(&self, py: Python<'py>) -> &Bound<'py, PyAny> {
+        self.2.bind(py)
     }
-    fn dtype_names(&self) -> &Bound<'py, PyDict> {
-        &self.3
+    fn dtype_names<'py>(&self, py: Python<'py>) -> &Bound<'py, PyDict> {
+        self.3.bind(py)
+    }
+    fn clone_ref(&self, py: Python<'_>) -> TorchParts {
+        TorchParts(self.0.clone_ref(py), self.1.clone_ref(py), self.2.clone_ref(py), self.3.clone_ref(py))
     }
 }
 
@@ -82,23 +85,10 @@ impl<'py> TorchParts<'py> {
 struct TorchCache {
     module: Py<PyAny>,
     /// None where that torch has no raw-stream getter: its tensors are read in Python.
-    parts: Option<KeptParts>,
+    parts: Option<TorchParts>,
     /// Torch dtypes seen so far and their kernel dtypes (None: not taken), by identity
     /// (torch's dtypes are singletons; holding them keeps each identity unique).
     dtypes: Vec<(Py<PyAny>, Option<DType>)>,
-}
-
-/// [`TorchParts`] kept across calls (the same four, held without the interpreter's lifetime).
-struct KeptParts(Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyDict>);
-
-impl KeptParts {
-    fn keep(p: &TorchParts<'_>) -> KeptParts {
-        KeptParts(p.0.clone().unbind(), p.1.clone().unbind(), p.2.clone().unbind(), p.3.clone().unbind())
-    }
-
-    fn bind<'py>(&self, py: Python<'py>) -> TorchParts<'py> {
-        TorchParts(self.0.bind(py).clone(), self.1.bind(py).clone(), self.2.bind(py).clone(), self.3.bind(py).clone())
-    }
 }
 
 /// Read and written only while attached to the interpreter, in short sections that run no
@@ -106,17 +96,16 @@ impl KeptParts {
 static TORCH: Mutex<Option<TorchCache>> = Mutex::new(None);
 
 /// Where the parts came from: the caller, or the cache (whose learnt dtypes then apply).
-#[derive(Clone)]
-pub(crate) struct Torch<'py> {
-    parts: TorchParts<'py>,
+pub(crate) struct Torch {
+    parts: TorchParts,
     cached: bool,
 }
 
-impl<'py> Torch<'py> {
+impl Torch {
     /// The parts `given` by the caller, else those of the torch module `sys.modules` holds
     /// now, found once per module (see [`Read`]; `None` where torch is not imported or has no
     /// raw-stream getter).
-    pub(crate) fn find(py: Python<'py>, given: Option<TorchParts<'py>>) -> Read<Torch<'py>> {
+    pub(crate) fn find(py: Python<'_>, given: Option<TorchParts>) -> Read<Torch> {
         if let Some(parts) = given {
             return Ok(Some(Torch { parts, cached: false }));
         }
@@ -127,7 +116,7 @@ impl<'py> Torch<'py> {
         };
         let cached = {
             let cache = lock(&TORCH);
-            cache.as_ref().filter(|c| c.module.is(&module)).map(|c| c.parts.as_ref().map(|p| p.bind(py)))
+            cache.as_ref().filter(|c| c.module.is(&module)).map(|c| c.parts.as_ref().map(|p| p.clone_ref(py)))
         };
         if let Some(parts) = cached {
             return Ok(parts.map(|parts| Torch { parts, cached: true }));
@@ -135,8 +124,8 @@ impl<'py> Torch<'py> {
         // A module not seen before: the Python layer says what its parts are.
         let tensors = read!(py, py.import(intern!(py, "geforce_p2p._tensors")));
         let found = read!(py, tensors.call_method1(intern!(py, "torch_fast_parts"), (&module,)));
-        let parts: Option<TorchParts<'py>> = read!(py, found.extract());
-        let kept = parts.as_ref().map(KeptParts::keep);
+        let parts: Option<TorchParts> = read!(py, found.extract());
+        let kept = parts.as_ref().map(|p| p.clone_ref(py));
         let replaced = lock(&TORCH).replace(TorchCache { module: module.unbind(), parts: kept, dtypes: Vec::new() });
         drop(replaced); // outside the lock: letting go of the old module's parts may run Python code
         Ok(parts.map(|parts| Torch { parts, cached: true }))
@@ -144,7 +133,7 @@ impl<'py> Torch<'py> {
 
     /// The kernel dtype of the torch dtype `dtype` (see [`Read`]; `None` where the kernels do
     /// not take it or the Python layer has not learnt it yet).
-    fn kernel_dtype(&self, dtype: &Bound<'py, PyAny>) -> Read<DType> {
+    fn kernel_dtype(&self, dtype: &Bound<'_, PyAny>) -> Read<DType> {
         let py = dtype.py();
         if self.cached {
             let cache = lock(&TORCH);
@@ -153,7 +142,7 @@ impl<'py> Torch<'py> {
                 return Ok(kernel);
             }
         }
-        let Some(name) = read!(py, self.parts.dtype_names().get_item(dtype)) else {
+        let Some(name) = read!(py, self.parts.dtype_names(py).get_item(dtype)) else {
             return Ok(None); // not learnt yet: the Python layer learns it
         };
         let kernel = if name.is_none() { None } else { DType::from_str(&read!(py, name.extract::<String>())).ok() };
@@ -183,11 +172,11 @@ pub(crate) struct CudaTensor<'py> {
 }
 
 /// `t` read as a [`CudaTensor`] (see [`Read`]).
-pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, torch: &Torch<'py>) -> Read<CudaTensor<'py>> {
+pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, torch: &Torch) -> Read<CudaTensor<'py>> {
     let py = t.py();
     let parts = &torch.parts;
-    if !read!(py, t.is_instance(parts.tensor_type()))
-        || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided())
+    if !read!(py, t.is_instance(parts.tensor_type(py)))
+        || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided(py))
         || !read!(py, t.getattr(intern!(py, "is_cuda")).and_then(|b| b.is_truthy()))
         || !read!(py, t.call_method0(intern!(py, "is_contiguous")).and_then(|b| b.is_truthy()))
     {
@@ -203,7 +192,7 @@ pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, torch: &Torch<'py>) -> Rea
     }
     let shape = read!(py, t.getattr(intern!(py, "shape")));
     let device: usize = read!(py, t.call_method0(intern!(py, "get_device")).and_then(|d| d.extract()));
-    let stream: u64 = read!(py, parts.current_stream().call1((device,)).and_then(|s| s.extract()));
+    let stream: u64 = read!(py, parts.current_stream(py).call1((device,)).and_then(|s| s.extract()));
     let ptr: u64 = read!(py, t.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()));
     Ok(Some(CudaTensor { dtype_obj, dtype, shape, len, memory: Memory { device, ptr, stream } }))
 }
@@ -228,7 +217,7 @@ fn apart(dst: &CudaTensor<'_>, src: &CudaTensor<'_>) -> bool {
 #[allow(clippy::type_complexity)]
 fn torch_ranks<'py>(
     objs: &Bound<'py, PyAny>,
-    torch: &Torch<'py>,
+    torch: &Torch,
 ) -> Read<(DType, usize, Vec<Memory>, Vec<Bound<'py, PyAny>>)> {
     // Exactly a list or tuple: a subclass may iterate otherwise than its storage reads, and
     // the Python layer iterates.
@@ -277,7 +266,7 @@ pub(crate) fn copy_torch<'py>(
     dst: &Bound<'py, PyAny>,
     src: &Bound<'py, PyAny>,
     route: &Bound<'py, PyAny>,
-    parts: Option<TorchParts<'py>>,
+    parts: Option<TorchParts>,
 ) -> PyResult<bool> {
     let Some(route) = choice(route, args::route) else {
         return Ok(false);
@@ -309,7 +298,7 @@ pub(crate) fn all_reduce_torch<'py>(
     tensors: &Bound<'py, PyAny>,
     op: &Bound<'py, PyAny>,
     transport: &Bound<'py, PyAny>,
-    parts: Option<TorchParts<'py>>,
+    parts: Option<TorchParts>,
 ) -> PyResult<bool> {
     let (Some(op), Some(receive)) = (choice(op, args::op), choice(transport, args::receive)) else {
         return Ok(false);
