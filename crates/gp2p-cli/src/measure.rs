@@ -1,7 +1,11 @@
 //! Timing with CUDA events, and the ceilings every benchmark is compared against.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
+use geforce_p2p::cuda::trace::{self, TracedCall};
 use geforce_p2p::cuda::{Error as CudaError, HostGate};
 use geforce_p2p::kernels::reference::fill_random;
 use geforce_p2p::ops::{copy_from_host, copy_to_host};
@@ -40,13 +44,41 @@ pub fn median_seconds(
 }
 
 /// Medians of one operation's GPU time and of the host time its enqueueing took.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Timing {
     pub gpu_seconds: f64,
     pub enqueue_seconds: f64,
+    /// With [`set_tracing`] on: the driver calls of one more enqueue, made after the timed
+    /// runs and in the same way (not among them).
+    pub trace: Option<Vec<TracedCall>>,
 }
 
-/// As [`median_seconds`], also timing on the host how long each `body` call took to return.
+static TRACING: AtomicBool = AtomicBool::new(false);
+
+/// Have every [`timed_runs`] trace the driver calls of one more enqueue (`--trace`).
+pub fn set_tracing(on: bool) {
+    TRACING.store(on, Ordering::Relaxed);
+}
+
+thread_local! {
+    /// The host time of the operation a body timed with [`time_op`], if it did.
+    static OP_TIME: Cell<Option<Duration>> = const { Cell::new(None) };
+}
+
+/// Run `op` inside a timed body and take its host time as the run's enqueue time, instead
+/// of the whole body's: for bodies that also enqueue the bench's own bookkeeping (the
+/// collective bench's events that start the ranks together and join them at the end).
+pub fn time_op<R>(op: impl FnOnce() -> R) -> R {
+    trace::mark("(operation begins)");
+    let t0 = Instant::now();
+    let out = op();
+    OP_TIME.with(|time| time.set(Some(t0.elapsed())));
+    trace::mark("(operation ends)");
+    out
+}
+
+/// As [`median_seconds`], also timing on the host how long each `body` call took to return
+/// (or its operation, where the body times one with [`time_op`]).
 pub fn timed_runs(
     stream: &Stream,
     repeats: Repeats,
@@ -56,12 +88,16 @@ pub fn timed_runs(
     let device = stream.device();
     let mut marks = Vec::with_capacity(repeats.timed);
     let mut host = Vec::with_capacity(repeats.timed);
-    for i in 0..repeats.warmup + repeats.timed {
+    let mut traced = None;
+    let tracing = TRACING.load(Ordering::Relaxed);
+    let runs = repeats.warmup + repeats.timed + usize::from(tracing);
+    for i in 0..runs {
         setup()?;
         if i < repeats.warmup {
             body()?;
             continue;
         }
+        let trace_this = i == repeats.warmup + repeats.timed;
         let (start, end) = (Event::new(device, EventKind::Timing)?, Event::new(device, EventKind::Timing)?);
         // Start from an idle device, so the enqueue below is not slowed by the driver's
         // queue still holding earlier runs.
@@ -70,23 +106,47 @@ pub fn timed_runs(
         // not count as GPU time (it is reported separately).
         let gate = HostGate::close_until(stream, GATE_DEADLINE)?;
         start.record(stream)?;
-        let t0 = std::time::Instant::now();
+        OP_TIME.with(|time| time.set(None));
+        if trace_this {
+            trace::start();
+        }
+        let t0 = Instant::now();
         let result = body();
-        host.push(t0.elapsed().as_secs_f64());
+        let whole = t0.elapsed();
+        if trace_this {
+            traced = Some(trace::finish());
+        } else {
+            host.push(OP_TIME.with(Cell::take).unwrap_or(whole).as_secs_f64());
+        }
         end.record(stream)?;
         if gate.expired() {
             eprintln!("warning: enqueueing one run took over {GATE_DEADLINE:?}; its GPU time includes host time");
         }
         gate.open();
         result?;
-        marks.push((start, end));
+        if !trace_this {
+            marks.push((start, end));
+        }
     }
     stream.synchronize()?;
     let mut gpu = marks
         .iter()
         .map(|(s, e)| Event::elapsed_ms(s, e).map(|ms| f64::from(ms) / 1e3))
         .collect::<Result<Vec<f64>, CudaError>>()?;
-    Ok(Timing { gpu_seconds: median(&mut gpu), enqueue_seconds: median(&mut host) })
+    Ok(Timing { gpu_seconds: median(&mut gpu), enqueue_seconds: median(&mut host), trace: traced })
+}
+
+/// Print a traced enqueue ([`Timing::trace`]) as comment lines under a table: each mark's
+/// host time since the previous one, which is the driver call plus the code before it.
+pub fn print_trace(label: &str, calls: &[TracedCall]) {
+    let total: u64 = calls.iter().map(|call| call.gap_ns).sum();
+    println!(
+        "# driver calls of one more enqueue, {label}: {:.2} us in all (us since the previous mark)",
+        total as f64 / 1e3
+    );
+    for call in calls {
+        println!("#   {:>8.2}  {}", call.gap_ns as f64 / 1e3, call.name);
+    }
 }
 
 /// The median of `values` (the mean of the middle two for an even count).

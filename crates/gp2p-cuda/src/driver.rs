@@ -43,6 +43,7 @@ pub fn driver_version() -> Result<(u32, u32)> {
 
 /// Turn a `CUresult` into `Ok(())` or an [`Error::Driver`] naming `call`.
 pub fn check(code: CUresult, call: &'static str) -> Result<()> {
+    crate::trace::mark(call);
     if code == CUresult::CUDA_SUCCESS {
         return Ok(());
     }

@@ -73,7 +73,10 @@ impl Event {
         self.device.bind()?;
         // SAFETY: live event handle.
         match unsafe { sys::cuEventQuery(self.raw) } {
-            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            CUresult::CUDA_ERROR_NOT_READY => {
+                crate::trace::mark("cuEventQuery");
+                Ok(false)
+            }
             code => check(code, "cuEventQuery").map(|()| true),
         }
     }

@@ -70,6 +70,7 @@ pub mod raw;
 mod reduce;
 mod registered;
 mod stream;
+pub mod trace;
 
 pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes, PTX_TARGET_ENV};
 pub use driver::{driver_version, is_driver_present, take_deferred_error};

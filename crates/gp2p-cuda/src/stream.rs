@@ -96,7 +96,9 @@ impl Identity {
         let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
         // SAFETY: the caller vouches for the handle (`borrow_raw`'s contract); a context is
         // current; out-pointer to a local.
-        if unsafe { sys::cuStreamIsCapturing(raw, &mut capture) } != CUresult::CUDA_SUCCESS {
+        let asked = unsafe { sys::cuStreamIsCapturing(raw, &mut capture) };
+        crate::trace::mark("cuStreamIsCapturing");
+        if asked != CUresult::CUDA_SUCCESS {
             return (Identity::fresh(), None);
         }
         if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
@@ -104,7 +106,9 @@ impl Identity {
         }
         let mut driver_id: std::ffi::c_ulonglong = 0;
         // SAFETY: as above.
-        if unsafe { sys::cuStreamGetId(raw, &mut driver_id) } != CUresult::CUDA_SUCCESS {
+        let asked = unsafe { sys::cuStreamGetId(raw, &mut driver_id) };
+        crate::trace::mark("cuStreamGetId");
+        if asked != CUresult::CUDA_SUCCESS {
             return (Identity::fresh(), Some(false));
         }
         (Identity::known(device, driver_id), Some(false))
@@ -358,7 +362,10 @@ impl Stream {
         self.device.bind()?;
         // SAFETY: live stream handle.
         match unsafe { sys::cuStreamQuery(self.raw) } {
-            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            CUresult::CUDA_ERROR_NOT_READY => {
+                crate::trace::mark("cuStreamQuery");
+                Ok(false)
+            }
             code => check(code, "cuStreamQuery").map(|()| true),
         }
     }

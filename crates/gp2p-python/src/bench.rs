@@ -222,3 +222,19 @@ pub(crate) fn copy_timed(
     };
     Raised::detached(py, run)
 }
+
+/// Start tracing this thread's driver calls (see `gp2p_cuda::trace`): every call the
+/// library makes on it from now on leaves its name and time, until `trace_finish`.
+#[pyfunction]
+pub(crate) fn trace_start() {
+    geforce_p2p::cuda::trace::start();
+}
+
+/// Stop tracing and return `(name, microseconds since the previous mark)` for each driver
+/// call since `trace_start`, the last one named `finish` (the Python code after the last call).
+/// The first call's time includes everything since `trace_start` before it: the Python layer
+/// and the native argument reading.
+#[pyfunction]
+pub(crate) fn trace_finish() -> Vec<(&'static str, f64)> {
+    geforce_p2p::cuda::trace::finish().into_iter().map(|call| (call.name, call.gap_ns as f64 / 1e3)).collect()
+}

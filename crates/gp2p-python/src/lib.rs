@@ -126,6 +126,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bench::read_torch_pair, m)?)?;
     m.add_function(wrap_pyfunction!(bench::copy_call_only, m)?)?;
     m.add_function(wrap_pyfunction!(bench::copy_timed, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::trace_start, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::trace_finish, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;

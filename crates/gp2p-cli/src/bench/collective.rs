@@ -11,7 +11,7 @@ use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, Stream, half};
 use super::{CEILING_BYTES, Common, finish, progress};
 use crate::error::CliError;
 use crate::flags::{DTypeFlag, OpFlag, ReceiveFlag};
-use crate::measure::{Ceilings, timed_runs};
+use crate::measure::{Ceilings, print_trace, time_op, timed_runs};
 use crate::report::{Report, Row};
 use crate::sizes::format_size;
 use crate::table::{num, table};
@@ -124,6 +124,7 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
     }
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
+    let mut traces = Vec::new();
     let (op, transport) = (args.op.0, args.transport.0);
     for &bytes in &sizes {
         // all_gather and reduce_scatter sizes are the full buffer (n parts), as nccl-tests.
@@ -179,12 +180,13 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
                     .map(|(r, b)| Rank { buffer: b.view_mut(..), stream: stream_of(r) })
                     .collect();
                 let views: Vec<_> = pristine.iter().map(|p| p.view(..)).collect();
-                match kind {
-                    Kind::AllReduce => all_reduce(&engine, &mut ranks, op, transport)?,
-                    Kind::AllGather => all_gather(&engine, &views, &mut ranks, transport)?,
-                    Kind::ReduceScatter => reduce_scatter(&engine, &views, &mut ranks, op, transport)?,
-                    Kind::Broadcast => broadcast(&engine, &mut ranks, 0, transport)?,
-                }
+                // The enqueue column is the collective's call alone, not the events around it.
+                time_op(|| match kind {
+                    Kind::AllReduce => all_reduce(&engine, &mut ranks, op, transport),
+                    Kind::AllGather => all_gather(&engine, &views, &mut ranks, transport),
+                    Kind::ReduceScatter => reduce_scatter(&engine, &views, &mut ranks, op, transport),
+                    Kind::Broadcast => broadcast(&engine, &mut ranks, 0, transport),
+                })?;
                 for (stream, end) in streams.iter().zip(&ends).skip(1) {
                     end.record(stream)?;
                     stream_of(0).wait(end)?;
@@ -202,6 +204,9 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         for (r, b) in bufs.iter().enumerate() {
             let got = b.to_host_vec(stream_of(r))?;
             wrong += count_mismatched(&got, &want[r], op).0;
+        }
+        if let Some(trace) = &timing.trace {
+            traces.push((format_size(len * size_of::<T>()), trace.clone()));
         }
         let seconds = timing.gpu_seconds;
         let real = len * size_of::<T>();
@@ -246,6 +251,9 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
     );
     println!("# ceiling: duplex {duplex:.1} GB/s each way; ratio = link bytes per direction per second / duplex");
     println!("{}", rows_table(&report.rows).trim_fmt());
+    for (size, trace) in &traces {
+        print_trace(size, trace);
+    }
     finish(&report, c, kind.name())
 }
 

@@ -8,7 +8,7 @@ use geforce_p2p::{CopyOptions, Device, DeviceBuffer, PinnedBuffer, transport};
 use super::{CEILING_BYTES, Common, finish, progress};
 use crate::error::CliError;
 use crate::flags::RouteFlag;
-use crate::measure::{Ceilings, timed_runs};
+use crate::measure::{Ceilings, print_trace, timed_runs};
 use crate::report::{Report, Row};
 use crate::sizes::format_size;
 use crate::table::{num, table};
@@ -77,6 +77,7 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
     let options = CopyOptions { route, chunk_bytes: args.chunk, slots: args.slots };
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
+    let mut traces = Vec::new();
     for &bytes in &sizes {
         let n = bytes.div_ceil(4);
         bar.set_message(format!("copy {route} {}", format_size(bytes)));
@@ -94,6 +95,9 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
         )?;
         let got = dst.view(..n).to_host_vec(&dst_stream)?;
         let wrong = got.iter().zip(&host.as_slice()?[..n]).filter(|(g, w)| g != w).count();
+        if let Some(trace) = &timing.trace {
+            traces.push((format_size(bytes), trace.clone()));
+        }
         let seconds = timing.gpu_seconds;
         let busbw = (n * 4) as f64 / seconds / 1e9;
         rows.push(Row {
@@ -118,6 +122,9 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
     bar.finish_and_clear();
     let report = Report::new(&src_dev, measured, c.iters, rows)?.on_streams(c.stream.name());
     print_copy(&report, args);
+    for (size, trace) in &traces {
+        print_trace(size, trace);
+    }
     finish(&report, c, "copy")
 }
 

@@ -72,6 +72,10 @@ pub struct Common {
     /// within one device then has one stream for both ends).
     #[arg(long, value_enum, default_value = "own")]
     stream: StreamFlag,
+    /// After the table, for each size, the host time of every driver call of one more
+    /// enqueue (untimed): where the enqueue column's microseconds go.
+    #[arg(long)]
+    trace: bool,
 }
 
 impl Common {
@@ -87,7 +91,9 @@ impl Common {
         })
     }
 
+    /// The runs to time, with the traced run after them where `--trace` asks for it.
     fn repeats(&self) -> Result<Repeats, CliError> {
+        crate::measure::set_tracing(self.trace);
         if self.iters == 0 {
             return Err(CliError::Usage("-n/--iters must be at least 1".into()));
         }

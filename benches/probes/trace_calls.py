@@ -1,0 +1,134 @@
+"""Where a Python call's host time goes, driver call by driver call.
+
+Traces (``_native.trace_start`` / ``trace_finish``, the library's per-thread driver-call trace)
+each of ``--calls`` calls and prints, for every mark of the call (each driver call as it
+returns, then ``finish`` when control is back in Python), the median microseconds since the
+previous mark: the driver call itself plus the code before it (for the first mark, the Python
+layer and the native argument reading). Two ways, as ``overhead_parts.py`` times them:
+``tight`` (calls back to back, the GPU synchronised every 20) and ``idle`` (each call after a
+synchronise and a 2 ms sleep, so the host's caches are cold as after real work).
+
+    python3 trace_calls.py copy                 # gp.copy_ of 4 bytes, two tensors of device 0
+    python3 -m torch.distributed.run --nproc-per-node 2 trace_calls.py comm
+                                                # Communicator.all_reduce of 8 bytes, two
+                                                # processes (sharing the GPU where there is one)
+
+Every call's result is checked at the end of each way.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import geforce_p2p as gp
+from geforce_p2p import _native
+
+
+def traced(call, calls, way):
+    """Per mark position: (name, median us since the previous mark), over `calls` traced calls."""
+    traces = []
+    for i in range(calls):
+        if way == "idle":
+            torch.cuda.synchronize()
+            time.sleep(0.002)
+        elif i % 20 == 0:
+            torch.cuda.synchronize()
+        _native.trace_start()
+        call()
+        traces.append(_native.trace_finish())
+    torch.cuda.synchronize()
+    shapes = {tuple(name for name, _ in t) for t in traces}
+    if len(shapes) != 1:
+        # Calls that took different paths (a first use that allocates, say): keep the commonest.
+        common = statistics.mode([tuple(name for name, _ in t) for t in traces])
+        traces = [t for t in traces if tuple(name for name, _ in t) == common]
+    names = [name for name, _ in traces[0]]
+    medians = [statistics.median(t[i][1] for t in traces) for i in range(len(names))]
+    totals = [sum(us for _, us in t) for t in traces]
+    return list(zip(names, medians)), statistics.median(totals), len(traces)
+
+
+def report(title, call, calls, check):
+    for way in ("tight", "idle"):
+        marks, total, kept = traced(call, calls, way)
+        check()
+        print("%s, %s: %.2f us median per call (%d of %d calls had this sequence)" % (title, way, total, kept, calls))
+        for name, us in marks:
+            print("  %8.2f  %s" % (us, name))
+    sys.stdout.flush()
+
+
+def copy_case(args):
+    a = torch.randn(1, device="cuda:0")
+    b = torch.empty_like(a)
+    for _ in range(20):
+        gp.copy_(b, a, route="staged")
+
+    def check():
+        if not torch.equal(a, b):
+            raise SystemExit("copy_: wrong result")
+
+    report("copy_ of 4 bytes, staged, device 0 -> 0", lambda: gp.copy_(b, a, route="staged"), args.calls, check)
+
+
+def comm_case(args):
+    import torch.distributed as dist
+    import geforce_p2p.distributed as gpd
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    local = local if local < torch.cuda.device_count() else 0
+    torch.cuda.set_device(local)
+    dist.init_process_group("gloo")
+    box = [gpd.unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    comm = gpd.Communicator(box[0], rank, world, local)
+    t = torch.ones(2, device="cuda:%d" % local)
+    for _ in range(20):
+        comm.all_reduce(t, "sum")
+    torch.cuda.synchronize()
+    dist.barrier()
+    t.fill_(1.0)
+    done = [0]
+
+    def call():
+        comm.all_reduce(t, "sum")
+        done[0] += 1
+
+    def check():
+        # Every call doubles each element (two ranks' equal values summed).
+        want = 2.0 ** done[0]
+        if not torch.all(t == want):
+            raise SystemExit("all_reduce: rank %d wrong after %d calls" % (rank, done[0]))
+        dist.barrier()
+        t.fill_(1.0)
+        done[0] = 0
+        dist.barrier()
+
+    if rank == 0:
+        report("Communicator.all_reduce of 8 bytes, rank 0", call, args.calls, check)
+    else:
+        for way in ("tight", "idle"):
+            traced(call, args.calls, way)
+            check()
+    comm.close()
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("case", choices=["copy", "comm"])
+    parser.add_argument("--calls", type=int, default=60, help="traced calls per way")
+    args = parser.parse_args()
+    if args.case == "comm":
+        comm_case(args)
+    else:
+        copy_case(args)
+
+
+if __name__ == "__main__":
+    main()
