@@ -266,10 +266,13 @@ impl Pair {
 }
 
 /// Make `later` wait for the work enqueued on `earlier` so far, through `event` (of
-/// `earlier`'s device) — unless that work is already done: a GPU-side hop between streams
-/// costs about as much as a small DMA, and a host query far less.
+/// `earlier`'s device). Across devices, not if that work is already done: there the GPU-side
+/// hop is the dearer, and the host's query (about 2 us) the cheaper. On one device the hop is
+/// always taken: it added 0.1-0.2 us of GPU time to a small staged copy on one H200, where
+/// the query cost the host 1.2-1.6 us more than the hop's record and wait
+/// (benches/results/queries-h200/).
 fn order_after(later: &Stream, earlier: &Stream, event: &Event) -> Result<()> {
-    if !earlier.is_idle()? {
+    if later.device() == earlier.device() || !earlier.is_idle()? {
         event.record(earlier)?;
         later.wait(event)?;
     }
