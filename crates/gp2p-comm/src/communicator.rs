@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use std::mem::ManuallyDrop;
 
 use gp2p_cuda::raw::{ChunkAreas, ChunkWaits, ExchangeLines, Numbering, exchange, exchange_chunks, write_flag};
-use gp2p_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, RawDevicePtr, Stream, StreamPoint};
+use gp2p_cuda::{
+    Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, LaunchCache, RawDevicePtr, Stream, StreamPoint,
+};
 use gp2p_kernels::{CHUNK_MAX_BLOCKS, DType, Element, ReduceOp, chunk_area_layout, exchange_line_bytes};
 
 use crate::pipeline::{Landing, Pipeline, RankSide, Staging, Transfer};
@@ -310,6 +312,9 @@ pub struct Communicator {
     /// fails instead of pairing with the wrong peer call.
     broken: bool,
     capture: Capture,
+    /// The small path's kernels, replayed from graphs (a launch costs the host twice a
+    /// replay's time). Its launches are this rank's calls, which run one after another.
+    launches: LaunchCache,
 }
 
 /// Which way an all-gather or reduce-scatter moves its parts (see `Communicator::split`).
@@ -372,6 +377,7 @@ impl Communicator {
             last: None,
             broken: false,
             capture: Capture::Refused,
+            launches: LaunchCache::new(device),
         })
     }
 
@@ -464,16 +470,18 @@ impl Communicator {
             // kernels number calls alike (the line kernel leaves the ticket at 0). The
             // registration and counter outlive the kernel: `call` notes its point on them,
             // or, captured, they stay for the process's life. The peer enqueues the same call
-            // (it takes the same kernel: the size decides).
-            |_| unsafe {
+            // (it takes the same kernel: the size decides). The launch cache is this rank's,
+            // and its launches are these calls, each after the last.
+            |comm| unsafe {
+                let launches = Some(&mut comm.launches);
                 if bytes <= lines_max {
-                    Ok(exchange(stream, ptr, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns)?)
+                    Ok(exchange(stream, ptr, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns, launches)?)
                 } else {
                     // Between processes a peer that never arrives may have died: the same bound either
                     // way, so every rank hears of it within the peer timeout.
                     let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
                     let blocks = chunk_grid(bytes, chunk_blocks);
-                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, waits, blocks)?)
+                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, waits, blocks, launches)?)
                 }
             },
             |point| buf.note_use(point),

@@ -69,6 +69,7 @@ mod pool;
 pub mod raw;
 mod reduce;
 mod registered;
+mod replay;
 mod stream;
 pub mod trace;
 
@@ -90,4 +91,5 @@ pub use reduce::{
     SourceMemory, check_divisor, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config,
 };
 pub use registered::{HostRegistration, MappingOwner};
+pub use replay::LaunchCache;
 pub use stream::{RawStream, Stream, StreamFork};

@@ -133,13 +133,17 @@ impl Function {
         self.name
     }
 
-    /// Enqueue the kernel on `stream`.
-    ///
-    /// # Safety
-    /// `params` must point to one value per kernel parameter, of exactly the parameter's type
-    /// and in order; every pointer among them must be valid for what the kernel does with it
-    /// until the kernel completes.
-    pub unsafe fn launch(&self, stream: &Stream, config: LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+    pub(crate) fn raw(&self) -> CUfunction {
+        self.raw
+    }
+
+    /// The device whose context the kernel is loaded in.
+    pub fn device(&self) -> &Device {
+        &self.module.device
+    }
+
+    /// Refuse a launch on another device's stream, or of an empty grid.
+    pub(crate) fn check_launch(&self, stream: &Stream, config: LaunchConfig) -> Result<()> {
         if stream.device() != &self.module.device {
             return Err(Error::WrongDevice {
                 what: "kernel module",
@@ -150,6 +154,17 @@ impl Function {
         if config.grid == 0 || config.block == 0 {
             return Err(Error::InvalidArgument { name: "config", reason: format!("empty launch {config:?}") });
         }
+        Ok(())
+    }
+
+    /// Enqueue the kernel on `stream`.
+    ///
+    /// # Safety
+    /// `params` must point to one value per kernel parameter, of exactly the parameter's type
+    /// and in order; every pointer among them must be valid for what the kernel does with it
+    /// until the kernel completes.
+    pub unsafe fn launch(&self, stream: &Stream, config: LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+        self.check_launch(stream, config)?;
         self.module.device.bind()?;
         // SAFETY: live function and stream of the current context; params per the contract.
         let code = unsafe {

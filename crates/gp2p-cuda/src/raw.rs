@@ -28,7 +28,7 @@ use crate::reduce::{
     ChunksArgs, ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagArgs, check_divisor, chunks_launch_config,
     exchange_launch_config, launch_chunks, launch_exchange, launch_reduce, launch_wait_flag, reduce_launch_config,
 };
-use crate::{Device, Error, Module, RawDevicePtr, Result, Stream};
+use crate::{Device, Error, LaunchCache, Module, RawDevicePtr, Result, Stream};
 
 /// Enqueue an asynchronous copy of `bytes` bytes between the memories of two devices on
 /// `stream` (a stream of either device): one peer DMA where peer access is enabled, else
@@ -186,7 +186,10 @@ pub enum Numbering {
 /// - all of them stay allocated until the kernel completes on `stream`;
 /// - the peer's kernel for the same `seq` is enqueued too, on a stream that can run at the
 ///   same time as this one; otherwise this kernel waits `timeout_ns`, sets `failed` and
-///   leaves `buf` partly folded.
+///   leaves `buf` partly folded;
+/// - with `launches` given, every earlier launch through that cache may have finished before
+///   this one starts: the replay waits for them (see [`crate::LaunchCache`]), so the cache is
+///   this rank's alone, never shared with the peer's kernel.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange(
     stream: &Stream,
@@ -198,6 +201,7 @@ pub unsafe fn exchange(
     seq: u32,
     divide_by: u32,
     timeout_ns: u64,
+    launches: Option<&mut LaunchCache>,
 ) -> Result<()> {
     check_divisor(divide_by)?;
     let (counter, half_stride) = match lines.numbering {
@@ -233,7 +237,7 @@ pub unsafe fn exchange(
         broken: lines.broken,
     };
     // SAFETY: an exchange kernel of `dtype`; the addresses are the caller's contract.
-    unsafe { launch_exchange(&function, stream, config, args) }
+    unsafe { launch_exchange(&function, stream, config, args, launches) }
 }
 
 /// The areas one rank's flagged-chunk kernel works on (see [`exchange_chunks`] and
@@ -294,7 +298,10 @@ pub struct ChunkWaits {
 /// - everything stays allocated until the kernel completes on `stream`;
 /// - the peer's kernel for the same call is enqueued too, on a stream that can run at the
 ///   same time as this one; otherwise this kernel waits `waits.queue_timeout_ns`, sets
-///   `failed` and leaves `buf` partly folded.
+///   `failed` and leaves `buf` partly folded;
+/// - with `launches` given, every earlier launch through that cache may have finished before
+///   this one starts: the replay waits for them (see [`crate::LaunchCache`]), so the cache is
+///   this rank's alone, never shared with the peer's kernel.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange_chunks(
     stream: &Stream,
@@ -306,6 +313,7 @@ pub unsafe fn exchange_chunks(
     divide_by: u32,
     waits: ChunkWaits,
     max_blocks: usize,
+    launches: Option<&mut LaunchCache>,
 ) -> Result<()> {
     check_divisor(divide_by)?;
     check_aligned(&[("buf", buf)], dtype.size_bytes())?;
@@ -352,7 +360,7 @@ pub unsafe fn exchange_chunks(
         broken: areas.broken,
     };
     // SAFETY: a flagged-chunk kernel of `dtype`; the addresses are the caller's contract.
-    unsafe { launch_chunks(&function, stream, config, args) }
+    unsafe { launch_chunks(&function, stream, config, args, launches) }
 }
 
 /// Enqueue a write of `value` to the `u32` at `flag` on `stream`, after the work queued

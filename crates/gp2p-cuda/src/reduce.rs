@@ -1,14 +1,13 @@
 //! The checked launch of the reduce kernel family: `dst[i] = op(dst[i], src[i])`.
 #![allow(unsafe_code)]
 
-use std::ffi::c_void;
-
 use gp2p_kernels::{
     CHUNK_BLOCK_THREADS, CHUNK_BLOCKS_PER_SM, CHUNK_BYTES, CHUNK_MAX_BLOCKS, DType, EXCHANGE_GROUP_BYTES, Element,
     REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name, reduce_kernel_name,
 };
 
 use crate::memory::RawDevicePtr;
+use crate::replay::{LaunchCache, Params};
 use crate::{DeviceView, DeviceViewMut, Error, Function, LaunchConfig, Module, Result, Stream};
 
 /// Vectors each thread handles per loop step (the kernels' UNROLL).
@@ -108,7 +107,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                         ReduceArgs::default(),
                     )?;
                     let exchange = module.function(exchange_kernel_name(op, dtype))?;
-                    launch_exchange(&exchange, &stream, one, ExchangeArgs::default())?;
+                    launch_exchange(&exchange, &stream, one, ExchangeArgs::default(), None)?;
                 }
             }
         }
@@ -122,6 +121,15 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         // kernel reads the live word once and returns; the word is freed after the point
         // noted below.
         unsafe { launch_wait_flag(&module.function(WAIT_FLAG_KERNEL)?, &stream, wait)? };
+        // And once more replayed from a graph: whatever the driver sets up at a context's
+        // first graph (instantiated and launched) is done now too, not between two ranks'
+        // replayed launches (LaunchCache).
+        let mut graphs = LaunchCache::new(device);
+        let params = Params::default().u64(word_ptr).u32(0).u64(0).u64(word_ptr).u64(word_ptr);
+        let one_thread = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
+        // SAFETY: the wait kernel's arguments (const u32*, u32, u64, u32*, u32*), on the same
+        // zeroed word as above; the cache's only launch.
+        unsafe { graphs.launch(&module.function(WAIT_FLAG_KERNEL)?, &stream, one_thread, params)? };
         // Waiting on a point, not Stream::synchronize: that would also take (and so hide
         // from its owner) an error some destructor deferred.
         let point = stream.point()?;
@@ -148,17 +156,37 @@ pub(crate) unsafe fn launch_reduce(
     function: &Function,
     stream: &Stream,
     config: LaunchConfig,
-    mut args: ReduceArgs,
+    args: ReduceArgs,
 ) -> Result<()> {
-    let mut params: [*mut c_void; 4] = [
-        (&raw mut args.dst).cast(),
-        (&raw mut args.src).cast(),
-        (&raw mut args.len).cast(),
-        (&raw mut args.divisor).cast(),
-    ];
-    // SAFETY: the kernels take (T*, const T*, u64, u32), matching the fields above, which
-    // outlive the call (the driver copies parameters at launch); addresses: the caller's.
-    unsafe { function.launch(stream, config, &mut params) }
+    // The kernels take (T*, const T*, u64, u32), in this order.
+    let params = Params::default().u64(args.dst).u64(args.src).u64(args.len).u32(args.divisor);
+    // SAFETY: the arguments match the parameters; addresses: the caller's.
+    unsafe { launch_params(function, stream, config, params, None) }
+}
+
+/// Launch `function` with `params`, replayed through `cache` where one is given.
+///
+/// # Safety
+/// `params` match the kernel's parameters, and its addresses are valid for what it does with
+/// them until it completes; launches through `cache` follow [`LaunchCache::launch`]'s
+/// contract.
+unsafe fn launch_params(
+    function: &Function,
+    stream: &Stream,
+    config: LaunchConfig,
+    mut params: Params,
+    cache: Option<&mut LaunchCache>,
+) -> Result<()> {
+    match cache {
+        // SAFETY: the caller's contract.
+        Some(cache) => unsafe { cache.launch(function, stream, config, params) },
+        None => {
+            let (mut pointers, len) = (params.pointers(), params.len());
+            // SAFETY: the caller's contract; the pointers point into `params`, alive and
+            // unmoved through the call (the driver copies the arguments at launch).
+            unsafe { function.launch(stream, config, &mut pointers[..len]) }
+        }
+    }
 }
 
 /// The flagged-chunk kernels' parameters `(T* buf, u64 n, char* out_area,
@@ -188,25 +216,26 @@ pub(crate) unsafe fn launch_chunks(
     function: &Function,
     stream: &Stream,
     config: LaunchConfig,
-    mut args: ChunksArgs,
+    args: ChunksArgs,
+    cache: Option<&mut LaunchCache>,
 ) -> Result<()> {
-    let mut params: [*mut c_void; 12] = [
-        (&raw mut args.buf).cast(),
-        (&raw mut args.len).cast(),
-        (&raw mut args.out_area).cast(),
-        (&raw mut args.in_area).cast(),
-        (&raw mut args.divisor).cast(),
-        (&raw mut args.timeout_ns).cast(),
-        (&raw mut args.queue_timeout_ns).cast(),
-        (&raw mut args.failed).cast(),
-        (&raw mut args.seq_counter).cast(),
-        (&raw mut args.half_stride).cast(),
-        (&raw mut args.flags_offset).cast(),
-        (&raw mut args.broken).cast(),
-    ];
-    // SAFETY: the kernels take (T*, u64, char*, const char*, u32, u64, u64, u32*, u32*, u64,
-    // u64, u32*), matching the fields above, which outlive the call; addresses: the caller's.
-    unsafe { function.launch(stream, config, &mut params) }
+    // The kernels take (T*, u64, char*, const char*, u32, u64, u64, u32*, u32*, u64, u64,
+    // u32*), in this order.
+    let params = Params::default()
+        .u64(args.buf)
+        .u64(args.len)
+        .u64(args.out_area)
+        .u64(args.in_area)
+        .u32(args.divisor)
+        .u64(args.timeout_ns)
+        .u64(args.queue_timeout_ns)
+        .u64(args.failed)
+        .u64(args.seq_counter)
+        .u64(args.half_stride)
+        .u64(args.flags_offset)
+        .u64(args.broken);
+    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
+    unsafe { launch_params(function, stream, config, params, cache) }
 }
 
 /// The launch shape of a flagged-chunk kernel over `bytes` bytes: a block per chunk, at
@@ -247,24 +276,25 @@ pub(crate) unsafe fn launch_exchange(
     function: &Function,
     stream: &Stream,
     config: LaunchConfig,
-    mut args: ExchangeArgs,
+    args: ExchangeArgs,
+    cache: Option<&mut LaunchCache>,
 ) -> Result<()> {
-    let mut params: [*mut c_void; 11] = [
-        (&raw mut args.buf).cast(),
-        (&raw mut args.len).cast(),
-        (&raw mut args.out_lines).cast(),
-        (&raw mut args.in_lines).cast(),
-        (&raw mut args.seq).cast(),
-        (&raw mut args.divisor).cast(),
-        (&raw mut args.timeout_ns).cast(),
-        (&raw mut args.failed).cast(),
-        (&raw mut args.seq_counter).cast(),
-        (&raw mut args.half_stride).cast(),
-        (&raw mut args.broken).cast(),
-    ];
-    // SAFETY: the kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64,
-    // u32*), matching the fields above, which outlive the call; addresses: the caller's.
-    unsafe { function.launch(stream, config, &mut params) }
+    // The kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64, u32*), in
+    // this order.
+    let params = Params::default()
+        .u64(args.buf)
+        .u64(args.len)
+        .u64(args.out_lines)
+        .u64(args.in_lines)
+        .u32(args.seq)
+        .u32(args.divisor)
+        .u64(args.timeout_ns)
+        .u64(args.failed)
+        .u64(args.seq_counter)
+        .u64(args.half_stride)
+        .u64(args.broken);
+    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
+    unsafe { launch_params(function, stream, config, params, cache) }
 }
 
 /// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed,
@@ -282,18 +312,13 @@ pub(crate) struct WaitFlagArgs {
 /// # Safety
 /// `function` is the wait kernel; `flag` is a readable and `failed` and `broken` writable
 /// `u32`s, all addressable from the stream's device until it completes.
-pub(crate) unsafe fn launch_wait_flag(function: &Function, stream: &Stream, mut args: WaitFlagArgs) -> Result<()> {
-    let mut params: [*mut c_void; 5] = [
-        (&raw mut args.flag).cast(),
-        (&raw mut args.value).cast(),
-        (&raw mut args.timeout_ns).cast(),
-        (&raw mut args.failed).cast(),
-        (&raw mut args.broken).cast(),
-    ];
+pub(crate) unsafe fn launch_wait_flag(function: &Function, stream: &Stream, args: WaitFlagArgs) -> Result<()> {
+    // The kernel takes (const u32*, u32, u64, u32*, u32*), in this order.
+    let params =
+        Params::default().u64(args.flag).u32(args.value).u64(args.timeout_ns).u64(args.failed).u64(args.broken);
     let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
-    // SAFETY: the kernel takes (const u32*, u32, u64, u32*, u32*), matching the fields above,
-    // which outlive the call; addresses: the caller's.
-    unsafe { function.launch(stream, one, &mut params) }
+    // SAFETY: the arguments match the parameters; addresses: the caller's.
+    unsafe { launch_params(function, stream, one, params, None) }
 }
 
 /// Refuses a divisor of 0 (avg divides by the number of contributions): what every reduce

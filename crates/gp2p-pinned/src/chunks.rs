@@ -162,6 +162,7 @@ impl ChunkExchange {
                     divide_by,
                     waits,
                     CHUNK_MAX_BLOCKS,
+                    None,
                 )
             }
             .map_err(Into::into)

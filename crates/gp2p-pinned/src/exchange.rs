@@ -113,8 +113,10 @@ impl LineExchange {
             // 256-aligned mapped pinned memory that only rank r writes (`own`), and outlive
             // the kernels by the points `launch_both` notes right after each launch; `failed`
             // is rank r's own u32.
-            unsafe { raw::exchange(streams[r], raw_bufs[r], len, T::DTYPE, op, lines, seq, divide_by, timeout_ns) }
-                .map_err(Into::into)
+            unsafe {
+                raw::exchange(streams[r], raw_bufs[r], len, T::DTYPE, op, lines, seq, divide_by, timeout_ns, None)
+            }
+            .map_err(Into::into)
         };
         self.pair.launch_both(streams, bufs, launch, |_, _| ())?;
         Ok(())
