@@ -66,6 +66,32 @@ def main():
             total += _batch(call, 500)
             stream.synchronize()
         print("%-34s %6.3f us (mean of 20 batches of 500)" % (name, total / 20), flush=True)
+    # Launching work recorded once: a graph of k null kernels, one after another, captured
+    # from the stream and launched with cuGraphLaunch (what replaying an enqueued plan costs).
+    for k in (1, 2, 4):
+        stream.begin_capture()
+        with stream:
+            for _ in range(k):
+                fn((1,), (1,), (cp.uint64(1), cp.uint64(2)))
+        graph = stream.end_capture()
+        graph.upload(stream)
+        exec_handle = ctypes.c_void_p(graph.graphExec)
+        call = lambda: cuda.cuGraphLaunch(exec_handle, raw)
+        if call() != 0:
+            raise SystemExit("cuGraphLaunch failed")
+        total = 0.0
+        for _ in range(20):
+            total += _batch(call, 200)
+            stream.synchronize()
+        print("cuGraphLaunch (%d null kernels)       %6.3f us (mean of 20 batches of 200)" % (k, total / 20), flush=True)
+    # Launch after the stream went idle (each launch then synchronised, not timed).
+    total = 0.0
+    for _ in range(200):
+        stream.synchronize()
+        t0 = time.perf_counter()
+        launch(func, 1, 1, 1, 1, 1, 1, 0, raw, params, None)
+        total += time.perf_counter() - t0
+    print("cuLaunchKernel (1x1) on an idle stream %6.3f us (mean of 200)" % (total / 200 * 1e6), flush=True)
 
 
 def _batch(call, calls):
