@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gp2p_cuda::raw::{self, ChunkAreas, ChunkWaits};
-use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamPoint};
+use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, LaunchCache, Stream, StreamPoint};
 use gp2p_kernels::{CHUNK_MAX_BLOCKS, Element, ReduceOp, chunk_area_layout};
 
 use crate::Result;
@@ -59,6 +59,11 @@ pub struct ChunkExchange {
     counters: [DeviceBuffer<u32>; 2],
     flags_offset: usize,
     queue_timeout: Duration,
+    /// Per rank, its kernels replayed from graphs (a launch costs the host about twice a
+    /// replay's time); each rank's calls run one after another (`Pair::order`), which is what
+    /// replaying one graph imposes, and the ranks' caches are apart, as their kernels wait
+    /// for each other.
+    launches: [LaunchCache; 2],
 }
 
 impl ChunkExchange {
@@ -80,7 +85,14 @@ impl ChunkExchange {
         pair.start_together = false;
         pair.counted = true;
         let counters = [DeviceBuffer::zeroed(devices[0], 2)?, DeviceBuffer::zeroed(devices[1], 2)?];
-        Ok(ChunkExchange { pair, counters, flags_offset, queue_timeout: DEFAULT_QUEUE_TIMEOUT.max(timeout) })
+        let launches = [LaunchCache::new(devices[0]), LaunchCache::new(devices[1])];
+        Ok(ChunkExchange {
+            pair,
+            counters,
+            flags_offset,
+            queue_timeout: DEFAULT_QUEUE_TIMEOUT.max(timeout),
+            launches,
+        })
     }
 
     /// Whether a call whose streams have work queued starts both kernels only once both
@@ -130,6 +142,7 @@ impl ChunkExchange {
         let (counters, mapped, failed) = (&self.counters, self.pair.mapped, self.pair.failed_mapped);
         let (half_stride, flags_offset) = (self.pair.half_bytes as u64, self.flags_offset as u64);
         let raw_bufs = [bufs[0].raw_ptr(), bufs[1].raw_ptr()];
+        let launches = &mut self.launches;
         let launch = |r: usize| {
             let (own, peer) = mapped[r];
             let chunk_areas = ChunkAreas {
@@ -150,7 +163,8 @@ impl ChunkExchange {
             // rank r's own u32; all of them outlive the kernels by the points `launch_both`
             // notes right after each launch. `launch_both` enqueues both kernels (should the
             // second fail, the first gives up at its queue timeout, and the pair, out of
-            // step, refuses every later call).
+            // step, refuses every later call). Rank r's launch cache is its own, and its
+            // launches are rank r's calls, each ordered after the last by `Pair::begin`.
             unsafe {
                 raw::exchange_chunks(
                     streams[r],
@@ -162,7 +176,7 @@ impl ChunkExchange {
                     divide_by,
                     waits,
                     CHUNK_MAX_BLOCKS,
-                    None,
+                    Some(&mut launches[r]),
                 )
             }
             .map_err(Into::into)
