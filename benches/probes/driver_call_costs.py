@@ -84,6 +84,38 @@ def main():
             total += _batch(call, 200)
             stream.synchronize()
         print("cuGraphLaunch (%d null kernels)       %6.3f us (mean of 20 batches of 200)" % (k, total / 20), flush=True)
+    # The GPU's side: back-to-back launches of a null kernel against replays of a one-kernel
+    # graph, timed by events around 200 of each (GPU microseconds per launch), queued behind
+    # a 20 ms spin so that the GPU, not the host, sets the pace.
+    spin = cp.RawModule(code='''extern "C" __global__ void spin(long long cycles) {
+        long long t0 = clock64(); while (clock64() - t0 < cycles) {} }''').get_function("spin")
+    single = None
+    stream.begin_capture()
+    with stream:
+        fn((1,), (1,), (cp.uint64(1), cp.uint64(2)))
+    single = stream.end_capture()
+    single.upload(stream)
+    single_exec = ctypes.c_void_p(single.graphExec)
+    for name, call in (
+        ("null kernels launched", lambda: launch(func, 1, 1, 1, 1, 1, 1, 0, raw, params, None)),
+        ("one-kernel graphs replayed", lambda: cuda.cuGraphLaunch(single_exec, raw)),
+        ("event record + kernel launched", lambda: (cuda.cuEventRecord(event, raw), launch(func, 1, 1, 1, 1, 1, 1, 0, raw, params, None))),
+        ("event record + graph replayed", lambda: (cuda.cuEventRecord(event, raw), cuda.cuGraphLaunch(single_exec, raw))),
+    ):
+        gpu = []
+        for _ in range(5):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            stream.synchronize()
+            with stream:
+                spin((1,), (1,), (cp.int64(40_000_000),))
+            start.record(stream)
+            for _ in range(200):
+                call()
+            end.record(stream)
+            end.synchronize()
+            gpu.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / 200)
+        gpu.sort()
+        print("GPU time per op, %-32s %6.3f us (median of 5 x 200)" % (name, gpu[2]), flush=True)
     # Launch after the stream went idle (each launch then synchronised, not timed).
     total = 0.0
     for _ in range(200):
