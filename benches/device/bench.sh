@@ -7,7 +7,9 @@
 # mp (one process per GPU against NCCL SHM in the same processes: the default, then the line
 # kernel to 4, 16 and 64 KiB; needs the wheel installed on PYTHONPATH), python (issue 14's
 # comparison with torch, 4 KiB to 1 GiB, and the Python layer's host time per call split
-# against the Rust call, legacy and side streams; needs the wheel on PYTHONPATH).
+# against the Rust call, legacy and side streams; needs the wheel on PYTHONPATH), trace (the
+# driver calls of small enqueues, Rust and Python: where issue 12's and 16's host microseconds
+# go; needs the wheel on PYTHONPATH).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${BUNDLE:-bundle}
@@ -66,6 +68,13 @@ for section in "$@"; do
     for st in legacy side; do
       run python-overhead-parts-$st-$tag sh -c "cd benches/python && python3 overhead_parts.py --streams $st --rounds 5 --bind-cpus --json '$R/python-overhead-parts-$st-$tag.json'"
     done
+    ;;
+  trace)
+    run trace-all-reduce-$tag $G bench all-reduce --ranks 2 -b 8 -e 64K -f 8 -n 20 --trace
+    run trace-all-reduce-8M-$tag $G bench all-reduce --ranks 2 -b 8M -e 8M -n 10 --trace
+    run trace-copy-$tag $G bench copy --route staged --src 0 --dst $(( $(nvidia-smi -L | grep -c '^GPU') - 1 )) -b 4 -e 64K -f 16 -n 20 --trace
+    run trace-python-copy-$tag python3 benches/probes/trace_calls.py copy --devices 0,$(( $(nvidia-smi -L | grep -c '^GPU') - 1 ))
+    run trace-python-comm-$tag python3 -m torch.distributed.run --nproc-per-node 2 benches/probes/trace_calls.py comm
     ;;
   spread)
     for p in 1 2 3; do

@@ -8,7 +8,7 @@ layer and the native argument reading). Two ways, as ``overhead_parts.py`` times
 ``tight`` (calls back to back, the GPU synchronised every 20) and ``idle`` (each call after a
 synchronise and a 2 ms sleep, so the host's caches are cold as after real work).
 
-    python3 trace_calls.py copy                 # gp.copy_ of 4 bytes, two tensors of device 0
+    python3 trace_calls.py copy [--devices 0,1] # gp.copy_ of 4 bytes (default: within device 0)
     python3 -m torch.distributed.run --nproc-per-node 2 trace_calls.py comm
                                                 # Communicator.all_reduce of 8 bytes, two
                                                 # processes (sharing the GPU where there is one)
@@ -63,16 +63,18 @@ def report(title, call, calls, check):
 
 
 def copy_case(args):
-    a = torch.randn(1, device="cuda:0")
-    b = torch.empty_like(a)
+    src, dst = (int(d) for d in args.devices.split(","))
+    a = torch.randn(1, device="cuda:%d" % src)
+    b = torch.empty(1, device="cuda:%d" % dst)
     for _ in range(20):
         gp.copy_(b, a, route="staged")
 
     def check():
-        if not torch.equal(a, b):
+        if not torch.equal(a.cpu(), b.cpu()):
             raise SystemExit("copy_: wrong result")
 
-    report("copy_ of 4 bytes, staged, device 0 -> 0", lambda: gp.copy_(b, a, route="staged"), args.calls, check)
+    report("copy_ of 4 bytes, staged, device %d -> %d" % (src, dst), lambda: gp.copy_(b, a, route="staged"),
+           args.calls, check)
 
 
 def comm_case(args):
@@ -123,6 +125,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("case", choices=["copy", "comm"])
     parser.add_argument("--calls", type=int, default=60, help="traced calls per way")
+    parser.add_argument("--devices", default="0,0", help="copy: source and destination device ordinals")
     args = parser.parse_args()
     if args.case == "comm":
         comm_case(args)
