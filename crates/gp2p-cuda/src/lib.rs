@@ -18,6 +18,10 @@
 //!   stream never blocks and never frees what the GPU may still use.
 //! - [`Module`] / [`Function`]: PTX from `gp2p-kernels`, loaded once per device and cached.
 //! - [`reduce`]: the checked launch of the reduce kernel family.
+//! - [`LaunchCache`]: kernel launches of one serialised caller replayed from CUDA graphs
+//!   (a launch costs the host about twice a replay's time).
+//! - [`trace`]: a per-thread host-time trace of the driver calls, for finding where an
+//!   enqueue's time goes.
 //! - [`raw`]: the one door to the driver for the crates above: copies and kernel launches on
 //!   addresses (unsafe, each with its contract), and address lookups.
 //! - `interop` (feature `cudarc`): cudarc's memory and streams as views and streams of this

@@ -86,13 +86,7 @@ impl ChunkExchange {
         pair.counted = true;
         let counters = [DeviceBuffer::zeroed(devices[0], 2)?, DeviceBuffer::zeroed(devices[1], 2)?];
         let launches = [LaunchCache::new(devices[0]), LaunchCache::new(devices[1])];
-        Ok(ChunkExchange {
-            pair,
-            counters,
-            flags_offset,
-            queue_timeout: DEFAULT_QUEUE_TIMEOUT.max(timeout),
-            launches,
-        })
+        Ok(ChunkExchange { pair, counters, flags_offset, queue_timeout: DEFAULT_QUEUE_TIMEOUT.max(timeout), launches })
     }
 
     /// Whether a call whose streams have work queued starts both kernels only once both
