@@ -187,9 +187,9 @@ pub enum Numbering {
 /// - the peer's kernel for the same `seq` is enqueued too, on a stream that can run at the
 ///   same time as this one; otherwise this kernel waits `timeout_ns`, sets `failed` and
 ///   leaves `buf` partly folded;
-/// - with `launches` given, every earlier launch through that cache may have finished before
-///   this one starts: the replay waits for them (see [`crate::LaunchCache`]), so the cache is
-///   this rank's alone, never shared with the peer's kernel.
+/// - with `launches` given, this launch may run after every earlier launch through that
+///   cache (a replay is ordered after the earlier launches of its graph, see
+///   [`crate::LaunchCache`]): the cache is this rank's alone, never shared with the peer's.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange(
     stream: &Stream,
@@ -299,9 +299,9 @@ pub struct ChunkWaits {
 /// - the peer's kernel for the same call is enqueued too, on a stream that can run at the
 ///   same time as this one; otherwise this kernel waits `waits.queue_timeout_ns`, sets
 ///   `failed` and leaves `buf` partly folded;
-/// - with `launches` given, every earlier launch through that cache may have finished before
-///   this one starts: the replay waits for them (see [`crate::LaunchCache`]), so the cache is
-///   this rank's alone, never shared with the peer's kernel.
+/// - with `launches` given, this launch may run after every earlier launch through that
+///   cache (a replay is ordered after the earlier launches of its graph, see
+///   [`crate::LaunchCache`]): the cache is this rank's alone, never shared with the peer's.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange_chunks(
     stream: &Stream,

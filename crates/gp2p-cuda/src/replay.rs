@@ -5,19 +5,19 @@
 //! `cuLaunchKernel` and about 2 us for a `cuGraphLaunch`, whatever the graph holds
 //! (`benches/probes/driver_call_costs.py`; in the driver-call traces of
 //! `benches/probes/trace_calls.py` the launch was 3.9 us of the communicator's 7 us call). A
-//! [`LaunchCache`] keeps, per kernel and launch shape, a one-node graph; a launch with the
-//! arguments of the last one replays it, other arguments are set into it first
+//! [`LaunchCache`] keeps one single-node graph per kernel; a launch with the shape and
+//! arguments of the kernel's last one replays it, other ones are set into it first
 //! (`cuGraphExecKernelNodeSetParams`, which affects only later launches).
 //!
-//! The cost of replaying: every launch of one graph is ordered after the previous launches of
-//! that graph, on whatever stream they ran. So one cache serves one caller whose launches the
-//! GPU runs one after another anyway (a communicator's rank), never kernels that must run at
-//! the same time: that is the contract of [`LaunchCache::launch`].
+//! The cost of replaying: a launch of a graph is ordered after the earlier launches of that
+//! graph, on whatever stream they ran. So one cache serves one caller whose launches may run
+//! one after another (a communicator's rank), never kernels that must run at the same time:
+//! that is the contract of [`LaunchCache::launch`].
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
 
-use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUgraphNode};
+use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUgraphNode, CUresult};
 
 use crate::driver::{check, defer_error};
 use crate::{Device, Error, Function, LaunchConfig, Result, Stream};
@@ -28,8 +28,8 @@ compile_error!("kernel arguments are kept in 64-bit slots read through their fir
 /// The most arguments a kernel of this crate takes.
 const MAX_PARAMS: usize = 12;
 
-/// Kernels (and launch shapes) a cache keeps a graph for; the least recently used goes first.
-const CACHED_GRAPHS: usize = 8;
+/// Kernels a cache keeps a graph for; the least recently used goes first.
+const CACHED_GRAPHS: usize = 16;
 
 /// A kernel's arguments by value, each in a 64-bit slot, a 32-bit one in its low half (the
 /// driver reads as many bytes from each slot as the parameter takes), so that a launch can
@@ -67,8 +67,8 @@ impl Params {
     }
 }
 
-/// One kernel's graph: its template (whose node the arguments are set through) and the
-/// executable graph the launches replay.
+/// One kernel's graph: its template (whose node the shape and arguments are set through) and
+/// the executable graph the launches replay, with the shape and arguments it holds now.
 struct Replay {
     function: sys::CUfunction,
     config: LaunchConfig,
@@ -114,10 +114,10 @@ impl LaunchCache {
     /// stream capturing a graph gets a plain launch (the capture records it as a kernel node).
     ///
     /// # Safety
-    /// As [`Function::launch`] for `params`; and every launch through this cache must be one
-    /// the GPU may run after all earlier launches through it have finished: a launch waits for
-    /// them, on whatever stream they ran (two kernels that wait for each other must not share
-    /// a cache).
+    /// As [`Function::launch`] for `params`; and the caller's launches through this cache must
+    /// be ones the GPU may run one after another in the order they are made: a replay is
+    /// ordered after the earlier launches of its graph, on whatever stream they ran (two
+    /// kernels that wait for each other must not share a cache).
     pub(crate) unsafe fn launch(
         &mut self,
         function: &Function,
@@ -139,30 +139,35 @@ impl LaunchCache {
             return unsafe { function.launch(stream, config, &mut pointers[..len]) };
         }
         function.check_launch(stream, config)?;
+        // As for every launch: the handles of the default streams (0, legacy, per-thread)
+        // name the current context's, so it must be this device's.
+        self.device.bind()?;
         self.launches += 1;
-        let found = self.replays.iter().position(|r| r.function == function.raw() && r.config == config);
-        let index = match found {
-            Some(index) if self.replays[index].params == params => index,
+        let index = match self.replays.iter().position(|r| r.function == function.raw()) {
+            Some(index) if self.replays[index].config == config && self.replays[index].params == params => index,
             Some(index) => {
                 // SAFETY: the node is the kernel node of the graph the executable came from,
-                // for the same function and shape; the arguments are the caller's contract.
-                match unsafe { set_params(&self.replays[index], &mut params) } {
+                // of the same function; the arguments are the caller's contract.
+                match unsafe { set_node(&self.replays[index], config, &mut params) } {
                     Ok(()) => {
-                        self.replays[index].params = params;
+                        let replay = &mut self.replays[index];
+                        (replay.config, replay.params) = (config, params);
                         index
                     }
-                    Err(_) => {
-                        // Replace it with a graph made for these arguments.
+                    // A change the executable graph does not take: one made for it instead.
+                    Err(Error::Driver { code, .. }) if code == CUresult::CUDA_ERROR_INVALID_VALUE as u32 => {
                         destroy(self.replays.swap_remove(index));
                         self.add(function, config, params)?
                     }
+                    Err(e) => return Err(e),
                 }
             }
             None => self.add(function, config, params)?,
         };
         let replay = &mut self.replays[index];
         replay.last_used = self.launches;
-        // SAFETY: a live executable graph of this device's context and a live stream of it.
+        // SAFETY: a live executable graph of this device's context, current, and a live
+        // stream of it.
         check(unsafe { sys::cuGraphLaunch(replay.exec, stream.raw()) }, "cuGraphLaunch")
     }
 
@@ -187,7 +192,7 @@ impl LaunchCache {
             last_used: self.launches,
         };
         let mut pointers = params.pointers();
-        let node_params = kernel_node(&replay, &mut pointers);
+        let node_params = kernel_node(replay.function, config, &mut pointers);
         // SAFETY: a live graph, no dependencies, and node parameters whose argument pointers
         // point into `params`, which the driver copies during the call.
         let added = check(
@@ -222,17 +227,22 @@ impl std::fmt::Debug for LaunchCache {
     }
 }
 
-/// The kernel node's parameters for `replay`, with the argument pointers `pointers`.
-fn kernel_node(replay: &Replay, pointers: &mut [*mut c_void; MAX_PARAMS]) -> sys::CUDA_KERNEL_NODE_PARAMS {
+/// A kernel node's parameters: `function` in the shape `config`, with the argument pointers
+/// `pointers`.
+fn kernel_node(
+    function: sys::CUfunction,
+    config: LaunchConfig,
+    pointers: &mut [*mut c_void; MAX_PARAMS],
+) -> sys::CUDA_KERNEL_NODE_PARAMS {
     sys::CUDA_KERNEL_NODE_PARAMS {
-        func: replay.function,
-        gridDimX: replay.config.grid,
+        func: function,
+        gridDimX: config.grid,
         gridDimY: 1,
         gridDimZ: 1,
-        blockDimX: replay.config.block,
+        blockDimX: config.block,
         blockDimY: 1,
         blockDimZ: 1,
-        sharedMemBytes: replay.config.shared_bytes,
+        sharedMemBytes: config.shared_bytes,
         kernelParams: pointers.as_mut_ptr(),
         extra: std::ptr::null_mut(),
         kern: std::ptr::null_mut(),
@@ -240,13 +250,15 @@ fn kernel_node(replay: &Replay, pointers: &mut [*mut c_void; MAX_PARAMS]) -> sys
     }
 }
 
-/// Set `params` into `replay`'s executable graph, for its later launches.
+/// Set the shape `config` and the arguments `params` into `replay`'s executable graph, for its
+/// later launches (the launches already made keep theirs).
 ///
 /// # Safety
-/// `replay` holds a live executable graph and its template's kernel node.
-unsafe fn set_params(replay: &Replay, params: &mut Params) -> Result<()> {
+/// `replay` holds a live executable graph and its template's kernel node; its context is
+/// current.
+unsafe fn set_node(replay: &Replay, config: LaunchConfig, params: &mut Params) -> Result<()> {
     let mut pointers = params.pointers();
-    let node_params = kernel_node(replay, &mut pointers);
+    let node_params = kernel_node(replay.function, config, &mut pointers);
     // SAFETY: the caller's contract; the argument pointers point into `params`, which the
     // driver copies during the call.
     check(

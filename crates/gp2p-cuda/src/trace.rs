@@ -71,8 +71,10 @@ pub fn finish() -> Vec<TracedCall> {
 /// Add a mark named `name` to this thread's trace, if one is running: driver calls do this
 /// as they return; callers may add their own to split the time between them.
 pub fn mark(name: &'static str) {
-    if ON.with(Cell::get) {
-        MARKS.with(|marks| marks.borrow_mut().push((name, Instant::now())));
+    // `try_with`: a driver call from another thread-local's destructor, at thread exit, finds
+    // these gone and is simply not marked.
+    if ON.try_with(Cell::get).unwrap_or(false) {
+        let _ = MARKS.try_with(|marks| marks.borrow_mut().push((name, Instant::now())));
     }
 }
 

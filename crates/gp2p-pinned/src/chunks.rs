@@ -62,7 +62,10 @@ pub struct ChunkExchange {
     /// Per rank, its kernels replayed from graphs (a launch costs the host about twice a
     /// replay's time); each rank's calls run one after another (`Pair::order`), which is what
     /// replaying one graph imposes, and the ranks' caches are apart, as their kernels wait
-    /// for each other.
+    /// for each other. A kernel's first call (or its first after the cache let it go) makes
+    /// rank 1's graph between the two launches, where nothing may wait for a device: the
+    /// context's first graph, with whatever the driver sets up once, is made and launched at
+    /// the kernels' warm-up; that a later one waits for nothing is not yet seen on two GPUs.
     launches: [LaunchCache; 2],
 }
 
