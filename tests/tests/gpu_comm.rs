@@ -444,12 +444,13 @@ fn two_processes_take_the_line_kernel_up_to_64_kib_when_told() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_replay_the_small_path_on_the_same_and_on_other_buffers() {
-    // The small path's launches are replayed from graphs (gp2p_cuda::LaunchCache): a call on
-    // the buffer of the call before replays the graph as it is, a call on another buffer sets
-    // its arguments first. Three buffers of one length, in a pattern of repeats and switches,
-    // back to back with no synchronisation, on both kernels (lines and chunks); every call
-    // checked: each one doubles its buffer (both ranks hold the same values after their first
-    // call on it), so a replay with stale arguments leaves a wrong count on some buffer.
+    // The small path's launches are replayed from graphs (gp2p_cuda::LaunchCache), one per
+    // kernel: a call like the kernel's last replays it as it is, another buffer or another
+    // grid (the chunk kernel's grows with the size) is set into it first. Buffers of the line
+    // kernel (61 elements) and of the chunk kernel at two grids (3,001 and 30,001 elements),
+    // in a pattern of repeats and switches, back to back with no synchronisation; every call
+    // checked: each doubles its buffer (both ranks hold the same values after their first
+    // call on it), so a replay with a stale buffer or grid leaves a wrong count somewhere.
     let test = "one_gpu_two_processes_replay_the_small_path_on_the_same_and_on_other_buffers";
     if !is_child() {
         needs!(gpus: 1, compute_80);
@@ -457,22 +458,24 @@ fn one_gpu_two_processes_replay_the_small_path_on_the_same_and_on_other_buffers(
     let options = CommOptions { peer_timeout: std::time::Duration::from_secs(30), ..small_slots() };
     let mut r = Ranked::start_on(test, options, |_| 0);
     let (rank, stream) = (r.rank, &r.stream);
-    for len in [61usize, 3_001] {
-        let inputs: Vec<Vec<Vec<u32>>> =
-            (0..3).map(|b| (0..2).map(|r| random(len, 7_000 + len as u64 + 2 * b + r)).collect()).collect();
-        let mut bufs: Vec<DeviceBuffer<u32>> =
-            inputs.iter().map(|i| DeviceBuffer::from_host(stream, &i[rank]).unwrap()).collect();
-        let mut calls = [0u32; 3];
-        for b in [0usize, 0, 0, 1, 1, 2, 0, 2, 2, 2, 1, 0, 1, 2, 0, 0, 1, 1, 1, 2] {
-            r.comm.all_reduce(&mut bufs[b].view_mut(..), stream, ReduceOp::Sum).unwrap();
-            calls[b] += 1;
-        }
-        for (b, buf) in bufs.iter().enumerate() {
-            let factor = 1u32 << (calls[b] - 1);
-            let want: Vec<u32> =
-                inputs[b][0].iter().zip(&inputs[b][1]).map(|(x, y)| x.wrapping_add(*y).wrapping_mul(factor)).collect();
-            assert!(buf.to_host_vec(stream).unwrap() == want, "rank {rank} len {len} buffer {b} ({} calls)", calls[b]);
-        }
+    let lens = [61usize, 61, 3_001, 30_001, 3_001, 30_001];
+    let inputs: Vec<Vec<Vec<u32>>> = lens
+        .iter()
+        .enumerate()
+        .map(|(b, &len)| (0..2).map(|r| random(len, 7_000 + 2 * b as u64 + r)).collect())
+        .collect();
+    let mut bufs: Vec<DeviceBuffer<u32>> =
+        inputs.iter().map(|i| DeviceBuffer::from_host(stream, &i[rank]).unwrap()).collect();
+    let mut calls = [0u32; 6];
+    for b in [0usize, 0, 0, 1, 1, 0, 2, 2, 3, 3, 2, 4, 5, 4, 4, 3, 5, 5, 2, 1, 2, 3, 0, 4, 5, 3, 2, 2] {
+        r.comm.all_reduce(&mut bufs[b].view_mut(..), stream, ReduceOp::Sum).unwrap();
+        calls[b] += 1;
+    }
+    for (b, buf) in bufs.iter().enumerate() {
+        let factor = 1u32 << (calls[b] - 1);
+        let want: Vec<u32> =
+            inputs[b][0].iter().zip(&inputs[b][1]).map(|(x, y)| x.wrapping_add(*y).wrapping_mul(factor)).collect();
+        assert!(buf.to_host_vec(stream).unwrap() == want, "rank {rank} buffer {b} of {} ({} calls)", lens[b], calls[b]);
     }
     r.finish();
 }
