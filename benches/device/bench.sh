@@ -9,7 +9,8 @@
 # comparison with torch, 4 KiB to 1 GiB, and the Python layer's host time per call split
 # against the Rust call, legacy and side streams; needs the wheel on PYTHONPATH), trace (the
 # driver calls of small enqueues, Rust and Python: where issue 12's and 16's host microseconds
-# go; needs the wheel on PYTHONPATH).
+# go; needs the wheel on PYTHONPATH), exchange (two-rank all_reduce 1 MiB-1 GiB by transport,
+# the ring against the one-step exchange at every size, GP2P_EXCHANGE_MAX_BYTES, in turns).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${BUNDLE:-bundle}
@@ -67,6 +68,12 @@ for section in "$@"; do
     run compare-torch-$tag python3 benches/python/compare_torch.py --json "$R/compare-torch-$tag.json"
     for st in legacy side; do
       run python-overhead-parts-$st-$tag sh -c "cd benches/python && python3 overhead_parts.py --streams $st --rounds 5 --bind-cpus --json '$R/python-overhead-parts-$st-$tag.json'"
+    done
+    ;;
+  exchange)
+    for t in scratch zero-copy auto; do
+      run all-reduce-ring-$t-$tag $G bench all-reduce --ranks 2 --transport $t -b 1M -e 1G -f 4 -n 10 -w 3 --json "$R/all-reduce-ring-$t-$tag.json"
+      GP2P_EXCHANGE_MAX_BYTES=4294967296 run all-reduce-exchange-$t-$tag $G bench all-reduce --ranks 2 --transport $t -b 1M -e 1G -f 4 -n 10 -w 3 --json "$R/all-reduce-exchange-$t-$tag.json"
     done
     ;;
   trace)

@@ -59,16 +59,22 @@ fn default_chunk_exchange_max() -> usize {
 
 /// The limit a value of [`CHUNK_EXCHANGE_MAX_VAR`] sets (unset: the default).
 fn parse_chunk_exchange_max(value: Option<&str>) -> usize {
+    let limit = gp2p_pinned::CHUNK_EXCHANGE_LIMIT;
+    parse_byte_limit(CHUNK_EXCHANGE_MAX_VAR, value, CHUNK_EXCHANGE_MAX_BYTES, limit, "0 turns the chunk exchange off")
+}
+
+/// The byte count `value` of the environment variable `var` gives, at most `limit`; unset:
+/// `default`. Anything else is ignored (`default`), with a note on stderr that ends in `hint`.
+pub(crate) fn parse_byte_limit(var: &str, value: Option<&str>, default: usize, limit: usize, hint: &str) -> usize {
     match value.map(|v| v.trim().parse::<usize>()) {
-        None => CHUNK_EXCHANGE_MAX_BYTES,
-        Some(Ok(bytes)) if bytes <= gp2p_pinned::CHUNK_EXCHANGE_LIMIT => bytes,
+        None => default,
+        Some(Ok(bytes)) if bytes <= limit => bytes,
         Some(_) => {
             eprintln!(
-                "geforce-p2p: ignoring {CHUNK_EXCHANGE_MAX_VAR}={:?}: not a byte count up to {} (0 turns the chunk exchange off)",
+                "geforce-p2p: ignoring {var}={:?}: not a byte count up to {limit} ({hint})",
                 value.unwrap_or_default(),
-                gp2p_pinned::CHUNK_EXCHANGE_LIMIT
             );
-            CHUNK_EXCHANGE_MAX_BYTES
+            default
         }
     }
 }
@@ -510,7 +516,7 @@ mod tests {
 
     use super::{
         CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, Chunking, Engine, MULTI_DEVICE_MAX_CHUNK_BYTES, SLOTS, Waits,
-        parse_chunk_exchange_max, plan_waits,
+        parse_byte_limit, parse_chunk_exchange_max, plan_waits,
     };
     use crate::schedule::Schedule;
 
@@ -554,6 +560,17 @@ mod tests {
         );
         assert_eq!(parse_chunk_exchange_max(Some(&usize::MAX.to_string())), CHUNK_EXCHANGE_MAX_BYTES);
         assert_eq!(Engine::new().with_chunk_exchange_max(7).chunk_exchange_max(), 7);
+    }
+
+    #[test]
+    fn byte_limits_from_the_environment_take_byte_counts_up_to_their_limit_only() {
+        let parse = |value| parse_byte_limit("GP2P_TEST_LIMIT", value, 10, 100, "a hint");
+        assert_eq!(parse(None), 10, "unset: the default");
+        assert_eq!(parse(Some("100")), 100);
+        assert_eq!(parse(Some("0")), 0);
+        assert_eq!(parse(Some("101")), 10, "above the limit");
+        assert_eq!(parse(Some("-1")), 10, "not a byte count");
+        assert_eq!(parse(Some("1G")), 10, "no suffixes");
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub use exec::{
     CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, CHUNK_EXCHANGE_MAX_VAR, Engine, LINE_EXCHANGE_MAX_BYTES,
     LINE_EXCHANGE_WINS_UP_TO, MULTI_DEVICE_MAX_CHUNK_BYTES, MULTI_DEVICE_TARGET_CHUNKS, Rank,
 };
-pub use schedule::{Collective, EXCHANGE_MAX_BYTES};
+pub use schedule::{Collective, EXCHANGE_MAX_BYTES, EXCHANGE_MAX_VAR};
 use schedule::{schedule_for, segment};
 
 /// The receive path: how a receiving rank folds a staged chunk into its buffer.

@@ -23,6 +23,8 @@ use std::ops::Range;
 use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
 use gp2p_transport::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
 
+use crate::exec::parse_byte_limit;
+
 /// What the receiver does with a transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -233,9 +235,27 @@ pub enum Collective {
 }
 
 /// Two-rank all-reduces of up to this many bytes exchange their buffers in one step
-/// ([`Schedule::all_reduce_exchange`]); larger ones run the ring. The transport's one-chunk
-/// limit: below it a collective is bound by latency, above it by bandwidth.
+/// ([`Schedule::all_reduce_exchange`]); larger ones run the ring, unless the environment
+/// variable [`EXCHANGE_MAX_VAR`] sets another limit. The transport's one-chunk limit: below
+/// it a collective is bound by latency, above it by bandwidth.
 pub const EXCHANGE_MAX_BYTES: usize = SINGLE_CHUNK_MAX_BYTES;
+
+/// The environment variable that overrides [`EXCHANGE_MAX_BYTES`] (a byte count, read once),
+/// for finding where the exchange and the ring cross on a pair of cards: the limit was set on
+/// one H200 with both ranks on its one link, while between processes on two H200s the
+/// communicator's exchange through slots reached 0.88-0.95 of duplex at 64 MiB-1 GiB, where
+/// the in-process ring reached 0.74-0.85 (benches/results/x2/).
+pub const EXCHANGE_MAX_VAR: &str = "GP2P_EXCHANGE_MAX_BYTES";
+
+/// [`EXCHANGE_MAX_BYTES`], or the byte count in [`EXCHANGE_MAX_VAR`] (read once; anything
+/// else is ignored, with a note on stderr).
+fn exchange_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let value = std::env::var(EXCHANGE_MAX_VAR).ok();
+        parse_byte_limit(EXCHANGE_MAX_VAR, value.as_deref(), EXCHANGE_MAX_BYTES, usize::MAX, "the ring runs above it")
+    })
+}
 
 /// The exact schedule the entry points run for `ranks` buffers of `len` elements of `T`.
 ///
@@ -260,7 +280,7 @@ pub fn schedule_for<T: Element>(
         // against the ring's 26-63). Larger buffers take the ring, whose all-gather half
         // lands by DMA; the exchange folds every byte in, which costs bandwidth at 2 MiB and
         // more (zero-copy at 128 MiB: 0.63 of duplex against 0.85).
-        Collective::AllReduce if ranks == 2 && len * size_of::<T>() <= EXCHANGE_MAX_BYTES => {
+        Collective::AllReduce if ranks == 2 && len.saturating_mul(size_of::<T>()) <= exchange_max() => {
             Schedule::all_reduce_exchange(len, chunk, align)
         }
         Collective::AllReduce => Schedule::all_reduce_aligned(ranks, len, chunk.next_multiple_of(align), align),
