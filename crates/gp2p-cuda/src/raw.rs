@@ -26,9 +26,11 @@ use gp2p_kernels::{
 use crate::driver::check;
 use crate::reduce::{
     ChunksArgs, ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagArgs, check_divisor, chunks_launch_config,
-    exchange_launch_config, launch_chunks, launch_exchange, launch_reduce, launch_wait_flag, reduce_launch_config,
+    chunks_params, exchange_launch_config, launch_exchange, launch_params, launch_reduce, launch_wait_flag,
+    reduce_launch_config,
 };
-use crate::{Device, Error, LaunchCache, Module, RawDevicePtr, Result, Stream};
+use crate::replay::Params;
+use crate::{Device, Error, Function, LaunchCache, LaunchConfig, Module, RawDevicePtr, Result, Stream};
 
 /// Enqueue an asynchronous copy of `bytes` bytes between the memories of two devices on
 /// `stream` (a stream of either device): one peer DMA where peer access is enabled, else
@@ -315,6 +317,56 @@ pub unsafe fn exchange_chunks(
     max_blocks: usize,
     launches: Option<&mut LaunchCache>,
 ) -> Result<()> {
+    match plan_exchange_chunks(stream.device(), buf, len, dtype, op, areas, divide_by, waits, max_blocks)? {
+        // SAFETY: the caller's contract, as `enqueue` asks.
+        Some(launch) => unsafe { launch.enqueue(stream, launches) },
+        None => Ok(()),
+    }
+}
+
+/// One rank's flagged-chunk kernel, its arguments checked by [`plan_exchange_chunks`], not
+/// yet enqueued: so a caller that launches two ranks' kernels can make both ranks' graphs
+/// ([`ChunksLaunch::prepare`]) before it enqueues either.
+pub struct ChunksLaunch {
+    function: Function,
+    config: LaunchConfig,
+    params: Params,
+}
+
+impl ChunksLaunch {
+    /// Have `cache` hold this launch's graph now, so that [`ChunksLaunch::enqueue`] through it
+    /// makes no driver call but the replay.
+    pub fn prepare(&self, cache: &mut LaunchCache) -> Result<()> {
+        cache.prepare(&self.function, self.config, self.params).map(drop)
+    }
+
+    /// Enqueue the kernel on `stream` (of the device it was planned for), replayed through
+    /// `launches` where given.
+    ///
+    /// # Safety
+    /// What [`exchange_chunks`] asks of its arguments and of `launches`, for the arguments
+    /// the launch was planned with.
+    pub unsafe fn enqueue(self, stream: &Stream, launches: Option<&mut LaunchCache>) -> Result<()> {
+        // SAFETY: a flagged-chunk kernel with its arguments in order; the addresses and the
+        // cache are the caller's contract.
+        unsafe { launch_params(&self.function, stream, self.config, self.params, launches) }
+    }
+}
+
+/// Check the arguments of one rank's flagged-chunk kernel on `device` as [`exchange_chunks`]
+/// does, and make its launch (`None` for an empty buffer, where nothing is enqueued).
+#[allow(clippy::too_many_arguments)]
+pub fn plan_exchange_chunks(
+    device: &Device,
+    buf: RawDevicePtr,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+    areas: ChunkAreas,
+    divide_by: u32,
+    waits: ChunkWaits,
+    max_blocks: usize,
+) -> Result<Option<ChunksLaunch>> {
     check_divisor(divide_by)?;
     check_aligned(&[("buf", buf)], dtype.size_bytes())?;
     check_aligned(&[("out_area", areas.out_area), ("in_area", areas.in_area), ("half_stride", areas.half_stride)], 64)?;
@@ -341,10 +393,10 @@ pub unsafe fn exchange_chunks(
     }
     check_aligned(&[("failed", areas.failed), ("broken", areas.broken), ("counter", areas.counter)], 4)?;
     if len == 0 {
-        return Ok(());
+        return Ok(None);
     }
-    let function = Module::reduce_kernels(stream.device())?.function(chunks_kernel_name(op, dtype))?;
-    let config = chunks_launch_config(bytes, stream.device().info().multiprocessors, max_blocks);
+    let function = Module::reduce_kernels(device)?.function(chunks_kernel_name(op, dtype))?;
+    let config = chunks_launch_config(bytes, device.info().multiprocessors, max_blocks);
     let args = ChunksArgs {
         buf,
         len: len as u64,
@@ -359,8 +411,7 @@ pub unsafe fn exchange_chunks(
         flags_offset: areas.flags_offset,
         broken: areas.broken,
     };
-    // SAFETY: a flagged-chunk kernel of `dtype`; the addresses are the caller's contract.
-    unsafe { launch_chunks(&function, stream, config, args, launches) }
+    Ok(Some(ChunksLaunch { function, config, params: chunks_params(&args) }))
 }
 
 /// Enqueue a write of `value` to the `u32` at `flag` on `stream`, after the work queued

@@ -170,7 +170,7 @@ pub(crate) unsafe fn launch_reduce(
 /// `params` match the kernel's parameters, and its addresses are valid for what it does with
 /// them until it completes; launches through `cache` follow [`LaunchCache::launch`]'s
 /// contract.
-unsafe fn launch_params(
+pub(crate) unsafe fn launch_params(
     function: &Function,
     stream: &Stream,
     config: LaunchConfig,
@@ -207,21 +207,11 @@ pub(crate) struct ChunksArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
-/// Launch a flagged-chunk kernel with `args`.
-///
-/// # Safety
-/// `function` is a flagged-chunk kernel; the addresses are valid for what it does with
-/// `len` elements, until it completes (see [`crate::raw::exchange_chunks`]).
-pub(crate) unsafe fn launch_chunks(
-    function: &Function,
-    stream: &Stream,
-    config: LaunchConfig,
-    args: ChunksArgs,
-    cache: Option<&mut LaunchCache>,
-) -> Result<()> {
+/// A flagged-chunk kernel's arguments, in order.
+pub(crate) fn chunks_params(args: &ChunksArgs) -> Params {
     // The kernels take (T*, u64, char*, const char*, u32, u64, u64, u32*, u32*, u64, u64,
     // u32*), in this order.
-    let params = Params::default()
+    Params::default()
         .u64(args.buf)
         .u64(args.len)
         .u64(args.out_area)
@@ -233,9 +223,7 @@ pub(crate) unsafe fn launch_chunks(
         .u64(args.seq_counter)
         .u64(args.half_stride)
         .u64(args.flags_offset)
-        .u64(args.broken);
-    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
-    unsafe { launch_params(function, stream, config, params, cache) }
+        .u64(args.broken)
 }
 
 /// The launch shape of a flagged-chunk kernel over `bytes` bytes: a block per chunk, at

@@ -125,13 +125,6 @@ impl LaunchCache {
         config: LaunchConfig,
         mut params: Params,
     ) -> Result<()> {
-        if function.device() != &self.device {
-            return Err(Error::WrongDevice {
-                what: "kernel of a launch cache",
-                got: function.device().ordinal(),
-                expected: self.device.ordinal(),
-            });
-        }
         if stream.is_capturing()? {
             let (mut pointers, len) = (params.pointers(), params.len());
             // SAFETY: the caller's contract; the pointers point into `params`, alive and
@@ -139,15 +132,33 @@ impl LaunchCache {
             return unsafe { function.launch(stream, config, &mut pointers[..len]) };
         }
         function.check_launch(stream, config)?;
-        // As for every launch: the handles of the default streams (0, legacy, per-thread)
-        // name the current context's, so it must be this device's.
+        let index = self.prepare(function, config, params)?;
+        let exec = self.replays[index].exec;
+        // SAFETY: a live executable graph of this device's context, current (bound by
+        // `prepare`), and a live stream of it.
+        check(unsafe { sys::cuGraphLaunch(exec, stream.raw()) }, "cuGraphLaunch")
+    }
+
+    /// Have this cache's graph of `function` hold `config` and `params` now (made, or set),
+    /// so that a launch of them replays it with no other driver call; its index. Binds the
+    /// device: the handles of the default streams (0, legacy, per-thread) name the current
+    /// context's, so a replay after it goes to this device's.
+    pub(crate) fn prepare(&mut self, function: &Function, config: LaunchConfig, mut params: Params) -> Result<usize> {
+        if function.device() != &self.device {
+            return Err(Error::WrongDevice {
+                what: "kernel of a launch cache",
+                got: function.device().ordinal(),
+                expected: self.device.ordinal(),
+            });
+        }
         self.device.bind()?;
         self.launches += 1;
         let index = match self.replays.iter().position(|r| r.function == function.raw()) {
             Some(index) if self.replays[index].config == config && self.replays[index].params == params => index,
             Some(index) => {
                 // SAFETY: the node is the kernel node of the graph the executable came from,
-                // of the same function; the arguments are the caller's contract.
+                // of the same function, in the context bound above; the arguments are only
+                // copied (the launches are the caller's contract).
                 match unsafe { set_node(&self.replays[index], config, &mut params) } {
                     Ok(()) => {
                         let replay = &mut self.replays[index];
@@ -164,21 +175,18 @@ impl LaunchCache {
             }
             None => self.add(function, config, params)?,
         };
-        let replay = &mut self.replays[index];
-        replay.last_used = self.launches;
-        // SAFETY: a live executable graph of this device's context, current, and a live
-        // stream of it.
-        check(unsafe { sys::cuGraphLaunch(replay.exec, stream.raw()) }, "cuGraphLaunch")
+        self.replays[index].last_used = self.launches;
+        Ok(index)
     }
 
-    /// Make a graph of `function` with `params`, making room first; its index.
+    /// Make a graph of `function` with `params`, making room first; its index. The device is
+    /// bound.
     fn add(&mut self, function: &Function, config: LaunchConfig, mut params: Params) -> Result<usize> {
         if self.replays.len() >= CACHED_GRAPHS
             && let Some(oldest) = self.replays.iter().enumerate().min_by_key(|(_, r)| r.last_used).map(|(i, _)| i)
         {
             destroy(self.replays.swap_remove(oldest));
         }
-        self.device.bind()?;
         let mut graph: CUgraph = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; flags must be 0.
         check(unsafe { sys::cuGraphCreate(&mut graph, 0) }, "cuGraphCreate")?;

@@ -62,10 +62,7 @@ pub struct ChunkExchange {
     /// Per rank, its kernels replayed from graphs (a launch costs the host about twice a
     /// replay's time); each rank's calls run one after another (`Pair::order`), which is what
     /// replaying one graph imposes, and the ranks' caches are apart, as their kernels wait
-    /// for each other. A kernel's first call (or its first after the cache let it go) makes
-    /// rank 1's graph between the two launches, where nothing may wait for a device: the
-    /// context's first graph, with whatever the driver sets up once, is made and launched at
-    /// the kernels' warm-up; that a later one waits for nothing is not yet seen on two GPUs.
+    /// for each other. Both ranks' graphs are made or set before either kernel is enqueued.
     launches: [LaunchCache; 2],
 }
 
@@ -139,8 +136,7 @@ impl ChunkExchange {
         let (counters, mapped, failed) = (&self.counters, self.pair.mapped, self.pair.failed_mapped);
         let (half_stride, flags_offset) = (self.pair.half_bytes as u64, self.flags_offset as u64);
         let raw_bufs = [bufs[0].raw_ptr(), bufs[1].raw_ptr()];
-        let launches = &mut self.launches;
-        let launch = |r: usize| {
+        let plan = |r: usize| {
             let (own, peer) = mapped[r];
             let chunk_areas = ChunkAreas {
                 out_area: own,
@@ -151,6 +147,31 @@ impl ChunkExchange {
                 failed: failed[r],
                 broken: 0,
             };
+            let device = streams[r].device();
+            raw::plan_exchange_chunks(
+                device,
+                raw_bufs[r],
+                len,
+                T::DTYPE,
+                op,
+                chunk_areas,
+                divide_by,
+                waits,
+                CHUNK_MAX_BLOCKS,
+            )
+        };
+        let mut planned = [plan(0)?, plan(1)?];
+        // Both ranks' graphs are made (or set) before either kernel is enqueued: between the two
+        // launches nothing may wait for a device (see `Pair::launch_both`), and rank 0's kernel
+        // waits for rank 1's from its launch on.
+        for (kernel, cache) in planned.iter().zip(&mut self.launches) {
+            if let Some(kernel) = kernel {
+                kernel.prepare(cache)?;
+            }
+        }
+        let caches = &mut self.launches;
+        let launch = |r: usize| {
+            let Some(kernel) = planned[r].take() else { return Ok(()) };
             // SAFETY: the buffer is `len` elements on the stream's device, at most
             // `max_bytes` (checked above); each half of each area is
             // chunk_area_layout(max_bytes).1 bytes or more of page-aligned, mapped pinned
@@ -162,21 +183,7 @@ impl ChunkExchange {
             // second fail, the first gives up at its queue timeout, and the pair, out of
             // step, refuses every later call). Rank r's launch cache is its own, and its
             // launches are rank r's calls, each ordered after the last by `Pair::begin`.
-            unsafe {
-                raw::exchange_chunks(
-                    streams[r],
-                    raw_bufs[r],
-                    len,
-                    T::DTYPE,
-                    op,
-                    chunk_areas,
-                    divide_by,
-                    waits,
-                    CHUNK_MAX_BLOCKS,
-                    Some(&mut launches[r]),
-                )
-            }
-            .map_err(Into::into)
+            unsafe { kernel.enqueue(streams[r], Some(&mut caches[r])) }.map_err(Into::into)
         };
         let note = |r: usize, point: &StreamPoint| counters[r].view(..).note_use(point);
         self.pair.launch_both(streams, bufs, launch, note)
