@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use std::mem::ManuallyDrop;
 
-use gp2p_cuda::raw::{ChunkAreas, ChunkWaits, ExchangeLines, Numbering, exchange, exchange_chunks, write_flag};
+use gp2p_cuda::raw::{ChunkAreas, ChunkWaits, ExchangeLines, Numbering, exchange, plan_exchange_chunks, write_flag};
 use gp2p_cuda::{
     Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, LaunchCache, RawDevicePtr, Stream, StreamPoint,
 };
@@ -481,7 +481,11 @@ impl Communicator {
                     // way, so every rank hears of it within the peer timeout.
                     let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
                     let blocks = chunk_grid(bytes, chunk_blocks);
-                    Ok(exchange_chunks(stream, ptr, len, T::DTYPE, op, areas, divide_by, waits, blocks, launches)?)
+                    let device = stream.device();
+                    match plan_exchange_chunks(device, ptr, len, T::DTYPE, op, areas, divide_by, waits, blocks)? {
+                        Some(kernel) => Ok(kernel.enqueue(stream, launches)?),
+                        None => Ok(()),
+                    }
                 }
             },
             |point| buf.note_use(point),

@@ -183,7 +183,7 @@ pub enum Numbering {
 ///   memory, 4-byte aligned;
 /// - with [`Numbering::Counted`], `counter` is a `u32` of device memory on the stream's
 ///   device that only this rank's exchange kernels and its flagged-chunk kernels on the same
-///   counter ([`exchange_chunks`]) touch, in stream order, and the lines
+///   counter ([`plan_exchange_chunks`]) touch, in stream order, and the lines
 ///   `half_stride` bytes on obey what is said of the lines above;
 /// - all of them stay allocated until the kernel completes on `stream`;
 /// - the peer's kernel for the same `seq` is enqueued too, on a stream that can run at the
@@ -242,7 +242,7 @@ pub unsafe fn exchange(
     unsafe { launch_exchange(&function, stream, config, args, launches) }
 }
 
-/// The areas one rank's flagged-chunk kernel works on (see [`exchange_chunks`] and
+/// The areas one rank's flagged-chunk kernel works on (see [`plan_exchange_chunks`] and
 /// [`gp2p_kernels::chunks_kernel_name`]), each as the stream's device maps it.
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkAreas {
@@ -275,57 +275,8 @@ pub struct ChunkWaits {
     pub queue_timeout_ns: u64,
 }
 
-/// Enqueue one rank's flagged-chunk kernel on `stream`: store `buf` into its area in chunks,
-/// flag each with the call's number (the next after the count at `areas.counter`), wait (as
-/// `waits` bounds it) for the peer's flags and fold `buf = op(own, peer)`. Refuses
-/// `divide_by` = 0 and misaligned addresses before launching. At most `max_blocks` blocks
-/// run, and no more than one per 4 KiB chunk or two per multiprocessor; each rank may pick
-/// its own.
-///
-/// Also refuses a `flags_offset` that the data would overrun, and a `half_stride` that would
-/// make the two halves overlap.
-///
-/// # Safety
-/// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
-/// - `areas.out_area` and `areas.in_area`, and both again `half_stride` bytes on, each
-///   address `flags_offset + ceil(len * dtype.size_bytes() / CHUNK_BYTES) * CHUNK_FLAG_STRIDE`
-///   bytes of mapped pinned host memory as this device maps it
-///   ([`gp2p_kernels::CHUNK_BYTES`], [`gp2p_kernels::CHUNK_FLAG_STRIDE`]); nobody but this
-///   rank's kernels writes its areas, and the peer runs the same calls in the same order on
-///   its own, with the same layout;
-/// - `areas.counter` is two `u32`s of this device's memory that only this rank's flagged-chunk
-///   kernels and its line kernels with [`Numbering::Counted`] on the same counter touch, in
-///   stream order (the line kernels leave the ticket at 0); `failed` and (unless 0) `broken`
-///   are writable `u32`s of mapped pinned host memory;
-/// - everything stays allocated until the kernel completes on `stream`;
-/// - the peer's kernel for the same call is enqueued too, on a stream that can run at the
-///   same time as this one; otherwise this kernel waits `waits.queue_timeout_ns`, sets
-///   `failed` and leaves `buf` partly folded;
-/// - with `launches` given, this launch may run after every earlier launch through that
-///   cache (a replay is ordered after the earlier launches of its graph, see
-///   [`crate::LaunchCache`]): the cache is this rank's alone, never shared with the peer's.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn exchange_chunks(
-    stream: &Stream,
-    buf: RawDevicePtr,
-    len: usize,
-    dtype: DType,
-    op: ReduceOp,
-    areas: ChunkAreas,
-    divide_by: u32,
-    waits: ChunkWaits,
-    max_blocks: usize,
-    launches: Option<&mut LaunchCache>,
-) -> Result<()> {
-    match plan_exchange_chunks(stream.device(), buf, len, dtype, op, areas, divide_by, waits, max_blocks)? {
-        // SAFETY: the caller's contract, as `enqueue` asks.
-        Some(launch) => unsafe { launch.enqueue(stream, launches) },
-        None => Ok(()),
-    }
-}
-
 /// One rank's flagged-chunk kernel, its arguments checked by [`plan_exchange_chunks`], not
-/// yet enqueued: so a caller that launches two ranks' kernels can make both ranks' graphs
+/// yet enqueued: a caller that launches two ranks' kernels makes both ranks' graphs
 /// ([`ChunksLaunch::prepare`]) before it enqueues either.
 pub struct ChunksLaunch {
     function: Function,
@@ -340,12 +291,31 @@ impl ChunksLaunch {
         cache.prepare(&self.function, self.config, self.params).map(drop)
     }
 
-    /// Enqueue the kernel on `stream` (of the device it was planned for), replayed through
-    /// `launches` where given.
+    /// Enqueue the kernel on `stream` (of the device it was planned for): store `buf` into its
+    /// area in chunks, flag each with the call's number (the next after the count at
+    /// `areas.counter`), wait (as `waits` bounds it) for the peer's flags and fold
+    /// `buf = op(own, peer)`; replayed through `launches` where given.
     ///
     /// # Safety
-    /// What [`exchange_chunks`] asks of its arguments and of `launches`, for the arguments
-    /// the launch was planned with.
+    /// Of the arguments the launch was planned with:
+    /// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
+    /// - `areas.out_area` and `areas.in_area`, and both again `half_stride` bytes on, each
+    ///   address `flags_offset + ceil(len * dtype.size_bytes() / CHUNK_BYTES) * CHUNK_FLAG_STRIDE`
+    ///   bytes of mapped pinned host memory as this device maps it
+    ///   ([`gp2p_kernels::CHUNK_BYTES`], [`gp2p_kernels::CHUNK_FLAG_STRIDE`]); nobody but this
+    ///   rank's kernels writes its areas, and the peer runs the same calls in the same order on
+    ///   its own, with the same layout;
+    /// - `areas.counter` is two `u32`s of this device's memory that only this rank's flagged-chunk
+    ///   kernels and its line kernels with [`Numbering::Counted`] on the same counter touch, in
+    ///   stream order (the line kernels leave the ticket at 0); `failed` and (unless 0) `broken`
+    ///   are writable `u32`s of mapped pinned host memory;
+    /// - everything stays allocated until the kernel completes on `stream`;
+    /// - the peer's kernel for the same call is enqueued too, on a stream that can run at the
+    ///   same time as this one; otherwise this kernel waits `waits.queue_timeout_ns`, sets
+    ///   `failed` and leaves `buf` partly folded;
+    /// - with `launches` given, this launch may run after every earlier launch through that
+    ///   cache (a replay is ordered after the earlier launches of its graph, see
+    ///   [`crate::LaunchCache`]): the cache is this rank's alone, never shared with the peer's.
     pub unsafe fn enqueue(self, stream: &Stream, launches: Option<&mut LaunchCache>) -> Result<()> {
         // SAFETY: a flagged-chunk kernel with its arguments in order; the addresses and the
         // cache are the caller's contract.
@@ -353,8 +323,11 @@ impl ChunksLaunch {
     }
 }
 
-/// Check the arguments of one rank's flagged-chunk kernel on `device` as [`exchange_chunks`]
-/// does, and make its launch (`None` for an empty buffer, where nothing is enqueued).
+/// One rank's flagged-chunk kernel on `device`, to enqueue with [`ChunksLaunch::enqueue`]
+/// (`None` for an empty buffer, where nothing is to be enqueued). Refuses `divide_by` = 0,
+/// misaligned addresses, a `flags_offset` that the data would overrun, and a `half_stride`
+/// that would make the two halves overlap. At most `max_blocks` blocks run, and no more than
+/// one per 4 KiB chunk or two per multiprocessor; each rank may pick its own.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_exchange_chunks(
     device: &Device,
