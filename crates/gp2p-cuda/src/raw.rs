@@ -278,15 +278,29 @@ pub struct ChunkWaits {
 /// One rank's flagged-chunk kernel, its arguments checked by [`plan_exchange_chunks`], not
 /// yet enqueued: a caller that launches two ranks' kernels makes both ranks' graphs
 /// ([`ChunksLaunch::prepare`]) before it enqueues either.
+#[must_use = "a planned launch does nothing until it is enqueued"]
 pub struct ChunksLaunch {
     function: Function,
     config: LaunchConfig,
     params: Params,
 }
 
+impl std::fmt::Debug for ChunksLaunch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ChunksLaunch({} on device {}, {:?})",
+            self.function.name(),
+            self.function.device().ordinal(),
+            self.config
+        )
+    }
+}
+
 impl ChunksLaunch {
     /// Have `cache` hold this launch's graph now, so that [`ChunksLaunch::enqueue`] through it
-    /// makes no driver call but the replay.
+    /// makes no driver call that may wait for a device (the capture question, the bind, the
+    /// replay), provided nothing else launches or prepares through `cache` in between.
     pub fn prepare(&self, cache: &mut LaunchCache) -> Result<()> {
         cache.prepare(&self.function, self.config, self.params).map(drop)
     }

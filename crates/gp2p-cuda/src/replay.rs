@@ -140,7 +140,8 @@ impl LaunchCache {
     }
 
     /// Have this cache's graph of `function` hold `config` and `params` now (made, or set),
-    /// so that a launch of them replays it with no other driver call; its index. Binds the
+    /// so that a launch of them then only binds and replays it (no call that may wait for a
+    /// device); its index. Binds the
     /// device: the handles of the default streams (0, legacy, per-thread) name the current
     /// context's, so a replay after it goes to this device's.
     pub(crate) fn prepare(&mut self, function: &Function, config: LaunchConfig, mut params: Params) -> Result<usize> {
