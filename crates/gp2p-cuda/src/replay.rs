@@ -85,7 +85,8 @@ struct Replay {
 pub struct LaunchCache {
     device: Device,
     replays: Vec<Replay>,
-    launches: u64,
+    /// A tick per prepared launch, for `Replay::last_used`.
+    uses: u64,
 }
 
 // SAFETY: the graph handles are opaque driver handles, usable from any thread; the cache is
@@ -97,7 +98,7 @@ unsafe impl Sync for LaunchCache {}
 impl LaunchCache {
     /// An empty cache for launches on `device`.
     pub fn new(device: &Device) -> LaunchCache {
-        LaunchCache { device: device.clone(), replays: Vec::new(), launches: 0 }
+        LaunchCache { device: device.clone(), replays: Vec::new(), uses: 0 }
     }
 
     /// How many kernels it keeps a graph for.
@@ -153,7 +154,7 @@ impl LaunchCache {
             });
         }
         self.device.bind()?;
-        self.launches += 1;
+        self.uses += 1;
         let index = match self.replays.iter().position(|r| r.function == function.raw()) {
             Some(index) if self.replays[index].config == config && self.replays[index].params == params => index,
             Some(index) => {
@@ -176,7 +177,7 @@ impl LaunchCache {
             }
             None => self.add(function, config, params)?,
         };
-        self.replays[index].last_used = self.launches;
+        self.replays[index].last_used = self.uses;
         Ok(index)
     }
 
@@ -198,7 +199,7 @@ impl LaunchCache {
             graph,
             node: std::ptr::null_mut(),
             exec: std::ptr::null_mut(),
-            last_used: self.launches,
+            last_used: self.uses,
         };
         let mut pointers = params.pointers();
         let node_params = kernel_node(replay.function, config, &mut pointers);
