@@ -2,7 +2,9 @@
 //! GPUs, the line exchange (data and sequence numbers in mapped host memory) and the chunk
 //! exchange (flagged 4 KiB chunks): every op and dtype at odd lengths, back-to-back calls,
 //! a peer that never comes; and on one GPU, that ranks sharing a device never take them
-//! (their two kernels might not run at once).
+//! (their two kernels might not run at once), while the kernels themselves, and the chunk
+//! exchange's replays from graphs, still run there through the test-only constructors that
+//! put both ranks on one device with grids that fit beside each other.
 
 // No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
 #![forbid(unsafe_code)]
@@ -302,4 +304,121 @@ fn two_gpu_line_exchanges_while_the_reclaimer_frees_many_buffers() {
         .all_reduce([&mut a.view_mut(..), &mut b.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
         .unwrap();
     assert_eq!(a.to_host_vec(&streams[0]).unwrap(), vec![3.0]);
+}
+
+/// One call of `exchange` with both ranks on one device, on `streams` (two of that device),
+/// checked element by element against the reference.
+fn one_device_case<T: Reference>(
+    exchange: &mut impl PairExchange,
+    streams: &[Stream; 2],
+    len: usize,
+    op: ReduceOp,
+    seed: u64,
+) {
+    let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed * 7 + r as u64)).collect();
+    let mut bufs: Vec<DeviceBuffer<T>> =
+        inputs.iter().zip(streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
+    let divide_by = if op == ReduceOp::Avg { 2 } else { 1 };
+    let [b0, b1] = &mut bufs[..] else { unreachable!() };
+    exchange
+        .all_reduce([&mut b0.view_mut(..), &mut b1.view_mut(..)], [&streams[0], &streams[1]], op, divide_by)
+        .unwrap();
+    let want = expected(Collective::AllReduce, &inputs, op);
+    for (r, b) in bufs.iter().enumerate() {
+        let got = b.to_host_vec(&streams[r]).unwrap();
+        let (bad, first) = count_mismatched(&got, &want[r], op);
+        assert_eq!(bad, 0, "{} {op} len {len} rank {r}: {}", T::DTYPE, first.join("; "));
+    }
+}
+
+/// Two streams of `device`, created one after the other (so on different hardware queues).
+fn stream_pair(device: &Device) -> [Stream; 2] {
+    [Stream::new(device).unwrap(), Stream::new(device).unwrap()]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_chunk_exchange_kernels_for_every_op_and_dtype_with_both_ranks_on_the_device() {
+    // The chunk exchange's kernels and their replays from graphs, where there is one GPU:
+    // both ranks on it, each grid within one block per multiprocessor.
+    let _serial = gp2p_tests::serial();
+    let [device] = needs!(gpus: 1, concurrent_kernels, compute_80);
+    let streams = stream_pair(&device);
+    let max_bytes = (device.info().multiprocessors as usize).min(64) * 4096;
+    let mut exchange = ChunkExchange::sharing_a_device_for_tests(&device, max_bytes, Duration::from_secs(2)).unwrap();
+    exchange.set_queue_timeout(Duration::from_secs(5));
+    let mut seed = 9000;
+    // One chunk, a partial 16-byte group, several chunks with a partial last one, and (f64,
+    // at the last length) every chunk of the areas.
+    for len in [1, 7, 4099, max_bytes / 8] {
+        for op in ReduceOp::ALL {
+            seed += 1;
+            every_dtype!(one_device_case(&mut exchange, &streams, len, op, seed));
+        }
+    }
+    assert!(exchange.is_in_step());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_back_to_back_chunk_exchanges_on_two_stream_pairs_without_host_sync() {
+    // The replayed graphs are set anew for every call (lengths alternate, streams alternate),
+    // and no call waits for the host: 300 calls queued, then every one checked.
+    let _serial = gp2p_tests::serial();
+    let [device] = needs!(gpus: 1, concurrent_kernels, compute_80);
+    let pairs = [stream_pair(&device), stream_pair(&device)];
+    let max_bytes = (device.info().multiprocessors as usize).min(64) * 4096;
+    let mut exchange = ChunkExchange::sharing_a_device_for_tests(&device, max_bytes, Duration::from_secs(2)).unwrap();
+    exchange.set_queue_timeout(Duration::from_secs(5));
+    let calls = 300u64;
+    let len_of = |c: u64| if c.is_multiple_of(2) { 333 } else { max_bytes / 4 - 3 };
+    let inputs: Vec<[Vec<u32>; 2]> = (0..calls).map(|c| [0, 1].map(|r| random(len_of(c), 8000 + 2 * c + r))).collect();
+    let mut bufs: Vec<[DeviceBuffer<u32>; 2]> =
+        inputs.iter().map(|pair| [0, 1].map(|r| DeviceBuffer::from_host(&pairs[0][r], &pair[r]).unwrap())).collect();
+    pairs[0][0].synchronize().unwrap();
+    pairs[0][1].synchronize().unwrap();
+    for (c, pair) in bufs.iter_mut().enumerate() {
+        let streams = &pairs[c % 2];
+        let [b0, b1] = pair;
+        exchange
+            .all_reduce([&mut b0.view_mut(..), &mut b1.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
+            .unwrap();
+    }
+    for (c, (pair, input)) in bufs.iter().zip(&inputs).enumerate() {
+        let want: Vec<u32> = input[0].iter().zip(&input[1]).map(|(a, b)| a.wrapping_add(*b)).collect();
+        for r in 0..2 {
+            assert!(pair[r].to_host_vec(&pairs[c % 2][r]).unwrap() == want, "call {c} rank {r}");
+        }
+    }
+    assert!(exchange.is_in_step());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_line_exchange_kernels_for_every_op_and_dtype_with_both_ranks_on_the_device() {
+    let _serial = gp2p_tests::serial();
+    let [device] = needs!(gpus: 1, concurrent_kernels, compute_80);
+    let streams = stream_pair(&device);
+    let mut exchange =
+        LineExchange::sharing_a_device_for_tests(&device, LINE_EXCHANGE_WINS_UP_TO, Duration::from_secs(2)).unwrap();
+    exchange.set_start_together(false);
+    let mut seed = 9500;
+    for len in [1, 3, 17, 129, LINE_EXCHANGE_WINS_UP_TO / 8] {
+        for op in ReduceOp::ALL {
+            seed += 1;
+            every_dtype!(one_device_case(&mut exchange, &streams, len, op, seed));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn chunk_exchanges_sharing_a_device_refuse_grids_that_would_not_fit() {
+    let _serial = gp2p_tests::serial();
+    let [device] = needs!(gpus: 1);
+    let too_big = (device.info().multiprocessors as usize + 1) * 4096;
+    let err = ChunkExchange::sharing_a_device_for_tests(&device, too_big, Duration::from_secs(1)).unwrap_err();
+    assert!(err.to_string().contains("must fit"), "{err}");
+    let err = ChunkExchange::new([&device, &device], 4096, Duration::from_secs(1)).unwrap_err();
+    assert!(err.to_string().contains("needs two devices"), "{err}");
 }

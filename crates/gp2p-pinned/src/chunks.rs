@@ -70,6 +70,32 @@ impl ChunkExchange {
     /// Areas for buffers of up to `max_bytes` between `devices[0]` (rank 0) and `devices[1]`.
     /// The two devices must differ, as for [`crate::LineExchange::new`].
     pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
+        Pair::refuse_shared_device(devices, "chunk exchange")?;
+        Self::on(devices, max_bytes, timeout)
+    }
+
+    /// Both ranks on `device`, for tests of the kernels where there is one GPU: each rank's
+    /// grid takes at most one block per multiprocessor (so both fit at once), which limits
+    /// `max_bytes` to 4 KiB per multiprocessor. Calls must use two streams created one after
+    /// the other (hardware queues are handed out in turn), and nothing else may occupy the
+    /// device; a pair that cannot run at once still ends in the timeouts, not a hang.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn sharing_a_device_for_tests(device: &Device, max_bytes: usize, timeout: Duration) -> Result<Self> {
+        let fits = device.info().multiprocessors as usize * gp2p_kernels::CHUNK_BYTES;
+        if max_bytes > fits {
+            return Err(crate::Error::InvalidArgument {
+                name: "max_bytes",
+                reason: format!(
+                    "{max_bytes} bytes is above {fits}: both ranks' grids must fit on device {} at once",
+                    device.ordinal()
+                ),
+            });
+        }
+        Self::on([device, device], max_bytes, timeout)
+    }
+
+    fn on(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
         if max_bytes > CHUNK_EXCHANGE_LIMIT {
             return Err(crate::Error::InvalidArgument {
                 name: "max_bytes",

@@ -44,6 +44,22 @@ impl LineExchange {
     /// The two devices must differ: each rank's kernel waits for the other's, and two
     /// streams of one device may share a hardware queue that runs them one after the other.
     pub fn new(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
+        Pair::refuse_shared_device(devices, "line exchange")?;
+        Self::on(devices, max_bytes, timeout)
+    }
+
+    /// Both ranks on `device`, for tests of the kernels where there is one GPU (each rank's
+    /// kernel is one block). Calls must use two streams created one after the other
+    /// (hardware queues are handed out in turn), and should not start together
+    /// ([`Self::set_start_together`]); a pair that cannot run at once still ends in the
+    /// timeout, not a hang.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn sharing_a_device_for_tests(device: &Device, max_bytes: usize, timeout: Duration) -> Result<Self> {
+        Self::on([device, device], max_bytes, timeout)
+    }
+
+    fn on(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
         let half_bytes = exchange_line_bytes(max_bytes.max(1));
         let pair = Pair::new(devices, timeout, "line exchange", (max_bytes, half_bytes))?;
         Ok(LineExchange { pair, counter: 0 })

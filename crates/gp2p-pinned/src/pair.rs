@@ -112,16 +112,11 @@ pub(crate) struct Pair {
 }
 
 impl Pair {
-    /// The pair of `devices` for an exchange called `what` (in messages) of buffers up to
-    /// `max_bytes`, with areas of two `half_bytes` halves: two different devices that run a
-    /// build of the kernels offering it, with host mapping, their kernels loaded (none may
-    /// load lazily between the two ranks' launches).
-    pub(crate) fn new(
-        devices: [&Device; 2],
-        timeout: Duration,
-        what: &str,
-        (max_bytes, half_bytes): (usize, usize),
-    ) -> Result<Pair> {
+    /// Refuses two ranks on one device for an exchange called `what`: two streams of one
+    /// device may share a hardware queue that runs the two kernels one after the other, and a
+    /// kernel of the other rank's grid may not fit beside the first, so each would wait out
+    /// its timeout for the other.
+    pub(crate) fn refuse_shared_device(devices: [&Device; 2], what: &str) -> Result<()> {
         if devices[0] == devices[1] {
             return Err(Error::InvalidArgument {
                 name: "devices",
@@ -131,6 +126,20 @@ impl Pair {
                 ),
             });
         }
+        Ok(())
+    }
+
+    /// The pair of `devices` for an exchange called `what` (in messages) of buffers up to
+    /// `max_bytes`, with areas of two `half_bytes` halves: devices that run a build of the
+    /// kernels offering it, with host mapping, their kernels loaded (none may load lazily
+    /// between the two ranks' launches). The caller has refused a shared device, or (tests)
+    /// made sure both ranks' grids fit on it at once.
+    pub(crate) fn new(
+        devices: [&Device; 2],
+        timeout: Duration,
+        what: &str,
+        (max_bytes, half_bytes): (usize, usize),
+    ) -> Result<Pair> {
         if let Some(device) = devices.iter().find(|d| !d.ptx_target().runs_line_exchange()) {
             return Err(Error::InvalidArgument {
                 name: "devices",
