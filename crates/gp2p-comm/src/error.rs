@@ -175,9 +175,9 @@ pub enum Error {
         /// The rank whose options differ.
         rank: usize,
         /// This rank's.
-        ours: [u32; crate::communicator::OPTION_WORDS],
+        ours: [u32; crate::layout::OPTION_WORDS],
         /// Theirs.
-        theirs: [u32; crate::communicator::OPTION_WORDS],
+        theirs: [u32; crate::layout::OPTION_WORDS],
     },
     /// A call on a stream that is capturing a CUDA graph, without the caller's promise.
     #[error(

@@ -100,10 +100,13 @@ mod communicator;
 mod error;
 mod handshake;
 mod id;
+mod layout;
 mod pipeline;
+mod registration;
 mod segment;
 
-pub use communicator::{CommOptions, Communicator};
+pub use communicator::Communicator;
 pub use error::{Error, Result};
 pub use id::UniqueId;
+pub use layout::CommOptions;
 pub use segment::{DEFAULT_JOIN_TIMEOUT, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};

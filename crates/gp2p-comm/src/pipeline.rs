@@ -23,8 +23,8 @@ use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, St
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
-use crate::communicator::Layout;
 use crate::handshake::{Lane, Owner, Step, plan};
+use crate::layout::Layout;
 
 /// What happens to the peer's chunks where they land.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,391 @@
+//! Where everything sits in a communicator's staging area, the same offsets in every process,
+//! and the options that decide it ([`CommOptions`], which every rank checks against its
+//! peers' at creation).
+
+use std::time::Duration;
+
+use gp2p_kernels::{CHUNK_MAX_BLOCKS, chunk_area_layout, exchange_line_bytes};
+
+use crate::{Error, Result};
+
+/// How a communicator is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommOptions {
+    /// The largest buffer, in bytes, a small-message call takes (its areas are sized for it).
+    pub small_max_bytes: usize,
+    /// How long a rank's kernel waits for its peer's data before it gives up (the next call
+    /// then says so). It must exceed how far one rank's stream may fall behind another's.
+    pub peer_timeout: Duration,
+    /// How long creation waits for every rank to join and register.
+    pub join_timeout: Duration,
+    /// Bytes of one slot of the pipeline that carries larger messages: a chunk's DMA copy.
+    /// A multiple of 4096 in 64 KiB..=256 MiB.
+    pub slot_bytes: usize,
+    /// Slots per rank of that pipeline: chunks in flight at once, 2..=16.
+    pub slots: usize,
+    /// The most blocks the one-kernel path's flagged-chunk kernel runs, 1..=256 (default 128:
+    /// a block per 4 KiB chunk up to 32, up to 64 with 4 chunks each, more only with 8 each,
+    /// see `chunk_grid`). Each rank may pick its own.
+    pub chunk_blocks: usize,
+    /// All-reduces of up to this many bytes take the line kernel (8-byte lines of 4 data
+    /// bytes and the call's number, one block: no fence, one read of the peer's data), larger
+    /// ones up to `small_max_bytes` the flagged chunks. 0..=64 KiB, default 2 KiB; every rank
+    /// must give the same. For tuning: since the lines lie in two planes (7774b2d) the two
+    /// kernels came within half a microsecond of each other at 4-8 KiB on one H200, and
+    /// where they cross between two GPUs is not measured yet.
+    pub lines_max_bytes: usize,
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        CommOptions {
+            // Two H200s, one process each, NCCL's shared-memory path in the same processes
+            // (benches/results/README.md, tenth session): one kernel took 15.8 us at 128 KiB
+            // (NCCL 23.6-32.0), 20.1-22.7 at 256 KiB (35.8-37.7), 48.1-50.0 at 1 MiB (63.2-64.5)
+            // and 147.4-152.1 at 4 MiB with 128 blocks (171.5-173.0), where the pipeline took
+            // 36-40, 70 and 190-194 in earlier runs. The chunk kernel's block cap
+            // (`chunk_grid`) keeps it out of the two-mode timing seen above 128 KiB before.
+            small_max_bytes: 4 << 20,
+            peer_timeout: Duration::from_secs(5),
+            join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
+            // Measured on two H200s, one process each, f32 all-reduce at 16 MiB / 64 MiB /
+            // 256 MiB / 1 GiB, ratio of the duplex ceiling (one call): 8 MiB x 3 slots
+            // 0.80/0.88/0.88/0.94, 16 MiB x 2 0.68/0.87/0.90/0.93, 4 MiB x 3 (the single-process
+            // engine's best) 0.63/0.76/0.81/0.79, 4 MiB x 4 0.75/0.79/0.82/0.79; 1-2 MiB slots
+            // 0.55-0.70 (benches/results/README.md, sixth session).
+            slot_bytes: 8 << 20,
+            slots: 3,
+            chunk_blocks: DEFAULT_CHUNK_BLOCKS,
+            lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
+        }
+    }
+}
+
+/// Where things sit in the staging area: the same offsets in every process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// The largest all-reduce of the one-kernel path, in bytes.
+    pub(crate) small_max: usize,
+    /// The largest all-reduce of that path that takes the line kernel, in bytes.
+    pub(crate) lines_max: usize,
+    /// Bytes of one half of one rank's area for that path (calls alternate halves): the
+    /// lines of the smallest calls (`lines_bytes`), then the flagged chunks' data, then
+    /// their flags at `flags_offset` from the chunks' start.
+    pub(crate) half: usize,
+    pub(crate) lines_bytes: usize,
+    pub(crate) flags_offset: usize,
+    /// Offset of rank 0's area; rank r's follows at `r * 2 * half`.
+    pub(crate) areas: usize,
+    pub(crate) world: usize,
+    /// The pipeline's flags, after the ranks' flag lines: a u32 per rank and slot.
+    pub(crate) chunk_flags: usize,
+    /// The pipeline's slots: `slot_count` per rank of `slot_bytes` each, rank 0's first,
+    /// from offset `slots`.
+    pub(crate) slots: usize,
+    pub(crate) slot_bytes: usize,
+    pub(crate) slot_count: usize,
+}
+
+/// The turn counter of the serialised registration, at the start of the staging area.
+pub(crate) const REGISTRATION_TURN: usize = 0;
+/// How many ranks have published how their registration went.
+pub(crate) const REGISTERED: usize = 4;
+/// Set by a rank whose collective gave up waiting: every rank's calls then fail.
+pub(crate) const BROKEN: usize = 8;
+/// One cache line per rank after the counters' line: its give-up flag (written by its
+/// kernel), then how its registration went ([`REGISTERED_OK`] or [`REGISTRATION_FAILED`]),
+/// then the options that set the layout, which every rank checks against its own.
+pub(crate) const FLAGS: usize = 64;
+pub(crate) const STATUS: usize = 4;
+pub(crate) const OPTIONS: usize = 8;
+/// The options' words, after `OPTIONS` in each rank's cache line.
+pub(crate) const OPTION_WORDS: usize = 4;
+const _: () = assert!(OPTIONS + 4 * OPTION_WORDS <= 64, "a rank's words fit in its cache line");
+pub(crate) const REGISTERED_OK: u32 = 1;
+pub(crate) const REGISTRATION_FAILED: u32 = 2;
+/// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
+/// from flags and from each other).
+pub(crate) const LINES_ALIGN: usize = 4096;
+/// [`CommOptions::chunk_blocks`] by default (see [`chunk_grid`]).
+pub(crate) const DEFAULT_CHUNK_BLOCKS: usize = 128;
+
+/// The blocks the chunk kernel runs for `bytes`, at most `chunk_blocks`: a block per 4 KiB
+/// chunk up to 32 blocks, up to 64 only with 4 chunks each or more, and more only with 8 or
+/// more. Between processes on two H200s (benches/results/README.md, tenth session), grids of
+/// many blocks with few chunks each ran in two modes that switch from one 50-call loop to the
+/// next: 256 blocks of 1 chunk (1 MiB) took 50 us or 225-280, 256 of 4 (4 MiB) 152 or
+/// 307-363, 128 of 2 (1 MiB) 49 or 124-143, 64 of 1 (256 KiB) 20 or 55-61. These did not:
+/// 32 of 2 (256 KiB, 22-24 us, a few loops to 40), 64 of 4 (1 MiB, 48-52 in 35 of 36 loops),
+/// 128 of 8 (4 MiB, 147-153 in 18 of 18); fewer blocks are slower (256 KiB: 16 blocks 29 us,
+/// 8 blocks 43). Never seen with both ranks in one process, which keeps 256.
+pub(crate) fn chunk_grid(bytes: usize, chunk_blocks: usize) -> usize {
+    let chunks = bytes.div_ceil(gp2p_kernels::CHUNK_BYTES);
+    let one_each = chunks.min(32);
+    let four_each = (chunks / 4).min(64);
+    let eight_each = chunks / 8;
+    one_each.max(four_each).max(eight_each).min(chunk_blocks)
+}
+
+/// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
+const SLOT_BYTES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
+const SLOTS: std::ops::RangeInclusive<usize> = 2..=16;
+/// [`CommOptions::lines_max_bytes`] by default. Two H200s, one kernel per rank per call
+/// (benches/probes/small_exchange.py), with the lines side by side as they were until
+/// 7774b2d: lines 6.0 us at 64 B and 6.5 at 2 KiB, chunks 7.7 and 8.3 (their fence); at 8 KiB
+/// lines 20 us, chunks 8.3.
+const DEFAULT_LINES_MAX_BYTES: usize = 2 << 10;
+/// The bound of [`CommOptions::lines_max_bytes`]: one block of the line kernel for the whole
+/// buffer, each thread a few batches of groups.
+const MAX_LINES_BYTES: usize = 64 << 10;
+/// The largest small-message size a communicator is made for: the one-kernel path is for small
+/// messages, and the bound keeps the layout's arithmetic far from overflow.
+const MAX_SMALL_BYTES: usize = 16 << 20;
+
+impl Layout {
+    pub(crate) fn new(world: usize, options: &CommOptions) -> Result<Layout> {
+        let CommOptions { small_max_bytes, slot_bytes, slots: slot_count, .. } = *options;
+        if world == 0 || world > crate::MAX_WORLD {
+            return Err(Error::World { world, max: crate::MAX_WORLD });
+        }
+        if !(1..=CHUNK_MAX_BLOCKS).contains(&options.chunk_blocks) {
+            return Err(Error::InvalidOption {
+                name: "chunk_blocks",
+                reason: format!("{} is outside 1..={CHUNK_MAX_BLOCKS}", options.chunk_blocks),
+            });
+        }
+        if small_max_bytes == 0 || small_max_bytes > MAX_SMALL_BYTES {
+            return Err(Error::InvalidOption {
+                name: "small_max_bytes",
+                reason: format!(
+                    "{small_max_bytes} is outside 1..={MAX_SMALL_BYTES}; the one-kernel path is for small messages"
+                ),
+            });
+        }
+        if !SLOT_BYTES.contains(&slot_bytes) || slot_bytes % LINES_ALIGN != 0 {
+            return Err(Error::InvalidOption {
+                name: "slot_bytes",
+                reason: format!("{slot_bytes} is not a multiple of {LINES_ALIGN} in {SLOT_BYTES:?}"),
+            });
+        }
+        if !SLOTS.contains(&slot_count) {
+            return Err(Error::InvalidOption { name: "slots", reason: format!("{slot_count} is outside {SLOTS:?}") });
+        }
+        let lines_max = options.lines_max_bytes;
+        if lines_max > MAX_LINES_BYTES {
+            return Err(Error::InvalidOption {
+                name: "lines_max_bytes",
+                reason: format!("{lines_max} is outside 0..={MAX_LINES_BYTES}; the line kernel runs in one block"),
+            });
+        }
+        // Bounded above, so none of this overflows.
+        let lines_max = lines_max.min(small_max_bytes);
+        let lines_bytes = exchange_line_bytes(lines_max).next_multiple_of(256);
+        let (flags_offset, chunks) = chunk_area_layout(small_max_bytes);
+        let half = (lines_bytes + chunks).next_multiple_of(256);
+        let chunk_flags = FLAGS + 64 * world;
+        let areas = (chunk_flags + 4 * slot_count * world).next_multiple_of(LINES_ALIGN);
+        let slots = areas + world * 2 * half;
+        Ok(Layout {
+            small_max: small_max_bytes,
+            lines_max,
+            half,
+            lines_bytes,
+            flags_offset,
+            areas,
+            world,
+            chunk_flags,
+            slots,
+            slot_bytes,
+            slot_count,
+        })
+    }
+
+    /// The staging area's size: whole multiples of the alignment that covers every page size,
+    /// so the registered range ends on a page boundary.
+    pub(crate) fn staging_bytes(&self) -> usize {
+        (self.slots + self.world * self.slot_count * self.slot_bytes).next_multiple_of(crate::STAGING_ALIGN)
+    }
+
+    /// Offset of `rank`'s give-up flag (set by its kernels when a wait times out).
+    pub(crate) fn flag(&self, rank: usize) -> usize {
+        FLAGS + 64 * rank
+    }
+
+    /// What the layout was made from, as every rank publishes it to be compared: the
+    /// one-kernel path's largest size, the slot size, the slot count and the line kernel's
+    /// largest size (each bounded well below `u32::MAX`).
+    pub(crate) fn options(&self) -> [u32; OPTION_WORDS] {
+        [self.small_max as u32, self.slot_bytes as u32, self.slot_count as u32, self.lines_max as u32]
+    }
+
+    /// Offset of the communicator's broken flag, which every rank's host and pipeline waits
+    /// read, and set when they give up.
+    pub(crate) fn broken(&self) -> usize {
+        BROKEN
+    }
+
+    /// Bytes of one pipeline slot.
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Offset of `rank`'s pipeline slot `slot`.
+    pub(crate) fn slot(&self, rank: usize, slot: usize) -> usize {
+        self.slots + (rank * self.slot_count + slot) * self.slot_bytes
+    }
+
+    /// Offset of the handshake flag of `rank`'s pipeline slot `slot` (1: it holds a chunk
+    /// for the peer; 0: the peer has read it).
+    pub(crate) fn full(&self, rank: usize, slot: usize) -> usize {
+        self.chunk_flags + 4 * (rank * self.slot_count + slot)
+    }
+
+    /// Offset of `rank`'s one-kernel area for the call numbered `seq`.
+    pub(crate) fn area_of(&self, rank: usize, seq: u32) -> usize {
+        self.areas + rank * 2 * self.half + (seq & 1) as usize * self.half
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(small_max_bytes: usize) -> CommOptions {
+        CommOptions { small_max_bytes, ..CommOptions::default() }
+    }
+
+    #[test]
+    fn the_layout_keeps_flags_and_lines_apart_and_aligned() {
+        let layout = Layout::new(2, &small(64 << 10)).unwrap();
+        assert_eq!(layout.lines_bytes, 4 << 10, "lines for 2 KiB: half data");
+        assert_eq!(layout.half, (4 << 10) + (64 << 10) + 16 * 64, "lines, data, then a flag line per 4 KiB chunk");
+        assert_eq!(layout.flags_offset, 64 << 10);
+        assert_eq!(Layout::new(2, &small(100)).unwrap().lines_bytes, 256, "lines for the one-kernel size only");
+        assert_eq!(layout.small_max, 64 << 10);
+        assert_eq!(layout.areas % LINES_ALIGN, 0);
+        assert!(layout.flag(1) + OPTIONS + 4 * OPTION_WORDS <= layout.full(0, 0), "options end before the chunk flags");
+        assert!(layout.full(1, layout.slot_count - 1) + 4 <= layout.areas);
+        assert_eq!(layout.area_of(0, 1), layout.areas + layout.half, "odd calls use the second half");
+        assert_eq!(layout.area_of(1, 2), layout.areas + 2 * layout.half);
+        assert!(layout.staging_bytes() >= layout.area_of(1, 1) + layout.half);
+        assert_eq!(layout.staging_bytes() % crate::STAGING_ALIGN, 0, "ends on a page boundary");
+        for rank in 0..2 {
+            assert_eq!(layout.flag(rank) % 64, 0);
+            assert_eq!(layout.area_of(rank, 7) % 256, 0);
+        }
+        assert_eq!(Layout::new(2, &small(1)).unwrap().half, 512, "an aligned block of lines, one of chunks");
+        for (name, layout) in
+            [("0 bytes", Layout::new(2, &small(0))), ("1 << 61 bytes", Layout::new(2, &small(1 << 61)))]
+        {
+            assert!(matches!(layout, Err(Error::InvalidOption { name: "small_max_bytes", .. })), "{name}");
+        }
+        assert!(matches!(Layout::new(0, &small(1024)), Err(Error::World { .. })));
+        assert!(matches!(Layout::new(crate::MAX_WORLD + 1, &small(1024)), Err(Error::World { .. })));
+    }
+
+    #[test]
+    fn the_line_kernels_size_sets_its_lines_and_is_compared_between_ranks() {
+        let lines = |lines_max_bytes: usize, small_max_bytes: usize| {
+            Layout::new(2, &CommOptions { lines_max_bytes, small_max_bytes, ..CommOptions::default() })
+        };
+        let wide = lines(16 << 10, 64 << 10).unwrap();
+        assert_eq!((wide.lines_max, wide.lines_bytes), (16 << 10, 32 << 10), "lines for 16 KiB: half data");
+        assert_eq!(wide.half, (32 << 10) + (64 << 10) + 16 * 64, "the chunks follow the wider lines");
+        assert_eq!(wide.options()[3], 16 << 10, "published beside the other options");
+        assert_ne!(wide.options(), lines(2 << 10, 64 << 10).unwrap().options(), "a different size is a mismatch");
+        let capped = lines(64 << 10, 4 << 10).unwrap();
+        assert_eq!((capped.lines_max, capped.lines_bytes), (4 << 10, 8 << 10), "no lines past the one-kernel size");
+        let none = lines(0, 64 << 10).unwrap();
+        assert_eq!((none.lines_max, none.lines_bytes), (0, 0), "0: every small call takes the chunks");
+        assert!(matches!(lines((64 << 10) + 1, 4 << 20), Err(Error::InvalidOption { name: "lines_max_bytes", .. })));
+        assert_eq!(CommOptions::default().lines_max_bytes, 2 << 10);
+    }
+
+    #[test]
+    fn every_flag_and_slot_has_its_own_aligned_place_after_the_areas() {
+        let options = CommOptions { slot_bytes: 1 << 20, slots: 3, ..CommOptions::default() };
+        let layout = Layout::new(2, &options).unwrap();
+        let mut flags = Vec::new();
+        let mut slots = Vec::new();
+        for rank in 0..2 {
+            for slot in 0..3 {
+                flags.push(layout.full(rank, slot));
+                slots.push(layout.slot(rank, slot));
+            }
+        }
+        let (flag_count, slot_count) = (flags.len(), slots.len());
+        flags.sort_unstable();
+        flags.dedup();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!((flags.len(), slots.len()), (flag_count, slot_count), "no two share a place");
+        assert!(
+            flags
+                .iter()
+                .all(|f| f % 4 == 0 && *f >= layout.flag(1) + OPTIONS + 4 * OPTION_WORDS && f + 4 <= layout.areas)
+        );
+        assert!(slots.windows(2).all(|w| w[1] - w[0] >= options.slot_bytes), "slots do not overlap");
+        assert!(slots.iter().all(|s| s % LINES_ALIGN == 0 && *s >= layout.area_of(1, 1) + layout.half));
+        assert!(layout.slot(1, 2) + options.slot_bytes <= layout.staging_bytes());
+        assert_eq!(layout.staging_bytes() % crate::STAGING_ALIGN, 0);
+    }
+
+    #[test]
+    fn slot_options_out_of_range_are_refused_by_name() {
+        for (slot_bytes, slots, name) in [
+            (4096, 3, "slot_bytes"),
+            ((64 << 10) + 1, 3, "slot_bytes"),
+            (512 << 20, 3, "slot_bytes"),
+            (1 << 20, 1, "slots"),
+            (1 << 20, 17, "slots"),
+        ] {
+            let options = CommOptions { slot_bytes, slots, ..CommOptions::default() };
+            match Layout::new(2, &options) {
+                Err(Error::InvalidOption { name: got, .. }) => assert_eq!(got, name, "{slot_bytes} x {slots}"),
+                other => panic!("{slot_bytes} x {slots}: {other:?}"),
+            }
+        }
+        let options = CommOptions { slot_bytes: 64 << 10, slots: 16, ..CommOptions::default() };
+        assert!(Layout::new(2, &options).is_ok(), "the bounds themselves are taken");
+    }
+
+    #[test]
+    fn chunk_grids_take_a_block_per_chunk_up_to_32_then_4_chunks_a_block_up_to_64_then_8() {
+        let kib = 1 << 10;
+        assert_eq!(chunk_grid(4 * kib, DEFAULT_CHUNK_BLOCKS), 1);
+        assert_eq!(chunk_grid(128 * kib, DEFAULT_CHUNK_BLOCKS), 32, "one chunk a block");
+        assert_eq!(chunk_grid(256 * kib, DEFAULT_CHUNK_BLOCKS), 32, "two a block");
+        assert_eq!(chunk_grid(512 * kib, DEFAULT_CHUNK_BLOCKS), 32, "four a block");
+        assert_eq!(chunk_grid(1 << 20, DEFAULT_CHUNK_BLOCKS), 64, "1 MiB: 4 chunks a block");
+        assert_eq!(chunk_grid(2 << 20, DEFAULT_CHUNK_BLOCKS), 64);
+        assert_eq!(chunk_grid(3 << 20, DEFAULT_CHUNK_BLOCKS), 96, "8 chunks a block");
+        assert_eq!(chunk_grid(4 << 20, DEFAULT_CHUNK_BLOCKS), 128);
+        assert_eq!(chunk_grid(16 << 20, DEFAULT_CHUNK_BLOCKS), 128, "the default cap");
+        assert_eq!(chunk_grid(16 << 20, 256), 256);
+        assert_eq!(chunk_grid(1 << 20, 16), 16, "a smaller cap wins");
+        for bytes in (1..=4096).map(|k| k * kib) {
+            let blocks = chunk_grid(bytes, 256);
+            let chunks = bytes.div_ceil(4 * kib);
+            assert!(blocks >= 1 && blocks <= chunks, "{bytes}: {blocks} blocks for {chunks} chunks");
+            assert!(blocks <= 32 || chunks >= 4 * blocks, "{bytes}: {blocks} blocks for {chunks} chunks");
+            assert!(blocks <= 64 || chunks >= 8 * blocks, "{bytes}: {blocks} blocks for {chunks} chunks");
+        }
+    }
+
+    #[test]
+    fn chunk_blocks_outside_one_to_the_kernels_cap_are_refused_by_name() {
+        for chunk_blocks in [0, CHUNK_MAX_BLOCKS + 1] {
+            let options = CommOptions { chunk_blocks, ..CommOptions::default() };
+            match Layout::new(2, &options) {
+                Err(Error::InvalidOption { name, reason }) => {
+                    assert_eq!(name, "chunk_blocks");
+                    assert!(reason.contains(&chunk_blocks.to_string()), "{reason}");
+                }
+                other => panic!("{chunk_blocks}: {other:?}"),
+            }
+        }
+        for chunk_blocks in [1, CHUNK_MAX_BLOCKS] {
+            assert!(Layout::new(2, &CommOptions { chunk_blocks, ..CommOptions::default() }).is_ok());
+        }
+    }
+}
