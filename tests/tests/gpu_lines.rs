@@ -245,18 +245,25 @@ fn two_gpu_all_reduces_up_to_the_limit_take_the_chunk_exchange_for_every_op_and_
 fn two_gpu_back_to_back_chunk_exchanges_on_two_stream_pairs_without_host_sync() {
     let _serial = gp2p_tests::serial();
     let devices = needs!(gpus: 2, concurrent_kernels, compute_80);
-    // Two pairs of streams taken in turn: each call is ordered after the one before, on
-    // whichever streams that ran, and both kernels count calls on their device.
     let pairs: Vec<[Stream; 2]> =
         (0..2).map(|_| [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()]).collect();
     let mut exchange = ChunkExchange::new([&devices[0], &devices[1]], 1 << 20, Duration::from_secs(5)).unwrap();
+    back_to_back_chunk_exchanges(&mut exchange, &pairs, 200_001, 7000);
+}
+
+/// 300 sum calls of `exchange` queued with no host sync between, taking the stream pairs in
+/// turn, lengths alternating between 333 and `long` elements (so each replayed graph is set
+/// anew), each on buffers of its own with fresh data; then every call's result checked. Each
+/// call is ordered after the one before, on whichever streams that ran, and both kernels
+/// count calls on their device.
+fn back_to_back_chunk_exchanges(exchange: &mut ChunkExchange, pairs: &[[Stream; 2]], long: usize, seed: u64) {
     let calls = 300u64;
-    let len_of = |c: u64| if c.is_multiple_of(2) { 333 } else { 200_001 };
-    let inputs: Vec<[Vec<u32>; 2]> = (0..calls).map(|c| [0, 1].map(|r| random(len_of(c), 7000 + 2 * c + r))).collect();
+    let len_of = |c: u64| if c.is_multiple_of(2) { 333 } else { long };
+    let inputs: Vec<[Vec<u32>; 2]> = (0..calls).map(|c| [0, 1].map(|r| random(len_of(c), seed + 2 * c + r))).collect();
     let mut bufs: Vec<[DeviceBuffer<u32>; 2]> =
         inputs.iter().map(|pair| [0, 1].map(|r| DeviceBuffer::from_host(&pairs[0][r], &pair[r]).unwrap())).collect();
     for (c, pair) in bufs.iter_mut().enumerate() {
-        let streams = &pairs[c % 2];
+        let streams = &pairs[c % pairs.len()];
         let [b0, b1] = pair;
         exchange
             .all_reduce([&mut b0.view_mut(..), &mut b1.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
@@ -265,9 +272,10 @@ fn two_gpu_back_to_back_chunk_exchanges_on_two_stream_pairs_without_host_sync() 
     for (c, (pair, input)) in bufs.iter().zip(&inputs).enumerate() {
         let want: Vec<u32> = input[0].iter().zip(&input[1]).map(|(a, b)| a.wrapping_add(*b)).collect();
         for r in 0..2 {
-            assert!(pair[r].to_host_vec(&pairs[c % 2][r]).unwrap() == want, "call {c} rank {r}");
+            assert!(pair[r].to_host_vec(&pairs[c % pairs.len()][r]).unwrap() == want, "call {c} rank {r}");
         }
     }
+    assert!(exchange.is_in_step());
 }
 
 #[test]
@@ -362,35 +370,14 @@ fn one_gpu_chunk_exchange_kernels_for_every_op_and_dtype_with_both_ranks_on_the_
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_back_to_back_chunk_exchanges_on_two_stream_pairs_without_host_sync() {
-    // The replayed graphs are set anew for every call (lengths alternate, streams alternate),
-    // and no call waits for the host: 300 calls queued, then every one checked.
+    // Both ranks on the one GPU (see `back_to_back_chunk_exchanges`).
     let _serial = gp2p_tests::serial();
     let [device] = needs!(gpus: 1, concurrent_kernels, compute_80);
     let pairs = [stream_pair(&device), stream_pair(&device)];
     let max_bytes = (device.info().multiprocessors as usize).min(64) * 4096;
     let mut exchange = ChunkExchange::sharing_a_device_for_tests(&device, max_bytes, Duration::from_secs(2)).unwrap();
     exchange.set_queue_timeout(Duration::from_secs(5));
-    let calls = 300u64;
-    let len_of = |c: u64| if c.is_multiple_of(2) { 333 } else { max_bytes / 4 - 3 };
-    let inputs: Vec<[Vec<u32>; 2]> = (0..calls).map(|c| [0, 1].map(|r| random(len_of(c), 8000 + 2 * c + r))).collect();
-    let mut bufs: Vec<[DeviceBuffer<u32>; 2]> =
-        inputs.iter().map(|pair| [0, 1].map(|r| DeviceBuffer::from_host(&pairs[0][r], &pair[r]).unwrap())).collect();
-    pairs[0][0].synchronize().unwrap();
-    pairs[0][1].synchronize().unwrap();
-    for (c, pair) in bufs.iter_mut().enumerate() {
-        let streams = &pairs[c % 2];
-        let [b0, b1] = pair;
-        exchange
-            .all_reduce([&mut b0.view_mut(..), &mut b1.view_mut(..)], [&streams[0], &streams[1]], ReduceOp::Sum, 1)
-            .unwrap();
-    }
-    for (c, (pair, input)) in bufs.iter().zip(&inputs).enumerate() {
-        let want: Vec<u32> = input[0].iter().zip(&input[1]).map(|(a, b)| a.wrapping_add(*b)).collect();
-        for r in 0..2 {
-            assert!(pair[r].to_host_vec(&pairs[c % 2][r]).unwrap() == want, "call {c} rank {r}");
-        }
-    }
-    assert!(exchange.is_in_step());
+    back_to_back_chunk_exchanges(&mut exchange, &pairs, max_bytes / 4 - 3, 8000);
 }
 
 #[test]
