@@ -16,6 +16,10 @@
 //!
 //! Not here: deciding chunk sizes or routes (that is `gp2p-transport`), or collectives.
 //!
+//! Feature `testing` (the GPU suite's, never a library's): hidden constructors that put both
+//! ranks of a [`LineExchange`] or [`ChunkExchange`] on one device, so their kernels run where
+//! one GPU is all there is; [`ChunkExchange::new`] and [`LineExchange::new`] still refuse it.
+//!
 //! (The example needs a CUDA GPU, so `cargo test` compiles it without running it.)
 //! ```no_run
 //! use gp2p_cuda::{Device, DeviceBuffer, Stream};
