@@ -507,8 +507,9 @@ __device__ __forceinline__ bool await_flag(const u32* flag, const u32* first_fla
     return true;
 }
 
-// A barrier for one team of `threads` threads (a multiple of 32) of the block; `id` > 0 so it
-// is not __syncthreads' barrier 0.
+// Wait at named barrier `id` of `threads` threads (a multiple of 32): one team's own barrier,
+// or, with the whole block counted, the handoff barriers one team arrives at and the other
+// syncs on. `id` > 0, so it is not __syncthreads' barrier 0.
 __device__ __forceinline__ void team_barrier(u32 id, u32 threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -553,8 +554,10 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
     const u64 chunks = (groups + per_chunk - 1) / per_chunk;
     const u32 team = blockDim.x / 2;
     if (threadIdx.x < team) {
-        // The storing team waits only for the folding team's handoff, which comes whether or
-        // not the peer does, so the folding team's wait for it ends.
+        // The storing team waits only for the folding team's handoff, which comes once the
+        // fold of the chunk CHUNK_HANDOFF_DEPTH back ended: folded, or given up on a peer that
+        // did not come within its bounds. So every wait here ends, and the folding team's for
+        // this team's reads does too.
         u32 i = 0;
         for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
             if (i >= CHUNK_HANDOFF_DEPTH) team_barrier(CHUNK_FOLDED_BARRIER(i), blockDim.x);
@@ -610,7 +613,7 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
                     }
                 }
             }
-            if (c + CHUNK_HANDOFF_DEPTH * gridDim.x < chunks) barrier_arrive(CHUNK_FOLDED_BARRIER(i), blockDim.x);
+            if (c + (u64)CHUNK_HANDOFF_DEPTH * gridDim.x < chunks) barrier_arrive(CHUNK_FOLDED_BARRIER(i), blockDim.x);
         }
     }
     // The last block to finish stores the count: every block has read it by then.

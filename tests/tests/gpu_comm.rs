@@ -410,6 +410,26 @@ fn one_gpu_two_processes_share_it_on_both_paths() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_fold_many_chunks_a_block_through_the_handoff_barriers() {
+    // The chunk kernel's teams hand each chunk over at named barriers four chunks deep, and
+    // reuse them from the fifth chunk of a block on. With one block on rank 0 and three on
+    // rank 1 (each rank may pick its own grid), a 128 KiB call is 32 chunks in one block on
+    // rank 0 (every barrier reused seven times) and up to 11 a block on rank 1: every op and
+    // dtype at odd lengths and at the limit, the line kernel off so that every call takes the
+    // chunks. Both ranks on the first GPU.
+    let test = "one_gpu_two_processes_fold_many_chunks_a_block_through_the_handoff_barriers";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    let peer_timeout = std::time::Duration::from_secs(30);
+    let options = |chunk_blocks| CommOptions { chunk_blocks, lines_max_bytes: 0, peer_timeout, ..small_slots() };
+    let mut r = Ranked::start_on(test, options(if is_child() { 3 } else { 1 }), |_| 0);
+    every_dtype!(every_op(&mut r.comm, &r.stream, 17));
+    r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn two_processes_take_the_line_kernel_up_to_64_kib_when_told() {
     // CommOptions::lines_max_bytes at its bound: the line kernel in its one block (512 threads
     // past 4 KiB) over one or more 16-byte groups per thread, every op and dtype (4099
