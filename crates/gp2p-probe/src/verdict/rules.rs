@@ -1,0 +1,569 @@
+//! The rules after `facts`, one function each, in the order of [`super::RULES`]: each looks
+//! at one pair and gives its verdict when it applies.
+
+use super::*;
+
+/// A rule: the verdict when it applies to the pair.
+pub(super) type Rule = fn(&Pair<'_>) -> Option<Verdict>;
+
+/// The rules after `facts`, in the order of [`RULES`] (`patch` is the fallback).
+pub(super) const CHECKS: &[(&str, Rule)] = &[
+    ("on", on),
+    ("wddm", wddm),
+    ("mixed", mixed),
+    ("vm", virtual_machine),
+    ("regkey", regkey),
+    ("card", card),
+    ("arch", arch),
+    ("patched", patched),
+    ("module", module),
+    ("version", version),
+    ("bar1", bar1),
+    ("iommu", iommu),
+];
+
+/// Rule `on`: CUDA can access the peer. Where an override forces P2P on (the patch, or a
+/// ForceP2P key), the driver skipped its own BAR1 and IOMMU checks, so those are checked
+/// here: a failed one makes the pair UNSAFE, an unknown one OK?, and `Route::Auto` copies
+/// either staged.
+fn on(p: &Pair<'_>) -> Option<Verdict> {
+    if p.pair.can_access_peer != Some(true) {
+        return None;
+    }
+    let forced = forced(p.facts, p.patch);
+    let link = if p.pair.nvml_nvlink == Some(P2pStatus::Ok) {
+        Link::NvLink
+    } else if forced.is_some() || p.pair.performance_rank.is_some_and(|r| r > 0) {
+        Link::PcieBar1
+    } else {
+        Link::Pcie
+    };
+    let used = ["cuDeviceCanAccessPeer", "nvml p2p nvlink", "nvml p2p atomics", "kernel module"];
+    let over = link_name(link);
+    let Some(Forced { certainty, why, by_key }) = forced.filter(|_| link != Link::NvLink) else {
+        let mut v = p.off(
+            "OK",
+            Certainty::Shown,
+            format!("CUDA can access the peer (over {over}); the driver's own decision"),
+            "nothing to do: geforce-p2p copies by P2P on this pair".into(),
+            PatchOutlook::NotNeeded,
+            &used,
+        );
+        v.on = Some(link);
+        return Some(v);
+    };
+    let (mut hazards, mut unchecked, mut lacking) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut bar1_remedy, mut iommu_remedy) = (None, None);
+    let mut branch_remedy = None;
+    if let Some(wrong) = p.branch_lacking_arch().filter(|_| !by_key && p.geforce()) {
+        hazards
+            .push(format!("{wrong}: enabling peer access fails (cudaErrorMapBufferObjectFailed) or copies go wrong"));
+        branch_remedy = Some(format!("move to a branch that drives {} cards: {}", p.a.arch().name(), p.versions()));
+    }
+    for d in p.devices() {
+        match d.bar1_covers_vram() {
+            Some(false) => {
+                hazards.push(format!(
+                    "{}: forced peer mappings fail (cudaErrorMapBufferObjectFailed) or copies land in the wrong place",
+                    bar1_too_small(d)
+                ));
+                // One BAR1 remedy, for the first card: a pair's two cards are (almost
+                // always) the same model, and the hazards name both. Only GeForce cards
+                // need BAR1 to hold VRAM: the stock driver's own P2P does not.
+                if p.geforce() {
+                    bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).0);
+                }
+            }
+            None => {
+                unchecked.push(p.missing(Missing::Bar1, d));
+                lacking.push(Missing::Bar1);
+            }
+            Some(true) => {}
+        }
+        match p.iommu_translates(d) {
+            Some(true) => {
+                hazards.push(format!(
+                    "{}: peer copies finish with zeros or garbage (IO_PAGE_FAULT in dmesg)",
+                    iommu_translates(d)
+                ));
+                iommu_remedy = Some(IOMMU_REMEDY.to_owned());
+            }
+            None => {
+                unchecked.push(p.missing(Missing::Iommu, d));
+                lacking.push(Missing::Iommu);
+            }
+            Some(false) => {}
+        }
+    }
+    // Without the override the driver checks BAR1 and the IOMMU itself: where the key
+    // forces P2P, or the patch does on cards the stock driver serves, undoing it is the fix.
+    let undo = if by_key {
+        Some(format!(
+            "remove ForceP2P from NVreg_RegistryDwords so the driver decides P2P itself{}",
+            if p.geforce() { "" } else { " (it does so safely on these cards)" }
+        ))
+    } else if !p.geforce() {
+        Some("go back to NVIDIA's stock module (PATCH.md, Going back): its own P2P on these cards checks BAR1 and the IOMMU".into())
+    } else {
+        None
+    };
+    // What the patch, where it forces P2P, still needs for this pair to be safe.
+    let outlook = |needs: Vec<&str>| {
+        if by_key {
+            PatchOutlook::NotNeeded
+        } else if !p.geforce() {
+            p.patch_not_applicable()
+        } else {
+            PatchOutlook::InEffect(needs.join(", "))
+        }
+    };
+    let needs: Vec<&str> = [
+        branch_remedy.as_ref().map(|_| "a branch for these cards"),
+        bar1_remedy.as_ref().map(|_| "a BAR1 that holds VRAM"),
+        iommu_remedy.as_ref().map(|_| "the IOMMU in passthrough"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let remedies: Vec<String> = [undo, branch_remedy, bar1_remedy, iommu_remedy].into_iter().flatten().collect();
+    let staged =
+        "until then geforce-p2p copies this pair staged (Route::Auto); Route::Peer still forces P2P, at your own risk";
+    let mut v = if !hazards.is_empty() {
+        p.off(
+            "UNSAFE",
+            certainty,
+            format!(
+                "CUDA can access the peer (over {over}), but {why}, past the driver's own BAR1 and IOMMU checks, and this pair fails them ({} hazard{})",
+                hazards.len(),
+                if hazards.len() == 1 { "" } else { "s" }
+            ),
+            format!("{}; {staged}", remedies.join("; ")),
+            outlook(needs),
+            &used,
+        )
+    } else if !unchecked.is_empty() {
+        p.off(
+            "OK?",
+            Certainty::Possible,
+            format!(
+                "CUDA can access the peer (over {over}) and {why}, past the driver's own checks; whether that is safe cannot be checked without: {}",
+                unchecked.join(", ")
+            ),
+            format!(
+                "provide the missing facts ({}), or check by hand with `gp2p bench copy --route peer` (zero wrong elements at every size) and force Route::Peer; {staged}",
+                p.provide(&lacking)
+            ),
+            outlook(vec!["the BAR1 and IOMMU facts to check it against"]),
+            &used,
+        )
+    } else {
+        p.off(
+            "OK",
+            certainty,
+            format!("CUDA can access the peer (over {over}); {why}, and BAR1 and the IOMMU allow it"),
+            "nothing to do: geforce-p2p copies by P2P on this pair".into(),
+            outlook(Vec::new()),
+            &used,
+        )
+    };
+    v.on = Some(link);
+    v.hazards = hazards;
+    v.unchecked = unchecked;
+    Some(v)
+}
+
+/// Rule `wddm`: a Windows WDDM driver never exposes P2P.
+fn wddm(p: &Pair<'_>) -> Option<Verdict> {
+    let windows = p.facts.host.os.eq_ignore_ascii_case("windows");
+    // A GeForce card under Windows always runs WDDM: it cannot switch.
+    let (d, certainty) = match p.devices().into_iter().find(|d| d.driver_model.as_deref() == Some("WDDM")) {
+        Some(d) => (d, Certainty::Shown),
+        None if windows => {
+            let d = p.devices().into_iter().find(|d| d.class() == Some(CardClass::GeForce))?;
+            (d, Certainty::Likely)
+        }
+        None => return None,
+    };
+    let n = d.ordinal;
+    let (remedy, patch) = match d.class() {
+        Some(CardClass::GeForce) => (
+            format!(
+                "none on Windows: device {n} is a GeForce card, which cannot leave WDDM (TCC and MCDM are for professional and datacenter cards); geforce-p2p's staged copy is the way here, or Linux with the P2P patch (PATCH.md)"
+            ),
+            PatchOutlook::Cannot(
+                "the patch is for Linux's open kernel module; on Windows a GeForce card stays on WDDM".into(),
+            ),
+        ),
+        Some(class) => (
+            format!(
+                "switch device {n} ({} card) to the TCC or MCDM driver model (`nvidia-smi -i {} -dm TCC`, or MCDM where the driver offers it; no display attached), then reboot",
+                class.name(),
+                if d.pci_bus_id.is_empty() { "<its bus id>" } else { &d.pci_bus_id }
+            ),
+            p.patch_not_applicable(),
+        ),
+        None => (
+            format!(
+                "switch device {n} to the TCC or MCDM driver model if it is a professional or datacenter card (GeForce cards cannot); otherwise geforce-p2p's staged copy is the way"
+            ),
+            PatchOutlook::Cannot("the patch is for Linux's open kernel module".into()),
+        ),
+    };
+    let model = if certainty == Certainty::Shown { "runs under" } else { "is a GeForce card, so it runs under" };
+    Some(p.off(
+        "WDDM",
+        certainty,
+        format!("device {n} {model} the Windows WDDM driver model, which never exposes P2P"),
+        remedy,
+        patch,
+        &["driver model", "brand"],
+    ))
+}
+
+/// Rule `mixed`: different generations.
+fn mixed(p: &Pair<'_>) -> Option<Verdict> {
+    let (a, b) = (p.a, p.b);
+    // Different chips of one generation (an A100 and an A6000) are refused alike.
+    let differ = a.arch() != b.arch() || a.compute_capability != b.compute_capability;
+    differ.then(|| {
+        p.off(
+            "MIX",
+            Certainty::Shown,
+            format!(
+                "the devices are of different generations or chips ({} {}.{} and {} {}.{})",
+                a.name,
+                a.compute_capability.0,
+                a.compute_capability.1,
+                b.name,
+                b.compute_capability.0,
+                b.compute_capability.1
+            ),
+            "pair cards of the same generation for P2P; this pair uses the staged copy".into(),
+            if p.geforce() {
+                PatchOutlook::Cannot("CUDA refuses P2P between generations even on a patched driver".into())
+            } else {
+                p.patch_not_applicable()
+            },
+            &["architecture", "compute capability"],
+        )
+    })
+}
+
+/// Rule `vm`: inside a virtual machine the hypervisor decides.
+fn virtual_machine(p: &Pair<'_>) -> Option<Verdict> {
+    let vm = p.facts.host.virtual_machine.as_ref()?;
+    Some(p.off(
+        "VM",
+        Certainty::Likely,
+        format!("this is a virtual machine ({vm}); the emulated chipset makes the driver refuse P2P"),
+        "ask the hypervisor for a GPUDirect clique (QEMU x-nv-gpudirect-clique) or run on bare metal".into(),
+        if p.geforce() {
+            PatchOutlook::Cannot("inside a VM the patch cannot map the peer's BAR1; the hypervisor decides".into())
+        } else {
+            p.patch_not_applicable()
+        },
+        &["virtualization"],
+    ))
+}
+
+/// Rule `regkey`: a ForceP2P registry key disables it.
+fn regkey(p: &Pair<'_>) -> Option<Verdict> {
+    let host = &p.facts.host;
+    let key = host.force_p2p();
+    let key_off = key.is_some_and(|f| {
+        let (read, write) = force_p2p_fields(f);
+        read == 0 || write == 0
+    });
+    let dr = Some(P2pStatus::DisabledByRegkey);
+    let nvml_dr = p.pair.nvml_read == dr || p.pair.nvml_write == dr;
+    let remedy = if host.os.eq_ignore_ascii_case("windows") {
+        "remove the ForceP2P value from the NVIDIA driver's registry key and restart"
+    } else {
+        "remove ForceP2P from NVreg_RegistryDwords (modprobe options) and reload the module"
+    };
+    (key_off || nvml_dr).then(|| {
+        p.off(
+            "DR",
+            Certainty::Shown,
+            format!("P2P is disabled by a registry key (ForceP2P={})", key.map_or("?".into(), |f| format!("{f:#x}"))),
+            remedy.into(),
+            if p.geforce() {
+                PatchOutlook::AfterChange("remove the ForceP2P registry key".into())
+            } else {
+                p.patch_not_applicable()
+            },
+            &["/proc/driver/nvidia/params", "nvml p2p read/write"],
+        )
+    })
+}
+
+/// Rule `card`: professional and datacenter cards get P2P from the stock driver, so when it
+/// refuses them the cause is elsewhere (topology, ACS, the GPU's mode), never the GeForce
+/// policy the patch works around.
+fn card(p: &Pair<'_>) -> Option<Verdict> {
+    if p.geforce() {
+        return None;
+    }
+    let classes = if p.a.class() == p.b.class() {
+        format!("{} cards", p.a.class().map_or("these", CardClass::name))
+    } else {
+        "professional and datacenter cards".to_owned()
+    };
+    let statuses = [p.pair.nvml_read, p.pair.nvml_write];
+    let topology = p.pair.topology.as_deref();
+    let path = topology.map_or(String::new(), |t| format!("; topology {t}"));
+    let status = p.nvml_status();
+    let acs = "check ACS redirect on the PCIe switches and root ports (as root: `sudo lspci -vvv | grep ACSCtl`; ReqRedir+ or CmpltRedir+ send P2P up to the root complex) and disable ACS in the firmware";
+    let (code, certainty, reason, remedy) = if statuses
+        .iter()
+        .any(|s| matches!(s, Some(P2pStatus::ChipsetNotSupported | P2pStatus::IohTopologyNotSupported)))
+        || topology == Some("SYS")
+    {
+        (
+            "TOPO",
+            Certainty::Likely,
+            format!("the driver refuses P2P between these {classes} over their PCIe path{status}{path}"),
+            format!(
+                "put both cards under one PCIe switch or one CPU's root complex (topology PIX, PXB or PHB): this chipset or path does not carry P2P; {acs}"
+            ),
+        )
+    } else if statuses.contains(&Some(P2pStatus::GpuNotSupported)) {
+        (
+            "DRV",
+            Certainty::Possible,
+            format!("the driver refuses P2P between these {classes}: the GPU side does not support it{status}"),
+            "use the physical GPU rather than an SR-IOV virtual function or vGPU, leave MIG mode (`nvidia-smi -q | grep -i mig`), and remove PeerMappingOverride from the driver's registry keys".into(),
+        )
+    } else {
+        (
+            "DRV",
+            Certainty::Possible,
+            format!("the driver refuses P2P between these {classes}{status}{path}"),
+            format!("{acs}; check MIG mode (`nvidia-smi -q | grep -i mig`) and that both cards are the same chip"),
+        )
+    };
+    Some(p.off(
+        code,
+        certainty,
+        reason,
+        remedy,
+        p.patch_not_applicable(),
+        &["brand", "nvml p2p read/write", "topology"],
+    ))
+}
+
+/// Rule `module`: the kernel module: unknown, or the proprietary one.
+fn module(p: &Pair<'_>) -> Option<Verdict> {
+    let status = p.nvml_status();
+    let Some(module) = p.module() else {
+        return Some(p.off(
+            "?",
+            Certainty::Shown,
+            format!("the driver refuses P2P{status}; the kernel module flavour is unknown"),
+            "read /proc/driver/nvidia/version (Linux) to tell open from proprietary".into(),
+            PatchOutlook::Undecided(vec!["/proc/driver/nvidia/version".into()]),
+            &["cuDeviceCanAccessPeer", "nvml p2p read/write"],
+        ));
+    };
+    (module.flavour == ModuleFlavour::Proprietary).then(|| {
+        p.off(
+            "PROP",
+            Certainty::Shown,
+            format!("the driver refuses P2P{status}, and runs the proprietary kernel module {}", module.version),
+            format!(
+                "switch to NVIDIA's open kernel module at a version with a patch branch for {} cards (PATCH.md): {}",
+                p.a.arch().name(),
+                p.versions()
+            ),
+            PatchOutlook::AfterChange(format!("switch to the open kernel module at one of {}", p.versions())),
+            &["cuDeviceCanAccessPeer", "kernel module"],
+        )
+    })
+}
+
+/// Rule `version`: an open module no patch exists for.
+fn version(p: &Pair<'_>) -> Option<Verdict> {
+    let module = p.module()?;
+    let arch = p.a.arch();
+    let missing = match branch_for_version(&module.version) {
+        None => format!("no patch branch exists for open module {}", module.version),
+        Some(b) if !b.architectures.contains(&arch) => {
+            format!("the {} branch does not drive {} cards", b.name, arch.name())
+        }
+        Some(_) => return None,
+    };
+    Some(p.off(
+        "VER",
+        Certainty::Shown,
+        format!("the driver refuses P2P{}; {missing}", p.nvml_status()),
+        format!(
+            "install a driver version whose patch branch drives {} cards ({}) and build the patched open module at exactly that version",
+            arch.name(),
+            p.versions()
+        ),
+        PatchOutlook::AfterChange(format!("move to one of {}", p.versions())),
+        &["cuDeviceCanAccessPeer", "kernel module", "architecture"],
+    ))
+}
+
+/// Rule `arch`: GeForce cards of an architecture no branch drives (Turing and older).
+fn arch(p: &Pair<'_>) -> Option<Verdict> {
+    let arch = p.a.arch();
+    versions_for(arch).is_empty().then(|| {
+        p.off(
+            "ARCH",
+            Certainty::Shown,
+            format!(
+                "the driver refuses P2P{}, and no patch branch drives {} cards (branches exist for {})",
+                p.nvml_status(),
+                arch.name(),
+                architectures_driven()
+            ),
+            "none: geforce-p2p's staged copy is the way for this pair".into(),
+            PatchOutlook::Cannot(format!("no branch drives {} cards", arch.name())),
+            &["architecture", "compute capability"],
+        )
+    })
+}
+
+/// Rule `patched`: the patch is in effect and CUDA still refuses. Installing it is not the
+/// answer; what else is missing is.
+fn patched(p: &Pair<'_>) -> Option<Verdict> {
+    if !p.patch.acted_on() {
+        return None;
+    }
+    let status = p.nvml_status();
+    let in_effect =
+        format!("the P2P patch is in effect ({}) but CUDA refuses this pair{status}", p.patch.certainty.name());
+    let used = ["cuDeviceCanAccessPeer", "nvml p2p read/write/atomics", "kernel module"];
+    if let Some(wrong) = p.branch_lacking_arch() {
+        return Some(p.off(
+            "VER",
+            Certainty::Shown,
+            format!("{in_effect}: {wrong}"),
+            format!("move to a branch that drives {} cards: {}", p.a.arch().name(), p.versions()),
+            PatchOutlook::InEffect(format!("a branch for {} cards", p.a.arch().name())),
+            &used,
+        ));
+    }
+    if let Some(d) = p.devices().into_iter().find(|d| d.bar1_covers_vram() == Some(false)) {
+        let (remedy, _) = p.bar1_fix(d);
+        return Some(p.off(
+            "BAR1",
+            Certainty::Shown,
+            format!("{in_effect}: {}", bar1_too_small(d)),
+            remedy,
+            PatchOutlook::InEffect("a BAR1 that holds VRAM".into()),
+            &["BAR1", "BAR1 sizes (resource1_resize)", "VRAM", "kernel module"],
+        ));
+    }
+    if let Some(d) = p.devices().into_iter().find(|d| p.iommu_translates(d) == Some(true)) {
+        return Some(p.off(
+            "IOMMU",
+            Certainty::Shown,
+            format!("{in_effect}: {}", iommu_translates(d)),
+            IOMMU_REMEDY.into(),
+            PatchOutlook::InEffect("the IOMMU in passthrough".into()),
+            &["IOMMU group type", "/proc/cmdline", "kernel module"],
+        ));
+    }
+    let mut causes = vec![
+        "look for NVRM errors in the kernel log (`sudo dmesg | grep NVRM`)".to_owned(),
+        "static BAR1 may be off: add RMForceStaticBar1=1 to NVreg_RegistryDwords".to_owned(),
+        "ACS redirect on a switch or root port (`sudo lspci -vvv | grep ACSCtl`): disable ACS in the firmware"
+            .to_owned(),
+        "a kernel upgrade since the module was built: rebuild it for the running kernel".to_owned(),
+    ];
+    if p.a.arch() == Architecture::Blackwell {
+        causes.insert(
+            1,
+            "a display attached to a 5090 breaks it on some branches: move the display to another card".into(),
+        );
+    }
+    Some(p.off(
+        "PFAIL",
+        Certainty::Possible,
+        format!("{in_effect}, and the facts show no cause"),
+        format!("known further causes: {}", causes.join("; ")),
+        PatchOutlook::InEffect("something the facts do not show (see the remedy)".into()),
+        &used,
+    ))
+}
+
+/// Rule `bar1`: BAR1 too small to map VRAM, where the patch's mappings go.
+fn bar1(p: &Pair<'_>) -> Option<Verdict> {
+    let d = p.devices().into_iter().find(|d| d.bar1_covers_vram() == Some(false))?;
+    let (remedy, outlook) = p.bar1_fix(d);
+    Some(p.off(
+        "BAR1",
+        Certainty::Shown,
+        format!("the driver refuses P2P{}; {}", p.nvml_status(), bar1_too_small(d)),
+        remedy,
+        outlook,
+        &["BAR1", "BAR1 sizes (resource1_resize)", "VRAM"],
+    ))
+}
+
+/// Rule `iommu`: a translating IOMMU, which the patch's raw BAR1 addresses bypass; then any fact
+/// these two rules could not check.
+fn iommu(p: &Pair<'_>) -> Option<Verdict> {
+    if let Some(d) = p.devices().into_iter().find(|d| p.iommu_translates(d) == Some(true)) {
+        return Some(p.off(
+            "IOMMU",
+            Certainty::Shown,
+            format!("the driver refuses P2P{}; {}", p.nvml_status(), iommu_translates(d)),
+            IOMMU_REMEDY.into(),
+            PatchOutlook::AfterChange("set the IOMMU to passthrough (iommu=pt)".into()),
+            &["IOMMU group type", "/proc/cmdline"],
+        ));
+    }
+    let (mut missing, mut lacking) = (Vec::new(), Vec::new());
+    for d in p.devices() {
+        if d.bar1_covers_vram().is_none() {
+            missing.push(p.missing(Missing::Bar1, d));
+            lacking.push(Missing::Bar1);
+        }
+    }
+    for d in p.devices() {
+        if p.iommu_translates(d).is_none() {
+            missing.push(p.missing(Missing::Iommu, d));
+            lacking.push(Missing::Iommu);
+        }
+    }
+    (!missing.is_empty()).then(|| {
+        p.off(
+            "?",
+            Certainty::Shown,
+            format!("the driver refuses P2P{}; the patch's requirements cannot all be checked", p.nvml_status()),
+            format!("provide the missing facts: {}", p.provide(&lacking)),
+            PatchOutlook::Undecided(missing),
+            &["kernel module", "BAR1", "IOMMU group type"],
+        )
+    })
+}
+
+fn link_name(link: Link) -> &'static str {
+    match link {
+        Link::NvLink => "NVLink",
+        Link::PcieBar1 => "PCIe BAR1",
+        Link::Pcie => "PCIe",
+    }
+}
+
+/// The patch's peer mappings bypass IOMMU translation: what to do where DMA is translated.
+const IOMMU_REMEDY: &str = "set the IOMMU to passthrough (iommu=pt on the kernel command line) or turn it off";
+
+/// The BAR1 hazard of device `d`, in words (for a refusal and for a warning alike).
+fn bar1_too_small(d: &DeviceFacts) -> String {
+    format!(
+        "device {}'s BAR1 ({}) cannot map its VRAM ({})",
+        d.ordinal,
+        gib(d.bar1_bytes.unwrap_or(0)),
+        gib(d.vram_bytes)
+    )
+}
+
+/// The IOMMU hazard of device `d`, in words.
+fn iommu_translates(d: &DeviceFacts) -> String {
+    format!("the IOMMU translates device {}'s DMA ({})", d.ordinal, d.iommu_group_type.as_deref().unwrap_or("?"))
+}
