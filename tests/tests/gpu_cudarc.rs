@@ -39,6 +39,10 @@ fn while_capturing<R>(stream: &Arc<CudaStream>, body: impl FnOnce() -> R) -> (R,
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn staged_copies_of_cudarc_memory_on_cudarc_streams() {
+    // Serial with the capture tests: cudarc's stream creation, run while another test's
+    // stream captured, was refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidated
+    // that capture, failing both tests (once, in the suite at ef17ada).
+    let _serial = gp2p_tests::serial();
     needs!(gpus: 1);
     let (_ctx, s1, s2) = context(0);
     let len = (3 << 20) + 5; // several chunks
@@ -117,6 +121,8 @@ fn a_leaked_wrapper_still_orders_cudarcs_free_after_the_work() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn all_reduce_of_cudarc_memory_interleaved_with_cudarc_work() {
+    // Serial with the capture tests, as above.
+    let _serial = gp2p_tests::serial();
     needs!(gpus: 1);
     // Two GPUs when there are, else two logical ranks on one (feature `testing`).
     let count = Device::count().unwrap();
