@@ -453,7 +453,7 @@ pub unsafe fn wait_flag(
     let function = Module::reduce_kernels(stream.device())?.function(WAIT_FLAG_KERNEL)?;
     let args = WaitFlagArgs { flag, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
-    unsafe { launch_wait_flag(&function, stream, args) }
+    unsafe { launch_wait_flag(&function, stream, args, None) }
 }
 
 /// Refuses the first of `addresses` (argument name, address) not aligned to `align` bytes.

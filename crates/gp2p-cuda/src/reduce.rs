@@ -117,19 +117,18 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         word.fill_bytes(&stream, 0)?;
         let word_ptr = word.raw_ptr();
         let wait = WaitFlagArgs { flag: word_ptr, value: 0, timeout_ns: 0, failed: word_ptr, broken: word_ptr };
-        // SAFETY: the flag holds the value by then (zeroed before, in stream order): the
-        // kernel reads the live word once and returns; the word is freed after the point
-        // noted below.
-        unsafe { launch_wait_flag(&module.function(WAIT_FLAG_KERNEL)?, &stream, wait)? };
-        // And once more replayed from a graph: whatever the driver sets up at a context's
-        // first graph (instantiated and launched) is done now too, not between two ranks'
-        // replayed launches (LaunchCache).
+        let wait_kernel = module.function(WAIT_FLAG_KERNEL)?;
+        // Launched, and once more replayed from a graph: whatever the driver sets up at a
+        // context's first graph (instantiated and launched) is done now too, not between two
+        // ranks' replayed launches (LaunchCache).
         let mut graphs = LaunchCache::new(device);
-        let params = Params::default().u64(word_ptr).u32(0).u64(0).u64(word_ptr).u64(word_ptr);
-        let one_thread = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
-        // SAFETY: the wait kernel's arguments (const u32*, u32, u64, u32*, u32*), on the same
-        // zeroed word as above; the cache's only launch.
-        unsafe { graphs.launch(&module.function(WAIT_FLAG_KERNEL)?, &stream, one_thread, params)? };
+        // SAFETY: the wait kernel; the flag holds the value by then (zeroed before, in stream
+        // order): each launch reads the live word once and returns; the word is freed after
+        // the point noted below. The second launch is the cache's only one.
+        unsafe {
+            launch_wait_flag(&wait_kernel, &stream, wait, None)?;
+            launch_wait_flag(&wait_kernel, &stream, wait, Some(&mut graphs))?;
+        }
         // Waiting on a point, not Stream::synchronize: that would also take (and so hide
         // from its owner) an error some destructor deferred.
         let point = stream.point()?;
@@ -287,6 +286,7 @@ pub(crate) unsafe fn launch_exchange(
 
 /// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed,
 /// u32* broken)`, in order (see [`gp2p_kernels::WAIT_FLAG_KERNEL`]).
+#[derive(Clone, Copy)]
 pub(crate) struct WaitFlagArgs {
     pub(crate) flag: RawDevicePtr,
     pub(crate) value: u32,
@@ -295,18 +295,25 @@ pub(crate) struct WaitFlagArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
-/// Launch the wait kernel with `args`, one thread.
+/// Launch the wait kernel with `args`, one thread, replayed through `cache` where one is given.
 ///
 /// # Safety
 /// `function` is the wait kernel; `flag` is a readable and `failed` and `broken` writable
-/// `u32`s, all addressable from the stream's device until it completes.
-pub(crate) unsafe fn launch_wait_flag(function: &Function, stream: &Stream, args: WaitFlagArgs) -> Result<()> {
+/// `u32`s, all addressable from the stream's device until it completes; launches through
+/// `cache` follow
+/// [`LaunchCache::launch`]'s contract.
+pub(crate) unsafe fn launch_wait_flag(
+    function: &Function,
+    stream: &Stream,
+    args: WaitFlagArgs,
+    cache: Option<&mut LaunchCache>,
+) -> Result<()> {
     // The kernel takes (const u32*, u32, u64, u32*, u32*), in this order.
     let params =
         Params::default().u64(args.flag).u32(args.value).u64(args.timeout_ns).u64(args.failed).u64(args.broken);
     let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
-    // SAFETY: the arguments match the parameters; addresses: the caller's.
-    unsafe { launch_params(function, stream, one, params, None) }
+    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
+    unsafe { launch_params(function, stream, one, params, cache) }
 }
 
 /// Refuses a divisor of 0 (avg divides by the number of contributions): what every reduce
