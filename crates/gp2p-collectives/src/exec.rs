@@ -14,6 +14,7 @@ use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES, pipe
 use parking_lot::Mutex;
 
 use crate::calibrate::choose;
+use crate::env::parse_byte_limit;
 use crate::schedule::step_divisor;
 use crate::schedule::{Action, Schedule};
 use crate::{Error, Receive, Result, spans_devices};
@@ -61,22 +62,6 @@ fn default_chunk_exchange_max() -> usize {
 fn parse_chunk_exchange_max(value: Option<&str>) -> usize {
     let limit = gp2p_pinned::CHUNK_EXCHANGE_LIMIT;
     parse_byte_limit(CHUNK_EXCHANGE_MAX_VAR, value, CHUNK_EXCHANGE_MAX_BYTES, limit, "0 turns the chunk exchange off")
-}
-
-/// The byte count `value` of the environment variable `var` gives, at most `limit`; unset:
-/// `default`. Anything else is ignored (`default`), with a note on stderr that ends in `hint`.
-pub(crate) fn parse_byte_limit(var: &str, value: Option<&str>, default: usize, limit: usize, hint: &str) -> usize {
-    match value.map(|v| v.trim().parse::<usize>()) {
-        None => default,
-        Some(Ok(bytes)) if bytes <= limit => bytes,
-        Some(_) => {
-            eprintln!(
-                "geforce-p2p: ignoring {var}={:?}: not a byte count up to {limit} ({hint})",
-                value.unwrap_or_default(),
-            );
-            default
-        }
-    }
 }
 
 /// The largest buffer the line exchange was measured to win at (see
@@ -516,7 +501,7 @@ mod tests {
 
     use super::{
         CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, Chunking, Engine, MULTI_DEVICE_MAX_CHUNK_BYTES, SLOTS, Waits,
-        parse_byte_limit, parse_chunk_exchange_max, plan_waits,
+        parse_chunk_exchange_max, plan_waits,
     };
     use crate::schedule::Schedule;
 
@@ -560,17 +545,6 @@ mod tests {
         );
         assert_eq!(parse_chunk_exchange_max(Some(&usize::MAX.to_string())), CHUNK_EXCHANGE_MAX_BYTES);
         assert_eq!(Engine::new().with_chunk_exchange_max(7).chunk_exchange_max(), 7);
-    }
-
-    #[test]
-    fn byte_limits_from_the_environment_take_byte_counts_up_to_their_limit_only() {
-        let parse = |value| parse_byte_limit("GP2P_TEST_LIMIT", value, 10, 100, "a hint");
-        assert_eq!(parse(None), 10, "unset: the default");
-        assert_eq!(parse(Some("100")), 100);
-        assert_eq!(parse(Some("0")), 0);
-        assert_eq!(parse(Some("101")), 10, "above the limit");
-        assert_eq!(parse(Some("-1")), 10, "not a byte count");
-        assert_eq!(parse(Some("1G")), 10, "no suffixes");
     }
 
     #[test]

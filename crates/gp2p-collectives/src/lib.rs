@@ -72,6 +72,7 @@
 #![forbid(unsafe_code)]
 
 mod calibrate;
+mod env;
 mod error;
 mod exec;
 pub mod reference;

@@ -23,7 +23,7 @@ use std::ops::Range;
 use gp2p_kernels::{Element, REDUCE_VECTOR_BYTES, ReduceOp};
 use gp2p_transport::plan::{Chunking, SINGLE_CHUNK_MAX_BYTES};
 
-use crate::exec::parse_byte_limit;
+use crate::env::parse_byte_limit;
 
 /// What the receiver does with a transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
