@@ -139,6 +139,24 @@ fn every_op<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
     }
 }
 
+/// One f32 all_reduce per `(len, op)` case on fresh random data, enqueued back to back on
+/// one stream; results checked once all are queued.
+fn f32_all_reduces(comm: &mut Communicator, stream: &Stream, cases: &[(usize, ReduceOp)], seed: u64) {
+    let rank = comm.rank();
+    let mut calls = Vec::new();
+    for (c, &(len, op)) in cases.iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, seed + 2 * c as u64 + r as u64)).collect();
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+        calls.push((op, inputs, buf));
+    }
+    for (op, inputs, buf) in &calls {
+        let want = expected(Collective::AllReduce, inputs, *op).swap_remove(rank);
+        let (bad, first) = count_mismatched(&buf.to_host_vec(stream).unwrap(), &want, *op);
+        assert_eq!(bad, 0, "rank {rank} {op} len {}: {}", want.len(), first.join("; "));
+    }
+}
+
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn two_gpu_two_processes_all_reduce_every_op_and_dtype_and_a_thousand_back_to_back() {
@@ -387,24 +405,9 @@ fn one_gpu_two_processes_share_it_on_both_paths() {
     }
     let options = CommOptions { peer_timeout: std::time::Duration::from_secs(30), ..small_slots() };
     let mut r = Ranked::start_on(test, options, |_| 0);
-    let (rank, stream) = (r.rank, &r.stream);
-    every_dtype!(every_op(&mut r.comm, stream, 11));
-    let mut calls = Vec::new();
-    for (c, (len, op)) in [(7, ReduceOp::Sum), (4099, ReduceOp::Max), (70_001, ReduceOp::Sum), (300_007, ReduceOp::Min)]
-        .into_iter()
-        .enumerate()
-    {
-        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 500 + 2 * c as u64 + r as u64)).collect();
-        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
-        r.comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
-        calls.push((op, inputs, buf));
-    }
-    for (op, inputs, buf) in &calls {
-        let want = expected(Collective::AllReduce, inputs, *op).swap_remove(rank);
-        let (bad, first) = count_mismatched(&buf.to_host_vec(stream).unwrap(), &want, *op);
-        assert_eq!(bad, 0, "rank {rank} {op} len {}: {}", want.len(), first.join("; "));
-    }
-    drop(calls);
+    every_dtype!(every_op(&mut r.comm, &r.stream, 11));
+    let cases = [(7, ReduceOp::Sum), (4099, ReduceOp::Max), (70_001, ReduceOp::Sum), (300_007, ReduceOp::Min)];
+    f32_all_reduces(&mut r.comm, &r.stream, &cases, 500);
     r.finish();
 }
 
@@ -443,21 +446,9 @@ fn two_processes_take_the_line_kernel_up_to_64_kib_when_told() {
     let options = CommOptions { lines_max_bytes: 64 << 10, peer_timeout, ..small_slots() };
     let mut r = Ranked::start_on(test, options, |_| 0);
     assert_eq!(r.comm.lines_max_bytes(), 64 << 10, "the option reached the communicator");
-    let (rank, stream) = (r.rank, &r.stream);
-    every_dtype!(every_op(&mut r.comm, stream, 13));
-    let mut calls = Vec::new();
-    for (c, len) in [16_383usize, 16_384, 9_999].into_iter().enumerate() {
-        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, 900 + 2 * c as u64 + r as u64)).collect();
-        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
-        r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
-        calls.push((inputs, buf));
-    }
-    for (inputs, buf) in &calls {
-        let want = expected(Collective::AllReduce, inputs, ReduceOp::Sum).swap_remove(rank);
-        let (bad, first) = count_mismatched(&buf.to_host_vec(stream).unwrap(), &want, ReduceOp::Sum);
-        assert_eq!(bad, 0, "rank {rank} len {}: {}", want.len(), first.join("; "));
-    }
-    drop(calls);
+    every_dtype!(every_op(&mut r.comm, &r.stream, 13));
+    let cases = [16_383usize, 16_384, 9_999].map(|len| (len, ReduceOp::Sum));
+    f32_all_reduces(&mut r.comm, &r.stream, &cases, 900);
     r.finish();
 }
 
