@@ -339,6 +339,16 @@ fn one_device_case<T: Reference>(
     }
 }
 
+/// A chunk exchange with both ranks on `device`, for up to 64 chunks (fewer where the device
+/// has fewer multiprocessors: each grid within one block per multiprocessor), and its
+/// largest buffer in bytes.
+fn one_device_chunk_exchange(device: &Device) -> (ChunkExchange, usize) {
+    let max_bytes = (device.info().multiprocessors as usize).min(64) * 4096;
+    let mut exchange = ChunkExchange::sharing_a_device_for_tests(device, max_bytes, Duration::from_secs(2)).unwrap();
+    exchange.set_queue_timeout(Duration::from_secs(5));
+    (exchange, max_bytes)
+}
+
 /// Two streams of `device`, created one after the other (so on different hardware queues).
 fn stream_pair(device: &Device) -> [Stream; 2] {
     [Stream::new(device).unwrap(), Stream::new(device).unwrap()]
@@ -352,9 +362,7 @@ fn one_gpu_chunk_exchange_kernels_for_every_op_and_dtype_with_both_ranks_on_the_
     let _serial = gp2p_tests::serial();
     let [device] = needs!(gpus: 1, concurrent_kernels, compute_80);
     let streams = stream_pair(&device);
-    let max_bytes = (device.info().multiprocessors as usize).min(64) * 4096;
-    let mut exchange = ChunkExchange::sharing_a_device_for_tests(&device, max_bytes, Duration::from_secs(2)).unwrap();
-    exchange.set_queue_timeout(Duration::from_secs(5));
+    let (mut exchange, max_bytes) = one_device_chunk_exchange(&device);
     let mut seed = 9000;
     // One chunk, a partial 16-byte group, several chunks with a partial last one, and (f64,
     // at the last length) every chunk of the areas.
@@ -374,9 +382,7 @@ fn one_gpu_back_to_back_chunk_exchanges_on_two_stream_pairs_without_host_sync() 
     let _serial = gp2p_tests::serial();
     let [device] = needs!(gpus: 1, concurrent_kernels, compute_80);
     let pairs = [stream_pair(&device), stream_pair(&device)];
-    let max_bytes = (device.info().multiprocessors as usize).min(64) * 4096;
-    let mut exchange = ChunkExchange::sharing_a_device_for_tests(&device, max_bytes, Duration::from_secs(2)).unwrap();
-    exchange.set_queue_timeout(Duration::from_secs(5));
+    let (mut exchange, max_bytes) = one_device_chunk_exchange(&device);
     back_to_back_chunk_exchanges(&mut exchange, &pairs, max_bytes / 4 - 3, 8000);
 }
 
