@@ -17,8 +17,6 @@ Two devices, one process, f32 sum in place. Each variant is one kernel per rank 
   team learns that its own chunk was read (the fold overwrites it) from a shared count;
 - `flagwh`: `flagws` learning it from the chunk's own flag in host memory, across the bus
   (the library's chunk kernel);
-- `flagwd`: `flagws` learning it from a per-block word in device memory (release/acquire at
-  GPU scope);
 - `flagwb`: `flagws` learning it from named barriers (the storing team arrives, the folding
   team syncs), four chunks deep (the library's chunk kernel since).
 Every timed loop enqueues `--calls` back-to-back calls on each device behind a gate kernel
@@ -29,7 +27,7 @@ overflows; at 2**-100 one input in 10**8 was subnormal, and a 16 MiB run then sa
 element, which a flush to zero somewhere in the toolchain explains). A null kernel gives the launch floor.
 
     python3 benches/probes/small_exchange.py [--calls 100] [--repeats 5]
-        [--sizes 64,2048,...] [--kinds null,ll,flag,flagacq,flagws,flagwh,flagwd,flagwb] [--blocks 1,4,16,64]
+        [--sizes 64,2048,...] [--kinds null,ll,flag,flagacq,flagws,flagwh,flagwb] [--blocks 1,4,16,64]
         [--chunks 512,...] [--threads 256,512]
 """
 
@@ -218,21 +216,11 @@ extern "C" __global__ void __launch_bounds__(256) flag(float* buf, u64 n, float*
 // `handoff` says how the folding team learns that chunk i's own values were read (the fold
 // overwrites them): 0 (`flagws`) a shared count; 1 (`flagwh`) the chunk's own flag in host
 // memory, polled across the bus (the library's chunk kernel since b733047, racecheck-clean);
-// 2 (`flagwd`) a per-block word in device memory, released at GPU scope and acquired
-// (racecheck tracks shared memory only, so also clean, and no bus trip; its word is shared
-// by two ranks on one device, so it is right only with one chunk per block there); 3
-// (`flagwb`) named barriers, the storing team arriving (bar.arrive) once it read a chunk and
+// 2 (`flagwb`) named barriers, the storing team arriving (bar.arrive) once it read a chunk and
 // the folding team syncing on it, four chunks deep (the library's chunk kernel since
-// 2026-12-01's fourteenth session).
-__device__ u32 handoff_words[4096];
-__device__ __forceinline__ u32 ld_acquire_gpu(const u32* at) {
-    u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release_gpu(u32* at, u32 v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(at), "r"(v) : "memory");
-}
+// 2026-12-01's fourteenth session). (A per-block word in device memory, released and
+// acquired at GPU scope, came between the shared count and the host flag: 8 KiB 8.1 us
+// against 7.3 and 9.3; benches/results/chunk-handoff-h200/probe-handoff-1-ec77dc4.txt.)
 extern "C" __global__ void __launch_bounds__(1024) flagws(float* buf, u64 n, float* out_data, const float* in_data, u32* out_flags,
                                 const u32* in_flags, u32 seq, u64 chunk, u32 gap, u64 half, u64 flags_half, u32 handoff) {
     __shared__ volatile u32 stored;
@@ -244,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(1024) flagws(float* buf, u64 n, flo
     if (threadIdx.x < team) {
         u32 i = 0;
         for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
-            if (handoff == 3 && i >= 4) asm volatile("bar.sync %0, %1;" ::"r"(7 + i % 4), "r"(blockDim.x) : "memory");
+            if (handoff == 2 && i >= 4) asm volatile("bar.sync %0, %1;" ::"r"(7 + i % 4), "r"(blockDim.x) : "memory");
             const u64 end = min(n, (c + 1) * chunk) / 4;
             for (u64 g = c * chunk / 4 + threadIdx.x; g < end; g += team)
                 ((uint4*)out_data)[g] = ((const uint4*)buf)[g];
@@ -252,17 +240,16 @@ extern "C" __global__ void __launch_bounds__(1024) flagws(float* buf, u64 n, flo
             asm volatile("bar.sync 1, %0;" ::"r"(team) : "memory");
             if (threadIdx.x == 0) {
                 *(volatile u32*)(out_flags + 16 * c) = seq;
-                if (handoff == 2) st_release_gpu(&handoff_words[blockIdx.x], seq * 256 + i + 1);
                 __threadfence_block();
                 stored = i + 1;
             }
-            if (handoff == 3) asm volatile("bar.arrive %0, %1;" ::"r"(3 + i % 4), "r"(blockDim.x) : "memory");
+            if (handoff == 2) asm volatile("bar.arrive %0, %1;" ::"r"(3 + i % 4), "r"(blockDim.x) : "memory");
         }
     } else {
         const u32 t = threadIdx.x - team;
         u32 i = 0;
         for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
-            if (handoff == 3) asm volatile("bar.sync %0, %1;" ::"r"(3 + i % 4), "r"(blockDim.x) : "memory");
+            if (handoff == 2) asm volatile("bar.sync %0, %1;" ::"r"(3 + i % 4), "r"(blockDim.x) : "memory");
             if (t == 0) {
                 u64 deadline = 0;
                 if (handoff == 0) while (stored <= i && !given_up(deadline)) __nanosleep(32);
@@ -271,9 +258,6 @@ extern "C" __global__ void __launch_bounds__(1024) flagws(float* buf, u64 n, flo
             } else if (t == 1 && handoff == 1) {
                 u64 deadline = 0;
                 while (ld_acquire_sys(out_flags + 16 * c) != seq && !given_up(deadline)) __nanosleep(gap);
-            } else if (t == 1 && handoff == 2) {
-                u64 deadline = 0;
-                while (ld_acquire_gpu(&handoff_words[blockIdx.x]) < seq * 256 + i + 1 && !given_up(deadline)) __nanosleep(32);
             }
             asm volatile("bar.sync 2, %0;" ::"r"(team) : "memory");
             const u64 end = min(n, (c + 1) * chunk) / 4;
@@ -291,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(1024) flagws(float* buf, u64 n, flo
                     ((float4*)buf)[g] = own;
                 }
             }
-            if (handoff == 3 && c + 4 * gridDim.x < chunks)
+            if (handoff == 2 && c + 4 * gridDim.x < chunks)
                 asm volatile("bar.arrive %0, %1;" ::"r"(7 + i % 4), "r"(blockDim.x) : "memory");
         }
     }
@@ -300,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(1024) flagws(float* buf, u64 n, flo
 
 # The two-team variants, by how the folding team learns its own chunk was read (the kernel's
 # `handoff`).
-HANDOFFS = {"flagws": 0, "flagwh": 1, "flagwd": 2, "flagwb": 3}
+HANDOFFS = {"flagws": 0, "flagwh": 1, "flagwb": 2}
 MAPPED_PORTABLE = 0x1 | 0x2
 SIZES = [64, 2 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10]
 # Flag words per half: one flag every 16 words for each chunk of the smallest chunk size at
@@ -380,7 +364,7 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--devices", default="0,1", help="the two ranks' devices (0,0: both on one, two streams)")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes per call, comma-separated")
-    p.add_argument("--kinds", default="null,ll,flag", help="variants to time: null, ll, llp, flag, flagacq, flagws, flagwh, flagwd, flagwb")
+    p.add_argument("--kinds", default="null,ll,flag", help="variants to time: null, ll, llp, flag, flagacq, flagws, flagwh, flagwb")
     p.add_argument("--blocks", default="1,4,16,64", help="grid sizes of the flag variants")
     p.add_argument("--threads", default="256,512", help="threads per block of the two-team variants")
     p.add_argument("--chunks", default="512,1024,2048,4096,8192", help="chunk bytes of the flag variants")
