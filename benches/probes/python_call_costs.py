@@ -1,6 +1,8 @@
 """What the pieces of a Python copy_ call cost on the host, none of which enqueues GPU work:
-each torch tensor attribute or method the native fast path reads, torch's current-stream
-getter, the fast path's reading of two tensors (``_native.read_torch_pair``), and the native
+each torch tensor attribute or method the native fast path reads a subclass with, torch's
+DLPack export that it reads a plain tensor with, torch's current-stream getter, the fast
+path's reading of two tensors (``_native.read_torch_pair``, and the same attribute by
+attribute), and the native
 call around the copy (``_native.copy_call_only``: its arguments converted, the GIL released
 and taken back, nothing enqueued), with and without the release.
 
@@ -50,6 +52,7 @@ def main():
     fast = torch_fast_parts(torch)
     s, d = describe(a, "src"), describe(b, "dst")
     raw_stream = torch._C._cuda_getCurrentRawStream
+    to_dlpack = torch._C._to_dlpack
     tensor = torch.Tensor
     pieces = {
         "empty lambda": lambda: None,
@@ -68,6 +71,8 @@ def main():
         "torch.cuda.current_stream(0)": lambda: torch.cuda.current_stream(0),
         "_native.read_torch_pair, parts given": lambda: _native.read_torch_pair(b, a, fast),
         "_native.read_torch_pair, parts kept": lambda: _native.read_torch_pair(b, a),
+        "read_torch_pair, by attributes": lambda: _native.read_torch_pair(b, a, None, True),
+        "torch._C._to_dlpack(t)": lambda: to_dlpack(a),
         "describe x2": lambda: (describe(b, "dst"), describe(a, "src")),
         "_native.dtypes()": _native.dtypes,
         "python function, 8 arguments": lambda: python_function(s.dtype, s.numel, s.memory, d.memory, "staged",

@@ -67,10 +67,31 @@ class HostArray:
         self.__array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (_address(4096), False), "version": 3}
 
 
-# The DLPack structs are the library's own (geforce_p2p._tensors): a second copy here would
-# only test that two copies agree. test_dlpack_structs_have_dlpacks_layout checks the
-# library's against the offsets of dlpack.h instead, and the GPU tests against torch.
-_DLDevice, _DLDataType, _DLManagedTensor = _tensors._DLDevice, _tensors._DLDataType, _tensors._DLManagedTensor
+# A DLPack producer's structs, as dlpack.h lays them out (test_dlpack_structs_have_dlpacks_layout
+# checks the offsets); the library reads them natively (_native.read_dlpack), so the tests
+# below check its reader against this layout, and the GPU tests against torch's export.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
 
 @pytest.mark.skipif(ctypes.sizeof(ctypes.c_void_p) != 8, reason="the offsets below are those of a 64-bit build")
@@ -78,8 +99,8 @@ def test_dlpack_structs_have_dlpacks_layout():
     # (field, byte offset) as dlpack.h lays out DLTensor and DLManagedTensor on 64-bit.
     tensor = [("data", 0), ("device", 8), ("ndim", 16), ("dtype", 20), ("shape", 24), ("strides", 32), ("byte_offset", 40)]
     for field, at in tensor:
-        assert getattr(_tensors._DLTensor, field).offset == at, field
-    assert ctypes.sizeof(_tensors._DLTensor) == 48
+        assert getattr(_DLTensor, field).offset == at, field
+    assert ctypes.sizeof(_DLTensor) == 48
     for field, at in [("dl_tensor", 0), ("manager_ctx", 48), ("deleter", 56)]:
         assert getattr(_DLManagedTensor, field).offset == at, field
     assert (ctypes.sizeof(_DLDevice), ctypes.sizeof(_DLDataType)) == (8, 4)
@@ -89,7 +110,7 @@ class DLPackArray:
     """A DLPack producer built with ctypes: its capsule points at a DLManagedTensor this
     object owns (no deleter: the object outlives the capsule in these tests)."""
 
-    def __init__(self, shape, code, bits, device_type=2, device_id=0, strides=None, byte_offset=0):
+    def __init__(self, shape, code, bits, device_type=2, device_id=0, strides=None, byte_offset=0, lanes=1):
         self._shape = (ctypes.c_int64 * len(shape))(*shape)
         self._strides = None if strides is None else (ctypes.c_int64 * len(strides))(*strides)
         self.data = _address(1 << 16)
@@ -98,7 +119,7 @@ class DLPackArray:
         t.data = self.data
         t.device = _DLDevice(device_type, device_id)
         t.ndim = len(shape)
-        t.dtype = _DLDataType(code, bits, 1)
+        t.dtype = _DLDataType(code, bits, lanes)
         t.shape = self._shape
         t.strides = self._strides
         t.byte_offset = byte_offset
@@ -548,6 +569,84 @@ def test_dlpack_is_read_with_offset_dtype_device_and_strides():
         _tensors.describe(DLPackArray((2,), code=5, bits=64), "x")
     with pytest.raises(TypeError, match="device type 10"):
         _tensors.describe(DLPackArray((2,), code=2, bits=32, device_type=10), "x")
+    with pytest.raises(ValueError, match=r"x: not contiguous \(shape \(2, 3\), strides \(1, 2\) elements\)"):
+        _tensors.describe(DLPackArray((2, 3), code=2, bits=32, strides=(1, 2)), "x")
+    with pytest.raises(TypeError, match="x: dtype with 4 lanes"):
+        _tensors.describe(DLPackArray((2,), code=2, bits=32, lanes=4), "x")
+
+
+def test_dlpack_capsules_are_read_natively_in_place():
+    x = DLPackArray((3, 1, 4), code=2, bits=16, device_type=2, device_id=3, strides=(4, 9, 1), byte_offset=6)
+    capsule = x.__dlpack__()
+    read = _native.read_dlpack(capsule)
+    assert read == (2, 3, x.data + 6, "f16", (2, 16, 1), [3, 1, 4], [4, 9, 1])
+    assert _native.read_dlpack(capsule) == read, "not consumed: the capsule keeps its name"
+    assert _native.read_dlpack(DLPackArray((5,), code=0, bits=16).__dlpack__())[3:5] == (None, (0, 16, 1))
+    assert _native.read_dlpack(DLPackArray((), code=1, bits=8).__dlpack__())[5:] == ([], None)
+    for not_a_capsule in (object(), b"dltensor"):
+        with pytest.raises(TypeError):
+            _native.read_dlpack(not_a_capsule)
+
+    class Consumed(DLPackArray):
+        def __dlpack__(self, stream=None):
+            new = ctypes.pythonapi.PyCapsule_New
+            new.restype = ctypes.py_object
+            new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+            return new(ctypes.addressof(self._managed), b"used_dltensor", None)
+
+    with pytest.raises(ValueError):
+        _native.read_dlpack(Consumed((2,), code=2, bits=32).__dlpack__())
+    with pytest.raises(TypeError, match="x: __dlpack__ gave no readable 'dltensor' capsule"):
+        _tensors.describe(Consumed((2,), code=2, bits=32), "x")
+
+
+def test_dlpack_codes_that_another_torch_dtype_shares_are_not_trusted(monkeypatch):
+    """The torch fast paths take a plain tensor's dtype from its DLPack code only where no
+    other torch dtype is exported with that code: here bool shares uint8's (as torch before
+    DLPack's kDLBool did), so a uint8 tensor's dtype is read by identity; complex64 is not
+    exported at all, and changes nothing."""
+    monkeypatch.setattr(_tensors, "_TORCH_DTYPE_NAMES", {})
+    m = types.ModuleType("torch")
+
+    class dtype:
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return "torch." + self.name
+
+    codes = {"float32": (2, 32), "uint8": (1, 8), "bool": (1, 8), "int8": (0, 8), "complex64": None}
+    for name in codes:
+        setattr(m, name, dtype(name))
+    m.dtype = dtype
+    m.empty = lambda n, dtype: dtype
+    producers = []
+
+    def to_dlpack(d):
+        if codes[d.name] is None:
+            raise BufferError("not exported")
+        producers.append(DLPackArray((1,), *codes[d.name]))
+        return producers[-1].__dlpack__()
+
+    m._C = types.SimpleNamespace(_to_dlpack=to_dlpack)
+    export, coded = _tensors._torch_dlpack_export(m)
+    assert export is to_dlpack and sorted(coded) == ["f32", "i8"]
+    m._C = types.SimpleNamespace()
+    assert _tensors._torch_dlpack_export(m) == (None, ())
+
+
+def test_torch_s_own_dlpack_export_is_read_natively():
+    torch = _REAL_TORCH
+    if torch is None:
+        pytest.skip("needs torch (CPU is enough)")
+    to_dlpack, coded = _tensors._torch_dlpack_export(torch)
+    assert to_dlpack is torch._C._to_dlpack
+    assert {"f32", "f64", "f16", "bf16", "i32", "i64"} <= set(coded)
+    if hasattr(torch, "int4"):
+        assert "i8" not in coded and "u8" not in coded, "int1..int7 and uint1..uint7 share their codes"
+    x = torch.arange(12, dtype=torch.bfloat16)[2:].view(2, 5)
+    device_type, _, ptr, name, code, shape, strides = _native.read_dlpack(to_dlpack(x))
+    assert (device_type, ptr, name, code, shape, strides) == (1, x.data_ptr(), "bf16", (4, 16, 1), [2, 5], [5, 1])
 
 
 def test_contiguity_ignores_extent_one_and_empty():

@@ -400,6 +400,44 @@ def test_copy_on_one_device_takes_the_native_fast_path_and_overlap_is_refused(mo
     no_cuda_error()
 
 
+def test_the_fast_read_takes_every_dtype_view_and_subclass_as_torch_has_them(monkeypatch):
+    """The native fast path reads a plain tensor through torch's DLPack export and a subclass
+    (a Parameter) attribute by attribute: each gives the address, offset, shape and dtype
+    torch has, for every kernel dtype (int8 and uint8, whose DLPack codes torch's sub-byte
+    ints share, by identity), for views with a storage offset and several dimensions, and for
+    tensors that require grad. Every element is checked; nothing reaches the general path."""
+    from geforce_p2p import _api
+
+    for name in DTYPES:  # the dtype names are learnt by the general path first
+        gp.copy_(empty(2, name, cuda(0)), random(2, name, cuda(0)))
+    reached = []
+    general = _api._native.copy
+    monkeypatch.setattr(_api._native, "copy", lambda *a: reached.append(a) or general(*a))
+    for name in DTYPES:
+        whole = random(3 * 4099 + 5, name, cuda(0))
+        src = whole[5:].view(3, 4099)  # a storage offset of 5 elements, two dimensions
+        out = empty(3 * 4099 + 3, name, cuda(0))
+        dst = out[3:].view(3, 4099)
+        assert gp.copy_(dst, src) is dst
+        assert np.array_equal(bits(dst), bits(src)), name
+        assert np.array_equal(bits(out[:3]), bits(empty(3, name, cuda(0)))), "nothing before the view"
+    grads = random(4099, "float32", cuda(0)).requires_grad_()
+    param = torch.nn.Parameter(random(4099, "float32", cuda(0)))
+    for dst, src in ((empty(4099, "float32", cuda(0)), grads), (param, random(4099, "float32", cuda(0)))):
+        with torch.no_grad():
+            gp.copy_(dst, src)
+        assert np.array_equal(bits(dst), bits(src))
+    assert reached == [], "the general path was taken"
+    with pytest.raises(ValueError, match="dst: shape"):  # one length, other shapes
+        gp.copy_(empty(6, "float32", cuda(0)).view(2, 3), random(6, "float32", cuda(0)).view(3, 2))
+    with pytest.raises(TypeError, match="dst: dtype torch.bool"):
+        gp.copy_(torch.zeros(4, dtype=torch.bool, device="cuda:0"), torch.ones(4, dtype=torch.bool, device="cuda:0"))
+    with pytest.raises(ValueError, match="src: not contiguous"):
+        gp.copy_(empty(6, "float32", cuda(0)).view(2, 3), random(6, "float32", cuda(0)).view(3, 2).t())
+    assert reached == [], "refused before the native call"
+    no_cuda_error()
+
+
 def test_two_tensors_on_one_device_are_refused():
     a, b = torch.ones(8, device="cuda:0"), torch.ones(8, device="cuda:0")
     with pytest.raises(ValueError, match=r"tensors\[1\]: on cuda:0 like tensors\[0\]"):

@@ -157,19 +157,27 @@ impl RustCalls {
 }
 
 /// Read `dst` and `src` as `_native.copy_torch` reads them, and nothing more: whether both
-/// are tensors it takes. Its time, beside `copy_torch`'s, is what reading costs.
+/// are tensors it takes. Its time, beside `copy_torch`'s, is what reading costs; with
+/// `by_attributes`, what reading a plain tensor attribute by attribute would cost instead.
 #[pyfunction]
-#[pyo3(signature = (dst, src, parts=None))]
+#[pyo3(signature = (dst, src, parts=None, by_attributes=false))]
 pub(crate) fn read_torch_pair<'py>(
     py: Python<'py>,
     dst: &Bound<'py, PyAny>,
     src: &Bound<'py, PyAny>,
     parts: Option<TorchParts>,
+    by_attributes: bool,
 ) -> PyResult<bool> {
-    let Some(torch) = Torch::find(py, parts)? else {
+    let Some(mut torch) = Torch::find(py, parts)? else {
         return Ok(false);
     };
-    Ok(cuda_tensor(dst, &torch)?.is_some() && cuda_tensor(src, &torch)?.is_some())
+    if by_attributes {
+        torch.read_by_attributes();
+    }
+    let Some(d) = cuda_tensor(dst, &torch, None)? else {
+        return Ok(false);
+    };
+    Ok(cuda_tensor(src, &torch, Some(&d))?.is_some())
 }
 
 /// Nothing but what `_native.copy` does around the copy: its arguments converted as it

@@ -105,7 +105,7 @@ impl PyCommunicator {
         let Some(torch) = Torch::find(py, parts)? else {
             return Ok(false);
         };
-        let Some(t) = cuda_tensor(tensor, &torch)? else {
+        let Some(t) = cuda_tensor(tensor, &torch, None)? else {
             return Ok(false);
         };
         if t.memory.device != self.device {

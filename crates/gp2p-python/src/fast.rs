@@ -17,7 +17,7 @@
 //! layer's calls.
 
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use geforce_p2p::{CopyOptions, DType};
 use pyo3::exceptions::PyException;
@@ -27,6 +27,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{intern, types::PyAnyMethods};
 
 use crate::args::{self, Memory};
+use crate::dlpack;
 use crate::error::Raised;
 use crate::ffi::{all_reduce_checked, check_disjoint, copy_checked};
 
@@ -56,27 +57,29 @@ macro_rules! read {
 
 /// What the fast paths read torch tensors with, as one tuple (`_tensors.torch_fast_parts`):
 /// `torch.Tensor`; `torch.strided`, the one layout taken; `torch._C._cuda_getCurrentRawStream`,
-/// a device's current stream as an integer; and torch dtype → kernel dtype name (None where the
-/// kernels do not take it), as the Python layer has learnt them. Found here once per torch
+/// a device's current stream as an integer; torch dtype → kernel dtype name (None where the
+/// kernels do not take it), as the Python layer has learnt them; `torch._C._to_dlpack`, or
+/// None where this torch's DLPack export disagrees with the dtypes read by identity; and the
+/// kernel dtype names whose DLPack code no other torch dtype shares (`int4` shares `int8`'s,
+/// for one), which a DLPack read may take from the code alone. Found here once per torch
 /// module ([`Torch::find`]); tests pass their own.
 #[derive(FromPyObject)]
-pub(crate) struct TorchParts(Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyDict>);
+pub(crate) struct TorchParts(Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyDict>, Option<Py<PyAny>>, Vec<String>);
 
-impl TorchParts {
-    fn tensor_type<'py>(&self, py: Python<'py>) -> &Bound<'py, PyAny> {
-        self.0.bind(py)
-    }
-    fn strided<'py>(&self, py: Python<'py>) -> &Bound<'py, PyAny> {
-        self.1.bind(py)
-    }
-    fn current_stream<'py>(&self, py: Python<'py>) -> &Bound<'py, PyAny> {
-        self.2.bind(py)
-    }
-    fn dtype_names<'py>(&self, py: Python<'py>) -> &Bound<'py, PyDict> {
-        self.3.bind(py)
-    }
-    fn clone_ref(&self, py: Python<'_>) -> TorchParts {
-        TorchParts(self.0.clone_ref(py), self.1.clone_ref(py), self.2.clone_ref(py), self.3.clone_ref(py))
+/// [`TorchParts`] as the reads use them: the DLPack names parsed once.
+pub(crate) struct Parts {
+    tensor_type: Py<PyAny>,
+    strided: Py<PyAny>,
+    current_stream: Py<PyAny>,
+    dtype_names: Py<PyDict>,
+    to_dlpack: Option<Py<PyAny>>,
+    coded_dtypes: Vec<DType>,
+}
+
+impl From<TorchParts> for Parts {
+    fn from(TorchParts(tensor_type, strided, current_stream, dtype_names, to_dlpack, coded): TorchParts) -> Parts {
+        let coded_dtypes = coded.iter().filter_map(|name| DType::from_str(name).ok()).collect();
+        Parts { tensor_type, strided, current_stream, dtype_names, to_dlpack, coded_dtypes }
     }
 }
 
@@ -85,7 +88,7 @@ impl TorchParts {
 struct TorchCache {
     module: Py<PyAny>,
     /// None where that torch has no raw-stream getter: its tensors are read in Python.
-    parts: Option<TorchParts>,
+    parts: Option<Arc<Parts>>,
     /// Torch dtypes seen so far and their kernel dtypes (None: not taken), by identity
     /// (torch's dtypes are singletons; holding them keeps each identity unique).
     dtypes: Vec<(Py<PyAny>, Option<DType>)>,
@@ -97,8 +100,10 @@ static TORCH: Mutex<Option<TorchCache>> = Mutex::new(None);
 
 /// Where the parts came from: the caller, or the cache (whose learnt dtypes then apply).
 pub(crate) struct Torch {
-    parts: TorchParts,
+    parts: Arc<Parts>,
     cached: bool,
+    /// Whether plain tensors are read through torch's DLPack export, where it has one.
+    dlpack: bool,
 }
 
 impl Torch {
@@ -107,7 +112,7 @@ impl Torch {
     /// raw-stream getter).
     pub(crate) fn find(py: Python<'_>, given: Option<TorchParts>) -> Read<Torch> {
         if let Some(parts) = given {
-            return Ok(Some(Torch { parts, cached: false }));
+            return Ok(Some(Torch { parts: Arc::new(parts.into()), cached: false, dlpack: true }));
         }
         static MODULES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
         let modules = read!(py, MODULES.import(py, "sys", "modules"));
@@ -116,19 +121,19 @@ impl Torch {
         };
         let cached = {
             let cache = lock(&TORCH);
-            cache.as_ref().filter(|c| c.module.is(&module)).map(|c| c.parts.as_ref().map(|p| p.clone_ref(py)))
+            cache.as_ref().filter(|c| c.module.is(&module)).map(|c| c.parts.clone())
         };
         if let Some(parts) = cached {
-            return Ok(parts.map(|parts| Torch { parts, cached: true }));
+            return Ok(parts.map(|parts| Torch { parts, cached: true, dlpack: true }));
         }
         // A module not seen before: the Python layer says what its parts are.
         let tensors = read!(py, py.import(intern!(py, "geforce_p2p._tensors")));
         let found = read!(py, tensors.call_method1(intern!(py, "torch_fast_parts"), (&module,)));
-        let parts: Option<TorchParts> = read!(py, found.extract());
-        let kept = parts.as_ref().map(|p| p.clone_ref(py));
+        let parts: Option<Arc<Parts>> = read!(py, found.extract::<Option<TorchParts>>()).map(|p| Arc::new(p.into()));
+        let kept = parts.clone();
         let replaced = lock(&TORCH).replace(TorchCache { module: module.unbind(), parts: kept, dtypes: Vec::new() });
         drop(replaced); // outside the lock: letting go of the old module's parts may run Python code
-        Ok(parts.map(|parts| Torch { parts, cached: true }))
+        Ok(parts.map(|parts| Torch { parts, cached: true, dlpack: true }))
     }
 
     /// The kernel dtype of the torch dtype `dtype` (see [`Read`]; `None` where the kernels do
@@ -142,7 +147,7 @@ impl Torch {
                 return Ok(kernel);
             }
         }
-        let Some(name) = read!(py, self.parts.dtype_names(py).get_item(dtype)) else {
+        let Some(name) = read!(py, self.parts.dtype_names.bind(py).get_item(dtype)) else {
             return Ok(None); // not learnt yet: the Python layer learns it
         };
         let kernel = if name.is_none() { None } else { DType::from_str(&read!(py, name.extract::<String>())).ok() };
@@ -152,6 +157,17 @@ impl Torch {
             }
         }
         Ok(kernel)
+    }
+
+    /// Read every tensor attribute by attribute, as a subclass is (for the benchmarks, which
+    /// set the two reads side by side).
+    pub(crate) fn read_by_attributes(&mut self) {
+        self.dlpack = false;
+    }
+
+    /// `device`'s current torch stream, as a raw handle.
+    fn current_stream(&self, py: Python<'_>, device: usize) -> PyResult<u64> {
+        self.parts.current_stream.bind(py).call1((device,))?.extract()
     }
 }
 
@@ -163,51 +179,101 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// One torch tensor as the fast paths take it: a contiguous, strided CUDA tensor of a dtype
 /// the kernels take, with at least one element.
-pub(crate) struct CudaTensor<'py> {
-    dtype_obj: Bound<'py, PyAny>,
+pub(crate) struct CudaTensor {
     pub(crate) dtype: DType,
-    shape: Bound<'py, PyAny>,
+    shape: Vec<i64>,
     pub(crate) len: usize,
     pub(crate) memory: Memory,
 }
 
-/// `t` read as a [`CudaTensor`] (see [`Read`]).
-pub(crate) fn cuda_tensor<'py>(t: &Bound<'py, PyAny>, torch: &Torch) -> Read<CudaTensor<'py>> {
+/// `t` read as a [`CudaTensor`] (see [`Read`]): a plain `torch.Tensor` by one DLPack export
+/// where this torch's is trusted (about a quarter of the host time of reading its attributes
+/// one by one), anything else (a subclass, whose attributes may be its own) attribute by
+/// attribute. `stream_of` is a tensor already read in this call: one on the same device has
+/// the same current stream, which is not asked for again.
+pub(crate) fn cuda_tensor(t: &Bound<'_, PyAny>, torch: &Torch, stream_of: Option<&CudaTensor>) -> Read<CudaTensor> {
+    let py = t.py();
+    let read = match &torch.parts.to_dlpack {
+        Some(to_dlpack) if torch.dlpack && t.get_type().is(torch.parts.tensor_type.bind(py)) => {
+            by_dlpack(t, to_dlpack.bind(py), torch)?
+        }
+        _ => by_attributes(t, torch)?,
+    };
+    let Some((dtype, shape, len, device, ptr)) = read else {
+        return Ok(None);
+    };
+    let stream = match stream_of {
+        Some(other) if other.memory.device == device => other.memory.stream,
+        _ => read!(py, torch.current_stream(py, device)),
+    };
+    Ok(Some(CudaTensor { dtype, shape, len, memory: Memory { device, ptr, stream } }))
+}
+
+/// What a read of one tensor gives before its stream: `(dtype, shape, elements, device, address)`.
+type Fields = (DType, Vec<i64>, usize, usize, u64);
+
+/// `t`, a plain torch tensor, through `to_dlpack` (torch's `_to_dlpack`, which refuses what
+/// has no storage, sparse tensors among them).
+fn by_dlpack(t: &Bound<'_, PyAny>, to_dlpack: &Bound<'_, PyAny>, torch: &Torch) -> Read<Fields> {
+    let py = t.py();
+    let capsule = read!(py, to_dlpack.call1((t,)));
+    let dl = read!(py, dlpack::read(&capsule));
+    drop(capsule); // its destructor frees torch's export; `t` keeps the memory
+    if dl.device_type != dlpack::DL_CUDA || !dl.contiguous() {
+        return Ok(None);
+    }
+    let dtype = match dl.dtype() {
+        Some(coded) if torch.parts.coded_dtypes.contains(&coded) => coded,
+        // A code torch gives another dtype too (int4's is int8's), or none the kernels take:
+        // the torch dtype by identity.
+        _ => match torch.kernel_dtype(&read!(py, t.getattr(intern!(py, "dtype"))))? {
+            Some(dtype) => dtype,
+            None => return Ok(None),
+        },
+    };
+    let (Some(len), Ok(device)) = (dl.len(), usize::try_from(dl.device_id)) else {
+        return Ok(None);
+    };
+    if len == 0 {
+        return Ok(None);
+    }
+    Ok(Some((dtype, dl.shape, len, device, dl.ptr)))
+}
+
+/// `t`, any torch tensor, attribute by attribute.
+fn by_attributes(t: &Bound<'_, PyAny>, torch: &Torch) -> Read<Fields> {
     let py = t.py();
     let parts = &torch.parts;
-    if !read!(py, t.is_instance(parts.tensor_type(py)))
-        || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided(py))
+    if !read!(py, t.is_instance(parts.tensor_type.bind(py)))
+        || !read!(py, t.getattr(intern!(py, "layout"))).is(parts.strided.bind(py))
         || !read!(py, t.getattr(intern!(py, "is_cuda")).and_then(|b| b.is_truthy()))
         || !read!(py, t.call_method0(intern!(py, "is_contiguous")).and_then(|b| b.is_truthy()))
     {
         return Ok(None);
     }
-    let dtype_obj = read!(py, t.getattr(intern!(py, "dtype")));
-    let Some(dtype) = torch.kernel_dtype(&dtype_obj)? else {
+    let Some(dtype) = torch.kernel_dtype(&read!(py, t.getattr(intern!(py, "dtype"))))? else {
         return Ok(None);
     };
     let len: usize = read!(py, t.call_method0(intern!(py, "numel")).and_then(|n| n.extract()));
     if len == 0 {
         return Ok(None);
     }
-    let shape = read!(py, t.getattr(intern!(py, "shape")));
+    let shape: Vec<i64> = read!(py, t.getattr(intern!(py, "shape")).and_then(|s| s.extract()));
     let device: usize = read!(py, t.call_method0(intern!(py, "get_device")).and_then(|d| d.extract()));
-    let stream: u64 = read!(py, parts.current_stream(py).call1((device,)).and_then(|s| s.extract()));
     let ptr: u64 = read!(py, t.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()));
-    Ok(Some(CudaTensor { dtype_obj, dtype, shape, len, memory: Memory { device, ptr, stream } }))
+    Ok(Some((dtype, shape, len, device, ptr)))
 }
 
-/// Whether `t` has `like`'s dtype and shape (see [`Read`]).
-fn alike(t: &CudaTensor<'_>, like: &CudaTensor<'_>) -> Read<bool> {
-    let py = t.shape.py();
-    Ok(Some(t.dtype_obj.is(&like.dtype_obj) && read!(py, t.shape.eq(&like.shape))))
+/// Whether `t` has `like`'s dtype and shape. (Kernel dtypes and torch's are one to one.)
+fn alike(t: &CudaTensor, like: &CudaTensor) -> bool {
+    t.dtype == like.dtype && t.shape == like.shape
 }
 
 /// Whether `copy_` may take `dst` and `src` here: ranges the native checks accept, apart
 /// where they share a device. Anything else goes to the Python layer, which names it.
-fn apart(dst: &CudaTensor<'_>, src: &CudaTensor<'_>) -> bool {
-    let valid = |t: &CudaTensor<'_>| args::check_range("", t.memory.ptr, t.len, t.dtype).is_ok();
-    let at = |t: &CudaTensor<'_>| [(t.memory.device, t.memory.ptr)];
+fn apart(dst: &CudaTensor, src: &CudaTensor) -> bool {
+    let valid = |t: &CudaTensor| args::check_range("", t.memory.ptr, t.len, t.dtype).is_ok();
+    let at = |t: &CudaTensor| [(t.memory.device, t.memory.ptr)];
     valid(dst) && valid(src) && check_disjoint("src", &at(src), src.len, "dst", &at(dst), dst.len, src.dtype).is_ok()
 }
 
@@ -231,15 +297,15 @@ fn torch_ranks<'py>(
     if items.len() < 2 {
         return Ok(None);
     }
-    let Some(first) = cuda_tensor(&items[0], torch)? else {
+    let Some(first) = cuda_tensor(&items[0], torch, None)? else {
         return Ok(None);
     };
     let mut ranks = vec![first.memory];
     for t in &items[1..] {
-        let Some(t) = cuda_tensor(t, torch)? else {
+        let Some(t) = cuda_tensor(t, torch, None)? else {
             return Ok(None);
         };
-        if alike(&t, &first)? != Some(true) || ranks.iter().any(|m| m.device == t.memory.device) {
+        if !alike(&t, &first) || ranks.iter().any(|m| m.device == t.memory.device) {
             return Ok(None);
         }
         ranks.push(t.memory);
@@ -274,12 +340,15 @@ pub(crate) fn copy_torch<'py>(
     let Some(torch) = Torch::find(py, parts)? else {
         return Ok(false);
     };
-    let (Some(d), Some(s)) = (cuda_tensor(dst, &torch)?, cuda_tensor(src, &torch)?) else {
+    let Some(d) = cuda_tensor(dst, &torch, None)? else {
+        return Ok(false);
+    };
+    let Some(s) = cuda_tensor(src, &torch, Some(&d))? else {
         return Ok(false);
     };
     // Overlapping tensors on one device are refused by the Python layer, in its words.
     // (`dst` and `src` are held by the caller's frame for the whole call.)
-    if alike(&d, &s)? != Some(true) || !apart(&d, &s) {
+    if !alike(&d, &s) || !apart(&d, &s) {
         return Ok(false);
     }
     let options = CopyOptions { route, chunk_bytes: None, slots: None };

@@ -33,6 +33,7 @@
 mod args;
 mod bench;
 mod comm;
+mod dlpack;
 mod error;
 mod fast;
 mod ffi;
@@ -128,6 +129,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bench::copy_timed, m)?)?;
     m.add_function(wrap_pyfunction!(bench::trace_start, m)?)?;
     m.add_function(wrap_pyfunction!(bench::trace_finish, m)?)?;
+    m.add_function(wrap_pyfunction!(dlpack::read_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;

@@ -17,9 +17,9 @@ a CPU tensor that is not pinned), its message starting with the argument's name.
 from __future__ import annotations
 
 import collections
-import ctypes
 import math
 import sys
+import warnings
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 # The kernels' dtypes (kernels/src/dtype.rs) with their sizes and torch's names for them.
@@ -49,19 +49,6 @@ _TYPESTR = {
     "u8": "u64",
 }
 
-# DLPack type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat) and bits to kernel dtypes.
-_DLPACK_DTYPE = {
-    (0, 8): "i8",
-    (0, 32): "i32",
-    (0, 64): "i64",
-    (1, 8): "u8",
-    (1, 32): "u32",
-    (1, 64): "u64",
-    (2, 16): "f16",
-    (2, 32): "f32",
-    (2, 64): "f64",
-    (4, 16): "bf16",
-}
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
 
 # Stream handles with a fixed meaning (the driver API's CU_STREAM_LEGACY is 0x1; 0 is the
@@ -171,9 +158,36 @@ def _torch_parts(torch: Any) -> list:
     """`_TORCH` for `torch`, found again only when the module changes."""
     if _TORCH[0] is not torch:
         getter = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
-        fast = None if getter is None else (torch.Tensor, torch.strided, getter, _TORCH_DTYPE_NAMES)
+        fast = None
+        if getter is not None:
+            to_dlpack, coded = _torch_dlpack_export(torch)
+            fast = (torch.Tensor, torch.strided, getter, _TORCH_DTYPE_NAMES, to_dlpack, coded)
         _TORCH[:] = [torch, getter, fast]
     return _TORCH
+
+
+def _torch_dlpack_export(torch: Any) -> Tuple[Any, Tuple[str, ...]]:
+    """torch's ``_to_dlpack``, which the fast paths read a plain tensor with in one call, and
+    the kernel dtypes whose DLPack type code may stand for the torch dtype: those that no other
+    torch dtype is exported with (torch 2.11 exports int1 .. int7 as int8's code, say: an int8
+    tensor then has its dtype read by identity). Found by exporting a one-element CPU tensor
+    of every torch dtype, once per torch module; ``(None, ())`` where torch has no export."""
+    to_dlpack = getattr(getattr(torch, "_C", None), "_to_dlpack", None)
+    dtype_type = getattr(torch, "dtype", None)
+    if to_dlpack is None or not isinstance(dtype_type, type):
+        return None, ()
+    from . import _native
+
+    exported = {}  # DLPack type code -> (the kernel dtype it names, the kernel names of the torch dtypes given it)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns of its experimental dtypes as they are made
+        for dtype in [v for v in vars(torch).values() if isinstance(v, dtype_type)]:
+            try:
+                _, _, _, coded, code, _, _ = _native.read_dlpack(to_dlpack(torch.empty(1, dtype=dtype)))
+            except Exception:
+                continue  # not exported: a tensor of it fails the export and is read by attributes
+            exported.setdefault(code, (coded, set()))[1].add(torch_dtype_name(dtype))
+    return to_dlpack, tuple(coded for coded, names in exported.values() if coded is not None and names == {coded})
 
 
 def _current_raw_stream(torch: Any, device: int) -> int:
@@ -186,8 +200,10 @@ def _current_raw_stream(torch: Any, device: int) -> int:
 
 def torch_fast_parts(torch: Any) -> Optional[tuple]:
     """What the native fast paths read tensors of the module ``torch`` with: ``torch.Tensor``,
-    ``torch.strided``, the current-raw-stream getter and the dtype names learnt so far; None
-    where torch has no raw-stream getter (its tensors are read here). The native side asks
+    ``torch.strided``, the current-raw-stream getter, the dtype names learnt so far, and
+    torch's DLPack export with the dtypes its type codes may stand for
+    (``_torch_dlpack_export``); None where torch has no raw-stream getter (its tensors are
+    read here). The native side asks
     once per torch module and keeps the answer."""
     return _torch_parts(torch)[2]
 
@@ -289,44 +305,6 @@ def _device_of(obj: Any, name: str) -> int:
     )
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [
-        ("dl_tensor", _DLTensor),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", ctypes.c_void_p),
-    ]
-
-
-# A prototype of its own, set once (not on the shared ctypes.pythonapi entry at every call).
-_PyCapsule_GetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi)
-)
-
-
-def _capsule_pointer(capsule: Any, name: bytes) -> int:
-    return _PyCapsule_GetPointer(capsule, name) or 0
-
-
 def _from_dlpack(obj: Any, name: str) -> Tensor:
     device_type, device_id = obj.__dlpack_device__()
     if device_type not in (_DL_CPU, _DL_CUDA, _DL_CUDA_HOST):
@@ -335,23 +313,21 @@ def _from_dlpack(obj: Any, name: str) -> Tensor:
         capsule = obj.__dlpack__(stream=_DLPACK_LEGACY_STREAM)
     else:
         capsule = obj.__dlpack__()
-    address = _capsule_pointer(capsule, b"dltensor")
-    if not address:
-        raise TypeError("%s: __dlpack__ gave no 'dltensor' capsule" % name)
+    from . import _native
+
     # The capsule is not consumed (not renamed): its producer frees the managed tensor when
     # the capsule goes, after the call, while the object itself keeps the memory.
-    dl = _DLManagedTensor.from_address(address).dl_tensor
-    if dl.dtype.lanes != 1:
-        raise _unsupported(name, "with %d lanes" % dl.dtype.lanes)
-    dtype = _DLPACK_DTYPE.get((dl.dtype.code, dl.dtype.bits))
+    try:
+        _, _, ptr, dtype, (code, bits, lanes), shape, strides = _native.read_dlpack(capsule)
+    except (TypeError, ValueError) as e:
+        raise TypeError("%s: __dlpack__ gave no readable 'dltensor' capsule (%s)" % (name, e)) from None
     if dtype is None:
-        raise _unsupported(name, "DLPack code %d, %d bits" % (dl.dtype.code, dl.dtype.bits))
-    shape = tuple(dl.shape[i] for i in range(dl.ndim))
+        what = "with %d lanes" % lanes if lanes != 1 else "DLPack code %d, %d bits" % (code, bits)
+        raise _unsupported(name, what)
+    shape = tuple(shape)
     size = KERNEL_DTYPES[dtype][0]
-    strides = None if not dl.strides else tuple(dl.strides[i] * size for i in range(dl.ndim))
-    if not _contiguous(shape, strides, size):
-        raise ValueError("%s: not contiguous (shape %s, strides %s elements)" % (name, shape, strides))
-    ptr = (dl.data or 0) + dl.byte_offset
+    if not _contiguous(shape, None if strides is None else [s * size for s in strides], size):
+        raise ValueError("%s: not contiguous (shape %s, strides %s elements)" % (name, shape, tuple(strides)))
     if device_type == _DL_CUDA:
         return Tensor(obj, name, int(device_id), ptr, shape, dtype, None, LEGACY_DEFAULT_STREAM, capsule)
     pinned = True if device_type == _DL_CUDA_HOST else None
