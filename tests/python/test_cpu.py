@@ -596,6 +596,18 @@ def test_dlpack_capsules_are_read_natively_in_place():
 
     with pytest.raises(ValueError):
         _native.read_dlpack(Consumed((2,), code=2, bits=32).__dlpack__())
+    corrupt = DLPackArray((2, 3), code=2, bits=32)
+    for ndim, why in ((-1, "-1 dimensions"), (5000, "5000 dimensions")):
+        corrupt._managed.dl_tensor.ndim = ndim
+        with pytest.raises(ValueError, match=why):
+            _native.read_dlpack(corrupt.__dlpack__())
+    corrupt._managed.dl_tensor.ndim = 2
+    corrupt._managed.dl_tensor.shape = None
+    with pytest.raises(ValueError, match="2 dimensions but no shape"):
+        _native.read_dlpack(corrupt.__dlpack__())
+    past = DLPackArray((2,), code=2, bits=32, byte_offset=(1 << 64) - 1)
+    with pytest.raises(ValueError, match="past the end of the address space"):
+        _native.read_dlpack(past.__dlpack__())
     with pytest.raises(TypeError, match="x: __dlpack__ gave no readable 'dltensor' capsule"):
         _tensors.describe(Consumed((2,), code=2, bits=32), "x")
 
@@ -619,7 +631,7 @@ def test_dlpack_codes_that_another_torch_dtype_shares_are_not_trusted(monkeypatc
     for name in codes:
         setattr(m, name, dtype(name))
     m.dtype = dtype
-    m.empty = lambda n, dtype: dtype
+    m.empty = lambda n, dtype, device: dtype if device == "cpu" else None  # made on the CPU, whatever the default
     producers = []
 
     def to_dlpack(d):
@@ -633,6 +645,52 @@ def test_dlpack_codes_that_another_torch_dtype_shares_are_not_trusted(monkeypatc
     assert export is to_dlpack and sorted(coded) == ["f32", "i8"]
     m._C = types.SimpleNamespace()
     assert _tensors._torch_dlpack_export(m) == (None, ())
+
+
+def test_the_fast_read_takes_a_plain_tensor_from_its_dlpack_export():
+    """What the fast paths read of a plain tensor from its DLPack export (a stand-in export
+    here, claiming CUDA memory): the device, the address past the byte offset, the shape,
+    the dtype from a code no other dtype shares or else by identity, and each device's
+    current stream, asked once for two tensors on one device. Anything else is declined
+    (None) for the Python layer, which reads it again and names what is wrong."""
+
+    class Plain:
+        def __init__(self, array, dtype=None):
+            self.array, self.dtype = array, dtype
+
+    streams_asked = []
+
+    def stream(device):
+        streams_asked.append(device)
+        return 0x700 + device
+
+    f32, i8, int4, int16 = object(), object(), object(), object()
+    names = {f32: "f32", i8: "i8", int4: None}  # int16: not learnt yet
+    parts = (Plain, "strided", stream, names, lambda t: t.array.__dlpack__(), ("f32",))
+    x = Plain(DLPackArray((3, 1, 4), code=2, bits=32, device_id=2, strides=(4, 99, 1), byte_offset=12))
+    assert _native.read_torch(x, parts) == (2, x.array.data + 12, (3, 1, 4), "f32", 0x702)
+    assert _native.read_torch(Plain(DLPackArray((4,), code=0, bits=8), i8), parts)[3] == "i8", "shared code: by identity"
+    declined = {
+        "a shared code, another dtype": Plain(DLPackArray((4,), code=0, bits=8), int4),
+        "a code no kernel takes, not learnt": Plain(DLPackArray((4,), code=0, bits=16), int16),
+        "host memory": Plain(DLPackArray((4,), code=2, bits=32, device_type=1)),
+        "pinned host memory": Plain(DLPackArray((4,), code=2, bits=32, device_type=3)),
+        "every other element": Plain(DLPackArray((4,), code=2, bits=32, strides=(2,))),
+        "empty": Plain(DLPackArray((0,), code=2, bits=32)),
+        "no export": Plain(None),
+    }
+    for why, t in declined.items():
+        assert _native.read_torch(t, parts) is None, why
+
+    class Sub(Plain):
+        pass
+
+    assert _native.read_torch(Sub(DLPackArray((4,), code=2, bits=32)), parts) is None, "a subclass: by attributes"
+    del streams_asked[:]
+    dst, src = Plain(DLPackArray((4,), code=2, bits=32, device_id=1)), Plain(DLPackArray((4,), code=2, bits=32, device_id=1))
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+        _native.copy_torch(dst, src, "auto", parts)  # both read: the library is reached
+    assert streams_asked == [1], "one device's current stream, asked once"
 
 
 def test_torch_s_own_dlpack_export_is_read_natively():

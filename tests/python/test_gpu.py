@@ -406,8 +406,16 @@ def test_the_fast_read_takes_every_dtype_view_and_subclass_as_torch_has_them(mon
     torch has, for every kernel dtype (int8 and uint8, whose DLPack codes torch's sub-byte
     ints share, by identity), for views with a storage offset and several dimensions, and for
     tensors that require grad. Every element is checked; nothing reaches the general path."""
-    from geforce_p2p import _api
+    from geforce_p2p import _api, _native, _tensors
 
+    fast = _tensors.torch_fast_parts(torch)
+    assert fast[4] is torch._C._to_dlpack, "plain tensors are read through torch's export"
+    if hasattr(torch, "int4"):  # exported with int8's code: int8 and uint8 by identity
+        assert "i8" not in fast[5] and "u8" not in fast[5] and "f32" in fast[5], fast[5]
+        int4 = torch.empty(4, dtype=torch.int8, device="cuda:0").view(torch.int4)
+        assert _native.read_torch(int4) is None, "int4 is not int8"
+        with pytest.raises(TypeError, match="dtype torch.int4"):
+            gp.copy_(int4, int4.clone())
     for name in DTYPES:  # the dtype names are learnt by the general path first
         gp.copy_(empty(2, name, cuda(0)), random(2, name, cuda(0)))
     reached = []

@@ -112,41 +112,54 @@ impl DlTensor {
     }
 }
 
+/// The most dimensions a capsule may claim: far more than any tensor has (torch allows 64),
+/// few enough that a corrupt count is an error rather than a read of gigabytes.
+const MAX_DIMENSIONS: usize = 1024;
+
 /// The tensor in `capsule`, a "dltensor" capsule not yet consumed; an error (TypeError or
-/// ValueError) where it is anything else.
+/// ValueError) where it is anything else, or claims a shape no tensor has.
 pub(crate) fn read(capsule: &Bound<'_, PyAny>) -> PyResult<DlTensor> {
     let capsule = capsule.cast::<PyCapsule>()?;
     let managed = capsule.pointer_checked(Some(c"dltensor"))?;
     // SAFETY: a capsule named "dltensor" holds a `DLManagedTensor` (DLPack's contract), whose
     // first member is the `DLTensor` read here; the producer keeps it, and the `ndim` entries
     // its `shape` and `strides` (where not null) point to, alive until the capsule's
-    // destructor runs, which cannot happen while `capsule` is borrowed.
+    // destructor runs. That cannot run during this read: `capsule` is borrowed, and the
+    // interpreter is held (the package is built for the stable ABI, which no free-threaded
+    // Python loads), so no other thread can consume or drop it meanwhile.
     let raw = unsafe { &*managed.as_ptr().cast::<DlTensorAbi>() };
-    let ndim = usize::try_from(raw.ndim).map_err(|_| dimension_error(raw.ndim))?;
-    let entries = |p: *const i64| -> PyResult<Option<Vec<i64>>> {
+    let invalid = |what: String| pyo3::exceptions::PyValueError::new_err(format!("DLPack tensor: {what}"));
+    let ndim = usize::try_from(raw.ndim)
+        .ok()
+        .filter(|&n| n <= MAX_DIMENSIONS)
+        .ok_or_else(|| invalid(format!("{} dimensions", raw.ndim)))?;
+    let entries = |p: *const i64| -> Option<Vec<i64>> {
         if p.is_null() {
-            return Ok(None);
+            return None;
         }
-        // SAFETY: as above: `p` points to `ndim` dimensions that live as long as the capsule.
-        Ok(Some(unsafe { std::slice::from_raw_parts(p, ndim) }.to_vec()))
+        if ndim == 0 {
+            return Some(Vec::new()); // a scalar's pointer may dangle: nothing is read
+        }
+        // SAFETY: as above: `p` points to `ndim` (at least one) dimensions that live as long
+        // as the capsule.
+        Some(unsafe { std::slice::from_raw_parts(p, ndim) }.to_vec())
     };
-    let shape = match entries(raw.shape)? {
+    let shape = match entries(raw.shape) {
         Some(shape) => shape,
         None if ndim == 0 => Vec::new(),
-        None => return Err(pyo3::exceptions::PyValueError::new_err("DLPack tensor: no shape")),
+        None => return Err(invalid(format!("{ndim} dimensions but no shape"))),
     };
+    let ptr = (raw.data as u64)
+        .checked_add(raw.byte_offset)
+        .ok_or_else(|| invalid(format!("byte offset {} past the end of the address space", raw.byte_offset)))?;
     Ok(DlTensor {
         device_type: raw.device.device_type,
         device_id: raw.device.device_id,
-        ptr: (raw.data as u64).wrapping_add(raw.byte_offset),
+        ptr,
         type_code: (raw.dtype.code, raw.dtype.bits, raw.dtype.lanes),
         shape,
-        strides: entries(raw.strides)?,
+        strides: entries(raw.strides),
     })
-}
-
-fn dimension_error(ndim: i32) -> PyErr {
-    pyo3::exceptions::PyValueError::new_err(format!("DLPack tensor: {ndim} dimensions"))
 }
 
 /// `read_dlpack(capsule)`: the tensor in a "dltensor" capsule, for the Python layer's DLPack

@@ -59,10 +59,10 @@ macro_rules! read {
 /// `torch.Tensor`; `torch.strided`, the one layout taken; `torch._C._cuda_getCurrentRawStream`,
 /// a device's current stream as an integer; torch dtype → kernel dtype name (None where the
 /// kernels do not take it), as the Python layer has learnt them; `torch._C._to_dlpack`, or
-/// None where this torch's DLPack export disagrees with the dtypes read by identity; and the
-/// kernel dtype names whose DLPack code no other torch dtype shares (`int4` shares `int8`'s,
-/// for one), which a DLPack read may take from the code alone. Found here once per torch
-/// module ([`Torch::find`]); tests pass their own.
+/// None where torch has none (every tensor is then read attribute by attribute); and the
+/// kernel dtype names whose DLPack type code no other torch dtype is exported with (`int4`
+/// shares `int8`'s, for one), which a DLPack read may take from the code alone. Found here
+/// once per torch module ([`Torch::find`]); tests pass their own.
 #[derive(FromPyObject)]
 pub(crate) struct TorchParts(Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyDict>, Option<Py<PyAny>>, Vec<String>);
 
@@ -73,13 +73,13 @@ pub(crate) struct Parts {
     current_stream: Py<PyAny>,
     dtype_names: Py<PyDict>,
     to_dlpack: Option<Py<PyAny>>,
-    coded_dtypes: Vec<DType>,
+    unshared_code_dtypes: Vec<DType>,
 }
 
 impl From<TorchParts> for Parts {
-    fn from(TorchParts(tensor_type, strided, current_stream, dtype_names, to_dlpack, coded): TorchParts) -> Parts {
-        let coded_dtypes = coded.iter().filter_map(|name| DType::from_str(name).ok()).collect();
-        Parts { tensor_type, strided, current_stream, dtype_names, to_dlpack, coded_dtypes }
+    fn from(TorchParts(tensor_type, strided, current_stream, dtype_names, to_dlpack, unshared): TorchParts) -> Parts {
+        let unshared_code_dtypes = unshared.iter().filter_map(|name| DType::from_str(name).ok()).collect();
+        Parts { tensor_type, strided, current_stream, dtype_names, to_dlpack, unshared_code_dtypes }
     }
 }
 
@@ -223,7 +223,7 @@ fn by_dlpack(t: &Bound<'_, PyAny>, to_dlpack: &Bound<'_, PyAny>, torch: &Torch) 
         return Ok(None);
     }
     let dtype = match dl.dtype() {
-        Some(coded) if torch.parts.coded_dtypes.contains(&coded) => coded,
+        Some(named) if torch.parts.unshared_code_dtypes.contains(&named) => named,
         // A code torch gives another dtype too (int4's is int8's), or none the kernels take:
         // the torch dtype by identity.
         _ => match torch.kernel_dtype(&read!(py, t.getattr(intern!(py, "dtype"))))? {
@@ -319,6 +319,28 @@ pub(crate) fn choice<T>(value: &Bound<'_, PyAny>, parse: impl FnOnce(&str) -> Re
     // Exactly a str: the Python layer reads a subclass through its own `lower()`.
     let text = value.cast_exact::<PyString>().ok()?.to_cow().ok()?;
     parse(&text).ok()
+}
+
+/// `read_torch(t, parts=None)`: `t` read as the fast paths read it, for the Python layer's
+/// own reading of torch tensors: `(device, address, shape, dtype name, current stream)` of a
+/// contiguous CUDA tensor the kernels take, with at least one element; None for anything
+/// else, which the Python layer then reads itself (and refuses by name).
+#[pyfunction]
+#[pyo3(signature = (t, parts=None))]
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_torch<'py>(
+    py: Python<'py>,
+    t: &Bound<'py, PyAny>,
+    parts: Option<TorchParts>,
+) -> PyResult<Option<(usize, u64, Bound<'py, PyTuple>, &'static str, u64)>> {
+    let Some(torch) = Torch::find(py, parts)? else {
+        return Ok(None);
+    };
+    let Some(t) = cuda_tensor(t, &torch, None)? else {
+        return Ok(None);
+    };
+    let shape = PyTuple::new(py, &t.shape)?;
+    Ok(Some((t.memory.device, t.memory.ptr, shape, t.dtype.name(), t.memory.stream)))
 }
 
 /// `copy_(dst, src)` of two torch tensors on the GPUs, read here with the torch `parts`

@@ -137,6 +137,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ffi::all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(fast::all_reduce_torch, m)?)?;
     m.add_function(wrap_pyfunction!(fast::copy_torch, m)?)?;
+    m.add_function(wrap_pyfunction!(fast::read_torch, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::all_gather, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::reduce_scatter, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::broadcast, m)?)?;

@@ -19,8 +19,9 @@ from __future__ import annotations
 import collections
 import math
 import sys
-import warnings
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
+
+from . import _native
 
 # The kernels' dtypes (kernels/src/dtype.rs) with their sizes and torch's names for them.
 KERNEL_DTYPES = {
@@ -160,34 +161,35 @@ def _torch_parts(torch: Any) -> list:
         getter = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
         fast = None
         if getter is not None:
-            to_dlpack, coded = _torch_dlpack_export(torch)
-            fast = (torch.Tensor, torch.strided, getter, _TORCH_DTYPE_NAMES, to_dlpack, coded)
+            to_dlpack, unshared = _torch_dlpack_export(torch)
+            fast = (torch.Tensor, torch.strided, getter, _TORCH_DTYPE_NAMES, to_dlpack, unshared)
         _TORCH[:] = [torch, getter, fast]
     return _TORCH
 
 
 def _torch_dlpack_export(torch: Any) -> Tuple[Any, Tuple[str, ...]]:
     """torch's ``_to_dlpack``, which the fast paths read a plain tensor with in one call, and
-    the kernel dtypes whose DLPack type code may stand for the torch dtype: those that no other
-    torch dtype is exported with (torch 2.11 exports int1 .. int7 as int8's code, say: an int8
-    tensor then has its dtype read by identity). Found by exporting a one-element CPU tensor
-    of every torch dtype, once per torch module; ``(None, ())`` where torch has no export."""
+    the kernel dtypes whose DLPack type code no other torch dtype is exported with, which may
+    then stand for the torch dtype (torch 2.11 exports int1 .. int7 with int8's code: an int8
+    tensor has its dtype read by identity instead). Found by exporting a one-element CPU
+    tensor of each torch dtype, once per torch module; ``(None, ())`` where torch has no
+    export. Complex dtypes are left out: no kernel dtype has their code, and making a
+    complex32 tensor warns."""
     to_dlpack = getattr(getattr(torch, "_C", None), "_to_dlpack", None)
     dtype_type = getattr(torch, "dtype", None)
     if to_dlpack is None or not isinstance(dtype_type, type):
         return None, ()
-    from . import _native
-
     exported = {}  # DLPack type code -> (the kernel dtype it names, the kernel names of the torch dtypes given it)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch warns of its experimental dtypes as they are made
-        for dtype in [v for v in vars(torch).values() if isinstance(v, dtype_type)]:
-            try:
-                _, _, _, coded, code, _, _ = _native.read_dlpack(to_dlpack(torch.empty(1, dtype=dtype)))
-            except Exception:
-                continue  # not exported: a tensor of it fails the export and is read by attributes
-            exported.setdefault(code, (coded, set()))[1].add(torch_dtype_name(dtype))
-    return to_dlpack, tuple(coded for coded, names in exported.values() if coded is not None and names == {coded})
+    for dtype in [v for v in vars(torch).values() if isinstance(v, dtype_type)]:
+        if getattr(dtype, "is_complex", False):
+            continue
+        try:
+            _, _, _, named, code, _, _ = _native.read_dlpack(to_dlpack(torch.empty(1, dtype=dtype, device="cpu")))
+        except Exception:
+            continue  # not exported: a tensor of it fails the export and is read by attributes
+        exported.setdefault(code, (named, set()))[1].add(torch_dtype_name(dtype))
+    unshared = tuple(named for named, names in exported.values() if named is not None and names == {named})
+    return to_dlpack, unshared
 
 
 def _current_raw_stream(torch: Any, device: int) -> int:
@@ -214,6 +216,13 @@ _new_tensor = tuple.__new__
 
 
 def _from_torch(t: Any, name: str, torch: Any) -> Tensor:
+    # The usual case, a contiguous CUDA tensor the kernels take, is read natively, as the fast
+    # paths read it (a plain tensor in one call, through torch's DLPack export); everything
+    # else is read here, attribute by attribute, and refused by name.
+    read = _native.read_torch(t)
+    if read is not None:
+        device, ptr, shape, dtype, stream = read
+        return _new_tensor(Tensor, (t, name, device, ptr, shape, dtype, None, stream, None, False))
     if t.layout != torch.strided:
         raise TypeError("%s: a %s tensor; only dense (strided) tensors are supported" % (name, t.layout))
     dtype = _TORCH_DTYPE_NAMES.get(t.dtype) or torch_dtype_name(t.dtype)
@@ -295,8 +304,6 @@ def _device_of(obj: Any, name: str) -> int:
         inner = getattr(value, field, None)
         if isinstance(inner, int):
             return inner
-    from . import _native
-
     if _native.device_count() == 1:
         return 0
     raise TypeError(
@@ -313,8 +320,6 @@ def _from_dlpack(obj: Any, name: str) -> Tensor:
         capsule = obj.__dlpack__(stream=_DLPACK_LEGACY_STREAM)
     else:
         capsule = obj.__dlpack__()
-    from . import _native
-
     # The capsule is not consumed (not renamed): its producer frees the managed tensor when
     # the capsule goes, after the call, while the object itself keeps the memory.
     try:
