@@ -321,10 +321,10 @@ pub(crate) fn choice<T>(value: &Bound<'_, PyAny>, parse: impl FnOnce(&str) -> Re
     parse(&text).ok()
 }
 
-/// `read_torch(t, parts=None)`: `t` read as the fast paths read it, for the Python layer's
-/// own reading of torch tensors: `(device, address, shape, dtype name, current stream)` of a
-/// contiguous CUDA tensor the kernels take, with at least one element; None for anything
-/// else, which the Python layer then reads itself (and refuses by name).
+/// `read_torch(t, parts=None)`: `t` read as the fast paths read it, for tests:
+/// `(device, address, shape, dtype name, current stream)` of a contiguous CUDA tensor the
+/// kernels take, with at least one element; None for anything else. (The Python layer
+/// reads tensors itself: a native call of its own per tensor saved it nothing.)
 #[pyfunction]
 #[pyo3(signature = (t, parts=None))]
 #[allow(clippy::type_complexity)]

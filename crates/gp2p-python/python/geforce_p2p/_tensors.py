@@ -216,13 +216,8 @@ _new_tensor = tuple.__new__
 
 
 def _from_torch(t: Any, name: str, torch: Any) -> Tensor:
-    # The usual case, a contiguous CUDA tensor the kernels take, is read natively, as the fast
-    # paths read it (a plain tensor in one call, through torch's DLPack export); everything
-    # else is read here, attribute by attribute, and refused by name.
-    read = _native.read_torch(t)
-    if read is not None:
-        device, ptr, shape, dtype, stream = read
-        return _new_tensor(Tensor, (t, name, device, ptr, shape, dtype, None, stream, None, False))
+    # Not read natively (_native.read_torch) as the fast paths read: a native call of its own
+    # per tensor cost as much host time as these lookups (benches/results/python-dlpack-read-h200).
     if t.layout != torch.strided:
         raise TypeError("%s: a %s tensor; only dense (strided) tensors are supported" % (name, t.layout))
     dtype = _TORCH_DTYPE_NAMES.get(t.dtype) or torch_dtype_name(t.dtype)
