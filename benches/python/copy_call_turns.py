@@ -1,5 +1,6 @@
-"""The host time of the whole Python ``copy_`` call for a 4-byte staged copy (and the
-in-process ``all_reduce`` where there are two GPUs), timed as overhead_parts.py times its
+"""The host time of the whole Python ``copy_`` call for a 4-byte staged copy, of ``copy``
+(the same copy into a new tensor it allocates with torch) and, where there are two GPUs, of
+the in-process ``all_reduce``, timed as overhead_parts.py times its
 parts: "queued", back to back behind a spinning kernel, and "from idle", each call alone after
 the devices are idle with its first stream held closed by a host gate. Median µs of --calls.
 Made for comparing two builds of the package in turns (one process each, ``--label`` names
@@ -32,7 +33,8 @@ def main():
     devices = sorted({src, dst})
     a = torch.randn(1, device="cuda:%d" % src)
     b = torch.empty(1, device="cuda:%d" % dst)
-    parts = {"copy_": lambda: gp.copy_(b, a, route="staged")}
+    target = "cuda:%d" % dst
+    parts = {"copy_": lambda: gp.copy_(b, a, route="staged"), "copy": lambda: gp.copy(a, device=target, route="staged")}
     if n >= 2:
         xs = [torch.randn(1, device="cuda:%d" % i) for i in (0, 1)]
         parts["all_reduce"] = lambda: gp.all_reduce(xs, op="sum")

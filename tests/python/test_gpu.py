@@ -446,6 +446,39 @@ def test_the_fast_read_takes_every_dtype_view_and_subclass_as_torch_has_them(mon
     no_cuda_error()
 
 
+def test_copy_to_a_new_tensor_takes_the_native_fast_path(monkeypatch):
+    """gp.copy of a plain CUDA tensor to a GPU allocates its output like the source and goes
+    by copy_'s fast path: a new contiguous tensor of the source's shape and dtype on the
+    target, ordered after the work queued on the source's current stream. Options and host
+    targets go by the general path; refusals are named as before."""
+    from geforce_p2p import _api
+
+    gp.copy(random(2, "int32", cuda(0)), device=cuda(0))  # the dtype's name is learnt first
+    reached = []
+    general = _api._native.copy
+    monkeypatch.setattr(_api._native, "copy", lambda *a: reached.append(a) or general(*a))
+    target = NDEV - 1
+    for name in DTYPES:
+        src = random(3 * 4099, name, cuda(0)).view(3, 4099)
+        fresh = random(3 * 4099, name, cuda(0)).view(3, 4099)
+        spin(0, 20)
+        src.copy_(fresh)  # queued on the source's current stream before the copy
+        out = gp.copy(src, device="cuda:%d" % target)
+        assert (out.shape, out.dtype, out.device, out.is_contiguous()) == (src.shape, src.dtype, cuda(target), True)
+        assert out.data_ptr() != src.data_ptr()
+        assert np.array_equal(bits(out), bits(fresh)), name
+    assert reached == [], "the general path was taken for a plain tensor"
+    src = random(4099, "float32", cuda(0))
+    assert np.array_equal(bits(gp.copy(src, device=cuda(target), chunk_bytes=4096)), bits(src))
+    assert len(reached) == 1, "with options: the general path"
+    with pytest.raises(ValueError, match="src: not contiguous"):
+        gp.copy(random(6, "float32", cuda(0)).view(2, 3).t(), device=cuda(target))
+    with pytest.raises(ValueError, match="route: 'sideways'"):
+        gp.copy(src, device=cuda(target), route="sideways")
+    assert len(reached) == 1, "refused before the native call"
+    no_cuda_error()
+
+
 def test_two_tensors_on_one_device_are_refused():
     a, b = torch.ones(8, device="cuda:0"), torch.ones(8, device="cuda:0")
     with pytest.raises(ValueError, match=r"tensors\[1\]: on cuda:0 like tensors\[0\]"):

@@ -13,6 +13,7 @@ read a CPU result only after synchronising its stream, as with ``non_blocking=Tr
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Sequence
 
 from . import _native
@@ -103,13 +104,23 @@ def copy(src: Any, device: Any, *, route: str = "auto", chunk_bytes: Optional[in
     ``route="peer"`` P2P (an error without it). ``chunk_bytes`` and ``slots`` tune the
     staged pipeline. A CPU source must be pinned. Stream-ordered; see the module docs.
     """
-    s = describe(src, "src")
     target = _target_device(device)
+    where = "cpu" if target is None else "cuda:%d" % target
+    out = None
+    torch = sys.modules.get("torch")
+    if target is not None and chunk_bytes is None and slots is None and torch is not None \
+            and isinstance(src, torch.Tensor) and src.is_cuda:
+        # GPU to GPU, the usual case: allocated like src, then copy_'s fast path, which reads
+        # both natively (it declines anything else, untouched: read and refused below).
+        out = torch.empty(src.shape, dtype=src.dtype, device=where)
+        if _native.copy_torch(out, src, route):
+            return out
+    s = describe(src, "src")
     if s.device is None and target is None:
         raise ValueError("src: a CPU tensor copied to the CPU; use torch's copy_")
-    torch = _import_torch("copy")
-    where = "cpu" if target is None else "cuda:%d" % target
-    out = torch.empty(s.shape, dtype=torch_dtype(s.dtype), device=where, pin_memory=target is None)
+    if out is None:
+        torch = _import_torch("copy")
+        out = torch.empty(s.shape, dtype=torch_dtype(s.dtype), device=where, pin_memory=target is None)
     _copy(describe(out, "dst"), s, route, chunk_bytes, slots)
     return out
 
