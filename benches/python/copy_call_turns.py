@@ -47,8 +47,9 @@ def main():
     fresh = torch.randn(1, device=a.device)
     a.copy_(fresh)
     gp.copy_(b, a, route="staged")
+    new = gp.copy(a, device=target, route="staged")
     torch.cuda.synchronize()
-    assert torch.equal(b.cpu(), fresh.cpu()), "the copy's result"
+    assert torch.equal(b.cpu(), fresh.cpu()) and torch.equal(new.cpu(), fresh.cpu()), "the copies' results"
     print("turn %-6s %s" % (args.label, "  ".join("%s %.2f us" % kv for kv in rows.items())))
     if args.json:
         with open(args.json, "w") as f:

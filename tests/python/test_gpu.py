@@ -307,7 +307,7 @@ def test_all_reduce_of_torch_tensors_takes_the_native_fast_path(monkeypatch):
     from geforce_p2p import _api
 
     warm = [random(5, "int32", cuda(d)) for d in (0, 1)]
-    gp.all_reduce(warm)  # the dtype's name is learnt by the general path first
+    gp.all_reduce(warm)  # a first call finds torch's parts and learns every dtype's name
     reached = []
     general = _api._native.all_reduce
     monkeypatch.setattr(_api._native, "all_reduce", lambda *a: reached.append(a) or general(*a))
@@ -416,8 +416,7 @@ def test_the_fast_read_takes_every_dtype_view_and_subclass_as_torch_has_them(mon
         assert _native.read_torch(int4) is None, "int4 is not int8"
         with pytest.raises(TypeError, match="dtype torch.int4"):
             gp.copy_(int4, int4.clone())
-    for name in DTYPES:  # the dtype names are learnt by the general path first
-        gp.copy_(empty(2, name, cuda(0)), random(2, name, cuda(0)))
+    gp.copy_(empty(2, "int32", cuda(0)), random(2, "int32", cuda(0)))  # torch's parts found, dtype names learnt
     reached = []
     general = _api._native.copy
     monkeypatch.setattr(_api._native, "copy", lambda *a: reached.append(a) or general(*a))
@@ -453,20 +452,25 @@ def test_copy_to_a_new_tensor_takes_the_native_fast_path(monkeypatch):
     targets go by the general path; refusals are named as before."""
     from geforce_p2p import _api
 
-    gp.copy(random(2, "int32", cuda(0)), device=cuda(0))  # the dtype's name is learnt first
+    gp.copy(random(2, "int32", cuda(0)), device=cuda(0))  # torch's parts found, dtype names learnt
     reached = []
     general = _api._native.copy
     monkeypatch.setattr(_api._native, "copy", lambda *a: reached.append(a) or general(*a))
     target = NDEV - 1
-    for name in DTYPES:
+    side = {d: torch.cuda.Stream(device=d) for d in (0, target)}
+    for i, name in enumerate(DTYPES):
         src = random(3 * 4099, name, cuda(0)).view(3, 4099)
         fresh = random(3 * 4099, name, cuda(0)).view(3, 4099)
-        spin(0, 20)
-        src.copy_(fresh)  # queued on the source's current stream before the copy
-        out = gp.copy(src, device="cuda:%d" % target)
+        torch.cuda.synchronize(0)  # made on the default stream; used on a side stream below
+        with torch.cuda.stream(side[0]), torch.cuda.stream(side[target]):
+            spin(0, 20)
+            src.copy_(fresh)  # queued on the source's current (side) stream before the copy
+            out = gp.copy(src, device="cuda:%d" % target, route=("auto", "staged")[i % 2])
+            got = out.view(torch.uint8).clone()  # queued on the target's current stream after it
+        side[target].synchronize()
         assert (out.shape, out.dtype, out.device, out.is_contiguous()) == (src.shape, src.dtype, cuda(target), True)
         assert out.data_ptr() != src.data_ptr()
-        assert np.array_equal(bits(out), bits(fresh)), name
+        assert np.array_equal(got.cpu().numpy(), fresh.view(torch.uint8).cpu().numpy()), name
     assert reached == [], "the general path was taken for a plain tensor"
     src = random(4099, "float32", cuda(0))
     assert np.array_equal(bits(gp.copy(src, device=cuda(target), chunk_bytes=4096)), bits(src))

@@ -1,9 +1,10 @@
-//! The fast paths of `geforce_p2p.all_reduce` and `copy_`, and of the communicator's
-//! `all_reduce` (in [`crate::comm`]), over torch tensors: the tensors are read here, not by
-//! the Python layer, because reading them there (a dozen attribute lookups per tensor, a
-//! tuple per tensor, the checks between them) took about 10 us of host time per all_reduce
-//! on the device machine; here it takes 2-3 attribute by attribute, and about half that for
-//! a plain tensor read through torch's DLPack export ([`crate::dlpack`]) in one call. The
+//! The fast paths of `geforce_p2p.all_reduce` and `copy_` (which `copy` takes too, into the
+//! tensor it allocates), and of the communicator's `all_reduce` (in [`crate::comm`]), over
+//! torch tensors: the tensors are read here, not by the Python layer, because reading them
+//! there (a dozen attribute lookups per tensor, a tuple per tensor, the checks between them)
+//! took about 10 us of host time per all_reduce on the device machine; here it takes 2-3
+//! attribute by attribute, and about half that for a plain tensor read through torch's
+//! DLPack export ([`crate::dlpack`]) in one call. The
 //! Python layer calls them first, with the arguments as the user gave them: what they read
 //! torch tensors with is found here once per torch module ([`Torch`]), and the op and route
 //! names are parsed here.

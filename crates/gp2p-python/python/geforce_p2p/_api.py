@@ -109,9 +109,11 @@ def copy(src: Any, device: Any, *, route: str = "auto", chunk_bytes: Optional[in
     out = None
     torch = sys.modules.get("torch")
     if target is not None and chunk_bytes is None and slots is None and torch is not None \
-            and isinstance(src, torch.Tensor) and src.is_cuda:
+            and isinstance(src, torch.Tensor) and src.is_cuda and src.layout is torch.strided and src.is_contiguous():
         # GPU to GPU, the usual case: allocated like src, then copy_'s fast path, which reads
-        # both natively (it declines anything else, untouched: read and refused below).
+        # both natively (it declines anything else, untouched: read and refused below). Only
+        # a dense contiguous src is allocated for here: a view's or a sparse tensor's shape may
+        # be far larger than its memory, and is refused by name below before anything is made.
         out = torch.empty(src.shape, dtype=src.dtype, device=where)
         if _native.copy_torch(out, src, route):
             return out
