@@ -247,6 +247,12 @@ impl Pair<'_> {
         self.devices().iter().any(|d| !matches!(d.class(), Some(CardClass::Professional | CardClass::Datacenter)))
     }
 
+    /// `outlook` where GeForce advice fits this pair ([`Self::geforce`]), else
+    /// [`Self::patch_not_applicable`].
+    fn geforce_outlook(&self, outlook: PatchOutlook) -> PatchOutlook {
+        if self.geforce() { outlook } else { self.patch_not_applicable() }
+    }
+
     /// The patch's outlook for a professional or datacenter pair: it is not for them.
     fn patch_not_applicable(&self) -> PatchOutlook {
         PatchOutlook::NotApplicable(

@@ -109,13 +109,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
     };
     // What the patch, where it forces P2P, still needs for this pair to be safe.
     let outlook = |needs: Vec<&str>| {
-        if by_key {
-            PatchOutlook::NotNeeded
-        } else if !p.geforce() {
-            p.patch_not_applicable()
-        } else {
-            PatchOutlook::InEffect(needs.join(", "))
-        }
+        if by_key { PatchOutlook::NotNeeded } else { p.geforce_outlook(PatchOutlook::InEffect(needs.join(", "))) }
     };
     let needs: Vec<&str> = [
         branch_remedy.as_ref().map(|_| "a branch for these cards"),
@@ -239,11 +233,9 @@ fn mixed(p: &Pair<'_>) -> Option<Verdict> {
                 b.compute_capability.1
             ),
             "pair cards of the same generation for P2P; this pair uses the staged copy".into(),
-            if p.geforce() {
-                PatchOutlook::Cannot("CUDA refuses P2P between generations even on a patched driver".into())
-            } else {
-                p.patch_not_applicable()
-            },
+            p.geforce_outlook(PatchOutlook::Cannot(
+                "CUDA refuses P2P between generations even on a patched driver".into(),
+            )),
             &["architecture", "compute capability"],
         )
     })
@@ -257,11 +249,9 @@ fn virtual_machine(p: &Pair<'_>) -> Option<Verdict> {
         Certainty::Likely,
         format!("this is a virtual machine ({vm}); the emulated chipset makes the driver refuse P2P"),
         "ask the hypervisor for a GPUDirect clique (QEMU x-nv-gpudirect-clique) or run on bare metal".into(),
-        if p.geforce() {
-            PatchOutlook::Cannot("inside a VM the patch cannot map the peer's BAR1; the hypervisor decides".into())
-        } else {
-            p.patch_not_applicable()
-        },
+        p.geforce_outlook(PatchOutlook::Cannot(
+            "inside a VM the patch cannot map the peer's BAR1; the hypervisor decides".into(),
+        )),
         &["virtualization"],
     ))
 }
@@ -287,11 +277,7 @@ fn regkey(p: &Pair<'_>) -> Option<Verdict> {
             Certainty::Shown,
             format!("P2P is disabled by a registry key (ForceP2P={})", key.map_or("?".into(), |f| format!("{f:#x}"))),
             remedy.into(),
-            if p.geforce() {
-                PatchOutlook::AfterChange("remove the ForceP2P registry key".into())
-            } else {
-                p.patch_not_applicable()
-            },
+            p.geforce_outlook(PatchOutlook::AfterChange("remove the ForceP2P registry key".into())),
             &["/proc/driver/nvidia/params", "nvml p2p read/write"],
         )
     })
