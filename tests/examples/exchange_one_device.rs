@@ -30,8 +30,7 @@ fn main() -> Result<(), Failure> {
     }
     let device = Device::open(0)?;
     let streams = [Stream::new(&device)?, Stream::new(&device)?];
-    let fits = device.info().multiprocessors as usize * 4096;
-    let chunk_max = fits.min(1 << 20);
+    let chunk_max = ChunkExchange::max_bytes_sharing_a_device(&device).min(1 << 20);
     let mut chunks = ChunkExchange::sharing_a_device_for_tests(&device, chunk_max, Duration::from_secs(2))?;
     chunks.set_queue_timeout(Duration::from_secs(10));
     let mut lines = LineExchange::sharing_a_device_for_tests(&device, 2048, Duration::from_secs(10))?;

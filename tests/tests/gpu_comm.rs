@@ -96,6 +96,13 @@ impl Ranked {
         Ranked::start_on(test, options, |rank| rank)
     }
 
+    /// [`Ranked::start`] with both ranks on the first GPU. Their kernels then take turns on
+    /// it (time slices, two contexts), so each waits for its peer up to 30 s, not `options`'.
+    fn start_sharing_first_gpu(test: &str, options: CommOptions) -> Ranked {
+        let options = CommOptions { peer_timeout: std::time::Duration::from_secs(30), ..options };
+        Ranked::start_on(test, options, |_| 0)
+    }
+
     /// [`Ranked::start`] with rank r on device `device_of(r)`.
     fn start_on(test: &str, options: CommOptions, device_of: fn(usize) -> usize) -> Ranked {
         let serial = (!is_child()).then(gp2p_tests::serial);
@@ -119,41 +126,27 @@ impl Ranked {
 /// checked once all are queued. 255 elements take the line kernel for every dtype (at most
 /// 2040 bytes), in many 16-byte groups: both planes of its lines.
 fn every_op<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
-    let rank = comm.rank();
     let max_len = comm.small_max_bytes() / size_of::<T>();
-    let mut cases = Vec::new();
-    for (i, len) in [1usize, 7, 255, 4099, max_len].into_iter().enumerate() {
-        for (j, op) in ReduceOp::ALL.into_iter().enumerate() {
-            let case_seed = seed * 1000 + (i * 10 + j) as u64 * 2;
-            let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, case_seed + r as u64)).collect();
-            let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
-            comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
-            cases.push((len, op, inputs, buf));
-        }
-    }
-    for (len, op, inputs, buf) in cases {
-        let want = expected(Collective::AllReduce, &inputs, op);
-        let got = buf.to_host_vec(stream).unwrap();
-        let (bad, first) = count_mismatched(&got, &want[rank], op);
-        assert_eq!(bad, 0, "rank {rank} {} {op} len {len}: {}", T::DTYPE, first.join("; "));
-    }
+    let lens = [1usize, 7, 255, 4099, max_len];
+    let cases: Vec<(usize, ReduceOp)> = lens.into_iter().flat_map(|len| ReduceOp::ALL.map(|op| (len, op))).collect();
+    all_reduces::<T>(comm, stream, &cases, seed * 1000);
 }
 
-/// One f32 all_reduce per `(len, op)` case on fresh random data, enqueued back to back on
-/// one stream; results checked once all are queued.
-fn f32_all_reduces(comm: &mut Communicator, stream: &Stream, cases: &[(usize, ReduceOp)], seed: u64) {
+/// One all_reduce per `(len, op)` case on fresh random data, enqueued back to back on one
+/// stream; results checked once all are queued.
+fn all_reduces<T: Reference>(comm: &mut Communicator, stream: &Stream, cases: &[(usize, ReduceOp)], seed: u64) {
     let rank = comm.rank();
     let mut calls = Vec::new();
     for (c, &(len, op)) in cases.iter().enumerate() {
-        let inputs: Vec<Vec<f32>> = (0..2).map(|r| random(len, seed + 2 * c as u64 + r as u64)).collect();
+        let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed + 2 * c as u64 + r as u64)).collect();
         let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
         comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
-        calls.push((op, inputs, buf));
+        calls.push((len, op, inputs, buf));
     }
-    for (op, inputs, buf) in &calls {
+    for (len, op, inputs, buf) in &calls {
         let want = expected(Collective::AllReduce, inputs, *op).swap_remove(rank);
         let (bad, first) = count_mismatched(&buf.to_host_vec(stream).unwrap(), &want, *op);
-        assert_eq!(bad, 0, "rank {rank} {op} len {}: {}", want.len(), first.join("; "));
+        assert_eq!(bad, 0, "rank {rank} {} {op} len {len}: {}", T::DTYPE, first.join("; "));
     }
 }
 
@@ -403,11 +396,10 @@ fn one_gpu_two_processes_share_it_on_both_paths() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    let options = CommOptions { peer_timeout: std::time::Duration::from_secs(30), ..small_slots() };
-    let mut r = Ranked::start_on(test, options, |_| 0);
+    let mut r = Ranked::start_sharing_first_gpu(test, small_slots());
     every_dtype!(every_op(&mut r.comm, &r.stream, 11));
     let cases = [(7, ReduceOp::Sum), (4099, ReduceOp::Max), (70_001, ReduceOp::Sum), (300_007, ReduceOp::Min)];
-    f32_all_reduces(&mut r.comm, &r.stream, &cases, 500);
+    all_reduces::<f32>(&mut r.comm, &r.stream, &cases, 500);
     r.finish();
 }
 
@@ -424,9 +416,9 @@ fn one_gpu_two_processes_fold_many_chunks_a_block_through_the_handoff_barriers()
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    let peer_timeout = std::time::Duration::from_secs(30);
-    let options = |chunk_blocks| CommOptions { chunk_blocks, lines_max_bytes: 0, peer_timeout, ..small_slots() };
-    let mut r = Ranked::start_on(test, options(if is_child() { 3 } else { 1 }), |_| 0);
+    let chunk_blocks = if is_child() { 3 } else { 1 };
+    let options = CommOptions { chunk_blocks, lines_max_bytes: 0, ..small_slots() };
+    let mut r = Ranked::start_sharing_first_gpu(test, options);
     every_dtype!(every_op(&mut r.comm, &r.stream, 17));
     r.finish();
 }
@@ -442,13 +434,12 @@ fn two_processes_take_the_line_kernel_up_to_64_kib_when_told() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    let peer_timeout = std::time::Duration::from_secs(30);
-    let options = CommOptions { lines_max_bytes: 64 << 10, peer_timeout, ..small_slots() };
-    let mut r = Ranked::start_on(test, options, |_| 0);
+    let options = CommOptions { lines_max_bytes: 64 << 10, ..small_slots() };
+    let mut r = Ranked::start_sharing_first_gpu(test, options);
     assert_eq!(r.comm.lines_max_bytes(), 64 << 10, "the option reached the communicator");
     every_dtype!(every_op(&mut r.comm, &r.stream, 13));
     let cases = [16_383usize, 16_384, 9_999].map(|len| (len, ReduceOp::Sum));
-    f32_all_reduces(&mut r.comm, &r.stream, &cases, 900);
+    all_reduces::<f32>(&mut r.comm, &r.stream, &cases, 900);
     r.finish();
 }
 
@@ -466,8 +457,7 @@ fn one_gpu_two_processes_replay_the_small_path_on_the_same_and_on_other_buffers(
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    let options = CommOptions { peer_timeout: std::time::Duration::from_secs(30), ..small_slots() };
-    let mut r = Ranked::start_on(test, options, |_| 0);
+    let mut r = Ranked::start_sharing_first_gpu(test, small_slots());
     let (rank, stream) = (r.rank, &r.stream);
     let lens = [61usize, 61, 3_001, 30_001, 3_001, 30_001];
     let inputs: Vec<Vec<Vec<u32>>> = lens

@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use geforce_p2p::kernels::CHUNK_BYTES;
 use geforce_p2p::pinned::{ChunkExchange, Error as PinnedError, LineExchange, PairExchange};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::reference::expected;
@@ -21,26 +22,40 @@ use gp2p_collectives::{
 };
 use gp2p_tests::{Reference, count_mismatched, device, every_dtype, needs, random};
 
+/// Two ranks' fresh random inputs of `len` elements uploaded on `streams`, `run` over their
+/// buffers, and every element of each rank's result checked against the reference (`what`
+/// says which case failed).
+fn checked_all_reduce<T: Reference>(
+    len: usize,
+    op: ReduceOp,
+    seed: u64,
+    streams: [&Stream; 2],
+    what: &str,
+    run: impl FnOnce(&mut [DeviceBuffer<T>]),
+) {
+    let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed * 7 + r as u64)).collect();
+    let mut bufs: Vec<DeviceBuffer<T>> =
+        inputs.iter().zip(streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
+    run(&mut bufs);
+    let want = expected(Collective::AllReduce, &inputs, op);
+    for (r, b) in bufs.iter().enumerate() {
+        let got = b.to_host_vec(streams[r]).unwrap();
+        let (bad, first) = count_mismatched(&got, &want[r], op);
+        assert_eq!(bad, 0, "{} {op} len {len} {what} rank {r}: {}", T::DTYPE, first.join("; "));
+    }
+}
+
 /// One all_reduce of two ranks through the engine: on two devices, or (`shared`) two logical
 /// ranks on device 0 sharing one stream. The calling test states what it needs.
 fn case<T: Reference>(engine: &Engine, len: usize, op: ReduceOp, shared: bool, seed: u64) {
     let devices = if shared { [device(0), device(0)] } else { [device(0), device(1)] };
     let streams = [Stream::new(&devices[0]).unwrap(), Stream::new(&devices[1]).unwrap()];
-    let stream_of = |r: usize| if shared { &streams[0] } else { &streams[r] };
-    let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed * 7 + r as u64)).collect();
-    let mut bufs: Vec<DeviceBuffer<T>> =
-        inputs.iter().enumerate().map(|(r, h)| DeviceBuffer::from_host(stream_of(r), h).unwrap()).collect();
-    {
+    let ranks_streams = if shared { [&streams[0], &streams[0]] } else { [&streams[0], &streams[1]] };
+    checked_all_reduce::<T>(len, op, seed, ranks_streams, &format!("shared {shared}"), |bufs| {
         let mut ranks: Vec<Rank<'_, T>> =
-            bufs.iter_mut().enumerate().map(|(r, b)| Rank { buffer: b.view_mut(..), stream: stream_of(r) }).collect();
+            bufs.iter_mut().zip(ranks_streams).map(|(b, stream)| Rank { buffer: b.view_mut(..), stream }).collect();
         all_reduce(engine, &mut ranks, op, Receive::Auto).unwrap();
-    }
-    let want = expected(Collective::AllReduce, &inputs, op);
-    for (r, b) in bufs.iter().enumerate() {
-        let got = b.to_host_vec(stream_of(r)).unwrap();
-        let (bad, first) = count_mismatched(&got, &want[r], op);
-        assert_eq!(bad, 0, "{} {op} len {len} shared {shared} rank {r}: {}", T::DTYPE, first.join("; "));
-    }
+    });
 }
 
 #[test]
@@ -323,19 +338,22 @@ fn one_device_case<T: Reference>(
     op: ReduceOp,
     seed: u64,
 ) {
-    let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed * 7 + r as u64)).collect();
-    let mut bufs: Vec<DeviceBuffer<T>> =
-        inputs.iter().zip(streams).map(|(h, s)| DeviceBuffer::from_host(s, h).unwrap()).collect();
     let divide_by = if op == ReduceOp::Avg { 2 } else { 1 };
-    let [b0, b1] = &mut bufs[..] else { unreachable!() };
-    exchange
-        .all_reduce([&mut b0.view_mut(..), &mut b1.view_mut(..)], [&streams[0], &streams[1]], op, divide_by)
-        .unwrap();
-    let want = expected(Collective::AllReduce, &inputs, op);
-    for (r, b) in bufs.iter().enumerate() {
-        let got = b.to_host_vec(&streams[r]).unwrap();
-        let (bad, first) = count_mismatched(&got, &want[r], op);
-        assert_eq!(bad, 0, "{} {op} len {len} rank {r}: {}", T::DTYPE, first.join("; "));
+    checked_all_reduce::<T>(len, op, seed, [&streams[0], &streams[1]], "one device", |bufs| {
+        let [b0, b1] = bufs else { unreachable!() };
+        exchange
+            .all_reduce([&mut b0.view_mut(..), &mut b1.view_mut(..)], [&streams[0], &streams[1]], op, divide_by)
+            .unwrap();
+    });
+}
+
+/// [`one_device_case`] for every op and dtype at each of `lens`, seeds from `seed` on.
+fn one_device_every_case(exchange: &mut impl PairExchange, streams: &[Stream; 2], lens: &[usize], mut seed: u64) {
+    for &len in lens {
+        for op in ReduceOp::ALL {
+            seed += 1;
+            every_dtype!(one_device_case(exchange, streams, len, op, seed));
+        }
     }
 }
 
@@ -343,7 +361,7 @@ fn one_device_case<T: Reference>(
 /// has fewer multiprocessors: each grid within one block per multiprocessor), and its
 /// largest buffer in bytes.
 fn one_device_chunk_exchange(device: &Device) -> (ChunkExchange, usize) {
-    let max_bytes = (device.info().multiprocessors as usize).min(64) * 4096;
+    let max_bytes = ChunkExchange::max_bytes_sharing_a_device(device).min(64 * CHUNK_BYTES);
     let mut exchange = ChunkExchange::sharing_a_device_for_tests(device, max_bytes, Duration::from_secs(2)).unwrap();
     exchange.set_queue_timeout(Duration::from_secs(5));
     (exchange, max_bytes)
@@ -363,15 +381,9 @@ fn one_gpu_chunk_exchange_kernels_for_every_op_and_dtype_with_both_ranks_on_the_
     let [device] = needs!(gpus: 1, concurrent_kernels, compute_80);
     let streams = stream_pair(&device);
     let (mut exchange, max_bytes) = one_device_chunk_exchange(&device);
-    let mut seed = 9000;
     // One chunk, a partial 16-byte group, several chunks with a partial last one, and (f64,
     // at the last length) every chunk of the areas.
-    for len in [1, 7, 4099, max_bytes / 8] {
-        for op in ReduceOp::ALL {
-            seed += 1;
-            every_dtype!(one_device_case(&mut exchange, &streams, len, op, seed));
-        }
-    }
+    one_device_every_case(&mut exchange, &streams, &[1, 7, 4099, max_bytes / 8], 9000);
     assert!(exchange.is_in_step());
 }
 
@@ -395,13 +407,7 @@ fn one_gpu_line_exchange_kernels_for_every_op_and_dtype_with_both_ranks_on_the_d
     let mut exchange =
         LineExchange::sharing_a_device_for_tests(&device, LINE_EXCHANGE_WINS_UP_TO, Duration::from_secs(2)).unwrap();
     exchange.set_start_together(false);
-    let mut seed = 9500;
-    for len in [1, 3, 17, 129, LINE_EXCHANGE_WINS_UP_TO / 8] {
-        for op in ReduceOp::ALL {
-            seed += 1;
-            every_dtype!(one_device_case(&mut exchange, &streams, len, op, seed));
-        }
-    }
+    one_device_every_case(&mut exchange, &streams, &[1, 3, 17, 129, LINE_EXCHANGE_WINS_UP_TO / 8], 9500);
 }
 
 #[test]
@@ -409,7 +415,7 @@ fn one_gpu_line_exchange_kernels_for_every_op_and_dtype_with_both_ranks_on_the_d
 fn chunk_exchanges_sharing_a_device_refuse_grids_that_would_not_fit() {
     let _serial = gp2p_tests::serial();
     let [device] = needs!(gpus: 1);
-    let too_big = (device.info().multiprocessors as usize + 1) * 4096;
+    let too_big = ChunkExchange::max_bytes_sharing_a_device(&device) + 1;
     let err = ChunkExchange::sharing_a_device_for_tests(&device, too_big, Duration::from_secs(1)).unwrap_err();
     assert!(err.to_string().contains("must fit"), "{err}");
     let err = ChunkExchange::new([&device, &device], 4096, Duration::from_secs(1)).unwrap_err();

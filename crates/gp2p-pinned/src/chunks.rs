@@ -82,7 +82,7 @@ impl ChunkExchange {
     #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn sharing_a_device_for_tests(device: &Device, max_bytes: usize, timeout: Duration) -> Result<Self> {
-        let fits = device.info().multiprocessors as usize * gp2p_kernels::CHUNK_BYTES;
+        let fits = Self::max_bytes_sharing_a_device(device);
         if max_bytes > fits {
             return Err(crate::Error::InvalidArgument {
                 name: "max_bytes",
@@ -93,6 +93,14 @@ impl ChunkExchange {
             });
         }
         Self::on([device, device], max_bytes, timeout)
+    }
+
+    /// The largest `max_bytes` [`Self::sharing_a_device_for_tests`] takes on `device`: one
+    /// chunk per multiprocessor, so that each rank's grid keeps to one block on each.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn max_bytes_sharing_a_device(device: &Device) -> usize {
+        device.info().multiprocessors as usize * gp2p_kernels::CHUNK_BYTES
     }
 
     fn on(devices: [&Device; 2], max_bytes: usize, timeout: Duration) -> Result<Self> {
