@@ -19,6 +19,14 @@ pub enum CliError {
         /// Why.
         source: std::io::Error,
     },
+    /// Reading or parsing an input file failed.
+    #[error("reading {path}: {why}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        why: String,
+    },
     /// A benchmark computed wrong results.
     #[error("{0}")]
     Wrong(String),

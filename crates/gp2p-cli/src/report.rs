@@ -47,6 +47,15 @@ pub struct GpuInfo {
 /// The whole report, as written by `--json`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
+    /// The command line that made the report, where recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// The commit the binary was built from, where the caller said it (`GP2P_COMMIT`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// The machine it ran on, where the caller said it (`GP2P_MACHINE`: `h200`, `h200-x2` ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
     pub gpu: GpuInfo,
     /// Ceilings measured in this run, GB/s, by name.
     pub ceilings: BTreeMap<&'static str, f64>,
@@ -77,7 +86,22 @@ impl Report {
             pci_bus_id: device.info().pci_bus_id.clone(),
             link: None,
         };
-        Ok(Report { gpu, ceilings, repeats, streams: "own", rows })
+        Ok(Report { command: None, commit: None, machine: None, gpu, ceilings, repeats, streams: "own", rows })
+    }
+
+    /// The report with its command line (`args`, quoted for a POSIX shell where a word needs
+    /// it), and the machine and commit where given (empty values count as not given).
+    pub fn described(
+        mut self,
+        args: impl IntoIterator<Item = String>,
+        machine: Option<String>,
+        commit: Option<String>,
+    ) -> Report {
+        let words: Vec<String> = args.into_iter().map(|a| shell_word(&a)).collect();
+        self.command = (!words.is_empty()).then(|| words.join(" "));
+        self.machine = machine.filter(|m| !m.trim().is_empty());
+        self.commit = commit.filter(|c| !c.trim().is_empty());
+        self
     }
 
     /// Write the report as pretty JSON to `path`.
@@ -85,6 +109,17 @@ impl Report {
         let io = |source| CliError::Io { path: path.display().to_string(), source };
         let text = serde_json::to_string_pretty(self).map_err(|e| io(std::io::Error::other(e)))?;
         std::fs::write(path, text + "\n").map_err(io)
+    }
+}
+
+/// `word` as a POSIX shell reads it back: as it is when it holds only safe characters, else
+/// in single quotes.
+fn shell_word(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_-./:=,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
@@ -118,6 +153,9 @@ mod tests {
             assert!(value.get(field).is_some(), "row lacks {field}: {value}");
         }
         let report = Report {
+            command: None,
+            commit: None,
+            machine: None,
             gpu: GpuInfo {
                 name: "x".into(),
                 driver: "CUDA 13.0".into(),
@@ -135,5 +173,32 @@ mod tests {
         assert_eq!(value["ceilings"]["duplex"], 50.0);
         assert_eq!(value["gpu"]["name"], "x");
         assert_eq!(value["rows"].as_array().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn a_described_report_heads_its_json_with_command_and_commit() {
+        let gpu = GpuInfo { name: "x".into(), driver: "CUDA 13.0".into(), pci_bus_id: "0".into(), link: None };
+        let bare = Report {
+            command: None,
+            commit: None,
+            machine: None,
+            gpu,
+            ceilings: BTreeMap::new(),
+            repeats: 1,
+            streams: "own",
+            rows: vec![],
+        };
+        let text = serde_json::to_string(&bare).unwrap();
+        assert!(!text.contains("command") && !text.contains("commit"), "nothing recorded, nothing written: {text}");
+        let args = ["bundle/bin/gp2p", "bench", "copy", "-b", "4K", "--label", "it's a run"].map(String::from);
+        let described = bare.described(args, Some("h200".into()), Some(String::new()));
+        let text = serde_json::to_string(&described).unwrap();
+        assert!(
+            text.starts_with(
+                r#"{"command":"bundle/bin/gp2p bench copy -b 4K --label 'it'\\''s a run'","machine":"h200""#
+            ),
+            "the command first, quoted as a shell reads it: {text}"
+        );
+        assert!(!text.contains("commit"), "an empty GP2P_COMMIT is no commit: {text}");
     }
 }

@@ -41,6 +41,9 @@ pub enum BenchCommand {
     ReduceScatter(collective::CollectiveArgs),
     /// Broadcast from rank 0 along the ring.
     Broadcast(collective::CollectiveArgs),
+    /// Draw saved `--json` reports again as SVG, with other tools' rows (NCCL, torch) beside
+    /// them; needs no GPU.
+    Plot(crate::plot::PlotArgs),
 }
 
 /// Flags every bench shares.
@@ -61,10 +64,12 @@ pub struct Common {
     /// Untimed runs before timing.
     #[arg(short = 'w', long, default_value_t = 5)]
     warmup: usize,
-    /// Write the report as JSON to this file.
+    /// Write the report as JSON to this file. It records the command line, and the machine
+    /// and commit where GP2P_MACHINE and GP2P_COMMIT say them.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Draw GB/s against size as SVG to this file, with the ceilings dashed.
+    /// Draw GB/s against size as SVG to this file, every point marked, the ceilings dashed,
+    /// the machine and commit (GP2P_MACHINE, GP2P_COMMIT) under the title.
     #[arg(long)]
     plot: Option<PathBuf>,
     /// The streams the bench enqueues on: new non-blocking streams, or each
@@ -110,6 +115,7 @@ pub fn run(command: BenchCommand) -> Result<(), CliError> {
         BenchCommand::AllGather(args) => collective::run(collective::Kind::AllGather, &args),
         BenchCommand::ReduceScatter(args) => collective::run(collective::Kind::ReduceScatter, &args),
         BenchCommand::Broadcast(args) => collective::run(collective::Kind::Broadcast, &args),
+        BenchCommand::Plot(args) => crate::plot::run(&args),
     }
 }
 
@@ -122,8 +128,14 @@ fn progress(steps: usize) -> ProgressBar {
     bar
 }
 
-/// Write the JSON and the plot if asked, and fail when any timed result was wrong.
+/// Write the JSON and the plot if asked, each saying its command, machine and commit, and
+/// fail when any timed result was wrong.
 fn finish(report: &Report, common: &Common, title: &str) -> Result<(), CliError> {
+    let report = &report.clone().described(
+        std::env::args(),
+        std::env::var("GP2P_MACHINE").ok(),
+        std::env::var("GP2P_COMMIT").ok(),
+    );
     if let Some(path) = &common.json {
         report.write_json(path)?;
         eprintln!("wrote {}", path.display());
