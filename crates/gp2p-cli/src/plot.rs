@@ -197,9 +197,9 @@ fn figure(docs: &[Doc], options: &Options) -> Result<Figure, String> {
     for (i, doc) in docs.iter().enumerate() {
         let rows: Vec<&DocRow> = doc.rows.iter().filter(|r| r.bench.as_deref().is_none_or(|b| b == bench)).collect();
         let several_dtypes = rows.iter().any(|r| r.dtype != rows[0].dtype);
-        let other_commit = match (&doc.commit, &first.commit) {
-            (Some(c), Some(f)) if i > 0 && c != f => Some(c.clone()),
-            (Some(c), None) if i > 0 => Some(c.clone()),
+        let other_commit = match (doc.commit.as_deref().map(commit_id), first.commit.as_deref().map(commit_id)) {
+            (Some(c), Some(f)) if i > 0 && c != f => Some(c.to_owned()),
+            (Some(c), None) if i > 0 => Some(c.to_owned()),
             _ => None,
         };
         let ours = !doc.ceilings.is_empty();
@@ -251,14 +251,20 @@ fn figure(docs: &[Doc], options: &Options) -> Result<Figure, String> {
         .into_iter()
         .filter_map(|name| first.ceilings.get(&name).map(|v| (format!("ceiling {name} {v:.1} GB/s"), *v)))
         .collect();
-    let machine = options
-        .machine
-        .clone()
-        .or_else(|| first.machine.clone())
-        .or_else(|| first.gpu.as_ref().map(Gpu::name))
-        .unwrap_or_else(|| "machine not recorded".into());
-    let commit = match options.commit.as_ref().or(first.commit.as_ref()) {
-        Some(commit) => format!("commit {commit}"),
+    let gpu = first.gpu.as_ref().map(Gpu::name);
+    let machine = match (options.machine.clone().or_else(|| first.machine.clone()), gpu) {
+        (Some(machine), Some(gpu)) if machine != gpu => format!("{machine} ({gpu})"),
+        (Some(machine), _) => machine,
+        (None, Some(gpu)) => gpu,
+        (None, None) => "machine not recorded".into(),
+    };
+    // A commit recorded with a note ("279f61d (the commit that wrote ...)") is named by its
+    // hash and points at the note.
+    let commit = match options.commit.as_deref().or(first.commit.as_deref()) {
+        Some(commit) if commit_id(commit) != commit.trim() => {
+            format!("commit {} (see the file's note)", commit_id(commit))
+        }
+        Some(commit) => format!("commit {}", commit.trim()),
         None => "commit not recorded".into(),
     };
     Ok(Figure {
@@ -267,6 +273,11 @@ fn figure(docs: &[Doc], options: &Options) -> Result<Figure, String> {
         series,
         ceilings,
     })
+}
+
+/// A recorded commit's hash: its first word (`c729cde` of `c729cde (as the index says)`).
+fn commit_id(commit: &str) -> &str {
+    commit.split_whitespace().next().unwrap_or("")
 }
 
 /// A size in binary units as a person reads it: `8 B`, `4 KiB`, `1 MiB`, `1 GiB`; a size
@@ -496,7 +507,7 @@ mod tests {
         first.machine = Some("h200-x2".into());
         let rival = Doc {
             gpu: Some(Gpu::Name("NVIDIA H200".into())),
-            commit: Some("eb11308".into()),
+            commit: Some("eb11308 (as the index of that session says)".into()),
             rows: sweep("copy", "a.cpu().to(dst)", 4096.0, 1073741824.0),
             ..Doc::default()
         };
@@ -533,6 +544,12 @@ mod tests {
         );
         assert_eq!(all.series[1].points.len(), all.series[0].points.len(), "no all_gather rows");
         assert_eq!(all.subtitle, "machine not recorded · commit not recorded");
+        let noted = Doc {
+            commit: Some("279f61d (the run's own was not recorded)".into()),
+            ..doc(sweep("all_reduce", "auto", 8.0, 8.0))
+        };
+        let noted = figure(&[noted], &Options { machine: Some("h200".into()), ..Options::default() }).unwrap();
+        assert_eq!(noted.subtitle, "h200 · commit 279f61d (see the file's note)");
         let ours = doc(sweep("all_reduce", "auto", 8.0, 64.0));
         let only = Options { series: vec!["nope".into()], ..Options::default() };
         assert!(figure(&[ours], &only).is_err(), "nothing to draw is an error, not an empty plot");

@@ -65,7 +65,9 @@ fn saved_reports_redraw_with_their_rivals_beside_them() {
     let out = gp2p(&[&args[..], &["--plot", svg.to_str().unwrap()]].concat());
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&svg).unwrap();
-    for want in ["gp2p bench all-reduce", "h200-x2 · commit c729cde", "gp2p auto", "nccl-shm", "4 KiB", "1 GiB"] {
+    for want in
+        ["gp2p bench all-reduce", "h200-x2 (NVIDIA H200) · commit c729cde", "gp2p auto", "nccl-shm", "4 KiB", "1 GiB"]
+    {
         assert!(text.contains(want), "the plot lacks {want:?}");
     }
     assert!(!text.contains("1073741824") && !text.contains("1000000000"), "a size in plain digits");
@@ -79,7 +81,7 @@ fn saved_reports_redraw_with_their_rivals_beside_them() {
     );
     assert_eq!(only.status.code(), Some(0), "{}", String::from_utf8_lossy(&only.stderr));
     let text = std::fs::read_to_string(&svg).unwrap();
-    assert!(text.contains("m · commit abc") && !text.contains("gp2p auto"), "{text}");
+    assert!(text.contains("m (NVIDIA H200) · commit abc") && !text.contains("gp2p auto"), "{text}");
     assert_eq!(text.matches("<circle").count(), 0);
     for path in [a, b, svg] {
         let _ = std::fs::remove_file(path);
