@@ -153,6 +153,11 @@ struct DocRow {
     busbw: Option<f64>,
     #[serde(default)]
     ceiling_name: Option<String>,
+    /// The binding link's bytes per direction per second over `ceiling`: busbw / ceiling,
+    /// except where several ranks share one link (logical ranks on one card), whose traffic
+    /// all crosses it.
+    #[serde(default)]
+    ratio: Option<f64>,
 }
 
 /// What `bench plot`'s flags choose.
@@ -193,7 +198,9 @@ fn figure(docs: &[Doc], options: &Options) -> Result<Figure, String> {
     let first = docs.first().ok_or("no report to plot")?;
     let bench = first.rows.iter().find_map(|r| r.bench.clone()).ok_or("the first file has no rows with a bench")?;
     let mut series: Vec<Series> = Vec::new();
-    let mut ceiling_names: Vec<String> = Vec::new();
+    // Each ceiling the first file's drawn rows name, with how many times their busbw the
+    // link carries (1, or the ranks sharing one link).
+    let mut ceiling_names: Vec<(String, f64)> = Vec::new();
     for (i, doc) in docs.iter().enumerate() {
         let rows: Vec<&DocRow> = doc.rows.iter().filter(|r| r.bench.as_deref().is_none_or(|b| b == bench)).collect();
         let several_dtypes = rows.iter().any(|r| r.dtype != rows[0].dtype);
@@ -221,8 +228,13 @@ fn figure(docs: &[Doc], options: &Options) -> Result<Figure, String> {
                 name = format!("{name} (at {commit})");
             }
             if let (0, Some(c)) = (i, &row.ceiling_name) {
-                if !ceiling_names.contains(c) {
-                    ceiling_names.push(c.clone());
+                let ceiling = first.ceilings.get(c).copied().unwrap_or(0.0);
+                let share = match row.ratio {
+                    Some(ratio) if ratio > 0.0 && gbps > 0.0 && ceiling > 0.0 => (ratio * ceiling / gbps).max(1.0),
+                    _ => 1.0,
+                };
+                if !ceiling_names.iter().any(|(n, _)| n == c) {
+                    ceiling_names.push((c.clone(), share));
                 }
             }
             match lines.iter_mut().find(|s| s.name == name) {
@@ -247,9 +259,19 @@ fn figure(docs: &[Doc], options: &Options) -> Result<Figure, String> {
             s.name = format!("gp2p {}", s.name);
         }
     }
+    // A ceiling that ranks share (their rows' ratio counts every rank's bytes on the one link)
+    // is drawn at each rank's part of it, so it bounds the busbw drawn.
     let ceilings = ceiling_names
         .into_iter()
-        .filter_map(|name| first.ceilings.get(&name).map(|v| (format!("ceiling {name} {v:.1} GB/s"), *v)))
+        .filter_map(|(name, share)| {
+            let v = *first.ceilings.get(&name)?;
+            Some(if (share - 1.0).abs() < 0.05 {
+                (format!("ceiling {name} {v:.1} GB/s"), v)
+            } else {
+                let ranks = share.round();
+                (format!("ceiling {name} {v:.1} GB/s / {ranks} ranks on one link = {:.1}", v / ranks), v / ranks)
+            })
+        })
         .collect();
     let gpu = first.gpu.as_ref().map(Gpu::name);
     let machine = match (options.machine.clone().or_else(|| first.machine.clone()), gpu) {
@@ -414,6 +436,7 @@ mod tests {
             bytes: Some(bytes),
             busbw: Some(busbw),
             ceiling_name: Some("duplex".into()),
+            ratio: Some(busbw / 48.7),
         }
     }
 
@@ -553,6 +576,21 @@ mod tests {
         let ours = doc(sweep("all_reduce", "auto", 8.0, 64.0));
         let only = Options { series: vec!["nope".into()], ..Options::default() };
         assert!(figure(&[ours], &only).is_err(), "nothing to draw is an error, not an empty plot");
+    }
+
+    #[test]
+    fn a_link_shared_by_logical_ranks_draws_each_ranks_part_of_its_ceiling() {
+        // Two logical ranks on one card: each row's ratio counts both ranks' bytes on its link.
+        let mut rows = sweep("all_reduce", "auto", 1048576.0, 1073741824.0);
+        for row in &mut rows {
+            row.ratio = row.busbw.map(|b| 2.0 * b / 48.7);
+        }
+        let shared = figure(&[doc(rows)], &Options::default()).unwrap();
+        assert_eq!(shared.ceilings.len(), 1);
+        assert!((shared.ceilings[0].1 - 24.35).abs() < 1e-9, "{:?}", shared.ceilings);
+        assert_eq!(shared.ceilings[0].0, "ceiling duplex 48.7 GB/s / 2 ranks on one link = 24.4");
+        let alone = figure(&[doc(sweep("copy", "staged", 4096.0, 65536.0))], &Options::default()).unwrap();
+        assert_eq!(alone.ceilings, [("ceiling duplex 48.7 GB/s".to_owned(), 48.7)]);
     }
 
     #[test]
