@@ -1,20 +1,24 @@
 //! The CUDA kernels of geforce-p2p as committed PTX, and the vocabulary they are indexed by.
 //!
-//! The kernels are CUDA C in this crate's folder (`reduce.cu`); `cargo xtask ptx` compiles
-//! them with NVRTC 12.0 for `compute_80` and `compute_75` and the PTX is committed next to
-//! them, so users need no CUDA toolkit: the driver JIT-compiles the PTX for whatever card it
-//! meets (Turing and newer; [`PtxTarget`] picks the build). `cargo xtask ptx --check` fails
-//! when the committed PTX is stale.
+//! The kernels are CUDA C in this crate's folder, one file per [`KernelFamily`]: `reduce.cu`
+//! (elementwise reduce), `exchange.cu` (the two-rank exchange in 8-byte lines), `chunks.cu`
+//! (the two-rank exchange in flagged chunks) and `flags.cu` (the bounded wait on a flag), with
+//! what they share in `common.cuh`. `cargo xtask ptx` compiles each with NVRTC 12.0 for
+//! `compute_80` and `compute_75` and the PTX is committed next to them, so users need no CUDA
+//! toolkit: the driver JIT-compiles the PTX for whatever card it meets (Turing and newer;
+//! [`PtxTarget`] picks the build). `cargo xtask ptx --check` fails when the committed PTX is
+//! stale.
 //!
 //! This crate holds data only — PTX text, [`DType`], [`ReduceOp`] and kernel names. Loading
 //! and launching belong to `gp2p-cuda`; this crate never touches a GPU.
 //!
 //! ```
-//! use gp2p_kernels::{DType, ReduceOp, reduce_kernel_name, REDUCE};
+//! use gp2p_kernels::{DType, KernelFamily, PtxTarget, ReduceOp, reduce_kernel_name, REDUCE};
 //!
 //! let name = reduce_kernel_name(ReduceOp::Sum, DType::BF16);
 //! assert_eq!(name, "gp2p_reduce_sum_bf16");
 //! assert!(REDUCE.ptx.contains(name));
+//! assert_eq!(PtxTarget::Compute80.module(KernelFamily::Reduce), REDUCE);
 //! assert_eq!("f16".parse::<DType>().unwrap(), DType::F16);
 //! ```
 
@@ -38,7 +42,8 @@ pub struct PtxModule {
     pub ptx: &'static str,
 }
 
-/// The reduce kernel family: `dst[i] = op(dst[i], src[i])` for every [`ReduceOp`] × [`DType`].
+/// The reduce kernel family (`reduce.cu`): `dst[i] = op(dst[i], src[i])` for every
+/// [`ReduceOp`] × [`DType`].
 ///
 /// Every kernel has the signature `(T* dst, const T* src, u64 n, u32 divisor)`; `divisor`
 /// is used by [`ReduceOp::Avg`] only and is 1 on every step but the last.
@@ -50,8 +55,62 @@ pub const REDUCE: PtxModule = PtxModule { name: "reduce", ptx: include_str!("../
 pub const REDUCE_COMPUTE_75: PtxModule =
     PtxModule { name: "reduce.compute_75", ptx: include_str!("../reduce.compute_75.ptx") };
 
+/// The line exchange family (`exchange.cu`): [`exchange_kernel_name`] for every
+/// [`ReduceOp`] × [`DType`].
+pub const EXCHANGE: PtxModule = PtxModule { name: "exchange", ptx: include_str!("../exchange.ptx") };
+
+/// [`EXCHANGE`] built for `compute_75`.
+pub const EXCHANGE_COMPUTE_75: PtxModule =
+    PtxModule { name: "exchange.compute_75", ptx: include_str!("../exchange.compute_75.ptx") };
+
+/// The flagged-chunk family (`chunks.cu`): [`chunks_kernel_name`] for every [`ReduceOp`] ×
+/// [`DType`].
+pub const CHUNKS: PtxModule = PtxModule { name: "chunks", ptx: include_str!("../chunks.ptx") };
+
+/// [`CHUNKS`] built for `compute_75`.
+pub const CHUNKS_COMPUTE_75: PtxModule =
+    PtxModule { name: "chunks.compute_75", ptx: include_str!("../chunks.compute_75.ptx") };
+
+/// The flag family (`flags.cu`): [`WAIT_FLAG_KERNEL`].
+pub const FLAGS: PtxModule = PtxModule { name: "flags", ptx: include_str!("../flags.ptx") };
+
+/// [`FLAGS`] built for `compute_75`.
+pub const FLAGS_COMPUTE_75: PtxModule =
+    PtxModule { name: "flags.compute_75", ptx: include_str!("../flags.compute_75.ptx") };
+
 /// Every module this crate ships, for tools that compile or check them all.
-pub const MODULES: &[PtxModule] = &[REDUCE, REDUCE_COMPUTE_75];
+pub const MODULES: &[PtxModule] =
+    &[REDUCE, REDUCE_COMPUTE_75, EXCHANGE, EXCHANGE_COMPUTE_75, CHUNKS, CHUNKS_COMPUTE_75, FLAGS, FLAGS_COMPUTE_75];
+
+/// A family of kernels: one `.cu` file in this crate's folder, one [`PtxModule`] per
+/// [`PtxTarget`] ([`PtxTarget::module`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// Elementwise reduce ([`reduce_kernel_name`]).
+    Reduce,
+    /// The two-rank exchange in 8-byte lines ([`exchange_kernel_name`]).
+    Exchange,
+    /// The two-rank exchange in flagged chunks ([`chunks_kernel_name`]).
+    Chunks,
+    /// The bounded wait on a flag ([`WAIT_FLAG_KERNEL`]).
+    Flags,
+}
+
+impl KernelFamily {
+    /// Every family.
+    pub const ALL: [KernelFamily; 4] =
+        [KernelFamily::Reduce, KernelFamily::Exchange, KernelFamily::Chunks, KernelFamily::Flags];
+
+    /// The family's name: the stem of its `.cu` and `.ptx` files.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFamily::Reduce => "reduce",
+            KernelFamily::Exchange => "exchange",
+            KernelFamily::Chunks => "chunks",
+            KernelFamily::Flags => "flags",
+        }
+    }
+}
 
 /// A PTX target the kernels are built for, oldest first (a card runs every target up to its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -103,9 +162,20 @@ impl PtxTarget {
 
     /// The reduce kernels built for this target.
     pub fn reduce_module(self) -> PtxModule {
-        match self {
-            PtxTarget::Compute75 => REDUCE_COMPUTE_75,
-            PtxTarget::Compute80 => REDUCE,
+        self.module(KernelFamily::Reduce)
+    }
+
+    /// The kernels of `family` built for this target.
+    pub fn module(self, family: KernelFamily) -> PtxModule {
+        match (self, family) {
+            (PtxTarget::Compute75, KernelFamily::Reduce) => REDUCE_COMPUTE_75,
+            (PtxTarget::Compute80, KernelFamily::Reduce) => REDUCE,
+            (PtxTarget::Compute75, KernelFamily::Exchange) => EXCHANGE_COMPUTE_75,
+            (PtxTarget::Compute80, KernelFamily::Exchange) => EXCHANGE,
+            (PtxTarget::Compute75, KernelFamily::Chunks) => CHUNKS_COMPUTE_75,
+            (PtxTarget::Compute80, KernelFamily::Chunks) => CHUNKS,
+            (PtxTarget::Compute75, KernelFamily::Flags) => FLAGS_COMPUTE_75,
+            (PtxTarget::Compute80, KernelFamily::Flags) => FLAGS,
         }
     }
 }
@@ -146,7 +216,7 @@ pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
-/// The exported name of the two-rank exchange kernel for `op` on `dtype`, in [`REDUCE`].
+/// The exported name of the two-rank exchange kernel for `op` on `dtype`, in [`EXCHANGE`].
 ///
 /// Signature `(T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,
 /// u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u32* broken)`: each rank
@@ -164,7 +234,7 @@ pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
 }
 
 /// The exported name of the flagged-chunk all-reduce kernel for `op` on `dtype`, in
-/// [`REDUCE`]: small and middling two-rank all-reduces, of the one-process-per-GPU
+/// [`CHUNKS`]: small and middling two-rank all-reduces, of the one-process-per-GPU
 /// communicator and of gp2p-pinned's `ChunkExchange` (two devices of one process).
 ///
 /// Signature `(T* buf, u64 n, char* out_area, const char* in_area, u32 divisor,
@@ -205,7 +275,7 @@ pub const fn chunk_area_layout(bytes: usize) -> (usize, usize) {
     (flags, flags + bytes.div_ceil(CHUNK_BYTES) * CHUNK_FLAG_STRIDE)
 }
 
-/// The exported name of the bounded wait on a flag in mapped host memory, in [`REDUCE`].
+/// The exported name of the bounded wait on a flag in mapped host memory, in [`FLAGS`].
 ///
 /// Signature `(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken)`: one
 /// thread waits until `*flag == value`. A wait longer than `timeout_ns` sets `*failed` and
@@ -240,6 +310,24 @@ pub fn next_exchange_seq(counter: &mut u64) -> u32 {
 mod tests {
     use super::*;
 
+    /// Whether `module` exports a kernel named `name`.
+    fn exports(module: PtxModule, name: &str) -> bool {
+        module.ptx.contains(&format!(".entry {name}("))
+    }
+
+    /// Every kernel of every family, by name, with its family.
+    fn every_kernel() -> Vec<(KernelFamily, &'static str)> {
+        let mut all = vec![(KernelFamily::Flags, WAIT_FLAG_KERNEL)];
+        for op in ReduceOp::ALL {
+            for dtype in DType::ALL {
+                all.push((KernelFamily::Reduce, reduce_kernel_name(op, dtype)));
+                all.push((KernelFamily::Exchange, exchange_kernel_name(op, dtype)));
+                all.push((KernelFamily::Chunks, chunks_kernel_name(op, dtype)));
+            }
+        }
+        all
+    }
+
     #[test]
     fn every_kernel_name_is_in_the_ptx_and_ends_in_its_dtype() {
         for op in ReduceOp::ALL {
@@ -247,7 +335,7 @@ mod tests {
                 let name = reduce_kernel_name(op, dtype);
                 assert!(name.ends_with(&format!("_{}", dtype.name())), "{name}");
                 assert!(name.contains(&format!("_{}_", op.name())), "{name}");
-                assert!(REDUCE.ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.ptx");
+                assert!(exports(REDUCE, name), "{name} missing from reduce.ptx");
             }
         }
     }
@@ -258,10 +346,10 @@ mod tests {
             for dtype in DType::ALL {
                 let name = exchange_kernel_name(op, dtype);
                 assert_eq!(name, format!("gp2p_exchange_{}_{}", op.name(), dtype.name()));
-                assert!(REDUCE.ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.ptx");
+                assert!(exports(EXCHANGE, name), "{name} missing from exchange.ptx");
                 let chunks = chunks_kernel_name(op, dtype);
                 assert_eq!(chunks, format!("gp2p_chunks_{}_{}", op.name(), dtype.name()));
-                assert!(REDUCE.ptx.contains(&format!(".entry {chunks}(")), "{chunks} missing from reduce.ptx");
+                assert!(exports(CHUNKS, chunks), "{chunks} missing from chunks.ptx");
             }
         }
         assert_eq!(next_exchange_seq(&mut 0), 1, "the first call is never tagged 0");
@@ -277,24 +365,50 @@ mod tests {
     }
 
     #[test]
+    fn each_kernel_is_in_its_own_family_only_for_every_target() {
+        for target in PtxTarget::ALL {
+            for (family, name) in every_kernel() {
+                for other in KernelFamily::ALL {
+                    let module = target.module(other);
+                    assert_eq!(exports(module, name), other == family, "{name} in {}", module.name);
+                }
+            }
+        }
+        let entries: usize = MODULES.iter().map(|m| m.ptx.matches(".entry ").count()).sum();
+        assert_eq!(entries, every_kernel().len() * PtxTarget::ALL.len(), "no kernel the names do not list");
+    }
+
+    #[test]
+    fn modules_are_named_after_their_family_and_target() {
+        for target in PtxTarget::ALL {
+            for family in KernelFamily::ALL {
+                let module = target.module(family);
+                let suffix = if target == PtxTarget::Compute80 { String::new() } else { format!(".{}", target.name()) };
+                assert_eq!(module.name, format!("{}{suffix}", family.name()));
+                assert!(MODULES.contains(&module), "{} not in MODULES", module.name);
+            }
+        }
+        assert_eq!(MODULES.len(), KernelFamily::ALL.len() * PtxTarget::ALL.len());
+    }
+
+    #[test]
     fn ptx_targets_compute_80_and_has_no_nul() {
-        assert!(REDUCE.ptx.contains(".target sm_80"));
-        assert!(!REDUCE.ptx.contains('\0'));
+        for family in KernelFamily::ALL {
+            let module = PtxTarget::Compute80.module(family);
+            assert!(module.ptx.contains(".target sm_80"), "{}", module.name);
+            assert!(!module.ptx.contains('\0'), "{}", module.name);
+        }
     }
 
     #[test]
     fn the_turing_build_has_every_kernel_and_no_sm_80_instruction() {
-        let ptx = REDUCE_COMPUTE_75.ptx;
-        assert!(ptx.contains(".target sm_75") && !ptx.contains('\0'));
-        assert!(!ptx.contains("cvt.rn.bf16"), "bfloat16 conversion needs sm_80");
-        for op in ReduceOp::ALL {
-            for dtype in DType::ALL {
-                for name in
-                    [reduce_kernel_name(op, dtype), exchange_kernel_name(op, dtype), chunks_kernel_name(op, dtype)]
-                {
-                    assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from reduce.compute_75.ptx");
-                }
-            }
+        for family in KernelFamily::ALL {
+            let module = PtxTarget::Compute75.module(family);
+            assert!(module.ptx.contains(".target sm_75") && !module.ptx.contains('\0'), "{}", module.name);
+            assert!(!module.ptx.contains("cvt.rn.bf16"), "bfloat16 conversion needs sm_80 ({})", module.name);
+        }
+        for (family, name) in every_kernel() {
+            assert!(exports(PtxTarget::Compute75.module(family), name), "{name} missing from the compute_75 build");
         }
     }
 

@@ -1,5 +1,9 @@
 //! `cargo xtask ptx`: kernels/*.cu → kernels/*.ptx with NVRTC 12.0, and the `--check` mode.
 //!
+//! Each `.cu` is one kernel family and one PTX module per target; what the families share is
+//! in headers beside them (`kernels/*.cuh`), found through an include path, never compiled
+//! alone. `--check` rebuilds every family, so a header change that alters any PTX shows too.
+//!
 //! The dynamic loader reads LD_LIBRARY_PATH only when a process starts, and NVRTC itself
 //! opens its builtins library by name; so the compile runs in a child xtask process started
 //! with LD_LIBRARY_PATH pointing at the NVRTC 12.0 wheel installed under target/.
@@ -37,11 +41,12 @@ pub fn generate(root: &Path, check: bool) -> Result<(), String> {
     if !status.success() {
         return Err(format!("compiling the kernels failed ({status})"));
     }
+    let targets = targets(root)?;
     let mut stale = Vec::new();
-    for target in targets(root)? {
+    for target in &targets {
         let fresh_path = out_dir.join(&target.ptx_name);
         let fresh = fs::read_to_string(&fresh_path).map_err(|e| format!("reading {}: {e}", fresh_path.display()))?;
-        let committed_path = target.source.with_file_name(&target.ptx_name);
+        let committed_path = target.ptx_path();
         if check {
             let committed = fs::read_to_string(&committed_path).unwrap_or_default();
             if committed != fresh {
@@ -50,6 +55,16 @@ pub fn generate(root: &Path, check: bool) -> Result<(), String> {
         } else {
             fs::write(&committed_path, &fresh).map_err(|e| format!("writing {}: {e}", committed_path.display()))?;
             println!("wrote {} ({} bytes)", committed_path.display(), fresh.len());
+        }
+    }
+    // PTX whose source is gone would still be committed and shipped: name it (check) or
+    // delete it (generate), so the committed files are exactly the built ones.
+    for orphan in committed_ptx(root)?.into_iter().filter(|p| !targets.iter().any(|t| t.ptx_path() == *p)) {
+        if check {
+            stale.push(format!("{} (no kernels/*.cu builds it)", orphan.display()));
+        } else {
+            fs::remove_file(&orphan).map_err(|e| format!("removing {}: {e}", orphan.display()))?;
+            println!("removed {} (no kernels/*.cu builds it)", orphan.display());
         }
     }
     if stale.is_empty() {
@@ -64,12 +79,18 @@ pub fn generate(root: &Path, check: bool) -> Result<(), String> {
 
 /// Runs in the child process, with LD_LIBRARY_PATH set: compile every source into `out_dir`.
 pub fn compile_in_child(root: &Path, out_dir: &Path) -> Result<(), String> {
+    let include = root.join("kernels");
+    let include = include.to_str().ok_or_else(|| format!("{} is not UTF-8", include.display()))?;
     for Target { source, arch, ptx_name } in targets(root)? {
         let stem = stem_of(&source)?;
         let text = fs::read_to_string(&source).map_err(|e| format!("reading {}: {e}", source.display()))?;
         let options = CompileOptions {
             arch: Some(arch),
             options: vec!["--std=c++17".into()],
+            // The shared headers (`#include "common.cuh"`): NVRTC compiles a source from
+            // memory, with no folder of its own to look in. No line info is asked for, so
+            // the path never reaches the PTX and a checkout anywhere builds the same text.
+            include_paths: vec![include.to_owned()],
             name: Some(format!("{stem}.cu")),
             ..Default::default()
         };
@@ -91,7 +112,15 @@ struct Target {
     ptx_name: String,
 }
 
-/// Every source for every target in [`ARCHES`] (`reduce.ptx`, `reduce.compute_75.ptx`).
+impl Target {
+    /// Where the committed PTX lies: beside its source.
+    fn ptx_path(&self) -> PathBuf {
+        self.source.with_file_name(&self.ptx_name)
+    }
+}
+
+/// Every source for every target in [`ARCHES`] (`reduce.ptx`, `reduce.compute_75.ptx`,
+/// `exchange.ptx`, …).
 fn targets(root: &Path) -> Result<Vec<Target>, String> {
     let mut all = Vec::new();
     for source in kernel_sources(root)? {
@@ -103,17 +132,31 @@ fn targets(root: &Path) -> Result<Vec<Target>, String> {
     Ok(all)
 }
 
-/// `kernels/*.cu`, sorted so the output order never depends on the file system.
+/// `kernels/*.cu`, one per kernel family (headers, `*.cuh`, are not listed).
 fn kernel_sources(root: &Path) -> Result<Vec<PathBuf>, String> {
-    let dir = root.join("kernels");
-    let entries = fs::read_dir(&dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
-    let mut sources: Vec<PathBuf> =
-        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "cu")).collect();
-    sources.sort();
+    let sources = kernel_files(root, "cu")?;
     if sources.is_empty() {
-        return Err(format!("no .cu files in {}", dir.display()));
+        return Err(format!("no .cu files in {}", root.join("kernels").display()));
     }
     Ok(sources)
+}
+
+/// `kernels/*.ptx`, as committed.
+fn committed_ptx(root: &Path) -> Result<Vec<PathBuf>, String> {
+    kernel_files(root, "ptx")
+}
+
+/// The files of `kernels/` ending in `.{extension}`, sorted so the output order never depends
+/// on the file system.
+fn kernel_files(root: &Path, extension: &str) -> Result<Vec<PathBuf>, String> {
+    let dir = root.join("kernels");
+    let entries = fs::read_dir(&dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == extension))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 fn stem_of(path: &Path) -> Result<String, String> {

@@ -6,7 +6,7 @@ use std::ffi::{CString, c_void};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
-use gp2p_kernels::PtxModule;
+use gp2p_kernels::{KernelFamily, PtxModule};
 use parking_lot::Mutex;
 
 use crate::driver::check;
@@ -30,12 +30,34 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
-    /// The reduce and exchange kernels, in the build `device` runs ([`Device::ptx_target`]).
+    /// The reduce kernels, in the build `device` runs ([`Device::ptx_target`]); as
+    /// [`Module::kernels`] of [`KernelFamily::Reduce`].
     pub fn reduce_kernels(device: &Device) -> Result<Arc<Module>> {
-        Module::load(device, device.ptx_target().reduce_module())
+        Module::kernels(device, KernelFamily::Reduce)
+    }
+
+    /// The kernels of `family`, in the build `device` runs ([`Device::ptx_target`]).
+    ///
+    /// The first call on a device loads every family's module, not only this one: a module
+    /// load may wait for the device to go idle, and the exchange kernels spin until their
+    /// peer's kernel runs, so a load of another family between two ranks' launches (a first
+    /// flag wait, say) could hold up the second launch until the first kernel's timeout.
+    /// Later calls only look the module up.
+    pub fn kernels(device: &Device, family: KernelFamily) -> Result<Arc<Module>> {
+        let target = device.ptx_target();
+        let wanted = target.module(family);
+        if let Some(module) = device.modules().lock().get(wanted.name) {
+            return Ok(module.clone());
+        }
+        for other in KernelFamily::ALL {
+            Module::load(device, target.module(other))?;
+        }
+        Module::load(device, wanted)
     }
 
     /// The module `ptx` on `device`, loaded (and JIT-compiled by the driver) on first use.
+    /// Loads that one module only: the kernels of this crate are loaded by family, all at
+    /// once ([`Module::kernels`]).
     pub fn load(device: &Device, ptx: PtxModule) -> Result<Arc<Module>> {
         let mut cache = device.modules().lock();
         if let Some(module) = cache.get(ptx.name) {

@@ -20,7 +20,8 @@ use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
 use gp2p_kernels::{
-    DType, ReduceOp, WAIT_FLAG_KERNEL, chunk_area_layout, chunks_kernel_name, exchange_kernel_name, reduce_kernel_name,
+    DType, KernelFamily, ReduceOp, WAIT_FLAG_KERNEL, chunk_area_layout, chunks_kernel_name, exchange_kernel_name,
+    reduce_kernel_name,
 };
 
 use crate::driver::check;
@@ -130,7 +131,7 @@ pub unsafe fn reduce(
     if len == 0 {
         return Ok(());
     }
-    let function = Module::reduce_kernels(stream.device())?.function(reduce_kernel_name(op, dtype))?;
+    let function = Module::kernels(stream.device(), KernelFamily::Reduce)?.function(reduce_kernel_name(op, dtype))?;
     let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
     let args = ReduceArgs { dst, src, len: len as u64, divisor: divide_by };
     // SAFETY: a reduce kernel of `dtype`; the addresses are the caller's contract.
@@ -216,7 +217,8 @@ pub unsafe fn exchange(
     if len == 0 {
         return Ok(());
     }
-    let function = Module::reduce_kernels(stream.device())?.function(exchange_kernel_name(op, dtype))?;
+    let function =
+        Module::kernels(stream.device(), KernelFamily::Exchange)?.function(exchange_kernel_name(op, dtype))?;
     let config = exchange_launch_config(len, dtype);
     if counter != 0 && config.grid != 1 {
         // Every thread reads the count before thread 0 stores it back: one block only.
@@ -382,7 +384,7 @@ pub fn plan_exchange_chunks(
     if len == 0 {
         return Ok(None);
     }
-    let function = Module::reduce_kernels(device)?.function(chunks_kernel_name(op, dtype))?;
+    let function = Module::kernels(device, KernelFamily::Chunks)?.function(chunks_kernel_name(op, dtype))?;
     let config = chunks_launch_config(bytes, device.info().multiprocessors, max_blocks);
     let args = ChunksArgs {
         buf,
@@ -450,7 +452,7 @@ pub unsafe fn wait_flag(
         return Err(Error::InvalidArgument { name, reason: "a wait needs this word; got address 0".into() });
     }
     check_aligned(&words, 4)?;
-    let function = Module::reduce_kernels(stream.device())?.function(WAIT_FLAG_KERNEL)?;
+    let function = Module::kernels(stream.device(), KernelFamily::Flags)?.function(WAIT_FLAG_KERNEL)?;
     let args = WaitFlagArgs { flag, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
     unsafe { launch_wait_flag(&function, stream, args, None) }

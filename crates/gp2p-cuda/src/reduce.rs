@@ -3,7 +3,8 @@
 
 use gp2p_kernels::{
     CHUNK_BLOCK_THREADS, CHUNK_BLOCKS_PER_SM, CHUNK_BYTES, CHUNK_MAX_BLOCKS, DType, EXCHANGE_GROUP_BYTES, Element,
-    REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name, reduce_kernel_name,
+    KernelFamily, REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES, ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name,
+    reduce_kernel_name,
 };
 
 use crate::memory::RawDevicePtr;
@@ -80,8 +81,9 @@ pub fn reduce<T: Element>(
     Ok(())
 }
 
-/// Load every kernel of the reduce module on `device` now, by launching each once, empty,
-/// and waiting for them (once per device and process; later calls return at once).
+/// Load every kernel module on `device` now ([`Module::kernels`] loads all families), and
+/// every reduce, exchange and wait kernel in them by launching each once, empty, and waiting
+/// for them (once per device and process; later calls return at once).
 ///
 /// Under the driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, the default of recent
 /// drivers) a kernel's code is loaded at its first launch, and a load may wait for the whole
@@ -92,8 +94,11 @@ pub fn reduce<T: Element>(
 /// module use: under compute-sanitizer each kernel's first launch is slow, and instrumenting
 /// all of them made the racecheck run of the collectives' tests outlast its limit.)
 pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
-    let module = Module::reduce_kernels(device)?;
+    let module = Module::kernels(device, KernelFamily::Reduce)?;
+    // The reduce module's once-flag stands for the device's warm-up of every family.
     module.warm_once(|module| {
+        let exchanges = Module::kernels(device, KernelFamily::Exchange)?;
+        let flags = Module::kernels(device, KernelFamily::Flags)?;
         let stream = Stream::new(device)?;
         let one = LaunchConfig { grid: 1, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 };
         for op in ReduceOp::ALL {
@@ -106,7 +111,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                         one,
                         ReduceArgs::default(),
                     )?;
-                    let exchange = module.function(exchange_kernel_name(op, dtype))?;
+                    let exchange = exchanges.function(exchange_kernel_name(op, dtype))?;
                     launch_exchange(&exchange, &stream, one, ExchangeArgs::default(), None)?;
                 }
             }
@@ -117,7 +122,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         word.fill_bytes(&stream, 0)?;
         let word_ptr = word.raw_ptr();
         let wait = WaitFlagArgs { flag: word_ptr, value: 0, timeout_ns: 0, failed: word_ptr, broken: word_ptr };
-        let wait_kernel = module.function(WAIT_FLAG_KERNEL)?;
+        let wait_kernel = flags.function(WAIT_FLAG_KERNEL)?;
         // Launched, and once more replayed from a graph: whatever the driver sets up at a
         // context's first graph (instantiated and launched) is done now too, not between two
         // ranks' replayed launches (LaunchCache).

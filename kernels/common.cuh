@@ -1,0 +1,185 @@
+// Shared by every kernel family (kernels/*.cu include it): the storage types, the reduce
+// ops applied element by element, the op and dtype lists kernels are stamped out from, and
+// the clock, give-up cadence and sequence numbers of the kernels that wait across the bus.
+//
+// Only __forceinline__ functions, templates and macros: a family's PTX holds what its own
+// kernels use and nothing else. No CUDA headers are used, so the PTX depends on kernels/
+// alone: half goes through PTX `cvt` instructions (sm_53 and up), bfloat16 through `cvt`
+// where the hardware has it (sm_80 and up) and integer rounding below.
+
+#pragma once
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define VEC_BYTES 16
+
+struct f16 { u16 bits; };
+struct bf16 { u16 bits; };
+
+// Each storage type names its accumulation type and how to convert to and from it.
+// Half types accumulate in f32 so one rounding happens per element, at the store.
+template <typename T> struct Lane {
+    typedef T Acc;
+    static __device__ __forceinline__ Acc load(T v) { return v; }
+    static __device__ __forceinline__ T store(Acc v) { return v; }
+};
+template <> struct Lane<f16> {
+    typedef float Acc;
+    static __device__ __forceinline__ float load(f16 v) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+        return f;
+    }
+    static __device__ __forceinline__ f16 store(float f) {
+        f16 v;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
+        return v;
+    }
+};
+template <> struct Lane<bf16> {
+    typedef float Acc;
+    static __device__ __forceinline__ float load(bf16 v) {
+        return __uint_as_float(((u32)v.bits) << 16);
+    }
+    static __device__ __forceinline__ bf16 store(float f) {
+        bf16 v;
+#if __CUDA_ARCH__ >= 800
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
+#else
+        // Round to nearest even in the integer domain (what cvt.rn does): add half an ulp of
+        // bf16, plus one if the kept part is odd, then truncate. A NaN stays a (quiet) NaN
+        // instead of rounding into infinity.
+        const u32 x = __float_as_uint(f);
+        if ((x & 0x7fffffffu) > 0x7f800000u) {
+            v.bits = (u16)((x >> 16) | 0x40u);
+        } else {
+            v.bits = (u16)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+        }
+#endif
+        return v;
+    }
+};
+
+// Integer sums and products wrap (two's complement), computed in the unsigned type so the
+// signed ones have no undefined overflow.
+template <typename A> struct Wrap { typedef A U; };
+template <> struct Wrap<i8> { typedef u8 U; };
+template <> struct Wrap<i32> { typedef u32 U; };
+template <> struct Wrap<i64> { typedef u64 U; };
+
+template <typename A> __device__ __forceinline__ A add(A a, A b) {
+    typedef typename Wrap<A>::U U;
+    return (A)((U)a + (U)b);
+}
+template <> __device__ __forceinline__ float add<float>(float a, float b) { return a + b; }
+template <> __device__ __forceinline__ double add<double>(double a, double b) { return a + b; }
+
+template <typename A> __device__ __forceinline__ A mul(A a, A b) {
+    typedef typename Wrap<A>::U U;
+    return (A)((U)a * (U)b);
+}
+template <> __device__ __forceinline__ float mul<float>(float a, float b) { return a * b; }
+template <> __device__ __forceinline__ double mul<double>(double a, double b) { return a * b; }
+
+template <typename A> __device__ __forceinline__ A min_of(A a, A b) { return b < a ? b : a; }
+template <> __device__ __forceinline__ float min_of<float>(float a, float b) { return fminf(a, b); }
+template <> __device__ __forceinline__ double min_of<double>(double a, double b) { return fmin(a, b); }
+template <typename A> __device__ __forceinline__ A max_of(A a, A b) { return a < b ? b : a; }
+template <> __device__ __forceinline__ float max_of<float>(float a, float b) { return fmaxf(a, b); }
+template <> __device__ __forceinline__ double max_of<double>(double a, double b) { return fmax(a, b); }
+
+// avg is a sum whose last step divides by the number of ranks: floats multiply by the
+// reciprocal, integers divide (truncating toward zero). `divisor` is 1 on every other step.
+// Integers divide in a type wide enough for the divisor, so i8/u8 never see it overflow.
+template <typename A> struct Wide { typedef i32 W; };
+template <> struct Wide<u8> { typedef u32 W; };
+template <> struct Wide<u32> { typedef u32 W; };
+template <> struct Wide<i64> { typedef i64 W; };
+template <> struct Wide<u64> { typedef u64 W; };
+template <typename A> __device__ __forceinline__ A scale(A v, u32 divisor) {
+    typedef typename Wide<A>::W W;
+    return (A)((W)v / (W)divisor);
+}
+template <> __device__ __forceinline__ float scale<float>(float v, u32 divisor) {
+    return v * (1.0f / (float)divisor);
+}
+template <> __device__ __forceinline__ double scale<double>(double v, u32 divisor) {
+    return v * (1.0 / (double)divisor);
+}
+
+struct OpSum { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return add(a, b); } };
+struct OpAvg {
+    template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32 divisor) {
+        A s = add(a, b);
+        return divisor == 1 ? s : scale(s, divisor);
+    }
+};
+struct OpMin { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return min_of(a, b); } };
+struct OpMax { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return max_of(a, b); } };
+struct OpProd { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return mul(a, b); } };
+
+template <typename T, typename Op>
+__device__ __forceinline__ T combine(T d, T s, u32 divisor) {
+    typedef Lane<T> L;
+    return L::store(Op::apply(L::load(d), L::load(s), divisor));
+}
+
+// Every op, as (name in kernel names, functor), applied to one dtype by X.
+#define GP2P_FOR_EACH_OP(X, tname, T) \
+    X(sum, OpSum, tname, T)           \
+    X(avg, OpAvg, tname, T)           \
+    X(min, OpMin, tname, T)           \
+    X(max, OpMax, tname, T)           \
+    X(prod, OpProd, tname, T)
+
+// Every dtype the kernels are built for, as (name in kernel names, storage type): one list
+// for each kernel family, in the order of gp2p_kernels::DType::ALL.
+#define GP2P_FOR_EACH_DTYPE(X) \
+    X(f32, float)              \
+    X(f64, double)             \
+    X(f16, f16)                \
+    X(bf16, bf16)              \
+    X(i8, i8)                  \
+    X(u8, u8)                  \
+    X(i32, i32)                \
+    X(u32, u32)                \
+    X(i64, i64)                \
+    X(u64, u64)
+
+// ---------------------------------------------------------------------------------------
+// Waiting across the bus (exchange.cu, chunks.cu, flags.cu).
+
+// A wait reads the shared give-up words (in host memory, a round trip across PCIe each) only
+// every this many polls: read at every poll they doubled each poll's latency, and a 32 KiB
+// all-reduce between processes took 82 us instead of 29 (two H200s). A lost peer is caught by
+// each wait's own deadline, checked at every poll; the words only tell a wait that another
+// one gave up, now a few tens of microseconds later (so after a failure each remaining wait of
+// a pipeline costs that much, not one poll).
+#define GIVE_UP_CHECK_POLLS 16
+
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// A 16-byte group of the buffer, as a vector, as four 4-byte words (the data of four lines)
+// and as elements.
+template <typename T> union Group16 {
+    uint4 v;
+    u32 w[4];
+    T e[VEC_BYTES / sizeof(T)];
+};
+
+// The next sequence number after `count`: never 0 (the tag of lines never written), and odd
+// and even in turn (after 0xffffffff comes 2), as gp2p_kernels::next_exchange_seq counts.
+__device__ __forceinline__ u32 next_seq(u32 count) {
+    const u32 next = count + 1;
+    return next == 0 ? 2 : next;
+}

@@ -1,0 +1,37 @@
+// gp2p flag kernels: a bounded wait on a flag in mapped pinned host memory, for pipelines
+// between processes that share staging memory (the communicator's large messages): one
+// thread waits until `*flag == value`, then the stream goes on. The flags are handshakes (a
+// slot's sender sets its flag to 1 once the slot holds a chunk, its receiver back to 0 once
+// it has read it), so a call waits for the same values every time and a CUDA graph that
+// captured it can be replayed. A wait longer than `timeout_ns` sets `*failed` (this rank's)
+// and `*broken` (the communicator's, which every rank's waits read) to 1 and returns; a
+// wait that finds either set (it looks every GIVE_UP_CHECK_POLLS polls) returns: the
+// handshakes may no longer pair up, so one lost peer costs one timeout, not one per chunk,
+// and both ranks' hosts report it at their next call.
+//
+// Built by `cargo xtask ptx` with NVRTC 12.0 for compute_80 (flags.ptx) and compute_75
+// (flags.compute_75.ptx); the clock and the give-up cadence are in common.cuh.
+
+#include "common.cuh"
+
+#define WAIT_POLL_GAP_NS 256
+
+extern "C" __global__ void gp2p_wait_flag(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    u64 deadline = 0;
+    u32 polls = 0;
+    while (*(const volatile u32*)flag != value) {
+        if (++polls % GIVE_UP_CHECK_POLLS == 0 && (*(volatile u32*)failed != 0 || *(volatile u32*)broken != 0)) return;
+        const u64 now = global_ns();
+        if (deadline == 0) {
+            deadline = now + timeout_ns;
+        } else if (now > deadline) {
+            *(volatile u32*)failed = 1;
+            *(volatile u32*)broken = 1;
+            return;
+        }
+        __nanosleep(WAIT_POLL_GAP_NS);
+    }
+    // Whatever this stream does next reads what the flag guards.
+    __threadfence_system();
+}
