@@ -2,8 +2,9 @@
 //! memory ceilings measured in the same run.
 //!
 //! The whole command line lives in this library, behind one entry point, [`run_cli`], so the
-//! `gp2p` binary and the Python package's `python -m geforce_p2p` run the same code. Nothing
-//! else is public: the subcommands are not an API.
+//! `gp2p` binary and the Python package's `python -m geforce_p2p` run the same code. Besides
+//! it only the probe's link measurement is public ([`measure_links`], for
+//! `geforce_p2p.probe(measure=True)`): the subcommands are not an API.
 //!
 //! ```
 //! // `gp2p --version` prints the version and succeeds, driver or not.
@@ -25,6 +26,9 @@ mod sizes;
 mod table;
 
 use clap::{Parser, Subcommand};
+
+pub use error::CliError;
+pub use probe::{DeviceLink, LinkRates, PairCopy, measure_links};
 
 /// Fast data movement between NVIDIA GPUs without driver P2P.
 #[derive(Parser)]

@@ -8,8 +8,8 @@
 use geforce_p2p::{collectives, comm, cuda, pinned, probe, transport};
 use pyo3::prelude::*;
 
-/// The Python module that holds the exception classes.
-const ERRORS_MODULE: &str = "geforce_p2p._errors";
+/// The Python module of this package that holds the exception classes.
+const ERRORS_MODULE: &str = "_errors";
 
 /// The exception class an error is raised as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +75,7 @@ impl Raised {
     /// The Python exception. Falls back to `RuntimeError` only if the package's own error
     /// module cannot be imported (a broken install).
     pub(crate) fn into_pyerr(self, py: Python<'_>) -> PyErr {
-        let made = py
-            .import(ERRORS_MODULE)
+        let made = crate::package::import(py, ERRORS_MODULE)
             .and_then(|m| m.getattr(self.class.name()))
             .and_then(|class| class.call1((self.message.clone(),)));
         match made {
@@ -205,6 +204,15 @@ impl Classify for comm::Error {
     }
 }
 
+impl Classify for gp2p_cli::CliError {
+    fn class(&self) -> Class {
+        match self {
+            gp2p_cli::CliError::Library(e) => e.class(),
+            _ => Class::Error,
+        }
+    }
+}
+
 macro_rules! raised_from {
     ($($t:ty),*) => {$(
         impl From<$t> for Raised {
@@ -221,7 +229,8 @@ raised_from!(
     geforce_p2p::Error,
     collectives::Error,
     probe::Error,
-    comm::Error
+    comm::Error,
+    gp2p_cli::CliError
 );
 
 #[cfg(test)]

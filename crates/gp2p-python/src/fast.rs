@@ -130,7 +130,7 @@ impl Torch {
             return Ok(parts.map(|parts| Torch { parts, cached: true, dlpack: true }));
         }
         // A module not seen before: the Python layer says what its parts are.
-        let tensors = read!(py, py.import(intern!(py, "geforce_p2p._tensors")));
+        let tensors = read!(py, crate::package::import(py, "_tensors"));
         let found = read!(py, tensors.call_method1(intern!(py, "torch_fast_parts"), (&module,)));
         let parts: Option<Arc<Parts>> = read!(py, found.extract::<Option<TorchParts>>()).map(|p| Arc::new(p.into()));
         let kept = parts.clone();

@@ -37,6 +37,7 @@ mod dlpack;
 mod error;
 mod fast;
 mod ffi;
+mod package;
 
 use geforce_p2p::{DType, Device, ReduceOp};
 use pyo3::prelude::*;
@@ -50,13 +51,24 @@ pub fn check_range(name: &str, ptr: u64, len: usize, dtype: &str) -> Result<(), 
     args::dtype(dtype).and_then(|d| args::check_range(name, ptr, len, d)).map_err(|e| e.message)
 }
 
-/// The facade's probe: `(json, text)`, the report as JSON and as the table `gp2p probe`
-/// prints. Raises `UnavailableError` without a driver.
+/// What [`probe`] returns: the report as JSON and as the table `gp2p probe` prints, and
+/// with `measure` the link rates as JSON and as the tables `gp2p probe --measure` prints.
+type Probed = (String, String, Option<(String, String)>);
+
+/// The facade's probe (see [`Probed`]); `measure` adds the link rates, which takes a few
+/// seconds per device and pair. Raises `UnavailableError` without a driver.
 #[pyfunction]
-fn probe(py: Python<'_>) -> PyResult<(String, String)> {
-    let run = || -> Result<(String, String), Raised> {
+#[pyo3(signature = (measure = false))]
+fn probe(py: Python<'_>, measure: bool) -> PyResult<Probed> {
+    let run = || -> Result<Probed, Raised> {
         let report = geforce_p2p::probe()?;
-        Ok((report.to_json(), report.render()))
+        let links = if measure {
+            let rates = gp2p_cli::measure_links(&report)?;
+            Some((rates.to_json(), rates.render()))
+        } else {
+            None
+        };
+        Ok((report.to_json(), report.render(), links))
     };
     Raised::detached(py, run)
 }
@@ -109,10 +121,19 @@ fn error_classes() -> Vec<&'static str> {
     error::Class::ALL.iter().map(|c| c.name()).collect()
 }
 
-/// The module `geforce_p2p._native`.
+/// The package this copy of the module belongs to: `geforce_p2p`, or the build's unique id
+/// when loaded through Hugging Face `kernels`.
+#[pyfunction]
+fn package_name() -> &'static str {
+    package::name()
+}
+
+/// The module `<package>._native`: `geforce_p2p._native` when pip-installed, the build's
+/// unique id when loaded through Hugging Face `kernels` (see `package.rs`).
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    package::remember(&m.name()?.to_string());
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
@@ -122,6 +143,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(reduce_ops, m)?)?;
     m.add_function(wrap_pyfunction!(error_classes, m)?)?;
+    m.add_function(wrap_pyfunction!(package_name, m)?)?;
     m.add_class::<ffi::Gate>()?;
     m.add_class::<bench::RustCalls>()?;
     m.add_function(wrap_pyfunction!(bench::read_torch_pair, m)?)?;

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from . import _native
 
@@ -11,12 +11,26 @@ from . import _native
 class ProbeReport:
     """The probe's report: ``devices``, ``pairs`` (CUDA's and NVML's facts per ordered pair),
     ``verdicts`` (per ordered pair: is P2P on, and if not the exact reason, the remedy and
-    what the driver patch would do) and ``host``, all plain dicts; ``print(report)`` shows
-    the table ``gp2p probe`` prints, ``to_json()`` the JSON ``gp2p probe --json`` saves."""
+    what the driver patch would do) and ``host``, all plain dicts, and ``links``, the
+    measured link rates (``probe(measure=True)``; else None); ``print(report)`` shows the
+    tables ``gp2p probe`` prints (with ``--measure``'s), ``to_json()`` the JSON
+    ``gp2p probe --json`` saves."""
 
-    def __init__(self, data: Dict[str, Any], text: str) -> None:
+    def __init__(self, data: Dict[str, Any], text: str, links: Optional[Dict[str, Any]] = None,
+                 links_text: str = "") -> None:
         self._data = data
         self._text = text
+        self._links = links
+        self._links_text = links_text
+
+    @property
+    def links(self) -> Optional[Dict[str, Any]]:
+        """Measured rates, GB/s = 1e9 B/s, medians of ``runs`` timed transfers of
+        ``transfer_bytes``: ``devices`` (per device ``h2d_gbps``, ``d2h_gbps`` and
+        ``duplex_gbps``, each way with both directions at once), ``pairs`` (per ordered pair
+        and route asked for, the route ``took`` and ``gbps``) and ``unopened`` devices; None
+        unless the probe was asked to measure."""
+        return self._links
 
     @property
     def host(self) -> Dict[str, Any]:
@@ -45,15 +59,21 @@ class ProbeReport:
         return json.dumps(self._data, indent=2)
 
     def __str__(self) -> str:
-        return self._text
+        return self._text + self._links_text
 
     def __repr__(self) -> str:
         codes = " ".join("%d->%d:%s" % (v["a"], v["b"], v["code"]) for v in self.verdicts)
         return "<ProbeReport %d device(s)%s>" % (len(self.devices), (" " + codes) if codes else "")
 
 
-def probe() -> ProbeReport:
-    """Probe this machine: devices, pairs and a verdict per ordered pair. Raises
+def probe(measure: bool = False) -> ProbeReport:
+    """Probe this machine: devices, pairs and a verdict per ordered pair; with ``measure``
+    also each device's link rates and each pair's copy rate (``report.links``; a few seconds
+    per device and pair, on otherwise idle GPUs for figures that mean something). Raises
     ``UnavailableError`` without an NVIDIA driver."""
-    data, text = _native.probe()
-    return ProbeReport(json.loads(data), text)
+    if not isinstance(measure, bool):
+        raise TypeError("measure: expected True or False, got %r" % (measure,))
+    data, text, links = _native.probe(measure)
+    if links is None:
+        return ProbeReport(json.loads(data), text)
+    return ProbeReport(json.loads(data), text, json.loads(links[0]), links[1])
