@@ -1068,3 +1068,50 @@ def test_torch_fast_paths_keep_torch_parts_and_dtypes_per_module(monkeypatch, to
     assert _native.copy_torch(T(1, 0x10000), T(0, 0x20000), "auto") is False
     monkeypatch.setitem(sys.modules, "torch", _torch_with_a_stream_getter())  # float32 not learnt
     assert _native.copy_torch(T(1, 0x10000), T(0, 0x20000), "auto") is False
+
+
+# ---- the kernels door: names, a device that does not exist, torch.compile's switch ---------
+
+
+def test_a_device_that_does_not_exist_is_refused_by_name_before_anything(torch, native, monkeypatch):
+    monkeypatch.setattr(_api, "_visible_devices", None)
+    monkeypatch.setattr(_api, "_device_count", lambda: 1)
+    src = torch.Tensor((4,), device="cuda:0")
+    for device in ("cuda:8", 8, "cuda:1"):
+        with pytest.raises(ValueError, match=r"^device: cuda:\d does not exist; this process sees 1 CUDA device \(cuda:0\)$"):
+            gp.copy(src, device=device)
+    with pytest.raises(ValueError, match="device: cuda:3 does not exist"):
+        gp.release_cached_host_memory("cuda:3")
+    assert native.calls == [], "refused before any native call"
+    monkeypatch.setattr(_api, "_visible_devices", None)
+    monkeypatch.setattr(_api, "_device_count", lambda: 3)
+    with pytest.raises(ValueError, match=r"sees 3 CUDA devices \(cuda:0\.\.cuda:2\)"):
+        gp.copy(src, device=3)
+
+
+def test_the_ops_carry_the_names_kernels_users_are_given():
+    for name in ("staged_copy", "reduce_from_host", "copy_to_host", "copy_from_host"):
+        assert getattr(gp.ops, "geforce_p2p_" + name) is getattr(gp.ops, name)
+        assert "geforce_p2p_" + name in gp.ops.__all__
+    assert _native.package_name() == "geforce_p2p"
+    assert gp.distributed.__name__ == "geforce_p2p.distributed"
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        gp.nothing  # noqa: B018
+
+
+def test_probe_measure_is_a_bool_and_needs_a_driver():
+    with pytest.raises(TypeError, match="measure: expected True or False"):
+        gp.probe(measure="yes")
+    with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+        gp.probe(measure=True)
+
+
+def test_a_torch_without_custom_ops_leaves_every_call_eager(torch, native):
+    from geforce_p2p import _compile
+
+    # The stand-in torch has no torch.library: it is judged once and nothing is registered,
+    # and the calls run as they did (a real torch imported later is judged afresh).
+    assert not _compile.tracing() and _compile.ops is None
+    assert not _compile.register() and _compile._judged is torch
+    gp.ops.staged_copy(torch.Tensor((4,), device="cuda:1"), torch.Tensor((4,), device="cuda:0"))
+    assert native.calls and native.calls[-1][0] == "copy"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional, Sequence
 
-from . import _native
+from . import _compile, _native
 from ._tensors import (
     Tensor,
     check_choice,
@@ -55,14 +55,14 @@ def _positive(name: str, value: Any) -> Optional[int]:
 
 
 def _target_device(device: Any) -> Optional[int]:
-    """A CUDA ordinal, or None for pinned host memory, from 1, "cuda:1", "cuda", "cpu" or a
-    torch.device."""
+    """A CUDA ordinal of a device that exists, or None for pinned host memory, from 1,
+    "cuda:1", "cuda", "cpu" or a torch.device; else ValueError naming ``device``."""
     if isinstance(device, bool):
         raise TypeError("device: expected a device such as 'cuda:1', got %r" % (device,))
     if isinstance(device, int):
         if device < 0:
             raise ValueError("device: %d is not a CUDA ordinal" % device)
-        return device
+        return _existing(device)
     text = str(device)
     if text == "cpu":
         return None
@@ -71,8 +71,40 @@ def _target_device(device: Any) -> Optional[int]:
 
         return torch.cuda.current_device()
     if text.startswith("cuda:") and text[5:].isdigit():
-        return int(text[5:])
+        return _existing(int(text[5:]))
     raise ValueError("device: %r is not a device; expected 'cuda:N', N or 'cpu'" % (device,))
+
+
+_visible_devices: Optional[int] = None
+_device_count = _native.device_count
+
+
+def _existing(ordinal: int) -> int:
+    """``ordinal`` if this process sees such a CUDA device, else ValueError naming
+    ``device``. Without a driver it is let through: the call then raises UnavailableError."""
+    global _visible_devices
+    if _visible_devices is None:
+        try:
+            count = _device_count()
+        except Exception:  # noqa: BLE001  (no driver: UnavailableError comes from the op)
+            return ordinal
+        if not isinstance(count, int):
+            return ordinal
+        # Fixed for the process's life (CUDA_VISIBLE_DEVICES is read once, at init).
+        _visible_devices = count
+    if ordinal >= _visible_devices:
+        seen = "no CUDA device" if _visible_devices == 0 else "%d CUDA device%s (cuda:0%s)" % (
+            _visible_devices, "" if _visible_devices == 1 else "s",
+            "" if _visible_devices == 1 else "..cuda:%d" % (_visible_devices - 1))
+        raise ValueError("device: cuda:%d does not exist; this process sees %s" % (ordinal, seen))
+    return ordinal
+
+
+def _device_text(device: Any) -> str:
+    """``device`` as the text the custom op ``copy`` takes ("cuda:1", "cpu")."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return "cuda:%d" % device
+    return str(device)
 
 
 def _device_index(device: Any) -> int:
@@ -104,6 +136,8 @@ def copy(src: Any, device: Any, *, route: str = "auto", chunk_bytes: Optional[in
     ``route="peer"`` P2P (an error without it). ``chunk_bytes`` and ``slots`` tune the
     staged pipeline. A CPU source must be pinned. Stream-ordered; see the module docs.
     """
+    if _compile.tracing():
+        return _compile.ops.copy(src, _device_text(device), route, chunk_bytes, slots)
     target = _target_device(device)
     where = "cpu" if target is None else "cuda:%d" % target
     out = None
@@ -131,6 +165,9 @@ def copy_(dst: Any, src: Any, *, route: str = "auto", chunk_bytes: Optional[int]
           slots: Optional[int] = None) -> Any:
     """Copy ``src`` into ``dst`` (same shape and dtype; any two devices, or a pinned CPU
     tensor on one side) and return ``dst``. Options as for :func:`copy`."""
+    if _compile.tracing():
+        _compile.ops.copy_(dst, src, route, chunk_bytes, slots)
+        return dst
     # Two torch CUDA tensors are read by the native call itself (see all_reduce); it returns
     # False for anything else, overlapping tensors and a route it does not know, untouched.
     if chunk_bytes is None and slots is None and _native.copy_torch(dst, src, route):
@@ -194,6 +231,9 @@ def all_reduce(tensors: Sequence[Any], op: str = "sum", *, transport: str = "aut
     # Torch tensors in the usual shape are read by the native call itself (about half the
     # host time of reading them here); it returns False for anything else and for an op or
     # transport it does not know, untouched, and they are read and checked here.
+    if _compile.tracing():
+        _compile.ops.all_reduce(list(tensors), op, transport)
+        return
     if _native.all_reduce_torch(tensors, op, transport):
         return
     op = check_choice("op", op, REDUCE_OPS)
@@ -230,6 +270,9 @@ def _check_n_times(whole: str, numel: int, parts: str, part_numel: int, n: int) 
 def all_gather(inputs: Sequence[Any], outputs: Sequence[Any], *, transport: str = "auto") -> None:
     """Every ``outputs[r]`` (n times the elements of an input) becomes the concatenation of
     all ``inputs`` in rank order; ``inputs[r]`` is on ``outputs[r]``'s device."""
+    if _compile.tracing():
+        _compile.ops.all_gather(list(inputs), list(outputs), transport)
+        return
     transport = check_choice("transport", transport, TRANSPORTS)
     ins, outs = _paired(inputs, outputs)
     _check_n_times("outputs", outs[0].numel, "inputs", ins[0].numel, len(ins))
@@ -240,6 +283,9 @@ def reduce_scatter(inputs: Sequence[Any], outputs: Sequence[Any], op: str = "sum
                    transport: str = "auto") -> None:
     """``outputs[r]`` becomes ``op`` over part r of every input (each input n times the
     elements of an output); ``inputs[r]`` is on ``outputs[r]``'s device and is unchanged."""
+    if _compile.tracing():
+        _compile.ops.reduce_scatter(list(inputs), list(outputs), op, transport)
+        return
     op = check_choice("op", op, REDUCE_OPS)
     transport = check_choice("transport", transport, TRANSPORTS)
     ins, outs = _paired(inputs, outputs)
@@ -249,6 +295,9 @@ def reduce_scatter(inputs: Sequence[Any], outputs: Sequence[Any], op: str = "sum
 
 def broadcast(tensors: Sequence[Any], root: int = 0, *, transport: str = "auto") -> None:
     """Every tensor becomes a copy of ``tensors[root]``; one CUDA tensor per device."""
+    if _compile.tracing():
+        _compile.ops.broadcast(list(tensors), root, transport)
+        return
     transport = check_choice("transport", transport, TRANSPORTS)
     ts = _ranks(tensors, "tensors", write=False)
     if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < len(ts):

@@ -39,7 +39,8 @@ class CudaError(Error):
     """A CUDA driver call failed."""
 
 
-# Shown as geforce_p2p.Error (and so on) in tracebacks: that is where users import them.
+# Shown as geforce_p2p.Error (and so on) in tracebacks: that is where users import them (the
+# build's unique id for a copy loaded through Hugging Face `kernels`).
 for _class in (Error, UnavailableError, UnsupportedDeviceError, InvalidArgumentError, NotPinnedError, CudaError):
-    _class.__module__ = "geforce_p2p"
+    _class.__module__ = __name__.rpartition(".")[0] or "geforce_p2p"
 del _class
