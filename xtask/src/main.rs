@@ -4,14 +4,20 @@
 //!   from PyPI under `target/` when absent); `--check` fails when the committed PTX is stale.
 //! - `cargo xtask test-gpu [--bundle DIR]`: run the GPU suite here, or build it into DIR with
 //!   a `DIR/run` script for a GPU machine that has no Rust toolchain.
+//! - `cargo xtask hub DIR [--wheel WHEEL]`: write DIR as the Hugging Face `kernels`
+//!   repository of the Python package (building its release wheel unless given one).
 
 mod bundle;
+mod hub;
 mod ptx;
+#[cfg(test)]
+mod tidy;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: cargo xtask ptx [--check] | cargo xtask test-gpu [--bundle DIR]";
+const USAGE: &str =
+    "usage: cargo xtask ptx [--check] | cargo xtask test-gpu [--bundle DIR] | cargo xtask hub DIR [--wheel WHEEL]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -22,6 +28,8 @@ fn main() -> ExitCode {
         [ptx::CHILD_COMMAND, out_dir] => ptx::compile_in_child(&workspace_root(), Path::new(out_dir)),
         ["test-gpu"] => bundle::run_here(&workspace_root()),
         ["test-gpu", "--bundle", dir] => bundle::bundle(&workspace_root(), Path::new(dir)),
+        ["hub", dir] => hub::hub(&workspace_root(), Path::new(dir), None),
+        ["hub", dir, "--wheel", wheel] => hub::hub(&workspace_root(), Path::new(dir), Some(Path::new(wheel))),
         _ => Err(format!("{USAGE}\ngot: {}", args.join(" "))),
     };
     match result {
