@@ -1,0 +1,177 @@
+# shellcheck shell=bash
+# What suite.sh, sanitize.sh and figures.sh share; sourced by them, not run.
+#
+# They run on a device machine (no Rust there), from the repository root, with:
+# - the bundle from `cargo xtask test-gpu --bundle bundle` (bundle/run, bundle/bin/gp2p,
+#   bundle/tests/*, bundle/benches/*), carried beside the tree, or as
+#   target/carry/bundle.tar.xz, which is unpacked here;
+# - for the Python parts, the package's wheel (maturin build) under .whl/.
+#
+# Environment:
+#   OUT          where results go (the device runner's $OUT); required.
+#   BUNDLE       the bundle folder (default: bundle).
+#   WHEEL        the wheel file (default: the one .whl/*.whl).
+#   GP2P_COMMIT  the commit the bundle and wheel were built from. The device has no .git, so
+#                pass it: `GP2P_COMMIT=5c058f6 bash benches/device/figures.sh` (add +dirty for
+#                a tree with uncommitted changes). Without it files say "unknown".
+#   MACHINE      the results folder's name (default: from the GPUs: h200, h200-x2, h200-x4 ...).
+#
+# Results go to $OUT/$MACHINE/, named as in benches/results/<machine>/, each file headed by
+# its command, commit and machine (`# command:` lines; JSON objects get "command", "commit"
+# and "machine" fields first); copy that folder over benches/results/<machine>/ to keep them.
+# Side logs (pip and the like) go to $OUT/logs, tarred at the end. The last lines printed are
+# a summary.
+
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+ROOT=$(pwd)
+: "${OUT:?set OUT to the folder results go to}"
+B=${BUNDLE:-bundle}
+if [ ! -x "$B/run" ] && [ -f target/carry/bundle.tar.xz ]; then
+  tar xJf target/carry/bundle.tar.xz
+fi
+if [ ! -x "$B/run" ]; then
+  echo "no bundle at $B (build one with \`cargo xtask test-gpu --bundle bundle\` and carry it)" >&2
+  exit 1
+fi
+B=$(cd "$B" && pwd)
+G=$B/bin/gp2p
+export S # compute-sanitizer, for sanitize.sh
+S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${GPUS:-0}" -lt 1 ]; then
+  echo "no NVIDIA GPU found (nvidia-smi -L lists none)" >&2
+  exit 1
+fi
+# h200 for one NVIDIA H200, h200-x2 for two: the GPU's name less its maker's words, lower case.
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+machine_tag=$(echo "$gpu_name" | tr '[:upper:]' '[:lower:]' | sed -E 's/nvidia|geforce|tesla//g; s/[^a-z0-9]+//g')
+[ "$GPUS" -gt 1 ] && machine_tag=$machine_tag-x$GPUS
+MACHINE=${MACHINE:-$machine_tag}
+COMMIT=${GP2P_COMMIT:-unknown}
+[ "$COMMIT" = unknown ] && echo "warning: GP2P_COMMIT is not set; files will say commit unknown" >&2
+export GP2P_MACHINE=$MACHINE GP2P_COMMIT=$COMMIT
+
+RES=$OUT/$MACHINE
+LOGS=$OUT/logs
+mkdir -p "$RES" "$LOGS"
+summary=()
+
+# note TEXT: a line of the closing summary.
+note() { summary+=("$*"); }
+
+# finish: tar the side logs and print the summary.
+finish() {
+  if [ -n "$(ls -A "$LOGS" 2>/dev/null)" ]; then
+    (cd "$OUT" && tar czf "logs-$(basename "$0" .sh)-$MACHINE.tgz" logs && rm -rf logs)
+  else
+    rmdir "$LOGS" 2>/dev/null
+  fi
+  echo "== $(basename "$0") on $MACHINE ($gpu_name x $GPUS), commit $COMMIT, $SECONDS s; results in $RES"
+  printf '%s\n' "${summary[@]}"
+}
+
+# shown WORD...: the command as a reader would type it, from the repository root: the
+# bundle as bundle/, results by their file names.
+shown() {
+  local line="$*"
+  line=${line//"$B/"/bundle/}
+  line=${line//"$RES/"/}
+  line=${line//"$ROOT/"/}
+  echo "$line"
+}
+
+# header COMMAND: the lines every text result starts with.
+header() {
+  printf '# command: %s\n# commit: %s\n# machine: %s (%s x %s)\n' "$1" "$COMMIT" "$MACHINE" "$gpu_name" "$GPUS"
+}
+
+# record NAME [VAR=value...] COMMAND...: run COMMAND (with those variables set), its output
+# (stdout and stderr) in $RES/NAME after the header that names it; print the data rows;
+# return its exit status.
+record() {
+  local name=$1 start=$SECONDS rc vars=()
+  shift
+  while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+    vars+=("$1")
+    shift
+  done
+  { header "$(shown "${vars[@]}" "$@")"; env "${vars[@]}" "$@"; } >"$RES/$name" 2>&1
+  rc=$?
+  echo "== $name (rc $rc, $((SECONDS - start)) s)"
+  [ $rc -eq 0 ] || note "$name: exit status $rc (the file says why)"
+  grep -E '^ +[0-9.]+[KMG]? ' "$RES/$name" | head -40
+  return $rc
+}
+
+# json_head FILE COMMAND: put "command", "commit" and "machine" first in the JSON object FILE
+# (replacing those fields where the writer set them already).
+json_head() {
+  [ -f "$1" ] || return 0
+  python3 - "$1" "$2" "$COMMIT" "$MACHINE" <<'PY'
+import json, sys
+path, command, commit, machine = sys.argv[1:5]
+try:
+    with open(path) as f:
+        doc = json.load(f)
+except ValueError as e:
+    sys.exit("%s: not JSON (%s), left as it is" % (path, e))
+if isinstance(doc, dict):
+    rest = {k: v for k, v in doc.items() if k not in ("command", "commit", "machine")}
+    doc = {"command": command, "commit": commit, "machine": machine, **rest}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+PY
+}
+
+# bench NAME [VAR=value...] ARGS...: `gp2p bench ARGS... --json NAME.json`, its text in
+# NAME.txt, both headed.
+bench() {
+  local name=$1 vars=() rc
+  shift
+  while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+    vars+=("$1")
+    shift
+  done
+  record "$name.txt" "${vars[@]}" "$G" bench "$@" --json "$RES/$name.json"
+  rc=$?
+  json_head "$RES/$name.json" "$(shown "${vars[@]}" "$G" bench "$@" --json "$name.json")"
+  return $rc
+}
+
+# late: true (and noted) once this call has run more than DEADLINE seconds (default 540):
+# what would not finish inside the device's 10-minute limit is skipped.
+late() {
+  if [ "$SECONDS" -gt "${DEADLINE:-540}" ]; then
+    note "skipped ${FUNCNAME[1]:-a section}: the call is at $SECONDS s"
+    return 0
+  fi
+  return 1
+}
+
+# wheel: install the package's wheel once into /tmp/site and put it on PYTHONPATH; false (and
+# noted) where there is none.
+wheel() {
+  [ -n "${PYTHONPATH_SET:-}" ] && return 0
+  local whl
+  # shellcheck disable=SC2086 # WHEEL is a glob, matched here
+  whl=$(compgen -G "${WHEEL:-.whl/*.whl}" | head -1)
+  if [ -z "$whl" ]; then
+    note "no wheel (${WHEEL:-.whl/*.whl}): the Python parts are not run"
+    return 1
+  fi
+  rm -rf /tmp/site
+  if ! python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl" >"$LOGS/pip.log" 2>&1; then
+    note "wheel install failed: $(tail -2 "$LOGS/pip.log")"
+    return 1
+  fi
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONPATH_SET=1
+}
+
+# result LOG: the bundle runner's closing line, or libtest's last result line.
+result() {
+  grep -E '^gp2p GPU suite' "$1" | tail -1 | grep . || grep -E '^test result' "$1" | tail -1
+}

@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# A machine's whole results set (benches/results/<machine>/), measured on a device machine.
+# Usage: GP2P_COMMIT=<hash> OUT=... bash benches/device/figures.sh [SECTION]...
+#        bash benches/device/figures.sh redraw DIR   (anywhere, no GPU: DIR's plots again)
+#
+# Every file goes to $OUT/<machine>/ under its name in benches/results/<machine>/, headed by
+# its command, commit and machine (common.sh); copy the folder over benches/results/<machine>/.
+# Ranks: every GPU (two logical ranks on one GPU where there is one).
+# Sections (default: bench python mp; a section the call is too late for is skipped and said):
+#   probe        gp2p probe, --json, --measure          -> probe.txt probe.json probe-measure.txt
+#   copy         staged copy 4 KiB-1 GiB (0 -> 1 where two GPUs or more), and 1 GiB with one
+#                GPU visible (the same-card figure)     -> copy-staged.* copy-staged-1G.*
+#   host         copy_to_host / copy_from_host          -> host.*
+#   reduce       the reduce kernels, every dtype        -> reduce.*
+#   all-reduce   8 B-1 GiB by transport; 256 MiB of two logical ranks with one GPU visible
+#                                                       -> all-reduce-{auto,scratch,zero-copy}.*
+#                                                          all-reduce-256M-{auto,scratch,zero-copy}.*
+#   collectives  all_gather, reduce_scatter, broadcast 1 MiB-1 GiB
+#                                                       -> all-gather.* reduce-scatter.* broadcast.*
+#   nccl         NCCL 2.x SHM all_reduce and all_gather, same sizes (two GPUs or more)
+#                                                       -> nccl-shm.*
+#   criterion    host-side costs (the bundle's criterion benches) -> criterion.txt
+#   python       torch beside us (a.cpu().to(), a.to(), torch.cuda.nccl), the Python layer's
+#                host time per call, legacy and side streams (the wheel)
+#                                                       -> compare-torch.* python-overhead-{legacy,side}.*
+#   mp           one process per GPU against NCCL in the same processes, MP_RUNS process pairs
+#                (default 2; the wheel, two GPUs or more) -> all-reduce-mp-2-pair<i>.*
+#   plots        the SVGs from the JSON present (also drawn at the end of every call)
+#   bench        = probe copy host reduce all-reduce collectives nccl criterion
+# Investigations (not in the default; files under $OUT/<machine>/investigations/):
+#   tune         all_reduce chunk x slots at 64 MiB-1 GiB; copy chunk sizes
+#   spread       1 GiB all_reduce in three processes (the spread between processes)
+#   exchange     two-rank all_reduce 1 MiB-1 GiB, ring against the one-step exchange
+#                (GP2P_EXCHANGE_MAX_BYTES), by transport
+#   trace        the driver calls of small enqueues, Rust and Python (the wheel)
+#   mp-lines     mp with the line kernel to 4, 16 and 64 KiB (the wheel, two GPUs or more)
+#   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
+#                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
+#                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
+#                order, default 8, summarised by benches/python/turns_summary.py)
+# How long: run `bench` in one device call and `python mp` in another (each is meant to fit
+# the device's 10-minute limit; DEADLINE, default 540 s, skips what would not).
+
+# The plots, from whatever JSON DIR holds: ours, with NCCL's or torch's rows beside them where
+# the same folder has them. GP2P names the gp2p to draw with.
+draw_plots() {
+  local dir=$1 gp2p=$2 from=() t
+  plot() { # NAME ARGS...: draw NAME.svg; say which
+    local name=$1
+    shift
+    $gp2p bench plot "$@" --plot "$dir/$name.svg" 2>&1 | sed "s|$dir/||"
+  }
+  if [ -f "$dir/copy-staged.json" ]; then
+    from=(--from "$dir/copy-staged.json")
+    [ -f "$dir/compare-torch.json" ] && from+=(--from "$dir/compare-torch.json" --series staged --series 'a.cpu().to(dst)')
+    plot copy-staged "${from[@]}"
+  fi
+  [ -f "$dir/host.json" ] && plot host --from "$dir/host.json"
+  from=()
+  for t in auto scratch zero-copy; do
+    [ -f "$dir/all-reduce-$t.json" ] && from+=(--from "$dir/all-reduce-$t.json")
+  done
+  if [ ${#from[@]} -gt 0 ]; then
+    [ -f "$dir/nccl-shm.json" ] && from+=(--from "$dir/nccl-shm.json")
+    plot all-reduce "${from[@]}"
+  fi
+  if [ -f "$dir/all-gather.json" ]; then
+    from=(--from "$dir/all-gather.json")
+    [ -f "$dir/nccl-shm.json" ] && from+=(--from "$dir/nccl-shm.json")
+    plot all-gather "${from[@]}"
+  fi
+  return 0
+}
+
+if [ "${1:-}" = redraw ]; then
+  [ -d "${2:-}" ] || { echo "usage: $0 redraw DIR" >&2; exit 2; }
+  draw_plots "${2%/}" "${GP2P:-cargo run -q -p gp2p-cli --}"
+  exit 0
+fi
+
+source "$(dirname "$0")/common.sh"
+
+# Two logical ranks on one GPU; every GPU otherwise.
+ranks=$GPUS
+[ "$GPUS" -lt 2 ] && ranks=2
+last=$((GPUS - 1))
+
+section_probe() {
+  record probe.txt "$G" probe >/dev/null
+  { "$G" probe --json >"$RES/probe.json"; } 2>>"$LOGS/probe.log"
+  json_head "$RES/probe.json" "bundle/bin/gp2p probe --json"
+  record probe-measure.txt "$G" probe --measure | tail -8
+}
+
+section_copy() {
+  bench copy-staged copy --route staged --src 0 --dst $((last > 0 ? 1 : 0)) -b 4K -e 1G -f 4 -n 10 -w 3
+  bench copy-staged-1G CUDA_VISIBLE_DEVICES=0 copy --route staged -b 1G -e 1G -n 10 -w 3
+}
+
+section_host() {
+  bench host host -b 4K -e 1G -f 16 -n 10 -w 3
+}
+
+section_reduce() {
+  bench reduce reduce --dtype all -n 20 -w 5
+}
+
+section_all-reduce() {
+  local t
+  for t in auto scratch zero-copy; do
+    late && return
+    bench "all-reduce-$t" all-reduce --ranks "$ranks" --transport "$t" -b 8 -e 1G -f 2 -n 20 -w 5
+  done
+  for t in auto scratch zero-copy; do
+    bench "all-reduce-256M-$t" CUDA_VISIBLE_DEVICES=0 all-reduce --ranks 2 --transport "$t" -b 256M -e 256M -n 10 -w 3
+  done
+}
+
+section_collectives() {
+  local b
+  for b in all-gather reduce-scatter broadcast; do
+    late && return
+    bench "$b" "$b" --ranks "$ranks" -b 1M -e 1G -f 4 -n 10 -w 3
+  done
+}
+
+section_nccl() {
+  if [ "$GPUS" -lt 2 ]; then
+    note "nccl: one GPU (NCCL needs a GPU per rank)"
+    return
+  fi
+  record nccl-shm.txt python3 benches/nccl/nccl_shm.py -b 8 -e 1G -f 2 -n 20 -w 5 --json "$RES/nccl-shm.json"
+  json_head "$RES/nccl-shm.json" "python3 benches/nccl/nccl_shm.py -b 8 -e 1G -f 2 -n 20 -w 5 --json nccl-shm.json"
+}
+
+section_criterion() {
+  record criterion.txt "$B/benches/launch" --bench | tail -3
+  grep -E '^[a-z_].* time:|^ +time:' "$RES/criterion.txt" | head -20
+}
+
+section_python() {
+  wheel || return
+  record compare-torch.txt python3 benches/python/compare_torch.py --json "$RES/compare-torch.json" | tail -3
+  json_head "$RES/compare-torch.json" "python3 benches/python/compare_torch.py --json compare-torch.json"
+  local st
+  for st in legacy side; do
+    late && return
+    record python-overhead-$st.txt sh -c "cd benches/python && python3 overhead_parts.py --streams $st --rounds 5 --bind-cpus --json '$RES/python-overhead-$st.json'" >/dev/null
+    json_head "$RES/python-overhead-$st.json" "cd benches/python && python3 overhead_parts.py --streams $st --rounds 5 --bind-cpus --json python-overhead-$st.json"
+    grep -E 'median of rounds: (whole call - rust call|python layer)' "$RES/python-overhead-$st.txt"
+  done
+}
+
+section_mp() {
+  if [ "$GPUS" -lt 2 ]; then
+    note "mp: one GPU (two processes on one GPU time its slices, not the collective)"
+    return
+  fi
+  wheel || return
+  local i
+  for i in $(seq 1 "${MP_RUNS:-2}"); do
+    late && return
+    record "all-reduce-mp-2-pair$i.txt" python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py \
+      --json "$RES/all-reduce-mp-2-pair$i.json" >/dev/null
+    json_head "$RES/all-reduce-mp-2-pair$i.json" "python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --json all-reduce-mp-2-pair$i.json"
+    note "mp pair $i (bytes:gp2p/nccl us): $(grep -E '^ *[0-9]+ ' "$RES/all-reduce-mp-2-pair$i.txt" | awk '{printf "%s:%s/%s ", $1, $3, $2}')"
+  done
+}
+
+section_plots() {
+  draw_plots "$RES" "$G"
+}
+
+# Investigations: files under investigations/, the same headers.
+investigation() { # run the rest with RES one folder down
+  local saved=$RES
+  RES=$RES/investigations
+  mkdir -p "$RES"
+  "$@"
+  RES=$saved
+}
+
+tune() {
+  local chunk slots
+  for chunk in 1M 2M 4M; do
+    for slots in 2 4; do
+      late && return
+      bench tune-all-reduce-c$chunk-s$slots all-reduce --ranks "$ranks" --transport scratch --chunk "$chunk" --slots "$slots" -b 64M -e 1G -f 4 -n 10 -w 3
+    done
+    bench tune-copy-c$chunk copy --route staged --src 0 --dst $((last > 0 ? 1 : 0)) --chunk "$chunk" -b 64M -e 1G -f 4 -n 10 -w 3
+  done
+}
+
+spread() {
+  local p
+  for p in 1 2 3; do
+    bench all-reduce-1G-process$p all-reduce --ranks "$ranks" -b 64M -e 1G -f 2 -n 10 -w 3
+  done
+}
+
+exchange() {
+  local t
+  for t in scratch zero-copy auto; do
+    late && return
+    bench all-reduce-ring-$t all-reduce --ranks 2 --transport "$t" -b 1M -e 1G -f 4 -n 10 -w 3
+    bench all-reduce-exchange-$t GP2P_EXCHANGE_MAX_BYTES=4294967296 all-reduce --ranks 2 --transport "$t" -b 1M -e 1G -f 4 -n 10 -w 3
+  done
+}
+
+trace() {
+  record trace-all-reduce.txt "$G" bench all-reduce --ranks 2 -b 8 -e 64K -f 8 -n 20 --trace >/dev/null
+  record trace-all-reduce-8M.txt "$G" bench all-reduce --ranks 2 -b 8M -e 8M -n 10 --trace >/dev/null
+  record trace-copy.txt "$G" bench copy --route staged --src 0 --dst "$last" -b 4 -e 64K -f 16 -n 20 --trace >/dev/null
+  wheel || return
+  record trace-python-copy.txt python3 benches/probes/trace_calls.py copy --devices "0,$last" >/dev/null
+  record trace-python-comm.txt python3 -m torch.distributed.run --nproc-per-node 2 benches/probes/trace_calls.py comm >/dev/null
+}
+
+mp-lines() {
+  if [ "$GPUS" -lt 2 ]; then
+    note "mp-lines: needs two GPUs"
+    return
+  fi
+  wheel || return
+  local lines
+  for lines in 4096 16384 65536; do
+    late && return
+    record all-reduce-mp-lines$lines.txt python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py \
+      --lines-max-bytes "$lines" --max-bytes 131072 --json "$RES/all-reduce-mp-lines$lines.json" >/dev/null
+    json_head "$RES/all-reduce-mp-lines$lines.json" "python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --lines-max-bytes $lines --max-bytes 131072 --json all-reduce-mp-lines$lines.json"
+  done
+}
+
+# ab: builds in turns. Bundles: the release tests (how long the next driver call waits after
+# each kind of release, another stream held) and the same-card figures; wheels: the whole
+# copy_ and copy call, copy_call_turns.py in alternating order.
+ab() {
+  local round bundle i w order
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for bundle in ${BUNDLES:-}; do
+      late && return
+      local tag
+      tag=$(basename "$bundle")-$round
+      record "release-test-$tag.log" timeout --signal=KILL 60 "$bundle/tests/gpu_lifetime" --include-ignored --nocapture release_never_stalls >/dev/null
+      note "$tag release: $(grep -oE 'release of .*took [0-9.]+[a-zµ]+' "$RES/release-test-$tag.log" | sed 's/ while a stream is held: the next driver call took/:/' | tr '\n' ';')"
+      G=$bundle/bin/gp2p bench "copy-1G-$tag" CUDA_VISIBLE_DEVICES=0 copy --route staged -b 1G -e 1G -n 10 -w 3 >/dev/null
+      G=$bundle/bin/gp2p bench "all-reduce-256M-$tag" CUDA_VISIBLE_DEVICES=0 all-reduce --ranks 2 -b 256M -e 256M -n 10 -w 3 >/dev/null
+      note "$tag: copy 1 GiB $(grep -E '^ +1G ' "$RES/copy-1G-$tag.txt" | tr -s ' ' | cut -d' ' -f6-9); all_reduce 256 MiB $(grep -E '^ +256M ' "$RES/all-reduce-256M-$tag.txt" | tr -s ' ' | cut -d' ' -f7-10)"
+    done
+  done
+  local wheels=()
+  read -ra wheels <<<"${WHEELS:-}"
+  [ ${#wheels[@]} -eq 2 ] || return
+  for w in a b; do
+    rm -rf "/tmp/site-$w"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/site-$w" "${wheels[$([ $w = a ] && echo 0 || echo 1)]}" >>"$LOGS/pip.log" 2>&1
+  done
+  header "cd benches/python && PYTHONPATH=<wheel a or b> python3 copy_call_turns.py --calls 200 --bind-cpus --label <a|b><pair> (a: ${wheels[0]}, b: ${wheels[1]})" >"$RES/turns.txt"
+  for i in $(seq 1 "${AB_PAIRS:-8}"); do
+    late && break
+    order="a b"
+    [ $((i % 2)) = 0 ] && order="b a"
+    for w in $order; do
+      (cd benches/python && PYTHONPATH="/tmp/site-$w" timeout 60 python3 copy_call_turns.py --calls 200 --bind-cpus --label "$w$i" \
+        --json "$RES/turns-$w$i.json") >>"$RES/turns.txt" 2>&1
+    done
+  done
+  python3 benches/python/turns_summary.py "$RES" a b | tee -a "$RES/turns.txt"
+}
+
+sections=("$@")
+[ $# -eq 0 ] && sections=(bench python mp)
+for section in "${sections[@]}"; do
+  case $section in
+  bench) set -- probe copy host reduce all-reduce collectives nccl criterion ;;
+  *) set -- "$section" ;;
+  esac
+  for s in "$@"; do
+    case $s in
+    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | plots)
+      late || "section_$s"
+      ;;
+    tune | spread | exchange | trace | mp-lines | ab)
+      late || investigation "$s"
+      ;;
+    *)
+      echo "figures.sh: no section $s (see its head)" >&2
+      exit 2
+      ;;
+    esac
+  done
+done
+[[ " ${sections[*]} " == *" plots "* ]] || section_plots
+finish

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The GPU suite under compute-sanitizer on a device machine.
+# Usage: GP2P_COMMIT=<hash> OUT=... bash benches/device/sanitize.sh [SECTION]...
+# Sections (default: memcheck racecheck):
+#   memcheck, racecheck  the bundle's runner under those tools, one test thread, short
+#                        buffers, fewer stress ops (both given: one run, memcheck then
+#                        racecheck)                                        -> sanitize.log
+#   racecheck-each       racecheck binary by binary, each with its own time limit and
+#                        gpu_collectives last with what the call has left (RACECHECK_END,
+#                        default 560 s), so a call cut off at the device's limit still brings
+#                        back the binaries before                          -> racecheck-each.log
+#   synccheck            gpu_comm under synccheck (the chunk kernel's named barriers)
+#                                                                          -> synccheck-gpu-comm.log
+#   python               the Python fast paths' tests under memcheck (the wheel)
+#                                                                          -> python-memcheck.log
+# GP2P_TEST_MAX_LEN (default 65539), GP2P_TEST_TIMEOUT (default 430) pass to the runner. The
+# environment, the bundle and where files go: common.sh.
+source "$(dirname "$0")/common.sh"
+
+max_len=${GP2P_TEST_MAX_LEN:-65539}
+sections=("$@")
+[ $# -eq 0 ] && sections=(memcheck racecheck)
+tools=()
+for section in "${sections[@]}"; do
+  case $section in
+  memcheck | racecheck) tools+=("$section") ;;
+  esac
+done
+# The runner takes one tool or both (no tool named: both, memcheck first).
+case "${tools[*]}" in
+"") ;;
+memcheck | racecheck) runner_tools=("${tools[0]}") ;;
+*) runner_tools=() ;;
+esac
+
+sanitized=0
+for section in "${sections[@]}"; do
+  case $section in
+  memcheck | racecheck)
+    [ $sanitized = 1 ] && continue # both tools ran in one run
+    sanitized=1
+    record sanitize.log GP2P_TEST_MAX_LEN="$max_len" GP2P_TEST_TIMEOUT="${GP2P_TEST_TIMEOUT:-430}" GP2P_STRESS_OPS=200 \
+      GP2P_DROP_LIMIT_US=100000 "$B/run" --sanitize "${runner_tools[@]}" >/dev/null
+    note "sanitize (${tools[*]}): $(result "$RES/sanitize.log")"
+    note "  $(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitize.log") memcheck logs with 0 errors, $(grep -c 'RACECHECK SUMMARY: 0 hazards' "$RES/sanitize.log") racecheck logs with 0 hazards"
+    grep -E 'ERROR SUMMARY: [1-9]|hazards displayed \([1-9]|FAILED|panicked' "$RES/sanitize.log" | head -20
+    ;;
+  racecheck-each)
+    log=$RES/racecheck-each.log
+    header "GP2P_SANITIZER=racecheck compute-sanitizer --tool racecheck --error-exitcode 86 --print-limit 20 bundle/tests/<each GPU binary> --include-ignored --test-threads=1 --skip concurrent_reduce_scatters" >"$log"
+    # gpu_collectives last, with whatever time the call has left: its every-op-and-dtype
+    # sweep makes thousands of launches, each slow under racecheck, so short buffers there.
+    # gpu_lifetime's thread-concurrency test is skipped: under racecheck, which runs one
+    # kernel at a time, its gated streams wait out their deadlines one by one.
+    binaries=()
+    for t in "$B"/tests/gpu_*; do
+      [ "$(basename "$t")" = gpu_collectives ] || binaries+=("$(basename "$t")")
+    done
+    for t in "${binaries[@]}" gpu_collectives; do
+      [ -x "$B/tests/$t" ] || continue
+      limit=150
+      len=65539
+      if [ "$t" = gpu_collectives ]; then
+        limit=$((${RACECHECK_END:-560} - SECONDS))
+        len=1027
+      fi
+      if [ "$limit" -lt 60 ] || [ "$SECONDS" -gt 450 ]; then
+        note "racecheck $t: skipped, the call is at $SECONDS s"
+        continue
+      fi
+      echo "== racecheck $t" >>"$log"
+      GP2P_SANITIZER=racecheck GP2P_TEST_MAX_LEN=$len GP2P_STRESS_OPS=200 GP2P_DROP_LIMIT_US=100000 GP2P_CHUNK_EXCHANGE_MAX_BYTES=0 \
+        timeout --signal=KILL "$limit" "$S" --tool racecheck --error-exitcode 86 --print-limit 20 "$B/tests/$t" \
+        --include-ignored --test-threads=1 --skip concurrent_reduce_scatters >>"$log" 2>&1
+      note "racecheck $t: rc $? $(grep -E '^test result' "$log" | tail -1 | cut -c1-40) $(grep -E 'RACECHECK SUMMARY' "$log" | tail -1)"
+    done
+    ;;
+  synccheck)
+    record synccheck-gpu-comm.log GP2P_SANITIZER=synccheck GP2P_TEST_MAX_LEN="$max_len" GP2P_CHUNK_EXCHANGE_MAX_BYTES=0 \
+      timeout --signal=KILL 300 "$S" --tool synccheck --error-exitcode 86 "$B/tests/gpu_comm" --include-ignored --test-threads=1 >/dev/null
+    note "synccheck gpu_comm: rc $? $(result "$RES/synccheck-gpu-comm.log") $(grep -E 'ERROR SUMMARY' "$RES/synccheck-gpu-comm.log" | tail -1)"
+    ;;
+  python)
+    wheel || continue
+    record python-memcheck.log timeout --signal=KILL 300 "$S" --tool memcheck --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/python/test_gpu.py -k "fast_path or fast_read or one_device or copy_between_devices" >/dev/null
+    note "python fast paths under memcheck: rc $? $(grep -E 'passed' "$RES/python-memcheck.log" | tail -1) $(grep -E 'ERROR SUMMARY' "$RES/python-memcheck.log" | tail -1)"
+    ;;
+  *)
+    echo "sanitize.sh: no section $section (memcheck, racecheck, racecheck-each, synccheck, python)" >&2
+    exit 2
+    ;;
+  esac
+done
+finish
