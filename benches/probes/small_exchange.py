@@ -220,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(256) flag(float* buf, u64 n, float*
 // the folding team syncing on it, four chunks deep (the library's chunk kernel since
 // 2026-12-01's fourteenth session). (A per-block word in device memory, released and
 // acquired at GPU scope, came between the shared count and the host flag: 8 KiB 8.1 us
-// against 7.3 and 9.3; benches/results/chunk-handoff-h200/probe-handoff-1-ec77dc4.txt.)
+// against 7.3 and 9.3; `git show 40305e5:benches/results/chunk-handoff-h200/probe-handoff-1-ec77dc4.txt`.)
 extern "C" __global__ void __launch_bounds__(1024) flagws(float* buf, u64 n, float* out_data, const float* in_data, u32* out_flags,
                                 const u32* in_flags, u32 seq, u64 chunk, u32 gap, u64 half, u64 flags_half, u32 handoff) {
     __shared__ volatile u32 stored;

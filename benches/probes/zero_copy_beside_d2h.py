@@ -1,6 +1,7 @@
 # Zero-copy kernel beside a D2H stream: how the grid size shares the PCIe link (256 MiB each way).
 # Run on the GPU machine: python3 benches/probes/zero_copy_beside_d2h.py (needs cupy). Results:
-# benches/results/zero-copy-beside-d2h-h200.txt; the reduce launch shape for mapped sources follows them.
+# `git show 135766c:benches/results/zero-copy-beside-d2h-h200.txt` (benches/probes/README.md); the reduce launch
+# shape for mapped sources follows them.
 import cupy as cp, numpy as np, statistics as st
 rt = cp.cuda.runtime
 MB = 1 << 20
