@@ -23,7 +23,7 @@ reported per round and as the median over rounds.
 Reading the differences: from idle, a part timed in Python also pays for caches gone cold
 during the sync and the gate, which a part timed inside Rust mostly does not (on one H200 an
 empty lambda took 0.26 us and a native call that enqueues nothing about 2 us, against 0.03
-and 0.76 in a tight loop: benches/results/python-host-parts-h200/). So "whole call - rust
+and 0.76 in a tight loop: benches/results/python-host-parts-h200/ at 912f16b). So "whole call - rust
 call" is what a Python caller pays over a Rust caller after an idle spell, an upper bound for
 calls made in a busy loop ("queued").
 
