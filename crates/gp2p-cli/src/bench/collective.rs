@@ -305,8 +305,8 @@ mod tests {
         }
     }
 
-    /// The device scripts keep data rows with `grep -E '^ +[0-9]'` (bench.sh: `'^ +[0-9.]+[KMG]? '`):
-    /// every data row, and nothing else, starts that way.
+    /// The device scripts keep data rows with `grep -E '^ +[0-9]'` (benches/device/common.sh's
+    /// `record`: `'^ +[0-9.]+[KMG]? '`): every data row, and nothing else, starts that way.
     #[test]
     fn data_rows_are_what_the_device_scripts_grep() {
         let text = rows_table(&[row(8), row(1 << 30)]).trim_fmt();
