@@ -1,14 +1,18 @@
-//! Loading and initialising the driver, turning `CUresult` codes into errors, and the
-//! deferred-error slot that lets `Drop` report failures without panicking.
+//! Loading and initialising the driver, turning `CUresult` codes into errors, the
+//! deferred-error slot that lets `Drop` report failures without panicking, and the driver's
+//! address type, which every module from `raw` up passes around.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
 use std::sync::OnceLock;
 
-use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use parking_lot::Mutex;
 
 use crate::{Error, Result};
+
+/// A raw device address.
+pub type RawDevicePtr = CUdeviceptr;
 
 /// Whether the CUDA driver library can be loaded on this machine. Never panics.
 pub fn is_driver_present() -> bool {

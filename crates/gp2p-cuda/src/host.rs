@@ -86,7 +86,8 @@ impl HostAllocation {
 impl Drop for HostAllocation {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            release_after(self.uses.take(), Release::HostMemory { ptr: self.ptr, block: self.block });
+            let give_back = host_cache::put;
+            release_after(self.uses.take(), Release::HostMemory { ptr: self.ptr, block: self.block, give_back });
         }
     }
 }

@@ -66,6 +66,7 @@ mod host;
 mod host_cache;
 #[cfg(feature = "cudarc")]
 pub mod interop;
+mod launch;
 pub mod lifetime;
 mod memory;
 mod module;
@@ -78,22 +79,20 @@ mod stream;
 pub mod trace;
 
 pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes, PTX_TARGET_ENV};
-pub use driver::{driver_version, is_driver_present, take_deferred_error};
+pub use driver::{RawDevicePtr, driver_version, is_driver_present, take_deferred_error};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind};
 pub use gate::HostGate;
 pub use gp2p_kernels::PtxTarget;
 pub use host::HostAllocation;
 pub use host_cache::{cached_host_bytes, release_cached_host_memory};
+pub use launch::{SourceMemory, check_divisor, exchange_launch_config, reduce_launch_config};
 pub use lifetime::{LastUses, ReleasesPaused, ReservedPoint, StreamPoint, pause_releases};
 pub use memory::{
-    DeviceBuffer, DeviceView, DeviceViewMut, RawDevicePtr, byte_ranges_overlap, checked_range, index_range,
-    out_of_bounds,
+    DeviceBuffer, DeviceView, DeviceViewMut, byte_ranges_overlap, checked_range, index_range, out_of_bounds,
 };
 pub use module::{Function, LaunchConfig, Module};
-pub use reduce::{
-    SourceMemory, check_divisor, exchange_launch_config, load_all_reduce_kernels, reduce, reduce_launch_config,
-};
+pub use reduce::{load_all_reduce_kernels, reduce};
 pub use registered::{HostRegistration, MappingOwner};
 pub use replay::LaunchCache;
 pub use stream::{RawStream, Stream, StreamFork};

@@ -12,8 +12,10 @@
 //!   that may synchronise run there.
 #![allow(unsafe_code)]
 
+use std::any::Any;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -21,8 +23,12 @@ use cudarc::driver::sys::{self, CUdeviceptr, CUstream};
 use parking_lot::{Condvar, Mutex, RwLock, RwLockWriteGuard};
 
 use crate::driver::{check, defer_error};
-use crate::stream::StreamId;
 use crate::{Device, Event, EventKind, Result, Stream};
+
+/// Identifies one driver stream for the life of the process; 0 is no stream. Here, not in
+/// `stream.rs`, because a point records its stream's id and the stream module builds on this
+/// one: this module imports nothing of those that use it.
+pub(crate) type StreamId = u64;
 
 /// The work enqueued on one stream up to the moment the point was taken
 /// ([`Stream::point`]). Cheap to clone; its event goes back to a per-device pool when the
@@ -244,13 +250,17 @@ pub(crate) enum Release {
     /// Device memory back to its pool (`cuMemFreeAsync`), or `cuMemFree` without one.
     DeviceMemory { device: Device, ptr: CUdeviceptr },
     /// Pinned host memory (a block of `block` bytes) back to the cache for reuse: no
-    /// driver call (see `host_cache`).
-    HostMemory { ptr: std::ptr::NonNull<u8>, block: usize },
+    /// driver call. `give_back` is the cache's own keeping (`host_cache::put`), handed in by
+    /// the allocation, so this module needs nothing of the cache (which itself uses
+    /// [`not_paused`]); a function pointer, so a drop allocates nothing for it.
+    HostMemory { ptr: NonNull<u8>, block: usize, give_back: fn(usize, NonNull<u8>) },
     /// `cuStreamDestroy` of an owned stream.
     Stream { device: Device, raw: CUstream },
     /// `cuMemHostUnregister` of registered host memory, then the drop of the mapping's owner
-    /// (which may unmap it: only once the driver has let go of the pages).
-    HostRegistration { device: Device, ptr: *mut c_void, owner: Option<crate::registered::MappingOwner> },
+    /// (which may unmap it: only once the driver has let go of the pages). The owner is the
+    /// registration's `MappingOwner`, spelt out so this module does not import the one that
+    /// uses it.
+    HostRegistration { device: Device, ptr: *mut c_void, owner: Option<Arc<dyn Any + Send + Sync>> },
 }
 
 // SAFETY: the raw handles are owned by the release and used once, by one thread; the driver
@@ -263,8 +273,8 @@ impl Release {
             // SAFETY: owned allocation from the device's alloc_memory, freed once, after all
             // recorded GPU use.
             Release::DeviceMemory { device, ptr } => unsafe { device.free_memory(ptr) },
-            Release::HostMemory { ptr, block } => {
-                crate::host_cache::put(block, ptr);
+            Release::HostMemory { ptr, block, give_back } => {
+                give_back(block, ptr);
                 Ok(())
             }
             Release::Stream { device, raw } => device.bind().and_then(|()| {

@@ -8,13 +8,10 @@ use std::ops::{Bound, RangeBounds};
 use cudarc::driver::sys::{self, CUdeviceptr};
 use gp2p_kernels::Element;
 
-use crate::driver::check;
+use crate::driver::{RawDevicePtr, check};
 use crate::lifetime::{LastUses, Release, UseSink, release_after};
 use crate::raw;
 use crate::{Device, Error, Result, Stream, StreamPoint};
-
-/// A raw device address.
-pub type RawDevicePtr = CUdeviceptr;
 
 /// An owned, typed device allocation. Its contents start undefined.
 ///

@@ -13,6 +13,12 @@
 //! point after the call on whatever it must keep alive), check no bounds (an address has
 //! none), and do not check that host memory is pinned. Each says in `# Safety` exactly what
 //! its caller guarantees. The safe functions only look addresses up; they never dereference.
+//!
+//! Where it sits in this crate: at the bottom of what it serves. It builds on the driver
+//! calls (`driver`), the kernels' launches (`launch`, `replay`) and the devices, streams and
+//! modules it launches on; the typed layers built on it (`memory`, `reduce`, `host`,
+//! `registered`) are never imported here. xtask's tidy test (`cargo test -p xtask`) fails if
+//! the modules of a crate import each other in a circle.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -24,14 +30,14 @@ use gp2p_kernels::{
     reduce_kernel_name,
 };
 
-use crate::driver::check;
-use crate::reduce::{
+use crate::driver::{RawDevicePtr, check};
+use crate::launch::{
     ChunksArgs, ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagArgs, check_divisor, chunks_launch_config,
     chunks_params, exchange_launch_config, launch_exchange, launch_params, launch_reduce, launch_wait_flag,
     reduce_launch_config,
 };
-use crate::replay::Params;
-use crate::{Device, Error, Function, LaunchCache, LaunchConfig, Module, RawDevicePtr, Result, Stream};
+use crate::replay::{LaunchCache, Params};
+use crate::{Device, Error, Function, LaunchConfig, Module, Result, Stream};
 
 /// Enqueue an asynchronous copy of `bytes` bytes between the memories of two devices on
 /// `stream` (a stream of either device): one peer DMA where peer access is enabled, else

@@ -9,7 +9,7 @@ use cudarc::driver::sys::{self, CUresult, CUstream, CUstream_flags};
 use parking_lot::Mutex;
 
 use crate::driver::{check, take_deferred_error};
-use crate::lifetime::{Release, ReservedPoint, StreamPoint, give_back_event, release_after};
+use crate::lifetime::{Release, ReservedPoint, StreamId, StreamPoint, give_back_event, release_after};
 use crate::{Device, Error, Event, EventKind, Result};
 
 /// A raw `CUstream` handle from other CUDA code (PyTorch's `torch.cuda.Stream.cuda_stream`,
@@ -34,9 +34,6 @@ pub struct Stream {
     /// lives); `None`: ask the driver each time.
     capture_at_borrow: Option<bool>,
 }
-
-/// Identifies one driver stream for the life of the process; 0 is no stream.
-pub(crate) type StreamId = u64;
 
 /// What every `Stream` value over one driver stream shares: its id, never reused (unlike a
 /// raw handle), so a point knows whether it was taken on the stream it is waited on, and the

@@ -1,0 +1,314 @@
+//! The kernels' launches, below `raw` (the checked launches on addresses) and `reduce.rs`
+//! (the typed reduce and the warm-up): each kernel family's arguments, in the order of its
+//! parameters, with its launch, and the launch shapes.
+#![allow(unsafe_code)]
+
+use gp2p_kernels::{
+    CHUNK_BLOCK_THREADS, CHUNK_BLOCKS_PER_SM, CHUNK_BYTES, CHUNK_MAX_BLOCKS, DType, EXCHANGE_GROUP_BYTES,
+    REDUCE_BLOCK_THREADS, REDUCE_VECTOR_BYTES,
+};
+
+use crate::driver::RawDevicePtr;
+use crate::replay::{LaunchCache, Params};
+use crate::{Error, Function, LaunchConfig, Result, Stream};
+
+/// Vectors each thread handles per loop step (the kernels' UNROLL).
+const VECTORS_PER_THREAD_STEP: usize = 4;
+/// Resident blocks per multiprocessor the grid is sized for: 8 × 256 threads fills an SM,
+/// and a grid-stride loop covers the rest, so large launches do not pay for block start-up.
+const BLOCKS_PER_SM: u32 = 8;
+/// The same for a zero-copy source (mapped host memory). Every outstanding read is a request sent up
+/// the PCIe link, sharing that direction with the device-to-host DMAs of a pipeline; a full
+/// grid keeps so many in flight that those DMAs starve. Measured on an H200, a kernel reading
+/// 8 MiB chunks beside a D2H stream, per direction: 35.9/37.5 GB/s in/out at 1 block per SM,
+/// 35.6/35.8 at 2, 44.2/31.1 at 4, 45.4/31.4 at 8. Several such kernels may run at once
+/// (logical ranks on one GPU), so one block per SM each; 256 threads × 64 bytes per SM still
+/// keep far more bytes in flight than the link's latency needs.
+const ZERO_COPY_BLOCKS_PER_SM: u32 = 1;
+
+/// Where a reduce kernel's `src` lives, which sets how many reads it keeps in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceMemory {
+    /// Device memory: a full grid.
+    Device,
+    /// Zero-copy: mapped pinned host memory, read in place across PCIe. A smaller grid, so
+    /// the link's other direction keeps room for outgoing DMAs.
+    ZeroCopy,
+}
+
+/// The reduce kernels' parameters `(T* dst, const T* src, u64 n, u32 divisor)`, in order.
+#[derive(Default)]
+pub(crate) struct ReduceArgs {
+    pub(crate) dst: RawDevicePtr,
+    pub(crate) src: RawDevicePtr,
+    pub(crate) len: u64,
+    pub(crate) divisor: u32,
+}
+
+/// Launch a reduce kernel with `args`.
+///
+/// # Safety
+/// `function` is a reduce kernel; the addresses are valid for what it does with `len`
+/// elements, until it completes.
+pub(crate) unsafe fn launch_reduce(
+    function: &Function,
+    stream: &Stream,
+    config: LaunchConfig,
+    args: ReduceArgs,
+) -> Result<()> {
+    // The kernels take (T*, const T*, u64, u32), in this order.
+    let params = Params::default().u64(args.dst).u64(args.src).u64(args.len).u32(args.divisor);
+    // SAFETY: the arguments match the parameters; addresses: the caller's.
+    unsafe { launch_params(function, stream, config, params, None) }
+}
+
+/// Launch `function` with `params`, replayed through `cache` where one is given.
+///
+/// # Safety
+/// `params` match the kernel's parameters, and its addresses are valid for what it does with
+/// them until it completes; launches through `cache` follow [`LaunchCache::launch`]'s
+/// contract.
+pub(crate) unsafe fn launch_params(
+    function: &Function,
+    stream: &Stream,
+    config: LaunchConfig,
+    mut params: Params,
+    cache: Option<&mut LaunchCache>,
+) -> Result<()> {
+    match cache {
+        // SAFETY: the caller's contract.
+        Some(cache) => unsafe { cache.launch(function, stream, config, params) },
+        None => {
+            let (mut pointers, len) = (params.pointers(), params.len());
+            // SAFETY: the caller's contract; the pointers point into `params`, alive and
+            // unmoved through the call (the driver copies the arguments at launch).
+            unsafe { function.launch(stream, config, &mut pointers[..len]) }
+        }
+    }
+}
+
+/// The flagged-chunk kernels' parameters `(T* buf, u64 n, char* out_area,
+/// const char* in_area, u32 divisor, u64 timeout_ns, u64 queue_timeout_ns, u32* failed,
+/// u32* seq_counter, u64 half_stride, u64 flags_offset, u32* broken)`, in order.
+pub(crate) struct ChunksArgs {
+    pub(crate) buf: RawDevicePtr,
+    pub(crate) len: u64,
+    pub(crate) out_area: RawDevicePtr,
+    pub(crate) in_area: RawDevicePtr,
+    pub(crate) divisor: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) queue_timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
+    pub(crate) seq_counter: RawDevicePtr,
+    pub(crate) half_stride: u64,
+    pub(crate) flags_offset: u64,
+    pub(crate) broken: RawDevicePtr,
+}
+
+/// A flagged-chunk kernel's arguments, in order.
+pub(crate) fn chunks_params(args: &ChunksArgs) -> Params {
+    // The kernels take (T*, u64, char*, const char*, u32, u64, u64, u32*, u32*, u64, u64,
+    // u32*), in this order.
+    Params::default()
+        .u64(args.buf)
+        .u64(args.len)
+        .u64(args.out_area)
+        .u64(args.in_area)
+        .u32(args.divisor)
+        .u64(args.timeout_ns)
+        .u64(args.queue_timeout_ns)
+        .u64(args.failed)
+        .u64(args.seq_counter)
+        .u64(args.half_stride)
+        .u64(args.flags_offset)
+        .u64(args.broken)
+}
+
+/// The launch shape of a flagged-chunk kernel over `bytes` bytes: a block per chunk, at
+/// most `max_blocks` (itself at most [`CHUNK_MAX_BLOCKS`], at least 1) and
+/// [`CHUNK_BLOCKS_PER_SM`] per multiprocessor of the device (each then takes several), so
+/// that on an otherwise idle device every block can be resident and polling at once (the
+/// kernels take at most 64 registers a thread, assembled by ptxas 12.4 for sm_75 to sm_90).
+pub fn chunks_launch_config(bytes: usize, multiprocessors: u32, max_blocks: usize) -> LaunchConfig {
+    let cap = max_blocks.clamp(1, CHUNK_MAX_BLOCKS).min((multiprocessors.max(1) * CHUNK_BLOCKS_PER_SM) as usize);
+    let blocks = bytes.div_ceil(CHUNK_BYTES).clamp(1, cap);
+    LaunchConfig { grid: blocks as u32, block: CHUNK_BLOCK_THREADS, shared_bytes: 0 }
+}
+
+/// The exchange kernels' parameters `(T* buf, u64 n, u64* out_lines, const u64* in_lines,
+/// u32 seq, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,
+/// u32* broken)`, in order.
+#[derive(Default)]
+pub(crate) struct ExchangeArgs {
+    pub(crate) buf: RawDevicePtr,
+    pub(crate) len: u64,
+    pub(crate) out_lines: RawDevicePtr,
+    pub(crate) in_lines: RawDevicePtr,
+    pub(crate) seq: u32,
+    pub(crate) divisor: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
+    pub(crate) seq_counter: RawDevicePtr,
+    pub(crate) half_stride: u64,
+    pub(crate) broken: RawDevicePtr,
+}
+
+/// Launch an exchange kernel with `args`.
+///
+/// # Safety
+/// `function` is an exchange kernel; the addresses are valid for what it does with `len`
+/// elements, until it completes (see [`crate::raw::exchange`]).
+pub(crate) unsafe fn launch_exchange(
+    function: &Function,
+    stream: &Stream,
+    config: LaunchConfig,
+    args: ExchangeArgs,
+    cache: Option<&mut LaunchCache>,
+) -> Result<()> {
+    // The kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64, u32*), in
+    // this order.
+    let params = Params::default()
+        .u64(args.buf)
+        .u64(args.len)
+        .u64(args.out_lines)
+        .u64(args.in_lines)
+        .u32(args.seq)
+        .u32(args.divisor)
+        .u64(args.timeout_ns)
+        .u64(args.failed)
+        .u64(args.seq_counter)
+        .u64(args.half_stride)
+        .u64(args.broken);
+    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
+    unsafe { launch_params(function, stream, config, params, cache) }
+}
+
+/// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed,
+/// u32* broken)`, in order (see [`gp2p_kernels::WAIT_FLAG_KERNEL`]).
+#[derive(Clone, Copy)]
+pub(crate) struct WaitFlagArgs {
+    pub(crate) flag: RawDevicePtr,
+    pub(crate) value: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
+    pub(crate) broken: RawDevicePtr,
+}
+
+/// Launch the wait kernel with `args`, one thread, replayed through `cache` where one is given.
+///
+/// # Safety
+/// `function` is the wait kernel; `flag` is a readable and `failed` and `broken` writable
+/// `u32`s, all addressable from the stream's device until it completes; launches through
+/// `cache` follow
+/// [`LaunchCache::launch`]'s contract.
+pub(crate) unsafe fn launch_wait_flag(
+    function: &Function,
+    stream: &Stream,
+    args: WaitFlagArgs,
+    cache: Option<&mut LaunchCache>,
+) -> Result<()> {
+    // The kernel takes (const u32*, u32, u64, u32*, u32*), in this order.
+    let params =
+        Params::default().u64(args.flag).u32(args.value).u64(args.timeout_ns).u64(args.failed).u64(args.broken);
+    let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
+    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
+    unsafe { launch_params(function, stream, one, params, cache) }
+}
+
+/// Refuses a divisor of 0 (avg divides by the number of contributions): what every reduce
+/// launch checks, for callers that refuse it before enqueueing anything.
+pub fn check_divisor(divide_by: u32) -> Result<()> {
+    if divide_by == 0 {
+        return Err(Error::InvalidArgument {
+            name: "divide_by",
+            reason: "must be at least 1 (the number of contributions)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The launch shape for `len` elements of `dtype` read from `source` on a device with
+/// `multiprocessors` SMs.
+pub fn reduce_launch_config(len: usize, dtype: DType, multiprocessors: u32, source: SourceMemory) -> LaunchConfig {
+    let lanes = REDUCE_VECTOR_BYTES / dtype.size_bytes();
+    let threads = len.div_ceil(lanes * VECTORS_PER_THREAD_STEP).max(1);
+    let blocks = threads.div_ceil(REDUCE_BLOCK_THREADS as usize);
+    let per_sm = match source {
+        SourceMemory::Device => BLOCKS_PER_SM,
+        SourceMemory::ZeroCopy => ZERO_COPY_BLOCKS_PER_SM,
+    };
+    let cap = (multiprocessors.max(1) * per_sm) as usize;
+    LaunchConfig { grid: blocks.clamp(1, cap) as u32, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 }
+}
+
+/// Blocks an exchange kernel may use. One: each thread keeps a batch of loads in flight
+/// (the kernel's EXCHANGE_BATCH), and more pollers only slow the peer's writes they wait
+/// for. Two H200s, one process per GPU, 64 KiB f32 sum: 29 us with one block, 58 with two,
+/// 82 with four, 88 with eight (benches/results/x2/all-reduce-mp-cap*-x2.json).
+const EXCHANGE_MAX_BLOCKS: usize = 1;
+
+/// Threads of an exchange's block past 4 KiB (256 16-byte groups): its threads each keep a
+/// batch of loads in flight, so more threads read more at once. Both ranks on one H200, the
+/// probe's copy of the kernel with planar lines in one block (benches/probes/small_exchange.py,
+/// benches/results/small-exchange-llp-h200.txt, batches of 4 as the kernel's): 8 KiB 8.70 us
+/// with 256 threads, 7.69 with 512; 16 KiB 12.73 and 9.84; 32 KiB 19.97 and 15.35. (The
+/// kernels' launch bounds allow 512 at one block per multiprocessor, which left their
+/// registers at 72-80 and spilled nothing: benches/results/exchange-registers-h200.txt.)
+const EXCHANGE_WIDE_THREADS: u32 = 512;
+
+/// The launch shape of an exchange of `len` elements of `dtype`: a thread per 16-byte group,
+/// up to one block of 256 threads, or of 512 past that (each thread takes one group or more).
+pub fn exchange_launch_config(len: usize, dtype: DType) -> LaunchConfig {
+    let groups = (len * dtype.size_bytes()).div_ceil(EXCHANGE_GROUP_BYTES).max(1);
+    let block = if groups > REDUCE_BLOCK_THREADS as usize { EXCHANGE_WIDE_THREADS } else { REDUCE_BLOCK_THREADS };
+    let blocks = groups.div_ceil(block as usize).clamp(1, EXCHANGE_MAX_BLOCKS);
+    LaunchConfig { grid: blocks as u32, block, shared_bytes: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_shape_covers_small_and_caps_large() {
+        let dev = SourceMemory::Device;
+        let one = reduce_launch_config(1, DType::F32, 132, dev);
+        assert_eq!((one.grid, one.block), (1, 256));
+        let mid = reduce_launch_config(256 * 16, DType::F32, 132, dev);
+        assert_eq!(mid.grid, 1, "256 threads x 4 vectors x 4 lanes fit in one block");
+        let big = reduce_launch_config(1 << 28, DType::F32, 132, dev);
+        assert_eq!(big.grid, 132 * BLOCKS_PER_SM);
+        let bytes = reduce_launch_config(256 * 64 + 1, DType::I8, 132, dev);
+        assert_eq!(bytes.grid, 2);
+        let host = reduce_launch_config(1 << 28, DType::F32, 132, SourceMemory::ZeroCopy);
+        assert_eq!(host.grid, 132 * ZERO_COPY_BLOCKS_PER_SM, "fewer reads in flight across PCIe");
+        let small_host = reduce_launch_config(256 * 64 + 1, DType::I8, 132, SourceMemory::ZeroCopy);
+        assert_eq!(small_host.grid, 2, "a small launch is not capped");
+        assert!(host.grid < big.grid);
+    }
+
+    #[test]
+    fn chunks_shape_is_a_block_per_chunk_up_to_the_cap() {
+        assert_eq!(chunks_launch_config(1, 132, CHUNK_MAX_BLOCKS).grid, 1);
+        assert_eq!(chunks_launch_config(CHUNK_BYTES, 132, CHUNK_MAX_BLOCKS).grid, 1);
+        assert_eq!(chunks_launch_config(CHUNK_BYTES + 1, 132, CHUNK_MAX_BLOCKS).grid, 2);
+        assert_eq!(chunks_launch_config(1 << 30, 132, CHUNK_MAX_BLOCKS).grid as usize, CHUNK_MAX_BLOCKS);
+        assert_eq!(chunks_launch_config(1 << 30, 132, 64).grid, 64);
+        assert_eq!(chunks_launch_config(1 << 30, 132, 0).grid, 1);
+        assert_eq!(chunks_launch_config(1 << 30, 132, usize::MAX).grid as usize, CHUNK_MAX_BLOCKS);
+        assert_eq!(chunks_launch_config(3 * CHUNK_BYTES, 132, 64).grid, 3);
+        assert_eq!(chunks_launch_config(1 << 30, 28, CHUNK_MAX_BLOCKS).grid, 28 * CHUNK_BLOCKS_PER_SM);
+        assert_eq!(chunks_launch_config(1 << 30, 0, CHUNK_MAX_BLOCKS).grid, CHUNK_BLOCKS_PER_SM);
+        assert_eq!(chunks_launch_config(1, 132, CHUNK_MAX_BLOCKS).block, CHUNK_BLOCK_THREADS);
+    }
+
+    #[test]
+    fn exchange_shape_is_one_block_whatever_the_size() {
+        for (len, threads) in [(1, 256), (1024, 256), (1025, 512), (16 << 10, 512), (1 << 24, 512)] {
+            let shape = exchange_launch_config(len, DType::F32);
+            assert_eq!((shape.grid, shape.block), (1, threads), "{len} elements");
+        }
+        assert_eq!(exchange_launch_config(4096, DType::U8).block, 256, "4 KiB: a thread per group");
+        assert_eq!(exchange_launch_config(4097, DType::U8).block, EXCHANGE_WIDE_THREADS);
+    }
+}
