@@ -144,12 +144,8 @@ pub struct HostFacts {
     pub virtual_machine: Option<String>,
 }
 
-impl HostFacts {
-    /// `ForceP2P` from the RegistryDwords, if set there.
-    pub fn force_p2p(&self) -> Option<u32> {
-        self.registry_dwords.as_deref().and_then(crate::parse::force_p2p)
-    }
-}
+// `HostFacts::force_p2p`, which reads `ForceP2P` from the RegistryDwords, is in `parse.rs`
+// with the parser it calls: the facts are plain data, and the parsers build on them.
 
 /// What a card is sold as, from NVML's brand (or, without NVML, its name). It decides which
 /// advice fits: the P2P patch is for GeForce cards; professional and datacenter cards get P2P

@@ -1,7 +1,7 @@
 //! Parsers for what Linux exposes in text: `/proc/driver/nvidia/version`, `/proc/cmdline`,
 //! `/proc/driver/nvidia/params`. Pure, tested on real-format strings.
 
-use crate::facts::{IommuCmdline, KernelModule, ModuleFlavour};
+use crate::facts::{HostFacts, IommuCmdline, KernelModule, ModuleFlavour};
 
 /// The first line of `/proc/driver/nvidia/version`:
 /// - open: `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@…)  <date>`
@@ -57,6 +57,13 @@ pub fn registry(text: &str) -> Option<String> {
     let line = text.lines().find(|l| l.trim_start().starts_with("RegistryDwords:"))?;
     let value = line.split_once(':').map(|(_, v)| v.trim().trim_matches('"').to_owned()).unwrap_or_default();
     (!value.is_empty()).then_some(value)
+}
+
+impl HostFacts {
+    /// `ForceP2P` from the RegistryDwords, if set there.
+    pub fn force_p2p(&self) -> Option<u32> {
+        self.registry_dwords.as_deref().and_then(force_p2p)
+    }
 }
 
 /// The `ForceP2P` value in a RegistryDwords string (decimal or 0x hex).
