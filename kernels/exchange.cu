@@ -18,7 +18,7 @@
 // 16 g bytes into the second, which starts 16 bytes per group on. So a warp's stores and
 // loads cover 512 contiguous bytes of host memory; with a group's four lines side by side
 // they covered every other 16 bytes of 1 KiB, and a call took 17-28 % longer (64 B-2 KiB,
-// both ranks on one H200: benches/results/small-exchange-llp-h200.txt). Every
+// both ranks on one H200: benches/results/small-exchange-llp-h200.txt at 7774b2d). Every
 // thread publishes before it waits, so the two kernels cannot wait on each other. A thread
 // gives up `timeout_ns` after its first wait began (a peer that never arrives): it sets
 // `*failed` (and `*broken`, where given) and returns, leaving the buffer partly folded, for
@@ -133,7 +133,7 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
 // Up to 512 threads a block (past 4 KiB: gp2p_cuda's exchange_launch_config), at one block per
 // multiprocessor, so the compiler keeps the 72-80 registers a batch of loads takes (every op
 // and dtype, none spilled): bounds of 512 alone made it spill to fit two blocks
-// (benches/results/exchange-registers-h200.txt).
+// (benches/results/exchange-registers-h200.txt at 29a67de).
 #define GP2P_EXCHANGE(opname, Op, tname, T)                                                  \
     extern "C" __global__ void __launch_bounds__(512, 1) gp2p_exchange_##opname##_##tname(   \
         T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,            \

@@ -331,17 +331,14 @@ def test_command_line_is_the_gp2p_one():
     assert usage.returncode == 2 and "unrecognized subcommand" in usage.stderr
     bench = run("bench", "--help")
     assert bench.returncode == 0 and "all-reduce" in bench.stdout
-    saved = REPO / "benches" / "results" / "probe-h200.json"
-    if saved.exists():
-        rendered = run("probe", "--from", str(saved))
-        assert rendered.returncode == 0, rendered.stderr
-        assert "NVIDIA H200" in rendered.stdout
+    saved = REPO / "benches" / "results" / "h200" / "probe.json"
+    rendered = run("probe", "--from", str(saved))
+    assert rendered.returncode == 0, rendered.stderr
+    assert "NVIDIA H200" in rendered.stdout
 
 
 def test_probe_report_is_dicts_and_printable():
-    saved = REPO / "benches" / "results" / "probe-h200.json"
-    if not saved.exists():
-        pytest.skip("no saved probe in this checkout")
+    saved = REPO / "benches" / "results" / "h200" / "probe.json"
     data = json.loads(saved.read_text())
     report = gp.ProbeReport(data, "table")
     assert report.devices[0]["name"] == "NVIDIA H200"

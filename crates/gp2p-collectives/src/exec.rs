@@ -40,7 +40,7 @@ pub const LINE_EXCHANGE_MAX_BYTES: usize = 0;
 /// [`gp2p_pinned::CHUNK_EXCHANGE_LIMIT`]. See [`ChunkExchange`] for what its kernels' waits
 /// for each other can cost.
 /// Two H200s, `gp2p bench all-reduce --ranks 2` against NCCL's shared-memory path in the same
-/// call (benches/results/x2/run-a70c2c6-inproc-x2.txt): 15.6-19.4 us up to 64 KiB (NCCL
+/// call (`benches/results/x2/run-a70c2c6-inproc-x2.txt` at fe6bbb0): 15.6-19.4 us up to 64 KiB (NCCL
 /// 18.7-26.1), 26.3 at 256 KiB (43.7), 57.4 at 1 MiB (72.3), 164.1 at 4 MiB (175.3); where the
 /// DMA exchange took 22.1-34.7, 41.8, 68.3 and 167.2 (run-55a8f63-inproc-x2.txt); at 8 MiB the
 /// ring matches the kernel. (In another call NCCL took 12.8-15.8 us up to 32 KiB and the
@@ -76,7 +76,7 @@ pub const LINE_EXCHANGE_WINS_UP_TO: usize = 4 << 10;
 /// 0.59-0.60, 1 MiB x 4: 0.64-0.65, 2 MiB x 2: 0.73-0.74, 2 MiB x 4: 0.78-0.80, 4 MiB x 2:
 /// 0.825/0.850/0.858, 4 MiB x 4: 0.80-0.83; the one-device chunking (up to 16 MiB x 4):
 /// 0.70-0.76 from 256 MiB up. Later, one run of the scratch transport (b79dc4d,
-/// benches/results/x2/chunk-sync-probe-x2.txt): 4 MiB x 2: 0.811/0.851/0.845, x 3:
+/// `benches/results/x2/chunk-sync-probe-x2.txt` at d411c5d): 4 MiB x 2: 0.811/0.851/0.845, x 3:
 /// 0.844/0.871/0.864, x 4: 0.833/0.869/0.830, 8 MiB x 3: 0.849/0.836/0.865 — and the
 /// probe there moves 4 MiB chunks at 45.8 GB/s per direction from three slots, 43.4 from two.
 pub const MULTI_DEVICE_MAX_CHUNK_BYTES: usize = 4 << 20;

@@ -244,7 +244,7 @@ pub const EXCHANGE_MAX_BYTES: usize = SINGLE_CHUNK_MAX_BYTES;
 /// for finding where the exchange and the ring cross on a pair of cards: the limit was set on
 /// one H200 with both ranks on its one link, while between processes on two H200s the
 /// communicator's exchange through slots reached 0.88-0.95 of duplex at 64 MiB-1 GiB, where
-/// the in-process ring reached 0.74-0.85 (benches/results/x2/).
+/// the in-process ring reached 0.74-0.85 (benches/results/h200-x2/).
 pub const EXCHANGE_MAX_VAR: &str = "GP2P_EXCHANGE_MAX_BYTES";
 
 /// [`EXCHANGE_MAX_BYTES`], or the byte count in [`EXCHANGE_MAX_VAR`] (read once; anything

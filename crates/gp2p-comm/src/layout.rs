@@ -40,7 +40,7 @@ impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
             // Two H200s, one process each, NCCL's shared-memory path in the same processes
-            // (benches/results/README.md, tenth session): one kernel took 15.8 us at 128 KiB
+            // (the tenth session in `git show 92b0a7c:benches/results/README.md`): one kernel took 15.8 us at 128 KiB
             // (NCCL 23.6-32.0), 20.1-22.7 at 256 KiB (35.8-37.7), 48.1-50.0 at 1 MiB (63.2-64.5)
             // and 147.4-152.1 at 4 MiB with 128 blocks (171.5-173.0), where the pipeline took
             // 36-40, 70 and 190-194 in earlier runs. The chunk kernel's block cap
@@ -52,7 +52,7 @@ impl Default for CommOptions {
             // 256 MiB / 1 GiB, ratio of the duplex ceiling (one call): 8 MiB x 3 slots
             // 0.80/0.88/0.88/0.94, 16 MiB x 2 0.68/0.87/0.90/0.93, 4 MiB x 3 (the single-process
             // engine's best) 0.63/0.76/0.81/0.79, 4 MiB x 4 0.75/0.79/0.82/0.79; 1-2 MiB slots
-            // 0.55-0.70 (benches/results/README.md, sixth session).
+            // 0.55-0.70 (the sixth session in `git show 92b0a7c:benches/results/README.md`).
             slot_bytes: 8 << 20,
             slots: 3,
             chunk_blocks: DEFAULT_CHUNK_BLOCKS,
@@ -111,7 +111,7 @@ pub(crate) const DEFAULT_CHUNK_BLOCKS: usize = 128;
 
 /// The blocks the chunk kernel runs for `bytes`, at most `chunk_blocks`: a block per 4 KiB
 /// chunk up to 32 blocks, up to 64 only with 4 chunks each or more, and more only with 8 or
-/// more. Between processes on two H200s (benches/results/README.md, tenth session), grids of
+/// more. Between processes on two H200s (the tenth session in `git show 92b0a7c:benches/results/README.md`), grids of
 /// many blocks with few chunks each ran in two modes that switch from one 50-call loop to the
 /// next: 256 blocks of 1 chunk (1 MiB) took 50 us or 225-280, 256 of 4 (4 MiB) 152 or
 /// 307-363, 128 of 2 (1 MiB) 49 or 124-143, 64 of 1 (256 KiB) 20 or 55-61. These did not:

@@ -244,16 +244,16 @@ pub fn reduce_launch_config(len: usize, dtype: DType, multiprocessors: u32, sour
 /// Blocks an exchange kernel may use. One: each thread keeps a batch of loads in flight
 /// (the kernel's EXCHANGE_BATCH), and more pollers only slow the peer's writes they wait
 /// for. Two H200s, one process per GPU, 64 KiB f32 sum: 29 us with one block, 58 with two,
-/// 82 with four, 88 with eight (benches/results/x2/all-reduce-mp-cap*-x2.json).
+/// 82 with four, 88 with eight (a two-H200 run whose files were not kept).
 const EXCHANGE_MAX_BLOCKS: usize = 1;
 
 /// Threads of an exchange's block past 4 KiB (256 16-byte groups): its threads each keep a
 /// batch of loads in flight, so more threads read more at once. Both ranks on one H200, the
 /// probe's copy of the kernel with planar lines in one block (benches/probes/small_exchange.py,
-/// benches/results/small-exchange-llp-h200.txt, batches of 4 as the kernel's): 8 KiB 8.70 us
+/// `benches/results/small-exchange-llp-h200.txt` at 7774b2d, batches of 4 as the kernel's): 8 KiB 8.70 us
 /// with 256 threads, 7.69 with 512; 16 KiB 12.73 and 9.84; 32 KiB 19.97 and 15.35. (The
 /// kernels' launch bounds allow 512 at one block per multiprocessor, which left their
-/// registers at 72-80 and spilled nothing: benches/results/exchange-registers-h200.txt.)
+/// registers at 72-80 and spilled nothing: `benches/results/exchange-registers-h200.txt` at 29a67de.)
 const EXCHANGE_WIDE_THREADS: u32 = 512;
 
 /// The launch shape of an exchange of `len` elements of `dtype`: a thread per 16-byte group,

@@ -379,7 +379,7 @@ impl StagingRing {
     /// the consumer ran on the same stream). On one device the host does not ask first
     /// whether it is done: the query costs it about 2 us, the wait 0.4, and the GPU's time of
     /// small staged copies did not change measurably without the query (one H200,
-    /// benches/results/queries-h200/). Across devices it still asks, sparing the GPU a wait
+    /// `benches/results/queries-h200/` at 9fbcbfe). Across devices it still asks, sparing the GPU a wait
     /// between devices in a small copy's critical path.
     fn claim(&self, slot: usize, stream: &Stream) -> Result<()> {
         if self.landed[slot].is_some() {

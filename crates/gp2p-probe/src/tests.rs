@@ -194,7 +194,7 @@ fn a_module_built_outside_nvidia_is_not_taken_for_the_patch() {
     assert!(state.describe().starts_with("possibly in effect, not relied on"), "{}", state.describe());
     // The H200 this project measures on: NixOS's stock 580.159.04, one device.
     let h200 =
-        crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/results/probe-h200.json")).unwrap();
+        crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/results/h200/probe.json")).unwrap();
     let text = Report::new(h200).render();
     assert!(text.contains("580.159.04 open kernel module, built by nixbld@"), "{text}");
     assert!(text.contains("P2P patch: no sign of it"), "{text}");

@@ -90,7 +90,7 @@ impl PyCommunicator {
     /// CUDA tensor of a kernel dtype on this rank's device; nothing was enqueued then), `True`
     /// once the all-reduce is enqueued on the device's current torch stream. With the one
     /// capture query per borrow, it took a small all-reduce's host time from 9.9 to 8.1 us a
-    /// call on one H200 (benches/results/ab-6376a46-h200).
+    /// call on one H200 (`git show faab767:benches/results/ab-6376a46-h200/README.md`).
     #[pyo3(signature = (tensor, op, parts=None))]
     fn all_reduce_torch<'py>(
         &self,

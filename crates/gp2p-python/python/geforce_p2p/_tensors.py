@@ -217,7 +217,7 @@ _new_tensor = tuple.__new__
 
 def _from_torch(t: Any, name: str, torch: Any) -> Tensor:
     # Not read natively (_native.read_torch) as the fast paths read: a native call of its own
-    # per tensor cost as much host time as these lookups (benches/results/python-dlpack-read-h200).
+    # per tensor cost as much host time as these lookups (git show 0d3275b:benches/results/python-dlpack-read-h200/README.md).
     if t.layout != torch.strided:
         raise TypeError("%s: a %s tensor; only dense (strided) tensors are supported" % (name, t.layout))
     dtype = _TORCH_DTYPE_NAMES.get(t.dtype) or torch_dtype_name(t.dtype)
