@@ -146,7 +146,9 @@ test_compile._compiled_rank(os.environ["GP2P_TEST_UID"], 1)
 
 
 def _compiled_rank(uid, rank):
-    comm = gp.distributed.Communicator(uid, rank, 2, device=0)
+    # Compiling takes each rank its own few seconds, and a rank's first call waits for the
+    # other on the GPU: give the peer longer than the compiler takes.
+    comm = gp.distributed.Communicator(uid, rank, 2, device=0, peer_timeout=300)
 
     def f(t):
         u = t * 2
