@@ -171,6 +171,25 @@ wheel() {
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONPATH_SET=1
 }
 
+# kernels_wheels: install Hugging Face kernels 0.17.2 from the wheels in KWHEELS (default
+# .kwheels, from `pip download kernels==0.17.2 --only-binary=:all: --python-version 3.12 ...`)
+# into /tmp/ksite once, and put it on PYTHONPATH; false (and noted) where there are none or
+# the Hub build HUB (default .hub, from `cargo xtask hub .hub`) is missing.
+HUB=$(cd "${HUB:-.hub}" 2>/dev/null && pwd || echo "${HUB:-.hub}")
+kernels_wheels() {
+  [ -n "${KSITE_SET:-}" ] && return 0
+  if [ ! -d "${KWHEELS:-.kwheels}" ] || [ ! -d "$HUB/build" ]; then
+    note "no kernels wheels (${KWHEELS:-.kwheels}) or Hub build ($HUB): the kernels door is not tested"
+    return 1
+  fi
+  rm -rf /tmp/ksite
+  if ! python3 -m pip install -q --no-index --find-links "${KWHEELS:-.kwheels}" --target /tmp/ksite kernels==0.17.2 >>"$LOGS/pip.log" 2>&1; then
+    note "kernels install failed: $(tail -2 "$LOGS/pip.log")"
+    return 1
+  fi
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/ksite KSITE_SET=1
+}
+
 # result LOG: the bundle runner's closing line, or libtest's last result line.
 result() {
   grep -E '^gp2p GPU suite' "$1" | tail -1 | grep . || grep -E '^test result' "$1" | tail -1

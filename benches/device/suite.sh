@@ -10,7 +10,11 @@
 #   turing   the suite with the Turing build forced (GP2P_PTX_TARGET=compute_75)
 #                                                                     -> suite-compute75.log
 #   lines    gpu_lines LINE_REPEATS times (default 3), in libtest's order -> lines-repeat.log
-#   python   the Python GPU and torch-backend tests against the wheel -> python-gpu.log
+#   python   the Python GPU, torch-backend and torch.compile tests against the wheel, and the
+#            kernels door (test_kernels_door.py) where HUB and KWHEELS are there -> python-gpu.log
+#   kernels  test_gpu.py and test_compile.py against the copy Hugging Face kernels loads from
+#            HUB (a `cargo xtask hub` repository; kernels 0.17.2's wheels in KWHEELS)
+#                                                                     -> python-gpu-kernels.log
 # GP2P_TEST_TIMEOUT (default 240) and any other GP2P_ variable pass to the runner. The environment,
 # the bundle and where files go: common.sh.
 source "$(dirname "$0")/common.sh"
@@ -59,11 +63,20 @@ for section in "${sections[@]}"; do
     ;;
   python)
     wheel || continue
-    record python-gpu.log timeout --signal=KILL 300 python3 -m pytest -q -p no:cacheprovider tests/python/test_gpu.py tests/python/test_torch_backend.py >/dev/null
+    tests=(tests/python/test_gpu.py tests/python/test_torch_backend.py tests/python/test_compile.py)
+    kernels_wheels && tests+=(tests/python/test_kernels_door.py)
+    record python-gpu.log GP2P_HUB_REPO="$HUB" timeout --signal=KILL 400 python3 -m pytest -q -rs -p no:cacheprovider "${tests[@]}" >/dev/null
     note "python GPU tests: $(tail -1 "$RES/python-gpu.log")"
     ;;
+  kernels)
+    # The same tests against the copy Hugging Face kernels loads from the Hub build (HUB).
+    if ! wheel || ! kernels_wheels; then continue; fi
+    record python-gpu-kernels.log GP2P_TEST_VIA_KERNELS=geforce-p2p/geforce-p2p LOCAL_KERNELS="geforce-p2p/geforce-p2p=$HUB" \
+      timeout --signal=KILL 400 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu.py tests/python/test_compile.py >/dev/null
+    note "python GPU tests, kernels copy: $(tail -1 "$RES/python-gpu-kernels.log")"
+    ;;
   *)
-    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python)" >&2
+    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, kernels)" >&2
     exit 2
     ;;
   esac
