@@ -723,3 +723,194 @@ pub struct B;"##,
         assert_eq!(workspace_members(manifest), ["kernels", "crates/*"]);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// docs/architecture.md: every path it names exists.
+//
+// The page a newcomer reads first names files to read; a path that moved or went away sends
+// them nowhere, so a test reads the page and looks each one up. What counts as a path: the
+// text of a code span (relative to the workspace root) or a link's target (relative to the
+// page's folder) that is made of path characters only (letters, digits, `_ - . / +`) and
+// either holds a `/` or ends in one of `PAGE_PATH_EXTENSIONS`. Not a path: a URL, an anchor,
+// anything with spaces (a command), an absolute path (`/proc`: the machine's, not the
+// repository's), and a pattern (`*`, `<machine>`, `$OUT`, or a first part in capitals such as
+// `DIR/run`, a placeholder). A `path:line` is its path; one `{a,b}` group names each
+// alternative; fenced code blocks are commands and are left alone.
+
+/// The page the check reads, from the workspace root.
+const ARCHITECTURE_PAGE: &str = "docs/architecture.md";
+
+/// Endings that make a code span without a `/` a path (`Cargo.toml`, `README.md`).
+const PAGE_PATH_EXTENSIONS: &[&str] =
+    &["rs", "py", "cu", "cuh", "md", "sh", "toml", "json", "txt", "ptx", "svg", "log", "lock"];
+
+/// A path a Markdown page names, as written, and how it resolves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PagePath {
+    /// In a code span: from the workspace root.
+    Code(String),
+    /// A link's target: from the page's folder.
+    Link(String),
+}
+
+/// Every path `markdown` names, in order (see the section's comment for what counts).
+fn page_paths(markdown: &str) -> Vec<PagePath> {
+    // Fenced blocks blanked out, so their backticks open no code span.
+    let mut fenced = false;
+    let prose: String = markdown
+        .lines()
+        .map(|line| {
+            let fence = line.trim_start().starts_with("```") || line.trim_start().starts_with("~~~");
+            let keep = !fenced && !fence;
+            fenced ^= fence;
+            if keep { line } else { "" }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let chars: Vec<char> = prose.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] == '`' {
+            let run = chars[i..].iter().take_while(|&&c| c == '`').count();
+            let close = (i + run..chars.len()).find(|&j| {
+                chars[j..].iter().take_while(|&&c| c == '`').count() == run && (j == 0 || chars[j - 1] != '`')
+            });
+            match close {
+                Some(j) => {
+                    let span: String = chars[i + run..j].iter().collect();
+                    out.extend(repository_paths(span.trim()).into_iter().map(PagePath::Code));
+                    i = j + run;
+                }
+                // An unmatched run is literal text.
+                None => i += run,
+            }
+        } else if chars[i] == ']' && chars.get(i + 1) == Some(&'(') {
+            let start = i + 2;
+            let end = (start..chars.len()).find(|&j| chars[j] == ')').unwrap_or(chars.len());
+            let target: String = chars[start..end].iter().collect();
+            // `(path "title")`: the path is the first word.
+            let target = target.split_whitespace().next().unwrap_or("").trim_matches(['<', '>']);
+            out.extend(repository_paths(target).into_iter().map(PagePath::Link));
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The repository paths `token` names (none, one, or one per `{a,b}` alternative).
+fn repository_paths(token: &str) -> Vec<String> {
+    if token.is_empty() || token.contains(char::is_whitespace) || token.contains("://") || token.starts_with('#') {
+        return Vec::new();
+    }
+    let token = token.split('#').next().unwrap_or(token);
+    // `path:12`, `path:12:3`, `path:12-20`.
+    let token = match token.split_once(':') {
+        Some((path, line)) if !line.is_empty() && line.chars().all(|c| c.is_ascii_digit() || c == ':' || c == '-') => {
+            path
+        }
+        _ => token,
+    };
+    expand_braces(token).into_iter().filter(|p| looks_like_repository_path(p)).collect()
+}
+
+/// `a/{b,c}.sh` as `a/b.sh` and `a/c.sh`; anything else as it is.
+fn expand_braces(token: &str) -> Vec<String> {
+    let (Some(open), Some(close)) = (token.find('{'), token.find('}')) else { return vec![token.to_owned()] };
+    if close < open {
+        return vec![token.to_owned()];
+    }
+    token[open + 1..close].split(',').map(|alt| format!("{}{alt}{}", &token[..open], &token[close + 1..])).collect()
+}
+
+/// Whether `p` (one alternative, its line number gone) is a repository path.
+fn looks_like_repository_path(p: &str) -> bool {
+    let path_chars = p.chars().all(|c| c.is_ascii_alphanumeric() || "_-./+".contains(c));
+    let first = p.split('/').next().unwrap_or("");
+    let placeholder = first.chars().any(|c| c.is_ascii_uppercase()) && !first.chars().any(|c| c.is_ascii_lowercase());
+    let extension =
+        Path::new(p).extension().and_then(|e| e.to_str()).is_some_and(|e| PAGE_PATH_EXTENSIONS.contains(&e));
+    path_chars
+        && !p.starts_with('/')
+        && !placeholder
+        && !p.trim_matches(['.', '/']).is_empty()
+        && (p.contains('/') || extension)
+}
+
+/// `path` with its `.` and `..` parts resolved, as written (no file system).
+fn lexically_normal(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir if out.file_name().is_some() => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+#[test]
+fn every_path_the_architecture_page_names_exists() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lies in the workspace");
+    let page = Path::new(ARCHITECTURE_PAGE);
+    let text = fs::read_to_string(workspace.join(page)).unwrap_or_else(|e| panic!("reading {ARCHITECTURE_PAGE}: {e}"));
+    let page_dir = page.parent().unwrap_or(Path::new(""));
+    let mut checked = BTreeSet::new();
+    let mut missing = BTreeSet::new();
+    for named in page_paths(&text) {
+        let (written, relative) = match &named {
+            PagePath::Code(p) => (format!("`{p}`"), lexically_normal(Path::new(p))),
+            PagePath::Link(p) => (format!("a link to {p}"), lexically_normal(&page_dir.join(p))),
+        };
+        if !workspace.join(&relative).exists() {
+            missing.insert(format!("{written} ({} from the workspace root)", relative.display()));
+        }
+        checked.insert(relative);
+    }
+    // Not vacuous: the page names dozens of files, and the extractor found them.
+    assert!(checked.len() >= 40, "only {} paths found in {ARCHITECTURE_PAGE}: {checked:?}", checked.len());
+    assert!(
+        missing.is_empty(),
+        "{ARCHITECTURE_PAGE} names paths that do not exist (code spans from the workspace root, links from docs/):\n{}",
+        missing.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn the_page_path_extractor_finds_paths_and_ignores_the_rest() {
+    let sample = r#"Read [`crates/a/src/lib.rs`](../crates/a/src/lib.rs) and `kernels/common.cuh`, then
+`Cargo.toml`, `crates/b/` (a folder), `src/x.rs:120`, `benches/device/{common,suite}.sh` and
+[the design](notes.md#layers "title").
+
+Not paths: `Transport::copy`, `gp.copy_`, `torch.ops.<package>`, `cargo xtask ptx --check`,
+`DIR/run`, `/dev/shm`, `$OUT/h200`, `kernels/*.cu`, `2(n-1)/n`, `lib.rs
+is split`, [a site](https://example.invalid/x.md), [an anchor](#code-map), `` `weird` ``.
+
+```sh
+cargo test -p xtask   # `not/a/span.rs` inside a fence
+```
+"#;
+    let found = page_paths(sample);
+    let code = |p: &str| PagePath::Code(p.to_owned());
+    let link = |p: &str| PagePath::Link(p.to_owned());
+    assert_eq!(
+        found,
+        [
+            code("crates/a/src/lib.rs"),
+            link("../crates/a/src/lib.rs"),
+            code("kernels/common.cuh"),
+            code("Cargo.toml"),
+            code("crates/b/"),
+            code("src/x.rs"),
+            code("benches/device/common.sh"),
+            code("benches/device/suite.sh"),
+            link("notes.md"),
+        ]
+    );
+    assert_eq!(lexically_normal(&Path::new("docs").join("../crates/a/./src/lib.rs")), Path::new("crates/a/src/lib.rs"));
+}
