@@ -17,7 +17,7 @@
 //! releases the GIL while it enqueues work; none waits for the GPU.
 //!
 //! `unsafe` is confined to `ffi.rs`, whose module docs state the contract the Python layer
-//! keeps.
+//! keeps, and `dlpack.rs`, which reads the DLPack capsules torch exports.
 //!
 //! The pure parts are usable from Rust, for instance the argument checks:
 //!
