@@ -4,6 +4,9 @@
 //!   (Thakur, Rabenseifner, Gropp 2005), each segment cut into chunks that flow around the
 //!   ring as a pipeline, and for two ranks and small buffers an all-reduce that exchanges
 //!   them in one step; proven on host buffers, and the same data drives the GPU.
+//! - [`host_schedule`]: for N ranks, one-shot and two-shot all-reduce (and the
+//!   reduce-scatter, all-gather and broadcast they are made of) as moves through each rank's
+//!   host area, phase by phase; proven on host buffers (no executor runs them yet).
 //! - [`Engine`]: runs a schedule on GPUs — per rank a send stream and a receive stream, a
 //!   staging ring per ring edge, and events at chunk granularity.
 //! - [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`]: checked entry points.
@@ -75,6 +78,7 @@ mod calibrate;
 mod env;
 mod error;
 mod exec;
+pub mod host_schedule;
 pub mod reference;
 pub mod schedule;
 

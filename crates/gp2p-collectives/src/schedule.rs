@@ -84,7 +84,7 @@ pub fn segment_aligned(ranks: usize, len: usize, s: usize, align: usize) -> Rang
 }
 
 /// `range` cut into pieces of at most `chunk` elements.
-fn chunks(range: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<usize>> {
+pub(crate) fn chunks(range: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<usize>> {
     let chunk = chunk.max(1);
     (range.start..range.end).step_by(chunk).map(move |s| s..(s + chunk).min(range.end))
 }
