@@ -28,7 +28,7 @@ mod table;
 use clap::{Parser, Subcommand};
 
 pub use error::CliError;
-pub use probe::{DeviceLink, LinkRates, PairCopy, measure_links};
+pub use probe::{AllCards, CardTogether, DeviceLink, LinkRates, PairCopy, measure_links};
 
 /// Fast data movement between NVIDIA GPUs without driver P2P.
 #[derive(Parser)]

@@ -149,6 +149,62 @@ pub fn print_trace(label: &str, calls: &[TracedCall]) {
     }
 }
 
+/// Each direction's rate over the middle half of a duplex pass (`marks[d][i]` is the end of
+/// transfer i, `marks[d][0]` the start), once its work is done.
+fn duplex_rates(marks: &[Vec<Event>; 2], bytes: usize) -> Result<[f64; 2], CliError> {
+    let transfers = DUPLEX_TRANSFERS;
+    let (from, to) = (transfers / 4, transfers - transfers / 4);
+    let mut rates = [0.0; 2];
+    for (rate, m) in rates.iter_mut().zip(marks) {
+        let ms = Event::elapsed_ms(&m[from], &m[to])?;
+        *rate = gbps((to - from) * bytes, f64::from(ms) / 1e3);
+    }
+    Ok(rates)
+}
+
+/// [`Ceilings::duplex`] on every card at once: each card's streams are held until every
+/// card's pass is enqueued, so they all start together and run side by side through host
+/// memory. Returns per card the median `[d2h, h2d]` rate of the timed passes.
+pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<Vec<[f64; 2]>, CliError> {
+    let Some(first) = cards.first() else {
+        return Ok(Vec::new());
+    };
+    let repeats = first.repeats;
+    let mut setups = Vec::with_capacity(cards.len());
+    for c in cards.iter() {
+        let bytes = MAX_CHUNK_BYTES.min(c.a.len() / DUPLEX_TRANSFERS).max(1);
+        let fork = StreamFork::new(c.device, 2)?;
+        let slots = PinnedBuffer::<u8>::alloc(c.device, bytes * DEFAULT_SLOTS)?;
+        setups.push((fork, slots, bytes));
+    }
+    let mut rates: Vec<[Vec<f64>; 2]> = cards.iter().map(|_| [Vec::new(), Vec::new()]).collect();
+    for pass in 0..repeats.warmup.min(1) + repeats.timed.max(1) {
+        for c in cards.iter() {
+            c.device.synchronize()?;
+        }
+        let gates =
+            cards.iter().map(|c| HostGate::close_until(c.stream, GATE_DEADLINE)).collect::<Result<Vec<_>, _>>()?;
+        let mut marks = Vec::with_capacity(cards.len());
+        for (c, (fork, slots, bytes)) in cards.iter_mut().zip(setups.iter_mut()) {
+            marks.push(c.duplex_enqueue(fork, slots, *bytes)?);
+        }
+        // Open every gate at once: the cards start together.
+        drop(gates);
+        for c in cards.iter() {
+            c.stream.synchronize()?;
+        }
+        if pass < repeats.warmup.min(1) {
+            continue;
+        }
+        for ((card_marks, (_, _, bytes)), card_rates) in marks.iter().zip(&setups).zip(rates.iter_mut()) {
+            let [d2h, h2d] = duplex_rates(card_marks, *bytes)?;
+            card_rates[0].push(d2h);
+            card_rates[1].push(h2d);
+        }
+    }
+    Ok(rates.iter_mut().map(|[d2h, h2d]| [median(d2h), median(h2d)]).collect())
+}
+
 /// The median of `values` (the mean of the middle two for an even count).
 pub fn median(values: &mut [f64]) -> f64 {
     if values.is_empty() {
@@ -265,6 +321,19 @@ impl<'a> Ceilings<'a> {
         slots: &mut PinnedBuffer<u8>,
         bytes: usize,
     ) -> Result<[f64; 2], CliError> {
+        let marks = self.duplex_enqueue(fork, slots, bytes)?;
+        self.stream.synchronize()?;
+        duplex_rates(&marks, bytes)
+    }
+
+    /// Enqueue one duplex pass after the work on this card's stream, joined back into it;
+    /// returns each direction's marks (the start, then the end of each transfer).
+    fn duplex_enqueue(
+        &mut self,
+        fork: &StreamFork,
+        slots: &mut PinnedBuffer<u8>,
+        bytes: usize,
+    ) -> Result<[Vec<Event>; 2], CliError> {
         let (device, transfers, host_slots) = (self.device, DUPLEX_TRANSFERS, DEFAULT_SLOTS);
         let streams = fork.fork(self.stream)?;
         let mut marks: [Vec<Event>; 2] = [Vec::new(), Vec::new()];
@@ -289,15 +358,7 @@ impl<'a> Ceilings<'a> {
             }
         }
         fork.join(self.stream)?;
-        self.stream.synchronize()?;
-        // marks[d][i] is the end of transfer i (marks[d][0] the start): time the middle half.
-        let (from, to) = (transfers / 4, transfers - transfers / 4);
-        let mut rates = [0.0; 2];
-        for (rate, m) in rates.iter_mut().zip(&marks) {
-            let ms = Event::elapsed_ms(&m[from], &m[to])?;
-            *rate = gbps((to - from) * bytes, f64::from(ms) / 1e3);
-        }
-        Ok(rates)
+        Ok(marks)
     }
 
     /// Median time in µs of one `bytes` D2H followed by one `bytes` H2D on one stream, as

@@ -8,7 +8,7 @@ use geforce_p2p::{CopyOptions, Device, DeviceBuffer, Route, Stream, transport};
 
 use crate::bench::CEILING_BYTES;
 use crate::error::CliError;
-use crate::measure::{Ceilings, Repeats, timed_runs};
+use crate::measure::{Ceilings, Repeats, duplex_all_at_once, timed_runs};
 use crate::table::{num, table};
 
 #[derive(Args)]
@@ -58,6 +58,65 @@ pub struct LinkRates {
     pub unopened: Vec<usize>,
     /// Per ordered pair of measured devices, each route.
     pub pairs: Vec<PairCopy>,
+    /// Every measured card running its duplex traffic at the same time: what each card
+    /// gets then, what they move together through host memory, and what binds.
+    pub together: Option<AllCards>,
+}
+
+/// Every card's link busy both ways at once, all cards together: the host's ceiling.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AllCards {
+    /// Per card, its rates while every card runs.
+    pub cards: Vec<CardTogether>,
+    /// What all cards move through host memory together, both directions summed.
+    pub host_gbps: f64,
+    /// The lowest of the cards' each-way rate together over their duplex rate alone.
+    pub worst_ratio: f64,
+    /// What binds: each card's own link, or the host (memory or a shared uplink).
+    pub binds: String,
+}
+
+/// One card's rates while every card runs its duplex traffic.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CardTogether {
+    /// The CUDA ordinal.
+    pub device: usize,
+    /// Device to host, with every card busy both ways.
+    pub d2h_gbps: f64,
+    /// Host to device, with every card busy both ways.
+    pub h2d_gbps: f64,
+}
+
+/// Cards that keep this share of their duplex rate when all run together are bound by
+/// their own links; below it, by what they share (host memory, a switch's uplink).
+const OWN_LINK_SHARE: f64 = 0.95;
+
+impl AllCards {
+    /// From the rates each card reached alone (`alone`: duplex each way, in card order) and
+    /// together (`together`: `[d2h, h2d]`).
+    pub fn new(devices: &[usize], alone: &[f64], together: &[[f64; 2]]) -> AllCards {
+        let cards: Vec<CardTogether> = devices
+            .iter()
+            .zip(together)
+            .map(|(&device, &[d2h_gbps, h2d_gbps])| CardTogether { device, d2h_gbps, h2d_gbps })
+            .collect();
+        let host_gbps = cards.iter().map(|c| c.d2h_gbps + c.h2d_gbps).sum();
+        let worst_ratio = cards
+            .iter()
+            .zip(alone)
+            .map(|(c, &alone)| (c.d2h_gbps + c.h2d_gbps) / 2.0 / alone)
+            .fold(f64::INFINITY, f64::min);
+        let binds = if cards.len() < 2 {
+            "the card's own link (one card: nothing shares the host)".to_owned()
+        } else if worst_ratio >= OWN_LINK_SHARE {
+            format!("each card's own link (together every card keeps {worst_ratio:.2} or more of its rate alone)")
+        } else {
+            format!(
+                "the host: host memory or a shared uplink (together a card keeps as little as {worst_ratio:.2} of its rate alone)"
+            )
+        };
+        AllCards { cards, host_gbps, worst_ratio, binds }
+    }
 }
 
 /// One device's link to host memory.
@@ -122,6 +181,18 @@ impl LinkRates {
             }
             out.push_str(&format!("{}\n", pairs.trim_fmt()));
         }
+        if let Some(all) = &self.together {
+            let mut cards = table(&["device", "d2h GB/s", "h2d GB/s"], &[]);
+            for c in &all.cards {
+                cards.add_row(vec![c.device.to_string(), num(c.d2h_gbps, 1), num(c.h2d_gbps, 1)]);
+            }
+            out.push_str(&format!(
+                "every card at once, both ways:\n{}\nhost ceiling: {} GB/s through host memory, all cards together; binds: {}\n",
+                cards.trim_fmt(),
+                num(all.host_gbps, 1),
+                all.binds
+            ));
+        }
         out
     }
 }
@@ -135,6 +206,7 @@ pub fn measure_links(report: &Report) -> Result<LinkRates, CliError> {
         devices: Vec::new(),
         unopened: Vec::new(),
         pairs: Vec::new(),
+        together: None,
     };
     let mut devices = Vec::new();
     for d in &report.facts.devices {
@@ -143,12 +215,25 @@ pub fn measure_links(report: &Report) -> Result<LinkRates, CliError> {
             continue;
         };
         let stream = Stream::new(&device)?;
-        let mut c = Ceilings::new(&device, &stream, CEILING_BYTES, MEASURE_REPEATS)?;
-        let (h2d_gbps, d2h_gbps) = (c.h2d()?, c.d2h()?);
-        let duplex_gbps = c.duplex()?;
-        drop(c);
-        rates.devices.push(DeviceLink { device: d.ordinal, h2d_gbps, d2h_gbps, duplex_gbps });
         devices.push((d.ordinal, device, stream));
+    }
+    {
+        let mut cards = devices
+            .iter()
+            .map(|(_, device, stream)| Ceilings::new(device, stream, CEILING_BYTES, MEASURE_REPEATS))
+            .collect::<Result<Vec<_>, _>>()?;
+        // One card at a time first, then all of them at once.
+        for ((ordinal, _, _), c) in devices.iter().zip(cards.iter_mut()) {
+            let (h2d_gbps, d2h_gbps) = (c.h2d()?, c.d2h()?);
+            let duplex_gbps = c.duplex()?;
+            rates.devices.push(DeviceLink { device: *ordinal, h2d_gbps, d2h_gbps, duplex_gbps });
+        }
+        if !cards.is_empty() {
+            let together = duplex_all_at_once(&mut cards)?;
+            let ordinals: Vec<usize> = devices.iter().map(|(o, _, _)| *o).collect();
+            let alone: Vec<f64> = rates.devices.iter().map(|d| d.duplex_gbps).collect();
+            rates.together = Some(AllCards::new(&ordinals, &alone, &together));
+        }
     }
     for (a, da, sa) in &devices {
         for (b, db, sb) in &devices {
@@ -182,4 +267,28 @@ pub fn measure_links(report: &Report) -> Result<LinkRates, CliError> {
         }
     }
     Ok(rates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AllCards;
+
+    #[test]
+    fn what_binds_all_cards_is_named_from_their_rates_alone_and_together() {
+        // One card: its own link, whatever the rates.
+        let one = AllCards::new(&[0], &[49.6], &[[48.0, 50.0]]);
+        assert!(one.binds.starts_with("the card's own link"), "{}", one.binds);
+        assert!((one.host_gbps - 98.0).abs() < 1e-9);
+        // Two cards that keep their rates: their own links.
+        let free = AllCards::new(&[0, 1], &[49.6, 49.6], &[[48.9, 49.9], [49.0, 50.2]]);
+        assert!(free.binds.starts_with("each card's own link"), "{}", free.binds);
+        assert!((free.worst_ratio - (48.9 + 49.9) / 2.0 / 49.6).abs() < 1e-9);
+        // Eight Gen4 cards that drop to 13 GB/s each way from 24: the host binds.
+        let alone = [24.0; 8];
+        let together = [[13.0, 13.0]; 8];
+        let shared = AllCards::new(&[0, 1, 2, 3, 4, 5, 6, 7], &alone, &together);
+        assert!(shared.binds.starts_with("the host"), "{}", shared.binds);
+        assert!((shared.host_gbps - 8.0 * 26.0).abs() < 1e-9);
+        assert!((shared.worst_ratio - 13.0 / 24.0).abs() < 1e-9);
+    }
 }

@@ -27,9 +27,11 @@ class ProbeReport:
     def links(self) -> Optional[Dict[str, Any]]:
         """Measured rates, GB/s = 1e9 B/s, medians of ``runs`` timed transfers of
         ``transfer_bytes``: ``devices`` (per device ``h2d_gbps``, ``d2h_gbps`` and
-        ``duplex_gbps``, each way with both directions at once), ``pairs`` (per ordered pair
-        and route asked for, the route ``took`` and ``gbps``) and ``unopened`` devices; None
-        unless the probe was asked to measure."""
+        ``duplex_gbps``, each way with both directions at once), ``together`` (every card
+        busy both ways at the same time: per card ``d2h_gbps`` and ``h2d_gbps``, their sum
+        ``host_gbps`` through host memory, and what ``binds``: each card's own link, or the
+        host), ``pairs`` (per ordered pair and route asked for, the route ``took`` and
+        ``gbps``) and ``unopened`` devices; None unless the probe was asked to measure."""
         return self._links
 
     @property
