@@ -75,6 +75,17 @@ pub enum Error {
         /// The transfer waited on.
         transfer: usize,
     },
+    /// The environment variable that forces an all-reduce algorithm names none
+    /// ([`crate::cost::ALGORITHM_VAR`]).
+    #[error(
+        "{var}={given:?} names no all-reduce algorithm: expected ring, one-shot or two-shot (or unset it to let the cost model choose)"
+    )]
+    UnknownAlgorithm {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        given: String,
+    },
     /// A root rank out of range.
     #[error("root {root} is out of range: there are {ranks} ranks")]
     BadRoot {

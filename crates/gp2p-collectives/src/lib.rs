@@ -7,6 +7,8 @@
 //! - [`host_schedule`]: for N ranks, one-shot and two-shot all-reduce (and the
 //!   reduce-scatter, all-gather and broadcast they are made of) as moves through each rank's
 //!   host area, phase by phase; proven on host buffers (no executor runs them yet).
+//! - [`cost`]: the cost model that picks ring, one-shot or two-shot per size from the
+//!   machine's rates (`GP2P_ALGORITHM` forces one).
 //! - [`Engine`]: runs a schedule on GPUs — per rank a send stream and a receive stream, a
 //!   staging ring per ring edge, and events at chunk granularity.
 //! - [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`]: checked entry points.
@@ -75,6 +77,7 @@
 #![forbid(unsafe_code)]
 
 mod calibrate;
+pub mod cost;
 mod env;
 mod error;
 mod exec;

@@ -165,7 +165,8 @@ impl Classify for collectives::Error {
             | E::WrongLength { .. }
             | E::StreamDevice { .. }
             | E::InputDevice { .. }
-            | E::BadRoot { .. } => Class::InvalidArgument,
+            | E::BadRoot { .. }
+            | E::UnknownAlgorithm { .. } => Class::InvalidArgument,
             _ => Class::Error,
         }
     }
