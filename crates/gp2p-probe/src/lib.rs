@@ -12,7 +12,9 @@
 //!    (and over what, and whether safe: `UNSAFE` pairs must be copied staged), or off with
 //!    the exact reason, a remedy fitting the card, what the patch would do, and how sure
 //!    ([`Certainty`]). Whether the patch is in effect ([`patch_state`]) is inferred only
-//!    from facts that show it; [`branches`] says which branch drives which architecture.
+//!    from facts that show it; [`branches`] says which branch drives which architecture,
+//!    and [`chips`] the largest BAR1 each chip's cards offer, with its source (used where a
+//!    card's own sizes were not read).
 //!    [`verdicts_if_on`] judges every pair as if CUDA offered P2P: what a copy engine needs
 //!    before it lets `Route::Auto` take it.
 //! 3. [`Report`]: a table for people, JSON for bug reports; [`load`] re-reads saved facts
@@ -40,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 pub mod branches;
+pub mod chips;
 mod collect;
 mod error;
 pub mod facts;

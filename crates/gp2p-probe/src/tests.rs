@@ -529,10 +529,25 @@ fn resizable_bar_is_advised_only_where_the_card_offers_a_large_enough_bar1() {
     assert_eq!(v.code, "BAR1");
     assert!(v.remedy.contains("offers no resizable BAR1") && v.remedy.contains("VBIOS update"), "{}", v.remedy);
     assert!(!v.remedy.contains("enable Above 4G") && !v.remedy.contains("p2p-48g"), "{}", v.remedy);
-    // Sizes not read: the advice is conditional and names the size needed.
+    // Sizes not read: the chip table says what 5090s offer, and the verdict names that
+    // assumption (likely, not shown).
     let mut f = load_fixture("5090-pair-rebar-off.json");
     f.devices.iter_mut().for_each(|d| d.bar1_sizes = None);
     let v = first(&f);
+    assert_eq!(v.certainty, Certainty::Likely);
+    assert!(v.remedy.starts_with("enable Above 4G decoding and Resizable BAR"), "{}", v.remedy);
+    assert!(v.remedy.contains("GB202 cards like device 0 offer a BAR1 of up to 32.0 GiB"), "{}", v.remedy);
+    assert!(
+        v.reason.contains("assuming device 0 offers no more than the 32.0 GiB reported for GB202 cards"),
+        "{}",
+        v.reason
+    );
+    // A card the table does not know: the advice is conditional and names the size needed.
+    for d in &mut f.devices {
+        d.name = "NVIDIA GeForce RTX 5080".into();
+    }
+    let v = first(&f);
+    assert_eq!(v.certainty, Certainty::Shown);
     assert!(v.remedy.contains("if device 0 offers a BAR1 of at least 31.8 GiB"), "{}", v.remedy);
     // A card that cannot grow and has no branch for it: no remedy, and the patch cannot help.
     let mut f = load_fixture("3090-pair-pre-rebar-vbios.json");
@@ -540,6 +555,60 @@ fn resizable_bar_is_advised_only_where_the_card_offers_a_large_enough_bar1() {
     let v = first(&f);
     assert!(v.remedy.starts_with("none: device 0's BAR1 cannot grow past 0.2 GiB"), "{}", v.remedy);
     assert!(matches!(v.patch, PatchOutlook::Cannot(_)), "{:?}", v.patch);
+}
+
+#[test]
+fn a_bar1_at_its_chip_s_largest_size_is_a_limit_of_the_card_not_a_firmware_setting() {
+    // 48 GB 4090 Ds on a kernel too old to list the sizes they offer: AD102 cards are
+    // reported to offer 32 GiB at most, which they have. Never "enable Resizable BAR".
+    let f = load_fixture("4090d-48g-pair-bar1-at-chip-max.json");
+    assert!(f.devices.iter().all(|d| d.bar1_sizes.is_none()));
+    for v in verdicts(&f) {
+        assert_eq!((v.code.as_str(), v.certainty), ("BAR1", Certainty::Likely), "{v:?}");
+        assert!(!v.remedy.contains("Resizable BAR") && !v.remedy.contains("Above 4G"), "{}", v.remedy);
+        assert!(v.remedy.contains("cannot grow past 32.0 GiB, the largest AD102 cards offer"), "{}", v.remedy);
+        assert!(v.remedy.contains("aikitoria/open-gpu-kernel-modules#14"), "the source is cited: {}", v.remedy);
+        assert!(v.reason.contains("assuming device"), "the assumption is named: {}", v.reason);
+        assert!(
+            matches!(&v.patch, PatchOutlook::AfterChange(c) if c.contains(crate::BAR1_PER_ALLOCATION_BRANCH)),
+            "{:?}",
+            v.patch
+        );
+    }
+    // A chip with no per-allocation branch (a GA102 card with 48 GB, made up): nothing covers it.
+    let mut f = load_fixture("4090d-48g-pair-bar1-at-chip-max.json");
+    for d in &mut f.devices {
+        (d.name, d.architecture, d.compute_capability) =
+            ("NVIDIA GeForce RTX 3090".into(), Some("Ampere".into()), (8, 6));
+    }
+    let v = first(&f);
+    assert!(
+        v.remedy.starts_with("none: device 0's BAR1 (32.0 GiB) cannot grow past 32.0 GiB, the largest GA102"),
+        "{}",
+        v.remedy
+    );
+    assert!(
+        matches!(&v.patch, PatchOutlook::Cannot(why) if why.contains("cannot grow past 32.0 GiB")),
+        "{:?}",
+        v.patch
+    );
+    // A row that is only an assumption (AD103) decides nothing: the advice stays conditional.
+    for d in &mut f.devices {
+        (d.name, d.architecture, d.compute_capability) = ("NVIDIA GeForce RTX 4080".into(), Some("Ada".into()), (8, 9));
+    }
+    let v = first(&f);
+    assert_eq!(v.certainty, Certainty::Shown);
+    assert!(v.remedy.contains("if device 0 offers a BAR1 of at least 48.0 GiB"), "{}", v.remedy);
+    assert!(v.remedy.contains("AD103 cards offer up to 32.0 GiB, an assumption"), "{}", v.remedy);
+    assert!(!matches!(v.patch, PatchOutlook::Cannot(_)), "{:?}", v.patch);
+    assert!(!v.remedy.contains(crate::BAR1_PER_ALLOCATION_BRANCH), "{}", v.remedy);
+    // What the card offers, where read, wins over the table (a VBIOS offering 64 GiB).
+    let mut f = load_fixture("4090d-48g-pair-bar1-at-chip-max.json");
+    f.devices.iter_mut().for_each(|d| d.bar1_sizes = Some(vec![256 << 20, 32 * GIB, 64 * GIB]));
+    let v = first(&f);
+    assert_eq!(v.certainty, Certainty::Shown);
+    assert!(v.remedy.starts_with("enable Above 4G decoding and Resizable BAR"), "{}", v.remedy);
+    assert!(v.remedy.contains("device 0 offers a BAR1 of up to 64.0 GiB"), "{}", v.remedy);
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::branches::{BAR1_PER_ALLOCATION_BRANCH, architectures_driven, branch_for_version, versions_for};
+use crate::chips::chip_bar1;
 use crate::facts::{
     Architecture, CardClass, DeviceFacts, Facts, KernelModule, ModuleFlavour, P2pStatus, PairFacts, bar1_holds,
     bar1_needed,
@@ -28,7 +29,7 @@ pub const RULES: &[&str] = &[
     "patched: the patch is in effect and CUDA still refuses: what else is missing (branch, BAR1, IOMMU, or a cause the facts cannot show)",
     "module: the proprietary kernel module (the patch needs the open one, at a version with a branch for the cards)",
     "version: an open module version with no patch branch for the cards' architecture",
-    "bar1: BAR1 smaller than VRAM (Resizable BAR off where the card offers more; else the per-allocation branch, or nothing)",
+    "bar1: BAR1 smaller than VRAM (Resizable BAR where the card, or else its chip's cards as reported, offer more; a BAR1 at that limit gets the per-allocation branch, or nothing)",
     "iommu: the IOMMU translates GPU DMA",
     "patch: everything the patch needs is in place",
 ];
@@ -150,6 +151,17 @@ enum Missing {
     Iommu,
 }
 
+/// What would let a device's BAR1 map its VRAM, from [`Pair::bar1_fix`].
+struct Bar1Fix {
+    /// What to do, in a sentence.
+    remedy: String,
+    /// What the patch would do then.
+    outlook: PatchOutlook,
+    /// The assumption the advice rests on, where it comes from the chip table rather than
+    /// the card's own sizes (the verdict is then "likely" and names it).
+    assumption: Option<String>,
+}
+
 /// One pair with everything its rules look at.
 struct Pair<'f> {
     facts: &'f Facts,
@@ -269,71 +281,112 @@ impl Pair<'_> {
     }
 
     /// What would let device `d`'s BAR1 map its VRAM (the static BAR1 mapping the patch
-    /// uses), and what the patch would do then: Resizable BAR only where the card offers a
-    /// BAR1 that large.
-    fn bar1_fix(&self, d: &DeviceFacts) -> (String, PatchOutlook) {
+    /// uses), and what the patch would do then. Resizable BAR is advised only where the card
+    /// offers a BAR1 that large: the sizes it offers (sysfs `resource1_resize`) where read,
+    /// else its chip's largest where a report shows it ([`chip_bar1`]). A BAR1 already at
+    /// that largest size is a limit of the card, never a firmware setting to change.
+    fn bar1_fix(&self, d: &DeviceFacts) -> Bar1Fix {
         let n = d.ordinal;
         let vram = gib(d.vram_bytes);
         let needed = bar1_needed(d.vram_bytes).map_or("more than any BAR can be".into(), gib);
-        let Some(largest) = d.bar1_largest() else {
-            return (
-                format!(
-                    "enable Above 4G decoding and Resizable BAR in the firmware, if device {n} offers a BAR1 of at least {needed} (the sizes it offers were not read: sysfs resource1_resize)"
-                ),
-                PatchOutlook::AfterChange(format!(
-                    "enable Resizable BAR, if device {n} offers a BAR1 of at least {needed}"
-                )),
-            );
+        let resizes = if self.patch.acted_on() {
+            " (the patched module resizes BAR1 itself at load where the firmware leaves room)"
+        } else {
+            ""
+        };
+        let chip = chip_bar1(d);
+        // The largest BAR1 the card can have, and whether that comes from the chip table
+        // (then the verdict names the assumption: this card offers no more than its chip's).
+        let (largest, assumption) = match (d.bar1_largest(), chip) {
+            (Some(largest), _) => (largest, None),
+            (None, Some(row)) if row.source.reported() => {
+                let largest = row.largest_bar1.max(d.bar1_bytes.unwrap_or(0));
+                let assumption = format!(
+                    "assuming device {n} offers no more than the {} reported for {} cards, as its own sizes were not read (sysfs resource1_resize)",
+                    gib(row.largest_bar1),
+                    row.chip
+                );
+                (largest, Some(assumption))
+            }
+            (None, row) => {
+                let assumed = row.map_or(String::new(), |row| {
+                    format!("; {} cards offer up to {}, {}", row.chip, gib(row.largest_bar1), row.source.describe())
+                });
+                return Bar1Fix {
+                    remedy: format!(
+                        "enable Above 4G decoding and Resizable BAR in the firmware, if device {n} offers a BAR1 of at least {needed} (the sizes it offers were not read: sysfs resource1_resize{assumed})"
+                    ),
+                    outlook: PatchOutlook::AfterChange(format!(
+                        "enable Resizable BAR, if device {n} offers a BAR1 of at least {needed}"
+                    )),
+                    assumption: None,
+                };
+            }
+        };
+        let offers = match (assumption.is_some(), chip) {
+            (true, Some(row)) => format!(
+                "{} cards like device {n} offer a BAR1 of up to {} ({}; its own sizes were not read)",
+                row.chip,
+                gib(row.largest_bar1),
+                row.source.describe()
+            ),
+            _ => format!("device {n} offers a BAR1 of up to {}", gib(largest)),
         };
         if bar1_holds(largest, d.vram_bytes) {
-            let resizes = if self.patch.acted_on() {
-                " (the patched module resizes BAR1 itself at load where the firmware leaves room)"
-            } else {
-                ""
-            };
-            return (
-                format!(
-                    "enable Above 4G decoding and Resizable BAR in the firmware: device {n} offers a BAR1 of up to {}, enough for its {vram} of VRAM{resizes}",
-                    gib(largest)
+            return Bar1Fix {
+                remedy: format!(
+                    "enable Above 4G decoding and Resizable BAR in the firmware: {offers}, enough for its {vram} of VRAM{resizes}"
                 ),
-                PatchOutlook::AfterChange(format!(
-                    "enable Resizable BAR (device {n} offers a BAR1 of up to {})",
-                    gib(largest)
-                )),
-            );
+                outlook: PatchOutlook::AfterChange(format!("enable Resizable BAR ({offers})")),
+                assumption,
+            };
         }
-        let stuck = if d.bar1_sizes.as_ref().is_some_and(Vec::is_empty) {
-            format!("device {n} offers no resizable BAR1 (it stays at {})", gib(largest))
-        } else {
-            format!("device {n}'s BAR1 cannot grow past {}", gib(largest))
+        let stuck = match (&assumption, chip) {
+            (Some(_), Some(row)) => format!(
+                "device {n}'s BAR1 ({}) cannot grow past {}, the largest {} cards offer ({})",
+                gib(d.bar1_bytes.unwrap_or(0)),
+                gib(largest),
+                row.chip,
+                row.source.describe()
+            ),
+            _ if d.bar1_sizes.as_ref().is_some_and(Vec::is_empty) => {
+                format!("device {n} offers no resizable BAR1 (it stays at {})", gib(largest))
+            }
+            _ => format!("device {n}'s BAR1 cannot grow past {}", gib(largest)),
         };
         let geforce = d.class() == Some(CardClass::GeForce);
         if geforce && d.arch() == Architecture::Ada {
-            return (
-                format!(
-                    "{stuck}, less than its {vram} of VRAM, so the static BAR1 mapping cannot fit: the experimental {BAR1_PER_ALLOCATION_BRANCH} branch maps BAR1 per allocation instead (made for 48 GB 4090s)"
+            return Bar1Fix {
+                remedy: format!(
+                    "{stuck}, less than its {vram} of VRAM, so the static BAR1 mapping (it needs {needed}) cannot fit, whatever the firmware sets: the experimental {BAR1_PER_ALLOCATION_BRANCH} branch maps BAR1 per allocation instead (made for 48 GB 4090s)"
                 ),
-                PatchOutlook::AfterChange(format!(
+                outlook: PatchOutlook::AfterChange(format!(
                     "move to the experimental {BAR1_PER_ALLOCATION_BRANCH} branch, which maps BAR1 per allocation"
                 )),
-            );
+                assumption,
+            };
         }
         if geforce && d.bar1_sizes.as_ref().is_some_and(Vec::is_empty) {
-            return (
-                format!(
+            return Bar1Fix {
+                remedy: format!(
                     "{stuck}: a VBIOS update from the card's maker may add Resizable BAR; without one there is no remedy and this pair stays staged"
                 ),
-                PatchOutlook::AfterChange(
+                outlook: PatchOutlook::AfterChange(
                     "a VBIOS update that adds Resizable BAR, where the card's maker has one".into(),
                 ),
-            );
+                assumption,
+            };
         }
-        (
-            format!(
+        Bar1Fix {
+            remedy: format!(
                 "none: {stuck}, less than its {vram} of VRAM, and no patch branch maps BAR1 per allocation for this card; this pair stays staged"
             ),
-            PatchOutlook::Cannot(format!("device {n}'s BAR1 cannot map its VRAM, and it cannot grow")),
-        )
+            outlook: PatchOutlook::Cannot(format!(
+                "device {n}'s BAR1 cannot map its VRAM ({needed} needed), and it cannot grow past {}",
+                gib(largest)
+            )),
+            assumption,
+        }
     }
 
     fn module(&self) -> Option<&KernelModule> {

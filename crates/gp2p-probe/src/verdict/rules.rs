@@ -71,7 +71,7 @@ fn on(p: &Pair<'_>) -> Option<Verdict> {
                 // always) the same model, and the hazards name both. Only GeForce cards
                 // need BAR1 to hold VRAM: the stock driver's own P2P does not.
                 if p.geforce() {
-                    bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).0);
+                    bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).remedy);
                 }
             }
             None => {
@@ -433,12 +433,12 @@ fn patched(p: &Pair<'_>) -> Option<Verdict> {
         ));
     }
     if let Some(d) = p.devices().into_iter().find(|d| d.bar1_covers_vram() == Some(false)) {
-        let (remedy, _) = p.bar1_fix(d);
+        let fix = p.bar1_fix(d);
         return Some(p.off(
             "BAR1",
             Certainty::Shown,
             format!("{in_effect}: {}", bar1_too_small(d)),
-            remedy,
+            fix.remedy,
             PatchOutlook::InEffect("a BAR1 that holds VRAM".into()),
             &["BAR1", "BAR1 sizes (resource1_resize)", "VRAM", "kernel module"],
         ));
@@ -479,13 +479,18 @@ fn patched(p: &Pair<'_>) -> Option<Verdict> {
 /// Rule `bar1`: BAR1 too small to map VRAM, where the patch's mappings go.
 fn bar1(p: &Pair<'_>) -> Option<Verdict> {
     let d = p.devices().into_iter().find(|d| d.bar1_covers_vram() == Some(false))?;
-    let (remedy, outlook) = p.bar1_fix(d);
+    let fix = p.bar1_fix(d);
+    // Advice from the chip table rests on one assumption, which the reason names.
+    let (certainty, assumed) = match &fix.assumption {
+        Some(assumption) => (Certainty::Likely, format!("; {assumption}")),
+        None => (Certainty::Shown, String::new()),
+    };
     Some(p.off(
         "BAR1",
-        Certainty::Shown,
-        format!("the driver refuses P2P{}; {}", p.nvml_status(), bar1_too_small(d)),
-        remedy,
-        outlook,
+        certainty,
+        format!("the driver refuses P2P{}; {}{assumed}", p.nvml_status(), bar1_too_small(d)),
+        fix.remedy,
+        fix.outlook,
         &["BAR1", "BAR1 sizes (resource1_resize)", "VRAM"],
     ))
 }
