@@ -19,6 +19,7 @@ mod devices;
 mod error;
 mod flags;
 mod measure;
+mod plan;
 mod plot;
 mod probe;
 mod report;
@@ -48,6 +49,9 @@ enum Command {
     /// Benchmarks, nccl-tests style, with ceilings measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The cost model's time per all-reduce algorithm (ring, one-shot, two-shot) and size for
+    /// N ranks, its choice and what binds it; needs no GPU unless --measure.
+    Plan(plan::PlanArgs),
 }
 
 /// Run `gp2p` with `args` (the first is the program name, as in `std::env::args`; `String`s or `OsString`s) and return
@@ -72,6 +76,7 @@ where
         Command::Probe(args) => probe::run(&args),
         Command::Devices => devices::run(),
         Command::Bench(command) => bench::run(command),
+        Command::Plan(args) => plan::run(&args),
     };
     match result {
         Ok(()) => 0,

@@ -345,12 +345,14 @@ impl Plan {
 /// [`predict`], unless the environment variable [`ALGORITHM_VAR`] names one. Fails when it
 /// is set to anything but an algorithm's name (empty counts as unset).
 pub fn choose(machine: &Machine, bytes: usize) -> Result<Plan> {
-    let value = match std::env::var(ALGORITHM_VAR) {
-        Ok(value) => Some(value),
-        Err(std::env::VarError::NotPresent) => None,
-        Err(std::env::VarError::NotUnicode(value)) => Some(value.to_string_lossy().into_owned()),
-    };
-    Ok(choose_with(machine, bytes, forced_algorithm(value.as_deref())?))
+    Ok(choose_with(machine, bytes, forced_by_env()?))
+}
+
+/// The algorithm the environment variable [`ALGORITHM_VAR`] forces, read now
+/// ([`forced_algorithm`] of its value).
+pub fn forced_by_env() -> Result<Option<Algorithm>> {
+    let value = std::env::var_os(ALGORITHM_VAR).map(|v| v.to_string_lossy().into_owned());
+    forced_algorithm(value.as_deref())
 }
 
 /// The algorithm the value of [`ALGORITHM_VAR`] forces: `None` when unset or empty, an

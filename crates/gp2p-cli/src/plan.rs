@@ -1,0 +1,433 @@
+//! `gp2p plan --ranks N`: the cost model's predicted time of each all-reduce algorithm per
+//! size, its choice and what binds it (`geforce_p2p::collectives::cost`). A model, not a
+//! measurement: it needs no GPU, except that `--measure` takes the per-card rates (and,
+//! with two cards or more, the host's) from this machine's links.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::Args;
+use geforce_p2p::collectives::cost::{self, ALGORITHM_VAR, Algorithm, Machine, Plan};
+use geforce_p2p::cuda;
+
+use crate::error::CliError;
+use crate::sizes::{format_size, parse_size, sweep};
+use crate::table::{num, table};
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// Ranks (cards) in the all-reduce: 2 or more.
+    #[arg(long)]
+    ranks: usize,
+    /// Host to device per card, alone, GB/s (default: the model's, measured on an H200).
+    #[arg(long, value_name = "GB/s")]
+    h2d: Option<f64>,
+    /// Device to host per card, alone, GB/s.
+    #[arg(long, value_name = "GB/s")]
+    d2h: Option<f64>,
+    /// Per card, each way with both directions at once, GB/s.
+    #[arg(long, value_name = "GB/s")]
+    duplex: Option<f64>,
+    /// What all cards together move through host memory, up plus down, GB/s.
+    #[arg(long, value_name = "GB/s")]
+    host: Option<f64>,
+    /// Host memory, bytes read plus written, GB/s.
+    #[arg(long, value_name = "GB/s")]
+    dram: Option<f64>,
+    /// The cost of one dependent phase (a trip through host memory and its flag), µs.
+    #[arg(long, value_name = "US")]
+    handoff_us: Option<f64>,
+    /// Sizes per rank, comma-separated (bytes; K, M, G suffixes), instead of -b/-e/-f.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with_all = ["begin", "end", "factor"])]
+    sizes: Option<Vec<usize>>,
+    /// Smallest size per rank (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long, default_value = "4", value_parser = parse_size)]
+    begin: usize,
+    /// Largest size.
+    #[arg(short = 'e', long, default_value = "1G", value_parser = parse_size)]
+    end: usize,
+    /// Step factor between sizes.
+    #[arg(short = 'f', long, default_value_t = 4)]
+    factor: usize,
+    /// Also write the machine and the table as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Measure the per-card link rates here (and the host's, with two cards or more), as
+    /// `gp2p probe --measure` does; a flag given still wins. Needs a GPU.
+    #[arg(long)]
+    measure: bool,
+}
+
+/// Where a rate of the machine came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Source {
+    /// The model's default (measured on this project's H200 machines).
+    Default,
+    /// A command-line flag.
+    Flag,
+    /// `--measure`, on this machine.
+    Measured,
+}
+
+/// The machine's rates and where each came from, in [`RATES`] order.
+struct Rates {
+    machine: Machine,
+    sources: [Source; 6],
+    /// What `--measure` measured on, for the machine line.
+    measured_on: Option<String>,
+}
+
+/// The rates' flag names, in the order [`Rates::sources`] and [`rate_mut`] use.
+const RATES: [&str; 6] = ["h2d", "d2h", "duplex", "host", "dram", "handoff-us"];
+
+fn rate_mut(machine: &mut Machine, i: usize) -> &mut f64 {
+    match i {
+        0 => &mut machine.h2d_gbps,
+        1 => &mut machine.d2h_gbps,
+        2 => &mut machine.duplex_gbps,
+        3 => &mut machine.host_gbps,
+        4 => &mut machine.dram_gbps,
+        _ => &mut machine.handoff_us,
+    }
+}
+
+/// Per-card rates (and the host's, where measured) from this machine's links.
+struct Measured {
+    /// h2d, d2h, duplex: each the slowest card's (every card moves the same bytes, so the
+    /// slowest sets the time).
+    card: [f64; 3],
+    /// All cards at once, up plus down, with two cards or more.
+    host_gbps: Option<f64>,
+    /// How many cards were measured.
+    cards: usize,
+}
+
+impl PlanArgs {
+    fn sizes(&self) -> Result<Vec<usize>, CliError> {
+        let sizes = match &self.sizes {
+            Some(sizes) => sizes.clone(),
+            None => sweep(self.begin, self.end, self.factor).map_err(CliError::Usage)?,
+        };
+        if sizes.contains(&0) {
+            return Err(CliError::Usage("--sizes: every size must be at least 1 byte".into()));
+        }
+        Ok(sizes)
+    }
+
+    /// The machine: flags first, then what `measured` has, then the model's defaults.
+    fn rates(&self, measured: Option<&Measured>) -> Result<Rates, CliError> {
+        if self.ranks < 2 {
+            return Err(CliError::Usage(format!(
+                "--ranks {}: the cost model plans all-reduces of 2 ranks or more (one rank moves nothing)",
+                self.ranks
+            )));
+        }
+        let mut machine = Machine::h200(self.ranks);
+        let mut sources = [Source::Default; 6];
+        if let Some(m) = measured {
+            for (i, &rate) in m.card.iter().enumerate() {
+                *rate_mut(&mut machine, i) = rate;
+                sources[i] = Source::Measured;
+            }
+            if let Some(host) = m.host_gbps {
+                machine.host_gbps = host;
+                sources[3] = Source::Measured;
+            }
+        }
+        let flags = [self.h2d, self.d2h, self.duplex, self.host, self.dram, self.handoff_us];
+        for (i, flag) in flags.into_iter().enumerate() {
+            let Some(value) = flag else { continue };
+            let handoff = i == RATES.len() - 1;
+            if !value.is_finite() || value < 0.0 || (value == 0.0 && !handoff) {
+                let what = if handoff { "a time of 0 µs or more" } else { "a rate above 0 GB/s" };
+                return Err(CliError::Usage(format!("--{} {value}: expected {what}", RATES[i])));
+            }
+            *rate_mut(&mut machine, i) = value;
+            sources[i] = Source::Flag;
+        }
+        let measured_on = measured.map(|m| match (m.cards, m.host_gbps) {
+            (1, _) => "on 1 card".to_owned(),
+            (n, Some(_)) => format!("the slowest of {n} cards; the host with all {n} at once"),
+            (n, None) => format!("the slowest of {n} cards"),
+        });
+        Ok(Rates { machine, sources, measured_on })
+    }
+}
+
+pub fn run(args: &PlanArgs) -> Result<(), CliError> {
+    // Refuse bad flags before measuring anything.
+    args.rates(None)?;
+    let sizes = args.sizes()?;
+    let measured = if args.measure { Some(measure()?) } else { None };
+    let rates = args.rates(measured.as_ref())?;
+    let forced = cost::forced_by_env()?;
+    let plans: Vec<(usize, Plan)> =
+        sizes.iter().map(|&bytes| (bytes, cost::choose_with(&rates.machine, bytes, forced))).collect();
+    print!("{}", render(&rates, &plans, forced));
+    if let Some(path) = &args.json {
+        let io = |source| CliError::Io { path: path.display().to_string(), source };
+        let text =
+            serde_json::to_string_pretty(&json(&rates, &plans, forced)).map_err(|e| io(std::io::Error::other(e)))?;
+        std::fs::write(path, text + "\n").map_err(io)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The per-card rates, and the host's, of this machine's cards.
+fn measure() -> Result<Measured, CliError> {
+    let report = geforce_p2p::probe()?;
+    let links = crate::measure_links(&report)?;
+    if links.devices.is_empty() {
+        return Err(CliError::from(cuda::Error::NoDevice { ordinal: 0, count: report.facts.devices.len() }));
+    }
+    let slowest = |rate: fn(&crate::DeviceLink) -> f64| links.devices.iter().map(rate).fold(f64::INFINITY, f64::min);
+    let host_gbps = links.together.as_ref().filter(|all| all.cards.len() >= 2).map(|all| all.host_gbps);
+    Ok(Measured {
+        card: [slowest(|d| d.h2d_gbps), slowest(|d| d.d2h_gbps), slowest(|d| d.duplex_gbps)],
+        host_gbps,
+        cards: links.devices.len(),
+    })
+}
+
+/// nccl-tests' all_reduce bus bandwidth: 2(N−1)/N·S per second, GB/s.
+fn busbw_gbps(ranks: usize, bytes: usize, seconds: f64) -> f64 {
+    let n = ranks as f64;
+    2.0 * (n - 1.0) / n * bytes as f64 / seconds / 1e9
+}
+
+/// What `gp2p plan` prints: the machine, where its rates came from, the table, and what the
+/// table is and is not.
+fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> String {
+    let m = &rates.machine;
+    let mut out = format!(
+        "gp2p plan: all_reduce over {} ranks, every byte through pinned host memory\n\
+         machine: per card h2d {:.1} GB/s, d2h {:.1}, duplex {:.1} each way; host {:.1} GB/s all cards up + down; \
+         DRAM {:.1} GB/s; handoff {:.1} µs per phase\n",
+        m.ranks, m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps, m.dram_gbps, m.handoff_us
+    );
+    for (source, says) in [
+        (Source::Measured, "measured here"),
+        (Source::Flag, "from flags"),
+        (Source::Default, "the model's defaults (measured on H200s)"),
+    ] {
+        let names: Vec<&str> =
+            RATES.iter().zip(&rates.sources).filter(|(_, s)| **s == source).map(|(n, _)| *n).collect();
+        if !names.is_empty() {
+            let on = match (source, &rates.measured_on) {
+                (Source::Measured, Some(on)) => format!(" ({on})"),
+                _ => String::new(),
+            };
+            out.push_str(&format!("  {says}{on}: {}\n", names.join(", ")));
+        }
+    }
+    let mut header: Vec<String> = vec!["size".into()];
+    header.extend(Algorithm::ALL.iter().map(|a| format!("{a} µs")));
+    header.extend(["chosen", "bound", "busbw GB/s"].map(String::from));
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut t = table(&header, &["chosen", "bound"]);
+    for (bytes, plan) in plans {
+        let chosen = plan.prediction();
+        let mut row = vec![format_size(*bytes)];
+        row.extend(plan.predictions.iter().map(|p| num(p.seconds * 1e6, 1)));
+        row.push(if plan.forced { format!("{} (forced)", plan.chosen) } else { plan.chosen.to_string() });
+        row.push(chosen.bound.to_string());
+        row.push(num(busbw_gbps(m.ranks, *bytes, chosen.seconds), 2));
+        t.add_row(row);
+    }
+    out.push_str(&format!("{}\n", t.trim_fmt()));
+    let names = Algorithm::ALL.map(Algorithm::name).join("|");
+    match forced {
+        Some(a) => out.push_str(&format!("{ALGORITHM_VAR}={a} forces every choice above; unset it for the model's.\n")),
+        None => out.push_str(&format!("{ALGORITHM_VAR}={names} forces a choice.\n")),
+    }
+    out.push_str(
+        "The table is the model's prediction, not a measurement; today the executors run the ring for more than \
+         two ranks.\n",
+    );
+    out
+}
+
+/// The JSON `--json` writes.
+#[derive(serde::Serialize)]
+struct Json {
+    ranks: usize,
+    machine: JsonMachine,
+    forced: Option<&'static str>,
+    rows: Vec<JsonRow>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonMachine {
+    h2d_gbps: f64,
+    d2h_gbps: f64,
+    duplex_gbps: f64,
+    host_gbps: f64,
+    dram_gbps: f64,
+    handoff_us: f64,
+    /// Per rate, by its flag's name: `default`, `flag` or `measured`.
+    sources: BTreeMap<&'static str, Source>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonRow {
+    bytes: usize,
+    chosen: &'static str,
+    bound: &'static str,
+    busbw_gbps: f64,
+    predictions: Vec<JsonPrediction>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonPrediction {
+    algorithm: &'static str,
+    time_us: f64,
+    bound: &'static str,
+    phases: usize,
+}
+
+fn json(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> Json {
+    let m = &rates.machine;
+    Json {
+        ranks: m.ranks,
+        machine: JsonMachine {
+            h2d_gbps: m.h2d_gbps,
+            d2h_gbps: m.d2h_gbps,
+            duplex_gbps: m.duplex_gbps,
+            host_gbps: m.host_gbps,
+            dram_gbps: m.dram_gbps,
+            handoff_us: m.handoff_us,
+            sources: RATES.into_iter().zip(rates.sources).collect(),
+        },
+        forced: forced.map(Algorithm::name),
+        rows: plans
+            .iter()
+            .map(|(bytes, plan)| JsonRow {
+                bytes: *bytes,
+                chosen: plan.chosen.name(),
+                bound: plan.prediction().bound.name(),
+                busbw_gbps: busbw_gbps(m.ranks, *bytes, plan.prediction().seconds),
+                predictions: plan
+                    .predictions
+                    .iter()
+                    .map(|p| JsonPrediction {
+                        algorithm: p.algorithm.name(),
+                        time_us: p.seconds * 1e6,
+                        bound: p.bound.name(),
+                        phases: p.traffic.phases,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        plan: PlanArgs,
+    }
+
+    fn args(line: &[&str]) -> PlanArgs {
+        Cli::try_parse_from(std::iter::once("plan").chain(line.iter().copied())).unwrap().plan
+    }
+
+    #[test]
+    fn flags_win_over_measured_rates_and_measured_over_defaults() {
+        let measured = Measured { card: [20.0, 21.0, 12.0], host_gbps: Some(100.0), cards: 4 };
+        let rates = args(&["--ranks", "4", "--d2h", "30", "--handoff-us", "0"]).rates(Some(&measured)).unwrap();
+        let m = rates.machine;
+        assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps), (20.0, 30.0, 12.0, 100.0));
+        assert_eq!((m.dram_gbps, m.handoff_us), (cost::H200_DRAM_GBPS, 0.0));
+        let (default, flag, measured_here) = (Source::Default, Source::Flag, Source::Measured);
+        assert_eq!(rates.sources, [measured_here, flag, measured_here, measured_here, default, flag]);
+        let one_card = Measured { host_gbps: None, cards: 1, ..measured };
+        let rates = args(&["--ranks", "4"]).rates(Some(&one_card)).unwrap();
+        assert_eq!((rates.machine.host_gbps, rates.sources[3]), (cost::H200_HOST_GBPS, default));
+        assert_eq!(rates.measured_on.as_deref(), Some("on 1 card"));
+        let rates = args(&["--ranks", "8"]).rates(Some(&Measured { cards: 8, ..measured })).unwrap();
+        let text = render(&rates, &[], None);
+        assert!(
+            text.contains(
+                "measured here (the slowest of 8 cards; the host with all 8 at once): h2d, d2h, duplex, host"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn bad_ranks_and_rates_are_refused_naming_their_flag() {
+        for (line, names) in [
+            (&["--ranks", "1"][..], "--ranks 1"),
+            (&["--ranks", "0"], "--ranks 0"),
+            (&["--ranks", "8", "--duplex", "0"], "--duplex 0"),
+            (&["--ranks", "8", "--host=-5"], "--host -5"),
+            (&["--ranks", "8", "--dram", "inf"], "--dram inf"),
+            (&["--ranks", "8", "--handoff-us", "NaN"], "--handoff-us NaN"),
+        ] {
+            let Err(CliError::Usage(message)) = args(line).rates(None) else { panic!("{line:?} accepted") };
+            assert!(message.starts_with(names), "{line:?}: {message}");
+        }
+        assert!(args(&["--ranks", "8", "--handoff-us", "0"]).rates(None).is_ok(), "no handoff cost is a model too");
+        assert!(args(&["--ranks", "8", "--sizes", "8,0"]).sizes().is_err());
+    }
+
+    #[test]
+    fn sizes_come_from_the_list_or_the_sweep() {
+        assert_eq!(args(&["--ranks", "2", "--sizes", "8,1M,1G"]).sizes().unwrap(), [8, 1 << 20, 1 << 30]);
+        let sweep = args(&["--ranks", "2"]).sizes().unwrap();
+        assert_eq!((sweep.len(), sweep[0], sweep[sweep.len() - 1]), (15, 4, 1 << 30), "4 B to 1 GiB by 4");
+        assert!(sweep.contains(&(1 << 20)), "1 MiB is a row");
+        assert_eq!(args(&["--ranks", "2", "-b", "1K", "-e", "4K", "-f", "2"]).sizes().unwrap(), [1024, 2048, 4096]);
+        assert!(Cli::try_parse_from(["plan", "--ranks", "2", "--sizes", "8", "-b", "16"]).is_err(), "one or the other");
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
+        let rates = args(&["--ranks", "8"]).rates(None).unwrap();
+        let sizes = [8, 1 << 30];
+        let plans: Vec<(usize, Plan)> =
+            sizes.iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
+        let text = render(&rates, &plans, None);
+        let rows: Vec<&str> =
+            text.lines().filter(|l| l.starts_with(' ') && l.trim_start().starts_with(char::is_numeric)).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert!(rows[0].trim_start().starts_with("8 ") && rows[0].contains("one-shot  handoffs"), "{text}");
+        // 1 GiB at N = 8 on the defaults: two-shot, DRAM binds at 22 × 2^30 / 140e9 + 22.8 µs
+        // = 0.16875366 s, busbw 1.75 × 2^30 / that = 11.13 GB/s.
+        assert!(rows[1].contains("two-shot  dram") && rows[1].ends_with("11.13"), "{text}");
+        assert!(text.contains("the model's defaults (measured on H200s): h2d, d2h, duplex, host, dram, handoff-us"));
+        assert!(text.contains("GP2P_ALGORITHM=ring|one-shot|two-shot forces a choice"), "{text}");
+        assert!(text.contains("not a measurement"), "{text}");
+        assert!(text.lines().all(|l| l == l.trim_end()), "trailing spaces: {text}");
+        let forced: Vec<(usize, Plan)> =
+            sizes.iter().map(|&b| (b, cost::choose_with(&rates.machine, b, Some(Algorithm::Ring)))).collect();
+        let text = render(&rates, &forced, Some(Algorithm::Ring));
+        assert!(text.contains("ring (forced)") && text.contains("GP2P_ALGORITHM=ring forces every choice"), "{text}");
+    }
+
+    #[test]
+    fn json_holds_the_machine_and_every_prediction() {
+        let rates = args(&["--ranks", "4", "--host", "48"]).rates(None).unwrap();
+        let plans = vec![(1 << 20, cost::choose_with(&rates.machine, 1 << 20, None))];
+        let value = serde_json::to_value(json(&rates, &plans, None)).unwrap();
+        assert_eq!(value["ranks"], 4);
+        assert_eq!(value["machine"]["host_gbps"], 48.0);
+        assert_eq!(value["machine"]["sources"]["host"], "flag");
+        assert_eq!(value["machine"]["sources"]["h2d"], "default");
+        assert_eq!(value["machine"]["sources"]["handoff-us"], "default");
+        assert_eq!(value["forced"], serde_json::Value::Null);
+        let row = &value["rows"][0];
+        assert_eq!(row["bytes"], 1 << 20);
+        assert_eq!(row["predictions"].as_array().unwrap().len(), 3);
+        assert_eq!(row["predictions"][0]["phases"], 6);
+        assert_eq!(row["chosen"], plans[0].1.chosen.name());
+    }
+}

@@ -1,0 +1,110 @@
+//! `gp2p plan`: the cost model's table runs with no GPU or driver, one row per size, each
+//! naming its choice; `GP2P_ALGORITHM` forces a choice or, naming none, fails; fewer than
+//! two ranks are refused; `--measure` without a driver exits 2 like `gp2p probe`.
+
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+/// `gp2p args…` with `GP2P_ALGORITHM` set to `forced`, or removed.
+fn gp2p(args: &[&str], forced: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gp2p"));
+    command.args(args);
+    match forced {
+        Some(value) => command.env("GP2P_ALGORITHM", value),
+        None => command.env_remove("GP2P_ALGORITHM"),
+    };
+    command.output().expect("gp2p runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The table's data rows: lines that start with spaces, then a size.
+fn rows(stdout: &str) -> Vec<&str> {
+    stdout.lines().filter(|l| l.starts_with(' ') && l.trim_start().starts_with(|c: char| c.is_ascii_digit())).collect()
+}
+
+const ALGORITHMS: [&str; 3] = ["ring", "one-shot", "two-shot"];
+
+#[test]
+fn plan_for_eight_ranks_prints_a_row_per_size_each_with_a_choice() {
+    let out = gp2p(&["plan", "--ranks", "8"], None);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.lines().any(|l| l.starts_with("machine: ")), "{stdout}");
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 15, "4 B to 1 GiB by 4: {stdout}");
+    for row in &rows {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        // size, three times, the choice, the bound (one or two words), busbw.
+        assert!(ALGORITHMS.contains(&cells[4]), "no choice in {row:?}");
+        assert!(cells[1..4].iter().all(|t| t.parse::<f64>().is_ok_and(|t| t > 0.0)), "{row:?}");
+    }
+    assert!(rows[0].contains("one-shot"), "the smallest size takes one trip: {stdout}");
+    assert!(rows[rows.len() - 1].trim_start().starts_with("1G") && rows[rows.len() - 1].contains("two-shot"));
+    assert!(stdout.contains("GP2P_ALGORITHM") && stdout.contains("not a measurement"), "{stdout}");
+}
+
+#[test]
+fn fewer_than_two_ranks_are_refused_naming_the_flag() {
+    for ranks in ["0", "1"] {
+        let out = gp2p(&["plan", "--ranks", ranks], None);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--ranks {ranks}: {stderr}");
+        assert!(stderr.contains(&format!("--ranks {ranks}")) && stderr.contains("2 ranks or more"), "{stderr}");
+        assert!(out.stdout.is_empty(), "nothing printed for a refused plan");
+    }
+}
+
+#[test]
+fn the_environment_forces_a_choice_or_fails_naming_the_choices() {
+    let out = gp2p(&["plan", "--ranks", "4", "--sizes", "8,1G"], Some("ring"));
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(rows.iter().all(|r| r.contains("ring (forced)")), "{stdout}");
+    let out = gp2p(&["plan", "--ranks", "4"], Some("tree"));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for word in ["GP2P_ALGORITHM", "tree"].iter().chain(&ALGORITHMS) {
+        assert!(stderr.contains(word), "{word} missing: {stderr}");
+    }
+}
+
+#[test]
+fn json_holds_every_size_and_algorithm() {
+    let path = std::env::temp_dir().join(format!("gp2p-cli-plan-{}.json", std::process::id()));
+    let out =
+        gp2p(&["plan", "--ranks", "4", "--host", "48", "--sizes", "8,1M,1G", "--json", path.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(value["ranks"], 4);
+    assert_eq!(value["machine"]["host_gbps"], 48.0);
+    let rows = value["rows"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect::<Vec<_>>(), [8, 1 << 20, 1 << 30]);
+    for row in rows {
+        assert!(ALGORITHMS.contains(&row["chosen"].as_str().unwrap()), "{row}");
+        assert_eq!(row["predictions"].as_array().unwrap().len(), 3, "{row}");
+    }
+    // Four cards behind a 48 GB/s uplink: one trip at 8 B, the two-shot at 1 GiB.
+    assert_eq!((rows[0]["chosen"].as_str(), rows[2]["chosen"].as_str()), (Some("one-shot"), Some("two-shot")));
+    assert_eq!(rows[2]["bound"], "host");
+}
+
+#[test]
+fn measure_needs_a_driver_and_says_what_it_measured() {
+    let out = gp2p(&["plan", "--ranks", "2", "--sizes", "1M", "--measure"], None);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    match out.status.code() {
+        // No driver or no device here: like `gp2p probe`, exit 2 and say so.
+        Some(2) => assert!(stderr.contains("driver") || stderr.contains("device"), "{stderr}"),
+        // A GPU: the per-card rates were measured.
+        Some(0) => assert!(stdout.contains("measured here") && stdout.contains("h2d, d2h, duplex"), "{stdout}"),
+        code => panic!("exit {code:?}: {stdout}{stderr}"),
+    }
+}
