@@ -397,6 +397,29 @@ mod tests {
     }
 
     #[test]
+    fn the_schedules_move_what_the_cost_model_prices() {
+        use crate::cost::{Algorithm, traffic};
+        // Equal shares (len a multiple of N): the schedules' counted bytes are the model's.
+        for ranks in 2..=8 {
+            let len = ranks * 512;
+            let bytes = len * 4;
+            for (algorithm, schedule) in [
+                (Algorithm::OneShot, HostSchedule::one_shot_all_reduce(ranks, len, 100)),
+                (Algorithm::TwoShot, HostSchedule::two_shot_all_reduce(ranks, len, 100, 1)),
+            ] {
+                let priced = traffic(algorithm, ranks, bytes);
+                for &(up, down) in &schedule.link_bytes(4) {
+                    assert_eq!(up as f64, priced.up_bytes, "{algorithm:?} up, {ranks} ranks");
+                    assert_eq!(down as f64, priced.down_bytes, "{algorithm:?} down, {ranks} ranks");
+                }
+                assert_eq!(schedule.host_memory_bytes(4) as f64, priced.host_dram_bytes, "{algorithm:?}");
+                // The model counts the trips after the first write.
+                assert_eq!(schedule.phases() - 1, priced.phases, "{algorithm:?}");
+            }
+        }
+    }
+
+    #[test]
     fn every_host_read_waits_for_the_writer_of_that_range_in_an_earlier_phase() {
         for ranks in 2..=8 {
             let s = HostSchedule::two_shot_all_reduce(ranks, 101, 7, 1);
