@@ -137,7 +137,7 @@ impl Report {
         let _ = writeln!(out, "{}", matrix.trim_fmt());
         let _ = writeln!(
             out,
-            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after a change | PFAIL the patch is in effect, cause not shown | WDDM, MIX, VM, ARCH: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"
+            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after the steps listed (the code names the first) | PFAIL the patch is in effect, cause not shown | WDDM, MIX, VM, ARCH: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"
         );
         let _ = writeln!(
             out,
@@ -151,7 +151,14 @@ impl Report {
                 outlook => Some(describe(outlook)),
             };
             let _ = writeln!(out, "{} -> {} [{}, {}] {}", v.a, v.b, v.code, v.certainty.name(), shown(&v.reason));
-            let _ = writeln!(out, "    remedy: {}", shown(&v.remedy));
+            if v.steps.len() > 1 {
+                let _ = writeln!(out, "    remedy, in order:");
+                for (i, step) in v.steps.iter().enumerate() {
+                    let _ = writeln!(out, "      {}. [{}] {}", i + 1, step.code, shown(&step.remedy));
+                }
+            } else {
+                let _ = writeln!(out, "    remedy: {}", shown(&v.remedy));
+            }
             if let Some(pair) = self.facts.pairs.iter().find(|p| p.a == v.a && p.b == v.b) {
                 let _ = writeln!(out, "    driver: {}", shown(&driver_line(pair, self.facts.nvml_answered())));
             }

@@ -611,6 +611,137 @@ fn a_bar1_at_its_chip_s_largest_size_is_a_limit_of_the_card_not_a_firmware_setti
     assert!(v.remedy.contains("device 0 offers a BAR1 of up to 64.0 GiB"), "{}", v.remedy);
 }
 
+/// A change to [`two_4090s`] (whose only blocker is the patch itself) that puts one blocker
+/// in the way.
+type Blocker = fn(&mut Facts);
+
+/// Every blocker kind the rules know, as (rule, code, change), in the order of `RULES`.
+/// `card` (professional cards: never GeForce advice) and `patched` (a state, whose missing
+/// pieces are tested on their own) are not among them. The changes commute: applying two
+/// in either order gives both blockers.
+const BLOCKERS: &[(&str, &str, Blocker)] = &[
+    ("wddm", "WDDM", |f| {
+        f.host.os = "windows".into();
+        f.devices[0].driver_model = Some("WDDM".into());
+    }),
+    ("mixed", "MIX", |f| {
+        let d = &mut f.devices[1];
+        (d.name, d.architecture, d.compute_capability) =
+            ("NVIDIA GeForce RTX 5090".into(), Some("Blackwell".into()), (12, 0));
+    }),
+    ("vm", "VM", |f| f.host.virtual_machine = Some("KVM".into())),
+    ("regkey", "DR", |f| f.host.registry_dwords = Some("ForceP2P=0".into())),
+    ("arch", "ARCH", |f| {
+        // Turing cards (device 1 stays whatever `mixed` made it).
+        for d in f.devices.iter_mut().filter(|d| d.architecture.as_deref() == Some("Ada")) {
+            (d.name, d.architecture, d.compute_capability) =
+                ("NVIDIA GeForce RTX 2080 Ti".into(), Some("Turing".into()), (7, 5));
+        }
+    }),
+    ("module", "PROP", |f| f.host.kernel_module.iter_mut().for_each(|m| m.flavour = ModuleFlavour::Proprietary)),
+    ("version", "VER", |f| f.host.kernel_module.iter_mut().for_each(|m| m.version = "580.159.04".into())),
+    ("bar1", "BAR1", |f| f.devices[0].bar1_bytes = Some(256 << 20)),
+    ("iommu", "IOMMU", |f| f.devices[0].iommu_group_type = Some("DMA".into())),
+];
+
+/// Pairs of blockers where the first makes the second moot, as `RULES` documents: no step
+/// for the second.
+const MOOT: &[(&str, &str)] =
+    &[("wddm", "module"), ("wddm", "version"), ("wddm", "iommu"), ("arch", "module"), ("arch", "version")];
+
+/// Blockers whose removal leaves the patch to do the rest (the others: it cannot).
+const FIXABLE: &[&str] = &["regkey", "module", "version", "bar1", "iommu"];
+
+fn step_codes(v: &crate::Verdict) -> Vec<&str> {
+    v.steps.iter().map(|s| s.code.as_str()).collect()
+}
+
+#[test]
+fn each_blocker_alone_is_one_step_then_the_patch_where_it_helps() {
+    for &(rule, code, block) in BLOCKERS {
+        let mut f = two_4090s();
+        block(&mut f);
+        let v = first(&f);
+        let mut expected = vec![code];
+        if FIXABLE.contains(&rule) {
+            expected.push("PATCH");
+        }
+        assert_eq!((v.code.as_str(), step_codes(&v)), (code, expected), "{rule}: {v:?}");
+        assert_eq!(v.steps[0].rule, rule);
+    }
+}
+
+#[test]
+fn every_two_blockers_are_both_named_in_the_documented_order() {
+    let order: Vec<&str> = crate::RULES.iter().map(|r| r.split(':').next().unwrap_or(r)).collect();
+    for (i, &(rule_x, code_x, block_x)) in BLOCKERS.iter().enumerate() {
+        for &(rule_y, code_y, block_y) in &BLOCKERS[i + 1..] {
+            assert!(
+                order.iter().position(|r| *r == rule_x) < order.iter().position(|r| *r == rule_y),
+                "BLOCKERS lists {rule_x} before {rule_y}, as RULES does"
+            );
+            // The changes commute: either order of applying them gives the same facts.
+            let (mut f, mut g) = (two_4090s(), two_4090s());
+            block_x(&mut f);
+            block_y(&mut f);
+            block_y(&mut g);
+            block_x(&mut g);
+            assert_eq!(f, g, "{rule_x} and {rule_y} do not commute");
+            let v = first(&f);
+            let codes = step_codes(&v);
+            let mut expected = vec![code_x];
+            if !MOOT.contains(&(rule_x, rule_y)) {
+                expected.push(code_y);
+            }
+            if FIXABLE.contains(&rule_x) && FIXABLE.contains(&rule_y) {
+                expected.push("PATCH");
+            }
+            assert_eq!(codes, expected, "{rule_x} + {rule_y}: {}", v.remedy);
+            // The first decides the code, the remedy names every step in order, and the
+            // patch outlook lists every change or says why it cannot.
+            assert_eq!(v.code, code_x, "{rule_x} + {rule_y}");
+            let joined: Vec<&str> = v.steps.iter().map(|s| s.remedy.as_str()).collect();
+            assert_eq!(v.remedy, joined.join("; then "), "{rule_x} + {rule_y}");
+            match &v.patch {
+                PatchOutlook::AfterChange(changes) => {
+                    assert!(FIXABLE.contains(&rule_x) && FIXABLE.contains(&rule_y), "{rule_x} + {rule_y}: {changes}");
+                    assert_eq!(changes.matches("; then ").count(), 1, "two changes: {changes}");
+                }
+                PatchOutlook::Cannot(_) => {
+                    assert!(!FIXABLE.contains(&rule_x) || !FIXABLE.contains(&rule_y), "{rule_x} + {rule_y}")
+                }
+                other => panic!("{rule_x} + {rule_y}: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn two_blockers_at_once_are_both_named_and_rendered_in_order() {
+    // 4090s on NVIDIA's 570.195.03 (no patch branch) with Resizable BAR off.
+    let f = load_fixture("4090-pair-stock-570-rebar-off.json");
+    let v = first(&f);
+    assert_eq!(step_codes(&v), ["VER", "BAR1", "PATCH"]);
+    assert!(v.steps[1].remedy.starts_with("enable Above 4G decoding and Resizable BAR"), "{:?}", v.steps);
+    assert!(v.steps[2].remedy.contains("the driver version the steps above lead to"), "{:?}", v.steps);
+    let PatchOutlook::AfterChange(changes) = &v.patch else { panic!("{:?}", v.patch) };
+    assert!(changes.starts_with("move to one of 550.54.15") && changes.contains("; then enable Resizable BAR"));
+    let text = Report::new(f).render();
+    let steps = "    remedy, in order:\n      1. [VER] install a driver version whose patch branch drives Ada cards";
+    assert!(text.contains(steps), "{text}");
+    assert!(
+        text.contains("\n      2. [BAR1] enable Above 4G decoding") && text.contains("\n      3. [PATCH] install"),
+        "{text}"
+    );
+    // The patch in effect and CUDA refusing: every missing piece, not only the first.
+    let mut f = load_fixture("4090-pair-patched-cuda-refuses.json");
+    f.devices[1].bar1_bytes = Some(256 << 20);
+    f.devices[0].iommu_group_type = Some("DMA".into());
+    let v = first(&f);
+    assert_eq!(step_codes(&v), ["BAR1", "IOMMU"], "{:?}", v.steps);
+    assert_eq!(v.patch, PatchOutlook::InEffect("a BAR1 that holds VRAM, the IOMMU in passthrough".into()));
+}
+
 #[test]
 fn a_translating_iommu_needs_passthrough() {
     let mut f = two_4090s();
@@ -863,6 +994,17 @@ proptest! {
                 prop_assert!(v.on.is_none(), "on although CUDA said {:?}", p.can_access_peer);
             } else {
                 prop_assert!(v.on.is_some());
+            }
+            // Off: every step in the order of RULES, the remedy their sentences joined.
+            if v.on.is_none() {
+                let order: Vec<&str> = crate::RULES.iter().map(|r| r.split(':').next().unwrap_or(r)).collect();
+                let at: Vec<usize> = v.steps.iter().map(|s| order.iter().position(|r| *r == s.rule).unwrap_or(usize::MAX)).collect();
+                prop_assert!(!at.is_empty() && at.windows(2).all(|w| w[0] <= w[1]) && at[at.len() - 1] < order.len(), "{:?}", v.steps);
+                prop_assert_eq!(&v.steps[0].code, &v.code);
+                let joined: Vec<&str> = v.steps.iter().map(|s| s.remedy.as_str()).collect();
+                prop_assert_eq!(&v.remedy, &joined.join("; then "));
+            } else {
+                prop_assert!(v.steps.is_empty());
             }
             // Auto is kept off P2P exactly where the verdict says it is on but not safe.
             prop_assert_eq!(v.on.is_some() && !v.peer_trusted(), matches!(v.code.as_str(), "UNSAFE" | "OK?"));

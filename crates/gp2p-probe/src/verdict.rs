@@ -1,5 +1,8 @@
 //! From facts to one verdict per ordered pair. Pure; the rules apply in the order of
-//! [`RULES`], the first that fits decides, and each verdict lists the facts it used.
+//! [`RULES`]: the first that fits decides the verdict's code and reason, and every rule that
+//! fits adds its step to the verdict's chain of remedies ([`Verdict::steps`]), so a pair
+//! with more than one thing in the way hears of all of them, in the order to take them.
+//! Each verdict lists the facts it used.
 
 use serde::{Deserialize, Serialize};
 
@@ -14,9 +17,18 @@ use crate::patch::{Certainty, Forced, PatchState, forced, patch_state};
 
 mod rules;
 
+#[cfg(test)]
 use rules::CHECKS;
+use rules::chain;
 
-/// The rules, in the order they are tried, as documented in the report's legend.
+/// The rules, in the order they are tried, as documented in the report's legend. This is
+/// also the order of a pair's steps: what stands in the way of everything after it first
+/// (the platform, then registry keys, the driver, the firmware's BAR1, the kernel's IOMMU),
+/// and the patch last, built against the driver the steps before it installed. Where one
+/// rule makes another moot, the other adds no step: after `card` (professional and
+/// datacenter cards) and `patched` (which names every missing piece itself) none; after
+/// `arch` neither `module` nor `version` (no version helps); on Windows neither `module`,
+/// `version` nor `iommu` (Linux's).
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
     "on: CUDA can access the peer; where the patch or a ForceP2P key forces it, BAR1 < VRAM or a translating IOMMU make it UNSAFE and unknown ones OK? (Route::Auto copies both staged)",
@@ -28,10 +40,10 @@ pub const RULES: &[&str] = &[
     "arch: GeForce cards of an architecture no patch branch drives",
     "patched: the patch is in effect and CUDA still refuses: what else is missing (branch, BAR1, IOMMU, or a cause the facts cannot show)",
     "module: the proprietary kernel module (the patch needs the open one, at a version with a branch for the cards)",
-    "version: an open module version with no patch branch for the cards' architecture",
+    "version: a driver version with no patch branch for the cards' architecture",
     "bar1: BAR1 smaller than VRAM (Resizable BAR where the card, or else its chip's cards as reported, offer more; a BAR1 at that limit gets the per-allocation branch, or nothing)",
     "iommu: the IOMMU translates GPU DMA",
-    "patch: everything the patch needs is in place",
+    "patch: everything the patch needs is in place, or will be after the steps before: install it",
 ];
 
 /// What the P2P patch in PATCH.md would do for a pair.
@@ -100,6 +112,23 @@ pub struct Verdict {
     pub unchecked: Vec<String>,
     /// Things worth knowing.
     pub warnings: Vec<String>,
+    /// Every step between this pair and P2P, in the order to take them (the order of
+    /// [`RULES`]): one per rule that fits, the first the one the code and reason are about,
+    /// and last, where the patch would then turn P2P on, installing it. `remedy` is their
+    /// sentences joined. Empty where P2P is on: the remedy names what makes it safe.
+    #[serde(default)]
+    pub steps: Vec<Step>,
+}
+
+/// One step of a pair's way to P2P.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    /// The rule whose blocker it removes, as [`RULES`] names them (`patch`: installing it).
+    pub rule: String,
+    /// That rule's verdict code (VER, BAR1, IOMMU, …; PATCH).
+    pub code: String,
+    /// What to do, in a sentence.
+    pub remedy: String,
 }
 
 impl Verdict {
@@ -160,6 +189,8 @@ struct Bar1Fix {
     /// The assumption the advice rests on, where it comes from the chip table rather than
     /// the card's own sizes (the verdict is then "likely" and names it).
     assumption: Option<String>,
+    /// The remedy is the per-allocation branch (the card's BAR1 cannot grow enough).
+    per_allocation: bool,
 }
 
 /// One pair with everything its rules look at.
@@ -185,6 +216,7 @@ fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
         hazards: Vec::new(),
         unchecked: Vec::new(),
         warnings: Vec::new(),
+        steps: vec![Step { rule: "facts".into(), code: "?".into(), remedy: remedy.into() }],
     };
     // 1. A pair of devices the facts describe, and CUDA's answer for it.
     let (Some(a), Some(b)) = (facts.device(pair.a), facts.device(pair.b)) else {
@@ -205,12 +237,54 @@ fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
         );
     }
     let p = Pair { facts, pair, a, b, patch };
-    CHECKS.iter().find_map(|(_, rule)| rule(&p)).unwrap_or_else(|| p.patch_would())
+    let found = chain(&p);
+    match found.first() {
+        Some((_, v)) if v.on.is_some() => v.clone(),
+        _ => p.combine(found),
+    }
+}
+
+/// The patch outlook of a chain of blockers, from each one's: not for these cards where the
+/// first says so; else it cannot where any says so (every reason); else what is still
+/// missing where the patch is in effect; else not known where the first is not; else it
+/// would, after every change in order (and any fact found missing on the way).
+fn merge_outlooks(outlooks: &[&PatchOutlook]) -> PatchOutlook {
+    let Some(first) = outlooks.first() else { return PatchOutlook::Would };
+    if matches!(first, PatchOutlook::NotApplicable(_) | PatchOutlook::NotNeeded | PatchOutlook::Would) {
+        return (*first).clone();
+    }
+    let cannot: Vec<&str> = outlooks
+        .iter()
+        .filter_map(|o| if let PatchOutlook::Cannot(why) = o { Some(why.as_str()) } else { None })
+        .collect();
+    if !cannot.is_empty() {
+        return PatchOutlook::Cannot(cannot.join("; and "));
+    }
+    let in_effect: Vec<&str> = outlooks
+        .iter()
+        .filter_map(|o| if let PatchOutlook::InEffect(m) = o { Some(m.as_str()) } else { None })
+        .collect();
+    if !in_effect.is_empty() {
+        return PatchOutlook::InEffect(in_effect.into_iter().filter(|m| !m.is_empty()).collect::<Vec<_>>().join(", "));
+    }
+    let missing = |o: &&PatchOutlook| if let PatchOutlook::Undecided(m) = o { m.clone() } else { Vec::new() };
+    if matches!(first, PatchOutlook::Undecided(_)) {
+        return PatchOutlook::Undecided(outlooks.iter().flat_map(missing).collect());
+    }
+    let changes: Vec<String> = outlooks
+        .iter()
+        .filter_map(|o| match o {
+            PatchOutlook::AfterChange(change) => Some(change.clone()),
+            PatchOutlook::Undecided(m) => Some(format!("check what is not known: {}", m.join(", "))),
+            _ => None,
+        })
+        .collect();
+    PatchOutlook::AfterChange(changes.join("; then "))
 }
 
 impl Pair<'_> {
     /// A verdict on this pair, P2P off.
-    fn off(
+    pub(super) fn off(
         &self,
         code: &str,
         certainty: Certainty,
@@ -232,7 +306,69 @@ impl Pair<'_> {
             hazards: Vec::new(),
             unchecked: Vec::new(),
             warnings: Vec::new(),
+            steps: Vec::new(),
         }
+    }
+
+    /// The verdict of a pair P2P is off for, from its chain of blockers ([`chain`]): the
+    /// first decides the code, reason and certainty; the steps are every blocker's remedy in
+    /// order, then installing the patch where it would then turn P2P on; the patch outlook
+    /// names every change (or why it cannot, or what is not known).
+    fn combine(&self, chain: Vec<(&'static str, Verdict)>) -> Verdict {
+        let Some((_, first)) = chain.first() else {
+            let mut v = self.patch_would();
+            v.steps = vec![Step { rule: "patch".into(), code: v.code.clone(), remedy: v.remedy.clone() }];
+            return v;
+        };
+        let mut v = first.clone();
+        let outlooks: Vec<&PatchOutlook> = chain.iter().map(|(_, c)| &c.patch).collect();
+        v.patch = merge_outlooks(&outlooks);
+        let mut steps: Vec<Step> = chain
+            .iter()
+            .map(|(rule, c)| Step { rule: (*rule).to_owned(), code: c.code.clone(), remedy: c.remedy.clone() })
+            .collect();
+        for (_, c) in &chain[1..] {
+            for used in &c.used {
+                if !v.used.contains(used) {
+                    v.used.push(used.clone());
+                }
+            }
+            v.warnings.extend(c.warnings.iter().cloned());
+        }
+        if matches!(v.patch, PatchOutlook::AfterChange(_)) && self.geforce() && !self.patch.acted_on() {
+            let install = self.install_after(&chain);
+            steps.push(Step { rule: "patch".into(), code: "PATCH".into(), remedy: install.remedy });
+            v.warnings.extend(install.warnings);
+        }
+        v.remedy = steps.iter().map(|s| s.remedy.as_str()).collect::<Vec<_>>().join("; then ");
+        v.steps = steps;
+        v
+    }
+
+    /// Installing the patch, as the last step after the changes of `chain`: the branch for
+    /// the driver version the steps lead to.
+    fn install_after(&self, chain: &[(&'static str, Verdict)]) -> Verdict {
+        let mut install = self.patch_would();
+        let check = "then check with `gp2p probe` and `gp2p bench copy --route peer`";
+        let per_allocation = self
+            .devices()
+            .into_iter()
+            .find(|d| d.bar1_covers_vram() == Some(false))
+            .is_some_and(|d| self.bar1_fix(d).per_allocation);
+        if per_allocation {
+            let version = crate::branches::PATCH_BRANCHES
+                .iter()
+                .find(|b| b.name == BAR1_PER_ALLOCATION_BRANCH)
+                .map_or("?", |b| b.version);
+            install.remedy = format!(
+                "install the P2P patch from the {BAR1_PER_ALLOCATION_BRANCH} branch, for open module {version} exactly (PATCH.md), {check}"
+            );
+        } else if chain.iter().any(|(rule, _)| matches!(*rule, "module" | "version")) {
+            install.remedy = format!(
+                "install the P2P patch from the branch for the driver version the steps above lead to, built at exactly that version (PATCH.md), {check}"
+            );
+        }
+        install
     }
 
     fn devices(&self) -> [&DeviceFacts; 2] {
@@ -320,6 +456,7 @@ impl Pair<'_> {
                         "enable Resizable BAR, if device {n} offers a BAR1 of at least {needed}"
                     )),
                     assumption: None,
+                    per_allocation: false,
                 };
             }
         };
@@ -339,6 +476,7 @@ impl Pair<'_> {
                 ),
                 outlook: PatchOutlook::AfterChange(format!("enable Resizable BAR ({offers})")),
                 assumption,
+                per_allocation: false,
             };
         }
         let stuck = match (&assumption, chip) {
@@ -364,17 +502,19 @@ impl Pair<'_> {
                     "move to the experimental {BAR1_PER_ALLOCATION_BRANCH} branch, which maps BAR1 per allocation"
                 )),
                 assumption,
+                per_allocation: true,
             };
         }
         if geforce && d.bar1_sizes.as_ref().is_some_and(Vec::is_empty) {
             return Bar1Fix {
                 remedy: format!(
-                    "{stuck}: a VBIOS update from the card's maker may add Resizable BAR; without one there is no remedy and this pair stays staged"
+                    "{stuck}: a VBIOS update from the card's maker may add Resizable BAR (without one nothing covers its VRAM and this pair stays staged)"
                 ),
                 outlook: PatchOutlook::AfterChange(
                     "a VBIOS update that adds Resizable BAR, where the card's maker has one".into(),
                 ),
                 assumption,
+                per_allocation: false,
             };
         }
         Bar1Fix {
@@ -386,6 +526,7 @@ impl Pair<'_> {
                 gib(largest)
             )),
             assumption,
+            per_allocation: false,
         }
     }
 

@@ -1,26 +1,67 @@
 //! The rules after `facts`, one function each, in the order of [`super::RULES`]: each looks
-//! at one pair and gives its verdict when it applies.
+//! at one pair and gives its verdicts where it applies. [`chain`] walks them all: every
+//! rule that applies adds its step, so a pair learns every blocker, not only the first.
 
 use super::*;
 
-/// A rule: the verdict when it applies to the pair.
-pub(super) type Rule = fn(&Pair<'_>) -> Option<Verdict>;
+/// A rule: the verdicts it gives the pair, none where it does not apply (`patched` and
+/// `iommu` can give more than one: each names one blocker).
+pub(super) type Rule = fn(&Pair<'_>) -> Vec<Verdict>;
 
-/// The rules after `facts`, in the order of [`RULES`] (`patch` is the fallback).
+/// The rules after `facts`, in the order of [`RULES`] (`patch` is the last step).
 pub(super) const CHECKS: &[(&str, Rule)] = &[
-    ("on", on),
-    ("wddm", wddm),
-    ("mixed", mixed),
-    ("vm", virtual_machine),
-    ("regkey", regkey),
-    ("card", card),
-    ("arch", arch),
+    ("on", |p| on(p).into_iter().collect()),
+    ("wddm", |p| wddm(p).into_iter().collect()),
+    ("mixed", |p| mixed(p).into_iter().collect()),
+    ("vm", |p| virtual_machine(p).into_iter().collect()),
+    ("regkey", |p| regkey(p).into_iter().collect()),
+    ("card", |p| card(p).into_iter().collect()),
+    ("arch", |p| arch(p).into_iter().collect()),
     ("patched", patched),
-    ("module", module),
-    ("version", version),
-    ("bar1", bar1),
+    ("module", |p| module(p).into_iter().collect()),
+    ("version", |p| version(p).into_iter().collect()),
+    ("bar1", |p| bar1(p).into_iter().collect()),
     ("iommu", iommu),
 ];
+
+/// Every rule that applies to the pair, in the order of [`CHECKS`], each with its name: the
+/// pair's chain of blockers, the first of which decides its code. Some rules end or prune
+/// the walk, as [`RULES`] says:
+/// - `on` ends it: P2P is on, and its verdict names what makes it safe.
+/// - `card` ends it for professional and datacenter pairs (no GeForce rule is about them),
+///   and explains the refusal only where no rule before it did.
+/// - `patched` ends it: with the patch in effect it names every missing piece (branch,
+///   BAR1, IOMMU) itself.
+/// - `arch` makes `module` and `version` moot (no branch drives the cards at any version).
+/// - Windows makes `module`, `version` and `iommu` moot (Linux's kernel module and IOMMU
+///   groups; the `wddm` step already says Linux is the way).
+pub(super) fn chain(p: &Pair<'_>) -> Vec<(&'static str, Verdict)> {
+    let windows = p.facts.host.os.eq_ignore_ascii_case("windows");
+    let mut found: Vec<(&'static str, Verdict)> = Vec::new();
+    for &(name, rule) in CHECKS {
+        let moot = match name {
+            "card" if !p.geforce() => {
+                if found.is_empty() {
+                    found.extend(rule(p).into_iter().map(|v| (name, v)));
+                }
+                break;
+            }
+            "module" | "version" => windows || found.iter().any(|(rule, _)| *rule == "arch"),
+            "iommu" => windows,
+            _ => false,
+        };
+        if moot {
+            continue;
+        }
+        let given = rule(p);
+        let ends = !given.is_empty() && matches!(name, "on" | "patched");
+        found.extend(given.into_iter().map(|v| (name, v)));
+        if ends {
+            break;
+        }
+    }
+    found
+}
 
 /// Rule `on`: CUDA can access the peer. Where an override forces P2P on (the patch, or a
 /// ForceP2P key), the driver skipped its own BAR1 and IOMMU checks, so those are checked
@@ -338,7 +379,8 @@ fn card(p: &Pair<'_>) -> Option<Verdict> {
     ))
 }
 
-/// Rule `module`: the kernel module: unknown, or the proprietary one.
+/// Rule `module`: the kernel module: unknown, or the proprietary one. Where its version has
+/// no patch branch for the cards, `version` adds that step.
 fn module(p: &Pair<'_>) -> Option<Verdict> {
     let status = p.nvml_status();
     let Some(module) = p.module() else {
@@ -351,28 +393,47 @@ fn module(p: &Pair<'_>) -> Option<Verdict> {
             &["cuDeviceCanAccessPeer", "nvml p2p read/write"],
         ));
     };
+    let arch = p.a.arch();
+    let branch = branch_for_version(&module.version).filter(|b| b.architectures.contains(&arch));
     (module.flavour == ModuleFlavour::Proprietary).then(|| {
+        let (remedy, change) = match branch {
+            Some(b) => (
+                format!(
+                    "switch to NVIDIA's open kernel module at the version you run, {}, which the {} branch patches (PATCH.md)",
+                    module.version, b.name
+                ),
+                format!("switch to the open kernel module at {}", module.version),
+            ),
+            None => (
+                format!(
+                    "switch to NVIDIA's open kernel module (PATCH.md), at a version with a patch branch for {} cards",
+                    arch.name()
+                ),
+                "switch to the open kernel module".to_owned(),
+            ),
+        };
         p.off(
             "PROP",
             Certainty::Shown,
             format!("the driver refuses P2P{status}, and runs the proprietary kernel module {}", module.version),
-            format!(
-                "switch to NVIDIA's open kernel module at a version with a patch branch for {} cards (PATCH.md): {}",
-                p.a.arch().name(),
-                p.versions()
-            ),
-            PatchOutlook::AfterChange(format!("switch to the open kernel module at one of {}", p.versions())),
+            remedy,
+            PatchOutlook::AfterChange(change),
             &["cuDeviceCanAccessPeer", "kernel module"],
         )
     })
 }
 
-/// Rule `version`: an open module no patch exists for.
+/// Rule `version`: a module version no patch branch for the cards exists for (open, or the
+/// proprietary one `module` switches from).
 fn version(p: &Pair<'_>) -> Option<Verdict> {
     let module = p.module()?;
     let arch = p.a.arch();
+    let flavour = match module.flavour {
+        ModuleFlavour::Open => "open module",
+        ModuleFlavour::Proprietary => "driver",
+    };
     let missing = match branch_for_version(&module.version) {
-        None => format!("no patch branch exists for open module {}", module.version),
+        None => format!("no patch branch exists for {flavour} {}", module.version),
         Some(b) if !b.architectures.contains(&arch) => {
             format!("the {} branch does not drive {} cards", b.name, arch.name())
         }
@@ -413,17 +474,19 @@ fn arch(p: &Pair<'_>) -> Option<Verdict> {
 }
 
 /// Rule `patched`: the patch is in effect and CUDA still refuses. Installing it is not the
-/// answer; what else is missing is.
-fn patched(p: &Pair<'_>) -> Option<Verdict> {
+/// answer; what else is missing is: every piece the facts show (branch, BAR1, IOMMU), each a
+/// verdict, or the further causes they cannot show.
+fn patched(p: &Pair<'_>) -> Vec<Verdict> {
     if !p.patch.acted_on() {
-        return None;
+        return Vec::new();
     }
     let status = p.nvml_status();
     let in_effect =
         format!("the P2P patch is in effect ({}) but CUDA refuses this pair{status}", p.patch.certainty.name());
     let used = ["cuDeviceCanAccessPeer", "nvml p2p read/write/atomics", "kernel module"];
+    let mut missing = Vec::new();
     if let Some(wrong) = p.branch_lacking_arch() {
-        return Some(p.off(
+        missing.push(p.off(
             "VER",
             Certainty::Shown,
             format!("{in_effect}: {wrong}"),
@@ -434,7 +497,7 @@ fn patched(p: &Pair<'_>) -> Option<Verdict> {
     }
     if let Some(d) = p.devices().into_iter().find(|d| d.bar1_covers_vram() == Some(false)) {
         let fix = p.bar1_fix(d);
-        return Some(p.off(
+        missing.push(p.off(
             "BAR1",
             Certainty::Shown,
             format!("{in_effect}: {}", bar1_too_small(d)),
@@ -444,7 +507,7 @@ fn patched(p: &Pair<'_>) -> Option<Verdict> {
         ));
     }
     if let Some(d) = p.devices().into_iter().find(|d| p.iommu_translates(d) == Some(true)) {
-        return Some(p.off(
+        missing.push(p.off(
             "IOMMU",
             Certainty::Shown,
             format!("{in_effect}: {}", iommu_translates(d)),
@@ -452,6 +515,9 @@ fn patched(p: &Pair<'_>) -> Option<Verdict> {
             PatchOutlook::InEffect("the IOMMU in passthrough".into()),
             &["IOMMU group type", "/proc/cmdline", "kernel module"],
         ));
+    }
+    if !missing.is_empty() {
+        return missing;
     }
     let mut causes = vec![
         "look for NVRM errors in the kernel log (`sudo dmesg | grep NVRM`)".to_owned(),
@@ -466,14 +532,14 @@ fn patched(p: &Pair<'_>) -> Option<Verdict> {
             "a display attached to a 5090 breaks it on some branches: move the display to another card".into(),
         );
     }
-    Some(p.off(
+    vec![p.off(
         "PFAIL",
         Certainty::Possible,
         format!("{in_effect}, and the facts show no cause"),
         format!("known further causes: {}", causes.join("; ")),
         PatchOutlook::InEffect("something the facts do not show (see the remedy)".into()),
         &used,
-    ))
+    )]
 }
 
 /// Rule `bar1`: BAR1 too small to map VRAM, where the patch's mappings go.
@@ -495,11 +561,12 @@ fn bar1(p: &Pair<'_>) -> Option<Verdict> {
     ))
 }
 
-/// Rule `iommu`: a translating IOMMU, which the patch's raw BAR1 addresses bypass; then any fact
-/// these two rules could not check.
-fn iommu(p: &Pair<'_>) -> Option<Verdict> {
+/// Rule `iommu`: a translating IOMMU, which the patch's raw BAR1 addresses bypass; and any
+/// fact this rule and `bar1` could not check, as a second verdict.
+fn iommu(p: &Pair<'_>) -> Vec<Verdict> {
+    let mut given = Vec::new();
     if let Some(d) = p.devices().into_iter().find(|d| p.iommu_translates(d) == Some(true)) {
-        return Some(p.off(
+        given.push(p.off(
             "IOMMU",
             Certainty::Shown,
             format!("the driver refuses P2P{}; {}", p.nvml_status(), iommu_translates(d)),
@@ -521,16 +588,17 @@ fn iommu(p: &Pair<'_>) -> Option<Verdict> {
             lacking.push(Missing::Iommu);
         }
     }
-    (!missing.is_empty()).then(|| {
-        p.off(
+    if !missing.is_empty() {
+        given.push(p.off(
             "?",
             Certainty::Shown,
             format!("the driver refuses P2P{}; the patch's requirements cannot all be checked", p.nvml_status()),
             format!("provide the missing facts: {}", p.provide(&lacking)),
             PatchOutlook::Undecided(missing),
             &["kernel module", "BAR1", "IOMMU group type"],
-        )
-    })
+        ));
+    }
+    given
 }
 
 fn link_name(link: Link) -> &'static str {
