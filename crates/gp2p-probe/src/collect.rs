@@ -203,7 +203,22 @@ fn linux_facts(facts: &mut Facts) {
     for d in &mut facts.devices {
         d.iommu_group_type = iommu_group_type(&d.pci_bus_id);
         d.bar1_sizes = bar1_sizes(&d.pci_bus_id, kernel, &mut facts.missing_sources);
+        place(d);
     }
+}
+
+/// Where a card sits in the host, from sysfs: its NUMA node, its local CPUs and its path
+/// through the PCI tree (root complex, root port, switch ports). What cannot be read stays
+/// unknown: the topology then says less, and NVML's per-pair level fills in where it can.
+fn place(d: &mut DeviceFacts) {
+    let dev = Path::new("/sys/bus/pci/devices").join(d.pci_bus_id.to_ascii_lowercase());
+    if !dev.exists() {
+        return;
+    }
+    d.numa_node = fs::read_to_string(dev.join("numa_node")).ok().and_then(|t| parse::numa_node(&t));
+    d.local_cpulist =
+        fs::read_to_string(dev.join("local_cpulist")).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
+    d.pci_path = fs::canonicalize(&dev).ok().and_then(|p| parse::pci_path(&p.to_string_lossy()));
 }
 
 /// The first kernel whose sysfs lists the sizes of every resizable BAR (`resource<N>_resize`).

@@ -267,6 +267,20 @@ pub struct DeviceFacts {
     /// Type of the device's IOMMU group (`identity`, `DMA`, `DMA-FQ`, …), or "none" when
     /// the device has no IOMMU group (no IOMMU).
     pub iommu_group_type: Option<String>,
+    /// NUMA node of the card's PCI function (Linux sysfs `numa_node`); -1 where the kernel
+    /// names none (a machine of one node, or firmware that does not say). `None`: not read.
+    #[serde(default)]
+    pub numa_node: Option<i32>,
+    /// The CPUs local to the card, as the kernel lists them (sysfs `local_cpulist`, e.g.
+    /// `0-15,128-143`). `None`: not read.
+    #[serde(default)]
+    pub local_cpulist: Option<String>,
+    /// The card's place in the PCI tree: its sysfs device path from the root bus (the root
+    /// complex, `pci0000:40`) through the root port and any switch ports down to the card
+    /// itself, e.g. `["pci0000:40", "0000:40:01.1", "0000:41:00.0", "0000:42:00.0",
+    /// "0000:43:00.0"]`. `None`: not read. [`crate::Topology`] reads it.
+    #[serde(default)]
+    pub pci_path: Option<Vec<String>>,
 }
 
 impl DeviceFacts {

@@ -5,7 +5,7 @@
 //! 1. [`collect`]: facts from every source present — CUDA (peer access and attributes),
 //!    NVML (BAR1, PCIe link, P2P status codes, topology; loaded at run time), Linux's
 //!    `/proc/driver/nvidia/version`, `/proc/cmdline`, `/proc/driver/nvidia/params`, and
-//!    each GPU's IOMMU group and Resizable BAR sizes in sysfs. A missing source lowers what
+//!    each GPU's IOMMU group, Resizable BAR sizes, NUMA node, local CPUs and PCI path in sysfs. A missing source lowers what
 //!    the report says and names itself, nothing more. [`collect_host`] gathers the same
 //!    without opening any device (no CUDA context), leaving CUDA's per-pair answers out.
 //! 2. [`verdicts`]: a pure function from [`Facts`] to one [`Verdict`] per ordered pair — on
@@ -17,6 +17,9 @@
 //!    card's own sizes were not read).
 //!    [`verdicts_if_on`] judges every pair as if CUDA offered P2P: what a copy engine needs
 //!    before it lets `Route::Auto` take it.
+//!    [`Topology`] sums up where each card sits (NUMA node, local CPUs, root complex, the
+//!    switch it shares an uplink behind) and how each pair's traffic meets in the host: a
+//!    pure summary a cost model can take.
 //! 3. [`Report`]: a table for people, JSON for bug reports; [`load`] re-reads saved facts
 //!    and refuses ones that contradict themselves. [`table`] draws its tables (and the
 //!    CLI's, so that all of gp2p's tables look alike).
@@ -50,6 +53,7 @@ pub mod parse;
 mod patch;
 mod report;
 pub mod table;
+pub mod topology;
 mod verdict;
 
 pub use branches::{BAR1_PER_ALLOCATION_BRANCH, Branch, PATCH_BRANCHES};
@@ -58,6 +62,7 @@ pub use error::{Error, Result};
 pub use facts::Facts;
 pub use patch::{Certainty, PatchState, patch_state};
 pub use report::Report;
+pub use topology::Topology;
 pub use verdict::{Link, PatchOutlook, RULES, Verdict, verdict, verdicts, verdicts_if_on};
 
 #[cfg(test)]

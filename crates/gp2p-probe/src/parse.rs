@@ -31,6 +31,21 @@ pub fn rebar_sizes(text: &str) -> Option<Vec<u64>> {
     Some((0..u64::BITS - MIB_SHIFT).filter(|bit| mask & (1 << bit) != 0).map(|bit| 1u64 << (bit + MIB_SHIFT)).collect())
 }
 
+/// A PCI device's place in the PCI tree from its resolved sysfs path
+/// (`/sys/devices/pci0000:40/0000:40:01.1/0000:41:00.0`): the components from the root bus
+/// (`pci<domain>:<bus>`) down to the device. Whatever sits above the root bus (ACPI or
+/// VMBus nodes in some virtual machines) is left out; `None` when the path has no root bus.
+pub fn pci_path(resolved: &str) -> Option<Vec<String>> {
+    let parts: Vec<&str> = resolved.split('/').filter(|p| !p.is_empty()).collect();
+    let root = parts.iter().position(|p| p.starts_with("pci") && p.contains(':'))?;
+    Some(parts[root..].iter().map(|p| (*p).to_owned()).collect())
+}
+
+/// A device's NUMA node from sysfs `numa_node` (`-1` where the kernel names none).
+pub fn numa_node(text: &str) -> Option<i32> {
+    text.trim().parse().ok()
+}
+
 /// Major and minor version of the running kernel, from `/proc/sys/kernel/osrelease`
 /// (`6.8.0-45-generic`).
 pub fn kernel_release(text: &str) -> Option<(u32, u32)> {
@@ -154,6 +169,17 @@ mod tests {
         assert_eq!(kernel_release("6.8.0-45-generic\n"), Some((6, 8)));
         assert_eq!(kernel_release("5.15.167.4-microsoft-standard-WSL2"), Some((5, 15)));
         assert_eq!(kernel_release("garbage"), None);
+    }
+
+    #[test]
+    fn pci_paths_and_numa_nodes() {
+        let path = pci_path("/sys/devices/pci0000:40/0000:40:01.1/0000:41:00.0/0000:42:00.0/0000:43:00.0").unwrap();
+        assert_eq!(path, ["pci0000:40", "0000:40:01.1", "0000:41:00.0", "0000:42:00.0", "0000:43:00.0"]);
+        // Hyper-V: VMBus nodes above the root bus are not part of the PCI tree.
+        let vm = "/sys/devices/LNXSYSTM:00/LNXSYBUS:00/PNP0A03:00/device:07/VMBUS:01/47505500-0001-0000-3130-444531454238/pci0001:00/0001:00:00.0";
+        assert_eq!(pci_path(vm).unwrap(), ["pci0001:00", "0001:00:00.0"]);
+        assert_eq!(pci_path("/sys/devices/platform/foo"), None);
+        assert_eq!((numa_node("1\n"), numa_node("-1\n"), numa_node("")), (Some(1), Some(-1), None));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::facts::{Facts, ModuleFlavour, PairFacts};
 use crate::patch::patch_state;
 use crate::table::table;
+use crate::topology::{LEGEND, Topology};
 use crate::verdict::{PatchOutlook, RULES, Verdict, gib, verdicts};
 
 /// Facts and the verdicts drawn from them.
@@ -18,13 +19,18 @@ pub struct Report {
     pub facts: Facts,
     /// One verdict per ordered pair.
     pub verdicts: Vec<Verdict>,
+    /// Where the cards sit and how each pair's traffic meets in the host, from the facts
+    /// (absent from reports saved before it existed: `--from` draws it again).
+    #[serde(default)]
+    pub topology: Topology,
 }
 
 impl Report {
     /// Draw the verdicts from `facts`.
     pub fn new(facts: Facts) -> Report {
         let verdicts = verdicts(&facts);
-        Report { facts, verdicts }
+        let topology = Topology::new(&facts);
+        Report { facts, verdicts, topology }
     }
 
     /// The JSON document.
@@ -102,6 +108,9 @@ impl Report {
         }
         let _ = writeln!(out, "{}", devices.trim_fmt());
         let _ = writeln!(out);
+        if self.topology.known() && f.devices.len() > 1 {
+            self.render_topology(&mut out);
+        }
         if self.verdicts.is_empty() {
             let _ = writeln!(out, "{} device(s): no pairs to check (P2P needs two devices)", f.devices.len());
         } else {
@@ -114,6 +123,41 @@ impl Report {
             }
         }
         out
+    }
+
+    /// The topology matrix (like `nvidia-smi topo -m`: each pair's path, then each card's
+    /// NUMA node, local CPUs and root port), its legend, and the shared uplinks.
+    fn render_topology(&self, out: &mut String) {
+        let t = &self.topology;
+        let _ = writeln!(out, "topology (how each pair's traffic meets in the host)");
+        let ordinals: Vec<String> = t.cards.iter().map(|c| c.ordinal.to_string()).collect();
+        let header: Vec<&str> = std::iter::once("")
+            .chain(ordinals.iter().map(String::as_str))
+            .chain(["NUMA", "CPUs", "root port"])
+            .collect();
+        let mut matrix = table(&header, &["CPUs", "root port"]);
+        for a in &t.cards {
+            let paths = t.cards.iter().map(|b| {
+                if a.ordinal == b.ordinal { "X".to_owned() } else { t.path(a.ordinal, b.ordinal).label().to_owned() }
+            });
+            let place = [
+                a.numa_node.map_or("?".into(), |n| n.to_string()),
+                shown(a.cpus.as_deref().unwrap_or("?")).into_owned(),
+                shown(a.root_port.as_deref().or(a.root_complex.as_deref()).unwrap_or("?")).into_owned(),
+            ];
+            matrix.add_row(std::iter::once(a.ordinal.to_string()).chain(paths).chain(place).collect::<Vec<_>>());
+        }
+        let _ = writeln!(out, "{}", matrix.trim_fmt());
+        let _ = writeln!(out, "{LEGEND}");
+        for u in &t.uplinks {
+            let cards = u.cards.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+            let port = u.root_port.as_deref().map_or(String::new(), |p| format!(" (root port {})", shown(p)));
+            let _ = writeln!(
+                out,
+                "shared uplink: cards {cards} behind one switch{port}: what they move through host memory shares it"
+            );
+        }
+        let _ = writeln!(out);
     }
 
     fn render_matrix(&self, out: &mut String) {

@@ -37,6 +37,7 @@ fn two_4090s() -> Facts {
         architecture: Some("Ada".into()),
         driver_model: None,
         iommu_group_type: Some("identity".into()),
+        ..DeviceFacts::default()
     };
     let pair = |a, b| PairFacts {
         a,
@@ -1028,6 +1029,16 @@ fn device_table_and_pair_matrix_are_drawn_like_the_cli_tables() {
  #  name                      cc      VRAM      BAR1  BAR1 max  PCIe cur/max       brand/arch      iommu     bus
  0  NVIDIA GeForce RTX 4090  8.9  23.6 GiB  32.0 GiB         ?  4.0 x16 / 4.0 x16  GeForceRTX/Ada  identity  0000:01:00.0
  1  NVIDIA GeForce RTX 4090  8.9  23.6 GiB  32.0 GiB         ?  4.0 x16 / 4.0 x16  GeForceRTX/Ada  identity  0000:41:00.0
+
+topology (how each pair's traffic meets in the host)
+      0    1  NUMA  CPUs  root port
+ 0    X  SYS     ?  ?     ?
+ 1  SYS    X     ?  ?     ?
+legend: SW same PCIe switch";
+    assert!(text.contains(expected), "{text}");
+    let expected = "\
+ 1  SYS    X     ?  ?     ?
+legend: SW same PCIe switch, sharing its uplink into the CPU (nvidia-smi PIX/PXB) | RC same root complex, own root ports (PHB) | NODE same NUMA node, different root complexes (NODE) | SYS different NUMA nodes: across the CPU interconnect, between sockets or NUMA nodes (SYS) | ? not known
 
 pairs (row reads column)
      0   1
