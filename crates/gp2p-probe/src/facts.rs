@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 /// Everything the probe learnt about this machine.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Facts {
+    /// Set only in the example files bundled with the probe ([`crate::examples`]): the
+    /// machine they describe, in words. A report of them says, first, that it is an example
+    /// and not this machine, also after a round trip through `--json` and `--from`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub example: Option<String>,
     /// Machine-wide facts.
     #[serde(default)]
     pub host: HostFacts,

@@ -24,6 +24,9 @@
 //!    and refuses ones that contradict themselves. [`table`] draws its tables (and the
 //!    CLI's, so that all of gp2p's tables look alike).
 //!
+//! [`examples`] bundles the facts of a few common machines (`gp2p probe --example`), so a
+//! report can be seen without a GPU.
+//!
 //! Not here: measuring links (the CLI's `gp2p probe --measure` joins the transport), acting
 //! on the verdicts (the facade hands them to the transport), or changing anything on the
 //! machine.
@@ -48,6 +51,7 @@ pub mod branches;
 pub mod chips;
 mod collect;
 mod error;
+pub mod examples;
 pub mod facts;
 pub mod parse;
 mod patch;

@@ -44,6 +44,9 @@ impl Report {
         let f = &self.facts;
         let h = &f.host;
         let _ = writeln!(out, "geforce-p2p probe");
+        if let Some(example) = &f.example {
+            let _ = writeln!(out, "EXAMPLE, not this machine: {}", shown(example));
+        }
         let module = h.kernel_module.as_ref().map_or("unknown".to_owned(), |m| {
             let flavour = match m.flavour {
                 ModuleFlavour::Open => "open kernel module",
@@ -122,6 +125,12 @@ impl Report {
                 let _ = writeln!(out, "  - {}", shown(m));
             }
         }
+        if f.example.is_some() {
+            let _ = writeln!(
+                out,
+                "\nEXAMPLE: this was a bundled example, not this machine (`gp2p probe --example` lists them); `gp2p probe` reports this one"
+            );
+        }
         out
     }
 
@@ -141,7 +150,12 @@ impl Report {
                 if a.ordinal == b.ordinal { "X".to_owned() } else { t.path(a.ordinal, b.ordinal).label().to_owned() }
             });
             let place = [
-                a.numa_node.map_or("?".into(), |n| n.to_string()),
+                // "-": the kernel names no node (one-node machines); "?": not read.
+                match (a.numa_node, self.facts.device(a.ordinal).and_then(|d| d.numa_node)) {
+                    (Some(n), _) => n.to_string(),
+                    (None, Some(_)) => "-".into(),
+                    (None, None) => "?".into(),
+                },
                 shown(a.cpus.as_deref().unwrap_or("?")).into_owned(),
                 shown(a.root_port.as_deref().or(a.root_complex.as_deref()).unwrap_or("?")).into_owned(),
             ];

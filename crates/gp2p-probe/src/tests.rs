@@ -64,7 +64,7 @@ fn two_4090s() -> Facts {
         },
         devices: vec![card(0), card(1)],
         pairs: vec![pair(0, 1), pair(1, 0)],
-        missing_sources: vec![],
+        ..Facts::default()
     }
 }
 
@@ -971,7 +971,7 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
                 },
                 devices,
                 pairs,
-                missing_sources: vec![],
+                ..Facts::default()
             }
         })
 }
@@ -1038,7 +1038,7 @@ legend: SW same PCIe switch";
     assert!(text.contains(expected), "{text}");
     let expected = "\
  1  SYS    X     ?  ?     ?
-legend: SW same PCIe switch, sharing its uplink into the CPU (nvidia-smi PIX/PXB) | RC same root complex, own root ports (PHB) | NODE same NUMA node, different root complexes (NODE) | SYS different NUMA nodes: across the CPU interconnect, between sockets or NUMA nodes (SYS) | ? not known
+legend: SW same PCIe switch, sharing its uplink into the CPU (nvidia-smi PIX/PXB) | RC same root complex, own root ports (PHB) | NODE same NUMA node, different root complexes (NODE) | SYS different NUMA nodes: across the CPU interconnect, between sockets or NUMA nodes (SYS) | ? not known | NUMA -: the kernel names no node
 
 pairs (row reads column)
      0   1
@@ -1047,4 +1047,86 @@ pairs (row reads column)
 legend: ";
     assert!(text.contains(expected), "{text}");
     assert!(text.lines().all(|line| line == line.trim_end()), "trailing spaces:\n{text}");
+}
+
+/// A bundled example's facts, as `gp2p probe --example NAME` reads them.
+fn bundled(name: &str) -> Facts {
+    crate::examples::example(name).unwrap_or_else(|| panic!("no example {name}")).facts().unwrap()
+}
+
+#[test]
+fn every_bundled_example_loads_says_it_is_one_and_round_trips() {
+    assert!(crate::examples::EXAMPLES.len() >= 3);
+    let dir = std::env::temp_dir().join(format!("gp2p-probe-examples-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in crate::examples::EXAMPLES {
+        let facts = e.facts().unwrap_or_else(|err| panic!("{}: {err}", e.name));
+        assert!(facts.example.as_deref().is_some_and(|m| !m.is_empty()), "{}: not marked as an example", e.name);
+        assert!(crate::examples::list().contains(e.name));
+        let report = Report::new(facts);
+        let text = report.render();
+        assert!(text.starts_with("geforce-p2p probe\nEXAMPLE, not this machine: "), "{}: {text}", e.name);
+        assert!(text.trim_end().lines().last().is_some_and(|l| l.starts_with("EXAMPLE: this was a bundled example")));
+        assert!(text.contains("topology (how each pair's traffic meets in the host)"), "{}: {text}", e.name);
+        // --json then --from: the same report, still marked.
+        let path = dir.join(format!("{}.json", e.name));
+        std::fs::write(&path, report.to_json()).unwrap();
+        let again = Report::new(crate::load(&path).unwrap());
+        assert_eq!(again, report, "{}", e.name);
+        assert_eq!(again.render(), text, "{}", e.name);
+    }
+    assert!(crate::examples::example("nope").is_none());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_dual_socket_box_of_eight_cards_each_on_its_own_numa_node() {
+    use crate::topology::PathKind;
+    let f = bundled("8x4090-epyc");
+    let t = crate::Topology::new(&f);
+    let nodes = t.numa_nodes();
+    assert_eq!(nodes.len(), 8, "{nodes:?}");
+    assert!(nodes.iter().enumerate().all(|(i, (node, cards))| *node == i as u32 && *cards == [i]), "{nodes:?}");
+    assert_eq!(t.pairs.len(), 28);
+    assert!(t.pairs.iter().all(|p| p.path == PathKind::System), "{:?}", t.pairs);
+    assert!(t.uplinks.is_empty() && t.crosses_numa(0, 7) && t.crosses_numa(3, 4));
+    assert_eq!(t.cards[4].root_complex.as_deref(), Some("pci0000:80"));
+    assert_eq!(t.cards[4].cpus.as_deref(), Some("64-79,192-207"));
+    assert!(verdicts(&f).iter().all(|v| v.code == "PATCH"), "{:?}", codes(&f));
+    let text = Report::new(f).render();
+    let matrix = "\
+      0    1    2    3    4    5    6    7  NUMA  CPUs             root port
+ 0    X  SYS  SYS  SYS  SYS  SYS  SYS  SYS     0  0-15,128-143     0000:00:01.1
+";
+    assert!(text.contains(matrix), "{text}");
+    assert!(
+        text.contains("\n 7  SYS  SYS  SYS  SYS  SYS  SYS  SYS    X     7  112-127,240-255  0000:e0:01.1\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn four_cards_behind_one_switch_share_its_uplink() {
+    use crate::topology::{PathKind, Uplink};
+    let f = bundled("4x3090-switch");
+    let t = crate::Topology::new(&f);
+    assert_eq!(t.uplinks, [Uplink { root_port: Some("0000:16:01.0".into()), cards: vec![0, 1, 2, 3] }]);
+    assert!(t.pairs.iter().all(|p| p.path == PathKind::Switch));
+    assert_eq!(t.numa_nodes(), [(0, vec![0, 1, 2, 3])]);
+    assert!(t.cards.iter().all(|c| c.switch_ports == 2), "{:?}", t.cards);
+    // The proprietary module at a version with no branch: two steps, then the patch.
+    assert_eq!(step_codes(&first(&f)), ["PROP", "VER", "PATCH"]);
+    let text = Report::new(f).render();
+    assert!(text.contains("\n 0   X  SW  SW  SW     0  0-111  0000:16:01.0\n"), "{text}");
+    assert!(text.contains("shared uplink: cards 0, 1, 2, 3 behind one switch (root port 0000:16:01.0)"), "{text}");
+}
+
+#[test]
+fn the_desktop_example_names_its_whole_chain() {
+    let f = bundled("2x4090");
+    assert_eq!(step_codes(&first(&f)), ["VER", "BAR1", "IOMMU", "PATCH"]);
+    let t = crate::Topology::new(&f);
+    assert_eq!(t.path(0, 1), crate::topology::PathKind::RootComplex);
+    // The kernel names no NUMA node on this desktop: "-", not "not read".
+    assert!(Report::new(f).render().contains("\n 0   X  RC     -  0-31  0000:00:01.1\n"));
 }

@@ -74,7 +74,7 @@ impl PathKind {
 }
 
 /// The legend line of the report's topology matrix.
-pub const LEGEND: &str = "legend: SW same PCIe switch, sharing its uplink into the CPU (nvidia-smi PIX/PXB) | RC same root complex, own root ports (PHB) | NODE same NUMA node, different root complexes (NODE) | SYS different NUMA nodes: across the CPU interconnect, between sockets or NUMA nodes (SYS) | ? not known";
+pub const LEGEND: &str = "legend: SW same PCIe switch, sharing its uplink into the CPU (nvidia-smi PIX/PXB) | RC same root complex, own root ports (PHB) | NODE same NUMA node, different root complexes (NODE) | SYS different NUMA nodes: across the CPU interconnect, between sockets or NUMA nodes (SYS) | ? not known | NUMA -: the kernel names no node";
 
 /// Where one card sits.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
