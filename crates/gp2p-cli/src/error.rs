@@ -30,12 +30,25 @@ pub enum CliError {
     /// A benchmark computed wrong results.
     #[error("{0}")]
     Wrong(String),
+    /// A failure followed, on a line of its own, by what to do next (its exit code is the
+    /// failure's).
+    #[error("{error}\n{hint}")]
+    Hinted {
+        /// The failure.
+        error: Box<CliError>,
+        /// What to do next.
+        hint: String,
+    },
 }
 
 impl CliError {
     /// 2 when there is no driver or device (nothing to do here), 1 for any other failure.
     pub fn exit_code(&self) -> u8 {
-        if matches!(self, CliError::Library(e) if e.is_unavailable()) { 2 } else { 1 }
+        match self {
+            CliError::Hinted { error, .. } => error.exit_code(),
+            CliError::Library(e) if e.is_unavailable() => 2,
+            _ => 1,
+        }
     }
 }
 
@@ -66,5 +79,10 @@ mod tests {
         assert_eq!(CliError::from(transport::Error::Cuda(none())).exit_code(), 2);
         assert_eq!(CliError::from(collectives::Error::NoRanks).exit_code(), 1);
         assert_eq!(CliError::Usage("bad".into()).exit_code(), 1);
+        let hinted = CliError::Hinted { error: Box::new(CliError::from(none())), hint: "try this".into() };
+        assert_eq!(hinted.exit_code(), 2, "a hint keeps the failure's code");
+        assert!(
+            hinted.to_string().starts_with("no NVIDIA CUDA driver found") && hinted.to_string().ends_with("\ntry this")
+        );
     }
 }

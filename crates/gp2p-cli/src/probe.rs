@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use geforce_p2p::probe::{Report, load};
+use geforce_p2p::probe::{Report, examples, load};
 use geforce_p2p::{CopyOptions, Device, DeviceBuffer, Route, Stream, transport};
 
 use crate::bench::CEILING_BYTES;
@@ -22,15 +22,40 @@ pub struct ProbeArgs {
     /// Also measure each device link (one-way and both ways) and each pair's copy rate.
     #[arg(long)]
     measure: bool,
+    /// Render the report of a bundled example machine instead of probing this one (no GPU
+    /// needed); without NAME, or with an unknown one, list the examples.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", conflicts_with_all = ["from", "measure"])]
+    example: Option<String>,
 }
+
+/// What a machine without a driver is told after the error: where to see a report anyway.
+const NO_DRIVER_HINT: &str = "no GPU here? `gp2p probe --example 2x4090` shows the report of a common machine (`gp2p probe --example` lists them)";
 
 /// Runs per measurement (median).
 const MEASURE_REPEATS: Repeats = Repeats { warmup: 2, timed: 10 };
 
 pub fn run(args: &ProbeArgs) -> Result<(), CliError> {
-    let report = match &args.from {
-        Some(path) => Report::new(load(path)?),
-        None => geforce_p2p::probe()?,
+    let report = match (&args.from, &args.example) {
+        (Some(path), _) => Report::new(load(path)?),
+        (None, Some(name)) => match examples::example(name) {
+            Some(example) => Report::new(example.facts()?),
+            None if name.is_empty() => {
+                print!("bundled examples (gp2p probe --example NAME):\n{}", examples::list());
+                return Ok(());
+            }
+            None => {
+                let list = examples::list();
+                return Err(CliError::Usage(format!(
+                    "no bundled example is called {name:?}; the bundled examples are:\n{}",
+                    list.trim_end()
+                )));
+            }
+        },
+        (None, None) => geforce_p2p::probe().map_err(|e| {
+            let unavailable = e.is_unavailable();
+            let e = CliError::from(e);
+            if unavailable { CliError::Hinted { error: Box::new(e), hint: NO_DRIVER_HINT.into() } } else { e }
+        })?,
     };
     if args.json {
         println!("{}", report.to_json());
