@@ -16,9 +16,17 @@ use crate::table::{num, table};
 
 #[derive(Args)]
 pub struct PlanArgs {
-    /// Ranks (cards) in the all-reduce: 2 or more.
-    #[arg(long)]
-    ranks: usize,
+    /// Ranks (cards) in the all-reduce: 2 or more (default with --example: its cards).
+    #[arg(long, required_unless_present = "example")]
+    ranks: Option<usize>,
+    /// The most cards behind one shared PCIe uplink (a switch): 1 where every card has its
+    /// own link (default: 1, or the topology the probe finds with --measure or --example).
+    #[arg(long, value_name = "CARDS")]
+    uplink: Option<usize>,
+    /// Plan for a bundled example machine (`gp2p probe --example` lists them): its cards and
+    /// topology; its rates are not in the example, so the defaults or flags stand.
+    #[arg(long, value_name = "NAME", conflicts_with = "measure")]
+    example: Option<String>,
     /// Host to device per card, alone, GB/s (default: the model's, measured on an H200).
     #[arg(long, value_name = "GB/s")]
     h2d: Option<f64>,
@@ -76,6 +84,8 @@ struct Rates {
     sources: [Source; 6],
     /// What `--measure` measured on, for the machine line.
     measured_on: Option<String>,
+    /// Where the uplink sharing came from, when the probe's topology gave it.
+    placed: Option<String>,
 }
 
 /// The rates' flag names, in the order [`Rates::sources`] and [`rate_mut`] use.
@@ -89,6 +99,24 @@ fn rate_mut(machine: &mut Machine, i: usize) -> &mut f64 {
         3 => &mut machine.host_gbps,
         4 => &mut machine.dram_gbps,
         _ => &mut machine.handoff_us,
+    }
+}
+
+/// Where the cards sit, from the probe's topology (of this machine, or of an example).
+struct Placement {
+    /// Cards the probe saw.
+    cards: usize,
+    /// The most cards behind one shared uplink (1: each its own).
+    per_uplink: usize,
+    /// Whose topology: "this machine" or the example's name.
+    of: String,
+}
+
+impl Placement {
+    fn new(facts: &geforce_p2p::probe::Facts, of: String) -> Placement {
+        let topology = geforce_p2p::probe::Topology::new(facts);
+        let per_uplink = topology.uplinks.iter().map(|u| u.cards.len()).max().unwrap_or(1).max(1);
+        Placement { cards: facts.devices.len(), per_uplink, of }
     }
 }
 
@@ -116,14 +144,21 @@ impl PlanArgs {
     }
 
     /// The machine: flags first, then what `measured` has, then the model's defaults.
-    fn rates(&self, measured: Option<&Measured>) -> Result<Rates, CliError> {
-        if self.ranks < 2 {
+    fn rates(&self, measured: Option<&Measured>, place: Option<&Placement>) -> Result<Rates, CliError> {
+        let ranks = self.ranks.or(place.map(|p| p.cards)).unwrap_or(0);
+        if ranks < 2 {
             return Err(CliError::Usage(format!(
-                "--ranks {}: the cost model plans all-reduces of 2 ranks or more (one rank moves nothing)",
-                self.ranks
+                "--ranks {ranks}: the cost model plans all-reduces of 2 ranks or more (one rank moves nothing)"
             )));
         }
-        let mut machine = Machine::h200(self.ranks);
+        let mut machine = Machine::h200(ranks);
+        machine.cards_per_uplink = match (self.uplink, place) {
+            (Some(0), _) => return Err(CliError::Usage("--uplink 0: expected 1 card or more".into())),
+            (Some(k), _) => k,
+            (None, Some(p)) => p.per_uplink,
+            (None, None) => 1,
+        }
+        .min(ranks);
         let mut sources = [Source::Default; 6];
         if let Some(m) = measured {
             for (i, &rate) in m.card.iter().enumerate() {
@@ -151,16 +186,34 @@ impl PlanArgs {
             (n, Some(_)) => format!("the slowest of {n} cards; the host with all {n} at once"),
             (n, None) => format!("the slowest of {n} cards"),
         });
-        Ok(Rates { machine, sources, measured_on })
+        let placed = place.map(|p| format!("{}'s topology", p.of));
+        Ok(Rates { machine, sources, measured_on, placed })
     }
 }
 
 pub fn run(args: &PlanArgs) -> Result<(), CliError> {
+    let example = match &args.example {
+        Some(name) => {
+            let Some(example) = geforce_p2p::probe::examples::example(name) else {
+                return Err(CliError::Usage(format!(
+                    "--example {name}: no such example; the bundled ones:\n{}",
+                    geforce_p2p::probe::examples::list()
+                )));
+            };
+            Some(Placement::new(&example.facts()?, format!("the example {name}")))
+        }
+        None => None,
+    };
     // Refuse bad flags before measuring anything.
-    args.rates(None)?;
+    args.rates(None, example.as_ref())?;
     let sizes = args.sizes()?;
-    let measured = if args.measure { Some(measure()?) } else { None };
-    let rates = args.rates(measured.as_ref())?;
+    let (measured, place) = if args.measure {
+        let (measured, place) = measure()?;
+        (Some(measured), Some(place))
+    } else {
+        (None, example)
+    };
+    let rates = args.rates(measured.as_ref(), place.as_ref())?;
     let forced = cost::forced_by_env()?;
     let plans: Vec<(usize, Plan)> =
         sizes.iter().map(|&bytes| (bytes, cost::choose_with(&rates.machine, bytes, forced))).collect();
@@ -175,20 +228,22 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The per-card rates, and the host's, of this machine's cards.
-fn measure() -> Result<Measured, CliError> {
+/// The per-card rates, and the host's, of this machine's cards, and where they sit.
+fn measure() -> Result<(Measured, Placement), CliError> {
     let report = geforce_p2p::probe()?;
+    let place = Placement::new(&report.facts, "this machine".to_owned());
     let links = crate::measure_links(&report)?;
     if links.devices.is_empty() {
         return Err(CliError::from(cuda::Error::NoDevice { ordinal: 0, count: report.facts.devices.len() }));
     }
     let slowest = |rate: fn(&crate::DeviceLink) -> f64| links.devices.iter().map(rate).fold(f64::INFINITY, f64::min);
     let host_gbps = links.together.as_ref().filter(|all| all.cards.len() >= 2).map(|all| all.host_gbps);
-    Ok(Measured {
+    let measured = Measured {
         card: [slowest(|d| d.h2d_gbps), slowest(|d| d.d2h_gbps), slowest(|d| d.duplex_gbps)],
         host_gbps,
         cards: links.devices.len(),
-    })
+    };
+    Ok((measured, place))
 }
 
 /// nccl-tests' all_reduce bus bandwidth: 2(N−1)/N·S per second, GB/s.
@@ -221,6 +276,12 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
             };
             out.push_str(&format!("  {says}{on}: {}\n", names.join(", ")));
         }
+    }
+    let from = rates.placed.as_deref().unwrap_or("--uplink");
+    if m.cards_per_uplink > 1 {
+        out.push_str(&format!("  uplink: {} cards share one PCIe uplink at most ({from})\n", m.cards_per_uplink));
+    } else if rates.placed.is_some() {
+        out.push_str(&format!("  uplink: every card has its own ({from})\n"));
     }
     let mut header: Vec<String> = vec!["size".into()];
     header.extend(Algorithm::ALL.iter().map(|a| format!("{a} µs")));
@@ -266,6 +327,8 @@ struct JsonMachine {
     host_gbps: f64,
     dram_gbps: f64,
     handoff_us: f64,
+    /// The most cards behind one shared uplink.
+    cards_per_uplink: usize,
     /// Per rate, by its flag's name: `default`, `flag` or `measured`.
     sources: BTreeMap<&'static str, Source>,
 }
@@ -298,6 +361,7 @@ fn json(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> Js
             host_gbps: m.host_gbps,
             dram_gbps: m.dram_gbps,
             handoff_us: m.handoff_us,
+            cards_per_uplink: m.cards_per_uplink,
             sources: RATES.into_iter().zip(rates.sources).collect(),
         },
         forced: forced.map(Algorithm::name),
@@ -342,17 +406,17 @@ mod tests {
     #[test]
     fn flags_win_over_measured_rates_and_measured_over_defaults() {
         let measured = Measured { card: [20.0, 21.0, 12.0], host_gbps: Some(100.0), cards: 4 };
-        let rates = args(&["--ranks", "4", "--d2h", "30", "--handoff-us", "0"]).rates(Some(&measured)).unwrap();
+        let rates = args(&["--ranks", "4", "--d2h", "30", "--handoff-us", "0"]).rates(Some(&measured), None).unwrap();
         let m = rates.machine;
         assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps), (20.0, 30.0, 12.0, 100.0));
         assert_eq!((m.dram_gbps, m.handoff_us), (cost::H200_DRAM_GBPS, 0.0));
         let (default, flag, measured_here) = (Source::Default, Source::Flag, Source::Measured);
         assert_eq!(rates.sources, [measured_here, flag, measured_here, measured_here, default, flag]);
         let one_card = Measured { host_gbps: None, cards: 1, ..measured };
-        let rates = args(&["--ranks", "4"]).rates(Some(&one_card)).unwrap();
+        let rates = args(&["--ranks", "4"]).rates(Some(&one_card), None).unwrap();
         assert_eq!((rates.machine.host_gbps, rates.sources[3]), (cost::H200_HOST_GBPS, default));
         assert_eq!(rates.measured_on.as_deref(), Some("on 1 card"));
-        let rates = args(&["--ranks", "8"]).rates(Some(&Measured { cards: 8, ..measured })).unwrap();
+        let rates = args(&["--ranks", "8"]).rates(Some(&Measured { cards: 8, ..measured }), None).unwrap();
         let text = render(&rates, &[], None);
         assert!(
             text.contains(
@@ -372,10 +436,13 @@ mod tests {
             (&["--ranks", "8", "--dram", "inf"], "--dram inf"),
             (&["--ranks", "8", "--handoff-us", "NaN"], "--handoff-us NaN"),
         ] {
-            let Err(CliError::Usage(message)) = args(line).rates(None) else { panic!("{line:?} accepted") };
+            let Err(CliError::Usage(message)) = args(line).rates(None, None) else { panic!("{line:?} accepted") };
             assert!(message.starts_with(names), "{line:?}: {message}");
         }
-        assert!(args(&["--ranks", "8", "--handoff-us", "0"]).rates(None).is_ok(), "no handoff cost is a model too");
+        assert!(
+            args(&["--ranks", "8", "--handoff-us", "0"]).rates(None, None).is_ok(),
+            "no handoff cost is a model too"
+        );
         assert!(args(&["--ranks", "8", "--sizes", "8,0"]).sizes().is_err());
     }
 
@@ -391,7 +458,7 @@ mod tests {
 
     #[test]
     fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
-        let rates = args(&["--ranks", "8"]).rates(None).unwrap();
+        let rates = args(&["--ranks", "8"]).rates(None, None).unwrap();
         let sizes = [8, 1 << 30];
         let plans: Vec<(usize, Plan)> =
             sizes.iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
@@ -415,7 +482,7 @@ mod tests {
 
     #[test]
     fn json_holds_the_machine_and_every_prediction() {
-        let rates = args(&["--ranks", "4", "--host", "48"]).rates(None).unwrap();
+        let rates = args(&["--ranks", "4", "--host", "48"]).rates(None, None).unwrap();
         let plans = vec![(1 << 20, cost::choose_with(&rates.machine, 1 << 20, None))];
         let value = serde_json::to_value(json(&rates, &plans, None)).unwrap();
         assert_eq!(value["ranks"], 4);

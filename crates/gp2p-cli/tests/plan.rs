@@ -108,3 +108,34 @@ fn measure_needs_a_driver_and_says_what_it_measured() {
         code => panic!("exit {code:?}: {stdout}{stderr}"),
     }
 }
+
+#[test]
+fn an_example_machine_hands_its_cards_and_shared_uplink_to_the_model() {
+    // Four cards behind one PCIe switch: the plan takes 4 ranks and the shared uplink from
+    // the example's topology, and at 1 GiB the uplink (four cards through one link) binds.
+    let out = gp2p(&["plan", "--example", "4x3090-switch"], None);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("over 4 ranks"), "{stdout}");
+    assert!(stdout.contains("uplink: 4 cards share one PCIe uplink at most"), "{stdout}");
+    assert!(stdout.contains("the example 4x3090-switch's topology"), "{stdout}");
+    let last = *rows(&stdout).last().unwrap();
+    assert!(last.contains("two-shot") && last.contains("uplink"), "{last}");
+    // Each card on its own root port (the EPYC box): no uplink line, 8 ranks.
+    let out = gp2p(&["plan", "--example", "8x4090-epyc", "-b", "1G", "-e", "1G"], None);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("over 8 ranks")
+            && stdout.contains("uplink: every card has its own (the example 8x4090-epyc's topology)"),
+        "{stdout}"
+    );
+    assert!(!rows(&stdout)[0].contains("uplink"), "{stdout}");
+    // The flag wins over the topology; an unknown example is refused with the list.
+    let out = gp2p(&["plan", "--example", "4x3090-switch", "--uplink", "1", "-b", "1G", "-e", "1G"], None);
+    assert!(!rows(&text(&out.stdout))[0].contains("uplink"), "{}", text(&out.stdout));
+    let out = gp2p(&["plan", "--example", "nothing"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--example nothing: no such example") && text(&out.stderr).contains("2x4090"));
+    let out = gp2p(&["plan"], None);
+    assert_eq!(out.status.code(), Some(2), "neither --ranks nor --example: a usage error");
+}

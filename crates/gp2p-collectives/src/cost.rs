@@ -25,6 +25,8 @@
 //!         up / d2h  or  down / h2d           (a card that only sends, or only receives)
 //! host  = N × (up + down) / host_gbps        (all cards' DMAs through the host at once)
 //! dram  = host memory bytes / dram_gbps
+//! uplink = k × link                          (k cards behind one shared PCIe uplink, which
+//!                                             runs at one card's rates: the probe's topology)
 //! ```
 //!
 //! Assumptions, each a simplification the measurements can contradict:
@@ -226,6 +228,11 @@ pub struct Machine {
     /// The cost of one dependent phase, µs: a trip through host memory and the flag that
     /// says it is there.
     pub handoff_us: f64,
+    /// The most cards behind one shared PCIe uplink (a switch) on their way to the host: 1
+    /// where every card has its own link. Without P2P a switch does not help: every byte of
+    /// its cards crosses the one uplink, which runs at one card's rates. From the probe's
+    /// topology (`gp2p_probe::Topology::uplinks`), which the facade or the CLI hands over.
+    pub cards_per_uplink: usize,
 }
 
 impl Machine {
@@ -241,6 +248,7 @@ impl Machine {
             host_gbps: H200_HOST_GBPS,
             dram_gbps: H200_DRAM_GBPS,
             handoff_us: H200_HANDOFF_US,
+            cards_per_uplink: 1,
         }
     }
 }
@@ -256,6 +264,8 @@ pub enum Bound {
     Host,
     /// Host memory ([`Machine::dram_gbps`]).
     Dram,
+    /// A PCIe uplink that several cards share ([`Machine::cards_per_uplink`]).
+    Uplink,
     /// The phases' handoffs cost more than the largest bandwidth term: latency binds.
     Handoffs,
     /// Nothing moves (one rank, or no bytes).
@@ -263,13 +273,15 @@ pub enum Bound {
 }
 
 impl Bound {
-    /// The name tables print: `card up`, `card down`, `host`, `dram`, `handoffs`, `nothing`.
+    /// The name tables print: `card up`, `card down`, `host`, `dram`, `uplink`, `handoffs`,
+    /// `nothing`.
     pub fn name(self) -> &'static str {
         match self {
             Bound::CardUp => "card up",
             Bound::CardDown => "card down",
             Bound::Host => "host",
             Bound::Dram => "dram",
+            Bound::Uplink => "uplink",
             Bound::Handoffs => "handoffs",
             Bound::Nothing => "nothing",
         }
@@ -310,11 +322,19 @@ pub fn predict(machine: &Machine, algorithm: Algorithm, bytes: usize) -> Predict
     };
     let host = seconds_at(machine.ranks as f64 * (t.up_bytes + t.down_bytes), machine.host_gbps);
     let dram = seconds_at(t.host_dram_bytes, machine.dram_gbps);
+    // k cards through one uplink at one card's rates: k times a card's link time. With one
+    // card per uplink it is the card's own link, named as such below.
+    let uplink = if machine.cards_per_uplink > 1 { machine.cards_per_uplink as f64 * up.max(down) } else { 0.0 };
     // The first of equal terms wins: the shared resources first.
-    let (bandwidth, mut bound) =
-        [(dram, Bound::Dram), (host, Bound::Host), (down, Bound::CardDown), (up, Bound::CardUp)]
-            .into_iter()
-            .fold((f64::NEG_INFINITY, Bound::Nothing), |best, term| if term.0 > best.0 { term } else { best });
+    let (bandwidth, mut bound) = [
+        (dram, Bound::Dram),
+        (host, Bound::Host),
+        (uplink, Bound::Uplink),
+        (down, Bound::CardDown),
+        (up, Bound::CardUp),
+    ]
+    .into_iter()
+    .fold((f64::NEG_INFINITY, Bound::Nothing), |best, term| if term.0 > best.0 { term } else { best });
     let handoffs = t.phases as f64 * machine.handoff_us * SECONDS_PER_US;
     if handoffs > bandwidth {
         bound = Bound::Handoffs;
@@ -480,6 +500,7 @@ mod tests {
             host_gbps: 1e6,
             dram_gbps: 1e6,
             handoff_us: 0.0,
+            cards_per_uplink: 1,
         };
         // One-shot: down 3 GiB at the duplex rate, 3 × 2^30 / 10e9 = 0.3221225472 s.
         let one = predict(&m, Algorithm::OneShot, GIB);
@@ -576,6 +597,7 @@ mod tests {
             host_gbps: 180.0,
             dram_gbps: 500.0,
             handoff_us: 12.0,
+            cards_per_uplink: 1,
         };
         assert_eq!(choose_with(&m, 8, None).chosen, Algorithm::OneShot);
         let mib = choose_with(&m, MIB, None);
@@ -625,6 +647,7 @@ mod tests {
             host_gbps: 48.0,
             dram_gbps: 120.0,
             handoff_us: 14.0,
+            cards_per_uplink: 1,
         };
         assert_eq!(choose_with(&m, 8, None).chosen, Algorithm::OneShot);
         assert_eq!(choose_with(&m, 100_000, None).chosen, Algorithm::OneShot, "below 112 kB");
@@ -638,6 +661,38 @@ mod tests {
         assert!(gib.predictions.iter().all(|p| p.bound == Bound::Host), "the uplink binds all: {gib:?}");
         assert!(close(gib.prediction().seconds, 0.223_724_213), "{gib:?}");
         assert!(close(gib.predictions[0].seconds, 0.268_519_456), "{gib:?}");
+    }
+
+    /// (b') The same four cards, with the switch given as the probe's topology hands it
+    /// over (four cards behind one uplink) rather than as a host rate: the host (400) and
+    /// DRAM (1000) have room, and the uplink, at one card's rates, carries all four.
+    ///
+    /// 1 GiB, per card: two-shot up 1, down 1.5 (× 2^30 B), link 1.5 × 2^30 / 13.5e9 =
+    /// 0.119305 s, uplink 4 × that = 0.477218 s, + 28 µs = 0.477246 s; the ring 0.477218 +
+    /// 84 µs = 0.477302 s; one-shot down 3: 4 × 3 × 2^30 / 13.5e9 + 14 µs = 0.954451 s.
+    /// Two-shot, the uplink binds.
+    #[test]
+    fn four_cards_behind_one_switch_from_the_topology() {
+        let m = Machine {
+            ranks: 4,
+            h2d_gbps: 25.0,
+            d2h_gbps: 26.5,
+            duplex_gbps: 13.5,
+            host_gbps: 400.0,
+            dram_gbps: 1000.0,
+            handoff_us: 14.0,
+            cards_per_uplink: 4,
+        };
+        let gib = choose_with(&m, GIB, None);
+        assert_eq!(gib.chosen, Algorithm::TwoShot);
+        assert!(gib.predictions.iter().all(|p| p.bound == Bound::Uplink), "{gib:?}");
+        for (got, want) in gib.predictions.iter().map(|p| p.seconds).zip([0.477_302, 0.954_451, 0.477_246]) {
+            assert!(close(got, want), "{got} s, hand: {want}");
+        }
+        // Each card on its own link: the uplink term is gone and the card's link binds.
+        let own = choose_with(&Machine { cards_per_uplink: 1, ..m }, GIB, None);
+        assert_eq!(own.prediction().bound, Bound::CardDown);
+        assert!(close(own.prediction().seconds, 0.119_305 + 28e-6), "{own:?}");
     }
 
     /// (c) Two Gen5 cards (RTX 5090, x16 each) on a desktop with dual-channel DDR5.
@@ -662,6 +717,7 @@ mod tests {
             host_gbps: 200.0,
             dram_gbps: 70.0,
             handoff_us: 12.8,
+            cards_per_uplink: 1,
         };
         for bytes in [8, MIB, GIB] {
             let plan = choose_with(&m, bytes, None);
