@@ -66,6 +66,10 @@ pub struct PlanArgs {
     measure: bool,
 }
 
+/// The most ranks `gp2p plan` prices: far beyond one host's cards, and small enough that
+/// the model's arithmetic (2(N−1) phases, N² host bytes) cannot overflow.
+const MAX_RANKS: usize = 4096;
+
 /// Where a rate of the machine came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -84,7 +88,8 @@ struct Rates {
     sources: [Source; 6],
     /// What `--measure` measured on, for the machine line.
     measured_on: Option<String>,
-    /// Where the uplink sharing came from, when the probe's topology gave it.
+    /// Where the uplink sharing came from (`--uplink`, or the probe's topology of this
+    /// machine or of an example); None where neither said.
     placed: Option<String>,
 }
 
@@ -146,19 +151,25 @@ impl PlanArgs {
     /// The machine: flags first, then what `measured` has, then the model's defaults.
     fn rates(&self, measured: Option<&Measured>, place: Option<&Placement>) -> Result<Rates, CliError> {
         let ranks = self.ranks.or(place.map(|p| p.cards)).unwrap_or(0);
-        if ranks < 2 {
+        if !(2..=MAX_RANKS).contains(&ranks) {
             return Err(CliError::Usage(format!(
-                "--ranks {ranks}: the cost model plans all-reduces of 2 ranks or more (one rank moves nothing)"
+                "--ranks {ranks}: the cost model plans all-reduces of 2 to {MAX_RANKS} ranks (one rank moves nothing)"
             )));
         }
         let mut machine = Machine::h200(ranks);
-        machine.cards_per_uplink = match (self.uplink, place) {
-            (Some(0), _) => return Err(CliError::Usage("--uplink 0: expected 1 card or more".into())),
-            (Some(k), _) => k,
-            (None, Some(p)) => p.per_uplink,
-            (None, None) => 1,
+        let (per_uplink, mut placed) = match (self.uplink, place) {
+            (Some(k), _) if k == 0 || k > ranks => {
+                return Err(CliError::Usage(format!("--uplink {k}: expected 1 to {ranks} cards (of --ranks {ranks})")));
+            }
+            (Some(k), _) => (k, "--uplink".to_owned()),
+            (None, Some(p)) => (p.per_uplink, format!("{}'s topology", p.of)),
+            (None, None) => (1, String::new()),
+        };
+        if per_uplink > ranks {
+            // The topology's cards outnumber the ranks asked for: at most all of them share.
+            placed.push_str(&format!(", {per_uplink} cards there, at most {ranks} here"));
         }
-        .min(ranks);
+        machine.cards_per_uplink = per_uplink.min(ranks);
         let mut sources = [Source::Default; 6];
         if let Some(m) = measured {
             for (i, &rate) in m.card.iter().enumerate() {
@@ -186,7 +197,7 @@ impl PlanArgs {
             (n, Some(_)) => format!("the slowest of {n} cards; the host with all {n} at once"),
             (n, None) => format!("the slowest of {n} cards"),
         });
-        let placed = place.map(|p| format!("{}'s topology", p.of));
+        let placed = (!placed.is_empty()).then_some(placed);
         Ok(Rates { machine, sources, measured_on, placed })
     }
 }
@@ -204,9 +215,10 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
         }
         None => None,
     };
-    // Refuse bad flags before measuring anything.
+    // Refuse bad flags (and a bad GP2P_ALGORITHM) before measuring anything.
     args.rates(None, example.as_ref())?;
     let sizes = args.sizes()?;
+    let forced = cost::forced_by_env()?;
     let (measured, place) = if args.measure {
         let (measured, place) = measure()?;
         (Some(measured), Some(place))
@@ -214,7 +226,6 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
         (None, example)
     };
     let rates = args.rates(measured.as_ref(), place.as_ref())?;
-    let forced = cost::forced_by_env()?;
     let plans: Vec<(usize, Plan)> =
         sizes.iter().map(|&bytes| (bytes, cost::choose_with(&rates.machine, bytes, forced))).collect();
     print!("{}", render(&rates, &plans, forced));
@@ -277,7 +288,7 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
             out.push_str(&format!("  {says}{on}: {}\n", names.join(", ")));
         }
     }
-    let from = rates.placed.as_deref().unwrap_or("--uplink");
+    let from = rates.placed.as_deref().unwrap_or("the default");
     if m.cards_per_uplink > 1 {
         out.push_str(&format!("  uplink: {} cards share one PCIe uplink at most ({from})\n", m.cards_per_uplink));
     } else if rates.placed.is_some() {

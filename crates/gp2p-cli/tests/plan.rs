@@ -54,7 +54,7 @@ fn fewer_than_two_ranks_are_refused_naming_the_flag() {
         let out = gp2p(&["plan", "--ranks", ranks], None);
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "--ranks {ranks}: {stderr}");
-        assert!(stderr.contains(&format!("--ranks {ranks}")) && stderr.contains("2 ranks or more"), "{stderr}");
+        assert!(stderr.contains(&format!("--ranks {ranks}")) && stderr.contains("2 to 4096 ranks"), "{stderr}");
         assert!(out.stdout.is_empty(), "nothing printed for a refused plan");
     }
 }
@@ -132,7 +132,14 @@ fn an_example_machine_hands_its_cards_and_shared_uplink_to_the_model() {
     assert!(!rows(&stdout)[0].contains("uplink"), "{stdout}");
     // The flag wins over the topology; an unknown example is refused with the list.
     let out = gp2p(&["plan", "--example", "4x3090-switch", "--uplink", "1", "-b", "1G", "-e", "1G"], None);
-    assert!(!rows(&text(&out.stdout))[0].contains("uplink"), "{}", text(&out.stdout));
+    let stdout = text(&out.stdout);
+    assert!(!rows(&stdout)[0].contains("uplink"), "{stdout}");
+    assert!(stdout.contains("uplink: every card has its own (--uplink)"), "the flag is named as the source: {stdout}");
+    let out = gp2p(&["plan", "--ranks", "2", "--uplink", "4"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--uplink 4: expected 1 to 2 cards"), "{}", text(&out.stderr));
+    let out = gp2p(&["plan", "--ranks", "9223372036854775809"], None);
+    assert_eq!(out.status.code(), Some(1), "a huge rank count is refused, not overflowed");
     let out = gp2p(&["plan", "--example", "nothing"], None);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--example nothing: no such example") && text(&out.stderr).contains("2x4090"));

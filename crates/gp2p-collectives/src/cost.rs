@@ -20,7 +20,7 @@
 //! [`predict`] prices one algorithm on a [`Machine`] of N cards:
 //!
 //! ```text
-//! time  = phases × handoff + max(link, host, dram)
+//! time  = phases × handoff + max(link, host, dram, uplink)
 //! link  = max(up, down) / duplex             (a card that both sends and receives)
 //!         up / d2h  or  down / h2d           (a card that only sends, or only receives)
 //! host  = N × (up + down) / host_gbps        (all cards' DMAs through the host at once)
@@ -231,7 +231,7 @@ pub struct Machine {
     /// The most cards behind one shared PCIe uplink (a switch) on their way to the host: 1
     /// where every card has its own link. Without P2P a switch does not help: every byte of
     /// its cards crosses the one uplink, which runs at one card's rates. From the probe's
-    /// topology (`gp2p_probe::Topology::uplinks`), which the facade or the CLI hands over.
+    /// topology (`gp2p_probe::Topology::uplinks`), which `gp2p plan` hands over.
     pub cards_per_uplink: usize,
 }
 
@@ -635,7 +635,8 @@ mod tests {
     ///
     /// 8 B: 84.0 / 14.0 / 28.0 µs: one-shot. 1 MiB: ring 84 + 262.14 = 346.14, one-shot
     /// 14 + 349.53 = 363.53, two-shot 28 + 218.45 = 246.45: two-shot. 1 GiB: two-shot
-    /// 10 × 2^30 / 48e9 + 28e-6 = 0.223724213 s (ring 0.268519456): two-shot, the uplink
+    /// 10 × 2^30 / 48e9 + 28e-6 = 0.223724213 s (ring 0.268519456): two-shot, the host
+    /// term (here the uplink's cap on all four, given as the host rate)
     /// binds. Crossover 14 µs / 0.125 s/GB = 112 kB.
     #[test]
     fn four_cards_behind_one_switch_uplink() {

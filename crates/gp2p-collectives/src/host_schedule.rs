@@ -12,10 +12,19 @@
 //!
 //! Each rank owns one *host area* of the buffer's length, which only it writes and every
 //! rank reads ([`Place::Host`]); its own buffer is [`Place::Device`]. A schedule is a list of
-//! [`Move`]s, each run by one rank (its DMA or its kernel) in a *phase*: a move reads only
-//! what moves of earlier phases wrote, so an executor that makes each reader wait for the
-//! writer's flag on that range and phase gets every dependency ([`Move::waits_for`]). Ranges
-//! are cut into chunks the same way in every phase, so the phases pipeline chunk by chunk.
+//! [`Move`]s, each run by one rank (its DMA or its kernel) in a *phase*. Two kinds of
+//! dependency, and an executor must keep both:
+//!
+//! - Across ranks: a move reads another rank's host area only where a move of an earlier
+//!   phase wrote it, so each reader waits for that writer's flag on that range and phase
+//!   ([`Move::waits_for`]).
+//! - Within a rank: one rank's moves of a phase run in list order (one stream, or streams
+//!   joined by events in that order): two-shot's phase 1 publishes with a copy what the
+//!   same rank's fold just wrote to its device buffer, which [`Move::waits_for`] does not
+//!   list.
+//!
+//! Ranges are cut into chunks the same way in every phase, so the phases pipeline chunk by
+//! chunk.
 //!
 //! A reducing move folds its sources *in the order listed*, which is rank order for every
 //! rank: one-shot gives every rank the same bits, though each computes the sum itself.
@@ -70,7 +79,8 @@ pub struct Move {
 
 impl Move {
     /// The host areas this move reads, each with the writer whose flag for this range it
-    /// must wait for: `(writer, phase the writer wrote it in)`.
+    /// must wait for: `(writer, phase the writer wrote it in)`. Only the waits across ranks:
+    /// a rank's own earlier moves are ordered by running its moves in list order.
     pub fn waits_for<'a>(&'a self, schedule: &'a HostSchedule) -> impl Iterator<Item = (usize, usize)> + 'a {
         self.sources.iter().filter_map(move |place| match *place {
             Place::Host(writer) => schedule.writer_phase(writer, &self.range, self.phase),
@@ -456,10 +466,11 @@ mod tests {
                 let mut bufs = ins.clone();
                 s.run_on_host(&mut bufs, |a, b, _| a + b);
                 prop_assert!(bufs.iter().all(|b| *b == total));
-                // The last flag marks the final fold of each element exactly once per move.
+                // Every element's value comes from exactly one fold, whose last step (and only
+                // that one) says so: avg divides there once.
                 let mut lasts: Vec<Vec<u32>> = (0..ranks).map(|_| vec![0; len]).collect();
                 s.run_on_host(&mut lasts, |a, _, last| a + u32::from(last));
-                prop_assert!(lasts.iter().flatten().all(|&n| n <= 1));
+                prop_assert!(lasts.iter().flatten().all(|&n| n == 1));
             }
         }
     }

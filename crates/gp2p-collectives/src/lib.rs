@@ -8,7 +8,8 @@
 //!   reduce-scatter, all-gather and broadcast they are made of) as moves through each rank's
 //!   host area, phase by phase; proven on host buffers (no executor runs them yet).
 //! - [`cost`]: the cost model that picks ring, one-shot or two-shot per size from the
-//!   machine's rates (`GP2P_ALGORITHM` forces one).
+//!   machine's rates (`GP2P_ALGORITHM` forces one). Only `gp2p plan` asks it today: no
+//!   executor runs one-shot or two-shot yet, so the variable changes no collective.
 //! - [`Engine`]: runs a schedule on GPUs — per rank a send stream and a receive stream, a
 //!   staging ring per ring edge, and events at chunk granularity.
 //! - [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`]: checked entry points.
