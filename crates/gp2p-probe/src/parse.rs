@@ -35,9 +35,12 @@ pub fn rebar_sizes(text: &str) -> Option<Vec<u64>> {
 /// (`/sys/devices/pci0000:40/0000:40:01.1/0000:41:00.0`): the components from the root bus
 /// (`pci<domain>:<bus>`) down to the device. Whatever sits above the root bus (ACPI or
 /// VMBus nodes in some virtual machines) is left out; `None` when the path has no root bus.
+/// Where the path holds more than one root bus, the last is the device's: behind Intel VMD
+/// (`pci0000:00/0000:00:0e.0/pci10000:e0/10000:e0:06.0/…`) the VMD device sits above a
+/// root bus of its own, and taking the first would make it every card's root port.
 pub fn pci_path(resolved: &str) -> Option<Vec<String>> {
     let parts: Vec<&str> = resolved.split('/').filter(|p| !p.is_empty()).collect();
-    let root = parts.iter().position(|p| p.starts_with("pci") && p.contains(':'))?;
+    let root = parts.iter().rposition(|p| p.starts_with("pci") && p.contains(':'))?;
     Some(parts[root..].iter().map(|p| (*p).to_owned()).collect())
 }
 
@@ -179,6 +182,17 @@ mod tests {
         let vm = "/sys/devices/LNXSYSTM:00/LNXSYBUS:00/PNP0A03:00/device:07/VMBUS:01/47505500-0001-0000-3130-444531454238/pci0001:00/0001:00:00.0";
         assert_eq!(pci_path(vm).unwrap(), ["pci0001:00", "0001:00:00.0"]);
         assert_eq!(pci_path("/sys/devices/platform/foo"), None);
+        // Intel VMD: its own root bus below the VMD device; each card on its own root port
+        // of that bus shares no switch with the other.
+        let vmd = |port: &str, card: &str| {
+            pci_path(&format!("/sys/devices/pci0000:00/0000:00:0e.0/pci10000:e0/10000:e0:{port}/10000:{card}")).unwrap()
+        };
+        let (a, b) = (vmd("06.0", "e1:00.0"), vmd("1a.0", "e2:00.0"));
+        assert_eq!(a, ["pci10000:e0", "10000:e0:06.0", "10000:e1:00.0"]);
+        let card =
+            |ordinal, pci_path| crate::facts::DeviceFacts { ordinal, pci_path: Some(pci_path), ..Default::default() };
+        let facts = crate::Facts { devices: vec![card(0, a), card(1, b)], ..Default::default() };
+        assert_eq!(crate::Topology::new(&facts).path(0, 1), crate::topology::PathKind::RootComplex);
         assert_eq!((numa_node("1\n"), numa_node("-1\n"), numa_node("")), (Some(1), Some(-1), None));
     }
 
