@@ -219,11 +219,13 @@ fn path_between(facts: &Facts, a: &DeviceFacts, b: &DeviceFacts) -> PathKind {
 }
 
 /// Whether two cards share a NUMA node: by their nodes where both are named, else by their
-/// local CPUs (equal lists on a machine whose kernel names no nodes: one node).
+/// local CPUs where neither is (equal lists on a machine whose kernel names no nodes: one
+/// node). Where only one card's node is named the other's CPU list is every CPU, which
+/// differs from any one node's: not known.
 fn same_numa(a: &CardPlace, b: &CardPlace) -> Option<bool> {
     match (a.numa_node, b.numa_node, &a.cpus, &b.cpus) {
         (Some(x), Some(y), ..) => Some(x == y),
-        (_, _, Some(x), Some(y)) => Some(x == y),
+        (None, None, Some(x), Some(y)) => Some(x == y),
         _ => None,
     }
 }
@@ -327,8 +329,13 @@ mod tests {
         assert_eq!(Topology::new(&facts).path(0, 1), PathKind::Node);
         assert_eq!(Topology::new(&facts).cards[0].numa_node, None);
         b.local_cpulist = Some("32-63".into());
-        let facts = Facts { devices: vec![a, b], ..Facts::default() };
+        let facts = Facts { devices: vec![a.clone(), b.clone()], ..Facts::default() };
         assert_eq!(Topology::new(&facts).path(0, 1), PathKind::System);
+        // One card's node named, the other's not (-1, its CPU list every CPU): not known,
+        // rather than two nodes because "0-15" is not "0-31".
+        (a.numa_node, a.local_cpulist, b.local_cpulist) = (Some(0), Some("0-15".into()), Some("0-31".into()));
+        let facts = Facts { devices: vec![a, b], ..Facts::default() };
+        assert_eq!(Topology::new(&facts).path(0, 1), PathKind::Unknown);
     }
 
     #[test]
