@@ -203,22 +203,40 @@ fn linux_facts(facts: &mut Facts) {
     for d in &mut facts.devices {
         d.iommu_group_type = iommu_group_type(&d.pci_bus_id);
         d.bar1_sizes = bar1_sizes(&d.pci_bus_id, kernel, &mut facts.missing_sources);
-        place(d);
+        place(Path::new(SYS_PCI_DEVICES), d, &mut facts.missing_sources);
     }
 }
 
-/// Where a card sits in the host, from sysfs: its NUMA node, its local CPUs and its path
-/// through the PCI tree (root complex, root port, switch ports). What cannot be read stays
-/// unknown: the topology then says less, and NVML's per-pair level fills in where it can.
-fn place(d: &mut DeviceFacts) {
-    let dev = Path::new("/sys/bus/pci/devices").join(d.pci_bus_id.to_ascii_lowercase());
+/// Where sysfs lists PCI devices by bus id.
+const SYS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
+
+/// Where a card sits in the host, from sysfs (`devices`, the PCI devices by bus id): its
+/// NUMA node, its local CPUs and its path through the PCI tree (root complex, root port,
+/// switch ports). What cannot be read stays unknown and is added to `missing`: the topology
+/// then says less, and NVML's per-pair level fills in where it can.
+fn place(devices: &Path, d: &mut DeviceFacts, missing: &mut Vec<String>) {
+    let dev = devices.join(d.pci_bus_id.to_ascii_lowercase());
     if !dev.exists() {
+        missing.push(format!(
+            "{}: absent; where device {} sits in the host (NUMA node, PCI path) is unknown",
+            dev.display(),
+            d.ordinal
+        ));
         return;
     }
-    d.numa_node = fs::read_to_string(dev.join("numa_node")).ok().and_then(|t| parse::numa_node(&t));
-    d.local_cpulist =
-        fs::read_to_string(dev.join("local_cpulist")).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
-    d.pci_path = fs::canonicalize(&dev).ok().and_then(|p| parse::pci_path(&p.to_string_lossy()));
+    let mut read = |name: &str| {
+        let file = dev.join(name);
+        fs::read_to_string(&file).map_err(|e| missing.push(unreadable(&file.display().to_string(), &e))).ok()
+    };
+    d.numa_node = read("numa_node").and_then(|t| parse::numa_node(&t));
+    d.local_cpulist = read("local_cpulist").map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
+    d.pci_path = match fs::canonicalize(&dev) {
+        Ok(p) => parse::pci_path(&p.to_string_lossy()),
+        Err(e) => {
+            missing.push(unreadable(&dev.display().to_string(), &e));
+            None
+        }
+    };
 }
 
 /// The first kernel whose sysfs lists the sizes of every resizable BAR (`resource<N>_resize`).
@@ -338,6 +356,27 @@ mod tests {
         assert!(unreadable("/proc/cmdline", &denied).contains("run the probe as root"));
         let absent = std::io::Error::from(std::io::ErrorKind::NotFound);
         assert!(!unreadable("/proc/driver/nvidia/version", &absent).contains("root"));
+    }
+
+    #[test]
+    fn where_a_card_sits_names_what_could_not_be_read() {
+        let devices = std::env::temp_dir().join(format!("gp2p-probe-place-{}", std::process::id()));
+        let dev = devices.join("0000:41:00.0");
+        fs::create_dir_all(&dev).unwrap();
+        fs::write(dev.join("numa_node"), "1\n").unwrap();
+        let mut missing = Vec::new();
+        // The card's directory without local_cpulist: that file is named.
+        let mut d = DeviceFacts { ordinal: 0, pci_bus_id: "0000:41:00.0".into(), ..DeviceFacts::default() };
+        place(&devices, &mut d, &mut missing);
+        assert_eq!((d.numa_node, d.local_cpulist.as_deref()), (Some(1), None));
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(missing[0].contains("0000:41:00.0/local_cpulist"), "{missing:?}");
+        // A card sysfs does not list at all: one entry, naming the card.
+        let mut d = DeviceFacts { ordinal: 1, pci_bus_id: "0000:81:00.0".into(), ..DeviceFacts::default() };
+        place(&devices, &mut d, &mut missing);
+        assert!(missing[1].contains("0000:81:00.0: absent; where device 1 sits"), "{missing:?}");
+        assert_eq!((d.numa_node, d.pci_path), (None, None));
+        fs::remove_dir_all(&devices).unwrap();
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! let topology = Topology::new(&facts);
 //! assert_eq!(topology.path(0, 1), PathKind::Switch);
 //! assert_eq!(topology.uplinks[0].cards, [0, 1]);
-//! assert!(!topology.crosses_numa(0, 1));
+//! assert_eq!(topology.crosses_numa(0, 1), Some(false));
 //! ```
 
 use std::collections::BTreeMap;
@@ -152,9 +152,13 @@ impl Topology {
         self.pairs.iter().find(|p| p.a == a && p.b == b).map_or(PathKind::Unknown, |p| p.path)
     }
 
-    /// Whether traffic between `a` and `b` crosses the interconnect between NUMA nodes.
-    pub fn crosses_numa(&self, a: usize, b: usize) -> bool {
-        self.path(a, b) == PathKind::System
+    /// Whether traffic between `a` and `b` crosses the interconnect between NUMA nodes;
+    /// `None` where their path is not known (then it may or may not).
+    pub fn crosses_numa(&self, a: usize, b: usize) -> Option<bool> {
+        match self.path(a, b) {
+            PathKind::Unknown => None,
+            path => Some(path == PathKind::System),
+        }
     }
 
     /// The cards of each NUMA node, by node; cards whose node is not known are left out.
@@ -296,7 +300,8 @@ mod tests {
         assert_eq!(t.path(0, 2), PathKind::RootComplex);
         assert_eq!(t.path(2, 3), PathKind::Node);
         assert_eq!(t.path(3, 4), PathKind::System);
-        assert!(t.crosses_numa(0, 4) && !t.crosses_numa(0, 3));
+        assert_eq!((t.crosses_numa(0, 4), t.crosses_numa(0, 3)), (Some(true), Some(false)));
+        assert_eq!(t.crosses_numa(0, 9), None, "not known, rather than not crossing");
         assert_eq!(t.uplinks, [Uplink { root_port: Some("0000:00:01.0".into()), cards: vec![0, 1] }]);
         assert_eq!((t.cards[0].switch_ports, t.cards[2].switch_ports), (2, 0));
         assert_eq!(t.numa_nodes(), [(0, vec![0, 1, 2, 3]), (1, vec![4])]);
