@@ -576,6 +576,23 @@ fn a_bar1_at_its_chip_s_largest_size_is_a_limit_of_the_card_not_a_firmware_setti
             v.patch
         );
     }
+    // The same cards at a 256 MiB BAR1: Resizable BAR first (up to the chip's 32 GiB), then
+    // the per-allocation branch; the firmware setting is not called useless.
+    let mut f = load_fixture("4090d-48g-pair-bar1-at-chip-max.json");
+    f.devices.iter_mut().for_each(|d| d.bar1_bytes = Some(256 << 20));
+    let v = first(&f);
+    assert_eq!(v.code, "BAR1");
+    assert!(
+        v.remedy.starts_with("enable Above 4G decoding and Resizable BAR in the firmware (up to 32.0 GiB); then "),
+        "{}",
+        v.remedy
+    );
+    assert!(v.remedy.contains(crate::BAR1_PER_ALLOCATION_BRANCH) && !v.remedy.contains("whatever the firmware sets"));
+    assert!(
+        matches!(&v.patch, PatchOutlook::AfterChange(c) if c.starts_with("enable Resizable BAR (up to 32.0 GiB), then move to the experimental")),
+        "{:?}",
+        v.patch
+    );
     // A chip with no per-allocation branch (a GA102 card with 48 GB, made up): nothing covers it.
     let mut f = load_fixture("4090d-48g-pair-bar1-at-chip-max.json");
     for d in &mut f.devices {

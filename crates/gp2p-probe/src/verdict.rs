@@ -494,12 +494,26 @@ impl Pair<'_> {
         };
         let geforce = d.class() == Some(CardClass::GeForce);
         if geforce && d.arch() == Architecture::Ada {
+            // A BAR1 below the card's largest still grows (the per-allocation branch maps
+            // through it too): the firmware setting comes first, then the branch.
+            let (rebar, firmware, then) = if d.bar1_bytes.is_some_and(|b| b < largest) {
+                let up_to = gib(largest);
+                (
+                    format!(
+                        "enable Above 4G decoding and Resizable BAR in the firmware (up to {up_to}){resizes}; then "
+                    ),
+                    "",
+                    format!("enable Resizable BAR (up to {up_to}), then "),
+                )
+            } else {
+                (String::new(), ", whatever the firmware sets", String::new())
+            };
             return Bar1Fix {
                 remedy: format!(
-                    "{stuck}, less than its {vram} of VRAM, so the static BAR1 mapping (it needs {needed}) cannot fit, whatever the firmware sets: the experimental {BAR1_PER_ALLOCATION_BRANCH} branch maps BAR1 per allocation instead (made for 48 GB 4090s)"
+                    "{rebar}{stuck}, less than its {vram} of VRAM, so the static BAR1 mapping (it needs {needed}) cannot fit{firmware}: the experimental {BAR1_PER_ALLOCATION_BRANCH} branch maps BAR1 per allocation instead (made for 48 GB 4090s)"
                 ),
                 outlook: PatchOutlook::AfterChange(format!(
-                    "move to the experimental {BAR1_PER_ALLOCATION_BRANCH} branch, which maps BAR1 per allocation"
+                    "{then}move to the experimental {BAR1_PER_ALLOCATION_BRANCH} branch, which maps BAR1 per allocation"
                 )),
                 assumption,
                 per_allocation: true,
