@@ -663,9 +663,24 @@ const BLOCKERS: &[(&str, &str, Blocker)] = &[
 ];
 
 /// Pairs of blockers where the first makes the second moot, as `RULES` documents: no step
-/// for the second.
-const MOOT: &[(&str, &str)] =
-    &[("wddm", "module"), ("wddm", "version"), ("wddm", "iommu"), ("arch", "module"), ("arch", "version")];
+/// for the second. After a rule that says P2P can never work (`wddm` on these GeForce
+/// cards, `mixed`, `arch`) no setting is worth a step.
+const MOOT: &[(&str, &str)] = &[
+    ("wddm", "regkey"),
+    ("wddm", "module"),
+    ("wddm", "version"),
+    ("wddm", "bar1"),
+    ("wddm", "iommu"),
+    ("mixed", "regkey"),
+    ("mixed", "module"),
+    ("mixed", "version"),
+    ("mixed", "bar1"),
+    ("mixed", "iommu"),
+    ("arch", "module"),
+    ("arch", "version"),
+    ("arch", "bar1"),
+    ("arch", "iommu"),
+];
 
 /// Blockers whose removal leaves the patch to do the rest (the others: it cannot).
 const FIXABLE: &[&str] = &["regkey", "module", "version", "bar1", "iommu"];

@@ -26,9 +26,10 @@ use rules::chain;
 /// (the platform, then registry keys, the driver, the firmware's BAR1, the kernel's IOMMU),
 /// and the patch last, built against the driver the steps before it installed. Where one
 /// rule makes another moot, the other adds no step: after `card` (professional and
-/// datacenter cards) and `patched` (which names every missing piece itself) none; after
-/// `arch` neither `module` nor `version` (no version helps); on Windows neither `module`,
-/// `version` nor `iommu` (Linux's).
+/// datacenter cards) and `patched` (which names every missing piece itself) none; after a
+/// rule that says P2P can never work (`arch`, `mixed`, and `wddm` on a GeForce card) none
+/// of `regkey`, `module`, `version`, `bar1` and `iommu` (no setting helps); on Windows
+/// neither `module`, `version` nor `iommu` (Linux's).
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
     "on: CUDA can access the peer; where the patch or a ForceP2P key forces it, BAR1 < VRAM or a translating IOMMU make it UNSAFE and unknown ones OK? (Route::Auto copies both staged)",

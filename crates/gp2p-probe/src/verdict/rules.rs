@@ -32,13 +32,16 @@ pub(super) const CHECKS: &[(&str, Rule)] = &[
 ///   and explains the refusal only where no rule before it did.
 /// - `patched` ends it: with the patch in effect it names every missing piece (branch,
 ///   BAR1, IOMMU) itself.
-/// - `arch` makes `module` and `version` moot (no branch drives the cards at any version).
+/// - A rule that says P2P can never work on the pair ([`never`]: `arch`, `mixed`, and
+///   `wddm` on a GeForce card) makes `regkey`, `module`, `version`, `bar1` and `iommu` after
+///   it moot: no driver, firmware or kernel setting brings P2P then.
 /// - Windows makes `module`, `version` and `iommu` moot (Linux's kernel module and IOMMU
 ///   groups; the `wddm` step already says Linux is the way).
 pub(super) fn chain(p: &Pair<'_>) -> Vec<(&'static str, Verdict)> {
     let windows = p.facts.host.os.eq_ignore_ascii_case("windows");
     let mut found: Vec<(&'static str, Verdict)> = Vec::new();
     for &(name, rule) in CHECKS {
+        let hopeless = found.iter().any(|(rule, v)| never(rule, v));
         let moot = match name {
             "card" if !p.geforce() => {
                 if found.is_empty() {
@@ -46,8 +49,8 @@ pub(super) fn chain(p: &Pair<'_>) -> Vec<(&'static str, Verdict)> {
                 }
                 break;
             }
-            "module" | "version" => windows || found.iter().any(|(rule, _)| *rule == "arch"),
-            "iommu" => windows,
+            "module" | "version" | "iommu" => windows || hopeless,
+            "regkey" | "bar1" => hopeless,
             _ => false,
         };
         if moot {
@@ -61,6 +64,18 @@ pub(super) fn chain(p: &Pair<'_>) -> Vec<(&'static str, Verdict)> {
         }
     }
     found
+}
+
+/// Whether `rule`'s verdict `v` says P2P can never work on the pair, whatever else changes:
+/// `arch` (no branch drives the cards) and `mixed` (CUDA refuses mixed pairs) always;
+/// `wddm` where its remedy is none (a GeForce card cannot leave WDDM; other cards can
+/// switch to TCC or MCDM).
+fn never(rule: &str, v: &Verdict) -> bool {
+    match rule {
+        "arch" | "mixed" => true,
+        "wddm" => v.remedy.starts_with("none"),
+        _ => false,
+    }
 }
 
 /// Rule `on`: CUDA can access the peer. Where an override forces P2P on (the patch, or a
