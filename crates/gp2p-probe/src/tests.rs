@@ -776,6 +776,21 @@ fn two_blockers_at_once_are_both_named_and_rendered_in_order() {
 }
 
 #[test]
+fn a_card_only_the_per_allocation_branch_serves_is_sent_to_its_version_alone() {
+    // 48 GB 4090s on a driver with no patch branch: the version step names 590.48.01 only,
+    // as the patch step does, not every version with an Ada branch.
+    let mut f = load_fixture("4090-48g-pair-stock.json");
+    f.host.kernel_module.iter_mut().for_each(|m| m.version = "570.195.03".into());
+    let v = first(&f);
+    assert_eq!(step_codes(&v), ["VER", "BAR1", "PATCH"]);
+    assert!(v.steps[0].remedy.starts_with("install driver 590.48.01, whose 590.48.01-p2p-48g branch"), "{:?}", v.steps);
+    assert!(!v.steps[0].remedy.contains("550.54.15"), "{}", v.steps[0].remedy);
+    assert!(v.steps[2].remedy.contains("for open module 590.48.01 exactly"), "{:?}", v.steps);
+    let PatchOutlook::AfterChange(changes) = &v.patch else { panic!("{:?}", v.patch) };
+    assert!(changes.starts_with("move to 590.48.01; then "), "{changes}");
+}
+
+#[test]
 fn a_translating_iommu_needs_passthrough() {
     let mut f = two_4090s();
     f.devices[0].iommu_group_type = Some("DMA".into());

@@ -351,16 +351,8 @@ impl Pair<'_> {
     fn install_after(&self, chain: &[(&'static str, Verdict)]) -> Verdict {
         let mut install = self.patch_would();
         let check = "then check with `gp2p probe` and `gp2p bench copy --route peer`";
-        let per_allocation = self
-            .devices()
-            .into_iter()
-            .find(|d| d.bar1_covers_vram() == Some(false))
-            .is_some_and(|d| self.bar1_fix(d).per_allocation);
-        if per_allocation {
-            let version = crate::branches::PATCH_BRANCHES
-                .iter()
-                .find(|b| b.name == BAR1_PER_ALLOCATION_BRANCH)
-                .map_or("?", |b| b.version);
+        if self.per_allocation() {
+            let version = per_allocation_version();
             install.remedy = format!(
                 "install the P2P patch from the {BAR1_PER_ALLOCATION_BRANCH} branch, for open module {version} exactly (PATCH.md), {check}"
             );
@@ -370,6 +362,15 @@ impl Pair<'_> {
             );
         }
         install
+    }
+
+    /// Whether this pair's BAR1 remedy is the per-allocation branch (a card's BAR1 cannot
+    /// grow to hold its VRAM): then that branch's driver version is the one to move to.
+    fn per_allocation(&self) -> bool {
+        self.devices()
+            .into_iter()
+            .find(|d| d.bar1_covers_vram() == Some(false))
+            .is_some_and(|d| self.bar1_fix(d).per_allocation)
     }
 
     fn devices(&self) -> [&DeviceFacts; 2] {
@@ -623,6 +624,11 @@ impl Pair<'_> {
         }
         verdict
     }
+}
+
+/// The driver version of the per-allocation branch ([`BAR1_PER_ALLOCATION_BRANCH`]).
+fn per_allocation_version() -> &'static str {
+    crate::branches::PATCH_BRANCHES.iter().find(|b| b.name == BAR1_PER_ALLOCATION_BRANCH).map_or("?", |b| b.version)
 }
 
 /// Bytes as GiB with one decimal, as the verdicts and the report write them.

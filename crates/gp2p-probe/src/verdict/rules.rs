@@ -454,16 +454,32 @@ fn version(p: &Pair<'_>) -> Option<Verdict> {
         }
         Some(_) => return None,
     };
+    // Where BAR1 cannot grow to hold VRAM only the per-allocation branch serves the cards:
+    // its version, not every version with a branch (the patch step names it too).
+    let (remedy, change) = if p.per_allocation() {
+        let version = per_allocation_version();
+        (
+            format!(
+                "install driver {version}, whose {BAR1_PER_ALLOCATION_BRANCH} branch maps BAR1 per allocation, and build the patched open module at exactly that version"
+            ),
+            format!("move to {version}"),
+        )
+    } else {
+        (
+            format!(
+                "install a driver version whose patch branch drives {} cards ({}) and build the patched open module at exactly that version",
+                arch.name(),
+                p.versions()
+            ),
+            format!("move to one of {}", p.versions()),
+        )
+    };
     Some(p.off(
         "VER",
         Certainty::Shown,
         format!("the driver refuses P2P{}; {missing}", p.nvml_status()),
-        format!(
-            "install a driver version whose patch branch drives {} cards ({}) and build the patched open module at exactly that version",
-            arch.name(),
-            p.versions()
-        ),
-        PatchOutlook::AfterChange(format!("move to one of {}", p.versions())),
+        remedy,
+        PatchOutlook::AfterChange(change),
         &["cuDeviceCanAccessPeer", "kernel module", "architecture"],
     ))
 }
