@@ -894,8 +894,11 @@ def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
     assert ca.custom_all_reduce(CudaArray((3,))) is None
     assert CustomAllreduce(_Comm(world_size=4)).disabled, "more than two ranks is not built yet"
     assert not CustomAllreduce(_Comm(world_size=4)).should_custom_ar(CudaArray((1024,)))
+    comm = ca.comm
     ca.close()
-    assert ca.comm.calls[-1] == "closed"
+    assert comm.calls[-1] == "closed" and ca.comm is None and ca.disabled
+    ca.close()  # again, as __del__ will: nothing more happens
+    assert comm.calls.count("closed") == 1
     off = CustomAllreduce(None)  # what from_group gives where this version cannot serve
     assert off.disabled and not off.should_custom_ar(CudaArray((1024,))) and off.custom_all_reduce(CudaArray((4,))) is None
     off.close()
@@ -1112,3 +1115,43 @@ def test_a_torch_without_custom_ops_leaves_every_call_eager(torch, native):
     assert not _compile.register() and _compile._judged is torch
     gp.ops.staged_copy(torch.Tensor((4,), device="cuda:1"), torch.Tensor((4,), device="cuda:0"))
     assert native.calls and native.calls[-1][0] == "copy"
+
+
+def test_custom_allreduce_is_built_as_the_servers_build_theirs_and_never_raises(monkeypatch):
+    """vLLM: CustomAllreduce(group=, device=, symm_mem_enabled=, register_graph_buffers=);
+    sglang: CAClass(group=, device=). Without a driver the join fails on this rank, every rank
+    agrees, and the object is disabled: the server keeps its own path."""
+    import gc
+
+    from geforce_p2p.distributed import CustomAllreduce
+
+    calls = []
+
+    def fake_dist(world):
+        dist = types.ModuleType("torch.distributed")
+        dist.get_rank = lambda group=None: 0
+        dist.get_world_size = lambda group=None: world
+        dist.get_global_rank = lambda group, rank: rank
+        dist.broadcast_object_list = lambda box, src=0, group=None: calls.append(("broadcast", box[0][:4]))
+        dist.all_gather_object = lambda out, obj, group=None: out.__setitem__(slice(None), [obj] * len(out))
+        return dist
+
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake_dist(2))
+    ca = CustomAllreduce(group="tp-cpu-group", device=0, symm_mem_enabled=False, register_graph_buffers=True)
+    assert ca.disabled and ca.comm is None, "no driver: disabled, not raised"
+    assert calls and calls[0][0] == "broadcast", "rank 0 made an id and broadcast it"
+    assert ca.should_custom_ar(CudaArray((1024,))) is False and ca.custom_all_reduce(CudaArray((4,))) is None
+    assert ca.fully_connected is False and ca.mnnvl_lamport_ag_multicast_ptr == 0
+    assert ca.custom_all_gather(CudaArray((1024,))) is None and ca.custom_reduce_scatter(CudaArray((1024,))) is None
+    calls.clear()
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake_dist(4))
+    assert CustomAllreduce(group="tp-cpu-group", device=0).disabled
+    assert calls == [], "four ranks: not served, and no id is made"
+    # Servers drop it without close(): the communicator is released then, once.
+    comm = _Comm()
+    ca = CustomAllreduce(comm)
+    assert not ca.disabled
+    del ca
+    gc.collect()
+    assert comm.calls == ["closed"]

@@ -924,3 +924,89 @@ def test_an_op_on_a_capturing_stream_is_refused_before_anything_is_captured():
     torch.cuda.synchronize()
     assert torch.equal(host, a.cpu())
     no_cuda_error()
+
+
+# vLLM's and sglang's custom all-reduce, built as they build it, two ranks sharing cuda:0:
+# this process is rank 0, a child rank 1; a gloo group between them, as the servers' CPU group.
+_SERVER_RANK1 = r"""
+import os, sys, torch
+sys.path.insert(0, os.environ["GP2P_TEST_DIR"])
+from test_gpu import _server_rank
+_server_rank(1, os.environ["GP2P_TEST_INIT"])
+"""
+
+
+def _server_rank(rank, init):
+    import datetime
+    import gc
+
+    import torch.distributed as dist
+
+    from geforce_p2p.distributed import CustomAllreduce
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    # vLLM's keywords; sglang passes only group= and device=.
+    ca = CustomAllreduce(group=dist.group.WORLD, device=torch.device("cuda:0"), symm_mem_enabled=False,
+                         register_graph_buffers=True)
+    assert not ca.disabled and ca.fully_connected is False
+    gen = lambda r, i: torch.Generator().manual_seed(500 + 10 * i + r)  # noqa: E731
+    for i, (dtype, n) in enumerate([(torch.float32, 1024), (torch.bfloat16, 4096), (torch.int32, 260),
+                                    (torch.float16, (1 << 20) + 8)]):
+        parts = [torch.randint(-50, 50, (n,), generator=gen(r, i)).to(dtype) for r in range(2)]
+        t = parts[rank].to("cuda:0")
+        assert ca.should_custom_ar(t), (dtype, n)
+        out = ca.custom_all_reduce(t)
+        torch.cuda.synchronize()
+        assert out is not t and out.data_ptr() != t.data_ptr()
+        assert torch.equal(t.cpu(), parts[rank]), "the input is left as it was"
+        assert torch.equal(out.cpu(), (parts[0].double() + parts[1].double()).to(dtype)), (dtype, n)
+    # Bad input as a server would send it: refused, nothing written, nothing raised.
+    x = torch.arange(64, dtype=torch.float32, device="cuda:0")
+    before = x.clone()
+    for bad in (x[::2], torch.zeros(3, device="cuda:0"), x.cpu(), x.to(torch.bool), torch.empty(2 << 20, device="cuda:0")):
+        assert not ca.should_custom_ar(bad) and ca.custom_all_reduce(bad) is None
+    assert torch.equal(x, before)
+    assert ca.custom_all_gather(x) is None and ca.custom_reduce_scatter(x) is None, "not served: fall back"
+    # Inside capture(), as the servers capture: a warm-up on a side stream, then the graph;
+    # replays on new data.
+    static = torch.zeros(2048, device="cuda:0")
+    graph = torch.cuda.CUDAGraph()
+    with ca.capture():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            ca.custom_all_reduce(static)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            out = ca.custom_all_reduce(static)
+    for i in range(3):
+        parts = [torch.randint(-50, 50, (2048,), generator=gen(r, 10 + i)).float() for r in range(2)]
+        static.copy_(parts[rank].to("cuda:0"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ca.comm.check()
+        assert torch.equal(out.cpu(), parts[0] + parts[1]), "replay %d" % i
+    del graph, out
+    del ca  # dropped, never closed, as the servers do
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_custom_allreduce_built_as_the_servers_build_it_serves_two_ranks_sharing_one_gpu(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    init = "file://" + str(tmp_path / "init")
+    env = dict(os.environ, GP2P_TEST_INIT=init, GP2P_TEST_DIR=os.path.dirname(__file__))
+    child = subprocess.Popen([sys.executable, "-c", _SERVER_RANK1], env=env)
+    try:
+        _server_rank(0, init)
+        assert child.wait(timeout=120) == 0, "rank 1 failed (its output is above)"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

@@ -39,10 +39,11 @@ As a torch.distributed backend (CUDA tensors; CPU ones go to a gloo group beside
     dist.all_reduce(t)                                       # on t's current stream
 
 vLLM and sglang call their custom all-reduce through an object with ``disabled``,
-``should_custom_ar(t)``, ``custom_all_reduce(t)``, ``capture()`` and ``close()``;
-:class:`CustomAllreduce` is one::
+``should_custom_ar(t)``, ``custom_all_reduce(t)`` and ``capture()`` (vLLM also
+``custom_all_gather``, ``custom_reduce_scatter`` and ``fully_connected``), built as they build
+their own; :class:`CustomAllreduce` is one::
 
-    ca = gpd.CustomAllreduce.from_group(cpu_group, device)   # a gloo group of the TP ranks
+    ca = gpd.CustomAllreduce(group=cpu_group, device=device)  # a gloo group of the TP ranks
     if ca.should_custom_ar(t):
         t = ca.custom_all_reduce(t)
 """
@@ -240,16 +241,38 @@ class Communicator:
 
 class CustomAllreduce:
     """The custom all-reduce object vLLM and sglang call (``disabled``,
-    ``should_custom_ar``, ``custom_all_reduce``, ``capture``, ``close``), over a
+    ``should_custom_ar``, ``custom_all_reduce``, ``capture``, and vLLM's
+    ``custom_all_gather``, ``custom_reduce_scatter``, ``fully_connected``), over a
     :class:`Communicator`.
+
+    Built the way each server builds its own: ``CustomAllreduce(group=cpu_group,
+    device=device, ...)`` (vLLM passes more keywords, which are accepted and not needed), or
+    over a communicator of yours, ``CustomAllreduce(comm)``. Building never raises: where this
+    version cannot serve the group (not two ranks, a rank that failed to join) the object is
+    ``disabled`` and the server keeps its own path. Dropping it releases the communicator
+    without blocking (servers never call :meth:`close`).
 
     It takes what this version runs in one kernel (two ranks, contiguous CUDA tensors of a
     supported dtype on this rank's device, 16-byte multiples up to ``max_bytes``), inside
-    :meth:`capture` too, and says no to the rest.
+    :meth:`capture` too, and says no to the rest; all-gather and reduce-scatter are not
+    served yet (``None``: the server falls back).
     """
 
-    def __init__(self, comm: Optional[Any]):
-        """Over ``comm`` (a :class:`Communicator`), or disabled with None."""
+    #: Whether every GPU reaches every other directly (NVLink): never here, where every byte
+    #: goes through host memory.
+    fully_connected = False
+    #: vLLM's multicast all-gather buffer: none.
+    mnnvl_lamport_ag_multicast_ptr = 0
+
+    def __init__(self, comm: Optional[Any] = None, *, group: Any = None, device: Any = None, **server_options: Any):
+        """Over ``comm`` (a :class:`Communicator`; None: disabled), or, with ``group`` (a
+        torch.distributed CPU group of the ranks) and ``device`` (this rank's GPU), over a
+        communicator made as :meth:`from_group` makes it. ``server_options`` (vLLM's
+        ``symm_mem_enabled``, ``register_graph_buffers`` and the like) are accepted and
+        ignored."""
+        del server_options  # nothing here needs them
+        if comm is None and group is not None:
+            comm = _join(group, device, {})
         self.comm = comm
         self.disabled = comm is None or comm.world_size != 2
 
@@ -262,27 +285,7 @@ class CustomAllreduce:
         ``options`` go to :class:`Communicator`; its pipeline, which this object never uses,
         gets the smallest slots unless given (the segment then takes about 17 MiB of
         /dev/shm, not 65: containers often have 64 MiB, shared with NCCL)."""
-        import torch.distributed as dist
-
-        options.setdefault("slot_bytes", 64 << 10)
-        options.setdefault("slots", 2)
-        rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
-        if world != 2:
-            return cls(None)
-        box = [unique_id() if rank == 0 else None]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        comm, ok = None, True
-        try:
-            comm = Communicator(box[0], rank, world, device, **options)
-        except Exception:  # noqa: BLE001  (any failure disables it, on every rank)
-            ok = False
-        everyone = [None] * world
-        dist.all_gather_object(everyone, ok, group=group)
-        if not all(everyone):
-            if comm is not None:
-                comm.close()
-            return cls(None)
-        return cls(comm)
+        return cls(_join(group, device, options))
 
     def _accepted(self, inp: Any) -> Optional[Any]:
         """``inp`` as read by ``describe`` if this object takes it, else None."""
@@ -310,6 +313,16 @@ class CustomAllreduce:
         self.comm._sum_into(t, out.data_ptr())
         return out
 
+    def custom_all_gather(self, inp: Any) -> None:
+        """vLLM's all-gather member: not served by this version (``None``: the server
+        gathers by its own path)."""
+        return None
+
+    def custom_reduce_scatter(self, inp: Any) -> None:
+        """vLLM's reduce-scatter member: not served by this version (``None``: the server
+        uses its own path)."""
+        return None
+
     @contextlib.contextmanager
     def capture(self):
         """Around CUDA graph capture, as vLLM and sglang call it. Nothing to set up: the
@@ -319,6 +332,43 @@ class CustomAllreduce:
         yield
 
     def close(self) -> None:
+        """Let go of the communicator, without blocking; every later call falls back."""
         self.disabled = True  # callers fall back from now on
-        if self.comm is not None:
-            self.comm.close()
+        comm, self.comm = getattr(self, "comm", None), None
+        if comm is not None:
+            comm.close()
+
+    def __del__(self) -> None:
+        # Servers drop the object rather than close it. Closing never blocks, and the
+        # communicator's memory goes once the GPU work of its calls is done.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001  (interpreter shutdown: nothing left to release)
+            pass
+
+
+def _join(group: Any, device: Any, options: dict) -> Optional[Communicator]:
+    """A communicator of the ranks of torch.distributed CPU group ``group`` on ``device``,
+    or None where this version cannot serve them (see :meth:`CustomAllreduce.from_group`);
+    never raises for a failed join, on any rank."""
+    import torch.distributed as dist
+
+    options.setdefault("slot_bytes", 64 << 10)
+    options.setdefault("slots", 2)
+    rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
+    if world != 2:
+        return None
+    box = [unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    comm, ok = None, True
+    try:
+        comm = Communicator(box[0], rank, world, device, **options)
+    except Exception:  # noqa: BLE001  (any failure disables it, on every rank)
+        ok = False
+    everyone = [None] * world
+    dist.all_gather_object(everyone, ok, group=group)
+    if not all(everyone):
+        if comm is not None:
+            comm.close()
+        return None
+    return comm
