@@ -30,9 +30,19 @@ pub(crate) fn init() -> Result<()> {
             return Err(Error::NoDriver);
         }
         // SAFETY: the library is present; cuInit takes no pointers and flags must be 0.
-        check(unsafe { sys::cuInit(0) }, "cuInit")
+        init_outcome(unsafe { sys::cuInit(0) })
     })
     .clone()
+}
+
+/// What cuInit's answer means. A driver that sees no device (none installed, or all hidden
+/// by CUDA_VISIBLE_DEVICES) leaves nothing to do, as no driver does: [`Error::NoDevice`],
+/// which callers treat as unavailable (exit 2 in gp2p), not a driver failure.
+fn init_outcome(code: CUresult) -> Result<()> {
+    if code == CUresult::CUDA_ERROR_NO_DEVICE {
+        return Err(Error::NoDevice { ordinal: 0, count: 0 });
+    }
+    check(code, "cuInit")
 }
 
 /// The driver's CUDA version as (major, minor), e.g. (13, 0).
@@ -82,6 +92,13 @@ pub fn take_deferred_error() -> Option<Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_driver_that_sees_no_device_is_unavailable_like_no_driver() {
+        let none = init_outcome(CUresult::CUDA_ERROR_NO_DEVICE).unwrap_err();
+        assert!(matches!(none, Error::NoDevice { ordinal: 0, count: 0 }) && none.is_unavailable(), "{none}");
+        assert!(init_outcome(CUresult::CUDA_SUCCESS).is_ok());
+    }
 
     #[test]
     fn success_is_ok() {

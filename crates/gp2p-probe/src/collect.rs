@@ -33,24 +33,9 @@ enum AskCuda {
     NotPerPair,
 }
 
-/// `CUresult` CUDA_ERROR_NO_DEVICE: what cuInit answers where a driver sees no device
-/// (none installed, or all hidden by CUDA_VISIBLE_DEVICES).
-const CUDA_ERROR_NO_DEVICE: u32 = 100;
-
-/// A driver that sees no device is [`gp2p_cuda::Error::NoDevice`], like no driver is
-/// `NoDriver`: nothing to probe here (exit code 2 and the examples' hint in `gp2p probe`),
-/// rather than a driver failure.
-fn no_device(e: gp2p_cuda::Error) -> gp2p_cuda::Error {
-    match e {
-        gp2p_cuda::Error::Driver { code: CUDA_ERROR_NO_DEVICE, .. } => {
-            gp2p_cuda::Error::NoDevice { ordinal: 0, count: 0 }
-        }
-        e => e,
-    }
-}
-
 fn gather(ask: AskCuda) -> Result<Facts> {
-    let cuda_driver = driver_version().map_err(no_device)?;
+    // A driver that sees no device is gp2p_cuda's NoDevice (exit 2 and the examples' hint).
+    let cuda_driver = driver_version()?;
     let infos = Device::all_info()?;
     let mut facts = Facts {
         host: HostFacts { os: std::env::consts::OS.to_owned(), cuda_driver: Some(cuda_driver), ..HostFacts::default() },
@@ -372,15 +357,6 @@ mod tests {
         assert!(unreadable("/proc/cmdline", &denied).contains("run the probe as root"));
         let absent = std::io::Error::from(std::io::ErrorKind::NotFound);
         assert!(!unreadable("/proc/driver/nvidia/version", &absent).contains("root"));
-    }
-
-    #[test]
-    fn a_driver_without_devices_is_no_device() {
-        let none = gp2p_cuda::Error::Driver { call: "cuInit", name: "CUDA_ERROR_NO_DEVICE".into(), code: 100 };
-        let e = Error::from(no_device(none));
-        assert!(e.is_unavailable() && e.to_string().starts_with("device 0 does not exist: 0 CUDA device(s)"), "{e}");
-        let other = gp2p_cuda::Error::Driver { call: "cuInit", name: "CUDA_ERROR_UNKNOWN".into(), code: 999 };
-        assert!(!Error::from(no_device(other)).is_unavailable());
     }
 
     #[test]
