@@ -858,22 +858,28 @@ def _backend_rank(rank, init):
     dist.destroy_process_group()
 
 
-@two_devices
-def test_two_processes_through_init_process_group_with_the_gp2p_backend(tmp_path):
+def _rank0_here_rank1_in_a_child(rank1_script, rank0, tmp_path):
+    """Run ``rank0(0, init)`` in this process and ``rank1_script`` (rank 1) in a child, both
+    meeting at a ``file://`` rendezvous; never leave the child behind."""
     import os
     import subprocess
     import sys
 
     init = "file://" + str(tmp_path / "init")
     env = dict(os.environ, GP2P_TEST_INIT=init, GP2P_TEST_DIR=os.path.dirname(__file__))
-    child = subprocess.Popen([sys.executable, "-c", _BACKEND_RANK1], env=env)
+    child = subprocess.Popen([sys.executable, "-c", rank1_script], env=env)
     try:
-        _backend_rank(0, init)
+        rank0(0, init)
         assert child.wait(timeout=120) == 0, "rank 1 failed (its output is above)"
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+@two_devices
+def test_two_processes_through_init_process_group_with_the_gp2p_backend(tmp_path):
+    _rank0_here_rank1_in_a_child(_BACKEND_RANK1, _backend_rank, tmp_path)
 
 
 def _two_ranks_through_the_distributed_communicator(devices):
@@ -996,17 +1002,4 @@ def _server_rank(rank, init):
 
 
 def test_custom_allreduce_built_as_the_servers_build_it_serves_two_ranks_sharing_one_gpu(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    init = "file://" + str(tmp_path / "init")
-    env = dict(os.environ, GP2P_TEST_INIT=init, GP2P_TEST_DIR=os.path.dirname(__file__))
-    child = subprocess.Popen([sys.executable, "-c", _SERVER_RANK1], env=env)
-    try:
-        _server_rank(0, init)
-        assert child.wait(timeout=120) == 0, "rank 1 failed (its output is above)"
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    _rank0_here_rank1_in_a_child(_SERVER_RANK1, _server_rank, tmp_path)
