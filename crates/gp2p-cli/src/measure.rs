@@ -162,9 +162,11 @@ fn duplex_rates(marks: &[Vec<Event>; 2], bytes: usize) -> Result<[f64; 2], CliEr
     Ok(rates)
 }
 
-/// [`Ceilings::duplex`] on every card at once: each card's streams are held until every
-/// card's pass is enqueued, so they all start together and run side by side through host
-/// memory. Returns per card the median `[d2h, h2d]` rate of the timed passes.
+/// The duplex passes of [`Ceilings::duplex`] on every card in `cards` at once: before each
+/// pass every device is idle, and each card's stream is held until every card's pass is
+/// enqueued, so they all start together and run side by side through host memory (one card:
+/// [`Ceilings::duplex`] itself). Returns per card the median `[d2h, h2d]` rate of the
+/// timed passes.
 pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<Vec<[f64; 2]>, CliError> {
     let Some(first) = cards.first() else {
         return Ok(Vec::new());
@@ -292,18 +294,9 @@ impl<'a> Ceilings<'a> {
     /// machine is busy elsewhere, and a dipped ceiling puts a copy above 1.0); the ceiling is
     /// the mean of the two directions: half the link's two-way throughput.
     pub fn duplex(&mut self) -> Result<f64, CliError> {
-        let bytes = MAX_CHUNK_BYTES.min(self.a.len() / DUPLEX_TRANSFERS).max(1);
-        let fork = StreamFork::new(self.device, 2)?;
-        let mut slots = PinnedBuffer::<u8>::alloc(self.device, bytes * DEFAULT_SLOTS)?;
-        let (mut d2h, mut h2d) = (Vec::new(), Vec::new());
-        for pass in 0..self.repeats.warmup.min(1) + self.repeats.timed.max(1) {
-            let rates = self.duplex_pass(&fork, &mut slots, bytes)?;
-            if pass >= self.repeats.warmup.min(1) {
-                d2h.push(rates[0]);
-                h2d.push(rates[1]);
-            }
-        }
-        let (d2h, h2d) = (median(&mut d2h), median(&mut h2d));
+        // One card is the all-cards measurement of a single card: the same passes, started
+        // from an idle device with the stream held until the pass is enqueued.
+        let [d2h, h2d] = duplex_all_at_once(std::slice::from_mut(self))?[0];
         // A copy moves equal bytes each way, so its per-direction ceiling is half of what
         // the link carries both ways together (measured: D2H 48.9 with H2D 51.7 beside it,
         // while a pipeline pacing both directions equally ran 49.7 each way).
@@ -312,18 +305,6 @@ impl<'a> Ceilings<'a> {
         self.measured.insert("duplex_h2d", h2d);
         self.measured.insert("duplex", ceiling);
         Ok(ceiling)
-    }
-
-    /// One pass of [`Ceilings::duplex`]: the D2H and H2D rates over the middle half.
-    fn duplex_pass(
-        &mut self,
-        fork: &StreamFork,
-        slots: &mut PinnedBuffer<u8>,
-        bytes: usize,
-    ) -> Result<[f64; 2], CliError> {
-        let marks = self.duplex_enqueue(fork, slots, bytes)?;
-        self.stream.synchronize()?;
-        duplex_rates(&marks, bytes)
     }
 
     /// Enqueue one duplex pass after the work on this card's stream, joined back into it;
