@@ -1,4 +1,4 @@
-// gp2p flag kernels: a bounded wait on a flag in mapped pinned host memory, for pipelines
+// gp2p flag kernels: a bounded wait on a flag (or on several at once, gp2p_wait_flags) in mapped pinned host memory, for pipelines
 // between processes that share staging memory (the communicator's large messages): one
 // thread waits until `*flag == value`, then the stream goes on. The flags are handshakes (a
 // slot's sender sets its flag to 1 once the slot holds a chunk, its receiver back to 0 once
@@ -33,5 +33,31 @@ extern "C" __global__ void gp2p_wait_flag(const u32* flag, u32 value, u64 timeou
         __nanosleep(WAIT_POLL_GAP_NS);
     }
     // Whatever this stream does next reads what the flag guards.
+    __threadfence_system();
+}
+
+// The same wait on `count` consecutive flags at once: the stream goes on once every one is
+// `value` (a pipeline slot read by one of several ranks, each with its own flag: the writer
+// waits until every reader has let go of it). One thread, one launch however many readers.
+extern "C" __global__ void gp2p_wait_flags(const u32* flags, u32 count, u32 value, u64 timeout_ns, u32* failed,
+                                           u32* broken) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    u64 deadline = 0;
+    u32 polls = 0;
+    for (u32 i = 0; i < count; ++i) {
+        while (((const volatile u32*)flags)[i] != value) {
+            if (++polls % GIVE_UP_CHECK_POLLS == 0 && (*(volatile u32*)failed != 0 || *(volatile u32*)broken != 0))
+                return;
+            const u64 now = global_ns();
+            if (deadline == 0) {
+                deadline = now + timeout_ns;
+            } else if (now > deadline) {
+                *(volatile u32*)failed = 1;
+                *(volatile u32*)broken = 1;
+                return;
+            }
+            __nanosleep(WAIT_POLL_GAP_NS);
+        }
+    }
     __threadfence_system();
 }

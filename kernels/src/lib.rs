@@ -92,7 +92,7 @@ pub enum KernelFamily {
     Exchange,
     /// The two-rank exchange in flagged chunks ([`chunks_kernel_name`]).
     Chunks,
-    /// The bounded wait on a flag ([`WAIT_FLAG_KERNEL`]).
+    /// The bounded wait on a flag ([`WAIT_FLAG_KERNEL`]) or several ([`WAIT_FLAGS_KERNEL`]).
     Flags,
 }
 
@@ -233,6 +233,26 @@ pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
+/// The exported name of the line exchange for 2 to [`EXCHANGE_MANY_MAX_WORLD`] ranks for
+/// `op` on `dtype`, in [`EXCHANGE`] (one-shot: every rank reads every other rank's lines).
+///
+/// Signature `(T* buf, u64 n, u64* lines, u64 area_stride, u32 rank, u32 world, u32 divisor,
+/// u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u32* broken)`: rank `r`'s
+/// lines start `r * area_stride` bytes after `lines`; each rank publishes `buf` into its own
+/// as [`exchange_kernel_name`]'s kernel does, waits for every other rank's lines tagged with
+/// the call's number, and folds all `world` buffers in rank order into `buf` (its own from
+/// `buf`), so every rank gets the same bits; avg divides by `divisor` at the last step. The
+/// number is the next after the count at `seq_counter` (device memory, one block only),
+/// stored back; odd numbers use the lines `half_stride` bytes on.
+pub fn exchange_many_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
+    const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_exchange_many_");
+    NAMES[op.index()][dtype.index()]
+}
+
+/// The most ranks [`exchange_many_kernel_name`]'s kernel folds (it keeps a line of each in
+/// registers).
+pub const EXCHANGE_MANY_MAX_WORLD: usize = 8;
+
 /// The exported name of the flagged-chunk all-reduce kernel for `op` on `dtype`, in
 /// [`CHUNKS`]: small and middling two-rank all-reduces, of the one-process-per-GPU
 /// communicator and of gp2p-pinned's `ChunkExchange` (two devices of one process).
@@ -282,6 +302,13 @@ pub const fn chunk_area_layout(bytes: usize) -> (usize, usize) {
 /// `*broken` to 1 and returns; a wait that finds either set returns at once.
 pub const WAIT_FLAG_KERNEL: &str = "gp2p_wait_flag";
 
+/// The exported name of the bounded wait on several flags at once, in [`FLAGS`].
+///
+/// Signature `(const u32* flags, u32 count, u32 value, u64 timeout_ns, u32* failed,
+/// u32* broken)`: one thread waits until each of the `count` consecutive `u32`s at `flags`
+/// equals `value`; giving up as [`WAIT_FLAG_KERNEL`] does.
+pub const WAIT_FLAGS_KERNEL: &str = "gp2p_wait_flags";
+
 /// Bytes of one line of the exchange kernels: data and the call's sequence number.
 pub const EXCHANGE_LINE_BYTES: usize = 8;
 /// Data bytes in one line of the exchange kernels.
@@ -317,11 +344,12 @@ mod tests {
 
     /// Every kernel of every family, by name, with its family.
     fn every_kernel() -> Vec<(KernelFamily, &'static str)> {
-        let mut all = vec![(KernelFamily::Flags, WAIT_FLAG_KERNEL)];
+        let mut all = vec![(KernelFamily::Flags, WAIT_FLAG_KERNEL), (KernelFamily::Flags, WAIT_FLAGS_KERNEL)];
         for op in ReduceOp::ALL {
             for dtype in DType::ALL {
                 all.push((KernelFamily::Reduce, reduce_kernel_name(op, dtype)));
                 all.push((KernelFamily::Exchange, exchange_kernel_name(op, dtype)));
+                all.push((KernelFamily::Exchange, exchange_many_kernel_name(op, dtype)));
                 all.push((KernelFamily::Chunks, chunks_kernel_name(op, dtype)));
             }
         }
@@ -347,6 +375,9 @@ mod tests {
                 let name = exchange_kernel_name(op, dtype);
                 assert_eq!(name, format!("gp2p_exchange_{}_{}", op.name(), dtype.name()));
                 assert!(exports(EXCHANGE, name), "{name} missing from exchange.ptx");
+                let many = exchange_many_kernel_name(op, dtype);
+                assert_eq!(many, format!("gp2p_exchange_many_{}_{}", op.name(), dtype.name()));
+                assert!(exports(EXCHANGE, many), "{many} missing from exchange.ptx");
                 let chunks = chunks_kernel_name(op, dtype);
                 assert_eq!(chunks, format!("gp2p_chunks_{}_{}", op.name(), dtype.name()));
                 assert!(exports(CHUNKS, chunks), "{chunks} missing from chunks.ptx");

@@ -183,6 +183,84 @@ pub(crate) unsafe fn launch_exchange(
     unsafe { launch_params(function, stream, config, params, cache) }
 }
 
+/// The many-rank exchange kernels' parameters `(T* buf, u64 n, u64* lines, u64 area_stride,
+/// u32 rank, u32 world, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter,
+/// u64 half_stride, u32* broken)`, in order.
+#[derive(Default)]
+pub(crate) struct ExchangeManyArgs {
+    pub(crate) buf: RawDevicePtr,
+    pub(crate) len: u64,
+    pub(crate) lines: RawDevicePtr,
+    pub(crate) area_stride: u64,
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+    pub(crate) divisor: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
+    pub(crate) seq_counter: RawDevicePtr,
+    pub(crate) half_stride: u64,
+    pub(crate) broken: RawDevicePtr,
+}
+
+/// Launch a many-rank exchange kernel with `args`.
+///
+/// # Safety
+/// `function` is a many-rank exchange kernel; the addresses are valid for what it does with
+/// `len` elements, until it completes (see [`crate::raw::exchange_many`]).
+pub(crate) unsafe fn launch_exchange_many(
+    function: &Function,
+    stream: &Stream,
+    config: LaunchConfig,
+    args: ExchangeManyArgs,
+    cache: Option<&mut LaunchCache>,
+) -> Result<()> {
+    let params = Params::default()
+        .u64(args.buf)
+        .u64(args.len)
+        .u64(args.lines)
+        .u64(args.area_stride)
+        .u32(args.rank)
+        .u32(args.world)
+        .u32(args.divisor)
+        .u64(args.timeout_ns)
+        .u64(args.failed)
+        .u64(args.seq_counter)
+        .u64(args.half_stride)
+        .u64(args.broken);
+    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
+    unsafe { launch_params(function, stream, config, params, cache) }
+}
+
+/// The wait-on-several kernel's parameters `(const u32* flags, u32 count, u32 value,
+/// u64 timeout_ns, u32* failed, u32* broken)`, in order.
+#[derive(Clone, Copy)]
+pub(crate) struct WaitFlagsArgs {
+    pub(crate) flags: RawDevicePtr,
+    pub(crate) count: u32,
+    pub(crate) value: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
+    pub(crate) broken: RawDevicePtr,
+}
+
+/// Launch the wait-on-several kernel with `args`, one thread.
+///
+/// # Safety
+/// `function` is that kernel; `count` flags from `flags` are readable and `failed` and
+/// `broken` writable `u32`s, all addressable from the stream's device until it completes.
+pub(crate) unsafe fn launch_wait_flags(function: &Function, stream: &Stream, args: WaitFlagsArgs) -> Result<()> {
+    let params = Params::default()
+        .u64(args.flags)
+        .u32(args.count)
+        .u32(args.value)
+        .u64(args.timeout_ns)
+        .u64(args.failed)
+        .u64(args.broken);
+    let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
+    // SAFETY: the arguments match the parameters; the addresses are the caller's.
+    unsafe { launch_params(function, stream, one, params, None) }
+}
+
 /// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed,
 /// u32* broken)`, in order (see [`gp2p_kernels::WAIT_FLAG_KERNEL`]).
 #[derive(Clone, Copy)]

@@ -26,15 +26,15 @@ use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
 use gp2p_kernels::{
-    DType, KernelFamily, ReduceOp, WAIT_FLAG_KERNEL, chunk_area_layout, chunks_kernel_name, exchange_kernel_name,
-    reduce_kernel_name,
+    DType, EXCHANGE_MANY_MAX_WORLD, KernelFamily, ReduceOp, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL, chunk_area_layout,
+    chunks_kernel_name, exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
 };
 
 use crate::driver::{RawDevicePtr, check};
 use crate::launch::{
-    ChunksArgs, ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagArgs, check_divisor, chunks_launch_config,
-    chunks_params, exchange_launch_config, launch_exchange, launch_params, launch_reduce, launch_wait_flag,
-    reduce_launch_config,
+    ChunksArgs, ExchangeArgs, ExchangeManyArgs, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, check_divisor,
+    chunks_launch_config, chunks_params, exchange_launch_config, launch_exchange, launch_exchange_many, launch_params,
+    launch_reduce, launch_wait_flag, launch_wait_flags, reduce_launch_config,
 };
 use crate::replay::{LaunchCache, Params};
 use crate::{Device, Error, Function, LaunchConfig, Module, Result, Stream};
@@ -250,6 +250,100 @@ pub unsafe fn exchange(
     unsafe { launch_exchange(&function, stream, config, args, launches) }
 }
 
+/// The lines of every rank of a many-rank exchange (see [`exchange_many`] and
+/// [`gp2p_kernels::exchange_many_kernel_name`]), as the stream's device maps them.
+#[derive(Debug, Clone, Copy)]
+pub struct ManyLines {
+    /// Rank 0's lines; rank r's are `r * area_stride` bytes on.
+    pub lines: RawDevicePtr,
+    /// Bytes from one rank's lines to the next's (a multiple of 16).
+    pub area_stride: u64,
+    /// This rank, which writes only its own lines.
+    pub rank: usize,
+    /// How many ranks fold, 2..=[`EXCHANGE_MANY_MAX_WORLD`].
+    pub world: usize,
+    /// A `u32` the kernel sets to 1 when it gives up waiting.
+    pub failed: RawDevicePtr,
+    /// A `u32` every rank's waits share, or 0 for none (as in [`ExchangeLines::broken`]).
+    pub broken: RawDevicePtr,
+    /// The call count in device memory the kernel numbers its call from and stores back.
+    pub counter: RawDevicePtr,
+    /// Odd numbers use the lines this many bytes on (a multiple of 16).
+    pub half_stride: u64,
+}
+
+/// Enqueue one rank's many-rank exchange kernel on `stream`: publish `buf` in its lines
+/// tagged with the next number after the count at `lines.counter`, wait (each wait at most
+/// `timeout_ns`) for every other rank's lines so tagged, and fold all of them in rank order
+/// into `buf`, dividing by `divide_by` at the last step. One block. Refuses a world outside
+/// 2..=[`EXCHANGE_MANY_MAX_WORLD`], a rank outside it, `divide_by` = 0 and misaligned
+/// addresses before launching.
+///
+/// # Safety
+/// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
+/// - each rank's lines (`lines.lines + r * area_stride`, and `half_stride` bytes on) are at
+///   least [`gp2p_kernels::exchange_line_bytes`]`(len * dtype.size_bytes())` bytes of mapped
+///   pinned host memory as this device maps it, apart from each other; nobody but this
+///   kernel writes this rank's until it completes;
+/// - `failed`, `broken` (unless 0) and `counter` are as for [`exchange`] with
+///   [`Numbering::Counted`]; all stay allocated until the kernel completes on `stream`;
+/// - every other rank enqueues its kernel for the same call (else this one waits out
+///   `timeout_ns`, sets `failed` and leaves `buf` partly folded);
+/// - with `launches`, as for [`exchange`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn exchange_many(
+    stream: &Stream,
+    buf: RawDevicePtr,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+    lines: ManyLines,
+    divide_by: u32,
+    timeout_ns: u64,
+    launches: Option<&mut LaunchCache>,
+) -> Result<()> {
+    check_divisor(divide_by)?;
+    if !(2..=EXCHANGE_MANY_MAX_WORLD).contains(&lines.world) || lines.rank >= lines.world {
+        return Err(Error::InvalidArgument {
+            name: "lines",
+            reason: format!(
+                "rank {} of {} ranks: the many-rank exchange folds 2..={EXCHANGE_MANY_MAX_WORLD}",
+                lines.rank, lines.world
+            ),
+        });
+    }
+    check_aligned(&[("buf", buf)], dtype.size_bytes())?;
+    let strides = [("lines", lines.lines), ("area_stride", lines.area_stride), ("half_stride", lines.half_stride)];
+    check_aligned(&strides, 16)?;
+    check_aligned(&[("failed", lines.failed), ("broken", lines.broken), ("counter", lines.counter)], 4)?;
+    if lines.counter == 0 || lines.failed == 0 {
+        return Err(Error::InvalidArgument { name: "lines", reason: "the counter and failed words are needed".into() });
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let function =
+        Module::kernels(stream.device(), KernelFamily::Exchange)?.function(exchange_many_kernel_name(op, dtype))?;
+    // One block: every thread reads the count before thread 0 stores it back.
+    let config = LaunchConfig { grid: 1, ..exchange_launch_config(len, dtype) };
+    let args = ExchangeManyArgs {
+        buf,
+        len: len as u64,
+        lines: lines.lines,
+        area_stride: lines.area_stride,
+        rank: lines.rank as u32,
+        world: lines.world as u32,
+        divisor: divide_by,
+        timeout_ns,
+        failed: lines.failed,
+        seq_counter: lines.counter,
+        half_stride: lines.half_stride,
+        broken: lines.broken,
+    };
+    // SAFETY: a many-rank exchange kernel of `dtype`; the addresses are the caller's contract.
+    unsafe { launch_exchange_many(&function, stream, config, args, launches) }
+}
+
 /// The areas one rank's flagged-chunk kernel works on (see [`plan_exchange_chunks`] and
 /// [`gp2p_kernels::chunks_kernel_name`]), each as the stream's device maps it.
 #[derive(Debug, Clone, Copy)]
@@ -462,6 +556,35 @@ pub unsafe fn wait_flag(
     let args = WaitFlagArgs { flag, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
     unsafe { launch_wait_flag(&function, stream, args, None) }
+}
+
+/// Enqueue a bounded wait on `count` consecutive `u32` flags from `flags` (one thread of
+/// [`gp2p_kernels::WAIT_FLAGS_KERNEL`]): later work on `stream` starts once every one equals
+/// `value`, or once the wait gave up (as [`wait_flag`]'s does).
+///
+/// # Safety
+/// As for [`wait_flag`], for each of the `count` flags.
+pub unsafe fn wait_flags(
+    stream: &Stream,
+    flags: RawDevicePtr,
+    count: usize,
+    value: u32,
+    give_up: GiveUp,
+    timeout_ns: u64,
+) -> Result<()> {
+    let words = [("flags", flags), ("failed", give_up.failed), ("broken", give_up.broken)];
+    if let Some((name, _)) = words.iter().find(|(_, ptr)| *ptr == 0) {
+        return Err(Error::InvalidArgument { name, reason: "a wait needs this word; got address 0".into() });
+    }
+    check_aligned(&words, 4)?;
+    let count = u32::try_from(count).map_err(|_| Error::InvalidArgument {
+        name: "count",
+        reason: format!("{count} flags is more than one wait takes"),
+    })?;
+    let function = Module::kernels(stream.device(), KernelFamily::Flags)?.function(WAIT_FLAGS_KERNEL)?;
+    let args = WaitFlagsArgs { flags, count, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
+    // SAFETY: the wait kernel; the addresses are the caller's contract.
+    unsafe { launch_wait_flags(&function, stream, args) }
 }
 
 /// Refuses the first of `addresses` (argument name, address) not aligned to `align` bytes.

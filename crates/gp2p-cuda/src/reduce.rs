@@ -3,12 +3,13 @@
 #![allow(unsafe_code)]
 
 use gp2p_kernels::{
-    DType, Element, KernelFamily, REDUCE_BLOCK_THREADS, ReduceOp, WAIT_FLAG_KERNEL, exchange_kernel_name,
-    reduce_kernel_name,
+    DType, Element, KernelFamily, REDUCE_BLOCK_THREADS, ReduceOp, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL,
+    exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
 };
 
 use crate::launch::{
-    ExchangeArgs, ReduceArgs, SourceMemory, WaitFlagArgs, launch_exchange, launch_reduce, launch_wait_flag,
+    ExchangeArgs, ExchangeManyArgs, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, launch_exchange,
+    launch_exchange_many, launch_reduce, launch_wait_flag, launch_wait_flags,
 };
 use crate::replay::LaunchCache;
 use crate::{DeviceView, DeviceViewMut, Error, LaunchConfig, Module, Result, Stream};
@@ -91,6 +92,9 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                     )?;
                     let exchange = exchanges.function(exchange_kernel_name(op, dtype))?;
                     launch_exchange(&exchange, &stream, one, ExchangeArgs::default(), None)?;
+                    // World 0: the kernel returns before it reads anything.
+                    let many = exchanges.function(exchange_many_kernel_name(op, dtype))?;
+                    launch_exchange_many(&many, &stream, one, ExchangeManyArgs::default(), None)?;
                 }
             }
         }
@@ -111,6 +115,16 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         unsafe {
             launch_wait_flag(&wait_kernel, &stream, wait, None)?;
             launch_wait_flag(&wait_kernel, &stream, wait, Some(&mut graphs))?;
+            // No flags to wait for: the kernel only fences.
+            let none = WaitFlagsArgs {
+                flags: word_ptr,
+                count: 0,
+                value: 0,
+                timeout_ns: 0,
+                failed: word_ptr,
+                broken: word_ptr,
+            };
+            launch_wait_flags(&flags.function(WAIT_FLAGS_KERNEL)?, &stream, none)?;
         }
         // Waiting on a point, not Stream::synchronize: that would also take (and so hide
         // from its owner) an error some destructor deferred.
