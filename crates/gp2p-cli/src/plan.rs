@@ -315,8 +315,10 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
         None => out.push_str(&format!("{ALGORITHM_VAR}={names} forces a choice.\n")),
     }
     out.push_str(
-        "The table is the model's prediction, not a measurement; today the executors run the ring for more than \
-         two ranks.\n",
+        "The table is the model's prediction, not a measurement. What runs today among more than two ranks: one \
+         process per GPU (torchrun, geforce_p2p.distributed), one-shot in 8-byte lines up to 64 KiB \
+         (CommOptions::lines_max_bytes) and two-shot above, 2(N-1)/N of the buffer each way per card; all ranks in \
+         one process, the ring.\n",
     );
     out
 }

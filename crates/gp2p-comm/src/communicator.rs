@@ -1,5 +1,6 @@
 //! `Communicator`: one rank of a group of processes, one GPU each, that share a [`Segment`]
-//! registered with the driver. Two ranks: the small all-reduce is one kernel per rank. Up to
+//! registered with the driver. Among more than two ranks see [`crate::rounds`]; between two,
+//! the small all-reduce is one kernel per rank. Up to
 //! [`CommOptions::lines_max_bytes`] (2 KiB by default) it writes its buffer into its lines of
 //! the segment, each 8-byte line carrying 4 bytes of data and the call's sequence number
 //! (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and flags each with the
@@ -13,15 +14,19 @@ use std::time::Duration;
 
 use std::mem::ManuallyDrop;
 
-use gp2p_cuda::raw::{ChunkAreas, ChunkWaits, ExchangeLines, Numbering, exchange, plan_exchange_chunks, write_flag};
+use gp2p_cuda::raw::{
+    ChunkAreas, ChunkWaits, ExchangeLines, ManyLines, Numbering, exchange, exchange_many, plan_exchange_chunks,
+    write_flag,
+};
 use gp2p_cuda::{
     Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, LaunchCache, RawDevicePtr, Stream, StreamPoint,
 };
 use gp2p_kernels::{DType, Element, ReduceOp};
 
 use crate::layout::{BROKEN, CommOptions, Layout, chunk_grid};
-use crate::pipeline::{Landing, Pipeline, RankSide, Staging, Transfer};
+use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Transfer};
 use crate::registration::{all_registered, register_in_turn, word};
+use crate::rounds::Rounds;
 use crate::{Error, Result, Segment, UniqueId};
 
 /// The longest peer timeout taken (the kernel adds it to a nanosecond clock).
@@ -40,7 +45,9 @@ const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
 /// rank that hands its buffer over in mapped host memory (8-byte lines of data and number up
 /// to [`CommOptions::lines_max_bytes`], flagged 4 KiB chunks above), numbered in device
 /// memory; everything else goes through a pipeline of DMA copies via slots of the segment,
-/// flagged chunk by chunk (see the `pipeline` module). Two ranks; more are not built yet.
+/// flagged chunk by chunk (see the `pipeline` module). Among more than two ranks (up to
+/// [`crate::MAX_RANKS`]) the one kernel is the line kernel reading every rank's lines, and
+/// everything above it the rounds of [`crate::rounds`].
 ///
 /// Every rank must make the same calls (same collective, op, dtype and lengths, and root)
 /// in the same order: the calls are matched by sequence numbers each rank counts.
@@ -211,6 +218,9 @@ impl Communicator {
             return Ok(());
         }
         let divide_by = self.divisor(op);
+        if self.world() != 2 {
+            return self.all_reduce_many(buf, stream, op);
+        }
         if bytes > self.small_max_bytes() {
             let ptr = buf.raw_ptr();
             let receive = Some((ptr, Landing::Fold { op, divide_by }));
@@ -254,6 +264,57 @@ impl Communicator {
             },
             |point| buf.note_use(point),
         )
+    }
+
+    /// [`Communicator::all_reduce`] among more (or fewer) than two ranks: every rank's lines read by
+    /// every other (one kernel) up to the line kernel's size, else the two-shot rounds.
+    fn all_reduce_many<T: Element>(
+        &mut self,
+        buf: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (bytes, divide_by) = (buf.bytes(), self.divisor(op));
+        let main = buf.raw_ptr();
+        if self.world() == 1 {
+            // Its own buffer is the result (avg divides by 1).
+            return Ok(());
+        }
+        if bytes > self.layout.lines_max {
+            let rounds = Rounds::all_reduce(self.world(), bytes);
+            let transfer = ManyTransfer { rounds, dtype: T::DTYPE, main, part: 0, op, divide_by, local: None };
+            return self.enqueue_many(stream, transfer, |point| buf.note_use(point));
+        }
+        let (timeout_ns, len, lines) = (self.timeout_ns(), buf.len(), self.many_lines());
+        self.call(
+            stream,
+            // SAFETY: `buf` is `len` elements on this device (checked by the caller); every
+            // rank's area (two halves each, `2 * half` apart) lies in the registered staging
+            // area, laid out by Layout::new with lines for up to lines_max, which `buf` does not
+            // exceed; only this rank's kernel writes its own. The failed, broken and counter
+            // words and the launch cache are as for the two-rank kernels (see all_reduce), and
+            // outlive the kernel likewise. Every rank enqueues the same call.
+            |comm| unsafe {
+                let launches = Some(&mut comm.launches);
+                Ok(exchange_many(stream, main, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?)
+            },
+            |point| buf.note_use(point),
+        )
+    }
+
+    /// Every rank's lines for the line kernel among more than two ranks.
+    fn many_lines(&self) -> ManyLines {
+        let at = |offset: usize| self.staging + offset as u64;
+        ManyLines {
+            lines: at(self.layout.area_of(0, 0)),
+            area_stride: 2 * self.layout.half as u64,
+            rank: self.rank(),
+            world: self.world(),
+            failed: at(self.layout.flag(self.rank())),
+            broken: at(self.layout.broken()),
+            counter: self.seq_counter.raw_ptr(),
+            half_stride: self.layout.half as u64,
+        }
     }
 
     /// The lines of the smallest all-reduces, numbered from the device counter.
@@ -327,6 +388,13 @@ impl Communicator {
             return Ok(());
         }
         check_apart(input.byte_range(), output.byte_range())?;
+        if self.world() != 2 {
+            let transfer = self.split_many::<T>(whole, Some(part), part_len, how);
+            return self.enqueue_many(stream, transfer, |point| {
+                input.note_use(point);
+                output.note_use(point);
+            });
+        }
         let transfer = self.split::<T>(whole, Some(part), part_len, how);
         self.enqueue(stream, transfer, |point| {
             input.note_use(point);
@@ -364,6 +432,10 @@ impl Communicator {
         if len == 0 {
             return Ok(());
         }
+        if self.world() != 2 {
+            let transfer = self.split_many::<T>(buf.raw_ptr(), None, len, how);
+            return self.enqueue_many(stream, transfer, |point| buf.note_use(point));
+        }
         let transfer = self.split::<T>(buf.raw_ptr(), None, len, how);
         self.enqueue(stream, transfer, |point| buf.note_use(point))
     }
@@ -385,6 +457,26 @@ impl Communicator {
         // In place, this rank's part is where it belongs already.
         let local = part.map(|_| (local.0, local.1, bytes));
         Transfer { bytes, dtype: T::DTYPE, send: Some(send), receive: Some(receive), local }
+    }
+
+    /// [`Communicator::split`] among more than two ranks: the scatter's or the gather's rounds,
+    /// after this rank's own part is copied where it belongs (unless in place).
+    fn split_many<T: Element>(
+        &self,
+        whole: RawDevicePtr,
+        part: Option<RawDevicePtr>,
+        len: usize,
+        how: Split,
+    ) -> ManyTransfer {
+        let bytes = len * size_of::<T>();
+        let (world, in_place) = (self.world(), part.is_none());
+        let own = whole + (self.rank() * bytes) as u64;
+        let (rounds, op, local) = match how {
+            Split::Gather => (Rounds::all_gather(world, bytes, in_place), ReduceOp::Sum, part.map(|p| (own, p, bytes))),
+            Split::Scatter(op) => (Rounds::reduce_scatter(world, bytes, in_place), op, part.map(|p| (p, own, bytes))),
+        };
+        let divide_by = self.divisor(op);
+        ManyTransfer { rounds, dtype: T::DTYPE, main: whole, part: part.unwrap_or(0), op, divide_by, local }
     }
 
     /// What a reduction's last step divides by: the world size for avg, else 1.
@@ -412,6 +504,10 @@ impl Communicator {
             return Err(Error::Rank { rank: root, world: self.world() });
         }
         let sends = root == self.rank();
+        if self.world() != 2 {
+            let rounds = Rounds::broadcast(self.world(), buf.bytes(), root);
+            return self.rounds_one_way(stream, rounds, (buf.raw_ptr(), T::DTYPE), |point| buf.note_use(point));
+        }
         self.one_way(stream, (buf.raw_ptr(), buf.bytes(), T::DTYPE), sends, |point| buf.note_use(point))
     }
 
@@ -423,6 +519,10 @@ impl Communicator {
     pub fn send<T: Element>(&mut self, buf: &DeviceView<'_, T>, stream: &Stream, peer: usize) -> Result<()> {
         self.check_call(stream, &[("buf", buf.device())])?;
         self.check_peer(peer)?;
+        if self.world() != 2 {
+            let rounds = Rounds::send(self.world(), buf.bytes(), self.rank(), peer);
+            return self.rounds_one_way(stream, rounds, (buf.raw_ptr(), T::DTYPE), |point| buf.note_use(point));
+        }
         self.one_way(stream, (buf.raw_ptr(), buf.bytes(), T::DTYPE), true, |point| buf.note_use(point))
     }
 
@@ -431,6 +531,10 @@ impl Communicator {
     pub fn recv<T: Element>(&mut self, buf: &mut DeviceViewMut<'_, T>, stream: &Stream, peer: usize) -> Result<()> {
         self.check_call(stream, &[("buf", buf.device())])?;
         self.check_peer(peer)?;
+        if self.world() != 2 {
+            let rounds = Rounds::send(self.world(), buf.bytes(), peer, self.rank());
+            return self.rounds_one_way(stream, rounds, (buf.raw_ptr(), T::DTYPE), |point| buf.note_use(point));
+        }
         self.one_way(stream, (buf.raw_ptr(), buf.bytes(), T::DTYPE), false, |point| buf.note_use(point))
     }
 
@@ -451,6 +555,22 @@ impl Communicator {
         self.enqueue(stream, Transfer { bytes, dtype, send, receive, local: None }, note)
     }
 
+    /// A broadcast, send or recv among more than two ranks: `rounds` over the buffer at `ptr`.
+    /// Nothing is enqueued for zero bytes, on any rank.
+    fn rounds_one_way(
+        &mut self,
+        stream: &Stream,
+        rounds: Rounds,
+        (main, dtype): (RawDevicePtr, DType),
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        if rounds.legs.is_empty() {
+            return Ok(());
+        }
+        let transfer = ManyTransfer { rounds, dtype, main, part: 0, op: ReduceOp::Sum, divide_by: 1, local: None };
+        self.enqueue_many(stream, transfer, note)
+    }
+
     /// Refuses a peer outside the world, or this rank itself.
     fn check_peer(&self, peer: usize) -> Result<()> {
         if peer >= self.world() || peer == self.rank() {
@@ -462,12 +582,6 @@ impl Communicator {
     /// The checks every collective makes first: built for this world, no earlier failure,
     /// `stream` and every buffer on this rank's device, no graph capture.
     fn check_call(&mut self, stream: &Stream, buffers: &[(&'static str, &Device)]) -> Result<()> {
-        if self.world() != 2 {
-            return Err(Error::NotBuiltYet {
-                what: format!("collectives over {} ranks", self.world()),
-                supported: "the collectives of two ranks",
-            });
-        }
         self.take_failure()?;
         for &(what, got) in buffers.iter().chain([&("stream", stream.device())]) {
             if got != &self.device {
@@ -535,15 +649,7 @@ impl Communicator {
     /// Enqueue a checked call's pipeline on `stream` (see [`Communicator::call`]).
     fn enqueue(&mut self, stream: &Stream, transfer: Transfer, note: impl FnOnce(&StreamPoint)) -> Result<()> {
         let launch = |comm: &mut Self| {
-            let side = RankSide {
-                staging: Staging {
-                    device: comm.staging,
-                    host: comm.registration.host_ptr().wrapping_add(comm.segment.staging_offset()),
-                },
-                layout: &comm.layout,
-                rank: comm.rank(),
-                timeout_ns: comm.timeout_ns(),
-            };
+            let side = comm.side();
             // SAFETY: the caller checked that every range of the transfer is device memory of
             // this rank's device with the call's lengths, apart where they must be; the views
             // they came from note the point `call` takes, and the registration notes it too,
@@ -554,6 +660,31 @@ impl Communicator {
             unsafe { comm.pipeline.run(stream, side, transfer) }
         };
         self.call(stream, launch, note)
+    }
+
+    /// Enqueue a checked call of more than two ranks on `stream` (see [`Communicator::call`]).
+    fn enqueue_many(&mut self, stream: &Stream, transfer: ManyTransfer, note: impl FnOnce(&StreamPoint)) -> Result<()> {
+        let launch = |comm: &mut Self| {
+            let side = comm.side();
+            // SAFETY: as for `enqueue`: the caller checked every buffer of the transfer (on this
+            // device, the call's lengths, apart where they must be), the views note the point
+            // `call` takes and so does the registration; every rank makes the same call.
+            unsafe { comm.pipeline.run_many(stream, side, &transfer) }
+        };
+        self.call(stream, launch, note)
+    }
+
+    /// This rank's view of the staging area, for the pipeline.
+    fn side(&self) -> RankSide<'_> {
+        RankSide {
+            staging: Staging {
+                device: self.staging,
+                host: self.registration.host_ptr().wrapping_add(self.segment.staging_offset()),
+            },
+            layout: &self.layout,
+            rank: self.rank(),
+            timeout_ns: self.timeout_ns(),
+        }
     }
 
     /// After an error part-way through a call on `stream`: every later call on every rank
@@ -612,7 +743,8 @@ impl Communicator {
         let peer_broke = shared.load(Ordering::Acquire) != 0;
         if gave_up {
             self.broken = true;
-            return Err(Error::PeerTimeout { rank: self.rank(), peer: 1 - self.rank(), timeout: self.timeout });
+            let peers = if self.world() == 2 { format!("rank {}", 1 - self.rank()) } else { "another rank".into() };
+            return Err(Error::PeerTimeout { rank: self.rank(), peers, timeout: self.timeout });
         }
         if peer_broke {
             self.broken = true;

@@ -255,13 +255,14 @@ pub enum Error {
     },
     /// An earlier call's kernel gave up waiting for the peer: its result is wrong.
     #[error(
-        "rank {rank}: a collective before this call waited {timeout:?} for rank {peer} and gave up, so its result is wrong; every rank must make the same calls in the same order, and no rank's stream may fall behind by more than the timeout (CommOptions::peer_timeout)"
+        "rank {rank}: a collective before this call waited {timeout:?} for {peers} and gave up, so its result is wrong (a rank that died, or that made another call); every rank must make the same calls in the same order, and no rank's stream may fall behind by more than the timeout (CommOptions::peer_timeout)"
     )]
     PeerTimeout {
         /// This rank.
         rank: usize,
-        /// The rank it waited for.
-        peer: usize,
+        /// Whom it waited for: "rank 1" between two, "another rank" among more (a wait
+        /// does not tell which).
+        peers: String,
         /// How long it waited.
         timeout: Duration,
     },

@@ -61,6 +61,21 @@ impl Default for CommOptions {
     }
 }
 
+impl CommOptions {
+    /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
+    /// kernel up to 64 KiB (it is the whole one-kernel path there, and the pipeline's
+    /// 2(N−1) rounds cost more below that) and slots of 16 MiB / N (rounded down to 64 KiB),
+    /// so the slots take about 48 MiB of /dev/shm at any N.
+    pub fn for_world(world: usize) -> CommOptions {
+        let default = CommOptions::default();
+        if world <= 2 {
+            return default;
+        }
+        let slot_bytes = ((16 << 20) / world / (64 << 10) * (64 << 10)).max(64 << 10);
+        CommOptions { lines_max_bytes: MAX_LINES_BYTES, small_max_bytes: MAX_LINES_BYTES, slot_bytes, ..default }
+    }
+}
+
 /// Where things sit in the staging area: the same offsets in every process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Layout {
@@ -77,7 +92,7 @@ pub(crate) struct Layout {
     /// Offset of rank 0's area; rank r's follows at `r * 2 * half`.
     pub(crate) areas: usize,
     pub(crate) world: usize,
-    /// The pipeline's flags, after the ranks' flag lines: a u32 per rank and slot.
+    /// The pipeline's flags, after the ranks' flag lines: a u32 per rank, slot and reader.
     pub(crate) chunk_flags: usize,
     /// The pipeline's slots: `slot_count` per rank of `slot_bytes` each, rank 0's first,
     /// from offset `slots`.
@@ -106,6 +121,9 @@ pub(crate) const REGISTRATION_FAILED: u32 = 2;
 /// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
 /// from flags and from each other).
 pub(crate) const LINES_ALIGN: usize = 4096;
+/// The most ranks a communicator takes: the one-kernel path's line kernel keeps a line of
+/// every rank in registers ([`gp2p_kernels::EXCHANGE_MANY_MAX_WORLD`]).
+pub const MAX_RANKS: usize = gp2p_kernels::EXCHANGE_MANY_MAX_WORLD;
 /// [`CommOptions::chunk_blocks`] by default (see [`chunk_grid`]).
 pub(crate) const DEFAULT_CHUNK_BLOCKS: usize = 128;
 
@@ -144,8 +162,8 @@ const MAX_SMALL_BYTES: usize = 16 << 20;
 impl Layout {
     pub(crate) fn new(world: usize, options: &CommOptions) -> Result<Layout> {
         let CommOptions { small_max_bytes, slot_bytes, slots: slot_count, .. } = *options;
-        if world == 0 || world > crate::MAX_WORLD {
-            return Err(Error::World { world, max: crate::MAX_WORLD });
+        if world == 0 || world > MAX_RANKS {
+            return Err(Error::World { world, max: MAX_RANKS });
         }
         if !(1..=CHUNK_MAX_BLOCKS).contains(&options.chunk_blocks) {
             return Err(Error::InvalidOption {
@@ -179,11 +197,14 @@ impl Layout {
         }
         // Bounded above, so none of this overflows.
         let lines_max = lines_max.min(small_max_bytes);
+        // More than two ranks: the line kernel is the whole one-kernel path (the flagged
+        // chunks are a two-rank kernel), so no chunk areas.
+        let small_max_bytes = if world != 2 { lines_max } else { small_max_bytes };
         let lines_bytes = exchange_line_bytes(lines_max).next_multiple_of(256);
-        let (flags_offset, chunks) = chunk_area_layout(small_max_bytes);
-        let half = (lines_bytes + chunks).next_multiple_of(256);
+        let (flags_offset, chunks) = if world != 2 { (0, 0) } else { chunk_area_layout(small_max_bytes) };
+        let half = (lines_bytes + chunks).next_multiple_of(256).max(256);
         let chunk_flags = FLAGS + 64 * world;
-        let areas = (chunk_flags + 4 * slot_count * world).next_multiple_of(LINES_ALIGN);
+        let areas = (chunk_flags + 4 * slot_count * world * world).next_multiple_of(LINES_ALIGN);
         let slots = areas + world * 2 * half;
         Ok(Layout {
             small_max: small_max_bytes,
@@ -234,10 +255,11 @@ impl Layout {
         self.slots + (rank * self.slot_count + slot) * self.slot_bytes
     }
 
-    /// Offset of the handshake flag of `rank`'s pipeline slot `slot` (1: it holds a chunk
-    /// for the peer; 0: the peer has read it).
-    pub(crate) fn full(&self, rank: usize, slot: usize) -> usize {
-        self.chunk_flags + 4 * (rank * self.slot_count + slot)
+    /// Offset of `reader`'s handshake flag of `writer`'s pipeline slot `slot` (1: it holds a
+    /// chunk for `reader`; 0: `reader` has read it). A slot's flags lie side by side, so its
+    /// writer waits for all of them in one wait.
+    pub(crate) fn full(&self, writer: usize, slot: usize, reader: usize) -> usize {
+        self.chunk_flags + 4 * ((writer * self.slot_count + slot) * self.world + reader)
     }
 
     /// Offset of `rank`'s one-kernel area for the call numbered `seq`.
@@ -263,8 +285,8 @@ mod tests {
         assert_eq!(Layout::new(2, &small(100)).unwrap().lines_bytes, 256, "lines for the one-kernel size only");
         assert_eq!(layout.small_max, 64 << 10);
         assert_eq!(layout.areas % LINES_ALIGN, 0);
-        assert!(layout.flag(1) + OPTIONS + 4 * OPTION_WORDS <= layout.full(0, 0), "options end before the chunk flags");
-        assert!(layout.full(1, layout.slot_count - 1) + 4 <= layout.areas);
+        assert!(layout.flag(1) + OPTIONS + 4 * OPTION_WORDS <= layout.full(0, 0, 0), "options end before the flags");
+        assert!(layout.full(1, layout.slot_count - 1, 1) + 4 <= layout.areas);
         assert_eq!(layout.area_of(0, 1), layout.areas + layout.half, "odd calls use the second half");
         assert_eq!(layout.area_of(1, 2), layout.areas + 2 * layout.half);
         assert!(layout.staging_bytes() >= layout.area_of(1, 1) + layout.half);
@@ -280,7 +302,7 @@ mod tests {
             assert!(matches!(layout, Err(Error::InvalidOption { name: "small_max_bytes", .. })), "{name}");
         }
         assert!(matches!(Layout::new(0, &small(1024)), Err(Error::World { .. })));
-        assert!(matches!(Layout::new(crate::MAX_WORLD + 1, &small(1024)), Err(Error::World { .. })));
+        assert!(matches!(Layout::new(MAX_RANKS + 1, &small(1024)), Err(Error::World { max: MAX_RANKS, .. })));
     }
 
     #[test]
@@ -309,7 +331,9 @@ mod tests {
         let mut slots = Vec::new();
         for rank in 0..2 {
             for slot in 0..3 {
-                flags.push(layout.full(rank, slot));
+                for reader in 0..2 {
+                    flags.push(layout.full(rank, slot, reader));
+                }
                 slots.push(layout.slot(rank, slot));
             }
         }
@@ -328,6 +352,31 @@ mod tests {
         assert!(slots.iter().all(|s| s % LINES_ALIGN == 0 && *s >= layout.area_of(1, 1) + layout.half));
         assert!(layout.slot(1, 2) + options.slot_bytes <= layout.staging_bytes());
         assert_eq!(layout.staging_bytes() % crate::STAGING_ALIGN, 0);
+    }
+
+    #[test]
+    fn more_than_two_ranks_have_lines_only_and_a_flag_per_reader() {
+        for world in 3..=MAX_RANKS {
+            let options = CommOptions::for_world(world);
+            let layout = Layout::new(world, &options).unwrap();
+            assert_eq!((layout.small_max, layout.lines_max), (64 << 10, 64 << 10), "{world} ranks");
+            assert_eq!(layout.half, exchange_line_bytes(64 << 10), "no chunk area");
+            let slots = world * options.slots * options.slot_bytes;
+            assert!(slots <= 48 << 20 && slots > 40 << 20, "{world} ranks: {slots} bytes of slots");
+            let mut flags: Vec<usize> = (0..world)
+                .flat_map(|w| (0..options.slots).flat_map(move |s| (0..world).map(move |r| (w, s, r))))
+                .map(|(w, s, r)| layout.full(w, s, r))
+                .collect();
+            let count = flags.len();
+            assert_eq!(layout.full(2, 1, 1) + 4, layout.full(2, 1, 2), "a slot's flags side by side");
+            flags.sort_unstable();
+            flags.dedup();
+            assert_eq!(flags.len(), count);
+            assert!(flags[0] >= layout.flag(world - 1) + 64 && flags[count - 1] + 4 <= layout.areas);
+            assert!(layout.area_of(world - 1, 1) + layout.half <= layout.slot(0, 0));
+        }
+        assert_eq!(CommOptions::for_world(2), CommOptions::default());
+        assert_eq!(CommOptions::for_world(8).slot_bytes, 2 << 20);
     }
 
     #[test]

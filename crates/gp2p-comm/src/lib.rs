@@ -13,8 +13,9 @@
 //!   runs are removed at the next creation. Only names and offsets cross processes.
 //!
 //! - [`Communicator`]: one rank on one GPU. It joins the segment, registers it with the
-//!   driver (portable, device-mapped; ranks in turn), and runs the collectives of two ranks
-//!   on the caller's stream: all_reduce (every op and dtype), all_gather, reduce_scatter,
+//!   driver (portable, device-mapped; ranks in turn), and runs the collectives of 1 to
+//!   [`MAX_RANKS`] (8) ranks on the caller's stream (more are refused at creation). Between
+//!   two ranks: all_reduce (every op and dtype), all_gather, reduce_scatter,
 //!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] is
 //!   one kernel per rank through mapped host memory: up to
 //!   [`CommOptions::lines_max_bytes`] (2 KiB by default) its 8-byte lines carry data and the
@@ -28,8 +29,25 @@
 //!   can be captured into CUDA graphs and replayed, once the caller has promised what
 //!   [`Communicator::allow_graph_capture`] asks.
 //!
-//! **Not built yet** — more than two ranks. Joining waits on the host, polling,
-//! bounded by a timeout.
+//! Among more than two ranks ([`crate::rounds`]'s table): an all-reduce of at most
+//! [`CommOptions::lines_max_bytes`] (64 KiB by default there, [`CommOptions::for_world`]) is one
+//! kernel per rank that writes its lines and reads every other rank's, folding all N in rank
+//! order (one-shot, every rank the same bits); above, the two-shot rounds: each rank hands
+//! every other its share through its slots and folds the shares it gets, then hands its
+//! folded share to everyone, so each link carries 2(N−1)/N of the buffer each way.
+//! all_gather, reduce_scatter, broadcast and send/recv are rounds of the same kind. The slots'
+//! flags have one word per reader, so a slot read by any rank, in any call, is free for its
+//! writer once that reader is done.
+//!
+//! Measured on one H200 with N processes sharing it under an MPS daemon (so only a check
+//! for regressions: every byte crosses the one card's link N times), int32 sum, medians
+//! (`benches/results/h200/many-latency-*.txt`): replayed from a CUDA graph, up to 2 KiB 5.3-5.9
+//! us a call for 2 ranks, 12.8-15.6 for 4, 40-44 for 8; 128 KiB on the rounds 333 us for 4
+//! and 1.36 ms for 8. Eager calls of the rounds took 5-16 times their replays (1.9-5.8 ms for
+//! 4 ranks at 128 KiB-2 MiB with 150 us of host time a call): the GPU, not the host, is slow to
+//! run them launched one by one among processes sharing it; why is not known yet.
+//!
+//! Joining waits on the host, polling, bounded by a timeout.
 //!
 //! Measured on two H200s, one process each (`benches/python/mp_allreduce.py`, f32 sum, CUDA
 //! events around back-to-back calls, medians), against NCCL's shared-memory path
@@ -103,10 +121,11 @@ mod id;
 mod layout;
 mod pipeline;
 mod registration;
+pub mod rounds;
 mod segment;
 
 pub use communicator::Communicator;
 pub use error::{Error, Result};
 pub use id::UniqueId;
-pub use layout::CommOptions;
+pub use layout::{CommOptions, MAX_RANKS};
 pub use segment::{DEFAULT_JOIN_TIMEOUT, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};

@@ -18,13 +18,16 @@
 //! and calls see.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, write_flag};
+use gp2p_cuda::raw::{
+    GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, wait_flags, write_flag,
+};
 use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
-use crate::handshake::{Lane, Owner, Step, plan};
+use crate::handshake::{EMPTY, Lane, Owner, Step, plan};
 use crate::layout::Layout;
+use crate::rounds::{Buf, LegLanding, ManyStep, Rounds, chunk_range, steps};
 
 /// What happens to the peer's chunks where they land.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,12 +78,140 @@ pub(crate) struct Pipeline {
     sent: Vec<Event>,
     /// Per slot, recorded on the receive stream once the peer's chunk in that slot was read.
     received: Vec<Event>,
+    /// More than two ranks: recorded after every copy out, and after every landing.
+    many_sent: Event,
+    many_landed: Event,
+}
+
+/// One rank's side of a call of more than two ranks (see [`crate::rounds`]).
+#[derive(Debug, Clone)]
+pub(crate) struct ManyTransfer {
+    pub(crate) rounds: Rounds,
+    pub(crate) dtype: DType,
+    /// This rank's [`Buf::Main`] and [`Buf::Part`] (0 where the call has none).
+    pub(crate) main: RawDevicePtr,
+    pub(crate) part: RawDevicePtr,
+    /// The op folds use, and what the last fold of each element divides by.
+    pub(crate) op: ReduceOp,
+    pub(crate) divide_by: u32,
+    /// A copy within this rank's device first, on the caller's stream: `(dst, src, bytes)`.
+    pub(crate) local: Option<(RawDevicePtr, RawDevicePtr, usize)>,
 }
 
 impl Pipeline {
     pub(crate) fn new(device: &Device, slots: usize) -> Result<Pipeline> {
         let events = || (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>();
-        Ok(Pipeline { fork: StreamFork::new(device, 2)?, sent: events()?, received: events()? })
+        let event = || Event::new(device, EventKind::Sync);
+        Ok(Pipeline {
+            fork: StreamFork::new(device, 2)?,
+            sent: events()?,
+            received: events()?,
+            many_sent: event()?,
+            many_landed: event()?,
+        })
+    }
+
+    /// [`Pipeline::run`] for a call of more than two ranks: this rank's steps of
+    /// `transfer.rounds` (see [`crate::rounds::steps`]).
+    ///
+    /// # Safety
+    /// - every leg's source range (on this rank as writer) is readable device memory and
+    ///   every destination range (as reader) writable device memory on the stream's device,
+    ///   within `main` or `part`, aligned for `dtype`, held until the work completes on
+    ///   `stream`; `local` as for [`Transfer::local`];
+    /// - `side` as for [`Pipeline::run`], with a layout for the rounds' world;
+    /// - every other rank in the legs enqueues its side of the same rounds (else the waits
+    ///   end at their timeout, and the destinations hold whatever the slots held).
+    pub(crate) unsafe fn run_many(&self, stream: &Stream, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
+        let _paused = gp2p_cuda::pause_releases();
+        if let Some((dst, src, bytes)) = transfer.local {
+            // SAFETY: both ranges are the caller's, on this device, apart (its contract).
+            unsafe { memcpy_dtod_async(stream, dst, src, bytes)? };
+        }
+        if let Err(e) = self.fork.fork(stream) {
+            let _ = self.fork.join(stream);
+            return Err(e.into());
+        }
+        // SAFETY: the caller's contract, passed on.
+        let enqueued = unsafe { self.enqueue_rounds(side, transfer) };
+        let joined = self.fork.join(stream);
+        enqueued.and(joined.map_err(Into::into))
+    }
+
+    /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
+    ///
+    /// # Safety
+    /// As for [`Pipeline::run_many`].
+    unsafe fn enqueue_rounds(&self, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
+        let RankSide { staging, layout, rank, timeout_ns } = side;
+        let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
+        let slot_bytes = layout.slot_bytes();
+        let device_at = |offset: usize| staging.device + offset as u64;
+        let host_at = |offset: usize| staging.host.wrapping_add(offset);
+        let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
+        let at = |(buf, offset): (Buf, usize)| {
+            (if buf == Buf::Main { transfer.main } else { transfer.part }) + offset as u64
+        };
+        let legs = &transfer.rounds.legs;
+        for (lane, step) in steps(&transfer.rounds, rank, slot_bytes, layout.slot_count) {
+            let stream = if lane == Lane::Send { send } else { receive };
+            // Why each call below is sound: flags and slots come from the layout, in the
+            // registered area; a leg's ranges lie in the caller's buffers (its contract). The
+            // steps write a slot only once every reader's flag of it is empty and read it only
+            // once this rank's flag is full, and order a copy out after this rank's landings
+            // in the same range, and a landing after its copies out (see `rounds`).
+            match step {
+                ManyStep::WaitSlotFree { slot } => {
+                    let flags = device_at(layout.full(rank, slot, 0));
+                    // SAFETY: this slot's `world` flags and this rank's give-up words.
+                    unsafe { wait_flags(stream, flags, layout.world, EMPTY, give_up, timeout_ns)? }
+                }
+                ManyStep::WaitFlag { writer, slot, reader, value } => {
+                    let flag = device_at(layout.full(writer, slot, reader));
+                    // SAFETY: a flag and this rank's give-up words of the registered area.
+                    unsafe { wait_flag(stream, flag, value, give_up, timeout_ns)? }
+                }
+                ManyStep::SetFlag { writer, slot, reader, value } => {
+                    // SAFETY: a flag of the registered area.
+                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? }
+                }
+                ManyStep::CopyOut { leg, chunk, slot } => {
+                    let leg = &legs[leg];
+                    let range = chunk_range(leg, chunk, slot_bytes);
+                    let to = host_at(layout.slot(rank, slot)).cast();
+                    // SAFETY: this rank's slot, free (the steps waited), and a chunk of the
+                    // leg's source.
+                    unsafe { memcpy_dtoh_async(stream, to, at(leg.src) + range.start as u64, range.len())? }
+                }
+                ManyStep::Land { leg, chunk, slot } => {
+                    let leg = &legs[leg];
+                    let range = chunk_range(leg, chunk, slot_bytes);
+                    let to = at(leg.dst) + range.start as u64;
+                    match leg.landing {
+                        LegLanding::Fold { last } => {
+                            let from = device_at(layout.slot(leg.writer, slot));
+                            let elements = range.len() / transfer.dtype.size_bytes();
+                            let divide_by = if last { transfer.divide_by } else { 1 };
+                            let (op, source) = (transfer.op, SourceMemory::ZeroCopy);
+                            // SAFETY: the writer's slot, full (the steps waited), into a chunk
+                            // of the leg's destination, which nothing else of the call touches
+                            // meanwhile.
+                            unsafe { reduce(stream, to, from, elements, transfer.dtype, op, divide_by, source)? }
+                        }
+                        LegLanding::Copy => {
+                            let from = host_at(layout.slot(leg.writer, slot)).cast();
+                            // SAFETY: as for the fold.
+                            unsafe { memcpy_htod_async(stream, to, from, range.len())? }
+                        }
+                    }
+                }
+                ManyStep::RecordSent => self.many_sent.record(stream)?,
+                ManyStep::AfterSent => stream.wait(&self.many_sent)?,
+                ManyStep::RecordLanded => self.many_landed.record(stream)?,
+                ManyStep::AfterLanded => stream.wait(&self.many_landed)?,
+            }
+        }
+        Ok(())
     }
 
     /// Enqueue this rank's side of `transfer` after the work queued on `stream`; work queued
@@ -98,7 +229,7 @@ impl Pipeline {
     /// - the peer enqueues the matching side, with the same bytes, on a device that runs at
     ///   the same time (else the waits end at their timeout, and the destination holds
     ///   whatever the slots held).
-    pub(crate) unsafe fn run(&mut self, stream: &Stream, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
+    pub(crate) unsafe fn run(&self, stream: &Stream, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
         // Nothing the reclaimer frees may fall between this rank's chunks: a free that waits
         // for the device to go idle would wait for a chunk whose peer waits for a chunk not
         // yet enqueued here (see gp2p_cuda::pause_releases).
@@ -134,7 +265,10 @@ impl Pipeline {
         // Only an address (offsets from the layout lie in the staging area); the copies use it.
         let host_at = |offset: usize| staging.host.wrapping_add(offset);
         let owner_of = |owner: Owner| if owner == Owner::Own { rank } else { peer };
-        let flag = |owner: Owner, slot: usize| device_at(layout.full(owner_of(owner), slot));
+        let flag = |owner: Owner, slot: usize| {
+            let writer = owner_of(owner);
+            device_at(layout.full(writer, slot, 1 - writer))
+        };
         // Chunk `chunk`'s offset and length.
         let range = |chunk: usize| (chunk * slot_bytes, slot_bytes.min(transfer.bytes - chunk * slot_bytes));
         let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };

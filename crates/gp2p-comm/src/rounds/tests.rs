@@ -1,0 +1,425 @@
+//! Every rank's steps on a model of the segment's slots and flags and of each rank's events:
+//! values land where they belong, folded in the owner's order, and no order of running the
+//! steps that a GPU may choose deadlocks.
+
+use std::collections::VecDeque;
+
+use super::*;
+
+/// One call of the model: its legs, and its buffers' lengths in bytes (one byte is one
+/// element here).
+#[derive(Debug, Clone)]
+struct Call {
+    rounds: Rounds,
+    main: usize,
+    part: usize,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    AllReduce,
+    ReduceScatter { in_place: bool },
+    AllGather { in_place: bool },
+    Broadcast { root: usize },
+    Send { writer: usize, reader: usize },
+}
+
+impl Call {
+    fn new(world: usize, kind: Kind, bytes: usize) -> Call {
+        let (rounds, main, part) = match kind {
+            Kind::AllReduce => (Rounds::all_reduce(world, bytes), bytes, 0),
+            Kind::ReduceScatter { in_place } => (Rounds::reduce_scatter(world, bytes, in_place), world * bytes, bytes),
+            Kind::AllGather { in_place } => (Rounds::all_gather(world, bytes, in_place), world * bytes, bytes),
+            Kind::Broadcast { root } => (Rounds::broadcast(world, bytes, root), bytes, 0),
+            Kind::Send { writer, reader } => (Rounds::send(world, bytes, writer, reader), bytes, 0),
+        };
+        Call { rounds, main, part, kind }
+    }
+}
+
+/// The fold the model applies: order matters, so a fold in the wrong order shows.
+fn fold(acc: u64, x: u64) -> u64 {
+    acc.wrapping_mul(1_000_003).wrapping_add(x)
+}
+
+/// A step as enqueued, with an event wait bound to the count of records enqueued before it.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    call: usize,
+    lane: Lane,
+    step: ManyStep,
+    bound: usize,
+}
+
+fn enqueue(calls: &[Call], rank: usize, slot_bytes: usize, slots: usize) -> Vec<Queued> {
+    let (mut sent, mut landed) = (0, 0);
+    let mut out = Vec::new();
+    for (call, c) in calls.iter().enumerate() {
+        for (lane, step) in steps(&c.rounds, rank, slot_bytes, slots) {
+            let bound = match step {
+                ManyStep::RecordSent => {
+                    sent += 1;
+                    sent
+                }
+                ManyStep::RecordLanded => {
+                    landed += 1;
+                    landed
+                }
+                ManyStep::AfterSent => sent,
+                ManyStep::AfterLanded => landed,
+                _ => 0,
+            };
+            out.push(Queued { call, lane, step, bound });
+        }
+    }
+    out
+}
+
+/// What a slot holds: the call, leg and chunk copied in, and the bytes.
+type SlotContent = Option<(usize, usize, usize, Vec<u64>)>;
+
+struct Model<'a> {
+    calls: &'a [Call],
+    world: usize,
+    slot_bytes: usize,
+    queues: Vec<Vec<VecDeque<Queued>>>,
+    /// flags[writer][slot][reader]
+    flags: Vec<Vec<Vec<u32>>>,
+    slots: Vec<Vec<SlotContent>>,
+    /// Records run, per rank: (sent, landed).
+    records: Vec<(usize, usize)>,
+    /// main[call][rank], part[call][rank]
+    main: Vec<Vec<Vec<u64>>>,
+    part: Vec<Vec<Vec<u64>>>,
+    /// Folds of each element of each rank's destination (to check `last`), per call.
+    folds: Vec<Vec<Vec<usize>>>,
+    left: Vec<Vec<usize>>,
+}
+
+fn initial(call: usize, rank: usize, len: usize, salt: u64) -> Vec<u64> {
+    (0..len).map(|i| ((call as u64 + 1) << 40) ^ ((rank as u64 + 1) << 20) ^ (i as u64 * 7 + salt)).collect()
+}
+
+impl<'a> Model<'a> {
+    fn new(calls: &'a [Call], world: usize, slot_bytes: usize, slots: usize, one_queue: bool) -> Model<'a> {
+        let queues: Vec<Vec<VecDeque<Queued>>> = (0..world)
+            .map(|r| {
+                let steps = enqueue(calls, r, slot_bytes, slots);
+                if one_queue {
+                    vec![steps.into_iter().collect()]
+                } else {
+                    let lane = |l: Lane| steps.iter().filter(|q| q.lane == l).copied().collect();
+                    vec![lane(Lane::Send), lane(Lane::Receive)]
+                }
+            })
+            .collect();
+        let left = (0..world)
+            .map(|r| {
+                let mut left = vec![0; calls.len()];
+                queues[r].iter().flatten().for_each(|q| left[q.call] += 1);
+                left
+            })
+            .collect();
+        let main: Vec<Vec<Vec<u64>>> = calls
+            .iter()
+            .enumerate()
+            .map(|(c, call)| (0..world).map(|r| initial(c, r, call.main, 0)).collect())
+            .collect();
+        // The local copy the communicator makes before the pipeline: a gather's own part, a
+        // scatter's own part into its output.
+        let part = calls
+            .iter()
+            .enumerate()
+            .map(|(c, call)| {
+                (0..world)
+                    .map(|r| match call.kind {
+                        Kind::ReduceScatter { in_place: false } => {
+                            main[c][r][r * call.part..(r + 1) * call.part].to_vec()
+                        }
+                        _ => initial(c, r, call.part, 99),
+                    })
+                    .collect()
+            })
+            .collect::<Vec<Vec<Vec<u64>>>>();
+        let mut main = main;
+        for (c, call) in calls.iter().enumerate() {
+            if let Kind::AllGather { in_place: false } = call.kind {
+                for r in 0..world {
+                    main[c][r][r * call.part..(r + 1) * call.part].copy_from_slice(&part[c][r]);
+                }
+            }
+        }
+        let folds = calls.iter().map(|call| (0..world).map(|_| vec![0; call.main.max(call.part)]).collect()).collect();
+        Model {
+            calls,
+            world,
+            slot_bytes,
+            queues,
+            flags: vec![vec![vec![EMPTY; world]; slots]; world],
+            slots: vec![vec![None; slots]; world],
+            records: vec![(0, 0); world],
+            main,
+            part,
+            folds,
+            left,
+        }
+    }
+
+    fn ready(&self, r: usize, q: &Queued) -> bool {
+        if q.call > 0 && self.left[r][q.call - 1] > 0 {
+            return false;
+        }
+        match q.step {
+            ManyStep::WaitSlotFree { slot } => self.flags[r][slot].iter().all(|&f| f == EMPTY),
+            ManyStep::WaitFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] == value,
+            ManyStep::AfterSent => self.records[r].0 >= q.bound,
+            ManyStep::AfterLanded => self.records[r].1 >= q.bound,
+            _ => true,
+        }
+    }
+
+    fn buffer(&mut self, call: usize, rank: usize, buf: Buf) -> &mut Vec<u64> {
+        match buf {
+            Buf::Main => &mut self.main[call][rank],
+            Buf::Part => &mut self.part[call][rank],
+        }
+    }
+
+    fn run(&mut self, r: usize, q: Queued) {
+        let rounds = &self.calls[q.call].rounds;
+        match q.step {
+            ManyStep::CopyOut { leg, chunk, slot } => {
+                let l = &rounds.legs[leg];
+                assert_eq!(l.writer, r);
+                let range = chunk_range(l, chunk, self.slot_bytes);
+                let (buf, at) = l.src;
+                let data = self.buffer(q.call, r, buf)[at + range.start..at + range.end].to_vec();
+                self.slots[r][slot] = Some((q.call, leg, chunk, data));
+            }
+            ManyStep::Land { leg, chunk, slot } => {
+                let l = rounds.legs[leg].clone();
+                assert_eq!(l.reader, r);
+                let Some((call, got_leg, got_chunk, data)) = self.slots[l.writer][slot].clone() else {
+                    panic!("rank {r} landed from an empty slot");
+                };
+                assert_eq!((call, got_leg, got_chunk), (q.call, leg, chunk), "rank {r} landed the wrong chunk");
+                let range = chunk_range(&l, chunk, self.slot_bytes);
+                let (buf, at) = l.dst;
+                let start = at + range.start;
+                for (i, x) in data.into_iter().enumerate() {
+                    let dst = &mut self.buffer(q.call, r, buf)[start + i];
+                    match l.landing {
+                        LegLanding::Copy => *dst = x,
+                        LegLanding::Fold { last } => {
+                            *dst = fold(*dst, x);
+                            let folds = &mut self.folds[q.call][r][start + i];
+                            *folds += 1;
+                            assert_eq!(last, *folds == self.world - 1, "`last` marks the last fold");
+                        }
+                    }
+                }
+            }
+            ManyStep::SetFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] = value,
+            ManyStep::RecordSent => self.records[r].0 += 1,
+            ManyStep::RecordLanded => self.records[r].1 += 1,
+            _ => {}
+        }
+        self.left[r][q.call] -= 1;
+    }
+
+    /// Runs what is ready, chosen with `choose`, until nothing is; returns the steps left.
+    fn drain(&mut self, mut choose: impl FnMut(usize) -> usize) -> usize {
+        loop {
+            let mut ready = Vec::new();
+            for r in 0..self.world {
+                for (i, queue) in self.queues[r].iter().enumerate() {
+                    if queue.front().is_some_and(|q| self.ready(r, q)) {
+                        ready.push((r, i));
+                    }
+                }
+            }
+            if ready.is_empty() {
+                return self.queues.iter().flatten().map(VecDeque::len).sum();
+            }
+            let (r, i) = ready[choose(ready.len())];
+            let q = self.queues[r][i].pop_front().expect("a ready queue has a front");
+            self.run(r, q);
+        }
+    }
+
+    /// Every call's result against what it should be.
+    fn check(&self) {
+        let world = self.world;
+        for (c, call) in self.calls.iter().enumerate() {
+            let inputs: Vec<Vec<u64>> = (0..world).map(|r| initial(c, r, call.main, 0)).collect();
+            let input = |r: usize| &inputs[r];
+            // The owner's fold: its own, then ranks r-1, r-2, ...
+            let owner_fold = |owner: usize, element: usize| {
+                (1..world).fold(input(owner)[element], |acc, k| fold(acc, input((owner + world - k) % world)[element]))
+            };
+            for r in 0..world {
+                let main = &self.main[c][r];
+                match call.kind {
+                    Kind::AllReduce => {
+                        for q in 0..world {
+                            for e in share(world, call.main, q) {
+                                assert_eq!(main[e], owner_fold(q, e), "call {c} rank {r} element {e}");
+                            }
+                        }
+                    }
+                    Kind::ReduceScatter { in_place } => {
+                        let got =
+                            if in_place { &main[r * call.part..(r + 1) * call.part] } else { &self.part[c][r][..] };
+                        for (i, v) in got.iter().enumerate() {
+                            assert_eq!(*v, owner_fold(r, r * call.part + i), "call {c} rank {r} element {i}");
+                        }
+                    }
+                    Kind::AllGather { in_place } => {
+                        for w in 0..world {
+                            let want = if in_place {
+                                input(w)[w * call.part..(w + 1) * call.part].to_vec()
+                            } else {
+                                initial(c, w, call.part, 99)
+                            };
+                            assert_eq!(
+                                &main[w * call.part..(w + 1) * call.part],
+                                &want[..],
+                                "call {c} rank {r} part {w}"
+                            );
+                        }
+                    }
+                    Kind::Broadcast { root } => assert_eq!(main, input(root), "call {c} rank {r}"),
+                    Kind::Send { writer, reader } => {
+                        let want = if r == reader { input(writer) } else { input(r) };
+                        assert_eq!(main, want, "call {c} rank {r}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift), so a failure repeats.
+fn chooser(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).max(1);
+    move |n| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    }
+}
+
+fn calls(world: usize) -> Vec<Call> {
+    let page = SHARE_ALIGN;
+    vec![
+        Call::new(world, Kind::AllReduce, 3 * world * page + 5),
+        Call::new(world, Kind::AllReduce, page / 2),
+        Call::new(world, Kind::ReduceScatter { in_place: false }, 2 * page + 3),
+        Call::new(world, Kind::ReduceScatter { in_place: true }, page + 1),
+        Call::new(world, Kind::AllGather { in_place: false }, 2 * page + 7),
+        Call::new(world, Kind::AllGather { in_place: true }, 3),
+        Call::new(world, Kind::Broadcast { root: world - 1 }, 5 * page),
+        Call::new(world, Kind::Send { writer: 1, reader: world - 1 }, 3 * page),
+        Call::new(world, Kind::AllReduce, 7 * page),
+    ]
+}
+
+#[test]
+fn every_call_lands_whole_in_the_owners_order_whatever_order_the_gpus_run_the_steps() {
+    // Slots of a page: every leg takes several chunks, and the rings wrap within a call.
+    let slot_bytes = SHARE_ALIGN;
+    for world in 3..=8 {
+        let calls = calls(world);
+        for slots in [2, 3] {
+            for seed in 0..3 {
+                for one_queue in [false, true] {
+                    let mut model = Model::new(&calls, world, slot_bytes, slots, one_queue);
+                    // One queue: as the GPU would run both streams in the order enqueued.
+                    let left = if one_queue { model.drain(|_| 0) } else { model.drain(chooser(seed + 1)) };
+                    assert_eq!(left, 0, "{world} ranks, {slots} slots, seed {seed}, one queue {one_queue}: deadlock");
+                    model.check();
+                    if one_queue {
+                        // The queues in enqueue order are the same for every seed.
+                        break;
+                    }
+                }
+                // Also the queues in enqueue order, ranks chosen at random.
+                let mut model = Model::new(&calls, world, slot_bytes, slots, true);
+                assert_eq!(model.drain(chooser(seed + 100)), 0, "{world} ranks, {slots} slots, seed {seed}");
+                model.check();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_model_sees_a_missing_wait() {
+    // Drop every event wait: some order lands a chunk over data not yet sent, or sends a share
+    // before it was folded, and the check or the model notices.
+    let world = 4;
+    let calls = calls(world);
+    let mut caught = false;
+    for seed in 0..12 {
+        let mut model = Model::new(&calls, world, SHARE_ALIGN, 2, false);
+        for queues in &mut model.queues {
+            for queue in queues.iter_mut() {
+                queue.retain(|q| !matches!(q.step, ManyStep::AfterSent | ManyStep::AfterLanded));
+            }
+        }
+        for (r, left) in model.left.iter_mut().enumerate() {
+            left.iter_mut().for_each(|l| *l = 0);
+            model.queues[r].iter().flatten().for_each(|q| left[q.call] += 1);
+        }
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assert_eq!(model.drain(chooser(seed + 7)), 0);
+            model.check();
+        }));
+        caught |= result.is_err();
+    }
+    assert!(caught, "without its event waits some order must go wrong, or the model checks nothing");
+}
+
+#[test]
+fn shares_cover_the_buffer_in_order_on_page_boundaries() {
+    for parts in 1..=8 {
+        for bytes in [0, 1, 4095, 4096, 4097, 3 * 4096, 100_000, 1 << 20] {
+            let mut next = 0;
+            for i in 0..parts {
+                let s = share(parts, bytes, i);
+                assert_eq!(s.start, next, "{parts} parts of {bytes}");
+                assert!(s.start % SHARE_ALIGN == 0 || s.start == bytes);
+                next = s.end;
+            }
+            assert_eq!(next, bytes);
+        }
+    }
+}
+
+#[test]
+fn each_card_moves_what_the_table_says() {
+    let (world, bytes) = (4, 64 * SHARE_ALIGN);
+    let sent_by =
+        |rounds: &Rounds, r: usize| rounds.legs.iter().filter(|l| l.writer == r).map(|l| l.bytes).sum::<usize>();
+    let received_by =
+        |rounds: &Rounds, r: usize| rounds.legs.iter().filter(|l| l.reader == r).map(|l| l.bytes).sum::<usize>();
+    let all_reduce = Rounds::all_reduce(world, bytes);
+    for r in 0..world {
+        assert_eq!(sent_by(&all_reduce, r), 2 * (world - 1) * bytes / world);
+        assert_eq!(received_by(&all_reduce, r), 2 * (world - 1) * bytes / world);
+    }
+    let broadcast = Rounds::broadcast(world, bytes, 2);
+    assert_eq!(sent_by(&broadcast, 2), (world - 1) * bytes);
+    assert_eq!(received_by(&broadcast, 0), bytes);
+    // At most one leg a rank sends and one it receives per round (the steps assume it).
+    for rounds in [all_reduce, broadcast, Rounds::all_gather(world, 5, false), Rounds::reduce_scatter(world, 5, true)] {
+        for round in 0..2 * world {
+            for r in 0..world {
+                let legs = rounds.legs.iter().filter(|l| l.round == round);
+                assert!(legs.clone().filter(|l| l.writer == r).count() <= 1);
+                assert!(legs.filter(|l| l.reader == r).count() <= 1);
+            }
+        }
+    }
+}
