@@ -190,6 +190,31 @@ kernels_wheels() {
   export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/ksite KSITE_SET=1
 }
 
+# mps_start / mps_stop: an MPS control daemon for processes sharing a GPU, started as a plain
+# process with fresh pipe and log folders (no GPU setting is changed), so N ranks on one GPU
+# run at once instead of taking turns in ~2 ms time slices. mps_start exports
+# CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY for what runs after it; mps_stop quits
+# the daemon and unsets them. False (and noted) where the daemon does not start.
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/gp2p-mps-pipe.XXXXXX)
+  CUDA_MPS_LOG_DIRECTORY=$(mktemp -d /tmp/gp2p-mps-log.XXXXXX)
+  if ! nvidia-cuda-mps-control -d >"$LOGS/mps-start.log" 2>&1; then
+    note "MPS daemon did not start: $(tail -1 "$LOGS/mps-start.log")"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    return 1
+  fi
+  sleep 1
+}
+mps_stop() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  sleep 1
+  cp "$CUDA_MPS_LOG_DIRECTORY"/*.log "$LOGS/" 2>/dev/null
+  rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 # result LOG: the bundle runner's closing line, or libtest's last result line.
 result() {
   grep -E '^gp2p GPU suite' "$1" | tail -1 | grep . || grep -E '^test result' "$1" | tail -1

@@ -12,6 +12,9 @@
 #   lines    gpu_lines LINE_REPEATS times (default 3), in libtest's order -> lines-repeat.log
 #   python   the Python GPU, torch-backend and torch.compile tests against the wheel, and the
 #            kernels door (test_kernels_door.py) where HUB and KWHEELS are there -> python-gpu.log
+#   many     the communicator among 3, 4 and 8 processes sharing the GPU (gpu_comm_many), and
+#            the Python N-rank tests (test_many.py, where a wheel is there), under an MPS
+#            daemon started for it                                    -> many.log, python-many.log
 #   kernels  test_gpu.py and test_compile.py against the copy Hugging Face kernels loads from
 #            HUB (a `cargo xtask hub` repository; kernels 0.17.2's wheels in KWHEELS)
 #                                                                     -> python-gpu-kernels.log
@@ -68,6 +71,17 @@ for section in "${sections[@]}"; do
     record python-gpu.log GP2P_HUB_REPO="$HUB" timeout --signal=KILL 400 python3 -m pytest -q -rs -p no:cacheprovider "${tests[@]}" >/dev/null
     note "python GPU tests: $(tail -1 "$RES/python-gpu.log")"
     ;;
+  many)
+    mps_start || continue
+    record many.log timeout --signal=KILL 500 "$B/tests/gpu_comm_many" --include-ignored --test-threads=1 >/dev/null
+    note "gpu_comm_many under MPS: $(result "$RES/many.log") ($(grep -c 'gp2p-not-run: ' "$RES/many.log") not run)"
+    grep -E '^test .* FAILED|panicked' "$RES/many.log" | head -10
+    if [ -f tests/python/test_many.py ] && wheel; then
+      record python-many.log timeout --signal=KILL 400 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_many.py >/dev/null
+      note "python N-rank tests under MPS: $(tail -1 "$RES/python-many.log")"
+    fi
+    mps_stop
+    ;;
   kernels)
     # The same tests against the copy Hugging Face kernels loads from the Hub build (HUB).
     if ! wheel || ! kernels_wheels; then continue; fi
@@ -76,7 +90,7 @@ for section in "${sections[@]}"; do
     note "python GPU tests, kernels copy: $(tail -1 "$RES/python-gpu-kernels.log")"
     ;;
   *)
-    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, kernels)" >&2
+    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, many, kernels)" >&2
     exit 2
     ;;
   esac

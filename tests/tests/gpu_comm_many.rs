@@ -1,0 +1,400 @@
+//! GPU: the communicator among 3 to 8 processes, all on the first GPU (where one GPU is all
+//! there is; on a machine with N GPUs the same code runs one per GPU). The test starts as
+//! rank 0 and runs itself again for every other rank (the children, selected by
+//! GP2P_COMM_MANY_RANK = "rank world id"); every rank checks every result against a CPU
+//! reference: each knows every rank's input, which comes from seeds.
+//!
+//! Processes sharing a GPU take turns in time slices of about 2 ms unless an MPS control
+//! daemon runs (`benches/device/suite.sh many` starts one as a plain process): where fewer
+//! GPUs than ranks are visible and no daemon is named (CUDA_MPS_PIPE_DIRECTORY), the tests
+//! that run collectives say they were not run. Rank r runs on GPU r modulo the GPUs visible.
+
+// A failing test is how a test reports; unwrap/expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![forbid(unsafe_code)]
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use geforce_p2p::{DeviceBuffer, ReduceOp, Stream};
+use gp2p_comm::{CommOptions, Communicator, UniqueId};
+use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, device, every_dtype, needs, random};
+
+/// Set in each child: its rank, the world size and the unique id, space-separated.
+const CHILD_ENV: &str = "GP2P_COMM_MANY_RANK";
+
+fn child_log(rank: usize) -> PathBuf {
+    std::env::temp_dir().join(format!("gp2p-comm-many-{}-rank{rank}.log", std::process::id()))
+}
+
+/// The other ranks' processes, held by rank 0: killed if rank 0 fails before waiting for
+/// their verdicts.
+struct Children(Vec<(usize, std::process::Child)>);
+
+impl Children {
+    fn wait(mut self) {
+        let mut failed = Vec::new();
+        for (rank, mut child) in std::mem::take(&mut self.0) {
+            let ok = child.wait().unwrap().success();
+            let output = std::fs::read_to_string(child_log(rank)).unwrap_or_default();
+            let _ = std::fs::remove_file(child_log(rank));
+            if !ok {
+                failed.push(format!("rank {rank} failed:\n{output}"));
+            }
+        }
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One rank of an N-process test.
+struct Ranked {
+    rank: usize,
+    world: usize,
+    stream: Stream,
+    comm: Communicator,
+    children: Children,
+    _serial: Option<std::sync::MutexGuard<'static, ()>>,
+}
+
+fn is_child() -> bool {
+    std::env::var(CHILD_ENV).is_ok()
+}
+
+/// Whether `world` ranks can run here at a useful pace: a GPU each, or an MPS daemon to share
+/// one; otherwise prints the not-run line for `test`. Rank 0 decides (its children run only
+/// if it starts them).
+fn runs_here(test: &str, world: usize) -> bool {
+    if is_child() {
+        return true;
+    }
+    let gpus = geforce_p2p::Device::count().unwrap_or(0);
+    if gpus >= world || std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_some() {
+        return true;
+    }
+    let reason = format!(
+        "needs {world} GPUs, or an MPS daemon for {world} processes sharing fewer (benches/device/suite.sh many)"
+    );
+    println!("{}", gp2p_tests::not_run_line(test, &reason));
+    false
+}
+
+/// This process's rank, the world and the id: from the environment in a child, else rank 0
+/// of `world`, with the other ranks started on `test`.
+fn rank_world_id(test: &str, world: usize) -> (usize, usize, UniqueId, Children) {
+    if let Ok(text) = std::env::var(CHILD_ENV) {
+        let parts: Vec<&str> = text.split(' ').collect();
+        let (rank, world) = (parts[0].parse().unwrap(), parts[1].parse().unwrap());
+        return (rank, world, parts[2].parse().expect("the parent's unique id"), Children(Vec::new()));
+    }
+    let id = UniqueId::new().expect("a unique id (is /dev/shm there?)");
+    let exe = std::env::current_exe().unwrap();
+    let children = (1..world)
+        .map(|rank| {
+            // Each child's output goes to a file, shown only if it fails: its libtest summary
+            // must not reach the runner, which counts summary lines.
+            let log = File::create(child_log(rank)).expect("a log file for a child rank");
+            let child = Command::new(&exe)
+                .args([test, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+                .env(CHILD_ENV, format!("{rank} {world} {id}"))
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("starting a child rank");
+            (rank, child)
+        })
+        .collect();
+    (0, world, id, Children(children))
+}
+
+/// Waits for the peers as long as time slicing among `world` processes may take.
+fn sharing(options: CommOptions) -> CommOptions {
+    CommOptions { peer_timeout: Duration::from_secs(60), ..options }
+}
+
+impl Ranked {
+    fn start(test: &str, world: usize, options: CommOptions) -> Ranked {
+        let serial = (!is_child()).then(gp2p_tests::serial);
+        let (rank, world, id, children) = rank_world_id(test, world);
+        let gpus = geforce_p2p::Device::count().unwrap().max(1);
+        let dev = device(rank % gpus);
+        let stream = Stream::new(&dev).unwrap();
+        let comm = Communicator::new(&id, rank, world, &dev, options).unwrap();
+        Ranked { rank, world, stream, comm, children, _serial: serial }
+    }
+
+    fn finish(self) {
+        let Ranked { comm, children, .. } = self;
+        drop(comm);
+        children.wait();
+    }
+}
+
+/// Every rank's input for case `case`.
+fn inputs_of<T: Reference>(world: usize, len: usize, seed: u64, case: u64) -> Vec<Vec<T>> {
+    (0..world).map(|r| random(len, seed * 100_000 + case * 16 + r as u64)).collect()
+}
+
+/// `got` against `op` over every rank's `inputs[..][range]`, within the fold's rounding.
+fn check_fold<T: Reference>(what: &str, got: &[T], inputs: &[Vec<T>], range: std::ops::Range<usize>, op: ReduceOp) {
+    let parts: Vec<&[T]> = inputs.iter().map(|v| &v[range.clone()]).collect();
+    let (bad, first) = count_wrong_vs_fold(got, &parts, op);
+    assert_eq!(bad, 0, "{} {what}: {}", T::DTYPE, first.join("; "));
+}
+
+/// A result to check once every call is queued.
+type Check = Box<dyn FnOnce(&Stream)>;
+
+/// Every collective at odd lengths, on both paths (the line kernel up to
+/// `lines_max_bytes`, the rounds above), each op for the reductions; enqueued back to back,
+/// checked once all are queued. All ranks must hold the same bits after an all-reduce.
+fn every_collective<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
+    let (rank, world) = (comm.rank(), comm.world());
+    let lines_len = comm.lines_max_bytes() / size_of::<T>();
+    let rounds_len = (300 << 10) / size_of::<T>() + 3;
+    let mut case = 0u64;
+    let mut pending: Vec<Check> = Vec::new();
+    for len in [1, 7, 255, 4099, lines_len, lines_len + 1, rounds_len] {
+        for op in ReduceOp::ALL {
+            case += 1;
+            let inputs = inputs_of::<T>(world, len, seed, case);
+            let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+            comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+            pending.push(Box::new(move |s| {
+                let got = buf.to_host_vec(s).unwrap();
+                check_fold(&format!("rank {rank} all_reduce {op} len {len}"), &got, &inputs, 0..len, op);
+            }));
+        }
+    }
+    let part = (100 << 10) / size_of::<T>() + 5;
+    for op in ReduceOp::ALL {
+        case += 1;
+        let inputs = inputs_of::<T>(world, world * part, seed, case);
+        let input = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        let mut output = DeviceBuffer::<T>::alloc(stream.device(), part).unwrap();
+        comm.reduce_scatter(&input.view(..), &mut output.view_mut(..), stream, op).unwrap();
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        comm.reduce_scatter_in_place(&mut buf.view_mut(..), stream, op).unwrap();
+        pending.push(Box::new(move |s| {
+            let mine = rank * part..(rank + 1) * part;
+            let got = output.to_host_vec(s).unwrap();
+            check_fold(&format!("rank {rank} reduce_scatter {op}"), &got, &inputs, mine.clone(), op);
+            let whole = buf.to_host_vec(s).unwrap();
+            check_fold(&format!("rank {rank} reduce_scatter_in_place {op}"), &whole[mine.clone()], &inputs, mine, op);
+        }));
+    }
+    case += 1;
+    let inputs = inputs_of::<T>(world, part, seed, case);
+    let input = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+    let mut output = DeviceBuffer::<T>::alloc(stream.device(), world * part).unwrap();
+    comm.all_gather(&input.view(..), &mut output.view_mut(..), stream).unwrap();
+    // In place: this rank's input is its part of the output; the other parts hold stale
+    // numbers, which the call overwrites.
+    let mut whole: Vec<T> = random(world * part, seed + 999);
+    whole[rank * part..(rank + 1) * part].copy_from_slice(&inputs[rank]);
+    let mut buf = DeviceBuffer::from_host(stream, &whole).unwrap();
+    comm.all_gather_in_place(&mut buf.view_mut(..), stream).unwrap();
+    pending.push(Box::new(move |s| {
+        let want = inputs.concat();
+        for (what, got) in [("all_gather", output.to_host_vec(s).unwrap()), ("in place", buf.to_host_vec(s).unwrap())] {
+            let (bad, first) = count_mismatched(&got, &want, ReduceOp::Sum);
+            assert_eq!(bad, 0, "rank {rank} {} {what}: {}", T::DTYPE, first.join("; "));
+        }
+    }));
+    for root in [0, world - 1] {
+        for len in [3, rounds_len] {
+            case += 1;
+            let inputs = inputs_of::<T>(world, len, seed, case);
+            let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+            comm.broadcast(&mut buf.view_mut(..), stream, root).unwrap();
+            pending.push(Box::new(move |s| {
+                assert!(buf.to_host_vec(s).unwrap() == inputs[root], "rank {rank} broadcast from {root} len {len}");
+            }));
+        }
+    }
+    // Point to point from rank 1 to the last rank; the others make no call.
+    for len in [3, rounds_len] {
+        case += 1;
+        let inputs = inputs_of::<T>(world, len, seed, case);
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        if rank == 1 {
+            comm.send(&buf.view(..), stream, world - 1).unwrap();
+        } else if rank == world - 1 {
+            comm.recv(&mut buf.view_mut(..), stream, 1).unwrap();
+        }
+        let want = if rank == world - 1 { inputs[1].clone() } else { inputs[rank].clone() };
+        pending.push(Box::new(move |s| {
+            assert!(buf.to_host_vec(s).unwrap() == want, "rank {rank} send from 1 len {len}");
+        }));
+    }
+    for check in pending {
+        check(stream);
+    }
+}
+
+/// Every all-reduce must give every rank the same bits: rank 0 gathers every rank's result
+/// of a float sum through the communicator itself and compares.
+fn same_bits_everywhere(comm: &mut Communicator, stream: &Stream, len: usize) {
+    let (rank, world) = (comm.rank(), comm.world());
+    let inputs = inputs_of::<f32>(world, len, 77, len as u64);
+    let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+    comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
+    let mut all = DeviceBuffer::<f32>::alloc(stream.device(), world * len).unwrap();
+    comm.all_gather(&buf.view(..), &mut all.view_mut(..), stream).unwrap();
+    let all = all.to_host_vec(stream).unwrap();
+    for r in 1..world {
+        assert!(all[r * len..(r + 1) * len] == all[..len], "rank {r}'s sum of {len} differs from rank 0's");
+    }
+}
+
+fn every_collective_among(test: &str, world: usize) {
+    if !runs_here(test, world) {
+        return;
+    }
+    let mut r = Ranked::start(test, world, sharing(CommOptions::for_world(world)));
+    assert_eq!((r.comm.world(), r.world), (world, world));
+    every_dtype!(every_collective(&mut r.comm, &r.stream, 5));
+    for len in [1000, 100_003] {
+        same_bits_everywhere(&mut r.comm, &r.stream, len);
+    }
+    // A thousand calls without synchronisation (fifty under a sanitizer, which runs every
+    // kernel slowly), the line kernel and the rounds in turn, each on a buffer of its own.
+    let count = if gp2p_tests::sanitizer().is_some() { 50 } else { 1000 };
+    let (rank, stream) = (r.rank, &r.stream);
+    let mut calls = Vec::new();
+    for c in 0..count {
+        let len = if c % 10 == 9 { 70_001 } else { 333 };
+        let inputs = inputs_of::<u32>(world, len, 3, c);
+        let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
+        calls.push((inputs, buf));
+    }
+    for (c, (inputs, buf)) in calls.iter().enumerate() {
+        let want: Vec<u32> =
+            (0..inputs[0].len()).map(|i| inputs.iter().fold(0u32, |acc, v| acc.wrapping_add(v[i]))).collect();
+        assert!(buf.to_host_vec(stream).unwrap() == want, "rank {rank} call {c}");
+    }
+    drop(calls);
+    r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_three_processes_run_every_collective_op_and_dtype() {
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    every_collective_among("one_gpu_three_processes_run_every_collective_op_and_dtype", 3);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_run_every_collective_op_and_dtype() {
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    every_collective_among("one_gpu_four_processes_run_every_collective_op_and_dtype", 4);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_eight_processes_run_every_collective_op_and_dtype() {
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    every_collective_among("one_gpu_eight_processes_run_every_collective_op_and_dtype", 8);
+}
+
+/// The last rank leaves after one call; every other rank's next call gives up within the
+/// timeout, the one after says so, and nothing is left in /dev/shm.
+fn a_rank_exits(test: &str, world: usize, len: usize) {
+    if !runs_here(test, world) {
+        return;
+    }
+    let sanitized = gp2p_tests::sanitizer().is_some();
+    // Long enough for every rank's first call under time slicing, short enough to tell one
+    // timeout per call from one per chunk.
+    let timeout = Duration::from_secs(if sanitized { 20 } else { 5 });
+    let options = CommOptions { peer_timeout: timeout, ..CommOptions::for_world(world) };
+    let mut r = Ranked::start(test, world, options);
+    let (rank, stream, comm) = (r.rank, &r.stream, &mut r.comm);
+    let inputs = inputs_of::<f32>(world, len, 9, 1);
+    let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+    comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
+    stream.synchronize().unwrap();
+    if rank == world - 1 {
+        // Leaves as a crashed process would, without a word.
+        std::process::exit(0);
+    }
+    let path = format!("/dev/shm{}", comm.segment_name());
+    assert!(!std::path::Path::new(&path).exists(), "{path} is gone once every rank joined");
+    let started = Instant::now();
+    comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
+    stream.synchronize().unwrap();
+    let waited = started.elapsed();
+    // A rank may hear of it from another's give-up before its own wait ends.
+    assert!(waited < timeout * 4, "rank {rank}: the call gave up after {waited:?} (timeout {timeout:?})");
+    let err = comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("waited") || text.contains("broken") || text.contains("gave up"), "rank {rank}: {text}");
+    r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_one_exits_mid_run_and_every_other_errors_within_the_timeout() {
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    a_rank_exits("one_gpu_four_processes_one_exits_mid_run_and_every_other_errors_within_the_timeout", 4, 1000);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_one_exits_mid_rounds_and_every_other_errors_within_the_timeout() {
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    a_rank_exits("one_gpu_four_processes_one_exits_mid_rounds_and_every_other_errors_within_the_timeout", 4, 1 << 20);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_ranks_that_disagree_on_the_world_size_are_refused() {
+    let test = "one_gpu_ranks_that_disagree_on_the_world_size_are_refused";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    let _serial = (!is_child()).then(gp2p_tests::serial);
+    // Rank 0 says three ranks and starts two others, which say four.
+    let (rank, world, id, children) = rank_world_id(test, 3);
+    let world = if rank == 0 { world } else { 4 };
+    let options = CommOptions { join_timeout: Duration::from_secs(10), ..CommOptions::for_world(world) };
+    match Communicator::new(&id, rank, world, &device(0), options) {
+        Ok(_) => panic!("rank {rank} of {world} joined a communicator of other sizes"),
+        Err(e) => {
+            let text = e.to_string();
+            assert!(text.contains("world") || text.contains("rank") || text.contains("size"), "rank {rank}: {text}");
+        }
+    }
+    children.wait();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn more_ranks_than_the_communicator_takes_are_refused_by_name_at_creation() {
+    needs!(gpus: 1, compute_80);
+    let id = UniqueId::new().unwrap();
+    let err = Communicator::new(&id, 0, 9, &device(0), CommOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("world: 9 ranks; pass between 1 and 8"), "{err}");
+}
