@@ -892,8 +892,10 @@ def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
     assert out is not inp and out.ptr != inp.ptr
     assert ca.comm.calls == [("sum into", "f32", 1024, out.ptr, 0)], "out of place, summed, the input read once"
     assert ca.custom_all_reduce(CudaArray((3,))) is None
-    assert CustomAllreduce(_Comm(world_size=4)).disabled, "more than two ranks is not built yet"
-    assert not CustomAllreduce(_Comm(world_size=4)).should_custom_ar(CudaArray((1024,)))
+    assert not CustomAllreduce(_Comm(world_size=4)).disabled, "four ranks are served"
+    assert CustomAllreduce(_Comm(world_size=9)).disabled, "more than MAX_RANKS are not"
+    assert CustomAllreduce(_Comm(world_size=1)).disabled, "nor one rank alone"
+    assert not CustomAllreduce(_Comm(world_size=9)).should_custom_ar(CudaArray((1024,)))
     comm = ca.comm
     ca.close()
     assert comm.calls[-1] == "closed" and ca.comm is None and ca.disabled

@@ -213,14 +213,15 @@ def test_cpu_tensors_of_a_gpu_group_go_to_the_gloo_group_beside_it(tmp_path):
     _run_two(tmp_path, "gloo")
 
 
-def test_a_group_of_other_than_two_ranks_is_refused_at_creation():
+def test_a_group_of_more_ranks_than_a_communicator_takes_is_refused_at_creation():
     from datetime import timedelta
 
     from geforce_p2p._torch_backend import GP2PProcessGroup
 
-    with pytest.raises(ValueError, match="two ranks"):
-        GP2PProcessGroup(dist.HashStore(), 0, 3, timedelta(seconds=1), communicator=StoreCommunicator,
-                         device="cpu", unique_id=lambda: "x")
+    for world in (0, 9, 16):
+        with pytest.raises(ValueError, match="world_size: %d ranks; the gp2p backend runs 1 to 8" % world):
+            GP2PProcessGroup(dist.HashStore(), 0, world, timedelta(seconds=1), communicator=StoreCommunicator,
+                             device="cpu", unique_id=lambda: "x")
 
 
 def test_every_op_the_communicator_runs_has_its_torch_op():

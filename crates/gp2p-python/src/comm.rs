@@ -53,7 +53,8 @@ impl PyCommunicator {
     ) -> PyResult<Self> {
         let run = || -> Result<PyCommunicator, Raised> {
             let id: UniqueId = id.parse().map_err(Raised::from)?;
-            let defaults = CommOptions::default();
+            // The defaults for this many ranks (the line kernel and slot sizes differ past two).
+            let defaults = CommOptions::for_world(world);
             let options = CommOptions {
                 small_max_bytes: max_bytes.unwrap_or(defaults.small_max_bytes),
                 peer_timeout: args::seconds("peer_timeout", peer_timeout)?,

@@ -1,7 +1,7 @@
 """The ``gp2p`` backend of torch.distributed: a process group over :class:`Communicator`.
 
 Imported only by :func:`geforce_p2p.distributed.register_backend`, so that the package
-never needs torch to import. Tensors on the group's device go to the communicator (two
+never needs torch to import. Tensors on the group's device go to the communicator (1 to 8
 ranks: all_reduce, all_gather, reduce_scatter, broadcast, send and recv), each op enqueued on the device's
 current stream at the call, like NCCL's; its Work objects are CUDA-aware futures, so
 ``wait()`` makes the then-current stream wait for the op, as NCCL's does. Everything else
@@ -25,6 +25,9 @@ from torch._C._distributed_c10d import _create_work_from_future
 # torch's reduce ops by the names the communicator takes; the rest are refused by name.
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "min",
         dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "prod"}
+
+# The most ranks a communicator takes (geforce_p2p.distributed.MAX_RANKS).
+_MAX_RANKS = 8
 
 # Where rank 0 publishes the communicator's id, in the group's own (prefixed) store.
 UNIQUE_ID_KEY = "gp2p/unique_id"
@@ -88,9 +91,9 @@ class GP2PProcessGroup(dist.ProcessGroup):
     def __init__(self, store: Any, rank: int, world_size: int, timeout: timedelta, *,
                  communicator: Callable[..., Any], device: Any, unique_id: Callable[[], str]):
         super().__init__(rank, world_size)
-        if world_size != 2:
-            raise ValueError("world_size: %d ranks; the gp2p backend runs two ranks (more are not built yet)"
-                             % world_size)
+        if not 1 <= world_size <= _MAX_RANKS:
+            raise ValueError("world_size: %d ranks; the gp2p backend runs 1 to %d ranks a group (use NCCL, "
+                             "or subgroups of at most %d, for more)" % (world_size, _MAX_RANKS, _MAX_RANKS))
         self._device = torch.device(device)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         if rank == 0:

@@ -9,9 +9,22 @@ another process: each call is enqueued on the tensor's current torch stream, its
 the peer run on the GPU, and a peer that never arrives makes them give up after
 ``peer_timeout`` seconds (the next call raises).
 
-This version runs **two** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
+It runs **1 to 8** ranks: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast, send and recv, called on a :class:`Communicator` or through torch.distributed (the ``gp2p``
-backend, :func:`register_backend`). An all-reduce of up to ``max_bytes`` (4 MiB by
+backend, :func:`register_backend`). More than 8 ranks are refused at creation, naming the limit.
+
+Among more than two ranks an all-reduce of up to ``lines_max_bytes`` (64 KiB by default
+there) is one kernel per rank that writes its tensor into its lines of the segment and reads
+every other rank's (one-shot, every rank folds all N in rank order, so all get the same
+bits); above that it is two-shot: in N-1 rounds each rank hands every other rank that rank's
+share of its tensor (a 1/N slice) and folds the shares it receives into its own, then in N-1
+more it hands its folded share to everyone. Each card's link carries 2(N-1)/N of the tensor
+each way, as in a ring, in 2(N-1) handoffs rather than a ring's 2(N-1) dependent trips
+through host memory per chunk. all_gather and reduce_scatter are the second and first half,
+broadcast is the root handing the tensor to each rank in turn, send/recv one handoff. The
+slots take about 48 MiB of /dev/shm at any N (16 MiB / N each, three per rank).
+
+Between two ranks an all-reduce of up to ``max_bytes`` (4 MiB by
 default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
 data and sequence number up to ``lines_max_bytes``, 2 KiB by default; flagged 4 KiB chunks
 above); everything else goes through a pipeline of DMA copies via slots of the segment,
@@ -23,13 +36,14 @@ at once (``benches/python/mp_allreduce.py``). Calls made while torch captures a 
 captured too (tested: every collective captured, then 10 replays on new data), and each
 launch of the graph runs them again on whatever the captured tensors hold then (every rank
 must capture and launch the same graphs in the same order; :meth:`Communicator.check` says
-whether a launch's waits gave up). More ranks are not built yet: :class:`CustomAllreduce`
-says no to them (``should_custom_ar``), so callers fall back to what they used before.
+whether a launch's waits gave up). :class:`CustomAllreduce` serves what the one kernel
+serves (up to ``max_bytes``, 64 KiB among more than two ranks) and says no to the rest
+(``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
-    comm = gpd.Communicator(uid, rank, 2, device=rank)       # uid from rank 0's gpd.unique_id()
+    comm = gpd.Communicator(uid, rank, world, device=rank)   # uid from rank 0's gpd.unique_id()
     comm.all_reduce(t)                                       # in place, on t's current stream
-    comm.all_gather_into_tensor(out, t)                      # out: 2 x t's elements
+    comm.all_gather_into_tensor(out, t)                      # out: world x t's elements
 
 As a torch.distributed backend (CUDA tensors; CPU ones go to a gloo group beside it)::
 
@@ -56,7 +70,10 @@ from . import _compile, _native
 from ._api import REDUCE_OPS, _at_least, _device_index, _positive
 from ._tensors import check_choice, describe, on_device, same_dtype, same_stream, writable
 
-__all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend"]
+__all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend", "MAX_RANKS"]
+
+#: The most ranks a communicator takes (larger groups are refused at creation, naming it).
+MAX_RANKS = 8
 
 
 def unique_id() -> str:
@@ -69,7 +86,7 @@ _REGISTERED: set = set()
 
 def register_backend(name: str = "gp2p") -> str:
     """Make ``name`` a torch.distributed backend (``init_process_group(backend="gp2p")``):
-    CUDA tensors go to this package's communicator (two ranks: all_reduce, all_gather,
+    CUDA tensors go to this package's communicator (1 to 8 ranks: all_reduce, all_gather,
     reduce_scatter, broadcast, send, recv; other ops on CUDA tensors raise ``NotImplementedError``), CPU
     tensors and the barrier to a gloo group it keeps beside it. Each rank's device is the
     current CUDA device when its group is made, and the group's timeout is also how long a
@@ -99,13 +116,14 @@ class Communicator:
     ``unique_id``: the text :func:`unique_id` gave on one rank; ``rank`` in
     ``0..world_size``; ``device``: this rank's GPU (ordinal, ``"cuda:N"`` or a
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
-    ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB); ``slot_bytes``
-    and ``slots`` (every rank must give the same): the staged pipeline's slot size (a
-    multiple of 4096 in 64 KiB..256 MiB, default 8 MiB) and slots per rank (2..16, default
-    3), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
+    ``world_size``: 1 to 8. ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB
+    between two ranks; among more, the line kernel is the one kernel and ``lines_max_bytes``
+    bounds it); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
+    pipeline's slot size (a multiple of 4096 in 64 KiB..256 MiB, default 8 MiB for two ranks,
+    16 MiB / N for N) and slots per rank (2..16, default 3), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
     (1..256, default 128); ``lines_max_bytes`` (every rank the same): the largest all-reduce
     whose one kernel hands data over in 8-byte lines of data and sequence number rather than
-    in flagged 4 KiB chunks (0 to 65536, default 2048), for tuning. With the defaults the
+    in flagged 4 KiB chunks (0 to 65536, default 2048 for two ranks, 65536 for more), for tuning. With the defaults the
     shared segment takes about 65 MiB of /dev/shm: under Docker's default 64 MiB give the
     container ``--shm-size``, or pass ``max_bytes=1 << 20`` (about 53 MiB) or ``slots=2``;
     too little room is an error at creation that names /dev/shm.
@@ -248,12 +266,13 @@ class CustomAllreduce:
     Built the way each server builds its own: ``CustomAllreduce(group=cpu_group,
     device=device, ...)`` (vLLM passes more keywords, which are accepted and not needed), or
     over a communicator of yours, ``CustomAllreduce(comm)``. Building never raises: where this
-    version cannot serve the group (not two ranks, a rank that failed to join) the object is
+    version cannot serve the group (more than 8 ranks, a rank that failed to join) the object is
     ``disabled`` and the server keeps its own path. Dropping it releases the communicator
     without blocking (servers never call :meth:`close`).
 
-    It takes what this version runs in one kernel (two ranks, contiguous CUDA tensors of a
-    supported dtype on this rank's device, 16-byte multiples up to ``max_bytes``), inside
+    It takes what this version runs in one kernel (contiguous CUDA tensors of a supported
+    dtype on this rank's device, 16-byte multiples up to ``max_bytes``: 4 MiB between two
+    ranks, 64 KiB among more), inside
     :meth:`capture` too, and says no to the rest; all-gather and reduce-scatter are not
     served yet (``None``: the server falls back).
     """
@@ -274,13 +293,13 @@ class CustomAllreduce:
         if comm is None and group is not None:
             comm = _join(group, device, {})
         self.comm = comm
-        self.disabled = comm is None or comm.world_size != 2
+        self.disabled = comm is None or not 2 <= comm.world_size <= MAX_RANKS
 
     @classmethod
     def from_group(cls, group: Any, device: Any, **options: Any) -> "CustomAllreduce":
         """Make the communicator over a torch.distributed CPU (gloo) group: its first rank
         makes the id and broadcasts it to the others. Disabled (never raising) where this
-        version cannot serve the group: not two ranks, or a rank that failed to join (every
+        version cannot serve the group: one rank or more than 8, or a rank that failed to join (every
         rank then agrees to disable it, so none waits on a peer that is not there).
         ``options`` go to :class:`Communicator`; its pipeline, which this object never uses,
         gets the smallest slots unless given (the segment then takes about 17 MiB of
@@ -356,7 +375,7 @@ def _join(group: Any, device: Any, options: dict) -> Optional[Communicator]:
     options.setdefault("slot_bytes", 64 << 10)
     options.setdefault("slots", 2)
     rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
-    if world != 2:
+    if not 2 <= world <= MAX_RANKS:
         return None
     box = [unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)

@@ -1,0 +1,279 @@
+"""One rank of test_many.py's N-process tests: ``python _many_rank.py SCENARIO RANK WORLD INIT``.
+
+Every rank makes every rank's inputs from seeds and checks its results against a float64 CPU
+reference; a failed check exits non-zero with the reason. Rank r runs on GPU r modulo the GPUs
+visible (all on cuda:0 on a machine of one GPU, where an MPS daemon lets them run at once).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import _package  # noqa: E402
+
+gp = _package.load()
+gpd = gp.distributed
+
+SCENARIO, RANK, WORLD, INIT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+# Up to eight ranks on one machine: torch's CPU threads per process times eight would
+# oversubscribe its cores, and every collective waits for the slowest rank's inputs.
+torch.set_num_threads(2)
+DEVICE = torch.device("cuda", RANK % torch.cuda.device_count())
+torch.cuda.set_device(DEVICE)
+
+def step(what):
+    """Progress on stderr, so a rank that stalls shows where."""
+    print("rank %d: %s" % (RANK, what), file=sys.stderr, flush=True)
+
+
+OPS = ("sum", "avg", "min", "max", "prod")
+TORCH_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN,
+             "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8,
+          torch.int8)
+
+
+def inputs(case, n, dtype, world=WORLD):
+    """Every rank's input of case `case`: fresh random values, never zeros; products of
+    values near 1 stay representable, integers stay small enough that sums do not wrap."""
+    out = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(case * 1009 + r)
+        if dtype.is_floating_point:
+            t = 0.5 + torch.rand(n, generator=g, dtype=torch.float64)
+            t = torch.where(torch.rand(n, generator=g, dtype=torch.float64) < 0.5, -t, t)
+        else:
+            t = torch.randint(1, 4, (n,), generator=g, dtype=torch.int64)
+        out.append(t.to(dtype))
+    return out
+
+
+def reference(parts, op):
+    """`op` over `parts` in float64 (int64 for integers)."""
+    wide = [p.to(torch.float64 if p.dtype.is_floating_point else torch.int64) for p in parts]
+    acc = wide[0].clone()
+    for p in wide[1:]:
+        acc = {"sum": torch.add, "avg": torch.add, "min": torch.minimum, "max": torch.maximum,
+               "prod": torch.mul}[op](acc, p)
+    if op == "avg":
+        acc = acc / len(parts) if acc.is_floating_point() else torch.div(acc, len(parts), rounding_mode="trunc")
+    return acc
+
+
+def check(what, got, want, parts=None):
+    """`got` (a device tensor) against `want` (float64 or int64 on the CPU): exact for
+    integers and for min/max, within the fold's rounding (N + 1 units of the dtype) of the sum
+    of magnitudes for floats."""
+    got = got.cpu()
+    if not got.dtype.is_floating_point:
+        bad = (got.to(torch.int64) != want.to(got.dtype).to(torch.int64)).nonzero()
+        assert bad.numel() == 0, "%s: %d wrong, first at %s: got %s want %s" % (
+            what, bad.numel(), bad[0].item(), got[bad[0]].item(), want.to(got.dtype)[bad[0]].item())
+        return
+    eps = torch.finfo(got.dtype).eps
+    scale = torch.stack([p.abs().to(torch.float64) for p in parts]).sum(0) if parts else want.abs()
+    if parts and len(parts) > 1 and "prod" in what:
+        scale = torch.stack([p.abs().to(torch.float64) for p in parts]).prod(0)
+    bound = (WORLD + 2) * eps * scale + 1e-300
+    err = (got.to(torch.float64) - want).abs()
+    bad = (err > bound).nonzero()
+    assert bad.numel() == 0, "%s: %d wrong, first at %s: got %r want %r" % (
+        what, bad.numel(), bad[0].item(), got[bad[0]].item(), want[bad[0]].item())
+
+
+def lengths(max_bytes, itemsize):
+    """Odd lengths on both paths: the one kernel (up to max_bytes) and the rounds above."""
+    return (1, 7, 255, max_bytes // itemsize, max_bytes // itemsize + 1, (300 << 10) // itemsize + 3)
+
+
+def comm_scenario():
+    """The communicator itself: every op and dtype at odd lengths, the other collectives,
+    capture and replays with new data, and calls back to back."""
+    # INIT is the id the test made (every rank is handed it, as rank 0 would hand it out).
+    comm = gpd.Communicator(INIT, RANK, WORLD, DEVICE, peer_timeout=60.0, join_timeout=120.0)
+    step("joined")
+    case, pending = 0, []
+    for dtype in DTYPES:
+        step("all_reduce %s" % dtype)
+        for n in lengths(comm.max_bytes, torch.empty((), dtype=dtype).element_size()):
+            for op in OPS:
+                case += 1
+                parts = inputs(case, n, dtype)
+                t = parts[RANK].to(DEVICE)
+                comm.all_reduce(t, op)
+                pending.append(("all_reduce %s %s n=%d" % (op, dtype, n), t, reference(parts, op), parts))
+    part = (100 << 10) // 4 + 5
+    step("reduce_scatter, all_gather, broadcast, send")
+    for op in OPS:
+        case += 1
+        parts = inputs(case, WORLD * part, torch.float32)
+        out = torch.empty(part, dtype=torch.float32, device=DEVICE)
+        comm.reduce_scatter_tensor(out, parts[RANK].to(DEVICE), op)
+        mine = [p[RANK * part:(RANK + 1) * part] for p in parts]
+        pending.append(("reduce_scatter %s" % op, out, reference(mine, op), mine))
+    step("all_gather")
+    case += 1
+    parts = inputs(case, part, torch.bfloat16)
+    out = torch.empty(WORLD * part, dtype=torch.bfloat16, device=DEVICE)
+    comm.all_gather_into_tensor(out, parts[RANK].to(DEVICE))
+    pending.append(("all_gather", out, torch.cat(parts).to(torch.float64), None))
+    for root in (0, WORLD - 1):
+        step("broadcast from %d" % root)
+        case += 1
+        parts = inputs(case, 100_001, torch.float16)
+        t = parts[RANK].to(DEVICE)
+        comm.broadcast(t, root)
+        pending.append(("broadcast from %d" % root, t, parts[root].to(torch.float64), None))
+    # A ring of sends: rank r sends to r + 1, in an order that cannot stall (even ranks send
+    # first, odd ranks receive first; with an odd world the last rank receives first too).
+    case += 1
+    parts = inputs(case, 70_001, torch.float32)
+    got = torch.empty(70_001, dtype=torch.float32, device=DEVICE)
+    send_first = RANK % 2 == 0 and not (WORLD % 2 == 1 and RANK == WORLD - 1)
+    for way in ("send", "recv") if send_first else ("recv", "send"):
+        step(way)
+        if way == "send":
+            comm.send(parts[RANK].to(DEVICE), (RANK + 1) % WORLD)
+        else:
+            comm.recv(got, (RANK - 1) % WORLD)
+    pending.append(("recv from %d" % ((RANK - 1) % WORLD), got, parts[(RANK - 1) % WORLD].to(torch.float64), None))
+    step("checking")
+    for what, got, want, parts in pending:
+        check(what, got, want, parts)
+    step("capture")
+    # Captured once, replayed ten times with new data in the captured tensors.
+    small = torch.zeros(999, dtype=torch.float32, device=DEVICE)
+    large = torch.zeros(200_003, dtype=torch.float32, device=DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        comm.all_reduce(small, "sum")  # warm-up outside the graph, as torch asks
+        comm.all_reduce(large, "max")
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            comm.all_reduce(small, "sum")
+            comm.all_reduce(large, "max")
+    for replay in range(10):
+        case += 1
+        a, b = inputs(case, 999, torch.float32), inputs(case + 5000, 200_003, torch.float32)
+        small.copy_(a[RANK])
+        large.copy_(b[RANK])
+        graph.replay()
+        torch.cuda.synchronize()
+        check("replay %d sum" % replay, small, reference(a, "sum"), a)
+        check("replay %d max" % replay, large, reference(b, "max"), b)
+    comm.check()
+    step("back to back")
+    # Two hundred calls back to back, no synchronisation, each on a tensor of its own.
+    calls = []
+    for c in range(200):
+        n = 70_001 if c % 10 == 9 else 333
+        parts = inputs(100_000 + c, n, torch.int32)
+        t = parts[RANK].to(DEVICE)
+        comm.all_reduce(t, "sum")
+        calls.append((t, parts))
+    for c, (t, parts) in enumerate(calls):
+        check("back to back %d" % c, t, reference(parts, "sum"))
+    comm.close()
+
+
+def backend_scenario():
+    """torch.distributed on the gp2p backend: its ops, a subgroup, and DDP against a one-process
+    reference."""
+    gpd.register_backend()
+    dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD)
+    case = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for n in (5, 3001, 100_003):
+            for op in OPS:
+                case += 1
+                parts = inputs(case, n, dtype)
+                t = parts[RANK].to(DEVICE)
+                dist.all_reduce(t, TORCH_OPS[op])
+                check("dist.all_reduce %s %s n=%d" % (op, dtype, n), t, reference(parts, op), parts)
+    parts = inputs(900, 4099, torch.float32)
+    out = torch.empty(WORLD * 4099, device=DEVICE)
+    dist.all_gather_into_tensor(out, parts[RANK].to(DEVICE))
+    check("dist.all_gather_into_tensor", out, torch.cat(parts).to(torch.float64))
+    parts = inputs(901, WORLD * 4099, torch.float32)
+    out = torch.empty(4099, device=DEVICE)
+    dist.reduce_scatter_tensor(out, parts[RANK].to(DEVICE))
+    mine = [p[RANK * 4099:(RANK + 1) * 4099] for p in parts]
+    check("dist.reduce_scatter_tensor", out, reference(mine, "sum"), mine)
+    parts = inputs(902, 777, torch.float32)
+    t = parts[RANK].to(DEVICE)
+    dist.broadcast(t, src=WORLD - 1)
+    check("dist.broadcast", t, parts[WORLD - 1].to(torch.float64))
+    # A subgroup of the even ranks (new_group makes it through the backend's creator).
+    evens = list(range(0, WORLD, 2))
+    sub = dist.new_group(evens, backend="gp2p")
+    if RANK in evens:
+        parts = inputs(903, 5000, torch.float32, world=WORLD)
+        t = parts[RANK].to(DEVICE)
+        dist.all_reduce(t, group=sub)
+        chosen = [parts[r] for r in evens]
+        check("subgroup all_reduce", t, reference(chosen, "sum"), chosen)
+    # DDP on a small model: every rank a different batch; the gradients averaged by the
+    # backend must equal those of one process over the whole batch.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).to(DEVICE)
+    reference_model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    reference_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    reference_model = reference_model.double()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[DEVICE.index])
+    g = torch.Generator().manual_seed(4)
+    batches = [torch.randn(16, 64, generator=g) for _ in range(WORLD)]
+    ddp(batches[RANK].to(DEVICE)).square().mean().backward()
+    loss = sum(reference_model(b.double()).square().mean() for b in batches) / WORLD
+    loss.backward()
+    for (name, p), ref in zip(model.named_parameters(), reference_model.parameters()):
+        err = (p.grad.double().cpu() - ref.grad).abs().max().item()
+        assert err < 1e-4, "DDP gradient of %s off by %g" % (name, err)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def server_scenario():
+    """CustomAllreduce built as vLLM builds it, over a gloo group of the ranks."""
+    dist.init_process_group("gloo", init_method=INIT, rank=RANK, world_size=WORLD)
+    ca = gpd.CustomAllreduce(group=dist.group.WORLD, device=DEVICE, symm_mem_enabled=False,
+                             register_graph_buffers=True)
+    assert not ca.disabled, "built over %d ranks" % WORLD
+    for n in (8, 1000, 4096, 16384):
+        parts = inputs(n, n, torch.bfloat16)
+        inp = parts[RANK].to(DEVICE)
+        assert ca.should_custom_ar(inp)
+        out = ca.custom_all_reduce(inp)
+        check("custom_all_reduce n=%d" % n, out, reference(parts, "sum"), parts)
+        assert torch.equal(inp.cpu(), parts[RANK]), "the input is left as it was"
+    too_big = torch.empty(ca.comm.max_bytes // 2 + 8, dtype=torch.float32, device=DEVICE)
+    assert not ca.should_custom_ar(too_big), "a size the one kernel does not serve"
+    assert not ca.should_custom_ar(torch.empty(64, 2, device=DEVICE).t()), "a non-contiguous tensor"
+    assert not ca.should_custom_ar(torch.empty(64, device="cpu")), "a CPU tensor"
+    assert ca.custom_all_reduce(too_big) is None
+    inp = torch.zeros(4096, dtype=torch.float16, device=DEVICE)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ca.custom_all_reduce(inp)
+        torch.cuda.synchronize()
+        with ca.capture(), torch.cuda.graph(graph, stream=stream):
+            out = ca.custom_all_reduce(inp)
+    for replay in range(10):
+        parts = inputs(7000 + replay, 4096, torch.float16)
+        inp.copy_(parts[RANK])
+        graph.replay()
+        torch.cuda.synchronize()
+        check("replay %d" % replay, out, reference(parts, "sum"), parts)
+    del ca  # as servers do: dropped, never closed
+    dist.destroy_process_group()
+
+
+{"comm": comm_scenario, "backend": backend_scenario, "server": server_scenario}[SCENARIO]()
+print("rank %d of %d: %s passed" % (RANK, WORLD, SCENARIO))

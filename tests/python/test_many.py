@@ -1,0 +1,77 @@
+"""GPU: 3, 4 and 8 processes through the communicator, the ``gp2p`` torch.distributed backend
+and ``CustomAllreduce`` (each rank runs ``_many_rank.py``, which checks every result against a
+float64 CPU reference).
+
+Rank r runs on GPU r modulo the GPUs visible. Where there are fewer GPUs than ranks the
+processes share them, which is only useful under an MPS control daemon (otherwise they take
+turns in ~2 ms time slices): those cases are skipped unless CUDA_MPS_PIPE_DIRECTORY names one
+(``benches/device/suite.sh many`` starts it)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import _package  # noqa: E402
+
+gp = _package.load()
+
+NDEV = torch.cuda.device_count()
+RANK_SCRIPT = os.path.join(os.path.dirname(__file__), "_many_rank.py")
+
+
+def _runs(world):
+    if NDEV >= world or os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        return
+    pytest.skip("%d ranks on %d GPU(s) need an MPS daemon (benches/device/suite.sh many)" % (world, NDEV))
+
+
+def _run(scenario, world, init, tmp_path, timeout=240):
+    """Every rank of `scenario` as a process; each must pass. None is left behind; a rank
+    that fails or stalls shows the end of its output."""
+    _runs(world)
+    logs = [open(tmp_path / ("rank%d.log" % r), "w+") for r in range(world)]
+    ranks = [subprocess.Popen([sys.executable, RANK_SCRIPT, scenario, str(r), str(world), init],
+                              stdout=log, stderr=subprocess.STDOUT, text=True) for r, log in enumerate(logs)]
+    deadline = time.monotonic() + timeout
+    try:
+        for p in ranks:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        stalled = [r for r, p in enumerate(ranks) if p.poll() is None]
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    failed = []
+    for r, (p, log) in enumerate(zip(ranks, logs)):
+        log.seek(0)
+        out = log.read()
+        log.close()
+        if r in stalled or p.returncode != 0:
+            why = "stalled past %d s" % timeout if r in stalled else "exit %s" % p.returncode
+            failed.append("rank %d (%s):\n%s" % (r, why, out[-3000:]))
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("world", [3, 4, 8])
+def test_the_communicator_runs_every_collective_capture_and_calls_back_to_back(world, tmp_path):
+    _run("comm", world, gp.distributed.unique_id(), tmp_path)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_torch_distributed_on_the_gp2p_backend_with_a_subgroup_and_ddp(world, tmp_path):
+    _run("backend", world, "file://" + str(tmp_path / "init"), tmp_path)
+
+
+@pytest.mark.parametrize("world", [4])
+def test_custom_allreduce_built_as_vllm_builds_it_eager_and_replayed(world, tmp_path):
+    _run("server", world, "file://" + str(tmp_path / "init"), tmp_path)
