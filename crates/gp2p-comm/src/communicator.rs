@@ -1,5 +1,5 @@
 //! `Communicator`: one rank of a group of processes, one GPU each, that share a [`Segment`]
-//! registered with the driver. Among more than two ranks see [`crate::rounds`]; between two,
+//! registered with the driver. Among more than two ranks see the `rounds` module; between two,
 //! the small all-reduce is one kernel per rank. Up to
 //! [`CommOptions::lines_max_bytes`] (2 KiB by default) it writes its buffer into its lines of
 //! the segment, each 8-byte line carrying 4 bytes of data and the call's sequence number
@@ -47,7 +47,7 @@ const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
 /// memory; everything else goes through a pipeline of DMA copies via slots of the segment,
 /// flagged chunk by chunk (see the `pipeline` module). Among more than two ranks (up to
 /// [`crate::MAX_RANKS`]) the one kernel is the line kernel reading every rank's lines, and
-/// everything above it the rounds of [`crate::rounds`].
+/// everything above it the rounds of the `rounds` module.
 ///
 /// Every rank must make the same calls (same collective, op, dtype and lengths, and root)
 /// in the same order: the calls are matched by sequence numbers each rank counts.

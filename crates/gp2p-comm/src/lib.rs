@@ -29,7 +29,7 @@
 //!   can be captured into CUDA graphs and replayed, once the caller has promised what
 //!   [`Communicator::allow_graph_capture`] asks.
 //!
-//! Among more than two ranks ([`crate::rounds`]'s table): an all-reduce of at most
+//! Among more than two ranks (the `rounds` module's table): an all-reduce of at most
 //! [`CommOptions::lines_max_bytes`] (64 KiB by default there, [`CommOptions::for_world`]) is one
 //! kernel per rank that writes its lines and reads every other rank's, folding all N in rank
 //! order (one-shot, every rank the same bits); above, the two-shot rounds: each rank hands
@@ -121,7 +121,7 @@ mod id;
 mod layout;
 mod pipeline;
 mod registration;
-pub mod rounds;
+mod rounds;
 mod segment;
 
 pub use communicator::Communicator;

@@ -83,7 +83,7 @@ pub(crate) struct Pipeline {
     many_landed: Event,
 }
 
-/// One rank's side of a call of more than two ranks (see [`crate::rounds`]).
+/// One rank's side of a call of more than two ranks (see the `rounds` module).
 #[derive(Debug, Clone)]
 pub(crate) struct ManyTransfer {
     pub(crate) rounds: Rounds,
