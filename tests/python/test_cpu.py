@@ -1148,8 +1148,12 @@ def test_custom_allreduce_is_built_as_the_servers_build_theirs_and_never_raises(
     assert ca.custom_all_gather(CudaArray((1024,))) is None and ca.custom_reduce_scatter(CudaArray((1024,))) is None
     calls.clear()
     monkeypatch.setitem(sys.modules, "torch.distributed", fake_dist(4))
+    assert CustomAllreduce(group="tp-cpu-group", device=0).disabled, "no driver"
+    assert [c[0] for c in calls] == ["broadcast"], "four ranks are served: an id is made and handed out"
+    calls.clear()
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake_dist(9))
     assert CustomAllreduce(group="tp-cpu-group", device=0).disabled
-    assert calls == [], "four ranks: not served, and no id is made"
+    assert calls == [], "nine ranks: more than a communicator takes, so no id is made"
     # Servers drop it without close(): the communicator is released then, once.
     comm = _Comm()
     ca = CustomAllreduce(comm)

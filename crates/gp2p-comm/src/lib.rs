@@ -44,8 +44,11 @@
 //! (`benches/results/h200/many-latency-*.txt`): replayed from a CUDA graph, up to 2 KiB 5.3-5.9
 //! us a call for 2 ranks, 12.8-15.6 for 4, 40-44 for 8; 128 KiB on the rounds 333 us for 4
 //! and 1.36 ms for 8. Eager calls of the rounds took 5-16 times their replays (1.9-5.8 ms for
-//! 4 ranks at 128 KiB-2 MiB with 150 us of host time a call): the GPU, not the host, is slow to
-//! run them launched one by one among processes sharing it; why is not known yet.
+//! 4 ranks at 128 KiB-2 MiB with 150 us of host time a call). That follows the hardware
+//! queues: with `CUDA_DEVICE_MAX_CONNECTIONS=1` (a process's streams in one queue, run in the
+//! order enqueued) eager calls match their replays (4 ranks, 128 KiB: 336 against 326 us;
+//! `many-connections.txt`); why several queues cost that much among MPS clients is not
+//! known, nor whether it happens with a GPU per process.
 //!
 //! Joining waits on the host, polling, bounded by a timeout.
 //!
