@@ -515,7 +515,9 @@ impl Communicator {
     /// length and type; ordered after the work queued on `stream`, and `buf` may be written
     /// by work queued there afterwards. Every rank makes its sends and receives, and its
     /// collectives, in the same order as its peer: a send pairs with the peer's call at the
-    /// same place in its sequence.
+    /// same place in its sequence. Among more than two ranks the order must be one that every
+    /// rank agrees on, as if each call involved them all: a rank's slots serve every reader,
+    /// so a send may wait until another rank has taken an earlier call's data.
     pub fn send<T: Element>(&mut self, buf: &DeviceView<'_, T>, stream: &Stream, peer: usize) -> Result<()> {
         self.check_call(stream, &[("buf", buf.device())])?;
         self.check_peer(peer)?;

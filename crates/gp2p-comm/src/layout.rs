@@ -205,7 +205,8 @@ impl Layout {
         let half = (lines_bytes + chunks).next_multiple_of(256).max(256);
         let chunk_flags = FLAGS + 64 * world;
         let areas = (chunk_flags + 4 * slot_count * world * world).next_multiple_of(LINES_ALIGN);
-        let slots = areas + world * 2 * half;
+        // Page-aligned slots: the DMA copies in and out of them run at full speed.
+        let slots = (areas + world * 2 * half).next_multiple_of(LINES_ALIGN);
         Ok(Layout {
             small_max: small_max_bytes,
             lines_max,

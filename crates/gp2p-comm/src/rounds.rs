@@ -36,7 +36,14 @@
 //! **Overlap within a rank.** A send whose source overlaps a range this rank landed earlier
 //! in the call (the all-reduce's folded share) first waits for this rank's landings so far;
 //! a landing into a range this rank sent from earlier in the call (in place) first waits for
-//! its sends so far.
+//! its sends so far. One wait covers everything enqueued before it, so a lane waits again
+//! only for chunks enqueued since: the all-reduce's second half waits once, at its start,
+//! and then copies out chunk c + 1 while chunk c lands.
+//!
+//! **Point to point among more than two ranks.** A writer's slots serve every reader, so a
+//! send may wait until the reader of an earlier call's chunk has taken it: every rank must
+//! make its sends and receives (and collectives) in one order that all ranks agree on, as if
+//! every call involved every rank.
 
 use std::ops::Range;
 
@@ -239,9 +246,10 @@ pub(crate) fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usiz
     }
     let slot_of = |leg: usize, chunk: usize| (first_slot[leg] + chunk) % slots;
     let mut out = Vec::new();
-    // What this rank has sent from and landed in so far (leg indices), and whether a record
-    // came after the last wait on it.
-    let (mut sources, mut landed) = (Vec::new(), Vec::new());
+    // The legs this rank has copied out of, or landed in, since the other lane last waited
+    // for them: a wait binds to the latest record, so it covers every chunk enqueued before
+    // it, and only a leg with chunks enqueued after that wait calls for another.
+    let (mut sources, mut landed): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     let rounds_used = rounds.legs.iter().map(|l| l.round + 1).max().unwrap_or(0);
     for round in 0..rounds_used {
         let find = |mine: &dyn Fn(&Leg) -> bool| rounds.legs.iter().position(|l| l.round == round && mine(l));
@@ -259,6 +267,7 @@ pub(crate) fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usiz
                 });
                 if after_landing {
                     out.push((Send, ManyStep::AfterLanded));
+                    landed.clear();
                 }
                 let slot = slot_of(i, chunk);
                 out.extend([
@@ -267,7 +276,7 @@ pub(crate) fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usiz
                     (Send, ManyStep::SetFlag { writer: rank, slot, reader: leg.reader, value: FULL }),
                     (Send, ManyStep::RecordSent),
                 ]);
-                if chunk == 0 {
+                if !sources.contains(&i) {
                     sources.push(i);
                 }
             }
@@ -281,6 +290,7 @@ pub(crate) fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usiz
                 });
                 if after_sending {
                     out.push((Receive, ManyStep::AfterSent));
+                    sources.clear();
                 }
                 let (writer, slot) = (leg.writer, slot_of(i, chunk));
                 out.extend([
@@ -289,7 +299,7 @@ pub(crate) fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usiz
                     (Receive, ManyStep::SetFlag { writer, slot, reader: rank, value: EMPTY }),
                     (Receive, ManyStep::RecordLanded),
                 ]);
-                if chunk == 0 {
+                if !landed.contains(&i) {
                     landed.push(i);
                 }
             }

@@ -423,3 +423,30 @@ fn each_card_moves_what_the_table_says() {
         }
     }
 }
+
+#[test]
+fn the_all_reduces_second_half_waits_once_so_copies_out_and_landings_overlap() {
+    // Four shares of three chunks each: the first half folds, the second hands the folded
+    // share out. One wait at the start of the second half covers every fold; a wait per chunk
+    // would copy out chunk c + 1 only after chunk c landed.
+    let world = 4;
+    let rounds = Rounds::all_reduce(world, world * 3 * SHARE_ALIGN);
+    for rank in 0..world {
+        let steps = steps(&rounds, rank, SHARE_ALIGN, 3);
+        let count = |wanted: ManyStep| steps.iter().filter(|(_, s)| *s == wanted).count();
+        assert_eq!(count(ManyStep::AfterLanded), 1, "rank {rank}");
+        assert_eq!(count(ManyStep::AfterSent), 1, "rank {rank}");
+    }
+}
+
+#[test]
+fn slots_start_on_a_page_whatever_the_lines_take() {
+    use crate::layout::Layout;
+    for world in [2, 3, 8] {
+        for lines_max_bytes in [0, 100, 2048, 40_000] {
+            let options = crate::CommOptions { lines_max_bytes, small_max_bytes: 100_000, ..Default::default() };
+            let layout = Layout::new(world, &options).unwrap();
+            assert_eq!(layout.slot(0, 0) % 4096, 0, "{world} ranks, lines for {lines_max_bytes} bytes");
+        }
+    }
+}
