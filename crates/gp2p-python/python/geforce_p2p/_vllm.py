@@ -1,11 +1,11 @@
-"""The classes vLLM resolves through :func:`geforce_p2p.serving.vllm_platform` (imported by vLLM
-only, after vLLM itself): its CUDA platform with another device communicator, and that
-communicator, vLLM's own plus one check (see :mod:`geforce_p2p.serving`)."""
+"""The device communicator vLLM resolves through this package's platform
+(:mod:`geforce_p2p._vllm_platform`, named by :func:`geforce_p2p.serving.vllm_platform`):
+vLLM's own ``CudaCommunicator`` plus one check (see :mod:`geforce_p2p.serving`). Imported by
+vLLM only, after vLLM itself; apart from the platform, whose base needs CUDA to import."""
 
 from typing import Any
 
 from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
-from vllm.platforms.cuda import CudaPlatform
 
 from . import serving
 
@@ -18,11 +18,3 @@ class GeForceP2PCudaCommunicator(CudaCommunicator):
         super().__init__(*args, **kwargs)
         if getattr(self, "use_custom_allreduce", False) and self.world_size > 1:
             self.ca_comm = serving.take_over(self.ca_comm, group=self.cpu_group, device=self.device, server="vllm")
-
-
-class GeForceP2PCudaPlatform(CudaPlatform):
-    """vLLM's CUDA platform with :class:`GeForceP2PCudaCommunicator` as its device communicator."""
-
-    @classmethod
-    def get_device_communicator_cls(cls) -> str:
-        return "geforce_p2p._vllm.GeForceP2PCudaCommunicator"

@@ -31,7 +31,7 @@ ENV = "GP2P_SERVING"
 TESTED = {"vllm": ((0, 33), (0, 34)), "sglang": ((0, 5, 23), (0, 5, 24))}
 
 #: What vLLM's platform plugin names (see :func:`vllm_platform`).
-VLLM_PLATFORM = "geforce_p2p._vllm.GeForceP2PCudaPlatform"
+VLLM_PLATFORM = "geforce_p2p._vllm_platform.GeForceP2PCudaPlatform"
 
 #: The sglang function the plugin wraps.
 SGLANG_TARGET = "sglang.srt.distributed.device_communicators.custom_all_reduce.dispatch_custom_allreduce"
