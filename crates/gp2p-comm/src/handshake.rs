@@ -86,7 +86,7 @@ pub(crate) fn plan(sends: bool, receives: bool, chunks: usize, slots: usize) -> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::VecDeque;
 
     use super::*;
@@ -141,8 +141,9 @@ mod tests {
         out
     }
 
-    /// A small deterministic generator (xorshift), so a failure repeats.
-    fn chooser(seed: u64) -> impl FnMut(usize) -> usize {
+    /// A small deterministic generator (xorshift), so a failure repeats (the rounds' model
+    /// uses it too).
+    pub(crate) fn chooser(seed: u64) -> impl FnMut(usize) -> usize {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).max(1);
         move |n| {
             x ^= x << 13;

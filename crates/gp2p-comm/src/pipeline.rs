@@ -123,19 +123,8 @@ impl Pipeline {
     /// - every other rank in the legs enqueues its side of the same rounds (else the waits
     ///   end at their timeout, and the destinations hold whatever the slots held).
     pub(crate) unsafe fn run_many(&self, stream: &Stream, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
-        let _paused = gp2p_cuda::pause_releases();
-        if let Some((dst, src, bytes)) = transfer.local {
-            // SAFETY: both ranges are the caller's, on this device, apart (its contract).
-            unsafe { memcpy_dtod_async(stream, dst, src, bytes)? };
-        }
-        if let Err(e) = self.fork.fork(stream) {
-            let _ = self.fork.join(stream);
-            return Err(e.into());
-        }
-        // SAFETY: the caller's contract, passed on.
-        let enqueued = unsafe { self.enqueue_rounds(side, transfer) };
-        let joined = self.fork.join(stream);
-        enqueued.and(joined.map_err(Into::into))
+        // SAFETY: the caller's contract, passed on (`local` included).
+        unsafe { self.forked(stream, transfer.local, || self.enqueue_rounds(side, transfer)) }
     }
 
     /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
@@ -230,11 +219,28 @@ impl Pipeline {
     ///   the same time (else the waits end at their timeout, and the destination holds
     ///   whatever the slots held).
     pub(crate) unsafe fn run(&self, stream: &Stream, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
+        // SAFETY: the caller's contract, passed on (`local` included).
+        unsafe { self.forked(stream, transfer.local, || self.enqueue_chunks(side, transfer)) }
+    }
+
+    /// What both kinds of call do around their steps: releases paused, `local` copied on the
+    /// caller's stream, then `enqueue` (unsafe: the caller's contract) on the streams forked
+    /// from it, which join back into it whatever happened.
+    ///
+    /// # Safety
+    /// `local` as for [`Transfer::local`]; `enqueue` may be called with the fork made, and the
+    /// caller's contract covers what it enqueues.
+    unsafe fn forked(
+        &self,
+        stream: &Stream,
+        local: Option<(RawDevicePtr, RawDevicePtr, usize)>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         // Nothing the reclaimer frees may fall between this rank's chunks: a free that waits
         // for the device to go idle would wait for a chunk whose peer waits for a chunk not
         // yet enqueued here (see gp2p_cuda::pause_releases).
         let _paused = gp2p_cuda::pause_releases();
-        if let Some((dst, src, bytes)) = transfer.local {
+        if let Some((dst, src, bytes)) = local {
             // SAFETY: both ranges are the caller's, on this device, apart (its contract).
             unsafe { memcpy_dtod_async(stream, dst, src, bytes)? };
         }
@@ -244,8 +250,7 @@ impl Pipeline {
             let _ = self.fork.join(stream);
             return Err(e.into());
         }
-        // SAFETY: the caller's contract, passed on.
-        let enqueued = unsafe { self.enqueue_chunks(side, transfer) };
+        let enqueued = enqueue();
         // Joined whatever happened: the caller's later work waits for what was enqueued.
         let joined = self.fork.join(stream);
         enqueued.and(joined.map_err(Into::into))

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use super::*;
+use crate::handshake::tests::chooser;
 
 /// One call of the model: its legs, and its buffers' lengths in bytes (one byte is one
 /// element here).
@@ -297,17 +298,6 @@ impl<'a> Model<'a> {
                 }
             }
         }
-    }
-}
-
-/// A small deterministic generator (xorshift), so a failure repeats.
-fn chooser(seed: u64) -> impl FnMut(usize) -> usize {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).max(1);
-    move |n| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
     }
 }
 
