@@ -183,3 +183,18 @@ __device__ __forceinline__ u32 next_seq(u32 count) {
     const u32 next = count + 1;
     return next == 0 ? 2 : next;
 }
+
+// ---------------------------------------------------------------------------------------
+// The exchanges' 8-byte lines (exchange.cu, exchange_many.cu): two lines stored or loaded at
+// once, volatile (another rank's kernel reads or writes them across the bus), and the pause
+// between polls of lines that have not arrived.
+
+#define EXCHANGE_POLL_GAP_NS 64
+
+__device__ __forceinline__ void store_lines(u64* at, u64 a, u64 b) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(at), "l"(a), "l"(b) : "memory");
+}
+
+__device__ __forceinline__ void load_lines(const u64* at, u64& a, u64& b) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(at) : "memory");
+}

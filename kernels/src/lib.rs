@@ -1,8 +1,9 @@
 //! The CUDA kernels of geforce-p2p as committed PTX, and the vocabulary they are indexed by.
 //!
 //! The kernels are CUDA C in this crate's folder, one file per [`KernelFamily`]: `reduce.cu`
-//! (elementwise reduce), `exchange.cu` (the two-rank exchange in 8-byte lines), `chunks.cu`
-//! (the two-rank exchange in flagged chunks) and `flags.cu` (the bounded wait on a flag), with
+//! (elementwise reduce), `exchange.cu` (the two-rank exchange in 8-byte lines),
+//! `exchange_many.cu` (the same lines among 2 to 8 ranks), `chunks.cu` (the two-rank exchange
+//! in flagged chunks) and `flags.cu` (the bounded wait on one flag or several), with
 //! what they share in `common.cuh`. `cargo xtask ptx` compiles each with NVRTC 12.0 for
 //! `compute_80` and `compute_75` and the PTX is committed next to them, so users need no CUDA
 //! toolkit: the driver JIT-compiles the PTX for whatever card it meets (Turing and newer;
@@ -63,6 +64,14 @@ pub const EXCHANGE: PtxModule = PtxModule { name: "exchange", ptx: include_str!(
 pub const EXCHANGE_COMPUTE_75: PtxModule =
     PtxModule { name: "exchange.compute_75", ptx: include_str!("../exchange.compute_75.ptx") };
 
+/// The many-rank line exchange family (`exchange_many.cu`): [`exchange_many_kernel_name`]
+/// for every [`ReduceOp`] × [`DType`].
+pub const EXCHANGE_MANY: PtxModule = PtxModule { name: "exchange_many", ptx: include_str!("../exchange_many.ptx") };
+
+/// [`EXCHANGE_MANY`] built for `compute_75`.
+pub const EXCHANGE_MANY_COMPUTE_75: PtxModule =
+    PtxModule { name: "exchange_many.compute_75", ptx: include_str!("../exchange_many.compute_75.ptx") };
+
 /// The flagged-chunk family (`chunks.cu`): [`chunks_kernel_name`] for every [`ReduceOp`] ×
 /// [`DType`].
 pub const CHUNKS: PtxModule = PtxModule { name: "chunks", ptx: include_str!("../chunks.ptx") };
@@ -79,8 +88,18 @@ pub const FLAGS_COMPUTE_75: PtxModule =
     PtxModule { name: "flags.compute_75", ptx: include_str!("../flags.compute_75.ptx") };
 
 /// Every module this crate ships, for tools that compile or check them all.
-pub const MODULES: &[PtxModule] =
-    &[REDUCE, REDUCE_COMPUTE_75, EXCHANGE, EXCHANGE_COMPUTE_75, CHUNKS, CHUNKS_COMPUTE_75, FLAGS, FLAGS_COMPUTE_75];
+pub const MODULES: &[PtxModule] = &[
+    REDUCE,
+    REDUCE_COMPUTE_75,
+    EXCHANGE,
+    EXCHANGE_COMPUTE_75,
+    EXCHANGE_MANY,
+    EXCHANGE_MANY_COMPUTE_75,
+    CHUNKS,
+    CHUNKS_COMPUTE_75,
+    FLAGS,
+    FLAGS_COMPUTE_75,
+];
 
 /// A family of kernels: one `.cu` file in this crate's folder, one [`PtxModule`] per
 /// [`PtxTarget`] ([`PtxTarget::module`]).
@@ -90,6 +109,8 @@ pub enum KernelFamily {
     Reduce,
     /// The two-rank exchange in 8-byte lines ([`exchange_kernel_name`]).
     Exchange,
+    /// The same lines among 2 to 8 ranks ([`exchange_many_kernel_name`]).
+    ExchangeMany,
     /// The two-rank exchange in flagged chunks ([`chunks_kernel_name`]).
     Chunks,
     /// The bounded wait on a flag ([`WAIT_FLAG_KERNEL`]) or several ([`WAIT_FLAGS_KERNEL`]).
@@ -98,14 +119,20 @@ pub enum KernelFamily {
 
 impl KernelFamily {
     /// Every family.
-    pub const ALL: [KernelFamily; 4] =
-        [KernelFamily::Reduce, KernelFamily::Exchange, KernelFamily::Chunks, KernelFamily::Flags];
+    pub const ALL: [KernelFamily; 5] = [
+        KernelFamily::Reduce,
+        KernelFamily::Exchange,
+        KernelFamily::ExchangeMany,
+        KernelFamily::Chunks,
+        KernelFamily::Flags,
+    ];
 
     /// The family's name: the stem of its `.cu` and `.ptx` files.
     pub fn name(self) -> &'static str {
         match self {
             KernelFamily::Reduce => "reduce",
             KernelFamily::Exchange => "exchange",
+            KernelFamily::ExchangeMany => "exchange_many",
             KernelFamily::Chunks => "chunks",
             KernelFamily::Flags => "flags",
         }
@@ -172,6 +199,8 @@ impl PtxTarget {
             (PtxTarget::Compute80, KernelFamily::Reduce) => REDUCE,
             (PtxTarget::Compute75, KernelFamily::Exchange) => EXCHANGE_COMPUTE_75,
             (PtxTarget::Compute80, KernelFamily::Exchange) => EXCHANGE,
+            (PtxTarget::Compute75, KernelFamily::ExchangeMany) => EXCHANGE_MANY_COMPUTE_75,
+            (PtxTarget::Compute80, KernelFamily::ExchangeMany) => EXCHANGE_MANY,
             (PtxTarget::Compute75, KernelFamily::Chunks) => CHUNKS_COMPUTE_75,
             (PtxTarget::Compute80, KernelFamily::Chunks) => CHUNKS,
             (PtxTarget::Compute75, KernelFamily::Flags) => FLAGS_COMPUTE_75,
@@ -234,7 +263,7 @@ pub fn exchange_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
 }
 
 /// The exported name of the line exchange for 2 to [`EXCHANGE_MANY_MAX_WORLD`] ranks for
-/// `op` on `dtype`, in [`EXCHANGE`] (one-shot: every rank reads every other rank's lines).
+/// `op` on `dtype`, in [`EXCHANGE_MANY`] (one-shot: every rank reads every other rank's lines).
 ///
 /// Signature `(T* buf, u64 n, u64* lines, u64 area_stride, u32 rank, u32 world, u32 divisor,
 /// u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u32* broken)`: rank `r`'s
@@ -349,7 +378,7 @@ mod tests {
             for dtype in DType::ALL {
                 all.push((KernelFamily::Reduce, reduce_kernel_name(op, dtype)));
                 all.push((KernelFamily::Exchange, exchange_kernel_name(op, dtype)));
-                all.push((KernelFamily::Exchange, exchange_many_kernel_name(op, dtype)));
+                all.push((KernelFamily::ExchangeMany, exchange_many_kernel_name(op, dtype)));
                 all.push((KernelFamily::Chunks, chunks_kernel_name(op, dtype)));
             }
         }
@@ -377,7 +406,7 @@ mod tests {
                 assert!(exports(EXCHANGE, name), "{name} missing from exchange.ptx");
                 let many = exchange_many_kernel_name(op, dtype);
                 assert_eq!(many, format!("gp2p_exchange_many_{}_{}", op.name(), dtype.name()));
-                assert!(exports(EXCHANGE, many), "{many} missing from exchange.ptx");
+                assert!(exports(EXCHANGE_MANY, many), "{many} missing from exchange_many.ptx");
                 let chunks = chunks_kernel_name(op, dtype);
                 assert_eq!(chunks, format!("gp2p_chunks_{}_{}", op.name(), dtype.name()));
                 assert!(exports(CHUNKS, chunks), "{chunks} missing from chunks.ptx");

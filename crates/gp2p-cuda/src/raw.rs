@@ -323,7 +323,7 @@ pub unsafe fn exchange_many(
         return Ok(());
     }
     let function =
-        Module::kernels(stream.device(), KernelFamily::Exchange)?.function(exchange_many_kernel_name(op, dtype))?;
+        Module::kernels(stream.device(), KernelFamily::ExchangeMany)?.function(exchange_many_kernel_name(op, dtype))?;
     // One block: every thread reads the count before thread 0 stores it back.
     let config = LaunchConfig { grid: 1, ..exchange_launch_config(len, dtype) };
     let args = ExchangeManyArgs {

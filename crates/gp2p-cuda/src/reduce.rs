@@ -77,6 +77,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
     // The reduce module's once-flag stands for the device's warm-up of every family.
     module.warm_once(|module| {
         let exchanges = Module::kernels(device, KernelFamily::Exchange)?;
+        let many_exchanges = Module::kernels(device, KernelFamily::ExchangeMany)?;
         let flags = Module::kernels(device, KernelFamily::Flags)?;
         let stream = Stream::new(device)?;
         let one = LaunchConfig { grid: 1, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 };
@@ -93,7 +94,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                     let exchange = exchanges.function(exchange_kernel_name(op, dtype))?;
                     launch_exchange(&exchange, &stream, one, ExchangeArgs::default(), None)?;
                     // World 0: the kernel returns before it reads anything.
-                    let many = exchanges.function(exchange_many_kernel_name(op, dtype))?;
+                    let many = many_exchanges.function(exchange_many_kernel_name(op, dtype))?;
                     launch_exchange_many(&many, &stream, one, ExchangeManyArgs::default(), None)?;
                 }
             }
