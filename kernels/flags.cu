@@ -16,22 +16,32 @@
 
 #define WAIT_POLL_GAP_NS 256
 
-extern "C" __global__ void gp2p_wait_flag(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    u64 deadline = 0;
-    u32 polls = 0;
+// Polls `*flag` until it equals `value`: true then; false once the wait gave up (past its
+// deadline, which the first poll that misses sets: `*failed` and `*broken` are set to 1) or
+// found either word set. `deadline` and `polls` carry over from one flag to the next.
+__device__ __forceinline__ bool poll_flag(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken,
+                                          u64& deadline, u32& polls) {
     while (*(const volatile u32*)flag != value) {
-        if (++polls % GIVE_UP_CHECK_POLLS == 0 && (*(volatile u32*)failed != 0 || *(volatile u32*)broken != 0)) return;
+        if (++polls % GIVE_UP_CHECK_POLLS == 0 && (*(volatile u32*)failed != 0 || *(volatile u32*)broken != 0))
+            return false;
         const u64 now = global_ns();
         if (deadline == 0) {
             deadline = now + timeout_ns;
         } else if (now > deadline) {
             *(volatile u32*)failed = 1;
             *(volatile u32*)broken = 1;
-            return;
+            return false;
         }
         __nanosleep(WAIT_POLL_GAP_NS);
     }
+    return true;
+}
+
+extern "C" __global__ void gp2p_wait_flag(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    u64 deadline = 0;
+    u32 polls = 0;
+    if (!poll_flag(flag, value, timeout_ns, failed, broken, deadline, polls)) return;
     // Whatever this stream does next reads what the flag guards.
     __threadfence_system();
 }
@@ -45,19 +55,7 @@ extern "C" __global__ void gp2p_wait_flags(const u32* flags, u32 count, u32 valu
     u64 deadline = 0;
     u32 polls = 0;
     for (u32 i = 0; i < count; ++i) {
-        while (((const volatile u32*)flags)[i] != value) {
-            if (++polls % GIVE_UP_CHECK_POLLS == 0 && (*(volatile u32*)failed != 0 || *(volatile u32*)broken != 0))
-                return;
-            const u64 now = global_ns();
-            if (deadline == 0) {
-                deadline = now + timeout_ns;
-            } else if (now > deadline) {
-                *(volatile u32*)failed = 1;
-                *(volatile u32*)broken = 1;
-                return;
-            }
-            __nanosleep(WAIT_POLL_GAP_NS);
-        }
+        if (!poll_flag(flags + i, value, timeout_ns, failed, broken, deadline, polls)) return;
     }
     __threadfence_system();
 }
