@@ -8,8 +8,8 @@
 // chunk's flag. The folding team follows chunk by chunk: it waits on a named barrier the
 // storing team arrives at (bar.arrive, no wait) once it read the chunk (the fold overwrites
 // it in place), its thread 0 polls the peer's flag, and once it read the number the team
-// reads the peer's chunk and folds buf = op(own, peer) (own first on both ranks, as the
-// line exchange folds). Storing one chunk overlaps reading the one before, so both
+// reads the peer's chunk and folds dst = op(own, peer) (own first on both ranks, as the
+// line exchange folds; own is `src`, which is `dst` in place). Storing one chunk overlaps reading the one before, so both
 // directions of the bus carry data at once. The handoff barriers are CHUNK_HANDOFF_DEPTH
 // deep: before reusing one, the storing team waits on a second barrier that the folding
 // team arrives at once it folded the chunk that last used it, so neither team arrives twice
@@ -138,7 +138,7 @@ __device__ __forceinline__ void barrier_arrive(u32 id, u32 threads) {
 #define CHUNK_FOLD_UNROLL 4
 
 template <typename T, typename Op>
-__device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, const char* in_area, u32 divisor,
+__device__ __forceinline__ void exchange_chunks(const T* src, T* dst, u64 n, char* out_area, const char* in_area, u32 divisor,
                                                 u64 timeout_ns, u64 queue_timeout_ns, u32* failed, u32* seq_counter,
                                                 u64 half_stride, u64 flags_offset, u32* broken) {
     __shared__ bool arrived;
@@ -171,7 +171,7 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
                 own.v = make_uint4(0, 0, 0, 0);
 #pragma unroll
                 for (int l = 0; l < PER; ++l) {
-                    if (g * PER + l < n) own.e[l] = buf[g * PER + l];
+                    if (g * PER + l < n) own.e[l] = src[g * PER + l];
                 }
                 out_data[g] = own.v;
             }
@@ -219,7 +219,7 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
                         if (g >= end) break;
 #pragma unroll
                         for (int l = 0; l < PER; ++l) {
-                            if (g * PER + l < n) buf[g * PER + l] = combine<T, Op>(buf[g * PER + l], peer[k].e[l], divisor);
+                            if (g * PER + l < n) dst[g * PER + l] = combine<T, Op>(src[g * PER + l], peer[k].e[l], divisor);
                         }
                     }
                 }
@@ -239,12 +239,16 @@ __device__ __forceinline__ void exchange_chunks(T* buf, u64 n, char* out_area, c
     }
 }
 
+// Two blocks of 512 threads a multiprocessor (CHUNK_BLOCKS_PER_SM), so at most 64 registers
+// a thread: every block of a launch must be resident at once, polling. Reading `src` and
+// writing `dst` (out of place) took the avg kernels to 75-98 registers unbounded; bounded,
+// ptxas 12.4 spills 8-38 bytes in a few avg kernels for sm_80 and sm_90, none elsewhere.
 #define GP2P_CHUNKS(opname, Op, tname, T)                                                      \
-    extern "C" __global__ void __launch_bounds__(512) gp2p_chunks_##opname##_##tname(          \
-        T* buf, u64 n, char* out_area, const char* in_area, u32 divisor, u64 timeout_ns,       \
-        u64 queue_timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u64 flags_offset, \
-        u32* broken) {                                                                         \
-        exchange_chunks<T, Op>(buf, n, out_area, in_area, divisor, timeout_ns, queue_timeout_ns, \
+    extern "C" __global__ void __launch_bounds__(512, 2) gp2p_chunks_##opname##_##tname(          \
+        const T* src, T* dst, u64 n, char* out_area, const char* in_area, u32 divisor,         \
+        u64 timeout_ns, u64 queue_timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,  \
+        u64 flags_offset, u32* broken) {                                                       \
+        exchange_chunks<T, Op>(src, dst, n, out_area, in_area, divisor, timeout_ns, queue_timeout_ns, \
                                failed, seq_counter, half_stride, flags_offset, broken);        \
     }
 

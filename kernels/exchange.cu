@@ -1,10 +1,11 @@
 // gp2p exchange kernels: the two-rank exchange in 8-byte lines through mapped pinned host
 // memory, one kernel per rank, for small all-reduces (the idea of NCCL's LL protocol). Each
-// rank writes its buffer into its own lines and reads the peer's: an 8-byte line holds 4
-// bytes of data and the call's sequence number, so a reader knows a line has arrived when
-// the number matches, with no separate flag, fence or DMA engine on the critical path. Then
-// buf = op(own, peer) in place, the order in which the ring's two-rank exchange folds (own
-// first on both ranks).
+// rank writes its buffer (`src`) into its own lines and reads the peer's: an 8-byte line
+// holds 4 bytes of data and the call's sequence number, so a reader knows a line has arrived
+// when the number matches, with no separate flag, fence or DMA engine on the critical path.
+// Then dst = op(own, peer), the order in which the ring's two-rank exchange folds (own first
+// on both ranks): in place where `dst` is `src`; out of place, a server's custom all-reduce,
+// which returns a new tensor, needs no copy of its input first.
 //
 // The sequence number is the kernel's `seq`, or, where `seq_counter` is given, the next one
 // after the count in device memory there, which the kernel stores back: then the call needs
@@ -36,7 +37,7 @@
 #define EXCHANGE_BATCH 4
 
 template <typename T, typename Op>
-__device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq,
+__device__ __forceinline__ void exchange(const T* src, T* dst, u64 n, u64* out_lines, const u64* in_lines, u32 seq,
                                          u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter,
                                          u64 half_stride, u32* broken) {
     if (seq_counter != 0) {
@@ -64,7 +65,7 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
         own.v = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int l = 0; l < PER; ++l) {
-            if (g * PER + l < n) own.e[l] = buf[g * PER + l];
+            if (g * PER + l < n) own.e[l] = src[g * PER + l];
         }
         store_lines(out_plane[0] + 2 * g, tag | own.w[0], tag | own.w[1]);
         store_lines(out_plane[1] + 2 * g, tag | own.w[2], tag | own.w[3]);
@@ -111,11 +112,12 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
             Group16<T> peer;
 #pragma unroll
             for (int w = 0; w < 4; ++w) peer.w[w] = (u32)lines[k][w];
-            // This thread's own group is still in buf: only this thread writes it, below.
+            // This thread's own group is still in src (in place, src is dst): only this
+            // thread writes it, below.
             const u64 first = g * PER;
 #pragma unroll
             for (int l = 0; l < PER; ++l) {
-                if (first + l < n) buf[first + l] = combine<T, Op>(buf[first + l], peer.e[l], divisor);
+                if (first + l < n) dst[first + l] = combine<T, Op>(src[first + l], peer.e[l], divisor);
             }
         }
     }
@@ -127,9 +129,10 @@ __device__ __forceinline__ void exchange(T* buf, u64 n, u64* out_lines, const u6
 // (benches/results/exchange-registers-h200.txt at 29a67de).
 #define GP2P_EXCHANGE(opname, Op, tname, T)                                                  \
     extern "C" __global__ void __launch_bounds__(512, 1) gp2p_exchange_##opname##_##tname(   \
-        T* buf, u64 n, u64* out_lines, const u64* in_lines, u32 seq, u32 divisor,            \
-        u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u32* broken) {       \
-        exchange<T, Op>(buf, n, out_lines, in_lines, seq, divisor, timeout_ns, failed,       \
+        const T* src, T* dst, u64 n, u64* out_lines, const u64* in_lines, u32 seq,           \
+        u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,         \
+        u32* broken) {                                                                       \
+        exchange<T, Op>(src, dst, n, out_lines, in_lines, seq, divisor, timeout_ns, failed,       \
                         seq_counter, half_stride, broken);                                   \
     }
 

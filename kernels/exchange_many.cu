@@ -12,15 +12,15 @@
 // One-shot: every rank reads every other's lines. Rank r's lines start `r * area_stride` bytes
 // after `lines`, rank 0's, in two planes as in exchange.cu, and calls alternate halves
 // `half_stride` bytes apart. Every rank folds all of them in rank order,
-// acc = op(...op(op(x0, x1), x2)..., x(world-1)), its own from `buf`, so every rank computes
-// the same bits; avg divides at the last step. Numbered from `seq_counter` only (one block).
+// acc = op(...op(op(x0, x1), x2)..., x(world-1)), its own from `src`, into `dst` (`src`
+// itself in place), so every rank computes the same bits; avg divides at the last step. Numbered from `seq_counter` only (one block).
 // Per group, a thread loads every peer's lines before it checks any: one round trip across
 // the link for data that has arrived, whatever the number of ranks.
 
 #define EXCHANGE_MANY_MAX_WORLD 8
 
 template <typename T, typename Op>
-__device__ __forceinline__ void exchange_many(T* buf, u64 n, u64* lines, u64 area_stride, u32 rank, u32 world,
+__device__ __forceinline__ void exchange_many(const T* src, T* dst, u64 n, u64* lines, u64 area_stride, u32 rank, u32 world,
                                               u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter,
                                               u64 half_stride, u32* broken) {
     if (world < 2 || world > EXCHANGE_MANY_MAX_WORLD || rank >= world) return;
@@ -40,7 +40,7 @@ __device__ __forceinline__ void exchange_many(T* buf, u64 n, u64* lines, u64 are
         own.v = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int l = 0; l < PER; ++l) {
-            if (g * PER + l < n) own.e[l] = buf[g * PER + l];
+            if (g * PER + l < n) own.e[l] = src[g * PER + l];
         }
         store_lines(out + 2 * g, tag | own.w[0], tag | own.w[1]);
         store_lines(out + 2 * groups + 2 * g, tag | own.w[2], tag | own.w[3]);
@@ -68,7 +68,7 @@ __device__ __forceinline__ void exchange_many(T* buf, u64 n, u64* lines, u64 are
                 x.v = make_uint4(0, 0, 0, 0);
 #pragma unroll
                 for (int l = 0; l < PER; ++l) {
-                    if (first + l < n) x.e[l] = buf[first + l];
+                    if (first + l < n) x.e[l] = src[first + l];
                 }
             } else {
                 const u64* in = lines + q * area;
@@ -102,16 +102,17 @@ __device__ __forceinline__ void exchange_many(T* buf, u64 n, u64* lines, u64 are
         }
 #pragma unroll
         for (int l = 0; l < PER; ++l) {
-            if (first + l < n) buf[first + l] = acc.e[l];
+            if (first + l < n) dst[first + l] = acc.e[l];
         }
     }
 }
 
 #define GP2P_EXCHANGE_MANY(opname, Op, tname, T)                                                  \
     extern "C" __global__ void __launch_bounds__(512, 1) gp2p_exchange_many_##opname##_##tname(   \
-        T* buf, u64 n, u64* lines, u64 area_stride, u32 rank, u32 world, u32 divisor,             \
-        u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride, u32* broken) {            \
-        exchange_many<T, Op>(buf, n, lines, area_stride, rank, world, divisor, timeout_ns, failed, \
+        const T* src, T* dst, u64 n, u64* lines, u64 area_stride, u32 rank, u32 world,           \
+        u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,              \
+        u32* broken) {                                                                            \
+        exchange_many<T, Op>(src, dst, n, lines, area_stride, rank, world, divisor, timeout_ns, failed, \
                              seq_counter, half_stride, broken);                                   \
     }
 

@@ -11,8 +11,11 @@ CUDA events around `--calls` back-to-back in-place all-reduces on the current st
 call = elapsed / calls), and the same calls captured once into a CUDA graph and replayed;
 medians over `--repeats`. Every timed loop is verified: `calls` in-place sums of N ranks give
 sum(inputs) * N**(calls - 1), wrapping at 2**32. Host time per call: wall time of the loop
-that enqueues the calls (no synchronisation inside it), through `Communicator.all_reduce` and
-through `dist.all_reduce` on the `gp2p` backend (this one up to 64 KiB, where the host bounds a call).
+that enqueues the calls (no synchronisation inside it), through `Communicator.all_reduce`,
+through `dist.all_reduce` on the `gp2p` backend (up to 64 KiB, where the host bounds a call),
+and through what vLLM and sglang call, `should_custom_ar` then `custom_all_reduce` on a
+`CustomAllreduce` over the same communicator (`host_server_us`, for the sizes it takes; its
+result is a new tensor, not summed into `buf`).
 """
 
 import argparse
@@ -54,6 +57,8 @@ def main():
     cpu = dist.new_group(backend="gloo")
     dist.broadcast_object_list(box, src=0, group=cpu)
     comm = gpd.Communicator(box[0], rank, world, device, peer_timeout=60.0)
+    # The object servers call, over the same communicator.
+    server = gpd.CustomAllreduce(comm)
     rows = []
     for size in sizes(args.sizes):
         n = max(1, size // 4)
@@ -97,6 +102,9 @@ def main():
         timed = [("comm", lambda: comm.all_reduce(buf))]
         if size <= (64 << 10):
             timed.append(("dist", lambda: dist.all_reduce(buf)))
+        if server.should_custom_ar(buf):
+            # What vLLM's and sglang's all-reduce calls on their custom all-reduce object.
+            timed.append(("server", lambda: server.custom_all_reduce(buf) if server.should_custom_ar(buf) else None))
         if True:
             for what, call in timed:
                 host = []

@@ -238,40 +238,115 @@ def backend_scenario():
     dist.destroy_process_group()
 
 
-def server_scenario():
-    """CustomAllreduce built as vLLM builds it, over a gloo group of the ranks."""
-    dist.init_process_group("gloo", init_method=INIT, rank=RANK, world_size=WORLD)
-    ca = gpd.CustomAllreduce(group=dist.group.WORLD, device=DEVICE, symm_mem_enabled=False,
-                             register_graph_buffers=True)
-    assert not ca.disabled, "built over %d ranks" % WORLD
-    for n in (8, 1000, 4096, 16384):
-        parts = inputs(n, n, torch.bfloat16)
-        inp = parts[RANK].to(DEVICE)
-        assert ca.should_custom_ar(inp)
-        out = ca.custom_all_reduce(inp)
-        check("custom_all_reduce n=%d" % n, out, reference(parts, "sum"), parts)
-        assert torch.equal(inp.cpu(), parts[RANK]), "the input is left as it was"
-    too_big = torch.empty(ca.comm.max_bytes // 2 + 8, dtype=torch.float32, device=DEVICE)
-    assert not ca.should_custom_ar(too_big), "a size the one kernel does not serve"
-    assert not ca.should_custom_ar(torch.empty(64, 2, device=DEVICE).t()), "a non-contiguous tensor"
-    assert not ca.should_custom_ar(torch.empty(64, device="cpu")), "a CPU tensor"
-    assert ca.custom_all_reduce(too_big) is None
-    inp = torch.zeros(4096, dtype=torch.float16, device=DEVICE)
+def server_calls(ca, server):
+    """The calls `server` makes on its custom all-reduce object `ca`, eager and captured,
+    each result checked; then what it must refuse."""
+    world, max_bytes = WORLD, ca.comm.max_bytes
+    assert not ca.disabled and ca.fully_connected is False, "built over %d ranks" % world
+    step("%s: eager all-reduces" % server)
+    case = 100
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        size = torch.finfo(dtype).bits // 8
+        # Every path of the one kernel: lines, and (two ranks) flagged chunks up to the limit.
+        for n in sorted({16 // size, 1000 * 16 // size, 2048 // size, 8192 // size, max_bytes // size}):
+            case += 1
+            parts = inputs(case, n, dtype)
+            inp = parts[RANK].to(DEVICE)
+            assert not ca.disabled and ca.should_custom_ar(inp), "%s n=%d %s" % (server, n, dtype)
+            out = ca.custom_all_reduce(inp)
+            assert out is not None and out.data_ptr() != inp.data_ptr(), "a new tensor"
+            assert out.shape == inp.shape and out.dtype == inp.dtype and out.device == inp.device
+            check("%s custom_all_reduce n=%d %s" % (server, n, dtype), out, reference(parts, "sum"), parts)
+            assert torch.equal(inp.cpu(), parts[RANK]), "the input is left as it was"
+    if server == "vllm":
+        step("vllm: all-gather and reduce-scatter members")
+        for dtype, rows in ((torch.bfloat16, 3), (torch.float32, 5 * world)):
+            case += 1
+            parts = inputs(case, rows * 8, dtype)
+            inp = parts[RANK].to(DEVICE).view(rows, 8)
+            gathered = ca.custom_all_gather(inp)
+            assert gathered is not None and gathered.shape == (rows * world, 8)
+            check("custom_all_gather %s" % dtype, gathered.flatten(), torch.cat(parts).to(torch.float64))
+            if rows % world == 0:
+                scattered = ca.custom_reduce_scatter(inp)
+                share = rows // world * 8
+                want = reference(parts, "sum")[RANK * share:(RANK + 1) * share]
+                assert scattered is not None and scattered.shape == (rows // world, 8)
+                check("custom_reduce_scatter %s" % dtype, scattered.flatten(), want,
+                      [p[RANK * share:(RANK + 1) * share] for p in parts])
+            else:
+                assert ca.custom_reduce_scatter(inp) is None, "%d rows among %d ranks" % (rows, world)
+    step("%s: bad input" % server)
+    other = "cuda:%d" % ((DEVICE.index + 1) % torch.cuda.device_count()) if torch.cuda.device_count() > 1 else "cpu"
+    bad = {
+        "non-contiguous": torch.ones(64, 8, device=DEVICE).t(),
+        "too big": torch.ones(max_bytes // 4 + 4, device=DEVICE),
+        "not a 16-byte multiple": torch.ones(3, device=DEVICE),
+        "another device (%s)" % other: torch.ones(64, device=other),
+        "complex64": torch.ones(64, dtype=torch.complex64, device=DEVICE),
+        "bool": torch.ones(64, dtype=torch.bool, device=DEVICE),
+        "empty": torch.ones(0, device=DEVICE),
+        "not a tensor": [1.0] * 64,
+    }
+    for why, t in bad.items():
+        before = t.clone() if isinstance(t, torch.Tensor) else list(t)
+        assert ca.should_custom_ar(t) is False, why
+        assert ca.custom_all_reduce(t) is None, why
+        if server == "vllm":
+            assert ca.custom_all_gather(t) is None and ca.custom_reduce_scatter(t) is None, why
+        same = torch.equal(t.cpu(), before.cpu()) if isinstance(t, torch.Tensor) else t == before
+        assert same, "%s: written" % why
+    step("%s: capture and replays" % server)
+    n = min(4096, max_bytes // 2)
+    inp = torch.zeros(n, dtype=torch.float16, device=DEVICE)
+    rows_in = torch.zeros(world, 16, dtype=torch.bfloat16, device=DEVICE)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    # As vLLM does: capture() around the whole capture, its warm-up included.
+    with ca.capture(), torch.cuda.stream(stream):
+        assert ca.should_custom_ar(inp)
         ca.custom_all_reduce(inp)
         torch.cuda.synchronize()
-        with ca.capture(), torch.cuda.graph(graph, stream=stream):
+        with torch.cuda.graph(graph, stream=stream):
+            assert ca.should_custom_ar(inp)
             out = ca.custom_all_reduce(inp)
+            twice = ca.custom_all_reduce(out)
+            gathered = ca.custom_all_gather(rows_in) if server == "vllm" else None
     for replay in range(10):
-        parts = inputs(7000 + replay, 4096, torch.float16)
+        case += 1
+        parts = inputs(case, n, torch.float16)
         inp.copy_(parts[RANK])
+        rows = inputs(case + 5000, world * 16, torch.bfloat16)
+        rows_in.copy_(rows[RANK].view(world, 16))
         graph.replay()
         torch.cuda.synchronize()
-        check("replay %d" % replay, out, reference(parts, "sum"), parts)
-    del ca  # as servers do: dropped, never closed
+        ca.comm.check()
+        want = reference(parts, "sum")
+        check("%s replay %d" % (server, replay), out, want, parts)
+        check("%s replay %d, its result reduced again" % (server, replay), twice, (out.cpu().to(torch.float64) * world),
+              [out.cpu()] * world)
+        if gathered is not None:
+            check("vllm replay %d all-gather" % replay, gathered.flatten(), torch.cat(rows).to(torch.float64))
+
+
+def server_scenario():
+    """The calls vLLM and sglang make on their custom all-reduce object, built as each builds
+    it over a gloo group of the ranks, and dropped without close() as each drops it."""
+    import gc
+
+    dist.init_process_group("gloo", init_method=INIT, rank=RANK, world_size=WORLD)
+    # vLLM: keywords only, two it passes that this object does not need.
+    ca = gpd.CustomAllreduce(group=dist.group.WORLD, device=DEVICE, symm_mem_enabled=False,
+                             register_graph_buffers=True)
+    server_calls(ca, "vllm")
+    del ca  # dropped, never closed
+    gc.collect()
+    # sglang: CAClass(group=cpu_group, device=device).
+    ca = gpd.CustomAllreduce(group=dist.group.WORLD, device=DEVICE)
+    server_calls(ca, "sglang")
+    del ca
+    gc.collect()
     dist.destroy_process_group()
 
 

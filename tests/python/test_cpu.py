@@ -11,6 +11,7 @@ before touching the (absent) driver.
 
 import ctypes
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -839,71 +840,117 @@ def test_communicator_collectives_refuse_bad_arguments_by_name_before_any_native
     assert comm._native.calls == [], "nothing reached the native side"
 
 
+class _CaNative:
+    """What CustomAllreduce calls of a communicator's native side, without a GPU: it serves
+    the tensors ``serves`` says it does, and records every call."""
+
+    def __init__(self, serves):
+        self.serves, self.calls = serves, []
+
+    def serves_torch(self, t, max_bytes):
+        self.calls.append(("serves", t.name, max_bytes))
+        return self.serves(t)
+
+    def all_reduce_new_torch(self, t, empty_like, max_bytes):
+        self.calls.append(("all_reduce_new", t.name, max_bytes))
+        return empty_like(t) if self.serves(t) else None
+
+
 class _Comm:
     """What CustomAllreduce reads of a communicator, without a GPU."""
 
-    def __init__(self, world_size=2, device=0, max_bytes=64 << 10):
+    def __init__(self, world_size=2, device=0, max_bytes=64 << 10, serves=lambda t: t.name.startswith("ok")):
         self.world_size, self.device, self.max_bytes, self.calls = world_size, device, max_bytes, []
+        self._native = _CaNative(serves)
 
-    def all_reduce(self, tensor, op):
-        self.calls.append((tensor, op))
+    def all_gather_into_tensor(self, out, inp):
+        self.calls.append(("all_gather", out.shape, inp.name))
+        return out
 
-    def _sum_into(self, t, ptr):
-        self.calls.append(("sum into", t.dtype, t.numel, ptr, t.stream))
+    def reduce_scatter_tensor(self, out, inp):
+        self.calls.append(("reduce_scatter", out.shape, inp.name))
+        return out
 
     def close(self):
         self.calls.append("closed")
 
 
-class _Cloneable(CudaArray):
-    def clone(self):
-        return _Cloneable(self.__cuda_array_interface__["shape"], self.__cuda_array_interface__["typestr"],
-                          device=self.device)
+class _T:
+    """A tensor as CustomAllreduce's Python side reads it: a name, a shape, dtype, device."""
 
-    def data_ptr(self):
-        return self.ptr
+    def __init__(self, name, shape, dtype="f16", device="cuda:0"):
+        self.name, self.shape, self.dtype, self.device = name, shape, dtype, device
+
+    def numel(self):
+        return math.prod(self.shape)
 
 
-def test_custom_allreduce_takes_what_this_version_runs_and_nothing_else():
+def _fake_torch(monkeypatch):
+    """A torch module with the two functions CustomAllreduce calls, recording what it made."""
+    made = []
+    torch = types.ModuleType("torch")
+
+    def empty_like(t):
+        made.append(("empty_like", t.name))
+        return _T("out of " + t.name, t.shape, t.dtype, t.device)
+
+    def empty(shape, dtype, device):
+        made.append(("empty", shape, dtype, device))
+        return _T("new", shape, dtype, device)
+
+    torch.empty_like, torch.empty = empty_like, empty
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return made
+
+
+def test_custom_allreduce_asks_the_native_side_with_its_limit_and_never_when_disabled(monkeypatch):
     from geforce_p2p.distributed import CustomAllreduce
 
-    ca = CustomAllreduce(_Comm())
-    assert not ca.disabled
-    assert ca.should_custom_ar(CudaArray((1024,)))  # 4 KiB of f32 on device 0
-    assert ca.should_custom_ar(CudaArray((16,), typestr="<f2"))  # 32 bytes of f16
-    refused = {
-        "another device": CudaArray((1024,), device=1),
-        "above max_bytes": CudaArray((16385,)),
-        "not a 16-byte multiple": CudaArray((3,)),
-        "empty": CudaArray((0,)),
-        "non-contiguous": CudaArray((4, 8), strides=(64, 4)),
-        "read-only": CudaArray((1024,), readonly=True),
-        "unsupported dtype": CudaArray((1024,), typestr="<c8"),
-        "host memory": HostArray((1024,)),
-        "not a tensor": object(),
-    }
-    for why, t in refused.items():
-        assert not ca.should_custom_ar(t), why
+    made = _fake_torch(monkeypatch)
+    ca = CustomAllreduce(_Comm(max_bytes=4096))
+    native = ca.comm._native
+    assert not ca.disabled and ca.max_bytes == 4096
+    assert ca.should_custom_ar(_T("ok", (8, 8))) and not ca.should_custom_ar(_T("refused", (8, 8)))
+    assert native.calls == [("serves", "ok", 4096), ("serves", "refused", 4096)]
+    native.calls.clear()
+    out = ca.custom_all_reduce(_T("ok", (8, 8)))
+    assert out.name == "out of ok" and made == [("empty_like", "ok")], "a new tensor, made by torch.empty_like"
+    assert ca.custom_all_reduce(_T("refused", (3,))) is None
+    assert native.calls == [("all_reduce_new", "ok", 4096), ("all_reduce_new", "refused", 4096)]
     with ca.capture():
-        assert ca.should_custom_ar(CudaArray((1024,))), "captured calls replay"
-    assert ca.should_custom_ar(CudaArray((1024,)))
-    inp = _Cloneable((1024,))
-    out = ca.custom_all_reduce(inp)
-    assert out is not inp and out.ptr != inp.ptr
-    assert ca.comm.calls == [("sum into", "f32", 1024, out.ptr, 0)], "out of place, summed, the input read once"
-    assert ca.custom_all_reduce(CudaArray((3,))) is None
+        assert ca.should_custom_ar(_T("ok", (8,))), "captured calls replay"
     assert not CustomAllreduce(_Comm(world_size=4)).disabled, "four ranks are served"
-    assert CustomAllreduce(_Comm(world_size=9)).disabled, "more than MAX_RANKS are not"
-    assert CustomAllreduce(_Comm(world_size=1)).disabled, "nor one rank alone"
-    assert not CustomAllreduce(_Comm(world_size=9)).should_custom_ar(CudaArray((1024,)))
+    for world in (9, 1):
+        off = CustomAllreduce(_Comm(world_size=world))
+        assert off.disabled, "more than MAX_RANKS are not, nor one rank alone"
+        assert not off.should_custom_ar(_T("ok", (8,))) and off.custom_all_reduce(_T("ok", (8,))) is None
+        assert off.custom_all_gather(_T("ok", (8,))) is None and off.custom_reduce_scatter(_T("ok", (8,))) is None
+        assert off.comm._native.calls == [], "a disabled object asks nothing"
     comm = ca.comm
     ca.close()
     assert comm.calls[-1] == "closed" and ca.comm is None and ca.disabled
+    assert not ca.should_custom_ar(_T("ok", (8,))) and ca.custom_all_reduce(_T("ok", (8,))) is None
     ca.close()  # again, as __del__ will: nothing more happens
     assert comm.calls.count("closed") == 1
     off = CustomAllreduce(None)  # what from_group gives where this version cannot serve
-    assert off.disabled and not off.should_custom_ar(CudaArray((1024,))) and off.custom_all_reduce(CudaArray((4,))) is None
+    assert off.disabled and not off.should_custom_ar(_T("ok", (8,))) and off.custom_all_reduce(_T("ok", (4,))) is None
     off.close()
+
+
+def test_custom_all_gather_and_reduce_scatter_work_along_the_first_dimension_or_say_none(monkeypatch):
+    from geforce_p2p.distributed import CustomAllreduce
+
+    made = _fake_torch(monkeypatch)
+    ca = CustomAllreduce(_Comm(world_size=4))
+    out = ca.custom_all_gather(_T("ok", (3, 8), dtype="bf16"))
+    assert out.shape == (12, 8) and made == [("empty", (12, 8), "bf16", "cuda:0")]
+    out = ca.custom_reduce_scatter(_T("ok", (8, 5)))
+    assert out.shape == (2, 5)
+    assert ca.comm.calls == [("all_gather", (12, 8), "ok"), ("reduce_scatter", (2, 5), "ok")]
+    assert ca.custom_reduce_scatter(_T("ok", (6, 5))) is None, "4 ranks do not divide 6 rows"
+    assert ca.custom_reduce_scatter(_T("ok", ())) is None and ca.custom_all_gather(_T("ok", ())) is None, "0-d"
+    assert ca.custom_all_gather(_T("refused", (4,))) is None and ca.custom_reduce_scatter(_T("refused", (4,))) is None
+    assert len(ca.comm.calls) == 2 and len(made) == 2, "nothing made or enqueued for what is refused"
 
 
 def test_a_read_tensor_on_another_stream_of_its_device_is_refused(native):
@@ -1155,6 +1202,7 @@ def test_custom_allreduce_is_built_as_the_servers_build_theirs_and_never_raises(
     assert CustomAllreduce(group="tp-cpu-group", device=0).disabled
     assert calls == [], "nine ranks: more than a communicator takes, so no id is made"
     # Servers drop it without close(): the communicator is released then, once.
+    _fake_torch(monkeypatch)
     comm = _Comm()
     ca = CustomAllreduce(comm)
     assert not ca.disabled

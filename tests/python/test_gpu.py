@@ -974,7 +974,9 @@ def _server_rank(rank, init):
     for bad in (x[::2], torch.zeros(3, device="cuda:0"), x.cpu(), x.to(torch.bool), torch.empty(2 << 20, device="cuda:0")):
         assert not ca.should_custom_ar(bad) and ca.custom_all_reduce(bad) is None
     assert torch.equal(x, before)
-    assert ca.custom_all_gather(x) is None and ca.custom_reduce_scatter(x) is None, "not served: fall back"
+    # vLLM's other members, along the first dimension (x is the same on both ranks).
+    assert torch.equal(ca.custom_all_gather(x).cpu(), torch.cat([before, before]).cpu())
+    assert torch.equal(ca.custom_reduce_scatter(x).cpu(), 2 * before[32 * rank:32 * (rank + 1)].cpu())
     # Inside capture(), as the servers capture: a warm-up on a side stream, then the graph;
     # replays on new data.
     static = torch.zeros(2048, device="cuda:0")

@@ -72,6 +72,6 @@ def test_torch_distributed_on_the_gp2p_backend_with_a_subgroup_and_ddp(world, tm
     _run("backend", world, "file://" + str(tmp_path / "init"), tmp_path)
 
 
-@pytest.mark.parametrize("world", [4])
-def test_custom_allreduce_built_as_vllm_builds_it_eager_and_replayed(world, tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_custom_allreduce_through_the_calls_vllm_and_sglang_make(world, tmp_path):
     _run("server", world, "file://" + str(tmp_path / "init"), tmp_path)

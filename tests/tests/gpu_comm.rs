@@ -140,13 +140,26 @@ fn all_reduces<T: Reference>(comm: &mut Communicator, stream: &Stream, cases: &[
     for (c, &(len, op)) in cases.iter().enumerate() {
         let inputs: Vec<Vec<T>> = (0..2).map(|r| random(len, seed + 2 * c as u64 + r as u64)).collect();
         let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
-        comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
-        calls.push((len, op, inputs, buf));
+        // Out of place on one rank of each call, in turn: either kind pairs with the other.
+        let out = if (c + rank).is_multiple_of(2) {
+            comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+            None
+        } else {
+            let mut out = DeviceBuffer::<T>::alloc(stream.device(), len).unwrap();
+            comm.all_reduce_into(&buf.view(..), &mut out.view_mut(..), stream, op).unwrap();
+            Some(out)
+        };
+        calls.push((len, op, inputs, buf, out));
     }
-    for (len, op, inputs, buf) in &calls {
+    for (len, op, inputs, buf, out) in &calls {
         let want = expected(Collective::AllReduce, inputs, *op).swap_remove(rank);
-        let (bad, first) = count_mismatched(&buf.to_host_vec(stream).unwrap(), &want, *op);
-        assert_eq!(bad, 0, "rank {rank} {} {op} len {len}: {}", T::DTYPE, first.join("; "));
+        let result = out.as_ref().unwrap_or(buf);
+        let (bad, first) = count_mismatched(&result.to_host_vec(stream).unwrap(), &want, *op);
+        let how = if out.is_some() { "into" } else { "in place" };
+        assert_eq!(bad, 0, "rank {rank} {} {op} {how} len {len}: {}", T::DTYPE, first.join("; "));
+        if out.is_some() {
+            assert!(buf.to_host_vec(stream).unwrap() == inputs[rank], "rank {rank} all_reduce_into wrote its input");
+        }
     }
 }
 

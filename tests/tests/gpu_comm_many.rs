@@ -169,11 +169,22 @@ fn every_collective<T: Reference>(comm: &mut Communicator, stream: &Stream, seed
             case += 1;
             let inputs = inputs_of::<T>(world, len, seed, case);
             let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
-            comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
-            pending.push(Box::new(move |s| {
-                let got = buf.to_host_vec(s).unwrap();
-                check_fold(&format!("rank {rank} all_reduce {op} len {len}"), &got, &inputs, 0..len, op);
-            }));
+            // Out of place on every other rank, in turn: each call pairs either kind.
+            if (case as usize + rank).is_multiple_of(2) {
+                comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+                pending.push(Box::new(move |s| {
+                    let got = buf.to_host_vec(s).unwrap();
+                    check_fold(&format!("rank {rank} all_reduce {op} len {len}"), &got, &inputs, 0..len, op);
+                }));
+            } else {
+                let mut out = DeviceBuffer::<T>::alloc(stream.device(), len).unwrap();
+                comm.all_reduce_into(&buf.view(..), &mut out.view_mut(..), stream, op).unwrap();
+                pending.push(Box::new(move |s| {
+                    let got = out.to_host_vec(s).unwrap();
+                    check_fold(&format!("rank {rank} all_reduce_into {op} len {len}"), &got, &inputs, 0..len, op);
+                    assert!(buf.to_host_vec(s).unwrap() == inputs[rank], "rank {rank} all_reduce_into wrote its input");
+                }));
+            }
         }
     }
     let part = (100 << 10) / size_of::<T>() + 5;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use std::mem::ManuallyDrop;
 
 use gp2p_cuda::raw::{
-    ChunkAreas, ChunkWaits, ExchangeLines, ManyLines, Numbering, exchange, exchange_many, plan_exchange_chunks,
+    ChunkAreas, ChunkWaits, ExchangeLines, InOut, ManyLines, Numbering, exchange, exchange_many, plan_exchange_chunks,
     write_flag,
 };
 use gp2p_cuda::{
@@ -213,92 +213,151 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_call(stream, &[("buf", buf.device())])?;
-        let bytes = buf.bytes();
+        let (ptr, len) = (buf.raw_ptr(), buf.len());
+        self.all_reduce_checked::<T>(InOut::in_place(ptr), len, stream, op, |point| buf.note_use(point))
+    }
+
+    /// Out of place: `output = op(every rank's input)`, `input` left as it was (what a
+    /// server's custom all-reduce returns: a new tensor). Pairs with any rank's all-reduce of
+    /// the same length, in place or not. Up to [`Communicator::small_max_bytes`] the one kernel
+    /// reads `input` and writes `output`, so the call costs what the in-place one does;
+    /// above, `input` is copied into `output` on `stream` first. `output` must have `input`'s
+    /// length and lie apart from it.
+    pub fn all_reduce_into<T: Element>(
+        &mut self,
+        input: &DeviceView<'_, T>,
+        output: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
+        if output.len() != input.len() {
+            return Err(Error::OutputLength { output: output.len(), input: input.len() });
+        }
+        if !input.is_empty() {
+            check_apart(input.byte_range(), output.byte_range())?;
+        }
+        let buf = InOut { src: input.raw_ptr(), dst: output.raw_ptr() };
+        self.all_reduce_checked::<T>(buf, input.len(), stream, op, |point| {
+            input.note_use(point);
+            output.note_use(point);
+        })
+    }
+
+    /// [`Communicator::all_reduce`] and [`Communicator::all_reduce_into`] once their buffers
+    /// are checked: `len` elements at `buf.src` and `buf.dst`, on this device, the same or
+    /// apart; `note` takes the point after the call.
+    fn all_reduce_checked<T: Element>(
+        &mut self,
+        buf: InOut,
+        len: usize,
+        stream: &Stream,
+        op: ReduceOp,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        let bytes = len * T::DTYPE.size_bytes();
         if bytes == 0 {
             return Ok(());
         }
+        // The staged paths fold into the output: it starts as this rank's input.
+        let local = (buf.src != buf.dst).then_some((buf.dst, buf.src, bytes));
         let divide_by = self.divisor(op);
         if self.world() != 2 {
-            return self.all_reduce_many(buf, stream, op);
+            return self.all_reduce_many::<T>(buf, len, stream, op, note);
         }
         if bytes > self.small_max_bytes() {
-            let ptr = buf.raw_ptr();
-            let receive = Some((ptr, Landing::Fold { op, divide_by }));
-            let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(ptr), receive, local: None };
-            return self.enqueue(stream, transfer, |point| buf.note_use(point));
+            let receive = Some((buf.dst, Landing::Fold { op, divide_by }));
+            let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(buf.src), receive, local };
+            return self.enqueue(stream, transfer, note);
         }
         let (timeout_ns, chunk_blocks, lines_max) = (self.timeout_ns(), self.chunk_blocks, self.layout.lines_max);
-        let (ptr, len) = (buf.raw_ptr(), buf.len());
         let (lines, areas) = (self.exchange_lines(), self.chunk_areas());
         self.call(
             stream,
-            // SAFETY: `buf` is `len` elements on this device (checked above); both ranks'
-            // areas (two halves each) lie in the registered staging area, 256-aligned, laid
-            // out by Layout::new for `small_max_bytes`, which `len` does not exceed (checked
-            // above): the lines for up to the layout's lines_max, then the chunks. Only this
-            // rank's kernels write its own area (the peer writes its own); `failed` is this rank's
-            // aligned u32 of it, `broken` the communicator's; the counter is this
-            // communicator's own two device words, touched only by its small-path kernels,
-            // which run in order (each call waits for the last, or a captured graph's
-            // launches are ordered by the caller: allow_graph_capture's contract), and both
-            // kernels number calls alike (the line kernel leaves the ticket at 0). The
-            // registration and counter outlive the kernel: `call` notes its point on them,
-            // or, captured, they stay for the process's life. The peer enqueues the same call
-            // (it takes the same kernel: the size decides). The launch cache is this rank's,
-            // and its launches are these calls, each after the last.
+            // SAFETY: `buf` is `len` elements on this device, its two addresses the same or
+            // apart (checked by the caller); both ranks' areas (two halves each) lie in the
+            // registered staging area, 256-aligned, laid out by Layout::new for
+            // `small_max_bytes`, which `len` does not exceed (checked above): the lines for up
+            // to the layout's lines_max, then the chunks. Only this rank's kernels write its
+            // own area (the peer writes its own); `failed` is this rank's aligned u32 of it,
+            // `broken` the communicator's; the counter is this communicator's own two device
+            // words, touched only by its small-path kernels, which run in order (each call
+            // waits for the last, or a captured graph's launches are ordered by the caller:
+            // allow_graph_capture's contract), and both kernels number calls alike (the line
+            // kernel leaves the ticket at 0). The registration and counter outlive the
+            // kernel: `call` notes its point on them, or, captured, they stay for the
+            // process's life. The peer enqueues the same call (it takes the same kernel: the
+            // size decides). The launch cache is this rank's, and its launches are these
+            // calls, each after the last.
             |comm| unsafe {
                 let launches = Some(&mut comm.launches);
                 if bytes <= lines_max {
-                    Ok(exchange(stream, ptr, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns, launches)?)
+                    Ok(exchange(stream, buf, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns, launches)?)
                 } else {
                     // Between processes a peer that never arrives may have died: the same bound either
                     // way, so every rank hears of it within the peer timeout.
                     let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
                     let blocks = chunk_grid(bytes, chunk_blocks);
                     let device = stream.device();
-                    match plan_exchange_chunks(device, ptr, len, T::DTYPE, op, areas, divide_by, waits, blocks)? {
+                    match plan_exchange_chunks(device, buf, len, T::DTYPE, op, areas, divide_by, waits, blocks)? {
                         Some(kernel) => Ok(kernel.enqueue(stream, launches)?),
                         None => Ok(()),
                     }
                 }
             },
-            |point| buf.note_use(point),
+            note,
         )
     }
 
-    /// [`Communicator::all_reduce`] among more (or fewer) than two ranks: every rank's lines read by
-    /// every other (one kernel) up to the line kernel's size, else the two-shot rounds.
+    /// [`Communicator::all_reduce_checked`] among more (or fewer) than two ranks: every
+    /// rank's lines read by every other (one kernel) up to the line kernel's size, else the
+    /// two-shot rounds.
     fn all_reduce_many<T: Element>(
         &mut self,
-        buf: &mut DeviceViewMut<'_, T>,
+        buf: InOut,
+        len: usize,
         stream: &Stream,
         op: ReduceOp,
+        note: impl FnOnce(&StreamPoint),
     ) -> Result<()> {
-        let (bytes, divide_by) = (buf.bytes(), self.divisor(op));
-        let main = buf.raw_ptr();
+        let (bytes, divide_by) = (len * T::DTYPE.size_bytes(), self.divisor(op));
+        let local = (buf.src != buf.dst).then_some((buf.dst, buf.src, bytes));
         if self.world() == 1 {
-            // Its own buffer is the result (avg divides by 1).
-            return Ok(());
+            // Its own input is the result (avg divides by 1): copied where it goes elsewhere.
+            let transfer = ManyTransfer {
+                rounds: Rounds { world: 1, legs: Vec::new() },
+                dtype: T::DTYPE,
+                main: buf.dst,
+                part: 0,
+                op,
+                divide_by,
+                local,
+            };
+            return match local {
+                Some(_) => self.enqueue_many(stream, transfer, note),
+                None => Ok(()),
+            };
         }
         if bytes > self.layout.lines_max {
             let rounds = Rounds::all_reduce(self.world(), bytes);
-            let transfer = ManyTransfer { rounds, dtype: T::DTYPE, main, part: 0, op, divide_by, local: None };
-            return self.enqueue_many(stream, transfer, |point| buf.note_use(point));
+            let transfer = ManyTransfer { rounds, dtype: T::DTYPE, main: buf.dst, part: 0, op, divide_by, local };
+            return self.enqueue_many(stream, transfer, note);
         }
-        let (timeout_ns, len, lines) = (self.timeout_ns(), buf.len(), self.many_lines());
+        let (timeout_ns, lines) = (self.timeout_ns(), self.many_lines());
         self.call(
             stream,
-            // SAFETY: `buf` is `len` elements on this device (checked by the caller); every
-            // rank's area (two halves each, `2 * half` apart) lies in the registered staging
-            // area, laid out by Layout::new with lines for up to lines_max, which `buf` does not
-            // exceed; only this rank's kernel writes its own. The failed, broken and counter
-            // words and the launch cache are as for the two-rank kernels (see all_reduce), and
-            // outlive the kernel likewise. Every rank enqueues the same call.
+            // SAFETY: `buf` is `len` elements on this device, its two addresses the same or
+            // apart (checked by the caller); every rank's area (two halves each, `2 * half`
+            // apart) lies in the registered staging area, laid out by Layout::new with lines for
+            // up to lines_max, which `len` does not exceed; only this rank's kernel writes its
+            // own. The failed, broken and counter words and the launch cache are as for the
+            // two-rank kernels (see all_reduce_checked), and outlive the kernel likewise. Every
+            // rank enqueues the same call.
             |comm| unsafe {
                 let launches = Some(&mut comm.launches);
-                Ok(exchange_many(stream, main, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?)
+                Ok(exchange_many(stream, buf, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?)
             },
-            |point| buf.note_use(point),
+            note,
         )
     }
 

@@ -198,6 +198,16 @@ pub enum Error {
         /// The world size.
         world: usize,
     },
+    /// An out-of-place all-reduce whose output's length is not its input's.
+    #[error(
+        "output: {output} elements, but input has {input}; an all-reduce's output holds as many elements as its input"
+    )]
+    OutputLength {
+        /// The output's length.
+        output: usize,
+        /// The input's.
+        input: usize,
+    },
     /// An input and output that share memory, in a collective that reads one while it
     /// writes the other.
     #[error(

@@ -15,7 +15,8 @@
 //! - [`Communicator`]: one rank on one GPU. It joins the segment, registers it with the
 //!   driver (portable, device-mapped; ranks in turn), and runs the collectives of 1 to
 //!   [`MAX_RANKS`] (8) ranks on the caller's stream (more are refused at creation). Between
-//!   two ranks: all_reduce (every op and dtype), all_gather, reduce_scatter,
+//!   two ranks: all_reduce (every op and dtype; out of place too, `all_reduce_into`, which
+//!   one kernel runs as cheaply as in place), all_gather, reduce_scatter,
 //!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] is
 //!   one kernel per rank through mapped host memory: up to
 //!   [`CommOptions::lines_max_bytes`] (2 KiB by default) its 8-byte lines carry data and the

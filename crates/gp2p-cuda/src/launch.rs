@@ -87,11 +87,30 @@ pub(crate) unsafe fn launch_params(
     }
 }
 
-/// The flagged-chunk kernels' parameters `(T* buf, u64 n, char* out_area,
+/// The buffers of an all-reduce kernel that folds peers' data into this rank's: it reads
+/// `src` and writes `dst`, which is `src` itself in place ([`InOut::in_place`]) or memory
+/// that does not overlap it (out of place: a server's custom all-reduce returns a new tensor,
+/// and folding into it straight saves copying the input there first).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InOut {
+    /// What this rank contributes.
+    pub src: RawDevicePtr,
+    /// Where the result goes.
+    pub dst: RawDevicePtr,
+}
+
+impl InOut {
+    /// One buffer, read and then overwritten with the result.
+    pub fn in_place(buf: RawDevicePtr) -> InOut {
+        InOut { src: buf, dst: buf }
+    }
+}
+
+/// The flagged-chunk kernels' parameters `(const T* src, T* dst, u64 n, char* out_area,
 /// const char* in_area, u32 divisor, u64 timeout_ns, u64 queue_timeout_ns, u32* failed,
 /// u32* seq_counter, u64 half_stride, u64 flags_offset, u32* broken)`, in order.
 pub(crate) struct ChunksArgs {
-    pub(crate) buf: RawDevicePtr,
+    pub(crate) buf: InOut,
     pub(crate) len: u64,
     pub(crate) out_area: RawDevicePtr,
     pub(crate) in_area: RawDevicePtr,
@@ -107,10 +126,11 @@ pub(crate) struct ChunksArgs {
 
 /// A flagged-chunk kernel's arguments, in order.
 pub(crate) fn chunks_params(args: &ChunksArgs) -> Params {
-    // The kernels take (T*, u64, char*, const char*, u32, u64, u64, u32*, u32*, u64, u64,
-    // u32*), in this order.
+    // The kernels take (const T*, T*, u64, char*, const char*, u32, u64, u64, u32*, u32*,
+    // u64, u64, u32*), in this order.
     Params::default()
-        .u64(args.buf)
+        .u64(args.buf.src)
+        .u64(args.buf.dst)
         .u64(args.len)
         .u64(args.out_area)
         .u64(args.in_area)
@@ -128,19 +148,19 @@ pub(crate) fn chunks_params(args: &ChunksArgs) -> Params {
 /// most `max_blocks` (itself at most [`CHUNK_MAX_BLOCKS`], at least 1) and
 /// [`CHUNK_BLOCKS_PER_SM`] per multiprocessor of the device (each then takes several), so
 /// that on an otherwise idle device every block can be resident and polling at once (the
-/// kernels take at most 64 registers a thread, assembled by ptxas 12.4 for sm_75 to sm_90).
+/// kernels' launch bounds hold them to 64 registers a thread).
 pub fn chunks_launch_config(bytes: usize, multiprocessors: u32, max_blocks: usize) -> LaunchConfig {
     let cap = max_blocks.clamp(1, CHUNK_MAX_BLOCKS).min((multiprocessors.max(1) * CHUNK_BLOCKS_PER_SM) as usize);
     let blocks = bytes.div_ceil(CHUNK_BYTES).clamp(1, cap);
     LaunchConfig { grid: blocks as u32, block: CHUNK_BLOCK_THREADS, shared_bytes: 0 }
 }
 
-/// The exchange kernels' parameters `(T* buf, u64 n, u64* out_lines, const u64* in_lines,
+/// The exchange kernels' parameters `(const T* src, T* dst, u64 n, u64* out_lines, const u64* in_lines,
 /// u32 seq, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,
 /// u32* broken)`, in order.
 #[derive(Default)]
 pub(crate) struct ExchangeArgs {
-    pub(crate) buf: RawDevicePtr,
+    pub(crate) buf: InOut,
     pub(crate) len: u64,
     pub(crate) out_lines: RawDevicePtr,
     pub(crate) in_lines: RawDevicePtr,
@@ -165,10 +185,11 @@ pub(crate) unsafe fn launch_exchange(
     args: ExchangeArgs,
     cache: Option<&mut LaunchCache>,
 ) -> Result<()> {
-    // The kernels take (T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64, u32*), in
-    // this order.
+    // The kernels take (const T*, T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64,
+    // u32*), in this order.
     let params = Params::default()
-        .u64(args.buf)
+        .u64(args.buf.src)
+        .u64(args.buf.dst)
         .u64(args.len)
         .u64(args.out_lines)
         .u64(args.in_lines)
@@ -183,12 +204,12 @@ pub(crate) unsafe fn launch_exchange(
     unsafe { launch_params(function, stream, config, params, cache) }
 }
 
-/// The many-rank exchange kernels' parameters `(T* buf, u64 n, u64* lines, u64 area_stride,
+/// The many-rank exchange kernels' parameters `(const T* src, T* dst, u64 n, u64* lines, u64 area_stride,
 /// u32 rank, u32 world, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter,
 /// u64 half_stride, u32* broken)`, in order.
 #[derive(Default)]
 pub(crate) struct ExchangeManyArgs {
-    pub(crate) buf: RawDevicePtr,
+    pub(crate) buf: InOut,
     pub(crate) len: u64,
     pub(crate) lines: RawDevicePtr,
     pub(crate) area_stride: u64,
@@ -215,7 +236,8 @@ pub(crate) unsafe fn launch_exchange_many(
     cache: Option<&mut LaunchCache>,
 ) -> Result<()> {
     let params = Params::default()
-        .u64(args.buf)
+        .u64(args.buf.src)
+        .u64(args.buf.dst)
         .u64(args.len)
         .u64(args.lines)
         .u64(args.area_stride)

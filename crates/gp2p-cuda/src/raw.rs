@@ -31,6 +31,7 @@ use gp2p_kernels::{
 };
 
 use crate::driver::{RawDevicePtr, check};
+pub use crate::launch::InOut;
 use crate::launch::{
     ChunksArgs, ExchangeArgs, ExchangeManyArgs, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, check_divisor,
     chunks_launch_config, chunks_params, exchange_launch_config, launch_exchange, launch_exchange_many, launch_params,
@@ -176,12 +177,15 @@ pub enum Numbering {
     },
 }
 
-/// Enqueue one rank's exchange kernel on `stream`: publish `buf` tagged `seq` in its lines,
-/// wait (at most `timeout_ns`) for the peer's lines tagged `seq`, and fold
-/// `buf = op(own, peer)`. Refuses `divide_by` = 0 and misaligned addresses before launching.
+/// Enqueue one rank's exchange kernel on `stream`: publish `buf.src` tagged `seq` in its
+/// lines, wait (at most `timeout_ns`) for the peer's lines tagged `seq`, and fold
+/// `buf.dst = op(own, peer)`. Refuses `divide_by` = 0, misaligned addresses and a `dst` that
+/// overlaps `src` without being it, before launching.
 ///
 /// # Safety
-/// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
+/// - `buf.src` is `len` readable and `buf.dst` `len` writable elements of `dtype` in device
+///   memory on the stream's device (the same ones in place), and nothing else writes them
+///   until the kernel completes;
 /// - `lines.out_lines` and `lines.in_lines` each address at least
 ///   [`gp2p_kernels::exchange_line_bytes`]`(len * dtype.size_bytes())` bytes of mapped
 ///   pinned host memory as this device maps it, 16-byte aligned; nobody but this kernel
@@ -195,14 +199,14 @@ pub enum Numbering {
 /// - all of them stay allocated until the kernel completes on `stream`;
 /// - the peer's kernel for the same `seq` is enqueued too, on a stream that can run at the
 ///   same time as this one; otherwise this kernel waits `timeout_ns`, sets `failed` and
-///   leaves `buf` partly folded;
+///   leaves `buf.dst` partly folded;
 /// - with `launches` given, this launch may run after every earlier launch through that
 ///   cache (a replay is ordered after the earlier launches of its graph, see
 ///   [`crate::LaunchCache`]): the cache is this rank's alone, never shared with the peer's.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange(
     stream: &Stream,
-    buf: RawDevicePtr,
+    buf: InOut,
     len: usize,
     dtype: DType,
     op: ReduceOp,
@@ -217,7 +221,7 @@ pub unsafe fn exchange(
         Numbering::Given => (0, 0),
         Numbering::Counted { counter, half_stride } => (counter, half_stride),
     };
-    check_aligned(&[("buf", buf)], dtype.size_bytes())?;
+    check_in_out(buf, len.saturating_mul(dtype.size_bytes()), dtype.size_bytes())?;
     check_aligned(&[("out_lines", lines.out_lines), ("in_lines", lines.in_lines), ("half_stride", half_stride)], 16)?;
     check_aligned(&[("failed", lines.failed), ("broken", lines.broken), ("counter", counter)], 4)?;
     if len == 0 {
@@ -272,15 +276,15 @@ pub struct ManyLines {
     pub half_stride: u64,
 }
 
-/// Enqueue one rank's many-rank exchange kernel on `stream`: publish `buf` in its lines
+/// Enqueue one rank's many-rank exchange kernel on `stream`: publish `buf.src` in its lines
 /// tagged with the next number after the count at `lines.counter`, wait (each wait at most
 /// `timeout_ns`) for every other rank's lines so tagged, and fold all of them in rank order
-/// into `buf`, dividing by `divide_by` at the last step. One block. Refuses a world outside
-/// 2..=[`EXCHANGE_MANY_MAX_WORLD`], a rank outside it, `divide_by` = 0 and misaligned
-/// addresses before launching.
+/// into `buf.dst`, dividing by `divide_by` at the last step. One block. Refuses a world
+/// outside 2..=[`EXCHANGE_MANY_MAX_WORLD`], a rank outside it, `divide_by` = 0, misaligned
+/// addresses and a `dst` that overlaps `src` without being it, before launching.
 ///
 /// # Safety
-/// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
+/// - `buf` is as for [`exchange`];
 /// - each rank's lines (`lines.lines + r * area_stride`, and `half_stride` bytes on) are at
 ///   least [`gp2p_kernels::exchange_line_bytes`]`(len * dtype.size_bytes())` bytes of mapped
 ///   pinned host memory as this device maps it, apart from each other; nobody but this
@@ -288,12 +292,12 @@ pub struct ManyLines {
 /// - `failed`, `broken` (unless 0) and `counter` are as for [`exchange`] with
 ///   [`Numbering::Counted`]; all stay allocated until the kernel completes on `stream`;
 /// - every other rank enqueues its kernel for the same call (else this one waits out
-///   `timeout_ns`, sets `failed` and leaves `buf` partly folded);
+///   `timeout_ns`, sets `failed` and leaves `buf.dst` partly folded);
 /// - with `launches`, as for [`exchange`].
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange_many(
     stream: &Stream,
-    buf: RawDevicePtr,
+    buf: InOut,
     len: usize,
     dtype: DType,
     op: ReduceOp,
@@ -312,7 +316,7 @@ pub unsafe fn exchange_many(
             ),
         });
     }
-    check_aligned(&[("buf", buf)], dtype.size_bytes())?;
+    check_in_out(buf, len.saturating_mul(dtype.size_bytes()), dtype.size_bytes())?;
     let strides = [("lines", lines.lines), ("area_stride", lines.area_stride), ("half_stride", lines.half_stride)];
     check_aligned(&strides, 16)?;
     check_aligned(&[("failed", lines.failed), ("broken", lines.broken), ("counter", lines.counter)], 4)?;
@@ -407,14 +411,14 @@ impl ChunksLaunch {
         cache.prepare(&self.function, self.config, self.params).map(drop)
     }
 
-    /// Enqueue the kernel on `stream` (of the device it was planned for): store `buf` into its
-    /// area in chunks, flag each with the call's number (the next after the count at
+    /// Enqueue the kernel on `stream` (of the device it was planned for): store `buf.src` into
+    /// its area in chunks, flag each with the call's number (the next after the count at
     /// `areas.counter`), wait (as `waits` bounds it) for the peer's flags and fold
-    /// `buf = op(own, peer)`; replayed through `launches` where given.
+    /// `buf.dst = op(own, peer)`; replayed through `launches` where given.
     ///
     /// # Safety
     /// Of the arguments the launch was planned with:
-    /// - `buf` is `len` writable elements of `dtype` in device memory on the stream's device;
+    /// - `buf` is as for [`exchange`];
     /// - `areas.out_area` and `areas.in_area`, and both again `half_stride` bytes on, each
     ///   address `flags_offset + ceil(len * dtype.size_bytes() / CHUNK_BYTES) * CHUNK_FLAG_STRIDE`
     ///   bytes of mapped pinned host memory as this device maps it
@@ -428,7 +432,7 @@ impl ChunksLaunch {
     /// - everything stays allocated until the kernel completes on `stream`;
     /// - the peer's kernel for the same call is enqueued too, on a stream that can run at the
     ///   same time as this one; otherwise this kernel waits `waits.queue_timeout_ns`, sets
-    ///   `failed` and leaves `buf` partly folded;
+    ///   `failed` and leaves `buf.dst` partly folded;
     /// - with `launches` given, this launch may run after every earlier launch through that
     ///   cache (a replay is ordered after the earlier launches of its graph, see
     ///   [`crate::LaunchCache`]): the cache is this rank's alone, never shared with the peer's.
@@ -441,13 +445,13 @@ impl ChunksLaunch {
 
 /// One rank's flagged-chunk kernel on `device`, to enqueue with [`ChunksLaunch::enqueue`]
 /// (`None` for an empty buffer, where nothing is to be enqueued). Refuses `divide_by` = 0,
-/// misaligned addresses, a `flags_offset` that the data would overrun, and a `half_stride`
+/// misaligned addresses, a `dst` that overlaps `src` without being it, a `flags_offset` that the data would overrun, and a `half_stride`
 /// that would make the two halves overlap. At most `max_blocks` blocks run, and no more than
 /// one per 4 KiB chunk or two per multiprocessor; each rank may pick its own.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_exchange_chunks(
     device: &Device,
-    buf: RawDevicePtr,
+    buf: InOut,
     len: usize,
     dtype: DType,
     op: ReduceOp,
@@ -457,7 +461,7 @@ pub fn plan_exchange_chunks(
     max_blocks: usize,
 ) -> Result<Option<ChunksLaunch>> {
     check_divisor(divide_by)?;
-    check_aligned(&[("buf", buf)], dtype.size_bytes())?;
+    check_in_out(buf, len.saturating_mul(dtype.size_bytes()), dtype.size_bytes())?;
     check_aligned(&[("out_area", areas.out_area), ("in_area", areas.in_area), ("half_stride", areas.half_stride)], 64)?;
     check_aligned(&[("flags_offset", areas.flags_offset)], 64)?;
     let bytes = len.checked_mul(dtype.size_bytes()).ok_or_else(|| Error::InvalidArgument {
@@ -587,6 +591,25 @@ pub unsafe fn wait_flags(
     unsafe { launch_wait_flags(&function, stream, args) }
 }
 
+/// Refuse `buf`'s addresses misaligned for elements of `align` bytes, and a `dst` that
+/// overlaps `src` without being it: each thread of a kernel reads its own elements before it
+/// writes them, so the same buffer is safe, but a shifted one would have threads overwrite
+/// what others have yet to read.
+fn check_in_out(buf: InOut, bytes: usize, align: usize) -> Result<()> {
+    check_aligned(&[("src", buf.src), ("dst", buf.dst)], align)?;
+    let end = |p: RawDevicePtr| p.saturating_add(bytes as u64);
+    if buf.src != buf.dst && bytes > 0 && buf.src < end(buf.dst) && buf.dst < end(buf.src) {
+        return Err(Error::InvalidArgument {
+            name: "dst",
+            reason: format!(
+                "{:#x} overlaps src {:#x} ({bytes} bytes each): pass the same address (in place) or memory apart",
+                buf.dst, buf.src
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Refuses the first of `addresses` (argument name, address) not aligned to `align` bytes.
 pub(crate) fn check_aligned(addresses: &[(&'static str, RawDevicePtr)], align: usize) -> Result<()> {
     match addresses.iter().find(|(_, ptr)| ptr % align as u64 != 0) {
@@ -645,4 +668,23 @@ pub fn lookup_host(device: &Device, addr: u64) -> Result<HostLookup> {
         pinned: memory_type == CUmemorytype::CU_MEMORYTYPE_HOST as u32,
         allocation: (size > 0).then(|| start..start.saturating_add(size as u64)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_takes_one_buffer_in_place_or_two_apart_but_never_two_that_overlap() {
+        let at = |src: u64, dst: u64| check_in_out(InOut { src, dst }, 64, 4);
+        assert!(check_in_out(InOut::in_place(0x1000), 64, 4).is_ok());
+        assert!(at(0x1000, 0x1040).is_ok(), "dst starts where src ends");
+        assert!(at(0x1040, 0x1000).is_ok(), "src starts where dst ends");
+        for (src, dst) in [(0x1000, 0x1004), (0x1004, 0x1000), (0x1000, 0x103c)] {
+            let err = at(src, dst).expect_err("overlapping buffers must be refused").to_string();
+            assert!(err.contains("argument dst: ") && err.contains("in place"), "{err}");
+        }
+        assert!(at(0x1000, 0x1000 + 2).is_err(), "a dst misaligned for the elements is refused");
+        assert!(check_in_out(InOut { src: 0x1000, dst: 0x1004 }, 0, 4).is_ok(), "no bytes, no overlap");
+    }
 }

@@ -184,7 +184,7 @@ impl ChunkExchange {
             let device = streams[r].device();
             raw::plan_exchange_chunks(
                 device,
-                raw_bufs[r],
+                raw::InOut::in_place(raw_bufs[r]),
                 len,
                 T::DTYPE,
                 op,

@@ -130,7 +130,18 @@ impl LineExchange {
             // the kernels by the points `launch_both` notes right after each launch; `failed`
             // is rank r's own u32.
             unsafe {
-                raw::exchange(streams[r], raw_bufs[r], len, T::DTYPE, op, lines, seq, divide_by, timeout_ns, None)
+                raw::exchange(
+                    streams[r],
+                    raw::InOut::in_place(raw_bufs[r]),
+                    len,
+                    T::DTYPE,
+                    op,
+                    lines,
+                    seq,
+                    divide_by,
+                    timeout_ns,
+                    None,
+                )
             }
             .map_err(Into::into)
         };

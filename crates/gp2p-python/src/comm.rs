@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use crate::args::{self, Memory, MemoryArg};
 use crate::error::Raised;
-use crate::fast::{Torch, TorchParts, choice, cuda_tensor};
+use crate::fast::{CudaTensor, Torch, TorchParts, choice, cuda_tensor};
 use crate::ffi::{Caller, by_dtype, check_disjoint};
 
 /// A new unique id for a communicator, as text to hand to every rank.
@@ -118,6 +118,52 @@ impl PyCommunicator {
         Raised::detached(py, run).map(|()| true)
     }
 
+    /// Whether `tensor` is what [`PyCommunicator::all_reduce_new_torch`] takes with this
+    /// `max_bytes`: a contiguous CUDA torch tensor of a kernel dtype on this rank's device,
+    /// of 16-byte multiples up to `max_bytes`, read as the fast path reads it (a server's
+    /// `should_custom_ar`, asked before every call: no GPU work, no exception for anything).
+    fn serves_torch<'py>(&self, py: Python<'py>, tensor: &Bound<'py, PyAny>, max_bytes: usize) -> PyResult<bool> {
+        Ok(self.served(py, tensor, max_bytes)?.is_some())
+    }
+
+    /// A new tensor holding the `op` all-reduce of `tensor` over every rank, `tensor` left as it
+    /// was, or None where [`PyCommunicator::serves_torch`] says no (nothing enqueued then):
+    /// `empty_like` (torch's) makes the output, on the device's current stream, where the
+    /// all-reduce is enqueued, reading `tensor` and writing the output (no copy first). A
+    /// server's `custom_all_reduce` in one native call: it cost 3 reads of the tensor, a clone
+    /// and an in-place call from Python before.
+    #[pyo3(signature = (tensor, empty_like, max_bytes, op="sum"))]
+    fn all_reduce_new_torch<'py>(
+        &self,
+        py: Python<'py>,
+        tensor: &Bound<'py, PyAny>,
+        empty_like: &Bound<'py, PyAny>,
+        max_bytes: usize,
+        op: &str,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let op = args::op(op).map_err(|e| e.into_pyerr(py))?;
+        let Some((torch, input)) = self.served(py, tensor, max_bytes)? else {
+            return Ok(None);
+        };
+        let output = empty_like.call1((tensor,))?;
+        let Some(out) = cuda_tensor(&output, &torch, Some(&input))? else {
+            let refused = Raised::argument("empty_like", "did not give a contiguous CUDA tensor like its input");
+            return Err(refused.into_pyerr(py));
+        };
+        if (out.dtype, out.len, out.memory.device) != (input.dtype, input.len, input.memory.device) {
+            return Err(Raised::argument("empty_like", "gave a tensor of another dtype, size or device").into_pyerr(py));
+        }
+        let (dtype, len, at) = (input.dtype, input.len, (input.memory.ptr, out.memory));
+        // `tensor` and `output` are held by this frame for the whole call (contract 1).
+        let run = || {
+            args::check_range("tensor", at.0, len, dtype)?;
+            args::check_range("output", at.1.ptr, len, dtype)?;
+            self.with(|comm| by_dtype!(dtype, all_reduce_into_t(comm, at, len, op)))
+        };
+        Raised::detached(py, run)?;
+        Ok(Some(output))
+    }
+
     /// `len` elements at `buf` (device, address, stream) become rank `root`'s, ordered on
     /// the stream.
     fn broadcast(&self, py: Python<'_>, dtype: &str, len: usize, buf: MemoryArg, root: usize) -> PyResult<()> {
@@ -180,6 +226,26 @@ impl PyCommunicator {
         let mut guard = self.inner.lock().map_err(|_| Raised::argument("self", "a call on it panicked"))?;
         let comm = guard.as_mut().ok_or_else(|| Raised::argument("self", "closed; make a new communicator"))?;
         call(comm)
+    }
+
+    /// `tensor` read by the fast path, with the torch parts that read it, where this
+    /// communicator's out-of-place all-reduce serves it (see `serves_torch`).
+    fn served(
+        &self,
+        py: Python<'_>,
+        tensor: &Bound<'_, PyAny>,
+        max_bytes: usize,
+    ) -> PyResult<Option<(Torch, CudaTensor)>> {
+        let Some(torch) = Torch::find(py, None)? else {
+            return Ok(None);
+        };
+        let Some(t) = cuda_tensor(tensor, &torch, None)? else {
+            return Ok(None);
+        };
+        let bytes = t.len * t.dtype.size_bytes();
+        let fits = bytes <= max_bytes.min(self.max_bytes) && bytes % 16 == 0;
+        let open = self.inner.lock().map(|inner| inner.is_some()).unwrap_or(false);
+        Ok((t.memory.device == self.device && fits && open).then_some((torch, t)))
     }
 
     /// A call on one buffer of `len` elements: checked, then `what()` run on it.
@@ -298,6 +364,19 @@ fn single_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what:
         Single::ReduceScatterInPlace(op) => comm.reduce_scatter_in_place(&mut view_mut(), stream, op),
     }
     .map_err(Raised::from)
+}
+
+/// An out-of-place all-reduce of `len` elements from `input` (an address on the output's
+/// device) into `output`, on the output's stream.
+fn all_reduce_into_t<T: Element>(
+    comm: &mut Communicator,
+    (input, output): (u64, Memory),
+    len: usize,
+    op: ReduceOp,
+) -> Result<(), Raised> {
+    let caller = Caller::open_capturable(&output)?;
+    let mut out = caller.view_mut::<T>(output.ptr, len);
+    comm.all_reduce_into(&caller.view::<T>(input, len), &mut out, &caller.stream, op).map_err(Raised::from)
 }
 
 /// A two-buffer call: `input` and `output` addresses on `at`'s device and stream, parts of

@@ -239,12 +239,6 @@ class Communicator:
                              % (name, rank, "another" if other else "a", self.world_size, self.rank))
         return index
 
-    def _sum_into(self, t: Any, ptr: int) -> None:
-        """The sum all-reduce of a tensor already read and accepted (``t``, on this rank's
-        device) into the memory at ``ptr``, of its size, on its stream: for
-        :class:`CustomAllreduce`, which has checked everything :meth:`all_reduce` would."""
-        self._native.all_reduce(t.dtype, t.numel, (t.device, ptr, t.stream), "sum")
-
     def check(self) -> None:
         """Raise if a wait of any rank gave up on its peer, after which every call raises.
         Calls check this themselves; launches of captured CUDA graphs do not, so call it once
@@ -272,9 +266,10 @@ class CustomAllreduce:
 
     It takes what this version runs in one kernel (contiguous CUDA tensors of a supported
     dtype on this rank's device, 16-byte multiples up to ``max_bytes``: 4 MiB between two
-    ranks, 64 KiB among more), inside
-    :meth:`capture` too, and says no to the rest; all-gather and reduce-scatter are not
-    served yet (``None``: the server falls back).
+    ranks, 64 KiB among more), inside :meth:`capture` too, and says no to the rest; the
+    all-gather and reduce-scatter members take inputs of the same kind along their first
+    dimension (through the communicator's staged path). Anything refused gives ``False`` or
+    ``None``, never an exception, and nothing is enqueued for it.
     """
 
     #: Whether every GPU reaches every other directly (NVLink): never here, where every byte
@@ -294,6 +289,12 @@ class CustomAllreduce:
             comm = _join(group, device, {})
         self.comm = comm
         self.disabled = comm is None or not 2 <= comm.world_size <= MAX_RANKS
+        #: The largest tensor, in bytes, this object takes (the communicator's one kernel).
+        self.max_bytes = 0 if self.disabled else comm.max_bytes
+        if not self.disabled:
+            import torch
+
+            self._torch, self._empty_like = torch, torch.empty_like
 
     @classmethod
     def from_group(cls, group: Any, device: Any, **options: Any) -> "CustomAllreduce":
@@ -306,41 +307,58 @@ class CustomAllreduce:
         /dev/shm, not 65: containers often have 64 MiB, shared with NCCL)."""
         return cls(_join(group, device, options))
 
-    def _accepted(self, inp: Any) -> Optional[Any]:
-        """``inp`` as read by ``describe`` if this object takes it, else None."""
-        if self.disabled:
-            return None
-        try:
-            t = describe(inp, "inp")
-        except (TypeError, ValueError):
-            return None
-        fits = 0 < t.nbytes <= self.comm.max_bytes and t.nbytes % 16 == 0
-        return t if t.device == self.comm.device and not t.readonly and fits else None
-
     def should_custom_ar(self, inp: Any) -> bool:
-        """Whether :meth:`custom_all_reduce` takes ``inp`` (a cheap check, no GPU work)."""
-        return self._accepted(inp) is not None
+        """Whether :meth:`custom_all_reduce` takes ``inp`` (a cheap check, no GPU work, never
+        raising): a contiguous CUDA torch tensor of a dtype the kernels take, on this rank's
+        device, of 16-byte multiples up to ``max_bytes``."""
+        return not self.disabled and self.comm._native.serves_torch(inp, self.max_bytes)
 
     def custom_all_reduce(self, inp: Any) -> Optional[Any]:
         """A new tensor holding the sum of ``inp`` over every rank (``inp`` is left as it
-        was), or None for a tensor :meth:`should_custom_ar` refuses. The tensor is read once:
-        its clone has the same dtype, size, device and stream."""
-        t = self._accepted(inp)
-        if t is None:
+        was), or None for a tensor :meth:`should_custom_ar` refuses. One native call reads
+        ``inp``, makes the output with ``torch.empty_like`` (on the current stream; during a
+        capture, from the graph's pool) and enqueues one kernel that reads the one and writes
+        the other."""
+        if self.disabled:
             return None
-        out = inp.clone()
-        self.comm._sum_into(t, out.data_ptr())
-        return out
+        return self.comm._native.all_reduce_new_torch(inp, self._empty_like, self.max_bytes)
 
-    def custom_all_gather(self, inp: Any) -> None:
-        """vLLM's all-gather member: not served by this version (``None``: the server
-        gathers by its own path)."""
-        return None
+    def _part(self, inp: Any, gathers: bool) -> Optional[tuple]:
+        """The output shape of the all-gather (``gathers``) or reduce-scatter of ``inp`` along
+        its first dimension, where this object serves it: as :meth:`should_custom_ar` says
+        for the input (the reduce-scatter's output too), and, for the reduce-scatter, a
+        first dimension the world size divides. None otherwise."""
+        if self.disabled or not self.comm._native.serves_torch(inp, self.max_bytes):
+            return None
+        shape, world = tuple(inp.shape), self.comm.world_size
+        if not shape:
+            return None
+        if gathers:
+            return (shape[0] * world,) + shape[1:]
+        if shape[0] % world:
+            return None
+        return (shape[0] // world,) + shape[1:]
 
-    def custom_reduce_scatter(self, inp: Any) -> None:
-        """vLLM's reduce-scatter member: not served by this version (``None``: the server
-        uses its own path)."""
-        return None
+    def custom_all_gather(self, inp: Any) -> Optional[Any]:
+        """vLLM's all-gather member: a new tensor of every rank's ``inp`` stacked along the
+        first dimension, in rank order, or None (the server gathers by its own path) where
+        :meth:`should_custom_ar` would refuse ``inp``."""
+        shape = self._part(inp, gathers=True)
+        if shape is None:
+            return None
+        out = self._torch.empty(shape, dtype=inp.dtype, device=inp.device)
+        return self.comm.all_gather_into_tensor(out, inp)
+
+    def custom_reduce_scatter(self, inp: Any) -> Optional[Any]:
+        """vLLM's reduce-scatter member: a new tensor holding this rank's part (its
+        ``1/world`` of the first dimension) of the sum of every rank's ``inp``, or None (the
+        server uses its own path) where :meth:`should_custom_ar` would refuse ``inp`` or the
+        world size does not divide its first dimension."""
+        shape = self._part(inp, gathers=False)
+        if shape is None:
+            return None
+        out = self._torch.empty(shape, dtype=inp.dtype, device=inp.device)
+        return self.comm.reduce_scatter_tensor(out, inp)
 
     @contextlib.contextmanager
     def capture(self):
