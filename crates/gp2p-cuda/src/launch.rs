@@ -45,6 +45,12 @@ pub(crate) struct ReduceArgs {
     pub(crate) divisor: u32,
 }
 
+impl ReduceArgs {
+    fn params(&self) -> Params {
+        Params::default().u64(self.dst).u64(self.src).u64(self.len).u32(self.divisor)
+    }
+}
+
 /// Launch a reduce kernel with `args`.
 ///
 /// # Safety
@@ -56,10 +62,8 @@ pub(crate) unsafe fn launch_reduce(
     config: LaunchConfig,
     args: ReduceArgs,
 ) -> Result<()> {
-    // The kernels take (T*, const T*, u64, u32), in this order.
-    let params = Params::default().u64(args.dst).u64(args.src).u64(args.len).u32(args.divisor);
     // SAFETY: the arguments match the parameters; addresses: the caller's.
-    unsafe { launch_params(function, stream, config, params, None) }
+    unsafe { launch_params(function, stream, config, args.params(), None) }
 }
 
 /// Launch `function` with `params`, replayed through `cache` where one is given.
@@ -109,6 +113,7 @@ impl InOut {
 /// The flagged-chunk kernels' parameters `(const T* src, T* dst, u64 n, char* out_area,
 /// const char* in_area, u32 divisor, u64 timeout_ns, u64 queue_timeout_ns, u32* failed,
 /// u32* seq_counter, u64 half_stride, u64 flags_offset, u32* broken)`, in order.
+#[derive(Default)]
 pub(crate) struct ChunksArgs {
     pub(crate) buf: InOut,
     pub(crate) len: u64,
@@ -124,24 +129,26 @@ pub(crate) struct ChunksArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
-/// A flagged-chunk kernel's arguments, in order.
-pub(crate) fn chunks_params(args: &ChunksArgs) -> Params {
-    // The kernels take (const T*, T*, u64, char*, const char*, u32, u64, u64, u32*, u32*,
-    // u64, u64, u32*), in this order.
-    Params::default()
-        .u64(args.buf.src)
-        .u64(args.buf.dst)
-        .u64(args.len)
-        .u64(args.out_area)
-        .u64(args.in_area)
-        .u32(args.divisor)
-        .u64(args.timeout_ns)
-        .u64(args.queue_timeout_ns)
-        .u64(args.failed)
-        .u64(args.seq_counter)
-        .u64(args.half_stride)
-        .u64(args.flags_offset)
-        .u64(args.broken)
+impl ChunksArgs {
+    /// A flagged-chunk kernel's arguments, in order.
+    pub(crate) fn params(&self) -> Params {
+        // The kernels take (const T*, T*, u64, char*, const char*, u32, u64, u64, u32*, u32*,
+        // u64, u64, u32*), in this order.
+        Params::default()
+            .u64(self.buf.src)
+            .u64(self.buf.dst)
+            .u64(self.len)
+            .u64(self.out_area)
+            .u64(self.in_area)
+            .u32(self.divisor)
+            .u64(self.timeout_ns)
+            .u64(self.queue_timeout_ns)
+            .u64(self.failed)
+            .u64(self.seq_counter)
+            .u64(self.half_stride)
+            .u64(self.flags_offset)
+            .u64(self.broken)
+    }
 }
 
 /// The launch shape of a flagged-chunk kernel over `bytes` bytes: a block per chunk, at
@@ -173,6 +180,26 @@ pub(crate) struct ExchangeArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
+impl ExchangeArgs {
+    fn params(&self) -> Params {
+        // The kernels take (const T*, T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*,
+        // u64, u32*), in this order.
+        Params::default()
+            .u64(self.buf.src)
+            .u64(self.buf.dst)
+            .u64(self.len)
+            .u64(self.out_lines)
+            .u64(self.in_lines)
+            .u32(self.seq)
+            .u32(self.divisor)
+            .u64(self.timeout_ns)
+            .u64(self.failed)
+            .u64(self.seq_counter)
+            .u64(self.half_stride)
+            .u64(self.broken)
+    }
+}
+
 /// Launch an exchange kernel with `args`.
 ///
 /// # Safety
@@ -185,23 +212,8 @@ pub(crate) unsafe fn launch_exchange(
     args: ExchangeArgs,
     cache: Option<&mut LaunchCache>,
 ) -> Result<()> {
-    // The kernels take (const T*, T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*, u64,
-    // u32*), in this order.
-    let params = Params::default()
-        .u64(args.buf.src)
-        .u64(args.buf.dst)
-        .u64(args.len)
-        .u64(args.out_lines)
-        .u64(args.in_lines)
-        .u32(args.seq)
-        .u32(args.divisor)
-        .u64(args.timeout_ns)
-        .u64(args.failed)
-        .u64(args.seq_counter)
-        .u64(args.half_stride)
-        .u64(args.broken);
     // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
-    unsafe { launch_params(function, stream, config, params, cache) }
+    unsafe { launch_params(function, stream, config, args.params(), cache) }
 }
 
 /// The many-rank exchange kernels' parameters `(const T* src, T* dst, u64 n, u64* lines, u64 area_stride,
@@ -223,6 +235,25 @@ pub(crate) struct ExchangeManyArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
+impl ExchangeManyArgs {
+    fn params(&self) -> Params {
+        Params::default()
+            .u64(self.buf.src)
+            .u64(self.buf.dst)
+            .u64(self.len)
+            .u64(self.lines)
+            .u64(self.area_stride)
+            .u32(self.rank)
+            .u32(self.world)
+            .u32(self.divisor)
+            .u64(self.timeout_ns)
+            .u64(self.failed)
+            .u64(self.seq_counter)
+            .u64(self.half_stride)
+            .u64(self.broken)
+    }
+}
+
 /// Launch a many-rank exchange kernel with `args`.
 ///
 /// # Safety
@@ -235,27 +266,13 @@ pub(crate) unsafe fn launch_exchange_many(
     args: ExchangeManyArgs,
     cache: Option<&mut LaunchCache>,
 ) -> Result<()> {
-    let params = Params::default()
-        .u64(args.buf.src)
-        .u64(args.buf.dst)
-        .u64(args.len)
-        .u64(args.lines)
-        .u64(args.area_stride)
-        .u32(args.rank)
-        .u32(args.world)
-        .u32(args.divisor)
-        .u64(args.timeout_ns)
-        .u64(args.failed)
-        .u64(args.seq_counter)
-        .u64(args.half_stride)
-        .u64(args.broken);
     // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
-    unsafe { launch_params(function, stream, config, params, cache) }
+    unsafe { launch_params(function, stream, config, args.params(), cache) }
 }
 
 /// The wait-on-several kernel's parameters `(const u32* flags, u32 count, u32 value,
 /// u64 timeout_ns, u32* failed, u32* broken)`, in order.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct WaitFlagsArgs {
     pub(crate) flags: RawDevicePtr,
     pub(crate) count: u32,
@@ -265,33 +282,45 @@ pub(crate) struct WaitFlagsArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
+impl WaitFlagsArgs {
+    fn params(&self) -> Params {
+        Params::default()
+            .u64(self.flags)
+            .u32(self.count)
+            .u32(self.value)
+            .u64(self.timeout_ns)
+            .u64(self.failed)
+            .u64(self.broken)
+    }
+}
+
 /// Launch the wait-on-several kernel with `args`, one thread.
 ///
 /// # Safety
 /// `function` is that kernel; `count` flags from `flags` are readable and `failed` and
 /// `broken` writable `u32`s, all addressable from the stream's device until it completes.
 pub(crate) unsafe fn launch_wait_flags(function: &Function, stream: &Stream, args: WaitFlagsArgs) -> Result<()> {
-    let params = Params::default()
-        .u64(args.flags)
-        .u32(args.count)
-        .u32(args.value)
-        .u64(args.timeout_ns)
-        .u64(args.failed)
-        .u64(args.broken);
     let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
     // SAFETY: the arguments match the parameters; the addresses are the caller's.
-    unsafe { launch_params(function, stream, one, params, None) }
+    unsafe { launch_params(function, stream, one, args.params(), None) }
 }
 
 /// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed,
 /// u32* broken)`, in order (see [`gp2p_kernels::WAIT_FLAG_KERNEL`]).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct WaitFlagArgs {
     pub(crate) flag: RawDevicePtr,
     pub(crate) value: u32,
     pub(crate) timeout_ns: u64,
     pub(crate) failed: RawDevicePtr,
     pub(crate) broken: RawDevicePtr,
+}
+
+impl WaitFlagArgs {
+    fn params(&self) -> Params {
+        // The kernel takes (const u32*, u32, u64, u32*, u32*), in this order.
+        Params::default().u64(self.flag).u32(self.value).u64(self.timeout_ns).u64(self.failed).u64(self.broken)
+    }
 }
 
 /// Launch the wait kernel with `args`, one thread, replayed through `cache` where one is given.
@@ -307,12 +336,9 @@ pub(crate) unsafe fn launch_wait_flag(
     args: WaitFlagArgs,
     cache: Option<&mut LaunchCache>,
 ) -> Result<()> {
-    // The kernel takes (const u32*, u32, u64, u32*, u32*), in this order.
-    let params =
-        Params::default().u64(args.flag).u32(args.value).u64(args.timeout_ns).u64(args.failed).u64(args.broken);
     let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
     // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
-    unsafe { launch_params(function, stream, one, params, cache) }
+    unsafe { launch_params(function, stream, one, args.params(), cache) }
 }
 
 /// Refuses a divisor of 0 (avg divides by the number of contributions): what every reduce
@@ -368,6 +394,34 @@ pub fn exchange_launch_config(len: usize, dtype: DType) -> LaunchConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How many parameters the PTX entry `name` declares in `ptx`.
+    fn ptx_params(ptx: &str, name: &str) -> usize {
+        let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name} is not in the PTX"));
+        let body = &ptx[start..];
+        let end = body.find(')').expect("an entry's parameter list ends");
+        body[..end].matches(".param ").count()
+    }
+
+    #[test]
+    fn every_kernel_family_is_launched_with_as_many_arguments_as_its_ptx_declares() {
+        use gp2p_kernels::{
+            CHUNKS, EXCHANGE, EXCHANGE_MANY, FLAGS, REDUCE, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL, chunks_kernel_name,
+            exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
+        };
+        let (op, dtype) = (gp2p_kernels::ReduceOp::Avg, DType::BF16);
+        let families = [
+            (REDUCE.ptx, reduce_kernel_name(op, dtype), ReduceArgs::default().params().len()),
+            (CHUNKS.ptx, chunks_kernel_name(op, dtype), ChunksArgs::default().params().len()),
+            (EXCHANGE.ptx, exchange_kernel_name(op, dtype), ExchangeArgs::default().params().len()),
+            (EXCHANGE_MANY.ptx, exchange_many_kernel_name(op, dtype), ExchangeManyArgs::default().params().len()),
+            (FLAGS.ptx, WAIT_FLAG_KERNEL, WaitFlagArgs::default().params().len()),
+            (FLAGS.ptx, WAIT_FLAGS_KERNEL, WaitFlagsArgs::default().params().len()),
+        ];
+        for (ptx, name, launched) in families {
+            assert_eq!(launched, ptx_params(ptx, name), "{name}: arguments launched against parameters declared");
+        }
+    }
 
     #[test]
     fn launch_shape_covers_small_and_caps_large() {

@@ -34,8 +34,8 @@ use crate::driver::{RawDevicePtr, check};
 pub use crate::launch::InOut;
 use crate::launch::{
     ChunksArgs, ExchangeArgs, ExchangeManyArgs, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, check_divisor,
-    chunks_launch_config, chunks_params, exchange_launch_config, launch_exchange, launch_exchange_many, launch_params,
-    launch_reduce, launch_wait_flag, launch_wait_flags, reduce_launch_config,
+    chunks_launch_config, exchange_launch_config, launch_exchange, launch_exchange_many, launch_params, launch_reduce,
+    launch_wait_flag, launch_wait_flags, reduce_launch_config,
 };
 use crate::replay::{LaunchCache, Params};
 use crate::{Device, Error, Function, LaunchConfig, Module, Result, Stream};
@@ -504,7 +504,7 @@ pub fn plan_exchange_chunks(
         flags_offset: areas.flags_offset,
         broken: areas.broken,
     };
-    Ok(Some(ChunksLaunch { function, config, params: chunks_params(&args) }))
+    Ok(Some(ChunksLaunch { function, config, params: args.params() }))
 }
 
 /// Enqueue a write of `value` to the `u32` at `flag` on `stream`, after the work queued

@@ -25,8 +25,9 @@ use crate::{Device, Error, Function, LaunchConfig, Result, Stream};
 #[cfg(target_endian = "big")]
 compile_error!("kernel arguments are kept in 64-bit slots read through their first bytes: little-endian only");
 
-/// The most arguments a kernel of this crate takes.
-const MAX_PARAMS: usize = 12;
+/// The most arguments a kernel of this crate takes (the flagged-chunk and many-rank exchange
+/// kernels take 13; launch.rs's tests check every family's count against its PTX).
+const MAX_PARAMS: usize = 16;
 
 /// Kernels a cache keeps a graph for; the least recently used goes first.
 const CACHED_GRAPHS: usize = 16;
