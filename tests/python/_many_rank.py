@@ -234,8 +234,65 @@ def backend_scenario():
     for (name, p), ref in zip(model.named_parameters(), reference_model.parameters()):
         err = (p.grad.double().cpu() - ref.grad).abs().max().item()
         assert err < 1e-4, "DDP gradient of %s off by %g" % (name, err)
+    step("device mesh, DTensor, FSDP2, the rooted ops and all_to_all_single")
+    mesh_components()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def mesh_components():
+    """What looks the group up by its name (a ProcessGroup without one failed here with
+    "ProcessGroup name not set"): init_device_mesh, DTensor redistributions, FSDP2's
+    fully_shard against a one-process float64 reference; and the ops built on the collectives
+    (reduce, scatter, gather, all_to_all_single)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cuda", (WORLD,))
+    whole = torch.cat(inputs(910, 6 * 5, torch.float64)).view(WORLD * 6, 5)
+    sharded = distribute_tensor(whole.to(DEVICE), mesh, [Shard(0)])
+    check("DTensor shard", sharded.to_local().flatten(), whole[RANK * 6:(RANK + 1) * 6].flatten())
+    check("DTensor Shard -> Replicate", sharded.redistribute(mesh, [Replicate()]).to_local().flatten(),
+          whole.flatten())
+    parts = inputs(911, 4 * WORLD, torch.float64)
+    partial = torch.distributed.tensor.DTensor.from_local(parts[RANK].to(DEVICE), mesh, [Partial()])
+    check("DTensor Partial -> Shard", partial.redistribute(mesh, [Shard(0)]).to_local(),
+          reference(parts, "sum")[RANK * 4:(RANK + 1) * 4], [p[RANK * 4:(RANK + 1) * 4] for p in parts])
+
+    def model():
+        torch.manual_seed(5)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).double()
+
+    g = torch.Generator().manual_seed(6)
+    batch = torch.randn(4 * WORLD, 32, generator=g, dtype=torch.float64)
+    one = model()
+    one(batch).square().mean().backward()
+    fsdp = model().to(DEVICE)
+    for layer in fsdp:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(fsdp, mesh=mesh)
+    fsdp(batch.chunk(WORLD)[RANK].to(DEVICE)).square().mean().backward()
+    for (name, p), q in zip(fsdp.named_parameters(), one.parameters()):
+        err = (p.grad.full_tensor().cpu() - q.grad).abs().max().item()
+        assert err < 1e-12, "FSDP2 gradient of %s off by %g" % (name, err)
+    parts = inputs(912, 301, torch.float32)
+    t = parts[RANK].to(DEVICE)
+    dist.reduce(t, dst=WORLD - 1, op=dist.ReduceOp.MAX)
+    check("dist.reduce", t, reference(parts, "max") if RANK == WORLD - 1 else parts[RANK].double())
+    parts = inputs(913, WORLD * 7, torch.float32)
+    got = torch.empty(7, device=DEVICE)
+    dist.scatter(got, [c.to(DEVICE) for c in parts[0].chunk(WORLD)] if RANK == 0 else None, src=0)
+    check("dist.scatter", got, parts[0][RANK * 7:(RANK + 1) * 7].double())
+    outs = [torch.empty(7, device=DEVICE) for _ in range(WORLD)] if RANK == 1 else None
+    dist.gather(got, outs, dst=1)
+    if RANK == 1:
+        check("dist.gather", torch.cat(outs), parts[0].double())
+    parts = inputs(914, WORLD * 9, torch.float32)
+    swapped = torch.empty(WORLD * 9, device=DEVICE)
+    dist.all_to_all_single(swapped, parts[RANK].to(DEVICE))
+    check("dist.all_to_all_single", swapped, torch.cat([p[RANK * 9:(RANK + 1) * 9] for p in parts]).double())
 
 
 def server_calls(ca, server):

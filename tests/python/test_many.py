@@ -67,8 +67,8 @@ def test_the_communicator_runs_every_collective_capture_and_calls_back_to_back(w
     _run("comm", world, gp.distributed.unique_id(), tmp_path)
 
 
-@pytest.mark.parametrize("world", [4, 8])
-def test_torch_distributed_on_the_gp2p_backend_with_a_subgroup_and_ddp(world, tmp_path):
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_torch_distributed_on_the_gp2p_backend_with_ddp_fsdp2_dtensor_and_a_subgroup(world, tmp_path):
     _run("backend", world, "file://" + str(tmp_path / "init"), tmp_path)
 
 

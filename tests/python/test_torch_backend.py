@@ -146,7 +146,23 @@ def run_rank(rank, tmp, mode):
     assert [c for c in StoreCommunicator.calls if c[0] in ("send", "recv")] == (
         [("send", 1), ("recv", 1)] if rank == 0 else [("recv", 0), ("send", 0)])
     dist.barrier()
-    for call, what in [(lambda: dist.reduce(mine.clone(), dst=0), "reduce is not built yet"),
+    # The rooted ops and the all-to-all, through the collectives.
+    t = mine.clone()
+    dist.reduce(t, dst=1, op=dist.ReduceOp.MAX)
+    assert torch.equal(t, torch.maximum(both[0], both[1]) if rank == 1 else mine), "reduce"
+    got = torch.empty(3, dtype=torch.int64)
+    dist.scatter(got, list(both[0].chunk(2)) if rank == 0 else None, src=0)
+    assert torch.equal(got, both[0].chunk(2)[rank]), "scatter"
+    parts = [torch.empty(6, dtype=torch.int64) for _ in range(2)] if rank == 1 else None
+    dist.gather(mine, parts, dst=1)
+    assert rank == 0 or all(torch.equal(p, b) for p, b in zip(parts, both)), "gather"
+    swapped = torch.empty(6, dtype=torch.int64)
+    dist.all_to_all_single(swapped, mine)
+    assert torch.equal(swapped, torch.cat([b.chunk(2)[rank] for b in both])), "all_to_all_single"
+    for call, what in [(lambda: dist.all_to_all([torch.empty(3, dtype=torch.int64)] * 2, list(mine.chunk(2))),
+                        "all_to_all is not built yet"),
+                       (lambda: dist.all_to_all_single(torch.empty(6, dtype=torch.int64), mine, [2, 4], [2, 4]),
+                        "uneven splits"),
                        (lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.BAND), "op:")]:
         try:
             call()
@@ -157,10 +173,53 @@ def run_rank(rank, tmp, mode):
     made = [c for c in StoreCommunicator.calls if c[0] == "made"]
     assert made == [("made", rank, 2, 0, 1800.0, 1800.0)], made
     names = [c[0] for c in StoreCommunicator.calls]
-    assert names.count("all_gather_into_tensor") == 2 and names.count("reduce_scatter_tensor") == 2, names
+    assert names.count("all_gather_into_tensor") == 4 and names.count("reduce_scatter_tensor") == 2, names
+    # What looks the group up by its name: a device mesh, the functional collectives, DTensor
+    # (a ProcessGroup subclass left the name unset: "ProcessGroup name not set").
+    assert dist.group.WORLD.group_name, "the group is named"
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2,))
+    summed = funcol.all_reduce(mine.clone(), "sum", mesh)
+    assert torch.equal(summed, both[0] + both[1]), "functional all_reduce"
+    sharded = distribute_tensor(torch.cat(both).view(4, 3), mesh, [Shard(0)])
+    assert torch.equal(sharded.to_local(), both[rank].view(2, 3)), "each rank's shard"
+    assert torch.equal(sharded.redistribute(mesh, [Replicate()]).to_local(), torch.cat(both).view(4, 3))
+    names = [c[0] for c in StoreCommunicator.calls]
+    assert names.count("all_reduce") >= 8 and names.count("all_gather_into_tensor") == 5, names
+    fsdp2_matches_one_process(rank, mesh)
     assert dist.group.WORLD._get_backend(torch.device("cpu")).supports_splitting is False
     dist.destroy_process_group()
     assert StoreCommunicator.calls[-1] == ("close",), "destroy_process_group lets go of the communicator"
+
+
+def fsdp2_matches_one_process(rank, mesh):
+    """FSDP2's fully_shard over the group: a step of a two-layer model, each rank on half the
+    batch, gives the gradients of the whole batch in one process (float64)."""
+    from torch.distributed.fsdp import fully_shard
+
+    def model():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+
+    torch.manual_seed(4)
+    batch = torch.randn(6, 8, dtype=torch.float64)
+    whole = model()
+    whole(batch).square().mean().backward()
+    sharded = model()
+    for layer in sharded:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    before = len(StoreCommunicator.calls)
+    sharded(batch.chunk(2)[rank]).square().mean().backward()
+    names = [c[0] for c in StoreCommunicator.calls[before:]]
+    assert "all_gather_into_tensor" in names and "reduce_scatter_tensor" in names, names
+    for (name, p), q in zip(sharded.named_parameters(), whole.parameters()):
+        full = p.grad.full_tensor()
+        assert torch.allclose(full, q.grad, rtol=1e-12, atol=1e-12), (name, full, q.grad)
 
 
 def run_rank_on_gloo(rank, tmp):

@@ -8,11 +8,21 @@ current stream at the call, like NCCL's; its Work objects are CUDA-aware futures
 goes to a gloo group the process group keeps beside it: CPU tensors (torch hands a
 ``ProcessGroup`` its creator returns every device's tensors, even under
 ``"cpu:gloo,cuda:gp2p"``), the barrier (a host barrier) and, for CPU tensors, the ops the
-communicator does not run. Those ops on the group's device (gather, scatter, all_to_all,
-reduce, recv from any source) raise ``NotImplementedError`` naming the op. Sends and receives
+communicator does not run. Reduce, scatter, gather and ``all_to_all_single`` (even splits)
+on the group's device run through the collectives (see the methods); the list
+``all_to_all``, uneven splits and recv from any source raise ``NotImplementedError`` naming
+the op. Sends and receives
 pair with the peer's calls in call order (tags are not matched); as with NCCL, two ranks that
 both send before they receive stall once a message outgrows the staging slots (three of 8 MiB
 by default), until the peer timeout.
+
+The group's name: torch names a group through its ``ProcessGroup``'s registered backends, and
+a ``ProcessGroup`` subclass has none of its own, so the name stayed unset and everything that
+looks a group up by name failed with "ProcessGroup name not set" (``init_device_mesh``,
+DTensor, FSDP2's ``fully_shard``, the functional collectives). The gloo group is registered
+as its CPU backend, which carries the name (and is where CPU tensors go anyway). A c10d
+``Backend`` subclass would be torch's other door, but torch 2.11's binding cannot be
+subclassed from Python ("No constructor defined").
 """
 
 from datetime import timedelta
@@ -64,12 +74,6 @@ def _gloo_only(what: str, name: str) -> Callable[..., Any]:
     return op
 
 
-class _Unsplittable:
-    """The answer of :meth:`GP2PProcessGroup._get_backend`: a backend that cannot split."""
-
-    supports_splitting = False
-
-
 def _tensors_in(args: Any) -> Iterator[Any]:
     """Every tensor in an op's arguments (tensors, lists of them, lists of lists)."""
     for a in args:
@@ -77,6 +81,12 @@ def _tensors_in(args: Any) -> Iterator[Any]:
             yield a
         elif isinstance(a, (list, tuple)):
             yield from _tensors_in(a)
+
+
+class _Unsplittable:
+    """The answer of :meth:`GP2PProcessGroup._get_backend`: a backend that cannot split."""
+
+    supports_splitting = False
 
 
 class GP2PProcessGroup(dist.ProcessGroup):
@@ -96,6 +106,8 @@ class GP2PProcessGroup(dist.ProcessGroup):
                              "or subgroups of at most %d, for more)" % (world_size, _MAX_RANKS, _MAX_RANKS))
         self._device = torch.device(device)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
+        # The backend that carries the group's name (see the module docs).
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
         if rank == 0:
             store.set(UNIQUE_ID_KEY, unique_id())
         # get() waits (up to the store's timeout) until rank 0 has set it.
@@ -255,11 +267,71 @@ class GP2PProcessGroup(dist.ProcessGroup):
             self._comm.recv(t, src)
         return self._done(tensors)
 
-    recv_anysource = _gloo_only("recv", "recv_anysource")
-    gather = _gloo_only("gather", "gather")
-    scatter = _gloo_only("scatter", "scatter")
-    reduce = _gloo_only("reduce", "reduce")
-    alltoall = _gloo_only("all_to_all", "alltoall")
-    alltoall_base = _gloo_only("all_to_all", "alltoall_base")
+    # -- rooted ops and the all-to-all, through the collectives above ---------------------------
+    # Rare in training and serving (DTensor's distribute_tensor scatters once, a checkpoint
+    # gathers): each runs as the collective that moves at least its bytes, not a rooted
+    # schedule of its own. Among N ranks scatter and gather move N times their data through the
+    # links, the all-to-all N times.
+
+    def reduce(self, tensors: List[Any], opts: Any = None) -> Any:
+        """The root's tensor becomes op over every rank's; the others' are left as they were
+        (an all-reduce, into a copy off the root)."""
+        if not self._ours(tensors):
+            return self._to_gloo("reduce", tensors, opts=opts)
+        root, op = opts.rootRank, _op(opts)
+        for t in tensors:
+            self._comm.all_reduce(t if self.rank() == root else t.clone(), op)
+        return self._done(tensors)
+
+    def scatter(self, outputs: List[Any], inputs: List[List[Any]], opts: Any = None) -> Any:
+        """``outputs[i]`` becomes the root's ``inputs[i][rank]`` (the root's parts broadcast
+        as one tensor, each rank keeping its own)."""
+        if not self._ours(outputs, inputs):
+            return self._to_gloo("scatter", outputs, inputs, opts=opts)
+        root, world = opts.rootRank, self.size()
+        for i, out in enumerate(outputs):
+            if self.rank() == root:
+                whole = torch.cat([t.reshape(-1) for t in inputs[i]])
+            else:
+                whole = torch.empty((world * out.numel(),), dtype=out.dtype, device=out.device)
+            self._comm.broadcast(whole, root)
+            out.copy_(whole.view(world, -1)[self.rank()].view_as(out))
+        return self._done(list(outputs))
+
+    def gather(self, outputs: List[List[Any]], inputs: List[Any], opts: Any = None) -> Any:
+        """The root's ``outputs[i][r]`` becomes rank r's ``inputs[i]`` (an all-gather, which the
+        root copies out)."""
+        if not self._ours(outputs, inputs):
+            return self._to_gloo("gather", outputs, inputs, opts=opts)
+        world = self.size()
+        for i, inp in enumerate(inputs):
+            gathered = torch.empty((world * inp.numel(),), dtype=inp.dtype, device=inp.device)
+            self._comm.all_gather_into_tensor(gathered, inp.contiguous().view(-1))
+            if self.rank() == opts.rootRank:
+                for out, part in zip(outputs[i], gathered.chunk(world)):
+                    out.copy_(part.view_as(out))
+        return self._done([t for outs in outputs for t in outs])
+
+    def alltoall_base(self, output: Any, input: Any, output_splits: List[int], input_splits: List[int],
+                      opts: Any = None) -> Any:
+        """``all_to_all_single`` with equal splits: part r of ``output`` becomes rank r's part
+        ``rank`` of its ``input`` (an all-gather of the inputs, each rank keeping its parts).
+        Uneven splits raise ``NotImplementedError``."""
+        if not self._ours(output, input):
+            return self._to_gloo("alltoall_base", output, input, output_splits, input_splits, opts=opts)
+        world = self.size()
+        even = [output.shape[0] // world] * world if output.dim() else []
+        if (output_splits and list(output_splits) != even) or (input_splits and list(input_splits) != even):
+            raise NotImplementedError("all_to_all_single with uneven splits is %s" % _NOT_BUILT)
+        if output.numel() != input.numel() or output.numel() % world:
+            raise ValueError("output: %d elements, input %d; all_to_all_single needs both alike and divisible "
+                             "by the world size %d" % (output.numel(), input.numel(), world))
+        gathered = torch.empty((world * input.numel(),), dtype=input.dtype, device=input.device)
+        self._comm.all_gather_into_tensor(gathered, input.contiguous().view(-1))
+        mine = gathered.view(world, world, -1)[:, self.rank()]
+        output.copy_(mine.reshape(output.shape))
+        return self._done([output])
 
     all_to_all_single = alltoall_base  # its name from torch 2.12
+    recv_anysource = _gloo_only("recv", "recv_anysource")
+    alltoall = _gloo_only("all_to_all", "alltoall")
