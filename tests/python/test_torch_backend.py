@@ -159,10 +159,15 @@ def run_rank(rank, tmp, mode):
     swapped = torch.empty(6, dtype=torch.int64)
     dist.all_to_all_single(swapped, mine)
     assert torch.equal(swapped, torch.cat([b.chunk(2)[rank] for b in both])), "all_to_all_single"
+    rows = torch.empty(2, 3, dtype=torch.int64)
+    dist.all_to_all_single(rows, mine.view(2, 3))
+    assert torch.equal(rows, torch.stack([b.view(2, 3)[rank] for b in both])), "all_to_all_single of rows"
     for call, what in [(lambda: dist.all_to_all([torch.empty(3, dtype=torch.int64)] * 2, list(mine.chunk(2))),
                         "all_to_all is not built yet"),
                        (lambda: dist.all_to_all_single(torch.empty(6, dtype=torch.int64), mine, [2, 4], [2, 4]),
                         "uneven splits"),
+                       (lambda: dist.all_to_all_single(torch.empty(3, 2, dtype=torch.int64), mine.view(3, 2)),
+                        "output: 3 rows in dim 0"),
                        (lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.BAND), "op:")]:
         try:
             call()
@@ -173,7 +178,7 @@ def run_rank(rank, tmp, mode):
     made = [c for c in StoreCommunicator.calls if c[0] == "made"]
     assert made == [("made", rank, 2, 0, 1800.0, 1800.0)], made
     names = [c[0] for c in StoreCommunicator.calls]
-    assert names.count("all_gather_into_tensor") == 4 and names.count("reduce_scatter_tensor") == 2, names
+    assert names.count("all_gather_into_tensor") == 5 and names.count("reduce_scatter_tensor") == 2, names
     # What looks the group up by its name: a device mesh, the functional collectives, DTensor
     # (a ProcessGroup subclass left the name unset: "ProcessGroup name not set").
     assert dist.group.WORLD.group_name, "the group is named"
@@ -188,7 +193,7 @@ def run_rank(rank, tmp, mode):
     assert torch.equal(sharded.to_local(), both[rank].view(2, 3)), "each rank's shard"
     assert torch.equal(sharded.redistribute(mesh, [Replicate()]).to_local(), torch.cat(both).view(4, 3))
     names = [c[0] for c in StoreCommunicator.calls]
-    assert names.count("all_reduce") >= 8 and names.count("all_gather_into_tensor") == 5, names
+    assert names.count("all_reduce") >= 8 and names.count("all_gather_into_tensor") == 6, names
     fsdp2_matches_one_process(rank, mesh)
     assert dist.group.WORLD._get_backend(torch.device("cpu")).supports_splitting is False
     dist.destroy_process_group()

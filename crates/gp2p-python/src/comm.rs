@@ -4,11 +4,12 @@ use std::sync::Mutex;
 
 use geforce_p2p::comm::{CommOptions, Communicator, UniqueId};
 use geforce_p2p::{DType, Device, Element, ReduceOp};
+use pyo3::intern;
 use pyo3::prelude::*;
 
 use crate::args::{self, Memory, MemoryArg};
 use crate::error::Raised;
-use crate::fast::{CudaTensor, Torch, TorchParts, choice, cuda_tensor};
+use crate::fast::{Fields, Torch, TorchParts, choice, cuda_tensor, tensor_fields};
 use crate::ffi::{Caller, by_dtype, check_disjoint};
 
 /// A new unique id for a communicator, as text to hand to every rank.
@@ -128,10 +129,10 @@ impl PyCommunicator {
 
     /// A new tensor holding the `op` all-reduce of `tensor` over every rank, `tensor` left as it
     /// was, or None where [`PyCommunicator::serves_torch`] says no (nothing enqueued then):
-    /// `empty_like` (torch's) makes the output, on the device's current stream, where the
-    /// all-reduce is enqueued, reading `tensor` and writing the output (no copy first). A
-    /// server's `custom_all_reduce` in one native call: it cost 3 reads of the tensor, a clone
-    /// and an in-place call from Python before.
+    /// `empty_like` (torch's) makes the output, and the all-reduce is enqueued on the device's
+    /// current stream, reading `tensor` and writing the output (no copy first). A server's
+    /// `custom_all_reduce` in one native call: it cost 3 reads of the tensor, a clone and an
+    /// in-place call from Python before.
     #[pyo3(signature = (tensor, empty_like, max_bytes, op="sum"))]
     fn all_reduce_new_torch<'py>(
         &self,
@@ -142,18 +143,22 @@ impl PyCommunicator {
         op: &str,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let op = args::op(op).map_err(|e| e.into_pyerr(py))?;
-        let Some((torch, input)) = self.served(py, tensor, max_bytes)? else {
+        let Some((torch, (dtype, _, len, device, ptr))) = self.served(py, tensor, max_bytes)? else {
             return Ok(None);
         };
         let output = empty_like.call1((tensor,))?;
-        let Some(out) = cuda_tensor(&output, &torch, Some(&input))? else {
-            let refused = Raised::argument("empty_like", "did not give a contiguous CUDA tensor like its input");
+        // Like its input, a contiguous tensor on its device (torch.empty_like keeps the
+        // layout); its address and size are all that is read of it, the size checked, as
+        // the kernel writes that many bytes.
+        let bytes = len * dtype.size_bytes();
+        let out_ptr: u64 = output.call_method0(intern!(py, "data_ptr"))?.extract()?;
+        let out_bytes: usize = output.getattr(intern!(py, "nbytes"))?.extract()?;
+        if out_bytes != bytes || out_ptr == 0 {
+            let refused = Raised::argument("empty_like", format!("gave {out_bytes} bytes at {out_ptr:#x}, not {bytes}"));
             return Err(refused.into_pyerr(py));
-        };
-        if (out.dtype, out.len, out.memory.device) != (input.dtype, input.len, input.memory.device) {
-            return Err(Raised::argument("empty_like", "gave a tensor of another dtype, size or device").into_pyerr(py));
         }
-        let (dtype, len, at) = (input.dtype, input.len, (input.memory.ptr, out.memory));
+        let stream = torch.current_stream(py, device)?;
+        let at = (ptr, Memory { device, ptr: out_ptr, stream });
         // `tensor` and `output` are held by this frame for the whole call (contract 1).
         let run = || {
             args::check_range("tensor", at.0, len, dtype)?;
@@ -228,24 +233,21 @@ impl PyCommunicator {
         call(comm)
     }
 
-    /// `tensor` read by the fast path, with the torch parts that read it, where this
-    /// communicator's out-of-place all-reduce serves it (see `serves_torch`).
-    fn served(
-        &self,
-        py: Python<'_>,
-        tensor: &Bound<'_, PyAny>,
-        max_bytes: usize,
-    ) -> PyResult<Option<(Torch, CudaTensor)>> {
+    /// `tensor` read by the fast path (no stream: nothing is enqueued on a check), with the
+    /// torch parts that read it, where this communicator's out-of-place all-reduce serves it
+    /// (see `serves_torch`).
+    fn served(&self, py: Python<'_>, tensor: &Bound<'_, PyAny>, max_bytes: usize) -> PyResult<Option<(Torch, Fields)>> {
         let Some(torch) = Torch::find(py, None)? else {
             return Ok(None);
         };
-        let Some(t) = cuda_tensor(tensor, &torch, None)? else {
+        let Some(fields) = tensor_fields(tensor, &torch)? else {
             return Ok(None);
         };
-        let bytes = t.len * t.dtype.size_bytes();
+        let (dtype, _, len, device, _) = fields;
+        let bytes = len * dtype.size_bytes();
         let fits = bytes <= max_bytes.min(self.max_bytes) && bytes % 16 == 0;
         let open = self.inner.lock().map(|inner| inner.is_some()).unwrap_or(false);
-        Ok((t.memory.device == self.device && fits && open).then_some((torch, t)))
+        Ok((device == self.device && fits && open).then_some((torch, fields)))
     }
 
     /// A call on one buffer of `len` elements: checked, then `what()` run on it.

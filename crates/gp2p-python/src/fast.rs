@@ -169,7 +169,7 @@ impl Torch {
     }
 
     /// `device`'s current torch stream, as a raw handle.
-    fn current_stream(&self, py: Python<'_>, device: usize) -> PyResult<u64> {
+    pub(crate) fn current_stream(&self, py: Python<'_>, device: usize) -> PyResult<u64> {
         self.parts.current_stream.bind(py).call1((device,))?.extract()
     }
 }
@@ -196,13 +196,7 @@ pub(crate) struct CudaTensor {
 /// the same current stream, which is not asked for again.
 pub(crate) fn cuda_tensor(t: &Bound<'_, PyAny>, torch: &Torch, stream_of: Option<&CudaTensor>) -> Read<CudaTensor> {
     let py = t.py();
-    let read = match &torch.parts.to_dlpack {
-        Some(to_dlpack) if torch.dlpack && t.get_type().is(torch.parts.tensor_type.bind(py)) => {
-            by_dlpack(t, to_dlpack.bind(py), torch)?
-        }
-        _ => by_attributes(t, torch)?,
-    };
-    let Some((dtype, shape, len, device, ptr)) = read else {
+    let Some((dtype, shape, len, device, ptr)) = tensor_fields(t, torch)? else {
         return Ok(None);
     };
     let stream = match stream_of {
@@ -212,8 +206,20 @@ pub(crate) fn cuda_tensor(t: &Bound<'_, PyAny>, torch: &Torch, stream_of: Option
     Ok(Some(CudaTensor { dtype, shape, len, memory: Memory { device, ptr, stream } }))
 }
 
+/// What [`cuda_tensor`] reads of `t` before its stream, which a check that enqueues nothing
+/// does not need.
+pub(crate) fn tensor_fields(t: &Bound<'_, PyAny>, torch: &Torch) -> Read<Fields> {
+    let py = t.py();
+    match &torch.parts.to_dlpack {
+        Some(to_dlpack) if torch.dlpack && t.get_type().is(torch.parts.tensor_type.bind(py)) => {
+            by_dlpack(t, to_dlpack.bind(py), torch)
+        }
+        _ => by_attributes(t, torch),
+    }
+}
+
 /// What a read of one tensor gives before its stream: `(dtype, shape, elements, device, address)`.
-type Fields = (DType, Vec<i64>, usize, usize, u64);
+pub(crate) type Fields = (DType, Vec<i64>, usize, usize, u64);
 
 /// `t`, a plain torch tensor, through `to_dlpack` (torch's `_to_dlpack`, which refuses what
 /// has no storage, sparse tensors among them).

@@ -280,7 +280,7 @@ class GP2PProcessGroup(dist.ProcessGroup):
             return self._to_gloo("reduce", tensors, opts=opts)
         root, op = opts.rootRank, _op(opts)
         for t in tensors:
-            self._comm.all_reduce(t if self.rank() == root else t.clone(), op)
+            self._comm.all_reduce(t if self.rank() == root else t.clone(memory_format=torch.contiguous_format), op)
         return self._done(tensors)
 
     def scatter(self, outputs: List[Any], inputs: List[List[Any]], opts: Any = None) -> Any:
@@ -291,11 +291,16 @@ class GP2PProcessGroup(dist.ProcessGroup):
         root, world = opts.rootRank, self.size()
         for i, out in enumerate(outputs):
             if self.rank() == root:
-                whole = torch.cat([t.reshape(-1) for t in inputs[i]])
+                parts = inputs[i]
+                if len(parts) != world or any(p.numel() != out.numel() or p.dtype != out.dtype for p in parts):
+                    # Torch checks this before the op; a root that raised here after the others
+                    # began the broadcast would leave them waiting until the peer timeout.
+                    raise ValueError("scatter_list: needs %d tensors like the output" % world)
+                whole = torch.cat([t.reshape(-1) for t in parts])
             else:
                 whole = torch.empty((world * out.numel(),), dtype=out.dtype, device=out.device)
             self._comm.broadcast(whole, root)
-            out.copy_(whole.view(world, -1)[self.rank()].view_as(out))
+            out.copy_(whole.view(world, out.numel())[self.rank()].view_as(out))
         return self._done(list(outputs))
 
     def gather(self, outputs: List[List[Any]], inputs: List[Any], opts: Any = None) -> Any:
@@ -320,15 +325,21 @@ class GP2PProcessGroup(dist.ProcessGroup):
         if not self._ours(output, input):
             return self._to_gloo("alltoall_base", output, input, output_splits, input_splits, opts=opts)
         world = self.size()
-        even = [output.shape[0] // world] * world if output.dim() else []
-        if (output_splits and list(output_splits) != even) or (input_splits and list(input_splits) != even):
-            raise NotImplementedError("all_to_all_single with uneven splits is %s" % _NOT_BUILT)
-        if output.numel() != input.numel() or output.numel() % world:
-            raise ValueError("output: %d elements, input %d; all_to_all_single needs both alike and divisible "
-                             "by the world size %d" % (output.numel(), input.numel(), world))
+        for name, t, splits in (("output", output, output_splits), ("input", input, input_splits)):
+            rows = t.shape[0] if t.dim() else 0
+            if rows % world or t.dim() == 0:
+                raise ValueError("%s: %d rows in dim 0; all_to_all_single needs a multiple of the world size %d"
+                                 % (name, rows, world))
+            if splits and list(splits) != [rows // world] * world:
+                raise NotImplementedError("all_to_all_single with uneven splits is %s" % _NOT_BUILT)
+        if output.numel() != input.numel() or output.dtype != input.dtype:
+            raise ValueError("output: %d elements of %s, input %d of %s; all_to_all_single needs both alike"
+                             % (output.numel(), output.dtype, input.numel(), input.dtype))
+        if input.numel() == 0:
+            return self._done([output])
         gathered = torch.empty((world * input.numel(),), dtype=input.dtype, device=input.device)
         self._comm.all_gather_into_tensor(gathered, input.contiguous().view(-1))
-        mine = gathered.view(world, world, -1)[:, self.rank()]
+        mine = gathered.view(world, world, input.numel() // world)[:, self.rank()]
         output.copy_(mine.reshape(output.shape))
         return self._done([output])
 
