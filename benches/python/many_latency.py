@@ -15,7 +15,7 @@ that enqueues the calls (no synchronisation inside it), through `Communicator.al
 through `dist.all_reduce` on the `gp2p` backend (up to 64 KiB, where the host bounds a call),
 and through what vLLM and sglang call, `should_custom_ar` then `custom_all_reduce` on a
 `CustomAllreduce` over the same communicator (`host_server_us`, for the sizes it takes; its
-result is a new tensor, not summed into `buf`).
+result is a new tensor, not summed into `buf`), and its check alone (`host_server_check_us`).
 """
 
 import argparse
@@ -105,6 +105,7 @@ def main():
         if server.should_custom_ar(buf):
             # What vLLM's and sglang's all-reduce calls on their custom all-reduce object.
             timed.append(("server", lambda: server.custom_all_reduce(buf) if server.should_custom_ar(buf) else None))
+            timed.append(("server_check", lambda: server.should_custom_ar(buf)))
         if True:
             for what, call in timed:
                 host = []
