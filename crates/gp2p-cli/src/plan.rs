@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use geforce_p2p::collectives::cost::{self, ALGORITHM_VAR, Algorithm, Machine, Plan};
+use geforce_p2p::comm::CommOptions;
+use geforce_p2p::comm::choice::ManyChoice;
 use geforce_p2p::cuda;
 
 use crate::error::CliError;
@@ -314,12 +316,43 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
         Some(a) => out.push_str(&format!("{ALGORITHM_VAR}={a} forces every choice above; unset it for the model's.\n")),
         None => out.push_str(&format!("{ALGORITHM_VAR}={names} forces a choice.\n")),
     }
+    out.push_str(&communicator_table(m, plans, forced));
     out.push_str(
-        "The table is the model's prediction, not a measurement. What runs today among more than two ranks: one \
-         process per GPU (torchrun, geforce_p2p.distributed), one-shot in 8-byte lines up to 64 KiB \
-         (CommOptions::lines_max_bytes) and two-shot above, 2(N-1)/N of the buffer each way per card; all ranks in \
-         one process, the ring.\n",
+        "The tables are the model's predictions, not measurements. All ranks in one process run the ring today.\n",
     );
+    out
+}
+
+/// What the one-process-per-GPU communicator runs among more than two ranks at each size:
+/// the model's prices of its two all-reduces as they run there (see `gp2p_comm::choice`),
+/// and its choice, at the default lines capacity (`CommOptions::for_world`).
+fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> String {
+    if m.ranks <= 2 {
+        return "One process per GPU (geforce_p2p.distributed) between two ranks: one kernel up to 4 MiB, the \
+                pipeline above.\n"
+            .to_owned();
+    }
+    let lines_max = CommOptions::for_world(m.ranks).lines_max_bytes;
+    let mut out = format!(
+        "One process per GPU (torchrun, geforce_p2p.distributed): its one-shot in 8-byte lines (twice the bytes, up \
+         to {}) and its two-shot in rounds ({} handoffs), priced the same way; each call takes the faster.\n",
+        format_size(lines_max),
+        2 * (m.ranks - 1)
+    );
+    if forced == Some(Algorithm::Ring) {
+        out.push_str(&format!("{ALGORITHM_VAR}=ring: the communicator refuses it (it runs one-shot or two-shot).\n"));
+        return out;
+    }
+    let choice = ManyChoice { machine: *m, lines_max, forced };
+    let mut t = table(&["size", "lines µs", "rounds µs", "runs"], &["runs"]);
+    for (bytes, _) in plans {
+        let (lines, rounds) = choice.predictions(*bytes);
+        let fits = *bytes <= lines_max;
+        let runs = choice.path(*bytes).to_string();
+        let lines = if fits { num(lines.seconds * 1e6, 1) } else { "—".to_owned() };
+        t.add_row(vec![format_size(*bytes), lines, num(rounds.seconds * 1e6, 1), runs]);
+    }
+    out.push_str(&format!("{}\n", t.trim_fmt()));
     out
 }
 
@@ -476,21 +509,31 @@ mod tests {
         let plans: Vec<(usize, Plan)> =
             sizes.iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
         let text = render(&rates, &plans, None);
-        let rows: Vec<&str> =
-            text.lines().filter(|l| l.starts_with(' ') && l.trim_start().starts_with(char::is_numeric)).collect();
+        let (model, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
+        fn rows_of(part: &str) -> Vec<&str> {
+            part.lines().filter(|l| l.starts_with(' ') && l.trim_start().starts_with(char::is_numeric)).collect()
+        }
+        let rows = rows_of(model);
         assert_eq!(rows.len(), 2, "{text}");
+        // The communicator's: 8 B in lines (16 B moved, one handoff), 1 GiB past their 64 KiB.
+        let theirs = rows_of(communicator);
+        assert_eq!(theirs.len(), 2, "{text}");
+        assert!(theirs[0].ends_with("one-shot (lines)") && theirs[0].contains("11.4"), "{text}");
+        assert!(theirs[1].contains('—') && theirs[1].ends_with("two-shot (rounds)"), "{text}");
+        assert!(communicator.contains("(14 handoffs)"), "{text}");
         assert!(rows[0].trim_start().starts_with("8 ") && rows[0].contains("one-shot  handoffs"), "{text}");
         // 1 GiB at N = 8 on the defaults: two-shot, DRAM binds at 22 × 2^30 / 140e9 + 22.8 µs
         // = 0.16875366 s, busbw 1.75 × 2^30 / that = 11.13 GB/s.
         assert!(rows[1].contains("two-shot  dram") && rows[1].ends_with("11.13"), "{text}");
         assert!(text.contains("the model's defaults (measured on H200s): h2d, d2h, duplex, host, dram, handoff-us"));
         assert!(text.contains("GP2P_ALGORITHM=ring|one-shot|two-shot forces a choice"), "{text}");
-        assert!(text.contains("not a measurement"), "{text}");
+        assert!(text.contains("not measurements"), "{text}");
         assert!(text.lines().all(|l| l == l.trim_end()), "trailing spaces: {text}");
         let forced: Vec<(usize, Plan)> =
             sizes.iter().map(|&b| (b, cost::choose_with(&rates.machine, b, Some(Algorithm::Ring)))).collect();
         let text = render(&rates, &forced, Some(Algorithm::Ring));
         assert!(text.contains("ring (forced)") && text.contains("GP2P_ALGORITHM=ring forces every choice"), "{text}");
+        assert!(text.contains("GP2P_ALGORITHM=ring: the communicator refuses it"), "{text}");
     }
 
     #[test]

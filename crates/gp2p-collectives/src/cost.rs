@@ -312,7 +312,14 @@ pub struct Prediction {
 /// (DRAM before host before the card's link, down before up); handoffs bind only when they
 /// cost more than every bandwidth term.
 pub fn predict(machine: &Machine, algorithm: Algorithm, bytes: usize) -> Prediction {
-    let t = traffic(algorithm, machine.ranks, bytes);
+    price(machine, algorithm, traffic(algorithm, machine.ranks, bytes))
+}
+
+/// The model's time for traffic `t` on `machine`, named `algorithm`: [`predict`] for an
+/// implementation whose traffic differs from the table's (the one-process-per-GPU
+/// communicator's one-shot carries its data in 8-byte lines of 4 data bytes, twice the
+/// bytes; its two-shot hands shares over in 2(N−1) rounds, not 2 phases).
+pub fn price(machine: &Machine, algorithm: Algorithm, t: Traffic) -> Prediction {
     let seconds_at = |bytes: f64, gbps: f64| bytes / (gbps * BYTES_PER_GB);
     let (up, down) = match (t.up_bytes > 0.0, t.down_bytes > 0.0) {
         (true, true) => (seconds_at(t.up_bytes, machine.duplex_gbps), seconds_at(t.down_bytes, machine.duplex_gbps)),

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use std::mem::ManuallyDrop;
 
+use gp2p_collectives::cost::Machine;
 use gp2p_cuda::raw::{
     ChunkAreas, ChunkWaits, ExchangeLines, InOut, ManyLines, Numbering, exchange, exchange_many, plan_exchange_chunks,
     write_flag,
@@ -23,6 +24,7 @@ use gp2p_cuda::{
 };
 use gp2p_kernels::{DType, Element, ReduceOp};
 
+use crate::choice::{self, ManyChoice, ManyPath};
 use crate::layout::{BROKEN, CommOptions, Layout, chunk_grid};
 use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Transfer};
 use crate::registration::{all_registered, register_in_turn, word};
@@ -77,6 +79,9 @@ pub struct Communicator {
     timeout: Duration,
     /// [`CommOptions::chunk_blocks`].
     chunk_blocks: usize,
+    /// Among more than two ranks, which all-reduce a size takes (the cost model's choice,
+    /// priced with the rates measured on H200s, or the forced one).
+    many: ManyChoice,
     /// The end of this rank's last call, for a call on another stream to wait for.
     last: Option<StreamPoint>,
     /// Once a call gave up waiting, the ranks' calls may no longer pair up: every later call
@@ -107,6 +112,9 @@ impl Communicator {
     /// Join the communicator `id` as `rank` of `world`, on `device`. Returns once every rank
     /// has joined and registered the segment (or with the error of the first that failed).
     pub fn new(id: &UniqueId, rank: usize, world: usize, device: &Device, options: CommOptions) -> Result<Self> {
+        // Resolved before the layout, which every rank compares: the forced algorithm too.
+        let env = std::env::var_os(crate::ALGORITHM_VAR).map(|v| v.to_string_lossy().into_owned());
+        let options = CommOptions { algorithm: choice::forced(options.algorithm, env.as_deref())?, ..options };
         let layout = Layout::new(world, &options)?;
         if options.peer_timeout.is_zero() || options.peer_timeout > MAX_PEER_TIMEOUT {
             return Err(Error::InvalidOption {
@@ -145,6 +153,7 @@ impl Communicator {
             pipeline,
             timeout: options.peer_timeout,
             chunk_blocks: options.chunk_blocks,
+            many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced: options.algorithm },
             last: None,
             broken: false,
             capture: Capture::Refused,
@@ -310,8 +319,8 @@ impl Communicator {
     }
 
     /// [`Communicator::all_reduce_checked`] among more (or fewer) than two ranks: every
-    /// rank's lines read by every other (one kernel) up to the line kernel's size, else the
-    /// two-shot rounds.
+    /// rank's lines read by every other (one kernel), or the two-shot rounds, as the cost
+    /// model or the forced algorithm picks (see the `choice` module).
     fn all_reduce_many<T: Element>(
         &mut self,
         buf: InOut,
@@ -338,7 +347,7 @@ impl Communicator {
                 None => Ok(()),
             };
         }
-        if bytes > self.layout.lines_max {
+        if self.many.path(bytes) == ManyPath::Rounds {
             let rounds = Rounds::all_reduce(self.world(), bytes);
             let transfer = ManyTransfer { rounds, dtype: T::DTYPE, main: buf.dst, part: 0, op, divide_by, local };
             return self.enqueue_many(stream, transfer, note);

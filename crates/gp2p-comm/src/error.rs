@@ -169,7 +169,7 @@ pub enum Error {
     },
     /// A rank made its communicator with other options than this one.
     #[error(
-        "rank {rank} made its communicator with other options (one-kernel max bytes, slot bytes, slots, line kernel max bytes: {theirs:?}, here {ours:?}); make every rank's with the same CommOptions"
+        "rank {rank} made its communicator with other options (one-kernel max bytes, slot bytes, slots, line kernel max bytes, forced algorithm (0 none, 1 one-shot, 2 two-shot): {theirs:?}, here {ours:?}); make every rank's with the same CommOptions and GP2P_ALGORITHM"
     )]
     OptionsMismatch {
         /// The rank whose options differ.

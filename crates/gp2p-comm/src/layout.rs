@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use gp2p_collectives::cost::Algorithm;
 use gp2p_kernels::{CHUNK_MAX_BLOCKS, chunk_area_layout, exchange_line_bytes};
 
 use crate::{Error, Result};
@@ -34,6 +35,14 @@ pub struct CommOptions {
     /// kernels came within half a microsecond of each other at 4-8 KiB on one H200, and
     /// where they cross between two GPUs is not measured yet.
     pub lines_max_bytes: usize,
+    /// Among more than two ranks, the all-reduce to run: `None` (the default) for the cost
+    /// model's choice per call, unless the environment variable [`crate::ALGORITHM_VAR`]
+    /// (`GP2P_ALGORITHM`) names one; [`Algorithm::OneShot`] for the line kernel wherever the
+    /// buffer fits its lines, [`Algorithm::TwoShot`] for the rounds at every size.
+    /// [`Algorithm::Ring`] is refused at creation (the one-process engine runs the ring).
+    /// Every rank must force the same (ranks compare it at creation). Two ranks have one
+    /// path per size and ignore it.
+    pub algorithm: Option<Algorithm>,
 }
 
 impl Default for CommOptions {
@@ -57,6 +66,7 @@ impl Default for CommOptions {
             slots: 3,
             chunk_blocks: DEFAULT_CHUNK_BLOCKS,
             lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
+            algorithm: None,
         }
     }
 }
@@ -99,6 +109,9 @@ pub(crate) struct Layout {
     pub(crate) slots: usize,
     pub(crate) slot_bytes: usize,
     pub(crate) slot_count: usize,
+    /// The forced all-reduce among more than two ranks, as ranks compare it
+    /// (`choice::option_word`; 0: the cost model's choice).
+    pub(crate) algorithm: u32,
 }
 
 /// The turn counter of the serialised registration, at the start of the staging area.
@@ -114,7 +127,7 @@ pub(crate) const FLAGS: usize = 64;
 pub(crate) const STATUS: usize = 4;
 pub(crate) const OPTIONS: usize = 8;
 /// The options' words, after `OPTIONS` in each rank's cache line.
-pub(crate) const OPTION_WORDS: usize = 4;
+pub(crate) const OPTION_WORDS: usize = 5;
 const _: () = assert!(OPTIONS + 4 * OPTION_WORDS <= 64, "a rank's words fit in its cache line");
 pub(crate) const REGISTERED_OK: u32 = 1;
 pub(crate) const REGISTRATION_FAILED: u32 = 2;
@@ -219,6 +232,7 @@ impl Layout {
             slots,
             slot_bytes,
             slot_count,
+            algorithm: crate::choice::option_word(options.algorithm),
         })
     }
 
@@ -235,9 +249,10 @@ impl Layout {
 
     /// What the layout was made from, as every rank publishes it to be compared: the
     /// one-kernel path's largest size, the slot size, the slot count and the line kernel's
-    /// largest size (each bounded well below `u32::MAX`).
+    /// largest size (each bounded well below `u32::MAX`), and the forced all-reduce
+    /// (`choice::option_word`).
     pub(crate) fn options(&self) -> [u32; OPTION_WORDS] {
-        [self.small_max as u32, self.slot_bytes as u32, self.slot_count as u32, self.lines_max as u32]
+        [self.small_max as u32, self.slot_bytes as u32, self.slot_count as u32, self.lines_max as u32, self.algorithm]
     }
 
     /// Offset of the communicator's broken flag, which every rank's host and pipeline waits

@@ -118,6 +118,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod choice;
 mod communicator;
 mod error;
 mod handshake;
@@ -130,6 +131,7 @@ mod segment;
 
 pub use communicator::Communicator;
 pub use error::{Error, Result};
+pub use gp2p_collectives::cost::{ALGORITHM_VAR, Algorithm};
 pub use id::UniqueId;
 pub use layout::{CommOptions, MAX_RANKS};
 pub use segment::{DEFAULT_JOIN_TIMEOUT, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};

@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use geforce_p2p::comm::{CommOptions, Communicator, UniqueId};
+use geforce_p2p::comm::{Algorithm, CommOptions, Communicator, UniqueId};
 use geforce_p2p::{DType, Device, Element, ReduceOp};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -36,7 +36,7 @@ impl PyCommunicator {
     /// Join communicator `id` as `rank` of `world` on CUDA device `device`; waits (with the
     /// GIL released) until every rank joined, at most `join_timeout` seconds.
     #[new]
-    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None, lines_max_bytes=None))]
+    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None, lines_max_bytes=None, algorithm=None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's keywords, passed through
     fn new(
         py: Python<'_>,
@@ -51,6 +51,7 @@ impl PyCommunicator {
         slots: Option<usize>,
         chunk_blocks: Option<usize>,
         lines_max_bytes: Option<usize>,
+        algorithm: Option<&str>,
     ) -> PyResult<Self> {
         let run = || -> Result<PyCommunicator, Raised> {
             let id: UniqueId = id.parse().map_err(Raised::from)?;
@@ -64,6 +65,9 @@ impl PyCommunicator {
                 slots: slots.unwrap_or(defaults.slots),
                 chunk_blocks: chunk_blocks.unwrap_or(defaults.chunk_blocks),
                 lines_max_bytes: lines_max_bytes.unwrap_or(defaults.lines_max_bytes),
+                algorithm: algorithm
+                    .map(|name| name.parse::<Algorithm>().map_err(|e| Raised::argument("algorithm", e)))
+                    .transpose()?,
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;
@@ -154,7 +158,8 @@ impl PyCommunicator {
         let out_ptr: u64 = output.call_method0(intern!(py, "data_ptr"))?.extract()?;
         let out_bytes: usize = output.getattr(intern!(py, "nbytes"))?.extract()?;
         if out_bytes != bytes || out_ptr == 0 {
-            let refused = Raised::argument("empty_like", format!("gave {out_bytes} bytes at {out_ptr:#x}, not {bytes}"));
+            let refused =
+                Raised::argument("empty_like", format!("gave {out_bytes} bytes at {out_ptr:#x}, not {bytes}"));
             return Err(refused.into_pyerr(py));
         }
         let stream = torch.current_stream(py, device)?;

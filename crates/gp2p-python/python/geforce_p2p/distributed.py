@@ -20,7 +20,10 @@ bits); above that it is two-shot: in N-1 rounds each rank hands every other rank
 share of its tensor (a 1/N slice) and folds the shares it receives into its own, then in N-1
 more it hands its folded share to everyone. Each card's link carries 2(N-1)/N of the tensor
 each way, as in a ring, in 2(N-1) handoffs rather than a ring's 2(N-1) dependent trips
-through host memory per chunk. all_gather and reduce_scatter are the second and first half,
+through host memory per chunk. Which of the two a size takes is the cost model's choice
+(``gp2p plan --ranks N``: the lines priced at twice the data's bytes, the rounds at 2(N-1)
+handoffs); with the rates measured on H200s it keeps the lines up to their 64 KiB, and
+``GP2P_ALGORITHM=one-shot|two-shot`` (or ``algorithm=``) forces one. all_gather and reduce_scatter are the second and first half,
 broadcast is the root handing the tensor to each rank in turn, send/recv one handoff. The
 slots take about 48 MiB of /dev/shm at any N (16 MiB / N each, three per rank).
 
@@ -125,7 +128,11 @@ class Communicator:
     16 MiB / N for N) and slots per rank (2..16, default 3), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
     (1..256, default 128); ``lines_max_bytes`` (every rank the same): the largest all-reduce
     whose one kernel hands data over in 8-byte lines of data and sequence number rather than
-    in flagged 4 KiB chunks (0 to 65536, default 2048 for two ranks, 65536 for more), for tuning. With the defaults the
+    in flagged 4 KiB chunks (0 to 65536, default 2048 for two ranks, 65536 for more), for tuning;
+    ``algorithm`` (every rank the same; more than two ranks): ``"one-shot"`` (the line kernel
+    wherever the tensor fits its lines) or ``"two-shot"`` (the rounds at every size) instead of
+    the cost model's choice per call, which the environment variable ``GP2P_ALGORITHM`` also
+    forces; with H200 rates the model keeps the lines up to their 64 KiB. With the defaults the
     shared segment takes about 65 MiB of /dev/shm: under Docker's default 64 MiB give the
     container ``--shm-size``, or pass ``max_bytes=1 << 20`` (about 53 MiB) or ``slots=2``;
     too little room is an error at creation that names /dev/shm.
@@ -134,17 +141,19 @@ class Communicator:
     def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: Optional[int] = None,
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
                  slots: Optional[int] = None, chunk_blocks: Optional[int] = None,
-                 lines_max_bytes: Optional[int] = None):
+                 lines_max_bytes: Optional[int] = None, algorithm: Optional[str] = None):
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
         max_bytes, slot_bytes, slots, chunk_blocks = (
             _positive(name, value) for name, value in
             (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots), ("chunk_blocks", chunk_blocks)))
         lines_max_bytes = _at_least("lines_max_bytes", lines_max_bytes, 0)
+        if algorithm is not None and not isinstance(algorithm, str):
+            raise TypeError("algorithm: expected 'one-shot', 'two-shot' or None, got %r" % (algorithm,))
         self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
         self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, max_bytes,
                                             float(peer_timeout), float(join_timeout), slot_bytes, slots,
-                                            chunk_blocks, lines_max_bytes)
+                                            chunk_blocks, lines_max_bytes, algorithm)
         #: The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones
         #: go through the staged pipeline).
         self.max_bytes = self._native.max_bytes

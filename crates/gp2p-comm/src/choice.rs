@@ -1,0 +1,201 @@
+//! Which all-reduce runs among more than two ranks: the cost model's choice
+//! (`gp2p_collectives::cost`) between the communicator's two, priced as they run here.
+//!
+//! - **One-shot in lines** (the line kernel): every rank writes its buffer once and reads every
+//!   other rank's, one phase; but an 8-byte line carries 4 data bytes and the call's number,
+//!   so it moves twice the data's bytes: priced as the model's one-shot of `2 × S`. Its lines
+//!   hold at most [`crate::CommOptions::lines_max_bytes`]; larger buffers take the rounds
+//!   whatever the model says.
+//! - **Two-shot in rounds** (`crate::rounds`): each card moves the model's two-shot bytes,
+//!   but the shares go out in N−1 rounds and come back in N−1 more, each a trip through
+//!   host memory behind a flag: priced with 2(N−1) phases, not the table's 2.
+//!
+//! The choice is made for each call from its size, on every rank alike (the rates and the
+//! forced algorithm are the same on every rank: the forced one is among the options ranks
+//! compare at creation). With the rates measured on H200s the lines win up to their 64 KiB
+//! at 4 and at 8 ranks (8 ranks, 64 KiB: 71 µs against 170), which is what the communicator
+//! ran before the model chose; a machine whose handoffs cost less moves the crossover down.
+//! [`gp2p_collectives::cost::ALGORITHM_VAR`] or [`crate::CommOptions::algorithm`] forces one
+//! (`one-shot`: the lines wherever they fit; `two-shot`: the rounds at every size).
+
+use gp2p_collectives::cost::{Algorithm, Machine, Prediction, Traffic, price, traffic};
+
+use crate::{Error, Result};
+
+/// Bytes an 8-byte line moves per data byte (4 data bytes and a 4-byte call number).
+pub const LINE_BYTES_PER_DATA_BYTE: usize = 2;
+
+/// The communicator's two all-reduces among more than two ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManyPath {
+    /// The line kernel (one-shot).
+    Lines,
+    /// The two-shot rounds.
+    Rounds,
+}
+
+/// How a communicator of more than two ranks picks its all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ManyChoice {
+    /// The rates the model prices with, for this world.
+    pub machine: Machine,
+    /// The largest buffer the lines hold, bytes.
+    pub lines_max: usize,
+    /// One-shot or two-shot, where the caller or the environment forced one.
+    pub forced: Option<Algorithm>,
+}
+
+impl std::fmt::Display for ManyPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ManyPath::Lines => "one-shot (lines)",
+            ManyPath::Rounds => "two-shot (rounds)",
+        })
+    }
+}
+
+impl ManyChoice {
+    /// The model's prediction for each path at `bytes` per rank: (lines, rounds).
+    pub fn predictions(&self, bytes: usize) -> (Prediction, Prediction) {
+        let ranks = self.machine.ranks;
+        let lines = traffic(Algorithm::OneShot, ranks, bytes * LINE_BYTES_PER_DATA_BYTE);
+        let shares = traffic(Algorithm::TwoShot, ranks, bytes);
+        let rounds = Traffic { phases: 2 * ranks.saturating_sub(1), ..shares };
+        (price(&self.machine, Algorithm::OneShot, lines), price(&self.machine, Algorithm::TwoShot, rounds))
+    }
+
+    /// The path an all-reduce of `bytes` per rank takes.
+    pub fn path(&self, bytes: usize) -> ManyPath {
+        if bytes > self.lines_max {
+            return ManyPath::Rounds;
+        }
+        match self.forced {
+            Some(Algorithm::OneShot) => ManyPath::Lines,
+            Some(_) => ManyPath::Rounds,
+            None => {
+                let (lines, rounds) = self.predictions(bytes);
+                // A tie goes to the lines: one phase.
+                if lines.seconds <= rounds.seconds { ManyPath::Lines } else { ManyPath::Rounds }
+            }
+        }
+    }
+}
+
+/// The algorithm forced by `option` ([`crate::CommOptions::algorithm`]) or else by the value
+/// of [`gp2p_collectives::cost::ALGORITHM_VAR`] (`env`): None where neither names one. The
+/// ring is refused (the one-process engine runs it; the communicator runs one-shot and
+/// two-shot), as is a value that names no algorithm.
+pub(crate) fn forced(option: Option<Algorithm>, env: Option<&str>) -> Result<Option<Algorithm>> {
+    let (forced, name) = match option {
+        Some(a) => (Some(a), "algorithm"),
+        None => {
+            let from_env = gp2p_collectives::cost::forced_algorithm(env).map_err(|e| Error::InvalidOption {
+                name: gp2p_collectives::cost::ALGORITHM_VAR,
+                reason: e.to_string(),
+            })?;
+            (from_env, gp2p_collectives::cost::ALGORITHM_VAR)
+        }
+    };
+    if forced == Some(Algorithm::Ring) {
+        return Err(Error::InvalidOption {
+            name,
+            reason: "ring: among processes the communicator runs one-shot (lines) or two-shot (rounds); force one of \
+                     those, or leave it unset for the cost model's choice"
+                .into(),
+        });
+    }
+    Ok(forced)
+}
+
+/// The forced algorithm as the word ranks compare at creation: 0 none, 1 one-shot, 2
+/// two-shot (3 the ring, which [`forced`] refuses before).
+pub(crate) fn option_word(forced: Option<Algorithm>) -> u32 {
+    match forced {
+        None => 0,
+        Some(Algorithm::OneShot) => 1,
+        Some(Algorithm::TwoShot) => 2,
+        Some(Algorithm::Ring) => 3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KIB: usize = 1 << 10;
+
+    fn h200(ranks: usize) -> ManyChoice {
+        ManyChoice { machine: Machine::h200(ranks), lines_max: 64 * KIB, forced: None }
+    }
+
+    /// `a` within 0.5 % of `b`.
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 0.005 * b.abs()
+    }
+
+    #[test]
+    fn eight_h200_ranks_price_the_lines_at_twice_the_bytes_and_the_rounds_at_fourteen_phases() {
+        // By hand, 64 KiB a rank, 8 ranks, H200 rates (DRAM 140 GB/s, handoff 11.4 µs):
+        // lines: DRAM takes 8² × 128 KiB = 8 MiB → 59.9 µs, + 1 handoff = 71.3 µs;
+        // rounds: DRAM takes (3·8 − 2) × 64 KiB = 1.375 MiB → 10.3 µs, + 14 handoffs
+        // (159.6 µs) = 169.9 µs. The lines win.
+        let choice = h200(8);
+        let (lines, rounds) = choice.predictions(64 * KIB);
+        assert!(close(lines.seconds * 1e6, 11.4 + 64.0 * 131072.0 / 140e3), "{lines:?}");
+        assert!(close(rounds.seconds * 1e6, 14.0 * 11.4 + 22.0 * 65536.0 / 140e3), "{rounds:?}");
+        assert!(close(lines.seconds * 1e6, 71.31) && close(rounds.seconds * 1e6, 169.9));
+        assert_eq!(choice.path(64 * KIB), ManyPath::Lines);
+        assert_eq!(choice.path(64 * KIB + 1), ManyPath::Rounds, "past the lines' capacity");
+    }
+
+    #[test]
+    fn with_h200_rates_the_lines_take_every_size_they_hold_at_three_to_eight_ranks() {
+        for ranks in 3..=8 {
+            let choice = h200(ranks);
+            for bytes in [4, 100, 4 * KIB, 16 * KIB, 64 * KIB] {
+                assert_eq!(choice.path(bytes), ManyPath::Lines, "{ranks} ranks, {bytes} bytes");
+            }
+        }
+    }
+
+    #[test]
+    fn cheap_handoffs_move_the_crossover_below_the_lines_capacity() {
+        // Handoffs of 1 µs, 8 ranks. At 16 KiB: lines DRAM 8² × 32 KiB / 140 GB/s = 14.98 µs
+        // + 1 = 15.98; rounds 14 × 1 + 22 × 16 KiB / 140 GB/s (2.57) = 16.57: the lines.
+        // At 32 KiB: lines 29.96 + 1 = 30.96; rounds 14 + 5.15 = 19.15: the rounds.
+        let choice = ManyChoice { machine: Machine { handoff_us: 1.0, ..Machine::h200(8) }, ..h200(8) };
+        let (lines, rounds) = choice.predictions(16 * KIB);
+        assert!(close(lines.seconds * 1e6, 15.98) && close(rounds.seconds * 1e6, 16.57), "{lines:?} {rounds:?}");
+        assert_eq!(choice.path(16 * KIB), ManyPath::Lines);
+        let (lines, rounds) = choice.predictions(32 * KIB);
+        assert!(close(lines.seconds * 1e6, 30.96) && close(rounds.seconds * 1e6, 19.15), "{lines:?} {rounds:?}");
+        assert_eq!(choice.path(32 * KIB), ManyPath::Rounds);
+        assert_eq!(choice.path(4), ManyPath::Lines, "the smallest stay one phase");
+    }
+
+    #[test]
+    fn a_forced_algorithm_wins_where_it_can_run() {
+        let one = ManyChoice { forced: Some(Algorithm::OneShot), ..h200(8) };
+        let two = ManyChoice { forced: Some(Algorithm::TwoShot), ..h200(8) };
+        assert_eq!(two.path(8), ManyPath::Rounds, "two-shot at every size");
+        let cheap = ManyChoice { machine: Machine { handoff_us: 1.0, ..Machine::h200(8) }, ..one };
+        assert_eq!(cheap.path(32 * KIB), ManyPath::Lines, "one-shot where the model says rounds");
+        assert_eq!(one.path(64 * KIB + 1), ManyPath::Rounds, "but never past the lines' capacity");
+    }
+
+    #[test]
+    fn the_forced_algorithm_comes_from_the_option_then_the_environment_and_never_the_ring() {
+        assert_eq!(forced(None, None).unwrap(), None);
+        assert_eq!(forced(None, Some("")).unwrap(), None, "empty counts as unset");
+        assert_eq!(forced(None, Some("Two-Shot")).unwrap(), Some(Algorithm::TwoShot));
+        assert_eq!(forced(Some(Algorithm::OneShot), Some("two-shot")).unwrap(), Some(Algorithm::OneShot));
+        let err = forced(None, Some("ring")).unwrap_err().to_string();
+        assert!(err.contains("GP2P_ALGORITHM") && err.contains("one-shot (lines) or two-shot (rounds)"), "{err}");
+        let err = forced(Some(Algorithm::Ring), None).unwrap_err().to_string();
+        assert!(err.contains("algorithm") && err.contains("ring"), "{err}");
+        let err = forced(None, Some("fastest")).unwrap_err().to_string();
+        assert!(err.contains("GP2P_ALGORITHM") && err.contains("fastest"), "{err}");
+        let words: Vec<u32> = [None, Some(Algorithm::OneShot), Some(Algorithm::TwoShot)].map(option_word).into();
+        assert_eq!(words, [0, 1, 2]);
+    }
+}
