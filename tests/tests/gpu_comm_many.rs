@@ -326,6 +326,43 @@ fn one_gpu_eight_processes_run_every_collective_op_and_dtype() {
     every_collective_among("one_gpu_eight_processes_run_every_collective_op_and_dtype", 8);
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size() {
+    // CommOptions::algorithm (GP2P_ALGORITHM's option): the rounds take every all-reduce,
+    // the smallest too, whose shares are empty on most ranks. Every op and dtype at odd
+    // lengths, against the fold.
+    let test = "one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    if !runs_here(test, 4) {
+        return;
+    }
+    let options = CommOptions { algorithm: Some(gp2p_comm::Algorithm::TwoShot), ..CommOptions::for_world(4) };
+    let mut r = Ranked::start(test, 4, sharing(options));
+    let (rank, world) = (r.rank, r.world);
+    fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream, rank: usize, world: usize) {
+        let mut pending: Vec<Check> = Vec::new();
+        for (case, len) in [1usize, 3, 7, 255, 4099].into_iter().enumerate() {
+            for (o, op) in ReduceOp::ALL.into_iter().enumerate() {
+                let inputs = inputs_of::<T>(world, len, 41, (case * 8 + o) as u64);
+                let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+                comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+                pending.push(Box::new(move |s| {
+                    let got = buf.to_host_vec(s).unwrap();
+                    check_fold(&format!("rank {rank} two-shot {op} len {len}"), &got, &inputs, 0..len, op);
+                }));
+            }
+        }
+        for check in pending {
+            check(stream);
+        }
+    }
+    every_dtype!(cases(&mut r.comm, &r.stream, rank, world));
+    r.finish();
+}
+
 /// The last rank leaves after one call; every other rank's next call gives up within the
 /// timeout, the one after says so, and nothing is left in /dev/shm.
 fn a_rank_exits(test: &str, world: usize, len: usize) {

@@ -340,6 +340,15 @@ mod tests {
     }
 
     #[test]
+    fn a_forced_algorithm_is_compared_between_ranks() {
+        let forcing = |algorithm| Layout::new(4, &CommOptions { algorithm, ..CommOptions::for_world(4) }).unwrap();
+        let (model, one, two) = (forcing(None), forcing(Some(Algorithm::OneShot)), forcing(Some(Algorithm::TwoShot)));
+        assert_eq!([model.options()[4], one.options()[4], two.options()[4]], [0, 1, 2]);
+        assert_ne!(model.options(), one.options(), "a rank that forces one-shot is refused by one that does not");
+        assert_eq!(model.staging_bytes(), two.staging_bytes(), "the same segment either way");
+    }
+
+    #[test]
     fn every_flag_and_slot_has_its_own_aligned_place_after_the_areas() {
         let options = CommOptions { slot_bytes: 1 << 20, slots: 3, ..CommOptions::default() };
         let layout = Layout::new(2, &options).unwrap();
