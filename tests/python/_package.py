@@ -25,7 +25,7 @@ def load():
     gp = get_kernel(repo_id, version=1, trust_remote_code=True)
     assert gp.__name__ != "geforce_p2p" and gp._native.package_name() == gp.__name__
     for sub in ("_api", "_compile", "_errors", "_native", "_probe", "_tensors", "ops", "distributed",
-                "_torch_backend"):
+                "_hosts", "_two_level", "_torch_backend"):
         importlib.import_module("%s.%s" % (gp.__name__, sub))
     for name in [m for m in list(sys.modules) if m == gp.__name__ or m.startswith(gp.__name__ + ".")]:
         sys.modules["geforce_p2p" + name[len(gp.__name__):]] = sys.modules[name]

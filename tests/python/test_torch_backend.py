@@ -26,8 +26,9 @@ run_rank(int(sys.argv[1]), os.environ["GP2P_TEST_TMP"], sys.argv[2])
 
 
 class StoreCommunicator:
-    """The communicator's duck type on CPU tensors: each call swaps this rank's tensor with
-    the peer's through a file store, then computes its result from both."""
+    """The communicator's duck type on CPU tensors, for any number of ranks: each call
+    publishes this rank's tensor through a file store and reads every rank's, then computes
+    its result from all of them."""
 
     calls = []
 
@@ -36,48 +37,55 @@ class StoreCommunicator:
         self.store = dist.FileStore(os.path.join(os.environ["GP2P_TEST_TMP"], "comm-" + uid), world_size)
         StoreCommunicator.calls.append(("made", rank, world_size, device, peer_timeout, join_timeout))
 
-    def _both(self, t):
+    def _all(self, t):
         import io
 
         self.seq += 1
         out = io.BytesIO()
         torch.save(t.clone(), out)
         self.store.set("%d/%d" % (self.seq, self.rank), out.getvalue())
-        peer = torch.load(io.BytesIO(self.store.get("%d/%d" % (self.seq, 1 - self.rank))))
-        return [t.clone(), peer] if self.rank == 0 else [peer, t.clone()]
+        return [t.clone() if r == self.rank else torch.load(io.BytesIO(self.store.get("%d/%d" % (self.seq, r))))
+                for r in range(self.world_size)]
 
     @staticmethod
     def _fold(parts, op):
-        a, b = parts
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = {"sum": torch.add, "avg": torch.add, "min": torch.minimum, "max": torch.maximum,
+                   "prod": torch.mul}[op](acc, p)
         if op == "avg":
-            return (a + b) / 2 if a.is_floating_point() else torch.div(a + b, 2, rounding_mode="trunc")
-        return {"sum": torch.add, "min": torch.minimum, "max": torch.maximum, "prod": torch.mul}[op](a, b)
+            n = len(parts)
+            return acc / n if acc.is_floating_point() else torch.div(acc, n, rounding_mode="trunc")
+        return acc
 
     def all_reduce(self, t, op="sum"):
         StoreCommunicator.calls.append(("all_reduce", op))
-        t.copy_(self._fold(self._both(t), op))
+        t.copy_(self._fold(self._all(t), op))
 
     def all_gather_into_tensor(self, out, inp):
         StoreCommunicator.calls.append(("all_gather_into_tensor",))
-        out.copy_(torch.cat(self._both(inp)))
+        out.copy_(torch.cat(self._all(inp)))
 
     def reduce_scatter_tensor(self, out, inp, op="sum"):
         StoreCommunicator.calls.append(("reduce_scatter_tensor", op))
-        out.copy_(self._fold(self._both(inp), op).chunk(2)[self.rank])
+        out.copy_(self._fold(self._all(inp), op).chunk(self.world_size)[self.rank])
 
     def broadcast(self, t, src=0):
         StoreCommunicator.calls.append(("broadcast", src))
-        t.copy_(self._both(t)[src])
+        t.copy_(self._all(t)[src])
 
     def send(self, t, dst):
         StoreCommunicator.calls.append(("send", dst))
-        assert dst == 1 - self.rank, dst
-        self._both(t)
+        assert self.world_size == 2 and dst == 1 - self.rank, dst
+        self._all(t)
 
     def recv(self, t, src):
         StoreCommunicator.calls.append(("recv", src))
-        assert src == 1 - self.rank, src
-        t.copy_(self._both(t)[src])
+        assert self.world_size == 2 and src == 1 - self.rank, src
+        t.copy_(self._all(t)[src])
+
+    def check(self):
+        pass
 
     def close(self):
         StoreCommunicator.calls.append(("close",))
@@ -95,10 +103,10 @@ def _group_on(device):
     return make
 
 
-def _init(rank, tmp, device):
+def _init(rank, tmp, device, world_size=2):
     dist.Backend.register_backend("gp2p_stand_in", _group_on(device), devices=["cpu", "cuda"])
     dist.init_process_group("gp2p_stand_in", init_method="file://" + os.path.join(tmp, "init"), rank=rank,
-                            world_size=2)
+                            world_size=world_size)
 
 
 def run_rank(rank, tmp, mode):
@@ -107,6 +115,8 @@ def run_rank(rank, tmp, mode):
     CPU tensors, which go to the gloo group beside it."""
     if mode == "gloo":
         return run_rank_on_gloo(rank, tmp)
+    if mode == "hosts":
+        return run_rank_across_hosts(rank, tmp)
     _init(rank, tmp, "cpu")
     both = [torch.arange(1, 7, dtype=torch.int64) * (r + 2) for r in range(2)]  # 2,4,..  3,6,..
     mine = both[rank]
@@ -255,10 +265,58 @@ def run_rank_on_gloo(rank, tmp):
     dist.destroy_process_group()
 
 
-def _run_two(tmp_path, mode):
+def run_rank_across_hosts(rank, tmp):
+    """Four ranks on two hosts (GP2P_HOST_ID: ranks 0 and 2 on host-a, 1 and 3 on host-b):
+    a communicator of two ranks on each host, gloo between them, every result against the
+    flat fold of all four ranks."""
+    _init(rank, tmp, "cpu", world_size=4)
+    world = 4
+    made = [c for c in StoreCommunicator.calls if c[0] == "made"]
+    assert made == [("made", rank // 2, 2, 0, 1800.0, 1800.0)], made  # local rank, of 2 a host
+    for dtype in (torch.int64, torch.float64):
+        for n in (1, 7, 12):
+            ins = [(torch.arange(n, dtype=torch.int64) * (r + 2) - 3 * r).to(dtype) for r in range(world)]
+            for op, fold in ((dist.ReduceOp.SUM, lambda a, b: a + b), (dist.ReduceOp.MAX, torch.maximum),
+                             (dist.ReduceOp.MIN, torch.minimum), (dist.ReduceOp.PRODUCT, torch.mul)):
+                t = ins[rank].clone()
+                dist.all_reduce(t, op=op)
+                want = ins[0]
+                for x in ins[1:]:
+                    want = fold(want, x)
+                assert torch.equal(t, want), (dtype, n, op, t, want)
+            t = ins[rank].clone()
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            total = sum(ins)
+            want = total / world if dtype.is_floating_point else torch.div(total, world, rounding_mode="trunc")
+            assert torch.allclose(t, want), ("avg", dtype, n, t, want)
+    ins = [torch.arange(6, dtype=torch.int64) + 100 * r for r in range(world)]
+    t = ins[rank].clone()
+    dist.broadcast(t, src=3)
+    assert torch.equal(t, ins[3]), "broadcast from rank 3 (host-b, local rank 1)"
+    out = torch.empty(world * 6, dtype=torch.int64)
+    dist.all_gather_into_tensor(out, ins[rank])
+    assert torch.equal(out, torch.cat(ins)), ("all_gather in rank order", out)
+    whole = [torch.arange(world * 3, dtype=torch.int64) * (r + 1) for r in range(world)]
+    part = torch.empty(3, dtype=torch.int64)
+    dist.reduce_scatter_tensor(part, whole[rank])
+    assert torch.equal(part, sum(whole)[rank * 3:(rank + 1) * 3]), ("reduce_scatter", part)
+    try:
+        dist.send(ins[rank], (rank + 1) % world)
+    except (NotImplementedError, RuntimeError) as e:
+        assert "across hosts is not built yet" in str(e), str(e)
+    else:
+        raise AssertionError("send across hosts was not refused")
+    dist.destroy_process_group()
+
+
+def _run_two(tmp_path, mode, world=2):
     env = dict(os.environ, GP2P_TEST_DIR=os.path.dirname(__file__), GP2P_TEST_TMP=str(tmp_path))
-    ranks = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), mode], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    ranks = []
+    for r in range(world):
+        if mode == "hosts":
+            env = dict(env, GP2P_HOST_ID="host-%s" % "ab"[r % 2], GP2P_ACROSS_HOSTS="gloo")
+        ranks.append(subprocess.Popen([sys.executable, "-c", _RANK, str(r), mode], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
     try:
         outputs = [p.communicate(timeout=120)[0] for p in ranks]
     finally:
@@ -277,15 +335,39 @@ def test_cpu_tensors_of_a_gpu_group_go_to_the_gloo_group_beside_it(tmp_path):
     _run_two(tmp_path, "gloo")
 
 
+def test_a_group_across_two_hosts_runs_two_levels(tmp_path):
+    _run_two(tmp_path, "hosts", world=4)
+
+
 def test_a_group_of_more_ranks_than_a_communicator_takes_is_refused_at_creation():
     from datetime import timedelta
 
     from geforce_p2p._torch_backend import GP2PProcessGroup
 
-    for world in (0, 9, 16):
-        with pytest.raises(ValueError, match="world_size: %d ranks; the gp2p backend runs 1 to 8" % world):
-            GP2PProcessGroup(dist.HashStore(), 0, world, timedelta(seconds=1), communicator=StoreCommunicator,
+    for world, said in ((0, "0 ranks"), (9, "9 ranks on one host"), (16, "16 ranks on one host")):
+        store = dist.HashStore()
+        for r in range(1, world):  # the other ranks' hosts: this one's
+            store.set("gp2p/host/%d" % r, geforce_p2p_hosts().host_id())
+        with pytest.raises(ValueError, match="world_size: %s; the gp2p backend runs 1 to 8 ranks a host" % said):
+            GP2PProcessGroup(store, 0, world, timedelta(seconds=1), communicator=StoreCommunicator,
                              device="cpu", unique_id=lambda: "x")
+    # Across hosts a group may hold more than 8, as long as no host holds more.
+    store = dist.HashStore()
+    for r in range(1, 18):
+        store.set("gp2p/host/%d" % r, "host-%d" % (r % 2))
+    with pytest.raises(ValueError, match="9 ranks on one host"):
+        os.environ["GP2P_HOST_ID"] = "host-0"
+        try:
+            GP2PProcessGroup(store, 0, 18, timedelta(seconds=1), communicator=StoreCommunicator, device="cpu",
+                             unique_id=lambda: "x")
+        finally:
+            del os.environ["GP2P_HOST_ID"]
+
+
+def geforce_p2p_hosts():
+    from geforce_p2p import _hosts
+
+    return _hosts
 
 
 def test_every_op_the_communicator_runs_has_its_torch_op():

@@ -16,6 +16,13 @@ pair with the peer's calls in call order (tags are not matched); as with NCCL, t
 both send before they receive stall once a message outgrows the staging slots (three of 8 MiB
 by default), until the peer timeout.
 
+A group whose ranks sit on several hosts (``geforce_p2p._hosts.host_id``: host name and boot
+id, or ``GP2P_HOST_ID``) runs this library's communicator among each host's ranks and an
+engine for networks between hosts (NCCL for CUDA tensors, or gloo: ``GP2P_ACROSS_HOSTS``):
+all_reduce, broadcast, all_gather and reduce_scatter in two levels
+(:mod:`geforce_p2p._two_level`); every host must hold the same number of ranks, at most 8;
+send and recv across hosts raise ``NotImplementedError``.
+
 The group's name: torch names a group through its ``ProcessGroup``'s registered backends, and
 a ``ProcessGroup`` subclass has none of its own, so the name stayed unset and everything that
 looks a group up by name failed with "ProcessGroup name not set" (``init_device_mesh``,
@@ -31,6 +38,8 @@ from typing import Any, Callable, Iterator, List
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
+
+from . import _hosts, _two_level
 
 # torch's reduce ops by the names the communicator takes; the rest are refused by name.
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "min",
@@ -101,19 +110,31 @@ class GP2PProcessGroup(dist.ProcessGroup):
     def __init__(self, store: Any, rank: int, world_size: int, timeout: timedelta, *,
                  communicator: Callable[..., Any], device: Any, unique_id: Callable[[], str]):
         super().__init__(rank, world_size)
-        if not 1 <= world_size <= _MAX_RANKS:
-            raise ValueError("world_size: %d ranks; the gp2p backend runs 1 to %d ranks a group (use NCCL, "
-                             "or subgroups of at most %d, for more)" % (world_size, _MAX_RANKS, _MAX_RANKS))
+        if world_size < 1:
+            raise ValueError("world_size: %d ranks; the gp2p backend runs 1 to %d ranks a host"
+                             % (world_size, _MAX_RANKS))
+        # Every rank's host first (store.get waits, up to the store's timeout, for each).
+        hosts = _hosts.Hosts(_two_level.host_names(store, rank, world_size, _hosts.host_id()))
+        if hosts.local > _MAX_RANKS:
+            raise ValueError("world_size: %d ranks on one host; the gp2p backend runs 1 to %d ranks a host (use "
+                             "NCCL, or subgroups of at most %d, for more)"
+                             % (hosts.local, _MAX_RANKS, _MAX_RANKS))
         self._device = torch.device(device)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         # The backend that carries the group's name (see the module docs).
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
+        peer_timeout = min(timeout, _LONGEST_PEER_TIMEOUT).total_seconds()
+        if hosts.count > 1:
+            # Several hosts: this library inside each, an engine for networks between them.
+            self._comm = _two_level.join(store, rank, world_size, timeout, hosts, device=self._device,
+                                         communicator=communicator, unique_id=unique_id,
+                                         peer_timeout=peer_timeout)
+            return
         if rank == 0:
             store.set(UNIQUE_ID_KEY, unique_id())
         # get() waits (up to the store's timeout) until rank 0 has set it.
         uid = store.get(UNIQUE_ID_KEY).decode()
         index = self._device.index if self._device.type == "cuda" else 0
-        peer_timeout = min(timeout, _LONGEST_PEER_TIMEOUT).total_seconds()
         self._comm = communicator(uid, rank, world_size, index, peer_timeout=peer_timeout,
                                   join_timeout=timeout.total_seconds())
 

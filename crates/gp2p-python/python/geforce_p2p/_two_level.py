@@ -1,0 +1,168 @@
+"""A ``gp2p`` process group that spans several hosts: this library's communicator among each
+host's ranks, an engine built for networks between hosts (NCCL by default for CUDA tensors,
+gloo where chosen or for CPU ones), composed as :mod:`geforce_p2p._hosts` plans it.
+
+:class:`TwoLevel` has the communicator's methods, so the process group calls it as it calls a
+communicator. Imported only with torch, by the backend.
+"""
+
+import os
+from datetime import timedelta
+from typing import Any, Callable, List
+
+import torch
+import torch.distributed as dist
+
+from ._hosts import Hosts
+
+#: The environment variable that picks the engine between hosts: ``nccl`` or ``gloo``.
+ACROSS_VAR = "GP2P_ACROSS_HOSTS"
+
+_REDUCE = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+           "prod": dist.ReduceOp.PRODUCT}
+
+
+def across_engine(device: torch.device) -> str:
+    """The engine between hosts: ``GP2P_ACROSS_HOSTS`` where set, else NCCL for a CUDA group
+    where this torch has it, gloo otherwise."""
+    chosen = os.environ.get(ACROSS_VAR, "").strip().lower()
+    if chosen:
+        if chosen not in ("nccl", "gloo"):
+            raise ValueError("%s=%s: expected nccl or gloo" % (ACROSS_VAR, chosen))
+        return chosen
+    return "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"
+
+
+def make_across(engine: str, store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """A process group of `engine` over `store` (already prefixed for this group)."""
+    if engine == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+class TwoLevel:
+    """Group rank ``rank`` of ``hosts``: ``local`` (this library's communicator among its
+    host's ranks) and ``across`` (a process group among the ranks of its local rank on every
+    host, host ``h`` its rank ``h``)."""
+
+    def __init__(self, local: Any, across: Any, hosts: Hosts, rank: int):
+        self.local, self.across, self.hosts, self.rank = local, across, hosts, rank
+        self.world_size = hosts.count * hosts.local
+
+    def _across_reduce(self, t: torch.Tensor, op: str) -> None:
+        """``t`` becomes ``op`` over the hosts' (avg: the sum divided by the hosts, which the
+        local stage's average makes the average of every rank's)."""
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _REDUCE["sum" if op == "avg" else op]
+        self.across.allreduce([t], opts).wait()
+        if op == "avg":
+            count = self.hosts.count
+            t.copy_(t / count if t.is_floating_point() else torch.div(t, count, rounding_mode="trunc"))
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place: a reduce-scatter inside the host, an all-reduce of each shard across
+        hosts, an all-gather inside the host (the buffer padded to ``local`` equal shards)."""
+        flat = tensor.view(-1)
+        n, parts = flat.numel(), self.hosts.local
+        if n == 0:
+            return tensor
+        size = -(-n // parts)
+        whole = flat if size * parts == n else torch.empty(size * parts, dtype=flat.dtype, device=flat.device)
+        if whole is not flat:
+            whole[:n].copy_(flat)
+        shard = torch.empty(size, dtype=flat.dtype, device=flat.device)
+        self.local.reduce_scatter_tensor(shard, whole, op)
+        self._across_reduce(shard, op)
+        self.local.all_gather_into_tensor(whole, shard)
+        if whole is not flat:
+            flat.copy_(whole[:n])
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """In place: across hosts among the root's local rank, then inside each host from it."""
+        host, local = self.hosts.host_of(src), self.hosts.local_rank(src)
+        if self.hosts.local_rank(self.rank) == local:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = host
+            self.across.broadcast([tensor], opts).wait()
+        self.local.broadcast(tensor, local)
+        return tensor
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        """``output`` becomes every rank's ``input`` in group-rank order: across hosts first
+        (each rank's input among its local rank's peers), then inside the host, then each part
+        put where its rank goes."""
+        inp = input.reshape(-1)
+        n, count, local = inp.numel(), self.hosts.count, self.hosts.local
+        if n == 0:
+            return output
+        from_hosts = [torch.empty_like(inp) for _ in range(count)]
+        self.across.allgather([from_hosts], [inp.contiguous()]).wait()
+        mine = torch.cat(from_hosts)
+        gathered = torch.empty(local * count * n, dtype=inp.dtype, device=inp.device)
+        self.local.all_gather_into_tensor(gathered, mine)
+        order = torch.tensor([self.hosts.gathered_index(r) for r in range(self.world_size)], device=inp.device)
+        output.view(self.world_size, n).copy_(gathered.view(local * count, n).index_select(0, order))
+        return output
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``output`` becomes ``op`` over every rank's part ``rank`` of ``input``: inside the
+        host, local rank ``l`` folds the parts of its local rank's peers on every host; across
+        hosts those are all-reduced and each rank keeps its own (the network carries
+        ``hosts`` parts where a reduce-scatter between hosts would carry one)."""
+        n, count, local = output.numel(), self.hosts.count, self.hosts.local
+        if n == 0:
+            return output
+        parts = input.reshape(self.world_size, n)
+        # Local rank l's share: the parts of across(l's rank on this host), host order.
+        ranks = self.hosts.local_ranks(self.rank)
+        arranged = torch.cat([parts[self.hosts.across(r)].reshape(-1) for r in ranks])
+        mid = torch.empty(count * n, dtype=input.dtype, device=input.device)
+        self.local.reduce_scatter_tensor(mid, arranged, op)
+        self._across_reduce(mid, op)
+        output.view(-1).copy_(mid.view(count, n)[self.hosts.host_of(self.rank)])
+        return output
+
+    def _not_across(self, what: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("%s across hosts is not built yet in the gp2p backend; run it on a second "
+                                      "process group with backend='nccl'" % what)
+
+        return refuse
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("send", "recv"):
+            return self._not_across(name)
+        raise AttributeError(name)
+
+    def check(self) -> None:
+        self.local.check()
+
+    def close(self) -> None:
+        self.local.close()
+        getattr(self.across, "shutdown", lambda: None)()
+
+
+def join(store: Any, rank: int, world_size: int, timeout: timedelta, hosts: Hosts, *, device: torch.device,
+         communicator: Callable[..., Any], unique_id: Callable[[], str], peer_timeout: float) -> TwoLevel:
+    """This rank's :class:`TwoLevel`: the first rank of each host makes its communicator's id,
+    every rank joins its host's communicator and its local rank's group across hosts."""
+    host, local = hosts.host_of(rank), hosts.local_rank(rank)
+    key = "gp2p/unique_id/host%d" % host
+    if local == 0:
+        store.set(key, unique_id())
+    uid = store.get(key).decode()
+    index = device.index if device.type == "cuda" else 0
+    comm = communicator(uid, local, hosts.local, index, peer_timeout=peer_timeout,
+                        join_timeout=timeout.total_seconds())
+    engine = across_engine(device)
+    across = make_across(engine, dist.PrefixStore("gp2p/across/%d" % local, store), host, hosts.count, timeout)
+    return TwoLevel(comm, across, hosts, rank)
+
+
+def host_names(store: Any, rank: int, world_size: int, host: str) -> List[str]:
+    """Every rank's host, through the group's store (each rank publishes its own)."""
+    store.set("gp2p/host/%d" % rank, host)
+    return [store.get("gp2p/host/%d" % r).decode() for r in range(world_size)]
