@@ -22,9 +22,19 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// The table's data rows: lines that start with spaces, then a size.
+/// The model's table's data rows: lines that start with spaces, then a size, before the
+/// communicator's table.
 fn rows(stdout: &str) -> Vec<&str> {
-    stdout.lines().filter(|l| l.starts_with(' ') && l.trim_start().starts_with(|c: char| c.is_ascii_digit())).collect()
+    data_rows(stdout.split("One process per GPU").next().unwrap_or_default())
+}
+
+/// The communicator's table's data rows (among more than two ranks).
+fn communicator_rows(stdout: &str) -> Vec<&str> {
+    stdout.split_once("One process per GPU").map(|(_, theirs)| data_rows(theirs)).unwrap_or_default()
+}
+
+fn data_rows(text: &str) -> Vec<&str> {
+    text.lines().filter(|l| l.starts_with(' ') && l.trim_start().starts_with(|c: char| c.is_ascii_digit())).collect()
 }
 
 const ALGORITHMS: [&str; 3] = ["ring", "one-shot", "two-shot"];
@@ -45,7 +55,13 @@ fn plan_for_eight_ranks_prints_a_row_per_size_each_with_a_choice() {
     }
     assert!(rows[0].contains("one-shot"), "the smallest size takes one trip: {stdout}");
     assert!(rows[rows.len() - 1].trim_start().starts_with("1G") && rows[rows.len() - 1].contains("two-shot"));
-    assert!(stdout.contains("GP2P_ALGORITHM") && stdout.contains("not a measurement"), "{stdout}");
+    assert!(stdout.contains("GP2P_ALGORITHM") && stdout.contains("not measurements"), "{stdout}");
+    // The communicator's own: the lines up to their 64 KiB, the rounds above.
+    let theirs = communicator_rows(&stdout);
+    assert_eq!(theirs.len(), 15, "{stdout}");
+    let split = theirs.iter().position(|r| r.ends_with("two-shot (rounds)")).unwrap();
+    assert!(theirs[split - 1].trim_start().starts_with("64K ") && theirs[split - 1].ends_with("one-shot (lines)"));
+    assert!(theirs[split..].iter().all(|r| r.ends_with("two-shot (rounds)")), "{stdout}");
 }
 
 #[test]
