@@ -15,6 +15,9 @@
 #   many     the communicator among 3, 4 and 8 processes sharing the GPU (gpu_comm_many), and
 #            the Python N-rank tests (test_many.py, where a wheel is there), under an MPS
 #            daemon started for it                                    -> many.log, python-many.log
+#   latency  host time a call and latency among 2, 4 and 8 processes under MPS, 32 B to 64 KiB
+#            (many_latency.py: the communicator, dist.all_reduce on gp2p, the servers' object)
+#                                                                     -> many-latency-host-N.{txt,json}
 #   kernels  test_gpu.py and test_compile.py against the copy Hugging Face kernels loads from
 #            HUB (a `cargo xtask hub` repository; kernels 0.17.2's wheels in KWHEELS)
 #                                                                     -> python-gpu-kernels.log
@@ -82,6 +85,19 @@ for section in "${sections[@]}"; do
     fi
     mps_stop
     ;;
+  latency)
+    if ! wheel || ! mps_start; then continue; fi
+    for n in 2 4 8; do
+      late && break
+      name=many-latency-host-$n
+      record "$name.txt" timeout --signal=KILL 90 python3 -m torch.distributed.run --nproc-per-node "$n" \
+        --master-port $((29700 + n)) benches/python/many_latency.py --sizes 32:65536 --calls 200 --repeats 5 \
+        --json "$RES/$name.json" >/dev/null
+      json_head "$RES/$name.json" "python3 -m torch.distributed.run --nproc-per-node $n benches/python/many_latency.py --sizes 32:65536 --calls 200 --repeats 5 --json $name.json (under an MPS daemon)"
+      grep '^bytes' "$RES/$name.txt" | cut -c1-200
+    done
+    mps_stop
+    ;;
   kernels)
     # The same tests against the copy Hugging Face kernels loads from the Hub build (HUB).
     if ! wheel || ! kernels_wheels; then continue; fi
@@ -90,7 +106,7 @@ for section in "${sections[@]}"; do
     note "python GPU tests, kernels copy: $(tail -1 "$RES/python-gpu-kernels.log")"
     ;;
   *)
-    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, many, kernels)" >&2
+    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, many, latency, kernels)" >&2
     exit 2
     ;;
   esac
