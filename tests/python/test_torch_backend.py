@@ -117,6 +117,8 @@ def run_rank(rank, tmp, mode):
         return run_rank_on_gloo(rank, tmp)
     if mode == "hosts":
         return run_rank_across_hosts(rank, tmp)
+    if mode == "mesh":
+        return run_rank_on_a_host_by_local_mesh(rank, tmp)
     _init(rank, tmp, "cpu")
     both = [torch.arange(1, 7, dtype=torch.int64) * (r + 2) for r in range(2)]  # 2,4,..  3,6,..
     mine = both[rank]
@@ -309,12 +311,38 @@ def run_rank_across_hosts(rank, tmp):
     dist.destroy_process_group()
 
 
+def run_rank_on_a_host_by_local_mesh(rank, tmp):
+    """Two fake hosts x two ranks (ranks 0, 1 on host-a; 2, 3 on host-b) as a device mesh
+    ("host", "local"): the "local" groups are each one host's ranks (this library's
+    communicator alone), the "host" groups one rank of each host (one rank a host: the engine
+    between hosts does it all); results against the fold of each group's ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    _init(rank, tmp, "cpu", world_size=4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("host", "local"))
+    ins = [torch.arange(5, dtype=torch.int64) * (r + 1) + 7 * r for r in range(4)]
+    host, local = rank // 2, rank % 2
+    t = ins[rank].clone()
+    dist.all_reduce(t, group=mesh.get_group("local"))
+    assert torch.equal(t, ins[2 * host] + ins[2 * host + 1]), ("local", t)
+    t = ins[rank].clone()
+    dist.all_reduce(t, group=mesh.get_group("host"))
+    assert torch.equal(t, ins[local] + ins[2 + local]), ("host", t)
+    made = sorted(c[1:3] for c in StoreCommunicator.calls if c[0] == "made")
+    # The world group's (local rank of two a host), the "local" group's (two ranks of one
+    # host), the "host" group's (one rank a host).
+    assert made == sorted([(local, 2), (local, 2), (0, 1)]), made
+    dist.destroy_process_group()
+
+
 def _run_two(tmp_path, mode, world=2):
     env = dict(os.environ, GP2P_TEST_DIR=os.path.dirname(__file__), GP2P_TEST_TMP=str(tmp_path))
     ranks = []
     for r in range(world):
         if mode == "hosts":
             env = dict(env, GP2P_HOST_ID="host-%s" % "ab"[r % 2], GP2P_ACROSS_HOSTS="gloo")
+        if mode == "mesh":
+            env = dict(env, GP2P_HOST_ID="host-%s" % "ab"[r // 2], GP2P_ACROSS_HOSTS="gloo")
         ranks.append(subprocess.Popen([sys.executable, "-c", _RANK, str(r), mode], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     try:
@@ -337,6 +365,10 @@ def test_cpu_tensors_of_a_gpu_group_go_to_the_gloo_group_beside_it(tmp_path):
 
 def test_a_group_across_two_hosts_runs_two_levels(tmp_path):
     _run_two(tmp_path, "hosts", world=4)
+
+
+def test_a_host_by_local_device_mesh_puts_local_on_this_library_and_host_between_hosts(tmp_path):
+    _run_two(tmp_path, "mesh", world=4)
 
 
 def test_a_group_of_more_ranks_than_a_communicator_takes_is_refused_at_creation():
