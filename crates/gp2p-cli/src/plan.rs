@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use geforce_p2p::collectives::cost::{self, ALGORITHM_VAR, Algorithm, Machine, Plan};
+use geforce_p2p::collectives::hosts::{Network, across_hosts};
 use geforce_p2p::comm::CommOptions;
 use geforce_p2p::comm::choice::ManyChoice;
 use geforce_p2p::cuda;
@@ -59,6 +60,16 @@ pub struct PlanArgs {
     /// Step factor between sizes.
     #[arg(short = 'f', long, default_value_t = 4)]
     factor: usize,
+    /// Hosts of `--ranks` cards each: also price the all-reduce across them, two-level (this
+    /// library inside each host, an engine for networks between) against one flat ring.
+    #[arg(long, value_name = "HOSTS")]
+    hosts: Option<usize>,
+    /// The network between hosts, Gb/s per host each way (with --hosts).
+    #[arg(long, value_name = "Gb/s", default_value_t = 25.0, requires = "hosts")]
+    network_gbps: f64,
+    /// One message's latency across that network, µs (with --hosts).
+    #[arg(long, value_name = "US", default_value_t = 10.0, requires = "hosts")]
+    network_latency_us: f64,
     /// Also write the machine and the table as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -151,6 +162,23 @@ impl PlanArgs {
     }
 
     /// The machine: flags first, then what `measured` has, then the model's defaults.
+    /// The network of `--hosts`, its flags checked.
+    fn network(&self) -> Result<Network, CliError> {
+        let (gbps, latency_us) = (self.network_gbps, self.network_latency_us);
+        if !(gbps.is_finite() && gbps > 0.0) {
+            return Err(CliError::Usage(format!("--network-gbps {gbps}: expected a rate above 0 Gb/s")));
+        }
+        if !(latency_us.is_finite() && latency_us >= 0.0) {
+            return Err(CliError::Usage(format!("--network-latency-us {latency_us}: expected 0 µs or more")));
+        }
+        match self.hosts {
+            Some(h) if !(1..=MAX_RANKS).contains(&h) => {
+                Err(CliError::Usage(format!("--hosts {h}: expected 1 to {MAX_RANKS} hosts")))
+            }
+            _ => Ok(Network { gbps, latency_us }),
+        }
+    }
+
     fn rates(&self, measured: Option<&Measured>, place: Option<&Placement>) -> Result<Rates, CliError> {
         let ranks = self.ranks.or(place.map(|p| p.cards)).unwrap_or(0);
         if !(2..=MAX_RANKS).contains(&ranks) {
@@ -219,6 +247,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
     };
     // Refuse bad flags (and a bad GP2P_ALGORITHM) before measuring anything.
     args.rates(None, example.as_ref())?;
+    args.network()?;
     let sizes = args.sizes()?;
     let forced = cost::forced_by_env()?;
     let (measured, place) = if args.measure {
@@ -231,6 +260,10 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
     let plans: Vec<(usize, Plan)> =
         sizes.iter().map(|&bytes| (bytes, cost::choose_with(&rates.machine, bytes, forced))).collect();
     print!("{}", render(&rates, &plans, forced));
+    if let Some(hosts) = args.hosts {
+        let network = args.network()?;
+        print!("{}", render_hosts(&rates.machine, hosts, network, &sizes));
+    }
     if let Some(path) = &args.json {
         let io = |source| CliError::Io { path: path.display().to_string(), source };
         let text =
@@ -319,6 +352,38 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
     out.push_str(&communicator_table(m, plans, forced));
     out.push_str(
         "The tables are the model's predictions, not measurements. All ranks in one process run the ring today.\n",
+    );
+    out
+}
+
+/// The all-reduce across `hosts` hosts of `m.ranks` cards each: two-level (as built, and
+/// pipelined) against one flat ring (`geforce_p2p::collectives::hosts`).
+fn render_hosts(m: &Machine, hosts: usize, network: Network, sizes: &[usize]) -> String {
+    let mut out = format!(
+        "Across {hosts} hosts of {} cards, {} Gb/s and {} µs a step between them (geforce_p2p.distributed's \
+         two levels against one flat ring over all {} ranks):\n",
+        m.ranks,
+        network.gbps,
+        network.latency_us,
+        hosts * m.ranks
+    );
+    let mut t =
+        table(&["size", "two-level µs", "pipelined µs", "flat ring µs", "flat / two-level", "network bytes"], &[]);
+    for &bytes in sizes {
+        let c = across_hosts(m, hosts, network, bytes);
+        let ratio = if c.flat_network_bytes > 0.0 { c.two_level_network_bytes / c.flat_network_bytes } else { 0.0 };
+        t.add_row(vec![
+            format_size(bytes),
+            num(c.two_level * 1e6, 1),
+            num(c.two_level_pipelined * 1e6, 1),
+            num(c.flat * 1e6, 1),
+            num(c.flat / c.two_level, 2),
+            format!("{} of the ring's", num(ratio, 2)),
+        ]);
+    }
+    out.push_str(&format!("{}\n", t.trim_fmt()));
+    out.push_str(
+        "The backend runs the two levels one stage after another today; \"pipelined\" is what chunks would give.\n",
     );
     out
 }

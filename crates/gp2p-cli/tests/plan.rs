@@ -162,3 +162,20 @@ fn an_example_machine_hands_its_cards_and_shared_uplink_to_the_model() {
     let out = gp2p(&["plan"], None);
     assert_eq!(out.status.code(), Some(2), "neither --ranks nor --example: a usage error");
 }
+
+#[test]
+fn hosts_add_the_two_level_table_and_refuse_a_network_of_nothing() {
+    let out = gp2p(&["plan", "--ranks", "4", "--hosts", "2", "--sizes", "1M,1G"], None);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let (_, across) = stdout.split_once("Across 2 hosts of 4 cards, 25 Gb/s").expect("the hosts' table");
+    let rows = data_rows(across);
+    assert_eq!(rows.len(), 2, "{stdout}");
+    // 1 GiB, by hand in gp2p_collectives::hosts' tests: 420.4 ms in turn, 601.5 ms flat.
+    assert!(rows[1].contains("420381.6") && rows[1].contains("601455.0") && rows[1].contains("0.57"), "{stdout}");
+    let out = gp2p(&["plan", "--ranks", "4", "--hosts", "2", "--network-gbps", "0"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--network-gbps 0: expected a rate above 0"), "{}", text(&out.stderr));
+    let out = gp2p(&["plan", "--ranks", "4", "--network-gbps", "100"], None);
+    assert_ne!(out.status.code(), Some(0), "--network-gbps needs --hosts");
+}

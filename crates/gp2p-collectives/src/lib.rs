@@ -8,8 +8,11 @@
 //!   reduce-scatter, all-gather and broadcast they are made of) as moves through each rank's
 //!   host area, phase by phase; proven on host buffers (no executor runs them yet).
 //! - [`cost`]: the cost model that picks ring, one-shot or two-shot per size from the
-//!   machine's rates (`GP2P_ALGORITHM` forces one). Only `gp2p plan` asks it today: no
-//!   executor runs one-shot or two-shot yet, so the variable changes no collective.
+//!   machine's rates (`GP2P_ALGORITHM` forces one). `gp2p plan` prints it, and the
+//!   one-process-per-GPU communicator (`gp2p-comm`) takes its choice between its one-shot and
+//!   two-shot among 3 to 8 ranks; the in-process engine runs the ring whatever it says.
+//! - [`hosts`]: the cost of an all-reduce across several hosts, two-level against one flat
+//!   ring, from the same rates and the network's (`gp2p plan --hosts`).
 //! - [`Engine`]: runs a schedule on GPUs — per rank a send stream and a receive stream, a
 //!   staging ring per ring edge, and events at chunk granularity.
 //! - [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`]: checked entry points.
@@ -83,6 +86,7 @@ mod env;
 mod error;
 mod exec;
 pub mod host_schedule;
+pub mod hosts;
 pub mod reference;
 pub mod schedule;
 
