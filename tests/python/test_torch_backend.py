@@ -276,8 +276,9 @@ def run_rank_across_hosts(rank, tmp):
     made = [c for c in StoreCommunicator.calls if c[0] == "made"]
     assert made == [("made", rank // 2, 2, 0, 1800.0, 1800.0)], made  # local rank, of 2 a host
     for dtype in (torch.int64, torch.float64):
-        for n in (1, 7, 12):
-            ins = [(torch.arange(n, dtype=torch.int64) * (r + 2) - 3 * r).to(dtype) for r in range(world)]
+        # 2001 elements in chunks of 4096 bytes (GP2P_ACROSS_CHUNK_BYTES): four, the last odd.
+        for n in (1, 7, 12, 2001):
+            ins = [((torch.arange(n, dtype=torch.int64) % 13) * (r + 2) - 3 * r).to(dtype) for r in range(world)]
             for op, fold in ((dist.ReduceOp.SUM, lambda a, b: a + b), (dist.ReduceOp.MAX, torch.maximum),
                              (dist.ReduceOp.MIN, torch.minimum), (dist.ReduceOp.PRODUCT, torch.mul)):
                 t = ins[rank].clone()
@@ -291,6 +292,14 @@ def run_rank_across_hosts(rank, tmp):
             total = sum(ins)
             want = total / world if dtype.is_floating_point else torch.div(total, world, rounding_mode="trunc")
             assert torch.allclose(t, want), ("avg", dtype, n, t, want)
+    before = len(StoreCommunicator.calls)
+    t = torch.arange(2001, dtype=torch.int64)
+    dist.all_reduce(t)
+    stages = [c[0] for c in StoreCommunicator.calls[before:]]
+    assert stages.count("reduce_scatter_tensor") == stages.count("all_gather_into_tensor") == 4, stages
+    assert stages[:3] == ["reduce_scatter_tensor", "reduce_scatter_tensor", "all_gather_into_tensor"], (
+        "the next chunk's reduce-scatter goes before this one's all-gather", stages)
+    assert torch.equal(t, torch.arange(2001, dtype=torch.int64) * world)
     ins = [torch.arange(6, dtype=torch.int64) + 100 * r for r in range(world)]
     t = ins[rank].clone()
     dist.broadcast(t, src=3)
@@ -340,7 +349,8 @@ def _run_two(tmp_path, mode, world=2):
     ranks = []
     for r in range(world):
         if mode == "hosts":
-            env = dict(env, GP2P_HOST_ID="host-%s" % "ab"[r % 2], GP2P_ACROSS_HOSTS="gloo")
+            env = dict(env, GP2P_HOST_ID="host-%s" % "ab"[r % 2], GP2P_ACROSS_HOSTS="gloo",
+                       GP2P_ACROSS_CHUNK_BYTES="4096")
         if mode == "mesh":
             env = dict(env, GP2P_HOST_ID="host-%s" % "ab"[r // 2], GP2P_ACROSS_HOSTS="gloo")
         ranks.append(subprocess.Popen([sys.executable, "-c", _RANK, str(r), mode], env=env, stdout=subprocess.PIPE,

@@ -42,6 +42,38 @@ def make_across(engine: str, store: Any, rank: int, size: int, timeout: timedelt
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
+#: The environment variable that sets the chunk of the two-level all-reduce, bytes a rank.
+CHUNK_VAR = "GP2P_ACROSS_CHUNK_BYTES"
+
+
+def _chunk_bytes() -> int:
+    """``GP2P_ACROSS_CHUNK_BYTES`` (at least 4096), else 4 MiB."""
+    value = os.environ.get(CHUNK_VAR, "").strip()
+    if not value:
+        return 4 << 20
+    try:
+        chunk = int(value)
+    except ValueError:
+        chunk = 0
+    if chunk < 4096:
+        raise ValueError("%s=%s: expected a number of bytes, at least 4096" % (CHUNK_VAR, value))
+    return chunk
+
+
+class _Pending:
+    """An all-reduce across hosts in flight: ``finish()`` waits for it (the current stream,
+    for NCCL) and divides by ``divide`` where it is an average's sum."""
+
+    def __init__(self, work: Any, tensor: torch.Tensor, divide: int):
+        self.work, self.tensor, self.divide = work, tensor, divide
+
+    def finish(self) -> None:
+        self.work.wait()
+        t, count = self.tensor, self.divide
+        if count:
+            t.copy_(t / count if t.is_floating_point() else torch.div(t, count, rounding_mode="trunc"))
+
+
 class TwoLevel:
     """Group rank ``rank`` of ``hosts``: ``local`` (this library's communicator among its
     host's ranks) and ``across`` (a process group among the ranks of its local rank on every
@@ -51,34 +83,52 @@ class TwoLevel:
         self.local, self.across, self.hosts, self.rank = local, across, hosts, rank
         self.world_size = hosts.count * hosts.local
 
-    def _across_reduce(self, t: torch.Tensor, op: str) -> None:
-        """``t`` becomes ``op`` over the hosts' (avg: the sum divided by the hosts, which the
-        local stage's average makes the average of every rank's)."""
+    def _across_reduce(self, t: torch.Tensor, op: str) -> Any:
+        """Start ``t`` becoming ``op`` over the hosts'; returns what finishes it (avg: the sum
+        divided by the hosts, which the local stage's average makes the average of every
+        rank's)."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = _REDUCE["sum" if op == "avg" else op]
-        self.across.allreduce([t], opts).wait()
-        if op == "avg":
-            count = self.hosts.count
-            t.copy_(t / count if t.is_floating_point() else torch.div(t, count, rounding_mode="trunc"))
+        return _Pending(self.across.allreduce([t], opts), t, self.hosts.count if op == "avg" else 0)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place: a reduce-scatter inside the host, an all-reduce of each shard across
-        hosts, an all-gather inside the host (the buffer padded to ``local`` equal shards)."""
+        hosts, an all-gather inside the host (the buffer padded to ``local`` equal shards),
+        in chunks of about ``GP2P_ACROSS_CHUNK_BYTES`` (default 4 MiB) a rank, each chunk's
+        exchange across hosts in flight while the next chunk's reduce-scatter runs."""
         flat = tensor.view(-1)
         n, parts = flat.numel(), self.hosts.local
         if n == 0:
             return tensor
-        size = -(-n // parts)
-        whole = flat if size * parts == n else torch.empty(size * parts, dtype=flat.dtype, device=flat.device)
-        if whole is not flat:
-            whole[:n].copy_(flat)
-        shard = torch.empty(size, dtype=flat.dtype, device=flat.device)
-        self.local.reduce_scatter_tensor(shard, whole, op)
-        self._across_reduce(shard, op)
-        self.local.all_gather_into_tensor(whole, shard)
-        if whole is not flat:
-            flat.copy_(whole[:n])
+        chunk = max(parts, _chunk_bytes() // flat.element_size() // parts * parts)
+        pending = None
+        for start in range(0, n, chunk):
+            piece = flat[start:start + chunk]
+            staged = self._reduce_scatter_piece(piece, op)
+            if pending is not None:
+                self._all_gather_piece(*pending)
+            pending = staged
+        self._all_gather_piece(*pending)
         return tensor
+
+    def _reduce_scatter_piece(self, piece: torch.Tensor, op: str) -> tuple:
+        """The first two stages of one chunk: the local reduce-scatter, and the exchange
+        across hosts started (not waited for)."""
+        n, parts = piece.numel(), self.hosts.local
+        size = -(-n // parts)
+        whole = piece if size * parts == n else torch.empty(size * parts, dtype=piece.dtype, device=piece.device)
+        if whole is not piece:
+            whole[:n].copy_(piece)
+        shard = torch.empty(size, dtype=piece.dtype, device=piece.device)
+        self.local.reduce_scatter_tensor(shard, whole, op)
+        return piece, whole, shard, self._across_reduce(shard, op)
+
+    def _all_gather_piece(self, piece: torch.Tensor, whole: torch.Tensor, shard: torch.Tensor, across: Any) -> None:
+        """The last stage of one chunk, once its exchange across hosts is done."""
+        across.finish()
+        self.local.all_gather_into_tensor(whole, shard)
+        if whole is not piece:
+            piece.copy_(whole[:piece.numel()])
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """In place: across hosts among the root's local rank, then inside each host from it."""
@@ -121,7 +171,7 @@ class TwoLevel:
         arranged = torch.cat([parts[self.hosts.across(r)].reshape(-1) for r in ranks])
         mid = torch.empty(count * n, dtype=input.dtype, device=input.device)
         self.local.reduce_scatter_tensor(mid, arranged, op)
-        self._across_reduce(mid, op)
+        self._across_reduce(mid, op).finish()
         output.view(-1).copy_(mid.view(count, n)[self.hosts.host_of(self.rank)])
         return output
 
