@@ -15,7 +15,7 @@
 //! halves ([`crate::cost::price`]: the two-shot's bytes in 2(local−1) rounds; the
 //! reduce-scatter and the all-gather bracket the network stage) + the network stage;
 //! [`AcrossHosts::two_level_pipelined`] is the same with the stages overlapped chunk by chunk
-//! (the larger of the two), which the backend does not do yet. Flat time = the largest of the
+//! (the larger of the two): the bound the backend's chunks approach. Flat time = the largest of the
 //! network link, each card's link (2(N−1)/N·S each way), the host's DMA and DRAM terms for its
 //! cards, plus 2(N−1) steps each costing the larger of a handoff and the network latency.
 //!
@@ -47,7 +47,7 @@ pub struct Network {
 /// The model's times for one all-reduce across hosts, seconds, and the network bytes behind them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AcrossHosts {
-    /// The two-level all-reduce, stages one after another (as the backend runs it).
+    /// The two-level all-reduce, stages one after another.
     pub two_level: f64,
     /// The two-level all-reduce with its stages pipelined in chunks.
     pub two_level_pipelined: f64,

@@ -19,7 +19,8 @@ by default), until the peer timeout.
 A group whose ranks sit on several hosts (``geforce_p2p._hosts.host_id``: host name and boot
 id, or ``GP2P_HOST_ID``) runs this library's communicator among each host's ranks and an
 engine for networks between hosts (NCCL for CUDA tensors, or gloo: ``GP2P_ACROSS_HOSTS``):
-all_reduce, broadcast, all_gather and reduce_scatter in two levels
+all_reduce (in chunks, each chunk's exchange across hosts in flight while the next chunk's
+reduce-scatter is enqueued), broadcast, all_gather and reduce_scatter in two levels
 (:mod:`geforce_p2p._two_level`); every host must hold the same number of ranks, at most 8;
 send and recv across hosts raise ``NotImplementedError``.
 
