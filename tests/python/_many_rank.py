@@ -407,5 +407,49 @@ def server_scenario():
     dist.destroy_process_group()
 
 
-{"comm": comm_scenario, "backend": backend_scenario, "server": server_scenario}[SCENARIO]()
+def hosts_scenario():
+    """Two fake hosts of WORLD / 2 ranks (GP2P_HOST_ID by rank, set before the group is made),
+    gloo between them (NCCL refuses ranks that share a GPU): every op at odd lengths against
+    the float64 reference, the other collectives, and 200 all-reduces back to back."""
+    os.environ["GP2P_HOST_ID"] = "fake-host-%d" % (RANK * 2 // WORLD)
+    os.environ["GP2P_ACROSS_HOSTS"] = "gloo"
+    os.environ["GP2P_ACROSS_CHUNK_BYTES"] = str(64 << 10)
+    gpd.register_backend()
+    dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD)
+    case = 0
+    for dtype in (torch.float32, torch.int64):
+        for n in (5, 3001, 100_003):
+            for op in OPS:
+                case += 1
+                parts = inputs(case, n, dtype)
+                t = parts[RANK].to(DEVICE)
+                dist.all_reduce(t, TORCH_OPS[op])
+                check("two-level all_reduce %s %s n=%d" % (op, dtype, n), t, reference(parts, op), parts)
+    parts = inputs(950, 777, torch.float32)
+    t = parts[RANK].to(DEVICE)
+    dist.broadcast(t, src=WORLD - 1)
+    check("two-level broadcast", t, parts[WORLD - 1].to(torch.float64))
+    parts = inputs(951, 4099, torch.float32)
+    out = torch.empty(WORLD * 4099, device=DEVICE)
+    dist.all_gather_into_tensor(out, parts[RANK].to(DEVICE))
+    check("two-level all_gather_into_tensor", out, torch.cat(parts).to(torch.float64))
+    parts = inputs(952, WORLD * 4099, torch.float32)
+    out = torch.empty(4099, device=DEVICE)
+    dist.reduce_scatter_tensor(out, parts[RANK].to(DEVICE))
+    mine = [p[RANK * 4099:(RANK + 1) * 4099] for p in parts]
+    check("two-level reduce_scatter_tensor", out, reference(mine, "sum"), mine)
+    bufs = []
+    for call in range(200):
+        parts = inputs(2000 + call, 1001, torch.int64)
+        t = parts[RANK].to(DEVICE)
+        dist.all_reduce(t)
+        bufs.append((t, reference(parts, "sum")))
+    for call, (t, want) in enumerate(bufs):
+        check("two-level call %d of 200" % call, t, want)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+{"comm": comm_scenario, "backend": backend_scenario, "server": server_scenario,
+ "hosts": hosts_scenario}[SCENARIO]()
 print("rank %d of %d: %s passed" % (RANK, WORLD, SCENARIO))

@@ -75,3 +75,8 @@ def test_torch_distributed_on_the_gp2p_backend_with_ddp_fsdp2_dtensor_and_a_subg
 @pytest.mark.parametrize("world", [2, 4])
 def test_custom_allreduce_through_the_calls_vllm_and_sglang_make(world, tmp_path):
     _run("server", world, "file://" + str(tmp_path / "init"), tmp_path)
+
+
+@pytest.mark.parametrize("world", [4])
+def test_two_fake_hosts_run_the_two_level_backend_with_gloo_between_them(world, tmp_path):
+    _run("hosts", world, "file://" + str(tmp_path / "init"), tmp_path)
