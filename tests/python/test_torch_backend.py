@@ -290,6 +290,10 @@ def run_rank_across_hosts(rank, tmp):
             t = ins[rank].clone()
             dist.all_reduce(t, op=dist.ReduceOp.AVG)
             total = sum(ins)
+            # Host sums of 3 and 1 (each host's two ranks) must average to 1, not to 0.
+            odd = torch.tensor([[2, 1, 1, 0][rank]], dtype=torch.int64)  # host-a: ranks 0, 2
+            dist.all_reduce(odd, op=dist.ReduceOp.AVG)
+            assert odd.item() == 1, ("integer avg truncated once", odd)
             want = total / world if dtype.is_floating_point else torch.div(total, world, rounding_mode="trunc")
             assert torch.allclose(t, want), ("avg", dtype, n, t, want)
     before = len(StoreCommunicator.calls)

@@ -84,12 +84,18 @@ class TwoLevel:
         self.world_size = hosts.count * hosts.local
 
     def _across_reduce(self, t: torch.Tensor, op: str) -> Any:
-        """Start ``t`` becoming ``op`` over the hosts'; returns what finishes it (avg: the sum
-        divided by the hosts, which the local stage's average makes the average of every
-        rank's)."""
+        """Start ``t`` becoming ``op`` over the hosts'; returns what finishes it. An average
+        is summed at both levels and divided by every rank's count once, at the end: dividing
+        each host's sum first would truncate integers twice (3 and 1 over two hosts of two
+        ranks: 1 + 0 = 1, halved to 0, where 4 / 4 is 1)."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = _REDUCE["sum" if op == "avg" else op]
-        return _Pending(self.across.allreduce([t], opts), t, self.hosts.count if op == "avg" else 0)
+        return _Pending(self.across.allreduce([t], opts), t, self.world_size if op == "avg" else 0)
+
+    @staticmethod
+    def _local_op(op: str) -> str:
+        """The op inside a host: an average sums there (see ``_across_reduce``)."""
+        return "sum" if op == "avg" else op
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place: a reduce-scatter inside the host, an all-reduce of each shard across
@@ -120,7 +126,7 @@ class TwoLevel:
         if whole is not piece:
             whole[:n].copy_(piece)
         shard = torch.empty(size, dtype=piece.dtype, device=piece.device)
-        self.local.reduce_scatter_tensor(shard, whole, op)
+        self.local.reduce_scatter_tensor(shard, whole, self._local_op(op))
         return piece, whole, shard, self._across_reduce(shard, op)
 
     def _all_gather_piece(self, piece: torch.Tensor, whole: torch.Tensor, shard: torch.Tensor, across: Any) -> None:
@@ -170,7 +176,7 @@ class TwoLevel:
         ranks = self.hosts.local_ranks(self.rank)
         arranged = torch.cat([parts[self.hosts.across(r)].reshape(-1) for r in ranks])
         mid = torch.empty(count * n, dtype=input.dtype, device=input.device)
-        self.local.reduce_scatter_tensor(mid, arranged, op)
+        self.local.reduce_scatter_tensor(mid, arranged, self._local_op(op))
         self._across_reduce(mid, op).finish()
         output.view(-1).copy_(mid.view(count, n)[self.hosts.host_of(self.rank)])
         return output
