@@ -182,33 +182,41 @@ def comm_scenario():
     comm.close()
 
 
-def backend_scenario():
-    """torch.distributed on the gp2p backend: its ops, a subgroup, and DDP against a one-process
-    reference."""
-    gpd.register_backend()
-    dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD)
-    case = 0
-    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+def dist_collectives(what, first_case, dtypes):
+    """torch.distributed's collectives on the default group, each against the float64
+    reference: every op of all_reduce for `dtypes` at odd lengths, then all_gather_into_tensor,
+    reduce_scatter_tensor and broadcast. `what` names the group in failures; cases are
+    numbered from `first_case`."""
+    case = first_case
+    for dtype in dtypes:
         for n in (5, 3001, 100_003):
             for op in OPS:
                 case += 1
                 parts = inputs(case, n, dtype)
                 t = parts[RANK].to(DEVICE)
                 dist.all_reduce(t, TORCH_OPS[op])
-                check("dist.all_reduce %s %s n=%d" % (op, dtype, n), t, reference(parts, op), parts)
-    parts = inputs(900, 4099, torch.float32)
+                check("%s all_reduce %s %s n=%d" % (what, op, dtype, n), t, reference(parts, op), parts)
+    parts = inputs(first_case + 900, 4099, torch.float32)
     out = torch.empty(WORLD * 4099, device=DEVICE)
     dist.all_gather_into_tensor(out, parts[RANK].to(DEVICE))
-    check("dist.all_gather_into_tensor", out, torch.cat(parts).to(torch.float64))
-    parts = inputs(901, WORLD * 4099, torch.float32)
+    check("%s all_gather_into_tensor" % what, out, torch.cat(parts).to(torch.float64))
+    parts = inputs(first_case + 901, WORLD * 4099, torch.float32)
     out = torch.empty(4099, device=DEVICE)
     dist.reduce_scatter_tensor(out, parts[RANK].to(DEVICE))
     mine = [p[RANK * 4099:(RANK + 1) * 4099] for p in parts]
-    check("dist.reduce_scatter_tensor", out, reference(mine, "sum"), mine)
-    parts = inputs(902, 777, torch.float32)
+    check("%s reduce_scatter_tensor" % what, out, reference(mine, "sum"), mine)
+    parts = inputs(first_case + 902, 777, torch.float32)
     t = parts[RANK].to(DEVICE)
     dist.broadcast(t, src=WORLD - 1)
-    check("dist.broadcast", t, parts[WORLD - 1].to(torch.float64))
+    check("%s broadcast" % what, t, parts[WORLD - 1].to(torch.float64))
+
+
+def backend_scenario():
+    """torch.distributed on the gp2p backend: its ops, a subgroup, and DDP against a one-process
+    reference."""
+    gpd.register_backend()
+    dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD)
+    dist_collectives("dist", 0, (torch.float32, torch.bfloat16, torch.int64))
     # A subgroup of the even ranks (new_group makes it through the backend's creator).
     evens = list(range(0, WORLD, 2))
     sub = dist.new_group(evens, backend="gp2p")
@@ -416,28 +424,7 @@ def hosts_scenario():
     os.environ["GP2P_ACROSS_CHUNK_BYTES"] = str(64 << 10)
     gpd.register_backend()
     dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD)
-    case = 0
-    for dtype in (torch.float32, torch.int64):
-        for n in (5, 3001, 100_003):
-            for op in OPS:
-                case += 1
-                parts = inputs(case, n, dtype)
-                t = parts[RANK].to(DEVICE)
-                dist.all_reduce(t, TORCH_OPS[op])
-                check("two-level all_reduce %s %s n=%d" % (op, dtype, n), t, reference(parts, op), parts)
-    parts = inputs(950, 777, torch.float32)
-    t = parts[RANK].to(DEVICE)
-    dist.broadcast(t, src=WORLD - 1)
-    check("two-level broadcast", t, parts[WORLD - 1].to(torch.float64))
-    parts = inputs(951, 4099, torch.float32)
-    out = torch.empty(WORLD * 4099, device=DEVICE)
-    dist.all_gather_into_tensor(out, parts[RANK].to(DEVICE))
-    check("two-level all_gather_into_tensor", out, torch.cat(parts).to(torch.float64))
-    parts = inputs(952, WORLD * 4099, torch.float32)
-    out = torch.empty(4099, device=DEVICE)
-    dist.reduce_scatter_tensor(out, parts[RANK].to(DEVICE))
-    mine = [p[RANK * 4099:(RANK + 1) * 4099] for p in parts]
-    check("two-level reduce_scatter_tensor", out, reference(mine, "sum"), mine)
+    dist_collectives("two-level", 5000, (torch.float32, torch.int64))
     bufs = []
     for call in range(200):
         parts = inputs(2000 + call, 1001, torch.int64)
