@@ -82,6 +82,7 @@ class TwoLevel:
     def __init__(self, local: Any, across: Any, hosts: Hosts, rank: int):
         self.local, self.across, self.hosts, self.rank = local, across, hosts, rank
         self.world_size = hosts.count * hosts.local
+        self._orders: dict = {}
 
     def _across_reduce(self, t: torch.Tensor, op: str) -> Any:
         """Start ``t`` becoming ``op`` over the hosts'; returns what finishes it. An average
@@ -159,9 +160,17 @@ class TwoLevel:
         mine = torch.cat(from_hosts)
         gathered = torch.empty(local * count * n, dtype=inp.dtype, device=inp.device)
         self.local.all_gather_into_tensor(gathered, mine)
-        order = torch.tensor([self.hosts.gathered_index(r) for r in range(self.world_size)], device=inp.device)
-        output.view(self.world_size, n).copy_(gathered.view(local * count, n).index_select(0, order))
+        output.view(self.world_size, n).copy_(gathered.view(local * count, n).index_select(0, self._order(inp.device)))
         return output
+
+    def _order(self, device: torch.device) -> torch.Tensor:
+        """Where each rank's part lies in a two-level all-gather's result, on `device`: made
+        once (a tensor made from a list is copied from pageable memory, which may wait for
+        the device)."""
+        if device not in self._orders:
+            indices = [self.hosts.gathered_index(r) for r in range(self.world_size)]
+            self._orders[device] = torch.tensor(indices, dtype=torch.int64).to(device)
+        return self._orders[device]
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``output`` becomes ``op`` over every rank's part ``rank`` of ``input``: inside the
@@ -174,7 +183,8 @@ class TwoLevel:
         parts = input.reshape(self.world_size, n)
         # Local rank l's share: the parts of across(l's rank on this host), host order.
         ranks = self.hosts.local_ranks(self.rank)
-        arranged = torch.cat([parts[self.hosts.across(r)].reshape(-1) for r in ranks])
+        # Rows by slicing, not by a list of indices (which torch copies to the device).
+        arranged = torch.cat([parts[p] for r in ranks for p in self.hosts.across(r)])
         mid = torch.empty(count * n, dtype=input.dtype, device=input.device)
         self.local.reduce_scatter_tensor(mid, arranged, self._local_op(op))
         self._across_reduce(mid, op).finish()

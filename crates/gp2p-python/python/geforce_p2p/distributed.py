@@ -23,9 +23,10 @@ each way, as in a ring, in 2(N-1) handoffs rather than a ring's 2(N-1) dependent
 through host memory per chunk. Which of the two a size takes is the cost model's choice
 (``gp2p plan --ranks N``: the lines priced at twice the data's bytes, the rounds at 2(N-1)
 handoffs); with the rates measured on H200s it keeps the lines up to their 64 KiB, and
-``GP2P_ALGORITHM=one-shot|two-shot`` (or ``algorithm=``) forces one. all_gather and reduce_scatter are the second and first half,
-broadcast is the root handing the tensor to each rank in turn, send/recv one handoff. The
-slots take about 48 MiB of /dev/shm at any N (16 MiB / N each, three per rank).
+``GP2P_ALGORITHM=one-shot|two-shot`` (or ``algorithm=``) forces one. all_gather and
+reduce_scatter are the second and first half, broadcast is the root handing the tensor to
+each rank in turn, send/recv one handoff. The slots take about 48 MiB of /dev/shm at any N
+(16 MiB / N each, three per rank).
 
 Between two ranks an all-reduce of up to ``max_bytes`` (4 MiB by
 default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
