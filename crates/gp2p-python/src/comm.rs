@@ -152,14 +152,22 @@ impl PyCommunicator {
         };
         let output = empty_like.call1((tensor,))?;
         // Like its input, a contiguous tensor on its device (torch.empty_like keeps the
-        // layout); its address and size are all that is read of it, the size checked, as
-        // the kernel writes that many bytes.
+        // layout). Read of it: its address, and what makes the kernel's writes land in its
+        // memory: its size, its device, and that it is contiguous (an expanded tensor's bytes
+        // are more than its storage's). A full read costs twice as much host time.
         let bytes = len * dtype.size_bytes();
         let out_ptr: u64 = output.call_method0(intern!(py, "data_ptr"))?.extract()?;
         let out_bytes: usize = output.getattr(intern!(py, "nbytes"))?.extract()?;
-        if out_bytes != bytes || out_ptr == 0 {
-            let refused =
-                Raised::argument("empty_like", format!("gave {out_bytes} bytes at {out_ptr:#x}, not {bytes}"));
+        let out_device: i64 = output.call_method0(intern!(py, "get_device"))?.extract()?;
+        let contiguous: bool = output.call_method0(intern!(py, "is_contiguous"))?.extract()?;
+        if out_bytes != bytes || out_ptr == 0 || out_device != device as i64 || !contiguous {
+            let refused = Raised::argument(
+                "empty_like",
+                format!(
+                    "gave {out_bytes} bytes at {out_ptr:#x} on device {out_device} (contiguous: {contiguous}), \
+                     not {bytes} contiguous bytes on device {device}"
+                ),
+            );
             return Err(refused.into_pyerr(py));
         }
         let stream = torch.current_stream(py, device)?;
