@@ -45,25 +45,36 @@ pub(crate) struct ReduceArgs {
     pub(crate) divisor: u32,
 }
 
-impl ReduceArgs {
+impl KernelArgs for ReduceArgs {
     fn params(&self) -> Params {
         Params::default().u64(self.dst).u64(self.src).u64(self.len).u32(self.divisor)
     }
 }
 
-/// Launch a reduce kernel with `args`.
+/// A kernel family's arguments, as one struct in parameter order.
+pub(crate) trait KernelArgs {
+    /// The arguments in the order the kernels take them.
+    fn params(&self) -> Params;
+}
+
+/// One thread: the wait kernels' launch shape.
+pub(crate) const ONE_THREAD: LaunchConfig = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
+
+/// Launch `function` with `args` (its family's), replayed through `cache` where one is given.
 ///
 /// # Safety
-/// `function` is a reduce kernel; the addresses are valid for what it does with `len`
-/// elements, until it completes.
-pub(crate) unsafe fn launch_reduce(
+/// `function` is a kernel of the family `args` belong to; their addresses are valid for what
+/// it does with them until it completes (each family's contract is its `raw` function's);
+/// launches through `cache` follow [`LaunchCache::launch`]'s contract.
+pub(crate) unsafe fn launch_kernel(
     function: &Function,
     stream: &Stream,
     config: LaunchConfig,
-    args: ReduceArgs,
+    args: &impl KernelArgs,
+    cache: Option<&mut LaunchCache>,
 ) -> Result<()> {
-    // SAFETY: the arguments match the parameters; addresses: the caller's.
-    unsafe { launch_params(function, stream, config, args.params(), None) }
+    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
+    unsafe { launch_params(function, stream, config, args.params(), cache) }
 }
 
 /// Launch `function` with `params`, replayed through `cache` where one is given.
@@ -129,9 +140,8 @@ pub(crate) struct ChunksArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
-impl ChunksArgs {
-    /// A flagged-chunk kernel's arguments, in order.
-    pub(crate) fn params(&self) -> Params {
+impl KernelArgs for ChunksArgs {
+    fn params(&self) -> Params {
         // The kernels take (const T*, T*, u64, char*, const char*, u32, u64, u64, u32*, u32*,
         // u64, u64, u32*), in this order.
         Params::default()
@@ -180,7 +190,7 @@ pub(crate) struct ExchangeArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
-impl ExchangeArgs {
+impl KernelArgs for ExchangeArgs {
     fn params(&self) -> Params {
         // The kernels take (const T*, T*, u64, u64*, const u64*, u32, u32, u64, u32*, u32*,
         // u64, u32*), in this order.
@@ -198,22 +208,6 @@ impl ExchangeArgs {
             .u64(self.half_stride)
             .u64(self.broken)
     }
-}
-
-/// Launch an exchange kernel with `args`.
-///
-/// # Safety
-/// `function` is an exchange kernel; the addresses are valid for what it does with `len`
-/// elements, until it completes (see [`crate::raw::exchange`]).
-pub(crate) unsafe fn launch_exchange(
-    function: &Function,
-    stream: &Stream,
-    config: LaunchConfig,
-    args: ExchangeArgs,
-    cache: Option<&mut LaunchCache>,
-) -> Result<()> {
-    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
-    unsafe { launch_params(function, stream, config, args.params(), cache) }
 }
 
 /// The many-rank exchange kernels' parameters `(const T* src, T* dst, u64 n, u64* lines, u64 area_stride,
@@ -235,7 +229,7 @@ pub(crate) struct ExchangeManyArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
-impl ExchangeManyArgs {
+impl KernelArgs for ExchangeManyArgs {
     fn params(&self) -> Params {
         Params::default()
             .u64(self.buf.src)
@@ -254,22 +248,6 @@ impl ExchangeManyArgs {
     }
 }
 
-/// Launch a many-rank exchange kernel with `args`.
-///
-/// # Safety
-/// `function` is a many-rank exchange kernel; the addresses are valid for what it does with
-/// `len` elements, until it completes (see [`crate::raw::exchange_many`]).
-pub(crate) unsafe fn launch_exchange_many(
-    function: &Function,
-    stream: &Stream,
-    config: LaunchConfig,
-    args: ExchangeManyArgs,
-    cache: Option<&mut LaunchCache>,
-) -> Result<()> {
-    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
-    unsafe { launch_params(function, stream, config, args.params(), cache) }
-}
-
 /// The wait-on-several kernel's parameters `(const u32* flags, u32 count, u32 value,
 /// u64 timeout_ns, u32* failed, u32* broken)`, in order.
 #[derive(Clone, Copy, Default)]
@@ -282,7 +260,7 @@ pub(crate) struct WaitFlagsArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
-impl WaitFlagsArgs {
+impl KernelArgs for WaitFlagsArgs {
     fn params(&self) -> Params {
         Params::default()
             .u64(self.flags)
@@ -292,17 +270,6 @@ impl WaitFlagsArgs {
             .u64(self.failed)
             .u64(self.broken)
     }
-}
-
-/// Launch the wait-on-several kernel with `args`, one thread.
-///
-/// # Safety
-/// `function` is that kernel; `count` flags from `flags` are readable and `failed` and
-/// `broken` writable `u32`s, all addressable from the stream's device until it completes.
-pub(crate) unsafe fn launch_wait_flags(function: &Function, stream: &Stream, args: WaitFlagsArgs) -> Result<()> {
-    let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
-    // SAFETY: the arguments match the parameters; the addresses are the caller's.
-    unsafe { launch_params(function, stream, one, args.params(), None) }
 }
 
 /// The wait kernel's parameters `(const u32* flag, u32 value, u64 timeout_ns, u32* failed,
@@ -316,29 +283,11 @@ pub(crate) struct WaitFlagArgs {
     pub(crate) broken: RawDevicePtr,
 }
 
-impl WaitFlagArgs {
+impl KernelArgs for WaitFlagArgs {
     fn params(&self) -> Params {
         // The kernel takes (const u32*, u32, u64, u32*, u32*), in this order.
         Params::default().u64(self.flag).u32(self.value).u64(self.timeout_ns).u64(self.failed).u64(self.broken)
     }
-}
-
-/// Launch the wait kernel with `args`, one thread, replayed through `cache` where one is given.
-///
-/// # Safety
-/// `function` is the wait kernel; `flag` is a readable and `failed` and `broken` writable
-/// `u32`s, all addressable from the stream's device until it completes; launches through
-/// `cache` follow
-/// [`LaunchCache::launch`]'s contract.
-pub(crate) unsafe fn launch_wait_flag(
-    function: &Function,
-    stream: &Stream,
-    args: WaitFlagArgs,
-    cache: Option<&mut LaunchCache>,
-) -> Result<()> {
-    let one = LaunchConfig { grid: 1, block: 1, shared_bytes: 0 };
-    // SAFETY: the arguments match the parameters; addresses and the cache: the caller's.
-    unsafe { launch_params(function, stream, one, args.params(), cache) }
 }
 
 /// Refuses a divisor of 0 (avg divides by the number of contributions): what every reduce

@@ -33,9 +33,9 @@ use gp2p_kernels::{
 use crate::driver::{RawDevicePtr, check};
 pub use crate::launch::InOut;
 use crate::launch::{
-    ChunksArgs, ExchangeArgs, ExchangeManyArgs, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, check_divisor,
-    chunks_launch_config, exchange_launch_config, launch_exchange, launch_exchange_many, launch_params, launch_reduce,
-    launch_wait_flag, launch_wait_flags, reduce_launch_config,
+    ChunksArgs, ExchangeArgs, ExchangeManyArgs, KernelArgs, ONE_THREAD, ReduceArgs, SourceMemory, WaitFlagArgs,
+    WaitFlagsArgs, check_divisor, chunks_launch_config, exchange_launch_config, launch_kernel, launch_params,
+    reduce_launch_config,
 };
 use crate::replay::{LaunchCache, Params};
 use crate::{Device, Error, Function, LaunchConfig, Module, Result, Stream};
@@ -142,7 +142,7 @@ pub unsafe fn reduce(
     let config = reduce_launch_config(len, dtype, stream.device().info().multiprocessors, source);
     let args = ReduceArgs { dst, src, len: len as u64, divisor: divide_by };
     // SAFETY: a reduce kernel of `dtype`; the addresses are the caller's contract.
-    unsafe { launch_reduce(&function, stream, config, args) }
+    unsafe { launch_kernel(&function, stream, config, &args, None) }
 }
 
 /// The addresses one rank's exchange kernel works on (see [`exchange`] and
@@ -251,7 +251,7 @@ pub unsafe fn exchange(
         broken: lines.broken,
     };
     // SAFETY: an exchange kernel of `dtype`; the addresses are the caller's contract.
-    unsafe { launch_exchange(&function, stream, config, args, launches) }
+    unsafe { launch_kernel(&function, stream, config, &args, launches) }
 }
 
 /// The lines of every rank of a many-rank exchange (see [`exchange_many`] and
@@ -345,7 +345,7 @@ pub unsafe fn exchange_many(
         broken: lines.broken,
     };
     // SAFETY: a many-rank exchange kernel of `dtype`; the addresses are the caller's contract.
-    unsafe { launch_exchange_many(&function, stream, config, args, launches) }
+    unsafe { launch_kernel(&function, stream, config, &args, launches) }
 }
 
 /// The areas one rank's flagged-chunk kernel works on (see [`plan_exchange_chunks`] and
@@ -559,7 +559,7 @@ pub unsafe fn wait_flag(
     let function = Module::kernels(stream.device(), KernelFamily::Flags)?.function(WAIT_FLAG_KERNEL)?;
     let args = WaitFlagArgs { flag, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
-    unsafe { launch_wait_flag(&function, stream, args, None) }
+    unsafe { launch_kernel(&function, stream, ONE_THREAD, &args, None) }
 }
 
 /// Enqueue a bounded wait on `count` consecutive `u32` flags from `flags` (one thread of
@@ -588,7 +588,7 @@ pub unsafe fn wait_flags(
     let function = Module::kernels(stream.device(), KernelFamily::Flags)?.function(WAIT_FLAGS_KERNEL)?;
     let args = WaitFlagsArgs { flags, count, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
-    unsafe { launch_wait_flags(&function, stream, args) }
+    unsafe { launch_kernel(&function, stream, ONE_THREAD, &args, None) }
 }
 
 /// Refuse `buf`'s addresses misaligned for elements of `align` bytes, and a `dst` that

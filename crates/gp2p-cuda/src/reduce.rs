@@ -8,8 +8,7 @@ use gp2p_kernels::{
 };
 
 use crate::launch::{
-    ExchangeArgs, ExchangeManyArgs, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, launch_exchange,
-    launch_exchange_many, launch_reduce, launch_wait_flag, launch_wait_flags,
+    ExchangeArgs, ExchangeManyArgs, ONE_THREAD, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, launch_kernel,
 };
 use crate::replay::LaunchCache;
 use crate::{DeviceView, DeviceViewMut, Error, LaunchConfig, Module, Result, Stream};
@@ -85,17 +84,13 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
             for dtype in DType::ALL {
                 // SAFETY: n = 0: neither kernel touches memory, so null addresses are fine.
                 unsafe {
-                    launch_reduce(
-                        &module.function(reduce_kernel_name(op, dtype))?,
-                        &stream,
-                        one,
-                        ReduceArgs::default(),
-                    )?;
+                    let reduce = module.function(reduce_kernel_name(op, dtype))?;
+                    launch_kernel(&reduce, &stream, one, &ReduceArgs::default(), None)?;
                     let exchange = exchanges.function(exchange_kernel_name(op, dtype))?;
-                    launch_exchange(&exchange, &stream, one, ExchangeArgs::default(), None)?;
+                    launch_kernel(&exchange, &stream, one, &ExchangeArgs::default(), None)?;
                     // World 0: the kernel returns before it reads anything.
                     let many = many_exchanges.function(exchange_many_kernel_name(op, dtype))?;
-                    launch_exchange_many(&many, &stream, one, ExchangeManyArgs::default(), None)?;
+                    launch_kernel(&many, &stream, one, &ExchangeManyArgs::default(), None)?;
                 }
             }
         }
@@ -114,8 +109,8 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         // order): each launch reads the live word once and returns; the word is freed after
         // the point noted below. The second launch is the cache's only one.
         unsafe {
-            launch_wait_flag(&wait_kernel, &stream, wait, None)?;
-            launch_wait_flag(&wait_kernel, &stream, wait, Some(&mut graphs))?;
+            launch_kernel(&wait_kernel, &stream, ONE_THREAD, &wait, None)?;
+            launch_kernel(&wait_kernel, &stream, ONE_THREAD, &wait, Some(&mut graphs))?;
             // No flags to wait for: the kernel only fences.
             let none = WaitFlagsArgs {
                 flags: word_ptr,
@@ -125,7 +120,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                 failed: word_ptr,
                 broken: word_ptr,
             };
-            launch_wait_flags(&flags.function(WAIT_FLAGS_KERNEL)?, &stream, none)?;
+            launch_kernel(&flags.function(WAIT_FLAGS_KERNEL)?, &stream, ONE_THREAD, &none, None)?;
         }
         // Waiting on a point, not Stream::synchronize: that would also take (and so hide
         // from its owner) an error some destructor deferred.
