@@ -60,6 +60,11 @@ def _chunk_bytes() -> int:
     return chunk
 
 
+def _not_across(what: str) -> None:
+    raise NotImplementedError("%s across hosts is not built yet in the gp2p backend; run it on a second process "
+                              "group with backend='nccl'" % what)
+
+
 class _Pending:
     """An all-reduce across hosts in flight: ``finish()`` waits for it (the current stream,
     for NCCL) and divides by ``divide`` where it is an average's sum."""
@@ -191,17 +196,11 @@ class TwoLevel:
         output.view(-1).copy_(mid.view(count, n)[self.hosts.host_of(self.rank)])
         return output
 
-    def _not_across(self, what: str) -> Callable[..., Any]:
-        def refuse(*args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError("%s across hosts is not built yet in the gp2p backend; run it on a second "
-                                      "process group with backend='nccl'" % what)
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        _not_across("send")
 
-        return refuse
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("send", "recv"):
-            return self._not_across(name)
-        raise AttributeError(name)
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        _not_across("recv")
 
     def check(self) -> None:
         self.local.check()
