@@ -12,6 +12,9 @@ synchronise and a 2 ms sleep, so the host's caches are cold as after real work).
     python3 -m torch.distributed.run --nproc-per-node 2 trace_calls.py comm
                                                 # Communicator.all_reduce of 8 bytes, two
                                                 # processes (sharing the GPU where there is one)
+    python3 -m torch.distributed.run --nproc-per-node 2 trace_calls.py server
+                                                # CustomAllreduce: should_custom_ar, then
+                                                # custom_all_reduce of 2 KiB, as servers call them
 
 Every call's result is checked at the end of each way.
 """
@@ -121,14 +124,63 @@ def comm_case(args):
     dist.destroy_process_group()
 
 
+def server_case(args):
+    import torch.distributed as dist
+    import geforce_p2p.distributed as gpd
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    local = local if local < torch.cuda.device_count() else 0
+    torch.cuda.set_device(local)
+    dist.init_process_group("gloo")
+    box = [gpd.unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    ca = gpd.CustomAllreduce(gpd.Communicator(box[0], rank, world, local))
+    t = torch.randn(512, device="cuda:%d" % local) + rank
+    every = [torch.empty(512) for _ in range(world)]
+    dist.all_gather(every, t.cpu())
+    want = sum(x.double() for x in every).float()
+    outs, addresses = [], set()
+
+    def call():
+        assert ca.should_custom_ar(t)
+        out = ca.custom_all_reduce(t)
+        addresses.add(out.data_ptr())
+        outs.append(out)
+        if len(outs) > 4:
+            outs.pop(0)
+
+    for _ in range(20):
+        call()
+
+    def check():
+        torch.cuda.synchronize()
+        for out in outs:
+            if not torch.allclose(out.cpu(), want, rtol=1e-5, atol=1e-5):
+                raise SystemExit("custom_all_reduce: rank %d wrong" % rank)
+        dist.barrier()
+
+    if rank == 0:
+        report("CustomAllreduce.should_custom_ar + custom_all_reduce of 2 KiB, rank 0", call, args.calls, check)
+        print("outputs came at %d distinct addresses" % len(addresses))
+    else:
+        for way in ("tight", "idle"):
+            traced(call, args.calls, way)
+            check()
+    ca.close()
+    dist.destroy_process_group()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=["copy", "comm"])
+    parser.add_argument("case", choices=["copy", "comm", "server"])
     parser.add_argument("--calls", type=int, default=60, help="traced calls per way")
     parser.add_argument("--devices", default="0,0", help="copy: source and destination device ordinals")
     args = parser.parse_args()
     if args.case == "comm":
         comm_case(args)
+    elif args.case == "server":
+        server_case(args)
     else:
         copy_case(args)
 

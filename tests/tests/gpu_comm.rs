@@ -459,20 +459,22 @@ fn two_processes_take_the_line_kernel_up_to_64_kib_when_told() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_replay_the_small_path_on_the_same_and_on_other_buffers() {
-    // The small path's launches are replayed from graphs (gp2p_cuda::LaunchCache), one per
-    // kernel: a call like the kernel's last replays it as it is, another buffer or another
-    // grid (the chunk kernel's grows with the size) is set into it first. Buffers of the line
-    // kernel (61 elements) and of the chunk kernel at two grids (3,001 and 30,001 elements),
-    // in a pattern of repeats and switches, back to back with no synchronisation; every call
-    // checked: each doubles its buffer (both ranks hold the same values after their first
-    // call on it), so a replay with a stale buffer or grid leaves a wrong count somewhere.
+    // The small path's launches are replayed from graphs (gp2p_cuda::LaunchCache), a few per
+    // kernel: a call like one a graph holds replays it as it is, another buffer or another
+    // grid (the chunk kernel's grows with the size) gets a graph of its own while the kernel
+    // has fewer than eight, and is set into the kernel's least recently used one after. Ten
+    // buffers of the line kernel (61 elements) and ten of the chunk kernel at two grids
+    // (3,001 and 30,001 elements), more than either kernel keeps graphs for, in a pattern of
+    // repeats, switches and cycles, back to back with no synchronisation; every call checked:
+    // each doubles its buffer (both ranks hold the same values after their first call on
+    // it), so a replay with a stale buffer or grid leaves a wrong count somewhere.
     let test = "one_gpu_two_processes_replay_the_small_path_on_the_same_and_on_other_buffers";
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
     let mut r = Ranked::start_sharing_first_gpu(test, small_slots());
     let (rank, stream) = (r.rank, &r.stream);
-    let lens = [61usize, 61, 3_001, 30_001, 3_001, 30_001];
+    let lens: Vec<usize> = (0..20).map(|b| [61, 61, 3_001, 30_001][b / 10 * 2 + b % 2]).collect();
     let inputs: Vec<Vec<Vec<u32>>> = lens
         .iter()
         .enumerate()
@@ -480,8 +482,10 @@ fn one_gpu_two_processes_replay_the_small_path_on_the_same_and_on_other_buffers(
         .collect();
     let mut bufs: Vec<DeviceBuffer<u32>> =
         inputs.iter().map(|i| DeviceBuffer::from_host(stream, &i[rank]).unwrap()).collect();
-    let mut calls = [0u32; 6];
-    for b in [0usize, 0, 0, 1, 1, 0, 2, 2, 3, 3, 2, 4, 5, 4, 4, 3, 5, 5, 2, 1, 2, 3, 0, 4, 5, 3, 2, 2] {
+    let mut calls = [0u32; 20];
+    let switches = [0usize, 0, 0, 1, 1, 0, 10, 10, 11, 11, 10, 12, 13, 12, 12, 11, 13, 13, 10, 1, 10, 11, 0, 12];
+    let cycles = (0..3).flat_map(|_| 0..20);
+    for b in switches.into_iter().chain(cycles).chain((0..20).rev()) {
         r.comm.all_reduce(&mut bufs[b].view_mut(..), stream, ReduceOp::Sum).unwrap();
         calls[b] += 1;
     }

@@ -3,6 +3,7 @@
 use std::sync::Mutex;
 
 use geforce_p2p::comm::{Algorithm, CommOptions, Communicator, UniqueId};
+use geforce_p2p::cuda::trace;
 use geforce_p2p::{DType, Device, Element, ReduceOp};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -150,7 +151,10 @@ impl PyCommunicator {
         let Some((torch, (dtype, _, len, device, ptr))) = self.served(py, tensor, max_bytes)? else {
             return Ok(None);
         };
+        // Marks for a driver-call trace (benches/probes/trace_calls.py): where the reads go.
+        trace::mark("read input");
         let output = empty_like.call1((tensor,))?;
+        trace::mark("empty_like");
         // Like its input, a contiguous tensor on its device (torch.empty_like keeps the
         // layout). Read of it: its address, and what makes the kernel's writes land in its
         // memory: its size, its device, and that it is contiguous (an expanded tensor's bytes
@@ -170,7 +174,9 @@ impl PyCommunicator {
             );
             return Err(refused.into_pyerr(py));
         }
+        trace::mark("read output");
         let stream = torch.current_stream(py, device)?;
+        trace::mark("current stream");
         let at = (ptr, Memory { device, ptr: out_ptr, stream });
         // `tensor` and `output` are held by this frame for the whole call (contract 1).
         let run = || {

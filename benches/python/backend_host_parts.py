@@ -1,0 +1,62 @@
+"""Where the `gp2p` backend's host time goes, part by part, against NCCL's in the same run: N
+ranks on one GPU (start an MPS daemon first), 512 f32 (2 KiB), each part 200 calls in a loop,
+the parts in turns (each round starts one part further on), median of `ROUNDS` after a warm-up
+round (host time a call: what the enqueue costs, not the all-reduce).
+
+    python3 -m torch.distributed.run --nproc-per-node 2 benches/python/backend_host_parts.py
+
+NCCL refuses two ranks on one GPU, so its figure is `dist.all_reduce` on a group of one rank
+per process (`new_subgroups(1)`): torch's ProcessGroupNCCL path, host side, with NCCL's
+enqueue of a one-rank all-reduce. Parts: `dist.all_reduce` on the `gp2p` group; the group's
+own `allreduce` method and its Work's `wait()`; the communicator's call it makes; its device
+check and its Work (a CUDA-aware future, completed)."""
+import os, statistics, time, torch, torch.distributed as dist
+import geforce_p2p.distributed as gpd
+
+ROUNDS, CALLS = 15, 200
+REDUCING = 4  # the first four parts sum `t` in place over the ranks
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(0)
+gpd.register_backend()
+dist.init_process_group("gp2p")
+pg = dist.group.WORLD
+nccl_self, _ = dist.new_subgroups(1, backend="nccl")
+torch.manual_seed(rank)
+# int32, so that the sums wrap instead of overflowing: n in-place sums of the ranks' values
+# give sum(start) * world**(n - 1) modulo 2**32, checked at the end.
+t = torch.randint(-1000, 1000, (512,), dtype=torch.int32, device="cuda")
+every = [torch.empty(512, dtype=torch.int32) for _ in range(world)]
+dist.all_gather(every, t.cpu(), group=dist.new_group(backend="gloo"))
+start_sum = sum(x.long() for x in every)
+one = torch.randn(512, device="cuda")
+one_start = one.clone()
+dist.all_reduce(one, group=nccl_self)  # NCCL's communicator is made at its first call
+parts = [
+    ("dist.all_reduce (gp2p)", lambda: dist.all_reduce(t)),
+    ("pg.allreduce([t]).wait()", lambda: pg.allreduce([t]).wait()),
+    ("pg.allreduce([t])", lambda: pg.allreduce([t])),
+    ("Communicator.all_reduce", lambda: pg._comm.all_reduce(t, "sum")),
+    ("dist.all_reduce (NCCL, one rank)", lambda: dist.all_reduce(one, group=nccl_self)),
+    ("pg._ours([t])", lambda: pg._ours([t])),
+    ("pg._done([t])", lambda: pg._done([t])),
+    ("pg._done([t]).wait()", lambda: pg._done([t]).wait()),
+]
+res = {name: [] for name, _ in parts}
+for r in range(ROUNDS + 1):
+    for name, f in parts[r % len(parts):] + parts[:r % len(parts)]:
+        torch.cuda.synchronize(); dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            f()
+        res[name].append((time.perf_counter() - t0) * 1e6 / CALLS)
+torch.cuda.synchronize(); dist.barrier()
+sums = (ROUNDS + 1) * CALLS * REDUCING
+want = (start_sum * pow(world, sums - 1, 1 << 32)) % (1 << 32)
+want = torch.where(want >= 1 << 31, want - (1 << 32), want).to(torch.int32)
+assert torch.equal(t.cpu(), want), "rank %d: the in-place sums went wrong" % rank
+assert torch.equal(one, one_start), "rank %d: NCCL's one-rank sum changed its tensor" % rank
+if rank == 0:
+    for name, _ in parts:
+        v = res[name][1:]
+        print("%-40s %6.2f us   (rounds %.2f-%.2f)" % (name, statistics.median(v), min(v), max(v)))
+dist.destroy_process_group()
