@@ -41,6 +41,41 @@ parts = [
     ("pg._done([t])", lambda: pg._done([t])),
     ("pg._done([t]).wait()", lambda: pg._done([t]).wait()),
 ]
+
+# Other ways to make the Work an op returns, for comparison: a completed CPU future's, and a
+# Python Work subclass's (what torch's own tests of Python process groups make).
+from torch._C._distributed_c10d import _create_work_from_future
+
+
+def cpu_future_work(result):
+    future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+try:
+    class _Quick(dist.Work):
+        def __init__(self, result):
+            super().__init__()
+            self._result = result
+
+        def wait(self, timeout=None):
+            return True
+
+        def result(self):
+            return self._result
+
+    _Quick([t]).wait()
+    parts += [("Work subclass", lambda: _Quick([t])), ("Work subclass .wait()", lambda: _Quick([t]).wait())]
+except Exception as e:  # noqa: BLE001  (a probe: say why the part is missing)
+    print("rank %d: no Work subclass part: %r" % (rank, e))
+raw_stream = torch._C._cuda_getCurrentRawStream
+parts += [
+    ("CPU future work", lambda: cpu_future_work([t])),
+    ("CPU future work .wait()", lambda: cpu_future_work([t]).wait()),
+    ("_cuda_getCurrentRawStream(0)", lambda: raw_stream(0)),
+    ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream()),
+]
 res = {name: [] for name, _ in parts}
 for r in range(ROUNDS + 1):
     for name, f in parts[r % len(parts):] + parts[:r % len(parts)]:
