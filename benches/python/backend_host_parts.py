@@ -1,7 +1,9 @@
 """Where the `gp2p` backend's host time goes, part by part, against NCCL's in the same run: N
-ranks on one GPU (start an MPS daemon first), 512 f32 (2 KiB), each part 200 calls in a loop,
-the parts in turns (each round starts one part further on), median of `ROUNDS` after a warm-up
-round (host time a call: what the enqueue costs, not the all-reduce).
+ranks on one GPU (start an MPS daemon first), 512 elements (2 KiB). Every part is timed call
+by call, the parts taking turns call by call (so all see the same machine, GPU queue and
+peers), `CALLS` calls a round, each round starting one part further on; the figure is the
+median over every call of every round after a warm-up round (host time a call: what the
+enqueue costs, not the all-reduce).
 
     python3 -m torch.distributed.run --nproc-per-node 2 benches/python/backend_host_parts.py
 
@@ -9,11 +11,11 @@ NCCL refuses two ranks on one GPU, so its figure is `dist.all_reduce` on a group
 per process (`new_subgroups(1)`): torch's ProcessGroupNCCL path, host side, with NCCL's
 enqueue of a one-rank all-reduce. Parts: `dist.all_reduce` on the `gp2p` group; the group's
 own `allreduce` method and its Work's `wait()`; the communicator's call it makes; its device
-check and its Work (a CUDA-aware future, completed)."""
+check and its Work; other ways to make a Work and to read the current stream."""
 import os, statistics, time, torch, torch.distributed as dist
 import geforce_p2p.distributed as gpd
 
-ROUNDS, CALLS = 15, 200
+ROUNDS, CALLS = 10, 200
 REDUCING = 4  # the first four parts sum `t` in place over the ranks
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(0)
@@ -77,13 +79,16 @@ parts += [
     ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream()),
 ]
 res = {name: [] for name, _ in parts}
+clock = time.perf_counter_ns
 for r in range(ROUNDS + 1):
-    for name, f in parts[r % len(parts):] + parts[:r % len(parts)]:
-        torch.cuda.synchronize(); dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
+    turn = parts[r % len(parts):] + parts[:r % len(parts)]
+    torch.cuda.synchronize(); dist.barrier()
+    for _ in range(CALLS):
+        for name, f in turn:
+            t0 = clock()
             f()
-        res[name].append((time.perf_counter() - t0) * 1e6 / CALLS)
+            if r:
+                res[name].append((clock() - t0) / 1e3)
 torch.cuda.synchronize(); dist.barrier()
 sums = (ROUNDS + 1) * CALLS * REDUCING
 want = (start_sum * pow(world, sums - 1, 1 << 32)) % (1 << 32)
@@ -92,6 +97,9 @@ assert torch.equal(t.cpu(), want), "rank %d: the in-place sums went wrong" % ran
 assert torch.equal(one, one_start), "rank %d: NCCL's one-rank sum changed its tensor" % rank
 if rank == 0:
     for name, _ in parts:
-        v = res[name][1:]
-        print("%-40s %6.2f us   (rounds %.2f-%.2f)" % (name, statistics.median(v), min(v), max(v)))
+        v = res[name]
+        q = statistics.quantiles(v, n=4)
+        print("%-40s %6.2f us   (quartiles %.2f-%.2f, %d calls)" % (name, statistics.median(v), q[0], q[2], len(v)))
+    print("dist.all_reduce, gp2p over NCCL's: %+.2f us" % (statistics.median(res["dist.all_reduce (gp2p)"])
+                                                          - statistics.median(res["dist.all_reduce (NCCL, one rank)"])))
 dist.destroy_process_group()

@@ -1,7 +1,9 @@
 """Where the servers' object's host time goes, part by part: two ranks on one GPU (start an MPS
-daemon first), 512 f32 (2 KiB), each part 200 calls in a loop, the parts in turns (each round
-starts one part further on, so no part always follows the same one), median of `ROUNDS`
-after a warm-up round (host time a call: what the enqueue costs, not the all-reduce).
+daemon first), 512 f32 (2 KiB). Every part is timed call by call, the parts taking turns call
+by call (each part sees the same machine, the same GPU queue and the same peer), `CALLS`
+calls a round, each round starting one part further on; the figure is the median over every
+call of every round after a warm-up round (host time a call: what the enqueue costs, not the
+all-reduce).
 
     python3 -m torch.distributed.run --nproc-per-node 2 benches/python/server_host_parts.py
 
@@ -15,7 +17,7 @@ communicator's call. Every output the servers' object makes is checked at the en
 import os, statistics, time, torch, torch.distributed as dist
 import geforce_p2p.distributed as gpd
 
-ROUNDS, CALLS = 15, 200
+ROUNDS, CALLS = 10, 200
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(0)
 dist.init_process_group("gloo")
@@ -57,20 +59,25 @@ parts = [
     ("torch.empty_like alone", lambda: keep(torch.empty_like(src))),
 ]
 res = {name: [] for name, _ in parts}
+clock = time.perf_counter_ns
 for r in range(ROUNDS + 1):
-    for name, f in parts[r % len(parts):] + parts[:r % len(parts)]:
-        torch.cuda.synchronize(); dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
+    turn = parts[r % len(parts):] + parts[:r % len(parts)]
+    torch.cuda.synchronize(); dist.barrier()
+    for _ in range(CALLS):
+        for name, f in turn:
+            t0 = clock()
             f()
-        res[name].append((time.perf_counter() - t0) * 1e6 / CALLS)
+            if r:
+                res[name].append((clock() - t0) / 1e3)
 torch.cuda.synchronize(); dist.barrier()
 for out in held:
     assert torch.allclose(out.double().cpu(), want, rtol=1e-5, atol=1e-5), "rank %d: a wrong sum" % rank
-med = {name: statistics.median(v[1:]) for name, v in res.items()}
+med = {name: statistics.median(v) for name, v in res.items()}
+q = {name: statistics.quantiles(v, n=4) for name, v in res.items()}
 if rank == 0:
     for name, _ in parts:
-        print("%-45s %6.2f us   (rounds %.2f-%.2f)" % (name, med[name], min(res[name][1:]), max(res[name][1:])))
+        print("%-45s %6.2f us   (quartiles %.2f-%.2f, %d calls)" % (name, med[name], q[name][0], q[name][2],
+                                                                   len(res[name])))
     base = med["Communicator.all_reduce"]
     print("custom_all_reduce over Communicator.all_reduce: %+.2f us" % (med["ca.custom_all_reduce"] - base))
     print("should_custom_ar + custom_all_reduce over Communicator.all_reduce: %+.2f us"

@@ -226,6 +226,7 @@ def backend_scenario():
         dist.all_reduce(t, group=sub)
         chosen = [parts[r] for r in evens]
         check("subgroup all_reduce", t, reference(chosen, "sum"), chosen)
+    work_waits_on_another_stream()
     # DDP on a small model: every rank a different batch; the gradients averaged by the
     # backend must equal those of one process over the whole batch.
     torch.manual_seed(0)
@@ -246,6 +247,31 @@ def backend_scenario():
     mesh_components()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def work_waits_on_another_stream():
+    """An async op's Work orders the stream current at wait() after the op, as NCCL's does:
+    the op is enqueued on a side stream behind a ~20 ms sleep kernel, and the stream that
+    waits reads the result at once (without the order it would read the input). The same
+    through get_future(), which DDP's hooks read, and on the op's own stream."""
+    side = torch.cuda.Stream()
+    for how in ("wait", "get_future", "same stream"):
+        parts = inputs(905, 3001, torch.float32)
+        t = parts[RANK].to(DEVICE)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)  # cycles: ~10-20 ms, far longer than the host's next steps
+            work = dist.all_reduce(t, async_op=True)
+            if how == "same stream":
+                work.wait()
+                got = t.clone()
+        if how == "wait":
+            work.wait()
+            got = t.clone()  # on the current (default) stream
+        elif how == "get_future":
+            got = work.get_future().wait()[0].clone()
+        torch.cuda.current_stream().wait_stream(side)
+        check("Work.%s ordered" % how, got, reference(parts, "sum"), parts)
 
 
 def mesh_components():

@@ -3,8 +3,8 @@
 Imported only by :func:`geforce_p2p.distributed.register_backend`, so that the package
 never needs torch to import. Tensors on the group's device go to the communicator (1 to 8
 ranks: all_reduce, all_gather, reduce_scatter, broadcast, send and recv), each op enqueued on the device's
-current stream at the call, like NCCL's; its Work objects are CUDA-aware futures, so
-``wait()`` makes the then-current stream wait for the op, as NCCL's does. Everything else
+current stream at the call, like NCCL's; its Work objects are complete on the host, and
+``wait()`` makes the then-current stream wait for the op, as NCCL's does (``_Enqueued``). Everything else
 goes to a gloo group the process group keeps beside it: CPU tensors (torch hands a
 ``ProcessGroup`` its creator returns every device's tensors, even under
 ``"cpu:gloo,cuda:gp2p"``), the barrier (a host barrier) and, for CPU tensors, the ops the
@@ -38,7 +38,6 @@ from typing import Any, Callable, Iterator, List
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from . import _hosts, _two_level
 
@@ -93,6 +92,65 @@ def _tensors_in(args: Any) -> Iterator[Any]:
             yield from _tensors_in(a)
 
 
+class _Enqueued(dist.Work):
+    """The Work of an op this backend enqueued on the device's current stream (``stream``, a
+    raw handle; None for CPU tensors): complete on the host at once. ``wait()`` orders the
+    then-current stream after the op, as NCCL's does: nothing to do on the op's own stream;
+    on another, it waits for an event recorded on the op's stream (after the op, and after
+    whatever was enqueued there since, which only orders it later).
+
+    Made this way because a completed CUDA-aware future wrapped in a Work
+    (``_create_work_from_future``) cost 12-17 us of host time a call, and its ``wait()`` 2-7
+    more, against about 1.6 for this object and 1.5 for its wait (one H200, two and four
+    ranks under MPS: ``benches/python/backend_host_parts.py``)."""
+
+    def __init__(self, result: List[Any], device: Any, stream: Any):
+        super().__init__()
+        self._result, self._device, self._stream = result, device, stream
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self._stream is not None and _current_raw_stream(self._device.index) != self._stream:
+            _order_after(self._device, self._stream)
+        return True
+
+    def get_future(self) -> Any:
+        """A completed CUDA-aware future of the result, ordered after the op on the
+        then-current stream (DDP's communication hooks read it)."""
+        self.wait()
+        future = torch.futures.Future(devices=[self._device] if self._stream is not None else [])
+        future.set_result(self._result)
+        return future
+
+    def result(self) -> List[Any]:
+        return self._result
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Any:
+        return None
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def _current_raw_stream(index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+def _order_after(device: Any, stream: int) -> None:
+    """Make ``device``'s current stream wait for the work enqueued so far on ``stream`` (a raw
+    handle of that device; 0 is its default stream)."""
+    with torch.cuda.device(device):
+        op_stream = torch.cuda.default_stream(device) if stream == 0 else torch.cuda.ExternalStream(stream)
+        event = torch.cuda.Event()
+        event.record(op_stream)
+        torch.cuda.current_stream(device).wait_event(event)
+
+
 class _Unsplittable:
     """The answer of :meth:`GP2PProcessGroup._get_backend`: a backend that cannot split."""
 
@@ -121,6 +179,8 @@ class GP2PProcessGroup(dist.ProcessGroup):
                              "NCCL, or subgroups of at most %d, for more)"
                              % (hosts.local, _MAX_RANKS, _MAX_RANKS))
         self._device = torch.device(device)
+        # Plain CUDA tensors on a CUDA group are told apart with one attribute (see `_ours`).
+        self._on_cuda = self._device.type == "cuda"
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         # The backend that carries the group's name (see the module docs).
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
@@ -148,6 +208,11 @@ class GP2PProcessGroup(dist.ProcessGroup):
     def _ours(self, *args: Any) -> bool:
         """Whether the op's tensors are on the group's device (the communicator's), or
         elsewhere (gloo's); refuses a mix."""
+        if self._on_cuda and len(args) == 1 and type(args[0]) is list and len(args[0]) == 1:
+            # The usual call, [tensor]: one attribute read, not a device object and a set.
+            (t,) = args[0]
+            if type(t) is torch.Tensor:
+                return t.is_cuda
         kinds = {t.device.type == self._device.type for t in _tensors_in(args)}
         if len(kinds) > 1:
             raise ValueError("tensors: some on %s, some not; give one op tensors of one device type"
@@ -160,11 +225,11 @@ class GP2PProcessGroup(dist.ProcessGroup):
 
     def _done(self, result: List[Any]) -> Any:
         """A Work already complete on the host whose ``wait()`` orders the then-current
-        stream after the op (a CUDA-aware future records an event on the current stream)."""
-        devices = [self._device] if self._device.type == "cuda" else []
-        future = torch.futures.Future(devices=devices)
-        future.set_result(result)
-        return _create_work_from_future(future)
+        stream after the op, which is on the device's current stream by now (the
+        communicator enqueues there; across hosts, the second level's work is waited for on
+        it before the op returns): see :class:`_Enqueued`."""
+        stream = _current_raw_stream(self._device.index) if self._on_cuda else None
+        return _Enqueued(result, self._device, stream)
 
     # -- the ops the communicator runs --------------------------------------------------------
 
