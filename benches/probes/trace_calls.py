@@ -80,7 +80,8 @@ def copy_case(args):
            args.calls, check)
 
 
-def comm_case(args):
+def joined():
+    """This torchrun rank's (rank, world, GPU, communicator): a gloo group carries the id."""
     import torch.distributed as dist
     import geforce_p2p.distributed as gpd
 
@@ -91,7 +92,13 @@ def comm_case(args):
     dist.init_process_group("gloo")
     box = [gpd.unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    comm = gpd.Communicator(box[0], rank, world, local)
+    return rank, world, local, gpd.Communicator(box[0], rank, world, local)
+
+
+def comm_case(args):
+    import torch.distributed as dist
+
+    rank, world, local, comm = joined()
     t = torch.ones(2, device="cuda:%d" % local)
     for _ in range(20):
         comm.all_reduce(t, "sum")
@@ -128,14 +135,8 @@ def server_case(args):
     import torch.distributed as dist
     import geforce_p2p.distributed as gpd
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    local = local if local < torch.cuda.device_count() else 0
-    torch.cuda.set_device(local)
-    dist.init_process_group("gloo")
-    box = [gpd.unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    ca = gpd.CustomAllreduce(gpd.Communicator(box[0], rank, world, local))
+    rank, world, local, comm = joined()
+    ca = gpd.CustomAllreduce(comm)
     t = torch.randn(512, device="cuda:%d" % local) + rank
     every = [torch.empty(512) for _ in range(world)]
     dist.all_gather(every, t.cpu())

@@ -12,8 +12,9 @@ per process (`new_subgroups(1)`): torch's ProcessGroupNCCL path, host side, with
 enqueue of a one-rank all-reduce. Parts: `dist.all_reduce` on the `gp2p` group; the group's
 own `allreduce` method and its Work's `wait()`; the communicator's call it makes; its device
 check and its Work; other ways to make a Work and to read the current stream."""
-import os, statistics, time, torch, torch.distributed as dist
+import os, statistics, torch, torch.distributed as dist
 import geforce_p2p.distributed as gpd
+from parts_in_turns import line, time_in_turns
 
 ROUNDS, CALLS = 10, 200
 REDUCING = 4  # the first four parts sum `t` in place over the ranks
@@ -78,18 +79,7 @@ parts += [
     ("_cuda_getCurrentRawStream(0)", lambda: raw_stream(0)),
     ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream()),
 ]
-res = {name: [] for name, _ in parts}
-clock = time.perf_counter_ns
-for r in range(ROUNDS + 1):
-    turn = parts[r % len(parts):] + parts[:r % len(parts)]
-    torch.cuda.synchronize(); dist.barrier()
-    for _ in range(CALLS):
-        for name, f in turn:
-            t0 = clock()
-            f()
-            if r:
-                res[name].append((clock() - t0) / 1e3)
-torch.cuda.synchronize(); dist.barrier()
+res = time_in_turns(parts, ROUNDS, CALLS)
 sums = (ROUNDS + 1) * CALLS * REDUCING
 want = (start_sum * pow(world, sums - 1, 1 << 32)) % (1 << 32)
 want = torch.where(want >= 1 << 31, want - (1 << 32), want).to(torch.int32)
@@ -97,9 +87,7 @@ assert torch.equal(t.cpu(), want), "rank %d: the in-place sums went wrong" % ran
 assert torch.equal(one, one_start), "rank %d: NCCL's one-rank sum changed its tensor" % rank
 if rank == 0:
     for name, _ in parts:
-        v = res[name]
-        q = statistics.quantiles(v, n=4)
-        print("%-40s %6.2f us   (quartiles %.2f-%.2f, %d calls)" % (name, statistics.median(v), q[0], q[2], len(v)))
+        print(line(name, res[name], 40))
     print("dist.all_reduce, gp2p over NCCL's: %+.2f us" % (statistics.median(res["dist.all_reduce (gp2p)"])
                                                           - statistics.median(res["dist.all_reduce (NCCL, one rank)"])))
 dist.destroy_process_group()

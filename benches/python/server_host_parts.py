@@ -14,8 +14,9 @@ alone. The servers' calls keep each output alive for the next four calls, as a l
 is held while the next ones run, so torch's allocator hands out five addresses in turn. Then
 the differences the issue's target is about: what the servers' object adds to the
 communicator's call. Every output the servers' object makes is checked at the end."""
-import os, statistics, time, torch, torch.distributed as dist
+import os, statistics, torch, torch.distributed as dist
 import geforce_p2p.distributed as gpd
+from parts_in_turns import line, time_in_turns
 
 ROUNDS, CALLS = 10, 200
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -58,26 +59,13 @@ parts = [
     ("native.serves_torch", lambda: native.serves_torch(src, 1 << 20)),
     ("torch.empty_like alone", lambda: keep(torch.empty_like(src))),
 ]
-res = {name: [] for name, _ in parts}
-clock = time.perf_counter_ns
-for r in range(ROUNDS + 1):
-    turn = parts[r % len(parts):] + parts[:r % len(parts)]
-    torch.cuda.synchronize(); dist.barrier()
-    for _ in range(CALLS):
-        for name, f in turn:
-            t0 = clock()
-            f()
-            if r:
-                res[name].append((clock() - t0) / 1e3)
-torch.cuda.synchronize(); dist.barrier()
+res = time_in_turns(parts, ROUNDS, CALLS)
 for out in held:
     assert torch.allclose(out.double().cpu(), want, rtol=1e-5, atol=1e-5), "rank %d: a wrong sum" % rank
 med = {name: statistics.median(v) for name, v in res.items()}
-q = {name: statistics.quantiles(v, n=4) for name, v in res.items()}
 if rank == 0:
     for name, _ in parts:
-        print("%-45s %6.2f us   (quartiles %.2f-%.2f, %d calls)" % (name, med[name], q[name][0], q[name][2],
-                                                                   len(res[name])))
+        print(line(name, res[name]))
     base = med["Communicator.all_reduce"]
     print("custom_all_reduce over Communicator.all_reduce: %+.2f us" % (med["ca.custom_all_reduce"] - base))
     print("should_custom_ar + custom_all_reduce over Communicator.all_reduce: %+.2f us"
