@@ -844,15 +844,16 @@ class _CaNative:
     """What CustomAllreduce calls of a communicator's native side, without a GPU: it serves
     the tensors ``serves`` says it does, and records every call."""
 
-    def __init__(self, serves):
-        self.serves, self.calls = serves, []
+    def __init__(self, serves, max_bytes):
+        self.serves, self.max_bytes, self.calls = serves, max_bytes, []
 
-    def serves_torch(self, t, max_bytes):
-        self.calls.append(("serves", t.name, max_bytes))
+    def serves_torch(self, t, max_bytes=None):
+        self.calls.append(("serves", t.name, max_bytes or self.max_bytes))
         return self.serves(t)
 
-    def all_reduce_new_torch(self, t, empty_like, max_bytes):
-        self.calls.append(("all_reduce_new", t.name, max_bytes))
+    def all_reduce_new_torch(self, t, empty_like=None, max_bytes=None):
+        self.calls.append(("all_reduce_new", t.name, max_bytes or self.max_bytes))
+        empty_like = empty_like or sys.modules["torch"].empty_like
         return empty_like(t) if self.serves(t) else None
 
 
@@ -861,7 +862,7 @@ class _Comm:
 
     def __init__(self, world_size=2, device=0, max_bytes=64 << 10, serves=lambda t: t.name.startswith("ok")):
         self.world_size, self.device, self.max_bytes, self.calls = world_size, device, max_bytes, []
-        self._native = _CaNative(serves)
+        self._native = _CaNative(serves, max_bytes)
 
     def all_gather_into_tensor(self, out, inp):
         self.calls.append(("all_gather", out.shape, inp.name))
@@ -917,6 +918,11 @@ def test_custom_allreduce_asks_the_native_side_with_its_limit_and_never_when_dis
     assert out.name == "out of ok" and made == [("empty_like", "ok")], "a new tensor, made by torch.empty_like"
     assert ca.custom_all_reduce(_T("refused", (3,))) is None
     assert native.calls == [("all_reduce_new", "ok", 4096), ("all_reduce_new", "refused", 4096)]
+    # The members are the native calls themselves; the methods they stand over say the same.
+    native.calls.clear()
+    assert CustomAllreduce.should_custom_ar(ca, _T("ok", (8,))) and CustomAllreduce.custom_all_reduce(ca, _T("ok", (8,)))
+    assert not CustomAllreduce.should_custom_ar(ca, _T("refused", (8,)))
+    assert native.calls == [("serves", "ok", 4096), ("all_reduce_new", "ok", 4096), ("serves", "refused", 4096)]
     with ca.capture():
         assert ca.should_custom_ar(_T("ok", (8,))), "captured calls replay"
     assert not CustomAllreduce(_Comm(world_size=4)).disabled, "four ranks are served"

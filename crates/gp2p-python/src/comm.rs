@@ -125,34 +125,49 @@ impl PyCommunicator {
     }
 
     /// Whether `tensor` is what [`PyCommunicator::all_reduce_new_torch`] takes with this
-    /// `max_bytes`: a contiguous CUDA torch tensor of a kernel dtype on this rank's device,
-    /// of 16-byte multiples up to `max_bytes`, read as the fast path reads it (a server's
+    /// `max_bytes` (default and most: the one kernel's, [`PyCommunicator::max_bytes`]): a
+    /// contiguous CUDA torch tensor of a kernel dtype on this rank's device, of 16-byte
+    /// multiples up to `max_bytes`, read as the fast path reads it (a server's
     /// `should_custom_ar`, asked before every call: no GPU work, no exception for anything).
-    fn serves_torch<'py>(&self, py: Python<'py>, tensor: &Bound<'py, PyAny>, max_bytes: usize) -> PyResult<bool> {
-        Ok(self.served(py, tensor, max_bytes)?.is_some())
+    #[pyo3(signature = (tensor, max_bytes=None))]
+    fn serves_torch<'py>(
+        &self,
+        py: Python<'py>,
+        tensor: &Bound<'py, PyAny>,
+        max_bytes: Option<usize>,
+    ) -> PyResult<bool> {
+        Ok(self.served(py, tensor, max_bytes.unwrap_or(self.max_bytes))?.is_some())
     }
 
     /// A new tensor holding the `op` all-reduce of `tensor` over every rank, `tensor` left as it
     /// was, or None where [`PyCommunicator::serves_torch`] says no (nothing enqueued then):
-    /// `empty_like` (torch's) makes the output, and the all-reduce is enqueued on the device's
-    /// current stream, reading `tensor` and writing the output (no copy first). A server's
-    /// `custom_all_reduce` in one native call: it cost 3 reads of the tensor, a clone and an
-    /// in-place call from Python before.
-    #[pyo3(signature = (tensor, empty_like, max_bytes, op="sum"))]
+    /// `empty_like` (default: torch's) makes the output, and the all-reduce is enqueued on the
+    /// device's current stream, reading `tensor` and writing the output (no copy first). A
+    /// server's `custom_all_reduce` in one native call: it cost 3 reads of the tensor, a clone
+    /// and an in-place call from Python before. With the defaults it takes the tensor alone,
+    /// as servers call `custom_all_reduce`, and is bound as that member itself (no Python
+    /// frame between).
+    #[pyo3(signature = (tensor, empty_like=None, max_bytes=None, op="sum"))]
     fn all_reduce_new_torch<'py>(
         &self,
         py: Python<'py>,
         tensor: &Bound<'py, PyAny>,
-        empty_like: &Bound<'py, PyAny>,
-        max_bytes: usize,
+        empty_like: Option<&Bound<'py, PyAny>>,
+        max_bytes: Option<usize>,
         op: &str,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let op = args::op(op).map_err(|e| e.into_pyerr(py))?;
-        let Some((torch, (dtype, _, len, device, ptr))) = self.served(py, tensor, max_bytes)? else {
+        let Some((torch, (dtype, _, len, device, ptr))) =
+            self.served(py, tensor, max_bytes.unwrap_or(self.max_bytes))?
+        else {
             return Ok(None);
         };
         // Marks for a driver-call trace (benches/probes/trace_calls.py): where the reads go.
         trace::mark("read input");
+        let Some(empty_like) = empty_like.or_else(|| torch.empty_like(py)) else {
+            let missing = Raised::argument("empty_like", "give one: torch's was not found here");
+            return Err(missing.into_pyerr(py));
+        };
         let output = empty_like.call1((tensor,))?;
         trace::mark("empty_like");
         // Like its input, a contiguous tensor on its device (torch.empty_like keeps the

@@ -77,12 +77,14 @@ pub(crate) struct Parts {
     dtype_names: Py<PyDict>,
     to_dlpack: Option<Py<PyAny>>,
     unshared_code_dtypes: Vec<DType>,
+    /// The module's `empty_like`, where the parts were found here rather than given.
+    empty_like: Option<Py<PyAny>>,
 }
 
 impl From<TorchParts> for Parts {
     fn from(TorchParts(tensor_type, strided, current_stream, dtype_names, to_dlpack, unshared): TorchParts) -> Parts {
         let unshared_code_dtypes = unshared.iter().filter_map(|name| DType::from_str(name).ok()).collect();
-        Parts { tensor_type, strided, current_stream, dtype_names, to_dlpack, unshared_code_dtypes }
+        Parts { tensor_type, strided, current_stream, dtype_names, to_dlpack, unshared_code_dtypes, empty_like: None }
     }
 }
 
@@ -132,7 +134,10 @@ impl Torch {
         // A module not seen before: the Python layer says what its parts are.
         let tensors = read!(py, crate::package::import(py, "_tensors"));
         let found = read!(py, tensors.call_method1(intern!(py, "torch_fast_parts"), (&module,)));
-        let parts: Option<Arc<Parts>> = read!(py, found.extract::<Option<TorchParts>>()).map(|p| Arc::new(p.into()));
+        // Only the servers' out-of-place call needs it, and says so where it is missing.
+        let empty_like = soft(py, module.getattr(intern!(py, "empty_like")))?.map(Bound::unbind);
+        let parts: Option<Arc<Parts>> =
+            read!(py, found.extract::<Option<TorchParts>>()).map(|p| Arc::new(Parts { empty_like, ..p.into() }));
         let kept = parts.clone();
         let replaced = lock(&TORCH).replace(TorchCache { module: module.unbind(), parts: kept, dtypes: Vec::new() });
         drop(replaced); // outside the lock: letting go of the old module's parts may run Python code
@@ -166,6 +171,11 @@ impl Torch {
     /// set the two reads side by side).
     pub(crate) fn read_by_attributes(&mut self) {
         self.dlpack = false;
+    }
+
+    /// `torch.empty_like` of this torch module (None where the caller gave the parts).
+    pub(crate) fn empty_like<'py>(&self, py: Python<'py>) -> Option<&Bound<'py, PyAny>> {
+        self.parts.empty_like.as_ref().map(|f| f.bind(py))
     }
 
     /// `device`'s current torch stream, as a raw handle.

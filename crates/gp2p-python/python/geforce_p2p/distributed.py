@@ -306,9 +306,12 @@ class CustomAllreduce:
         if not self.disabled:
             import torch
 
-            # Looked up once: servers call the two members below once or twice a layer.
-            self._torch, self._empty_like = torch, torch.empty_like
-            self._serves, self._new = comm._native.serves_torch, comm._native.all_reduce_new_torch
+            self._torch, self._serves = torch, comm._native.serves_torch
+            # Servers call these two once or twice a layer: the native calls themselves,
+            # bound over the methods below (same arguments, same answers, closed included),
+            # save a Python frame each, 0.2 us of host time a call.
+            self.should_custom_ar = comm._native.serves_torch
+            self.custom_all_reduce = comm._native.all_reduce_new_torch
 
     @classmethod
     def from_group(cls, group: Any, device: Any, **options: Any) -> "CustomAllreduce":
@@ -325,7 +328,7 @@ class CustomAllreduce:
         """Whether :meth:`custom_all_reduce` takes ``inp`` (a cheap check, no GPU work, never
         raising): a contiguous CUDA torch tensor of a dtype the kernels take, on this rank's
         device, of 16-byte multiples up to ``max_bytes``."""
-        return not self.disabled and self._serves(inp, self.max_bytes)
+        return not self.disabled and self._serves(inp)
 
     def custom_all_reduce(self, inp: Any) -> Optional[Any]:
         """A new tensor holding the sum of ``inp`` over every rank (``inp`` is left as it
@@ -335,14 +338,14 @@ class CustomAllreduce:
         the other."""
         if self.disabled:
             return None
-        return self._new(inp, self._empty_like, self.max_bytes)
+        return self.comm._native.all_reduce_new_torch(inp)
 
     def _part(self, inp: Any, gathers: bool) -> Optional[tuple]:
         """The output shape of the all-gather (``gathers``) or reduce-scatter of ``inp`` along
         its first dimension, where this object serves it: as :meth:`should_custom_ar` says
         for the input (the reduce-scatter's output too), and, for the reduce-scatter, a
         first dimension the world size divides. None otherwise."""
-        if self.disabled or not self._serves(inp, self.max_bytes):
+        if self.disabled or not self._serves(inp):
             return None
         shape, world = tuple(inp.shape), self.comm.world_size
         if not shape:
@@ -385,6 +388,8 @@ class CustomAllreduce:
     def close(self) -> None:
         """Let go of the communicator, without blocking; every later call falls back."""
         self.disabled = True  # callers fall back from now on
+        for bound in ("should_custom_ar", "custom_all_reduce"):
+            self.__dict__.pop(bound, None)  # the methods again, which say no once disabled
         comm, self.comm = getattr(self, "comm", None), None
         if comm is not None:
             comm.close()
