@@ -463,6 +463,59 @@ def hosts_scenario():
     dist.destroy_process_group()
 
 
+def host_killed_scenario():
+    """Two fake hosts as in hosts_scenario; after three checked all-reduces the second host's
+    ranks start a fourth and die of SIGKILL, as a host that loses power: the first host's
+    ranks, inside that all-reduce, must raise within the group's timeout, and again at once on
+    the call after. (test_many.py checks that the killed ranks died of the signal and that no
+    segment is left in /dev/shm.)"""
+    import signal
+    import time
+    from datetime import timedelta
+
+    os.environ["GP2P_HOST_ID"] = "fake-host-%d" % (RANK * 2 // WORLD)
+    os.environ["GP2P_ACROSS_HOSTS"] = "gloo"
+    os.environ["GP2P_ACROSS_CHUNK_BYTES"] = str(64 << 10)
+    timeout = 20.0
+    gpd.register_backend()
+    dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD, timeout=timedelta(seconds=timeout))
+    n = (1 << 20) + 3  # 4 MiB of int32 and an odd tail: many chunks, every stage in flight
+    for call in range(3):
+        parts = inputs(3000 + call, n, torch.int32)
+        t = parts[RANK].to(DEVICE)
+        dist.all_reduce(t)
+        check("before the kill, call %d" % call, t, reference(parts, "sum"))
+    parts = inputs(3003, n, torch.int32)
+    t = parts[RANK].to(DEVICE)
+    if RANK >= WORLD // 2:
+        dist.all_reduce(t, async_op=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001  (whatever the engine between hosts raises)
+        took = time.monotonic() - started
+        step("the all-reduce the dead host left raised after %.2f s: %s" % (took, str(e).splitlines()[0][:200]))
+        assert took < timeout + 5, "rank %d: raised after %.1f s, past the %.0f s timeout" % (RANK, took, timeout)
+    else:
+        raise AssertionError("rank %d: an all-reduce with a dead host returned" % RANK)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        took = time.monotonic() - started
+        step("the call after raised after %.2f s: %s" % (took, str(e).splitlines()[0][:200]))
+        assert took < timeout + 5, "rank %d: the call after raised after %.1f s" % (RANK, took)
+    else:
+        raise AssertionError("rank %d: the call after a dead host returned" % RANK)
+    # No destroy_process_group: its barrier would wait for the dead host.
+
+
 {"comm": comm_scenario, "backend": backend_scenario, "server": server_scenario,
- "hosts": hosts_scenario}[SCENARIO]()
+ "hosts": hosts_scenario, "host-killed": host_killed_scenario}[SCENARIO]()
 print("rank %d of %d: %s passed" % (RANK, WORLD, SCENARIO))
+sys.stdout.flush()
+if SCENARIO == "host-killed":
+    os._exit(0)  # the group's teardown would wait for the dead host's ranks

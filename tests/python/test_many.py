@@ -7,7 +7,9 @@ processes share them, which is only useful under an MPS control daemon (otherwis
 turns in ~2 ms time slices): those cases are skipped unless CUDA_MPS_PIPE_DIRECTORY names one
 (``benches/device/suite.sh many`` starts it)."""
 
+import glob
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,9 +34,10 @@ def _runs(world):
     pytest.skip("%d ranks on %d GPU(s) need an MPS daemon (benches/device/suite.sh many)" % (world, NDEV))
 
 
-def _run(scenario, world, init, tmp_path, timeout=240):
-    """Every rank of `scenario` as a process; each must pass. None is left behind; a rank
-    that fails or stalls shows the end of its output."""
+def _run(scenario, world, init, tmp_path, timeout=240, killed=()):
+    """Every rank of `scenario` as a process; each must pass, but those in `killed`, which
+    must die of SIGKILL. None is left behind; a rank that fails or stalls shows the end of
+    its output."""
     _runs(world)
     logs = [open(tmp_path / ("rank%d.log" % r), "w+") for r in range(world)]
     ranks = [subprocess.Popen([sys.executable, RANK_SCRIPT, scenario, str(r), str(world), init],
@@ -56,8 +59,9 @@ def _run(scenario, world, init, tmp_path, timeout=240):
         log.seek(0)
         out = log.read()
         log.close()
-        if r in stalled or p.returncode != 0:
-            why = "stalled past %d s" % timeout if r in stalled else "exit %s" % p.returncode
+        want = -signal.SIGKILL if r in killed else 0
+        if r in stalled or p.returncode != want:
+            why = "stalled past %d s" % timeout if r in stalled else "exit %s, not %s" % (p.returncode, want)
             failed.append("rank %d (%s):\n%s" % (r, why, out[-3000:]))
     assert not failed, "\n".join(failed)
 
@@ -80,3 +84,11 @@ def test_custom_allreduce_through_the_calls_vllm_and_sglang_make(world, tmp_path
 @pytest.mark.parametrize("world", [4])
 def test_two_fake_hosts_run_the_two_level_backend_with_gloo_between_them(world, tmp_path):
     _run("hosts", world, "file://" + str(tmp_path / "init"), tmp_path)
+
+
+@pytest.mark.parametrize("world", [4])
+def test_a_fake_host_killed_mid_call_makes_the_other_host_raise_and_leaves_no_segment(world, tmp_path):
+    before = set(glob.glob("/dev/shm/gp2p-*"))
+    _run("host-killed", world, "file://" + str(tmp_path / "init"), tmp_path, killed=range(world // 2, world))
+    left = set(glob.glob("/dev/shm/gp2p-*")) - before
+    assert not left, "segments left in /dev/shm: %s" % sorted(left)
