@@ -5,7 +5,10 @@ calls a round, each round starting one part further on; the figure is the median
 call of every round after a warm-up round (host time a call: what the enqueue costs, not the
 all-reduce).
 
-    python3 -m torch.distributed.run --nproc-per-node 2 benches/python/server_host_parts.py
+    python3 -m torch.distributed.run --nproc-per-node 2 benches/python/server_host_parts.py [--inference-mode]
+
+`--inference-mode`: everything under torch.inference_mode(), as vLLM's and sglang's model
+runners call the object (torch's factories skip autograd's bookkeeping there).
 
 Parts: the communicator's in-place call and its native fast path; what a server calls,
 should_custom_ar then custom_all_reduce, and each alone; the out-of-place native call with
@@ -14,7 +17,7 @@ alone. The servers' calls keep each output alive for the next four calls, as a l
 is held while the next ones run, so torch's allocator hands out five addresses in turn. Then
 the differences the issue's target is about: what the servers' object adds to the
 communicator's call. Every output the servers' object makes is checked at the end."""
-import os, statistics, torch, torch.distributed as dist
+import os, statistics, sys, torch, torch.distributed as dist
 import geforce_p2p.distributed as gpd
 from parts_in_turns import line, time_in_turns
 
@@ -27,6 +30,7 @@ dist.broadcast_object_list(box, src=0)
 comm = gpd.Communicator(box[0], rank, world, 0, peer_timeout=60.0)
 ca = gpd.CustomAllreduce(comm)
 native = comm._native
+torch.inference_mode("--inference-mode" in sys.argv).__enter__()  # for the rest of the script
 torch.manual_seed(rank)
 buf = torch.randn(512, device="cuda")      # summed in place by the communicator's parts
 src = torch.randn(512, device="cuda")      # read, never written, by the out-of-place parts
@@ -64,6 +68,7 @@ for out in held:
     assert torch.allclose(out.double().cpu(), want, rtol=1e-5, atol=1e-5), "rank %d: a wrong sum" % rank
 med = {name: statistics.median(v) for name, v in res.items()}
 if rank == 0:
+    print("inference mode: %s" % torch.is_inference_mode_enabled())
     for name, _ in parts:
         print(line(name, res[name]))
     base = med["Communicator.all_reduce"]
