@@ -186,8 +186,8 @@ __device__ __forceinline__ u32 next_seq(u32 count) {
 
 // ---------------------------------------------------------------------------------------
 // The exchanges' 8-byte lines (exchange.cu, exchange_many.cu): two lines stored or loaded at
-// once, volatile (another rank's kernel reads or writes them across the bus), and the pause
-// between polls of lines that have not arrived.
+// once, volatile (another rank's kernel reads or writes them across the bus), the pause
+// between polls of lines that have not arrived, and the wait for them (await_lines).
 
 #define EXCHANGE_POLL_GAP_NS 64
 
@@ -197,4 +197,28 @@ __device__ __forceinline__ void store_lines(u64* at, u64 a, u64 b) {
 
 __device__ __forceinline__ void load_lines(const u64* at, u64& a, u64& b) {
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(at) : "memory");
+}
+
+// A wait for two lines at `at` to carry `seq`, `a` and `b` holding what was loaded from there
+// last (a thread loads a batch of lines at once before it waits for any). Polls EXCHANGE_POLL_GAP_NS
+// apart until both arrive (true, `a` and `b` holding them), the thread's deadline passes
+// (`deadline`: 0 until its first wait starts it, `timeout_ns` later; `failed` and, where given,
+// `broken` are set) or another wait of the communicator gave up (`broken` found set, every
+// GIVE_UP_CHECK_POLLS polls): false then, and the caller returns.
+__device__ __forceinline__ bool await_lines(const u64* at, u64& a, u64& b, u32 seq, u64& deadline, u32& polls,
+                                            u64 timeout_ns, u32* failed, u32* broken) {
+    while ((u32)(a >> 32) != seq || (u32)(b >> 32) != seq) {
+        if (broken != 0 && ++polls % GIVE_UP_CHECK_POLLS == 0 && *(volatile u32*)broken != 0) return false;
+        const u64 now = global_ns();
+        if (deadline == 0) {
+            deadline = now + timeout_ns;
+        } else if (now > deadline) {
+            *(volatile u32*)failed = 1;
+            if (broken != 0) *(volatile u32*)broken = 1;
+            return false;
+        }
+        __nanosleep(EXCHANGE_POLL_GAP_NS);
+        load_lines(at, a, b);
+    }
+    return true;
 }

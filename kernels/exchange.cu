@@ -33,7 +33,7 @@
 #include "common.cuh"
 
 // Groups a thread loads before it checks any (see exchange). The lines' stores and loads,
-// and the pause between polls, are in common.cuh (exchange_many.cu uses them too).
+// and the wait for lines not there yet, are in common.cuh (exchange_many.cu uses them too).
 #define EXCHANGE_BATCH 4
 
 template <typename T, typename Op>
@@ -92,22 +92,9 @@ __device__ __forceinline__ void exchange(const T* src, T* dst, u64 n, u64* out_l
             const u64 g = g0 + k * stride;
             if (g >= groups) break;
             for (int plane = 0; plane < 2; ++plane) {
-                u64& a = lines[k][2 * plane];
-                u64& b = lines[k][2 * plane + 1];
-                while ((u32)(a >> 32) != seq || (u32)(b >> 32) != seq) {
-                    // Another wait of the communicator gave up: the peer's lines may never come.
-                    if (broken != 0 && ++polls % GIVE_UP_CHECK_POLLS == 0 && *(volatile u32*)broken != 0) return;
-                    const u64 now = global_ns();
-                    if (deadline == 0) {
-                        deadline = now + timeout_ns;
-                    } else if (now > deadline) {
-                        *(volatile u32*)failed = 1;
-                        if (broken != 0) *(volatile u32*)broken = 1;
-                        return;
-                    }
-                    __nanosleep(EXCHANGE_POLL_GAP_NS);
-                    load_lines(in_plane[plane] + 2 * g, a, b);
-                }
+                if (!await_lines(in_plane[plane] + 2 * g, lines[k][2 * plane], lines[k][2 * plane + 1], seq, deadline,
+                                 polls, timeout_ns, failed, broken))
+                    return;
             }
             Group16<T> peer;
 #pragma unroll

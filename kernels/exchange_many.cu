@@ -73,21 +73,9 @@ __device__ __forceinline__ void exchange_many(const T* src, T* dst, u64 n, u64* 
             } else {
                 const u64* in = lines + q * area;
                 for (int plane = 0; plane < 2; ++plane) {
-                    u64& a = got[q][2 * plane];
-                    u64& b = got[q][2 * plane + 1];
-                    while ((u32)(a >> 32) != seq || (u32)(b >> 32) != seq) {
-                        if (broken != 0 && ++polls % GIVE_UP_CHECK_POLLS == 0 && *(volatile u32*)broken != 0) return;
-                        const u64 now = global_ns();
-                        if (deadline == 0) {
-                            deadline = now + timeout_ns;
-                        } else if (now > deadline) {
-                            *(volatile u32*)failed = 1;
-                            if (broken != 0) *(volatile u32*)broken = 1;
-                            return;
-                        }
-                        __nanosleep(EXCHANGE_POLL_GAP_NS);
-                        load_lines(in + 2 * plane * groups + 2 * g, a, b);
-                    }
+                    if (!await_lines(in + 2 * plane * groups + 2 * g, got[q][2 * plane], got[q][2 * plane + 1], seq,
+                                     deadline, polls, timeout_ns, failed, broken))
+                        return;
                 }
 #pragma unroll
                 for (int w = 0; w < 4; ++w) x.w[w] = (u32)got[q][w];
