@@ -496,7 +496,8 @@ def host_killed_scenario():
         except Exception as e:  # noqa: BLE001  (whatever the engine between hosts raises)
             took = time.monotonic() - started
             step("call %d, the first to meet the dead host, raised after %.2f s: %s"
-                 % (calls, took, str(e).splitlines()[0][:200]))
+                 % (calls, took, str(e).splitlines()[0][:300]))
+            assert "an exchange across hosts failed (gloo among ranks" in str(e), "rank %d: %s" % (RANK, e)
             break
         check("call %d before the kill" % calls, t, reference(parts, "sum"))
         calls += 1

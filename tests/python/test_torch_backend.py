@@ -6,6 +6,7 @@ Needs torch (skipped without it: CI has none); the GPU test with the real commun
 test_gpu.py."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -119,6 +120,8 @@ def run_rank(rank, tmp, mode):
         return run_rank_across_hosts(rank, tmp)
     if mode == "mesh":
         return run_rank_on_a_host_by_local_mesh(rank, tmp)
+    if mode == "host-killed":
+        return run_rank_when_a_host_dies(rank, tmp)
     _init(rank, tmp, "cpu")
     both = [torch.arange(1, 7, dtype=torch.int64) * (r + 2) for r in range(2)]  # 2,4,..  3,6,..
     mine = both[rank]
@@ -348,11 +351,37 @@ def run_rank_on_a_host_by_local_mesh(rank, tmp):
     dist.destroy_process_group()
 
 
+def run_rank_when_a_host_dies(rank, tmp):
+    """Two fake hosts x two ranks (host-b: ranks 1 and 3), gloo between them; after one checked
+    all-reduce host-b's ranks die of SIGKILL: host-a's next all-reduce raises within seconds, a
+    RuntimeError naming the exchange across hosts, its engine and its ranks."""
+    import signal
+    import time
+
+    _init(rank, tmp, "cpu", world_size=4)
+    t = torch.arange(9, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.arange(9, dtype=torch.int64) * 10), t
+    if rank % 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        took, text = time.monotonic() - started, str(e)
+        assert "an exchange across hosts failed (gloo among ranks %d, %d, local rank %d" % (rank, rank + 1, rank // 2) \
+            in text, text
+        assert "make a new group" in text and took < 30, (took, text)
+    else:
+        raise AssertionError("rank %d: an all-reduce with a dead host returned" % rank)
+    os._exit(0)  # the group's teardown would wait for the dead host
+
+
 def _run_two(tmp_path, mode, world=2):
     env = dict(os.environ, GP2P_TEST_DIR=os.path.dirname(__file__), GP2P_TEST_TMP=str(tmp_path))
     ranks = []
     for r in range(world):
-        if mode == "hosts":
+        if mode in ("hosts", "host-killed"):
             env = dict(env, GP2P_HOST_ID="host-%s" % "ab"[r % 2], GP2P_ACROSS_HOSTS="gloo",
                        GP2P_ACROSS_CHUNK_BYTES="4096")
         if mode == "mesh":
@@ -366,7 +395,8 @@ def _run_two(tmp_path, mode, world=2):
             if p.poll() is None:
                 p.kill()
     for r, (p, out) in enumerate(zip(ranks, outputs)):
-        assert p.returncode == 0, "rank %d failed:\n%s" % (r, out)
+        killed = mode == "host-killed" and r % 2
+        assert p.returncode == (-signal.SIGKILL if killed else 0), "rank %d: exit %s:\n%s" % (r, p.returncode, out)
 
 
 def test_torch_distributed_calls_reach_the_communicator_and_give_right_results(tmp_path):
@@ -383,6 +413,10 @@ def test_a_group_across_two_hosts_runs_two_levels(tmp_path):
 
 def test_a_host_by_local_device_mesh_puts_local_on_this_library_and_host_between_hosts(tmp_path):
     _run_two(tmp_path, "mesh", world=4)
+
+
+def test_a_host_that_dies_makes_the_others_raise_an_error_that_names_the_exchange(tmp_path):
+    _run_two(tmp_path, "host-killed", world=4)
 
 
 def test_a_group_of_more_ranks_than_a_communicator_takes_is_refused_at_creation():

@@ -67,13 +67,13 @@ def _not_across(what: str) -> None:
 
 class _Pending:
     """An all-reduce across hosts in flight: ``finish()`` waits for it (the current stream,
-    for NCCL) and divides by ``divide`` where it is an average's sum."""
+    for NCCL) through ``wait`` and divides by ``divide`` where it is an average's sum."""
 
-    def __init__(self, work: Any, tensor: torch.Tensor, divide: int):
-        self.work, self.tensor, self.divide = work, tensor, divide
+    def __init__(self, work: Any, tensor: torch.Tensor, divide: int, wait: Callable[[Any], None]):
+        self.work, self.tensor, self.divide, self.wait = work, tensor, divide, wait
 
     def finish(self) -> None:
-        self.work.wait()
+        self.wait(self.work)
         t, count = self.tensor, self.divide
         if count:
             t.copy_(t / count if t.is_floating_point() else torch.div(t, count, rounding_mode="trunc"))
@@ -84,10 +84,23 @@ class TwoLevel:
     host's ranks) and ``across`` (a process group among the ranks of its local rank on every
     host, host ``h`` its rank ``h``)."""
 
-    def __init__(self, local: Any, across: Any, hosts: Hosts, rank: int):
+    def __init__(self, local: Any, across: Any, hosts: Hosts, rank: int, engine: str = "the engine between hosts"):
         self.local, self.across, self.hosts, self.rank = local, across, hosts, rank
         self.world_size = hosts.count * hosts.local
         self._orders: dict = {}
+        self._across_peers = "%s among ranks %s, local rank %d of each of the %d hosts" % (
+            engine, ", ".join(map(str, hosts.across(rank))), hosts.local_rank(rank), hosts.count)
+
+    def _wait_across(self, work: Any) -> None:
+        """Wait for an exchange across hosts; its failure (a host or its network gone, or the
+        group's timeout) raised as a RuntimeError that says which exchange and what to do."""
+        try:
+            work.wait()
+        except Exception as e:  # noqa: BLE001  (whatever the engine raises, with its text kept)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise RuntimeError("gp2p: an exchange across hosts failed (%s): %s. A host or the network between hosts "
+                               "may be gone; later calls on this group fail too: make a new group of the ranks left"
+                               % (self._across_peers, first)) from e
 
     def _across_reduce(self, t: torch.Tensor, op: str) -> Any:
         """Start ``t`` becoming ``op`` over the hosts'; returns what finishes it. An average
@@ -96,7 +109,7 @@ class TwoLevel:
         ranks: 1 + 0 = 1, halved to 0, where 4 / 4 is 1)."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = _REDUCE["sum" if op == "avg" else op]
-        return _Pending(self.across.allreduce([t], opts), t, self.world_size if op == "avg" else 0)
+        return _Pending(self.across.allreduce([t], opts), t, self.world_size if op == "avg" else 0, self._wait_across)
 
     @staticmethod
     def _local_op(op: str) -> str:
@@ -148,7 +161,7 @@ class TwoLevel:
         if self.hosts.local_rank(self.rank) == local:
             opts = dist.BroadcastOptions()
             opts.rootRank = host
-            self.across.broadcast([tensor], opts).wait()
+            self._wait_across(self.across.broadcast([tensor], opts))
         self.local.broadcast(tensor, local)
         return tensor
 
@@ -161,7 +174,7 @@ class TwoLevel:
         if n == 0:
             return output
         from_hosts = [torch.empty_like(inp) for _ in range(count)]
-        self.across.allgather([from_hosts], [inp.contiguous()]).wait()
+        self._wait_across(self.across.allgather([from_hosts], [inp.contiguous()]))
         mine = torch.cat(from_hosts)
         gathered = torch.empty(local * count * n, dtype=inp.dtype, device=inp.device)
         self.local.all_gather_into_tensor(gathered, mine)
@@ -224,7 +237,7 @@ def join(store: Any, rank: int, world_size: int, timeout: timedelta, hosts: Host
                         join_timeout=timeout.total_seconds())
     engine = across_engine(device)
     across = make_across(engine, dist.PrefixStore("gp2p/across/%d" % local, store), host, hosts.count, timeout)
-    return TwoLevel(comm, across, hosts, rank)
+    return TwoLevel(comm, across, hosts, rank, engine)
 
 
 def host_names(store: Any, rank: int, world_size: int, host: str) -> List[str]:
