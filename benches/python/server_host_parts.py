@@ -30,7 +30,9 @@ dist.broadcast_object_list(box, src=0)
 comm = gpd.Communicator(box[0], rank, world, 0, peer_timeout=60.0)
 ca = gpd.CustomAllreduce(comm)
 native = comm._native
-torch.inference_mode("--inference-mode" in sys.argv).__enter__()  # for the rest of the script
+# For the rest of the script: the guard lives as long as the context object does.
+INFERENCE = torch.inference_mode("--inference-mode" in sys.argv)
+INFERENCE.__enter__()
 torch.manual_seed(rank)
 buf = torch.randn(512, device="cuda")      # summed in place by the communicator's parts
 src = torch.randn(512, device="cuda")      # read, never written, by the out-of-place parts
