@@ -111,9 +111,9 @@ __device__ __forceinline__ void exchange(const T* src, T* dst, u64 n, u64* out_l
 }
 
 // Up to 512 threads a block (past 4 KiB: gp2p_cuda's exchange_launch_config), at one block per
-// multiprocessor, so the compiler keeps the 72-80 registers a batch of loads takes (every op
-// and dtype, none spilled): bounds of 512 alone made it spill to fit two blocks
-// (benches/results/exchange-registers-h200.txt at 29a67de).
+// multiprocessor, so the compiler keeps the 66-76 registers a batch of loads takes (every op
+// and dtype, none spilled: benches/results/h200/exchange-registers.txt): bounds of 512 alone
+// made it spill to fit two blocks (git show 29a67de:benches/results/exchange-registers-h200.txt).
 #define GP2P_EXCHANGE(opname, Op, tname, T)                                                  \
     extern "C" __global__ void __launch_bounds__(512, 1) gp2p_exchange_##opname##_##tname(   \
         const T* src, T* dst, u64 n, u64* out_lines, const u64* in_lines, u32 seq,           \
