@@ -4,9 +4,14 @@
 //!   (Thakur, Rabenseifner, Gropp 2005), each segment cut into chunks that flow around the
 //!   ring as a pipeline, and for two ranks and small buffers an all-reduce that exchanges
 //!   them in one step; proven on host buffers, and the same data drives the GPU.
+//! - [`legs`]: collectives as legs (one rank hands a byte range to another, in rounds): the
+//!   two-shot all-reduce, reduce-scatter, all-gather, broadcast and send that the
+//!   one-process-per-GPU communicator (`gp2p-comm`) runs among 3 to 8 ranks, proven on host
+//!   buffers; the ring's schedules convert to them ([`schedule::Schedule::to_rounds`]).
 //! - [`host_schedule`]: for N ranks, one-shot and two-shot all-reduce (and the
 //!   reduce-scatter, all-gather and broadcast they are made of) as moves through each rank's
-//!   host area, phase by phase; proven on host buffers (no executor runs them yet).
+//!   host area, phase by phase; proven on host buffers, and what the cost model's counts are
+//!   checked against (no executor runs them).
 //! - [`cost`]: the cost model that picks ring, one-shot or two-shot per size from the
 //!   machine's rates (`GP2P_ALGORITHM` forces one). `gp2p plan` prints it, and the
 //!   one-process-per-GPU communicator (`gp2p-comm`) takes its choice between its one-shot and
@@ -87,6 +92,7 @@ mod error;
 mod exec;
 pub mod host_schedule;
 pub mod hosts;
+pub mod legs;
 pub mod reference;
 pub mod schedule;
 

@@ -208,6 +208,29 @@ impl Schedule {
         }
     }
 
+    /// The same transfers as legs ([`crate::legs`]), the form the communicator runs: step
+    /// `s` is round `s`, element ranges become byte ranges of `element_bytes`-sized elements
+    /// of each rank's [`Buf::Main`](crate::legs::Buf::Main). An exchange group (one step, one
+    /// range) is one round, whose legs all read before any lands.
+    pub fn to_rounds(&self, element_bytes: usize) -> crate::legs::Rounds {
+        use crate::legs::{Buf, Leg, LegLanding, Rounds};
+        let legs = self
+            .transfers
+            .iter()
+            .filter(|t| !t.range.is_empty())
+            .map(|t| {
+                let at = (Buf::Main, t.range.start * element_bytes);
+                let landing = match t.action {
+                    Action::Copy => LegLanding::Copy,
+                    Action::Reduce { last } => LegLanding::Fold { last },
+                };
+                let bytes = t.range.len() * element_bytes;
+                Leg { round: t.step, writer: t.from, reader: t.to, src: at, dst: at, bytes, landing }
+            })
+            .collect();
+        Rounds { world: self.ranks, legs }
+    }
+
     /// Bytes each rank sends (and receives) for `element_bytes`-sized elements.
     pub fn bytes_per_rank(&self, element_bytes: usize) -> Vec<usize> {
         let mut sent = vec![0; self.ranks];

@@ -1,22 +1,11 @@
-//! The pipeline for more than two ranks as data: a call is a list of *legs*, each one rank
-//! (the writer) handing a range of one of its buffers to one other rank (the reader) through
-//! the writer's slots of the segment, in *rounds*. [`steps`] turns one rank's part of the
-//! legs into the steps it enqueues on its two streams, which `pipeline` runs; the tests here
-//! run every rank's steps on a model of the flags, slots and events, in many orders, and
-//! check that every chunk lands whole, folded in the right order, and that nothing deadlocks.
-//!
-//! The collectives (reference/many-cards-facts.md §4, two-shot with host memory between):
-//!
-//! | call | legs | each card sends | each card receives |
-//! | --- | --- | --- | --- |
-//! | all-reduce | rounds 1..N: rank r sends share r+k of its buffer to rank r+k, which folds it into its share; rounds N..2N-1: rank r sends its folded share to rank r+k | 2(N−1)/N·S | 2(N−1)/N·S |
-//! | reduce-scatter | the first half of the all-reduce, folding into the output | (N−1)/N·S | (N−1)/N·S |
-//! | all-gather | the second half, from the input | (N−1)·P | (N−1)·P |
-//! | broadcast | the root sends the buffer to rank root+k in round k | (N−1)·S (root) | S |
-//! | send / recv | one leg | S | S |
-//!
-//! Each rank folds its share in a fixed order (its own data, then ranks r−1, r−2, …), and
-//! only the share's owner folds it: every rank ends with the same bits.
+//! The pipeline for more than two ranks: a call is a list of *legs* (plain data, built and
+//! proven on host buffers in [`gp2p_collectives::legs`], with the table of what each
+//! collective moves), each one rank (the writer) handing a range of one of its buffers to one
+//! other rank (the reader) through the writer's slots of the segment, in *rounds*. [`steps`]
+//! turns one rank's part of the legs into the steps it enqueues on its two streams, which
+//! `pipeline` runs; the tests here run every rank's steps on a model of the flags, slots and
+//! events, in many orders, and check that every chunk lands whole, folded in the right order,
+//! and that nothing deadlocks.
 //!
 //! **Slots and flags.** Each rank writes its chunks through its own ring of `slots` slots,
 //! in the order of its legs; chunk j of a call (counting every leg of the writer) goes
@@ -49,156 +38,9 @@ use std::ops::Range;
 
 use crate::handshake::{EMPTY, FULL, Lane};
 
-/// Which of a call's device buffers a leg reads or writes on its rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Buf {
-    /// The buffer every call has: the all-reduce's, the gather's output, the scatter's
-    /// input, the broadcast's or the send's.
-    Main,
-    /// The separate part of an all-gather (its input) or reduce-scatter (its output).
-    Part,
-}
-
-/// What the reader does with a leg's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LegLanding {
-    Copy,
-    /// Fold into the destination; `last`: the last fold of these elements (avg divides).
-    Fold {
-        last: bool,
-    },
-}
-
-/// One rank's range handed to another.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Leg {
-    pub(crate) round: usize,
-    pub(crate) writer: usize,
-    pub(crate) reader: usize,
-    /// The writer's buffer and byte offset the leg reads.
-    pub(crate) src: (Buf, usize),
-    /// The reader's buffer and byte offset it lands in.
-    pub(crate) dst: (Buf, usize),
-    pub(crate) bytes: usize,
-    pub(crate) landing: LegLanding,
-}
-
-/// One call's legs, by round.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Rounds {
-    pub(crate) world: usize,
-    pub(crate) legs: Vec<Leg>,
-}
-
-/// Shares start on multiples of this many bytes (a multiple of every element size, and a
-/// page: each share's copies start page-aligned).
-pub(crate) const SHARE_ALIGN: usize = 4096;
-
-/// Share `index` of `bytes` cut into `parts` near-equal pieces on [`SHARE_ALIGN`] boundaries
-/// (the last ones may be shorter or empty).
-pub(crate) fn share(parts: usize, bytes: usize, index: usize) -> Range<usize> {
-    let pages = bytes.div_ceil(SHARE_ALIGN);
-    let (base, extra) = (pages / parts, pages % parts);
-    let first = index * base + index.min(extra);
-    let last = first + base + usize::from(index < extra);
-    (first * SHARE_ALIGN).min(bytes)..(last * SHARE_ALIGN).min(bytes)
-}
-
-impl Rounds {
-    fn new(world: usize) -> Rounds {
-        Rounds { world, legs: Vec::new() }
-    }
-
-    fn push(&mut self, leg: Leg) {
-        if leg.bytes > 0 {
-            self.legs.push(leg);
-        }
-    }
-
-    /// Two-shot all-reduce of `bytes` in place (every rank's [`Buf::Main`]).
-    pub(crate) fn all_reduce(world: usize, bytes: usize) -> Rounds {
-        let mut rounds = Rounds::new(world);
-        rounds.push_scatter(|reader| (Buf::Main, share(world, bytes, reader).start), |r| share(world, bytes, r));
-        for k in 1..world {
-            for writer in 0..world {
-                let reader = (writer + k) % world;
-                let range = share(world, bytes, writer);
-                let at = (Buf::Main, range.start);
-                let landing = LegLanding::Copy;
-                rounds.push(Leg {
-                    round: world - 1 + k,
-                    writer,
-                    reader,
-                    src: at,
-                    dst: at,
-                    bytes: range.len(),
-                    landing,
-                });
-            }
-        }
-        rounds
-    }
-
-    /// Rounds 1..N: every writer sends share `writer + k` (its range from `range`) to that
-    /// rank, which folds it at `dst(reader)`.
-    fn push_scatter(&mut self, dst: impl Fn(usize) -> (Buf, usize), range: impl Fn(usize) -> Range<usize>) {
-        let world = self.world;
-        for k in 1..world {
-            for writer in 0..world {
-                let reader = (writer + k) % world;
-                let range = range(reader);
-                let landing = LegLanding::Fold { last: k + 1 == world };
-                let src = (Buf::Main, range.start);
-                self.push(Leg { round: k, writer, reader, src, dst: dst(reader), bytes: range.len(), landing });
-            }
-        }
-    }
-
-    /// Reduce-scatter of `world` parts of `part_bytes` from [`Buf::Main`]: rank r's part r is
-    /// folded into [`Buf::Part`] (which holds its own part already), or in place into its
-    /// part r of [`Buf::Main`].
-    pub(crate) fn reduce_scatter(world: usize, part_bytes: usize, in_place: bool) -> Rounds {
-        let mut rounds = Rounds::new(world);
-        let part = |r: usize| r * part_bytes..(r + 1) * part_bytes;
-        let dst = |r: usize| if in_place { (Buf::Main, r * part_bytes) } else { (Buf::Part, 0) };
-        rounds.push_scatter(dst, part);
-        rounds
-    }
-
-    /// All-gather of `part_bytes` a rank into part r of every rank's [`Buf::Main`], from
-    /// [`Buf::Part`] or, in place, from the writer's own part of [`Buf::Main`].
-    pub(crate) fn all_gather(world: usize, part_bytes: usize, in_place: bool) -> Rounds {
-        let mut rounds = Rounds::new(world);
-        for k in 1..world {
-            for writer in 0..world {
-                let reader = (writer + k) % world;
-                let src = if in_place { (Buf::Main, writer * part_bytes) } else { (Buf::Part, 0) };
-                let dst = (Buf::Main, writer * part_bytes);
-                rounds.push(Leg { round: k, writer, reader, src, dst, bytes: part_bytes, landing: LegLanding::Copy });
-            }
-        }
-        rounds
-    }
-
-    /// `root`'s [`Buf::Main`] to every other rank's, one rank a round.
-    pub(crate) fn broadcast(world: usize, bytes: usize, root: usize) -> Rounds {
-        let mut rounds = Rounds::new(world);
-        for k in 1..world {
-            let at = (Buf::Main, 0);
-            let reader = (root + k) % world;
-            rounds.push(Leg { round: k, writer: root, reader, src: at, dst: at, bytes, landing: LegLanding::Copy });
-        }
-        rounds
-    }
-
-    /// `writer`'s [`Buf::Main`] into `reader`'s.
-    pub(crate) fn send(world: usize, bytes: usize, writer: usize, reader: usize) -> Rounds {
-        let mut rounds = Rounds::new(world);
-        let at = (Buf::Main, 0);
-        rounds.push(Leg { round: 0, writer, reader, src: at, dst: at, bytes, landing: LegLanding::Copy });
-        rounds
-    }
-}
+pub(crate) use gp2p_collectives::legs::{Buf, Leg, LegLanding, Rounds};
+#[cfg(test)]
+pub(crate) use gp2p_collectives::legs::{SHARE_ALIGN, share};
 
 /// One step of a rank's side of a call of [`Rounds`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
