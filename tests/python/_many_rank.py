@@ -443,14 +443,14 @@ def server_scenario():
 
 def hosts_scenario():
     """Two fake hosts of WORLD / 2 ranks (GP2P_HOST_ID by rank, set before the group is made),
-    gloo between them (NCCL refuses ranks that share a GPU): every op at odd lengths against
-    the float64 reference, the other collectives, and 200 all-reduces back to back."""
+    gloo between them (NCCL refuses ranks that share a GPU): every op and dtype at odd lengths
+    against the float64 reference, the other collectives, and 200 all-reduces back to back."""
     os.environ["GP2P_HOST_ID"] = "fake-host-%d" % (RANK * 2 // WORLD)
     os.environ["GP2P_ACROSS_HOSTS"] = "gloo"
     os.environ["GP2P_ACROSS_CHUNK_BYTES"] = str(64 << 10)
     gpd.register_backend()
     dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD)
-    dist_collectives("two-level", 5000, (torch.float32, torch.int64))
+    dist_collectives("two-level", 5000, DTYPES)
     bufs = []
     for call in range(200):
         parts = inputs(2000 + call, 1001, torch.int64)
