@@ -230,6 +230,30 @@ impl Rounds {
         }
     }
 
+    /// What these legs move, as the cost model counts it ([`crate::cost::price`] prices it):
+    /// each card's bytes up (the most any rank writes) and down (the most any rank lands),
+    /// every byte written into host memory once and read out once, and one dependent trip
+    /// through host memory a round. The two-shot all-reduce of S bytes over N ranks with even
+    /// shares moves 2(N−1)/N·S each way a card and 4(N−1)·S through host memory in 2(N−1)
+    /// rounds: the ring's traffic, not the table's two-shot, which publishes each share once
+    /// for every reader to read.
+    pub fn traffic(&self) -> crate::cost::Traffic {
+        let mut received = vec![0usize; self.world];
+        for l in &self.legs {
+            received[l.reader] += l.bytes;
+        }
+        let total: usize = self.legs.iter().map(|l| l.bytes).sum();
+        let mut rounds: Vec<usize> = self.legs.iter().map(|l| l.round).collect();
+        rounds.sort_unstable();
+        rounds.dedup();
+        crate::cost::Traffic {
+            up_bytes: self.bytes_sent().into_iter().max().unwrap_or(0) as f64,
+            down_bytes: received.into_iter().max().unwrap_or(0) as f64,
+            host_dram_bytes: 2.0 * total as f64,
+            phases: rounds.len(),
+        }
+    }
+
     /// Bytes each rank sends (its legs as writer).
     pub fn bytes_sent(&self) -> Vec<usize> {
         let mut sent = vec![0; self.world];

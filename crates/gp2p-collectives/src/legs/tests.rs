@@ -129,3 +129,20 @@ fn each_card_sends_what_the_table_says() {
     let root_sends = Rounds::broadcast(world, bytes, 1).bytes_sent();
     assert_eq!(root_sends, vec![0, 3 * bytes, 0, 0]);
 }
+
+#[test]
+fn the_all_reduces_traffic_is_the_rings_where_the_shares_are_even() {
+    use crate::cost::{Algorithm, traffic};
+    for world in 2..=8 {
+        let bytes = world * 3 * SHARE_ALIGN;
+        let legs = Rounds::all_reduce(world, bytes).traffic();
+        let ring = traffic(Algorithm::Ring, world, bytes);
+        assert_eq!(legs, ring, "{world} ranks");
+    }
+    // Shares start on pages: 16 KiB over 8 ranks gives ranks 0-3 a page each and 4-7 none, so
+    // rank 0 writes 3 pages to their owners and its folded page to 7 readers (10 pages), more
+    // than the even 2(N-1)/N S (7 pages); host memory still sees every byte twice.
+    let t = Rounds::all_reduce(8, 4 * SHARE_ALIGN).traffic();
+    assert_eq!((t.up_bytes, t.down_bytes), (10.0 * 4096.0, 10.0 * 4096.0));
+    assert_eq!((t.host_dram_bytes, t.phases), (2.0 * (4.0 * 10.0 + 4.0 * 4.0) * 4096.0, 14));
+}
