@@ -12,7 +12,7 @@
 //! | flat ring of N = H·local | 2(N−1)/N·S | 2(N−1), each also a trip through host memory |
 //!
 //! Two-level time = the host's two-shot all-reduce of S, priced from the legs the
-//! communicator runs for its halves ([`crate::legs::Rounds::traffic`]: 2(local−1)/local·S each
+//! communicator runs for its halves ([`crate::legs::all_reduce_traffic`]: 2(local−1)/local·S each
 //! way a card, 4(local−1)·S through host memory, in 2(local−1) rounds; the reduce-scatter and
 //! the all-gather bracket the network stage) + the network stage;
 //! [`AcrossHosts::two_level_pipelined`] is the same with the stages overlapped chunk by chunk
@@ -32,7 +32,7 @@
 //! ```
 
 use crate::cost::{Algorithm, Machine, price};
-use crate::legs::Rounds;
+use crate::legs::all_reduce_traffic;
 
 /// Bytes per second in one Gb/s.
 const BYTES_PER_GBIT: f64 = 1e9 / 8.0;
@@ -71,7 +71,7 @@ pub fn across_hosts(host: &Machine, hosts: usize, network: Network, bytes: usize
     let latency = network.latency_us * 1e-6;
     // Two-level: the host's reduce-scatter and all-gather (a two-shot's bytes, in the
     // communicator's 2(local−1) rounds), then all local ranks' rings across hosts at once.
-    let local_stage = price(host, Algorithm::TwoShot, Rounds::all_reduce(host.ranks, bytes).traffic()).seconds;
+    let local_stage = price(host, Algorithm::TwoShot, all_reduce_traffic(host.ranks, bytes)).seconds;
     let two_level_network_bytes = 2.0 * (h - 1.0) / h * s;
     let network_stage = if hosts > 1 { two_level_network_bytes / net_rate + 2.0 * (h - 1.0) * latency } else { 0.0 };
     // Flat: one ring of n ranks; every card and the host move the ring's bytes.

@@ -97,6 +97,24 @@ pub fn share(parts: usize, bytes: usize, index: usize) -> Range<usize> {
     (first * SHARE_ALIGN).min(bytes)..(last * SHARE_ALIGN).min(bytes)
 }
 
+/// [`Rounds::traffic`] of [`Rounds::all_reduce`]`(world, bytes)` without making its legs (the
+/// communicator prices it on every small call): rank w, owner of share s_w, sends the other
+/// shares to their owners and its folded share to the N−1 others, S + (N−2)·s_w, and lands as
+/// much; host memory sees each of those bytes twice, 4(N−1)·S; 2(N−1) rounds.
+pub fn all_reduce_traffic(world: usize, bytes: usize) -> crate::cost::Traffic {
+    if world < 2 || bytes == 0 {
+        return crate::cost::Traffic { up_bytes: 0.0, down_bytes: 0.0, host_dram_bytes: 0.0, phases: 0 };
+    }
+    // Shares are near-equal, the first ones the largest.
+    let most = (bytes + (world - 2) * share(world, bytes, 0).len()) as f64;
+    crate::cost::Traffic {
+        up_bytes: most,
+        down_bytes: most,
+        host_dram_bytes: 4.0 * (world - 1) as f64 * bytes as f64,
+        phases: 2 * (world - 1),
+    }
+}
+
 impl Rounds {
     fn new(world: usize) -> Rounds {
         Rounds { world, legs: Vec::new() }

@@ -7,7 +7,8 @@
 //!   hold at most [`crate::CommOptions::lines_max_bytes`]; larger buffers take the rounds
 //!   whatever the model says.
 //! - **Two-shot in rounds** (`crate::rounds`): priced from its legs
-//!   ([`gp2p_collectives::legs::Rounds::traffic`]): each share goes up once to the rank that
+//!   ([`gp2p_collectives::legs::all_reduce_traffic`], their traffic in closed form: this
+//!   runs on every call): each share goes up once to the rank that
 //!   folds it and each folded share once to every other rank, so a card moves 2(N−1)/N·S each
 //!   way where the shares are even (a page-aligned share's owner more, for small buffers),
 //!   every byte is written into host memory once and read once (4(N−1)·S in all), and the
@@ -24,7 +25,7 @@
 //! (`one-shot`: the lines wherever they fit; `two-shot`: the rounds at every size).
 
 use gp2p_collectives::cost::{Algorithm, Machine, Prediction, price, traffic};
-use gp2p_collectives::legs::Rounds;
+use gp2p_collectives::legs::all_reduce_traffic;
 
 use crate::{Error, Result};
 
@@ -65,7 +66,7 @@ impl ManyChoice {
     pub fn predictions(&self, bytes: usize) -> (Prediction, Prediction) {
         let ranks = self.machine.ranks;
         let lines = traffic(Algorithm::OneShot, ranks, bytes * LINE_BYTES_PER_DATA_BYTE);
-        let rounds = Rounds::all_reduce(ranks, bytes).traffic();
+        let rounds = all_reduce_traffic(ranks, bytes);
         (price(&self.machine, Algorithm::OneShot, lines), price(&self.machine, Algorithm::TwoShot, rounds))
     }
 

@@ -122,6 +122,29 @@ proptest! {
 }
 
 #[test]
+fn shares_cover_the_buffer_in_order_on_page_boundaries() {
+    for parts in 1..=8 {
+        for bytes in [0, 1, 4095, 4096, 4097, 3 * 4096, 100_000, 1 << 20] {
+            let mut next = 0;
+            for i in 0..parts {
+                let s = share(parts, bytes, i);
+                assert_eq!(s.start, next, "{parts} parts of {bytes}");
+                assert!(s.start % SHARE_ALIGN == 0 || s.start == bytes);
+                next = s.end;
+            }
+            assert_eq!(next, bytes);
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn the_all_reduces_closed_form_traffic_is_its_legs(world in 1usize..=8, bytes in 0usize..(1 << 20)) {
+        prop_assert_eq!(all_reduce_traffic(world, bytes), Rounds::all_reduce(world, bytes).traffic());
+    }
+}
+
+#[test]
 fn each_card_sends_what_the_table_says() {
     // N = 4, S = 4 shares of 4 KiB: the all-reduce sends 2(N-1)/N S a card, the broadcast's root (N-1) S.
     let (world, bytes) = (4, 4 * SHARE_ALIGN);
