@@ -1,7 +1,7 @@
 """Where the `gp2p` backend's host time goes, part by part, against NCCL's in the same run: N
 ranks on one GPU (start an MPS daemon first), 512 elements (2 KiB). Every part is timed call
 by call, the parts taking turns call by call (so all see the same machine, GPU queue and
-peers), `CALLS` calls a round, each round starting one part further on; the figure is the
+peers), `CALLS` calls a round, each turn through the parts in its own order; the figure is the
 median over every call of every round after a warm-up round (host time a call: what the
 enqueue costs, not the all-reduce).
 

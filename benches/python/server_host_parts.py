@@ -1,7 +1,7 @@
 """Where the servers' object's host time goes, part by part: two ranks on one GPU (start an MPS
 daemon first), 512 f32 (2 KiB). Every part is timed call by call, the parts taking turns call
 by call (each part sees the same machine, the same GPU queue and the same peer), `CALLS`
-calls a round, each round starting one part further on; the figure is the median over every
+calls a round, each turn through the parts in its own order; the figure is the median over every
 call of every round after a warm-up round (host time a call: what the enqueue costs, not the
 all-reduce).
 

@@ -481,7 +481,7 @@ def host_killed_scenario():
     timeout = 20.0
     gpd.register_backend()
     dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD, timeout=timedelta(seconds=timeout))
-    n = (1 << 18) + 3  # 1 MiB of int32 and an odd tail: 16 chunks, every stage in flight
+    n = (1 << 18) + 3  # 1 MiB of int32 and an odd tail: 17 chunks, every stage in flight
     dist.barrier()
     if RANK >= WORLD // 2:
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()

@@ -848,11 +848,11 @@ class _CaNative:
         self.serves, self.max_bytes, self.calls = serves, max_bytes, []
 
     def serves_torch(self, t, max_bytes=None):
-        self.calls.append(("serves", t.name, max_bytes or self.max_bytes))
+        self.calls.append(("serves", t.name, max_bytes))
         return self.serves(t)
 
     def all_reduce_new_torch(self, t, empty_like=None, max_bytes=None):
-        self.calls.append(("all_reduce_new", t.name, max_bytes or self.max_bytes))
+        self.calls.append(("all_reduce_new", t.name, max_bytes))
         empty_like = empty_like or sys.modules["torch"].empty_like
         return empty_like(t) if self.serves(t) else None
 
@@ -904,21 +904,24 @@ def _fake_torch(monkeypatch):
     return made
 
 
-def test_custom_allreduce_asks_the_native_side_with_its_limit_and_never_when_disabled(monkeypatch):
+def test_custom_allreduce_asks_the_native_side_and_never_when_disabled(monkeypatch):
     from geforce_p2p.distributed import CustomAllreduce
 
     made = _fake_torch(monkeypatch)
     ca = CustomAllreduce(_Comm(max_bytes=4096))
     native = ca.comm._native
     assert not ca.disabled and ca.max_bytes == 4096
+    # The two members servers call once or twice a layer are the native calls themselves,
+    # which take the communicator's own limit (None here: its default).
+    assert ca.should_custom_ar == native.serves_torch and ca.custom_all_reduce == native.all_reduce_new_torch
     assert ca.should_custom_ar(_T("ok", (8, 8))) and not ca.should_custom_ar(_T("refused", (8, 8)))
-    assert native.calls == [("serves", "ok", 4096), ("serves", "refused", 4096)]
+    assert native.calls == [("serves", "ok", None), ("serves", "refused", None)]
     native.calls.clear()
     out = ca.custom_all_reduce(_T("ok", (8, 8)))
     assert out.name == "out of ok" and made == [("empty_like", "ok")], "a new tensor, made by torch.empty_like"
     assert ca.custom_all_reduce(_T("refused", (3,))) is None
-    assert native.calls == [("all_reduce_new", "ok", 4096), ("all_reduce_new", "refused", 4096)]
-    # The members are the native calls themselves; the methods they stand over say the same.
+    assert native.calls == [("all_reduce_new", "ok", None), ("all_reduce_new", "refused", None)]
+    # The methods they stand over say the same, passing the object's limit.
     native.calls.clear()
     assert CustomAllreduce.should_custom_ar(ca, _T("ok", (8,))) and CustomAllreduce.custom_all_reduce(ca, _T("ok", (8,)))
     assert not CustomAllreduce.should_custom_ar(ca, _T("refused", (8,)))

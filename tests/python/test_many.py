@@ -88,6 +88,8 @@ def test_two_fake_hosts_run_the_two_level_backend_with_gloo_between_them(world, 
 
 @pytest.mark.parametrize("world", [4])
 def test_a_fake_host_killed_mid_call_makes_the_other_host_raise_and_leaves_no_segment(world, tmp_path):
+    # No segment is left because each is unlinked once every rank joined it: this guards that
+    # rule (a segment kept linked until close would be left by the killed host).
     before = set(glob.glob("/dev/shm/gp2p-*"))
     _run("host-killed", world, "file://" + str(tmp_path / "init"), tmp_path, killed=range(world // 2, world))
     left = set(glob.glob("/dev/shm/gp2p-*")) - before

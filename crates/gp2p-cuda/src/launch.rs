@@ -327,8 +327,9 @@ const EXCHANGE_MAX_BLOCKS: usize = 1;
 /// probe's copy of the kernel with planar lines in one block (benches/probes/small_exchange.py,
 /// `benches/results/small-exchange-llp-h200.txt` at 7774b2d, batches of 4 as the kernel's): 8 KiB 8.70 us
 /// with 256 threads, 7.69 with 512; 16 KiB 12.73 and 9.84; 32 KiB 19.97 and 15.35. (The
-/// kernels' launch bounds allow 512 at one block per multiprocessor, which leaves their
-/// registers at 66-76 and spills nothing: `benches/results/h200/exchange-registers.txt`.)
+/// kernels' launch bounds allow 512 at one block per multiprocessor, which leaves the
+/// two-rank kernels 66-76 registers and the many-rank ones 112-128, none spilling:
+/// `benches/results/h200/exchange-registers.txt`.)
 const EXCHANGE_WIDE_THREADS: u32 = 512;
 
 /// The launch shape of an exchange of `len` elements of `dtype`: a thread per 16-byte group,

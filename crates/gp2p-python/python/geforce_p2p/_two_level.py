@@ -6,6 +6,7 @@ gloo where chosen or for CPU ones), composed as :mod:`geforce_p2p._hosts` plans 
 communicator. Imported only with torch, by the backend.
 """
 
+import contextlib
 import os
 from datetime import timedelta
 from typing import Any, Callable, List
@@ -91,16 +92,28 @@ class TwoLevel:
         self._across_peers = "%s among ranks %s, local rank %d of each of the %d hosts" % (
             engine, ", ".join(map(str, hosts.across(rank))), hosts.local_rank(rank), hosts.count)
 
-    def _wait_across(self, work: Any) -> None:
-        """Wait for an exchange across hosts; its failure (a host or its network gone, or the
-        group's timeout) raised as a RuntimeError that says which exchange and what to do."""
+    @contextlib.contextmanager
+    def _named_across(self):
+        """Around an exchange across hosts (its start or its wait): a failure (a host or its
+        network gone, the group's timeout) raised again, of the engine's own exception type
+        where it takes a message (torch's DistBackendError and the like, which fault handlers
+        catch) else as a RuntimeError, saying which exchange failed and what to do."""
         try:
-            work.wait()
+            yield
         except Exception as e:  # noqa: BLE001  (whatever the engine raises, with its text kept)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise RuntimeError("gp2p: an exchange across hosts failed (%s): %s. A host or the network between hosts "
-                               "may be gone; later calls on this group fail too: make a new group of the ranks left"
-                               % (self._across_peers, first)) from e
+            text = ("gp2p: an exchange across hosts failed (%s): %s. A host or the network between hosts may be gone; "
+                    "later calls on this group fail too: make a new group of the ranks left" % (self._across_peers, first))
+            try:
+                named = type(e)(text) if isinstance(e, RuntimeError) else RuntimeError(text)
+            except Exception:  # noqa: BLE001  (an exception type that takes other arguments)
+                named = RuntimeError(text)
+            raise named from e
+
+    def _wait_across(self, work: Any) -> None:
+        """Wait for an exchange across hosts (see ``_named_across``)."""
+        with self._named_across():
+            work.wait()
 
     def _across_reduce(self, t: torch.Tensor, op: str) -> Any:
         """Start ``t`` becoming ``op`` over the hosts'; returns what finishes it. An average
@@ -109,7 +122,9 @@ class TwoLevel:
         ranks: 1 + 0 = 1, halved to 0, where 4 / 4 is 1)."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = _REDUCE["sum" if op == "avg" else op]
-        return _Pending(self.across.allreduce([t], opts), t, self.world_size if op == "avg" else 0, self._wait_across)
+        with self._named_across():
+            work = self.across.allreduce([t], opts)
+        return _Pending(work, t, self.world_size if op == "avg" else 0, self._wait_across)
 
     @staticmethod
     def _local_op(op: str) -> str:
@@ -161,7 +176,9 @@ class TwoLevel:
         if self.hosts.local_rank(self.rank) == local:
             opts = dist.BroadcastOptions()
             opts.rootRank = host
-            self._wait_across(self.across.broadcast([tensor], opts))
+            with self._named_across():
+                work = self.across.broadcast([tensor], opts)
+            self._wait_across(work)
         self.local.broadcast(tensor, local)
         return tensor
 
@@ -174,7 +191,9 @@ class TwoLevel:
         if n == 0:
             return output
         from_hosts = [torch.empty_like(inp) for _ in range(count)]
-        self._wait_across(self.across.allgather([from_hosts], [inp.contiguous()]))
+        with self._named_across():
+            work = self.across.allgather([from_hosts], [inp.contiguous()])
+        self._wait_across(work)
         mine = torch.cat(from_hosts)
         gathered = torch.empty(local * count * n, dtype=inp.dtype, device=inp.device)
         self.local.all_gather_into_tensor(gathered, mine)

@@ -302,6 +302,7 @@ class CustomAllreduce:
         self.comm = comm
         self.disabled = comm is None or not 2 <= comm.world_size <= MAX_RANKS
         #: The largest tensor, in bytes, this object takes (the communicator's one kernel).
+        #: Read-only: the bound members below take the communicator's own.
         self.max_bytes = 0 if self.disabled else comm.max_bytes
         if not self.disabled:
             import torch
@@ -328,7 +329,7 @@ class CustomAllreduce:
         """Whether :meth:`custom_all_reduce` takes ``inp`` (a cheap check, no GPU work, never
         raising): a contiguous CUDA torch tensor of a dtype the kernels take, on this rank's
         device, of 16-byte multiples up to ``max_bytes``."""
-        return not self.disabled and self._serves(inp)
+        return not self.disabled and self._serves(inp, self.max_bytes)
 
     def custom_all_reduce(self, inp: Any) -> Optional[Any]:
         """A new tensor holding the sum of ``inp`` over every rank (``inp`` is left as it
@@ -338,14 +339,14 @@ class CustomAllreduce:
         the other."""
         if self.disabled:
             return None
-        return self.comm._native.all_reduce_new_torch(inp)
+        return self.comm._native.all_reduce_new_torch(inp, None, self.max_bytes)
 
     def _part(self, inp: Any, gathers: bool) -> Optional[tuple]:
         """The output shape of the all-gather (``gathers``) or reduce-scatter of ``inp`` along
         its first dimension, where this object serves it: as :meth:`should_custom_ar` says
         for the input (the reduce-scatter's output too), and, for the reduce-scatter, a
         first dimension the world size divides. None otherwise."""
-        if self.disabled or not self._serves(inp):
+        if self.disabled or not self._serves(inp, self.max_bytes):
             return None
         shape, world = tuple(inp.shape), self.comm.world_size
         if not shape:
