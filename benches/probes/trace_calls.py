@@ -65,6 +65,16 @@ def report(title, call, calls, check):
     sys.stdout.flush()
 
 
+def report_on_rank_0(rank, title, call, calls, check):
+    """`report` on rank 0; every other rank makes the same calls, traced the same ways, so the
+    ranks keep in step (each call of a collective waits for every rank's)."""
+    if rank == 0:
+        return report(title, call, calls, check)
+    for way in ("tight", "idle"):
+        traced(call, calls, way)
+        check()
+
+
 def copy_case(args):
     src, dst = (int(d) for d in args.devices.split(","))
     a = torch.randn(1, device="cuda:%d" % src)
@@ -121,12 +131,7 @@ def comm_case(args):
         done[0] = 0
         dist.barrier()
 
-    if rank == 0:
-        report("Communicator.all_reduce of 8 bytes, rank 0", call, args.calls, check)
-    else:
-        for way in ("tight", "idle"):
-            traced(call, args.calls, way)
-            check()
+    report_on_rank_0(rank, "Communicator.all_reduce of 8 bytes, rank 0", call, args.calls, check)
     comm.close()
     dist.destroy_process_group()
 
@@ -161,13 +166,10 @@ def server_case(args):
                 raise SystemExit("custom_all_reduce: rank %d wrong" % rank)
         dist.barrier()
 
+    report_on_rank_0(rank, "CustomAllreduce.should_custom_ar + custom_all_reduce of 2 KiB, rank 0", call, args.calls,
+                     check)
     if rank == 0:
-        report("CustomAllreduce.should_custom_ar + custom_all_reduce of 2 KiB, rank 0", call, args.calls, check)
         print("outputs came at %d distinct addresses" % len(addresses))
-    else:
-        for way in ("tight", "idle"):
-            traced(call, args.calls, way)
-            check()
     ca.close()
     dist.destroy_process_group()
 
