@@ -319,7 +319,7 @@ pub fn predict(machine: &Machine, algorithm: Algorithm, bytes: usize) -> Predict
 /// implementation whose traffic differs from the table's (the one-process-per-GPU
 /// communicator's one-shot carries its data in 8-byte lines of 4 data bytes, twice the
 /// bytes; its two-shot runs legs, whose traffic [`crate::legs::Rounds::traffic`] counts: the
-/// ring's, in 2(N−1) rounds).
+/// table's two-shot bytes, in N rounds).
 pub fn price(machine: &Machine, algorithm: Algorithm, t: Traffic) -> Prediction {
     let seconds_at = |bytes: f64, gbps: f64| bytes / (gbps * BYTES_PER_GB);
     let (up, down) = match (t.up_bytes > 0.0, t.down_bytes > 0.0) {

@@ -1,19 +1,21 @@
 //! Collectives as *legs*, plain data: each leg is one rank (the writer) handing a byte range
-//! of one of its buffers to one other rank (the reader), which copies or folds it in, in
+//! of one of its buffers to one or every other rank (its readers), which copy or fold it in, in
 //! numbered *rounds*. The one-process-per-GPU communicator (`gp2p-comm`) runs them, each
 //! writer's chunks through its own slots of host memory; [`Rounds::run_on_host`] runs them on
 //! host vectors, which the tests here check against a reference for N = 2..8; and
 //! [`Schedule::to_rounds`](crate::schedule::Schedule::to_rounds) gives the in-process engine's
 //! ring schedules in the same form (the engine itself still runs the ring's transfers).
 //!
-//! The collectives (reference/many-cards-facts.md §4, two-shot with host memory between):
+//! The collectives (reference/many-cards-facts.md §4, two-shot with host memory between). A
+//! leg has one reader, or every rank but its writer: the chunk the writer copies out once is
+//! read by all of them, so nothing goes up twice.
 //!
 //! | call | legs | each card sends | each card receives |
 //! | --- | --- | --- | --- |
-//! | all-reduce | rounds 1..N: rank r sends share r+k of its buffer to rank r+k, which folds it into its share; rounds N..2N-1: rank r sends its folded share to rank r+k | 2(N−1)/N·S | 2(N−1)/N·S |
+//! | all-reduce | rounds 1..N: rank r sends share r+k of its buffer to rank r+k, which folds it into its share; round N: rank r sends its folded share to every other rank | S | 2(N−1)/N·S |
 //! | reduce-scatter | the first half of the all-reduce, folding into the output | (N−1)/N·S | (N−1)/N·S |
-//! | all-gather | the second half, from the input | (N−1)·P | (N−1)·P |
-//! | broadcast | the root sends the buffer to rank root+k in round k | (N−1)·S (root) | S |
+//! | all-gather | one round: rank r sends its input to every other rank | P | (N−1)·P |
+//! | broadcast | one round: the root sends the buffer to every other rank | S (root) | S |
 //! | send / recv | one leg | S | S |
 //!
 //! Each rank folds its share in a fixed order (its own data, then ranks r−1, r−2, …), and
@@ -55,15 +57,25 @@ pub enum LegLanding {
     },
 }
 
-/// One rank's range handed to another.
+/// Who lands a leg.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readers {
+    /// One rank.
+    One(usize),
+    /// Every rank but the writer, each landing the same bytes at the same offset: one copy
+    /// out serves them all.
+    Others,
+}
+
+/// One rank's range handed to one or every other rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leg {
     /// The round it runs in: a leg reads only what legs of earlier rounds wrote.
     pub round: usize,
     /// The rank whose buffer it reads (and whose slots carry it, between processes).
     pub writer: usize,
-    /// The rank whose buffer it lands in.
-    pub reader: usize,
+    /// The ranks whose buffers it lands in.
+    pub readers: Readers,
     /// The writer's buffer and byte offset the leg reads.
     pub src: (Buf, usize),
     /// The reader's buffer and byte offset it lands in.
@@ -72,6 +84,26 @@ pub struct Leg {
     pub bytes: usize,
     /// Copied or folded in.
     pub landing: LegLanding,
+}
+
+impl Leg {
+    /// A copy in round `round` from `writer` to every other rank.
+    fn to_others(round: usize, writer: usize, src: (Buf, usize), dst: (Buf, usize), bytes: usize) -> Leg {
+        Leg { round, writer, readers: Readers::Others, src, dst, bytes, landing: LegLanding::Copy }
+    }
+
+    /// Whether `rank` lands this leg.
+    pub fn is_read_by(&self, rank: usize) -> bool {
+        match self.readers {
+            Readers::One(reader) => reader == rank,
+            Readers::Others => rank != self.writer,
+        }
+    }
+
+    /// The ranks that land it among `world`, from the writer's next rank on.
+    pub fn readers(&self, world: usize) -> impl Iterator<Item = usize> + '_ {
+        (1..world).map(move |k| (self.writer + k) % world).filter(|&r| self.is_read_by(r))
+    }
 }
 
 /// One call's legs, by round.
@@ -99,19 +131,20 @@ pub fn share(parts: usize, bytes: usize, index: usize) -> Range<usize> {
 
 /// [`Rounds::traffic`] of [`Rounds::all_reduce`]`(world, bytes)` without making its legs (the
 /// communicator prices it on every small call): rank w, owner of share s_w, sends the other
-/// shares to their owners and its folded share to the N−1 others, S + (N−2)·s_w, and lands as
-/// much; host memory sees each of those bytes twice, 4(N−1)·S; 2(N−1) rounds.
+/// shares to their owners and its folded share once, S in all; it lands N−1 folds of its share
+/// and every other share, S + (N−2)·s_w; host memory sees N·S written and 2(N−1)·S read,
+/// (3N−2)·S; N rounds.
 pub fn all_reduce_traffic(world: usize, bytes: usize) -> crate::cost::Traffic {
     if world < 2 || bytes == 0 {
         return crate::cost::Traffic { up_bytes: 0.0, down_bytes: 0.0, host_dram_bytes: 0.0, phases: 0 };
     }
     // Shares are near-equal, the first ones the largest.
-    let most = (bytes + (world - 2) * share(world, bytes, 0).len()) as f64;
+    let (n, s) = (world as f64, bytes as f64);
     crate::cost::Traffic {
-        up_bytes: most,
-        down_bytes: most,
-        host_dram_bytes: 4.0 * (world - 1) as f64 * bytes as f64,
-        phases: 2 * (world - 1),
+        up_bytes: s,
+        down_bytes: s + (n - 2.0) * share(world, bytes, 0).len() as f64,
+        host_dram_bytes: (3.0 * n - 2.0) * s,
+        phases: world,
     }
 }
 
@@ -121,7 +154,7 @@ impl Rounds {
     }
 
     fn push(&mut self, leg: Leg) {
-        if leg.bytes > 0 {
+        if leg.bytes > 0 && leg.readers(self.world).next().is_some() {
             self.legs.push(leg);
         }
     }
@@ -130,22 +163,10 @@ impl Rounds {
     pub fn all_reduce(world: usize, bytes: usize) -> Rounds {
         let mut rounds = Rounds::new(world);
         rounds.push_scatter(|reader| (Buf::Main, share(world, bytes, reader).start), |r| share(world, bytes, r));
-        for k in 1..world {
-            for writer in 0..world {
-                let reader = (writer + k) % world;
-                let range = share(world, bytes, writer);
-                let at = (Buf::Main, range.start);
-                let landing = LegLanding::Copy;
-                rounds.push(Leg {
-                    round: world - 1 + k,
-                    writer,
-                    reader,
-                    src: at,
-                    dst: at,
-                    bytes: range.len(),
-                    landing,
-                });
-            }
+        for writer in 0..world {
+            let range = share(world, bytes, writer);
+            let at = (Buf::Main, range.start);
+            rounds.push(Leg::to_others(world, writer, at, at, range.len()));
         }
         rounds
     }
@@ -159,8 +180,8 @@ impl Rounds {
                 let reader = (writer + k) % world;
                 let range = range(reader);
                 let landing = LegLanding::Fold { last: k + 1 == world };
-                let src = (Buf::Main, range.start);
-                self.push(Leg { round: k, writer, reader, src, dst: dst(reader), bytes: range.len(), landing });
+                let (src, readers) = ((Buf::Main, range.start), Readers::One(reader));
+                self.push(Leg { round: k, writer, readers, src, dst: dst(reader), bytes: range.len(), landing });
             }
         }
     }
@@ -180,25 +201,19 @@ impl Rounds {
     /// [`Buf::Part`] or, in place, from the writer's own part of [`Buf::Main`].
     pub fn all_gather(world: usize, part_bytes: usize, in_place: bool) -> Rounds {
         let mut rounds = Rounds::new(world);
-        for k in 1..world {
-            for writer in 0..world {
-                let reader = (writer + k) % world;
-                let src = if in_place { (Buf::Main, writer * part_bytes) } else { (Buf::Part, 0) };
-                let dst = (Buf::Main, writer * part_bytes);
-                rounds.push(Leg { round: k, writer, reader, src, dst, bytes: part_bytes, landing: LegLanding::Copy });
-            }
+        for writer in 0..world {
+            let src = if in_place { (Buf::Main, writer * part_bytes) } else { (Buf::Part, 0) };
+            let dst = (Buf::Main, writer * part_bytes);
+            rounds.push(Leg::to_others(1, writer, src, dst, part_bytes));
         }
         rounds
     }
 
-    /// `root`'s [`Buf::Main`] to every other rank's, one rank a round.
+    /// `root`'s [`Buf::Main`] to every other rank's.
     pub fn broadcast(world: usize, bytes: usize, root: usize) -> Rounds {
         let mut rounds = Rounds::new(world);
-        for k in 1..world {
-            let at = (Buf::Main, 0);
-            let reader = (root + k) % world;
-            rounds.push(Leg { round: k, writer: root, reader, src: at, dst: at, bytes, landing: LegLanding::Copy });
-        }
+        let at = (Buf::Main, 0);
+        rounds.push(Leg::to_others(1, root, at, at, bytes));
         rounds
     }
 
@@ -206,7 +221,8 @@ impl Rounds {
     pub fn send(world: usize, bytes: usize, writer: usize, reader: usize) -> Rounds {
         let mut rounds = Rounds::new(world);
         let at = (Buf::Main, 0);
-        rounds.push(Leg { round: 0, writer, reader, src: at, dst: at, bytes, landing: LegLanding::Copy });
+        let readers = Readers::One(reader);
+        rounds.push(Leg { round: 0, writer, readers, src: at, dst: at, bytes, landing: LegLanding::Copy });
         rounds
     }
 
@@ -234,13 +250,15 @@ impl Rounds {
                 })
                 .collect();
             for (l, src) in legs.iter().zip(sources) {
-                let to = if l.dst.0 == Buf::Main { &mut main[l.reader] } else { &mut part[l.reader] };
-                let dst = &mut to[elements(l.dst.1, l.bytes)];
-                match l.landing {
-                    LegLanding::Copy => dst.clone_from_slice(&src),
-                    LegLanding::Fold { last } => {
-                        for (d, x) in dst.iter_mut().zip(&src) {
-                            *d = reduce(d, x, last);
+                for reader in l.readers(self.world) {
+                    let to = if l.dst.0 == Buf::Main { &mut main[reader] } else { &mut part[reader] };
+                    let dst = &mut to[elements(l.dst.1, l.bytes)];
+                    match l.landing {
+                        LegLanding::Copy => dst.clone_from_slice(&src),
+                        LegLanding::Fold { last } => {
+                            for (d, x) in dst.iter_mut().zip(&src) {
+                                *d = reduce(d, x, last);
+                            }
                         }
                     }
                 }
@@ -250,24 +268,27 @@ impl Rounds {
 
     /// What these legs move, as the cost model counts it ([`crate::cost::price`] prices it):
     /// each card's bytes up (the most any rank writes) and down (the most any rank lands),
-    /// every byte written into host memory once and read out once, and one dependent trip
-    /// through host memory a round. The two-shot all-reduce of S bytes over N ranks with even
-    /// shares moves 2(N−1)/N·S each way a card and 4(N−1)·S through host memory in 2(N−1)
-    /// rounds: the ring's traffic, not the table's two-shot, which publishes each share once
-    /// for every reader to read.
+    /// every leg written into host memory once and read once by each of its readers, and one
+    /// dependent trip through host memory a round. The two-shot all-reduce of S bytes over N
+    /// ranks with even shares moves S up and 2(N−1)/N·S down a card and (3N−2)·S through host
+    /// memory in N rounds: the table's two-shot bytes, in N phases where the table has 2.
     pub fn traffic(&self) -> crate::cost::Traffic {
         let mut received = vec![0usize; self.world];
+        let mut host = 0;
         for l in &self.legs {
-            received[l.reader] += l.bytes;
+            host += l.bytes;
+            for reader in l.readers(self.world) {
+                received[reader] += l.bytes;
+                host += l.bytes;
+            }
         }
-        let total: usize = self.legs.iter().map(|l| l.bytes).sum();
         let mut rounds: Vec<usize> = self.legs.iter().map(|l| l.round).collect();
         rounds.sort_unstable();
         rounds.dedup();
         crate::cost::Traffic {
             up_bytes: self.bytes_sent().into_iter().max().unwrap_or(0) as f64,
             down_bytes: received.into_iter().max().unwrap_or(0) as f64,
-            host_dram_bytes: 2.0 * total as f64,
+            host_dram_bytes: host as f64,
             phases: rounds.len(),
         }
     }

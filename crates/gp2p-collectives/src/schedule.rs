@@ -213,7 +213,7 @@ impl Schedule {
     /// of each rank's [`Buf::Main`](crate::legs::Buf::Main). An exchange group (one step, one
     /// range) is one round, whose legs all read before any lands.
     pub fn to_rounds(&self, element_bytes: usize) -> crate::legs::Rounds {
-        use crate::legs::{Buf, Leg, LegLanding, Rounds};
+        use crate::legs::{Buf, Leg, LegLanding, Readers, Rounds};
         let legs = self
             .transfers
             .iter()
@@ -225,7 +225,7 @@ impl Schedule {
                     Action::Reduce { last } => LegLanding::Fold { last },
                 };
                 let bytes = t.range.len() * element_bytes;
-                Leg { round: t.step, writer: t.from, reader: t.to, src: at, dst: at, bytes, landing }
+                Leg { round: t.step, writer: t.from, readers: Readers::One(t.to), src: at, dst: at, bytes, landing }
             })
             .collect();
         Rounds { world: self.ranks, legs }

@@ -8,18 +8,17 @@
 //!   whatever the model says.
 //! - **Two-shot in rounds** (`crate::rounds`): priced from its legs
 //!   ([`gp2p_collectives::legs::all_reduce_traffic`], their traffic in closed form: this
-//!   runs on every call): each share goes up once to the rank that
-//!   folds it and each folded share once to every other rank, so a card moves 2(N−1)/N·S each
-//!   way where the shares are even (a page-aligned share's owner more, for small buffers),
-//!   every byte is written into host memory once and read once (4(N−1)·S in all), and the
-//!   shares go out in N−1 rounds and come back in N−1 more, each a trip through host memory
-//!   behind a flag: 2(N−1) phases. That is the ring's traffic, not the table's two-shot, which
-//!   publishes each folded share once for every reader.
+//!   runs on every call): each share goes up once to the rank that folds it and each folded
+//!   share goes up once for every other rank to read, so a card moves S up and 2(N−1)/N·S
+//!   down where the shares are even (a page-aligned share's owner lands more, for small
+//!   buffers), host memory sees each leg written once and read by each reader, (3N−2)·S in
+//!   all, and the shares go out in N−1 rounds and come back in one more, each a trip through
+//!   host memory behind a flag: N phases.
 //!
 //! The choice is made for each call from its size, on every rank alike (the rates and the
 //! forced algorithm are the same on every rank: the forced one is among the options ranks
 //! compare at creation). With the rates measured on H200s the lines win up to their 64 KiB
-//! at 4 and at 8 ranks (8 ranks, 64 KiB: 71 µs against 173), which is what the communicator
+//! at 4 and at 8 ranks (8 ranks, 64 KiB: 71 µs against 101), which is what the communicator
 //! ran before the model chose; a machine whose handoffs cost less moves the crossover down.
 //! [`gp2p_collectives::cost::ALGORITHM_VAR`] or [`crate::CommOptions::algorithm`] forces one
 //! (`one-shot`: the lines wherever they fit; `two-shot`: the rounds at every size).
@@ -140,18 +139,19 @@ mod tests {
     }
 
     #[test]
-    fn eight_h200_ranks_price_the_lines_at_twice_the_bytes_and_the_rounds_at_fourteen_phases() {
+    fn eight_h200_ranks_price_the_lines_at_twice_the_bytes_and_the_rounds_at_eight_phases() {
         // By hand, 64 KiB a rank, 8 ranks, H200 rates (DRAM 140 GB/s, handoff 11.4 µs):
         // lines: DRAM takes 8² × 128 KiB = 8 MiB → 59.9 µs, + 1 handoff = 71.3 µs;
-        // rounds: each card sends and lands 2·7/8 × 64 KiB = 112 KiB, host memory sees
-        // 4·7 × 64 KiB = 1.75 MiB → 13.1 µs (DRAM binds: the host's DMAs take 8 × 224 KiB
-        // / 190 GB/s = 9.7 µs), + 14 handoffs (159.6 µs) = 172.7 µs. The lines win.
+        // rounds: each card sends 64 KiB and lands 64 KiB + 6 × its 8 KiB share = 112 KiB,
+        // host memory sees (3·8 − 2) × 64 KiB = 1.375 MiB → 10.3 µs (DRAM binds: the host's
+        // DMAs take 8 × 176 KiB / 190 GB/s = 7.6 µs), + 8 handoffs (91.2 µs) = 101.5 µs. The
+        // lines win.
         let choice = h200(8);
         let (lines, rounds) = choice.predictions(64 * KIB);
         assert!(close(lines.seconds * 1e6, 11.4 + 64.0 * 131072.0 / 140e3), "{lines:?}");
-        assert!(close(rounds.seconds * 1e6, 14.0 * 11.4 + 28.0 * 65536.0 / 140e3), "{rounds:?}");
-        assert_eq!(rounds.traffic.up_bytes, 112.0 * KIB as f64);
-        assert!(close(lines.seconds * 1e6, 71.31) && close(rounds.seconds * 1e6, 172.7));
+        assert!(close(rounds.seconds * 1e6, 8.0 * 11.4 + 22.0 * 65536.0 / 140e3), "{rounds:?}");
+        assert_eq!((rounds.traffic.up_bytes, rounds.traffic.down_bytes), (64.0 * 1024.0, 112.0 * 1024.0));
+        assert!(close(lines.seconds * 1e6, 71.31) && close(rounds.seconds * 1e6, 101.5));
         assert_eq!(choice.path(64 * KIB), ManyPath::Lines);
         assert_eq!(choice.path(64 * KIB + 1), ManyPath::Rounds, "past the lines' capacity");
     }
@@ -168,18 +168,18 @@ mod tests {
 
     #[test]
     fn cheap_handoffs_move_the_crossover_below_the_lines_capacity() {
-        // Handoffs of 1 µs, 8 ranks. At 16 KiB: lines DRAM 8² × 32 KiB / 140 GB/s = 14.98 µs
-        // + 1 = 15.98; rounds: the four pages go to ranks 0-3 (shares start on pages), each of
-        // which sends and lands 10 pages, so the host's DMAs bind: 8 × 2 × 40 KiB / 190 GB/s
-        // = 3.45 µs, + 14 × 1 = 17.45: the lines. At 32 KiB (a page a rank): lines 29.96 + 1 =
-        // 30.96; rounds 14 + DRAM 28 × 32 KiB / 140 GB/s (6.55) = 20.55: the rounds.
+        // Handoffs of 1 µs, 8 ranks. At 8 KiB: lines DRAM 8² × 16 KiB / 140 GB/s = 7.49 µs
+        // + 1 = 8.49; rounds: the two pages go to ranks 0 and 1 (shares start on pages), each
+        // of which sends 8 KiB and lands 8 + 6 × 4 = 32 KiB, so the host's DMAs bind: 8 × 40
+        // KiB / 190 GB/s = 1.72 µs, + 8 × 1 = 9.72: the lines. At 16 KiB: lines 14.98 + 1 =
+        // 15.98; rounds 8 + DRAM 22 × 16 KiB / 140 GB/s (2.57) = 10.57: the rounds.
         let choice = ManyChoice { machine: Machine { handoff_us: 1.0, ..Machine::h200(8) }, ..h200(8) };
+        let (lines, rounds) = choice.predictions(8 * KIB);
+        assert!(close(lines.seconds * 1e6, 8.49) && close(rounds.seconds * 1e6, 9.72), "{lines:?} {rounds:?}");
+        assert_eq!(choice.path(8 * KIB), ManyPath::Lines);
         let (lines, rounds) = choice.predictions(16 * KIB);
-        assert!(close(lines.seconds * 1e6, 15.98) && close(rounds.seconds * 1e6, 17.45), "{lines:?} {rounds:?}");
-        assert_eq!(choice.path(16 * KIB), ManyPath::Lines);
-        let (lines, rounds) = choice.predictions(32 * KIB);
-        assert!(close(lines.seconds * 1e6, 30.96) && close(rounds.seconds * 1e6, 20.55), "{lines:?} {rounds:?}");
-        assert_eq!(choice.path(32 * KIB), ManyPath::Rounds);
+        assert!(close(lines.seconds * 1e6, 15.98) && close(rounds.seconds * 1e6, 10.57), "{lines:?} {rounds:?}");
+        assert_eq!(choice.path(16 * KIB), ManyPath::Rounds);
         assert_eq!(choice.path(4), ManyPath::Lines, "the smallest stay one phase");
     }
 

@@ -74,7 +74,7 @@ impl Default for CommOptions {
 impl CommOptions {
     /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
     /// kernel up to 64 KiB (it is the whole one-kernel path there, and the pipeline's
-    /// 2(N−1) rounds cost more below that) and slots of 16 MiB / N (rounded down to 64 KiB),
+    /// N rounds cost more below that) and slots of 16 MiB / N (rounded down to 64 KiB),
     /// so the slots take about 48 MiB of /dev/shm at any N.
     pub fn for_world(world: usize) -> CommOptions {
         let default = CommOptions::default();

@@ -11,12 +11,12 @@
 //! in the order of its legs; chunk j of a call (counting every leg of the writer) goes
 //! through slot `j % slots`, so a reader knows the slot from the legs alone. Every slot has
 //! a flag per reader: the writer waits until every reader's flag of the slot is empty,
-//! copies the chunk in and sets its reader's flag full; the reader waits for its flag to be
-//! full, lands the chunk and sets it empty. Whoever read a slot last, and in whatever call,
-//! the next writer waits for it.
+//! copies the chunk in once and sets each of its readers' flags full (a leg to every other
+//! rank has N−1 readers); each reader waits for its flag to be full, lands the chunk and sets
+//! it empty. Whoever read a slot last, and in whatever call, the next writer waits for it.
 //!
 //! **Order.** Each rank enqueues its steps in the order of their *key* (round, chunk, send
-//! before receive), on two streams. Every wait is for a step of smaller key: a reader's
+//! before receive, receives by writer: the nearest before first), on two streams. Every wait is for a step of smaller key: a reader's
 //! for the writer's send of the same key, a writer's for the slot's earlier reader, and a
 //! rank's own event waits for records enqueued before. So the step of smallest key that has
 //! not run can always run, whether the GPU runs the two streams apart or as one queue in the
@@ -93,13 +93,18 @@ pub(crate) fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usiz
     // it, and only a leg with chunks enqueued after that wait calls for another.
     let (mut sources, mut landed): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     let rounds_used = rounds.legs.iter().map(|l| l.round + 1).max().unwrap_or(0);
+    let world = rounds.world;
+    let chunks = |i: usize| rounds.legs[i].bytes.div_ceil(slot_bytes);
     for round in 0..rounds_used {
-        let find = |mine: &dyn Fn(&Leg) -> bool| rounds.legs.iter().position(|l| l.round == round && mine(l));
-        let send = find(&|l| l.writer == rank);
-        let receive = find(&|l| l.reader == rank);
-        let chunks = |leg: Option<usize>| leg.map_or(0, |i| rounds.legs[i].bytes.div_ceil(slot_bytes));
-        for chunk in 0..chunks(send).max(chunks(receive)) {
-            if let Some(i) = send.filter(|&i| chunk < chunks(Some(i))) {
+        let in_round = || (0..rounds.legs.len()).filter(|&i| rounds.legs[i].round == round);
+        let send = in_round().find(|&i| rounds.legs[i].writer == rank);
+        // Landed from the nearest writer before (r − 1, r − 2, …): where every rank reads
+        // every other's chunk, each reads a different writer's slot at a time.
+        let mut receives: Vec<usize> = in_round().filter(|&i| rounds.legs[i].is_read_by(rank)).collect();
+        receives.sort_by_key(|&i| (rank + world - rounds.legs[i].writer) % world);
+        let most = send.iter().chain(&receives).map(|&i| chunks(i)).max().unwrap_or(0);
+        for chunk in 0..most {
+            if let Some(i) = send.filter(|&i| chunk < chunks(i)) {
                 let leg = &rounds.legs[i];
                 let range = chunk_range(leg, chunk, slot_bytes);
                 let src = (leg.src.0, leg.src.1 + range.start);
@@ -115,14 +120,16 @@ pub(crate) fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usiz
                 out.extend([
                     (Send, ManyStep::WaitSlotFree { slot }),
                     (Send, ManyStep::CopyOut { leg: i, chunk, slot }),
-                    (Send, ManyStep::SetFlag { writer: rank, slot, reader: leg.reader, value: FULL }),
-                    (Send, ManyStep::RecordSent),
                 ]);
+                // One copy out, a flag for each of its readers.
+                let full = |reader| (Send, ManyStep::SetFlag { writer: rank, slot, reader, value: FULL });
+                out.extend(leg.readers(world).map(full));
+                out.push((Send, ManyStep::RecordSent));
                 if !sources.contains(&i) {
                     sources.push(i);
                 }
             }
-            if let Some(i) = receive.filter(|&i| chunk < chunks(Some(i))) {
+            for &i in receives.iter().filter(|&&i| chunk < chunks(i)) {
                 let leg = &rounds.legs[i];
                 let range = chunk_range(leg, chunk, slot_bytes);
                 let dst = (leg.dst.0, leg.dst.1 + range.start);

@@ -146,26 +146,37 @@ proptest! {
 
 #[test]
 fn each_card_sends_what_the_table_says() {
-    // N = 4, S = 4 shares of 4 KiB: the all-reduce sends 2(N-1)/N S a card, the broadcast's root (N-1) S.
+    // N = 4, S = 4 shares of 4 KiB: the all-reduce sends S a card (three shares to their
+    // owners, its folded share once for every reader), the broadcast's root S, an all-gather's
+    // rank its part.
     let (world, bytes) = (4, 4 * SHARE_ALIGN);
-    assert_eq!(Rounds::all_reduce(world, bytes).bytes_sent(), vec![2 * 3 * SHARE_ALIGN; world]);
-    let root_sends = Rounds::broadcast(world, bytes, 1).bytes_sent();
-    assert_eq!(root_sends, vec![0, 3 * bytes, 0, 0]);
+    assert_eq!(Rounds::all_reduce(world, bytes).bytes_sent(), vec![bytes; world]);
+    assert_eq!(Rounds::broadcast(world, bytes, 1).bytes_sent(), vec![0, bytes, 0, 0]);
+    assert_eq!(Rounds::all_gather(world, 5, false).bytes_sent(), vec![5; world]);
+    // Every reader of a leg to the others lands it, the writer does not.
+    let leg = &Rounds::broadcast(world, bytes, 1).legs[0];
+    assert_eq!(leg.readers(world).collect::<Vec<_>>(), vec![2, 3, 0]);
+    assert!(!leg.is_read_by(1) && leg.is_read_by(0));
 }
 
 #[test]
-fn the_all_reduces_traffic_is_the_rings_where_the_shares_are_even() {
+fn the_all_reduces_traffic_is_the_tables_two_shot_where_the_shares_are_even() {
     use crate::cost::{Algorithm, traffic};
     for world in 2..=8 {
         let bytes = world * 3 * SHARE_ALIGN;
         let legs = Rounds::all_reduce(world, bytes).traffic();
-        let ring = traffic(Algorithm::Ring, world, bytes);
-        assert_eq!(legs, ring, "{world} ranks");
+        let table = traffic(Algorithm::TwoShot, world, bytes);
+        // The same bytes; N rounds where the table counts 2 phases (the shares go out one
+        // owner a round).
+        assert_eq!((legs.up_bytes, legs.host_dram_bytes), (table.up_bytes, table.host_dram_bytes), "{world} ranks");
+        assert!((legs.down_bytes - table.down_bytes).abs() < 1e-6, "{world} ranks");
+        assert_eq!(legs.phases, world);
     }
     // Shares start on pages: 16 KiB over 8 ranks gives ranks 0-3 a page each and 4-7 none, so
-    // rank 0 writes 3 pages to their owners and its folded page to 7 readers (10 pages), more
-    // than the even 2(N-1)/N S (7 pages); host memory still sees every byte twice.
+    // rank 0 writes its 4 pages (3 to their owners, its folded one once) and lands 7 folds of
+    // its page and the 3 other pages (10), more than the even 2(N-1)/N S (7 pages); host
+    // memory sees 8 writers' 4 pages and 2 × 7 reads of each of the 4 shares.
     let t = Rounds::all_reduce(8, 4 * SHARE_ALIGN).traffic();
-    assert_eq!((t.up_bytes, t.down_bytes), (10.0 * 4096.0, 10.0 * 4096.0));
-    assert_eq!((t.host_dram_bytes, t.phases), (2.0 * (4.0 * 10.0 + 4.0 * 4.0) * 4096.0, 14));
+    assert_eq!((t.up_bytes, t.down_bytes), (4.0 * 4096.0, 10.0 * 4096.0));
+    assert_eq!((t.host_dram_bytes, t.phases), ((4.0 * 8.0 + 2.0 * 7.0 * 4.0) * 4096.0, 8));
 }

@@ -200,7 +200,7 @@ impl<'a> Model<'a> {
             }
             ManyStep::Land { leg, chunk, slot } => {
                 let l = rounds.legs[leg].clone();
-                assert_eq!(l.reader, r);
+                assert!(l.is_read_by(r), "rank {r} landed a leg not for it");
                 let Some((call, got_leg, got_chunk, data)) = self.slots[l.writer][slot].clone() else {
                     panic!("rank {r} landed from an empty slot");
                 };
@@ -372,8 +372,9 @@ fn the_model_sees_a_missing_wait() {
 }
 
 #[test]
-fn every_rank_sends_and_receives_at_most_one_leg_a_round() {
-    // The steps find one send and one receive per rank and round.
+fn every_rank_sends_at_most_one_leg_a_round_and_lands_each_writers_at_most_once() {
+    // The steps find one send per rank and round (its chunks use its slots in order), and a
+    // reader lands each writer's leg of a round once.
     let world = 4;
     for rounds in [
         Rounds::all_reduce(world, 64 * SHARE_ALIGN),
@@ -385,9 +386,31 @@ fn every_rank_sends_and_receives_at_most_one_leg_a_round() {
             for r in 0..world {
                 let legs = rounds.legs.iter().filter(|l| l.round == round);
                 assert!(legs.clone().filter(|l| l.writer == r).count() <= 1);
-                assert!(legs.filter(|l| l.reader == r).count() <= 1);
+                for w in 0..world {
+                    assert!(legs.clone().filter(|l| l.writer == w && l.is_read_by(r)).count() <= 1);
+                }
             }
         }
+    }
+}
+
+#[test]
+fn a_chunk_for_every_other_rank_is_copied_out_once_with_a_flag_for_each() {
+    // The all-gather among 4: each rank copies its part (2 chunks) out twice, not 6 times, sets
+    // 3 flags a chunk, and lands the other 3 ranks' 2 chunks each, nearest writer before first.
+    let world = 4;
+    let rounds = Rounds::all_gather(world, 2 * SHARE_ALIGN, false);
+    for rank in 0..world {
+        let steps = steps(&rounds, rank, SHARE_ALIGN, 3);
+        let copies = steps.iter().filter(|(_, s)| matches!(s, ManyStep::CopyOut { .. })).count();
+        let full = |s: &ManyStep| matches!(s, ManyStep::SetFlag { writer, value: FULL, .. } if *writer == rank);
+        assert_eq!((copies, steps.iter().filter(|(_, s)| full(s)).count()), (2, 6), "rank {rank}");
+        let writers: Vec<usize> = steps
+            .iter()
+            .filter_map(|(_, s)| if let ManyStep::WaitFlag { writer, .. } = s { Some(*writer) } else { None })
+            .collect();
+        let before = |k: usize| (rank + world - k) % world;
+        assert_eq!(writers, [1, 2, 3, 1, 2, 3].map(before), "rank {rank}");
     }
 }
 
