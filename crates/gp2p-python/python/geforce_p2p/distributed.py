@@ -17,15 +17,15 @@ Among more than two ranks an all-reduce of up to ``lines_max_bytes`` (64 KiB by 
 there) is one kernel per rank that writes its tensor into its lines of the segment and reads
 every other rank's (one-shot, every rank folds all N in rank order, so all get the same
 bits); above that it is two-shot: in N-1 rounds each rank hands every other rank that rank's
-share of its tensor (a 1/N slice) and folds the shares it receives into its own, then in N-1
-more it hands its folded share to everyone. Each card's link carries 2(N-1)/N of the tensor
-each way, as in a ring, in 2(N-1) handoffs rather than a ring's 2(N-1) dependent trips
-through host memory per chunk. Which of the two a size takes is the cost model's choice
-(``gp2p plan --ranks N``: the lines priced at twice the data's bytes, the rounds at 2(N-1)
-handoffs); with the rates measured on H200s it keeps the lines up to their 64 KiB, and
-``GP2P_ALGORITHM=one-shot|two-shot`` (or ``algorithm=``) forces one. all_gather and
-reduce_scatter are the second and first half, broadcast is the root handing the tensor to
-each rank in turn, send/recv one handoff. The slots take about 48 MiB of /dev/shm at any N
+share of its tensor (a 1/N slice) and folds the shares it receives into its own, then in one
+more it copies its folded share out once, for every other rank to read. Each card's link
+carries the tensor up and 2(N-1)/N of it down, in N handoffs where a ring takes 2(N-1)
+dependent trips through host memory per chunk. Which of the two a size takes is the cost
+model's choice (``gp2p plan --ranks N``: the lines priced at twice the data's bytes, the
+rounds at N handoffs); with the rates measured on H200s it keeps the lines up to their 64 KiB,
+and ``GP2P_ALGORITHM=one-shot|two-shot`` (or ``algorithm=``) forces one. all_gather and
+reduce_scatter are the second and first half, broadcast is the root copying the tensor out
+once for every rank to read, send/recv one handoff. The slots take about 48 MiB of /dev/shm at any N
 (16 MiB / N each, three per rank).
 
 Between two ranks an all-reduce of up to ``max_bytes`` (4 MiB by
