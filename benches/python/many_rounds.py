@@ -1,6 +1,6 @@
 """Time per call of the communicator's rounds among N processes (the sizes above the lines):
-all_reduce, all_gather_into_tensor and broadcast, eager, for regressions and for comparing
-two builds on one machine.
+all_reduce, all_gather_into_tensor and broadcast, eager and replayed from a CUDA graph, for
+regressions and for comparing two builds on one machine.
 
 Launch with torchrun, N processes (GPU r modulo the GPUs visible; on one GPU start an MPS
 daemon first):
@@ -9,11 +9,14 @@ daemon first):
 
 For every collective and size (bytes per rank; the all-gather's output is N times that):
 fresh random int32 data, a synchronise and a barrier, then CUDA events around `--calls`
-back-to-back calls on the current stream; time per call = elapsed / calls, the slowest rank's,
-median over `--repeats` after a warm-up. Every timed loop is verified on every rank: the
+back-to-back calls on the current stream (eager), or the same calls captured once into a CUDA
+graph and replayed; time per call = elapsed / calls, the slowest rank's, median over
+`--repeats` after a warm-up. Every timed loop is verified on every rank: the
 in-place sums give sum(inputs) * N**(calls - 1) wrapping at 2**32, the all-gather every rank's
 input in rank order, the broadcast the root's input. On one GPU every rank's copies share its
-one link, so the figures say how much the rounds move through it, not what N cards do.
+one link, so the figures say how much the rounds move through it, not what N cards do; and
+under MPS there, eager calls of the rounds take milliseconds where graph replays take a
+fraction of one (not understood yet), so compare builds by the graph column.
 """
 
 import argparse
@@ -59,41 +62,64 @@ def main():
             n = size // 4
             buf = torch.empty(n, dtype=torch.int32, device=device)
             out = torch.empty(n * world, dtype=torch.int32, device=device) if op == "all_gather" else None
-            times = []
-            for repeat in range(args.repeats + 1):
-                g = torch.Generator().manual_seed(repeat * 7919 + size + world)
-                inputs = [torch.randint(-1000, 1000, (n,), generator=g, dtype=torch.int64) for _ in range(world)]
-                buf.copy_(inputs[rank].to(torch.int32))
-                torch.cuda.synchronize()
-                dist.barrier()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(args.calls):
-                    if op == "all_reduce":
-                        comm.all_reduce(buf)
-                    elif op == "all_gather":
-                        comm.all_gather_into_tensor(out, buf)
-                    else:
-                        comm.broadcast(buf, src=world - 1)
-                end.record()
-                end.synchronize()
+
+            def call():
                 if op == "all_reduce":
-                    want = (sum(inputs) * pow(world, args.calls - 1, 1 << 32)) & 0xFFFFFFFF
-                    ok = torch.equal(buf.cpu().to(torch.int64) & 0xFFFFFFFF, want)
+                    comm.all_reduce(buf)
                 elif op == "all_gather":
-                    ok = torch.equal(out.cpu().to(torch.int64), torch.cat(inputs))
+                    comm.all_gather_into_tensor(out, buf)
                 else:
-                    ok = torch.equal(buf.cpu().to(torch.int64), inputs[world - 1])
-                assert ok, "rank %d: %s %d B repeat %d: wrong result" % (rank, op, size, repeat)
-                slowest = torch.tensor([start.elapsed_time(end) * 1000 / args.calls])
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                if repeat > 0:  # the first is the warm-up
-                    times.append(slowest.item())
-            row = {"op": op, "bytes": size, "calls": args.calls, "us": statistics.median(times)}
+                    comm.broadcast(buf, src=world - 1)
+
+            row = {"op": op, "bytes": size, "calls": args.calls}
+            for mode in ("eager", "graph"):
+                graph = None
+                if mode == "graph":
+                    # Captured on a side stream after one call there; replayed on fresh data.
+                    stream = torch.cuda.Stream()
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        call()
+                        torch.cuda.synchronize()
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, stream=stream):
+                            for _ in range(args.calls):
+                                call()
+                    torch.cuda.synchronize()
+                times = []
+                for repeat in range(args.repeats + 1):
+                    g = torch.Generator().manual_seed(repeat * 7919 + size + world)
+                    inputs = [torch.randint(-1000, 1000, (n,), generator=g, dtype=torch.int64) for _ in range(world)]
+                    buf.copy_(inputs[rank].to(torch.int32))
+                    torch.cuda.synchronize()
+                    dist.barrier()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    if graph is not None:
+                        graph.replay()
+                    else:
+                        for _ in range(args.calls):
+                            call()
+                    end.record()
+                    end.synchronize()
+                    if op == "all_reduce":
+                        want = (sum(inputs) * pow(world, args.calls - 1, 1 << 32)) & 0xFFFFFFFF
+                        ok = torch.equal(buf.cpu().to(torch.int64) & 0xFFFFFFFF, want)
+                    elif op == "all_gather":
+                        ok = torch.equal(out.cpu().to(torch.int64), torch.cat(inputs))
+                    else:
+                        ok = torch.equal(buf.cpu().to(torch.int64), inputs[world - 1])
+                    assert ok, "rank %d: %s %s %d B repeat %d: wrong result" % (rank, op, mode, size, repeat)
+                    slowest = torch.tensor([start.elapsed_time(end) * 1000 / args.calls])
+                    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                    if repeat > 0:  # the first is the warm-up
+                        times.append(slowest.item())
+                row[mode + "_us"] = statistics.median(times)
+                del graph
             rows.append(row)
             if rank == 0:
-                print("op=%s bytes=%d us=%.1f GB/s-per-rank=%.2f" % (op, size, row["us"], size / row["us"] / 1e3),
-                      flush=True)
+                print("op=%s bytes=%d eager_us=%.1f graph_us=%.1f graph_GB/s-per-rank=%.2f"
+                      % (op, size, row["eager_us"], row["graph_us"], size / row["graph_us"] / 1e3), flush=True)
     comm.close()
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
