@@ -35,6 +35,8 @@
 
 use std::ops::Range;
 
+pub mod steps;
+
 /// Which of a call's device buffers a leg reads or writes on its rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Buf {

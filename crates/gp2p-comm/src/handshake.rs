@@ -4,12 +4,9 @@
 //! rank's streams squeezed into one queue, as a GPU may run them), to check that every
 //! chunk lands whole and that no order deadlocks.
 
-/// Which of a rank's two pipeline streams a step runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lane {
-    Send,
-    Receive,
-}
+// The lanes and flag values of the many-rank steps (gp2p_collectives::legs::steps): one
+// vocabulary for both pipelines.
+pub(crate) use gp2p_collectives::legs::steps::{EMPTY, FULL, Lane};
 
 /// Whose slot a flag belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,10 +14,6 @@ pub(crate) enum Owner {
     Own,
     Peer,
 }
-
-/// A slot's flag: empty (its sender may write it) or full (its receiver may read it).
-pub(crate) const EMPTY: u32 = 0;
-pub(crate) const FULL: u32 = 1;
 
 /// One step of a rank's side of a transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,7 +27,7 @@ use gp2p_kernels::{DType, ReduceOp};
 use crate::Result;
 use crate::handshake::{EMPTY, Lane, Owner, Step, plan};
 use crate::layout::Layout;
-use crate::rounds::{Buf, LegLanding, ManyStep, Rounds, chunk_range, steps};
+use crate::rounds::{Buf, LegLanding, LegStep, Rounds, chunk_range, steps};
 
 /// What happens to the peer's chunks where they land.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,21 +150,21 @@ impl Pipeline {
             // once this rank's flag is full, and order a copy out after this rank's landings
             // in the same range, and a landing after its copies out (see `rounds`).
             match step {
-                ManyStep::WaitSlotFree { slot } => {
+                LegStep::WaitSlotFree { slot } => {
                     let flags = device_at(layout.full(rank, slot, 0));
                     // SAFETY: this slot's `world` flags and this rank's give-up words.
                     unsafe { wait_flags(stream, flags, layout.world, EMPTY, give_up, timeout_ns)? }
                 }
-                ManyStep::WaitFlag { writer, slot, reader, value } => {
+                LegStep::WaitFlag { writer, slot, reader, value } => {
                     let flag = device_at(layout.full(writer, slot, reader));
                     // SAFETY: a flag and this rank's give-up words of the registered area.
                     unsafe { wait_flag(stream, flag, value, give_up, timeout_ns)? }
                 }
-                ManyStep::SetFlag { writer, slot, reader, value } => {
+                LegStep::SetFlag { writer, slot, reader, value } => {
                     // SAFETY: a flag of the registered area.
                     unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? }
                 }
-                ManyStep::CopyOut { leg, chunk, slot } => {
+                LegStep::CopyOut { leg, chunk, slot } => {
                     let leg = &legs[leg];
                     let range = chunk_range(leg, chunk, slot_bytes);
                     let to = host_at(layout.slot(rank, slot)).cast();
@@ -172,7 +172,7 @@ impl Pipeline {
                     // leg's source.
                     unsafe { memcpy_dtoh_async(stream, to, at(leg.src) + range.start as u64, range.len())? }
                 }
-                ManyStep::Land { leg, chunk, slot } => {
+                LegStep::Land { leg, chunk, slot } => {
                     let leg = &legs[leg];
                     let range = chunk_range(leg, chunk, slot_bytes);
                     let to = at(leg.dst) + range.start as u64;
@@ -194,10 +194,10 @@ impl Pipeline {
                         }
                     }
                 }
-                ManyStep::RecordSent => self.many_sent.record(stream)?,
-                ManyStep::AfterSent => stream.wait(&self.many_sent)?,
-                ManyStep::RecordLanded => self.many_landed.record(stream)?,
-                ManyStep::AfterLanded => stream.wait(&self.many_landed)?,
+                LegStep::RecordSent => self.many_sent.record(stream)?,
+                LegStep::AfterSent => stream.wait(&self.many_sent)?,
+                LegStep::RecordLanded => self.many_landed.record(stream)?,
+                LegStep::AfterLanded => stream.wait(&self.many_landed)?,
             }
         }
         Ok(())

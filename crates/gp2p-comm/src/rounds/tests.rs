@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use super::*;
 use crate::handshake::tests::chooser;
+use crate::handshake::{EMPTY, FULL, Lane};
 
 /// One call of the model: its legs, and its buffers' lengths in bytes (one byte is one
 /// element here).
@@ -49,7 +50,7 @@ fn fold(acc: u64, x: u64) -> u64 {
 struct Queued {
     call: usize,
     lane: Lane,
-    step: ManyStep,
+    step: LegStep,
     bound: usize,
 }
 
@@ -59,16 +60,16 @@ fn enqueue(calls: &[Call], rank: usize, slot_bytes: usize, slots: usize) -> Vec<
     for (call, c) in calls.iter().enumerate() {
         for (lane, step) in steps(&c.rounds, rank, slot_bytes, slots) {
             let bound = match step {
-                ManyStep::RecordSent => {
+                LegStep::RecordSent => {
                     sent += 1;
                     sent
                 }
-                ManyStep::RecordLanded => {
+                LegStep::RecordLanded => {
                     landed += 1;
                     landed
                 }
-                ManyStep::AfterSent => sent,
-                ManyStep::AfterLanded => landed,
+                LegStep::AfterSent => sent,
+                LegStep::AfterLanded => landed,
                 _ => 0,
             };
             out.push(Queued { call, lane, step, bound });
@@ -172,10 +173,10 @@ impl<'a> Model<'a> {
             return false;
         }
         match q.step {
-            ManyStep::WaitSlotFree { slot } => self.flags[r][slot].iter().all(|&f| f == EMPTY),
-            ManyStep::WaitFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] == value,
-            ManyStep::AfterSent => self.records[r].0 >= q.bound,
-            ManyStep::AfterLanded => self.records[r].1 >= q.bound,
+            LegStep::WaitSlotFree { slot } => self.flags[r][slot].iter().all(|&f| f == EMPTY),
+            LegStep::WaitFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] == value,
+            LegStep::AfterSent => self.records[r].0 >= q.bound,
+            LegStep::AfterLanded => self.records[r].1 >= q.bound,
             _ => true,
         }
     }
@@ -190,7 +191,7 @@ impl<'a> Model<'a> {
     fn run(&mut self, r: usize, q: Queued) {
         let rounds = &self.calls[q.call].rounds;
         match q.step {
-            ManyStep::CopyOut { leg, chunk, slot } => {
+            LegStep::CopyOut { leg, chunk, slot } => {
                 let l = &rounds.legs[leg];
                 assert_eq!(l.writer, r);
                 let range = chunk_range(l, chunk, self.slot_bytes);
@@ -198,7 +199,7 @@ impl<'a> Model<'a> {
                 let data = self.buffer(q.call, r, buf)[at + range.start..at + range.end].to_vec();
                 self.slots[r][slot] = Some((q.call, leg, chunk, data));
             }
-            ManyStep::Land { leg, chunk, slot } => {
+            LegStep::Land { leg, chunk, slot } => {
                 let l = rounds.legs[leg].clone();
                 assert!(l.is_read_by(r), "rank {r} landed a leg not for it");
                 let Some((call, got_leg, got_chunk, data)) = self.slots[l.writer][slot].clone() else {
@@ -221,9 +222,9 @@ impl<'a> Model<'a> {
                     }
                 }
             }
-            ManyStep::SetFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] = value,
-            ManyStep::RecordSent => self.records[r].0 += 1,
-            ManyStep::RecordLanded => self.records[r].1 += 1,
+            LegStep::SetFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] = value,
+            LegStep::RecordSent => self.records[r].0 += 1,
+            LegStep::RecordLanded => self.records[r].1 += 1,
             _ => {}
         }
         self.left[r][q.call] -= 1;
@@ -355,7 +356,7 @@ fn the_model_sees_a_missing_wait() {
         let mut model = Model::new(&calls, world, SHARE_ALIGN, 2, false);
         for queues in &mut model.queues {
             for queue in queues.iter_mut() {
-                queue.retain(|q| !matches!(q.step, ManyStep::AfterSent | ManyStep::AfterLanded));
+                queue.retain(|q| !matches!(q.step, LegStep::AfterSent | LegStep::AfterLanded));
             }
         }
         for (r, left) in model.left.iter_mut().enumerate() {
@@ -402,12 +403,12 @@ fn a_chunk_for_every_other_rank_is_copied_out_once_with_a_flag_for_each() {
     let rounds = Rounds::all_gather(world, 2 * SHARE_ALIGN, false);
     for rank in 0..world {
         let steps = steps(&rounds, rank, SHARE_ALIGN, 3);
-        let copies = steps.iter().filter(|(_, s)| matches!(s, ManyStep::CopyOut { .. })).count();
-        let full = |s: &ManyStep| matches!(s, ManyStep::SetFlag { writer, value: FULL, .. } if *writer == rank);
+        let copies = steps.iter().filter(|(_, s)| matches!(s, LegStep::CopyOut { .. })).count();
+        let full = |s: &LegStep| matches!(s, LegStep::SetFlag { writer, value: FULL, .. } if *writer == rank);
         assert_eq!((copies, steps.iter().filter(|(_, s)| full(s)).count()), (2, 6), "rank {rank}");
         let writers: Vec<usize> = steps
             .iter()
-            .filter_map(|(_, s)| if let ManyStep::WaitFlag { writer, .. } = s { Some(*writer) } else { None })
+            .filter_map(|(_, s)| if let LegStep::WaitFlag { writer, .. } = s { Some(*writer) } else { None })
             .collect();
         let before = |k: usize| (rank + world - k) % world;
         assert_eq!(writers, [1, 2, 3, 1, 2, 3].map(before), "rank {rank}");
@@ -423,9 +424,9 @@ fn the_all_reduces_second_half_waits_once_so_copies_out_and_landings_overlap() {
     let rounds = Rounds::all_reduce(world, world * 3 * SHARE_ALIGN);
     for rank in 0..world {
         let steps = steps(&rounds, rank, SHARE_ALIGN, 3);
-        let count = |wanted: ManyStep| steps.iter().filter(|(_, s)| *s == wanted).count();
-        assert_eq!(count(ManyStep::AfterLanded), 1, "rank {rank}");
-        assert_eq!(count(ManyStep::AfterSent), 1, "rank {rank}");
+        let count = |wanted: LegStep| steps.iter().filter(|(_, s)| *s == wanted).count();
+        assert_eq!(count(LegStep::AfterLanded), 1, "rank {rank}");
+        assert_eq!(count(LegStep::AfterSent), 1, "rank {rank}");
     }
 }
 

@@ -1,0 +1,182 @@
+//! A rank's part of a call's legs as the steps it enqueues on its two streams (a send stream
+//! and a receive stream): the one pipeline both executors run, the one-process-per-GPU
+//! communicator (`gp2p-comm`) with flags in shared host memory that GPU kernels wait on, and
+//! the in-process [`crate::Engine`] with stream points (events) in their place. `gp2p-comm`'s
+//! tests run every rank's steps on a model of the flags, slots and events, in many orders,
+//! and check that every chunk lands whole, folded in the right order, and that nothing
+//! deadlocks.
+//!
+//! **Slots and flags.** Each rank writes its chunks through its own ring of `slots` slots,
+//! in the order of its legs; chunk j of a call (counting every leg of the writer) goes
+//! through slot `j % slots`, so a reader knows the slot from the legs alone. Every slot has
+//! a flag per reader: the writer waits until every reader's flag of the slot is empty,
+//! copies the chunk in once and sets each of its readers' flags full (a leg to every other
+//! rank has N−1 readers); each reader waits for its flag to be full, lands the chunk and sets
+//! it empty. Whoever read a slot last, and in whatever call, the next writer waits for it.
+//!
+//! **Order.** Each rank's steps come in the order of their [`Key`] (round, chunk, send
+//! before receive; receives by writer, the nearest before first). Every wait is for a step
+//! of smaller key: a reader's for the writer's send of the same round and chunk, a writer's
+//! for the slot's earlier reader, and a rank's own event waits for records enqueued before.
+//! So the step of smallest key that has not run can always run, whether the GPU runs the
+//! two streams apart or as one queue in the order they were enqueued: no order deadlocks.
+//! An executor that enqueues every rank from one thread (the engine) merges the ranks' steps
+//! by key, so every record comes before the waits for it.
+//!
+//! **Overlap within a rank.** A send whose source overlaps a range this rank landed earlier
+//! in the call (the all-reduce's folded share) first waits for this rank's landings so far;
+//! a landing into a range this rank sent from earlier in the call (in place) first waits for
+//! its sends so far. One wait covers everything enqueued before it, so a lane waits again
+//! only for chunks enqueued since: the all-reduce's second half waits once, at its start,
+//! and then copies out chunk c + 1 while chunk c lands.
+//!
+//! **Point to point among more than two ranks.** A writer's slots serve every reader, so a
+//! send may wait until the reader of an earlier call's chunk has taken it: every rank must
+//! make its sends and receives (and collectives) in one order that all ranks agree on, as if
+//! every call involved every rank.
+
+use std::ops::Range;
+
+use super::{Buf, Leg, Rounds};
+
+/// Which of a rank's two streams a step runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Lane {
+    /// The stream that copies chunks out of the rank's buffers into its slots.
+    Send,
+    /// The stream that lands other ranks' chunks.
+    Receive,
+}
+
+/// A flag's value: its slot may be written (by its writer).
+pub const EMPTY: u32 = 0;
+/// A flag's value: its slot holds a chunk for the flag's reader.
+pub const FULL: u32 = 1;
+
+/// Where a step falls in the order every wait respects: its round, its chunk within the
+/// round, and its lane (sends first).
+pub type Key = (usize, usize, Lane);
+
+/// One step of a rank's side of a call of [`Rounds`]. `leg` indexes the call's legs, `chunk`
+/// counts a leg's chunks of the slot size, `slot` is a slot of the leg's writer (the slot
+/// of that chunk), `writer` and `reader` are ranks, `value` is [`EMPTY`] or [`FULL`].
+#[allow(missing_docs)] // the fields, named alike in every variant, are described above
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LegStep {
+    /// Wait until every reader's flag of this rank's `slot` is empty.
+    WaitSlotFree { slot: usize },
+    /// Copy chunk `chunk` of leg `leg`'s source into this rank's `slot`.
+    CopyOut { leg: usize, chunk: usize, slot: usize },
+    /// Set `reader`'s flag of `writer`'s `slot` to `value`.
+    SetFlag { writer: usize, slot: usize, reader: usize, value: u32 },
+    /// Wait (bounded) until `reader`'s flag of `writer`'s `slot` is `value`.
+    WaitFlag { writer: usize, slot: usize, reader: usize, value: u32 },
+    /// Fold or copy `slot` of the leg's writer into chunk `chunk` of the leg's destination.
+    Land { leg: usize, chunk: usize, slot: usize },
+    /// Record the event [`LegStep::AfterSent`] waits for (after a copy out).
+    RecordSent,
+    /// Wait for the copies out enqueued so far.
+    AfterSent,
+    /// Record the event [`LegStep::AfterLanded`] waits for (after a landing).
+    RecordLanded,
+    /// Wait for the landings enqueued so far.
+    AfterLanded,
+}
+
+/// A chunk's byte range within its leg: chunk `chunk` of `slot_bytes`.
+pub fn chunk_range(leg: &Leg, chunk: usize, slot_bytes: usize) -> Range<usize> {
+    let start = chunk * slot_bytes;
+    start..(start + slot_bytes).min(leg.bytes)
+}
+
+/// Whether `[a, a + a_len)` of buffer `a_buf` and `[b, b + b_len)` of `b_buf` overlap.
+fn overlaps((a_buf, a): (Buf, usize), a_len: usize, (b_buf, b): (Buf, usize), b_len: usize) -> bool {
+    a_buf == b_buf && a < b + b_len && b < a + a_len
+}
+
+/// The steps `rank` enqueues for `rounds`, in key order, with `slots` slots of `slot_bytes`.
+pub fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usize) -> Vec<(Lane, LegStep)> {
+    keyed_steps(rounds, rank, slot_bytes, slots).into_iter().map(|(_, lane, step)| (lane, step)).collect()
+}
+
+/// [`steps`] with each step's [`Key`] (non-decreasing along the list).
+pub fn keyed_steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usize) -> Vec<(Key, Lane, LegStep)> {
+    use Lane::{Receive, Send};
+    // Each writer's chunks in order: the slot of the first chunk of each leg.
+    let mut first_slot = vec![0; rounds.legs.len()];
+    let mut sent = vec![0usize; rounds.world];
+    for (i, leg) in rounds.legs.iter().enumerate() {
+        first_slot[i] = sent[leg.writer];
+        sent[leg.writer] += leg.bytes.div_ceil(slot_bytes);
+    }
+    let slot_of = |leg: usize, chunk: usize| (first_slot[leg] + chunk) % slots;
+    let mut out: Vec<(Key, Lane, LegStep)> = Vec::new();
+    // The legs this rank has copied out of, or landed in, since the other lane last waited
+    // for them: a wait binds to the latest record, so it covers every chunk enqueued before
+    // it, and only a leg with chunks enqueued after that wait calls for another.
+    let (mut sources, mut landed): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    let rounds_used = rounds.legs.iter().map(|l| l.round + 1).max().unwrap_or(0);
+    let world = rounds.world;
+    let chunks = |i: usize| rounds.legs[i].bytes.div_ceil(slot_bytes);
+    for round in 0..rounds_used {
+        let in_round = || (0..rounds.legs.len()).filter(|&i| rounds.legs[i].round == round);
+        let send = in_round().find(|&i| rounds.legs[i].writer == rank);
+        // Landed from the nearest writer before (r − 1, r − 2, …): where every rank reads
+        // every other's chunk, each reads a different writer's slot at a time.
+        let mut receives: Vec<usize> = in_round().filter(|&i| rounds.legs[i].is_read_by(rank)).collect();
+        receives.sort_by_key(|&i| (rank + world - rounds.legs[i].writer) % world);
+        let most = send.iter().chain(&receives).map(|&i| chunks(i)).max().unwrap_or(0);
+        for chunk in 0..most {
+            if let Some(i) = send.filter(|&i| chunk < chunks(i)) {
+                let leg = &rounds.legs[i];
+                let range = chunk_range(leg, chunk, slot_bytes);
+                let src = (leg.src.0, leg.src.1 + range.start);
+                let after_landing = landed.iter().any(|&j: &usize| {
+                    let l: &Leg = &rounds.legs[j];
+                    overlaps(src, range.len(), l.dst, l.bytes)
+                });
+                if after_landing {
+                    out.push(((round, chunk, Send), Send, LegStep::AfterLanded));
+                    landed.clear();
+                }
+                let slot = slot_of(i, chunk);
+                out.extend([
+                    ((round, chunk, Send), Send, LegStep::WaitSlotFree { slot }),
+                    ((round, chunk, Send), Send, LegStep::CopyOut { leg: i, chunk, slot }),
+                ]);
+                // One copy out, a flag for each of its readers.
+                let full =
+                    |reader| ((round, chunk, Send), Send, LegStep::SetFlag { writer: rank, slot, reader, value: FULL });
+                out.extend(leg.readers(world).map(full));
+                out.push(((round, chunk, Send), Send, LegStep::RecordSent));
+                if !sources.contains(&i) {
+                    sources.push(i);
+                }
+            }
+            for &i in receives.iter().filter(|&&i| chunk < chunks(i)) {
+                let leg = &rounds.legs[i];
+                let range = chunk_range(leg, chunk, slot_bytes);
+                let dst = (leg.dst.0, leg.dst.1 + range.start);
+                let after_sending = sources.iter().any(|&j: &usize| {
+                    let l: &Leg = &rounds.legs[j];
+                    overlaps(dst, range.len(), l.src, l.bytes)
+                });
+                if after_sending {
+                    out.push(((round, chunk, Receive), Receive, LegStep::AfterSent));
+                    sources.clear();
+                }
+                let (writer, slot) = (leg.writer, slot_of(i, chunk));
+                out.extend([
+                    ((round, chunk, Receive), Receive, LegStep::WaitFlag { writer, slot, reader: rank, value: FULL }),
+                    ((round, chunk, Receive), Receive, LegStep::Land { leg: i, chunk, slot }),
+                    ((round, chunk, Receive), Receive, LegStep::SetFlag { writer, slot, reader: rank, value: EMPTY }),
+                    ((round, chunk, Receive), Receive, LegStep::RecordLanded),
+                ]);
+                if !landed.contains(&i) {
+                    landed.push(i);
+                }
+            }
+        }
+    }
+    out
+}
