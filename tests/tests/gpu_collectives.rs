@@ -1,6 +1,8 @@
-//! GPU: the ring collectives with 2, 3 and 4 logical ranks sharing one GPU (feature
-//! `testing`). Every result is checked twice: against the same schedule replayed on host
-//! buffers with the CPU reference of each step (tight: the GPU's order of operations), and
+//! GPU: the in-process collectives with 2 to 8 logical ranks sharing one GPU (feature
+//! `testing`), through the ring's transfers and through the legs (the cost model's choice
+//! from three ranks, and each forced). Every result is checked twice: against the same
+//! pipeline replayed on host buffers with the CPU reference of each step (tight: the GPU's
+//! order of operations), and
 //! against a fold of all ranks' inputs computed independently of any schedule (exact for
 //! integers, f64 with a bound that grows with n for floats). Outputs start poisoned.
 
@@ -11,7 +13,8 @@
 
 use geforce_p2p::half::{bf16, f16};
 use geforce_p2p::{Device, DeviceBuffer, ReduceOp, Stream};
-use gp2p_collectives::reference::expected;
+use gp2p_collectives::cost::Algorithm;
+use gp2p_collectives::reference::expected_with;
 use gp2p_collectives::schedule::segment;
 use gp2p_collectives::{Collective, Engine, Rank, Receive, all_gather, all_reduce, broadcast, reduce_scatter};
 use gp2p_tests::{
@@ -93,7 +96,7 @@ fn all_reduce_case<T: Reference>(engine: &Engine, n: usize, len: usize, op: Redu
         assert_eq!(differ, 0, "{}: differs from rank 0: {}", what(r), first.join("; "));
     }
     if len <= REPLAY_MAX_LEN {
-        let want = expected(Collective::AllReduce, &inputs, op);
+        let want = expected_with(Collective::AllReduce, &inputs, op, engine.forced_algorithm().unwrap());
         for (r, (got, want)) in got.iter().zip(&want).enumerate() {
             check_replay(got, want, op, &what(r));
         }
@@ -128,7 +131,7 @@ fn reduce_scatter_case<T: Reference>(
     let mut outputs = ranks.poisoned::<T>(part);
     let views: Vec<_> = bufs.iter().map(|b| b.view(..)).collect();
     reduce_scatter(engine, &views, &mut ranks.ranks(&mut outputs), op, receive).unwrap();
-    let want = expected(Collective::ReduceScatter, &inputs, op);
+    let want = expected_with(Collective::ReduceScatter, &inputs, op, engine.forced_algorithm().unwrap());
     for (r, got) in ranks.download(&outputs).iter().enumerate() {
         let what = format!("reduce_scatter {} {op} n={n} part={part} {receive:?} rank {r}", T::DTYPE);
         check_replay(got, &want[r], op, &what);
@@ -221,7 +224,7 @@ fn one_hundred_back_to_back_all_reduces_without_host_sync() {
         all_reduce(&engine, &mut ranks.ranks(bufs), ReduceOp::Sum, receive).unwrap();
     }
     for (i, (inputs, bufs)) in cases.iter().enumerate() {
-        let want = expected(Collective::AllReduce, inputs, ReduceOp::Sum);
+        let want = expected_with(Collective::AllReduce, inputs, ReduceOp::Sum, engine.forced_algorithm().unwrap());
         for (r, got) in ranks.download(bufs).iter().enumerate() {
             check_replay(got, &want[r], ReduceOp::Sum, &format!("call {i} rank {r}"));
         }
@@ -251,6 +254,50 @@ fn all_gather_reduce_scatter_and_broadcast_on_two_to_four_ranks() {
         }
         broadcast_case::<bf16>(&engine, n, 1, n - 1, seed);
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_ring_and_the_legs_each_forced_run_every_collective_op_and_dtype_on_three_to_eight_ranks() {
+    needs!(gpus: 1);
+    let mut seed = 7000;
+    for algorithm in [Algorithm::Ring, Algorithm::TwoShot] {
+        let engine = Engine::new().with_algorithm(algorithm).unwrap();
+        for n in [3, 4, 8] {
+            for receive in RECEIVE_PATHS {
+                for op in ReduceOp::ALL {
+                    // Lengths smaller than the ranks, odd, and past a page a share.
+                    for len in [n - 1, 2 * n + 1, 100_003] {
+                        seed += 1;
+                        every_dtype!(all_reduce_case(&engine, n, len, op, receive, seed));
+                    }
+                    reduce_scatter_case::<f32>(&engine, n, 33_335, op, receive, seed);
+                }
+                every_dtype!(reduce_scatter_case(&engine, n, 3, ReduceOp::Sum, receive, seed));
+                every_dtype!(all_gather_case(&engine, n, 9_999, receive, seed));
+            }
+            every_dtype!(broadcast_case(&engine, n, 70_001, n / 2, seed));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_legs_with_small_slots_wrap_every_slot_many_times_a_call() {
+    needs!(gpus: 1);
+    // 4 KiB chunks through each writer's four slots: every share takes many chunks, and a
+    // slot is filled again only once every reader of its last chunk is done with it.
+    let engine = Engine::with_chunk_bytes(4096).unwrap().with_algorithm(Algorithm::TwoShot).unwrap();
+    for receive in RECEIVE_PATHS {
+        all_reduce_case::<f32>(&engine, 3, 300_007, ReduceOp::Sum, receive, 91);
+        all_reduce_case::<bf16>(&engine, 8, 300_007, ReduceOp::Avg, receive, 92);
+        reduce_scatter_case::<i32>(&engine, 4, 50_001, ReduceOp::Min, receive, 93);
+        all_gather_case::<i8>(&engine, 5, 99_999, receive, 94);
+    }
+    broadcast_case::<u64>(&engine, 6, 123_457, 5, 95);
+    // Forced one-shot is refused by name: the engine runs ring or two-shot.
+    let err = Engine::new().with_algorithm(Algorithm::OneShot).err().expect("one-shot refused");
+    assert!(err.to_string().contains("ring or two-shot"), "{err}");
 }
 
 #[test]

@@ -86,6 +86,15 @@ pub enum Error {
         /// Its value.
         given: String,
     },
+    /// The one-shot all-reduce was forced on the in-process engine, which runs the ring or
+    /// the two-shot legs (one-shot is the one-process-per-GPU communicator's).
+    #[error(
+        "{forced_by}: one-shot is not an in-process pipeline (the engine runs ring or two-shot; one-shot is gp2p-comm's, among processes): force ring or two-shot, or leave it unset for the cost model's choice"
+    )]
+    OneShotInProcess {
+        /// What forced it: the environment variable or `Engine::with_algorithm`.
+        forced_by: &'static str,
+    },
     /// A root rank out of range.
     #[error("root {root} is out of range: there are {ranks} ranks")]
     BadRoot {

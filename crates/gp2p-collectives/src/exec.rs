@@ -1,7 +1,9 @@
-//! Executing a schedule on GPUs: each rank sends on one internal stream and receives on
-//! another (so its link carries both directions), every ring edge has a staging ring, and
-//! the staging rings' stream points carry the chunk-level dependencies — a rank forwards a chunk as soon as that
-//! chunk has arrived, not when the whole step is done.
+//! Executing a pipeline on GPUs: each rank sends on one internal stream and receives on
+//! another (so its link carries both directions). The ring's schedules go through a staging
+//! ring per ring edge; the legs ([`crate::legs::steps`], the communicator's pipeline) through
+//! a fan-out of slots per writer that every reader lands from. Stream points carry the
+//! chunk-level dependencies — a rank forwards a chunk as soon as that chunk has arrived, not
+//! when the whole step is done.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -9,12 +11,17 @@ use std::sync::Arc;
 
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamFork, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
-use gp2p_pinned::{ChunkExchange, DEFAULT_PEER_TIMEOUT, Fold, LineExchange, PairExchange, RingCache, StagingRing};
+use gp2p_pinned::{
+    ChunkExchange, DEFAULT_PEER_TIMEOUT, FanOut, Fold, LineExchange, PairExchange, RingCache, StagingRing,
+};
 use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES, pipelined_chunk_bytes};
 use parking_lot::Mutex;
 
 use crate::calibrate::choose;
+use crate::cost::Algorithm;
 use crate::env::parse_byte_limit;
+use crate::legs::steps::{Lane, LegStep, chunk_range, keyed_steps};
+use crate::legs::{LegLanding, Rounds};
 use crate::schedule::step_divisor;
 use crate::schedule::{Action, Schedule};
 use crate::{Error, Receive, Result, spans_devices};
@@ -114,6 +121,9 @@ struct Group {
     lines: Option<LineExchange>,
     /// Two ranks only: the chunks of small and middling all-reduces, made on first use.
     chunks: Option<ChunkExchange>,
+    /// Per rank: the slots it writes its legs' chunks through, which every other rank reads
+    /// (more than two ranks), made on first use.
+    fanouts: Vec<Option<FanOut>>,
 }
 
 /// The collective engine: per group of devices, internal streams, staging rings, scratch
@@ -128,6 +138,8 @@ pub struct Engine {
     slots: Option<usize>,
     line_max: Option<usize>,
     chunk_max: Option<usize>,
+    /// Ring or two-shot, where the caller forced one ([`Engine::with_algorithm`]).
+    algorithm: Option<Algorithm>,
 }
 
 impl Engine {
@@ -158,6 +170,32 @@ impl Engine {
     pub fn with_line_exchange_max(mut self, bytes: usize) -> Self {
         self.line_max = Some(bytes);
         self
+    }
+
+    /// This engine running `algorithm` for every collective ([`Algorithm::Ring`]: the ring's
+    /// transfers; [`Algorithm::TwoShot`]: the legs, [`crate::legs`]) instead of the cost
+    /// model's choice ([`crate::pipeline`]) or the one the environment variable
+    /// [`crate::cost::ALGORITHM_VAR`] forces. One-shot is refused: it is the
+    /// one-process-per-GPU communicator's.
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Result<Self> {
+        if algorithm == Algorithm::OneShot {
+            return Err(Error::OneShotInProcess { forced_by: "Engine::with_algorithm" });
+        }
+        self.algorithm = Some(algorithm);
+        Ok(self)
+    }
+
+    /// The algorithm forced on this engine: [`Engine::with_algorithm`]'s, else the
+    /// environment's ([`crate::cost::ALGORITHM_VAR`], read now); an error where that names
+    /// one-shot or nothing.
+    pub fn forced_algorithm(&self) -> Result<Option<Algorithm>> {
+        if self.algorithm.is_some() {
+            return Ok(self.algorithm);
+        }
+        match crate::cost::forced_by_env()? {
+            Some(Algorithm::OneShot) => Err(Error::OneShotInProcess { forced_by: crate::cost::ALGORITHM_VAR }),
+            forced => Ok(forced),
+        }
     }
 
     /// The largest two-rank all-reduce, in bytes, that takes the line exchange.
@@ -267,6 +305,71 @@ impl Engine {
         Ok(joined?)
     }
 
+    /// Run `rounds` (legs over every rank's buffer, in place: [`crate::legs::Buf::Main`]
+    /// only) over `ranks` on `devices` through each rank's fan-out of `staging.slots` slots
+    /// of its chunk (rounded up to 256 bytes, so every chunk of a page-aligned share starts
+    /// aligned for any element and the kernels' vectors), reducing with `op`: the steps of
+    /// [`crate::legs::steps`], the pipeline the one-process-per-GPU communicator runs, with
+    /// stream points where it has flags. Every rank's steps are merged by their key, so each
+    /// point is taken before anything waits for it.
+    pub(crate) fn execute_rounds<T: Element>(
+        &self,
+        ranks: &mut [Rank<'_, T>],
+        devices: &[Device],
+        rounds: &Rounds,
+        staging: Chunking,
+        op: ReduceOp,
+        receive: Receive,
+    ) -> Result<()> {
+        let (slot_bytes, slots) = (staging.chunk_bytes.next_multiple_of(256), staging.slots);
+        let n = ranks.len();
+        if rounds.legs.is_empty() {
+            return Ok(());
+        }
+        let reduces = rounds.legs.iter().any(|l| matches!(l.landing, LegLanding::Fold { .. }));
+        let paths = if reduces {
+            devices.iter().map(|d| self.receive_path(d, receive)).collect::<Result<Vec<Receive>>>()?
+        } else {
+            vec![Receive::ZeroCopy; n]
+        };
+        let group = self.group(devices)?;
+        let mut group = group.lock();
+        let Group { forks, buffers, fanouts, .. } = &mut *group;
+        for (w, fanout) in fanouts.iter_mut().enumerate() {
+            if !fanout.as_ref().is_some_and(|f| f.fits(&devices[w], devices, slots, slot_bytes)) {
+                // A replaced one is dropped: its memory outlives its GPU work.
+                *fanout = Some(FanOut::new(&devices[w], devices, slots, slot_bytes)?);
+            }
+        }
+        let mut fanouts: Vec<&mut FanOut> = fanouts.iter_mut().flatten().collect();
+        let chunk = slot_bytes / size_of::<T>();
+        let mut scratch: Vec<Option<DeviceBuffer<T>>> = Vec::with_capacity(n);
+        for (r, cache) in buffers.iter_mut().enumerate() {
+            let recv = &forks[r].streams()[RECV];
+            scratch.push(if paths[r] == Receive::Scratch {
+                Some(take_buffer(cache, "scratch", &devices[r], chunk, recv)?)
+            } else {
+                None
+            });
+        }
+        for (r, rank) in ranks.iter().enumerate() {
+            forks[r].fork(rank.stream)?;
+        }
+        let result = run_legs(ranks, rounds, slot_bytes, slots, op, forks, &mut fanouts, &mut scratch);
+        // Joined whatever happened, as in `execute`.
+        let mut joined = Ok(());
+        for (r, rank) in ranks.iter().enumerate() {
+            joined = joined.and(forks[r].join(rank.stream));
+        }
+        for (cache, buf) in buffers.iter_mut().zip(scratch) {
+            if let Some(buf) = buf {
+                cache.insert(("scratch", TypeId::of::<T>()), Box::new(buf));
+            }
+        }
+        result?;
+        Ok(joined?)
+    }
+
     /// A two-rank all-reduce of a small buffer through the line exchange: one kernel per
     /// rank, on the ranks' own streams (the caller checked the two devices differ).
     pub(crate) fn exchange_lines<T: Element>(
@@ -349,6 +452,7 @@ impl Engine {
             buffers: devices.iter().map(|_| HashMap::new()).collect(),
             lines: None,
             chunks: None,
+            fanouts: devices.iter().map(|_| None).collect(),
         };
         let group = Arc::new(Mutex::new(group));
         groups.insert(key, group.clone());
@@ -467,6 +571,78 @@ fn run_transfers<T: Element>(
                 }
             };
             folded[i] = Some(rings[t.from].receive(chunk, recv, &mut dst, fold)?);
+        }
+    }
+    Ok(())
+}
+
+/// Enqueue every rank's steps of `rounds`, merged by key, on the forked streams: a copy out
+/// fills the writer's fan-out (waiting there for the slot's readers), a landing lands from it
+/// (waiting there for the fill), and a rank's records and waits of its own sends and
+/// landings are stream points. The flag steps are what those points already do.
+#[allow(clippy::too_many_arguments)]
+fn run_legs<T: Element>(
+    ranks: &mut [Rank<'_, T>],
+    rounds: &Rounds,
+    slot_bytes: usize,
+    slots: usize,
+    op: ReduceOp,
+    forks: &[StreamFork],
+    fanouts: &mut [&mut FanOut],
+    scratch: &mut [Option<DeviceBuffer<T>>],
+) -> Result<()> {
+    let n = ranks.len();
+    let size = size_of::<T>();
+    let mut merged: Vec<_> = (0..n)
+        .flat_map(|r| {
+            keyed_steps(rounds, r, slot_bytes, slots).into_iter().enumerate().map(move |(i, s)| (s.0, r, i, s.1, s.2))
+        })
+        .collect();
+    merged.sort_unstable_by_key(|&(key, r, i, _, _)| (key, r, i));
+    // Per rank: the point after its last copy out and landing, and the ones its records took.
+    let mut last: Vec<(Option<StreamPoint>, Option<StreamPoint>)> = vec![(None, None); n];
+    let mut recorded = last.clone();
+    let elements = |at: usize, range: std::ops::Range<usize>| (at + range.start) / size..(at + range.end) / size;
+    for (_, r, _, lane, step) in merged {
+        let stream = &forks[r].streams()[if lane == Lane::Send { SEND } else { RECV }];
+        match step {
+            LegStep::CopyOut { leg, chunk, slot } => {
+                let leg = &rounds.legs[leg];
+                let range = elements(leg.src.1, chunk_range(leg, chunk, slot_bytes));
+                let whole = ranks[r].buffer.as_view();
+                last[r].0 = Some(fanouts[r].fill(slot, stream, &whole.slice(range))?);
+            }
+            LegStep::Land { leg, chunk, slot } => {
+                let leg = &rounds.legs[leg];
+                let range = elements(leg.dst.1, chunk_range(leg, chunk, slot_bytes));
+                let mut dst = ranks[r].buffer.slice_mut(range);
+                let fold = match leg.landing {
+                    LegLanding::Copy => Fold::Copy,
+                    LegLanding::Fold { last } => {
+                        let divide_by = step_divisor(op, last, n);
+                        match &mut scratch[r] {
+                            None => Fold::ZeroCopy { op, divide_by },
+                            Some(buf) => Fold::Scratch { scratch: buf.view_mut(..), op, divide_by },
+                        }
+                    }
+                };
+                last[r].1 = Some(fanouts[leg.writer].land(slot, r, stream, &mut dst, fold)?);
+            }
+            LegStep::RecordSent => recorded[r].0.clone_from(&last[r].0),
+            LegStep::RecordLanded => recorded[r].1.clone_from(&last[r].1),
+            LegStep::AfterSent => {
+                if let Some(point) = &recorded[r].0 {
+                    stream.wait_point(point)?;
+                }
+            }
+            LegStep::AfterLanded => {
+                if let Some(point) = &recorded[r].1 {
+                    stream.wait_point(point)?;
+                }
+            }
+            // The fan-out's points are the flags: a fill waits for the slot's readers, a
+            // landing for the fill.
+            LegStep::WaitSlotFree { .. } | LegStep::SetFlag { .. } | LegStep::WaitFlag { .. } => {}
         }
     }
     Ok(())

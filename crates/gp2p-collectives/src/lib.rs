@@ -4,10 +4,14 @@
 //!   (Thakur, Rabenseifner, Gropp 2005), each segment cut into chunks that flow around the
 //!   ring as a pipeline, and for two ranks and small buffers an all-reduce that exchanges
 //!   them in one step; proven on host buffers, and the same data drives the GPU.
-//! - [`legs`]: collectives as legs (one rank hands a byte range to another, in rounds): the
-//!   two-shot all-reduce, reduce-scatter, all-gather, broadcast and send that the
-//!   one-process-per-GPU communicator (`gp2p-comm`) runs among 3 to 8 ranks, proven on host
-//!   buffers; the ring's schedules convert to them ([`schedule::Schedule::to_rounds`]).
+//! - [`legs`]: collectives as legs (one rank hands a byte range to one or every other rank,
+//!   in rounds): the two-shot all-reduce, reduce-scatter, all-gather, broadcast and send,
+//!   proven on host buffers, and [`legs::steps`], the pipeline both executors run: the
+//!   one-process-per-GPU communicator (`gp2p-comm`, flags in shared memory) and the
+//!   [`Engine`] here (stream points). The ring's schedules convert to legs
+//!   ([`schedule::Schedule::to_rounds`]), which is how the model prices them.
+//! - [`pipeline`]: which one an in-process collective runs, the ring's transfers or the
+//!   legs, by the cost model (from three ranks the legs).
 //! - [`host_schedule`]: for N ranks, one-shot and two-shot all-reduce (and the
 //!   reduce-scatter, all-gather and broadcast they are made of) as moves through each rank's
 //!   host area, phase by phase; proven on host buffers, and what the cost model's counts are
@@ -15,11 +19,13 @@
 //! - [`cost`]: the cost model that picks ring, one-shot or two-shot per size from the
 //!   machine's rates (`GP2P_ALGORITHM` forces one). `gp2p plan` prints it, and the
 //!   one-process-per-GPU communicator (`gp2p-comm`) takes its choice between its one-shot and
-//!   two-shot among 3 to 8 ranks; the in-process engine runs the ring whatever it says.
+//!   two-shot among 3 to 8 ranks, the in-process engine ([`pipeline`]) between the ring and
+//!   the two-shot legs.
 //! - [`hosts`]: the cost of an all-reduce across several hosts, two-level against one flat
 //!   ring, from the same rates and the network's (`gp2p plan --hosts`).
-//! - [`Engine`]: runs a schedule on GPUs — per rank a send stream and a receive stream, a
-//!   staging ring per ring edge, and events at chunk granularity.
+//! - [`Engine`]: runs a pipeline on GPUs — per rank a send stream and a receive stream, a
+//!   staging ring per ring edge or a fan-out of slots per writer (legs), and stream points at
+//!   chunk granularity.
 //! - [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`]: checked entry points.
 //!   The receive path ([`Receive`]) folds chunks in through a VRAM scratch
 //!   ([`Receive::Scratch`]) or with a kernel that reads the staged chunk from mapped host
@@ -93,6 +99,7 @@ mod exec;
 pub mod host_schedule;
 pub mod hosts;
 pub mod legs;
+pub mod pipeline;
 pub mod reference;
 pub mod schedule;
 
@@ -105,8 +112,9 @@ pub use exec::{
     CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, CHUNK_EXCHANGE_MAX_VAR, Engine, LINE_EXCHANGE_MAX_BYTES,
     LINE_EXCHANGE_WINS_UP_TO, MULTI_DEVICE_MAX_CHUNK_BYTES, MULTI_DEVICE_TARGET_CHUNKS, Rank,
 };
+use pipeline::Pipeline;
+use schedule::segment;
 pub use schedule::{Collective, EXCHANGE_MAX_BYTES, EXCHANGE_MAX_VAR};
-use schedule::{schedule_for, segment};
 
 /// The receive path: how a receiving rank folds a staged chunk into its buffer.
 ///
@@ -277,8 +285,11 @@ fn run<T: Element>(
 ) -> Result<()> {
     let len = ranks.first().map_or(0, |r| r.buffer.len());
     let staging = engine.staging_for(len * size_of::<T>(), devices);
-    let schedule = schedule_for::<T>(collective, ranks.len(), len, Some(staging.chunk_bytes));
-    engine.execute(ranks, devices, &schedule, staging.slots, op, receive)
+    let forced = engine.forced_algorithm()?;
+    match pipeline::choose::<T>(collective, ranks.len(), len, Some(staging.chunk_bytes), forced) {
+        Pipeline::Ring(schedule) => engine.execute(ranks, devices, &schedule, staging.slots, op, receive),
+        Pipeline::Legs(rounds) => engine.execute_rounds(ranks, devices, &rounds, staging, op, receive),
+    }
 }
 
 /// Same length everywhere, streams on their buffers' devices, one buffer per device (unless

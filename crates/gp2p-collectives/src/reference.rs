@@ -1,8 +1,9 @@
 //! Test oracles: what each rank must hold after a collective, computed on the host.
 //!
 //! The GPU tests, the benches and `gp2p bench` check every result against [`expected`], which
-//! replays the engine's own schedule ([`schedule_for`]) with the kernels' CPU reference
-//! ([`Reference`]) at each step, so floating-point results are folded in the GPU's order.
+//! replays the engine's own pipeline (the ring's [`schedule_for`] or the legs,
+//! [`crate::pipeline::choose`]) with the kernels' CPU reference ([`Reference`]) at each step,
+//! so floating-point results are folded in the GPU's order.
 //!
 //! ```
 //! use gp2p_collectives::Collective;
@@ -17,20 +18,36 @@ use gp2p_kernels::ReduceOp;
 pub use gp2p_kernels::reference::Reference;
 
 use crate::Collective;
+use crate::cost::Algorithm;
+use crate::pipeline::{Pipeline, choose};
 use crate::schedule::segment;
 pub use crate::schedule::{schedule_for, step_divisor};
 
 /// What each rank's output must hold after `collective` over `inputs` (one per rank: the
-/// whole buffer, or for all-gather each rank's part), computed on the host by replaying
-/// [`schedule_for`] with the CPU reference of each kernel step — so floating-point results
+/// whole buffer, or for all-gather each rank's part), computed on the host by replaying the
+/// pipeline the engine runs ([`crate::pipeline::choose`], the algorithm the environment
+/// forces included) with the CPU reference of each kernel step — so floating-point results
 /// are folded in the GPU's order and compare within the per-step tolerance.
 pub fn expected<T: Reference>(collective: Collective, inputs: &[Vec<T>], op: ReduceOp) -> Vec<Vec<T>> {
+    expected_with(collective, inputs, op, crate::cost::forced_by_env().ok().flatten())
+}
+
+/// [`expected`] for an engine forced to `forced` ([`crate::Engine::with_algorithm`]).
+pub fn expected_with<T: Reference>(
+    collective: Collective,
+    inputs: &[Vec<T>],
+    op: ReduceOp,
+    forced: Option<Algorithm>,
+) -> Vec<Vec<T>> {
     let n = inputs.len();
     let len = inputs.first().map_or(0, Vec::len);
     let replay = |len: usize| {
         let mut bufs = inputs.to_vec();
-        schedule_for::<T>(collective, n, len, None)
-            .run_on_host(&mut bufs, |d, s, last| T::reference(*d, *s, op, step_divisor(op, last, n)));
+        let step = |d: &T, s: &T, last: bool| T::reference(*d, *s, op, step_divisor(op, last, n));
+        match choose::<T>(collective, n, len, None, forced) {
+            Pipeline::Ring(schedule) => schedule.run_on_host(&mut bufs, step),
+            Pipeline::Legs(rounds) => rounds.run_on_host(&mut bufs, &mut [], step),
+        }
         bufs
     };
     match collective {

@@ -48,6 +48,7 @@ mod buffer;
 mod chunks;
 mod error;
 mod exchange;
+mod fanout;
 mod ops;
 mod pair;
 mod ring;
@@ -56,6 +57,7 @@ pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned, is_pinned_o
 pub use chunks::{CHUNK_EXCHANGE_LIMIT, ChunkExchange, DEFAULT_QUEUE_TIMEOUT};
 pub use error::{Error, Result};
 pub use exchange::{DEFAULT_PEER_TIMEOUT, LineExchange};
+pub use fanout::FanOut;
 pub use ops::{
     copy_from_host, copy_from_host_raw, copy_to_host, copy_to_host_raw, reduce_from_host, reduce_from_host_raw,
     require_pinned, round_trip,

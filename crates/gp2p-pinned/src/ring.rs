@@ -12,7 +12,7 @@ use crate::{Error, Result};
 
 /// Slot starts are aligned to this many bytes, so every slot suits the 16-byte vector path
 /// of the kernels and any element type.
-const SLOT_ALIGN: usize = 256;
+pub(crate) const SLOT_ALIGN: usize = 256;
 /// More slots than this buys no overlap and only costs events and pinned memory.
 pub const MAX_SLOTS: usize = 64;
 
@@ -61,7 +61,7 @@ impl Sent {
 
 /// Refuse a fold that could not run, before anything is enqueued: a scratch too short or on
 /// another device than `consumer`, or an avg divisor of 0.
-fn check_fold<T: Element>(fold: &Fold<'_, T>, len: usize, consumer: &Device) -> Result<()> {
+pub(crate) fn check_fold<T: Element>(fold: &Fold<'_, T>, len: usize, consumer: &Device) -> Result<()> {
     let divide_by = match fold {
         Fold::Copy => return Ok(()),
         Fold::ZeroCopy { divide_by, .. } => *divide_by,
