@@ -13,8 +13,9 @@
 //!
 //! - [`probe()`] (`gp2p-probe`): for every pair of devices, whether P2P is on and, if not,
 //!   the exact reason and whether the driver patch in PATCH.md would turn it on.
-//! - [`mod@collectives`] (`gp2p-collectives`): ring all_reduce, all_gather, reduce_scatter and
-//!   broadcast over pinned host memory, with a VRAM-scratch and a zero-copy receive path;
+//! - [`mod@collectives`] (`gp2p-collectives`): all_reduce, all_gather, reduce_scatter and
+//!   broadcast over pinned host memory (the ring between two devices, from three the legs the
+//!   communicator runs too), with a VRAM-scratch and a zero-copy receive path;
 //!   [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`] run them on one
 //!   shared engine ([`collectives()`]).
 //! - [`comm`] (`gp2p-comm`): one process per GPU (torchrun, vLLM, sglang): a unique id, the
