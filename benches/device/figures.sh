@@ -23,8 +23,9 @@
 #   python       torch beside us (a.cpu().to(), a.to(), torch.cuda.nccl), the Python layer's
 #                host time per call, legacy and side streams (the wheel)
 #                                                       -> compare-torch.* python-overhead-{legacy,side}.*
-#   mp           one process per GPU against NCCL in the same processes, MP_RUNS process pairs
-#                (default 2; the wheel, two GPUs or more) -> all-reduce-mp-2-pair<i>.*
+#   mp           one process per GPU against NCCL in the same processes, MP_RUNS runs (default 2;
+#                the wheel, two GPUs or more) of two processes and, with more GPUs, of one per GPU
+#                                                       -> all-reduce-mp-2-pair<i>.* all-reduce-mp-<N>-run<i>.*
 #   plots        the SVGs from the JSON present (also drawn at the end of every call)
 #   bench        = probe copy host reduce all-reduce collectives nccl criterion
 # Investigations (not in the default; files under $OUT/<machine>/investigations/):
@@ -153,17 +154,22 @@ section_python() {
 
 section_mp() {
   if [ "$GPUS" -lt 2 ]; then
-    note "mp: one GPU (two processes on one GPU time its slices, not the collective)"
+    note "mp: one GPU (processes on one GPU time its slices, not the collective)"
     return
   fi
   wheel || return
-  local i
-  for i in $(seq 1 "${MP_RUNS:-2}"); do
-    late && return
-    record "all-reduce-mp-2-pair$i.txt" python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py \
-      --json "$RES/all-reduce-mp-2-pair$i.json" >/dev/null
-    json_head "$RES/all-reduce-mp-2-pair$i.json" "python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --json all-reduce-mp-2-pair$i.json"
-    note "mp pair $i (bytes:gp2p/nccl us): $(grep -E '^ *[0-9]+ ' "$RES/all-reduce-mp-2-pair$i.txt" | awk '{printf "%s:%s/%s ", $1, $3, $2}')"
+  local i n name
+  # Two processes (pairs), and one per GPU where there are more than two.
+  for n in 2 $([ "$GPUS" -gt 2 ] && echo "$GPUS"); do
+    for i in $(seq 1 "${MP_RUNS:-2}"); do
+      late && return
+      name=all-reduce-mp-$n-pair$i
+      [ "$n" -gt 2 ] && name=all-reduce-mp-$n-run$i
+      record "$name.txt" python3 -m torch.distributed.run --nproc-per-node "$n" benches/python/mp_allreduce.py \
+        --json "$RES/$name.json" >/dev/null
+      json_head "$RES/$name.json" "python3 -m torch.distributed.run --nproc-per-node $n benches/python/mp_allreduce.py --json $name.json"
+      note "mp $n ranks, run $i (bytes:gp2p/nccl us): $(grep -E '^ *[0-9]+ ' "$RES/$name.txt" | awk '{printf "%s:%s/%s ", $1, $3, $2}')"
+    done
   done
 }
 

@@ -1,21 +1,26 @@
 """All-reduce with one process per GPU: geforce_p2p.distributed against NCCL, same processes.
 
-Launch with torchrun, one process per GPU:
+Launch with torchrun, one process per GPU (2 to 8):
 
-    python3 -m torch.distributed.run --nproc-per-node 2 benches/python/mp_allreduce.py --json mp.json
+    python3 -m torch.distributed.run --nproc-per-node 4 benches/python/mp_allreduce.py --json mp.json
 
-NCCL runs with NCCL_P2P_DISABLE=1 (its shared-memory path, what GeForce pairs get); the gp2p
-communicator is the one-process-per-GPU all-reduce (one kernel up to its max_bytes, the staged
-pipeline above). For every size: f32 sum, fresh random data per repeat, a barrier and a
-synchronise, then CUDA events around back-to-back in-place all-reduces on the current stream
-(`--calls`, fewer for large sizes; time per call = elapsed / calls, as nccl-tests reports),
-median over `--repeats`. Every timed loop is verified: two ranks' in-place sums give
-fl(a0 + a1) * 2**(calls - 1) exactly (doubling is exact in binary).
+NCCL runs with NCCL_P2P_DISABLE=1 (its shared-memory path, what GeForce cards get); the gp2p
+communicator is the one-process-per-GPU all-reduce (between two ranks one kernel up to its
+max_bytes and the staged pipeline above; among more, the line kernel up to 64 KiB and the
+two-shot legs above, as its cost model chooses). For every size: sum, fresh random data per
+repeat, a barrier and a synchronise, then CUDA events around back-to-back in-place
+all-reduces on the current stream (`--calls`, fewer for large sizes; time per call = elapsed /
+calls, as nccl-tests reports), median over `--repeats`. Every timed loop is verified. Two
+ranks sum float32 and check fl(a0 + a1) * 2**(calls - 1) exactly (doubling is exact in
+binary); more ranks sum int32, whose sums wrap at 2**32 in any order, and check
+sum(inputs) * N**(calls - 1) mod 2**32 exactly. busbw is nccl-tests': bytes / time * 2(N-1)/N.
 
 From 1 MiB up the same run also times the duplex ceiling: every rank copies the size device
-to pinned host and pinned host to device at once, on two streams, both ranks together (what
-a two-rank all-reduce must move per link, each direction), so `ceiling_over_gp2p` is the
-share of the links' duplex rate the all-reduce reaches.
+to pinned host and pinned host to device at once, on two streams, all ranks together (the
+links' and the host's rates, measured in the run). `ceiling_over_gp2p` is that time over
+gp2p's; `model_bound_us` is what the cost model's two-shot needs at those rates: a card
+lands 2(N-1)/N of the buffer (the most it moves either way; two ranks: the buffer), so the
+ceiling's time times max(1, 2(N-1)/N); `bound_over_gp2p` is that over gp2p's time.
 """
 
 import os
@@ -52,14 +57,31 @@ LOOP_BYTES = 1 << 30
 CEILING_FROM = 1 << 20
 
 
+def dtype_for(world):
+    """float32 between two ranks (checked exactly by doubling), int32 among more."""
+    return torch.float32 if world == 2 else torch.int32
+
+
 def inputs(numel, seed, world, device):
     """Every rank's input for one repeat (every rank makes all of them, to check results),
     drawn on the GPU: the same seed gives the same numbers on every rank's device."""
     out = []
     for r in range(world):
         g = torch.Generator(device=device).manual_seed(seed * 131 + r)
-        out.append(torch.randn(numel, generator=g, dtype=torch.float32, device=device))
+        if world == 2:
+            out.append(torch.randn(numel, generator=g, dtype=torch.float32, device=device))
+        else:
+            out.append(torch.randint(-1000, 1000, (numel,), generator=g, dtype=torch.int32, device=device))
     return out
+
+
+def wanted(data, world, calls):
+    """What `calls` in-place sums of `data` leave in every rank's buffer."""
+    if world == 2:
+        return (data[0] + data[1]) * 2.0 ** (calls - 1)
+    total = torch.stack([d.to(torch.int64) for d in data]).sum(0)
+    wrapped = (total * pow(world, calls - 1, 1 << 32)) % (1 << 32)
+    return torch.where(wrapped >= 1 << 31, wrapped - (1 << 32), wrapped).to(torch.int32)
 
 
 def calls_for(size, args):
@@ -120,7 +142,7 @@ class Graphed:
     call, without the host's enqueue (how CUDA-graph users such as vLLM's decode call it)."""
 
     def __init__(self, op, numel, calls, device):
-        self.buf = torch.zeros(numel, dtype=torch.float32, device=device)
+        self.buf = torch.zeros(numel, dtype=dtype_for(dist.get_world_size()), device=device)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -159,7 +181,7 @@ def run(name, op, numel, args, rank, world, device, graphed=False):
         data = inputs(numel, numel * 1000 + rep, world, device)
         buf = data[rank].clone()
         us, host = op_timed(buf, calls)
-        want = (data[0] + data[1]) * 2.0 ** (calls - 1)
+        want = wanted(data, world, calls)
         got = buf
         if not torch.equal(got, want):
             bad = int((got != want).sum())
@@ -219,16 +241,16 @@ def main():
                         help="run each rank on the CPUs local to its GPU (the PCI device's local_cpulist)")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != 2:
-        raise SystemExit("the gp2p communicator runs two ranks: launch with --nproc-per-node 2")
+    if not 2 <= world <= 8:
+        raise SystemExit("the gp2p communicator runs 2 to 8 ranks: launch with --nproc-per-node 2 to 8")
     local = 0 if ONE_VISIBLE_GPU else int(os.environ.get("LOCAL_RANK", rank))
-    if local >= torch.cuda.device_count():
-        # One GPU for two ranks (the one-H200 machine): both share it. NCCL refuses two ranks
-        # on one GPU, and the times are the host's and the shared GPU's, not two links'.
+    if world > torch.cuda.device_count():
+        # Fewer GPUs than ranks (the one-H200 machine): ranks share them. NCCL refuses two
+        # ranks on one GPU, and the times are the host's and the shared GPUs', not N links'.
         if not args.skip_nccl:
-            raise SystemExit("%d GPU(s) for rank %d: pass --skip-nccl to share one (NCCL refuses to)"
-                             % (torch.cuda.device_count(), rank))
-        local = 0
+            raise SystemExit("%d GPU(s) for %d ranks: pass --skip-nccl to share them (NCCL refuses to)"
+                             % (torch.cuda.device_count(), world))
+        local %= torch.cuda.device_count()
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
     if args.bind_cpus:
@@ -252,7 +274,9 @@ def main():
         if not args.skip_nccl:
             nccl, nccl_all, nccl_host, nccl_host_all = run("nccl", nccl_op, numel, args, rank, world, device)
         gp2p, gp2p_all, gp2p_host, gp2p_host_all = run("gp2p", gp2p_op, numel, args, rank, world, device)
-        row = {"bytes": size, "dtype": "f32", "op": "sum", "calls_per_loop": calls_for(size, args),
+        busbw = lambda us: size / us / 1e3 * max(1.0, 2.0 * (world - 1) / world) if us else None  # noqa: E731
+        row = {"bytes": size, "dtype": "f32" if world == 2 else "i32", "op": "sum", "calls_per_loop": calls_for(size, args),
+               "nccl_busbw_gbps": busbw(nccl), "gp2p_busbw_gbps": busbw(gp2p),
                "nccl_us": nccl, "gp2p_us": gp2p, "gp2p_over_nccl": gp2p / nccl if nccl else None,
                "nccl_us_all": nccl_all, "gp2p_us_all": gp2p_all,
                "nccl_host_us": nccl_host, "gp2p_host_us": gp2p_host,
@@ -265,17 +289,23 @@ def main():
                 row.update(nccl_graph_us=g_nccl, graph_gp2p_over_nccl=g_gp2p / g_nccl)
         if size >= CEILING_FROM:
             ceiling = duplex_us(size, device, args.repeats)
+            bound = ceiling * max(1.0, 2.0 * (world - 1) / world)
             row.update(duplex_us=ceiling, ceiling_over_gp2p=ceiling / gp2p,
-                       ceiling_over_nccl=ceiling / nccl if nccl else None)
+                       ceiling_over_nccl=ceiling / nccl if nccl else None,
+                       model_bound_us=bound, bound_over_gp2p=bound / gp2p)
         rows.append(row)
         torch.cuda.empty_cache()
     comm.close()
     if rank == 0:
-        print("%10s %10s %10s %8s %10s %8s" % ("bytes", "nccl us", "gp2p us", "ratio", "duplex us", "of duplex"))
+        print("%d ranks, %s sum" % (world, rows[0]["dtype"] if rows else "-"))
+        print("%10s %10s %10s %8s %9s %9s %10s %8s %8s" % ("bytes", "nccl us", "gp2p us", "ratio", "nccl bus", "gp2p bus",
+                                                         "duplex us", "of dplx", "of bound"))
         for r in rows:
-            ceiling = ("%10.1f %8.3f" % (r["duplex_us"], r["ceiling_over_gp2p"])) if "duplex_us" in r else ""
+            ceiling = ("%10.1f %8.3f %8.3f" % (r["duplex_us"], r["ceiling_over_gp2p"], r["bound_over_gp2p"])
+                       if "duplex_us" in r else "")
             nccl, ratio = ("%10.1f" % r["nccl_us"], "%8.3f" % r["gp2p_over_nccl"]) if r["nccl_us"] else ("-", "-")
-            print("%10d %10s %10.1f %8s %s" % (r["bytes"], nccl, r["gp2p_us"], ratio, ceiling))
+            print("%10d %10s %10.1f %8s %9s %9.2f %s" % (r["bytes"], nccl, r["gp2p_us"], ratio,
+                                                       fmt(r["nccl_busbw_gbps"], "%.2f"), r["gp2p_busbw_gbps"], ceiling))
         print("host enqueue us per call (nccl/gp2p), graph replays (nccl/gp2p us, ratio), gp2p's loops (us per call):")
         for r in rows:
             graph = ("  graph %s/%.1f %s" % (fmt(r.get("nccl_graph_us")), r["gp2p_graph_us"],

@@ -6,7 +6,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use geforce_p2p::cuda::reduce;
-use geforce_p2p::pinned::{Error as PinnedError, Fold, RingCache, copy_from_host, copy_to_host, is_pinned, round_trip};
+use geforce_p2p::pinned::{
+    Error as PinnedError, FanOut, Fold, RingCache, copy_from_host, copy_to_host, is_pinned, round_trip,
+};
 use geforce_p2p::{DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, StreamFork};
 use gp2p_tests::{POISON, check_reduce, fill_random, needs, with_stream};
 
@@ -209,6 +211,57 @@ fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
     let err = ring.pass(up, &src.view(..10), down, &mut maxed.view_mut(..10), short).unwrap_err();
     assert_eq!(err, PinnedError::ScratchTooShort { got: 9, needed: 10 });
     fork.join(&caller).unwrap();
+    assert!(copied.to_host_vec(&caller).unwrap() == b, "Fold::Copy");
+    check_reduce(&summed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Sum, 1).unwrap();
+    check_reduce(&maxed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Max, 1).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_fan_out_is_filled_once_and_landed_by_every_reader_by_copy_zero_copy_and_scratch() {
+    let [(device, caller)] = needs!(gpus: 1).map(with_stream);
+    // Four ranks on one device: rank 0 writes, ranks 1-3 read, through two slots, so every
+    // fill after the second waits for three readers of the chunk before.
+    let readers = vec![device.clone(); 4];
+    let mut fan = FanOut::new(&device, &readers, 2, 1 << 16).unwrap();
+    let chunk = fan.slot_bytes() / 4;
+    let len = 9 * chunk + 7;
+    let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+    fill_random(&mut a, 21);
+    fill_random(&mut b, 22);
+    let src = DeviceBuffer::from_host(&caller, &b).unwrap();
+    let mut copied = DeviceBuffer::<f32>::alloc(&device, len).unwrap();
+    copied.fill_bytes(&caller, POISON).unwrap();
+    let mut summed = DeviceBuffer::from_host(&caller, &a).unwrap();
+    let mut maxed = DeviceBuffer::from_host(&caller, &a).unwrap();
+    let mut scratch = DeviceBuffer::<f32>::alloc(&device, chunk).unwrap();
+    let writer = StreamFork::new(&device, 1).unwrap();
+    let landers = StreamFork::new(&device, 3).unwrap();
+    let up = &writer.fork(&caller).unwrap()[0];
+    let down = landers.fork(&caller).unwrap();
+    for (i, start) in (0..len).step_by(chunk).enumerate() {
+        let range = start..(start + chunk).min(len);
+        let slot = i % fan.slots();
+        fan.fill(slot, up, &src.view(range.clone())).unwrap();
+        fan.land(slot, 1, &down[0], &mut copied.view_mut(range.clone()), Fold::Copy).unwrap();
+        let zero_copy = Fold::ZeroCopy { op: ReduceOp::Sum, divide_by: 1 };
+        fan.land(slot, 2, &down[1], &mut summed.view_mut(range.clone()), zero_copy).unwrap();
+        let via_scratch = Fold::Scratch { scratch: scratch.view_mut(..), op: ReduceOp::Max, divide_by: 1 };
+        fan.land(slot, 3, &down[2], &mut maxed.view_mut(range), via_scratch).unwrap();
+    }
+    // Refused before any work: a chunk larger than a slot, a slot past the end, a reader out
+    // of range, and a slot never filled.
+    let mut fresh = FanOut::new(&device, &readers, 2, 1 << 16).unwrap();
+    let err = fresh.fill(0, up, &src.view(..chunk + 1)).unwrap_err();
+    assert!(matches!(err, PinnedError::ChunkTooLarge { .. }), "{err}");
+    let err = fresh.fill(2, up, &src.view(..1)).unwrap_err();
+    assert!(matches!(err, PinnedError::NoSuchSlot { slot: 2, slots: 2 }), "{err}");
+    let err = fresh.land(0, 4, &down[0], &mut copied.view_mut(..1), Fold::Copy).unwrap_err();
+    assert!(err.to_string().contains("reader 4"), "{err}");
+    let err = fresh.land(1, 1, &down[0], &mut copied.view_mut(..1), Fold::Copy).unwrap_err();
+    assert_eq!(err, PinnedError::SlotEmpty { slot: 1 });
+    writer.join(&caller).unwrap();
+    landers.join(&caller).unwrap();
     assert!(copied.to_host_vec(&caller).unwrap() == b, "Fold::Copy");
     check_reduce(&summed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Sum, 1).unwrap();
     check_reduce(&maxed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Max, 1).unwrap();
