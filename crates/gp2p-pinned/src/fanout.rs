@@ -3,11 +3,11 @@
 //! [`crate::StagingRing`] has one consumer.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::raw::{self, memcpy_dtoh_async, memcpy_htod_async};
-use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostAllocation, RawDevicePtr, SourceMemory, Stream, StreamPoint};
+use gp2p_cuda::raw::memcpy_dtoh_async;
+use gp2p_cuda::{Device, DeviceView, DeviceViewMut, HostAllocation, RawDevicePtr, Stream, StreamPoint};
 use gp2p_kernels::Element;
 
-use crate::ring::{MAX_SLOTS, SLOT_ALIGN, check_fold};
+use crate::ring::{MAX_SLOTS, SLOT_ALIGN, check_fold, fold_staged};
 use crate::{Error, Fold, Result};
 
 /// Pinned host slots of one writer device, mapped into every reader's device, with a
@@ -154,49 +154,20 @@ impl FanOut {
         let offset = slot * self.slot_bytes;
         let host = self.memory.host_ptr().wrapping_add(offset).cast_const();
         let mapped = self.reader_bases[reader] + offset as u64;
-        // Why each call below is sound: the slot's first dst.bytes() bytes (checked) hold the
-        // chunk (the stream waited for the fill) and do not change until this reader's point,
-        // taken below, completes (the next fill waits for it); dst is on the stream's device
-        // (checked); host memory never overlaps device memory.
-        let mut scratch_used = None;
-        let enqueued = if dst.is_empty() {
-            Ok(())
-        } else {
-            match fold {
-                // SAFETY: as above.
-                Fold::Copy => unsafe { memcpy_htod_async(stream, dst.raw_ptr(), host.cast(), dst.bytes()) },
-                Fold::ZeroCopy { op, divide_by } => {
-                    let (len, dtype) = (dst.len(), T::DTYPE);
-                    // SAFETY: as above; `mapped` is the slot as the reader's device maps it,
-                    // aligned to 256 bytes.
-                    unsafe {
-                        raw::reduce(stream, dst.raw_ptr(), mapped, len, dtype, op, divide_by, SourceMemory::ZeroCopy)
-                    }
-                }
-                Fold::Scratch { scratch, op, divide_by } => {
-                    let (tmp, len, dtype) = (scratch.raw_ptr(), dst.len(), T::DTYPE);
-                    // SAFETY: as above; the scratch holds at least dst.len() elements on the
-                    // reader's device (check_fold), apart from dst.
-                    let copied = unsafe { memcpy_htod_async(stream, tmp, host.cast(), dst.bytes()) };
-                    scratch_used = Some(scratch);
-                    copied.and_then(|()| {
-                        // SAFETY: as above.
-                        unsafe {
-                            raw::reduce(stream, dst.raw_ptr(), tmp, len, dtype, op, divide_by, SourceMemory::Device)
-                        }
-                    })
-                }
-            }
-        };
+        // SAFETY: the slot's first dst.bytes() bytes (checked) hold the chunk (the stream
+        // waited for the fill) and do not change until this reader's point, taken below,
+        // completes (the next fill waits for it); `mapped` is the slot as the reader's device
+        // maps it; dst is on the stream's device (checked) and the fold was checked.
+        let folded = unsafe { fold_staged(stream, dst, host, mapped, &fold) };
         // Taken even if a launch failed: whatever was enqueued before it must be noted.
         let point = stream.point()?;
         dst.note_use(&point);
-        if let Some(scratch) = &scratch_used {
+        if let Fold::Scratch { scratch, .. } = &fold {
             scratch.note_use(&point);
         }
         self.memory.uses().note(&point);
         self.free[slot][reader] = Some(point.clone());
-        enqueued?;
+        folded?;
         Ok(point)
     }
 

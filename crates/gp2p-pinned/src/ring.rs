@@ -83,6 +83,48 @@ pub(crate) fn check_fold<T: Element>(fold: &Fold<'_, T>, len: usize, consumer: &
     Ok(gp2p_cuda::check_divisor(divide_by)?)
 }
 
+/// Enqueue on `stream` what `fold` says with a staged chunk: `dst` becomes the chunk (a
+/// host-to-device DMA from `host`), or `op(dst, chunk)` by a kernel that reads it through
+/// `mapped` (zero-copy) or from the scratch it was first copied into. The one place the
+/// staging types (the ring, the fan-out) touch a slot's bytes on the way in; they take the
+/// point that notes `dst`, the scratch and the slot afterwards.
+///
+/// # Safety
+/// `host` (as the host sees it) and `mapped` (as `stream`'s device maps it, aligned to 256
+/// bytes) address the same pinned slot, holding at least `dst.bytes()` bytes of the chunk
+/// once `stream` reaches this work and unchanged until the point taken after it completes;
+/// `dst` and the scratch are on `stream`'s device; `fold` passed [`check_fold`].
+pub(crate) unsafe fn fold_staged<T: Element>(
+    stream: &Stream,
+    dst: &DeviceViewMut<'_, T>,
+    host: *const u8,
+    mapped: RawDevicePtr,
+    fold: &Fold<'_, T>,
+) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let (len, dtype) = (dst.len(), T::DTYPE);
+    match fold {
+        // SAFETY: the caller's contract: the slot holds the chunk, dst is device memory on the
+        // stream's device, and host memory never overlaps it.
+        Fold::Copy => unsafe { memcpy_htod_async(stream, dst.raw_ptr(), host.cast(), dst.bytes())? },
+        Fold::ZeroCopy { op, divide_by } => {
+            // SAFETY: as above; `mapped` is the slot as this device maps it.
+            unsafe { raw::reduce(stream, dst.raw_ptr(), mapped, len, dtype, *op, *divide_by, SourceMemory::ZeroCopy)? }
+        }
+        Fold::Scratch { scratch, op, divide_by } => {
+            let tmp = scratch.raw_ptr();
+            // SAFETY: as above; the scratch holds at least `len` elements (check_fold), apart
+            // from dst.
+            unsafe { memcpy_htod_async(stream, tmp, host.cast(), dst.bytes())? };
+            // SAFETY: dst and the scratch, `len` elements each on the stream's device, apart.
+            unsafe { raw::reduce(stream, dst.raw_ptr(), tmp, len, dtype, *op, *divide_by, SourceMemory::Device)? }
+        }
+    }
+    Ok(())
+}
+
 /// A ring of pinned host slots between a producer device (which fills a slot by D2H DMA)
 /// and a consumer device (which drains it by H2D DMA, or reads it in a reduce kernel). On
 /// one card both are the same device and the two sides run on different streams.
@@ -240,37 +282,7 @@ impl StagingRing {
         if dst.bytes() != sent.bytes {
             return Err(Error::ReceiveSize { got: dst.bytes(), sent: sent.bytes });
         }
-        check_fold(&fold, dst.len(), &self.consumer)?;
-        let slot = sent.slot;
-        match fold {
-            Fold::Copy => self.drain(slot, consumer, dst),
-            Fold::ZeroCopy { op, divide_by } => self.drain_zero_copy(slot, consumer, dst, op, divide_by),
-            Fold::Scratch { mut scratch, op, divide_by } => {
-                let tmp = scratch.slice_mut(..dst.len());
-                self.land_into(slot, consumer, &tmp)?;
-                // SAFETY: dst and the scratch are dst.len() elements on the consumer's device
-                // (checked), distinct device memory, valid until the point noted below.
-                let folded = unsafe {
-                    raw::reduce(
-                        consumer,
-                        dst.raw_ptr(),
-                        tmp.raw_ptr(),
-                        dst.len(),
-                        T::DTYPE,
-                        op,
-                        divide_by,
-                        SourceMemory::Device,
-                    )
-                };
-                // One point for the slot, the scratch and dst: the slot is free a kernel
-                // later than it could be, which saves a record per chunk. Taken even if the
-                // launch failed: the DMA into the scratch is enqueued and must be noted.
-                let point = self.mark_free(slot, consumer, dst)?;
-                tmp.note_use(&point);
-                folded?;
-                Ok(point)
-            }
-        }
+        self.drain_with(sent.slot, consumer, dst, fold)
     }
 
     /// On the producer's `stream`: wait until `slot` is free, DMA `src` into it, and mark it
@@ -301,21 +313,33 @@ impl StagingRing {
         stream: &Stream,
         dst: &mut DeviceViewMut<'_, T>,
     ) -> Result<StreamPoint> {
-        self.land_into(slot, stream, dst)?;
-        self.mark_free(slot, stream, dst)
+        self.drain_with(slot, stream, dst, Fold::Copy)
     }
 
-    /// On the consumer's `stream`: wait until `slot` has landed and DMA its first
-    /// `dst.len()` elements into `dst`; the slot stays taken until [`Self::mark_free`].
-    fn land_into<T: Element>(&mut self, slot: usize, stream: &Stream, dst: &DeviceViewMut<'_, T>) -> Result<()> {
+    /// On the consumer's `stream`: wait until `slot` has landed, fold it into `dst` as `fold`
+    /// says ([`fold_staged`]), and mark the slot free (noting `dst` and the scratch).
+    fn drain_with<T: Element>(
+        &mut self,
+        slot: usize,
+        stream: &Stream,
+        dst: &mut DeviceViewMut<'_, T>,
+        fold: Fold<'_, T>,
+    ) -> Result<StreamPoint> {
         self.check(slot, dst.bytes(), stream, dst.device(), Side::Consumer)?;
+        check_fold(&fold, dst.len(), &self.consumer)?;
         self.wait_landed(slot, stream)?;
-        if !dst.is_empty() {
-            // SAFETY: the slot's bytes landed (the stream waited for the producer's DMA) and
-            // stay untouched until `free` is taken; dst is on the stream's device (checked).
-            unsafe { memcpy_htod_async(stream, dst.raw_ptr(), self.slot_host(slot).cast_const().cast(), dst.bytes())? };
+        let (host, mapped) = (self.slot_host(slot).cast_const(), self.consumer_base + (slot * self.slot_bytes) as u64);
+        // SAFETY: the slot's chunk landed (the stream waited for the producer's DMA) and stays
+        // until `free`, taken below, completes; `mapped` is the slot as the consumer maps it;
+        // dst is on the stream's device (checked) and the fold was checked.
+        let folded = unsafe { fold_staged(stream, dst, host, mapped, &fold) };
+        // Taken even if a launch failed: whatever was enqueued before it must be noted.
+        let point = self.mark_free(slot, stream, dst)?;
+        if let Fold::Scratch { scratch, .. } = &fold {
+            scratch.note_use(&point);
         }
-        Ok(())
+        folded?;
+        Ok(point)
     }
 
     /// Fill `slot` from `src` and drain it into `dst`, both on one stream (one device): the
@@ -365,13 +389,7 @@ impl StagingRing {
         op: ReduceOp,
         divide_by: u32,
     ) -> Result<StreamPoint> {
-        self.check(slot, dst.bytes(), stream, dst.device(), Side::Consumer)?;
-        self.wait_landed(slot, stream)?;
-        let src = self.consumer_base + (slot * self.slot_bytes) as u64;
-        // SAFETY: as in drain; `src` is the slot as the consumer device maps it, aligned to
-        // 256 bytes, and host memory never overlaps dst's device memory.
-        unsafe { raw::reduce(stream, dst.raw_ptr(), src, dst.len(), T::DTYPE, op, divide_by, SourceMemory::ZeroCopy)? };
-        self.mark_free(slot, stream, dst)
+        self.drain_with(slot, stream, dst, Fold::ZeroCopy { op, divide_by })
     }
 
     /// Before a fill: refuse a slot that still holds a chunk, and make the producer's
