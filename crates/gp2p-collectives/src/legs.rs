@@ -275,15 +275,9 @@ impl Rounds {
     /// ranks with even shares moves S up and 2(N−1)/N·S down a card and (3N−2)·S through host
     /// memory in N rounds: the table's two-shot bytes, in N phases where the table has 2.
     pub fn traffic(&self) -> crate::cost::Traffic {
-        let mut received = vec![0usize; self.world];
-        let mut host = 0;
-        for l in &self.legs {
-            host += l.bytes;
-            for reader in l.readers(self.world) {
-                received[reader] += l.bytes;
-                host += l.bytes;
-            }
-        }
+        let received = self.bytes_received();
+        // Each leg written into host memory once and read once by each of its readers.
+        let host: usize = self.legs.iter().map(|l| l.bytes).sum::<usize>() + received.iter().sum::<usize>();
         let mut rounds: Vec<usize> = self.legs.iter().map(|l| l.round).collect();
         rounds.sort_unstable();
         rounds.dedup();
@@ -293,6 +287,17 @@ impl Rounds {
             host_dram_bytes: host as f64,
             phases: rounds.len(),
         }
+    }
+
+    /// Bytes each rank lands (its legs as a reader).
+    pub fn bytes_received(&self) -> Vec<usize> {
+        let mut received = vec![0; self.world];
+        for l in &self.legs {
+            for reader in l.readers(self.world) {
+                received[reader] += l.bytes;
+            }
+        }
+        received
     }
 
     /// Bytes each rank sends (its legs as writer).

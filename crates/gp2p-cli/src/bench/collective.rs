@@ -3,7 +3,8 @@
 //! device 0 and its one link.
 
 use clap::Args;
-use geforce_p2p::collectives::reference::{expected, schedule_for};
+use geforce_p2p::collectives::pipeline::{Pipeline, choose};
+use geforce_p2p::collectives::reference::expected;
 use geforce_p2p::collectives::{Collective, Engine, Rank, all_gather, all_reduce, broadcast, reduce_scatter};
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, fill_random};
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, Stream, half};
@@ -194,11 +195,12 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
                 Ok(())
             },
         )?;
-        // Verify against the same schedule run on host copies, step by step with the CPU
+        // Verify against the same pipeline run on host copies, step by step with the CPU
         // reference, so floating-point results match the GPU's order of operations.
         let collective = kind.collective();
         let staging = engine.staging_for(len * size_of::<T>(), &devices);
-        let schedule = schedule_for::<T>(collective, n, len, Some(staging.chunk_bytes));
+        let forced = engine.forced_algorithm()?;
+        let pipeline = choose::<T>(collective, n, len, Some(staging.chunk_bytes), forced);
         let want = expected(collective, &inputs, op);
         let mut wrong = 0;
         for (r, b) in bufs.iter().enumerate() {
@@ -212,11 +214,20 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         let real = len * size_of::<T>();
         let algbw = real as f64 / seconds / 1e9;
         let busbw = algbw * kind.bus_factor(n);
-        // Bytes per direction on the binding link, counted from the schedule: each rank's
-        // own link carries what it sends up and receives down; logical ranks put every
-        // rank's traffic on device 0's one link.
-        let sent = schedule.bytes_per_rank(size_of::<T>());
-        let link_bytes = if logical { sent.iter().sum::<usize>() } else { sent.iter().copied().max().unwrap_or(0) };
+        // Bytes on the binding link and direction, counted from what ran: each rank's own
+        // link carries what it sends up and receives down (the ring: as much each way; the
+        // legs: more down); logical ranks put every rank's traffic on device 0's one link.
+        let (sent, received) = match &pipeline {
+            Pipeline::Ring(schedule) => {
+                let each = schedule.bytes_per_rank(size_of::<T>());
+                (each.clone(), each)
+            }
+            Pipeline::Legs(rounds) => (rounds.bytes_sent(), rounds.bytes_received()),
+        };
+        let most = |bytes: &[usize]| {
+            if logical { bytes.iter().sum::<usize>() } else { bytes.iter().copied().max().unwrap_or(0) }
+        };
+        let link_bytes = most(&sent).max(most(&received));
         let link = link_bytes as f64 / seconds / 1e9;
         rows.push(Row {
             bench: kind.name(),

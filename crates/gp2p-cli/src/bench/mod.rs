@@ -33,13 +33,14 @@ pub enum BenchCommand {
     Copy(copy::CopyArgs),
     /// copy_to_host and copy_from_host against the pinned DMA rates.
     Host(host::HostArgs),
-    /// Ring all_reduce over pinned host memory, nccl-tests columns.
+    /// all_reduce over pinned host memory, nccl-tests columns (the ring between two ranks,
+    /// the two-shot legs from three; GP2P_ALGORITHM=ring|two-shot forces one).
     AllReduce(collective::CollectiveArgs),
-    /// Ring all_gather (size = the gathered buffer).
+    /// all_gather (size = the gathered buffer), the ring or the legs as for all-reduce.
     AllGather(collective::CollectiveArgs),
-    /// Ring reduce_scatter (size = each rank's input).
+    /// reduce_scatter (size = each rank's input), the ring or the legs as for all-reduce.
     ReduceScatter(collective::CollectiveArgs),
-    /// Broadcast from rank 0 along the ring.
+    /// Broadcast from rank 0, the ring or the legs as for all-reduce.
     Broadcast(collective::CollectiveArgs),
     /// Draw saved `--json` reports again as SVG, with other tools' rows (NCCL, torch) beside
     /// them; needs no GPU.
