@@ -249,8 +249,11 @@ fn a_fan_out_is_filled_once_and_landed_by_every_reader_by_copy_zero_copy_and_scr
         let via_scratch = Fold::Scratch { scratch: scratch.view_mut(..), op: ReduceOp::Max, divide_by: 1 };
         fan.land(slot, 3, &down[2], &mut maxed.view_mut(range), via_scratch).unwrap();
     }
-    // Refused before any work: a chunk larger than a slot, a slot past the end, a reader out
-    // of range, and a slot never filled.
+    // Refused before any work: more than the last fill put in the slot (the tail chunk of 7
+    // elements went through slot 1), a chunk larger than a slot, a slot past the end, a
+    // reader out of range, and a slot never filled.
+    let err = fan.land(1, 1, &down[0], &mut copied.view_mut(..8), Fold::Copy).unwrap_err();
+    assert_eq!(err, PinnedError::ReceiveSize { got: 32, sent: 28 });
     let mut fresh = FanOut::new(&device, &readers, 2, 1 << 16).unwrap();
     let err = fresh.fill(0, up, &src.view(..chunk + 1)).unwrap_err();
     assert!(matches!(err, PinnedError::ChunkTooLarge { .. }), "{err}");

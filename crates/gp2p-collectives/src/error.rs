@@ -95,6 +95,14 @@ pub enum Error {
         /// What forced it: the environment variable or `Engine::with_algorithm`.
         forced_by: &'static str,
     },
+    /// Legs the in-process engine cannot run (see `Engine`'s legs executor).
+    #[error("leg {leg} {reason}")]
+    UnrunnableLegs {
+        /// The leg's index.
+        leg: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A root rank out of range.
     #[error("root {root} is out of range: there are {ranks} ranks")]
     BadRoot {

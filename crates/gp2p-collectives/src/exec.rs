@@ -21,7 +21,7 @@ use crate::calibrate::choose;
 use crate::cost::Algorithm;
 use crate::env::parse_byte_limit;
 use crate::legs::steps::{Lane, LegStep, chunk_range, keyed_steps};
-use crate::legs::{LegLanding, Rounds};
+use crate::legs::{Buf, LegLanding, Rounds};
 use crate::schedule::step_divisor;
 use crate::schedule::{Action, Schedule};
 use crate::{Error, Receive, Result, spans_devices};
@@ -186,16 +186,14 @@ impl Engine {
     }
 
     /// The algorithm forced on this engine: [`Engine::with_algorithm`]'s, else the
-    /// environment's ([`crate::cost::ALGORITHM_VAR`], read now); an error where that names
-    /// one-shot or nothing.
+    /// environment's ([`crate::pipeline::forced_by_env`], read now: one-shot there is the
+    /// communicator's and leaves the engine to the cost model); an error where the variable
+    /// names no algorithm.
     pub fn forced_algorithm(&self) -> Result<Option<Algorithm>> {
         if self.algorithm.is_some() {
             return Ok(self.algorithm);
         }
-        match crate::cost::forced_by_env()? {
-            Some(Algorithm::OneShot) => Err(Error::OneShotInProcess { forced_by: crate::cost::ALGORITHM_VAR }),
-            forced => Ok(forced),
-        }
+        crate::pipeline::forced_by_env()
     }
 
     /// The largest two-rank all-reduce, in bytes, that takes the line exchange.
@@ -326,6 +324,7 @@ impl Engine {
         if rounds.legs.is_empty() {
             return Ok(());
         }
+        check_runnable(rounds)?;
         let reduces = rounds.legs.iter().any(|l| matches!(l.landing, LegLanding::Fold { .. }));
         let paths = if reduces {
             devices.iter().map(|d| self.receive_path(d, receive)).collect::<Result<Vec<Receive>>>()?
@@ -337,8 +336,11 @@ impl Engine {
         let Group { forks, buffers, fanouts, .. } = &mut *group;
         for (w, fanout) in fanouts.iter_mut().enumerate() {
             if !fanout.as_ref().is_some_and(|f| f.fits(&devices[w], devices, slots, slot_bytes)) {
-                // A replaced one is dropped: its memory outlives its GPU work.
-                *fanout = Some(FanOut::new(&devices[w], devices, slots, slot_bytes)?);
+                // Never less than a small transfer's worth, so a sweep of small collectives
+                // does not replace them at every size; a replaced one is dropped (its memory
+                // outlives its GPU work).
+                let bytes = slot_bytes.max(SINGLE_CHUNK_MAX_BYTES);
+                *fanout = Some(FanOut::new(&devices[w], devices, slots, bytes)?);
             }
         }
         let mut fanouts: Vec<&mut FanOut> = fanouts.iter_mut().flatten().collect();
@@ -576,6 +578,24 @@ fn run_transfers<T: Element>(
     Ok(())
 }
 
+/// Refuses legs [`run_legs`] cannot run: one outside the ranks' buffers ([`Buf::Part`]: the
+/// engine runs every collective in place), or a writer with two legs in one round (the steps
+/// take one; [`crate::schedule::Schedule::to_rounds`] makes such legs, for pricing).
+fn check_runnable(rounds: &Rounds) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for (i, leg) in rounds.legs.iter().enumerate() {
+        let reason = if leg.src.0 != Buf::Main || leg.dst.0 != Buf::Main {
+            "reads or writes Buf::Part; the in-process engine runs every collective in place"
+        } else if !seen.insert((leg.round, leg.writer)) {
+            "is its writer's second leg of its round; the steps take one a writer and round"
+        } else {
+            continue;
+        };
+        return Err(Error::UnrunnableLegs { leg: i, reason });
+    }
+    Ok(())
+}
+
 /// Enqueue every rank's steps of `rounds`, merged by key, on the forked streams: a copy out
 /// fills the writer's fan-out (waiting there for the slot's readers), a landing lands from it
 /// (waiting there for the fill), and a rank's records and waits of its own sends and
@@ -677,9 +697,31 @@ mod tests {
 
     use super::{
         CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, Chunking, Engine, MULTI_DEVICE_MAX_CHUNK_BYTES, SLOTS, Waits,
-        parse_chunk_exchange_max, plan_waits,
+        check_runnable, parse_chunk_exchange_max, plan_waits,
     };
+    use crate::Error;
+    use crate::legs::Rounds;
     use crate::schedule::Schedule;
+
+    #[test]
+    fn the_legs_executor_takes_in_place_legs_of_one_per_writer_and_round_only() {
+        for world in 2..=8 {
+            for rounds in [
+                Rounds::all_reduce(world, 100_000),
+                Rounds::all_gather(world, 4096, true),
+                Rounds::reduce_scatter(world, 4096, true),
+                Rounds::broadcast(world, 5000, world - 1),
+            ] {
+                assert_eq!(check_runnable(&rounds), Ok(()), "{world} ranks: {rounds:?}");
+            }
+        }
+        // The out-of-place all-gather reads Buf::Part; the ring's schedule as legs gives a
+        // writer a leg per chunk in one round.
+        let err = check_runnable(&Rounds::all_gather(3, 4096, false)).unwrap_err();
+        assert!(matches!(err, Error::UnrunnableLegs { leg: 0, .. }) && err.to_string().contains("in place"), "{err}");
+        let err = check_runnable(&Schedule::all_reduce(3, 300, 10).to_rounds(4)).unwrap_err();
+        assert!(err.to_string().contains("second leg of its round"), "{err}");
+    }
 
     #[test]
     fn a_zero_chunk_override_is_refused_by_the_transport_check() {

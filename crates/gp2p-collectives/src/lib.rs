@@ -189,7 +189,14 @@ pub fn all_reduce<T: Element>(
 ) -> Result<()> {
     let (len, devices) = check_ranks(ranks, "buffer")?;
     let bytes = len * size_of::<T>();
-    if ranks.len() == 2 && bytes > 0 && spans_devices(&devices) && devices.iter().all(LineExchange::supported_on) {
+    // A forced algorithm runs as forced: the exchanges are neither the ring nor the legs.
+    let forced = engine.forced_algorithm()?.is_some();
+    if ranks.len() == 2
+        && bytes > 0
+        && !forced
+        && spans_devices(&devices)
+        && devices.iter().all(LineExchange::supported_on)
+    {
         if bytes <= engine.line_exchange_max() {
             return engine.exchange_lines(ranks, &devices, op);
         }

@@ -8,7 +8,8 @@
 //! (an all-gather's part, a broadcast, a folded share), in fewer rounds, so they win every
 //! collective but the reduce-scatter, where the two move the same bytes in as many rounds and
 //! the tie goes to the legs, the communicator's pipeline. `GP2P_ALGORITHM=ring|two-shot` (or
-//! [`crate::Engine::with_algorithm`]) forces one; one-shot is the communicator's only.
+//! [`crate::Engine::with_algorithm`]) forces one, for two ranks too (whose small all-reduces
+//! across devices then skip the one-kernel exchanges); one-shot is the communicator's only.
 //!
 //! ```
 //! use gp2p_collectives::Collective;
@@ -71,13 +72,22 @@ pub fn choose<T: Element>(
         None if ranks <= 2 => return ring(),
         None => {}
     }
-    let (Pipeline::Ring(schedule), Pipeline::Legs(rounds)) = (ring(), legs()) else {
-        unreachable!("ring() and legs() make what they say")
-    };
+    // The ring priced at the transport's chunking whatever `chunk_bytes` is, so that every
+    // caller (the engine, the reference) makes the same choice.
     let machine = Machine::h200(ranks);
-    let ring_seconds = price(&machine, Algorithm::Ring, schedule.to_rounds(size_of::<T>()).traffic()).seconds;
+    let ring_traffic = schedule_for::<T>(collective, ranks, len, None).to_rounds(size_of::<T>()).traffic();
+    let ring_seconds = price(&machine, Algorithm::Ring, ring_traffic).seconds;
+    let rounds = legs_for(collective, ranks, len * size_of::<T>());
     let legs_seconds = price(&machine, Algorithm::TwoShot, rounds.traffic()).seconds;
-    if ring_seconds < legs_seconds { Pipeline::Ring(schedule) } else { Pipeline::Legs(rounds) }
+    if ring_seconds < legs_seconds { ring() } else { Pipeline::Legs(rounds) }
+}
+
+/// The algorithm the environment variable [`crate::cost::ALGORITHM_VAR`] forces on
+/// in-process collectives, read now: ring or two-shot; one-shot, the one-process-per-GPU
+/// communicator's, forces nothing here (the cost model chooses). An error where it names no
+/// algorithm.
+pub fn forced_by_env() -> crate::Result<Option<Algorithm>> {
+    Ok(crate::cost::forced_by_env()?.filter(|a| *a != Algorithm::OneShot))
 }
 
 #[cfg(test)]

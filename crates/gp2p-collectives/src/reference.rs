@@ -29,7 +29,7 @@ pub use crate::schedule::{schedule_for, step_divisor};
 /// forces included) with the CPU reference of each kernel step — so floating-point results
 /// are folded in the GPU's order and compare within the per-step tolerance.
 pub fn expected<T: Reference>(collective: Collective, inputs: &[Vec<T>], op: ReduceOp) -> Vec<Vec<T>> {
-    expected_with(collective, inputs, op, crate::cost::forced_by_env().ok().flatten())
+    expected_with(collective, inputs, op, crate::pipeline::forced_by_env().ok().flatten())
 }
 
 /// [`expected`] for an engine forced to `forced` ([`crate::Engine::with_algorithm`]).

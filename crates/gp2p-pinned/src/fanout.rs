@@ -14,9 +14,12 @@ use crate::{Error, Fold, Result};
 /// [`StreamPoint`] per slot where its chunk landed and one per slot and reader where that
 /// reader was last done with it.
 ///
-/// [`FanOut::fill`] waits (on the GPU) until every reader that landed the slot's last chunk
-/// is done with it, then copies the new chunk in; [`FanOut::land`] waits until the slot's
-/// chunk is in, then copies or folds it into the reader's buffer. So the host never blocks,
+/// [`FanOut::fill`] waits (on the GPU) until the slot's last fill is done and every reader
+/// that landed a chunk of the slot is done with it, then copies the new chunk in;
+/// [`FanOut::land`] waits until the slot's chunk is in (and this reader's last landing of the
+/// slot is done), then copies or folds it into the reader's buffer. A fill replaces the
+/// slot's chunk whether or not every reader landed it: readers land what is meant for them
+/// before the writer comes round to the slot again. So the host never blocks,
 /// the slot's bytes never change under a reader, and a later call that comes round to a slot
 /// waits for the earlier call's readers. The points are the last uses of the views passed in
 /// and of the slots' memory, so dropping any of them (or the fan-out) right after a call is
@@ -32,8 +35,8 @@ pub struct FanOut {
     /// The slots' base address as each reader's device sees it (zero-copy folds).
     reader_bases: Vec<RawDevicePtr>,
     slot_bytes: usize,
-    /// Per slot: the point after the last fill, once there was one.
-    landed: Vec<Option<StreamPoint>>,
+    /// Per slot: the point after the last fill and the bytes it put there, once there was one.
+    landed: Vec<Option<(StreamPoint, usize)>>,
     /// Per slot and reader: the point after that reader last landed the slot.
     free: Vec<Vec<Option<StreamPoint>>>,
 }
@@ -83,9 +86,10 @@ impl FanOut {
         self.slot_bytes
     }
 
-    /// Whether these slots serve `writer` and `readers`, `slots` of at least `slot_bytes`.
+    /// Whether these slots serve `writer` and `readers`, at least `slots` of at least
+    /// `slot_bytes` (a caller that uses fewer slots or shorter chunks keeps them).
     pub fn fits(&self, writer: &Device, readers: &[Device], slots: usize, slot_bytes: usize) -> bool {
-        &self.writer == writer && self.readers == readers && self.slots() == slots && self.slot_bytes >= slot_bytes
+        &self.writer == writer && self.readers == readers && self.slots() >= slots && self.slot_bytes >= slot_bytes
     }
 
     /// On the writer's `stream`: wait until every reader is done with `slot`, copy `src` into
@@ -102,20 +106,23 @@ impl FanOut {
                 });
             }
         }
-        for free in self.free[slot].iter().flatten() {
-            stream.wait_point(free)?;
+        // After the slot's last fill (on whatever stream it ran) and every reader's last
+        // landing of it: each point then covers all the slot's earlier ones.
+        for point in self.landed[slot].iter().map(|(p, _)| p).chain(self.free[slot].iter().flatten()) {
+            stream.wait_point(point)?;
         }
         if !src.is_empty() {
             let to = self.memory.host_ptr().wrapping_add(slot * self.slot_bytes);
             // SAFETY: the slot holds slot_bytes >= src.bytes() pinned bytes (checked) that no
-            // reader still reads: the stream waited for every reader's last landing of it, and
-            // the memory outlives the point noted below. src is on the stream's device.
+            // reader still reads and no earlier fill still writes: the stream waited for the
+            // slot's last fill and every reader's last landing of it, and the memory outlives
+            // the point noted below. src is on the stream's device.
             unsafe { memcpy_dtoh_async(stream, to.cast(), src.raw_ptr(), src.bytes())? };
         }
         let point = stream.point()?;
         src.note_use(&point);
         self.memory.uses().note(&point);
-        self.landed[slot] = Some(point.clone());
+        self.landed[slot] = Some((point.clone(), src.bytes()));
         Ok(point)
     }
 
@@ -149,26 +156,38 @@ impl FanOut {
             }
         }
         check_fold(&fold, dst.len(), device)?;
-        let Some(landed) = &self.landed[slot] else { return Err(Error::SlotEmpty { slot }) };
+        let Some((landed, filled)) = &self.landed[slot] else { return Err(Error::SlotEmpty { slot }) };
+        if dst.bytes() > *filled {
+            return Err(Error::ReceiveSize { got: dst.bytes(), sent: *filled });
+        }
         stream.wait_point(landed)?;
+        // After this reader's last landing of the slot too, so that its point, which the next
+        // fill waits for, covers that one as well.
+        if let Some(free) = &self.free[slot][reader] {
+            stream.wait_point(free)?;
+        }
         let offset = slot * self.slot_bytes;
         let host = self.memory.host_ptr().wrapping_add(offset).cast_const();
         let mapped = self.reader_bases[reader] + offset as u64;
-        // SAFETY: the slot's first dst.bytes() bytes (checked) hold the chunk (the stream
-        // waited for the fill) and do not change until this reader's point, taken below,
-        // completes (the next fill waits for it); `mapped` is the slot as the reader's device
-        // maps it; dst is on the stream's device (checked) and the fold was checked.
+        // SAFETY: the slot's first dst.bytes() bytes hold the chunk (no more than the fill
+        // put there, checked; the stream waited for the fill) and do not change until this
+        // reader's point, taken below, completes (the next fill waits for it); `mapped` is the
+        // slot as the reader's device maps it; dst is on the stream's device (checked) and the
+        // fold was checked.
         let folded = unsafe { fold_staged(stream, dst, host, mapped, &fold) };
-        // Taken even if a launch failed: whatever was enqueued before it must be noted.
-        let point = stream.point()?;
-        dst.note_use(&point);
-        if let Fold::Scratch { scratch, .. } = &fold {
-            scratch.note_use(&point);
+        // Taken even if a launch failed: whatever was enqueued before it must be noted. (A
+        // point that cannot be taken waits for the stream before it errs.)
+        let taken = stream.point();
+        if let Ok(point) = &taken {
+            dst.note_use(point);
+            if let Fold::Scratch { scratch, .. } = &fold {
+                scratch.note_use(point);
+            }
+            self.memory.uses().note(point);
+            self.free[slot][reader] = Some(point.clone());
         }
-        self.memory.uses().note(&point);
-        self.free[slot][reader] = Some(point.clone());
         folded?;
-        Ok(point)
+        taken.map_err(Into::into)
     }
 
     /// Refuses a slot past the end and a chunk larger than a slot.

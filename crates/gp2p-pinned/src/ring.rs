@@ -96,7 +96,7 @@ pub(crate) fn check_fold<T: Element>(fold: &Fold<'_, T>, len: usize, consumer: &
 /// `dst` and the scratch are on `stream`'s device; `fold` passed [`check_fold`].
 pub(crate) unsafe fn fold_staged<T: Element>(
     stream: &Stream,
-    dst: &DeviceViewMut<'_, T>,
+    dst: &mut DeviceViewMut<'_, T>,
     host: *const u8,
     mapped: RawDevicePtr,
     fold: &Fold<'_, T>,
@@ -334,12 +334,12 @@ impl StagingRing {
         // dst is on the stream's device (checked) and the fold was checked.
         let folded = unsafe { fold_staged(stream, dst, host, mapped, &fold) };
         // Taken even if a launch failed: whatever was enqueued before it must be noted.
-        let point = self.mark_free(slot, stream, dst)?;
-        if let Fold::Scratch { scratch, .. } = &fold {
-            scratch.note_use(&point);
+        let marked = self.mark_free(slot, stream, dst);
+        if let (Ok(point), Fold::Scratch { scratch, .. }) = (&marked, &fold) {
+            scratch.note_use(point);
         }
         folded?;
-        Ok(point)
+        marked
     }
 
     /// Fill `slot` from `src` and drain it into `dst`, both on one stream (one device): the

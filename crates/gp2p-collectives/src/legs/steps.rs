@@ -18,8 +18,11 @@
 //! before receive; receives by writer, the nearest before first). Every wait is for a step
 //! of smaller key: a reader's for the writer's send of the same round and chunk, a writer's
 //! for the slot's earlier reader, and a rank's own event waits for records enqueued before.
-//! So the step of smallest key that has not run can always run, whether the GPU runs the
-//! two streams apart or as one queue in the order they were enqueued: no order deadlocks.
+//! So the step that has not run with the smallest key (and, among a rank's steps of one
+//! key, the first in its queue) can always run, whether the GPU runs the two streams apart or
+//! as one queue in the order they were enqueued: no order deadlocks. The legs must give a
+//! writer at most one leg a round (every constructor of [`Rounds`] does; the legs of
+//! [`crate::schedule::Schedule::to_rounds`], made for pricing, do not).
 //! An executor that enqueues every rank from one thread (the engine) merges the ranks' steps
 //! by key, so every record comes before the waits for it.
 //!
