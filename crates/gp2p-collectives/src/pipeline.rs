@@ -7,7 +7,11 @@
 //! [`Schedule::to_rounds`]) at H200 rates: the legs copy each chunk out once for every reader
 //! (an all-gather's part, a broadcast, a folded share), in fewer rounds, so they win every
 //! collective but the reduce-scatter, where the two move the same bytes in as many rounds and
-//! the tie goes to the legs, the communicator's pipeline. `GP2P_ALGORITHM=ring|two-shot` (or
+//! the tie goes to the legs, the communicator's pipeline. (Measured only with logical ranks
+//! on one GPU, where every rank's traffic shares one link and host memory is never the
+//! limit: the legs' all-gather 1.03-1.12× and broadcast 1.13-1.57× faster than the ring's,
+//! their all-reduce 2-7 % slower, 1-16 MiB at four ranks,
+//! `benches/results/h200/engine-ring-vs-legs.txt`; the choice for N cards is the model's.) `GP2P_ALGORITHM=ring|two-shot` (or
 //! [`crate::Engine::with_algorithm`]) forces one, for two ranks too (whose small all-reduces
 //! across devices then skip the one-kernel exchanges); one-shot is the communicator's only.
 //!
