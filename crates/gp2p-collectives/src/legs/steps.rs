@@ -183,3 +183,71 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usize
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rank's steps in the order the in-process engine enqueues them (`exec::run_legs`
+    /// sorts by key, then rank, then place in the rank's list).
+    fn merged(rounds: &Rounds, slot_bytes: usize, slots: usize) -> Vec<(usize, LegStep)> {
+        let mut all: Vec<(Key, usize, usize, LegStep)> = (0..rounds.world)
+            .flat_map(|r| {
+                keyed_steps(rounds, r, slot_bytes, slots)
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(i, (k, _, s))| (k, r, i, s))
+            })
+            .collect();
+        all.sort_unstable_by_key(|&(k, r, i, _)| (k, r, i));
+        all.into_iter().map(|(_, r, _, s)| (r, s)).collect()
+    }
+
+    #[test]
+    fn merged_by_key_every_landing_follows_its_fill_and_every_fill_its_slots_last_readers() {
+        // What stream points need of the host's order: a landing binds to the slot's latest
+        // fill, which must be its own chunk's; a fill may come only once every reader of the
+        // slot's last chunk has landed it (its point is what the fill waits for).
+        let page = 4096;
+        for world in 3..=8 {
+            let calls = [
+                Rounds::all_reduce(world, 3 * world * page + 5 * 8),
+                Rounds::all_reduce(world, page / 2),
+                Rounds::all_gather(world, 2 * page + 8, true),
+                Rounds::reduce_scatter(world, page + 8, true),
+                Rounds::broadcast(world, 5 * page, world - 1),
+            ];
+            for slots in [1, 2, 3] {
+                let mut content: Vec<Vec<Option<(usize, usize)>>> = vec![vec![None; slots]; world];
+                let mut unread: Vec<Vec<Vec<usize>>> = vec![vec![Vec::new(); slots]; world];
+                for (c, rounds) in calls.iter().enumerate() {
+                    for (rank, step) in merged(rounds, page, slots) {
+                        let what = format!("{world} ranks, {slots} slots, call {c}, rank {rank}: {step:?}");
+                        match step {
+                            LegStep::CopyOut { leg, chunk, slot } => {
+                                assert!(
+                                    unread[rank][slot].is_empty(),
+                                    "{what}: fills over readers {:?}",
+                                    unread[rank][slot]
+                                );
+                                content[rank][slot] = Some((leg, chunk));
+                                unread[rank][slot] = rounds.legs[leg].readers(world).collect();
+                            }
+                            LegStep::Land { leg, chunk, slot } => {
+                                let writer = rounds.legs[leg].writer;
+                                assert_eq!(content[writer][slot], Some((leg, chunk)), "{what}: lands another chunk");
+                                let left = &mut unread[writer][slot];
+                                let at = left.iter().position(|&r| r == rank);
+                                assert!(at.is_some(), "{what}: lands a chunk not for it, or twice");
+                                left.retain(|&r| r != rank);
+                            }
+                            _ => {}
+                        }
+                    }
+                    // Every chunk of the call was landed by all its readers.
+                    assert!(unread.iter().flatten().all(Vec::is_empty), "{world} ranks, {slots} slots, call {c}");
+                }
+            }
+        }
+    }
+}
