@@ -254,14 +254,8 @@ impl Engine {
         if schedule.transfers.is_empty() {
             return Ok(());
         }
-        // Copy-only collectives (all_gather, broadcast) land every chunk by DMA: no receive
-        // path to choose, and no scratch to hold.
         let reduces = schedule.transfers.iter().any(|t| matches!(t.action, Action::Reduce { .. }));
-        let paths = if reduces {
-            devices.iter().map(|d| self.receive_path(d, receive)).collect::<Result<Vec<Receive>>>()?
-        } else {
-            vec![Receive::ZeroCopy; n]
-        };
+        let paths = self.receive_paths(devices, receive, reduces)?;
         let group = self.group(devices)?;
         let mut group = group.lock();
         let chunk = schedule.transfers.iter().map(|t| t.range.len()).max().unwrap_or(1);
@@ -274,33 +268,10 @@ impl Engine {
             edges.push(cache.ensure(&devices[r], &devices[(r + 1) % n], slots, slot_bytes)?);
         }
         let waits = plan_waits(schedule);
-        let mut scratch: Vec<Option<DeviceBuffer<T>>> = Vec::with_capacity(n);
-        for (r, cache) in buffers.iter_mut().enumerate() {
-            let recv = &forks[r].streams()[RECV];
-            scratch.push(if paths[r] == Receive::Scratch {
-                Some(take_buffer(cache, "scratch", &devices[r], chunk, recv)?)
-            } else {
-                None
-            });
-        }
-
-        for (r, rank) in ranks.iter().enumerate() {
-            forks[r].fork(rank.stream)?;
-        }
-        let result = run_transfers(ranks, schedule, &waits, op, forks, &mut edges, &mut scratch);
-        // Join and keep the scratch buffers even after a failure: the callers' later work
-        // (freeing their buffers, say) must still wait for what was enqueued.
-        let mut joined = Ok(());
-        for (r, rank) in ranks.iter().enumerate() {
-            joined = joined.and(forks[r].join(rank.stream));
-        }
-        for (cache, buf) in buffers.iter_mut().zip(scratch) {
-            if let Some(buf) = buf {
-                cache.insert(("scratch", TypeId::of::<T>()), Box::new(buf));
-            }
-        }
-        result?;
-        Ok(joined?)
+        let scratch = take_scratch::<T>(buffers, forks, devices, &paths, chunk)?;
+        run_forked(ranks, forks, buffers, scratch, |ranks, forks, scratch| {
+            run_transfers(ranks, schedule, &waits, op, forks, &mut edges, scratch)
+        })
     }
 
     /// Run `rounds` (legs over every rank's buffer, in place: [`crate::legs::Buf::Main`]
@@ -320,17 +291,12 @@ impl Engine {
         receive: Receive,
     ) -> Result<()> {
         let (slot_bytes, slots) = (staging.chunk_bytes.next_multiple_of(256), staging.slots);
-        let n = ranks.len();
         if rounds.legs.is_empty() {
             return Ok(());
         }
         check_runnable(rounds)?;
         let reduces = rounds.legs.iter().any(|l| matches!(l.landing, LegLanding::Fold { .. }));
-        let paths = if reduces {
-            devices.iter().map(|d| self.receive_path(d, receive)).collect::<Result<Vec<Receive>>>()?
-        } else {
-            vec![Receive::ZeroCopy; n]
-        };
+        let paths = self.receive_paths(devices, receive, reduces)?;
         let group = self.group(devices)?;
         let mut group = group.lock();
         let Group { forks, buffers, fanouts, .. } = &mut *group;
@@ -344,32 +310,10 @@ impl Engine {
             }
         }
         let mut fanouts: Vec<&mut FanOut> = fanouts.iter_mut().flatten().collect();
-        let chunk = slot_bytes / size_of::<T>();
-        let mut scratch: Vec<Option<DeviceBuffer<T>>> = Vec::with_capacity(n);
-        for (r, cache) in buffers.iter_mut().enumerate() {
-            let recv = &forks[r].streams()[RECV];
-            scratch.push(if paths[r] == Receive::Scratch {
-                Some(take_buffer(cache, "scratch", &devices[r], chunk, recv)?)
-            } else {
-                None
-            });
-        }
-        for (r, rank) in ranks.iter().enumerate() {
-            forks[r].fork(rank.stream)?;
-        }
-        let result = run_legs(ranks, rounds, slot_bytes, slots, op, forks, &mut fanouts, &mut scratch);
-        // Joined whatever happened, as in `execute`.
-        let mut joined = Ok(());
-        for (r, rank) in ranks.iter().enumerate() {
-            joined = joined.and(forks[r].join(rank.stream));
-        }
-        for (cache, buf) in buffers.iter_mut().zip(scratch) {
-            if let Some(buf) = buf {
-                cache.insert(("scratch", TypeId::of::<T>()), Box::new(buf));
-            }
-        }
-        result?;
-        Ok(joined?)
+        let scratch = take_scratch::<T>(buffers, forks, devices, &paths, slot_bytes / size_of::<T>())?;
+        run_forked(ranks, forks, buffers, scratch, |ranks, forks, scratch| {
+            run_legs(ranks, rounds, slot_bytes, slots, op, forks, &mut fanouts, scratch)
+        })
     }
 
     /// A two-rank all-reduce of a small buffer through the line exchange: one kernel per
@@ -463,6 +407,15 @@ impl Engine {
 
     /// The receive path of `device`: as asked, or for Auto the faster one measured on it
     /// (once per device and process). Never `Auto`.
+    /// Each rank's receive path for a collective that `reduces` (the measured or given one);
+    /// copy-only collectives land every chunk by DMA, so no path is chosen for them.
+    fn receive_paths(&self, devices: &[Device], receive: Receive, reduces: bool) -> Result<Vec<Receive>> {
+        if !reduces {
+            return Ok(vec![Receive::ZeroCopy; devices.len()]);
+        }
+        devices.iter().map(|d| self.receive_path(d, receive)).collect()
+    }
+
     fn receive_path(&self, device: &Device, receive: Receive) -> Result<Receive> {
         match receive {
             Receive::Scratch | Receive::ZeroCopy => Ok(receive),
@@ -674,6 +627,52 @@ type BufferCache = HashMap<(&'static str, TypeId), Box<dyn Any + Send>>;
 /// A cached typed buffer of at least `len` elements, or a new one, made safe to overwrite on
 /// `user`: it waits for the buffer's recorded uses. A cached one that is too small is
 /// dropped (the lifetime rule frees it once its work is done).
+/// A scratch buffer of `chunk` elements for each rank whose receive path is
+/// [`Receive::Scratch`] (from its cache, ordered after its last uses on the rank's receive
+/// stream), `None` for the others.
+fn take_scratch<T: Element>(
+    buffers: &mut [BufferCache],
+    forks: &[StreamFork],
+    devices: &[Device],
+    paths: &[Receive],
+    chunk: usize,
+) -> Result<Vec<Option<DeviceBuffer<T>>>> {
+    let mut scratch = Vec::with_capacity(buffers.len());
+    for (r, cache) in buffers.iter_mut().enumerate() {
+        let recv = &forks[r].streams()[RECV];
+        let wanted = paths[r] == Receive::Scratch;
+        scratch.push(if wanted { Some(take_buffer(cache, "scratch", &devices[r], chunk, recv)?) } else { None });
+    }
+    Ok(scratch)
+}
+
+/// Fork every rank's stream into its internal streams, `run` the collective's work there,
+/// then join and give the scratch buffers back to their caches whatever `run` returned: the
+/// callers' later work (freeing their buffers, say) must still wait for what was enqueued.
+fn run_forked<'a, T: Element>(
+    ranks: &mut [Rank<'a, T>],
+    forks: &[StreamFork],
+    buffers: &mut [BufferCache],
+    mut scratch: Vec<Option<DeviceBuffer<T>>>,
+    run: impl FnOnce(&mut [Rank<'a, T>], &[StreamFork], &mut [Option<DeviceBuffer<T>>]) -> Result<()>,
+) -> Result<()> {
+    for (r, rank) in ranks.iter().enumerate() {
+        forks[r].fork(rank.stream)?;
+    }
+    let result = run(ranks, forks, &mut scratch);
+    let mut joined = Ok(());
+    for (r, rank) in ranks.iter().enumerate() {
+        joined = joined.and(forks[r].join(rank.stream));
+    }
+    for (cache, buf) in buffers.iter_mut().zip(scratch) {
+        if let Some(buf) = buf {
+            cache.insert(("scratch", TypeId::of::<T>()), Box::new(buf));
+        }
+    }
+    result?;
+    Ok(joined?)
+}
+
 fn take_buffer<T: Element>(
     cache: &mut BufferCache,
     key: &'static str,
