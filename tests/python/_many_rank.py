@@ -5,6 +5,7 @@ reference; a failed check exits non-zero with the reason. Rank r runs on GPU r m
 visible (all on cuda:0 on a machine of one GPU, where an MPS daemon lets them run at once).
 """
 
+import math
 import os
 import sys
 
@@ -367,6 +368,7 @@ def server_calls(ca, server):
                       [p[RANK * share:(RANK + 1) * share] for p in parts])
             else:
                 assert ca.custom_reduce_scatter(inp) is None, "%d rows among %d ranks" % (rows, world)
+    case = made_ahead_calls(ca, server, case)
     step("%s: bad input" % server)
     other = "cuda:%d" % ((DEVICE.index + 1) % torch.cuda.device_count()) if torch.cuda.device_count() > 1 else "cpu"
     bad = {
@@ -388,6 +390,10 @@ def server_calls(ca, server):
         same = torch.equal(t.cpu(), before.cpu()) if isinstance(t, torch.Tensor) else t == before
         assert same, "%s: written" % why
     step("%s: capture and replays" % server)
+    # sglang's capture under inference mode, as its model runner captures: the outputs come
+    # from the graph's pool even so, never from those made ahead (each its own storage).
+    inference = torch.inference_mode(server == "sglang")
+    inference.__enter__()
     n = min(4096, max_bytes // 2)
     inp = torch.zeros(n, dtype=torch.float16, device=DEVICE)
     rows_in = torch.zeros(world, 16, dtype=torch.bfloat16, device=DEVICE)
@@ -399,11 +405,14 @@ def server_calls(ca, server):
         assert ca.should_custom_ar(inp)
         ca.custom_all_reduce(inp)
         torch.cuda.synchronize()
+        ready = ca.comm._native.outputs_ready
         with torch.cuda.graph(graph, stream=stream):
             assert ca.should_custom_ar(inp)
             out = ca.custom_all_reduce(inp)
             twice = ca.custom_all_reduce(out)
             gathered = ca.custom_all_gather(rows_in) if server == "vllm" else None
+    assert out.untyped_storage().nbytes() == out.nbytes, "a captured output is its own allocation"
+    assert ca.comm._native.outputs_ready == ready, "nothing made ahead while capturing"
     for replay in range(10):
         case += 1
         parts = inputs(case, n, torch.float16)
@@ -419,6 +428,50 @@ def server_calls(ca, server):
               [out.cpu()] * world)
         if gathered is not None:
             check("vllm replay %d all-gather" % replay, gathered.flatten(), torch.cat(rows).to(torch.float64))
+    inference.__exit__(None, None, None)
+
+
+def made_ahead_calls(ca, server, case):
+    """Eager calls under inference mode, as the servers' model runners make them: small
+    outputs are made a batch at a time. Every output is its own memory, held by the caller as
+    long as it likes: 70 results of three shapes and two dtypes in turn, all kept, each checked
+    against the reference after all were made, then one overwritten and the rest checked again;
+    outputs past 64 KiB and outside inference mode are made one by one."""
+    step("%s: eager all-reduces under inference mode, outputs made ahead" % server)
+    native = ca.comm._native
+    kinds = [((512,), torch.float32), ((8, 64), torch.bfloat16), ((4, 100), torch.float32)]
+    held = []
+    with torch.inference_mode():
+        for call in range(70):
+            shape, dtype = kinds[call % 3] if call < 45 else kinds[0]
+            case += 1
+            parts = inputs(case, math.prod(shape), dtype)
+            inp = parts[RANK].to(DEVICE).view(shape)
+            out = ca.custom_all_reduce(inp)
+            assert out is not None and out.shape == inp.shape and out.dtype == dtype and out.is_contiguous()
+            held.append((out, parts))
+        assert native.outputs_ready > 0, "outputs made ahead"
+        spans = sorted((o.data_ptr(), o.data_ptr() + o.nbytes) for o, _ in held)
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert end <= start, "two outputs share memory"
+        assert any(o.untyped_storage().nbytes() > o.nbytes for o, _ in held), "some share a batch"
+        for call, (out, parts) in enumerate(held):
+            check("%s made-ahead output %d" % (server, call), out.flatten(), reference(parts, "sum"), parts)
+        held[0][0].fill_(7)
+        for call, (out, parts) in enumerate(held[1:], 1):
+            check("%s made-ahead output %d after another was written" % (server, call), out.flatten(),
+                  reference(parts, "sum"), parts)
+        big = (ca.comm.max_bytes // 4) if ca.comm.max_bytes > 64 << 10 else None
+        for n, mode in ((big, True), (512, False)):
+            if n is None:
+                continue
+            with torch.inference_mode(mode):
+                case += 1
+                parts = inputs(case, n, torch.float32)
+                out = ca.custom_all_reduce(parts[RANK].to(DEVICE))
+                assert out.untyped_storage().nbytes() == out.nbytes, "%d elements, inference %s: one by one" % (n, mode)
+                check("%s output of %d, inference mode %s" % (server, n, mode), out, reference(parts, "sum"), parts)
+    return case
 
 
 def server_scenario():

@@ -12,6 +12,7 @@ use crate::args::{self, Memory, MemoryArg};
 use crate::error::Raised;
 use crate::fast::{Fields, Torch, TorchParts, choice, cuda_tensor, tensor_fields};
 use crate::ffi::{Caller, by_dtype, check_disjoint};
+use crate::outputs::{self, Outputs};
 
 /// A new unique id for a communicator, as text to hand to every rank.
 #[pyfunction]
@@ -30,6 +31,8 @@ pub(crate) struct PyCommunicator {
     max_bytes: usize,
     /// This rank's device ordinal.
     device: usize,
+    /// The servers' all-reduce's outputs made ahead (see [`crate::outputs`]).
+    outputs: Mutex<Outputs>,
 }
 
 #[pymethods]
@@ -75,7 +78,7 @@ impl PyCommunicator {
             let mut comm = Communicator::new(&id, rank, world, &dev, options)?;
             crate::ffi::allow_torch_graphs(&mut comm);
             let max_bytes = comm.small_max_bytes();
-            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), max_bytes, device })
+            Ok(PyCommunicator { inner: Mutex::new(Some(comm)), max_bytes, device, outputs: Mutex::default() })
         };
         Raised::detached(py, run)
     }
@@ -146,7 +149,8 @@ impl PyCommunicator {
     /// server's `custom_all_reduce` in one native call: it cost 3 reads of the tensor, a clone
     /// and an in-place call from Python before. With the defaults it takes the tensor alone,
     /// as servers call `custom_all_reduce`, and is bound as that member itself (no Python
-    /// frame between).
+    /// frame between); small outputs are then made a batch at a time under inference mode
+    /// (see [`crate::outputs`]).
     #[pyo3(signature = (tensor, empty_like=None, max_bytes=None, op="sum"))]
     fn all_reduce_new_torch<'py>(
         &self,
@@ -157,50 +161,44 @@ impl PyCommunicator {
         op: &str,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let op = args::op(op).map_err(|e| e.into_pyerr(py))?;
-        let Some((torch, (dtype, _, len, device, ptr))) =
+        let Some((torch, (dtype, dims, len, device, ptr))) =
             self.served(py, tensor, max_bytes.unwrap_or(self.max_bytes))?
         else {
             return Ok(None);
         };
         // Marks for a driver-call trace (benches/probes/trace_calls.py): where the reads go.
         trace::mark("read input");
-        let Some(empty_like) = empty_like.or_else(|| torch.empty_like(py)) else {
-            let missing = Raised::argument("empty_like", "give one: torch's was not found here");
-            return Err(missing.into_pyerr(py));
-        };
-        let output = empty_like.call1((tensor,))?;
-        trace::mark("empty_like");
-        // Like its input, a contiguous tensor on its device (torch.empty_like keeps the
-        // layout). Read of it: its address, and what makes the kernel's writes land in its
-        // memory: its size, its device, and that it is contiguous (an expanded tensor's bytes
-        // are more than its storage's). A full read costs twice as much host time.
-        let bytes = len * dtype.size_bytes();
-        let out_ptr: u64 = output.call_method0(intern!(py, "data_ptr"))?.extract()?;
-        let out_bytes: usize = output.getattr(intern!(py, "nbytes"))?.extract()?;
-        let out_device: i64 = output.call_method0(intern!(py, "get_device"))?.extract()?;
-        let contiguous: bool = output.call_method0(intern!(py, "is_contiguous"))?.extract()?;
-        if out_bytes != bytes || out_ptr == 0 || out_device != device as i64 || !contiguous {
-            let refused = Raised::argument(
-                "empty_like",
-                format!(
-                    "gave {out_bytes} bytes at {out_ptr:#x} on device {out_device} (contiguous: {contiguous}), \
-                     not {bytes} contiguous bytes on device {device}"
-                ),
-            );
-            return Err(refused.into_pyerr(py));
-        }
-        trace::mark("read output");
         let stream = torch.current_stream(py, device)?;
         trace::mark("current stream");
-        let at = (ptr, Memory { device, ptr: out_ptr, stream });
+        let bytes = len * dtype.size_bytes();
+        let memory = Memory { device, ptr: 0, stream };
+        // Borrowed for this call only; torch's allocation below begins no capture (contract 6).
+        let caller = Caller::open_capturable(&memory).map_err(|e| e.into_pyerr(py))?;
+        let ahead = empty_like.is_none()
+            && bytes <= outputs::MAX_BYTES
+            && !caller.stream.is_capturing().unwrap_or(true)
+            && torch.inference_mode(py);
+        let made = if ahead { self.output_made_ahead(tensor, &dims, bytes, stream)? } else { None };
+        let (output, out_ptr) = match made {
+            Some(made) => made,
+            None => new_output(tensor, &torch, empty_like, bytes, device)?,
+        };
+        trace::mark("output");
         // `tensor` and `output` are held by this frame for the whole call (contract 1).
-        let run = || {
-            args::check_range("tensor", at.0, len, dtype)?;
-            args::check_range("output", at.1.ptr, len, dtype)?;
-            self.with(|comm| by_dtype!(dtype, all_reduce_into_t(comm, at, len, op)))
+        let run = move || {
+            args::check_range("tensor", ptr, len, dtype)?;
+            args::check_range("output", out_ptr, len, dtype)?;
+            self.with(|comm| by_dtype!(dtype, all_reduce_into_t(comm, &caller, (ptr, out_ptr), len, op)))
         };
         Raised::detached(py, run)?;
         Ok(Some(output))
+    }
+
+    /// How many outputs of the servers' all-reduce are made and not handed out yet (see
+    /// [`crate::outputs`]; for the tests).
+    #[getter]
+    fn outputs_ready(&self) -> usize {
+        self.outputs.lock().map(|o| o.held()).unwrap_or(0)
     }
 
     /// `len` elements at `buf` (device, address, stream) become rank `root`'s, ordered on
@@ -256,10 +254,45 @@ impl PyCommunicator {
         if let Ok(mut guard) = self.inner.lock() {
             guard.take();
         }
+        let ready = self.outputs.lock().map(|mut o| o.clear()).unwrap_or_default();
+        drop(ready); // outside the lock: letting go of tensors may run Python code
     }
 }
 
 impl PyCommunicator {
+    /// An output for the all-reduce of `tensor` (`dims`, `bytes`) on `stream` made ahead, with
+    /// its address, or None where none can be (see [`crate::outputs`]): the caller makes one.
+    fn output_made_ahead<'py>(
+        &self,
+        tensor: &Bound<'py, PyAny>,
+        dims: &[i64],
+        bytes: usize,
+        stream: u64,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, u64)>> {
+        let py = tensor.py();
+        let dtype = tensor.getattr(intern!(py, "dtype"))?;
+        let Ok(taken) = self.outputs.lock().map(|mut o| o.take(dims, &dtype, stream)) else {
+            return Ok(None);
+        };
+        let count = match taken {
+            Ok((output, ptr)) => return Ok(Some((output.into_bound(py), ptr))),
+            Err(count) => outputs::batch_count(count, bytes),
+        };
+        if count < 2 {
+            return Ok(None);
+        }
+        // Where torch cannot make the batch (out of memory, say), one output is made as usual.
+        let Some(mut made) = soft_none(py, outputs::make(tensor, dims, bytes, count, self.device))? else {
+            return Ok(None);
+        };
+        let Some((output, ptr)) = made.pop() else {
+            return Ok(None);
+        };
+        let gone = self.outputs.lock().map(|mut o| o.keep(dims, &dtype, stream, made, count)).unwrap_or_default();
+        drop(gone); // outside the lock: letting go of tensors may run Python code
+        Ok(Some((output.into_bound(py), ptr)))
+    }
+
     /// Run `call` on the communicator, unless it was closed.
     fn with(&self, call: impl FnOnce(&mut Communicator) -> Result<(), Raised>) -> Result<(), Raised> {
         let mut guard = self.inner.lock().map_err(|_| Raised::argument("self", "a call on it panicked"))?;
@@ -402,17 +435,63 @@ fn single_t<T: Element>(comm: &mut Communicator, buf: &Memory, len: usize, what:
     .map_err(Raised::from)
 }
 
-/// An out-of-place all-reduce of `len` elements from `input` (an address on the output's
-/// device) into `output`, on the output's stream.
+/// An out-of-place all-reduce of `len` elements from `input` into `output` (addresses on the
+/// caller's device), on the caller's stream.
 fn all_reduce_into_t<T: Element>(
     comm: &mut Communicator,
-    (input, output): (u64, Memory),
+    caller: &Caller,
+    (input, output): (u64, u64),
     len: usize,
     op: ReduceOp,
 ) -> Result<(), Raised> {
-    let caller = Caller::open_capturable(&output)?;
-    let mut out = caller.view_mut::<T>(output.ptr, len);
+    let mut out = caller.view_mut::<T>(output, len);
     comm.all_reduce_into(&caller.view::<T>(input, len), &mut out, &caller.stream, op).map_err(Raised::from)
+}
+
+/// A new output for the all-reduce of `tensor`, made by `empty_like` (default: torch's), with
+/// its address; refused unless it is `bytes` contiguous bytes on `device`.
+fn new_output<'py>(
+    tensor: &Bound<'py, PyAny>,
+    torch: &Torch,
+    empty_like: Option<&Bound<'py, PyAny>>,
+    bytes: usize,
+    device: usize,
+) -> PyResult<(Bound<'py, PyAny>, u64)> {
+    let py = tensor.py();
+    let Some(empty_like) = empty_like.or_else(|| torch.empty_like(py)) else {
+        let missing = Raised::argument("empty_like", "give one: torch's was not found here");
+        return Err(missing.into_pyerr(py));
+    };
+    let output = empty_like.call1((tensor,))?;
+    trace::mark("empty_like");
+    // Like its input, a contiguous tensor on its device (torch.empty_like keeps the layout).
+    // Read of it: its address, and what makes the kernel's writes land in its memory: its
+    // size, its device, and that it is contiguous (an expanded tensor's bytes are more than
+    // its storage's). A full read costs twice as much host time.
+    let out_ptr: u64 = output.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    let out_bytes: usize = output.getattr(intern!(py, "nbytes"))?.extract()?;
+    let out_device: i64 = output.call_method0(intern!(py, "get_device"))?.extract()?;
+    let contiguous: bool = output.call_method0(intern!(py, "is_contiguous"))?.extract()?;
+    if out_bytes != bytes || out_ptr == 0 || out_device != device as i64 || !contiguous {
+        let refused = Raised::argument(
+            "empty_like",
+            format!(
+                "gave {out_bytes} bytes at {out_ptr:#x} on device {out_device} (contiguous: {contiguous}), \
+                 not {bytes} contiguous bytes on device {device}"
+            ),
+        );
+        return Err(refused.into_pyerr(py));
+    }
+    Ok((output, out_ptr))
+}
+
+/// `r`'s value, `None` for an ordinary exception (dropped), or the exception to raise
+/// (KeyboardInterrupt, SystemExit).
+fn soft_none<T>(py: Python<'_>, r: PyResult<Option<T>>) -> PyResult<Option<T>> {
+    match r {
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => Ok(None),
+        other => other,
+    }
 }
 
 /// A two-buffer call: `input` and `output` addresses on `at`'s device and stream, parts of

@@ -79,12 +79,23 @@ pub(crate) struct Parts {
     unshared_code_dtypes: Vec<DType>,
     /// The module's `empty_like`, where the parts were found here rather than given.
     empty_like: Option<Py<PyAny>>,
+    /// The module's `is_inference_mode_enabled`, likewise.
+    inference_mode: Option<Py<PyAny>>,
 }
 
 impl From<TorchParts> for Parts {
     fn from(TorchParts(tensor_type, strided, current_stream, dtype_names, to_dlpack, unshared): TorchParts) -> Parts {
         let unshared_code_dtypes = unshared.iter().filter_map(|name| DType::from_str(name).ok()).collect();
-        Parts { tensor_type, strided, current_stream, dtype_names, to_dlpack, unshared_code_dtypes, empty_like: None }
+        Parts {
+            tensor_type,
+            strided,
+            current_stream,
+            dtype_names,
+            to_dlpack,
+            unshared_code_dtypes,
+            empty_like: None,
+            inference_mode: None,
+        }
     }
 }
 
@@ -136,8 +147,9 @@ impl Torch {
         let found = read!(py, tensors.call_method1(intern!(py, "torch_fast_parts"), (&module,)));
         // Only the servers' out-of-place call needs it, and says so where it is missing.
         let empty_like = soft(py, module.getattr(intern!(py, "empty_like")))?.map(Bound::unbind);
-        let parts: Option<Arc<Parts>> =
-            read!(py, found.extract::<Option<TorchParts>>()).map(|p| Arc::new(Parts { empty_like, ..p.into() }));
+        let inference_mode = soft(py, module.getattr(intern!(py, "is_inference_mode_enabled")))?.map(Bound::unbind);
+        let parts: Option<Arc<Parts>> = read!(py, found.extract::<Option<TorchParts>>())
+            .map(|p| Arc::new(Parts { empty_like, inference_mode, ..p.into() }));
         let kept = parts.clone();
         let replaced = lock(&TORCH).replace(TorchCache { module: module.unbind(), parts: kept, dtypes: Vec::new() });
         drop(replaced); // outside the lock: letting go of the old module's parts may run Python code
@@ -176,6 +188,15 @@ impl Torch {
     /// `torch.empty_like` of this torch module (None where the caller gave the parts).
     pub(crate) fn empty_like<'py>(&self, py: Python<'py>) -> Option<&Bound<'py, PyAny>> {
         self.parts.empty_like.as_ref().map(|f| f.bind(py))
+    }
+
+    /// Whether torch runs in inference mode now (`false` where the caller gave the parts, or
+    /// torch could not say).
+    pub(crate) fn inference_mode(&self, py: Python<'_>) -> bool {
+        let Some(enabled) = &self.parts.inference_mode else {
+            return false;
+        };
+        enabled.bind(py).call0().and_then(|on| on.extract::<bool>()).unwrap_or(false)
     }
 
     /// `device`'s current torch stream, as a raw handle.

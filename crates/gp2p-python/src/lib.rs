@@ -37,6 +37,7 @@ mod dlpack;
 mod error;
 mod fast;
 mod ffi;
+mod outputs;
 mod package;
 
 use geforce_p2p::{DType, Device, ReduceOp};
