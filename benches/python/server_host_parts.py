@@ -5,10 +5,13 @@ calls a round, each turn through the parts in its own order; the figure is the m
 call of every round after a warm-up round (host time a call: what the enqueue costs, not the
 all-reduce).
 
-    python3 -m torch.distributed.run --nproc-per-node 2 benches/python/server_host_parts.py [--inference-mode]
+    python3 -m torch.distributed.run --nproc-per-node 2 benches/python/server_host_parts.py [--inference-mode | --no-grad]
 
-`--inference-mode`: everything under torch.inference_mode(), as vLLM's and sglang's model
-runners call the object (torch's factories skip autograd's bookkeeping there).
+`--inference-mode`: everything under torch.inference_mode(), as vLLM's model runner calls the
+object; `--no-grad`: under torch.no_grad(), as sglang's does (unless
+SGLANG_ENABLE_TORCH_INFERENCE_MODE is set). In either, custom_all_reduce makes its small
+outputs a batch at a time (crates/gp2p-python/src/outputs.rs), while
+native.all_reduce_new_torch(empty_like) still calls torch.empty_like for each.
 
 Parts: the communicator's in-place call and its native fast path; what a server calls,
 should_custom_ar then custom_all_reduce, and each alone; the out-of-place native call with
@@ -33,6 +36,7 @@ native = comm._native
 # For the rest of the script: the guard lives as long as the context object does.
 INFERENCE = torch.inference_mode("--inference-mode" in sys.argv)
 INFERENCE.__enter__()
+torch.set_grad_enabled("--no-grad" not in sys.argv and not torch.is_inference_mode_enabled())
 torch.manual_seed(rank)
 buf = torch.randn(512, device="cuda")      # summed in place by the communicator's parts
 src = torch.randn(512, device="cuda")      # read, never written, by the out-of-place parts
@@ -70,7 +74,7 @@ for out in held:
     assert torch.allclose(out.double().cpu(), want, rtol=1e-5, atol=1e-5), "rank %d: a wrong sum" % rank
 med = {name: statistics.median(v) for name, v in res.items()}
 if rank == 0:
-    print("inference mode: %s" % torch.is_inference_mode_enabled())
+    print("inference mode: %s, gradients: %s" % (torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
     for name, _ in parts:
         print(line(name, res[name]))
     base = med["Communicator.all_reduce"]

@@ -390,10 +390,10 @@ def server_calls(ca, server):
         same = torch.equal(t.cpu(), before.cpu()) if isinstance(t, torch.Tensor) else t == before
         assert same, "%s: written" % why
     step("%s: capture and replays" % server)
-    # sglang's capture under inference mode, as its model runner captures: the outputs come
-    # from the graph's pool even so, never from those made ahead (each its own storage).
-    inference = torch.inference_mode(server == "sglang")
-    inference.__enter__()
+    # As each server's model runner captures (vLLM under inference mode, sglang under no_grad):
+    # the outputs come from the graph's pool even so, never from those made ahead.
+    no_grad = torch.inference_mode() if server == "vllm" else torch.no_grad()
+    no_grad.__enter__()
     n = min(4096, max_bytes // 2)
     inp = torch.zeros(n, dtype=torch.float16, device=DEVICE)
     rows_in = torch.zeros(world, 16, dtype=torch.bfloat16, device=DEVICE)
@@ -428,20 +428,21 @@ def server_calls(ca, server):
               [out.cpu()] * world)
         if gathered is not None:
             check("vllm replay %d all-gather" % replay, gathered.flatten(), torch.cat(rows).to(torch.float64))
-    inference.__exit__(None, None, None)
+    no_grad.__exit__(None, None, None)
 
 
 def made_ahead_calls(ca, server, case):
-    """Eager calls under inference mode, as the servers' model runners make them: small
-    outputs are made a batch at a time. Every output is its own memory, held by the caller as
-    long as it likes: 70 results of three shapes and two dtypes in turn, all kept, each checked
-    against the reference after all were made, then one overwritten and the rest checked again;
-    outputs past 64 KiB and outside inference mode are made one by one."""
-    step("%s: eager all-reduces under inference mode, outputs made ahead" % server)
+    """Eager calls as the servers' model runners make them, with no gradients recorded (vLLM
+    under inference mode, sglang under no_grad): small outputs are made a batch at a time.
+    Every output is its own memory, held by the caller as long as it likes: 70 results of
+    three shapes and two dtypes in turn, all kept, each checked against the reference after
+    all were made, then one overwritten and the rest checked again; outputs past 64 KiB and
+    those made with gradients on are made one by one."""
+    step("%s: eager all-reduces without gradients, outputs made ahead" % server)
     native = ca.comm._native
     kinds = [((512,), torch.float32), ((8, 64), torch.bfloat16), ((4, 100), torch.float32)]
     held = []
-    with torch.inference_mode():
+    with torch.inference_mode() if server == "vllm" else torch.no_grad():
         for call in range(70):
             shape, dtype = kinds[call % 3] if call < 45 else kinds[0]
             case += 1
@@ -462,15 +463,15 @@ def made_ahead_calls(ca, server, case):
             check("%s made-ahead output %d after another was written" % (server, call), out.flatten(),
                   reference(parts, "sum"), parts)
         big = (ca.comm.max_bytes // 4) if ca.comm.max_bytes > 64 << 10 else None
-        for n, mode in ((big, True), (512, False)):
+        for n, grad in ((big, False), (512, True)):
             if n is None:
                 continue
-            with torch.inference_mode(mode):
+            with torch.inference_mode(False), torch.set_grad_enabled(grad):
                 case += 1
                 parts = inputs(case, n, torch.float32)
                 out = ca.custom_all_reduce(parts[RANK].to(DEVICE))
-                assert out.untyped_storage().nbytes() == out.nbytes, "%d elements, inference %s: one by one" % (n, mode)
-                check("%s output of %d, inference mode %s" % (server, n, mode), out, reference(parts, "sum"), parts)
+                assert out.untyped_storage().nbytes() == out.nbytes, "%d elements, gradients %s: one by one" % (n, grad)
+                check("%s output of %d, gradients %s" % (server, n, grad), out, reference(parts, "sum"), parts)
     return case
 
 

@@ -149,8 +149,8 @@ impl PyCommunicator {
     /// server's `custom_all_reduce` in one native call: it cost 3 reads of the tensor, a clone
     /// and an in-place call from Python before. With the defaults it takes the tensor alone,
     /// as servers call `custom_all_reduce`, and is bound as that member itself (no Python
-    /// frame between); small outputs are then made a batch at a time under inference mode
-    /// (see [`crate::outputs`]).
+    /// frame between); small outputs are then made a batch at a time where no gradients are
+    /// recorded (see [`crate::outputs`]).
     #[pyo3(signature = (tensor, empty_like=None, max_bytes=None, op="sum"))]
     fn all_reduce_new_torch<'py>(
         &self,
@@ -177,7 +177,7 @@ impl PyCommunicator {
         let ahead = empty_like.is_none()
             && bytes <= outputs::MAX_BYTES
             && !caller.stream.is_capturing().unwrap_or(true)
-            && torch.inference_mode(py);
+            && torch.grad_off(py);
         let made = if ahead { self.output_made_ahead(tensor, &dims, bytes, stream)? } else { None };
         let (output, out_ptr) = match made {
             Some(made) => made,

@@ -79,8 +79,8 @@ pub(crate) struct Parts {
     unshared_code_dtypes: Vec<DType>,
     /// The module's `empty_like`, where the parts were found here rather than given.
     empty_like: Option<Py<PyAny>>,
-    /// The module's `is_inference_mode_enabled`, likewise.
-    inference_mode: Option<Py<PyAny>>,
+    /// The module's `is_grad_enabled`, likewise.
+    grad_enabled: Option<Py<PyAny>>,
 }
 
 impl From<TorchParts> for Parts {
@@ -94,7 +94,7 @@ impl From<TorchParts> for Parts {
             to_dlpack,
             unshared_code_dtypes,
             empty_like: None,
-            inference_mode: None,
+            grad_enabled: None,
         }
     }
 }
@@ -147,9 +147,9 @@ impl Torch {
         let found = read!(py, tensors.call_method1(intern!(py, "torch_fast_parts"), (&module,)));
         // Only the servers' out-of-place call needs it, and says so where it is missing.
         let empty_like = soft(py, module.getattr(intern!(py, "empty_like")))?.map(Bound::unbind);
-        let inference_mode = soft(py, module.getattr(intern!(py, "is_inference_mode_enabled")))?.map(Bound::unbind);
+        let grad_enabled = soft(py, module.getattr(intern!(py, "is_grad_enabled")))?.map(Bound::unbind);
         let parts: Option<Arc<Parts>> = read!(py, found.extract::<Option<TorchParts>>())
-            .map(|p| Arc::new(Parts { empty_like, inference_mode, ..p.into() }));
+            .map(|p| Arc::new(Parts { empty_like, grad_enabled, ..p.into() }));
         let kept = parts.clone();
         let replaced = lock(&TORCH).replace(TorchCache { module: module.unbind(), parts: kept, dtypes: Vec::new() });
         drop(replaced); // outside the lock: letting go of the old module's parts may run Python code
@@ -190,13 +190,13 @@ impl Torch {
         self.parts.empty_like.as_ref().map(|f| f.bind(py))
     }
 
-    /// Whether torch runs in inference mode now (`false` where the caller gave the parts, or
-    /// torch could not say).
-    pub(crate) fn inference_mode(&self, py: Python<'_>) -> bool {
-        let Some(enabled) = &self.parts.inference_mode else {
+    /// Whether torch records no gradients now (`torch.no_grad()` or `torch.inference_mode()`;
+    /// `false` where the caller gave the parts, or torch could not say).
+    pub(crate) fn grad_off(&self, py: Python<'_>) -> bool {
+        let Some(enabled) = &self.parts.grad_enabled else {
             return false;
         };
-        enabled.bind(py).call0().and_then(|on| on.extract::<bool>()).unwrap_or(false)
+        enabled.bind(py).call0().and_then(|on| on.extract::<bool>()).is_ok_and(|on| !on)
     }
 
     /// `device`'s current torch stream, as a raw handle.

@@ -8,10 +8,14 @@
 //! dtype and stream. Nothing is ever handed out twice: each output is its own slice of the
 //! batch's memory, which torch frees once the batch's last tensor is gone.
 //!
-//! Only where the result is what `empty_like` would give in every way a caller can use:
-//! - under `torch.inference_mode()` (vLLM's and sglang's model runners), where views carry no
-//!   autograd record; elsewhere an output of `unbind` could not be written in place by an
-//!   operation that records gradients;
+//! Only where the result serves as `empty_like`'s would:
+//! - where torch records no gradients: under `torch.inference_mode()` (vLLM's model runner;
+//!   views of inference tensors carry no autograd record) or `torch.no_grad()` (sglang's,
+//!   unless `SGLANG_ENABLE_TORCH_INFERENCE_MODE` is set). Where gradients are recorded an
+//!   output of `unbind` could not be written in place by an operation that records them.
+//!   Under `no_grad` the output is a view of its batch (`_base` is set), so such a write
+//!   later, with gradients on, raises as it does for any view made under `no_grad`; servers
+//!   never record gradients. Its storage is the batch's in either mode;
 //! - on a stream that is not capturing a CUDA graph: a captured call's output comes from the
 //!   graph's memory pool, which the graph reuses between its parts;
 //! - up to [`MAX_BYTES`] a tensor, [`BATCH_BYTES`] a batch and [`SHAPES`] shapes at once, so
