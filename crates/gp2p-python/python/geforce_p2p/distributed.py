@@ -334,9 +334,13 @@ class CustomAllreduce:
     def custom_all_reduce(self, inp: Any) -> Optional[Any]:
         """A new tensor holding the sum of ``inp`` over every rank (``inp`` is left as it
         was), or None for a tensor :meth:`should_custom_ar` refuses. One native call reads
-        ``inp``, makes the output with ``torch.empty_like`` (on the current stream; during a
-        capture, from the graph's pool) and enqueues one kernel that reads the one and writes
-        the other."""
+        ``inp``, makes the output on the current stream (during a capture, from the graph's
+        pool) and enqueues one kernel that reads the one and writes the other. The output comes
+        from ``torch.empty_like``, or, where no gradients are recorded (``torch.no_grad()``,
+        ``torch.inference_mode()``: the servers' model runners) and it is at most 64 KiB, from
+        a batch made ahead in one allocation: each handed out once, so it is the caller's
+        alone, though its storage holds others of the batch (and, under ``no_grad``, it is a
+        view of it). At most 4 MiB is made ahead; :meth:`close` lets it go."""
         if self.disabled:
             return None
         return self.comm._native.all_reduce_new_torch(inp, None, self.max_bytes)
