@@ -24,11 +24,13 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 import geforce_p2p.distributed as gpd
+from geforce_p2p import _native
 
 
 def parse_sizes(text):
@@ -86,7 +88,7 @@ def main():
                             for _ in range(args.calls):
                                 call()
                     torch.cuda.synchronize()
-                times = []
+                times, host = [], []
                 for repeat in range(args.repeats + 1):
                     g = torch.Generator().manual_seed(repeat * 7919 + size + world)
                     inputs = [torch.randint(-1000, 1000, (n,), generator=g, dtype=torch.int64) for _ in range(world)]
@@ -95,11 +97,13 @@ def main():
                     dist.barrier()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
+                    enqueue = time.perf_counter()
                     if graph is not None:
                         graph.replay()
                     else:
                         for _ in range(args.calls):
                             call()
+                    enqueue = time.perf_counter() - enqueue
                     end.record()
                     end.synchronize()
                     if op == "all_reduce":
@@ -110,16 +114,25 @@ def main():
                     else:
                         ok = torch.equal(buf.cpu().to(torch.int64), inputs[world - 1])
                     assert ok, "rank %d: %s %s %d B repeat %d: wrong result" % (rank, op, mode, size, repeat)
-                    slowest = torch.tensor([start.elapsed_time(end) * 1000 / args.calls])
+                    slowest = torch.tensor([start.elapsed_time(end) * 1000, enqueue * 1e6]) / args.calls
                     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                     if repeat > 0:  # the first is the warm-up
-                        times.append(slowest.item())
+                        times.append(slowest[0].item())
+                        host.append(slowest[1].item())
                 row[mode + "_us"] = statistics.median(times)
+                row[mode + "_host_us"] = statistics.median(host)
+                if mode == "eager":
+                    _native.trace_start()
+                    call()
+                    row["eager_driver_calls"] = len(_native.trace_finish()) - 1  # less its "finish" mark
+                    torch.cuda.synchronize()
                 del graph
             rows.append(row)
             if rank == 0:
-                print("op=%s bytes=%d eager_us=%.1f graph_us=%.1f graph_GB/s-per-rank=%.2f"
-                      % (op, size, row["eager_us"], row["graph_us"], size / row["graph_us"] / 1e3), flush=True)
+                print("op=%s bytes=%d eager_us=%.1f (host %.1f, %d driver calls) graph_us=%.1f (host %.1f) "
+                      "graph_GB/s-per-rank=%.2f"
+                      % (op, size, row["eager_us"], row["eager_host_us"], row["eager_driver_calls"], row["graph_us"],
+                         row["graph_host_us"], size / row["graph_us"] / 1e3), flush=True)
     comm.close()
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
