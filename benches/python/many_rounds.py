@@ -15,8 +15,10 @@ graph and replayed; time per call = elapsed / calls, the slowest rank's, median 
 in-place sums give sum(inputs) * N**(calls - 1) wrapping at 2**32, the all-gather every rank's
 input in rank order, the broadcast the root's input. On one GPU every rank's copies share its
 one link, so the figures say how much the rounds move through it, not what N cards do; and
-under MPS there, eager calls of the rounds take milliseconds where graph replays take a
-fraction of one (not understood yet), so compare builds by the graph column.
+under MPS there, eager calls of the rounds made back to back take milliseconds where graph
+replays take a fraction of one, though the host enqueues them in a fraction (the calls'
+work on several hardware queues: benches/probes/eager_rounds.py), so compare builds by the
+graph column.
 """
 
 import argparse
