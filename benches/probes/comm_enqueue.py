@@ -41,9 +41,7 @@ def main():
     device = 0 if args.same_device else int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(device)
     dist.init_process_group("gloo")
-    box = [gpd.unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    comm = gpd.Communicator(box[0], rank, world, device, peer_timeout=60.0)
+    comm = gpd.Communicator.from_group(device=device, peer_timeout=60.0)
     rows = []
     for size in SIZES:
         t = torch.full((size // 4,), float(rank + 1), device="cuda:%d" % device)

@@ -40,10 +40,8 @@ def main():
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     dist.init_process_group("gloo")
-    box = [gpd.unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
     options = {"slot_bytes": args.slot_bytes} if args.slot_bytes else {}
-    comm = gpd.Communicator(box[0], rank, world, device, peer_timeout=60.0, **options)
+    comm = gpd.Communicator.from_group(device=device, peer_timeout=60.0, **options)
     n = args.bytes // 4
     buf = torch.empty(n, dtype=torch.int32, device=device)
     out = torch.empty(n * world, dtype=torch.int32, device=device)

@@ -100,9 +100,7 @@ def joined():
     local = local if local < torch.cuda.device_count() else 0
     torch.cuda.set_device(local)
     dist.init_process_group("gloo")
-    box = [gpd.unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return rank, world, local, gpd.Communicator(box[0], rank, world, local)
+    return rank, world, local, gpd.Communicator.from_group(device=local)
 
 
 def comm_case(args):

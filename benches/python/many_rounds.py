@@ -57,9 +57,7 @@ def main():
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     torch.cuda.set_device(device)
     dist.init_process_group("gloo")
-    box = [gpd.unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    comm = gpd.Communicator(box[0], rank, world, device, peer_timeout=60.0)
+    comm = gpd.Communicator.from_group(device=device, peer_timeout=60.0)
     rows = []
     for op in args.ops.split(","):
         for size in parse_sizes(args.sizes):

@@ -259,11 +259,9 @@ def main():
         dist.init_process_group("gloo")
     else:
         dist.init_process_group("nccl", device_id=device)
-    box = [gpd.unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
     limit = {} if args.small_max_bytes is None else {"max_bytes": args.small_max_bytes}
-    comm = gpd.Communicator(box[0], rank, world, local, **limit, slot_bytes=args.slot_bytes, slots=args.slots,
-                            chunk_blocks=args.chunk_blocks, lines_max_bytes=args.lines_max_bytes)
+    comm = gpd.Communicator.from_group(device=local, **limit, slot_bytes=args.slot_bytes, slots=args.slots,
+                                       chunk_blocks=args.chunk_blocks, lines_max_bytes=args.lines_max_bytes)
     if args.list_contexts:
         list_contexts(rank)
     rows = []

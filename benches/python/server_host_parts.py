@@ -28,9 +28,7 @@ ROUNDS, CALLS = 10, 200
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(0)
 dist.init_process_group("gloo")
-box = [gpd.unique_id() if rank == 0 else None]
-dist.broadcast_object_list(box, src=0)
-comm = gpd.Communicator(box[0], rank, world, 0, peer_timeout=60.0)
+comm = gpd.Communicator.from_group(device=0, peer_timeout=60.0)
 ca = gpd.CustomAllreduce(comm)
 native = comm._native
 # For the rest of the script: the guard lives as long as the context object does.

@@ -1218,3 +1218,68 @@ def test_custom_allreduce_is_built_as_the_servers_build_theirs_and_never_raises(
     del ca
     gc.collect()
     assert comm.calls == ["closed"]
+
+
+def _fake_dist(monkeypatch, rank, joined):
+    """torch and torch.distributed as Communicator.from_group calls them, for rank `rank` of a
+    group whose ranks report `joined` (this rank's own entry is what it reports itself)."""
+    calls = []
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(current_device=lambda: 3)
+    dist = types.ModuleType("torch.distributed")
+    dist.group = types.SimpleNamespace(WORLD="world")
+    dist.get_rank = lambda group: rank
+    dist.get_world_size = lambda group: len(joined)
+    dist.get_global_rank = lambda group, r: 10 + r
+
+    def broadcast_object_list(box, src, group):
+        calls.append(("broadcast", box[0] is not None, src, group))
+        box[0] = box[0] if box[0] is not None else "id-from-rank-0"
+
+    def all_gather_object(out, mine, group):
+        calls.append(("all_gather", mine, group))
+        out[:] = [mine if r == rank else ok for r, ok in enumerate(joined)]
+
+    dist.broadcast_object_list, dist.all_gather_object = broadcast_object_list, all_gather_object
+    torch.distributed = dist
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    return calls
+
+
+def test_communicator_from_group_hands_the_id_over_and_every_rank_raises_where_one_failed(monkeypatch):
+    from geforce_p2p import distributed as gpd
+
+    made = []
+
+    class Recorded(gpd.Communicator):
+        def __init__(self, uid, rank, world, device, **options):
+            made.append((uid, rank, world, device, options))
+            if options.get("fail"):
+                raise ValueError("slot_bytes: bad")
+
+        def close(self):
+            made.append("closed")
+
+    calls = _fake_dist(monkeypatch, 1, [True, True, True])
+    comm = Recorded.from_group(peer_timeout=9.0)
+    assert isinstance(comm, Recorded)
+    assert made == [("id-from-rank-0", 1, 3, 3, {"peer_timeout": 9.0})], "rank 0's id, torch's current device"
+    assert calls == [("broadcast", False, 10, "world"), ("all_gather", True, "world")], "from the group's first rank"
+    # Another rank failed: this one joined, closes its communicator and raises too.
+    made.clear()
+    _fake_dist(monkeypatch, 1, [True, True, False])
+    with pytest.raises(RuntimeError, match=r"rank\(s\) 2 of the group's 3 failed to join$"):
+        Recorded.from_group("g", device=0)
+    assert made[-1] == "closed"
+    # This rank failed: the message carries its own error, chained.
+    _fake_dist(monkeypatch, 0, [True, True])
+    with pytest.raises(RuntimeError, match="rank\\(s\\) 0 of the group's 2 failed to join: this rank's error: slot_bytes") as raised:
+        Recorded.from_group("g", device=0, fail=True)
+    assert isinstance(raised.value.__cause__, ValueError)
+    # What the servers' object builds on: a failed join disables it on every rank, no raise.
+    monkeypatch.setattr(gpd, "Communicator", Recorded)
+    made.clear()
+    _fake_dist(monkeypatch, 1, [False, True])
+    assert gpd._join("g", 0, {}) is None and made[-1] == "closed"
+    assert made[0][4] == {"slot_bytes": 64 << 10, "slots": 2}, "the servers' small slots"

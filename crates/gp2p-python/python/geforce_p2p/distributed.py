@@ -1,8 +1,8 @@
 """One process per GPU (torchrun, vLLM and sglang tensor parallelism) on cards without P2P.
 
 Every rank joins one communicator: rank 0 makes an id with :func:`unique_id`, the caller hands
-it to the other ranks (an environment variable, or torch.distributed's CPU group, as
-:meth:`CustomAllreduce.from_group` does), and each rank makes a :class:`Communicator` with
+it to the other ranks (an environment variable, or a torch.distributed group, as
+:meth:`Communicator.from_group` does), and each rank makes a :class:`Communicator` with
 the id, its rank, the world size and its GPU. The ranks share one POSIX shared-memory segment
 (mode 0600, unlinked once everyone has mapped it); after that nothing on the host waits for
 another process: each call is enqueued on the tensor's current torch stream, its waits for
@@ -45,7 +45,8 @@ serves (up to ``max_bytes``, 64 KiB among more than two ranks) and says no to th
 (``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
-    comm = gpd.Communicator(uid, rank, world, device=rank)   # uid from rank 0's gpd.unique_id()
+    comm = gpd.Communicator.from_group()                     # every rank of a gloo group, on its device
+                                                             # (or Communicator(uid, rank, world, device))
     comm.all_reduce(t)                                       # in place, on t's current stream
     comm.all_gather_into_tensor(out, t)                      # out: world x t's elements
 
@@ -160,6 +161,45 @@ class Communicator:
         self.max_bytes = self._native.max_bytes
         # What the custom op under torch.compile names this communicator by.
         self._handle = _compile.remember_communicator(self)
+
+    @classmethod
+    def from_group(cls, group: Any = None, device: Any = None, **options: Any) -> "Communicator":
+        """Every rank of torch.distributed group ``group`` (default: the default group) makes
+        this call and joins one communicator: the group's first rank makes the id and
+        broadcasts it over the group, so the group must carry Python objects (gloo's and
+        NCCL's do; where the default group is the ``gp2p`` backend's, pass a gloo group of its
+        ranks, ``dist.new_group(backend="gloo")``). ``device``: this rank's GPU (default:
+        torch's current device); ``options``: the constructor's keywords. Raises
+        ``RuntimeError`` on every rank where any rank failed to join, naming those ranks
+        (and, on a rank that failed, chained to its own error)::
+
+            dist.init_process_group("gloo")                  # torchrun's env:// rendezvous
+            torch.cuda.set_device(local_rank)
+            comm = gpd.Communicator.from_group()
+        """
+        import torch
+        import torch.distributed as dist
+
+        group = dist.group.WORLD if group is None else group
+        device = torch.cuda.current_device() if device is None else device
+        rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
+        box = [unique_id() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        comm, error = None, None
+        try:
+            comm = cls(box[0], rank, world, device, **options)
+        except Exception as e:  # noqa: BLE001  (every rank must learn of it before raising)
+            error = e
+        joined = [None] * world
+        dist.all_gather_object(joined, error is None, group=group)
+        failed = [r for r, ok in enumerate(joined) if not ok]
+        if failed:
+            if comm is not None:
+                comm.close()
+            why = ": this rank's error: %s" % error if error is not None else ""
+            raise _JoinFailed("Communicator.from_group: rank(s) %s of the group's %d failed to join%s"
+                              % (", ".join(map(str, failed)), world, why)) from error
+        return comm
 
     def _mine(self, obj: Any, name: str) -> Any:
         """``obj`` read as a tensor on this rank's device."""
@@ -408,6 +448,10 @@ class CustomAllreduce:
             pass
 
 
+class _JoinFailed(RuntimeError):
+    """A rank of the group failed to join (:meth:`Communicator.from_group`): every rank raises it."""
+
+
 def _join(group: Any, device: Any, options: dict) -> Optional[Communicator]:
     """A communicator of the ranks of torch.distributed CPU group ``group`` on ``device``,
     or None where this version cannot serve them (see :meth:`CustomAllreduce.from_group`);
@@ -416,20 +460,9 @@ def _join(group: Any, device: Any, options: dict) -> Optional[Communicator]:
 
     options.setdefault("slot_bytes", 64 << 10)
     options.setdefault("slots", 2)
-    rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
-    if not 2 <= world <= MAX_RANKS:
+    if not 2 <= dist.get_world_size(group=group) <= MAX_RANKS:
         return None
-    box = [unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    comm, ok = None, True
     try:
-        comm = Communicator(box[0], rank, world, device, **options)
-    except Exception:  # noqa: BLE001  (any failure disables it, on every rank)
-        ok = False
-    everyone = [None] * world
-    dist.all_gather_object(everyone, ok, group=group)
-    if not all(everyone):
-        if comm is not None:
-            comm.close()
+        return Communicator.from_group(group, device, **options)
+    except _JoinFailed:  # every rank learnt it, so every rank disables the object
         return None
-    return comm
