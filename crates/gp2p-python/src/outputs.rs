@@ -69,16 +69,18 @@ impl Outputs {
     /// An output made ahead for this shape, torch dtype and stream, and how many outputs a
     /// new batch would hold where there is none (the shape then counts as just used).
     pub(crate) fn take(&mut self, dims: &[i64], dtype: &Bound<'_, PyAny>, stream: u64) -> Result<Output, usize> {
-        let Some(at) = self.shapes.iter().position(|s| s.dims == dims && s.dtype.is(dtype) && s.stream == stream)
-        else {
+        let Some(at) = self.position(dims, dtype, stream) else {
             return Err(FIRST_COUNT);
         };
-        let shape = self.shapes.remove(at);
-        let next = shape.next_count;
-        let mut shape = shape;
-        let taken = shape.ready.pop();
+        let mut shape = self.shapes.remove(at);
+        let taken = shape.ready.pop().ok_or(shape.next_count);
         self.shapes.push(shape);
-        taken.ok_or(next)
+        taken
+    }
+
+    /// Where this shape, torch dtype and stream are kept, if they are.
+    fn position(&self, dims: &[i64], dtype: &Bound<'_, PyAny>, stream: u64) -> Option<usize> {
+        self.shapes.iter().position(|s| s.dims == dims && s.dtype.is(dtype) && s.stream == stream)
     }
 
     /// Keep `ready` (a new batch's outputs past the one handed out now) for this shape, the
@@ -94,8 +96,7 @@ impl Outputs {
     ) -> Vec<Output> {
         let next_count = (count * 2).min(MAX_COUNT);
         let mut gone = Vec::new();
-        let at = self.shapes.iter().position(|s| s.dims == dims && s.dtype.is(dtype) && s.stream == stream);
-        if let Some(at) = at {
+        if let Some(at) = self.position(dims, dtype, stream) {
             gone.extend(self.shapes.remove(at).ready);
         }
         if self.shapes.len() >= SHAPES {
