@@ -9,7 +9,7 @@ use geforce_p2p::cuda::reduce;
 use geforce_p2p::pinned::{
     Error as PinnedError, FanOut, Fold, RingCache, copy_from_host, copy_to_host, is_pinned, round_trip,
 };
-use geforce_p2p::{DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, StreamFork};
+use geforce_p2p::{DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, StagingRing, Stream, StreamFork};
 use gp2p_tests::{POISON, check_reduce, fill_random, needs, with_stream};
 
 #[test]
@@ -183,15 +183,7 @@ fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
     let chunk = ring.slot_bytes() / 4;
     let fork = StreamFork::new(&device, 2).unwrap();
     let len = 7 * chunk + 5;
-    let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
-    fill_random(&mut a, 11);
-    fill_random(&mut b, 12);
-    let src = DeviceBuffer::from_host(&caller, &b).unwrap();
-    let mut copied = DeviceBuffer::<f32>::alloc(&device, len).unwrap();
-    copied.fill_bytes(&caller, POISON).unwrap();
-    let mut summed = DeviceBuffer::from_host(&caller, &a).unwrap();
-    let mut maxed = DeviceBuffer::from_host(&caller, &a).unwrap();
-    let mut scratch = DeviceBuffer::<f32>::alloc(&device, chunk).unwrap();
+    let Landings { a, b, src, mut copied, mut summed, mut maxed, mut scratch } = Landings::new(&caller, len, chunk, 11);
     let streams = fork.fork(&caller).unwrap();
     let (up, down) = (&streams[0], &streams[1]);
     for start in (0..len).step_by(chunk) {
@@ -211,9 +203,7 @@ fn staging_ring_pass_folds_by_copy_zero_copy_and_scratch() {
     let err = ring.pass(up, &src.view(..10), down, &mut maxed.view_mut(..10), short).unwrap_err();
     assert_eq!(err, PinnedError::ScratchTooShort { got: 9, needed: 10 });
     fork.join(&caller).unwrap();
-    assert!(copied.to_host_vec(&caller).unwrap() == b, "Fold::Copy");
-    check_reduce(&summed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Sum, 1).unwrap();
-    check_reduce(&maxed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Max, 1).unwrap();
+    Landings::check(&caller, (&a, &b), [&copied, &summed, &maxed]);
 }
 
 #[test]
@@ -226,15 +216,7 @@ fn a_fan_out_is_filled_once_and_landed_by_every_reader_by_copy_zero_copy_and_scr
     let mut fan = FanOut::new(&device, &readers, 2, 1 << 16).unwrap();
     let chunk = fan.slot_bytes() / 4;
     let len = 9 * chunk + 7;
-    let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
-    fill_random(&mut a, 21);
-    fill_random(&mut b, 22);
-    let src = DeviceBuffer::from_host(&caller, &b).unwrap();
-    let mut copied = DeviceBuffer::<f32>::alloc(&device, len).unwrap();
-    copied.fill_bytes(&caller, POISON).unwrap();
-    let mut summed = DeviceBuffer::from_host(&caller, &a).unwrap();
-    let mut maxed = DeviceBuffer::from_host(&caller, &a).unwrap();
-    let mut scratch = DeviceBuffer::<f32>::alloc(&device, chunk).unwrap();
+    let Landings { a, b, src, mut copied, mut summed, mut maxed, mut scratch } = Landings::new(&caller, len, chunk, 21);
     let writer = StreamFork::new(&device, 1).unwrap();
     let landers = StreamFork::new(&device, 3).unwrap();
     let up = &writer.fork(&caller).unwrap()[0];
@@ -265,9 +247,44 @@ fn a_fan_out_is_filled_once_and_landed_by_every_reader_by_copy_zero_copy_and_scr
     assert_eq!(err, PinnedError::SlotEmpty { slot: 1 });
     writer.join(&caller).unwrap();
     landers.join(&caller).unwrap();
-    assert!(copied.to_host_vec(&caller).unwrap() == b, "Fold::Copy");
-    check_reduce(&summed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Sum, 1).unwrap();
-    check_reduce(&maxed.to_host_vec(&caller).unwrap(), &a, &b, ReduceOp::Max, 1).unwrap();
+    Landings::check(&caller, (&a, &b), [&copied, &summed, &maxed]);
+}
+
+/// What the fold tests land and check: `b` (random, seed + 1) sent from `src` onto
+/// `copied` (poisoned first) by copy, onto `summed` (holding `a`, random, seed) by a zero-copy
+/// sum and onto `maxed` (holding `a`) by a max through a scratch of one chunk.
+struct Landings {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    src: DeviceBuffer<f32>,
+    copied: DeviceBuffer<f32>,
+    summed: DeviceBuffer<f32>,
+    maxed: DeviceBuffer<f32>,
+    scratch: DeviceBuffer<f32>,
+}
+
+impl Landings {
+    fn new(caller: &Stream, len: usize, chunk: usize, seed: u64) -> Landings {
+        let device = caller.device();
+        let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+        fill_random(&mut a, seed);
+        fill_random(&mut b, seed + 1);
+        let src = DeviceBuffer::from_host(caller, &b).unwrap();
+        let mut copied = DeviceBuffer::<f32>::alloc(device, len).unwrap();
+        copied.fill_bytes(caller, POISON).unwrap();
+        let summed = DeviceBuffer::from_host(caller, &a).unwrap();
+        let maxed = DeviceBuffer::from_host(caller, &a).unwrap();
+        let scratch = DeviceBuffer::<f32>::alloc(device, chunk).unwrap();
+        Landings { a, b, src, copied, summed, maxed, scratch }
+    }
+
+    /// `copied` is `b`; `summed` and `maxed` are `a` summed and maxed with `b`, element by
+    /// element against the CPU.
+    fn check(caller: &Stream, (a, b): (&[f32], &[f32]), [copied, summed, maxed]: [&DeviceBuffer<f32>; 3]) {
+        assert!(copied.to_host_vec(caller).unwrap() == b, "Fold::Copy");
+        check_reduce(&summed.to_host_vec(caller).unwrap(), a, b, ReduceOp::Sum, 1).unwrap();
+        check_reduce(&maxed.to_host_vec(caller).unwrap(), a, b, ReduceOp::Max, 1).unwrap();
+    }
 }
 
 #[test]
