@@ -9,7 +9,6 @@
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use std::mem::ManuallyDrop;
@@ -17,7 +16,6 @@ use std::mem::ManuallyDrop;
 use gp2p_collectives::cost::Machine;
 use gp2p_cuda::raw::{
     ChunkAreas, ChunkWaits, ExchangeLines, InOut, ManyLines, Numbering, exchange, exchange_many, plan_exchange_chunks,
-    write_flag,
 };
 use gp2p_cuda::{
     Device, DeviceBuffer, DeviceView, DeviceViewMut, HostRegistration, LaunchCache, RawDevicePtr, Stream, StreamPoint,
@@ -25,11 +23,14 @@ use gp2p_cuda::{
 use gp2p_kernels::{DType, Element, ReduceOp};
 
 use crate::choice::{self, ManyChoice, ManyPath};
-use crate::layout::{BROKEN, CommOptions, Layout, chunk_grid};
+use crate::layout::{CommOptions, Layout, chunk_grid};
 use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Transfer};
-use crate::registration::{all_registered, register_in_turn, word};
+use crate::registration::{all_registered, register_in_turn};
 use crate::rounds::Rounds;
 use crate::{Error, Result, Segment, UniqueId};
+
+mod failure;
+mod host;
 
 /// The longest peer timeout taken (the kernel adds it to a nanosecond clock).
 const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -91,6 +92,9 @@ pub struct Communicator {
     /// The small path's kernels, replayed from graphs (a launch costs the host twice a
     /// replay's time). Its launches are this rank's calls, which run one after another.
     launches: LaunchCache,
+    /// Rounds of the host exchange made so far, and how long one may wait (the join's bound).
+    host_rounds: u32,
+    join_timeout: Duration,
 }
 
 /// Which way an all-gather or reduce-scatter moves its parts (see `Communicator::split`).
@@ -158,6 +162,8 @@ impl Communicator {
             broken: false,
             capture: Capture::Refused,
             launches: LaunchCache::new(device),
+            host_rounds: 0,
+            join_timeout: options.join_timeout,
         })
     }
 
@@ -757,74 +763,8 @@ impl Communicator {
         }
     }
 
-    /// After an error part-way through a call on `stream`: every later call on every rank
-    /// fails, and the waits of this call and later ones stop instead of running to their
-    /// timeout (they read the segment's word). The word is written in `stream`'s order,
-    /// after what the failed call enqueued: calls that already returned Ok and are still
-    /// running would stop at it too, leaving their buffers partly folded. Where that cannot
-    /// be enqueued (a broken context, a stream capturing a graph, which would replay it), the
-    /// host writes it at once.
-    fn fail(&mut self, stream: &Stream) {
-        self.broken = true;
-        let ordered = matches!(stream.is_capturing(), Ok(false))
-            && stream
-                .reserve_point()
-                .and_then(|reserved| {
-                    // SAFETY: the communicator's word in the registered area, 4-byte aligned;
-                    // the registration notes the point taken after the write (or, should that
-                    // fail, the stream was waited for), so it stays mapped until the write.
-                    unsafe { write_flag(stream, self.staging + self.layout.broken() as u64, 1)? };
-                    stream.point_from(reserved)
-                })
-                .map(|point| {
-                    self.registration.uses().note(&point);
-                    self.last = Some(point);
-                })
-                .is_ok();
-        if !ordered && let Ok(shared) = self.word(BROKEN) {
-            shared.store(1, Ordering::Release);
-        }
-    }
-
     fn timeout_ns(&self) -> u64 {
         u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// Fail if a wait of an earlier call, on any rank, gave up on its peer (then every call
-    /// fails: the ranks' calls may no longer pair up). Calls check this themselves; launches
-    /// of captured graphs do not, so call it once a graph's launches are synchronised.
-    pub fn check(&mut self) -> Result<()> {
-        self.take_failure()
-    }
-
-    /// Fail if a kernel of an earlier call, on this rank or another, gave up waiting for its
-    /// peer: from then on the ranks' calls may no longer pair up, so every call fails (the
-    /// first on this rank with the timeout, later ones as broken) and the other ranks learn
-    /// it from the segment.
-    fn take_failure(&mut self) -> Result<()> {
-        if self.broken {
-            return Err(Error::Broken { rank: self.rank() });
-        }
-        let gave_up = self.word(self.layout.flag(self.rank()))?.swap(0, Ordering::AcqRel) != 0;
-        let shared = self.word(BROKEN)?;
-        if gave_up {
-            shared.store(1, Ordering::Release);
-        }
-        let peer_broke = shared.load(Ordering::Acquire) != 0;
-        if gave_up {
-            self.broken = true;
-            let peers = if self.world() == 2 { format!("rank {}", 1 - self.rank()) } else { "another rank".into() };
-            return Err(Error::PeerTimeout { rank: self.rank(), peers, timeout: self.timeout });
-        }
-        if peer_broke {
-            self.broken = true;
-            return Err(Error::Broken { rank: self.rank() });
-        }
-        Ok(())
-    }
-
-    fn word(&self, offset: usize) -> Result<&AtomicU32> {
-        word(&self.segment, offset)
     }
 }
 

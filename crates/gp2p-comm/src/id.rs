@@ -110,6 +110,27 @@ impl UniqueId {
         })
     }
 
+    /// The id of a communicator made from this one's ranks, named by `salt` (what makes it
+    /// differ from the others made from it: its colour, how many were made before). Every
+    /// rank derives the same id from the same salt, with no exchange; a different salt gives
+    /// a different token (hence segment) with the odds of two random tokens meeting.
+    pub fn derive(&self, salt: &[u8]) -> UniqueId {
+        let mut token = [0u8; TOKEN_BYTES];
+        for (half, out) in token.chunks_mut(8).enumerate() {
+            // Two FNV-1a passes over token and salt, each finished by splitmix64's mixer,
+            // seeded apart: enough to spread a salt over the token; nothing here is secret.
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ (half as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for &b in self.token.iter().chain(salt) {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+            h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            h ^= h >> 31;
+            out.copy_from_slice(&h.to_le_bytes());
+        }
+        UniqueId { token, ..*self }
+    }
+
     /// The name of the communicator's shared-memory segment: `/gp2p-<token in hex>`.
     pub fn segment_name(&self) -> String {
         format!("/{NAME_PREFIX}{}", hex(&self.token))
@@ -224,6 +245,19 @@ mod tests {
 
     fn sample() -> UniqueId {
         UniqueId { token: [0xab; TOKEN_BYTES], shm_dev: 0x1234, shm_ino: 7, boot_id: [0x5c; BOOT_ID_BYTES] }
+    }
+
+    #[test]
+    fn derived_ids_agree_for_one_salt_and_differ_across_salts() {
+        let id = sample();
+        let a = id.derive(b"split 1 colour 0");
+        assert_eq!(a, id.derive(b"split 1 colour 0"));
+        let others = [id.derive(b"split 1 colour 1"), id.derive(b"split 2 colour 0"), sample().derive(b""), id];
+        for other in others {
+            assert_ne!(a.segment_name(), other.segment_name());
+        }
+        // Everything but the token is the parent's: the same host and /dev/shm.
+        assert_eq!((a.shm_dev, a.shm_ino, a.boot_id), (id.shm_dev, id.shm_ino, id.boot_id));
     }
 
     #[test]

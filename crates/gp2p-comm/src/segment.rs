@@ -6,7 +6,7 @@
 //! | offset | bytes | what |
 //! | --- | --- | --- |
 //! | 0 | 64 | [`Header`]: magic, layout version, world size, staging size, creator pid, joined count |
-//! | 64 + 64 × rank | 64 | [`RankSlot`] of `rank`: the pid that joined as it, 0 while nobody has |
+//! | 64 + 64 × rank | 64 | [`RankSlot`] of `rank`: the pid that joined as it (0 while nobody has), and its words of the host exchange |
 //! | [`staging_offset`]`(world)` | staging bytes | the staging area, [`STAGING_ALIGN`]-aligned |
 
 #![allow(unsafe_code)]
@@ -27,6 +27,10 @@ use rustix::shm;
 use crate::error::{Error, Result};
 use crate::id::{NAME_PREFIX, SHM_DIR, UniqueId};
 
+mod exchange;
+
+pub use exchange::WORDS as HOST_WORDS;
+
 /// The largest world size a segment is made for.
 pub const MAX_WORLD: usize = 1024;
 /// How long [`Segment::join`] waits for the other ranks where the caller has no better figure.
@@ -42,8 +46,8 @@ const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"gp2pcomm");
 /// Version of the segment layout above and of what the communicator keeps in it; raised
 /// whenever either changes. 2: the one-kernel areas hold lines, then flagged chunks, and
 /// ranks publish the one-kernel size (not the lines' half) for each other to compare, so a
-/// build of version 1 must not join.
-const LAYOUT_VERSION: u32 = 2;
+/// build of version 1 must not join. 3: each rank's slot holds the host exchange's words.
+const LAYOUT_VERSION: u32 = 3;
 /// One cache line: the header and each rank's slot have one of their own, so no two writers
 /// share a line.
 const LINE: usize = 64;
@@ -94,6 +98,14 @@ struct Header {
 struct RankSlot {
     /// The process that joined as this rank, 0 while none has.
     pid: AtomicI32,
+    /// The host exchange's round whose words this rank has published (0: none yet).
+    round: AtomicU32,
+    /// The last round of the host exchange this rank has finished reading.
+    read: AtomicU32,
+    /// Keeps `words` 8-byte aligned.
+    _pad: AtomicU32,
+    /// This rank's words of the host exchange's current round.
+    words: [AtomicU64; exchange::WORDS],
 }
 
 const _: () = assert!(size_of::<Header>() == LINE && align_of::<Header>() == LINE);

@@ -48,6 +48,12 @@ impl DeviceInfo {
     pub fn is_supported(&self) -> bool {
         self.compute_capability >= MIN_COMPUTE_CAPABILITY
     }
+
+    /// The build of the kernels [`Device::open`] would load on it (see
+    /// [`Device::ptx_target`]), without opening it.
+    pub fn ptx_target(&self) -> Result<PtxTarget> {
+        ptx_target_for(self)
+    }
 }
 
 /// CUDA's view of one ordered device pair.
@@ -106,6 +112,38 @@ impl Device {
         // SAFETY: out-pointer to a local.
         check(unsafe { sys::cuDeviceGetCount(&mut count) }, "cuDeviceGetCount")?;
         Ok(usize::try_from(count).unwrap_or(0))
+    }
+
+    /// The ordinal of the device whose context is current on the calling thread (the CUDA
+    /// runtime's current device, once it has run anything there), or `None` where no context
+    /// is current. Opens nothing.
+    pub fn current_ordinal() -> Result<Option<usize>> {
+        init()?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+        if ctx.is_null() {
+            return Ok(None);
+        }
+        let mut dev: CUdevice = 0;
+        // SAFETY: a context is current; out-pointer to a local.
+        check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+        Ok(usize::try_from(dev).ok())
+    }
+
+    /// Whether device `ordinal` can access device `peer`'s memory directly
+    /// (`cuDeviceCanAccessPeer`), without opening either: what a process asks of devices it
+    /// will not use itself. A device can always access itself.
+    pub fn can_access_peer_ordinals(ordinal: usize, peer: usize) -> Result<bool> {
+        if ordinal == peer {
+            return Ok(true);
+        }
+        let (_, dev) = query(ordinal)?;
+        let (_, peer_dev) = query(peer)?;
+        let mut can: c_int = 0;
+        // SAFETY: two valid device handles; out-pointer to a local.
+        check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, peer_dev) }, "cuDeviceCanAccessPeer")?;
+        Ok(can != 0)
     }
 
     /// Describe every visible device, supported or not.
