@@ -1,0 +1,189 @@
+//! Who runs a communicator: the door or the real NCCL, decided once, from the facts every
+//! rank brings to the rendezvous, by the same pure function on every rank's behalf (the
+//! rendezvous runs it once and sends everyone the answer). Served: every rank on one host, at
+//! most [`MAX_RANKS`] of them, each on a device the communicator runs on, and no pair of their
+//! devices with usable P2P (`GP2P_NCCL=force` skips that last test). Otherwise handed over,
+//! for the communicator's whole life.
+
+use serde::{Deserialize, Serialize};
+
+use crate::env::Mode;
+
+/// The most ranks a served communicator takes (the communicator's own limit).
+pub const MAX_RANKS: usize = geforce_p2p::comm::MAX_RANKS;
+
+/// What one rank tells the rendezvous about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankFacts {
+    /// Its rank.
+    pub rank: usize,
+    /// The world size it was given.
+    pub nranks: usize,
+    /// Its host (`gp2p_comm::host_id`).
+    pub host: String,
+    /// Its `GP2P_NCCL`.
+    pub mode: Mode,
+    /// The door's version it runs (every rank must run the same).
+    pub door_version: String,
+    /// Its device, or why it has none the door can use.
+    pub device: Result<DeviceFacts, String>,
+    /// Whether it could load the real NCCL.
+    pub real_nccl: bool,
+}
+
+/// A rank's device, as the decision needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceFacts {
+    /// PCI bus id, lowercase `dddd:bb:dd.f`: what names one device across processes whose
+    /// CUDA ordinals differ.
+    pub pci_bus_id: String,
+    /// The device's name, for messages.
+    pub name: String,
+    /// Whether the communicator runs on it (the kernels' compute_80 build: Ampere and newer).
+    pub runs_communicator: bool,
+    /// The bus ids of the other devices it reaches by P2P that is on and safe.
+    pub p2p_with: Vec<String>,
+}
+
+/// The outcome for a communicator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// The door runs it.
+    Serve {
+        /// Why, for the log line.
+        reason: String,
+    },
+    /// The real NCCL runs it.
+    HandOver {
+        /// Why, for the log line.
+        reason: String,
+    },
+}
+
+/// Check that `facts` describe one communicator (every rank of it once, the same world size
+/// and door version), then decide it. `id_has_real`: the unique id carries a real NCCL id, as
+/// a hand-over needs; `maker_host`: the host of the process that made the id, where a served
+/// communicator's shared memory is made (`None`: made by the ranks themselves).
+///
+/// # Errors
+/// A message for every rank where the facts disagree, or where the communicator must go to the
+/// real NCCL and a rank (or the id) has none.
+pub fn decide(facts: &[RankFacts], id_has_real: bool, maker_host: Option<&str>) -> Result<Decision, String> {
+    check_consistent(facts)?;
+    // In rank order, so the reason names the same ranks whatever order they arrived in.
+    let mut facts = facts.to_vec();
+    facts.sort_by_key(|f| f.rank);
+    let decision = decide_consistent(&facts, maker_host);
+    if let Decision::HandOver { reason } = &decision {
+        let lacking: Vec<usize> = facts.iter().filter(|f| !f.real_nccl).map(|f| f.rank).collect();
+        if !id_has_real || !lacking.is_empty() {
+            let who = if lacking.is_empty() {
+                String::from("the process that made the unique id could not load it")
+            } else {
+                format!("rank(s) {} cannot load it", join(&lacking))
+            };
+            return Err(format!(
+                "this communicator must run on the real NCCL ({reason}), but {who}: install NCCL (pip install nvidia-nccl-cu12 or -cu13) or name its libnccl.so.2 in GP2P_NCCL_REAL"
+            ));
+        }
+    }
+    Ok(decision)
+}
+
+fn check_consistent(facts: &[RankFacts]) -> Result<(), String> {
+    let Some(first) = facts.first() else {
+        return Err(String::from("no rank arrived"));
+    };
+    let world = first.nranks;
+    if let Some(other) = facts.iter().find(|f| f.nranks != world) {
+        return Err(format!(
+            "rank {} was created with nranks={} and rank {} with nranks={world}: every rank must pass the same nranks",
+            other.rank, other.nranks, first.rank
+        ));
+    }
+    if let Some(other) = facts.iter().find(|f| f.door_version != first.door_version) {
+        return Err(format!(
+            "rank {} runs the NCCL door of geforce-p2p {} and rank {} runs {}: every rank must load the same geforce-p2p",
+            other.rank, other.door_version, first.rank, first.door_version
+        ));
+    }
+    let mut seen = vec![false; world];
+    for f in facts {
+        match seen.get_mut(f.rank) {
+            None => return Err(format!("rank {} is not below nranks={world}", f.rank)),
+            Some(true) => return Err(format!("two processes joined as rank {}: every rank must be unique", f.rank)),
+            Some(s) => *s = true,
+        }
+    }
+    if facts.len() != world {
+        let missing: Vec<usize> = (0..world).filter(|&r| !seen[r]).collect();
+        return Err(format!("rank(s) {} did not arrive", join(&missing)));
+    }
+    Ok(())
+}
+
+/// [`decide`] of facts already checked to be one whole communicator.
+fn decide_consistent(facts: &[RankFacts], maker_host: Option<&str>) -> Decision {
+    let hand_over = |reason: String| Decision::HandOver { reason };
+    let world = facts.len();
+    if let Some(off) = facts.iter().find(|f| f.mode == Mode::Off) {
+        return hand_over(format!("GP2P_NCCL=off on rank {}", off.rank));
+    }
+    if world > MAX_RANKS {
+        return hand_over(format!("{world} ranks; the door serves up to {MAX_RANKS}"));
+    }
+    let mut hosts: Vec<&str> = facts.iter().map(|f| f.host.as_str()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    if hosts.len() > 1 {
+        return hand_over(format!("its {world} ranks run on {} hosts", hosts.len()));
+    }
+    if maker_host.is_some_and(|maker| hosts.first().is_some_and(|&h| h != maker)) {
+        return hand_over(String::from("its ranks run on another host than the process that made the unique id"));
+    }
+    let mut devices = Vec::with_capacity(world);
+    for f in facts {
+        match &f.device {
+            Err(why) => return hand_over(format!("rank {} has no device the door can use: {why}", f.rank)),
+            Ok(d) if !d.runs_communicator => {
+                return hand_over(format!(
+                    "rank {}'s {} ({}) is older than the Ampere cards the door's communicator runs on",
+                    f.rank, d.name, d.pci_bus_id
+                ));
+            }
+            Ok(d) => devices.push((f.rank, d)),
+        }
+    }
+    let forced = facts.iter().find(|f| f.mode == Mode::Force);
+    if let Some(f) = forced {
+        return Decision::Serve { reason: format!("GP2P_NCCL=force on rank {}", f.rank) };
+    }
+    for (i, (rank_a, a)) in devices.iter().enumerate() {
+        for (rank_b, b) in &devices[i + 1..] {
+            let linked = a.pci_bus_id != b.pci_bus_id
+                && (a.p2p_with.contains(&b.pci_bus_id) || b.p2p_with.contains(&a.pci_bus_id));
+            if linked {
+                return hand_over(format!(
+                    "ranks {rank_a} and {rank_b} have P2P between {} and {}",
+                    a.pci_bus_id, b.pci_bus_id
+                ));
+            }
+        }
+    }
+    let mut buses: Vec<&str> = devices.iter().map(|(_, d)| d.pci_bus_id.as_str()).collect();
+    buses.sort_unstable();
+    buses.dedup();
+    let reason = match (world, buses.len()) {
+        (1, _) => String::from("one rank"),
+        (_, 1) => format!("its {world} ranks share one device"),
+        (_, n) => format!("no pair of its {n} devices has usable P2P"),
+    };
+    Decision::Serve { reason }
+}
+
+fn join(ranks: &[usize]) -> String {
+    ranks.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,170 @@
+//! The decision for described worlds.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn device(bus: &str, p2p_with: &[&str]) -> Result<DeviceFacts, String> {
+    Ok(DeviceFacts {
+        pci_bus_id: bus.into(),
+        name: "NVIDIA GeForce RTX 4090".into(),
+        runs_communicator: true,
+        p2p_with: p2p_with.iter().map(|s| (*s).to_owned()).collect(),
+    })
+}
+
+/// `world` ranks on one host, rank r on device `0000:0r:00.0`, no P2P anywhere.
+fn world(world: usize) -> Vec<RankFacts> {
+    (0..world)
+        .map(|rank| RankFacts {
+            rank,
+            nranks: world,
+            host: "box:boot".into(),
+            mode: Mode::Auto,
+            door_version: "0.1.0".into(),
+            device: device(&format!("0000:{:02x}:00.0", rank + 1), &[]),
+            real_nccl: true,
+        })
+        .collect()
+}
+
+fn served(d: &Result<Decision, String>) -> bool {
+    matches!(d, Ok(Decision::Serve { .. }))
+}
+
+#[test]
+fn one_host_without_p2p_is_served_and_says_why() {
+    let d = decide(&world(4), true, None);
+    assert_eq!(d, Ok(Decision::Serve { reason: "no pair of its 4 devices has usable P2P".into() }));
+    assert!(served(&decide(&world(1), false, None)), "one rank needs no real NCCL");
+}
+
+#[test]
+fn ranks_sharing_one_device_are_served() {
+    let mut facts = world(3);
+    for f in &mut facts {
+        f.device = device("0000:01:00.0", &[]);
+    }
+    assert_eq!(decide(&facts, true, None), Ok(Decision::Serve { reason: "its 3 ranks share one device".into() }));
+}
+
+#[test]
+fn ranks_on_another_host_than_the_id_maker_are_handed_over() {
+    let d = decide(&world(2), true, Some("launcher:boot"));
+    let reason = "its ranks run on another host than the process that made the unique id";
+    assert_eq!(d, Ok(Decision::HandOver { reason: reason.into() }));
+    assert!(served(&decide(&world(2), true, Some("box:boot"))));
+}
+
+#[test]
+fn two_hosts_are_handed_over() {
+    let mut facts = world(4);
+    facts[2].host = "other:boot".into();
+    assert_eq!(decide(&facts, true, None), Ok(Decision::HandOver { reason: "its 4 ranks run on 2 hosts".into() }));
+}
+
+#[test]
+fn nine_ranks_are_handed_over_even_when_forced() {
+    let mut facts = world(9);
+    facts[0].mode = Mode::Force;
+    assert_eq!(
+        decide(&facts, true, None),
+        Ok(Decision::HandOver { reason: "9 ranks; the door serves up to 8".into() })
+    );
+}
+
+#[test]
+fn a_p2p_pair_is_handed_over_unless_forced() {
+    let mut facts = world(4);
+    // Seen from one side only: rank 3 does not see rank 1's device (CUDA_VISIBLE_DEVICES).
+    facts[1].device = device("0000:02:00.0", &["0000:04:00.0"]);
+    let d = decide(&facts, true, None);
+    assert_eq!(
+        d,
+        Ok(Decision::HandOver { reason: "ranks 1 and 3 have P2P between 0000:02:00.0 and 0000:04:00.0".into() })
+    );
+    facts[3].mode = Mode::Force;
+    assert_eq!(decide(&facts, true, None), Ok(Decision::Serve { reason: "GP2P_NCCL=force on rank 3".into() }));
+}
+
+#[test]
+fn off_on_any_rank_hands_over_and_beats_force() {
+    let mut facts = world(2);
+    facts[0].mode = Mode::Force;
+    facts[1].mode = Mode::Off;
+    assert_eq!(decide(&facts, true, None), Ok(Decision::HandOver { reason: "GP2P_NCCL=off on rank 1".into() }));
+}
+
+#[test]
+fn a_device_the_communicator_cannot_run_on_is_handed_over() {
+    let mut facts = world(2);
+    facts[1].device = Err("no CUDA driver".into());
+    let d = decide(&facts, true, None);
+    assert_eq!(d, Ok(Decision::HandOver { reason: "rank 1 has no device the door can use: no CUDA driver".into() }));
+    let mut facts = world(2);
+    if let Ok(d) = &mut facts[0].device {
+        d.runs_communicator = false;
+    }
+    assert!(matches!(decide(&facts, true, None), Ok(Decision::HandOver { .. })));
+}
+
+#[test]
+fn a_hand_over_without_a_real_nccl_fails_on_every_rank_naming_the_fix() {
+    let mut facts = world(2);
+    facts[0].mode = Mode::Off;
+    facts[1].real_nccl = false;
+    let e = decide(&facts, true, None).expect_err("no real NCCL on rank 1");
+    assert!(e.contains("rank(s) 1 cannot load it") && e.contains("GP2P_NCCL_REAL"), "{e}");
+    let e = decide(&world(9), false, None).expect_err("no real id");
+    assert!(e.contains("made the unique id"), "{e}");
+}
+
+#[test]
+fn inconsistent_worlds_are_refused_by_name() {
+    let mut facts = world(3);
+    facts[2].nranks = 4;
+    assert!(decide(&facts, true, None).is_err_and(|e| e.contains("same nranks")));
+    let mut facts = world(3);
+    facts[1].rank = 0;
+    assert!(decide(&facts, true, None).is_err_and(|e| e.contains("two processes joined as rank 0")));
+    let facts = world(3);
+    assert!(decide(&facts[..2], true, None).is_err_and(|e| e.contains("rank(s) 2 did not arrive")));
+    let mut facts = world(2);
+    facts[1].door_version = "0.2.0".into();
+    assert!(decide(&facts, true, None).is_err_and(|e| e.contains("same geforce-p2p")));
+}
+
+proptest! {
+    /// Every rank gets the same answer whatever order the facts arrive in.
+    #[test]
+    fn the_decision_does_not_depend_on_arrival_order(
+        n in 1usize..10,
+        seed in any::<u64>(),
+        p2p in proptest::option::of((0usize..10, 0usize..10)),
+        off in proptest::option::of(0usize..10),
+        force in proptest::option::of(0usize..10),
+        other_host in proptest::option::of(0usize..10),
+    ) {
+        let mut facts = world(n);
+        if let Some((a, b)) = p2p && a < n && b < n {
+            let bus = format!("0000:{:02x}:00.0", b + 1);
+            facts[a].device = device(&format!("0000:{:02x}:00.0", a + 1), &[&bus]);
+        }
+        for (pick, mode) in [(off, Mode::Off), (force, Mode::Force)] {
+            if let Some(r) = pick && r < n {
+                facts[r].mode = mode;
+            }
+        }
+        if let Some(r) = other_host && r < n {
+            facts[r].host = "elsewhere".into();
+        }
+        let expected = decide(&facts, true, None);
+        let mut shuffled = facts.clone();
+        let mut state = seed;
+        for i in (1..shuffled.len()).rev() {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            shuffled.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        prop_assert_eq!(decide(&shuffled, true, None), expected);
+    }
+}

@@ -1,0 +1,76 @@
+//! What this rank brings to the rendezvous: its host, its `GP2P_NCCL`, whether it can load the
+//! real NCCL, and its device (the calling thread's current CUDA device, as NCCL takes it)
+//! with the devices it reaches by P2P that is on and safe. Read without opening any device:
+//! CUDA answers from its device handles, the probe from NVML, `/proc` and `/sys`.
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use geforce_p2p::Device;
+
+use crate::decision::{DeviceFacts, RankFacts};
+use crate::env::Mode;
+
+/// This rank's facts, and the CUDA ordinal of its device where it has one: `ordinal`, or the
+/// calling thread's current device.
+pub fn local(rank: usize, nranks: usize, mode: Mode, ordinal: Option<usize>) -> (RankFacts, Option<usize>) {
+    let device = device(ordinal);
+    let ordinal = device.as_ref().ok().map(|(o, _)| *o);
+    let facts = RankFacts {
+        rank,
+        nranks,
+        host: geforce_p2p::comm::host_id(),
+        mode,
+        door_version: env!("CARGO_PKG_VERSION").to_owned(),
+        device: device.map(|(_, d)| d),
+        // A rank that hands over by its own choice must have one; loading it costs no GPU.
+        real_nccl: crate::real::real().is_ok(),
+    };
+    (facts, ordinal)
+}
+
+/// Device `ordinal` (else the current one), as the decision needs it.
+fn device(ordinal: Option<usize>) -> Result<(usize, DeviceFacts), String> {
+    let ordinal = match ordinal {
+        Some(o) => o,
+        // No context current: device 0, as the CUDA runtime's default device.
+        None => Device::current_ordinal().map_err(|e| e.to_string())?.unwrap_or(0),
+    };
+    let all = Device::all_info().map_err(|e| e.to_string())?;
+    let own = all
+        .iter()
+        .find(|d| d.ordinal == ordinal)
+        .ok_or_else(|| format!("the current device {ordinal} is not among the {} CUDA devices visible", all.len()))?;
+    let runs_communicator = own.ptx_target().is_ok_and(|t| t.runs_line_exchange());
+    let distrusted = distrusted_pairs();
+    let own_bus = own.pci_bus_id.to_ascii_lowercase();
+    let mut p2p_with = Vec::new();
+    for other in all.iter().filter(|d| d.ordinal != ordinal) {
+        let bus = other.pci_bus_id.to_ascii_lowercase();
+        let on = Device::can_access_peer_ordinals(ordinal, other.ordinal).map_err(|e| e.to_string())?;
+        if on && !distrusted.contains(&(own_bus.clone(), bus.clone())) {
+            p2p_with.push(bus);
+        }
+    }
+    Ok((ordinal, DeviceFacts { pci_bus_id: own_bus, name: own.name.clone(), runs_communicator, p2p_with }))
+}
+
+/// The ordered pairs of devices (by lowercase bus id) whose P2P the probe finds unsafe or
+/// unchecked were it on: a BAR1 smaller than VRAM, a translating IOMMU. P2P there is not
+/// usable, whatever CUDA says, as the copy engine treats it (`geforce_p2p::guard_peer_routes`).
+fn distrusted_pairs() -> HashSet<(String, String)> {
+    static PAIRS: OnceLock<HashSet<(String, String)>> = OnceLock::new();
+    PAIRS
+        .get_or_init(|| {
+            let Ok(facts) = geforce_p2p::probe::collect_host() else {
+                return HashSet::new();
+            };
+            let bus = |ordinal: usize| facts.device(ordinal).map(|d| d.pci_bus_id.to_ascii_lowercase());
+            geforce_p2p::probe::verdicts_if_on(&facts)
+                .iter()
+                .filter(|v| v.peer_distrust().is_some())
+                .filter_map(|v| Some((bus(v.a)?, bus(v.b)?)))
+                .collect()
+        })
+        .clone()
+}

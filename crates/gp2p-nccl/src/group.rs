@@ -1,0 +1,162 @@
+//! `ncclGroupStart` / `ncclGroupEnd` on the calling thread: calls on served communicators
+//! between them are checked at once and enqueued together at the outermost end, each
+//! communicator's in the order every rank agrees on (`crate::plan::order_group`), and
+//! creations asked for inside run together there, so one thread can drive every rank of a
+//! clique. Nothing waits for another rank on the host except those creations.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::abi::{RawStream, RawUniqueId};
+use crate::error::{Error, Result};
+use crate::handles::Handle;
+use crate::init::{self, Request};
+use crate::plan::{Call, order_group};
+use crate::served::Served;
+
+/// A call held until the group ends.
+struct Held {
+    served: Arc<Served>,
+    call: Call,
+    /// The caller's stream (its address).
+    stream: usize,
+}
+
+#[derive(Default)]
+struct Group {
+    /// For each open `ncclGroupStart`, whether it also started a group of the real NCCL.
+    opened: Vec<bool>,
+    calls: Vec<Held>,
+    inits: Vec<(RawUniqueId, Request, Arc<Handle>)>,
+}
+
+thread_local! {
+    static GROUP: RefCell<Group> = RefCell::new(Group::default());
+}
+
+/// Whether a group is open on this thread.
+pub fn open() -> bool {
+    GROUP.with(|g| !g.borrow().opened.is_empty())
+}
+
+/// `ncclGroupStart`.
+///
+/// # Errors
+/// The real NCCL's, where it is loaded and refuses.
+pub fn start() -> Result<()> {
+    let real = crate::real::loaded();
+    if let Some(real) = real {
+        real.group_start()?;
+    }
+    GROUP.with(|g| g.borrow_mut().opened.push(real.is_some()));
+    Ok(())
+}
+
+/// Hold `call` of `served` on `stream` until the group ends.
+pub fn hold(served: Arc<Served>, call: Call, stream: RawStream) {
+    GROUP.with(|g| g.borrow_mut().calls.push(Held { served, call, stream: stream.expose_provenance() }));
+}
+
+/// Hold a creation until the group ends.
+pub fn hold_init(id: RawUniqueId, request: Request, handle: Arc<Handle>) {
+    GROUP.with(|g| g.borrow_mut().inits.push((id, request, handle)));
+}
+
+/// `ncclGroupEnd`: at the outermost end, run the held creations, then enqueue the held
+/// calls, communicator by communicator.
+///
+/// # Errors
+/// [`Error::Usage`] without a matching start; else the first failure (the calls of the
+/// other communicators are still enqueued).
+pub fn end() -> Result<()> {
+    let (started_real, outermost) = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        let started = g.opened.pop();
+        (started, g.opened.is_empty())
+    });
+    let Some(started_real) = started_real else {
+        return Err(Error::Usage { what: String::from("ncclGroupEnd without ncclGroupStart") });
+    };
+    let mut result = Ok(());
+    if outermost {
+        let (calls, inits) = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            (std::mem::take(&mut g.calls), std::mem::take(&mut g.inits))
+        });
+        if !inits.is_empty() {
+            init::create_all(inits);
+        }
+        result = run_held(calls);
+    }
+    if started_real && let Some(real) = crate::real::loaded() {
+        result = result.and(real.group_end());
+    }
+    result
+}
+
+/// `ncclGroupSimulateEnd`: end the group as [`end`] does but enqueue nothing: held calls are
+/// dropped, held creations fail. Returns whether this group also started one of the real
+/// NCCL's, which the caller then simulates there.
+///
+/// # Errors
+/// [`Error::Usage`] without a matching start.
+pub fn simulate_end() -> Result<bool> {
+    let (started_real, outermost) = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        let started = g.opened.pop();
+        (started, g.opened.is_empty())
+    });
+    let Some(started_real) = started_real else {
+        return Err(Error::Usage { what: String::from("ncclGroupSimulateEnd without ncclGroupStart") });
+    };
+    if outermost {
+        let inits = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            g.calls.clear();
+            std::mem::take(&mut g.inits)
+        });
+        for (_, _, handle) in inits {
+            let why = String::from("created inside a group that ncclGroupSimulateEnd ended: nothing was created");
+            handle.settle(crate::handles::State::Failed(crate::abi::Code::InvalidUsage, why));
+        }
+    }
+    Ok(started_real && crate::real::loaded().is_some())
+}
+
+/// Enqueue held calls: each communicator's together, communicators in the order first used.
+fn run_held(calls: Vec<Held>) -> Result<()> {
+    /// One communicator's held calls, each with its stream.
+    type PerComm = (Arc<Served>, Vec<(Call, RawStream)>);
+    let mut by_comm: Vec<PerComm> = Vec::new();
+    for held in calls {
+        let stream: RawStream = std::ptr::with_exposed_provenance_mut(held.stream);
+        match by_comm.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &held.served)) {
+            Some((_, list)) => list.push((held.call, stream)),
+            None => by_comm.push((held.served, vec![(held.call, stream)])),
+        }
+    }
+    let mut first_error = Ok(());
+    for (served, calls) in by_comm {
+        let ran = order_group(&calls, served.rank).and_then(|ordered| served.run(&ordered));
+        if let Err(e) = ran
+            && first_error.is_ok()
+        {
+            first_error = Err(e);
+        }
+    }
+    first_error
+}
+
+/// Run one call of `served` now, or hold it where a group is open.
+///
+/// # Errors
+/// Its check's error at once (in a group too); outside a group, its enqueue's.
+pub fn call(served: Arc<Served>, call: Call, stream: RawStream) -> Result<()> {
+    call.check(served.rank, served.world)?;
+    if open() {
+        hold(served, call, stream);
+        return Ok(());
+    }
+    let ordered = order_group(&[(call, stream)], served.rank)?;
+    served.run(&ordered)
+}

@@ -1,0 +1,134 @@
+//! The door's communicator handles: an `ncclComm_t` the door made points at a registered
+//! [`Handle`]; any other non-null value is the real NCCL's own communicator (handed over
+//! without a wrapper where it was made in one call) and goes to the real NCCL untouched.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, LazyLock, Mutex, PoisonError};
+
+use crate::abi::{Code, RawComm};
+use crate::error::{Error, Result};
+use crate::served::Served;
+
+/// What a door-made communicator is now.
+#[derive(Clone)]
+pub enum State {
+    /// Being created (non-blocking, or in a group until `ncclGroupEnd`).
+    Pending,
+    /// Served by the door.
+    Served(Arc<Served>),
+    /// Handed over: the real NCCL's communicator (its address).
+    Real(usize),
+    /// Creation failed: the code and message every later call returns.
+    Failed(Code, String),
+}
+
+/// A door-made communicator.
+pub struct Handle {
+    state: Mutex<State>,
+    settled: Condvar,
+}
+
+impl Handle {
+    /// Its state now.
+    pub fn state(&self) -> State {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Settle a pending handle.
+    pub fn settle(&self, state: State) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state;
+        self.settled.notify_all();
+    }
+
+    /// Its state once it is no longer pending (creation always ends: the rendezvous and the
+    /// joins are bounded).
+    pub fn wait_settled(&self) -> State {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while matches!(*state, State::Pending) {
+            state = self.settled.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+        state.clone()
+    }
+}
+
+/// Every live door-made handle, by address.
+static HANDLES: LazyLock<Mutex<HashMap<usize, Arc<Handle>>>> = LazyLock::new(Mutex::default);
+
+fn handles() -> std::sync::MutexGuard<'static, HashMap<usize, Arc<Handle>>> {
+    HANDLES.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Register a new handle in `state`; its address is the `ncclComm_t` to hand out.
+pub fn register(state: State) -> (RawComm, Arc<Handle>) {
+    let handle = Arc::new(Handle { state: Mutex::new(state), settled: Condvar::new() });
+    let address = Arc::as_ptr(&handle) as usize;
+    handles().insert(address, Arc::clone(&handle));
+    (std::ptr::without_provenance_mut(address), handle)
+}
+
+/// Forget a handle (`ncclCommDestroy`, `ncclCommAbort`); the communicator it held goes when
+/// its last user does.
+pub fn unregister(comm: RawComm) -> Option<Arc<Handle>> {
+    handles().remove(&(comm as usize))
+}
+
+/// What an `ncclComm_t` names.
+pub enum Target {
+    /// A door-made handle.
+    Door(Arc<Handle>),
+    /// The real NCCL's communicator.
+    Real(RawComm),
+}
+
+/// What `comm` names.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for null, or for a value that is neither a door handle nor
+/// possibly the real NCCL's (the real NCCL is not loaded, so none of its communicators
+/// exists).
+pub fn resolve(comm: RawComm) -> Result<Target> {
+    if comm.is_null() {
+        return Err(Error::argument("comm", "null: pass a communicator made by ncclCommInitRank or its kin"));
+    }
+    if let Some(handle) = handles().get(&(comm as usize)) {
+        return Ok(Target::Door(Arc::clone(handle)));
+    }
+    if crate::real::loaded().is_some() {
+        return Ok(Target::Real(comm));
+    }
+    Err(Error::argument("comm", format!("{comm:p} is not a communicator (destroyed already, or never made)")))
+}
+
+/// What a handle's calls go to now: the served communicator, or the real one's address.
+///
+/// # Errors
+/// [`Error::InProgress`] while it is being created; the creation's error once it failed.
+pub fn live(handle: &Handle) -> Result<Live> {
+    match handle.state() {
+        State::Pending => Err(Error::InProgress),
+        State::Served(served) => Ok(Live::Served(served)),
+        State::Real(real) => Ok(Live::Real(std::ptr::with_exposed_provenance_mut(real))),
+        State::Failed(code, message) => {
+            Err(Error::Usage { what: format!("this communicator's creation failed ({code:?}): {message}") })
+        }
+    }
+}
+
+/// A communicator ready for calls.
+pub enum Live {
+    /// Served by the door.
+    Served(Arc<Served>),
+    /// The real NCCL's.
+    Real(RawComm),
+}
+
+/// What `comm` names, ready for a call.
+///
+/// # Errors
+/// As [`resolve`] and [`live`].
+pub fn target(comm: RawComm) -> Result<Live> {
+    match resolve(comm)? {
+        Target::Door(handle) => live(&handle),
+        Target::Real(real) => Ok(Live::Real(real)),
+    }
+}

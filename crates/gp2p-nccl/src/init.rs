@@ -1,0 +1,201 @@
+//! Making communicators: `ncclGetUniqueId` (a door id naming a fresh rendezvous, with the
+//! real NCCL's id inside), and the one creation every init function comes down to
+//! ([`create`]): this rank's facts to the rendezvous, the verdict back, then the served
+//! communicator joined or the real one made. Creation blocks its thread (as NCCL's blocking
+//! init does); where the caller must not be blocked (non-blocking config, inside a group) it
+//! runs on a thread of its own and settles a pending handle.
+
+use std::ffi::c_int;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use geforce_p2p::Device;
+use geforce_p2p::comm::{CommOptions, Communicator, UniqueId};
+
+use crate::abi::{Code, RawComm, RawUniqueId};
+use crate::config::Config;
+use crate::decision::Decision;
+use crate::env::{self, Mode};
+use crate::error::{Error, Result};
+use crate::handles::{self, Handle, State};
+use crate::id::{DoorId, fresh_secret, real_root_address};
+use crate::rendezvous::{self, Maker};
+use crate::served::Served;
+
+/// `ncclGetUniqueId`: with the door off, the real NCCL's id; else a door id naming a new
+/// rendezvous in this process, carrying the real id where the real NCCL loads.
+///
+/// # Errors
+/// [`Error::Environment`] for a bad `GP2P_NCCL`; [`Error::Rendezvous`] where no listener can
+/// be opened; the real NCCL's error where it is off and fails.
+pub fn unique_id() -> Result<RawUniqueId> {
+    let mode = Mode::current()?;
+    let real_id = match crate::real::real() {
+        Ok(real) => Some(real.unique_id()?),
+        Err(e) if mode == Mode::Off => return Err(e),
+        Err(_) => None,
+    };
+    if mode == Mode::Off {
+        // Off: the real id untouched, so every rank hands over without a rendezvous.
+        return real_id.ok_or_else(|| Error::RealNccl { problem: String::from("not loaded") });
+    }
+    let ip = real_id.as_ref().and_then(real_root_address).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let secret = fresh_secret()?;
+    let maker = Maker {
+        secret,
+        id_has_real: real_id.is_some(),
+        host: geforce_p2p::comm::host_id(),
+        timeout: env::timeout()?,
+        comm_id: Box::new(|| UniqueId::new().map(|id| id.to_string()).map_err(|e| e.to_string())),
+    };
+    let addr = rendezvous::listen(ip, maker)?;
+    Ok(DoorId::new(addr, secret, real_id)?.to_raw())
+}
+
+/// How one creation is asked for.
+#[derive(Clone)]
+pub struct Request {
+    /// The world size.
+    pub nranks: usize,
+    /// This rank.
+    pub rank: usize,
+    /// The device to create it on (the caller's current device when it was asked).
+    pub ordinal: Option<usize>,
+    /// The caller's config, for the real NCCL.
+    pub config: Option<Arc<Config>>,
+}
+
+/// What a creation made.
+pub enum Made {
+    /// A served communicator.
+    Served(Arc<Served>),
+    /// The real NCCL's communicator.
+    Real(RawComm),
+}
+
+/// Check an init's `nranks` and `rank`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the argument.
+pub fn check_rank(nranks: c_int, rank: c_int) -> Result<(usize, usize)> {
+    let nranks = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| Error::argument("nranks", format!("{nranks}: pass at least 1")))?;
+    let rank = usize::try_from(rank)
+        .ok()
+        .filter(|&r| r < nranks)
+        .ok_or_else(|| Error::argument("rank", format!("{rank} is not in 0..{nranks}")))?;
+    Ok((nranks, rank))
+}
+
+/// Create one rank's communicator with `id` (a door id, or the real NCCL's).
+///
+/// # Errors
+/// Whatever the rendezvous, the communicator's join or the real NCCL's init returns.
+pub fn create(id: &RawUniqueId, request: &Request) -> Result<Made> {
+    let Some(door) = DoorId::from_raw(id)? else {
+        return real_init(id, request);
+    };
+    let mode = Mode::current()?;
+    let (facts, ordinal) = crate::facts::local(request.rank, request.nranks, mode, request.ordinal);
+    let verdict = rendezvous::join(door.rendezvous, &door.secret, &facts, env::timeout()?)?;
+    let line = describe(&verdict.decision, request.rank, request.nranks);
+    if request.rank == 0 {
+        crate::log::decision(&line);
+    } else {
+        crate::log::info(&line);
+    }
+    match verdict.decision {
+        Decision::Serve { .. } => {
+            let comm_id: UniqueId = verdict
+                .comm_id
+                .as_deref()
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e: geforce_p2p::comm::Error| Error::Library(e.into()))?;
+            let ordinal = ordinal.ok_or_else(|| Error::Usage { what: String::from("no CUDA device to serve on") })?;
+            serve(&comm_id, request, ordinal)
+        }
+        Decision::HandOver { .. } => {
+            let real = door
+                .real
+                .ok_or_else(|| Error::RealNccl { problem: String::from("the unique id carries no real NCCL id") })?;
+            real_init(&real, request)
+        }
+    }
+}
+
+/// Join the served communicator `comm_id` as `request`'s rank on device `ordinal`.
+pub fn serve(comm_id: &UniqueId, request: &Request, ordinal: usize) -> Result<Made> {
+    let lib = |e: geforce_p2p::Error| Error::Library(e);
+    let device = Device::open(ordinal).map_err(|e| lib(e.into()))?;
+    let options = CommOptions { join_timeout: env::timeout()?, ..CommOptions::for_world(request.nranks) };
+    let comm = Communicator::new(comm_id, request.rank, request.nranks, &device, options).map_err(|e| lib(e.into()))?;
+    Ok(Made::Served(Arc::new(Served::new(comm))))
+}
+
+/// The log line of a decision.
+fn describe(decision: &Decision, rank: usize, nranks: usize) -> String {
+    match decision {
+        Decision::Serve { reason } => {
+            format!("on: serving a communicator of {nranks} rank(s) ({reason}) [rank {rank}]")
+        }
+        Decision::HandOver { reason } => {
+            let real = crate::real::loaded().map(|r| format!(" {}", r.path.display())).unwrap_or_default();
+            format!("on: handing a communicator of {nranks} rank(s) to the real NCCL{real} ({reason}) [rank {rank}]")
+        }
+    }
+}
+
+/// Make the real NCCL's communicator with the real `id`, on `request`'s device.
+fn real_init(id: &RawUniqueId, request: &Request) -> Result<Made> {
+    let real = crate::real::real()?;
+    if let Some(ordinal) = request.ordinal {
+        // The real NCCL takes the calling thread's current device.
+        Device::open(ordinal).and_then(|d| d.bind()).map_err(|e| Error::Library(e.into()))?;
+    }
+    let (nranks, rank) =
+        (c_int::try_from(request.nranks).unwrap_or(c_int::MAX), c_int::try_from(request.rank).unwrap_or(0));
+    Ok(Made::Real(real.init_rank(nranks, id, rank, request.config.as_deref())?))
+}
+
+/// The state a finished creation leaves its handle in.
+pub fn settled(made: Result<Made>) -> State {
+    match made {
+        Ok(Made::Served(served)) => State::Served(served),
+        Ok(Made::Real(comm)) => State::Real(comm.expose_provenance()),
+        Err(e) => {
+            crate::error::remember(&e.to_string());
+            State::Failed(e.code(), e.to_string())
+        }
+    }
+}
+
+/// Create on a thread of its own, returning a pending handle at once.
+pub fn create_later(id: RawUniqueId, request: Request) -> RawComm {
+    let (comm, handle) = handles::register(State::Pending);
+    let worker = Arc::clone(&handle);
+    let spawned = std::thread::Builder::new()
+        .name("gp2p-nccl-init".into())
+        .spawn(move || worker.settle(settled(create(&id, &request))));
+    if let Err(e) = spawned {
+        handle.settle(State::Failed(Code::SystemError, format!("cannot start the creation thread: {e}")));
+    }
+    comm
+}
+
+/// Create several ranks at once (each on a thread, as they wait for each other), for
+/// `ncclCommInitAll` and the inits of a group. Returns when all are made or failed.
+pub fn create_all(jobs: Vec<(RawUniqueId, Request, Arc<Handle>)>) {
+    std::thread::scope(|s| {
+        for (id, request, handle) in &jobs {
+            let made = std::thread::Builder::new()
+                .name("gp2p-nccl-init".into())
+                .spawn_scoped(s, move || handle.settle(settled(create(id, request))));
+            if let Err(e) = made {
+                handle.settle(State::Failed(Code::SystemError, format!("cannot start a creation thread: {e}")));
+            }
+        }
+    });
+}

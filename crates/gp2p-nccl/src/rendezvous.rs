@@ -1,0 +1,220 @@
+//! The rendezvous a door id names: a TCP listener in the process that made the id (as NCCL's
+//! bootstrap root is), which takes every rank's facts, decides the communicator once
+//! ([`crate::decision::decide`]) and sends every rank the same answer. A peer must open with
+//! the id's secret: any other connection is closed unread, so what the listener holds is of no
+//! use to another user of the host (or network). It serves one communicator and stops once
+//! every rank has its answer, or at its deadline.
+//!
+//! Messages: the client sends the secret, then a length (u32, big-endian) and its
+//! [`RankFacts`] as JSON; the server answers with a length and an [`Answer`] as JSON.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{Decision, RankFacts, decide};
+use crate::error::{Error, Result};
+use crate::id::SECRET_BYTES;
+
+/// The largest message either side takes: facts and answers are a few hundred bytes a rank.
+const MAX_MESSAGE: u32 = 1 << 20;
+/// How long the listener waits for a connection's secret and facts before dropping it, so a
+/// stranger that connects and says nothing cannot hold the ranks up.
+const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause between polls of the non-blocking listener.
+const ACCEPT_POLL: Duration = Duration::from_millis(1);
+/// Pause between connection attempts of a rank.
+const CONNECT_RETRY: Duration = Duration::from_millis(20);
+
+/// What every rank of a communicator gets back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// Served or handed over, and why.
+    pub decision: Decision,
+    /// For a served communicator, the gp2p-comm unique id (hex) its ranks join.
+    pub comm_id: Option<String>,
+    /// Every rank's facts, in rank order.
+    pub facts: Vec<RankFacts>,
+}
+
+/// The answer on the wire: the verdict, or why there is none (the same for every rank).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The verdict or the failure.
+    pub result: std::result::Result<Verdict, String>,
+}
+
+/// What the listener needs to decide besides the ranks' facts.
+pub struct Maker {
+    /// The secret every peer must open with.
+    pub secret: [u8; SECRET_BYTES],
+    /// Whether the id carries a real NCCL id.
+    pub id_has_real: bool,
+    /// This process's host (`gp2p_comm::host_id`): a served communicator's shared memory is
+    /// made here, so its ranks must run here.
+    pub host: String,
+    /// How long to wait for every rank.
+    pub timeout: Duration,
+    /// Makes the gp2p-comm id of a served communicator.
+    pub comm_id: CommIdMaker,
+}
+
+/// Makes the gp2p-comm id (hex) of a served communicator, or says why it cannot.
+pub type CommIdMaker = Box<dyn FnOnce() -> std::result::Result<String, String> + Send>;
+
+/// Listen on `ip` (port chosen by the system) and serve one communicator's rendezvous on a
+/// thread of its own. Returns the address to put in the id.
+///
+/// # Errors
+/// [`Error::Rendezvous`] where no socket can be bound or the thread not started.
+pub fn listen(ip: IpAddr, maker: Maker) -> Result<SocketAddr> {
+    let fail = |what: &str, e: std::io::Error| Error::Rendezvous { problem: format!("{what} on {ip}: {e}") };
+    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| fail("cannot listen", e))?;
+    listener.set_nonblocking(true).map_err(|e| fail("cannot poll the listener", e))?;
+    let addr = listener.local_addr().map_err(|e| fail("no local address", e))?;
+    std::thread::Builder::new()
+        .name("gp2p-nccl-rendezvous".into())
+        .spawn(move || serve(&listener, maker))
+        .map_err(|e| fail("cannot start the rendezvous thread", e))?;
+    Ok(addr)
+}
+
+/// The listener's loop: gather facts until every rank is in, answer all, stop.
+fn serve(listener: &TcpListener, maker: Maker) {
+    let deadline = Instant::now() + maker.timeout;
+    let mut peers: Vec<(TcpStream, RankFacts)> = Vec::new();
+    let mut comm_id = Some(maker.comm_id);
+    loop {
+        let expected = peers.first().map(|(_, f)| f.nranks);
+        if expected.is_some_and(|n| peers.len() >= n) || Instant::now() >= deadline {
+            break;
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Some(facts) = greet(stream, &maker.secret) {
+                    peers.push(facts);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+            Err(_) => std::thread::sleep(ACCEPT_POLL),
+        }
+    }
+    let mut facts: Vec<RankFacts> = peers.iter().map(|(_, f)| f.clone()).collect();
+    facts.sort_by_key(|f| f.rank);
+    let result = if peers.is_empty() {
+        return;
+    } else if Instant::now() >= deadline && facts.len() < facts[0].nranks {
+        let missing = facts[0].nranks - facts.len();
+        Err(format!(
+            "{missing} of {} ranks did not arrive within {:?} (set GP2P_NCCL_TIMEOUT to wait longer)",
+            facts[0].nranks, maker.timeout
+        ))
+    } else {
+        verdict(facts, maker.id_has_real, &maker.host, comm_id.take())
+    };
+    let answer = Answer { result };
+    for (mut stream, _) in peers {
+        // A rank that went away meanwhile learns nothing; the others still get their answer.
+        let _ = send(&mut stream, &answer);
+    }
+}
+
+/// The verdict for a whole set of facts: the decision, and a served communicator's id.
+fn verdict(
+    facts: Vec<RankFacts>,
+    id_has_real: bool,
+    host: &str,
+    comm_id: Option<CommIdMaker>,
+) -> std::result::Result<Verdict, String> {
+    let decision = decide(&facts, id_has_real, Some(host))?;
+    let comm_id = match &decision {
+        Decision::Serve { .. } => Some(comm_id.ok_or("the communicator's id was already made")?()?),
+        Decision::HandOver { .. } => None,
+    };
+    Ok(Verdict { decision, comm_id, facts })
+}
+
+/// Read a new connection's secret and facts; `None` (and the connection closed) for anything
+/// else.
+fn greet(mut stream: TcpStream, secret: &[u8; SECRET_BYTES]) -> Option<(TcpStream, RankFacts)> {
+    stream.set_nonblocking(false).ok()?;
+    stream.set_read_timeout(Some(GREETING_TIMEOUT)).ok()?;
+    let mut presented = [0u8; SECRET_BYTES];
+    stream.read_exact(&mut presented).ok()?;
+    if !same_secret(&presented, secret) {
+        return None;
+    }
+    let facts: RankFacts = receive(&mut stream).ok()?;
+    stream.set_read_timeout(None).ok()?;
+    Some((stream, facts))
+}
+
+/// Compare secrets in time that does not depend on where they differ.
+fn same_secret(a: &[u8; SECRET_BYTES], b: &[u8; SECRET_BYTES]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Join the rendezvous at `addr` as the rank `facts` describes, and wait (at most `timeout`)
+/// for the answer every rank gets.
+///
+/// # Errors
+/// [`Error::Rendezvous`] where the listener cannot be reached, goes away, or answers with a
+/// failure (the same for every rank).
+pub fn join(addr: SocketAddr, secret: &[u8; SECRET_BYTES], facts: &RankFacts, timeout: Duration) -> Result<Verdict> {
+    let deadline = Instant::now() + timeout;
+    let fail = |problem: String| Error::Rendezvous { problem };
+    let mut stream = connect(addr, deadline).map_err(|e| {
+        fail(format!(
+            "cannot reach the rendezvous at {addr} ({e}): is the process that called ncclGetUniqueId still running, and reachable from this host?"
+        ))
+    })?;
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    stream.set_read_timeout(Some(left)).map_err(|e| fail(format!("socket: {e}")))?;
+    stream.write_all(secret).map_err(|e| fail(format!("sending to {addr}: {e}")))?;
+    send(&mut stream, facts).map_err(|e| fail(format!("sending to {addr}: {e}")))?;
+    let answer: Answer = receive(&mut stream).map_err(|e| {
+        fail(format!(
+            "no answer from {addr} within {timeout:?} ({e}): did every rank call ncclCommInitRank with this id?"
+        ))
+    })?;
+    answer.result.map_err(fail)
+}
+
+fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+            Ok(stream) => return Ok(stream),
+            Err(e) if Instant::now() + CONNECT_RETRY >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(CONNECT_RETRY),
+        }
+    }
+}
+
+fn send<T: Serialize>(stream: &mut TcpStream, value: &T) -> std::io::Result<()> {
+    let body = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|&l| l <= MAX_MESSAGE)
+        .ok_or_else(|| std::io::Error::other("message too long"))?;
+    stream.write_all(&len.to_be_bytes())?;
+    stream.write_all(&body)?;
+    stream.flush()
+}
+
+fn receive<T: for<'de> Deserialize<'de>>(stream: &mut TcpStream) -> std::io::Result<T> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len)?;
+    let len = u32::from_be_bytes(len);
+    if len > MAX_MESSAGE {
+        return Err(std::io::Error::other(format!("a message of {len} bytes")));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests;

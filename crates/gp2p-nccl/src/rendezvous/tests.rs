@@ -1,0 +1,106 @@
+//! The rendezvous on loopback, ranks as threads.
+
+use std::net::Ipv4Addr;
+
+use super::*;
+use crate::decision::DeviceFacts;
+use crate::env::Mode;
+
+fn facts(rank: usize, nranks: usize) -> RankFacts {
+    RankFacts {
+        rank,
+        nranks,
+        host: "box:boot".into(),
+        mode: Mode::Auto,
+        door_version: "0.1.0".into(),
+        device: Ok(DeviceFacts {
+            pci_bus_id: format!("0000:{:02x}:00.0", rank + 1),
+            name: "card".into(),
+            runs_communicator: true,
+            p2p_with: vec![],
+        }),
+        real_nccl: true,
+    }
+}
+
+fn maker(secret: [u8; SECRET_BYTES], timeout: Duration) -> Maker {
+    Maker {
+        secret,
+        id_has_real: true,
+        host: "box:boot".into(),
+        timeout,
+        comm_id: Box::new(|| Ok(String::from("abcd"))),
+    }
+}
+
+fn join_all(addr: SocketAddr, secret: [u8; SECRET_BYTES], all: Vec<RankFacts>) -> Vec<Result<Verdict>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> =
+            all.iter().map(|f| s.spawn(move || join(addr, &secret, f, Duration::from_secs(20)))).collect();
+        handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    })
+}
+
+#[test]
+fn every_rank_gets_the_same_verdict_and_a_stranger_gets_nothing() {
+    let secret = [3; SECRET_BYTES];
+    let addr = listen(Ipv4Addr::LOCALHOST.into(), maker(secret, Duration::from_secs(20))).expect("listens");
+    // A stranger with the wrong secret, before the ranks: closed unread, and not counted.
+    let mut stranger = TcpStream::connect(addr).expect("connects");
+    stranger.write_all(&[9; SECRET_BYTES]).expect("writes");
+    let _ = send(&mut stranger, &facts(0, 4));
+    let results = join_all(addr, secret, (0..4).map(|r| facts(r, 4)).collect());
+    let first = results[0].as_ref().expect("rank 0 joins");
+    assert_eq!(first.comm_id.as_deref(), Some("abcd"));
+    assert!(matches!(first.decision, Decision::Serve { .. }));
+    assert_eq!(first.facts.iter().map(|f| f.rank).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    for r in &results {
+        assert_eq!(r.as_ref().ok(), Some(first));
+    }
+    let mut nothing = Vec::new();
+    let _ = stranger.read_to_end(&mut nothing);
+    assert!(nothing.is_empty(), "the stranger got {} bytes", nothing.len());
+}
+
+#[test]
+fn ranks_that_disagree_all_get_the_same_refusal() {
+    let secret = [4; SECRET_BYTES];
+    let addr = listen(Ipv4Addr::LOCALHOST.into(), maker(secret, Duration::from_secs(2))).expect("listens");
+    let mut all: Vec<RankFacts> = (0..3).map(|r| facts(r, 3)).collect();
+    all[1].nranks = 2;
+    let results = join_all(addr, secret, all);
+    let messages: Vec<String> = results.into_iter().map(|r| r.expect_err("refused").to_string()).collect();
+    assert!(messages.iter().all(|m| m == &messages[0]), "{messages:?}");
+    assert!(messages[0].contains("same nranks") || messages[0].contains("did not arrive"), "{}", messages[0]);
+}
+
+#[test]
+fn a_missing_rank_fails_the_others_within_the_timeout_by_name() {
+    let secret = [5; SECRET_BYTES];
+    let addr = listen(Ipv4Addr::LOCALHOST.into(), maker(secret, Duration::from_millis(300))).expect("listens");
+    let started = Instant::now();
+    let results = join_all(addr, secret, (0..2).map(|r| facts(r, 3)).collect());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    for r in results {
+        let e = r.expect_err("a rank is missing").to_string();
+        assert!(e.contains("1 of 3 ranks did not arrive") && e.contains("GP2P_NCCL_TIMEOUT"), "{e}");
+    }
+}
+
+#[test]
+fn a_rendezvous_nobody_listens_on_is_named() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binds");
+    let addr = listener.local_addr().expect("address");
+    drop(listener);
+    let e = join(addr, &[0; SECRET_BYTES], &facts(0, 1), Duration::from_millis(200)).expect_err("nobody there");
+    assert!(e.to_string().contains("ncclGetUniqueId"), "{e}");
+}
+
+#[test]
+fn secrets_compare_whole() {
+    let a = [1u8; SECRET_BYTES];
+    let mut b = a;
+    assert!(same_secret(&a, &b));
+    b[SECRET_BYTES - 1] = 0;
+    assert!(!same_secret(&a, &b));
+}

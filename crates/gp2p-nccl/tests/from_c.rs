@@ -1,0 +1,211 @@
+//! The door as C programs meet it: a driver linked against a `libnccl.so.2` with the door
+//! preloaded in its place, a stand-in for the real NCCL that records every call it gets, and
+//! no GPU. Ranks are processes (the driver forks them); every rank of a communicator must
+//! reach the same decision through the rendezvous the unique id names, and every call on a
+//! handed-over communicator must reach the real library with its arguments untouched.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failing is how it reports
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+mod support;
+use support::door;
+
+/// A folder of this test's own under the target folder.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gp2p-nccl-from-c").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    dir
+}
+
+fn gcc(args: &[&str]) {
+    let out = Command::new("gcc").args(args).output().expect("gcc runs (the door's C tests need a C compiler)");
+    assert!(out.status.success(), "gcc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The stand-in NCCL (as `<dir>/standin/libnccl.so.2`) and the driver linked against it.
+fn build(dir: &Path) -> (PathBuf, PathBuf) {
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("c");
+    let standin_dir = dir.join("standin");
+    std::fs::create_dir_all(&standin_dir).expect("folder");
+    let standin = standin_dir.join("libnccl.so.2");
+    let (standin_s, source) = (standin.to_string_lossy().into_owned(), sources.join("standin.c"));
+    gcc(&["-shared", "-fPIC", "-Wall", "-Wl,-soname,libnccl.so.2", "-o", &standin_s, &source.to_string_lossy()]);
+    let driver = dir.join("driver");
+    let rpath = format!("-Wl,-rpath,{}", standin_dir.display());
+    let (driver_s, source) = (driver.to_string_lossy().into_owned(), sources.join("driver.c"));
+    gcc(&["-Wall", "-o", &driver_s, &source.to_string_lossy(), &standin_s, &rpath]);
+    (standin, driver)
+}
+
+/// What one run printed, and what the stand-in recorded.
+struct Run {
+    stdout: String,
+    stderr: String,
+    log: String,
+}
+
+impl Run {
+    fn lines(&self, prefix: &str) -> Vec<&str> {
+        self.stdout.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    fn calls(&self, name: &str) -> Vec<&str> {
+        self.log.lines().filter(|l| l.split(' ').next() == Some(name)).collect()
+    }
+}
+
+/// Run the driver's `scenario` with the door preloaded and `env` set; no GPU is used
+/// (`CUDA_VISIBLE_DEVICES` is empty), so the door finds no device to serve on.
+fn run(dir: &Path, driver: &Path, scenario: &[&str], env: &[(&str, &str)]) -> Run {
+    let log = dir.join(format!("{}.log", scenario.join("-")));
+    let _ = std::fs::remove_file(&log);
+    let mut cmd = Command::new(driver);
+    cmd.args(scenario)
+        .env("LD_PRELOAD", door())
+        .env("STANDIN_LOG", &log)
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .env("GP2P_NCCL_TIMEOUT", "30")
+        .env_remove("GP2P_NCCL")
+        .env_remove("GP2P_NCCL_REAL")
+        .env_remove("NCCL_DEBUG")
+        .env_remove("LD_LIBRARY_PATH");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the driver runs");
+    assert!(out.status.success(), "driver {scenario:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    Run {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        log: std::fs::read_to_string(&log).unwrap_or_default(),
+    }
+}
+
+/// The stand-in's unique id, first 16 bytes in hex.
+const STANDIN_ID: &str = "5a5a5a5a11223344020012347f000001";
+/// The door id's magic in hex (`gp2pDOOR`).
+const DOOR_MAGIC: &str = "67703270444f4f52";
+
+#[test]
+fn every_rank_hands_over_through_the_rendezvous_and_every_call_reaches_the_real_nccl_untouched() {
+    let dir = scratch("hand-over");
+    let (standin, driver) = build(&dir);
+    let standin = standin.to_string_lossy().into_owned();
+    let r = run(&dir, &driver, &["ranks", "3"], &[("GP2P_NCCL_REAL", &standin)]);
+    assert_eq!(r.lines("version"), ["version 0 22703 22703"], "the real library's version, through the alias too");
+    let id = r.lines("unique_id");
+    assert!(id.len() == 1 && id[0].starts_with(&format!("unique_id 0 {DOOR_MAGIC}")), "{id:?}");
+    for rank in 0..3 {
+        for (what, expected) in [
+            ("init", "0"),
+            ("allreduce", "0"),
+            ("bcast", "0"),
+            ("count", "0 100"),
+            ("async", "0 0"),
+            ("group", "0 0"),
+            ("destroy", "0"),
+        ] {
+            let line = format!("rank {rank} {what} {expected}");
+            assert!(r.stdout.lines().any(|l| l.starts_with(&line)), "no `{line}` in:\n{}\n{}", r.stdout, r.stderr);
+        }
+        let init = format!("ncclCommInitRank nranks=3 rank={rank} id={STANDIN_ID} rest_zero=1");
+        assert!(r.calls("ncclCommInitRank").contains(&init.as_str()), "{init} in\n{}", r.log);
+        let all_reduce =
+            format!("ncclAllReduce comm={rank} send=0x1000 recv=0x2000 count=256 datatype=7 op=0 stream=0x77");
+        assert!(r.calls("ncclAllReduce").contains(&all_reduce.as_str()), "{all_reduce} in\n{}", r.log);
+        let bcast = format!("ncclBroadcast comm={rank} send=0x3000 recv=0x3000 count=8 datatype=2 root=1 stream=(nil)");
+        assert!(r.calls("ncclBroadcast").contains(&bcast.as_str()), "{bcast} in\n{}", r.log);
+    }
+    assert_eq!(r.calls("ncclGetUniqueId").len(), 1);
+    assert_eq!(r.calls("ncclCommDestroy").len(), 3);
+    assert_eq!(r.calls("ncclGroupStart").len(), 3);
+    let said: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("geforce-p2p NCCL door: on: handing")).collect();
+    assert_eq!(said.len(), 1, "rank 0 says it once:\n{}", r.stderr);
+    assert!(said[0].contains("3 rank(s)") && said[0].contains("has no device the door can use"), "{}", said[0]);
+}
+
+#[test]
+fn with_the_door_off_the_real_id_and_communicators_pass_through_without_a_rendezvous() {
+    let dir = scratch("off");
+    let (standin, driver) = build(&dir);
+    let standin = standin.to_string_lossy().into_owned();
+    let r = run(&dir, &driver, &["ranks", "2"], &[("GP2P_NCCL_REAL", &standin), ("GP2P_NCCL", "off")]);
+    assert_eq!(r.lines("unique_id"), [format!("unique_id 0 {STANDIN_ID}")]);
+    assert_eq!(r.calls("ncclCommInitRank").len(), 2, "{}", r.log);
+    assert_eq!(r.calls("ncclAllReduce").len(), 2);
+    assert!(!r.stderr.contains("handing"), "no decision to announce: {}", r.stderr);
+}
+
+#[test]
+fn the_real_nccl_is_found_in_ld_library_path_and_the_door_never_loads_itself() {
+    let dir = scratch("discovery");
+    let (standin, driver) = build(&dir);
+    // The door under the real library's file name, first in the path: it must be skipped.
+    let decoy = dir.join("decoy");
+    std::fs::create_dir_all(&decoy).expect("folder");
+    std::fs::copy(door(), decoy.join("libnccl.so.2")).expect("copy");
+    let path = format!("{}:{}", decoy.display(), standin.parent().expect("folder").display());
+    let mut r = run(&dir, &driver, &["ranks", "1"], &[("LD_LIBRARY_PATH", &path)]);
+    assert_eq!(r.lines("version"), ["version 0 22703 22703"], "{}", r.stderr);
+    assert!(r.lines("rank 0 init 0").len() == 1, "{}", r.stdout);
+    // Preloaded from the decoy itself: its own file is never the real one either.
+    r = {
+        let mut cmd = Command::new(&driver);
+        cmd.args(["ranks", "1"])
+            .env("LD_PRELOAD", decoy.join("libnccl.so.2"))
+            .env("LD_LIBRARY_PATH", &path)
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .env("STANDIN_LOG", dir.join("decoy.log"))
+            .env("GP2P_NCCL_TIMEOUT", "30")
+            .env_remove("GP2P_NCCL_REAL")
+            .env_remove("GP2P_NCCL");
+        let out = cmd.output().expect("runs");
+        Run {
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            log: String::new(),
+        }
+    };
+    assert_eq!(r.lines("version"), ["version 0 22703 22703"], "{}", r.stderr);
+}
+
+#[test]
+fn without_a_real_nccl_a_hand_over_fails_on_every_rank_saying_how_to_fix_it() {
+    let dir = scratch("no-real");
+    let (_, driver) = build(&dir);
+    let r = run(&dir, &driver, &["ranks", "2"], &[("GP2P_NCCL_REAL", "/nonexistent/libnccl.so.2")]);
+    assert_eq!(r.lines("version"), ["version 0 22809 22809"], "the header's version without a real one");
+    assert!(r.lines("unique_id")[0].starts_with(&format!("unique_id 0 {DOOR_MAGIC}")));
+    for rank in 0..2 {
+        assert!(r.lines(&format!("rank {rank} init 2")).len() == 1, "ncclSystemError:\n{}", r.stdout);
+        let message = r.lines(&format!("rank {rank} last_error"));
+        assert!(
+            message.len() == 1
+                && message[0].contains("must run on the real NCCL")
+                && message[0].contains("GP2P_NCCL_REAL"),
+            "{message:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_return_nccl_s_codes_and_name_the_argument() {
+    let dir = scratch("bad");
+    let (_, driver) = build(&dir);
+    let r = run(&dir, &driver, &["bad"], &[("GP2P_NCCL_REAL", "/nonexistent/libnccl.so.2")]);
+    let expect = |key: &str, code: &str, words: &str| {
+        let line = r.lines(&format!("{key} ")).first().copied().unwrap_or_default().to_owned();
+        assert!(line.starts_with(&format!("{key} {code} ")) && line.contains(words), "{key}: {line}");
+    };
+    expect("null_comm_out", "4", "comm: null");
+    expect("rank_too_big", "4", "rank: 2 is not in 0..2");
+    expect("no_ranks", "4", "nranks: 0");
+    expect("null_comm", "4", "comm: null");
+    expect("unknown_comm", "4", "is not a communicator");
+    expect("end_without_start", "5", "ncclGroupEnd without ncclGroupStart");
+    assert_eq!(r.lines("null_version"), ["null_version 4"]);
+    assert_eq!(r.lines("error_string "), ["error_string invalid usage (run with NCCL_DEBUG=WARN for details)"]);
+    assert_eq!(r.lines("error_string_unknown"), ["error_string_unknown unknown result code"]);
+}
