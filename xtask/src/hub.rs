@@ -4,11 +4,13 @@
 //!
 //! Without `--wheel` it builds the release wheel first, as the README's "a wheel for another
 //! machine" does (maturin with zig, manylinux_2_28, in a virtual environment under
-//! `target/hub-build`); the layout itself is `crates/gp2p-python/hub/make_repo.py`'s, whose
+//! `target/hub-build`, the NCCL door beside the extension: `crate::door`); the layout itself is `crates/gp2p-python/hub/make_repo.py`'s, whose
 //! module docs say which variants and why.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::command::run;
 
 /// Where the build environment and the wheel go.
 const WORK: &str = "target/hub-build";
@@ -34,6 +36,8 @@ fn build_wheel(root: &Path) -> Result<PathBuf, String> {
             .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
             .args(["maturin>=1.7,<2", "ziglang"]))?;
     }
+    // The door first: maturin packs it with the package's other files.
+    crate::door::build_with_zig(root, &python, &work.join("door"))?;
     let wheels = work.join("wheel");
     if wheels.exists() {
         std::fs::remove_dir_all(&wheels).map_err(|e| format!("removing {}: {e}", wheels.display()))?;
@@ -65,11 +69,4 @@ fn search_path(first: &Path) -> std::ffi::OsString {
     let mut paths = vec![first.to_path_buf()];
     paths.extend(std::env::split_paths(&rest));
     std::env::join_paths(paths).unwrap_or(rest)
-}
-
-/// Run `command`, failing with its name if it cannot start or exits non-zero.
-fn run(command: &mut Command) -> Result<(), String> {
-    let shown = format!("{:?}", command);
-    let status = command.status().map_err(|e| format!("running {shown}: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("{shown} failed: {status}")) }
 }

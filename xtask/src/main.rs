@@ -8,6 +8,8 @@
 //!   repository of the Python package (building its release wheel unless given one).
 
 mod bundle;
+mod command;
+mod door;
 mod hub;
 mod ptx;
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod devices;
 mod error;
 mod flags;
 mod measure;
+mod nccl;
 mod plan;
 mod plot;
 mod probe;
@@ -52,6 +53,9 @@ enum Command {
     /// The cost model's time per all-reduce algorithm (ring, one-shot, two-shot) and size for
     /// N ranks, its choice and what binds it; needs no GPU unless --measure.
     Plan(plan::PlanArgs),
+    /// The NCCL door: `gp2p nccl env` prints the shell lines that load it in NCCL's place.
+    #[command(subcommand)]
+    Nccl(nccl::NcclCommand),
 }
 
 /// Run `gp2p` with `args` (the first is the program name, as in `std::env::args`; `String`s or `OsString`s) and return
@@ -77,6 +81,7 @@ where
         Command::Devices => devices::run(),
         Command::Bench(command) => bench::run(command),
         Command::Plan(args) => plan::run(&args),
+        Command::Nccl(command) => nccl::run(&command),
     };
     match result {
         Ok(()) => 0,

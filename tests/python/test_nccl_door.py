@@ -1,0 +1,111 @@
+"""The NCCL door as the wheel ships it (geforce_p2p.nccl): the shared object is in the package,
+answers to NCCL's name, and is what vLLM's and sglang's pynccl load through ctypes; the
+environment and the launcher put it in NCCL's place. No GPU, no torch, no real NCCL: the door
+then answers with the header's version and makes ids that carry no real one."""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+from geforce_p2p import nccl
+
+
+def test_the_wheel_ships_the_door_under_nccl_s_name():
+    path = nccl.library()
+    assert os.path.basename(path) == "libnccl.so.2"
+    with open(path, "rb") as f:
+        assert f.read(4) == b"\x7fELF"
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_byte * 128)]
+
+
+def door_lib():
+    """The door as vLLM's pynccl loads it: ctypes.CDLL of VLLM_NCCL_SO_PATH, each function
+    declared as pynccl declares it."""
+    lib = ctypes.CDLL(nccl.library())
+    lib.ncclGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.ncclGetVersion.restype = ctypes.c_int
+    lib.ncclGetErrorString.argtypes = [ctypes.c_int]
+    lib.ncclGetErrorString.restype = ctypes.c_char_p
+    lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(UniqueId)]
+    lib.ncclGetUniqueId.restype = ctypes.c_int
+    lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+    lib.ncclCommInitRank.restype = ctypes.c_int
+    lib.ncclGetLastError.argtypes = [ctypes.c_void_p]
+    lib.ncclGetLastError.restype = ctypes.c_char_p
+    return lib
+
+
+def test_pynccl_s_calls_resolve_and_answer_without_a_gpu(monkeypatch):
+    # No real NCCL anywhere: the door answers for itself.
+    monkeypatch.setenv("GP2P_NCCL_REAL", "/nonexistent/libnccl.so.2")
+    lib = door_lib()
+    for name in ["ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclSend", "ncclRecv",
+                 "ncclGroupStart", "ncclGroupEnd", "ncclCommDestroy", "pncclAllReduce"]:
+        assert getattr(lib, name) is not None
+    version = ctypes.c_int(0)
+    assert lib.ncclGetVersion(ctypes.byref(version)) == 0
+    assert version.value == 22809, "NCCL 2.28.9's header, without a real NCCL to ask"
+    assert lib.ncclGetErrorString(4).startswith(b"invalid argument")
+    uid = UniqueId()
+    assert lib.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    assert bytes(uid.internal)[:8] == b"gp2pDOOR"
+    comm = ctypes.c_void_p()
+    assert lib.ncclCommInitRank(ctypes.byref(comm), 2, uid, 5) == 4, "rank 5 of 2"
+    assert b"rank: 5 is not in 0..2" in lib.ncclGetLastError(None)
+
+
+def test_the_environment_puts_the_door_first_once_and_names_torch_s_nccl(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "nvidia" / "nccl" / "lib").mkdir(parents=True)
+    real = site / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+    real.write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "empty"), str(site)])
+    assert nccl.real_nccl() == str(real)
+    door = "/opt/door/libnccl.so.2"
+    env = nccl.environment({"LD_PRELOAD": "libfoo.so " + door + ":libbar.so", "PATH": "/bin"}, door=door)
+    assert env["LD_PRELOAD"] == door + ":libfoo.so:libbar.so"
+    assert env["VLLM_NCCL_SO_PATH"] == env["SGLANG_NCCL_SO_PATH"] == door
+    assert env["GP2P_NCCL_REAL"] == str(real)
+    assert env["PATH"] == "/bin"
+    kept = nccl.environment({"GP2P_NCCL_REAL": "/mine/libnccl.so.2"}, door=door)
+    assert kept["GP2P_NCCL_REAL"] == "/mine/libnccl.so.2"
+    assert "export VLLM_NCCL_SO_PATH=/opt/door/libnccl.so.2" in nccl.exports(env)
+    quoted = nccl.exports({"LD_PRELOAD": "/a b/libnccl.so.2"})
+    assert quoted == ["export LD_PRELOAD='/a b/libnccl.so.2'"]
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_launcher_runs_a_command_with_the_door_preloaded():
+    show = "import os; print(os.environ['LD_PRELOAD']); print(os.environ['VLLM_NCCL_SO_PATH'])"
+    out = run("geforce_p2p.nccl", "--", sys.executable, "-c", show)
+    assert out.returncode == 0, out.stderr
+    preload, vllm = out.stdout.split()
+    assert preload.split(":")[0] == nccl.library() == vllm
+    # The same through `python -m geforce_p2p nccl`.
+    env = run("geforce_p2p", "nccl", "env")
+    assert env.returncode == 0, env.stderr
+    assert "export LD_PRELOAD=" + nccl.library() in env.stdout
+    assert run("geforce_p2p.nccl", "path").stdout.strip() == nccl.library()
+
+
+def test_the_launcher_refuses_what_it_cannot_run_by_name():
+    assert run("geforce_p2p.nccl", "--").returncode == 2
+    assert run("geforce_p2p.nccl", "frobnicate").returncode == 2
+    missing = run("geforce_p2p.nccl", "--", "/nonexistent/program")
+    assert missing.returncode == 127 and "cannot run /nonexistent/program" in missing.stderr
+
+
+def test_a_python_program_runs_with_the_door_preloaded():
+    # Preloaded into an interpreter that never calls NCCL, the door costs nothing and breaks
+    # nothing.
+    out = run("geforce_p2p.nccl", "--", sys.executable, "-c", "print(sum(range(10)))")
+    assert out.returncode == 0 and out.stdout.strip() == "45", out.stderr
