@@ -60,7 +60,7 @@ pub mod table;
 pub mod topology;
 mod verdict;
 
-pub use branches::{BAR1_PER_ALLOCATION_BRANCH, Branch, PATCH_BRANCHES};
+pub use branches::{BAR1_PER_ALLOCATION_BRANCH, Branch, PATCH_BRANCHES, TABLE_CHECKED};
 pub use collect::{collect, collect_host, load};
 pub use error::{Error, Result};
 pub use facts::Facts;
