@@ -95,6 +95,27 @@ pub fn versions_for(arch: Architecture) -> Vec<&'static str> {
         .collect()
 }
 
+/// How many versions a verdict names before it counts the rest: the table holds dozens,
+/// and the newest are the ones worth moving to.
+const VERSIONS_NAMED: usize = 6;
+
+/// Driver versions (oldest first, as [`versions_for`] gives them) in words, newest first:
+/// all of them where they are few, else the newest few and how many there are from the
+/// oldest on (PATCH.md lists every one).
+pub fn versions_in_words(versions: &[&str]) -> String {
+    let newest: Vec<&str> = versions.iter().rev().take(VERSIONS_NAMED).copied().collect();
+    let named = match newest.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => newest.concat(),
+    };
+    match versions.first() {
+        Some(oldest) if versions.len() > VERSIONS_NAMED => {
+            format!("{named} (the newest {} of {} from {oldest} on; PATCH.md lists them)", newest.len(), versions.len())
+        }
+        _ => named,
+    }
+}
+
 /// The architectures some branch drives, as a list in words.
 pub fn architectures_driven() -> String {
     let mut archs: Vec<Architecture> = PATCH_BRANCHES.iter().flat_map(|b| b.architectures.iter().copied()).collect();
@@ -123,9 +144,28 @@ mod tests {
     }
 
     #[test]
+    fn many_versions_are_named_newest_first_and_counted() {
+        assert_eq!(versions_in_words(&["1.0", "2.0"]), "2.0 or 1.0");
+        assert_eq!(versions_in_words(&["1.0"]), "1.0");
+        assert_eq!(versions_in_words(&[]), "");
+        let many = ["1", "2", "3", "4", "5", "6", "7", "8"];
+        assert_eq!(versions_in_words(&many), "8, 7, 6, 5, 4 or 3 (the newest 6 of 8 from 1 on; PATCH.md lists them)");
+    }
+
+    #[test]
+    fn the_table_reaches_the_610_and_615_branches() {
+        // Issue #50: 610.43.02 on two 4090s has a branch, and the newest found is 615.71.09.
+        let found = branch_for_version("610.43.02").map(|b| (b.name, b.line, b.third_party_only));
+        assert_eq!(found, Some(("610.43.02-p2p", Line::Aikitoria, false)));
+        assert_eq!(PATCH_BRANCHES.iter().rfind(|b| !b.per_allocation_bar1).map(|b| b.version), Some("615.71.09"));
+        assert!(branch_for_version("615.71.09").is_some_and(|b| b.third_party_only));
+        assert!(branch_for_version("560.35.03").is_some_and(|b| b.line == Line::Aikitoria));
+    }
+
+    #[test]
     fn blackwell_only_from_575_and_ampere_ada_from_550() {
         let blackwell = versions_for(Architecture::Blackwell);
-        assert_eq!(blackwell.first(), Some(&"575.64.05"));
+        assert_eq!(blackwell.first(), Some(&"575.51.02"));
         assert!(!blackwell.contains(&"570.86.16") && !blackwell.contains(&"570.148.08"));
         for arch in [Architecture::Ampere, Architecture::Ada] {
             assert_eq!(versions_for(arch).first(), Some(&"550.54.15"));

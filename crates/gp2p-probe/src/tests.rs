@@ -337,7 +337,8 @@ fn a_5090_is_only_sent_to_branches_that_drive_it() {
     assert_eq!(v.code, "VER");
     assert!(v.reason.contains("the 570.86.16-p2p branch does not drive Blackwell cards"), "{}", v.reason);
     let PatchOutlook::AfterChange(change) = &v.patch else { panic!("{:?}", v.patch) };
-    assert!(change.starts_with("move to one of 575.64.05") && !change.contains("570.") && !change.contains("565."));
+    assert!(change.starts_with("move to one of 615.71.09") && !change.contains("570.") && !change.contains("565."));
+    assert!(change.contains("(the newest 6 of 15 from 575.51.02 on; PATCH.md lists them)"), "{change}");
     // The proprietary module: the switch names Blackwell branches only.
     let mut f = load_fixture("5090-pair-stock-570.json");
     f.host.kernel_module =
@@ -351,7 +352,7 @@ fn a_5090_is_only_sent_to_branches_that_drive_it() {
     assert_eq!(v.code, "UNSAFE");
     assert!(
         v.hazards[0].contains("does not drive Blackwell")
-            && v.remedy.starts_with("move to a branch that drives Blackwell cards: 575.64.05")
+            && v.remedy.starts_with("move to a branch that drives Blackwell cards: 615.71.09")
     );
     // And where CUDA refuses on that branch: told the branch is wrong, not to install the patch.
     let mut f = load_fixture("5090-pair-patched-570-branch.json");
@@ -758,7 +759,7 @@ fn two_blockers_at_once_are_both_named_and_rendered_in_order() {
     assert!(v.steps[1].remedy.starts_with("enable Above 4G decoding and Resizable BAR"), "{:?}", v.steps);
     assert!(v.steps[2].remedy.contains("the driver version the steps above lead to"), "{:?}", v.steps);
     let PatchOutlook::AfterChange(changes) = &v.patch else { panic!("{:?}", v.patch) };
-    assert!(changes.starts_with("move to one of 550.54.15") && changes.contains("; then enable Resizable BAR"));
+    assert!(changes.starts_with("move to one of 615.71.09") && changes.contains("; then enable Resizable BAR"));
     let text = Report::new(f).render();
     let steps = "    remedy, in order:\n      1. [VER] install a driver version whose patch branch drives Ada cards";
     assert!(text.contains(steps), "{text}");

@@ -6,7 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::branches::{BAR1_PER_ALLOCATION_BRANCH, architectures_driven, branch_for_version, versions_for};
+use crate::branches::{
+    BAR1_PER_ALLOCATION_BRANCH, TABLE_CHECKED, architectures_driven, branch_for_version, versions_for,
+    versions_in_words,
+};
 use crate::chips::chip_bar1;
 use crate::facts::{
     Architecture, CardClass, DeviceFacts, Facts, KernelModule, ModuleFlavour, P2pStatus, PairFacts, bar1_holds,
@@ -357,9 +360,10 @@ impl Pair<'_> {
         [self.a, self.b]
     }
 
-    /// The driver versions whose patch branch drives this pair's architecture, in words.
+    /// The driver versions whose patch branch drives this pair's architecture, in words
+    /// ([`versions_in_words`]).
     fn versions(&self) -> String {
-        versions_for(self.a.arch()).join(", ")
+        versions_in_words(&versions_for(self.a.arch()))
     }
 
     /// Why the module's patch branch cannot drive this pair, when it is a branch that
@@ -466,6 +470,14 @@ impl Pair<'_> {
             verdict.warnings.push(format!(
                 "the module may already carry the patch ({}); if it does, CUDA refuses for another reason: NVML's P2P statuses would tell (OK everywhere under the patch)",
                 self.patch.because
+            ));
+        }
+        if let Some(b) = branch_for_version(version).filter(|b| b.third_party_only) {
+            verdict.warnings.push(format!(
+                "branch {} is known from third-party notes, not seen in {} itself (branch table checked on {TABLE_CHECKED}): make sure it is listed at {} before building",
+                b.name,
+                b.line.repository(),
+                b.url
             ));
         }
         if self.a.name != self.b.name {
