@@ -81,3 +81,28 @@ fn json_from_a_fixture_loads_again_and_renders_the_same() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// What `gp2p probe --from` prints for a pair of a saved file, from its verdict line on.
+fn pair_text(file: &str, pair: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gp2p-probe/tests/fixtures").join(file);
+    let out = gp2p(&["probe", "--from"], &path);
+    assert_eq!(out.status.code(), Some(0), "{file}: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let start = stdout.find(&format!("\n{pair} [")).unwrap_or_else(|| panic!("{file}: no pair {pair}: {stdout}"));
+    stdout[start + 1..].to_owned()
+}
+
+#[test]
+fn a_newer_branch_and_a_driver_past_the_table_render_from_saved_files() {
+    let found = pair_text("4090-pair-stock-610.43.02.json", "0 -> 1");
+    assert!(
+        found.starts_with("0 -> 1 [PATCH, likely] the driver refuses P2P between these cards (NVML: read CNS, write CNS, atomics NS)\n    remedy: install the P2P patch, branch 610.43.02-p2p of aikitoria/open-gpu-kernel-modules, for open module 610.43.02 (PATCH.md)"),
+        "{found}"
+    );
+    let past = pair_text("4090-pair-stock-625-past-table.json", "0 -> 1");
+    assert!(
+        past.starts_with("0 -> 1 [VER, possible] the driver refuses P2P (NVML: read CNS, write CNS, atomics NS); open module 625.20.03 is newer than every patch branch this probe knows: its table ends at 615.71.09 (checked on 2026-12-05), so a branch for 625.20.03 may exist\n    remedy, in order:\n      1. [VER] look for a 625.20.03 branch in the P2P patch's branch lists (https://github.com/aikitoria/open-gpu-kernel-modules/branches/all, "),
+        "{past}"
+    );
+    assert!(!past.contains("no patch branch exists"), "{past}");
+}

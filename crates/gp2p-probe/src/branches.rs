@@ -86,6 +86,26 @@ pub fn branch_for_version(version: &str) -> Option<&'static Branch> {
     PATCH_BRANCHES.iter().find(|b| b.version == version && !b.per_allocation_bar1)
 }
 
+/// The driver version of the newest ordinary branch: where the table ends.
+pub fn newest_version() -> &'static str {
+    PATCH_BRANCHES.iter().rfind(|b| !b.per_allocation_bar1).map_or("", |b| b.version)
+}
+
+/// Whether driver `version` is newer than every branch the table holds: then whether a
+/// branch for it exists is not known (one may have been published after the check), and
+/// a verdict must not say there is none. `false` for a version that is not dotted numbers.
+pub fn past_table(version: &str) -> bool {
+    match (numeric(version), numeric(newest_version())) {
+        (Some(v), Some(newest)) => v > newest,
+        _ => false,
+    }
+}
+
+/// A driver version's numbers (`570.86.16` → [570, 86, 16]); `None` unless dotted numbers.
+fn numeric(version: &str) -> Option<Vec<u32>> {
+    version.split('.').map(|p| p.parse().ok()).collect()
+}
+
 /// The driver versions whose ordinary branch drives `arch`, oldest first.
 pub fn versions_for(arch: Architecture) -> Vec<&'static str> {
     PATCH_BRANCHES
@@ -110,7 +130,11 @@ pub fn versions_in_words(versions: &[&str]) -> String {
     };
     match versions.first() {
         Some(oldest) if versions.len() > VERSIONS_NAMED => {
-            format!("{named} (the newest {} of {} from {oldest} on; PATCH.md lists them)", newest.len(), versions.len())
+            format!(
+                "{named}, the newest {} of the {} from {oldest} on that PATCH.md lists",
+                newest.len(),
+                versions.len()
+            )
         }
         _ => named,
     }
@@ -144,12 +168,23 @@ mod tests {
     }
 
     #[test]
+    fn a_version_past_the_newest_branch_is_past_the_table() {
+        assert_eq!(newest_version(), "615.71.09");
+        for past in ["625.20.03", "615.71.10", "616", "615.78.08"] {
+            assert!(past_table(past), "{past}");
+        }
+        for inside in ["615.71.09", "610.43.02", "570.195.03", "550.54.14", "", "6x0.1", "not a version"] {
+            assert!(!past_table(inside), "{inside:?}");
+        }
+    }
+
+    #[test]
     fn many_versions_are_named_newest_first_and_counted() {
         assert_eq!(versions_in_words(&["1.0", "2.0"]), "2.0 or 1.0");
         assert_eq!(versions_in_words(&["1.0"]), "1.0");
         assert_eq!(versions_in_words(&[]), "");
         let many = ["1", "2", "3", "4", "5", "6", "7", "8"];
-        assert_eq!(versions_in_words(&many), "8, 7, 6, 5, 4 or 3 (the newest 6 of 8 from 1 on; PATCH.md lists them)");
+        assert_eq!(versions_in_words(&many), "8, 7, 6, 5, 4 or 3, the newest 6 of the 8 from 1 on that PATCH.md lists");
     }
 
     #[test]

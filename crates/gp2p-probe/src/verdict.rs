@@ -7,8 +7,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::branches::{
-    BAR1_PER_ALLOCATION_BRANCH, TABLE_CHECKED, architectures_driven, branch_for_version, versions_for,
-    versions_in_words,
+    BAR1_PER_ALLOCATION_BRANCH, BRANCH_LISTS, TABLE_CHECKED, architectures_driven, branch_for_version, newest_version,
+    past_table, versions_for, versions_in_words,
 };
 use crate::chips::chip_bar1;
 use crate::facts::{
@@ -46,7 +46,7 @@ pub const RULES: &[&str] = &[
     "arch: GeForce cards of an architecture no patch branch drives",
     "patched: the patch is in effect and CUDA still refuses: what else is missing (branch, BAR1, IOMMU, or a cause the facts cannot show)",
     "module: the proprietary kernel module (the patch needs the open one, at a version with a branch for the cards)",
-    "version: a driver version with no patch branch for the cards' architecture",
+    "version: a driver version with no patch branch for the cards' architecture (one newer than the branch table: not known, so possible only)",
     "bar1: BAR1 smaller than VRAM (Resizable BAR where the card, or else its chip's cards as reported, offer more; a BAR1 at that limit gets the per-allocation branch, or nothing)",
     "iommu: the IOMMU translates GPU DMA",
     "patch: everything the patch needs is in place, or will be after the steps before: install it",

@@ -299,16 +299,23 @@ fn module(p: &Pair<'_>) -> Option<Verdict> {
 }
 
 /// Rule `version`: a module version no patch branch for the cards exists for (open, or the
-/// proprietary one `module` switches from).
+/// proprietary one `module` switches from). A version newer than the whole branch table is
+/// different: a branch may have been published since the table was checked, so the verdict
+/// says where the table ends and where to look, and only that it is possible.
 fn version(p: &Pair<'_>) -> Option<Verdict> {
     let module = p.module()?;
-    let arch = p.a.arch();
+    let (arch, version) = (p.a.arch(), module.version.as_str());
     let flavour = match module.flavour {
         ModuleFlavour::Open => "open module",
         ModuleFlavour::Proprietary => "driver",
     };
-    let missing = match branch_for_version(&module.version) {
-        None => format!("no patch branch exists for {flavour} {}", module.version),
+    let past = branch_for_version(version).is_none() && past_table(version);
+    let missing = match branch_for_version(version) {
+        None if past => format!(
+            "{flavour} {version} is newer than every patch branch this probe knows: its table ends at {} (checked on {TABLE_CHECKED}), so a branch for {version} may exist",
+            newest_version()
+        ),
+        None => format!("no patch branch exists for {flavour} {version}"),
         Some(b) if !b.architectures.contains(&arch) => {
             format!("the {} branch does not drive {} cards", b.name, arch.name())
         }
@@ -325,22 +332,31 @@ fn version(p: &Pair<'_>) -> Option<Verdict> {
             format!("move to {version}"),
         )
     } else {
-        (
-            format!(
-                "install a driver version whose patch branch drives {} cards ({}) and build the patched open module at exactly that version",
-                arch.name(),
-                p.versions()
-            ),
-            format!("move to one of {}", p.versions()),
-        )
+        let elsewhere = format!(
+            "install a driver version whose patch branch drives {} cards ({}) and build the patched open module at exactly that version",
+            arch.name(),
+            p.versions()
+        );
+        if past {
+            (
+                format!(
+                    "look for a {version} branch in the P2P patch's branch lists ({}) and, if there is one for {} cards, build it at exactly {version}; if there is none, {elsewhere}",
+                    BRANCH_LISTS.join(", "),
+                    arch.name()
+                ),
+                format!("a {version} branch, where one is published, or a move to one of {}", p.versions()),
+            )
+        } else {
+            (elsewhere, format!("move to one of {}", p.versions()))
+        }
     };
     Some(p.off(
         "VER",
-        Certainty::Shown,
+        if past { Certainty::Possible } else { Certainty::Shown },
         format!("the driver refuses P2P{}; {missing}", p.nvml_status()),
         remedy,
         PatchOutlook::AfterChange(change),
-        &["cuDeviceCanAccessPeer", "kernel module", "architecture"],
+        &["cuDeviceCanAccessPeer", "kernel module", "architecture", "patch branch table"],
     ))
 }
 
