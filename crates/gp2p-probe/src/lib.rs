@@ -47,6 +47,7 @@
 // No unsafe here: raw driver calls go through gp2p_cuda::raw and the safe APIs above it.
 #![forbid(unsafe_code)]
 
+pub mod acs;
 pub mod branches;
 pub mod chips;
 mod collect;
