@@ -106,3 +106,29 @@ fn a_newer_branch_and_a_driver_past_the_table_render_from_saved_files() {
     );
     assert!(!past.contains("no patch branch exists"), "{past}");
 }
+
+#[test]
+fn acs_on_a_switch_path_and_acs_that_needs_root_render_from_saved_files() {
+    let switch = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../gp2p-probe/tests/fixtures/4090-pair-patched-switch-acs-redirect.json");
+    let whole = text(&gp2p(&["probe", "--from"], &switch).stdout);
+    assert!(whole.contains("\n 0000:02:08.0  read    0x005d SrcValid ReqRedir CmpltRedir UpstreamFwd DirectTrans  YES: ReqRedir CmpltRedir\n"), "{whole}");
+    assert!(whole.contains("\n 0    X  SW*     0  ?     0000:00:01.0\n"), "{whole}");
+    let pair = pair_text("4090-pair-patched-switch-acs-redirect.json", "0 -> 1");
+    assert!(
+        pair.contains("\n    WARNING: ACS on bridges 0000:02:08.0 (ReqRedir+ CmpltRedir+) and 0000:02:10.0 (ReqRedir+ CmpltRedir+) between the cards redirects their peer traffic up to the root complex"),
+        "{pair}"
+    );
+    assert!(
+        pair.contains("`pci=disable_acs_redir=0000:02:08.0;0000:02:10.0`")
+            && pair.contains(
+                "`sudo setpci -s 0000:02:08.0 ECAP_ACS+0x6.w=0051; sudo setpci -s 0000:02:10.0 ECAP_ACS+0x6.w=0011`"
+            ),
+        "{pair}"
+    );
+    let pair = pair_text("4090-pair-patched-acs-needs-root.json", "0 -> 1");
+    assert!(
+        pair.contains("\n    note: ACS of bridges 0000:00:01.1 and 0000:40:01.1 between the cards was not read: the kernel shows a bridge's extended config space only to root; run the probe as root (`sudo gp2p probe`) to read it\n"),
+        "{pair}"
+    );
+}

@@ -8,6 +8,8 @@ use crate::facts::*;
 use crate::parse;
 use crate::{Certainty, Error, PatchOutlook, Report, verdicts};
 
+mod acs;
+
 const GIB: u64 = 1 << 30;
 
 /// A saved-facts file under `tests/fixtures/` (the shape `gp2p probe --json` writes).
@@ -1239,10 +1241,16 @@ fn four_cards_behind_one_switch_share_its_uplink() {
     assert!(t.pairs.iter().all(|p| p.path == PathKind::Switch));
     assert_eq!(t.numa_nodes(), [(0, vec![0, 1, 2, 3])]);
     assert!(t.cards.iter().all(|c| c.switch_ports == 2), "{:?}", t.cards);
-    // The proprietary module at a version with no branch: two steps, then the patch.
-    assert_eq!(step_codes(&first(&f)), ["PROP", "VER", "PATCH"]);
+    // The proprietary module at a version with no branch, and ACS redirect on the switch's
+    // downstream ports: three steps, then the patch.
+    assert_eq!(step_codes(&first(&f)), ["PROP", "VER", "ACS", "PATCH"]);
+    assert!(t.pairs.iter().all(|p| p.acs_redirect.len() == 2 && p.acs_unread.is_empty()), "{:?}", t.pairs);
     let text = Report::new(f).render();
-    assert!(text.contains("\n 0   X  SW  SW  SW     0  0-111  0000:16:01.0\n"), "{text}");
+    assert!(text.contains("\n 0    X  SW*  SW*  SW*     0  0-111  0000:16:01.0\n"), "{text}");
+    assert!(
+        text.contains("\n* ACS on a bridge between the two cards redirects their peer traffic up to the root complex"),
+        "{text}"
+    );
     assert!(text.contains("shared uplink: cards 0, 1, 2, 3 behind one switch (root port 0000:16:01.0)"), "{text}");
 }
 

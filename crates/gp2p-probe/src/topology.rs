@@ -163,8 +163,13 @@ impl Topology {
     /// How the traffic of cards `a` and `b` meets; [`PathKind::Unknown`] for a card the
     /// facts do not list.
     pub fn path(&self, a: usize, b: usize) -> PathKind {
+        self.pair(a, b).map_or(PathKind::Unknown, |p| p.path)
+    }
+
+    /// The place of the unordered pair of `a` and `b`, where the facts list both.
+    pub fn pair(&self, a: usize, b: usize) -> Option<&PairPlace> {
         let (a, b) = (a.min(b), a.max(b));
-        self.pairs.iter().find(|p| p.a == a && p.b == b).map_or(PathKind::Unknown, |p| p.path)
+        self.pairs.iter().find(|p| p.a == a && p.b == b)
     }
 
     /// Whether traffic between `a` and `b` crosses the interconnect between NUMA nodes;
@@ -261,7 +266,7 @@ pub fn bridges_between(a: &DeviceFacts, b: &DeviceFacts) -> Option<Vec<String>> 
 
 /// The bridges between `a` and `b` that redirect peer traffic (ACS), and those whose ACS
 /// is not known. Nothing where the facts read no bridge (ACS was not collected).
-fn acs_between(facts: &Facts, a: &DeviceFacts, b: &DeviceFacts) -> (Vec<String>, Vec<String>) {
+pub fn acs_between(facts: &Facts, a: &DeviceFacts, b: &DeviceFacts) -> (Vec<String>, Vec<String>) {
     let (mut redirect, mut unread) = (Vec::new(), Vec::new());
     if facts.bridges.is_empty() {
         return (redirect, unread);

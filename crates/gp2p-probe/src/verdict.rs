@@ -18,6 +18,7 @@ use crate::facts::{
 use crate::parse::force_p2p_fields;
 use crate::patch::{Certainty, Forced, PatchState, forced, patch_state};
 
+mod acs;
 mod bar1;
 mod rules;
 
@@ -28,12 +29,12 @@ use rules::chain;
 
 /// The rules, in the order they are tried, as documented in the report's legend. This is
 /// also the order of a pair's steps: what stands in the way of everything after it first
-/// (the platform, then registry keys, the driver, the firmware's BAR1, the kernel's IOMMU),
-/// and the patch last, built against the driver the steps before it installed. Where one
+/// (the platform, then registry keys, the driver, the firmware's BAR1, the kernel's IOMMU,
+/// the bridges' ACS), and the patch last, built against the driver the steps before it installed. Where one
 /// rule makes another moot, the other adds no step: after `card` (professional and
 /// datacenter cards) and `patched` (which names every missing piece itself) none; after a
 /// rule that says P2P can never work (`arch`, `mixed`, and `wddm` on a GeForce card) none
-/// of `regkey`, `module`, `version`, `bar1` and `iommu` (no setting helps); on Windows
+/// of `regkey`, `module`, `version`, `bar1`, `iommu` and `acs` (no setting helps); on Windows
 /// neither `module`, `version` nor `iommu` (Linux's).
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
@@ -49,6 +50,7 @@ pub const RULES: &[&str] = &[
     "version: a driver version with no patch branch for the cards' architecture (one newer than the branch table: not known, so possible only)",
     "bar1: BAR1 smaller than VRAM (Resizable BAR where the card, or else its chip's cards as reported, offer more; a BAR1 at that limit gets the per-allocation branch, or nothing)",
     "iommu: the IOMMU translates GPU DMA",
+    "acs: ACS on a bridge between the cards redirects peer traffic up to the root complex (slow, or a hang, once P2P is on)",
     "patch: everything the patch needs is in place, or will be after the steps before: install it",
 ];
 
@@ -124,6 +126,10 @@ pub struct Verdict {
     /// sentences joined. Empty where P2P is on: the remedy names what makes it safe.
     #[serde(default)]
     pub steps: Vec<Step>,
+    /// What the facts could not tell about the pair and how to learn it (ACS of a bridge
+    /// between the cards that needs root to read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// One step of a pair's way to P2P.
@@ -210,6 +216,7 @@ fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
         unchecked: Vec::new(),
         warnings: Vec::new(),
         steps: vec![Step { rule: "facts".into(), code: "?".into(), remedy: remedy.into() }],
+        notes: Vec::new(),
     };
     // 1. A pair of devices the facts describe, and CUDA's answer for it.
     let (Some(a), Some(b)) = (facts.device(pair.a), facts.device(pair.b)) else {
@@ -231,10 +238,12 @@ fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
     }
     let p = Pair { facts, pair, a, b, patch };
     let found = chain(&p);
-    match found.first() {
+    let mut v = match found.first() {
         Some((_, v)) if v.on.is_some() => v.clone(),
         _ => p.combine(found),
-    }
+    };
+    v.notes.extend(p.acs_note());
+    v
 }
 
 /// The patch outlook of a chain of blockers, from each one's: not for these cards where the
@@ -300,6 +309,7 @@ impl Pair<'_> {
             unchecked: Vec::new(),
             warnings: Vec::new(),
             steps: Vec::new(),
+            notes: Vec::new(),
         }
     }
 

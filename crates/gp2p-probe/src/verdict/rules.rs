@@ -26,6 +26,7 @@ pub(super) const CHECKS: &[(&str, Rule)] = &[
     ("version", |p| version(p).into_iter().collect()),
     ("bar1", |p| bar1(p).into_iter().collect()),
     ("iommu", iommu),
+    ("acs", |p| acs(p).into_iter().collect()),
 ];
 
 /// Every rule that applies to the pair, in the order of [`CHECKS`], each with its name: the
@@ -37,8 +38,8 @@ pub(super) const CHECKS: &[(&str, Rule)] = &[
 /// - `patched` ends it: with the patch in effect it names every missing piece (branch,
 ///   BAR1, IOMMU) itself.
 /// - A rule that says P2P can never work on the pair ([`never`]: `arch`, `mixed`, and
-///   `wddm` on a GeForce card) makes `regkey`, `module`, `version`, `bar1` and `iommu` after
-///   it moot: no driver, firmware or kernel setting brings P2P then.
+///   `wddm` on a GeForce card) makes `regkey`, `module`, `version`, `bar1`, `iommu` and
+///   `acs` after it moot: no driver, firmware or kernel setting brings P2P then.
 /// - Windows makes `module`, `version` and `iommu` moot (Linux's kernel module and IOMMU
 ///   groups; the `wddm` step already says Linux is the way).
 pub(super) fn chain(p: &Pair<'_>) -> Vec<(&'static str, Verdict)> {
@@ -54,7 +55,7 @@ pub(super) fn chain(p: &Pair<'_>) -> Vec<(&'static str, Verdict)> {
                 break;
             }
             "module" | "version" | "iommu" => windows || hopeless,
-            "regkey" | "bar1" => hopeless,
+            "regkey" | "bar1" | "acs" => hopeless,
             _ => false,
         };
         if moot {
@@ -215,7 +216,9 @@ fn card(p: &Pair<'_>) -> Option<Verdict> {
     let topology = p.pair.topology.as_deref();
     let path = topology.map_or(String::new(), |t| format!("; topology {t}"));
     let status = p.nvml_status();
-    let acs = "check ACS redirect on the PCIe switches and root ports (as root: `sudo lspci -vvv | grep ACSCtl`; ReqRedir+ or CmpltRedir+ send P2P up to the root complex) and disable ACS in the firmware";
+    let acs = p.acs_cause(
+        "check ACS redirect on the PCIe switches and root ports (as root: `sudo lspci -vvv | grep ACSCtl`; ReqRedir+ or CmpltRedir+ send P2P up to the root complex) and disable ACS in the firmware",
+    );
     let (code, certainty, reason, remedy) = if statuses
         .iter()
         .any(|s| matches!(s, Some(P2pStatus::ChipsetNotSupported | P2pStatus::IohTopologyNotSupported)))
@@ -226,7 +229,8 @@ fn card(p: &Pair<'_>) -> Option<Verdict> {
             Certainty::Likely,
             format!("the driver refuses P2P between these {classes} over their PCIe path{status}{path}"),
             format!(
-                "put both cards under one PCIe switch or one CPU's root complex (topology PIX, PXB or PHB): this chipset or path does not carry P2P; {acs}"
+                "put both cards under one PCIe switch or one CPU's root complex (topology PIX, PXB or PHB): this chipset or path does not carry P2P{}",
+                acs.map_or(String::new(), |a| format!("; {a}"))
             ),
         )
     } else if statuses.contains(&Some(P2pStatus::GpuNotSupported)) {
@@ -241,7 +245,10 @@ fn card(p: &Pair<'_>) -> Option<Verdict> {
             "DRV",
             Certainty::Possible,
             format!("the driver refuses P2P between these {classes}{status}{path}"),
-            format!("{acs}; check MIG mode (`nvidia-smi -q | grep -i mig`) and that both cards are the same chip"),
+            format!(
+                "{}check MIG mode (`nvidia-smi -q | grep -i mig`) and that both cards are the same chip",
+                acs.map_or(String::new(), |a| format!("{a}; "))
+            ),
         )
     };
     Some(p.off(
@@ -429,10 +436,12 @@ fn patched(p: &Pair<'_>) -> Vec<Verdict> {
     let mut causes = vec![
         "look for NVRM errors in the kernel log (`sudo dmesg | grep NVRM`)".to_owned(),
         "static BAR1 may be off: add RMForceStaticBar1=1 to NVreg_RegistryDwords".to_owned(),
-        "ACS redirect on a switch or root port (`sudo lspci -vvv | grep ACSCtl`): disable ACS in the firmware"
-            .to_owned(),
         "a kernel upgrade since the module was built: rebuild it for the running kernel".to_owned(),
     ];
+    // ACS as read from the bridges between the cards, where it was; else the check by hand.
+    let by_hand =
+        "ACS redirect on a switch or root port (`sudo lspci -vvv | grep ACSCtl`): disable ACS in the firmware";
+    causes.splice(2..2, p.acs_cause(by_hand));
     if p.a.arch() == Architecture::Blackwell {
         causes.insert(
             1,
@@ -447,6 +456,26 @@ fn patched(p: &Pair<'_>) -> Vec<Verdict> {
         PatchOutlook::InEffect("something the facts do not show (see the remedy)".into()),
         &used,
     )]
+}
+
+/// Rule `acs`: ACS on a bridge between the cards redirects peer traffic up to the root
+/// complex, where P2P would then go once on: slowly, or to a hang (PATCH.md).
+fn acs(p: &Pair<'_>) -> Option<Verdict> {
+    let (redirect, _) = p.acs_path();
+    (!redirect.is_empty()).then(|| {
+        p.off(
+            "ACS",
+            Certainty::Shown,
+            format!(
+                "the driver refuses P2P{}; ACS on {} between the cards redirects peer traffic up to the root complex, where P2P would then go: slowly, or to a hang",
+                p.nvml_status(),
+                Pair::redirecting(&redirect)
+            ),
+            Pair::acs_remedy(&redirect),
+            PatchOutlook::AfterChange("clear ACS redirect on the bridges between the cards".into()),
+            &["bridge ACS (sysfs config)", "PCI path"],
+        )
+    })
 }
 
 /// Rule `bar1`: BAR1 too small to map VRAM, where the patch's mappings go.

@@ -32,6 +32,7 @@ pub(super) fn on(p: &Pair<'_>) -> Option<Verdict> {
             &used,
         );
         v.on = Some(link);
+        v.warnings.extend(p.acs_warning().filter(|_| link != Link::NvLink));
         return Some(v);
     };
     let (mut hazards, mut unchecked, mut lacking) = (Vec::new(), Vec::new(), Vec::new());
@@ -145,5 +146,6 @@ pub(super) fn on(p: &Pair<'_>) -> Option<Verdict> {
     v.on = Some(link);
     v.hazards = hazards;
     v.unchecked = unchecked;
+    v.warnings.extend(p.acs_warning());
     Some(v)
 }
