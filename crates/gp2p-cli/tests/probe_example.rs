@@ -38,6 +38,12 @@ fn each_example_renders_marked_as_an_example() {
     );
     let switch = text(&gp2p(&["probe", "--example", "4x3090-switch"]).stdout);
     assert!(switch.contains("shared uplink: cards 0, 1, 2, 3 behind one switch"), "{switch}");
+    // ACS redirect on the switch's downstream ports: marked in the matrix, a step of its own.
+    assert!(switch.contains("\n 0    X  SW*  SW*  SW*     0  0-111  0000:16:01.0\n"), "{switch}");
+    assert!(
+        switch.contains("\n      3. [ACS] clear ACS redirect on bridges 0000:18:00.0 and 0000:18:01.0: add `pci=disable_acs_redir=0000:18:00.0;0000:18:01.0`"),
+        "{switch}"
+    );
     let desktop = text(&gp2p(&["probe", "--example", "2x4090"]).stdout);
     assert!(
         desktop.contains("    remedy, in order:\n      1. [VER] ") && desktop.contains("\n      4. [PATCH] "),

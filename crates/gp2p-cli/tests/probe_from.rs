@@ -81,3 +81,54 @@ fn json_from_a_fixture_loads_again_and_renders_the_same() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// What `gp2p probe --from` prints for a pair of a saved file, from its verdict line on.
+fn pair_text(file: &str, pair: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gp2p-probe/tests/fixtures").join(file);
+    let out = gp2p(&["probe", "--from"], &path);
+    assert_eq!(out.status.code(), Some(0), "{file}: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let start = stdout.find(&format!("\n{pair} [")).unwrap_or_else(|| panic!("{file}: no pair {pair}: {stdout}"));
+    stdout[start + 1..].to_owned()
+}
+
+#[test]
+fn a_newer_branch_and_a_driver_past_the_table_render_from_saved_files() {
+    let found = pair_text("4090-pair-stock-610.43.02.json", "0 -> 1");
+    assert!(
+        found.starts_with("0 -> 1 [PATCH, likely] the driver refuses P2P between these cards (NVML: read CNS, write CNS, atomics NS)\n    remedy: install the P2P patch, branch 610.43.02-p2p of aikitoria/open-gpu-kernel-modules, for open module 610.43.02 (PATCH.md)"),
+        "{found}"
+    );
+    let past = pair_text("4090-pair-stock-625-past-table.json", "0 -> 1");
+    assert!(
+        past.starts_with("0 -> 1 [VER, possible] the driver refuses P2P (NVML: read CNS, write CNS, atomics NS); open module 625.20.03 is newer than every patch branch this probe knows: its table ends at 615.71.09 (checked on 2026-12-05), so a branch for 625.20.03 may exist\n    remedy, in order:\n      1. [VER] look for a 625.20.03 branch in the P2P patch's branch lists (https://github.com/aikitoria/open-gpu-kernel-modules/branches/all, "),
+        "{past}"
+    );
+    assert!(!past.contains("no patch branch exists"), "{past}");
+}
+
+#[test]
+fn acs_on_a_switch_path_and_acs_that_needs_root_render_from_saved_files() {
+    let switch = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../gp2p-probe/tests/fixtures/4090-pair-patched-switch-acs-redirect.json");
+    let whole = text(&gp2p(&["probe", "--from"], &switch).stdout);
+    assert!(whole.contains("\n 0000:02:08.0  read    0x005d SrcValid ReqRedir CmpltRedir UpstreamFwd DirectTrans  YES: ReqRedir CmpltRedir\n"), "{whole}");
+    assert!(whole.contains("\n 0    X  SW*     0  ?     0000:00:01.0\n"), "{whole}");
+    let pair = pair_text("4090-pair-patched-switch-acs-redirect.json", "0 -> 1");
+    assert!(
+        pair.contains("\n    WARNING: ACS on bridges 0000:02:08.0 (ReqRedir+ CmpltRedir+) and 0000:02:10.0 (ReqRedir+ CmpltRedir+) between the cards redirects their peer traffic up to the root complex"),
+        "{pair}"
+    );
+    assert!(
+        pair.contains("`pci=disable_acs_redir=0000:02:08.0;0000:02:10.0`")
+            && pair.contains(
+                "`sudo setpci -s 0000:02:08.0 ECAP_ACS+0x6.w=0051; sudo setpci -s 0000:02:10.0 ECAP_ACS+0x6.w=0011`"
+            ),
+        "{pair}"
+    );
+    let pair = pair_text("4090-pair-patched-acs-needs-root.json", "0 -> 1");
+    assert!(
+        pair.contains("\n    note: ACS of bridges 0000:00:01.1 and 0000:40:01.1 between the cards was not read: the kernel shows a bridge's extended config space only to root; run the probe as root (`sudo gp2p probe`) to read it\n"),
+        "{pair}"
+    );
+}

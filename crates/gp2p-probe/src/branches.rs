@@ -2,6 +2,12 @@
 //! and Ada from the 550 branches on, Blackwell only on the 575 and later ones (the older
 //! branches fail to map peer memory on 5090s). No branch drives a pair of different
 //! generations: CUDA refuses those even when patched.
+//!
+//! The table is data: `data/branches.json` in this crate, one entry per branch with where
+//! it was found and when, and the date it was last checked against the published branches
+//! ([`TABLE_CHECKED`]). `build.rs` checks it and turns it into the constants here, so a
+//! lookup costs nothing and a table that does not hold together does not build. To bring
+//! it up to date, edit the file (and the date), then the test that names the date.
 
 use serde::Serialize;
 
@@ -26,7 +32,8 @@ impl Line {
     }
 }
 
-/// One branch of the patched open kernel modules.
+/// One branch of the patched open kernel modules: an entry of `data/branches.json`, with
+/// where it was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Branch {
     /// The NVIDIA driver version it patches; the module must be built at exactly this one.
@@ -40,44 +47,35 @@ pub struct Branch {
     /// Maps BAR1 per allocation instead of all VRAM at once (experimental; for cards whose
     /// BAR1 cannot hold their VRAM). Never offered for an ordinary pair.
     pub per_allocation_bar1: bool,
+    /// Where it is published: the branch, or the pull request that adds it.
+    pub url: &'static str,
+    /// When it was published, seen or checked (YYYY-MM-DD), as [`Branch::dated`] says.
+    pub date: &'static str,
+    /// What [`Branch::date`] is.
+    pub dated: Dated,
+    /// Where it was found, in words.
+    pub evidence: &'static str,
+    /// Known only from third parties naming it (notes, write-ups), not from the repository
+    /// itself (its refs, pull requests, issues or the branch's README): worth a look at
+    /// [`Branch::url`] before building.
+    pub third_party_only: bool,
 }
 
-const AMPERE_ADA: &[Architecture] = &[Architecture::Ampere, Architecture::Ada];
-const AMPERE_ADA_BLACKWELL: &[Architecture] = &[Architecture::Ampere, Architecture::Ada, Architecture::Blackwell];
-
-const fn branch(
-    version: &'static str,
-    name: &'static str,
-    line: Line,
-    architectures: &'static [Architecture],
-) -> Branch {
-    Branch { version, name, line, architectures, per_allocation_bar1: false }
+/// What a branch's date is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dated {
+    /// When it was published: its pull request, or its head commit.
+    Published,
+    /// The first dated mention found (an issue, a pull request comment, a note).
+    Seen,
+    /// Known only as of the table's check ([`TABLE_CHECKED`]).
+    Checked,
 }
 
-/// Every branch the probe knows, oldest driver first.
-pub const PATCH_BRANCHES: &[Branch] = &[
-    branch("550.54.15", "550.54.15-p2p", Line::Tinygrad, AMPERE_ADA),
-    branch("550.90.07", "550.90.07-p2p", Line::Tinygrad, AMPERE_ADA),
-    branch("550.127.08", "550.127.08-p2p", Line::Tinygrad, AMPERE_ADA),
-    branch("560.35.03", "560.35.03-p2p", Line::Tinygrad, AMPERE_ADA),
-    branch("565.57.01", "565.57.01-p2p", Line::Tinygrad, AMPERE_ADA),
-    branch("565.77", "565.77-p2p", Line::Aikitoria, AMPERE_ADA),
-    branch("570.86.16", "570.86.16-p2p", Line::Aikitoria, AMPERE_ADA),
-    branch("570.148.08", "570.148.08-p2p", Line::Tinygrad, AMPERE_ADA),
-    branch("575.64.05", "575.64.05-p2p", Line::Aikitoria, AMPERE_ADA_BLACKWELL),
-    branch("580.82.09", "580.82.09-p2p", Line::Aikitoria, AMPERE_ADA_BLACKWELL),
-    branch("580.95.05", "580.95.05-p2p", Line::Aikitoria, AMPERE_ADA_BLACKWELL),
-    branch("590.48.01", "590.48.01-p2p", Line::Aikitoria, AMPERE_ADA_BLACKWELL),
-    Branch {
-        version: "590.48.01",
-        name: BAR1_PER_ALLOCATION_BRANCH,
-        line: Line::Aikitoria,
-        architectures: &[Architecture::Ada],
-        per_allocation_bar1: true,
-    },
-    branch("595.58.03", "595.58.03-p2p", Line::Aikitoria, AMPERE_ADA_BLACKWELL),
-    branch("595.71.05", "595.71.05-p2p", Line::Aikitoria, AMPERE_ADA_BLACKWELL),
-];
+// PATCH_BRANCHES, TABLE_CHECKED, TABLE_NOTE and BRANCH_LISTS, from data/branches.json
+// (build.rs checks the file and writes them).
+include!(concat!(env!("OUT_DIR"), "/branches.rs"));
 
 /// The experimental branch for cards whose BAR1 cannot hold their VRAM (48 GB 4090s top
 /// out at a 32 GiB BAR1): it maps BAR1 per allocation instead of all VRAM at once.
@@ -88,6 +86,26 @@ pub fn branch_for_version(version: &str) -> Option<&'static Branch> {
     PATCH_BRANCHES.iter().find(|b| b.version == version && !b.per_allocation_bar1)
 }
 
+/// The driver version of the newest ordinary branch: where the table ends.
+pub fn newest_version() -> &'static str {
+    PATCH_BRANCHES.iter().rfind(|b| !b.per_allocation_bar1).map_or("", |b| b.version)
+}
+
+/// Whether driver `version` is newer than every branch the table holds: then whether a
+/// branch for it exists is not known (one may have been published after the check), and
+/// a verdict must not say there is none. `false` for a version that is not dotted numbers.
+pub fn past_table(version: &str) -> bool {
+    match (numeric(version), numeric(newest_version())) {
+        (Some(v), Some(newest)) => v > newest,
+        _ => false,
+    }
+}
+
+/// A driver version's numbers (`570.86.16` → [570, 86, 16]); `None` unless dotted numbers.
+fn numeric(version: &str) -> Option<Vec<u32>> {
+    version.split('.').map(|p| p.parse().ok()).collect()
+}
+
 /// The driver versions whose ordinary branch drives `arch`, oldest first.
 pub fn versions_for(arch: Architecture) -> Vec<&'static str> {
     PATCH_BRANCHES
@@ -95,6 +113,31 @@ pub fn versions_for(arch: Architecture) -> Vec<&'static str> {
         .filter(|b| !b.per_allocation_bar1 && b.architectures.contains(&arch))
         .map(|b| b.version)
         .collect()
+}
+
+/// How many versions a verdict names before it counts the rest: the table holds dozens,
+/// and the newest are the ones worth moving to.
+const VERSIONS_NAMED: usize = 6;
+
+/// Driver versions (oldest first, as [`versions_for`] gives them) in words, newest first:
+/// all of them where they are few, else the newest few and how many there are from the
+/// oldest on (PATCH.md lists every one).
+pub fn versions_in_words(versions: &[&str]) -> String {
+    let newest: Vec<&str> = versions.iter().rev().take(VERSIONS_NAMED).copied().collect();
+    let named = match newest.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => newest.concat(),
+    };
+    match versions.first() {
+        Some(oldest) if versions.len() > VERSIONS_NAMED => {
+            format!(
+                "{named}, the newest {} of the {} from {oldest} on that PATCH.md lists",
+                newest.len(),
+                versions.len()
+            )
+        }
+        _ => named,
+    }
 }
 
 /// The architectures some branch drives, as a list in words.
@@ -114,9 +157,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_table_was_last_checked_on_2026_12_05() {
+        // Re-check the published branches (PATCH.md names the two lines) before moving
+        // this date: verdicts name it, and past it they cannot know.
+        assert_eq!(TABLE_CHECKED, "2026-12-05");
+        assert!(PATCH_BRANCHES.iter().all(|b| b.date <= TABLE_CHECKED && b.url.starts_with("https://github.com/")));
+        assert!(PATCH_BRANCHES.iter().all(|b| b.url.contains(b.line.repository())), "each entry's URL is in its line");
+        assert_eq!(BRANCH_LISTS.len(), 2);
+        assert!(TABLE_NOTE.contains("one ordinary branch per driver version"));
+    }
+
+    #[test]
+    fn a_version_past_the_newest_branch_is_past_the_table() {
+        assert_eq!(newest_version(), "615.71.09");
+        for past in ["625.20.03", "615.71.10", "616", "615.78.08"] {
+            assert!(past_table(past), "{past}");
+        }
+        for inside in ["615.71.09", "610.43.02", "570.195.03", "550.54.14", "", "6x0.1", "not a version"] {
+            assert!(!past_table(inside), "{inside:?}");
+        }
+    }
+
+    #[test]
+    fn many_versions_are_named_newest_first_and_counted() {
+        assert_eq!(versions_in_words(&["1.0", "2.0"]), "2.0 or 1.0");
+        assert_eq!(versions_in_words(&["1.0"]), "1.0");
+        assert_eq!(versions_in_words(&[]), "");
+        let many = ["1", "2", "3", "4", "5", "6", "7", "8"];
+        assert_eq!(versions_in_words(&many), "8, 7, 6, 5, 4 or 3, the newest 6 of the 8 from 1 on that PATCH.md lists");
+    }
+
+    #[test]
+    fn the_table_reaches_the_610_and_615_branches() {
+        // Issue #50: 610.43.02 on two 4090s has a branch, and the newest found is 615.71.09.
+        let found = branch_for_version("610.43.02").map(|b| (b.name, b.line, b.third_party_only));
+        assert_eq!(found, Some(("610.43.02-p2p", Line::Aikitoria, false)));
+        assert_eq!(PATCH_BRANCHES.iter().rfind(|b| !b.per_allocation_bar1).map(|b| b.version), Some("615.71.09"));
+        assert!(branch_for_version("615.71.09").is_some_and(|b| b.third_party_only));
+        assert!(branch_for_version("560.35.03").is_some_and(|b| b.line == Line::Aikitoria));
+    }
+
+    #[test]
     fn blackwell_only_from_575_and_ampere_ada_from_550() {
         let blackwell = versions_for(Architecture::Blackwell);
-        assert_eq!(blackwell.first(), Some(&"575.64.05"));
+        assert_eq!(blackwell.first(), Some(&"575.51.02"));
         assert!(!blackwell.contains(&"570.86.16") && !blackwell.contains(&"570.148.08"));
         for arch in [Architecture::Ampere, Architecture::Ada] {
             assert_eq!(versions_for(arch).first(), Some(&"550.54.15"));

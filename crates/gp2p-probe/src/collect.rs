@@ -9,7 +9,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus as NvmlStatus, TopologyLevel};
 use nvml_wrapper::error::NvmlError;
 
-use crate::facts::{DeviceFacts, Facts, HostFacts, P2pStatus, PairFacts, PcieLink};
+use crate::acs::{self, Acs};
+use crate::facts::{BridgeFacts, DeviceFacts, Facts, HostFacts, P2pStatus, PairFacts, PcieLink};
 use crate::parse;
 use crate::{Error, Result};
 
@@ -206,6 +207,41 @@ fn linux_facts(facts: &mut Facts) {
         d.bar1_sizes = bar1_sizes(&d.pci_bus_id, kernel, &mut facts.missing_sources);
         place(Path::new(SYS_PCI_DEVICES), d, &mut facts.missing_sources);
     }
+    facts.bridges = bridges(Path::new(SYS_PCI_DEVICES), &facts.devices, &mut facts.missing_sources);
+}
+
+/// Every bridge on the cards' PCI paths (between the root bus and the card), once each,
+/// with its ACS from its sysfs `config` (`devices`: the PCI devices by bus id). What needs
+/// root (the kernel shows other users 64 or 256 of the 4096 bytes) or cannot be read is
+/// recorded as such, and summed up in `missing`.
+fn bridges(devices: &Path, cards: &[DeviceFacts], missing: &mut Vec<String>) -> Vec<BridgeFacts> {
+    let mut found: Vec<BridgeFacts> = Vec::new();
+    for path in cards.iter().filter_map(|d| d.pci_path.as_deref()) {
+        for bdf in path.get(1..path.len().saturating_sub(1)).unwrap_or(&[]) {
+            if found.iter().any(|b| &b.bdf == bdf) {
+                continue;
+            }
+            let acs = match fs::read(devices.join(bdf).join("config")) {
+                Ok(bytes) => acs::parse_config(&bytes),
+                Err(e) => Acs::Unreadable { reason: unreadable(&format!("{bdf}/config"), &e) },
+            };
+            found.push(BridgeFacts { bdf: bdf.clone(), acs });
+        }
+    }
+    let needs_root: Vec<&str> =
+        found.iter().filter(|b| matches!(b.acs, Acs::NeedsRoot { .. })).map(|b| b.bdf.as_str()).collect();
+    if !needs_root.is_empty() {
+        missing.push(format!(
+            "ACS of the bridges between the cards ({}): the kernel shows their extended config space only to root (run the probe as root to read it)",
+            needs_root.join(", ")
+        ));
+    }
+    for b in &found {
+        if let Acs::Unreadable { reason } = &b.acs {
+            missing.push(format!("ACS of bridge {}: {reason}", b.bdf));
+        }
+    }
+    found
 }
 
 /// Where sysfs lists PCI devices by bus id.
@@ -377,6 +413,46 @@ mod tests {
         place(&devices, &mut d, &mut missing);
         assert!(missing[1].contains("0000:81:00.0: absent; where device 1 sits"), "{missing:?}");
         assert_eq!((d.numa_node, d.pci_path), (None, None));
+        fs::remove_dir_all(&devices).unwrap();
+    }
+
+    #[test]
+    fn bridge_acs_is_read_from_config_or_named_as_needing_root() {
+        let devices = std::env::temp_dir().join(format!("gp2p-probe-bridges-{}", std::process::id()));
+        let mut full = vec![0u8; acs::CONFIG_BYTES];
+        full[0x100..0x104].copy_from_slice(&0x0001_000Du32.to_le_bytes());
+        full[0x104..0x106].copy_from_slice(&0x005fu16.to_le_bytes());
+        full[0x106..0x108].copy_from_slice(&0x001du16.to_le_bytes());
+        for (bdf, bytes) in [("0000:02:08.0", full.clone()), ("0000:02:10.0", full[..64].to_vec())] {
+            fs::create_dir_all(devices.join(bdf)).unwrap();
+            fs::write(devices.join(bdf).join("config"), bytes).unwrap();
+        }
+        let card = |ordinal, port: &str, bus: &str| DeviceFacts {
+            ordinal,
+            pci_path: Some(["pci0000:00", "0000:00:01.0", "0000:01:00.0", port, bus].map(String::from).to_vec()),
+            ..DeviceFacts::default()
+        };
+        let mut missing = Vec::new();
+        let found = bridges(
+            &devices,
+            &[card(0, "0000:02:08.0", "0000:03:00.0"), card(1, "0000:02:10.0", "0000:04:00.0")],
+            &mut missing,
+        );
+        let bdfs: Vec<&str> = found.iter().map(|b| b.bdf.as_str()).collect();
+        assert_eq!(
+            bdfs,
+            ["0000:00:01.0", "0000:01:00.0", "0000:02:08.0", "0000:02:10.0"],
+            "each once, root bus and cards left out"
+        );
+        assert_eq!(found[2].acs, Acs::Read { offset: 0x100, capability: 0x5f, control: 0x1d });
+        assert_eq!(found[3].acs, Acs::NeedsRoot { bytes: 64 });
+        assert!(
+            matches!(&found[0].acs, Acs::Unreadable { reason } if reason.contains("0000:00:01.0/config")),
+            "{:?}",
+            found[0]
+        );
+        assert!(missing[0].contains("(0000:02:10.0)") && missing[0].contains("run the probe as root"), "{missing:?}");
+        assert!(missing[1].starts_with("ACS of bridge 0000:00:01.0: "), "{missing:?}");
         fs::remove_dir_all(&devices).unwrap();
     }
 

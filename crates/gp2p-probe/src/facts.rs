@@ -8,6 +8,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::acs::Acs;
+
 /// Everything the probe learnt about this machine.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Facts {
@@ -28,12 +30,32 @@ pub struct Facts {
     /// Sources that could not be read, in words (e.g. "NVML: library not found").
     #[serde(default)]
     pub missing_sources: Vec<String>,
+    /// The PCI bridges on the cards' paths (root ports, switch ports: every entry of a
+    /// card's [`DeviceFacts::pci_path`] between the root bus and the card), each once, with
+    /// its ACS as its config space shows it. Empty where sysfs was not read (other OSes,
+    /// files saved before the probe read ACS): then nothing is known of ACS.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bridges: Vec<BridgeFacts>,
+}
+
+/// A PCI bridge on the path of one or more cards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeFacts {
+    /// Its PCI address, as in the cards' `pci_path` (`0000:40:01.1`).
+    pub bdf: String,
+    /// Its ACS, from its sysfs `config` ([`crate::acs::parse_config`]).
+    pub acs: Acs,
 }
 
 impl Facts {
     /// The device with this ordinal.
     pub fn device(&self, ordinal: usize) -> Option<&DeviceFacts> {
         self.devices.iter().find(|d| d.ordinal == ordinal)
+    }
+
+    /// The bridge with this PCI address.
+    pub fn bridge(&self, bdf: &str) -> Option<&BridgeFacts> {
+        self.bridges.iter().find(|b| b.bdf == bdf)
     }
 
     /// Whether NVML answered at all: some fact only NVML gives is known. `false` means
@@ -70,6 +92,12 @@ impl Facts {
             }
             if !pairs.insert((p.a, p.b)) {
                 return Err(format!("pair {} -> {} is listed twice: each ordered pair appears once", p.a, p.b));
+            }
+        }
+        let mut bridges = BTreeSet::new();
+        for b in &self.bridges {
+            if !bridges.insert(b.bdf.as_str()) {
+                return Err(format!("bridge {} is listed twice: each bridge appears once in `bridges`", b.bdf));
             }
         }
         Ok(())

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::branches::branch_for_version;
+use crate::branches::{TABLE_CHECKED, branch_for_version, newest_version, past_table};
 use crate::facts::{Architecture, CardClass, DeviceFacts, Facts, ModuleFlavour, P2pStatus, PairFacts};
 use crate::parse::{force_p2p_atomics, force_p2p_fields};
 
@@ -196,6 +196,17 @@ pub fn patch_state(facts: &Facts) -> PatchState {
             format!(
                 "open module {} is a version a patch branch exists for, built by {builder} (not NVIDIA); distributions and DKMS build stock modules too, and no NVML or CUDA fact shows an override",
                 module.version
+            ),
+        );
+    }
+    if past_table(&module.version) {
+        return PatchState::new(
+            Some(true),
+            Certainty::Possible,
+            format!(
+                "open module {} is newer than every patch branch this probe knows (its table ends at {}, checked on {TABLE_CHECKED}), built by {builder} (not NVIDIA); a branch for it may exist, and no NVML or CUDA fact shows an override",
+                module.version,
+                newest_version()
             ),
         );
     }

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::acs::{Acs, bit_names};
 use crate::facts::{Facts, ModuleFlavour, PairFacts};
 use crate::patch::patch_state;
 use crate::table::table;
@@ -111,6 +112,9 @@ impl Report {
         }
         let _ = writeln!(out, "{}", devices.trim_fmt());
         let _ = writeln!(out);
+        if !f.bridges.is_empty() {
+            render_bridges(f, &mut out);
+        }
         if self.topology.known() && f.devices.len() > 1 {
             self.render_topology(&mut out);
         }
@@ -147,7 +151,12 @@ impl Report {
         let mut matrix = table(&header, &["CPUs", "root port"]);
         for a in &t.cards {
             let paths = t.cards.iter().map(|b| {
-                if a.ordinal == b.ordinal { "X".to_owned() } else { t.path(a.ordinal, b.ordinal).label().to_owned() }
+                if a.ordinal == b.ordinal {
+                    "X".to_owned()
+                } else {
+                    let redirect = t.pair(a.ordinal, b.ordinal).is_some_and(|p| !p.acs_redirect.is_empty());
+                    format!("{}{}", t.path(a.ordinal, b.ordinal).label(), if redirect { ACS_MARK } else { "" })
+                }
             });
             let place = [
                 // "-": the kernel names no node (one-node machines); "?": not read.
@@ -163,6 +172,22 @@ impl Report {
         }
         let _ = writeln!(out, "{}", matrix.trim_fmt());
         let _ = writeln!(out, "{LEGEND}");
+        if t.pairs.iter().any(|p| !p.acs_redirect.is_empty()) {
+            let _ = writeln!(
+                out,
+                "{ACS_MARK} ACS on a bridge between the two cards redirects their peer traffic up to the root complex (the pair's verdict names the bridges and how to clear it)"
+            );
+        }
+        let mut unread: Vec<&str> = t.pairs.iter().flat_map(|p| p.acs_unread.iter().map(String::as_str)).collect();
+        unread.sort_unstable();
+        unread.dedup();
+        if !unread.is_empty() {
+            let _ = writeln!(
+                out,
+                "ACS not read on {} between the cards (run the probe as root to read it): where it redirects, the matrix cannot show it",
+                shown(&unread.join(", "))
+            );
+        }
         for u in &t.uplinks {
             let cards = u.cards.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
             let port = u.root_port.as_deref().map_or(String::new(), |p| format!(" (root port {})", shown(p)));
@@ -195,7 +220,7 @@ impl Report {
         let _ = writeln!(out, "{}", matrix.trim_fmt());
         let _ = writeln!(
             out,
-            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, VER, PROP, DR: it would after the steps listed (the code names the first) | PFAIL the patch is in effect, cause not shown | WDDM, MIX, VM, ARCH: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"
+            "legend: OK on | UNSAFE on but unsafe, OK? on but unchecked: copied staged | PATCH the patch would turn it on | BAR1, IOMMU, ACS, VER, PROP, DR: it would after the steps listed (the code names the first) | PFAIL the patch is in effect, cause not shown | WDDM, MIX, VM, ARCH: it cannot | TOPO, DRV: the stock driver refuses a professional or datacenter pair | ? not enough facts"
         );
         let _ = writeln!(
             out,
@@ -234,8 +259,37 @@ impl Report {
             for w in &v.warnings {
                 let _ = writeln!(out, "    WARNING: {}", shown(w));
             }
+            for n in &v.notes {
+                let _ = writeln!(out, "    note: {}", shown(n));
+            }
         }
     }
+}
+
+/// The mark of a topology matrix cell whose pair has ACS redirect on its path.
+const ACS_MARK: &str = "*";
+
+/// The bridges between the cards and their ACS, as read from config space: what `lspci
+/// -vvv` shows as `ACSCtl`, and which of its bits send peer traffic up to the root complex.
+fn render_bridges(f: &Facts, out: &mut String) {
+    let _ = writeln!(out, "bridges between the cards (ACS, from their config space)");
+    let mut rows = table(&["bridge", "ACS", "ACSCtl", "redirects"], &["bridge", "ACS", "ACSCtl", "redirects"]);
+    for b in &f.bridges {
+        let (state, control, redirects) = match &b.acs {
+            Acs::Read { control, .. } => {
+                let names = b.acs.redirect_names();
+                let on = bit_names(*control).join(" ");
+                let redirects = if names.is_empty() { "no".to_owned() } else { format!("YES: {}", names.join(" ")) };
+                ("read".to_owned(), format!("{control:#06x} {on}").trim_end().to_owned(), redirects)
+            }
+            Acs::Absent => ("no ACS".to_owned(), "-".to_owned(), "no".to_owned()),
+            Acs::NeedsRoot { bytes } => (format!("needs root ({bytes} bytes read)"), "?".to_owned(), "?".to_owned()),
+            Acs::Unreadable { .. } => ("unreadable".to_owned(), "?".to_owned(), "?".to_owned()),
+        };
+        rows.add_row(vec![shown(&b.bdf).into_owned(), state, control, redirects]);
+    }
+    let _ = writeln!(out, "{}", rows.trim_fmt());
+    let _ = writeln!(out);
 }
 
 /// `text` as the report prints it: control characters (and the bidirectional overrides

@@ -8,6 +8,8 @@ use crate::facts::*;
 use crate::parse;
 use crate::{Certainty, Error, PatchOutlook, Report, verdicts};
 
+mod acs;
+
 const GIB: u64 = 1 << 30;
 
 /// A saved-facts file under `tests/fixtures/` (the shape `gp2p probe --json` writes).
@@ -337,7 +339,8 @@ fn a_5090_is_only_sent_to_branches_that_drive_it() {
     assert_eq!(v.code, "VER");
     assert!(v.reason.contains("the 570.86.16-p2p branch does not drive Blackwell cards"), "{}", v.reason);
     let PatchOutlook::AfterChange(change) = &v.patch else { panic!("{:?}", v.patch) };
-    assert!(change.starts_with("move to one of 575.64.05") && !change.contains("570.") && !change.contains("565."));
+    assert!(change.starts_with("move to one of 615.71.09") && !change.contains("570.") && !change.contains("565."));
+    assert!(change.contains(", the newest 6 of the 15 from 575.51.02 on that PATCH.md lists"), "{change}");
     // The proprietary module: the switch names Blackwell branches only.
     let mut f = load_fixture("5090-pair-stock-570.json");
     f.host.kernel_module =
@@ -351,7 +354,7 @@ fn a_5090_is_only_sent_to_branches_that_drive_it() {
     assert_eq!(v.code, "UNSAFE");
     assert!(
         v.hazards[0].contains("does not drive Blackwell")
-            && v.remedy.starts_with("move to a branch that drives Blackwell cards: 575.64.05")
+            && v.remedy.starts_with("move to a branch that drives Blackwell cards: 615.71.09")
     );
     // And where CUDA refuses on that branch: told the branch is wrong, not to install the patch.
     let mut f = load_fixture("5090-pair-patched-570-branch.json");
@@ -490,6 +493,83 @@ fn an_open_module_without_a_patch_branch_needs_a_version_change() {
         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)  2026",
     );
     assert_eq!(first(&f).code, "VER");
+}
+
+#[test]
+fn a_610_open_module_on_two_4090s_gets_its_published_branch() {
+    // Issue #50: NVIDIA's 610.43.02 open module was told no branch exists and to downgrade.
+    let f = load_fixture("4090-pair-stock-610.43.02.json");
+    for v in verdicts(&f) {
+        assert_eq!((v.code.as_str(), v.certainty, &v.patch), ("PATCH", Certainty::Likely, &PatchOutlook::Would));
+        assert_eq!(
+            v.remedy,
+            "install the P2P patch, branch 610.43.02-p2p of aikitoria/open-gpu-kernel-modules, for open module 610.43.02 (PATCH.md), then check with `gp2p probe` and `gp2p bench copy --route peer`"
+        );
+        assert!(v.warnings.is_empty(), "seen in the repository itself: {:?}", v.warnings);
+    }
+    // A branch known only from third parties is named with a caution.
+    let mut f = f;
+    let stock_615 =
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  615.71.09  Release Build  (dvs-builder@U22)  2026";
+    f.host.kernel_module = parse::kernel_module(stock_615);
+    let v = first(&f);
+    assert!(v.remedy.contains("branch 615.71.09-p2p of aikitoria/open-gpu-kernel-modules"), "{}", v.remedy);
+    assert_eq!(
+        v.warnings,
+        [
+            "branch 615.71.09-p2p is known from third-party notes, not seen in aikitoria/open-gpu-kernel-modules itself (branch table checked on 2026-12-05): make sure it is listed at https://github.com/aikitoria/open-gpu-kernel-modules/tree/615.71.09-p2p before building"
+        ]
+    );
+}
+
+#[test]
+fn a_driver_past_the_table_is_not_known_never_branchless() {
+    let f = load_fixture("4090-pair-stock-625-past-table.json");
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.certainty), ("VER", Certainty::Possible));
+    assert_eq!(
+        v.reason,
+        "the driver refuses P2P (NVML: read CNS, write CNS, atomics NS); open module 625.20.03 is newer than every patch branch this probe knows: its table ends at 615.71.09 (checked on 2026-12-05), so a branch for 625.20.03 may exist"
+    );
+    assert!(!v.reason.contains("no patch branch exists"), "{}", v.reason);
+    assert!(
+        v.steps[0].remedy.starts_with(
+            "look for a 625.20.03 branch in the P2P patch's branch lists (https://github.com/aikitoria/open-gpu-kernel-modules/branches/all, https://github.com/tinygrad/open-gpu-kernel-modules/branches/all) and, if there is one for Ada cards, build it at exactly 625.20.03; if there is none, install a driver version whose patch branch drives Ada cards (615.71.09, "
+        ),
+        "{}",
+        v.steps[0].remedy
+    );
+    assert_eq!(step_codes(&v), ["VER", "PATCH"]);
+    assert!(
+        matches!(&v.patch, PatchOutlook::AfterChange(c) if c.starts_with("a 625.20.03 branch, where one is published, or a move to one of 615.71.09"))
+    );
+    let text = Report::new(f.clone()).render();
+    assert!(text.contains("0 -> 1 [VER, possible] "), "{text}");
+    // Built by someone other than NVIDIA past the table: a patched module is possible, and
+    // never acted on.
+    // (NVML's CNS would show it is not in effect, so without NVML.)
+    let mut f = f;
+    if let Some(m) = f.host.kernel_module.as_mut() {
+        m.builder = Some("root@rig".into());
+    }
+    f.pairs.iter_mut().for_each(|p| (p.nvml_read, p.nvml_write, p.nvml_atomics) = (None, None, None));
+    let state = crate::patch_state(&f);
+    assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Possible));
+    assert!(
+        state.because.contains(
+            "newer than every patch branch this probe knows (its table ends at 615.71.09, checked on 2026-12-05)"
+        ),
+        "{}",
+        state.because
+    );
+    // Inside the table's range, a version with no branch keeps the plain wording.
+    let mut f = load_fixture("4090-pair-stock-625-past-table.json");
+    f.host.kernel_module = parse::kernel_module(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)  2026",
+    );
+    let v = first(&f);
+    assert_eq!((v.code.as_str(), v.certainty), ("VER", Certainty::Shown));
+    assert!(v.reason.ends_with("no patch branch exists for open module 580.159.04"), "{}", v.reason);
 }
 
 #[test]
@@ -758,7 +838,7 @@ fn two_blockers_at_once_are_both_named_and_rendered_in_order() {
     assert!(v.steps[1].remedy.starts_with("enable Above 4G decoding and Resizable BAR"), "{:?}", v.steps);
     assert!(v.steps[2].remedy.contains("the driver version the steps above lead to"), "{:?}", v.steps);
     let PatchOutlook::AfterChange(changes) = &v.patch else { panic!("{:?}", v.patch) };
-    assert!(changes.starts_with("move to one of 550.54.15") && changes.contains("; then enable Resizable BAR"));
+    assert!(changes.starts_with("move to one of 615.71.09") && changes.contains("; then enable Resizable BAR"));
     let text = Report::new(f).render();
     let steps = "    remedy, in order:\n      1. [VER] install a driver version whose patch branch drives Ada cards";
     assert!(text.contains(steps), "{text}");
@@ -1161,10 +1241,16 @@ fn four_cards_behind_one_switch_share_its_uplink() {
     assert!(t.pairs.iter().all(|p| p.path == PathKind::Switch));
     assert_eq!(t.numa_nodes(), [(0, vec![0, 1, 2, 3])]);
     assert!(t.cards.iter().all(|c| c.switch_ports == 2), "{:?}", t.cards);
-    // The proprietary module at a version with no branch: two steps, then the patch.
-    assert_eq!(step_codes(&first(&f)), ["PROP", "VER", "PATCH"]);
+    // The proprietary module at a version with no branch, and ACS redirect on the switch's
+    // downstream ports: three steps, then the patch.
+    assert_eq!(step_codes(&first(&f)), ["PROP", "VER", "ACS", "PATCH"]);
+    assert!(t.pairs.iter().all(|p| p.acs_redirect.len() == 2 && p.acs_unread.is_empty()), "{:?}", t.pairs);
     let text = Report::new(f).render();
-    assert!(text.contains("\n 0   X  SW  SW  SW     0  0-111  0000:16:01.0\n"), "{text}");
+    assert!(text.contains("\n 0    X  SW*  SW*  SW*     0  0-111  0000:16:01.0\n"), "{text}");
+    assert!(
+        text.contains("\n* ACS on a bridge between the two cards redirects their peer traffic up to the root complex"),
+        "{text}"
+    );
     assert!(text.contains("shared uplink: cards 0, 1, 2, 3 behind one switch (root port 0000:16:01.0)"), "{text}");
 }
 

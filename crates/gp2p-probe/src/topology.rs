@@ -113,6 +113,14 @@ pub struct PairPlace {
     pub b: usize,
     /// How.
     pub path: PathKind,
+    /// The bridges between the two cards ([`bridges_between`]) whose ACS redirects peer
+    /// traffic up to the root complex ([`crate::acs::REDIRECTS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acs_redirect: Vec<String>,
+    /// The bridges between the two cards whose ACS is not known (its config space needs
+    /// root, or could not be read). Empty where the facts read no bridge at all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acs_unread: Vec<String>,
 }
 
 /// The host side of every card's link: per card its place, the groups of cards behind one
@@ -137,7 +145,14 @@ impl Topology {
         for (i, a) in facts.devices.iter().enumerate() {
             for b in &facts.devices[i + 1..] {
                 let (a, b) = if a.ordinal < b.ordinal { (a, b) } else { (b, a) };
-                pairs.push(PairPlace { a: a.ordinal, b: b.ordinal, path: path_between(facts, a, b) });
+                let (acs_redirect, acs_unread) = acs_between(facts, a, b);
+                pairs.push(PairPlace {
+                    a: a.ordinal,
+                    b: b.ordinal,
+                    path: path_between(facts, a, b),
+                    acs_redirect,
+                    acs_unread,
+                });
             }
         }
         pairs.sort_by_key(|p| (p.a, p.b));
@@ -148,8 +163,13 @@ impl Topology {
     /// How the traffic of cards `a` and `b` meets; [`PathKind::Unknown`] for a card the
     /// facts do not list.
     pub fn path(&self, a: usize, b: usize) -> PathKind {
+        self.pair(a, b).map_or(PathKind::Unknown, |p| p.path)
+    }
+
+    /// The place of the unordered pair of `a` and `b`, where the facts list both.
+    pub fn pair(&self, a: usize, b: usize) -> Option<&PairPlace> {
         let (a, b) = (a.min(b), a.max(b));
-        self.pairs.iter().find(|p| p.a == a && p.b == b).map_or(PathKind::Unknown, |p| p.path)
+        self.pairs.iter().find(|p| p.a == a && p.b == b)
     }
 
     /// Whether traffic between `a` and `b` crosses the interconnect between NUMA nodes;
@@ -220,6 +240,45 @@ fn path_between(facts: &Facts, a: &DeviceFacts, b: &DeviceFacts) -> PathKind {
         _ if same_numa(&pa, &pb) == Some(false) => PathKind::System,
         _ => PathKind::Unknown,
     }
+}
+
+/// The PCI bridges between cards `a` and `b`, from their sysfs paths: on each side, the
+/// bridges below the deepest one both paths share (their traffic turns there), down to
+/// but not including the card. Root ports count (the root bus does not); a pair under one
+/// switch gets its two downstream ports, and any switch below them. `None` where a path
+/// is not known.
+pub fn bridges_between(a: &DeviceFacts, b: &DeviceFacts) -> Option<Vec<String>> {
+    let (pa, pb) = (a.pci_path.as_deref()?, b.pci_path.as_deref()?);
+    let shared = pa.iter().zip(pb).take_while(|(x, y)| x == y).count();
+    let below = |path: &[String]| -> Vec<String> {
+        // [root bus, bridges…, card]: the bridges past the shared part, never the root bus.
+        let bridges = path.get(1..path.len().saturating_sub(1)).unwrap_or(&[]);
+        bridges.iter().skip(shared.saturating_sub(1)).cloned().collect()
+    };
+    let mut between = below(pa);
+    for bridge in below(pb) {
+        if !between.contains(&bridge) {
+            between.push(bridge);
+        }
+    }
+    Some(between)
+}
+
+/// The bridges between `a` and `b` that redirect peer traffic (ACS), and those whose ACS
+/// is not known. Nothing where the facts read no bridge (ACS was not collected).
+pub fn acs_between(facts: &Facts, a: &DeviceFacts, b: &DeviceFacts) -> (Vec<String>, Vec<String>) {
+    let (mut redirect, mut unread) = (Vec::new(), Vec::new());
+    if facts.bridges.is_empty() {
+        return (redirect, unread);
+    }
+    for bdf in bridges_between(a, b).unwrap_or_default() {
+        match facts.bridge(&bdf) {
+            Some(bridge) if bridge.acs.redirects() != 0 => redirect.push(bdf),
+            Some(bridge) if bridge.acs.known() => {}
+            _ => unread.push(bdf),
+        }
+    }
+    (redirect, unread)
 }
 
 /// Whether two cards share a NUMA node: by their nodes where both are named, else by their
@@ -341,6 +400,61 @@ mod tests {
         (a.numa_node, a.local_cpulist, b.local_cpulist) = (Some(0), Some("0-15".into()), Some("0-31".into()));
         let facts = Facts { devices: vec![a, b], ..Facts::default() };
         assert_eq!(Topology::new(&facts).path(0, 1), PathKind::Unknown);
+    }
+
+    #[test]
+    fn the_bridges_between_two_cards_are_those_below_where_their_paths_part() {
+        let path = |p: &[&str]| card(0, 0, p);
+        let sw_a = path(&["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:08.0", "0000:03:00.0"]);
+        let sw_b = path(&["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:10.0", "0000:04:00.0"]);
+        let own_port = path(&["pci0000:00", "0000:00:03.0", "0000:05:00.0"]);
+        let other_rc = path(&["pci0000:40", "0000:40:01.1", "0000:41:00.0"]);
+        // One switch: its two downstream ports, not its upstream port or the root port.
+        assert_eq!(bridges_between(&sw_a, &sw_b).unwrap(), ["0000:02:08.0", "0000:02:10.0"]);
+        // Root ports of one root complex: the root ports, and the switch on one side.
+        assert_eq!(
+            bridges_between(&sw_a, &own_port).unwrap(),
+            ["0000:00:01.0", "0000:01:00.0", "0000:02:08.0", "0000:00:03.0"]
+        );
+        // Two root complexes: every bridge of both paths.
+        assert_eq!(bridges_between(&own_port, &other_rc).unwrap(), ["0000:00:03.0", "0000:40:01.1"]);
+        // A card on the root bus itself (some virtual machines) has no bridge; unknown paths none.
+        let vm = path(&["pci0001:00", "0001:00:00.0"]);
+        assert_eq!(bridges_between(&vm, &other_rc).unwrap(), ["0000:40:01.1"]);
+        assert_eq!(bridges_between(&DeviceFacts::default(), &other_rc), None);
+    }
+
+    #[test]
+    fn acs_redirect_and_unread_bridges_are_named_per_pair() {
+        use crate::acs::Acs;
+        use crate::facts::BridgeFacts;
+        let bridge = |bdf: &str, acs| BridgeFacts { bdf: bdf.into(), acs };
+        let mut facts = Facts {
+            devices: vec![
+                card(0, 0, &["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:08.0", "0000:03:00.0"]),
+                card(1, 0, &["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:10.0", "0000:04:00.0"]),
+            ],
+            ..Facts::default()
+        };
+        // Nothing read: nothing said (files saved before ACS was read).
+        assert_eq!(
+            (Topology::new(&facts).pairs[0].acs_redirect.len(), Topology::new(&facts).pairs[0].acs_unread.len()),
+            (0, 0)
+        );
+        facts.bridges = vec![
+            bridge("0000:02:08.0", Acs::Read { offset: 0x1c0, capability: 0x7f, control: 0x1d }),
+            bridge("0000:02:10.0", Acs::NeedsRoot { bytes: 64 }),
+        ];
+        let pair = &Topology::new(&facts).pairs[0];
+        assert_eq!(
+            (pair.acs_redirect.as_slice(), pair.acs_unread.as_slice()),
+            (&["0000:02:08.0".to_owned()][..], &["0000:02:10.0".to_owned()][..])
+        );
+        // Read and clear, or no ACS at all: neither list. A bridge left out of a file that
+        // read others is not known.
+        facts.bridges = vec![bridge("0000:02:08.0", Acs::Read { offset: 0x1c0, capability: 0x7f, control: 0x11 })];
+        let pair = &Topology::new(&facts).pairs[0];
+        assert_eq!((pair.acs_redirect.len(), pair.acs_unread.as_slice()), (0, &["0000:02:10.0".to_owned()][..]));
     }
 
     #[test]

@@ -6,7 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::branches::{BAR1_PER_ALLOCATION_BRANCH, architectures_driven, branch_for_version, versions_for};
+use crate::branches::{
+    BAR1_PER_ALLOCATION_BRANCH, BRANCH_LISTS, TABLE_CHECKED, architectures_driven, branch_for_version, newest_version,
+    past_table, versions_for, versions_in_words,
+};
 use crate::chips::chip_bar1;
 use crate::facts::{
     Architecture, CardClass, DeviceFacts, Facts, KernelModule, ModuleFlavour, P2pStatus, PairFacts, bar1_holds,
@@ -15,20 +18,23 @@ use crate::facts::{
 use crate::parse::force_p2p_fields;
 use crate::patch::{Certainty, Forced, PatchState, forced, patch_state};
 
+mod acs;
+mod bar1;
 mod rules;
 
+use bar1::per_allocation_version;
 #[cfg(test)]
 use rules::CHECKS;
 use rules::chain;
 
 /// The rules, in the order they are tried, as documented in the report's legend. This is
 /// also the order of a pair's steps: what stands in the way of everything after it first
-/// (the platform, then registry keys, the driver, the firmware's BAR1, the kernel's IOMMU),
-/// and the patch last, built against the driver the steps before it installed. Where one
+/// (the platform, then registry keys, the driver, the firmware's BAR1, the kernel's IOMMU,
+/// the bridges' ACS), and the patch last, built against the driver the steps before it installed. Where one
 /// rule makes another moot, the other adds no step: after `card` (professional and
 /// datacenter cards) and `patched` (which names every missing piece itself) none; after a
 /// rule that says P2P can never work (`arch`, `mixed`, and `wddm` on a GeForce card) none
-/// of `regkey`, `module`, `version`, `bar1` and `iommu` (no setting helps); on Windows
+/// of `regkey`, `module`, `version`, `bar1`, `iommu` and `acs` (no setting helps); on Windows
 /// neither `module`, `version` nor `iommu` (Linux's).
 pub const RULES: &[&str] = &[
     "facts: without two listed devices and CUDA's answer for the pair nothing is decided",
@@ -41,9 +47,10 @@ pub const RULES: &[&str] = &[
     "arch: GeForce cards of an architecture no patch branch drives",
     "patched: the patch is in effect and CUDA still refuses: what else is missing (branch, BAR1, IOMMU, or a cause the facts cannot show)",
     "module: the proprietary kernel module (the patch needs the open one, at a version with a branch for the cards)",
-    "version: a driver version with no patch branch for the cards' architecture",
+    "version: a driver version with no patch branch for the cards' architecture (one newer than the branch table: not known, so possible only)",
     "bar1: BAR1 smaller than VRAM (Resizable BAR where the card, or else its chip's cards as reported, offer more; a BAR1 at that limit gets the per-allocation branch, or nothing)",
     "iommu: the IOMMU translates GPU DMA",
+    "acs: ACS on a bridge between the cards redirects peer traffic up to the root complex (slow, or a hang, once P2P is on)",
     "patch: everything the patch needs is in place, or will be after the steps before: install it",
 ];
 
@@ -119,6 +126,10 @@ pub struct Verdict {
     /// sentences joined. Empty where P2P is on: the remedy names what makes it safe.
     #[serde(default)]
     pub steps: Vec<Step>,
+    /// What the facts could not tell about the pair and how to learn it (ACS of a bridge
+    /// between the cards that needs root to read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// One step of a pair's way to P2P.
@@ -181,19 +192,6 @@ enum Missing {
     Iommu,
 }
 
-/// What would let a device's BAR1 map its VRAM, from [`Pair::bar1_fix`].
-struct Bar1Fix {
-    /// What to do, in a sentence.
-    remedy: String,
-    /// What the patch would do then.
-    outlook: PatchOutlook,
-    /// The assumption the advice rests on, where it comes from the chip table rather than
-    /// the card's own sizes (the verdict is then "likely" and names it).
-    assumption: Option<String>,
-    /// The remedy is the per-allocation branch (the card's BAR1 cannot grow enough).
-    per_allocation: bool,
-}
-
 /// One pair with everything its rules look at.
 struct Pair<'f> {
     facts: &'f Facts,
@@ -218,6 +216,7 @@ fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
         unchecked: Vec::new(),
         warnings: Vec::new(),
         steps: vec![Step { rule: "facts".into(), code: "?".into(), remedy: remedy.into() }],
+        notes: Vec::new(),
     };
     // 1. A pair of devices the facts describe, and CUDA's answer for it.
     let (Some(a), Some(b)) = (facts.device(pair.a), facts.device(pair.b)) else {
@@ -239,10 +238,12 @@ fn judge(facts: &Facts, patch: &PatchState, pair: &PairFacts) -> Verdict {
     }
     let p = Pair { facts, pair, a, b, patch };
     let found = chain(&p);
-    match found.first() {
+    let mut v = match found.first() {
         Some((_, v)) if v.on.is_some() => v.clone(),
         _ => p.combine(found),
-    }
+    };
+    v.notes.extend(p.acs_note());
+    v
 }
 
 /// The patch outlook of a chain of blockers, from each one's: not for these cards where the
@@ -308,6 +309,7 @@ impl Pair<'_> {
             unchecked: Vec::new(),
             warnings: Vec::new(),
             steps: Vec::new(),
+            notes: Vec::new(),
         }
     }
 
@@ -364,22 +366,14 @@ impl Pair<'_> {
         install
     }
 
-    /// Whether this pair's BAR1 remedy is the per-allocation branch (a card's BAR1 cannot
-    /// grow to hold its VRAM): then that branch's driver version is the one to move to.
-    fn per_allocation(&self) -> bool {
-        self.devices()
-            .into_iter()
-            .find(|d| d.bar1_covers_vram() == Some(false))
-            .is_some_and(|d| self.bar1_fix(d).per_allocation)
-    }
-
     fn devices(&self) -> [&DeviceFacts; 2] {
         [self.a, self.b]
     }
 
-    /// The driver versions whose patch branch drives this pair's architecture, in words.
+    /// The driver versions whose patch branch drives this pair's architecture, in words
+    /// ([`versions_in_words`]).
     fn versions(&self) -> String {
-        versions_for(self.a.arch()).join(", ")
+        versions_in_words(&versions_for(self.a.arch()))
     }
 
     /// Why the module's patch branch cannot drive this pair, when it is a branch that
@@ -416,134 +410,6 @@ impl Pair<'_> {
     fn iommu_translates(&self, d: &DeviceFacts) -> Option<bool> {
         let cmdline = self.facts.host.iommu_cmdline.as_ref();
         d.iommu_translates().or_else(|| cmdline.filter(|c| c.passthrough() || c.off()).map(|_| false))
-    }
-
-    /// What would let device `d`'s BAR1 map its VRAM (the static BAR1 mapping the patch
-    /// uses), and what the patch would do then. Resizable BAR is advised only where the card
-    /// offers a BAR1 that large: the sizes it offers (sysfs `resource1_resize`) where read,
-    /// else its chip's largest where a report shows it ([`chip_bar1`]). A BAR1 already at
-    /// that largest size is a limit of the card, never a firmware setting to change.
-    fn bar1_fix(&self, d: &DeviceFacts) -> Bar1Fix {
-        let n = d.ordinal;
-        let vram = gib(d.vram_bytes);
-        let needed = bar1_needed(d.vram_bytes).map_or("more than any BAR can be".into(), gib);
-        let resizes = if self.patch.acted_on() {
-            " (the patched module resizes BAR1 itself at load where the firmware leaves room)"
-        } else {
-            ""
-        };
-        let chip = chip_bar1(d);
-        // The largest BAR1 the card can have, and whether that comes from the chip table
-        // (then the verdict names the assumption: this card offers no more than its chip's).
-        let (largest, assumption) = match (d.bar1_largest(), chip) {
-            (Some(largest), _) => (largest, None),
-            (None, Some(row)) if row.source.reported() => {
-                let largest = row.largest_bar1.max(d.bar1_bytes.unwrap_or(0));
-                let assumption = format!(
-                    "assuming device {n} offers no more than the {} reported for {} cards, as its own sizes were not read (sysfs resource1_resize)",
-                    gib(row.largest_bar1),
-                    row.chip
-                );
-                (largest, Some(assumption))
-            }
-            (None, row) => {
-                let assumed = row.map_or(String::new(), |row| {
-                    format!("; {} cards offer up to {}, {}", row.chip, gib(row.largest_bar1), row.source.describe())
-                });
-                return Bar1Fix {
-                    remedy: format!(
-                        "enable Above 4G decoding and Resizable BAR in the firmware, if device {n} offers a BAR1 of at least {needed} (the sizes it offers were not read: sysfs resource1_resize{assumed})"
-                    ),
-                    outlook: PatchOutlook::AfterChange(format!(
-                        "enable Resizable BAR, if device {n} offers a BAR1 of at least {needed}"
-                    )),
-                    assumption: None,
-                    per_allocation: false,
-                };
-            }
-        };
-        let offers = match (assumption.is_some(), chip) {
-            (true, Some(row)) => format!(
-                "{} cards like device {n} offer a BAR1 of up to {} ({}; its own sizes were not read)",
-                row.chip,
-                gib(row.largest_bar1),
-                row.source.describe()
-            ),
-            _ => format!("device {n} offers a BAR1 of up to {}", gib(largest)),
-        };
-        if bar1_holds(largest, d.vram_bytes) {
-            return Bar1Fix {
-                remedy: format!(
-                    "enable Above 4G decoding and Resizable BAR in the firmware: {offers}, enough for its {vram} of VRAM{resizes}"
-                ),
-                outlook: PatchOutlook::AfterChange(format!("enable Resizable BAR ({offers})")),
-                assumption,
-                per_allocation: false,
-            };
-        }
-        let stuck = match (&assumption, chip) {
-            (Some(_), Some(row)) => format!(
-                "device {n}'s BAR1 ({}) cannot grow past {}, the largest {} cards offer ({})",
-                gib(d.bar1_bytes.unwrap_or(0)),
-                gib(largest),
-                row.chip,
-                row.source.describe()
-            ),
-            _ if d.bar1_sizes.as_ref().is_some_and(Vec::is_empty) => {
-                format!("device {n} offers no resizable BAR1 (it stays at {})", gib(largest))
-            }
-            _ => format!("device {n}'s BAR1 cannot grow past {}", gib(largest)),
-        };
-        let geforce = d.class() == Some(CardClass::GeForce);
-        if geforce && d.arch() == Architecture::Ada {
-            // A BAR1 below the card's largest still grows (the per-allocation branch maps
-            // through it too): the firmware setting comes first, then the branch.
-            let (rebar, firmware, then) = if d.bar1_bytes.is_some_and(|b| b < largest) {
-                let up_to = gib(largest);
-                (
-                    format!(
-                        "enable Above 4G decoding and Resizable BAR in the firmware (up to {up_to}){resizes}; then "
-                    ),
-                    "",
-                    format!("enable Resizable BAR (up to {up_to}), then "),
-                )
-            } else {
-                (String::new(), ", whatever the firmware sets", String::new())
-            };
-            return Bar1Fix {
-                remedy: format!(
-                    "{rebar}{stuck}, less than its {vram} of VRAM, so the static BAR1 mapping (it needs {needed}) cannot fit{firmware}: the experimental {BAR1_PER_ALLOCATION_BRANCH} branch maps BAR1 per allocation instead (made for 48 GB 4090s)"
-                ),
-                outlook: PatchOutlook::AfterChange(format!(
-                    "{then}move to the experimental {BAR1_PER_ALLOCATION_BRANCH} branch, which maps BAR1 per allocation"
-                )),
-                assumption,
-                per_allocation: true,
-            };
-        }
-        if geforce && d.bar1_sizes.as_ref().is_some_and(Vec::is_empty) {
-            return Bar1Fix {
-                remedy: format!(
-                    "{stuck}: a VBIOS update from the card's maker may add Resizable BAR (without one nothing covers its VRAM and this pair stays staged)"
-                ),
-                outlook: PatchOutlook::AfterChange(
-                    "a VBIOS update that adds Resizable BAR, where the card's maker has one".into(),
-                ),
-                assumption,
-                per_allocation: false,
-            };
-        }
-        Bar1Fix {
-            remedy: format!(
-                "none: {stuck}, less than its {vram} of VRAM, and no patch branch maps BAR1 per allocation for this card; this pair stays staged"
-            ),
-            outlook: PatchOutlook::Cannot(format!(
-                "device {n}'s BAR1 cannot map its VRAM ({needed} needed), and it cannot grow past {}",
-                gib(largest)
-            )),
-            assumption,
-            per_allocation: false,
-        }
     }
 
     fn module(&self) -> Option<&KernelModule> {
@@ -616,6 +482,14 @@ impl Pair<'_> {
                 self.patch.because
             ));
         }
+        if let Some(b) = branch_for_version(version).filter(|b| b.third_party_only) {
+            verdict.warnings.push(format!(
+                "branch {} is known from third-party notes, not seen in {} itself (branch table checked on {TABLE_CHECKED}): make sure it is listed at {} before building",
+                b.name,
+                b.line.repository(),
+                b.url
+            ));
+        }
         if self.a.name != self.b.name {
             verdict.warnings.push(format!(
                 "different models ({} and {}): the patch has been seen to work between cards of one chip; CUDA may refuse other pairs",
@@ -624,11 +498,6 @@ impl Pair<'_> {
         }
         verdict
     }
-}
-
-/// The driver version of the per-allocation branch ([`BAR1_PER_ALLOCATION_BRANCH`]).
-fn per_allocation_version() -> &'static str {
-    crate::branches::PATCH_BRANCHES.iter().find(|b| b.name == BAR1_PER_ALLOCATION_BRANCH).map_or("?", |b| b.version)
 }
 
 /// Bytes as GiB with one decimal, as the verdicts and the report write them.

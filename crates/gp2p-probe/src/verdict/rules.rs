@@ -4,6 +4,10 @@
 
 use super::*;
 
+mod on;
+
+use on::on;
+
 /// A rule: the verdicts it gives the pair, none where it does not apply (`patched` and
 /// `iommu` can give more than one: each names one blocker).
 pub(super) type Rule = fn(&Pair<'_>) -> Vec<Verdict>;
@@ -22,6 +26,7 @@ pub(super) const CHECKS: &[(&str, Rule)] = &[
     ("version", |p| version(p).into_iter().collect()),
     ("bar1", |p| bar1(p).into_iter().collect()),
     ("iommu", iommu),
+    ("acs", |p| acs(p).into_iter().collect()),
 ];
 
 /// Every rule that applies to the pair, in the order of [`CHECKS`], each with its name: the
@@ -33,8 +38,8 @@ pub(super) const CHECKS: &[(&str, Rule)] = &[
 /// - `patched` ends it: with the patch in effect it names every missing piece (branch,
 ///   BAR1, IOMMU) itself.
 /// - A rule that says P2P can never work on the pair ([`never`]: `arch`, `mixed`, and
-///   `wddm` on a GeForce card) makes `regkey`, `module`, `version`, `bar1` and `iommu` after
-///   it moot: no driver, firmware or kernel setting brings P2P then.
+///   `wddm` on a GeForce card) makes `regkey`, `module`, `version`, `bar1`, `iommu` and
+///   `acs` after it moot: no driver, firmware or kernel setting brings P2P then.
 /// - Windows makes `module`, `version` and `iommu` moot (Linux's kernel module and IOMMU
 ///   groups; the `wddm` step already says Linux is the way).
 pub(super) fn chain(p: &Pair<'_>) -> Vec<(&'static str, Verdict)> {
@@ -50,7 +55,7 @@ pub(super) fn chain(p: &Pair<'_>) -> Vec<(&'static str, Verdict)> {
                 break;
             }
             "module" | "version" | "iommu" => windows || hopeless,
-            "regkey" | "bar1" => hopeless,
+            "regkey" | "bar1" | "acs" => hopeless,
             _ => false,
         };
         if moot {
@@ -76,150 +81,6 @@ fn never(rule: &str, v: &Verdict) -> bool {
         "wddm" => v.remedy.starts_with("none"),
         _ => false,
     }
-}
-
-/// Rule `on`: CUDA can access the peer. Where an override forces P2P on (the patch, or a
-/// ForceP2P key), the driver skipped its own BAR1 and IOMMU checks, so those are checked
-/// here: a failed one makes the pair UNSAFE, an unknown one OK?, and `Route::Auto` copies
-/// either staged.
-fn on(p: &Pair<'_>) -> Option<Verdict> {
-    if p.pair.can_access_peer != Some(true) {
-        return None;
-    }
-    let forced = forced(p.facts, p.patch);
-    let link = if p.pair.nvml_nvlink == Some(P2pStatus::Ok) {
-        Link::NvLink
-    } else if forced.is_some() || p.pair.performance_rank.is_some_and(|r| r > 0) {
-        Link::PcieBar1
-    } else {
-        Link::Pcie
-    };
-    let used = ["cuDeviceCanAccessPeer", "nvml p2p nvlink", "nvml p2p atomics", "kernel module"];
-    let over = link_name(link);
-    let Some(Forced { certainty, why, by_key }) = forced.filter(|_| link != Link::NvLink) else {
-        let mut v = p.off(
-            "OK",
-            Certainty::Shown,
-            format!("CUDA can access the peer (over {over}); the driver's own decision"),
-            "nothing to do: geforce-p2p copies by P2P on this pair".into(),
-            PatchOutlook::NotNeeded,
-            &used,
-        );
-        v.on = Some(link);
-        return Some(v);
-    };
-    let (mut hazards, mut unchecked, mut lacking) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut bar1_remedy, mut iommu_remedy) = (None, None);
-    let mut branch_remedy = None;
-    if let Some(wrong) = p.branch_lacking_arch().filter(|_| !by_key && p.geforce()) {
-        hazards
-            .push(format!("{wrong}: enabling peer access fails (cudaErrorMapBufferObjectFailed) or copies go wrong"));
-        branch_remedy = Some(format!("move to a branch that drives {} cards: {}", p.a.arch().name(), p.versions()));
-    }
-    for d in p.devices() {
-        match d.bar1_covers_vram() {
-            Some(false) => {
-                hazards.push(format!(
-                    "{}: forced peer mappings fail (cudaErrorMapBufferObjectFailed) or copies land in the wrong place",
-                    bar1_too_small(d)
-                ));
-                // One BAR1 remedy, for the first card: a pair's two cards are (almost
-                // always) the same model, and the hazards name both. Only GeForce cards
-                // need BAR1 to hold VRAM: the stock driver's own P2P does not.
-                if p.geforce() {
-                    bar1_remedy.get_or_insert_with(|| p.bar1_fix(d).remedy);
-                }
-            }
-            None => {
-                unchecked.push(p.missing(Missing::Bar1, d));
-                lacking.push(Missing::Bar1);
-            }
-            Some(true) => {}
-        }
-        match p.iommu_translates(d) {
-            Some(true) => {
-                hazards.push(format!(
-                    "{}: peer copies finish with zeros or garbage (IO_PAGE_FAULT in dmesg)",
-                    iommu_translates(d)
-                ));
-                iommu_remedy = Some(IOMMU_REMEDY.to_owned());
-            }
-            None => {
-                unchecked.push(p.missing(Missing::Iommu, d));
-                lacking.push(Missing::Iommu);
-            }
-            Some(false) => {}
-        }
-    }
-    // Without the override the driver checks BAR1 and the IOMMU itself: where the key
-    // forces P2P, or the patch does on cards the stock driver serves, undoing it is the fix.
-    let undo = if by_key {
-        Some(format!(
-            "remove ForceP2P from NVreg_RegistryDwords so the driver decides P2P itself{}",
-            if p.geforce() { "" } else { " (it does so safely on these cards)" }
-        ))
-    } else if !p.geforce() {
-        Some("go back to NVIDIA's stock module (PATCH.md, Going back): its own P2P on these cards checks BAR1 and the IOMMU".into())
-    } else {
-        None
-    };
-    // What the patch, where it forces P2P, still needs for this pair to be safe.
-    let outlook = |needs: Vec<&str>| {
-        if by_key { PatchOutlook::NotNeeded } else { p.geforce_outlook(PatchOutlook::InEffect(needs.join(", "))) }
-    };
-    let needs: Vec<&str> = [
-        branch_remedy.as_ref().map(|_| "a branch for these cards"),
-        bar1_remedy.as_ref().map(|_| "a BAR1 that holds VRAM"),
-        iommu_remedy.as_ref().map(|_| "the IOMMU in passthrough"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let remedies: Vec<String> = [undo, branch_remedy, bar1_remedy, iommu_remedy].into_iter().flatten().collect();
-    let staged =
-        "until then geforce-p2p copies this pair staged (Route::Auto); Route::Peer still forces P2P, at your own risk";
-    let mut v = if !hazards.is_empty() {
-        p.off(
-            "UNSAFE",
-            certainty,
-            format!(
-                "CUDA can access the peer (over {over}), but {why}, past the driver's own BAR1 and IOMMU checks, and this pair fails them ({} hazard{})",
-                hazards.len(),
-                if hazards.len() == 1 { "" } else { "s" }
-            ),
-            format!("{}; {staged}", remedies.join("; ")),
-            outlook(needs),
-            &used,
-        )
-    } else if !unchecked.is_empty() {
-        p.off(
-            "OK?",
-            Certainty::Possible,
-            format!(
-                "CUDA can access the peer (over {over}) and {why}, past the driver's own checks; whether that is safe cannot be checked without: {}",
-                unchecked.join(", ")
-            ),
-            format!(
-                "provide the missing facts ({}), or check by hand with `gp2p bench copy --route peer` (zero wrong elements at every size) and force Route::Peer; {staged}",
-                p.provide(&lacking)
-            ),
-            outlook(vec!["the BAR1 and IOMMU facts to check it against"]),
-            &used,
-        )
-    } else {
-        p.off(
-            "OK",
-            certainty,
-            format!("CUDA can access the peer (over {over}); {why}, and BAR1 and the IOMMU allow it"),
-            "nothing to do: geforce-p2p copies by P2P on this pair".into(),
-            outlook(Vec::new()),
-            &used,
-        )
-    };
-    v.on = Some(link);
-    v.hazards = hazards;
-    v.unchecked = unchecked;
-    Some(v)
 }
 
 /// Rule `wddm`: a Windows WDDM driver never exposes P2P.
@@ -355,7 +216,9 @@ fn card(p: &Pair<'_>) -> Option<Verdict> {
     let topology = p.pair.topology.as_deref();
     let path = topology.map_or(String::new(), |t| format!("; topology {t}"));
     let status = p.nvml_status();
-    let acs = "check ACS redirect on the PCIe switches and root ports (as root: `sudo lspci -vvv | grep ACSCtl`; ReqRedir+ or CmpltRedir+ send P2P up to the root complex) and disable ACS in the firmware";
+    let acs = p.acs_cause(
+        "check ACS redirect on the PCIe switches and root ports (as root: `sudo lspci -vvv | grep ACSCtl`; ReqRedir+ or CmpltRedir+ send P2P up to the root complex) and disable ACS in the firmware",
+    );
     let (code, certainty, reason, remedy) = if statuses
         .iter()
         .any(|s| matches!(s, Some(P2pStatus::ChipsetNotSupported | P2pStatus::IohTopologyNotSupported)))
@@ -366,7 +229,8 @@ fn card(p: &Pair<'_>) -> Option<Verdict> {
             Certainty::Likely,
             format!("the driver refuses P2P between these {classes} over their PCIe path{status}{path}"),
             format!(
-                "put both cards under one PCIe switch or one CPU's root complex (topology PIX, PXB or PHB): this chipset or path does not carry P2P; {acs}"
+                "put both cards under one PCIe switch or one CPU's root complex (topology PIX, PXB or PHB): this chipset or path does not carry P2P{}",
+                acs.map_or(String::new(), |a| format!("; {a}"))
             ),
         )
     } else if statuses.contains(&Some(P2pStatus::GpuNotSupported)) {
@@ -381,7 +245,10 @@ fn card(p: &Pair<'_>) -> Option<Verdict> {
             "DRV",
             Certainty::Possible,
             format!("the driver refuses P2P between these {classes}{status}{path}"),
-            format!("{acs}; check MIG mode (`nvidia-smi -q | grep -i mig`) and that both cards are the same chip"),
+            format!(
+                "{}check MIG mode (`nvidia-smi -q | grep -i mig`) and that both cards are the same chip",
+                acs.map_or(String::new(), |a| format!("{a}; "))
+            ),
         )
     };
     Some(p.off(
@@ -439,16 +306,23 @@ fn module(p: &Pair<'_>) -> Option<Verdict> {
 }
 
 /// Rule `version`: a module version no patch branch for the cards exists for (open, or the
-/// proprietary one `module` switches from).
+/// proprietary one `module` switches from). A version newer than the whole branch table is
+/// different: a branch may have been published since the table was checked, so the verdict
+/// says where the table ends and where to look, and only that it is possible.
 fn version(p: &Pair<'_>) -> Option<Verdict> {
     let module = p.module()?;
-    let arch = p.a.arch();
+    let (arch, version) = (p.a.arch(), module.version.as_str());
     let flavour = match module.flavour {
         ModuleFlavour::Open => "open module",
         ModuleFlavour::Proprietary => "driver",
     };
-    let missing = match branch_for_version(&module.version) {
-        None => format!("no patch branch exists for {flavour} {}", module.version),
+    let past = branch_for_version(version).is_none() && past_table(version);
+    let missing = match branch_for_version(version) {
+        None if past => format!(
+            "{flavour} {version} is newer than every patch branch this probe knows: its table ends at {} (checked on {TABLE_CHECKED}), so a branch for {version} may exist",
+            newest_version()
+        ),
+        None => format!("no patch branch exists for {flavour} {version}"),
         Some(b) if !b.architectures.contains(&arch) => {
             format!("the {} branch does not drive {} cards", b.name, arch.name())
         }
@@ -465,22 +339,31 @@ fn version(p: &Pair<'_>) -> Option<Verdict> {
             format!("move to {version}"),
         )
     } else {
-        (
-            format!(
-                "install a driver version whose patch branch drives {} cards ({}) and build the patched open module at exactly that version",
-                arch.name(),
-                p.versions()
-            ),
-            format!("move to one of {}", p.versions()),
-        )
+        let elsewhere = format!(
+            "install a driver version whose patch branch drives {} cards ({}) and build the patched open module at exactly that version",
+            arch.name(),
+            p.versions()
+        );
+        if past {
+            (
+                format!(
+                    "look for a {version} branch in the P2P patch's branch lists ({}) and, if there is one for {} cards, build it at exactly {version}; if there is none, {elsewhere}",
+                    BRANCH_LISTS.join(", "),
+                    arch.name()
+                ),
+                format!("a {version} branch, where one is published, or a move to one of {}", p.versions()),
+            )
+        } else {
+            (elsewhere, format!("move to one of {}", p.versions()))
+        }
     };
     Some(p.off(
         "VER",
-        Certainty::Shown,
+        if past { Certainty::Possible } else { Certainty::Shown },
         format!("the driver refuses P2P{}; {missing}", p.nvml_status()),
         remedy,
         PatchOutlook::AfterChange(change),
-        &["cuDeviceCanAccessPeer", "kernel module", "architecture"],
+        &["cuDeviceCanAccessPeer", "kernel module", "architecture", "patch branch table"],
     ))
 }
 
@@ -553,10 +436,12 @@ fn patched(p: &Pair<'_>) -> Vec<Verdict> {
     let mut causes = vec![
         "look for NVRM errors in the kernel log (`sudo dmesg | grep NVRM`)".to_owned(),
         "static BAR1 may be off: add RMForceStaticBar1=1 to NVreg_RegistryDwords".to_owned(),
-        "ACS redirect on a switch or root port (`sudo lspci -vvv | grep ACSCtl`): disable ACS in the firmware"
-            .to_owned(),
         "a kernel upgrade since the module was built: rebuild it for the running kernel".to_owned(),
     ];
+    // ACS as read from the bridges between the cards, where it was; else the check by hand.
+    let by_hand =
+        "ACS redirect on a switch or root port (`sudo lspci -vvv | grep ACSCtl`): disable ACS in the firmware";
+    causes.splice(2..2, p.acs_cause(by_hand));
     if p.a.arch() == Architecture::Blackwell {
         causes.insert(
             1,
@@ -571,6 +456,26 @@ fn patched(p: &Pair<'_>) -> Vec<Verdict> {
         PatchOutlook::InEffect("something the facts do not show (see the remedy)".into()),
         &used,
     )]
+}
+
+/// Rule `acs`: ACS on a bridge between the cards redirects peer traffic up to the root
+/// complex, where P2P would then go once on: slowly, or to a hang (PATCH.md).
+fn acs(p: &Pair<'_>) -> Option<Verdict> {
+    let (redirect, _) = p.acs_path();
+    (!redirect.is_empty()).then(|| {
+        p.off(
+            "ACS",
+            Certainty::Shown,
+            format!(
+                "the driver refuses P2P{}; ACS on {} between the cards redirects peer traffic up to the root complex, where P2P would then go: slowly, or to a hang",
+                p.nvml_status(),
+                Pair::redirecting(&redirect)
+            ),
+            Pair::acs_remedy(&redirect),
+            PatchOutlook::AfterChange("clear ACS redirect on the bridges between the cards".into()),
+            &["bridge ACS (sysfs config)", "PCI path"],
+        )
+    })
 }
 
 /// Rule `bar1`: BAR1 too small to map VRAM, where the patch's mappings go.
