@@ -81,43 +81,56 @@ pub fn listen(ip: IpAddr, maker: Maker) -> Result<SocketAddr> {
     Ok(addr)
 }
 
-/// The listener's loop: gather facts until every rank is in, answer all, stop.
+/// The listener's loop: gather facts until as many ranks are in as the largest world size any
+/// of them gave (or the deadline), answer all the same, and stop; after a refusal, keep
+/// answering latecomers with it until the deadline, so every rank hears the same.
 fn serve(listener: &TcpListener, maker: Maker) {
     let deadline = Instant::now() + maker.timeout;
     let mut peers: Vec<(TcpStream, RankFacts)> = Vec::new();
-    let mut comm_id = Some(maker.comm_id);
+    let accept = |peers: &mut Vec<(TcpStream, RankFacts)>| match listener.accept() {
+        Ok((stream, _)) => {
+            if let Some(facts) = greet(stream, &maker.secret) {
+                peers.push(facts);
+            }
+        }
+        Err(_) => std::thread::sleep(ACCEPT_POLL),
+    };
     loop {
-        let expected = peers.first().map(|(_, f)| f.nranks);
+        let expected = peers.iter().map(|(_, f)| f.nranks).max();
         if expected.is_some_and(|n| peers.len() >= n) || Instant::now() >= deadline {
             break;
         }
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Some(facts) = greet(stream, &maker.secret) {
-                    peers.push(facts);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
-            Err(_) => std::thread::sleep(ACCEPT_POLL),
-        }
+        accept(&mut peers);
+    }
+    if peers.is_empty() {
+        return;
     }
     let mut facts: Vec<RankFacts> = peers.iter().map(|(_, f)| f.clone()).collect();
     facts.sort_by_key(|f| f.rank);
-    let result = if peers.is_empty() {
-        return;
-    } else if Instant::now() >= deadline && facts.len() < facts[0].nranks {
-        let missing = facts[0].nranks - facts.len();
+    let world = facts.iter().map(|f| f.nranks).max().unwrap_or(0);
+    let agree = facts.iter().all(|f| f.nranks == world);
+    let result = if agree && facts.len() < world {
         Err(format!(
-            "{missing} of {} ranks did not arrive within {:?} (set GP2P_NCCL_TIMEOUT to wait longer)",
-            facts[0].nranks, maker.timeout
+            "{} of {world} ranks did not arrive within {:?} (set GP2P_NCCL_TIMEOUT to wait longer)",
+            world - facts.len(),
+            maker.timeout
         ))
     } else {
-        verdict(facts, maker.id_has_real, &maker.host, comm_id.take())
+        verdict(facts, maker.id_has_real, &maker.host, Some(maker.comm_id))
     };
     let answer = Answer { result };
-    for (mut stream, _) in peers {
+    for (stream, _) in &mut peers {
         // A rank that went away meanwhile learns nothing; the others still get their answer.
-        let _ = send(&mut stream, &answer);
+        let _ = send(stream, &answer);
+    }
+    if answer.result.is_err() {
+        while Instant::now() < deadline {
+            let before = peers.len();
+            accept(&mut peers);
+            for (stream, _) in &mut peers[before..] {
+                let _ = send(stream, &answer);
+            }
+        }
     }
 }
 
@@ -128,6 +141,7 @@ fn verdict(
     host: &str,
     comm_id: Option<CommIdMaker>,
 ) -> std::result::Result<Verdict, String> {
+    // Inconsistent facts (world sizes, ranks, versions) are refused here, the same for all.
     let decision = decide(&facts, id_has_real, Some(host))?;
     let comm_id = match &decision {
         Decision::Serve { .. } => Some(comm_id.ok_or("the communicator's id was already made")?()?),

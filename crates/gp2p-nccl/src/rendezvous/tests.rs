@@ -69,9 +69,11 @@ fn ranks_that_disagree_all_get_the_same_refusal() {
     let mut all: Vec<RankFacts> = (0..3).map(|r| facts(r, 3)).collect();
     all[1].nranks = 2;
     let results = join_all(addr, secret, all);
+    // A rank that comes after the refusal hears it too.
+    let late = join(addr, &secret, &facts(2, 3), Duration::from_secs(5)).expect_err("refused").to_string();
     let messages: Vec<String> = results.into_iter().map(|r| r.expect_err("refused").to_string()).collect();
-    assert!(messages.iter().all(|m| m == &messages[0]), "{messages:?}");
-    assert!(messages[0].contains("same nranks") || messages[0].contains("did not arrive"), "{}", messages[0]);
+    assert!(messages.iter().all(|m| m == &messages[0]) && late == messages[0], "{messages:?} {late}");
+    assert!(messages[0].contains("every rank must pass the same nranks"), "{}", messages[0]);
 }
 
 #[test]
