@@ -142,3 +142,9 @@ def test_the_host_is_the_environments_where_set_else_the_name_and_boot_id():
     import socket
 
     assert here.split(":")[0] == socket.gethostname()
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    assert here == (socket.gethostname() + ":" + boot if boot else socket.gethostname())

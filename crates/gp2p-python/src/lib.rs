@@ -122,6 +122,17 @@ fn error_classes() -> Vec<&'static str> {
     error::Class::ALL.iter().map(|c| c.name()).collect()
 }
 
+/// This process's host as every part of geforce-p2p tells hosts apart
+/// (`geforce_p2p::comm::host_id_from`): `forced` where it is given and not blank (the caller's
+/// `GP2P_HOST_ID`), else the host name and the boot id.
+#[pyfunction]
+#[pyo3(signature = (forced=None))]
+fn host_id(forced: Option<&str>) -> String {
+    let read = |path| std::fs::read_to_string(path).ok();
+    let (name, boot) = (read("/proc/sys/kernel/hostname"), read("/proc/sys/kernel/random/boot_id"));
+    geforce_p2p::comm::host_id_from(forced, name.as_deref(), boot.as_deref())
+}
+
 /// The package this copy of the module belongs to: `geforce_p2p`, or the build's unique id
 /// when loaded through Hugging Face `kernels`.
 #[pyfunction]
@@ -145,6 +156,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reduce_ops, m)?)?;
     m.add_function(wrap_pyfunction!(error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(package_name, m)?)?;
+    m.add_function(wrap_pyfunction!(host_id, m)?)?;
     m.add_class::<ffi::Gate>()?;
     m.add_class::<bench::RustCalls>()?;
     m.add_function(wrap_pyfunction!(bench::read_torch_pair, m)?)?;

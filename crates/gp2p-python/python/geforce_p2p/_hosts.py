@@ -1,6 +1,6 @@
 """Several hosts in one ``gp2p`` process group: which rank is on which host, and the two-level
 plan the backend runs across them (this library inside each host, an engine built for networks
-between hosts, as Horovod's hierarchical all-reduce does). Pure Python, no torch.
+between hosts, as Horovod's hierarchical all-reduce does). No torch.
 
 A host is what ``host_id()`` says: the host name and the boot id, as NCCL tells hosts apart,
 or ``GP2P_HOST_ID`` where it is set (so one machine can act as several hosts in tests). Every
@@ -28,29 +28,20 @@ a broadcast across hosts among the root's local rank, then inside each host from
 """
 
 import os
-import socket
 from typing import List, Mapping, Optional, Sequence, Tuple
+
+from . import _native
 
 #: The environment variable that names this process's host instead of ``host_id``'s default.
 HOST_ID_VAR = "GP2P_HOST_ID"
 
-_BOOT_ID = "/proc/sys/kernel/random/boot_id"
-
-
 def host_id(env: Optional[Mapping[str, str]] = None) -> str:
-    """This process's host: ``GP2P_HOST_ID`` where set and not empty, else the host name and
-    the boot id (``/proc/sys/kernel/random/boot_id``; a machine without it gives the name
-    alone)."""
+    """This process's host: ``GP2P_HOST_ID`` (in ``env``, default ``os.environ``) where set
+    and not blank, else the host name and the boot id (the name alone on a machine without
+    one). The definition is the library's own (``gp2p_comm::host_id``), which the NCCL door
+    decides by too, so a group and the door agree on which ranks share a host."""
     env = os.environ if env is None else env
-    forced = env.get(HOST_ID_VAR, "").strip()
-    if forced:
-        return forced
-    try:
-        with open(_BOOT_ID) as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return "%s:%s" % (socket.gethostname(), boot) if boot else socket.gethostname()
+    return _native.host_id(env.get(HOST_ID_VAR))
 
 
 def shards(n: int, parts: int) -> List[Tuple[int, int]]:
