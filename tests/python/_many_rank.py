@@ -1,4 +1,5 @@
-"""One rank of test_many.py's N-process tests: ``python _many_rank.py SCENARIO RANK WORLD INIT``.
+"""One rank of test_many.py's N-process tests: ``python _many_rank.py SCENARIO RANK WORLD INIT``
+(``_door_rank.py`` imports its helpers, under the same arguments).
 
 Every rank makes every rank's inputs from seeds and checks its results against a float64 CPU
 reference; a failed check exits non-zero with the reason. Rank r runs on GPU r modulo the GPUs
@@ -212,15 +213,16 @@ def dist_collectives(what, first_case, dtypes):
     check("%s broadcast" % what, t, parts[WORLD - 1].to(torch.float64))
 
 
-def backend_scenario():
-    """torch.distributed on the gp2p backend: its ops, a subgroup, and DDP against a one-process
-    reference."""
-    gpd.register_backend()
-    dist.init_process_group("gp2p", init_method=INIT, rank=RANK, world_size=WORLD)
+def backend_scenario(backend="gp2p"):
+    """torch.distributed on the gp2p backend (or `backend`: "nccl" through the NCCL door,
+    _door_rank.py): its ops, a subgroup, and DDP against a one-process reference."""
+    if backend == "gp2p":
+        gpd.register_backend()
+    dist.init_process_group(backend, init_method=INIT, rank=RANK, world_size=WORLD)
     dist_collectives("dist", 0, (torch.float32, torch.bfloat16, torch.int64))
     # A subgroup of the even ranks (new_group makes it through the backend's creator).
     evens = list(range(0, WORLD, 2))
-    sub = dist.new_group(evens, backend="gp2p")
+    sub = dist.new_group(evens, backend=backend)
     if RANK in evens:
         parts = inputs(903, 5000, torch.float32, world=WORLD)
         t = parts[RANK].to(DEVICE)
@@ -246,6 +248,8 @@ def backend_scenario():
         assert err < 1e-4, "DDP gradient of %s off by %g" % (name, err)
     step("device mesh, DTensor, FSDP2, the rooted ops and all_to_all_single")
     mesh_components()
+    if backend != "gp2p":
+        return
     dist.barrier()
     dist.destroy_process_group()
 
@@ -572,9 +576,10 @@ def host_killed_scenario():
     # No destroy_process_group: its barrier would wait for the dead host.
 
 
-{"comm": comm_scenario, "backend": backend_scenario, "server": server_scenario,
- "hosts": hosts_scenario, "host-killed": host_killed_scenario}[SCENARIO]()
-print("rank %d of %d: %s passed" % (RANK, WORLD, SCENARIO))
-sys.stdout.flush()
-if SCENARIO == "host-killed":
-    os._exit(0)  # the group's teardown would wait for the dead host's ranks
+if __name__ == "__main__":
+    {"comm": comm_scenario, "backend": backend_scenario, "server": server_scenario,
+     "hosts": hosts_scenario, "host-killed": host_killed_scenario}[SCENARIO]()
+    print("rank %d of %d: %s passed" % (RANK, WORLD, SCENARIO))
+    sys.stdout.flush()
+    if SCENARIO == "host-killed":
+        os._exit(0)  # the group's teardown would wait for the dead host's ranks

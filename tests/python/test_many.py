@@ -34,13 +34,13 @@ def _runs(world):
     pytest.skip("%d ranks on %d GPU(s) need an MPS daemon (benches/device/suite.sh many)" % (world, NDEV))
 
 
-def _run(scenario, world, init, tmp_path, timeout=240, killed=()):
-    """Every rank of `scenario` as a process; each must pass, but those in `killed`, which
-    must die of SIGKILL. None is left behind; a rank that fails or stalls shows the end of
-    its output."""
+def _run(scenario, world, init, tmp_path, timeout=240, killed=(), script=RANK_SCRIPT, env=None):
+    """Every rank of `scenario` (of `script`, in environment `env`) as a process; each must
+    pass, but those in `killed`, which must die of SIGKILL. None is left behind; a rank that
+    fails or stalls shows the end of its output. Returns every rank's output."""
     _runs(world)
     logs = [open(tmp_path / ("rank%d.log" % r), "w+") for r in range(world)]
-    ranks = [subprocess.Popen([sys.executable, RANK_SCRIPT, scenario, str(r), str(world), init],
+    ranks = [subprocess.Popen([sys.executable, script, scenario, str(r), str(world), init], env=env,
                               stdout=log, stderr=subprocess.STDOUT, text=True) for r, log in enumerate(logs)]
     deadline = time.monotonic() + timeout
     try:
@@ -54,16 +54,18 @@ def _run(scenario, world, init, tmp_path, timeout=240, killed=()):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    failed = []
+    failed, outputs = [], []
     for r, (p, log) in enumerate(zip(ranks, logs)):
         log.seek(0)
         out = log.read()
+        outputs.append(out)
         log.close()
         want = -signal.SIGKILL if r in killed else 0
         if r in stalled or p.returncode != want:
             why = "stalled past %d s" % timeout if r in stalled else "exit %s, not %s" % (p.returncode, want)
             failed.append("rank %d (%s):\n%s" % (r, why, out[-3000:]))
     assert not failed, "\n".join(failed)
+    return outputs
 
 
 @pytest.mark.parametrize("world", [3, 4, 8])

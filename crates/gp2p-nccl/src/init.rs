@@ -100,12 +100,7 @@ pub fn create(id: &RawUniqueId, request: &Request) -> Result<Made> {
     let mode = Mode::current()?;
     let (facts, ordinal) = crate::facts::local(request.rank, request.nranks, mode, request.ordinal);
     let verdict = rendezvous::join(door.rendezvous, &door.secret, &facts, env::timeout()?)?;
-    let line = describe(&verdict.decision, request.rank, request.nranks);
-    if request.rank == 0 {
-        crate::log::decision(&line);
-    } else {
-        crate::log::info(&line);
-    }
+    crate::log::decision(&describe(&verdict.decision, request.rank, request.nranks));
     match verdict.decision {
         Decision::Serve { .. } => {
             let comm_id: UniqueId = verdict

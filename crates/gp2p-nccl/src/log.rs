@@ -52,7 +52,8 @@ pub fn info(text: &str) {
 static SAID: Mutex<Option<String>> = Mutex::new(None);
 
 /// Say what a communicator's decision was: always the first time in a process, then only
-/// where it differs from the last line said (or with `NCCL_DEBUG=INFO`).
+/// where it differs from the last line said (or with `NCCL_DEBUG=INFO`). Every rank's process
+/// says it, so each worker's log shows what its own communicators run on.
 pub fn decision(line: &str) {
     let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if should_say(said.as_deref(), line, Level::current()) {

@@ -122,8 +122,11 @@ fn every_rank_hands_over_through_the_rendezvous_and_every_call_reaches_the_real_
     assert_eq!(r.calls("ncclCommDestroy").len(), 3);
     assert_eq!(r.calls("ncclGroupStart").len(), 3);
     let said: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("geforce-p2p NCCL door: on: handing")).collect();
-    assert_eq!(said.len(), 1, "rank 0 says it once:\n{}", r.stderr);
-    assert!(said[0].contains("3 rank(s)") && said[0].contains("has no device the door can use"), "{}", said[0]);
+    assert_eq!(said.len(), 3, "each rank's process says it once:\n{}", r.stderr);
+    for rank in 0..3 {
+        let line = said.iter().find(|l| l.ends_with(&format!("[rank {rank}]"))).expect("rank's line");
+        assert!(line.contains("3 rank(s)") && line.contains("has no device the door can use"), "{line}");
+    }
 }
 
 #[test]
