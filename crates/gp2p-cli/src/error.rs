@@ -1,6 +1,6 @@
 //! The error type of the CLI and its exit codes.
 
-use geforce_p2p::{collectives, cuda, pinned, probe, transport};
+use geforce_p2p::{collectives, comm, cuda, pinned, probe, transport};
 
 /// What can make a `gp2p` command fail.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +62,7 @@ macro_rules! library_error_from {
         }
     )*};
 }
-library_error_from!(cuda::Error, pinned::Error, transport::Error, collectives::Error, probe::Error);
+library_error_from!(cuda::Error, pinned::Error, transport::Error, collectives::Error, probe::Error, comm::Error);
 
 #[cfg(test)]
 mod tests {

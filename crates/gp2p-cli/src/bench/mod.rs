@@ -2,6 +2,7 @@
 //! ceiling measured in the same run.
 
 mod collective;
+mod comm;
 mod copy;
 mod host;
 mod reduce;
@@ -42,6 +43,10 @@ pub enum BenchCommand {
     ReduceScatter(collective::CollectiveArgs),
     /// Broadcast from rank 0, the ring or the legs as for all-reduce.
     Broadcast(collective::CollectiveArgs),
+    /// The one-process-per-GPU communicator among --ranks processes (this one and copies it
+    /// starts), rank r on GPU r modulo the GPUs: each row's time against the bytes' bound at
+    /// the duplex rate measured first.
+    Comm(comm::CommArgs),
     /// Draw saved `--json` reports again as SVG, with other tools' rows (NCCL, torch) beside
     /// them; needs no GPU.
     Plot(crate::plot::PlotArgs),
@@ -116,6 +121,7 @@ pub fn run(command: BenchCommand) -> Result<(), CliError> {
         BenchCommand::AllGather(args) => collective::run(collective::Kind::AllGather, &args),
         BenchCommand::ReduceScatter(args) => collective::run(collective::Kind::ReduceScatter, &args),
         BenchCommand::Broadcast(args) => collective::run(collective::Kind::Broadcast, &args),
+        BenchCommand::Comm(args) => comm::run(&args),
         BenchCommand::Plot(args) => crate::plot::run(&args),
     }
 }

@@ -1,0 +1,411 @@
+//! `gp2p bench comm <collective> --ranks N`: the one-process-per-GPU communicator
+//! (`geforce_p2p::comm::Communicator`) among N processes, as torchrun, vLLM, sglang and the NCCL
+//! door run it. This process is rank 0: it measures the duplex ceiling while the link is idle,
+//! then starts the other ranks (itself again, told their rank in [`CHILD_VAR`]); rank r runs
+//! on GPU r modulo the GPUs visible, so on a machine of one GPU every rank shares its link
+//! (run an MPS daemon, or the processes take turns in time slices).
+//!
+//! Every rank checks its own result of each size against a fold of every rank's input (the
+//! inputs come from seeds, so each knows them all); rank 0 adds the counts. A timed run is
+//! `--calls` calls back to back on every rank (the ranks start together: a host barrier
+//! through the communicator's segment first), timed on rank 0 with events; its time per call
+//! is the run's, and the median over `-n` runs is the row's.
+//!
+//! The bound of a row is what the bytes need at the duplex rate D: on rank 0's link, its k
+//! ranks (those sharing its GPU) each move f·S each way, f = 2(N−1)/N for all-reduce and
+//! (N−1)/N for the others (S the buffer, the whole one for all-gather and reduce-scatter, as
+//! nccl-tests counts), so `bound = k·f·S / D` and `ratio = bound / time`.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use geforce_p2p::comm::{CommOptions, Communicator, MAX_RANKS, UniqueId};
+use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
+use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
+
+use super::{CEILING_BYTES, Common, finish, progress};
+use crate::error::CliError;
+use crate::flags::{DTypeFlag, OpFlag};
+use crate::measure::{Ceilings, median};
+use crate::report::{Report, Row};
+use crate::sizes::format_size;
+use crate::table::{num, table};
+
+/// Set in each rank this process starts: `rank world id`.
+const CHILD_VAR: &str = "GP2P_BENCH_COMM_RANK";
+/// How long a rank waits for the others to join, and a call for its peers: generous, since
+/// ranks sharing a GPU without MPS take turns in time slices.
+const WAIT: Duration = Duration::from_secs(300);
+
+/// Which collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CommCollective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+}
+
+impl CommCollective {
+    fn name(self) -> &'static str {
+        match self {
+            CommCollective::AllReduce => "all_reduce",
+            CommCollective::AllGather => "all_gather",
+            CommCollective::ReduceScatter => "reduce_scatter",
+            CommCollective::Broadcast => "broadcast",
+        }
+    }
+
+    /// Bytes each rank moves each way, per byte of the buffer: f of the module's bound.
+    fn per_rank_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            CommCollective::AllReduce => 2.0 * (n - 1.0) / n,
+            _ => (n - 1.0) / n,
+        }
+    }
+
+    /// nccl-tests' busbw = algbw × this factor.
+    fn bus_factor(self, n: usize) -> f64 {
+        match self {
+            CommCollective::Broadcast => 1.0,
+            other => other.per_rank_factor(n),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct CommArgs {
+    /// The collective.
+    #[arg(value_enum)]
+    collective: CommCollective,
+    #[command(flatten)]
+    common: Common,
+    /// Number of ranks, one process each (1 to 8).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Reduction (all-reduce, reduce-scatter).
+    #[arg(long, value_enum, default_value = "sum")]
+    op: OpFlag,
+    /// Element type.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: DTypeFlag,
+    /// Calls back to back in each timed run.
+    #[arg(long, default_value_t = 20)]
+    calls: usize,
+}
+
+pub fn run(args: &CommArgs) -> Result<(), CliError> {
+    match args.dtype.0 {
+        DType::F32 => run_typed::<f32>(args),
+        DType::F64 => run_typed::<f64>(args),
+        DType::F16 => run_typed::<half::f16>(args),
+        DType::BF16 => run_typed::<half::bf16>(args),
+        DType::I8 => run_typed::<i8>(args),
+        DType::U8 => run_typed::<u8>(args),
+        DType::I32 => run_typed::<i32>(args),
+        DType::U32 => run_typed::<u32>(args),
+        DType::I64 => run_typed::<i64>(args),
+        DType::U64 => run_typed::<u64>(args),
+    }
+}
+
+/// The other ranks' processes, killed if rank 0 stops before they finish.
+struct Ranks(Vec<Child>);
+
+impl Ranks {
+    /// Wait for every rank; fail naming those that failed.
+    fn finish(mut self) -> Result<(), CliError> {
+        let failed: Vec<String> = std::mem::take(&mut self.0)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, mut child)| match child.wait() {
+                Ok(status) if status.success() => None,
+                Ok(status) => Some(format!("rank {} ({status})", i + 1)),
+                Err(e) => Some(format!("rank {} ({e})", i + 1)),
+            })
+            .collect();
+        if failed.is_empty() { Ok(()) } else { Err(CliError::Wrong(format!("ranks failed: {}", failed.join(", ")))) }
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Start ranks 1..world: this program again with the same arguments (under Python, as
+/// `python -m geforce_p2p`), each told its rank, the world and the id.
+fn start_ranks(world: usize, id: &UniqueId) -> Result<Ranks, CliError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Usage(format!("cannot find this program to start ranks: {e}")))?;
+    let under_python = exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python"));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut ranks = Ranks(Vec::new());
+    for rank in 1..world {
+        let mut cmd = Command::new(&exe);
+        if under_python {
+            cmd.args(["-m", "geforce_p2p"]);
+        }
+        let child = cmd
+            .args(&args)
+            .env(CHILD_VAR, format!("{rank} {world} {id}"))
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| CliError::Usage(format!("starting rank {rank}: {e}")))?;
+        ranks.0.push(child);
+    }
+    Ok(ranks)
+}
+
+/// This process's rank, the world and the id, where rank 0 started it.
+fn as_child() -> Result<Option<(usize, usize, UniqueId)>, CliError> {
+    let Ok(text) = std::env::var(CHILD_VAR) else { return Ok(None) };
+    let bad = || CliError::Usage(format!("{CHILD_VAR}={text}: expected `rank world id`"));
+    let mut words = text.split(' ');
+    let rank = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
+    let world = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
+    let id = words.next().ok_or_else(bad)?.parse::<UniqueId>()?;
+    Ok(Some((rank, world, id)))
+}
+
+fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
+    let c = &args.common;
+    let (sizes, repeats) = (c.sizes()?, c.repeats()?);
+    if args.calls == 0 {
+        return Err(CliError::Usage("--calls must be at least 1".into()));
+    }
+    let gpus = Device::count()?;
+    let (rank, world, id, ranks, ceiling) = match as_child()? {
+        Some((rank, world, id)) => (rank, world, id, None, None),
+        None => {
+            if !(1..=MAX_RANKS).contains(&args.ranks) {
+                return Err(CliError::Usage(format!("--ranks {}: the communicator runs 1 to {MAX_RANKS}", args.ranks)));
+            }
+            // The ceiling first, while the link is idle.
+            let device = Device::open(0)?;
+            let stream = c.stream(&device)?;
+            eprintln!("measuring the duplex ceiling ...");
+            let mut ceil = Ceilings::new(&device, &stream, CEILING_BYTES, repeats)?;
+            let duplex = ceil.duplex()?;
+            let measured = ceil.measured.clone();
+            drop(ceil);
+            let id = UniqueId::new()?;
+            let ranks = start_ranks(args.ranks, &id)?;
+            (0, args.ranks, id, Some(ranks), Some((duplex, measured)))
+        }
+    };
+    let device = Device::open(rank % gpus)?;
+    let stream = c.stream(&device)?;
+    let options = CommOptions { peer_timeout: WAIT, join_timeout: WAIT, ..CommOptions::for_world(world) };
+    let mut comm = Communicator::new(&id, rank, world, &device, options)?;
+    let sharing = (0..world).filter(|r| r % gpus == 0).count();
+    let bar = (rank == 0).then(|| progress(sizes.len()));
+    let mut rows = Vec::new();
+    for &bytes in &sizes {
+        let Some(row) = one_size::<T>(args, &mut comm, &stream, bytes, sharing, ceiling.as_ref().map(|c| c.0))? else {
+            continue;
+        };
+        if let Some(bar) = &bar {
+            bar.set_message(format!("{} {} x{world}", args.collective.name(), format_size(bytes)));
+            bar.inc(1);
+        }
+        rows.push(row);
+    }
+    let (Some(ranks), Some((duplex, measured)), Some(bar)) = (ranks, ceiling, bar) else {
+        return Ok(());
+    };
+    bar.finish_and_clear();
+    ranks.finish()?;
+    let report = Report::new(&device, measured, c.iters, rows)?.on_streams(c.stream.name());
+    println!(
+        "# gp2p bench comm {} --ranks {world} ({sharing} on rank 0's GPU) --op {} --dtype {} on {}, {} calls a run, medians of {} runs",
+        args.collective.name(),
+        args.op.0,
+        args.dtype.0,
+        report.gpu.name,
+        args.calls,
+        report.repeats
+    );
+    println!(
+        "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
+        args.collective.per_rank_factor(world)
+    );
+    println!("{}", rows_table(&report.rows).trim_fmt());
+    finish(&report, c, &format!("comm {}", args.collective.name()))
+}
+
+/// One size on every rank: check a call from fresh inputs, then time the runs (rank 0); the
+/// row on rank 0, `None` elsewhere and for sizes too small for the ranks.
+fn one_size<T: Reference>(
+    args: &CommArgs,
+    comm: &mut Communicator,
+    stream: &Stream,
+    bytes: usize,
+    sharing: usize,
+    duplex: Option<f64>,
+) -> Result<Option<Row>, CliError> {
+    let (rank, n, kind, op) = (comm.rank(), comm.world(), args.collective, args.op.0);
+    let len = match kind {
+        CommCollective::AllGather | CommCollective::ReduceScatter => (bytes / size_of::<T>()) / n * n,
+        CommCollective::AllReduce | CommCollective::Broadcast => bytes / size_of::<T>(),
+    };
+    if len == 0 {
+        return Ok(None);
+    }
+    let part = len / n;
+    let input_len = if kind == CommCollective::AllGather { part } else { len };
+    let output_len = if kind == CommCollective::ReduceScatter { part } else { len };
+    let inputs: Vec<Vec<T>> = (0..n)
+        .map(|r| {
+            let mut v = vec![T::from_byte(0); input_len];
+            fill_random(&mut v, 0xC0_4411 + (r as u64) * 7919 + bytes as u64);
+            v
+        })
+        .collect();
+    let pristine = DeviceBuffer::from_host(stream, &inputs[rank])?;
+    let mut out = DeviceBuffer::<T>::alloc(stream.device(), output_len)?;
+    let call = |comm: &mut Communicator, out: &mut DeviceBuffer<T>| -> Result<(), CliError> {
+        let input = pristine.view(..);
+        let mut output = out.view_mut(..);
+        match kind {
+            CommCollective::AllReduce => comm.all_reduce(&mut output, stream, op)?,
+            CommCollective::AllGather => comm.all_gather(&input, &mut output, stream)?,
+            CommCollective::ReduceScatter => comm.reduce_scatter(&input, &mut output, stream, op)?,
+            CommCollective::Broadcast => comm.broadcast(&mut output, stream, 0)?,
+        }
+        Ok(())
+    };
+    let in_place = matches!(kind, CommCollective::AllReduce | CommCollective::Broadcast);
+    let reset = |out: &mut DeviceBuffer<T>| -> Result<(), CliError> {
+        if in_place {
+            out.view_mut(..).copy_from(stream, &pristine.view(..))?;
+        }
+        Ok(())
+    };
+    reset(&mut out)?;
+    call(comm, &mut out)?;
+    let got = out.to_host_vec(stream)?;
+    let wrong = wrong_count(kind, &got, &inputs, rank, op);
+    let wrong_everywhere: u64 = comm.exchange_host([wrong as u64, 0, 0, 0, 0, 0])?.iter().map(|w| w[0]).sum();
+    let mut per_call = Vec::with_capacity(args.common.iters);
+    let mut enqueue = Vec::with_capacity(args.common.iters);
+    for run in 0..args.common.warmup + args.common.iters {
+        reset(&mut out)?;
+        stream.synchronize()?;
+        comm.exchange_host([0; 6])?;
+        let (start, end) =
+            (Event::new(stream.device(), EventKind::Timing)?, Event::new(stream.device(), EventKind::Timing)?);
+        start.record(stream)?;
+        let t0 = Instant::now();
+        for _ in 0..args.calls {
+            call(comm, &mut out)?;
+        }
+        let host = t0.elapsed().as_secs_f64();
+        end.record(stream)?;
+        stream.synchronize()?;
+        comm.check()?;
+        if run >= args.common.warmup {
+            per_call.push(f64::from(Event::elapsed_ms(&start, &end)?) / 1e3 / args.calls as f64);
+            enqueue.push(host / args.calls as f64);
+        }
+    }
+    let Some(duplex) = duplex else { return Ok(None) };
+    let seconds = median(&mut per_call);
+    let real = len * size_of::<T>();
+    let algbw = real as f64 / seconds / 1e9;
+    let bound = sharing as f64 * kind.per_rank_factor(n) * real as f64 / (duplex * 1e9);
+    Ok(Some(Row {
+        bench: kind.name(),
+        route: String::from("comm"),
+        dtype: T::DTYPE.to_string(),
+        op: if matches!(kind, CommCollective::AllGather | CommCollective::Broadcast) {
+            "none".into()
+        } else {
+            op.to_string()
+        },
+        ranks: n,
+        bytes: real,
+        count: len,
+        time_us: seconds * 1e6,
+        algbw,
+        busbw: algbw * kind.bus_factor(n),
+        ceiling: duplex,
+        ceiling_name: "duplex",
+        ratio: bound / seconds,
+        enqueue_us: Some(median(&mut enqueue) * 1e6),
+        wrong: usize::try_from(wrong_everywhere).unwrap_or(usize::MAX),
+    }))
+}
+
+/// Elements of this rank's result that are not what every rank's input makes.
+fn wrong_count<T: Reference>(kind: CommCollective, got: &[T], inputs: &[Vec<T>], rank: usize, op: ReduceOp) -> usize {
+    match kind {
+        CommCollective::AllReduce => {
+            let all: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+            count_wrong_vs_fold(got, &all, op).0
+        }
+        CommCollective::ReduceScatter => {
+            let part = got.len();
+            let mine: Vec<&[T]> = inputs.iter().map(|v| &v[rank * part..(rank + 1) * part]).collect();
+            count_wrong_vs_fold(got, &mine, op).0
+        }
+        CommCollective::AllGather => {
+            let want: Vec<T> = inputs.iter().flatten().copied().collect();
+            count_mismatched(got, &want, ReduceOp::Max).0
+        }
+        CommCollective::Broadcast => count_mismatched(got, &inputs[0], ReduceOp::Max).0,
+    }
+}
+
+/// nccl-tests' columns with the bound's ratio, one row per size.
+fn rows_table(rows: &[Row]) -> crate::table::Table {
+    let mut t = table(
+        &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", "of bound", "enqueue us", "#wrong"],
+        &[],
+    );
+    for r in rows {
+        t.add_row(vec![
+            format_size(r.bytes),
+            r.count.to_string(),
+            r.dtype.clone(),
+            r.op.clone(),
+            r.ranks.to_string(),
+            num(r.time_us, 1),
+            num(r.algbw, 2),
+            num(r.busbw, 2),
+            num(r.ratio, 3),
+            num(r.enqueue_us.unwrap_or(f64::NAN), 1),
+            r.wrong.to_string(),
+        ]);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bound_counts_each_rank_s_bytes_each_way() {
+        assert!((CommCollective::AllReduce.per_rank_factor(4) - 1.5).abs() < 1e-12);
+        assert!((CommCollective::AllGather.per_rank_factor(8) - 0.875).abs() < 1e-12);
+        assert!((CommCollective::Broadcast.bus_factor(8) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn every_rank_s_result_is_checked_against_every_rank_s_input() {
+        let inputs = vec![vec![1i32, 2, 3, 4], vec![10, 20, 30, 40]];
+        assert_eq!(wrong_count(CommCollective::AllReduce, &[11, 22, 33, 44], &inputs, 0, ReduceOp::Sum), 0);
+        assert_eq!(wrong_count(CommCollective::AllReduce, &[11, 22, 0, 44], &inputs, 1, ReduceOp::Sum), 1);
+        assert_eq!(wrong_count(CommCollective::ReduceScatter, &[33, 44], &inputs, 1, ReduceOp::Sum), 0);
+        let gathered = [1, 2, 3, 4, 10, 20, 30, 40];
+        assert_eq!(wrong_count(CommCollective::AllGather, &gathered, &inputs, 0, ReduceOp::Sum), 0);
+        assert_eq!(wrong_count(CommCollective::Broadcast, &[1, 2, 3, 5], &inputs, 1, ReduceOp::Sum), 1);
+    }
+}
