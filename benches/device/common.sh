@@ -5,7 +5,8 @@
 # - the bundle from `cargo xtask test-gpu --bundle bundle` (bundle/run, bundle/bin/gp2p,
 #   bundle/tests/*, bundle/benches/*), carried beside the tree, or as
 #   target/carry/bundle.tar.xz, which is unpacked here;
-# - for the Python parts, the package's wheel (maturin build) under .whl/.
+# - for the Python parts, the package's wheel under .whl/, with the NCCL door inside
+#   (tests/python/run-cpu-tests --release builds it into target/python-tests/wheels/).
 #
 # Environment:
 #   OUT          where results go (the device runner's $OUT); required.

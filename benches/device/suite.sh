@@ -18,6 +18,9 @@
 #   latency  host time a call and latency among 2, 4 and 8 processes under MPS, 32 B to 64 KiB
 #            (many_latency.py: the communicator, dist.all_reduce on gp2p, the servers' object)
 #                                                                     -> many-latency-host-N.{txt,json}
+#   door     the NCCL door under an MPS daemon: torch's "nccl" backend, vLLM's pynccl calls and
+#            a killed rank, 2 to 8 processes (test_nccl_door_gpu.py, against the wheel's door)
+#                                                                     -> python-door.log
 #   kernels  test_gpu.py and test_compile.py against the copy Hugging Face kernels loads from
 #            HUB (a `cargo xtask hub` repository; kernels 0.17.2's wheels in KWHEELS)
 #                                                                     -> python-gpu-kernels.log
@@ -73,6 +76,12 @@ for section in "${sections[@]}"; do
     kernels_wheels && tests+=(tests/python/test_kernels_door.py)
     record python-gpu.log GP2P_HUB_REPO="$HUB" timeout --signal=KILL 400 python3 -m pytest -q -rs -p no:cacheprovider "${tests[@]}" >/dev/null
     note "python GPU tests: $(tail -1 "$RES/python-gpu.log")"
+    ;;
+  door)
+    if ! wheel || ! mps_start; then continue; fi
+    record python-door.log timeout --signal=KILL 540 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_nccl_door_gpu.py >/dev/null
+    note "NCCL door tests under MPS: $(tail -1 "$RES/python-door.log")"
+    mps_stop
     ;;
   many)
     mps_start || continue
