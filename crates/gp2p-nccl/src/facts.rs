@@ -43,19 +43,41 @@ fn device(ordinal: Option<usize>) -> Result<(usize, DeviceFacts), String> {
         .ok_or_else(|| format!("the current device {ordinal} is not among the {} CUDA devices visible", all.len()))?;
     let runs_communicator = own.ptx_target().is_ok_and(|t| t.runs_line_exchange());
     let distrusted = distrusted_pairs();
-    let own_bus = own.pci_bus_id.to_ascii_lowercase();
+    let own_bus = canonical_bus_id(&own.pci_bus_id);
     let mut p2p_with = Vec::new();
     for other in all.iter().filter(|d| d.ordinal != ordinal) {
-        let bus = other.pci_bus_id.to_ascii_lowercase();
+        let bus = canonical_bus_id(&other.pci_bus_id);
         let on = Device::can_access_peer_ordinals(ordinal, other.ordinal).map_err(|e| e.to_string())?;
         if on && !distrusted.contains(&(own_bus.clone(), bus.clone())) {
+            p2p_with.push(bus);
+        }
+    }
+    // Cards CUDA_VISIBLE_DEVICES hides from this process (each rank seeing its own card only,
+    // as some launchers set it): the driver's word through NVML, which sees every card.
+    for bus in geforce_p2p::probe::nvml_p2p_peers(&own.pci_bus_id).unwrap_or_default() {
+        let bus = canonical_bus_id(&bus);
+        let hidden = !all.iter().any(|d| canonical_bus_id(&d.pci_bus_id) == bus);
+        if hidden && !p2p_with.contains(&bus) {
             p2p_with.push(bus);
         }
     }
     Ok((ordinal, DeviceFacts { pci_bus_id: own_bus, name: own.name.clone(), runs_communicator, p2p_with }))
 }
 
-/// The ordered pairs of devices (by lowercase bus id) whose P2P the probe finds unsafe or
+/// A PCI bus id as `dddd:bb:dd.f` in lowercase hex, however it was written: CUDA writes
+/// `0000:C1:00.0`, NVML `00000000:C1:00.0`. The text as given where it does not parse.
+pub fn canonical_bus_id(id: &str) -> String {
+    let parse = || -> Option<String> {
+        let (domain, rest) = id.trim().split_once(':')?;
+        let (bus, rest) = rest.split_once(':')?;
+        let (device, function) = rest.split_once('.')?;
+        let hex = |s: &str| u32::from_str_radix(s, 16).ok();
+        Some(format!("{:04x}:{:02x}:{:02x}.{:x}", hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
+    };
+    parse().unwrap_or_else(|| id.trim().to_ascii_lowercase())
+}
+
+/// The ordered pairs of devices (by canonical bus id) whose P2P the probe finds unsafe or
 /// unchecked were it on: a BAR1 smaller than VRAM, a translating IOMMU. P2P there is not
 /// usable, whatever CUDA says, as the copy engine treats it (`geforce_p2p::guard_peer_routes`).
 fn distrusted_pairs() -> HashSet<(String, String)> {
@@ -65,7 +87,7 @@ fn distrusted_pairs() -> HashSet<(String, String)> {
             let Ok(facts) = geforce_p2p::probe::collect_host() else {
                 return HashSet::new();
             };
-            let bus = |ordinal: usize| facts.device(ordinal).map(|d| d.pci_bus_id.to_ascii_lowercase());
+            let bus = |ordinal: usize| facts.device(ordinal).map(|d| canonical_bus_id(&d.pci_bus_id));
             geforce_p2p::probe::verdicts_if_on(&facts)
                 .iter()
                 .filter(|v| v.peer_distrust().is_some())
@@ -73,4 +95,17 @@ fn distrusted_pairs() -> HashSet<(String, String)> {
                 .collect()
         })
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_from_cuda_and_nvml_compare_equal() {
+        assert_eq!(canonical_bus_id("0000:C1:00.0"), "0000:c1:00.0");
+        assert_eq!(canonical_bus_id("00000000:C1:00.0"), "0000:c1:00.0");
+        assert_eq!(canonical_bus_id(" 0001:02:1F.3 "), "0001:02:1f.3");
+        assert_eq!(canonical_bus_id("not a bus"), "not a bus");
+    }
 }

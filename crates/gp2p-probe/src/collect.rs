@@ -142,6 +142,29 @@ fn nvml_facts(facts: &mut Facts) {
     }
 }
 
+/// The PCI bus ids of every card NVML knows (whatever `CUDA_VISIBLE_DEVICES` hides from
+/// CUDA) with which the card at `pci_bus_id` has P2P by the driver's word: reads and writes
+/// OK, or NVLink OK. `None` where NVML is not there or does not know the card. What a process
+/// that sees one card asks about the cards of other processes (the NCCL door's decision).
+pub fn nvml_p2p_peers(pci_bus_id: &str) -> Option<Vec<String>> {
+    let nvml = Nvml::init().ok()?;
+    let own = nvml.device_by_pci_bus_id(pci_bus_id).ok()?;
+    let own_bus = own.pci_info().ok()?.bus_id;
+    let mut peers = Vec::new();
+    for index in 0..nvml.device_count().ok()? {
+        let Ok(other) = nvml.device_by_index(index) else { continue };
+        let Ok(info) = other.pci_info() else { continue };
+        if info.bus_id == own_bus {
+            continue;
+        }
+        let ok = |i| matches!(own.p2p_status(&other, i), Ok(NvmlStatus::Ok));
+        if (ok(P2pCapabilitiesIndex::Read) && ok(P2pCapabilitiesIndex::Write)) || ok(P2pCapabilitiesIndex::NvLink) {
+            peers.push(info.bus_id);
+        }
+    }
+    Some(peers)
+}
+
 /// What NVML would have told.
 const NVML_TELLS: &str = "each card's BAR1 size, brand, architecture and PCIe link, and for each pair the driver's P2P status (the reason P2P is off), the atomics status and the topology";
 

@@ -68,7 +68,7 @@ pub mod topology;
 mod verdict;
 
 pub use branches::{BAR1_PER_ALLOCATION_BRANCH, Branch, PATCH_BRANCHES, TABLE_CHECKED};
-pub use collect::{collect, collect_host, load};
+pub use collect::{collect, collect_host, load, nvml_p2p_peers};
 pub use error::{Error, Result};
 pub use facts::Facts;
 pub use patch::{Certainty, PatchState, patch_state};
