@@ -255,6 +255,16 @@ pub enum Error {
         /// The rank that failed.
         rank: usize,
     },
+    /// Ranks of the communicator whose processes have exited.
+    #[error(
+        "rank {rank}: rank(s) {gone:?} of this communicator exited, so its calls can no longer complete; make a new communicator on the ranks left"
+    )]
+    PeerGone {
+        /// This rank.
+        rank: usize,
+        /// The ranks gone.
+        gone: Vec<usize>,
+    },
     /// The ranks' calls no longer pair up: a collective gave up waiting on some rank.
     #[error(
         "rank {rank}: the communicator is broken (a collective on some rank gave up waiting for its peer, so the ranks' calls no longer pair up); make a new communicator on every rank"

@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::id::{NAME_PREFIX, SHM_DIR, UniqueId};
 
 mod exchange;
+mod liveness;
 
 pub use exchange::WORDS as HOST_WORDS;
 
@@ -102,8 +103,9 @@ struct RankSlot {
     round: AtomicU32,
     /// The last round of the host exchange this rank has finished reading.
     read: AtomicU32,
-    /// Keeps `words` 8-byte aligned.
-    _pad: AtomicU32,
+    /// The low 32 bits of the inode of that process's pid namespace (0: unknown): its pid
+    /// means something to another rank only where theirs is the same.
+    pid_namespace: AtomicU32,
     /// This rank's words of the host exchange's current round.
     words: [AtomicU64; exchange::WORDS],
 }
@@ -254,6 +256,7 @@ impl Segment {
         let slot = slots.get(self.rank).ok_or(Error::Rank { rank: self.rank, world: self.world })?;
         match slot.pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
+                slot.pid_namespace.store(liveness::pid_namespace(), Ordering::Release);
                 let before = header.joined.fetch_add(1, Ordering::AcqRel);
                 if before as usize + 1 == self.world {
                     // Every rank has mapped the segment: the name is no longer needed.
@@ -267,6 +270,7 @@ impl Segment {
                 if let Err(now) = slot.pid.compare_exchange(holder, pid, Ordering::AcqRel, Ordering::Acquire) {
                     return Err(Error::RankTaken { rank: self.rank, pid: now });
                 }
+                slot.pid_namespace.store(liveness::pid_namespace(), Ordering::Release);
             }
         }
         let all_in =

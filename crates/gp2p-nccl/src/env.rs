@@ -11,6 +11,14 @@ pub const MODE_VAR: &str = "GP2P_NCCL";
 pub const REAL_VAR: &str = "GP2P_NCCL_REAL";
 /// The variable that bounds how long a rank waits for the others at creation, in seconds.
 pub const TIMEOUT_VAR: &str = "GP2P_NCCL_TIMEOUT";
+/// The variable that bounds how long a served call's wait for another rank spins on the GPU,
+/// in seconds.
+pub const PEER_TIMEOUT_VAR: &str = "GP2P_NCCL_PEER_TIMEOUT";
+/// How long a wait for another rank spins where [`PEER_TIMEOUT_VAR`] is unset: torch's own
+/// default timeout, at which its watchdog aborts the communicator anyway. NCCL's waits have
+/// no bound; a rank that exits is seen sooner, at the next `ncclCommGetAsyncError`.
+pub const DEFAULT_PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// How long creation waits for every rank where [`TIMEOUT_VAR`] is unset: NCCL's bootstrap
 /// has no shorter bound, and torch's own init timeout (10 minutes) sits above it.
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
@@ -68,17 +76,30 @@ pub fn timeout() -> Result<std::time::Duration> {
     timeout_from(std::env::var(TIMEOUT_VAR).ok().as_deref())
 }
 
+/// How long a served call's wait for another rank spins: [`PEER_TIMEOUT_VAR`] in seconds,
+/// else [`DEFAULT_PEER_TIMEOUT`].
+///
+/// # Errors
+/// [`Error::Environment`] for a value that is not a positive number of seconds.
+pub fn peer_timeout() -> Result<std::time::Duration> {
+    seconds_from(PEER_TIMEOUT_VAR, std::env::var(PEER_TIMEOUT_VAR).ok().as_deref(), DEFAULT_PEER_TIMEOUT)
+}
+
 fn timeout_from(value: Option<&str>) -> Result<std::time::Duration> {
+    seconds_from(TIMEOUT_VAR, value, DEFAULT_TIMEOUT)
+}
+
+fn seconds_from(name: &'static str, value: Option<&str>, default: std::time::Duration) -> Result<std::time::Duration> {
     let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(DEFAULT_TIMEOUT);
+        return Ok(default);
     };
     value
         .parse::<f64>()
         .ok()
-        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 3600.0 * 24.0)
         .map(std::time::Duration::from_secs_f64)
         .ok_or_else(|| Error::Environment {
-            name: TIMEOUT_VAR,
+            name,
             value: value.to_owned(),
             expected: "expected a positive number of seconds",
         })

@@ -108,7 +108,9 @@ impl Error {
 fn library_code(e: &geforce_p2p::Error) -> Code {
     use geforce_p2p::comm::Error as Comm;
     match e {
-        geforce_p2p::Error::Comm(Comm::PeerTimeout { .. } | Comm::Broken { .. }) => Code::RemoteError,
+        geforce_p2p::Error::Comm(Comm::PeerTimeout { .. } | Comm::Broken { .. } | Comm::PeerGone { .. }) => {
+            Code::RemoteError
+        }
         geforce_p2p::Error::Comm(
             Comm::World { .. }
             | Comm::Rank { .. }

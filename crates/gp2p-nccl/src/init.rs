@@ -125,7 +125,11 @@ pub fn create(id: &RawUniqueId, request: &Request) -> Result<Made> {
 pub fn serve(comm_id: &UniqueId, request: &Request, ordinal: usize) -> Result<Made> {
     let lib = |e: geforce_p2p::Error| Error::Library(e);
     let device = Device::open(ordinal).map_err(|e| lib(e.into()))?;
-    let options = CommOptions { join_timeout: env::timeout()?, ..CommOptions::for_world(request.nranks) };
+    let options = CommOptions {
+        join_timeout: env::timeout()?,
+        peer_timeout: env::peer_timeout()?,
+        ..CommOptions::for_world(request.nranks)
+    };
     let comm = Communicator::new(comm_id, request.rank, request.nranks, &device, options).map_err(|e| lib(e.into()))?;
     Ok(Made::Served(Arc::new(Served::new(comm))))
 }

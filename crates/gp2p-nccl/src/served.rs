@@ -259,6 +259,7 @@ impl Served {
     fn child(&self, id: &geforce_p2p::comm::UniqueId, rank: usize, world: usize) -> Result<Served> {
         let options = geforce_p2p::comm::CommOptions {
             join_timeout: crate::env::timeout()?,
+            peer_timeout: crate::env::peer_timeout()?,
             ..geforce_p2p::comm::CommOptions::for_world(world)
         };
         let comm = Communicator::new(id, rank, world, &self.device, options).map_err(|e| Error::Library(e.into()))?;
@@ -266,9 +267,16 @@ impl Served {
     }
 
     /// `ncclCommGetAsyncError`: what a kernel of an earlier call met (a peer that timed out
-    /// or broke the communicator), without waiting for anything.
+    /// or broke the communicator), or a rank whose process has exited, without waiting for
+    /// anything. A rank gone aborts the communicator here, so every wait for it ends now.
     pub fn async_error(&self) -> Option<Error> {
-        self.comm.lock().async_error().map(|e| Error::Library(e.into()))
+        let mut comm = self.comm.lock();
+        let error = comm.async_error()?;
+        if matches!(error, geforce_p2p::comm::Error::PeerGone { .. }) {
+            self.aborted.store(true, Ordering::Release);
+            comm.abort();
+        }
+        Some(Error::Library(error.into()))
     }
 
     /// Check `calls`, then enqueue them in order (each on its own stream).

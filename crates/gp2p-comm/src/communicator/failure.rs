@@ -92,9 +92,10 @@ impl Communicator {
     }
 
     /// What the next call would report, without waiting and without taking it: a wait of this
-    /// rank that gave up on its peer ([`Error::PeerTimeout`]), or the communicator broken by
-    /// another rank, a failed call or [`Communicator::abort`] ([`Error::Broken`]). `None` while
-    /// all is well.
+    /// rank that gave up on its peer ([`Error::PeerTimeout`]), the communicator broken by
+    /// another rank, a failed call or [`Communicator::abort`] ([`Error::Broken`]), or another
+    /// rank's process gone ([`Error::PeerGone`]: then call [`Communicator::abort`], so the
+    /// waits for it end now rather than at the peer timeout). `None` while all is well.
     pub fn async_error(&self) -> Option<Error> {
         if self.broken {
             return Some(Error::Broken { rank: self.rank() });
@@ -105,6 +106,10 @@ impl Communicator {
             return Some(Error::PeerTimeout { rank: self.rank(), peers, timeout: self.timeout });
         }
         let broken = self.word(BROKEN).is_ok_and(|w| w.load(Ordering::Acquire) != 0);
-        broken.then(|| Error::Broken { rank: self.rank() })
+        if broken {
+            return Some(Error::Broken { rank: self.rank() });
+        }
+        let gone = self.segment.gone_ranks();
+        (!gone.is_empty()).then(|| Error::PeerGone { rank: self.rank(), gone })
     }
 }
