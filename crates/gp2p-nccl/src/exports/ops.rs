@@ -423,3 +423,18 @@ fn team_rank(comm: RawComm, team: RawTeam, rank: c_int, to_world: bool) -> c_int
 
 export!(ncclTeamRankToWorld / pncclTeamRankToWorld(comm: RawComm, team: RawTeam, rank: c_int) -> c_int => team_rank(comm, team, rank, true));
 export!(ncclTeamRankToLsa / pncclTeamRankToLsa(comm: RawComm, team: RawTeam, rank: c_int) -> c_int => team_rank(comm, team, rank, false));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_types_and_negative_ranks_are_refused_by_name() {
+        assert_eq!(data_type(7).ok(), Some(DataType::Float32));
+        let e = data_type(12).expect_err("ncclNumTypes is no type").to_string();
+        assert_eq!(e, "datatype: 12 is not an ncclDataType_t (0 to 11)");
+        assert!(data_type(-1).is_err());
+        assert_eq!(rank_arg("root", 3).ok(), Some(3));
+        assert_eq!(rank_arg("peer", -2).expect_err("negative").to_string(), "peer: -2 is negative");
+    }
+}
