@@ -62,6 +62,18 @@ pub fn hold_init(id: RawUniqueId, request: Request, handle: Arc<Handle>) {
     GROUP.with(|g| g.borrow_mut().inits.push((id, request, handle)));
 }
 
+/// Close the innermost open group for `call`: whether it started one of the real NCCL's too,
+/// and whether it was the outermost.
+fn close(call: &str) -> Result<(bool, bool)> {
+    let (started_real, outermost) = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        let started = g.opened.pop();
+        (started, g.opened.is_empty())
+    });
+    let started_real = started_real.ok_or_else(|| Error::Usage { what: format!("{call} without ncclGroupStart") })?;
+    Ok((started_real, outermost))
+}
+
 /// `ncclGroupEnd`: at the outermost end, run the held creations, then enqueue the held
 /// calls, communicator by communicator.
 ///
@@ -69,14 +81,7 @@ pub fn hold_init(id: RawUniqueId, request: Request, handle: Arc<Handle>) {
 /// [`Error::Usage`] without a matching start; else the first failure (the calls of the
 /// other communicators are still enqueued).
 pub fn end() -> Result<()> {
-    let (started_real, outermost) = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        let started = g.opened.pop();
-        (started, g.opened.is_empty())
-    });
-    let Some(started_real) = started_real else {
-        return Err(Error::Usage { what: String::from("ncclGroupEnd without ncclGroupStart") });
-    };
+    let (started_real, outermost) = close("ncclGroupEnd")?;
     let mut result = Ok(());
     if outermost {
         let (calls, inits) = GROUP.with(|g| {
@@ -101,14 +106,7 @@ pub fn end() -> Result<()> {
 /// # Errors
 /// [`Error::Usage`] without a matching start.
 pub fn simulate_end() -> Result<bool> {
-    let (started_real, outermost) = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        let started = g.opened.pop();
-        (started, g.opened.is_empty())
-    });
-    let Some(started_real) = started_real else {
-        return Err(Error::Usage { what: String::from("ncclGroupSimulateEnd without ncclGroupStart") });
-    };
+    let (started_real, outermost) = close("ncclGroupSimulateEnd")?;
     if outermost {
         let inits = GROUP.with(|g| {
             let mut g = g.borrow_mut();

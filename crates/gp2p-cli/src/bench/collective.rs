@@ -261,17 +261,17 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         report.repeats
     );
     println!("# ceiling: duplex {duplex:.1} GB/s each way; ratio = link bytes per direction per second / duplex");
-    println!("{}", rows_table(&report.rows).trim_fmt());
+    println!("{}", rows_table(&report.rows, "ratio").trim_fmt());
     for (size, trace) in &traces {
         print_trace(size, trace);
     }
     finish(&report, c, kind.name())
 }
 
-/// nccl-tests' columns, one row per size.
-fn rows_table(rows: &[Row]) -> crate::table::Table {
+/// nccl-tests' columns, one row per size, with each row's ratio under `ratio_name`.
+pub(super) fn rows_table(rows: &[Row], ratio_name: &str) -> crate::table::Table {
     let mut t = table(
-        &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", "ratio", "enqueue us", "#wrong"],
+        &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", ratio_name, "enqueue us", "#wrong"],
         &[],
     );
     for r in rows {
@@ -320,7 +320,7 @@ mod tests {
     /// `record`: `'^ +[0-9.]+[KMG]? '`): every data row, and nothing else, starts that way.
     #[test]
     fn data_rows_are_what_the_device_scripts_grep() {
-        let text = rows_table(&[row(8), row(1 << 30)]).trim_fmt();
+        let text = rows_table(&[row(8), row(1 << 30)], "ratio").trim_fmt();
         let data: Vec<&str> = text
             .lines()
             .filter(|l| {

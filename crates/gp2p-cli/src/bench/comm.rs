@@ -30,7 +30,6 @@ use crate::flags::{DTypeFlag, OpFlag};
 use crate::measure::{Ceilings, median};
 use crate::report::{Report, Row};
 use crate::sizes::format_size;
-use crate::table::{num, table};
 
 /// Set in each rank this process starts: `rank world id`.
 const CHILD_VAR: &str = "GP2P_BENCH_COMM_RANK";
@@ -236,7 +235,7 @@ fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
         "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
         args.collective.per_rank_factor(world)
     );
-    println!("{}", rows_table(&report.rows).trim_fmt());
+    println!("{}", super::collective::rows_table(&report.rows, "of bound").trim_fmt());
     finish(&report, c, &format!("comm {}", args.collective.name()))
 }
 
@@ -361,30 +360,6 @@ fn wrong_count<T: Reference>(kind: CommCollective, got: &[T], inputs: &[Vec<T>],
         }
         CommCollective::Broadcast => count_mismatched(got, &inputs[0], ReduceOp::Max).0,
     }
-}
-
-/// nccl-tests' columns with the bound's ratio, one row per size.
-fn rows_table(rows: &[Row]) -> crate::table::Table {
-    let mut t = table(
-        &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", "of bound", "enqueue us", "#wrong"],
-        &[],
-    );
-    for r in rows {
-        t.add_row(vec![
-            format_size(r.bytes),
-            r.count.to_string(),
-            r.dtype.clone(),
-            r.op.clone(),
-            r.ranks.to_string(),
-            num(r.time_us, 1),
-            num(r.algbw, 2),
-            num(r.busbw, 2),
-            num(r.ratio, 3),
-            num(r.enqueue_us.unwrap_or(f64::NAN), 1),
-            r.wrong.to_string(),
-        ]);
-    }
-    t
 }
 
 #[cfg(test)]
