@@ -26,6 +26,10 @@
 #   mp           one process per GPU against NCCL in the same processes, MP_RUNS runs (default 2;
 #                the wheel, two GPUs or more) of two processes and, with more GPUs, of one per GPU
 #                                                       -> all-reduce-mp-2-pair<i>.* all-reduce-mp-<N>-run<i>.*
+#   comm         the one-process-per-GPU communicator (gp2p bench comm) among 2, 4 and 8
+#                processes, under an MPS daemon where they share a GPU: all_reduce 1 MiB-256 MiB,
+#                and the other collectives 16-256 MiB at 8, each against its bound
+#                                                       -> comm-all-reduce-<N>.* comm-<collective>-8.*
 #   plots        the SVGs from the JSON present (also drawn at the end of every call)
 #   bench        = probe copy host reduce all-reduce collectives nccl criterion
 # Investigations (not in the default; files under $OUT/<machine>/investigations/):
@@ -173,6 +177,24 @@ section_mp() {
   done
 }
 
+section_comm() {
+  local n c shared=0
+  if [ "$GPUS" -lt 8 ]; then
+    mps_start || return
+    shared=1
+  fi
+  for n in 2 4 8; do
+    late && break
+    bench "comm-all-reduce-$n" comm all-reduce --ranks "$n" -b 1M -e 256M -f 4 -n 5 -w 2 --calls 10
+  done
+  for c in all-gather reduce-scatter broadcast; do
+    late && break
+    bench "comm-$c-8" comm "$c" --ranks 8 -b 16M -e 256M -f 4 -n 5 -w 2 --calls 10
+  done
+  [ "$shared" = 1 ] && mps_stop
+  return 0
+}
+
 section_plots() {
   draw_plots "$RES" "$G"
 }
@@ -283,7 +305,7 @@ for section in "${sections[@]}"; do
   esac
   for s in "$@"; do
     case $s in
-    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | plots)
+    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | plots)
       late || "section_$s"
       ;;
     tune | spread | exchange | trace | mp-lines | ab)
