@@ -32,6 +32,8 @@ use crate::{Error, Result, Segment, UniqueId};
 mod failure;
 mod host;
 
+pub use host::Control;
+
 /// The longest peer timeout taken (the kernel adds it to a nanosecond clock).
 const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -92,9 +94,8 @@ pub struct Communicator {
     /// The small path's kernels, replayed from graphs (a launch costs the host twice a
     /// replay's time). Its launches are this rank's calls, which run one after another.
     launches: LaunchCache,
-    /// Rounds of the host exchange made so far, and how long one may wait (the join's bound).
-    host_rounds: u32,
-    join_timeout: Duration,
+    /// What other threads may do without this communicator's lock (host exchanges, abort).
+    control: Control,
 }
 
 /// Which way an all-gather or reduce-scatter moves its parts (see `Communicator::split`).
@@ -146,6 +147,7 @@ impl Communicator {
         // This rank's own failure first: it says why, where a peer's can only say who.
         let (base, registration) = registered?;
         everyone?;
+        let segment_for_control = Arc::clone(&segment);
         Ok(Communicator {
             device: device.clone(),
             staging: base + segment.staging_offset() as u64,
@@ -162,8 +164,7 @@ impl Communicator {
             broken: false,
             capture: Capture::Refused,
             launches: LaunchCache::new(device),
-            host_rounds: 0,
-            join_timeout: options.join_timeout,
+            control: Control::new(Arc::clone(&segment_for_control), options.join_timeout),
         })
     }
 

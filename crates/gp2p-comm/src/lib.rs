@@ -130,7 +130,7 @@ mod registration;
 mod rounds;
 mod segment;
 
-pub use communicator::Communicator;
+pub use communicator::{Communicator, Control};
 pub use error::{Error, Result};
 pub use gp2p_collectives::cost::{ALGORITHM_VAR, Algorithm};
 pub use host::{HOST_ID_VAR, host_id, host_id_from};

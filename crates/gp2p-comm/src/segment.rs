@@ -164,6 +164,18 @@ impl Mapping {
     }
 }
 
+impl Drop for Segment {
+    /// A communicator that ends leaves its slot empty, so the ranks left do not take its
+    /// process's exit for a failure ([`Segment::gone_ranks`]).
+    fn drop(&mut self) {
+        if let Ok(slots) = self.slots()
+            && let Some(slot) = slots.get(self.rank)
+        {
+            slot.pid.store(0, Ordering::Release);
+        }
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: `ptr` and `len` are those mmap returned, unmapped only here; every reference

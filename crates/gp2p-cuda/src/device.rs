@@ -99,6 +99,34 @@ unsafe impl Sync for Inner {}
 
 static OPEN: Mutex<Vec<Option<Device>>> = Mutex::new(Vec::new());
 
+/// The calling thread's current context, put back when this is dropped: for entry points
+/// called by foreign code (the NCCL door), whose callers expect their current device to be
+/// as they left it while this library binds the contexts it works in.
+pub struct CurrentContext(Option<CUcontext>);
+
+impl CurrentContext {
+    /// Remember the calling thread's current context (nothing without a driver).
+    pub fn save() -> CurrentContext {
+        if init().is_err() {
+            return CurrentContext(None);
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let ok = unsafe { sys::cuCtxGetCurrent(&mut ctx) } == sys::CUresult::CUDA_SUCCESS;
+        CurrentContext(ok.then_some(ctx))
+    }
+}
+
+impl Drop for CurrentContext {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0 {
+            // SAFETY: the context that was current, or null (none); it was alive then, and
+            // primary contexts are never destroyed by this library.
+            crate::driver::defer_error(check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent"));
+        }
+    }
+}
+
 impl Device {
     /// Refuses a device that cannot map pinned host memory, which every staging path needs.
     pub fn require_host_mapping(&self) -> Result<()> {
@@ -129,6 +157,20 @@ impl Device {
         // SAFETY: a context is current; out-pointer to a local.
         check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
         Ok(usize::try_from(dev).ok())
+    }
+
+    /// Make device `ordinal`'s primary context the calling thread's current one, as the CUDA
+    /// runtime's `cudaSetDevice` does, without opening the device for this library (no
+    /// compute-capability check, no pool): for threads that hand a device to foreign code,
+    /// which takes the current device.
+    pub fn make_current_ordinal(ordinal: usize) -> Result<()> {
+        let (_, dev) = query(ordinal)?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid device handle; out-pointer to a local. The reference taken is kept,
+        // as the runtime keeps its own for the process's life.
+        check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, "cuDevicePrimaryCtxRetain")?;
+        // SAFETY: a retained primary context.
+        check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")
     }
 
     /// Whether device `ordinal` can access device `peer`'s memory directly

@@ -78,7 +78,7 @@ mod replay;
 mod stream;
 pub mod trace;
 
-pub use device::{Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes, PTX_TARGET_ENV};
+pub use device::{CurrentContext, Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes, PTX_TARGET_ENV};
 pub use driver::{RawDevicePtr, driver_version, is_driver_present, take_deferred_error};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind};

@@ -80,6 +80,54 @@ pub unsafe fn memcpy_dtod_async(stream: &Stream, dst: RawDevicePtr, src: RawDevi
     check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.raw()) }, "cuMemcpyDtoDAsync")
 }
 
+/// Enqueue, on `stream`, `count` elements of `element_bytes` (1, 2, 4 or 8) at `dst` set to
+/// the low `element_bytes` bytes of `pattern` (each element the same value): one memset for
+/// 1, 2 and 4 bytes, two strided ones (the low and the high words) for 8. Capturable into a
+/// CUDA graph.
+///
+/// # Safety
+/// `dst` is `count * element_bytes` writable bytes of device memory of the stream's device,
+/// aligned to `element_bytes`, kept allocated and untouched by other work until the memset
+/// completes on `stream`.
+pub unsafe fn memset_elements_async(
+    stream: &Stream,
+    dst: RawDevicePtr,
+    element_bytes: usize,
+    pattern: u64,
+    count: usize,
+) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    stream.device().bind()?;
+    let raw = stream.raw();
+    let code = match element_bytes {
+        // SAFETY: `count` bytes at `dst`, the caller's contract.
+        1 => unsafe { sys::cuMemsetD8Async(dst, pattern as u8, count, raw) },
+        // SAFETY: `count` 2-byte elements at `dst`, aligned, the caller's contract.
+        2 => unsafe { sys::cuMemsetD16Async(dst, pattern as u16, count, raw) },
+        // SAFETY: `count` 4-byte elements at `dst`, aligned, the caller's contract.
+        4 => unsafe { sys::cuMemsetD32Async(dst, pattern as u32, count, raw) },
+        8 => {
+            // Each 8-byte element as a row of one 32-bit word at an 8-byte pitch: the low
+            // words, then (4 bytes in) the high words.
+            // SAFETY: `count` rows of 8 bytes at `dst`, 8-aligned, the caller's contract; the
+            // memset writes the first word of each.
+            let low = unsafe { sys::cuMemsetD2D32Async(dst, 8, pattern as u32, 1, count, raw) };
+            check(low, "cuMemsetD2D32Async")?;
+            // SAFETY: as above, the second word of each row.
+            unsafe { sys::cuMemsetD2D32Async(dst + 4, 8, (pattern >> 32) as u32, 1, count, raw) }
+        }
+        other => {
+            return Err(Error::InvalidArgument {
+                name: "element_bytes",
+                reason: format!("{other}: elements of 1, 2, 4 or 8 bytes are set"),
+            });
+        }
+    };
+    check(code, "cuMemset")
+}
+
 /// Enqueue an asynchronous device → host copy of `bytes` bytes on `stream`.
 ///
 /// # Safety

@@ -69,12 +69,13 @@ impl Config {
     }
 
     /// The config for the real NCCL; its strings point into `self`, so it is good while
-    /// `self` lives.
+    /// `self` lives. Its size is at most the door's layout's: a caller's newer fields past it
+    /// are not kept, and the real NCCL takes their defaults.
     pub fn to_raw(&self) -> RawConfig {
         let f = &self.fields;
         let string = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
         RawConfig {
-            size: f.size,
+            size: f.size.min(size_of::<RawConfig>()),
             magic: f.magic,
             version: f.version,
             blocking: f.ints[0],

@@ -82,8 +82,20 @@ pub fn timeout() -> Result<std::time::Duration> {
 /// # Errors
 /// [`Error::Environment`] for a value that is not a positive number of seconds.
 pub fn peer_timeout() -> Result<std::time::Duration> {
-    seconds_from(PEER_TIMEOUT_VAR, std::env::var(PEER_TIMEOUT_VAR).ok().as_deref(), DEFAULT_PEER_TIMEOUT)
+    let value = std::env::var(PEER_TIMEOUT_VAR).ok();
+    let timeout = seconds_from(PEER_TIMEOUT_VAR, value.as_deref(), DEFAULT_PEER_TIMEOUT)?;
+    if timeout > MAX_PEER_TIMEOUT {
+        return Err(Error::Environment {
+            name: PEER_TIMEOUT_VAR,
+            value: value.unwrap_or_default(),
+            expected: "expected at most 3600 seconds (a wait spins on the GPU for that long at most)",
+        });
+    }
+    Ok(timeout)
 }
+
+/// The longest wait a communicator spins for (`gp2p_comm`'s own bound).
+const MAX_PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn timeout_from(value: Option<&str>) -> Result<std::time::Duration> {
     seconds_from(TIMEOUT_VAR, value, DEFAULT_TIMEOUT)

@@ -78,6 +78,14 @@ pub enum Error {
         /// The panic's message.
         message: String,
     },
+    /// A failure kept from earlier (a creation that failed on another thread), with its code.
+    #[error("{message}")]
+    Failed {
+        /// The code it failed with.
+        code: Code,
+        /// What failed.
+        message: String,
+    },
     /// A communicator created without blocking whose creation has not finished.
     #[error("the communicator is still being created (non-blocking init); poll ncclCommGetAsyncError")]
     InProgress,
@@ -90,7 +98,7 @@ impl Error {
             Error::InvalidArgument { .. } | Error::Environment { .. } => Code::InvalidArgument,
             Error::NotServed { .. } | Error::Usage { .. } => Code::InvalidUsage,
             Error::RealNccl { .. } | Error::Rendezvous { .. } => Code::SystemError,
-            Error::Real { code, .. } => *code,
+            Error::Real { code, .. } | Error::Failed { code, .. } => *code,
             Error::Panic { .. } => Code::InternalError,
             Error::InProgress => Code::InProgress,
             Error::Library(e) => library_code(e),
@@ -135,8 +143,13 @@ thread_local! {
 /// Keep `message` as this thread's last error, for `ncclGetLastError`, and say it on stderr
 /// where `NCCL_DEBUG` asks for warnings.
 pub fn remember(message: &str) {
+    crate::log::warn(&format!("geforce-p2p NCCL door: {message}"));
+    keep(message);
+}
+
+/// Keep `message` as this thread's last error without saying it (a repeat).
+pub fn keep(message: &str) {
     let text = format!("geforce-p2p NCCL door: {message}");
-    crate::log::warn(&text);
     // Interior NULs cannot cross into C: cut the message there.
     let text = CString::new(text).unwrap_or_else(|e| {
         let end = e.nul_position();

@@ -23,7 +23,7 @@ use crate::abi::{Code, RawComm, RawConfig, RawResult, RawUniqueId, SPLIT_NOCOLOR
 use crate::config::Config;
 use crate::error::{self, Error, Result};
 use crate::handles::{self, Live, State, Target};
-use crate::init::{self, Made, Request};
+use crate::init::{self, ConfigArg, Made, Request};
 use crate::real::{self, Real};
 use crate::served::Served;
 
@@ -67,6 +67,9 @@ const fn door_version() -> [u8; 16] {
 /// Run an entry point's work: its code as is, or an error's code with the message kept for
 /// `ncclGetLastError`; a panic becomes `ncclInternalError`, never an unwind into C.
 pub(crate) fn boundary(work: impl FnOnce() -> Result<RawResult>) -> RawResult {
+    // The library binds the contexts it works in; the caller's current device is put back,
+    // as NCCL leaves it.
+    let _caller_context = geforce_p2p::cuda::CurrentContext::save();
     match catch_unwind(AssertUnwindSafe(work)) {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {
@@ -116,6 +119,11 @@ fn live(comm: RawComm) -> Result<Live> {
     handles::target(comm)
 }
 
+/// What `comm` names, ready for a call, or `None` for null (what NCCL's finalize takes).
+fn live_or_null(comm: RawComm) -> Result<Option<Live>> {
+    if comm.is_null() { Ok(None) } else { live(comm).map(Some) }
+}
+
 /// Store `value` through the non-null `out`.
 fn put<T>(out: *mut T, value: T) {
     // SAFETY: `out` was checked non-null by the caller and points at a `T` (nccl.h).
@@ -141,12 +149,14 @@ export!(ncclGetErrorString / pncclGetErrorString(result: RawResult) -> *const c_
 export!(ncclGetLastError / pncclGetLastError(comm: RawComm) -> *const c_char => {
     let forward = || -> Option<*const c_char> {
         let real = real::loaded()?;
-        let inner = match handles::resolve(comm).ok()? {
-            Target::Real(c) => c,
-            Target::Door(h) => match h.state() {
+        // torch asks with null: the real NCCL's last error of any of its communicators.
+        let inner = match handles::resolve(comm) {
+            Ok(Target::Real(c)) => c,
+            Ok(Target::Door(h)) => match h.state() {
                 State::Real(c) => std::ptr::with_exposed_provenance_mut(c),
                 _ => std::ptr::null_mut(),
             },
+            Err(_) => std::ptr::null_mut(),
         };
         let get = real.functions.ncclGetLastError?;
         // SAFETY: the real ncclGetLastError takes any communicator or null and returns its
@@ -172,9 +182,14 @@ fn read_config(config: *mut RawConfig) -> Result<Option<Arc<Config>>> {
         return Ok(None);
     }
     // SAFETY: non-null, and per nccl.h a config made with NCCL_CONFIG_INITIALIZER, whose first
-    // field is its size in bytes: that many are read, and no more than the door's own layout.
+    // field is its size in bytes (a size_t).
+    let size = unsafe { config.cast::<usize>().read_unaligned() };
+    if size < std::mem::offset_of!(RawConfig, blocking) {
+        return Err(Error::argument("config", format!("size {size}: initialise it with NCCL_CONFIG_INITIALIZER")));
+    }
+    // SAFETY: as above: `size` bytes are the caller's config, of which no more than the
+    // door's own layout are read.
     let raw = unsafe {
-        let size = config.cast::<usize>().read_unaligned();
         let mut raw = RawConfig::undefined();
         let n = size.min(size_of::<RawConfig>());
         std::ptr::copy_nonoverlapping(config.cast::<u8>(), (&raw mut raw).cast::<u8>(), n);
@@ -201,13 +216,22 @@ fn init_rank(
     nranks: c_int,
     id: RawUniqueId,
     rank: c_int,
-    config: Option<Arc<Config>>,
+    config: *mut RawConfig,
 ) -> Result<RawResult> {
     let out = non_null("comm", out)?;
     let (nranks, rank) = init::check_rank(nranks, rank)?;
     let ordinal = Device::current_ordinal().ok().flatten();
-    let blocking = config.as_ref().is_none_or(|c| c.blocking());
-    let request = Request { nranks, rank, ordinal, config };
+    let owned = read_config(config)?;
+    let blocking = owned.as_ref().is_none_or(|c| c.blocking());
+    let deferred = crate::group::open() || !blocking;
+    // A creation on this thread, during this call, passes the caller's config untouched; one
+    // that outlives the call takes the door's copy.
+    let config = match owned {
+        None => ConfigArg::None,
+        Some(_) if !deferred => ConfigArg::Caller(config.expose_provenance()),
+        Some(owned) => ConfigArg::Owned(owned),
+    };
+    let request = Request { nranks, rank, ordinal, config, on_worker: false };
     if crate::group::open() {
         let (comm, handle) = handles::register(State::Pending);
         crate::group::hold_init(id, request, handle);
@@ -227,11 +251,11 @@ fn init_rank(
 }
 
 export!(ncclCommInitRank / pncclCommInitRank(comm: *mut RawComm, nranks: c_int, comm_id: RawUniqueId, rank: c_int) -> RawResult
-    => boundary(|| init_rank(comm, nranks, comm_id, rank, None)));
+    => boundary(|| init_rank(comm, nranks, comm_id, rank, std::ptr::null_mut())));
 
 export!(ncclCommInitRankConfig / pncclCommInitRankConfig(
     comm: *mut RawComm, nranks: c_int, comm_id: RawUniqueId, rank: c_int, config: *mut RawConfig,
-) -> RawResult => boundary(|| init_rank(comm, nranks, comm_id, rank, read_config(config)?)));
+) -> RawResult => boundary(|| init_rank(comm, nranks, comm_id, rank, config)));
 
 export!(ncclCommInitRankScalable / pncclCommInitRankScalable(
     comm: *mut RawComm, nranks: c_int, rank: c_int, n_id: c_int, comm_ids: *mut RawUniqueId, config: *mut RawConfig,
@@ -250,7 +274,7 @@ export!(ncclCommInitRankScalable / pncclCommInitRankScalable(
     }
     // The door's rendezvous needs one listener: the first id's. Every rank passes the same
     // ids, in the same order (nccl.h), so all meet there.
-    init_rank(comm, nranks, first, rank, read_config(config)?)
+    init_rank(comm, nranks, first, rank, config)
 }));
 
 export!(ncclCommInitAll / pncclCommInitAll(comm: *mut RawComm, ndev: c_int, devlist: *const c_int) -> RawResult => boundary(|| {
@@ -271,20 +295,20 @@ export!(ncclCommInitAll / pncclCommInitAll(comm: *mut RawComm, ndev: c_int, devl
         .enumerate()
         .map(|(rank, &ordinal)| {
             let (comm, handle) = handles::register(State::Pending);
-            (comm, (id, Request { nranks: n, rank, ordinal: Some(ordinal), config: None }, handle))
+            let request = Request { nranks: n, rank, ordinal: Some(ordinal), config: ConfigArg::None, on_worker: true };
+            (comm, (id, request, handle))
         })
         .collect();
     let comms: Vec<RawComm> = jobs.iter().map(|(c, _)| *c).collect();
-    init::create_all(jobs.into_iter().map(|(_, job)| job).collect());
-    let failed = comms.iter().find_map(|&c| match handles::resolve(c) {
-        Ok(Target::Door(h)) => match h.state() {
-            State::Failed(code, message) => Some(Error::Usage { what: format!("rank creation failed ({code:?}): {message}") }),
-            _ => None,
-        },
+    let jobs: Vec<_> = jobs.into_iter().map(|(_, job)| job).collect();
+    init::create_all(&jobs);
+    let failed = jobs.iter().find_map(|(_, _, h)| match h.state() {
+        State::Failed(code, message) => Some(Error::Failed { code, message: format!("a rank's creation failed: {message}") }),
         _ => None,
     });
     if let Some(e) = failed {
-        comms.iter().for_each(|&c| drop(handles::unregister(c)));
+        // None of the clique is handed out: what was made goes.
+        jobs.iter().for_each(|(_, _, h)| h.abandon_made());
         return Err(e);
     }
     for (i, c) in comms.into_iter().enumerate() {
@@ -308,11 +332,18 @@ fn end(
         // SAFETY: the real NCCL's own communicator.
         forwarded(unsafe { f(inner) })
     };
+    if comm.is_null() {
+        // NCCL ends a null communicator without complaint.
+        return ok();
+    }
     match handles::resolve(comm)? {
         Target::Real(inner) => call(inner),
         Target::Door(handle) => {
+            if crate::group::drop_init(&handle) {
+                return ok();
+            }
             let state = if abort { handle.state() } else { handle.wait_settled() };
-            handles::unregister(comm);
+            handles::retire(&handle);
             match state {
                 State::Served(served) => {
                     if abort {
@@ -322,6 +353,9 @@ fn end(
                 }
                 State::Real(inner) => call(std::ptr::with_exposed_provenance_mut(inner)),
                 State::Pending | State::Failed(..) => ok(),
+                State::Destroyed => {
+                    Err(Error::argument("comm", "destroyed already (ncclCommDestroy or ncclCommAbort)"))
+                }
             }
         }
     }
@@ -333,7 +367,9 @@ export!(ncclCommDestroy / pncclCommDestroy(comm: RawComm) -> RawResult
 export!(ncclCommAbort / pncclCommAbort(comm: RawComm) -> RawResult
     => boundary(|| end(comm, true, |r| r.get("ncclCommAbort", |f| f.ncclCommAbort))));
 
-export!(ncclCommFinalize / pncclCommFinalize(comm: RawComm) -> RawResult => boundary(|| match live(comm)? {
+export!(ncclCommFinalize / pncclCommFinalize(comm: RawComm) -> RawResult => boundary(|| match live_or_null(comm)? {
+    None => ok(),
+    Some(live) => match live {
     // Every call is enqueued when it returns: nothing is left to flush.
     Live::Served(_) => ok(),
     Live::Real(inner) => {
@@ -341,7 +377,7 @@ export!(ncclCommFinalize / pncclCommFinalize(comm: RawComm) -> RawResult => boun
         // SAFETY: the real NCCL's own communicator.
         forwarded(unsafe { f(inner) })
     }
-}));
+}}));
 
 export!(ncclCommRevoke / pncclCommRevoke(comm: RawComm, revoke_flags: c_int) -> RawResult => boundary(|| match live(comm)? {
     Live::Served(served) => {
@@ -426,10 +462,14 @@ export!(ncclCommGetAsyncError / pncclCommGetAsyncError(comm: RawComm, async_erro
     };
     let code = match handle.state() {
         State::Pending => Code::InProgress,
-        State::Failed(code, _) => code,
+        State::Failed(code, message) => {
+            error::keep(&message);
+            code
+        }
+        State::Destroyed => return Err(Error::argument("comm", "destroyed already (ncclCommDestroy or ncclCommAbort)")),
         State::Served(served) => match served.async_error() {
-            Some(e) => {
-                error::remember(&e.to_string());
+            Some((e, first)) => {
+                if first { error::remember(&e.to_string()) } else { error::keep(&e.to_string()) }
                 e.code()
             }
             None => Code::Success,

@@ -74,6 +74,21 @@ fn close(call: &str) -> Result<(bool, bool)> {
     Ok((started_real, outermost))
 }
 
+/// Forget a creation held in this thread's open group (its communicator destroyed before the
+/// group ended): `true` where it was one, which is then settled as failed.
+pub fn drop_init(handle: &Arc<Handle>) -> bool {
+    let held = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        let before = g.inits.len();
+        g.inits.retain(|(_, _, h)| !Arc::ptr_eq(h, handle));
+        before != g.inits.len()
+    });
+    if held {
+        handle.abandon();
+    }
+    held
+}
+
 /// `ncclGroupEnd`: at the outermost end, run the held creations, then enqueue the held
 /// calls, communicator by communicator.
 ///
@@ -89,9 +104,17 @@ pub fn end() -> Result<()> {
             (std::mem::take(&mut g.calls), std::mem::take(&mut g.inits))
         });
         if !inits.is_empty() {
-            init::create_all(inits);
+            init::create_all(&inits);
         }
+        // A creation that failed fails the group with its own code, as NCCL's group end does.
+        let failed = inits.iter().find_map(|(_, _, h)| match h.state() {
+            crate::handles::State::Failed(code, message) => Some(Error::Failed { code, message }),
+            _ => None,
+        });
         result = run_held(calls);
+        if let Some(e) = failed {
+            result = Err(e);
+        }
     }
     if started_real && let Some(real) = crate::real::loaded() {
         result = result.and(real.group_end());

@@ -20,12 +20,17 @@ pub enum State {
     Real(usize),
     /// Creation failed: the code and message every later call returns.
     Failed(Code, String),
+    /// Destroyed or aborted: the handle is kept (so its address is never reused for another
+    /// communicator) and every call on it is refused.
+    Destroyed,
 }
 
 /// A door-made communicator.
 pub struct Handle {
     state: Mutex<State>,
     settled: Condvar,
+    /// Aborted while still being created: what the creation makes is aborted at once.
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 impl Handle {
@@ -34,10 +39,30 @@ impl Handle {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Settle a pending handle.
+    /// Settle a pending handle; where it was abandoned meanwhile, abort what was made.
     pub fn settle(&self, state: State) {
-        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state;
+        if self.abandoned.load(std::sync::atomic::Ordering::Acquire) {
+            abort_made(&state);
+            *self.state.lock().unwrap_or_else(PoisonError::into_inner) = State::Destroyed;
+        } else {
+            *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state;
+        }
         self.settled.notify_all();
+    }
+
+    /// Abort what a finished creation made, and retire the handle.
+    pub fn abandon_made(&self) {
+        abort_made(&self.state());
+        self.abandon();
+    }
+
+    /// Give the handle up: a creation still running aborts what it makes when it ends.
+    pub fn abandon(&self) {
+        self.abandoned.store(true, std::sync::atomic::Ordering::Release);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !matches!(*state, State::Pending) {
+            *state = State::Destroyed;
+        }
     }
 
     /// Its state once it is no longer pending (creation always ends: the rendezvous and the
@@ -51,7 +76,20 @@ impl Handle {
     }
 }
 
-/// Every live door-made handle, by address.
+/// Abort a communicator a creation made after its handle was given up.
+fn abort_made(state: &State) {
+    match state {
+        State::Served(served) => served.abort(),
+        State::Real(comm) => {
+            if let Some(real) = crate::real::loaded() {
+                let _ = real.abort_made(*comm);
+            }
+        }
+        State::Pending | State::Failed(..) | State::Destroyed => {}
+    }
+}
+
+/// Every door-made handle, by address, live or destroyed (kept, so no address is reused).
 static HANDLES: LazyLock<Mutex<HashMap<usize, Arc<Handle>>>> = LazyLock::new(Mutex::default);
 
 fn handles() -> std::sync::MutexGuard<'static, HashMap<usize, Arc<Handle>>> {
@@ -60,16 +98,21 @@ fn handles() -> std::sync::MutexGuard<'static, HashMap<usize, Arc<Handle>>> {
 
 /// Register a new handle in `state`; its address is the `ncclComm_t` to hand out.
 pub fn register(state: State) -> (RawComm, Arc<Handle>) {
-    let handle = Arc::new(Handle { state: Mutex::new(state), settled: Condvar::new() });
+    let handle = Arc::new(Handle {
+        state: Mutex::new(state),
+        settled: Condvar::new(),
+        abandoned: std::sync::atomic::AtomicBool::new(false),
+    });
     let address = Arc::as_ptr(&handle) as usize;
     handles().insert(address, Arc::clone(&handle));
     (std::ptr::without_provenance_mut(address), handle)
 }
 
-/// Forget a handle (`ncclCommDestroy`, `ncclCommAbort`); the communicator it held goes when
-/// its last user does.
-pub fn unregister(comm: RawComm) -> Option<Arc<Handle>> {
-    handles().remove(&(comm as usize))
+/// Retire a handle (`ncclCommDestroy`, `ncclCommAbort`): the communicator it held goes when
+/// its last user does; the handle stays registered as destroyed, so a later call on it is
+/// refused by name and its address never names another communicator.
+pub fn retire(handle: &Handle) {
+    handle.abandon();
 }
 
 /// What an `ncclComm_t` names.
@@ -109,8 +152,9 @@ pub fn live(handle: &Handle) -> Result<Live> {
         State::Served(served) => Ok(Live::Served(served)),
         State::Real(real) => Ok(Live::Real(std::ptr::with_exposed_provenance_mut(real))),
         State::Failed(code, message) => {
-            Err(Error::Usage { what: format!("this communicator's creation failed ({code:?}): {message}") })
+            Err(Error::Failed { code, message: format!("this communicator's creation failed: {message}") })
         }
+        State::Destroyed => Err(Error::argument("comm", "destroyed already (ncclCommDestroy or ncclCommAbort)")),
     }
 }
 

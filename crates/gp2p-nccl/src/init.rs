@@ -30,10 +30,14 @@ use crate::served::Served;
 /// be opened; the real NCCL's error where it is off and fails.
 pub fn unique_id() -> Result<RawUniqueId> {
     let mode = Mode::current()?;
-    let real_id = match crate::real::real() {
-        Ok(real) => Some(real.unique_id()?),
+    let real_id = match crate::real::real().and_then(|real| real.unique_id()) {
+        Ok(id) => Some(id),
         Err(e) if mode == Mode::Off => return Err(e),
-        Err(_) => None,
+        // Serving needs no real NCCL: an id without one (a hand-over then fails, saying so).
+        Err(e) => {
+            crate::log::info(&format!("no real NCCL id in this unique id: {e}"));
+            None
+        }
     };
     if mode == Mode::Off {
         // Off: the real id untouched, so every rank hands over without a rendezvous.
@@ -62,7 +66,23 @@ pub struct Request {
     /// The device to create it on (the caller's current device when it was asked).
     pub ordinal: Option<usize>,
     /// The caller's config, for the real NCCL.
-    pub config: Option<Arc<Config>>,
+    pub config: ConfigArg,
+    /// Whether creation runs on a thread of the door's own (non-blocking, in a group,
+    /// `ncclCommInitAll`), which must make `ordinal` current for the real NCCL; on the
+    /// caller's thread its current device is left as the caller set it.
+    pub on_worker: bool,
+}
+
+/// The caller's `ncclConfig_t`, as the real NCCL gets it.
+#[derive(Clone)]
+pub enum ConfigArg {
+    /// None given.
+    None,
+    /// The caller's own, passed untouched by a creation on the caller's thread, during its
+    /// call (its address).
+    Caller(usize),
+    /// The door's copy, for a creation that outlives the call.
+    Owned(Arc<Config>),
 }
 
 /// What a creation made.
@@ -150,13 +170,14 @@ fn describe(decision: &Decision, rank: usize, nranks: usize) -> String {
 /// Make the real NCCL's communicator with the real `id`, on `request`'s device.
 fn real_init(id: &RawUniqueId, request: &Request) -> Result<Made> {
     let real = crate::real::real()?;
-    if let Some(ordinal) = request.ordinal {
-        // The real NCCL takes the calling thread's current device.
-        Device::open(ordinal).and_then(|d| d.bind()).map_err(|e| Error::Library(e.into()))?;
+    if let (true, Some(ordinal)) = (request.on_worker, request.ordinal) {
+        // The real NCCL takes the calling thread's current device: this thread's is set as
+        // the caller's was (with no check of the card: the real NCCL runs every card).
+        Device::make_current_ordinal(ordinal).map_err(|e| Error::Library(e.into()))?;
     }
     let (nranks, rank) =
         (c_int::try_from(request.nranks).unwrap_or(c_int::MAX), c_int::try_from(request.rank).unwrap_or(0));
-    Ok(Made::Real(real.init_rank(nranks, id, rank, request.config.as_deref())?))
+    Ok(Made::Real(real.init_rank(nranks, id, rank, &request.config)?))
 }
 
 /// The state a finished creation leaves its handle in.
@@ -171,13 +192,22 @@ pub fn settled(made: Result<Made>) -> State {
     }
 }
 
+/// Create on a door's thread and settle `handle` with what it made; a panic settles it as
+/// failed, so nobody waits for it forever.
+fn create_on_worker(id: &RawUniqueId, request: &Request, handle: &Handle) {
+    let request = Request { on_worker: true, ..request.clone() };
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| create(id, &request)))
+        .unwrap_or_else(|_| Err(Error::Panic { message: String::from("while creating a communicator") }));
+    handle.settle(settled(made));
+}
+
 /// Create on a thread of its own, returning a pending handle at once.
 pub fn create_later(id: RawUniqueId, request: Request) -> RawComm {
     let (comm, handle) = handles::register(State::Pending);
     let worker = Arc::clone(&handle);
     let spawned = std::thread::Builder::new()
         .name("gp2p-nccl-init".into())
-        .spawn(move || worker.settle(settled(create(&id, &request))));
+        .spawn(move || create_on_worker(&id, &request, &worker));
     if let Err(e) = spawned {
         handle.settle(State::Failed(Code::SystemError, format!("cannot start the creation thread: {e}")));
     }
@@ -186,12 +216,12 @@ pub fn create_later(id: RawUniqueId, request: Request) -> RawComm {
 
 /// Create several ranks at once (each on a thread, as they wait for each other), for
 /// `ncclCommInitAll` and the inits of a group. Returns when all are made or failed.
-pub fn create_all(jobs: Vec<(RawUniqueId, Request, Arc<Handle>)>) {
+pub fn create_all(jobs: &[(RawUniqueId, Request, Arc<Handle>)]) {
     std::thread::scope(|s| {
-        for (id, request, handle) in &jobs {
+        for (id, request, handle) in jobs {
             let made = std::thread::Builder::new()
                 .name("gp2p-nccl-init".into())
-                .spawn_scoped(s, move || handle.settle(settled(create(id, request))));
+                .spawn_scoped(s, move || create_on_worker(id, request, handle));
             if let Err(e) = made {
                 handle.settle(State::Failed(Code::SystemError, format!("cannot start a creation thread: {e}")));
             }

@@ -66,6 +66,23 @@ impl Caller {
     }
 }
 
+impl Caller {
+    /// Set `count` elements of `element_bytes` at `address`, scratch of the communicator's own,
+    /// to the value whose bits are `bits`, on the caller's stream.
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn fill(&self, address: u64, element_bytes: usize, bits: u64, count: usize) -> Result<()> {
+        // SAFETY: `address` is scratch the served communicator allocated on this device with at
+        // least `count * element_bytes` bytes (the step asked for that many), aligned as every
+        // allocation is; it is kept until the point noted after this call's work, and nothing
+        // else touches it meanwhile (calls using it are ordered on their streams).
+        let set =
+            unsafe { geforce_p2p::cuda::raw::memset_elements_async(&self.stream, address, element_bytes, bits, count) };
+        set.map_err(|e| crate::error::Error::Library(e.into()))
+    }
+}
+
 /// Let a served communicator's calls be captured into CUDA graphs, as NCCL's are.
 pub fn allow_graphs(comm: &mut Communicator) {
     // SAFETY: contract (4): captured calls' buffers live as long as their graphs, and every

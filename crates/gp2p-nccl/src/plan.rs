@@ -36,13 +36,15 @@ impl Buf {
     }
 }
 
-/// Where a pre-multiplying op's scalar is read from, in device memory of the communicator's
-/// device: the op's own copy of a host scalar, or the caller's device scalar, read while the
-/// call runs.
+/// A pre-multiplying op's scalar: a host scalar's value, read when the op was made and set
+/// into the call's scratch by a memset (so nothing of the op's needs to outlive it), or the
+/// caller's device scalar, read while the call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Scalar {
-    /// Its address.
-    pub address: Address,
+pub enum Scalar {
+    /// The element's bits (little-endian, in the low bytes).
+    Value(u64),
+    /// The device address of one element.
+    Device(Address),
 }
 
 /// A reduction: one of NCCL's built-in ops, or a `ncclRedOpCreatePreMulSum` op (each rank's
@@ -149,18 +151,10 @@ impl Call {
         let (count, dtype) = self.count_and_type();
         let bytes = bytes_of("count", count, dtype)?;
         let world_bytes = bytes_of("count", count.saturating_mul(world), dtype)?;
-        if let Some(op) = self.op() {
-            if dtype.kernel_dtype().is_none() {
-                return Err(Error::NotServed {
-                    what: format!("{} of {}: the door's kernels do not reduce fp8 yet", self.name(), dtype.name()),
-                });
-            }
-            if matches!(op, Op::PreMulSum(_)) && !dtype.is_float() {
-                return Err(Error::argument(
-                    "op",
-                    format!("a pre-multiplying op reduces float types, not {}", dtype.name()),
-                ));
-            }
+        if self.op().is_some() && dtype.kernel_dtype().is_none() {
+            return Err(Error::NotServed {
+                what: format!("{} of {}: the door's kernels do not reduce fp8 yet", self.name(), dtype.name()),
+            });
         }
         match *self {
             Call::Reduce { root, .. }

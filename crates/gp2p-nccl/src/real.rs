@@ -12,9 +12,9 @@ use std::sync::OnceLock;
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use crate::abi::{Code, RawComm, RawConfig, RawResult, RawSimInfo, RawStream, RawTeam, RawUniqueId, RawWindow};
-use crate::config::Config;
 use crate::env::REAL_VAR;
 use crate::error::{Error, Result};
+use crate::init::ConfigArg;
 
 /// The real NCCL's entry points from a table of `name(args) -> result;` rows.
 macro_rules! functions {
@@ -183,15 +183,22 @@ impl Real {
     ///
     /// # Errors
     /// The real NCCL's code.
-    pub fn init_rank(&self, nranks: c_int, id: &RawUniqueId, rank: c_int, config: Option<&Config>) -> Result<RawComm> {
+    pub fn init_rank(&self, nranks: c_int, id: &RawUniqueId, rank: c_int, config: &ConfigArg) -> Result<RawComm> {
         let mut comm: RawComm = std::ptr::null_mut();
         let code = match config {
-            None => {
+            ConfigArg::Caller(address) => {
+                let f = self.get("ncclCommInitRankConfig", |f| f.ncclCommInitRankConfig)?;
+                let config: *mut RawConfig = std::ptr::with_exposed_provenance_mut(*address);
+                // SAFETY: the caller's own config, passed untouched during its call (the door
+                // makes this creation on the caller's thread before the call returns).
+                unsafe { f(&mut comm, nranks, *id, rank, config) }
+            }
+            ConfigArg::None => {
                 let f = self.get("ncclCommInitRank", |f| f.ncclCommInitRank)?;
                 // SAFETY: writes one communicator through its pointer (a local); the id by value.
                 unsafe { f(&mut comm, nranks, *id, rank) }
             }
-            Some(config) => {
+            ConfigArg::Owned(config) => {
                 let f = self.get("ncclCommInitRankConfig", |f| f.ncclCommInitRankConfig)?;
                 let mut raw = config.to_raw();
                 // SAFETY: as above; `raw` and the strings it points into (`config`'s) live
@@ -204,6 +211,19 @@ impl Real {
         }
         check("ncclCommInitRank", code)?;
         Ok(comm)
+    }
+}
+
+impl Real {
+    /// `ncclCommAbort` of a communicator the door itself made through this NCCL (its address)
+    /// and never handed out.
+    ///
+    /// # Errors
+    /// The real NCCL's code.
+    pub fn abort_made(&self, comm: usize) -> Result<()> {
+        let f = self.get("ncclCommAbort", |f| f.ncclCommAbort)?;
+        // SAFETY: a communicator this NCCL made for the door, which nobody else holds.
+        check("ncclCommAbort", unsafe { f(std::ptr::with_exposed_provenance_mut(comm)) })
     }
 }
 

@@ -23,8 +23,14 @@ const MAX_MESSAGE: u32 = 1 << 20;
 /// How long the listener waits for a connection's secret and facts before dropping it, so a
 /// stranger that connects and says nothing cannot hold the ranks up.
 const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
-/// Pause between polls of the non-blocking listener.
+/// Pause between polls of the non-blocking listener while ranks arrive; it doubles while none
+/// does, up to [`IDLE_POLL`].
 const ACCEPT_POLL: Duration = Duration::from_millis(1);
+/// The longest pause between polls.
+const IDLE_POLL: Duration = Duration::from_millis(100);
+/// How long the listener waits for the first rank (NCCL's root waits for ever; a listener
+/// nobody joins goes away after this).
+const FIRST_ARRIVAL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Pause between connection attempts of a rank.
 const CONNECT_RETRY: Duration = Duration::from_millis(20);
 
@@ -82,25 +88,37 @@ pub fn listen(ip: IpAddr, maker: Maker) -> Result<SocketAddr> {
 }
 
 /// The listener's loop: gather facts until as many ranks are in as the largest world size any
-/// of them gave (or the deadline), answer all the same, and stop; after a refusal, keep
-/// answering latecomers with it until the deadline, so every rank hears the same.
+/// of them gave (or the deadline, counted from the first arrival), answer all the same, then
+/// keep answering latecomers until the deadline: with the refusal where there was one, else
+/// with one saying the communicator was made without them. Polls fast while ranks arrive and
+/// slowly while none does.
 fn serve(listener: &TcpListener, maker: Maker) {
-    let deadline = Instant::now() + maker.timeout;
+    let started = Instant::now();
+    let mut deadline = started + FIRST_ARRIVAL;
+    let mut pause = ACCEPT_POLL;
     let mut peers: Vec<(TcpStream, RankFacts)> = Vec::new();
-    let accept = |peers: &mut Vec<(TcpStream, RankFacts)>| match listener.accept() {
+    let mut accept = |peers: &mut Vec<(TcpStream, RankFacts)>| match listener.accept() {
         Ok((stream, _)) => {
             if let Some(facts) = greet(stream, &maker.secret) {
                 peers.push(facts);
             }
+            pause = ACCEPT_POLL;
         }
-        Err(_) => std::thread::sleep(ACCEPT_POLL),
+        Err(_) => {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(IDLE_POLL);
+        }
     };
     loop {
         let expected = peers.iter().map(|(_, f)| f.nranks).max();
         if expected.is_some_and(|n| peers.len() >= n) || Instant::now() >= deadline {
             break;
         }
+        let before = peers.len();
         accept(&mut peers);
+        if before == 0 && !peers.is_empty() {
+            deadline = Instant::now() + maker.timeout;
+        }
     }
     if peers.is_empty() {
         return;
@@ -111,7 +129,7 @@ fn serve(listener: &TcpListener, maker: Maker) {
     let agree = facts.iter().all(|f| f.nranks == world);
     let result = if agree && facts.len() < world {
         Err(format!(
-            "{} of {world} ranks did not arrive within {:?} (set GP2P_NCCL_TIMEOUT to wait longer)",
+            "{} of {world} ranks did not arrive within {:?} of the first (set GP2P_NCCL_TIMEOUT to wait longer)",
             world - facts.len(),
             maker.timeout
         ))
@@ -123,13 +141,20 @@ fn serve(listener: &TcpListener, maker: Maker) {
         // A rank that went away meanwhile learns nothing; the others still get their answer.
         let _ = send(stream, &answer);
     }
-    if answer.result.is_err() {
-        while Instant::now() < deadline {
-            let before = peers.len();
-            accept(&mut peers);
-            for (stream, _) in &mut peers[before..] {
-                let _ = send(stream, &answer);
-            }
+    let late = Answer {
+        result: match &answer.result {
+            Err(refusal) => Err(refusal.clone()),
+            Ok(_) => Err(format!(
+                "the communicator of this id was made with {} rank(s) before this one arrived: every rank must pass the same nranks, and each id serves one communicator",
+                peers.len()
+            )),
+        },
+    };
+    while Instant::now() < deadline {
+        let before = peers.len();
+        accept(&mut peers);
+        for (stream, _) in &mut peers[before..] {
+            let _ = send(stream, &late);
         }
     }
 }

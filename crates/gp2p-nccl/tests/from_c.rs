@@ -119,6 +119,7 @@ fn every_rank_hands_over_through_the_rendezvous_and_every_call_reaches_the_real_
         assert!(r.calls("ncclBroadcast").contains(&bcast.as_str()), "{bcast} in\n{}", r.log);
     }
     assert_eq!(r.calls("ncclGetUniqueId").len(), 1);
+    assert!(r.calls("ncclBcast").is_empty(), "ncclBcast goes as the in-place ncclBroadcast");
     assert_eq!(r.calls("ncclCommDestroy").len(), 3);
     assert_eq!(r.calls("ncclGroupStart").len(), 3);
     let said: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("geforce-p2p NCCL door: on: handing")).collect();
@@ -211,4 +212,54 @@ fn bad_arguments_return_nccl_s_codes_and_name_the_argument() {
     assert_eq!(r.lines("null_version"), ["null_version 4"]);
     assert_eq!(r.lines("error_string "), ["error_string invalid usage (run with NCCL_DEBUG=WARN for details)"]);
     assert_eq!(r.lines("error_string_unknown"), ["error_string_unknown unknown result code"]);
+}
+
+#[test]
+fn a_caller_s_config_reaches_the_real_nccl_untouched_and_its_errors_come_back() {
+    let dir = scratch("config");
+    let (standin, driver) = build(&dir);
+    let standin = standin.to_string_lossy().into_owned();
+    let r = run(&dir, &driver, &["config"], &[("GP2P_NCCL_REAL", &standin)]);
+    let at = r.lines("config_at ")[0].trim_start_matches("config_at ").to_owned();
+    let init = r.calls("ncclCommInitRankConfig");
+    assert_eq!(
+        init,
+        [format!("ncclCommInitRankConfig config={at} size=80 magic=cafebeef blocking=1").as_str()],
+        "{}",
+        r.log
+    );
+    assert_eq!(r.lines("init "), ["init 0"]);
+    // The real NCCL's own message, as torch asks for it (with a null communicator).
+    assert_eq!(r.lines("failing_call"), ["failing_call 5 the stand-in's last error"]);
+    assert_eq!(r.lines("destroy"), ["destroy 0", "destroy_null 0"]);
+}
+
+#[test]
+fn a_non_blocking_creation_is_in_progress_then_settles_on_the_door_s_copy_of_the_config() {
+    let dir = scratch("nonblocking");
+    let (standin, driver) = build(&dir);
+    let standin = standin.to_string_lossy().into_owned();
+    let r = run(&dir, &driver, &["nonblocking"], &[("GP2P_NCCL_REAL", &standin)]);
+    assert_eq!(r.lines("init "), ["init 7"], "ncclInProgress:\n{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.lines("settled"), ["settled 0"]);
+    let init = r.calls("ncclCommInitRankConfig");
+    assert!(init.len() == 1 && init[0].ends_with("size=80 magic=cafebeef blocking=0"), "{}", r.log);
+    assert_eq!(r.calls("ncclCommInitRank").len(), 1);
+}
+
+#[test]
+fn one_thread_creates_and_drives_two_ranks_in_groups() {
+    let dir = scratch("grouped");
+    let (standin, driver) = build(&dir);
+    let standin = standin.to_string_lossy().into_owned();
+    let r = run(&dir, &driver, &["grouped"], &[("GP2P_NCCL_REAL", &standin)]);
+    assert_eq!(r.lines("group_init"), ["group_init 0 0 0 0"], "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.lines("group_calls"), ["group_calls 0 0 0"]);
+    let inits = r.calls("ncclCommInitRank");
+    for rank in 0..2 {
+        let init = format!("ncclCommInitRank nranks=2 rank={rank} id={STANDIN_ID} rest_zero=1");
+        assert!(inits.contains(&init.as_str()), "{init} in\n{}", r.log);
+        assert!(r.log.contains(&format!("ncclAllReduce comm={rank} ")), "{}", r.log);
+    }
+    assert_eq!(r.lines("destroy"), ["destroy 0 0", "destroy 1 0"]);
 }

@@ -86,16 +86,15 @@ impl Communicator {
     /// folding is left part-done. Nothing here waits for the GPU.
     pub fn abort(&mut self) {
         self.broken = true;
-        if let Ok(shared) = self.word(BROKEN) {
-            shared.store(1, Ordering::Release);
-        }
+        self.control.abort();
     }
 
     /// What the next call would report, without waiting and without taking it: a wait of this
     /// rank that gave up on its peer ([`Error::PeerTimeout`]), the communicator broken by
     /// another rank, a failed call or [`Communicator::abort`] ([`Error::Broken`]), or another
-    /// rank's process gone ([`Error::PeerGone`]: then call [`Communicator::abort`], so the
-    /// waits for it end now rather than at the peer timeout). `None` while all is well.
+    /// rank's process gone while this rank's calls still wait ([`Error::PeerGone`]: then call
+    /// [`Communicator::abort`], so those waits end now rather than at the peer timeout; a rank
+    /// that exits once everything is done is no error). `None` while all is well.
     pub fn async_error(&self) -> Option<Error> {
         if self.broken {
             return Some(Error::Broken { rank: self.rank() });
@@ -110,6 +109,7 @@ impl Communicator {
             return Some(Error::Broken { rank: self.rank() });
         }
         let gone = self.segment.gone_ranks();
-        (!gone.is_empty()).then(|| Error::PeerGone { rank: self.rank(), gone })
+        let waiting = self.last.as_ref().is_some_and(|last| !last.is_complete().unwrap_or(true));
+        (waiting && !gone.is_empty()).then(|| Error::PeerGone { rank: self.rank(), gone })
     }
 }

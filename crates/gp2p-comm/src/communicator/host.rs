@@ -1,10 +1,77 @@
-//! What the ranks of a communicator agree on, on the host, once it exists: its id, the ids of
-//! communicators made from it ([`UniqueId::derive`]), and a few words from every rank
-//! ([`Communicator::exchange_host`]): what NCCL's `ncclCommSplit` and `ncclCommShrink` need.
+//! What the ranks of a communicator agree on, on the host, once it exists, and what another
+//! thread may do to it without its lock: its id, the ids of communicators made from it
+//! ([`UniqueId::derive`]), a few words from every rank ([`Control::exchange_host`]: what
+//! NCCL's `ncclCommSplit` gathers), aborting it ([`Control::abort`]) and which ranks' processes
+//! are gone.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use super::Communicator;
+use crate::layout::BROKEN;
+use crate::registration::word;
 use crate::segment::HOST_WORDS;
-use crate::{Error, Result, UniqueId};
+use crate::{Error, Result, Segment, UniqueId};
+
+/// A communicator's host-side controls, cheap to clone and usable from any thread while
+/// another holds the communicator: the host exchange (which may wait for other ranks) and the
+/// abort (which must not wait for anything).
+#[derive(Clone)]
+pub struct Control {
+    segment: Arc<Segment>,
+    /// Rounds of the host exchange made so far.
+    rounds: Arc<AtomicU32>,
+    /// How long a round may wait (the join's bound).
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Control(rank {} of {})", self.segment.rank(), self.segment.world())
+    }
+}
+
+impl Control {
+    pub(super) fn new(segment: Arc<Segment>, timeout: Duration) -> Control {
+        Control { segment, rounds: Arc::new(AtomicU32::new(0)), timeout }
+    }
+
+    /// The id every rank joined with.
+    pub fn id(&self) -> &UniqueId {
+        self.segment.id()
+    }
+
+    /// Publish `mine` and return every rank's words, in rank order: a collective on the host
+    /// that every rank makes, in the same order as its other host exchanges (one at a time per
+    /// rank), waiting at most the join timeout. Nothing is enqueued on the GPU.
+    ///
+    /// # Errors
+    /// [`Error::PeersMissing`] naming the ranks that did not take part in time.
+    pub fn exchange_host(&self, mine: [u64; HOST_WORDS]) -> Result<Vec<[u64; HOST_WORDS]>> {
+        let round = self.rounds.load(Ordering::Acquire).checked_add(1).ok_or_else(|| Error::InvalidOption {
+            name: "host exchange",
+            reason: String::from("more than 2^32 rounds on one communicator"),
+        })?;
+        let all = self.segment.exchange_host(round, mine, self.timeout)?;
+        self.rounds.store(round, Ordering::Release);
+        Ok(all)
+    }
+
+    /// Give up on every call of the communicator, on every rank: every wait of an enqueued
+    /// call stops at its next look at the shared word, and every later call fails
+    /// ([`Error::Broken`]). Waits for nothing and takes no lock.
+    pub fn abort(&self) {
+        if let Ok(shared) = word(&self.segment, BROKEN) {
+            shared.store(1, Ordering::Release);
+        }
+    }
+
+    /// The other ranks whose process has exited.
+    pub fn gone_ranks(&self) -> Vec<usize> {
+        self.segment.gone_ranks()
+    }
+}
 
 impl Communicator {
     /// The id every rank joined with.
@@ -12,19 +79,16 @@ impl Communicator {
         self.segment.id()
     }
 
-    /// Publish `mine` and return every rank's words, in rank order: a collective on the host
-    /// that every rank makes, in the same order as its other host exchanges, waiting at most
-    /// the join timeout. Nothing is enqueued on the GPU.
+    /// The host-side controls, for other threads ([`Control`]).
+    pub fn control(&self) -> Control {
+        self.control.clone()
+    }
+
+    /// [`Control::exchange_host`].
     ///
     /// # Errors
-    /// [`Error::PeersMissing`] naming the ranks that did not take part in time.
+    /// As [`Control::exchange_host`].
     pub fn exchange_host(&mut self, mine: [u64; HOST_WORDS]) -> Result<Vec<[u64; HOST_WORDS]>> {
-        let round = self.host_rounds.checked_add(1).ok_or_else(|| Error::InvalidOption {
-            name: "host exchange",
-            reason: String::from("more than 2^32 rounds on one communicator"),
-        })?;
-        let all = self.segment.exchange_host(round, mine, self.join_timeout)?;
-        self.host_rounds = round;
-        Ok(all)
+        self.control.exchange_host(mine)
     }
 }

@@ -54,21 +54,22 @@ fn what_the_kernels_cannot_reduce_is_not_served_and_moving_it_is() {
     let ar = Call::AllReduce { send: 1, recv: 1, count: 8, dtype: fp8, op: Op::Builtin(ReduceOp::Sum) };
     assert!(matches!(ar.check(0, 2), Err(Error::NotServed { .. })));
     assert!(Call::AllGather { send: 0x100, recv: 0x1000, count: 8, dtype: fp8 }.check(0, 2).is_ok());
-    let premul = Op::PreMulSum(Scalar { address: 0x10 });
-    let int = Call::AllReduce { send: 1, recv: 1, count: 8, dtype: DataType::Int32, op: premul };
-    assert!(err(int, 0, 2).starts_with("op: a pre-multiplying op reduces float types"));
+    // NCCL takes a pre-multiplying op of any type: integers are multiplied too.
+    let premul = Op::PreMulSum(Scalar::Value(3));
+    let int = Call::AllReduce { send: 0x100, recv: 0x100, count: 8, dtype: DataType::Int32, op: premul };
+    assert!(int.check(0, 2).is_ok());
 }
 
 #[test]
 fn reduce_runs_as_an_all_reduce_into_scratch_off_the_root_and_premul_scales_a_copy() {
-    let op = Op::PreMulSum(Scalar { address: 0x10 });
+    let op = Op::PreMulSum(Scalar::Device(0x10));
     let reduce = Call::Reduce { send: 0x1000, recv: 0, count: 4, dtype: F32, op, root: 1 };
     let steps = reduce.steps(0, 2);
     assert_eq!(
         steps,
         [
             Step::Copy { dst: Buf::Scratch(0), src: Buf::User(0x1000), bytes: 16 },
-            Step::Scale { buf: Buf::Scratch(0), count: 4, dtype: F32, scalar: Scalar { address: 0x10 } },
+            Step::Scale { buf: Buf::Scratch(0), count: 4, dtype: F32, scalar: Scalar::Device(0x10) },
             Step::AllReduce {
                 input: Buf::Scratch(0),
                 output: Buf::Scratch(0),

@@ -90,6 +90,16 @@ fn a_missing_rank_fails_the_others_within_the_timeout_by_name() {
 }
 
 #[test]
+fn ranks_that_say_fewer_ranks_and_come_first_make_it_and_a_latecomer_is_told_why() {
+    let secret = [6; SECRET_BYTES];
+    let addr = listen(Ipv4Addr::LOCALHOST.into(), maker(secret, Duration::from_secs(2))).expect("listens");
+    let results = join_all(addr, secret, (0..2).map(|r| facts(r, 2)).collect());
+    assert!(results.iter().all(Result::is_ok));
+    let e = join(addr, &secret, &facts(2, 3), Duration::from_secs(5)).expect_err("too late").to_string();
+    assert!(e.contains("made with 2 rank(s) before this one arrived"), "{e}");
+}
+
+#[test]
 fn a_rendezvous_nobody_listens_on_is_named() {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binds");
     let addr = listener.local_addr().expect("address");

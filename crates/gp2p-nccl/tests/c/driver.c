@@ -23,6 +23,64 @@ int ncclGroupEnd(void);
 const char *ncclGetErrorString(int result);
 const char *ncclGetLastError(ncclComm_t comm);
 int pncclGetVersion(int *version);
+int ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, void *config);
+
+/* ncclConfig_t of NCCL 2.28 (its 80 bytes), as NCCL_CONFIG_INITIALIZER fills it. */
+typedef struct {
+  size_t size; unsigned magic, version;
+  int blocking, cga, min_ctas, max_ctas; const char *net_name; int split_share, traffic_class;
+  const char *comm_name; int collnet, cta_policy, shrink_share, nvls_ctas, channels_per_net_peer, nvlink_sched;
+} config_t;
+
+static config_t initializer(int blocking) {
+  config_t c = {sizeof(config_t), 0xcafebeef, 22809, blocking, -2147483647 - 1, -2147483647 - 1,
+                -2147483647 - 1, 0, -2147483647 - 1, -2147483647 - 1, "tp-group", -2147483647 - 1,
+                -2147483647 - 1, -2147483647 - 1, -2147483647 - 1, -2147483647 - 1, -2147483647 - 1};
+  return c;
+}
+
+/* One rank with a config: blocking (the caller's config passed through untouched) or not
+ * (ncclInProgress, then polled to the end), then a call the real NCCL fails and its error. */
+static int with_config(int blocking) {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != 0) return 1;
+  config_t config = initializer(blocking);
+  printf("config_at %p\n", (void *)&config);
+  ncclComm_t comm = NULL;
+  int r = ncclCommInitRankConfig(&comm, 1, id, 0, &config);
+  printf("init %d\n", r);
+  int state = r, polls = 0;
+  while (state == 7 && polls++ < 100000) {
+    if (ncclCommGetAsyncError(comm, &state) != 0) break;
+    usleep(100);
+  }
+  printf("settled %d\n", state);
+  r = ncclAllReduce((void *)0x1000, (void *)0x1000, 12345, 7, 0, comm, NULL);
+  printf("failing_call %d %s\n", r, ncclGetLastError(NULL));
+  r = ncclCommDestroy(comm);
+  printf("destroy %d\n", r);
+  printf("destroy_null %d\n", ncclCommDestroy(NULL));
+  return 0;
+}
+
+/* Two ranks of one process made in one group (one thread driving both, as with several GPUs),
+ * then an all-reduce on each in a group. */
+static int grouped(void) {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != 0) return 1;
+  ncclComm_t comms[2] = {NULL, NULL};
+  int s = ncclGroupStart();
+  int a = ncclCommInitRank(&comms[0], 2, id, 0);
+  int b = ncclCommInitRank(&comms[1], 2, id, 1);
+  int e = ncclGroupEnd();
+  printf("group_init %d %d %d %d\n", s, a, b, e);
+  s = ncclGroupStart();
+  for (int r = 0; r < 2; r++) a = ncclAllReduce((void *)0x1000, (void *)0x2000, 64, 7, 0, comms[r], NULL);
+  e = ncclGroupEnd();
+  printf("group_calls %d %d %d\n", s, a, e);
+  for (int r = 0; r < 2; r++) printf("destroy %d %d\n", r, ncclCommDestroy(comms[r]));
+  return 0;
+}
 
 static void id_hex(const ncclUniqueId *id, char *out) {
   for (int i = 0; i < 16; i++) sprintf(out + 2 * i, "%02x", (unsigned char)id->internal[i]);
@@ -108,5 +166,8 @@ int main(int argc, char **argv) {
   printf("version %d %d %d\n", r, version, palias);
   if (strcmp(argv[1], "ranks") == 0) return ranks(argc > 2 ? atoi(argv[2]) : 2);
   if (strcmp(argv[1], "bad") == 0) return bad();
+  if (strcmp(argv[1], "config") == 0) return with_config(1);
+  if (strcmp(argv[1], "nonblocking") == 0) return with_config(0);
+  if (strcmp(argv[1], "grouped") == 0) return grouped();
   return 2;
 }

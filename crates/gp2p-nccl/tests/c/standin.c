@@ -83,12 +83,20 @@ int ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
   return 0;
 }
 
+/* The first fields of ncclConfig_t, as every NCCL since 2.14 lays them out. */
+typedef struct { size_t size; unsigned magic; unsigned version; int blocking; } config_head;
+
 int ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, void *config) {
-  record("ncclCommInitRankConfig config=%s", config ? "given" : "null");
+  const config_head *c = config;
+  if (c)
+    record("ncclCommInitRankConfig config=%p size=%zu magic=%x blocking=%d", config, c->size, c->magic, c->blocking);
+  else
+    record("ncclCommInitRankConfig config=null");
   return ncclCommInitRank(comm, nranks, id, rank);
 }
 
 int ncclAllReduce(const void *send, void *recv, size_t count, int datatype, int op, ncclComm_t comm, cudaStream_t stream) {
+  if (count == 12345) return 5; /* how the tests make the real NCCL fail */
   record("ncclAllReduce comm=%d send=%p recv=%p count=%zu datatype=%d op=%d stream=%p", which(comm), send, recv, count, datatype, op, stream);
   return 0;
 }
