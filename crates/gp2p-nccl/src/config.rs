@@ -3,9 +3,22 @@
 //! and strings are gone (a creation the door finishes later, on another thread).
 
 use std::ffi::{CString, c_int};
+use std::sync::Arc;
 
 use crate::abi::{CONFIG_BLOCKING_END, CONFIG_MAGIC, RawConfig};
 use crate::error::{Error, Result};
+
+/// The caller's `ncclConfig_t`, as the real NCCL gets it.
+#[derive(Clone)]
+pub enum ConfigArg {
+    /// None given.
+    None,
+    /// The caller's own, passed untouched by a creation on the caller's thread, during its
+    /// call (its address).
+    Caller(usize),
+    /// The door's copy, for a creation that outlives the call.
+    Owned(Arc<Config>),
+}
 
 /// An `ncclConfig_t` the door owns.
 #[derive(Debug, Clone)]

@@ -13,7 +13,7 @@ use geforce_p2p::Device;
 use geforce_p2p::comm::{CommOptions, Communicator, UniqueId};
 
 use crate::abi::{Code, RawComm, RawUniqueId};
-use crate::config::Config;
+pub use crate::config::ConfigArg;
 use crate::decision::Decision;
 use crate::env::{self, Mode};
 use crate::error::{Error, Result};
@@ -71,18 +71,6 @@ pub struct Request {
     /// `ncclCommInitAll`), which must make `ordinal` current for the real NCCL; on the
     /// caller's thread its current device is left as the caller set it.
     pub on_worker: bool,
-}
-
-/// The caller's `ncclConfig_t`, as the real NCCL gets it.
-#[derive(Clone)]
-pub enum ConfigArg {
-    /// None given.
-    None,
-    /// The caller's own, passed untouched by a creation on the caller's thread, during its
-    /// call (its address).
-    Caller(usize),
-    /// The door's copy, for a creation that outlives the call.
-    Owned(Arc<Config>),
 }
 
 /// What a creation made.

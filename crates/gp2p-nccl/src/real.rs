@@ -12,9 +12,9 @@ use std::sync::OnceLock;
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use crate::abi::{Code, RawComm, RawConfig, RawResult, RawSimInfo, RawStream, RawTeam, RawUniqueId, RawWindow};
+use crate::config::ConfigArg;
 use crate::env::REAL_VAR;
 use crate::error::{Error, Result};
-use crate::init::ConfigArg;
 
 /// The real NCCL's entry points from a table of `name(args) -> result;` rows.
 macro_rules! functions {

@@ -9,13 +9,12 @@ use geforce_p2p::collectives::{Collective, Engine, Rank, all_gather, all_reduce,
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, fill_random};
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, Stream, half};
 
-use super::{CEILING_BYTES, Common, finish, progress};
+use super::{CEILING_BYTES, Common, finish, progress, rows_table};
 use crate::error::CliError;
 use crate::flags::{DTypeFlag, OpFlag, ReceiveFlag};
 use crate::measure::{Ceilings, print_trace, time_op, timed_runs};
 use crate::report::{Report, Row};
 use crate::sizes::format_size;
-use crate::table::{num, table};
 
 #[derive(Args)]
 pub struct CollectiveArgs {
@@ -266,30 +265,6 @@ fn run_typed<T: Reference>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliE
         print_trace(size, trace);
     }
     finish(&report, c, kind.name())
-}
-
-/// nccl-tests' columns, one row per size, with each row's ratio under `ratio_name`.
-pub(super) fn rows_table(rows: &[Row], ratio_name: &str) -> crate::table::Table {
-    let mut t = table(
-        &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", ratio_name, "enqueue us", "#wrong"],
-        &[],
-    );
-    for r in rows {
-        t.add_row(vec![
-            format_size(r.bytes),
-            r.count.to_string(),
-            r.dtype.clone(),
-            r.op.clone(),
-            r.ranks.to_string(),
-            num(r.time_us, 1),
-            num(r.algbw, 2),
-            num(r.busbw, 2),
-            num(r.ratio, 3),
-            num(r.enqueue_us.unwrap_or(f64::NAN), 1),
-            r.wrong.to_string(),
-        ]);
-    }
-    t
 }
 
 #[cfg(test)]

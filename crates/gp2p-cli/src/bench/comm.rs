@@ -24,7 +24,7 @@ use geforce_p2p::comm::{CommOptions, Communicator, MAX_RANKS, UniqueId};
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
 
-use super::{CEILING_BYTES, Common, finish, progress};
+use super::{CEILING_BYTES, Common, finish, progress, rows_table};
 use crate::error::CliError;
 use crate::flags::{DTypeFlag, OpFlag};
 use crate::measure::{Ceilings, median};
@@ -235,7 +235,7 @@ fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
         "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
         args.collective.per_rank_factor(world)
     );
-    println!("{}", super::collective::rows_table(&report.rows, "of bound").trim_fmt());
+    println!("{}", rows_table(&report.rows, "of bound").trim_fmt());
     finish(&report, c, &format!("comm {}", args.collective.name()))
 }
 

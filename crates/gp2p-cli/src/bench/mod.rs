@@ -17,8 +17,9 @@ use crate::error::CliError;
 use crate::flags::StreamFlag;
 use crate::measure::Repeats;
 use crate::plot::plot_rows;
-use crate::report::Report;
-use crate::sizes::{parse_size, sweep};
+use crate::report::{Report, Row};
+use crate::sizes::{format_size, parse_size, sweep};
+use crate::table::{num, table};
 
 /// Bytes per transfer for the ceilings: large enough for steady state on any PCIe link.
 pub const CEILING_BYTES: usize = 1 << 30;
@@ -124,6 +125,30 @@ pub fn run(command: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Comm(args) => comm::run(&args),
         BenchCommand::Plot(args) => crate::plot::run(&args),
     }
+}
+
+/// nccl-tests' columns, one row per size, with each row's ratio under `ratio_name`.
+fn rows_table(rows: &[Row], ratio_name: &str) -> crate::table::Table {
+    let mut t = table(
+        &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", ratio_name, "enqueue us", "#wrong"],
+        &[],
+    );
+    for r in rows {
+        t.add_row(vec![
+            format_size(r.bytes),
+            r.count.to_string(),
+            r.dtype.clone(),
+            r.op.clone(),
+            r.ranks.to_string(),
+            num(r.time_us, 1),
+            num(r.algbw, 2),
+            num(r.busbw, 2),
+            num(r.ratio, 3),
+            num(r.enqueue_us.unwrap_or(f64::NAN), 1),
+            r.wrong.to_string(),
+        ]);
+    }
+    t
 }
 
 /// A progress bar on stderr for `steps` rows.
