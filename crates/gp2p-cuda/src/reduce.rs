@@ -3,12 +3,13 @@
 #![allow(unsafe_code)]
 
 use gp2p_kernels::{
-    DType, Element, KernelFamily, REDUCE_BLOCK_THREADS, ReduceOp, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL,
-    exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
+    CHUNK_BLOCK_THREADS, DType, Element, KernelFamily, REDUCE_BLOCK_THREADS, ReduceOp, WAIT_FLAG_KERNEL,
+    WAIT_FLAGS_KERNEL, chunks_kernel_name, exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
 };
 
 use crate::launch::{
-    ExchangeArgs, ExchangeManyArgs, ONE_THREAD, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, launch_kernel,
+    ChunksArgs, ExchangeArgs, ExchangeManyArgs, ONE_THREAD, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs,
+    launch_kernel,
 };
 use crate::replay::LaunchCache;
 use crate::{DeviceView, DeviceViewMut, Error, LaunchConfig, Module, Result, Stream};
@@ -60,8 +61,8 @@ pub fn reduce<T: Element>(
 }
 
 /// Load every kernel module on `device` now ([`Module::kernels`] loads all families), and
-/// every reduce, exchange and wait kernel in them by launching each once, empty, and waiting
-/// for them (once per device and process; later calls return at once).
+/// every reduce, exchange, flagged-chunk and wait kernel in them by launching each once,
+/// empty, and waiting for them (once per device and process; later calls return at once).
 ///
 /// Under the driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, the default of recent
 /// drivers) a kernel's code is loaded at its first launch, and a load may wait for the whole
@@ -78,11 +79,20 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         let exchanges = Module::kernels(device, KernelFamily::Exchange)?;
         let many_exchanges = Module::kernels(device, KernelFamily::ExchangeMany)?;
         let flags = Module::kernels(device, KernelFamily::Flags)?;
+        let chunks = Module::kernels(device, KernelFamily::Chunks)?;
         let stream = Stream::new(device)?;
         let one = LaunchConfig { grid: 1, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 };
+        let one_chunk_block = LaunchConfig { grid: 1, block: CHUNK_BLOCK_THREADS, shared_bytes: 0 };
+        // The chunk kernels read their round from the counter's first word and count finished
+        // blocks in its second: a zeroed pair of their own.
+        let mut counter = crate::DeviceBuffer::<u32>::alloc(device, 2)?;
+        counter.fill_bytes(&stream, 0)?;
+        let chunk_args = ChunksArgs { seq_counter: counter.raw_ptr(), ..ChunksArgs::default() };
         for op in ReduceOp::ALL {
             for dtype in DType::ALL {
-                // SAFETY: n = 0: neither kernel touches memory, so null addresses are fine.
+                // SAFETY: n = 0: the reduce and exchange kernels touch no memory, so null
+                // addresses are fine; the chunk kernel touches only its counter, a live
+                // zeroed pair freed after the point noted below.
                 unsafe {
                     let reduce = module.function(reduce_kernel_name(op, dtype))?;
                     launch_kernel(&reduce, &stream, one, &ReduceArgs::default(), None)?;
@@ -91,6 +101,9 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                     // World 0: the kernel returns before it reads anything.
                     let many = many_exchanges.function(exchange_many_kernel_name(op, dtype))?;
                     launch_kernel(&many, &stream, one, &ExchangeManyArgs::default(), None)?;
+                    // No chunks: the kernel touches only its counter.
+                    let chunk = chunks.function(chunks_kernel_name(op, dtype))?;
+                    launch_kernel(&chunk, &stream, one_chunk_block, &chunk_args, None)?;
                 }
             }
         }
@@ -126,6 +139,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         // from its owner) an error some destructor deferred.
         let point = stream.point()?;
         word.view(..).note_use(&point);
+        counter.view(..).note_use(&point);
         point.synchronize()
     })
 }
