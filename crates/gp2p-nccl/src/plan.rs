@@ -12,26 +12,32 @@ use crate::error::{Error, Result};
 /// A device address, as NCCL passes buffers.
 pub type Address = u64;
 
-/// A buffer a step reads or writes: the caller's memory, or scratch the step allocates
-/// (numbered within one call, alive until its last step is enqueued).
+/// A buffer a step reads or writes: the caller's memory, or scratch the communicator's calls
+/// share (numbered; a call's steps are enqueued before the next call's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Buf {
     /// Caller memory at this address.
     User(Address),
-    /// Scratch buffer `n` of the call.
-    Scratch(usize),
+    /// Scratch buffer `buffer`, `offset` bytes in.
+    Scratch {
+        /// Which buffer.
+        buffer: usize,
+        /// Bytes into it.
+        offset: usize,
+    },
 }
 
 impl Buf {
-    /// This buffer `offset` bytes in. Steps only ever offset caller memory: scratch is used
-    /// whole.
+    /// Scratch buffer `buffer` from its start.
+    pub const fn scratch(buffer: usize) -> Buf {
+        Buf::Scratch { buffer, offset: 0 }
+    }
+
+    /// This buffer `offset` bytes in.
     pub fn at(self, offset: usize) -> Buf {
         match self {
             Buf::User(a) => Buf::User(a + offset as u64),
-            Buf::Scratch(n) => {
-                debug_assert_eq!(offset, 0, "scratch is used whole");
-                Buf::Scratch(n)
-            }
+            Buf::Scratch { buffer, offset: start } => Buf::Scratch { buffer, offset: start + offset },
         }
     }
 }
@@ -216,7 +222,8 @@ impl Call {
             Call::ReduceScatter { .. } => recv == send + part(rank),
             Call::Gather { root, .. } => rank == root && send == recv + part(root),
             Call::Scatter { root, .. } => rank == root && recv == send + part(root),
-            Call::AlltoAll { .. } | Call::Send { .. } | Call::Recv { .. } => false,
+            Call::AlltoAll { .. } => send == recv,
+            Call::Send { .. } | Call::Recv { .. } => false,
         }
     }
 
@@ -276,7 +283,7 @@ impl Call {
                 all_reduce(&mut steps, Buf::User(send), Buf::User(recv), count, dtype, op);
             }
             Call::Reduce { send, recv, op, root, .. } => {
-                let output = if rank == root { Buf::User(recv) } else { Buf::Scratch(0) };
+                let output = if rank == root { Buf::User(recv) } else { Buf::scratch(0) };
                 all_reduce(&mut steps, Buf::User(send), output, count, dtype, op);
             }
             Call::Broadcast { send, recv, root, .. } => {
@@ -299,7 +306,7 @@ impl Call {
                     });
                 }
                 Op::PreMulSum(scalar) => {
-                    let whole = Buf::Scratch(0);
+                    let whole = Buf::scratch(0);
                     steps.push(Step::Copy { dst: whole, src: Buf::User(send), bytes: bytes * world });
                     steps.push(Step::Scale { buf: whole, count: count * world, dtype, scalar });
                     let output = Buf::User(recv);
@@ -307,8 +314,16 @@ impl Call {
                 }
             },
             Call::AlltoAll { send, recv, .. } => {
-                let (send, recv) = (Buf::User(send), Buf::User(recv));
-                steps.push(Step::Copy { dst: recv.at(rank * bytes), src: send.at(rank * bytes), bytes });
+                let (mut send, recv) = (Buf::User(send), Buf::User(recv));
+                if send == recv {
+                    // In place: a part received lands where a part still to be sent lies, so
+                    // the parts to send are read from a copy (this rank's own part stays).
+                    let copy = Buf::scratch(0);
+                    steps.push(Step::Copy { dst: copy, src: send, bytes: bytes * world });
+                    send = copy;
+                } else {
+                    steps.push(Step::Copy { dst: recv.at(rank * bytes), src: send.at(rank * bytes), bytes });
+                }
                 for from in 0..world {
                     for to in (0..world).filter(|&to| to != from) {
                         if from == rank {

@@ -1,5 +1,6 @@
 //! The scratch a served communicator's calls share: a reduce's output on the ranks that are not
-//! its root, a pre-multiplying op's scaled copy and its scalar spread over the buffer. Grown
+//! its root, a pre-multiplying op's scaled copy and its scalar spread over the buffer, the
+//! parts an in-place all-to-all sends. Grown
 //! by calls outside CUDA graph capture (allocation may synchronise, which a capture forbids) and
 //! reused after: a call waits, on its stream, for the last call's use of a buffer before it
 //! writes it, and notes its own use after. Captured calls reuse what is there; a buffer a graph

@@ -50,7 +50,7 @@ pub fn run(comm: &mut Communicator, caller: &Caller, scratch: &mut Scratch, step
 fn address(scratch: &mut Use<'_>, buf: Buf, bytes: usize) -> Result<u64> {
     match buf {
         Buf::User(address) => Ok(address),
-        Buf::Scratch(n) => scratch.address(n, bytes),
+        Buf::Scratch { buffer, offset } => Ok(scratch.address(buffer, offset + bytes)? + offset as u64),
     }
 }
 
