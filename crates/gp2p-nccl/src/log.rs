@@ -34,17 +34,25 @@ impl Level {
     }
 }
 
+/// Write `line` to stderr in one write, so the lines of ranks that share a terminal or a log
+/// never interleave mid-line (`eprintln!` writes its pieces one by one). A failed write is
+/// nothing a caller can act on: the line is lost.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(format!("{line}\n").as_bytes());
+}
+
 /// Say `text` where warnings are asked for.
 pub fn warn(text: &str) {
     if Level::current() >= Level::Warn {
-        eprintln!("{text}");
+        say(text);
     }
 }
 
 /// Say `text` where `NCCL_DEBUG=INFO` asks for details.
 pub fn info(text: &str) {
     if Level::current() >= Level::Info {
-        eprintln!("geforce-p2p NCCL door: {text}");
+        say(&format!("geforce-p2p NCCL door: {text}"));
     }
 }
 
@@ -57,7 +65,7 @@ static SAID: Mutex<Option<String>> = Mutex::new(None);
 pub fn decision(line: &str) {
     let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if should_say(said.as_deref(), line, Level::current()) {
-        eprintln!("geforce-p2p NCCL door: {line}");
+        say(&format!("geforce-p2p NCCL door: {line}"));
         *said = Some(line.to_owned());
     }
 }
