@@ -11,7 +11,9 @@
 //! stale.
 //!
 //! This crate holds data only — PTX text, [`DType`], [`ReduceOp`] and kernel names. Loading
-//! and launching belong to `gp2p-cuda`; this crate never touches a GPU.
+//! and launching belong to `gp2p-cuda`; this crate never touches a GPU. Beside the kernels
+//! are their CPU references: [`reference`] for the reduce kernels, [`compress`] for the
+//! compressed all-reduce (formats, two roundings, the per-element error bound).
 //!
 //! ```
 //! use gp2p_kernels::{DType, KernelFamily, PtxTarget, ReduceOp, reduce_kernel_name, REDUCE};
@@ -23,6 +25,7 @@
 //! assert_eq!("f16".parse::<DType>().unwrap(), DType::F16);
 //! ```
 
+pub mod compress;
 mod dtype;
 mod element;
 mod op;
