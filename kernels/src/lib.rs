@@ -12,7 +12,7 @@
 //!
 //! This crate holds data only — PTX text, [`DType`], [`ReduceOp`] and kernel names. Loading
 //! and launching belong to `gp2p-cuda`; this crate never touches a GPU. Beside the kernels
-//! are their CPU references: [`reference`] for the reduce kernels, [`compress`] for the
+//! are their CPU references: [`reference`](mod@reference) for the reduce kernels, [`compress`] for the
 //! compressed all-reduce (formats, two roundings, the per-element error bound).
 //!
 //! ```

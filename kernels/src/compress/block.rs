@@ -74,7 +74,7 @@ impl Format {
 /// The largest magnitude of `block` if the block is to be scaled: `None` for a block that
 /// holds a NaN or an infinity, or whose largest magnitude is above zero and below
 /// [`MIN_SCALED_BLOCK_MAX`].
-pub(super) fn scaled_max(block: &[f32]) -> Option<f32> {
+fn scaled_max(block: &[f32]) -> Option<f32> {
     let mut max = 0.0f32;
     for x in block {
         if !x.is_finite() {
