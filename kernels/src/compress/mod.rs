@@ -87,3 +87,6 @@ pub use block::Encoded;
 pub use bound::{Term, error_bound, quantization_error};
 pub use format::{BlockSize, CompressError, Compressible, Format, MIN_SCALED_BLOCK_MAX};
 pub use fp8::{E4M3_MAX, e4m3_from_f32, e4m3_to_f32};
+
+#[cfg(test)]
+mod tests;
