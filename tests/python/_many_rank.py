@@ -283,7 +283,7 @@ def mesh_components():
     """What looks the group up by its name (a ProcessGroup without one failed here with
     "ProcessGroup name not set"): init_device_mesh, DTensor redistributions, FSDP2's
     fully_shard against a one-process float64 reference; and the ops built on the collectives
-    (reduce, scatter, gather, all_to_all_single)."""
+    (reduce, scatter, gather, all_to_all_single, all_to_all)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
@@ -332,6 +332,28 @@ def mesh_components():
     swapped = torch.empty(WORLD * 9, device=DEVICE)
     dist.all_to_all_single(swapped, parts[RANK].to(DEVICE))
     check("dist.all_to_all_single", swapped, torch.cat([p[RANK * 9:(RANK + 1) * 9] for p in parts]).double())
+    # Sends and receives straight to each rank since the rooted ops and all-to-alls stopped
+    # riding on the collectives: uneven splits (some empty), in place, the list form, a reduce
+    # whose length the ranks divide (its shards land in place) and a sum.
+    sizes = [[(3 * s + 5 * r) % 4 for r in range(WORLD)] for s in range(WORLD)]  # rank s's rows to r
+    mine = [inputs(915 + s, sum(sizes[s]) * 3, torch.float32)[s].view(-1, 3) for s in range(WORLD)]
+    out = torch.empty(sum(sizes[s][RANK] for s in range(WORLD)), 3, device=DEVICE)
+    dist.all_to_all_single(out, mine[RANK].to(DEVICE), output_split_sizes=[sizes[s][RANK] for s in range(WORLD)],
+                           input_split_sizes=sizes[RANK])
+    want = torch.cat([mine[s][sum(sizes[s][:RANK]):sum(sizes[s][:RANK + 1])] for s in range(WORLD)])
+    check("dist.all_to_all_single, uneven splits", out.flatten(), want.flatten().double())
+    parts = inputs(916, WORLD * 5, torch.float32)
+    t = parts[RANK].to(DEVICE)
+    dist.all_to_all_single(t, t)
+    check("dist.all_to_all_single in place", t, torch.cat([p[RANK * 5:(RANK + 1) * 5] for p in parts]).double())
+    outs = [torch.empty(4, device=DEVICE) for _ in range(WORLD)]
+    dist.all_to_all(outs, [c.to(DEVICE) for c in parts[RANK][:4 * WORLD].chunk(WORLD)])
+    check("dist.all_to_all", torch.cat(outs), torch.cat([p[RANK * 4:(RANK + 1) * 4] for p in parts]).double())
+    parts = inputs(917, WORLD * 64, torch.float32)
+    t = parts[RANK].to(DEVICE)
+    dist.reduce(t, dst=0)
+    check("dist.reduce, sum", t, reference(parts, "sum") if RANK == 0 else parts[RANK].double(),
+          parts if RANK == 0 else None)
 
 
 def server_calls(ca, server):

@@ -34,7 +34,7 @@ class StoreCommunicator:
     calls = []
 
     def __init__(self, uid, rank, world_size, device, peer_timeout, join_timeout):
-        self.rank, self.world_size, self.seq = rank, world_size, 0
+        self.rank, self.world_size, self.seq, self.p2p = rank, world_size, 0, {}
         self.store = dist.FileStore(os.path.join(os.environ["GP2P_TEST_TMP"], "comm-" + uid), world_size)
         StoreCommunicator.calls.append(("made", rank, world_size, device, peer_timeout, join_timeout))
 
@@ -75,15 +75,29 @@ class StoreCommunicator:
         StoreCommunicator.calls.append(("broadcast", src))
         t.copy_(self._all(t)[src])
 
+    def _p2p_key(self, src, dst):
+        """The store key of the next message from `src` to `dst` (one sequence a pair)."""
+        k = self.p2p.get((src, dst), 0)
+        self.p2p[src, dst] = k + 1
+        return "p2p/%d-%d/%d" % (src, dst, k)
+
     def send(self, t, dst):
+        import io
+
         StoreCommunicator.calls.append(("send", dst))
-        assert self.world_size == 2 and dst == 1 - self.rank, dst
-        self._all(t)
+        assert dst != self.rank and 0 <= dst < self.world_size, dst
+        out = io.BytesIO()
+        torch.save(t.clone(), out)
+        self.store.set(self._p2p_key(self.rank, dst), out.getvalue())
 
     def recv(self, t, src):
+        import io
+
         StoreCommunicator.calls.append(("recv", src))
-        assert self.world_size == 2 and src == 1 - self.rank, src
-        t.copy_(self._all(t)[src])
+        assert src != self.rank and 0 <= src < self.world_size, src
+        got = torch.load(io.BytesIO(self.store.get(self._p2p_key(src, self.rank))))
+        assert got.dtype == t.dtype and got.numel() == t.numel(), (got, t)
+        t.copy_(got.view_as(t))
 
     def check(self):
         pass
@@ -161,10 +175,15 @@ def run_rank(rank, tmp, mode):
     assert [c for c in StoreCommunicator.calls if c[0] in ("send", "recv")] == (
         [("send", 1), ("recv", 1)] if rank == 0 else [("recv", 0), ("send", 0)])
     dist.barrier()
-    # The rooted ops and the all-to-all, through the collectives.
+    # The rooted ops and the all-to-alls: a reduce-scatter then sends, or sends alone, each
+    # rank's in the order of the pairs (sender, receiver).
+    first = len(StoreCommunicator.calls)
     t = mine.clone()
     dist.reduce(t, dst=1, op=dist.ReduceOp.MAX)
     assert torch.equal(t, torch.maximum(both[0], both[1]) if rank == 1 else mine), "reduce"
+    t = torch.arange(5, dtype=torch.int64) * (rank + 1)  # 5 elements: shards of 3 and 2, padded
+    dist.reduce(t, dst=0)
+    assert torch.equal(t, torch.arange(5) * 3 if rank == 0 else torch.arange(5) * 2), ("reduce, padded", t)
     got = torch.empty(3, dtype=torch.int64)
     dist.scatter(got, list(both[0].chunk(2)) if rank == 0 else None, src=0)
     assert torch.equal(got, both[0].chunk(2)[rank]), "scatter"
@@ -174,13 +193,25 @@ def run_rank(rank, tmp, mode):
     swapped = torch.empty(6, dtype=torch.int64)
     dist.all_to_all_single(swapped, mine)
     assert torch.equal(swapped, torch.cat([b.chunk(2)[rank] for b in both])), "all_to_all_single"
+    p2p = [c for c in StoreCommunicator.calls[first:] if c[0] in ("send", "recv")]
+    assert p2p[-2:] == ([("send", 1), ("recv", 1)] if rank == 0 else [("recv", 0), ("send", 0)]), p2p
     rows = torch.empty(2, 3, dtype=torch.int64)
     dist.all_to_all_single(rows, mine.view(2, 3))
     assert torch.equal(rows, torch.stack([b.view(2, 3)[rank] for b in both])), "all_to_all_single of rows"
-    for call, what in [(lambda: dist.all_to_all([torch.empty(3, dtype=torch.int64)] * 2, list(mine.chunk(2))),
-                        "all_to_all is not built yet"),
-                       (lambda: dist.all_to_all_single(torch.empty(6, dtype=torch.int64), mine, [2, 4], [2, 4]),
-                        "uneven splits"),
+    # Uneven: rank 0 keeps 2 and sends 4, rank 1 sends 1 and keeps 5.
+    splits = [[2, 4], [1, 5]]
+    uneven = torch.empty(splits[0][rank] + splits[1][rank], dtype=torch.int64)
+    dist.all_to_all_single(uneven, mine, [splits[0][rank], splits[1][rank]], splits[rank])
+    want = torch.cat([both[s][sum(splits[s][:rank]):sum(splits[s][:rank + 1])] for s in range(2)])
+    assert torch.equal(uneven, want), ("all_to_all_single, uneven", uneven, want)
+    t = mine.clone()
+    dist.all_to_all_single(t, t)
+    assert torch.equal(t, torch.cat([b.chunk(2)[rank] for b in both])), "all_to_all_single in place"
+    outs = [torch.empty(3, dtype=torch.int64) for _ in range(2)]
+    dist.all_to_all(outs, list(mine.chunk(2)))
+    assert torch.equal(torch.cat(outs), torch.cat([b.chunk(2)[rank] for b in both])), "all_to_all"
+    for call, what in [(lambda: dist.all_to_all_single(torch.empty(6, dtype=torch.int64), mine, [2, 4], [3, 4]),
+                        "input_split_sizes: [3, 4] for 6 rows"),
                        (lambda: dist.all_to_all_single(torch.empty(3, 2, dtype=torch.int64), mine.view(3, 2)),
                         "output: 3 rows in dim 0"),
                        (lambda: dist.all_reduce(mine.clone(), op=dist.ReduceOp.BAND), "op:")]:
@@ -193,7 +224,8 @@ def run_rank(rank, tmp, mode):
     made = [c for c in StoreCommunicator.calls if c[0] == "made"]
     assert made == [("made", rank, 2, 0, 1800.0, 1800.0)], made
     names = [c[0] for c in StoreCommunicator.calls]
-    assert names.count("all_gather_into_tensor") == 5 and names.count("reduce_scatter_tensor") == 2, names
+    # The collectives' own calls; the reduces add a reduce-scatter each, nothing else rides on them.
+    assert names.count("all_gather_into_tensor") == 2 and names.count("reduce_scatter_tensor") == 4, names
     # What looks the group up by its name: a device mesh, the functional collectives, DTensor
     # (a ProcessGroup subclass left the name unset: "ProcessGroup name not set").
     assert dist.group.WORLD.group_name, "the group is named"
@@ -207,8 +239,9 @@ def run_rank(rank, tmp, mode):
     sharded = distribute_tensor(torch.cat(both).view(4, 3), mesh, [Shard(0)])
     assert torch.equal(sharded.to_local(), both[rank].view(2, 3)), "each rank's shard"
     assert torch.equal(sharded.redistribute(mesh, [Replicate()]).to_local(), torch.cat(both).view(4, 3))
-    names = [c[0] for c in StoreCommunicator.calls]
-    assert names.count("all_reduce") >= 8 and names.count("all_gather_into_tensor") == 6, names
+    after = [c[0] for c in StoreCommunicator.calls]
+    assert after.count("all_reduce") > names.count("all_reduce"), after  # the functional all-reduce
+    assert after.count("all_gather_into_tensor") == names.count("all_gather_into_tensor") + 1, after
     fsdp2_matches_one_process(rank, mesh)
     assert dist.group.WORLD._get_backend(torch.device("cpu")).supports_splitting is False
     dist.destroy_process_group()
@@ -318,6 +351,20 @@ def run_rank_across_hosts(rank, tmp):
     part = torch.empty(3, dtype=torch.int64)
     dist.reduce_scatter_tensor(part, whole[rank])
     assert torch.equal(part, sum(whole)[rank * 3:(rank + 1) * 3]), ("reduce_scatter", part)
+    # The rooted ops and the even all-to-all ride on the collectives across hosts.
+    t = ins[rank].clone()
+    dist.reduce(t, dst=1, op=dist.ReduceOp.MAX)
+    assert torch.equal(t, ins[3] if rank == 1 else ins[rank]), ("reduce across hosts", t)
+    got = torch.empty(6, dtype=torch.int64)
+    dist.scatter(got, ins if rank == 2 else None, src=2)
+    assert torch.equal(got, ins[rank]), ("scatter across hosts", got)
+    outs = [torch.empty(6, dtype=torch.int64) for _ in range(world)] if rank == 3 else None
+    dist.gather(ins[rank], outs, dst=3)
+    assert rank != 3 or torch.equal(torch.cat(outs), torch.cat(ins)), ("gather across hosts", outs)
+    swapped = torch.empty(8, dtype=torch.int64)
+    dist.all_to_all_single(swapped, torch.arange(8, dtype=torch.int64) + 10 * rank)
+    want = torch.cat([torch.arange(2 * rank, 2 * rank + 2) + 10 * r for r in range(world)])
+    assert torch.equal(swapped, want), ("all_to_all_single across hosts", swapped)
     try:
         dist.send(ins[rank], (rank + 1) % world)
     except (NotImplementedError, RuntimeError) as e:

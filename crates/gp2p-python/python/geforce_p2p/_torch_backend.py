@@ -8,10 +8,10 @@ current stream at the call, like NCCL's; its Work objects are complete on the ho
 goes to a gloo group the process group keeps beside it: CPU tensors (torch hands a
 ``ProcessGroup`` its creator returns every device's tensors, even under
 ``"cpu:gloo,cuda:gp2p"``), the barrier (a host barrier) and, for CPU tensors, the ops the
-communicator does not run. Reduce, scatter, gather and ``all_to_all_single`` (even splits)
-on the group's device run through the collectives (see the methods); the list
-``all_to_all``, uneven splits and recv from any source raise ``NotImplementedError`` naming
-the op. Sends and receives
+communicator does not run. Scatter, gather, ``all_to_all`` and ``all_to_all_single`` (any
+splits) on the group's device are sends and receives, each part straight to its rank; reduce
+is a reduce-scatter whose shards go to the root. recv from any source raises
+``NotImplementedError``. Sends and receives
 pair with the peer's calls in call order (tags are not matched); as with NCCL, two ranks that
 both send before they receive stall once a message outgrows the staging slots (three of 8 MiB
 by default), until the peer timeout.
@@ -22,7 +22,9 @@ engine for networks between hosts (NCCL for CUDA tensors, or gloo: ``GP2P_ACROSS
 all_reduce (in chunks, each chunk's exchange across hosts in flight while the next chunk's
 reduce-scatter is enqueued), broadcast, all_gather and reduce_scatter in two levels
 (:mod:`geforce_p2p._two_level`); every host must hold the same number of ranks, at most 8;
-send and recv across hosts raise ``NotImplementedError``.
+send and recv across hosts raise ``NotImplementedError``; there reduce, scatter, gather and
+the even ``all_to_all_single`` ride on the collectives (moving up to N times their bytes), and
+the rest of the all-to-alls raise.
 
 The group's name: torch names a group through its ``ProcessGroup``'s registered backends, and
 a ``ProcessGroup`` subclass has none of its own, so the name stayed unset and everything that
@@ -34,7 +36,7 @@ subclassed from Python ("No constructor defined").
 """
 
 from datetime import timedelta
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import torch
 import torch.distributed as dist
@@ -81,6 +83,12 @@ def _gloo_only(what: str, name: str) -> Callable[..., Any]:
 
     op.__name__ = name
     return op
+
+
+def _shares_memory(a: Any, b: Any) -> bool:
+    """Whether tensors ``a`` and ``b`` are views of one storage (so writing one may change
+    what the other reads)."""
+    return bool(a.numel() and b.numel()) and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _tensors_in(args: Any) -> Iterator[Any]:
@@ -185,7 +193,8 @@ class GP2PProcessGroup(dist.ProcessGroup):
         # The backend that carries the group's name (see the module docs).
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
         peer_timeout = min(timeout, _LONGEST_PEER_TIMEOUT).total_seconds()
-        if hosts.count > 1:
+        self._across_hosts = hosts.count > 1
+        if self._across_hosts:
             # Several hosts: this library inside each, an engine for networks between them.
             self._comm = _two_level.join(store, rank, world_size, timeout, hosts, device=self._device,
                                          communicator=communicator, unique_id=unique_id,
@@ -354,82 +363,179 @@ class GP2PProcessGroup(dist.ProcessGroup):
             self._comm.recv(t, src)
         return self._done(tensors)
 
-    # -- rooted ops and the all-to-all, through the collectives above ---------------------------
-    # Rare in training and serving (DTensor's distribute_tensor scatters once, a checkpoint
-    # gathers): each runs as the collective that moves at least its bytes, not a rooted
-    # schedule of its own. Among N ranks scatter and gather move N times their data through the
-    # links, the all-to-all N times.
+    # -- rooted ops and the all-to-alls, as sends and receives ------------------------------------
+    # Each rank makes its sends and receives in one order every rank agrees on: the pairs
+    # (sender, receiver) in ascending order, as the communicator's point-to-point calls among
+    # more than two ranks need (every pair's two calls then meet; the NCCL door orders a group's
+    # sends and receives the same way). So no part moves through a rank it is not for.
+
+    def _exchange(self, sends: Dict[int, Any], recvs: Dict[int, Any]) -> None:
+        """Send ``sends[r]`` to rank r and receive ``recvs[s]`` from rank s (contiguous tensors
+        on the group's device; empty ones skipped, as their peers skip theirs), in the order
+        of the pairs (sender, receiver)."""
+        me = self.rank()
+        for peer in sorted(recvs):
+            if peer < me and recvs[peer].numel():
+                self._comm.recv(recvs[peer], peer)
+        for peer in sorted(sends):
+            if sends[peer].numel():
+                self._comm.send(sends[peer], peer)
+        for peer in sorted(recvs):
+            if peer > me and recvs[peer].numel():
+                self._comm.recv(recvs[peer], peer)
 
     def reduce(self, tensors: List[Any], opts: Any = None) -> Any:
-        """The root's tensor becomes op over every rank's; the others' are left as they were
-        (an all-reduce, into a copy off the root)."""
+        """The root's tensor becomes op over every rank's; the others' are left as they were.
+        A reduce-scatter, then every rank's folded shard to the root: the root takes in
+        (N - 1)/N of the tensor once more, not an all-reduce's second half on every rank."""
         if not self._ours(tensors):
             return self._to_gloo("reduce", tensors, opts=opts)
         root, op = opts.rootRank, _op(opts)
+        me, world = self.rank(), self.size()
         for t in tensors:
-            self._comm.all_reduce(t if self.rank() == root else t.clone(memory_format=torch.contiguous_format), op)
+            if self._across_hosts:
+                self._comm.reduce(t, root, op)
+                continue
+            n = t.numel()
+            if n == 0:
+                continue
+            per = -(-n // world)
+
+            def size(r: int) -> int:  # shard r's elements, past the padding
+                return max(0, min(per, n - r * per))
+
+            flat = t.view(-1) if t.is_contiguous() else None
+            if flat is not None and n == per * world:
+                whole = flat  # the root's shards land in place
+            else:  # padded to N equal shards: the padding's fold is dropped
+                whole = torch.cat([t.reshape(-1), t.new_zeros(per * world - n)])
+            shard = torch.empty(per, dtype=t.dtype, device=t.device)
+            self._comm.reduce_scatter_tensor(shard, whole, op)
+            if me != root:
+                self._exchange({root: shard[:size(me)]}, {})
+                continue
+            self._exchange({}, {r: whole[r * per:r * per + size(r)] for r in range(world) if r != root})
+            whole[root * per:root * per + size(root)].copy_(shard[:size(root)])
+            if whole is not flat:
+                t.copy_(whole[:n].view_as(t))
         return self._done(tensors)
 
     def scatter(self, outputs: List[Any], inputs: List[List[Any]], opts: Any = None) -> Any:
-        """``outputs[i]`` becomes the root's ``inputs[i][rank]`` (the root's parts broadcast
-        as one tensor, each rank keeping its own)."""
+        """``outputs[i]`` becomes the root's ``inputs[i][rank]``: the root sends each rank its
+        part, nothing more."""
         if not self._ours(outputs, inputs):
             return self._to_gloo("scatter", outputs, inputs, opts=opts)
-        root, world = opts.rootRank, self.size()
+        root, world, me = opts.rootRank, self.size(), self.rank()
         for i, out in enumerate(outputs):
-            if self.rank() == root:
+            if me == root:
                 parts = inputs[i]
                 if len(parts) != world or any(p.numel() != out.numel() or p.dtype != out.dtype for p in parts):
                     # Torch checks this before the op; a root that raised here after the others
-                    # began the broadcast would leave them waiting until the peer timeout.
+                    # began would leave them waiting until the peer timeout.
                     raise ValueError("scatter_list: needs %d tensors like the output" % world)
-                whole = torch.cat([t.reshape(-1) for t in parts])
+            if self._across_hosts:
+                self._comm.scatter(out, inputs[i] if me == root else None, root)
+            elif me == root:
+                self._exchange({r: parts[r].contiguous() for r in range(world) if r != root}, {})
+                out.copy_(parts[root].reshape(out.shape))
             else:
-                whole = torch.empty((world * out.numel(),), dtype=out.dtype, device=out.device)
-            self._comm.broadcast(whole, root)
-            out.copy_(whole.view(world, out.numel())[self.rank()].view_as(out))
+                self._receive_into({}, {root: out})
         return self._done(list(outputs))
 
     def gather(self, outputs: List[List[Any]], inputs: List[Any], opts: Any = None) -> Any:
-        """The root's ``outputs[i][r]`` becomes rank r's ``inputs[i]`` (an all-gather, which the
-        root copies out)."""
+        """The root's ``outputs[i][r]`` becomes rank r's ``inputs[i]``: each rank sends the
+        root its input, nothing more."""
         if not self._ours(outputs, inputs):
             return self._to_gloo("gather", outputs, inputs, opts=opts)
-        world = self.size()
+        root, world, me = opts.rootRank, self.size(), self.rank()
         for i, inp in enumerate(inputs):
-            gathered = torch.empty((world * inp.numel(),), dtype=inp.dtype, device=inp.device)
-            self._comm.all_gather_into_tensor(gathered, inp.contiguous().view(-1))
-            if self.rank() == opts.rootRank:
-                for out, part in zip(outputs[i], gathered.chunk(world)):
-                    out.copy_(part.view_as(out))
+            outs = outputs[i] if me == root else None
+            if outs is not None and (len(outs) != world or any(o.numel() != inp.numel() or o.dtype != inp.dtype
+                                                                for o in outs)):
+                raise ValueError("gather_list: needs %d tensors like the input" % world)
+            if self._across_hosts:
+                self._comm.gather(outs, inp, root)
+                continue
+            if me != root:
+                self._exchange({root: inp.contiguous()}, {})
+                continue
+            self._receive_into({}, {r: outs[r] for r in range(world) if r != root})
+            outs[root].copy_(inp.reshape(outs[root].shape))
         return self._done([t for outs in outputs for t in outs])
+
+    def _receive_into(self, sends: Dict[int, Any], recvs: Dict[int, Any]) -> None:
+        """:meth:`_exchange` into tensors that may not be contiguous: those receive into a
+        contiguous copy, copied back after."""
+        landing = {r: t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+                   for r, t in recvs.items()}
+        self._exchange(sends, landing)
+        for r, t in recvs.items():
+            if landing[r] is not t:
+                t.copy_(landing[r])
 
     def alltoall_base(self, output: Any, input: Any, output_splits: List[int], input_splits: List[int],
                       opts: Any = None) -> Any:
-        """``all_to_all_single`` with equal splits: part r of ``output`` becomes rank r's part
-        ``rank`` of its ``input`` (an all-gather of the inputs, each rank keeping its parts).
-        Uneven splits raise ``NotImplementedError``."""
+        """``all_to_all_single``: rank r gets this rank's ``input_splits[r]`` rows (dim 0) of
+        ``input``, in order, and this rank's ``output`` gets ``output_splits[s]`` rows from each
+        rank s (empty splits: equal parts). Each part goes straight to its rank."""
         if not self._ours(output, input):
             return self._to_gloo("alltoall_base", output, input, output_splits, input_splits, opts=opts)
-        world = self.size()
+        world, me = self.size(), self.rank()
+        cuts = {}
         for name, t, splits in (("output", output, output_splits), ("input", input, input_splits)):
             rows = t.shape[0] if t.dim() else 0
-            if rows % world or t.dim() == 0:
-                raise ValueError("%s: %d rows in dim 0; all_to_all_single needs a multiple of the world size %d"
-                                 % (name, rows, world))
-            if splits and list(splits) != [rows // world] * world:
-                raise NotImplementedError("all_to_all_single with uneven splits is %s" % _NOT_BUILT)
-        if output.numel() != input.numel() or output.dtype != input.dtype:
-            raise ValueError("output: %d elements of %s, input %d of %s; all_to_all_single needs both alike"
-                             % (output.numel(), output.dtype, input.numel(), input.dtype))
-        if input.numel() == 0:
+            if not splits:
+                if t.dim() == 0 or rows % world:
+                    raise ValueError("%s: %d rows in dim 0; all_to_all_single without splits needs a multiple of "
+                                     "the world size %d" % (name, rows, world))
+                splits = [rows // world] * world
+            if len(splits) != world or any(s < 0 for s in splits) or sum(splits) != rows:
+                raise ValueError("%s_split_sizes: %s for %d rows in dim 0; give %d sizes >= 0 that add up to the rows"
+                                 % (name, list(splits), rows, world))
+            row = t[0].numel() if rows else 0
+            offsets = [sum(splits[:r]) * row for r in range(world + 1)]
+            cuts[name] = [(offsets[r], offsets[r + 1]) for r in range(world)]
+        if output.dtype != input.dtype:
+            raise ValueError("output: %s, input %s; all_to_all_single needs one dtype" % (output.dtype, input.dtype))
+        (a, b), (c, d) = cuts["output"][me], cuts["input"][me]
+        if b - a != d - c:
+            raise ValueError("output_split_sizes[%d] and input_split_sizes[%d]: this rank's part to itself must be "
+                             "as long both ways" % (me, me))
+        if self._across_hosts:
+            part = cuts["input"][0][1] - cuts["input"][0][0]
+            if any(b - a != part for a, b in cuts["input"] + cuts["output"]):
+                _two_level.not_across("all_to_all_single with uneven splits")
+            self._comm.all_to_all_even(output, input)
             return self._done([output])
-        gathered = torch.empty((world * input.numel(),), dtype=input.dtype, device=input.device)
-        self._comm.all_gather_into_tensor(gathered, input.contiguous().view(-1))
-        mine = gathered.view(world, world, input.numel() // world)[:, self.rank()]
-        output.copy_(mine.reshape(output.shape))
+        src = input.contiguous().view(-1)
+        dst = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+        flat = dst.view(-1)
+        if src.numel() and _shares_memory(src, flat):
+            src = src.clone()  # in place: every part is sent from a copy (NCCL's in-place form)
+        self._exchange({r: src[cuts["input"][r][0]:cuts["input"][r][1]] for r in range(world) if r != me},
+                       {r: flat[cuts["output"][r][0]:cuts["output"][r][1]] for r in range(world) if r != me})
+        flat[a:b].copy_(src[c:d])
+        if dst is not output:
+            output.copy_(dst)
         return self._done([output])
+
+    def alltoall(self, outputs: List[Any], inputs: List[Any], opts: Any = None) -> Any:
+        """``all_to_all``: ``outputs[s]`` becomes rank s's ``inputs[rank]``; each tensor goes
+        straight to its rank."""
+        if not self._ours(outputs, inputs):
+            return self._to_gloo("alltoall", outputs, inputs, opts=opts)
+        world, me = self.size(), self.rank()
+        if len(outputs) != world or len(inputs) != world:
+            raise ValueError("output_tensor_list and input_tensor_list: %d and %d tensors; all_to_all needs %d each"
+                             % (len(outputs), len(inputs), world))
+        if self._across_hosts:
+            _two_level.not_across("all_to_all")
+        sends = {r: inputs[r].contiguous() for r in range(world) if r != me}
+        if any(_shares_memory(o, i) for o in outputs for i in inputs):
+            sends = {r: t.clone() for r, t in sends.items()}  # outputs over inputs: send copies
+        self._receive_into(sends, {r: outputs[r] for r in range(world) if r != me})
+        outputs[me].copy_(inputs[me].reshape(outputs[me].shape))
+        return self._done(list(outputs))
 
     all_to_all_single = alltoall_base  # its name from torch 2.12
     recv_anysource = _gloo_only("recv", "recv_anysource")
-    alltoall = _gloo_only("all_to_all", "alltoall")

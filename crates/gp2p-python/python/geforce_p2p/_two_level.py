@@ -9,7 +9,7 @@ communicator. Imported only with torch, by the backend.
 import contextlib
 import os
 from datetime import timedelta
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -61,7 +61,7 @@ def _chunk_bytes() -> int:
     return chunk
 
 
-def _not_across(what: str) -> None:
+def not_across(what: str) -> None:
     raise NotImplementedError("%s across hosts is not built yet in the gp2p backend; run it on a second process "
                               "group with backend='nccl'" % what)
 
@@ -228,11 +228,44 @@ class TwoLevel:
         output.view(-1).copy_(mid.view(count, n)[self.hosts.host_of(self.rank)])
         return output
 
+    # The rooted ops and the even all-to-all across hosts ride on the collectives above (sends
+    # and receives across hosts are not built): each moves at least its bytes, up to N times.
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: str) -> None:
+        """``tensor`` on ``root`` becomes ``op`` over every rank's; the others' stay (an
+        all-reduce into a copy off the root)."""
+        self.all_reduce(tensor if self.rank == root else tensor.clone(memory_format=torch.contiguous_format), op)
+
+    def scatter(self, output: torch.Tensor, parts: Optional[List[torch.Tensor]], root: int) -> None:
+        """``output`` becomes the root's ``parts[rank]`` (the parts broadcast as one tensor)."""
+        if self.rank == root:
+            whole = torch.cat([t.reshape(-1) for t in parts])
+        else:
+            whole = torch.empty((self.world_size * output.numel(),), dtype=output.dtype, device=output.device)
+        self.broadcast(whole, root)
+        output.copy_(whole.view(self.world_size, output.numel())[self.rank].view_as(output))
+
+    def gather(self, outputs: Optional[List[torch.Tensor]], input: torch.Tensor, root: int) -> None:
+        """The root's ``outputs[r]`` becomes rank r's ``input`` (an all-gather the root copies out)."""
+        gathered = torch.empty((self.world_size * input.numel(),), dtype=input.dtype, device=input.device)
+        self.all_gather_into_tensor(gathered, input.contiguous().view(-1))
+        if self.rank == root:
+            for out, part in zip(outputs, gathered.chunk(self.world_size)):
+                out.copy_(part.view_as(out))
+
+    def all_to_all_even(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """Part r of ``output`` becomes rank r's part ``rank`` of its ``input``, equal parts
+        (an all-gather of the inputs, each rank keeping its parts)."""
+        gathered = torch.empty((self.world_size * input.numel(),), dtype=input.dtype, device=input.device)
+        self.all_gather_into_tensor(gathered, input.contiguous().view(-1))
+        mine = gathered.view(self.world_size, self.world_size, input.numel() // self.world_size)[:, self.rank]
+        output.copy_(mine.reshape(output.shape))
+
     def send(self, tensor: torch.Tensor, dst: int) -> None:
-        _not_across("send")
+        not_across("send")
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
-        _not_across("recv")
+        not_across("recv")
 
     def check(self) -> None:
         self.local.check()

@@ -92,9 +92,9 @@ _REGISTERED: set = set()
 def register_backend(name: str = "gp2p") -> str:
     """Make ``name`` a torch.distributed backend (``init_process_group(backend="gp2p")``):
     CUDA tensors go to this package's communicator (1 to 8 ranks: all_reduce, all_gather,
-    reduce_scatter, broadcast, send, recv, and reduce, scatter, gather and all_to_all_single
-    built on them; the list all_to_all and recv from any source raise
-    ``NotImplementedError``), CPU tensors and the barrier to a gloo group it keeps beside it.
+    reduce_scatter, broadcast, send, recv, and reduce, scatter, gather, all_to_all and
+    all_to_all_single built on them; recv from any source raises ``NotImplementedError``), CPU
+    tensors and the barrier to a gloo group it keeps beside it.
     The group has a name, so device meshes, DTensor and FSDP2 work on it. Each rank's device is the
     current CUDA device when its group is made, and the group's timeout is also how long a
     collective waits for its peer (at most an hour). Calling it again does nothing. Returns
