@@ -93,6 +93,13 @@ pub struct CommArgs {
     /// Calls back to back in each timed run.
     #[arg(long, default_value_t = 20)]
     calls: usize,
+    /// Bytes of one slot of the communicator's pipeline (K, M, G suffixes), instead of
+    /// `CommOptions::for_world`'s: for tuning it (every rank gets the same).
+    #[arg(long, value_parser = crate::sizes::parse_size)]
+    slot_bytes: Option<usize>,
+    /// Slots per rank of that pipeline, instead of the default.
+    #[arg(long)]
+    slots: Option<usize>,
 }
 
 pub fn run(args: &CommArgs) -> Result<(), CliError> {
@@ -201,7 +208,14 @@ fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
     };
     let device = Device::open(rank % gpus)?;
     let stream = c.stream(&device)?;
-    let options = CommOptions { peer_timeout: WAIT, join_timeout: WAIT, ..CommOptions::for_world(world) };
+    let defaults = CommOptions::for_world(world);
+    let options = CommOptions {
+        peer_timeout: WAIT,
+        join_timeout: WAIT,
+        slot_bytes: args.slot_bytes.unwrap_or(defaults.slot_bytes),
+        slots: args.slots.unwrap_or(defaults.slots),
+        ..defaults
+    };
     let mut comm = Communicator::new(&id, rank, world, &device, options)?;
     let sharing = (0..world).filter(|r| r % gpus == 0).count();
     let bar = (rank == 0).then(|| progress(sizes.len()));
@@ -231,6 +245,7 @@ fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
         args.calls,
         report.repeats
     );
+    println!("# pipeline: {} slots of {} a rank", options.slots, format_size(options.slot_bytes));
     println!(
         "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
         args.collective.per_rank_factor(world)
