@@ -90,6 +90,14 @@ pub const FLAGS: PtxModule = PtxModule { name: "flags", ptx: include_str!("../fl
 pub const FLAGS_COMPUTE_75: PtxModule =
     PtxModule { name: "flags.compute_75", ptx: include_str!("../flags.compute_75.ptx") };
 
+/// The compressed all-reduce's codec (`compress.cu`): [`compress_kernel_name`] for every
+/// [`CodecKernel`] × [`compress::Format`] × f32, f16 and bf16.
+pub const COMPRESS: PtxModule = PtxModule { name: "compress", ptx: include_str!("../compress.ptx") };
+
+/// [`COMPRESS`] built for `compute_75`.
+pub const COMPRESS_COMPUTE_75: PtxModule =
+    PtxModule { name: "compress.compute_75", ptx: include_str!("../compress.compute_75.ptx") };
+
 /// Every module this crate ships, for tools that compile or check them all.
 pub const MODULES: &[PtxModule] = &[
     REDUCE,
@@ -102,6 +110,8 @@ pub const MODULES: &[PtxModule] = &[
     CHUNKS_COMPUTE_75,
     FLAGS,
     FLAGS_COMPUTE_75,
+    COMPRESS,
+    COMPRESS_COMPUTE_75,
 ];
 
 /// A family of kernels: one `.cu` file in this crate's folder, one [`PtxModule`] per
@@ -118,16 +128,19 @@ pub enum KernelFamily {
     Chunks,
     /// The bounded wait on a flag ([`WAIT_FLAG_KERNEL`]) or several ([`WAIT_FLAGS_KERNEL`]).
     Flags,
+    /// The compressed all-reduce's block codec ([`compress_kernel_name`]).
+    Compress,
 }
 
 impl KernelFamily {
     /// Every family.
-    pub const ALL: [KernelFamily; 5] = [
+    pub const ALL: [KernelFamily; 6] = [
         KernelFamily::Reduce,
         KernelFamily::Exchange,
         KernelFamily::ExchangeMany,
         KernelFamily::Chunks,
         KernelFamily::Flags,
+        KernelFamily::Compress,
     ];
 
     /// The family's name: the stem of its `.cu` and `.ptx` files.
@@ -138,6 +151,7 @@ impl KernelFamily {
             KernelFamily::ExchangeMany => "exchange_many",
             KernelFamily::Chunks => "chunks",
             KernelFamily::Flags => "flags",
+            KernelFamily::Compress => "compress",
         }
     }
 }
@@ -208,6 +222,8 @@ impl PtxTarget {
             (PtxTarget::Compute80, KernelFamily::Chunks) => CHUNKS,
             (PtxTarget::Compute75, KernelFamily::Flags) => FLAGS_COMPUTE_75,
             (PtxTarget::Compute80, KernelFamily::Flags) => FLAGS,
+            (PtxTarget::Compute75, KernelFamily::Compress) => COMPRESS_COMPUTE_75,
+            (PtxTarget::Compute80, KernelFamily::Compress) => COMPRESS,
         }
     }
 }
@@ -246,6 +262,63 @@ macro_rules! kernel_names {
 pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_reduce_");
     NAMES[op.index()][dtype.index()]
+}
+
+/// The three kernels of the compressed all-reduce's codec (`compress.cu`), each over a wire
+/// laid out as [`compress::WireLayout`] says, one warp per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CodecKernel {
+    /// `(const T* src, u64 n, u32 block, u8* wire)`: `wire` = the quantized `src`.
+    Encode,
+    /// `(const T* own, u64 n, u32 block, u8* w0, ..., u8* w7, u32 ranks, u32 owner, u32
+    /// average, u8* out)`: `out` = the quantized fold, in rank order, of `own` (rank `owner`'s
+    /// values, exact) and every other rank r's wire `wr`, times the f32 reciprocal of `ranks`
+    /// where `average` is not 0 (`w<owner>` and those from `ranks` on are not read).
+    FoldEncode,
+    /// `(const u8* wire, u64 n, u32 block, T* dst)`: `dst` = the wire's values, rounded once to
+    /// `T`.
+    Decode,
+}
+
+/// The most ranks a [`CodecKernel::FoldEncode`] folds: the wires it takes by value.
+pub const CODEC_MAX_RANKS: usize = 8;
+
+/// The exported name of the codec kernel `kernel` for `format` on `dtype`, in [`COMPRESS`];
+/// `None` for a dtype the compressed all-reduce does not take (all but f32, f16 and bf16).
+pub fn compress_kernel_name(kernel: CodecKernel, format: compress::Format, dtype: DType) -> Option<&'static str> {
+    macro_rules! names {
+        ($kind:literal) => {
+            [
+                [
+                    concat!("gp2p_compress_", $kind, "_int8_f32"),
+                    concat!("gp2p_compress_", $kind, "_int8_f16"),
+                    concat!("gp2p_compress_", $kind, "_int8_bf16"),
+                ],
+                [
+                    concat!("gp2p_compress_", $kind, "_fp8_f32"),
+                    concat!("gp2p_compress_", $kind, "_fp8_f16"),
+                    concat!("gp2p_compress_", $kind, "_fp8_bf16"),
+                ],
+            ]
+        };
+    }
+    const NAMES: [[[&str; 3]; 2]; 3] = [names!("encode"), names!("fold_encode"), names!("decode")];
+    let t = match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        _ => return None,
+    };
+    let f = match format {
+        compress::Format::Int8 => 0,
+        compress::Format::Fp8E4m3 => 1,
+    };
+    let k = match kernel {
+        CodecKernel::Encode => 0,
+        CodecKernel::FoldEncode => 1,
+        CodecKernel::Decode => 2,
+    };
+    Some(NAMES[k][f][t])
 }
 
 /// The exported name of the two-rank exchange kernel for `op` on `dtype`, in [`EXCHANGE`].
@@ -385,7 +458,34 @@ mod tests {
                 all.push((KernelFamily::Chunks, chunks_kernel_name(op, dtype)));
             }
         }
+        for kernel in [CodecKernel::Encode, CodecKernel::FoldEncode, CodecKernel::Decode] {
+            for format in compress::Format::ALL {
+                for dtype in DType::ALL {
+                    if let Some(name) = compress_kernel_name(kernel, format, dtype) {
+                        all.push((KernelFamily::Compress, name));
+                    }
+                }
+            }
+        }
         all
+    }
+
+    #[test]
+    fn codec_kernels_exist_for_the_three_float_types_only() {
+        let takes: Vec<DType> = DType::ALL
+            .into_iter()
+            .filter(|&d| compress_kernel_name(CodecKernel::Encode, compress::Format::Int8, d).is_some())
+            .collect();
+        assert_eq!(takes, [DType::F32, DType::F16, DType::BF16]);
+        let name = compress_kernel_name(CodecKernel::FoldEncode, compress::Format::Fp8E4m3, DType::BF16);
+        assert_eq!(name, Some("gp2p_compress_fold_encode_fp8_bf16"));
+        for dtype in takes {
+            for format in compress::Format::ALL {
+                let name = compress_kernel_name(CodecKernel::Decode, format, dtype).unwrap();
+                assert_eq!(name, format!("gp2p_compress_decode_{format}_{}", dtype.name()));
+                assert!(exports(COMPRESS, name) && exports(COMPRESS_COMPUTE_75, name), "{name}");
+            }
+        }
     }
 
     #[test]

@@ -61,6 +61,8 @@ impl BlockSize {
     pub const MIN: usize = 32;
     /// The largest block.
     pub const MAX: usize = 256;
+    /// The smallest block, as a [`BlockSize`].
+    pub const SMALLEST: BlockSize = BlockSize(Self::MIN);
 
     /// `values` as a block size, if it is a power of two from 32 to 256.
     pub fn new(values: usize) -> Result<BlockSize, CompressError> {
