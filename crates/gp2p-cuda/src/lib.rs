@@ -57,6 +57,7 @@
 //! Thread safety: every type here is `Send + Sync`; the driver API is thread-safe, and each
 //! call binds the device's primary context to the calling thread first.
 
+pub mod codec;
 mod device;
 mod driver;
 mod error;

@@ -40,6 +40,10 @@ use crate::launch::{
 use crate::replay::{LaunchCache, Params};
 use crate::{Device, Error, Function, LaunchConfig, Module, Result, Stream};
 
+mod codec;
+pub(crate) use codec::launch_each_empty as launch_each_codec_kernel_empty;
+pub use codec::{Codec, WIRE_ALIGN, compress_decode, compress_encode, compress_fold_encode};
+
 /// Enqueue an asynchronous copy of `bytes` bytes between the memories of two devices on
 /// `stream` (a stream of either device): one peer DMA where peer access is enabled, else
 /// the driver stages it through host memory itself.

@@ -61,7 +61,7 @@ pub fn reduce<T: Element>(
 }
 
 /// Load every kernel module on `device` now ([`Module::kernels`] loads all families), and
-/// every reduce, exchange, flagged-chunk and wait kernel in them by launching each once,
+/// every reduce, exchange, flagged-chunk, codec and wait kernel in them by launching each once,
 /// empty, and waiting for them (once per device and process; later calls return at once).
 ///
 /// Under the driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, the default of recent
@@ -107,6 +107,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                 }
             }
         }
+        crate::raw::launch_each_codec_kernel_empty(&stream)?;
         // The wait kernel waits for its flag to equal 0 here: a zeroed word of its own, also
         // the `failed` word it never needs to set.
         let mut word = crate::DeviceBuffer::<u32>::alloc(device, 1)?;

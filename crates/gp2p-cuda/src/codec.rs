@@ -1,0 +1,144 @@
+//! The compressed all-reduce's block codec on typed views: the checked launches of
+//! [`crate::raw::compress_encode`], [`crate::raw::compress_fold_encode`] and
+//! [`crate::raw::compress_decode`]. A wire is a byte view laid out as
+//! [`gp2p_kernels::compress::WireLayout`] says, on 16 bytes.
+#![allow(unsafe_code)]
+
+use gp2p_kernels::Element;
+use gp2p_kernels::compress::{BlockSize, Format};
+
+use crate::raw::Codec;
+use crate::{DeviceView, DeviceViewMut, Error, Result, Stream};
+
+/// How values travel: the format of scaled blocks and the values per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireFormat {
+    /// int8 or fp8 e4m3 codes.
+    pub format: Format,
+    /// Values per block, one scale each.
+    pub block: BlockSize,
+}
+
+impl WireFormat {
+    /// Bytes a wire of `len` values takes.
+    pub fn wire_bytes(self, len: usize) -> usize {
+        gp2p_kernels::compress::WireLayout { values: len, block: self.block }.bytes()
+    }
+
+    fn codec<T: Element>(self) -> Codec {
+        Codec { dtype: T::DTYPE, format: self.format, block: self.block }
+    }
+}
+
+fn on_stream(stream: &Stream, what: &'static str, device: &crate::Device) -> Result<()> {
+    if device == stream.device() {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice { what, got: device.ordinal(), expected: stream.device().ordinal() })
+    }
+}
+
+fn holds(what: &'static str, got: usize, expected: usize) -> Result<()> {
+    if got >= expected { Ok(()) } else { Err(Error::LengthMismatch { what, got, expected }) }
+}
+
+/// Enqueue `wire = encode(src)` on `stream`. `wire` holds at least
+/// [`WireFormat::wire_bytes`] of `src.len()`; `T` is f32, f16 or bf16.
+pub fn encode<T: Element>(
+    stream: &Stream,
+    format: WireFormat,
+    src: &DeviceView<'_, T>,
+    wire: &mut DeviceViewMut<'_, u8>,
+) -> Result<()> {
+    on_stream(stream, "src", src.device())?;
+    on_stream(stream, "wire", wire.device())?;
+    holds("wire", wire.len(), format.wire_bytes(src.len()))?;
+    // SAFETY: both views are on the stream's device, `wire` large enough (checked); a
+    // DeviceViewMut is exclusive, so `wire` and `src` are apart.
+    unsafe { crate::raw::compress_encode(stream, format.codec::<T>(), src.raw_ptr(), src.len(), wire.raw_ptr())? };
+    let point = stream.point()?;
+    src.note_use(&point);
+    wire.note_use(&point);
+    Ok(())
+}
+
+/// Enqueue `out = encode(fold)` on `stream`: the fold, in rank order, of `own` (rank
+/// `owner`'s values, exact) and each other rank r's `wires[r]` (a wire of `own.len()` values
+/// made by [`encode`] with this format; `wires[owner]` is `None`), times the f32 reciprocal of
+/// the ranks for `average`. Every rank that decodes `out` gets the same bits.
+pub fn fold_encode<T: Element>(
+    stream: &Stream,
+    format: WireFormat,
+    own: &DeviceView<'_, T>,
+    wires: &[Option<&DeviceView<'_, u8>>],
+    owner: usize,
+    average: bool,
+    out: &mut DeviceViewMut<'_, u8>,
+) -> Result<()> {
+    let len = own.len();
+    on_stream(stream, "own", own.device())?;
+    on_stream(stream, "out", out.device())?;
+    holds("out", out.len(), format.wire_bytes(len))?;
+    if owner >= wires.len() {
+        return Err(Error::InvalidArgument { name: "owner", reason: format!("rank {owner} of {}", wires.len()) });
+    }
+    let mut addresses = Vec::with_capacity(wires.len());
+    for (r, wire) in wires.iter().enumerate() {
+        match (r == owner, wire) {
+            (true, None) => addresses.push(0),
+            (false, Some(wire)) => {
+                on_stream(stream, "wires", wire.device())?;
+                holds("wires", wire.len(), format.wire_bytes(len))?;
+                addresses.push(wire.raw_ptr());
+            }
+            (true, Some(_)) => {
+                return Err(Error::InvalidArgument {
+                    name: "wires",
+                    reason: format!("rank {r} is the owner: its values are `own`, so its entry must be None"),
+                });
+            }
+            (false, None) => {
+                return Err(Error::InvalidArgument { name: "wires", reason: format!("rank {r}'s wire is missing") });
+            }
+        }
+    }
+    // SAFETY: every view is on the stream's device and large enough (checked); `out` is
+    // exclusive, so apart from the shared views it reads.
+    unsafe {
+        crate::raw::compress_fold_encode(
+            stream,
+            format.codec::<T>(),
+            own.raw_ptr(),
+            len,
+            &addresses,
+            owner,
+            average,
+            out.raw_ptr(),
+        )?
+    };
+    let point = stream.point()?;
+    own.note_use(&point);
+    wires.iter().flatten().for_each(|w| w.note_use(&point));
+    out.note_use(&point);
+    Ok(())
+}
+
+/// Enqueue `dst = decode(wire)` on `stream`, each value rounded once to `T`. `wire` is a wire
+/// of `dst.len()` values made with this format.
+pub fn decode<T: Element>(
+    stream: &Stream,
+    format: WireFormat,
+    wire: &DeviceView<'_, u8>,
+    dst: &mut DeviceViewMut<'_, T>,
+) -> Result<()> {
+    on_stream(stream, "wire", wire.device())?;
+    on_stream(stream, "dst", dst.device())?;
+    holds("wire", wire.len(), format.wire_bytes(dst.len()))?;
+    // SAFETY: both views on the stream's device, `wire` large enough (checked); `dst` is
+    // exclusive, so apart from `wire`.
+    unsafe { crate::raw::compress_decode(stream, format.codec::<T>(), wire.raw_ptr(), dst.len(), dst.raw_ptr())? };
+    let point = stream.point()?;
+    wire.note_use(&point);
+    dst.note_use(&point);
+    Ok(())
+}

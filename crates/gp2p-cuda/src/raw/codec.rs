@@ -1,0 +1,269 @@
+//! The compressed all-reduce's block codec on addresses: encode a range into a wire, fold
+//! every rank's wire of one shard into a new wire, decode a wire (`kernels/compress.cu`; the
+//! wire's layout is [`gp2p_kernels::compress::WireLayout`]). The bits are those of the CPU
+//! reference, [`gp2p_kernels::compress`].
+
+use gp2p_kernels::compress::{BlockSize, Format, WireLayout};
+use gp2p_kernels::{CODEC_MAX_RANKS, CodecKernel, DType, KernelFamily, compress_kernel_name};
+
+use super::check_aligned;
+use crate::driver::RawDevicePtr;
+use crate::launch::{KernelArgs, launch_kernel};
+use crate::replay::Params;
+use crate::{Error, LaunchConfig, Module, Result, Stream};
+
+/// Threads per CUDA block of the codec kernels: eight warps, a warp per value block.
+const THREADS: u32 = 256;
+/// The most CUDA blocks a codec launch takes per multiprocessor (the kernels loop over the
+/// value blocks beyond).
+const BLOCKS_PER_SM: u32 = 16;
+
+/// A wire's alignment: its parts start on 16 bytes from its start.
+pub const WIRE_ALIGN: usize = 16;
+
+/// What every codec call shares: the values' type, the format and the block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Codec {
+    /// f32, f16 or bf16.
+    pub dtype: DType,
+    /// How scaled blocks travel.
+    pub format: Format,
+    /// Values per block.
+    pub block: BlockSize,
+}
+
+impl Codec {
+    /// The layout of a wire of `len` values.
+    pub fn layout(self, len: usize) -> WireLayout {
+        WireLayout { values: len, block: self.block }
+    }
+
+    fn function(self, stream: &Stream, kernel: CodecKernel) -> Result<crate::Function> {
+        let name = compress_kernel_name(kernel, self.format, self.dtype).ok_or_else(|| Error::InvalidArgument {
+            name: "dtype",
+            reason: format!("the compressed all-reduce takes f32, f16 or bf16, not {}", self.dtype),
+        })?;
+        Module::kernels(stream.device(), KernelFamily::Compress)?.function(name)
+    }
+
+    fn config(self, stream: &Stream, len: usize) -> LaunchConfig {
+        let warps_per_block = (THREADS / 32) as usize;
+        let blocks = self.layout(len).blocks().div_ceil(warps_per_block).max(1);
+        let cap = (stream.device().info().multiprocessors * BLOCKS_PER_SM) as usize;
+        LaunchConfig { grid: blocks.min(cap) as u32, block: THREADS, shared_bytes: 0 }
+    }
+}
+
+struct EncodeArgs {
+    src: RawDevicePtr,
+    len: u64,
+    block: u32,
+    wire: RawDevicePtr,
+}
+
+impl KernelArgs for EncodeArgs {
+    fn params(&self) -> Params {
+        Params::default().u64(self.src).u64(self.len).u32(self.block).u64(self.wire)
+    }
+}
+
+struct FoldArgs {
+    own: RawDevicePtr,
+    len: u64,
+    block: u32,
+    wires: [RawDevicePtr; CODEC_MAX_RANKS],
+    ranks: u32,
+    owner: u32,
+    average: u32,
+    out: RawDevicePtr,
+}
+
+impl KernelArgs for FoldArgs {
+    fn params(&self) -> Params {
+        let head = Params::default().u64(self.own).u64(self.len).u32(self.block);
+        let with_wires = self.wires.iter().fold(head, |p, &w| p.u64(w));
+        with_wires.u32(self.ranks).u32(self.owner).u32(self.average).u64(self.out)
+    }
+}
+
+struct DecodeArgs {
+    wire: RawDevicePtr,
+    len: u64,
+    block: u32,
+    dst: RawDevicePtr,
+}
+
+impl KernelArgs for DecodeArgs {
+    fn params(&self) -> Params {
+        Params::default().u64(self.wire).u64(self.len).u32(self.block).u64(self.dst)
+    }
+}
+
+/// Enqueue `wire = encode(src)` for `len` values of `codec.dtype` on `stream`.
+///
+/// # Safety
+/// - `src` is `len` readable values and `wire` `codec.layout(len).bytes()` writable bytes,
+///   each addressable from the stream's device (device memory or mapped pinned host
+///   memory), apart;
+/// - both stay allocated, nothing else writes `src` or touches `wire`, until the kernel
+///   completes on `stream`.
+pub unsafe fn compress_encode(
+    stream: &Stream,
+    codec: Codec,
+    src: RawDevicePtr,
+    len: usize,
+    wire: RawDevicePtr,
+) -> Result<()> {
+    check_aligned(&[("src", src)], codec.dtype.size_bytes())?;
+    check_aligned(&[("wire", wire)], WIRE_ALIGN)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let function = codec.function(stream, CodecKernel::Encode)?;
+    let args = EncodeArgs { src, len: len as u64, block: codec.block.get() as u32, wire };
+    // SAFETY: an encode kernel of the codec's type and format; the ranges: the caller's.
+    unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
+}
+
+/// Enqueue `out = encode(fold)` on `stream`, the fold in rank order over `wires.len()` ranks
+/// of `len` values each: rank `owner`'s values are `own` as they are, every other rank r's
+/// are decoded from `wires[r]` (`wires[owner]` is not read); for `average` the fold is
+/// multiplied by the f32 reciprocal of the ranks.
+///
+/// # Safety
+/// - `own` is `len` readable values, `out` `codec.layout(len).bytes()` writable bytes, and
+///   each `wires[r]` but the owner's a wire of `len` values that [`compress_encode`] wrote
+///   with the same codec, each addressable from the stream's device; `out` apart from the
+///   rest;
+/// - all stay allocated, nothing writes what the kernel reads and nothing else touches `out`,
+///   until the kernel completes on `stream`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn compress_fold_encode(
+    stream: &Stream,
+    codec: Codec,
+    own: RawDevicePtr,
+    len: usize,
+    wires: &[RawDevicePtr],
+    owner: usize,
+    average: bool,
+    out: RawDevicePtr,
+) -> Result<()> {
+    let ranks = wires.len();
+    if !(1..=CODEC_MAX_RANKS).contains(&ranks) {
+        return Err(Error::InvalidArgument {
+            name: "wires",
+            reason: format!("{ranks} ranks: a fold takes 1 to {CODEC_MAX_RANKS}"),
+        });
+    }
+    if owner >= ranks {
+        return Err(Error::InvalidArgument { name: "owner", reason: format!("rank {owner} of {ranks}") });
+    }
+    check_aligned(&[("own", own)], codec.dtype.size_bytes())?;
+    check_aligned(&[("out", out)], WIRE_ALIGN)?;
+    let others: Vec<(&'static str, RawDevicePtr)> =
+        wires.iter().enumerate().filter(|&(r, _)| r != owner).map(|(_, &w)| ("wires", w)).collect();
+    check_aligned(&others, WIRE_ALIGN)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let mut all = [0; CODEC_MAX_RANKS];
+    all[..ranks].copy_from_slice(wires);
+    let function = codec.function(stream, CodecKernel::FoldEncode)?;
+    let args = FoldArgs {
+        own,
+        len: len as u64,
+        block: codec.block.get() as u32,
+        wires: all,
+        ranks: ranks as u32,
+        owner: owner as u32,
+        average: u32::from(average),
+        out,
+    };
+    // SAFETY: a fold kernel of the codec's type and format; the ranges: the caller's.
+    unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
+}
+
+/// Enqueue `dst = decode(wire)` for `len` values on `stream`, each rounded once to
+/// `codec.dtype`.
+///
+/// # Safety
+/// - `wire` is a wire of `len` values that [`compress_encode`] or [`compress_fold_encode`]
+///   wrote with the same codec, and `dst` `len` writable values, each addressable from the
+///   stream's device, apart;
+/// - both stay allocated, nothing writes `wire` and nothing else touches `dst`, until the
+///   kernel completes on `stream`.
+pub unsafe fn compress_decode(
+    stream: &Stream,
+    codec: Codec,
+    wire: RawDevicePtr,
+    len: usize,
+    dst: RawDevicePtr,
+) -> Result<()> {
+    check_aligned(&[("dst", dst)], codec.dtype.size_bytes())?;
+    check_aligned(&[("wire", wire)], WIRE_ALIGN)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let function = codec.function(stream, CodecKernel::Decode)?;
+    let args = DecodeArgs { wire, len: len as u64, block: codec.block.get() as u32, dst };
+    // SAFETY: a decode kernel of the codec's type and format; the ranges: the caller's.
+    unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
+}
+
+/// Launch every codec kernel once on `stream` with no values (each returns before it touches
+/// memory), so that none is loaded lazily later (see `crate::reduce::load_all_reduce_kernels`).
+pub(crate) fn launch_each_empty(stream: &Stream) -> Result<()> {
+    let one = LaunchConfig { grid: 1, block: THREADS, shared_bytes: 0 };
+    let block = BlockSize::SMALLEST.get() as u32;
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for format in Format::ALL {
+            let codec = Codec { dtype, format, block: BlockSize::SMALLEST };
+            let encode = EncodeArgs { src: 0, len: 0, block, wire: 0 };
+            let fold =
+                FoldArgs { own: 0, len: 0, block, wires: [0; CODEC_MAX_RANKS], ranks: 1, owner: 0, average: 0, out: 0 };
+            let decode = DecodeArgs { wire: 0, len: 0, block, dst: 0 };
+            // SAFETY: no values: every kernel computes zero blocks and returns, reading and
+            // writing nothing, so null addresses are fine.
+            unsafe {
+                launch_kernel(&codec.function(stream, CodecKernel::Encode)?, stream, one, &encode, None)?;
+                launch_kernel(&codec.function(stream, CodecKernel::FoldEncode)?, stream, one, &fold, None)?;
+                launch_kernel(&codec.function(stream, CodecKernel::Decode)?, stream, one, &decode, None)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fold_passes_fifteen_arguments_in_the_kernels_order() {
+        let args = FoldArgs {
+            own: 1,
+            len: 2,
+            block: 32,
+            wires: [10, 11, 12, 13, 14, 15, 16, 17],
+            ranks: 3,
+            owner: 1,
+            average: 1,
+            out: 99,
+        };
+        let mut params = args.params();
+        assert_eq!(params.len(), 15);
+        // SAFETY: reads the slots the pointers point at, alive in `params`.
+        let values: Vec<u64> = params.pointers()[..15].iter().map(|&p| unsafe { *p.cast::<u64>() }).collect();
+        assert_eq!(values, [1, 2, 32, 10, 11, 12, 13, 14, 15, 16, 17, 3, 1, 1, 99]);
+        let count = |name: &str| {
+            let ptx = gp2p_kernels::COMPRESS.ptx;
+            let start = ptx.find(&format!(".entry {name}(")).expect("the kernel is in the PTX");
+            let end = start + ptx[start..].find(')').expect("its parameter list ends");
+            ptx[start..end].matches(".param").count()
+        };
+        let codec = |k| compress_kernel_name(k, Format::Int8, DType::F32).unwrap();
+        assert_eq!(count(codec(CodecKernel::FoldEncode)), 15);
+        assert_eq!(count(codec(CodecKernel::Encode)), EncodeArgs { src: 0, len: 0, block: 0, wire: 0 }.params().len());
+        assert_eq!(count(codec(CodecKernel::Decode)), DecodeArgs { wire: 0, len: 0, block: 0, dst: 0 }.params().len());
+    }
+}
