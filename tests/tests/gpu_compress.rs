@@ -1,0 +1,201 @@
+//! GPU: the compressed all-reduce's codec kernels (`kernels/compress.cu`) give the bits of the
+//! CPU reference (`gp2p_kernels::compress`): N = 2..8 logical ranks on one GPU run the scheme
+//! step by step (each rank encodes the other ranks' shards, each owner folds its shard's
+//! contributions and encodes the fold, every rank decodes every shard), for f32, f16 and bf16,
+//! int8 and fp8, blocks of 32 and 256, on data sets with outliers, zeros, tiny values, NaN
+//! and infinities; every rank's result equals the reference's, bit for bit (NaN as NaN), and
+//! an encoded wire equals the reference's bytes. Wires in device memory here (the kernels
+//! read and write mapped host memory the same way; the communicator's runs will show it).
+
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use geforce_p2p::cuda::codec::{WireFormat, decode, encode, fold_encode};
+use geforce_p2p::kernels::compress::{
+    BlockSize, Compressible, Format, Scheme, WireLayout, all_reduce, decode_wire, encode_wire, shard_blocks,
+};
+use geforce_p2p::pinned::copy_from_host;
+use geforce_p2p::{DeviceBuffer, DeviceView, PinnedBuffer, ReduceOp, Stream, half};
+use gp2p_tests::{SplitMix64, needs, with_stream};
+
+/// Values per rank: several blocks of every size, a short last block.
+const LEN: usize = 3 * 256 + 77;
+
+/// One data set: rank r's f32 values before conversion to the input type.
+fn data(set: usize, rank: usize, len: usize) -> Vec<f32> {
+    let mut rng = SplitMix64::new(0xC0DEC + (set as u64) * 131 + rank as u64);
+    (0..len)
+        .map(|i| {
+            let x = rng.next_f64_signed() as f32;
+            match set {
+                // Plain random values.
+                0 => x * 3.0,
+                // An outlier every 32 values, 1e4 times the rest.
+                1 => {
+                    if i % 32 == 5 {
+                        x * 1e4
+                    } else {
+                        x
+                    }
+                }
+                // Zeros, with a tiny block (below 2^-100) and a block of f32 subnormals.
+                2 => match i / 32 {
+                    0 | 3 => 0.0,
+                    1 => x * 1e-32,
+                    2 => x * 1e-39,
+                    _ => x,
+                },
+                // A NaN in one block, +inf and -inf in others (on some ranks), the rest random.
+                _ => match (i, rank % 3) {
+                    (40, 0) => f32::NAN,
+                    (300, 1) => f32::INFINITY,
+                    (300, 2) | (301, 0) => f32::NEG_INFINITY,
+                    _ => x * 100.0,
+                },
+            }
+        })
+        .collect()
+}
+
+/// Equal bits, or both NaN.
+fn same<T: Compressible>(a: T, b: T) -> bool {
+    let (x, y) = (a.to_f32(), b.to_f32());
+    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+}
+
+fn case<T: Compressible + geforce_p2p::Element>(
+    stream: &Stream,
+    scheme: Scheme,
+    ranks: usize,
+    set: usize,
+    op: ReduceOp,
+) {
+    let what = format!("{} {} block {} N {ranks} set {set} {op}", T::DTYPE, scheme.format, scheme.block.get());
+    let inputs: Vec<Vec<T>> = (0..ranks).map(|r| data(set, r, LEN).into_iter().map(T::from_f32).collect()).collect();
+    let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+    let want = all_reduce(&refs, op, scheme).unwrap();
+    let format = WireFormat { format: scheme.format, block: scheme.block };
+    let device = stream.device();
+    let on_gpu: Vec<DeviceBuffer<T>> = inputs.iter().map(|v| DeviceBuffer::from_host(stream, v).unwrap()).collect();
+    let size = scheme.block.get();
+    let blocks = LEN.div_ceil(size);
+    let values = |k: usize| {
+        let b = shard_blocks(blocks, ranks, k);
+        (b.start * size).min(LEN)..(b.end * size).min(LEN)
+    };
+    // A wire's room, rounded to 16 bytes so the next one starts aligned.
+    let room = |len: usize| format.wire_bytes(len).next_multiple_of(16).max(16);
+    let total: usize = (0..ranks).map(|k| room(values(k).len()) * (ranks + 1)).sum();
+    let mut wires = DeviceBuffer::<u8>::alloc(device, total).unwrap();
+    let mut outputs: Vec<DeviceBuffer<T>> = (0..ranks).map(|_| DeviceBuffer::alloc(device, LEN).unwrap()).collect();
+    let mut offset = 0;
+    for k in 0..ranks {
+        let range = values(k);
+        let n = range.len();
+        let at: Vec<usize> = (0..=ranks).map(|j| offset + j * room(n)).collect();
+        offset += (ranks + 1) * room(n);
+        // Up: every rank but the owner encodes its part of shard k into wire r; then the
+        // owner folds them, with its own values, into wire `ranks`.
+        for r in (0..ranks).filter(|&r| r != k) {
+            let src = on_gpu[r].view(range.clone());
+            encode(stream, format, &src, &mut wires.view_mut(at[r]..at[r] + room(n))).unwrap();
+        }
+        let (ups, mut folded) = wires.view_mut(..).split_at_mut(at[ranks]);
+        let ups = ups.as_view();
+        let views: Vec<Option<DeviceView<'_, u8>>> =
+            (0..ranks).map(|r| (r != k).then(|| ups.slice(at[r]..at[r] + room(n)))).collect();
+        let refs: Vec<Option<&DeviceView<'_, u8>>> = views.iter().map(Option::as_ref).collect();
+        let own = on_gpu[k].view(range.clone());
+        let mut out = folded.slice_mut(..room(n));
+        fold_encode(stream, format, &own, &refs, k, op == ReduceOp::Avg, &mut out).unwrap();
+        // Down: every rank decodes the folded shard into its output.
+        for out in &mut outputs {
+            let wire = wires.view(at[ranks]..at[ranks] + room(n));
+            decode(stream, format, &wire, &mut out.view_mut(range.clone())).unwrap();
+        }
+    }
+    for (rank, out) in outputs.iter().enumerate() {
+        let got = out.to_host_vec(stream).unwrap();
+        let wrong = (0..LEN).filter(|&i| !same(got[i], want[rank][i])).count();
+        let first = (0..LEN).find(|&i| !same(got[i], want[rank][i]));
+        assert_eq!(
+            wrong,
+            0,
+            "{what}: rank {rank} differs from the reference at {wrong} values, first {first:?}: {:?} vs {:?}",
+            first.map(|i| got[i].to_f32()),
+            first.map(|i| want[rank][i].to_f32())
+        );
+    }
+}
+
+fn every_case<T: Compressible + geforce_p2p::Element>(stream: &Stream) {
+    for format in Format::ALL {
+        for block in [32, 256] {
+            let scheme = Scheme { format, block: BlockSize::new(block).unwrap() };
+            for ranks in 2..=8 {
+                for set in 0..4 {
+                    let op = if (ranks + set) % 2 == 0 { ReduceOp::Sum } else { ReduceOp::Avg };
+                    case::<T>(stream, scheme, ranks, set, op);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_codec_gives_the_reference_bits_for_f32() {
+    let [(_, stream)] = needs!(gpus: 1).map(with_stream);
+    every_case::<f32>(&stream);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_codec_gives_the_reference_bits_for_f16_and_bf16() {
+    let [(_, stream)] = needs!(gpus: 1).map(with_stream);
+    every_case::<half::f16>(&stream);
+    every_case::<half::bf16>(&stream);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_encoded_wire_is_the_reference_s_bytes() {
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
+    for format in Format::ALL {
+        for set in 0..4 {
+            let block = BlockSize::new(64).unwrap();
+            let values = data(set, 0, LEN);
+            let want = encode_wire(format, block, &values);
+            let src = DeviceBuffer::from_host(&stream, &values).unwrap();
+            let layout = WireLayout { values: LEN, block };
+            let mut wire = DeviceBuffer::<u8>::alloc(&device, layout.bytes()).unwrap();
+            let zeros = PinnedBuffer::<u8>::alloc(&device, layout.bytes()).unwrap();
+            copy_from_host(&stream, &zeros.view(..), &mut wire.view_mut(..)).unwrap();
+            encode(&stream, WireFormat { format, block }, &src.view(..), &mut wire.view_mut(..)).unwrap();
+            let got = wire.to_host_vec(&stream).unwrap();
+            assert_eq!(
+                decode_wire(format, block, LEN, &got),
+                decode_wire(format, block, LEN, &want),
+                "{format} set {set}: blocks"
+            );
+            assert_eq!(got, want, "{format} set {set}: every byte, untouched ones zero");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bad_codec_arguments_are_refused() {
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
+    let format = WireFormat { format: Format::Int8, block: BlockSize::new(32).unwrap() };
+    let src = DeviceBuffer::from_host(&stream, &[1.0f32; 100]).unwrap();
+    let mut small = DeviceBuffer::<u8>::alloc(&device, format.wire_bytes(100) - 1).unwrap();
+    let e = encode(&stream, format, &src.view(..), &mut small.view_mut(..)).unwrap_err();
+    assert!(e.to_string().contains("wire"), "{e}");
+    let ints = DeviceBuffer::from_host(&stream, &[1i32; 100]).unwrap();
+    let mut wire = DeviceBuffer::<u8>::alloc(&device, format.wire_bytes(100)).unwrap();
+    let e = encode(&stream, format, &ints.view(..), &mut wire.view_mut(..)).unwrap_err();
+    assert!(e.to_string().contains("f32, f16 or bf16"), "{e}");
+    let e = fold_encode(&stream, format, &src.view(..), &[None, None], 0, false, &mut wire.view_mut(..)).unwrap_err();
+    assert!(e.to_string().contains("rank 1's wire is missing"), "{e}");
+}
