@@ -14,6 +14,8 @@ mod hub;
 mod ptx;
 #[cfg(test)]
 mod tidy;
+#[cfg(test)]
+mod tidy_python;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

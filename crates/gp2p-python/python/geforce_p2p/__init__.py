@@ -49,6 +49,15 @@ __all__ = [
     "distributed",
 ]
 
+def _load_torch_ops():
+    """The torch custom ops' module, imported (and so registered) at the first need."""
+    from . import _torch_ops
+
+    return _torch_ops
+
+
+_compile.load_ops = _load_torch_ops
+
 if "torch" in _sys.modules:
     # torch came first (as it does under ``kernels``): the custom ops exist from the start.
     _compile.register()

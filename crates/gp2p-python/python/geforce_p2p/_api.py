@@ -39,7 +39,7 @@ ROUTES = ("auto", "peer", "staged")
 TRANSPORTS = ("auto", "scratch", "zero-copy")
 
 
-def _at_least(name: str, value: Any, least: int) -> Optional[int]:
+def at_least(name: str, value: Any, least: int) -> Optional[int]:
     """``value``: None, or an integer (not a bool) of at least ``least``; else ValueError
     naming ``name``."""
     if value is None:
@@ -50,11 +50,11 @@ def _at_least(name: str, value: Any, least: int) -> Optional[int]:
     return value
 
 
-def _positive(name: str, value: Any) -> Optional[int]:
-    return _at_least(name, value, 1)
+def positive(name: str, value: Any) -> Optional[int]:
+    return at_least(name, value, 1)
 
 
-def _target_device(device: Any) -> Optional[int]:
+def target_device(device: Any) -> Optional[int]:
     """A CUDA ordinal of a device that exists, or None for pinned host memory, from 1,
     "cuda:1", "cuda", "cpu" or a torch.device; else ValueError naming ``device``."""
     if isinstance(device, bool):
@@ -107,9 +107,9 @@ def _device_text(device: Any) -> str:
     return str(device)
 
 
-def _device_index(device: Any) -> int:
+def device_index(device: Any) -> int:
     """``device`` as a CUDA ordinal; ValueError naming it where it is not a CUDA device."""
-    index = _target_device(device)
+    index = target_device(device)
     if index is None:
         raise ValueError("device: %r is not a CUDA device; pass an ordinal, 'cuda:N' or a torch.device" % (device,))
     return index
@@ -138,7 +138,7 @@ def copy(src: Any, device: Any, *, route: str = "auto", chunk_bytes: Optional[in
     """
     if _compile.tracing():
         return _compile.ops.copy(src, _device_text(device), route, chunk_bytes, slots)
-    target = _target_device(device)
+    target = target_device(device)
     where = "cpu" if target is None else "cuda:%d" % target
     out = None
     torch = sys.modules.get("torch")
@@ -157,7 +157,7 @@ def copy(src: Any, device: Any, *, route: str = "auto", chunk_bytes: Optional[in
     if out is None:
         torch = _import_torch("copy")
         out = torch.empty(s.shape, dtype=torch_dtype(s.dtype), device=where, pin_memory=target is None)
-    _copy(describe(out, "dst"), s, route, chunk_bytes, slots)
+    copy_checked(describe(out, "dst"), s, route, chunk_bytes, slots)
     return out
 
 
@@ -172,14 +172,14 @@ def copy_(dst: Any, src: Any, *, route: str = "auto", chunk_bytes: Optional[int]
     # False for anything else, overlapping tensors and a route it does not know, untouched.
     if chunk_bytes is None and slots is None and _native.copy_torch(dst, src, route):
         return dst
-    _copy(describe(dst, "dst"), describe(src, "src"), route, chunk_bytes, slots)
+    copy_checked(describe(dst, "dst"), describe(src, "src"), route, chunk_bytes, slots)
     return dst
 
 
-def _copy(d: Tensor, s: Tensor, route: str, chunk_bytes: Optional[int], slots: Optional[int]) -> None:
+def copy_checked(d: Tensor, s: Tensor, route: str, chunk_bytes: Optional[int], slots: Optional[int]) -> None:
     route = check_choice("route", route, ROUTES)
-    chunk_bytes, slots = _positive("chunk_bytes", chunk_bytes), _positive("slots", slots)
-    _pair(d, s)
+    chunk_bytes, slots = positive("chunk_bytes", chunk_bytes), positive("slots", slots)
+    pair(d, s)
     if d.device is not None and s.device is not None:
         disjoint(d, s)
         _native.copy(s.dtype, s.numel, s.memory, d.memory, route, chunk_bytes, slots)
@@ -198,7 +198,7 @@ def _copy(d: Tensor, s: Tensor, route: str, chunk_bytes: Optional[int], slots: O
         hold_until_done(d, s)
 
 
-def _pair(d: Tensor, s: Tensor) -> None:
+def pair(d: Tensor, s: Tensor) -> None:
     """``dst`` and ``src`` of a two-tensor op: ``dst`` writable, same dtype and shape."""
     writable(d)
     same_dtype(d, s)
@@ -326,5 +326,5 @@ def release_cached_host_memory(device: Any = 0) -> int:
     bytes that was (``device``: whose context makes the calls; an ordinal, ``"cuda:N"`` or a
     ``torch.device``). This blocks until the device is idle: call it between phases of work,
     like ``torch.cuda.empty_cache()``. Raises UnavailableError without a driver."""
-    return _native.release_cached_host_memory(_device_index(device))
+    return _native.release_cached_host_memory(device_index(device))
 

@@ -10,7 +10,10 @@ through Hugging Face ``kernels``, so two copies in one process never collide
 (``_torch_ops.py`` registers them).
 
 torch is never imported here: the ops are registered when this package is imported after
-torch, or at the first call that finds torch imported.
+torch, or at the first call that finds torch imported. Nor is ``_torch_ops``, which imports the
+modules that import this one: the package root hands :data:`load_ops` its loader, so the
+imports run one way (``_api``, ``ops``, ``distributed`` → here; the root → ``_torch_ops`` →
+``_api``, ``ops``, here).
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from typing import Any, Callable, Optional
 
 #: The module of registered custom ops (``_torch_ops``), once registered.
 ops: Any = None
+
+#: Imports ``_torch_ops`` (which registers the ops) and returns it; set by the package root.
+load_ops: Optional[Callable[[], Any]] = None
 
 _lock = threading.Lock()
 #: The torch module last judged by :func:`register` (a stand-in torch, as tests use, or one
@@ -59,14 +65,15 @@ def register() -> bool:
         if ops is None and torch is not _judged:
             _judged = torch
             library = getattr(torch, "library", None)
-            if library is not None and hasattr(library, "custom_op") and hasattr(torch, "compiler"):
+            if (load_ops is not None and library is not None and hasattr(library, "custom_op")
+                    and hasattr(torch, "compiler")):
                 try:
-                    from . import _torch_ops
+                    loaded = load_ops()
                 except Exception as e:  # noqa: BLE001  (eager calls must go on working)
                     warnings.warn("geforce_p2p: torch custom ops not registered, torch.compile will break its "
                                   "graph at this package's calls: %s" % e, RuntimeWarning, stacklevel=2)
                 else:
-                    ops = _torch_ops
+                    ops = loaded
                     _is_compiling = torch.compiler.is_compiling
     return ops is not None
 

@@ -32,7 +32,7 @@ def _copy(src: Tensor, device: str, route: str, chunk_bytes: Optional[int], slot
 @_copy.register_fake
 def _(src: Tensor, device: str, route: str, chunk_bytes: Optional[int], slots: Optional[int]) -> Tensor:
     # The same device check as eager, so a bad device fails while tracing, by name.
-    target = _api._target_device(device)
+    target = _api.target_device(device)
     where = "cpu" if target is None else "cuda:%d" % target
     return torch.empty(src.shape, dtype=src.dtype, device=where)
 

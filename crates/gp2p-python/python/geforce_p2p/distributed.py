@@ -72,7 +72,7 @@ import operator
 from typing import Any, Optional
 
 from . import _compile, _native
-from ._api import REDUCE_OPS, _at_least, _device_index, _positive
+from ._api import REDUCE_OPS, at_least, device_index, positive
 from ._tensors import check_choice, describe, on_device, same_dtype, same_stream, writable
 
 __all__ = ["unique_id", "Communicator", "CustomAllreduce", "register_backend", "MAX_RANKS"]
@@ -147,12 +147,12 @@ class Communicator:
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
         max_bytes, slot_bytes, slots, chunk_blocks = (
-            _positive(name, value) for name, value in
+            positive(name, value) for name, value in
             (("max_bytes", max_bytes), ("slot_bytes", slot_bytes), ("slots", slots), ("chunk_blocks", chunk_blocks)))
-        lines_max_bytes = _at_least("lines_max_bytes", lines_max_bytes, 0)
+        lines_max_bytes = at_least("lines_max_bytes", lines_max_bytes, 0)
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError("algorithm: expected 'one-shot', 'two-shot' or None, got %r" % (algorithm,))
-        self.rank, self.world_size, self.device = int(rank), int(world_size), _device_index(device)
+        self.rank, self.world_size, self.device = int(rank), int(world_size), device_index(device)
         self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, max_bytes,
                                             float(peer_timeout), float(join_timeout), slot_bytes, slots,
                                             chunk_blocks, lines_max_bytes, algorithm)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _compile, _native
-from ._api import REDUCE_OPS, _copy, _pair, _positive
+from ._api import REDUCE_OPS, copy_checked, pair, positive
 from ._tensors import check_choice, describe, disjoint, hold_until_done, on_device, on_host, same_stream
 
 __all__ = [
@@ -38,7 +38,7 @@ def staged_copy(dst: Any, src: Any, *, chunk_bytes: Optional[int] = None, slots:
         _compile.ops.staged_copy(dst, src, chunk_bytes, slots)
         return dst
     d, s = on_device(describe(dst, "dst")), on_device(describe(src, "src"))
-    _copy(d, s, "staged", chunk_bytes, slots)
+    copy_checked(d, s, "staged", chunk_bytes, slots)
     return dst
 
 
@@ -49,7 +49,7 @@ def copy_to_host(dst: Any, src: Any) -> Any:
         _compile.ops.copy_to_host(dst, src)
         return dst
     d, s = on_host(describe(dst, "dst")), on_device(describe(src, "src"))
-    _copy(d, s, "auto", None, None)
+    copy_checked(d, s, "auto", None, None)
     return dst
 
 
@@ -59,7 +59,7 @@ def copy_from_host(dst: Any, src: Any) -> Any:
         _compile.ops.copy_from_host(dst, src)
         return dst
     d, s = on_device(describe(dst, "dst")), on_host(describe(src, "src"))
-    _copy(d, s, "auto", None, None)
+    copy_checked(d, s, "auto", None, None)
     return dst
 
 
@@ -71,9 +71,9 @@ def reduce_from_host(dst: Any, src: Any, op: str = "sum", divide_by: int = 1) ->
         _compile.ops.reduce_from_host(dst, src, op, divide_by)
         return dst
     op = check_choice("op", op, REDUCE_OPS)
-    divide_by = _positive("divide_by", divide_by) or 1
+    divide_by = positive("divide_by", divide_by) or 1
     d, s = on_device(describe(dst, "dst")), on_host(describe(src, "src"))
-    _pair(d, s)
+    pair(d, s)
     _native.reduce(d.dtype, d.numel, d.memory, s.ptr, op, divide_by, True)
     hold_until_done(s, d)
     return dst
@@ -86,9 +86,9 @@ def reduce(dst: Any, src: Any, op: str = "sum", divide_by: int = 1) -> Any:
         _compile.ops.reduce(dst, src, op, divide_by)
         return dst
     op = check_choice("op", op, REDUCE_OPS)
-    divide_by = _positive("divide_by", divide_by) or 1
+    divide_by = positive("divide_by", divide_by) or 1
     d, s = on_device(describe(dst, "dst")), on_device(describe(src, "src"))
-    _pair(d, s)
+    pair(d, s)
     if d.device != s.device:
         raise ValueError("src: on %s, but dst is on %s; reduce works on one device" % (s.where(), d.where()))
     same_stream(s, d)
