@@ -19,8 +19,9 @@
 //!   [`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`] run them on one
 //!   shared engine ([`collectives()`]).
 //! - [`comm`] (`gp2p-comm`): one process per GPU (torchrun, vLLM, sglang): a unique id, the
-//!   shared segment every rank maps, and a communicator whose first collective is the
-//!   two-rank small-message all-reduce.
+//!   shared segment every rank maps, and a communicator of 1 to 8 ranks that runs
+//!   all_reduce, all_gather, reduce_scatter, broadcast, sends and receives on the caller's
+//!   stream.
 //!
 //! Every facade function returns one [`Error`], whichever layer failed. Memory the GPU may
 //! still use is never freed and drops never block (the lifetime rule of [`cuda::lifetime`]).

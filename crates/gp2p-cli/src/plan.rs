@@ -351,7 +351,9 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
     }
     out.push_str(&communicator_table(m, plans, forced));
     out.push_str(
-        "The tables are the model's predictions, not measurements. All ranks in one process run the ring today.\n",
+        "The tables are the model's predictions, not measurements. In one process (the engine behind \
+         geforce_p2p.all_reduce) two ranks run the ring and more run the cheaper of the ring and two-shot, \
+         priced at H200 rates; never one-shot.\n",
     );
     out
 }
@@ -393,6 +395,14 @@ fn render_hosts(m: &Machine, hosts: usize, network: Network, sizes: &[usize]) ->
 /// the model's prices of its two all-reduces as they run there (see `gp2p_comm::choice`),
 /// and its choice, at the default lines capacity (`CommOptions::for_world`).
 fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> String {
+    if m.ranks > geforce_p2p::comm::MAX_RANKS {
+        return format!(
+            "One process per GPU (torchrun, geforce_p2p.distributed): a communicator takes at most {} ranks, so \
+             {} run as groups of it (geforce_p2p.distributed's two levels, --hosts) or not at all.\n",
+            geforce_p2p::comm::MAX_RANKS,
+            m.ranks
+        );
+    }
     if m.ranks <= 2 {
         return "One process per GPU (geforce_p2p.distributed) between two ranks: one kernel up to 4 MiB, the \
                 pipeline above.\n"
@@ -600,6 +610,17 @@ mod tests {
         let text = render(&rates, &forced, Some(Algorithm::Ring));
         assert!(text.contains("ring (forced)") && text.contains("GP2P_ALGORITHM=ring forces every choice"), "{text}");
         assert!(text.contains("GP2P_ALGORITHM=ring: the communicator refuses it"), "{text}");
+        assert!(text.contains("never one-shot") && !text.contains("ring today"), "{text}");
+    }
+
+    #[test]
+    fn a_world_past_the_communicator_s_gets_no_communicator_table() {
+        let rates = args(&["--ranks", "16"]).rates(None, None).unwrap();
+        let plans: Vec<(usize, Plan)> =
+            [1 << 20].iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
+        let text = render(&rates, &plans, None);
+        assert!(text.contains("a communicator takes at most 8 ranks, so 16 run as groups"), "{text}");
+        assert!(!text.contains("lines µs"), "no table for a world it refuses: {text}");
     }
 
     #[test]

@@ -179,8 +179,10 @@ impl std::str::FromStr for Receive {
 /// n = 1 and empty buffers are valid no-ops. Two ranks with a small buffer (up to
 /// [`EXCHANGE_MAX_BYTES`]) exchange it in one step (rank 0 folds `op(x0, x1)`, rank 1
 /// `op(x1, x0)`: bitwise the same, as IEEE sums and products commute, except that a float
-/// min or max of +0 and -0 may keep a different zero on each rank); otherwise the ring runs
-/// (reduce-scatter, then all-gather).
+/// min or max of +0 and -0 may keep a different zero on each rank); otherwise the pipeline
+/// [`pipeline::choose`] picks runs: the ring (reduce-scatter, then all-gather) for two ranks,
+/// and from three the cheaper of the ring and the legs of two-shot (`GP2P_ALGORITHM` or
+/// [`Engine::with_algorithm`] forces one).
 pub fn all_reduce<T: Element>(
     engine: &Engine,
     ranks: &mut [Rank<'_, T>],
