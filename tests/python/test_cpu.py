@@ -1,7 +1,7 @@
 """CPU tests of the installed geforce_p2p package: no GPU, no driver, no torch needed.
 
 What they cover: the package imports, the probe and the command line report the missing
-driver as geforce_p2p.UnavailableError / exit code 2, the dtype and error tables agree with
+driver as geforce_p2p.UnavailableError / exit code 3, the dtype and error tables agree with
 the native module, every argument check refuses bad input by name before native code runs
 (stand-ins with __cuda_array_interface__, __array_interface__ and DLPack, and a stand-in
 torch module for the torch path), valid input reaches native code with the right
@@ -323,9 +323,11 @@ def test_valid_input_reaches_the_library_and_gets_its_error():
 def test_command_line_is_the_gp2p_one():
     run = lambda *args: subprocess.run([sys.executable, "-m", "geforce_p2p", *args], capture_output=True, text=True)
     probe = run("probe")
-    assert probe.returncode == 2, probe
+    assert probe.returncode == 3, probe
     assert "gp2p: no NVIDIA CUDA driver found" in probe.stderr
-    assert run("devices").returncode == 2
+    devices = run("devices")
+    assert devices.returncode == 3, devices
+    assert "python -m geforce_p2p probe --example 2x4090" in devices.stderr, "every command names the next step"
     version = run("--version")
     assert version.returncode == 0 and version.stdout.strip() == "gp2p " + gp.__version__
     usage = run("bogus")

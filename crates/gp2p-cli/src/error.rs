@@ -41,14 +41,29 @@ pub enum CliError {
     },
 }
 
+/// The exit code of a failure: it ran and something went wrong (wrong results, a driver
+/// error, a file that could not be written).
+pub const EXIT_FAILURE: u8 = 1;
+/// The exit code of a command typed wrong: a bad flag or value, as clap's own.
+pub const EXIT_USAGE: u8 = 2;
+/// The exit code of a command that cannot run on this machine: no NVIDIA driver or device.
+pub const EXIT_UNAVAILABLE: u8 = 3;
+
 impl CliError {
-    /// 2 when there is no driver or device (nothing to do here), 1 for any other failure.
+    /// [`EXIT_UNAVAILABLE`] when there is no driver or device (nothing to do here),
+    /// [`EXIT_USAGE`] for a bad value, [`EXIT_FAILURE`] for any other failure.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Hinted { error, .. } => error.exit_code(),
-            CliError::Library(e) if e.is_unavailable() => 2,
-            _ => 1,
+            CliError::Library(e) if e.is_unavailable() => EXIT_UNAVAILABLE,
+            CliError::Usage(_) => EXIT_USAGE,
+            _ => EXIT_FAILURE,
         }
+    }
+
+    /// Whether the failure is that this machine has no driver or device.
+    pub fn is_unavailable(&self) -> bool {
+        self.exit_code() == EXIT_UNAVAILABLE
     }
 }
 
@@ -69,18 +84,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_driver_exits_2_from_every_layer() {
+    fn no_driver_exits_3_from_every_layer() {
         let none = || cuda::Error::NoDriver;
-        assert_eq!(CliError::from(none()).exit_code(), 2);
-        assert_eq!(CliError::from(collectives::Error::Cuda(none())).exit_code(), 2);
+        assert_eq!(CliError::from(none()).exit_code(), 3);
+        assert_eq!(CliError::from(collectives::Error::Cuda(none())).exit_code(), 3);
         let pinned_inside = collectives::Error::Pinned(pinned::Error::Cuda(none()));
-        assert_eq!(CliError::from(pinned_inside).exit_code(), 2, "through the pinned layer too");
-        assert_eq!(CliError::from(probe::Error::Cuda(none())).exit_code(), 2);
-        assert_eq!(CliError::from(transport::Error::Cuda(none())).exit_code(), 2);
+        assert_eq!(CliError::from(pinned_inside).exit_code(), 3, "through the pinned layer too");
+        assert_eq!(CliError::from(probe::Error::Cuda(none())).exit_code(), 3);
+        assert_eq!(CliError::from(transport::Error::Cuda(none())).exit_code(), 3);
         assert_eq!(CliError::from(collectives::Error::NoRanks).exit_code(), 1);
-        assert_eq!(CliError::Usage("bad".into()).exit_code(), 1);
+        assert_eq!(CliError::Usage("bad".into()).exit_code(), 2, "typed wrong, as clap says it");
         let hinted = CliError::Hinted { error: Box::new(CliError::from(none())), hint: "try this".into() };
-        assert_eq!(hinted.exit_code(), 2, "a hint keeps the failure's code");
+        assert_eq!(hinted.exit_code(), 3, "a hint keeps the failure's code");
         assert!(
             hinted.to_string().starts_with("no NVIDIA CUDA driver found") && hinted.to_string().ends_with("\ntry this")
         );

@@ -29,7 +29,13 @@ mod table;
 
 use clap::{Parser, Subcommand};
 
-pub use error::CliError;
+pub use error::{CliError, EXIT_FAILURE, EXIT_UNAVAILABLE, EXIT_USAGE};
+
+/// What a command that found no driver or device says next: `gp2p` for the binary, `python -m
+/// geforce_p2p` for pip users, who have no `gp2p` on PATH.
+pub(crate) const NO_DRIVER_HINT: &str = "no NVIDIA driver or GPU here? `gp2p probe --example 2x4090` (or `python -m \
+     geforce_p2p probe --example 2x4090`) shows the report of a common machine, `gp2p plan --ranks 4` the cost model's \
+     plan; neither needs a GPU";
 pub use probe::{AllCards, CardTogether, DeviceLink, LinkRates, PairCopy, measure_links};
 
 /// Fast data movement between NVIDIA GPUs without driver P2P.
@@ -59,9 +65,10 @@ enum Command {
 }
 
 /// Run `gp2p` with `args` (the first is the program name, as in `std::env::args`; `String`s or `OsString`s) and return
-/// its exit code: 0 on success, 2 without a driver or device (and for a usage error, as
-/// clap's), 1 for any other failure. Prints what the binary prints; `--help` and `--version`
-/// print and return 0 instead of exiting the process.
+/// its exit code: 0 on success, 1 for a failure, 2 for a command typed wrong (clap's code for
+/// a usage error, and ours for a bad value), 3 where this machine has no driver or device. A
+/// command that cannot run here also says what can (the bundled examples). Prints what the
+/// binary prints; `--help` and `--version` print and return 0 instead of exiting the process.
 pub fn run_cli<I, T>(args: I) -> i32
 where
     I: IntoIterator<Item = T>,
@@ -87,6 +94,9 @@ where
         Ok(()) => 0,
         Err(e) => {
             eprintln!("gp2p: {e}");
+            if e.is_unavailable() && !matches!(e, CliError::Hinted { .. }) {
+                eprintln!("{NO_DRIVER_HINT}");
+            }
             i32::from(e.exit_code())
         }
     }

@@ -28,9 +28,6 @@ pub struct ProbeArgs {
     example: Option<String>,
 }
 
-/// What a machine without a driver is told after the error: where to see a report anyway.
-const NO_DRIVER_HINT: &str = "no GPU here? `gp2p probe --example 2x4090` shows the report of a common machine (`gp2p probe --example` lists them)";
-
 /// Runs per measurement (median).
 const MEASURE_REPEATS: Repeats = Repeats { warmup: 2, timed: 10 };
 
@@ -54,7 +51,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), CliError> {
         (None, None) => geforce_p2p::probe().map_err(|e| {
             let unavailable = e.is_unavailable();
             let e = CliError::from(e);
-            if unavailable { CliError::Hinted { error: Box::new(e), hint: NO_DRIVER_HINT.into() } } else { e }
+            if unavailable { CliError::Hinted { error: Box::new(e), hint: crate::NO_DRIVER_HINT.into() } } else { e }
         })?,
     };
     if args.json {

@@ -69,7 +69,7 @@ fn fewer_than_two_ranks_are_refused_naming_the_flag() {
     for ranks in ["0", "1"] {
         let out = gp2p(&["plan", "--ranks", ranks], None);
         let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "--ranks {ranks}: {stderr}");
+        assert_eq!(out.status.code(), Some(2), "--ranks {ranks}: {stderr}");
         assert!(stderr.contains(&format!("--ranks {ranks}")) && stderr.contains("2 to 4096 ranks"), "{stderr}");
         assert!(out.stdout.is_empty(), "nothing printed for a refused plan");
     }
@@ -117,8 +117,11 @@ fn measure_needs_a_driver_and_says_what_it_measured() {
     let out = gp2p(&["plan", "--ranks", "2", "--sizes", "1M", "--measure"], None);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     match out.status.code() {
-        // No driver or no device here: like `gp2p probe`, exit 2 and say so.
-        Some(2) => assert!(stderr.contains("driver") || stderr.contains("device"), "{stderr}"),
+        // No driver or no device here: like `gp2p probe`, exit 3 and say so.
+        Some(3) => {
+            assert!(stderr.contains("driver") || stderr.contains("device"), "{stderr}");
+            assert!(stderr.contains("python -m geforce_p2p probe --example 2x4090"), "the next step: {stderr}");
+        }
         // A GPU: the per-card rates were measured.
         Some(0) => assert!(stdout.contains("measured here") && stdout.contains("h2d, d2h, duplex"), "{stdout}"),
         code => panic!("exit {code:?}: {stdout}{stderr}"),
@@ -152,12 +155,12 @@ fn an_example_machine_hands_its_cards_and_shared_uplink_to_the_model() {
     assert!(!rows(&stdout)[0].contains("uplink"), "{stdout}");
     assert!(stdout.contains("uplink: every card has its own (--uplink)"), "the flag is named as the source: {stdout}");
     let out = gp2p(&["plan", "--ranks", "2", "--uplink", "4"], None);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--uplink 4: expected 1 to 2 cards"), "{}", text(&out.stderr));
     let out = gp2p(&["plan", "--ranks", "9223372036854775809"], None);
-    assert_eq!(out.status.code(), Some(1), "a huge rank count is refused, not overflowed");
+    assert_eq!(out.status.code(), Some(2), "a huge rank count is refused, not overflowed");
     let out = gp2p(&["plan", "--example", "nothing"], None);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--example nothing: no such example") && text(&out.stderr).contains("2x4090"));
     let out = gp2p(&["plan"], None);
     assert_eq!(out.status.code(), Some(2), "neither --ranks nor --example: a usage error");
@@ -174,7 +177,7 @@ fn hosts_add_the_two_level_table_and_refuse_a_network_of_nothing() {
     // 1 GiB, by hand in gp2p_collectives::hosts' tests: 420.4 ms in turn, 601.5 ms flat.
     assert!(rows[1].contains("420358.8") && rows[1].contains("601455.0") && rows[1].contains("0.57"), "{stdout}");
     let out = gp2p(&["plan", "--ranks", "4", "--hosts", "2", "--network-gbps", "0"], None);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--network-gbps 0: expected a rate above 0"), "{}", text(&out.stderr));
     let out = gp2p(&["plan", "--ranks", "4", "--network-gbps", "100"], None);
     assert_ne!(out.status.code(), Some(0), "--network-gbps needs --hosts");

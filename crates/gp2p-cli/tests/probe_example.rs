@@ -1,7 +1,7 @@
 //! `gp2p probe --example`: the bundled example machines render from the installed binary
 //! (no files, no GPU), say they are examples, and round-trip through `--json` and `--from`;
 //! without a name, or with an unknown one, the examples are listed. Without a driver,
-//! `gp2p probe` still fails with exit code 2 and its message, then names an example.
+//! `gp2p probe` still fails with exit code 3 (no driver or device) and its message, then names an example.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -77,7 +77,7 @@ fn no_name_or_an_unknown_one_lists_the_examples() {
     let list = gp2p(&["probe", "--example"]);
     assert_eq!(list.status.code(), Some(0), "{}", text(&list.stderr));
     let unknown = gp2p(&["probe", "--example", "9x9090"]);
-    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(unknown.status.code(), Some(2));
     let stderr = text(&unknown.stderr);
     assert!(stderr.starts_with("gp2p: no bundled example is called \"9x9090\""), "{stderr}");
     for name in EXAMPLES {
@@ -94,19 +94,19 @@ fn no_name_or_an_unknown_one_lists_the_examples() {
 const UNAVAILABLE: &[&str] = &["gp2p: no NVIDIA CUDA driver found", "gp2p: device 0 does not exist"];
 
 #[test]
-fn without_a_driver_probe_exits_2_with_its_message_then_names_an_example() {
+fn without_a_driver_probe_exits_3_with_its_message_then_names_an_example() {
     let out = gp2p(&["probe"]);
     if out.status.code() == Some(0) {
         // A machine with a driver and a GPU probes itself: the path under test is not
         // reachable here, and the test says it was not run (the line the bundle's runner
         // counts, `gp2p_tests::needs::NOT_RUN`) rather than passing.
         println!(
-            "gp2p-not-run: probe_example::without_a_driver_probe_exits_2_with_its_message_then_names_an_example needs a machine without an NVIDIA GPU, this one has one"
+            "gp2p-not-run: probe_example::without_a_driver_probe_exits_3_with_its_message_then_names_an_example needs a machine without an NVIDIA GPU, this one has one"
         );
         return;
     }
     let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
     let mut lines = stderr.lines();
     // The first line is the one tests/python/test_cpu.py (and users' scripts) look for: no
     // driver, or (with a driver but no GPU) no device.
