@@ -92,8 +92,8 @@ last=$((GPUS - 1))
 
 section_probe() {
   record probe.txt "$G" probe >/dev/null
-  { "$G" probe --json >"$RES/probe.json"; } 2>>"$LOGS/probe.log"
-  json_head "$RES/probe.json" "bundle/bin/gp2p probe --json"
+  { "$G" probe --json - >"$RES/probe.json"; } 2>>"$LOGS/probe.log"
+  json_head "$RES/probe.json" "bundle/bin/gp2p probe --json -"
   record probe-measure.txt "$G" probe --measure | tail -8
 }
 

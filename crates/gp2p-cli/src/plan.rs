@@ -26,9 +26,10 @@ pub struct PlanArgs {
     /// own link (default: 1, or the topology the probe finds with --measure or --example).
     #[arg(long, value_name = "CARDS")]
     uplink: Option<usize>,
-    /// Plan for a bundled example machine (`gp2p probe --example` lists them): its cards and
-    /// topology; its rates are not in the example, so the defaults or flags stand.
-    #[arg(long, value_name = "NAME", conflicts_with = "measure")]
+    /// Plan for a bundled example machine: its cards and topology; its rates are not in the
+    /// example, so the defaults or flags stand. Without NAME, list the examples (as `gp2p
+    /// probe --example` does).
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", conflicts_with = "measure")]
     example: Option<String>,
     /// Host to device per card, alone, GB/s (default: the model's, measured on an H200).
     #[arg(long, value_name = "GB/s")]
@@ -234,6 +235,10 @@ impl PlanArgs {
 
 pub fn run(args: &PlanArgs) -> Result<(), CliError> {
     let example = match &args.example {
+        Some(name) if name.is_empty() => {
+            print!("bundled examples (gp2p plan --example NAME):\n{}", geforce_p2p::probe::examples::list());
+            return Ok(());
+        }
         Some(name) => {
             let Some(example) = geforce_p2p::probe::examples::example(name) else {
                 return Err(CliError::Usage(format!(

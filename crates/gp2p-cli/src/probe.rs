@@ -13,9 +13,10 @@ use crate::table::{num, table};
 
 #[derive(Args)]
 pub struct ProbeArgs {
-    /// Print the facts and verdicts as JSON (attach this to bug reports).
-    #[arg(long)]
-    json: bool,
+    /// Also write the facts and verdicts as JSON to FILE (attach it to bug reports); `-`
+    /// prints the JSON instead of the tables.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
     /// Re-render a report from facts saved with --json, instead of probing this machine.
     #[arg(long)]
     from: Option<PathBuf>,
@@ -54,10 +55,15 @@ pub fn run(args: &ProbeArgs) -> Result<(), CliError> {
             if unavailable { CliError::Hinted { error: Box::new(e), hint: crate::NO_DRIVER_HINT.into() } } else { e }
         })?,
     };
-    if args.json {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.render());
+    match &args.json {
+        Some(path) if path.as_os_str() == "-" => println!("{}", report.to_json()),
+        Some(path) => {
+            print!("{}", report.render());
+            let io = |source| CliError::Io { path: path.display().to_string(), source };
+            std::fs::write(path, report.to_json() + "\n").map_err(io)?;
+            eprintln!("wrote {}", path.display());
+        }
+        None => print!("{}", report.render()),
     }
     if args.measure && args.from.is_none() {
         print!("{}", measure_links(&report)?.render());

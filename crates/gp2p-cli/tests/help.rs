@@ -44,3 +44,12 @@ fn a_value_outside_the_list_is_a_usage_error_naming_the_list() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("zerocopy") && stderr.contains("zero-copy"), "{stderr}");
 }
+
+#[test]
+fn the_one_line_summary_names_every_command() {
+    let help = stdout(&["--help"]);
+    let summary = help.lines().next().unwrap_or_default();
+    for command in ["probe", "devices", "benchmark", "plan", "NCCL"] {
+        assert!(summary.contains(command), "the first line lacks {command}: {summary}");
+    }
+}

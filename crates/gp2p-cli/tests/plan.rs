@@ -159,6 +159,9 @@ fn an_example_machine_hands_its_cards_and_shared_uplink_to_the_model() {
     assert!(text(&out.stderr).contains("--uplink 4: expected 1 to 2 cards"), "{}", text(&out.stderr));
     let out = gp2p(&["plan", "--ranks", "9223372036854775809"], None);
     assert_eq!(out.status.code(), Some(2), "a huge rank count is refused, not overflowed");
+    let listed = gp2p(&["plan", "--example"], None);
+    assert_eq!(listed.status.code(), Some(0), "{}", text(&listed.stderr));
+    assert!(text(&listed.stdout).contains("4x3090-switch"), "without a name, the examples: {}", text(&listed.stdout));
     let out = gp2p(&["plan", "--example", "nothing"], None);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--example nothing: no such example") && text(&out.stderr).contains("2x4090"));

@@ -56,7 +56,7 @@ fn an_example_round_trips_through_json_and_from() {
     let dir = std::env::temp_dir().join(format!("gp2p-cli-probe-example-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for name in EXAMPLES {
-        let json = gp2p(&["probe", "--example", name, "--json"]);
+        let json = gp2p(&["probe", "--example", name, "--json", "-"]);
         assert_eq!(json.status.code(), Some(0), "{name}: {}", text(&json.stderr));
         let saved = dir.join(format!("{name}.json"));
         std::fs::write(&saved, &json.stdout).unwrap();
@@ -64,7 +64,7 @@ fn an_example_round_trips_through_json_and_from() {
         assert_eq!(from.status.code(), Some(0), "{name}: {}", text(&from.stderr));
         let direct = gp2p(&["probe", "--example", name]);
         assert_eq!(text(&from.stdout), text(&direct.stdout), "{name}: --from renders what --example does");
-        let again = gp2p(&["probe", "--json", "--from", saved.to_str().unwrap()]);
+        let again = gp2p(&["probe", "--json", "-", "--from", saved.to_str().unwrap()]);
         assert_eq!(text(&again.stdout), text(&json.stdout), "{name}: the JSON is stable");
         let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
         assert!(doc["facts"]["example"].is_string() && doc["topology"]["pairs"].is_array(), "{name}");

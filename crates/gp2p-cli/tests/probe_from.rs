@@ -72,7 +72,7 @@ fn json_from_a_fixture_loads_again_and_renders_the_same() {
         if REFUSED.iter().any(|(refused, _)| *refused == name) {
             continue;
         }
-        let json = gp2p(&["probe", "--json", "--from"], &file);
+        let json = gp2p(&["probe", "--json", "-", "--from"], &file);
         assert_eq!(json.status.code(), Some(0), "{name}: {}", text(&json.stderr));
         let again = dir.join(&name);
         std::fs::write(&again, &json.stdout).unwrap();

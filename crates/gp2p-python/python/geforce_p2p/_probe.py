@@ -14,7 +14,7 @@ class ProbeReport:
     what the driver patch would do) and ``host``, all plain dicts, and ``links``, the
     measured link rates (``probe(measure=True)``; else None); ``print(report)`` shows the
     tables ``gp2p probe`` prints (with ``--measure``'s), ``to_json()`` the JSON
-    ``gp2p probe --json`` saves."""
+    ``gp2p probe --json FILE`` saves."""
 
     def __init__(self, data: Dict[str, Any], text: str, links: Optional[Dict[str, Any]] = None,
                  links_text: str = "") -> None:
