@@ -2,8 +2,8 @@
 //! the `geforce_p2p` package, which users load with
 //! `get_kernel("<org>/geforce-p2p", version=1, trust_remote_code=True)`.
 //!
-//! Without `--wheel` it builds the release wheel first, as the README's "a wheel for another
-//! machine" does (maturin with zig, manylinux_2_28, in a virtual environment under
+//! Without `--wheel` it builds the release wheel first, as docs/python.md describes (maturin
+//! with zig, manylinux_2_28, in a virtual environment under
 //! `target/hub-build`, the NCCL door beside the extension: `crate::door`); the layout itself is `crates/gp2p-python/hub/make_repo.py`'s, whose
 //! module docs say which variants and why.
 
