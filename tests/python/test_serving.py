@@ -1,5 +1,5 @@
 """CPU: the vLLM and sglang plugins (geforce_p2p.serving) against stand-ins built to the
-interfaces read from vLLM 0.33.0 and sglang 0.5.23 (reference/multiprocess-facts.md §6): the
+interfaces read from vLLM 0.33.0's and sglang 0.5.23's sources: the
 entry points the wheel declares, the platform and communicator vLLM resolves, sglang's AROUND
 hook, the switch, the version check, and the start-up line. vLLM's own code drives the
 plugin in tests/serving/check-servers (too large for CI)."""

@@ -15,6 +15,8 @@ mod ptx;
 #[cfg(test)]
 mod tidy;
 #[cfg(test)]
+mod tidy_comments;
+#[cfg(test)]
 mod tidy_docs;
 #[cfg(test)]
 mod tidy_python;

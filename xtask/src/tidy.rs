@@ -1,8 +1,8 @@
 //! Tidy checks kept as ordinary tests, as rust-analyzer keeps its own: no crate of the
 //! workspace has modules that import each other in a circle.
 //!
-//! Inside a crate, layers matter as much as between crates (DESIGN.md: `raw`, the door to the
-//! driver, imports nothing above it). A circle of modules means none of them can be read, or
+//! Inside a crate, layers matter as much as between crates (`raw`, the door to the driver,
+//! imports nothing above it). A circle of modules means none of them can be read, or
 //! changed, without the others; it comes back one convenient `use` at a time, so a test
 //! catches it the moment it does.
 //!

@@ -82,7 +82,7 @@ mod tests {
         assert_eq!(e.source().map(ToString::to_string), short.source().map(ToString::to_string));
     }
 
-    /// Each crate raises its own variants (DESIGN.md, "Errors and bad input"): outside tests,
+    /// Each crate raises its own variants: outside tests,
     /// no crate above gp2p-cuda builds a lower crate's error variant, so a refusal arrives
     /// from the layer that made it, not as `Cuda(..)` from one layer and `Pinned(Cuda(..))`
     /// from another.

@@ -1,4 +1,4 @@
-//! Benchmark results: rows and the JSON document DESIGN.md describes.
+//! Benchmark results: rows and the JSON document `gp2p bench --json FILE` writes.
 
 use std::collections::BTreeMap;
 use std::path::Path;

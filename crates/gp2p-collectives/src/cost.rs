@@ -2,7 +2,7 @@
 //! each algorithm moves and the rates measured on the machine (issue #33, item 4).
 //!
 //! Without P2P every byte goes card → pinned host memory → card, so an all-reduce of S
-//! bytes per rank costs, per card and for the whole host (reference/many-cards-facts.md §4):
+//! bytes per rank costs, per card and for the whole host:
 //!
 //! | [`Algorithm`] | each card sends (up) | each card receives (down) | host memory bytes | phases |
 //! | --- | --- | --- | --- | --- |
@@ -84,31 +84,34 @@ const SECONDS_PER_US: f64 = 1e-6;
 /// two-shot at two ranks).
 const TIE_FRACTION: f64 = 1e-9;
 
-/// Host to device, GB/s: one H200 (PCIe 5.0 x16), pinned DMA alone (DESIGN.md, "Data paths
-/// and their ceilings").
+/// Host to device, GB/s: one H200 (PCIe 5.0 x16), pinned DMA alone
+/// (benches/results/h200/probe-measure.txt: 55.4).
 pub const H200_H2D_GBPS: f64 = 55.4;
-/// Device to host, GB/s: one H200, pinned DMA alone (DESIGN.md).
+/// Device to host, GB/s: one H200, pinned DMA alone (benches/results/h200-x2/probe-measure.txt:
+/// 55.3 on both cards; 55.4 on the one-H200 machine).
 pub const H200_D2H_GBPS: f64 = 55.3;
-/// Each way with both directions at once, GB/s: one H200, the lower end of the measured
-/// 49.6–50.0 (DESIGN.md).
+/// Each way with both directions at once, GB/s: one H200, the lower end of what it measured
+/// (48.9-50.1 in benches/results/h200/probe-measure.txt and benches/results/h200-x2/probe-measure.txt).
 pub const H200_DUPLEX_GBPS: f64 = 49.6;
 /// What all cards together move through host memory, GB/s, up plus down: the two-H200
 /// machine ran four DMAs at once (both cards, both ways) at 47.5 GB/s each with a
-/// cache-sized staging footprint (4 MiB per stream), 4 × 47.5 = 190 (DESIGN.md). Measured
-/// with two cards; more cards are assumed to get no more.
+/// cache-sized staging footprint (4 MiB per stream), 4 × 47.5 = 190 (a run whose output was
+/// not kept; `gp2p probe --measure` on two cards measures it). Measured with two cards; more
+/// cards are assumed to get no more.
 pub const H200_HOST_GBPS: f64 = 190.0;
 /// Host memory, GB/s, reads plus writes: the same four DMAs fell to 34–36 GB/s each once
-/// the footprint outgrew the cache (16 MiB or more per stream), about 140 in all
-/// (DESIGN.md).
+/// the footprint outgrew the cache (16 MiB or more per stream), about 140 in all (the same
+/// run).
 pub const H200_DRAM_GBPS: f64 = 140.0;
 /// One handoff, µs: a 4 KiB D2H followed by a 4 KiB H2D on one stream, 11.4 µs on the
-/// one-H200 machine (DESIGN.md; 20.1 on the two-H200 one). It is a round trip through host
-/// memory with two driver calls' latency in it; a flag set and awaited on the GPU costs
-/// less (many-cards-facts.md §4: 4–6.5 µs), so this prices phases high, which favours the
+/// one-H200 machine (benches/results/h200/copy-latency-and-host.txt; 20.1 on the two-H200
+/// one). It is a round trip through host memory with two driver calls' latency in it; a flag
+/// set and awaited on the GPU costs less (4–6.5 µs, as published for custom all-reduce
+/// kernels), so this prices phases high, which favours the
 /// algorithms with fewer of them only where they would win anyway at small sizes.
 pub const H200_HANDOFF_US: f64 = 11.4;
 
-/// An all-reduce algorithm over host memory (many-cards-facts.md §4).
+/// An all-reduce algorithm over host memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Reduce-scatter then all-gather around the ring: the fewest link bytes for large N
@@ -626,7 +629,7 @@ mod tests {
     }
 
     /// (b) Four Gen4 cards behind one PCIe switch with one x16 Gen4 uplink to the host
-    /// (the dual-Xeon box of many-cards-facts §1; NCCL models 24 GB/s a direction inside a
+    /// (a published dual-Xeon box; NCCL models 24 GB/s a direction inside a
     /// switch). Without P2P every byte crosses the uplink both ways: all four together move
     /// at most 2 × 24 = 48 GB/s, up plus down. Per card as (a): H2D 25, D2H 26.5, duplex
     /// 13.5. DRAM: the switch's socket, 8 channels DDR4-2933 = 188 GB/s on paper, assumed
@@ -706,7 +709,7 @@ mod tests {
 
     /// (c) Two Gen5 cards (RTX 5090, x16 each) on a desktop with dual-channel DDR5.
     ///
-    /// Per card (8× RTX 5090 on a Xeon 8458P, many-cards-facts §3): H2D 56.3, D2H 57.3,
+    /// Per card (figures published for 8× RTX 5090 on a Xeon 8458P): H2D 56.3, D2H 57.3,
     /// duplex 50.9. Host: assumed 200 (the CPU's PCIe lanes are not what binds here).
     /// DRAM: two channels of DDR5-5600 = 89.6 GB/s on paper, assumed 70. Handoff 12.8 µs
     /// (2× 5090 through the host, nccl-tests issue 287).

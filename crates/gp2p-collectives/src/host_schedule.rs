@@ -1,6 +1,6 @@
 //! Schedules for N ranks with host memory in the middle, as plain data: one-shot and
 //! two-shot all-reduce, and the reduce-scatter, all-gather and broadcast they are made of
-//! (reference/many-cards-facts.md §4).
+//! (the one-shot and two-shot of custom all-reduce kernels over P2P, with host memory between).
 //!
 //! Without P2P every byte goes from a card to pinned host memory and from there to a card.
 //! The ring ([`crate::schedule`]) makes 2(N−1) dependent trips; these make one or two:

@@ -6,7 +6,7 @@
 //! [`Schedule::to_rounds`](crate::schedule::Schedule::to_rounds) gives the in-process engine's
 //! ring schedules in the same form (the engine itself still runs the ring's transfers).
 //!
-//! The collectives (reference/many-cards-facts.md §4, two-shot with host memory between). A
+//! The collectives (two-shot with host memory between). A
 //! leg has one reader, or every rank but its writer: the chunk the writer copies out once is
 //! read by all of them, so nothing goes up twice.
 //!
