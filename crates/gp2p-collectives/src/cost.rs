@@ -11,7 +11,7 @@
 //! | two-shot | S | 2(N−1)/N·S | (3N−2)·S | 2 |
 //!
 //! A *phase* is one dependent trip through host memory: a rank waits for what another
-//! wrote there in the phase before (what [`crate::host_schedule`] counts as the phases after
+//! wrote there in the phase before (what the tests' `host_schedule` counts as the phases after
 //! the first). Host memory bytes count every write into it and every read out of it. One
 //! rank, or no bytes, moves nothing ([`traffic`]).
 //!

@@ -12,10 +12,6 @@
 //!   ([`schedule::Schedule::to_rounds`]), which is how the model prices them.
 //! - [`pipeline`]: which one an in-process collective runs, the ring's transfers or the
 //!   legs, by the cost model (from three ranks the legs).
-//! - [`host_schedule`]: for N ranks, one-shot and two-shot all-reduce (and the
-//!   reduce-scatter, all-gather and broadcast they are made of) as moves through each rank's
-//!   host area, phase by phase; proven on host buffers, and what the cost model's counts are
-//!   checked against (no executor runs them).
 //! - [`cost`]: the cost model that picks ring, one-shot or two-shot per size from the
 //!   machine's rates (`GP2P_ALGORITHM` forces one). `gp2p plan` prints it, and the
 //!   one-process-per-GPU communicator (`gp2p-comm`) takes its choice between its one-shot and
@@ -96,7 +92,10 @@ pub mod cost;
 mod env;
 mod error;
 mod exec;
-pub mod host_schedule;
+/// One-shot and two-shot as moves through each rank's host area, phase by phase: no executor
+/// runs them; they are the oracle the cost model's byte and phase counts are tested against.
+#[cfg(test)]
+mod host_schedule;
 pub mod hosts;
 pub mod legs;
 pub mod pipeline;
