@@ -94,9 +94,9 @@ def main():
                 if repeat:
                     times.append(slowest.item())
             line.append("%s %.1f" % (way, statistics.median(times)))
-        _native.trace_start()
+        _native.bench.trace_start()
         call()
-        trace = _native.trace_finish()
+        trace = _native.bench.trace_finish()
         torch.cuda.synchronize()
         if rank == 0:
             print("%s %d B, us a call: %s" % (name, args.bytes, ", ".join(line)), flush=True)

@@ -1,9 +1,9 @@
 """What the pieces of a Python copy_ call cost on the host, none of which enqueues GPU work:
 each torch tensor attribute or method the native fast path reads a subclass with, torch's
 DLPack export that it reads a plain tensor with, torch's current-stream getter, the fast
-path's reading of two tensors (``_native.read_torch_pair``, and the same attribute by
+path's reading of two tensors (``_native.bench.read_torch_pair``, and the same attribute by
 attribute), and the native
-call around the copy (``_native.copy_call_only``: its arguments converted, the GIL released
+call around the copy (``_native.bench.copy_call_only``: its arguments converted, the GIL released
 and taken back, nothing enqueued), with and without the release.
 
 Two ways. "tight": each piece called in batches of --calls through a lambda, the empty
@@ -69,17 +69,17 @@ def main():
         "t.stride()": lambda: a.stride(),
         "_cuda_getCurrentRawStream(0)": lambda: raw_stream(0),
         "torch.cuda.current_stream(0)": lambda: torch.cuda.current_stream(0),
-        "_native.read_torch_pair, parts given": lambda: _native.read_torch_pair(b, a, fast),
-        "_native.read_torch_pair, parts kept": lambda: _native.read_torch_pair(b, a),
-        "read_torch_pair, by attributes": lambda: _native.read_torch_pair(b, a, None, True),
+        "_native.bench.read_torch_pair, parts given": lambda: _native.bench.read_torch_pair(b, a, fast),
+        "_native.bench.read_torch_pair, parts kept": lambda: _native.bench.read_torch_pair(b, a),
+        "read_torch_pair, by attributes": lambda: _native.bench.read_torch_pair(b, a, None, True),
         "torch._C._to_dlpack(t)": lambda: to_dlpack(a),
         "describe x2": lambda: (describe(b, "dst"), describe(a, "src")),
         "_native.dtypes()": _native.dtypes,
         "python function, 8 arguments": lambda: python_function(s.dtype, s.numel, s.memory, d.memory, "staged",
                                                                 None, None, True),
-        "copy_call_only, GIL kept": lambda: _native.copy_call_only(
+        "copy_call_only, GIL kept": lambda: _native.bench.copy_call_only(
             s.dtype, s.numel, s.memory, d.memory, "staged", None, None, False),
-        "copy_call_only, GIL released": lambda: _native.copy_call_only(
+        "copy_call_only, GIL released": lambda: _native.bench.copy_call_only(
             s.dtype, s.numel, s.memory, d.memory, "staged", None, None, True),
     }
     rows = {"tight": tight(pieces, args.calls, args.batches)}

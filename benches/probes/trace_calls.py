@@ -1,6 +1,6 @@
 """Where a Python call's host time goes, driver call by driver call.
 
-Traces (``_native.trace_start`` / ``trace_finish``, the library's per-thread driver-call trace)
+Traces (``_native.bench.trace_start`` / ``trace_finish``, the library's per-thread driver-call trace)
 each of ``--calls`` calls and prints, for every mark of the call (each driver call as it
 returns, then ``finish`` when control is back in Python), the median microseconds since the
 previous mark: the driver call itself plus the code before it (for the first mark, the Python
@@ -40,9 +40,9 @@ def traced(call, calls, way):
             time.sleep(0.002)
         elif i % 20 == 0:
             torch.cuda.synchronize()
-        _native.trace_start()
+        _native.bench.trace_start()
         call()
-        traces.append(_native.trace_finish())
+        traces.append(_native.bench.trace_finish())
     torch.cuda.synchronize()
     shapes = {tuple(name for name, _ in t) for t in traces}
     if len(shapes) != 1:

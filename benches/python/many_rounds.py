@@ -122,9 +122,9 @@ def main():
                 row[mode + "_us"] = statistics.median(times)
                 row[mode + "_host_us"] = statistics.median(host)
                 if mode == "eager":
-                    _native.trace_start()
+                    _native.bench.trace_start()
                     call()
-                    row["eager_driver_calls"] = len(_native.trace_finish()) - 1  # less its "finish" mark
+                    row["eager_driver_calls"] = len(_native.bench.trace_finish()) - 1  # less its "finish" mark
                     torch.cuda.synchronize()
                 del graph
             rows.append(row)

@@ -1,6 +1,6 @@
 """Where the Python layer's time per call goes, for a 4-byte staged copy and a 2-rank all_reduce:
 the whole call, reading the tensors (``describe``), the native call alone with its arguments
-made beforehand, and the Rust call alone (``_native.RustCalls``: the library call ``gp2p
+made beforehand, and the Rust call alone (``_native.bench.RustCalls``: the library call ``gp2p
 bench`` times, on buffers and streams made in Rust, timed in Rust). The copy has more parts,
 which split the whole call's difference from the Rust call: the native fast path's
 reading of the two tensors alone (``fast read x2``), the native call's own path without the
@@ -102,7 +102,7 @@ def main():
     # The Rust calls on streams of the same kind: the legacy default stream, or new
     # non-blocking streams (torch's pool streams are non-blocking).
     bench_stream = "legacy" if args.streams == "legacy" else "own"
-    rust = _native.RustCalls([src, dst], legacy=args.streams == "legacy")
+    rust = _native.bench.RustCalls([src, dst], legacy=args.streams == "legacy")
     if args.streams == "side":
         for d in range(n):
             torch.cuda.set_stream(torch.cuda.Stream(device=d))
@@ -113,10 +113,10 @@ def main():
     ops = {"copy_": {
         "whole call": lambda: gp.copy_(b, a, route="staged"),
         "describe x2": lambda: (describe(b, "dst"), describe(a, "src")),
-        "fast read x2": lambda: _native.read_torch_pair(b, a),
+        "fast read x2": lambda: _native.bench.read_torch_pair(b, a),
         "native only": lambda: _native.copy(s.dtype, s.numel, s.memory, d.memory, "staged", None, None),
-        "native timed in rust": lambda: _native.copy_timed(s.dtype, s.numel, s.memory, d.memory, "staged"),
-        "native call, no copy": lambda: _native.copy_call_only(s.dtype, s.numel, s.memory, d.memory, "staged",
+        "native timed in rust": lambda: _native.bench.copy_timed(s.dtype, s.numel, s.memory, d.memory, "staged"),
+        "native call, no copy": lambda: _native.bench.copy_call_only(s.dtype, s.numel, s.memory, d.memory, "staged",
                                                                None, None, True),
         "empty lambda": lambda: None,
         "rust borrowed": (rust.copy_borrowed, rust.first_stream()),

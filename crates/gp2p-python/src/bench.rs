@@ -16,7 +16,7 @@ use crate::ffi::{copy_checked, copy_named};
 
 /// One f32 per device with a stream each, and the copy and all-reduce `gp2p bench` times on
 /// them: `copy` a staged copy from the first device to the second, `all_reduce` a sum over all.
-#[pyclass(module = "geforce_p2p._native")]
+#[pyclass(module = "geforce_p2p._native.bench")]
 pub(crate) struct RustCalls {
     streams: Vec<Stream>,
     buffers: Vec<DeviceBuffer<f32>>,

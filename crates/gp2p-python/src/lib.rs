@@ -158,12 +158,15 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(package_name, m)?)?;
     m.add_function(wrap_pyfunction!(host_id, m)?)?;
     m.add_class::<ffi::Gate>()?;
-    m.add_class::<bench::RustCalls>()?;
-    m.add_function(wrap_pyfunction!(bench::read_torch_pair, m)?)?;
-    m.add_function(wrap_pyfunction!(bench::copy_call_only, m)?)?;
-    m.add_function(wrap_pyfunction!(bench::copy_timed, m)?)?;
-    m.add_function(wrap_pyfunction!(bench::trace_start, m)?)?;
-    m.add_function(wrap_pyfunction!(bench::trace_finish, m)?)?;
+    // The benches' aids live apart, in `_native.bench`, never in the package's own names.
+    let aids = PyModule::new(m.py(), "bench")?;
+    aids.add_class::<bench::RustCalls>()?;
+    aids.add_function(wrap_pyfunction!(bench::read_torch_pair, &aids)?)?;
+    aids.add_function(wrap_pyfunction!(bench::copy_call_only, &aids)?)?;
+    aids.add_function(wrap_pyfunction!(bench::copy_timed, &aids)?)?;
+    aids.add_function(wrap_pyfunction!(bench::trace_start, &aids)?)?;
+    aids.add_function(wrap_pyfunction!(bench::trace_finish, &aids)?)?;
+    m.add_submodule(&aids)?;
     m.add_function(wrap_pyfunction!(dlpack::read_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
