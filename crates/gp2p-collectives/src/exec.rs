@@ -26,6 +26,12 @@ use crate::schedule::step_divisor;
 use crate::schedule::{Action, Schedule};
 use crate::{Error, Receive, Result, spans_devices};
 
+mod rounds;
+mod transfers;
+
+use rounds::{check_runnable, run_legs};
+use transfers::{plan_waits, run_transfers};
+
 /// Two-rank all-reduces of up to this many bytes, between two devices, go through the line
 /// exchange ([`LineExchange`]) by default: none, for now. It is experimental and opt-in
 /// ([`Engine::with_line_exchange_max`]). Measured on two H200s (f32 sum, medians): 15-23 us
@@ -434,199 +440,9 @@ impl Engine {
     }
 }
 
-/// What one transfer waits for, besides its ring's slot, as indices of earlier transfers of
-/// the schedule.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Waits {
-    /// The sender's send stream waits for this transfer's fold into the sender (a chunk is
-    /// forwarded only once it has arrived).
-    send_after_fold: Option<usize>,
-    /// The receiver's receive stream waits for this transfer's send from the receiver (a
-    /// range is overwritten only once it has been sent).
-    receive_after_send: Option<usize>,
-}
-
-/// Which earlier transfer each transfer of `schedule` waits for, in the order the executor
-/// enqueues (a group's sends, then its receives). Pure: worked out once per call, before
-/// anything is enqueued. The waits name the stream points the staging rings take anyway
-/// (*landed* after a send, the fold's point after a receive), so no event is recorded for
-/// them.
-fn plan_waits(schedule: &Schedule) -> Vec<Waits> {
-    let n = schedule.ranks;
-    // Per rank, by range start: the transfer that last received into / sent from it.
-    let mut last_received: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-    let mut last_sent: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-    let mut waits = vec![Waits::default(); schedule.transfers.len()];
-    let mut first = 0;
-    for group in schedule.groups() {
-        let indices = first..first + group.len();
-        first = indices.end;
-        for (i, t) in indices.clone().zip(group) {
-            waits[i].send_after_fold = last_received[t.from].get(&t.range.start).copied();
-            last_sent[t.from].insert(t.range.start, i);
-        }
-        for (i, t) in indices.zip(group) {
-            waits[i].receive_after_send = last_sent[t.to].get(&t.range.start).copied();
-            last_received[t.to].insert(t.range.start, i);
-        }
-    }
-    waits
-}
-
-/// Enqueue every transfer of `schedule` on the forked streams, through each sender's
-/// ring edge, with the waits `waits` lays out.
-#[allow(clippy::too_many_arguments)]
-fn run_transfers<T: Element>(
-    ranks: &mut [Rank<'_, T>],
-    schedule: &Schedule,
-    waits: &[Waits],
-    op: ReduceOp,
-    forks: &[StreamFork],
-    rings: &mut [&mut StagingRing],
-    scratch: &mut [Option<DeviceBuffer<T>>],
-) -> Result<()> {
-    let n = ranks.len();
-    let count = schedule.transfers.len();
-    let (mut landed, mut folded): (Vec<Option<StreamPoint>>, Vec<Option<StreamPoint>>) =
-        (vec![None; count], vec![None; count]);
-    let earlier = |points: &[Option<StreamPoint>], j: usize| -> Result<StreamPoint> {
-        points[j].clone().ok_or(Error::ScheduleOrder { transfer: j })
-    };
-    let mut first = 0;
-    for group in schedule.groups() {
-        let indices = first..first + group.len();
-        first = indices.end;
-        // Every send of a group before any receive: a rank's receive may overwrite the range
-        // its own send of the group reads.
-        let mut sent = Vec::with_capacity(group.len());
-        for (i, t) in indices.clone().zip(group) {
-            let send = &forks[t.from].streams()[SEND];
-            if let Some(j) = waits[i].send_after_fold {
-                send.wait_point(&earlier(&folded, j)?)?;
-            }
-            let whole = ranks[t.from].buffer.as_view();
-            let chunk = rings[t.from].send(send, &whole.slice(t.range.clone()))?;
-            landed[i] = Some(chunk.landed().clone());
-            sent.push(chunk);
-        }
-        for ((i, t), chunk) in indices.zip(group).zip(sent) {
-            let recv = &forks[t.to].streams()[RECV];
-            if let Some(j) = waits[i].receive_after_send {
-                recv.wait_point(&earlier(&landed, j)?)?;
-            }
-            let mut dst = ranks[t.to].buffer.slice_mut(t.range.clone());
-            let fold = match t.action {
-                Action::Copy => Fold::Copy,
-                Action::Reduce { last } => {
-                    let divide_by = step_divisor(op, last, n);
-                    match &mut scratch[t.to] {
-                        None => Fold::ZeroCopy { op, divide_by },
-                        Some(buf) => Fold::Scratch { scratch: buf.view_mut(..), op, divide_by },
-                    }
-                }
-            };
-            folded[i] = Some(rings[t.from].receive(chunk, recv, &mut dst, fold)?);
-        }
-    }
-    Ok(())
-}
-
-/// Refuses legs [`run_legs`] cannot run: one outside the ranks' buffers ([`Buf::Part`]: the
-/// engine runs every collective in place), or a writer with two legs in one round (the steps
-/// take one; [`crate::schedule::Schedule::to_rounds`] makes such legs, for pricing).
-fn check_runnable(rounds: &Rounds) -> Result<()> {
-    let mut seen = std::collections::HashSet::new();
-    for (i, leg) in rounds.legs.iter().enumerate() {
-        let reason = if leg.src.0 != Buf::Main || leg.dst.0 != Buf::Main {
-            "reads or writes Buf::Part; the in-process engine runs every collective in place"
-        } else if !seen.insert((leg.round, leg.writer)) {
-            "is its writer's second leg of its round; the steps take one a writer and round"
-        } else {
-            continue;
-        };
-        return Err(Error::UnrunnableLegs { leg: i, reason });
-    }
-    Ok(())
-}
-
-/// Enqueue every rank's steps of `rounds`, merged by key, on the forked streams: a copy out
-/// fills the writer's fan-out (waiting there for the slot's readers), a landing lands from it
-/// (waiting there for the fill), and a rank's records and waits of its own sends and
-/// landings are stream points. The flag steps are what those points already do.
-#[allow(clippy::too_many_arguments)]
-fn run_legs<T: Element>(
-    ranks: &mut [Rank<'_, T>],
-    rounds: &Rounds,
-    slot_bytes: usize,
-    slots: usize,
-    op: ReduceOp,
-    forks: &[StreamFork],
-    fanouts: &mut [&mut FanOut],
-    scratch: &mut [Option<DeviceBuffer<T>>],
-) -> Result<()> {
-    let n = ranks.len();
-    let size = size_of::<T>();
-    let mut merged: Vec<_> = (0..n)
-        .flat_map(|r| {
-            keyed_steps(rounds, r, slot_bytes, slots).into_iter().enumerate().map(move |(i, s)| (s.0, r, i, s.1, s.2))
-        })
-        .collect();
-    merged.sort_unstable_by_key(|&(key, r, i, _, _)| (key, r, i));
-    // Per rank: the point after its last copy out and landing, and the ones its records took.
-    let mut last: Vec<(Option<StreamPoint>, Option<StreamPoint>)> = vec![(None, None); n];
-    let mut recorded = last.clone();
-    let elements = |at: usize, range: std::ops::Range<usize>| (at + range.start) / size..(at + range.end) / size;
-    for (_, r, _, lane, step) in merged {
-        let stream = &forks[r].streams()[if lane == Lane::Send { SEND } else { RECV }];
-        match step {
-            LegStep::CopyOut { leg, chunk, slot } => {
-                let leg = &rounds.legs[leg];
-                let range = elements(leg.src.1, chunk_range(leg, chunk, slot_bytes));
-                let whole = ranks[r].buffer.as_view();
-                last[r].0 = Some(fanouts[r].fill(slot, stream, &whole.slice(range))?);
-            }
-            LegStep::Land { leg, chunk, slot } => {
-                let leg = &rounds.legs[leg];
-                let range = elements(leg.dst.1, chunk_range(leg, chunk, slot_bytes));
-                let mut dst = ranks[r].buffer.slice_mut(range);
-                let fold = match leg.landing {
-                    LegLanding::Copy => Fold::Copy,
-                    LegLanding::Fold { last } => {
-                        let divide_by = step_divisor(op, last, n);
-                        match &mut scratch[r] {
-                            None => Fold::ZeroCopy { op, divide_by },
-                            Some(buf) => Fold::Scratch { scratch: buf.view_mut(..), op, divide_by },
-                        }
-                    }
-                };
-                last[r].1 = Some(fanouts[leg.writer].land(slot, r, stream, &mut dst, fold)?);
-            }
-            LegStep::RecordSent => recorded[r].0.clone_from(&last[r].0),
-            LegStep::RecordLanded => recorded[r].1.clone_from(&last[r].1),
-            LegStep::AfterSent => {
-                if let Some(point) = &recorded[r].0 {
-                    stream.wait_point(point)?;
-                }
-            }
-            LegStep::AfterLanded => {
-                if let Some(point) = &recorded[r].1 {
-                    stream.wait_point(point)?;
-                }
-            }
-            // The fan-out's points are the flags: a fill waits for the slot's readers, a
-            // landing for the fill.
-            LegStep::WaitSlotFree { .. } | LegStep::SetFlag { .. } | LegStep::WaitFlag { .. } => {}
-        }
-    }
-    Ok(())
-}
-
 /// Cached buffers, by use and element type.
 type BufferCache = HashMap<(&'static str, TypeId), Box<dyn Any + Send>>;
 
-/// A cached typed buffer of at least `len` elements, or a new one, made safe to overwrite on
-/// `user`: it waits for the buffer's recorded uses. A cached one that is too small is
-/// dropped (the lifetime rule frees it once its work is done).
 /// A scratch buffer of `chunk` elements for each rank whose receive path is
 /// [`Receive::Scratch`] (from its cache, ordered after its last uses on the rank's receive
 /// stream), `None` for the others.
@@ -673,6 +489,9 @@ fn run_forked<'a, T: Element>(
     Ok(joined?)
 }
 
+/// A cached typed buffer of at least `len` elements, or a new one, made safe to overwrite on
+/// `user`: it waits for the buffer's recorded uses. A cached one that is too small is
+/// dropped (the lifetime rule frees it once its work is done).
 fn take_buffer<T: Element>(
     cache: &mut BufferCache,
     key: &'static str,
@@ -694,9 +513,10 @@ fn take_buffer<T: Element>(
 mod tests {
     use proptest::prelude::*;
 
+    use super::transfers::Waits;
     use super::{
-        CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, Chunking, Engine, MULTI_DEVICE_MAX_CHUNK_BYTES, SLOTS, Waits,
-        check_runnable, parse_chunk_exchange_max, plan_waits,
+        CACHED_SLOTS, CHUNK_EXCHANGE_MAX_BYTES, Chunking, Engine, MULTI_DEVICE_MAX_CHUNK_BYTES, SLOTS, check_runnable,
+        parse_chunk_exchange_max, plan_waits,
     };
     use crate::Error;
     use crate::legs::Rounds;
