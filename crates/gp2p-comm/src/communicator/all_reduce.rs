@@ -1,0 +1,209 @@
+//! The communicator's all-reduce: the one-kernel paths (lines, flagged chunks) for small
+//! buffers, the two-rank pipeline above them, and among more than two the cost model's
+//! choice of the line kernel or the two-shot rounds.
+#![allow(unsafe_code)]
+
+use super::*;
+
+impl Communicator {
+    /// In place on every rank: `buf = op(every rank's buf)`, ordered after the work queued
+    /// on `stream` so far; later work there sees the result. For avg the sum is divided by
+    /// the world size.
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        buf: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_call(stream, &[("buf", buf.device())])?;
+        let (ptr, len) = (buf.raw_ptr(), buf.len());
+        self.all_reduce_checked::<T>(InOut::in_place(ptr), len, stream, op, |point| buf.note_use(point))
+    }
+
+    /// Out of place: `output = op(every rank's input)`, `input` left as it was (what a
+    /// server's custom all-reduce returns: a new tensor). Pairs with any rank's all-reduce of
+    /// the same length, in place or not. Up to [`Communicator::small_max_bytes`] the one kernel
+    /// reads `input` and writes `output`, so the call costs what the in-place one does;
+    /// above, `input` is copied into `output` on `stream` first. `output` must have `input`'s
+    /// length and lie apart from it.
+    pub fn all_reduce_into<T: Element>(
+        &mut self,
+        input: &DeviceView<'_, T>,
+        output: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
+        if output.len() != input.len() {
+            return Err(Error::OutputLength { output: output.len(), input: input.len() });
+        }
+        if !input.is_empty() {
+            check_apart(input.byte_range(), output.byte_range())?;
+        }
+        let buf = InOut { src: input.raw_ptr(), dst: output.raw_ptr() };
+        self.all_reduce_checked::<T>(buf, input.len(), stream, op, |point| {
+            input.note_use(point);
+            output.note_use(point);
+        })
+    }
+
+    /// [`Communicator::all_reduce`] and [`Communicator::all_reduce_into`] once their buffers
+    /// are checked: `len` elements at `buf.src` and `buf.dst`, on this device, the same or
+    /// apart; `note` takes the point after the call.
+    fn all_reduce_checked<T: Element>(
+        &mut self,
+        buf: InOut,
+        len: usize,
+        stream: &Stream,
+        op: ReduceOp,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        let bytes = len * T::DTYPE.size_bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        // The staged paths fold into the output: it starts as this rank's input.
+        let local = (buf.src != buf.dst).then_some((buf.dst, buf.src, bytes));
+        let divide_by = self.divisor(op);
+        if self.world() != 2 {
+            return self.all_reduce_many::<T>(buf, len, stream, op, note);
+        }
+        if bytes > self.small_max_bytes() {
+            let receive = Some((buf.dst, Landing::Fold { op, divide_by }));
+            let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(buf.src), receive, local };
+            return self.enqueue(stream, transfer, note);
+        }
+        let (timeout_ns, chunk_blocks, lines_max) = (self.timeout_ns(), self.chunk_blocks, self.layout.lines_max);
+        let (lines, areas) = (self.exchange_lines(), self.chunk_areas());
+        self.call(
+            stream,
+            // SAFETY: `buf` is `len` elements on this device, its two addresses the same or
+            // apart (checked by the caller); both ranks' areas (two halves each) lie in the
+            // registered staging area, 256-aligned, laid out by Layout::new for
+            // `small_max_bytes`, which `len` does not exceed (checked above): the lines for up
+            // to the layout's lines_max, then the chunks. Only this rank's kernels write its
+            // own area (the peer writes its own); `failed` is this rank's aligned u32 of it,
+            // `broken` the communicator's; the counter is this communicator's own two device
+            // words, touched only by its small-path kernels, which run in order (each call
+            // waits for the last, or a captured graph's launches are ordered by the caller:
+            // allow_graph_capture's contract), and both kernels number calls alike (the line
+            // kernel leaves the ticket at 0). The registration and counter outlive the
+            // kernel: `call` notes its point on them, or, captured, they stay for the
+            // process's life. The peer enqueues the same call (it takes the same kernel: the
+            // size decides). The launch cache is this rank's, and its launches are these
+            // calls, each after the last.
+            |comm| unsafe {
+                let launches = Some(&mut comm.launches);
+                if bytes <= lines_max {
+                    Ok(exchange(stream, buf, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns, launches)?)
+                } else {
+                    // Between processes a peer that never arrives may have died: the same bound either
+                    // way, so every rank hears of it within the peer timeout.
+                    let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
+                    let blocks = chunk_grid(bytes, chunk_blocks);
+                    let device = stream.device();
+                    match plan_exchange_chunks(device, buf, len, T::DTYPE, op, areas, divide_by, waits, blocks)? {
+                        Some(kernel) => Ok(kernel.enqueue(stream, launches)?),
+                        None => Ok(()),
+                    }
+                }
+            },
+            note,
+        )
+    }
+
+    /// [`Communicator::all_reduce_checked`] among more (or fewer) than two ranks: every
+    /// rank's lines read by every other (one kernel), or the two-shot rounds, as the cost
+    /// model or the forced algorithm picks (see the `choice` module).
+    fn all_reduce_many<T: Element>(
+        &mut self,
+        buf: InOut,
+        len: usize,
+        stream: &Stream,
+        op: ReduceOp,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        let (bytes, divide_by) = (len * T::DTYPE.size_bytes(), self.divisor(op));
+        let local = (buf.src != buf.dst).then_some((buf.dst, buf.src, bytes));
+        if self.world() == 1 {
+            // Its own input is the result (avg divides by 1): copied where it goes elsewhere.
+            let transfer = ManyTransfer {
+                rounds: Rounds { world: 1, legs: Vec::new() },
+                dtype: T::DTYPE,
+                main: buf.dst,
+                part: 0,
+                op,
+                divide_by,
+                local,
+            };
+            return match local {
+                Some(_) => self.enqueue_many(stream, transfer, note),
+                None => Ok(()),
+            };
+        }
+        if self.many.path(bytes) == ManyPath::Rounds {
+            let rounds = Rounds::all_reduce(self.world(), bytes);
+            let transfer = ManyTransfer { rounds, dtype: T::DTYPE, main: buf.dst, part: 0, op, divide_by, local };
+            return self.enqueue_many(stream, transfer, note);
+        }
+        let (timeout_ns, lines) = (self.timeout_ns(), self.many_lines());
+        self.call(
+            stream,
+            // SAFETY: `buf` is `len` elements on this device, its two addresses the same or
+            // apart (checked by the caller); every rank's area (two halves each, `2 * half`
+            // apart) lies in the registered staging area, laid out by Layout::new with lines for
+            // up to lines_max, which `len` does not exceed; only this rank's kernel writes its
+            // own. The failed, broken and counter words and the launch cache are as for the
+            // two-rank kernels (see all_reduce_checked), and outlive the kernel likewise. Every
+            // rank enqueues the same call.
+            |comm| unsafe {
+                let launches = Some(&mut comm.launches);
+                Ok(exchange_many(stream, buf, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?)
+            },
+            note,
+        )
+    }
+
+    /// Every rank's lines for the line kernel among more than two ranks.
+    fn many_lines(&self) -> ManyLines {
+        let at = |offset: usize| self.staging + offset as u64;
+        ManyLines {
+            lines: at(self.layout.area_of(0, 0)),
+            area_stride: 2 * self.layout.half as u64,
+            rank: self.rank(),
+            world: self.world(),
+            failed: at(self.layout.flag(self.rank())),
+            broken: at(self.layout.broken()),
+            counter: self.seq_counter.raw_ptr(),
+            half_stride: self.layout.half as u64,
+        }
+    }
+
+    /// The lines of the smallest all-reduces, numbered from the device counter.
+    fn exchange_lines(&self) -> ExchangeLines {
+        let peer = 1 - self.rank();
+        let at = |offset: usize| self.staging + offset as u64;
+        ExchangeLines {
+            out_lines: at(self.layout.area_of(self.rank(), 0)),
+            in_lines: at(self.layout.area_of(peer, 0)),
+            failed: at(self.layout.flag(self.rank())),
+            broken: at(self.layout.broken()),
+            numbering: Numbering::Counted { counter: self.seq_counter.raw_ptr(), half_stride: self.layout.half as u64 },
+        }
+    }
+
+    /// The flagged chunks of the other small all-reduces, numbered from the device counter.
+    fn chunk_areas(&self) -> ChunkAreas {
+        let peer = 1 - self.rank();
+        let at = |offset: usize| self.staging + offset as u64;
+        ChunkAreas {
+            out_area: at(self.layout.area_of(self.rank(), 0) + self.layout.lines_bytes),
+            in_area: at(self.layout.area_of(peer, 0) + self.layout.lines_bytes),
+            half_stride: self.layout.half as u64,
+            flags_offset: self.layout.flags_offset as u64,
+            counter: self.seq_counter.raw_ptr(),
+            failed: at(self.layout.flag(self.rank())),
+            broken: at(self.layout.broken()),
+        }
+    }
+}
