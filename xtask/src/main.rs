@@ -20,6 +20,8 @@ mod tidy_comments;
 mod tidy_docs;
 #[cfg(test)]
 mod tidy_python;
+#[cfg(test)]
+mod tidy_size;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
