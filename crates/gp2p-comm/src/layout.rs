@@ -105,8 +105,8 @@ pub(crate) struct Layout {
     /// The pipeline's flags, after the ranks' flag lines: a u32 per rank, slot and reader.
     pub(crate) chunk_flags: usize,
     /// The pipeline's slots: `slot_count` per rank of `slot_bytes` each, rank 0's first,
-    /// from offset `slots`.
-    pub(crate) slots: usize,
+    /// from this offset.
+    pub(crate) slots_offset: usize,
     pub(crate) slot_bytes: usize,
     pub(crate) slot_count: usize,
     /// The forced all-reduce among more than two ranks, as ranks compare it
@@ -123,7 +123,7 @@ pub(crate) const BROKEN: usize = 8;
 /// One cache line per rank after the counters' line: its give-up flag (written by its
 /// kernel), then how its registration went ([`REGISTERED_OK`] or [`REGISTRATION_FAILED`]),
 /// then the options that set the layout, which every rank checks against its own.
-pub(crate) const FLAGS: usize = 64;
+pub(crate) const RANK_LINES: usize = 64;
 pub(crate) const STATUS: usize = 4;
 pub(crate) const OPTIONS: usize = 8;
 /// The options' words, after `OPTIONS` in each rank's cache line.
@@ -216,10 +216,10 @@ impl Layout {
         let lines_bytes = exchange_line_bytes(lines_max).next_multiple_of(256);
         let (flags_offset, chunks) = if world != 2 { (0, 0) } else { chunk_area_layout(small_max_bytes) };
         let half = (lines_bytes + chunks).next_multiple_of(256).max(256);
-        let chunk_flags = FLAGS + 64 * world;
+        let chunk_flags = RANK_LINES + 64 * world;
         let areas = (chunk_flags + 4 * slot_count * world * world).next_multiple_of(LINES_ALIGN);
         // Page-aligned slots: the DMA copies in and out of them run at full speed.
-        let slots = (areas + world * 2 * half).next_multiple_of(LINES_ALIGN);
+        let slots_offset = (areas + world * 2 * half).next_multiple_of(LINES_ALIGN);
         Ok(Layout {
             small_max: small_max_bytes,
             lines_max,
@@ -229,7 +229,7 @@ impl Layout {
             areas,
             world,
             chunk_flags,
-            slots,
+            slots_offset,
             slot_bytes,
             slot_count,
             algorithm: crate::choice::option_word(options.algorithm),
@@ -239,12 +239,12 @@ impl Layout {
     /// The staging area's size: whole multiples of the alignment that covers every page size,
     /// so the registered range ends on a page boundary.
     pub(crate) fn staging_bytes(&self) -> usize {
-        (self.slots + self.world * self.slot_count * self.slot_bytes).next_multiple_of(crate::STAGING_ALIGN)
+        (self.slots_offset + self.world * self.slot_count * self.slot_bytes).next_multiple_of(crate::STAGING_ALIGN)
     }
 
     /// Offset of `rank`'s give-up flag (set by its kernels when a wait times out).
     pub(crate) fn flag(&self, rank: usize) -> usize {
-        FLAGS + 64 * rank
+        RANK_LINES + 64 * rank
     }
 
     /// What the layout was made from, as every rank publishes it to be compared: the
@@ -268,7 +268,7 @@ impl Layout {
 
     /// Offset of `rank`'s pipeline slot `slot`.
     pub(crate) fn slot(&self, rank: usize, slot: usize) -> usize {
-        self.slots + (rank * self.slot_count + slot) * self.slot_bytes
+        self.slots_offset + (rank * self.slot_count + slot) * self.slot_bytes
     }
 
     /// Offset of `reader`'s handshake flag of `writer`'s pipeline slot `slot` (1: it holds a
