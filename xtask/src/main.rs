@@ -19,6 +19,8 @@ mod tidy_comments;
 #[cfg(test)]
 mod tidy_docs;
 #[cfg(test)]
+mod tidy_files;
+#[cfg(test)]
 mod tidy_python;
 #[cfg(test)]
 mod tidy_size;

@@ -12,8 +12,6 @@ use std::path::{Path, PathBuf};
 const TOP: &[&str] = &["crates/", "kernels/", "benches/", "tests/", "docs/", "xtask/", ".ci/"];
 /// Source files whose comments are read.
 const SOURCES: &[&str] = &["rs", "py", "cu", "cuh", "sh"];
-/// Folders never read: build output and what is not the project's.
-const SKIP: &[&str] = &["target", ".git", ".carry", ".nccltests", "node_modules", "__pycache__"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -67,26 +65,10 @@ fn crate_of(file: &Path) -> Option<&Path> {
     file.ancestors().skip(1).find(|d| d.join("Cargo.toml").exists())
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if path.is_dir() {
-            if !SKIP.contains(&name.as_str()) {
-                walk(&path, out);
-            }
-        } else {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn comments_cite_only_files_of_the_repository() {
     let root = root();
-    let mut files = Vec::new();
-    walk(&root, &mut files);
+    let files = crate::tidy_files::files_below(&root, &[], &[]);
     let names: std::collections::BTreeSet<String> =
         files.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
     let mut missing = Vec::new();

@@ -11,23 +11,6 @@ use std::path::{Path, PathBuf};
 const MAX_LINES: usize = 600;
 /// Source files.
 const SOURCES: &[&str] = &["rs", "py", "cu", "cuh"];
-/// Folders never read: build output and what is not the project's.
-const SKIP: &[&str] = &["target", ".git", ".carry", ".nccltests", "node_modules", "__pycache__", "tests"];
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if path.is_dir() {
-            if !SKIP.contains(&name.as_str()) {
-                walk(&path, out);
-            }
-        } else if path.extension().is_some_and(|e| SOURCES.contains(&e.to_string_lossy().as_ref())) {
-            out.push(path);
-        }
-    }
-}
 
 /// The files of the modules `file` declares under `#[cfg(test)]` (`mod x;` after the
 /// attribute): `x.rs` and `x/mod.rs` in the folder its children live in.
@@ -57,8 +40,7 @@ fn lines_before_tests(text: &str) -> usize {
 #[test]
 fn no_source_file_is_over_600_lines_tests_aside() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut files = Vec::new();
-    walk(&root, &mut files);
+    let files = crate::tidy_files::files_below(&root, SOURCES, &["tests"]);
     let mut tests = BTreeSet::new();
     for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
         let text = fs::read_to_string(file).unwrap_or_default();
