@@ -1,0 +1,125 @@
+//! Tests of `plan`.
+
+use clap::Parser;
+
+use super::*;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    plan: PlanArgs,
+}
+
+fn args(line: &[&str]) -> PlanArgs {
+    Cli::try_parse_from(std::iter::once("plan").chain(line.iter().copied())).unwrap().plan
+}
+
+#[test]
+fn flags_win_over_measured_rates_and_measured_over_defaults() {
+    let measured = Measured { card: [20.0, 21.0, 12.0], host_gbps: Some(100.0), cards: 4 };
+    let rates = args(&["--ranks", "4", "--d2h", "30", "--handoff-us", "0"]).rates(Some(&measured), None).unwrap();
+    let m = rates.machine;
+    assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps), (20.0, 30.0, 12.0, 100.0));
+    assert_eq!((m.dram_gbps, m.handoff_us), (cost::H200_DRAM_GBPS, 0.0));
+    let (default, flag, measured_here) = (Source::Default, Source::Flag, Source::Measured);
+    assert_eq!(rates.sources, [measured_here, flag, measured_here, measured_here, default, flag]);
+    let one_card = Measured { host_gbps: None, cards: 1, ..measured };
+    let rates = args(&["--ranks", "4"]).rates(Some(&one_card), None).unwrap();
+    assert_eq!((rates.machine.host_gbps, rates.sources[3]), (cost::H200_HOST_GBPS, default));
+    assert_eq!(rates.measured_on.as_deref(), Some("on 1 card"));
+    let rates = args(&["--ranks", "8"]).rates(Some(&Measured { cards: 8, ..measured }), None).unwrap();
+    let text = render(&rates, &[], None);
+    assert!(
+        text.contains("measured here (the slowest of 8 cards; the host with all 8 at once): h2d, d2h, duplex, host"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_ranks_and_rates_are_refused_naming_their_flag() {
+    for (line, names) in [
+        (&["--ranks", "1"][..], "--ranks 1"),
+        (&["--ranks", "0"], "--ranks 0"),
+        (&["--ranks", "8", "--duplex", "0"], "--duplex 0"),
+        (&["--ranks", "8", "--host=-5"], "--host -5"),
+        (&["--ranks", "8", "--dram", "inf"], "--dram inf"),
+        (&["--ranks", "8", "--handoff-us", "NaN"], "--handoff-us NaN"),
+    ] {
+        let Err(CliError::Usage(message)) = args(line).rates(None, None) else { panic!("{line:?} accepted") };
+        assert!(message.starts_with(names), "{line:?}: {message}");
+    }
+    assert!(args(&["--ranks", "8", "--handoff-us", "0"]).rates(None, None).is_ok(), "no handoff cost is a model too");
+    assert!(args(&["--ranks", "8", "--sizes", "8,0"]).sizes().is_err());
+}
+
+#[test]
+fn sizes_come_from_the_list_or_the_sweep() {
+    assert_eq!(args(&["--ranks", "2", "--sizes", "8,1M,1G"]).sizes().unwrap(), [8, 1 << 20, 1 << 30]);
+    let sweep = args(&["--ranks", "2"]).sizes().unwrap();
+    assert_eq!((sweep.len(), sweep[0], sweep[sweep.len() - 1]), (15, 4, 1 << 30), "4 B to 1 GiB by 4");
+    assert!(sweep.contains(&(1 << 20)), "1 MiB is a row");
+    assert_eq!(args(&["--ranks", "2", "-b", "1K", "-e", "4K", "-f", "2"]).sizes().unwrap(), [1024, 2048, 4096]);
+    assert!(Cli::try_parse_from(["plan", "--ranks", "2", "--sizes", "8", "-b", "16"]).is_err(), "one or the other");
+}
+
+#[test]
+fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
+    let rates = args(&["--ranks", "8"]).rates(None, None).unwrap();
+    let sizes = [8, 1 << 30];
+    let plans: Vec<(usize, Plan)> = sizes.iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
+    let text = render(&rates, &plans, None);
+    let (model, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
+    fn rows_of(part: &str) -> Vec<&str> {
+        part.lines().filter(|l| l.starts_with(' ') && l.trim_start().starts_with(char::is_numeric)).collect()
+    }
+    let rows = rows_of(model);
+    assert_eq!(rows.len(), 2, "{text}");
+    // The communicator's: 8 B in lines (16 B moved, one handoff), 1 GiB past their 64 KiB.
+    let theirs = rows_of(communicator);
+    assert_eq!(theirs.len(), 2, "{text}");
+    assert!(theirs[0].ends_with("one-shot (lines)") && theirs[0].contains("11.4"), "{text}");
+    assert!(theirs[1].contains('—') && theirs[1].ends_with("two-shot (rounds)"), "{text}");
+    assert!(communicator.contains("(14 handoffs)"), "{text}");
+    assert!(rows[0].trim_start().starts_with("8 ") && rows[0].contains("one-shot  handoffs"), "{text}");
+    // 1 GiB at N = 8 on the defaults: two-shot, DRAM binds at 22 × 2^30 / 140e9 + 22.8 µs
+    // = 0.16875366 s, busbw 1.75 × 2^30 / that = 11.13 GB/s.
+    assert!(rows[1].contains("two-shot  dram") && rows[1].ends_with("11.13"), "{text}");
+    assert!(text.contains("the model's defaults (measured on H200s): h2d, d2h, duplex, host, dram, handoff-us"));
+    assert!(text.contains("GP2P_ALGORITHM=ring|one-shot|two-shot forces a choice"), "{text}");
+    assert!(text.contains("not measurements"), "{text}");
+    assert!(text.lines().all(|l| l == l.trim_end()), "trailing spaces: {text}");
+    let forced: Vec<(usize, Plan)> =
+        sizes.iter().map(|&b| (b, cost::choose_with(&rates.machine, b, Some(Algorithm::Ring)))).collect();
+    let text = render(&rates, &forced, Some(Algorithm::Ring));
+    assert!(text.contains("ring (forced)") && text.contains("GP2P_ALGORITHM=ring forces every choice"), "{text}");
+    assert!(text.contains("GP2P_ALGORITHM=ring: the communicator refuses it"), "{text}");
+    assert!(text.contains("never one-shot") && !text.contains("ring today"), "{text}");
+}
+
+#[test]
+fn a_world_past_the_communicator_s_gets_no_communicator_table() {
+    let rates = args(&["--ranks", "16"]).rates(None, None).unwrap();
+    let plans: Vec<(usize, Plan)> =
+        [1 << 20].iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
+    let text = render(&rates, &plans, None);
+    assert!(text.contains("a communicator takes at most 8 ranks, so 16 run as groups"), "{text}");
+    assert!(!text.contains("lines µs"), "no table for a world it refuses: {text}");
+}
+
+#[test]
+fn json_holds_the_machine_and_every_prediction() {
+    let rates = args(&["--ranks", "4", "--host", "48"]).rates(None, None).unwrap();
+    let plans = vec![(1 << 20, cost::choose_with(&rates.machine, 1 << 20, None))];
+    let value = serde_json::to_value(json(&rates, &plans, None)).unwrap();
+    assert_eq!(value["ranks"], 4);
+    assert_eq!(value["machine"]["host_gbps"], 48.0);
+    assert_eq!(value["machine"]["sources"]["host"], "flag");
+    assert_eq!(value["machine"]["sources"]["h2d"], "default");
+    assert_eq!(value["machine"]["sources"]["handoff-us"], "default");
+    assert_eq!(value["forced"], serde_json::Value::Null);
+    let row = &value["rows"][0];
+    assert_eq!(row["bytes"], 1 << 20);
+    assert_eq!(row["predictions"].as_array().unwrap().len(), 3);
+    assert_eq!(row["predictions"][0]["phases"], 6);
+    assert_eq!(row["chosen"], plans[0].1.chosen.name());
+}
