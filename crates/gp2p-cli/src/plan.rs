@@ -1,7 +1,9 @@
 //! `gp2p plan --ranks N`: the cost model's predicted time of each all-reduce algorithm per
 //! size, its choice and what binds it (`geforce_p2p::collectives::cost`). A model, not a
 //! measurement: it needs no GPU, except that `--measure` takes the per-card rates (and,
-//! with two cards or more, the host's) from this machine's links.
+//! with two cards or more, the host's) from this machine's links, and a phase's handoff from
+//! its first card. DRAM stays the model's figure (or `--dram`): one card cannot load host
+//! memory as several do.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -75,7 +77,8 @@ pub struct PlanArgs {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Measure the per-card link rates here (and the host's, with two cards or more), as
-    /// `gp2p probe --measure` does; a flag given still wins. Needs a GPU.
+    /// `gp2p probe --measure` does, and the handoff (a 4 KiB round trip through host memory
+    /// on the first card); a flag given still wins. Needs a GPU.
     #[arg(long)]
     measure: bool,
 }
@@ -146,6 +149,9 @@ struct Measured {
     card: [f64; 3],
     /// All cards at once, up plus down, with two cards or more.
     host_gbps: Option<f64>,
+    /// One phase's handoff on the first card, µs: the same 4 KiB device → host → device round
+    /// trip the model's default was measured as ([`geforce_p2p::collectives::cost::H200_HANDOFF_US`]).
+    handoff_us: f64,
     /// How many cards were measured.
     cards: usize,
 }
@@ -211,6 +217,8 @@ impl PlanArgs {
                 machine.host_gbps = host;
                 sources[3] = Source::Measured;
             }
+            machine.handoff_us = m.handoff_us;
+            sources[5] = Source::Measured;
         }
         let flags = [self.h2d, self.d2h, self.duplex, self.host, self.dram, self.handoff_us];
         for (i, flag) in flags.into_iter().enumerate() {
@@ -225,8 +233,10 @@ impl PlanArgs {
         }
         let measured_on = measured.map(|m| match (m.cards, m.host_gbps) {
             (1, _) => "on 1 card".to_owned(),
-            (n, Some(_)) => format!("the slowest of {n} cards; the host with all {n} at once"),
-            (n, None) => format!("the slowest of {n} cards"),
+            (n, Some(_)) => {
+                format!("the slowest of {n} cards; the host with all {n} at once; the handoff on the first")
+            }
+            (n, None) => format!("the slowest of {n} cards; the handoff on the first"),
         });
         let placed = (!placed.is_empty()).then_some(placed);
         Ok(Rates { machine, sources, measured_on, placed })
@@ -292,10 +302,27 @@ fn measure() -> Result<(Measured, Placement), CliError> {
     let measured = Measured {
         card: [slowest(|d| d.h2d_gbps), slowest(|d| d.d2h_gbps), slowest(|d| d.duplex_gbps)],
         host_gbps,
+        handoff_us: handoff_us(links.devices[0].device)?,
         cards: links.devices.len(),
     };
     Ok((measured, place))
 }
+
+/// Bytes each way of the measured handoff: the default's.
+const HANDOFF_BYTES: usize = 4 << 10;
+
+/// The median time of one [`HANDOFF_BYTES`] device → host copy followed by the copy back,
+/// on one stream of card `ordinal`: a phase's trip through host memory, with the driver
+/// calls' latency in it, as the model prices a phase.
+fn handoff_us(ordinal: usize) -> Result<f64, CliError> {
+    let device = geforce_p2p::Device::open(ordinal)?;
+    let stream = geforce_p2p::Stream::new(&device)?;
+    let mut ceilings = crate::measure::Ceilings::new(&device, &stream, HANDOFF_BYTES, HANDOFF_REPEATS)?;
+    ceilings.pair_latency_us(HANDOFF_BYTES)
+}
+
+/// Runs of the handoff: many, each short, so the median is steady.
+const HANDOFF_REPEATS: crate::measure::Repeats = crate::measure::Repeats { warmup: 5, timed: 51 };
 
 /// nccl-tests' all_reduce bus bandwidth: 2(N−1)/N·S per second, GB/s.
 fn busbw_gbps(ranks: usize, bytes: usize, seconds: f64) -> f64 {
