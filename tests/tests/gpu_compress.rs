@@ -4,8 +4,11 @@
 //! contributions and encodes the fold, every rank decodes every shard), for f32, f16 and bf16,
 //! int8 and fp8, blocks of 32 and 256, on data sets with outliers, zeros, tiny values, NaN
 //! and infinities; every rank's result equals the reference's, bit for bit (NaN as NaN), and
-//! an encoded wire equals the reference's bytes. Wires in device memory here (the kernels
-//! read and write mapped host memory the same way; the communicator's runs will show it).
+//! an encoded wire equals the reference's bytes (wires in device memory there). Then the
+//! engine's compressed all-reduce (`gp2p_collectives::all_reduce_compressed`, wires in mapped
+//! pinned host memory, rounds pipelined across streams) among 2..8 logical ranks: every rank's
+//! result equals the reference's bits, on short buffers and on long ones of several rounds,
+//! twice in a row (the second call reuses the first's wires).
 
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,6 +19,7 @@ use geforce_p2p::kernels::compress::{
 };
 use geforce_p2p::pinned::copy_from_host;
 use geforce_p2p::{DeviceBuffer, DeviceView, PinnedBuffer, ReduceOp, Stream, half};
+use gp2p_collectives::{Engine, Rank, all_reduce_compressed};
 use gp2p_tests::{SplitMix64, needs, with_stream};
 
 /// Values per rank: several blocks of every size, a short last block.
@@ -199,4 +203,108 @@ fn bad_codec_arguments_are_refused() {
     assert!(e.to_string().contains("f32, f16 or bf16"), "{e}");
     let e = fold_encode(&stream, format, &src.view(..), &[None, None], 0, false, &mut wire.view_mut(..)).unwrap_err();
     assert!(e.to_string().contains("rank 1's wire is missing"), "{e}");
+}
+
+/// The engine's compressed all-reduce among `ranks` logical ranks (one stream each on this
+/// GPU) against the reference, bit for bit on every rank, called twice on fresh data so the
+/// second call reuses the first's wire areas.
+fn engine_case<T: Compressible + geforce_p2p::Element>(
+    engine: &Engine,
+    streams: &[Stream],
+    scheme: Scheme,
+    len: usize,
+    set: usize,
+    op: ReduceOp,
+) {
+    let ranks = streams.len();
+    let format = WireFormat { format: scheme.format, block: scheme.block };
+    for call in 0..2 {
+        let what = format!(
+            "{} {} block {} N {ranks} len {len} set {set} {op} call {call}",
+            T::DTYPE,
+            scheme.format,
+            scheme.block.get()
+        );
+        let inputs: Vec<Vec<T>> =
+            (0..ranks).map(|r| data(set, r + 10 * call, len).into_iter().map(T::from_f32).collect()).collect();
+        let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+        let want = all_reduce(&refs, op, scheme).unwrap();
+        let mut buffers: Vec<DeviceBuffer<T>> =
+            inputs.iter().zip(streams).map(|(v, s)| DeviceBuffer::from_host(s, v).unwrap()).collect();
+        let mut ranks_of: Vec<Rank<'_, T>> =
+            buffers.iter_mut().zip(streams).map(|(b, s)| Rank { buffer: b.view_mut(..), stream: s }).collect();
+        all_reduce_compressed(engine, &mut ranks_of, op, format).unwrap();
+        drop(ranks_of);
+        for (rank, (out, stream)) in buffers.iter().zip(streams).enumerate() {
+            let got = out.to_host_vec(stream).unwrap();
+            let wrong = (0..len).filter(|&i| !same(got[i], want[rank][i])).count();
+            let first = (0..len).find(|&i| !same(got[i], want[rank][i]));
+            assert_eq!(
+                wrong,
+                0,
+                "{what}: rank {rank} differs from the reference at {wrong} values, first {first:?}: {:?} vs {:?}",
+                first.map(|i| got[i].to_f32()),
+                first.map(|i| want[rank][i].to_f32())
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_engine_s_compressed_all_reduce_gives_the_reference_bits_on_every_rank() {
+    let [(device, _)] = needs!(gpus: 1).map(with_stream);
+    let engine = Engine::new();
+    for ranks in 2..=8 {
+        let streams: Vec<Stream> = (0..ranks).map(|_| Stream::new(&device).unwrap()).collect();
+        for format in Format::ALL {
+            for (block, set) in [(32, 0), (256, 1), (64, 2), (128, 3)] {
+                let scheme = Scheme { format, block: BlockSize::new(block).unwrap() };
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    engine_case::<f32>(&engine, &streams, scheme, LEN, set, op);
+                    engine_case::<half::bf16>(&engine, &streams, scheme, LEN, set, op);
+                }
+                engine_case::<half::f16>(&engine, &streams, scheme, LEN, set, ReduceOp::Sum);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_engine_s_compressed_all_reduce_runs_many_rounds_of_a_long_buffer() {
+    let [(device, _)] = needs!(gpus: 1).map(with_stream);
+    let engine = Engine::new();
+    // Pieces of a million values: three rounds at two ranks, shards of several pieces.
+    let len = 5_000_003;
+    for ranks in [2, 3, 8] {
+        let streams: Vec<Stream> = (0..ranks).map(|_| Stream::new(&device).unwrap()).collect();
+        let scheme = Scheme { format: Format::Int8, block: BlockSize::new(128).unwrap() };
+        engine_case::<half::bf16>(&engine, &streams, scheme, len, 0, ReduceOp::Sum);
+        let scheme = Scheme { format: Format::Fp8E4m3, block: BlockSize::new(32).unwrap() };
+        engine_case::<f32>(&engine, &streams, scheme, len, 3, ReduceOp::Avg);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_engine_refuses_what_it_cannot_compress_before_enqueueing() {
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
+    let engine = Engine::new();
+    let format = WireFormat { format: Format::Int8, block: BlockSize::new(32).unwrap() };
+    let mut a = DeviceBuffer::from_host(&stream, &[1.0f32; 64]).unwrap();
+    let other = Stream::new(&device).unwrap();
+    let mut b = DeviceBuffer::from_host(&other, &[2.0f32; 64]).unwrap();
+    let mut ranks = [Rank { buffer: a.view_mut(..), stream: &stream }, Rank { buffer: b.view_mut(..), stream: &other }];
+    let e = all_reduce_compressed(&engine, &mut ranks, ReduceOp::Max, format).unwrap_err();
+    assert!(e.to_string().contains("takes sum or avg of f32, f16 or bf16, not max of f32"), "{e}");
+    let mut ints =
+        [DeviceBuffer::from_host(&stream, &[1i32; 8]).unwrap(), DeviceBuffer::from_host(&other, &[1i32; 8]).unwrap()];
+    let [x, y] = &mut ints;
+    let mut int_ranks =
+        [Rank { buffer: x.view_mut(..), stream: &stream }, Rank { buffer: y.view_mut(..), stream: &other }];
+    let e = all_reduce_compressed(&engine, &mut int_ranks, ReduceOp::Sum, format).unwrap_err();
+    assert!(e.to_string().contains("not sum of i32"), "{e}");
+    drop(ranks);
+    assert_eq!(a.to_host_vec(&stream).unwrap(), vec![1.0f32; 64], "nothing ran");
 }

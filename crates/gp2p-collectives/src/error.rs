@@ -111,6 +111,16 @@ pub enum Error {
         /// The number of ranks.
         ranks: usize,
     },
+    /// A compressed all-reduce of an op or element type it does not take.
+    #[error(
+        "a compressed all-reduce takes sum or avg of f32, f16 or bf16, not {op} of {dtype}: use all_reduce for this one"
+    )]
+    NotCompressible {
+        /// The op given.
+        op: gp2p_kernels::ReduceOp,
+        /// The element type given.
+        dtype: gp2p_kernels::DType,
+    },
 }
 
 impl Error {

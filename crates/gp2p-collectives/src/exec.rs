@@ -12,7 +12,7 @@ use std::sync::Arc;
 use gp2p_cuda::{Device, DeviceBuffer, DeviceViewMut, Stream, StreamFork, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
 use gp2p_pinned::{
-    ChunkExchange, DEFAULT_PEER_TIMEOUT, FanOut, Fold, LineExchange, PairExchange, RingCache, StagingRing,
+    ChunkExchange, DEFAULT_PEER_TIMEOUT, FanOut, Fold, LineExchange, PairExchange, PinnedBuffer, RingCache, StagingRing,
 };
 use gp2p_transport::plan::{Chunking, DEFAULT_SLOTS, SINGLE_CHUNK_MAX_BYTES, pipelined_chunk_bytes};
 use parking_lot::Mutex;
@@ -26,6 +26,7 @@ use crate::schedule::step_divisor;
 use crate::schedule::{Action, Schedule};
 use crate::{Error, Receive, Result, spans_devices};
 
+mod compressed;
 mod rounds;
 mod transfers;
 
@@ -130,6 +131,8 @@ struct Group {
     /// Per rank: the slots it writes its legs' chunks through, which every other rank reads
     /// (more than two ranks), made on first use.
     fanouts: Vec<Option<FanOut>>,
+    /// The compressed all-reduce's up and down wire areas, made on first use.
+    wires: [Option<PinnedBuffer<u8>>; 2],
 }
 
 /// The collective engine: per group of devices, internal streams, staging rings, scratch
@@ -405,6 +408,7 @@ impl Engine {
             lines: None,
             chunks: None,
             fanouts: devices.iter().map(|_| None).collect(),
+            wires: [None, None],
         };
         let group = Arc::new(Mutex::new(group));
         groups.insert(key, group.clone());

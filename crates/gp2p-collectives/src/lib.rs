@@ -88,6 +88,7 @@
 #![forbid(unsafe_code)]
 
 mod calibrate;
+mod compressed;
 pub mod cost;
 mod env;
 mod error;
@@ -102,8 +103,9 @@ pub mod pipeline;
 pub mod reference;
 pub mod schedule;
 
+pub use gp2p_cuda::codec::WireFormat;
 use gp2p_cuda::{Device, DeviceView};
-use gp2p_kernels::{Element, ReduceOp};
+use gp2p_kernels::{DType, Element, ReduceOp};
 use gp2p_pinned::LineExchange;
 
 pub use error::{Error, Result};
@@ -264,6 +266,37 @@ pub fn reduce_scatter<T: Element>(
         engine.put_work(&devices, r, buf)?;
     }
     Ok(())
+}
+
+/// In place, compressed: every rank's buffer becomes the sum (or average) of all ranks'
+/// buffers with fewer bytes through host memory, each value sent as a code of one byte in
+/// blocks that share a scale (`format`: int8 or fp8 e4m3, 32 to 256 values a block). The
+/// result is `gp2p_kernels::compress::all_reduce`'s, bit for bit, the same on every rank, and
+/// each element is within `gp2p_kernels::compress::error_bound` of the exact sum; blocks with
+/// NaN or an infinity, and tiny ones, travel exact (docs/compression.md has the scheme and its
+/// bound). Sum and avg of f32, f16 and bf16 only; never chosen by itself: call it where the
+/// error is acceptable. One rank keeps its buffer as it is (nothing travels). Not capturable
+/// into a CUDA graph, like the engine's other collectives.
+///
+/// Each rank's link carries its wire up and the folded wires down, about a quarter (from f32)
+/// or half (from f16, bf16) of [`all_reduce`]'s bytes, in rounds that overlap both
+/// directions; the wires sit in pinned host memory the group keeps (about N + 1 times a
+/// buffer's wire in all).
+pub fn all_reduce_compressed<T: Element>(
+    engine: &Engine,
+    ranks: &mut [Rank<'_, T>],
+    op: ReduceOp,
+    format: WireFormat,
+) -> Result<()> {
+    let compressible = matches!(T::DTYPE, DType::F32 | DType::F16 | DType::BF16);
+    if !compressible || !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+        return Err(Error::NotCompressible { op, dtype: T::DTYPE });
+    }
+    let (len, devices) = check_ranks(ranks, "buffer")?;
+    if ranks.len() == 1 || len == 0 {
+        return Ok(());
+    }
+    engine.run_compressed(ranks, &devices, op, format)
 }
 
 /// Every rank's buffer becomes a copy of the `root` rank's.

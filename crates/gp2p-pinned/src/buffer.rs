@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::ops::RangeBounds;
 
 use gp2p_cuda::raw;
-use gp2p_cuda::{Device, HostAllocation, RawDevicePtr, StreamPoint, index_range};
+use gp2p_cuda::{Device, HostAllocation, RawDevicePtr, Stream, StreamPoint, index_range};
 use gp2p_kernels::Element;
 
 use crate::{Error, Result};
@@ -57,6 +57,13 @@ impl<T: Element> PinnedBuffer<T> {
     /// Block until the GPU work noted on the buffer is done.
     pub fn wait_for_gpu(&self) -> Result<()> {
         Ok(self.alloc.uses().synchronize()?)
+    }
+
+    /// Make `stream` wait (on the GPU, the host going on) for all GPU work noted on the
+    /// buffer, so that what is enqueued there next may overwrite it: for reusing a buffer that
+    /// other streams, of any device, read or wrote.
+    pub fn wait_last_uses(&self, stream: &Stream) -> Result<()> {
+        Ok(self.alloc.uses().wait_on(stream)?)
     }
 
     /// The contents, after waiting for GPU work on the buffer (see the type's docs).

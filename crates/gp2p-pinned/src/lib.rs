@@ -46,6 +46,7 @@
 
 mod buffer;
 mod chunks;
+mod codec;
 mod error;
 mod exchange;
 mod fanout;
@@ -55,6 +56,7 @@ mod ring;
 
 pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned, is_pinned_on};
 pub use chunks::{CHUNK_EXCHANGE_LIMIT, ChunkExchange, DEFAULT_QUEUE_TIMEOUT};
+pub use codec::{decode_from_host, encode_to_host, fold_encode_from_host};
 pub use error::{Error, Result};
 pub use exchange::{DEFAULT_PEER_TIMEOUT, LineExchange};
 pub use fanout::FanOut;

@@ -1,0 +1,129 @@
+//! The compressed all-reduce's codec with its wires in pinned host memory: the kernels of
+//! [`gp2p_cuda::codec`] writing and reading the wire through the device's mapping of that
+//! memory, so a wire crosses the link once, inside the kernel, with no copy beside it.
+#![allow(unsafe_code)]
+
+use gp2p_cuda::codec::WireFormat;
+use gp2p_cuda::raw::{self, Codec};
+use gp2p_cuda::{DeviceView, DeviceViewMut, Stream};
+use gp2p_kernels::Element;
+
+use crate::{Error, PinnedView, PinnedViewMut, Result};
+
+fn codec<T: Element>(format: WireFormat) -> Codec {
+    Codec { dtype: T::DTYPE, format: format.format, block: format.block }
+}
+
+fn on_stream(stream: &Stream, what: &'static str, ordinal: usize) -> Result<()> {
+    let expected = stream.device().ordinal();
+    if ordinal == expected { Ok(()) } else { Err(Error::WrongDevice { what, got: ordinal, of: "stream", expected }) }
+}
+
+fn holds(what: &'static str, got: usize, needed: usize) -> Result<()> {
+    if got >= needed {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            name: what,
+            reason: format!(
+                "{got} bytes, but the wire needs {needed}: pass a view of WireFormat::wire_bytes(values) bytes or more"
+            ),
+        })
+    }
+}
+
+/// Enqueue `wire = encode(src)` on `stream`, the kernel writing the wire into pinned host
+/// memory. `wire` holds at least [`WireFormat::wire_bytes`] of `src.len()`; `T` is f32, f16
+/// or bf16. Asynchronous; the wire's buffer waits for the kernel before host access.
+pub fn encode_to_host<T: Element>(
+    stream: &Stream,
+    format: WireFormat,
+    src: &DeviceView<'_, T>,
+    wire: &mut PinnedViewMut<'_, u8>,
+) -> Result<()> {
+    on_stream(stream, "src", src.device().ordinal())?;
+    holds("wire", wire.len(), format.wire_bytes(src.len()))?;
+    let mapped = wire.device_ptr(stream.device())?;
+    // SAFETY: src is on the stream's device; `mapped` addresses the wire's bytes (enough of
+    // them, checked) as this device sees them, host memory apart from src. Both note the
+    // point below, so neither is freed nor the wire handed to the host before the kernel ends.
+    unsafe { raw::compress_encode(stream, codec::<T>(format), src.raw_ptr(), src.len(), mapped)? };
+    let point = stream.point()?;
+    src.note_use(&point);
+    wire.note_use(&point);
+    Ok(())
+}
+
+/// Enqueue `out = encode(fold)` on `stream`, as [`gp2p_cuda::codec::fold_encode`] with every
+/// wire in pinned host memory: the fold, in rank order, of `own` (rank `owner`'s values,
+/// exact, in device memory) and each other rank r's `wires[r]` (`wires[owner]` is `None`),
+/// times the f32 reciprocal of the ranks for `average`, encoded into `out`.
+pub fn fold_encode_from_host<T: Element>(
+    stream: &Stream,
+    format: WireFormat,
+    own: &DeviceView<'_, T>,
+    wires: &[Option<PinnedView<'_, u8>>],
+    owner: usize,
+    average: bool,
+    out: &mut PinnedViewMut<'_, u8>,
+) -> Result<()> {
+    let len = own.len();
+    on_stream(stream, "own", own.device().ordinal())?;
+    let need = format.wire_bytes(len);
+    holds("out", out.len(), need)?;
+    if owner >= wires.len() {
+        return Err(Error::InvalidArgument { name: "owner", reason: format!("rank {owner} of {}", wires.len()) });
+    }
+    let mut addresses = Vec::with_capacity(wires.len());
+    for (r, wire) in wires.iter().enumerate() {
+        match (r == owner, wire) {
+            (true, None) => addresses.push(0),
+            (false, Some(wire)) => {
+                holds("wires", wire.len(), need)?;
+                addresses.push(wire.device_ptr(stream.device())?);
+            }
+            (true, Some(_)) => {
+                return Err(Error::InvalidArgument {
+                    name: "wires",
+                    reason: format!("rank {r} is the owner: its values are `own`, so its entry must be None"),
+                });
+            }
+            (false, None) => {
+                return Err(Error::InvalidArgument { name: "wires", reason: format!("rank {r}'s wire is missing") });
+            }
+        }
+    }
+    let mapped = out.device_ptr(stream.device())?;
+    // SAFETY: own is on the stream's device; every address maps pinned host memory of the
+    // checked length into this device; `out` is exclusive, so apart from what the kernel reads.
+    // All note the point below.
+    unsafe {
+        raw::compress_fold_encode(stream, codec::<T>(format), own.raw_ptr(), len, &addresses, owner, average, mapped)?
+    };
+    let point = stream.point()?;
+    own.note_use(&point);
+    wires.iter().flatten().for_each(|w| w.note_use(&point));
+    out.note_use(&point);
+    Ok(())
+}
+
+/// Enqueue `dst = decode(wire)` on `stream`, the kernel reading the wire out of pinned host
+/// memory, each value rounded once to `T`. `wire` is a wire of `dst.len()` values made with
+/// this format.
+pub fn decode_from_host<T: Element>(
+    stream: &Stream,
+    format: WireFormat,
+    wire: &PinnedView<'_, u8>,
+    dst: &mut DeviceViewMut<'_, T>,
+) -> Result<()> {
+    on_stream(stream, "dst", dst.device().ordinal())?;
+    holds("wire", wire.len(), format.wire_bytes(dst.len()))?;
+    let mapped = wire.device_ptr(stream.device())?;
+    // SAFETY: dst is on the stream's device; `mapped` addresses enough wire bytes (checked) as
+    // this device sees them, host memory apart from dst. Both note the point below.
+    unsafe { raw::compress_decode(stream, codec::<T>(format), mapped, dst.len(), dst.raw_ptr())? };
+    let point = stream.point()?;
+    wire.note_use(&point);
+    dst.note_use(&point);
+    Ok(())
+}
