@@ -54,10 +54,11 @@ pub fn encode_to_host<T: Element>(
     Ok(())
 }
 
-/// Enqueue `out = encode(fold)` on `stream`, as [`gp2p_cuda::codec::fold_encode`] with every
-/// wire in pinned host memory: the fold, in rank order, of `own` (rank `owner`'s values,
-/// exact, in device memory) and each other rank r's `wires[r]` (`wires[owner]` is `None`),
-/// times the f32 reciprocal of the ranks for `average`, encoded into `out`.
+/// Enqueue `out = encode(fold)` on `stream`, as [`gp2p_cuda::codec::fold_encode`] with the
+/// other ranks' wires in pinned host memory: the fold, in rank order, of `own` (rank
+/// `owner`'s values, exact) and each other rank r's `wires[r]` (`wires[owner]` is `None`),
+/// times the f32 reciprocal of the ranks for `average`, encoded into `out`, in device memory:
+/// the owner decodes its own result from there, so it never reads it back across the link.
 pub fn fold_encode_from_host<T: Element>(
     stream: &Stream,
     format: WireFormat,
@@ -65,10 +66,11 @@ pub fn fold_encode_from_host<T: Element>(
     wires: &[Option<PinnedView<'_, u8>>],
     owner: usize,
     average: bool,
-    out: &mut PinnedViewMut<'_, u8>,
+    out: &mut DeviceViewMut<'_, u8>,
 ) -> Result<()> {
     let len = own.len();
     on_stream(stream, "own", own.device().ordinal())?;
+    on_stream(stream, "out", out.device().ordinal())?;
     let need = format.wire_bytes(len);
     holds("out", out.len(), need)?;
     if owner >= wires.len() {
@@ -93,12 +95,20 @@ pub fn fold_encode_from_host<T: Element>(
             }
         }
     }
-    let mapped = out.device_ptr(stream.device())?;
-    // SAFETY: own is on the stream's device; every address maps pinned host memory of the
-    // checked length into this device; `out` is exclusive, so apart from what the kernel reads.
-    // All note the point below.
+    // SAFETY: own and out are on the stream's device; every address maps pinned host memory
+    // of the checked length into this device; `out` is exclusive, so apart from what the
+    // kernel reads. All note the point below.
     unsafe {
-        raw::compress_fold_encode(stream, codec::<T>(format), own.raw_ptr(), len, &addresses, owner, average, mapped)?
+        raw::compress_fold_encode(
+            stream,
+            codec::<T>(format),
+            own.raw_ptr(),
+            len,
+            &addresses,
+            owner,
+            average,
+            out.raw_ptr(),
+        )?
     };
     let point = stream.point()?;
     own.note_use(&point);
