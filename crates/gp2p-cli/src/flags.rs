@@ -1,4 +1,5 @@
-//! The enum-valued flags (`--route`, `--transport`, `--op`, `--dtype`, `--stream`) as clap
+//! The enum-valued flags (`--route`, `--transport`, `--op`, `--dtype`, `--stream`,
+//! `--compress`) as clap
 //! [`ValueEnum`]s, so `--help` lists the allowed values and clap refuses others.
 //!
 //! Each flag wraps the library's own type, and its values and their names are the library's
@@ -7,6 +8,7 @@
 
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
+use geforce_p2p::kernels::compress::Format;
 use geforce_p2p::{DType, Receive, ReduceOp, Route};
 
 /// Implements [`ValueEnum`] for `$flag($lib)`, one value per element of `$all` (a constant
@@ -58,6 +60,11 @@ value_enum!(
 value_enum!(
     /// `--dtype`: the element type.
     DTypeFlag(DType) = DType::ALL
+);
+
+value_enum!(
+    /// `--compress`: the format a compressed all-reduce's codes travel in.
+    CompressFlag(Format) = Format::ALL
 );
 
 /// `--dtype` where `all` (every dtype in turn) is allowed too.
@@ -152,6 +159,7 @@ mod tests {
         round_trips::<OpFlag>(ReduceOp::ALL.len());
         round_trips::<DTypeFlag>(DType::ALL.len());
         round_trips::<DTypes>(DType::ALL.len() + 1);
+        round_trips::<CompressFlag>(Format::ALL.len());
         round_trips::<StreamFlag>(2);
         assert_eq!(ReceiveFlag::from_str("zero-copy", false).map(|f| f.0.name()), Ok("zero-copy"));
         assert_eq!(DTypes::from_str("all", false).map(DTypes::list), Ok(DType::ALL.to_vec()));

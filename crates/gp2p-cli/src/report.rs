@@ -32,6 +32,46 @@ pub struct Row {
     /// Host time spent enqueueing the operation (median), µs, where measured.
     pub enqueue_us: Option<f64>,
     pub wrong: usize,
+    /// A lossy operation's error against the exact result (compressed all-reduce).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Deviation>,
+}
+
+/// How far a lossy result is from the exact one, over every element of every rank, each as a
+/// fraction of the exact result's own scale: the largest error over the largest magnitude,
+/// and the root mean square of the errors over that of the exact values.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Deviation {
+    pub max_relative: f64,
+    pub rms_relative: f64,
+}
+
+impl Deviation {
+    /// The deviation of `got` from `exact` (pairs of equal length; NaN where both are NaN,
+    /// or infinite, counts as equal and is left out).
+    pub fn of(pairs: impl Iterator<Item = (f64, f64)>) -> Deviation {
+        let (mut max_err, mut max_abs, mut sq_err, mut sq_abs) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+        for (got, exact) in pairs {
+            if !exact.is_finite() {
+                continue;
+            }
+            let err = (got - exact).abs();
+            max_err = max_err.max(err);
+            max_abs = max_abs.max(exact.abs());
+            sq_err += err * err;
+            sq_abs += exact * exact;
+        }
+        let ratio = |a: f64, b: f64| {
+            if b > 0.0 {
+                a / b
+            } else if a > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            }
+        };
+        Deviation { max_relative: ratio(max_err, max_abs), rms_relative: ratio(sq_err.sqrt(), sq_abs.sqrt()) }
+    }
 }
 
 /// What the GPU was.
@@ -145,6 +185,7 @@ mod tests {
             ratio: 0.0086,
             enqueue_us: Some(4.0),
             wrong: 0,
+            error: None,
         };
         let value = serde_json::to_value(&row).unwrap();
         for field in [

@@ -354,6 +354,7 @@ fn one_size<T: Reference>(
         ratio: bound / seconds,
         enqueue_us: Some(median(&mut enqueue) * 1e6),
         wrong: usize::try_from(wrong_everywhere).unwrap_or(usize::MAX),
+        error: None,
     }))
 }
 

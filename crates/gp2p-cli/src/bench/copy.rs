@@ -116,6 +116,7 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
             ratio: busbw / binding,
             enqueue_us: Some(timing.enqueue_seconds * 1e6),
             wrong,
+            error: None,
         });
         bar.inc(1);
     }

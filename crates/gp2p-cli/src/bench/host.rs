@@ -81,6 +81,7 @@ pub fn run(args: &HostArgs) -> Result<(), CliError> {
                 ratio: busbw / ceiling,
                 enqueue_us: Some(timing.enqueue_seconds * 1e6),
                 wrong,
+                error: None,
             });
             bar.inc(1);
         }

@@ -129,12 +129,16 @@ pub fn run(command: BenchCommand) -> Result<(), CliError> {
 
 /// nccl-tests' columns, one row per size, with each row's ratio under `ratio_name`.
 fn rows_table(rows: &[Row], ratio_name: &str) -> crate::table::Table {
-    let mut t = table(
-        &["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", ratio_name, "enqueue us", "#wrong"],
-        &[],
-    );
+    let mut heads = vec!["size", "count", "type", "op", "ranks", "time us", "algbw", "busbw", ratio_name, "enqueue us"];
+    heads.push("#wrong");
+    // Lossy rows (a compressed all-reduce) also say how far they are from the exact result.
+    let lossy = rows.iter().any(|r| r.error.is_some());
+    if lossy {
+        heads.extend(["max rel err", "rms rel err"]);
+    }
+    let mut t = table(&heads, &[]);
     for r in rows {
-        t.add_row(vec![
+        let mut cells = vec![
             format_size(r.bytes),
             r.count.to_string(),
             r.dtype.clone(),
@@ -146,7 +150,13 @@ fn rows_table(rows: &[Row], ratio_name: &str) -> crate::table::Table {
             num(r.ratio, 3),
             num(r.enqueue_us.unwrap_or(f64::NAN), 1),
             r.wrong.to_string(),
-        ]);
+        ];
+        if lossy {
+            let e = r.error;
+            cells.push(e.map_or("-".into(), |e| format!("{:.2e}", e.max_relative)));
+            cells.push(e.map_or("-".into(), |e| format!("{:.2e}", e.rms_relative)));
+        }
+        t.add_row(cells);
     }
     t
 }

@@ -177,6 +177,7 @@ impl ReduceBench<'_> {
                     ratio: busbw / ceiling,
                     enqueue_us: None,
                     wrong,
+                    error: None,
                 });
                 self.progress.inc(1);
             }
