@@ -369,6 +369,9 @@ def test_native_checks_refuse_before_the_driver():
         (lambda: _native.all_reduce("f32", 4, [(0, 0x100, 0), (0, 0x200, 0)], "sum"), "both on cuda:0"),
         (lambda: _native.all_reduce("f32", 4, [(0, 0x100, 0)], "mean"), "op"),
         (lambda: _native.all_reduce("f32", 4, [(0, 0x100, 0)], "sum", "dma"), "transport"),
+        (lambda: _native.all_reduce_compressed("f32", 4, [(0, 0x100, 0)], "sum", "int4", 64), "compress"),
+        (lambda: _native.all_reduce_compressed("f32", 4, [(0, 0x100, 0)], "sum", "int8", 48), "block"),
+        (lambda: _native.all_reduce_compressed("f32", 4, [(0, 0x100, 0), (0, 0x200, 0)], "sum", "fp8", 64), "both on cuda:0"),
         (lambda: _native.broadcast("f32", 4, [(0, 0x100, 0), (1, 0x100, 0)], 2), "root"),
         (lambda: _native.all_gather("f32", 4, [0x100], [(0, 0x104, 0)]), "overlaps"),
         (lambda: _native.reduce("f32", 4, (0, 0x100, 0), 0x108, "sum"), "overlaps"),
@@ -474,6 +477,29 @@ def test_collectives_hand_over_one_rank_per_device(native):
         ("all_gather", ("u64", 6, [x[0].ptr, x[1].ptr], out_ranks, "auto")),
         ("reduce_scatter", ("u64", 6, [outs[0].ptr, outs[1].ptr], ranks, "max", "scratch")),
     ]
+
+
+def test_compressed_all_reduce_checks_and_hands_over(native):
+    x = [CudaArray((2, 3), "<f2", device=d) for d in (1, 0)]
+    gp.all_reduce(x, op="AVG", compress="FP8", block=128)
+    gp.all_reduce(x, compress="int8")
+    ranks = [(1, x[0].ptr, 0), (0, x[1].ptr, 0)]
+    assert native.calls == [
+        ("all_reduce_compressed", ("f16", 6, ranks, "avg", "fp8", 128)),
+        ("all_reduce_compressed", ("f16", 6, ranks, "sum", "int8", 64)),
+    ]
+    ints = [CudaArray((6,), "<i4", device=d) for d in (0, 1)]
+    for call, kind, words in [
+        (lambda: gp.all_reduce(x, compress="int4"), ValueError, "compress: 'int4' is not one of int8, fp8"),
+        (lambda: gp.all_reduce(x, op="max", compress="int8"), ValueError, "op: compress='int8' takes 'sum' or 'avg', not 'max'"),
+        (lambda: gp.all_reduce(x, compress="fp8", block=48), ValueError, "block: 48 is not one of 32, 64, 128, 256"),
+        (lambda: gp.all_reduce(x, compress="fp8", block=True), ValueError, "block: True"),
+        (lambda: gp.all_reduce(ints, compress="int8"), TypeError, "float32, float16 or bfloat16 tensors, not i32"),
+        (lambda: gp.all_reduce([x[0], CudaArray((2, 3), "<f2", device=1)], compress="int8"), ValueError, "tensors"),
+    ]:
+        with pytest.raises(kind, match=words):
+            call()
+    assert len(native.calls) == 2
 
 
 def test_ops_check_and_hand_over(native):

@@ -5,7 +5,8 @@
 use std::str::FromStr;
 
 use crate::error::Raised;
-use geforce_p2p::collectives::Receive;
+use geforce_p2p::collectives::{Receive, WireFormat};
+use geforce_p2p::kernels::compress::{BlockSize, Format};
 use geforce_p2p::{DType, ReduceOp, Route};
 
 /// A contiguous run of device memory from a tensor, as the Python layer hands it over: a
@@ -54,6 +55,17 @@ pub(crate) fn route(name: &str) -> Result<Route, Raised> {
 /// Python argument `transport`.
 pub(crate) fn receive(name: &str) -> Result<Receive, Raised> {
     Receive::from_str(name).map_err(|e| Raised::argument("transport", e))
+}
+
+/// A compressed all-reduce's wire format: `compress` (`int8`, `fp8`) in blocks of `block`
+/// values.
+pub(crate) fn wire_format(compress: &str, block: usize) -> Result<WireFormat, Raised> {
+    let format = Format::ALL.into_iter().find(|f| f.name().eq_ignore_ascii_case(compress)).ok_or_else(|| {
+        let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+        Raised::argument("compress", format!("{compress:?} is not one of {}", names.join(", ")))
+    })?;
+    let block = BlockSize::new(block).map_err(|e| Raised::argument("block", e))?;
+    Ok(WireFormat { format, block })
 }
 
 /// A duration given in seconds, or an error naming the argument.

@@ -47,7 +47,7 @@
 //!    excludes, is still caught where the call records its points: those ask the driver.)
 #![allow(unsafe_code)]
 
-use geforce_p2p::collectives::{self, Rank, Receive};
+use geforce_p2p::collectives::{self, Rank, Receive, WireFormat};
 use geforce_p2p::cuda::RawStream;
 use geforce_p2p::{CopyOptions, DType, Device, DeviceView, DeviceViewMut, Element, ReduceOp, Route, Stream, ops};
 use pyo3::prelude::*;
@@ -429,6 +429,34 @@ pub(crate) fn all_reduce_checked(
 ) -> Result<(), Raised> {
     args::check_ranks("tensors", ranks, len, dtype)?;
     by_dtype!(dtype, in_place_t(ranks, len, InPlace::AllReduce(op), receive))
+}
+
+fn compressed_t<T: Element>(ranks: &[Memory], len: usize, op: ReduceOp, format: WireFormat) -> Result<(), Raised> {
+    let callers = open_all(ranks)?;
+    let mut views = ranks_of::<T>(&callers, ranks, len);
+    collectives::all_reduce_compressed(geforce_p2p::collectives(), &mut views, op, format)?;
+    Ok(())
+}
+
+/// In place, compressed: every rank's `len` elements become the sum (or avg) of all ranks',
+/// sent as one-byte codes (`compress`: `int8`, `fp8`) in blocks of `block` values.
+#[pyfunction]
+pub(crate) fn all_reduce_compressed(
+    py: Python<'_>,
+    dtype: &str,
+    len: usize,
+    ranks: Vec<MemoryArg>,
+    op: &str,
+    compress: &str,
+    block: usize,
+) -> PyResult<()> {
+    let ranks = memories(ranks);
+    let run = || {
+        let (dtype, op, format) = (args::dtype(dtype)?, args::op(op)?, args::wire_format(compress, block)?);
+        args::check_ranks("tensors", &ranks, len, dtype)?;
+        by_dtype!(dtype, compressed_t(&ranks, len, op, format))
+    };
+    Raised::detached(py, run)
 }
 
 /// The collectives whose inputs and outputs differ in length by the rank count.

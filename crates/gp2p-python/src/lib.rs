@@ -172,6 +172,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::all_reduce_compressed, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(fast::all_reduce_torch, m)?)?;
     m.add_function(wrap_pyfunction!(fast::copy_torch, m)?)?;

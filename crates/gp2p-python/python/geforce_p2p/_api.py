@@ -224,13 +224,29 @@ def _ranks(objs: Any, name: str, write: bool = True) -> list:
     return ts
 
 
-def all_reduce(tensors: Sequence[Any], op: str = "sum", *, transport: str = "auto") -> None:
+def all_reduce(
+    tensors: Sequence[Any],
+    op: str = "sum",
+    *,
+    transport: str = "auto",
+    compress: Optional[str] = None,
+    block: int = 64,
+) -> None:
     """In place: every tensor becomes ``op`` (sum, avg, min, max, prod) over all of them.
     ``tensors``: one CUDA tensor per device, same shape and dtype. One tensor is a no-op.
-    ``transport`` picks how received chunks are folded in (auto, scratch, zero-copy)."""
+    ``transport`` picks how received chunks are folded in (auto, scratch, zero-copy).
+
+    ``compress="int8"`` or ``"fp8"``: lossy, sum or avg of float32, float16 or bfloat16 only.
+    Values travel as one-byte codes in blocks of ``block`` values (a power of two from 32 to
+    256) sharing a scale, about half the bytes of bfloat16; every tensor ends with the same
+    bits, each element within the bound docs/compression.md states (blocks with NaN or an
+    infinity travel exact). Never chosen by itself: ask for it where that error is acceptable."""
     # Torch tensors in the usual shape are read by the native call itself (about half the
     # host time of reading them here); it returns False for anything else and for an op or
     # transport it does not know, untouched, and they are read and checked here.
+    if compress is not None:
+        _all_reduce_compressed(tensors, op, compress, block)
+        return
     if _compile.tracing():
         _compile.ops.all_reduce(list(tensors), op, transport)
         return
@@ -240,6 +256,25 @@ def all_reduce(tensors: Sequence[Any], op: str = "sum", *, transport: str = "aut
     transport = check_choice("transport", transport, TRANSPORTS)
     ts = _ranks(tensors, "tensors")
     _native.all_reduce(ts[0].dtype, ts[0].numel, [t.memory for t in ts], op, transport)
+
+
+COMPRESS_FORMATS = ("int8", "fp8")
+COMPRESSIBLE_DTYPES = ("f32", "f16", "bf16")
+
+
+def _all_reduce_compressed(tensors: Sequence[Any], op: str, compress: Any, block: Any) -> None:
+    compress = check_choice("compress", compress, COMPRESS_FORMATS)
+    op = check_choice("op", op, REDUCE_OPS)
+    if op not in ("sum", "avg"):
+        raise ValueError("op: compress=%r takes 'sum' or 'avg', not %r" % (compress, op))
+    if isinstance(block, bool) or not isinstance(block, int) or block not in (32, 64, 128, 256):
+        raise ValueError("block: %r is not one of 32, 64, 128, 256 (values per scale)" % (block,))
+    if _compile.tracing():
+        raise NotImplementedError("compress=: the compressed all-reduce has no torch.compile op yet; call it eagerly")
+    ts = _ranks(tensors, "tensors")
+    if ts[0].dtype not in COMPRESSIBLE_DTYPES:
+        raise TypeError("tensors: compress=%r takes float32, float16 or bfloat16 tensors, not %s" % (compress, ts[0].dtype))
+    _native.all_reduce_compressed(ts[0].dtype, ts[0].numel, [t.memory for t in ts], op, compress, block)
 
 
 def _paired(inputs: Any, outputs: Any) -> tuple:
