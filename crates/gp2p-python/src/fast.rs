@@ -32,7 +32,8 @@ use pyo3::{intern, types::PyAnyMethods};
 use crate::args::{self, Memory};
 use crate::dlpack;
 use crate::error::Raised;
-use crate::ffi::{all_reduce_checked, check_disjoint, copy_checked};
+use crate::ffi::collective_calls::all_reduce_checked;
+use crate::ffi::{check_disjoint, copy_checked};
 
 /// What reading a tensor gives: `Ok(None)` where the Python layer must read it (an ordinary
 /// exception included: it reads again and says what is wrong), `Err` for an exception that

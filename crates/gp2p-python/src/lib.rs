@@ -172,14 +172,14 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ffi::copy_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::copy_from_host, m)?)?;
     m.add_function(wrap_pyfunction!(ffi::reduce, m)?)?;
-    m.add_function(wrap_pyfunction!(ffi::all_reduce_compressed, m)?)?;
-    m.add_function(wrap_pyfunction!(ffi::all_reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::collective_calls::all_reduce_compressed, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::collective_calls::all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(fast::all_reduce_torch, m)?)?;
     m.add_function(wrap_pyfunction!(fast::copy_torch, m)?)?;
     m.add_function(wrap_pyfunction!(fast::read_torch, m)?)?;
-    m.add_function(wrap_pyfunction!(ffi::all_gather, m)?)?;
-    m.add_function(wrap_pyfunction!(ffi::reduce_scatter, m)?)?;
-    m.add_function(wrap_pyfunction!(ffi::broadcast, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::collective_calls::all_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::collective_calls::reduce_scatter, m)?)?;
+    m.add_function(wrap_pyfunction!(ffi::collective_calls::broadcast, m)?)?;
     m.add_function(wrap_pyfunction!(comm::unique_id, m)?)?;
     m.add_class::<comm::PyCommunicator>()?;
     Ok(())
