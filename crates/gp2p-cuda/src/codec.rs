@@ -8,7 +8,7 @@ use gp2p_kernels::Element;
 use gp2p_kernels::compress::{BlockSize, Format};
 
 use crate::raw::Codec;
-use crate::{DeviceView, DeviceViewMut, Error, Result, Stream};
+use crate::{DeviceView, DeviceViewMut, Error, RawDevicePtr, Result, Stream};
 
 /// How values travel: the format of scaled blocks and the values per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,29 +79,14 @@ pub fn fold_encode<T: Element>(
     on_stream(stream, "own", own.device())?;
     on_stream(stream, "out", out.device())?;
     holds("out", out.len(), format.wire_bytes(len))?;
-    if owner >= wires.len() {
-        return Err(Error::InvalidArgument { name: "owner", reason: format!("rank {owner} of {}", wires.len()) });
-    }
-    let mut addresses = Vec::with_capacity(wires.len());
-    for (r, wire) in wires.iter().enumerate() {
-        match (r == owner, wire) {
-            (true, None) => addresses.push(0),
-            (false, Some(wire)) => {
-                on_stream(stream, "wires", wire.device())?;
-                holds("wires", wire.len(), format.wire_bytes(len))?;
-                addresses.push(wire.raw_ptr());
-            }
-            (true, Some(_)) => {
-                return Err(Error::InvalidArgument {
-                    name: "wires",
-                    reason: format!("rank {r} is the owner: its values are `own`, so its entry must be None"),
-                });
-            }
-            (false, None) => {
-                return Err(Error::InvalidArgument { name: "wires", reason: format!("rank {r}'s wire is missing") });
-            }
+    let mut placed = Vec::with_capacity(wires.len());
+    for wire in wires {
+        if let Some(wire) = wire {
+            on_stream(stream, "wires", wire.device())?;
         }
+        placed.push(wire.map(|w| (w.raw_ptr(), w.len())));
     }
+    let addresses = fold_wire_addresses(format, len, owner, &placed)?;
     // SAFETY: every view is on the stream's device and large enough (checked); `out` is
     // exclusive, so apart from the shared views it reads.
     unsafe {
@@ -123,6 +108,43 @@ pub fn fold_encode<T: Element>(
     Ok(())
 }
 
+/// The addresses [`fold_encode`]'s kernel reads, in rank order (0 for the owner), from each
+/// rank's wire as an address and its length in bytes: checked that `owner` is one of the
+/// ranks, its entry is `None` (its values are exact, not a wire) and every other rank's wire
+/// holds `len` values in `format`. For the launchers of wires in other memory
+/// (`gp2p_pinned`'s host wires) as for this module's.
+pub fn fold_wire_addresses(
+    format: WireFormat,
+    len: usize,
+    owner: usize,
+    wires: &[Option<(RawDevicePtr, usize)>],
+) -> Result<Vec<RawDevicePtr>> {
+    if owner >= wires.len() {
+        return Err(Error::InvalidArgument { name: "owner", reason: format!("rank {owner} of {}", wires.len()) });
+    }
+    let need = format.wire_bytes(len);
+    let mut addresses = Vec::with_capacity(wires.len());
+    for (r, wire) in wires.iter().enumerate() {
+        match (r == owner, wire) {
+            (true, None) => addresses.push(0),
+            (false, Some((address, bytes))) => {
+                holds("wires", *bytes, need)?;
+                addresses.push(*address);
+            }
+            (true, Some(_)) => {
+                return Err(Error::InvalidArgument {
+                    name: "wires",
+                    reason: format!("rank {r} is the owner: its values are `own`, so its entry must be None"),
+                });
+            }
+            (false, None) => {
+                return Err(Error::InvalidArgument { name: "wires", reason: format!("rank {r}'s wire is missing") });
+            }
+        }
+    }
+    Ok(addresses)
+}
+
 /// Enqueue `dst = decode(wire)` on `stream`, each value rounded once to `T`. `wire` is a wire
 /// of `dst.len()` values made with this format.
 pub fn decode<T: Element>(
@@ -141,4 +163,27 @@ pub fn decode<T: Element>(
     wire.note_use(&point);
     dst.note_use(&point);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use gp2p_kernels::compress::{BlockSize, Format};
+
+    use super::{WireFormat, fold_wire_addresses};
+    use crate::Error;
+
+    #[test]
+    fn fold_wires_are_checked_rank_by_rank() {
+        let format = WireFormat { format: Format::Int8, block: BlockSize::new(32).unwrap() };
+        let need = format.wire_bytes(100);
+        let wire = |a| Some((a, need));
+        assert_eq!(fold_wire_addresses(format, 100, 1, &[wire(0x100), None, wire(0x900)]), Ok(vec![0x100, 0, 0x900]));
+        let refused =
+            |owner, wires: &[Option<(u64, usize)>]| fold_wire_addresses(format, 100, owner, wires).unwrap_err();
+        assert!(matches!(refused(3, &[wire(1), None, wire(2)]), Error::InvalidArgument { name: "owner", .. }));
+        assert!(refused(0, &[wire(1), wire(2)]).to_string().contains("rank 0 is the owner"));
+        assert!(refused(0, &[None, None]).to_string().contains("rank 1's wire is missing"));
+        let short = refused(0, &[None, Some((0x100, need - 1))]);
+        assert!(matches!(short, Error::LengthMismatch { what: "wires", .. }), "{short}");
+    }
 }

@@ -3,7 +3,7 @@
 //! memory, so a wire crosses the link once, inside the kernel, with no copy beside it.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::codec::WireFormat;
+use gp2p_cuda::codec::{WireFormat, fold_wire_addresses};
 use gp2p_cuda::raw::{self, Codec};
 use gp2p_cuda::{DeviceView, DeviceViewMut, Stream};
 use gp2p_kernels::Element;
@@ -71,30 +71,15 @@ pub fn fold_encode_from_host<T: Element>(
     let len = own.len();
     on_stream(stream, "own", own.device().ordinal())?;
     on_stream(stream, "out", out.device().ordinal())?;
-    let need = format.wire_bytes(len);
-    holds("out", out.len(), need)?;
-    if owner >= wires.len() {
-        return Err(Error::InvalidArgument { name: "owner", reason: format!("rank {owner} of {}", wires.len()) });
+    holds("out", out.len(), format.wire_bytes(len))?;
+    let mut placed = Vec::with_capacity(wires.len());
+    for wire in wires {
+        placed.push(match wire {
+            Some(w) => Some((w.device_ptr(stream.device())?, w.len())),
+            None => None,
+        });
     }
-    let mut addresses = Vec::with_capacity(wires.len());
-    for (r, wire) in wires.iter().enumerate() {
-        match (r == owner, wire) {
-            (true, None) => addresses.push(0),
-            (false, Some(wire)) => {
-                holds("wires", wire.len(), need)?;
-                addresses.push(wire.device_ptr(stream.device())?);
-            }
-            (true, Some(_)) => {
-                return Err(Error::InvalidArgument {
-                    name: "wires",
-                    reason: format!("rank {r} is the owner: its values are `own`, so its entry must be None"),
-                });
-            }
-            (false, None) => {
-                return Err(Error::InvalidArgument { name: "wires", reason: format!("rank {r}'s wire is missing") });
-            }
-        }
-    }
+    let addresses = fold_wire_addresses(format, len, owner, &placed)?;
     // SAFETY: own and out are on the stream's device; every address maps pinned host memory
     // of the checked length into this device; `out` is exclusive, so apart from what the
     // kernel reads. All note the point below.
