@@ -10,7 +10,7 @@
 use std::any::TypeId;
 
 use gp2p_cuda::codec::{WireFormat, decode};
-use gp2p_cuda::{Device, DeviceBuffer, Event, EventKind, Stream};
+use gp2p_cuda::{Device, DeviceBuffer, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
 use gp2p_pinned::{PinnedBuffer, copy_to_host, decode_from_host, encode_to_host, fold_encode_from_host};
 
@@ -48,7 +48,7 @@ impl Engine {
         }
         let streams: Vec<[&Stream; 2]> = group.forks.iter().map(|f| [&f.streams()[SEND], &f.streams()[RECV]]).collect();
         let areas = [&mut up, &mut down];
-        let result = enqueue_rounds(ranks, devices, &streams, &plan, areas, &mut folds, op, format);
+        let result = enqueue_rounds(ranks, &streams, &plan, areas, &mut folds, op, format);
         let mut joined = Ok(());
         for (r, rank) in ranks.iter().enumerate() {
             joined = joined.and(group.forks[r].join(rank.stream));
@@ -77,10 +77,8 @@ fn cached_or_new(cached: Option<PinnedBuffer<u8>>, bytes: usize, device: &Device
 /// fold has read); every rank, once every other owner's copy of the round is done, decodes
 /// their pieces into its buffer (receive stream). The encodes of a later round read other
 /// values than the decodes of earlier rounds write.
-#[allow(clippy::too_many_arguments)] // one call site; the arguments are the call's parts
 fn enqueue_rounds<T: Element>(
     ranks: &mut [Rank<'_, T>],
-    devices: &[Device],
     streams: &[[&Stream; 2]],
     plan: &WirePlan,
     [up, down]: [&mut PinnedBuffer<u8>; 2],
@@ -97,7 +95,7 @@ fn enqueue_rounds<T: Element>(
                 let src = rank.buffer.as_view().slice(piece.values.clone());
                 encode_to_host(streams[r][SEND], format, &src, &mut up.view_mut(at..at + piece.wire_bytes))?;
             }
-            encoded.push(point(&devices[r], streams[r][SEND])?);
+            encoded.push(streams[r][SEND].point()?);
         }
         let mut folded = Vec::with_capacity(ranks.len());
         for (r, rank) in ranks.iter_mut().enumerate() {
@@ -112,7 +110,7 @@ fn enqueue_rounds<T: Element>(
                 decode(send, format, &wire, &mut rank.buffer.slice_mut(piece.values.clone()))?;
                 copy_to_host(send, &wire, &mut down.view_mut(piece.down..piece.down + bytes))?;
             }
-            folded.push(point(&devices[r], send)?);
+            folded.push(send.point()?);
         }
         for (r, rank) in ranks.iter_mut().enumerate() {
             let receive = streams[r][RECV];
@@ -127,18 +125,11 @@ fn enqueue_rounds<T: Element>(
 }
 
 /// `stream` waits for every rank's point but rank `own`'s.
-fn wait_others(stream: &Stream, points: &[Event], own: usize) -> Result<()> {
+fn wait_others(stream: &Stream, points: &[StreamPoint], own: usize) -> Result<()> {
     for (q, done) in points.iter().enumerate() {
         if q != own {
-            stream.wait(done)?;
+            stream.wait_point(done)?;
         }
     }
     Ok(())
-}
-
-/// An event recorded on `stream` now, for other ranks' streams to wait on.
-fn point(device: &Device, stream: &Stream) -> Result<Event> {
-    let event = Event::new(device, EventKind::Sync)?;
-    event.record(stream)?;
-    Ok(event)
 }
