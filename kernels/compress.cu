@@ -12,6 +12,8 @@
 //                they are, every other rank's values decoded from its wire), times the f32
 //                reciprocal of `ranks` for avg
 // - decode:      dst = T(decode(wire))
+// - copy_wire:   a wire's bytes that matter, from one place to another (one kernel for
+//                every type and format)
 //
 // One warp per block, each lane holding a block's values at lane, lane + 32, ... in
 // registers (a block is at most 256 values: 8 a lane). The arithmetic is the reference's:
@@ -239,6 +241,29 @@ __device__ __forceinline__ void decode(const u8* wire, u64 n, u32 block, T* dst)
         for (int j = 0; j < PER_LANE; ++j) {
             if (x.present[j]) dst[value_index(b, block, j)] = Lane<T>::store(x.v[j]);
         }
+    }
+}
+
+// dst = the bytes of `src` that matter, a wire of `n` values: its words and codes, and the
+// exact area's values of the blocks that travel exact (the rest of the exact area is left as
+// it is). So a wire made in device memory reaches mapped host memory with only those bytes
+// crossing the bus, where a copy of its whole room would carry 4 more bytes a value.
+extern "C" __global__ void gp2p_compress_copy_wire(const u8* src, u64 n, u32 block, u8* dst) {
+    const Wire w = wire_at(const_cast<u8*>(src), n, block);
+    const u64 thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 threads = (u64)gridDim.x * blockDim.x;
+    // Words and codes: 16 bytes a thread, the wire's start and exact area being on 16.
+    const uint4* from = reinterpret_cast<const uint4*>(src);
+    uint4* to = reinterpret_cast<uint4*>(dst);
+    for (u64 i = thread; i < w.exact / 16; i += threads) to[i] = from[i];
+    const u32* words = reinterpret_cast<const u32*>(src);
+    const float* exact_from = reinterpret_cast<const float*>(src + w.exact);
+    float* exact_to = reinterpret_cast<float*>(dst + w.exact);
+    const u64 blocks = (n + block - 1) / block;
+    for (u64 b = first_block(); b < blocks; b += block_stride()) {
+        if (words[b] != EXACT_WORD) continue;
+        const u64 end = (b + 1) * block < n ? (b + 1) * block : n;
+        for (u64 i = b * block + threadIdx.x % WARP; i < end; i += WARP) exact_to[i] = exact_from[i];
     }
 }
 

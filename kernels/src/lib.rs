@@ -280,6 +280,12 @@ pub enum CodecKernel {
     Decode,
 }
 
+/// The codec's one kernel of no type or format, in [`COMPRESS`]: `(const u8* src, u64 n, u32
+/// block, u8* dst)` copies a wire of `n` values in blocks of `block`, its words and codes and
+/// the exact values of the blocks that travel exact, not the rest of its room (so from device
+/// memory into mapped host memory only those bytes cross the bus).
+pub const COPY_WIRE_KERNEL: &str = "gp2p_compress_copy_wire";
+
 /// The most ranks a [`CodecKernel::FoldEncode`] folds: the wires it takes by value.
 pub const CODEC_MAX_RANKS: usize = 8;
 
@@ -467,6 +473,7 @@ mod tests {
                 }
             }
         }
+        all.push((KernelFamily::Compress, COPY_WIRE_KERNEL));
         all
     }
 

@@ -4,7 +4,8 @@
 //! contributions and encodes the fold, every rank decodes every shard), for f32, f16 and bf16,
 //! int8 and fp8, blocks of 32 and 256, on data sets with outliers, zeros, tiny values, NaN
 //! and infinities; every rank's result equals the reference's, bit for bit (NaN as NaN), and
-//! an encoded wire equals the reference's bytes (wires in device memory there). Then the
+//! an encoded wire equals the reference's bytes (wires in device memory there), and a copy of
+//! one into pinned memory writes its words, codes and exact blocks and nothing else. Then the
 //! engine's compressed all-reduce (`gp2p_collectives::all_reduce_compressed`, wires in mapped
 //! pinned host memory, rounds pipelined across streams) among 2..8 logical ranks: every rank's
 //! result equals the reference's bits, on short buffers and on long ones of several rounds,
@@ -17,7 +18,7 @@ use geforce_p2p::cuda::codec::{WireFormat, decode, encode, fold_encode};
 use geforce_p2p::kernels::compress::{
     BlockSize, Compressible, Format, Scheme, WireLayout, all_reduce, decode_wire, encode_wire, shard_blocks,
 };
-use geforce_p2p::pinned::copy_from_host;
+use geforce_p2p::pinned::{copy_from_host, copy_wire_to_host};
 use geforce_p2p::{DeviceBuffer, DeviceView, PinnedBuffer, ReduceOp, Stream, half};
 use gp2p_collectives::{Engine, Rank, all_reduce_compressed};
 use gp2p_tests::{SplitMix64, needs, with_stream};
@@ -184,6 +185,45 @@ fn an_encoded_wire_is_the_reference_s_bytes() {
                 "{format} set {set}: blocks"
             );
             assert_eq!(got, want, "{format} set {set}: every byte, untouched ones zero");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_wire_copied_to_host_memory_carries_its_words_codes_and_exact_blocks_only() {
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
+    const UNTOUCHED: u8 = 0xAB;
+    for format in Format::ALL {
+        // Sets 2 and 3 have blocks that travel exact (tiny, subnormal, NaN, infinities).
+        for set in 0..4 {
+            let block = BlockSize::new(32).unwrap();
+            let values = data(set, 1, LEN);
+            let want = encode_wire(format, block, &values);
+            let layout = WireLayout { values: LEN, block };
+            let src = DeviceBuffer::from_host(&stream, &values).unwrap();
+            let mut wire = DeviceBuffer::<u8>::zeroed(&device, layout.bytes()).unwrap();
+            let wire_format = WireFormat { format, block };
+            encode(&stream, wire_format, &src.view(..), &mut wire.view_mut(..)).unwrap();
+            let mut host = PinnedBuffer::<u8>::alloc(&device, layout.bytes()).unwrap();
+            host.as_mut_slice().unwrap().fill(UNTOUCHED);
+            copy_wire_to_host(&stream, wire_format, LEN, &wire.view(..), &mut host.view_mut(..)).unwrap();
+            let got = host.as_slice().unwrap();
+            let dense = layout.exact_offset();
+            assert_eq!(got[..dense], want[..dense], "{format} set {set}: words and codes");
+            let mut exact_blocks = 0;
+            for b in 0..layout.blocks() {
+                let word = u32::from_ne_bytes(want[4 * b..4 * b + 4].try_into().unwrap());
+                let values = b * 32..((b + 1) * 32).min(LEN);
+                let bytes = dense + 4 * values.start..dense + 4 * values.end;
+                if word == geforce_p2p::kernels::compress::EXACT_WORD {
+                    exact_blocks += 1;
+                    assert_eq!(got[bytes.clone()], want[bytes], "{format} set {set}: exact block {b}");
+                } else {
+                    assert!(got[bytes].iter().all(|&x| x == UNTOUCHED), "{format} set {set}: block {b} is scaled");
+                }
+            }
+            assert_eq!(exact_blocks > 0, set >= 2, "{format} set {set}: the data sets' exact blocks");
         }
     }
 }

@@ -122,3 +122,30 @@ pub fn decode_from_host<T: Element>(
     dst.note_use(&point);
     Ok(())
 }
+
+/// Enqueue a copy of `wire`, a wire of `values` values made in device memory with this
+/// format, into `host` on `stream`: its words and codes and the exact values of the blocks
+/// that travel exact, written by a kernel through the device's mapping of `host`, so only
+/// those bytes cross the link (about 1 + 4/block a value, where a DMA of the whole room
+/// would carry 4 bytes a value more). The rest of `host`'s room is left as it is; a reader
+/// of the wire never looks there.
+pub fn copy_wire_to_host(
+    stream: &Stream,
+    format: WireFormat,
+    values: usize,
+    wire: &DeviceView<'_, u8>,
+    host: &mut PinnedViewMut<'_, u8>,
+) -> Result<()> {
+    on_stream(stream, "wire", wire.device().ordinal())?;
+    let need = format.wire_bytes(values);
+    holds("wire", wire.len(), need)?;
+    holds("host", host.len(), need)?;
+    let mapped = host.device_ptr(stream.device())?;
+    // SAFETY: `wire` is on the stream's device and `mapped` addresses enough bytes of pinned
+    // host memory as this device sees them (both checked), apart; both note the point below.
+    unsafe { raw::compress_copy_wire(stream, format.block, wire.raw_ptr(), values, mapped)? };
+    let point = stream.point()?;
+    wire.note_use(&point);
+    host.note_use(&point);
+    Ok(())
+}

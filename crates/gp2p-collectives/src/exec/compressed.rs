@@ -3,7 +3,8 @@
 //! the others' pieces on its receive stream, and stream points between ranks at round
 //! granularity. The wires live in two pinned areas per group (up and down), kept between
 //! calls and grown when a call needs more. An owner folds into a wire in its VRAM, decodes its
-//! own result from there and copies the wire to the down area for the others, so each rank's
+//! own result from there and copies the wire's bytes that matter (not its whole room, whose
+//! exact area is 4 bytes a value) to the down area for the others, so each rank's
 //! link carries W up and 2(N−1)/N·W down for a buffer whose wire is W bytes, where the exact
 //! ring moves 2(N−1)/N of the buffer each way.
 
@@ -12,7 +13,7 @@ use std::any::TypeId;
 use gp2p_cuda::codec::{WireFormat, decode};
 use gp2p_cuda::{Device, DeviceBuffer, Stream, StreamPoint};
 use gp2p_kernels::{Element, ReduceOp};
-use gp2p_pinned::{PinnedBuffer, copy_to_host, decode_from_host, encode_to_host, fold_encode_from_host};
+use gp2p_pinned::{PinnedBuffer, copy_wire_to_host, decode_from_host, encode_to_host, fold_encode_from_host};
 
 use super::{Engine, RECV, Rank, SEND, take_buffer};
 use crate::Result;
@@ -73,7 +74,7 @@ fn cached_or_new(cached: Option<PinnedBuffer<u8>>, bytes: usize, device: &Device
 /// Round by round: every rank encodes its values of the other owners' pieces into the up
 /// area (send stream); each owner, once every other rank's encodes of the round are done,
 /// folds its piece into its VRAM wire, decodes its own result from there and copies the wire
-/// to the down area (send stream, in that order, so the decode overwrites only values the
+/// (what matters of it) to the down area (send stream, in that order, so the decode overwrites only values the
 /// fold has read); every rank, once every other owner's copy of the round is done, decodes
 /// their pieces into its buffer (receive stream). The encodes of a later round read other
 /// values than the decodes of earlier rounds write.
@@ -108,7 +109,8 @@ fn enqueue_rounds<T: Element>(
                 fold_encode_from_host(send, format, &own, &wires, r, average, &mut folds[r].view_mut(..bytes))?;
                 let wire = folds[r].view(..bytes);
                 decode(send, format, &wire, &mut rank.buffer.slice_mut(piece.values.clone()))?;
-                copy_to_host(send, &wire, &mut down.view_mut(piece.down..piece.down + bytes))?;
+                let to = &mut down.view_mut(piece.down..piece.down + bytes);
+                copy_wire_to_host(send, format, piece.values.len(), &wire, to)?;
             }
             folded.push(send.point()?);
         }

@@ -1,10 +1,11 @@
 //! The compressed all-reduce's block codec on addresses: encode a range into a wire, fold
-//! every rank's wire of one shard into a new wire, decode a wire (`kernels/compress.cu`; the
+//! every rank's wire of one shard into a new wire, decode a wire, copy a wire's bytes that
+//! matter (`kernels/compress.cu`; the
 //! wire's layout is [`gp2p_kernels::compress::WireLayout`]). The bits are those of the CPU
 //! reference, [`gp2p_kernels::compress`].
 
 use gp2p_kernels::compress::{BlockSize, Format, WireLayout};
-use gp2p_kernels::{CODEC_MAX_RANKS, CodecKernel, DType, KernelFamily, compress_kernel_name};
+use gp2p_kernels::{CODEC_MAX_RANKS, COPY_WIRE_KERNEL, CodecKernel, DType, KernelFamily, compress_kernel_name};
 
 use super::check_aligned;
 use crate::driver::RawDevicePtr;
@@ -210,6 +211,53 @@ pub unsafe fn compress_decode(
     unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
 }
 
+/// Enqueue a copy of the wire of `len` values in blocks of `block` at `src` to `dst` on
+/// `stream`: its words and codes, and the exact values of the blocks that travel exact (the
+/// rest of `dst`'s room is left as it is). What crosses the bus into mapped host memory is
+/// then what a reader uses, about 1 + 4/block bytes a value, not the room's 5 + 4/block.
+///
+/// # Safety
+/// - `src` is a wire of `len` values that [`compress_encode`] or [`compress_fold_encode`]
+///   wrote with this block size, and `dst` `WireLayout::bytes` writable bytes for it, each
+///   addressable from the stream's device, apart;
+/// - both stay allocated, nothing writes `src` and nothing else touches `dst`, until the
+///   kernel completes on `stream`.
+pub unsafe fn compress_copy_wire(
+    stream: &Stream,
+    block: BlockSize,
+    src: RawDevicePtr,
+    len: usize,
+    dst: RawDevicePtr,
+) -> Result<()> {
+    check_aligned(&[("src", src), ("dst", dst)], WIRE_ALIGN)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let function = Module::kernels(stream.device(), KernelFamily::Compress)?.function(COPY_WIRE_KERNEL)?;
+    let layout = WireLayout { values: len, block };
+    // A warp per value block for the exact blocks, a thread per 16 bytes of words and codes.
+    let threads = (layout.exact_offset() / 16).max(32 * layout.blocks());
+    let cap = (stream.device().info().multiprocessors * BLOCKS_PER_SM) as usize;
+    let config =
+        LaunchConfig { grid: threads.div_ceil(THREADS as usize).clamp(1, cap) as u32, block: THREADS, shared_bytes: 0 };
+    let args = CopyArgs { src, len: len as u64, block: block.get() as u32, dst };
+    // SAFETY: the copy kernel; the ranges: the caller's.
+    unsafe { launch_kernel(&function, stream, config, &args, None) }
+}
+
+struct CopyArgs {
+    src: RawDevicePtr,
+    len: u64,
+    block: u32,
+    dst: RawDevicePtr,
+}
+
+impl KernelArgs for CopyArgs {
+    fn params(&self) -> Params {
+        Params::default().u64(self.src).u64(self.len).u32(self.block).u64(self.dst)
+    }
+}
+
 /// Launch every codec kernel once on `stream` with no values (each returns before it touches
 /// memory), so that none is loaded lazily later (see `crate::reduce::load_all_reduce_kernels`).
 pub(crate) fn launch_each_empty(stream: &Stream) -> Result<()> {
@@ -231,7 +279,10 @@ pub(crate) fn launch_each_empty(stream: &Stream) -> Result<()> {
             }
         }
     }
-    Ok(())
+    let copy = CopyArgs { src: 0, len: 0, block, dst: 0 };
+    let function = Module::kernels(stream.device(), KernelFamily::Compress)?.function(COPY_WIRE_KERNEL)?;
+    // SAFETY: no values: the kernel copies zero words and codes and scans zero blocks.
+    unsafe { launch_kernel(&function, stream, one, &copy, None) }
 }
 
 #[cfg(test)]
