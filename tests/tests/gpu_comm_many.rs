@@ -18,7 +18,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use geforce_p2p::{DeviceBuffer, ReduceOp, Stream};
+use geforce_p2p::cuda::codec::WireFormat;
+use geforce_p2p::kernels::compress::{self, BlockSize, Compressible, Format, Scheme};
+use geforce_p2p::{DeviceBuffer, ReduceOp, Stream, half};
 use gp2p_comm::{CommOptions, Communicator, UniqueId};
 use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, device, every_dtype, needs, random};
 
@@ -361,6 +363,112 @@ fn one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size() {
     }
     every_dtype!(cases(&mut r.comm, &r.stream, rank, world));
     r.finish();
+}
+
+/// Rank r's values of the compressed case `case`: random, with an outlier every 32 values,
+/// a block of zeros, a tiny block, and on some ranks a NaN and infinities, as `T`.
+fn compressible_inputs<T: Compressible>(world: usize, len: usize, case: u64) -> Vec<Vec<T>> {
+    (0..world)
+        .map(|r| {
+            let mut rng = gp2p_tests::SplitMix64::new(0xC0 + case * 64 + r as u64);
+            (0..len)
+                .map(|i| {
+                    let x = rng.next_f64_signed() as f32 * 3.0;
+                    let v = match (i / 32 % 64, i % 32) {
+                        (5, _) => 0.0,
+                        (6, _) => x * 1e-33,
+                        (_, 7) => x * 1e4,
+                        (9, 3) if r % 3 == 1 => f32::NAN,
+                        (11, 4) if r % 3 == 2 => f32::INFINITY,
+                        (11, 5) if r % 3 == 0 => f32::NEG_INFINITY,
+                        _ => x,
+                    };
+                    T::from_f32(v)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The compressed all-reduce of every float type, format, op and a few block sizes and
+/// lengths (slots of 64 KiB, so long buffers take several pieces a shard), in place and out
+/// of place in turn, twice (the second call reuses the wires): every rank's result equals
+/// `gp2p_kernels::compress::all_reduce`'s, bit for bit (NaN as NaN).
+fn compressed_case<T: Compressible>(comm: &mut Communicator, stream: &Stream, case: &mut u64) {
+    let (rank, world) = (comm.rank(), comm.world());
+    for (len, block) in [(1, 32), (1000, 32), (70_001, 64), (300_000, 256)] {
+        for format in Format::ALL {
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                *case += 1;
+                let block = BlockSize::new(block).unwrap();
+                let inputs = compressible_inputs::<T>(world, len, *case);
+                let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+                let want = compress::all_reduce(&refs, op, Scheme { format, block }).unwrap();
+                let wire = WireFormat { format, block };
+                let input = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+                let got = if (*case as usize + rank).is_multiple_of(2) {
+                    let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+                    comm.all_reduce_compressed(&mut buf.view_mut(..), stream, op, wire).unwrap();
+                    buf.to_host_vec(stream).unwrap()
+                } else {
+                    let mut out = DeviceBuffer::<T>::alloc(stream.device(), len).unwrap();
+                    comm.all_reduce_compressed_into(&input.view(..), &mut out.view_mut(..), stream, op, wire).unwrap();
+                    out.to_host_vec(stream).unwrap()
+                };
+                let what = format!("rank {rank} of {world}, {} {len} values, {format}/{}, {op}", T::DTYPE, block.get());
+                let same = |a: &T, b: &T| {
+                    a.to_f32().to_bits() == b.to_f32().to_bits() || (a.to_f32().is_nan() && b.to_f32().is_nan())
+                };
+                let wrong: Vec<usize> = (0..len).filter(|&i| !same(&got[i], &want[rank][i])).collect();
+                assert!(wrong.is_empty(), "{what}: {} wrong, first at {:?}", wrong.len(), &wrong[..wrong.len().min(5)]);
+                assert!(input.to_host_vec(stream).unwrap() == inputs[rank], "{what}: the input changed");
+            }
+        }
+    }
+}
+
+fn compressed_among(test: &str, world: usize) {
+    if !runs_here(test, world) {
+        return;
+    }
+    let options = CommOptions { slot_bytes: 64 << 10, ..CommOptions::for_world(world) };
+    let mut r = Ranked::start(test, world, sharing(options));
+    let mut case = 0;
+    compressed_case::<f32>(&mut r.comm, &r.stream, &mut case);
+    compressed_case::<half::f16>(&mut r.comm, &r.stream, &mut case);
+    compressed_case::<half::bf16>(&mut r.comm, &r.stream, &mut case);
+    let mut ints = DeviceBuffer::from_host(&r.stream, &[1i32; 10]).unwrap();
+    let wire = WireFormat { format: Format::Int8, block: BlockSize::new(32).unwrap() };
+    let refused = r.comm.all_reduce_compressed(&mut ints.view_mut(..), &r.stream, ReduceOp::Sum, wire).unwrap_err();
+    assert!(refused.to_string().contains("f32, f16 or bf16"), "{refused}");
+    r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_compressed_all_reduce_gives_the_reference_s_bits() {
+    if !is_child() {
+        needs!(gpus: 1);
+    }
+    compressed_among("one_gpu_two_processes_compressed_all_reduce_gives_the_reference_s_bits", 2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_compressed_all_reduce_gives_the_reference_s_bits() {
+    if !is_child() {
+        needs!(gpus: 1);
+    }
+    compressed_among("one_gpu_four_processes_compressed_all_reduce_gives_the_reference_s_bits", 4);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_eight_processes_compressed_all_reduce_gives_the_reference_s_bits() {
+    if !is_child() {
+        needs!(gpus: 1);
+    }
+    compressed_among("one_gpu_eight_processes_compressed_all_reduce_gives_the_reference_s_bits", 8);
 }
 
 /// The last rank leaves after one call; every other rank's next call gives up within the

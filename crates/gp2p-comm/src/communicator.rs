@@ -30,6 +30,7 @@ use crate::rounds::Rounds;
 use crate::{Error, Result, Segment, UniqueId};
 
 mod all_reduce;
+mod compressed;
 mod failure;
 mod host;
 mod point_to_point;
@@ -98,6 +99,9 @@ pub struct Communicator {
     launches: LaunchCache,
     /// What other threads may do without this communicator's lock (host exchanges, abort).
     control: Control,
+    /// The compressed all-reduce's wires, kept between calls (see the `compressed` module);
+    /// kept like `registration` once a call was captured.
+    wires: Option<DeviceBuffer<u8>>,
 }
 
 /// Which way an all-gather or reduce-scatter moves its parts (see `Communicator::split`).
@@ -167,6 +171,7 @@ impl Communicator {
             capture: Capture::Refused,
             launches: LaunchCache::new(device),
             control: Control::new(Arc::clone(&segment_for_control), options.join_timeout),
+            wires: None,
         })
     }
 
@@ -352,7 +357,16 @@ impl Communicator {
             Split::Scatter(op) => (Rounds::reduce_scatter(world, bytes, in_place), op, part.map(|p| (p, own, bytes))),
         };
         let divide_by = self.divisor(op);
-        ManyTransfer { rounds, dtype: T::DTYPE, main: whole, part: part.unwrap_or(0), op, divide_by, local }
+        ManyTransfer {
+            rounds,
+            dtype: T::DTYPE,
+            main: whole,
+            part: part.unwrap_or(0),
+            op,
+            divide_by,
+            local,
+            wires: None,
+        }
     }
 
     /// What a reduction's last step divides by: the world size for avg, else 1.
@@ -526,7 +540,9 @@ impl std::fmt::Debug for Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         if self.capture == Capture::Used {
-            // A captured graph may still be launched: its staging and counter stay, unfreed.
+            // A captured graph may still be launched: its staging, counter and wires stay,
+            // unfreed.
+            std::mem::forget(self.wires.take());
             return;
         }
         // SAFETY: dropped once, here, and not used again; the lifetime rule defers the actual

@@ -219,6 +219,16 @@ pub enum Error {
         /// The output's.
         output: std::ops::Range<u64>,
     },
+    /// A compressed all-reduce of an op or element type it does not take.
+    #[error(
+        "a compressed all-reduce takes sum or avg of f32, f16 or bf16, not {op} of {dtype}: use all_reduce for this one"
+    )]
+    NotCompressible {
+        /// The op given.
+        op: gp2p_kernels::ReduceOp,
+        /// The element type given.
+        dtype: gp2p_kernels::DType,
+    },
     /// A buffer or stream on another device than the communicator's.
     #[error("{what} is on device {got}, but this rank's communicator is on device {expected}; use this rank's device")]
     WrongDevice {

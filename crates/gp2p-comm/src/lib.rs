@@ -133,6 +133,7 @@ mod segment;
 pub use communicator::{Communicator, Control};
 pub use error::{Error, Result};
 pub use gp2p_collectives::cost::{ALGORITHM_VAR, Algorithm};
+pub use gp2p_cuda::codec::WireFormat;
 pub use host::{HOST_ID_VAR, host_id, host_id_from};
 pub use id::UniqueId;
 pub use layout::{CommOptions, MAX_RANKS};

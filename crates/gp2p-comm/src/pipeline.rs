@@ -19,7 +19,8 @@
 #![allow(unsafe_code)]
 
 use gp2p_cuda::raw::{
-    GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, wait_flags, write_flag,
+    Codec, GiveUp, compress_copy_wire, compress_decode, compress_encode, memcpy_dtod_async, memcpy_dtoh_async,
+    memcpy_htod_async, reduce, wait_flag, wait_flags, write_flag,
 };
 use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
 use gp2p_kernels::{DType, ReduceOp};
@@ -96,6 +97,41 @@ pub(crate) struct ManyTransfer {
     pub(crate) divide_by: u32,
     /// A copy within this rank's device first, on the caller's stream: `(dst, src, bytes)`.
     pub(crate) local: Option<(RawDevicePtr, RawDevicePtr, usize)>,
+    /// Where every leg carries a wire of the compressed all-reduce rather than bytes: how.
+    pub(crate) wires: Option<WireLegs>,
+}
+
+/// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
+/// one slot: its copy out and its landing are codec kernels that read or write the slot
+/// through the device's mapping, so only a wire's words, codes and exact blocks cross the
+/// link, never the rest of its room (4 bytes a value).
+#[derive(Debug, Clone)]
+pub(crate) struct WireLegs {
+    pub(crate) codec: Codec,
+    /// How a leg's wire gets into its writer's slot.
+    pub(crate) out: WireOut,
+    /// What a reader makes of it.
+    pub(crate) land: WireLand,
+    /// Values of each leg's wire, by leg.
+    pub(crate) values: Vec<usize>,
+}
+
+/// How a wire leg's copy out fills the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WireOut {
+    /// Encode the leg's source, values of `codec.dtype`, into it.
+    Encode,
+    /// Copy the wire at the leg's source into it.
+    Copy,
+}
+
+/// How a reader lands a wire leg.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WireLand {
+    /// Copy the wire into the destination.
+    Copy,
+    /// Decode it into the destination's values of `codec.dtype`.
+    Decode,
 }
 
 impl Pipeline {
@@ -163,6 +199,36 @@ impl Pipeline {
                 LegStep::SetFlag { writer, slot, reader, value } => {
                     // SAFETY: a flag of the registered area.
                     unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? }
+                }
+                LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {
+                    let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
+                    let (leg, values) = (&legs[i], wires.values[i]);
+                    debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
+                    let (from, to) = (at(leg.src), device_at(layout.slot(rank, slot)));
+                    // SAFETY: this rank's slot, free (the steps waited), which holds the wire's
+                    // room (the leg's bytes, at most a slot); the leg's source holds `values`
+                    // values or a wire of them (the caller's contract).
+                    unsafe {
+                        match wires.out {
+                            WireOut::Encode => compress_encode(stream, wires.codec, from, values, to)?,
+                            WireOut::Copy => compress_copy_wire(stream, wires.codec.block, from, values, to)?,
+                        }
+                    }
+                }
+                LegStep::Land { leg: i, chunk, slot } if transfer.wires.is_some() => {
+                    let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
+                    let (leg, values) = (&legs[i], wires.values[i]);
+                    debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
+                    let (from, to) = (device_at(layout.slot(leg.writer, slot)), at(leg.dst));
+                    // SAFETY: the writer's slot, full (the steps waited), holding the leg's
+                    // wire; into the leg's destination, which nothing else of the call
+                    // touches meanwhile and holds the wire's room or its values.
+                    unsafe {
+                        match wires.land {
+                            WireLand::Copy => compress_copy_wire(stream, wires.codec.block, from, values, to)?,
+                            WireLand::Decode => compress_decode(stream, wires.codec, from, values, to)?,
+                        }
+                    }
                 }
                 LegStep::CopyOut { leg, chunk, slot } => {
                     let leg = &legs[leg];

@@ -50,7 +50,7 @@ impl Communicator {
     /// [`Communicator::all_reduce`] and [`Communicator::all_reduce_into`] once their buffers
     /// are checked: `len` elements at `buf.src` and `buf.dst`, on this device, the same or
     /// apart; `note` takes the point after the call.
-    fn all_reduce_checked<T: Element>(
+    pub(super) fn all_reduce_checked<T: Element>(
         &mut self,
         buf: InOut,
         len: usize,
@@ -135,6 +135,7 @@ impl Communicator {
                 op,
                 divide_by,
                 local,
+                wires: None,
             };
             return match local {
                 Some(_) => self.enqueue_many(stream, transfer, note),
@@ -143,7 +144,8 @@ impl Communicator {
         }
         if self.many.path(bytes) == ManyPath::Rounds {
             let rounds = Rounds::all_reduce(self.world(), bytes);
-            let transfer = ManyTransfer { rounds, dtype: T::DTYPE, main: buf.dst, part: 0, op, divide_by, local };
+            let transfer =
+                ManyTransfer { rounds, dtype: T::DTYPE, main: buf.dst, part: 0, op, divide_by, local, wires: None };
             return self.enqueue_many(stream, transfer, note);
         }
         let (timeout_ns, lines) = (self.timeout_ns(), self.many_lines());

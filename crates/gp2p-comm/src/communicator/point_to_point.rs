@@ -62,7 +62,8 @@ impl Communicator {
         if rounds.legs.is_empty() {
             return Ok(());
         }
-        let transfer = ManyTransfer { rounds, dtype, main, part: 0, op: ReduceOp::Sum, divide_by: 1, local: None };
+        let transfer =
+            ManyTransfer { rounds, dtype, main, part: 0, op: ReduceOp::Sum, divide_by: 1, local: None, wires: None };
         self.enqueue_many(stream, transfer, note)
     }
 

@@ -1,0 +1,334 @@
+//! The communicator's compressed all-reduce: sum or avg of f32, f16 or bf16 with each value
+//! sent as a one-byte code in blocks that share a scale, `gp2p_kernels::compress::all_reduce`'s
+//! result bit for bit on every rank.
+//!
+//! The blocks are dealt to the ranks as that reference's shards, each shard cut into pieces
+//! whose wire fits a slot. A call is two runs of the rounds module's legs with a fold between,
+//! on the caller's stream:
+//! 1. every rank hands each other rank its pieces of that rank's shard, encoded straight into
+//!    its slots (the legs' copy out is the encode kernel), and each owner copies the wires it
+//!    gets into its device memory;
+//! 2. each owner folds every piece of its shard, its own values exact and the others'
+//!    wires, encodes the fold once and decodes its own result from it;
+//! 3. each owner hands its folded wires to every other rank (a copy of the wire's bytes that
+//!    matter into its slots), which decode them from the slots into their output.
+//!
+//! So each link carries (N − 1)/N·W up and down in the first run and W/N up, (N − 1)/N·W down
+//! in the second, W being the buffer's wire: about half the buffer's bytes from f16 or bf16,
+//! a quarter from f32. A wire's room also holds 4 bytes a value for blocks that travel exact
+//! (NaN, infinities, tiny values), written and read only for those blocks: the slots and the
+//! device memory the wires take (about 5 bytes a value, kept between calls) make room for
+//! them, the link carries them only where they occur.
+#![allow(unsafe_code)]
+
+use std::ops::Range;
+
+use gp2p_collectives::legs::{Buf, Leg, LegLanding, Readers};
+use gp2p_cuda::codec::{WireFormat, fold_wire_addresses};
+use gp2p_cuda::raw::{Codec, compress_decode, compress_fold_encode};
+use gp2p_kernels::compress::shard_blocks;
+
+use super::*;
+use crate::pipeline::{WireLand, WireLegs, WireOut};
+
+/// Wires start on this many bytes in device memory (the codec's alignment).
+const WIRE_ALIGN: usize = gp2p_cuda::raw::WIRE_ALIGN;
+
+/// The pieces of one call and where their wires sit in the wire memory: the wire rank r
+/// sent of piece p of this rank's shard at `got(r, p)`, this rank's fold of its piece p at
+/// `folded(p)`, each in a room of `room` bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WirePieces {
+    /// Per shard, its pieces' values as element indices, in order.
+    pub(crate) pieces: Vec<Vec<Range<usize>>>,
+    /// Bytes of the widest piece's wire, on the wire alignment: at most a slot.
+    pub(crate) room: usize,
+    /// The most pieces a shard has.
+    pub(crate) most: usize,
+    format: WireFormat,
+}
+
+impl WirePieces {
+    /// The pieces of `len` values among `world` ranks, each piece's wire at most `slot_bytes`.
+    pub(crate) fn new(len: usize, world: usize, format: WireFormat, slot_bytes: usize) -> WirePieces {
+        let size = format.block.get();
+        // The most blocks a piece takes: a wire is about 5 bytes a value and 4 a block.
+        let mut piece_blocks = (slot_bytes / (5 * size + 4)).max(1);
+        while piece_blocks > 1 && format.wire_bytes(piece_blocks * size) > slot_bytes {
+            piece_blocks -= 1;
+        }
+        let blocks = len.div_ceil(size);
+        let pieces: Vec<Vec<Range<usize>>> = (0..world)
+            .map(|s| {
+                let shard = shard_blocks(blocks, world, s);
+                (shard.start..shard.end)
+                    .step_by(piece_blocks)
+                    .map(|first| {
+                        let last = (first + piece_blocks).min(shard.end);
+                        (first * size).min(len)..(last * size).min(len)
+                    })
+                    .collect()
+            })
+            .collect();
+        let widest = pieces.iter().flatten().map(|p| format.wire_bytes(p.len())).max().unwrap_or(0);
+        let most = pieces.iter().map(Vec::len).max().unwrap_or(0);
+        WirePieces { pieces, room: widest.next_multiple_of(WIRE_ALIGN), most, format }
+    }
+
+    /// Bytes of wire memory a rank needs: a room per other rank and piece of its shard, and
+    /// one per piece of its fold.
+    pub(crate) fn bytes(&self) -> usize {
+        (self.pieces.len() + 1) * self.most * self.room
+    }
+
+    /// Offset of the wire rank `writer` sent of piece `piece` of this rank's shard.
+    pub(crate) fn got(&self, writer: usize, piece: usize) -> usize {
+        (writer * self.most + piece) * self.room
+    }
+
+    /// Offset of this rank's fold of piece `piece` of its shard.
+    pub(crate) fn folded(&self, piece: usize) -> usize {
+        (self.pieces.len() * self.most + piece) * self.room
+    }
+
+    /// The first run: in round p(N − 1) + k − 1 each rank r encodes piece p of shard r + k from
+    /// its input ([`Buf::Main`]) into its slot, and that shard's owner copies the wire to
+    /// `got(r, p)` of its wire memory ([`Buf::Part`]).
+    pub(crate) fn to_owners(&self, dtype_size: usize) -> (Rounds, Vec<usize>) {
+        let world = self.pieces.len();
+        let mut legs = Vec::new();
+        for p in 0..self.most {
+            for k in 1..world {
+                for writer in 0..world {
+                    let owner = (writer + k) % world;
+                    let Some(values) = self.pieces[owner].get(p) else { continue };
+                    let leg = Leg {
+                        round: p * (world - 1) + k - 1,
+                        writer,
+                        readers: Readers::One(owner),
+                        src: (Buf::Main, values.start * dtype_size),
+                        dst: (Buf::Part, self.got(writer, p)),
+                        bytes: self.format.wire_bytes(values.len()),
+                        landing: LegLanding::Copy,
+                    };
+                    legs.push((leg, values.len()));
+                }
+            }
+        }
+        let (legs, values) = legs.into_iter().unzip();
+        (Rounds { world, legs }, values)
+    }
+
+    /// The second run: in round p each owner copies its fold of piece p from `folded(p)` of
+    /// its wire memory ([`Buf::Part`]) into its slot, and every other rank decodes it into
+    /// that piece of its output ([`Buf::Main`]).
+    pub(crate) fn to_all(&self, dtype_size: usize) -> (Rounds, Vec<usize>) {
+        let world = self.pieces.len();
+        let mut legs = Vec::new();
+        for p in 0..self.most {
+            for (owner, pieces) in self.pieces.iter().enumerate() {
+                let Some(values) = pieces.get(p) else { continue };
+                let leg = Leg {
+                    round: p,
+                    writer: owner,
+                    readers: Readers::Others,
+                    src: (Buf::Part, self.folded(p)),
+                    dst: (Buf::Main, values.start * dtype_size),
+                    bytes: self.format.wire_bytes(values.len()),
+                    landing: LegLanding::Copy,
+                };
+                legs.push((leg, values.len()));
+            }
+        }
+        let (legs, values) = legs.into_iter().unzip();
+        (Rounds { world, legs }, values)
+    }
+}
+
+impl Communicator {
+    /// In place on every rank, compressed: `buf` becomes the sum (or for avg the average) of
+    /// every rank's `buf`, each value crossing host memory as a code of one byte in blocks
+    /// of `format.block` values sharing a scale (int8 or fp8 e4m3). The result is
+    /// `gp2p_kernels::compress::all_reduce`'s bit for bit, the same on every rank, each
+    /// element within `gp2p_kernels::compress::error_bound` of the exact result; blocks with
+    /// a NaN or an infinity, and tiny ones, travel exact (docs/compression.md has the scheme
+    /// and its bound). Sum and avg of f32, f16 and bf16 only
+    /// ([`Error::NotCompressible`] otherwise), and never chosen by itself: call it where that
+    /// error is acceptable. Every rank must make the same call (length, op and format). One
+    /// rank keeps its buffer as it is.
+    ///
+    /// Each link carries the buffer's wire (about half of bf16's bytes) up and twice
+    /// (N − 1)/N of it down; the wires take about twice a buffer's wire of device memory,
+    /// kept for later calls. Capturable into a CUDA graph as the exact calls are.
+    pub fn all_reduce_compressed<T: Element>(
+        &mut self,
+        buf: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+        format: WireFormat,
+    ) -> Result<()> {
+        check_compressible::<T>(op)?;
+        self.check_call(stream, &[("buf", buf.device())])?;
+        let (ptr, len) = (buf.raw_ptr(), buf.len());
+        self.compressed_checked::<T>(InOut::in_place(ptr), len, stream, op, format, |point| buf.note_use(point))
+    }
+
+    /// [`Communicator::all_reduce_compressed`] out of place: `output` becomes the result,
+    /// `input` stays as it was. `output` must have `input`'s length and lie apart from it.
+    pub fn all_reduce_compressed_into<T: Element>(
+        &mut self,
+        input: &DeviceView<'_, T>,
+        output: &mut DeviceViewMut<'_, T>,
+        stream: &Stream,
+        op: ReduceOp,
+        format: WireFormat,
+    ) -> Result<()> {
+        check_compressible::<T>(op)?;
+        self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
+        if output.len() != input.len() {
+            return Err(Error::OutputLength { output: output.len(), input: input.len() });
+        }
+        if !input.is_empty() {
+            check_apart(input.byte_range(), output.byte_range())?;
+        }
+        let buf = InOut { src: input.raw_ptr(), dst: output.raw_ptr() };
+        self.compressed_checked::<T>(buf, input.len(), stream, op, format, |point| {
+            input.note_use(point);
+            output.note_use(point);
+        })
+    }
+
+    /// Both once their buffers are checked: `len` elements at `buf.src` and `buf.dst`, on
+    /// this device, the same or apart.
+    fn compressed_checked<T: Element>(
+        &mut self,
+        buf: InOut,
+        len: usize,
+        stream: &Stream,
+        op: ReduceOp,
+        format: WireFormat,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if self.world() == 1 {
+            // Nothing travels: the input is the result, copied where it goes elsewhere.
+            return self.all_reduce_checked::<T>(buf, len, stream, op, note);
+        }
+        let plan = WirePieces::new(len, self.world(), format, self.layout.slot_bytes());
+        let wires = self.take_wires(plan.bytes())?;
+        let codec = Codec { dtype: T::DTYPE, format: format.format, block: format.block };
+        let memory = wires.raw_ptr();
+        let launch = |comm: &mut Self| {
+            // SAFETY: `buf` is `len` elements of `T` on this device, its two addresses the
+            // same or apart (the callers checked); `memory` is `wires`, device memory of this
+            // device holding `plan.bytes()`, apart from `buf`, noted with the call's point
+            // below (captured: kept for the process's life, see `take_wires`). Every rank
+            // makes the same call, so the same plan.
+            unsafe { comm.enqueue_compressed(stream, buf, &plan, memory, codec, op == ReduceOp::Avg) }
+        };
+        let result = self.call(stream, launch, |point| {
+            note(point);
+            wires.view(..).note_use(point);
+        });
+        self.wires = Some(wires);
+        result
+    }
+
+    /// The call's three steps on `stream` (see the module's doc).
+    ///
+    /// # Safety
+    /// - `buf` is the plan's values of `codec.dtype` in this device's memory, its two
+    ///   addresses the same or apart, held until the work completes;
+    /// - `memory` is `plan.bytes()` of this device's memory, apart from `buf` and held
+    ///   likewise, that nothing else touches meanwhile;
+    /// - every other rank enqueues the same call.
+    unsafe fn enqueue_compressed(
+        &self,
+        stream: &Stream,
+        buf: InOut,
+        plan: &WirePieces,
+        memory: RawDevicePtr,
+        codec: Codec,
+        average: bool,
+    ) -> Result<()> {
+        let (rank, world) = (self.rank(), self.world());
+        let size = codec.dtype.size_bytes();
+        let at = |base: RawDevicePtr, offset: usize| base + offset as u64;
+        let format = WireFormat { format: codec.format, block: codec.block };
+        let side = self.side();
+        let (rounds, values) = plan.to_owners(size);
+        let wires = Some(WireLegs { codec, out: WireOut::Encode, land: WireLand::Copy, values });
+        let to_owners = ManyTransfer {
+            rounds,
+            dtype: codec.dtype,
+            main: buf.src,
+            part: memory,
+            op: ReduceOp::Sum,
+            divide_by: 1,
+            local: None,
+            wires,
+        };
+        // SAFETY: every leg encodes a piece of the input into a slot and lands its wire in a
+        // room of `memory` (the plan's offsets, each wire at most its room and a slot);
+        // every rank runs the same legs.
+        unsafe { self.pipeline.run_many(stream, side, &to_owners)? };
+        for (p, values) in plan.pieces[rank].iter().enumerate() {
+            let placed: Vec<Option<(RawDevicePtr, usize)>> =
+                (0..world).map(|r| (r != rank).then(|| (at(memory, plan.got(r, p)), plan.room))).collect();
+            let addresses = fold_wire_addresses(format, values.len(), rank, &placed)?;
+            let (own, out) = (at(buf.src, values.start * size), at(memory, plan.folded(p)));
+            // SAFETY: a piece of this rank's shard of the input, exact, and the wires the others
+            // sent of it (landed: the run joined into `stream`), into its fold's room, which no
+            // leg reads until the second run.
+            unsafe { compress_fold_encode(stream, codec, own, values.len(), &addresses, rank, average, out)? };
+            // SAFETY: that fold into the same piece of the output, which the fold has read
+            // (in place) and nothing else writes.
+            unsafe { compress_decode(stream, codec, out, values.len(), at(buf.dst, values.start * size))? };
+        }
+        let (rounds, values) = plan.to_all(size);
+        let wires = Some(WireLegs { codec, out: WireOut::Copy, land: WireLand::Decode, values });
+        let to_all = ManyTransfer {
+            rounds,
+            dtype: codec.dtype,
+            main: buf.dst,
+            part: memory,
+            op: ReduceOp::Sum,
+            divide_by: 1,
+            local: None,
+            wires,
+        };
+        // SAFETY: every leg copies a fold out of `memory` into a slot and decodes it into the
+        // owner's pieces of the output, which the first run only read (joined before this).
+        unsafe { self.pipeline.run_many(stream, side, &to_all) }
+    }
+
+    /// The wires' memory for a call of `bytes`: the kept buffer if it holds them, else a new
+    /// one. A buffer too small is dropped (freed once its noted work is done) or, once a
+    /// call was captured into a graph that may still replay with it, kept for the process's
+    /// life.
+    fn take_wires(&mut self, bytes: usize) -> Result<DeviceBuffer<u8>> {
+        match self.wires.take() {
+            Some(kept) if kept.len() >= bytes => Ok(kept),
+            kept => {
+                if self.capture == Capture::Used {
+                    std::mem::forget(kept);
+                }
+                Ok(DeviceBuffer::alloc(&self.device, bytes)?)
+            }
+        }
+    }
+}
+
+/// Refuses what the compressed all-reduce does not take.
+fn check_compressible<T: Element>(op: ReduceOp) -> Result<()> {
+    let compressible = matches!(T::DTYPE, DType::F32 | DType::F16 | DType::BF16);
+    if !compressible || !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+        return Err(Error::NotCompressible { op, dtype: T::DTYPE });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,151 @@
+//! The compressed all-reduce's pieces and legs on the CPU: the pieces are the reference's
+//! shards cut on blocks, every leg is one wire that fits a slot, and running the legs with
+//! the codec's CPU twin gives the reference's bits on every rank.
+
+use gp2p_kernels::compress::{BlockSize, Format, Scheme, all_reduce, decode_wire, encode_wire};
+
+use super::*;
+use crate::rounds::{LegStep, steps};
+
+fn format(format: Format, block: usize) -> WireFormat {
+    WireFormat { format, block: BlockSize::new(block).unwrap() }
+}
+
+const SLOT: usize = 64 << 10;
+
+#[test]
+fn pieces_cut_the_reference_s_shards_on_blocks_into_wires_that_fit_a_slot() {
+    for world in 1..=8 {
+        for len in [1, 31, 33, 1000, 50_000, 300_001] {
+            for block in [32, 256] {
+                let f = format(Format::Int8, block);
+                let plan = WirePieces::new(len, world, f, SLOT);
+                let what = format!("{world} ranks, {len} values, blocks of {block}");
+                let blocks = len.div_ceil(block);
+                let mut next = 0;
+                for (s, pieces) in plan.pieces.iter().enumerate() {
+                    let shard = shard_blocks(blocks, world, s);
+                    assert_eq!(next, (shard.start * block).min(len), "{what}: shard {s} starts where the last ended");
+                    for p in pieces {
+                        assert_eq!(p.start, next, "{what}: shard {s}");
+                        assert!(!p.is_empty() && p.start % block == 0, "{what}: {p:?}");
+                        assert!(f.wire_bytes(p.len()) <= plan.room && plan.room <= SLOT, "{what}: {p:?}");
+                        next = p.end;
+                    }
+                    assert_eq!(next, (shard.end * block).min(len), "{what}: shard {s} covered");
+                }
+                assert_eq!(next, len);
+                assert_eq!(plan.room % WIRE_ALIGN, 0);
+                assert_eq!(plan.most, plan.pieces.iter().map(Vec::len).max().unwrap());
+            }
+        }
+    }
+    // Pieces are as long as a slot allows: a bf16 wire of 8 MiB slots carries over 1.6 M values.
+    let plan = WirePieces::new(64 << 20, 2, format(Format::Int8, 64), 8 << 20);
+    assert!(plan.pieces[0][0].len() > 1_600_000, "{:?}", plan.pieces[0][0]);
+}
+
+#[test]
+fn every_leg_is_one_chunk_and_a_writer_has_at_most_one_leg_a_round() {
+    for world in 2..=8 {
+        let plan = WirePieces::new(200_000, world, format(Format::Fp8E4m3, 64), SLOT);
+        for (rounds, values) in [plan.to_owners(2), plan.to_all(2)] {
+            assert_eq!(rounds.legs.len(), values.len());
+            for (leg, &n) in rounds.legs.iter().zip(&values) {
+                assert!(leg.bytes <= SLOT && leg.bytes == format(Format::Fp8E4m3, 64).wire_bytes(n));
+                let same_round = rounds.legs.iter().filter(|l| l.round == leg.round && l.writer == leg.writer);
+                assert_eq!(same_round.count(), 1, "{world} ranks, round {}", leg.round);
+            }
+            for rank in 0..world {
+                let steps = steps(&rounds, rank, SLOT, 3);
+                let copies = steps.iter().filter(|(_, s)| matches!(s, LegStep::CopyOut { chunk: 0, .. })).count();
+                let sent = rounds.legs.iter().filter(|l| l.writer == rank).count();
+                assert_eq!(copies, sent, "{world} ranks, rank {rank}: one copy out a leg");
+            }
+        }
+        // The rooms a rank's wires land in lie apart, inside its wire memory.
+        let mut rooms: Vec<usize> =
+            (0..world).flat_map(|r| (0..plan.most).map(move |p| (r, p))).map(|(r, p)| plan.got(r, p)).collect();
+        rooms.extend((0..plan.most).map(|p| plan.folded(p)));
+        rooms.sort_unstable();
+        assert!(rooms.windows(2).all(|w| w[1] - w[0] >= plan.room));
+        assert!(rooms.last().unwrap() + plan.room <= plan.bytes());
+    }
+}
+
+/// The legs run on host memory with the codec's CPU twin, as the pipeline runs them: the
+/// first run's copy out encodes, its landing copies the wire; each owner folds in rank order
+/// and decodes its own pieces; the second run's landing decodes.
+fn run_on_the_cpu(inputs: &[Vec<f32>], op: ReduceOp, f: WireFormat, slot: usize) -> Vec<Vec<f32>> {
+    let (world, len) = (inputs.len(), inputs[0].len());
+    let plan = WirePieces::new(len, world, f, slot);
+    let mut memory = vec![vec![0u8; plan.bytes()]; world];
+    let (to_owners, values) = plan.to_owners(4);
+    for (leg, n) in to_owners.legs.iter().zip(values) {
+        let Readers::One(owner) = leg.readers else { panic!("a first-run leg has one reader") };
+        let start = leg.src.1 / 4;
+        let wire = encode_wire(f.format, f.block, &inputs[leg.writer][start..start + n]);
+        assert!(wire.len() <= leg.bytes);
+        memory[owner][leg.dst.1..leg.dst.1 + wire.len()].copy_from_slice(&wire);
+    }
+    let decoded = |wire: &[u8], n: usize| -> Vec<f32> {
+        decode_wire(f.format, f.block, n, wire).iter().flat_map(|b| b.dequantize()).collect()
+    };
+    let mut outputs = vec![vec![f32::NAN; len]; world];
+    for (rank, pieces) in plan.pieces.iter().enumerate() {
+        for (p, values) in pieces.iter().enumerate() {
+            let mut fold: Vec<f32> = Vec::new();
+            for (r, input) in inputs.iter().enumerate() {
+                let part = if r == rank {
+                    input[values.clone()].to_vec()
+                } else {
+                    decoded(&memory[rank][plan.got(r, p)..], values.len())
+                };
+                if r == 0 {
+                    fold = part;
+                } else {
+                    fold.iter_mut().zip(part).for_each(|(a, v)| *a += v);
+                }
+            }
+            if op == ReduceOp::Avg {
+                let reciprocal = 1.0 / world as f32;
+                fold.iter_mut().for_each(|a| *a *= reciprocal);
+            }
+            let wire = encode_wire(f.format, f.block, &fold);
+            memory[rank][plan.folded(p)..plan.folded(p) + wire.len()].copy_from_slice(&wire);
+            outputs[rank][values.clone()].copy_from_slice(&decoded(&wire, values.len()));
+        }
+    }
+    let (to_all, values) = plan.to_all(4);
+    for (leg, n) in to_all.legs.iter().zip(values) {
+        let wire = memory[leg.writer][leg.src.1..leg.src.1 + leg.bytes].to_vec();
+        let start = leg.dst.1 / 4;
+        for reader in leg.readers(world) {
+            outputs[reader][start..start + n].copy_from_slice(&decoded(&wire, n));
+        }
+    }
+    outputs
+}
+
+#[test]
+fn the_legs_run_on_the_cpu_give_every_rank_the_reference_s_bits() {
+    for world in 2..=5 {
+        for (len, block, fmt) in [(1000, 32, Format::Int8), (40_000, 256, Format::Fp8E4m3), (70_001, 64, Format::Int8)]
+        {
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let f = format(fmt, block);
+                let inputs: Vec<Vec<f32>> = (0..world)
+                    .map(|r| (0..len).map(|i| ((i * 7919 + r * 104_729) % 2001) as f32 / 37.0 - 27.0).collect())
+                    .collect();
+                let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+                let want = all_reduce(&refs, op, Scheme { format: fmt, block: f.block }).unwrap();
+                // Slots of 64 KiB: the longer buffers take several pieces a shard.
+                let got = run_on_the_cpu(&inputs, op, f, SLOT);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                for (r, out) in got.iter().enumerate() {
+                    assert_eq!(bits(out), bits(&want[r]), "{world} ranks, {len} values, {fmt}/{block}, {op}, rank {r}");
+                }
+            }
+        }
+    }
+}
