@@ -8,17 +8,18 @@ use clap::Args;
 use geforce_p2p::collectives::pipeline::{Pipeline, choose};
 use geforce_p2p::collectives::reference::expected;
 use geforce_p2p::collectives::{
-    Collective, Engine, Rank, WireFormat, all_gather, all_reduce, all_reduce_compressed, broadcast, reduce_scatter,
+    Collective, Engine, Rank, all_gather, all_reduce, all_reduce_compressed, broadcast, reduce_scatter,
 };
-use geforce_p2p::kernels::compress::{self, BlockSize, Scheme};
-use geforce_p2p::kernels::reference::{Reference, count_mismatched, fill_random};
-use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
+use geforce_p2p::kernels::compress::Scheme;
+use geforce_p2p::kernels::reference::{count_mismatched, fill_random};
+use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, Stream, half};
 
+use super::compressed::{CompressArgs, Compressed, count_unequal_bits, deviation_from_exact, scaled_wire_bytes};
 use super::{CEILING_BYTES, Common, finish, progress, rows_table};
 use crate::error::CliError;
-use crate::flags::{CompressFlag, DTypeFlag, OpFlag, ReceiveFlag};
+use crate::flags::{DTypeFlag, OpFlag, ReceiveFlag};
 use crate::measure::{Ceilings, print_trace, time_op, timed_runs};
-use crate::report::{Deviation, Report, Row};
+use crate::report::{Report, Row};
 use crate::sizes::format_size;
 
 #[derive(Args)]
@@ -48,58 +49,9 @@ pub struct CollectiveArgs {
     /// G suffixes; 0 turns it off), instead of the default.
     #[arg(long, value_parser = crate::sizes::parse_size)]
     line_max: Option<usize>,
-    /// All-reduce only: the compressed all-reduce, its values sent as one-byte codes in this
-    /// format (sum or avg of f32, f16 or bf16); the rows add its error against the exact sum.
-    #[arg(long, value_enum)]
-    compress: Option<CompressFlag>,
-    /// Values per block of --compress, one scale each: a power of two from 32 to 256.
-    #[arg(long, default_value_t = 64, requires = "compress")]
-    block: usize,
+    #[command(flatten)]
+    compress: CompressArgs,
 }
-
-impl CollectiveArgs {
-    /// The compressed all-reduce's wire format, where `--compress` asks for one: checked
-    /// against the collective, op and type before anything runs.
-    fn wire_format(&self, kind: Kind) -> Result<Option<WireFormat>, CliError> {
-        let Some(format) = self.compress else { return Ok(None) };
-        let usage = |why: String| Err(CliError::Usage(format!("--compress {}: {why}", format.0)));
-        if kind != Kind::AllReduce {
-            return usage(format!("only all-reduce is compressed, not {}", kind.name()));
-        }
-        if !matches!(self.op.0, ReduceOp::Sum | ReduceOp::Avg) {
-            return usage(format!("takes --op sum or avg, not {}", self.op.0));
-        }
-        if !matches!(self.dtype.0, DType::F32 | DType::F16 | DType::BF16) {
-            return usage(format!("takes --dtype f32, f16 or bf16, not {}", self.dtype.0));
-        }
-        let block = BlockSize::new(self.block).map_err(|e| CliError::Usage(format!("--block {}: {e}", self.block)))?;
-        Ok(Some(WireFormat { format: format.0, block }))
-    }
-}
-
-/// What the bench needs of an element type beyond the exact collectives: the compressed
-/// all-reduce's CPU reference, for the three types it takes (None for the others, which
-/// [`CollectiveArgs::wire_format`] refuses first).
-pub trait Compressed: Reference {
-    fn compressed_reference(inputs: &[Vec<Self>], op: ReduceOp, scheme: Scheme) -> Option<Vec<Vec<Self>>>;
-}
-
-macro_rules! compressed {
-    (some: $($t:ty),*; none: $($u:ty),*) => {
-        $(impl Compressed for $t {
-            fn compressed_reference(inputs: &[Vec<Self>], op: ReduceOp, scheme: Scheme) -> Option<Vec<Vec<Self>>> {
-                let refs: Vec<&[Self]> = inputs.iter().map(Vec::as_slice).collect();
-                compress::all_reduce(&refs, op, scheme).ok()
-            }
-        })*
-        $(impl Compressed for $u {
-            fn compressed_reference(_: &[Vec<Self>], _: ReduceOp, _: Scheme) -> Option<Vec<Vec<Self>>> {
-                None
-            }
-        })*
-    };
-}
-compressed!(some: f32, half::f16, half::bf16; none: f64, i8, u8, i32, u32, i64, u64);
 
 /// Which collective a bench runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +108,7 @@ pub fn run(kind: Kind, args: &CollectiveArgs) -> Result<(), CliError> {
 }
 
 fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliError> {
-    let compressed = args.wire_format(kind)?;
+    let compressed = args.compress.wire_format(kind.name(), kind == Kind::AllReduce, args.op.0, args.dtype.0)?;
     let c = &args.common;
     let (sizes, repeats) = (c.sizes()?, c.repeats()?);
     let n = args.ranks.max(1);
@@ -289,7 +241,7 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
             // Each rank sends its wire W up once (its values of the others' shards, its folds)
             // and receives the others' wires of its shard and their folds: 2(N−1)/N·W.
             (_, Some(format)) => {
-                let wire = format.wire_bytes(len);
+                let wire = scaled_wire_bytes(format, len);
                 (vec![wire; n], vec![2 * (n - 1) * wire / n; n])
             }
             (Pipeline::Ring(schedule), None) => {
@@ -352,20 +304,6 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
     finish(&report, c, kind.name())
 }
 
-/// Elements of `got` whose bits differ from `want`'s (NaN equal to NaN).
-fn count_unequal_bits<T: Reference>(got: &[T], want: &[T]) -> usize {
-    let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-    got.iter().zip(want).filter(|(a, b)| !same(a.to_f64(), b.to_f64())).count()
-}
-
-/// Every rank's result against the exact sum (or average) of the inputs, in f64.
-fn deviation_from_exact<T: Reference>(inputs: &[Vec<T>], outputs: &[Vec<T>], op: ReduceOp) -> Deviation {
-    let divide = if op == ReduceOp::Avg { inputs.len() as f64 } else { 1.0 };
-    let exact: Vec<f64> =
-        (0..inputs[0].len()).map(|i| inputs.iter().map(|v| v[i].to_f64()).sum::<f64>() / divide).collect();
-    Deviation::of(outputs.iter().flat_map(|out| out.iter().zip(&exact).map(|(g, e)| (g.to_f64(), *e))))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,52 +343,5 @@ mod tests {
             .collect();
         assert_eq!(data.len(), 2, "{text}");
         assert!(data[0].trim_start().starts_with("8 ") && data[1].trim_start().starts_with("1G "), "{text}");
-    }
-
-    fn args(line: &[&str]) -> CollectiveArgs {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: CollectiveArgs,
-        }
-        let line = std::iter::once("bench").chain(line.iter().copied());
-        <Cli as clap::Parser>::try_parse_from(line).unwrap().args
-    }
-
-    #[test]
-    fn compress_is_refused_where_it_does_not_apply_naming_why() {
-        let format = args(&["--compress", "fp8", "--block", "128", "--dtype", "bf16", "--op", "avg"])
-            .wire_format(Kind::AllReduce)
-            .unwrap()
-            .unwrap();
-        assert_eq!((format.format.name(), format.block.get()), ("fp8", 128));
-        assert_eq!(args(&["--op", "max"]).wire_format(Kind::AllReduce).unwrap(), None);
-        for (line, kind, says) in [
-            (&["--compress", "int8"][..], Kind::AllGather, "only all-reduce is compressed, not all_gather"),
-            (&["--compress", "int8", "--op", "max"], Kind::AllReduce, "takes --op sum or avg, not max"),
-            (&["--compress", "int8", "--dtype", "i32"], Kind::AllReduce, "takes --dtype f32, f16 or bf16, not i32"),
-            (&["--compress", "int8", "--block", "48"], Kind::AllReduce, "--block 48"),
-        ] {
-            let e = args(line).wire_format(kind).unwrap_err().to_string();
-            assert!(e.contains(says), "{line:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn the_error_columns_measure_against_the_exact_sum() {
-        let inputs = vec![vec![1.0f32, -2.0, 0.5, 4.0], vec![1.0f32, 2.0, 0.5, 4.0]];
-        let exact_sum = [2.0f64, 0.0, 1.0, 8.0];
-        let mut outputs = vec![exact_sum.map(|x| x as f32).to_vec(); 2];
-        let none = deviation_from_exact(&inputs, &outputs, ReduceOp::Sum);
-        assert_eq!((none.max_relative, none.rms_relative), (0.0, 0.0));
-        outputs[1][3] = 8.5;
-        let one = deviation_from_exact(&inputs, &outputs, ReduceOp::Sum);
-        assert_eq!(one.max_relative, 0.5 / 8.0);
-        let rms_exact = (2.0 * (4.0 + 0.0 + 1.0 + 64.0) / 8.0f64).sqrt();
-        let rms_err = (0.25 / 8.0f64).sqrt();
-        assert!((one.rms_relative - rms_err / rms_exact).abs() < 1e-12, "{one:?}");
-        let avg = deviation_from_exact(&inputs, &outputs, ReduceOp::Avg);
-        assert!(avg.max_relative > 0.9, "the average is half the sum: {avg:?}");
-        assert_eq!(count_unequal_bits(&[f32::NAN, 1.0, -0.0], &[f32::NAN, 1.0, 0.0]), 1, "NaN is NaN; -0 is not 0");
     }
 }

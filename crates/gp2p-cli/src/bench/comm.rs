@@ -15,15 +15,22 @@
 //! ranks (those sharing its GPU) each move f·S each way, f = 2(N−1)/N for all-reduce and
 //! (N−1)/N for the others (S the buffer, the whole one for all-gather and reduce-scatter, as
 //! nccl-tests counts), so `bound = k·f·S / D` and `ratio = bound / time`.
+//!
+//! `all-reduce --compress int8|fp8 [--block N]` times the compressed all-reduce
+//! (`Communicator::all_reduce_compressed`): every rank's result must equal the CPU reference's
+//! bits, the row adds rank 0's error against the exact result, and its bound counts the wire's
+//! scales and codes in place of S.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use geforce_p2p::comm::{CommOptions, Communicator, MAX_RANKS, UniqueId};
+use geforce_p2p::comm::{CommOptions, Communicator, MAX_RANKS, UniqueId, WireFormat};
+use geforce_p2p::kernels::compress::Scheme;
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
 use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
 
+use super::compressed::{CompressArgs, Compressed, count_unequal_bits, deviation_from_exact, scaled_wire_bytes};
 use super::{CEILING_BYTES, Common, finish, progress, rows_table};
 use crate::error::CliError;
 use crate::flags::{DTypeFlag, OpFlag};
@@ -100,6 +107,8 @@ pub struct CommArgs {
     /// Slots per rank of that pipeline, instead of the default.
     #[arg(long)]
     slots: Option<usize>,
+    #[command(flatten)]
+    compress: CompressArgs,
 }
 
 pub fn run(args: &CommArgs) -> Result<(), CliError> {
@@ -180,7 +189,10 @@ fn as_child() -> Result<Option<(usize, usize, UniqueId)>, CliError> {
     Ok(Some((rank, world, id)))
 }
 
-fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
+fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
+    let kind = args.collective;
+    let compressed =
+        args.compress.wire_format(kind.name(), kind == CommCollective::AllReduce, args.op.0, args.dtype.0)?;
     let c = &args.common;
     let (sizes, repeats) = (c.sizes()?, c.repeats()?);
     if args.calls == 0 {
@@ -221,7 +233,8 @@ fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
     let bar = (rank == 0).then(|| progress(sizes.len()));
     let mut rows = Vec::new();
     for &bytes in &sizes {
-        let Some(row) = one_size::<T>(args, &mut comm, &stream, bytes, sharing, ceiling.as_ref().map(|c| c.0))? else {
+        let duplex = ceiling.as_ref().map(|c| c.0);
+        let Some(row) = one_size::<T>(args, compressed, &mut comm, &stream, bytes, sharing, duplex)? else {
             continue;
         };
         if let Some(bar) = &bar {
@@ -236,8 +249,9 @@ fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
     bar.finish_and_clear();
     ranks.finish()?;
     let report = Report::new(&device, measured, c.iters, rows)?.on_streams(c.stream.name());
+    let how = compressed.map_or_else(String::new, |f| format!(" --compress {} --block {}", f.format, f.block.get()));
     println!(
-        "# gp2p bench comm {} --ranks {world} ({sharing} on rank 0's GPU) --op {} --dtype {} on {}, {} calls a run, medians of {} runs",
+        "# gp2p bench comm {} --ranks {world} ({sharing} on rank 0's GPU){how} --op {} --dtype {} on {}, {} calls a run, medians of {} runs",
         args.collective.name(),
         args.op.0,
         args.dtype.0,
@@ -250,14 +264,23 @@ fn run_typed<T: Reference>(args: &CommArgs) -> Result<(), CliError> {
         "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
         args.collective.per_rank_factor(world)
     );
+    if compressed.is_some() {
+        println!(
+            "# compressed: the bound counts the wire's scales and codes, not the buffer; #wrong counts values whose bits \
+             differ from the CPU reference's; max rel err = largest |result - exact| over the largest |exact|, \
+             rms rel err = RMS(result - exact) / RMS(exact), exact in f64 (rank 0's result)"
+        );
+    }
     println!("{}", rows_table(&report.rows, "of bound").trim_fmt());
     finish(&report, c, &format!("comm {}", args.collective.name()))
 }
 
 /// One size on every rank: check a call from fresh inputs, then time the runs (rank 0); the
 /// row on rank 0, `None` elsewhere and for sizes too small for the ranks.
-fn one_size<T: Reference>(
+#[allow(clippy::too_many_arguments)]
+fn one_size<T: Compressed>(
     args: &CommArgs,
+    compressed: Option<WireFormat>,
     comm: &mut Communicator,
     stream: &Stream,
     bytes: usize,
@@ -287,11 +310,12 @@ fn one_size<T: Reference>(
     let call = |comm: &mut Communicator, out: &mut DeviceBuffer<T>| -> Result<(), CliError> {
         let input = pristine.view(..);
         let mut output = out.view_mut(..);
-        match kind {
-            CommCollective::AllReduce => comm.all_reduce(&mut output, stream, op)?,
-            CommCollective::AllGather => comm.all_gather(&input, &mut output, stream)?,
-            CommCollective::ReduceScatter => comm.reduce_scatter(&input, &mut output, stream, op)?,
-            CommCollective::Broadcast => comm.broadcast(&mut output, stream, 0)?,
+        match (kind, compressed) {
+            (CommCollective::AllReduce, Some(format)) => comm.all_reduce_compressed(&mut output, stream, op, format)?,
+            (CommCollective::AllReduce, None) => comm.all_reduce(&mut output, stream, op)?,
+            (CommCollective::AllGather, _) => comm.all_gather(&input, &mut output, stream)?,
+            (CommCollective::ReduceScatter, _) => comm.reduce_scatter(&input, &mut output, stream, op)?,
+            (CommCollective::Broadcast, _) => comm.broadcast(&mut output, stream, 0)?,
         }
         Ok(())
     };
@@ -305,7 +329,18 @@ fn one_size<T: Reference>(
     reset(&mut out)?;
     call(comm, &mut out)?;
     let got = out.to_host_vec(stream)?;
-    let wrong = wrong_count(kind, &got, &inputs, rank, op);
+    let (wrong, error) = match compressed {
+        // One right answer, the reference's bits; its distance from the exact sum is the
+        // row's error (every rank holds the same bits, so rank 0's result stands for all).
+        Some(format) => {
+            let scheme = Scheme { format: format.format, block: format.block };
+            let want = T::compressed_reference(&inputs, op, scheme)
+                .ok_or_else(|| CliError::Usage(format!("--compress takes f32, f16 or bf16, not {}", T::DTYPE)))?;
+            let error = (rank == 0).then(|| deviation_from_exact(&inputs, std::slice::from_ref(&got), op));
+            (count_unequal_bits(&got, &want[rank]), error)
+        }
+        None => (wrong_count(kind, &got, &inputs, rank, op), None),
+    };
     let wrong_everywhere: u64 = comm.exchange_host([wrong as u64, 0, 0, 0, 0, 0])?.iter().map(|w| w[0]).sum();
     let mut per_call = Vec::with_capacity(args.common.iters);
     let mut enqueue = Vec::with_capacity(args.common.iters);
@@ -333,10 +368,12 @@ fn one_size<T: Reference>(
     let seconds = median(&mut per_call);
     let real = len * size_of::<T>();
     let algbw = real as f64 / seconds / 1e9;
-    let bound = sharing as f64 * kind.per_rank_factor(n) * real as f64 / (duplex * 1e9);
+    // Compressed, the link carries the wire (scales and codes) where it would carry the buffer.
+    let moved = compressed.map_or(real, |format| scaled_wire_bytes(format, len));
+    let bound = sharing as f64 * kind.per_rank_factor(n) * moved as f64 / (duplex * 1e9);
     Ok(Some(Row {
         bench: kind.name(),
-        route: String::from("comm"),
+        route: compressed.map_or_else(|| "comm".into(), |f| format!("comm {} b{}", f.format, f.block.get())),
         dtype: T::DTYPE.to_string(),
         op: if matches!(kind, CommCollective::AllGather | CommCollective::Broadcast) {
             "none".into()
@@ -354,7 +391,7 @@ fn one_size<T: Reference>(
         ratio: bound / seconds,
         enqueue_us: Some(median(&mut enqueue) * 1e6),
         wrong: usize::try_from(wrong_everywhere).unwrap_or(usize::MAX),
-        error: None,
+        error,
     }))
 }
 

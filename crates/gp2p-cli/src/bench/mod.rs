@@ -3,6 +3,7 @@
 
 mod collective;
 mod comm;
+mod compressed;
 mod copy;
 mod host;
 mod reduce;
