@@ -779,6 +779,14 @@ def test_a_communicator_without_a_driver_fails_at_once_naming_it():
             gpd.Communicator(gpd.unique_id(), 0, 2, device=0, lines_max_bytes=bad)
     with pytest.raises(gp.UnavailableError, match="no NVIDIA"):  # 0 is taken: no lines at all
         gpd.Communicator(gpd.unique_id(), 0, 2, device=0, lines_max_bytes=0, join_timeout=1)
+    with pytest.raises(TypeError, match="compress: expected 'int8', 'fp8'"):
+        gpd.Communicator(gpd.unique_id(), 0, 2, device=0, compress=8)
+    for bad in ("int4", "int8:48", "fp8:x"):
+        with pytest.raises(gp.Error, match="expected int8, fp8 or off|48|not a number"):
+            gpd.Communicator(gpd.unique_id(), 0, 2, device=0, compress=bad)
+    for good in ("int8", "fp8:128", "off"):  # taken: the device is what fails
+        with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+            gpd.Communicator(gpd.unique_id(), 0, 2, device=0, compress=good, join_timeout=1)
 
 
 class _Native:

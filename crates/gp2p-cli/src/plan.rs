@@ -17,6 +17,8 @@ use geforce_p2p::cuda;
 
 use crate::error::CliError;
 use crate::sizes::{format_size, parse_size, sweep};
+
+mod compressed;
 use crate::table::{num, table};
 
 #[derive(Args)]
@@ -382,6 +384,8 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
         None => out.push_str(&format!("{ALGORITHM_VAR}={names} forces a choice.\n")),
     }
     out.push_str(&communicator_table(m, plans, forced));
+    let sizes: Vec<usize> = plans.iter().map(|(bytes, _)| *bytes).collect();
+    out.push_str(&compressed::compressed_table(m, &sizes));
     out.push_str(
         "The tables are the model's predictions, not measurements. In one process (the engine behind \
          geforce_p2p.all_reduce) two ranks run the ring and more run the cheaper of the ring and two-shot, \

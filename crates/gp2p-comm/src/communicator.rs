@@ -102,6 +102,8 @@ pub struct Communicator {
     /// The compressed all-reduce's wires, kept between calls (see the `compressed` module);
     /// kept like `registration` once a call was captured.
     wires: Option<DeviceBuffer<u8>>,
+    /// Which all-reduces `all_reduce` sends compressed (see the `compression` module).
+    compress: Option<crate::compression::Resolved>,
 }
 
 /// Which way an all-gather or reduce-scatter moves its parts (see `Communicator::split`).
@@ -126,7 +128,10 @@ impl Communicator {
         // Resolved before the layout, which every rank compares: the forced algorithm too.
         let env = std::env::var_os(crate::ALGORITHM_VAR).map(|v| v.to_string_lossy().into_owned());
         let options = CommOptions { algorithm: choice::forced(options.algorithm, env.as_deref())?, ..options };
-        let layout = Layout::new(world, &options)?;
+        let env = std::env::var_os(crate::COMPRESS_VAR).map(|v| v.to_string_lossy().into_owned());
+        let compress = crate::compression::resolve(&options, world, env.as_deref())?;
+        let mut layout = Layout::new(world, &options)?;
+        layout.compress = crate::compression::Resolved::option_words(compress);
         if options.peer_timeout.is_zero() || options.peer_timeout > MAX_PEER_TIMEOUT {
             return Err(Error::InvalidOption {
                 name: "peer_timeout",
@@ -172,6 +177,7 @@ impl Communicator {
             launches: LaunchCache::new(device),
             control: Control::new(Arc::clone(&segment_for_control), options.join_timeout),
             wires: None,
+            compress,
         })
     }
 

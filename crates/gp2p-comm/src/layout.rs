@@ -43,6 +43,11 @@ pub struct CommOptions {
     /// Every rank must force the same (ranks compare it at creation). Two ranks have one
     /// path per size and ignore it.
     pub algorithm: Option<Algorithm>,
+    /// All-reduces of f32, f16 and bf16 under sum or avg, from a size on, compressed
+    /// (`Communicator::all_reduce_compressed`): `None` (the default) unless the environment
+    /// variable [`crate::COMPRESS_VAR`] (`GP2P_COMPRESS`) asks for it, never by itself. Every
+    /// rank must ask for the same (ranks compare it at creation). See [`crate::compression`].
+    pub compress: Option<crate::Compression>,
 }
 
 impl Default for CommOptions {
@@ -67,6 +72,7 @@ impl Default for CommOptions {
             chunk_blocks: DEFAULT_CHUNK_BLOCKS,
             lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
             algorithm: None,
+            compress: None,
         }
     }
 }
@@ -112,6 +118,9 @@ pub(crate) struct Layout {
     /// The forced all-reduce among more than two ranks, as ranks compare it
     /// (`choice::option_word`; 0: the cost model's choice).
     pub(crate) algorithm: u32,
+    /// The all-reduces' compression as ranks compare it (`compression::Resolved::option_words`;
+    /// zeros: off). Set by the communicator once it has resolved it.
+    pub(crate) compress: [u32; 2],
 }
 
 /// The turn counter of the serialised registration, at the start of the staging area.
@@ -127,7 +136,7 @@ pub(crate) const RANK_LINES: usize = 64;
 pub(crate) const STATUS: usize = 4;
 pub(crate) const OPTIONS: usize = 8;
 /// The options' words, after `OPTIONS` in each rank's cache line.
-pub(crate) const OPTION_WORDS: usize = 5;
+pub(crate) const OPTION_WORDS: usize = 7;
 const _: () = assert!(OPTIONS + 4 * OPTION_WORDS <= 64, "a rank's words fit in its cache line");
 pub(crate) const REGISTERED_OK: u32 = 1;
 pub(crate) const REGISTRATION_FAILED: u32 = 2;
@@ -233,6 +242,7 @@ impl Layout {
             slot_bytes,
             slot_count,
             algorithm: crate::choice::option_word(options.algorithm),
+            compress: [0, 0],
         })
     }
 
@@ -252,7 +262,16 @@ impl Layout {
     /// largest size (each bounded well below `u32::MAX`), and the forced all-reduce
     /// (`choice::option_word`).
     pub(crate) fn options(&self) -> [u32; OPTION_WORDS] {
-        [self.small_max as u32, self.slot_bytes as u32, self.slot_count as u32, self.lines_max as u32, self.algorithm]
+        let [format, min_kib] = self.compress;
+        [
+            self.small_max as u32,
+            self.slot_bytes as u32,
+            self.slot_count as u32,
+            self.lines_max as u32,
+            self.algorithm,
+            format,
+            min_kib,
+        ]
     }
 
     /// Offset of the communicator's broken flag, which every rank's host and pipeline waits

@@ -120,6 +120,7 @@
 
 pub mod choice;
 mod communicator;
+pub mod compression;
 mod error;
 mod handshake;
 mod host;
@@ -131,6 +132,7 @@ mod rounds;
 mod segment;
 
 pub use communicator::{Communicator, Control};
+pub use compression::{COMPRESS_VAR, Compression, compression_from};
 pub use error::{Error, Result};
 pub use gp2p_collectives::cost::{ALGORITHM_VAR, Algorithm};
 pub use gp2p_cuda::codec::WireFormat;

@@ -49,7 +49,11 @@ pub(crate) fn register_in_turn(segment: &Arc<Segment>, device: &Device, timeout:
 pub(crate) fn all_registered(segment: &Segment, layout: &Layout, ok: bool, timeout: Duration) -> Result<()> {
     let options = |rank: usize| -> Result<[&AtomicU32; OPTION_WORDS]> {
         let at = |i: usize| word(segment, layout.flag(rank) + OPTIONS + 4 * i);
-        Ok([at(0)?, at(1)?, at(2)?, at(3)?, at(4)?])
+        let mut words = [at(0)?; OPTION_WORDS];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = at(i)?;
+        }
+        Ok(words)
     };
     for (w, value) in options(segment.rank())?.into_iter().zip(layout.options()) {
         w.store(value, Ordering::Relaxed);

@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use geforce_p2p::comm::{Algorithm, CommOptions, Communicator, UniqueId};
+use geforce_p2p::comm::{Algorithm, CommOptions, Communicator, Compression, UniqueId, compression_from};
 use geforce_p2p::cuda::trace;
 use geforce_p2p::{DType, Device, Element, ReduceOp};
 use pyo3::intern;
@@ -40,7 +40,7 @@ impl PyCommunicator {
     /// Join communicator `id` as `rank` of `world` on CUDA device `device`; waits (with the
     /// GIL released) until every rank joined, at most `join_timeout` seconds.
     #[new]
-    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None, lines_max_bytes=None, algorithm=None))]
+    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None, lines_max_bytes=None, algorithm=None, compress=None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's keywords, passed through
     fn new(
         py: Python<'_>,
@@ -56,6 +56,7 @@ impl PyCommunicator {
         chunk_blocks: Option<usize>,
         lines_max_bytes: Option<usize>,
         algorithm: Option<&str>,
+        compress: Option<&str>,
     ) -> PyResult<Self> {
         let run = || -> Result<PyCommunicator, Raised> {
             let id: UniqueId = id.parse().map_err(Raised::from)?;
@@ -72,6 +73,11 @@ impl PyCommunicator {
                 algorithm: algorithm
                     .map(|name| name.parse::<Algorithm>().map_err(|e| Raised::argument("algorithm", e)))
                     .transpose()?,
+                // None leaves it to GP2P_COMPRESS; "off" turns it off whatever that says.
+                compress: match compress {
+                    None => None,
+                    Some(value) => Some(compression_from(Some(value))?.unwrap_or_else(Compression::off)),
+                },
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;

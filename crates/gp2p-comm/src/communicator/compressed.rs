@@ -200,7 +200,7 @@ impl Communicator {
 
     /// Both once their buffers are checked: `len` elements at `buf.src` and `buf.dst`, on
     /// this device, the same or apart.
-    fn compressed_checked<T: Element>(
+    pub(super) fn compressed_checked<T: Element>(
         &mut self,
         buf: InOut,
         len: usize,
@@ -321,10 +321,14 @@ impl Communicator {
     }
 }
 
+/// Whether the compressed all-reduce takes `op` on `T`: sum or avg of f32, f16 or bf16.
+pub(super) fn compressible<T: Element>(op: ReduceOp) -> bool {
+    matches!(T::DTYPE, DType::F32 | DType::F16 | DType::BF16) && matches!(op, ReduceOp::Sum | ReduceOp::Avg)
+}
+
 /// Refuses what the compressed all-reduce does not take.
 fn check_compressible<T: Element>(op: ReduceOp) -> Result<()> {
-    let compressible = matches!(T::DTYPE, DType::F32 | DType::F16 | DType::BF16);
-    if !compressible || !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+    if !compressible::<T>(op) {
         return Err(Error::NotCompressible { op, dtype: T::DTYPE });
     }
     Ok(())

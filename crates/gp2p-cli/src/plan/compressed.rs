@@ -1,0 +1,36 @@
+//! `gp2p plan`'s lines on the compressed all-reduce: the communicator's exact all-reduce and
+//! its compressed one (int8, 64 values a block) as the model prices them from bf16 at each
+//! size, and the size from which `GP2P_COMPRESS` switches it on (`gp2p_comm::compression`).
+
+use geforce_p2p::collectives::cost::Machine;
+use geforce_p2p::comm::compression::{DEFAULT_BLOCK, compressed_prediction, exact_prediction, min_bytes};
+use geforce_p2p::comm::{COMPRESS_VAR, CommOptions, MAX_RANKS, WireFormat};
+use geforce_p2p::kernels::compress::{BlockSize, Format};
+
+use crate::sizes::format_size;
+use crate::table::{num, table};
+
+/// The table, for `sizes`; empty where the communicator does not take the machine's ranks.
+pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
+    if m.ranks < 2 || m.ranks > MAX_RANKS {
+        return String::new();
+    }
+    let Ok(block) = BlockSize::new(DEFAULT_BLOCK) else { return String::new() };
+    let format = WireFormat { format: Format::Int8, block };
+    let lines_max = CommOptions::for_world(m.ranks).lines_max_bytes;
+    let min = min_bytes(m, lines_max, format);
+    let mut out = format!(
+        "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK]; bf16 as int8 in blocks of 64, about half \
+         the bytes, one more handoff): exact below {}, compressed from there on.\n",
+        format_size(min)
+    );
+    let mut t = table(&["size", "exact µs", "compressed µs", "runs"], &["runs"]);
+    for &bytes in sizes {
+        let exact = exact_prediction(m, bytes, lines_max).seconds;
+        let compressed = compressed_prediction(m, bytes, format, 2).seconds;
+        let runs = if bytes >= min { "compressed" } else { "exact" };
+        t.add_row(vec![format_size(bytes), num(exact * 1e6, 1), num(compressed * 1e6, 1), runs.to_owned()]);
+    }
+    out.push_str(&format!("{}\n", t.trim_fmt()));
+    out
+}
