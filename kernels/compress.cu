@@ -244,19 +244,25 @@ __device__ __forceinline__ void decode(const u8* wire, u64 n, u32 block, T* dst)
     }
 }
 
-// dst = the bytes of `src` that matter, a wire of `n` values: its words and codes, and the
-// exact area's values of the blocks that travel exact (the rest of the exact area is left as
-// it is). So a wire made in device memory reaches mapped host memory with only those bytes
-// crossing the bus, where a copy of its whole room would carry 4 more bytes a value.
-extern "C" __global__ void gp2p_compress_copy_wire(const u8* src, u64 n, u32 block, u8* dst) {
+// dst = the bytes of `src` that matter, a wire of `n` values: where `dense` is not 0 its words
+// and codes, and always the exact area's values of the blocks that travel exact, as the words
+// at `words` say (the rest of the exact area is left as it is). `words` is `src` where the
+// words are already there, or `dst` where a copy engine has just put them there, so a reader
+// of mapped host memory reads the words from device memory. A wire made in device memory
+// reaches mapped host memory (or back) with only those bytes crossing the bus, where a copy of
+// its whole room would carry 4 more bytes a value.
+extern "C" __global__ void gp2p_compress_copy_wire(const u8* src, u64 n, u32 block, u8* dst, u32 dense,
+                                                   const u8* words_at) {
     const Wire w = wire_at(const_cast<u8*>(src), n, block);
     const u64 thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 threads = (u64)gridDim.x * blockDim.x;
-    // Words and codes: 16 bytes a thread, the wire's start and exact area being on 16.
-    const uint4* from = reinterpret_cast<const uint4*>(src);
-    uint4* to = reinterpret_cast<uint4*>(dst);
-    for (u64 i = thread; i < w.exact / 16; i += threads) to[i] = from[i];
-    const u32* words = reinterpret_cast<const u32*>(src);
+    if (dense) {
+        // Words and codes: 16 bytes a thread, the wire's start and exact area being on 16.
+        const uint4* from = reinterpret_cast<const uint4*>(src);
+        uint4* to = reinterpret_cast<uint4*>(dst);
+        for (u64 i = thread; i < w.exact / 16; i += threads) to[i] = from[i];
+    }
+    const u32* words = reinterpret_cast<const u32*>(words_at);
     const float* exact_from = reinterpret_cast<const float*>(src + w.exact);
     float* exact_to = reinterpret_cast<float*>(dst + w.exact);
     const u64 blocks = (n + block - 1) / block;

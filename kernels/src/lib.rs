@@ -281,9 +281,10 @@ pub enum CodecKernel {
 }
 
 /// The codec's one kernel of no type or format, in [`COMPRESS`]: `(const u8* src, u64 n, u32
-/// block, u8* dst)` copies a wire of `n` values in blocks of `block`, its words and codes and
-/// the exact values of the blocks that travel exact, not the rest of its room (so from device
-/// memory into mapped host memory only those bytes cross the bus).
+/// block, u8* dst, u32 dense, const u8* words)` copies a wire of `n` values in blocks of
+/// `block`: its words and codes where `dense` is not 0, and the exact values of the blocks
+/// that travel exact as the words at `words` (`src`'s or `dst`'s) say, not the rest of its
+/// room (so between device memory and mapped host memory only those bytes cross the bus).
 pub const COPY_WIRE_KERNEL: &str = "gp2p_compress_copy_wire";
 
 /// The most ranks a [`CodecKernel::FoldEncode`] folds: the wires it takes by value.

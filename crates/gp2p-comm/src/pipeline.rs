@@ -19,10 +19,11 @@
 #![allow(unsafe_code)]
 
 use gp2p_cuda::raw::{
-    Codec, GiveUp, compress_copy_wire, compress_decode, compress_encode, memcpy_dtod_async, memcpy_dtoh_async,
+    Codec, GiveUp, compress_copy_exact_blocks, compress_decode, compress_encode, memcpy_dtod_async, memcpy_dtoh_async,
     memcpy_htod_async, reduce, wait_flag, wait_flags, write_flag,
 };
 use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
+use gp2p_kernels::compress::WireLayout;
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
@@ -102,9 +103,11 @@ pub(crate) struct ManyTransfer {
 }
 
 /// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
-/// one slot: its copy out and its landing are codec kernels that read or write the slot
-/// through the device's mapping, so only a wire's words, codes and exact blocks cross the
-/// link, never the rest of its room (4 bytes a value).
+/// one slot. A wire crosses the link as a DMA of its words and codes (its first
+/// `exact_offset` bytes) and a kernel that copies the values of the blocks that travel exact
+/// (through the device's mapping of the slot, only where there are such blocks), never the
+/// rest of its room (4 bytes a value). Encoding and decoding run in device memory, in a stage
+/// of a slot's size per stream, so the copy engines carry the bulk.
 #[derive(Debug, Clone)]
 pub(crate) struct WireLegs {
     pub(crate) codec: Codec,
@@ -114,6 +117,9 @@ pub(crate) struct WireLegs {
     pub(crate) land: WireLand,
     /// Values of each leg's wire, by leg.
     pub(crate) values: Vec<usize>,
+    /// Device memory of a slot's size for the send stream's encodes and the receive stream's
+    /// decodes: `[send, receive]`.
+    pub(crate) stages: [RawDevicePtr; 2],
 }
 
 /// How a wire leg's copy out fills the slot.
@@ -204,29 +210,48 @@ impl Pipeline {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
                     let (leg, values) = (&legs[i], wires.values[i]);
                     debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
-                    let (from, to) = (at(leg.src), device_at(layout.slot(rank, slot)));
-                    // SAFETY: this rank's slot, free (the steps waited), which holds the wire's
-                    // room (the leg's bytes, at most a slot); the leg's source holds `values`
-                    // values or a wire of them (the caller's contract).
+                    let block = wires.codec.block;
+                    let dense = WireLayout { values, block }.exact_offset();
+                    let (slot_host, slot_device) =
+                        (host_at(layout.slot(rank, slot)), device_at(layout.slot(rank, slot)));
+                    let wire = match wires.out {
+                        WireOut::Copy => at(leg.src),
+                        WireOut::Encode => wires.stages[0],
+                    };
+                    // SAFETY: this rank's slot, free (the steps waited), holds the wire's room
+                    // (the leg's bytes, at most a slot), and so does the send stage, which only
+                    // this stream uses; the leg's source holds `values` values or a wire of
+                    // them (the caller's contract).
                     unsafe {
-                        match wires.out {
-                            WireOut::Encode => compress_encode(stream, wires.codec, from, values, to)?,
-                            WireOut::Copy => compress_copy_wire(stream, wires.codec.block, from, values, to)?,
+                        if wires.out == WireOut::Encode {
+                            compress_encode(stream, wires.codec, at(leg.src), values, wire)?;
                         }
+                        memcpy_dtoh_async(stream, slot_host.cast(), wire, dense)?;
+                        compress_copy_exact_blocks(stream, block, wire, values, slot_device, wire)?;
                     }
                 }
                 LegStep::Land { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
                     let (leg, values) = (&legs[i], wires.values[i]);
                     debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
-                    let (from, to) = (device_at(layout.slot(leg.writer, slot)), at(leg.dst));
+                    let block = wires.codec.block;
+                    let dense = WireLayout { values, block }.exact_offset();
+                    let (slot_host, slot_device) =
+                        (host_at(layout.slot(leg.writer, slot)), device_at(layout.slot(leg.writer, slot)));
+                    let wire = match wires.land {
+                        WireLand::Copy => at(leg.dst),
+                        WireLand::Decode => wires.stages[1],
+                    };
                     // SAFETY: the writer's slot, full (the steps waited), holding the leg's
-                    // wire; into the leg's destination, which nothing else of the call
-                    // touches meanwhile and holds the wire's room or its values.
+                    // wire; into a room for it, the leg's destination or the receive stage
+                    // (only this stream uses it), which nothing else of the call touches
+                    // meanwhile; the words the exact blocks' copy reads are the ones the DMA
+                    // just put there (same stream).
                     unsafe {
-                        match wires.land {
-                            WireLand::Copy => compress_copy_wire(stream, wires.codec.block, from, values, to)?,
-                            WireLand::Decode => compress_decode(stream, wires.codec, from, values, to)?,
+                        memcpy_htod_async(stream, wire, slot_host.cast(), dense)?;
+                        compress_copy_exact_blocks(stream, block, slot_device, values, wire, wire)?;
+                        if wires.land == WireLand::Decode {
+                            compress_decode(stream, wires.codec, wire, values, at(leg.dst))?;
                         }
                     }
                 }

@@ -38,7 +38,10 @@ use crate::{Device, Error, Module, Result, Stream};
 mod codec;
 mod exchange;
 pub(crate) use codec::launch_each_empty as launch_each_codec_kernel_empty;
-pub use codec::{Codec, WIRE_ALIGN, compress_copy_wire, compress_decode, compress_encode, compress_fold_encode};
+pub use codec::{
+    Codec, WIRE_ALIGN, compress_copy_exact_blocks, compress_copy_wire, compress_decode, compress_encode,
+    compress_fold_encode,
+};
 pub use exchange::{
     ChunkAreas, ChunkWaits, ChunksLaunch, ExchangeLines, ManyLines, Numbering, exchange, exchange_many,
     plan_exchange_chunks,

@@ -5,20 +5,23 @@
 //! The blocks are dealt to the ranks as that reference's shards, each shard cut into pieces
 //! whose wire fits a slot. A call is two runs of the rounds module's legs with a fold between,
 //! on the caller's stream:
-//! 1. every rank hands each other rank its pieces of that rank's shard, encoded straight into
-//!    its slots (the legs' copy out is the encode kernel), and each owner copies the wires it
-//!    gets into its device memory;
+//! 1. every rank hands each other rank its pieces of that rank's shard, encoded in device
+//!    memory and copied into its slots, and each owner copies the wires it gets into its
+//!    device memory;
 //! 2. each owner folds every piece of its shard, its own values exact and the others'
 //!    wires, encodes the fold once and decodes its own result from it;
-//! 3. each owner hands its folded wires to every other rank (a copy of the wire's bytes that
-//!    matter into its slots), which decode them from the slots into their output.
+//! 3. each owner hands its folded wires to every other rank through its slots, which copy
+//!    them into device memory and decode them into their output.
+//!
+//! A wire crosses the link as a DMA of its scales and codes and a kernel that copies the
+//! values of blocks that travel exact, only where there are such blocks (`WireLegs`).
 //!
 //! So each link carries (N − 1)/N·W up and down in the first run and W/N up, (N − 1)/N·W down
 //! in the second, W being the buffer's wire: about half the buffer's bytes from f16 or bf16,
 //! a quarter from f32. A wire's room also holds 4 bytes a value for blocks that travel exact
 //! (NaN, infinities, tiny values), written and read only for those blocks: the slots and the
-//! device memory the wires take (about 5 bytes a value, kept between calls) make room for
-//! them, the link carries them only where they occur.
+//! device memory the wires take (about 5 bytes a value and two slots, kept between calls)
+//! make room for them, the link carries them only where they occur.
 #![allow(unsafe_code)]
 
 use std::ops::Range;
@@ -46,6 +49,7 @@ pub(crate) struct WirePieces {
     /// The most pieces a shard has.
     pub(crate) most: usize,
     format: WireFormat,
+    slot_bytes: usize,
 }
 
 impl WirePieces {
@@ -72,12 +76,17 @@ impl WirePieces {
             .collect();
         let widest = pieces.iter().flatten().map(|p| format.wire_bytes(p.len())).max().unwrap_or(0);
         let most = pieces.iter().map(Vec::len).max().unwrap_or(0);
-        WirePieces { pieces, room: widest.next_multiple_of(WIRE_ALIGN), most, format }
+        WirePieces { pieces, room: widest.next_multiple_of(WIRE_ALIGN), most, format, slot_bytes }
     }
 
-    /// Bytes of wire memory a rank needs: a room per other rank and piece of its shard, and
-    /// one per piece of its fold.
+    /// Bytes of wire memory a rank needs: a room per other rank and piece of its shard, one
+    /// per piece of its fold, then the two stages (a slot each) at [`WirePieces::stages`].
     pub(crate) fn bytes(&self) -> usize {
+        self.stages() + 2 * self.slot_bytes
+    }
+
+    /// Offset of the send stage; the receive stage follows a slot later.
+    pub(crate) fn stages(&self) -> usize {
         (self.pieces.len() + 1) * self.most * self.room
     }
 
@@ -259,7 +268,8 @@ impl Communicator {
         let format = WireFormat { format: codec.format, block: codec.block };
         let side = self.side();
         let (rounds, values) = plan.to_owners(size);
-        let wires = Some(WireLegs { codec, out: WireOut::Encode, land: WireLand::Copy, values });
+        let stages = [at(memory, plan.stages()), at(memory, plan.stages() + self.layout.slot_bytes())];
+        let wires = Some(WireLegs { codec, out: WireOut::Encode, land: WireLand::Copy, values, stages });
         let to_owners = ManyTransfer {
             rounds,
             dtype: codec.dtype,
@@ -288,7 +298,7 @@ impl Communicator {
             unsafe { compress_decode(stream, codec, out, values.len(), at(buf.dst, values.start * size))? };
         }
         let (rounds, values) = plan.to_all(size);
-        let wires = Some(WireLegs { codec, out: WireOut::Copy, land: WireLand::Decode, values });
+        let wires = Some(WireLegs { codec, out: WireOut::Copy, land: WireLand::Decode, values, stages });
         let to_all = ManyTransfer {
             rounds,
             dtype: codec.dtype,

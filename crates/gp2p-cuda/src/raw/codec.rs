@@ -229,18 +229,60 @@ pub unsafe fn compress_copy_wire(
     len: usize,
     dst: RawDevicePtr,
 ) -> Result<()> {
-    check_aligned(&[("src", src), ("dst", dst)], WIRE_ALIGN)?;
+    // SAFETY: the caller's contract; the words are `src`'s, a whole wire.
+    unsafe { copy_wire(stream, block, src, len, dst, true, src) }
+}
+
+/// Enqueue, on `stream`, the copy of the exact blocks' values of the wire of `len` values at
+/// `src` into the wire at `dst`, the blocks told by the words at `words` (`src`'s, or
+/// `dst`'s once its words and codes are there): what a DMA of the wire's words and codes
+/// (its first `WireLayout::exact_offset` bytes) leaves out. Where no block travels exact it
+/// reads the words and writes nothing.
+///
+/// # Safety
+/// - `words` is the words of the wire `src` holds (the same bytes), `src` readable and `dst`
+///   writable for `WireLayout::bytes` bytes of `len` values, each addressable from the
+///   stream's device, `dst` apart from the other two;
+/// - all stay allocated, nothing writes `src` or `words` and nothing else touches `dst`,
+///   until the kernel completes on `stream`.
+pub unsafe fn compress_copy_exact_blocks(
+    stream: &Stream,
+    block: BlockSize,
+    src: RawDevicePtr,
+    len: usize,
+    dst: RawDevicePtr,
+    words: RawDevicePtr,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { copy_wire(stream, block, src, len, dst, false, words) }
+}
+
+/// The copy kernel's launch: the words and codes too where `dense`.
+///
+/// # Safety
+/// As for [`compress_copy_exact_blocks`].
+unsafe fn copy_wire(
+    stream: &Stream,
+    block: BlockSize,
+    src: RawDevicePtr,
+    len: usize,
+    dst: RawDevicePtr,
+    dense: bool,
+    words: RawDevicePtr,
+) -> Result<()> {
+    check_aligned(&[("src", src), ("dst", dst), ("words", words)], WIRE_ALIGN)?;
     if len == 0 {
         return Ok(());
     }
     let function = Module::kernels(stream.device(), KernelFamily::Compress)?.function(COPY_WIRE_KERNEL)?;
     let layout = WireLayout { values: len, block };
     // A warp per value block for the exact blocks, a thread per 16 bytes of words and codes.
-    let threads = (layout.exact_offset() / 16).max(32 * layout.blocks());
+    let dense_threads = if dense { layout.exact_offset() / 16 } else { 0 };
+    let threads = dense_threads.max(32 * layout.blocks());
     let cap = (stream.device().info().multiprocessors * BLOCKS_PER_SM) as usize;
-    let config =
-        LaunchConfig { grid: threads.div_ceil(THREADS as usize).clamp(1, cap) as u32, block: THREADS, shared_bytes: 0 };
-    let args = CopyArgs { src, len: len as u64, block: block.get() as u32, dst };
+    let grid = threads.div_ceil(THREADS as usize).clamp(1, cap) as u32;
+    let config = LaunchConfig { grid, block: THREADS, shared_bytes: 0 };
+    let args = CopyArgs { src, len: len as u64, block: block.get() as u32, dst, dense: u32::from(dense), words };
     // SAFETY: the copy kernel; the ranges: the caller's.
     unsafe { launch_kernel(&function, stream, config, &args, None) }
 }
@@ -250,11 +292,13 @@ struct CopyArgs {
     len: u64,
     block: u32,
     dst: RawDevicePtr,
+    dense: u32,
+    words: RawDevicePtr,
 }
 
 impl KernelArgs for CopyArgs {
     fn params(&self) -> Params {
-        Params::default().u64(self.src).u64(self.len).u32(self.block).u64(self.dst)
+        Params::default().u64(self.src).u64(self.len).u32(self.block).u64(self.dst).u32(self.dense).u64(self.words)
     }
 }
 
@@ -279,7 +323,7 @@ pub(crate) fn launch_each_empty(stream: &Stream) -> Result<()> {
             }
         }
     }
-    let copy = CopyArgs { src: 0, len: 0, block, dst: 0 };
+    let copy = CopyArgs { src: 0, len: 0, block, dst: 0, dense: 1, words: 0 };
     let function = Module::kernels(stream.device(), KernelFamily::Compress)?.function(COPY_WIRE_KERNEL)?;
     // SAFETY: no values: the kernel copies zero words and codes and scans zero blocks.
     unsafe { launch_kernel(&function, stream, one, &copy, None) }

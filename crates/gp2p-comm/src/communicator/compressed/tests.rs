@@ -69,7 +69,8 @@ fn every_leg_is_one_chunk_and_a_writer_has_at_most_one_leg_a_round() {
         rooms.extend((0..plan.most).map(|p| plan.folded(p)));
         rooms.sort_unstable();
         assert!(rooms.windows(2).all(|w| w[1] - w[0] >= plan.room));
-        assert!(rooms.last().unwrap() + plan.room <= plan.bytes());
+        assert!(rooms.last().unwrap() + plan.room <= plan.stages(), "the rooms end where the stages start");
+        assert_eq!((plan.stages() % WIRE_ALIGN, plan.bytes()), (0, plan.stages() + 2 * SLOT), "two stages of a slot");
     }
 }
 
