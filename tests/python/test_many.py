@@ -83,6 +83,21 @@ def test_custom_allreduce_through_the_calls_vllm_and_sglang_make(world, tmp_path
     _run("server", world, "file://" + str(tmp_path / "init"), tmp_path)
 
 
+COMPRESS_SCRIPT = os.path.join(os.path.dirname(__file__), "_compress_rank.py")
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_a_tensor_parallel_mlp_block_runs_compressed_within_its_error_and_replays_from_a_graph(world, tmp_path):
+    outputs = _run("compress-mlp", world, gp.distributed.unique_id(), tmp_path, script=COMPRESS_SCRIPT)
+    print(next(line for line in outputs[0].splitlines() if "tp-mlp" in line))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_with_compressed_gradients_converges_like_the_exact_run(world, tmp_path):
+    outputs = _run("compress-ddp", world, "file://" + str(tmp_path / "init"), tmp_path, script=COMPRESS_SCRIPT)
+    print(next(line for line in outputs[0].splitlines() if "compressed: last loss" in line))
+
+
 @pytest.mark.parametrize("world", [4])
 def test_two_fake_hosts_run_the_two_level_backend_with_gloo_between_them(world, tmp_path):
     _run("hosts", world, "file://" + str(tmp_path / "init"), tmp_path)
