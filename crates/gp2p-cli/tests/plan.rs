@@ -28,9 +28,16 @@ fn rows(stdout: &str) -> Vec<&str> {
     data_rows(stdout.split("One process per GPU").next().unwrap_or_default())
 }
 
-/// The communicator's table's data rows (among more than two ranks).
+/// The communicator's table's data rows (among more than two ranks), before its compressed
+/// all-reduce's.
 fn communicator_rows(stdout: &str) -> Vec<&str> {
-    stdout.split_once("One process per GPU").map(|(_, theirs)| data_rows(theirs)).unwrap_or_default()
+    let theirs = stdout.split_once("One process per GPU").map(|(_, theirs)| theirs).unwrap_or_default();
+    data_rows(theirs.split("Compressed all-reduce").next().unwrap_or_default())
+}
+
+/// The compressed all-reduce's table's data rows.
+fn compressed_rows(stdout: &str) -> Vec<&str> {
+    stdout.split_once("Compressed all-reduce").map(|(_, rows)| data_rows(rows)).unwrap_or_default()
 }
 
 fn data_rows(text: &str) -> Vec<&str> {
@@ -62,6 +69,13 @@ fn plan_for_eight_ranks_prints_a_row_per_size_each_with_a_choice() {
     let split = theirs.iter().position(|r| r.ends_with("two-shot (rounds)")).unwrap();
     assert!(theirs[split - 1].trim_start().starts_with("64K ") && theirs[split - 1].ends_with("one-shot (lines)"));
     assert!(theirs[split..].iter().all(|r| r.ends_with("two-shot (rounds)")), "{stdout}");
+    // The compressed all-reduce: exact below the model's minimum, compressed from it on.
+    let squeezed = compressed_rows(&stdout);
+    assert_eq!(squeezed.len(), 15, "{stdout}");
+    let on = squeezed.iter().position(|r| r.ends_with("compressed")).unwrap();
+    assert!(on > 0 && squeezed[..on].iter().all(|r| r.ends_with("exact")), "{stdout}");
+    assert!(squeezed[on..].iter().all(|r| r.ends_with("compressed")), "{stdout}");
+    assert!(stdout.contains("GP2P_COMPRESS=int8|fp8[:BLOCK]"), "{stdout}");
 }
 
 #[test]
