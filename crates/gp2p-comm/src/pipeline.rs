@@ -184,6 +184,13 @@ impl Pipeline {
             (if buf == Buf::Main { transfer.main } else { transfer.part }) + offset as u64
         };
         let legs = &transfer.rounds.legs;
+        // A wire leg (one chunk): the leg, its wire's values and block, and the bytes of its
+        // words and codes, which a DMA carries.
+        let wire_leg = |wires: &WireLegs, i: usize, chunk: usize| {
+            let (leg, values, block) = (&legs[i], wires.values[i], wires.codec.block);
+            debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
+            (leg, values, block, WireLayout { values, block }.exact_offset())
+        };
         for (lane, step) in steps(&transfer.rounds, rank, slot_bytes, layout.slot_count) {
             let stream = if lane == Lane::Send { send } else { receive };
             // Why each call below is sound: flags and slots come from the layout, in the
@@ -208,10 +215,7 @@ impl Pipeline {
                 }
                 LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
-                    let (leg, values) = (&legs[i], wires.values[i]);
-                    debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
-                    let block = wires.codec.block;
-                    let dense = WireLayout { values, block }.exact_offset();
+                    let (leg, values, block, dense) = wire_leg(wires, i, chunk);
                     let (slot_host, slot_device) =
                         (host_at(layout.slot(rank, slot)), device_at(layout.slot(rank, slot)));
                     let wire = match wires.out {
@@ -232,10 +236,7 @@ impl Pipeline {
                 }
                 LegStep::Land { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
-                    let (leg, values) = (&legs[i], wires.values[i]);
-                    debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
-                    let block = wires.codec.block;
-                    let dense = WireLayout { values, block }.exact_offset();
+                    let (leg, values, block, dense) = wire_leg(wires, i, chunk);
                     let (slot_host, slot_device) =
                         (host_at(layout.slot(leg.writer, slot)), device_at(layout.slot(leg.writer, slot)));
                     let wire = match wires.land {

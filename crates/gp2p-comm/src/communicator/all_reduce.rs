@@ -35,6 +35,21 @@ impl Communicator {
         stream: &Stream,
         op: ReduceOp,
     ) -> Result<()> {
+        let buf = self.check_into(stream, input, output)?;
+        self.all_reduce_checked::<T>(buf, input.len(), stream, op, |point| {
+            input.note_use(point);
+            output.note_use(point);
+        })
+    }
+
+    /// An out-of-place all-reduce's buffers checked (on this rank's device, as long as each
+    /// other, apart) and the call with them: its addresses.
+    pub(super) fn check_into<T: Element>(
+        &mut self,
+        stream: &Stream,
+        input: &DeviceView<'_, T>,
+        output: &DeviceViewMut<'_, T>,
+    ) -> Result<InOut> {
         self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
         if output.len() != input.len() {
             return Err(Error::OutputLength { output: output.len(), input: input.len() });
@@ -42,11 +57,7 @@ impl Communicator {
         if !input.is_empty() {
             check_apart(input.byte_range(), output.byte_range())?;
         }
-        let buf = InOut { src: input.raw_ptr(), dst: output.raw_ptr() };
-        self.all_reduce_checked::<T>(buf, input.len(), stream, op, |point| {
-            input.note_use(point);
-            output.note_use(point);
-        })
+        Ok(InOut { src: input.raw_ptr(), dst: output.raw_ptr() })
     }
 
     /// [`Communicator::all_reduce`] and [`Communicator::all_reduce_into`] once their buffers

@@ -193,14 +193,7 @@ impl Communicator {
         format: WireFormat,
     ) -> Result<()> {
         check_compressible::<T>(op)?;
-        self.check_call(stream, &[("input", input.device()), ("output", output.device())])?;
-        if output.len() != input.len() {
-            return Err(Error::OutputLength { output: output.len(), input: input.len() });
-        }
-        if !input.is_empty() {
-            check_apart(input.byte_range(), output.byte_range())?;
-        }
-        let buf = InOut { src: input.raw_ptr(), dst: output.raw_ptr() };
+        let buf = self.check_into(stream, input, output)?;
         self.compressed_checked::<T>(buf, input.len(), stream, op, format, |point| {
             input.note_use(point);
             output.note_use(point);
