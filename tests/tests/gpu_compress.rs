@@ -5,9 +5,9 @@
 //! int8 and fp8, blocks of 32 and 256, on data sets with outliers, zeros, tiny values, NaN
 //! and infinities; every rank's result equals the reference's, bit for bit (NaN as NaN), and
 //! an encoded wire equals the reference's bytes (wires in device memory there), and a copy of
-//! one into pinned memory writes its words, codes and exact blocks and nothing else. Then the
-//! engine's compressed all-reduce (`gp2p_collectives::all_reduce_compressed`, wires in mapped
-//! pinned host memory, rounds pipelined across streams) among 2..8 logical ranks: every rank's
+//! one into pinned memory writes its words, codes and exact blocks and nothing else (and back).
+//! Then the engine's compressed all-reduce (`gp2p_collectives::all_reduce_compressed`, wires
+//! in pinned host memory, rounds pipelined across streams) among 2..8 logical ranks: every rank's
 //! result equals the reference's bits, on short buffers and on long ones of several rounds,
 //! twice in a row (the second call reuses the first's wires).
 
@@ -18,7 +18,7 @@ use geforce_p2p::cuda::codec::{WireFormat, decode, encode, fold_encode};
 use geforce_p2p::kernels::compress::{
     BlockSize, Compressible, Format, Scheme, WireLayout, all_reduce, decode_wire, encode_wire, shard_blocks,
 };
-use geforce_p2p::pinned::{copy_from_host, copy_wire_to_host};
+use geforce_p2p::pinned::{copy_from_host, copy_wire_from_host, copy_wire_to_host};
 use geforce_p2p::{DeviceBuffer, DeviceView, PinnedBuffer, ReduceOp, Stream, half};
 use gp2p_collectives::{Engine, Rank, all_reduce_compressed};
 use gp2p_tests::{SplitMix64, needs, with_stream};
@@ -224,6 +224,15 @@ fn a_wire_copied_to_host_memory_carries_its_words_codes_and_exact_blocks_only() 
                 }
             }
             assert_eq!(exact_blocks > 0, set >= 2, "{format} set {set}: the data sets' exact blocks");
+            // And back: the same bytes that matter land in device memory, decoding as the original.
+            let mut back = DeviceBuffer::<u8>::zeroed(&device, layout.bytes()).unwrap();
+            copy_wire_from_host(&stream, wire_format, LEN, &host.view(..), &mut back.view_mut(..)).unwrap();
+            let landed = back.to_host_vec(&stream).unwrap();
+            assert_eq!(
+                format!("{:?}", decode_wire(format, block, LEN, &landed)),
+                format!("{:?}", decode_wire(format, block, LEN, &want)),
+                "{format} set {set}: the wire back from host memory"
+            );
         }
     }
 }

@@ -7,6 +7,7 @@ use gp2p_cuda::codec::{WireFormat, fold_wire_addresses};
 use gp2p_cuda::raw::{self, Codec};
 use gp2p_cuda::{DeviceView, DeviceViewMut, Stream};
 use gp2p_kernels::Element;
+use gp2p_kernels::compress::WireLayout;
 
 use crate::{Error, PinnedView, PinnedViewMut, Result};
 
@@ -124,11 +125,11 @@ pub fn decode_from_host<T: Element>(
 }
 
 /// Enqueue a copy of `wire`, a wire of `values` values made in device memory with this
-/// format, into `host` on `stream`: its words and codes and the exact values of the blocks
-/// that travel exact, written by a kernel through the device's mapping of `host`, so only
-/// those bytes cross the link (about 1 + 4/block a value, where a DMA of the whole room
-/// would carry 4 bytes a value more). The rest of `host`'s room is left as it is; a reader
-/// of the wire never looks there.
+/// format, into `host` on `stream`: a DMA of its words and codes, then a kernel that copies
+/// the values of the blocks that travel exact (writing nothing where there are none). So
+/// about 1 + 4/block bytes a value cross the link, where a copy of the whole room would carry
+/// 4 bytes a value more. The rest of `host`'s room is left as it is; a reader of the wire
+/// never looks there.
 pub fn copy_wire_to_host(
     stream: &Stream,
     format: WireFormat,
@@ -141,9 +142,43 @@ pub fn copy_wire_to_host(
     holds("wire", wire.len(), need)?;
     holds("host", host.len(), need)?;
     let mapped = host.device_ptr(stream.device())?;
-    // SAFETY: `wire` is on the stream's device and `mapped` addresses enough bytes of pinned
-    // host memory as this device sees them (both checked), apart; both note the point below.
-    unsafe { raw::compress_copy_wire(stream, format.block, wire.raw_ptr(), values, mapped)? };
+    let dense = WireLayout { values, block: format.block }.exact_offset();
+    // SAFETY: `wire` is on the stream's device and `host` pinned memory this device maps
+    // (`mapped`), both holding the wire's room (checked), apart; the DMA carries the words
+    // and codes, then the kernel reads the words from `wire`. Both note the point below.
+    unsafe {
+        raw::memcpy_dtoh_async(stream, host.host_mut_ptr().cast(), wire.raw_ptr(), dense)?;
+        raw::compress_copy_exact_blocks(stream, format.block, wire.raw_ptr(), values, mapped, wire.raw_ptr())?;
+    }
+    let point = stream.point()?;
+    wire.note_use(&point);
+    host.note_use(&point);
+    Ok(())
+}
+
+/// Enqueue a copy of `host`, a wire of `values` values in pinned host memory made with this
+/// format, into `wire` in device memory on `stream`: a DMA of its words and codes, then a
+/// kernel that copies the values of its blocks that travel exact, reading the words the DMA
+/// put in `wire`. What crosses the link is what [`copy_wire_to_host`] sent.
+pub fn copy_wire_from_host(
+    stream: &Stream,
+    format: WireFormat,
+    values: usize,
+    host: &PinnedView<'_, u8>,
+    wire: &mut DeviceViewMut<'_, u8>,
+) -> Result<()> {
+    on_stream(stream, "wire", wire.device().ordinal())?;
+    let need = format.wire_bytes(values);
+    holds("wire", wire.len(), need)?;
+    holds("host", host.len(), need)?;
+    let mapped = host.device_ptr(stream.device())?;
+    let dense = WireLayout { values, block: format.block }.exact_offset();
+    // SAFETY: as in copy_wire_to_host, directions swapped: the kernel reads the words from
+    // `wire`, where the DMA before it (same stream) put them.
+    unsafe {
+        raw::memcpy_htod_async(stream, wire.raw_ptr(), host.host_ptr().cast(), dense)?;
+        raw::compress_copy_exact_blocks(stream, format.block, mapped, values, wire.raw_ptr(), wire.raw_ptr())?;
+    }
     let point = stream.point()?;
     wire.note_use(&point);
     host.note_use(&point);
