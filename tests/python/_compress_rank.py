@@ -120,8 +120,10 @@ def ddp_scenario():
     # The student's gradients (about 5 MiB of float32) travel compressed from here on.
     os.environ["GP2P_COMPRESS"] = "int8"
     compressed = train(INIT + "-compressed")
-    step("compressed: last loss %.5f (exact %.5f, %+.2f %%)" % (compressed, exact, 100 * (compressed / exact - 1)))
+    step("compressed: last loss %.7f (exact %.7f, %+.3f %%)" % (compressed, exact, 100 * (compressed / exact - 1)))
     assert abs(compressed / exact - 1) < 0.01, "compressed training ends at %.5f, exact at %.5f" % (compressed, exact)
+    # The same loss to the last bit would mean the gradients were never compressed.
+    assert compressed != exact, "the compressed run's loss equals the exact run's bit for bit: nothing was compressed
 
 
 if __name__ == "__main__":

@@ -391,10 +391,16 @@ fn compressible_inputs<T: Compressible>(world: usize, len: usize, case: u64) -> 
 }
 
 /// The compressed all-reduce of every float type, format, op and a few block sizes and
-/// lengths (slots of 64 KiB, so long buffers take several pieces a shard), in place and out
-/// of place in turn, twice (the second call reuses the wires): every rank's result equals
-/// `gp2p_kernels::compress::all_reduce`'s, bit for bit (NaN as NaN).
-fn compressed_case<T: Compressible>(comm: &mut Communicator, stream: &Stream, case: &mut u64) {
+/// lengths (slots of 64 KiB, so long buffers take several pieces a shard), each in place and
+/// then out of place on every rank (the second call reuses the wires): every rank's result
+/// equals `gp2p_kernels::compress::all_reduce`'s, bit for bit (NaN as NaN). Every mismatch is
+/// gathered, with its first values, before the test fails.
+fn compressed_case<T: Compressible>(
+    comm: &mut Communicator,
+    stream: &Stream,
+    case: &mut u64,
+    failed: &mut Vec<String>,
+) {
     let (rank, world) = (comm.rank(), comm.world());
     for (len, block) in [(1, 32), (1000, 32), (70_001, 64), (300_000, 256)] {
         for format in Format::ALL {
@@ -406,22 +412,32 @@ fn compressed_case<T: Compressible>(comm: &mut Communicator, stream: &Stream, ca
                 let want = compress::all_reduce(&refs, op, Scheme { format, block }).unwrap();
                 let wire = WireFormat { format, block };
                 let input = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
-                let got = if (*case as usize + rank).is_multiple_of(2) {
-                    let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
-                    comm.all_reduce_compressed(&mut buf.view_mut(..), stream, op, wire).unwrap();
-                    buf.to_host_vec(stream).unwrap()
-                } else {
-                    let mut out = DeviceBuffer::<T>::alloc(stream.device(), len).unwrap();
-                    comm.all_reduce_compressed_into(&input.view(..), &mut out.view_mut(..), stream, op, wire).unwrap();
-                    out.to_host_vec(stream).unwrap()
-                };
-                let what = format!("rank {rank} of {world}, {} {len} values, {format}/{}, {op}", T::DTYPE, block.get());
-                let same = |a: &T, b: &T| {
-                    a.to_f32().to_bits() == b.to_f32().to_bits() || (a.to_f32().is_nan() && b.to_f32().is_nan())
-                };
-                let wrong: Vec<usize> = (0..len).filter(|&i| !same(&got[i], &want[rank][i])).collect();
-                assert!(wrong.is_empty(), "{what}: {} wrong, first at {:?}", wrong.len(), &wrong[..wrong.len().min(5)]);
-                assert!(input.to_host_vec(stream).unwrap() == inputs[rank], "{what}: the input changed");
+                let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+                comm.all_reduce_compressed(&mut buf.view_mut(..), stream, op, wire).unwrap();
+                let mut out = DeviceBuffer::<T>::alloc(stream.device(), len).unwrap();
+                comm.all_reduce_compressed_into(&input.view(..), &mut out.view_mut(..), stream, op, wire).unwrap();
+                for (how, got) in
+                    [("in place", buf.to_host_vec(stream).unwrap()), ("into", out.to_host_vec(stream).unwrap())]
+                {
+                    let what = format!(
+                        "rank {rank} of {world}, {} {len} values, {format}/{}, {op}, {how}",
+                        T::DTYPE,
+                        block.get()
+                    );
+                    let same = |a: &T, b: &T| {
+                        a.to_f32().to_bits() == b.to_f32().to_bits() || (a.to_f32().is_nan() && b.to_f32().is_nan())
+                    };
+                    let wrong: Vec<usize> = (0..len).filter(|&i| !same(&got[i], &want[rank][i])).collect();
+                    if !wrong.is_empty() {
+                        let first: Vec<String> = wrong
+                            .iter()
+                            .take(4)
+                            .map(|&i| format!("[{i}] got {:e} want {:e}", got[i].to_f32(), want[rank][i].to_f32()))
+                            .collect();
+                        failed.push(format!("{what}: {} wrong: {}", wrong.len(), first.join(", ")));
+                    }
+                }
+                assert!(input.to_host_vec(stream).unwrap() == inputs[rank], "the input changed");
             }
         }
     }
@@ -433,10 +449,11 @@ fn compressed_among(test: &str, world: usize) {
     }
     let options = CommOptions { slot_bytes: 64 << 10, ..CommOptions::for_world(world) };
     let mut r = Ranked::start(test, world, sharing(options));
-    let mut case = 0;
-    compressed_case::<f32>(&mut r.comm, &r.stream, &mut case);
-    compressed_case::<half::f16>(&mut r.comm, &r.stream, &mut case);
-    compressed_case::<half::bf16>(&mut r.comm, &r.stream, &mut case);
+    let (mut case, mut failed) = (0, Vec::new());
+    compressed_case::<f32>(&mut r.comm, &r.stream, &mut case, &mut failed);
+    compressed_case::<half::f16>(&mut r.comm, &r.stream, &mut case, &mut failed);
+    compressed_case::<half::bf16>(&mut r.comm, &r.stream, &mut case, &mut failed);
+    assert!(failed.is_empty(), "{} calls wrong:\n{}", failed.len(), failed[..failed.len().min(24)].join("\n"));
     let mut ints = DeviceBuffer::from_host(&r.stream, &[1i32; 10]).unwrap();
     let wire = WireFormat { format: Format::Int8, block: BlockSize::new(32).unwrap() };
     let refused = r.comm.all_reduce_compressed(&mut ints.view_mut(..), &r.stream, ReduceOp::Sum, wire).unwrap_err();

@@ -8,7 +8,8 @@
 //! smallest power of two from 4 KiB at which it prices the compressed all-reduce below the
 //! exact one, with the rates measured on H200s. The compressed all-reduce is priced as the
 //! two-shot of its wire (scales and codes: about half of bf16's bytes), in N + 1 phases
-//! (the exact rounds' N and the fold between its two runs); the exact one as the
+//! (the exact rounds' N and the fold between its two runs), plus [`COMPRESSED_CALL_US`] a
+//! call for its codec's kernels; the exact one as the
 //! communicator runs it (the cheaper of the lines and the rounds among more than two ranks,
 //! the rounds' bytes between two). `gp2p plan` prints both and the minimum.
 //!
@@ -123,12 +124,22 @@ impl Resolved {
     }
 }
 
+/// What a compressed all-reduce costs beyond its wire's traffic, µs a call: its encodes,
+/// folds and decodes and the join between its two runs. Fitted so that the model's switch
+/// falls where one H200 measured it, N processes under MPS, bf16, int8 in blocks of 64
+/// (`benches/results/h200/comm-compress-int8-2.txt` against `comm-exact-2.txt`, and the same
+/// for 4): compressed lost at 1 MiB (179 µs against 90 for two ranks, 426 against 420 for
+/// four) and won from 4 MiB (293 against 424, 651 against 864).
+pub const COMPRESSED_CALL_US: f64 = 30.0;
+
 /// The model's time for the compressed all-reduce of `bytes` per rank (see the module doc).
 pub fn compressed_prediction(machine: &Machine, bytes: usize, format: WireFormat, element_bytes: usize) -> Prediction {
     let wire = WireLayout { values: bytes / element_bytes.max(1), block: format.block }.scaled_bytes();
     let mut t = all_reduce_traffic(machine.ranks, wire);
     t.phases += 1;
-    price(machine, Algorithm::TwoShot, t)
+    let mut prediction = price(machine, Algorithm::TwoShot, t);
+    prediction.seconds += COMPRESSED_CALL_US * 1e-6;
+    prediction
 }
 
 /// The model's time for the exact all-reduce as the communicator runs it.
