@@ -12,8 +12,8 @@
 //                they are, every other rank's values decoded from its wire), times the f32
 //                reciprocal of `ranks` for avg
 // - decode:      dst = T(decode(wire))
-// - copy_wire:   a wire's bytes that matter, from one place to another (one kernel for
-//                every type and format)
+// - copy_exact_blocks: the exact blocks' values a DMA of a wire's words and codes leaves out
+//                (one kernel for every type and format)
 //
 // One warp per block, each lane holding a block's values at lane, lane + 32, ... in
 // registers (a block is at most 256 values: 8 a lane). The arithmetic is the reference's:
@@ -244,24 +244,14 @@ __device__ __forceinline__ void decode(const u8* wire, u64 n, u32 block, T* dst)
     }
 }
 
-// dst = the bytes of `src` that matter, a wire of `n` values: where `dense` is not 0 its words
-// and codes, and always the exact area's values of the blocks that travel exact, as the words
-// at `words` say (the rest of the exact area is left as it is). `words` is `src` where the
-// words are already there, or `dst` where a copy engine has just put them there, so a reader
-// of mapped host memory reads the words from device memory. A wire made in device memory
-// reaches mapped host memory (or back) with only those bytes crossing the bus, where a copy of
-// its whole room would carry 4 more bytes a value.
-extern "C" __global__ void gp2p_compress_copy_wire(const u8* src, u64 n, u32 block, u8* dst, u32 dense,
-                                                   const u8* words_at) {
+// The exact area's values of the blocks of the wire of `n` values at `src` that travel exact,
+// into the wire at `dst`, the blocks told by the words at `words_at` (`src`'s, or `dst`'s once a
+// DMA has put its words and codes there): what a DMA of a wire's words and codes leaves out.
+// The rest of the exact area is left as it is, so between device memory and mapped host memory
+// only those values cross the bus, where a copy of the whole room would carry 4 bytes a value.
+extern "C" __global__ void gp2p_compress_copy_exact_blocks(const u8* src, u64 n, u32 block, u8* dst,
+                                                           const u8* words_at) {
     const Wire w = wire_at(const_cast<u8*>(src), n, block);
-    const u64 thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const u64 threads = (u64)gridDim.x * blockDim.x;
-    if (dense) {
-        // Words and codes: 16 bytes a thread, the wire's start and exact area being on 16.
-        const uint4* from = reinterpret_cast<const uint4*>(src);
-        uint4* to = reinterpret_cast<uint4*>(dst);
-        for (u64 i = thread; i < w.exact / 16; i += threads) to[i] = from[i];
-    }
     const u32* words = reinterpret_cast<const u32*>(words_at);
     const float* exact_from = reinterpret_cast<const float*>(src + w.exact);
     float* exact_to = reinterpret_cast<float*>(dst + w.exact);

@@ -281,11 +281,11 @@ pub enum CodecKernel {
 }
 
 /// The codec's one kernel of no type or format, in [`COMPRESS`]: `(const u8* src, u64 n, u32
-/// block, u8* dst, u32 dense, const u8* words)` copies a wire of `n` values in blocks of
-/// `block`: its words and codes where `dense` is not 0, and the exact values of the blocks
-/// that travel exact as the words at `words` (`src`'s or `dst`'s) say, not the rest of its
-/// room (so between device memory and mapped host memory only those bytes cross the bus).
-pub const COPY_WIRE_KERNEL: &str = "gp2p_compress_copy_wire";
+/// block, u8* dst, const u8* words)` copies the exact area's values of the blocks of a wire of
+/// `n` values in blocks of `block` that travel exact, as the words at `words` (`src`'s or
+/// `dst`'s) say: what a DMA of the wire's words and codes leaves out, and nothing where no
+/// block travels exact.
+pub const COPY_EXACT_BLOCKS_KERNEL: &str = "gp2p_compress_copy_exact_blocks";
 
 /// The most ranks a [`CodecKernel::FoldEncode`] folds: the wires it takes by value.
 pub const CODEC_MAX_RANKS: usize = 8;
@@ -474,7 +474,7 @@ mod tests {
                 }
             }
         }
-        all.push((KernelFamily::Compress, COPY_WIRE_KERNEL));
+        all.push((KernelFamily::Compress, COPY_EXACT_BLOCKS_KERNEL));
         all
     }
 

@@ -19,11 +19,10 @@
 #![allow(unsafe_code)]
 
 use gp2p_cuda::raw::{
-    Codec, GiveUp, compress_copy_exact_blocks, compress_decode, compress_encode, memcpy_dtod_async, memcpy_dtoh_async,
-    memcpy_htod_async, reduce, wait_flag, wait_flags, write_flag,
+    Codec, GiveUp, compress_decode, compress_encode, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce,
+    wait_flag, wait_flags, wire_from_host, wire_to_host, write_flag,
 };
 use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
-use gp2p_kernels::compress::WireLayout;
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
@@ -184,12 +183,11 @@ impl Pipeline {
             (if buf == Buf::Main { transfer.main } else { transfer.part }) + offset as u64
         };
         let legs = &transfer.rounds.legs;
-        // A wire leg (one chunk): the leg, its wire's values and block, and the bytes of its
-        // words and codes, which a DMA carries.
+        // A wire leg (one chunk): the leg, its wire's values and block.
         let wire_leg = |wires: &WireLegs, i: usize, chunk: usize| {
             let (leg, values, block) = (&legs[i], wires.values[i], wires.codec.block);
             debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
-            (leg, values, block, WireLayout { values, block }.exact_offset())
+            (leg, values, block)
         };
         for (lane, step) in steps(&transfer.rounds, rank, slot_bytes, layout.slot_count) {
             let stream = if lane == Lane::Send { send } else { receive };
@@ -215,7 +213,7 @@ impl Pipeline {
                 }
                 LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
-                    let (leg, values, block, dense) = wire_leg(wires, i, chunk);
+                    let (leg, values, block) = wire_leg(wires, i, chunk);
                     let (slot_host, slot_device) =
                         (host_at(layout.slot(rank, slot)), device_at(layout.slot(rank, slot)));
                     let wire = match wires.out {
@@ -230,13 +228,12 @@ impl Pipeline {
                         if wires.out == WireOut::Encode {
                             compress_encode(stream, wires.codec, at(leg.src), values, wire)?;
                         }
-                        memcpy_dtoh_async(stream, slot_host.cast(), wire, dense)?;
-                        compress_copy_exact_blocks(stream, block, wire, values, slot_device, wire)?;
+                        wire_to_host(stream, block, wire, values, slot_host, slot_device)?;
                     }
                 }
                 LegStep::Land { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
-                    let (leg, values, block, dense) = wire_leg(wires, i, chunk);
+                    let (leg, values, block) = wire_leg(wires, i, chunk);
                     let (slot_host, slot_device) =
                         (host_at(layout.slot(leg.writer, slot)), device_at(layout.slot(leg.writer, slot)));
                     let wire = match wires.land {
@@ -249,8 +246,7 @@ impl Pipeline {
                     // meanwhile; the words the exact blocks' copy reads are the ones the DMA
                     // just put there (same stream).
                     unsafe {
-                        memcpy_htod_async(stream, wire, slot_host.cast(), dense)?;
-                        compress_copy_exact_blocks(stream, block, slot_device, values, wire, wire)?;
+                        wire_from_host(stream, block, slot_host, slot_device, values, wire)?;
                         if wires.land == WireLand::Decode {
                             compress_decode(stream, wires.codec, wire, values, at(leg.dst))?;
                         }

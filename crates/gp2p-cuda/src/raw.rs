@@ -39,8 +39,7 @@ mod codec;
 mod exchange;
 pub(crate) use codec::launch_each_empty as launch_each_codec_kernel_empty;
 pub use codec::{
-    Codec, WIRE_ALIGN, compress_copy_exact_blocks, compress_copy_wire, compress_decode, compress_encode,
-    compress_fold_encode,
+    Codec, WIRE_ALIGN, compress_decode, compress_encode, compress_fold_encode, wire_from_host, wire_to_host,
 };
 pub use exchange::{
     ChunkAreas, ChunkWaits, ChunksLaunch, ExchangeLines, ManyLines, Numbering, exchange, exchange_many,

@@ -7,7 +7,6 @@ use gp2p_cuda::codec::{WireFormat, fold_wire_addresses};
 use gp2p_cuda::raw::{self, Codec};
 use gp2p_cuda::{DeviceView, DeviceViewMut, Stream};
 use gp2p_kernels::Element;
-use gp2p_kernels::compress::WireLayout;
 
 use crate::{Error, PinnedView, PinnedViewMut, Result};
 
@@ -137,19 +136,12 @@ pub fn copy_wire_to_host(
     wire: &DeviceView<'_, u8>,
     host: &mut PinnedViewMut<'_, u8>,
 ) -> Result<()> {
-    on_stream(stream, "wire", wire.device().ordinal())?;
-    let need = format.wire_bytes(values);
-    holds("wire", wire.len(), need)?;
-    holds("host", host.len(), need)?;
+    check_crossing(stream, format, values, wire.device().ordinal(), wire.len(), host.len())?;
     let mapped = host.device_ptr(stream.device())?;
-    let dense = WireLayout { values, block: format.block }.exact_offset();
     // SAFETY: `wire` is on the stream's device and `host` pinned memory this device maps
-    // (`mapped`), both holding the wire's room (checked), apart; the DMA carries the words
-    // and codes, then the kernel reads the words from `wire`. Both note the point below.
-    unsafe {
-        raw::memcpy_dtoh_async(stream, host.host_mut_ptr().cast(), wire.raw_ptr(), dense)?;
-        raw::compress_copy_exact_blocks(stream, format.block, wire.raw_ptr(), values, mapped, wire.raw_ptr())?;
-    }
+    // (`mapped`), both holding the wire's room (checked), apart (a view is exclusive); both
+    // note the point below.
+    unsafe { raw::wire_to_host(stream, format.block, wire.raw_ptr(), values, host.host_mut_ptr(), mapped)? };
     let point = stream.point()?;
     wire.note_use(&point);
     host.note_use(&point);
@@ -167,20 +159,28 @@ pub fn copy_wire_from_host(
     host: &PinnedView<'_, u8>,
     wire: &mut DeviceViewMut<'_, u8>,
 ) -> Result<()> {
-    on_stream(stream, "wire", wire.device().ordinal())?;
-    let need = format.wire_bytes(values);
-    holds("wire", wire.len(), need)?;
-    holds("host", host.len(), need)?;
+    check_crossing(stream, format, values, wire.device().ordinal(), wire.len(), host.len())?;
     let mapped = host.device_ptr(stream.device())?;
-    let dense = WireLayout { values, block: format.block }.exact_offset();
-    // SAFETY: as in copy_wire_to_host, directions swapped: the kernel reads the words from
-    // `wire`, where the DMA before it (same stream) put them.
-    unsafe {
-        raw::memcpy_htod_async(stream, wire.raw_ptr(), host.host_ptr().cast(), dense)?;
-        raw::compress_copy_exact_blocks(stream, format.block, mapped, values, wire.raw_ptr(), wire.raw_ptr())?;
-    }
+    // SAFETY: as in copy_wire_to_host, directions swapped.
+    unsafe { raw::wire_from_host(stream, format.block, host.host_ptr(), mapped, values, wire.raw_ptr())? };
     let point = stream.point()?;
     wire.note_use(&point);
     host.note_use(&point);
     Ok(())
+}
+
+/// What both crossings check: the device wire on the stream's device, and both rooms holding a
+/// wire of `values` values.
+fn check_crossing(
+    stream: &Stream,
+    format: WireFormat,
+    values: usize,
+    wire_device: usize,
+    wire_bytes: usize,
+    host_bytes: usize,
+) -> Result<()> {
+    on_stream(stream, "wire", wire_device)?;
+    let need = format.wire_bytes(values);
+    holds("wire", wire_bytes, need)?;
+    holds("host", host_bytes, need)
 }

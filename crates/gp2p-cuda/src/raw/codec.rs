@@ -1,13 +1,13 @@
 //! The compressed all-reduce's block codec on addresses: encode a range into a wire, fold
-//! every rank's wire of one shard into a new wire, decode a wire, copy a wire's bytes that
-//! matter (`kernels/compress.cu`; the
+//! every rank's wire of one shard into a new wire, decode a wire, and a wire's crossing
+//! between device and pinned host memory (`kernels/compress.cu`; the
 //! wire's layout is [`gp2p_kernels::compress::WireLayout`]). The bits are those of the CPU
 //! reference, [`gp2p_kernels::compress`].
 
 use gp2p_kernels::compress::{BlockSize, Format, WireLayout};
-use gp2p_kernels::{CODEC_MAX_RANKS, COPY_WIRE_KERNEL, CodecKernel, DType, KernelFamily, compress_kernel_name};
+use gp2p_kernels::{CODEC_MAX_RANKS, COPY_EXACT_BLOCKS_KERNEL, CodecKernel, DType, KernelFamily, compress_kernel_name};
 
-use super::check_aligned;
+use super::{check_aligned, memcpy_dtoh_async, memcpy_htod_async};
 use crate::driver::RawDevicePtr;
 use crate::launch::{KernelArgs, launch_kernel};
 use crate::replay::Params;
@@ -211,78 +211,88 @@ pub unsafe fn compress_decode(
     unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
 }
 
-/// Enqueue a copy of the wire of `len` values in blocks of `block` at `src` to `dst` on
-/// `stream`: its words and codes, and the exact values of the blocks that travel exact (the
-/// rest of `dst`'s room is left as it is). What crosses the bus into mapped host memory is
-/// then what a reader uses, about 1 + 4/block bytes a value, not the room's 5 + 4/block.
+/// Enqueue on `stream` the crossing of the wire of `len` values in blocks of `block` at
+/// `wire` (device memory) into pinned host memory, `host` as the host sees it and `mapped` as
+/// this device maps it: a DMA of its words and codes (its first `WireLayout::exact_offset`
+/// bytes), then a kernel that copies the values of the blocks that travel exact (nothing
+/// where there are none). So about 1 + 4/block bytes a value cross the link, not the room's
+/// 5 + 4/block; the rest of the host room is left as it is, and a reader never looks there.
 ///
 /// # Safety
-/// - `src` is a wire of `len` values that [`compress_encode`] or [`compress_fold_encode`]
-///   wrote with this block size, and `dst` `WireLayout::bytes` writable bytes for it, each
-///   addressable from the stream's device, apart;
-/// - both stay allocated, nothing writes `src` and nothing else touches `dst`, until the
-///   kernel completes on `stream`.
-pub unsafe fn compress_copy_wire(
+/// - `wire` is a wire of `len` values that [`compress_encode`] or [`compress_fold_encode`]
+///   wrote with this block size, on the stream's device; `host` and `mapped` are one range of
+///   pinned host memory of `WireLayout::bytes` writable bytes for it, apart from `wire`;
+/// - both stay allocated, nothing writes `wire` and nothing else touches the host range,
+///   until the work completes on `stream`.
+pub unsafe fn wire_to_host(
     stream: &Stream,
     block: BlockSize,
-    src: RawDevicePtr,
+    wire: RawDevicePtr,
     len: usize,
-    dst: RawDevicePtr,
+    host: *mut u8,
+    mapped: RawDevicePtr,
 ) -> Result<()> {
-    // SAFETY: the caller's contract; the words are `src`'s, a whole wire.
-    unsafe { copy_wire(stream, block, src, len, dst, true, src) }
+    let dense = WireLayout { values: len, block }.exact_offset();
+    // SAFETY: the caller's ranges; the kernel reads the words from `wire` itself.
+    unsafe {
+        memcpy_dtoh_async(stream, host.cast(), wire, dense)?;
+        copy_exact_blocks(stream, block, wire, len, mapped, wire)
+    }
 }
 
-/// Enqueue, on `stream`, the copy of the exact blocks' values of the wire of `len` values at
-/// `src` into the wire at `dst`, the blocks told by the words at `words` (`src`'s, or
-/// `dst`'s once its words and codes are there): what a DMA of the wire's words and codes
-/// (its first `WireLayout::exact_offset` bytes) leaves out. Where no block travels exact it
-/// reads the words and writes nothing.
+/// Enqueue on `stream` the crossing of a wire of `len` values in pinned host memory (`host`
+/// as the host sees it, `mapped` as this device maps it) into `wire` in device memory: what
+/// [`wire_to_host`] sent, the exact blocks' kernel reading the words the DMA put in `wire`.
 ///
 /// # Safety
-/// - `words` is the words of the wire `src` holds (the same bytes), `src` readable and `dst`
-///   writable for `WireLayout::bytes` bytes of `len` values, each addressable from the
-///   stream's device, `dst` apart from the other two;
-/// - all stay allocated, nothing writes `src` or `words` and nothing else touches `dst`,
-///   until the kernel completes on `stream`.
-pub unsafe fn compress_copy_exact_blocks(
+/// - the host range holds a wire of `len` values written as [`wire_to_host`] writes it, with
+///   this block size; `wire` is `WireLayout::bytes` writable bytes of the stream's device,
+///   apart from it;
+/// - both stay allocated, nothing writes the host range and nothing else touches `wire`,
+///   until the work completes on `stream`.
+pub unsafe fn wire_from_host(
     stream: &Stream,
     block: BlockSize,
-    src: RawDevicePtr,
+    host: *const u8,
+    mapped: RawDevicePtr,
     len: usize,
-    dst: RawDevicePtr,
-    words: RawDevicePtr,
+    wire: RawDevicePtr,
 ) -> Result<()> {
-    // SAFETY: the caller's contract.
-    unsafe { copy_wire(stream, block, src, len, dst, false, words) }
+    let dense = WireLayout { values: len, block }.exact_offset();
+    // SAFETY: the caller's ranges; the kernel reads the words the DMA before it (same stream)
+    // put in `wire`.
+    unsafe {
+        memcpy_htod_async(stream, wire, host.cast(), dense)?;
+        copy_exact_blocks(stream, block, mapped, len, wire, wire)
+    }
 }
 
-/// The copy kernel's launch: the words and codes too where `dense`.
+/// The exact blocks' kernel ([`COPY_EXACT_BLOCKS_KERNEL`]): their values from the wire at
+/// `src` into the wire at `dst`, the blocks told by the words at `words`.
 ///
 /// # Safety
-/// As for [`compress_copy_exact_blocks`].
-unsafe fn copy_wire(
+/// `words` holds the words of the wire `src` holds, `src` readable and `dst` writable for
+/// `WireLayout::bytes` bytes of `len` values, each addressable from the stream's device, `dst`
+/// apart from the other two; all stay allocated, untouched by others, until the kernel ends.
+unsafe fn copy_exact_blocks(
     stream: &Stream,
     block: BlockSize,
     src: RawDevicePtr,
     len: usize,
     dst: RawDevicePtr,
-    dense: bool,
     words: RawDevicePtr,
 ) -> Result<()> {
     check_aligned(&[("src", src), ("dst", dst), ("words", words)], WIRE_ALIGN)?;
     if len == 0 {
         return Ok(());
     }
-    let function = Module::kernels(stream.device(), KernelFamily::Compress)?.function(COPY_WIRE_KERNEL)?;
-    let layout = WireLayout { values: len, block };
-    // A warp per value block for the exact blocks, a thread per 16 bytes of words and codes.
-    let dense_threads = if dense { layout.exact_offset() / 16 } else { 0 };
-    let threads = dense_threads.max(32 * layout.blocks());
+    let function = Module::kernels(stream.device(), KernelFamily::Compress)?.function(COPY_EXACT_BLOCKS_KERNEL)?;
+    // A warp per value block.
+    let threads = 32 * WireLayout { values: len, block }.blocks();
     let cap = (stream.device().info().multiprocessors * BLOCKS_PER_SM) as usize;
     let grid = threads.div_ceil(THREADS as usize).clamp(1, cap) as u32;
     let config = LaunchConfig { grid, block: THREADS, shared_bytes: 0 };
-    let args = CopyArgs { src, len: len as u64, block: block.get() as u32, dst, dense: u32::from(dense), words };
+    let args = CopyArgs { src, len: len as u64, block: block.get() as u32, dst, words };
     // SAFETY: the copy kernel; the ranges: the caller's.
     unsafe { launch_kernel(&function, stream, config, &args, None) }
 }
@@ -292,13 +302,12 @@ struct CopyArgs {
     len: u64,
     block: u32,
     dst: RawDevicePtr,
-    dense: u32,
     words: RawDevicePtr,
 }
 
 impl KernelArgs for CopyArgs {
     fn params(&self) -> Params {
-        Params::default().u64(self.src).u64(self.len).u32(self.block).u64(self.dst).u32(self.dense).u64(self.words)
+        Params::default().u64(self.src).u64(self.len).u32(self.block).u64(self.dst).u64(self.words)
     }
 }
 
@@ -323,9 +332,9 @@ pub(crate) fn launch_each_empty(stream: &Stream) -> Result<()> {
             }
         }
     }
-    let copy = CopyArgs { src: 0, len: 0, block, dst: 0, dense: 1, words: 0 };
-    let function = Module::kernels(stream.device(), KernelFamily::Compress)?.function(COPY_WIRE_KERNEL)?;
-    // SAFETY: no values: the kernel copies zero words and codes and scans zero blocks.
+    let copy = CopyArgs { src: 0, len: 0, block, dst: 0, words: 0 };
+    let function = Module::kernels(stream.device(), KernelFamily::Compress)?.function(COPY_EXACT_BLOCKS_KERNEL)?;
+    // SAFETY: no values: the kernel scans zero blocks and copies nothing.
     unsafe { launch_kernel(&function, stream, one, &copy, None) }
 }
 
