@@ -328,25 +328,27 @@ fn one_gpu_eight_processes_run_every_collective_op_and_dtype() {
     every_collective_among("one_gpu_eight_processes_run_every_collective_op_and_dtype", 8);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size() {
-    // CommOptions::algorithm (GP2P_ALGORITHM's option): the rounds take every all-reduce,
-    // the smallest too, whose shares are empty on most ranks. Every op and dtype at odd
-    // lengths, against the fold.
-    let test = "one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size";
-    if !is_child() {
-        needs!(gpus: 1, compute_80);
-    }
-    if !runs_here(test, 4) {
+/// CommOptions::algorithm (GP2P_ALGORITHM's option) forcing two-shot among `world`
+/// processes: the rounds take every all-reduce above the one-kernel sizes (among more than
+/// two every size, the smallest too, whose shares are empty on most ranks). Every op and
+/// dtype at odd lengths, against the fold.
+fn forced_two_shot_among(test: &str, world: usize, lens: &'static [usize]) {
+    if !runs_here(test, world) {
         return;
     }
-    let options = CommOptions { algorithm: Some(gp2p_comm::Algorithm::TwoShot), ..CommOptions::for_world(4) };
-    let mut r = Ranked::start(test, 4, sharing(options));
+    // Two ranks: a one-kernel path up to 2 KiB only, and slots of 64 KiB, so the rounds
+    // run from small lengths on and long ones take several chunks a share.
+    let options = CommOptions {
+        algorithm: Some(gp2p_comm::Algorithm::TwoShot),
+        small_max_bytes: 2 << 10,
+        slot_bytes: 64 << 10,
+        ..CommOptions::for_world(world)
+    };
+    let mut r = Ranked::start(test, world, sharing(options));
     let (rank, world) = (r.rank, r.world);
-    fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream, rank: usize, world: usize) {
+    fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream, rank: usize, world: usize, lens: &[usize]) {
         let mut pending: Vec<Check> = Vec::new();
-        for (case, len) in [1usize, 3, 7, 255, 4099].into_iter().enumerate() {
+        for (case, &len) in lens.iter().enumerate() {
             for (o, op) in ReduceOp::ALL.into_iter().enumerate() {
                 let inputs = inputs_of::<T>(world, len, 41, (case * 8 + o) as u64);
                 let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
@@ -361,8 +363,28 @@ fn one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size() {
             check(stream);
         }
     }
-    every_dtype!(cases(&mut r.comm, &r.stream, rank, world));
+    every_dtype!(cases(&mut r.comm, &r.stream, rank, world, lens));
     r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_forced_to_two_shot_run_the_rounds_above_the_one_kernel_sizes() {
+    let test = "one_gpu_two_processes_forced_to_two_shot_run_the_rounds_above_the_one_kernel_sizes";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    forced_two_shot_among(test, 2, &[1, 255, 4099, 70_001, 300_007]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size() {
+    let test = "one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    forced_two_shot_among(test, 4, &[1, 3, 7, 255, 4099]);
 }
 
 /// Rank r's values of the compressed case `case`: random, with an outlier every 32 values,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use std::mem::ManuallyDrop;
 
-use gp2p_collectives::cost::Machine;
+use gp2p_collectives::cost::{Algorithm, Machine};
 use gp2p_cuda::raw::{
     ChunkAreas, ChunkWaits, ExchangeLines, InOut, ManyLines, Numbering, exchange, exchange_many, plan_exchange_chunks,
 };

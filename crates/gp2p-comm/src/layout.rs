@@ -40,8 +40,9 @@ pub struct CommOptions {
     /// (`GP2P_ALGORITHM`) names one; [`Algorithm::OneShot`] for the line kernel wherever the
     /// buffer fits its lines, [`Algorithm::TwoShot`] for the rounds at every size.
     /// [`Algorithm::Ring`] is refused at creation (the one-process engine runs the ring).
-    /// Every rank must force the same (ranks compare it at creation). Two ranks have one
-    /// path per size and ignore it.
+    /// Every rank must force the same (ranks compare it at creation). Two ranks keep their
+    /// one-kernel paths for the sizes those take and otherwise run the exchange, or the
+    /// rounds where [`Algorithm::TwoShot`] is forced.
     pub algorithm: Option<Algorithm>,
     /// All-reduces of f32, f16 and bf16 under sum or avg, from a size on, compressed
     /// (`Communicator::all_reduce_compressed`): `None` (the default) unless the environment

@@ -85,7 +85,10 @@ impl Communicator {
         // The staged paths fold into the output: it starts as this rank's input.
         let local = (buf.src != buf.dst).then_some((buf.dst, buf.src, bytes));
         let divide_by = self.divisor(op);
-        if self.world() != 2 {
+        // Two ranks above the one-kernel sizes take the rounds only where forced: the
+        // exchange is their default until the rounds measure faster on the topology.
+        let two_shot = self.many.forced == Some(Algorithm::TwoShot) && bytes > self.small_max_bytes();
+        if self.world() != 2 || two_shot {
             return self.all_reduce_many::<T>(buf, len, stream, op, note);
         }
         if bytes > self.small_max_bytes() {
