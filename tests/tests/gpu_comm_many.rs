@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use geforce_p2p::cuda::codec::WireFormat;
 use geforce_p2p::kernels::compress::{self, BlockSize, Compressible, Format, Scheme};
 use geforce_p2p::{DeviceBuffer, ReduceOp, Stream, half};
-use gp2p_comm::{CommOptions, Communicator, UniqueId};
+use gp2p_comm::{Algorithm, CommOptions, Communicator, Receive, UniqueId};
 use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, device, every_dtype, needs, random};
 
 /// Set in each child: its rank, the world size and the unique id, space-separated.
@@ -328,18 +328,20 @@ fn one_gpu_eight_processes_run_every_collective_op_and_dtype() {
     every_collective_among("one_gpu_eight_processes_run_every_collective_op_and_dtype", 8);
 }
 
-/// CommOptions::algorithm (GP2P_ALGORITHM's option) forcing two-shot among `world`
-/// processes: the rounds take every all-reduce above the one-kernel sizes (among more than
-/// two every size, the smallest too, whose shares are empty on most ranks). Every op and
-/// dtype at odd lengths, against the fold.
-fn forced_two_shot_among(test: &str, world: usize, lens: &'static [usize]) {
+/// Every op and dtype at odd lengths among `world` processes made with `algorithm` and
+/// `receive` forced, against the fold. With two-shot forced the rounds take every
+/// all-reduce above the one-kernel sizes (among more than two every size, the smallest
+/// too, whose shares are empty on most ranks); with scratch every chunk lands by DMA into
+/// device memory before its fold.
+fn folds_among(test: &str, world: usize, lens: &'static [usize], algorithm: Option<Algorithm>, receive: Receive) {
     if !runs_here(test, world) {
         return;
     }
-    // Two ranks: a one-kernel path up to 2 KiB only, and slots of 64 KiB, so the rounds
-    // run from small lengths on and long ones take several chunks a share.
+    // A one-kernel path up to 2 KiB only and slots of 64 KiB, so the pipeline runs from
+    // small lengths on and long ones take several chunks a share.
     let options = CommOptions {
-        algorithm: Some(gp2p_comm::Algorithm::TwoShot),
+        algorithm,
+        receive,
         small_max_bytes: 2 << 10,
         slot_bytes: 64 << 10,
         ..CommOptions::for_world(world)
@@ -355,7 +357,7 @@ fn forced_two_shot_among(test: &str, world: usize, lens: &'static [usize]) {
                 comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
                 pending.push(Box::new(move |s| {
                     let got = buf.to_host_vec(s).unwrap();
-                    check_fold(&format!("rank {rank} two-shot {op} len {len}"), &got, &inputs, 0..len, op);
+                    check_fold(&format!("rank {rank} {op} len {len}"), &got, &inputs, 0..len, op);
                 }));
             }
         }
@@ -367,6 +369,8 @@ fn forced_two_shot_among(test: &str, world: usize, lens: &'static [usize]) {
     r.finish();
 }
 
+const TWO_RANK_LENS: &[usize] = &[1, 255, 4099, 70_001, 300_007];
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_forced_to_two_shot_run_the_rounds_above_the_one_kernel_sizes() {
@@ -374,7 +378,27 @@ fn one_gpu_two_processes_forced_to_two_shot_run_the_rounds_above_the_one_kernel_
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    forced_two_shot_among(test, 2, &[1, 255, 4099, 70_001, 300_007]);
+    folds_among(test, 2, TWO_RANK_LENS, Some(Algorithm::TwoShot), Receive::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_fold_from_a_scratch_in_the_exchange() {
+    let test = "one_gpu_two_processes_fold_from_a_scratch_in_the_exchange";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_among(test, 2, TWO_RANK_LENS, None, Receive::Scratch);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_fold_from_a_scratch_in_the_rounds() {
+    let test = "one_gpu_two_processes_fold_from_a_scratch_in_the_rounds";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_among(test, 2, TWO_RANK_LENS, Some(Algorithm::TwoShot), Receive::Scratch);
 }
 
 #[test]
@@ -384,7 +408,17 @@ fn one_gpu_four_processes_forced_to_two_shot_run_the_rounds_at_every_size() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    forced_two_shot_among(test, 4, &[1, 3, 7, 255, 4099]);
+    folds_among(test, 4, &[1, 3, 7, 255, 4099], Some(Algorithm::TwoShot), Receive::ZeroCopy);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_fold_from_a_scratch() {
+    let test = "one_gpu_four_processes_fold_from_a_scratch";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_among(test, 4, &[1, 255, 4099, 70_001, 300_007], None, Receive::Scratch);
 }
 
 /// Rank r's values of the compressed case `case`: random, with an outlier every 32 values,

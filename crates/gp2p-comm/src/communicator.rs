@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use std::mem::ManuallyDrop;
 
+use gp2p_collectives::Receive;
 use gp2p_collectives::cost::{Algorithm, Machine};
 use gp2p_cuda::raw::{
     ChunkAreas, ChunkWaits, ExchangeLines, InOut, ManyLines, Numbering, exchange, exchange_many, plan_exchange_chunks,
@@ -76,6 +77,10 @@ pub struct Communicator {
     /// The small path's call count, in device memory: its kernel numbers its call from it,
     /// so a replayed graph's calls are numbered too. Kept like `registration`.
     seq_counter: ManuallyDrop<DeviceBuffer<u32>>,
+    /// Where chunks land by DMA before their fold, a slot's size, used only by the
+    /// pipeline's receive stream ([`gp2p_collectives::Receive::Scratch`]); None where folds
+    /// read the slots in place. Noted and kept as the counter is.
+    scratch: ManuallyDrop<Option<DeviceBuffer<u8>>>,
     /// The staging area's start as this device maps it.
     staging: RawDevicePtr,
     layout: Layout,
@@ -130,6 +135,8 @@ impl Communicator {
         let options = CommOptions { algorithm: choice::forced(options.algorithm, env.as_deref())?, ..options };
         let env = std::env::var_os(crate::COMPRESS_VAR).map(|v| v.to_string_lossy().into_owned());
         let compress = crate::compression::resolve(&options, world, env.as_deref())?;
+        let env = std::env::var_os(crate::RECEIVE_VAR).map(|v| v.to_string_lossy().into_owned());
+        let receive = crate::receive::resolve(options.receive, env.as_deref())?;
         let mut layout = Layout::new(world, &options)?;
         layout.compress = crate::compression::Resolved::option_words(compress);
         if options.peer_timeout.is_zero() || options.peer_timeout > MAX_PEER_TIMEOUT {
@@ -151,6 +158,10 @@ impl Communicator {
         // The call count and the kernels' ticket (see gp2p_kernels::chunks_kernel_name), zero
         // before any kernel can read them.
         let seq_counter = DeviceBuffer::<u32>::zeroed(device, 2)?;
+        let scratch = match receive {
+            Receive::Scratch => Some(DeviceBuffer::<u8>::alloc(device, layout.slot_bytes())?),
+            _ => None,
+        };
         let segment = Arc::new(Segment::join(id, rank, world, layout.staging_bytes(), options.join_timeout)?);
         let registered =
             register_in_turn(&segment, device, options.join_timeout).and_then(|r| Ok((r.device_ptr(device)?, r)));
@@ -165,6 +176,7 @@ impl Communicator {
             segment,
             registration: ManuallyDrop::new(registration),
             seq_counter: ManuallyDrop::new(seq_counter),
+            scratch: ManuallyDrop::new(scratch),
             layout,
             calls: 0,
             pipeline,
@@ -470,6 +482,9 @@ impl Communicator {
         note(&point);
         self.registration.uses().note(&point);
         self.seq_counter.view(..).note_use(&point);
+        if let Some(scratch) = self.scratch.as_ref() {
+            scratch.view(..).note_use(&point);
+        }
         self.last = Some(point);
         launched
     }
@@ -512,6 +527,7 @@ impl Communicator {
             layout: &self.layout,
             rank: self.rank(),
             timeout_ns: self.timeout_ns(),
+            scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
         }
     }
 
@@ -546,8 +562,8 @@ impl std::fmt::Debug for Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         if self.capture == Capture::Used {
-            // A captured graph may still be launched: its staging, counter and wires stay,
-            // unfreed.
+            // A captured graph may still be launched: its staging, counter, scratch and wires
+            // stay, unfreed.
             std::mem::forget(self.wires.take());
             return;
         }
@@ -556,6 +572,7 @@ impl Drop for Communicator {
         unsafe {
             ManuallyDrop::drop(&mut self.registration);
             ManuallyDrop::drop(&mut self.seq_counter);
+            ManuallyDrop::drop(&mut self.scratch);
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use gp2p_collectives::Receive;
 use gp2p_collectives::cost::Algorithm;
 use gp2p_kernels::{CHUNK_MAX_BLOCKS, chunk_area_layout, exchange_line_bytes};
 
@@ -49,6 +50,12 @@ pub struct CommOptions {
     /// variable [`crate::COMPRESS_VAR`] (`GP2P_COMPRESS`) asks for it, never by itself. Every
     /// rank must ask for the same (ranks compare it at creation). See [`crate::compression`].
     pub compress: Option<crate::Compression>,
+    /// How this rank's pipeline folds a chunk that lands in its slots:
+    /// [`Receive::ZeroCopy`] reads the slot in place across the link, [`Receive::Scratch`]
+    /// copies it into device memory of a slot's size by DMA and folds from there.
+    /// [`Receive::Auto`] (the default) takes [`crate::RECEIVE_VAR`] (`GP2P_RECEIVE`) where
+    /// it names one, else zero-copy. Each rank may pick its own: the fold's bits are the same.
+    pub receive: Receive,
 }
 
 impl Default for CommOptions {
@@ -74,6 +81,7 @@ impl Default for CommOptions {
             lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
             algorithm: None,
             compress: None,
+            receive: Receive::Auto,
         }
     }
 }

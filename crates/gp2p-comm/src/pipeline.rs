@@ -70,6 +70,9 @@ pub(crate) struct RankSide<'a> {
     pub(crate) rank: usize,
     /// How long each wait for the peer may last.
     pub(crate) timeout_ns: u64,
+    /// Device memory of a slot's size, only for the receive stream: where a chunk to fold
+    /// lands by DMA first. None: the fold reads the slot in place (zero-copy).
+    pub(crate) scratch: Option<RawDevicePtr>,
 }
 
 /// The streams and events of one rank's pipeline.
@@ -173,7 +176,7 @@ impl Pipeline {
     /// # Safety
     /// As for [`Pipeline::run_many`].
     unsafe fn enqueue_rounds(&self, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
-        let RankSide { staging, layout, rank, timeout_ns } = side;
+        let RankSide { staging, layout, rank, timeout_ns, scratch } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let slot_bytes = layout.slot_bytes();
         let device_at = |offset: usize| staging.device + offset as u64;
@@ -266,14 +269,17 @@ impl Pipeline {
                     let to = at(leg.dst) + range.start as u64;
                     match leg.landing {
                         LegLanding::Fold { last } => {
-                            let from = device_at(layout.slot(leg.writer, slot));
+                            let (host, mapped) =
+                                (host_at(layout.slot(leg.writer, slot)), device_at(layout.slot(leg.writer, slot)));
                             let elements = range.len() / transfer.dtype.size_bytes();
                             let divide_by = if last { transfer.divide_by } else { 1 };
-                            let (op, source) = (transfer.op, SourceMemory::ZeroCopy);
                             // SAFETY: the writer's slot, full (the steps waited), into a chunk
                             // of the leg's destination, which nothing else of the call touches
-                            // meanwhile.
-                            unsafe { reduce(stream, to, from, elements, transfer.dtype, op, divide_by, source)? }
+                            // meanwhile; the scratch holds a slot and only this stream uses it.
+                            unsafe {
+                                let (from, source) = land_for_fold(stream, scratch, host, mapped, range.len())?;
+                                reduce(stream, to, from, elements, transfer.dtype, transfer.op, divide_by, source)?
+                            }
                         }
                         LegLanding::Copy => {
                             let from = host_at(layout.slot(leg.writer, slot)).cast();
@@ -350,7 +356,7 @@ impl Pipeline {
     /// # Safety
     /// As for [`Pipeline::run`].
     unsafe fn enqueue_chunks(&self, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
-        let RankSide { staging, layout, rank, timeout_ns } = side;
+        let RankSide { staging, layout, rank, timeout_ns, scratch } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let peer = 1 - rank;
         let slot_bytes = layout.slot_bytes();
@@ -398,12 +404,15 @@ impl Pipeline {
                     let to = dst + start as u64;
                     match landing {
                         Landing::Fold { op, divide_by } => {
-                            let from = device_at(layout.slot(peer, slot));
+                            let (host, mapped) = (host_at(layout.slot(peer, slot)), device_at(layout.slot(peer, slot)));
                             let elements = len / transfer.dtype.size_bytes();
-                            let source = SourceMemory::ZeroCopy;
                             // SAFETY: the peer's slot, full (the plan waited), into a chunk of
-                            // `dst`, which no other step of the call touches meanwhile.
-                            unsafe { reduce(stream, to, from, elements, transfer.dtype, op, divide_by, source)? }
+                            // `dst`, which no other step of the call touches meanwhile; the
+                            // scratch holds a slot and only this stream uses it.
+                            unsafe {
+                                let (from, source) = land_for_fold(stream, scratch, host, mapped, len)?;
+                                reduce(stream, to, from, elements, transfer.dtype, op, divide_by, source)?
+                            }
                         }
                         Landing::Copy => {
                             let from = host_at(layout.slot(peer, slot)).cast();
@@ -415,5 +424,29 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+}
+
+/// Where a fold reads a chunk of `bytes` that sits in a slot (`host` and `mapped` its two
+/// mappings): the slot itself, read across the link (zero-copy), or, with a scratch, the
+/// scratch after a DMA of the chunk into it on `stream`.
+///
+/// # Safety
+/// The slot holds the chunk until the fold that follows on `stream` is done; `scratch`, where
+/// given, is device memory of at least `bytes` that only `stream` uses.
+unsafe fn land_for_fold(
+    stream: &Stream,
+    scratch: Option<RawDevicePtr>,
+    host: *mut u8,
+    mapped: RawDevicePtr,
+    bytes: usize,
+) -> Result<(RawDevicePtr, SourceMemory)> {
+    match scratch {
+        None => Ok((mapped, SourceMemory::ZeroCopy)),
+        Some(scratch) => {
+            // SAFETY: the caller's contract: the slot's chunk into the scratch, both `bytes`.
+            unsafe { memcpy_htod_async(stream, scratch, host.cast(), bytes)? };
+            Ok((scratch, SourceMemory::Device))
+        }
     }
 }

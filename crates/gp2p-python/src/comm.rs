@@ -78,6 +78,8 @@ impl PyCommunicator {
                     None => None,
                     Some(value) => Some(compression_from(Some(value))?.unwrap_or_else(Compression::off)),
                 },
+                // Auto: GP2P_RECEIVE's, else zero-copy.
+                receive: defaults.receive,
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;
