@@ -256,11 +256,17 @@ extern "C" __global__ void gp2p_compress_copy_exact_blocks(const u8* src, u64 n,
     const float* exact_from = reinterpret_cast<const float*>(src + w.exact);
     float* exact_to = reinterpret_cast<float*>(dst + w.exact);
     const u64 blocks = (n + block - 1) / block;
+    bool wrote = false;
     for (u64 b = first_block(); b < blocks; b += block_stride()) {
         if (words[b] != EXACT_WORD) continue;
         const u64 end = (b + 1) * block < n ? (b + 1) * block : n;
         for (u64 i = b * block + threadIdx.x % WARP; i < end; i += WARP) exact_to[i] = exact_from[i];
+        wrote = true;
     }
+    // Into mapped host memory, stores from the multiprocessors may reach it after a flag that
+    // the stream writes once the kernel ends (the link orders them weakly): a thread that
+    // stored fences them to the system first, as the flagged chunks do before their flag.
+    if (wrote) __threadfence_system();
 }
 
 #define GP2P_COMPRESS_KERNELS(fname, F, tname, T)                                                              \
