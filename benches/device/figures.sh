@@ -114,10 +114,10 @@ section_all-reduce() {
   local t
   for t in auto scratch zero-copy; do
     late && return
-    bench "all-reduce-$t" all-reduce --ranks "$ranks" --transport "$t" -b 8 -e 1G -f 2 -n 20 -w 5
+    bench "all-reduce-$t" all-reduce --ranks "$ranks" --receive "$t" -b 8 -e 1G -f 2 -n 20 -w 5
   done
   for t in auto scratch zero-copy; do
-    bench "all-reduce-256M-$t" CUDA_VISIBLE_DEVICES=0 all-reduce --ranks 2 --transport "$t" -b 256M -e 256M -n 10 -w 3
+    bench "all-reduce-256M-$t" CUDA_VISIBLE_DEVICES=0 all-reduce --ranks 2 --receive "$t" -b 256M -e 256M -n 10 -w 3
   done
 }
 
@@ -213,7 +213,7 @@ tune() {
   for chunk in 1M 2M 4M; do
     for slots in 2 4; do
       late && return
-      bench tune-all-reduce-c$chunk-s$slots all-reduce --ranks "$ranks" --transport scratch --chunk "$chunk" --slots "$slots" -b 64M -e 1G -f 4 -n 10 -w 3
+      bench tune-all-reduce-c$chunk-s$slots all-reduce --ranks "$ranks" --receive scratch --chunk "$chunk" --slots "$slots" -b 64M -e 1G -f 4 -n 10 -w 3
     done
     bench tune-copy-c$chunk copy --route staged --src 0 --dst $((last > 0 ? 1 : 0)) --chunk "$chunk" -b 64M -e 1G -f 4 -n 10 -w 3
   done
@@ -230,8 +230,8 @@ exchange() {
   local t
   for t in scratch zero-copy auto; do
     late && return
-    bench all-reduce-ring-$t all-reduce --ranks 2 --transport "$t" -b 1M -e 1G -f 4 -n 10 -w 3
-    bench all-reduce-exchange-$t GP2P_EXCHANGE_MAX_BYTES=4294967296 all-reduce --ranks 2 --transport "$t" -b 1M -e 1G -f 4 -n 10 -w 3
+    bench all-reduce-ring-$t all-reduce --ranks 2 --receive "$t" -b 1M -e 1G -f 4 -n 10 -w 3
+    bench all-reduce-exchange-$t GP2P_EXCHANGE_MAX_BYTES=4294967296 all-reduce --ranks 2 --receive "$t" -b 1M -e 1G -f 4 -n 10 -w 3
   done
 }
 

@@ -1,5 +1,5 @@
-//! The enum-valued flags (`--route`, `--transport`, `--op`, `--dtype`, `--stream`,
-//! `--compress`) as clap
+//! The enum-valued flags (`--route`, `--receive`, `--algorithm`, `--op`, `--dtype`,
+//! `--stream`, `--compress`) as clap
 //! [`ValueEnum`]s, so `--help` lists the allowed values and clap refuses others.
 //!
 //! Each flag wraps the library's own type, and its values and their names are the library's
@@ -8,6 +8,7 @@
 
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
+use geforce_p2p::collectives::cost::Algorithm;
 use geforce_p2p::kernels::compress::Format;
 use geforce_p2p::{DType, Receive, ReduceOp, Route};
 
@@ -50,8 +51,12 @@ value_enum!(
     RouteFlag(Route) = Route::ALL
 );
 value_enum!(
-    /// `--transport`: a collective's receive path.
+    /// `--receive`: how a collective folds what lands in its slots.
     ReceiveFlag(Receive) = Receive::ALL
+);
+value_enum!(
+    /// `--algorithm`: the all-reduce a communicator runs (the ring only in one process).
+    AlgorithmFlag(Algorithm) = Algorithm::ALL
 );
 value_enum!(
     /// `--op`: the reduction.
@@ -156,6 +161,7 @@ mod tests {
     fn every_library_value_is_a_flag_value_under_its_library_name() {
         round_trips::<RouteFlag>(Route::ALL.len());
         round_trips::<ReceiveFlag>(Receive::ALL.len());
+        round_trips::<AlgorithmFlag>(Algorithm::ALL.len());
         round_trips::<OpFlag>(ReduceOp::ALL.len());
         round_trips::<DTypeFlag>(DType::ALL.len());
         round_trips::<DTypes>(DType::ALL.len() + 1);

@@ -39,7 +39,7 @@ fn help_lists_the_allowed_values_of_enum_flags() {
 
 #[test]
 fn a_value_outside_the_list_is_a_usage_error_naming_the_list() {
-    let out = gp2p(&["bench", "all-reduce", "--transport", "zerocopy"]);
+    let out = gp2p(&["bench", "all-reduce", "--receive", "zerocopy"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("zerocopy") && stderr.contains("zero-copy"), "{stderr}");

@@ -222,6 +222,17 @@ impl Communicator {
         self.segment.world()
     }
 
+    /// How this rank folds the chunks that land in its slots ([`CommOptions::receive`] as
+    /// resolved at creation): [`Receive::Scratch`] or [`Receive::ZeroCopy`].
+    pub fn receive(&self) -> Receive {
+        if self.scratch.is_some() { Receive::Scratch } else { Receive::ZeroCopy }
+    }
+
+    /// The all-reduce forced by [`CommOptions::algorithm`] or `GP2P_ALGORITHM`, if any.
+    pub fn forced_algorithm(&self) -> Option<Algorithm> {
+        self.many.forced
+    }
+
     /// The device this rank runs on.
     pub fn device(&self) -> &Device {
         &self.device

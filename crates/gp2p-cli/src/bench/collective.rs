@@ -29,9 +29,10 @@ pub struct CollectiveArgs {
     /// Number of ranks (more than the GPUs present needs the `testing` build: logical ranks).
     #[arg(long, default_value_t = 2)]
     ranks: usize,
-    /// Receive path.
-    #[arg(long, value_enum, default_value = "auto")]
-    transport: ReceiveFlag,
+    /// How each chunk that lands is folded: zero-copy (read from host memory in place),
+    /// scratch (a DMA into device memory first), or auto (measured once per device).
+    #[arg(long, value_enum, default_value = "auto", alias = "transport")]
+    receive: ReceiveFlag,
     /// Reduction.
     #[arg(long, value_enum, default_value = "sum")]
     op: OpFlag,
@@ -134,7 +135,7 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
     let mut traces = Vec::new();
-    let (op, transport) = (args.op.0, args.transport.0);
+    let (op, transport) = (args.op.0, args.receive.0);
     for &bytes in &sizes {
         // all_gather and reduce_scatter sizes are the full buffer (n parts), as nccl-tests.
         let len = match kind {
@@ -279,7 +280,7 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
     let report = Report::new(&devices[0], measured, c.iters, rows)?.on_streams(c.stream.name());
     let how = match compressed {
         Some(f) => format!("--compress {} --block {}", f.format, f.block.get()),
-        None => format!("--transport {transport}"),
+        None => format!("--receive {transport}"),
     };
     println!(
         "# gp2p bench {} --ranks {n}{} {how} --op {} --dtype {} on {}, medians of {} runs",

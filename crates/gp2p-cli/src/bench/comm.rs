@@ -33,7 +33,7 @@ use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Strea
 use super::compressed::{CompressArgs, Compressed, count_unequal_bits, deviation_from_exact, scaled_wire_bytes};
 use super::{CEILING_BYTES, Common, finish, progress, rows_table};
 use crate::error::CliError;
-use crate::flags::{DTypeFlag, OpFlag};
+use crate::flags::{AlgorithmFlag, DTypeFlag, OpFlag, ReceiveFlag};
 use crate::measure::{Ceilings, median};
 use crate::report::{Report, Row};
 use crate::sizes::format_size;
@@ -107,6 +107,16 @@ pub struct CommArgs {
     /// Slots per rank of that pipeline, instead of the default.
     #[arg(long)]
     slots: Option<usize>,
+    /// How each rank folds a chunk that lands in its slots: zero-copy (read in place across
+    /// the link) or scratch (a DMA into device memory first); auto leaves it to
+    /// GP2P_RECEIVE, else zero-copy.
+    #[arg(long, value_enum, default_value = "auto")]
+    receive: ReceiveFlag,
+    /// The all-reduce to force: one-shot (the line kernel, where the buffer fits its lines)
+    /// or two-shot (the rounds; between two ranks above the one-kernel sizes, instead of the
+    /// exchange); unset leaves it to GP2P_ALGORITHM, else the cost model.
+    #[arg(long, value_enum)]
+    algorithm: Option<AlgorithmFlag>,
     #[command(flatten)]
     compress: CompressArgs,
 }
@@ -226,6 +236,8 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         join_timeout: WAIT,
         slot_bytes: args.slot_bytes.unwrap_or(defaults.slot_bytes),
         slots: args.slots.unwrap_or(defaults.slots),
+        receive: args.receive.0,
+        algorithm: args.algorithm.map(|a| a.0),
         ..defaults
     };
     let mut comm = Communicator::new(&id, rank, world, &device, options)?;
@@ -259,7 +271,13 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         args.calls,
         report.repeats
     );
-    println!("# pipeline: {} slots of {} a rank", options.slots, format_size(options.slot_bytes));
+    let algorithm = comm.forced_algorithm().map_or("the cost model's choice", |a| a.name());
+    println!(
+        "# pipeline: {} slots of {} a rank, receive {}, algorithm {algorithm}",
+        options.slots,
+        format_size(options.slot_bytes),
+        comm.receive()
+    );
     println!(
         "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
         args.collective.per_rank_factor(world)
