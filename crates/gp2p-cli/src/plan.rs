@@ -1,9 +1,9 @@
 //! `gp2p plan --ranks N`: the cost model's predicted time of each all-reduce algorithm per
 //! size, its choice and what binds it (`geforce_p2p::collectives::cost`). A model, not a
 //! measurement: it needs no GPU, except that `--measure` takes the per-card rates (and,
-//! with two cards or more, the host's) from this machine's links, and a phase's handoff from
-//! its first card. DRAM stays the model's figure (or `--dram`): one card cannot load host
-//! memory as several do.
+//! with two cards or more, the host's) from this machine's links, a phase's handoff from
+//! its first card, and DRAM from every core copying at once (`plan::dram`: one card cannot
+//! load host memory as several do).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,6 +19,7 @@ use crate::error::CliError;
 use crate::sizes::{format_size, parse_size, sweep};
 
 mod compressed;
+mod dram;
 use crate::table::{num, table};
 
 #[derive(Args)]
@@ -154,6 +155,8 @@ struct Measured {
     /// One phase's handoff on the first card, µs: the same 4 KiB device → host → device round
     /// trip the model's default was measured as ([`geforce_p2p::collectives::cost::H200_HANDOFF_US`]).
     handoff_us: f64,
+    /// Every core copying between two buffers far past the caches, GB/s read plus written.
+    dram_gbps: f64,
     /// How many cards were measured.
     cards: usize,
 }
@@ -221,6 +224,8 @@ impl PlanArgs {
             }
             machine.handoff_us = m.handoff_us;
             sources[5] = Source::Measured;
+            machine.dram_gbps = m.dram_gbps;
+            sources[4] = Source::Measured;
         }
         let flags = [self.h2d, self.d2h, self.duplex, self.host, self.dram, self.handoff_us];
         for (i, flag) in flags.into_iter().enumerate() {
@@ -234,11 +239,12 @@ impl PlanArgs {
             sources[i] = Source::Flag;
         }
         let measured_on = measured.map(|m| match (m.cards, m.host_gbps) {
-            (1, _) => "on 1 card".to_owned(),
-            (n, Some(_)) => {
-                format!("the slowest of {n} cards; the host with all {n} at once; the handoff on the first")
-            }
-            (n, None) => format!("the slowest of {n} cards; the handoff on the first"),
+            (1, _) => "on 1 card; DRAM with every core copying".to_owned(),
+            (n, Some(_)) => format!(
+                "the slowest of {n} cards; the host with all {n} at once; the handoff on the first; DRAM with every \
+                 core copying"
+            ),
+            (n, None) => format!("the slowest of {n} cards; the handoff on the first; DRAM with every core copying"),
         });
         let placed = (!placed.is_empty()).then_some(placed);
         Ok(Rates { machine, sources, measured_on, placed })
@@ -305,6 +311,7 @@ fn measure() -> Result<(Measured, Placement), CliError> {
         card: [slowest(|d| d.h2d_gbps), slowest(|d| d.d2h_gbps), slowest(|d| d.duplex_gbps)],
         host_gbps,
         handoff_us: handoff_us(links.devices[0].device)?,
+        dram_gbps: dram::dram_gbps(),
         cards: links.devices.len(),
     };
     Ok((measured, place))

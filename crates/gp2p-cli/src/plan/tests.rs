@@ -16,24 +16,27 @@ fn args(line: &[&str]) -> PlanArgs {
 
 #[test]
 fn flags_win_over_measured_rates_and_measured_over_defaults() {
-    let measured = Measured { card: [20.0, 21.0, 12.0], host_gbps: Some(100.0), handoff_us: 9.5, cards: 4 };
+    let measured =
+        Measured { card: [20.0, 21.0, 12.0], host_gbps: Some(100.0), handoff_us: 9.5, dram_gbps: 180.0, cards: 4 };
     let rates = args(&["--ranks", "4", "--d2h", "30", "--handoff-us", "0"]).rates(Some(&measured), None).unwrap();
     let m = rates.machine;
     assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps), (20.0, 30.0, 12.0, 100.0));
-    assert_eq!((m.dram_gbps, m.handoff_us), (cost::H200_DRAM_GBPS, 0.0));
+    assert_eq!((m.dram_gbps, m.handoff_us), (180.0, 0.0));
     let (default, flag, measured_here) = (Source::Default, Source::Flag, Source::Measured);
-    assert_eq!(rates.sources, [measured_here, flag, measured_here, measured_here, default, flag]);
+    assert_eq!(rates.sources, [measured_here, flag, measured_here, measured_here, measured_here, flag]);
+    let rates = args(&["--ranks", "4", "--dram", "90"]).rates(Some(&measured), None).unwrap();
+    assert_eq!((rates.machine.dram_gbps, rates.sources[4]), (90.0, flag));
     let one_card = Measured { host_gbps: None, cards: 1, ..measured };
     let rates = args(&["--ranks", "4"]).rates(Some(&one_card), None).unwrap();
     assert_eq!((rates.machine.host_gbps, rates.sources[3]), (cost::H200_HOST_GBPS, default));
-    assert_eq!(rates.measured_on.as_deref(), Some("on 1 card"));
+    assert_eq!(rates.measured_on.as_deref(), Some("on 1 card; DRAM with every core copying"));
     assert_eq!((rates.machine.handoff_us, rates.sources[5]), (9.5, measured_here));
     let rates = args(&["--ranks", "8"]).rates(Some(&Measured { cards: 8, ..measured }), None).unwrap();
     let text = render(&rates, &[], None);
     assert!(
         text.contains(
-            "measured here (the slowest of 8 cards; the host with all 8 at once; the handoff on the first): \
-             h2d, d2h, duplex, host, handoff-us"
+            "measured here (the slowest of 8 cards; the host with all 8 at once; the handoff on the first; DRAM \
+             with every core copying): h2d, d2h, duplex, host, dram, handoff-us"
         ),
         "{text}"
     );
