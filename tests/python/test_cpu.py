@@ -787,6 +787,13 @@ def test_a_communicator_without_a_driver_fails_at_once_naming_it():
     for good in ("int8", "fp8:128", "off"):  # taken: the device is what fails
         with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
             gpd.Communicator(gpd.unique_id(), 0, 2, device=0, compress=good, join_timeout=1)
+    with pytest.raises(TypeError, match="receive: expected 'auto', 'scratch', 'zero-copy'"):
+        gpd.Communicator(gpd.unique_id(), 0, 2, device=0, receive=1)
+    with pytest.raises(gp.InvalidArgumentError, match="receive: .*dma.*auto, scratch or zero-copy"):
+        gpd.Communicator(gpd.unique_id(), 0, 2, device=0, receive="dma")
+    for good in ("auto", "scratch", "Zero-Copy"):  # taken: the device is what fails
+        with pytest.raises(gp.UnavailableError, match="no NVIDIA"):
+            gpd.Communicator(gpd.unique_id(), 0, 2, device=0, receive=good, join_timeout=1)
 
 
 class _Native:

@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use geforce_p2p::comm::{Algorithm, CommOptions, Communicator, Compression, UniqueId, compression_from};
+use geforce_p2p::comm::{Algorithm, CommOptions, Communicator, Compression, Receive, UniqueId, compression_from};
 use geforce_p2p::cuda::trace;
 use geforce_p2p::{DType, Device, Element, ReduceOp};
 use pyo3::intern;
@@ -40,7 +40,7 @@ impl PyCommunicator {
     /// Join communicator `id` as `rank` of `world` on CUDA device `device`; waits (with the
     /// GIL released) until every rank joined, at most `join_timeout` seconds.
     #[new]
-    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None, lines_max_bytes=None, algorithm=None, compress=None))]
+    #[pyo3(signature = (id, rank, world, device, max_bytes, peer_timeout, join_timeout, slot_bytes=None, slots=None, chunk_blocks=None, lines_max_bytes=None, algorithm=None, compress=None, receive=None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's keywords, passed through
     fn new(
         py: Python<'_>,
@@ -57,6 +57,7 @@ impl PyCommunicator {
         lines_max_bytes: Option<usize>,
         algorithm: Option<&str>,
         compress: Option<&str>,
+        receive: Option<&str>,
     ) -> PyResult<Self> {
         let run = || -> Result<PyCommunicator, Raised> {
             let id: UniqueId = id.parse().map_err(Raised::from)?;
@@ -78,8 +79,11 @@ impl PyCommunicator {
                     None => None,
                     Some(value) => Some(compression_from(Some(value))?.unwrap_or_else(Compression::off)),
                 },
-                // Auto: GP2P_RECEIVE's, else zero-copy.
-                receive: defaults.receive,
+                // None: auto, which takes GP2P_RECEIVE's, else zero-copy.
+                receive: match receive {
+                    None => defaults.receive,
+                    Some(name) => name.parse::<Receive>().map_err(|e| Raised::argument("receive", e))?,
+                },
             };
             // The device first: without a driver this fails at once, not after the join.
             let dev = Device::open(device)?;

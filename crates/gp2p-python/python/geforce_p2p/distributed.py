@@ -131,10 +131,14 @@ class Communicator:
     (1..256, default 128); ``lines_max_bytes`` (every rank the same): the largest all-reduce
     whose one kernel hands data over in 8-byte lines of data and sequence number rather than
     in flagged 4 KiB chunks (0 to 65536, default 2048 for two ranks, 65536 for more), for tuning;
-    ``algorithm`` (every rank the same; more than two ranks): ``"one-shot"`` (the line kernel
-    wherever the tensor fits its lines) or ``"two-shot"`` (the rounds at every size) instead of
-    the cost model's choice per call, which the environment variable ``GP2P_ALGORITHM`` also
-    forces; with H200 rates the model keeps the lines up to their 64 KiB. ``compress`` (every
+    ``algorithm`` (every rank the same): among more than two ranks ``"one-shot"`` (the line
+    kernel wherever the tensor fits its lines) or ``"two-shot"`` (the rounds at every size)
+    instead of the cost model's choice per call, which the environment variable
+    ``GP2P_ALGORITHM`` also forces (with H200 rates the model keeps the lines up to their 64
+    KiB); between two ranks ``"two-shot"`` runs the rounds instead of the exchange above
+    ``max_bytes``. ``receive`` (each rank its own): ``"zero-copy"`` folds each chunk that lands
+    by reading it from host memory in place, ``"scratch"`` copies it into device memory first;
+    ``None`` or ``"auto"`` what ``GP2P_RECEIVE`` says, else zero-copy. ``compress`` (every
     rank the same): ``"int8"`` or ``"fp8"`` (``":BLOCK"`` after either for 32 to 256 values a
     scale, 64 without) sends every all-reduce of float32, float16 or bfloat16 under sum or avg,
     from the cost model's minimum size on (``gp2p plan``), as one-byte codes in scaled blocks:
@@ -150,7 +154,7 @@ class Communicator:
                  peer_timeout: float = 5.0, join_timeout: float = 30.0, slot_bytes: Optional[int] = None,
                  slots: Optional[int] = None, chunk_blocks: Optional[int] = None,
                  lines_max_bytes: Optional[int] = None, algorithm: Optional[str] = None,
-                 compress: Optional[str] = None):
+                 compress: Optional[str] = None, receive: Optional[str] = None):
         if not isinstance(unique_id, str):
             raise TypeError("unique_id: expected the text geforce_p2p.distributed.unique_id() returned")
         max_bytes, slot_bytes, slots, chunk_blocks = (
@@ -162,10 +166,12 @@ class Communicator:
         if compress is not None and not isinstance(compress, str):
             raise TypeError("compress: expected 'int8', 'fp8' (either with ':BLOCK'), 'off' or None, got %r"
                             % (compress,))
+        if receive is not None and not isinstance(receive, str):
+            raise TypeError("receive: expected 'auto', 'scratch', 'zero-copy' or None, got %r" % (receive,))
         self.rank, self.world_size, self.device = int(rank), int(world_size), device_index(device)
         self._native = _native.Communicator(unique_id, self.rank, self.world_size, self.device, max_bytes,
                                             float(peer_timeout), float(join_timeout), slot_bytes, slots,
-                                            chunk_blocks, lines_max_bytes, algorithm, compress)
+                                            chunk_blocks, lines_max_bytes, algorithm, compress, receive)
         #: The largest tensor, in bytes, :meth:`all_reduce` runs as one kernel (larger ones
         #: go through the staged pipeline).
         self.max_bytes = self._native.max_bytes
