@@ -123,7 +123,7 @@ def ddp_scenario():
     step("compressed: last loss %.7f (exact %.7f, %+.3f %%)" % (compressed, exact, 100 * (compressed / exact - 1)))
     assert abs(compressed / exact - 1) < 0.01, "compressed training ends at %.5f, exact at %.5f" % (compressed, exact)
     # The same loss to the last bit would mean the gradients were never compressed.
-    assert compressed != exact, "the compressed run's loss equals the exact run's bit for bit: nothing was compressed
+    assert compressed != exact, "the compressed run's loss equals the exact run's bit for bit: nothing was compressed"
 
 
 if __name__ == "__main__":

@@ -1329,3 +1329,18 @@ def test_communicator_from_group_hands_the_id_over_and_every_rank_raises_where_o
     _fake_dist(monkeypatch, 1, [False, True])
     assert gpd._join("g", 0, {}) is None and made[-1] == "closed"
     assert made[0][4] == {"slot_bytes": 64 << 10, "slots": 2}, "the servers' small slots"
+
+
+def test_every_python_file_of_the_repository_compiles():
+    # The scripts that only GPU runs start (ranks, benches, probes) are compiled here, so a
+    # syntax error in one fails CI rather than a device run.
+    files = [p for top in ("tests", "benches", "crates", "xtask") for p in (REPO / top).rglob("*.py")
+             if "target" not in p.parts and ".venv" not in p.parts]
+    assert len(files) > 20, files
+    broken = []
+    for path in files:
+        try:
+            compile(path.read_text(), str(path), "exec")
+        except SyntaxError as e:
+            broken.append("%s:%s: %s" % (path.relative_to(REPO), e.lineno, e.msg))
+    assert not broken, "\n".join(broken)
