@@ -493,7 +493,21 @@ fn compressed_case<T: Compressible>(
                         failed.push(format!("{what}: {} wrong: {}", wrong.len(), first.join(", ")));
                     }
                 }
-                assert!(input.to_host_vec(stream).unwrap() == inputs[rank], "the input changed");
+                // Listed, not asserted: a rank that stopped here would leave the others waiting
+                // for its next call until the peer timeout, hiding what changed.
+                let after = input.to_host_vec(stream).unwrap();
+                let changed: Vec<usize> =
+                    (0..len).filter(|&i| after[i].to_f32().to_bits() != inputs[rank][i].to_f32().to_bits()).collect();
+                if !changed.is_empty() {
+                    let what =
+                        format!("rank {rank} of {world}, {} {len} values, {format}/{}, {op}", T::DTYPE, block.get());
+                    let first: Vec<String> = changed
+                        .iter()
+                        .take(4)
+                        .map(|&i| format!("[{i}] {:e} was {:e}", after[i].to_f32(), inputs[rank][i].to_f32()))
+                        .collect();
+                    failed.push(format!("{what}: the input changed at {} values: {}", changed.len(), first.join(", ")));
+                }
             }
         }
     }

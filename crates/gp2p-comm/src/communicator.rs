@@ -135,6 +135,7 @@ impl Communicator {
         let options = CommOptions { algorithm: choice::forced(options.algorithm, env.as_deref())?, ..options };
         let env = std::env::var_os(crate::COMPRESS_VAR).map(|v| v.to_string_lossy().into_owned());
         let compress = crate::compression::resolve(&options, world, env.as_deref())?;
+        let options = CommOptions { slot_bytes: crate::compression::slot_bytes(&options, world, compress), ..options };
         let env = std::env::var_os(crate::RECEIVE_VAR).map(|v| v.to_string_lossy().into_owned());
         let receive = crate::receive::resolve(options.receive, env.as_deref())?;
         let mut layout = Layout::new(world, &options)?;

@@ -54,7 +54,8 @@ pub struct CommOptions {
     /// [`Receive::ZeroCopy`] reads the slot in place across the link, [`Receive::Scratch`]
     /// copies it into device memory of a slot's size by DMA and folds from there.
     /// [`Receive::Auto`] (the default) takes [`crate::RECEIVE_VAR`] (`GP2P_RECEIVE`) where
-    /// it names one, else zero-copy. Each rank may pick its own: the fold's bits are the same.
+    /// it names one, else scratch (measured faster: see `crate::receive`). Each rank may pick
+    /// its own: the fold's bits are the same.
     pub receive: Receive,
 }
 

@@ -109,7 +109,7 @@ pub struct CommArgs {
     slots: Option<usize>,
     /// How each rank folds a chunk that lands in its slots: zero-copy (read in place across
     /// the link) or scratch (a DMA into device memory first); auto leaves it to
-    /// GP2P_RECEIVE, else zero-copy.
+    /// GP2P_RECEIVE, else scratch.
     #[arg(long, value_enum, default_value = "auto")]
     receive: ReceiveFlag,
     /// The all-reduce to force: one-shot (the line kernel, where the buffer fits its lines)

@@ -138,7 +138,7 @@ class Communicator:
     KiB); between two ranks ``"two-shot"`` runs the rounds instead of the exchange above
     ``max_bytes``. ``receive`` (each rank its own): ``"zero-copy"`` folds each chunk that lands
     by reading it from host memory in place, ``"scratch"`` copies it into device memory first;
-    ``None`` or ``"auto"`` what ``GP2P_RECEIVE`` says, else zero-copy. ``compress`` (every
+    ``None`` or ``"auto"`` what ``GP2P_RECEIVE`` says, else scratch (measured faster). ``compress`` (every
     rank the same): ``"int8"`` or ``"fp8"`` (``":BLOCK"`` after either for 32 to 256 values a
     scale, 64 without) sends every all-reduce of float32, float16 or bfloat16 under sum or avg,
     from the cost model's minimum size on (``gp2p plan``), as one-byte codes in scaled blocks:
