@@ -4,8 +4,9 @@
 //! Each rank has `slots` slots of `slot_bytes` in the segment and one flag per slot, a
 //! handshake between the slot's two users: its sender sets it to 1 once the slot holds a
 //! chunk (a stream memory operation after the device → slot copy), its receiver back to 0
-//! once it has read it (folded in place by a kernel that reads the mapped slot, or copied
-//! slot → device). The steps, their order and why no order a GPU may run them in deadlocks
+//! once it has read it (folded by a kernel that reads the mapped slot in place or, with a
+//! scratch, a device copy of it made by DMA: see [`crate::receive`]; or copied slot →
+//! device). The steps, their order and why no order a GPU may run them in deadlocks
 //! are in [`crate::handshake`], which checks them on a model; this module turns each step into
 //! one CUDA call on one of two streams forked from the caller's.
 //!
