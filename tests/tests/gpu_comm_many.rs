@@ -472,45 +472,34 @@ fn compressed_case<T: Compressible>(
                 comm.all_reduce_compressed(&mut buf.view_mut(..), stream, op, wire).unwrap();
                 let mut out = DeviceBuffer::<T>::alloc(stream.device(), len).unwrap();
                 comm.all_reduce_compressed_into(&input.view(..), &mut out.view_mut(..), stream, op, wire).unwrap();
+                let what = format!("rank {rank} of {world}, {} {len} values, {format}/{}, {op}", T::DTYPE, block.get());
+                // NaN as NaN in a result (its payload is the fold's); an input keeps its bits.
+                let bits = |a: &T| a.to_f32().to_bits();
+                let same_result = |a: &T, b: &T| bits(a) == bits(b) || (a.to_f32().is_nan() && b.to_f32().is_nan());
                 for (how, got) in
                     [("in place", buf.to_host_vec(stream).unwrap()), ("into", out.to_host_vec(stream).unwrap())]
                 {
-                    let what = format!(
-                        "rank {rank} of {world}, {} {len} values, {format}/{}, {op}, {how}",
-                        T::DTYPE,
-                        block.get()
-                    );
-                    let same = |a: &T, b: &T| {
-                        a.to_f32().to_bits() == b.to_f32().to_bits() || (a.to_f32().is_nan() && b.to_f32().is_nan())
-                    };
-                    let wrong: Vec<usize> = (0..len).filter(|&i| !same(&got[i], &want[rank][i])).collect();
-                    if !wrong.is_empty() {
-                        let first: Vec<String> = wrong
-                            .iter()
-                            .take(4)
-                            .map(|&i| format!("[{i}] got {:e} want {:e}", got[i].to_f32(), want[rank][i].to_f32()))
-                            .collect();
-                        failed.push(format!("{what}: {} wrong: {}", wrong.len(), first.join(", ")));
+                    if let Some(wrong) = differences(&got, &want[rank], same_result) {
+                        failed.push(format!("{what}, {how}: {wrong}"));
                     }
                 }
                 // Listed, not asserted: a rank that stopped here would leave the others waiting
                 // for its next call until the peer timeout, hiding what changed.
                 let after = input.to_host_vec(stream).unwrap();
-                let changed: Vec<usize> =
-                    (0..len).filter(|&i| after[i].to_f32().to_bits() != inputs[rank][i].to_f32().to_bits()).collect();
-                if !changed.is_empty() {
-                    let what =
-                        format!("rank {rank} of {world}, {} {len} values, {format}/{}, {op}", T::DTYPE, block.get());
-                    let first: Vec<String> = changed
-                        .iter()
-                        .take(4)
-                        .map(|&i| format!("[{i}] {:e} was {:e}", after[i].to_f32(), inputs[rank][i].to_f32()))
-                        .collect();
-                    failed.push(format!("{what}: the input changed at {} values: {}", changed.len(), first.join(", ")));
+                if let Some(changed) = differences(&after, &inputs[rank], |a, b| bits(a) == bits(b)) {
+                    failed.push(format!("{what}: the input changed: {changed}"));
                 }
             }
         }
     }
+}
+
+/// Where `got` differs from `want` under `same`: how many values and the first few, or None.
+fn differences<T: Compressible>(got: &[T], want: &[T], same: impl Fn(&T, &T) -> bool) -> Option<String> {
+    let at: Vec<usize> = (0..want.len()).filter(|&i| !same(&got[i], &want[i])).collect();
+    let first: Vec<String> =
+        at.iter().take(4).map(|&i| format!("[{i}] {:e} where {:e}", got[i].to_f32(), want[i].to_f32())).collect();
+    (!at.is_empty()).then(|| format!("{} values differ: {}", at.len(), first.join(", ")))
 }
 
 fn compressed_among(test: &str, world: usize) {

@@ -238,13 +238,15 @@ impl PlanArgs {
             *rate_mut(&mut machine, i) = value;
             sources[i] = Source::Flag;
         }
-        let measured_on = measured.map(|m| match (m.cards, m.host_gbps) {
-            (1, _) => "on 1 card; DRAM with every core copying".to_owned(),
-            (n, Some(_)) => format!(
-                "the slowest of {n} cards; the host with all {n} at once; the handoff on the first; DRAM with every \
-                 core copying"
-            ),
-            (n, None) => format!("the slowest of {n} cards; the handoff on the first; DRAM with every core copying"),
+        let measured_on = measured.map(|m| {
+            let cards = match (m.cards, m.host_gbps) {
+                (1, _) => "on 1 card".to_owned(),
+                (n, Some(_)) => {
+                    format!("the slowest of {n} cards; the host with all {n} at once; the handoff on the first")
+                }
+                (n, None) => format!("the slowest of {n} cards; the handoff on the first"),
+            };
+            cards + "; DRAM with every core copying"
         });
         let placed = (!placed.is_empty()).then_some(placed);
         Ok(Rates { machine, sources, measured_on, placed })

@@ -131,13 +131,13 @@ impl Communicator {
     /// has joined and registered the segment (or with the error of the first that failed).
     pub fn new(id: &UniqueId, rank: usize, world: usize, device: &Device, options: CommOptions) -> Result<Self> {
         // Resolved before the layout, which every rank compares: the forced algorithm too.
-        let env = std::env::var_os(crate::ALGORITHM_VAR).map(|v| v.to_string_lossy().into_owned());
-        let options = CommOptions { algorithm: choice::forced(options.algorithm, env.as_deref())?, ..options };
-        let env = std::env::var_os(crate::COMPRESS_VAR).map(|v| v.to_string_lossy().into_owned());
-        let compress = crate::compression::resolve(&options, world, env.as_deref())?;
+        let options = CommOptions {
+            algorithm: choice::forced(options.algorithm, env(crate::ALGORITHM_VAR).as_deref())?,
+            ..options
+        };
+        let compress = crate::compression::resolve(&options, world, env(crate::COMPRESS_VAR).as_deref())?;
         let options = CommOptions { slot_bytes: crate::compression::slot_bytes(&options, world, compress), ..options };
-        let env = std::env::var_os(crate::RECEIVE_VAR).map(|v| v.to_string_lossy().into_owned());
-        let receive = crate::receive::resolve(options.receive, env.as_deref())?;
+        let receive = crate::receive::resolve(options.receive, env(crate::RECEIVE_VAR).as_deref())?;
         let mut layout = Layout::new(world, &options)?;
         layout.compress = crate::compression::Resolved::option_words(compress);
         if options.peer_timeout.is_zero() || options.peer_timeout > MAX_PEER_TIMEOUT {
@@ -546,6 +546,11 @@ impl Communicator {
     fn timeout_ns(&self) -> u64 {
         u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)
     }
+}
+
+/// The value of the environment variable `name`, where set (lossily as UTF-8).
+fn env(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// Refuses an input and output that share memory (the collectives that take both read one

@@ -56,7 +56,7 @@ mod ring;
 
 pub use buffer::{PinnedBuffer, PinnedView, PinnedViewMut, is_pinned, is_pinned_on};
 pub use chunks::{CHUNK_EXCHANGE_LIMIT, ChunkExchange, DEFAULT_QUEUE_TIMEOUT};
-pub use codec::{copy_wire_from_host, copy_wire_to_host, decode_from_host, encode_to_host, fold_encode_from_host};
+pub use codec::{copy_wire_from_host, copy_wire_to_host};
 pub use error::{Error, Result};
 pub use exchange::{DEFAULT_PEER_TIMEOUT, LineExchange};
 pub use fanout::FanOut;
