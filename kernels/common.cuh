@@ -5,7 +5,8 @@
 // Only __forceinline__ functions, templates and macros: a family's PTX holds what its own
 // kernels use and nothing else. No CUDA headers are used, so the PTX depends on kernels/
 // alone: half goes through PTX `cvt` instructions (sm_53 and up), bfloat16 through `cvt`
-// where the hardware has it (sm_80 and up) and integer rounding below.
+// where the hardware has it (sm_80 and up) and integer rounding below, fp8 in software
+// everywhere (its `cvt` needs sm_89, above both PTX targets).
 
 #pragma once
 
@@ -21,6 +22,47 @@ typedef unsigned long long u64;
 
 struct f16 { u16 bits; };
 struct bf16 { u16 bits; };
+struct f8e4m3 { u8 bits; };
+struct f8e5m2 { u8 bits; };
+
+// 2^e as f32, for the exponents the fp8 conversions use (well inside the normal range).
+__device__ __forceinline__ float pow2(int e) { return __uint_as_float((u32)(127 + e) << 23); }
+
+// The two fp8 formats, converted in software as gp2p_kernels::fp8 does (its module doc has
+// the layout): M mantissa bits, MIN_EXP the smallest normal exponent, MAX_CODE the largest
+// finite magnitude's code, INF_CODE infinity's (0 where the format has none).
+template <int M, int MIN_EXP, u32 MAX_CODE, u32 INF_CODE> struct Fp8Format {
+    // Nearest, ties to the even code; from the largest finite magnitude up (infinity
+    // included) saturating to it, as NCCL's fp8 stores do; NaN to the all-ones code, sign kept.
+    static __device__ __forceinline__ u8 from_f32(float v) {
+        const u8 sign = (__float_as_uint(v) >> 31) ? 0x80 : 0;
+        const float m = fabsf(v);
+        if (m != m) return sign | 0x7f;
+        if (m >= to_f32(MAX_CODE)) return sign | (u8)MAX_CODE;
+        int binade = (int)(__float_as_uint(m) >> 23) - 127;
+        if (binade < MIN_EXP) binade = MIN_EXP;
+        // Exact (a power of two), then one rounding to an integer: the whole conversion.
+        const u32 steps = (u32)rintf(__fmul_rn(m, pow2(M - binade)));
+        return sign | (u8)(((u32)(binade - MIN_EXP) << M) + steps);
+    }
+    static __device__ __forceinline__ float to_f32(u32 code) {
+        const u32 magnitude = code & 0x7f;
+        float value;
+        if (INF_CODE != 0 && magnitude == INF_CODE) {
+            value = __uint_as_float(0x7f800000u);
+        } else if (magnitude > MAX_CODE) {
+            value = __uint_as_float(0x7fc00000u);
+        } else if ((magnitude >> M) == 0) {
+            value = __fmul_rn((float)(magnitude & ((1u << M) - 1)), pow2(MIN_EXP - M));
+        } else {
+            const int field = (int)(magnitude >> M);
+            value = __fmul_rn((float)((1u << M) + (magnitude & ((1u << M) - 1))), pow2(field - 1 + MIN_EXP - M));
+        }
+        return (code & 0x80) ? -value : value;
+    }
+};
+typedef Fp8Format<3, -6, 0x7e, 0> E4m3;
+typedef Fp8Format<2, -14, 0x7b, 0x7c> E5m2;
 
 // Each storage type names its accumulation type and how to convert to and from it.
 // Half types accumulate in f32 so one rounding happens per element, at the store.
@@ -62,6 +104,25 @@ template <> struct Lane<bf16> {
             v.bits = (u16)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
         }
 #endif
+        return v;
+    }
+};
+
+template <> struct Lane<f8e4m3> {
+    typedef float Acc;
+    static __device__ __forceinline__ float load(f8e4m3 v) { return E4m3::to_f32(v.bits); }
+    static __device__ __forceinline__ f8e4m3 store(float f) {
+        f8e4m3 v;
+        v.bits = E4m3::from_f32(f);
+        return v;
+    }
+};
+template <> struct Lane<f8e5m2> {
+    typedef float Acc;
+    static __device__ __forceinline__ float load(f8e5m2 v) { return E5m2::to_f32(v.bits); }
+    static __device__ __forceinline__ f8e5m2 store(float f) {
+        f8e5m2 v;
+        v.bits = E5m2::from_f32(f);
         return v;
     }
 };
@@ -124,10 +185,31 @@ struct OpMin { template <typename A> static __device__ __forceinline__ A apply(A
 struct OpMax { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return max_of(a, b); } };
 struct OpProd { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return mul(a, b); } };
 
+template <typename T, typename Op> struct Combine {
+    static __device__ __forceinline__ T apply(T d, T s, u32 divisor) {
+        typedef Lane<T> L;
+        return L::store(Op::apply(L::load(d), L::load(s), divisor));
+    }
+};
+// fp8's conversions are dozens of instructions each: inlined into every unrolled lane of
+// every kernel they doubled the PTX (and the driver's JIT time); one call per element keeps
+// each kernel small, and the folds stay bound by the bytes they move.
+template <typename Op> struct Combine<f8e4m3, Op> {
+    static __device__ __noinline__ f8e4m3 apply(f8e4m3 d, f8e4m3 s, u32 divisor) {
+        typedef Lane<f8e4m3> L;
+        return L::store(Op::apply(L::load(d), L::load(s), divisor));
+    }
+};
+template <typename Op> struct Combine<f8e5m2, Op> {
+    static __device__ __noinline__ f8e5m2 apply(f8e5m2 d, f8e5m2 s, u32 divisor) {
+        typedef Lane<f8e5m2> L;
+        return L::store(Op::apply(L::load(d), L::load(s), divisor));
+    }
+};
+
 template <typename T, typename Op>
 __device__ __forceinline__ T combine(T d, T s, u32 divisor) {
-    typedef Lane<T> L;
-    return L::store(Op::apply(L::load(d), L::load(s), divisor));
+    return Combine<T, Op>::apply(d, s, divisor);
 }
 
 // Every op, as (name in kernel names, functor), applied to one dtype by X.
@@ -150,7 +232,9 @@ __device__ __forceinline__ T combine(T d, T s, u32 divisor) {
     X(i32, i32)                \
     X(u32, u32)                \
     X(i64, i64)                \
-    X(u64, u64)
+    X(u64, u64)                \
+    X(f8e4m3, f8e4m3)          \
+    X(f8e5m2, f8e5m2)
 
 // ---------------------------------------------------------------------------------------
 // Waiting across the bus (exchange.cu, chunks.cu, flags.cu).

@@ -52,36 +52,6 @@ __device__ __forceinline__ Wire wire_at(u8* base, u64 n, u32 block) {
     return w;
 }
 
-// 2^e as f32, for the exponents the fp8 conversion uses (well inside the normal range).
-__device__ __forceinline__ float pow2(int e) { return __uint_as_float((u32)(127 + e) << 23); }
-
-// fp8 e4m3 (no infinities, largest finite 448), as gp2p_kernels::compress's e4m3_from_f32:
-// nearest, ties to the even code, saturating at 448; NaN to the NaN code with its sign.
-__device__ __forceinline__ u8 e4m3_from_f32(float v) {
-    const u8 sign = (__float_as_uint(v) >> 31) ? 0x80 : 0;
-    const float m = fabsf(v);
-    if (m != m) return sign | 0x7f;
-    if (m >= 448.0f) return sign | 0x7e;
-    int binade = (int)(__float_as_uint(m) >> 23) - 127;
-    if (binade < -6) binade = -6;
-    // Exact (a power of two), then one rounding to an integer: the whole conversion.
-    const u32 steps = (u32)rintf(__fmul_rn(m, pow2(3 - binade)));
-    return sign | (u8)((u32)(binade + 6) * 8 + steps);
-}
-
-__device__ __forceinline__ float e4m3_to_f32(u8 code) {
-    const u32 magnitude = code & 0x7f;
-    float value;
-    if (magnitude == 0x7f) {
-        value = __uint_as_float(0x7fc00000u);
-    } else if ((magnitude >> 3) == 0) {
-        value = __fmul_rn((float)(magnitude & 7), pow2(-9));
-    } else {
-        value = __fmul_rn((float)(8 + (magnitude & 7)), pow2((int)(magnitude >> 3) - 10));
-    }
-    return (code & 0x80) ? -value : value;
-}
-
 struct Int8 {
     static __device__ __forceinline__ float code_max() { return 127.0f; }
     static __device__ __forceinline__ u8 encode(float scaled) {
@@ -94,8 +64,8 @@ struct Int8 {
 
 struct Fp8 {
     static __device__ __forceinline__ float code_max() { return 448.0f; }
-    static __device__ __forceinline__ u8 encode(float scaled) { return e4m3_from_f32(scaled); }
-    static __device__ __forceinline__ float decode(u8 code) { return e4m3_to_f32(code); }
+    static __device__ __forceinline__ u8 encode(float scaled) { return E4m3::from_f32(scaled); }
+    static __device__ __forceinline__ float decode(u8 code) { return E4m3::to_f32(code); }
 };
 
 // The values of block `b` a lane holds: v[j] is value lane + 32 j of the block, where

@@ -28,6 +28,7 @@
 pub mod compress;
 mod dtype;
 mod element;
+pub mod fp8;
 mod op;
 pub mod reference;
 
@@ -251,6 +252,8 @@ macro_rules! kernel_names {
                     concat!($prefix, $op, "_u32"),
                     concat!($prefix, $op, "_i64"),
                     concat!($prefix, $op, "_u64"),
+                    concat!($prefix, $op, "_f8e4m3"),
+                    concat!($prefix, $op, "_f8e5m2"),
                 ]
             };
         }

@@ -5,6 +5,7 @@
 
 use half::{bf16, f16};
 
+use crate::fp8::{F8E4M3, F8E5M2};
 use crate::{Element, ReduceOp};
 
 /// A small, fast, seedable generator (SplitMix64): test data must be fresh per case but
@@ -103,7 +104,7 @@ fn float_reference(dst: f64, src: f64, op: ReduceOp, divide_by: u32) -> f64 {
 
 /// Allowed ulps between a kernel step and its reference. Min and max are exact. A sum or a
 /// product of two values is correctly rounded either way: the kernel rounds once into its
-/// accumulator (f32 for f16/bf16, which is exact there, or the dtype itself) and once into
+/// accumulator (f32 for f16, bf16 and fp8, or the dtype itself) and once into
 /// the dtype, the reference once into f64 and once into the dtype, and rounding twice gives
 /// the correctly rounded result whenever the wider format has at least 2p + 2 bits for a
 /// p-bit dtype (f32's 24 >= 2 * 11 + 2, f64's 53 >= 2 * 24 + 2). Only avg's last step, a
@@ -115,10 +116,10 @@ fn allowed_ulps(op: ReduceOp) -> u64 {
     }
 }
 
-// f16 and bf16 round from f64 through f32: half's direct f64 conversion has a software
+// f16, bf16 and fp8 round from f64 through f32: half's direct f64 conversion has a software
 // fallback that drops low bits before rounding (it can miss a tie-breaking bit), while
-// f64 -> f32 -> f16 is correctly rounded for every value a sum or product of two f16/bf16
-// values takes (each step keeps at least 2p + 2 bits).
+// f64 -> f32 -> f16 is correctly rounded for every value a sum or product of two values of
+// these types takes (each step keeps at least 2p + 2 bits). fp8 saturates, as its kernels do.
 macro_rules! float_element {
     ($($t:ty: $to:expr, $from:expr, $bits:expr, $sign:expr, $u:expr, $min:expr);*) => {$(
         impl Reference for $t {
@@ -149,7 +150,11 @@ float_element!(
         f32::MIN_POSITIVE as f64;
     f64: |v: f64| v, |v: f64| v, |v: f64| v.to_bits(), 1 << 63, f64::EPSILON / 2.0, f64::MIN_POSITIVE;
     f16: f64::from, |v: f64| f16::from_f32(v as f32), |v: f16| u64::from(v.to_bits()), 1 << 15, 4.8828125e-4, 6.103515625e-5;
-    bf16: f64::from, |v: f64| bf16::from_f32(v as f32), |v: bf16| u64::from(v.to_bits()), 1 << 15, 3.90625e-3, 1.1754943508222875e-38
+    bf16: f64::from, |v: f64| bf16::from_f32(v as f32), |v: bf16| u64::from(v.to_bits()), 1 << 15, 3.90625e-3, 1.1754943508222875e-38;
+    F8E4M3: |v: F8E4M3| f64::from(v.to_f32()), |v: f64| F8E4M3::from_f32(v as f32), |v: F8E4M3| u64::from(v.to_bits()),
+        1 << 7, 0.0625, 0.015625;
+    F8E5M2: |v: F8E5M2| f64::from(v.to_f32()), |v: f64| F8E5M2::from_f32(v as f32), |v: F8E5M2| u64::from(v.to_bits()),
+        1 << 7, 0.125, 6.103515625e-5
 );
 
 /// Worker threads for the parallel helpers.
@@ -371,7 +376,7 @@ mod tests {
     }
 
     /// The kernels' arithmetic, emulated on the CPU, meets the 0-ulp sum and product
-    /// tolerance: f16/bf16 go through f32 and back, f32 stays f32 — over random values
+    /// tolerance: f16, bf16 and fp8 go through f32 and back, f32 stays f32 — over random values
     /// spread across exponents, subnormals and mixed signs included.
     #[test]
     fn kernel_sums_and_products_are_correctly_rounded() {
@@ -393,6 +398,12 @@ mod tests {
                 let (ha, hb) = (f16::from_f64(a), f16::from_f64(b));
                 let kernel = f16::from_f32(in_f32(ha.to_f32(), hb.to_f32()));
                 assert!(f16::matches(kernel, f16::reference(ha, hb, op, 1), op), "f16 {op:?} {ha} {hb}");
+                let (ha, hb) = (F8E4M3::from_f32(a as f32), F8E4M3::from_f32(b as f32));
+                let kernel = F8E4M3::from_f32(in_f32(ha.to_f32(), hb.to_f32()));
+                assert!(F8E4M3::matches(kernel, F8E4M3::reference(ha, hb, op, 1), op), "e4m3 {op:?} {ha:?} {hb:?}");
+                let (ha, hb) = (F8E5M2::from_f32(a as f32), F8E5M2::from_f32(b as f32));
+                let kernel = F8E5M2::from_f32(in_f32(ha.to_f32(), hb.to_f32()));
+                assert!(F8E5M2::matches(kernel, F8E5M2::reference(ha, hb, op, 1), op), "e5m2 {op:?} {ha:?} {hb:?}");
                 let (fa, fb) = (a as f32, b as f32);
                 assert!(f32::matches(in_f32(fa, fb), f32::reference(fa, fb, op, 1), op), "f32 {op:?} {fa} {fb}");
             }

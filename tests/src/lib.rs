@@ -72,21 +72,17 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub use geforce_p2p::half;
+pub use geforce_p2p::{DType, half, with_element};
 
-/// Runs `$case::<T>(args)` for every element type the kernels support.
+/// Runs `$case::<T>(args)` for every element type the kernels support, in [`DType::ALL`]'s
+/// order (the arguments are evaluated for each).
+///
+/// [`DType::ALL`]: geforce_p2p::DType::ALL
 #[macro_export]
 macro_rules! every_dtype {
     ($case:ident($($arg:expr),*)) => {{
-        $case::<f32>($($arg),*);
-        $case::<f64>($($arg),*);
-        $case::<$crate::half::f16>($($arg),*);
-        $case::<$crate::half::bf16>($($arg),*);
-        $case::<i8>($($arg),*);
-        $case::<u8>($($arg),*);
-        $case::<i32>($($arg),*);
-        $case::<u32>($($arg),*);
-        $case::<i64>($($arg),*);
-        $case::<u64>($($arg),*);
+        for dtype in $crate::DType::ALL {
+            $crate::with_element!(dtype, |T| $case::<T>($($arg),*));
+        }
     }};
 }

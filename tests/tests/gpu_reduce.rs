@@ -130,7 +130,8 @@ macro_rules! dtype_tests {
 }
 dtype_tests!(
     reduce_f32: f32, reduce_f64: f64, reduce_f16: geforce_p2p::half::f16, reduce_bf16: geforce_p2p::half::bf16,
-    reduce_i8: i8, reduce_u8: u8, reduce_i32: i32, reduce_u32: u32, reduce_i64: i64, reduce_u64: u64
+    reduce_i8: i8, reduce_u8: u8, reduce_i32: i32, reduce_u32: u32, reduce_i64: i64, reduce_u64: u64,
+    reduce_f8e4m3: geforce_p2p::kernels::fp8::F8E4M3, reduce_f8e5m2: geforce_p2p::kernels::fp8::F8E5M2
 );
 
 #[test]

@@ -65,7 +65,7 @@ pub use gp2p_transport as transport;
 pub use gp2p_cuda::{
     Device, DeviceBuffer, DeviceInfo, DeviceView, DeviceViewMut, Event, EventKind, Stream, StreamFork,
 };
-pub use gp2p_kernels::{DType, Element, ReduceOp, half};
+pub use gp2p_kernels::{DType, Element, ReduceOp, half, with_element};
 pub use gp2p_pinned::{PinnedBuffer, PinnedView, PinnedViewMut, StagingRing, is_pinned};
 
 pub use gp2p_collectives::{Engine, Rank, Receive};

@@ -22,7 +22,7 @@ fn help_lists_the_allowed_values_of_enum_flags() {
     for values in [
         "[possible values: auto, scratch, zero-copy]",
         "[possible values: sum, avg, min, max, prod]",
-        "[possible values: f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64]",
+        "[possible values: f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64, f8e4m3, f8e5m2]",
     ] {
         assert!(collective.contains(values), "all-reduce -h lacks {values}:\n{collective}");
     }
@@ -34,7 +34,10 @@ fn help_lists_the_allowed_values_of_enum_flags() {
     }
     // --help gives each value its line, with `all` explained.
     let reduce = stdout(&["bench", "reduce", "--help"]);
-    assert!(reduce.contains("- all:  every dtype in turn") && reduce.contains("- bf16"), "{reduce}");
+    assert!(
+        reduce.contains("every dtype in turn") && reduce.contains("- bf16") && reduce.contains("- f8e5m2"),
+        "{reduce}"
+    );
 }
 
 #[test]

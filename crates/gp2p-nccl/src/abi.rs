@@ -91,7 +91,7 @@ impl Code {
     }
 }
 
-/// `ncclDataType_t`: the ten types geforce-p2p has, and NCCL's two fp8 formats.
+/// `ncclDataType_t`: NCCL's twelve types, each one of geforce-p2p's kernel types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DataType {
     /// `ncclInt8`, `ncclChar`.
@@ -170,10 +170,9 @@ impl DataType {
         }
     }
 
-    /// geforce-p2p's kernel type for it; `None` for the fp8 formats, which the kernels do not
-    /// reduce (moving them needs no type: see `served`).
-    pub fn kernel_dtype(self) -> Option<DType> {
-        Some(match self {
+    /// geforce-p2p's kernel type for it: every NCCL type has one, fp8 included.
+    pub fn kernel_dtype(self) -> DType {
+        match self {
             DataType::Int8 => DType::I8,
             DataType::Uint8 => DType::U8,
             DataType::Int32 => DType::I32,
@@ -184,8 +183,9 @@ impl DataType {
             DataType::Float32 => DType::F32,
             DataType::Float64 => DType::F64,
             DataType::Bfloat16 => DType::BF16,
-            DataType::Float8e4m3 | DataType::Float8e5m2 => return None,
-        })
+            DataType::Float8e4m3 => DType::F8E4M3,
+            DataType::Float8e5m2 => DType::F8E5M2,
+        }
     }
 
     /// Whether it is a floating-point type (what `ncclRedOpCreatePreMulSum` takes a scalar
@@ -380,11 +380,12 @@ mod tests {
     #[test]
     fn every_kernel_type_has_the_size_of_its_nccl_type() {
         for t in DataType::ALL {
-            match t.kernel_dtype() {
-                Some(d) => assert_eq!(d.size_bytes(), t.size_bytes(), "{}", t.name()),
-                None => assert!(matches!(t, DataType::Float8e4m3 | DataType::Float8e5m2)),
-            }
+            let d = t.kernel_dtype();
+            assert_eq!(d.size_bytes(), t.size_bytes(), "{}", t.name());
+            assert_eq!(d.is_float(), t.is_float(), "{}", t.name());
         }
+        let kernel_types: std::collections::HashSet<DType> = DataType::ALL.iter().map(|t| t.kernel_dtype()).collect();
+        assert_eq!(kernel_types.len(), DType::ALL.len(), "every kernel type is some NCCL type's");
     }
 
     #[test]

@@ -19,8 +19,7 @@
 //!   gets every call on a communicator it runs, arguments untouched.
 //!
 //! What it does not: the device API and symmetric-memory windows on a served communicator
-//! (they need P2P), reductions of fp8 types (moving them works), more than one host or
-//! more than eight ranks (those go to the real NCCL). Such calls return `ncclInvalidUsage`,
+//! (they need P2P), more than one host or more than eight ranks (those go to the real NCCL). Such calls return `ncclInvalidUsage`,
 //! and `ncclGetLastError` says what and how to turn the door off. docs/nccl-door.md has the
 //! table, function by function.
 //!

@@ -148,8 +148,7 @@ impl Call {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the argument (a root or peer out of range, a null
-    /// buffer, a count whose bytes overflow, buffers that overlap where they must not);
-    /// [`Error::NotServed`] for a reduction of a type the kernels do not reduce.
+    /// buffer, a count whose bytes overflow, buffers that overlap where they must not).
     pub fn check(&self, rank: usize, world: usize) -> Result<()> {
         let rank_in = |argument: &'static str, r: usize| {
             if r < world { Ok(()) } else { Err(Error::argument(argument, format!("{r} is not below nranks {world}"))) }
@@ -157,11 +156,6 @@ impl Call {
         let (count, dtype) = self.count_and_type();
         let bytes = bytes_of("count", count, dtype)?;
         let world_bytes = bytes_of("count", count.saturating_mul(world), dtype)?;
-        if self.op().is_some() && dtype.kernel_dtype().is_none() {
-            return Err(Error::NotServed {
-                what: format!("{} of {}: the door's kernels do not reduce fp8 yet", self.name(), dtype.name()),
-            });
-        }
         match *self {
             Call::Reduce { root, .. }
             | Call::Broadcast { root, .. }
@@ -240,13 +234,6 @@ impl Call {
             | Call::Send { count, dtype, .. }
             | Call::Recv { count, dtype, .. }
             | Call::SelfCopy { count, dtype, .. } => (count, dtype),
-        }
-    }
-
-    fn op(&self) -> Option<Op> {
-        match *self {
-            Call::AllReduce { op, .. } | Call::Reduce { op, .. } | Call::ReduceScatter { op, .. } => Some(op),
-            _ => None,
         }
     }
 

@@ -90,17 +90,11 @@ impl Served {
 
     /// `ncclRedOpCreatePreMulSum`: a new op that multiplies each rank's input by `scalar` (an
     /// element of `dtype`: its bytes, read from host memory already, or the address of device
-    /// memory read as each call runs) and sums. Any type the kernels reduce, as NCCL takes any.
+    /// memory read as each call runs) and sums. Any type, as NCCL takes any.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a host scalar of the wrong size; [`Error::NotServed`]
-    /// for the fp8 types.
+    /// [`Error::InvalidArgument`] for a host scalar of the wrong size.
     pub fn create_premul(&self, scalar: ScalarArg, dtype: DataType) -> Result<c_int> {
-        if dtype.kernel_dtype().is_none() {
-            return Err(Error::NotServed {
-                what: format!("a pre-multiplying op of {}: the door's kernels do not reduce fp8 yet", dtype.name()),
-            });
-        }
         let scalar = match scalar {
             ScalarArg::Device(address) => Scalar::Device(address),
             ScalarArg::Host(bytes) => {

@@ -83,6 +83,9 @@ impl DlTensor {
             (2, 32) => DType::F32,
             (2, 64) => DType::F64,
             (4, 16) => DType::BF16,
+            // DLPack 1.1's kDLFloat8_e4m3fn and kDLFloat8_e5m2.
+            (10, 8) => DType::F8E4M3,
+            (12, 8) => DType::F8E5M2,
             _ => return None,
         })
     }

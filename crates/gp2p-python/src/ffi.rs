@@ -76,18 +76,7 @@ fn ranks_of<'c, T: Element>(callers: &'c [Caller], memories: &[Memory], len: usi
 /// Run `f::<T>(args...)` with `T` the element type of a [`DType`].
 macro_rules! by_dtype {
     ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
-        match $dtype {
-            ::geforce_p2p::DType::F32 => $f::<f32>($($arg),*),
-            ::geforce_p2p::DType::F64 => $f::<f64>($($arg),*),
-            ::geforce_p2p::DType::F16 => $f::<::geforce_p2p::half::f16>($($arg),*),
-            ::geforce_p2p::DType::BF16 => $f::<::geforce_p2p::half::bf16>($($arg),*),
-            ::geforce_p2p::DType::I8 => $f::<i8>($($arg),*),
-            ::geforce_p2p::DType::U8 => $f::<u8>($($arg),*),
-            ::geforce_p2p::DType::I32 => $f::<i32>($($arg),*),
-            ::geforce_p2p::DType::U32 => $f::<u32>($($arg),*),
-            ::geforce_p2p::DType::I64 => $f::<i64>($($arg),*),
-            ::geforce_p2p::DType::U64 => $f::<u64>($($arg),*),
-        }
+        ::geforce_p2p::with_element!($dtype, |T| $f::<T>($($arg),*))
     };
 }
 pub(crate) use by_dtype;

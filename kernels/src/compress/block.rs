@@ -2,7 +2,7 @@
 //! flag), and back.
 
 use super::format::{Format, MIN_SCALED_BLOCK_MAX};
-use super::fp8::{e4m3_from_f32, e4m3_to_f32};
+use crate::fp8::{e4m3_from_f32, e4m3_to_f32};
 
 /// A block as it travels.
 #[derive(Debug, Clone, PartialEq)]

@@ -80,14 +80,13 @@ mod all_reduce;
 mod block;
 mod bound;
 mod format;
-mod fp8;
 mod wire;
 
+pub use crate::fp8::{E4M3_MAX, e4m3_from_f32, e4m3_to_f32};
 pub use all_reduce::{Scheme, all_reduce, shard_blocks};
 pub use block::Encoded;
 pub use bound::{Term, error_bound, quantization_error};
 pub use format::{BlockSize, CompressError, Compressible, Format, MIN_SCALED_BLOCK_MAX};
-pub use fp8::{E4M3_MAX, e4m3_from_f32, e4m3_to_f32};
 pub use wire::{EXACT_WORD, WireLayout, decode_wire, encode_wire};
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use geforce_p2p::collectives::{
 };
 use geforce_p2p::kernels::compress::Scheme;
 use geforce_p2p::kernels::reference::{count_mismatched, fill_random};
-use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, Stream, half};
+use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, Stream, with_element};
 
 use super::compressed::{CompressArgs, Compressed, count_unequal_bits, deviation_from_exact, scaled_wire_bytes};
 use super::{CEILING_BYTES, Common, finish, progress, rows_table};
@@ -94,18 +94,7 @@ impl Kind {
 }
 
 pub fn run(kind: Kind, args: &CollectiveArgs) -> Result<(), CliError> {
-    match args.dtype.0 {
-        DType::F32 => run_typed::<f32>(kind, args),
-        DType::F64 => run_typed::<f64>(kind, args),
-        DType::F16 => run_typed::<half::f16>(kind, args),
-        DType::BF16 => run_typed::<half::bf16>(kind, args),
-        DType::I8 => run_typed::<i8>(kind, args),
-        DType::U8 => run_typed::<u8>(kind, args),
-        DType::I32 => run_typed::<i32>(kind, args),
-        DType::U32 => run_typed::<u32>(kind, args),
-        DType::I64 => run_typed::<i64>(kind, args),
-        DType::U64 => run_typed::<u64>(kind, args),
-    }
+    with_element!(args.dtype.0, |T| run_typed::<T>(kind, args))
 }
 
 fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), CliError> {

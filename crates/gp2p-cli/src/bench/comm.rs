@@ -28,7 +28,7 @@ use clap::{Args, ValueEnum};
 use geforce_p2p::comm::{CommOptions, Communicator, MAX_RANKS, UniqueId, WireFormat};
 use geforce_p2p::kernels::compress::Scheme;
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
-use geforce_p2p::{DType, Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, half};
+use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, with_element};
 
 use super::compressed::{CompressArgs, Compressed, count_unequal_bits, deviation_from_exact, scaled_wire_bytes};
 use super::{CEILING_BYTES, Common, finish, progress, rows_table};
@@ -122,18 +122,7 @@ pub struct CommArgs {
 }
 
 pub fn run(args: &CommArgs) -> Result<(), CliError> {
-    match args.dtype.0 {
-        DType::F32 => run_typed::<f32>(args),
-        DType::F64 => run_typed::<f64>(args),
-        DType::F16 => run_typed::<half::f16>(args),
-        DType::BF16 => run_typed::<half::bf16>(args),
-        DType::I8 => run_typed::<i8>(args),
-        DType::U8 => run_typed::<u8>(args),
-        DType::I32 => run_typed::<i32>(args),
-        DType::U32 => run_typed::<u32>(args),
-        DType::I64 => run_typed::<i64>(args),
-        DType::U64 => run_typed::<u64>(args),
-    }
+    with_element!(args.dtype.0, |T| run_typed::<T>(args))
 }
 
 /// The other ranks' processes, killed if rank 0 stops before they finish.

@@ -6,6 +6,7 @@
 use clap::Args;
 use geforce_p2p::collectives::WireFormat;
 use geforce_p2p::kernels::compress::{self, BlockSize, Scheme, WireLayout};
+use geforce_p2p::kernels::fp8::{F8E4M3, F8E5M2};
 use geforce_p2p::kernels::reference::Reference;
 use geforce_p2p::{DType, ReduceOp, half};
 
@@ -72,7 +73,7 @@ macro_rules! compressed {
         })*
     };
 }
-compressed!(some: f32, half::f16, half::bf16; none: f64, i8, u8, i32, u32, i64, u64);
+compressed!(some: f32, half::f16, half::bf16; none: f64, i8, u8, i32, u32, i64, u64, F8E4M3, F8E5M2);
 
 /// Bytes of a wire of `len` values that cross a link where no block travels exact: its
 /// scales and codes (the rest of its room holds exact blocks, written only where they occur).

@@ -3,7 +3,7 @@
 use clap::Args;
 use geforce_p2p::kernels::reference::{Reference, count_wrong, fill_random};
 use geforce_p2p::ops::{copy_from_host, copy_to_host, reduce, reduce_from_host};
-use geforce_p2p::{DType, Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, half};
+use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, ReduceOp, Stream, with_element};
 use indicatif::ProgressBar;
 
 use super::{CEILING_BYTES, Common, finish};
@@ -52,18 +52,7 @@ pub fn run(args: &ReduceArgs) -> Result<(), CliError> {
             ceilings: ceil,
             progress: &progress,
         };
-        rows.extend(match dtype {
-            DType::F32 => bench.run::<f32>(),
-            DType::F64 => bench.run::<f64>(),
-            DType::F16 => bench.run::<half::f16>(),
-            DType::BF16 => bench.run::<half::bf16>(),
-            DType::I8 => bench.run::<i8>(),
-            DType::U8 => bench.run::<u8>(),
-            DType::I32 => bench.run::<i32>(),
-            DType::U32 => bench.run::<u32>(),
-            DType::I64 => bench.run::<i64>(),
-            DType::U64 => bench.run::<u64>(),
-        }?);
+        rows.extend(with_element!(dtype, |T| bench.run::<T>())?);
     }
     progress.finish_and_clear();
     let report = Report::new(&device, ceilings.measured.clone(), c.iters, rows)?.on_streams(c.stream.name());

@@ -50,11 +50,15 @@ fn in_place_forms_are_nccl_s_and_other_overlaps_are_refused() {
 }
 
 #[test]
-fn what_the_kernels_cannot_reduce_is_not_served_and_moving_it_is() {
-    let fp8 = DataType::Float8e4m3;
-    let ar = Call::AllReduce { send: 1, recv: 1, count: 8, dtype: fp8, op: Op::Builtin(ReduceOp::Sum) };
-    assert!(matches!(ar.check(0, 2), Err(Error::NotServed { .. })));
-    assert!(Call::AllGather { send: 0x100, recv: 0x1000, count: 8, dtype: fp8 }.check(0, 2).is_ok());
+fn every_type_is_reduced_and_moved_fp8_included() {
+    for fp8 in [DataType::Float8e4m3, DataType::Float8e5m2] {
+        let ar = Call::AllReduce { send: 0x100, recv: 0x100, count: 8, dtype: fp8, op: Op::Builtin(ReduceOp::Sum) };
+        assert!(ar.check(0, 2).is_ok());
+        let premul =
+            Call::AllReduce { send: 0x100, recv: 0x100, count: 8, dtype: fp8, op: Op::PreMulSum(Scalar::Value(0x38)) };
+        assert!(premul.check(0, 2).is_ok());
+        assert!(Call::AllGather { send: 0x100, recv: 0x1000, count: 8, dtype: fp8 }.check(0, 2).is_ok());
+    }
     // NCCL takes a pre-multiplying op of any type: integers are multiplied too.
     let premul = Op::PreMulSum(Scalar::Value(3));
     let int = Call::AllReduce { send: 0x100, recv: 0x100, count: 8, dtype: DataType::Int32, op: premul };

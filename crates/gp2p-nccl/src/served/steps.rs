@@ -3,34 +3,17 @@
 //! pre-multiplying op.
 
 use geforce_p2p::comm::Communicator;
-use geforce_p2p::half::{bf16, f16};
 use geforce_p2p::{Element, ReduceOp};
 
 use super::scratch::{FILL, Scratch, Use};
-use crate::abi::DataType;
 use crate::error::{Error, Result};
 use crate::memory::Caller;
 use crate::plan::{Buf, Scalar, Step};
 
-/// Run `f::<T>(args...)` with `T` the element type of a reducible [`DataType`]; the fp8
-/// types were refused by `Call::check` before any step exists.
+/// Run `f::<T>(args...)` with `T` the element type of a `DataType`.
 macro_rules! by_type {
     ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
-        match $dtype {
-            DataType::Float32 => $f::<f32>($($arg),*),
-            DataType::Float64 => $f::<f64>($($arg),*),
-            DataType::Float16 => $f::<f16>($($arg),*),
-            DataType::Bfloat16 => $f::<bf16>($($arg),*),
-            DataType::Int8 => $f::<i8>($($arg),*),
-            DataType::Uint8 => $f::<u8>($($arg),*),
-            DataType::Int32 => $f::<i32>($($arg),*),
-            DataType::Uint32 => $f::<u32>($($arg),*),
-            DataType::Int64 => $f::<i64>($($arg),*),
-            DataType::Uint64 => $f::<u64>($($arg),*),
-            DataType::Float8e4m3 | DataType::Float8e5m2 => Err(Error::NotServed {
-                what: format!("a reduction of {}: the door's kernels do not reduce fp8 yet", $dtype.name()),
-            }),
-        }
+        geforce_p2p::with_element!($dtype.kernel_dtype(), |T| $f::<T>($($arg),*))
     };
 }
 

@@ -35,9 +35,11 @@ KERNEL_DTYPES = {
     "u32": (4, "uint32"),
     "i64": (8, "int64"),
     "u64": (8, "uint64"),
+    "f8e4m3": (1, "float8_e4m3fn"),
+    "f8e5m2": (1, "float8_e5m2"),
 }
 
-# Array-interface type strings (numpy's) of each kernel dtype; bfloat16 has none.
+# Array-interface type strings (numpy's) of each kernel dtype; bfloat16 and fp8 have none.
 _TYPESTR = {
     "f4": "f32",
     "f8": "f64",
