@@ -108,24 +108,17 @@ template <> struct Lane<bf16> {
     }
 };
 
-template <> struct Lane<f8e4m3> {
+template <typename Format, typename T> struct Fp8Lane {
     typedef float Acc;
-    static __device__ __forceinline__ float load(f8e4m3 v) { return E4m3::to_f32(v.bits); }
-    static __device__ __forceinline__ f8e4m3 store(float f) {
-        f8e4m3 v;
-        v.bits = E4m3::from_f32(f);
+    static __device__ __forceinline__ float load(T v) { return Format::to_f32(v.bits); }
+    static __device__ __forceinline__ T store(float f) {
+        T v;
+        v.bits = Format::from_f32(f);
         return v;
     }
 };
-template <> struct Lane<f8e5m2> {
-    typedef float Acc;
-    static __device__ __forceinline__ float load(f8e5m2 v) { return E5m2::to_f32(v.bits); }
-    static __device__ __forceinline__ f8e5m2 store(float f) {
-        f8e5m2 v;
-        v.bits = E5m2::from_f32(f);
-        return v;
-    }
-};
+template <> struct Lane<f8e4m3> : Fp8Lane<E4m3, f8e4m3> {};
+template <> struct Lane<f8e5m2> : Fp8Lane<E5m2, f8e5m2> {};
 
 // Integer sums and products wrap (two's complement), computed in the unsigned type so the
 // signed ones have no undefined overflow.
@@ -185,26 +178,24 @@ struct OpMin { template <typename A> static __device__ __forceinline__ A apply(A
 struct OpMax { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return max_of(a, b); } };
 struct OpProd { template <typename A> static __device__ __forceinline__ A apply(A a, A b, u32) { return mul(a, b); } };
 
-template <typename T, typename Op> struct Combine {
-    static __device__ __forceinline__ T apply(T d, T s, u32 divisor) {
-        typedef Lane<T> L;
-        return L::store(Op::apply(L::load(d), L::load(s), divisor));
-    }
-};
+template <typename T, typename Op>
+__device__ __forceinline__ T combine_inline(T d, T s, u32 divisor) {
+    typedef Lane<T> L;
+    return L::store(Op::apply(L::load(d), L::load(s), divisor));
+}
+
 // fp8's conversions are dozens of instructions each: inlined into every unrolled lane of
-// every kernel they doubled the PTX (and the driver's JIT time); one call per element keeps
-// each kernel small, and the folds stay bound by the bytes they move.
-template <typename Op> struct Combine<f8e4m3, Op> {
-    static __device__ __noinline__ f8e4m3 apply(f8e4m3 d, f8e4m3 s, u32 divisor) {
-        typedef Lane<f8e4m3> L;
-        return L::store(Op::apply(L::load(d), L::load(s), divisor));
-    }
+// every kernel they doubled the PTX (and the driver's JIT work); a call per element keeps each
+// kernel small, and the folds stay bound by the bytes they move.
+template <typename T> struct OutOfLine { enum { value = 0 }; };
+template <> struct OutOfLine<f8e4m3> { enum { value = 1 }; };
+template <> struct OutOfLine<f8e5m2> { enum { value = 1 }; };
+
+template <typename T, typename Op, int = OutOfLine<T>::value> struct Combine {
+    static __device__ __forceinline__ T apply(T d, T s, u32 divisor) { return combine_inline<T, Op>(d, s, divisor); }
 };
-template <typename Op> struct Combine<f8e5m2, Op> {
-    static __device__ __noinline__ f8e5m2 apply(f8e5m2 d, f8e5m2 s, u32 divisor) {
-        typedef Lane<f8e5m2> L;
-        return L::store(Op::apply(L::load(d), L::load(s), divisor));
-    }
+template <typename T, typename Op> struct Combine<T, Op, 1> {
+    static __device__ __noinline__ T apply(T d, T s, u32 divisor) { return combine_inline<T, Op>(d, s, divisor); }
 };
 
 template <typename T, typename Op>
