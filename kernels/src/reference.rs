@@ -243,7 +243,7 @@ pub fn count_mismatched<T: Reference>(got: &[T], want: &[T], op: ReduceOp) -> (u
 /// not depend on the order; avg divides the wrapped sum by the number of ranks). Floats: the
 /// fold in f64, and `got` within the rounding a fold of n values in the element type may
 /// add, a bound that grows with n — for sum and avg (n + 1) units of roundoff of the sum of
-/// magnitudes; for products (n + 1) units of the product, plus slack for intermediate
+/// magnitudes plus the smallest normal value (below it the spacing is fixed); for products (n + 1) units of the product, plus slack for intermediate
 /// results below the normal range; min and max exactly.
 pub fn count_wrong_vs_fold<T: Reference>(got: &[T], inputs: &[&[T]], op: ReduceOp) -> (usize, Vec<String>) {
     if inputs.iter().any(|v| v.len() != got.len()) {
@@ -290,7 +290,10 @@ fn fold_matches<T: Reference>(
     let rounding = (n as f64 + 1.0) * T::UNIT_ROUNDOFF;
     let bound = match op {
         ReduceOp::Min | ReduceOp::Max => 0.0,
-        ReduceOp::Sum | ReduceOp::Avg => rounding * magnitude,
+        // Below the normal range the spacing stops shrinking: a rounding there may lose half
+        // of it, MIN_NORMAL units of roundoff, whatever the magnitude (fp8's coarse subnormals
+        // show it: e4m3's avg of -5 and 0 steps of 2^-9 is -2.5 steps, stored as -2).
+        ReduceOp::Sum | ReduceOp::Avg => rounding * (magnitude + T::MIN_NORMAL),
         // Each partial product may also lose up to MIN_NORMAL below the normal range; later
         // factors (|x| < 2 in the suite's data) can scale that loss up.
         ReduceOp::Prod => rounding * magnitude + (n as f64) * 2f64.powi(n as i32) * T::MIN_NORMAL,
@@ -351,6 +354,12 @@ mod tests {
         let four = [h.as_slice(); 4];
         assert_eq!(count_wrong_vs_fold(&[bf16::from_f32(1.0); 2], &four, ReduceOp::Avg).0, 0);
         assert_eq!(count_wrong_vs_fold(&[1.0f32], &[&a[..0], &a[..1]], ReduceOp::Sum).0, 1, "lengths");
+        // e4m3 subnormals are 2^-9 apart: the avg of -5 and 0 steps is -2.5 steps, a tie
+        // stored as -2 steps, half a step from the exact value whatever the magnitude.
+        let step = 2f32.powi(-9);
+        let (x, y) = ([F8E4M3::from_f32(-5.0 * step)], [F8E4M3::from_f32(0.0)]);
+        assert_eq!(count_wrong_vs_fold(&[F8E4M3::from_f32(-2.0 * step)], &[&x, &y], ReduceOp::Avg).0, 0);
+        assert_eq!(count_wrong_vs_fold(&[F8E4M3::from_f32(-6.0 * step)], &[&x, &y], ReduceOp::Avg).0, 1);
     }
 
     #[test]
