@@ -31,6 +31,10 @@ pub struct Row {
     pub ratio: f64,
     /// Host time spent enqueueing the operation (median), µs, where measured.
     pub enqueue_us: Option<f64>,
+    /// The cost model's time for the row, µs, where the bench prices it (`bench comm`'s
+    /// exact all-reduce).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_us: Option<f64>,
     pub wrong: usize,
     /// A lossy operation's error against the exact result (compressed all-reduce).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -184,6 +188,7 @@ mod tests {
             ceiling_name: "duplex",
             ratio: 0.0086,
             enqueue_us: Some(4.0),
+            model_us: None,
             wrong: 0,
             error: None,
         };

@@ -86,6 +86,55 @@ impl ManyChoice {
     }
 }
 
+/// Where a communicator's exact all-reduce of a size goes: what [`all_reduce_prediction`]
+/// prices.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllReducePaths {
+    /// Ranks.
+    pub world: usize,
+    /// The largest all-reduce the two-rank one-kernel path runs, bytes.
+    pub small_max: usize,
+    /// How more than two ranks choose (its `lines_max` also bounds the two-rank lines), and
+    /// the forced algorithm.
+    pub many: ManyChoice,
+}
+
+/// The cost model's time for an exact all-reduce of `bytes` per rank, priced on `machine`
+/// as the communicator runs it (`paths` says where it goes; the model's own choice among
+/// more than two ranks is made with `paths.many`'s rates, as the communicator makes it):
+///
+/// - two ranks, up to `small_max`: one kernel, one phase, one-shot's traffic: each rank's
+///   buffer up once and its peer's down once, in 8-byte lines of 4 data bytes (twice the
+///   bytes) up to the lines' capacity and in flagged chunks (the bytes) above;
+/// - two ranks above it: the exchange, one-shot's traffic of the bytes (each rank's buffer up
+///   through its slots, the peer's down), or the rounds where two-shot is forced;
+/// - more ranks: the path [`ManyChoice::path`] takes, priced as [`ManyChoice::predictions`]
+///   prices it; one rank: nothing moves.
+///
+/// Blind, as the model is, to chunking, the landing path and the host's enqueue: a
+/// measured time minus this is what those cost.
+pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize) -> Prediction {
+    let nothing = || price(machine, Algorithm::OneShot, traffic(Algorithm::OneShot, 1, bytes));
+    match paths.world {
+        0 | 1 => nothing(),
+        2 => {
+            let two_shot = paths.many.forced == Some(Algorithm::TwoShot) && bytes > paths.small_max;
+            if two_shot {
+                price(machine, Algorithm::TwoShot, all_reduce_traffic(2, bytes))
+            } else {
+                let in_lines = bytes <= paths.many.lines_max;
+                let moved = if in_lines { bytes * LINE_BYTES_PER_DATA_BYTE } else { bytes };
+                price(machine, Algorithm::OneShot, traffic(Algorithm::OneShot, 2, moved))
+            }
+        }
+        ranks => {
+            let priced = ManyChoice { machine: Machine { ranks, ..*machine }, ..paths.many };
+            let (lines, rounds) = priced.predictions(bytes);
+            if paths.many.path(bytes) == ManyPath::Lines { lines } else { rounds }
+        }
+    }
+}
+
 /// The algorithm forced by `option` ([`crate::CommOptions::algorithm`]) or else by the value
 /// of [`gp2p_collectives::cost::ALGORITHM_VAR`] (`env`): None where neither names one. The
 /// ring is refused (the one-process engine runs it; the communicator runs one-shot and
@@ -125,6 +174,8 @@ pub(crate) fn option_word(forced: Option<Algorithm>) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use gp2p_collectives::cost::Bound;
+
     use super::*;
 
     const KIB: usize = 1 << 10;
@@ -191,6 +242,35 @@ mod tests {
         let cheap = ManyChoice { machine: Machine { handoff_us: 1.0, ..Machine::h200(8) }, ..one };
         assert_eq!(cheap.path(32 * KIB), ManyPath::Lines, "one-shot where the model says rounds");
         assert_eq!(one.path(64 * KIB + 1), ManyPath::Rounds, "but never past the lines' capacity");
+    }
+
+    #[test]
+    fn an_all_reduce_is_priced_as_the_path_it_takes() {
+        const MIB: usize = 1 << 20;
+        let paths =
+            |world, forced| AllReducePaths { world, small_max: 4 * MIB, many: ManyChoice { forced, ..h200(world) } };
+        // A shared link of 50 GB/s each way between two processes (the uplink binds: twice a
+        // card's time), H200's handoff: 16 MiB each way is 2 x 16 MiB / 50 GB/s = 671 µs.
+        let shared = Machine { duplex_gbps: 50.0, cards_per_uplink: 2, ..Machine::h200(2) };
+        let exchange = all_reduce_prediction(&shared, &paths(2, None), 16 * MIB);
+        assert_eq!(
+            (exchange.algorithm, exchange.bound, exchange.traffic.phases),
+            (Algorithm::OneShot, Bound::Uplink, 1)
+        );
+        assert!(close(exchange.seconds * 1e6, 11.4 + 2.0 * 16.0 * 1048.576 / 50.0), "{exchange:?}");
+        let rounds = all_reduce_prediction(&shared, &paths(2, Some(Algorithm::TwoShot)), 16 * MIB);
+        assert_eq!((rounds.algorithm, rounds.traffic.phases), (Algorithm::TwoShot, 2), "{rounds:?}");
+        // The lines carry twice the bytes; the chunks above them the bytes; two-shot forced
+        // does not move the one-kernel sizes.
+        let small = |bytes, forced| all_reduce_prediction(&shared, &paths(2, forced), bytes);
+        assert_eq!(small(64 * KIB, None).traffic.up_bytes, 128.0 * 1024.0);
+        assert_eq!(small(64 * KIB + 4, Some(Algorithm::TwoShot)).traffic.up_bytes, 65540.0);
+        // More ranks: the choice module's path and price, with the given rates.
+        let eight = all_reduce_prediction(&Machine::h200(8), &paths(8, None), 64 * KIB);
+        assert_eq!(eight, h200(8).predictions(64 * KIB).0, "the lines at 64 KiB");
+        let past = all_reduce_prediction(&Machine::h200(8), &paths(8, None), MIB);
+        assert_eq!(past, h200(8).predictions(MIB).1, "the rounds past the lines");
+        assert_eq!(all_reduce_prediction(&shared, &paths(1, None), MIB).seconds, 0.0, "one rank moves nothing");
     }
 
     #[test]

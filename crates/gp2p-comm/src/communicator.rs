@@ -23,7 +23,7 @@ use gp2p_cuda::{
 };
 use gp2p_kernels::{DType, Element, ReduceOp};
 
-use crate::choice::{self, ManyChoice, ManyPath};
+use crate::choice::{self, AllReducePaths, ManyChoice, ManyPath};
 use crate::layout::{CommOptions, Layout, chunk_grid};
 use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Transfer};
 use crate::registration::{all_registered, register_in_turn};

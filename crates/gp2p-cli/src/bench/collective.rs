@@ -260,6 +260,7 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
             ceiling_name: "duplex",
             ratio: link / duplex,
             enqueue_us: Some(timing.enqueue_seconds * 1e6),
+            model_us: None,
             wrong,
             error,
         });
@@ -314,6 +315,7 @@ mod tests {
             ceiling_name: "duplex",
             ratio: 0.0,
             enqueue_us: Some(20.5),
+            model_us: None,
             wrong: 0,
             error: None,
         }

@@ -25,6 +25,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
+use geforce_p2p::collectives::cost::Machine;
+use geforce_p2p::comm::choice::all_reduce_prediction;
 use geforce_p2p::comm::{CommOptions, Communicator, MAX_RANKS, UniqueId, WireFormat};
 use geforce_p2p::kernels::compress::Scheme;
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
@@ -231,13 +233,19 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     };
     let mut comm = Communicator::new(&id, rank, world, &device, options)?;
     let sharing = (0..world).filter(|r| r % gpus == 0).count();
+    let model = ceiling.as_ref().map(|&(duplex, _)| model_machine(world, sharing, duplex));
     let bar = (rank == 0).then(|| progress(sizes.len()));
     let mut rows = Vec::new();
     for &bytes in &sizes {
         let duplex = ceiling.as_ref().map(|c| c.0);
-        let Some(row) = one_size::<T>(args, compressed, &mut comm, &stream, bytes, sharing, duplex)? else {
+        let Some(mut row) = one_size::<T>(args, compressed, &mut comm, &stream, bytes, sharing, duplex)? else {
             continue;
         };
+        if let Some(machine) = &model
+            && kind_is_priced(args.collective, compressed)
+        {
+            row.model_us = Some(all_reduce_prediction(machine, &comm.all_reduce_paths(), row.bytes).seconds * 1e6);
+        }
         if let Some(bar) = &bar {
             bar.set_message(format!("{} {} x{world}", args.collective.name(), format_size(bytes)));
             bar.inc(1);
@@ -271,6 +279,14 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
         args.collective.per_rank_factor(world)
     );
+    if let Some(m) = model.filter(|_| kind_is_priced(args.collective, compressed)) {
+        println!(
+            "# model: gp2p plan's cost model for the path each size takes, at duplex {:.1} GB/s (measured above), \
+             {} rank(s) sharing one link, and its default host {:.0} GB/s, DRAM {:.0} GB/s and handoff {:.1} us; \
+             model err = model / time - 1",
+            m.duplex_gbps, m.cards_per_uplink, m.host_gbps, m.dram_gbps, m.handoff_us
+        );
+    }
     if compressed.is_some() {
         println!(
             "# compressed: the bound counts the wire's scales and codes, not the buffer; #wrong counts values whose bits \
@@ -280,6 +296,24 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     }
     println!("{}", rows_table(&report.rows, "of bound").trim_fmt());
     finish(&report, c, &format!("comm {}", args.collective.name()))
+}
+
+/// Whether the cost model prices these rows: the exact all-reduce only.
+fn kind_is_priced(kind: CommCollective, compressed: Option<WireFormat>) -> bool {
+    kind == CommCollective::AllReduce && compressed.is_none()
+}
+
+/// The machine the model prices rank 0's rows on: `world` ranks, `sharing` of them on one
+/// link (rank 0's GPU), at the duplex rate measured before the ranks started (every row here
+/// moves both ways at once), the model's defaults for the rest.
+fn model_machine(world: usize, sharing: usize, duplex_gbps: f64) -> Machine {
+    Machine {
+        h2d_gbps: duplex_gbps,
+        d2h_gbps: duplex_gbps,
+        duplex_gbps,
+        cards_per_uplink: sharing.max(1),
+        ..Machine::h200(world)
+    }
 }
 
 /// One size on every rank: check a call from fresh inputs, then time the runs (rank 0); the
@@ -397,6 +431,7 @@ fn one_size<T: Compressed>(
         ceiling_name: "duplex",
         ratio: bound / seconds,
         enqueue_us: Some(median(&mut enqueue) * 1e6),
+        model_us: None,
         wrong: usize::try_from(wrong_everywhere).unwrap_or(usize::MAX),
         error,
     }))
@@ -442,5 +477,21 @@ mod tests {
         let gathered = [1, 2, 3, 4, 10, 20, 30, 40];
         assert_eq!(wrong_count(CommCollective::AllGather, &gathered, &inputs, 0, ReduceOp::Sum), 0);
         assert_eq!(wrong_count(CommCollective::Broadcast, &[1, 2, 3, 5], &inputs, 1, ReduceOp::Sum), 1);
+    }
+
+    #[test]
+    fn the_model_prices_the_exact_all_reduce_on_the_measured_link_shared_by_rank_0_s_ranks() {
+        let m = model_machine(4, 4, 50.0);
+        assert_eq!((m.ranks, m.cards_per_uplink), (4, 4));
+        assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps), (50.0, 50.0, 50.0));
+        assert_eq!(m.handoff_us, Machine::h200(4).handoff_us, "the rest are the model's defaults");
+        assert_eq!(model_machine(2, 0, 50.0).cards_per_uplink, 1, "a link is shared by one rank at least");
+        assert!(kind_is_priced(CommCollective::AllReduce, None));
+        assert!(!kind_is_priced(CommCollective::AllGather, None));
+        let int8 = WireFormat {
+            format: geforce_p2p::kernels::compress::Format::Int8,
+            block: geforce_p2p::kernels::compress::BlockSize::SMALLEST,
+        };
+        assert!(!kind_is_priced(CommCollective::AllReduce, Some(int8)), "compressed rows are not priced");
     }
 }

@@ -115,6 +115,7 @@ pub fn run(args: &CopyArgs) -> Result<(), CliError> {
             ceiling_name: binding_name,
             ratio: busbw / binding,
             enqueue_us: Some(timing.enqueue_seconds * 1e6),
+            model_us: None,
             wrong,
             error: None,
         });

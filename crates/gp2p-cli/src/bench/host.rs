@@ -80,6 +80,7 @@ pub fn run(args: &HostArgs) -> Result<(), CliError> {
                 ceiling_name: name,
                 ratio: busbw / ceiling,
                 enqueue_us: Some(timing.enqueue_seconds * 1e6),
+                model_us: None,
                 wrong,
                 error: None,
             });

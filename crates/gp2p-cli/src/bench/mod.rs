@@ -137,6 +137,11 @@ fn rows_table(rows: &[Row], ratio_name: &str) -> crate::table::Table {
     if lossy {
         heads.extend(["max rel err", "rms rel err"]);
     }
+    // Rows the cost model prices also show its time and how far off it is.
+    let modelled = rows.iter().any(|r| r.model_us.is_some());
+    if modelled {
+        heads.extend(["model us", "model err"]);
+    }
     let mut t = table(&heads, &[]);
     for r in rows {
         let mut cells = vec![
@@ -157,9 +162,19 @@ fn rows_table(rows: &[Row], ratio_name: &str) -> crate::table::Table {
             cells.push(e.map_or("-".into(), |e| format!("{:.2e}", e.max_relative)));
             cells.push(e.map_or("-".into(), |e| format!("{:.2e}", e.rms_relative)));
         }
+        if modelled {
+            cells.push(r.model_us.map_or("-".into(), |m| num(m, 1)));
+            cells.push(r.model_us.map_or("-".into(), |m| model_error(m, r.time_us)));
+        }
         t.add_row(cells);
     }
     t
+}
+
+/// The model's error against a measured time, as a signed percentage of the measured time:
+/// `-12%` where the model predicts 12 % less time than was measured.
+fn model_error(model_us: f64, measured_us: f64) -> String {
+    format!("{:+.0}%", (model_us / measured_us - 1.0) * 100.0)
 }
 
 /// A progress bar on stderr for `steps` rows.
@@ -192,4 +207,37 @@ fn finish(report: &Report, common: &Common, title: &str) -> Result<(), CliError>
         return Err(CliError::Wrong(format!("{wrong} wrong elements in the timed results (see the #wrong column)")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_s_error_is_signed_against_the_measured_time() {
+        assert_eq!(model_error(88.0, 100.0), "-12%");
+        assert_eq!(model_error(115.0, 100.0), "+15%");
+        let row = |model_us| Row {
+            bench: "all_reduce",
+            route: "comm".into(),
+            dtype: "f32".into(),
+            op: "sum".into(),
+            ranks: 2,
+            bytes: 1 << 20,
+            count: 1 << 18,
+            time_us: 100.0,
+            algbw: 10.5,
+            busbw: 10.5,
+            ceiling: 50.0,
+            ceiling_name: "duplex",
+            ratio: 0.4,
+            enqueue_us: Some(3.0),
+            model_us,
+            wrong: 0,
+            error: None,
+        };
+        let text = rows_table(&[row(Some(80.0))], "of bound").to_string();
+        assert!(text.contains("model us") && text.contains("80.0") && text.contains("-20%"), "{text}");
+        assert!(!rows_table(&[row(None)], "of bound").to_string().contains("model"), "no column without a model");
+    }
 }

@@ -165,6 +165,7 @@ impl ReduceBench<'_> {
                     ceiling_name,
                     ratio: busbw / ceiling,
                     enqueue_us: None,
+                    model_us: None,
                     wrong,
                     error: None,
                 });

@@ -135,6 +135,12 @@ impl Communicator {
         )
     }
 
+    /// Where this communicator's exact all-reduces go by size, for the cost model to price
+    /// ([`crate::choice::all_reduce_prediction`]; `gp2p bench comm` prints it beside each row).
+    pub fn all_reduce_paths(&self) -> AllReducePaths {
+        AllReducePaths { world: self.world(), small_max: self.small_max_bytes(), many: self.many }
+    }
+
     /// [`Communicator::all_reduce_checked`] among more (or fewer) than two ranks: every
     /// rank's lines read by every other (one kernel), or the two-shot rounds, as the cost
     /// model or the forced algorithm picks (see the `choice` module).
