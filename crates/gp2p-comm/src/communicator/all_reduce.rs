@@ -138,7 +138,12 @@ impl Communicator {
     /// Where this communicator's exact all-reduces go by size, for the cost model to price
     /// ([`crate::choice::all_reduce_prediction`]; `gp2p bench comm` prints it beside each row).
     pub fn all_reduce_paths(&self) -> AllReducePaths {
-        AllReducePaths { world: self.world(), small_max: self.small_max_bytes(), many: self.many }
+        AllReducePaths {
+            world: self.world(),
+            small_max: self.small_max_bytes(),
+            slot_bytes: self.layout.slot_bytes,
+            many: self.many,
+        }
     }
 
     /// [`Communicator::all_reduce_checked`] among more (or fewer) than two ranks: every
