@@ -12,7 +12,7 @@ use clap::Args;
 use geforce_p2p::collectives::cost::{self, ALGORITHM_VAR, Algorithm, Machine, Plan};
 use geforce_p2p::collectives::hosts::{Network, across_hosts};
 use geforce_p2p::comm::CommOptions;
-use geforce_p2p::comm::choice::ManyChoice;
+use geforce_p2p::comm::choice::{AllReducePaths, all_reduce_prediction};
 use geforce_p2p::cuda;
 
 use crate::error::CliError;
@@ -436,9 +436,9 @@ fn render_hosts(m: &Machine, hosts: usize, network: Network, sizes: &[usize]) ->
     out
 }
 
-/// What the one-process-per-GPU communicator runs among more than two ranks at each size:
-/// the model's prices of its two all-reduces as they run there (see `gp2p_comm::choice`),
-/// and its choice, at the default lines capacity (`CommOptions::for_world`).
+/// What the one-process-per-GPU communicator runs at each size and the model's time for it,
+/// priced as it runs (`gp2p_comm::choice::all_reduce_prediction`: the pipelined paths with
+/// their fill), with the default options for the world (`CommOptions::for_world`).
 fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> String {
     if m.ranks > geforce_p2p::comm::MAX_RANKS {
         return format!(
@@ -448,30 +448,38 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
             m.ranks
         );
     }
-    if m.ranks <= 2 {
-        return "One process per GPU (geforce_p2p.distributed) between two ranks: one kernel up to 4 MiB, the \
-                pipeline above.\n"
-            .to_owned();
-    }
-    let lines_max = CommOptions::for_world(m.ranks).lines_max_bytes;
-    let mut out = format!(
-        "One process per GPU (torchrun, geforce_p2p.distributed): its one-shot in 8-byte lines (twice the bytes, up \
-         to {}) and its two-shot in rounds ({} handoffs), priced the same way; each call takes the faster.\n",
-        format_size(lines_max),
-        2 * (m.ranks - 1)
-    );
+    let mut out = if m.ranks == 2 {
+        "One process per GPU (torchrun, geforce_p2p.distributed) between two ranks: one kernel up to 4 MiB (8-byte \
+         lines, twice the bytes, for the smallest), the exchange through the slots above (two-shot rounds where \
+         forced); the pipelined paths priced with one slot of fill each way.\n"
+            .to_owned()
+    } else {
+        format!(
+            "One process per GPU (torchrun, geforce_p2p.distributed): its one-shot in 8-byte lines (twice the bytes, \
+             up to {}) or its two-shot in rounds ({} handoffs, one slot of fill each way), the cheaper at H200 \
+             rates as the communicator chooses.\n",
+            format_size(CommOptions::for_world(m.ranks).lines_max_bytes),
+            2 * (m.ranks - 1)
+        )
+    };
     if forced == Some(Algorithm::Ring) {
         out.push_str(&format!("{ALGORITHM_VAR}=ring: the communicator refuses it (it runs one-shot or two-shot).\n"));
         return out;
     }
-    let choice = ManyChoice { machine: *m, lines_max, forced };
-    let mut t = table(&["size", "lines µs", "rounds µs", "runs"], &["runs"]);
+    let paths = match AllReducePaths::of(m.ranks, &CommOptions::for_world(m.ranks), forced) {
+        Ok(paths) => paths,
+        Err(e) => return format!("{out}(no communicator table: {e})\n"),
+    };
+    let mut t = table(&["size", "µs", "bound", "busbw GB/s", "runs"], &["bound", "runs"]);
     for (bytes, _) in plans {
-        let (lines, rounds) = choice.predictions(*bytes);
-        let fits = *bytes <= lines_max;
-        let runs = choice.path(*bytes).to_string();
-        let lines = if fits { num(lines.seconds * 1e6, 1) } else { "—".to_owned() };
-        t.add_row(vec![format_size(*bytes), lines, num(rounds.seconds * 1e6, 1), runs]);
+        let p = all_reduce_prediction(m, &paths, *bytes);
+        t.add_row(vec![
+            format_size(*bytes),
+            num(p.seconds * 1e6, 1),
+            p.bound.name().to_owned(),
+            num(busbw_gbps(m.ranks, *bytes, p.seconds), 2),
+            paths.path_name(*bytes).to_owned(),
+        ]);
     }
     out.push_str(&format!("{}\n", t.trim_fmt()));
     out

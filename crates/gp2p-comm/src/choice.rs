@@ -101,6 +101,25 @@ pub struct AllReducePaths {
     pub many: ManyChoice,
 }
 
+impl AllReducePaths {
+    /// What an exact all-reduce of `bytes` per rank runs: `one kernel (lines)`, `one kernel
+    /// (chunks)`, `exchange` or `two-shot (rounds)` between two ranks; among more, the
+    /// [`ManyPath`]'s name; `nothing` for one rank.
+    pub fn path_name(&self, bytes: usize) -> &'static str {
+        match self.world {
+            0 | 1 => "nothing",
+            2 if bytes <= self.many.lines_max => "one kernel (lines)",
+            2 if bytes <= self.small_max => "one kernel (chunks)",
+            2 if self.many.forced == Some(Algorithm::TwoShot) => "two-shot (rounds)",
+            2 => "exchange",
+            _ => match self.many.path(bytes) {
+                ManyPath::Lines => "one-shot (lines)",
+                ManyPath::Rounds => "two-shot (rounds)",
+            },
+        }
+    }
+}
+
 /// The cost model's time for an exact all-reduce of `bytes` per rank, priced on `machine`
 /// as the communicator runs it (`paths` says where it goes; the model's own choice among
 /// more than two ranks is made with `paths.many`'s rates, as the communicator makes it):
@@ -299,6 +318,10 @@ mod tests {
             (plain.up_bytes + 1048576.0, plain.down_bytes + 1048576.0)
         );
         assert_eq!(all_reduce_prediction(&shared, &paths(1, None), MIB).seconds, 0.0, "one rank moves nothing");
+        let names = [64 * KIB, 64 * KIB + 4, 4 * MIB + 4].map(|b| paths(2, None).path_name(b));
+        assert_eq!(names, ["one kernel (lines)", "one kernel (chunks)", "exchange"]);
+        assert_eq!(paths(2, Some(Algorithm::TwoShot)).path_name(4 * MIB + 4), "two-shot (rounds)");
+        assert_eq!(paths(8, None).path_name(MIB), "two-shot (rounds)");
     }
 
     /// The rows of the default pipelined paths (folding from a scratch) measured on one H100
@@ -310,14 +333,12 @@ mod tests {
         const MIB: usize = 1 << 20;
         let measured = [(2, [337.9, 965.4, 3226.6, 12188.9]), (4, [789.7, 2380.8, 9423.8, 37955.6])];
         for (world, times) in measured {
-            let defaults = crate::CommOptions::for_world(world);
-            let layout = crate::layout::Layout::new(world, &defaults).unwrap();
-            let paths = AllReducePaths {
-                world,
-                small_max: layout.small_max,
-                slot_bytes: layout.slot_bytes,
-                many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced: None },
-            };
+            // The defaults' layout (`layout`'s tests hold `AllReducePaths::of` to it): two
+            // ranks one kernel to 4 MiB, 8 MiB slots; four ranks lines to 64 KiB, 4 MiB slots.
+            let (small_max, slot_bytes, lines_max) =
+                if world == 2 { (4 * MIB, 8 * MIB, 2 * KIB) } else { (64 * KIB, 4 * MIB, 64 * KIB) };
+            let many = ManyChoice { machine: Machine::h200(world), lines_max, forced: None };
+            let paths = AllReducePaths { world, small_max, slot_bytes, many };
             let machine = Machine { duplex_gbps: 50.0, cards_per_uplink: world, ..Machine::h200(world) };
             for (mib, measured_us) in [4, 16, 64, 256].into_iter().zip(times) {
                 if mib * MIB <= paths.small_max && world == 2 {

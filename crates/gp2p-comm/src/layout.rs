@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use gp2p_collectives::Receive;
-use gp2p_collectives::cost::Algorithm;
+use gp2p_collectives::cost::{Algorithm, Machine};
 use gp2p_kernels::{CHUNK_MAX_BLOCKS, chunk_area_layout, exchange_line_bytes};
 
+use crate::choice::{AllReducePaths, ManyChoice};
 use crate::{Error, Result};
 
 /// How a communicator is made.
@@ -86,6 +87,24 @@ impl Default for CommOptions {
             compress: None,
             receive: Receive::Auto,
         }
+    }
+}
+
+impl AllReducePaths {
+    /// The paths of a communicator of `world` ranks made with `options`, as
+    /// [`crate::Communicator::all_reduce_paths`] reports them once made (`forced` from the
+    /// options or `GP2P_ALGORITHM`, as at creation): what `gp2p plan` prices.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for options a communicator refuses.
+    pub fn of(world: usize, options: &CommOptions, forced: Option<Algorithm>) -> Result<AllReducePaths> {
+        let layout = Layout::new(world, options)?;
+        Ok(AllReducePaths {
+            world,
+            small_max: layout.small_max,
+            slot_bytes: layout.slot_bytes,
+            many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced },
+        })
     }
 }
 
@@ -492,5 +511,16 @@ mod tests {
         for chunk_blocks in [1, CHUNK_MAX_BLOCKS] {
             assert!(Layout::new(2, &CommOptions { chunk_blocks, ..CommOptions::default() }).is_ok());
         }
+    }
+
+    #[test]
+    fn the_default_paths_are_the_default_layout_s() {
+        let two = AllReducePaths::of(2, &CommOptions::for_world(2), None).unwrap();
+        assert_eq!((two.small_max, two.slot_bytes, two.many.lines_max), (4 << 20, 8 << 20, 2 << 10));
+        let eight = AllReducePaths::of(8, &CommOptions::for_world(8), Some(Algorithm::TwoShot)).unwrap();
+        assert_eq!((eight.small_max, eight.slot_bytes, eight.many.lines_max), (64 << 10, 2 << 20, 64 << 10));
+        assert_eq!(eight.many.forced, Some(Algorithm::TwoShot));
+        let bad = CommOptions { slot_bytes: 3, ..CommOptions::for_world(2) };
+        assert!(AllReducePaths::of(2, &bad, None).is_err());
     }
 }

@@ -82,12 +82,14 @@ fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
     }
     let rows = rows_of(model);
     assert_eq!(rows.len(), 2, "{text}");
-    // The communicator's: 8 B in lines (16 B moved, one handoff), 1 GiB past their 64 KiB.
+    // The communicator's: 8 B in lines (16 B moved, one handoff), 1 GiB past their 64 KiB, in
+    // rounds (N phases) whose fill (a 2 MiB slot each way) leaves DRAM binding: 8 × 11.4 µs
+    // + 22 × 2^30 / 140e9 s = 168822.1 µs.
     let theirs = rows_of(communicator);
     assert_eq!(theirs.len(), 2, "{text}");
-    assert!(theirs[0].ends_with("one-shot (lines)") && theirs[0].contains("11.4"), "{text}");
-    assert!(theirs[1].contains('—') && theirs[1].ends_with("two-shot (rounds)"), "{text}");
-    assert!(communicator.contains("(14 handoffs)"), "{text}");
+    assert!(theirs[0].ends_with("one-shot (lines)") && theirs[0].contains("11.4  handoffs"), "{text}");
+    assert!(theirs[1].contains("168822.1  dram") && theirs[1].ends_with("two-shot (rounds)"), "{text}");
+    assert!(communicator.contains("(14 handoffs, one slot of fill each way)"), "{text}");
     // Compressed from the model's minimum on (8 H200s: 1 MiB), exact below it.
     let squeezed = rows_of(compressed);
     assert!(squeezed[0].ends_with("exact") && squeezed[1].ends_with("compressed"), "{text}");
@@ -115,7 +117,23 @@ fn a_world_past_the_communicator_s_gets_no_communicator_table() {
         [1 << 20].iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
     let text = render(&rates, &plans, None);
     assert!(text.contains("a communicator takes at most 8 ranks, so 16 run as groups"), "{text}");
-    assert!(!text.contains("lines µs"), "no table for a world it refuses: {text}");
+    let header = ["size", "µs", "bound", "busbw", "GB/s", "runs"];
+    let tables = text.lines().filter(|l| l.split_whitespace().eq(header)).count();
+    assert_eq!(tables, 0, "no table for a world it refuses: {text}");
+}
+
+#[test]
+fn two_ranks_get_the_communicator_s_paths_with_the_pipeline_s_fill() {
+    let rates = args(&["--ranks", "2", "--uplink", "2", "--duplex", "50"]).rates(None, None).unwrap();
+    let plans: Vec<(usize, Plan)> =
+        [1 << 10, 4 << 20, 16 << 20].iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
+    let text = render(&rates, &plans, None);
+    let (_, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
+    let rows: Vec<&str> = communicator.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
+    assert!(rows[0].ends_with("one kernel (lines)") && rows[1].ends_with("one kernel (chunks)"), "{text}");
+    // 16 MiB and an 8 MiB slot of fill each way, both ranks on one 50 GB/s link: 2 × 24 MiB
+    // / 50 GB/s + one 11.4 µs handoff.
+    assert!(rows[2].contains("1018.0  uplink") && rows[2].ends_with("exchange"), "{text}");
 }
 
 #[test]
