@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use geforce_p2p::cuda::reduce;
+use geforce_p2p::kernels::fp8::{F8E4M3, F8E5M2};
 use geforce_p2p::pinned::{copy_from_host, copy_to_host, reduce_from_host};
 use geforce_p2p::{DeviceBuffer, PinnedBuffer, ReduceOp, Stream};
 use gp2p_tests::{POISON, Reference, check_reduce, device, fill_random, max_len, needs, with_stream};
@@ -131,8 +132,35 @@ macro_rules! dtype_tests {
 dtype_tests!(
     reduce_f32: f32, reduce_f64: f64, reduce_f16: geforce_p2p::half::f16, reduce_bf16: geforce_p2p::half::bf16,
     reduce_i8: i8, reduce_u8: u8, reduce_i32: i32, reduce_u32: u32, reduce_i64: i64, reduce_u64: u64,
-    reduce_f8e4m3: geforce_p2p::kernels::fp8::F8E4M3, reduce_f8e5m2: geforce_p2p::kernels::fp8::F8E5M2
+    reduce_f8e4m3: F8E4M3, reduce_f8e5m2: F8E5M2
 );
+
+/// Every pair of codes of an 8-bit type under every op (avg dividing by 1 and by 3): the
+/// random data above stay within ±2, and this reaches the specials, saturation, the top
+/// binades and the subnormals of the fp8 formats.
+fn every_pair_of_codes<T: Reference>(stream: &Stream, from_bits: impl Fn(u8) -> T) {
+    let dst: Vec<T> = (0..=u16::MAX).map(|i| from_bits((i >> 8) as u8)).collect();
+    let src: Vec<T> = (0..=u16::MAX).map(|i| from_bits(i as u8)).collect();
+    for op in ReduceOp::ALL {
+        for divide_by in if op == ReduceOp::Avg { vec![1, 3] } else { vec![1] } {
+            let mut d = DeviceBuffer::from_host(stream, &dst).unwrap();
+            let s = DeviceBuffer::from_host(stream, &src).unwrap();
+            reduce(stream, &mut d.view_mut(..), &s.view(..), op, divide_by).unwrap();
+            let got = d.to_host_vec(stream).unwrap();
+            if let Err(e) = check_reduce(&got, &dst, &src, op, divide_by) {
+                panic!("{}: {e}", T::DTYPE);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_every_pair_of_codes_under_every_op() {
+    let [(_, stream)] = needs!(gpus: 1).map(with_stream);
+    every_pair_of_codes(&stream, F8E4M3::from_bits);
+    every_pair_of_codes(&stream, F8E5M2::from_bits);
+}
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
