@@ -459,7 +459,7 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
              up to {}) or its two-shot in rounds ({} handoffs, one slot of fill each way), the cheaper at H200 \
              rates as the communicator chooses.\n",
             format_size(CommOptions::for_world(m.ranks).lines_max_bytes),
-            2 * (m.ranks - 1)
+            m.ranks
         )
     };
     if forced == Some(Algorithm::Ring) {
