@@ -252,6 +252,33 @@ template <typename T> union Group16 {
     T e[VEC_BYTES / sizeof(T)];
 };
 
+// `acc = op(acc, x)` over every lane of two 16-byte groups, as `combine` is over one element.
+// For fp8, exchange_many.cu's fold (unrolled over eight ranks' groups) makes one out-of-line
+// call a group instead of one a lane: a call a lane took its PTX past 4 MiB.
+template <typename T, typename Op, int = OutOfLine<T>::value> struct CombineGroup {
+    static __device__ __forceinline__ void apply(Group16<T>& acc, const Group16<T>& x, u32 divisor) {
+#pragma unroll
+        for (int l = 0; l < VEC_BYTES / (int)sizeof(T); ++l) acc.e[l] = combine<T, Op>(acc.e[l], x.e[l], divisor);
+    }
+};
+template <typename T, typename Op> struct CombineGroup<T, Op, 1> {
+    static __device__ __forceinline__ void apply(Group16<T>& acc, const Group16<T>& x, u32 divisor) {
+        acc.v = out_of_line(acc.v, x.v, divisor);
+    }
+    static __device__ __noinline__ uint4 out_of_line(uint4 acc, uint4 x, u32 divisor) {
+        Group16<T> a, b;
+        a.v = acc;
+        b.v = x;
+        CombineGroup<T, Op, 0>::apply(a, b, divisor);
+        return a.v;
+    }
+};
+
+template <typename T, typename Op>
+__device__ __forceinline__ void combine_group(Group16<T>& acc, const Group16<T>& x, u32 divisor) {
+    CombineGroup<T, Op>::apply(acc, x, divisor);
+}
+
 // The next sequence number after `count`: never 0 (the tag of lines never written), and odd
 // and even in turn (after 0xffffffff comes 2), as gp2p_kernels::next_exchange_seq counts.
 __device__ __forceinline__ u32 next_seq(u32 count) {

@@ -84,8 +84,7 @@ __device__ __forceinline__ void exchange_many(const T* src, T* dst, u64 n, u64* 
                 acc = x;
             } else {
                 const u32 d = q + 1 == world ? divisor : 1;
-#pragma unroll
-                for (int l = 0; l < PER; ++l) acc.e[l] = combine<T, Op>(acc.e[l], x.e[l], d);
+                combine_group<T, Op>(acc, x, d);
             }
         }
 #pragma unroll
