@@ -448,17 +448,26 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
             m.ranks
         );
     }
+    // The ring is refused at creation: the header says so below, with the paths unforced.
+    let paths =
+        match AllReducePaths::of(m.ranks, &CommOptions::for_world(m.ranks), forced.filter(|a| *a != Algorithm::Ring)) {
+            Ok(paths) => paths,
+            Err(e) => return format!("One process per GPU: no communicator table ({e})\n"),
+        };
     let mut out = if m.ranks == 2 {
-        "One process per GPU (torchrun, geforce_p2p.distributed) between two ranks: one kernel up to 4 MiB (8-byte \
-         lines, twice the bytes, for the smallest), the exchange through the slots above (two-shot rounds where \
-         forced); the pipelined paths priced with one slot of fill each way.\n"
-            .to_owned()
+        format!(
+            "One process per GPU (torchrun, geforce_p2p.distributed) between two ranks: one kernel up to {} (8-byte \
+             lines, twice the bytes, up to {}), the exchange through the slots above (two-shot rounds where \
+             forced); the pipelined paths priced with one slot of fill each way.\n",
+            format_size(paths.small_max),
+            format_size(paths.many.lines_max)
+        )
     } else {
         format!(
             "One process per GPU (torchrun, geforce_p2p.distributed): its one-shot in 8-byte lines (twice the bytes, \
              up to {}) or its two-shot in rounds ({} handoffs, one slot of fill each way), the cheaper at H200 \
              rates as the communicator chooses.\n",
-            format_size(CommOptions::for_world(m.ranks).lines_max_bytes),
+            format_size(paths.many.lines_max),
             m.ranks
         )
     };
@@ -466,10 +475,6 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
         out.push_str(&format!("{ALGORITHM_VAR}=ring: the communicator refuses it (it runs one-shot or two-shot).\n"));
         return out;
     }
-    let paths = match AllReducePaths::of(m.ranks, &CommOptions::for_world(m.ranks), forced) {
-        Ok(paths) => paths,
-        Err(e) => return format!("{out}(no communicator table: {e})\n"),
-    };
     let mut t = table(&["size", "µs", "bound", "busbw GB/s", "runs"], &["bound", "runs"]);
     for (bytes, _) in plans {
         let p = all_reduce_prediction(m, &paths, *bytes);

@@ -124,7 +124,7 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
     let bar = progress(sizes.len());
     let mut rows = Vec::new();
     let mut traces = Vec::new();
-    let (op, transport) = (args.op.0, args.receive.0);
+    let (op, receive) = (args.op.0, args.receive.0);
     for &bytes in &sizes {
         // all_gather and reduce_scatter sizes are the full buffer (n parts), as nccl-tests.
         let len = match kind {
@@ -182,10 +182,10 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
                 // The enqueue column is the collective's call alone, not the events around it.
                 time_op(|| match (kind, compressed) {
                     (Kind::AllReduce, Some(format)) => all_reduce_compressed(&engine, &mut ranks, op, format),
-                    (Kind::AllReduce, None) => all_reduce(&engine, &mut ranks, op, transport),
-                    (Kind::AllGather, _) => all_gather(&engine, &views, &mut ranks, transport),
-                    (Kind::ReduceScatter, _) => reduce_scatter(&engine, &views, &mut ranks, op, transport),
-                    (Kind::Broadcast, _) => broadcast(&engine, &mut ranks, 0, transport),
+                    (Kind::AllReduce, None) => all_reduce(&engine, &mut ranks, op, receive),
+                    (Kind::AllGather, _) => all_gather(&engine, &views, &mut ranks, receive),
+                    (Kind::ReduceScatter, _) => reduce_scatter(&engine, &views, &mut ranks, op, receive),
+                    (Kind::Broadcast, _) => broadcast(&engine, &mut ranks, 0, receive),
                 })?;
                 for (stream, end) in streams.iter().zip(&ends).skip(1) {
                     end.record(stream)?;
@@ -247,7 +247,7 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
         let link = link_bytes as f64 / seconds / 1e9;
         rows.push(Row {
             bench: kind.name(),
-            route: compressed.map_or_else(|| transport.to_string(), |f| format!("{} b{}", f.format, f.block.get())),
+            route: compressed.map_or_else(|| receive.to_string(), |f| format!("{} b{}", f.format, f.block.get())),
             dtype: T::DTYPE.to_string(),
             op: if matches!(kind, Kind::AllGather | Kind::Broadcast) { "none".into() } else { op.to_string() },
             ranks: n,
@@ -270,7 +270,7 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
     let report = Report::new(&devices[0], measured, c.iters, rows)?.on_streams(c.stream.name());
     let how = match compressed {
         Some(f) => format!("--compress {} --block {}", f.format, f.block.get()),
-        None => format!("--receive {transport}"),
+        None => format!("--receive {receive}"),
     };
     println!(
         "# gp2p bench {} --ranks {n}{} {how} --op {} --dtype {} on {}, medians of {} runs",
