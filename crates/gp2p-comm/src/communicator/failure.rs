@@ -108,8 +108,13 @@ impl Communicator {
         if broken {
             return Some(Error::Broken { rank: self.rank() });
         }
-        let gone = self.segment.gone_ranks();
+        // Only a rank whose calls still wait cares who has gone (asked first: one event query
+        // where the processes' liveness costs a system call a rank).
         let waiting = self.last.as_ref().is_some_and(|last| !last.is_complete().unwrap_or(true));
-        (waiting && !gone.is_empty()).then(|| Error::PeerGone { rank: self.rank(), gone })
+        if !waiting {
+            return None;
+        }
+        let gone = self.segment.gone_ranks();
+        (!gone.is_empty()).then(|| Error::PeerGone { rank: self.rank(), gone })
     }
 }

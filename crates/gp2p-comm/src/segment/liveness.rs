@@ -10,8 +10,21 @@ use std::sync::atomic::Ordering;
 use super::{Segment, is_alive};
 
 /// The low 32 bits of this process's pid namespace's inode; 0 where `/proc` does not say.
+/// Read once per process (a process keeps its pid namespace for life; a forked child reads
+/// its own): torch's watchdog and nccl-tests ask for async errors in a loop, and a `stat`
+/// each time would cost a system call per poll.
 pub(super) fn pid_namespace() -> u32 {
-    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino() as u32)
+    static READ: std::sync::Mutex<Option<(u32, u32)>> = std::sync::Mutex::new(None);
+    let pid = std::process::id();
+    let mut read = READ.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match *read {
+        Some((for_pid, namespace)) if for_pid == pid => namespace,
+        _ => {
+            let namespace = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino() as u32);
+            *read = Some((pid, namespace));
+            namespace
+        }
+    }
 }
 
 impl Segment {
