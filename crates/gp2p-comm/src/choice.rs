@@ -94,14 +94,24 @@ pub struct AllReducePaths {
     pub world: usize,
     /// The largest all-reduce the two-rank one-kernel path runs, bytes.
     pub small_max: usize,
-    /// Bytes of one pipeline slot (a chunk of the exchange or of a round's leg).
+    /// Bytes of one pipeline slot.
     pub slot_bytes: usize,
+    /// The chunk size where fixed ([`crate::CommOptions::chunk_bytes`]); `None`: by the
+    /// message ([`crate::pipeline_chunk`]).
+    pub chunk_bytes: Option<usize>,
     /// How more than two ranks choose (its `lines_max` also bounds the two-rank lines), and
     /// the forced algorithm.
     pub many: ManyChoice,
 }
 
 impl AllReducePaths {
+    /// Bytes of a chunk of the rounds' legs: the fixed chunk where there is one, else a slot
+    /// (the exchange's chunks are sized by the message; the rounds' stay a slot until measured
+    /// otherwise, see [`all_reduce_prediction`]).
+    pub fn rounds_chunk(&self) -> usize {
+        self.chunk_bytes.unwrap_or(self.slot_bytes).min(self.slot_bytes)
+    }
+
     /// What an exact all-reduce of `bytes` per rank runs: `one kernel (lines)`, `one kernel
     /// (chunks)`, `exchange` or `two-shot (rounds)` between two ranks; among more, the
     /// [`ManyPath`]'s name; `nothing` for one rank.
@@ -133,18 +143,28 @@ impl AllReducePaths {
 /// - more ranks: the path [`ManyChoice::path`] takes, priced as [`ManyChoice::predictions`]
 ///   prices it, the rounds with their fill; one rank: nothing moves.
 ///
-/// The pipelined paths (the exchange, the rounds) also pay their fill: the first chunk goes
-/// up before anything comes down and the last comes down after everything went up, so each
-/// direction carries one chunk's time more, a slot or the whole buffer where it is smaller.
-/// On one H100 shared by the ranks that brings the default pipelined paths' committed rows
-/// within ±15 % (`benches/results/h10080gbhbm3/comm-receive.txt`, folding from a scratch: two
-/// ranks' exchange at 16 to 256 MiB +5 to −9 %, four ranks' rounds at 4 to 256 MiB +12 to
-/// −14 %), where the plain model was 12 to 30 % low. Two ranks' one kernel is still priced at
-/// the link's DMA rate, which its loads and stores across the bus do not reach (4 MiB: 179
-/// µs against 338 measured); and the model stays blind to the landing path and the enqueue.
+/// The pipelined paths also pay their fill: the first chunk goes up before anything comes
+/// down and the last comes down after everything went up, so each direction carries one
+/// chunk's time more. For the exchange that is its chunk ([`crate::pipeline_chunk`] of the
+/// buffer); for the rounds a chunk ([`AllReducePaths::rounds_chunk`]) or the whole buffer
+/// where it is smaller, which is a fit more than a chunk: four ranks' 4 MiB move 1 MiB
+/// shares, yet price right only with 4 MiB of fill (a share's 1 MiB leaves them 20 % low),
+/// so the rounds pay for their phases more than the handoffs say. On one H100 shared by the
+/// ranks, with every chunk a slot, that brought the pipelined paths' committed rows within
+/// ±15 % (`benches/results/h10080gbhbm3/comm-receive.txt`, folding from a scratch: two ranks'
+/// exchange at 16 to 256 MiB, four ranks' rounds at 4 to 256 MiB), where the plain model was
+/// 12 to 30 % low. The model has no cost a chunk, so it favours small chunks: the chunking's
+/// floor ([`crate::MIN_PIPELINE_CHUNK`]) stands in for that. Two ranks' one kernel is still
+/// priced at the link's DMA rate, which its loads and stores across the bus do not reach (4
+/// MiB: 179 µs against 338 measured); and the model stays blind to the landing path and the
+/// enqueue.
 pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize) -> Prediction {
-    let fill = bytes.min(paths.slot_bytes) as f64;
-    let filled = |t: Traffic| Traffic { up_bytes: t.up_bytes + fill, down_bytes: t.down_bytes + fill, ..t };
+    let filled = |t: Traffic, fill: usize| Traffic {
+        up_bytes: t.up_bytes + fill as f64,
+        down_bytes: t.down_bytes + fill as f64,
+        ..t
+    };
+    let rounds_fill = bytes.min(paths.rounds_chunk());
     match paths.world {
         0 | 1 => price(machine, Algorithm::OneShot, traffic(Algorithm::OneShot, 1, bytes)),
         2 if bytes <= paths.small_max => {
@@ -153,16 +173,19 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
             price(machine, Algorithm::OneShot, traffic(Algorithm::OneShot, 2, moved))
         }
         2 if paths.many.forced == Some(Algorithm::TwoShot) => {
-            price(machine, Algorithm::TwoShot, filled(all_reduce_traffic(2, bytes)))
+            price(machine, Algorithm::TwoShot, filled(all_reduce_traffic(2, bytes), rounds_fill))
         }
-        2 => price(machine, Algorithm::OneShot, filled(traffic(Algorithm::OneShot, 2, bytes))),
+        2 => {
+            let fill = crate::pipeline_chunk(bytes, paths.slot_bytes, paths.chunk_bytes).min(bytes);
+            price(machine, Algorithm::OneShot, filled(traffic(Algorithm::OneShot, 2, bytes), fill))
+        }
         ranks => {
             let priced = ManyChoice { machine: Machine { ranks, ..*machine }, ..paths.many };
             let (lines, rounds) = priced.predictions(bytes);
             if paths.many.path(bytes) == ManyPath::Lines {
                 lines
             } else {
-                price(machine, Algorithm::TwoShot, filled(rounds.traffic))
+                price(machine, Algorithm::TwoShot, filled(rounds.traffic, rounds_fill))
             }
         }
     }
@@ -284,20 +307,28 @@ mod tests {
             world,
             small_max: 4 * MIB,
             slot_bytes: 8 * MIB,
+            chunk_bytes: None,
             many: ManyChoice { forced, ..h200(world) },
         };
+        let slot_chunks = |world, forced| AllReducePaths { chunk_bytes: Some(8 * MIB), ..paths(world, forced) };
         // A shared link of 50 GB/s each way between two processes (the uplink binds: twice a
-        // card's time), H200's handoff. 16 MiB and one 8 MiB slot of fill each way: 2 x 24
-        // MiB / 50 GB/s = 1007 µs; 4.5 MiB, just past the one kernel, fills with all of it.
+        // card's time), H200's handoff. 16 MiB in chunks of a quarter, 4 MiB of fill each way:
+        // 2 x 20 MiB / 50 GB/s = 839 µs; in chunks of a slot, 8 MiB: 2 x 24 MiB, 1007 µs;
+        // 4.5 MiB, just past the one kernel, fills with a quarter, or with all of it where a
+        // chunk is a slot.
         let shared = Machine { duplex_gbps: 50.0, cards_per_uplink: 2, ..Machine::h200(2) };
         let exchange = all_reduce_prediction(&shared, &paths(2, None), 16 * MIB);
         assert_eq!(
             (exchange.algorithm, exchange.bound, exchange.traffic.phases),
             (Algorithm::OneShot, Bound::Uplink, 1)
         );
-        assert!(close(exchange.seconds * 1e6, 11.4 + 2.0 * 24.0 * 1048.576 / 50.0), "{exchange:?}");
-        let just_past = all_reduce_prediction(&shared, &paths(2, None), 4 * MIB + 512 * KIB);
-        assert_eq!(just_past.traffic.up_bytes, 9.0 * MIB as f64, "the whole buffer is the one chunk");
+        assert!(close(exchange.seconds * 1e6, 11.4 + 2.0 * 20.0 * 1048.576 / 50.0), "{exchange:?}");
+        let slot_sized = all_reduce_prediction(&shared, &slot_chunks(2, None), 16 * MIB);
+        assert!(close(slot_sized.seconds * 1e6, 11.4 + 2.0 * 24.0 * 1048.576 / 50.0), "{slot_sized:?}");
+        let just_past = |p: AllReducePaths| all_reduce_prediction(&shared, &p, 4 * MIB + 512 * KIB).traffic.up_bytes;
+        assert_eq!(just_past(paths(2, None)), (4.5 + 1.125) * MIB as f64, "a quarter of the buffer");
+        assert_eq!(just_past(slot_chunks(2, None)), 9.0 * MIB as f64, "the whole buffer is the one chunk");
+        // Two-shot forced: the rounds' chunk, a slot, of fill each way.
         let rounds = all_reduce_prediction(&shared, &paths(2, Some(Algorithm::TwoShot)), 16 * MIB);
         assert_eq!((rounds.algorithm, rounds.traffic.phases), (Algorithm::TwoShot, 2), "{rounds:?}");
         assert_eq!(rounds.traffic.up_bytes, 24.0 * MIB as f64);
@@ -307,7 +338,7 @@ mod tests {
         assert_eq!(small(64 * KIB, None).traffic.up_bytes, 128.0 * 1024.0);
         assert_eq!(small(64 * KIB + 4, Some(Algorithm::TwoShot)).traffic.up_bytes, 65540.0);
         // More ranks: the choice module's path, its price with the given rates; the rounds
-        // with a slot of fill each way.
+        // with the buffer (below a slot) of fill each way.
         let eight = all_reduce_prediction(&Machine::h200(8), &paths(8, None), 64 * KIB);
         assert_eq!(eight, h200(8).predictions(64 * KIB).0, "the lines at 64 KiB");
         let past = all_reduce_prediction(&Machine::h200(8), &paths(8, None), MIB);
@@ -317,6 +348,9 @@ mod tests {
             (past.traffic.up_bytes, past.traffic.down_bytes),
             (plain.up_bytes + 1048576.0, plain.down_bytes + 1048576.0)
         );
+        let fixed = AllReducePaths { chunk_bytes: Some(512 * KIB), ..paths(8, None) };
+        let past_fixed = all_reduce_prediction(&Machine::h200(8), &fixed, MIB);
+        assert_eq!(past_fixed.traffic.up_bytes, plain.up_bytes + 524288.0, "a fixed chunk of fill");
         assert_eq!(all_reduce_prediction(&shared, &paths(1, None), MIB).seconds, 0.0, "one rank moves nothing");
         let names = [64 * KIB, 64 * KIB + 4, 4 * MIB + 4].map(|b| paths(2, None).path_name(b));
         assert_eq!(names, ["one kernel (lines)", "one kernel (chunks)", "exchange"]);
@@ -338,7 +372,8 @@ mod tests {
             let (small_max, slot_bytes, lines_max) =
                 if world == 2 { (4 * MIB, 8 * MIB, 2 * KIB) } else { (64 * KIB, 4 * MIB, 64 * KIB) };
             let many = ManyChoice { machine: Machine::h200(world), lines_max, forced: None };
-            let paths = AllReducePaths { world, small_max, slot_bytes, many };
+            // They ran every chunk a slot (a leg's chunks were cut by the slot then).
+            let paths = AllReducePaths { world, small_max, slot_bytes, chunk_bytes: Some(slot_bytes), many };
             let machine = Machine { duplex_gbps: 50.0, cards_per_uplink: world, ..Machine::h200(world) };
             for (mib, measured_us) in [4, 16, 64, 256].into_iter().zip(times) {
                 if mib * MIB <= paths.small_max && world == 2 {

@@ -60,6 +60,13 @@ pub struct CommOptions {
     /// it names one, else scratch (measured faster: see `crate::receive`). Each rank may pick
     /// its own: the fold's bits are the same.
     pub receive: Receive,
+    /// Bytes of one chunk of the pipeline, each a DMA through a slot: `None` (the default)
+    /// sizes two ranks' exchange by the message ([`crate::pipeline_chunk`]: the buffer in up to four
+    /// chunks of at least 1 MiB, at most a slot) and makes the rounds' chunks a slot; else
+    /// this many for both (a multiple of 4096, at most `slot_bytes`; `slot_bytes` itself runs
+    /// every chunk a slot, as before chunks were sized). Every rank must give the same (ranks
+    /// compare it at creation).
+    pub chunk_bytes: Option<usize>,
 }
 
 impl Default for CommOptions {
@@ -86,6 +93,7 @@ impl Default for CommOptions {
             algorithm: None,
             compress: None,
             receive: Receive::Auto,
+            chunk_bytes: None,
         }
     }
 }
@@ -103,6 +111,7 @@ impl AllReducePaths {
             world,
             small_max: layout.small_max,
             slot_bytes: layout.slot_bytes,
+            chunk_bytes: layout.fixed_chunk(),
             many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced },
         })
     }
@@ -152,6 +161,8 @@ pub(crate) struct Layout {
     /// The all-reduces' compression as ranks compare it (`compression::Resolved::option_words`;
     /// zeros: off). Set by the communicator once it has resolved it.
     pub(crate) compress: [u32; 2],
+    /// [`CommOptions::chunk_bytes`], 0 where the message sizes them.
+    pub(crate) chunk_bytes: usize,
 }
 
 /// The turn counter of the serialised registration, at the start of the staging area.
@@ -167,7 +178,7 @@ pub(crate) const RANK_LINES: usize = 64;
 pub(crate) const STATUS: usize = 4;
 pub(crate) const OPTIONS: usize = 8;
 /// The options' words, after `OPTIONS` in each rank's cache line.
-pub(crate) const OPTION_WORDS: usize = 7;
+pub(crate) const OPTION_WORDS: usize = 8;
 const _: () = assert!(OPTIONS + 4 * OPTION_WORDS <= 64, "a rank's words fit in its cache line");
 pub(crate) const REGISTERED_OK: u32 = 1;
 pub(crate) const REGISTRATION_FAILED: u32 = 2;
@@ -241,6 +252,16 @@ impl Layout {
         if !SLOTS.contains(&slot_count) {
             return Err(Error::InvalidOption { name: "slots", reason: format!("{slot_count} is outside {SLOTS:?}") });
         }
+        if let Some(chunk) = options.chunk_bytes
+            && (chunk == 0 || chunk > slot_bytes || chunk % LINES_ALIGN != 0)
+        {
+            return Err(Error::InvalidOption {
+                name: "chunk_bytes",
+                reason: format!(
+                    "{chunk} is not a multiple of {LINES_ALIGN} up to the slot's {slot_bytes}; leave it unset to size chunks by the message"
+                ),
+            });
+        }
         let lines_max = options.lines_max_bytes;
         if lines_max > MAX_LINES_BYTES {
             return Err(Error::InvalidOption {
@@ -274,6 +295,7 @@ impl Layout {
             slot_count,
             algorithm: crate::choice::option_word(options.algorithm),
             compress: [0, 0],
+            chunk_bytes: options.chunk_bytes.unwrap_or(0),
         })
     }
 
@@ -302,7 +324,24 @@ impl Layout {
             self.algorithm,
             format,
             min_kib,
+            self.chunk_bytes as u32,
         ]
+    }
+
+    /// The chunk size [`CommOptions::chunk_bytes`] fixed, if it did.
+    pub(crate) fn fixed_chunk(&self) -> Option<usize> {
+        (self.chunk_bytes != 0).then_some(self.chunk_bytes)
+    }
+
+    /// Bytes of each chunk of the exchange of `bytes` ([`crate::pipeline_chunk`]).
+    pub(crate) fn exchange_chunk(&self, bytes: usize) -> usize {
+        crate::chunking::pipeline_chunk(bytes, self.slot_bytes, self.fixed_chunk())
+    }
+
+    /// Bytes of each chunk of the rounds' legs: the fixed chunk, else a slot (as
+    /// [`crate::choice::AllReducePaths::rounds_chunk`] prices them).
+    pub(crate) fn rounds_chunk(&self) -> usize {
+        self.fixed_chunk().unwrap_or(self.slot_bytes)
     }
 
     /// Offset of the communicator's broken flag, which every rank's host and pipeline waits
@@ -396,6 +435,19 @@ mod tests {
         assert_eq!([model.options()[4], one.options()[4], two.options()[4]], [0, 1, 2]);
         assert_ne!(model.options(), one.options(), "a rank that forces one-shot is refused by one that does not");
         assert_eq!(model.staging_bytes(), two.staging_bytes(), "the same segment either way");
+    }
+
+    #[test]
+    fn a_fixed_chunk_is_checked_against_the_slot_and_compared_between_ranks() {
+        let chunked = |chunk_bytes| Layout::new(2, &CommOptions { chunk_bytes, ..CommOptions::default() });
+        let (by_message, slot) = (chunked(None).unwrap(), chunked(Some(8 << 20)).unwrap());
+        assert_eq!((by_message.options()[7], slot.options()[7]), (0, 8 << 20));
+        assert_eq!((by_message.exchange_chunk(16 << 20), slot.exchange_chunk(16 << 20)), (4 << 20, 8 << 20));
+        assert_eq!((by_message.rounds_chunk(), chunked(Some(1 << 20)).unwrap().rounds_chunk()), (8 << 20, 1 << 20));
+        for bad in [0, 4095, (8 << 20) + 4096] {
+            let refused = chunked(Some(bad)).unwrap_err().to_string();
+            assert!(refused.contains("chunk_bytes") && refused.contains("unset"), "{bad}: {refused}");
+        }
     }
 
     #[test]

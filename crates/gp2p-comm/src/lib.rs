@@ -119,6 +119,7 @@
 #![deny(unsafe_code)]
 
 pub mod choice;
+mod chunking;
 mod communicator;
 pub mod compression;
 mod error;
@@ -132,6 +133,7 @@ mod registration;
 mod rounds;
 mod segment;
 
+pub use chunking::{MIN_PIPELINE_CHUNK, PIPELINE_CHUNKS, pipeline_chunk};
 pub use communicator::{Communicator, Control};
 pub use compression::{COMPRESS_VAR, Compression, compression_from};
 pub use error::{Error, Result};

@@ -180,6 +180,8 @@ impl Pipeline {
         let RankSide { staging, layout, rank, timeout_ns, scratch } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let slot_bytes = layout.slot_bytes();
+        // Wires cross a slot whole (one chunk a leg); bytes in the rounds' chunks.
+        let chunk_bytes = if transfer.wires.is_some() { slot_bytes } else { layout.rounds_chunk() };
         let device_at = |offset: usize| staging.device + offset as u64;
         let host_at = |offset: usize| staging.host.wrapping_add(offset);
         let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
@@ -193,7 +195,7 @@ impl Pipeline {
             debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
             (leg, values, block)
         };
-        for (lane, step) in steps(&transfer.rounds, rank, slot_bytes, layout.slot_count) {
+        for (lane, step) in steps(&transfer.rounds, rank, chunk_bytes, layout.slot_count) {
             let stream = if lane == Lane::Send { send } else { receive };
             // Why each call below is sound: flags and slots come from the layout, in the
             // registered area; a leg's ranges lie in the caller's buffers (its contract). The
@@ -258,7 +260,7 @@ impl Pipeline {
                 }
                 LegStep::CopyOut { leg, chunk, slot } => {
                     let leg = &legs[leg];
-                    let range = chunk_range(leg, chunk, slot_bytes);
+                    let range = chunk_range(leg, chunk, chunk_bytes);
                     let to = host_at(layout.slot(rank, slot)).cast();
                     // SAFETY: this rank's slot, free (the steps waited), and a chunk of the
                     // leg's source.
@@ -266,7 +268,7 @@ impl Pipeline {
                 }
                 LegStep::Land { leg, chunk, slot } => {
                     let leg = &legs[leg];
-                    let range = chunk_range(leg, chunk, slot_bytes);
+                    let range = chunk_range(leg, chunk, chunk_bytes);
                     let to = at(leg.dst) + range.start as u64;
                     match leg.landing {
                         LegLanding::Fold { last } => {
@@ -360,7 +362,8 @@ impl Pipeline {
         let RankSide { staging, layout, rank, timeout_ns, scratch } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let peer = 1 - rank;
-        let slot_bytes = layout.slot_bytes();
+        // Both ranks send and receive the same bytes, so they cut the same chunks.
+        let chunk_bytes = layout.exchange_chunk(transfer.bytes);
         let device_at = |offset: usize| staging.device + offset as u64;
         // Only an address (offsets from the layout lie in the staging area); the copies use it.
         let host_at = |offset: usize| staging.host.wrapping_add(offset);
@@ -370,11 +373,11 @@ impl Pipeline {
             device_at(layout.full(writer, slot, 1 - writer))
         };
         // Chunk `chunk`'s offset and length.
-        let range = |chunk: usize| (chunk * slot_bytes, slot_bytes.min(transfer.bytes - chunk * slot_bytes));
+        let range = |chunk: usize| (chunk * chunk_bytes, chunk_bytes.min(transfer.bytes - chunk * chunk_bytes));
         let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
         let (sends, receives) = (transfer.send.is_some(), transfer.receive.is_some());
         let (src, (dst, landing)) = (transfer.send.unwrap_or(0), transfer.receive.unwrap_or((0, Landing::Copy)));
-        for (lane, step) in plan(sends, receives, transfer.bytes.div_ceil(slot_bytes), self.sent.len()) {
+        for (lane, step) in plan(sends, receives, transfer.bytes.div_ceil(chunk_bytes), self.sent.len()) {
             let stream = if lane == Lane::Send { send } else { receive };
             // Why each call below is sound: flags and slots come from the layout, in the
             // registered area; chunk ranges lie in the caller's ranges (`src` is used only by

@@ -70,6 +70,7 @@ impl PyCommunicator {
                 slot_bytes: slot_bytes.unwrap_or(defaults.slot_bytes),
                 slots: slots.unwrap_or(defaults.slots),
                 chunk_blocks: chunk_blocks.unwrap_or(defaults.chunk_blocks),
+                chunk_bytes: defaults.chunk_bytes,
                 lines_max_bytes: lines_max_bytes.unwrap_or(defaults.lines_max_bytes),
                 algorithm: algorithm
                     .map(|name| name.parse::<Algorithm>().map_err(|e| Raised::argument("algorithm", e)))

@@ -109,6 +109,11 @@ pub struct CommArgs {
     /// Slots per rank of that pipeline, instead of the default.
     #[arg(long)]
     slots: Option<usize>,
+    /// Bytes of each chunk of the pipeline (K, M, G suffixes; at most a slot), instead of
+    /// sizing two ranks' exchange by the message and the rounds' chunks a slot: for tuning
+    /// (every rank gets the same).
+    #[arg(long, value_parser = crate::sizes::parse_size)]
+    chunk_bytes: Option<usize>,
     /// How each rank folds a chunk that lands in its slots: zero-copy (read in place across
     /// the link) or scratch (a DMA into device memory first); auto leaves it to
     /// GP2P_RECEIVE, else scratch.
@@ -227,6 +232,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         join_timeout: WAIT,
         slot_bytes: args.slot_bytes.unwrap_or(defaults.slot_bytes),
         slots: args.slots.unwrap_or(defaults.slots),
+        chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,
         algorithm: args.algorithm.map(|a| a.0),
         ..defaults
@@ -269,8 +275,12 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         report.repeats
     );
     let algorithm = comm.forced_algorithm().map_or("the cost model's choice", |a| a.name());
+    let chunks = options.chunk_bytes.map_or_else(
+        || "two ranks' exchange by the message, the rounds' a slot".to_string(),
+        |bytes| format!("{} each", format_size(bytes)),
+    );
     println!(
-        "# pipeline: {} slots of {} a rank, receive {}, algorithm {algorithm}",
+        "# pipeline: {} slots of {} a rank, chunks {chunks}, receive {}, algorithm {algorithm}",
         options.slots,
         format_size(options.slot_bytes),
         comm.receive()

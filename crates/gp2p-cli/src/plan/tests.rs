@@ -131,9 +131,9 @@ fn two_ranks_get_the_communicator_s_paths_with_the_pipeline_s_fill() {
     let (_, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
     let rows: Vec<&str> = communicator.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
     assert!(rows[0].ends_with("one kernel (lines)") && rows[1].ends_with("one kernel (chunks)"), "{text}");
-    // 16 MiB and an 8 MiB slot of fill each way, both ranks on one 50 GB/s link: 2 × 24 MiB
-    // / 50 GB/s + one 11.4 µs handoff.
-    assert!(rows[2].contains("1018.0  uplink") && rows[2].ends_with("exchange"), "{text}");
+    // 16 MiB in chunks of 4 MiB, one of fill each way, both ranks on one 50 GB/s link: 2 × 20
+    // MiB / 50 GB/s + one 11.4 µs handoff.
+    assert!(rows[2].contains("850.3  uplink") && rows[2].ends_with("exchange"), "{text}");
 }
 
 #[test]

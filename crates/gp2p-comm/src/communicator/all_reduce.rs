@@ -142,6 +142,7 @@ impl Communicator {
             world: self.world(),
             small_max: self.small_max_bytes(),
             slot_bytes: self.layout.slot_bytes,
+            chunk_bytes: self.layout.fixed_chunk(),
             many: self.many,
         }
     }
