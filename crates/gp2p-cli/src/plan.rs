@@ -21,6 +21,7 @@ use crate::sizes::{format_size, parse_size, sweep};
 mod compressed;
 mod dram;
 use crate::table::{num, table};
+pub(crate) use dram::dram_gbps;
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -325,7 +326,7 @@ const HANDOFF_BYTES: usize = 4 << 10;
 /// The median time of one [`HANDOFF_BYTES`] device → host copy followed by the copy back,
 /// on one stream of card `ordinal`: a phase's trip through host memory, with the driver
 /// calls' latency in it, as the model prices a phase.
-fn handoff_us(ordinal: usize) -> Result<f64, CliError> {
+pub(crate) fn handoff_us(ordinal: usize) -> Result<f64, CliError> {
     let device = geforce_p2p::Device::open(ordinal)?;
     let stream = geforce_p2p::Stream::new(&device)?;
     let mut ceilings = crate::measure::Ceilings::new(&device, &stream, HANDOFF_BYTES, HANDOFF_REPEATS)?;

@@ -219,9 +219,12 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
             let duplex = ceil.duplex()?;
             let measured = ceil.measured.clone();
             drop(ceil);
+            // The model's other rates from this machine too, while nothing else runs.
+            eprintln!("measuring the handoff and DRAM for the model ...");
+            let here = Measured { handoff_us: crate::plan::handoff_us(0)?, dram_gbps: crate::plan::dram_gbps() };
             let id = UniqueId::new()?;
             let ranks = start_ranks(args.ranks, &id)?;
-            (0, args.ranks, id, Some(ranks), Some((duplex, measured)))
+            (0, args.ranks, id, Some(ranks), Some((duplex, measured, here)))
         }
     };
     let device = Device::open(rank % gpus)?;
@@ -239,7 +242,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     };
     let mut comm = Communicator::new(&id, rank, world, &device, options)?;
     let sharing = (0..world).filter(|r| r % gpus == 0).count();
-    let model = ceiling.as_ref().map(|&(duplex, _)| model_machine(world, sharing, duplex));
+    let model = ceiling.as_ref().map(|&(duplex, _, here)| model_machine(world, sharing, duplex, here));
     let bar = (rank == 0).then(|| progress(sizes.len()));
     let mut rows = Vec::new();
     for &bytes in &sizes {
@@ -258,7 +261,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         }
         rows.push(row);
     }
-    let (Some(ranks), Some((duplex, measured)), Some(bar)) = (ranks, ceiling, bar) else {
+    let (Some(ranks), Some((duplex, measured, _)), Some(bar)) = (ranks, ceiling, bar) else {
         return Ok(());
     };
     bar.finish_and_clear();
@@ -292,9 +295,9 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     if let Some(m) = model.filter(|_| kind_is_priced(args.collective, compressed)) {
         println!(
             "# model: gp2p plan's cost model for the path each size takes, at duplex {:.1} GB/s (measured above), \
-             {} rank(s) sharing one link, and its default host {:.0} GB/s, DRAM {:.0} GB/s and handoff {:.1} us; \
-             model err = model / time - 1",
-            m.duplex_gbps, m.cards_per_uplink, m.host_gbps, m.dram_gbps, m.handoff_us
+             {} rank(s) sharing one link, handoff {:.1} us (a 4 KiB round trip through host memory) and DRAM {:.0} \
+             GB/s (every core copying) measured here, and its default host {:.0} GB/s; model err = model / time - 1",
+            m.duplex_gbps, m.cards_per_uplink, m.handoff_us, m.dram_gbps, m.host_gbps
         );
     }
     if compressed.is_some() {
@@ -316,14 +319,24 @@ fn kind_is_priced(kind: CommCollective, compressed: Option<WireFormat>) -> bool 
 /// The machine the model prices rank 0's rows on: `world` ranks, `sharing` of them on one
 /// link (rank 0's GPU), at the duplex rate measured before the ranks started (every row here
 /// moves both ways at once), the model's defaults for the rest.
-fn model_machine(world: usize, sharing: usize, duplex_gbps: f64) -> Machine {
+fn model_machine(world: usize, sharing: usize, duplex_gbps: f64, here: Measured) -> Machine {
     Machine {
         h2d_gbps: duplex_gbps,
         d2h_gbps: duplex_gbps,
         duplex_gbps,
         cards_per_uplink: sharing.max(1),
+        handoff_us: here.handoff_us,
+        dram_gbps: here.dram_gbps,
         ..Machine::h200(world)
     }
+}
+
+/// The model's rates `gp2p plan --measure` measures that rank 0 measures too, before the
+/// ranks start: a phase's handoff and the host's DRAM rate.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    handoff_us: f64,
+    dram_gbps: f64,
 }
 
 /// One size on every rank: check a call from fresh inputs, then time the runs (rank 0); the
@@ -491,11 +504,13 @@ mod tests {
 
     #[test]
     fn the_model_prices_the_exact_all_reduce_on_the_measured_link_shared_by_rank_0_s_ranks() {
-        let m = model_machine(4, 4, 50.0);
+        let here = Measured { handoff_us: 23.5, dram_gbps: 96.0 };
+        let m = model_machine(4, 4, 50.0, here);
         assert_eq!((m.ranks, m.cards_per_uplink), (4, 4));
         assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps), (50.0, 50.0, 50.0));
-        assert_eq!(m.handoff_us, Machine::h200(4).handoff_us, "the rest are the model's defaults");
-        assert_eq!(model_machine(2, 0, 50.0).cards_per_uplink, 1, "a link is shared by one rank at least");
+        assert_eq!((m.handoff_us, m.dram_gbps), (23.5, 96.0), "measured here");
+        assert_eq!(m.host_gbps, Machine::h200(4).host_gbps, "the rest are the model's defaults");
+        assert_eq!(model_machine(2, 0, 50.0, here).cards_per_uplink, 1, "a link is shared by one rank at least");
         assert!(kind_is_priced(CommCollective::AllReduce, None));
         assert!(!kind_is_priced(CommCollective::AllGather, None));
         let int8 = WireFormat {

@@ -37,7 +37,7 @@ pub(super) fn copy_gbps(bytes: usize, threads: usize, repeats: usize) -> f64 {
 }
 
 /// [`copy_gbps`] over [`BUFFER_BYTES`] with a thread per core.
-pub(super) fn dram_gbps() -> f64 {
+pub(crate) fn dram_gbps() -> f64 {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     copy_gbps(BUFFER_BYTES, cores, REPEATS)
 }
