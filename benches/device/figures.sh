@@ -30,6 +30,15 @@
 #                processes, under an MPS daemon where they share a GPU: all_reduce 1 MiB-256 MiB,
 #                and the other collectives 16-256 MiB at 8, each against its bound
 #                                                       -> comm-all-reduce-<N>.* comm-<collective>-8.*
+#   door         the NCCL door against the communicator it serves (the wheel; NCCL_TESTS: a folder of
+#                nccl-tests binaries built with benches/device/nccl-tests.sh): for N in DOOR_RANKS
+#                (default 2 4 8), nccl-tests with ranks as threads of one process (-t N, no MPS
+#                daemon: under one they hang), 64 KiB-1 GiB, float sum, then gp2p bench comm at
+#                the same N and sizes under MPS, and benches/nccl/door_vs_comm.py beside them
+#                (the door issue's busbw >= 0.95 of the communicator's from 64 KiB); reduce,
+#                alltoall and sendrecv for #wrong only
+#                                                       -> door-t<N>-<test>.txt comm-door-ref-<collective>-<N>.*
+#                                                          door-vs-comm-<collective>-<N>.txt
 #   plots        the SVGs from the JSON present (also drawn at the end of every call)
 #   bench        = probe copy host reduce all-reduce collectives nccl criterion
 # Investigations (not in the default; files under $OUT/<machine>/investigations/):
@@ -195,6 +204,33 @@ section_comm() {
   return 0
 }
 
+section_door() {
+  if ! wheel; then return; fi
+  if [ ! -x "${NCCL_TESTS:-}/all_reduce_perf" ]; then
+    note "door: no nccl-tests in NCCL_TESTS (${NCCL_TESTS:-unset}): build them with benches/device/nccl-tests.sh"
+    return
+  fi
+  local n t c sizes="-b 64K -e 1G -f 4"
+  for n in ${DOOR_RANKS:-2 4 8}; do
+    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+      late && return
+      record "door-t$n-$t.txt" timeout -s KILL 120 python3 -m geforce_p2p.nccl -- "$NCCL_TESTS/${t}_perf" -t "$n" $sizes \
+        -c 1 -n 5 -w 1 -d float >/dev/null
+      note "door -t $n $t: $(grep -cE '^ +[0-9]+ ' "$RES/door-t$n-$t.txt") rows, $(grep -E 'Out of bounds' "$RES/door-t$n-$t.txt" | tr -s ' ')"
+    done
+    mps_start || return
+    for t in all_reduce all_gather reduce_scatter broadcast; do
+      late && break
+      c=${t//_/-}
+      bench "comm-door-ref-$c-$n" comm "$c" --ranks "$n" $sizes -n 5 -w 2 --calls 10 >/dev/null
+      python3 benches/nccl/door_vs_comm.py "$RES/door-t$n-$t.txt" "$RES/comm-door-ref-$c-$n.json" \
+        >"$RES/door-vs-comm-$c-$n.txt" 2>&1
+      note "door/comm $c, $n ranks: $(tail -1 "$RES/door-vs-comm-$c-$n.txt")"
+    done
+    mps_stop
+  done
+}
+
 section_plots() {
   draw_plots "$RES" "$G"
 }
@@ -305,7 +341,7 @@ for section in "${sections[@]}"; do
   esac
   for s in "$@"; do
     case $s in
-    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | plots)
+    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | plots)
       late || "section_$s"
       ;;
     tune | spread | exchange | trace | mp-lines | ab)
