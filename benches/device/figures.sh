@@ -39,6 +39,10 @@
 #                alltoall and sendrecv for #wrong only
 #                                                       -> door-t<N>-<test>.txt comm-door-ref-<collective>-<N>.*
 #                                                          door-vs-comm-<collective>-<N>.txt
+#   compress     the compressed all-reduce (int8 and fp8 e4m3, blocks of 64) of bf16 beside the exact
+#                one, 1 MiB-64 MiB, among COMPRESS_RANKS processes (default 2 4 8) under MPS, and
+#                the speedup per size (the compression issue's 1.7x at 4 MiB and up)
+#                                                       -> comm-compress-<format>-<N>.* comm-exact-bf16-<N>.*
 #   plots        the SVGs from the JSON present (also drawn at the end of every call)
 #   bench        = probe copy host reduce all-reduce collectives nccl criterion
 # Investigations (not in the default; files under $OUT/<machine>/investigations/):
@@ -231,6 +235,28 @@ section_door() {
   done
 }
 
+section_compress() {
+  mps_start || return
+  local n f args="all-reduce -b 1M -e 64M -f 4 -n 5 -w 2 --dtype bf16 --calls 5"
+  for n in ${COMPRESS_RANKS:-2 4 8}; do
+    late && break
+    # shellcheck disable=SC2086 # args is a list of words
+    bench "comm-exact-bf16-$n" comm $args --ranks "$n" >/dev/null
+    for f in int8 fp8; do
+      late && break
+      # shellcheck disable=SC2086
+      bench "comm-compress-$f-$n" comm $args --ranks "$n" --compress "$f" >/dev/null
+      note "compressed $f over exact, $n ranks (bytes: x): $(python3 -c '
+import json, sys
+rows = lambda p: {r["bytes"]: r for r in json.load(open(p))["rows"]}
+exact, comp = rows(sys.argv[1]), rows(sys.argv[2])
+print(" ".join(f"{b >> 20}M:{exact[b]["time_us"] / comp[b]["time_us"]:.2f}" for b in sorted(comp) if b in exact))
+' "$RES/comm-exact-bf16-$n.json" "$RES/comm-compress-$f-$n.json" 2>&1)"
+    done
+  done
+  mps_stop
+}
+
 section_plots() {
   draw_plots "$RES" "$G"
 }
@@ -341,7 +367,7 @@ for section in "${sections[@]}"; do
   esac
   for s in "$@"; do
     case $s in
-    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | plots)
+    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | compress | plots)
       late || "section_$s"
       ;;
     tune | spread | exchange | trace | mp-lines | ab)
