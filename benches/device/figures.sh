@@ -248,9 +248,9 @@ section_compress() {
       bench "comm-compress-$f-$n" comm $args --ranks "$n" --compress "$f" >/dev/null
       note "compressed $f over exact, $n ranks (bytes: x): $(python3 -c '
 import json, sys
-rows = lambda p: {r["bytes"]: r for r in json.load(open(p))["rows"]}
-exact, comp = rows(sys.argv[1]), rows(sys.argv[2])
-print(" ".join(f"{b >> 20}M:{exact[b]["time_us"] / comp[b]["time_us"]:.2f}" for b in sorted(comp) if b in exact))
+times = lambda p: {r["bytes"]: r["time_us"] for r in json.load(open(p))["rows"]}
+exact, comp = times(sys.argv[1]), times(sys.argv[2])
+print(" ".join("%dM:%.2f" % (b >> 20, exact[b] / comp[b]) for b in sorted(comp) if b in exact))
 ' "$RES/comm-exact-bf16-$n.json" "$RES/comm-compress-$f-$n.json" 2>&1)"
     done
   done
