@@ -334,18 +334,23 @@ fn one_gpu_eight_processes_run_every_collective_op_and_dtype() {
 /// too, whose shares are empty on most ranks); with scratch every chunk lands by DMA into
 /// device memory before its fold.
 fn folds_among(test: &str, world: usize, lens: &'static [usize], algorithm: Option<Algorithm>, receive: Receive) {
+    // A one-kernel path up to 2 KiB only and slots of 64 KiB, so the pipeline runs from
+    // small lengths on and long ones take several chunks a share.
+    let options = CommOptions { algorithm, receive, ..small_pipeline(world, 64 << 10, None) };
+    folds_with(test, world, lens, options);
+}
+
+/// Options whose one-kernel path stops at 2 KiB, with slots of `slot_bytes` and chunks of
+/// `chunk_bytes` (None: by the message).
+fn small_pipeline(world: usize, slot_bytes: usize, chunk_bytes: Option<usize>) -> CommOptions {
+    CommOptions { small_max_bytes: 2 << 10, slot_bytes, chunk_bytes, ..CommOptions::for_world(world) }
+}
+
+/// [`folds_among`]'s all-reduces with the communicator made with `options`.
+fn folds_with(test: &str, world: usize, lens: &'static [usize], options: CommOptions) {
     if !runs_here(test, world) {
         return;
     }
-    // A one-kernel path up to 2 KiB only and slots of 64 KiB, so the pipeline runs from
-    // small lengths on and long ones take several chunks a share.
-    let options = CommOptions {
-        algorithm,
-        receive,
-        small_max_bytes: 2 << 10,
-        slot_bytes: 64 << 10,
-        ..CommOptions::for_world(world)
-    };
     let mut r = Ranked::start(test, world, sharing(options));
     let (rank, world) = (r.rank, r.world);
     fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream, rank: usize, world: usize, lens: &[usize]) {
@@ -421,6 +426,40 @@ fn one_gpu_four_processes_fold_from_a_scratch() {
     folds_among(test, 4, &[1, 255, 4099, 70_001, 300_007], None, Receive::Scratch);
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_exchange_in_chunks_by_the_message() {
+    // Slots of 4 MiB: 1.3 M elements of 4 bytes cross in four chunks of a quarter, the last
+    // shorter; of one byte, in two of 1 MiB; 70,001 in one.
+    let test = "one_gpu_two_processes_exchange_in_chunks_by_the_message";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_with(test, 2, &[70_001, 1_300_007], small_pipeline(2, 4 << 20, None));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_exchange_in_fixed_chunks_smaller_than_a_slot() {
+    let test = "one_gpu_two_processes_exchange_in_fixed_chunks_smaller_than_a_slot";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_with(test, 2, TWO_RANK_LENS, small_pipeline(2, 256 << 10, Some(64 << 10)));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot() {
+    // Slots of 256 KiB, chunks of 64 KiB: 300,007 elements' shares take up to seven chunks,
+    // through three slots each.
+    let test = "one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_with(test, 3, &[1, 4099, 70_001, 300_007], small_pipeline(3, 256 << 10, Some(64 << 10)));
+}
+
 /// Rank r's values of the compressed case `case`: random, with an outlier every 32 values,
 /// a block of zeros, a tiny block, and on some ranks a NaN and infinities, as `T`.
 fn compressible_inputs<T: Compressible>(world: usize, len: usize, case: u64) -> Vec<Vec<T>> {
@@ -454,11 +493,12 @@ fn compressible_inputs<T: Compressible>(world: usize, len: usize, case: u64) -> 
 fn compressed_case<T: Compressible>(
     comm: &mut Communicator,
     stream: &Stream,
+    lens: &[(usize, usize)],
     case: &mut u64,
     failed: &mut Vec<String>,
 ) {
     let (rank, world) = (comm.rank(), comm.world());
-    for (len, block) in [(1, 32), (1000, 32), (70_001, 64), (300_000, 256)] {
+    for &(len, block) in lens {
         for format in Format::ALL {
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
                 *case += 1;
@@ -502,22 +542,46 @@ fn differences<T: Compressible>(got: &[T], want: &[T], same: impl Fn(&T, &T) -> 
     (!at.is_empty()).then(|| format!("{} values differ: {}", at.len(), first.join(", ")))
 }
 
+/// The lengths and block sizes of [`compressed_among`]'s cases.
+const COMPRESSED_LENS: &[(usize, usize)] = &[(1, 32), (1000, 32), (70_001, 64), (300_000, 256)];
+
 fn compressed_among(test: &str, world: usize) {
+    compressed_with(
+        test,
+        world,
+        CommOptions { slot_bytes: 64 << 10, ..CommOptions::for_world(world) },
+        COMPRESSED_LENS,
+    );
+}
+
+/// [`compressed_case`] of every float type with the communicator made with `options`.
+fn compressed_with(test: &str, world: usize, options: CommOptions, lens: &[(usize, usize)]) {
     if !runs_here(test, world) {
         return;
     }
-    let options = CommOptions { slot_bytes: 64 << 10, ..CommOptions::for_world(world) };
     let mut r = Ranked::start(test, world, sharing(options));
     let (mut case, mut failed) = (0, Vec::new());
-    compressed_case::<f32>(&mut r.comm, &r.stream, &mut case, &mut failed);
-    compressed_case::<half::f16>(&mut r.comm, &r.stream, &mut case, &mut failed);
-    compressed_case::<half::bf16>(&mut r.comm, &r.stream, &mut case, &mut failed);
+    compressed_case::<f32>(&mut r.comm, &r.stream, lens, &mut case, &mut failed);
+    compressed_case::<half::f16>(&mut r.comm, &r.stream, lens, &mut case, &mut failed);
+    compressed_case::<half::bf16>(&mut r.comm, &r.stream, lens, &mut case, &mut failed);
     assert!(failed.is_empty(), "{} calls wrong:\n{}", failed.len(), failed[..failed.len().min(24)].join("\n"));
     let mut ints = DeviceBuffer::from_host(&r.stream, &[1i32; 10]).unwrap();
     let wire = WireFormat { format: Format::Int8, block: BlockSize::new(32).unwrap() };
     let refused = r.comm.all_reduce_compressed(&mut ints.view_mut(..), &r.stream, ReduceOp::Sum, wire).unwrap_err();
     assert!(refused.to_string().contains("f32, f16 or bf16"), "{refused}");
     r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits() {
+    // The default slots of 8 MiB hold a whole shard's wire; shards of 550,002 and 1,048,576
+    // values go as two and four pieces all the same (`PIPELINED_PIECES`).
+    let test = "one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits";
+    if !is_child() {
+        needs!(gpus: 1);
+    }
+    compressed_with(test, 2, CommOptions::for_world(2), &[(1_100_003, 64), (2 << 20, 128)]);
 }
 
 #[test]

@@ -28,7 +28,11 @@ pub const MIN_PIPELINE_CHUNK: usize = 1 << 20;
 /// assert_eq!(pipeline_chunk(2 * MIB, 8 * MIB, None), MIN_PIPELINE_CHUNK, "1 MiB at least");
 /// assert_eq!(pipeline_chunk(16 * MIB, 8 * MIB, Some(8 * MIB)), 8 * MIB, "or as given");
 /// ```
+///
+/// # Panics
+/// Where `slot_bytes` or `fixed` is 0 (no chunk could carry anything).
 pub fn pipeline_chunk(leg_bytes: usize, slot_bytes: usize, fixed: Option<usize>) -> usize {
+    assert!(slot_bytes > 0 && fixed != Some(0), "pipeline_chunk: a slot and a chunk hold at least a byte");
     if let Some(fixed) = fixed {
         return fixed.min(slot_bytes);
     }

@@ -252,13 +252,16 @@ impl Layout {
         if !SLOTS.contains(&slot_count) {
             return Err(Error::InvalidOption { name: "slots", reason: format!("{slot_count} is outside {SLOTS:?}") });
         }
+        let smallest_chunk = *SLOT_BYTES.start();
         if let Some(chunk) = options.chunk_bytes
-            && (chunk == 0 || chunk > slot_bytes || chunk % LINES_ALIGN != 0)
+            && (chunk < smallest_chunk || chunk > slot_bytes || chunk % LINES_ALIGN != 0)
         {
             return Err(Error::InvalidOption {
                 name: "chunk_bytes",
                 reason: format!(
-                    "{chunk} is not a multiple of {LINES_ALIGN} up to the slot's {slot_bytes}; leave it unset to size chunks by the message"
+                    "{chunk} is not a multiple of {LINES_ALIGN} from {smallest_chunk} to this communicator's slot of \
+                     {slot_bytes} bytes (a chunk is one DMA through a slot; smaller ones cost a handoff each); leave it \
+                     unset to size chunks by the message"
                 ),
             });
         }
@@ -312,8 +315,9 @@ impl Layout {
 
     /// What the layout was made from, as every rank publishes it to be compared: the
     /// one-kernel path's largest size, the slot size, the slot count and the line kernel's
-    /// largest size (each bounded well below `u32::MAX`), and the forced all-reduce
-    /// (`choice::option_word`).
+    /// largest size (each bounded well below `u32::MAX`), the forced all-reduce
+    /// (`choice::option_word`), the compression's two words and the fixed chunk (0: by the
+    /// message).
     pub(crate) fn options(&self) -> [u32; OPTION_WORDS] {
         let [format, min_kib] = self.compress;
         [
@@ -444,7 +448,7 @@ mod tests {
         assert_eq!((by_message.options()[7], slot.options()[7]), (0, 8 << 20));
         assert_eq!((by_message.exchange_chunk(16 << 20), slot.exchange_chunk(16 << 20)), (4 << 20, 8 << 20));
         assert_eq!((by_message.rounds_chunk(), chunked(Some(1 << 20)).unwrap().rounds_chunk()), (8 << 20, 1 << 20));
-        for bad in [0, 4095, (8 << 20) + 4096] {
+        for bad in [0, 4096, (64 << 10) + 4095, (8 << 20) + 4096] {
             let refused = chunked(Some(bad)).unwrap_err().to_string();
             assert!(refused.contains("chunk_bytes") && refused.contains("unset"), "{bad}: {refused}");
         }

@@ -219,9 +219,15 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
             let duplex = ceil.duplex()?;
             let measured = ceil.measured.clone();
             drop(ceil);
-            // The model's other rates from this machine too, while nothing else runs.
-            eprintln!("measuring the handoff and DRAM for the model ...");
-            let here = Measured { handoff_us: crate::plan::handoff_us(0)?, dram_gbps: crate::plan::dram_gbps() };
+            // The model's other rates from this machine too, while nothing else runs (only
+            // where rows are priced: copying DRAM takes a gigabyte of host memory).
+            let here = if kind_is_priced(kind, compressed) {
+                eprintln!("measuring the handoff and DRAM for the model ...");
+                Measured { handoff_us: crate::plan::handoff_us(0)?, dram_gbps: crate::plan::dram_gbps() }
+            } else {
+                let defaults = Machine::h200(args.ranks);
+                Measured { handoff_us: defaults.handoff_us, dram_gbps: defaults.dram_gbps }
+            };
             let id = UniqueId::new()?;
             let ranks = start_ranks(args.ranks, &id)?;
             (0, args.ranks, id, Some(ranks), Some((duplex, measured, here)))

@@ -61,7 +61,7 @@ pub const FULL: u32 = 1;
 pub type Key = (usize, usize, Lane);
 
 /// One step of a rank's side of a call of [`Rounds`]. `leg` indexes the call's legs, `chunk`
-/// counts a leg's chunks of the slot size, `slot` is a slot of the leg's writer (the slot
+/// counts a leg's chunks (of the call's chunk size, at most a slot), `slot` is a slot of the leg's writer (the slot
 /// of that chunk), `writer` and `reader` are ranks, `value` is [`EMPTY`] or [`FULL`].
 #[allow(missing_docs)] // the fields, named alike in every variant, are described above
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,10 +86,10 @@ pub enum LegStep {
     AfterLanded,
 }
 
-/// A chunk's byte range within its leg: chunk `chunk` of `slot_bytes`.
-pub fn chunk_range(leg: &Leg, chunk: usize, slot_bytes: usize) -> Range<usize> {
-    let start = chunk * slot_bytes;
-    start..(start + slot_bytes).min(leg.bytes)
+/// A chunk's byte range within its leg: chunk `chunk` of `chunk_bytes` (at most a slot).
+pub fn chunk_range(leg: &Leg, chunk: usize, chunk_bytes: usize) -> Range<usize> {
+    let start = chunk * chunk_bytes;
+    start..(start + chunk_bytes).min(leg.bytes)
 }
 
 /// Whether `[a, a + a_len)` of buffer `a_buf` and `[b, b + b_len)` of `b_buf` overlap.
@@ -97,20 +97,21 @@ fn overlaps((a_buf, a): (Buf, usize), a_len: usize, (b_buf, b): (Buf, usize), b_
     a_buf == b_buf && a < b + b_len && b < a + a_len
 }
 
-/// The steps `rank` enqueues for `rounds`, in key order, with `slots` slots of `slot_bytes`.
-pub fn steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usize) -> Vec<(Lane, LegStep)> {
-    keyed_steps(rounds, rank, slot_bytes, slots).into_iter().map(|(_, lane, step)| (lane, step)).collect()
+/// The steps `rank` enqueues for `rounds`, in key order, through `slots` slots, each leg in
+/// chunks of `chunk_bytes` (at most a slot's bytes).
+pub fn steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize) -> Vec<(Lane, LegStep)> {
+    keyed_steps(rounds, rank, chunk_bytes, slots).into_iter().map(|(_, lane, step)| (lane, step)).collect()
 }
 
 /// [`steps`] with each step's [`Key`] (non-decreasing along the list).
-pub fn keyed_steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usize) -> Vec<(Key, Lane, LegStep)> {
+pub fn keyed_steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize) -> Vec<(Key, Lane, LegStep)> {
     use Lane::{Receive, Send};
     // Each writer's chunks in order: the slot of the first chunk of each leg.
     let mut first_slot = vec![0; rounds.legs.len()];
     let mut sent = vec![0usize; rounds.world];
     for (i, leg) in rounds.legs.iter().enumerate() {
         first_slot[i] = sent[leg.writer];
-        sent[leg.writer] += leg.bytes.div_ceil(slot_bytes);
+        sent[leg.writer] += leg.bytes.div_ceil(chunk_bytes);
     }
     let slot_of = |leg: usize, chunk: usize| (first_slot[leg] + chunk) % slots;
     let mut out: Vec<(Key, Lane, LegStep)> = Vec::new();
@@ -120,7 +121,7 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usize
     let (mut sources, mut landed): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     let rounds_used = rounds.legs.iter().map(|l| l.round + 1).max().unwrap_or(0);
     let world = rounds.world;
-    let chunks = |i: usize| rounds.legs[i].bytes.div_ceil(slot_bytes);
+    let chunks = |i: usize| rounds.legs[i].bytes.div_ceil(chunk_bytes);
     for round in 0..rounds_used {
         let in_round = || (0..rounds.legs.len()).filter(|&i| rounds.legs[i].round == round);
         let send = in_round().find(|&i| rounds.legs[i].writer == rank);
@@ -132,7 +133,7 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usize
         for chunk in 0..most {
             if let Some(i) = send.filter(|&i| chunk < chunks(i)) {
                 let leg = &rounds.legs[i];
-                let range = chunk_range(leg, chunk, slot_bytes);
+                let range = chunk_range(leg, chunk, chunk_bytes);
                 let src = (leg.src.0, leg.src.1 + range.start);
                 let after_landing = landed.iter().any(|&j: &usize| {
                     let l: &Leg = &rounds.legs[j];
@@ -158,7 +159,7 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, slot_bytes: usize, slots: usize
             }
             for &i in receives.iter().filter(|&&i| chunk < chunks(i)) {
                 let leg = &rounds.legs[i];
-                let range = chunk_range(leg, chunk, slot_bytes);
+                let range = chunk_range(leg, chunk, chunk_bytes);
                 let dst = (leg.dst.0, leg.dst.1 + range.start);
                 let after_sending = sources.iter().any(|&j: &usize| {
                     let l: &Leg = &rounds.legs[j];

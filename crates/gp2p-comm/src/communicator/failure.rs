@@ -109,12 +109,14 @@ impl Communicator {
             return Some(Error::Broken { rank: self.rank() });
         }
         // Only a rank whose calls still wait cares who has gone (asked first: one event query
-        // where the processes' liveness costs a system call a rank).
-        let waiting = self.last.as_ref().is_some_and(|last| !last.is_complete().unwrap_or(true));
-        if !waiting {
+        // where the processes' liveness costs a system call a rank), and asked again once
+        // someone has gone: a call that ended in between, and a peer that then exited as it
+        // may, is no error.
+        let waiting = || self.last.as_ref().is_some_and(|last| !last.is_complete().unwrap_or(true));
+        if !waiting() {
             return None;
         }
         let gone = self.segment.gone_ranks();
-        (!gone.is_empty()).then(|| Error::PeerGone { rank: self.rank(), gone })
+        (!gone.is_empty() && waiting()).then(|| Error::PeerGone { rank: self.rank(), gone })
     }
 }

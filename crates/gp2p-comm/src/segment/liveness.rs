@@ -5,26 +5,25 @@
 //! called gone.
 
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Segment, is_alive};
 
 /// The low 32 bits of this process's pid namespace's inode; 0 where `/proc` does not say.
-/// Read once per process (a process keeps its pid namespace for life; a forked child reads
-/// its own): torch's watchdog and nccl-tests ask for async errors in a loop, and a `stat`
-/// each time would cost a system call per poll.
+/// Read once per process (a process keeps its pid namespace for life; a forked child, another
+/// pid, reads its own): nccl-tests poll for async errors in a loop, and a `stat` each time
+/// would cost a system call per poll.
 pub(super) fn pid_namespace() -> u32 {
-    static READ: std::sync::Mutex<Option<(u32, u32)>> = std::sync::Mutex::new(None);
+    // The pid in the high half, the namespace in the low: one word, no lock to fork under.
+    static READ: AtomicU64 = AtomicU64::new(0);
     let pid = std::process::id();
-    let mut read = READ.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match *read {
-        Some((for_pid, namespace)) if for_pid == pid => namespace,
-        _ => {
-            let namespace = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino() as u32);
-            *read = Some((pid, namespace));
-            namespace
-        }
+    let read = READ.load(Ordering::Relaxed);
+    if read != 0 && (read >> 32) as u32 == pid {
+        return read as u32;
     }
+    let namespace = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino() as u32);
+    READ.store(u64::from(pid) << 32 | u64::from(namespace), Ordering::Relaxed);
+    namespace
 }
 
 impl Segment {
