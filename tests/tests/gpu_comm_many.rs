@@ -460,6 +460,82 @@ fn one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot() 
     folds_with(test, 3, &[1, 4099, 70_001, 300_007], small_pipeline(3, 256 << 10, Some(64 << 10)));
 }
 
+/// Rank `r`'s bytes of case `case`, `len` of them: f32 specials where whole words (NaN with
+/// payloads of either sign, −0.0, infinities, a subnormal), which a gather must keep bit for bit.
+fn gather_bytes(r: usize, len: usize, case: usize) -> Vec<u8> {
+    let specials = [0x7fc0_1234u32, 0xffc0_0001, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 1, 0x3f80_0000];
+    let mut bytes: Vec<u8> = random::<u32>(len.div_ceil(4), (case * 16 + r) as u64)
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &x)| if i % 3 == 0 { specials[(i / 3 + r) % specials.len()] } else { x }.to_le_bytes())
+        .collect();
+    bytes.truncate(len);
+    bytes
+}
+
+/// Small all-gathers (apart and in place) and broadcasts from every root, whole words and
+/// odd bytes, each rank's bits as they were: the sizes that go as one all-reduce kernel
+/// (`by_sum`), and one above them.
+fn small_gathers_among(test: &str, world: usize) {
+    if !runs_here(test, world) {
+        return;
+    }
+    let mut r = Ranked::start(test, world, sharing(CommOptions::for_world(world)));
+    let (rank, stream) = (r.rank, &r.stream);
+    let mut pending: Vec<Check> = Vec::new();
+    for (case, part) in [1, 3, 4, 1001, 4096, 4099, 16_384, (256 << 10) / world + 4].into_iter().enumerate() {
+        let parts: Vec<Vec<u8>> = (0..world).map(|q| gather_bytes(q, part, case)).collect();
+        let want = parts.concat();
+        let input = DeviceBuffer::from_host(stream, &parts[rank]).unwrap();
+        let mut out = DeviceBuffer::from_host(stream, &gather_bytes(world + 1, part * world, case)).unwrap();
+        r.comm.all_gather(&input.view(..), &mut out.view_mut(..), stream).unwrap();
+        let mut stale = gather_bytes(world + 2, part * world, case);
+        stale[rank * part..(rank + 1) * part].copy_from_slice(&parts[rank]);
+        let mut in_place = DeviceBuffer::from_host(stream, &stale).unwrap();
+        r.comm.all_gather_in_place(&mut in_place.view_mut(..), stream).unwrap();
+        let mut broadcasts = Vec::new();
+        for root in 0..world {
+            let mut buf = DeviceBuffer::from_host(stream, &parts[rank]).unwrap();
+            r.comm.broadcast(&mut buf.view_mut(..), stream, root).unwrap();
+            broadcasts.push((root, buf));
+        }
+        let root_parts = parts.clone();
+        pending.push(Box::new(move |s| {
+            let what = format!("rank {rank} of {world}, parts of {part} bytes");
+            assert!(out.to_host_vec(s).unwrap() == want, "{what}: all_gather");
+            assert!(in_place.to_host_vec(s).unwrap() == want, "{what}: all_gather_in_place");
+            assert!(input.to_host_vec(s).unwrap() == root_parts[rank], "{what}: the gather's input changed");
+            for (root, buf) in broadcasts {
+                assert!(buf.to_host_vec(s).unwrap() == root_parts[root], "{what}: broadcast from {root}");
+            }
+        }));
+    }
+    for check in pending {
+        check(stream);
+    }
+    r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_gather_and_broadcast_small_buffers_bit_for_bit() {
+    let test = "one_gpu_two_processes_gather_and_broadcast_small_buffers_bit_for_bit";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    small_gathers_among(test, 2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_three_processes_gather_and_broadcast_small_buffers_bit_for_bit() {
+    let test = "one_gpu_three_processes_gather_and_broadcast_small_buffers_bit_for_bit";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    small_gathers_among(test, 3);
+}
+
 /// Rank r's values of the compressed case `case`: random, with an outlier every 32 values,
 /// a block of zeros, a tiny block, and on some ranks a NaN and infinities, as `T`.
 fn compressible_inputs<T: Compressible>(world: usize, len: usize, case: u64) -> Vec<Vec<T>> {
