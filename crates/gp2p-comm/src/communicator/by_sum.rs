@@ -48,23 +48,33 @@ impl Communicator {
         part: Option<RawDevicePtr>,
         note: impl FnOnce(&StreamPoint),
     ) -> Result<()> {
-        // The zeroing writes the caller's buffer, which this rank's previous call (on any
-        // stream) may still read or write: after it, as every call is.
-        if !(self.capture != Capture::Refused && stream.is_capturing()?)
-            && let Some(last) = &self.last
-        {
-            stream.wait_point(last)?;
-        }
         let at = |offset: usize| whole + offset as u64;
-        // SAFETY: both ranges lie in `whole`, `bytes` writable bytes of this device (the
-        // caller's contract); one byte at a time, so any alignment.
-        unsafe {
-            memset_elements_async(stream, at(0), 1, 0, keep.start)?;
-            memset_elements_async(stream, at(keep.end), 1, 0, bytes - keep.end)?;
-        }
-        if let Some(part) = part {
-            // SAFETY: `keep.len()` bytes of `part` into `keep` of `whole`, apart (the contract).
-            unsafe { memcpy_dtod_async(stream, at(keep.start), part, keep.len())? };
+        let prepared = (|| -> Result<()> {
+            // The zeroing writes the caller's buffer, which this rank's previous call (on any
+            // stream) may still read or write: after it, as every call is.
+            if !(self.capture != Capture::Refused && stream.is_capturing()?)
+                && let Some(last) = &self.last
+            {
+                stream.wait_point(last)?;
+            }
+            // SAFETY: both ranges lie in `whole`, `bytes` writable bytes of this device (the
+            // caller's contract); one byte at a time, so any alignment.
+            unsafe {
+                memset_elements_async(stream, at(0), 1, 0, keep.start)?;
+                memset_elements_async(stream, at(keep.end), 1, 0, bytes - keep.end)?;
+            }
+            if let Some(part) = part {
+                // SAFETY: `keep.len()` bytes of `part` into `keep` of `whole`, apart (the
+                // contract).
+                unsafe { memcpy_dtod_async(stream, at(keep.start), part, keep.len())? };
+            }
+            Ok(())
+        })();
+        if let Err(e) = prepared {
+            // The other ranks' calls would wait for this one's: break the communicator, so
+            // they hear of it now rather than at the peer timeout.
+            self.fail(stream);
+            return Err(e);
         }
         let words = whole % 4 == 0 && bytes % 4 == 0;
         if words {
