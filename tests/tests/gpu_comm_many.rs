@@ -473,9 +473,18 @@ fn gather_bytes(r: usize, len: usize, case: usize) -> Vec<u8> {
     bytes
 }
 
+/// `bytes` on the device `offset` bytes into a buffer of its own (so the view starts off any
+/// word boundary where `offset` is odd).
+fn placed(stream: &Stream, bytes: &[u8], offset: usize) -> DeviceBuffer<u8> {
+    let mut host = vec![0xa5u8; offset];
+    host.extend_from_slice(bytes);
+    DeviceBuffer::from_host(stream, &host).unwrap()
+}
+
 /// Small all-gathers (apart and in place) and broadcasts from every root, whole words and
 /// odd bytes, each rank's bits as they were: the sizes that go as one all-reduce kernel
-/// (`by_sum`), and one above them.
+/// (`by_sum`), and one above them. Odd ranks' buffers start a byte off a word boundary on
+/// the even cases, so ranks of one call differ in alignment.
 fn small_gathers_among(test: &str, world: usize) {
     if !runs_here(test, world) {
         return;
@@ -483,30 +492,32 @@ fn small_gathers_among(test: &str, world: usize) {
     let mut r = Ranked::start(test, world, sharing(CommOptions::for_world(world)));
     let (rank, stream) = (r.rank, &r.stream);
     let mut pending: Vec<Check> = Vec::new();
-    for (case, part) in [1, 3, 4, 1001, 4096, 4099, 16_384, (256 << 10) / world + 4].into_iter().enumerate() {
+    let above = (256 << 10) / world + 4;
+    for (case, part) in [1, 3, 4, 1001, 4096, 4099, 16_384, above, 2 * above].into_iter().enumerate() {
+        let off = usize::from(case % 2 == 0 && rank % 2 == 1);
         let parts: Vec<Vec<u8>> = (0..world).map(|q| gather_bytes(q, part, case)).collect();
         let want = parts.concat();
-        let input = DeviceBuffer::from_host(stream, &parts[rank]).unwrap();
-        let mut out = DeviceBuffer::from_host(stream, &gather_bytes(world + 1, part * world, case)).unwrap();
-        r.comm.all_gather(&input.view(..), &mut out.view_mut(..), stream).unwrap();
+        let input = placed(stream, &parts[rank], off);
+        let mut out = placed(stream, &gather_bytes(world + 1, part * world, case), off);
+        r.comm.all_gather(&input.view(off..), &mut out.view_mut(off..), stream).unwrap();
         let mut stale = gather_bytes(world + 2, part * world, case);
         stale[rank * part..(rank + 1) * part].copy_from_slice(&parts[rank]);
-        let mut in_place = DeviceBuffer::from_host(stream, &stale).unwrap();
-        r.comm.all_gather_in_place(&mut in_place.view_mut(..), stream).unwrap();
+        let mut in_place = placed(stream, &stale, off);
+        r.comm.all_gather_in_place(&mut in_place.view_mut(off..), stream).unwrap();
         let mut broadcasts = Vec::new();
         for root in 0..world {
-            let mut buf = DeviceBuffer::from_host(stream, &parts[rank]).unwrap();
-            r.comm.broadcast(&mut buf.view_mut(..), stream, root).unwrap();
+            let mut buf = placed(stream, &parts[rank], off);
+            r.comm.broadcast(&mut buf.view_mut(off..), stream, root).unwrap();
             broadcasts.push((root, buf));
         }
         let root_parts = parts.clone();
         pending.push(Box::new(move |s| {
-            let what = format!("rank {rank} of {world}, parts of {part} bytes");
-            assert!(out.to_host_vec(s).unwrap() == want, "{what}: all_gather");
-            assert!(in_place.to_host_vec(s).unwrap() == want, "{what}: all_gather_in_place");
-            assert!(input.to_host_vec(s).unwrap() == root_parts[rank], "{what}: the gather's input changed");
+            let what = format!("rank {rank} of {world}, parts of {part} bytes, {off} byte(s) off");
+            assert!(out.to_host_vec(s).unwrap()[off..] == want[..], "{what}: all_gather");
+            assert!(in_place.to_host_vec(s).unwrap()[off..] == want[..], "{what}: all_gather_in_place");
+            assert!(input.to_host_vec(s).unwrap()[off..] == root_parts[rank][..], "{what}: the gather's input changed");
             for (root, buf) in broadcasts {
-                assert!(buf.to_host_vec(s).unwrap() == root_parts[root], "{what}: broadcast from {root}");
+                assert!(buf.to_host_vec(s).unwrap()[off..] == root_parts[root][..], "{what}: broadcast from {root}");
             }
         }));
     }

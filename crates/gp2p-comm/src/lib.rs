@@ -22,7 +22,9 @@
 //!   [`CommOptions::lines_max_bytes`] (2 KiB by default) its 8-byte lines carry data and the
 //!   call's sequence number (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and
 //!   flags each with the number (one fence and one flag per chunk, so many blocks read at once);
-//!   everything else goes through a pipeline of DMA copies via slots of the segment
+//!   an all-gather or broadcast of at most 256 KiB is that kernel too, summing bytes each rank
+//!   zeroed but for its own contribution (the `by_sum` module); everything else goes through
+//!   a pipeline of DMA copies via slots of the segment
 //!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
 //!   that stream memory operations set and a one-thread kernel awaits. Every wait for the
 //!   peer runs on the GPU and is bounded by [`CommOptions::peer_timeout`]. No call keeps a
@@ -36,7 +38,9 @@
 //! order (one-shot, every rank the same bits); above, the two-shot rounds: each rank hands
 //! every other its share through its slots and folds the shares it gets, then hands its
 //! folded share to everyone, so each link carries 2(N−1)/N of the buffer each way.
-//! all_gather, reduce_scatter, broadcast and send/recv are rounds of the same kind. The slots'
+//! all_gather, reduce_scatter, broadcast and send/recv are rounds of the same kind (all_gather
+//! and broadcast, where the whole buffer's all-reduce would take the line kernel, that kernel
+//! over bytes each rank zeroed but for its contribution). The slots'
 //! flags have one word per reader, so a slot read by any rank, in any call, is free for its
 //! writer once that reader is done.
 //!

@@ -1,12 +1,17 @@
 //! Small all-gathers and broadcasts as one all-reduce kernel: each rank zeroes what it does not
-//! contribute, and the ranks sum the whole buffer as bytes (as 4-byte words where it is whole
-//! words), which leaves every contribution's bits as they were (x + 0 = x in wrapping integer
-//! arithmetic, whatever the bytes mean). The one kernel moves the whole buffer where the
-//! pipeline would move a part, but in one launch and one handoff, where the pipeline spends two
-//! streams, a flag handshake each way and some twenty driver calls: between two processes on
-//! one H100, 256 KiB all-reduced in 30.7 µs where an all-gather of 256 KiB took 63.6 µs, and
-//! 1 MiB 95.3 against 86.4 (`benches/results/h10080gbhbm3/comm-door-ref-all-reduce-2.txt`,
-//! `comm-door-ref-all-gather-2.txt`).
+//! contribute, and the ranks sum the whole buffer as bytes, which leaves every contribution's
+//! bits as they were (x + 0 = x in wrapping integer arithmetic, whatever the bytes mean). Bytes
+//! on every rank, whatever its buffer's alignment, so every rank runs the same kernel. The one
+//! kernel moves the whole buffer where the pipeline would move a part, but in one launch and
+//! one handoff, where the pipeline spends two streams, a flag handshake each way and some
+//! twenty driver calls: between two processes on one H100, 256 KiB all-reduced in 30.7 µs
+//! where an all-gather of 256 KiB took 63.6 µs, and 1 MiB 95.3 against 86.4
+//! (`benches/results/h10080gbhbm3/comm-door-ref-all-reduce-2.txt`,
+//! `comm-door-ref-all-gather-2.txt`). Among four and eight processes on one H200 the line
+//! kernel's 64 KiB all-reduce took 60 and 215 µs where a 64 KiB broadcast through the rounds
+//! took 64 and 270 (`benches/results/h200/eager-rounds.txt`); small all-gathers among more than
+//! two are not measured yet. The root's buffer and a gather's own part are written too, with
+//! the bits they held.
 #![allow(unsafe_code)]
 
 use std::ops::Range;
@@ -21,8 +26,10 @@ pub(crate) const BY_SUM_MAX_TWO_RANKS: usize = 256 << 10;
 
 impl Communicator {
     /// Whether an all-gather or broadcast whose whole buffer is `bytes` runs as one
-    /// all-reduce kernel: between two ranks up to [`BY_SUM_MAX_TWO_RANKS`] (and the one-kernel
-    /// path's size); among more, where the all-reduce of `bytes` takes the line kernel.
+    /// all-reduce kernel: between two ranks up to [`BY_SUM_MAX_TWO_RANKS`] (at most the
+    /// one-kernel path's size); among more, where the all-reduce of `bytes` takes the line
+    /// kernel. The same on every rank: it depends on the call's size and the options ranks
+    /// compare at creation.
     pub(super) fn by_sum(&self, bytes: usize) -> bool {
         match self.world() {
             0 | 1 => false,
@@ -72,15 +79,16 @@ impl Communicator {
         })();
         if let Err(e) = prepared {
             // The other ranks' calls would wait for this one's: break the communicator, so
-            // they hear of it now rather than at the peer timeout.
+            // they hear of it now rather than at the peer timeout. What was enqueued may still
+            // write the buffers: they are kept until it is done, where a point can be taken.
             self.fail(stream);
+            if matches!(stream.is_capturing(), Ok(false))
+                && let Ok(point) = stream.point()
+            {
+                note(&point);
+            }
             return Err(e);
         }
-        let words = whole % 4 == 0 && bytes % 4 == 0;
-        if words {
-            self.all_reduce_checked::<u32>(InOut::in_place(whole), bytes / 4, stream, ReduceOp::Sum, note)
-        } else {
-            self.all_reduce_checked::<u8>(InOut::in_place(whole), bytes, stream, ReduceOp::Sum, note)
-        }
+        self.all_reduce_checked::<u8>(InOut::in_place(whole), bytes, stream, ReduceOp::Sum, note)
     }
 }
