@@ -482,8 +482,9 @@ fn placed(stream: &Stream, bytes: &[u8], offset: usize) -> DeviceBuffer<u8> {
 }
 
 /// Small all-gathers (apart and in place) and broadcasts from every root, whole words and
-/// odd bytes, each rank's bits as they were: the sizes that go as one all-reduce kernel
-/// (`by_sum`), and one above them. Odd ranks' buffers start a byte off a word boundary on
+/// odd bytes, each rank's bits as they were, and reduce-scatters of bytes (sum and max, apart
+/// and in place, the rest of an in-place buffer as it was): the sizes that go as one
+/// all-reduce kernel (`by_sum`), and above them. Odd ranks' buffers start a byte off a word boundary on
 /// the even cases, so ranks of one call differ in alignment.
 fn small_gathers_among(test: &str, world: usize) {
     if !runs_here(test, world) {
@@ -510,9 +511,32 @@ fn small_gathers_among(test: &str, world: usize) {
             r.comm.broadcast(&mut buf.view_mut(off..), stream, root).unwrap();
             broadcasts.push((root, buf));
         }
+        // Reduce-scatters of bytes (wrapping sums and maxima: exact), apart and in place.
+        let wholes: Vec<Vec<u8>> = (0..world).map(|q| gather_bytes(q, part * world, case + 100)).collect();
+        let mine = rank * part..(rank + 1) * part;
+        let reduced = |f: fn(u8, u8) -> u8| -> Vec<u8> {
+            (mine.clone()).map(|i| wholes.iter().skip(1).fold(wholes[0][i], |a, w| f(a, w[i]))).collect()
+        };
+        let mut scatters = Vec::new();
+        for (op, f) in [(ReduceOp::Sum, u8::wrapping_add as fn(u8, u8) -> u8), (ReduceOp::Max, u8::max)] {
+            let input = placed(stream, &wholes[rank], off);
+            let mut out = placed(stream, &gather_bytes(world + 3, part, case), off);
+            r.comm.reduce_scatter(&input.view(off..), &mut out.view_mut(off..), stream, op).unwrap();
+            let mut in_place = placed(stream, &wholes[rank], off);
+            r.comm.reduce_scatter_in_place(&mut in_place.view_mut(off..), stream, op).unwrap();
+            let mut want_in_place = wholes[rank].clone();
+            want_in_place[mine.clone()].copy_from_slice(&reduced(f));
+            scatters.push((op, input, out, in_place, reduced(f), want_in_place));
+        }
+        let own_whole = wholes[rank].clone();
         let root_parts = parts.clone();
         pending.push(Box::new(move |s| {
             let what = format!("rank {rank} of {world}, parts of {part} bytes, {off} byte(s) off");
+            for (op, input, out, in_place, want, want_in_place) in scatters {
+                assert!(out.to_host_vec(s).unwrap()[off..] == want[..], "{what}: reduce_scatter {op}");
+                assert!(in_place.to_host_vec(s).unwrap()[off..] == want_in_place[..], "{what}: in place {op}");
+                assert!(input.to_host_vec(s).unwrap()[off..] == own_whole[..], "{what}: {op} changed its input");
+            }
             assert!(out.to_host_vec(s).unwrap()[off..] == want[..], "{what}: all_gather");
             assert!(in_place.to_host_vec(s).unwrap()[off..] == want[..], "{what}: all_gather_in_place");
             assert!(input.to_host_vec(s).unwrap()[off..] == root_parts[rank][..], "{what}: the gather's input changed");
@@ -529,8 +553,8 @@ fn small_gathers_among(test: &str, world: usize) {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn one_gpu_two_processes_gather_and_broadcast_small_buffers_bit_for_bit() {
-    let test = "one_gpu_two_processes_gather_and_broadcast_small_buffers_bit_for_bit";
+fn one_gpu_two_processes_gather_scatter_and_broadcast_small_buffers_bit_for_bit() {
+    let test = "one_gpu_two_processes_gather_scatter_and_broadcast_small_buffers_bit_for_bit";
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
@@ -539,8 +563,8 @@ fn one_gpu_two_processes_gather_and_broadcast_small_buffers_bit_for_bit() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn one_gpu_three_processes_gather_and_broadcast_small_buffers_bit_for_bit() {
-    let test = "one_gpu_three_processes_gather_and_broadcast_small_buffers_bit_for_bit";
+fn one_gpu_three_processes_gather_scatter_and_broadcast_small_buffers_bit_for_bit() {
+    let test = "one_gpu_three_processes_gather_scatter_and_broadcast_small_buffers_bit_for_bit";
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }

@@ -111,6 +111,10 @@ pub struct Communicator {
     wires: Option<DeviceBuffer<u8>>,
     /// Which all-reduces `all_reduce` sends compressed (see the `compression` module).
     compress: Option<crate::compression::Resolved>,
+    /// Where a small reduce-scatter's one all-reduce kernel writes (see the `by_sum` module):
+    /// made with the communicator, as large as such a call gets, so every rank has it; kept
+    /// like the wires once a call was captured.
+    sums: Option<DeviceBuffer<u8>>,
 }
 
 /// Whether calls may be captured into CUDA graphs, and whether one was.
@@ -158,6 +162,10 @@ impl Communicator {
             Receive::Scratch => Some(DeviceBuffer::<u8>::alloc(device, layout.slot_bytes())?),
             _ => None,
         };
+        let sums = match Self::largest_by_sum(world, &layout) {
+            0 => None,
+            bytes => Some(DeviceBuffer::<u8>::alloc(device, bytes)?),
+        };
         let segment = Arc::new(Segment::join(id, rank, world, layout.staging_bytes(), options.join_timeout)?);
         let registered =
             register_in_turn(&segment, device, options.join_timeout).and_then(|r| Ok((r.device_ptr(device)?, r)));
@@ -186,6 +194,7 @@ impl Communicator {
             control: Control::new(Arc::clone(&segment_for_control), options.join_timeout),
             wires: None,
             compress,
+            sums,
         })
     }
 
@@ -436,9 +445,10 @@ impl std::fmt::Debug for Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         if self.capture == Capture::Used {
-            // A captured graph may still be launched: its staging, counter, scratch and wires
-            // stay, unfreed.
+            // A captured graph may still be launched: its staging, counter, scratch, wires and
+            // sums stay, unfreed.
             std::mem::forget(self.wires.take());
+            std::mem::forget(self.sums.take());
             return;
         }
         // SAFETY: dropped once, here, and not used again; the lifetime rule defers the actual

@@ -23,7 +23,8 @@
 //!   call's sequence number (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and
 //!   flags each with the number (one fence and one flag per chunk, so many blocks read at once);
 //!   an all-gather or broadcast of at most 256 KiB is that kernel too, summing bytes each rank
-//!   zeroed but for its own contribution (the `by_sum` module); everything else goes through
+//!   zeroed but for its own contribution, and a reduce-scatter the all-reduce of its whole
+//!   buffer and a copy (the `by_sum` module); everything else goes through
 //!   a pipeline of DMA copies via slots of the segment
 //!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
 //!   that stream memory operations set and a one-thread kernel awaits. Every wait for the
@@ -40,7 +41,8 @@
 //! folded share to everyone, so each link carries 2(N−1)/N of the buffer each way.
 //! all_gather, reduce_scatter, broadcast and send/recv are rounds of the same kind (all_gather
 //! and broadcast, where the whole buffer's all-reduce would take the line kernel, that kernel
-//! over bytes each rank zeroed but for its contribution). The slots'
+//! over bytes each rank zeroed but for its contribution; reduce_scatter there, that kernel's
+//! all-reduce and a copy). The slots'
 //! flags have one word per reader, so a slot read by any rank, in any call, is free for its
 //! writer once that reader is done.
 //!

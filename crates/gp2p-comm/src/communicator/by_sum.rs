@@ -1,4 +1,4 @@
-//! Small all-gathers and broadcasts as one all-reduce kernel: each rank zeroes what it does not
+//! Small all-gathers, broadcasts and reduce-scatters as one all-reduce kernel: each rank zeroes what it does not
 //! contribute, and the ranks sum the whole buffer as bytes, which leaves every contribution's
 //! bits as they were (x + 0 = x in wrapping integer arithmetic, whatever the bytes mean). Bytes
 //! on every rank, whatever its buffer's alignment, so every rank runs the same kernel. The one
@@ -11,7 +11,9 @@
 //! kernel's 64 KiB all-reduce took 60 and 215 µs where a 64 KiB broadcast through the rounds
 //! took 64 and 270 (`benches/results/h200/eager-rounds.txt`); small all-gathers among more than
 //! two are not measured yet. The root's buffer and a gather's own part are written too, with
-//! the bits they held.
+//! the bits they held. A small reduce-scatter is the all-reduce of the whole buffer into device
+//! memory the communicator keeps for it, then a copy of this rank's part (the whole is only
+//! read, as the pipeline only reads it).
 #![allow(unsafe_code)]
 
 use std::ops::Range;
@@ -25,6 +27,16 @@ use super::*;
 pub(crate) const BY_SUM_MAX_TWO_RANKS: usize = 256 << 10;
 
 impl Communicator {
+    /// The largest whole buffer [`Communicator::by_sum`] takes among `world` ranks with
+    /// `layout`: 0 for one rank.
+    pub(super) fn largest_by_sum(world: usize, layout: &Layout) -> usize {
+        match world {
+            0 | 1 => 0,
+            2 => BY_SUM_MAX_TWO_RANKS.min(layout.small_max),
+            _ => layout.lines_max,
+        }
+    }
+
     /// Whether an all-gather or broadcast whose whole buffer is `bytes` runs as one
     /// all-reduce kernel: between two ranks up to [`BY_SUM_MAX_TWO_RANKS`] (at most the
     /// one-kernel path's size); among more, where the all-reduce of `bytes` takes the line
@@ -90,5 +102,61 @@ impl Communicator {
             return Err(e);
         }
         self.all_reduce_checked::<u8>(InOut::in_place(whole), bytes, stream, ReduceOp::Sum, note)
+    }
+
+    /// Whether a reduce-scatter of `op` on `T` whose whole buffer is `bytes` runs as one
+    /// all-reduce kernel into the communicator's sums and a copy of this rank's part: where
+    /// an all-gather of `bytes` would ([`Communicator::by_sum`]), unless the communicator
+    /// compresses such an all-reduce (a reduce-scatter is never compressed).
+    pub(super) fn scatters_by_sum<T: Element>(&self, bytes: usize, op: ReduceOp) -> bool {
+        let compressed =
+            self.compress.is_some_and(|c| bytes >= c.min_bytes) && super::compressed::compressible::<T>(op);
+        self.by_sum(bytes) && !compressed && self.sums.as_ref().is_some_and(|s| s.len() >= bytes)
+    }
+
+    /// A reduce-scatter of `len` elements at `whole` into this rank's part at `part`: every
+    /// rank's whole reduced with `op` into the sums by the one kernel, then this rank's part
+    /// copied out. The whole is only read; `part` may lie in it (in place). `note_whole` takes
+    /// the all-reduce's point, `note_part` the copy's.
+    ///
+    /// # Safety
+    /// `whole` is `len` readable elements of `T` of this rank's device and `part` its
+    /// `len / world` writable ones, inside `whole` or apart from it; both stay allocated until
+    /// the work completes (the notes). Every rank makes the same call, after
+    /// [`Communicator::scatters_by_sum`] said yes (it says the same on every rank).
+    pub(super) unsafe fn scatter_by_sum<T: Element>(
+        &mut self,
+        stream: &Stream,
+        (whole, len): (RawDevicePtr, usize),
+        part: RawDevicePtr,
+        op: ReduceOp,
+        note_whole: impl FnOnce(&StreamPoint),
+        note_part: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        let Some(sums) = self.sums.take() else { unreachable!("scatters_by_sum saw the sums") };
+        let part_bytes = len * size_of::<T>() / self.world();
+        let own = sums.raw_ptr() + (self.rank() * part_bytes) as u64;
+        let reduced = self.all_reduce_checked::<T>(InOut { src: whole, dst: sums.raw_ptr() }, len, stream, op, |p| {
+            note_whole(p);
+            sums.view(..).note_use(p);
+        });
+        let copied = reduced.and_then(|()| {
+            let capturing = self.capture != Capture::Refused && stream.is_capturing()?;
+            // SAFETY: this rank's part of the sums, which the all-reduce just wrote (earlier on
+            // this stream), into `part`, `part_bytes` writable bytes (the contract); apart,
+            // since the sums are the communicator's own.
+            unsafe { memcpy_dtod_async(stream, part, own, part_bytes)? };
+            if !capturing {
+                // The copy is this call's last work: later calls, and the buffers' and the sums'
+                // release, wait for it.
+                let point = stream.point()?;
+                note_part(&point);
+                sums.view(..).note_use(&point);
+                self.last = Some(point);
+            }
+            Ok(())
+        });
+        self.sums = Some(sums);
+        copied
     }
 }
