@@ -548,7 +548,45 @@ fn small_gathers_among(test: &str, world: usize) {
     for check in pending {
         check(stream);
     }
+    every_dtype!(small_scatters(&mut r.comm, &r.stream, 23));
     r.finish();
+}
+
+/// Small reduce-scatters of every op on `T` (the one all-reduce kernel and a copy), apart and
+/// in place, each followed at once by a reduce-scatter on a second stream, which must wait
+/// for the first's copy before its kernel writes the same device memory.
+fn small_scatters<T: Reference>(comm: &mut Communicator, stream: &Stream, seed: u64) {
+    let (rank, world) = (comm.rank(), comm.world());
+    let other = Stream::new(comm.device()).unwrap();
+    let mut pending: Vec<Check> = Vec::new();
+    let mut case = 0u64;
+    for part in [1, 257, 4099] {
+        for op in ReduceOp::ALL {
+            for s in [stream, &other] {
+                case += 1;
+                let inputs = inputs_of::<T>(world, world * part, seed, case);
+                let input = DeviceBuffer::from_host(s, &inputs[rank]).unwrap();
+                let mut out = DeviceBuffer::<T>::alloc(s.device(), part).unwrap();
+                comm.reduce_scatter(&input.view(..), &mut out.view_mut(..), s, op).unwrap();
+                let mut buf = DeviceBuffer::from_host(s, &inputs[rank]).unwrap();
+                comm.reduce_scatter_in_place(&mut buf.view_mut(..), s, op).unwrap();
+                let mine = rank * part..(rank + 1) * part;
+                pending.push(Box::new(move |st| {
+                    let what = format!("rank {rank} reduce_scatter {op} part {part}");
+                    check_fold(&what, &out.to_host_vec(st).unwrap(), &inputs, mine.clone(), op);
+                    let got = buf.to_host_vec(st).unwrap();
+                    check_fold(&format!("{what} in place"), &got[mine.clone()], &inputs, mine.clone(), op);
+                    // The inputs are finite (no NaN), so == says whether they stayed.
+                    let kept = got.iter().zip(&inputs[rank]).enumerate().all(|(i, (g, x))| mine.contains(&i) || g == x);
+                    assert!(kept, "{what} in place: the other parts changed");
+                }));
+            }
+        }
+    }
+    other.synchronize().unwrap();
+    for check in pending {
+        check(stream);
+    }
 }
 
 #[test]

@@ -106,12 +106,13 @@ impl Communicator {
 
     /// Whether a reduce-scatter of `op` on `T` whose whole buffer is `bytes` runs as one
     /// all-reduce kernel into the communicator's sums and a copy of this rank's part: where
-    /// an all-gather of `bytes` would ([`Communicator::by_sum`]), unless the communicator
-    /// compresses such an all-reduce (a reduce-scatter is never compressed).
+    /// an all-gather of `bytes` would ([`Communicator::by_sum`]; the sums are made at creation
+    /// for every size that says yes), unless the communicator compresses such an all-reduce
+    /// (a reduce-scatter is never compressed). The same on every rank.
     pub(super) fn scatters_by_sum<T: Element>(&self, bytes: usize, op: ReduceOp) -> bool {
         let compressed =
             self.compress.is_some_and(|c| bytes >= c.min_bytes) && super::compressed::compressible::<T>(op);
-        self.by_sum(bytes) && !compressed && self.sums.as_ref().is_some_and(|s| s.len() >= bytes)
+        self.by_sum(bytes) && !compressed
     }
 
     /// A reduce-scatter of `len` elements at `whole` into this rank's part at `part`: every
@@ -123,7 +124,7 @@ impl Communicator {
     /// `whole` is `len` readable elements of `T` of this rank's device and `part` its
     /// `len / world` writable ones, inside `whole` or apart from it; both stay allocated until
     /// the work completes (the notes). Every rank makes the same call, after
-    /// [`Communicator::scatters_by_sum`] said yes (it says the same on every rank).
+    /// [`Communicator::scatters_by_sum`] said yes.
     pub(super) unsafe fn scatter_by_sum<T: Element>(
         &mut self,
         stream: &Stream,
@@ -133,30 +134,40 @@ impl Communicator {
         note_whole: impl FnOnce(&StreamPoint),
         note_part: impl FnOnce(&StreamPoint),
     ) -> Result<()> {
-        let Some(sums) = self.sums.take() else { unreachable!("scatters_by_sum saw the sums") };
+        let Some(sums) = self.sums.as_ref().map(DeviceBuffer::raw_ptr) else {
+            unreachable!("the sums are made at creation for every size by_sum takes")
+        };
         let part_bytes = len * size_of::<T>() / self.world();
-        let own = sums.raw_ptr() + (self.rank() * part_bytes) as u64;
-        let reduced = self.all_reduce_checked::<T>(InOut { src: whole, dst: sums.raw_ptr() }, len, stream, op, |p| {
-            note_whole(p);
-            sums.view(..).note_use(p);
-        });
-        let copied = reduced.and_then(|()| {
-            let capturing = self.capture != Capture::Refused && stream.is_capturing()?;
-            // SAFETY: this rank's part of the sums, which the all-reduce just wrote (earlier on
-            // this stream), into `part`, `part_bytes` writable bytes (the contract); apart,
-            // since the sums are the communicator's own.
-            unsafe { memcpy_dtod_async(stream, part, own, part_bytes)? };
-            if !capturing {
-                // The copy is this call's last work: later calls, and the buffers' and the sums'
-                // release, wait for it.
-                let point = stream.point()?;
-                note_part(&point);
-                sums.view(..).note_use(&point);
-                self.last = Some(point);
+        let own = sums + (self.rank() * part_bytes) as u64;
+        // The copy's point is reserved before the kernel, as every call's is: nothing after a
+        // launch that waits for the peers may wait for the device.
+        let capturing = self.capture != Capture::Refused && stream.is_capturing()?;
+        let reserved = if capturing { None } else { Some(stream.reserve_point()?) };
+        let sums_view = |comm: &Self, point: &StreamPoint| {
+            if let Some(s) = comm.sums.as_ref() {
+                s.view(..).note_use(point);
             }
-            Ok(())
-        });
-        self.sums = Some(sums);
-        copied
+        };
+        let mut at_reduce = None;
+        self.all_reduce_checked::<T>(InOut { src: whole, dst: sums }, len, stream, op, |p| {
+            note_whole(p);
+            at_reduce = Some(p.clone());
+        })?;
+        if let Some(point) = &at_reduce {
+            sums_view(self, point);
+        }
+        // SAFETY: this rank's part of the sums, which the all-reduce just wrote (earlier on this
+        // stream), into `part`, `part_bytes` writable bytes (the contract); apart, since the
+        // sums are the communicator's own.
+        unsafe { memcpy_dtod_async(stream, part, own, part_bytes)? };
+        if let Some(reserved) = reserved {
+            // The copy is this call's last work: later calls, and the buffers' and the sums'
+            // release, wait for it.
+            let point = stream.point_from(reserved)?;
+            note_part(&point);
+            sums_view(self, &point);
+            self.last = Some(point);
+        }
+        Ok(())
     }
 }
