@@ -363,6 +363,9 @@ impl Communicator {
         if let Some(scratch) = self.scratch.as_ref() {
             scratch.view(..).note_use(&point);
         }
+        if let Some(sums) = self.sums.as_ref() {
+            sums.view(..).note_use(&point);
+        }
         self.last = Some(point);
         launched
     }

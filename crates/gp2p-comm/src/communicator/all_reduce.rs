@@ -3,6 +3,8 @@
 //! choice of the line kernel or the two-shot rounds.
 #![allow(unsafe_code)]
 
+use gp2p_cuda::raw::{memcpy_dtod_async, memset_elements_async};
+
 use super::*;
 
 impl Communicator {
@@ -96,43 +98,9 @@ impl Communicator {
             let transfer = Transfer { bytes, dtype: T::DTYPE, send: Some(buf.src), receive, local };
             return self.enqueue(stream, transfer, note);
         }
-        let (timeout_ns, chunk_blocks, lines_max) = (self.timeout_ns(), self.chunk_blocks, self.layout.lines_max);
-        let (lines, areas) = (self.exchange_lines(), self.chunk_areas());
-        self.call(
-            stream,
-            // SAFETY: `buf` is `len` elements on this device, its two addresses the same or
-            // apart (checked by the caller); both ranks' areas (two halves each) lie in the
-            // registered staging area, 256-aligned, laid out by Layout::new for
-            // `small_max_bytes`, which `len` does not exceed (checked above): the lines for up
-            // to the layout's lines_max, then the chunks. Only this rank's kernels write its
-            // own area (the peer writes its own); `failed` is this rank's aligned u32 of it,
-            // `broken` the communicator's; the counter is this communicator's own two device
-            // words, touched only by its small-path kernels, which run in order (each call
-            // waits for the last, or a captured graph's launches are ordered by the caller:
-            // allow_graph_capture's contract), and both kernels number calls alike (the line
-            // kernel leaves the ticket at 0). The registration and counter outlive the
-            // kernel: `call` notes its point on them, or, captured, they stay for the
-            // process's life. The peer enqueues the same call (it takes the same kernel: the
-            // size decides). The launch cache is this rank's, and its launches are these
-            // calls, each after the last.
-            |comm| unsafe {
-                let launches = Some(&mut comm.launches);
-                if bytes <= lines_max {
-                    Ok(exchange(stream, buf, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns, launches)?)
-                } else {
-                    // Between processes a peer that never arrives may have died: the same bound either
-                    // way, so every rank hears of it within the peer timeout.
-                    let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
-                    let blocks = chunk_grid(bytes, chunk_blocks);
-                    let device = stream.device();
-                    match plan_exchange_chunks(device, buf, len, T::DTYPE, op, areas, divide_by, waits, blocks)? {
-                        Some(kernel) => Ok(kernel.enqueue(stream, launches)?),
-                        None => Ok(()),
-                    }
-                }
-            },
-            note,
-        )
+        // SAFETY: `buf` is `len` elements on this device, its two addresses the same or apart
+        // (checked by the caller), and `len` does not exceed the one-kernel size (above).
+        unsafe { self.one_kernel::<T>(buf, len, stream, op, &Around::default(), note) }
     }
 
     /// Where this communicator's exact all-reduces go by size, for the cost model to price
@@ -183,19 +151,89 @@ impl Communicator {
                 ManyTransfer { rounds, dtype: T::DTYPE, main: buf.dst, part: 0, op, divide_by, local, wires: None };
             return self.enqueue_many(stream, transfer, note);
         }
+        // SAFETY: `buf` is `len` elements on this device, its two addresses the same or apart
+        // (checked by the caller), and the lines take `len` (the path above says so).
+        unsafe { self.one_kernel::<T>(buf, len, stream, op, &Around::default(), note) }
+    }
+
+    /// The one-kernel all-reduce of `len` elements at `buf` in one call (see
+    /// [`Communicator::call`]): between two ranks the lines or the flagged chunks, among more
+    /// the line kernel; `around`'s zeroing and copies on `stream` right before and after the
+    /// kernel, inside the call (after this rank's previous call, before the point `note` takes).
+    ///
+    /// # Safety
+    /// `buf` is `len` elements of `T` on this device, its two addresses the same or apart, held
+    /// until the work completes (`note`); `len` elements are at most
+    /// [`Communicator::small_max_bytes`] between two ranks and what the lines hold among more;
+    /// `around`'s ranges are this device's, held likewise (its own contract); every rank makes
+    /// the same call.
+    pub(super) unsafe fn one_kernel<T: Element>(
+        &mut self,
+        buf: InOut,
+        len: usize,
+        stream: &Stream,
+        op: ReduceOp,
+        around: &Around,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        let (bytes, divide_by) = (len * T::DTYPE.size_bytes(), self.divisor(op));
+        if self.world() == 2 {
+            let (timeout_ns, chunk_blocks, lines_max) = (self.timeout_ns(), self.chunk_blocks, self.layout.lines_max);
+            let (lines, areas) = (self.exchange_lines(), self.chunk_areas());
+            return self.call(
+                stream,
+                // SAFETY: `buf` is `len` elements on this device, its two addresses the same or
+                // apart, and `around`'s ranges are this device's (this function's contract); both
+                // ranks' areas (two halves each) lie in the registered staging area, 256-aligned,
+                // laid out by Layout::new for `small_max_bytes`, which `len` does not exceed (the
+                // contract): the lines for up to the layout's lines_max, then the chunks. Only this rank's kernels write its
+                // own area (the peer writes its own); `failed` is this rank's aligned u32 of it,
+                // `broken` the communicator's; the counter is this communicator's own two device
+                // words, touched only by its small-path kernels, which run in order (each call
+                // waits for the last, or a captured graph's launches are ordered by the caller:
+                // allow_graph_capture's contract), and both kernels number calls alike (the line
+                // kernel leaves the ticket at 0). The registration and counter outlive the
+                // kernel: `call` notes its point on them, or, captured, they stay for the
+                // process's life. The peer enqueues the same call (it takes the same kernel: the
+                // size decides). The launch cache is this rank's, and its launches are these
+                // calls, each after the last.
+                |comm| unsafe {
+                    around.before(stream)?;
+                    let launches = Some(&mut comm.launches);
+                    if bytes <= lines_max {
+                        exchange(stream, buf, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns, launches)?;
+                    } else {
+                        // Between processes a peer that never arrives may have died: the same
+                        // bound either way, so every rank hears of it within the peer timeout.
+                        let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
+                        let blocks = chunk_grid(bytes, chunk_blocks);
+                        let device = stream.device();
+                        if let Some(kernel) =
+                            plan_exchange_chunks(device, buf, len, T::DTYPE, op, areas, divide_by, waits, blocks)?
+                        {
+                            kernel.enqueue(stream, launches)?;
+                        }
+                    }
+                    around.after(stream)
+                },
+                note,
+            );
+        }
         let (timeout_ns, lines) = (self.timeout_ns(), self.many_lines());
         self.call(
             stream,
             // SAFETY: `buf` is `len` elements on this device, its two addresses the same or
-            // apart (checked by the caller); every rank's area (two halves each, `2 * half`
-            // apart) lies in the registered staging area, laid out by Layout::new with lines for
-            // up to lines_max, which `len` does not exceed; only this rank's kernel writes its
-            // own. The failed, broken and counter words and the launch cache are as for the
+            // apart, `around`'s ranges this device's, and `len` within the lines (this
+            // function's contract); every rank's area (two halves each, `2 * half` apart) lies in
+            // the registered staging area, laid out by Layout::new with lines for up to
+            // lines_max; only this rank's kernel writes its own. The failed, broken and counter words and the launch cache are as for the
             // two-rank kernels (see all_reduce_checked), and outlive the kernel likewise. Every
             // rank enqueues the same call.
             |comm| unsafe {
+                around.before(stream)?;
                 let launches = Some(&mut comm.launches);
-                Ok(exchange_many(stream, buf, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?)
+                exchange_many(stream, buf, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?;
+                around.after(stream)
             },
             note,
         )
@@ -243,4 +281,53 @@ impl Communicator {
             broken: at(self.layout.broken()),
         }
     }
+}
+
+/// Zeroing and copies on the caller's stream around a one-kernel all-reduce, inside its call:
+/// what the `by_sum` module sends through the kernel. The default does nothing.
+#[derive(Debug, Default)]
+pub(super) struct Around {
+    /// Byte ranges `(at, bytes)` set to zero before the kernel.
+    pub(super) zero: [(RawDevicePtr, usize); 2],
+    /// `(dst, src, bytes)` copied before the kernel.
+    pub(super) before: Option<(RawDevicePtr, RawDevicePtr, usize)>,
+    /// `(dst, src, bytes)` copied after it.
+    pub(super) after: Option<(RawDevicePtr, RawDevicePtr, usize)>,
+}
+
+impl Around {
+    /// The zeroing, then the copy before the kernel.
+    ///
+    /// # Safety
+    /// Every range is device memory of the stream's device, writable where written, the
+    /// copies' two sides apart, held until the work completes.
+    unsafe fn before(&self, stream: &Stream) -> Result<()> {
+        for &(at, bytes) in &self.zero {
+            // SAFETY: the caller's contract; one byte at a time, so any alignment.
+            unsafe { memset_elements_async(stream, at, 1, 0, bytes)? };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { copy(stream, self.before) }
+    }
+
+    /// The copy after the kernel.
+    ///
+    /// # Safety
+    /// As for [`Around::before`].
+    unsafe fn after(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { copy(stream, self.after) }
+    }
+}
+
+/// `(dst, src, bytes)` copied on `stream`, where given.
+///
+/// # Safety
+/// As for [`Around::before`].
+unsafe fn copy(stream: &Stream, copy: Option<(RawDevicePtr, RawDevicePtr, usize)>) -> Result<()> {
+    if let Some((dst, src, bytes)) = copy {
+        // SAFETY: the caller's contract.
+        unsafe { memcpy_dtod_async(stream, dst, src, bytes)? };
+    }
+    Ok(())
 }

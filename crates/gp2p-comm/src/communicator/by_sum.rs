@@ -18,8 +18,7 @@
 
 use std::ops::Range;
 
-use gp2p_cuda::raw::{memcpy_dtod_async, memset_elements_async};
-
+use super::all_reduce::Around;
 use super::*;
 
 /// The largest whole buffer (every rank's part together) two ranks gather or broadcast by a
@@ -43,22 +42,19 @@ impl Communicator {
     /// kernel. The same on every rank: it depends on the call's size and the options ranks
     /// compare at creation.
     pub(super) fn by_sum(&self, bytes: usize) -> bool {
-        match self.world() {
-            0 | 1 => false,
-            2 => bytes <= BY_SUM_MAX_TWO_RANKS.min(self.small_max_bytes()),
-            _ => self.many.path(bytes) == ManyPath::Lines,
-        }
+        bytes <= Self::largest_by_sum(self.world(), &self.layout)
+            && (self.world() == 2 || self.many.path(bytes) == ManyPath::Lines)
     }
 
     /// `bytes` at `whole`, of which `keep` is this rank's contribution (already there, or
     /// copied there from `part`): every other byte zeroed, then every rank's `whole` summed
-    /// into every rank's, after this rank's previous call. `note` takes the point after it.
+    /// into every rank's, all in one call. `note` takes the point after it.
     ///
     /// # Safety
     /// `whole` is `bytes` writable bytes of this rank's device memory and `part`, where given,
     /// `keep.len()` readable bytes of it apart from `whole`; both stay allocated until the
     /// work completes (`note` notes the call's point on them). Every rank makes the same call
-    /// (the same `bytes`).
+    /// (the same `bytes`), after [`Communicator::by_sum`] said yes.
     pub(super) unsafe fn sum_bytes(
         &mut self,
         stream: &Stream,
@@ -68,106 +64,43 @@ impl Communicator {
         note: impl FnOnce(&StreamPoint),
     ) -> Result<()> {
         let at = |offset: usize| whole + offset as u64;
-        let prepared = (|| -> Result<()> {
-            // The zeroing writes the caller's buffer, which this rank's previous call (on any
-            // stream) may still read or write: after it, as every call is.
-            if !(self.capture != Capture::Refused && stream.is_capturing()?)
-                && let Some(last) = &self.last
-            {
-                stream.wait_point(last)?;
-            }
-            // SAFETY: both ranges lie in `whole`, `bytes` writable bytes of this device (the
-            // caller's contract); one byte at a time, so any alignment.
-            unsafe {
-                memset_elements_async(stream, at(0), 1, 0, keep.start)?;
-                memset_elements_async(stream, at(keep.end), 1, 0, bytes - keep.end)?;
-            }
-            if let Some(part) = part {
-                // SAFETY: `keep.len()` bytes of `part` into `keep` of `whole`, apart (the
-                // contract).
-                unsafe { memcpy_dtod_async(stream, at(keep.start), part, keep.len())? };
-            }
-            Ok(())
-        })();
-        if let Err(e) = prepared {
-            // The other ranks' calls would wait for this one's: break the communicator, so
-            // they hear of it now rather than at the peer timeout. What was enqueued may still
-            // write the buffers: they are kept until it is done, where a point can be taken.
-            self.fail(stream);
-            if matches!(stream.is_capturing(), Ok(false))
-                && let Ok(point) = stream.point()
-            {
-                note(&point);
-            }
-            return Err(e);
-        }
-        self.all_reduce_checked::<u8>(InOut::in_place(whole), bytes, stream, ReduceOp::Sum, note)
-    }
-
-    /// Whether a reduce-scatter of `op` on `T` whose whole buffer is `bytes` runs as one
-    /// all-reduce kernel into the communicator's sums and a copy of this rank's part: where
-    /// an all-gather of `bytes` would ([`Communicator::by_sum`]; the sums are made at creation
-    /// for every size that says yes), unless the communicator compresses such an all-reduce
-    /// (a reduce-scatter is never compressed). The same on every rank.
-    pub(super) fn scatters_by_sum<T: Element>(&self, bytes: usize, op: ReduceOp) -> bool {
-        let compressed =
-            self.compress.is_some_and(|c| bytes >= c.min_bytes) && super::compressed::compressible::<T>(op);
-        self.by_sum(bytes) && !compressed
+        let around = Around {
+            zero: [(at(0), keep.start), (at(keep.end), bytes - keep.end)],
+            before: part.map(|part| (at(keep.start), part, keep.len())),
+            after: None,
+        };
+        // SAFETY: `whole` is `bytes` on this device, in place, within the one kernel's size
+        // (`by_sum`); the zeroed ranges lie in it, the copy's source apart (the contract).
+        unsafe { self.one_kernel::<u8>(InOut::in_place(whole), bytes, stream, ReduceOp::Sum, &around, note) }
     }
 
     /// A reduce-scatter of `len` elements at `whole` into this rank's part at `part`: every
     /// rank's whole reduced with `op` into the sums by the one kernel, then this rank's part
-    /// copied out. The whole is only read; `part` may lie in it (in place). `note_whole` takes
-    /// the all-reduce's point, `note_part` the copy's.
+    /// copied out, in one call. The whole is only read; `part` may lie in it (in place).
+    /// `note` takes the point after the copy.
     ///
     /// # Safety
     /// `whole` is `len` readable elements of `T` of this rank's device and `part` its
     /// `len / world` writable ones, inside `whole` or apart from it; both stay allocated until
-    /// the work completes (the notes). Every rank makes the same call, after
-    /// [`Communicator::scatters_by_sum`] said yes.
+    /// the work completes (`note`). Every rank makes the same call, after
+    /// [`Communicator::by_sum`] said yes for the whole's bytes.
     pub(super) unsafe fn scatter_by_sum<T: Element>(
         &mut self,
         stream: &Stream,
         (whole, len): (RawDevicePtr, usize),
         part: RawDevicePtr,
         op: ReduceOp,
-        note_whole: impl FnOnce(&StreamPoint),
-        note_part: impl FnOnce(&StreamPoint),
+        note: impl FnOnce(&StreamPoint),
     ) -> Result<()> {
         let Some(sums) = self.sums.as_ref().map(DeviceBuffer::raw_ptr) else {
             unreachable!("the sums are made at creation for every size by_sum takes")
         };
         let part_bytes = len * size_of::<T>() / self.world();
         let own = sums + (self.rank() * part_bytes) as u64;
-        // The copy's point is reserved before the kernel, as every call's is: nothing after a
-        // launch that waits for the peers may wait for the device.
-        let capturing = self.capture != Capture::Refused && stream.is_capturing()?;
-        let reserved = if capturing { None } else { Some(stream.reserve_point()?) };
-        let sums_view = |comm: &Self, point: &StreamPoint| {
-            if let Some(s) = comm.sums.as_ref() {
-                s.view(..).note_use(point);
-            }
-        };
-        let mut at_reduce = None;
-        self.all_reduce_checked::<T>(InOut { src: whole, dst: sums }, len, stream, op, |p| {
-            note_whole(p);
-            at_reduce = Some(p.clone());
-        })?;
-        if let Some(point) = &at_reduce {
-            sums_view(self, point);
-        }
-        // SAFETY: this rank's part of the sums, which the all-reduce just wrote (earlier on this
-        // stream), into `part`, `part_bytes` writable bytes (the contract); apart, since the
-        // sums are the communicator's own.
-        unsafe { memcpy_dtod_async(stream, part, own, part_bytes)? };
-        if let Some(reserved) = reserved {
-            // The copy is this call's last work: later calls, and the buffers' and the sums'
-            // release, wait for it.
-            let point = stream.point_from(reserved)?;
-            note_part(&point);
-            sums_view(self, &point);
-            self.last = Some(point);
-        }
-        Ok(())
+        let around = Around { after: Some((part, own, part_bytes)), ..Around::default() };
+        // SAFETY: `whole` on this device into the sums (the communicator's own, apart, as large
+        // as any whole `by_sum` takes, noted by every call), within the one kernel's size; then
+        // this rank's part of the sums into `part` (the contract).
+        unsafe { self.one_kernel::<T>(InOut { src: whole, dst: sums }, len, stream, op, &around, note) }
     }
 }

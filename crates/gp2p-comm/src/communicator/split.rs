@@ -69,19 +69,15 @@ impl Communicator {
             };
         }
         if let Split::Scatter(op) = how
-            && self.scatters_by_sum::<T>(whole_len * size_of::<T>(), op)
+            && self.by_sum(whole_len * size_of::<T>())
         {
             // SAFETY: the input (`whole`) and output (`part`) are this device's, of the checked
-            // lengths, apart; their views note the points.
+            // lengths, apart; their views note the point.
             return unsafe {
-                self.scatter_by_sum::<T>(
-                    stream,
-                    (whole, whole_len),
-                    part,
-                    op,
-                    |p| input.note_use(p),
-                    |p| output.note_use(p),
-                )
+                self.scatter_by_sum::<T>(stream, (whole, whole_len), part, op, |p| {
+                    input.note_use(p);
+                    output.note_use(p);
+                })
             };
         }
         if self.world() != 2 {
@@ -135,21 +131,11 @@ impl Communicator {
             return unsafe { self.sum_bytes(stream, (buf.raw_ptr(), buf.bytes()), keep, None, |p| buf.note_use(p)) };
         }
         if let Split::Scatter(op) = how
-            && self.scatters_by_sum::<T>(buf.bytes(), op)
+            && self.by_sum(buf.bytes())
         {
             let (whole, own) = (buf.raw_ptr(), buf.raw_ptr() + (self.rank() * len * size_of::<T>()) as u64);
-            let view = &*buf;
-            // SAFETY: `buf` is this device's, its own part inside it; its view notes both points.
-            return unsafe {
-                self.scatter_by_sum::<T>(
-                    stream,
-                    (whole, buf.len()),
-                    own,
-                    op,
-                    |p| view.note_use(p),
-                    |p| view.note_use(p),
-                )
-            };
+            // SAFETY: `buf` is this device's, its own part inside it; its view notes the point.
+            return unsafe { self.scatter_by_sum::<T>(stream, (whole, buf.len()), own, op, |p| buf.note_use(p)) };
         }
         if self.world() != 2 {
             let transfer = self.split_many::<T>(buf.raw_ptr(), None, len, how);
