@@ -102,8 +102,11 @@ pub struct Communicator {
     broken: bool,
     capture: Capture,
     /// The small path's kernels, replayed from graphs (a launch costs the host twice a
-    /// replay's time). Its launches are this rank's calls, which run one after another.
-    launches: LaunchCache,
+    /// replay's time). Its launches are this rank's calls, which run one after another. None
+    /// where a peer rank lives in this process: ranks sharing a context would deadlock when
+    /// one makes a graph (`cuGraphInstantiate` was seen waiting for the kernels in the
+    /// context) while the others' kernels wait for its launch; plain launches never wait.
+    launches: Option<LaunchCache>,
     /// What other threads may do without this communicator's lock (host exchanges, abort).
     control: Control,
     /// The compressed all-reduce's wires, kept between calls (see the `compressed` module);
@@ -173,6 +176,8 @@ impl Communicator {
         // This rank's own failure first: it says why, where a peer's can only say who.
         let (base, registration) = registered?;
         everyone?;
+        // Every rank has joined, so every slot names its process.
+        let peers_in_this_process = segment.peers_share_this_process();
         let segment_for_control = Arc::clone(&segment);
         Ok(Communicator {
             device: device.clone(),
@@ -190,7 +195,7 @@ impl Communicator {
             last: None,
             broken: false,
             capture: Capture::Refused,
-            launches: LaunchCache::new(device),
+            launches: (!peers_in_this_process).then(|| LaunchCache::new(device)),
             control: Control::new(Arc::clone(&segment_for_control), options.join_timeout),
             wires: None,
             compress,

@@ -199,7 +199,7 @@ impl Communicator {
                 // calls, each after the last.
                 |comm| unsafe {
                     around.before(stream)?;
-                    let launches = Some(&mut comm.launches);
+                    let launches = comm.launches.as_mut();
                     if bytes <= lines_max {
                         exchange(stream, buf, len, T::DTYPE, op, lines, 0, divide_by, timeout_ns, launches)?;
                     } else {
@@ -231,7 +231,7 @@ impl Communicator {
             // rank enqueues the same call.
             |comm| unsafe {
                 around.before(stream)?;
-                let launches = Some(&mut comm.launches);
+                let launches = comm.launches.as_mut();
                 exchange_many(stream, buf, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?;
                 around.after(stream)
             },

@@ -27,6 +27,20 @@ pub(super) fn pid_namespace() -> u32 {
 }
 
 impl Segment {
+    /// Whether another rank joined from this very process (ranks as threads, as nccl-tests'
+    /// `-t` makes them): such ranks on one device share its CUDA context, where a driver call
+    /// of one rank may wait for the kernels the others run (see the communicator's launch
+    /// cache). Asked once every rank has joined.
+    pub fn peers_share_this_process(&self) -> bool {
+        let (ours, pid) = (pid_namespace(), std::process::id() as i32);
+        let Ok(slots) = self.slots() else { return false };
+        slots.iter().enumerate().any(|(rank, slot)| {
+            rank != self.rank
+                && slot.pid.load(Ordering::Acquire) == pid
+                && slot.pid_namespace.load(Ordering::Acquire) == ours
+        })
+    }
+
     /// The other ranks whose process has exited (in this process's pid namespace).
     pub fn gone_ranks(&self) -> Vec<usize> {
         let ours = pid_namespace();
@@ -64,6 +78,7 @@ mod tests {
             ranks.into_iter().map(|h| h.join().expect("rank").expect("joins")).collect()
         });
         assert!(segments[0].gone_ranks().is_empty(), "both live in this process");
+        assert!(segments[0].peers_share_this_process() && segments[1].peers_share_this_process());
         // Rank 1's slot as a process that has exited would leave it: a pid that is no more.
         let mut child = std::process::Command::new("true").spawn().expect("a short-lived process");
         let dead = i32::try_from(child.id()).expect("a pid");
@@ -71,8 +86,12 @@ mod tests {
         let slots = segments[1].slots().expect("slots");
         slots[1].pid.store(dead, Ordering::Release);
         assert_eq!(segments[0].gone_ranks(), [1]);
+        assert!(!segments[0].peers_share_this_process(), "rank 1 now names another process");
         // Another pid namespace's pid says nothing here.
         slots[1].pid_namespace.store(pid_namespace().wrapping_add(1), Ordering::Release);
         assert!(segments[0].gone_ranks().is_empty());
+        // This pid in another namespace is another process.
+        slots[1].pid.store(std::process::id() as i32, Ordering::Release);
+        assert!(!segments[0].peers_share_this_process());
     }
 }
