@@ -73,8 +73,10 @@ def test_the_environment_puts_the_door_first_once_and_names_torch_s_nccl(tmp_pat
     assert env["VLLM_NCCL_SO_PATH"] == env["SGLANG_NCCL_SO_PATH"] == door
     assert env["GP2P_NCCL_REAL"] == str(real)
     assert env["PATH"] == "/bin"
-    kept = nccl.environment({"GP2P_NCCL_REAL": "/mine/libnccl.so.2"}, door=door)
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    kept = nccl.environment({"GP2P_NCCL_REAL": "/mine/libnccl.so.2", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, door=door)
     assert kept["GP2P_NCCL_REAL"] == "/mine/libnccl.so.2"
+    assert kept["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert "export VLLM_NCCL_SO_PATH=/opt/door/libnccl.so.2" in nccl.exports(env)
     quoted = nccl.exports({"LD_PRELOAD": "/a b/libnccl.so.2"})
     assert quoted == ["export LD_PRELOAD='/a b/libnccl.so.2'"]

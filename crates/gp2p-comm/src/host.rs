@@ -19,6 +19,13 @@ pub fn host_id() -> String {
     host_id_from(forced.as_deref(), read(HOST_NAME_PATH).as_deref(), read(BOOT_ID_PATH).as_deref())
 }
 
+/// This process on its host, `pid@pid-namespace`: ranks that are threads of one process share
+/// it (and, on one device, that device's CUDA context); two processes never do, containers
+/// sharing a pid number included.
+pub fn process_id() -> String {
+    format!("{}@{}", std::process::id(), crate::segment::pid_namespace())
+}
+
 /// [`host_id`] from what it reads: the variable, the host name and the boot id, each as found.
 pub fn host_id_from(forced: Option<&str>, name: Option<&str>, boot_id: Option<&str>) -> String {
     if let Some(forced) = forced.map(str::trim).filter(|f| !f.is_empty()) {
@@ -34,6 +41,14 @@ pub fn host_id_from(forced: Option<&str>, name: Option<&str>, boot_id: Option<&s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_process_is_named_by_its_pid_and_threads_agree() {
+        let here = process_id();
+        assert!(here.starts_with(&format!("{}@", std::process::id())), "{here}");
+        let Ok(there) = std::thread::spawn(process_id).join() else { unreachable!("the thread returns") };
+        assert_eq!(here, there);
+    }
 
     #[test]
     fn the_variable_wins_then_name_and_boot_id() {

@@ -27,6 +27,13 @@ use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, St
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
+
+/// Streams a rank's pipeline forks from the caller's: one sends, one receives.
+const FORKED_STREAMS: usize = 2;
+
+/// The streams one rank's calls run on: the caller's and the pipeline's forks. Ranks that share
+/// a device's CUDA context need that many of its hardware queues each (`nccl`'s door checks).
+pub const STREAMS_PER_RANK: usize = 1 + FORKED_STREAMS;
 use crate::handshake::{EMPTY, Lane, Owner, Step, plan};
 use crate::layout::Layout;
 use crate::rounds::{Buf, LegLanding, LegStep, Rounds, chunk_range, steps};
@@ -148,7 +155,7 @@ impl Pipeline {
         let events = || (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>();
         let event = || Event::new(device, EventKind::Sync);
         Ok(Pipeline {
-            fork: StreamFork::new(device, 2)?,
+            fork: StreamFork::new(device, FORKED_STREAMS)?,
             sent: events()?,
             received: events()?,
             many_sent: event()?,

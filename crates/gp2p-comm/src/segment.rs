@@ -30,6 +30,8 @@ use crate::id::{NAME_PREFIX, SHM_DIR, UniqueId};
 mod exchange;
 mod liveness;
 
+pub(crate) use liveness::pid_namespace;
+
 pub use exchange::WORDS as HOST_WORDS;
 
 /// The largest world size a segment is made for.

@@ -12,6 +12,15 @@ use crate::env::Mode;
 /// The most ranks a served communicator takes (the communicator's own limit).
 pub const MAX_RANKS: usize = geforce_p2p::comm::MAX_RANKS;
 
+/// The streams each rank's calls run on (the communicator's).
+const STREAMS_PER_RANK: usize = geforce_p2p::comm::STREAMS_PER_RANK;
+
+/// The most hardware queues CUDA gives a process on a device (`CUDA_DEVICE_MAX_CONNECTIONS`'
+/// ceiling), and what it gives unless told.
+pub const MAX_HARDWARE_QUEUES: usize = 32;
+/// See [`MAX_HARDWARE_QUEUES`].
+pub const DEFAULT_HARDWARE_QUEUES: usize = 8;
+
 /// What one rank tells the rendezvous about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankFacts {
@@ -21,6 +30,11 @@ pub struct RankFacts {
     pub nranks: usize,
     /// Its host (`gp2p_comm::host_id`).
     pub host: String,
+    /// Its process on that host (`gp2p_comm::process_id`): ranks that are threads of one
+    /// process share it.
+    pub process: String,
+    /// The hardware queues its process gets on each device (`CUDA_DEVICE_MAX_CONNECTIONS`).
+    pub hardware_queues: usize,
     /// Its `GP2P_NCCL`.
     pub mode: Mode,
     /// The door's version it runs (every rank must run the same).
@@ -154,6 +168,9 @@ fn decide_consistent(facts: &[RankFacts], maker_host: Option<&str>) -> Decision 
             Ok(d) => devices.push((f.rank, d)),
         }
     }
+    if let Some(reason) = crowded_context(facts, &devices) {
+        return hand_over(reason);
+    }
     let forced = facts.iter().find(|f| f.mode == Mode::Force);
     if let Some(f) = forced {
         return Decision::Serve { reason: format!("GP2P_NCCL=force on rank {}", f.rank) };
@@ -179,6 +196,35 @@ fn decide_consistent(facts: &[RankFacts], maker_host: Option<&str>) -> Decision 
         (_, n) => format!("no pair of its {n} devices has usable P2P"),
     };
     Decision::Serve { reason }
+}
+
+/// Why the ranks that are threads of one process on one device cannot be served, if they
+/// cannot: they share the device's context, whose hardware queues the driver deals out to
+/// streams in turn, and a rank's kernel waiting for a peer would hold up a peer's stream in the
+/// same queue behind it (4 ranks as threads of nccl-tests hung so on one H100 with the default
+/// 8 queues). Each of their streams needs a queue of its own, and one is left for the program.
+fn crowded_context(facts: &[RankFacts], devices: &[(usize, &DeviceFacts)]) -> Option<String> {
+    let mut groups: Vec<(&str, &str, Vec<usize>, usize)> = Vec::new();
+    for (f, (rank, device)) in facts.iter().zip(devices) {
+        let key = (f.process.as_str(), device.pci_bus_id.as_str());
+        match groups.iter_mut().find(|g| (g.0, g.1) == key) {
+            Some(group) => {
+                group.2.push(*rank);
+                group.3 = group.3.min(f.hardware_queues);
+            }
+            None => groups.push((key.0, key.1, vec![*rank], f.hardware_queues)),
+        }
+    }
+    groups.into_iter().find_map(|(_, bus, ranks, queues)| {
+        let needed = ranks.len() * STREAMS_PER_RANK + 1;
+        (ranks.len() > 1 && needed > queues).then(|| {
+            format!(
+                "ranks {} are threads of one process on {bus}, whose {} streams and the program's need {needed} hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gives it {queues} (a queue shared by two ranks can deadlock their waiting kernels): set CUDA_DEVICE_MAX_CONNECTIONS={MAX_HARDWARE_QUEUES} before CUDA starts, or run one process per rank",
+                join(&ranks),
+                ranks.len() * STREAMS_PER_RANK,
+            )
+        })
+    })
 }
 
 fn join(ranks: &[usize]) -> String {

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use geforce_p2p::Device;
 
-use crate::decision::{DeviceFacts, RankFacts};
+use crate::decision::{DEFAULT_HARDWARE_QUEUES, DeviceFacts, MAX_HARDWARE_QUEUES, RankFacts};
 use crate::env::Mode;
 
 /// This rank's facts, and the CUDA ordinal of its device where it has one: `ordinal`, or the
@@ -20,6 +20,8 @@ pub fn local(rank: usize, nranks: usize, mode: Mode, ordinal: Option<usize>) -> 
         rank,
         nranks,
         host: geforce_p2p::comm::host_id(),
+        process: geforce_p2p::comm::process_id(),
+        hardware_queues: hardware_queues(std::env::var(HARDWARE_QUEUES_VAR).ok().as_deref()),
         mode,
         door_version: env!("CARGO_PKG_VERSION").to_owned(),
         device: device.map(|(_, d)| d),
@@ -27,6 +29,18 @@ pub fn local(rank: usize, nranks: usize, mode: Mode, ordinal: Option<usize>) -> 
         real_nccl: crate::real::real().is_ok(),
     };
     (facts, ordinal)
+}
+
+/// The variable that sets how many hardware queues CUDA gives this process on each device.
+pub const HARDWARE_QUEUES_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// The hardware queues CUDA gives a process whose [`HARDWARE_QUEUES_VAR`] is `value`: the
+/// default where unset or unreadable, else the number within what CUDA takes (1 to 32).
+pub fn hardware_queues(value: Option<&str>) -> usize {
+    match value.map(str::trim).and_then(|v| v.parse::<usize>().ok()) {
+        Some(queues) => queues.clamp(1, MAX_HARDWARE_QUEUES),
+        None => DEFAULT_HARDWARE_QUEUES,
+    }
 }
 
 /// Device `ordinal` (else the current one), as the decision needs it.
@@ -107,5 +121,15 @@ mod tests {
         assert_eq!(canonical_bus_id("00000000:C1:00.0"), "0000:c1:00.0");
         assert_eq!(canonical_bus_id(" 0001:02:1F.3 "), "0001:02:1f.3");
         assert_eq!(canonical_bus_id("not a bus"), "not a bus");
+    }
+
+    #[test]
+    fn hardware_queues_are_cuda_s_default_unless_set_and_within_its_range() {
+        assert_eq!(hardware_queues(None), 8);
+        assert_eq!(hardware_queues(Some("32")), 32);
+        assert_eq!(hardware_queues(Some(" 1 ")), 1);
+        assert_eq!(hardware_queues(Some("0")), 1);
+        assert_eq!(hardware_queues(Some("64")), 32);
+        assert_eq!(hardware_queues(Some("many")), 8);
     }
 }

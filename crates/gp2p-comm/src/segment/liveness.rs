@@ -13,7 +13,7 @@ use super::{Segment, is_alive};
 /// Read once per process (a process keeps its pid namespace for life; a forked child, another
 /// pid, reads its own): nccl-tests poll for async errors in a loop, and a `stat` each time
 /// would cost a system call per poll.
-pub(super) fn pid_namespace() -> u32 {
+pub(crate) fn pid_namespace() -> u32 {
     // The pid in the high half, the namespace in the low: one word, no lock to fork under.
     static READ: AtomicU64 = AtomicU64::new(0);
     let pid = std::process::id();

@@ -20,6 +20,8 @@ fn world(world: usize) -> Vec<RankFacts> {
             rank,
             nranks: world,
             host: "box:boot".into(),
+            process: format!("{}@1", 100 + rank),
+            hardware_queues: 8,
             mode: Mode::Auto,
             door_version: "0.1.0".into(),
             device: device(&format!("0000:{:02x}:00.0", rank + 1), &[]),
@@ -46,6 +48,52 @@ fn ranks_sharing_one_device_are_served() {
         f.device = device("0000:01:00.0", &[]);
     }
     assert_eq!(decide(&facts, true, None), Ok(Decision::Serve { reason: "its 3 ranks share one device".into() }));
+}
+
+/// `world` ranks as threads of one process, all on one device, with `queues` hardware queues.
+fn threads(world_size: usize, queues: usize) -> Vec<RankFacts> {
+    let mut facts = world(world_size);
+    for f in &mut facts {
+        (f.process, f.hardware_queues, f.device) = ("7@1".into(), queues, device("0000:01:00.0", &[]));
+    }
+    facts
+}
+
+#[test]
+fn threads_sharing_a_device_are_served_only_with_a_hardware_queue_for_each_stream() {
+    // 2 ranks: 6 streams and the program's, within the default 8 queues.
+    assert!(served(&decide(&threads(2, 8), true, None)));
+    let Ok(Decision::HandOver { reason }) = decide(&threads(4, 8), true, None) else {
+        unreachable!("12 streams on 8 queues are handed over")
+    };
+    assert_eq!(
+        reason,
+        "ranks 0, 1, 2, 3 are threads of one process on 0000:01:00.0, whose 12 streams and the program's need 13 hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gives it 8 (a queue shared by two ranks can deadlock their waiting kernels): set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or run one process per rank"
+    );
+    let mut forced = threads(4, 8);
+    forced[2].mode = Mode::Force;
+    assert!(!served(&decide(&forced, true, None)), "force does not risk a hang");
+    assert_eq!(
+        decide(&threads(4, 32), true, None),
+        Ok(Decision::Serve { reason: "its 4 ranks share one device".into() })
+    );
+    assert!(served(&decide(&threads(8, 32), true, None)), "8 ranks: 25 queues of 32");
+    // The fewest queues any of them reports counts.
+    let mut mixed = threads(4, 32);
+    mixed[3].hardware_queues = 12;
+    assert!(!served(&decide(&mixed, true, None)));
+    // Threads of one process on devices of their own share no context; processes on one
+    // device share no queues.
+    let mut own_devices = threads(4, 1);
+    for (rank, f) in own_devices.iter_mut().enumerate() {
+        f.device = device(&format!("0000:{:02x}:00.0", rank + 1), &[]);
+    }
+    assert!(served(&decide(&own_devices, true, None)));
+    let mut processes = threads(8, 1);
+    for (rank, f) in processes.iter_mut().enumerate() {
+        f.process = format!("{rank}@1");
+    }
+    assert!(served(&decide(&processes, true, None)));
 }
 
 #[test]
@@ -144,8 +192,9 @@ proptest! {
         off in proptest::option::of(0usize..10),
         force in proptest::option::of(0usize..10),
         other_host in proptest::option::of(0usize..10),
+        crowded in any::<bool>(),
     ) {
-        let mut facts = world(n);
+        let mut facts = if crowded { threads(n, 8) } else { world(n) };
         if let Some((a, b)) = p2p && a < n && b < n {
             let bus = format!("0000:{:02x}:00.0", b + 1);
             facts[a].device = device(&format!("0000:{:02x}:00.0", a + 1), &[&bus]);

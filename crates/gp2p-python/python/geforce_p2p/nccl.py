@@ -32,7 +32,12 @@ VARIABLES = {
     "VLLM_NCCL_SO_PATH": "vLLM's pynccl loads this file",
     "SGLANG_NCCL_SO_PATH": "sglang's pynccl loads this file",
     "GP2P_NCCL_REAL": "the real NCCL, for the communicators the door hands over",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "where unset, 32 hardware queues: ranks that are threads of one "
+    "process on one device (nccl-tests -t N) need one for each of their streams",
 }
+
+#: The hardware queues the launcher asks CUDA for where the environment names none (CUDA's most).
+HARDWARE_QUEUES = "32"
 
 
 def library() -> str:
@@ -62,13 +67,15 @@ def real_nccl(search: Optional[Sequence[str]] = None) -> Optional[str]:
 def environment(base: Optional[Mapping[str, str]] = None, door: Optional[str] = None) -> Dict[str, str]:
     """``base`` (default ``os.environ``) with the door in NCCL's place: ``LD_PRELOAD`` gets the
     door first (once), vLLM's and sglang's library variables name it, and ``GP2P_NCCL_REAL``
-    names torch's NCCL unless it is set already."""
+    names torch's NCCL unless it is set already, and ``CUDA_DEVICE_MAX_CONNECTIONS`` is
+    :data:`HARDWARE_QUEUES` unless set."""
     env = dict(os.environ if base is None else base)
     door = library() if door is None else door
     preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != door]
     env["LD_PRELOAD"] = ":".join([door, *preload])
     env["VLLM_NCCL_SO_PATH"] = door
     env["SGLANG_NCCL_SO_PATH"] = door
+    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", HARDWARE_QUEUES)
     if not env.get("GP2P_NCCL_REAL"):
         real = real_nccl()
         if real is not None:
@@ -86,7 +93,7 @@ USAGE = """usage: python -m geforce_p2p.nccl -- COMMAND [ARGS...]   run COMMAND 
        python -m geforce_p2p.nccl path                     print the door's file
 
 Variables set:
-""" + "".join("  %-20s %s\n" % item for item in VARIABLES.items())
+""" + "".join("  %-28s %s\n" % item for item in VARIABLES.items())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
