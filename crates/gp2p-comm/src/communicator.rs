@@ -103,9 +103,10 @@ pub struct Communicator {
     capture: Capture,
     /// The small path's kernels, replayed from graphs (a launch costs the host twice a
     /// replay's time). Its launches are this rank's calls, which run one after another. None
-    /// where a peer rank lives in this process: ranks sharing a context would deadlock when
-    /// one makes a graph (`cuGraphInstantiate` was seen waiting for the kernels in the
-    /// context) while the others' kernels wait for its launch; plain launches never wait.
+    /// where a peer rank lives in this process (on this device or another: the segment does
+    /// not say which), which then launches plainly and makes no graphs: four ranks as threads
+    /// on one device hung with two of them inside `cuGraphInstantiate` while the others'
+    /// kernels, running in the same context, waited for theirs.
     launches: Option<LaunchCache>,
     /// What other threads may do without this communicator's lock (host exchanges, abort).
     control: Control,

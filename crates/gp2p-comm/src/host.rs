@@ -20,8 +20,9 @@ pub fn host_id() -> String {
 }
 
 /// This process on its host, `pid@pid-namespace`: ranks that are threads of one process share
-/// it (and, on one device, that device's CUDA context); two processes never do, containers
-/// sharing a pid number included.
+/// it (and, on one device, that device's CUDA context); two processes do not, containers
+/// sharing a pid number included, wherever `/proc` names the namespace (the namespace is 0
+/// where it does not).
 pub fn process_id() -> String {
     format!("{}@{}", std::process::id(), crate::segment::pid_namespace())
 }

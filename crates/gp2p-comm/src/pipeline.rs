@@ -27,16 +27,16 @@ use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, St
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
+use crate::handshake::{EMPTY, Lane, Owner, Step, plan};
+use crate::layout::Layout;
+use crate::rounds::{Buf, LegLanding, LegStep, Rounds, chunk_range, steps};
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.
 const FORKED_STREAMS: usize = 2;
 
 /// The streams one rank's calls run on: the caller's and the pipeline's forks. Ranks that share
-/// a device's CUDA context need that many of its hardware queues each (`nccl`'s door checks).
+/// a device's CUDA context each want that many of its hardware queues (the NCCL door checks).
 pub const STREAMS_PER_RANK: usize = 1 + FORKED_STREAMS;
-use crate::handshake::{EMPTY, Lane, Owner, Step, plan};
-use crate::layout::Layout;
-use crate::rounds::{Buf, LegLanding, LegStep, Rounds, chunk_range, steps};
 
 /// What happens to the peer's chunks where they land.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

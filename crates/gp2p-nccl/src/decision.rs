@@ -3,7 +3,9 @@
 //! rendezvous runs it once and sends everyone the answer). Served: every rank on one host, at
 //! most [`MAX_RANKS`] of them, each on a device the communicator runs on, and no pair of their
 //! devices with usable P2P (`GP2P_NCCL=force` skips that last test). Otherwise handed over,
-//! for the communicator's whole life.
+//! for the communicator's whole life. Ranks that are threads of one process on one device,
+//! which the real NCCL does not take, fail instead where their streams would share the
+//! device's hardware queues ([`decide`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -31,9 +33,12 @@ pub struct RankFacts {
     /// Its host (`gp2p_comm::host_id`).
     pub host: String,
     /// Its process on that host (`gp2p_comm::process_id`): ranks that are threads of one
-    /// process share it.
+    /// process share it (empty, from a door that did not say: a process of its own).
+    #[serde(default)]
     pub process: String,
-    /// The hardware queues its process gets on each device (`CUDA_DEVICE_MAX_CONNECTIONS`).
+    /// The hardware queues its process gets on each device (`CUDA_DEVICE_MAX_CONNECTIONS`
+    /// as the door read it when the communicator was made).
+    #[serde(default = "default_hardware_queues")]
     pub hardware_queues: usize,
     /// Its `GP2P_NCCL`.
     pub mode: Mode,
@@ -74,20 +79,25 @@ pub enum Decision {
     },
 }
 
+fn default_hardware_queues() -> usize {
+    DEFAULT_HARDWARE_QUEUES
+}
+
 /// Check that `facts` describe one communicator (every rank of it once, the same world size
 /// and door version), then decide it. `id_has_real`: the unique id carries a real NCCL id, as
 /// a hand-over needs; `maker_host`: the host of the process that made the id, where a served
 /// communicator's shared memory is made (`None`: made by the ranks themselves).
 ///
 /// # Errors
-/// A message for every rank where the facts disagree, or where the communicator must go to the
-/// real NCCL and a rank (or the id) has none.
+/// A message for every rank where the facts disagree; where ranks that are threads of one
+/// process on one device would share its hardware queues (the message says which variable to
+/// set); or where the communicator must go to the real NCCL and a rank (or the id) has none.
 pub fn decide(facts: &[RankFacts], id_has_real: bool, maker_host: Option<&str>) -> Result<Decision, String> {
     check_consistent(facts)?;
     // In rank order, so the reason names the same ranks whatever order they arrived in.
     let mut facts = facts.to_vec();
     facts.sort_by_key(|f| f.rank);
-    let decision = decide_consistent(&facts, maker_host);
+    let decision = decide_consistent(&facts, maker_host)?;
     if let Decision::HandOver { reason } = &decision {
         let lacking: Vec<usize> = facts.iter().filter(|f| !f.real_nccl).map(|f| f.rank).collect();
         if !id_has_real || !lacking.is_empty() {
@@ -137,8 +147,8 @@ fn check_consistent(facts: &[RankFacts]) -> Result<(), String> {
 }
 
 /// [`decide`] of facts already checked to be one whole communicator.
-fn decide_consistent(facts: &[RankFacts], maker_host: Option<&str>) -> Decision {
-    let hand_over = |reason: String| Decision::HandOver { reason };
+fn decide_consistent(facts: &[RankFacts], maker_host: Option<&str>) -> Result<Decision, String> {
+    let hand_over = |reason: String| Ok(Decision::HandOver { reason });
     let world = facts.len();
     if let Some(off) = facts.iter().find(|f| f.mode == Mode::Off) {
         return hand_over(format!("GP2P_NCCL=off on rank {}", off.rank));
@@ -168,12 +178,13 @@ fn decide_consistent(facts: &[RankFacts], maker_host: Option<&str>) -> Decision 
             Ok(d) => devices.push((f.rank, d)),
         }
     }
-    if let Some(reason) = crowded_context(facts, &devices) {
-        return hand_over(reason);
+    // Not handed over: the real NCCL refuses ranks that share a device.
+    if let Some(problem) = crowded_context(facts) {
+        return Err(problem);
     }
     let forced = facts.iter().find(|f| f.mode == Mode::Force);
     if let Some(f) = forced {
-        return Decision::Serve { reason: format!("GP2P_NCCL=force on rank {}", f.rank) };
+        return Ok(Decision::Serve { reason: format!("GP2P_NCCL=force on rank {}", f.rank) });
     }
     for (i, (rank_a, a)) in devices.iter().enumerate() {
         for (rank_b, b) in &devices[i + 1..] {
@@ -195,31 +206,34 @@ fn decide_consistent(facts: &[RankFacts], maker_host: Option<&str>) -> Decision 
         (_, 1) => format!("its {world} ranks share one device"),
         (_, n) => format!("no pair of its {n} devices has usable P2P"),
     };
-    Decision::Serve { reason }
+    Ok(Decision::Serve { reason })
 }
 
-/// Why the ranks that are threads of one process on one device cannot be served, if they
-/// cannot: they share the device's context, whose hardware queues the driver deals out to
-/// streams in turn, and a rank's kernel waiting for a peer would hold up a peer's stream in the
-/// same queue behind it (4 ranks as threads of nccl-tests hung so on one H100 with the default
-/// 8 queues). Each of their streams needs a queue of its own, and one is left for the program.
-fn crowded_context(facts: &[RankFacts], devices: &[(usize, &DeviceFacts)]) -> Option<String> {
+/// What keeps ranks that are threads of one process on one device from being served, if
+/// anything does. They share the device's context, whose hardware queues the driver deals out
+/// to streams in turn; where two ranks' streams share a queue, one rank's kernel waiting for a
+/// peer may sit ahead of the very work that peer waits on (the likely reason 4 ranks as
+/// threads of nccl-tests hung on one H100 with the default 8 queues; not yet confirmed by a
+/// run with more). So each of their streams should get a queue, and one is left for the
+/// program. Ranks from a door that did not name its process are taken as processes of their own.
+fn crowded_context(facts: &[RankFacts]) -> Option<String> {
     let mut groups: Vec<(&str, &str, Vec<usize>, usize)> = Vec::new();
-    for (f, (rank, device)) in facts.iter().zip(devices) {
+    for f in facts.iter().filter(|f| !f.process.is_empty()) {
+        let Ok(device) = &f.device else { continue };
         let key = (f.process.as_str(), device.pci_bus_id.as_str());
         match groups.iter_mut().find(|g| (g.0, g.1) == key) {
             Some(group) => {
-                group.2.push(*rank);
+                group.2.push(f.rank);
                 group.3 = group.3.min(f.hardware_queues);
             }
-            None => groups.push((key.0, key.1, vec![*rank], f.hardware_queues)),
+            None => groups.push((key.0, key.1, vec![f.rank], f.hardware_queues)),
         }
     }
     groups.into_iter().find_map(|(_, bus, ranks, queues)| {
         let needed = ranks.len() * STREAMS_PER_RANK + 1;
         (ranks.len() > 1 && needed > queues).then(|| {
             format!(
-                "ranks {} are threads of one process on {bus}, whose {} streams and the program's need {needed} hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gives it {queues} (a queue shared by two ranks can deadlock their waiting kernels): set CUDA_DEVICE_MAX_CONNECTIONS={MAX_HARDWARE_QUEUES} before CUDA starts, or run one process per rank",
+                "ranks {} are threads of one process on {bus}, whose {} streams and the program's want {needed} hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gave the process {queues} (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS={MAX_HARDWARE_QUEUES} before CUDA starts (python -m geforce_p2p.nccl does), or run one process per rank; the real NCCL does not take ranks that share a device",
                 join(&ranks),
                 ranks.len() * STREAMS_PER_RANK,
             )

@@ -28,12 +28,13 @@ pub(crate) fn pid_namespace() -> u32 {
 
 impl Segment {
     /// Whether another rank joined from this very process (ranks as threads, as nccl-tests'
-    /// `-t` makes them): such ranks on one device share its CUDA context, where a driver call
-    /// of one rank may wait for the kernels the others run (see the communicator's launch
-    /// cache). Asked once every rank has joined.
+    /// `-t` makes them): such ranks on one device share its CUDA context, where one rank's
+    /// driver call may wait behind the others' kernels (see the communicator's launch cache).
+    /// Asked once every rank has joined; `true` where the slots cannot be read, the side on
+    /// which nothing can hang.
     pub fn peers_share_this_process(&self) -> bool {
         let (ours, pid) = (pid_namespace(), std::process::id() as i32);
-        let Ok(slots) = self.slots() else { return false };
+        let Ok(slots) = self.slots() else { return true };
         slots.iter().enumerate().any(|(rank, slot)| {
             rank != self.rank
                 && slot.pid.load(Ordering::Acquire) == pid

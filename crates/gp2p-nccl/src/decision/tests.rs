@@ -63,16 +63,18 @@ fn threads(world_size: usize, queues: usize) -> Vec<RankFacts> {
 fn threads_sharing_a_device_are_served_only_with_a_hardware_queue_for_each_stream() {
     // 2 ranks: 6 streams and the program's, within the default 8 queues.
     assert!(served(&decide(&threads(2, 8), true, None)));
-    let Ok(Decision::HandOver { reason }) = decide(&threads(4, 8), true, None) else {
-        unreachable!("12 streams on 8 queues are handed over")
-    };
+    // 12 streams on 8 queues: an error on every rank (the real NCCL takes no shared device).
     assert_eq!(
-        reason,
-        "ranks 0, 1, 2, 3 are threads of one process on 0000:01:00.0, whose 12 streams and the program's need 13 hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gives it 8 (a queue shared by two ranks can deadlock their waiting kernels): set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or run one process per rank"
+        decide(&threads(4, 8), true, None),
+        Err(String::from(
+            "ranks 0, 1, 2, 3 are threads of one process on 0000:01:00.0, whose 12 streams and the program's want 13 hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gave the process 8 (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts (python -m geforce_p2p.nccl does), or run one process per rank; the real NCCL does not take ranks that share a device"
+        ))
     );
     let mut forced = threads(4, 8);
     forced[2].mode = Mode::Force;
-    assert!(!served(&decide(&forced, true, None)), "force does not risk a hang");
+    assert!(decide(&forced, true, None).is_err(), "force does not risk a hang");
+    forced[1].mode = Mode::Off;
+    assert!(matches!(decide(&forced, true, None), Ok(Decision::HandOver { .. })), "off hands over, as ever");
     assert_eq!(
         decide(&threads(4, 32), true, None),
         Ok(Decision::Serve { reason: "its 4 ranks share one device".into() })
@@ -81,7 +83,13 @@ fn threads_sharing_a_device_are_served_only_with_a_hardware_queue_for_each_strea
     // The fewest queues any of them reports counts.
     let mut mixed = threads(4, 32);
     mixed[3].hardware_queues = 12;
-    assert!(!served(&decide(&mixed, true, None)));
+    assert!(decide(&mixed, true, None).is_err());
+    // A door that did not name the process: a process of its own.
+    let mut unnamed = threads(4, 8);
+    for f in &mut unnamed {
+        f.process.clear();
+    }
+    assert!(served(&decide(&unnamed, true, None)));
     // Threads of one process on devices of their own share no context; processes on one
     // device share no queues.
     let mut own_devices = threads(4, 1);
@@ -193,8 +201,18 @@ proptest! {
         force in proptest::option::of(0usize..10),
         other_host in proptest::option::of(0usize..10),
         crowded in any::<bool>(),
+        queues in proptest::collection::vec(1usize..=32, 10),
     ) {
         let mut facts = if crowded { threads(n, 8) } else { world(n) };
+        if crowded {
+            // Two processes' threads, each with its own queues.
+            for (f, q) in facts.iter_mut().zip(&queues) {
+                f.hardware_queues = *q;
+                if f.rank % 2 == 1 {
+                    f.process = "8@1".into();
+                }
+            }
+        }
         if let Some((a, b)) = p2p && a < n && b < n {
             let bus = format!("0000:{:02x}:00.0", b + 1);
             facts[a].device = device(&format!("0000:{:02x}:00.0", a + 1), &[&bus]);
@@ -216,4 +234,17 @@ proptest! {
         }
         prop_assert_eq!(decide(&shuffled, true, None), expected);
     }
+}
+
+#[test]
+fn facts_from_a_door_that_names_no_process_read_as_a_process_of_its_own() {
+    let Ok(serde_json::Value::Object(mut fields)) = serde_json::to_value(&world(1)[0]) else {
+        unreachable!("facts are a JSON object")
+    };
+    fields.remove("process");
+    fields.remove("hardware_queues");
+    let Ok(read) = serde_json::from_value::<RankFacts>(serde_json::Value::Object(fields)) else {
+        unreachable!("the fields default")
+    };
+    assert_eq!((read.process.as_str(), read.hardware_queues), ("", DEFAULT_HARDWARE_QUEUES));
 }
