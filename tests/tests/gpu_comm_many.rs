@@ -843,3 +843,69 @@ fn more_ranks_than_the_communicator_takes_are_refused_by_name_at_creation() {
     let err = Communicator::new(&id, 0, 9, &device(0), CommOptions::default()).unwrap_err();
     assert!(err.to_string().contains("world: 9 ranks; pass between 1 and 8"), "{err}");
 }
+
+/// Calls replayed from graphs (`CommOptions::replay_calls`): each buffer called three times
+/// with new values, so the first call captures its graph and the two after launch it. All-reduces of
+/// every op on every dtype through the pipeline (two ranks' exchange, the rounds among more,
+/// slots of 256 KiB so the larger length takes several chunks), all-gathers and broadcasts of
+/// bytes through the pipeline, each result checked against the reference after its call.
+fn replayed_among(test: &str, world: usize) {
+    if !runs_here(test, world) {
+        return;
+    }
+    let options = CommOptions { replay_calls: Some(true), ..small_pipeline(world, 256 << 10, None) };
+    let mut r = Ranked::start(test, world, sharing(options));
+    fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream) {
+        let (rank, world) = (comm.rank(), comm.world());
+        for (case, len) in [4099usize, 300_007].into_iter().enumerate() {
+            let mut buf = DeviceBuffer::<T>::alloc(comm.device(), len).unwrap();
+            for call in 0..3 {
+                for (o, op) in ReduceOp::ALL.into_iter().enumerate() {
+                    let inputs = inputs_of::<T>(world, len, 47, (case * 64 + call * 8 + o) as u64);
+                    buf.upload(stream, &inputs[rank]).unwrap();
+                    comm.all_reduce(&mut buf.view_mut(..), stream, op).unwrap();
+                    let got = buf.to_host_vec(stream).unwrap();
+                    check_fold(&format!("rank {rank} {op} len {len} call {call}"), &got, &inputs, 0..len, op);
+                }
+            }
+        }
+    }
+    every_dtype!(cases(&mut r.comm, &r.stream));
+    let (rank, stream) = (r.rank, &r.stream);
+    // Above the sizes a gather or broadcast takes as one all-reduce kernel (`by_sum`).
+    let part = 300_001;
+    let mut input = DeviceBuffer::<u8>::alloc(r.comm.device(), part).unwrap();
+    let mut out = DeviceBuffer::<u8>::alloc(r.comm.device(), part * world).unwrap();
+    let mut own = DeviceBuffer::<u8>::alloc(r.comm.device(), part).unwrap();
+    for call in 0..3 {
+        let parts: Vec<Vec<u8>> = (0..world).map(|q| gather_bytes(q, part, 200 + call)).collect();
+        input.upload(stream, &parts[rank]).unwrap();
+        r.comm.all_gather(&input.view(..), &mut out.view_mut(..), stream).unwrap();
+        assert!(out.to_host_vec(stream).unwrap() == parts.concat(), "rank {rank}: all_gather, call {call}");
+        let root = call % world;
+        own.upload(stream, &parts[rank]).unwrap();
+        r.comm.broadcast(&mut own.view_mut(..), stream, root).unwrap();
+        assert!(own.to_host_vec(stream).unwrap() == parts[root], "rank {rank}: broadcast from {root}, call {call}");
+    }
+    r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_replay_their_exchanges_from_graphs() {
+    let test = "one_gpu_two_processes_replay_their_exchanges_from_graphs";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    replayed_among(test, 2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_three_processes_replay_their_rounds_from_graphs() {
+    let test = "one_gpu_three_processes_replay_their_rounds_from_graphs";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    replayed_among(test, 3);
+}

@@ -158,7 +158,9 @@ impl Communicator {
         // Loaded now, before any peer waits: a kernel loaded lazily at its first launch may
         // wait for the device to go idle, while the peer's kernel waits for this one.
         gp2p_cuda::load_all_reduce_kernels(device)?;
-        let pipeline = Pipeline::new(device, options.slots)?;
+        let mut pipeline = Pipeline::new(device, options.slots)?;
+        let replay_calls =
+            crate::replay::resolve(options.replay_calls, std::env::var(crate::REPLAY_VAR).ok().as_deref())?;
         // The call count and the kernels' ticket (see gp2p_kernels::chunks_kernel_name), zero
         // before any kernel can read them.
         let seq_counter = DeviceBuffer::<u32>::zeroed(device, 2)?;
@@ -179,6 +181,9 @@ impl Communicator {
         everyone?;
         // Every rank has joined, so every slot names its process.
         let peers_in_this_process = segment.peers_share_this_process();
+        if replay_calls && !peers_in_this_process {
+            pipeline.replay_calls(device)?;
+        }
         let segment_for_control = Arc::clone(&segment);
         Ok(Communicator {
             device: device.clone(),
@@ -237,6 +242,12 @@ impl Communicator {
     /// resolved at creation): [`Receive::Scratch`] or [`Receive::ZeroCopy`].
     pub fn receive(&self) -> Receive {
         if self.scratch.is_some() { Receive::Scratch } else { Receive::ZeroCopy }
+    }
+
+    /// Whether this rank's pipeline calls replay from CUDA graphs ([`CommOptions::replay_calls`]
+    /// as resolved at creation, off where a peer rank is a thread of this process).
+    pub fn replays_calls(&self) -> bool {
+        self.pipeline.replays_calls()
     }
 
     /// The all-reduce forced by [`CommOptions::algorithm`] or `GP2P_ALGORITHM`, if any.

@@ -67,6 +67,13 @@ pub struct CommOptions {
     /// every chunk a slot, as before chunks were sized). Every rank must give the same (ranks
     /// compare it at creation).
     pub chunk_bytes: Option<usize>,
+    /// Whether the pipeline's calls (two ranks' exchange, the rounds among more) replay from
+    /// CUDA graphs: captured at the first call with their buffers, sizes and op, launched as
+    /// one driver call at every later one (`crate::replay`'s module docs). `None` (the
+    /// default) leaves it to the environment variable [`crate::REPLAY_VAR`] (`GP2P_REPLAY`),
+    /// off where unset; never where a peer rank is a thread of this process. Each rank may
+    /// pick its own: the calls pair up alike.
+    pub replay_calls: Option<bool>,
 }
 
 impl Default for CommOptions {
@@ -94,6 +101,7 @@ impl Default for CommOptions {
             compress: None,
             receive: Receive::Auto,
             chunk_bytes: None,
+            replay_calls: None,
         }
     }
 }

@@ -19,16 +19,19 @@
 //! and calls see.
 #![allow(unsafe_code)]
 
+use std::sync::Mutex;
+
 use gp2p_cuda::raw::{
     Codec, GiveUp, compress_decode, compress_encode, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce,
     wait_flag, wait_flags, wire_from_host, wire_to_host, write_flag,
 };
-use gp2p_cuda::{Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
+use gp2p_cuda::{Captured, Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
 use crate::handshake::{EMPTY, Lane, Owner, Step, plan};
 use crate::layout::Layout;
+use crate::replay::Replays;
 use crate::rounds::{Buf, LegLanding, LegStep, Rounds, chunk_range, steps};
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.
@@ -49,7 +52,7 @@ pub(crate) enum Landing {
 
 /// One rank's side of one transfer of `bytes` bytes of `dtype` (the peer enqueues the
 /// matching side: it receives what this rank sends, and sends what this rank receives).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Transfer {
     pub(crate) bytes: usize,
     pub(crate) dtype: DType,
@@ -83,8 +86,40 @@ pub(crate) struct RankSide<'a> {
     pub(crate) scratch: Option<RawDevicePtr>,
 }
 
+/// Everything a call's enqueue depends on, so that a graph of it may stand for a later call
+/// with the same key (`crate::replay`): the transfer and the rank's side of the staging area.
+/// One pipeline serves one communicator, whose layout does not change.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum CallKey {
+    Two(SideKey, Transfer),
+    Many(SideKey, ManyTransfer),
+}
+
+/// A [`RankSide`] but its layout, by value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SideKey {
+    staging: (RawDevicePtr, usize),
+    rank: usize,
+    timeout_ns: u64,
+    scratch: Option<RawDevicePtr>,
+}
+
+impl SideKey {
+    fn of(side: &RankSide<'_>) -> SideKey {
+        SideKey {
+            staging: (side.staging.device, side.staging.host as usize),
+            rank: side.rank,
+            timeout_ns: side.timeout_ns,
+            scratch: side.scratch,
+        }
+    }
+}
+
 /// The streams and events of one rank's pipeline.
 pub(crate) struct Pipeline {
+    /// Calls replayed from graphs, captured on a stream of their own (`crate::replay`); None:
+    /// every call enqueued.
+    replays: Option<(Stream, Mutex<Replays<CallKey, Captured>>)>,
     fork: StreamFork,
     /// Per slot, recorded on the send stream once this rank's chunk has left for the slot.
     sent: Vec<Event>,
@@ -96,7 +131,7 @@ pub(crate) struct Pipeline {
 }
 
 /// One rank's side of a call of more than two ranks (see the `rounds` module).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ManyTransfer {
     pub(crate) rounds: Rounds,
     pub(crate) dtype: DType,
@@ -118,7 +153,7 @@ pub(crate) struct ManyTransfer {
 /// (through the device's mapping of the slot, only where there are such blocks), never the
 /// rest of its room (4 bytes a value). Encoding and decoding run in device memory, in a stage
 /// of a slot's size per stream, so the copy engines carry the bulk.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct WireLegs {
     pub(crate) codec: Codec,
     /// How a leg's wire gets into its writer's slot.
@@ -155,6 +190,7 @@ impl Pipeline {
         let events = || (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>();
         let event = || Event::new(device, EventKind::Sync);
         Ok(Pipeline {
+            replays: None,
             fork: StreamFork::new(device, FORKED_STREAMS)?,
             sent: events()?,
             received: events()?,
@@ -175,8 +211,50 @@ impl Pipeline {
     /// - every other rank in the legs enqueues its side of the same rounds (else the waits
     ///   end at their timeout, and the destinations hold whatever the slots held).
     pub(crate) unsafe fn run_many(&self, stream: &Stream, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
-        // SAFETY: the caller's contract, passed on (`local` included).
-        unsafe { self.forked(stream, transfer.local, || self.enqueue_rounds(side, transfer)) }
+        let key = || CallKey::Many(SideKey::of(&side), transfer.clone());
+        // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued
+        // on any stream of this device and for a graph of it launched on `stream`.
+        unsafe {
+            self.replayed(stream, key, |on| self.forked(on, transfer.local, || self.enqueue_rounds(side, transfer)))
+        }
+    }
+
+    /// Whether calls replay from graphs.
+    pub(crate) fn replays_calls(&self) -> bool {
+        self.replays.is_some()
+    }
+
+    /// Replay calls from graphs from now on (see `crate::replay`).
+    pub(crate) fn replay_calls(&mut self, device: &Device) -> Result<()> {
+        self.replays = Some((Stream::new(device)?, Mutex::new(Replays::new())));
+        Ok(())
+    }
+
+    /// Run the call `key` names on `stream`: `enqueue` it there (`enqueue(s)` enqueues the
+    /// call on stream `s`), or, with replays on and `stream` not capturing already, launch a
+    /// graph of it, captured first from `enqueue` on the pipeline's capture stream.
+    ///
+    /// # Safety
+    /// `enqueue` on any stream of this device is sound (the call's contract), and so is a
+    /// launch on `stream` of what it enqueued, for a call with the same key: the key holds
+    /// every buffer and size the call touches.
+    unsafe fn replayed(
+        &self,
+        stream: &Stream,
+        key: impl FnOnce() -> CallKey,
+        enqueue: impl Fn(&Stream) -> Result<()>,
+    ) -> Result<()> {
+        let Some((capturing, replays)) = &self.replays else { return enqueue(stream) };
+        if stream.is_capturing()? {
+            // The caller's own capture records the call as enqueued.
+            return enqueue(stream);
+        }
+        let mut replays = replays.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let capture = || Captured::capture(capturing, || enqueue(capturing));
+        // SAFETY: a graph of this very call (same key), launched where the call would be
+        // enqueued: the caller's contract covers what it touches.
+        let launch = |graph: &Captured| unsafe { graph.launch(stream) }.map_err(Into::into);
+        replays.run(&key(), capture, launch, || enqueue(stream)).map(drop)
     }
 
     /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
@@ -323,8 +401,12 @@ impl Pipeline {
     ///   the same time (else the waits end at their timeout, and the destination holds
     ///   whatever the slots held).
     pub(crate) unsafe fn run(&self, stream: &Stream, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
-        // SAFETY: the caller's contract, passed on (`local` included).
-        unsafe { self.forked(stream, transfer.local, || self.enqueue_chunks(side, transfer)) }
+        let key = || CallKey::Two(SideKey::of(&side), transfer);
+        // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued
+        // on any stream of this device and for a graph of it launched on `stream`.
+        unsafe {
+            self.replayed(stream, key, |on| self.forked(on, transfer.local, || self.enqueue_chunks(side, transfer)))
+        }
     }
 
     /// What both kinds of call do around their steps: releases paused, `local` copied on the

@@ -20,6 +20,7 @@
 //! - [`reduce`]: the checked launch of the reduce kernel family.
 //! - [`LaunchCache`]: kernel launches of one serialised caller replayed from CUDA graphs
 //!   (a launch costs the host about twice a replay's time).
+//! - [`Captured`]: work enqueued once by stream capture, launched again as one driver call.
 //! - [`trace`]: a per-thread host-time trace of the driver calls, for finding where an
 //!   enqueue's time goes.
 //! - [`raw`]: the one door to the driver for the crates above: copies and kernel launches on
@@ -57,6 +58,7 @@
 //! Thread safety: every type here is `Send + Sync`; the driver API is thread-safe, and each
 //! call binds the device's primary context to the calling thread first.
 
+mod captured;
 pub mod codec;
 mod device;
 mod driver;
@@ -79,6 +81,7 @@ mod replay;
 mod stream;
 pub mod trace;
 
+pub use captured::Captured;
 pub use device::{CurrentContext, Device, DeviceInfo, MIN_COMPUTE_CAPABILITY, P2pAttributes, PTX_TARGET_ENV};
 pub use driver::{RawDevicePtr, driver_version, is_driver_present, take_deferred_error};
 pub use error::{Error, Result};

@@ -288,8 +288,9 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         || "two ranks' exchange by the message, the rounds' a slot".to_string(),
         |bytes| format!("{} each", format_size(bytes)),
     );
+    let calls = if comm.replays_calls() { "replayed from graphs (GP2P_REPLAY)" } else { "enqueued" };
     println!(
-        "# pipeline: {} slots of {} a rank, chunks {chunks}, receive {}, algorithm {algorithm}",
+        "# pipeline: {} slots of {} a rank, chunks {chunks}, receive {}, algorithm {algorithm}, calls {calls}",
         options.slots,
         format_size(options.slot_bytes),
         comm.receive()
