@@ -844,22 +844,24 @@ fn more_ranks_than_the_communicator_takes_are_refused_by_name_at_creation() {
     assert!(err.to_string().contains("world: 9 ranks; pass between 1 and 8"), "{err}");
 }
 
-/// Calls replayed from graphs (`CommOptions::replay_calls`): each buffer called three times
-/// with new values, so the first call captures its graph and the two after launch it. All-reduces of
-/// every op on every dtype through the pipeline (two ranks' exchange, the rounds among more,
-/// slots of 256 KiB so the larger length takes several chunks), all-gathers and broadcasts of
-/// bytes through the pipeline, each result checked against the reference after its call.
+/// Calls replayed from graphs (`CommOptions::replay_calls`): each buffer called four times
+/// with new values, so the first call is enqueued, the second captured into a graph and the
+/// two after launch it. All-reduces of every op on every dtype through the pipeline (two ranks'
+/// exchange, the rounds among more, slots of 256 KiB so the larger length takes several
+/// chunks), all-gathers and broadcasts of bytes through the pipeline, each result checked
+/// against the reference after its call; and the counts say every key went so.
 fn replayed_among(test: &str, world: usize) {
     if !runs_here(test, world) {
         return;
     }
+    const CALLS: usize = 4;
     let options = CommOptions { replay_calls: Some(true), ..small_pipeline(world, 256 << 10, None) };
     let mut r = Ranked::start(test, world, sharing(options));
     fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream) {
         let (rank, world) = (comm.rank(), comm.world());
         for (case, len) in [4099usize, 300_007].into_iter().enumerate() {
             let mut buf = DeviceBuffer::<T>::alloc(comm.device(), len).unwrap();
-            for call in 0..3 {
+            for call in 0..CALLS {
                 for (o, op) in ReduceOp::ALL.into_iter().enumerate() {
                     let inputs = inputs_of::<T>(world, len, 47, (case * 64 + call * 8 + o) as u64);
                     buf.upload(stream, &inputs[rank]).unwrap();
@@ -877,16 +879,21 @@ fn replayed_among(test: &str, world: usize) {
     let mut input = DeviceBuffer::<u8>::alloc(r.comm.device(), part).unwrap();
     let mut out = DeviceBuffer::<u8>::alloc(r.comm.device(), part * world).unwrap();
     let mut own = DeviceBuffer::<u8>::alloc(r.comm.device(), part).unwrap();
-    for call in 0..3 {
+    let root = world - 1;
+    for call in 0..CALLS {
         let parts: Vec<Vec<u8>> = (0..world).map(|q| gather_bytes(q, part, 200 + call)).collect();
         input.upload(stream, &parts[rank]).unwrap();
         r.comm.all_gather(&input.view(..), &mut out.view_mut(..), stream).unwrap();
         assert!(out.to_host_vec(stream).unwrap() == parts.concat(), "rank {rank}: all_gather, call {call}");
-        let root = call % world;
         own.upload(stream, &parts[rank]).unwrap();
         r.comm.broadcast(&mut own.view_mut(..), stream, root).unwrap();
         assert!(own.to_host_vec(stream).unwrap() == parts[root], "rank {rank}: broadcast from {root}, call {call}");
     }
+    let Some(counts) = r.comm.replay_counts() else { unreachable!("replays were asked for") };
+    assert_eq!((counts.failed_captures, counts.first_failure.as_deref()), (0, None), "rank {rank}");
+    assert!(counts.captured > 0, "rank {rank}: {counts:?}");
+    assert_eq!(counts.replayed, 2 * counts.captured, "rank {rank}: every key replayed twice: {counts:?}");
+    assert_eq!(counts.enqueued, counts.captured, "rank {rank}: and enqueued once: {counts:?}");
     r.finish();
 }
 

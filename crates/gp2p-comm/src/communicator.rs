@@ -250,6 +250,12 @@ impl Communicator {
         self.pipeline.replays_calls()
     }
 
+    /// How this rank's pipeline calls ran where they replay from graphs: replayed, captured,
+    /// enqueued, and failed captures with the first one's error. None where they do not.
+    pub fn replay_counts(&self) -> Option<crate::ReplayCounts> {
+        self.pipeline.replay_counts()
+    }
+
     /// The all-reduce forced by [`CommOptions::algorithm`] or `GP2P_ALGORITHM`, if any.
     pub fn forced_algorithm(&self) -> Option<Algorithm> {
         self.many.forced

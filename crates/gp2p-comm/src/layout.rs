@@ -68,8 +68,9 @@ pub struct CommOptions {
     /// compare it at creation).
     pub chunk_bytes: Option<usize>,
     /// Whether the pipeline's calls (two ranks' exchange, the rounds among more) replay from
-    /// CUDA graphs: captured at the first call with their buffers, sizes and op, launched as
-    /// one driver call at every later one (`crate::replay`'s module docs). `None` (the
+    /// CUDA graphs: captured the second time a call with the same buffers, sizes and op comes,
+    /// then launched as one driver call, then and at every later such call
+    /// (`crate::replay`'s module docs). `None` (the
     /// default) leaves it to the environment variable [`crate::REPLAY_VAR`] (`GP2P_REPLAY`),
     /// off where unset; never where a peer rank is a thread of this process. Each rank may
     /// pick its own: the calls pair up alike.

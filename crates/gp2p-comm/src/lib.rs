@@ -152,5 +152,5 @@ pub use id::UniqueId;
 pub use layout::{CommOptions, MAX_RANKS};
 pub use pipeline::STREAMS_PER_RANK;
 pub use receive::RECEIVE_VAR;
-pub use replay::REPLAY_VAR;
+pub use replay::{REPLAY_VAR, ReplayCounts};
 pub use segment::{DEFAULT_JOIN_TIMEOUT, HOST_WORDS, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};

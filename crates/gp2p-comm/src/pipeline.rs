@@ -31,7 +31,7 @@ use gp2p_kernels::{DType, ReduceOp};
 use crate::Result;
 use crate::handshake::{EMPTY, Lane, Owner, Step, plan};
 use crate::layout::Layout;
-use crate::replay::Replays;
+use crate::replay::{ReplayCounts, Replays};
 use crate::rounds::{Buf, LegLanding, LegStep, Rounds, chunk_range, steps};
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.
@@ -224,6 +224,12 @@ impl Pipeline {
         self.replays.is_some()
     }
 
+    /// How the calls ran, where they replay from graphs.
+    pub(crate) fn replay_counts(&self) -> Option<ReplayCounts> {
+        let (_, replays) = self.replays.as_ref()?;
+        Some(replays.lock().unwrap_or_else(std::sync::PoisonError::into_inner).counts().clone())
+    }
+
     /// Replay calls from graphs from now on (see `crate::replay`).
     pub(crate) fn replay_calls(&mut self, device: &Device) -> Result<()> {
         self.replays = Some((Stream::new(device)?, Mutex::new(Replays::new())));
@@ -254,7 +260,7 @@ impl Pipeline {
         // SAFETY: a graph of this very call (same key), launched where the call would be
         // enqueued: the caller's contract covers what it touches.
         let launch = |graph: &Captured| unsafe { graph.launch(stream) }.map_err(Into::into);
-        replays.run(&key(), capture, launch, || enqueue(stream)).map(drop)
+        replays.run(&key(), capture, launch, || enqueue(stream))
     }
 
     /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.

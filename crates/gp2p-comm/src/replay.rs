@@ -1,9 +1,9 @@
 //! The pipeline's calls replayed from CUDA graphs
-//! ([`CommOptions::replay_calls`](crate::CommOptions::replay_calls)): a call the pipeline has
-//! not seen is captured into a graph (its copies, flag writes and waits recorded, nothing run)
-//! and launched; a later call with the same buffers, sizes and op launches the kept graph
-//! again, one driver call where enqueuing it takes one per operation (hundreds for a large
-//! call among eight ranks, and then the host waits once the driver's queue is full:
+//! ([`CommOptions::replay_calls`](crate::CommOptions::replay_calls)): the second time a call
+//! with the same buffers, sizes and op comes, it is captured into a graph (its copies, flag
+//! writes and waits recorded, nothing run) and launched; every later such call launches the
+//! kept graph again, one driver call where enqueuing takes one per operation (hundreds for a
+//! large call among eight ranks, and then the host waits once the driver's queue is full:
 //! `benches/results/h10080gbhbm3/comm-all-reduce-8.txt` spent 78 of a 105 ms call enqueuing
 //! at 256 MiB). Between calls nothing of the graph changes: the calls the ranks pair up are
 //! the same whether enqueued or replayed.
@@ -18,9 +18,11 @@ use crate::{Error, Result};
 /// (or `1`, `true`) or `off` (`0`, `false`).
 pub const REPLAY_VAR: &str = "GP2P_REPLAY";
 
-/// Calls a pipeline keeps graphs of, the least recently launched dropped first: a training
-/// step's few gradient buckets, a server's few tensor sizes.
-pub(crate) const KEPT_CALLS: usize = 8;
+/// Calls a pipeline keeps track of, the least recently run dropped first: a training step's
+/// gradient buckets, whose addresses recur every step. A call's graph is captured the second
+/// time its key is seen, so buffers that never recur (a server's fresh output tensors) cost
+/// no capture.
+pub(crate) const KEPT_CALLS: usize = 16;
 
 /// Whether a communicator made with `option` replays its calls, given `env`, the value of
 /// [`REPLAY_VAR`] if set: the option where it says, else the variable, else not. A value the
@@ -39,10 +41,34 @@ pub(crate) fn resolve(option: Option<bool>, env: Option<&str>) -> Result<bool> {
     }
 }
 
-/// One call's graph, or `None` where its capture failed (the call is enqueued each time).
+/// How a pipeline's calls ran since it was made (`Communicator::replay_counts`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayCounts {
+    /// Calls launched from a graph captured at an earlier call.
+    pub replayed: u64,
+    /// Calls captured into a graph, then launched.
+    pub captured: u64,
+    /// Calls enqueued: the first of their key, or one whose capture had failed.
+    pub enqueued: u64,
+    /// Captures that failed (their calls were enqueued instead, and so will later ones with
+    /// the same key be), and the first one's error.
+    pub failed_captures: u64,
+    /// See [`ReplayCounts::failed_captures`].
+    pub first_failure: Option<String>,
+}
+
+/// Where a call's key stands.
+enum State<G> {
+    /// Enqueued once: captured if it comes again.
+    Seen,
+    Graph(G),
+    /// Its capture failed: enqueued every time.
+    Failed,
+}
+
 struct Kept<K, G> {
     key: K,
-    graph: Option<G>,
+    state: State<G>,
     last_used: u64,
 }
 
@@ -51,63 +77,70 @@ struct Kept<K, G> {
 pub(crate) struct Replays<K, G> {
     kept: Vec<Kept<K, G>>,
     uses: u64,
-}
-
-/// What [`Replays::run`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ran {
-    /// Launched a graph kept from an earlier call.
-    Replayed,
-    /// Captured the call into a graph and launched it.
-    Captured,
-    /// Enqueued the call (its capture failed, now or before).
-    Enqueued,
+    counts: ReplayCounts,
 }
 
 impl<K: PartialEq + Clone, G> Replays<K, G> {
     pub(crate) fn new() -> Replays<K, G> {
-        Replays { kept: Vec::new(), uses: 0 }
+        Replays { kept: Vec::new(), uses: 0, counts: ReplayCounts::default() }
     }
 
-    /// Run the call `key` names: `launch` its kept graph; else `capture` one, keep it and
-    /// `launch` it; where the capture fails (now or the first time), `enqueue` it. Errors of
-    /// `launch` and `enqueue` are the call's; a failed capture is not (the call is enqueued
-    /// instead, as it would have been without replays).
-    pub(crate) fn run(
+    /// Run the call `key` names: `launch` its kept graph; else, the second time the key comes,
+    /// `capture` one, keep it and `launch` it; else (the first time, or once its capture
+    /// failed) `enqueue` it. Errors of `launch` and `enqueue` are the call's; a failed capture
+    /// is not (the call is enqueued instead, as it would have been without replays).
+    pub(crate) fn run<E: std::fmt::Display>(
         &mut self,
         key: &K,
-        capture: impl FnOnce() -> Result<G>,
+        capture: impl FnOnce() -> Result<G, E>,
         launch: impl FnOnce(&G) -> Result<()>,
         enqueue: impl FnOnce() -> Result<()>,
-    ) -> Result<Ran> {
+    ) -> Result<()> {
         self.uses += 1;
         let uses = self.uses;
-        if let Some(kept) = self.kept.iter_mut().find(|k| &k.key == key) {
-            kept.last_used = uses;
-            return match &kept.graph {
-                Some(graph) => launch(graph).map(|()| Ran::Replayed),
-                None => enqueue().map(|()| Ran::Enqueued),
-            };
-        }
-        if self.kept.len() >= KEPT_CALLS
-            && let Some(oldest) = self.kept.iter().enumerate().min_by_key(|(_, k)| k.last_used).map(|(i, _)| i)
-        {
-            // A graph still running is freed once it completes (its drop never blocks).
-            self.kept.swap_remove(oldest);
-        }
-        let graph = capture().ok();
-        let ran = match &graph {
-            Some(graph) => launch(graph).map(|()| Ran::Captured),
-            None => enqueue().map(|()| Ran::Enqueued),
+        let Some(kept) = self.kept.iter_mut().find(|k| &k.key == key) else {
+            if self.kept.len() >= KEPT_CALLS
+                && let Some(oldest) = self.kept.iter().enumerate().min_by_key(|(_, k)| k.last_used).map(|(i, _)| i)
+            {
+                // A graph still running is freed once it completes (its drop never blocks).
+                self.kept.swap_remove(oldest);
+            }
+            self.kept.push(Kept { key: key.clone(), state: State::Seen, last_used: uses });
+            self.counts.enqueued += 1;
+            return enqueue();
         };
-        self.kept.push(Kept { key: key.clone(), graph, last_used: uses });
-        ran
+        kept.last_used = uses;
+        if matches!(kept.state, State::Seen) {
+            kept.state = match capture() {
+                Ok(graph) => {
+                    self.counts.captured += 1;
+                    State::Graph(graph)
+                }
+                Err(e) => {
+                    self.counts.failed_captures += 1;
+                    self.counts.first_failure.get_or_insert_with(|| e.to_string());
+                    State::Failed
+                }
+            };
+            if let State::Graph(graph) = &kept.state {
+                return launch(graph);
+            }
+        }
+        match &kept.state {
+            State::Graph(graph) => {
+                self.counts.replayed += 1;
+                launch(graph)
+            }
+            _ => {
+                self.counts.enqueued += 1;
+                enqueue()
+            }
+        }
     }
 
-    /// Calls with a graph kept.
-    #[cfg(test)]
-    pub(crate) fn graphs(&self) -> usize {
-        self.kept.iter().filter(|k| k.graph.is_some()).count()
+    /// How the calls ran so far.
+    pub(crate) fn counts(&self) -> &ReplayCounts {
+        &self.counts
     }
 }
 
@@ -140,52 +173,58 @@ mod tests {
     }
 
     /// Runs `key` through `replays`, capturing graph `key * 10` unless `key` is odd, and says
-    /// what ran: which graph launched, or that the call was enqueued.
-    fn call(replays: &mut Replays<u32, u32>, key: u32) -> (Ran, Option<u32>) {
+    /// which graph launched (`None`: the call was enqueued).
+    fn call(replays: &mut Replays<u32, u32>, key: u32) -> Option<u32> {
         let launched = RefCell::new(None);
-        let capture = || if key % 2 == 1 { Err(Error::CaptureRefused) } else { Ok(key * 10) };
+        let capture = || if key % 2 == 1 { Err("no capture") } else { Ok(key * 10) };
         let launch = |g: &u32| {
             *launched.borrow_mut() = Some(*g);
             Ok(())
         };
-        let Ok(ran) = replays.run(&key, capture, launch, || Ok(())) else {
+        let Ok(()) = replays.run(&key, capture, launch, || Ok(())) else {
             unreachable!("neither launch nor enqueue fails here")
         };
-        (ran, launched.into_inner())
+        launched.into_inner()
     }
 
     #[test]
-    fn a_call_is_captured_once_then_replayed_and_one_that_cannot_be_is_enqueued_each_time() {
+    fn a_call_is_captured_the_second_time_then_replayed_and_one_that_cannot_be_is_enqueued() {
         let mut replays = Replays::new();
-        assert_eq!(call(&mut replays, 2), (Ran::Captured, Some(20)));
-        assert_eq!(call(&mut replays, 2), (Ran::Replayed, Some(20)));
-        assert_eq!(call(&mut replays, 4), (Ran::Captured, Some(40)));
-        assert_eq!(call(&mut replays, 3), (Ran::Enqueued, None));
-        assert_eq!(call(&mut replays, 3), (Ran::Enqueued, None), "a failed capture is not tried again");
-        assert_eq!(call(&mut replays, 2), (Ran::Replayed, Some(20)));
-        assert_eq!(replays.graphs(), 2);
+        assert_eq!(call(&mut replays, 2), None, "enqueued the first time");
+        assert_eq!(call(&mut replays, 2), Some(20), "captured the second");
+        assert_eq!(call(&mut replays, 2), Some(20), "replayed after");
+        assert_eq!(call(&mut replays, 3), None);
+        assert_eq!(call(&mut replays, 3), None, "its capture fails");
+        assert_eq!(call(&mut replays, 3), None, "and is not tried again");
+        let counts = replays.counts().clone();
+        assert_eq!((counts.replayed, counts.captured, counts.enqueued, counts.failed_captures), (1, 1, 4, 1));
+        assert_eq!(counts.first_failure.as_deref(), Some("no capture"));
     }
 
     #[test]
-    fn past_the_kept_calls_the_least_recently_launched_goes() {
+    fn past_the_kept_calls_the_least_recently_run_goes() {
         let mut replays = Replays::new();
         for key in 0..KEPT_CALLS as u32 {
-            assert_eq!(call(&mut replays, 2 * key).0, Ran::Captured);
+            call(&mut replays, 2 * key);
+            assert_eq!(call(&mut replays, 2 * key), Some(20 * key));
         }
-        // Key 0 launched last: key 2 is now the oldest, and goes for a new call.
-        assert_eq!(call(&mut replays, 0).0, Ran::Replayed);
-        assert_eq!(call(&mut replays, 100).0, Ran::Captured);
-        assert_eq!(replays.graphs(), KEPT_CALLS);
-        assert_eq!(call(&mut replays, 0).0, Ran::Replayed);
-        assert_eq!(call(&mut replays, 2).0, Ran::Captured, "dropped, so captured again");
+        // Key 0 ran last: key 2 is now the oldest, and goes for a new call.
+        assert_eq!(call(&mut replays, 0), Some(0));
+        assert_eq!(call(&mut replays, 100), None);
+        assert_eq!(call(&mut replays, 0), Some(0));
+        assert_eq!(call(&mut replays, 2), None, "dropped, so seen anew");
+        assert_eq!(replays.counts().captured, KEPT_CALLS as u64);
     }
 
     #[test]
     fn errors_of_launches_and_enqueues_are_the_call_s() {
         let mut replays: Replays<u32, u32> = Replays::new();
-        let failed = replays.run(&2, || Ok(20), |_| Err(Error::CaptureRefused), || Ok(()));
-        assert!(matches!(failed, Err(Error::CaptureRefused)));
-        let failed = replays.run(&3, || Err(Error::CaptureRefused), |_| Ok(()), || Err(Error::CaptureRefused));
-        assert!(matches!(failed, Err(Error::CaptureRefused)));
+        let fails = || Err(Error::CaptureRefused);
+        let failed = replays.run(&2, || Ok::<_, &str>(20), |_| Ok(()), fails);
+        assert!(matches!(failed, Err(Error::CaptureRefused)), "the first call's enqueue");
+        let failed = replays.run(&2, || Ok::<_, &str>(20), |_| Err(Error::CaptureRefused), || Ok(()));
+        assert!(matches!(failed, Err(Error::CaptureRefused)), "the launch of its capture");
+        let failed = replays.run(&2, || Ok::<_, &str>(20), |_| Err(Error::CaptureRefused), || Ok(()));
+        assert!(matches!(failed, Err(Error::CaptureRefused)), "a replay");
     }
 }

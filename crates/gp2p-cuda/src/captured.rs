@@ -39,12 +39,10 @@ pub struct Captured {
     nodes: usize,
 }
 
-// SAFETY: the graph handles are driver objects that any thread may use with the device's
-// context bound (every use here binds it); nothing here is tied to the thread that made them.
+// SAFETY: the graph handles are driver objects, not tied to the thread that made them; a
+// launch binds the device's context first, and the destroy calls name the graph itself. Not
+// `Sync`: the driver's graph calls are not safe on one graph from two threads at once.
 unsafe impl Send for Captured {}
-// SAFETY: as above; `launch` takes `&self` and the driver serialises launches of one
-// executable graph.
-unsafe impl Sync for Captured {}
 
 impl Captured {
     /// Record what `enqueue` puts on `stream`, and on every stream that waits on work of it
@@ -73,18 +71,17 @@ impl Captured {
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: a live stream of the bound context.
         check(unsafe { sys::cuStreamBeginCapture_v2(stream.raw(), mode) }, "cuStreamBeginCapture")?;
+        // Ended whatever `enqueue` does, a panic included, so the stream (and the streams that
+        // joined its capture) never stay capturing.
+        let mut capturing = Capturing { stream, ended: false };
         let enqueued = enqueue();
-        let mut graph: CUgraph = std::ptr::null_mut();
-        // SAFETY: the stream began capturing above; out-pointer to a local. Ended whatever
-        // `enqueue` did, so the stream never stays capturing.
-        let ended = check(unsafe { sys::cuStreamEndCapture(stream.raw(), &mut graph) }, "cuStreamEndCapture");
-        let mut captured = Captured { graph, exec: std::ptr::null_mut(), device: stream.device().clone(), nodes: 0 };
+        let mut captured =
+            Captured { graph: capturing.end()?, exec: std::ptr::null_mut(), device: stream.device().clone(), nodes: 0 };
         enqueued?;
-        ended?;
         if captured.graph.is_null() {
             return Err(Error::InvalidArgument {
                 name: "enqueue",
-                reason: String::from("the capture recorded nothing the driver made a graph of"),
+                reason: String::from("the driver returned no graph"),
             }
             .into());
         }
@@ -124,6 +121,40 @@ impl Captured {
         // SAFETY: a live executable graph of this device's context, bound; a live stream of
         // it. What the graph touches is the caller's contract.
         check(unsafe { sys::cuGraphLaunch(self.exec, stream.raw()) }, "cuGraphLaunch")
+    }
+}
+
+/// A capture begun on `stream`, ended once: by [`Capturing::end`], else on drop (a panic).
+struct Capturing<'a> {
+    stream: &'a Stream,
+    ended: bool,
+}
+
+impl Capturing<'_> {
+    /// End the capture: the graph it recorded (null where the driver made none).
+    fn end(&mut self) -> Result<CUgraph> {
+        self.ended = true;
+        let mut graph: CUgraph = std::ptr::null_mut();
+        // SAFETY: the stream is capturing (begun by `Captured::capture`, ended only here);
+        // out-pointer to a local.
+        check(unsafe { sys::cuStreamEndCapture(self.stream.raw(), &mut graph) }, "cuStreamEndCapture")?;
+        Ok(graph)
+    }
+}
+
+impl Drop for Capturing<'_> {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        match self.end() {
+            Ok(graph) if !graph.is_null() => {
+                // SAFETY: a live graph nobody else holds, destroyed once.
+                defer_error(check(unsafe { sys::cuGraphDestroy(graph) }, "cuGraphDestroy"));
+            }
+            Ok(_) => {}
+            Err(e) => defer_error(Err(e)),
+        }
     }
 }
 

@@ -315,6 +315,13 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         );
     }
     println!("{}", rows_table(&report.rows, "of bound").trim_fmt());
+    if let Some(counts) = comm.replay_counts() {
+        let failure = counts.first_failure.map_or_else(String::new, |e| format!(" (the first: {e})"));
+        println!(
+            "# rank 0's calls: {} replayed, {} captured, {} enqueued; {} failed captures{failure}",
+            counts.replayed, counts.captured, counts.enqueued, counts.failed_captures
+        );
+    }
     finish(&report, c, &format!("comm {}", args.collective.name()))
 }
 
