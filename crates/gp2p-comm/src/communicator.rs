@@ -244,14 +244,10 @@ impl Communicator {
         if self.scratch.is_some() { Receive::Scratch } else { Receive::ZeroCopy }
     }
 
-    /// Whether this rank's pipeline calls replay from CUDA graphs ([`CommOptions::replay_calls`]
-    /// as resolved at creation, off where a peer rank is a thread of this process).
-    pub fn replays_calls(&self) -> bool {
-        self.pipeline.replays_calls()
-    }
-
-    /// How this rank's pipeline calls ran where they replay from graphs: replayed, captured,
-    /// enqueued, and failed captures with the first one's error. None where they do not.
+    /// How this rank's pipeline calls ran where they replay from CUDA graphs
+    /// ([`CommOptions::replay_calls`] as resolved at creation, off where a peer rank is a
+    /// thread of this process): replayed, captured, enqueued, and failed captures with the
+    /// first one's error. None where they do not replay.
     pub fn replay_counts(&self) -> Option<crate::ReplayCounts> {
         self.pipeline.replay_counts()
     }

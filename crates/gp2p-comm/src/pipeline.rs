@@ -89,7 +89,7 @@ pub(crate) struct RankSide<'a> {
 /// Everything a call's enqueue depends on, so that a graph of it may stand for a later call
 /// with the same key (`crate::replay`): the transfer and the rank's side of the staging area.
 /// One pipeline serves one communicator, whose layout does not change.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub(crate) enum CallKey {
     Two(SideKey, Transfer),
     Many(SideKey, ManyTransfer),
@@ -211,17 +211,16 @@ impl Pipeline {
     /// - every other rank in the legs enqueues its side of the same rounds (else the waits
     ///   end at their timeout, and the destinations hold whatever the slots held).
     pub(crate) unsafe fn run_many(&self, stream: &Stream, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
-        let key = || CallKey::Many(SideKey::of(&side), transfer.clone());
+        let side_key = SideKey::of(&side);
+        let is_key = |k: &CallKey| matches!(k, CallKey::Many(s, t) if *s == side_key && t == transfer);
+        let key = || CallKey::Many(side_key, transfer.clone());
         // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued
         // on any stream of this device and for a graph of it launched on `stream`.
         unsafe {
-            self.replayed(stream, key, |on| self.forked(on, transfer.local, || self.enqueue_rounds(side, transfer)))
+            self.replayed(stream, is_key, key, |on| {
+                self.forked(on, transfer.local, || self.enqueue_rounds(side, transfer))
+            })
         }
-    }
-
-    /// Whether calls replay from graphs.
-    pub(crate) fn replays_calls(&self) -> bool {
-        self.replays.is_some()
     }
 
     /// How the calls ran, where they replay from graphs.
@@ -236,9 +235,10 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Run the call `key` names on `stream`: `enqueue` it there (`enqueue(s)` enqueues the
-    /// call on stream `s`), or, with replays on and `stream` not capturing already, launch a
-    /// graph of it, captured first from `enqueue` on the pipeline's capture stream.
+    /// Run the call `is_key` knows (`key` makes its key) on `stream`: `enqueue` it there
+    /// (`enqueue(s)` enqueues the call on stream `s`), or, with replays on and `stream` not
+    /// capturing already, launch a graph of it, captured first from `enqueue` on the
+    /// pipeline's capture stream.
     ///
     /// # Safety
     /// `enqueue` on any stream of this device is sound (the call's contract), and so is a
@@ -247,6 +247,7 @@ impl Pipeline {
     unsafe fn replayed(
         &self,
         stream: &Stream,
+        is_key: impl Fn(&CallKey) -> bool,
         key: impl FnOnce() -> CallKey,
         enqueue: impl Fn(&Stream) -> Result<()>,
     ) -> Result<()> {
@@ -260,7 +261,7 @@ impl Pipeline {
         // SAFETY: a graph of this very call (same key), launched where the call would be
         // enqueued: the caller's contract covers what it touches.
         let launch = |graph: &Captured| unsafe { graph.launch(stream) }.map_err(Into::into);
-        replays.run(&key(), capture, launch, || enqueue(stream))
+        replays.run(is_key, key, capture, launch, || enqueue(stream))
     }
 
     /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
@@ -407,11 +408,15 @@ impl Pipeline {
     ///   the same time (else the waits end at their timeout, and the destination holds
     ///   whatever the slots held).
     pub(crate) unsafe fn run(&self, stream: &Stream, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
-        let key = || CallKey::Two(SideKey::of(&side), transfer);
+        let side_key = SideKey::of(&side);
+        let is_key = |k: &CallKey| matches!(k, CallKey::Two(s, t) if *s == side_key && *t == transfer);
+        let key = || CallKey::Two(side_key, transfer);
         // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued
         // on any stream of this device and for a graph of it launched on `stream`.
         unsafe {
-            self.replayed(stream, key, |on| self.forked(on, transfer.local, || self.enqueue_chunks(side, transfer)))
+            self.replayed(stream, is_key, key, |on| {
+                self.forked(on, transfer.local, || self.enqueue_chunks(side, transfer))
+            })
         }
     }
 

@@ -80,32 +80,34 @@ pub(crate) struct Replays<K, G> {
     counts: ReplayCounts,
 }
 
-impl<K: PartialEq + Clone, G> Replays<K, G> {
+impl<K, G> Replays<K, G> {
     pub(crate) fn new() -> Replays<K, G> {
         Replays { kept: Vec::new(), uses: 0, counts: ReplayCounts::default() }
     }
 
-    /// Run the call `key` names: `launch` its kept graph; else, the second time the key comes,
+    /// Run the call whose key `is_key` knows (`key` makes it, only for a key not kept yet, so
+    /// a replay copies nothing): `launch` its kept graph; else, the second time the key comes,
     /// `capture` one, keep it and `launch` it; else (the first time, or once its capture
     /// failed) `enqueue` it. Errors of `launch` and `enqueue` are the call's; a failed capture
     /// is not (the call is enqueued instead, as it would have been without replays).
     pub(crate) fn run<E: std::fmt::Display>(
         &mut self,
-        key: &K,
+        is_key: impl Fn(&K) -> bool,
+        key: impl FnOnce() -> K,
         capture: impl FnOnce() -> Result<G, E>,
         launch: impl FnOnce(&G) -> Result<()>,
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         self.uses += 1;
         let uses = self.uses;
-        let Some(kept) = self.kept.iter_mut().find(|k| &k.key == key) else {
+        let Some(kept) = self.kept.iter_mut().find(|k| is_key(&k.key)) else {
             if self.kept.len() >= KEPT_CALLS
                 && let Some(oldest) = self.kept.iter().enumerate().min_by_key(|(_, k)| k.last_used).map(|(i, _)| i)
             {
                 // A graph still running is freed once it completes (its drop never blocks).
                 self.kept.swap_remove(oldest);
             }
-            self.kept.push(Kept { key: key.clone(), state: State::Seen, last_used: uses });
+            self.kept.push(Kept { key: key(), state: State::Seen, last_used: uses });
             self.counts.enqueued += 1;
             return enqueue();
         };
@@ -181,7 +183,7 @@ mod tests {
             *launched.borrow_mut() = Some(*g);
             Ok(())
         };
-        let Ok(()) = replays.run(&key, capture, launch, || Ok(())) else {
+        let Ok(()) = replays.run(|k| *k == key, || key, capture, launch, || Ok(())) else {
             unreachable!("neither launch nor enqueue fails here")
         };
         launched.into_inner()
@@ -220,11 +222,11 @@ mod tests {
     fn errors_of_launches_and_enqueues_are_the_call_s() {
         let mut replays: Replays<u32, u32> = Replays::new();
         let fails = || Err(Error::CaptureRefused);
-        let failed = replays.run(&2, || Ok::<_, &str>(20), |_| Ok(()), fails);
+        let failed = replays.run(|k| *k == 2, || 2, || Ok::<_, &str>(20), |_| Ok(()), fails);
         assert!(matches!(failed, Err(Error::CaptureRefused)), "the first call's enqueue");
-        let failed = replays.run(&2, || Ok::<_, &str>(20), |_| Err(Error::CaptureRefused), || Ok(()));
+        let failed = replays.run(|k| *k == 2, || 2, || Ok::<_, &str>(20), |_| Err(Error::CaptureRefused), || Ok(()));
         assert!(matches!(failed, Err(Error::CaptureRefused)), "the launch of its capture");
-        let failed = replays.run(&2, || Ok::<_, &str>(20), |_| Err(Error::CaptureRefused), || Ok(()));
+        let failed = replays.run(|k| *k == 2, || 2, || Ok::<_, &str>(20), |_| Err(Error::CaptureRefused), || Ok(()));
         assert!(matches!(failed, Err(Error::CaptureRefused)), "a replay");
     }
 }

@@ -36,7 +36,6 @@ pub struct Captured {
     graph: CUgraph,
     exec: CUgraphExec,
     device: Device,
-    nodes: usize,
 }
 
 // SAFETY: the graph handles are driver objects, not tied to the thread that made them; a
@@ -76,7 +75,7 @@ impl Captured {
         let mut capturing = Capturing { stream, ended: false };
         let enqueued = enqueue();
         let mut captured =
-            Captured { graph: capturing.end()?, exec: std::ptr::null_mut(), device: stream.device().clone(), nodes: 0 };
+            Captured { graph: capturing.end()?, exec: std::ptr::null_mut(), device: stream.device().clone() };
         enqueued?;
         if captured.graph.is_null() {
             return Err(Error::InvalidArgument {
@@ -85,20 +84,11 @@ impl Captured {
             }
             .into());
         }
-        let mut nodes = 0usize;
-        // SAFETY: a live graph; a null node array asks for the count only.
-        check(unsafe { sys::cuGraphGetNodes(captured.graph, std::ptr::null_mut(), &mut nodes) }, "cuGraphGetNodes")?;
-        captured.nodes = nodes;
         // SAFETY: a live graph of the bound context; out-pointer into `captured`, which frees
         // it on drop.
         let code = unsafe { sys::cuGraphInstantiateWithFlags(&mut captured.exec, captured.graph, 0) };
         check(code, "cuGraphInstantiate")?;
         Ok(captured)
-    }
-
-    /// Operations the capture recorded (the graph's nodes).
-    pub fn nodes(&self) -> usize {
-        self.nodes
     }
 
     /// Enqueue everything the capture recorded on `stream`, as one driver call: it runs after
@@ -175,6 +165,6 @@ impl Drop for Captured {
 
 impl std::fmt::Debug for Captured {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Captured(device {}, {} nodes)", self.device.ordinal(), self.nodes)
+        write!(f, "Captured(device {})", self.device.ordinal())
     }
 }

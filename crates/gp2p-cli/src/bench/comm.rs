@@ -288,7 +288,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         || "two ranks' exchange by the message, the rounds' a slot".to_string(),
         |bytes| format!("{} each", format_size(bytes)),
     );
-    let calls = if comm.replays_calls() { "replayed from graphs (GP2P_REPLAY)" } else { "enqueued" };
+    let calls = if comm.replay_counts().is_some() { "replayed from graphs (GP2P_REPLAY)" } else { "enqueued" };
     println!(
         "# pipeline: {} slots of {} a rank, chunks {chunks}, receive {}, algorithm {algorithm}, calls {calls}",
         options.slots,

@@ -56,39 +56,7 @@ impl Communicator {
             return Ok(());
         }
         check_apart(input.byte_range(), output.byte_range())?;
-        let part_bytes = part_len * size_of::<T>();
-        if matches!(how, Split::Gather) && self.by_sum(whole_len * size_of::<T>()) {
-            let keep = self.rank() * part_bytes..(self.rank() + 1) * part_bytes;
-            // SAFETY: the output (`whole`) and input (`part`) are this device's, of the checked
-            // lengths, apart; their views note the call's point.
-            return unsafe {
-                self.sum_bytes(stream, (whole, whole_len * size_of::<T>()), keep, Some(part), |point| {
-                    input.note_use(point);
-                    output.note_use(point);
-                })
-            };
-        }
-        if let Split::Scatter(op) = how
-            && self.by_sum(whole_len * size_of::<T>())
-        {
-            // SAFETY: the input (`whole`) and output (`part`) are this device's, of the checked
-            // lengths, apart; their views note the point.
-            return unsafe {
-                self.scatter_by_sum::<T>(stream, (whole, whole_len), part, op, |p| {
-                    input.note_use(p);
-                    output.note_use(p);
-                })
-            };
-        }
-        if self.world() != 2 {
-            let transfer = self.split_many::<T>(whole, Some(part), part_len, how);
-            return self.enqueue_many(stream, transfer, |point| {
-                input.note_use(point);
-                output.note_use(point);
-            });
-        }
-        let transfer = self.split::<T>(whole, Some(part), part_len, how);
-        self.enqueue(stream, transfer, |point| {
+        self.split_checked::<T>(stream, whole, Some(part), part_len, how, |point| {
             input.note_use(point);
             output.note_use(point);
         })
@@ -124,25 +92,44 @@ impl Communicator {
         if len == 0 {
             return Ok(());
         }
-        if matches!(how, Split::Gather) && self.by_sum(buf.bytes()) {
-            let part_bytes = len * size_of::<T>();
-            let keep = self.rank() * part_bytes..(self.rank() + 1) * part_bytes;
-            // SAFETY: `buf` is this device's, its own part in place; its view notes the point.
-            return unsafe { self.sum_bytes(stream, (buf.raw_ptr(), buf.bytes()), keep, None, |p| buf.note_use(p)) };
-        }
-        if let Split::Scatter(op) = how
-            && self.by_sum(buf.bytes())
-        {
-            let (whole, own) = (buf.raw_ptr(), buf.raw_ptr() + (self.rank() * len * size_of::<T>()) as u64);
-            // SAFETY: `buf` is this device's, its own part inside it; its view notes the point.
-            return unsafe { self.scatter_by_sum::<T>(stream, (whole, buf.len()), own, op, |p| buf.note_use(p)) };
+        self.split_checked::<T>(stream, buf.raw_ptr(), None, len, how, |point| buf.note_use(point))
+    }
+
+    /// Both kinds of all-gather and reduce-scatter once their buffers are checked: `whole`,
+    /// `world` parts of `len` elements (`len` > 0), and `part`, this rank's separate part, or
+    /// `None` in place (see [`Communicator::split`]). `note` takes the call's point.
+    fn split_checked<T: Element>(
+        &mut self,
+        stream: &Stream,
+        whole: RawDevicePtr,
+        part: Option<RawDevicePtr>,
+        len: usize,
+        how: Split,
+        note: impl FnOnce(&StreamPoint),
+    ) -> Result<()> {
+        let part_bytes = len * size_of::<T>();
+        let whole_bytes = part_bytes * self.world();
+        let own = whole + (self.rank() * part_bytes) as u64;
+        if self.by_sum(whole_bytes) {
+            return match how {
+                // SAFETY: `whole` and `part` are this device's, of the checked lengths, `part`
+                // apart where given; `note` notes the point on their views.
+                Split::Gather => unsafe {
+                    let keep = self.rank() * part_bytes..(self.rank() + 1) * part_bytes;
+                    self.sum_bytes(stream, (whole, whole_bytes), keep, part, note)
+                },
+                // SAFETY: as above; in place, this rank's part lies inside `whole`.
+                Split::Scatter(op) => unsafe {
+                    self.scatter_by_sum::<T>(stream, (whole, len * self.world()), part.unwrap_or(own), op, note)
+                },
+            };
         }
         if self.world() != 2 {
-            let transfer = self.split_many::<T>(buf.raw_ptr(), None, len, how);
-            return self.enqueue_many(stream, transfer, |point| buf.note_use(point));
+            let transfer = self.split_many::<T>(whole, part, len, how);
+            return self.enqueue_many(stream, transfer, note);
         }
-        let transfer = self.split::<T>(buf.raw_ptr(), None, len, how);
-        self.enqueue(stream, transfer, |point| buf.note_use(point))
+        let transfer = self.split::<T>(whole, part, len, how);
+        self.enqueue(stream, transfer, note)
     }
 
     /// The transfer of an all-gather or reduce-scatter over `whole`, two parts of `len`
