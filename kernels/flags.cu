@@ -59,3 +59,12 @@ extern "C" __global__ void gp2p_wait_flags(const u32* flags, u32 count, u32 valu
     }
     __threadfence_system();
 }
+
+// A stamp of the GPU's global clock (nanoseconds, one clock for every context on the device,
+// so the stamps of processes sharing it line up) into `*at`, once the work queued before it on
+// its stream is done: the marks of a call's timeline (gp2p_cuda::Timeline), which say where a
+// call's time goes on the GPU, where no profiler runs.
+extern "C" __global__ void gp2p_stamp(u64* at) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    *at = global_ns();
+}

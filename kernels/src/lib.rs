@@ -127,7 +127,8 @@ pub enum KernelFamily {
     ExchangeMany,
     /// The two-rank exchange in flagged chunks ([`chunks_kernel_name`]).
     Chunks,
-    /// The bounded wait on a flag ([`WAIT_FLAG_KERNEL`]) or several ([`WAIT_FLAGS_KERNEL`]).
+    /// The bounded wait on a flag ([`WAIT_FLAG_KERNEL`]) or several ([`WAIT_FLAGS_KERNEL`]),
+    /// and the clock stamp of timelines ([`STAMP_KERNEL`]).
     Flags,
     /// The compressed all-reduce's block codec ([`compress_kernel_name`]).
     Compress,
@@ -424,6 +425,12 @@ pub const WAIT_FLAG_KERNEL: &str = "gp2p_wait_flag";
 /// equals `value`; giving up as [`WAIT_FLAG_KERNEL`] does.
 pub const WAIT_FLAGS_KERNEL: &str = "gp2p_wait_flags";
 
+/// The exported name of the clock stamp, in [`FLAGS`].
+///
+/// Signature `(u64* at)`: one thread writes the GPU's global clock (nanoseconds, the same
+/// clock for every context on the device) to `*at`, once its stream's earlier work is done.
+pub const STAMP_KERNEL: &str = "gp2p_stamp";
+
 /// Bytes of one line of the exchange kernels: data and the call's sequence number.
 pub const EXCHANGE_LINE_BYTES: usize = 8;
 /// Data bytes in one line of the exchange kernels.
@@ -459,7 +466,11 @@ mod tests {
 
     /// Every kernel of every family, by name, with its family.
     fn every_kernel() -> Vec<(KernelFamily, &'static str)> {
-        let mut all = vec![(KernelFamily::Flags, WAIT_FLAG_KERNEL), (KernelFamily::Flags, WAIT_FLAGS_KERNEL)];
+        let mut all = vec![
+            (KernelFamily::Flags, WAIT_FLAG_KERNEL),
+            (KernelFamily::Flags, WAIT_FLAGS_KERNEL),
+            (KernelFamily::Flags, STAMP_KERNEL),
+        ];
         for op in ReduceOp::ALL {
             for dtype in DType::ALL {
                 all.push((KernelFamily::Reduce, reduce_kernel_name(op, dtype)));

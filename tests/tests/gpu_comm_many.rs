@@ -916,3 +916,109 @@ fn one_gpu_three_processes_replay_their_rounds_from_graphs() {
     }
     replayed_among(test, 3);
 }
+
+/// Traced calls (`Communicator::start_timeline`) among `world` processes with replays on: an
+/// all-reduce through the pipeline (slots of 256 KiB, several chunks) three times, then a
+/// compressed one, each result checked; the stamps must tell the call's story in order: the
+/// call's start first and its end last on the caller's stream, each stream's stamps in time
+/// order between them, copies out on the send stream that moved at most the buffer and the
+/// folds' or copies' landings on the receive stream. Traced calls are never replayed, and
+/// once read the timeline is off: the next calls replay and stamp nothing.
+fn traced_among(test: &str, world: usize) {
+    if !runs_here(test, world) {
+        return;
+    }
+    let options = CommOptions { replay_calls: Some(true), ..small_pipeline(world, 256 << 10, None) };
+    let mut r = Ranked::start(test, world, sharing(options));
+    let (rank, stream) = (r.rank, &r.stream);
+    let len = 300_007;
+    let mut buf = DeviceBuffer::<f32>::alloc(r.comm.device(), len).unwrap();
+    let check_story = |stamps: &[geforce_p2p::cuda::Stamp], what: &str| {
+        let (first, last) = (stamps.first().unwrap(), stamps.last().unwrap());
+        assert_eq!((first.mark.stream, first.mark.what), ("caller", "start"), "rank {rank} {what}");
+        assert_eq!((last.mark.stream, last.mark.what), ("caller", "end"), "rank {rank} {what}");
+        assert!(stamps.iter().all(|s| s.ns >= first.ns && s.ns <= last.ns), "rank {rank} {what}: {stamps:?}");
+        for name in ["caller", "send", "receive"] {
+            let times: Vec<u64> = stamps.iter().filter(|s| s.mark.stream == name).map(|s| s.ns).collect();
+            assert!(times.windows(2).all(|w| w[0] <= w[1]), "rank {rank} {what}: {name} out of order: {times:?}");
+        }
+    };
+    for call in 0..3u64 {
+        let inputs = inputs_of::<f32>(world, len, 53, call);
+        buf.upload(stream, &inputs[rank]).unwrap();
+        r.comm.start_timeline().unwrap();
+        r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
+        let stamps = r.comm.read_timeline(stream).unwrap();
+        check_fold(
+            &format!("rank {rank} traced call {call}"),
+            &buf.to_host_vec(stream).unwrap(),
+            &inputs,
+            0..len,
+            ReduceOp::Sum,
+        );
+        check_story(&stamps, &format!("call {call}"));
+        let sent: usize =
+            stamps.iter().filter(|s| (s.mark.stream, s.mark.what) == ("send", "copy out")).map(|s| s.mark.bytes).sum();
+        assert!(sent > 0 && sent <= len * 4, "rank {rank} call {call}: {sent} bytes copied out");
+        let landings = ["fold", "fold zero-copy", "land copy", "land dma"];
+        assert!(
+            stamps.iter().any(|s| s.mark.stream == "receive" && landings.contains(&s.mark.what)),
+            "rank {rank} call {call}: no landing stamped: {stamps:?}"
+        );
+    }
+    let Some(counts) = r.comm.replay_counts() else { unreachable!("replays were asked for") };
+    assert_eq!((counts.replayed, counts.captured), (0, 0), "rank {rank}: traced calls are enqueued: {counts:?}");
+    for call in 0..3u64 {
+        let inputs = inputs_of::<f32>(world, len, 59, call);
+        buf.upload(stream, &inputs[rank]).unwrap();
+        r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
+        check_fold(
+            &format!("rank {rank} call {call} after"),
+            &buf.to_host_vec(stream).unwrap(),
+            &inputs,
+            0..len,
+            ReduceOp::Sum,
+        );
+    }
+    assert!(r.comm.read_timeline(stream).unwrap().is_empty(), "rank {rank}: off once read");
+    let Some(counts) = r.comm.replay_counts() else { unreachable!("replays were asked for") };
+    assert!(counts.replayed > 0, "rank {rank}: untraced calls replay again: {counts:?}");
+    let inputs = compressible_inputs::<half::bf16>(world, len, 77);
+    let refs: Vec<&[half::bf16]> = inputs.iter().map(Vec::as_slice).collect();
+    let scheme = Scheme { format: Format::Int8, block: BlockSize::new(64).unwrap() };
+    let want = compress::all_reduce(&refs, ReduceOp::Sum, scheme).unwrap();
+    let mut wide = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+    r.comm.start_timeline().unwrap();
+    let wire = WireFormat { format: scheme.format, block: scheme.block };
+    r.comm.all_reduce_compressed(&mut wide.view_mut(..), stream, ReduceOp::Sum, wire).unwrap();
+    let stamps = r.comm.read_timeline(stream).unwrap();
+    let bits = |a: &half::bf16| a.to_bits();
+    let same = |a: &half::bf16, b: &half::bf16| bits(a) == bits(b) || (a.is_nan() && b.is_nan());
+    let got = wide.to_host_vec(stream).unwrap();
+    assert!(differences(&got, &want[rank], same).is_none(), "rank {rank}: the traced compressed call");
+    check_story(&stamps, "compressed");
+    for what in ["fold encode", "encode", "wire out", "decode"] {
+        assert!(stamps.iter().any(|s| s.mark.what == what), "rank {rank}: no {what} stamped: {stamps:?}");
+    }
+    r.finish();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_stamp_every_step_of_a_traced_call() {
+    let test = "one_gpu_two_processes_stamp_every_step_of_a_traced_call";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    traced_among(test, 2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_three_processes_stamp_every_step_of_a_traced_call() {
+    let test = "one_gpu_three_processes_stamp_every_step_of_a_traced_call";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    traced_among(test, 3);
+}

@@ -37,6 +37,7 @@ mod failure;
 mod host;
 mod point_to_point;
 mod split;
+mod timeline;
 
 pub use host::Control;
 
@@ -119,6 +120,11 @@ pub struct Communicator {
     /// made with the communicator, as large as such a call gets, so every rank has it; kept
     /// like the wires once a call was captured.
     sums: Option<DeviceBuffer<u8>>,
+    /// Where calls stamp their steps while a timeline is on (see the `timeline` module).
+    timeline: Option<gp2p_cuda::Timeline>,
+    /// Whether the call being enqueued stamps its steps: a timeline is on and the call is
+    /// not being captured.
+    marking: bool,
 }
 
 /// Whether calls may be captured into CUDA graphs, and whether one was.
@@ -206,6 +212,8 @@ impl Communicator {
             wires: None,
             compress,
             sums,
+            timeline: None,
+            marking: false,
         })
     }
 
@@ -374,7 +382,10 @@ impl Communicator {
             stream.wait_point(last)?;
         }
         let reserved = stream.reserve_point()?;
-        let launched = launch(self);
+        self.marking = self.timeline.is_some();
+        let launched = self.mark(stream, "start", 0).and_then(|()| launch(&mut *self));
+        let launched = launched.and_then(|()| self.mark(stream, "end", 0));
+        self.marking = false;
         let point = stream.point_from(reserved)?;
         note(&point);
         self.registration.uses().note(&point);
@@ -428,6 +439,7 @@ impl Communicator {
             rank: self.rank(),
             timeout_ns: self.timeout_ns(),
             scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
+            timeline: self.timeline.as_ref().filter(|_| self.marking),
         }
     }
 

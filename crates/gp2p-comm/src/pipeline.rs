@@ -21,18 +21,18 @@
 
 use std::sync::Mutex;
 
-use gp2p_cuda::raw::{
-    Codec, GiveUp, compress_decode, compress_encode, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce,
-    wait_flag, wait_flags, wire_from_host, wire_to_host, write_flag,
-};
-use gp2p_cuda::{Captured, Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork};
+use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, write_flag};
+use gp2p_cuda::{Captured, Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork, Timeline};
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
-use crate::handshake::{EMPTY, Lane, Owner, Step, plan};
+use crate::handshake::{Lane, Owner, Step, plan};
 use crate::layout::Layout;
 use crate::replay::{ReplayCounts, Replays};
-use crate::rounds::{Buf, LegLanding, LegStep, Rounds, chunk_range, steps};
+use crate::rounds::Rounds;
+
+mod many;
+pub(crate) use many::{WireLand, WireLegs, WireOut};
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.
 const FORKED_STREAMS: usize = 2;
@@ -84,6 +84,9 @@ pub(crate) struct RankSide<'a> {
     /// Device memory of a slot's size, only for the receive stream: where a chunk to fold
     /// lands by DMA first. None: the fold reads the slot in place (zero-copy).
     pub(crate) scratch: Option<RawDevicePtr>,
+    /// Where a traced call stamps each step it enqueues (see [`mark`]); such a call is always
+    /// enqueued, never replayed.
+    pub(crate) timeline: Option<&'a Timeline>,
 }
 
 /// Everything a call's enqueue depends on, so that a graph of it may stand for a later call
@@ -147,44 +150,6 @@ pub(crate) struct ManyTransfer {
     pub(crate) wires: Option<WireLegs>,
 }
 
-/// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
-/// one slot. A wire crosses the link as a DMA of its words and codes (its first
-/// `exact_offset` bytes) and a kernel that copies the values of the blocks that travel exact
-/// (through the device's mapping of the slot, only where there are such blocks), never the
-/// rest of its room (4 bytes a value). Encoding and decoding run in device memory, in a stage
-/// of a slot's size per stream, so the copy engines carry the bulk.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct WireLegs {
-    pub(crate) codec: Codec,
-    /// How a leg's wire gets into its writer's slot.
-    pub(crate) out: WireOut,
-    /// What a reader makes of it.
-    pub(crate) land: WireLand,
-    /// Values of each leg's wire, by leg.
-    pub(crate) values: Vec<usize>,
-    /// Device memory of a slot's size for the send stream's encodes and the receive stream's
-    /// decodes: `[send, receive]`.
-    pub(crate) stages: [RawDevicePtr; 2],
-}
-
-/// How a wire leg's copy out fills the slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WireOut {
-    /// Encode the leg's source, values of `codec.dtype`, into it.
-    Encode,
-    /// Copy the wire at the leg's source into it.
-    Copy,
-}
-
-/// How a reader lands a wire leg.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WireLand {
-    /// Copy the wire into the destination.
-    Copy,
-    /// Decode it into the destination's values of `codec.dtype`.
-    Decode,
-}
-
 impl Pipeline {
     pub(crate) fn new(device: &Device, slots: usize) -> Result<Pipeline> {
         let events = || (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>();
@@ -216,11 +181,13 @@ impl Pipeline {
         let key = || CallKey::Many(side_key, transfer.clone());
         // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued
         // on any stream of this device and for a graph of it launched on `stream`.
-        unsafe {
-            self.replayed(stream, is_key, key, |on| {
-                self.forked(on, transfer.local, || self.enqueue_rounds(side, transfer))
-            })
+        let enqueue =
+            |on: &Stream| unsafe { self.forked(on, side, transfer.local, || self.enqueue_rounds(side, transfer)) };
+        if side.timeline.is_some() {
+            return enqueue(stream);
         }
+        // SAFETY: as for `enqueue`.
+        unsafe { self.replayed(stream, is_key, key, enqueue) }
     }
 
     /// How the calls ran, where they replay from graphs.
@@ -264,134 +231,6 @@ impl Pipeline {
         replays.run(is_key, key, capture, launch, || enqueue(stream))
     }
 
-    /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
-    ///
-    /// # Safety
-    /// As for [`Pipeline::run_many`].
-    unsafe fn enqueue_rounds(&self, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
-        let RankSide { staging, layout, rank, timeout_ns, scratch } = side;
-        let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
-        let slot_bytes = layout.slot_bytes();
-        // Wires cross a slot whole (one chunk a leg); bytes in the rounds' chunks.
-        let chunk_bytes = if transfer.wires.is_some() { slot_bytes } else { layout.rounds_chunk() };
-        let device_at = |offset: usize| staging.device + offset as u64;
-        let host_at = |offset: usize| staging.host.wrapping_add(offset);
-        let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
-        let at = |(buf, offset): (Buf, usize)| {
-            (if buf == Buf::Main { transfer.main } else { transfer.part }) + offset as u64
-        };
-        let legs = &transfer.rounds.legs;
-        // A wire leg (one chunk): the leg, its wire's values and block.
-        let wire_leg = |wires: &WireLegs, i: usize, chunk: usize| {
-            let (leg, values, block) = (&legs[i], wires.values[i], wires.codec.block);
-            debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
-            (leg, values, block)
-        };
-        for (lane, step) in steps(&transfer.rounds, rank, chunk_bytes, layout.slot_count) {
-            let stream = if lane == Lane::Send { send } else { receive };
-            // Why each call below is sound: flags and slots come from the layout, in the
-            // registered area; a leg's ranges lie in the caller's buffers (its contract). The
-            // steps write a slot only once every reader's flag of it is empty and read it only
-            // once this rank's flag is full, and order a copy out after this rank's landings
-            // in the same range, and a landing after its copies out (see `rounds`).
-            match step {
-                LegStep::WaitSlotFree { slot } => {
-                    let flags = device_at(layout.full(rank, slot, 0));
-                    // SAFETY: this slot's `world` flags and this rank's give-up words.
-                    unsafe { wait_flags(stream, flags, layout.world, EMPTY, give_up, timeout_ns)? }
-                }
-                LegStep::WaitFlag { writer, slot, reader, value } => {
-                    let flag = device_at(layout.full(writer, slot, reader));
-                    // SAFETY: a flag and this rank's give-up words of the registered area.
-                    unsafe { wait_flag(stream, flag, value, give_up, timeout_ns)? }
-                }
-                LegStep::SetFlag { writer, slot, reader, value } => {
-                    // SAFETY: a flag of the registered area.
-                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? }
-                }
-                LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {
-                    let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
-                    let (leg, values, block) = wire_leg(wires, i, chunk);
-                    let (slot_host, slot_device) =
-                        (host_at(layout.slot(rank, slot)), device_at(layout.slot(rank, slot)));
-                    let wire = match wires.out {
-                        WireOut::Copy => at(leg.src),
-                        WireOut::Encode => wires.stages[0],
-                    };
-                    // SAFETY: this rank's slot, free (the steps waited), holds the wire's room
-                    // (the leg's bytes, at most a slot), and so does the send stage, which only
-                    // this stream uses; the leg's source holds `values` values or a wire of
-                    // them (the caller's contract).
-                    unsafe {
-                        if wires.out == WireOut::Encode {
-                            compress_encode(stream, wires.codec, at(leg.src), values, wire)?;
-                        }
-                        wire_to_host(stream, block, wire, values, slot_host, slot_device)?;
-                    }
-                }
-                LegStep::Land { leg: i, chunk, slot } if transfer.wires.is_some() => {
-                    let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
-                    let (leg, values, block) = wire_leg(wires, i, chunk);
-                    let (slot_host, slot_device) =
-                        (host_at(layout.slot(leg.writer, slot)), device_at(layout.slot(leg.writer, slot)));
-                    let wire = match wires.land {
-                        WireLand::Copy => at(leg.dst),
-                        WireLand::Decode => wires.stages[1],
-                    };
-                    // SAFETY: the writer's slot, full (the steps waited), holding the leg's
-                    // wire; into a room for it, the leg's destination or the receive stage
-                    // (only this stream uses it), which nothing else of the call touches
-                    // meanwhile; the words the exact blocks' copy reads are the ones the DMA
-                    // just put there (same stream).
-                    unsafe {
-                        wire_from_host(stream, block, slot_host, slot_device, values, wire)?;
-                        if wires.land == WireLand::Decode {
-                            compress_decode(stream, wires.codec, wire, values, at(leg.dst))?;
-                        }
-                    }
-                }
-                LegStep::CopyOut { leg, chunk, slot } => {
-                    let leg = &legs[leg];
-                    let range = chunk_range(leg, chunk, chunk_bytes);
-                    let to = host_at(layout.slot(rank, slot)).cast();
-                    // SAFETY: this rank's slot, free (the steps waited), and a chunk of the
-                    // leg's source.
-                    unsafe { memcpy_dtoh_async(stream, to, at(leg.src) + range.start as u64, range.len())? }
-                }
-                LegStep::Land { leg, chunk, slot } => {
-                    let leg = &legs[leg];
-                    let range = chunk_range(leg, chunk, chunk_bytes);
-                    let to = at(leg.dst) + range.start as u64;
-                    match leg.landing {
-                        LegLanding::Fold { last } => {
-                            let (host, mapped) =
-                                (host_at(layout.slot(leg.writer, slot)), device_at(layout.slot(leg.writer, slot)));
-                            let elements = range.len() / transfer.dtype.size_bytes();
-                            let divide_by = if last { transfer.divide_by } else { 1 };
-                            // SAFETY: the writer's slot, full (the steps waited), into a chunk
-                            // of the leg's destination, which nothing else of the call touches
-                            // meanwhile; the scratch holds a slot and only this stream uses it.
-                            unsafe {
-                                let (from, source) = land_for_fold(stream, scratch, host, mapped, range.len())?;
-                                reduce(stream, to, from, elements, transfer.dtype, transfer.op, divide_by, source)?
-                            }
-                        }
-                        LegLanding::Copy => {
-                            let from = host_at(layout.slot(leg.writer, slot)).cast();
-                            // SAFETY: as for the fold.
-                            unsafe { memcpy_htod_async(stream, to, from, range.len())? }
-                        }
-                    }
-                }
-                LegStep::RecordSent => self.many_sent.record(stream)?,
-                LegStep::AfterSent => stream.wait(&self.many_sent)?,
-                LegStep::RecordLanded => self.many_landed.record(stream)?,
-                LegStep::AfterLanded => stream.wait(&self.many_landed)?,
-            }
-        }
-        Ok(())
-    }
-
     /// Enqueue this rank's side of `transfer` after the work queued on `stream`; work queued
     /// there afterwards sees it done. Returns once everything is enqueued.
     ///
@@ -413,11 +252,13 @@ impl Pipeline {
         let key = || CallKey::Two(side_key, transfer);
         // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued
         // on any stream of this device and for a graph of it launched on `stream`.
-        unsafe {
-            self.replayed(stream, is_key, key, |on| {
-                self.forked(on, transfer.local, || self.enqueue_chunks(side, transfer))
-            })
+        let enqueue =
+            |on: &Stream| unsafe { self.forked(on, side, transfer.local, || self.enqueue_chunks(side, transfer)) };
+        if side.timeline.is_some() {
+            return enqueue(stream);
         }
+        // SAFETY: as for `enqueue`.
+        unsafe { self.replayed(stream, is_key, key, enqueue) }
     }
 
     /// What both kinds of call do around their steps: releases paused, `local` copied on the
@@ -430,6 +271,7 @@ impl Pipeline {
     unsafe fn forked(
         &self,
         stream: &Stream,
+        side: RankSide<'_>,
         local: Option<(RawDevicePtr, RawDevicePtr, usize)>,
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
@@ -440,6 +282,7 @@ impl Pipeline {
         if let Some((dst, src, bytes)) = local {
             // SAFETY: both ranges are the caller's, on this device, apart (its contract).
             unsafe { memcpy_dtod_async(stream, dst, src, bytes)? };
+            mark(side.timeline, stream, "caller", "local copy", bytes)?;
         }
         if let Err(e) = self.fork.fork(stream) {
             // A fork that failed part-way leaves a side stream waiting on the caller's: join it
@@ -459,7 +302,7 @@ impl Pipeline {
     /// # Safety
     /// As for [`Pipeline::run`].
     unsafe fn enqueue_chunks(&self, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
-        let RankSide { staging, layout, rank, timeout_ns, scratch } = side;
+        let RankSide { staging, layout, rank, timeout_ns, scratch, timeline } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let peer = 1 - rank;
         // Both ranks send and receive the same bytes, so they cut the same chunks.
@@ -484,24 +327,40 @@ impl Pipeline {
             // a sending rank's plan, `dst` by a receiving one's). The plan's handshakes write a
             // slot only once its flag is empty and read it only once full, and its events order
             // a landing after this rank's own copy out of the same range (see `handshake`).
-            match step {
-                Step::AfterSent { slot } => stream.wait(&self.sent[slot])?,
-                Step::AfterReceived { slot } => stream.wait(&self.received[slot])?,
-                Step::RecordSent { slot } => self.sent[slot].record(stream)?,
-                Step::RecordReceived { slot } => self.received[slot].record(stream)?,
+            // What the step did, for a traced call's stamp (as in `enqueue_rounds`).
+            let done: Option<(&str, usize)> = match step {
+                Step::AfterSent { slot } => {
+                    stream.wait(&self.sent[slot])?;
+                    Some(("after sent", 0))
+                }
+                Step::AfterReceived { slot } => {
+                    stream.wait(&self.received[slot])?;
+                    Some(("after received", 0))
+                }
+                Step::RecordSent { slot } => {
+                    self.sent[slot].record(stream)?;
+                    None
+                }
+                Step::RecordReceived { slot } => {
+                    self.received[slot].record(stream)?;
+                    None
+                }
                 Step::WaitFlag { owner, slot, value } => {
                     // SAFETY: a flag and this rank's give-up words of the registered area.
-                    unsafe { wait_flag(stream, flag(owner, slot), value, give_up, timeout_ns)? }
+                    unsafe { wait_flag(stream, flag(owner, slot), value, give_up, timeout_ns)? };
+                    Some(("wait flag", 0))
                 }
                 Step::SetFlag { owner, slot, value } => {
                     // SAFETY: a flag of the registered area.
-                    unsafe { write_flag(stream, flag(owner, slot), value)? }
+                    unsafe { write_flag(stream, flag(owner, slot), value)? };
+                    None
                 }
                 Step::CopyOut { chunk, slot } => {
                     let (start, len) = range(chunk);
                     let to = host_at(layout.slot(rank, slot)).cast();
                     // SAFETY: this rank's slot, empty (the plan waited), and a chunk of `src`.
-                    unsafe { memcpy_dtoh_async(stream, to, src + start as u64, len)? }
+                    unsafe { memcpy_dtoh_async(stream, to, src + start as u64, len)? };
+                    Some(("copy out", len))
                 }
                 Step::Land { chunk, slot } => {
                     let (start, len) = range(chunk);
@@ -513,18 +372,25 @@ impl Pipeline {
                             // SAFETY: the peer's slot, full (the plan waited), into a chunk of
                             // `dst`, which no other step of the call touches meanwhile; the
                             // scratch holds a slot and only this stream uses it.
-                            unsafe {
+                            let source = unsafe {
                                 let (from, source) = land_for_fold(stream, scratch, host, mapped, len)?;
-                                reduce(stream, to, from, elements, transfer.dtype, op, divide_by, source)?
-                            }
+                                mark_landed(timeline, stream, lane, source, len)?;
+                                reduce(stream, to, from, elements, transfer.dtype, op, divide_by, source)?;
+                                source
+                            };
+                            Some((fold_name(source), len))
                         }
                         Landing::Copy => {
                             let from = host_at(layout.slot(peer, slot)).cast();
                             // SAFETY: as for the fold.
-                            unsafe { memcpy_htod_async(stream, to, from, len)? }
+                            unsafe { memcpy_htod_async(stream, to, from, len)? };
+                            Some(("land copy", len))
                         }
                     }
                 }
+            };
+            if let Some((what, bytes)) = done {
+                mark(timeline, stream, lane.name(), what, bytes)?;
             }
         }
         Ok(())
@@ -553,4 +419,34 @@ unsafe fn land_for_fold(
             Ok((scratch, SourceMemory::Device))
         }
     }
+}
+
+/// Stamp `what` (`bytes` moved) on `stream`, called `name`, where the call is traced.
+pub(crate) fn mark(
+    timeline: Option<&Timeline>,
+    stream: &Stream,
+    name: &'static str,
+    what: &'static str,
+    bytes: usize,
+) -> Result<()> {
+    match timeline {
+        Some(timeline) => Ok(timeline.mark(stream, name, what, bytes)?),
+        None => Ok(()),
+    }
+}
+
+/// A traced landing's DMA into the scratch, stamped apart from the fold that follows it.
+fn mark_landed(
+    timeline: Option<&Timeline>,
+    stream: &Stream,
+    lane: Lane,
+    source: SourceMemory,
+    bytes: usize,
+) -> Result<()> {
+    if source == SourceMemory::Device { mark(timeline, stream, lane.name(), "land dma", bytes) } else { Ok(()) }
+}
+
+/// What a traced fold is called: of the scratch, or of the slot read across the link.
+fn fold_name(source: SourceMemory) -> &'static str {
+    if source == SourceMemory::Device { "fold" } else { "fold zero-copy" }
 }

@@ -290,6 +290,18 @@ impl KernelArgs for WaitFlagArgs {
     }
 }
 
+/// The stamp kernel's one parameter `(u64* at)` (see [`gp2p_kernels::STAMP_KERNEL`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct StampArgs {
+    pub(crate) at: RawDevicePtr,
+}
+
+impl KernelArgs for StampArgs {
+    fn params(&self) -> Params {
+        Params::default().u64(self.at)
+    }
+}
+
 /// Refuses a divisor of 0 (avg divides by the number of contributions): what every reduce
 /// launch checks, for callers that refuse it before enqueueing anything.
 pub fn check_divisor(divide_by: u32) -> Result<()> {
@@ -356,8 +368,8 @@ mod tests {
     #[test]
     fn every_kernel_family_is_launched_with_as_many_arguments_as_its_ptx_declares() {
         use gp2p_kernels::{
-            CHUNKS, EXCHANGE, EXCHANGE_MANY, FLAGS, REDUCE, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL, chunks_kernel_name,
-            exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
+            CHUNKS, EXCHANGE, EXCHANGE_MANY, FLAGS, REDUCE, STAMP_KERNEL, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL,
+            chunks_kernel_name, exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
         };
         let (op, dtype) = (gp2p_kernels::ReduceOp::Avg, DType::BF16);
         let families = [
@@ -367,6 +379,7 @@ mod tests {
             (EXCHANGE_MANY.ptx, exchange_many_kernel_name(op, dtype), ExchangeManyArgs::default().params().len()),
             (FLAGS.ptx, WAIT_FLAG_KERNEL, WaitFlagArgs::default().params().len()),
             (FLAGS.ptx, WAIT_FLAGS_KERNEL, WaitFlagsArgs::default().params().len()),
+            (FLAGS.ptx, STAMP_KERNEL, StampArgs::default().params().len()),
         ];
         for (ptx, name, launched) in families {
             assert_eq!(launched, ptx_params(ptx, name), "{name}: arguments launched against parameters declared");

@@ -22,7 +22,8 @@
 //!   (a launch costs the host about twice a replay's time).
 //! - [`Captured`]: work enqueued once by stream capture, launched again as one driver call.
 //! - [`trace`]: a per-thread host-time trace of the driver calls, for finding where an
-//!   enqueue's time goes.
+//!   enqueue's time goes; [`Timeline`]: its GPU side, the device's clock stamped after each
+//!   step on the stream it ran on.
 //! - [`raw`]: the one door to the driver for the crates above: copies and kernel launches on
 //!   addresses (unsafe, each with its contract), and address lookups.
 //! - `interop` (feature `cudarc`): cudarc's memory and streams as views and streams of this
@@ -79,6 +80,7 @@ mod reduce;
 mod registered;
 mod replay;
 mod stream;
+mod timeline;
 pub mod trace;
 
 pub use captured::Captured;
@@ -100,3 +102,4 @@ pub use reduce::{load_all_reduce_kernels, reduce};
 pub use registered::{HostRegistration, MappingOwner};
 pub use replay::LaunchCache;
 pub use stream::{RawStream, Stream, StreamFork};
+pub use timeline::{Mark, Stamp, Timeline};

@@ -25,12 +25,14 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
-use gp2p_kernels::{DType, KernelFamily, ReduceOp, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL, reduce_kernel_name};
+use gp2p_kernels::{
+    DType, KernelFamily, ReduceOp, STAMP_KERNEL, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL, reduce_kernel_name,
+};
 
 use crate::driver::{RawDevicePtr, check};
 pub use crate::launch::InOut;
 use crate::launch::{
-    ONE_THREAD, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs, check_divisor, launch_kernel,
+    ONE_THREAD, ReduceArgs, SourceMemory, StampArgs, WaitFlagArgs, WaitFlagsArgs, check_divisor, launch_kernel,
     reduce_launch_config,
 };
 use crate::{Device, Error, Module, Result, Stream};
@@ -281,6 +283,26 @@ pub unsafe fn wait_flags(
     let args = WaitFlagsArgs { flags, count, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
     unsafe { launch_kernel(&function, stream, ONE_THREAD, &args, None) }
+}
+
+/// Enqueue a stamp of the GPU's global clock into the `u64` at `at` on `stream` (one thread of
+/// [`gp2p_kernels::STAMP_KERNEL`]): nanoseconds, read once the work queued there before it is
+/// done, on the clock every context of the device reads. What [`crate::Timeline`] marks with.
+///
+/// # Safety
+/// `at` is a writable, 8-byte aligned `u64` of the stream's device that stays allocated until
+/// the kernel completes on `stream`, and that nothing else touches meanwhile.
+pub unsafe fn stamp(stream: &Stream, at: RawDevicePtr) -> Result<()> {
+    if at == 0 {
+        return Err(Error::InvalidArgument {
+            name: "at",
+            reason: "a stamp needs a word to write; got address 0".into(),
+        });
+    }
+    check_aligned(&[("at", at)], 8)?;
+    let function = Module::kernels(stream.device(), KernelFamily::Flags)?.function(STAMP_KERNEL)?;
+    // SAFETY: the stamp kernel; the address is the caller's contract.
+    unsafe { launch_kernel(&function, stream, ONE_THREAD, &StampArgs { at }, None) }
 }
 
 /// Refuse `buf`'s addresses misaligned for elements of `align` bytes, and a `dst` that

@@ -126,6 +126,12 @@ pub struct CommArgs {
     algorithm: Option<AlgorithmFlag>,
     #[command(flatten)]
     compress: CompressArgs,
+    /// After each size's timed runs, one more call with every step stamped on the GPU: each
+    /// rank writes its stamps to DIR/timeline-<size>-rank<r>.json, and rank 0 prints its own
+    /// summed by stream and step under the table (where a call's time goes; the stamps slow
+    /// it, so the row's time stays the untraced one).
+    #[arg(long, value_name = "DIR")]
+    timeline: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: &CommArgs) -> Result<(), CliError> {
@@ -251,9 +257,11 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     let model = ceiling.as_ref().map(|&(duplex, _, here)| model_machine(world, sharing, duplex, here));
     let bar = (rank == 0).then(|| progress(sizes.len()));
     let mut rows = Vec::new();
+    let mut timelines = Vec::new();
     for &bytes in &sizes {
         let duplex = ceiling.as_ref().map(|c| c.0);
-        let Some(mut row) = one_size::<T>(args, compressed, &mut comm, &stream, bytes, sharing, duplex)? else {
+        let sized = one_size::<T>(args, compressed, &mut comm, &stream, bytes, sharing, duplex, &mut timelines)?;
+        let Some(mut row) = sized else {
             continue;
         };
         if let Some(machine) = &model
@@ -315,6 +323,9 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         );
     }
     println!("{}", rows_table(&report.rows, "of bound").trim_fmt());
+    for summary in &timelines {
+        print!("{summary}");
+    }
     if let Some(counts) = comm.replay_counts() {
         let failure = counts.first_failure.map_or_else(String::new, |e| format!(" (the first: {e})"));
         println!(
@@ -353,8 +364,9 @@ struct Measured {
     dram_gbps: f64,
 }
 
-/// One size on every rank: check a call from fresh inputs, then time the runs (rank 0); the
-/// row on rank 0, `None` elsewhere and for sizes too small for the ranks.
+/// One size on every rank: check a call from fresh inputs, then time the runs (rank 0), then
+/// with `--timeline` trace one more call (rank 0 adds its summary to `timelines`); the row on
+/// rank 0, `None` elsewhere and for sizes too small for the ranks.
 #[allow(clippy::too_many_arguments)]
 fn one_size<T: Compressed>(
     args: &CommArgs,
@@ -364,6 +376,7 @@ fn one_size<T: Compressed>(
     bytes: usize,
     sharing: usize,
     duplex: Option<f64>,
+    timelines: &mut Vec<String>,
 ) -> Result<Option<Row>, CliError> {
     let (rank, n, kind, op) = (comm.rank(), comm.world(), args.collective, args.op.0);
     let len = match kind {
@@ -404,21 +417,28 @@ fn one_size<T: Compressed>(
         }
         Ok(())
     };
+    // One right answer for the compressed call, the reference's bits.
+    let want = match compressed {
+        Some(format) => {
+            let scheme = Scheme { format: format.format, block: format.block };
+            let all = T::compressed_reference(&inputs, op, scheme)
+                .ok_or_else(|| CliError::Usage(format!("--compress takes f32, f16 or bf16, not {}", T::DTYPE)))?;
+            all.into_iter().nth(rank)
+        }
+        None => None,
+    };
+    let count_wrong = |got: &[T]| match &want {
+        Some(want) => count_unequal_bits(got, want),
+        None => wrong_count(kind, got, &inputs, rank, op),
+    };
     reset(&mut out)?;
     call(comm, &mut out)?;
     let got = out.to_host_vec(stream)?;
-    let (wrong, error) = match compressed {
-        // One right answer, the reference's bits; its distance from the exact sum is the
-        // row's error (every rank holds the same bits, so rank 0's result stands for all).
-        Some(format) => {
-            let scheme = Scheme { format: format.format, block: format.block };
-            let want = T::compressed_reference(&inputs, op, scheme)
-                .ok_or_else(|| CliError::Usage(format!("--compress takes f32, f16 or bf16, not {}", T::DTYPE)))?;
-            let error = (rank == 0).then(|| deviation_from_exact(&inputs, std::slice::from_ref(&got), op));
-            (count_unequal_bits(&got, &want[rank]), error)
-        }
-        None => (wrong_count(kind, &got, &inputs, rank, op), None),
-    };
+    let wrong = count_wrong(&got);
+    // Compressed, the result's distance from the exact sum is the row's error (every rank
+    // holds the same bits, so rank 0's result stands for all).
+    let error =
+        (compressed.is_some() && rank == 0).then(|| deviation_from_exact(&inputs, std::slice::from_ref(&got), op));
     let wrong_everywhere: u64 = comm.exchange_host([wrong as u64, 0, 0, 0, 0, 0])?.iter().map(|w| w[0]).sum();
     let mut per_call = Vec::with_capacity(args.common.iters);
     let mut enqueue = Vec::with_capacity(args.common.iters);
@@ -440,6 +460,26 @@ fn one_size<T: Compressed>(
         if run >= args.common.warmup {
             per_call.push(f64::from(Event::elapsed_ms(&start, &end)?) / 1e3 / args.calls as f64);
             enqueue.push(host / args.calls as f64);
+        }
+    }
+    if let Some(dir) = &args.timeline {
+        reset(&mut out)?;
+        stream.synchronize()?;
+        comm.exchange_host([0; 6])?;
+        comm.start_timeline()?;
+        call(comm, &mut out)?;
+        let stamps = comm.read_timeline(stream)?;
+        comm.check()?;
+        let wrong = count_wrong(&out.to_host_vec(stream)?);
+        if wrong > 0 {
+            return Err(CliError::Wrong(format!(
+                "rank {rank}: the traced call of {bytes} bytes left {wrong} values wrong"
+            )));
+        }
+        super::timeline::write(dir, bytes, rank, n, &stamps)?;
+        if rank == 0 {
+            let file = super::timeline::file_for(dir, bytes, 0);
+            timelines.push(super::timeline::summary(bytes, n, &stamps, &file));
         }
     }
     let Some(duplex) = duplex else { return Ok(None) };

@@ -7,6 +7,7 @@ mod compressed;
 mod copy;
 mod host;
 mod reduce;
+mod timeline;
 
 use std::path::PathBuf;
 

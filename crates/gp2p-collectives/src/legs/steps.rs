@@ -51,6 +51,16 @@ pub enum Lane {
     Receive,
 }
 
+impl Lane {
+    /// The stream's name in timelines and messages: "send" or "receive".
+    pub fn name(self) -> &'static str {
+        match self {
+            Lane::Send => "send",
+            Lane::Receive => "receive",
+        }
+    }
+}
+
 /// A flag's value: its slot may be written (by its writer).
 pub const EMPTY: u32 = 0;
 /// A flag's value: its slot holds a chunk for the flag's reader.

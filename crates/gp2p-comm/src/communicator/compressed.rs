@@ -304,9 +304,11 @@ impl Communicator {
             // sent of it (landed: the run joined into `stream`), into its fold's room, which no
             // leg reads until the second run.
             unsafe { compress_fold_encode(stream, codec, own, values.len(), &addresses, rank, average, out)? };
+            self.mark(stream, "fold encode", values.len() * size)?;
             // SAFETY: that fold into the same piece of the output, which the fold has read
             // (in place) and nothing else writes.
             unsafe { compress_decode(stream, codec, out, values.len(), at(buf.dst, values.start * size))? };
+            self.mark(stream, "decode own", values.len() * size)?;
         }
         let (rounds, values) = plan.to_all(size);
         let wires = Some(WireLegs { codec, out: WireOut::Copy, land: WireLand::Decode, values, stages });

@@ -1,0 +1,213 @@
+//! The steps of a call of more than two ranks ([`Pipeline::run_many`]): the rounds module's
+//! legs, each step one CUDA call on the pipeline's send or receive stream, and the legs that
+//! carry the compressed all-reduce's wires.
+#![allow(unsafe_code)]
+
+use gp2p_cuda::RawDevicePtr;
+use gp2p_cuda::raw::{
+    Codec, GiveUp, compress_decode, compress_encode, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag,
+    wait_flags, wire_from_host, wire_to_host, write_flag,
+};
+
+use super::{ManyTransfer, Pipeline, RankSide, fold_name, land_for_fold, mark, mark_landed};
+use crate::Result;
+use crate::handshake::{EMPTY, Lane};
+use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps};
+
+/// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
+/// one slot. A wire crosses the link as a DMA of its words and codes (its first
+/// `exact_offset` bytes) and a kernel that copies the values of the blocks that travel exact
+/// (through the device's mapping of the slot, only where there are such blocks), never the
+/// rest of its room (4 bytes a value). Encoding and decoding run in device memory, in a stage
+/// of a slot's size per stream, so the copy engines carry the bulk.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WireLegs {
+    pub(crate) codec: Codec,
+    /// How a leg's wire gets into its writer's slot.
+    pub(crate) out: WireOut,
+    /// What a reader makes of it.
+    pub(crate) land: WireLand,
+    /// Values of each leg's wire, by leg.
+    pub(crate) values: Vec<usize>,
+    /// Device memory of a slot's size for the send stream's encodes and the receive stream's
+    /// decodes: `[send, receive]`.
+    pub(crate) stages: [RawDevicePtr; 2],
+}
+
+/// How a wire leg's copy out fills the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WireOut {
+    /// Encode the leg's source, values of `codec.dtype`, into it.
+    Encode,
+    /// Copy the wire at the leg's source into it.
+    Copy,
+}
+
+/// How a reader lands a wire leg.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WireLand {
+    /// Copy the wire into the destination.
+    Copy,
+    /// Decode it into the destination's values of `codec.dtype`.
+    Decode,
+}
+
+impl Pipeline {
+    /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
+    ///
+    /// # Safety
+    /// As for [`Pipeline::run_many`].
+    pub(super) unsafe fn enqueue_rounds(&self, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
+        let RankSide { staging, layout, rank, timeout_ns, scratch, timeline } = side;
+        let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
+        let slot_bytes = layout.slot_bytes();
+        // Wires cross a slot whole (one chunk a leg); bytes in the rounds' chunks.
+        let chunk_bytes = if transfer.wires.is_some() { slot_bytes } else { layout.rounds_chunk() };
+        let device_at = |offset: usize| staging.device + offset as u64;
+        let host_at = |offset: usize| staging.host.wrapping_add(offset);
+        let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
+        let at = |(buf, offset): (Buf, usize)| {
+            (if buf == Buf::Main { transfer.main } else { transfer.part }) + offset as u64
+        };
+        let legs = &transfer.rounds.legs;
+        // A wire leg (one chunk): the leg, its wire's values and block.
+        let wire_leg = |wires: &WireLegs, i: usize, chunk: usize| {
+            let (leg, values, block) = (&legs[i], wires.values[i], wires.codec.block);
+            debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
+            (leg, values, block)
+        };
+        for (lane, step) in steps(&transfer.rounds, rank, chunk_bytes, layout.slot_count) {
+            let stream = if lane == Lane::Send { send } else { receive };
+            // Why each call below is sound: flags and slots come from the layout, in the
+            // registered area; a leg's ranges lie in the caller's buffers (its contract). The
+            // steps write a slot only once every reader's flag of it is empty and read it only
+            // once this rank's flag is full, and order a copy out after this rank's landings
+            // in the same range, and a landing after its copies out (see `rounds`).
+            // What the step did, for a traced call's stamp after it (none after a flag's write
+            // or an event's record, which take no time of their own).
+            let done: Option<(&str, usize)> = match step {
+                LegStep::WaitSlotFree { slot } => {
+                    let flags = device_at(layout.full(rank, slot, 0));
+                    // SAFETY: this slot's `world` flags and this rank's give-up words.
+                    unsafe { wait_flags(stream, flags, layout.world, EMPTY, give_up, timeout_ns)? };
+                    Some(("wait slot free", 0))
+                }
+                LegStep::WaitFlag { writer, slot, reader, value } => {
+                    let flag = device_at(layout.full(writer, slot, reader));
+                    // SAFETY: a flag and this rank's give-up words of the registered area.
+                    unsafe { wait_flag(stream, flag, value, give_up, timeout_ns)? };
+                    Some(("wait flag", 0))
+                }
+                LegStep::SetFlag { writer, slot, reader, value } => {
+                    // SAFETY: a flag of the registered area.
+                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? };
+                    None
+                }
+                LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {
+                    let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
+                    let (leg, values, block) = wire_leg(wires, i, chunk);
+                    let (slot_host, slot_device) =
+                        (host_at(layout.slot(rank, slot)), device_at(layout.slot(rank, slot)));
+                    let wire = match wires.out {
+                        WireOut::Copy => at(leg.src),
+                        WireOut::Encode => wires.stages[0],
+                    };
+                    // SAFETY: this rank's slot, free (the steps waited), holds the wire's room
+                    // (the leg's bytes, at most a slot), and so does the send stage, which only
+                    // this stream uses; the leg's source holds `values` values or a wire of
+                    // them (the caller's contract).
+                    unsafe {
+                        if wires.out == WireOut::Encode {
+                            compress_encode(stream, wires.codec, at(leg.src), values, wire)?;
+                            mark(timeline, stream, lane.name(), "encode", values * transfer.dtype.size_bytes())?;
+                        }
+                        wire_to_host(stream, block, wire, values, slot_host, slot_device)?;
+                    }
+                    Some(("wire out", leg.bytes))
+                }
+                LegStep::Land { leg: i, chunk, slot } if transfer.wires.is_some() => {
+                    let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
+                    let (leg, values, block) = wire_leg(wires, i, chunk);
+                    let (slot_host, slot_device) =
+                        (host_at(layout.slot(leg.writer, slot)), device_at(layout.slot(leg.writer, slot)));
+                    let wire = match wires.land {
+                        WireLand::Copy => at(leg.dst),
+                        WireLand::Decode => wires.stages[1],
+                    };
+                    // SAFETY: the writer's slot, full (the steps waited), holding the leg's
+                    // wire; into a room for it, the leg's destination or the receive stage
+                    // (only this stream uses it), which nothing else of the call touches
+                    // meanwhile; the words the exact blocks' copy reads are the ones the DMA
+                    // just put there (same stream).
+                    unsafe {
+                        wire_from_host(stream, block, slot_host, slot_device, values, wire)?;
+                        if wires.land == WireLand::Decode {
+                            mark(timeline, stream, lane.name(), "wire in", leg.bytes)?;
+                            compress_decode(stream, wires.codec, wire, values, at(leg.dst))?;
+                        }
+                    }
+                    let decoded = values * transfer.dtype.size_bytes();
+                    Some(if wires.land == WireLand::Decode { ("decode", decoded) } else { ("wire in", leg.bytes) })
+                }
+                LegStep::CopyOut { leg, chunk, slot } => {
+                    let leg = &legs[leg];
+                    let range = chunk_range(leg, chunk, chunk_bytes);
+                    let to = host_at(layout.slot(rank, slot)).cast();
+                    // SAFETY: this rank's slot, free (the steps waited), and a chunk of the
+                    // leg's source.
+                    unsafe { memcpy_dtoh_async(stream, to, at(leg.src) + range.start as u64, range.len())? };
+                    Some(("copy out", range.len()))
+                }
+                LegStep::Land { leg, chunk, slot } => {
+                    let leg = &legs[leg];
+                    let range = chunk_range(leg, chunk, chunk_bytes);
+                    let to = at(leg.dst) + range.start as u64;
+                    match leg.landing {
+                        LegLanding::Fold { last } => {
+                            let (host, mapped) =
+                                (host_at(layout.slot(leg.writer, slot)), device_at(layout.slot(leg.writer, slot)));
+                            let elements = range.len() / transfer.dtype.size_bytes();
+                            let divide_by = if last { transfer.divide_by } else { 1 };
+                            // SAFETY: the writer's slot, full (the steps waited), into a chunk
+                            // of the leg's destination, which nothing else of the call touches
+                            // meanwhile; the scratch holds a slot and only this stream uses it.
+                            let source = unsafe {
+                                let (from, source) = land_for_fold(stream, scratch, host, mapped, range.len())?;
+                                mark_landed(timeline, stream, lane, source, range.len())?;
+                                reduce(stream, to, from, elements, transfer.dtype, transfer.op, divide_by, source)?;
+                                source
+                            };
+                            Some((fold_name(source), range.len()))
+                        }
+                        LegLanding::Copy => {
+                            let from = host_at(layout.slot(leg.writer, slot)).cast();
+                            // SAFETY: as for the fold.
+                            unsafe { memcpy_htod_async(stream, to, from, range.len())? };
+                            Some(("land copy", range.len()))
+                        }
+                    }
+                }
+                LegStep::RecordSent => {
+                    self.many_sent.record(stream)?;
+                    None
+                }
+                LegStep::AfterSent => {
+                    stream.wait(&self.many_sent)?;
+                    Some(("after sent", 0))
+                }
+                LegStep::RecordLanded => {
+                    self.many_landed.record(stream)?;
+                    None
+                }
+                LegStep::AfterLanded => {
+                    stream.wait(&self.many_landed)?;
+                    Some(("after landed", 0))
+                }
+            };
+            if let Some((what, bytes)) = done {
+                mark(timeline, stream, lane.name(), what, bytes)?;
+            }
+        }
+        Ok(())
+    }
+}
