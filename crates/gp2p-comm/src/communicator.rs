@@ -241,6 +241,13 @@ impl Communicator {
         self.segment.rank()
     }
 
+    /// Bytes of one slot of this rank's pipeline, as made: [`CommOptions::slot_bytes`], larger
+    /// where the communicator compresses among more than two ranks
+    /// ([`crate::compression::COMPRESSED_SLOT_FACTOR`]).
+    pub fn slot_bytes(&self) -> usize {
+        self.layout.slot_bytes()
+    }
+
     /// How many ranks there are.
     pub fn world(&self) -> usize {
         self.segment.world()

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use geforce_p2p::collectives::cost::Machine;
 use geforce_p2p::comm::choice::all_reduce_prediction;
-use geforce_p2p::comm::{CommOptions, Communicator, MAX_RANKS, UniqueId, WireFormat};
+use geforce_p2p::comm::{CommOptions, Communicator, Compression, MAX_RANKS, UniqueId, WireFormat};
 use geforce_p2p::kernels::compress::Scheme;
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, with_element};
@@ -250,6 +250,9 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,
         algorithm: args.algorithm.map(|a| a.0),
+        // Compressed rows time the communicator a user who turns compression on gets (its
+        // slots larger among more than two ranks), not one made for exact calls.
+        compress: compressed.map(|format| Compression { format, min_bytes: None }),
         ..defaults
     };
     let mut comm = Communicator::new(&id, rank, world, &device, options)?;
@@ -300,7 +303,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     println!(
         "# pipeline: {} slots of {} a rank, chunks {chunks}, receive {}, algorithm {algorithm}, calls {calls}",
         options.slots,
-        format_size(options.slot_bytes),
+        format_size(comm.slot_bytes()),
         comm.receive()
     );
     println!(
