@@ -948,7 +948,7 @@ fn traced_among(test: &str, world: usize) {
         buf.upload(stream, &inputs[rank]).unwrap();
         r.comm.start_timeline().unwrap();
         r.comm.all_reduce(&mut buf.view_mut(..), stream, ReduceOp::Sum).unwrap();
-        let stamps = r.comm.read_timeline(stream).unwrap();
+        let stamps = r.comm.read_timeline(stream).unwrap().stamps;
         check_fold(
             &format!("rank {rank} traced call {call}"),
             &buf.to_host_vec(stream).unwrap(),
@@ -980,7 +980,7 @@ fn traced_among(test: &str, world: usize) {
             ReduceOp::Sum,
         );
     }
-    assert!(r.comm.read_timeline(stream).unwrap().is_empty(), "rank {rank}: off once read");
+    assert_eq!(r.comm.read_timeline(stream).unwrap(), Default::default(), "rank {rank}: off once read");
     let Some(counts) = r.comm.replay_counts() else { unreachable!("replays were asked for") };
     assert!(counts.replayed > 0, "rank {rank}: untraced calls replay again: {counts:?}");
     let inputs = compressible_inputs::<half::bf16>(world, len, 77);
@@ -991,7 +991,7 @@ fn traced_among(test: &str, world: usize) {
     r.comm.start_timeline().unwrap();
     let wire = WireFormat { format: scheme.format, block: scheme.block };
     r.comm.all_reduce_compressed(&mut wide.view_mut(..), stream, ReduceOp::Sum, wire).unwrap();
-    let stamps = r.comm.read_timeline(stream).unwrap();
+    let stamps = r.comm.read_timeline(stream).unwrap().stamps;
     let bits = |a: &half::bf16| a.to_bits();
     let same = |a: &half::bf16, b: &half::bf16| bits(a) == bits(b) || (a.is_nan() && b.is_nan());
     let got = wide.to_host_vec(stream).unwrap();

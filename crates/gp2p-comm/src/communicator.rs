@@ -25,7 +25,7 @@ use gp2p_kernels::{DType, Element, ReduceOp};
 
 use crate::choice::{self, AllReducePaths, ManyChoice, ManyPath};
 use crate::layout::{CommOptions, Layout, chunk_grid};
-use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Transfer};
+use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Traced, Transfer};
 use crate::registration::{all_registered, register_in_turn};
 use crate::rounds::Rounds;
 use crate::{Error, Result, Segment, UniqueId};
@@ -381,6 +381,9 @@ impl Communicator {
         note: impl FnOnce(&StreamPoint),
     ) -> Result<()> {
         self.calls += 1;
+        // Set again for each call (a launch that panicked may have left it set), and never
+        // while capturing: the stamps of a captured call would replay after the read.
+        self.marking = false;
         if self.capture != Capture::Refused && stream.is_capturing()? {
             self.capture = Capture::Used;
             return launch(self);
@@ -395,6 +398,10 @@ impl Communicator {
         self.marking = false;
         let point = stream.point_from(reserved)?;
         note(&point);
+        if let Some(timeline) = &self.timeline {
+            // Every stamp of the call, on any of its streams, is before this point.
+            timeline.note_use(&point);
+        }
         self.registration.uses().note(&point);
         self.seq_counter.view(..).note_use(&point);
         if let Some(scratch) = self.scratch.as_ref() {
@@ -446,7 +453,9 @@ impl Communicator {
             rank: self.rank(),
             timeout_ns: self.timeout_ns(),
             scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
-            timeline: self.timeline.as_ref().filter(|_| self.marking),
+            // SAFETY: `marking` is set only while `framed` launches a call, and `framed` notes
+            // the call's point on the timeline once the call's streams have joined.
+            timeline: self.timeline.as_ref().filter(|_| self.marking).map(|t| unsafe { Traced::new(t) }),
         }
     }
 

@@ -86,7 +86,22 @@ pub(crate) struct RankSide<'a> {
     pub(crate) scratch: Option<RawDevicePtr>,
     /// Where a traced call stamps each step it enqueues (see [`mark`]); such a call is always
     /// enqueued, never replayed.
-    pub(crate) timeline: Option<&'a Timeline>,
+    pub(crate) timeline: Option<Traced<'a>>,
+}
+
+/// A call's timeline as the communicator lends it to the call's steps: their stamps are noted
+/// once, with the call's point, which every stream of the call joins before it is taken.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Traced<'a>(&'a Timeline);
+
+impl<'a> Traced<'a> {
+    /// # Safety
+    /// Before `timeline` can be read or dropped, the caller notes on it
+    /// ([`Timeline::note_use`]) a point taken after every stamp the steps enqueue with it: on
+    /// the caller's stream, once the call's streams have joined back into it.
+    pub(crate) unsafe fn new(timeline: &'a Timeline) -> Traced<'a> {
+        Traced(timeline)
+    }
 }
 
 /// Everything a call's enqueue depends on, so that a graph of it may stand for a later call
@@ -421,23 +436,26 @@ unsafe fn land_for_fold(
     }
 }
 
-/// Stamp `what` (`bytes` moved) on `stream`, called `name`, where the call is traced.
+/// Stamp `what` (`bytes` moved) on `stream`, called `name`, where the call is traced (`stream`
+/// the caller's or one the call joins back into it).
 pub(crate) fn mark(
-    timeline: Option<&Timeline>,
+    timeline: Option<Traced<'_>>,
     stream: &Stream,
     name: &'static str,
     what: &'static str,
     bytes: usize,
 ) -> Result<()> {
     match timeline {
-        Some(timeline) => Ok(timeline.mark(stream, name, what, bytes)?),
+        // SAFETY: the stamp is on a stream of the call, whose point the communicator notes on
+        // the timeline (`Traced::new`'s contract).
+        Some(Traced(timeline)) => Ok(unsafe { timeline.mark_unnoted(stream, name, what, bytes) }?),
         None => Ok(()),
     }
 }
 
 /// A traced landing's DMA into the scratch, stamped apart from the fold that follows it.
 fn mark_landed(
-    timeline: Option<&Timeline>,
+    timeline: Option<Traced<'_>>,
     stream: &Stream,
     lane: Lane,
     source: SourceMemory,

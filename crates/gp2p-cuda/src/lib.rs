@@ -102,4 +102,4 @@ pub use reduce::{load_all_reduce_kernels, reduce};
 pub use registered::{HostRegistration, MappingOwner};
 pub use replay::LaunchCache;
 pub use stream::{RawStream, Stream, StreamFork};
-pub use timeline::{Mark, Stamp, Timeline};
+pub use timeline::{Mark, Stamp, Stamps, Timeline};

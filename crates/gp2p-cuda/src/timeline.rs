@@ -20,7 +20,7 @@
 //! timeline.mark(&stream, "caller", "start", 0)?;
 //! // ... enqueue the work to time on `stream` ...
 //! timeline.mark(&stream, "caller", "work", 0)?;
-//! for stamp in timeline.read(&stream)? {
+//! for stamp in timeline.read(&stream)?.stamps {
 //!     println!("{:>12} ns  {} {}", stamp.ns, stamp.mark.stream, stamp.mark.what);
 //! }
 //! # Ok(())
@@ -30,7 +30,7 @@
 
 use std::sync::Mutex;
 
-use crate::{Device, DeviceBuffer, Result, Stream, raw};
+use crate::{Device, DeviceBuffer, Result, Stream, StreamPoint, raw};
 
 /// What a stamp stands for: the step that ended on `stream` just before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +50,16 @@ pub struct Stamp {
     pub mark: Mark,
     /// The device's global clock, in nanoseconds (comparable across the device's contexts).
     pub ns: u64,
+}
+
+/// What a timeline held when read: its stamps in the order marked, and how many marks found
+/// no room.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stamps {
+    /// Every stamp taken, in the order marked.
+    pub stamps: Vec<Stamp>,
+    /// Marks made once the timeline was full, not stamped.
+    pub dropped: usize,
 }
 
 /// Stamps of the device's global clock, in the order they were enqueued (see the module doc).
@@ -72,39 +82,59 @@ impl Timeline {
     }
 
     /// Stamp the clock on `stream` once the work queued there so far is done, as `what` on the
-    /// stream called `name`, `bytes` moved. Past the capacity nothing is stamped, and
-    /// [`Timeline::dropped`] counts the mark.
+    /// stream called `name`, `bytes` moved. Past the capacity nothing is stamped, and the read
+    /// counts the mark as dropped. The stamp's use of the timeline is noted with a point of
+    /// `stream` (creating an event where none is spare: between steps that other processes
+    /// wait on, [`Timeline::mark_unnoted`] under one point noted afterwards is the safer way).
     pub fn mark(&self, stream: &Stream, name: &'static str, what: &'static str, bytes: usize) -> Result<()> {
+        // SAFETY: the point taken right after covers the stamp (same stream), noted at once.
+        unsafe { self.mark_unnoted(stream, name, what, bytes)? };
+        self.note_use(&stream.point()?);
+        Ok(())
+    }
+
+    /// [`Timeline::mark`] without noting the stamp's use: for callers that note one point for
+    /// many marks ([`Timeline::note_use`]), since taking a point may create an event, and
+    /// creating one can wait for the device.
+    ///
+    /// # Safety
+    /// Before this timeline is read or dropped, [`Timeline::note_use`] is given a point of a
+    /// stream that waited for `stream`'s work up to this mark (the same stream after it, or
+    /// one joined from it), or the caller waits for that work itself.
+    pub unsafe fn mark_unnoted(
+        &self,
+        stream: &Stream,
+        name: &'static str,
+        what: &'static str,
+        bytes: usize,
+    ) -> Result<()> {
         let mut marks = self.marks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let index = marks.taken.len();
         if index >= self.stamps.len() {
             marks.dropped += 1;
             return Ok(());
         }
-        let at = self.stamps.view(index..=index);
-        // SAFETY: one u64 of this timeline's buffer, on the stream's device (`raw::stamp`
-        // checks the device through the launch), noted with the stream's point below, so the
-        // buffer outlives the kernel; each mark has a stamp of its own.
-        unsafe { raw::stamp(stream, at.raw_ptr())? };
-        at.note_use(&stream.point()?);
+        // SAFETY: one u64 of this timeline's buffer, on the stream's device (the launch checks
+        // it), which outlives the kernel by the caller's contract; each mark has its own.
+        unsafe { raw::stamp(stream, self.stamps.view(index..=index).raw_ptr())? };
         marks.taken.push(Mark { stream: name, what, bytes });
         Ok(())
     }
 
+    /// Note that work up to `point` stamps this timeline: it is not freed, and a read waits,
+    /// until that work is done.
+    pub fn note_use(&self, point: &StreamPoint) {
+        self.stamps.view(..).note_use(point);
+    }
+
     /// Every stamp taken since the last read, in the order marked, once each is written (this
-    /// waits for them); the timeline is then empty again.
-    pub fn read(&self, stream: &Stream) -> Result<Vec<Stamp>> {
+    /// waits for every noted use), and how many marks were dropped; the timeline is then empty.
+    pub fn read(&self, stream: &Stream) -> Result<Stamps> {
         let mut marks = self.marks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.stamps.uses().synchronize()?;
         let clock = self.stamps.to_host_vec(stream)?;
         let stamps = marks.taken.drain(..).zip(clock).map(|(mark, ns)| Stamp { mark, ns }).collect();
-        marks.dropped = 0;
-        Ok(stamps)
-    }
-
-    /// Marks not stamped since the last read: the capacity was reached.
-    pub fn dropped(&self) -> usize {
-        self.marks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).dropped
+        Ok(Stamps { stamps, dropped: std::mem::take(&mut marks.dropped) })
     }
 }
 

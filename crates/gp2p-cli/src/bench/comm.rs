@@ -426,7 +426,10 @@ fn one_size<T: Compressed>(
             let scheme = Scheme { format: format.format, block: format.block };
             let all = T::compressed_reference(&inputs, op, scheme)
                 .ok_or_else(|| CliError::Usage(format!("--compress takes f32, f16 or bf16, not {}", T::DTYPE)))?;
-            all.into_iter().nth(rank)
+            let mine = all.into_iter().nth(rank);
+            Some(
+                mine.ok_or_else(|| CliError::Wrong(format!("the compressed reference has no result for rank {rank}")))?,
+            )
         }
         None => None,
     };
@@ -442,7 +445,7 @@ fn one_size<T: Compressed>(
     // holds the same bits, so rank 0's result stands for all).
     let error =
         (compressed.is_some() && rank == 0).then(|| deviation_from_exact(&inputs, std::slice::from_ref(&got), op));
-    let wrong_everywhere: u64 = comm.exchange_host([wrong as u64, 0, 0, 0, 0, 0])?.iter().map(|w| w[0]).sum();
+    let mut wrong_everywhere: u64 = comm.exchange_host([wrong as u64, 0, 0, 0, 0, 0])?.iter().map(|w| w[0]).sum();
     let mut per_call = Vec::with_capacity(args.common.iters);
     let mut enqueue = Vec::with_capacity(args.common.iters);
     for run in 0..args.common.warmup + args.common.iters {
@@ -473,13 +476,16 @@ fn one_size<T: Compressed>(
         call(comm, &mut out)?;
         let stamps = comm.read_timeline(stream)?;
         comm.check()?;
+        // The traced call's result counts in the row's #wrong; a rank that cannot write its
+        // file says so after every rank has written (none waits for one that stopped).
         let wrong = count_wrong(&out.to_host_vec(stream)?);
-        if wrong > 0 {
-            return Err(CliError::Wrong(format!(
-                "rank {rank}: the traced call of {bytes} bytes left {wrong} values wrong"
-            )));
+        let written = super::timeline::write(dir, bytes, rank, n, &stamps.stamps);
+        let all = comm.exchange_host([wrong as u64, u64::from(written.is_err()), 0, 0, 0, 0])?;
+        written?;
+        if let Some(failed) = all.iter().position(|w| w[1] != 0) {
+            return Err(CliError::Usage(format!("--timeline: rank {failed} could not write its file")));
         }
-        super::timeline::write(dir, bytes, rank, n, &stamps)?;
+        wrong_everywhere += all.iter().map(|w| w[0]).sum::<u64>();
         if rank == 0 {
             let file = super::timeline::file_for(dir, bytes, 0);
             timelines.push(super::timeline::summary(bytes, n, &stamps, &file));

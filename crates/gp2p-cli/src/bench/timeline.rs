@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use geforce_p2p::cuda::Stamp;
+use geforce_p2p::cuda::{Stamp, Stamps};
 use serde::Serialize;
 
 use crate::error::CliError;
@@ -55,11 +55,16 @@ pub(crate) fn sum_steps(stamps: &[Stamp]) -> (u64, Vec<StepSum>) {
 }
 
 /// Rank 0's summary of one traced call of `bytes`, as comment lines under the table.
-pub(crate) fn summary(bytes: usize, world: usize, stamps: &[Stamp], file: &Path) -> String {
+pub(crate) fn summary(bytes: usize, world: usize, read: &Stamps, file: &Path) -> String {
+    let stamps = &read.stamps;
     let (span, sums) = sum_steps(stamps);
+    let dropped = match read.dropped {
+        0 => String::new(),
+        n => format!(", {n} more marks past the timeline's room not stamped"),
+    };
     let mut out = format!(
-        "# timeline of one call of {} among {world}, rank 0: {:.1} us from its start to its end ({} stamps; every \
-         rank's in {})\n#   {:<8} {:<16} {:>5} {:>10} {:>6} {:>7}\n",
+        "# timeline of one call of {} among {world}, rank 0: {:.1} us from its start to its end ({} stamps{dropped}; \
+         every rank's in {})\n#   {:<8} {:<16} {:>5} {:>10} {:>6} {:>7}\n",
         format_size(bytes),
         span as f64 / 1e3,
         stamps.len(),
@@ -158,8 +163,12 @@ mod tests {
 
     #[test]
     fn the_summary_gives_each_kind_its_share_of_the_span_and_the_rate_of_what_it_moved() {
-        let stamps = [stamp("caller", "start", 0, 0), stamp("send", "copy out", 50_000, 2_000)];
-        let text = summary(1 << 20, 2, &stamps, Path::new("out/timeline-1M-rank0.json"));
+        let read = Stamps {
+            stamps: vec![stamp("caller", "start", 0, 0), stamp("send", "copy out", 50_000, 2_000)],
+            dropped: 3,
+        };
+        let text = summary(1 << 20, 2, &read, Path::new("out/timeline-1M-rank0.json"));
+        assert!(text.contains("3 more marks past the timeline's room not stamped"), "{text}");
         let line = text.lines().find(|l| l.contains("copy out")).expect("a line for the copies");
         assert!(line.contains("100.0%"), "{line}");
         assert!(line.contains("25.0"), "50,000 bytes in 2,000 ns is 25 GB/s: {line}");

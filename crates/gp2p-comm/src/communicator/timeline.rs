@@ -3,12 +3,13 @@
 //! call's time goes on machines with no GPU profiler. `gp2p bench comm --timeline` prints
 //! them.
 
-use gp2p_cuda::{Stamp, Stream, Timeline};
+use gp2p_cuda::{Stamps, Stream, Timeline};
 
 use super::Communicator;
 use crate::Result;
 
-/// Stamps one timeline holds: a call among eight ranks stamps a few hundred steps.
+/// Stamps one timeline holds: an all-reduce of 256 MiB among eight ranks, a slot a chunk, stamps
+/// about 1,500; marks past the room are counted (`Stamps::dropped`), not stamped.
 const TIMELINE_STAMPS: usize = 1 << 14;
 
 impl Communicator {
@@ -28,15 +29,16 @@ impl Communicator {
 
     /// The stamps since [`Communicator::start_timeline`], in the order they were enqueued,
     /// once each is written (this waits for them, on `stream`, a stream of this rank's
-    /// device); calls stamp nothing more until the next start. Empty where none was started.
-    /// The clock is the device's, so the stamps of ranks sharing a GPU line up.
-    pub fn read_timeline(&mut self, stream: &Stream) -> Result<Vec<Stamp>> {
-        let Some(timeline) = self.timeline.take() else { return Ok(Vec::new()) };
+    /// device), and how many marks found the timeline full; calls stamp nothing more until
+    /// the next start. Empty where none was started. The clock is the device's, so the stamps
+    /// of ranks sharing a GPU line up.
+    pub fn read_timeline(&mut self, stream: &Stream) -> Result<Stamps> {
+        let Some(timeline) = self.timeline.take() else { return Ok(Stamps::default()) };
         Ok(timeline.read(stream)?)
     }
 
     /// Stamp `what` (`bytes` moved) on the caller's `stream`, where the call is traced.
     pub(super) fn mark(&self, stream: &Stream, what: &'static str, bytes: usize) -> Result<()> {
-        crate::pipeline::mark(self.timeline.as_ref().filter(|_| self.marking), stream, "caller", what, bytes)
+        crate::pipeline::mark(self.side().timeline, stream, "caller", what, bytes)
     }
 }
