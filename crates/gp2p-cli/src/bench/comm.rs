@@ -109,6 +109,11 @@ pub struct CommArgs {
     /// Slots per rank of that pipeline, instead of the default.
     #[arg(long)]
     slots: Option<usize>,
+    /// The largest all-reduce the one-kernel path takes (K, M suffixes; 1 byte to 16M),
+    /// instead of the default (4M between two ranks; among more the lines' size caps it): for
+    /// finding where the pipeline overtakes it on this machine (every rank gets the same).
+    #[arg(long, value_parser = crate::sizes::parse_size)]
+    small_max_bytes: Option<usize>,
     /// Bytes of each chunk of the pipeline (K, M, G suffixes; at most a slot), instead of
     /// sizing two ranks' exchange by the message and the rounds' chunks a slot: for tuning
     /// (every rank gets the same).
@@ -247,6 +252,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         join_timeout: WAIT,
         slot_bytes: args.slot_bytes.unwrap_or(defaults.slot_bytes),
         slots: args.slots.unwrap_or(defaults.slots),
+        small_max_bytes: args.small_max_bytes.unwrap_or(defaults.small_max_bytes),
         chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,
         algorithm: args.algorithm.map(|a| a.0),
@@ -301,7 +307,9 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     );
     let calls = if comm.replay_counts().is_some() { "replayed from graphs (GP2P_REPLAY)" } else { "enqueued" };
     println!(
-        "# pipeline: {} slots of {} a rank, chunks {chunks}, receive {}, algorithm {algorithm}, calls {calls}",
+        "# pipeline: one kernel up to {}, then {} slots of {} a rank, chunks {chunks}, receive {}, algorithm \
+         {algorithm}, calls {calls}",
+        format_size(comm.small_max_bytes()),
         options.slots,
         format_size(comm.slot_bytes()),
         comm.receive()
