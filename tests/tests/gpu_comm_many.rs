@@ -997,7 +997,7 @@ fn traced_among(test: &str, world: usize) {
     let got = wide.to_host_vec(stream).unwrap();
     assert!(differences(&got, &want[rank], same).is_none(), "rank {rank}: the traced compressed call");
     check_story(&stamps, "compressed");
-    for what in ["fold encode", "encode", "wire out", "decode"] {
+    for what in ["fold encode", "encode", "wire dma", "exact blocks", "decode"] {
         assert!(stamps.iter().any(|s| s.mark.what == what), "rank {rank}: no {what} stamped: {stamps:?}");
     }
     r.finish();

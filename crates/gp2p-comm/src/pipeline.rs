@@ -445,10 +445,21 @@ pub(crate) fn mark(
     what: &'static str,
     bytes: usize,
 ) -> Result<()> {
+    Ok(stamp(timeline, stream, name, what, bytes)?)
+}
+
+/// [`mark`] with the CUDA layer's error, for hooks of that layer's calls.
+pub(crate) fn stamp(
+    timeline: Option<Traced<'_>>,
+    stream: &Stream,
+    name: &'static str,
+    what: &'static str,
+    bytes: usize,
+) -> gp2p_cuda::Result<()> {
     match timeline {
         // SAFETY: the stamp is on a stream of the call, whose point the communicator notes on
         // the timeline (`Traced::new`'s contract).
-        Some(Traced(timeline)) => Ok(unsafe { timeline.mark_unnoted(stream, name, what, bytes) }?),
+        Some(Traced(timeline)) => unsafe { timeline.mark_unnoted(stream, name, what, bytes) },
         None => Ok(()),
     }
 }

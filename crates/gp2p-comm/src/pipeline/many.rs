@@ -9,7 +9,7 @@ use gp2p_cuda::raw::{
     wait_flags, wire_from_host, wire_to_host, write_flag,
 };
 
-use super::{ManyTransfer, Pipeline, RankSide, fold_name, land_for_fold, mark, mark_landed};
+use super::{ManyTransfer, Pipeline, RankSide, fold_name, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
 use crate::handshake::{EMPTY, Lane};
 use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps};
@@ -121,9 +121,10 @@ impl Pipeline {
                             compress_encode(stream, wires.codec, at(leg.src), values, wire)?;
                             mark(timeline, stream, lane.name(), "encode", values * transfer.dtype.size_bytes())?;
                         }
-                        wire_to_host(stream, block, wire, values, slot_host, slot_device)?;
+                        let dma = || stamp(timeline, stream, lane.name(), "wire dma", leg.bytes);
+                        wire_to_host(stream, block, wire, values, slot_host, slot_device, dma)?;
                     }
-                    Some(("wire out", leg.bytes))
+                    Some(("exact blocks", 0))
                 }
                 LegStep::Land { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
@@ -140,14 +141,15 @@ impl Pipeline {
                     // meanwhile; the words the exact blocks' copy reads are the ones the DMA
                     // just put there (same stream).
                     unsafe {
-                        wire_from_host(stream, block, slot_host, slot_device, values, wire)?;
+                        let dma = || stamp(timeline, stream, lane.name(), "wire dma", leg.bytes);
+                        wire_from_host(stream, block, slot_host, slot_device, values, wire, dma)?;
                         if wires.land == WireLand::Decode {
-                            mark(timeline, stream, lane.name(), "wire in", leg.bytes)?;
+                            mark(timeline, stream, lane.name(), "exact blocks", 0)?;
                             compress_decode(stream, wires.codec, wire, values, at(leg.dst))?;
                         }
                     }
                     let decoded = values * transfer.dtype.size_bytes();
-                    Some(if wires.land == WireLand::Decode { ("decode", decoded) } else { ("wire in", leg.bytes) })
+                    Some(if wires.land == WireLand::Decode { ("decode", decoded) } else { ("exact blocks", 0) })
                 }
                 LegStep::CopyOut { leg, chunk, slot } => {
                     let leg = &legs[leg];
