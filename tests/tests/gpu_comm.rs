@@ -303,6 +303,9 @@ fn two_gpu_two_processes_pipeline_runs_every_collective_op_and_dtype_and_mixes_w
     }
     let mut r = Ranked::start(test, small_slots());
     let rank = r.rank;
+    let paths = r.comm.all_reduce_paths();
+    let past = paths.small_max + 1;
+    assert!(!paths.shared_link && paths.path_name(past) == "exchange", "rank {rank}: cards of their own: {paths:?}");
     every_dtype!(every_collective(&mut r.comm, &r.stream, 11));
     // Two hundred calls without host synchronisation (twenty under a sanitizer, which runs
     // every kernel slowly), line path and pipeline in turn, on two streams in turn: each call
@@ -410,6 +413,10 @@ fn one_gpu_two_processes_share_it_on_both_paths() {
         needs!(gpus: 1, compute_80);
     }
     let mut r = Ranked::start_sharing_first_gpu(test, small_slots());
+    // One device, one link: past the one kernel the rounds, unforced.
+    let paths = r.comm.all_reduce_paths();
+    let past = paths.small_max + 1;
+    assert!(paths.shared_link && paths.path_name(past) == "two-shot (rounds)", "rank {}: {paths:?}", r.rank);
     every_dtype!(every_op(&mut r.comm, &r.stream, 11));
     let cases = [(7, ReduceOp::Sum), (4099, ReduceOp::Max), (70_001, ReduceOp::Sum), (300_007, ReduceOp::Min)];
     all_reduces::<f32>(&mut r.comm, &r.stream, &cases, 500);

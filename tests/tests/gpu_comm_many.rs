@@ -340,6 +340,12 @@ fn folds_among(test: &str, world: usize, lens: &'static [usize], algorithm: Opti
     folds_with(test, world, lens, options);
 }
 
+/// `options` with two ranks' exchange forced ([`Algorithm::OneShot`]): ranks sharing one GPU
+/// take the rounds otherwise.
+fn exchange(options: CommOptions) -> CommOptions {
+    CommOptions { algorithm: Some(Algorithm::OneShot), ..options }
+}
+
 /// Options whose one-kernel path stops at 2 KiB, with slots of `slot_bytes` and chunks of
 /// `chunk_bytes` (None: by the message).
 fn small_pipeline(world: usize, slot_bytes: usize, chunk_bytes: Option<usize>) -> CommOptions {
@@ -393,7 +399,8 @@ fn one_gpu_two_processes_fold_from_a_scratch_in_the_exchange() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    folds_among(test, 2, TWO_RANK_LENS, None, Receive::Scratch);
+    // The exchange where the two share the GPU takes the rounds unless one-shot is forced.
+    folds_among(test, 2, TWO_RANK_LENS, Some(Algorithm::OneShot), Receive::Scratch);
 }
 
 #[test]
@@ -435,7 +442,7 @@ fn one_gpu_two_processes_exchange_in_chunks_by_the_message() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    folds_with(test, 2, &[70_001, 1_300_007], small_pipeline(2, 4 << 20, None));
+    folds_with(test, 2, &[70_001, 1_300_007], exchange(small_pipeline(2, 4 << 20, None)));
 }
 
 #[test]
@@ -445,7 +452,7 @@ fn one_gpu_two_processes_exchange_in_fixed_chunks_smaller_than_a_slot() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    folds_with(test, 2, TWO_RANK_LENS, small_pipeline(2, 256 << 10, Some(64 << 10)));
+    folds_with(test, 2, TWO_RANK_LENS, exchange(small_pipeline(2, 256 << 10, Some(64 << 10))));
 }
 
 #[test]
@@ -855,7 +862,9 @@ fn replayed_among(test: &str, world: usize) {
         return;
     }
     const CALLS: usize = 4;
-    let options = CommOptions { replay_calls: Some(true), ..small_pipeline(world, 256 << 10, None) };
+    // Two ranks replay the exchange (the rounds: three ranks).
+    let small = small_pipeline(world, 256 << 10, None);
+    let options = CommOptions { replay_calls: Some(true), ..if world == 2 { exchange(small) } else { small } };
     let mut r = Ranked::start(test, world, sharing(options));
     fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream) {
         let (rank, world) = (comm.rank(), comm.world());
@@ -928,7 +937,9 @@ fn traced_among(test: &str, world: usize) {
     if !runs_here(test, world) {
         return;
     }
-    let options = CommOptions { replay_calls: Some(true), ..small_pipeline(world, 256 << 10, None) };
+    // Two ranks trace the exchange's steps (the rounds': three ranks).
+    let small = small_pipeline(world, 256 << 10, None);
+    let options = CommOptions { replay_calls: Some(true), ..if world == 2 { exchange(small) } else { small } };
     let mut r = Ranked::start(test, world, sharing(options));
     let (rank, stream) = (r.rank, &r.stream);
     let len = 300_007;

@@ -459,7 +459,7 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
         format!(
             "One process per GPU (torchrun, geforce_p2p.distributed) between two ranks: one kernel up to {} (8-byte \
              lines, twice the bytes, up to {}), the exchange through the slots above (two-shot rounds where \
-             forced); the exchange priced with one chunk of fill each way (a quarter of the buffer, 1 MiB to a \
+             forced, or where the two share one GPU); the exchange priced with one chunk of fill each way (a quarter of the buffer, 1 MiB to a \
              slot), the rounds with one slot.\n",
             format_size(paths.small_max),
             format_size(paths.many.lines_max)

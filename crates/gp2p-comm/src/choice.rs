@@ -102,6 +102,10 @@ pub struct AllReducePaths {
     /// How more than two ranks choose (its `lines_max` also bounds the two-rank lines), and
     /// the forced algorithm.
     pub many: ManyChoice,
+    /// Whether every rank's traffic crosses one link (two ranks on one GPU, as processes
+    /// under MPS or as threads, the stand-in for cards behind one uplink): see
+    /// [`AllReducePaths::two_ranks_take_rounds`].
+    pub shared_link: bool,
 }
 
 impl AllReducePaths {
@@ -112,6 +116,23 @@ impl AllReducePaths {
         self.chunk_bytes.unwrap_or(self.slot_bytes).min(self.slot_bytes)
     }
 
+    /// Whether two ranks' all-reduce of `bytes` (past the one-kernel sizes) takes the rounds:
+    /// where forced ([`Algorithm::TwoShot`]), and unforced where the two share one link. There
+    /// the rounds ran 4-5 % faster than the exchange from 16 MiB to 256 MiB, both folding
+    /// from a scratch (one H100, two processes under MPS:
+    /// `benches/results/h10080gbhbm3/comm-receive.txt`, 0.727/0.874/0.925 of bound against
+    /// 0.697/0.835/0.884); the exchange was tuned on two cards with a link each.
+    /// [`Algorithm::OneShot`] forces the exchange.
+    pub fn two_ranks_take_rounds(&self, bytes: usize) -> bool {
+        self.world == 2
+            && bytes > self.small_max
+            && match self.many.forced {
+                Some(Algorithm::TwoShot) => true,
+                Some(_) => false,
+                None => self.shared_link,
+            }
+    }
+
     /// What an exact all-reduce of `bytes` per rank runs: `one kernel (lines)`, `one kernel
     /// (chunks)`, `exchange` or `two-shot (rounds)` between two ranks; among more, the
     /// [`ManyPath`]'s name; `nothing` for one rank.
@@ -120,7 +141,7 @@ impl AllReducePaths {
             0 | 1 => "nothing",
             2 if bytes <= self.many.lines_max => "one kernel (lines)",
             2 if bytes <= self.small_max => "one kernel (chunks)",
-            2 if self.many.forced == Some(Algorithm::TwoShot) => "two-shot (rounds)",
+            2 if self.two_ranks_take_rounds(bytes) => "two-shot (rounds)",
             2 => "exchange",
             _ => match self.many.path(bytes) {
                 ManyPath::Lines => "one-shot (lines)",
@@ -138,8 +159,8 @@ impl AllReducePaths {
 ///   buffer up once and its peer's down once, in 8-byte lines of 4 data bytes (twice the
 ///   bytes) up to the lines' capacity and in flagged chunks (the bytes) above;
 /// - two ranks above it: the exchange, one-shot's traffic of the bytes (each rank's buffer up
-///   through its slots, the peer's down), or the rounds where two-shot is forced, each with
-///   its fill (below);
+///   through its slots, the peer's down), or the rounds where two-shot is forced or the two
+///   share a link ([`AllReducePaths::two_ranks_take_rounds`]), each with its fill (below);
 /// - more ranks: the path [`ManyChoice::path`] takes, priced as [`ManyChoice::predictions`]
 ///   prices it, the rounds with their fill; one rank: nothing moves.
 ///
@@ -172,7 +193,7 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
             let moved = if bytes <= paths.many.lines_max { bytes * LINE_BYTES_PER_DATA_BYTE } else { bytes };
             price(machine, Algorithm::OneShot, traffic(Algorithm::OneShot, 2, moved))
         }
-        2 if paths.many.forced == Some(Algorithm::TwoShot) => {
+        2 if paths.two_ranks_take_rounds(bytes) => {
             price(machine, Algorithm::TwoShot, filled(all_reduce_traffic(2, bytes), rounds_fill))
         }
         2 => {
@@ -301,6 +322,32 @@ mod tests {
     }
 
     #[test]
+    fn two_ranks_on_one_link_take_the_rounds_past_the_one_kernel_unless_one_shot_is_forced() {
+        const MIB: usize = 1 << 20;
+        let paths = |forced, shared_link| AllReducePaths {
+            world: 2,
+            small_max: 4 * MIB,
+            slot_bytes: 8 * MIB,
+            chunk_bytes: None,
+            many: ManyChoice { forced, ..h200(2) },
+            shared_link,
+        };
+        let past = 4 * MIB + 1;
+        assert!(paths(None, true).two_ranks_take_rounds(past));
+        assert!(!paths(None, true).two_ranks_take_rounds(4 * MIB), "the one kernel first");
+        assert!(!paths(None, false).two_ranks_take_rounds(past), "links of their own: the exchange");
+        assert!(!paths(Some(Algorithm::OneShot), true).two_ranks_take_rounds(past), "one-shot forces the exchange");
+        assert!(paths(Some(Algorithm::TwoShot), false).two_ranks_take_rounds(past));
+        assert_eq!(paths(None, true).path_name(past), "two-shot (rounds)");
+        assert_eq!(paths(None, false).path_name(past), "exchange");
+        let three = AllReducePaths { world: 3, ..paths(None, true) };
+        assert!(!three.two_ranks_take_rounds(past), "two ranks only");
+        let shared = Machine { duplex_gbps: 50.0, cards_per_uplink: 2, ..Machine::h200(2) };
+        let priced = all_reduce_prediction(&shared, &paths(None, true), 64 * MIB);
+        assert_eq!(priced.algorithm, Algorithm::TwoShot, "priced as the path it takes: {priced:?}");
+    }
+
+    #[test]
     fn an_all_reduce_is_priced_as_the_path_it_takes() {
         const MIB: usize = 1 << 20;
         let paths = |world, forced| AllReducePaths {
@@ -309,6 +356,7 @@ mod tests {
             slot_bytes: 8 * MIB,
             chunk_bytes: None,
             many: ManyChoice { forced, ..h200(world) },
+            shared_link: false,
         };
         let slot_chunks = |world, forced| AllReducePaths { chunk_bytes: Some(8 * MIB), ..paths(world, forced) };
         // A shared link of 50 GB/s each way between two processes (the uplink binds: twice a
@@ -373,7 +421,14 @@ mod tests {
                 if world == 2 { (4 * MIB, 8 * MIB, 2 * KIB) } else { (64 * KIB, 4 * MIB, 64 * KIB) };
             let many = ManyChoice { machine: Machine::h200(world), lines_max, forced: None };
             // They ran every chunk a slot (a leg's chunks were cut by the slot then).
-            let paths = AllReducePaths { world, small_max, slot_bytes, chunk_bytes: Some(slot_bytes), many };
+            let paths = AllReducePaths {
+                world,
+                small_max,
+                slot_bytes,
+                chunk_bytes: Some(slot_bytes),
+                many,
+                shared_link: false,
+            };
             let machine = Machine { duplex_gbps: 50.0, cards_per_uplink: world, ..Machine::h200(world) };
             for (mib, measured_us) in [4, 16, 64, 256].into_iter().zip(times) {
                 if mib * MIB <= paths.small_max && world == 2 {

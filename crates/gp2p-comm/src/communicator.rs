@@ -125,6 +125,8 @@ pub struct Communicator {
     /// Whether the call being enqueued stamps its steps: a timeline is on and the call is
     /// not being captured.
     marking: bool,
+    /// Whether the two ranks share one device, hence one link (`AllReducePaths::shared_link`).
+    shared_link: bool,
 }
 
 /// Whether calls may be captured into CUDA graphs, and whether one was.
@@ -191,7 +193,7 @@ impl Communicator {
             pipeline.replay_calls(device)?;
         }
         let segment_for_control = Arc::clone(&segment);
-        Ok(Communicator {
+        let mut comm = Communicator {
             device: device.clone(),
             staging: base + segment.staging_offset() as u64,
             segment,
@@ -214,7 +216,10 @@ impl Communicator {
             sums,
             timeline: None,
             marking: false,
-        })
+            shared_link: false,
+        };
+        comm.shared_link = comm.two_ranks_share_one_device()?;
+        Ok(comm)
     }
 
     /// Let calls on a capturing stream be captured into CUDA graphs (refused otherwise).

@@ -46,7 +46,9 @@ pub struct CommOptions {
     /// [`Algorithm::Ring`] is refused at creation (the one-process engine runs the ring).
     /// Every rank must force the same (ranks compare it at creation). Two ranks keep their
     /// one-kernel paths for the sizes those take and otherwise run the exchange, or the
-    /// rounds where [`Algorithm::TwoShot`] is forced.
+    /// rounds where both share one GPU (one link: see
+    /// `crate::choice::AllReducePaths::two_ranks_take_rounds`); [`Algorithm::TwoShot`] forces
+    /// the rounds and [`Algorithm::OneShot`] the exchange.
     pub algorithm: Option<Algorithm>,
     /// All-reduces of f32, f16 and bf16 under sum or avg, from a size on, compressed
     /// (`Communicator::all_reduce_compressed`): `None` (the default) unless the environment
@@ -122,6 +124,8 @@ impl AllReducePaths {
             slot_bytes: layout.slot_bytes,
             chunk_bytes: layout.fixed_chunk(),
             many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced },
+            // Cards of their own, each on its link: ranks sharing a GPU are seen only once made.
+            shared_link: false,
         })
     }
 }

@@ -87,10 +87,9 @@ impl Communicator {
         // The staged paths fold into the output: it starts as this rank's input.
         let local = (buf.src != buf.dst).then_some((buf.dst, buf.src, bytes));
         let divide_by = self.divisor(op);
-        // Two ranks above the one-kernel sizes take the rounds only where forced: the
-        // exchange is their default until the rounds measure faster on the topology.
-        let two_shot = self.many.forced == Some(Algorithm::TwoShot) && bytes > self.small_max_bytes();
-        if self.world() != 2 || two_shot {
+        // Two ranks above the one-kernel sizes take the exchange, or the rounds where forced or
+        // where they share one link (see AllReducePaths::two_ranks_take_rounds).
+        if self.world() != 2 || self.all_reduce_paths().two_ranks_take_rounds(bytes) {
             return self.all_reduce_many::<T>(buf, len, stream, op, note);
         }
         if bytes > self.small_max_bytes() {
@@ -112,6 +111,7 @@ impl Communicator {
             slot_bytes: self.layout.slot_bytes,
             chunk_bytes: self.layout.fixed_chunk(),
             many: self.many,
+            shared_link: self.shared_link,
         }
     }
 

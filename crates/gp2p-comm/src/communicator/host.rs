@@ -92,3 +92,40 @@ impl Communicator {
         self.control.exchange_host(mine)
     }
 }
+
+impl Communicator {
+    /// Whether the two ranks of a two-rank communicator run on one device (processes under
+    /// MPS, or threads), so that all their traffic crosses that device's one link: asked at
+    /// creation with one host exchange of each rank's device's PCI bus id (what the driver
+    /// calls the device). False, with nothing exchanged, for any other number of ranks.
+    pub(super) fn two_ranks_share_one_device(&self) -> Result<bool> {
+        if self.world() != 2 {
+            return Ok(false);
+        }
+        let mine = bus_id_word(&self.device.info().pci_bus_id);
+        let all = self.control.exchange_host([mine, 0, 0, 0, 0, 0])?;
+        Ok(all.iter().all(|words| words[0] == mine))
+    }
+}
+
+/// A PCI bus id (`domain:bus:device.function`, any case) as one word: FNV-1a over its
+/// lower-case bytes, so equal ids give equal words on every rank.
+fn bus_id_word(bus_id: &str) -> u64 {
+    bus_id
+        .trim()
+        .bytes()
+        .map(|b| b.to_ascii_lowercase())
+        .fold(0xcbf2_9ce4_8422_2325, |hash, b| (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bus_id_word;
+
+    #[test]
+    fn a_bus_id_is_one_word_whatever_its_case_and_another_id_is_another() {
+        assert_eq!(bus_id_word("0000:1A:00.0"), bus_id_word("0000:1a:00.0 "));
+        assert_ne!(bus_id_word("0000:1a:00.0"), bus_id_word("0000:1b:00.0"));
+        assert_ne!(bus_id_word("0000:1a:00.0"), bus_id_word(""));
+    }
+}
