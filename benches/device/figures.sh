@@ -222,7 +222,7 @@ section_door() {
       left=$((${DEADLINE:-540} - SECONDS))
       [ "$left" -gt 120 ] && left=120
       record "door-t$n-$t.txt" timeout -s KILL "$left" python3 -m geforce_p2p.nccl -- "$NCCL_TESTS/${t}_perf" -t "$n" \
-        $sizes -c 1 -n 5 -w 1 -d float >/dev/null
+        $sizes -c 1 -n 20 -w 5 -d float >/dev/null
       rc=$?
       note "door -t $n $t: $(grep -cE '^ +[0-9]+ ' "$RES/door-t$n-$t.txt") rows, $(grep -E 'Out of bounds' "$RES/door-t$n-$t.txt" | tr -s ' ')"
       if [ "$rc" = 137 ]; then

@@ -124,9 +124,10 @@ pub struct CommArgs {
     /// GP2P_RECEIVE, else scratch.
     #[arg(long, value_enum, default_value = "auto")]
     receive: ReceiveFlag,
-    /// The all-reduce to force: one-shot (the line kernel, where the buffer fits its lines)
-    /// or two-shot (the rounds; between two ranks above the one-kernel sizes, instead of the
-    /// exchange); unset leaves it to GP2P_ALGORITHM, else the cost model.
+    /// The all-reduce to force: one-shot (the line kernel, where the buffer fits its lines;
+    /// between two ranks above the one-kernel sizes, the exchange) or two-shot (the rounds);
+    /// unset leaves it to GP2P_ALGORITHM, else the cost model (and two ranks on one GPU to the
+    /// rounds, two on GPUs of their own to the exchange).
     #[arg(long, value_enum)]
     algorithm: Option<AlgorithmFlag>,
     #[command(flatten)]
