@@ -301,7 +301,12 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         args.calls,
         report.repeats
     );
-    let algorithm = comm.forced_algorithm().map_or("the cost model's choice", |a| a.name());
+    let algorithm = match comm.forced_algorithm() {
+        Some(forced) => forced.name(),
+        None if world == 2 && comm.all_reduce_paths().shared_link => "the rounds (two ranks on one GPU, one link)",
+        None if world == 2 => "the exchange (two ranks on GPUs of their own)",
+        None => "the cost model's choice",
+    };
     let chunks = options.chunk_bytes.map_or_else(
         || "two ranks' exchange by the message, the rounds' a slot".to_string(),
         |bytes| format!("{} each", format_size(bytes)),

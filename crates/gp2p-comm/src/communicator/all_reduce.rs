@@ -89,7 +89,8 @@ impl Communicator {
         let divide_by = self.divisor(op);
         // Two ranks above the one-kernel sizes take the exchange, or the rounds where forced or
         // where they share one link (see AllReducePaths::two_ranks_take_rounds).
-        if self.world() != 2 || self.all_reduce_paths().two_ranks_take_rounds(bytes) {
+        if self.world() != 2 || (bytes > self.small_max_bytes() && self.all_reduce_paths().two_ranks_take_rounds(bytes))
+        {
             return self.all_reduce_many::<T>(buf, len, stream, op, note);
         }
         if bytes > self.small_max_bytes() {

@@ -135,8 +135,9 @@ class Communicator:
     kernel wherever the tensor fits its lines) or ``"two-shot"`` (the rounds at every size)
     instead of the cost model's choice per call, which the environment variable
     ``GP2P_ALGORITHM`` also forces (with H200 rates the model keeps the lines up to their 64
-    KiB); between two ranks ``"two-shot"`` runs the rounds instead of the exchange above
-    ``max_bytes``. ``receive`` (each rank its own): ``"zero-copy"`` folds each chunk that lands
+    KiB); between two ranks above ``max_bytes`` the exchange runs on cards of their own and
+    the rounds where both share one GPU (one link), and ``"two-shot"`` forces the rounds,
+    ``"one-shot"`` the exchange. ``receive`` (each rank its own): ``"zero-copy"`` folds each chunk that lands
     by reading it from host memory in place, ``"scratch"`` copies it into device memory first;
     ``None`` or ``"auto"`` what ``GP2P_RECEIVE`` says, else scratch (measured faster). ``compress`` (every
     rank the same): ``"int8"`` or ``"fp8"`` (``":BLOCK"`` after either for 32 to 256 values a
