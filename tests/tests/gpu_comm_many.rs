@@ -731,13 +731,14 @@ fn compressed_with(test: &str, world: usize, options: CommOptions, lens: &[(usiz
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits() {
-    // The default slots of 8 MiB hold a whole shard's wire; shards of 550,002 and 1,048,576
-    // values go as two and four pieces all the same (`PIPELINED_PIECES`).
+    // Slots of 32 MiB hold a whole shard's wire; shards of 4,400,002 and 8,388,608 values go
+    // as two and four pieces all the same (`PIPELINED_PIECES`, pieces of at least 2 Mi values).
     let test = "one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits";
     if !is_child() {
         needs!(gpus: 1);
     }
-    compressed_with(test, 2, CommOptions::for_world(2), &[(1_100_003, 64), (2 << 20, 128)]);
+    let options = CommOptions { slot_bytes: 32 << 20, ..CommOptions::for_world(2) };
+    compressed_with(test, 2, options, &[(8_800_003, 64), (16 << 20, 128)]);
 }
 
 #[test]

@@ -349,8 +349,9 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
     let mut out = format!(
         "gp2p plan: all_reduce over {} ranks, every byte through pinned host memory\n\
          machine: per card h2d {:.1} GB/s, d2h {:.1}, duplex {:.1} each way; host {:.1} GB/s all cards up + down; \
-         DRAM {:.1} GB/s; handoff {:.1} µs per phase\n",
-        m.ranks, m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps, m.dram_gbps, m.handoff_us
+         DRAM {:.1} GB/s; handoff {:.1} µs per phase; {:.2} µs per operation of a pipeline's chunk step (fitted \
+         on an H100, not measured here)\n",
+        m.ranks, m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps, m.dram_gbps, m.handoff_us, m.op_us
     );
     for (source, says) in [
         (Source::Measured, "measured here"),
@@ -459,8 +460,9 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
         format!(
             "One process per GPU (torchrun, geforce_p2p.distributed) between two ranks: one kernel up to {} (8-byte \
              lines, twice the bytes, up to {}), the exchange through the slots above (two-shot rounds where \
-             forced, or where the two share one GPU); the exchange priced with one chunk of fill each way (a quarter of the buffer, 1 MiB to a \
-             slot), the rounds with one slot.\n",
+             forced, or where the two share one GPU); the exchange priced with one chunk of fill each way (a \
+             quarter of the buffer, 1 MiB to a slot), the rounds with a share's chunk, and every chunk step with \
+             four operations.\n",
             format_size(paths.small_max),
             format_size(paths.many.lines_max)
         )
@@ -509,6 +511,8 @@ struct JsonMachine {
     host_gbps: f64,
     dram_gbps: f64,
     handoff_us: f64,
+    /// One operation of a pipeline's chunk step, µs (fitted, not measured).
+    op_us: f64,
     /// The most cards behind one shared uplink.
     cards_per_uplink: usize,
     /// Per rate, by its flag's name: `default`, `flag` or `measured`.
@@ -543,6 +547,7 @@ fn json(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> Js
             host_gbps: m.host_gbps,
             dram_gbps: m.dram_gbps,
             handoff_us: m.handoff_us,
+            op_us: m.op_us,
             cards_per_uplink: m.cards_per_uplink,
             sources: RATES.into_iter().zip(rates.sources).collect(),
         },

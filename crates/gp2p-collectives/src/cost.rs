@@ -111,6 +111,15 @@ pub const H200_DRAM_GBPS: f64 = 140.0;
 /// algorithms with fewer of them only where they would win anyway at small sizes.
 pub const H200_HANDOFF_US: f64 = 11.4;
 
+/// One dependent operation of a pipeline's chunk step, µs: on one stream, a kernel after a
+/// copy or a copy after a kernel, or a wait kernel that sees its flag. A pipelined call pays
+/// it for every operation of every chunk step, beyond the bytes' time and the fill: fitted on
+/// one H100 with two processes sharing its link (an exact chunk step is four operations and
+/// took 21 µs, `benches/results/h10080gbhbm3/comm-chunks-message-2.txt`; a compressed one is
+/// eight and took 45, `comm-compress-int8-2.txt`), and used for H200s too until one is
+/// measured there.
+pub const OP_US: f64 = 5.25;
+
 /// An all-reduce algorithm over host memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -236,6 +245,8 @@ pub struct Machine {
     /// its cards crosses the one uplink, which runs at one card's rates. From the probe's
     /// topology (`gp2p_probe::Topology::uplinks`), which `gp2p plan` hands over.
     pub cards_per_uplink: usize,
+    /// One dependent operation of a pipeline's chunk step, µs ([`OP_US`]).
+    pub op_us: f64,
 }
 
 impl Machine {
@@ -252,7 +263,14 @@ impl Machine {
             dram_gbps: H200_DRAM_GBPS,
             handoff_us: H200_HANDOFF_US,
             cards_per_uplink: 1,
+            op_us: OP_US,
         }
+    }
+
+    /// Seconds that `steps` chunk steps of `ops` dependent operations each add to a pipelined
+    /// call (see [`OP_US`]).
+    pub fn steps_seconds(&self, steps: usize, ops: usize) -> f64 {
+        (steps * ops) as f64 * self.op_us * SECONDS_PER_US
     }
 }
 

@@ -247,7 +247,7 @@ impl Communicator {
     }
 
     /// Bytes of one slot of this rank's pipeline, as made: [`CommOptions::slot_bytes`], larger
-    /// where the communicator compresses among more than two ranks
+    /// where the communicator compresses
     /// ([`crate::compression::COMPRESSED_SLOT_FACTOR`]).
     pub fn slot_bytes(&self) -> usize {
         self.layout.slot_bytes()

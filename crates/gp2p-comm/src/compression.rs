@@ -8,10 +8,11 @@
 //! smallest power of two from 4 KiB at which it prices the compressed all-reduce below the
 //! exact one, with the rates measured on H200s. The compressed all-reduce is priced as the
 //! two-shot of its wire (scales and codes: about half of bf16's bytes), in N + 1 phases
-//! (the exact rounds' N and the fold between its two runs), plus [`COMPRESSED_CALL_US`] a
-//! call for its codec's kernels; the exact one as the
-//! communicator runs it (the cheaper of the lines and the rounds among more than two ranks,
-//! the rounds' bytes between two). `gp2p plan` prints both and the minimum.
+//! (the exact rounds' N and the fold between its two runs), with each run's first piece of
+//! fill and every piece's step of [`COMPRESSED_STEP_OPS`] GPU operations
+//! ([`compressed_prediction`]); the exact one as the communicator runs it
+//! (`crate::choice::all_reduce_prediction`, steps included). `gp2p plan` prints both and the
+//! minimum.
 //!
 //! ```
 //! use gp2p_comm::{Compression, compression_from};
@@ -29,11 +30,12 @@
 //! ```
 
 use gp2p_collectives::cost::{Algorithm, Machine, Prediction, price};
+
+use crate::choice::AllReducePaths;
 use gp2p_collectives::legs::all_reduce_traffic;
 use gp2p_cuda::codec::WireFormat;
-use gp2p_kernels::compress::{BlockSize, Format, WireLayout};
+use gp2p_kernels::compress::{BlockSize, Format, WireLayout, shard_blocks};
 
-use crate::choice::ManyChoice;
 use crate::{CommOptions, Error, Result};
 
 /// The environment variable that turns compression on for every communicator made without
@@ -93,27 +95,31 @@ pub(crate) fn resolve(options: &CommOptions, world: usize, env: Option<&str>) ->
         Some(c) => Some(c),
         None => compression_from(env)?,
     };
-    Ok(asked.filter(|c| c.min_bytes != Some(usize::MAX)).map(|c| Resolved {
-        format: c.format,
-        min_bytes: c.min_bytes.unwrap_or_else(|| min_bytes(&Machine::h200(world), options.lines_max_bytes, c.format)),
-    }))
+    let Some(c) = asked.filter(|c| c.min_bytes != Some(usize::MAX)) else { return Ok(None) };
+    let min_bytes = match c.min_bytes {
+        Some(given) => given,
+        None => min_bytes_for(world, options, c.format)?,
+    };
+    Ok(Some(Resolved { format: c.format, min_bytes }))
 }
 
-/// How many times the default slot a communicator of more than two ranks that compresses
-/// takes: a wire's room (about 5 bytes a value, its exact area included) fills a slot whose
-/// DMA carries about a fifth of it, so default slots leave the link waiting on handoffs. On
-/// one H100, 4 processes under MPS, bf16 int8/64 (`benches/results/h10080gbhbm3/
-/// comm-compress-slots.txt`): 64 MiB took 5.57 ms with 16 MiB slots against 7.94 with the
-/// default 4 MiB (1.86× the exact all-reduce's 10.37 ms, where it was 1.31×). The segment
-/// grows as much: about 192 MiB of /dev/shm at 4 or 8 ranks.
+/// How many times the default slot a communicator that compresses takes: a wire's room
+/// (about 5 bytes a value, its exact area included) fills a slot whose DMA carries about a
+/// fifth of it, so default slots cut long shards into many pieces, each a step of eight GPU
+/// operations ([`COMPRESSED_STEP_OPS`]). On one H100, 4 processes under MPS, bf16 int8/64
+/// (`benches/results/h10080gbhbm3/comm-compress-slots.txt`): 64 MiB took 5.57 ms with 16 MiB
+/// slots against 7.94 with the default 4 MiB (1.86× the exact all-reduce's 10.37 ms, where it
+/// was 1.31×). Between two ranks the model prices 64 MiB at 2.26 ms with 32 MiB slots against
+/// 2.70 with the default 8 MiB, which measured 2.60 (`comm-compress-int8-2.txt`). The segment
+/// grows as much: about 192 MiB of /dev/shm.
 pub const COMPRESSED_SLOT_FACTOR: usize = 4;
 
 /// The slot size of a communicator of `world` ranks made with `options`, compressing or not:
-/// [`COMPRESSED_SLOT_FACTOR`] times the default among more than two ranks that compress
-/// where the options keep [`CommOptions::for_world`]'s slot, else the options' own.
+/// [`COMPRESSED_SLOT_FACTOR`] times the default among two or more ranks that compress where
+/// the options keep [`CommOptions::for_world`]'s slot, else the options' own.
 pub(crate) fn slot_bytes(options: &CommOptions, world: usize, compress: Option<Resolved>) -> usize {
     let default = CommOptions::for_world(world).slot_bytes;
-    if compress.is_some() && world > 2 && options.slot_bytes == default {
+    if compress.is_some() && world >= 2 && options.slot_bytes == default {
         default * COMPRESSED_SLOT_FACTOR
     } else {
         options.slot_bytes
@@ -145,42 +151,92 @@ impl Resolved {
     }
 }
 
-/// What a compressed all-reduce costs beyond its wire's traffic, µs a call: its encodes,
-/// folds and decodes and the join between its two runs. Fitted so that the model's switch
-/// falls where one H200 measured it, N processes under MPS, bf16, int8 in blocks of 64
-/// (`benches/results/h200/comm-compress-int8-2.txt` against `comm-exact-2.txt`, and the same
-/// for 4): compressed lost at 1 MiB (179 µs against 90 for two ranks, 426 against 420 for
-/// four) and won from 4 MiB (293 against 424, 651 against 864).
-pub const COMPRESSED_CALL_US: f64 = 30.0;
+/// A shard is cut into at least this many pieces where each keeps [`MIN_PIECE_VALUES`]: the
+/// pieces of a run then follow each other through the slots (one going up while the one
+/// before comes down), where a shard sent whole would cross up, then down, then be folded,
+/// with the link idle in each direction half the time.
+pub const PIPELINED_PIECES: usize = 4;
 
-/// The model's time for the compressed all-reduce of `bytes` per rank (see the module doc).
-pub fn compressed_prediction(machine: &Machine, bytes: usize, format: WireFormat, element_bytes: usize) -> Prediction {
-    let wire = WireLayout { values: bytes / element_bytes.max(1), block: format.block }.scaled_bytes();
-    let mut t = all_reduce_traffic(machine.ranks, wire);
+/// The fewest values a piece is cut to for pipelining. A piece is a chunk step of about eight
+/// dependent GPU operations on each side (wait, encode, copy, exact blocks, flag; wait, copy,
+/// exact blocks, decode), which cost 45 µs a step on one H100
+/// ([`gp2p_collectives::cost::OP_US`]); a run of P pieces of link time T takes about
+/// (P + 1)·(T/P + 45 µs), least where a piece's wire takes about as long on the link as the
+/// step's operations, which at 50 GB/s is about 2 MiB of wire: 2 Mi values. Pieces of 256 Ki
+/// values cost two ranks' 4 MiB of bf16 478 µs on that H100
+/// (`benches/results/h10080gbhbm3/comm-compress-int8-2.txt`); the model prices one piece at
+/// about 350.
+pub const MIN_PIECE_VALUES: usize = 2 << 20;
+
+/// Blocks of each piece of the compressed all-reduce of `len` values among `world` ranks
+/// through slots of `slot_bytes` (the last of a shard may be shorter): each shard in up to
+/// [`PIPELINED_PIECES`] even pieces of whole blocks and at least [`MIN_PIECE_VALUES`] (one
+/// where the shard is shorter), more where a piece's wire would exceed a slot.
+pub(crate) fn piece_blocks(len: usize, world: usize, format: WireFormat, slot_bytes: usize) -> usize {
+    let size = format.block.get();
+    // The most blocks a slot holds: a wire is about 5 bytes a value and 4 a block.
+    let mut slot_blocks = (slot_bytes / (5 * size + 4)).max(1);
+    while slot_blocks > 1 && format.wire_bytes(slot_blocks * size) > slot_bytes {
+        slot_blocks -= 1;
+    }
+    // As many even pieces as the widest shard makes of the smallest piece, up to the
+    // pipeline's number (so no piece is a sliver).
+    let widest_shard = shard_blocks(len.div_ceil(size), world.max(1), 0).len();
+    let count = (widest_shard / MIN_PIECE_VALUES.div_ceil(size)).clamp(1, PIPELINED_PIECES);
+    slot_blocks.min(widest_shard.div_ceil(count)).max(1)
+}
+
+/// Pieces of the widest shard ([`piece_blocks`] each): what the model prices steps from.
+fn pieces_a_shard(len: usize, world: usize, format: WireFormat, slot_bytes: usize) -> usize {
+    let widest_shard = shard_blocks(len.div_ceil(format.block.get()), world.max(1), 0).len();
+    widest_shard.div_ceil(piece_blocks(len, world, format, slot_bytes)).max(1)
+}
+
+/// Dependent GPU operations of one step of the compressed rounds, both sides together: the
+/// wait, the encode, the copy, the exact blocks' kernel and the flag on the way up; the wait,
+/// the copy, the exact blocks' kernel and the decode on the way down (see
+/// [`Machine::op_us`] and [`MIN_PIECE_VALUES`]).
+pub const COMPRESSED_STEP_OPS: usize = 8;
+
+/// The model's time for the compressed all-reduce of `bytes` per rank of elements of
+/// `element_bytes`, through slots of `slot_bytes` (see the module doc): the two-shot of its
+/// wire in N + 1 phases, each run's first piece as its fill, its rounds' steps (P(N − 1) + 1 to
+/// the owners, P + 1 back, P pieces a shard) and the fold between (two kernels a piece).
+pub fn compressed_prediction(
+    machine: &Machine,
+    bytes: usize,
+    format: WireFormat,
+    element_bytes: usize,
+    slot_bytes: usize,
+) -> Prediction {
+    let (ranks, values) = (machine.ranks.max(1), bytes / element_bytes.max(1));
+    let wire = WireLayout { values, block: format.block }.scaled_bytes();
+    let pieces = pieces_a_shard(values, ranks, format, slot_bytes);
+    let mut t = all_reduce_traffic(ranks, wire);
     t.phases += 1;
+    let fill = 2.0 * wire.div_ceil(ranks * pieces) as f64;
+    t.up_bytes += fill;
+    t.down_bytes += fill;
     let mut prediction = price(machine, Algorithm::TwoShot, t);
-    prediction.seconds += COMPRESSED_CALL_US * 1e-6;
+    prediction.seconds +=
+        machine.steps_seconds(pieces * ranks + 2, COMPRESSED_STEP_OPS) + machine.steps_seconds(pieces, 2);
     prediction
 }
 
-/// The model's time for the exact all-reduce as the communicator runs it.
-pub fn exact_prediction(machine: &Machine, bytes: usize, lines_max: usize) -> Prediction {
-    let rounds = price(machine, Algorithm::TwoShot, all_reduce_traffic(machine.ranks, bytes));
-    if machine.ranks <= 2 || bytes > lines_max {
-        return rounds;
-    }
-    let choice = ManyChoice { machine: *machine, lines_max, forced: None };
-    let (lines, rounds) = choice.predictions(bytes);
-    if lines.seconds <= rounds.seconds { lines } else { rounds }
+/// The model's time for the exact all-reduce as a communicator with `paths` runs it
+/// (`crate::choice::all_reduce_prediction`).
+pub fn exact_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize) -> Prediction {
+    crate::choice::all_reduce_prediction(machine, paths, bytes)
 }
 
 /// The smallest power of two from 4 KiB at which the model prices the compressed all-reduce
-/// of bf16 below the exact one on `machine` (1 GiB where it never does below that).
-pub fn min_bytes(machine: &Machine, lines_max: usize, format: WireFormat) -> usize {
+/// of bf16 (through slots of `slot_bytes`) below the exact one (as `paths` runs it) on
+/// `machine`; 1 GiB where it never does below that.
+pub fn min_bytes(machine: &Machine, paths: &AllReducePaths, slot_bytes: usize, format: WireFormat) -> usize {
     let mut bytes = SMALLEST;
     while bytes < LARGEST {
-        let exact = exact_prediction(machine, bytes, lines_max).seconds;
-        if compressed_prediction(machine, bytes, format, 2).seconds < exact {
+        let exact = exact_prediction(machine, paths, bytes).seconds;
+        if compressed_prediction(machine, bytes, format, 2, slot_bytes).seconds < exact {
             return bytes;
         }
         bytes *= 2;
@@ -188,9 +244,24 @@ pub fn min_bytes(machine: &Machine, lines_max: usize, format: WireFormat) -> usi
     LARGEST
 }
 
-/// [`min_bytes`] for `world` H200s with the default line kernel size for that world.
+/// The slots of a communicator of `world` ranks made with `options` and compressing.
+pub fn compressing_slot_bytes(options: &CommOptions, world: usize) -> usize {
+    let on = Resolved { format: WireFormat { format: Format::Int8, block: BlockSize::SMALLEST }, min_bytes: 0 };
+    slot_bytes(options, world, Some(on))
+}
+
+/// [`min_bytes`] for `world` H200s and a communicator made with `options`.
+///
+/// # Errors
+/// [`Error::InvalidOption`] for options a communicator refuses.
+pub fn min_bytes_for(world: usize, options: &CommOptions, format: WireFormat) -> Result<usize> {
+    let paths = AllReducePaths::of(world, options, options.algorithm)?;
+    Ok(min_bytes(&Machine::h200(world), &paths, compressing_slot_bytes(options, world), format))
+}
+
+/// [`min_bytes_for`] with the default options for `world` ranks.
 pub fn min_bytes_h200(world: usize, format: WireFormat) -> usize {
-    min_bytes(&Machine::h200(world), CommOptions::for_world(world).lines_max_bytes, format)
+    min_bytes_for(world, &CommOptions::for_world(world), format).unwrap_or(LARGEST)
 }
 
 #[cfg(test)]
@@ -198,16 +269,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn compressing_among_more_than_two_takes_larger_default_slots_only() {
+    fn compressing_among_two_or_more_takes_larger_default_slots_only() {
         let on = Some(Resolved { format: int8(), min_bytes: 1 });
         for world in 1..=8 {
             let options = CommOptions::for_world(world);
-            let want = if world > 2 { COMPRESSED_SLOT_FACTOR * options.slot_bytes } else { options.slot_bytes };
+            let want = if world >= 2 { COMPRESSED_SLOT_FACTOR * options.slot_bytes } else { options.slot_bytes };
             assert_eq!(slot_bytes(&options, world, on), want, "{world} ranks");
             assert_eq!(slot_bytes(&options, world, None), options.slot_bytes, "{world} ranks, exact");
             let chosen = CommOptions { slot_bytes: 1 << 20, ..options };
             assert_eq!(slot_bytes(&chosen, world, on), 1 << 20, "{world} ranks: a chosen slot stays");
         }
+        assert!(CommOptions::for_world(2).slot_bytes * COMPRESSED_SLOT_FACTOR <= 256 << 20);
         assert!(CommOptions::for_world(3).slot_bytes * COMPRESSED_SLOT_FACTOR <= 256 << 20);
     }
 
@@ -247,18 +319,22 @@ mod tests {
     fn above_its_minimum_the_model_prices_compressed_below_exact_and_not_below_it() {
         for world in [2, 4, 8] {
             let machine = Machine::h200(world);
-            let lines_max = CommOptions::for_world(world).lines_max_bytes;
-            let min = min_bytes(&machine, lines_max, int8());
+            let options = CommOptions::for_world(world);
+            let paths = AllReducePaths::of(world, &options, None).unwrap();
+            let slot = compressing_slot_bytes(&options, world);
+            let min = min_bytes(&machine, &paths, slot, int8());
             assert!(min > SMALLEST && min < LARGEST, "{world} ranks: {min}");
-            let compressed = |b| compressed_prediction(&machine, b, int8(), 2).seconds;
-            let exact = |b| exact_prediction(&machine, b, lines_max).seconds;
+            assert_eq!(min, min_bytes_h200(world, int8()));
+            let compressed = |b| compressed_prediction(&machine, b, int8(), 2, slot).seconds;
+            let exact = |b| exact_prediction(&machine, &paths, b).seconds;
             assert!(compressed(min / 2) >= exact(min / 2), "{world} ranks at {}", min / 2);
             for bytes in [min, 4 * min, 256 << 20] {
                 assert!(compressed(bytes) < exact(bytes), "{world} ranks at {bytes}");
             }
-            // Large buffers: about half the bytes, so close to twice as fast.
+            // Large buffers: about half the bytes, but each piece's step of eight operations
+            // keeps it from twice as fast.
             let speedup = exact(256 << 20) / compressed(256 << 20);
-            assert!((1.7..2.0).contains(&speedup), "{world} ranks: {speedup}");
+            assert!((1.5..2.0).contains(&speedup), "{world} ranks: {speedup}");
         }
     }
 }

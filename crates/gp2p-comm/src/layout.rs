@@ -22,7 +22,7 @@ pub struct CommOptions {
     /// How long creation waits for every rank to join and register.
     pub join_timeout: Duration,
     /// Bytes of one slot of the pipeline that carries larger messages: a chunk's DMA copy.
-    /// A multiple of 4096 in 64 KiB..=256 MiB. Among more than two ranks that compress, the
+    /// A multiple of 4096 in 64 KiB..=256 MiB. Where the communicator compresses, the
     /// default ([`CommOptions::for_world`]'s, or that value given) becomes
     /// [`crate::compression::COMPRESSED_SLOT_FACTOR`] times larger.
     pub slot_bytes: usize,

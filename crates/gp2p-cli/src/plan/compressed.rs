@@ -3,7 +3,10 @@
 //! size, and the size from which `GP2P_COMPRESS` switches it on (`gp2p_comm::compression`).
 
 use geforce_p2p::collectives::cost::Machine;
-use geforce_p2p::comm::compression::{DEFAULT_BLOCK, compressed_prediction, exact_prediction, min_bytes};
+use geforce_p2p::comm::choice::AllReducePaths;
+use geforce_p2p::comm::compression::{
+    DEFAULT_BLOCK, compressed_prediction, compressing_slot_bytes, exact_prediction, min_bytes,
+};
 use geforce_p2p::comm::{COMPRESS_VAR, CommOptions, MAX_RANKS, WireFormat};
 use geforce_p2p::kernels::compress::{BlockSize, Format};
 
@@ -17,17 +20,19 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     }
     let Ok(block) = BlockSize::new(DEFAULT_BLOCK) else { return String::new() };
     let format = WireFormat { format: Format::Int8, block };
-    let lines_max = CommOptions::for_world(m.ranks).lines_max_bytes;
-    let min = min_bytes(m, lines_max, format);
+    let options = CommOptions::for_world(m.ranks);
+    let Ok(paths) = AllReducePaths::of(m.ranks, &options, None) else { return String::new() };
+    let slot_bytes = compressing_slot_bytes(&options, m.ranks);
+    let min = min_bytes(m, &paths, slot_bytes, format);
     let mut out = format!(
         "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK]; bf16 as int8 in blocks of 64, about half \
-         the bytes, one more handoff): exact below {}, compressed from there on.\n",
+         the bytes, one more handoff, eight operations a piece's step): exact below {}, compressed from there on.\n",
         format_size(min)
     );
     let mut t = table(&["size", "exact µs", "compressed µs", "runs"], &["runs"]);
     for &bytes in sizes {
-        let exact = exact_prediction(m, bytes, lines_max).seconds;
-        let compressed = compressed_prediction(m, bytes, format, 2).seconds;
+        let exact = exact_prediction(m, &paths, bytes).seconds;
+        let compressed = compressed_prediction(m, bytes, format, 2, slot_bytes).seconds;
         let runs = if bytes >= min { "compressed" } else { "exact" };
         t.add_row(vec![format_size(bytes), num(exact * 1e6, 1), num(compressed * 1e6, 1), runs.to_owned()]);
     }

@@ -83,17 +83,18 @@ fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
     let rows = rows_of(model);
     assert_eq!(rows.len(), 2, "{text}");
     // The communicator's: 8 B in lines (16 B moved, one handoff), 1 GiB past their 64 KiB, in
-    // rounds (N phases) whose fill (a 2 MiB slot each way) leaves DRAM binding: 8 × 11.4 µs
-    // + 22 × 2^30 / 140e9 s = 168822.1 µs.
+    // rounds (N phases) whose fill (a 2 MiB slot each way) leaves DRAM binding, and 8 rounds
+    // of 64 chunks and the fill as steps of four operations: 8 × 11.4 µs + 22 × 2^30 / 140e9
+    // s + 513 × 4 × 5.25 µs = 179595.1 µs.
     let theirs = rows_of(communicator);
     assert_eq!(theirs.len(), 2, "{text}");
     assert!(theirs[0].ends_with("one-shot (lines)") && theirs[0].contains("11.4  handoffs"), "{text}");
-    assert!(theirs[1].contains("168822.1  dram") && theirs[1].ends_with("two-shot (rounds)"), "{text}");
+    assert!(theirs[1].contains("179595.1  dram") && theirs[1].ends_with("two-shot (rounds)"), "{text}");
     assert!(communicator.contains("(8 handoffs, one slot of fill each way)"), "{text}");
-    // Compressed from the model's minimum on (8 H200s: 1 MiB), exact below it.
+    // Compressed from the model's minimum on (8 H200s: 4 MiB), exact below it.
     let squeezed = rows_of(compressed);
     assert!(squeezed[0].ends_with("exact") && squeezed[1].ends_with("compressed"), "{text}");
-    assert!(compressed.contains("GP2P_COMPRESS=int8|fp8[:BLOCK]") && compressed.contains("exact below 1M"), "{text}");
+    assert!(compressed.contains("GP2P_COMPRESS=int8|fp8[:BLOCK]") && compressed.contains("exact below 4M"), "{text}");
     assert!(rows[0].trim_start().starts_with("8 ") && rows[0].contains("one-shot  handoffs"), "{text}");
     // 1 GiB at N = 8 on the defaults: two-shot, DRAM binds at 22 × 2^30 / 140e9 + 22.8 µs
     // = 0.16875366 s, busbw 1.75 × 2^30 / that = 11.13 GB/s.
@@ -132,8 +133,8 @@ fn two_ranks_get_the_communicator_s_paths_with_the_pipeline_s_fill() {
     let rows: Vec<&str> = communicator.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
     assert!(rows[0].ends_with("one kernel (lines)") && rows[1].ends_with("one kernel (chunks)"), "{text}");
     // 16 MiB in chunks of 4 MiB, one of fill each way, both ranks on one 50 GB/s link: 2 × 20
-    // MiB / 50 GB/s + one 11.4 µs handoff.
-    assert!(rows[2].contains("850.3  uplink") && rows[2].ends_with("exchange"), "{text}");
+    // MiB / 50 GB/s + one 11.4 µs handoff + five steps of four operations at 5.25 µs.
+    assert!(rows[2].contains("955.3  uplink") && rows[2].ends_with("exchange"), "{text}");
 }
 
 #[test]

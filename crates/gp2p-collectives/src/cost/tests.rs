@@ -100,6 +100,7 @@ fn predictions_follow_the_formulas_and_name_their_bound() {
         dram_gbps: 1e6,
         handoff_us: 0.0,
         cards_per_uplink: 1,
+        op_us: OP_US,
     };
     // One-shot: down 3 GiB at the duplex rate, 3 × 2^30 / 10e9 = 0.3221225472 s.
     let one = predict(&m, Algorithm::OneShot, GIB);
@@ -197,6 +198,7 @@ fn eight_gen4_cards_on_two_sockets() {
         dram_gbps: 500.0,
         handoff_us: 12.0,
         cards_per_uplink: 1,
+        op_us: OP_US,
     };
     assert_eq!(choose_with(&m, 8, None).chosen, Algorithm::OneShot);
     let mib = choose_with(&m, MIB, None);
@@ -248,6 +250,7 @@ fn four_cards_behind_one_switch_uplink() {
         dram_gbps: 120.0,
         handoff_us: 14.0,
         cards_per_uplink: 1,
+        op_us: OP_US,
     };
     assert_eq!(choose_with(&m, 8, None).chosen, Algorithm::OneShot);
     assert_eq!(choose_with(&m, 100_000, None).chosen, Algorithm::OneShot, "below 112 kB");
@@ -282,6 +285,7 @@ fn four_cards_behind_one_switch_from_the_topology() {
         dram_gbps: 1000.0,
         handoff_us: 14.0,
         cards_per_uplink: 4,
+        op_us: OP_US,
     };
     let gib = choose_with(&m, GIB, None);
     assert_eq!(gib.chosen, Algorithm::TwoShot);
@@ -318,6 +322,7 @@ fn two_gen5_cards_on_a_desktop() {
         dram_gbps: 70.0,
         handoff_us: 12.8,
         cards_per_uplink: 1,
+        op_us: OP_US,
     };
     for bytes in [8, MIB, GIB] {
         let plan = choose_with(&m, bytes, None);

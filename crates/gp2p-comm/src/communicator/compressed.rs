@@ -4,7 +4,8 @@
 //!
 //! The blocks are dealt to the ranks as that reference's shards, each shard cut into pieces
 //! whose wire fits a slot, and into up to four even pieces where it is long enough, so that in
-//! each run one piece goes up while the one before comes down ([`PIPELINED_PIECES`]). A call
+//! each run one piece goes up while the one before comes down
+//! ([`crate::compression::PIPELINED_PIECES`]). A call
 //! is two runs of the rounds module's legs with a fold between, on the caller's stream:
 //! 1. every rank hands each other rank its pieces of that rank's shard, encoded in device
 //!    memory and copied into its slots, and each owner copies the wires it gets into its
@@ -32,6 +33,10 @@ use gp2p_cuda::codec::{WireFormat, fold_wire_addresses};
 use gp2p_cuda::raw::{Codec, compress_decode, compress_fold_encode};
 use gp2p_kernels::compress::shard_blocks;
 
+use crate::compression::piece_blocks;
+#[cfg(test)]
+use crate::compression::{MIN_PIECE_VALUES, PIPELINED_PIECES};
+
 use super::*;
 use crate::pipeline::{WireLand, WireLegs, WireOut};
 
@@ -53,33 +58,13 @@ pub(crate) struct WirePieces {
     slot_bytes: usize,
 }
 
-/// A shard is cut into at least this many pieces where each keeps [`MIN_PIECE_VALUES`]: the
-/// pieces of a run then follow each other through the slots (one going up while the one
-/// before comes down), where a shard sent whole would cross up, then down, then be folded,
-/// with the link idle in each direction half the time.
-pub(crate) const PIPELINED_PIECES: usize = 4;
-
-/// The fewest values a piece is cut to for pipelining (its codes, one byte a value, are one
-/// DMA): smaller pieces would pay a handoff each for a copy shorter than the handoff.
-pub(crate) const MIN_PIECE_VALUES: usize = 256 << 10;
-
 impl WirePieces {
-    /// The pieces of `len` values among `world` ranks: each shard in up to
-    /// [`PIPELINED_PIECES`] even pieces of whole blocks and at least [`MIN_PIECE_VALUES`]
-    /// (one where the shard is shorter), more where a piece's wire would exceed `slot_bytes`.
+    /// The pieces of `len` values among `world` ranks: each shard cut as
+    /// [`piece_blocks`] says.
     pub(crate) fn new(len: usize, world: usize, format: WireFormat, slot_bytes: usize) -> WirePieces {
         let size = format.block.get();
-        // The most blocks a slot holds: a wire is about 5 bytes a value and 4 a block.
-        let mut slot_blocks = (slot_bytes / (5 * size + 4)).max(1);
-        while slot_blocks > 1 && format.wire_bytes(slot_blocks * size) > slot_bytes {
-            slot_blocks -= 1;
-        }
         let blocks = len.div_ceil(size);
-        // As many even pieces as the widest shard makes of the smallest piece, up to the
-        // pipeline's number (so no piece is a sliver).
-        let widest_shard = shard_blocks(blocks, world, 0).len();
-        let count = (widest_shard / MIN_PIECE_VALUES.div_ceil(size)).clamp(1, PIPELINED_PIECES);
-        let piece_blocks = slot_blocks.min(widest_shard.div_ceil(count)).max(1);
+        let piece_blocks = piece_blocks(len, world, format, slot_bytes);
         let pieces: Vec<Vec<Range<usize>>> = (0..world)
             .map(|s| {
                 let shard = shard_blocks(blocks, world, s);

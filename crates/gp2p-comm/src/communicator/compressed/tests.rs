@@ -50,26 +50,32 @@ fn pieces_cut_the_reference_s_shards_on_blocks_into_wires_that_fit_a_slot() {
 #[test]
 fn a_shard_that_fits_one_slot_is_still_cut_into_pieces_that_pipeline() {
     let int8 = format(Format::Int8, 64);
-    // 4 MiB of bf16 between two ranks: a shard of 1 Mi values, whose wire one 8 MiB slot would
-    // hold, goes as four pieces of 256 Ki values.
-    let plan = WirePieces::new(2 << 20, 2, int8, 8 << 20);
+    // 32 MiB of bf16 between two ranks: a shard of 8 Mi values, whose wire one 64 MiB slot
+    // would hold, goes as four pieces of 2 Mi values.
+    let plan = WirePieces::new(16 << 20, 2, int8, 64 << 20);
     for pieces in &plan.pieces {
         let lens: Vec<usize> = pieces.iter().map(Range::len).collect();
         assert_eq!(lens, [MIN_PIECE_VALUES; PIPELINED_PIECES]);
     }
-    // 16 MiB among four ranks: shards of 2 Mi values, four pieces of 512 Ki.
-    let plan = WirePieces::new(8 << 20, 4, int8, 32 << 20);
-    assert!(plan.pieces.iter().all(|p| p.len() == PIPELINED_PIECES && p[0].len() == 512 << 10));
+    // 16 MiB of bf16 between two: shards of 4 Mi values, two pieces; 4 MiB: one.
+    assert!(WirePieces::new(8 << 20, 2, int8, 64 << 20).pieces.iter().all(|p| p.len() == 2));
+    assert!(WirePieces::new(2 << 20, 2, int8, 64 << 20).pieces.iter().all(|p| p.len() == 1));
+    // 64 MiB among four ranks: shards of 8 Mi values, four pieces of 2 Mi.
+    let plan = WirePieces::new(32 << 20, 4, int8, 64 << 20);
+    assert!(plan.pieces.iter().all(|p| p.len() == PIPELINED_PIECES && p[0].len() == 2 << 20));
     // A shard of fewer than twice the smallest piece stays whole; an odd length makes four
     // pieces of whole blocks, a quarter of the shard each, the last shorter.
-    let plan = WirePieces::new(400_000, 2, int8, 8 << 20);
+    let plan = WirePieces::new(3 << 20, 2, int8, 64 << 20);
     assert!(plan.pieces.iter().all(|p| p.len() == 1), "{:?}", plan.pieces);
-    let plan = WirePieces::new((3 << 20) + 5, 2, format(Format::Fp8E4m3, 256), 8 << 20);
+    let len = (24 << 20) + 5;
+    let fp8 = format(Format::Fp8E4m3, 256);
+    let plan = WirePieces::new(len, 2, fp8, 128 << 20);
+    let quarter = shard_blocks(len.div_ceil(256), 2, 0).len().div_ceil(PIPELINED_PIECES) * 256;
     for pieces in &plan.pieces {
         let (last, whole) = pieces.split_last().expect("pieces");
         assert_eq!(pieces.len(), PIPELINED_PIECES, "{pieces:?}");
-        assert!(whole.iter().all(|p| p.len() == 1537 * 256 && p.start % 256 == 0), "{pieces:?}");
-        assert!(!last.is_empty() && last.len() < 1537 * 256, "{pieces:?}");
+        assert!(whole.iter().all(|p| p.len() == quarter && p.start % 256 == 0), "{pieces:?}");
+        assert!(!last.is_empty() && last.len() < quarter, "{pieces:?}");
     }
 }
 
@@ -177,17 +183,17 @@ fn the_legs_run_on_the_cpu_give_every_rank_the_reference_s_bits() {
             }
         }
     }
-    // Shards that one 8 MiB slot holds, cut into pieces for pipelining (three ranks, shards of
-    // about 533 Ki values: two even pieces each, not two of 256 Ki and a sliver).
-    let (world, len, f) = (3, 1_600_003, format(Format::Int8, 64));
-    let plan = WirePieces::new(len, world, f, 8 << 20);
+    // Shards that one 32 MiB slot holds, cut into pieces for pipelining (three ranks, shards of
+    // about 4.1 Mi values: two even pieces each, not two of 2 Mi and a sliver).
+    let (world, len, f) = (3, 12_800_003, format(Format::Int8, 64));
+    let plan = WirePieces::new(len, world, f, 32 << 20);
     assert!(plan.pieces.iter().all(|p| p.len() == 2), "{:?}", plan.pieces);
     let inputs: Vec<Vec<f32>> = (0..world)
         .map(|r| (0..len).map(|i| ((i * 7919 + r * 104_729) % 2001) as f32 / 37.0 - 27.0).collect())
         .collect();
     let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
     let want = all_reduce(&refs, ReduceOp::Sum, Scheme { format: Format::Int8, block: f.block }).unwrap();
-    let got = run_on_the_cpu(&inputs, ReduceOp::Sum, f, 8 << 20);
+    let got = run_on_the_cpu(&inputs, ReduceOp::Sum, f, 32 << 20);
     for (r, out) in got.iter().enumerate() {
         assert!(out.iter().zip(&want[r]).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {r}");
     }
