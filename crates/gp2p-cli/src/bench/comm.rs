@@ -103,7 +103,9 @@ pub struct CommArgs {
     #[arg(long, default_value_t = 20)]
     calls: usize,
     /// Bytes of one slot of the communicator's pipeline (K, M, G suffixes), instead of
-    /// `CommOptions::for_world`'s: for tuning it (every rank gets the same).
+    /// `CommOptions::for_world`'s: for tuning it (every rank gets the same). With --compress
+    /// the default grows fourfold (COMPRESSED_SLOT_FACTOR), and so does this value where it
+    /// equals the default.
     #[arg(long, value_parser = crate::sizes::parse_size)]
     slot_bytes: Option<usize>,
     /// Slots per rank of that pipeline, instead of the default.
