@@ -731,8 +731,9 @@ fn compressed_with(test: &str, world: usize, options: CommOptions, lens: &[(usiz
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits() {
-    // Slots of 32 MiB hold a whole shard's wire; shards of 4,400,002 and 8,388,608 values go
-    // as two and four pieces all the same (`PIPELINED_PIECES`, pieces of at least 2 Mi values).
+    // Slots of 32 MiB; shards of about 4.4 Mi values (blocks of 64) and of 8 Mi (blocks of
+    // 128) go as two and four even pieces (`PIPELINED_PIECES`, at least 2 Mi values each), the
+    // second because of the pieces' rule, not the slot.
     let test = "one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits";
     if !is_child() {
         needs!(gpus: 1);

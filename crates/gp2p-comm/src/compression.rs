@@ -162,10 +162,11 @@ pub const PIPELINED_PIECES: usize = 4;
 /// exact blocks, decode), which cost 45 µs a step on one H100
 /// ([`gp2p_collectives::cost::OP_US`]); a run of P pieces of link time T takes about
 /// (P + 1)·(T/P + 45 µs), least where a piece's wire takes about as long on the link as the
-/// step's operations, which at 50 GB/s is about 2 MiB of wire: 2 Mi values. Pieces of 256 Ki
-/// values cost two ranks' 4 MiB of bf16 478 µs on that H100
-/// (`benches/results/h10080gbhbm3/comm-compress-int8-2.txt`); the model prices one piece at
-/// about 350.
+/// step's operations, which at 50 GB/s is about 2 MiB of wire: 2 Mi values. Two ranks' 4 MiB
+/// of bf16 took 478 µs in four pieces of 256 Ki values on one H100
+/// (`benches/results/h10080gbhbm3/comm-compress-int8-2.txt`, 3f1da72) and 293 µs whole on one
+/// H200 (`benches/results/h200/comm-compress-int8-2.txt`, d7d6db3, before pieces), both links
+/// about 50 GB/s each way; this size has not yet run on a GPU.
 pub const MIN_PIECE_VALUES: usize = 2 << 20;
 
 /// Blocks of each piece of the compressed all-reduce of `len` values among `world` ranks
@@ -250,13 +251,16 @@ pub fn compressing_slot_bytes(options: &CommOptions, world: usize) -> usize {
     slot_bytes(options, world, Some(on))
 }
 
-/// [`min_bytes`] for `world` H200s and a communicator made with `options`.
+/// [`min_bytes`] for `world` H200s and a communicator made with `options` that compresses
+/// (its slots [`COMPRESSED_SLOT_FACTOR`] times larger where the options keep the default, as
+/// the communicator lays them out).
 ///
 /// # Errors
-/// [`Error::InvalidOption`] for options a communicator refuses.
+/// [`Error::InvalidOption`] for options such a communicator refuses.
 pub fn min_bytes_for(world: usize, options: &CommOptions, format: WireFormat) -> Result<usize> {
-    let paths = AllReducePaths::of(world, options, options.algorithm)?;
-    Ok(min_bytes(&Machine::h200(world), &paths, compressing_slot_bytes(options, world), format))
+    let slot_bytes = compressing_slot_bytes(options, world);
+    let paths = AllReducePaths::of(world, &CommOptions { slot_bytes, ..*options }, options.algorithm)?;
+    Ok(min_bytes(&Machine::h200(world), &paths, slot_bytes, format))
 }
 
 /// [`min_bytes_for`] with the default options for `world` ranks.

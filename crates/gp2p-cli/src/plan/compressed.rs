@@ -20,9 +20,12 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     }
     let Ok(block) = BlockSize::new(DEFAULT_BLOCK) else { return String::new() };
     let format = WireFormat { format: Format::Int8, block };
+    // The exact calls too run on the compressing communicator's slots.
     let options = CommOptions::for_world(m.ranks);
-    let Ok(paths) = AllReducePaths::of(m.ranks, &options, None) else { return String::new() };
     let slot_bytes = compressing_slot_bytes(&options, m.ranks);
+    let Ok(paths) = AllReducePaths::of(m.ranks, &CommOptions { slot_bytes, ..options }, None) else {
+        return String::new();
+    };
     let min = min_bytes(m, &paths, slot_bytes, format);
     let mut out = format!(
         "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK]; bf16 as int8 in blocks of 64, about half \
