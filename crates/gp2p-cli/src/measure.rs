@@ -11,7 +11,10 @@ use geforce_p2p::kernels::reference::fill_random;
 use geforce_p2p::ops::{copy_from_host, copy_to_host};
 use geforce_p2p::pinned::round_trip;
 use geforce_p2p::transport::plan::{DEFAULT_SLOTS, MAX_CHUNK_BYTES};
-use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, Stream, StreamFork};
+use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, PinnedBuffer, ReduceOp, Stream, StreamFork};
+
+/// Kernel, D2H and H2D triples in one timed run of [`Ceilings::op_latency_us`].
+pub const OP_TRIPLES: usize = 16;
 
 use crate::error::CliError;
 
@@ -340,6 +343,28 @@ impl<'a> Ceilings<'a> {
         }
         fork.join(self.stream)?;
         Ok(marks)
+    }
+
+    /// Median time in µs of one dependent operation of a pipeline's chunk step
+    /// (`Machine::op_us`): [`OP_TRIPLES`] times in turn on one stream a reduce kernel over
+    /// `bytes` and a `bytes` D2H then H2D of its result, each waiting for the one before, over
+    /// the number of operations. What a chunk step pays for each of its kernels and copies is
+    /// such a switch, with the bytes too few to matter.
+    pub fn op_latency_us(&mut self, bytes: usize) -> Result<f64, CliError> {
+        let (stream, host, a, b) = (self.stream, &mut self.host, &mut self.a, &mut self.b);
+        let t = median_seconds(
+            stream,
+            self.repeats,
+            || Ok(()),
+            || {
+                for _ in 0..OP_TRIPLES {
+                    geforce_p2p::cuda::reduce(stream, &mut b.view_mut(..bytes), &a.view(..bytes), ReduceOp::Max, 1)?;
+                    round_trip(stream, &b.view(..bytes), &mut host.view_mut(..bytes), &mut a.view_mut(..bytes))?;
+                }
+                Ok(())
+            },
+        )?;
+        Ok(t * 1e6 / (3 * OP_TRIPLES) as f64)
     }
 
     /// Median time in µs of one `bytes` D2H followed by one `bytes` H2D on one stream, as

@@ -55,6 +55,10 @@ pub struct PlanArgs {
     /// The cost of one dependent phase (a trip through host memory and its flag), µs.
     #[arg(long, value_name = "US")]
     handoff_us: Option<f64>,
+    /// The cost of one dependent GPU operation of a pipeline's chunk step (a kernel after a
+    /// copy or the reverse), µs (default: a fit on an H100).
+    #[arg(long, value_name = "US")]
+    op_us: Option<f64>,
     /// Sizes per rank, comma-separated (bytes; K, M, G suffixes), instead of -b/-e/-f.
     #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with_all = ["begin", "end", "factor"])]
     sizes: Option<Vec<usize>>,
@@ -106,7 +110,7 @@ enum Source {
 /// The machine's rates and where each came from, in [`RATES`] order.
 struct Rates {
     machine: Machine,
-    sources: [Source; 6],
+    sources: [Source; 7],
     /// What `--measure` measured on, for the machine line.
     measured_on: Option<String>,
     /// Where the uplink sharing came from (`--uplink`, or the probe's topology of this
@@ -115,7 +119,10 @@ struct Rates {
 }
 
 /// The rates' flag names, in the order [`Rates::sources`] and [`rate_mut`] use.
-const RATES: [&str; 6] = ["h2d", "d2h", "duplex", "host", "dram", "handoff-us"];
+const RATES: [&str; 7] = ["h2d", "d2h", "duplex", "host", "dram", "handoff-us", "op-us"];
+
+/// Where [`RATES`]' times begin: the rates before it are GB/s, above 0; the times µs, 0 or more.
+const FIRST_TIME: usize = 5;
 
 fn rate_mut(machine: &mut Machine, i: usize) -> &mut f64 {
     match i {
@@ -124,7 +131,8 @@ fn rate_mut(machine: &mut Machine, i: usize) -> &mut f64 {
         2 => &mut machine.duplex_gbps,
         3 => &mut machine.host_gbps,
         4 => &mut machine.dram_gbps,
-        _ => &mut machine.handoff_us,
+        5 => &mut machine.handoff_us,
+        _ => &mut machine.op_us,
     }
 }
 
@@ -158,6 +166,8 @@ struct Measured {
     handoff_us: f64,
     /// Every core copying between two buffers far past the caches, GB/s read plus written.
     dram_gbps: f64,
+    /// One operation of a pipeline's chunk step on the first card, µs ([`op_us`]).
+    op_us: f64,
     /// How many cards were measured.
     cards: usize,
 }
@@ -213,7 +223,7 @@ impl PlanArgs {
             placed.push_str(&format!(", {per_uplink} cards there, at most {ranks} here"));
         }
         machine.cards_per_uplink = per_uplink.min(ranks);
-        let mut sources = [Source::Default; 6];
+        let mut sources = [Source::Default; 7];
         if let Some(m) = measured {
             for (i, &rate) in m.card.iter().enumerate() {
                 *rate_mut(&mut machine, i) = rate;
@@ -227,13 +237,15 @@ impl PlanArgs {
             sources[5] = Source::Measured;
             machine.dram_gbps = m.dram_gbps;
             sources[4] = Source::Measured;
+            machine.op_us = m.op_us;
+            sources[6] = Source::Measured;
         }
-        let flags = [self.h2d, self.d2h, self.duplex, self.host, self.dram, self.handoff_us];
+        let flags = [self.h2d, self.d2h, self.duplex, self.host, self.dram, self.handoff_us, self.op_us];
         for (i, flag) in flags.into_iter().enumerate() {
             let Some(value) = flag else { continue };
-            let handoff = i == RATES.len() - 1;
-            if !value.is_finite() || value < 0.0 || (value == 0.0 && !handoff) {
-                let what = if handoff { "a time of 0 µs or more" } else { "a rate above 0 GB/s" };
+            let time = i >= FIRST_TIME;
+            if !value.is_finite() || value < 0.0 || (value == 0.0 && !time) {
+                let what = if time { "a time of 0 µs or more" } else { "a rate above 0 GB/s" };
                 return Err(CliError::Usage(format!("--{} {value}: expected {what}", RATES[i])));
             }
             *rate_mut(&mut machine, i) = value;
@@ -242,10 +254,10 @@ impl PlanArgs {
         let measured_on = measured.map(|m| {
             let cards = match (m.cards, m.host_gbps) {
                 (1, _) => "on 1 card".to_owned(),
-                (n, Some(_)) => {
-                    format!("the slowest of {n} cards; the host with all {n} at once; the handoff on the first")
-                }
-                (n, None) => format!("the slowest of {n} cards; the handoff on the first"),
+                (n, Some(_)) => format!(
+                    "the slowest of {n} cards; the host with all {n} at once; the handoff and an operation on the first"
+                ),
+                (n, None) => format!("the slowest of {n} cards; the handoff and an operation on the first"),
             };
             cards + "; DRAM with every core copying"
         });
@@ -315,6 +327,7 @@ fn measure() -> Result<(Measured, Placement), CliError> {
         host_gbps,
         handoff_us: handoff_us(links.devices[0].device)?,
         dram_gbps: dram::dram_gbps(),
+        op_us: op_us(links.devices[0].device)?,
         cards: links.devices.len(),
     };
     Ok((measured, place))
@@ -333,6 +346,16 @@ pub(crate) fn handoff_us(ordinal: usize) -> Result<f64, CliError> {
     ceilings.pair_latency_us(HANDOFF_BYTES)
 }
 
+/// One dependent operation of a pipeline's chunk step on card `ordinal`, µs
+/// ([`crate::measure::Ceilings::op_latency_us`] of [`HANDOFF_BYTES`]): `Machine::op_us`
+/// measured, in place of the H100 fit.
+pub(crate) fn op_us(ordinal: usize) -> Result<f64, CliError> {
+    let device = geforce_p2p::Device::open(ordinal)?;
+    let stream = geforce_p2p::Stream::new(&device)?;
+    let mut ceilings = crate::measure::Ceilings::new(&device, &stream, HANDOFF_BYTES, HANDOFF_REPEATS)?;
+    ceilings.op_latency_us(HANDOFF_BYTES)
+}
+
 /// Runs of the handoff: many, each short, so the median is steady.
 const HANDOFF_REPEATS: crate::measure::Repeats = crate::measure::Repeats { warmup: 5, timed: 51 };
 
@@ -349,14 +372,13 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
     let mut out = format!(
         "gp2p plan: all_reduce over {} ranks, every byte through pinned host memory\n\
          machine: per card h2d {:.1} GB/s, d2h {:.1}, duplex {:.1} each way; host {:.1} GB/s all cards up + down; \
-         DRAM {:.1} GB/s; handoff {:.1} µs per phase; {:.2} µs per operation of a pipeline's chunk step (fitted \
-         on an H100, not measured here)\n",
+         DRAM {:.1} GB/s; handoff {:.1} µs per phase; {:.2} µs per operation of a pipeline's chunk step\n",
         m.ranks, m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps, m.dram_gbps, m.handoff_us, m.op_us
     );
     for (source, says) in [
         (Source::Measured, "measured here"),
         (Source::Flag, "from flags"),
-        (Source::Default, "the model's defaults (measured on H200s)"),
+        (Source::Default, "the model's defaults (measured on H200s; op-us fitted on an H100)"),
     ] {
         let names: Vec<&str> =
             RATES.iter().zip(&rates.sources).filter(|(_, s)| **s == source).map(|(n, _)| *n).collect();

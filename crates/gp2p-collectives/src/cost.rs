@@ -116,8 +116,9 @@ pub const H200_HANDOFF_US: f64 = 11.4;
 /// it for every operation of every chunk step, beyond the bytes' time and the fill: fitted on
 /// one H100 with two processes sharing its link (an exact chunk step is four operations and
 /// took 21 µs, `benches/results/h10080gbhbm3/comm-chunks-message-2.txt`; a compressed one is
-/// eight and took 45, `comm-compress-int8-2.txt`), and used for H200s too until one is
-/// measured there.
+/// eight and took 45, `comm-compress-int8-2.txt`), and the default elsewhere: `gp2p plan
+/// --measure` and `gp2p bench comm` measure it on the machine (a reduce kernel and a 4 KiB
+/// copy each way, in turn on one stream).
 pub const OP_US: f64 = 5.25;
 
 /// An all-reduce algorithm over host memory.

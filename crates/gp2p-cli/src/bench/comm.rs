@@ -236,11 +236,15 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
             // The model's other rates from this machine too, while nothing else runs (only
             // where rows are priced: copying DRAM takes a gigabyte of host memory).
             let here = if kind_is_priced(kind, compressed) {
-                eprintln!("measuring the handoff and DRAM for the model ...");
-                Measured { handoff_us: crate::plan::handoff_us(0)?, dram_gbps: crate::plan::dram_gbps() }
+                eprintln!("measuring the handoff, an operation and DRAM for the model ...");
+                Measured {
+                    handoff_us: crate::plan::handoff_us(0)?,
+                    op_us: crate::plan::op_us(0)?,
+                    dram_gbps: crate::plan::dram_gbps(),
+                }
             } else {
                 let defaults = Machine::h200(args.ranks);
-                Measured { handoff_us: defaults.handoff_us, dram_gbps: defaults.dram_gbps }
+                Measured { handoff_us: defaults.handoff_us, op_us: defaults.op_us, dram_gbps: defaults.dram_gbps }
             };
             let id = UniqueId::new()?;
             let ranks = start_ranks(args.ranks, &id)?;
@@ -329,9 +333,10 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     if let Some(m) = model.filter(|_| kind_is_priced(args.collective, compressed)) {
         println!(
             "# model: gp2p plan's cost model for the path each size takes, at duplex {:.1} GB/s (measured above), \
-             {} rank(s) sharing one link, handoff {:.1} us (a 4 KiB round trip through host memory) and DRAM {:.0} \
-             GB/s (every core copying) measured here, and its default host {:.0} GB/s; model err = model / time - 1",
-            m.duplex_gbps, m.cards_per_uplink, m.handoff_us, m.dram_gbps, m.host_gbps
+             {} rank(s) sharing one link, handoff {:.1} us (a 4 KiB round trip through host memory), an operation of a \
+             chunk step {:.2} us (a kernel or a 4 KiB copy after the other) and DRAM {:.0} GB/s (every core copying) \
+             measured here, and its default host {:.0} GB/s; model err = model / time - 1",
+            m.duplex_gbps, m.cards_per_uplink, m.handoff_us, m.op_us, m.dram_gbps, m.host_gbps
         );
     }
     if compressed.is_some() {
@@ -370,16 +375,18 @@ fn model_machine(world: usize, sharing: usize, duplex_gbps: f64, here: Measured)
         duplex_gbps,
         cards_per_uplink: sharing.max(1),
         handoff_us: here.handoff_us,
+        op_us: here.op_us,
         dram_gbps: here.dram_gbps,
         ..Machine::h200(world)
     }
 }
 
 /// The model's rates `gp2p plan --measure` measures that rank 0 measures too, before the
-/// ranks start: a phase's handoff and the host's DRAM rate.
+/// ranks start: a phase's handoff, a chunk step's operation and the host's DRAM rate.
 #[derive(Debug, Clone, Copy)]
 struct Measured {
     handoff_us: f64,
+    op_us: f64,
     dram_gbps: f64,
 }
 
@@ -583,11 +590,11 @@ mod tests {
 
     #[test]
     fn the_model_prices_the_exact_all_reduce_on_the_measured_link_shared_by_rank_0_s_ranks() {
-        let here = Measured { handoff_us: 23.5, dram_gbps: 96.0 };
+        let here = Measured { handoff_us: 23.5, op_us: 6.5, dram_gbps: 96.0 };
         let m = model_machine(4, 4, 50.0, here);
         assert_eq!((m.ranks, m.cards_per_uplink), (4, 4));
         assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps), (50.0, 50.0, 50.0));
-        assert_eq!((m.handoff_us, m.dram_gbps), (23.5, 96.0), "measured here");
+        assert_eq!((m.handoff_us, m.op_us, m.dram_gbps), (23.5, 6.5, 96.0), "measured here");
         assert_eq!(m.host_gbps, Machine::h200(4).host_gbps, "the rest are the model's defaults");
         assert_eq!(model_machine(2, 0, 50.0, here).cards_per_uplink, 1, "a link is shared by one rank at least");
         assert!(kind_is_priced(CommCollective::AllReduce, None));

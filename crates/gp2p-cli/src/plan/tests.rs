@@ -16,14 +16,23 @@ fn args(line: &[&str]) -> PlanArgs {
 
 #[test]
 fn flags_win_over_measured_rates_and_measured_over_defaults() {
-    let measured =
-        Measured { card: [20.0, 21.0, 12.0], host_gbps: Some(100.0), handoff_us: 9.5, dram_gbps: 180.0, cards: 4 };
+    let measured = Measured {
+        card: [20.0, 21.0, 12.0],
+        host_gbps: Some(100.0),
+        handoff_us: 9.5,
+        dram_gbps: 180.0,
+        op_us: 4.0,
+        cards: 4,
+    };
     let rates = args(&["--ranks", "4", "--d2h", "30", "--handoff-us", "0"]).rates(Some(&measured), None).unwrap();
     let m = rates.machine;
     assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps, m.host_gbps), (20.0, 30.0, 12.0, 100.0));
-    assert_eq!((m.dram_gbps, m.handoff_us), (180.0, 0.0));
+    assert_eq!((m.dram_gbps, m.handoff_us, m.op_us), (180.0, 0.0, 4.0));
     let (default, flag, measured_here) = (Source::Default, Source::Flag, Source::Measured);
-    assert_eq!(rates.sources, [measured_here, flag, measured_here, measured_here, measured_here, flag]);
+    assert_eq!(rates.sources, [measured_here, flag, measured_here, measured_here, measured_here, flag, measured_here]);
+    let rates = args(&["--ranks", "4", "--op-us", "7.5"]).rates(Some(&measured), None).unwrap();
+    assert_eq!((rates.machine.op_us, rates.sources[6]), (7.5, flag));
+    assert_eq!(args(&["--ranks", "4"]).rates(None, None).unwrap().machine.op_us, cost::OP_US, "the fit by default");
     let rates = args(&["--ranks", "4", "--dram", "90"]).rates(Some(&measured), None).unwrap();
     assert_eq!((rates.machine.dram_gbps, rates.sources[4]), (90.0, flag));
     let one_card = Measured { host_gbps: None, cards: 1, ..measured };
@@ -35,8 +44,8 @@ fn flags_win_over_measured_rates_and_measured_over_defaults() {
     let text = render(&rates, &[], None);
     assert!(
         text.contains(
-            "measured here (the slowest of 8 cards; the host with all 8 at once; the handoff on the first; DRAM \
-             with every core copying): h2d, d2h, duplex, host, dram, handoff-us"
+            "measured here (the slowest of 8 cards; the host with all 8 at once; the handoff and an operation on \
+             the first; DRAM with every core copying): h2d, d2h, duplex, host, dram, handoff-us, op-us"
         ),
         "{text}"
     );
@@ -51,6 +60,7 @@ fn bad_ranks_and_rates_are_refused_naming_their_flag() {
         (&["--ranks", "8", "--host=-5"], "--host -5"),
         (&["--ranks", "8", "--dram", "inf"], "--dram inf"),
         (&["--ranks", "8", "--handoff-us", "NaN"], "--handoff-us NaN"),
+        (&["--ranks", "8", "--op-us=-1"], "--op-us -1"),
     ] {
         let Err(CliError::Usage(message)) = args(line).rates(None, None) else { panic!("{line:?} accepted") };
         assert!(message.starts_with(names), "{line:?}: {message}");
@@ -99,7 +109,9 @@ fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
     // 1 GiB at N = 8 on the defaults: two-shot, DRAM binds at 22 × 2^30 / 140e9 + 22.8 µs
     // = 0.16875366 s, busbw 1.75 × 2^30 / that = 11.13 GB/s.
     assert!(rows[1].contains("two-shot  dram") && rows[1].ends_with("11.13"), "{text}");
-    assert!(text.contains("the model's defaults (measured on H200s): h2d, d2h, duplex, host, dram, handoff-us"));
+    assert!(text.contains(
+        "the model's defaults (measured on H200s; op-us fitted on an H100): h2d, d2h, duplex, host, dram, handoff-us, op-us"
+    ));
     assert!(text.contains("GP2P_ALGORITHM=ring|one-shot|two-shot forces a choice"), "{text}");
     assert!(text.contains("not measurements"), "{text}");
     assert!(text.lines().all(|l| l == l.trim_end()), "trailing spaces: {text}");
