@@ -511,7 +511,14 @@ fn one_size<T: Compressed>(
         wrong_everywhere += all.iter().map(|w| w[0]).sum::<u64>();
         if rank == 0 {
             let file = super::timeline::file_for(dir, bytes, 0);
-            timelines.push(super::timeline::summary(bytes, n, &stamps, &file));
+            let mut summary = super::timeline::summary(bytes, n, &stamps, &file);
+            // Every rank has written its file (the exchange above came after): where they
+            // share this GPU, their crossings share its link.
+            if sharing == n {
+                let ranks = (0..n).map(|r| super::timeline::read(dir, bytes, r)).collect::<Result<Vec<_>, _>>()?;
+                summary.push_str(&super::timeline::link_line(&super::timeline::link_busy(&ranks), n));
+            }
+            timelines.push(summary);
         }
     }
     let Some(duplex) = duplex else { return Ok(None) };

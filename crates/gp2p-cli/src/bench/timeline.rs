@@ -1,7 +1,9 @@
 //! `gp2p bench comm --timeline DIR`: one more call of each size with its steps stamped on the
 //! GPU (`Communicator::start_timeline`), every rank's stamps written to
 //! `DIR/timeline-<size>-rank<r>.json`, and rank 0's summed by stream and step: where the call's
-//! time went, and at what rate each kind of copy ran.
+//! time went, and at what rate each kind of copy ran. Where the ranks share a GPU, rank 0 also
+//! reads every rank's file and says how much of the call some copy was crossing the link, each
+//! way ([`link_busy`]): the link's idle time is what the pipeline leaves on the table.
 //!
 //! A step's time is the gap since the stamp before it on the same stream (for a stream's first
 //! step, since the call's start on the caller's stream), so it holds whatever the step waited
@@ -13,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use geforce_p2p::cuda::{Stamp, Stamps};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::CliError;
 use crate::sizes::format_size;
@@ -90,6 +92,111 @@ pub(crate) fn summary(bytes: usize, world: usize, read: &Stamps, file: &Path) ->
         ));
     }
     out
+}
+
+/// One stamp as a rank's file holds it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub(crate) struct FileStamp {
+    pub(crate) stream: String,
+    pub(crate) what: String,
+    pub(crate) bytes: usize,
+    pub(crate) ns: u64,
+}
+
+#[derive(Deserialize)]
+struct ReadFile {
+    stamps: Vec<FileStamp>,
+}
+
+/// The stamps rank `rank` wrote for a call of `bytes` in `dir`.
+pub(crate) fn read(dir: &Path, bytes: usize, rank: usize) -> Result<Vec<FileStamp>, CliError> {
+    let path = file_for(dir, bytes, rank);
+    let bad = |why: String| CliError::Usage(format!("--timeline: cannot read {}: {why}", path.display()));
+    let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
+    let file: ReadFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    Ok(file.stamps)
+}
+
+/// How much of a call some copy was crossing the link, each way, over every rank's stamps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LinkBusy {
+    /// From the first stamp of any rank to the last, ns.
+    pub(crate) span_ns: u64,
+    /// Time at least one device-to-host copy was running, ns, and the bytes they moved.
+    pub(crate) up_ns: u64,
+    pub(crate) up_bytes: usize,
+    /// The same host to device (DMA landings, and folds that read the slots across the link).
+    pub(crate) down_ns: u64,
+    pub(crate) down_bytes: usize,
+}
+
+/// Which way a step's bytes crossed the link, if it was a crossing: copies out and wires' DMAs
+/// on the send stream go up; landings' DMAs, landing copies, wires' DMAs and zero-copy folds on
+/// the receive stream come down.
+fn direction(stream: &str, what: &str) -> Option<bool> {
+    match (stream, what) {
+        ("send", "copy out" | "wire dma") => Some(true),
+        ("receive", "land dma" | "land copy" | "wire dma" | "fold zero-copy") => Some(false),
+        _ => None,
+    }
+}
+
+/// [`LinkBusy`] of the ranks' stamps (each rank's in the order enqueued): a crossing runs from
+/// the stamp before it on its stream (the call's first stamp for a stream's first step) to its
+/// own, and the crossings of every rank are merged each way.
+pub(crate) fn link_busy(ranks: &[Vec<FileStamp>]) -> LinkBusy {
+    let all = ranks.iter().flatten();
+    let start = all.clone().map(|s| s.ns).min().unwrap_or(0);
+    let end = all.map(|s| s.ns).max().unwrap_or(0);
+    let (mut up, mut down) = (Vec::new(), Vec::new());
+    let (mut up_bytes, mut down_bytes) = (0, 0);
+    for stamps in ranks {
+        let first = stamps.iter().map(|s| s.ns).min().unwrap_or(start);
+        let mut last_on: BTreeMap<&str, u64> = BTreeMap::new();
+        for s in stamps {
+            let since = last_on.insert(s.stream.as_str(), s.ns).unwrap_or(first);
+            match direction(&s.stream, &s.what) {
+                Some(true) => {
+                    up.push((since, s.ns));
+                    up_bytes += s.bytes;
+                }
+                Some(false) => {
+                    down.push((since, s.ns));
+                    down_bytes += s.bytes;
+                }
+                None => {}
+            }
+        }
+    }
+    LinkBusy { span_ns: end - start, up_ns: union_ns(up), up_bytes, down_ns: union_ns(down), down_bytes }
+}
+
+/// Nanoseconds covered by the union of `spans` (start, end).
+fn union_ns(mut spans: Vec<(u64, u64)>) -> u64 {
+    spans.sort_unstable();
+    let (mut covered, mut reach) = (0, 0);
+    for (start, end) in spans {
+        let start = start.max(reach);
+        if end > start {
+            covered += end - start;
+            reach = end;
+        }
+    }
+    covered
+}
+
+/// The line rank 0 prints under its summary for every rank's files.
+pub(crate) fn link_line(busy: &LinkBusy, world: usize) -> String {
+    let share = |ns: u64| if busy.span_ns > 0 { 100.0 * ns as f64 / busy.span_ns as f64 } else { 0.0 };
+    let rate = |bytes: usize, ns: u64| if ns > 0 { bytes as f64 / ns as f64 } else { 0.0 };
+    format!(
+        "#   all {world} ranks on the link: some copy up {:.1}% of the call ({:.1} GB/s while one ran), some copy \
+         down {:.1}% ({:.1} GB/s)\n",
+        share(busy.up_ns),
+        rate(busy.up_bytes, busy.up_ns),
+        share(busy.down_ns),
+        rate(busy.down_bytes, busy.down_ns)
+    )
 }
 
 /// What each rank writes: its stamps of the call, in the order enqueued.
@@ -173,6 +280,37 @@ mod tests {
         assert!(line.contains("100.0%"), "{line}");
         assert!(line.contains("25.0"), "50,000 bytes in 2,000 ns is 25 GB/s: {line}");
         assert!(text.contains("2.0 us from its start"), "{text}");
+    }
+
+    #[test]
+    fn the_link_is_busy_where_any_rank_s_crossing_runs_each_way() {
+        let at =
+            |stream: &str, what: &str, bytes, ns| FileStamp { stream: stream.into(), what: what.into(), bytes, ns };
+        // Rank 0 copies out from 1,000 to 3,000 ns and lands from 3,000 to 5,000; rank 1 copies
+        // out from 2,000 to 4,000 (overlapping rank 0's) and folds from its slots across the
+        // link from 4,500 to 6,000. Waits cross nothing.
+        let rank0 = vec![
+            at("caller", "start", 0, 1_000),
+            at("send", "copy out", 4_000, 3_000),
+            at("receive", "wait flag", 0, 3_000),
+            at("receive", "land dma", 4_000, 5_000),
+            at("caller", "end", 0, 6_000),
+        ];
+        let rank1 = vec![
+            at("caller", "start", 0, 1_500),
+            at("send", "wait slot free", 0, 2_000),
+            at("send", "copy out", 4_000, 4_000),
+            at("receive", "wait flag", 0, 4_500),
+            at("receive", "fold zero-copy", 4_000, 6_000),
+            at("caller", "end", 0, 6_500),
+        ];
+        let busy = link_busy(&[rank0, rank1]);
+        assert_eq!(busy.span_ns, 5_500);
+        assert_eq!((busy.up_ns, busy.up_bytes), (3_000, 8_000), "1,000..4,000 merged");
+        assert_eq!((busy.down_ns, busy.down_bytes), (3_000, 8_000), "3,000..5,000 and 4,500..6,000 merged");
+        let line = link_line(&busy, 2);
+        assert!(line.contains("up 54.5% of the call (2.7 GB/s") && line.contains("down 54.5%"), "{line}");
+        assert_eq!(union_ns(vec![(5, 9), (1, 3), (2, 4), (9, 9)]), 7);
     }
 
     #[test]
