@@ -1,9 +1,9 @@
 //! `gp2p plan --ranks N`: the cost model's predicted time of each all-reduce algorithm per
 //! size, its choice and what binds it (`geforce_p2p::collectives::cost`). A model, not a
 //! measurement: it needs no GPU, except that `--measure` takes the per-card rates (and,
-//! with two cards or more, the host's) from this machine's links, a phase's handoff from
-//! its first card, and DRAM from every core copying at once (`plan::dram`: one card cannot
-//! load host memory as several do).
+//! with two cards or more, the host's) from this machine's links, a phase's handoff and a
+//! chunk step's operation from its first card, and DRAM from every core copying at once
+//! (`plan::dram`: one card cannot load host memory as several do).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -85,8 +85,9 @@ pub struct PlanArgs {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Measure the per-card link rates here (and the host's, with two cards or more), as
-    /// `gp2p probe --measure` does, and the handoff (a 4 KiB round trip through host memory
-    /// on the first card); a flag given still wins. Needs a GPU.
+    /// `gp2p probe --measure` does, the handoff (a 4 KiB round trip through host memory on
+    /// the first card) and a chunk step's operation (a kernel and 4 KiB copies in turn on one
+    /// stream); a flag given still wins. Needs a GPU.
     #[arg(long)]
     measure: bool,
 }
@@ -491,8 +492,8 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
     } else {
         format!(
             "One process per GPU (torchrun, geforce_p2p.distributed): its one-shot in 8-byte lines (twice the bytes, \
-             up to {}) or its two-shot in rounds ({} handoffs, one slot of fill each way), the cheaper at H200 \
-             rates as the communicator chooses.\n",
+             up to {}) or its two-shot in rounds ({} handoffs, a share's chunk of fill each way, four operations a \
+             chunk step), the cheaper at H200 rates as the communicator chooses.\n",
             format_size(paths.many.lines_max),
             m.ranks
         )
@@ -533,7 +534,8 @@ struct JsonMachine {
     host_gbps: f64,
     dram_gbps: f64,
     handoff_us: f64,
-    /// One operation of a pipeline's chunk step, µs (fitted, not measured).
+    /// One operation of a pipeline's chunk step, µs (`sources["op-us"]` says where it came
+    /// from: the H100 fit, a flag or this machine).
     op_us: f64,
     /// The most cards behind one shared uplink.
     cards_per_uplink: usize,

@@ -221,8 +221,8 @@ pub fn traffic(algorithm: Algorithm, ranks: usize, bytes: usize) -> Traffic {
 /// The rates of a machine of `ranks` cards that the model prices with. GB/s = 1e9 B/s.
 ///
 /// [`Machine::h200`] fills them with what this project measured on its H200 machines (each
-/// `H200_*` constant says where its figure comes from); `gp2p plan --measure` measures the
-/// per-card rates on the machine at hand.
+/// `H200_*` constant says where its figure comes from) and the H100 fit of a chunk step's
+/// operation ([`OP_US`]); `gp2p plan --measure` measures them on the machine at hand.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Machine {
     /// Cards (ranks) in the all-reduce.
@@ -253,7 +253,8 @@ pub struct Machine {
 impl Machine {
     /// `ranks` cards with the rates measured on this project's H200 machines
     /// ([`H200_H2D_GBPS`], [`H200_D2H_GBPS`], [`H200_DUPLEX_GBPS`], [`H200_HOST_GBPS`],
-    /// [`H200_DRAM_GBPS`], [`H200_HANDOFF_US`]).
+    /// [`H200_DRAM_GBPS`], [`H200_HANDOFF_US`]) and a step's operation fitted on an H100
+    /// ([`OP_US`]).
     pub const fn h200(ranks: usize) -> Machine {
         Machine {
             ranks,

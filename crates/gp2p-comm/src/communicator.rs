@@ -435,7 +435,7 @@ impl Communicator {
         self.call(stream, launch, note)
     }
 
-    /// Enqueue a checked call of more than two ranks on `stream` (see [`Communicator::call`]).
+    /// Enqueue a checked call in rounds on `stream` (see [`Communicator::call`]).
     fn enqueue_many(&mut self, stream: &Stream, transfer: ManyTransfer, note: impl FnOnce(&StreamPoint)) -> Result<()> {
         let launch = |comm: &mut Self| {
             let side = comm.side();

@@ -6,7 +6,7 @@
 //!
 //! Where the caller gives no minimum, the cost model (`gp2p_collectives::cost`) sets it: the
 //! smallest power of two from 4 KiB at which it prices the compressed all-reduce below the
-//! exact one, with the rates measured on H200s. The compressed all-reduce is priced as the
+//! exact one, with the rates measured on H200s (and a step's operation fitted on an H100). The compressed all-reduce is priced as the
 //! two-shot of its wire (scales and codes: about half of bf16's bytes), in N + 1 phases
 //! (the exact rounds' N and the fold between its two runs), with each run's first piece of
 //! fill and every piece's step of [`COMPRESSED_STEP_OPS`] GPU operations
@@ -23,7 +23,7 @@
 //! let fp8 = compression_from(Some("fp8:128")).unwrap().unwrap();
 //! assert_eq!(fp8.format.block.get(), 128);
 //! assert!(compression_from(Some("int4")).unwrap_err().to_string().contains("int8, fp8 or off"));
-//! // Between two H200s the model turns it on from a few MiB.
+//! // Between two H200s the model turns it on from 16 MiB (at most; one H200 measured less).
 //! let min = gp2p_comm::compression::min_bytes_h200(2, int8.format);
 //! assert!((1 << 20..=16 << 20).contains(&min), "{min}");
 //! # let _: Option<Compression> = None;

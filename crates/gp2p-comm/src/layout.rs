@@ -69,7 +69,7 @@ pub struct CommOptions {
     /// every chunk a slot, as before chunks were sized). Every rank must give the same (ranks
     /// compare it at creation).
     pub chunk_bytes: Option<usize>,
-    /// Whether the pipeline's calls (two ranks' exchange, the rounds among more) replay from
+    /// Whether the pipeline's calls (two ranks' exchange, the rounds) replay from
     /// CUDA graphs: captured the second time a call with the same buffers, sizes and op comes,
     /// then launched as one driver call, then and at every later such call
     /// (`crate::replay`'s module docs). `None` (the

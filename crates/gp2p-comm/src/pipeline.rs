@@ -143,12 +143,13 @@ pub(crate) struct Pipeline {
     sent: Vec<Event>,
     /// Per slot, recorded on the receive stream once the peer's chunk in that slot was read.
     received: Vec<Event>,
-    /// More than two ranks: recorded after every copy out, and after every landing.
+    /// Calls in rounds: recorded after every copy out, and after every landing.
     many_sent: Event,
     many_landed: Event,
 }
 
-/// One rank's side of a call of more than two ranks (see the `rounds` module).
+/// One rank's side of a call in rounds (see the `rounds` module): among more than two ranks,
+/// and between two on one GPU, forced to two-shot, or compressed.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ManyTransfer {
     pub(crate) rounds: Rounds,
@@ -179,7 +180,7 @@ impl Pipeline {
         })
     }
 
-    /// [`Pipeline::run`] for a call of more than two ranks: this rank's steps of
+    /// [`Pipeline::run`] for a call in rounds (see [`ManyTransfer`]): this rank's steps of
     /// `transfer.rounds` (see [`crate::rounds::steps`]).
     ///
     /// # Safety

@@ -1,4 +1,5 @@
-//! The pipeline for more than two ranks: a call is a list of *legs* (plain data, built and
+//! The pipeline in rounds (more than two ranks; two on one GPU, forced to two-shot, or
+//! compressed): a call is a list of *legs* (plain data, built and
 //! proven on host buffers in [`gp2p_collectives::legs`], with the table of what each
 //! collective moves), each one rank (the writer) handing a range of one of its buffers to one
 //! or every other rank (its readers) through the writer's slots of the segment, in *rounds*.

@@ -264,7 +264,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         receive: args.receive.0,
         algorithm: args.algorithm.map(|a| a.0),
         // Compressed rows time the communicator a user who turns compression on gets (its
-        // slots larger among more than two ranks), not one made for exact calls.
+        // slots four times larger), not one made for exact calls.
         compress: compressed.map(|format| Compression { format, min_bytes: None }),
         ..defaults
     };

@@ -100,7 +100,10 @@ fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
     assert_eq!(theirs.len(), 2, "{text}");
     assert!(theirs[0].ends_with("one-shot (lines)") && theirs[0].contains("11.4  handoffs"), "{text}");
     assert!(theirs[1].contains("179595.1  dram") && theirs[1].ends_with("two-shot (rounds)"), "{text}");
-    assert!(communicator.contains("(8 handoffs, one slot of fill each way)"), "{text}");
+    assert!(
+        communicator.contains("(8 handoffs, a share's chunk of fill each way, four operations a chunk step)"),
+        "{text}"
+    );
     // Compressed from the model's minimum on (8 H200s: 4 MiB), exact below it.
     let squeezed = rows_of(compressed);
     assert!(squeezed[0].ends_with("exact") && squeezed[1].ends_with("compressed"), "{text}");

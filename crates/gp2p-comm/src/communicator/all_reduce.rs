@@ -116,9 +116,10 @@ impl Communicator {
         }
     }
 
-    /// [`Communicator::all_reduce_checked`] among more (or fewer) than two ranks: every
-    /// rank's lines read by every other (one kernel), or the two-shot rounds, as the cost
-    /// model or the forced algorithm picks (see the `choice` module).
+    /// [`Communicator::all_reduce_checked`] among more (or fewer) than two ranks, and between
+    /// two that take the rounds: every rank's lines read by every other (one kernel), or the
+    /// two-shot rounds, as the cost model or the forced algorithm picks (see the `choice`
+    /// module).
     fn all_reduce_many<T: Element>(
         &mut self,
         buf: InOut,

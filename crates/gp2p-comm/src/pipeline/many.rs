@@ -1,6 +1,7 @@
-//! The steps of a call of more than two ranks ([`Pipeline::run_many`]): the rounds module's
-//! legs, each step one CUDA call on the pipeline's send or receive stream, and the legs that
-//! carry the compressed all-reduce's wires.
+//! The steps of a call in rounds ([`Pipeline::run_many`]: more than two ranks, two on one GPU
+//! or forced to two-shot, and every compressed call): the rounds module's legs, each step one
+//! CUDA call on the pipeline's send or receive stream, and the legs that carry the compressed
+//! all-reduce's wires.
 #![allow(unsafe_code)]
 
 use gp2p_cuda::RawDevicePtr;
