@@ -28,12 +28,14 @@
 pub mod compress;
 mod dtype;
 mod element;
+mod flags;
 pub mod fp8;
 mod op;
 pub mod reference;
 
 pub use dtype::{DType, UnknownDType};
 pub use element::Element;
+pub use flags::{STAMP_KERNEL, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL};
 /// Re-exported so users name the same f16 / bf16 types the kernels are instantiated for.
 pub use half;
 pub use op::{ReduceOp, UnknownReduceOp};
@@ -410,26 +412,6 @@ pub const fn chunk_area_layout(bytes: usize) -> (usize, usize) {
     let flags = data.next_multiple_of(CHUNK_FLAG_STRIDE);
     (flags, flags + bytes.div_ceil(CHUNK_BYTES) * CHUNK_FLAG_STRIDE)
 }
-
-/// The exported name of the bounded wait on a flag in mapped host memory, in [`FLAGS`].
-///
-/// Signature `(const u32* flag, u32 value, u64 timeout_ns, u32* failed, u32* broken)`: one
-/// thread waits until `*flag == value`. A wait longer than `timeout_ns` sets `*failed` and
-/// `*broken` to 1 and returns; a wait that finds either set returns at once.
-pub const WAIT_FLAG_KERNEL: &str = "gp2p_wait_flag";
-
-/// The exported name of the bounded wait on several flags at once, in [`FLAGS`].
-///
-/// Signature `(const u32* flags, u32 count, u32 value, u64 timeout_ns, u32* failed,
-/// u32* broken)`: one thread waits until each of the `count` consecutive `u32`s at `flags`
-/// equals `value`; giving up as [`WAIT_FLAG_KERNEL`] does.
-pub const WAIT_FLAGS_KERNEL: &str = "gp2p_wait_flags";
-
-/// The exported name of the clock stamp, in [`FLAGS`].
-///
-/// Signature `(u64* at)`: one thread writes the GPU's global clock (nanoseconds, the same
-/// clock for every context on the device) to `*at`, once its stream's earlier work is done.
-pub const STAMP_KERNEL: &str = "gp2p_stamp";
 
 /// Bytes of one line of the exchange kernels: data and the call's sequence number.
 pub const EXCHANGE_LINE_BYTES: usize = 8;

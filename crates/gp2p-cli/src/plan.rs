@@ -13,15 +13,17 @@ use geforce_p2p::collectives::cost::{self, ALGORITHM_VAR, Algorithm, Machine, Pl
 use geforce_p2p::collectives::hosts::{Network, across_hosts};
 use geforce_p2p::comm::CommOptions;
 use geforce_p2p::comm::choice::{AllReducePaths, all_reduce_prediction};
-use geforce_p2p::cuda;
 
 use crate::error::CliError;
 use crate::sizes::{format_size, parse_size, sweep};
 
 mod compressed;
 mod dram;
+mod measured;
 use crate::table::{num, table};
 pub(crate) use dram::dram_gbps;
+use measured::{Measured, measure};
+pub(crate) use measured::{handoff_us, op_us};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -153,24 +155,6 @@ impl Placement {
         let per_uplink = topology.uplinks.iter().map(|u| u.cards.len()).max().unwrap_or(1).max(1);
         Placement { cards: facts.devices.len(), per_uplink, of }
     }
-}
-
-/// Per-card rates (and the host's, where measured) from this machine's links.
-struct Measured {
-    /// h2d, d2h, duplex: each the slowest card's (every card moves the same bytes, so the
-    /// slowest sets the time).
-    card: [f64; 3],
-    /// All cards at once, up plus down, with two cards or more.
-    host_gbps: Option<f64>,
-    /// One phase's handoff on the first card, µs: the same 4 KiB device → host → device round
-    /// trip the model's default was measured as ([`geforce_p2p::collectives::cost::H200_HANDOFF_US`]).
-    handoff_us: f64,
-    /// Every core copying between two buffers far past the caches, GB/s read plus written.
-    dram_gbps: f64,
-    /// One operation of a pipeline's chunk step on the first card, µs ([`op_us`]).
-    op_us: f64,
-    /// How many cards were measured.
-    cards: usize,
 }
 
 impl PlanArgs {
@@ -312,53 +296,6 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
     }
     Ok(())
 }
-
-/// The per-card rates, and the host's, of this machine's cards, and where they sit.
-fn measure() -> Result<(Measured, Placement), CliError> {
-    let report = geforce_p2p::probe()?;
-    let place = Placement::new(&report.facts, "this machine".to_owned());
-    let links = crate::measure_links(&report)?;
-    if links.devices.is_empty() {
-        return Err(CliError::from(cuda::Error::NoDevice { ordinal: 0, count: report.facts.devices.len() }));
-    }
-    let slowest = |rate: fn(&crate::DeviceLink) -> f64| links.devices.iter().map(rate).fold(f64::INFINITY, f64::min);
-    let host_gbps = links.together.as_ref().filter(|all| all.cards.len() >= 2).map(|all| all.host_gbps);
-    let measured = Measured {
-        card: [slowest(|d| d.h2d_gbps), slowest(|d| d.d2h_gbps), slowest(|d| d.duplex_gbps)],
-        host_gbps,
-        handoff_us: handoff_us(links.devices[0].device)?,
-        dram_gbps: dram::dram_gbps(),
-        op_us: op_us(links.devices[0].device)?,
-        cards: links.devices.len(),
-    };
-    Ok((measured, place))
-}
-
-/// Bytes each way of the measured handoff: the default's.
-const HANDOFF_BYTES: usize = 4 << 10;
-
-/// The median time of one [`HANDOFF_BYTES`] device → host copy followed by the copy back,
-/// on one stream of card `ordinal`: a phase's trip through host memory, with the driver
-/// calls' latency in it, as the model prices a phase.
-pub(crate) fn handoff_us(ordinal: usize) -> Result<f64, CliError> {
-    let device = geforce_p2p::Device::open(ordinal)?;
-    let stream = geforce_p2p::Stream::new(&device)?;
-    let mut ceilings = crate::measure::Ceilings::new(&device, &stream, HANDOFF_BYTES, HANDOFF_REPEATS)?;
-    ceilings.pair_latency_us(HANDOFF_BYTES)
-}
-
-/// One dependent operation of a pipeline's chunk step on card `ordinal`, µs
-/// ([`crate::measure::Ceilings::op_latency_us`] of [`HANDOFF_BYTES`]): `Machine::op_us`
-/// measured, in place of the H100 fit.
-pub(crate) fn op_us(ordinal: usize) -> Result<f64, CliError> {
-    let device = geforce_p2p::Device::open(ordinal)?;
-    let stream = geforce_p2p::Stream::new(&device)?;
-    let mut ceilings = crate::measure::Ceilings::new(&device, &stream, HANDOFF_BYTES, HANDOFF_REPEATS)?;
-    ceilings.op_latency_us(HANDOFF_BYTES)
-}
-
-/// Runs of the handoff: many, each short, so the median is steady.
-const HANDOFF_REPEATS: crate::measure::Repeats = crate::measure::Repeats { warmup: 5, timed: 51 };
 
 /// nccl-tests' all_reduce bus bandwidth: 2(N−1)/N·S per second, GB/s.
 fn busbw_gbps(ranks: usize, bytes: usize, seconds: f64) -> f64 {

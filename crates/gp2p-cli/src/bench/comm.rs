@@ -1,7 +1,7 @@
 //! `gp2p bench comm <collective> --ranks N`: the one-process-per-GPU communicator
 //! (`geforce_p2p::comm::Communicator`) among N processes, as torchrun, vLLM, sglang and the NCCL
 //! door run it. This process is rank 0: it measures the duplex ceiling while the link is idle,
-//! then starts the other ranks (itself again, told their rank in [`CHILD_VAR`]); rank r runs
+//! then starts the other ranks (itself again, told their rank in `GP2P_BENCH_COMM_RANK`, see the `ranks` module); rank r runs
 //! on GPU r modulo the GPUs visible, so on a machine of one GPU every rank shares its link
 //! (run an MPS daemon, or the processes take turns in time slices).
 //!
@@ -21,7 +21,6 @@
 //! bits, the row adds rank 0's error against the exact result, and its bound counts the wire's
 //! scales and codes in place of S.
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -33,6 +32,7 @@ use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_v
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, with_element};
 
 use super::compressed::{CompressArgs, Compressed, count_unequal_bits, deviation_from_exact, scaled_wire_bytes};
+use super::ranks::{as_child, start_ranks};
 use super::{CEILING_BYTES, Common, finish, progress, rows_table};
 use crate::error::CliError;
 use crate::flags::{AlgorithmFlag, DTypeFlag, OpFlag, ReceiveFlag};
@@ -40,8 +40,6 @@ use crate::measure::{Ceilings, median};
 use crate::report::{Report, Row};
 use crate::sizes::format_size;
 
-/// Set in each rank this process starts: `rank world id`.
-const CHILD_VAR: &str = "GP2P_BENCH_COMM_RANK";
 /// How long a rank waits for the others to join, and a call for its peers: generous, since
 /// ranks sharing a GPU without MPS take turns in time slices.
 const WAIT: Duration = Duration::from_secs(300);
@@ -144,69 +142,6 @@ pub struct CommArgs {
 
 pub fn run(args: &CommArgs) -> Result<(), CliError> {
     with_element!(args.dtype.0, |T| run_typed::<T>(args))
-}
-
-/// The other ranks' processes, killed if rank 0 stops before they finish.
-struct Ranks(Vec<Child>);
-
-impl Ranks {
-    /// Wait for every rank; fail naming those that failed.
-    fn finish(mut self) -> Result<(), CliError> {
-        let failed: Vec<String> = std::mem::take(&mut self.0)
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, mut child)| match child.wait() {
-                Ok(status) if status.success() => None,
-                Ok(status) => Some(format!("rank {} ({status})", i + 1)),
-                Err(e) => Some(format!("rank {} ({e})", i + 1)),
-            })
-            .collect();
-        if failed.is_empty() { Ok(()) } else { Err(CliError::Wrong(format!("ranks failed: {}", failed.join(", ")))) }
-    }
-}
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Start ranks 1..world: this program again with the same arguments (under Python, as
-/// `python -m geforce_p2p`), each told its rank, the world and the id.
-fn start_ranks(world: usize, id: &UniqueId) -> Result<Ranks, CliError> {
-    let exe = std::env::current_exe()
-        .map_err(|e| CliError::Usage(format!("cannot find this program to start ranks: {e}")))?;
-    let under_python = exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python"));
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut ranks = Ranks(Vec::new());
-    for rank in 1..world {
-        let mut cmd = Command::new(&exe);
-        if under_python {
-            cmd.args(["-m", "geforce_p2p"]);
-        }
-        let child = cmd
-            .args(&args)
-            .env(CHILD_VAR, format!("{rank} {world} {id}"))
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| CliError::Usage(format!("starting rank {rank}: {e}")))?;
-        ranks.0.push(child);
-    }
-    Ok(ranks)
-}
-
-/// This process's rank, the world and the id, where rank 0 started it.
-fn as_child() -> Result<Option<(usize, usize, UniqueId)>, CliError> {
-    let Ok(text) = std::env::var(CHILD_VAR) else { return Ok(None) };
-    let bad = || CliError::Usage(format!("{CHILD_VAR}={text}: expected `rank world id`"));
-    let mut words = text.split(' ');
-    let rank = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
-    let world = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
-    let id = words.next().ok_or_else(bad)?.parse::<UniqueId>()?;
-    Ok(Some((rank, world, id)))
 }
 
 fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {

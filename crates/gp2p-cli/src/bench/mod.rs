@@ -6,6 +6,7 @@ mod comm;
 mod compressed;
 mod copy;
 mod host;
+mod ranks;
 mod reduce;
 mod timeline;
 
