@@ -46,7 +46,9 @@ pub fn copy_wire_to_host(
     // SAFETY: `wire` is on the stream's device and `host` pinned memory this device maps
     // (`mapped`), both holding the wire's room (checked), apart (a view is exclusive); both
     // note the point below.
-    unsafe { raw::wire_to_host(stream, format.block, wire.raw_ptr(), values, host.host_mut_ptr(), mapped, || Ok(()))? };
+    unsafe {
+        raw::wire_to_host(stream, format.block, wire.raw_ptr(), values, host.host_mut_ptr(), mapped, |_| Ok(()))?
+    };
     let point = stream.point()?;
     wire.note_use(&point);
     host.note_use(&point);
@@ -67,7 +69,7 @@ pub fn copy_wire_from_host(
     check_crossing(stream, format, values, wire.device().ordinal(), wire.len(), host.len())?;
     let mapped = host.device_ptr(stream.device())?;
     // SAFETY: as in copy_wire_to_host, directions swapped.
-    unsafe { raw::wire_from_host(stream, format.block, host.host_ptr(), mapped, values, wire.raw_ptr(), || Ok(()))? };
+    unsafe { raw::wire_from_host(stream, format.block, host.host_ptr(), mapped, values, wire.raw_ptr(), |_| Ok(()))? };
     let point = stream.point()?;
     wire.note_use(&point);
     host.note_use(&point);

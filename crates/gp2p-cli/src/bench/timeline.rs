@@ -38,10 +38,9 @@ pub(crate) fn sum_steps(stamps: &[Stamp]) -> (u64, Vec<StepSum>) {
     let Some(first) = stamps.first() else { return (0, Vec::new()) };
     let start = stamps.iter().map(|s| s.ns).min().unwrap_or(first.ns);
     let end = stamps.iter().map(|s| s.ns).max().unwrap_or(first.ns);
-    let mut last_on: BTreeMap<&str, u64> = BTreeMap::new();
+    let began = began(stamps.iter().map(|s| (s.mark.stream, s.ns)), start);
     let mut sums: Vec<StepSum> = Vec::new();
-    for stamp in stamps {
-        let since = last_on.insert(stamp.mark.stream, stamp.ns).unwrap_or(start);
+    for (stamp, since) in stamps.iter().zip(began) {
         let gap = stamp.ns.saturating_sub(since);
         let (stream, what) = (stamp.mark.stream, stamp.mark.what);
         match sums.iter_mut().find(|s| s.stream == stream && s.what == what) {
@@ -54,6 +53,13 @@ pub(crate) fn sum_steps(stamps: &[Stamp]) -> (u64, Vec<StepSum>) {
         }
     }
     (end - start, sums)
+}
+
+/// When each of a rank's steps began, from its stamps' streams and times in the order
+/// enqueued: at the stamp before it on its stream, or at `first` for a stream's first step.
+fn began<'a>(stamps: impl IntoIterator<Item = (&'a str, u64)>, first: u64) -> Vec<u64> {
+    let mut last_on: BTreeMap<&str, u64> = BTreeMap::new();
+    stamps.into_iter().map(|(stream, ns)| last_on.insert(stream, ns).unwrap_or(first)).collect()
 }
 
 /// Rank 0's summary of one traced call of `bytes`, as comment lines under the table.
@@ -95,7 +101,7 @@ pub(crate) fn summary(bytes: usize, world: usize, read: &Stamps, file: &Path) ->
 }
 
 /// One stamp as a rank's file holds it.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct FileStamp {
     pub(crate) stream: String,
     pub(crate) what: String,
@@ -103,8 +109,12 @@ pub(crate) struct FileStamp {
     pub(crate) ns: u64,
 }
 
-#[derive(Deserialize)]
-struct ReadFile {
+/// What each rank writes: its stamps of the call, in the order enqueued.
+#[derive(Serialize, Deserialize)]
+struct TimelineFile {
+    bytes: usize,
+    rank: usize,
+    world: usize,
     stamps: Vec<FileStamp>,
 }
 
@@ -113,7 +123,7 @@ pub(crate) fn read(dir: &Path, bytes: usize, rank: usize) -> Result<Vec<FileStam
     let path = file_for(dir, bytes, rank);
     let bad = |why: String| CliError::Usage(format!("--timeline: cannot read {}: {why}", path.display()));
     let text = std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?;
-    let file: ReadFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let file: TimelineFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     Ok(file.stamps)
 }
 
@@ -152,9 +162,8 @@ pub(crate) fn link_busy(ranks: &[Vec<FileStamp>]) -> LinkBusy {
     let (mut up_bytes, mut down_bytes) = (0, 0);
     for stamps in ranks {
         let first = stamps.iter().map(|s| s.ns).min().unwrap_or(start);
-        let mut last_on: BTreeMap<&str, u64> = BTreeMap::new();
-        for s in stamps {
-            let since = last_on.insert(s.stream.as_str(), s.ns).unwrap_or(first);
+        let began = began(stamps.iter().map(|s| (s.stream.as_str(), s.ns)), first);
+        for (s, since) in stamps.iter().zip(began) {
             match direction(&s.stream, &s.what) {
                 Some(true) => {
                     up.push((since, s.ns));
@@ -199,23 +208,6 @@ pub(crate) fn link_line(busy: &LinkBusy, world: usize) -> String {
     )
 }
 
-/// What each rank writes: its stamps of the call, in the order enqueued.
-#[derive(Serialize)]
-struct TimelineFile<'a> {
-    bytes: usize,
-    rank: usize,
-    world: usize,
-    stamps: Vec<StampRecord<'a>>,
-}
-
-#[derive(Serialize)]
-struct StampRecord<'a> {
-    stream: &'a str,
-    what: &'a str,
-    bytes: usize,
-    ns: u64,
-}
-
 /// The file rank `rank`'s stamps of a call of `bytes` go to, in `dir`.
 pub(crate) fn file_for(dir: &Path, bytes: usize, rank: usize) -> std::path::PathBuf {
     dir.join(format!("timeline-{}-rank{rank}.json", format_size(bytes)))
@@ -227,7 +219,7 @@ pub(crate) fn write(dir: &Path, bytes: usize, rank: usize, world: usize, stamps:
         .map_err(|e| CliError::Usage(format!("--timeline {}: cannot make the folder: {e}", dir.display())))?;
     let records = stamps
         .iter()
-        .map(|s| StampRecord { stream: s.mark.stream, what: s.mark.what, bytes: s.mark.bytes, ns: s.ns })
+        .map(|s| FileStamp { stream: s.mark.stream.into(), what: s.mark.what.into(), bytes: s.mark.bytes, ns: s.ns })
         .collect();
     let file = TimelineFile { bytes, rank, world, stamps: records };
     let path = file_for(dir, bytes, rank);
@@ -311,6 +303,26 @@ mod tests {
         let line = link_line(&busy, 2);
         assert!(line.contains("up 54.5% of the call (2.7 GB/s") && line.contains("down 54.5%"), "{line}");
         assert_eq!(union_ns(vec![(5, 9), (1, 3), (2, 4), (9, 9)]), 7);
+    }
+
+    #[test]
+    fn a_rank_s_file_reads_back_as_it_was_written() {
+        let dir = std::env::temp_dir().join(format!("gp2p-timeline-{}", std::process::id()));
+        let stamps = [stamp("caller", "start", 0, 7), stamp("send", "copy out", 4096, 9)];
+        write(&dir, 1 << 20, 1, 2, &stamps).expect("written");
+        let back = read(&dir, 1 << 20, 1).expect("read");
+        let _ = std::fs::remove_dir_all(&dir);
+        let want: Vec<FileStamp> = stamps
+            .iter()
+            .map(|s| FileStamp {
+                stream: s.mark.stream.into(),
+                what: s.mark.what.into(),
+                bytes: s.mark.bytes,
+                ns: s.ns,
+            })
+            .collect();
+        assert_eq!(back, want);
+        assert!(read(&dir, 1 << 20, 0).is_err_and(|e| e.to_string().contains("--timeline: cannot read")));
     }
 
     #[test]

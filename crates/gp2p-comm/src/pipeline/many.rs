@@ -15,12 +15,6 @@ use crate::Result;
 use crate::handshake::{EMPTY, Lane};
 use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps};
 
-/// Bytes a wire of `values` values in blocks of `block` carries by DMA: its words and codes
-/// (the exact blocks' values cross in the kernel after it, only where there are any).
-fn dense(values: usize, block: gp2p_kernels::compress::BlockSize) -> usize {
-    gp2p_kernels::compress::WireLayout { values, block }.exact_offset()
-}
-
 /// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
 /// one slot. A wire crosses the link as a DMA of its words and codes (its first
 /// `exact_offset` bytes) and a kernel that copies the values of the blocks that travel exact
@@ -128,7 +122,7 @@ impl Pipeline {
                             compress_encode(stream, wires.codec, at(leg.src), values, wire)?;
                             mark(timeline, stream, lane.name(), "encode", values * transfer.dtype.size_bytes())?;
                         }
-                        let dma = || stamp(timeline, stream, lane.name(), "wire dma", dense(values, block));
+                        let dma = |bytes| stamp(timeline, stream, lane.name(), "wire dma", bytes);
                         wire_to_host(stream, block, wire, values, slot_host, slot_device, dma)?;
                     }
                     Some(("exact blocks", 0))
@@ -148,7 +142,7 @@ impl Pipeline {
                     // meanwhile; the words the exact blocks' copy reads are the ones the DMA
                     // just put there (same stream).
                     unsafe {
-                        let dma = || stamp(timeline, stream, lane.name(), "wire dma", dense(values, block));
+                        let dma = |bytes| stamp(timeline, stream, lane.name(), "wire dma", bytes);
                         wire_from_host(stream, block, slot_host, slot_device, values, wire, dma)?;
                         if wires.land == WireLand::Decode {
                             mark(timeline, stream, lane.name(), "exact blocks", 0)?;

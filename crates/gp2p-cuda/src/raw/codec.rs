@@ -217,8 +217,8 @@ pub unsafe fn compress_decode(
 /// bytes), then a kernel that copies the values of the blocks that travel exact (nothing
 /// where there are none). So about 1 + 4/block bytes a value cross the link, not the room's
 /// 5 + 4/block; the rest of the host room is left as it is, and a reader never looks there.
-/// `after_dma` runs once the DMA is enqueued, before the kernel is (a timeline's stamp
-/// between the two, say; `|| Ok(())` for nothing).
+/// `after_dma` runs once the DMA is enqueued, before the kernel is, with the bytes the DMA
+/// moves (a timeline's stamp between the two, say; `|_| Ok(())` for nothing).
 ///
 /// # Safety
 /// - `wire` is a wire of `len` values that [`compress_encode`] or [`compress_fold_encode`]
@@ -233,12 +233,12 @@ pub unsafe fn wire_to_host(
     len: usize,
     host: *mut u8,
     mapped: RawDevicePtr,
-    after_dma: impl FnOnce() -> Result<()>,
+    after_dma: impl FnOnce(usize) -> Result<()>,
 ) -> Result<()> {
     let dense = WireLayout { values: len, block }.exact_offset();
     // SAFETY: the caller's ranges; the kernel reads the words from `wire` itself.
     unsafe { memcpy_dtoh_async(stream, host.cast(), wire, dense)? };
-    after_dma()?;
+    after_dma(dense)?;
     // SAFETY: as for the DMA.
     unsafe { copy_exact_blocks(stream, block, wire, len, mapped, wire) }
 }
@@ -261,12 +261,12 @@ pub unsafe fn wire_from_host(
     mapped: RawDevicePtr,
     len: usize,
     wire: RawDevicePtr,
-    after_dma: impl FnOnce() -> Result<()>,
+    after_dma: impl FnOnce(usize) -> Result<()>,
 ) -> Result<()> {
     let dense = WireLayout { values: len, block }.exact_offset();
     // SAFETY: the caller's ranges.
     unsafe { memcpy_htod_async(stream, wire, host.cast(), dense)? };
-    after_dma()?;
+    after_dma(dense)?;
     // SAFETY: the caller's ranges; the kernel reads the words the DMA before it (same stream)
     // put in `wire`.
     unsafe { copy_exact_blocks(stream, block, mapped, len, wire, wire) }
