@@ -21,7 +21,7 @@
 
 use std::sync::Mutex;
 
-use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag, write_flag};
+use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, wait_flag, write_flag};
 use gp2p_cuda::{Captured, Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork, Timeline};
 use gp2p_kernels::{DType, ReduceOp};
 
@@ -32,7 +32,10 @@ use crate::replay::{ReplayCounts, Replays};
 use crate::rounds::Rounds;
 
 mod many;
+mod release;
+
 pub(crate) use many::{WireLand, WireLegs, WireOut};
+use release::AfterRelease;
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.
 const FORKED_STREAMS: usize = 2;
@@ -336,6 +339,8 @@ impl Pipeline {
         let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
         let (sends, receives) = (transfer.send.is_some(), transfer.receive.is_some());
         let (src, (dst, landing)) = (transfer.send.unwrap_or(0), transfer.receive.unwrap_or((0, Landing::Copy)));
+        // A fold of the scratch waits for its slot's flag (`release`).
+        let mut after_release: Option<AfterRelease> = None;
         for (lane, step) in plan(sends, receives, transfer.bytes.div_ceil(chunk_bytes), self.sent.len()) {
             let stream = if lane == Lane::Send { send } else { receive };
             // Why each call below is sound: flags and slots come from the layout, in the
@@ -369,7 +374,12 @@ impl Pipeline {
                 Step::SetFlag { owner, slot, value } => {
                     // SAFETY: a flag of the registered area.
                     unsafe { write_flag(stream, flag(owner, slot), value)? };
-                    None
+                    match after_release.take().filter(|_| lane == Lane::Receive) {
+                        // SAFETY: the fold reads the scratch, which this stream alone uses,
+                        // filled by the landing before the flag; `dst` as for the landing.
+                        Some(work) => Some(unsafe { work.enqueue(stream)? }),
+                        None => None,
+                    }
                 }
                 Step::CopyOut { chunk, slot } => {
                     let (start, len) = range(chunk);
@@ -388,13 +398,22 @@ impl Pipeline {
                             // SAFETY: the peer's slot, full (the plan waited), into a chunk of
                             // `dst`, which no other step of the call touches meanwhile; the
                             // scratch holds a slot and only this stream uses it.
-                            let source = unsafe {
+                            let (from, source) = unsafe {
                                 let (from, source) = land_for_fold(stream, scratch, host, mapped, len)?;
                                 mark_landed(timeline, stream, lane, source, len)?;
-                                reduce(stream, to, from, elements, transfer.dtype, op, divide_by, source)?;
-                                source
+                                (from, source)
                             };
-                            Some((fold_name(source), len))
+                            let (dtype, bytes) = (transfer.dtype, len);
+                            let fold = AfterRelease::Fold { to, from, elements, dtype, op, divide_by, source, bytes };
+                            if source == SourceMemory::Device {
+                                // Folded once the slot is handed back (`release`).
+                                after_release = Some(fold);
+                                None
+                            } else {
+                                // SAFETY: as for the landing; the fold reads the slot, so the
+                                // flag waits for it.
+                                Some(unsafe { fold.enqueue(stream)? })
+                            }
                         }
                         Landing::Copy => {
                             let from = host_at(layout.slot(peer, slot)).cast();
@@ -474,9 +493,4 @@ fn mark_landed(
     bytes: usize,
 ) -> Result<()> {
     if source == SourceMemory::Device { mark(timeline, stream, lane.name(), "land dma", bytes) } else { Ok(()) }
-}
-
-/// What a traced fold is called: of the scratch, or of the slot read across the link.
-fn fold_name(source: SourceMemory) -> &'static str {
-    if source == SourceMemory::Device { "fold" } else { "fold zero-copy" }
 }

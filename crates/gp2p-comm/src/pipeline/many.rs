@@ -4,13 +4,14 @@
 //! all-reduce's wires.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::RawDevicePtr;
 use gp2p_cuda::raw::{
-    Codec, GiveUp, compress_decode, compress_encode, memcpy_dtoh_async, memcpy_htod_async, reduce, wait_flag,
-    wait_flags, wire_from_host, wire_to_host, write_flag,
+    Codec, GiveUp, compress_encode, memcpy_dtoh_async, memcpy_htod_async, wait_flag, wait_flags, wire_from_host,
+    wire_to_host, write_flag,
 };
+use gp2p_cuda::{RawDevicePtr, SourceMemory};
 
-use super::{ManyTransfer, Pipeline, RankSide, fold_name, land_for_fold, mark, mark_landed, stamp};
+use super::release::AfterRelease;
+use super::{ManyTransfer, Pipeline, RankSide, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
 use crate::handshake::{EMPTY, Lane};
 use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps};
@@ -77,7 +78,12 @@ impl Pipeline {
             debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
             (leg, values, block)
         };
-        for (lane, step) in steps(&transfer.rounds, rank, chunk_bytes, layout.slot_count) {
+        let steps = steps(&transfer.rounds, rank, chunk_bytes, layout.slot_count);
+        // A wire leg encoded while its slot was still being waited for (see `WaitSlotFree`).
+        let mut encoded: Option<usize> = None;
+        // What a landing leaves to do once its slot is handed back (see `Land`).
+        let mut after_release: Option<AfterRelease> = None;
+        for (at_step, &(lane, step)) in steps.iter().enumerate() {
             let stream = if lane == Lane::Send { send } else { receive };
             // Why each call below is sound: flags and slots come from the layout, in the
             // registered area; a leg's ranges lie in the caller's buffers (its contract). The
@@ -88,6 +94,21 @@ impl Pipeline {
             // or an event's record, which take no time of their own).
             let done: Option<(&str, usize)> = match step {
                 LegStep::WaitSlotFree { slot } => {
+                    // A wire leg's encode writes only the send stage, which this stream's earlier
+                    // copies out have finished with: it runs before the wait, off the path from
+                    // a slot handed back to its next copy out.
+                    if let (Some(wires), Some((_, LegStep::CopyOut { leg: i, chunk, .. }))) =
+                        (&transfer.wires, steps.get(at_step + 1))
+                        && wires.out == WireOut::Encode
+                    {
+                        let (leg, values, _) = wire_leg(wires, *i, *chunk);
+                        // SAFETY: the leg's source holds `values` values (the caller's contract;
+                        // any landing it waits for was waited for before this step); the send
+                        // stage holds a slot's bytes and only this stream uses it.
+                        unsafe { compress_encode(stream, wires.codec, at(leg.src), values, wires.stages[0])? };
+                        mark(timeline, stream, lane.name(), "encode", values * transfer.dtype.size_bytes())?;
+                        encoded = Some(*i);
+                    }
                     let flags = device_at(layout.full(rank, slot, 0));
                     // SAFETY: this slot's `world` flags and this rank's give-up words.
                     unsafe { wait_flags(stream, flags, layout.world, EMPTY, give_up, timeout_ns)? };
@@ -102,7 +123,14 @@ impl Pipeline {
                 LegStep::SetFlag { writer, slot, reader, value } => {
                     // SAFETY: a flag of the registered area.
                     unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? };
-                    None
+                    match after_release.take().filter(|_| lane == Lane::Receive) {
+                        // SAFETY: the landing's bytes sit in device memory this stream alone uses
+                        // (the receive stage or the scratch), put there by its earlier work; the
+                        // destination is the leg's, which nothing else of the call touches
+                        // meanwhile; the slot, handed back above, is not read.
+                        Some(work) => Some(unsafe { work.enqueue(stream)? }),
+                        None => None,
+                    }
                 }
                 LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
@@ -118,7 +146,7 @@ impl Pipeline {
                     // this stream uses; the leg's source holds `values` values or a wire of
                     // them (the caller's contract).
                     unsafe {
-                        if wires.out == WireOut::Encode {
+                        if wires.out == WireOut::Encode && encoded.take() != Some(i) {
                             compress_encode(stream, wires.codec, at(leg.src), values, wire)?;
                             mark(timeline, stream, lane.name(), "encode", values * transfer.dtype.size_bytes())?;
                         }
@@ -144,13 +172,14 @@ impl Pipeline {
                     unsafe {
                         let dma = |bytes| stamp(timeline, stream, lane.name(), "wire dma", bytes);
                         wire_from_host(stream, block, slot_host, slot_device, values, wire, dma)?;
-                        if wires.land == WireLand::Decode {
-                            mark(timeline, stream, lane.name(), "exact blocks", 0)?;
-                            compress_decode(stream, wires.codec, wire, values, at(leg.dst))?;
-                        }
                     }
-                    let decoded = values * transfer.dtype.size_bytes();
-                    Some(if wires.land == WireLand::Decode { ("decode", decoded) } else { ("exact blocks", 0) })
+                    // The decode reads the receive stage only: it runs once the slot is handed
+                    // back, off the path from the writer's copy out to its next one.
+                    if wires.land == WireLand::Decode {
+                        let (codec, dst, bytes) = (wires.codec, at(leg.dst), values * transfer.dtype.size_bytes());
+                        after_release = Some(AfterRelease::Decode { codec, wire, values, dst, bytes });
+                    }
+                    Some(("exact blocks", 0))
                 }
                 LegStep::CopyOut { leg, chunk, slot } => {
                     let leg = &legs[leg];
@@ -174,13 +203,23 @@ impl Pipeline {
                             // SAFETY: the writer's slot, full (the steps waited), into a chunk
                             // of the leg's destination, which nothing else of the call touches
                             // meanwhile; the scratch holds a slot and only this stream uses it.
-                            let source = unsafe {
+                            let (from, source) = unsafe {
                                 let (from, source) = land_for_fold(stream, scratch, host, mapped, range.len())?;
                                 mark_landed(timeline, stream, lane, source, range.len())?;
-                                reduce(stream, to, from, elements, transfer.dtype, transfer.op, divide_by, source)?;
-                                source
+                                (from, source)
                             };
-                            Some((fold_name(source), range.len()))
+                            let (dtype, op, bytes) = (transfer.dtype, transfer.op, range.len());
+                            let fold = AfterRelease::Fold { to, from, elements, dtype, op, divide_by, source, bytes };
+                            if source == SourceMemory::Device {
+                                // The fold reads the scratch only: it runs once the slot is
+                                // handed back, as a decode does.
+                                after_release = Some(fold);
+                                None
+                            } else {
+                                // SAFETY: as for the landing; the fold reads the slot across
+                                // the link, so the slot is handed back after it.
+                                Some(unsafe { fold.enqueue(stream)? })
+                            }
                         }
                         LegLanding::Copy => {
                             let from = host_at(layout.slot(leg.writer, slot)).cast();
