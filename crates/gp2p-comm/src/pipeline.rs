@@ -5,8 +5,8 @@
 //! handshake between the slot's two users: its sender sets it to 1 once the slot holds a
 //! chunk (a stream memory operation after the device → slot copy), its receiver back to 0
 //! once it has read it (folded by a kernel that reads the mapped slot in place or, with a
-//! scratch, a device copy of it made by DMA: see [`crate::receive`]; or copied slot →
-//! device). The steps, their order and why no order a GPU may run them in deadlocks
+//! scratch, copied by DMA into device memory and folded from there once the slot is handed
+//! back: see [`crate::receive`] and `release`; or copied slot → device). The steps, their order and why no order a GPU may run them in deadlocks
 //! are in [`crate::handshake`], which checks them on a model; this module turns each step into
 //! one CUDA call on one of two streams forked from the caller's.
 //!
@@ -364,7 +364,15 @@ impl Pipeline {
                 }
                 Step::RecordReceived { slot } => {
                     self.received[slot].record(stream)?;
-                    None
+                    // A fold of the scratch runs after the event too: the send it lets go (the
+                    // slot's next turn) reads another chunk than the fold writes, and the call's
+                    // join covers it.
+                    match if lane == Lane::Receive { after_release.take() } else { None } {
+                        // SAFETY: the fold reads the scratch, which this stream alone uses,
+                        // filled by the landing before; `dst` as for the landing.
+                        Some(work) => Some(unsafe { work.enqueue(stream)? }),
+                        None => None,
+                    }
                 }
                 Step::WaitFlag { owner, slot, value } => {
                     // SAFETY: a flag and this rank's give-up words of the registered area.
@@ -374,12 +382,7 @@ impl Pipeline {
                 Step::SetFlag { owner, slot, value } => {
                     // SAFETY: a flag of the registered area.
                     unsafe { write_flag(stream, flag(owner, slot), value)? };
-                    match after_release.take().filter(|_| lane == Lane::Receive) {
-                        // SAFETY: the fold reads the scratch, which this stream alone uses,
-                        // filled by the landing before the flag; `dst` as for the landing.
-                        Some(work) => Some(unsafe { work.enqueue(stream)? }),
-                        None => None,
-                    }
+                    None
                 }
                 Step::CopyOut { chunk, slot } => {
                     let (start, len) = range(chunk);
@@ -407,6 +410,7 @@ impl Pipeline {
                             let fold = AfterRelease::Fold { to, from, elements, dtype, op, divide_by, source, bytes };
                             if source == SourceMemory::Device {
                                 // Folded once the slot is handed back (`release`).
+                                debug_assert!(after_release.is_none(), "a landing's fold left behind");
                                 after_release = Some(fold);
                                 None
                             } else {
@@ -428,6 +432,7 @@ impl Pipeline {
                 mark(timeline, stream, lane.name(), what, bytes)?;
             }
         }
+        debug_assert!(after_release.is_none(), "every landing's fold is enqueued");
         Ok(())
     }
 }
@@ -437,8 +442,9 @@ impl Pipeline {
 /// scratch after a DMA of the chunk into it on `stream`.
 ///
 /// # Safety
-/// The slot holds the chunk until the fold that follows on `stream` is done; `scratch`, where
-/// given, is device memory of at least `bytes` that only `stream` uses.
+/// The slot holds the chunk until what reads it on `stream` is done: the fold that follows
+/// (zero-copy), or the DMA (with a scratch); `scratch`, where given, is device memory of at
+/// least `bytes` that only `stream` uses.
 unsafe fn land_for_fold(
     stream: &Stream,
     scratch: Option<RawDevicePtr>,

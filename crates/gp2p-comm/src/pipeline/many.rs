@@ -123,7 +123,7 @@ impl Pipeline {
                 LegStep::SetFlag { writer, slot, reader, value } => {
                     // SAFETY: a flag of the registered area.
                     unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? };
-                    match after_release.take().filter(|_| lane == Lane::Receive) {
+                    match if lane == Lane::Receive { after_release.take() } else { None } {
                         // SAFETY: the landing's bytes sit in device memory this stream alone uses
                         // (the receive stage or the scratch), put there by its earlier work; the
                         // destination is the leg's, which nothing else of the call touches
@@ -177,6 +177,7 @@ impl Pipeline {
                     // back, off the path from the writer's copy out to its next one.
                     if wires.land == WireLand::Decode {
                         let (codec, dst, bytes) = (wires.codec, at(leg.dst), values * transfer.dtype.size_bytes());
+                        debug_assert!(after_release.is_none(), "a landing's decode left behind");
                         after_release = Some(AfterRelease::Decode { codec, wire, values, dst, bytes });
                     }
                     Some(("exact blocks", 0))
@@ -213,6 +214,7 @@ impl Pipeline {
                             if source == SourceMemory::Device {
                                 // The fold reads the scratch only: it runs once the slot is
                                 // handed back, as a decode does.
+                                debug_assert!(after_release.is_none(), "a landing's fold left behind");
                                 after_release = Some(fold);
                                 None
                             } else {
@@ -250,6 +252,7 @@ impl Pipeline {
                 mark(timeline, stream, lane.name(), what, bytes)?;
             }
         }
+        debug_assert!(after_release.is_none(), "every landing's fold and decode is enqueued");
         Ok(())
     }
 }

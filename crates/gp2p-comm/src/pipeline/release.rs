@@ -1,7 +1,9 @@
 //! Work a landing leaves until its slot is handed back: a fold of the scratch or a decode of
 //! the receive stage reads only the device memory the landing's DMA filled, so the reader
-//! sets the slot's flag empty first and the writer may fill the slot again meanwhile. A fold
-//! that reads the slot across the link (zero-copy) cannot wait: it runs before the flag.
+//! sets the slot's flag empty first and the writer may fill the slot again meanwhile (in the
+//! exchange also after the event that lets this rank's next send into the slot go; in the
+//! rounds before the event that later copies out of the folded range wait for). A fold that
+//! reads the slot across the link (zero-copy) cannot wait: it runs before the flag.
 #![allow(unsafe_code)]
 
 use gp2p_cuda::raw::{Codec, compress_decode, reduce};
