@@ -408,16 +408,9 @@ impl Pipeline {
                             };
                             let (dtype, bytes) = (transfer.dtype, len);
                             let fold = AfterRelease::Fold { to, from, elements, dtype, op, divide_by, source, bytes };
-                            if source == SourceMemory::Device {
-                                // Folded once the slot is handed back (`release`).
-                                debug_assert!(after_release.is_none(), "a landing's fold left behind");
-                                after_release = Some(fold);
-                                None
-                            } else {
-                                // SAFETY: as for the landing; the fold reads the slot, so the
-                                // flag waits for it.
-                                Some(unsafe { fold.enqueue(stream)? })
-                            }
+                            // SAFETY: the fold reads the scratch (left until the slot is handed back)
+                            // or the slot (enqueued now, before the flag); `to` as for the landing.
+                            unsafe { fold.now_or_after_release(stream, &mut after_release)? }
                         }
                         Landing::Copy => {
                             let from = host_at(layout.slot(peer, slot)).cast();

@@ -4,11 +4,11 @@
 //! all-reduce's wires.
 #![allow(unsafe_code)]
 
+use gp2p_cuda::RawDevicePtr;
 use gp2p_cuda::raw::{
     Codec, GiveUp, compress_encode, memcpy_dtoh_async, memcpy_htod_async, wait_flag, wait_flags, wire_from_host,
     wire_to_host, write_flag,
 };
-use gp2p_cuda::{RawDevicePtr, SourceMemory};
 
 use super::release::AfterRelease;
 use super::{ManyTransfer, Pipeline, RankSide, land_for_fold, mark, mark_landed, stamp};
@@ -211,17 +211,9 @@ impl Pipeline {
                             };
                             let (dtype, op, bytes) = (transfer.dtype, transfer.op, range.len());
                             let fold = AfterRelease::Fold { to, from, elements, dtype, op, divide_by, source, bytes };
-                            if source == SourceMemory::Device {
-                                // The fold reads the scratch only: it runs once the slot is
-                                // handed back, as a decode does.
-                                debug_assert!(after_release.is_none(), "a landing's fold left behind");
-                                after_release = Some(fold);
-                                None
-                            } else {
-                                // SAFETY: as for the landing; the fold reads the slot across
-                                // the link, so the slot is handed back after it.
-                                Some(unsafe { fold.enqueue(stream)? })
-                            }
+                            // SAFETY: the fold reads the scratch (left until the slot is handed back)
+                            // or the slot (enqueued now, before the flag); `to` as for the landing.
+                            unsafe { fold.now_or_after_release(stream, &mut after_release)? }
                         }
                         LegLanding::Copy => {
                             let from = host_at(layout.slot(leg.writer, slot)).cast();

@@ -31,6 +31,29 @@ pub(super) enum AfterRelease {
 }
 
 impl AfterRelease {
+    /// A fold after its landing: left in `pending` where it reads device memory (the scratch),
+    /// to run once the slot is handed back; enqueued on `stream` now where it reads the slot.
+    /// What it did now, for a traced call's stamp.
+    ///
+    /// # Safety
+    /// As for [`AfterRelease::enqueue`], the slot holding the landing's bytes until a fold
+    /// enqueued now completes; `pending` is empty.
+    pub(super) unsafe fn now_or_after_release(
+        self,
+        stream: &Stream,
+        pending: &mut Option<AfterRelease>,
+    ) -> Result<Option<(&'static str, usize)>> {
+        debug_assert!(pending.is_none(), "a landing's work left behind");
+        match self {
+            AfterRelease::Fold { source: SourceMemory::Device, .. } => {
+                *pending = Some(self);
+                Ok(None)
+            }
+            // SAFETY: the caller's contract.
+            _ => Ok(Some(unsafe { self.enqueue(stream)? })),
+        }
+    }
+
     /// Enqueue it on `stream`; what it did and its bytes, for a traced call's stamp.
     ///
     /// # Safety
