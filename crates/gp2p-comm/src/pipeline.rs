@@ -367,12 +367,9 @@ impl Pipeline {
                     // A fold of the scratch runs after the event too: the send it lets go (the
                     // slot's next turn) reads another chunk than the fold writes, and the call's
                     // join covers it.
-                    match if lane == Lane::Receive { after_release.take() } else { None } {
-                        // SAFETY: the fold reads the scratch, which this stream alone uses,
-                        // filled by the landing before; `dst` as for the landing.
-                        Some(work) => Some(unsafe { work.enqueue(stream)? }),
-                        None => None,
-                    }
+                    // SAFETY: the fold reads the scratch, which this stream alone uses, filled
+                    // by the landing before; `dst` as for the landing.
+                    unsafe { AfterRelease::run_pending(&mut after_release, lane, stream)? }
                 }
                 Step::WaitFlag { owner, slot, value } => {
                     // SAFETY: a flag and this rank's give-up words of the registered area.

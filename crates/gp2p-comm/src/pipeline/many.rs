@@ -123,14 +123,11 @@ impl Pipeline {
                 LegStep::SetFlag { writer, slot, reader, value } => {
                     // SAFETY: a flag of the registered area.
                     unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? };
-                    match if lane == Lane::Receive { after_release.take() } else { None } {
-                        // SAFETY: the landing's bytes sit in device memory this stream alone uses
-                        // (the receive stage or the scratch), put there by its earlier work; the
-                        // destination is the leg's, which nothing else of the call touches
-                        // meanwhile; the slot, handed back above, is not read.
-                        Some(work) => Some(unsafe { work.enqueue(stream)? }),
-                        None => None,
-                    }
+                    // SAFETY: the landing's bytes sit in device memory this stream alone uses
+                    // (the receive stage or the scratch), put there by its earlier work; the
+                    // destination is the leg's, which nothing else of the call touches
+                    // meanwhile; the slot, handed back above, is not read.
+                    unsafe { AfterRelease::run_pending(&mut after_release, lane, stream)? }
                 }
                 LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
@@ -177,8 +174,9 @@ impl Pipeline {
                     // back, off the path from the writer's copy out to its next one.
                     if wires.land == WireLand::Decode {
                         let (codec, dst, bytes) = (wires.codec, at(leg.dst), values * transfer.dtype.size_bytes());
-                        debug_assert!(after_release.is_none(), "a landing's decode left behind");
-                        after_release = Some(AfterRelease::Decode { codec, wire, values, dst, bytes });
+                        let decode = AfterRelease::Decode { codec, wire, values, dst, bytes };
+                        // SAFETY: the decode reads the stage, so it waits for the hand-back.
+                        unsafe { decode.now_or_after_release(stream, &mut after_release)? };
                     }
                     Some(("exact blocks", 0))
                 }

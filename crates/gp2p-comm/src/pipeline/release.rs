@@ -11,6 +11,7 @@ use gp2p_cuda::{RawDevicePtr, SourceMemory, Stream};
 use gp2p_kernels::{DType, ReduceOp};
 
 use crate::Result;
+use crate::handshake::Lane;
 
 /// One landing's work after its DMA, with the bytes it stands for (a traced call's stamp).
 #[derive(Debug, Clone, Copy)]
@@ -31,12 +32,13 @@ pub(super) enum AfterRelease {
 }
 
 impl AfterRelease {
-    /// A fold after its landing: left in `pending` where it reads device memory (the scratch),
-    /// to run once the slot is handed back; enqueued on `stream` now where it reads the slot.
-    /// What it did now, for a traced call's stamp.
+    /// A landing's work: left in `pending` where it reads device memory alone (a decode of
+    /// the stage, a fold of the scratch), to run once the slot is handed back
+    /// ([`AfterRelease::run_pending`]); enqueued on `stream` now where it reads the slot (a
+    /// zero-copy fold). What it did now, for a traced call's stamp.
     ///
     /// # Safety
-    /// As for [`AfterRelease::enqueue`], the slot holding the landing's bytes until a fold
+    /// As for [`AfterRelease::enqueue`], the slot holding the landing's bytes until work
     /// enqueued now completes; `pending` is empty.
     pub(super) unsafe fn now_or_after_release(
         self,
@@ -45,12 +47,29 @@ impl AfterRelease {
     ) -> Result<Option<(&'static str, usize)>> {
         debug_assert!(pending.is_none(), "a landing's work left behind");
         match self {
-            AfterRelease::Fold { source: SourceMemory::Device, .. } => {
+            AfterRelease::Decode { .. } | AfterRelease::Fold { source: SourceMemory::Device, .. } => {
                 *pending = Some(self);
                 Ok(None)
             }
             // SAFETY: the caller's contract.
-            _ => Ok(Some(unsafe { self.enqueue(stream)? })),
+            AfterRelease::Fold { source: SourceMemory::ZeroCopy, .. } => Ok(Some(unsafe { self.enqueue(stream)? })),
+        }
+    }
+
+    /// The work `pending` holds, enqueued on `stream` once a landing on `lane` has handed its
+    /// slot back (never on the send lane, whose flags hand no landing's slot back).
+    ///
+    /// # Safety
+    /// As for [`AfterRelease::enqueue`].
+    pub(super) unsafe fn run_pending(
+        pending: &mut Option<AfterRelease>,
+        lane: Lane,
+        stream: &Stream,
+    ) -> Result<Option<(&'static str, usize)>> {
+        match if lane == Lane::Receive { pending.take() } else { None } {
+            // SAFETY: the caller's contract.
+            Some(work) => Ok(Some(unsafe { work.enqueue(stream)? })),
+            None => Ok(None),
         }
     }
 
