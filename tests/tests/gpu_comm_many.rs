@@ -119,9 +119,11 @@ fn rank_world_id(test: &str, world: usize) -> (usize, usize, UniqueId, Children)
     (0, world, id, Children(children))
 }
 
-/// Waits for the peers as long as time slicing among `world` processes may take.
+/// Waits for the peers as long as time slicing among `world` processes may take, and for
+/// them to join as long as a sanitizer's start of eight takes (under memcheck one of eight
+/// compressing ranks missed the default 30 s: `benches/results/h10080gbhbm3/memcheck-comm-many.log`).
 fn sharing(options: CommOptions) -> CommOptions {
-    CommOptions { peer_timeout: Duration::from_secs(60), ..options }
+    CommOptions { peer_timeout: Duration::from_secs(60), join_timeout: Duration::from_secs(120), ..options }
 }
 
 impl Ranked {
