@@ -133,6 +133,41 @@ impl AllReducePaths {
             }
     }
 
+    /// The largest all-reduce two ranks should run as one kernel, given room for `small_max`
+    /// bytes: all of it, except where the two share one link and no algorithm is forced. There
+    /// the one kernel and the rounds load the same link, and the model prices the flagged
+    /// chunks' kernel at half its DMA rate ([`CHUNK_KERNEL_BYTES_PER_DATA_BYTE`]) against the
+    /// rounds' chunk steps, so past some size the rounds win: this is the largest size, in
+    /// 4 KiB steps, that the model (at `many`'s rates, the same on every rank) prices no
+    /// dearer as one kernel, never below the lines. On one H100 shared by two processes the
+    /// one kernel took 168 µs at 2 MiB against the rounds' 200, and 407 µs at 4 MiB against
+    /// 310 (`benches/results/h10080gbhbm3/comm-one-kernel-2.txt`); on cards of their own the
+    /// one kernel ran faster up to 4 MiB (see `CommOptions::small_max_bytes`'s default).
+    pub fn one_kernel_max(&self) -> usize {
+        const STEP: usize = 4 << 10;
+        let floor = self.many.lines_max.min(self.small_max);
+        if self.world != 2 || !self.shared_link || self.many.forced.is_some() {
+            return self.small_max;
+        }
+        // Both ranks' bytes cross the one link.
+        let machine = Machine { cards_per_uplink: 2, ..self.many.machine };
+        let one_kernel_wins = |bytes: usize| {
+            let one = all_reduce_prediction(&machine, &AllReducePaths { small_max: bytes, ..*self }, bytes);
+            let rounds = all_reduce_prediction(&machine, &AllReducePaths { small_max: 0, ..*self }, bytes);
+            one.seconds <= rounds.seconds
+        };
+        if one_kernel_wins(self.small_max) {
+            return self.small_max;
+        }
+        // Bisect in whole steps between a size the one kernel takes and one the rounds win.
+        let (mut lo, mut hi) = (floor / STEP, self.small_max / STEP);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if one_kernel_wins(mid * STEP) { lo = mid } else { hi = mid }
+        }
+        (lo * STEP).max(floor)
+    }
+
     /// What an exact all-reduce of `bytes` per rank runs: `one kernel (lines)`, `one kernel
     /// (chunks)`, `exchange` or `two-shot (rounds)` between two ranks; among more, the
     /// [`ManyPath`]'s name; `nothing` for one rank.
@@ -528,5 +563,40 @@ mod tests {
         assert!(err.contains("GP2P_ALGORITHM") && err.contains("fastest"), "{err}");
         let words: Vec<u32> = [None, Some(Algorithm::OneShot), Some(Algorithm::TwoShot)].map(option_word).into();
         assert_eq!(words, [0, 1, 2]);
+    }
+
+    /// Two ranks sharing one link stop the one kernel where the model prices the rounds
+    /// cheaper: between 2 and 4 MiB at the H200 defaults and at the rates measured on the H100
+    /// where the one kernel took 168 µs at 2 MiB (rounds 200) and 407 at 4 MiB (rounds 310,
+    /// `benches/results/h10080gbhbm3/comm-one-kernel-2.txt`); cards of their own, a forced
+    /// algorithm and more ranks keep the room's whole size.
+    #[test]
+    fn two_ranks_on_one_link_stop_the_one_kernel_where_the_rounds_get_cheaper() {
+        const MIB: usize = 1 << 20;
+        let shared = AllReducePaths {
+            world: 2,
+            small_max: 4 * MIB,
+            slot_bytes: 8 * MIB,
+            chunk_bytes: None,
+            many: ManyChoice { machine: Machine::h200(2), lines_max: 2 * KIB, forced: None },
+            shared_link: true,
+        };
+        let h100 = Machine { duplex_gbps: 41.6, handoff_us: 10.8, op_us: 5.54, dram_gbps: 90.0, ..Machine::h200(2) };
+        for paths in [shared, AllReducePaths { many: ManyChoice { machine: h100, ..shared.many }, ..shared }] {
+            let max = paths.one_kernel_max();
+            assert!((2 * MIB..4 * MIB).contains(&max), "{max}");
+            assert_eq!(max % (4 * KIB), 0, "{max}");
+            let cut = AllReducePaths { small_max: max, ..paths };
+            assert_eq!(cut.path_name(max), "one kernel (chunks)");
+            assert_eq!(cut.path_name(max + 4 * KIB), "two-shot (rounds)");
+        }
+        assert_eq!(AllReducePaths { shared_link: false, ..shared }.one_kernel_max(), 4 * MIB);
+        for forced in [Algorithm::OneShot, Algorithm::TwoShot] {
+            let paths = AllReducePaths { many: ManyChoice { forced: Some(forced), ..shared.many }, ..shared };
+            assert_eq!(paths.one_kernel_max(), 4 * MIB, "{forced:?}");
+        }
+        // A room the rounds never beat within is kept whole; one under the lines stays.
+        assert_eq!(AllReducePaths { small_max: 256 * KIB, ..shared }.one_kernel_max(), 256 * KIB);
+        assert_eq!(AllReducePaths { small_max: KIB, ..shared }.one_kernel_max(), KIB);
     }
 }

@@ -127,6 +127,9 @@ pub struct Communicator {
     marking: bool,
     /// Whether the two ranks share one device, hence one link (`AllReducePaths::shared_link`).
     shared_link: bool,
+    /// The largest all-reduce run as one kernel: the layout's room for it, or less between two
+    /// ranks on one link ([`AllReducePaths::one_kernel_max`]).
+    one_kernel_max: usize,
 }
 
 /// Whether calls may be captured into CUDA graphs, and whether one was.
@@ -217,8 +220,11 @@ impl Communicator {
             timeline: None,
             marking: false,
             shared_link: false,
+            one_kernel_max: layout.small_max,
         };
         comm.shared_link = comm.two_ranks_share_one_device()?;
+        // Every rank alike: the same rates, options and sharing (agreed just above).
+        comm.one_kernel_max = comm.all_reduce_paths().one_kernel_max();
         Ok(comm)
     }
 
@@ -288,9 +294,11 @@ impl Communicator {
     }
 
     /// The largest buffer, in bytes, [`Communicator::all_reduce`] runs as one kernel; larger
-    /// ones go through the pipeline.
+    /// ones go through the pipeline. [`CommOptions::small_max_bytes`], except between two
+    /// ranks that share one device (one link), where the cost model's crossover with the
+    /// rounds may stop it sooner ([`AllReducePaths::one_kernel_max`]).
     pub fn small_max_bytes(&self) -> usize {
-        self.layout.small_max
+        self.one_kernel_max
     }
 
     /// The largest all-reduce, in bytes, that the one-kernel path runs with its line kernel

@@ -29,7 +29,8 @@ once for every rank to read, send/recv one handoff. The slots take about 48 MiB 
 (16 MiB / N each, three per rank).
 
 Between two ranks an all-reduce of up to ``max_bytes`` (4 MiB by
-default) is one kernel that hands the tensor over through the shared memory (8-byte lines of
+default; where both ranks share one GPU, the attribute reads the smaller size past which the
+cost model prices the pipeline cheaper) is one kernel that hands the tensor over through the shared memory (8-byte lines of
 data and sequence number up to ``lines_max_bytes``, 2 KiB by default; flagged 4 KiB chunks
 above); everything else goes through a pipeline of DMA copies via slots of the segment,
 handed over chunk by chunk by flags the GPUs set and wait on. On two H200s, one process each, an all-reduce took 6.7-13.2
