@@ -202,7 +202,8 @@ pub const COMPRESSED_STEP_OPS: usize = 8;
 /// The model's time for the compressed all-reduce of `bytes` per rank of elements of
 /// `element_bytes`, through slots of `slot_bytes` (see the module doc): the two-shot of its
 /// wire in N + 1 phases, each run's first piece as its fill, its rounds' steps (P(N − 1) + 1 to
-/// the owners, P + 1 back, P pieces a shard) and the fold between (two kernels a piece).
+/// the owners, P + 1 back, P pieces a shard) and the fold between (two kernels: the last
+/// piece's, as the others fold while later pieces cross).
 pub fn compressed_prediction(
     machine: &Machine,
     bytes: usize,
@@ -219,8 +220,7 @@ pub fn compressed_prediction(
     t.up_bytes += fill;
     t.down_bytes += fill;
     let mut prediction = price(machine, Algorithm::TwoShot, t);
-    prediction.seconds +=
-        machine.steps_seconds(pieces * ranks + 2, COMPRESSED_STEP_OPS) + machine.steps_seconds(pieces, 2);
+    prediction.seconds += machine.steps_seconds(pieces * ranks + 2, COMPRESSED_STEP_OPS) + machine.steps_seconds(1, 2);
     prediction
 }
 

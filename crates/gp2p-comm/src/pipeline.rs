@@ -34,7 +34,7 @@ use crate::rounds::Rounds;
 mod many;
 mod release;
 
-pub(crate) use many::{WireLand, WireLegs, WireOut};
+pub(crate) use many::{PieceFold, WireLand, WireLegs, WireOut};
 use release::AfterRelease;
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.

@@ -6,13 +6,14 @@
 //! whose wire fits a slot, and into up to four even pieces where it is long enough, so that in
 //! each run one piece goes up while the one before comes down
 //! ([`crate::compression::PIPELINED_PIECES`]). A call
-//! is two runs of the rounds module's legs with a fold between, on the caller's stream:
+//! is two runs of the rounds module's legs, one after the other on the caller's stream:
 //! 1. every rank hands each other rank its pieces of that rank's shard, encoded in device
 //!    memory and copied into its slots, and each owner copies the wires it gets into its
-//!    device memory;
-//! 2. each owner folds every piece of its shard, its own values exact and the others'
-//!    wires, encodes the fold once and decodes its own result from it;
-//! 3. each owner hands its folded wires to every other rank through its slots, which copy
+//!    device memory; once the last wire of a piece has landed, the owner folds the piece on
+//!    its receive stream (its own values exact and the others' wires), encodes the fold once
+//!    and decodes its own result from it, while later pieces cross the link (`PieceFold`):
+//!    only the last piece's fold stands between the runs;
+//! 2. each owner hands its folded wires to every other rank through its slots, which copy
 //!    them into device memory and decode them into their output.
 //!
 //! A wire crosses the link as a DMA of its scales and codes and a kernel that copies the
@@ -30,7 +31,7 @@ use std::ops::Range;
 
 use gp2p_collectives::legs::{Buf, Leg, LegLanding, Readers};
 use gp2p_cuda::codec::{WireFormat, fold_wire_addresses};
-use gp2p_cuda::raw::{Codec, compress_decode, compress_fold_encode};
+use gp2p_cuda::raw::Codec;
 use gp2p_kernels::compress::shard_blocks;
 
 use crate::compression::piece_blocks;
@@ -38,7 +39,7 @@ use crate::compression::piece_blocks;
 use crate::compression::{MIN_PIECE_VALUES, PIPELINED_PIECES};
 
 use super::*;
-use crate::pipeline::{WireLand, WireLegs, WireOut};
+use crate::pipeline::{PieceFold, WireLand, WireLegs, WireOut};
 
 /// Wires start on this many bytes in device memory (the codec's alignment).
 const WIRE_ALIGN: usize = gp2p_cuda::raw::WIRE_ALIGN;
@@ -129,6 +130,23 @@ impl WirePieces {
         }
         let (legs, values) = legs.into_iter().unzip();
         (Rounds { world, legs }, values)
+    }
+
+    /// For each piece of `rank`'s shard, the leg of the first run (`rounds`, from
+    /// [`WirePieces::to_owners`]) whose landing completes it: of the legs that bring `rank`
+    /// the others' wires of the piece, the one of the latest round, whose landing comes last
+    /// in `rank`'s steps (they land round by round).
+    pub(crate) fn completing_legs(&self, rounds: &Rounds, rank: usize) -> Vec<usize> {
+        let world = self.pieces.len();
+        let lands = |leg: &Leg, p: usize| {
+            leg.is_read_by(rank) && (0..world).any(|r| r != rank && leg.dst == (Buf::Part, self.got(r, p)))
+        };
+        (0..self.pieces[rank].len())
+            .filter_map(|p| {
+                let legs = rounds.legs.iter().enumerate().filter(|(_, leg)| lands(leg, p));
+                legs.max_by_key(|(_, leg)| leg.round).map(|(i, _)| i)
+            })
+            .collect()
     }
 
     /// The second run: in round p each owner copies its fold of piece p from `folded(p)` of
@@ -241,7 +259,7 @@ impl Communicator {
         result
     }
 
-    /// The call's three steps on `stream` (see the module's doc).
+    /// The call's two runs on `stream` (see the module's doc).
     ///
     /// # Safety
     /// - `buf` is the plan's values of `codec.dtype` in this device's memory, its two
@@ -265,7 +283,27 @@ impl Communicator {
         let side = self.side();
         let (rounds, values) = plan.to_owners(size);
         let stages = [at(memory, plan.stages()), at(memory, plan.stages() + self.layout.slot_bytes())];
-        let wires = Some(WireLegs { codec, out: WireOut::Encode, land: WireLand::Copy, values, stages });
+        // Each piece of this rank's shard folds once its last wire has landed: its own values
+        // exact and the wires the others sent of it, into its fold's room, which no leg reads
+        // until the second run; then decoded into that piece of the output.
+        let mut folds = Vec::with_capacity(plan.pieces[rank].len());
+        let completing = plan.completing_legs(&rounds, rank);
+        for ((p, values), after_leg) in plan.pieces[rank].iter().enumerate().zip(completing) {
+            let placed: Vec<Option<(RawDevicePtr, usize)>> =
+                (0..world).map(|r| (r != rank).then(|| (at(memory, plan.got(r, p)), plan.room))).collect();
+            let wires = fold_wire_addresses(format, values.len(), rank, &placed)?;
+            folds.push(PieceFold {
+                after_leg,
+                own: at(buf.src, values.start * size),
+                values: values.len(),
+                wires,
+                owner: rank,
+                out: at(memory, plan.folded(p)),
+                dst: at(buf.dst, values.start * size),
+                average,
+            });
+        }
+        let wires = Some(WireLegs { codec, out: WireOut::Encode, land: WireLand::Copy, values, stages, folds });
         let to_owners = ManyTransfer {
             rounds,
             dtype: codec.dtype,
@@ -277,26 +315,13 @@ impl Communicator {
             wires,
         };
         // SAFETY: every leg encodes a piece of the input into a slot and lands its wire in a
-        // room of `memory` (the plan's offsets, each wire at most its room and a slot);
-        // every rank runs the same legs.
+        // room of `memory` (the plan's offsets, each wire at most its room and a slot), and
+        // each piece of this rank's shard folds from its rooms into its own room and its piece
+        // of the output; every rank runs the same legs.
         unsafe { self.pipeline.run_many(stream, side, &to_owners)? };
-        for (p, values) in plan.pieces[rank].iter().enumerate() {
-            let placed: Vec<Option<(RawDevicePtr, usize)>> =
-                (0..world).map(|r| (r != rank).then(|| (at(memory, plan.got(r, p)), plan.room))).collect();
-            let addresses = fold_wire_addresses(format, values.len(), rank, &placed)?;
-            let (own, out) = (at(buf.src, values.start * size), at(memory, plan.folded(p)));
-            // SAFETY: a piece of this rank's shard of the input, exact, and the wires the others
-            // sent of it (landed: the run joined into `stream`), into its fold's room, which no
-            // leg reads until the second run.
-            unsafe { compress_fold_encode(stream, codec, own, values.len(), &addresses, rank, average, out)? };
-            self.mark(stream, "fold encode", values.len() * size)?;
-            // SAFETY: that fold into the same piece of the output, which the fold has read
-            // (in place) and nothing else writes.
-            unsafe { compress_decode(stream, codec, out, values.len(), at(buf.dst, values.start * size))? };
-            self.mark(stream, "decode own", values.len() * size)?;
-        }
         let (rounds, values) = plan.to_all(size);
-        let wires = Some(WireLegs { codec, out: WireOut::Copy, land: WireLand::Decode, values, stages });
+        let wires =
+            Some(WireLegs { codec, out: WireOut::Copy, land: WireLand::Decode, values, stages, folds: Vec::new() });
         let to_all = ManyTransfer {
             rounds,
             dtype: codec.dtype,

@@ -5,13 +5,14 @@
 #![allow(unsafe_code)]
 
 use gp2p_cuda::RawDevicePtr;
+use gp2p_cuda::Stream;
 use gp2p_cuda::raw::{
-    Codec, GiveUp, compress_encode, memcpy_dtoh_async, memcpy_htod_async, wait_flag, wait_flags, wire_from_host,
-    wire_to_host, write_flag,
+    Codec, GiveUp, compress_decode, compress_encode, compress_fold_encode, memcpy_dtoh_async, memcpy_htod_async,
+    wait_flag, wait_flags, wire_from_host, wire_to_host, write_flag,
 };
 
 use super::release::AfterRelease;
-use super::{ManyTransfer, Pipeline, RankSide, land_for_fold, mark, mark_landed, stamp};
+use super::{ManyTransfer, Pipeline, RankSide, Traced, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
 use crate::handshake::{EMPTY, Lane};
 use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps};
@@ -34,6 +35,57 @@ pub(crate) struct WireLegs {
     /// Device memory of a slot's size for the send stream's encodes and the receive stream's
     /// decodes: `[send, receive]`.
     pub(crate) stages: [RawDevicePtr; 2],
+    /// The folds of this rank's pieces, each once the last wire of its piece has landed.
+    pub(crate) folds: Vec<PieceFold>,
+}
+
+/// The fold of a piece of this rank's shard in the compressed all-reduce's first run, on the
+/// receive stream once the piece's last wire has landed and its slot was handed back: its own
+/// values exact and the others' wires, folded and encoded once into `out`, then decoded into
+/// the piece of the output. So every piece but the last folds while later ones cross the link,
+/// and only the last stands between the two runs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PieceFold {
+    /// The leg whose landing completes the piece: the last of its legs in the steps.
+    pub(crate) after_leg: usize,
+    /// This rank's values of the piece, exact, and how many.
+    pub(crate) own: RawDevicePtr,
+    pub(crate) values: usize,
+    /// Every rank's wire of the piece in rank order, 0 for this rank (`owner`).
+    pub(crate) wires: Vec<RawDevicePtr>,
+    pub(crate) owner: usize,
+    /// The fold's wire, and the piece of the output it is decoded into.
+    pub(crate) out: RawDevicePtr,
+    pub(crate) dst: RawDevicePtr,
+    /// Whether the fold is multiplied by the reciprocal of the ranks.
+    pub(crate) average: bool,
+}
+
+impl PieceFold {
+    /// Enqueue the fold and its decode on `stream`; what it did last, for a traced call's stamp.
+    ///
+    /// # Safety
+    /// `own` holds the piece's values and every other rank's wire is landed in device memory
+    /// (by work before, on `stream`), both left unwritten until the fold completes; `out` is a
+    /// room for the fold's wire apart from them and `dst` the piece of the output (in place,
+    /// `own` itself, which the fold reads before the decode writes it), which nothing else
+    /// touches meanwhile; all of it this device's and allocated until then.
+    unsafe fn enqueue(
+        &self,
+        stream: &Stream,
+        codec: Codec,
+        timeline: Option<Traced<'_>>,
+        lane: Lane,
+    ) -> Result<Option<(&'static str, usize)>> {
+        let bytes = self.values * codec.dtype.size_bytes();
+        let (own, values, out) = (self.own, self.values, self.out);
+        // SAFETY: the caller's contract.
+        unsafe { compress_fold_encode(stream, codec, own, values, &self.wires, self.owner, self.average, out)? };
+        mark(timeline, stream, lane.name(), "fold encode", bytes)?;
+        // SAFETY: the fold just written, into the piece of the output (the caller's contract).
+        unsafe { compress_decode(stream, codec, out, values, self.dst)? };
+        Ok(Some(("decode own", bytes)))
+    }
 }
 
 /// How a wire leg's copy out fills the slot.
@@ -83,6 +135,8 @@ impl Pipeline {
         let mut encoded: Option<usize> = None;
         // What a landing leaves to do once its slot is handed back (see `Land`).
         let mut after_release: Option<AfterRelease> = None;
+        // A piece's fold due once the landing that completes it hands its slot back.
+        let mut fold_due: Option<&PieceFold> = None;
         for (at_step, &(lane, step)) in steps.iter().enumerate() {
             let stream = if lane == Lane::Send { send } else { receive };
             // Why each call below is sound: flags and slots come from the layout, in the
@@ -127,7 +181,23 @@ impl Pipeline {
                     // (the receive stage or the scratch), put there by its earlier work; the
                     // destination is the leg's, which nothing else of the call touches
                     // meanwhile; the slot, handed back above, is not read.
-                    unsafe { AfterRelease::run_pending(&mut after_release, lane, stream)? }
+                    let pending = unsafe { AfterRelease::run_pending(&mut after_release, lane, stream)? };
+                    match (lane, fold_due.take(), &transfer.wires) {
+                        (Lane::Receive, Some(fold), Some(wires)) => {
+                            debug_assert!(pending.is_none(), "a wire landed by copy leaves no work");
+                            // SAFETY: the piece's wires were landed by this stream (its last
+                            // just now), into rooms of the call's wire memory that no leg of
+                            // the run writes again; its own values are the input's, which the
+                            // run only reads, and which no leg reads where the decode writes
+                            // (a rank sends only the other shards); its fold's room and piece of
+                            // the output are its own (the caller's contract).
+                            unsafe { fold.enqueue(stream, wires.codec, timeline, lane)? }
+                        }
+                        (_, due, _) => {
+                            fold_due = due;
+                            pending
+                        }
+                    }
                 }
                 LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {
                     let Some(wires) = &transfer.wires else { unreachable!("matched on it") };
@@ -170,6 +240,9 @@ impl Pipeline {
                         let dma = |bytes| stamp(timeline, stream, lane.name(), "wire dma", bytes);
                         wire_from_host(stream, block, slot_host, slot_device, values, wire, dma)?;
                     }
+                    // The piece this landing completes folds once the slot is handed back.
+                    debug_assert!(fold_due.is_none(), "a piece's fold left behind");
+                    fold_due = wires.folds.iter().find(|f| f.after_leg == i);
                     // The decode reads the receive stage only: it runs once the slot is handed
                     // back, off the path from the writer's copy out to its next one.
                     if wires.land == WireLand::Decode {
@@ -243,6 +316,7 @@ impl Pipeline {
             }
         }
         debug_assert!(after_release.is_none(), "every landing's fold and decode is enqueued");
+        debug_assert!(fold_due.is_none(), "every piece's fold is enqueued");
         Ok(())
     }
 }

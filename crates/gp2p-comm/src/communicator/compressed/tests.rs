@@ -108,6 +108,47 @@ fn every_leg_is_one_chunk_and_a_writer_has_at_most_one_leg_a_round() {
     }
 }
 
+/// Each piece of a rank's shard folds, on the receive stream, once the leg `completing_legs`
+/// names has landed: that leg brings one of the piece's wires and lands after every other
+/// wire of the piece in the rank's steps, and nothing the run does after it touches what the
+/// fold reads or writes (the wires' rooms are each written once; the rank sends only other
+/// shards, so no copy out reads the piece of the input the decode overwrites in place).
+#[test]
+fn each_piece_folds_after_the_last_of_its_wires_lands_and_the_run_touches_it_no_more() {
+    for world in 2..=8 {
+        for (len, slot) in [(200_000, SLOT), (3_000_000, SLOT), (1_000, SLOT), (5_000_000, 4 << 20)] {
+            let plan = WirePieces::new(len, world, format(Format::Int8, 64), slot);
+            let (rounds, _) = plan.to_owners(2);
+            for rank in 0..world {
+                let what = format!("{world} ranks, {len} values, rank {rank}");
+                let completing = plan.completing_legs(&rounds, rank);
+                assert_eq!(completing.len(), plan.pieces[rank].len(), "{what}: a fold a piece");
+                let lands: Vec<usize> = steps(&rounds, rank, slot, 3)
+                    .into_iter()
+                    .filter_map(|(_, s)| if let LegStep::Land { leg, .. } = s { Some(leg) } else { None })
+                    .collect();
+                for (p, &leg) in completing.iter().enumerate() {
+                    let rooms: Vec<usize> = (0..world).filter(|&r| r != rank).map(|r| plan.got(r, p)).collect();
+                    let of_piece: Vec<usize> = (0..rounds.legs.len())
+                        .filter(|&i| rounds.legs[i].is_read_by(rank) && rooms.contains(&rounds.legs[i].dst.1))
+                        .collect();
+                    assert_eq!(of_piece.len(), world - 1, "{what}, piece {p}: a wire from every other rank");
+                    assert!(of_piece.contains(&leg), "{what}, piece {p}: the completing leg brings a wire of it");
+                    let at = |i: usize| lands.iter().position(|&l| l == i).unwrap();
+                    assert!(of_piece.iter().all(|&i| at(i) <= at(leg)), "{what}, piece {p}: it lands last");
+                }
+                // The rank's copies out read only the other shards' values.
+                let own =
+                    plan.pieces[rank].first().map_or(0, |p| p.start)..plan.pieces[rank].last().map_or(0, |p| p.end);
+                for leg in rounds.legs.iter().filter(|l| l.writer == rank) {
+                    let start = leg.src.1 / 2;
+                    assert!(start >= own.end || start < own.start, "{what}: a copy out reads its own shard");
+                }
+            }
+        }
+    }
+}
+
 /// The legs run on host memory with the codec's CPU twin, as the pipeline runs them: the
 /// first run's copy out encodes, its landing copies the wire; each owner folds in rank order
 /// and decodes its own pieces; the second run's landing decodes.
