@@ -37,6 +37,7 @@ mod exports;
 mod facts;
 mod group;
 mod handles;
+mod host_trace;
 mod id;
 mod init;
 mod log;

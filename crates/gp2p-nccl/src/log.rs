@@ -49,6 +49,11 @@ pub fn warn(text: &str) {
     }
 }
 
+/// Say `text` whatever `NCCL_DEBUG` says: what a measurement the user turned on found.
+pub fn measured(text: &str) {
+    say(text);
+}
+
 /// Say `text` where `NCCL_DEBUG=INFO` asks for details.
 pub fn info(text: &str) {
     if Level::current() >= Level::Info {

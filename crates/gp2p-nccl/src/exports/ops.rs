@@ -36,11 +36,11 @@ fn dispatch(
     forward: impl FnOnce(RawComm) -> Result<RawResult>,
 ) -> Result<RawResult> {
     match live(comm)? {
-        Live::Served(served) => {
+        Live::Served(served) => crate::host_trace::served(|| {
             let call = call(&served)?;
             group::call(served, call, stream)?;
             ok()
-        }
+        }),
         Live::Real(inner) => forward(inner),
     }
 }
