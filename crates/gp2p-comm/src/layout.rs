@@ -15,6 +15,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommOptions {
     /// The largest buffer, in bytes, a small-message call takes (its areas are sized for it).
+    /// Two ranks that share one GPU may stop sooner, where the cost model prices the rounds
+    /// cheaper (`Communicator::small_max_bytes` says where).
     pub small_max_bytes: usize,
     /// How long a rank's kernel waits for its peer's data before it gives up (the next call
     /// then says so). It must exceed how far one rank's stream may fall behind another's.

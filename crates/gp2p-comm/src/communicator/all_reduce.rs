@@ -165,8 +165,9 @@ impl Communicator {
     ///
     /// # Safety
     /// `buf` is `len` elements of `T` on this device, its two addresses the same or apart, held
-    /// until the work completes (`note`); `len` elements are at most
-    /// [`Communicator::small_max_bytes`] between two ranks and what the lines hold among more;
+    /// until the work completes (`note`); `len` elements are at most the layout's room for
+    /// the one kernel (`CommOptions::small_max_bytes`, at least [`Communicator::small_max_bytes`])
+    /// between two ranks and what the lines hold among more;
     /// `around`'s ranges are this device's, held likewise (its own contract); every rank makes
     /// the same call.
     pub(super) unsafe fn one_kernel<T: Element>(

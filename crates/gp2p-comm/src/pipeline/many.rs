@@ -43,7 +43,8 @@ pub(crate) struct WireLegs {
 /// receive stream once the piece's last wire has landed and its slot was handed back: its own
 /// values exact and the others' wires, folded and encoded once into `out`, then decoded into
 /// the piece of the output. So every piece but the last folds while later ones cross the link,
-/// and only the last stands between the two runs.
+/// and only the last stands between the two runs. On that stream a fold also comes before the
+/// next landing's copy, which waits for it where its wire is there first.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PieceFold {
     /// The leg whose landing completes the piece: the last of its legs in the steps.

@@ -125,7 +125,7 @@ class Communicator:
     ``0..world_size``; ``device``: this rank's GPU (ordinal, ``"cuda:N"`` or a
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
     ``world_size``: 1 to 8. ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB
-    between two ranks; among more, the line kernel is the one kernel and ``lines_max_bytes``
+    between two ranks, and the attribute of that name may read less where both share one GPU; among more, the line kernel is the one kernel and ``lines_max_bytes``
     bounds it); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
     pipeline's slot size (a multiple of 4096 in 64 KiB..256 MiB, default 8 MiB for two ranks,
     16 MiB / N for N) and slots per rank (2..16, default 3), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
