@@ -86,11 +86,14 @@ pub enum LegStep {
     WaitFlag { writer: usize, slot: usize, reader: usize, value: u32 },
     /// Fold or copy `slot` of the leg's writer into chunk `chunk` of the leg's destination.
     Land { leg: usize, chunk: usize, slot: usize },
-    /// Record the event [`LegStep::AfterSent`] waits for (after a copy out).
+    /// Record the event [`LegStep::AfterSent`] waits for: on the send lane, after the copies out
+    /// so far, and only right before a wait for it (an event a wait binds to as recorded
+    /// last, so a record no wait follows would be an operation for nothing).
     RecordSent,
     /// Wait for the copies out enqueued so far.
     AfterSent,
-    /// Record the event [`LegStep::AfterLanded`] waits for (after a landing).
+    /// Record the event [`LegStep::AfterLanded`] waits for: on the receive lane, after the
+    /// landings so far, and only right before a wait for it.
     RecordLanded,
     /// Wait for the landings enqueued so far.
     AfterLanded,
@@ -129,6 +132,9 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usiz
     // for them: a wait binds to the latest record, so it covers every chunk enqueued before
     // it, and only a leg with chunks enqueued after that wait calls for another.
     let (mut sources, mut landed): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    // Whether a copy out, or a landing, was enqueued since that lane's last record: a wait
+    // needs a record after them, which is made only where a wait follows.
+    let (mut sent_unrecorded, mut landed_unrecorded) = (false, false);
     let rounds_used = rounds.legs.iter().map(|l| l.round + 1).max().unwrap_or(0);
     let world = rounds.world;
     let chunks = |i: usize| rounds.legs[i].bytes.div_ceil(chunk_bytes);
@@ -150,6 +156,9 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usiz
                     overlaps(src, range.len(), l.dst, l.bytes)
                 });
                 if after_landing {
+                    if std::mem::take(&mut landed_unrecorded) {
+                        out.push(((round, chunk, Send), Receive, LegStep::RecordLanded));
+                    }
                     out.push(((round, chunk, Send), Send, LegStep::AfterLanded));
                     landed.clear();
                 }
@@ -162,7 +171,7 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usiz
                 let full =
                     |reader| ((round, chunk, Send), Send, LegStep::SetFlag { writer: rank, slot, reader, value: FULL });
                 out.extend(leg.readers(world).map(full));
-                out.push(((round, chunk, Send), Send, LegStep::RecordSent));
+                sent_unrecorded = true;
                 if !sources.contains(&i) {
                     sources.push(i);
                 }
@@ -176,6 +185,9 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usiz
                     overlaps(dst, range.len(), l.src, l.bytes)
                 });
                 if after_sending {
+                    if std::mem::take(&mut sent_unrecorded) {
+                        out.push(((round, chunk, Receive), Send, LegStep::RecordSent));
+                    }
                     out.push(((round, chunk, Receive), Receive, LegStep::AfterSent));
                     sources.clear();
                 }
@@ -184,8 +196,8 @@ pub fn keyed_steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usiz
                     ((round, chunk, Receive), Receive, LegStep::WaitFlag { writer, slot, reader: rank, value: FULL }),
                     ((round, chunk, Receive), Receive, LegStep::Land { leg: i, chunk, slot }),
                     ((round, chunk, Receive), Receive, LegStep::SetFlag { writer, slot, reader: rank, value: EMPTY }),
-                    ((round, chunk, Receive), Receive, LegStep::RecordLanded),
                 ]);
+                landed_unrecorded = true;
                 if !landed.contains(&i) {
                     landed.push(i);
                 }
@@ -259,6 +271,61 @@ mod tests {
                     assert!(unread.iter().flatten().all(Vec::is_empty), "{world} ranks, {slots} slots, call {c}");
                 }
             }
+        }
+    }
+
+    /// A record is made only where a wait of its kind follows before the next record, and
+    /// every wait binds to a record made after the last copy out (or landing) before it: so
+    /// a wait covers everything its lane enqueued, as a record after every step did.
+    #[test]
+    fn each_record_is_waited_for_and_each_wait_covers_its_lane_s_steps_before_it() {
+        let page = 4096;
+        for world in 2..=8 {
+            let calls = [
+                Rounds::all_reduce(world, 3 * world * page + 5 * 8),
+                Rounds::all_reduce(world, page / 2),
+                Rounds::all_gather(world, 2 * page + 8, true),
+                Rounds::all_gather(world, 2 * page + 8, false),
+                Rounds::reduce_scatter(world, page + 8, true),
+                Rounds::broadcast(world, 5 * page, world - 1),
+            ];
+            let mut waits = 0;
+            for (c, rounds) in calls.iter().enumerate() {
+                for rank in 0..world {
+                    let what = format!("{world} ranks, call {c}, rank {rank}");
+                    let list = steps(rounds, rank, page, 3);
+                    // (a step of the lane's kind since its last record, a record not yet waited for)
+                    let (mut sent, mut landed) = ((false, false), (false, false));
+                    for (_, step) in list {
+                        match step {
+                            LegStep::CopyOut { .. } => sent.0 = true,
+                            LegStep::Land { .. } => landed.0 = true,
+                            LegStep::RecordSent => {
+                                assert!(!sent.1, "{what}: a record of sends no wait used");
+                                sent = (false, true);
+                            }
+                            LegStep::RecordLanded => {
+                                assert!(!landed.1, "{what}: a record of landings no wait used");
+                                landed = (false, true);
+                            }
+                            LegStep::AfterSent => {
+                                assert!(!sent.0 && sent.1, "{what}: a wait for sends without a record after them");
+                                (sent.1, waits) = (false, waits + 1);
+                            }
+                            LegStep::AfterLanded => {
+                                assert!(
+                                    !landed.0 && landed.1,
+                                    "{what}: a wait for landings without a record after them"
+                                );
+                                (landed.1, waits) = (false, waits + 1);
+                            }
+                            _ => {}
+                        }
+                    }
+                    assert!(!sent.1 && !landed.1, "{what}: a record left without a wait");
+                }
+            }
+            assert!(waits > 0, "{world} ranks: the calls wait across lanes somewhere");
         }
     }
 }
