@@ -113,7 +113,7 @@ impl<'a> Traced<'a> {
 #[derive(Debug)]
 pub(crate) enum CallKey {
     Two(SideKey, Transfer),
-    Many(SideKey, ManyTransfer),
+    Many(SideKey, Vec<ManyTransfer>),
 }
 
 /// A [`RankSide`] but its layout, by value.
@@ -146,9 +146,13 @@ pub(crate) struct Pipeline {
     sent: Vec<Event>,
     /// Per slot, recorded on the receive stream once the peer's chunk in that slot was read.
     received: Vec<Event>,
-    /// Calls in rounds: recorded after every copy out, and after every landing.
+    /// Calls in rounds: recorded after the copies out, or the landings, that the other
+    /// lane then waits for.
     many_sent: Event,
     many_landed: Event,
+    /// Per piece of this rank's shard of a compressed call, recorded on the receive stream
+    /// once the piece is folded, for the second run's copy out of the fold (made as needed).
+    folded: Mutex<Vec<Event>>,
 }
 
 /// One rank's side of a call in rounds (see the `rounds` module): among more than two ranks,
@@ -180,7 +184,18 @@ impl Pipeline {
             received: events()?,
             many_sent: event()?,
             many_landed: event()?,
+            folded: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The event of piece `piece`'s fold (see [`Pipeline::run_chained`]), made on first use.
+    pub(super) fn folded_event<R>(&self, piece: usize, use_it: impl FnOnce(&Event) -> R) -> Result<R> {
+        let mut folded = self.folded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while folded.len() <= piece {
+            let device = self.fork.streams()[0].device();
+            folded.push(Event::new(device, EventKind::Sync)?);
+        }
+        Ok(use_it(&folded[piece]))
     }
 
     /// [`Pipeline::run`] for a call in rounds (see [`ManyTransfer`]): this rank's steps of
@@ -199,13 +214,36 @@ impl Pipeline {
     /// - every other rank in the legs enqueues its side of the same rounds (else the waits
     ///   end at their timeout, and the destinations hold whatever the slots held).
     pub(crate) unsafe fn run_many(&self, stream: &Stream, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.run_chained(stream, side, std::slice::from_ref(transfer)) }
+    }
+
+    /// [`Pipeline::run_many`] for `runs` one after the other on the pipeline's two streams, with
+    /// no join between them: each stream goes on to the next run once done with its part of
+    /// the one before. What a later run needs of an earlier one crosses streams only where
+    /// its legs say: a copy out of a compressed call's fold waits for that piece's fold alone
+    /// (`WireLegs::after_fold`), so the second run's first pieces go up while the first run's
+    /// last ones still come down. `runs[0]`'s `local` copy comes first; the others have none.
+    ///
+    /// # Safety
+    /// As for [`Pipeline::run_many`], for each run; and a later run touches what an earlier
+    /// run's legs or folds write only where its waits (the flags, `after_fold`) order it after
+    /// them.
+    pub(crate) unsafe fn run_chained(&self, stream: &Stream, side: RankSide<'_>, runs: &[ManyTransfer]) -> Result<()> {
+        debug_assert!(runs.iter().skip(1).all(|run| run.local.is_none()), "only the first run copies locally");
         let side_key = SideKey::of(&side);
-        let is_key = |k: &CallKey| matches!(k, CallKey::Many(s, t) if *s == side_key && t == transfer);
-        let key = || CallKey::Many(side_key, transfer.clone());
+        let is_key = |k: &CallKey| matches!(k, CallKey::Many(s, t) if *s == side_key && t.as_slice() == runs);
+        let key = || CallKey::Many(side_key, runs.to_vec());
+        let local = runs.first().and_then(|run| run.local);
+        let enqueue_runs = || {
+            runs.iter().try_for_each(|run| {
+                // SAFETY: the caller's contract, for each run in turn.
+                unsafe { self.enqueue_rounds(side, run) }
+            })
+        };
         // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued
         // on any stream of this device and for a graph of it launched on `stream`.
-        let enqueue =
-            |on: &Stream| unsafe { self.forked(on, side, transfer.local, || self.enqueue_rounds(side, transfer)) };
+        let enqueue = |on: &Stream| unsafe { self.forked(on, side, local, enqueue_runs) };
         if side.timeline.is_some() {
             return enqueue(stream);
         }

@@ -6,15 +6,17 @@
 //! whose wire fits a slot, and into up to four even pieces where it is long enough, so that in
 //! each run one piece goes up while the one before comes down
 //! ([`crate::compression::PIPELINED_PIECES`]). A call
-//! is two runs of the rounds module's legs, one after the other on the caller's stream:
+//! is two runs of the rounds module's legs, chained on the pipeline's streams with no join
+//! between (`Pipeline::run_chained`):
 //! 1. every rank hands each other rank its pieces of that rank's shard, encoded in device
 //!    memory and copied into its slots, and each owner copies the wires it gets into its
 //!    device memory; once the last wire of a piece has landed, the owner folds the piece on
 //!    its receive stream (its own values exact and the others' wires), encodes the fold once
-//!    and decodes its own result from it, while later pieces cross the link (`PieceFold`):
-//!    only the last piece's fold stands between the runs;
+//!    and decodes its own result from it, while later pieces cross the link (`PieceFold`);
 //! 2. each owner hands its folded wires to every other rank through its slots, which copy
-//!    them into device memory and decode them into their output.
+//!    them into device memory and decode them into their output. A fold's copy out waits for
+//!    that fold alone (`WireLegs::after_fold`), so the second run's first pieces go up while
+//!    the first run's last ones still come down.
 //!
 //! A wire crosses the link as a DMA of its scales and codes and a kernel that copies the
 //! values of blocks that travel exact, only where there are such blocks (`WireLegs`).
@@ -293,6 +295,7 @@ impl Communicator {
                 (0..world).map(|r| (r != rank).then(|| (at(memory, plan.got(r, p)), plan.room))).collect();
             let wires = fold_wire_addresses(format, values.len(), rank, &placed)?;
             folds.push(PieceFold {
+                piece: p,
                 after_leg,
                 own: at(buf.src, values.start * size),
                 values: values.len(),
@@ -303,7 +306,8 @@ impl Communicator {
                 average,
             });
         }
-        let wires = Some(WireLegs { codec, out: WireOut::Encode, land: WireLand::Copy, values, stages, folds });
+        let (out, land, after_fold) = (WireOut::Encode, WireLand::Copy, Vec::new());
+        let wires = Some(WireLegs { codec, out, land, values, stages, folds, after_fold });
         let to_owners = ManyTransfer {
             rounds,
             dtype: codec.dtype,
@@ -314,14 +318,11 @@ impl Communicator {
             local: None,
             wires,
         };
-        // SAFETY: every leg encodes a piece of the input into a slot and lands its wire in a
-        // room of `memory` (the plan's offsets, each wire at most its room and a slot), and
-        // each piece of this rank's shard folds from its rooms into its own room and its piece
-        // of the output; every rank runs the same legs.
-        unsafe { self.pipeline.run_many(stream, side, &to_owners)? };
         let (rounds, values) = plan.to_all(size);
-        let wires =
-            Some(WireLegs { codec, out: WireOut::Copy, land: WireLand::Decode, values, stages, folds: Vec::new() });
+        // This rank's legs copy out its folds, piece p in round p: each after that fold.
+        let after_fold = rounds.legs.iter().map(|leg| (leg.writer == rank).then_some(leg.round)).collect();
+        let (out, land, folds) = (WireOut::Copy, WireLand::Decode, Vec::new());
+        let wires = Some(WireLegs { codec, out, land, values, stages, folds, after_fold });
         let to_all = ManyTransfer {
             rounds,
             dtype: codec.dtype,
@@ -332,9 +333,15 @@ impl Communicator {
             local: None,
             wires,
         };
-        // SAFETY: every leg copies a fold out of `memory` into a slot and decodes it into the
-        // owner's pieces of the output, which the first run only read (joined before this).
-        unsafe { self.pipeline.run_many(stream, side, &to_all) }
+        // SAFETY: the first run's legs encode pieces of the input into slots and land their
+        // wires in rooms of `memory` (the plan's offsets, each wire at most its room and a
+        // slot), and each piece of this rank's shard folds from its rooms into its own room and
+        // its piece of the output. The second run's legs copy each fold out of `memory`, after
+        // that fold (`after_fold`), and decode the others' into their pieces of the output:
+        // ranges the first run only read, and read on this rank's send stream before its
+        // copies out, which every owner's fold (hence every fold the second run lands) waits
+        // for through the flags. Every rank runs the same legs.
+        unsafe { self.pipeline.run_chained(stream, side, &[to_owners, to_all]) }
     }
 
     /// The wires' memory for a call of `bytes`: the kept buffer if it holds them, else a new

@@ -37,16 +37,22 @@ pub(crate) struct WireLegs {
     pub(crate) stages: [RawDevicePtr; 2],
     /// The folds of this rank's pieces, each once the last wire of its piece has landed.
     pub(crate) folds: Vec<PieceFold>,
+    /// By leg: the piece whose fold (of an earlier run of the same call, see
+    /// [`Pipeline::run_chained`]) the leg copies out, which its copy out waits for.
+    pub(crate) after_fold: Vec<Option<usize>>,
 }
 
 /// The fold of a piece of this rank's shard in the compressed all-reduce's first run, on the
 /// receive stream once the piece's last wire has landed and its slot was handed back: its own
 /// values exact and the others' wires, folded and encoded once into `out`, then decoded into
-/// the piece of the output. So every piece but the last folds while later ones cross the link,
-/// and only the last stands between the two runs. On that stream a fold also comes before the
-/// next landing's copy, which waits for it where its wire is there first.
+/// the piece of the output, then the piece's event is recorded for the second run's copy out
+/// of the fold (`WireLegs::after_fold`). So every piece folds while later ones cross the link.
+/// On that stream a fold also comes before the next landing's copy, which waits for it where
+/// its wire is there first.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PieceFold {
+    /// Which piece of this rank's shard: its fold's event is the pipeline's of that number.
+    pub(crate) piece: usize,
     /// The leg whose landing completes the piece: the last of its legs in the steps.
     pub(crate) after_leg: usize,
     /// This rank's values of the piece, exact, and how many.
@@ -192,7 +198,9 @@ impl Pipeline {
                             // run only reads, and which no leg reads where the decode writes
                             // (a rank sends only the other shards); its fold's room and piece of
                             // the output are its own (the caller's contract).
-                            unsafe { fold.enqueue(stream, wires.codec, timeline, lane)? }
+                            let done = unsafe { fold.enqueue(stream, wires.codec, timeline, lane)? };
+                            self.folded_event(fold.piece, |event| event.record(stream))??;
+                            done
                         }
                         (_, due, _) => {
                             fold_due = due;
@@ -209,6 +217,10 @@ impl Pipeline {
                         WireOut::Copy => at(leg.src),
                         WireOut::Encode => wires.stages[0],
                     };
+                    // A fold an earlier run made: its piece's event, recorded there after it.
+                    if let Some(piece) = wires.after_fold.get(i).copied().flatten() {
+                        self.folded_event(piece, |event| stream.wait(event))??;
+                    }
                     // SAFETY: this rank's slot, free (the steps waited), holds the wire's room
                     // (the leg's bytes, at most a slot), and so does the send stage, which only
                     // this stream uses; the leg's source holds `values` values or a wire of

@@ -149,6 +149,23 @@ fn each_piece_folds_after_the_last_of_its_wires_lands_and_the_run_touches_it_no_
     }
 }
 
+/// The second run's copies out read the owner's folds, piece p's in round p: what
+/// `enqueue_compressed` makes each of them wait for (the fold of the piece its round names).
+#[test]
+fn each_copy_out_of_the_second_run_reads_the_fold_its_round_names() {
+    for world in 2..=8 {
+        for (len, slot) in [(200_000, SLOT), (3_000_000, SLOT), (1_000, SLOT)] {
+            let plan = WirePieces::new(len, world, format(Format::Int8, 64), slot);
+            let (rounds, _) = plan.to_all(2);
+            for leg in &rounds.legs {
+                let what = format!("{world} ranks, {len} values, writer {}, round {}", leg.writer, leg.round);
+                assert!(leg.round < plan.pieces[leg.writer].len(), "{what}: a piece the writer folds");
+                assert_eq!(leg.src, (Buf::Part, plan.folded(leg.round)), "{what}");
+            }
+        }
+    }
+}
+
 /// The legs run on host memory with the codec's CPU twin, as the pipeline runs them: the
 /// first run's copy out encodes, its landing copies the wire; each owner folds in rank order
 /// and decodes its own pieces; the second run's landing decodes.
