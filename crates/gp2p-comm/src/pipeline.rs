@@ -29,7 +29,7 @@ use crate::Result;
 use crate::handshake::{Lane, Owner, Step, plan};
 use crate::layout::Layout;
 use crate::replay::{ReplayCounts, Replays};
-use crate::rounds::Rounds;
+use crate::rounds::{Rounds, chunks_by_writer};
 
 mod many;
 mod release;
@@ -173,6 +173,14 @@ pub(crate) struct ManyTransfer {
     pub(crate) wires: Option<WireLegs>,
 }
 
+impl ManyTransfer {
+    /// Bytes of a chunk of its legs: wires cross a slot whole (one chunk a leg), bytes in the
+    /// rounds' chunks.
+    pub(crate) fn chunk_bytes(&self, layout: &Layout) -> usize {
+        if self.wires.is_some() { layout.slot_bytes() } else { layout.rounds_chunk() }
+    }
+}
+
 impl Pipeline {
     pub(crate) fn new(device: &Device, slots: usize) -> Result<Pipeline> {
         let events = || (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>();
@@ -188,7 +196,8 @@ impl Pipeline {
         })
     }
 
-    /// The event of piece `piece`'s fold (see [`Pipeline::run_chained`]), made on first use.
+    /// The event of piece `piece`'s fold (see [`Pipeline::run_chained`], which makes it before
+    /// a call's enqueue).
     pub(super) fn folded_event<R>(&self, piece: usize, use_it: impl FnOnce(&Event) -> R) -> Result<R> {
         let mut folded = self.folded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         while folded.len() <= piece {
@@ -223,7 +232,9 @@ impl Pipeline {
     /// the one before. What a later run needs of an earlier one crosses streams only where
     /// its legs say: a copy out of a compressed call's fold waits for that piece's fold alone
     /// (`WireLegs::after_fold`), so the second run's first pieces go up while the first run's
-    /// last ones still come down. `runs[0]`'s `local` copy comes first; the others have none.
+    /// last ones still come down. Each writer's chunks go on through its slots from run to
+    /// run, so a later run's first chunk never waits for the slot an earlier run's last chunk
+    /// holds. `runs[0]`'s `local` copy comes first; the others have none.
     ///
     /// # Safety
     /// As for [`Pipeline::run_many`], for each run; and a later run touches what an earlier
@@ -235,10 +246,20 @@ impl Pipeline {
         let is_key = |k: &CallKey| matches!(k, CallKey::Many(s, t) if *s == side_key && t.as_slice() == runs);
         let key = || CallKey::Many(side_key, runs.to_vec());
         let local = runs.first().and_then(|run| run.local);
+        // Made before anything is enqueued: making an event may wait for the device, which
+        // must not happen between steps other ranks wait on.
+        let pieces = runs.iter().filter_map(|run| run.wires.as_ref()).flat_map(|w| &w.folds).map(|f| f.piece).max();
+        if let Some(piece) = pieces {
+            self.folded_event(piece, |_| ())?;
+        }
         let enqueue_runs = || {
+            let mut sent = vec![0; side.layout.world];
             runs.iter().try_for_each(|run| {
                 // SAFETY: the caller's contract, for each run in turn.
-                unsafe { self.enqueue_rounds(side, run) }
+                unsafe { self.enqueue_rounds(side, run, &sent)? };
+                let chunk_bytes = run.chunk_bytes(side.layout);
+                sent.iter_mut().zip(chunks_by_writer(&run.rounds, chunk_bytes)).for_each(|(s, c)| *s += c);
+                Ok(())
             })
         };
         // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued

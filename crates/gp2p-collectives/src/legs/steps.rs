@@ -118,10 +118,34 @@ pub fn steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize) -> 
 
 /// [`steps`] with each step's [`Key`] (non-decreasing along the list).
 pub fn keyed_steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize) -> Vec<(Key, Lane, LegStep)> {
+    keyed_steps_after(rounds, rank, chunk_bytes, slots, &vec![0; rounds.world])
+}
+
+/// Each writer's chunks in `rounds` (of `chunk_bytes`): where a run chained after these
+/// goes on through the slots ([`keyed_steps_after`]).
+pub fn chunks_by_writer(rounds: &Rounds, chunk_bytes: usize) -> Vec<usize> {
+    let mut sent = vec![0usize; rounds.world];
+    for leg in &rounds.legs {
+        sent[leg.writer] += leg.bytes.div_ceil(chunk_bytes);
+    }
+    sent
+}
+
+/// [`keyed_steps`] for rounds that follow others on the same streams with no join between
+/// (a chained run): each writer's chunks go on through its slots from `sent[writer]` chunks
+/// in (what the runs before wrote, [`chunks_by_writer`] summed), rather than from slot 0,
+/// which the last of those chunks may still hold. Every rank must pass the same `sent`.
+pub fn keyed_steps_after(
+    rounds: &Rounds,
+    rank: usize,
+    chunk_bytes: usize,
+    slots: usize,
+    sent: &[usize],
+) -> Vec<(Key, Lane, LegStep)> {
     use Lane::{Receive, Send};
     // Each writer's chunks in order: the slot of the first chunk of each leg.
     let mut first_slot = vec![0; rounds.legs.len()];
-    let mut sent = vec![0usize; rounds.world];
+    let mut sent: Vec<usize> = (0..rounds.world).map(|w| sent.get(w).copied().unwrap_or(0)).collect();
     for (i, leg) in rounds.legs.iter().enumerate() {
         first_slot[i] = sent[leg.writer];
         sent[leg.writer] += leg.bytes.div_ceil(chunk_bytes);

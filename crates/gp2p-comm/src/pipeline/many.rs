@@ -15,7 +15,7 @@ use super::release::AfterRelease;
 use super::{ManyTransfer, Pipeline, RankSide, Traced, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
 use crate::handshake::{EMPTY, Lane};
-use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps};
+use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, keyed_steps_after};
 
 /// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
 /// one slot. A wire crosses the link as a DMA of its words and codes (its first
@@ -69,7 +69,8 @@ pub(crate) struct PieceFold {
 }
 
 impl PieceFold {
-    /// Enqueue the fold and its decode on `stream`; what it did last, for a traced call's stamp.
+    /// Enqueue the fold and its decode on `stream`, with `folded` (the record of the piece's
+    /// event) between; what it did last, for a traced call's stamp.
     ///
     /// # Safety
     /// `own` holds the piece's values and every other rank's wire is landed in device memory
@@ -83,12 +84,15 @@ impl PieceFold {
         codec: Codec,
         timeline: Option<Traced<'_>>,
         lane: Lane,
+        folded: impl FnOnce() -> Result<()>,
     ) -> Result<Option<(&'static str, usize)>> {
         let bytes = self.values * codec.dtype.size_bytes();
         let (own, values, out) = (self.own, self.values, self.out);
         // SAFETY: the caller's contract.
         unsafe { compress_fold_encode(stream, codec, own, values, &self.wires, self.owner, self.average, out)? };
         mark(timeline, stream, lane.name(), "fold encode", bytes)?;
+        // The fold's wire is made: what a copy out of it waits for (the decode only reads it).
+        folded()?;
         // SAFETY: the fold just written, into the piece of the output (the caller's contract).
         unsafe { compress_decode(stream, codec, out, values, self.dst)? };
         Ok(Some(("decode own", bytes)))
@@ -115,15 +119,21 @@ pub(crate) enum WireLand {
 
 impl Pipeline {
     /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
+    /// `sent`: each writer's chunks through its slots in the runs chained before this one
+    /// (zeros for a call's first run), where its chunks go on (see `keyed_steps_after`).
     ///
     /// # Safety
     /// As for [`Pipeline::run_many`].
-    pub(super) unsafe fn enqueue_rounds(&self, side: RankSide<'_>, transfer: &ManyTransfer) -> Result<()> {
+    pub(super) unsafe fn enqueue_rounds(
+        &self,
+        side: RankSide<'_>,
+        transfer: &ManyTransfer,
+        sent: &[usize],
+    ) -> Result<()> {
         let RankSide { staging, layout, rank, timeout_ns, scratch, timeline } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let slot_bytes = layout.slot_bytes();
-        // Wires cross a slot whole (one chunk a leg); bytes in the rounds' chunks.
-        let chunk_bytes = if transfer.wires.is_some() { slot_bytes } else { layout.rounds_chunk() };
+        let chunk_bytes = transfer.chunk_bytes(layout);
         let device_at = |offset: usize| staging.device + offset as u64;
         let host_at = |offset: usize| staging.host.wrapping_add(offset);
         let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
@@ -137,7 +147,10 @@ impl Pipeline {
             debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
             (leg, values, block)
         };
-        let steps = steps(&transfer.rounds, rank, chunk_bytes, layout.slot_count);
+        let steps: Vec<_> = keyed_steps_after(&transfer.rounds, rank, chunk_bytes, layout.slot_count, sent)
+            .into_iter()
+            .map(|(_, lane, step)| (lane, step))
+            .collect();
         // A wire leg encoded while its slot was still being waited for (see `WaitSlotFree`).
         let mut encoded: Option<usize> = None;
         // What a landing leaves to do once its slot is handed back (see `Land`).
@@ -192,15 +205,16 @@ impl Pipeline {
                     match (lane, fold_due.take(), &transfer.wires) {
                         (Lane::Receive, Some(fold), Some(wires)) => {
                             debug_assert!(pending.is_none(), "a wire landed by copy leaves no work");
+                            // Once the fold's wire is made: the event a later run's copy out of
+                            // it waits for.
+                            let folded = || Ok(self.folded_event(fold.piece, |event| event.record(stream))??);
                             // SAFETY: the piece's wires were landed by this stream (its last
                             // just now), into rooms of the call's wire memory that no leg of
                             // the run writes again; its own values are the input's, which the
                             // run only reads, and which no leg reads where the decode writes
                             // (a rank sends only the other shards); its fold's room and piece of
                             // the output are its own (the caller's contract).
-                            let done = unsafe { fold.enqueue(stream, wires.codec, timeline, lane)? };
-                            self.folded_event(fold.piece, |event| event.record(stream))??;
-                            done
+                            unsafe { fold.enqueue(stream, wires.codec, timeline, lane, folded)? }
                         }
                         (_, due, _) => {
                             fold_due = due;

@@ -166,6 +166,42 @@ fn each_copy_out_of_the_second_run_reads_the_fold_its_round_names() {
     }
 }
 
+/// Chained after the first run, each writer's chunks of the second go on through its slots
+/// from where the first run's left off (not from slot 0, which its last chunk may hold), and
+/// every reader lands each chunk from the slot its writer filled.
+#[test]
+fn the_second_run_goes_on_through_each_writer_s_slots_and_its_readers_agree() {
+    use crate::rounds::{chunks_by_writer, keyed_steps_after};
+    let slots = 3;
+    for world in 2..=8 {
+        for len in [200_000, 3_000_000] {
+            let plan = WirePieces::new(len, world, format(Format::Int8, 64), SLOT);
+            let ((first, _), (second, _)) = (plan.to_owners(2), plan.to_all(2));
+            let sent = chunks_by_writer(&first, SLOT);
+            let mut filled = std::collections::HashMap::new();
+            for rank in 0..world {
+                for (_, _, step) in keyed_steps_after(&second, rank, SLOT, slots, &sent) {
+                    if let LegStep::CopyOut { leg, slot, .. } = step {
+                        filled.insert(leg, slot);
+                    }
+                }
+            }
+            for (writer, chunks) in sent.iter().enumerate() {
+                if let Some(leg) = second.legs.iter().position(|l| l.writer == writer) {
+                    assert_eq!(filled[&leg], chunks % slots, "{world} ranks, {len}: writer {writer}");
+                }
+            }
+            for rank in 0..world {
+                for (_, _, step) in keyed_steps_after(&second, rank, SLOT, slots, &sent) {
+                    if let LegStep::Land { leg, slot, .. } = step {
+                        assert_eq!(filled[&leg], slot, "{world} ranks, {len}: rank {rank} lands leg {leg}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The legs run on host memory with the codec's CPU twin, as the pipeline runs them: the
 /// first run's copy out encodes, its landing copies the wire; each owner folds in rank order
 /// and decodes its own pieces; the second run's landing decodes.
