@@ -329,6 +329,19 @@ mod tests {
         ManyChoice { machine: Machine::h200(ranks), lines_max: 64 * KIB, forced: None }
     }
 
+    /// Two ranks' paths with the default options (one kernel to 4 MiB, lines to 2 KiB, 8 MiB
+    /// slots, chunks by the message), on one shared link or on cards of their own.
+    fn two_ranks_default(shared_link: bool) -> AllReducePaths {
+        AllReducePaths {
+            world: 2,
+            small_max: 4 << 20,
+            slot_bytes: 8 << 20,
+            chunk_bytes: None,
+            many: ManyChoice { machine: Machine::h200(2), lines_max: 2 * KIB, forced: None },
+            shared_link,
+        }
+    }
+
     /// `a` within 0.5 % of `b`.
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 0.005 * b.abs()
@@ -510,14 +523,7 @@ mod tests {
             Run { world: 4, chunk: Some(4 * MIB), forced: None, duplex: 50.0, times: [789.7, 2380.8, 9423.8, 37955.6] },
             Run { world: 4, chunk: None, forced: None, duplex: 50.5, times: [808.1, 2361.5, 9344.3, 37050.4] },
         ];
-        let two = AllReducePaths {
-            world: 2,
-            small_max: 4 * MIB,
-            slot_bytes: 8 * MIB,
-            chunk_bytes: None,
-            many: ManyChoice { machine: Machine::h200(2), lines_max: 2 * KIB, forced: None },
-            shared_link: false,
-        };
+        let two = two_ranks_default(false);
         let shared = Machine { duplex_gbps: 50.5, cards_per_uplink: 2, handoff_us: 10.7, ..Machine::h200(2) };
         let one_kernel_us = all_reduce_prediction(&shared, &two, MIB).seconds * 1e6;
         for measured_us in [90.5, 89.3] {
@@ -573,14 +579,7 @@ mod tests {
     #[test]
     fn two_ranks_on_one_link_stop_the_one_kernel_where_the_rounds_get_cheaper() {
         const MIB: usize = 1 << 20;
-        let shared = AllReducePaths {
-            world: 2,
-            small_max: 4 * MIB,
-            slot_bytes: 8 * MIB,
-            chunk_bytes: None,
-            many: ManyChoice { machine: Machine::h200(2), lines_max: 2 * KIB, forced: None },
-            shared_link: true,
-        };
+        let shared = two_ranks_default(true);
         let h100 = Machine { duplex_gbps: 41.6, handoff_us: 10.8, op_us: 5.54, dram_gbps: 90.0, ..Machine::h200(2) };
         for paths in [shared, AllReducePaths { many: ManyChoice { machine: h100, ..shared.many }, ..shared }] {
             let max = paths.one_kernel_max();
