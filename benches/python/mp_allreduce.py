@@ -21,6 +21,13 @@ links' and the host's rates, measured in the run). `ceiling_over_gp2p` is that t
 gp2p's; `model_bound_us` is what the cost model's two-shot needs at those rates: a card
 lands 2(N-1)/N of the buffer (the most it moves either way; two ranks: the buffer), so the
 ceiling's time times max(1, 2(N-1)/N); `bound_over_gp2p` is that over gp2p's time.
+
+Through the NCCL door, `--door` times the door (the "nccl" columns: torch's "nccl" backend
+served by this library) against the communicator in the same processes and run, the door's
+busbw figure, with ranks sharing a GPU where there are fewer GPUs than ranks:
+
+    python3 -m geforce_p2p.nccl -- python3 -m torch.distributed.run --nproc-per-node 4 \
+        benches/python/mp_allreduce.py --door --min-bytes 65536 --max-bytes 268435456 --json door-4.json
 """
 
 import os
@@ -237,6 +244,9 @@ def main():
     parser.add_argument("--skip-nccl", action="store_true",
                         help="time the gp2p communicator only, with no NCCL communicator in the processes "
                              "(barriers through gloo): whether NCCL's presence changes gp2p's times")
+    parser.add_argument("--door", action="store_true",
+                        help="NCCL is the geforce-p2p door (launched under python -m geforce_p2p.nccl): ranks may "
+                             "share a GPU, and the nccl columns are the door's")
     parser.add_argument("--bind-cpus", action="store_true",
                         help="run each rank on the CPUs local to its GPU (the PCI device's local_cpulist)")
     args = parser.parse_args()
@@ -247,9 +257,9 @@ def main():
     if world > torch.cuda.device_count():
         # Fewer GPUs than ranks (the one-H200 machine): ranks share them. NCCL refuses two
         # ranks on one GPU, and the times are the host's and the shared GPUs', not N links'.
-        if not args.skip_nccl:
-            raise SystemExit("%d GPU(s) for %d ranks: pass --skip-nccl to share them (NCCL refuses to)"
-                             % (torch.cuda.device_count(), world))
+        if not (args.skip_nccl or args.door):
+            raise SystemExit("%d GPU(s) for %d ranks: pass --skip-nccl to share them (NCCL refuses to), "
+                             "or --door under python -m geforce_p2p.nccl" % (torch.cuda.device_count(), world))
         local %= torch.cuda.device_count()
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
@@ -295,7 +305,8 @@ def main():
         torch.cuda.empty_cache()
     comm.close()
     if rank == 0:
-        print("%d ranks, %s sum" % (world, rows[0]["dtype"] if rows else "-"))
+        print("%d ranks, %s sum%s" % (world, rows[0]["dtype"] if rows else "-",
+                                      " (nccl: the geforce-p2p door)" if args.door else ""))
         print("%10s %10s %10s %8s %9s %9s %10s %8s %8s" % ("bytes", "nccl us", "gp2p us", "ratio", "nccl bus", "gp2p bus",
                                                          "duplex us", "of dplx", "of bound"))
         for r in rows:
@@ -315,6 +326,7 @@ def main():
             meta = {"gpus": [torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())],
                     "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                     "env": {k: os.environ.get(k) for k in ("NCCL_P2P_DISABLE", "NCCL_NVLS_ENABLE")},
+                    "nccl_is_the_door": args.door,
                     "processes": world, "calls_per_loop": args.calls, "repeats": args.repeats,
                     "warmup": args.warmup, "small_max_bytes": comm.max_bytes,
                     "slot_bytes": args.slot_bytes, "slots": args.slots, "chunk_blocks": args.chunk_blocks,
