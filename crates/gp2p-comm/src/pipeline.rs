@@ -151,7 +151,8 @@ pub(crate) struct Pipeline {
     many_sent: Event,
     many_landed: Event,
     /// Per piece of this rank's shard of a compressed call, recorded on the receive stream
-    /// once the piece is folded, for the second run's copy out of the fold (made as needed).
+    /// once the piece is folded, for the second run's copy out of the fold (made before the
+    /// first call that needs them, see `Pipeline::run_chained`).
     folded: Mutex<Vec<Event>>,
 }
 

@@ -113,7 +113,18 @@ fn overlaps((a_buf, a): (Buf, usize), a_len: usize, (b_buf, b): (Buf, usize), b_
 /// The steps `rank` enqueues for `rounds`, in key order, through `slots` slots, each leg in
 /// chunks of `chunk_bytes` (at most a slot's bytes).
 pub fn steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize) -> Vec<(Lane, LegStep)> {
-    keyed_steps(rounds, rank, chunk_bytes, slots).into_iter().map(|(_, lane, step)| (lane, step)).collect()
+    steps_after(rounds, rank, chunk_bytes, slots, &vec![0; rounds.world])
+}
+
+/// [`steps`] of a chained run ([`keyed_steps_after`]).
+pub fn steps_after(
+    rounds: &Rounds,
+    rank: usize,
+    chunk_bytes: usize,
+    slots: usize,
+    sent: &[usize],
+) -> Vec<(Lane, LegStep)> {
+    keyed_steps_after(rounds, rank, chunk_bytes, slots, sent).into_iter().map(|(_, lane, step)| (lane, step)).collect()
 }
 
 /// [`steps`] with each step's [`Key`] (non-decreasing along the list).
@@ -250,6 +261,19 @@ mod tests {
         all.into_iter().map(|(_, r, _, s)| (r, s)).collect()
     }
 
+    /// Calls of every collective among `world`, in chunks of `page`: a share of several
+    /// chunks, one smaller than a chunk, parts in and out of place, a broadcast from the last.
+    fn calls(world: usize, page: usize) -> [Rounds; 6] {
+        [
+            Rounds::all_reduce(world, 3 * world * page + 5 * 8),
+            Rounds::all_reduce(world, page / 2),
+            Rounds::all_gather(world, 2 * page + 8, true),
+            Rounds::all_gather(world, 2 * page + 8, false),
+            Rounds::reduce_scatter(world, page + 8, true),
+            Rounds::broadcast(world, 5 * page, world - 1),
+        ]
+    }
+
     #[test]
     fn merged_by_key_every_landing_follows_its_fill_and_every_fill_its_slots_last_readers() {
         // What stream points need of the host's order: a landing binds to the slot's latest
@@ -257,13 +281,7 @@ mod tests {
         // slot's last chunk has landed it (its point is what the fill waits for).
         let page = 4096;
         for world in 3..=8 {
-            let calls = [
-                Rounds::all_reduce(world, 3 * world * page + 5 * 8),
-                Rounds::all_reduce(world, page / 2),
-                Rounds::all_gather(world, 2 * page + 8, true),
-                Rounds::reduce_scatter(world, page + 8, true),
-                Rounds::broadcast(world, 5 * page, world - 1),
-            ];
+            let calls = calls(world, page);
             for slots in [1, 2, 3] {
                 let mut content: Vec<Vec<Option<(usize, usize)>>> = vec![vec![None; slots]; world];
                 let mut unread: Vec<Vec<Vec<usize>>> = vec![vec![Vec::new(); slots]; world];
@@ -305,14 +323,7 @@ mod tests {
     fn each_record_is_waited_for_and_each_wait_covers_its_lane_s_steps_before_it() {
         let page = 4096;
         for world in 2..=8 {
-            let calls = [
-                Rounds::all_reduce(world, 3 * world * page + 5 * 8),
-                Rounds::all_reduce(world, page / 2),
-                Rounds::all_gather(world, 2 * page + 8, true),
-                Rounds::all_gather(world, 2 * page + 8, false),
-                Rounds::reduce_scatter(world, page + 8, true),
-                Rounds::broadcast(world, 5 * page, world - 1),
-            ];
+            let calls = calls(world, page);
             let mut waits = 0;
             for (c, rounds) in calls.iter().enumerate() {
                 for rank in 0..world {

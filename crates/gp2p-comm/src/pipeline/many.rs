@@ -15,7 +15,7 @@ use super::release::AfterRelease;
 use super::{ManyTransfer, Pipeline, RankSide, Traced, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
 use crate::handshake::{EMPTY, Lane};
-use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, keyed_steps_after};
+use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps_after};
 
 /// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
 /// one slot. A wire crosses the link as a DMA of its words and codes (its first
@@ -120,7 +120,7 @@ pub(crate) enum WireLand {
 impl Pipeline {
     /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
     /// `sent`: each writer's chunks through its slots in the runs chained before this one
-    /// (zeros for a call's first run), where its chunks go on (see `keyed_steps_after`).
+    /// (zeros for a call's first run), where its chunks go on (see `steps_after`).
     ///
     /// # Safety
     /// As for [`Pipeline::run_many`].
@@ -147,10 +147,7 @@ impl Pipeline {
             debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
             (leg, values, block)
         };
-        let steps: Vec<_> = keyed_steps_after(&transfer.rounds, rank, chunk_bytes, layout.slot_count, sent)
-            .into_iter()
-            .map(|(_, lane, step)| (lane, step))
-            .collect();
+        let steps = steps_after(&transfer.rounds, rank, chunk_bytes, layout.slot_count, sent);
         // A wire leg encoded while its slot was still being waited for (see `WaitSlotFree`).
         let mut encoded: Option<usize> = None;
         // What a landing leaves to do once its slot is handed back (see `Land`).
@@ -202,8 +199,10 @@ impl Pipeline {
                     // destination is the leg's, which nothing else of the call touches
                     // meanwhile; the slot, handed back above, is not read.
                     let pending = unsafe { AfterRelease::run_pending(&mut after_release, lane, stream)? };
-                    match (lane, fold_due.take(), &transfer.wires) {
-                        (Lane::Receive, Some(fold), Some(wires)) => {
+                    // Likewise a piece's fold, once the landing that completed it handed back.
+                    let due = if lane == Lane::Receive { fold_due.take() } else { None };
+                    match (due, &transfer.wires) {
+                        (Some(fold), Some(wires)) => {
                             debug_assert!(pending.is_none(), "a wire landed by copy leaves no work");
                             // Once the fold's wire is made: the event a later run's copy out of
                             // it waits for.
@@ -216,10 +215,7 @@ impl Pipeline {
                             // the output are its own (the caller's contract).
                             unsafe { fold.enqueue(stream, wires.codec, timeline, lane, folded)? }
                         }
-                        (_, due, _) => {
-                            fold_due = due;
-                            pending
-                        }
+                        _ => pending,
                     }
                 }
                 LegStep::CopyOut { leg: i, chunk, slot } if transfer.wires.is_some() => {

@@ -171,7 +171,7 @@ fn each_copy_out_of_the_second_run_reads_the_fold_its_round_names() {
 /// every reader lands each chunk from the slot its writer filled.
 #[test]
 fn the_second_run_goes_on_through_each_writer_s_slots_and_its_readers_agree() {
-    use crate::rounds::{chunks_by_writer, keyed_steps_after};
+    use crate::rounds::{chunks_by_writer, steps_after};
     let slots = 3;
     for world in 2..=8 {
         for len in [200_000, 3_000_000] {
@@ -180,7 +180,7 @@ fn the_second_run_goes_on_through_each_writer_s_slots_and_its_readers_agree() {
             let sent = chunks_by_writer(&first, SLOT);
             let mut filled = std::collections::HashMap::new();
             for rank in 0..world {
-                for (_, _, step) in keyed_steps_after(&second, rank, SLOT, slots, &sent) {
+                for (_, step) in steps_after(&second, rank, SLOT, slots, &sent) {
                     if let LegStep::CopyOut { leg, slot, .. } = step {
                         filled.insert(leg, slot);
                     }
@@ -192,7 +192,7 @@ fn the_second_run_goes_on_through_each_writer_s_slots_and_its_readers_agree() {
                 }
             }
             for rank in 0..world {
-                for (_, _, step) in keyed_steps_after(&second, rank, SLOT, slots, &sent) {
+                for (_, step) in steps_after(&second, rank, SLOT, slots, &sent) {
                     if let LegStep::Land { leg, slot, .. } = step {
                         assert_eq!(filled[&leg], slot, "{world} ranks, {len}: rank {rank} lands leg {leg}");
                     }
