@@ -151,7 +151,11 @@ impl Communicator {
             ..options
         };
         let compress = crate::compression::resolve(&options, world, env(crate::COMPRESS_VAR).as_deref())?;
-        let options = CommOptions { slot_bytes: crate::compression::slot_bytes(&options, world, compress), ..options };
+        let mut slot_bytes = crate::compression::slot_bytes(&options, world, compress);
+        if options.slot_bytes == CommOptions::for_world(world).slot_bytes {
+            slot_bytes = crate::fit_slot_to_shm(slot_bytes, world, options.slots, crate::slots::shm_bytes());
+        }
+        let options = CommOptions { slot_bytes, ..options };
         let receive = crate::receive::resolve(options.receive, env(crate::RECEIVE_VAR).as_deref())?;
         let mut layout = Layout::new(world, &options)?;
         layout.compress = crate::compression::Resolved::option_words(compress);
@@ -253,9 +257,9 @@ impl Communicator {
         self.segment.rank()
     }
 
-    /// Bytes of one slot of this rank's pipeline, as made: [`CommOptions::slot_bytes`], larger
-    /// where the communicator compresses
-    /// ([`crate::compression::COMPRESSED_SLOT_FACTOR`]).
+    /// Bytes of one slot of this rank's pipeline, as made: [`CommOptions::slot_bytes`], or
+    /// where that is the default, larger between two ranks that compress and smaller where
+    /// /dev/shm has not the room ([`crate::fit_slot_to_shm`]).
     pub fn slot_bytes(&self) -> usize {
         self.layout.slot_bytes()
     }

@@ -103,24 +103,14 @@ pub(crate) fn resolve(options: &CommOptions, world: usize, env: Option<&str>) ->
     Ok(Some(Resolved { format: c.format, min_bytes }))
 }
 
-/// How many times the default slot a communicator that compresses takes: a wire's room
-/// (about 5 bytes a value, its exact area included) fills a slot whose DMA carries about a
-/// fifth of it, so default slots cut long shards into many pieces, each a step of eight GPU
-/// operations ([`COMPRESSED_STEP_OPS`]). On one H100, 4 processes under MPS, bf16 int8/64
-/// (`benches/results/h10080gbhbm3/comm-compress-slots.txt`): 64 MiB took 5.57 ms with 16 MiB
-/// slots against 7.94 with the default 4 MiB (1.86× the exact all-reduce's 10.37 ms, where it
-/// was 1.31×). Between two ranks the model prices 64 MiB at 2.26 ms with 32 MiB slots against
-/// 2.70 with the default 8 MiB, which measured 2.60 (`comm-compress-int8-2.txt`). The segment
-/// grows as much: about 192 MiB of /dev/shm.
-pub const COMPRESSED_SLOT_FACTOR: usize = 4;
-
 /// The slot size of a communicator of `world` ranks made with `options`, compressing or not:
-/// [`COMPRESSED_SLOT_FACTOR`] times the default among two or more ranks that compress where
-/// the options keep [`CommOptions::for_world`]'s slot, else the options' own.
+/// among two or more ranks that compress where the options keep [`CommOptions::for_world`]'s
+/// slot, `crate::slots::compressed_slot_bytes` (a slot of [`crate::SLOT_SPAN_BYTES`] / N,
+/// which among more than two ranks is the default already); else the options' own.
 pub(crate) fn slot_bytes(options: &CommOptions, world: usize, compress: Option<Resolved>) -> usize {
     let default = CommOptions::for_world(world).slot_bytes;
     if compress.is_some() && world >= 2 && options.slot_bytes == default {
-        default * COMPRESSED_SLOT_FACTOR
+        crate::slots::compressed_slot_bytes(world, default)
     } else {
         options.slot_bytes
     }
@@ -252,8 +242,7 @@ pub fn compressing_slot_bytes(options: &CommOptions, world: usize) -> usize {
 }
 
 /// [`min_bytes`] for `world` H200s and a communicator made with `options` that compresses
-/// (its slots [`COMPRESSED_SLOT_FACTOR`] times larger where the options keep the default, as
-/// the communicator lays them out).
+/// (its slots as [`compressing_slot_bytes`] gives them, as the communicator lays them out).
 ///
 /// # Errors
 /// [`Error::InvalidOption`] for options such a communicator refuses.
@@ -277,14 +266,12 @@ mod tests {
         let on = Some(Resolved { format: int8(), min_bytes: 1 });
         for world in 1..=8 {
             let options = CommOptions::for_world(world);
-            let want = if world >= 2 { COMPRESSED_SLOT_FACTOR * options.slot_bytes } else { options.slot_bytes };
+            let want = if world >= 2 { (64 << 20) / world / (64 << 10) * (64 << 10) } else { options.slot_bytes };
             assert_eq!(slot_bytes(&options, world, on), want, "{world} ranks");
             assert_eq!(slot_bytes(&options, world, None), options.slot_bytes, "{world} ranks, exact");
             let chosen = CommOptions { slot_bytes: 1 << 20, ..options };
             assert_eq!(slot_bytes(&chosen, world, on), 1 << 20, "{world} ranks: a chosen slot stays");
         }
-        assert!(CommOptions::for_world(2).slot_bytes * COMPRESSED_SLOT_FACTOR <= 256 << 20);
-        assert!(CommOptions::for_world(3).slot_bytes * COMPRESSED_SLOT_FACTOR <= 256 << 20);
     }
 
     fn int8() -> WireFormat {

@@ -24,9 +24,10 @@ pub struct CommOptions {
     /// How long creation waits for every rank to join and register.
     pub join_timeout: Duration,
     /// Bytes of one slot of the pipeline that carries larger messages: a chunk's DMA copy.
-    /// A multiple of 4096 in 64 KiB..=256 MiB. Where the communicator compresses, the
-    /// default ([`CommOptions::for_world`]'s, or that value given) becomes
-    /// [`crate::compression::COMPRESSED_SLOT_FACTOR`] times larger.
+    /// A multiple of 4096 in 64 KiB..=256 MiB. Where it is the default
+    /// ([`CommOptions::for_world`]'s, or that value given), two ranks that compress take
+    /// [`crate::SLOT_SPAN_BYTES`] / 2 instead, and a /dev/shm too small for the slots makes
+    /// them smaller ([`crate::fit_slot_to_shm`]).
     pub slot_bytes: usize,
     /// Slots per rank of that pipeline: chunks in flight at once, 2..=16.
     pub slots: usize,
@@ -135,14 +136,15 @@ impl AllReducePaths {
 impl CommOptions {
     /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
     /// kernel up to 64 KiB (it is the whole one-kernel path there, and the pipeline's
-    /// N rounds cost more below that) and slots of 16 MiB / N (rounded down to 64 KiB),
-    /// so the slots take about 48 MiB of /dev/shm at any N.
+    /// N rounds cost more below that) and slots of [`crate::SLOT_SPAN_BYTES`] / N (rounded down to
+    /// 64 KiB), so the slots take about 192 MiB of /dev/shm at any N (less where /dev/shm
+    /// is smaller: [`crate::fit_slot_to_shm`]).
     pub fn for_world(world: usize) -> CommOptions {
         let default = CommOptions::default();
         if world <= 2 {
             return default;
         }
-        let slot_bytes = ((16 << 20) / world / (64 << 10) * (64 << 10)).max(64 << 10);
+        let slot_bytes = crate::slots::span_slot_bytes(world);
         CommOptions { lines_max_bytes: MAX_LINES_BYTES, small_max_bytes: MAX_LINES_BYTES, slot_bytes, ..default }
     }
 }
@@ -508,7 +510,7 @@ mod tests {
             assert_eq!((layout.small_max, layout.lines_max), (64 << 10, 64 << 10), "{world} ranks");
             assert_eq!(layout.half, exchange_line_bytes(64 << 10), "no chunk area");
             let slots = world * options.slots * options.slot_bytes;
-            assert!(slots <= 48 << 20 && slots > 40 << 20, "{world} ranks: {slots} bytes of slots");
+            assert!(slots <= 3 * crate::SLOT_SPAN_BYTES && slots > 3 * crate::SLOT_SPAN_BYTES - 3 * world * (64 << 10));
             let mut flags: Vec<usize> = (0..world)
                 .flat_map(|w| (0..options.slots).flat_map(move |s| (0..world).map(move |r| (w, s, r))))
                 .map(|(w, s, r)| layout.full(w, s, r))
@@ -522,7 +524,7 @@ mod tests {
             assert!(layout.area_of(world - 1, 1) + layout.half <= layout.slot(0, 0));
         }
         assert_eq!(CommOptions::for_world(2), CommOptions::default());
-        assert_eq!(CommOptions::for_world(8).slot_bytes, 2 << 20);
+        assert_eq!(CommOptions::for_world(8).slot_bytes, 8 << 20);
     }
 
     #[test]
@@ -589,7 +591,7 @@ mod tests {
         let two = AllReducePaths::of(2, &CommOptions::for_world(2), None).unwrap();
         assert_eq!((two.small_max, two.slot_bytes, two.many.lines_max), (4 << 20, 8 << 20, 2 << 10));
         let eight = AllReducePaths::of(8, &CommOptions::for_world(8), Some(Algorithm::TwoShot)).unwrap();
-        assert_eq!((eight.small_max, eight.slot_bytes, eight.many.lines_max), (64 << 10, 2 << 20, 64 << 10));
+        assert_eq!((eight.small_max, eight.slot_bytes, eight.many.lines_max), (64 << 10, 8 << 20, 64 << 10));
         assert_eq!(eight.many.forced, Some(Algorithm::TwoShot));
         let bad = CommOptions { slot_bytes: 3, ..CommOptions::for_world(2) };
         assert!(AllReducePaths::of(2, &bad, None).is_err());

@@ -101,9 +101,9 @@ pub struct CommArgs {
     #[arg(long, default_value_t = 20)]
     calls: usize,
     /// Bytes of one slot of the communicator's pipeline (K, M, G suffixes), instead of
-    /// `CommOptions::for_world`'s: for tuning it (every rank gets the same). With --compress
-    /// the default grows fourfold (COMPRESSED_SLOT_FACTOR), and so does this value where it
-    /// equals the default.
+    /// `CommOptions::for_world`'s: for tuning it (every rank gets the same). A value equal to
+    /// the default counts as the default: two ranks with --compress take 32 MiB instead, and a
+    /// small /dev/shm makes it smaller (`gp2p_comm::fit_slot_to_shm`).
     #[arg(long, value_parser = crate::sizes::parse_size)]
     slot_bytes: Option<usize>,
     /// Slots per rank of that pipeline, instead of the default.

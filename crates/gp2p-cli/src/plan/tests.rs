@@ -93,13 +93,13 @@ fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
     let rows = rows_of(model);
     assert_eq!(rows.len(), 2, "{text}");
     // The communicator's: 8 B in lines (16 B moved, one handoff), 1 GiB past their 64 KiB, in
-    // rounds (N phases) whose fill (a 2 MiB slot each way) leaves DRAM binding, and 8 rounds
-    // of 64 chunks and the fill as steps of four operations: 8 × 11.4 µs + 22 × 2^30 / 140e9
-    // s + 513 × 4 × 5.25 µs = 179595.1 µs.
+    // rounds (N phases) whose fill (an 8 MiB slot each way) leaves DRAM binding, and 8 rounds
+    // of 16 chunks and the fill as steps of four operations: 8 × 11.4 µs + 22 × 2^30 / 140e9
+    // s + 129 × 4 × 5.25 µs = 171531.1 µs.
     let theirs = rows_of(communicator);
     assert_eq!(theirs.len(), 2, "{text}");
     assert!(theirs[0].ends_with("one-shot (lines)") && theirs[0].contains("11.4  handoffs"), "{text}");
-    assert!(theirs[1].contains("179595.1  dram") && theirs[1].ends_with("two-shot (rounds)"), "{text}");
+    assert!(theirs[1].contains("171531.1  dram") && theirs[1].ends_with("two-shot (rounds)"), "{text}");
     assert!(
         communicator.contains("(8 handoffs, a share's chunk of fill each way, four operations a chunk step)"),
         "{text}"

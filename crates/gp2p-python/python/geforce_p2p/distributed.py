@@ -25,8 +25,8 @@ model's choice (``gp2p plan --ranks N``: the lines priced at twice the data's by
 rounds at N handoffs); with the rates measured on H200s it keeps the lines up to their 64 KiB,
 and ``GP2P_ALGORITHM=one-shot|two-shot`` (or ``algorithm=``) forces one. all_gather and
 reduce_scatter are the second and first half, broadcast is the root copying the tensor out
-once for every rank to read, send/recv one handoff. The slots take about 48 MiB of /dev/shm at any N
-(16 MiB / N each, three per rank).
+once for every rank to read, send/recv one handoff. The slots take about 192 MiB of /dev/shm among 3 to 8
+ranks (64 MiB / N each, three per rank), less where /dev/shm is smaller.
 
 Between two ranks an all-reduce of up to ``max_bytes`` (4 MiB by
 default; where both ranks share one GPU, the attribute reads the smaller size past which the
@@ -128,7 +128,7 @@ class Communicator:
     between two ranks, and the attribute of that name may read less where both share one GPU; among more, the line kernel is the one kernel and ``lines_max_bytes``
     bounds it); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
     pipeline's slot size (a multiple of 4096 in 64 KiB..256 MiB, default 8 MiB for two ranks,
-    16 MiB / N for N) and slots per rank (2..16, default 3), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
+    64 MiB / N for N, made smaller where /dev/shm has not the room) and slots per rank (2..16, default 3), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
     (1..256, default 128); ``lines_max_bytes`` (every rank the same): the largest all-reduce
     whose one kernel hands data over in 8-byte lines of data and sequence number rather than
     in flagged 4 KiB chunks (0 to 65536, default 2048 for two ranks, 65536 for more), for tuning;

@@ -1,0 +1,123 @@
+//! How large a communicator's slots are by default: big enough that a call queues few GPU
+//! operations, small enough for the host's /dev/shm.
+
+/// One slot of every rank together, by default among more than two ranks (and for every
+/// compressing communicator, [`crate::compression::compressed_slot_bytes`]): the rounds cut a
+/// leg into chunks of a slot, and each chunk costs about 13 GPU operations a rank, so the
+/// slot sets how many operations a call queues. On one H100, N processes under MPS, f32
+/// all-reduce, same machine and run (`benches/results/h10080gbhbm3/comm-all-reduce-8.txt`
+/// against `comm-slots8M-8.txt` and `comm-slots4M-8.txt`): among 8 at 64 MiB / 256 MiB, slots
+/// of 2 MiB (16 MiB / N, the default before) ran at 0.829 / 0.818 of the bound with 2.6 / 87.5 ms of
+/// host enqueue a call (its queue full), 4 MiB at 0.895 / 0.909 (0.3 / 58 ms), 8 MiB at 0.956
+/// / 0.934 (0.2 / 9.4 ms); among 4, 16 MiB against 4 MiB: 0.910 / 0.916 against 0.892 / 0.892
+/// (`comm-slots16M-4.txt`, `comm-all-reduce-4.txt`), enqueue 0.27 ms against 21 ms at
+/// 256 MiB. Among 8 with 8 MiB slots the other collectives rose too (another H100:
+/// `comm-slots8M-<collective>-8.txt`): reduce-scatter 0.85 of its bound at 64-256 MiB
+/// (0.70-0.73 with 2 MiB), all-gather 0.97.
+pub const SLOT_SPAN_BYTES: usize = 64 << 20;
+
+/// [`SLOT_SPAN_BYTES`] / `world`, rounded down to 64 KiB.
+pub(crate) fn span_slot_bytes(world: usize) -> usize {
+    (SLOT_SPAN_BYTES / world.max(1) / SLOT_ALIGN * SLOT_ALIGN).max(SLOT_ALIGN)
+}
+
+/// Slots' sizes keep to whole 64 KiB.
+const SLOT_ALIGN: usize = 64 << 10;
+
+/// The share of /dev/shm a communicator's default slots may take: where all of them (`world`
+/// ranks of `slots` each) would need more, [`fit_slot_to_shm`] makes them smaller. Docker's
+/// default /dev/shm of 64 MiB then gets slots of 16 MiB / N, what every communicator took
+/// before [`SLOT_SPAN_BYTES`].
+const SHM_SHARE: (u64, u64) = (3, 4);
+
+/// The largest slot of at most `slot_bytes` (whole 64 KiB, at least 64 KiB) whose `world` ×
+/// `slots` fit in [`SHM_SHARE`] of `shm_bytes`, the size of /dev/shm (`None`: not known, the
+/// slot stays). Only for a default slot: one the caller chose stays, and where there is no
+/// room segment creation says so (`Error::NoRoom`). Every rank of a host sees the same size,
+/// so every rank comes to the same slot.
+///
+/// ```
+/// use gp2p_comm::{SLOT_SPAN_BYTES, fit_slot_to_shm};
+///
+/// const MIB: usize = 1 << 20;
+/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, Some(16 << 30)), 8 * MIB, "room enough");
+/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, Some(64 << 20)), 2 * MIB, "docker's 64 MiB");
+/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, None), 8 * MIB, "size unknown");
+/// # let _ = SLOT_SPAN_BYTES;
+/// ```
+pub fn fit_slot_to_shm(slot_bytes: usize, world: usize, slots: usize, shm_bytes: Option<u64>) -> usize {
+    let Some(shm) = shm_bytes else { return slot_bytes };
+    let room = shm / SHM_SHARE.1 * SHM_SHARE.0;
+    let per_slot = room / (world.max(1) * slots.max(1)) as u64;
+    let fitted = (per_slot as usize / SLOT_ALIGN * SLOT_ALIGN).max(SLOT_ALIGN);
+    slot_bytes.min(fitted)
+}
+
+/// The size of /dev/shm, where the communicators' segments live (its file system's, as
+/// statvfs gives it); `None` where it cannot be read.
+pub(crate) fn shm_bytes() -> Option<u64> {
+    let fs = rustix::fs::statvfs("/dev/shm").ok()?;
+    Some(fs.f_blocks.saturating_mul(fs.f_frsize))
+}
+
+/// The slot of a compressing communicator of `world` ranks (two or more) whose options keep
+/// the default slot: [`SLOT_SPAN_BYTES`] / `world`, never less than the exact default. A
+/// wire's room (about 5 bytes a value, its exact area included) fills a slot whose DMA carries
+/// about a fifth of it, so small slots cut long shards into many pieces, each a step of eight
+/// GPU operations (`crate::compression::COMPRESSED_STEP_OPS`). On one H100, 4 processes under
+/// MPS, bf16 int8/64 (`benches/results/h10080gbhbm3/comm-compress-slots.txt`): 64 MiB took
+/// 5.57 ms with 16 MiB slots against 7.94 with 4 MiB (1.86× the exact all-reduce's 10.37 ms,
+/// where it was 1.31×). Between two ranks the model prices 64 MiB at 2.26 ms with 32 MiB
+/// slots against 2.70 with the exact default of 8 MiB, which measured 2.60.
+pub(crate) fn compressed_slot_bytes(world: usize, exact_default: usize) -> usize {
+    span_slot_bytes(world).max(exact_default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn the_span_is_cut_among_the_ranks_on_64_kib() {
+        assert_eq!([2, 3, 4, 8].map(span_slot_bytes), [32 * MIB, 21 * MIB + 5 * SLOT_ALIGN, 16 * MIB, 8 * MIB]);
+        for world in 1..=8 {
+            let slot = span_slot_bytes(world);
+            assert!(
+                slot % SLOT_ALIGN == 0
+                    && slot * world <= SLOT_SPAN_BYTES
+                    && (slot + SLOT_ALIGN) * world > SLOT_SPAN_BYTES
+            );
+        }
+    }
+
+    #[test]
+    fn slots_shrink_to_three_quarters_of_a_small_shm_and_no_further() {
+        let gib = 1u64 << 30;
+        for world in 2..=8 {
+            let slot = span_slot_bytes(world);
+            assert_eq!(fit_slot_to_shm(slot, world, 3, Some(gib)), slot, "{world} ranks: 1 GiB holds 192 MiB");
+            assert_eq!(fit_slot_to_shm(slot, world, 3, None), slot);
+            // Docker's default: the 16 MiB / N of before, as whole 64 KiB.
+            let fitted = fit_slot_to_shm(slot, world, 3, Some(64 << 20));
+            assert_eq!(fitted, (16 * MIB / world) / SLOT_ALIGN * SLOT_ALIGN, "{world} ranks");
+            assert!((world * 3 * fitted) as u64 <= 48 << 20);
+            for shm in [1u64, 4096, 100 << 20, 200 << 20, 5 * gib] {
+                let fitted = fit_slot_to_shm(slot, world, 3, Some(shm));
+                assert!(fitted <= slot && fitted >= SLOT_ALIGN && fitted % SLOT_ALIGN == 0, "{world} ranks, {shm}");
+                assert!(fitted == SLOT_ALIGN || (world * 3 * fitted) as u64 <= shm / 4 * 3, "{world} ranks, {shm}");
+            }
+        }
+        assert_eq!(fit_slot_to_shm(2 * MIB, 8, 3, Some(64 << 20)), 2 * MIB, "a small slot stays");
+        assert_eq!(fit_slot_to_shm(8 * MIB, 8, 16, Some(64 << 20)), 384 * 1024, "more slots, smaller ones");
+    }
+
+    #[test]
+    fn compressing_takes_the_span_or_the_exact_default() {
+        assert_eq!(compressed_slot_bytes(2, 8 * MIB), 32 * MIB);
+        assert_eq!(compressed_slot_bytes(4, 16 * MIB), 16 * MIB);
+        assert_eq!(compressed_slot_bytes(8, 8 * MIB), 8 * MIB);
+        assert_eq!(compressed_slot_bytes(8, 64 * MIB), 64 * MIB, "never below the exact slot");
+    }
+}
