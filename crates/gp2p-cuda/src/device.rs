@@ -110,21 +110,29 @@ impl CurrentContext {
         if init().is_err() {
             return CurrentContext(None);
         }
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local.
-        let ok = unsafe { sys::cuCtxGetCurrent(&mut ctx) } == sys::CUresult::CUDA_SUCCESS;
-        CurrentContext(ok.then_some(ctx))
+        CurrentContext(current_context())
     }
 }
 
 impl Drop for CurrentContext {
     fn drop(&mut self) {
-        if let Some(ctx) = self.0 {
+        // Put back only where the work changed it: the caller's context is most often the
+        // one the work bound (a rank's device), and setting it again costs a driver call.
+        if let Some(ctx) = self.0.filter(|&ctx| current_context() != Some(ctx)) {
             // SAFETY: the context that was current, or null (none); it was alive then, and
             // primary contexts are never destroyed by this library.
             crate::driver::defer_error(check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent"));
         }
     }
+}
+
+/// The calling thread's current context (null for none), or `None` where the driver cannot
+/// say. A read of the thread's state, far cheaper than setting it.
+fn current_context() -> Option<CUcontext> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    let ok = unsafe { sys::cuCtxGetCurrent(&mut ctx) } == sys::CUresult::CUDA_SUCCESS;
+    ok.then_some(ctx)
 }
 
 impl Device {
@@ -266,7 +274,12 @@ impl Device {
     }
 
     /// Make this device's primary context current on the calling thread.
+    /// Nothing where it is current already (each call's entry binds, and a caller on one
+    /// device keeps its context current: the set would cost a driver call every time).
     pub fn bind(&self) -> Result<()> {
+        if current_context() == Some(self.inner.ctx) {
+            return Ok(());
+        }
         // SAFETY: ctx is a retained primary context, valid for the process lifetime.
         check(unsafe { sys::cuCtxSetCurrent(self.inner.ctx) }, "cuCtxSetCurrent")
     }
