@@ -36,6 +36,7 @@ mod compressed;
 mod failure;
 mod host;
 mod point_to_point;
+mod shm_fit;
 mod split;
 mod timeline;
 
@@ -151,11 +152,10 @@ impl Communicator {
             ..options
         };
         let compress = crate::compression::resolve(&options, world, env(crate::COMPRESS_VAR).as_deref())?;
-        let mut slot_bytes = crate::compression::slot_bytes(&options, world, compress);
-        if options.slot_bytes == CommOptions::for_world(world).slot_bytes {
-            slot_bytes = crate::fit_slot_to_shm(slot_bytes, world, options.slots, crate::slots::shm_bytes());
-        }
-        let options = CommOptions { slot_bytes, ..options };
+        let chosen_slot = options.slot_bytes != CommOptions::for_world(world).slot_bytes;
+        let options = CommOptions { slot_bytes: crate::compression::slot_bytes(&options, world, compress), ..options };
+        // A default slot shrinks where /dev/shm is small; one the caller chose stays.
+        let options = if chosen_slot { options } else { shm_fit::fitted_to_shm(options, world)? };
         let receive = crate::receive::resolve(options.receive, env(crate::RECEIVE_VAR).as_deref())?;
         let mut layout = Layout::new(world, &options)?;
         layout.compress = crate::compression::Resolved::option_words(compress);

@@ -242,7 +242,8 @@ pub fn compressing_slot_bytes(options: &CommOptions, world: usize) -> usize {
 }
 
 /// [`min_bytes`] for `world` H200s and a communicator made with `options` that compresses
-/// (its slots as [`compressing_slot_bytes`] gives them, as the communicator lays them out).
+/// (its slots as [`compressing_slot_bytes`] gives them, as the communicator lays them out
+/// where /dev/shm has the room).
 ///
 /// # Errors
 /// [`Error::InvalidOption`] for options such a communicator refuses.

@@ -115,7 +115,8 @@ impl Default for CommOptions {
 impl AllReducePaths {
     /// The paths of a communicator of `world` ranks made with `options`, as
     /// [`crate::Communicator::all_reduce_paths`] reports them once made (`forced` from the
-    /// options or `GP2P_ALGORITHM`, as at creation): what `gp2p plan` prices.
+    /// options or `GP2P_ALGORITHM`, as at creation; a small /dev/shm may shrink default slots,
+    /// [`crate::fit_slot_to_shm`]): what `gp2p plan` prices.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for options a communicator refuses.
@@ -136,9 +137,8 @@ impl AllReducePaths {
 impl CommOptions {
     /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
     /// kernel up to 64 KiB (it is the whole one-kernel path there, and the pipeline's
-    /// N rounds cost more below that) and slots of [`crate::SLOT_SPAN_BYTES`] / N (rounded down to
-    /// 64 KiB), so the slots take about 192 MiB of /dev/shm at any N (less where /dev/shm
-    /// is smaller: [`crate::fit_slot_to_shm`]).
+    /// N rounds cost more below that) and slots of [`crate::SLOT_SPAN_BYTES`] / N on 64 KiB:
+    /// about 192 MiB of /dev/shm at any N (less where it is smaller, [`crate::fit_slot_to_shm`]).
     pub fn for_world(world: usize) -> CommOptions {
         let default = CommOptions::default();
         if world <= 2 {
@@ -510,7 +510,8 @@ mod tests {
             assert_eq!((layout.small_max, layout.lines_max), (64 << 10, 64 << 10), "{world} ranks");
             assert_eq!(layout.half, exchange_line_bytes(64 << 10), "no chunk area");
             let slots = world * options.slots * options.slot_bytes;
-            assert!(slots <= 3 * crate::SLOT_SPAN_BYTES && slots > 3 * crate::SLOT_SPAN_BYTES - 3 * world * (64 << 10));
+            let span = 3 * crate::SLOT_SPAN_BYTES;
+            assert!(slots <= span && slots > span - 3 * world * (64 << 10), "{world} ranks: {slots} bytes of slots");
             let mut flags: Vec<usize> = (0..world)
                 .flat_map(|w| (0..options.slots).flat_map(move |s| (0..world).map(move |r| (w, s, r))))
                 .map(|(w, s, r)| layout.full(w, s, r))

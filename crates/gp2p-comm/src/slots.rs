@@ -2,7 +2,7 @@
 //! operations, small enough for the host's /dev/shm.
 
 /// One slot of every rank together, by default among more than two ranks (and for every
-/// compressing communicator, [`crate::compression::compressed_slot_bytes`]): the rounds cut a
+/// compressing communicator, `compressed_slot_bytes`): the rounds cut a
 /// leg into chunks of a slot, and each chunk costs about 13 GPU operations a rank, so the
 /// slot sets how many operations a call queues. On one H100, N processes under MPS, f32
 /// all-reduce, same machine and run (`benches/results/h10080gbhbm3/comm-all-reduce-8.txt`
@@ -22,42 +22,42 @@ pub(crate) fn span_slot_bytes(world: usize) -> usize {
 }
 
 /// Slots' sizes keep to whole 64 KiB.
-const SLOT_ALIGN: usize = 64 << 10;
+pub(crate) const SLOT_ALIGN: usize = 64 << 10;
 
-/// The share of /dev/shm a communicator's default slots may take: where all of them (`world`
-/// ranks of `slots` each) would need more, [`fit_slot_to_shm`] makes them smaller. Docker's
-/// default /dev/shm of 64 MiB then gets slots of 16 MiB / N, what every communicator took
-/// before [`SLOT_SPAN_BYTES`].
+/// The share of /dev/shm a communicator's segment may take with its default slots: where it
+/// would need more, [`fit_slot_to_shm`] makes the slots smaller. Docker's default /dev/shm of
+/// 64 MiB then gets slots of a little under 16 MiB / N among 3 to 8 ranks (what every
+/// communicator took before [`SLOT_SPAN_BYTES`]), and two ranks, whose one-kernel areas take
+/// 16 MiB more, slots of about 5 MiB (where 8 MiB ones did not fit at all).
 const SHM_SHARE: (u64, u64) = (3, 4);
 
-/// The largest slot of at most `slot_bytes` (whole 64 KiB, at least 64 KiB) whose `world` ×
-/// `slots` fit in [`SHM_SHARE`] of `shm_bytes`, the size of /dev/shm (`None`: not known, the
-/// slot stays). Only for a default slot: one the caller chose stays, and where there is no
-/// room segment creation says so (`Error::NoRoom`). Every rank of a host sees the same size,
-/// so every rank comes to the same slot.
+/// The largest slot of at most `slot_bytes` (whole 64 KiB, at least 64 KiB) with which a
+/// segment of `other_bytes` besides its `world` × `slots` slots takes at most three quarters
+/// of `shm_bytes`, the size of /dev/shm (`None`: not known, the slot stays). Only for a
+/// default slot: one the caller chose stays, and where there is no room segment creation says
+/// so (`Error::NoRoom`). Every rank of a host sees the same size, so every rank comes to the
+/// same slot. Each communicator fits itself alone: several on one host may still find no room.
 ///
 /// ```
-/// use gp2p_comm::{SLOT_SPAN_BYTES, fit_slot_to_shm};
+/// use gp2p_comm::fit_slot_to_shm;
 ///
 /// const MIB: usize = 1 << 20;
-/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, Some(16 << 30)), 8 * MIB, "room enough");
-/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, Some(64 << 20)), 2 * MIB, "docker's 64 MiB");
-/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, None), 8 * MIB, "size unknown");
-/// # let _ = SLOT_SPAN_BYTES;
+/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, 0, Some(16 << 30)), 8 * MIB, "room enough");
+/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, 0, Some(64 << 20)), 2 * MIB, "docker's 64 MiB");
+/// assert_eq!(fit_slot_to_shm(8 * MIB, 8, 3, 0, None), 8 * MIB, "size unknown");
 /// ```
-pub fn fit_slot_to_shm(slot_bytes: usize, world: usize, slots: usize, shm_bytes: Option<u64>) -> usize {
+pub fn fit_slot_to_shm(
+    slot_bytes: usize,
+    world: usize,
+    slots: usize,
+    other_bytes: usize,
+    shm_bytes: Option<u64>,
+) -> usize {
     let Some(shm) = shm_bytes else { return slot_bytes };
-    let room = shm / SHM_SHARE.1 * SHM_SHARE.0;
-    let per_slot = room / (world.max(1) * slots.max(1)) as u64;
-    let fitted = (per_slot as usize / SLOT_ALIGN * SLOT_ALIGN).max(SLOT_ALIGN);
+    let room = (shm / SHM_SHARE.1 * SHM_SHARE.0).saturating_sub(other_bytes as u64);
+    let per_slot = room / (world.max(1) as u64).saturating_mul(slots.max(1) as u64);
+    let fitted = (usize::try_from(per_slot).unwrap_or(usize::MAX) / SLOT_ALIGN * SLOT_ALIGN).max(SLOT_ALIGN);
     slot_bytes.min(fitted)
-}
-
-/// The size of /dev/shm, where the communicators' segments live (its file system's, as
-/// statvfs gives it); `None` where it cannot be read.
-pub(crate) fn shm_bytes() -> Option<u64> {
-    let fs = rustix::fs::statvfs("/dev/shm").ok()?;
-    Some(fs.f_blocks.saturating_mul(fs.f_frsize))
 }
 
 /// The slot of a compressing communicator of `world` ranks (two or more) whose options keep
@@ -97,20 +97,24 @@ mod tests {
         let gib = 1u64 << 30;
         for world in 2..=8 {
             let slot = span_slot_bytes(world);
-            assert_eq!(fit_slot_to_shm(slot, world, 3, Some(gib)), slot, "{world} ranks: 1 GiB holds 192 MiB");
-            assert_eq!(fit_slot_to_shm(slot, world, 3, None), slot);
+            assert_eq!(fit_slot_to_shm(slot, world, 3, 0, Some(gib)), slot, "{world} ranks: 1 GiB holds 192 MiB");
+            assert_eq!(fit_slot_to_shm(slot, world, 3, 0, None), slot);
             // Docker's default: the 16 MiB / N of before, as whole 64 KiB.
-            let fitted = fit_slot_to_shm(slot, world, 3, Some(64 << 20));
+            let fitted = fit_slot_to_shm(slot, world, 3, 0, Some(64 << 20));
             assert_eq!(fitted, (16 * MIB / world) / SLOT_ALIGN * SLOT_ALIGN, "{world} ranks");
             assert!((world * 3 * fitted) as u64 <= 48 << 20);
             for shm in [1u64, 4096, 100 << 20, 200 << 20, 5 * gib] {
-                let fitted = fit_slot_to_shm(slot, world, 3, Some(shm));
+                let fitted = fit_slot_to_shm(slot, world, 3, 0, Some(shm));
                 assert!(fitted <= slot && fitted >= SLOT_ALIGN && fitted % SLOT_ALIGN == 0, "{world} ranks, {shm}");
                 assert!(fitted == SLOT_ALIGN || (world * 3 * fitted) as u64 <= shm / 4 * 3, "{world} ranks, {shm}");
             }
         }
-        assert_eq!(fit_slot_to_shm(2 * MIB, 8, 3, Some(64 << 20)), 2 * MIB, "a small slot stays");
-        assert_eq!(fit_slot_to_shm(8 * MIB, 8, 16, Some(64 << 20)), 384 * 1024, "more slots, smaller ones");
+        assert_eq!(fit_slot_to_shm(MIB, 8, 3, 0, Some(64 << 20)), MIB, "a small slot stays");
+        assert_eq!(fit_slot_to_shm(8 * MIB, 8, 16, 0, Some(64 << 20)), 384 * 1024, "more slots, smaller ones");
+        // Two ranks' 16 MiB of one-kernel areas come off the room first: 32 MiB of slots.
+        assert_eq!(fit_slot_to_shm(8 * MIB, 2, 3, 16 * MIB, Some(64 << 20)), 5 * MIB + 5 * SLOT_ALIGN);
+        assert_eq!(fit_slot_to_shm(8 * MIB, 2, 3, 64 * MIB, Some(64 << 20)), SLOT_ALIGN, "no room: the floor");
+        assert_eq!(fit_slot_to_shm(8 * MIB, usize::MAX, usize::MAX, 0, Some(1 << 40)), SLOT_ALIGN, "no overflow");
     }
 
     #[test]

@@ -198,8 +198,8 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,
         algorithm: args.algorithm.map(|a| a.0),
-        // Compressed rows time the communicator a user who turns compression on gets (its
-        // slots four times larger), not one made for exact calls.
+        // Compressed rows time the communicator a user who turns compression on gets (between
+        // two ranks its slots four times larger), not one made for exact calls.
         compress: compressed.map(|format| Compression { format, min_bytes: None }),
         ..defaults
     };

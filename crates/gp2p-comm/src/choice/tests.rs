@@ -209,8 +209,9 @@ fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
     }
     for run in runs {
         let world = run.world;
-        // The defaults' layout (`layout`'s tests hold `AllReducePaths::of` to it): two
-        // ranks one kernel to 4 MiB, 8 MiB slots; four ranks lines to 64 KiB, 4 MiB slots.
+        // The layout these runs were measured with: two ranks one kernel to 4 MiB, 8 MiB
+        // slots (the default); four ranks lines to 64 KiB, 4 MiB slots (16 MiB / N, the
+        // default then).
         let (small_max, slot_bytes, lines_max) =
             if world == 2 { (4 * MIB, 8 * MIB, 2 * KIB) } else { (64 * KIB, 4 * MIB, 64 * KIB) };
         let many = ManyChoice { machine: Machine::h200(world), lines_max, forced: run.forced };

@@ -147,10 +147,13 @@ class Communicator:
     about half the bytes from bf16, every rank the same bits, each element within the bound of
     docs/compression.md; ``"off"`` never, ``None`` (the default) what the environment variable
     ``GP2P_COMPRESS`` says (off where it is unset). With the defaults the
-    shared segment takes about 65 MiB of /dev/shm (about 200 MiB where it compresses: four
-    times the slots): under Docker's default 64 MiB give the container ``--shm-size``, or pass
-    ``max_bytes=1 << 20`` (about 53 MiB) or ``slots=2``; too little room is an error at
-    creation that names /dev/shm.
+    shared segment takes about 65 MiB of /dev/shm between two ranks (about 200 MiB where they
+    compress) and about 200 MiB among 3 to 8; where /dev/shm is smaller the default slots
+    shrink until the segment takes three quarters of it at most (Docker's 64 MiB: slots of
+    about 16 MiB / N, 5 MiB between two), each communicator on its own, so several at once
+    may still find no room: give the container ``--shm-size`` (or ``--ipc=host``), or pass
+    ``slots=2`` or a smaller ``slot_bytes``; too little room is an error at creation that
+    names /dev/shm.
     """
 
     def __init__(self, unique_id: str, rank: int, world_size: int, device: Any, *, max_bytes: Optional[int] = None,
