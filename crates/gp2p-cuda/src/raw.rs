@@ -217,6 +217,58 @@ pub unsafe fn write_flag(stream: &Stream, flag: RawDevicePtr, value: u32) -> Res
     check(unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), flag, value, flags) }, "cuStreamWriteValue32")
 }
 
+/// Enqueue writes of `value` to each `u32` of `flags` on `stream` as one driver call (a batch
+/// of stream memory operations, each with the default memory barrier): what [`write_flag`]
+/// does once a flag, for a writer that signals several readers at once. At most
+/// [`MAX_FLAG_BATCH`] flags; one flag is a [`write_flag`].
+///
+/// # Safety
+/// As for [`write_flag`], for every flag.
+pub unsafe fn write_flags(stream: &Stream, flags: &[RawDevicePtr], value: u32) -> Result<()> {
+    if let [flag] = flags {
+        // SAFETY: the caller's contract.
+        return unsafe { write_flag(stream, *flag, value) };
+    }
+    if flags.len() > MAX_FLAG_BATCH {
+        return Err(Error::InvalidArgument {
+            name: "flags",
+            reason: format!("{} flags; a batch writes at most {MAX_FLAG_BATCH}", flags.len()),
+        });
+    }
+    let named: Vec<_> = flags.iter().map(|&f| ("flag", f)).collect();
+    check_aligned(&named, 4)?;
+    if flags.is_empty() {
+        return Ok(());
+    }
+    stream.device().bind()?;
+    let write = |address| {
+        // SAFETY: a plain-data union of the driver's; every field not set below is zero, as
+        // the driver asks of unused ones.
+        let mut op: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+        op.writeValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+            operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+            address,
+            __bindgen_anon_1: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                value,
+            },
+            flags: sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            alias: 0,
+        };
+        op
+    };
+    let mut ops: Vec<_> = flags.iter().map(|&f| write(f)).collect();
+    // SAFETY: `ops` holds `flags.len()` writes whose addresses are the caller's contract; the
+    // driver reads the array during the call only; the stream belongs to the bound context.
+    check(
+        unsafe { sys::cuStreamBatchMemOp_v2(stream.raw(), ops.len() as u32, ops.as_mut_ptr(), 0) },
+        "cuStreamBatchMemOp",
+    )
+}
+
+/// The most flags one [`write_flags`] writes: a communicator's readers of one slot (the driver
+/// takes up to 256 operations a batch).
+pub const MAX_FLAG_BATCH: usize = 16;
+
 /// Where a [`wait_flag`] reports giving up, and learns that another wait did.
 #[derive(Debug, Clone, Copy)]
 pub struct GiveUp {

@@ -7,8 +7,8 @@
 use gp2p_cuda::RawDevicePtr;
 use gp2p_cuda::Stream;
 use gp2p_cuda::raw::{
-    Codec, GiveUp, compress_decode, compress_encode, compress_fold_encode, memcpy_dtoh_async, memcpy_htod_async,
-    wait_flag, wait_flags, wire_from_host, wire_to_host, write_flag,
+    Codec, GiveUp, MAX_FLAG_BATCH, compress_decode, compress_encode, compress_fold_encode, memcpy_dtoh_async,
+    memcpy_htod_async, wait_flag, wait_flags, wire_from_host, wire_to_host, write_flags,
 };
 
 use super::release::AfterRelease;
@@ -154,7 +154,13 @@ impl Pipeline {
         let mut after_release: Option<AfterRelease> = None;
         // A piece's fold due once the landing that completes it hands its slot back.
         let mut fold_due: Option<&PieceFold> = None;
+        // Steps already enqueued with an earlier one (a batch of flags).
+        let mut skip = 0;
         for (at_step, &(lane, step)) in steps.iter().enumerate() {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
             let stream = if lane == Lane::Send { send } else { receive };
             // Why each call below is sound: flags and slots come from the layout, in the
             // registered area; a leg's ranges lie in the caller's buffers (its contract). The
@@ -192,8 +198,22 @@ impl Pipeline {
                     Some(("wait flag", 0))
                 }
                 LegStep::SetFlag { writer, slot, reader, value } => {
-                    // SAFETY: a flag of the registered area.
-                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? };
+                    // A copy out's flags for its readers, side by side in the steps: one call.
+                    let batch: Vec<_> = std::iter::once(reader)
+                        .chain(steps[at_step + 1..].iter().map_while(|&(next_lane, next)| match next {
+                            LegStep::SetFlag { writer: w, slot: s, reader: r, value: v }
+                                if next_lane == lane && (w, s, v) == (writer, slot, value) =>
+                            {
+                                Some(r)
+                            }
+                            _ => None,
+                        }))
+                        .take(MAX_FLAG_BATCH)
+                        .map(|r| device_at(layout.full(writer, slot, r)))
+                        .collect();
+                    skip = batch.len() - 1;
+                    // SAFETY: flags of the registered area.
+                    unsafe { write_flags(stream, &batch, value)? };
                     // SAFETY: the landing's bytes sit in device memory this stream alone uses
                     // (the receive stage or the scratch), put there by its earlier work; the
                     // destination is the leg's, which nothing else of the call touches
