@@ -29,12 +29,13 @@ use crate::served::Served;
 
 mod ops;
 
-/// Export `$name` and its alias `$alias`, both running `$body` over the arguments.
+/// Export `$name` and its alias `$alias`, both running `$body` over the arguments (counted
+/// and timed while `GP2P_NCCL_TRACE` traces served calls: `crate::host_trace::entry`).
 macro_rules! export {
     ($name:ident / $alias:ident ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty => $body:expr) => {
         #[unsafe(no_mangle)]
         unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            $body
+            crate::host_trace::entry(stringify!($name), || $body)
         }
 
         #[unsafe(no_mangle)]

@@ -9,9 +9,14 @@
 //! ```text
 //! geforce-p2p NCCL door: host time of 500 served calls, medians in us: cuCtxSetCurrent 0.41, cuStreamIsCapturing 0.09, ..., finish 0.20; whole call 6.84
 //! ```
+//!
+//! A second line gives the door's entry points called meanwhile (from any thread: a
+//! framework's watchdog too), how many per served call and the median host time of each:
+//! what else the caller asks of the door for every call it makes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 use geforce_p2p::cuda::trace;
 
@@ -84,6 +89,60 @@ fn median_us(gaps: &mut [u64]) -> f64 {
     gaps[gaps.len() / 2] as f64 / 1e3
 }
 
+/// Whether entry points are counted: not yet, while the served calls are traced, until the
+/// next entry point ends (which says what they were), or no more.
+static ENTRY_WINDOW: AtomicU8 = AtomicU8::new(WINDOW_NOT_YET);
+const WINDOW_NOT_YET: u8 = 0;
+const WINDOW_OPEN: u8 = 1;
+const WINDOW_CLOSING: u8 = 2;
+const WINDOW_CLOSED: u8 = 3;
+
+/// The entry points' host times (ns) by name while the window is open, at most this many each.
+static ENTRIES: Mutex<Vec<(&'static str, Vec<u64>)>> = Mutex::new(Vec::new());
+const MOST_ENTRIES: usize = 1 << 20;
+
+/// Run the entry point `name`'s `work`, counted and timed while served calls are traced.
+pub(crate) fn entry<R>(name: &'static str, work: impl FnOnce() -> R) -> R {
+    if ENTRY_WINDOW.load(Ordering::Relaxed) == WINDOW_NOT_YET || wanted() == 0 {
+        return work();
+    }
+    let start = Instant::now();
+    let result = work();
+    let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let window = ENTRY_WINDOW.load(Ordering::Relaxed);
+    if window == WINDOW_OPEN || window == WINDOW_CLOSING {
+        let mut entries = ENTRIES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = match entries.iter().position(|(n, _)| *n == name) {
+            Some(at) => at,
+            None => {
+                entries.push((name, Vec::new()));
+                entries.len() - 1
+            }
+        };
+        if entries[at].1.len() < MOST_ENTRIES {
+            entries[at].1.push(ns);
+        }
+        let closing =
+            ENTRY_WINDOW.compare_exchange(WINDOW_CLOSING, WINDOW_CLOSED, Ordering::Relaxed, Ordering::Relaxed);
+        if closing.is_ok() {
+            crate::log::measured(&entries_line(&mut entries, wanted()));
+        }
+    }
+    result
+}
+
+/// The line of the entry points called while `served` calls were traced.
+fn entries_line(entries: &mut [(&'static str, Vec<u64>)], served: u64) -> String {
+    let each: Vec<String> = entries
+        .iter_mut()
+        .map(|(name, ns)| format!("{name} {:.2} x {:.2}", ns.len() as f64 / served.max(1) as f64, median_us(ns)))
+        .collect();
+    format!(
+        "geforce-p2p NCCL door: entry points while those {served} calls ran, per served call x median us: {}",
+        each.join(", ")
+    )
+}
+
 /// Run a served call's `work`, traced where `GP2P_NCCL_TRACE` asks for it (see the module).
 pub(crate) fn served<R>(work: impl FnOnce() -> R) -> R {
     let wanted = wanted();
@@ -93,6 +152,10 @@ pub(crate) fn served<R>(work: impl FnOnce() -> R) -> R {
     static CALLS: AtomicU64 = AtomicU64::new(0);
     static STEPS: Mutex<Option<Steps>> = Mutex::new(None);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    if call + 1 == WARM_CALLS {
+        // Entry points count from the end of the last warm call's.
+        ENTRY_WINDOW.store(WINDOW_OPEN, Ordering::Relaxed);
+    }
     if !(WARM_CALLS..WARM_CALLS + wanted).contains(&call) {
         return work();
     }
@@ -104,6 +167,7 @@ pub(crate) fn served<R>(work: impl FnOnce() -> R) -> R {
     steps.add(&calls);
     if call + 1 == WARM_CALLS + wanted {
         crate::log::measured(&steps.line());
+        ENTRY_WINDOW.store(WINDOW_CLOSING, Ordering::Relaxed);
     }
     result
 }
@@ -126,6 +190,15 @@ mod tests {
         let line = steps.line();
         assert!(line.contains("host time of 3 served calls (1 calls on other paths left out)"), "{line}");
         assert!(line.contains("start 2.00, cuLaunchKernel 4.00, finish 0.50; whole call 6.50"), "{line}");
+    }
+
+    #[test]
+    fn the_entries_line_gives_calls_per_served_call_and_their_median() {
+        let mut entries =
+            vec![("ncclAllReduce", vec![5000, 4000, 6000, 5000]), ("ncclCommGetAsyncError", vec![300, 100])];
+        let line = entries_line(&mut entries, 4);
+        assert!(line.contains("while those 4 calls ran"), "{line}");
+        assert!(line.contains("ncclAllReduce 1.00 x 5.00, ncclCommGetAsyncError 0.50 x 0.30"), "{line}");
     }
 
     #[test]
