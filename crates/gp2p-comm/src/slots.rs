@@ -5,15 +5,15 @@
 /// compressing communicator, `compressed_slot_bytes`): the rounds cut a
 /// leg into chunks of a slot, and each chunk costs about 13 GPU operations a rank, so the
 /// slot sets how many operations a call queues. On one H100, N processes under MPS, f32
-/// all-reduce, same machine and run (`benches/results/h10080gbhbm3/comm-all-reduce-8.txt`
-/// against `comm-slots8M-8.txt` and `comm-slots4M-8.txt`): among 8 at 64 MiB / 256 MiB, slots
+/// all-reduce, one machine (`benches/results/h10080gbhbm3/comm-slots2M-8.txt`, the
+/// default then, against `comm-slots8M-8.txt` and `comm-slots4M-8.txt`): among 8 at 64 MiB / 256 MiB, slots
 /// of 2 MiB (16 MiB / N, the default before) ran at 0.829 / 0.818 of the bound with 2.6 / 87.5 ms of
 /// host enqueue a call (its queue full), 4 MiB at 0.895 / 0.909 (0.3 / 58 ms), 8 MiB at 0.956
 /// / 0.934 (0.2 / 9.4 ms); among 4, 16 MiB against 4 MiB: 0.910 / 0.916 against 0.892 / 0.892
-/// (`comm-slots16M-4.txt`, `comm-all-reduce-4.txt`), enqueue 0.27 ms against 21 ms at
+/// (`comm-slots16M-4.txt`, `comm-slots4M-4.txt`), enqueue 0.27 ms against 21 ms at
 /// 256 MiB. Among 8 with 8 MiB slots the other collectives rose too (another H100:
 /// `comm-slots8M-<collective>-8.txt`): reduce-scatter 0.85 of its bound at 64-256 MiB
-/// (0.70-0.73 with 2 MiB), all-gather 0.97.
+/// (0.70-0.73 with 2 MiB, `comm-slots2M-reduce-scatter-8.txt`), all-gather 0.97.
 pub const SLOT_SPAN_BYTES: usize = 64 << 20;
 
 /// [`SLOT_SPAN_BYTES`] / `world`, rounded down to 64 KiB.
