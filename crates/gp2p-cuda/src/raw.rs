@@ -235,38 +235,37 @@ pub unsafe fn write_flags(stream: &Stream, flags: &[RawDevicePtr], value: u32) -
             reason: format!("{} flags; a batch writes at most {MAX_FLAG_BATCH}", flags.len()),
         });
     }
-    let named: Vec<_> = flags.iter().map(|&f| ("flag", f)).collect();
-    check_aligned(&named, 4)?;
+    for &flag in flags {
+        check_aligned(&[("flag", flag)], 4)?;
+    }
     if flags.is_empty() {
         return Ok(());
     }
     stream.device().bind()?;
-    let write = |address| {
-        // SAFETY: a plain-data union of the driver's; every field not set below is zero, as
-        // the driver asks of unused ones.
-        let mut op: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+    let mut ops = [sys::CUstreamBatchMemOpParams { pad: [0; 6] }; MAX_FLAG_BATCH];
+    for (op, &address) in ops.iter_mut().zip(flags) {
         op.writeValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
             operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
             address,
+            // The whole word set, its low half the value (the driver reads only that).
             __bindgen_anon_1: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
-                value,
+                value64: u64::from(value),
             },
             flags: sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
             alias: 0,
         };
-        op
-    };
-    let mut ops: Vec<_> = flags.iter().map(|&f| write(f)).collect();
-    // SAFETY: `ops` holds `flags.len()` writes whose addresses are the caller's contract; the
-    // driver reads the array during the call only; the stream belongs to the bound context.
+    }
+    // SAFETY: the first `flags.len()` entries of `ops` are writes whose addresses are the
+    // caller's contract; the driver reads them during the call only; the stream belongs to
+    // the bound context.
     check(
-        unsafe { sys::cuStreamBatchMemOp_v2(stream.raw(), ops.len() as u32, ops.as_mut_ptr(), 0) },
+        unsafe { sys::cuStreamBatchMemOp_v2(stream.raw(), flags.len() as u32, ops.as_mut_ptr(), 0) },
         "cuStreamBatchMemOp",
     )
 }
 
 /// The most flags one [`write_flags`] writes: a communicator's readers of one slot (the driver
-/// takes up to 256 operations a batch).
+/// takes fewer than 256 operations a batch).
 pub const MAX_FLAG_BATCH: usize = 16;
 
 /// Where a [`wait_flag`] reports giving up, and learns that another wait did.

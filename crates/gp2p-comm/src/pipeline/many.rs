@@ -198,22 +198,24 @@ impl Pipeline {
                     Some(("wait flag", 0))
                 }
                 LegStep::SetFlag { writer, slot, reader, value } => {
-                    // A copy out's flags for its readers, side by side in the steps: one call.
-                    let batch: Vec<_> = std::iter::once(reader)
-                        .chain(steps[at_step + 1..].iter().map_while(|&(next_lane, next)| match next {
-                            LegStep::SetFlag { writer: w, slot: s, reader: r, value: v }
-                                if next_lane == lane && (w, s, v) == (writer, slot, value) =>
+                    // A copy out's flags for its readers, side by side on the send lane (a
+                    // reader's hand-back is one flag, with work after it): one call.
+                    let mut batch = [device_at(layout.full(writer, slot, reader)); MAX_FLAG_BATCH];
+                    let mut count = 1;
+                    while lane == Lane::Send && count < MAX_FLAG_BATCH {
+                        match steps.get(at_step + count) {
+                            Some(&(Lane::Send, LegStep::SetFlag { writer: w, slot: s, reader: r, value: v }))
+                                if (w, s, v) == (writer, slot, value) =>
                             {
-                                Some(r)
+                                batch[count] = device_at(layout.full(writer, slot, r));
+                                count += 1;
                             }
-                            _ => None,
-                        }))
-                        .take(MAX_FLAG_BATCH)
-                        .map(|r| device_at(layout.full(writer, slot, r)))
-                        .collect();
-                    skip = batch.len() - 1;
+                            _ => break,
+                        }
+                    }
+                    skip = count - 1;
                     // SAFETY: flags of the registered area.
-                    unsafe { write_flags(stream, &batch, value)? };
+                    unsafe { write_flags(stream, &batch[..count], value)? };
                     // SAFETY: the landing's bytes sit in device memory this stream alone uses
                     // (the receive stage or the scratch), put there by its earlier work; the
                     // destination is the leg's, which nothing else of the call touches

@@ -396,6 +396,41 @@ fn every_rank_sends_at_most_one_leg_a_round_and_lands_each_writers_at_most_once(
 }
 
 #[test]
+fn a_copy_outs_flags_sit_side_by_side_on_the_send_lane_and_hand_backs_alone() {
+    // The executor writes a run of SetFlag steps of one writer, slot and value as one batch,
+    // and runs a landing's work after each hand-back: runs must be a copy out's flags only.
+    for world in 2..=8 {
+        for call in calls(world) {
+            for rank in 0..world {
+                let steps = steps(&call.rounds, rank, SHARE_ALIGN, 3);
+                for (i, (lane, step)) in steps.iter().enumerate() {
+                    let LegStep::SetFlag { writer, slot, value, .. } = *step else { continue };
+                    if *lane == Lane::Receive {
+                        assert_ne!(steps.get(i + 1).map(|s| s.1), Some(*step), "{world} ranks, rank {rank}");
+                        continue;
+                    }
+                    let readers = call.rounds.legs.iter().map(|l| l.readers(world).count()).max().unwrap_or(0);
+                    let run = steps[i..].iter().take_while(|(l, s)| {
+                        *l == Lane::Send && matches!(*s, LegStep::SetFlag { writer: w, slot: sl, value: v, .. } if (w, sl, v) == (writer, slot, value))
+                    });
+                    assert!(run.count() <= readers, "{world} ranks, rank {rank}");
+                }
+                let mut after_copy = false;
+                for (lane, step) in &steps {
+                    match step {
+                        LegStep::CopyOut { .. } => after_copy = true,
+                        LegStep::SetFlag { .. } if *lane == Lane::Send => {
+                            assert!(after_copy, "a send flag follows a copy out")
+                        }
+                        _ => after_copy = matches!(step, LegStep::SetFlag { .. }) && after_copy,
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn a_chunk_for_every_other_rank_is_copied_out_once_with_a_flag_for_each() {
     // The all-gather among 4: each rank copies its part (2 chunks) out twice, not 6 times, sets
     // 3 flags a chunk, and lands the other 3 ranks' 2 chunks each, nearest writer before first.
