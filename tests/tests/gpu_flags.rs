@@ -1,0 +1,63 @@
+//! GPU: the stream memory operations that hand a communicator's slots over between processes.
+//! `write_flag` and `write_flags` (a writer's flags for its readers of one slot, one batched
+//! driver call) set every word they name to the value, in stream order, and no other word;
+//! a batch refuses more flags than it takes and a misaligned one before any work.
+
+// The flag writes are the driver's raw stream operations: unsafe fns over addresses.
+#![allow(unsafe_code)]
+// A failing test is how a test reports; unwrap/expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use geforce_p2p::PinnedBuffer;
+use geforce_p2p::cuda::Error as CudaError;
+use geforce_p2p::cuda::raw::{MAX_FLAG_BATCH, mapped_device_ptr, write_flag, write_flags};
+use gp2p_tests::{needs, with_stream};
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn flag_batches_set_every_word_they_name_in_stream_order_and_refuse_what_they_cannot_take() {
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
+    const WORDS: usize = 96;
+    let mut host = PinnedBuffer::<u32>::alloc(&device, WORDS).unwrap();
+    host.as_mut_slice().unwrap().fill(u32::MAX);
+    let base = mapped_device_ptr(&device, host.host_ptr().cast()).unwrap();
+    let word = |i: usize| base + 4 * i as u64;
+
+    // Batches of every size up to the most, each over its own words, every third one (as a
+    // slot's flags for its readers sit, with the writer's own left out); what each word
+    // should hold afterwards.
+    let mut want = vec![u32::MAX; WORDS];
+    let mut next = 0;
+    for (count, value) in [(1, 7u32), (2, 8), (3, 9), (7, 10), (MAX_FLAG_BATCH, 11)] {
+        let flags: Vec<_> = (0..count).map(|k| next + 3 * k).collect();
+        next = flags[count - 1] + 1;
+        let addresses: Vec<_> = flags.iter().map(|&i| word(i)).collect();
+        // SAFETY: words of a live mapped pinned buffer, 4-byte aligned, kept until the sync.
+        unsafe { write_flags(&stream, &addresses, value).unwrap() };
+        for i in flags {
+            want[i] = value;
+        }
+    }
+    assert!(next <= WORDS, "the batches fit the buffer");
+    // In stream order: a single write, then a batch over the same word, then another single.
+    // SAFETY: as above.
+    unsafe {
+        write_flag(&stream, word(WORDS - 1), 1).unwrap();
+        write_flags(&stream, &[word(WORDS - 2), word(WORDS - 1)], 2).unwrap();
+        write_flag(&stream, word(WORDS - 2), 3).unwrap();
+    }
+    want[WORDS - 1] = 2;
+    want[WORDS - 2] = 3;
+    // Refused before any work: too many flags, a misaligned one; an empty batch does nothing.
+    let too_many = vec![word(0); MAX_FLAG_BATCH + 1];
+    // SAFETY: refused before the driver sees them (and would be valid words if not).
+    let refused = unsafe { write_flags(&stream, &too_many, 99) }.unwrap_err();
+    assert!(matches!(refused, CudaError::InvalidArgument { name: "flags", .. }), "{refused}");
+    // SAFETY: as above.
+    let misaligned = unsafe { write_flags(&stream, &[word(0), word(1) + 2], 99) }.unwrap_err();
+    assert!(matches!(misaligned, CudaError::InvalidArgument { name: "flag", .. }), "{misaligned}");
+    // SAFETY: no flags.
+    unsafe { write_flags(&stream, &[], 99).unwrap() };
+    stream.synchronize().unwrap();
+    assert_eq!(host.as_slice().unwrap(), want.as_slice());
+}
