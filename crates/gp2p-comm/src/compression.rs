@@ -20,8 +20,8 @@
 //! assert_eq!(compression_from(None).unwrap(), None, "off unless asked");
 //! let int8 = compression_from(Some("int8")).unwrap().unwrap();
 //! assert_eq!((int8.format.format.name(), int8.format.block.get(), int8.min_bytes), ("int8", 64, None));
-//! let fp8 = compression_from(Some("fp8:128")).unwrap().unwrap();
-//! assert_eq!(fp8.format.block.get(), 128);
+//! let fp8 = compression_from(Some("fp8:128@1M")).unwrap().unwrap();
+//! assert_eq!((fp8.format.block.get(), fp8.min_bytes), (128, Some(1 << 20)));
 //! assert!(compression_from(Some("int4")).unwrap_err().to_string().contains("int8, fp8 or off"));
 //! // Between two H200s the model turns it on from 16 MiB (at most; one H200 measured less).
 //! let min = gp2p_comm::compression::min_bytes_h200(2, int8.format);
@@ -40,7 +40,8 @@ use crate::{CommOptions, Error, Result};
 
 /// The environment variable that turns compression on for every communicator made without
 /// [`CommOptions::compress`]: `int8`, `fp8`, either with `:BLOCK` (values per scale, a power of
-/// two from 32 to 256; 64 without), or `off`.
+/// two from 32 to 256; 64 without) and `@MIN` (the smallest all-reduce sent compressed, in
+/// bytes with K, M or G for KiB, MiB or GiB if you like; the cost model's without), or `off`.
 pub const COMPRESS_VAR: &str = "GP2P_COMPRESS";
 
 /// Values per block where none is named.
@@ -72,20 +73,41 @@ impl Compression {
 pub fn compression_from(value: Option<&str>) -> Result<Option<Compression>> {
     let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
     let bad = |why: String| Error::InvalidOption { name: COMPRESS_VAR, reason: format!("{value:?}: {why}") };
-    let (name, block) = match value.split_once(':') {
+    let (spec, min_bytes) = match value.split_once('@') {
+        Some((spec, min)) => {
+            let min = size_from(min).ok_or_else(|| {
+                bad(format!("the minimum {:?} is not a size (bytes, or a number with K, M or G)", min.trim()))
+            })?;
+            (spec, Some(min))
+        }
+        None => (value, None),
+    };
+    let (name, block) = match spec.split_once(':') {
         Some((name, block)) => {
             (name, block.trim().parse::<usize>().map_err(|_| bad("the block is not a number".into()))?)
         }
-        None => (value, DEFAULT_BLOCK),
+        None => (spec, DEFAULT_BLOCK),
     };
     let format = match name.trim().to_ascii_lowercase().as_str() {
         "off" => return Ok(None),
         "int8" => Format::Int8,
         "fp8" => Format::Fp8E4m3,
-        _ => return Err(bad("expected int8, fp8 or off, with :BLOCK (32 to 256) if you like".into())),
+        _ => return Err(bad("expected int8, fp8 or off, with :BLOCK (32 to 256) and @MIN if you like".into())),
     };
     let block = BlockSize::new(block).map_err(|e| bad(e.to_string()))?;
-    Ok(Some(Compression { format: WireFormat { format, block }, min_bytes: None }))
+    Ok(Some(Compression { format: WireFormat { format, block }, min_bytes }))
+}
+
+/// Bytes written as a number, or a number and K, M or G (KiB, MiB, GiB); `None` where not.
+fn size_from(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let (digits, shift) = match text.chars().last()?.to_ascii_uppercase() {
+        'K' => (&text[..text.len() - 1], 10),
+        'M' => (&text[..text.len() - 1], 20),
+        'G' => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 /// [`CommOptions::compress`], or else what [`COMPRESS_VAR`] (`env`) asks, with the minimum
@@ -280,12 +302,27 @@ mod tests {
     }
 
     #[test]
-    fn the_variable_names_a_format_and_maybe_a_block_or_off() {
+    fn the_variable_names_a_format_and_maybe_a_block_a_minimum_or_off() {
         assert_eq!(compression_from(Some("off")).unwrap(), None);
         assert_eq!(compression_from(Some(" ")).unwrap(), None);
         let c = compression_from(Some("FP8:32")).unwrap().unwrap();
         assert_eq!((c.format.format, c.format.block.get()), (Format::Fp8E4m3, 32));
-        for (value, says) in [("int4", "expected int8, fp8 or off"), ("int8:48", "48"), ("int8:x", "not a number")] {
+        let c = compression_from(Some("int8@0")).unwrap().unwrap();
+        assert_eq!((c.format.format, c.format.block.get(), c.min_bytes), (Format::Int8, 64, Some(0)));
+        let c = compression_from(Some("fp8:256 @ 512k")).unwrap().unwrap();
+        assert_eq!((c.format.block.get(), c.min_bytes), (256, Some(512 << 10)));
+        assert_eq!(compression_from(Some("int8@3G")).unwrap().unwrap().min_bytes, Some(3 << 30));
+        assert_eq!(compression_from(Some("int8@4096")).unwrap().unwrap().min_bytes, Some(4096));
+        let cases = [
+            ("int4", "expected int8, fp8 or off"),
+            ("int8:48", "48"),
+            ("int8:x", "not a number"),
+            ("int8@", "not a size"),
+            ("int8@1T", "\"1T\" is not a size"),
+            ("int8@-1", "not a size"),
+            ("int8@99999999999999999999G", "not a size"),
+        ];
+        for (value, says) in cases {
             let e = compression_from(Some(value)).unwrap_err().to_string();
             assert!(e.contains(says) && e.contains(COMPRESS_VAR), "{value}: {e}");
         }

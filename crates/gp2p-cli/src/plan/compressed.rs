@@ -28,7 +28,7 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     };
     let min = min_bytes(m, &paths, slot_bytes, format);
     let mut out = format!(
-        "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK]; bf16 as int8 in blocks of 64, about half \
+        "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK][@MIN]; bf16 as int8 in blocks of 64, about half \
          the bytes, one more handoff, eight operations a piece's step): exact below {}, compressed from there on.\n",
         format_size(min)
     );

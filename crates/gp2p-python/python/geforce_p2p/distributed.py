@@ -143,7 +143,8 @@ class Communicator:
     ``None`` or ``"auto"`` what ``GP2P_RECEIVE`` says, else scratch (measured faster). ``compress`` (every
     rank the same): ``"int8"`` or ``"fp8"`` (``":BLOCK"`` after either for 32 to 256 values a
     scale, 64 without) sends every all-reduce of float32, float16 or bfloat16 under sum or avg,
-    from the cost model's minimum size on (``gp2p plan``), as one-byte codes in scaled blocks:
+    from the cost model's minimum size on (``gp2p plan``; ``"@MIN"`` last names your own, in
+    bytes or with K, M or G: ``"int8@4M"``), as one-byte codes in scaled blocks:
     about half the bytes from bf16, every rank the same bits, each element within the bound of
     docs/compression.md; ``"off"`` never, ``None`` (the default) what the environment variable
     ``GP2P_COMPRESS`` says (off where it is unset). With the defaults the
