@@ -68,13 +68,22 @@ def test_the_environment_puts_the_door_first_once_and_names_torch_s_nccl(tmp_pat
     monkeypatch.setattr(sys, "path", [str(tmp_path / "empty"), str(site)])
     assert nccl.real_nccl() == str(real)
     door = "/opt/door/libnccl.so.2"
-    env = nccl.environment({"LD_PRELOAD": "libfoo.so " + door + ":libbar.so", "PATH": "/bin"}, door=door)
+    env = nccl.environment({"LD_PRELOAD": "libfoo.so " + door + ":libbar.so", "PATH": "/bin"}, door=door, mps=False)
     assert env["LD_PRELOAD"] == door + ":libfoo.so:libbar.so"
     assert env["VLLM_NCCL_SO_PATH"] == env["SGLANG_NCCL_SO_PATH"] == door
     assert env["GP2P_NCCL_REAL"] == str(real)
     assert env["PATH"] == "/bin"
     assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
     kept = nccl.environment({"GP2P_NCCL_REAL": "/mine/libnccl.so.2", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, door=door)
+    # Under an MPS daemon CUDA's own number stands: the server's channels are the device's.
+    pipe = tmp_path / "mps"
+    assert not nccl.mps_serves({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+    pipe.mkdir()
+    (pipe / "control").write_bytes(b"")
+    assert nccl.mps_serves({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+    assert not nccl.mps_serves({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in nccl.environment({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, door=door)
+    assert nccl.environment({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, door=door, mps=False)["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
     assert kept["GP2P_NCCL_REAL"] == "/mine/libnccl.so.2"
     assert kept["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert "export VLLM_NCCL_SO_PATH=/opt/door/libnccl.so.2" in nccl.exports(env)

@@ -32,9 +32,12 @@ VARIABLES = {
     "VLLM_NCCL_SO_PATH": "vLLM's pynccl loads this file",
     "SGLANG_NCCL_SO_PATH": "sglang's pynccl loads this file",
     "GP2P_NCCL_REAL": "the real NCCL, for the communicators the door hands over",
-    "CUDA_DEVICE_MAX_CONNECTIONS": "where unset, 32 hardware queues: ranks that are threads of one "
-    "process on one device (nccl-tests -t N) need one for each of their streams",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "where unset and no MPS daemon serves the command, 32 hardware queues: "
+    "ranks that are threads of one process on one device (nccl-tests -t N) need one for each of their streams",
 }
+
+#: Where an MPS control daemon listens when ``CUDA_MPS_PIPE_DIRECTORY`` names no folder.
+MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"
 
 #: The hardware queues the launcher asks CUDA for where the environment names none (CUDA's most).
 HARDWARE_QUEUES = "32"
@@ -64,18 +67,30 @@ def real_nccl(search: Optional[Sequence[str]] = None) -> Optional[str]:
     return None
 
 
-def environment(base: Optional[Mapping[str, str]] = None, door: Optional[str] = None) -> Dict[str, str]:
+def mps_serves(env: Mapping[str, str]) -> bool:
+    """Whether an MPS control daemon serves processes started with ``env``: its pipe folder
+    (``CUDA_MPS_PIPE_DIRECTORY``, else :data:`MPS_DEFAULT_PIPE`) holds its ``control`` pipe."""
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE
+    return os.path.exists(os.path.join(pipe, "control"))
+
+
+def environment(base: Optional[Mapping[str, str]] = None, door: Optional[str] = None,
+                mps: Optional[bool] = None) -> Dict[str, str]:
     """``base`` (default ``os.environ``) with the door in NCCL's place: ``LD_PRELOAD`` gets the
     door first (once), vLLM's and sglang's library variables name it, and ``GP2P_NCCL_REAL``
     names torch's NCCL unless it is set already, and ``CUDA_DEVICE_MAX_CONNECTIONS`` is
-    :data:`HARDWARE_QUEUES` unless set."""
+    :data:`HARDWARE_QUEUES` unless set or an MPS daemon serves the command (``mps``; default
+    :func:`mps_serves`): the processes an MPS server runs draw their queues from one device's
+    channels, and on one H100 four processes of 32 queues each made the fourth's context
+    creation fail with "out of memory", where CUDA's own 8 ran."""
     env = dict(os.environ if base is None else base)
     door = library() if door is None else door
     preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != door]
     env["LD_PRELOAD"] = ":".join([door, *preload])
     env["VLLM_NCCL_SO_PATH"] = door
     env["SGLANG_NCCL_SO_PATH"] = door
-    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", HARDWARE_QUEUES)
+    if not (mps_serves(env) if mps is None else mps):
+        env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", HARDWARE_QUEUES)
     if not env.get("GP2P_NCCL_REAL"):
         real = real_nccl()
         if real is not None:
