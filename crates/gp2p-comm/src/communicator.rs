@@ -151,11 +151,10 @@ impl Communicator {
             algorithm: choice::forced(options.algorithm, env(crate::ALGORITHM_VAR).as_deref())?,
             ..options
         };
-        let compress = crate::compression::resolve(&options, world, env(crate::COMPRESS_VAR).as_deref())?;
-        let chosen_slot = options.slot_bytes != CommOptions::for_world(world).slot_bytes;
-        let options = CommOptions { slot_bytes: crate::compression::slot_bytes(&options, world, compress), ..options };
-        // A default slot shrinks where /dev/shm is small; one the caller chose stays.
-        let options = if chosen_slot { options } else { shm_fit::fitted_to_shm(options, world)? };
+        let asked = crate::compression::requested(&options, env(crate::COMPRESS_VAR).as_deref())?;
+        // The slot first, then compression's minimum priced with it.
+        let options = shm_fit::settled_slot(options, world, asked.is_some(), shm_fit::shm_bytes())?;
+        let compress = crate::compression::resolve(asked, world, &options)?;
         let receive = crate::receive::resolve(options.receive, env(crate::RECEIVE_VAR).as_deref())?;
         let mut layout = Layout::new(world, &options)?;
         layout.compress = crate::compression::Resolved::option_words(compress);

@@ -110,29 +110,35 @@ fn size_from(text: &str) -> Option<usize> {
     digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
-/// [`CommOptions::compress`], or else what [`COMPRESS_VAR`] (`env`) asks, with the minimum
-/// resolved for `world` ranks: what every rank compares at creation.
-pub(crate) fn resolve(options: &CommOptions, world: usize, env: Option<&str>) -> Result<Option<Resolved>> {
+/// [`CommOptions::compress`], or else what [`COMPRESS_VAR`] (`env`) asks; `None` where off.
+pub(crate) fn requested(options: &CommOptions, env: Option<&str>) -> Result<Option<Compression>> {
     let asked = match options.compress {
         Some(c) => Some(c),
         None => compression_from(env)?,
     };
-    let Some(c) = asked.filter(|c| c.min_bytes != Some(usize::MAX)) else { return Ok(None) };
+    Ok(asked.filter(|c| c.min_bytes != Some(usize::MAX)))
+}
+
+/// The compression `asked` ([`requested`]) with its minimum resolved for a communicator of
+/// `world` ranks made with `options`, whose slot is settled already (compressing and fitted to
+/// /dev/shm): what every rank compares at creation.
+pub(crate) fn resolve(asked: Option<Compression>, world: usize, options: &CommOptions) -> Result<Option<Resolved>> {
+    let Some(c) = asked else { return Ok(None) };
     let min_bytes = match c.min_bytes {
         Some(given) => given,
-        None => min_bytes_for(world, options, c.format)?,
+        None => min_bytes_with_slot(world, options, c.format)?,
     };
     Ok(Some(Resolved { format: c.format, min_bytes }))
 }
 
-/// The slot size of a communicator of `world` ranks made with `options`, compressing or not:
-/// among two or more ranks that compress where the options keep [`CommOptions::for_world`]'s
-/// slot, `crate::slots::compressed_slot_bytes` (a slot of [`crate::SLOT_SPAN_BYTES`] / N,
-/// which among more than two ranks is the default already); else the options' own.
-pub(crate) fn slot_bytes(options: &CommOptions, world: usize, compress: Option<Resolved>) -> usize {
-    let default = CommOptions::for_world(world).slot_bytes;
-    if compress.is_some() && world >= 2 && options.slot_bytes == default {
-        crate::slots::compressed_slot_bytes(world, default)
+/// The slot size of a communicator of `world` ranks made with `options`, before any fit to
+/// /dev/shm: among two or more ranks that compress where the options keep the default slot
+/// (`crate::slots::is_default_slot`), `crate::slots::compressed_slot_bytes` (a slot of
+/// [`crate::SLOT_SPAN_BYTES`] / N, which among more than two ranks is the default already);
+/// else the options' own.
+pub(crate) fn slot_bytes(options: &CommOptions, world: usize, compressing: bool) -> usize {
+    if compressing && world >= 2 && crate::slots::is_default_slot(options.slot_bytes, world) {
+        crate::slots::compressed_slot_bytes(world, options.slot_bytes)
     } else {
         options.slot_bytes
     }
@@ -257,10 +263,10 @@ pub fn min_bytes(machine: &Machine, paths: &AllReducePaths, slot_bytes: usize, f
     LARGEST
 }
 
-/// The slots of a communicator of `world` ranks made with `options` and compressing.
+/// The slots of a communicator of `world` ranks made with `options` and compressing, where
+/// /dev/shm has the room for them.
 pub fn compressing_slot_bytes(options: &CommOptions, world: usize) -> usize {
-    let on = Resolved { format: WireFormat { format: Format::Int8, block: BlockSize::SMALLEST }, min_bytes: 0 };
-    slot_bytes(options, world, Some(on))
+    slot_bytes(options, world, true)
 }
 
 /// [`min_bytes`] for `world` H200s and a communicator made with `options` that compresses
@@ -271,8 +277,13 @@ pub fn compressing_slot_bytes(options: &CommOptions, world: usize) -> usize {
 /// [`Error::InvalidOption`] for options such a communicator refuses.
 pub fn min_bytes_for(world: usize, options: &CommOptions, format: WireFormat) -> Result<usize> {
     let slot_bytes = compressing_slot_bytes(options, world);
-    let paths = AllReducePaths::of(world, &CommOptions { slot_bytes, ..*options }, options.algorithm)?;
-    Ok(min_bytes(&Machine::h200(world), &paths, slot_bytes, format))
+    min_bytes_with_slot(world, &CommOptions { slot_bytes, ..*options }, format)
+}
+
+/// [`min_bytes`] for `world` H200s and a communicator with `options`' own slot.
+fn min_bytes_with_slot(world: usize, options: &CommOptions, format: WireFormat) -> Result<usize> {
+    let paths = AllReducePaths::of(world, options, options.algorithm)?;
+    Ok(min_bytes(&Machine::h200(world), &paths, options.slot_bytes, format))
 }
 
 /// [`min_bytes_for`] with the default options for `world` ranks.
@@ -286,14 +297,13 @@ mod tests {
 
     #[test]
     fn compressing_among_two_or_more_takes_larger_default_slots_only() {
-        let on = Some(Resolved { format: int8(), min_bytes: 1 });
         for world in 1..=8 {
             let options = CommOptions::for_world(world);
             let want = if world >= 2 { (64 << 20) / world / (64 << 10) * (64 << 10) } else { options.slot_bytes };
-            assert_eq!(slot_bytes(&options, world, on), want, "{world} ranks");
-            assert_eq!(slot_bytes(&options, world, None), options.slot_bytes, "{world} ranks, exact");
+            assert_eq!(slot_bytes(&options, world, true), want, "{world} ranks");
+            assert_eq!(slot_bytes(&options, world, false), options.slot_bytes, "{world} ranks, exact");
             let chosen = CommOptions { slot_bytes: 1 << 20, ..options };
-            assert_eq!(slot_bytes(&chosen, world, on), 1 << 20, "{world} ranks: a chosen slot stays");
+            assert_eq!(slot_bytes(&chosen, world, true), 1 << 20, "{world} ranks: a chosen slot stays");
         }
     }
 
@@ -331,17 +341,19 @@ mod tests {
     #[test]
     fn the_option_wins_over_the_variable_and_the_minimum_comes_from_the_model() {
         let options = CommOptions::default();
-        assert_eq!(resolve(&options, 2, None).unwrap(), None);
-        let from_env = resolve(&options, 2, Some("int8")).unwrap().unwrap();
+        let settled = CommOptions { slot_bytes: compressing_slot_bytes(&options, 2), ..options };
+        assert_eq!(requested(&options, None).unwrap(), None);
+        let from_env = resolve(requested(&options, Some("int8")).unwrap(), 2, &settled).unwrap().unwrap();
         assert_eq!(from_env.min_bytes, min_bytes_h200(2, int8()));
         let given = Compression { format: int8(), min_bytes: Some(12345) };
         let options = CommOptions { compress: Some(given), ..options };
-        assert_eq!(resolve(&options, 2, Some("fp8")).unwrap().unwrap(), Resolved { format: int8(), min_bytes: 12345 });
+        let asked = requested(&options, Some("fp8")).unwrap();
+        assert_eq!(resolve(asked, 2, &settled).unwrap().unwrap(), Resolved { format: int8(), min_bytes: 12345 });
         let words = Resolved::option_words(Some(Resolved { format: int8(), min_bytes: 12345 }));
         assert_eq!(words, [1 | 64 << 8, 13]);
         assert_eq!(Resolved::option_words(None), [0, 0]);
         let off = CommOptions { compress: Some(Compression::off()), ..CommOptions::default() };
-        assert_eq!(resolve(&off, 2, Some("int8")).unwrap(), None, "off whatever the variable says");
+        assert_eq!(requested(&off, Some("int8")).unwrap(), None, "off whatever the variable says");
     }
 
     #[test]

@@ -94,12 +94,7 @@ impl Default for CommOptions {
             small_max_bytes: 4 << 20,
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
-            // Measured on two H200s, one process each, f32 all-reduce at 16 MiB / 64 MiB /
-            // 256 MiB / 1 GiB, ratio of the duplex ceiling (one call): 8 MiB x 3 slots
-            // 0.80/0.88/0.88/0.94, 16 MiB x 2 0.68/0.87/0.90/0.93, 4 MiB x 3 (the single-process
-            // engine's best) 0.63/0.76/0.81/0.79, 4 MiB x 4 0.75/0.79/0.82/0.79; 1-2 MiB slots
-            // 0.55-0.70 (the sixth session in `git show 92b0a7c:benches/results/README.md`).
-            slot_bytes: 8 << 20,
+            slot_bytes: crate::slots::TWO_RANK_SLOT_BYTES,
             slots: 3,
             chunk_blocks: DEFAULT_CHUNK_BLOCKS,
             lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
@@ -144,7 +139,7 @@ impl CommOptions {
         if world <= 2 {
             return default;
         }
-        let slot_bytes = crate::slots::span_slot_bytes(world);
+        let slot_bytes = crate::slots::default_slot_bytes(world);
         CommOptions { lines_max_bytes: MAX_LINES_BYTES, small_max_bytes: MAX_LINES_BYTES, slot_bytes, ..default }
     }
 }
@@ -226,7 +221,7 @@ pub(crate) fn chunk_grid(bytes: usize, chunk_blocks: usize) -> usize {
 }
 
 /// The bounds of [`CommOptions::slot_bytes`] and [`CommOptions::slots`].
-const SLOT_BYTES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
+const SLOT_BYTES: std::ops::RangeInclusive<usize> = crate::slots::MIN_SLOT_BYTES..=(256 << 20);
 const SLOTS: std::ops::RangeInclusive<usize> = 2..=16;
 /// [`CommOptions::lines_max_bytes`] by default. Two H200s, one kernel per rank per call
 /// (benches/probes/small_exchange.py), with the lines side by side as they were until

@@ -16,13 +16,33 @@
 /// (0.70-0.73 with 2 MiB, `comm-slots2M-reduce-scatter-8.txt`), all-gather 0.97.
 pub const SLOT_SPAN_BYTES: usize = 64 << 20;
 
+/// Two ranks' slot by default. Measured on two H200s, one process each, f32 all-reduce at
+/// 16 MiB / 64 MiB / 256 MiB / 1 GiB, ratio of the duplex ceiling (one call): 8 MiB x 3 slots
+/// 0.80/0.88/0.88/0.94, 16 MiB x 2 0.68/0.87/0.90/0.93, 4 MiB x 3 (the single-process
+/// engine's best) 0.63/0.76/0.81/0.79, 4 MiB x 4 0.75/0.79/0.82/0.79; 1-2 MiB slots
+/// 0.55-0.70 (the sixth session in `git show 92b0a7c:benches/results/README.md`).
+pub(crate) const TWO_RANK_SLOT_BYTES: usize = 8 << 20;
+
+/// The smallest slot; the defaults and the fitted slots keep to whole multiples of it.
+pub(crate) const MIN_SLOT_BYTES: usize = 64 << 10;
+
 /// [`SLOT_SPAN_BYTES`] / `world`, rounded down to 64 KiB.
 pub(crate) fn span_slot_bytes(world: usize) -> usize {
-    (SLOT_SPAN_BYTES / world.max(1) / SLOT_ALIGN * SLOT_ALIGN).max(SLOT_ALIGN)
+    (SLOT_SPAN_BYTES / world.max(1) / MIN_SLOT_BYTES * MIN_SLOT_BYTES).max(MIN_SLOT_BYTES)
 }
 
-/// Slots' sizes keep to whole 64 KiB.
-pub(crate) const SLOT_ALIGN: usize = 64 << 10;
+/// The slot of `world` ranks by default (`CommOptions::for_world`): [`TWO_RANK_SLOT_BYTES`]
+/// for two (or one), [`span_slot_bytes`] for more.
+pub(crate) fn default_slot_bytes(world: usize) -> usize {
+    if world <= 2 { TWO_RANK_SLOT_BYTES } else { span_slot_bytes(world) }
+}
+
+/// Whether `slot_bytes` is `world` ranks' default slot, which a communicator sizes itself
+/// (larger where it compresses, `compressed_slot_bytes`; smaller where /dev/shm is small,
+/// [`fit_slot_to_shm`]); a slot the caller chose stays as it is.
+pub(crate) fn is_default_slot(slot_bytes: usize, world: usize) -> bool {
+    slot_bytes == default_slot_bytes(world)
+}
 
 /// The share of /dev/shm a communicator's segment may take with its default slots: where it
 /// would need more, [`fit_slot_to_shm`] makes the slots smaller. Docker's default /dev/shm of
@@ -56,7 +76,8 @@ pub fn fit_slot_to_shm(
     let Some(shm) = shm_bytes else { return slot_bytes };
     let room = (shm / SHM_SHARE.1 * SHM_SHARE.0).saturating_sub(other_bytes as u64);
     let per_slot = room / (world.max(1) as u64).saturating_mul(slots.max(1) as u64);
-    let fitted = (usize::try_from(per_slot).unwrap_or(usize::MAX) / SLOT_ALIGN * SLOT_ALIGN).max(SLOT_ALIGN);
+    let fitted =
+        (usize::try_from(per_slot).unwrap_or(usize::MAX) / MIN_SLOT_BYTES * MIN_SLOT_BYTES).max(MIN_SLOT_BYTES);
     slot_bytes.min(fitted)
 }
 
@@ -81,13 +102,13 @@ mod tests {
 
     #[test]
     fn the_span_is_cut_among_the_ranks_on_64_kib() {
-        assert_eq!([2, 3, 4, 8].map(span_slot_bytes), [32 * MIB, 21 * MIB + 5 * SLOT_ALIGN, 16 * MIB, 8 * MIB]);
+        assert_eq!([2, 3, 4, 8].map(span_slot_bytes), [32 * MIB, 21 * MIB + 5 * MIN_SLOT_BYTES, 16 * MIB, 8 * MIB]);
         for world in 1..=8 {
             let slot = span_slot_bytes(world);
             assert!(
-                slot % SLOT_ALIGN == 0
+                slot % MIN_SLOT_BYTES == 0
                     && slot * world <= SLOT_SPAN_BYTES
-                    && (slot + SLOT_ALIGN) * world > SLOT_SPAN_BYTES
+                    && (slot + MIN_SLOT_BYTES) * world > SLOT_SPAN_BYTES
             );
         }
     }
@@ -101,20 +122,23 @@ mod tests {
             assert_eq!(fit_slot_to_shm(slot, world, 3, 0, None), slot);
             // Docker's default: the 16 MiB / N of before, as whole 64 KiB.
             let fitted = fit_slot_to_shm(slot, world, 3, 0, Some(64 << 20));
-            assert_eq!(fitted, (16 * MIB / world) / SLOT_ALIGN * SLOT_ALIGN, "{world} ranks");
+            assert_eq!(fitted, (16 * MIB / world) / MIN_SLOT_BYTES * MIN_SLOT_BYTES, "{world} ranks");
             assert!((world * 3 * fitted) as u64 <= 48 << 20);
             for shm in [1u64, 4096, 100 << 20, 200 << 20, 5 * gib] {
                 let fitted = fit_slot_to_shm(slot, world, 3, 0, Some(shm));
-                assert!(fitted <= slot && fitted >= SLOT_ALIGN && fitted % SLOT_ALIGN == 0, "{world} ranks, {shm}");
-                assert!(fitted == SLOT_ALIGN || (world * 3 * fitted) as u64 <= shm / 4 * 3, "{world} ranks, {shm}");
+                assert!(
+                    fitted <= slot && fitted >= MIN_SLOT_BYTES && fitted % MIN_SLOT_BYTES == 0,
+                    "{world} ranks, {shm}"
+                );
+                assert!(fitted == MIN_SLOT_BYTES || (world * 3 * fitted) as u64 <= shm / 4 * 3, "{world} ranks, {shm}");
             }
         }
         assert_eq!(fit_slot_to_shm(MIB, 8, 3, 0, Some(64 << 20)), MIB, "a small slot stays");
         assert_eq!(fit_slot_to_shm(8 * MIB, 8, 16, 0, Some(64 << 20)), 384 * 1024, "more slots, smaller ones");
         // Two ranks' 16 MiB of one-kernel areas come off the room first: 32 MiB of slots.
-        assert_eq!(fit_slot_to_shm(8 * MIB, 2, 3, 16 * MIB, Some(64 << 20)), 5 * MIB + 5 * SLOT_ALIGN);
-        assert_eq!(fit_slot_to_shm(8 * MIB, 2, 3, 64 * MIB, Some(64 << 20)), SLOT_ALIGN, "no room: the floor");
-        assert_eq!(fit_slot_to_shm(8 * MIB, usize::MAX, usize::MAX, 0, Some(1 << 40)), SLOT_ALIGN, "no overflow");
+        assert_eq!(fit_slot_to_shm(8 * MIB, 2, 3, 16 * MIB, Some(64 << 20)), 5 * MIB + 5 * MIN_SLOT_BYTES);
+        assert_eq!(fit_slot_to_shm(8 * MIB, 2, 3, 64 * MIB, Some(64 << 20)), MIN_SLOT_BYTES, "no room: the floor");
+        assert_eq!(fit_slot_to_shm(8 * MIB, usize::MAX, usize::MAX, 0, Some(1 << 40)), MIN_SLOT_BYTES, "no overflow");
     }
 
     #[test]

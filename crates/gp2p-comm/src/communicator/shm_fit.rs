@@ -1,27 +1,45 @@
-//! A communicator's default slots fitted to this host's /dev/shm (`crate::fit_slot_to_shm`).
+//! The slot a communicator makes: the caller's, or the default sized for compression and fitted
+//! to this host's /dev/shm (`crate::fit_slot_to_shm`).
 
 use crate::layout::{CommOptions, Layout};
+use crate::slots::is_default_slot;
 use crate::{Result, fit_slot_to_shm};
 
 /// The size of /dev/shm, where the communicators' segments live (its file system's, as
 /// statvfs gives it); `None` where it cannot be read or has no limit (a tmpfs mounted with
 /// size=0 reports no blocks).
-fn shm_bytes() -> Option<u64> {
+pub(crate) fn shm_bytes() -> Option<u64> {
     let fs = rustix::fs::statvfs(crate::id::SHM_DIR).ok()?;
     Some(fs.f_blocks.saturating_mul(fs.f_frsize)).filter(|&bytes| bytes > 0)
 }
 
-/// `options` with their slot fitted to this host's /dev/shm ([`fit_slot_to_shm`]), the
-/// segment's bytes besides the slots counted, never below a chunk the options fix (a chunk
-/// must fit a slot).
+/// `options` with the slot a communicator of `world` ranks makes, before anything is priced
+/// with it: a slot the caller chose stays; the default grows where the communicator compresses
+/// (`compressing`, `crate::compression::slot_bytes`), then shrinks to fit `shm` bytes of
+/// /dev/shm ([`fitted_to_shm`]).
 ///
 /// # Errors
 /// [`crate::Error::InvalidOption`] for options a communicator refuses.
-pub(crate) fn fitted_to_shm(options: CommOptions, world: usize) -> Result<CommOptions> {
+pub(crate) fn settled_slot(
+    options: CommOptions,
+    world: usize,
+    compressing: bool,
+    shm: Option<u64>,
+) -> Result<CommOptions> {
+    if !is_default_slot(options.slot_bytes, world) {
+        return Ok(options);
+    }
+    let slot_bytes = crate::compression::slot_bytes(&options, world, compressing);
+    fitted_to_shm(CommOptions { slot_bytes, ..options }, world, shm)
+}
+
+/// `options` with their slot fitted to `shm` bytes of /dev/shm ([`fit_slot_to_shm`]), the
+/// segment's bytes besides the slots counted, never below a chunk the options fix (a chunk
+/// must fit a slot).
+fn fitted_to_shm(options: CommOptions, world: usize, shm: Option<u64>) -> Result<CommOptions> {
     let layout = Layout::new(world, &options)?;
-    let slots = world * options.slots * options.slot_bytes;
-    let other = (crate::segment::staging_offset(world) + layout.staging_bytes()).saturating_sub(slots);
-    let fitted = fit_slot_to_shm(options.slot_bytes, world, options.slots, other, shm_bytes());
+    let other = crate::segment::staging_offset(world) + layout.slots_offset;
+    let fitted = fit_slot_to_shm(options.slot_bytes, world, options.slots, other, shm);
     let floor = options.chunk_bytes.unwrap_or(0).min(options.slot_bytes);
     Ok(CommOptions { slot_bytes: fitted.max(floor), ..options })
 }
@@ -29,19 +47,56 @@ pub(crate) fn fitted_to_shm(options: CommOptions, world: usize) -> Result<CommOp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slots::SLOT_ALIGN;
+    use crate::compression::{Compression, compressing_slot_bytes, min_bytes_h200, requested, resolve};
+    use crate::slots::MIN_SLOT_BYTES;
+
+    const DOCKER_SHM: Option<u64> = Some(64 << 20);
 
     #[test]
     fn fitting_keeps_a_valid_layout_and_a_fixed_chunk() {
         for world in 2..=8 {
             let options = CommOptions::for_world(world);
-            let fitted = fitted_to_shm(options, world).unwrap();
-            assert!(fitted.slot_bytes <= options.slot_bytes && fitted.slot_bytes % SLOT_ALIGN == 0, "{world} ranks");
-            assert_eq!(CommOptions { slot_bytes: options.slot_bytes, ..fitted }, options, "only the slot changes");
-            Layout::new(world, &fitted).unwrap();
+            for shm in [None, Some(1 << 40), DOCKER_SHM, Some(1)] {
+                let fitted = settled_slot(options, world, false, shm).unwrap();
+                let slot = fitted.slot_bytes;
+                assert!(slot <= options.slot_bytes && slot % MIN_SLOT_BYTES == 0, "{world} ranks, {shm:?}");
+                assert_eq!(CommOptions { slot_bytes: options.slot_bytes, ..fitted }, options, "only the slot changes");
+                Layout::new(world, &fitted).unwrap();
+            }
+            assert_eq!(settled_slot(options, world, false, None).unwrap(), options, "{world} ranks, shm unknown");
             let fixed = CommOptions { chunk_bytes: Some(options.slot_bytes), ..options };
-            assert_eq!(fitted_to_shm(fixed, world).unwrap().slot_bytes, options.slot_bytes, "{world} ranks");
+            assert_eq!(settled_slot(fixed, world, false, DOCKER_SHM).unwrap().slot_bytes, options.slot_bytes);
+            let chosen = CommOptions { slot_bytes: 32 << 20, ..options };
+            assert_eq!(settled_slot(chosen, world, true, DOCKER_SHM).unwrap(), chosen, "{world} ranks: chosen");
         }
-        assert!(fitted_to_shm(CommOptions { slots: 99, ..CommOptions::for_world(4) }, 4).is_err());
+        let bad = CommOptions { slots: 99, ..CommOptions::for_world(4) };
+        assert!(settled_slot(bad, 4, false, DOCKER_SHM).is_err());
+    }
+
+    #[test]
+    fn compression_is_priced_with_the_slot_the_communicator_makes() {
+        let compress = Compression { format: compression_from_int8(), min_bytes: None };
+        for world in [2, 4, 8] {
+            let options = CommOptions { compress: Some(compress), ..CommOptions::for_world(world) };
+            let roomy = settled_slot(options, world, true, None).unwrap();
+            assert_eq!(roomy.slot_bytes, compressing_slot_bytes(&options, world), "{world} ranks");
+            let small = settled_slot(options, world, true, DOCKER_SHM).unwrap();
+            assert!(small.slot_bytes < roomy.slot_bytes, "{world} ranks: {} bytes", small.slot_bytes);
+            let min = |settled: &CommOptions| {
+                resolve(requested(&options, None).unwrap(), world, settled).unwrap().unwrap().min_bytes
+            };
+            assert_eq!(min(&roomy), min_bytes_h200(world, compress.format), "{world} ranks");
+            let priced_small = crate::compression::min_bytes(
+                &gp2p_collectives::cost::Machine::h200(world),
+                &crate::choice::AllReducePaths::of(world, &small, None).unwrap(),
+                small.slot_bytes,
+                compress.format,
+            );
+            assert_eq!(min(&small), priced_small, "{world} ranks");
+        }
+    }
+
+    fn compression_from_int8() -> gp2p_cuda::codec::WireFormat {
+        crate::compression_from(Some("int8")).unwrap().unwrap().format
     }
 }
