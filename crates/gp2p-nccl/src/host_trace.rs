@@ -103,14 +103,16 @@ const MOST_ENTRIES: usize = 1 << 20;
 
 /// Run the entry point `name`'s `work`, counted and timed while served calls are traced.
 pub(crate) fn entry<R>(name: &'static str, work: impl FnOnce() -> R) -> R {
-    if ENTRY_WINDOW.load(Ordering::Relaxed) == WINDOW_NOT_YET || wanted() == 0 {
+    // Timed only while the window is open: an entry made as it opens goes uncounted, and
+    // after it closes entries cost the load alone.
+    let open = |window| window == WINDOW_OPEN || window == WINDOW_CLOSING;
+    if !open(ENTRY_WINDOW.load(Ordering::Relaxed)) {
         return work();
     }
     let start = Instant::now();
     let result = work();
     let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    let window = ENTRY_WINDOW.load(Ordering::Relaxed);
-    if window == WINDOW_OPEN || window == WINDOW_CLOSING {
+    if open(ENTRY_WINDOW.load(Ordering::Relaxed)) {
         let mut entries = ENTRIES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let at = match entries.iter().position(|(n, _)| *n == name) {
             Some(at) => at,
@@ -156,7 +158,8 @@ pub(crate) fn served<R>(work: impl FnOnce() -> R) -> R {
         // Entry points count from the end of the last warm call's.
         ENTRY_WINDOW.store(WINDOW_OPEN, Ordering::Relaxed);
     }
-    if !(WARM_CALLS..WARM_CALLS + wanted).contains(&call) {
+    let last = WARM_CALLS.saturating_add(wanted);
+    if !(WARM_CALLS..last).contains(&call) {
         return work();
     }
     trace::start();
@@ -165,7 +168,7 @@ pub(crate) fn served<R>(work: impl FnOnce() -> R) -> R {
     let mut steps = STEPS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let steps = steps.get_or_insert_with(Steps::default);
     steps.add(&calls);
-    if call + 1 == WARM_CALLS + wanted {
+    if call + 1 == last {
         crate::log::measured(&steps.line());
         ENTRY_WINDOW.store(WINDOW_CLOSING, Ordering::Relaxed);
     }
