@@ -29,7 +29,7 @@ use crate::Result;
 use crate::handshake::{Lane, Owner, Step, plan};
 use crate::layout::Layout;
 use crate::replay::{ReplayCounts, Replays};
-use crate::rounds::{Rounds, chunks_by_writer};
+use crate::rounds::{Rounds, sent_after};
 
 mod many;
 mod release;
@@ -254,12 +254,11 @@ impl Pipeline {
             self.folded_event(piece, |_| ())?;
         }
         let enqueue_runs = || {
-            let mut sent = vec![0; side.layout.world];
+            let mut sent = Vec::new();
             runs.iter().try_for_each(|run| {
                 // SAFETY: the caller's contract, for each run in turn.
                 unsafe { self.enqueue_rounds(side, run, &sent)? };
-                let chunk_bytes = run.chunk_bytes(side.layout);
-                sent.iter_mut().zip(chunks_by_writer(&run.rounds, chunk_bytes)).for_each(|(s, c)| *s += c);
+                sent = sent_after(&run.rounds, run.chunk_bytes(side.layout), &sent);
                 Ok(())
             })
         };

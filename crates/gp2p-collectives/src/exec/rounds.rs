@@ -41,7 +41,10 @@ pub(super) fn run_legs<T: Element>(
     let size = size_of::<T>();
     let mut merged: Vec<_> = (0..n)
         .flat_map(|r| {
-            keyed_steps(rounds, r, slot_bytes, slots).into_iter().enumerate().map(move |(i, s)| (s.0, r, i, s.1, s.2))
+            keyed_steps(rounds, r, slot_bytes, slots, &[])
+                .into_iter()
+                .enumerate()
+                .map(move |(i, s)| (s.0, r, i, s.1, s.2))
         })
         .collect();
     merged.sort_unstable_by_key(|&(key, r, i, _, _)| (key, r, i));

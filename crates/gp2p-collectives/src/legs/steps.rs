@@ -111,42 +111,40 @@ fn overlaps((a_buf, a): (Buf, usize), a_len: usize, (b_buf, b): (Buf, usize), b_
 }
 
 /// The steps `rank` enqueues for `rounds`, in key order, through `slots` slots, each leg in
-/// chunks of `chunk_bytes` (at most a slot's bytes).
-pub fn steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize) -> Vec<(Lane, LegStep)> {
-    steps_after(rounds, rank, chunk_bytes, slots, &vec![0; rounds.world])
+/// chunks of `chunk_bytes` (at most a slot's bytes). `sent` is empty for a call's first run;
+/// for a run chained after others on the same streams with no join between, it holds each
+/// writer's chunks those runs wrote ([`sent_after`]), and each writer's chunks go on through
+/// its slots from there rather than from slot 0, which the last of those may still hold.
+/// Every rank must pass the same `sent`.
+pub fn steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize, sent: &[usize]) -> Vec<(Lane, LegStep)> {
+    keyed_steps(rounds, rank, chunk_bytes, slots, sent).into_iter().map(|(_, lane, step)| (lane, step)).collect()
 }
 
-/// [`steps`] of a chained run ([`keyed_steps_after`]).
-pub fn steps_after(
-    rounds: &Rounds,
-    rank: usize,
-    chunk_bytes: usize,
-    slots: usize,
-    sent: &[usize],
-) -> Vec<(Lane, LegStep)> {
-    keyed_steps_after(rounds, rank, chunk_bytes, slots, sent).into_iter().map(|(_, lane, step)| (lane, step)).collect()
+/// Each writer's chunks written once `rounds` (in chunks of `chunk_bytes`) have run after runs
+/// that wrote `sent` ([`steps`]): the `sent` of a run chained after them.
+pub fn sent_after(rounds: &Rounds, chunk_bytes: usize, sent: &[usize]) -> Vec<usize> {
+    first_chunks(rounds, chunk_bytes, sent).1
+}
+
+/// Each leg's first chunk in its writer's run of chunks (which slot it takes, modulo the
+/// slots), and each writer's chunks after the legs, starting from `sent` (empty: none).
+fn first_chunks(rounds: &Rounds, chunk_bytes: usize, sent: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    debug_assert!(sent.is_empty() || sent.len() == rounds.world, "a count per writer, or none");
+    let mut sent: Vec<usize> = (0..rounds.world).map(|w| sent.get(w).copied().unwrap_or(0)).collect();
+    let first = rounds
+        .legs
+        .iter()
+        .map(|leg| {
+            let first = sent[leg.writer];
+            sent[leg.writer] += leg.bytes.div_ceil(chunk_bytes);
+            first
+        })
+        .collect();
+    (first, sent)
 }
 
 /// [`steps`] with each step's [`Key`] (non-decreasing along the list).
-pub fn keyed_steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize) -> Vec<(Key, Lane, LegStep)> {
-    keyed_steps_after(rounds, rank, chunk_bytes, slots, &vec![0; rounds.world])
-}
-
-/// Each writer's chunks in `rounds` (of `chunk_bytes`): where a run chained after these
-/// goes on through the slots ([`keyed_steps_after`]).
-pub fn chunks_by_writer(rounds: &Rounds, chunk_bytes: usize) -> Vec<usize> {
-    let mut sent = vec![0usize; rounds.world];
-    for leg in &rounds.legs {
-        sent[leg.writer] += leg.bytes.div_ceil(chunk_bytes);
-    }
-    sent
-}
-
-/// [`keyed_steps`] for rounds that follow others on the same streams with no join between
-/// (a chained run): each writer's chunks go on through its slots from `sent[writer]` chunks
-/// in (what the runs before wrote, [`chunks_by_writer`] summed), rather than from slot 0,
-/// which the last of those chunks may still hold. Every rank must pass the same `sent`.
-pub fn keyed_steps_after(
+pub fn keyed_steps(
     rounds: &Rounds,
     rank: usize,
     chunk_bytes: usize,
@@ -154,14 +152,8 @@ pub fn keyed_steps_after(
     sent: &[usize],
 ) -> Vec<(Key, Lane, LegStep)> {
     use Lane::{Receive, Send};
-    // Each writer's chunks in order: the slot of the first chunk of each leg.
-    let mut first_slot = vec![0; rounds.legs.len()];
-    let mut sent: Vec<usize> = (0..rounds.world).map(|w| sent.get(w).copied().unwrap_or(0)).collect();
-    for (i, leg) in rounds.legs.iter().enumerate() {
-        first_slot[i] = sent[leg.writer];
-        sent[leg.writer] += leg.bytes.div_ceil(chunk_bytes);
-    }
-    let slot_of = |leg: usize, chunk: usize| (first_slot[leg] + chunk) % slots;
+    let (first_chunk, _) = first_chunks(rounds, chunk_bytes, sent);
+    let slot_of = |leg: usize, chunk: usize| (first_chunk[leg] + chunk) % slots;
     let mut out: Vec<(Key, Lane, LegStep)> = Vec::new();
     // The legs this rank has copied out of, or landed in, since the other lane last waited
     // for them: a wait binds to the latest record, so it covers every chunk enqueued before
@@ -251,7 +243,7 @@ mod tests {
     fn merged(rounds: &Rounds, slot_bytes: usize, slots: usize) -> Vec<(usize, LegStep)> {
         let mut all: Vec<(Key, usize, usize, LegStep)> = (0..rounds.world)
             .flat_map(|r| {
-                keyed_steps(rounds, r, slot_bytes, slots)
+                keyed_steps(rounds, r, slot_bytes, slots, &[])
                     .into_iter()
                     .enumerate()
                     .map(move |(i, (k, _, s))| (k, r, i, s))
@@ -328,7 +320,7 @@ mod tests {
             for (c, rounds) in calls.iter().enumerate() {
                 for rank in 0..world {
                     let what = format!("{world} ranks, call {c}, rank {rank}");
-                    let list = steps(rounds, rank, page, 3);
+                    let list = steps(rounds, rank, page, 3, &[]);
                     // (a step of the lane's kind since its last record, a record not yet waited for)
                     let (mut sent, mut landed) = ((false, false), (false, false));
                     for (_, step) in list {

@@ -54,11 +54,18 @@ struct Queued {
     bound: usize,
 }
 
-fn enqueue(calls: &[Call], rank: usize, slot_bytes: usize, slots: usize) -> Vec<Queued> {
+/// Every call's steps for `rank`, each call's slots from 0, or, `chained`, each call's as a run
+/// chained after the calls before (going on through every writer's slots).
+fn enqueue(calls: &[Call], rank: usize, slot_bytes: usize, slots: usize, chained: bool) -> Vec<Queued> {
     let (mut sent, mut landed) = (0, 0);
     let mut out = Vec::new();
+    let mut written = Vec::new();
     for (call, c) in calls.iter().enumerate() {
-        for (lane, step) in steps(&c.rounds, rank, slot_bytes, slots) {
+        let list = steps(&c.rounds, rank, slot_bytes, slots, if chained { &written } else { &[] });
+        if chained {
+            written = sent_after(&c.rounds, slot_bytes, &written);
+        }
+        for (lane, step) in list {
             let bound = match step {
                 LegStep::RecordSent => {
                     sent += 1;
@@ -105,9 +112,21 @@ fn initial(call: usize, rank: usize, len: usize, salt: u64) -> Vec<u64> {
 
 impl<'a> Model<'a> {
     fn new(calls: &'a [Call], world: usize, slot_bytes: usize, slots: usize, one_queue: bool) -> Model<'a> {
+        Model::with_runs(calls, world, slot_bytes, slots, one_queue, false)
+    }
+
+    /// [`Model::new`], the calls `chained` (see [`enqueue`]) or not.
+    fn with_runs(
+        calls: &'a [Call],
+        world: usize,
+        slot_bytes: usize,
+        slots: usize,
+        one_queue: bool,
+        chained: bool,
+    ) -> Model<'a> {
         let queues: Vec<Vec<VecDeque<Queued>>> = (0..world)
             .map(|r| {
-                let steps = enqueue(calls, r, slot_bytes, slots);
+                let steps = enqueue(calls, r, slot_bytes, slots, chained);
                 if one_queue {
                     vec![steps.into_iter().collect()]
                 } else {
@@ -346,6 +365,40 @@ fn every_call_lands_whole_in_the_owners_order_whatever_order_the_gpus_run_the_st
 }
 
 #[test]
+fn runs_chained_go_on_through_each_writers_slots_and_land_whole_in_any_order() {
+    let slot_bytes = SHARE_ALIGN;
+    for world in 3..=8 {
+        let calls = calls(world);
+        for slots in [2, 3] {
+            // Rank 0's first copy out of each call: in slot 0 where each call starts afresh;
+            // chained, some call's goes on from where the call before left off.
+            let first_slots = |chained| -> Vec<usize> {
+                let queued = enqueue(&calls, 0, slot_bytes, slots, chained);
+                (0..calls.len())
+                    .filter_map(|call| {
+                        queued.iter().filter(|q| q.call == call).find_map(|q| match q.step {
+                            LegStep::CopyOut { slot, .. } => Some(slot),
+                            _ => None,
+                        })
+                    })
+                    .collect()
+            };
+            assert!(first_slots(false).iter().all(|&s| s == 0), "{world} ranks");
+            assert!(first_slots(true).iter().any(|&s| s != 0), "{world} ranks, {slots} slots");
+            for seed in 0..3 {
+                for one_queue in [false, true] {
+                    let mut model = Model::with_runs(&calls, world, slot_bytes, slots, one_queue, true);
+                    let left =
+                        if one_queue { model.drain(chooser(seed + 200)) } else { model.drain(chooser(seed + 1)) };
+                    assert_eq!(left, 0, "{world} ranks, {slots} slots, seed {seed}, one queue {one_queue}: deadlock");
+                    model.check();
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn the_model_sees_a_missing_wait() {
     // Drop every event wait: some order lands a chunk over data not yet sent, or sends a share
     // before it was folded, and the check or the model notices.
@@ -402,7 +455,7 @@ fn a_copy_outs_flags_sit_side_by_side_on_the_send_lane_and_hand_backs_alone() {
     for world in 2..=8 {
         for call in calls(world) {
             for rank in 0..world {
-                let steps = steps(&call.rounds, rank, SHARE_ALIGN, 3);
+                let steps = steps(&call.rounds, rank, SHARE_ALIGN, 3, &[]);
                 for (i, (lane, step)) in steps.iter().enumerate() {
                     let LegStep::SetFlag { writer, slot, value, .. } = *step else { continue };
                     if *lane == Lane::Receive {
@@ -437,7 +490,7 @@ fn a_chunk_for_every_other_rank_is_copied_out_once_with_a_flag_for_each() {
     let world = 4;
     let rounds = Rounds::all_gather(world, 2 * SHARE_ALIGN, false);
     for rank in 0..world {
-        let steps = steps(&rounds, rank, SHARE_ALIGN, 3);
+        let steps = steps(&rounds, rank, SHARE_ALIGN, 3, &[]);
         let copies = steps.iter().filter(|(_, s)| matches!(s, LegStep::CopyOut { .. })).count();
         let full = |s: &LegStep| matches!(s, LegStep::SetFlag { writer, value: FULL, .. } if *writer == rank);
         assert_eq!((copies, steps.iter().filter(|(_, s)| full(s)).count()), (2, 6), "rank {rank}");
@@ -458,7 +511,7 @@ fn the_all_reduces_second_half_waits_once_so_copies_out_and_landings_overlap() {
     let world = 4;
     let rounds = Rounds::all_reduce(world, world * 3 * SHARE_ALIGN);
     for rank in 0..world {
-        let steps = steps(&rounds, rank, SHARE_ALIGN, 3);
+        let steps = steps(&rounds, rank, SHARE_ALIGN, 3, &[]);
         let count = |wanted: LegStep| steps.iter().filter(|(_, s)| *s == wanted).count();
         assert_eq!(count(LegStep::AfterLanded), 1, "rank {rank}");
         assert_eq!(count(LegStep::AfterSent), 1, "rank {rank}");
