@@ -91,7 +91,10 @@ pub(super) fn run_legs<T: Element>(
             }
             // The fan-out's points are the flags: a fill waits for the slot's readers, a
             // landing for the fill.
-            LegStep::WaitSlotFree { .. } | LegStep::SetFlag { .. } | LegStep::WaitFlag { .. } => {}
+            LegStep::WaitSlotFree { .. }
+            | LegStep::MarkFull { .. }
+            | LegStep::SetFlag { .. }
+            | LegStep::WaitFlag { .. } => {}
         }
     }
     Ok(())

@@ -80,6 +80,10 @@ pub enum LegStep {
     WaitSlotFree { slot: usize },
     /// Copy chunk `chunk` of leg `leg`'s source into this rank's `slot`.
     CopyOut { leg: usize, chunk: usize, slot: usize },
+    /// Set this rank's `slot`'s flag to [`FULL`] for every reader of leg `leg`: the chunk the
+    /// copy out before put there is theirs to land (one write of several flags where the
+    /// executor can).
+    MarkFull { leg: usize, slot: usize },
     /// Set `reader`'s flag of `writer`'s `slot` to `value`.
     SetFlag { writer: usize, slot: usize, reader: usize, value: u32 },
     /// Wait (bounded) until `reader`'s flag of `writer`'s `slot` is `value`.
@@ -190,14 +194,12 @@ pub fn keyed_steps(
                     landed.clear();
                 }
                 let slot = slot_of(i, chunk);
+                // One copy out, then its readers' flags.
                 out.extend([
                     ((round, chunk, Send), Send, LegStep::WaitSlotFree { slot }),
                     ((round, chunk, Send), Send, LegStep::CopyOut { leg: i, chunk, slot }),
+                    ((round, chunk, Send), Send, LegStep::MarkFull { leg: i, slot }),
                 ]);
-                // One copy out, a flag for each of its readers.
-                let full =
-                    |reader| ((round, chunk, Send), Send, LegStep::SetFlag { writer: rank, slot, reader, value: FULL });
-                out.extend(leg.readers(world).map(full));
                 sent_unrecorded = true;
                 if !sources.contains(&i) {
                     sources.push(i);

@@ -8,13 +8,13 @@ use gp2p_cuda::RawDevicePtr;
 use gp2p_cuda::Stream;
 use gp2p_cuda::raw::{
     Codec, GiveUp, MAX_FLAG_BATCH, compress_decode, compress_encode, compress_fold_encode, memcpy_dtoh_async,
-    memcpy_htod_async, wait_flag, wait_flags, wire_from_host, wire_to_host, write_flags,
+    memcpy_htod_async, wait_flag, wait_flags, wire_from_host, wire_to_host, write_flag, write_flags,
 };
 
 use super::release::AfterRelease;
 use super::{ManyTransfer, Pipeline, RankSide, Traced, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
-use crate::handshake::{EMPTY, Lane};
+use crate::handshake::{EMPTY, FULL, Lane};
 use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps};
 
 /// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
@@ -154,13 +154,7 @@ impl Pipeline {
         let mut after_release: Option<AfterRelease> = None;
         // A piece's fold due once the landing that completes it hands its slot back.
         let mut fold_due: Option<&PieceFold> = None;
-        // Steps already enqueued with an earlier one (a batch of flags).
-        let mut skip = 0;
         for (at_step, &(lane, step)) in steps.iter().enumerate() {
-            if skip > 0 {
-                skip -= 1;
-                continue;
-            }
             let stream = if lane == Lane::Send { send } else { receive };
             // Why each call below is sound: flags and slots come from the layout, in the
             // registered area; a leg's ranges lie in the caller's buffers (its contract). The
@@ -197,25 +191,25 @@ impl Pipeline {
                     unsafe { wait_flag(stream, flag, value, give_up, timeout_ns)? };
                     Some(("wait flag", 0))
                 }
-                LegStep::SetFlag { writer, slot, reader, value } => {
-                    // A copy out's flags for its readers, side by side on the send lane (a
-                    // reader's hand-back is one flag, with work after it): one call.
-                    let mut batch = [device_at(layout.full(writer, slot, reader)); MAX_FLAG_BATCH];
-                    let mut count = 1;
-                    while lane == Lane::Send && count < MAX_FLAG_BATCH {
-                        match steps.get(at_step + count) {
-                            Some(&(Lane::Send, LegStep::SetFlag { writer: w, slot: s, reader: r, value: v }))
-                                if (w, s, v) == (writer, slot, value) =>
-                            {
-                                batch[count] = device_at(layout.full(writer, slot, r));
-                                count += 1;
-                            }
-                            _ => break,
+                LegStep::MarkFull { leg, slot } => {
+                    // The readers' flags in as few writes as a batch allows (one: a leg has at
+                    // most world − 1 readers).
+                    let mut flags = legs[leg].readers(layout.world).map(|r| device_at(layout.full(rank, slot, r)));
+                    loop {
+                        let mut batch = [0; MAX_FLAG_BATCH];
+                        let count = batch.iter_mut().zip(&mut flags).map(|(b, flag)| *b = flag).count();
+                        if count == 0 {
+                            break;
                         }
+                        // SAFETY: flags of the registered area.
+                        unsafe { write_flags(stream, &batch[..count], FULL)? };
                     }
-                    skip = count - 1;
-                    // SAFETY: flags of the registered area.
-                    unsafe { write_flags(stream, &batch[..count], value)? };
+                    None
+                }
+                LegStep::SetFlag { writer, slot, reader, value } => {
+                    // A hand-back, with the landing's work after it.
+                    // SAFETY: a flag of the registered area.
+                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? };
                     // SAFETY: the landing's bytes sit in device memory this stream alone uses
                     // (the receive stage or the scratch), put there by its earlier work; the
                     // destination is the leg's, which nothing else of the call touches

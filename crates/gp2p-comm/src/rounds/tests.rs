@@ -241,6 +241,11 @@ impl<'a> Model<'a> {
                     }
                 }
             }
+            LegStep::MarkFull { leg, slot } => {
+                for reader in self.calls[q.call].rounds.legs[leg].readers(self.world) {
+                    self.flags[r][slot][reader] = FULL;
+                }
+            }
             LegStep::SetFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] = value,
             LegStep::RecordSent => self.records[r].0 += 1,
             LegStep::RecordLanded => self.records[r].1 += 1,
@@ -449,33 +454,31 @@ fn every_rank_sends_at_most_one_leg_a_round_and_lands_each_writers_at_most_once(
 }
 
 #[test]
-fn a_copy_outs_flags_sit_side_by_side_on_the_send_lane_and_hand_backs_alone() {
-    // The executor writes a run of SetFlag steps of one writer, slot and value as one batch,
-    // and runs a landing's work after each hand-back: runs must be a copy out's flags only.
+fn a_copy_out_marks_its_readers_full_at_once_and_each_hand_back_is_one_flag() {
+    // The executor writes a MarkFull's flags as one batch, and runs a landing's work after
+    // its hand-back: a copy out is followed by its leg's MarkFull of its slot, the send lane
+    // sets no flag else, and the receive lane only hands back, empty, what this rank landed.
     for world in 2..=8 {
         for call in calls(world) {
             for rank in 0..world {
                 let steps = steps(&call.rounds, rank, SHARE_ALIGN, 3, &[]);
-                for (i, (lane, step)) in steps.iter().enumerate() {
-                    let LegStep::SetFlag { writer, slot, value, .. } = *step else { continue };
-                    if *lane == Lane::Receive {
-                        assert_ne!(steps.get(i + 1).map(|s| s.1), Some(*step), "{world} ranks, rank {rank}");
-                        continue;
-                    }
-                    let readers = call.rounds.legs.iter().map(|l| l.readers(world).count()).max().unwrap_or(0);
-                    let run = steps[i..].iter().take_while(|(l, s)| {
-                        *l == Lane::Send && matches!(*s, LegStep::SetFlag { writer: w, slot: sl, value: v, .. } if (w, sl, v) == (writer, slot, value))
-                    });
-                    assert!(run.count() <= readers, "{world} ranks, rank {rank}");
-                }
-                let mut after_copy = false;
-                for (lane, step) in &steps {
+                for (i, &(lane, step)) in steps.iter().enumerate() {
+                    let what = format!("{world} ranks, rank {rank}, step {i}: {step:?}");
                     match step {
-                        LegStep::CopyOut { .. } => after_copy = true,
-                        LegStep::SetFlag { .. } if *lane == Lane::Send => {
-                            assert!(after_copy, "a send flag follows a copy out")
+                        LegStep::CopyOut { leg, slot, .. } => {
+                            assert_eq!(steps.get(i + 1), Some(&(Lane::Send, LegStep::MarkFull { leg, slot })), "{what}")
                         }
-                        _ => after_copy = matches!(step, LegStep::SetFlag { .. }) && after_copy,
+                        LegStep::MarkFull { .. } => {
+                            assert!(lane == Lane::Send && matches!(steps[i - 1].1, LegStep::CopyOut { .. }), "{what}")
+                        }
+                        LegStep::SetFlag { reader, value, .. } => {
+                            assert!(lane == Lane::Receive && reader == rank && value == EMPTY, "{what}");
+                            assert!(
+                                matches!(steps[i - 1].1, LegStep::Land { .. }),
+                                "{what}: hands back what it landed"
+                            );
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -492,8 +495,14 @@ fn a_chunk_for_every_other_rank_is_copied_out_once_with_a_flag_for_each() {
     for rank in 0..world {
         let steps = steps(&rounds, rank, SHARE_ALIGN, 3, &[]);
         let copies = steps.iter().filter(|(_, s)| matches!(s, LegStep::CopyOut { .. })).count();
-        let full = |s: &LegStep| matches!(s, LegStep::SetFlag { writer, value: FULL, .. } if *writer == rank);
-        assert_eq!((copies, steps.iter().filter(|(_, s)| full(s)).count()), (2, 6), "rank {rank}");
+        let full: usize = steps
+            .iter()
+            .filter_map(|(_, s)| match *s {
+                LegStep::MarkFull { leg, .. } => Some(rounds.legs[leg].readers(world).count()),
+                _ => None,
+            })
+            .sum();
+        assert_eq!((copies, full), (2, 6), "rank {rank}");
         let writers: Vec<usize> = steps
             .iter()
             .filter_map(|(_, s)| if let LegStep::WaitFlag { writer, .. } = s { Some(*writer) } else { None })
