@@ -151,10 +151,8 @@ impl Communicator {
             algorithm: choice::forced(options.algorithm, env(crate::ALGORITHM_VAR).as_deref())?,
             ..options
         };
-        let asked = crate::compression::requested(&options, env(crate::COMPRESS_VAR).as_deref())?;
-        // The slot first, then compression's minimum priced with it.
-        let options = shm_fit::settled_slot(options, world, asked.is_some(), shm_fit::shm_bytes())?;
-        let compress = crate::compression::resolve(asked, world, &options)?;
+        let env_compress = env(crate::COMPRESS_VAR);
+        let (options, compress) = shm_fit::settle(options, world, env_compress.as_deref(), shm_fit::shm_bytes())?;
         let receive = crate::receive::resolve(options.receive, env(crate::RECEIVE_VAR).as_deref())?;
         let mut layout = Layout::new(world, &options)?;
         layout.compress = crate::compression::Resolved::option_words(compress);

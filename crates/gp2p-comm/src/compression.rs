@@ -56,7 +56,8 @@ const LARGEST: usize = 1 << 30;
 pub struct Compression {
     /// How values travel.
     pub format: WireFormat,
-    /// All-reduces of fewer bytes run exact; `None`: the cost model's minimum.
+    /// All-reduces of fewer bytes run exact (a minimum given here counts in whole KiB, rounded
+    /// up, as ranks compare it); `None`: the cost model's minimum.
     pub min_bytes: Option<usize>,
 }
 
@@ -125,7 +126,9 @@ pub(crate) fn requested(options: &CommOptions, env: Option<&str>) -> Result<Opti
 pub(crate) fn resolve(asked: Option<Compression>, world: usize, options: &CommOptions) -> Result<Option<Resolved>> {
     let Some(c) = asked else { return Ok(None) };
     let min_bytes = match c.min_bytes {
-        Some(given) => given,
+        // Whole KiB, as ranks compare it ([`Resolved::option_words`]): ranks given 1000 and
+        // 1K would otherwise pass the comparison and disagree on a call of 1000 bytes.
+        Some(given) => given.div_ceil(1024).saturating_mul(1024),
         None => min_bytes_with_slot(world, options, c.format)?,
     };
     Ok(Some(Resolved { format: c.format, min_bytes }))
@@ -348,7 +351,8 @@ mod tests {
         let given = Compression { format: int8(), min_bytes: Some(12345) };
         let options = CommOptions { compress: Some(given), ..options };
         let asked = requested(&options, Some("fp8")).unwrap();
-        assert_eq!(resolve(asked, 2, &settled).unwrap().unwrap(), Resolved { format: int8(), min_bytes: 12345 });
+        let in_kib = Resolved { format: int8(), min_bytes: 13 << 10 };
+        assert_eq!(resolve(asked, 2, &settled).unwrap().unwrap(), in_kib, "a given minimum, up to whole KiB");
         let words = Resolved::option_words(Some(Resolved { format: int8(), min_bytes: 12345 }));
         assert_eq!(words, [1 | 64 << 8, 13]);
         assert_eq!(Resolved::option_words(None), [0, 0]);

@@ -29,7 +29,8 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     let min = min_bytes(m, &paths, slot_bytes, format);
     let mut out = format!(
         "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK][@MIN]; bf16 as int8 in blocks of 64, about half \
-         the bytes, one more handoff, eight operations a piece's step): exact below {}, compressed from there on.\n",
+         the bytes, one more handoff, eight operations a piece's step): exact below {}, compressed from there on, \
+         with the default slots (a communicator on a smaller /dev/shm takes smaller ones and prices its own).\n",
         format_size(min)
     );
     let mut t = table(&["size", "exact µs", "compressed µs", "runs"], &["runs"]);

@@ -1,9 +1,30 @@
-//! The slot a communicator makes: the caller's, or the default sized for compression and fitted
-//! to this host's /dev/shm (`crate::fit_slot_to_shm`).
+//! The slot a communicator makes (the caller's, or the default sized for compression and
+//! fitted to this host's /dev/shm, `crate::fit_slot_to_shm`), and compression's minimum priced
+//! with it.
 
+use crate::compression::{Resolved, requested, resolve};
 use crate::layout::{CommOptions, Layout};
 use crate::slots::is_default_slot;
 use crate::{Result, fit_slot_to_shm};
+
+/// `options` with their slot settled ([`settled_slot`]) for `world` ranks on a host of `shm`
+/// bytes of /dev/shm, and the compression they or `env` (the value of `crate::COMPRESS_VAR`)
+/// ask for, its minimum priced with that slot: what a communicator makes and every rank
+/// compares.
+///
+/// # Errors
+/// [`crate::Error::InvalidOption`] for options or a variable a communicator refuses.
+pub(crate) fn settle(
+    options: CommOptions,
+    world: usize,
+    env: Option<&str>,
+    shm: Option<u64>,
+) -> Result<(CommOptions, Option<Resolved>)> {
+    let asked = requested(&options, env)?;
+    let options = settled_slot(options, world, asked.is_some(), shm)?;
+    let compress = resolve(asked, world, &options)?;
+    Ok((options, compress))
+}
 
 /// The size of /dev/shm, where the communicators' segments live (its file system's, as
 /// statvfs gives it); `None` where it cannot be read or has no limit (a tmpfs mounted with
@@ -20,12 +41,7 @@ pub(crate) fn shm_bytes() -> Option<u64> {
 ///
 /// # Errors
 /// [`crate::Error::InvalidOption`] for options a communicator refuses.
-pub(crate) fn settled_slot(
-    options: CommOptions,
-    world: usize,
-    compressing: bool,
-    shm: Option<u64>,
-) -> Result<CommOptions> {
+fn settled_slot(options: CommOptions, world: usize, compressing: bool, shm: Option<u64>) -> Result<CommOptions> {
     if !is_default_slot(options.slot_bytes, world) {
         return Ok(options);
     }
@@ -38,7 +54,8 @@ pub(crate) fn settled_slot(
 /// must fit a slot).
 fn fitted_to_shm(options: CommOptions, world: usize, shm: Option<u64>) -> Result<CommOptions> {
     let layout = Layout::new(world, &options)?;
-    let other = crate::segment::staging_offset(world) + layout.slots_offset;
+    // Slots are whole 64 KiB, so the staging area's tail pads only what comes before them.
+    let other = crate::segment::staging_offset(world) + layout.slots_offset.next_multiple_of(crate::STAGING_ALIGN);
     let fitted = fit_slot_to_shm(options.slot_bytes, world, options.slots, other, shm);
     let floor = options.chunk_bytes.unwrap_or(0).min(options.slot_bytes);
     Ok(CommOptions { slot_bytes: fitted.max(floor), ..options })
@@ -47,7 +64,7 @@ fn fitted_to_shm(options: CommOptions, world: usize, shm: Option<u64>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compression::{Compression, compressing_slot_bytes, min_bytes_h200, requested, resolve};
+    use crate::compression::{compressing_slot_bytes, min_bytes_h200};
     use crate::slots::MIN_SLOT_BYTES;
 
     const DOCKER_SHM: Option<u64> = Some(64 << 20);
@@ -75,25 +92,30 @@ mod tests {
 
     #[test]
     fn compression_is_priced_with_the_slot_the_communicator_makes() {
-        let compress = Compression { format: compression_from_int8(), min_bytes: None };
+        let int8 = compression_from_int8();
+        let mut moved = 0;
         for world in [2, 4, 8] {
-            let options = CommOptions { compress: Some(compress), ..CommOptions::for_world(world) };
-            let roomy = settled_slot(options, world, true, None).unwrap();
+            let options = CommOptions::for_world(world);
+            let (roomy, at_roomy) = settle(options, world, Some("int8"), None).unwrap();
             assert_eq!(roomy.slot_bytes, compressing_slot_bytes(&options, world), "{world} ranks");
-            let small = settled_slot(options, world, true, DOCKER_SHM).unwrap();
+            assert_eq!(at_roomy.unwrap().min_bytes, min_bytes_h200(world, int8), "{world} ranks");
+            let (small, at_small) = settle(options, world, Some("int8"), DOCKER_SHM).unwrap();
             assert!(small.slot_bytes < roomy.slot_bytes, "{world} ranks: {} bytes", small.slot_bytes);
-            let min = |settled: &CommOptions| {
-                resolve(requested(&options, None).unwrap(), world, settled).unwrap().unwrap().min_bytes
-            };
-            assert_eq!(min(&roomy), min_bytes_h200(world, compress.format), "{world} ranks");
             let priced_small = crate::compression::min_bytes(
                 &gp2p_collectives::cost::Machine::h200(world),
                 &crate::choice::AllReducePaths::of(world, &small, None).unwrap(),
                 small.slot_bytes,
-                compress.format,
+                int8,
             );
-            assert_eq!(min(&small), priced_small, "{world} ranks");
+            let at_small = at_small.unwrap().min_bytes;
+            assert_eq!(at_small, priced_small, "{world} ranks");
+            moved += usize::from(at_small != at_roomy.unwrap().min_bytes);
+            let (exact, none) = settle(options, world, None, DOCKER_SHM).unwrap();
+            assert!(none.is_none() && exact.slot_bytes <= options.slot_bytes, "{world} ranks");
+            let given = settle(options, world, Some("int8@3K"), DOCKER_SHM).unwrap().1.unwrap();
+            assert_eq!(given.min_bytes, 3 << 10, "{world} ranks: a given minimum stays");
         }
+        assert!(moved > 0, "the smaller slot moves the minimum somewhere, or this checks nothing");
     }
 
     fn compression_from_int8() -> gp2p_cuda::codec::WireFormat {
