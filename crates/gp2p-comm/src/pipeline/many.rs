@@ -192,18 +192,16 @@ impl Pipeline {
                     Some(("wait flag", 0))
                 }
                 LegStep::MarkFull { leg, slot } => {
-                    // The readers' flags in as few writes as a batch allows (one: a leg has at
-                    // most world − 1 readers).
-                    let mut flags = legs[leg].readers(layout.world).map(|r| device_at(layout.full(rank, slot, r)));
-                    loop {
-                        let mut batch = [0; MAX_FLAG_BATCH];
-                        let count = batch.iter_mut().zip(&mut flags).map(|(b, flag)| *b = flag).count();
-                        if count == 0 {
-                            break;
-                        }
-                        // SAFETY: flags of the registered area.
-                        unsafe { write_flags(stream, &batch[..count], FULL)? };
+                    // The readers' flags in one write: a leg has at most world − 1 readers.
+                    const { assert!(crate::MAX_RANKS - 1 <= MAX_FLAG_BATCH) };
+                    let mut batch = [0; MAX_FLAG_BATCH];
+                    let mut count = 0;
+                    for reader in legs[leg].readers(layout.world) {
+                        batch[count] = device_at(layout.full(rank, slot, reader));
+                        count += 1;
                     }
+                    // SAFETY: flags of the registered area.
+                    unsafe { write_flags(stream, &batch[..count], FULL)? };
                     None
                 }
                 LegStep::SetFlag { writer, slot, reader, value } => {

@@ -104,6 +104,8 @@ struct Model<'a> {
     /// Folds of each element of each rank's destination (to check `last`), per call.
     folds: Vec<Vec<Vec<usize>>>,
     left: Vec<Vec<usize>>,
+    /// Whether the calls run as runs chained one after another (see [`enqueue`]).
+    chained: bool,
 }
 
 fn initial(call: usize, rank: usize, len: usize, salt: u64) -> Vec<u64> {
@@ -184,11 +186,14 @@ impl<'a> Model<'a> {
             part,
             folds,
             left,
+            chained,
         }
     }
 
     fn ready(&self, r: usize, q: &Queued) -> bool {
-        if q.call > 0 && self.left[r][q.call - 1] > 0 {
+        // Calls wait for the rank's call before (each call's first step on the GPU does);
+        // chained runs don't, and only their flags and events order them.
+        if !self.chained && q.call > 0 && self.left[r][q.call - 1] > 0 {
             return false;
         }
         match q.step {
