@@ -171,8 +171,8 @@ class Communicator:
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError("algorithm: expected 'one-shot', 'two-shot' or None, got %r" % (algorithm,))
         if compress is not None and not isinstance(compress, str):
-            raise TypeError("compress: expected 'int8', 'fp8' (either with ':BLOCK'), 'off' or None, got %r"
-                            % (compress,))
+            raise TypeError("compress: expected 'int8', 'fp8' (either with ':BLOCK' and '@MIN'), 'off' or None, "
+                            "got %r" % (compress,))
         if receive is not None and not isinstance(receive, str):
             raise TypeError("receive: expected 'auto', 'scratch', 'zero-copy' or None, got %r" % (receive,))
         self.rank, self.world_size, self.device = int(rank), int(world_size), device_index(device)

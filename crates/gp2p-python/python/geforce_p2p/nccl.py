@@ -80,9 +80,9 @@ def environment(base: Optional[Mapping[str, str]] = None, door: Optional[str] = 
     door first (once), vLLM's and sglang's library variables name it, and ``GP2P_NCCL_REAL``
     names torch's NCCL unless it is set already, and ``CUDA_DEVICE_MAX_CONNECTIONS`` is
     :data:`HARDWARE_QUEUES` unless set or an MPS daemon serves the command (``mps``; default
-    :func:`mps_serves`): the processes an MPS server runs draw their queues from one device's
-    channels, and on one H100 four processes of 32 queues each made the fourth's context
-    creation fail with "out of memory", where CUDA's own 8 ran."""
+    :func:`mps_serves`): the processes an MPS server runs likely draw their queues from one
+    device's channels: on one H100 torchrun's four processes of 32 queues each failed at a rank's
+    first CUDA call with "out of memory", where CUDA's own 8 ran."""
     env = dict(os.environ if base is None else base)
     door = library() if door is None else door
     preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != door]
