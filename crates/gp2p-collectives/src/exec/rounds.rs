@@ -93,7 +93,7 @@ pub(super) fn run_legs<T: Element>(
             // landing for the fill.
             LegStep::WaitSlotFree { .. }
             | LegStep::MarkFull { .. }
-            | LegStep::SetFlag { .. }
+            | LegStep::HandBack { .. }
             | LegStep::WaitFlag { .. } => {}
         }
     }

@@ -10,9 +10,9 @@
 //! in the order of its legs; chunk j of a call (counting every leg of the writer) goes
 //! through slot `j % slots`, so a reader knows the slot from the legs alone. Every slot has
 //! a flag per reader: the writer waits until every reader's flag of the slot is empty,
-//! copies the chunk in once and sets each of its readers' flags full (a leg to every other
-//! rank has N−1 readers); each reader waits for its flag to be full, lands the chunk and sets
-//! it empty. Whoever read a slot last, and in whatever call, the next writer waits for it.
+//! copies the chunk in once and sets each of its readers' flags full in one step
+//! ([`LegStep::MarkFull`]; a leg to every other rank has N−1 readers); each reader waits for
+//! its flag to be full, lands the chunk and sets it empty ([`LegStep::HandBack`]). Whoever read a slot last, and in whatever call, the next writer waits for it.
 //!
 //! **Order.** Each rank's steps come in the order of their [`Key`] (round, chunk, send
 //! before receive; receives by writer, the nearest before first). Every wait is for a step
@@ -84,8 +84,8 @@ pub enum LegStep {
     /// copy out before put there is theirs to land (one write of several flags where the
     /// executor can).
     MarkFull { leg: usize, slot: usize },
-    /// Set `reader`'s flag of `writer`'s `slot` to `value`.
-    SetFlag { writer: usize, slot: usize, reader: usize, value: u32 },
+    /// Set this rank's flag of `writer`'s `slot` back to [`EMPTY`]: the chunk there is landed.
+    HandBack { writer: usize, slot: usize },
     /// Wait (bounded) until `reader`'s flag of `writer`'s `slot` is `value`.
     WaitFlag { writer: usize, slot: usize, reader: usize, value: u32 },
     /// Fold or copy `slot` of the leg's writer into chunk `chunk` of the leg's destination.
@@ -224,7 +224,7 @@ pub fn keyed_steps(
                 out.extend([
                     ((round, chunk, Receive), Receive, LegStep::WaitFlag { writer, slot, reader: rank, value: FULL }),
                     ((round, chunk, Receive), Receive, LegStep::Land { leg: i, chunk, slot }),
-                    ((round, chunk, Receive), Receive, LegStep::SetFlag { writer, slot, reader: rank, value: EMPTY }),
+                    ((round, chunk, Receive), Receive, LegStep::HandBack { writer, slot }),
                 ]);
                 landed_unrecorded = true;
                 if !landed.contains(&i) {

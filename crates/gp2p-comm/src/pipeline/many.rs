@@ -204,10 +204,9 @@ impl Pipeline {
                     unsafe { write_flags(stream, &batch[..count], FULL)? };
                     None
                 }
-                LegStep::SetFlag { writer, slot, reader, value } => {
-                    // A hand-back, with the landing's work after it.
+                LegStep::HandBack { writer, slot } => {
                     // SAFETY: a flag of the registered area.
-                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, reader)), value)? };
+                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, rank)), EMPTY)? };
                     // SAFETY: the landing's bytes sit in device memory this stream alone uses
                     // (the receive stage or the scratch), put there by its earlier work; the
                     // destination is the leg's, which nothing else of the call touches

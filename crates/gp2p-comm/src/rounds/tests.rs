@@ -251,7 +251,7 @@ impl<'a> Model<'a> {
                     self.flags[r][slot][reader] = FULL;
                 }
             }
-            LegStep::SetFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] = value,
+            LegStep::HandBack { writer, slot } => self.flags[writer][slot][r] = EMPTY,
             LegStep::RecordSent => self.records[r].0 += 1,
             LegStep::RecordLanded => self.records[r].1 += 1,
             _ => {}
@@ -476,8 +476,12 @@ fn a_copy_out_marks_its_readers_full_at_once_and_each_hand_back_is_one_flag() {
                         LegStep::MarkFull { .. } => {
                             assert!(lane == Lane::Send && matches!(steps[i - 1].1, LegStep::CopyOut { .. }), "{what}")
                         }
-                        LegStep::SetFlag { reader, value, .. } => {
-                            assert!(lane == Lane::Receive && reader == rank && value == EMPTY, "{what}");
+                        LegStep::HandBack { writer, slot } => {
+                            assert!(lane == Lane::Receive, "{what}");
+                            let LegStep::Land { leg, slot: landed, .. } = steps[i - 1].1 else {
+                                panic!("{what}: hands back what it did not land")
+                            };
+                            assert_eq!((call.rounds.legs[leg].writer, landed), (writer, slot), "{what}");
                             assert!(
                                 matches!(steps[i - 1].1, LegStep::Land { .. }),
                                 "{what}: hands back what it landed"
