@@ -121,6 +121,16 @@ pub const H200_HANDOFF_US: f64 = 11.4;
 /// copy each way, in turn on one stream).
 pub const OP_US: f64 = 5.25;
 
+/// What each chunk step of a pipelined call costs on top where r ranks share one GPU
+/// ([`Machine::ranks_per_device`]), µs per unit of (r − 1)(r − 2): their DMAs take turns on
+/// its copy engines. A fit, on one H100 with 4 and 8 processes under MPS (f32 all-reduce at
+/// 1706435, `benches/results/h10080gbhbm3/comm-all-reduce-{4,8}.txt`): 1 MiB took 438 and
+/// 1545 µs where the model without it priced 308 and 614, a shortfall of 26 and 103 µs a
+/// step; this brings every row of those runs from 1 to 256 MiB, and the earlier runs among 4
+/// with 4 MiB slots, within ±15 %. Two ranks on one GPU measured no shortfall (their rows
+/// price high already), and the form gives them none; cards of their own pay none of it.
+pub const DEVICE_TURN_US: f64 = 2.5;
+
 /// An all-reduce algorithm over host memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -248,13 +258,17 @@ pub struct Machine {
     pub cards_per_uplink: usize,
     /// One dependent operation of a pipeline's chunk step, µs ([`OP_US`]).
     pub op_us: f64,
+    /// Ranks that share one GPU: 1 where each has a card of its own; the test bed's N
+    /// processes on one card, N. Their chunk steps take turns on its copy engines
+    /// ([`DEVICE_TURN_US`]).
+    pub ranks_per_device: usize,
 }
 
 impl Machine {
     /// `ranks` cards with the rates measured on this project's H200 machines
     /// ([`H200_H2D_GBPS`], [`H200_D2H_GBPS`], [`H200_DUPLEX_GBPS`], [`H200_HOST_GBPS`],
     /// [`H200_DRAM_GBPS`], [`H200_HANDOFF_US`]) and a step's operation fitted on an H100
-    /// ([`OP_US`]).
+    /// ([`OP_US`]), a card each.
     pub const fn h200(ranks: usize) -> Machine {
         Machine {
             ranks,
@@ -266,13 +280,16 @@ impl Machine {
             handoff_us: H200_HANDOFF_US,
             cards_per_uplink: 1,
             op_us: OP_US,
+            ranks_per_device: 1,
         }
     }
 
     /// Seconds that `steps` chunk steps of `ops` dependent operations each add to a pipelined
-    /// call (see [`OP_US`]).
+    /// call (see [`OP_US`]), with the turns of ranks that share a GPU ([`DEVICE_TURN_US`]).
     pub fn steps_seconds(&self, steps: usize, ops: usize) -> f64 {
-        (steps * ops) as f64 * self.op_us * SECONDS_PER_US
+        let sharing = self.ranks_per_device.clamp(2, self.ranks.max(2));
+        let turns = ((sharing - 1) * (sharing - 2)) as f64 * DEVICE_TURN_US;
+        steps as f64 * (ops as f64 * self.op_us + turns) * SECONDS_PER_US
     }
 }
 

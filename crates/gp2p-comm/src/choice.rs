@@ -205,13 +205,15 @@ impl AllReducePaths {
 /// buffer); for the rounds a share, or a chunk of it ([`AllReducePaths::rounds_chunk`]). And
 /// they pay their steps: every chunk step in turn (the exchange's chunks, the rounds' N rounds
 /// of a share's chunks, [`rounds_steps`], one more for the fill) costs [`EXACT_STEP_OPS`]
-/// dependent GPU operations at [`Machine::op_us`] each. With the handoff measured there, that
-/// brings every pipelined row measured on one H100 shared by two or four ranks within ±15 %
-/// (the test `the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent` holds them),
-/// where the fill alone left them up to 20 % low; the steps make small chunks cost what they
-/// do. Two ranks' flagged-chunk kernel is priced at half the link's DMA rate
-/// ([`CHUNK_KERNEL_BYTES_PER_DATA_BYTE`]); eight ranks' large rows wait on the host's enqueue,
-/// which the model does not see.
+/// dependent GPU operations at [`Machine::op_us`] each, and where ranks share one GPU their
+/// turns on its copy engines ([`gp2p_collectives::cost::DEVICE_TURN_US`]). With the handoff
+/// measured there, that brings every pipelined row measured on one H100 shared by two, four
+/// or eight ranks within ±15 % (the tests `the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent`
+/// and `the_h100_rows_among_four_and_eight_processes_are_within_fifteen_percent_with_their_turns`
+/// hold them), where the fill alone left them up to 20 % low and without the turns 1 MiB
+/// among 8 priced 60 % low; the steps make small chunks cost what they do. Two ranks'
+/// flagged-chunk kernel is priced at half the link's DMA rate
+/// ([`CHUNK_KERNEL_BYTES_PER_DATA_BYTE`]).
 pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize) -> Prediction {
     let filled = |t: Traffic, fill: usize| Traffic {
         up_bytes: t.up_bytes + fill as f64,

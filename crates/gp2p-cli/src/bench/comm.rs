@@ -268,10 +268,16 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     if let Some(m) = model.filter(|_| kind_is_priced(args.collective, compressed)) {
         println!(
             "# model: gp2p plan's cost model for the path each size takes, at duplex {:.1} GB/s (measured above), \
-             {} rank(s) sharing one link, handoff {:.1} us (a 4 KiB round trip through host memory), an operation of a \
+             {} rank(s) sharing one link and GPU ({:.1} us x (r - 1)(r - 2) a chunk step), handoff {:.1} us (a 4 KiB round trip through host memory), an operation of a \
              chunk step {:.2} us (a kernel or a 4 KiB copy after the other) and DRAM {:.0} GB/s (every core copying) \
              measured here, and its default host {:.0} GB/s; model err = model / time - 1",
-            m.duplex_gbps, m.cards_per_uplink, m.handoff_us, m.op_us, m.dram_gbps, m.host_gbps
+            m.duplex_gbps,
+            m.cards_per_uplink,
+            geforce_p2p::collectives::cost::DEVICE_TURN_US,
+            m.handoff_us,
+            m.op_us,
+            m.dram_gbps,
+            m.host_gbps
         );
     }
     if compressed.is_some() {
@@ -309,6 +315,8 @@ fn model_machine(world: usize, sharing: usize, duplex_gbps: f64, here: Measured)
         d2h_gbps: duplex_gbps,
         duplex_gbps,
         cards_per_uplink: sharing.max(1),
+        // Ranks on one GPU here share its link and its copy engines.
+        ranks_per_device: sharing.max(1),
         handoff_us: here.handoff_us,
         op_us: here.op_us,
         dram_gbps: here.dram_gbps,
@@ -534,7 +542,7 @@ mod tests {
     fn the_model_prices_the_exact_all_reduce_on_the_measured_link_shared_by_rank_0_s_ranks() {
         let here = Measured { handoff_us: 23.5, op_us: 6.5, dram_gbps: 96.0 };
         let m = model_machine(4, 4, 50.0, here);
-        assert_eq!((m.ranks, m.cards_per_uplink), (4, 4));
+        assert_eq!((m.ranks, m.cards_per_uplink, m.ranks_per_device), (4, 4, 4));
         assert_eq!((m.h2d_gbps, m.d2h_gbps, m.duplex_gbps), (50.0, 50.0, 50.0));
         assert_eq!((m.handoff_us, m.op_us, m.dram_gbps), (23.5, 6.5, 96.0), "measured here");
         assert_eq!(m.host_gbps, Machine::h200(4).host_gbps, "the rest are the model's defaults");

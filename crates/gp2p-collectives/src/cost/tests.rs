@@ -101,6 +101,7 @@ fn predictions_follow_the_formulas_and_name_their_bound() {
         handoff_us: 0.0,
         cards_per_uplink: 1,
         op_us: OP_US,
+        ranks_per_device: 1,
     };
     // One-shot: down 3 GiB at the duplex rate, 3 × 2^30 / 10e9 = 0.3221225472 s.
     let one = predict(&m, Algorithm::OneShot, GIB);
@@ -199,6 +200,7 @@ fn eight_gen4_cards_on_two_sockets() {
         handoff_us: 12.0,
         cards_per_uplink: 1,
         op_us: OP_US,
+        ranks_per_device: 1,
     };
     assert_eq!(choose_with(&m, 8, None).chosen, Algorithm::OneShot);
     let mib = choose_with(&m, MIB, None);
@@ -251,6 +253,7 @@ fn four_cards_behind_one_switch_uplink() {
         handoff_us: 14.0,
         cards_per_uplink: 1,
         op_us: OP_US,
+        ranks_per_device: 1,
     };
     assert_eq!(choose_with(&m, 8, None).chosen, Algorithm::OneShot);
     assert_eq!(choose_with(&m, 100_000, None).chosen, Algorithm::OneShot, "below 112 kB");
@@ -286,6 +289,7 @@ fn four_cards_behind_one_switch_from_the_topology() {
         handoff_us: 14.0,
         cards_per_uplink: 4,
         op_us: OP_US,
+        ranks_per_device: 1,
     };
     let gib = choose_with(&m, GIB, None);
     assert_eq!(gib.chosen, Algorithm::TwoShot);
@@ -323,6 +327,7 @@ fn two_gen5_cards_on_a_desktop() {
         handoff_us: 12.8,
         cards_per_uplink: 1,
         op_us: OP_US,
+        ranks_per_device: 1,
     };
     for bytes in [8, MIB, GIB] {
         let plan = choose_with(&m, bytes, None);

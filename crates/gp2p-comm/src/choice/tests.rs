@@ -216,8 +216,13 @@ fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
             if world == 2 { (4 * MIB, 8 * MIB, 2 * KIB) } else { (64 * KIB, 4 * MIB, 64 * KIB) };
         let many = ManyChoice { machine: Machine::h200(world), lines_max, forced: run.forced };
         let paths = AllReducePaths { world, small_max, slot_bytes, chunk_bytes: run.chunk, many, shared_link: false };
-        let machine =
-            Machine { duplex_gbps: run.duplex, cards_per_uplink: world, handoff_us: 10.7, ..Machine::h200(world) };
+        let machine = Machine {
+            duplex_gbps: run.duplex,
+            cards_per_uplink: world,
+            ranks_per_device: world,
+            handoff_us: 10.7,
+            ..Machine::h200(world)
+        };
         for (mib, measured_us) in [4, 16, 64, 256].into_iter().zip(run.times) {
             if measured_us == 0.0 {
                 continue;
@@ -229,6 +234,47 @@ fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
                 "{world} ranks, chunks {:?}, {mib} MiB: model {model_us:.0} µs, measured {measured_us}",
                 run.chunk
             );
+        }
+    }
+}
+
+/// Every row from 1 MiB of the all-reduce among 4 and 8 processes on one H100, the defaults of
+/// 1706435 (slots of 64 MiB / N), each against the model with the rates measured in its run
+/// (`benches/results/h10080gbhbm3/comm-all-reduce-{4,8}.txt`). Without the ranks' turns on
+/// the one GPU ([`gp2p_collectives::cost::DEVICE_TURN_US`]) 1 MiB priced 30 % and 60 % low.
+#[test]
+fn the_h100_rows_among_four_and_eight_processes_are_within_fifteen_percent_with_their_turns() {
+    const MIB: usize = 1 << 20;
+    // (ranks, duplex GB/s, handoff µs, DRAM GB/s, µs at 1, 4, 16, 64 and 256 MiB)
+    let runs = [
+        (4, 48.4, 10.8, 68.0, [438.4, 831.3, 2432.1, 8835.4, 37229.2]),
+        (8, 49.3, 10.7, 70.0, [1544.5, 2468.5, 6009.5, 20894.1, 86787.4]),
+    ];
+    for (world, duplex, handoff_us, dram_gbps, times) in runs {
+        let paths = AllReducePaths::of(world, &crate::CommOptions::for_world(world), None).unwrap();
+        let shared = Machine {
+            h2d_gbps: duplex,
+            d2h_gbps: duplex,
+            duplex_gbps: duplex,
+            cards_per_uplink: world,
+            ranks_per_device: world,
+            handoff_us,
+            op_us: 5.51,
+            dram_gbps,
+            ..Machine::h200(world)
+        };
+        let apart = Machine { ranks_per_device: 1, ..shared };
+        for (mib, measured_us) in [1, 4, 16, 64, 256].into_iter().zip(times) {
+            let model_us = |m: &Machine| all_reduce_prediction(m, &paths, mib * MIB).seconds * 1e6;
+            let error = model_us(&shared) / measured_us - 1.0;
+            assert!(
+                error.abs() <= 0.15,
+                "{world} ranks, {mib} MiB: model {:.0} µs, measured {measured_us}",
+                model_us(&shared)
+            );
+            if mib == 1 {
+                assert!(model_us(&apart) / measured_us < 0.75, "{world} ranks: the turns are what was missing");
+            }
         }
     }
 }
