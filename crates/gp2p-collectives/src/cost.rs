@@ -127,7 +127,9 @@ pub const OP_US: f64 = 5.25;
 /// 1706435, `benches/results/h10080gbhbm3/comm-all-reduce-{4,8}.txt`): 1 MiB took 438 and
 /// 1545 µs where the model without it priced 308 and 614, a shortfall of 26 and 103 µs a
 /// step; this brings every row of those runs from 1 to 256 MiB, and the earlier runs among 4
-/// with 4 MiB slots, within ±15 %. Two ranks on one GPU measured no shortfall (their rows
+/// with 4 MiB slots, within ±15 %. The eight ranks' rows set it (their errors +1 to +8 %);
+/// the four ranks' only just fit (−12.7 % at 1 MiB, whose shortfall the form halves, to
+/// +14.3 % at 64 MiB), so the form is a first fit, not a law. Two ranks on one GPU measured no shortfall (their rows
 /// price high already), and the form gives them none; cards of their own pay none of it.
 pub const DEVICE_TURN_US: f64 = 2.5;
 

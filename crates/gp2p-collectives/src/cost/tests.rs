@@ -340,3 +340,17 @@ fn two_gen5_cards_on_a_desktop() {
     assert_eq!(gib.prediction().bound, Bound::Dram);
     assert!(close(gib.prediction().seconds, 0.061_369_476), "{gib:?}");
 }
+
+#[test]
+fn ranks_sharing_a_gpu_add_their_turns_to_each_step_and_two_or_fewer_none() {
+    let ops_us = 4.0 * OP_US;
+    // (ranks per device, ranks, turns a step in units of DEVICE_TURN_US)
+    for (per_device, ranks, turns) in
+        [(0, 4, 0), (1, 4, 0), (2, 4, 0), (3, 4, 2), (4, 4, 6), (8, 4, 6), (8, 8, 42), (8, 1, 0)]
+    {
+        let m = Machine { ranks_per_device: per_device, ..Machine::h200(ranks) };
+        let us = m.steps_seconds(10, 4) * 1e6;
+        let want = 10.0 * (ops_us + turns as f64 * DEVICE_TURN_US);
+        assert!(close(us, want), "{per_device} ranks a device, {ranks} ranks: {us} µs, want {want}");
+    }
+}

@@ -174,8 +174,8 @@ fn an_all_reduce_is_priced_as_the_path_it_takes() {
 /// comm-receive.txt`, duplex 50.0 GB/s), the exchange chunked by the message
 /// (`comm-chunks-message-2.txt`, 50.5), four ranks' rounds in two runs
 /// (`comm-receive.txt`, `comm-chunks-slot-4.txt`): the model, with its fill and its steps,
-/// is within ±15 % of each. (Eight ranks are not: their host enqueue binds, 78 of 105 ms
-/// at 256 MiB, `comm-all-reduce-8.txt`.) Two ranks' 1 MiB, the flagged-chunk kernel
+/// is within ±15 % of each (eight ranks, with their turns on the shared GPU: the test
+/// after this one). Two ranks' 1 MiB, the flagged-chunk kernel
 /// (`comm-all-reduce-2.txt`, `comm-exact-bf16-2.txt`: 90.5 and 89.3 µs), is too.
 #[test]
 fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
