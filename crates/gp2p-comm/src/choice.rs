@@ -201,7 +201,9 @@ impl AllReducePaths {
 ///
 /// The pipelined paths also pay their fill: the first chunk goes up before anything comes
 /// down and the last comes down after everything went up, so each direction carries one
-/// chunk's time more. For the exchange that is its chunk ([`crate::pipeline_chunk`] of the
+/// chunk's time more, once for a link several cards share: two processes on one H100 ran
+/// 16 MiB in 939 µs (`benches/results/h10080gbhbm3/comm-all-reduce-2.txt`, 1706435), priced
+/// 942 µs with the fill once and 1113 µs with a fill a card. For the exchange that is its chunk ([`crate::pipeline_chunk`] of the
 /// buffer); for the rounds a share, or a chunk of it ([`AllReducePaths::rounds_chunk`]). And
 /// they pay their steps: every chunk step in turn (the exchange's chunks, the rounds' N rounds
 /// of a share's chunks, [`rounds_steps`], one more for the fill) costs [`EXACT_STEP_OPS`]
@@ -209,15 +211,17 @@ impl AllReducePaths {
 /// turns on its copy engines ([`gp2p_collectives::cost::DEVICE_TURN_US`]). With the handoff
 /// measured there, that brings every pipelined row measured on one H100 shared by two, four
 /// or eight ranks within ±15 % (the tests `the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent`
-/// and `the_h100_rows_among_four_and_eight_processes_are_within_fifteen_percent_with_their_turns`
-/// hold them), where the fill alone left them up to 20 % low and without the turns 1 MiB
+/// and `the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent` hold
+/// them), where the fill alone left them up to 20 % low and without the turns 1 MiB
 /// among 8 priced 60 % low; the steps make small chunks cost what they do. Two ranks'
 /// flagged-chunk kernel is priced at half the link's DMA rate
 /// ([`CHUNK_KERNEL_BYTES_PER_DATA_BYTE`]).
 pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize) -> Prediction {
+    // The fill once for a link that several cards share, not once a card (see above).
+    let per_uplink = machine.cards_per_uplink.max(1) as f64;
     let filled = |t: Traffic, fill: usize| Traffic {
-        up_bytes: t.up_bytes + fill as f64,
-        down_bytes: t.down_bytes + fill as f64,
+        up_bytes: t.up_bytes + fill as f64 / per_uplink,
+        down_bytes: t.down_bytes + fill as f64 / per_uplink,
         ..t
     };
     // The rounds' first chunk: a share, or a chunk of it.

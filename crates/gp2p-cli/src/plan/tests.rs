@@ -147,9 +147,10 @@ fn two_ranks_get_the_communicator_s_paths_with_the_pipeline_s_fill() {
     let (_, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
     let rows: Vec<&str> = communicator.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
     assert!(rows[0].ends_with("one kernel (lines)") && rows[1].ends_with("one kernel (chunks)"), "{text}");
-    // 16 MiB in chunks of 4 MiB, one of fill each way, both ranks on one 50 GB/s link: 2 × 20
-    // MiB / 50 GB/s + one 11.4 µs handoff + five steps of four operations at 5.25 µs.
-    assert!(rows[2].contains("955.3  uplink") && rows[2].ends_with("exchange"), "{text}");
+    // 16 MiB in chunks of 4 MiB, one of fill each way once for the link, both ranks on one
+    // 50 GB/s link: (2 × 16 + 4) MiB / 50 GB/s + one 11.4 µs handoff + five steps of four
+    // operations at 5.25 µs.
+    assert!(rows[2].contains("871.4  uplink") && rows[2].ends_with("exchange"), "{text}");
 }
 
 #[test]
