@@ -236,12 +236,18 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
         2 if bytes <= paths.small_max => {
             // One kernel, no pipeline: the lines move twice the bytes, the flagged chunks the
             // bytes at about half the DMA rate (CHUNK_KERNEL_BYTES_PER_DATA_BYTE).
-            let moved = if bytes <= paths.many.lines_max {
-                bytes * LINE_BYTES_PER_DATA_BYTE
-            } else {
-                bytes * CHUNK_KERNEL_BYTES_PER_DATA_BYTE
-            };
-            price(machine, Algorithm::OneShot, traffic(Algorithm::OneShot, 2, moved))
+            if bytes <= paths.many.lines_max {
+                return price(
+                    machine,
+                    Algorithm::OneShot,
+                    traffic(Algorithm::OneShot, 2, bytes * LINE_BYTES_PER_DATA_BYTE),
+                );
+            }
+            // The chunks' slower rate is the kernel's, not more bytes: host memory sees the
+            // bytes once.
+            let dram = traffic(Algorithm::OneShot, 2, bytes).host_dram_bytes;
+            let t = traffic(Algorithm::OneShot, 2, bytes * CHUNK_KERNEL_BYTES_PER_DATA_BYTE);
+            price(machine, Algorithm::OneShot, Traffic { host_dram_bytes: dram, ..t })
         }
         2 if paths.two_ranks_take_rounds(bytes) => stepped(
             price(machine, Algorithm::TwoShot, filled(all_reduce_traffic(2, bytes), rounds_fill)),
@@ -268,7 +274,10 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
 }
 
 /// What two ranks' flagged-chunk kernel (the one kernel above the lines) is priced as moving
-/// per byte of data: its loads and stores across the bus reach about half the link's DMA rate.
+/// per byte of data across the bus: its loads and stores reach about half the link's DMA
+/// rate. Host memory sees each byte once: priced a second time there, 1 MiB between two
+/// processes on one H100 came out DRAM-bound at 113 µs against 87 measured (1706435), and
+/// 96 µs without.
 /// On one H100 shared by two processes (duplex 50.5 GB/s) 1 MiB took 89-91 µs and 4 MiB
 /// 337-432 µs (`benches/results/h10080gbhbm3/comm-exact-bf16-2.txt`, `comm-all-reduce-2.txt`,
 /// `comm-chunks-message-2.txt`), where the DMA rate alone prices 52 and 177.
