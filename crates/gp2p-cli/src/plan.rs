@@ -34,6 +34,11 @@ pub struct PlanArgs {
     /// own link (default: 1, or the topology the probe finds with --measure or --example).
     #[arg(long, value_name = "CARDS")]
     uplink: Option<usize>,
+    /// Ranks that share one GPU, as on a test bed of N processes on one card under MPS: their
+    /// chunk steps take turns on its copy engines (default 1: a card each). Give --uplink the
+    /// same number, since they share its link too.
+    #[arg(long, value_name = "RANKS", default_value_t = 1)]
+    ranks_per_gpu: usize,
     /// Plan for a bundled example machine: its cards and topology; its rates are not in the
     /// example, so the defaults or flags stand. Without NAME, list the examples (as `gp2p
     /// probe --example` does).
@@ -208,6 +213,13 @@ impl PlanArgs {
             placed.push_str(&format!(", {per_uplink} cards there, at most {ranks} here"));
         }
         machine.cards_per_uplink = per_uplink.min(ranks);
+        if self.ranks_per_gpu == 0 || self.ranks_per_gpu > ranks {
+            return Err(CliError::Usage(format!(
+                "--ranks-per-gpu {}: expected 1 to {ranks} ranks (of --ranks {ranks})",
+                self.ranks_per_gpu
+            )));
+        }
+        machine.ranks_per_device = self.ranks_per_gpu;
         let mut sources = [Source::Default; 7];
         if let Some(m) = measured {
             for (i, &rate) in m.card.iter().enumerate() {
@@ -333,6 +345,12 @@ fn render(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> 
         out.push_str(&format!("  uplink: {} cards share one PCIe uplink at most ({from})\n", m.cards_per_uplink));
     } else if rates.placed.is_some() {
         out.push_str(&format!("  uplink: every card has its own ({from})\n"));
+    }
+    if m.ranks_per_device > 1 {
+        out.push_str(&format!(
+            "  GPU: {} ranks share one, their chunk steps taking turns on its copy engines (--ranks-per-gpu)\n",
+            m.ranks_per_device
+        ));
     }
     let mut header: Vec<String> = vec!["size".into()];
     header.extend(Algorithm::ALL.iter().map(|a| format!("{a} µs")));
@@ -476,6 +494,8 @@ struct JsonMachine {
     op_us: f64,
     /// The most cards behind one shared uplink.
     cards_per_uplink: usize,
+    /// Ranks that share one GPU.
+    ranks_per_gpu: usize,
     /// Per rate, by its flag's name: `default`, `flag` or `measured`.
     sources: BTreeMap<&'static str, Source>,
 }
@@ -510,6 +530,7 @@ fn json(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> Js
             handoff_us: m.handoff_us,
             op_us: m.op_us,
             cards_per_uplink: m.cards_per_uplink,
+            ranks_per_gpu: m.ranks_per_device,
             sources: RATES.into_iter().zip(rates.sources).collect(),
         },
         forced: forced.map(Algorithm::name),

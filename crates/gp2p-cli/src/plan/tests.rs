@@ -170,3 +170,27 @@ fn json_holds_the_machine_and_every_prediction() {
     assert_eq!(row["predictions"][0]["phases"], 6);
     assert_eq!(row["chosen"], plans[0].1.chosen.name());
 }
+
+#[test]
+fn ranks_sharing_a_gpu_price_their_turns_in_the_communicator_s_table() {
+    // The communicator's time at 1 MiB among 8 on one 50 GB/s link, a card each or all on one GPU.
+    let one_mib_us = |line: &[&str]| -> (f64, String) {
+        let rates = args(line).rates(None, None).unwrap();
+        let plans = vec![(1 << 20, cost::choose_with(&rates.machine, 1 << 20, None))];
+        let text = render(&rates, &plans, None);
+        let (_, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
+        let row = communicator.lines().find(|l| l.trim_start().starts_with(char::is_numeric)).expect("a row");
+        (row.split_whitespace().nth(1).unwrap().parse().unwrap(), text)
+    };
+    let (apart, text) = one_mib_us(&["--ranks", "8", "--uplink", "8", "--duplex", "50"]);
+    assert!(!text.contains("ranks share one"), "{text}");
+    let (shared, text) = one_mib_us(&["--ranks", "8", "--uplink", "8", "--duplex", "50", "--ranks-per-gpu", "8"]);
+    assert!(text.contains("GPU: 8 ranks share one"), "{text}");
+    // Nine chunk steps (a share each of the eight rounds, and the fill), 7 × 6 turns each.
+    let turns_us = 9.0 * 42.0 * cost::DEVICE_TURN_US;
+    assert!((shared - apart - turns_us).abs() < 0.2, "{apart} µs apart, {shared} µs on one GPU");
+    for bad in ["0", "9"] {
+        let e = args(&["--ranks", "8", "--ranks-per-gpu", bad]).rates(None, None).err().expect("refused");
+        assert!(e.to_string().contains("--ranks-per-gpu"), "{e}");
+    }
+}
