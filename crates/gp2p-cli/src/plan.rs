@@ -212,7 +212,6 @@ impl PlanArgs {
             // The topology's cards outnumber the ranks asked for: at most all of them share.
             placed.push_str(&format!(", {per_uplink} cards there, at most {ranks} here"));
         }
-        machine.cards_per_uplink = per_uplink.min(ranks);
         if self.ranks_per_gpu == 0 || self.ranks_per_gpu > ranks {
             return Err(CliError::Usage(format!(
                 "--ranks-per-gpu {}: expected 1 to {ranks} ranks (of --ranks {ranks})",
@@ -220,6 +219,8 @@ impl PlanArgs {
             )));
         }
         machine.ranks_per_device = self.ranks_per_gpu;
+        // Ranks on one GPU share its link too.
+        machine.cards_per_uplink = per_uplink.max(self.ranks_per_gpu).min(ranks);
         let mut sources = [Source::Default; 7];
         if let Some(m) = measured {
             for (i, &rate) in m.card.iter().enumerate() {
@@ -429,26 +430,32 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
         );
     }
     // The ring is refused at creation: the header says so below, with the paths unforced.
-    let paths =
+    let mut paths =
         match AllReducePaths::of(m.ranks, &CommOptions::for_world(m.ranks), forced.filter(|a| *a != Algorithm::Ring)) {
             Ok(paths) => paths,
             Err(e) => return format!("One process per GPU: no communicator table ({e})\n"),
         };
+    // Two ranks on one GPU share its link, as their communicator finds: the rounds, and the one
+    // kernel only as far as it prices cheaper.
+    if m.ranks == 2 && m.ranks_per_device >= 2 {
+        paths.shared_link = true;
+        paths.small_max = paths.one_kernel_max();
+    }
     let mut out = if m.ranks == 2 {
         format!(
             "One process per GPU (torchrun, geforce_p2p.distributed) between two ranks: one kernel up to {} (8-byte \
              lines, twice the bytes, up to {}), the exchange through the slots above (two-shot rounds where \
              forced, or where the two share one GPU); the exchange priced with one chunk of fill each way (a \
-             quarter of the buffer, 1 MiB to a slot), the rounds with a share's chunk, and every chunk step with \
-             four operations.\n",
+             quarter of the buffer, 1 MiB to a slot; once for a shared link), the rounds with a share's chunk, and \
+             every chunk step with four operations.\n",
             format_size(paths.small_max),
             format_size(paths.many.lines_max)
         )
     } else {
         format!(
             "One process per GPU (torchrun, geforce_p2p.distributed): its one-shot in 8-byte lines (twice the bytes, \
-             up to {}) or its two-shot in rounds ({} handoffs, a share's chunk of fill each way, four operations a \
-             chunk step), the cheaper at H200 rates as the communicator chooses.\n",
+             up to {}) or its two-shot in rounds ({} handoffs, a share's chunk of fill each way, once for a shared \
+             link, four operations a chunk step), the cheaper at H200 rates as the communicator chooses.\n",
             format_size(paths.many.lines_max),
             m.ranks
         )
@@ -494,8 +501,8 @@ struct JsonMachine {
     op_us: f64,
     /// The most cards behind one shared uplink.
     cards_per_uplink: usize,
-    /// Ranks that share one GPU.
-    ranks_per_gpu: usize,
+    /// Ranks that share one GPU (`--ranks-per-gpu`).
+    ranks_per_device: usize,
     /// Per rate, by its flag's name: `default`, `flag` or `measured`.
     sources: BTreeMap<&'static str, Source>,
 }
@@ -530,7 +537,7 @@ fn json(rates: &Rates, plans: &[(usize, Plan)], forced: Option<Algorithm>) -> Js
             handoff_us: m.handoff_us,
             op_us: m.op_us,
             cards_per_uplink: m.cards_per_uplink,
-            ranks_per_gpu: m.ranks_per_device,
+            ranks_per_device: m.ranks_per_device,
             sources: RATES.into_iter().zip(rates.sources).collect(),
         },
         forced: forced.map(Algorithm::name),

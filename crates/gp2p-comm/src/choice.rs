@@ -201,10 +201,12 @@ impl AllReducePaths {
 ///
 /// The pipelined paths also pay their fill: the first chunk goes up before anything comes
 /// down and the last comes down after everything went up, so each direction carries one
-/// chunk's time more, once for a link several cards share: two processes on one H100 ran
-/// 16 MiB in 939 µs (`benches/results/h10080gbhbm3/comm-all-reduce-2.txt`, 1706435), priced
-/// 942 µs with the fill once and 1113 µs with a fill a card. For the exchange that is its chunk ([`crate::pipeline_chunk`] of the
-/// buffer); for the rounds a share, or a chunk of it ([`AllReducePaths::rounds_chunk`]). And
+/// chunk's time more, once for a link several cards share (and so once a link in the host's
+/// term too): two processes on one H100 ran 16 MiB in 939 µs
+/// (`benches/results/h10080gbhbm3/comm-all-reduce-2.txt`, 1706435), priced 942 µs with the
+/// fill once and 1113 µs with a fill a card. For the exchange that is its chunk
+/// ([`crate::pipeline_chunk`] of the buffer); for the rounds a share, or a chunk of it
+/// ([`AllReducePaths::rounds_chunk`]). And
 /// they pay their steps: every chunk step in turn (the exchange's chunks, the rounds' N rounds
 /// of a share's chunks, [`rounds_steps`], one more for the fill) costs [`EXACT_STEP_OPS`]
 /// dependent GPU operations at [`Machine::op_us`] each, and where ranks share one GPU their
@@ -243,11 +245,16 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
                     traffic(Algorithm::OneShot, 2, bytes * LINE_BYTES_PER_DATA_BYTE),
                 );
             }
-            // The chunks' slower rate is the kernel's, not more bytes: host memory sees the
-            // bytes once.
-            let dram = traffic(Algorithm::OneShot, 2, bytes).host_dram_bytes;
-            let t = traffic(Algorithm::OneShot, 2, bytes * CHUNK_KERNEL_BYTES_PER_DATA_BYTE);
-            price(machine, Algorithm::OneShot, Traffic { host_dram_bytes: dram, ..t })
+            // The chunks' slower rate is the kernel's, not more bytes: the link at that rate,
+            // host memory at its own.
+            let k = CHUNK_KERNEL_BYTES_PER_DATA_BYTE as f64;
+            let slower = Machine {
+                h2d_gbps: machine.h2d_gbps / k,
+                d2h_gbps: machine.d2h_gbps / k,
+                duplex_gbps: machine.duplex_gbps / k,
+                ..*machine
+            };
+            price(&slower, Algorithm::OneShot, traffic(Algorithm::OneShot, 2, bytes))
         }
         2 if paths.two_ranks_take_rounds(bytes) => stepped(
             price(machine, Algorithm::TwoShot, filled(all_reduce_traffic(2, bytes), rounds_fill)),
@@ -273,11 +280,11 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
     }
 }
 
-/// What two ranks' flagged-chunk kernel (the one kernel above the lines) is priced as moving
-/// per byte of data across the bus: its loads and stores reach about half the link's DMA
-/// rate. Host memory sees each byte once: priced a second time there, 1 MiB between two
-/// processes on one H100 came out DRAM-bound at 113 µs against 87 measured (1706435), and
-/// 96 µs without.
+/// How much slower than the link's DMA rate two ranks' flagged-chunk kernel (the one kernel
+/// above the lines) moves its bytes across the bus: its loads and stores reach about half
+/// of it. It is priced as the bytes at the link's rates divided by this; host memory sees
+/// each byte once (priced twice there, 1 MiB between two processes on one H100 came out
+/// DRAM-bound at 113 µs against 87 measured, 1706435; once, 96).
 /// On one H100 shared by two processes (duplex 50.5 GB/s) 1 MiB took 89-91 µs and 4 MiB
 /// 337-432 µs (`benches/results/h10080gbhbm3/comm-exact-bf16-2.txt`, `comm-all-reduce-2.txt`,
 /// `comm-chunks-message-2.txt`), where the DMA rate alone prices 52 and 177.

@@ -237,7 +237,8 @@ pub fn compressed_prediction(
     let pieces = pieces_a_shard(values, ranks, format, slot_bytes);
     let mut t = all_reduce_traffic(ranks, wire);
     t.phases += 1;
-    let fill = 2.0 * wire.div_ceil(ranks * pieces) as f64;
+    // Once for a link several cards share, as the exact path's (`crate::choice`).
+    let fill = 2.0 * wire.div_ceil(ranks * pieces) as f64 / machine.cards_per_uplink.max(1) as f64;
     t.up_bytes += fill;
     t.down_bytes += fill;
     let mut prediction = price(machine, Algorithm::TwoShot, t);

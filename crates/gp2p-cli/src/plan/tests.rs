@@ -101,7 +101,9 @@ fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
     assert!(theirs[0].ends_with("one-shot (lines)") && theirs[0].contains("11.4  handoffs"), "{text}");
     assert!(theirs[1].contains("171531.1  dram") && theirs[1].ends_with("two-shot (rounds)"), "{text}");
     assert!(
-        communicator.contains("(8 handoffs, a share's chunk of fill each way, four operations a chunk step)"),
+        communicator.contains(
+            "(8 handoffs, a share's chunk of fill each way, once for a shared link, four operations a chunk step)"
+        ),
         "{text}"
     );
     // Compressed from the model's minimum on (8 H200s: 4 MiB), exact below it.
@@ -193,4 +195,17 @@ fn ranks_sharing_a_gpu_price_their_turns_in_the_communicator_s_table() {
         let e = args(&["--ranks", "8", "--ranks-per-gpu", bad]).rates(None, None).err().expect("refused");
         assert!(e.to_string().contains("--ranks-per-gpu"), "{e}");
     }
+}
+
+#[test]
+fn two_ranks_on_one_gpu_get_the_rounds_their_communicator_takes_there() {
+    let rates = args(&["--ranks", "2", "--ranks-per-gpu", "2", "--duplex", "50"]).rates(None, None).unwrap();
+    assert_eq!(rates.machine.cards_per_uplink, 2, "ranks on one GPU share its link");
+    let plans: Vec<(usize, Plan)> =
+        [1 << 20, 16 << 20].iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
+    let text = render(&rates, &plans, None);
+    let (_, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
+    let rows: Vec<&str> = communicator.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
+    assert!(rows[0].ends_with("one kernel (chunks)"), "{text}");
+    assert!(rows[1].ends_with("two-shot (rounds)"), "{text}");
 }

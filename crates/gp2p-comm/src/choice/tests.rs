@@ -148,7 +148,10 @@ fn an_all_reduce_is_priced_as_the_path_it_takes() {
     // them the bytes at half the rate, and two-shot forced does not move these sizes.
     let small = |bytes, forced| all_reduce_prediction(&shared, &paths(2, forced), bytes);
     assert_eq!(small(64 * KIB, None).traffic.up_bytes, 128.0 * 1024.0);
-    assert_eq!(small(64 * KIB + 4, Some(Algorithm::TwoShot)).traffic.up_bytes, 2.0 * 65540.0);
+    let chunks = small(64 * KIB + 4, Some(Algorithm::TwoShot));
+    assert_eq!(chunks.traffic.up_bytes, 65540.0);
+    let once = traffic(Algorithm::OneShot, 2, 64 * KIB + 4).host_dram_bytes;
+    assert_eq!(chunks.traffic.host_dram_bytes, once, "host memory sees the bytes once");
     // More ranks: the choice module's path, its price with the given rates; the rounds
     // with a share (below a chunk) of fill each way.
     let eight = all_reduce_prediction(&Machine::h200(8), &paths(8, None), 64 * KIB);
