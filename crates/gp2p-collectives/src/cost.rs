@@ -290,8 +290,23 @@ impl Machine {
     /// call (see [`OP_US`]), with the turns of ranks that share a GPU ([`DEVICE_TURN_US`]).
     pub fn steps_seconds(&self, steps: usize, ops: usize) -> f64 {
         let sharing = self.ranks_per_device.clamp(2, self.ranks.max(2));
-        let turns = ((sharing - 1) * (sharing - 2)) as f64 * DEVICE_TURN_US;
-        steps as f64 * (ops as f64 * self.op_us + turns) * SECONDS_PER_US
+        let turns = ((sharing - 1) * (sharing - 2)) as f64 * DEVICE_TURN_US * SECONDS_PER_US;
+        steps as f64 * (self.ops_seconds(ops) + turns)
+    }
+
+    /// Seconds of `ops` dependent GPU operations with no copy among them (no turns).
+    pub fn ops_seconds(&self, ops: usize) -> f64 {
+        ops as f64 * self.op_us * SECONDS_PER_US
+    }
+
+    /// `t` with a pipeline's fill: `fill_bytes` more each way, the first chunk up before
+    /// anything comes down and the last down after everything went up, once for a link that
+    /// several cards share (priced a card at a time, it is shared among them). Two processes
+    /// on one H100 ran 16 MiB in 939 µs (`benches/results/h10080gbhbm3/comm-all-reduce-2.txt`,
+    /// 1706435), priced 942 µs with the fill once for their link and 1113 µs with a fill a card.
+    pub fn filled(&self, t: Traffic, fill_bytes: f64) -> Traffic {
+        let fill = fill_bytes / self.cards_per_uplink.max(1) as f64;
+        Traffic { up_bytes: t.up_bytes + fill, down_bytes: t.down_bytes + fill, ..t }
     }
 }
 

@@ -202,9 +202,7 @@ impl AllReducePaths {
 /// The pipelined paths also pay their fill: the first chunk goes up before anything comes
 /// down and the last comes down after everything went up, so each direction carries one
 /// chunk's time more, once for a link several cards share (and so once a link in the host's
-/// term too): two processes on one H100 ran 16 MiB in 939 µs
-/// (`benches/results/h10080gbhbm3/comm-all-reduce-2.txt`, 1706435), priced 942 µs with the
-/// fill once and 1113 µs with a fill a card. For the exchange that is its chunk
+/// term too: [`Machine::filled`]). For the exchange that is its chunk
 /// ([`crate::pipeline_chunk`] of the buffer); for the rounds a share, or a chunk of it
 /// ([`AllReducePaths::rounds_chunk`]). And
 /// they pay their steps: every chunk step in turn (the exchange's chunks, the rounds' N rounds
@@ -219,13 +217,7 @@ impl AllReducePaths {
 /// flagged-chunk kernel is priced at half the link's DMA rate
 /// ([`CHUNK_KERNEL_BYTES_PER_DATA_BYTE`]).
 pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize) -> Prediction {
-    // The fill once for a link that several cards share, not once a card (see above).
-    let per_uplink = machine.cards_per_uplink.max(1) as f64;
-    let filled = |t: Traffic, fill: usize| Traffic {
-        up_bytes: t.up_bytes + fill as f64 / per_uplink,
-        down_bytes: t.down_bytes + fill as f64 / per_uplink,
-        ..t
-    };
+    let filled = |t: Traffic, fill: usize| machine.filled(t, fill as f64);
     // The rounds' first chunk: a share, or a chunk of it.
     let rounds_fill = bytes.div_ceil(paths.world.max(1)).min(paths.rounds_chunk());
     // The pipelined paths' chunk steps (see `Machine::op_us`), each of EXACT_STEP_OPS.

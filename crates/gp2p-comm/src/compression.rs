@@ -237,15 +237,10 @@ pub fn compressed_prediction(
     let pieces = pieces_a_shard(values, ranks, format, slot_bytes);
     let mut t = all_reduce_traffic(ranks, wire);
     t.phases += 1;
-    // Once for a link several cards share, as the exact path's (`crate::choice`).
-    let fill = 2.0 * wire.div_ceil(ranks * pieces) as f64 / machine.cards_per_uplink.max(1) as f64;
-    t.up_bytes += fill;
-    t.down_bytes += fill;
+    let t = machine.filled(t, 2.0 * wire.div_ceil(ranks * pieces) as f64);
     let mut prediction = price(machine, Algorithm::TwoShot, t);
-    // The fold between the runs: two kernels, no copy, so no turns on a shared GPU's copy
-    // engines.
-    let fold = 2.0 * machine.op_us * 1e-6;
-    prediction.seconds += machine.steps_seconds(pieces * ranks + 2, COMPRESSED_STEP_OPS) + fold;
+    // The fold between the runs: two kernels, no copy.
+    prediction.seconds += machine.steps_seconds(pieces * ranks + 2, COMPRESSED_STEP_OPS) + machine.ops_seconds(2);
     prediction
 }
 
