@@ -141,7 +141,7 @@ pub(crate) fn resolve(asked: Option<Compression>, world: usize, options: &CommOp
 /// else the options' own.
 pub(crate) fn slot_bytes(options: &CommOptions, world: usize, compressing: bool) -> usize {
     if compressing && world >= 2 && crate::slots::is_default_slot(options.slot_bytes, world) {
-        crate::slots::compressed_slot_bytes(world, options.slot_bytes)
+        crate::slots::compressed_slot_bytes(world)
     } else {
         options.slot_bytes
     }

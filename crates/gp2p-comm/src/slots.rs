@@ -82,7 +82,7 @@ pub fn fit_slot_to_shm(
 }
 
 /// The slot of a compressing communicator of `world` ranks (two or more) whose options keep
-/// the default slot: [`SLOT_SPAN_BYTES`] / `world`, never less than the exact default. A
+/// the default slot: [`SLOT_SPAN_BYTES`] / `world`, never less than [`default_slot_bytes`]. A
 /// wire's room (about 5 bytes a value, its exact area included) fills a slot whose DMA carries
 /// about a fifth of it, so small slots cut long shards into many pieces, each a step of eight
 /// GPU operations (`crate::compression::COMPRESSED_STEP_OPS`). On one H100, 4 processes under
@@ -90,8 +90,8 @@ pub fn fit_slot_to_shm(
 /// 5.57 ms with 16 MiB slots against 7.94 with 4 MiB (1.86× the exact all-reduce's 10.37 ms,
 /// where it was 1.31×). Between two ranks the model prices 64 MiB at 2.26 ms with 32 MiB
 /// slots against 2.70 with the exact default of 8 MiB, which measured 2.60.
-pub(crate) fn compressed_slot_bytes(world: usize, exact_default: usize) -> usize {
-    span_slot_bytes(world).max(exact_default)
+pub(crate) fn compressed_slot_bytes(world: usize) -> usize {
+    span_slot_bytes(world).max(default_slot_bytes(world))
 }
 
 #[cfg(test)]
@@ -143,9 +143,14 @@ mod tests {
 
     #[test]
     fn compressing_takes_the_span_or_the_exact_default() {
-        assert_eq!(compressed_slot_bytes(2, 8 * MIB), 32 * MIB);
-        assert_eq!(compressed_slot_bytes(4, 16 * MIB), 16 * MIB);
-        assert_eq!(compressed_slot_bytes(8, 8 * MIB), 8 * MIB);
-        assert_eq!(compressed_slot_bytes(8, 64 * MIB), 64 * MIB, "never below the exact slot");
+        assert_eq!(
+            [2, 3, 4, 8].map(compressed_slot_bytes),
+            [32 * MIB, 21 * MIB + 5 * MIN_SLOT_BYTES, 16 * MIB, 8 * MIB]
+        );
+        for world in 1..=16 {
+            let (compressed, exact) = (compressed_slot_bytes(world), default_slot_bytes(world));
+            assert!(compressed >= exact, "{world} ranks: never below the exact slot");
+        }
+        assert_eq!(compressed_slot_bytes(1), 64 * MIB, "one rank: the whole span");
     }
 }

@@ -12,7 +12,8 @@
 //! a flag per reader: the writer waits until every reader's flag of the slot is empty,
 //! copies the chunk in once and sets each of its readers' flags full in one step
 //! ([`LegStep::MarkFull`]; a leg to every other rank has N−1 readers); each reader waits for
-//! its flag to be full, lands the chunk and sets it empty ([`LegStep::HandBack`]). Whoever read a slot last, and in whatever call, the next writer waits for it.
+//! its flag to be full, lands the chunk and sets it empty ([`LegStep::HandBack`]). Whoever
+//! read a slot last, and in whatever call, the next writer waits for it.
 //!
 //! **Order.** Each rank's steps come in the order of their [`Key`] (round, chunk, send
 //! before receive; receives by writer, the nearest before first). Every wait is for a step
