@@ -435,11 +435,8 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
             Ok(paths) => paths,
             Err(e) => return format!("One process per GPU: no communicator table ({e})\n"),
         };
-    // Two ranks on one GPU share its link, as their communicator finds: the rounds, and the one
-    // kernel only as far as it prices cheaper.
     if m.ranks == 2 && m.ranks_per_device >= 2 {
-        paths.shared_link = true;
-        paths.small_max = paths.one_kernel_max();
+        paths = paths.on_one_link();
     }
     let mut out = if m.ranks == 2 {
         format!(

@@ -133,6 +133,14 @@ impl AllReducePaths {
             }
     }
 
+    /// These paths as two ranks on one GPU take them, sharing its link as their communicator
+    /// finds (`Communicator::new`): the rounds above the one kernel, which runs only as far as
+    /// it prices cheaper ([`AllReducePaths::one_kernel_max`]).
+    pub fn on_one_link(self) -> AllReducePaths {
+        let shared = AllReducePaths { shared_link: true, ..self };
+        AllReducePaths { small_max: shared.one_kernel_max(), ..shared }
+    }
+
     /// The largest all-reduce two ranks should run as one kernel, given room for `small_max`
     /// bytes: all of it, except where the two share one link and no algorithm is forced. There
     /// the one kernel and the rounds load the same link, and the model prices the flagged

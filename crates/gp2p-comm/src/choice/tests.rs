@@ -258,11 +258,9 @@ fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent()
         (8, 49.3, 10.7, 70.0, [1544.5, 2468.5, 6009.5, 20894.1, 86787.4]),
     ];
     for (world, duplex, handoff_us, dram_gbps, times) in runs {
-        let mut paths = AllReducePaths::of(world, &crate::CommOptions::for_world(world), None).unwrap();
-        // Every rank on the one GPU: two ranks there share its link, as their communicator
-        // finds, and take the one kernel only as far as it prices cheaper.
-        paths.shared_link = world == 2;
-        paths.small_max = paths.one_kernel_max();
+        let paths = AllReducePaths::of(world, &crate::CommOptions::for_world(world), None).unwrap();
+        // Every rank on the one GPU: two ranks there share its link.
+        let paths = if world == 2 { paths.on_one_link() } else { paths };
         let shared = Machine {
             h2d_gbps: duplex,
             d2h_gbps: duplex,
