@@ -132,15 +132,22 @@ impl AllReducePaths {
 impl CommOptions {
     /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
     /// kernel up to 64 KiB (it is the whole one-kernel path there, and the pipeline's
-    /// N rounds cost more below that) and slots of [`crate::SLOT_SPAN_BYTES`] / N on 64 KiB:
-    /// about 192 MiB of /dev/shm at any N (less where it is smaller, [`crate::fit_slot_to_shm`]).
+    /// N rounds cost more below that) and four slots (`crate::slots::MANY_RANK_SLOTS`) of
+    /// [`crate::SLOT_SPAN_BYTES`] / N on 64 KiB: about 256 MiB of /dev/shm at any N (less
+    /// where it is smaller, [`crate::fit_slot_to_shm`]).
     pub fn for_world(world: usize) -> CommOptions {
         let default = CommOptions::default();
         if world <= 2 {
             return default;
         }
         let slot_bytes = crate::slots::default_slot_bytes(world);
-        CommOptions { lines_max_bytes: MAX_LINES_BYTES, small_max_bytes: MAX_LINES_BYTES, slot_bytes, ..default }
+        CommOptions {
+            lines_max_bytes: MAX_LINES_BYTES,
+            small_max_bytes: MAX_LINES_BYTES,
+            slot_bytes,
+            slots: crate::slots::MANY_RANK_SLOTS,
+            ..default
+        }
     }
 }
 
@@ -505,8 +512,9 @@ mod tests {
             assert_eq!((layout.small_max, layout.lines_max), (64 << 10, 64 << 10), "{world} ranks");
             assert_eq!(layout.half, exchange_line_bytes(64 << 10), "no chunk area");
             let slots = world * options.slots * options.slot_bytes;
-            let span = 3 * crate::SLOT_SPAN_BYTES;
-            assert!(slots <= span && slots > span - 3 * world * (64 << 10), "{world} ranks: {slots} bytes of slots");
+            assert_eq!(options.slots, 4, "{world} ranks");
+            let span = 4 * crate::SLOT_SPAN_BYTES;
+            assert!(slots <= span && slots > span - 4 * world * (64 << 10), "{world} ranks: {slots} bytes of slots");
             let mut flags: Vec<usize> = (0..world)
                 .flat_map(|w| (0..options.slots).flat_map(move |s| (0..world).map(move |r| (w, s, r))))
                 .map(|(w, s, r)| layout.full(w, s, r))

@@ -23,6 +23,18 @@ pub const SLOT_SPAN_BYTES: usize = 64 << 20;
 /// 0.55-0.70 (the sixth session in `git show 92b0a7c:benches/results/README.md`).
 pub(crate) const TWO_RANK_SLOT_BYTES: usize = 8 << 20;
 
+/// Slots a rank has by default among more than two ranks (two keep three,
+/// `CommOptions::default`): a chunk more in flight each way. On one H100 host, 4 and 8
+/// processes under MPS, f32 all-reduce, each beside the three-slot default in the same call,
+/// two rounds (`benches/results/h10080gbhbm3/comm-slots-tuning.txt`): among 4 at 4 / 16 / 64 /
+/// 256 MiB four slots ran at 0.791 / 0.971 / 1.005 / 0.952 and 0.819 / 0.990 / 0.981 / 0.978
+/// of the bound where three ran at 0.789 / 0.924 / 0.969 / 0.958 and 0.762 / 0.935 / 0.918 /
+/// 0.954; among 8 at 0.629 / 0.907 / 0.993 / 0.972 and 0.648 / 0.907 / 0.963 / 0.955 against
+/// 0.611 / 0.908 / 0.986 / 0.959 and 0.623 / 0.909 / 0.970 / 0.950. The cost: a third more
+/// /dev/shm and pinned memory (256 MiB at the span's slots), or, where /dev/shm is small,
+/// slots a quarter smaller ([`fit_slot_to_shm`]).
+pub(crate) const MANY_RANK_SLOTS: usize = 4;
+
 /// The smallest slot; the defaults and the fitted slots keep to whole multiples of it.
 pub(crate) const MIN_SLOT_BYTES: usize = 64 << 10;
 

@@ -25,8 +25,8 @@ model's choice (``gp2p plan --ranks N``: the lines priced at twice the data's by
 rounds at N handoffs); with the rates measured on H200s it keeps the lines up to their 64 KiB,
 and ``GP2P_ALGORITHM=one-shot|two-shot`` (or ``algorithm=``) forces one. all_gather and
 reduce_scatter are the second and first half, broadcast is the root copying the tensor out
-once for every rank to read, send/recv one handoff. The slots take about 192 MiB of /dev/shm among 3 to 8
-ranks (64 MiB / N each, three per rank), less where /dev/shm is smaller.
+once for every rank to read, send/recv one handoff. The slots take about 256 MiB of /dev/shm among 3 to 8
+ranks (64 MiB / N each, four per rank), less where /dev/shm is smaller.
 
 Between two ranks an all-reduce of up to ``max_bytes`` (4 MiB by
 default; where both ranks share one GPU, the attribute reads the smaller size past which the
@@ -149,9 +149,9 @@ class Communicator:
     docs/compression.md; ``"off"`` never, ``None`` (the default) what the environment variable
     ``GP2P_COMPRESS`` says (off where it is unset). With the defaults the
     shared segment takes about 65 MiB of /dev/shm between two ranks (about 200 MiB where they
-    compress) and about 200 MiB among 3 to 8; where /dev/shm is smaller the default slots
+    compress) and about 260 MiB among 3 to 8; where /dev/shm is smaller the default slots
     shrink until the segment takes three quarters of it at most (Docker's 64 MiB: slots of
-    about 16 MiB / N, 5 MiB between two), each communicator on its own, so several at once
+    about 12 MiB / N, 5 MiB between two), each communicator on its own, so several at once
     may still find no room: give the container ``--shm-size`` (or ``--ipc=host``), or pass
     ``slots=2`` or a smaller ``slot_bytes``; too little room is an error at creation that
     names /dev/shm.
