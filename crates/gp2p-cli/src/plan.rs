@@ -2,8 +2,9 @@
 //! size, its choice and what binds it (`geforce_p2p::collectives::cost`). A model, not a
 //! measurement: it needs no GPU, except that `--measure` takes the per-card rates (and,
 //! with two cards or more, the host's) from this machine's links, a phase's handoff and a
-//! chunk step's operation from its first card, and DRAM from every core copying at once
-//! (`plan::dram`: one card cannot load host memory as several do).
+//! chunk step's operation from its first card, and DRAM from every core copying while
+//! the first card's DMAs run both ways (`plan::dram`: the cores alone cannot load host memory
+//! as DMAs do).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -257,7 +258,7 @@ impl PlanArgs {
                 ),
                 (n, None) => format!("the slowest of {n} cards; the handoff and an operation on the first"),
             };
-            cards + "; DRAM with every core copying"
+            cards + "; DRAM with every core copying beside the first card's DMAs"
         });
         let placed = (!placed.is_empty()).then_some(placed);
         Ok(Rates { machine, sources, measured_on, placed })

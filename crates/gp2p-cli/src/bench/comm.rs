@@ -175,7 +175,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
                 Measured {
                     handoff_us: crate::plan::handoff_us(0)?,
                     op_us: crate::plan::op_us(0)?,
-                    dram_gbps: crate::plan::dram_gbps(),
+                    dram_gbps: crate::plan::dram_gbps(0)?,
                 }
             } else {
                 let defaults = Machine::h200(args.ranks);
@@ -269,7 +269,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         println!(
             "# model: gp2p plan's cost model for the path each size takes, at duplex {:.1} GB/s (measured above), \
              {} rank(s) sharing one link and GPU ({:.1} us x (r - 1)(r - 2) a chunk step), handoff {:.1} us (a 4 KiB round trip through host memory), an operation of a \
-             chunk step {:.2} us (a kernel or a 4 KiB copy after the other) and DRAM {:.0} GB/s (every core copying) \
+             chunk step {:.2} us (a kernel or a 4 KiB copy after the other) and DRAM {:.0} GB/s (every core copying beside the card's DMAs) \
              measured here, and its default host {:.0} GB/s; model err = model / time - 1",
             m.duplex_gbps,
             m.cards_per_uplink,

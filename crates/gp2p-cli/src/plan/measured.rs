@@ -17,7 +17,8 @@ pub(super) struct Measured {
     /// One phase's handoff on the first card, µs: the same 4 KiB device → host → device round
     /// trip the model's default was measured as ([`geforce_p2p::collectives::cost::H200_HANDOFF_US`]).
     pub(super) handoff_us: f64,
-    /// Every core copying between two buffers far past the caches, GB/s read plus written.
+    /// Host memory's rate, GB/s read plus written: every core copying between two buffers
+    /// far past the caches while the first card's DMAs run both ways (`super::dram`).
     pub(super) dram_gbps: f64,
     /// One operation of a pipeline's chunk step on the first card, µs ([`op_us`]).
     pub(super) op_us: f64,
@@ -39,7 +40,7 @@ pub(super) fn measure() -> Result<(Measured, Placement), CliError> {
         card: [slowest(|d| d.h2d_gbps), slowest(|d| d.d2h_gbps), slowest(|d| d.duplex_gbps)],
         host_gbps,
         handoff_us: handoff_us(links.devices[0].device)?,
-        dram_gbps: dram::dram_gbps(),
+        dram_gbps: dram::dram_gbps(links.devices[0].device)?,
         op_us: op_us(links.devices[0].device)?,
         cards: links.devices.len(),
     };

@@ -38,14 +38,17 @@ fn flags_win_over_measured_rates_and_measured_over_defaults() {
     let one_card = Measured { host_gbps: None, cards: 1, ..measured };
     let rates = args(&["--ranks", "4"]).rates(Some(&one_card), None).unwrap();
     assert_eq!((rates.machine.host_gbps, rates.sources[3]), (cost::H200_HOST_GBPS, default));
-    assert_eq!(rates.measured_on.as_deref(), Some("on 1 card; DRAM with every core copying"));
+    assert_eq!(
+        rates.measured_on.as_deref(),
+        Some("on 1 card; DRAM with every core copying beside the first card's DMAs")
+    );
     assert_eq!((rates.machine.handoff_us, rates.sources[5]), (9.5, measured_here));
     let rates = args(&["--ranks", "8"]).rates(Some(&Measured { cards: 8, ..measured }), None).unwrap();
     let text = render(&rates, &[], None);
     assert!(
         text.contains(
             "measured here (the slowest of 8 cards; the host with all 8 at once; the handoff and an operation on \
-             the first; DRAM with every core copying): h2d, d2h, duplex, host, dram, handoff-us, op-us"
+             the first; DRAM with every core copying beside the first card's DMAs): h2d, d2h, duplex, host, dram, handoff-us, op-us"
         ),
         "{text}"
     );
