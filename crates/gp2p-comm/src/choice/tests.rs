@@ -243,21 +243,26 @@ fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
     }
 }
 
-/// Every row from 1 MiB of the all-reduce among 2, 4 and 8 processes on one H100,
-/// the defaults of 1706435 (slots of 64 MiB / N), each against the model with the rates
-/// measured in its run (`benches/results/h10080gbhbm3/comm-all-reduce-{2,4,8}.txt`). Without
-/// the ranks' turns on the one GPU ([`gp2p_collectives::cost::DEVICE_TURN_US`]) 1 MiB priced
-/// 30 % and 60 % low among 4 and 8.
+/// Every row from 1 MiB of the all-reduce among 2, 4 and 8 processes on one H100, each
+/// against the model with the rates measured in its run: the defaults of 1706435 (three
+/// slots of 64 MiB / N, DRAM from the cores alone), and of 6ce8f1b on another H100 host
+/// (four slots among more than two, DRAM from the cores beside the card's DMAs;
+/// `benches/results/h10080gbhbm3/comm-all-reduce-{2,4,8}.txt`). Without the ranks' turns on
+/// the one GPU ([`gp2p_collectives::cost::DEVICE_TURN_US`]) 1 MiB priced 30 % and 60 % low
+/// among 4 and 8 in the first.
 #[test]
 fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent() {
     const MIB: usize = 1 << 20;
-    // (ranks, duplex GB/s, handoff µs, DRAM GB/s, µs at 1, 4, 16, 64 and 256 MiB)
+    // (commit, ranks, duplex GB/s, handoff µs, op µs, DRAM GB/s, µs at 1, 4, 16, 64 and 256 MiB)
     let runs = [
-        (2, 49.1, 10.7, 82.0, [87.35, 316.0, 939.4, 3252.8, 12242.2]),
-        (4, 48.4, 10.8, 68.0, [438.4, 831.3, 2432.1, 8835.4, 37229.2]),
-        (8, 49.3, 10.7, 70.0, [1544.5, 2468.5, 6009.5, 20894.1, 86787.4]),
+        ("1706435", 2, 49.1, 10.7, 5.51, 82.0, [87.35, 316.0, 939.4, 3252.8, 12242.2]),
+        ("1706435", 4, 48.4, 10.8, 5.51, 68.0, [438.4, 831.3, 2432.1, 8835.4, 37229.2]),
+        ("1706435", 8, 49.3, 10.7, 5.51, 70.0, [1544.5, 2468.5, 6009.5, 20894.1, 86787.4]),
+        ("6ce8f1b", 2, 40.4, 10.8, 5.51, 136.0, [100.6, 313.7, 1095.0, 3982.5, 16131.5]),
+        ("6ce8f1b", 4, 38.9, 10.8, 5.53, 132.0, [419.0, 834.0, 2707.2, 10415.6, 42507.7]),
+        ("6ce8f1b", 8, 40.6, 10.8, 4.98, 132.0, [1532.8, 2474.4, 6850.2, 24670.7, 104019.4]),
     ];
-    for (world, duplex, handoff_us, dram_gbps, times) in runs {
+    for (commit, world, duplex, handoff_us, op_us, dram_gbps, times) in runs {
         let paths = AllReducePaths::of(world, &crate::CommOptions::for_world(world), None).unwrap();
         // Every rank on the one GPU: two ranks there share its link.
         let paths = if world == 2 { paths.on_one_link() } else { paths };
@@ -268,7 +273,7 @@ fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent()
             cards_per_uplink: world,
             ranks_per_device: world,
             handoff_us,
-            op_us: 5.51,
+            op_us,
             dram_gbps,
             ..Machine::h200(world)
         };
@@ -278,13 +283,13 @@ fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent()
             let error = model_us(&shared) / measured_us - 1.0;
             assert!(
                 error.abs() <= 0.15,
-                "{world} ranks, {mib} MiB: model {:.0} µs, measured {measured_us}",
+                "{commit}: {world} ranks, {mib} MiB: model {:.0} µs, measured {measured_us}",
                 model_us(&shared)
             );
-            if mib == 1 && world > 2 {
+            if mib == 1 && world > 2 && commit == "1706435" {
                 assert!(model_us(&apart) / measured_us < 0.75, "{world} ranks: the turns are what was missing");
             }
-            if world == 2 && mib == 16 {
+            if world == 2 && mib == 16 && commit == "1706435" {
                 // The rounds' fill of a share (8 MiB) priced once for the link both cross,
                 // not once a card: 1113 µs that way.
                 assert!(error.abs() < 0.05, "two ranks, 16 MiB: model {:.0} µs", model_us(&shared));
