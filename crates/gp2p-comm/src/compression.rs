@@ -23,9 +23,9 @@
 //! let fp8 = compression_from(Some("fp8:128@1M")).unwrap().unwrap();
 //! assert_eq!((fp8.format.block.get(), fp8.min_bytes), (128, Some(1 << 20)));
 //! assert!(compression_from(Some("int4")).unwrap_err().to_string().contains("int8, fp8 or off"));
-//! // Between two H200s the model turns it on from 16 MiB (at most; one H200 measured less).
+//! // Between two H200s the model turns it on from 8 MiB (at most; one H100 measured less).
 //! let min = gp2p_comm::compression::min_bytes_h200(2, int8.format);
-//! assert!((1 << 20..=16 << 20).contains(&min), "{min}");
+//! assert!((1 << 20..=8 << 20).contains(&min), "{min}");
 //! # let _: Option<Compression> = None;
 //! ```
 
@@ -178,12 +178,14 @@ impl Resolved {
 /// with the link idle in each direction half the time.
 pub const PIPELINED_PIECES: usize = 4;
 
-/// The fewest values a piece is cut to for pipelining. A piece is a chunk step of about eight
-/// dependent GPU operations on each side (wait, encode, copy, exact blocks, flag; wait, copy,
-/// exact blocks, decode), which cost 45 µs a step on one H100
-/// ([`gp2p_collectives::cost::OP_US`]); a run of P pieces of link time T takes about
+/// The fewest values a piece is cut to for pipelining. A piece is a chunk step of eight
+/// dependent GPU operations (wait, encode, copy, exact blocks, flag; wait, copy, exact blocks,
+/// decode), set when each step was taken to cost all eight, 45 µs on one H100
+/// ([`gp2p_collectives::cost::OP_US`]): a run of P pieces of link time T takes about
 /// (P + 1)·(T/P + 45 µs), least where a piece's wire takes about as long on the link as the
-/// step's operations, which at 50 GB/s is about 2 MiB of wire: 2 Mi values. Two ranks' 4 MiB
+/// step's operations, which at 50 GB/s is about 2 MiB of wire: 2 Mi values. (A step measures
+/// nearer four operations, [`COMPRESSED_STEP_OPS`], which would put the least at about half
+/// that; not yet measured.) Two ranks' 4 MiB
 /// of bf16 took 478 µs in four pieces of 256 Ki values on one H100
 /// (`benches/results/h10080gbhbm3/comm-compress-int8-2.txt`, 3f1da72) and 293 µs whole on one
 /// H200 (`benches/results/h200/comm-compress-int8-2.txt`, d7d6db3, before pieces), both links
@@ -214,11 +216,16 @@ fn pieces_a_shard(len: usize, world: usize, format: WireFormat, slot_bytes: usiz
     widest_shard.div_ceil(piece_blocks(len, world, format, slot_bytes)).max(1)
 }
 
-/// Dependent GPU operations of one step of the compressed rounds, both sides together: the
-/// wait, the encode, the copy, the exact blocks' kernel and the flag on the way up; the wait,
-/// the copy, the exact blocks' kernel and the decode on the way down (see
-/// [`Machine::op_us`] and [`MIN_PIECE_VALUES`]).
-pub const COMPRESSED_STEP_OPS: usize = 8;
+/// Dependent GPU operations one step of the compressed rounds adds to a call. A piece's way
+/// up (the wait, the encode, the copy, the exact blocks' kernel, the flag) and its way down
+/// (the wait, the copy, the exact blocks' kernel, the decode) are eight, but they run on
+/// streams of their own, a piece's way down beside the next piece's way up, so a step costs
+/// about one side's four (see [`Machine::op_us`]). Priced at all eight, the model came out
+/// 27-78 % slow at 1-16 MiB among 2, 4 and 8 processes on one H100
+/// (`benches/results/h10080gbhbm3/comm-compress-int8-{2,4,8}.txt`, 6ce8f1b) and put the
+/// minimum above 4 MiB, where compression measured 1.28-1.47 times as fast as the exact
+/// all-reduce (test `the_h100_compressed_rows_put_the_minimum_where_compression_measured_faster`).
+pub const COMPRESSED_STEP_OPS: usize = 4;
 
 /// The model's time for the compressed all-reduce of `bytes` per rank of elements of
 /// `element_bytes`, through slots of `slot_bytes` (see the module doc): the two-shot of its
@@ -375,10 +382,57 @@ mod tests {
             for bytes in [min, 4 * min, 256 << 20] {
                 assert!(compressed(bytes) < exact(bytes), "{world} ranks at {bytes}");
             }
-            // Large buffers: about half the bytes, but each piece's step of eight operations
-            // keeps it from twice as fast.
+            // Large buffers: about half the bytes, but each piece's step keeps it from twice
+            // as fast.
             let speedup = exact(256 << 20) / compressed(256 << 20);
             assert!((1.5..2.0).contains(&speedup), "{world} ranks: {speedup}");
+        }
+    }
+
+    /// The compressed and the exact bf16 all-reduce among 2, 4 and 8 processes on one H100
+    /// host under MPS, each priced with its run's own rates
+    /// (`benches/results/h10080gbhbm3/comm-{compress-int8,exact-bf16}-{2,4,8}.txt`, 6ce8f1b):
+    /// the minimum the model prices there lies where compression measured faster (from 4 MiB
+    /// among 2, where 1 MiB measured 0.99 times as fast; from 1 MiB among 4 and 8, 1.11 and
+    /// 1.19 times), and the compressed rows are priced within -15..+35 % (eight ranks' turns
+    /// on the one GPU price 1-4 MiB there 32 % slow; two and four within -5..+25 %: 16 MiB
+    /// among 2, in two pieces, +21 %).
+    #[test]
+    fn the_h100_compressed_rows_put_the_minimum_where_compression_measured_faster() {
+        const MIB: usize = 1 << 20;
+        // (ranks, duplex GB/s, op µs, DRAM GB/s, compressed µs at 1, 4, 16 and 64 MiB, minimum's range)
+        let rows = [
+            (2, 40.1, 5.52, 136.0, [146.7, 256.3, 604.8, 2220.7], (MIB + 1)..=4 * MIB),
+            (4, 41.2, 4.82, 135.0, [372.0, 574.4, 1528.0, 6018.2], 1..=MIB),
+            (8, 41.3, 5.52, 138.0, [1195.9, 1633.9, 3780.1, 14665.1], 1..=MIB),
+        ];
+        for (world, duplex, op_us, dram_gbps, times, minimum) in rows {
+            let machine = Machine {
+                h2d_gbps: duplex,
+                d2h_gbps: duplex,
+                duplex_gbps: duplex,
+                cards_per_uplink: world,
+                ranks_per_device: world,
+                handoff_us: 10.8,
+                op_us,
+                dram_gbps,
+                ..Machine::h200(world)
+            };
+            let options = CommOptions::for_world(world);
+            let paths = AllReducePaths::of(world, &options, None).unwrap();
+            let paths = if world == 2 { paths.on_one_link() } else { paths };
+            let slot = compressing_slot_bytes(&options, world);
+            let min = min_bytes(&machine, &paths, slot, int8());
+            assert!(minimum.contains(&min), "{world} ranks: minimum {min}");
+            let band = if world == 8 { -0.15..0.35 } else { -0.05..0.25 };
+            for (mib, measured_us) in [1, 4, 16, 64].into_iter().zip(times) {
+                let model_us = compressed_prediction(&machine, mib * MIB, int8(), 2, slot).seconds * 1e6;
+                let error = model_us / measured_us - 1.0;
+                assert!(
+                    band.contains(&error),
+                    "{world} ranks, {mib} MiB: model {model_us:.0} µs, measured {measured_us}"
+                );
+            }
         }
     }
 }

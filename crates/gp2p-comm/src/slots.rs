@@ -96,8 +96,8 @@ pub fn fit_slot_to_shm(
 /// The slot of a compressing communicator of `world` ranks (two or more) whose options keep
 /// the default slot: [`SLOT_SPAN_BYTES`] / `world`, never less than [`default_slot_bytes`]. A
 /// wire's room (about 5 bytes a value, its exact area included) fills a slot whose DMA carries
-/// about a fifth of it, so small slots cut long shards into many pieces, each a step of eight
-/// GPU operations (`crate::compression::COMPRESSED_STEP_OPS`). On one H100, 4 processes under
+/// about a fifth of it, so small slots cut long shards into many pieces, each a step of GPU
+/// operations (`crate::compression::COMPRESSED_STEP_OPS`). On one H100, 4 processes under
 /// MPS, bf16 int8/64 (`benches/results/h10080gbhbm3/comm-compress-slots.txt`): 64 MiB took
 /// 5.57 ms with 16 MiB slots against 7.94 with 4 MiB (1.86× the exact all-reduce's 10.37 ms,
 /// where it was 1.31×). Between two ranks the model prices 64 MiB at 2.26 ms with 32 MiB

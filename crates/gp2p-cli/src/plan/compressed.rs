@@ -5,7 +5,7 @@
 use geforce_p2p::collectives::cost::Machine;
 use geforce_p2p::comm::choice::AllReducePaths;
 use geforce_p2p::comm::compression::{
-    DEFAULT_BLOCK, compressed_prediction, compressing_slot_bytes, exact_prediction, min_bytes,
+    COMPRESSED_STEP_OPS, DEFAULT_BLOCK, compressed_prediction, compressing_slot_bytes, exact_prediction, min_bytes,
 };
 use geforce_p2p::comm::{COMPRESS_VAR, CommOptions, MAX_RANKS, WireFormat};
 use geforce_p2p::kernels::compress::{BlockSize, Format};
@@ -29,8 +29,9 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     let min = min_bytes(m, &paths, slot_bytes, format);
     let mut out = format!(
         "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK][@MIN]; bf16 as int8 in blocks of 64, about half \
-         the bytes, one more handoff, eight operations a piece's step): exact below {}, compressed from there on, \
+         the bytes, one more handoff, {} operations a piece's step): exact below {}, compressed from there on, \
          with the default slots (a communicator on a smaller /dev/shm takes smaller ones and prices its own).\n",
+        COMPRESSED_STEP_OPS,
         format_size(min)
     );
     let mut t = table(&["size", "exact µs", "compressed µs", "runs"], &["runs"]);

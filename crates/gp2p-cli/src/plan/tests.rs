@@ -109,10 +109,10 @@ fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
         ),
         "{text}"
     );
-    // Compressed from the model's minimum on (8 H200s: 4 MiB), exact below it.
+    // Compressed from the model's minimum on (8 H200s: 1 MiB), exact below it.
     let squeezed = rows_of(compressed);
     assert!(squeezed[0].ends_with("exact") && squeezed[1].ends_with("compressed"), "{text}");
-    assert!(compressed.contains("GP2P_COMPRESS=int8|fp8[:BLOCK]") && compressed.contains("exact below 4M"), "{text}");
+    assert!(compressed.contains("GP2P_COMPRESS=int8|fp8[:BLOCK]") && compressed.contains("exact below 1M"), "{text}");
     assert!(rows[0].trim_start().starts_with("8 ") && rows[0].contains("one-shot  handoffs"), "{text}");
     // 1 GiB at N = 8 on the defaults: two-shot, DRAM binds at 22 × 2^30 / 140e9 + 22.8 µs
     // = 0.16875366 s, busbw 1.75 × 2^30 / that = 11.13 GB/s.
