@@ -94,7 +94,7 @@ pub(super) fn run_legs<T: Element>(
             LegStep::WaitSlotFree { .. }
             | LegStep::MarkFull { .. }
             | LegStep::HandBack { .. }
-            | LegStep::WaitFlag { .. } => {}
+            | LegStep::WaitFull { .. } => {}
         }
     }
     Ok(())

@@ -73,7 +73,8 @@ pub type Key = (usize, usize, Lane);
 
 /// One step of a rank's side of a call of [`Rounds`]. `leg` indexes the call's legs, `chunk`
 /// counts a leg's chunks (of the call's chunk size, at most a slot), `slot` is a slot of the leg's writer (the slot
-/// of that chunk), `writer` and `reader` are ranks, `value` is [`EMPTY`] or [`FULL`].
+/// of that chunk), `writer` is a rank; the flags a step names are this rank's own or, for a
+/// writer's slot, this rank's flag there (a flag per reader).
 #[allow(missing_docs)] // the fields, named alike in every variant, are described above
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LegStep {
@@ -87,8 +88,9 @@ pub enum LegStep {
     MarkFull { leg: usize, slot: usize },
     /// Set this rank's flag of `writer`'s `slot` back to [`EMPTY`]: the chunk there is landed.
     HandBack { writer: usize, slot: usize },
-    /// Wait (bounded) until `reader`'s flag of `writer`'s `slot` is `value`.
-    WaitFlag { writer: usize, slot: usize, reader: usize, value: u32 },
+    /// Wait (bounded) until this rank's flag of `writer`'s `slot` is [`FULL`]: the chunk
+    /// there is this rank's to land.
+    WaitFull { writer: usize, slot: usize },
     /// Fold or copy `slot` of the leg's writer into chunk `chunk` of the leg's destination.
     Land { leg: usize, chunk: usize, slot: usize },
     /// Record the event [`LegStep::AfterSent`] waits for: on the send lane, after the copies out
@@ -223,7 +225,7 @@ pub fn keyed_steps(
                 }
                 let (writer, slot) = (leg.writer, slot_of(i, chunk));
                 out.extend([
-                    ((round, chunk, Receive), Receive, LegStep::WaitFlag { writer, slot, reader: rank, value: FULL }),
+                    ((round, chunk, Receive), Receive, LegStep::WaitFull { writer, slot }),
                     ((round, chunk, Receive), Receive, LegStep::Land { leg: i, chunk, slot }),
                     ((round, chunk, Receive), Receive, LegStep::HandBack { writer, slot }),
                 ]);

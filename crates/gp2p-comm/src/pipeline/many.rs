@@ -185,10 +185,10 @@ impl Pipeline {
                     unsafe { wait_flags(stream, flags, layout.world, EMPTY, give_up, timeout_ns)? };
                     Some(("wait slot free", 0))
                 }
-                LegStep::WaitFlag { writer, slot, reader, value } => {
-                    let flag = device_at(layout.full(writer, slot, reader));
+                LegStep::WaitFull { writer, slot } => {
+                    let flag = device_at(layout.full(writer, slot, rank));
                     // SAFETY: a flag and this rank's give-up words of the registered area.
-                    unsafe { wait_flag(stream, flag, value, give_up, timeout_ns)? };
+                    unsafe { wait_flag(stream, flag, FULL, give_up, timeout_ns)? };
                     Some(("wait flag", 0))
                 }
                 LegStep::MarkFull { leg, slot } => {

@@ -195,7 +195,7 @@ impl<'a> Model<'a> {
         }
         match q.step {
             LegStep::WaitSlotFree { slot } => self.flags[r][slot].iter().all(|&f| f == EMPTY),
-            LegStep::WaitFlag { writer, slot, reader, value } => self.flags[writer][slot][reader] == value,
+            LegStep::WaitFull { writer, slot } => self.flags[writer][slot][r] == FULL,
             LegStep::AfterSent => self.records[r].0 >= q.bound,
             LegStep::AfterLanded => self.records[r].1 >= q.bound,
             _ => true,
@@ -504,7 +504,7 @@ fn a_chunk_for_every_other_rank_is_copied_out_once_with_a_flag_for_each() {
         assert_eq!((copies, full), (2, 6), "rank {rank}");
         let writers: Vec<usize> = steps
             .iter()
-            .filter_map(|(_, s)| if let LegStep::WaitFlag { writer, .. } = s { Some(*writer) } else { None })
+            .filter_map(|(_, s)| if let LegStep::WaitFull { writer, .. } = s { Some(*writer) } else { None })
             .collect();
         let before = |k: usize| (rank + world - k) % world;
         assert_eq!(writers, [1, 2, 3, 1, 2, 3].map(before), "rank {rank}");
