@@ -13,7 +13,7 @@
 //! at 64–256 MiB DRAM-bound, 17–37 % slow, where the rows ran at the link's rate.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use geforce_p2p::ops::{copy_from_host, copy_to_host};
 use geforce_p2p::{Device, DeviceBuffer, PinnedBuffer, Stream};
@@ -31,55 +31,91 @@ const PIECE_BYTES: usize = 1 << 20;
 const DMA_BYTES: usize = 64 << 20;
 const DMA_ROUNDS: usize = 256;
 
+/// How long the copiers may take to fill their shares and copy a first piece.
+const START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Sets the flag it holds when dropped: the copiers stop however the measuring ends.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// GB/s of DRAM traffic while `threads` threads each copy their share of one buffer of
 /// `bytes` into another for as long as `load` runs: bytes read plus bytes written per second
 /// over the window `load` takes, with the bytes `load` itself moved through host memory (its
-/// return value) counted in. Every thread has copied a piece before `load` starts, and the
+/// return value) counted in. Each thread first writes its own shares of both buffers (so
+/// their pages sit by the cores that copy them) and copies a piece before `load` starts; the
 /// copies are checked, so none can be optimised away.
+///
+/// # Errors
+/// `load`'s error; [`CliError::Wrong`] where a copier cannot start (or start in time) or the
+/// rate comes out not finite and positive.
 pub(super) fn copy_beside_gbps(
     bytes: usize,
     threads: usize,
     load: impl FnOnce() -> Result<u64, CliError>,
 ) -> Result<f64, CliError> {
     let threads = threads.max(1);
-    let from = vec![0x5au8; bytes];
-    let mut to = vec![0xa5u8; bytes];
+    // Zeroed pages that nothing has touched yet: each copier's first writes place its shares.
+    let mut from = vec![0u8; bytes];
+    let mut to = vec![0u8; bytes];
     let share = bytes.div_ceil(threads).max(1);
-    let (copied, started, stop) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
     let copiers = bytes.div_ceil(share) as u64;
+    let (copied, started, stop) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
     let result = std::thread::scope(|s| {
-        for (to, from) in to.chunks_mut(share).zip(from.chunks(share)) {
+        let _stop = StopOnDrop(&stop);
+        for (to, from) in to.chunks_mut(share).zip(from.chunks_mut(share)) {
             let (copied, started, stop) = (&copied, &started, &stop);
-            s.spawn(move || {
-                let mut first = true;
-                while !stop.load(Ordering::Relaxed) {
-                    for (to, from) in to.chunks_mut(PIECE_BYTES).zip(from.chunks(PIECE_BYTES)) {
-                        to.copy_from_slice(from);
-                        copied.fetch_add(from.len() as u64, Ordering::Relaxed);
-                        if first {
-                            started.fetch_add(1, Ordering::Release);
-                            first = false;
-                        }
-                        if stop.load(Ordering::Relaxed) {
-                            break;
+            std::thread::Builder::new()
+                .spawn_scoped(s, move || {
+                    from.fill(0x5a);
+                    to.fill(0xa5);
+                    let mut first = true;
+                    while !stop.load(Ordering::Relaxed) {
+                        for (to, from) in to.chunks_mut(PIECE_BYTES).zip(from.chunks(PIECE_BYTES)) {
+                            to.copy_from_slice(from);
+                            copied.fetch_add(from.len() as u64, Ordering::Relaxed);
+                            if first {
+                                started.fetch_add(1, Ordering::Release);
+                                first = false;
+                            }
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
                         }
                     }
-                }
-            });
+                })
+                .map_err(|e| CliError::Wrong(format!("measuring DRAM: a copying thread could not start: {e}")))?;
         }
+        let deadline = Instant::now() + START_DEADLINE;
         while started.load(Ordering::Acquire) < copiers {
+            if Instant::now() > deadline {
+                return Err(CliError::Wrong(format!(
+                    "measuring DRAM: {} of {copiers} copying threads started within {START_DEADLINE:?}",
+                    started.load(Ordering::Acquire)
+                )));
+            }
             std::thread::yield_now();
         }
         let (before, start) = (copied.load(Ordering::Relaxed), Instant::now());
-        let loaded = load();
+        let load_bytes = load()?;
         let (after, seconds) = (copied.load(Ordering::Relaxed), start.elapsed().as_secs_f64());
-        stop.store(true, Ordering::Relaxed);
-        loaded.map(|load_bytes| (2 * (after - before) + load_bytes) as f64 / seconds / 1e9)
+        let gbps = (2 * (after - before) + load_bytes) as f64 / seconds / 1e9;
+        if gbps.is_finite() && gbps > 0.0 {
+            Ok(gbps)
+        } else {
+            Err(CliError::Wrong(format!("measuring DRAM: {gbps} GB/s over {seconds} s is no rate")))
+        }
     });
-    // Checked where every copier has been: the first piece of each share.
-    for (to, from) in to.chunks(share).zip(from.chunks(share)) {
-        let n = to.len().min(PIECE_BYTES);
-        assert_eq!(to[..n], from[..n], "every copier copied its first piece");
+    if result.is_ok() {
+        // Checked where every copier has been: the first piece of each share.
+        for (to, from) in to.chunks(share).zip(from.chunks(share)) {
+            let n = to.len().min(PIECE_BYTES);
+            assert_eq!(to[..n], from[..n], "every copier copied its first piece");
+        }
     }
     result
 }
@@ -120,13 +156,15 @@ mod tests {
             })
             .unwrap();
             assert!(cores_only.is_finite() && cores_only > 0.0, "{threads} threads: {cores_only}");
-            // A load that claims 2 GB in its window of at most a few seconds adds at least that.
+            // The load's 2 GB count over a window no longer than the whole call.
+            let outside = Instant::now();
             let with_load = copy_beside_gbps(4 << 20, threads, || {
                 std::thread::sleep(std::time::Duration::from_millis(20));
                 Ok(2_000_000_000)
             })
             .unwrap();
-            assert!(with_load > 0.5, "{threads} threads: {with_load}");
+            let at_least = 2.0 / outside.elapsed().as_secs_f64();
+            assert!(with_load >= at_least, "{threads} threads: {with_load} < {at_least}");
         }
         let err = copy_beside_gbps(1 << 20, 2, || Err(CliError::Usage("no card".into()))).unwrap_err();
         assert!(err.to_string().contains("no card"), "{err}");
