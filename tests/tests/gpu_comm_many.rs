@@ -461,7 +461,7 @@ fn one_gpu_two_processes_exchange_in_fixed_chunks_smaller_than_a_slot() {
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot() {
     // Slots of 256 KiB, chunks of 64 KiB: 300,007 elements' shares take up to seven chunks,
-    // through three slots each.
+    // through the default slots (four a rank among three).
     let test = "one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot";
     if !is_child() {
         needs!(gpus: 1, compute_80);

@@ -58,8 +58,8 @@ pub(crate) fn is_default_slot(slot_bytes: usize, world: usize) -> bool {
 
 /// The share of /dev/shm a communicator's segment may take with its default slots: where it
 /// would need more, [`fit_slot_to_shm`] makes the slots smaller. Docker's default /dev/shm of
-/// 64 MiB then gets slots of a little under 16 MiB / N among 3 to 8 ranks (what every
-/// communicator took before [`SLOT_SPAN_BYTES`]), and two ranks, whose one-kernel areas take
+/// 64 MiB then gets slots of a little under 12 MiB / N among 3 to 8 ranks (four a rank; every
+/// communicator took 16 MiB / N, three a rank, before [`SLOT_SPAN_BYTES`]), and two ranks, whose one-kernel areas take
 /// 16 MiB more, slots of about 5 MiB (where 8 MiB ones did not fit at all).
 const SHM_SHARE: (u64, u64) = (3, 4);
 
@@ -132,10 +132,13 @@ mod tests {
             let slot = span_slot_bytes(world);
             assert_eq!(fit_slot_to_shm(slot, world, 3, 0, Some(gib)), slot, "{world} ranks: 1 GiB holds 192 MiB");
             assert_eq!(fit_slot_to_shm(slot, world, 3, 0, None), slot);
-            // Docker's default: the 16 MiB / N of before, as whole 64 KiB.
+            // Docker's default: with three slots a rank the 16 MiB / N of before, as whole
+            // 64 KiB; with the default four among more than two, 12 MiB / N.
             let fitted = fit_slot_to_shm(slot, world, 3, 0, Some(64 << 20));
             assert_eq!(fitted, (16 * MIB / world) / MIN_SLOT_BYTES * MIN_SLOT_BYTES, "{world} ranks");
             assert!((world * 3 * fitted) as u64 <= 48 << 20);
+            let four = fit_slot_to_shm(slot, world, MANY_RANK_SLOTS, 0, Some(64 << 20));
+            assert_eq!(four, (12 * MIB / world) / MIN_SLOT_BYTES * MIN_SLOT_BYTES, "{world} ranks, four slots");
             for shm in [1u64, 4096, 100 << 20, 200 << 20, 5 * gib] {
                 let fitted = fit_slot_to_shm(slot, world, 3, 0, Some(shm));
                 assert!(

@@ -93,7 +93,7 @@ mod tests {
     #[test]
     fn compression_is_priced_with_the_slot_the_communicator_makes() {
         let int8 = compression_from_int8();
-        // Slots of 64 KiB to 2 MiB, a piece each: the model prices many more pieces' steps.
+        // Slots of 64 KiB to about 1 MiB, a piece each: the model prices many more pieces' steps.
         const SMALL_SHM: Option<u64> = Some(16 << 20);
         let mut moved = 0;
         for world in 2..=8 {
