@@ -101,7 +101,7 @@ fn a_newer_branch_and_a_driver_past_the_table_render_from_saved_files() {
     );
     let past = pair_text("4090-pair-stock-625-past-table.json", "0 -> 1");
     assert!(
-        past.starts_with("0 -> 1 [VER, possible] the driver refuses P2P (NVML: read CNS, write CNS, atomics NS); open module 625.20.03 is newer than every patch branch this probe knows: its table ends at 615.71.09 (checked on 2026-12-05), so a branch for 625.20.03 may exist\n    remedy, in order:\n      1. [VER] look for a 625.20.03 branch in the P2P patch's branch lists (https://github.com/aikitoria/open-gpu-kernel-modules/branches/all, "),
+        past.starts_with("0 -> 1 [VER, possible] the driver refuses P2P (NVML: read CNS, write CNS, atomics NS); open module 625.20.03 is newer than every patch branch this probe knows: its table ends at 615.71.09 (checked on 2026-12-06), so a branch for 625.20.03 may exist\n    remedy, in order:\n      1. [VER] look for a 625.20.03 branch in the P2P patch's branch lists (https://github.com/aikitoria/open-gpu-kernel-modules/branches/all, "),
         "{past}"
     );
     assert!(!past.contains("no patch branch exists"), "{past}");

@@ -517,7 +517,7 @@ fn a_610_open_module_on_two_4090s_gets_its_published_branch() {
     assert_eq!(
         v.warnings,
         [
-            "branch 615.71.09-p2p is known from third-party notes, not seen in aikitoria/open-gpu-kernel-modules itself (branch table checked on 2026-12-05): make sure it is listed at https://github.com/aikitoria/open-gpu-kernel-modules/tree/615.71.09-p2p before building"
+            "branch 615.71.09-p2p is known from third-party notes, not seen in aikitoria/open-gpu-kernel-modules itself (branch table checked on 2026-12-06): make sure it is listed at https://github.com/aikitoria/open-gpu-kernel-modules/tree/615.71.09-p2p before building"
         ]
     );
 }
@@ -529,7 +529,7 @@ fn a_driver_past_the_table_is_not_known_never_branchless() {
     assert_eq!((v.code.as_str(), v.certainty), ("VER", Certainty::Possible));
     assert_eq!(
         v.reason,
-        "the driver refuses P2P (NVML: read CNS, write CNS, atomics NS); open module 625.20.03 is newer than every patch branch this probe knows: its table ends at 615.71.09 (checked on 2026-12-05), so a branch for 625.20.03 may exist"
+        "the driver refuses P2P (NVML: read CNS, write CNS, atomics NS); open module 625.20.03 is newer than every patch branch this probe knows: its table ends at 615.71.09 (checked on 2026-12-06), so a branch for 625.20.03 may exist"
     );
     assert!(!v.reason.contains("no patch branch exists"), "{}", v.reason);
     assert!(
@@ -557,7 +557,7 @@ fn a_driver_past_the_table_is_not_known_never_branchless() {
     assert_eq!((state.in_effect, state.certainty), (Some(true), Certainty::Possible));
     assert!(
         state.because.contains(
-            "newer than every patch branch this probe knows (its table ends at 615.71.09, checked on 2026-12-05)"
+            "newer than every patch branch this probe knows (its table ends at 615.71.09, checked on 2026-12-06)"
         ),
         "{}",
         state.because
