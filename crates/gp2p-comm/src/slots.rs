@@ -31,8 +31,9 @@ pub(crate) const TWO_RANK_SLOT_BYTES: usize = 8 << 20;
 /// of the bound where three ran at 0.789 / 0.924 / 0.969 / 0.958 and 0.762 / 0.935 / 0.918 /
 /// 0.954; among 8 at 0.629 / 0.907 / 0.993 / 0.972 and 0.648 / 0.907 / 0.963 / 0.955 against
 /// 0.611 / 0.908 / 0.986 / 0.959 and 0.623 / 0.909 / 0.970 / 0.950. The cost: a third more
-/// /dev/shm and pinned memory (256 MiB at the span's slots), or, where /dev/shm is small,
-/// slots a quarter smaller ([`fit_slot_to_shm`]).
+/// /dev/shm and pinned memory (256 MiB at the span's slots). Where /dev/shm has not the room
+/// for four of the default size, a communicator takes three, larger (larger slots measured
+/// far ahead of one more: [`SLOT_SPAN_BYTES`]), as it did before four.
 pub(crate) const MANY_RANK_SLOTS: usize = 4;
 
 /// The smallest slot; the defaults and the fitted slots keep to whole multiples of it.
@@ -58,8 +59,9 @@ pub(crate) fn is_default_slot(slot_bytes: usize, world: usize) -> bool {
 
 /// The share of /dev/shm a communicator's segment may take with its default slots: where it
 /// would need more, [`fit_slot_to_shm`] makes the slots smaller. Docker's default /dev/shm of
-/// 64 MiB then gets slots of a little under 12 MiB / N among 3 to 8 ranks (four a rank; every
-/// communicator took 16 MiB / N, three a rank, before [`SLOT_SPAN_BYTES`]), and two ranks, whose one-kernel areas take
+/// 64 MiB then gets three slots a rank of a little under 16 MiB / N among 3 to 8 ranks (what
+/// every communicator took before [`SLOT_SPAN_BYTES`]; four would be 12 MiB / N, and three
+/// larger ones are taken instead, `communicator::shm_fit`), and two ranks, whose one-kernel areas take
 /// 16 MiB more, slots of about 5 MiB (where 8 MiB ones did not fit at all).
 const SHM_SHARE: (u64, u64) = (3, 4);
 
@@ -133,7 +135,7 @@ mod tests {
             assert_eq!(fit_slot_to_shm(slot, world, 3, 0, Some(gib)), slot, "{world} ranks: 1 GiB holds 192 MiB");
             assert_eq!(fit_slot_to_shm(slot, world, 3, 0, None), slot);
             // Docker's default: with three slots a rank the 16 MiB / N of before, as whole
-            // 64 KiB; with the default four among more than two, 12 MiB / N.
+            // 64 KiB; four would get 12 MiB / N (the communicator then takes three).
             let fitted = fit_slot_to_shm(slot, world, 3, 0, Some(64 << 20));
             assert_eq!(fitted, (16 * MIB / world) / MIN_SLOT_BYTES * MIN_SLOT_BYTES, "{world} ranks");
             assert!((world * 3 * fitted) as u64 <= 48 << 20);

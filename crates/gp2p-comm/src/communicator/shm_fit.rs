@@ -4,7 +4,7 @@
 
 use crate::compression::{Resolved, requested, resolve};
 use crate::layout::{CommOptions, Layout};
-use crate::slots::is_default_slot;
+use crate::slots::{MANY_RANK_SLOTS, is_default_slot};
 use crate::{Result, fit_slot_to_shm};
 
 /// `options` with their slot settled ([`settled_slot`]) for `world` ranks on a host of `shm`
@@ -37,7 +37,10 @@ pub(crate) fn shm_bytes() -> Option<u64> {
 /// `options` with the slot a communicator of `world` ranks makes, before anything is priced
 /// with it: a slot the caller chose stays; the default grows where the communicator compresses
 /// (`compressing`, `crate::compression::slot_bytes`), then shrinks to fit `shm` bytes of
-/// /dev/shm ([`fitted_to_shm`]).
+/// /dev/shm ([`fitted_to_shm`]). Where that shrinks the four slots more than two ranks take by
+/// default ([`MANY_RANK_SLOTS`]), they take three, a third larger each, as before there were
+/// four: larger slots measured far ahead of a slot more (`crate::SLOT_SPAN_BYTES` and
+/// [`MANY_RANK_SLOTS`] say by how much), so Docker's 64 MiB keeps 16 MiB / N.
 ///
 /// # Errors
 /// [`crate::Error::InvalidOption`] for options a communicator refuses.
@@ -46,7 +49,14 @@ fn settled_slot(options: CommOptions, world: usize, compressing: bool, shm: Opti
         return Ok(options);
     }
     let slot_bytes = crate::compression::slot_bytes(&options, world, compressing);
-    fitted_to_shm(CommOptions { slot_bytes, ..options }, world, shm)
+    let fitted = fitted_to_shm(CommOptions { slot_bytes, ..options }, world, shm)?;
+    if world > 2 && options.slots == MANY_RANK_SLOTS && fitted.slot_bytes < slot_bytes {
+        let three = fitted_to_shm(CommOptions { slot_bytes, slots: MANY_RANK_SLOTS - 1, ..options }, world, shm)?;
+        if three.slot_bytes > fitted.slot_bytes {
+            return Ok(three);
+        }
+    }
+    Ok(fitted)
 }
 
 /// `options` with their slot fitted to `shm` bytes of /dev/shm ([`fit_slot_to_shm`]), the
@@ -77,7 +87,10 @@ mod tests {
                 let fitted = settled_slot(options, world, false, shm).unwrap();
                 let slot = fitted.slot_bytes;
                 assert!(slot <= options.slot_bytes && slot % MIN_SLOT_BYTES == 0, "{world} ranks, {shm:?}");
-                assert_eq!(CommOptions { slot_bytes: options.slot_bytes, ..fitted }, options, "only the slot changes");
+                // Only the slot changes, and the count where four default slots shrank.
+                let slots = if fitted.slots != options.slots { options.slots } else { fitted.slots };
+                assert_eq!(CommOptions { slot_bytes: options.slot_bytes, slots, ..fitted }, options, "{world} ranks");
+                assert!(fitted.slots == options.slots || (fitted.slots == 3 && slot < options.slot_bytes));
                 Layout::new(world, &fitted).unwrap();
             }
             assert_eq!(settled_slot(options, world, false, None).unwrap(), options, "{world} ranks, shm unknown");
@@ -88,6 +101,32 @@ mod tests {
         }
         let bad = CommOptions { slots: 99, ..CommOptions::for_world(4) };
         assert!(settled_slot(bad, 4, false, DOCKER_SHM).is_err());
+    }
+
+    #[test]
+    fn four_default_slots_that_a_small_shm_would_shrink_are_three_larger_ones() {
+        const MIB: usize = 1 << 20;
+        for world in 3..=8 {
+            let options = CommOptions::for_world(world);
+            assert_eq!(options.slots, MANY_RANK_SLOTS);
+            // Docker's 64 MiB: three of a little under 16 MiB / N, as before four, not four
+            // of 12 MiB / N.
+            let docker = settled_slot(options, world, false, DOCKER_SHM).unwrap();
+            assert_eq!(docker.slots, 3, "{world} ranks");
+            let four = fitted_to_shm(options, world, DOCKER_SHM).unwrap().slot_bytes;
+            assert!(docker.slot_bytes > four && docker.slot_bytes <= 16 * MIB / world, "{world} ranks: {docker:?}");
+            // Room for four of the default: four.
+            assert_eq!(settled_slot(options, world, false, Some(1 << 30)).unwrap(), options, "{world} ranks");
+            // No room for either: the floor, four of it.
+            assert_eq!(settled_slot(options, world, false, Some(1)).unwrap().slots, 4, "{world} ranks");
+            // A chosen slot, or a chosen count of slots, stays as it is.
+            let chosen = CommOptions { slot_bytes: MIB, ..options };
+            assert_eq!(settled_slot(chosen, world, false, DOCKER_SHM).unwrap(), chosen);
+            let five = CommOptions { slots: 5, ..options };
+            assert_eq!(settled_slot(five, world, false, DOCKER_SHM).unwrap().slots, 5);
+        }
+        // Two ranks keep their three.
+        assert_eq!(settled_slot(CommOptions::for_world(2), 2, false, DOCKER_SHM).unwrap().slots, 3);
     }
 
     #[test]

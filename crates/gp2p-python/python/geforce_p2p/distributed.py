@@ -151,7 +151,7 @@ class Communicator:
     shared segment takes about 65 MiB of /dev/shm between two ranks (about 200 MiB where they
     compress) and about 260 MiB among 3 to 8; where /dev/shm is smaller the default slots
     shrink until the segment takes three quarters of it at most (Docker's 64 MiB: slots of
-    about 12 MiB / N, 5 MiB between two), each communicator on its own, so several at once
+    about 16 MiB / N, three a rank, 5 MiB between two), each communicator on its own, so several at once
     may still find no room: give the container ``--shm-size`` (or ``--ipc=host``), or pass
     ``slots=2`` or a smaller ``slot_bytes``; too little room is an error at creation that
     names /dev/shm.
