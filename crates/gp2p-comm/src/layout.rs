@@ -29,7 +29,9 @@ pub struct CommOptions {
     /// [`crate::SLOT_SPAN_BYTES`] / 2 instead, and a /dev/shm too small for the slots makes
     /// them smaller ([`crate::fit_slot_to_shm`]).
     pub slot_bytes: usize,
-    /// Slots per rank of that pipeline: chunks in flight at once, 2..=16.
+    /// Slots per rank of that pipeline: chunks in flight at once, 2..=16. Where both are the
+    /// defaults of more than two ranks (four slots of [`crate::SLOT_SPAN_BYTES`] / N, or those
+    /// values given) and /dev/shm has not the room for them, three larger ones are made.
     pub slots: usize,
     /// The most blocks the one-kernel path's flagged-chunk kernel runs, 1..=256 (default 128:
     /// a block per 4 KiB chunk up to 32, up to 64 with 4 chunks each, more only with 8 each,
