@@ -116,7 +116,7 @@ pub const H200_HANDOFF_US: f64 = 11.4;
 /// it for every operation of every chunk step, beyond the bytes' time and the fill: fitted on
 /// one H100 with two processes sharing its link (an exact chunk step is four operations and
 /// took 21 µs, `benches/results/h10080gbhbm3/comm-chunks-message-2.txt`; a compressed one, nine
-/// operations of which one side's four set the pace, is priced at four,
+/// operations whose two sides overlap, is priced at four,
 /// `gp2p_comm::compression::COMPRESSED_STEP_OPS`), and the default elsewhere: `gp2p plan
 /// --measure` and `gp2p bench comm` measure it on the machine (a reduce kernel and a 4 KiB
 /// copy each way, in turn on one stream).

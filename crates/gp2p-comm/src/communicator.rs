@@ -261,6 +261,12 @@ impl Communicator {
         self.layout.slot_bytes()
     }
 
+    /// Slots per rank of this rank's pipeline, as made: [`CommOptions::slots`], or three where
+    /// the default four of the default size had not the room in /dev/shm.
+    pub fn slots(&self) -> usize {
+        self.layout.slot_count
+    }
+
     /// How many ranks there are.
     pub fn world(&self) -> usize {
         self.segment.world()

@@ -220,7 +220,7 @@ fn pieces_a_shard(len: usize, world: usize, format: WireFormat, slot_bytes: usiz
 /// up (the wait, the encode, the copy, the exact blocks' kernel, the flag) and its way down
 /// (the wait, the copy, the exact blocks' kernel, the decode) are nine, but they run on
 /// streams of their own, a piece's way down beside the next piece's way up, so a step costs
-/// about one side's (see [`Machine::op_us`]); four fits the rows below. Priced at all eight, the model came out
+/// about one side's (see [`Machine::op_us`]); four fits the rows below. Priced at eight, the model came out
 /// 27-78 % slow at 1-16 MiB among 2, 4 and 8 processes on one H100
 /// (`benches/results/h10080gbhbm3/comm-compress-int8-{2,4,8}.txt`, 6ce8f1b) and put the
 /// minimum above 4 MiB, where compression measured 1.28-1.47 times as fast as the exact
@@ -392,9 +392,9 @@ mod tests {
     /// The compressed and the exact bf16 all-reduce among 2, 4 and 8 processes on one H100
     /// host under MPS, each priced with its run's own rates
     /// (`benches/results/h10080gbhbm3/comm-{compress-int8,exact-bf16}-{2,4,8}.txt`, 6ce8f1b):
-    /// the minimum the model prices there lies where compression measured faster: 2 MiB among
-    /// 2 (1 MiB measured 0.99 times as fast, 4 MiB 1.28 times), 1 MiB among 4 and 8 (1.11
-    /// and 1.19 times), and the compressed rows are priced within -15..+35 % (eight ranks' turns
+    /// the minimum the model prices there lies where the rows say compression starts to win:
+    /// 2 MiB among 2, between 1 MiB (measured 0.99 times as fast) and 4 MiB (1.28 times; 2 MiB
+    /// was not run), 1 MiB among 4 and 8 (1.11 and 1.19 times), and the compressed rows are priced within -15..+35 % (eight ranks' turns
     /// on the one GPU price 1-4 MiB there 32 % slow; two and four within -5..+25 %: 16 MiB
     /// among 2, in two pieces, +21 %).
     #[test]

@@ -106,7 +106,9 @@ pub struct CommArgs {
     /// small /dev/shm makes it smaller (`gp2p_comm::fit_slot_to_shm`).
     #[arg(long, value_parser = crate::sizes::parse_size)]
     slot_bytes: Option<usize>,
-    /// Slots per rank of that pipeline, instead of the default.
+    /// Slots per rank of that pipeline, instead of the default (four among more than two
+    /// ranks; where /dev/shm has not the room for four of the default slot, three larger ones
+    /// are made, the given value 4 counting as the default).
     #[arg(long)]
     slots: Option<usize>,
     /// The largest all-reduce the one-kernel path takes (K, M suffixes; 1 byte to 16M),
@@ -257,7 +259,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         "# pipeline: one kernel up to {}, then {} slots of {} a rank, chunks {chunks}, receive {}, algorithm \
          {algorithm}, calls {calls}",
         format_size(comm.small_max_bytes()),
-        options.slots,
+        comm.slots(),
         format_size(comm.slot_bytes()),
         comm.receive()
     );

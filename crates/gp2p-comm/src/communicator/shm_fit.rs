@@ -38,9 +38,10 @@ pub(crate) fn shm_bytes() -> Option<u64> {
 /// with it: a slot the caller chose stays; the default grows where the communicator compresses
 /// (`compressing`, `crate::compression::slot_bytes`), then shrinks to fit `shm` bytes of
 /// /dev/shm ([`fitted_to_shm`]). Where that shrinks the four slots more than two ranks take by
-/// default ([`MANY_RANK_SLOTS`]), they take three, a third larger each, as before there were
-/// four: larger slots measured far ahead of a slot more (`crate::SLOT_SPAN_BYTES` and
-/// [`MANY_RANK_SLOTS`] say by how much), so Docker's 64 MiB keeps 16 MiB / N.
+/// default ([`MANY_RANK_SLOTS`]) below three quarters of their size, they take three, a third
+/// larger each, as before there were four: much larger slots measured far ahead of a slot more
+/// (`crate::SLOT_SPAN_BYTES` and [`MANY_RANK_SLOTS`] say by how much), so Docker's 64 MiB
+/// keeps 16 MiB / N; slightly smaller ones keep the fourth.
 ///
 /// # Errors
 /// [`crate::Error::InvalidOption`] for options a communicator refuses.
@@ -50,7 +51,7 @@ fn settled_slot(options: CommOptions, world: usize, compressing: bool, shm: Opti
     }
     let slot_bytes = crate::compression::slot_bytes(&options, world, compressing);
     let fitted = fitted_to_shm(CommOptions { slot_bytes, ..options }, world, shm)?;
-    if world > 2 && options.slots == MANY_RANK_SLOTS && fitted.slot_bytes < slot_bytes {
+    if world > 2 && options.slots == MANY_RANK_SLOTS && fitted.slot_bytes < slot_bytes / 4 * 3 {
         let three = fitted_to_shm(CommOptions { slot_bytes, slots: MANY_RANK_SLOTS - 1, ..options }, world, shm)?;
         if three.slot_bytes > fitted.slot_bytes {
             return Ok(three);
@@ -88,7 +89,7 @@ mod tests {
                 let slot = fitted.slot_bytes;
                 assert!(slot <= options.slot_bytes && slot % MIN_SLOT_BYTES == 0, "{world} ranks, {shm:?}");
                 // Only the slot changes, and the count where four default slots shrank.
-                let slots = if fitted.slots != options.slots { options.slots } else { fitted.slots };
+                let slots = options.slots;
                 assert_eq!(CommOptions { slot_bytes: options.slot_bytes, slots, ..fitted }, options, "{world} ranks");
                 assert!(fitted.slots == options.slots || (fitted.slots == 3 && slot < options.slot_bytes));
                 Layout::new(world, &fitted).unwrap();
@@ -117,6 +118,10 @@ mod tests {
             assert!(docker.slot_bytes > four && docker.slot_bytes <= 16 * MIB / world, "{world} ranks: {docker:?}");
             // Room for four of the default: four.
             assert_eq!(settled_slot(options, world, false, Some(1 << 30)).unwrap(), options, "{world} ranks");
+            // Room for four a little smaller (a fifth less /dev/shm than they need): still four.
+            let need = 4 * (world * options.slots * options.slot_bytes) as u64 / 3 / 5 * 4;
+            let near = settled_slot(options, world, false, Some(need)).unwrap();
+            assert!(near.slots == 4 && near.slot_bytes < options.slot_bytes, "{world} ranks: {near:?}");
             // No room for either: the floor, four of it.
             assert_eq!(settled_slot(options, world, false, Some(1)).unwrap().slots, 4, "{world} ranks");
             // A chosen slot, or a chosen count of slots, stays as it is.

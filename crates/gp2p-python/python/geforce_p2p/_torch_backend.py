@@ -14,7 +14,8 @@ is a reduce-scatter whose shards go to the root. recv from any source raises
 ``NotImplementedError``. Sends and receives
 pair with the peer's calls in call order (tags are not matched); as with NCCL, two ranks that
 both send before they receive stall once a message outgrows the staging slots (three of 8 MiB
-by default between two ranks, four of 64 MiB / N among more), until the peer timeout.
+by default between two ranks, four of 64 MiB / N among more, three larger ones where
+/dev/shm is small), until the peer timeout.
 
 A group whose ranks sit on several hosts (``geforce_p2p._hosts.host_id``: host name and boot
 id, or ``GP2P_HOST_ID``) runs this library's communicator among each host's ranks and an

@@ -128,7 +128,9 @@ class Communicator:
     between two ranks, and the attribute of that name may read less where both share one GPU; among more, the line kernel is the one kernel and ``lines_max_bytes``
     bounds it); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
     pipeline's slot size (a multiple of 4096 in 64 KiB..256 MiB, default 8 MiB for two ranks,
-    64 MiB / N for N, made smaller where /dev/shm has not the room) and slots per rank (2..16, default 3 for two ranks, 4 for more), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
+    64 MiB / N for N, made smaller where /dev/shm has not the room) and slots per rank (2..16, default 3 for two ranks, 4 for more: where /dev/shm
+    has not the room for four of the default slot, three larger ones, 4 given counting as the
+    default), for tuning; ``chunk_blocks``: the most blocks the one-kernel path's kernel runs
     (1..256, default 128); ``lines_max_bytes`` (every rank the same): the largest all-reduce
     whose one kernel hands data over in 8-byte lines of data and sequence number rather than
     in flagged 4 KiB chunks (0 to 65536, default 2048 for two ranks, 65536 for more), for tuning;
