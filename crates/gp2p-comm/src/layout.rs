@@ -2,156 +2,12 @@
 //! and the options that decide it ([`CommOptions`], which every rank checks against its
 //! peers' at creation).
 
-use std::time::Duration;
-
-use gp2p_collectives::Receive;
-use gp2p_collectives::cost::{Algorithm, Machine};
 use gp2p_kernels::{CHUNK_MAX_BLOCKS, chunk_area_layout, exchange_line_bytes};
 
-use crate::choice::{AllReducePaths, ManyChoice};
 use crate::{Error, Result};
 
-/// How a communicator is made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CommOptions {
-    /// The largest buffer, in bytes, a small-message call takes (its areas are sized for it).
-    /// Two ranks that share one GPU may stop sooner, where the cost model prices the rounds
-    /// cheaper (`Communicator::small_max_bytes` says where).
-    pub small_max_bytes: usize,
-    /// How long a rank's kernel waits for its peer's data before it gives up (the next call
-    /// then says so). It must exceed how far one rank's stream may fall behind another's.
-    pub peer_timeout: Duration,
-    /// How long creation waits for every rank to join and register.
-    pub join_timeout: Duration,
-    /// Bytes of one slot of the pipeline that carries larger messages: a chunk's DMA copy.
-    /// A multiple of 4096 in 64 KiB..=256 MiB. Where it is the default
-    /// ([`CommOptions::for_world`]'s, or that value given), two ranks that compress take
-    /// [`crate::SLOT_SPAN_BYTES`] / 2 instead, and a /dev/shm too small for the slots makes
-    /// them smaller ([`crate::fit_slot_to_shm`]).
-    pub slot_bytes: usize,
-    /// Slots per rank of that pipeline: chunks in flight at once, 2..=16. Where both are the
-    /// defaults of more than two ranks (four slots of [`crate::SLOT_SPAN_BYTES`] / N, or those
-    /// values given) and /dev/shm has not the room for them, three larger ones are made.
-    pub slots: usize,
-    /// The most blocks the one-kernel path's flagged-chunk kernel runs, 1..=256 (default 128:
-    /// a block per 4 KiB chunk up to 32, up to 64 with 4 chunks each, more only with 8 each,
-    /// see `chunk_grid`). Each rank may pick its own.
-    pub chunk_blocks: usize,
-    /// All-reduces of up to this many bytes take the line kernel (8-byte lines of 4 data
-    /// bytes and the call's number, one block: no fence, one read of the peer's data), larger
-    /// ones up to `small_max_bytes` the flagged chunks. 0..=64 KiB, default 2 KiB; every rank
-    /// must give the same. For tuning: since the lines lie in two planes (7774b2d) the two
-    /// kernels came within half a microsecond of each other at 4-8 KiB on one H200, and
-    /// where they cross between two GPUs is not measured yet.
-    pub lines_max_bytes: usize,
-    /// Among more than two ranks, the all-reduce to run: `None` (the default) for the cost
-    /// model's choice per call, unless the environment variable [`crate::ALGORITHM_VAR`]
-    /// (`GP2P_ALGORITHM`) names one; [`Algorithm::OneShot`] for the line kernel wherever the
-    /// buffer fits its lines, [`Algorithm::TwoShot`] for the rounds at every size.
-    /// [`Algorithm::Ring`] is refused at creation (the one-process engine runs the ring).
-    /// Every rank must force the same (ranks compare it at creation). Two ranks keep their
-    /// one-kernel paths for the sizes those take and otherwise run the exchange, or the
-    /// rounds where both share one GPU (one link: see
-    /// `crate::choice::AllReducePaths::two_ranks_take_rounds`); [`Algorithm::TwoShot`] forces
-    /// the rounds and [`Algorithm::OneShot`] the exchange.
-    pub algorithm: Option<Algorithm>,
-    /// All-reduces of f32, f16 and bf16 under sum or avg, from a size on, compressed
-    /// (`Communicator::all_reduce_compressed`): `None` (the default) unless the environment
-    /// variable [`crate::COMPRESS_VAR`] (`GP2P_COMPRESS`) asks for it, never by itself. Every
-    /// rank must ask for the same (ranks compare it at creation). See [`crate::compression`].
-    pub compress: Option<crate::Compression>,
-    /// How this rank's pipeline folds a chunk that lands in its slots:
-    /// [`Receive::ZeroCopy`] reads the slot in place across the link, [`Receive::Scratch`]
-    /// copies it into device memory of a slot's size by DMA and folds from there.
-    /// [`Receive::Auto`] (the default) takes [`crate::RECEIVE_VAR`] (`GP2P_RECEIVE`) where
-    /// it names one, else scratch (measured faster: see `crate::receive`). Each rank may pick
-    /// its own: the fold's bits are the same.
-    pub receive: Receive,
-    /// Bytes of one chunk of the pipeline, each a DMA through a slot: `None` (the default)
-    /// sizes two ranks' exchange by the message ([`crate::pipeline_chunk`]: the buffer in up to four
-    /// chunks of at least 1 MiB, at most a slot) and makes the rounds' chunks a slot; else
-    /// this many for both (a multiple of 4096, at most `slot_bytes`; `slot_bytes` itself runs
-    /// every chunk a slot, as before chunks were sized). Every rank must give the same (ranks
-    /// compare it at creation).
-    pub chunk_bytes: Option<usize>,
-    /// Whether the pipeline's calls (two ranks' exchange, the rounds) replay from
-    /// CUDA graphs: captured the second time a call with the same buffers, sizes and op comes,
-    /// then launched as one driver call, then and at every later such call
-    /// (`crate::replay`'s module docs). `None` (the
-    /// default) leaves it to the environment variable [`crate::REPLAY_VAR`] (`GP2P_REPLAY`),
-    /// off where unset; never where a peer rank is a thread of this process. Each rank may
-    /// pick its own: the calls pair up alike.
-    pub replay_calls: Option<bool>,
-}
-
-impl Default for CommOptions {
-    fn default() -> Self {
-        CommOptions {
-            // Two H200s, one process each, NCCL's shared-memory path in the same processes
-            // (the tenth session in `git show 92b0a7c:benches/results/README.md`): one kernel took 15.8 us at 128 KiB
-            // (NCCL 23.6-32.0), 20.1-22.7 at 256 KiB (35.8-37.7), 48.1-50.0 at 1 MiB (63.2-64.5)
-            // and 147.4-152.1 at 4 MiB with 128 blocks (171.5-173.0), where the pipeline took
-            // 36-40, 70 and 190-194 in earlier runs. The chunk kernel's block cap
-            // (`chunk_grid`) keeps it out of the two-mode timing seen above 128 KiB before.
-            small_max_bytes: 4 << 20,
-            peer_timeout: Duration::from_secs(5),
-            join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
-            slot_bytes: crate::slots::TWO_RANK_SLOT_BYTES,
-            slots: 3,
-            chunk_blocks: DEFAULT_CHUNK_BLOCKS,
-            lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
-            algorithm: None,
-            compress: None,
-            receive: Receive::Auto,
-            chunk_bytes: None,
-            replay_calls: None,
-        }
-    }
-}
-
-impl AllReducePaths {
-    /// The paths of a communicator of `world` ranks made with `options`, as
-    /// [`crate::Communicator::all_reduce_paths`] reports them once made (`forced` from the
-    /// options or `GP2P_ALGORITHM`, as at creation; a small /dev/shm may shrink default slots,
-    /// [`crate::fit_slot_to_shm`]): what `gp2p plan` prices.
-    ///
-    /// # Errors
-    /// [`Error::InvalidOption`] for options a communicator refuses.
-    pub fn of(world: usize, options: &CommOptions, forced: Option<Algorithm>) -> Result<AllReducePaths> {
-        let layout = Layout::new(world, options)?;
-        Ok(AllReducePaths {
-            world,
-            small_max: layout.small_max,
-            slot_bytes: layout.slot_bytes,
-            chunk_bytes: layout.fixed_chunk(),
-            many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced },
-            // Cards of their own, each on its link: ranks sharing a GPU are seen only once made.
-            shared_link: false,
-        })
-    }
-}
-
-impl CommOptions {
-    /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
-    /// kernel up to 64 KiB (it is the whole one-kernel path there, and the pipeline's
-    /// N rounds cost more below that) and four slots (`crate::slots::MANY_RANK_SLOTS`) of
-    /// [`crate::SLOT_SPAN_BYTES`] / N on 64 KiB: about 256 MiB of /dev/shm at any N (less
-    /// where it is smaller, [`crate::fit_slot_to_shm`]).
-    pub fn for_world(world: usize) -> CommOptions {
-        let default = CommOptions::default();
-        if world <= 2 {
-            return default;
-        }
-        let slot_bytes = crate::slots::default_slot_bytes(world);
-        CommOptions {
-            lines_max_bytes: MAX_LINES_BYTES,
-            small_max_bytes: MAX_LINES_BYTES,
-            slot_bytes,
-            slots: crate::slots::MANY_RANK_SLOTS,
-            ..default
-        }
-    }
-}
+mod options;
+pub use options::CommOptions;
 
 /// Where things sit in the staging area: the same offsets in every process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,10 +92,10 @@ const SLOTS: std::ops::RangeInclusive<usize> = 2..=16;
 /// (benches/probes/small_exchange.py), with the lines side by side as they were until
 /// 7774b2d: lines 6.0 us at 64 B and 6.5 at 2 KiB, chunks 7.7 and 8.3 (their fence); at 8 KiB
 /// lines 20 us, chunks 8.3.
-const DEFAULT_LINES_MAX_BYTES: usize = 2 << 10;
+pub(crate) const DEFAULT_LINES_MAX_BYTES: usize = 2 << 10;
 /// The bound of [`CommOptions::lines_max_bytes`]: one block of the line kernel for the whole
 /// buffer, each thread a few batches of groups.
-const MAX_LINES_BYTES: usize = 64 << 10;
+pub(crate) const MAX_LINES_BYTES: usize = 64 << 10;
 /// The largest small-message size a communicator is made for: the one-kernel path is for small
 /// messages, and the bound keeps the layout's arithmetic far from overflow.
 const MAX_SMALL_BYTES: usize = 16 << 20;
@@ -400,6 +256,8 @@ impl Layout {
 
 #[cfg(test)]
 mod tests {
+    use gp2p_collectives::cost::Algorithm;
+
     use super::*;
 
     fn small(small_max_bytes: usize) -> CommOptions {
@@ -590,16 +448,5 @@ mod tests {
         for chunk_blocks in [1, CHUNK_MAX_BLOCKS] {
             assert!(Layout::new(2, &CommOptions { chunk_blocks, ..CommOptions::default() }).is_ok());
         }
-    }
-
-    #[test]
-    fn the_default_paths_are_the_default_layout_s() {
-        let two = AllReducePaths::of(2, &CommOptions::for_world(2), None).unwrap();
-        assert_eq!((two.small_max, two.slot_bytes, two.many.lines_max), (4 << 20, 8 << 20, 2 << 10));
-        let eight = AllReducePaths::of(8, &CommOptions::for_world(8), Some(Algorithm::TwoShot)).unwrap();
-        assert_eq!((eight.small_max, eight.slot_bytes, eight.many.lines_max), (64 << 10, 8 << 20, 64 << 10));
-        assert_eq!(eight.many.forced, Some(Algorithm::TwoShot));
-        let bad = CommOptions { slot_bytes: 3, ..CommOptions::for_world(2) };
-        assert!(AllReducePaths::of(2, &bad, None).is_err());
     }
 }
