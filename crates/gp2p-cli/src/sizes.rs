@@ -1,20 +1,9 @@
 //! Byte sizes as `gp2p` reads and prints them (`4K`, `1M`, `1G`, plain numbers; binary
-//! units), and nccl-tests style `-b/-e/-f` sweeps. The one place sizes are parsed or printed:
-//! what a table prints, `-b` reads back.
+//! units), and nccl-tests style `-b/-e/-f` sweeps. Sizes are read by the library's
+//! `parse_size` (as `GP2P_COMPRESS`'s minimum is) and printed here: what a table prints, `-b`
+//! reads back.
 
-/// Parse `4096`, `4K`, `16M`, `1G` (binary units, case-insensitive, optional trailing `B`).
-pub fn parse_size(text: &str) -> Result<usize, String> {
-    let t = text.trim().trim_end_matches(['b', 'B']);
-    let (digits, shift) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 20),
-        Some('g' | 'G') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let n: usize =
-        digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional K, M or G"))?;
-    n.checked_mul(1 << shift).ok_or_else(|| format!("size {text:?} is too large"))
-}
+pub use geforce_p2p::comm::parse_size;
 
 /// A size as [`parse_size`] reads it: the largest binary unit that divides it exactly
 /// (`4K`, `16M`, `1G`), else plain bytes.

@@ -76,7 +76,7 @@ pub fn compression_from(value: Option<&str>) -> Result<Option<Compression>> {
     let bad = |why: String| Error::InvalidOption { name: COMPRESS_VAR, reason: format!("{value:?}: {why}") };
     let (spec, min_bytes) = match value.split_once('@') {
         Some((spec, min)) => {
-            let min = size_from(min).ok_or_else(|| {
+            let min = crate::parse_size(min).map_err(|_| {
                 bad(format!("the minimum {:?} is not a size (bytes, or a number with K, M or G)", min.trim()))
             })?;
             (spec, Some(min))
@@ -97,18 +97,6 @@ pub fn compression_from(value: Option<&str>) -> Result<Option<Compression>> {
     };
     let block = BlockSize::new(block).map_err(|e| bad(e.to_string()))?;
     Ok(Some(Compression { format: WireFormat { format, block }, min_bytes }))
-}
-
-/// Bytes written as a number, or a number and K, M or G (KiB, MiB, GiB); `None` where not.
-fn size_from(text: &str) -> Option<usize> {
-    let text = text.trim();
-    let (digits, shift) = match text.chars().last()?.to_ascii_uppercase() {
-        'K' => (&text[..text.len() - 1], 10),
-        'M' => (&text[..text.len() - 1], 20),
-        'G' => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 /// [`CommOptions::compress`], or else what [`COMPRESS_VAR`] (`env`) asks; `None` where off.

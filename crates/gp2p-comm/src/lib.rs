@@ -139,6 +139,7 @@ mod registration;
 mod replay;
 mod rounds;
 mod segment;
+mod size;
 mod slots;
 
 pub use chunking::{MIN_PIPELINE_CHUNK, PIPELINE_CHUNKS, pipeline_chunk};
@@ -155,4 +156,5 @@ pub use pipeline::STREAMS_PER_RANK;
 pub use receive::RECEIVE_VAR;
 pub use replay::{REPLAY_VAR, ReplayCounts};
 pub use segment::{DEFAULT_JOIN_TIMEOUT, HOST_WORDS, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};
+pub use size::parse_size;
 pub use slots::{SLOT_SPAN_BYTES, fit_slot_to_shm};
