@@ -74,7 +74,7 @@ def test_the_environment_puts_the_door_first_once_and_names_torch_s_nccl(tmp_pat
     assert env["GP2P_NCCL_REAL"] == str(real)
     assert env["PATH"] == "/bin"
     assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
-    kept = nccl.environment({"GP2P_NCCL_REAL": "/mine/libnccl.so.2", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, door=door)
+    kept = nccl.environment({"GP2P_NCCL_REAL": "/mine/libnccl.so.2", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}, door=door, mps=False)
     # Under an MPS daemon CUDA's own number stands: the server's channels are the device's.
     pipe = tmp_path / "mps"
     assert not nccl.mps_serves({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})

@@ -36,8 +36,8 @@ pub struct PlanArgs {
     #[arg(long, value_name = "CARDS")]
     uplink: Option<usize>,
     /// Ranks that share one GPU, as on a test bed of N processes on one card under MPS: their
-    /// chunk steps take turns on its copy engines (default 1: a card each). Give --uplink the
-    /// same number, since they share its link too.
+    /// chunk steps take turns on its copy engines (default 1: a card each). They share its
+    /// link too: the uplink's cards are at least this many.
     #[arg(long, value_name = "RANKS", default_value_t = 1)]
     ranks_per_gpu: usize,
     /// Plan for a bundled example machine: its cards and topology; its rates are not in the
@@ -222,6 +222,9 @@ impl PlanArgs {
         machine.ranks_per_device = self.ranks_per_gpu;
         // Ranks on one GPU share its link too.
         machine.cards_per_uplink = per_uplink.max(self.ranks_per_gpu).min(ranks);
+        if self.ranks_per_gpu > per_uplink.min(ranks) {
+            placed = "--ranks-per-gpu: ranks on one GPU share its link".to_owned();
+        }
         let mut sources = [Source::Default; 7];
         if let Some(m) = measured {
             for (i, &rate) in m.card.iter().enumerate() {

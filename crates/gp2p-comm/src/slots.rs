@@ -23,7 +23,10 @@ pub const SLOT_SPAN_BYTES: usize = 64 << 20;
 /// 0.55-0.70 (the sixth session in `git show 92b0a7c:benches/results/README.md`).
 pub(crate) const TWO_RANK_SLOT_BYTES: usize = 8 << 20;
 
-/// Slots a rank has by default among more than two ranks (two keep three,
+/// Slots a rank has by default between two ranks: three.
+pub(crate) const TWO_RANK_SLOTS: usize = 3;
+
+/// Slots a rank has by default among more than two ranks (two keep [`TWO_RANK_SLOTS`],
 /// `CommOptions::default`): a chunk more in flight each way. On one H100 host, 4 and 8
 /// processes under MPS, f32 all-reduce, each beside the three-slot default in the same call,
 /// two rounds (`benches/results/h10080gbhbm3/comm-slots-tuning.txt`): among 4 at 4 / 16 / 64 /

@@ -233,7 +233,7 @@ fn crowded_context(facts: &[RankFacts]) -> Option<String> {
         let needed = ranks.len() * STREAMS_PER_RANK + 1;
         (ranks.len() > 1 && needed > queues).then(|| {
             format!(
-                "ranks {} are threads of one process on {bus}, whose {} streams and the program's want {needed} hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gave the process {queues} (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS={MAX_HARDWARE_QUEUES} before CUDA starts (python -m geforce_p2p.nccl does), or run one process per rank; the real NCCL does not take ranks that share a device",
+                "ranks {} are threads of one process on {bus}, whose {} streams and the program's want {needed} hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gave the process {queues} (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS={MAX_HARDWARE_QUEUES} before CUDA starts (python -m geforce_p2p.nccl does where no MPS daemon serves the command), or run one process per rank; the real NCCL does not take ranks that share a device",
                 join(&ranks),
                 ranks.len() * STREAMS_PER_RANK,
             )

@@ -207,6 +207,8 @@ fn two_ranks_on_one_gpu_get_the_rounds_their_communicator_takes_there() {
     let plans: Vec<(usize, Plan)> =
         [1 << 20, 16 << 20].iter().map(|&b| (b, cost::choose_with(&rates.machine, b, None))).collect();
     let text = render(&rates, &plans, None);
+    // The shared link's source is the flag that implied it, not "the default".
+    assert!(text.contains("uplink: 2 cards share one PCIe uplink at most (--ranks-per-gpu"), "{text}");
     let (_, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
     let rows: Vec<&str> = communicator.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
     assert!(rows[0].ends_with("one kernel (chunks)"), "{text}");

@@ -4,7 +4,7 @@
 
 use crate::compression::{Resolved, requested, resolve};
 use crate::layout::{CommOptions, Layout};
-use crate::slots::{MANY_RANK_SLOTS, is_default_slot};
+use crate::slots::{MANY_RANK_SLOTS, TWO_RANK_SLOTS, is_default_slot};
 use crate::{Result, fit_slot_to_shm};
 
 /// `options` with their slot settled ([`settled_slot`]) for `world` ranks on a host of `shm`
@@ -52,7 +52,7 @@ fn settled_slot(options: CommOptions, world: usize, compressing: bool, shm: Opti
     let slot_bytes = crate::compression::slot_bytes(&options, world, compressing);
     let fitted = fitted_to_shm(CommOptions { slot_bytes, ..options }, world, shm)?;
     if world > 2 && options.slots == MANY_RANK_SLOTS && fitted.slot_bytes < slot_bytes / 4 * 3 {
-        let three = fitted_to_shm(CommOptions { slot_bytes, slots: MANY_RANK_SLOTS - 1, ..options }, world, shm)?;
+        let three = fitted_to_shm(CommOptions { slot_bytes, slots: TWO_RANK_SLOTS, ..options }, world, shm)?;
         if three.slot_bytes > fitted.slot_bytes {
             return Ok(three);
         }

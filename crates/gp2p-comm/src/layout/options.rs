@@ -96,7 +96,7 @@ impl Default for CommOptions {
             peer_timeout: Duration::from_secs(5),
             join_timeout: crate::DEFAULT_JOIN_TIMEOUT,
             slot_bytes: crate::slots::TWO_RANK_SLOT_BYTES,
-            slots: 3,
+            slots: crate::slots::TWO_RANK_SLOTS,
             chunk_blocks: DEFAULT_CHUNK_BLOCKS,
             lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
             algorithm: None,

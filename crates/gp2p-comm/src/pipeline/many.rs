@@ -212,9 +212,9 @@ impl Pipeline {
                     // destination is the leg's, which nothing else of the call touches
                     // meanwhile; the slot, handed back above, is not read.
                     let pending = unsafe { AfterRelease::run_pending(&mut after_release, lane, stream)? };
-                    // Likewise a piece's fold, once the landing that completed it handed back.
-                    let due = if lane == Lane::Receive { fold_due.take() } else { None };
-                    match (due, &transfer.wires) {
+                    // Likewise a piece's fold, once the landing that completed it handed back
+                    // (hand-backs are on the receive lane, as the fold).
+                    match (fold_due.take(), &transfer.wires) {
                         (Some(fold), Some(wires)) => {
                             debug_assert!(pending.is_none(), "a wire landed by copy leaves no work");
                             // Once the fold's wire is made: the event a later run's copy out of

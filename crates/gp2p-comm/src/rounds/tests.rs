@@ -472,10 +472,6 @@ fn a_copy_out_marks_its_readers_full_at_once_and_each_hand_back_is_one_flag() {
                                 panic!("{what}: hands back what it did not land")
                             };
                             assert_eq!((call.rounds.legs[leg].writer, landed), (writer, slot), "{what}");
-                            assert!(
-                                matches!(steps[i - 1].1, LegStep::Land { .. }),
-                                "{what}: hands back what it landed"
-                            );
                         }
                         _ => {}
                     }

@@ -67,7 +67,7 @@ fn threads_sharing_a_device_are_served_only_with_a_hardware_queue_for_each_strea
     assert_eq!(
         decide(&threads(4, 8), true, None),
         Err(String::from(
-            "ranks 0, 1, 2, 3 are threads of one process on 0000:01:00.0, whose 12 streams and the program's want 13 hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gave the process 8 (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts (python -m geforce_p2p.nccl does), or run one process per rank; the real NCCL does not take ranks that share a device"
+            "ranks 0, 1, 2, 3 are threads of one process on 0000:01:00.0, whose 12 streams and the program's want 13 hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gave the process 8 (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts (python -m geforce_p2p.nccl does where no MPS daemon serves the command), or run one process per rank; the real NCCL does not take ranks that share a device"
         ))
     );
     let mut forced = threads(4, 8);
