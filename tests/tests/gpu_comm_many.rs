@@ -469,6 +469,45 @@ fn one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot() 
     folds_with(test, 3, &[1, 4099, 70_001, 300_007], small_pipeline(3, 256 << 10, Some(64 << 10)));
 }
 
+/// `options` with every wait of the pipeline a stream memory operation with no timeout
+/// (`CommOptions::unbounded_waits`, for measuring what the bounded kernel costs).
+fn unbounded(options: CommOptions) -> CommOptions {
+    CommOptions { unbounded_waits: true, ..options }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_run_the_rounds_with_unbounded_waits() {
+    // Slots of 64 KiB, chunks a slot: long shares take several.
+    let test = "one_gpu_two_processes_run_the_rounds_with_unbounded_waits";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    let rounds = CommOptions { algorithm: Some(Algorithm::TwoShot), ..small_pipeline(2, 64 << 10, None) };
+    folds_with(test, 2, TWO_RANK_LENS, unbounded(rounds));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_exchange_with_unbounded_waits() {
+    // Chunks of 64 KiB through slots of 256 KiB.
+    let test = "one_gpu_two_processes_exchange_with_unbounded_waits";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_with(test, 2, TWO_RANK_LENS, unbounded(exchange(small_pipeline(2, 256 << 10, Some(64 << 10)))));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_run_the_rounds_with_unbounded_waits() {
+    let test = "one_gpu_four_processes_run_the_rounds_with_unbounded_waits";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_with(test, 4, &[1, 4099, 70_001, 300_007], unbounded(small_pipeline(4, 64 << 10, None)));
+}
+
 /// Rank `r`'s bytes of case `case`, `len` of them: f32 specials where whole words (NaN with
 /// payloads of either sign, −0.0, infinities, a subnormal), which a gather must keep bit for bit.
 fn gather_bytes(r: usize, len: usize, case: usize) -> Vec<u8> {

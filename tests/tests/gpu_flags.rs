@@ -2,6 +2,8 @@
 //! `write_flag` and `write_flags` (a writer's flags for its readers of one slot, one batched
 //! driver call) set every word they name to the value, in stream order, and no other word;
 //! a batch refuses more flags than it takes and a misaligned one before any work.
+//! `wait_flags_unbounded` holds a stream until every flag it names holds its value, and
+//! refuses what it cannot take likewise.
 
 // The flag writes are the driver's raw stream operations: unsafe fns over addresses.
 #![allow(unsafe_code)]
@@ -10,7 +12,7 @@
 
 use geforce_p2p::PinnedBuffer;
 use geforce_p2p::cuda::Error as CudaError;
-use geforce_p2p::cuda::raw::{MAX_FLAG_BATCH, mapped_device_ptr, write_flag, write_flags};
+use geforce_p2p::cuda::raw::{MAX_FLAG_BATCH, mapped_device_ptr, wait_flags_unbounded, write_flag, write_flags};
 use gp2p_tests::{needs, with_stream};
 
 #[test]
@@ -60,4 +62,64 @@ fn flag_batches_set_every_word_they_name_in_stream_order_and_refuse_what_they_ca
     unsafe { write_flags(&stream, &[], 99).unwrap() };
     stream.synchronize().unwrap();
     assert_eq!(host.as_slice().unwrap(), want.as_slice());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn unbounded_waits_hold_the_stream_until_every_flag_holds_the_value_and_refuse_what_they_cannot_take() {
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
+    const WORDS: usize = 8;
+    const AFTER: usize = WORDS - 1;
+    let mut host = PinnedBuffer::<u32>::alloc(&device, WORDS).unwrap();
+    host.as_mut_slice().unwrap().fill(0);
+    let base = mapped_device_ptr(&device, host.host_ptr().cast()).unwrap();
+    let word = |i: usize| base + 4 * i as u64;
+    // The host sets and reads words the GPU polls and writes: volatile, one word at a time.
+    let set = |host: &mut PinnedBuffer<u32>, i: usize, value: u32| {
+        let words = host.as_mut_slice().unwrap();
+        assert!(i < words.len());
+        // SAFETY: a word of the buffer (checked just above).
+        unsafe { std::ptr::write_volatile(words.as_mut_ptr().add(i), value) };
+    };
+    let get = |host: &PinnedBuffer<u32>, i: usize| {
+        let words = host.as_slice().unwrap();
+        assert!(i < words.len());
+        // SAFETY: as for `set`.
+        unsafe { std::ptr::read_volatile(words.as_ptr().add(i)) }
+    };
+
+    // A wait on three flags for 5, then a write behind it.
+    // SAFETY: words of a live mapped pinned buffer, 4-byte aligned, kept until the sync; the
+    // host sets the three flags below, before it waits for the stream.
+    unsafe {
+        wait_flags_unbounded(&stream, word(0), 3, 5).unwrap();
+        write_flag(&stream, word(AFTER), 1).unwrap();
+    }
+    // Two flags right and the third wrong: the write must still wait, however long.
+    set(&mut host, 0, 5);
+    set(&mut host, 1, 5);
+    set(&mut host, 2, 4);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(get(&host, AFTER), 0, "the write ran before every flag held the value");
+    set(&mut host, 2, 5);
+    stream.synchronize().unwrap();
+    assert_eq!(get(&host, AFTER), 1, "the write ran once they did");
+
+    // Refused before any work: too many flags, a misaligned or missing address; none is no wait.
+    // SAFETY: refused before the driver sees them (and would be valid words if not).
+    let too_many = unsafe { wait_flags_unbounded(&stream, word(0), MAX_FLAG_BATCH + 1, 5) }.unwrap_err();
+    assert!(matches!(too_many, CudaError::InvalidArgument { name: "count", .. }), "{too_many}");
+    // SAFETY: as above.
+    let misaligned = unsafe { wait_flags_unbounded(&stream, word(0) + 2, 1, 5) }.unwrap_err();
+    assert!(matches!(misaligned, CudaError::InvalidArgument { name: "flags", .. }), "{misaligned}");
+    // SAFETY: as above.
+    let missing = unsafe { wait_flags_unbounded(&stream, 0, 1, 5) }.unwrap_err();
+    assert!(matches!(missing, CudaError::InvalidArgument { name: "flags", .. }), "{missing}");
+    // SAFETY: no flags: nothing is enqueued (word 3 is 0, which a wait for 5 would hang on).
+    unsafe {
+        wait_flags_unbounded(&stream, word(3), 0, 5).unwrap();
+        write_flag(&stream, word(AFTER), 2).unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert_eq!(get(&host, AFTER), 2);
 }

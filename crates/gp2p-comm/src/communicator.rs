@@ -93,6 +93,8 @@ pub struct Communicator {
     calls: u64,
     pipeline: Pipeline,
     timeout: Duration,
+    /// [`CommOptions::unbounded_waits`].
+    unbounded_waits: bool,
     /// [`CommOptions::chunk_blocks`].
     chunk_blocks: usize,
     /// Among more than two ranks, which all-reduce a size takes (the cost model's choice,
@@ -209,6 +211,7 @@ impl Communicator {
             calls: 0,
             pipeline,
             timeout: options.peer_timeout,
+            unbounded_waits: options.unbounded_waits,
             chunk_blocks: options.chunk_blocks,
             many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced: options.algorithm },
             last: None,
@@ -473,6 +476,7 @@ impl Communicator {
             layout: &self.layout,
             rank: self.rank(),
             timeout_ns: self.timeout_ns(),
+            unbounded_waits: self.unbounded_waits,
             scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
             // SAFETY: `marking` is set only while `framed` launches a call, and `framed` notes
             // the call's point on the timeline once the call's streams have joined.

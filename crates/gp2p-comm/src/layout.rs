@@ -389,6 +389,8 @@ mod tests {
         }
         assert_eq!(CommOptions::for_world(2), CommOptions::default());
         assert_eq!(CommOptions::for_world(8).slot_bytes, 8 << 20);
+        // Every wait is bounded unless asked otherwise, at any size of world.
+        assert!((2..=crate::MAX_RANKS).all(|n| !CommOptions::for_world(n).unbounded_waits));
     }
 
     #[test]

@@ -21,7 +21,7 @@
 
 use std::sync::Mutex;
 
-use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, wait_flag, write_flag};
+use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, write_flag};
 use gp2p_cuda::{Captured, Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork, Timeline};
 use gp2p_kernels::{DType, ReduceOp};
 
@@ -33,9 +33,11 @@ use crate::rounds::{Rounds, sent_after};
 
 mod many;
 mod release;
+mod wait;
 
 pub(crate) use many::{PieceFold, WireLand, WireLegs, WireOut};
 use release::AfterRelease;
+use wait::FlagWait;
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.
 const FORKED_STREAMS: usize = 2;
@@ -84,6 +86,9 @@ pub(crate) struct RankSide<'a> {
     pub(crate) rank: usize,
     /// How long each wait for the peer may last.
     pub(crate) timeout_ns: u64,
+    /// Whether waits are stream memory operations with no end but their flags
+    /// ([`crate::CommOptions::unbounded_waits`]) rather than bounded kernels.
+    pub(crate) unbounded_waits: bool,
     /// Device memory of a slot's size, only for the receive stream: where a chunk to fold
     /// lands by DMA first. None: the fold reads the slot in place (zero-copy).
     pub(crate) scratch: Option<RawDevicePtr>,
@@ -384,7 +389,7 @@ impl Pipeline {
     /// # Safety
     /// As for [`Pipeline::run`].
     unsafe fn enqueue_chunks(&self, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
-        let RankSide { staging, layout, rank, timeout_ns, scratch, timeline } = side;
+        let RankSide { staging, layout, rank, timeout_ns, unbounded_waits, scratch, timeline } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let peer = 1 - rank;
         // Both ranks send and receive the same bytes, so they cut the same chunks.
@@ -400,6 +405,7 @@ impl Pipeline {
         // Chunk `chunk`'s offset and length.
         let range = |chunk: usize| (chunk * chunk_bytes, chunk_bytes.min(transfer.bytes - chunk * chunk_bytes));
         let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
+        let wait = FlagWait { give_up, timeout_ns, unbounded: unbounded_waits };
         let (sends, receives) = (transfer.send.is_some(), transfer.receive.is_some());
         let (src, (dst, landing)) = (transfer.send.unwrap_or(0), transfer.receive.unwrap_or((0, Landing::Copy)));
         // A fold of the scratch waits for its slot's flag (`release`).
@@ -436,7 +442,7 @@ impl Pipeline {
                 }
                 Step::WaitFlag { owner, slot, value } => {
                     // SAFETY: a flag and this rank's give-up words of the registered area.
-                    unsafe { wait_flag(stream, flag(owner, slot), value, give_up, timeout_ns)? };
+                    unsafe { wait.enqueue(stream, flag(owner, slot), 1, value)? };
                     Some(("wait flag", 0))
                 }
                 Step::SetFlag { owner, slot, value } => {

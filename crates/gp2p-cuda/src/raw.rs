@@ -336,6 +336,49 @@ pub unsafe fn wait_flags(
     unsafe { launch_kernel(&function, stream, ONE_THREAD, &args, None) }
 }
 
+/// Enqueue a wait on `count` consecutive `u32` flags from `flags` as one driver call, a batch
+/// of stream memory operations rather than a kernel: later work on `stream` starts once every
+/// one equals `value`. Nothing but the flags ends it (no timeout, no give-up words): for
+/// measuring what [`wait_flags`]' kernel costs a pipeline's steps, never where a peer may die.
+/// At most [`MAX_FLAG_BATCH`] flags; none is no wait.
+///
+/// # Safety
+/// As for [`wait_flags`], for each of the `count` flags; and whoever sets them must set them,
+/// or `stream`, and everything that waits for it, never moves on.
+pub unsafe fn wait_flags_unbounded(stream: &Stream, flags: RawDevicePtr, count: usize, value: u32) -> Result<()> {
+    if count > MAX_FLAG_BATCH {
+        return Err(Error::InvalidArgument {
+            name: "count",
+            reason: format!("{count} flags; an unbounded wait takes at most {MAX_FLAG_BATCH}"),
+        });
+    }
+    if flags == 0 {
+        return Err(Error::InvalidArgument { name: "flags", reason: "a wait needs its flags; got address 0".into() });
+    }
+    check_aligned(&[("flags", flags)], 4)?;
+    if count == 0 {
+        return Ok(());
+    }
+    stream.device().bind()?;
+    let mut ops = [sys::CUstreamBatchMemOpParams { pad: [0; 6] }; MAX_FLAG_BATCH];
+    for (i, op) in ops.iter_mut().take(count).enumerate() {
+        op.waitValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
+            operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32,
+            address: flags + 4 * i as u64,
+            // The whole word set, its low half the value (the driver compares only that).
+            __bindgen_anon_1: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
+                value64: u64::from(value),
+            },
+            flags: sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32,
+            alias: 0,
+        };
+    }
+    // SAFETY: the first `count` entries of `ops` are waits on words that are the caller's
+    // contract; the driver reads the entries during the call only; the stream belongs to the
+    // bound context.
+    check(unsafe { sys::cuStreamBatchMemOp_v2(stream.raw(), count as u32, ops.as_mut_ptr(), 0) }, "cuStreamBatchMemOp")
+}
+
 /// Enqueue a stamp of the GPU's global clock into the `u64` at `at` on `stream` (one thread of
 /// [`gp2p_kernels::STAMP_KERNEL`]): nanoseconds, read once the work queued there before it is
 /// done, on the clock every context of the device reads. What [`crate::Timeline`] marks with.

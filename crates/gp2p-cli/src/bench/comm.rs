@@ -140,6 +140,11 @@ pub struct CommArgs {
     /// it, so the row's time stays the untraced one).
     #[arg(long, value_name = "DIR")]
     timeline: Option<std::path::PathBuf>,
+    /// For measuring only: the pipeline's waits for flags as stream memory operations instead
+    /// of the bounded wait kernel (`CommOptions::unbounded_waits`), to see what the kernel
+    /// costs. Nothing ends such a wait but its flag: a rank that dies hangs the others.
+    #[arg(long)]
+    unbounded_waits: bool,
 }
 
 pub fn run(args: &CommArgs) -> Result<(), CliError> {
@@ -203,6 +208,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         // Compressed rows time the communicator a user who turns compression on gets (between
         // two ranks its slots four times larger), not one made for exact calls.
         compress: compressed.map(|format| Compression { format, min_bytes: None }),
+        unbounded_waits: args.unbounded_waits,
         ..defaults
     };
     let mut comm = Communicator::new(&id, rank, world, &device, options)?;
@@ -255,9 +261,14 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         |bytes| format!("{} each", format_size(bytes)),
     );
     let calls = if comm.replay_counts().is_some() { "replayed from graphs (GP2P_REPLAY)" } else { "enqueued" };
+    let waits = if options.unbounded_waits {
+        "unbounded stream memory operations (--unbounded-waits)"
+    } else {
+        "bounded kernels"
+    };
     println!(
         "# pipeline: one kernel up to {}, then {} slots of {} a rank, chunks {chunks}, receive {}, algorithm \
-         {algorithm}, calls {calls}",
+         {algorithm}, calls {calls}, waits {waits}",
         format_size(comm.small_max_bytes()),
         comm.slots(),
         format_size(comm.slot_bytes()),

@@ -81,6 +81,12 @@ pub struct CommOptions {
     /// off where unset; never where a peer rank is a thread of this process. Each rank may
     /// pick its own: the calls pair up alike.
     pub replay_calls: Option<bool>,
+    /// For measuring only: the pipeline's waits for flags as stream memory operations
+    /// (`cuStreamBatchMemOp`) in place of the bounded wait kernel. They cost one driver call
+    /// and no kernel a wait, but nothing ends them: `peer_timeout` no longer applies to them,
+    /// and a rank that dies or leaves the call leaves every peer's stream waiting for good.
+    /// `false` (the default) keeps every wait bounded. Each rank may pick its own.
+    pub unbounded_waits: bool,
 }
 
 impl Default for CommOptions {
@@ -104,6 +110,7 @@ impl Default for CommOptions {
             receive: Receive::Auto,
             chunk_bytes: None,
             replay_calls: None,
+            unbounded_waits: false,
         }
     }
 }
