@@ -360,6 +360,7 @@ fn folds_with(test: &str, world: usize, lens: &'static [usize], options: CommOpt
         return;
     }
     let mut r = Ranked::start(test, world, sharing(options));
+    assert_eq!(r.comm.unbounded_waits(), options.unbounded_waits, "the waits asked for");
     let (rank, world) = (r.rank, r.world);
     fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream, rank: usize, world: usize, lens: &[usize]) {
         let mut pending: Vec<Check> = Vec::new();

@@ -66,7 +66,7 @@ fn flag_batches_set_every_word_they_name_in_stream_order_and_refuse_what_they_ca
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn unbounded_waits_hold_the_stream_until_every_flag_holds_the_value_and_refuse_what_they_cannot_take() {
+fn unbounded_waits_hold_the_stream_until_every_flag_equals_the_value_and_refuse_what_they_cannot_take() {
     let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     const WORDS: usize = 8;
     const AFTER: usize = WORDS - 1;
@@ -74,36 +74,37 @@ fn unbounded_waits_hold_the_stream_until_every_flag_holds_the_value_and_refuse_w
     host.as_mut_slice().unwrap().fill(0);
     let base = mapped_device_ptr(&device, host.host_ptr().cast()).unwrap();
     let word = |i: usize| base + 4 * i as u64;
-    // The host sets and reads words the GPU polls and writes: volatile, one word at a time.
-    let set = |host: &mut PinnedBuffer<u32>, i: usize, value: u32| {
-        let words = host.as_mut_slice().unwrap();
-        assert!(i < words.len());
-        // SAFETY: a word of the buffer (checked just above).
-        unsafe { std::ptr::write_volatile(words.as_mut_ptr().add(i), value) };
+    // The host sets and reads words the GPU polls and writes: through the raw pointer, one
+    // volatile word at a time, never a slice over them.
+    let words = host.host_ptr().cast_mut();
+    let set = |i: usize, value: u32| {
+        assert!(i < WORDS);
+        // SAFETY: a word of the live buffer (checked just above).
+        unsafe { words.add(i).write_volatile(value) };
     };
-    let get = |host: &PinnedBuffer<u32>, i: usize| {
-        let words = host.as_slice().unwrap();
-        assert!(i < words.len());
+    let get = |i: usize| {
+        assert!(i < WORDS);
         // SAFETY: as for `set`.
-        unsafe { std::ptr::read_volatile(words.as_ptr().add(i)) }
+        unsafe { words.add(i).read_volatile() }
     };
 
     // A wait on three flags for 5, then a write behind it.
     // SAFETY: words of a live mapped pinned buffer, 4-byte aligned, kept until the sync; the
-    // host sets the three flags below, before it waits for the stream.
+    // host sets the three flags to 5 below, before it waits for the stream.
     unsafe {
         wait_flags_unbounded(&stream, word(0), 3, 5).unwrap();
         write_flag(&stream, word(AFTER), 1).unwrap();
     }
-    // Two flags right and the third wrong: the write must still wait, however long.
-    set(&mut host, 0, 5);
-    set(&mut host, 1, 5);
-    set(&mut host, 2, 4);
+    // Two flags equal and the third above the value: a wait for equality still holds.
+    set(0, 5);
+    set(1, 5);
+    set(2, 6);
     std::thread::sleep(std::time::Duration::from_millis(100));
-    assert_eq!(get(&host, AFTER), 0, "the write ran before every flag held the value");
-    set(&mut host, 2, 5);
+    let while_held = get(AFTER);
+    set(2, 5);
     stream.synchronize().unwrap();
-    assert_eq!(get(&host, AFTER), 1, "the write ran once they did");
+    assert_eq!(while_held, 0, "the write ran before every flag equalled the value");
+    assert_eq!(get(AFTER), 1, "the write ran once they did");
 
     // Refused before any work: too many flags, a misaligned or missing address; none is no wait.
     // SAFETY: refused before the driver sees them (and would be valid words if not).
@@ -115,11 +116,12 @@ fn unbounded_waits_hold_the_stream_until_every_flag_holds_the_value_and_refuse_w
     // SAFETY: as above.
     let missing = unsafe { wait_flags_unbounded(&stream, 0, 1, 5) }.unwrap_err();
     assert!(matches!(missing, CudaError::InvalidArgument { name: "flags", .. }), "{missing}");
-    // SAFETY: no flags: nothing is enqueued (word 3 is 0, which a wait for 5 would hang on).
+    // SAFETY: no flags, so nothing is enqueued (word 3 holds 0, which a wait for 5 would
+    // hold the stream on for good).
     unsafe {
         wait_flags_unbounded(&stream, word(3), 0, 5).unwrap();
         write_flag(&stream, word(AFTER), 2).unwrap();
     }
     stream.synchronize().unwrap();
-    assert_eq!(get(&host, AFTER), 2);
+    assert_eq!(get(AFTER), 2);
 }

@@ -25,7 +25,7 @@ use gp2p_kernels::{DType, Element, ReduceOp};
 
 use crate::choice::{self, AllReducePaths, ManyChoice, ManyPath};
 use crate::layout::{CommOptions, Layout, chunk_grid};
-use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Traced, Transfer};
+use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Traced, Transfer, Waits};
 use crate::registration::{all_registered, register_in_turn};
 use crate::rounds::Rounds;
 use crate::{Error, Result, Segment, UniqueId};
@@ -196,6 +196,15 @@ impl Communicator {
         everyone?;
         // Every rank has joined, so every slot names its process.
         let peers_in_this_process = segment.peers_share_this_process();
+        if options.unbounded_waits && peers_in_this_process {
+            return Err(Error::InvalidOption {
+                name: "unbounded_waits",
+                reason: "ranks of this communicator are threads of one process, whose streams may share a \
+                         hardware queue, where a wait that never gives up can hold up the work that would end it; \
+                         run a process per rank, or leave unbounded_waits off"
+                    .into(),
+            });
+        }
         if replay_calls && !peers_in_this_process {
             pipeline.replay_calls(device)?;
         }
@@ -262,6 +271,12 @@ impl Communicator {
     /// /dev/shm has not the room ([`crate::fit_slot_to_shm`]).
     pub fn slot_bytes(&self) -> usize {
         self.layout.slot_bytes()
+    }
+
+    /// Whether this rank's pipeline waits for flags by stream memory operations that never
+    /// give up ([`CommOptions::unbounded_waits`]), not by the bounded kernel.
+    pub fn unbounded_waits(&self) -> bool {
+        self.unbounded_waits
     }
 
     /// Slots per rank of this rank's pipeline, as made: [`CommOptions::slots`], or three where
@@ -475,8 +490,11 @@ impl Communicator {
             },
             layout: &self.layout,
             rank: self.rank(),
-            timeout_ns: self.timeout_ns(),
-            unbounded_waits: self.unbounded_waits,
+            waits: if self.unbounded_waits {
+                Waits::Unbounded
+            } else {
+                Waits::Bounded { timeout_ns: self.timeout_ns() }
+            },
             scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
             // SAFETY: `marking` is set only while `framed` launches a call, and `framed` notes
             // the call's point on the timeline once the call's streams have joined.

@@ -28,7 +28,9 @@
 //!   a pipeline of DMA copies via slots of the segment
 //!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
 //!   that stream memory operations set and a one-thread kernel awaits. Every wait for the
-//!   peer runs on the GPU and is bounded by [`CommOptions::peer_timeout`]. No call keeps a
+//!   peer runs on the GPU and is bounded by [`CommOptions::peer_timeout`] (unless
+//!   [`CommOptions::unbounded_waits`], a switch for measuring, makes the pipeline's waits
+//!   stream memory operations that only their flags end). No call keeps a
 //!   count on the host (the one-kernel path numbers its calls in device memory), so calls
 //!   can be captured into CUDA graphs and replayed, once the caller has promised what
 //!   [`Communicator::allow_graph_capture`] asks.

@@ -38,6 +38,7 @@ mod wait;
 pub(crate) use many::{PieceFold, WireLand, WireLegs, WireOut};
 use release::AfterRelease;
 use wait::FlagWait;
+pub(crate) use wait::Waits;
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.
 const FORKED_STREAMS: usize = 2;
@@ -84,17 +85,24 @@ pub(crate) struct RankSide<'a> {
     pub(crate) staging: Staging,
     pub(crate) layout: &'a Layout,
     pub(crate) rank: usize,
-    /// How long each wait for the peer may last.
-    pub(crate) timeout_ns: u64,
-    /// Whether waits are stream memory operations with no end but their flags
-    /// ([`crate::CommOptions::unbounded_waits`]) rather than bounded kernels.
-    pub(crate) unbounded_waits: bool,
+    /// How each wait for a peer's flag runs, and how long a bounded one may last.
+    pub(crate) waits: Waits,
     /// Device memory of a slot's size, only for the receive stream: where a chunk to fold
     /// lands by DMA first. None: the fold reads the slot in place (zero-copy).
     pub(crate) scratch: Option<RawDevicePtr>,
     /// Where a traced call stamps each step it enqueues (see [`mark`]); such a call is always
     /// enqueued, never replayed.
     pub(crate) timeline: Option<Traced<'a>>,
+}
+
+impl RankSide<'_> {
+    /// This rank's waits for flags: a bounded one gives up into the rank's failed word and
+    /// the communicator's broken word, and returns at once where either is set.
+    fn flag_wait(&self) -> FlagWait {
+        let word = |offset: usize| self.staging.device + offset as u64;
+        let give_up = GiveUp { failed: word(self.layout.flag(self.rank)), broken: word(self.layout.broken()) };
+        FlagWait::new(self.waits, give_up)
+    }
 }
 
 /// A call's timeline as the communicator lends it to the call's steps: their stamps are noted
@@ -126,7 +134,7 @@ pub(crate) enum CallKey {
 pub(crate) struct SideKey {
     staging: (RawDevicePtr, usize),
     rank: usize,
-    timeout_ns: u64,
+    waits: Waits,
     scratch: Option<RawDevicePtr>,
 }
 
@@ -135,7 +143,7 @@ impl SideKey {
         SideKey {
             staging: (side.staging.device, side.staging.host as usize),
             rank: side.rank,
-            timeout_ns: side.timeout_ns,
+            waits: side.waits,
             scratch: side.scratch,
         }
     }
@@ -389,7 +397,8 @@ impl Pipeline {
     /// # Safety
     /// As for [`Pipeline::run`].
     unsafe fn enqueue_chunks(&self, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
-        let RankSide { staging, layout, rank, timeout_ns, unbounded_waits, scratch, timeline } = side;
+        let wait = side.flag_wait();
+        let RankSide { staging, layout, rank, scratch, timeline, .. } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let peer = 1 - rank;
         // Both ranks send and receive the same bytes, so they cut the same chunks.
@@ -404,8 +413,6 @@ impl Pipeline {
         };
         // Chunk `chunk`'s offset and length.
         let range = |chunk: usize| (chunk * chunk_bytes, chunk_bytes.min(transfer.bytes - chunk * chunk_bytes));
-        let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
-        let wait = FlagWait { give_up, timeout_ns, unbounded: unbounded_waits };
         let (sends, receives) = (transfer.send.is_some(), transfer.receive.is_some());
         let (src, (dst, landing)) = (transfer.send.unwrap_or(0), transfer.receive.unwrap_or((0, Landing::Copy)));
         // A fold of the scratch waits for its slot's flag (`release`).

@@ -238,12 +238,8 @@ pub unsafe fn write_flags(stream: &Stream, flags: &[RawDevicePtr], value: u32) -
     for &flag in flags {
         check_aligned(&[("flag", flag)], 4)?;
     }
-    if flags.is_empty() {
-        return Ok(());
-    }
-    stream.device().bind()?;
-    let mut ops = [sys::CUstreamBatchMemOpParams { pad: [0; 6] }; MAX_FLAG_BATCH];
-    for (op, &address) in ops.iter_mut().zip(flags) {
+    let ops = flags.iter().map(|&address| {
+        let mut op = ZEROED_MEM_OP;
         op.writeValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
             operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
             address,
@@ -254,18 +250,48 @@ pub unsafe fn write_flags(stream: &Stream, flags: &[RawDevicePtr], value: u32) -
             flags: sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
             alias: 0,
         };
+        op
+    });
+    // SAFETY: writes whose addresses are the caller's contract.
+    unsafe { batch_mem_ops(stream, ops) }
+}
+
+/// A stream memory operation of all zero bytes, which each operation is written over: the
+/// bytes past its variant's fields stay zero.
+const ZEROED_MEM_OP: sys::CUstreamBatchMemOpParams = sys::CUstreamBatchMemOpParams { pad: [0; 6] };
+
+/// Enqueue up to [`MAX_FLAG_BATCH`] stream memory operations on `stream` as one driver call.
+///
+/// # Safety
+/// Every operation's address is one the driver may read or write from the stream's device
+/// until the operation completes (see [`write_flag`], [`wait_flags_unbounded`]).
+unsafe fn batch_mem_ops(
+    stream: &Stream,
+    ops: impl ExactSizeIterator<Item = sys::CUstreamBatchMemOpParams>,
+) -> Result<()> {
+    let count = ops.len();
+    debug_assert!(count <= MAX_FLAG_BATCH, "the callers refuse larger batches");
+    if count == 0 {
+        return Ok(());
     }
-    // SAFETY: the first `flags.len()` entries of `ops` are writes whose addresses are the
-    // caller's contract; the driver reads them during the call only; the stream belongs to
+    stream.device().bind()?;
+    let mut batch = [ZEROED_MEM_OP; MAX_FLAG_BATCH];
+    for (slot, op) in batch.iter_mut().zip(ops) {
+        *slot = op;
+    }
+    let count = count.min(MAX_FLAG_BATCH);
+    // SAFETY: the first `count` entries are the caller's operations (its contract for their
+    // addresses); the driver reads the entries during the call only; the stream belongs to
     // the bound context.
     check(
-        unsafe { sys::cuStreamBatchMemOp_v2(stream.raw(), flags.len() as u32, ops.as_mut_ptr(), 0) },
+        unsafe { sys::cuStreamBatchMemOp_v2(stream.raw(), count as u32, batch.as_mut_ptr(), 0) },
         "cuStreamBatchMemOp",
     )
 }
 
-/// The most flags one [`write_flags`] writes: a communicator's readers of one slot (the driver
-/// takes fewer than 256 operations a batch).
+/// The most flags one [`write_flags`] writes or one [`wait_flags_unbounded`] waits on: a
+/// communicator's readers of one slot, or its ranks (the driver takes fewer than 256
+/// operations a batch).
 pub const MAX_FLAG_BATCH: usize = 16;
 
 /// Where a [`wait_flag`] reports giving up, and learns that another wait did.
@@ -356,12 +382,10 @@ pub unsafe fn wait_flags_unbounded(stream: &Stream, flags: RawDevicePtr, count: 
         return Err(Error::InvalidArgument { name: "flags", reason: "a wait needs its flags; got address 0".into() });
     }
     check_aligned(&[("flags", flags)], 4)?;
-    if count == 0 {
-        return Ok(());
-    }
-    stream.device().bind()?;
-    let mut ops = [sys::CUstreamBatchMemOpParams { pad: [0; 6] }; MAX_FLAG_BATCH];
-    for (i, op) in ops.iter_mut().take(count).enumerate() {
+    // No fence after the wait, where the kernel's wait has one: every write that a flag
+    // vouches for went before it, under the writer's write's default memory barrier.
+    let ops = (0..count).map(|i| {
+        let mut op = ZEROED_MEM_OP;
         op.waitValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
             operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32,
             address: flags + 4 * i as u64,
@@ -372,11 +396,10 @@ pub unsafe fn wait_flags_unbounded(stream: &Stream, flags: RawDevicePtr, count: 
             flags: sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32,
             alias: 0,
         };
-    }
-    // SAFETY: the first `count` entries of `ops` are waits on words that are the caller's
-    // contract; the driver reads the entries during the call only; the stream belongs to the
-    // bound context.
-    check(unsafe { sys::cuStreamBatchMemOp_v2(stream.raw(), count as u32, ops.as_mut_ptr(), 0) }, "cuStreamBatchMemOp")
+        op
+    });
+    // SAFETY: waits on words that are the caller's contract.
+    unsafe { batch_mem_ops(stream, ops) }
 }
 
 /// Enqueue a stamp of the GPU's global clock into the `u64` at `at` on `stream` (one thread of

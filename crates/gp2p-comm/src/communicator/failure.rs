@@ -83,7 +83,9 @@ impl Communicator {
     /// Give up on every call of this communicator, on every rank: every wait of an enqueued
     /// call (this rank's and the others') stops at its next look at the shared word instead
     /// of running to its timeout, and every later call fails. What the stopped calls were
-    /// folding is left part-done. Nothing here waits for the GPU.
+    /// folding is left part-done. Nothing here waits for the GPU. (The pipeline's waits under
+    /// [`crate::CommOptions::unbounded_waits`] never look at that word: only their flags end
+    /// them.)
     pub fn abort(&mut self) {
         self.broken = true;
         self.control.abort();

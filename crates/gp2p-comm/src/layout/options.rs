@@ -19,6 +19,7 @@ pub struct CommOptions {
     pub small_max_bytes: usize,
     /// How long a rank's kernel waits for its peer's data before it gives up (the next call
     /// then says so). It must exceed how far one rank's stream may fall behind another's.
+    /// The pipeline's waits under [`CommOptions::unbounded_waits`] never give up.
     pub peer_timeout: Duration,
     /// How long creation waits for every rank to join and register.
     pub join_timeout: Duration,
@@ -83,9 +84,11 @@ pub struct CommOptions {
     pub replay_calls: Option<bool>,
     /// For measuring only: the pipeline's waits for flags as stream memory operations
     /// (`cuStreamBatchMemOp`) in place of the bounded wait kernel. They cost one driver call
-    /// and no kernel a wait, but nothing ends them: `peer_timeout` no longer applies to them,
-    /// and a rank that dies or leaves the call leaves every peer's stream waiting for good.
-    /// `false` (the default) keeps every wait bounded. Each rank may pick its own.
+    /// and no kernel a wait, but nothing ends them: neither `peer_timeout` nor
+    /// `Communicator::abort`, so a rank that dies or leaves a call leaves every peer's stream
+    /// waiting for good (and the communicator's memory, which is freed only once its work is
+    /// done, held). Refused where ranks are threads of one process. `false` (the default)
+    /// keeps every wait bounded. Each rank may pick its own.
     pub unbounded_waits: bool,
 }
 

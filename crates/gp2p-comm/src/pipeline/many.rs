@@ -7,12 +7,11 @@
 use gp2p_cuda::RawDevicePtr;
 use gp2p_cuda::Stream;
 use gp2p_cuda::raw::{
-    Codec, GiveUp, MAX_FLAG_BATCH, compress_decode, compress_encode, compress_fold_encode, memcpy_dtoh_async,
+    Codec, MAX_FLAG_BATCH, compress_decode, compress_encode, compress_fold_encode, memcpy_dtoh_async,
     memcpy_htod_async, wire_from_host, wire_to_host, write_flag, write_flags,
 };
 
 use super::release::AfterRelease;
-use super::wait::FlagWait;
 use super::{ManyTransfer, Pipeline, RankSide, Traced, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
 use crate::handshake::{EMPTY, FULL, Lane};
@@ -131,14 +130,13 @@ impl Pipeline {
         transfer: &ManyTransfer,
         sent: &[usize],
     ) -> Result<()> {
-        let RankSide { staging, layout, rank, timeout_ns, unbounded_waits, scratch, timeline } = side;
+        let wait = side.flag_wait();
+        let RankSide { staging, layout, rank, scratch, timeline, .. } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let slot_bytes = layout.slot_bytes();
         let chunk_bytes = transfer.chunk_bytes(layout);
         let device_at = |offset: usize| staging.device + offset as u64;
         let host_at = |offset: usize| staging.host.wrapping_add(offset);
-        let give_up = GiveUp { failed: device_at(layout.flag(rank)), broken: device_at(layout.broken()) };
-        let wait = FlagWait { give_up, timeout_ns, unbounded: unbounded_waits };
         let at = |(buf, offset): (Buf, usize)| {
             (if buf == Buf::Main { transfer.main } else { transfer.part }) + offset as u64
         };
