@@ -16,6 +16,8 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use geforce_p2p::cuda::codec::WireFormat;
@@ -359,6 +361,9 @@ fn folds_with(test: &str, world: usize, lens: &'static [usize], options: CommOpt
     if !runs_here(test, world) {
         return;
     }
+    // Waits that never give up would leave every other rank's process stuck on the GPU if one
+    // rank failed: each process ends itself past a deadline instead.
+    let deadline = options.unbounded_waits.then(|| ExitPast::start(test, UNBOUNDED_TEST_DEADLINE));
     let mut r = Ranked::start(test, world, sharing(options));
     assert_eq!(r.comm.unbounded_waits(), options.unbounded_waits, "the waits asked for");
     let (rank, world) = (r.rank, r.world);
@@ -381,6 +386,42 @@ fn folds_with(test: &str, world: usize, lens: &'static [usize], options: CommOpt
     }
     every_dtype!(cases(&mut r.comm, &r.stream, rank, world, lens));
     r.finish();
+    drop(deadline);
+}
+
+/// How long a test of unbounded waits may take in any of its processes: well past what its
+/// few calls take (under a sanitizer too), well before the suite's runner gives up on the
+/// whole binary (`benches/device/suite.sh`).
+const UNBOUNDED_TEST_DEADLINE: Duration = Duration::from_secs(240);
+
+/// A thread that ends this process, saying why, if it is still running `deadline` after
+/// `start` and the value has not been dropped.
+struct ExitPast(Arc<AtomicBool>);
+
+impl ExitPast {
+    fn start(test: &str, deadline: Duration) -> ExitPast {
+        let done = Arc::new(AtomicBool::new(false));
+        let (watched, test) = (Arc::clone(&done), test.to_string());
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !watched.load(Ordering::Relaxed) {
+                if start.elapsed() > deadline {
+                    eprintln!(
+                        "{test}: still running after {deadline:?} (a rank's waits never gave up); ending this process"
+                    );
+                    std::process::exit(3);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        ExitPast(done)
+    }
+}
+
+impl Drop for ExitPast {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 const TWO_RANK_LENS: &[usize] = &[1, 255, 4099, 70_001, 300_007];
