@@ -52,6 +52,13 @@
 #                (GP2P_EXCHANGE_MAX_BYTES), by transport
 #   trace        the driver calls of small enqueues, Rust and Python (the wheel)
 #   mp-lines     mp with the line kernel to 4, 16 and 64 KiB (the wheel, two GPUs or more)
+#   waits        the communicator's waits for flags as the bounded kernel and as stream memory
+#                operations (--unbounded-waits), in turns, WAITS_ROUNDS rounds (default 2), under
+#                MPS where ranks share a GPU: all_reduce 1 MiB-256 MiB among 2, 4 and 8 (and 8
+#                with 4 MiB slots), reduce_scatter among 8, the compressed all_reduce among 2,
+#                and a timeline of 64 MiB among 2 each way; every bench killed past 150 s with
+#                the ranks it started (a rank's unbounded waits never give up)
+#                                                       -> waits-<round>-<what>-{bounded,unbounded}.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -329,6 +336,57 @@ mp-lines() {
   done
 }
 
+# waits: one bench, killed past 150 s with every rank it started (unbounded waits never give
+# up, so a rank that fails would leave the others waiting for good).
+bounded_bench() {
+  local name=$1 rc
+  shift
+  record "$name.txt" timeout -s KILL 150 "$G" bench "$@" --json "$RES/$name.json" >/dev/null
+  rc=$?
+  [ "$rc" = 137 ] && pkill -9 -f "$G bench"
+  json_head "$RES/$name.json" "$(shown timeout -s KILL 150 "$G" bench "$@" --json "$name.json")"
+  note "$name: $(grep -E '^ +[0-9]+M ' "$RES/$name.txt" | awk '{printf "%s %s of bound, enqueue %s us; ", $1, $9, $10}')"
+  return "$rc"
+}
+
+waits() {
+  local shared=0 r n w flag what
+  if [ "$GPUS" -lt 8 ]; then
+    mps_start || return
+    shared=1
+  fi
+  local a="comm all-reduce -f 4 -n 5 -w 2 --calls 10"
+  for r in $(seq 1 "${WAITS_ROUNDS:-2}"); do
+    for w in bounded unbounded; do
+      late && break 2
+      flag=""
+      [ "$w" = unbounded ] && flag=--unbounded-waits
+      for n in 2 4 8; do
+        # shellcheck disable=SC2086 # a and flag are lists of words
+        bounded_bench "waits-$r-all-reduce-$n-$w" $a --ranks "$n" -b 1M -e 256M $flag
+      done
+      # shellcheck disable=SC2086
+      bounded_bench "waits-$r-all-reduce-8-slots4M-$w" $a --ranks 8 -b 4M -e 256M --slot-bytes 4M $flag
+      # shellcheck disable=SC2086
+      bounded_bench "waits-$r-reduce-scatter-8-$w" comm reduce-scatter -f 4 -n 5 -w 2 --calls 10 --ranks 8 \
+        -b 16M -e 256M $flag
+      # shellcheck disable=SC2086
+      bounded_bench "waits-$r-compressed-2-$w" comm all-reduce -f 4 -n 5 -w 2 --calls 5 --ranks 2 -b 4M -e 64M \
+        --dtype bf16 --compress int8 $flag
+    done
+  done
+  for w in bounded unbounded; do
+    late && break
+    what="waits-timeline-2-$w"
+    flag=""
+    [ "$w" = unbounded ] && flag=--unbounded-waits
+    # shellcheck disable=SC2086
+    bounded_bench "$what" comm all-reduce --ranks 2 -b 64M -e 64M -n 3 -w 1 --calls 5 --timeline "$RES/$what" $flag
+  done
+  [ "$shared" = 1 ] && mps_stop
+  return 0
+}
+
 # ab: builds in turns. Bundles: the release tests (how long the next driver call waits after
 # each kind of release, another stream held) and the same-card figures; wheels: the whole
 # copy_ and copy call, copy_call_turns.py in alternating order.
@@ -378,7 +436,7 @@ for section in "${sections[@]}"; do
     probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | compress | plots)
       late || "section_$s"
       ;;
-    tune | spread | exchange | trace | mp-lines | ab)
+    tune | spread | exchange | trace | mp-lines | waits | ab)
       late || investigation "$s"
       ;;
     *)
