@@ -96,7 +96,9 @@ impl Communicator {
     /// another rank, a failed call or [`Communicator::abort`] ([`Error::Broken`]), or another
     /// rank's process gone while this rank's calls still wait ([`Error::PeerGone`]: then call
     /// [`Communicator::abort`], so those waits end now rather than at the peer timeout; a rank
-    /// that exits once everything is done is no error). `None` while all is well.
+    /// that exits once everything is done is no error; under
+    /// [`crate::CommOptions::unbounded_waits`] the pipeline's waits end neither way). `None`
+    /// while all is well.
     pub fn async_error(&self) -> Option<Error> {
         if self.broken {
             return Some(Error::Broken { rank: self.rank() });
