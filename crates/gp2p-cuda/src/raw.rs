@@ -39,6 +39,7 @@ use crate::{Device, Error, Module, Result, Stream};
 
 mod codec;
 mod exchange;
+mod mem_ops;
 pub(crate) use codec::launch_each_empty as launch_each_codec_kernel_empty;
 pub use codec::{
     Codec, WIRE_ALIGN, compress_decode, compress_encode, compress_fold_encode, wire_from_host, wire_to_host,
@@ -47,6 +48,7 @@ pub use exchange::{
     ChunkAreas, ChunkWaits, ChunksLaunch, ExchangeLines, ManyLines, Numbering, exchange, exchange_many,
     plan_exchange_chunks,
 };
+pub use mem_ops::{MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, mem_ops, wait_flags_unbounded, write_flag, write_flags};
 
 /// Enqueue an asynchronous copy of `bytes` bytes between the memories of two devices on
 /// `stream` (a stream of either device): one peer DMA where peer access is enabled, else
@@ -201,99 +203,6 @@ pub unsafe fn reduce(
     unsafe { launch_kernel(&function, stream, config, &args, None) }
 }
 
-/// Enqueue a write of `value` to the `u32` at `flag` on `stream`, after the work queued
-/// there so far has completed and its writes are visible (a stream memory operation, with
-/// its default memory barrier): the signal half of a pipeline between processes.
-///
-/// # Safety
-/// `flag` is a writable, 4-byte aligned `u32` addressable from the stream's device (mapped
-/// pinned host memory as this device maps it, say) that stays allocated until the write
-/// completes on `stream`.
-pub unsafe fn write_flag(stream: &Stream, flag: RawDevicePtr, value: u32) -> Result<()> {
-    check_aligned(&[("flag", flag)], 4)?;
-    stream.device().bind()?;
-    let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-    // SAFETY: the address is the caller's contract; the stream belongs to the bound context.
-    check(unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), flag, value, flags) }, "cuStreamWriteValue32")
-}
-
-/// Enqueue writes of `value` to each `u32` of `flags` on `stream` as one driver call (a batch
-/// of stream memory operations, each with the default memory barrier): what [`write_flag`]
-/// does once a flag, for a writer that signals several readers at once. At most
-/// [`MAX_FLAG_BATCH`] flags; one flag is a [`write_flag`].
-///
-/// # Safety
-/// As for [`write_flag`], for every flag.
-pub unsafe fn write_flags(stream: &Stream, flags: &[RawDevicePtr], value: u32) -> Result<()> {
-    if let [flag] = flags {
-        // SAFETY: the caller's contract.
-        return unsafe { write_flag(stream, *flag, value) };
-    }
-    if flags.len() > MAX_FLAG_BATCH {
-        return Err(Error::InvalidArgument {
-            name: "flags",
-            reason: format!("{} flags; a batch writes at most {MAX_FLAG_BATCH}", flags.len()),
-        });
-    }
-    for &flag in flags {
-        check_aligned(&[("flag", flag)], 4)?;
-    }
-    let ops = flags.iter().map(|&address| {
-        let mut op = ZEROED_MEM_OP;
-        op.writeValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
-            operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
-            address,
-            // The whole word set, its low half the value (the driver reads only that).
-            __bindgen_anon_1: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
-                value64: u64::from(value),
-            },
-            flags: sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-            alias: 0,
-        };
-        op
-    });
-    // SAFETY: writes whose addresses are the caller's contract.
-    unsafe { batch_mem_ops(stream, ops) }
-}
-
-/// A stream memory operation of all zero bytes, which each operation is written over: the
-/// bytes past its variant's fields stay zero.
-const ZEROED_MEM_OP: sys::CUstreamBatchMemOpParams = sys::CUstreamBatchMemOpParams { pad: [0; 6] };
-
-/// Enqueue up to [`MAX_FLAG_BATCH`] stream memory operations on `stream` as one driver call.
-///
-/// # Safety
-/// Every operation's address is one the driver may read or write from the stream's device
-/// until the operation completes (see [`write_flag`], [`wait_flags_unbounded`]).
-unsafe fn batch_mem_ops(
-    stream: &Stream,
-    ops: impl ExactSizeIterator<Item = sys::CUstreamBatchMemOpParams>,
-) -> Result<()> {
-    let count = ops.len();
-    debug_assert!(count <= MAX_FLAG_BATCH, "the callers refuse larger batches");
-    if count == 0 {
-        return Ok(());
-    }
-    stream.device().bind()?;
-    let mut batch = [ZEROED_MEM_OP; MAX_FLAG_BATCH];
-    for (slot, op) in batch.iter_mut().zip(ops) {
-        *slot = op;
-    }
-    let count = count.min(MAX_FLAG_BATCH);
-    // SAFETY: the first `count` entries are the caller's operations (its contract for their
-    // addresses); the driver reads the entries during the call only; the stream belongs to
-    // the bound context.
-    check(
-        unsafe { sys::cuStreamBatchMemOp_v2(stream.raw(), count as u32, batch.as_mut_ptr(), 0) },
-        "cuStreamBatchMemOp",
-    )
-}
-
-/// The most flags one [`write_flags`] writes or one [`wait_flags_unbounded`] waits on: a
-/// communicator's readers of one slot, or its ranks (the driver takes fewer than 256
-/// operations a batch).
-pub const MAX_FLAG_BATCH: usize = 16;
-
 /// Where a [`wait_flag`] reports giving up, and learns that another wait did.
 #[derive(Debug, Clone, Copy)]
 pub struct GiveUp {
@@ -360,46 +269,6 @@ pub unsafe fn wait_flags(
     let args = WaitFlagsArgs { flags, count, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
     unsafe { launch_kernel(&function, stream, ONE_THREAD, &args, None) }
-}
-
-/// Enqueue a wait on `count` consecutive `u32` flags from `flags` as one driver call, a batch
-/// of stream memory operations rather than a kernel: later work on `stream` starts once every
-/// one equals `value`. Nothing but the flags ends it (no timeout, no give-up words): for
-/// measuring what [`wait_flags`]' kernel costs a pipeline's steps, never where a peer may die.
-/// At most [`MAX_FLAG_BATCH`] flags; none is no wait.
-///
-/// # Safety
-/// As for [`wait_flags`], for each of the `count` flags; and whoever sets them must set them,
-/// or `stream`, and everything that waits for it, never moves on.
-pub unsafe fn wait_flags_unbounded(stream: &Stream, flags: RawDevicePtr, count: usize, value: u32) -> Result<()> {
-    if count > MAX_FLAG_BATCH {
-        return Err(Error::InvalidArgument {
-            name: "count",
-            reason: format!("{count} flags; an unbounded wait takes at most {MAX_FLAG_BATCH}"),
-        });
-    }
-    if flags == 0 {
-        return Err(Error::InvalidArgument { name: "flags", reason: "a wait needs its flags; got address 0".into() });
-    }
-    check_aligned(&[("flags", flags)], 4)?;
-    // No fence after the wait, where the kernel's wait has one: every write that a flag
-    // vouches for went before it, under the writer's write's default memory barrier.
-    let ops = (0..count).map(|i| {
-        let mut op = ZEROED_MEM_OP;
-        op.waitValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
-            operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32,
-            address: flags + 4 * i as u64,
-            // The whole word set, its low half the value (the driver compares only that).
-            __bindgen_anon_1: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
-                value64: u64::from(value),
-            },
-            flags: sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32,
-            alias: 0,
-        };
-        op
-    });
-    // SAFETY: waits on words that are the caller's contract.
-    unsafe { batch_mem_ops(stream, ops) }
 }
 
 /// Enqueue a stamp of the GPU's global clock into the `u64` at `at` on `stream` (one thread of
