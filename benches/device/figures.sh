@@ -52,13 +52,14 @@
 #                (GP2P_EXCHANGE_MAX_BYTES), by transport
 #   trace        the driver calls of small enqueues, Rust and Python (the wheel)
 #   mp-lines     mp with the line kernel to 4, 16 and 64 KiB (the wheel, two GPUs or more)
-#   waits        the communicator's waits for flags as the bounded kernel and as stream memory
-#                operations (--unbounded-waits), in turns, WAITS_ROUNDS rounds (default 2), under
-#                MPS where ranks share a GPU: all_reduce 1 MiB-256 MiB among 2, 4 and 8 (and 8
-#                with 4 MiB slots), reduce_scatter among 8, the compressed all_reduce among 2,
-#                and a timeline of 64 MiB among 2 each way; every bench killed past 150 s with
-#                the ranks it started (a rank's unbounded waits never give up)
-#                                                       -> waits-<round>-<what>-{bounded,unbounded}.*
+#   waits        the communicator's waits for flags (gp2p bench comm --waits): the bounded
+#                kernel, stream memory operations a watchdog ends, and ones nothing ends, in
+#                turns, WAITS_ROUNDS rounds (default 2), under MPS where ranks share a GPU:
+#                all_reduce 1 MiB-256 MiB among 2, 4 and 8 (and 8 with 4 MiB slots),
+#                reduce_scatter among 8, the compressed all_reduce among 2, and a timeline of
+#                64 MiB among 2 each way; every bench killed past 150 s with the ranks it
+#                started (a rank's unbounded waits never give up)
+#                                                       -> waits-<round>-<what>-{kernel,watched,unbounded}.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -357,10 +358,9 @@ waits() {
   fi
   local a="comm all-reduce -f 4 -n 5 -w 2 --calls 10"
   for r in $(seq 1 "${WAITS_ROUNDS:-2}"); do
-    for w in bounded unbounded; do
+    for w in kernel watched unbounded; do
       late && break 2
-      flag=""
-      [ "$w" = unbounded ] && flag=--unbounded-waits
+      flag="--waits $w"
       for n in 2 4 8; do
         # shellcheck disable=SC2086 # a and flag are lists of words
         bounded_bench "waits-$r-all-reduce-$n-$w" $a --ranks "$n" -b 1M -e 256M $flag
@@ -375,11 +375,10 @@ waits() {
         --dtype bf16 --compress int8 $flag
     done
   done
-  for w in bounded unbounded; do
+  for w in kernel watched unbounded; do
     late && break
     what="waits-timeline-2-$w"
-    flag=""
-    [ "$w" = unbounded ] && flag=--unbounded-waits
+    flag="--waits $w"
     # shellcheck disable=SC2086
     bounded_bench "$what" comm all-reduce --ranks 2 -b 64M -e 64M -n 3 -w 1 --calls 5 --timeline "$RES/$what" $flag
   done

@@ -14,7 +14,7 @@ use std::process::Command;
 use geforce_p2p::{DeviceBuffer, ReduceOp, Stream};
 use gp2p_collectives::Collective;
 use gp2p_collectives::reference::expected;
-use gp2p_comm::{CommOptions, Communicator, UniqueId};
+use gp2p_comm::{CommOptions, Communicator, FlagWaits, UniqueId};
 use gp2p_tests::{Reference, count_mismatched, device, every_dtype, needs, random};
 
 /// Set in the child: the unique id, as hex.
@@ -507,20 +507,22 @@ fn one_gpu_two_processes_replay_the_small_path_on_the_same_and_on_other_buffers(
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn unbounded_waits_are_refused_where_the_ranks_are_threads_of_one_process() {
-    // Streams of one process may share a hardware queue, where a wait that never gives up
-    // could hold up the work that would end it: every rank refuses, naming the option.
+fn stream_waits_are_refused_where_the_ranks_are_threads_of_one_process() {
+    // Streams of one process may share a hardware queue, where a stream memory wait holds
+    // up the work behind it: every rank refuses, naming the option, watched or unbounded.
     let [dev] = needs!(gpus: 1);
-    let id = UniqueId::new().expect("a unique id (is /dev/shm there?)");
-    let options = CommOptions { unbounded_waits: true, ..CommOptions::default() };
-    let (a, b) = std::thread::scope(|s| {
-        let (id, dev1) = (&id, dev.clone());
-        let rank1 = s.spawn(move || Communicator::new(id, 1, 2, &dev1, options).err());
-        (Communicator::new(id, 0, 2, &dev, options).err(), rank1.join().expect("rank 1 panicked"))
-    });
-    for (rank, refused) in [(0, a), (1, b)] {
-        let err = refused.unwrap_or_else(|| panic!("rank {rank} made a communicator with unbounded waits"));
-        assert!(matches!(err, gp2p_comm::Error::InvalidOption { name: "unbounded_waits", .. }), "rank {rank}: {err}");
-        assert!(err.to_string().contains("a process per rank"), "rank {rank}: {err}");
+    for waits in [FlagWaits::Watched, FlagWaits::Unbounded] {
+        let id = UniqueId::new().expect("a unique id (is /dev/shm there?)");
+        let options = CommOptions { waits, ..CommOptions::default() };
+        let (a, b) = std::thread::scope(|s| {
+            let (id, dev1) = (&id, dev.clone());
+            let rank1 = s.spawn(move || Communicator::new(id, 1, 2, &dev1, options).err());
+            (Communicator::new(id, 0, 2, &dev, options).err(), rank1.join().expect("rank 1 panicked"))
+        });
+        for (rank, refused) in [(0, a), (1, b)] {
+            let err = refused.unwrap_or_else(|| panic!("rank {rank} made a communicator with {waits:?} waits"));
+            assert!(matches!(err, gp2p_comm::Error::InvalidOption { name: "waits", .. }), "rank {rank}: {err}");
+            assert!(err.to_string().contains("a process per rank"), "rank {rank}: {err}");
+        }
     }
 }

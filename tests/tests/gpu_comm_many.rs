@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use geforce_p2p::cuda::codec::WireFormat;
 use geforce_p2p::kernels::compress::{self, BlockSize, Compressible, Format, Scheme};
 use geforce_p2p::{DeviceBuffer, ReduceOp, Stream, half};
-use gp2p_comm::{Algorithm, CommOptions, Communicator, Receive, UniqueId};
+use gp2p_comm::{Algorithm, CommOptions, Communicator, FlagWaits, Receive, UniqueId};
 use gp2p_tests::{Reference, count_mismatched, count_wrong_vs_fold, device, every_dtype, needs, random};
 
 /// Set in each child: its rank, the world size and the unique id, space-separated.
@@ -363,9 +363,9 @@ fn folds_with(test: &str, world: usize, lens: &'static [usize], options: CommOpt
     }
     // Waits that never give up would leave every other rank's process stuck on the GPU if one
     // rank failed: each process ends itself past a deadline instead.
-    let deadline = options.unbounded_waits.then(|| ExitPast::start(test, UNBOUNDED_TEST_DEADLINE));
+    let deadline = (options.waits == FlagWaits::Unbounded).then(|| ExitPast::start(test, UNBOUNDED_TEST_DEADLINE));
     let mut r = Ranked::start(test, world, sharing(options));
-    assert_eq!(r.comm.unbounded_waits(), options.unbounded_waits, "the waits asked for");
+    assert_eq!(r.comm.waits(), options.waits, "the waits asked for");
     let (rank, world) = (r.rank, r.world);
     fn cases<T: Reference>(comm: &mut Communicator, stream: &Stream, rank: usize, world: usize, lens: &[usize]) {
         let mut pending: Vec<Check> = Vec::new();
@@ -512,9 +512,46 @@ fn one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot() 
 }
 
 /// `options` with every wait of the pipeline a stream memory operation with no timeout
-/// (`CommOptions::unbounded_waits`, for measuring what the bounded kernel costs).
+/// (`FlagWaits::Unbounded`, for measuring what the bounded kernel costs).
 fn unbounded(options: CommOptions) -> CommOptions {
-    CommOptions { unbounded_waits: true, ..options }
+    CommOptions { waits: FlagWaits::Unbounded, ..options }
+}
+
+/// `options` with every wait of the pipeline a stream memory operation that the
+/// communicator's watchdog ends (`FlagWaits::Watched`).
+fn watched(options: CommOptions) -> CommOptions {
+    CommOptions { waits: FlagWaits::Watched, ..options }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_run_the_rounds_with_watched_waits() {
+    let test = "one_gpu_two_processes_run_the_rounds_with_watched_waits";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    let rounds = CommOptions { algorithm: Some(Algorithm::TwoShot), ..small_pipeline(2, 64 << 10, None) };
+    folds_with(test, 2, TWO_RANK_LENS, watched(rounds));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_exchange_with_watched_waits() {
+    let test = "one_gpu_two_processes_exchange_with_watched_waits";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_with(test, 2, TWO_RANK_LENS, watched(exchange(small_pipeline(2, 256 << 10, Some(64 << 10)))));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_run_the_rounds_with_watched_waits() {
+    let test = "one_gpu_four_processes_run_the_rounds_with_watched_waits";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_with(test, 4, &[1, 4099, 70_001, 300_007], watched(small_pipeline(4, 64 << 10, None)));
 }
 
 #[test]
@@ -854,7 +891,7 @@ fn one_gpu_eight_processes_compressed_all_reduce_gives_the_reference_s_bits() {
 
 /// The last rank leaves after one call; every other rank's next call gives up within the
 /// timeout, the one after says so, and nothing is left in /dev/shm.
-fn a_rank_exits(test: &str, world: usize, len: usize) {
+fn a_rank_exits(test: &str, world: usize, len: usize, waits: FlagWaits) {
     if !runs_here(test, world) {
         return;
     }
@@ -862,8 +899,9 @@ fn a_rank_exits(test: &str, world: usize, len: usize) {
     // Long enough for every rank's first call under time slicing, short enough to tell one
     // timeout per call from one per chunk.
     let timeout = Duration::from_secs(if sanitized { 20 } else { 5 });
-    let options = CommOptions { peer_timeout: timeout, ..CommOptions::for_world(world) };
+    let options = CommOptions { peer_timeout: timeout, waits, ..CommOptions::for_world(world) };
     let mut r = Ranked::start(test, world, options);
+    assert_eq!(r.comm.waits(), waits);
     let (rank, stream, comm) = (r.rank, &r.stream, &mut r.comm);
     let inputs = inputs_of::<f32>(world, len, 9, 1);
     let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
@@ -893,7 +931,12 @@ fn one_gpu_four_processes_one_exits_mid_run_and_every_other_errors_within_the_ti
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    a_rank_exits("one_gpu_four_processes_one_exits_mid_run_and_every_other_errors_within_the_timeout", 4, 1000);
+    a_rank_exits(
+        "one_gpu_four_processes_one_exits_mid_run_and_every_other_errors_within_the_timeout",
+        4,
+        1000,
+        FlagWaits::Kernel,
+    );
 }
 
 #[test]
@@ -902,7 +945,28 @@ fn one_gpu_four_processes_one_exits_mid_rounds_and_every_other_errors_within_the
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    a_rank_exits("one_gpu_four_processes_one_exits_mid_rounds_and_every_other_errors_within_the_timeout", 4, 1 << 20);
+    a_rank_exits(
+        "one_gpu_four_processes_one_exits_mid_rounds_and_every_other_errors_within_the_timeout",
+        4,
+        1 << 20,
+        FlagWaits::Kernel,
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_four_processes_one_exits_mid_rounds_with_watched_waits_and_every_other_errors_within_the_timeout() {
+    // The rounds' waits as stream memory operations: the watchdog, not a kernel's clock,
+    // gives up on the rank that left and ends the others' waits.
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    a_rank_exits(
+        "one_gpu_four_processes_one_exits_mid_rounds_with_watched_waits_and_every_other_errors_within_the_timeout",
+        4,
+        1 << 20,
+        FlagWaits::Watched,
+    );
 }
 
 #[test]

@@ -24,7 +24,7 @@ use gp2p_cuda::{
 use gp2p_kernels::{DType, Element, ReduceOp};
 
 use crate::choice::{self, AllReducePaths, ManyChoice, ManyPath};
-use crate::layout::{CommOptions, Layout, chunk_grid};
+use crate::layout::{CommOptions, FlagWaits, Layout, chunk_grid};
 use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Traced, Transfer, Waits};
 use crate::registration::{all_registered, register_in_turn};
 use crate::rounds::Rounds;
@@ -39,6 +39,7 @@ mod point_to_point;
 mod shm_fit;
 mod split;
 mod timeline;
+mod watchdog;
 
 pub use host::Control;
 
@@ -93,8 +94,11 @@ pub struct Communicator {
     calls: u64,
     pipeline: Pipeline,
     timeout: Duration,
-    /// [`CommOptions::unbounded_waits`].
-    unbounded_waits: bool,
+    /// [`CommOptions::waits`].
+    waits: FlagWaits,
+    /// Where the waits are watched, the thread that ends them (see `watchdog`); told to stop
+    /// when dropped.
+    _watchdog: Option<watchdog::Watchdog>,
     /// [`CommOptions::chunk_blocks`].
     chunk_blocks: usize,
     /// Among more than two ranks, which all-reduce a size takes (the cost model's choice,
@@ -188,6 +192,10 @@ impl Communicator {
             bytes => Some(DeviceBuffer::<u8>::alloc(device, bytes)?),
         };
         let segment = Arc::new(Segment::join(id, rank, world, layout.staging_bytes(), options.join_timeout)?);
+        if options.waits == FlagWaits::Watched {
+            // Before this rank registers: no rank calls before every rank has.
+            watchdog::set_own_flags_empty(&segment, &layout, rank)?;
+        }
         let registered =
             register_in_turn(&segment, device, options.join_timeout).and_then(|r| Ok((r.device_ptr(device)?, r)));
         let everyone = all_registered(&segment, &layout, registered.is_ok(), options.join_timeout);
@@ -196,15 +204,23 @@ impl Communicator {
         everyone?;
         // Every rank has joined, so every slot names its process.
         let peers_in_this_process = segment.peers_share_this_process();
-        if options.unbounded_waits && peers_in_this_process {
+        if options.waits.by_stream() && peers_in_this_process {
             return Err(Error::InvalidOption {
-                name: "unbounded_waits",
-                reason: "ranks of this communicator are threads of one process, whose streams may share a \
-                         hardware queue, where a wait that never gives up can hold up the work that would end it; \
-                         run a process per rank, or leave unbounded_waits off"
-                    .into(),
+                name: "waits",
+                reason: format!(
+                    "{}: ranks of this communicator are threads of one process, whose streams may share a hardware \
+                     queue, where a stream memory wait holds up the work behind it, which may be what would end it; \
+                     run a process per rank, or take FlagWaits::Kernel",
+                    options.waits.name()
+                ),
             });
         }
+        let watchdog = match options.waits {
+            FlagWaits::Watched => {
+                Some(watchdog::Watchdog::start(Arc::clone(&segment), &layout, rank, options.peer_timeout)?)
+            }
+            _ => None,
+        };
         if replay_calls && !peers_in_this_process {
             pipeline.replay_calls(device)?;
         }
@@ -220,7 +236,8 @@ impl Communicator {
             calls: 0,
             pipeline,
             timeout: options.peer_timeout,
-            unbounded_waits: options.unbounded_waits,
+            waits: options.waits,
+            _watchdog: watchdog,
             chunk_blocks: options.chunk_blocks,
             many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced: options.algorithm },
             last: None,
@@ -273,10 +290,9 @@ impl Communicator {
         self.layout.slot_bytes()
     }
 
-    /// Whether this rank's pipeline waits for flags by stream memory operations that never
-    /// give up ([`CommOptions::unbounded_waits`]), not by the bounded kernel.
-    pub fn unbounded_waits(&self) -> bool {
-        self.unbounded_waits
+    /// How this rank's pipeline waits for its peers' flags ([`CommOptions::waits`]).
+    pub fn waits(&self) -> FlagWaits {
+        self.waits
     }
 
     /// Slots per rank of this rank's pipeline, as made: [`CommOptions::slots`], or three where
@@ -490,10 +506,12 @@ impl Communicator {
             },
             layout: &self.layout,
             rank: self.rank(),
-            waits: if self.unbounded_waits {
-                Waits::Unbounded
-            } else {
-                Waits::Bounded { timeout_ns: self.timeout_ns() }
+            waits: match self.waits {
+                FlagWaits::Kernel => Waits::Bounded { timeout_ns: self.timeout_ns() },
+                FlagWaits::Watched => Waits::Watched {
+                    progress: [0, 1].map(|lane| self.staging + self.layout.progress(self.rank(), lane) as u64),
+                },
+                FlagWaits::Unbounded => Waits::Unbounded,
             },
             scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
             // SAFETY: `marking` is set only while `framed` launches a call, and `framed` notes

@@ -7,7 +7,7 @@ use gp2p_kernels::{CHUNK_MAX_BLOCKS, chunk_area_layout, exchange_line_bytes};
 use crate::{Error, Result};
 
 mod options;
-pub use options::CommOptions;
+pub use options::{CommOptions, FlagWaits};
 
 /// Where things sit in the staging area: the same offsets in every process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +35,9 @@ pub(crate) struct Layout {
     /// The forced all-reduce among more than two ranks, as ranks compare it
     /// (`choice::option_word`; 0: the cost model's choice).
     pub(crate) algorithm: u32,
+    /// Whether the pipeline's flags carry the watched stream waits' values
+    /// ([`crate::FlagWaits::Watched`]), which every rank must agree on.
+    pub(crate) watched: bool,
     /// The all-reduces' compression as ranks compare it (`compression::Resolved::option_words`;
     /// zeros: off). Set by the communicator once it has resolved it.
     pub(crate) compress: [u32; 2],
@@ -56,7 +59,10 @@ pub(crate) const STATUS: usize = 4;
 pub(crate) const OPTIONS: usize = 8;
 /// The options' words, after `OPTIONS` in each rank's cache line.
 pub(crate) const OPTION_WORDS: usize = 8;
-const _: () = assert!(OPTIONS + 4 * OPTION_WORDS <= 64, "a rank's words fit in its cache line");
+/// Then the progress of the rank's two lanes' stream waits, which its watchdog reads
+/// ([`crate::FlagWaits::Watched`]): send, receive.
+pub(crate) const PROGRESS: usize = OPTIONS + 4 * OPTION_WORDS;
+const _: () = assert!(PROGRESS + 8 <= 64, "a rank's words fit in its cache line");
 pub(crate) const REGISTERED_OK: u32 = 1;
 pub(crate) const REGISTRATION_FAILED: u32 = 2;
 /// Lines and slots start on this alignment (the kernels need 16; a page keeps them apart
@@ -174,6 +180,7 @@ impl Layout {
             slot_bytes,
             slot_count,
             algorithm: crate::choice::option_word(options.algorithm),
+            watched: options.waits == crate::FlagWaits::Watched,
             compress: [0, 0],
             chunk_bytes: options.chunk_bytes.unwrap_or(0),
         })
@@ -190,6 +197,18 @@ impl Layout {
         RANK_LINES + 64 * rank
     }
 
+    /// Offset of the progress word of `rank`'s `lane` (0 send, 1 receive), which its watched
+    /// stream waits write and its watchdog reads (`communicator::watchdog`).
+    pub(crate) fn progress(&self, rank: usize, lane: usize) -> usize {
+        self.flag(rank) + PROGRESS + 4 * lane
+    }
+
+    /// The pipeline's flags, every writer's, slot's and reader's: their first offset and how
+    /// many (a `u32` each, side by side).
+    pub(crate) fn all_flags(&self) -> (usize, usize) {
+        (self.full(0, 0, 0), self.slot_count * self.world * self.world)
+    }
+
     /// What the layout was made from, as every rank publishes it to be compared: the
     /// one-kernel path's largest size, the slot size, the slot count and the line kernel's
     /// largest size (each bounded well below `u32::MAX`), the forced all-reduce
@@ -202,7 +221,7 @@ impl Layout {
             self.slot_bytes as u32,
             self.slot_count as u32,
             self.lines_max as u32,
-            self.algorithm,
+            self.algorithm | u32::from(self.watched) << 8,
             format,
             min_kib,
             self.chunk_bytes as u32,
@@ -390,7 +409,12 @@ mod tests {
         assert_eq!(CommOptions::for_world(2), CommOptions::default());
         assert_eq!(CommOptions::for_world(8).slot_bytes, 8 << 20);
         // Every wait is bounded unless asked otherwise, at any size of world.
-        assert!((2..=crate::MAX_RANKS).all(|n| !CommOptions::for_world(n).unbounded_waits));
+        assert!((2..=crate::MAX_RANKS).all(|n| CommOptions::for_world(n).waits == FlagWaits::Kernel));
+        for waits in FlagWaits::ALL {
+            assert_eq!(waits.name().parse::<FlagWaits>(), Ok(waits));
+        }
+        let refused = "spin".parse::<FlagWaits>().unwrap_err();
+        assert!(refused.contains("kernel, watched or unbounded"), "{refused}");
     }
 
     #[test]

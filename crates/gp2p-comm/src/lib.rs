@@ -28,9 +28,10 @@
 //!   a pipeline of DMA copies via slots of the segment
 //!   ([`CommOptions::slot_bytes`], [`CommOptions::slots`]), handed over by handshake flags
 //!   that stream memory operations set and a one-thread kernel awaits. Every wait for the
-//!   peer runs on the GPU and is bounded by [`CommOptions::peer_timeout`] (unless
-//!   [`CommOptions::unbounded_waits`], a switch for measuring, makes the pipeline's waits
-//!   stream memory operations that only their flags end). No call keeps a
+//!   peer runs on the GPU and is bounded by [`CommOptions::peer_timeout`]: the wait kernel's
+//!   own clock, or, for the pipeline's waits as stream memory operations
+//!   ([`FlagWaits::Watched`]), the communicator's watchdog ([`FlagWaits::Unbounded`], for
+//!   measuring, is bounded by nothing). No call keeps a
 //!   count on the host (the one-kernel path numbers its calls in device memory), so calls
 //!   can be captured into CUDA graphs and replayed, once the caller has promised what
 //!   [`Communicator::allow_graph_capture`] asks.
@@ -153,7 +154,7 @@ pub use gp2p_collectives::cost::{ALGORITHM_VAR, Algorithm};
 pub use gp2p_cuda::codec::WireFormat;
 pub use host::{HOST_ID_VAR, host_id, host_id_from, process_id};
 pub use id::UniqueId;
-pub use layout::{CommOptions, MAX_RANKS};
+pub use layout::{CommOptions, FlagWaits, MAX_RANKS};
 pub use pipeline::STREAMS_PER_RANK;
 pub use receive::RECEIVE_VAR;
 pub use replay::{REPLAY_VAR, ReplayCounts};

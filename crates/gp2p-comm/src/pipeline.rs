@@ -38,7 +38,7 @@ mod wait;
 pub(crate) use many::{PieceFold, WireLand, WireLegs, WireOut};
 use release::AfterRelease;
 use wait::FlagWait;
-pub(crate) use wait::Waits;
+pub(crate) use wait::{LEFT, RELEASED, WATCHED_EMPTY, Waits};
 
 /// Streams a rank's pipeline forks from the caller's: one sends, one receives.
 const FORKED_STREAMS: usize = 2;
@@ -449,12 +449,12 @@ impl Pipeline {
                 }
                 Step::WaitFlag { owner, slot, value } => {
                     // SAFETY: a flag and this rank's give-up words of the registered area.
-                    unsafe { wait.enqueue(stream, flag(owner, slot), 1, value)? };
+                    unsafe { wait.enqueue(stream, lane, flag(owner, slot), 1, value)? };
                     Some(("wait flag", 0))
                 }
                 Step::SetFlag { owner, slot, value } => {
                     // SAFETY: a flag of the registered area.
-                    unsafe { write_flag(stream, flag(owner, slot), value)? };
+                    unsafe { write_flag(stream, flag(owner, slot), wait.value(value))? };
                     None
                 }
                 Step::CopyOut { chunk, slot } => {

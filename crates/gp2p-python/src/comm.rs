@@ -72,7 +72,7 @@ impl PyCommunicator {
                 chunk_blocks: chunk_blocks.unwrap_or(defaults.chunk_blocks),
                 chunk_bytes: defaults.chunk_bytes,
                 replay_calls: defaults.replay_calls,
-                unbounded_waits: defaults.unbounded_waits,
+                waits: defaults.waits,
                 lines_max_bytes: lines_max_bytes.unwrap_or(defaults.lines_max_bytes),
                 algorithm: algorithm
                     .map(|name| name.parse::<Algorithm>().map_err(|e| Raised::argument("algorithm", e)))

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use geforce_p2p::collectives::cost::Machine;
 use geforce_p2p::comm::choice::all_reduce_prediction;
-use geforce_p2p::comm::{CommOptions, Communicator, Compression, MAX_RANKS, UniqueId, WireFormat};
+use geforce_p2p::comm::{CommOptions, Communicator, Compression, FlagWaits, MAX_RANKS, UniqueId, WireFormat};
 use geforce_p2p::kernels::compress::Scheme;
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, with_element};
@@ -140,11 +140,12 @@ pub struct CommArgs {
     /// it, so the row's time stays the untraced one).
     #[arg(long, value_name = "DIR")]
     timeline: Option<std::path::PathBuf>,
-    /// For measuring only: the pipeline's waits for flags as stream memory operations instead
-    /// of the bounded wait kernel (`CommOptions::unbounded_waits`), to see what the kernel
-    /// costs. Nothing ends such a wait but its flag: a rank that dies hangs the others.
-    #[arg(long)]
-    unbounded_waits: bool,
+    /// How the pipeline waits for a peer's flags: kernel (the bounded wait kernel, the
+    /// default), watched (stream memory operations that the communicator's watchdog ends
+    /// after the peer timeout) or unbounded (stream memory operations that nothing ends: a
+    /// rank that dies hangs the others; for measuring what the kernel costs).
+    #[arg(long, default_value = "kernel", value_parser = parse_waits)]
+    waits: FlagWaits,
 }
 
 pub fn run(args: &CommArgs) -> Result<(), CliError> {
@@ -208,7 +209,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         // Compressed rows time the communicator a user who turns compression on gets (between
         // two ranks its slots four times larger), not one made for exact calls.
         compress: compressed.map(|format| Compression { format, min_bytes: None }),
-        unbounded_waits: args.unbounded_waits,
+        waits: args.waits,
         ..defaults
     };
     let mut comm = Communicator::new(&id, rank, world, &device, options)?;
@@ -261,10 +262,10 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         |bytes| format!("{} each", format_size(bytes)),
     );
     let calls = if comm.replay_counts().is_some() { "replayed from graphs (GP2P_REPLAY)" } else { "enqueued" };
-    let waits = if options.unbounded_waits {
-        "unbounded stream memory operations (--unbounded-waits)"
-    } else {
-        "bounded kernels"
+    let waits = match options.waits {
+        FlagWaits::Kernel => "bounded kernels",
+        FlagWaits::Watched => "stream memory operations, watched (--waits watched)",
+        FlagWaits::Unbounded => "unbounded stream memory operations (--waits unbounded)",
     };
     println!(
         "# pipeline: one kernel up to {}, then {} slots of {} a rank, chunks {chunks}, receive {}, algorithm \
@@ -315,6 +316,11 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
 }
 
 /// Whether the cost model prices these rows: the exact all-reduce only.
+/// `--waits`: a [`FlagWaits`] by its name.
+fn parse_waits(text: &str) -> Result<FlagWaits, String> {
+    text.parse()
+}
+
 fn kind_is_priced(kind: CommCollective, compressed: Option<WireFormat>) -> bool {
     kind == CommCollective::AllReduce && compressed.is_none()
 }

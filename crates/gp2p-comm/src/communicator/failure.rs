@@ -83,9 +83,10 @@ impl Communicator {
     /// Give up on every call of this communicator, on every rank: every wait of an enqueued
     /// call (this rank's and the others') stops at its next look at the shared word instead
     /// of running to its timeout, and every later call fails. What the stopped calls were
-    /// folding is left part-done. Nothing here waits for the GPU. (The pipeline's waits under
-    /// [`crate::CommOptions::unbounded_waits`] never look at that word: only their flags end
-    /// them.)
+    /// folding is left part-done. Nothing here waits for the GPU. (Watched stream waits,
+    /// [`crate::FlagWaits::Watched`], end once the communicator's watchdog sees the word, within
+    /// milliseconds; [`crate::FlagWaits::Unbounded`] ones never look at it: only their flags
+    /// end them.)
     pub fn abort(&mut self) {
         self.broken = true;
         self.control.abort();
@@ -96,9 +97,8 @@ impl Communicator {
     /// another rank, a failed call or [`Communicator::abort`] ([`Error::Broken`]), or another
     /// rank's process gone while this rank's calls still wait ([`Error::PeerGone`]: then call
     /// [`Communicator::abort`], so those waits end now rather than at the peer timeout; a rank
-    /// that exits once everything is done is no error; under
-    /// [`crate::CommOptions::unbounded_waits`] the pipeline's waits end neither way). `None`
-    /// while all is well.
+    /// that exits once everything is done is no error; under [`crate::FlagWaits::Unbounded`]
+    /// the pipeline's waits end neither way). `None` while all is well.
     pub fn async_error(&self) -> Option<Error> {
         if self.broken {
             return Some(Error::Broken { rank: self.rank() });

@@ -10,6 +10,55 @@ use super::{DEFAULT_CHUNK_BLOCKS, DEFAULT_LINES_MAX_BYTES, Layout, MAX_LINES_BYT
 use crate::Result;
 use crate::choice::{AllReducePaths, ManyChoice};
 
+/// How a communicator's pipeline waits for its peers' flags ([`CommOptions::waits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlagWaits {
+    /// A one-thread kernel a wait, which gives up after [`CommOptions::peer_timeout`] and
+    /// returns at once once the communicator is broken or aborted.
+    #[default]
+    Kernel,
+    /// A batch of stream memory operations a wait: one driver call and no kernel. They do not
+    /// give up by themselves: a thread of the communicator (its watchdog) watches this rank's
+    /// waits and, once one has lasted `peer_timeout`, or the communicator is broken or
+    /// aborted, sets every flag to a value that ends every wait, on every rank.
+    Watched,
+    /// A batch of stream memory operations a wait that nothing ends but its flags: not
+    /// `peer_timeout`, not [`crate::Communicator::abort`]. A rank that dies or leaves a call
+    /// leaves every peer's stream waiting for good (and the communicator's memory, freed only
+    /// once its work is done, held). For measuring what the kernel costs, never in use.
+    Unbounded,
+}
+
+impl FlagWaits {
+    /// Every kind, as `gp2p bench comm --waits` names them.
+    pub const ALL: [FlagWaits; 3] = [FlagWaits::Kernel, FlagWaits::Watched, FlagWaits::Unbounded];
+
+    /// Its name: `kernel`, `watched` or `unbounded`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlagWaits::Kernel => "kernel",
+            FlagWaits::Watched => "watched",
+            FlagWaits::Unbounded => "unbounded",
+        }
+    }
+
+    /// Whether its waits are stream memory operations.
+    pub fn by_stream(self) -> bool {
+        self != FlagWaits::Kernel
+    }
+}
+
+impl std::str::FromStr for FlagWaits {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<FlagWaits, String> {
+        FlagWaits::ALL
+            .into_iter()
+            .find(|w| w.name() == text.trim())
+            .ok_or_else(|| format!("{text:?}: expected kernel, watched or unbounded"))
+    }
+}
+
 /// How a communicator is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommOptions {
@@ -19,7 +68,7 @@ pub struct CommOptions {
     pub small_max_bytes: usize,
     /// How long a rank's kernel waits for its peer's data before it gives up (the next call
     /// then says so). It must exceed how far one rank's stream may fall behind another's.
-    /// The pipeline's waits under [`CommOptions::unbounded_waits`] never give up.
+    /// The pipeline's waits under [`FlagWaits::Unbounded`] never give up.
     pub peer_timeout: Duration,
     /// How long creation waits for every rank to join and register.
     pub join_timeout: Duration,
@@ -82,14 +131,14 @@ pub struct CommOptions {
     /// off where unset; never where a peer rank is a thread of this process. Each rank may
     /// pick its own: the calls pair up alike.
     pub replay_calls: Option<bool>,
-    /// For measuring only: the pipeline's waits for flags as stream memory operations
-    /// (`cuStreamBatchMemOp`) in place of the bounded wait kernel. They cost one driver call
-    /// and no kernel a wait, but nothing ends them: neither `peer_timeout` nor
-    /// `Communicator::abort`, so a rank that dies or leaves a call leaves every peer's stream
-    /// waiting for good (and the communicator's memory, which is freed only once its work is
-    /// done, held). Refused where ranks are threads of one process. `false` (the default)
-    /// keeps every wait bounded. Each rank may pick its own.
-    pub unbounded_waits: bool,
+    /// How the pipeline waits for a peer's flags: [`FlagWaits::Kernel`] (the default), a
+    /// bounded one-thread kernel a wait; [`FlagWaits::Watched`], stream memory operations that
+    /// a thread of the communicator ends after `peer_timeout` without progress or on
+    /// [`crate::Communicator::abort`]; [`FlagWaits::Unbounded`], stream memory operations that
+    /// nothing ends, for measuring only. Every rank must give Watched or none (ranks compare
+    /// it at creation: its flags mean other values); stream waits are refused where ranks
+    /// are threads of one process.
+    pub waits: FlagWaits,
 }
 
 impl Default for CommOptions {
@@ -113,7 +162,7 @@ impl Default for CommOptions {
             receive: Receive::Auto,
             chunk_bytes: None,
             replay_calls: None,
-            unbounded_waits: false,
+            waits: FlagWaits::Kernel,
         }
     }
 }

@@ -182,13 +182,13 @@ impl Pipeline {
                     }
                     let flags = device_at(layout.full(rank, slot, 0));
                     // SAFETY: this slot's `world` flags and this rank's give-up words.
-                    unsafe { wait.enqueue(stream, flags, layout.world, EMPTY)? };
+                    unsafe { wait.enqueue(stream, lane, flags, layout.world, EMPTY)? };
                     Some(("wait slot free", 0))
                 }
                 LegStep::WaitFull { writer, slot } => {
                     let flag = device_at(layout.full(writer, slot, rank));
                     // SAFETY: a flag and this rank's give-up words of the registered area.
-                    unsafe { wait.enqueue(stream, flag, 1, FULL)? };
+                    unsafe { wait.enqueue(stream, lane, flag, 1, FULL)? };
                     Some(("wait flag", 0))
                 }
                 LegStep::MarkFull { leg, slot } => {
@@ -201,12 +201,12 @@ impl Pipeline {
                         count += 1;
                     }
                     // SAFETY: flags of the registered area.
-                    unsafe { write_flags(stream, &batch[..count], FULL)? };
+                    unsafe { write_flags(stream, &batch[..count], wait.value(FULL))? };
                     None
                 }
                 LegStep::HandBack { writer, slot } => {
                     // SAFETY: a flag of the registered area.
-                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, rank)), EMPTY)? };
+                    unsafe { write_flag(stream, device_at(layout.full(writer, slot, rank)), wait.value(EMPTY))? };
                     // SAFETY: the landing's bytes sit in device memory this stream alone uses
                     // (the receive stage or the scratch), put there by its earlier work; the
                     // destination is the leg's, which nothing else of the call touches
