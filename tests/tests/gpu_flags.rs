@@ -3,7 +3,8 @@
 //! driver call) set every word they name to the value, in stream order, and no other word;
 //! a batch refuses more flags than it takes and a misaligned one before any work.
 //! `wait_flags_unbounded` holds a stream until every flag it names holds its value, and
-//! refuses what it cannot take likewise.
+//! refuses what it cannot take likewise. A batch of notes and waits for any of a mask's bits
+//! (the watched waits' form) runs in order and holds where the flag has none of them.
 
 // The flag writes are the driver's raw stream operations: unsafe fns over addresses.
 #![allow(unsafe_code)]
@@ -12,7 +13,9 @@
 
 use geforce_p2p::PinnedBuffer;
 use geforce_p2p::cuda::Error as CudaError;
-use geforce_p2p::cuda::raw::{MAX_FLAG_BATCH, mapped_device_ptr, wait_flags_unbounded, write_flag, write_flags};
+use geforce_p2p::cuda::raw::{
+    MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, mapped_device_ptr, mem_ops, wait_flags_unbounded, write_flag, write_flags,
+};
 use gp2p_tests::{needs, with_stream};
 
 #[test]
@@ -124,4 +127,62 @@ fn unbounded_waits_hold_the_stream_until_every_flag_equals_the_value_and_refuse_
     }
     stream.synchronize().unwrap();
     assert_eq!(get(AFTER), 2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_batch_notes_holds_until_the_flag_has_a_bit_of_the_mask_and_notes_again_in_order() {
+    let [(device, stream)] = needs!(gpus: 1).map(with_stream);
+    const WORDS: usize = 4;
+    const LEFT: u32 = 1 << 31;
+    let (progress, flag, after) = (0, 1, 3);
+    let mut host = PinnedBuffer::<u32>::alloc(&device, WORDS).unwrap();
+    host.as_mut_slice().unwrap().fill(0);
+    let base = mapped_device_ptr(&device, host.host_ptr().cast()).unwrap();
+    let word = |i: usize| base + 4 * i as u64;
+    let words = host.host_ptr().cast_mut();
+    // Volatile, one word at a time, as the GPU reads and writes them.
+    let set = |i: usize, value: u32| {
+        assert!(i < WORDS);
+        // SAFETY: a word of the live buffer (checked just above).
+        unsafe { words.add(i).write_volatile(value) };
+    };
+    let get = |i: usize| {
+        assert!(i < WORDS);
+        // SAFETY: as for `set`.
+        unsafe { words.add(i).read_volatile() }
+    };
+    set(flag, 1);
+    // SAFETY: words of a live mapped pinned buffer, kept until the sync; the host sets the
+    // flag's other bit below, before it waits for the stream.
+    unsafe {
+        mem_ops(
+            &stream,
+            &[
+                MemOp::Note { flag: word(progress), value: 5 },
+                MemOp::WaitAny { flag: word(flag), mask: 2 },
+                MemOp::Note { flag: word(progress), value: 5 | LEFT },
+            ],
+        )
+        .unwrap();
+        write_flag(&stream, word(after), 1).unwrap();
+    }
+    // The flag holds the other bit only: the batch holds after its first note.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (noted, while_held) = (get(progress), get(after));
+    set(flag, 3); // both bits: what the watchdog writes to end any watched wait
+    stream.synchronize().unwrap();
+    assert_eq!((noted, while_held), (5, 0), "the first note ran and the wait held");
+    assert_eq!((get(progress), get(after)), (5 | LEFT, 1), "then the second note and the write after");
+
+    // Refused before any work: too many operations, a missing or misaligned flag.
+    let too_many = vec![MemOp::Note { flag: word(progress), value: 1 }; MAX_MEM_OPS + 1];
+    // SAFETY: refused before the driver sees them (and would be valid words if not).
+    let refused = unsafe { mem_ops(&stream, &too_many) }.unwrap_err();
+    assert!(matches!(refused, CudaError::InvalidArgument { name: "ops", .. }), "{refused}");
+    for bad in [0, word(flag) + 2] {
+        // SAFETY: as above.
+        let refused = unsafe { mem_ops(&stream, &[MemOp::WaitAny { flag: bad, mask: 1 }]) }.unwrap_err();
+        assert!(matches!(refused, CudaError::InvalidArgument { name: "flag", .. }), "{refused}");
+    }
 }

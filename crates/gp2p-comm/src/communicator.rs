@@ -9,6 +9,7 @@
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 use std::mem::ManuallyDrop;
@@ -98,7 +99,9 @@ pub struct Communicator {
     waits: FlagWaits,
     /// Where the waits are watched, the thread that ends them (see `watchdog`); told to stop
     /// when dropped.
-    _watchdog: Option<watchdog::Watchdog>,
+    watchdog: Option<watchdog::Watchdog>,
+    /// The number each lane's last watched wait took, shared with the watchdog.
+    numbers: Arc<[AtomicU32; 2]>,
     /// [`CommOptions::chunk_blocks`].
     chunk_blocks: usize,
     /// Among more than two ranks, which all-reduce a size takes (the cost model's choice,
@@ -180,6 +183,7 @@ impl Communicator {
         let mut pipeline = Pipeline::new(device, options.slots)?;
         let replay_calls =
             crate::replay::resolve(options.replay_calls, std::env::var(crate::REPLAY_VAR).ok().as_deref())?;
+        watchdog::refuse_replays(options.waits, replay_calls)?;
         // The call count and the kernels' ticket (see gp2p_kernels::chunks_kernel_name), zero
         // before any kernel can read them.
         let seq_counter = DeviceBuffer::<u32>::zeroed(device, 2)?;
@@ -215,10 +219,15 @@ impl Communicator {
                 ),
             });
         }
+        let numbers = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
         let watchdog = match options.waits {
-            FlagWaits::Watched => {
-                Some(watchdog::Watchdog::start(Arc::clone(&segment), &layout, rank, options.peer_timeout)?)
-            }
+            FlagWaits::Watched => Some(watchdog::Watchdog::start(
+                Arc::clone(&segment),
+                &layout,
+                rank,
+                options.peer_timeout,
+                Arc::clone(&numbers),
+            )?),
             _ => None,
         };
         if replay_calls && !peers_in_this_process {
@@ -237,7 +246,8 @@ impl Communicator {
             pipeline,
             timeout: options.peer_timeout,
             waits: options.waits,
-            _watchdog: watchdog,
+            watchdog,
+            numbers,
             chunk_blocks: options.chunk_blocks,
             many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced: options.algorithm },
             last: None,
@@ -471,6 +481,7 @@ impl Communicator {
 
     /// Enqueue a checked call's pipeline on `stream` (see [`Communicator::call`]).
     fn enqueue(&mut self, stream: &Stream, transfer: Transfer, note: impl FnOnce(&StreamPoint)) -> Result<()> {
+        watchdog::refuse_capture(self.waits, stream)?;
         let launch = |comm: &mut Self| {
             let side = comm.side();
             // SAFETY: the caller checked that every range of the transfer is device memory of
@@ -487,6 +498,7 @@ impl Communicator {
 
     /// Enqueue a checked call in rounds on `stream` (see [`Communicator::call`]).
     fn enqueue_many(&mut self, stream: &Stream, transfer: ManyTransfer, note: impl FnOnce(&StreamPoint)) -> Result<()> {
+        watchdog::refuse_capture(self.waits, stream)?;
         let launch = |comm: &mut Self| {
             let side = comm.side();
             // SAFETY: as for `enqueue`: the caller checked every buffer of the transfer (on this
@@ -513,6 +525,7 @@ impl Communicator {
                 },
                 FlagWaits::Unbounded => Waits::Unbounded,
             },
+            numbers: &self.numbers,
             scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
             // SAFETY: `marking` is set only while `framed` launches a call, and `framed` notes
             // the call's point on the timeline once the call's streams have joined.
@@ -557,9 +570,10 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         if self.capture == Capture::Used {
             // A captured graph may still be launched: its staging, counter, scratch, wires and
-            // sums stay, unfreed.
+            // sums stay, unfreed, and its watchdog, if any, watches on.
             std::mem::forget(self.wires.take());
             std::mem::forget(self.sums.take());
+            std::mem::forget(self.watchdog.take());
             return;
         }
         // SAFETY: dropped once, here, and not used again; the lifetime rule defers the actual

@@ -20,6 +20,7 @@
 #![allow(unsafe_code)]
 
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU32;
 
 use gp2p_cuda::raw::{GiveUp, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, write_flag};
 use gp2p_cuda::{Captured, Device, Event, EventKind, RawDevicePtr, SourceMemory, Stream, StreamFork, Timeline};
@@ -87,6 +88,8 @@ pub(crate) struct RankSide<'a> {
     pub(crate) rank: usize,
     /// How each wait for a peer's flag runs, and how long a bounded one may last.
     pub(crate) waits: Waits,
+    /// The number each lane's last watched wait took (see `wait::FlagWait`).
+    pub(crate) numbers: &'a [AtomicU32; 2],
     /// Device memory of a slot's size, only for the receive stream: where a chunk to fold
     /// lands by DMA first. None: the fold reads the slot in place (zero-copy).
     pub(crate) scratch: Option<RawDevicePtr>,
@@ -98,10 +101,10 @@ pub(crate) struct RankSide<'a> {
 impl RankSide<'_> {
     /// This rank's waits for flags: a bounded one gives up into the rank's failed word and
     /// the communicator's broken word, and returns at once where either is set.
-    fn flag_wait(&self) -> FlagWait {
+    fn flag_wait(&self) -> FlagWait<'_> {
         let word = |offset: usize| self.staging.device + offset as u64;
         let give_up = GiveUp { failed: word(self.layout.flag(self.rank)), broken: word(self.layout.broken()) };
-        FlagWait::new(self.waits, give_up)
+        FlagWait::new(self.waits, give_up, self.numbers)
     }
 }
 

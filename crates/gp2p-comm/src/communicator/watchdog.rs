@@ -1,24 +1,28 @@
 //! The watchdog of a communicator whose pipeline waits by stream memory operations
 //! ([`crate::FlagWaits::Watched`]): such a wait holds its stream until its flag is set and
 //! never gives up by itself, so a thread of the rank does what the wait kernel's clock does.
-//! Each watched wait writes its lane's progress word when it starts holding (its number) and
-//! when it ends ([`LEFT`] added); the thread reads the two words every few milliseconds, and
-//! where one has shown the same waiting number for the peer timeout it sets the rank's
-//! give-up word and the communicator's broken word, as a wait kernel that gives up does.
-//! Once the communicator is broken (by this rank, another, or an abort), it writes
-//! [`RELEASED`], which ends every watched wait, into every flag of the pipeline, over and
-//! over while this rank still waits: whatever the calls still in flight were folding is left
-//! part-done, and the next call reports why. It never touches the GPU, and it outlives the
-//! communicator only while this rank's waits are in flight.
+//! Each watched wait takes the next number of its lane (rising across runs and calls, the
+//! host's count shared with the thread) and writes it to its lane's progress word when it
+//! starts holding, and again with [`LEFT`] added when it ends. The thread reads the two words
+//! every few milliseconds; where one has shown the same waiting number for the peer timeout
+//! it sets the rank's give-up word and the communicator's broken word, as a wait kernel that
+//! gives up does. Once the communicator is broken (by this rank, another, or an abort), it
+//! writes [`RELEASED`], which ends every watched wait, into every flag of the pipeline, over
+//! and over while this rank still waits: whatever the calls in flight were folding is left
+//! part-done, and the next call reports why. It never touches the GPU. Told to stop (the
+//! communicator dropped), it goes on until every wait enqueued has ended, or until nothing
+//! has moved for twice the timeout (a context that died mid-wait).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use gp2p_cuda::Stream;
+
 use crate::layout::Layout;
 use crate::pipeline::{LEFT, RELEASED, WATCHED_EMPTY};
 use crate::registration::word;
-use crate::{Result, Segment};
+use crate::{Error, FlagWaits, Result, Segment};
 
 /// How often the thread looks while a wait is in flight, and while none is.
 const LOOK_WAITING: Duration = Duration::from_millis(2);
@@ -37,20 +41,28 @@ pub(crate) enum Verdict {
     Release,
 }
 
-/// The state of the watchdog's looks: each lane's waiting number and since when it was seen.
+/// The state of the watchdog's looks: each lane's waiting number and since when it was seen,
+/// and when it last looked.
 #[derive(Debug)]
 pub(crate) struct Watch {
     timeout: Duration,
     seen: [Option<(u32, Instant)>; 2],
+    last_look: Option<Instant>,
 }
 
 impl Watch {
     pub(crate) fn new(timeout: Duration) -> Watch {
-        Watch { timeout, seen: [None, None] }
+        Watch { timeout, seen: [None, None], last_look: None }
     }
 
-    /// One look at the two lanes' progress words and the broken word, at `now`.
+    /// One look at the two lanes' progress words and the broken word, at `now`. A look long
+    /// after the one before (the thread not run for a quarter of the timeout) starts every
+    /// clock afresh: what happened between is unknown, and giving up wrongly breaks every rank.
     pub(crate) fn look(&mut self, progress: [u32; 2], broken: bool, now: Instant) -> Verdict {
+        if self.last_look.is_some_and(|last| now.duration_since(last) > self.timeout / 4) {
+            self.seen = [None, None];
+        }
+        self.last_look = Some(now);
         let mut waiting = false;
         let mut overdue = false;
         for (seen, word) in self.seen.iter_mut().zip(progress) {
@@ -74,11 +86,45 @@ impl Watch {
     }
 }
 
+/// Whether every wait enqueued has ended: each lane's word shows its last number (the host's
+/// count, `numbers`) ended, or no number was ever taken.
+pub(crate) fn all_ended(progress: [u32; 2], numbers: [u32; 2]) -> bool {
+    progress.into_iter().zip(numbers).all(|(word, last)| last == 0 || word == last | LEFT)
+}
+
 /// A rank's watchdog thread, told to stop when dropped (it stops once no wait of the rank is
 /// in flight; dropping never waits for it).
 #[derive(Debug)]
 pub(crate) struct Watchdog {
     stop: Arc<AtomicBool>,
+}
+
+/// Refuse watched waits where calls replay from graphs (`crate::replay`): a graph repeats
+/// its waits' numbers, which the watchdog tells waits apart by.
+pub(crate) fn refuse_replays(waits: FlagWaits, replay_calls: bool) -> Result<()> {
+    if waits == FlagWaits::Watched && replay_calls {
+        return Err(Error::InvalidOption {
+            name: "waits",
+            reason: "watched: calls replayed from graphs (GP2P_REPLAY, CommOptions::replay_calls) would repeat their \
+                     waits' numbers, which the watchdog tells waits apart by; take FlagWaits::Kernel, or replays off"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuse a call of the pipeline on a capturing stream where the waits are watched, before it
+/// is enqueued (the communicator stays whole), for the same reason.
+pub(crate) fn refuse_capture(waits: FlagWaits, stream: &Stream) -> Result<()> {
+    if waits == FlagWaits::Watched && stream.is_capturing()? {
+        return Err(Error::InvalidOption {
+            name: "waits",
+            reason: "watched: a call of the pipeline cannot be captured into a graph (its waits' numbers would repeat \
+                     at every launch); take FlagWaits::Kernel for graphs"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// Every flag this rank writes as a writer, set empty the watched way before any rank can
@@ -93,14 +139,21 @@ pub(crate) fn set_own_flags_empty(segment: &Segment, layout: &Layout, rank: usiz
 }
 
 impl Watchdog {
-    /// Start the thread watching `rank`'s waits in `segment` with `layout`.
-    pub(crate) fn start(segment: Arc<Segment>, layout: &Layout, rank: usize, timeout: Duration) -> Result<Watchdog> {
+    /// Start the thread watching `rank`'s waits in `segment` with `layout`, the lanes' last
+    /// numbers in `numbers`.
+    pub(crate) fn start(
+        segment: Arc<Segment>,
+        layout: &Layout,
+        rank: usize,
+        timeout: Duration,
+        numbers: Arc<[AtomicU32; 2]>,
+    ) -> Result<Watchdog> {
         let words = Words::of(&segment, layout, rank)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
         std::thread::Builder::new()
             .name(format!("gp2p-watchdog-{rank}"))
-            .spawn(move || watch(&segment, &words, timeout, &stopped))
+            .spawn(move || watch(&segment, &words, timeout, &numbers, &stopped))
             .map_err(|e| crate::Error::InvalidOption {
                 name: "waits",
                 reason: format!("the watched waits' thread could not start ({e}); use FlagWaits::Kernel"),
@@ -140,15 +193,26 @@ impl Words {
     }
 }
 
-/// The thread: look, give up or release, until told to stop with no wait in flight.
-fn watch(segment: &Segment, words: &Words, timeout: Duration, stop: &AtomicBool) {
+/// The thread: look, give up or release, until told to stop and every wait enqueued has
+/// ended, or nothing has moved for twice the timeout.
+fn watch(segment: &Segment, words: &Words, timeout: Duration, numbers: &[AtomicU32; 2], stop: &AtomicBool) {
     let at = |offset: usize| -> Option<&AtomicU32> { word(segment, offset).ok() };
     let mut watch = Watch::new(timeout);
+    let mut moved = (None, Instant::now());
     loop {
         let progress = words.progress.map(|o| at(o).map_or(0, |w| w.load(Ordering::Acquire)));
         let broken = at(words.broken).is_some_and(|w| w.load(Ordering::Acquire) != 0);
-        match watch.look(progress, broken, Instant::now()) {
-            Verdict::Idle if stop.load(Ordering::Relaxed) => return,
+        let now = Instant::now();
+        if moved.0 != Some(progress) {
+            moved = (Some(progress), now);
+        }
+        if stop.load(Ordering::Acquire) {
+            let last = [0, 1].map(|lane| numbers[lane].load(Ordering::Acquire));
+            if all_ended(progress, last) || now.duration_since(moved.1) > 2 * timeout {
+                return;
+            }
+        }
+        match watch.look(progress, broken, now) {
             Verdict::Idle => std::thread::sleep(LOOK_IDLE),
             Verdict::Waiting => std::thread::sleep(LOOK_WAITING),
             Verdict::GiveUp => {
@@ -178,28 +242,64 @@ mod tests {
     use super::*;
 
     #[test]
+    fn watched_waits_refuse_replays_and_other_waits_do_not() {
+        for waits in FlagWaits::ALL {
+            assert!(refuse_replays(waits, false).is_ok());
+            let refused = refuse_replays(waits, true);
+            assert_eq!(refused.is_err(), waits == FlagWaits::Watched, "{waits:?}");
+            if let Err(e) = refused {
+                assert!(e.to_string().contains("GP2P_REPLAY") && e.to_string().contains("Kernel"), "{e}");
+            }
+        }
+    }
+
+    #[test]
     fn a_wait_that_holds_its_number_for_the_timeout_is_given_up_and_a_broken_one_released() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut watch = Watch::new(Duration::from_millis(100));
-        assert_eq!(watch.look([0, 0], false, at(0)), Verdict::Idle, "no wait yet");
-        assert_eq!(watch.look([3 | LEFT, 0], true, at(0)), Verdict::Idle, "waits ended: nothing to release");
-        // Lane 0 waits on its wait 3, lane 1 on its 5 then moves on: neither lasts 100 ms.
-        assert_eq!(watch.look([3, 5], false, at(10)), Verdict::Waiting);
-        assert_eq!(watch.look([3, 6], false, at(90)), Verdict::Waiting);
-        assert_eq!(watch.look([3 | LEFT, 6], false, at(105)), Verdict::Waiting, "lane 0 ended, lane 1 from 90");
-        assert_eq!(watch.look([4, 6], false, at(189)), Verdict::Waiting, "lane 1 at 99 ms");
-        assert_eq!(watch.look([4, 6], false, at(190)), Verdict::GiveUp, "lane 1 at 100 ms");
+        // Looks every 10 ms (well within a quarter of the timeout) from `from` to `to`, all
+        // seeing `progress`: the verdict of each.
+        let mut looks = |from: u64, to: u64, progress: [u32; 2], broken: bool| -> Vec<Verdict> {
+            (from..=to).step_by(10).map(|ms| watch.look(progress, broken, at(ms))).collect()
+        };
+        assert_eq!(looks(0, 0, [0, 0], false), [Verdict::Idle], "no wait yet");
+        assert_eq!(looks(10, 10, [3 | LEFT, 0], true), [Verdict::Idle], "waits ended: nothing to release");
+        // Lane 0 waits on its wait 3, lane 1 on its 5 then its 6: neither lasts 100 ms.
+        assert!(looks(20, 90, [3, 5], false).iter().all(|v| *v == Verdict::Waiting));
+        assert!(looks(100, 110, [3, 6], false).iter().all(|v| *v == Verdict::Waiting), "lane 0 at 90 ms");
+        assert_eq!(looks(120, 120, [3, 6], false), [Verdict::GiveUp], "lane 0 at 100 ms");
+        // Lane 0's wait ends; lane 1's 6, from 100 ms, lasts to 200.
+        assert!(looks(130, 190, [3 | LEFT, 6], false).iter().all(|v| *v == Verdict::Waiting));
+        assert_eq!(looks(200, 200, [3 | LEFT, 6], false), [Verdict::GiveUp]);
         // Once broken, a wait in flight is released, however new.
-        assert_eq!(watch.look([4, 7], true, at(191)), Verdict::Release);
-        assert_eq!(watch.look([4 | LEFT, 7 | LEFT], true, at(192)), Verdict::Idle);
+        assert_eq!(looks(210, 210, [4, 6 | LEFT], true), [Verdict::Release]);
+        assert_eq!(looks(220, 220, [4 | LEFT, 6 | LEFT], true), [Verdict::Idle]);
+        // A look a quarter of the timeout after the one before starts the clocks afresh.
+        let mut watch = Watch::new(Duration::from_millis(100));
+        assert_eq!(watch.look([9, 0], false, at(0)), Verdict::Waiting);
+        assert_eq!(watch.look([9, 0], false, at(26)), Verdict::Waiting, "26 ms unlooked: from here");
+        assert_eq!(watch.look([9, 0], false, at(50)), Verdict::Waiting);
+        assert_eq!(watch.look([9, 0], false, at(75)), Verdict::Waiting);
+        assert_eq!(watch.look([9, 0], false, at(100)), Verdict::Waiting);
+        assert_eq!(watch.look([9, 0], false, at(125)), Verdict::Waiting, "99 ms from the fresh start");
+        assert_eq!(watch.look([9, 0], false, at(126)), Verdict::GiveUp, "100 ms from the fresh start");
         // A number seen again after a wait that ended starts its clock afresh.
         let mut watch = Watch::new(Duration::from_millis(100));
         assert_eq!(watch.look([1, 0], false, at(0)), Verdict::Waiting);
         assert_eq!(watch.look([1 | LEFT, 0], false, at(60)), Verdict::Idle);
-        assert_eq!(watch.look([1, 0], false, at(120)), Verdict::Waiting, "120 ms after the first, 0 after this");
-        assert_eq!(watch.look([1, 0], false, at(219)), Verdict::Waiting);
-        assert_eq!(watch.look([1, 0], false, at(220)), Verdict::GiveUp);
+        assert_eq!(watch.look([1, 0], false, at(80)), Verdict::Waiting, "80 ms after the first, 0 after this");
+        assert_eq!(watch.look([1, 0], false, at(100)), Verdict::Waiting);
+        assert_eq!(watch.look([1, 0], false, at(120)), Verdict::Waiting);
+        assert_eq!(watch.look([1, 0], false, at(140)), Verdict::Waiting);
+        assert_eq!(watch.look([1, 0], false, at(160)), Verdict::Waiting);
+        assert_eq!(watch.look([1, 0], false, at(180)), Verdict::GiveUp);
+        // Every wait enqueued has ended where each lane shows its last number ended.
+        assert!(all_ended([0, 0], [0, 0]), "none taken");
+        assert!(all_ended([4 | LEFT, 0], [4, 0]));
+        assert!(!all_ended([4, 0], [4, 0]), "lane 0's last still holds");
+        assert!(!all_ended([3 | LEFT, 0], [4, 0]), "lane 0's last not yet started");
+        assert!(!all_ended([4 | LEFT, 0], [4, 1]), "lane 1's only wait not yet started");
     }
 
     #[test]
@@ -220,8 +320,9 @@ mod tests {
         // Rank 0's send lane enters its wait 2 and stays there.
         w(layout.progress(0, 0)).store(2, Ordering::Release);
         let started = Instant::now();
-        let dog = Watchdog::start(Arc::clone(&segment), &layout, 0, Duration::from_millis(50)).unwrap();
-        drop(dog); // told to stop: it still watches while a wait is in flight
+        let numbers = Arc::new([AtomicU32::new(2), AtomicU32::new(0)]);
+        let dog = Watchdog::start(Arc::clone(&segment), &layout, 0, Duration::from_millis(50), numbers).unwrap();
+        drop(dog); // told to stop: it still watches while a wait enqueued has not ended
         let deadline = started + Duration::from_secs(10);
         while w(first + 4 * (count - 1)).load(Ordering::Acquire) != RELEASED {
             assert!(Instant::now() < deadline, "no release within 10 s");
@@ -231,11 +332,12 @@ mod tests {
         assert_eq!(w(layout.flag(0)).load(Ordering::Acquire), 1, "this rank gave up");
         assert_eq!(w(layout.broken()).load(Ordering::Acquire), 1, "and broke the communicator");
         assert!((0..count).all(|i| w(first + 4 * i).load(Ordering::Acquire) == RELEASED), "every flag released");
-        // The wait ends (as the GPU's would once released): the thread stops writing.
+        // The wait ends (as the GPU's would once released): every wait enqueued has ended, so
+        // the thread, told to stop, ends (and lets go of the segment).
         w(layout.progress(0, 0)).store(2 | LEFT, Ordering::Release);
-        std::thread::sleep(Duration::from_millis(100));
-        w(first).store(WATCHED_EMPTY, Ordering::Release);
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(w(first).load(Ordering::Acquire), WATCHED_EMPTY, "still releasing after the waits ended");
+        while Arc::strong_count(&segment) > 1 {
+            assert!(Instant::now() < deadline, "the thread did not end within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! lasted too long.
 #![allow(unsafe_code)]
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use gp2p_cuda::raw::{
     GiveUp, MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, mem_ops, wait_flag, wait_flags, wait_flags_unbounded,
@@ -42,22 +42,29 @@ pub(crate) enum Waits {
 }
 
 /// A rank's waits for flags in one run of a call: [`Waits`] with the words a bounded wait
-/// reports to, and the number of each lane's watched waits so far.
+/// reports to, and the number each lane's last watched wait took (the rank's, shared with
+/// its watchdog: numbers rise across runs and calls, so one seen twice is one wait).
 #[derive(Debug)]
-pub(super) struct FlagWait {
+pub(super) struct FlagWait<'a> {
     waits: Waits,
     give_up: GiveUp,
-    numbered: [Cell<u32>; 2],
+    numbers: &'a [AtomicU32; 2],
+}
+
+/// The number after `number` (from 1, short of [`LEFT`], then round again).
+pub(crate) fn next_number(number: u32) -> u32 {
+    number % (LEFT - 1) + 1
 }
 
 // One wait covers a slot's flag of every rank: a world the communicator takes never makes
 // more than a batch holds, with a watched wait's two progress writes.
 const _: () = assert!(crate::MAX_RANKS <= MAX_FLAG_BATCH);
 
-impl FlagWait {
-    /// A rank's waits as `waits` makes them, a bounded one giving up into `give_up`.
-    pub(super) fn new(waits: Waits, give_up: GiveUp) -> FlagWait {
-        FlagWait { waits, give_up, numbered: [Cell::new(0), Cell::new(0)] }
+impl<'a> FlagWait<'a> {
+    /// A rank's waits as `waits` makes them, a bounded one giving up into `give_up`, watched
+    /// ones numbered on from `numbers`.
+    pub(super) fn new(waits: Waits, give_up: GiveUp, numbers: &'a [AtomicU32; 2]) -> FlagWait<'a> {
+        FlagWait { waits, give_up, numbers }
     }
 
     /// The value a flag holds for `value` ([`EMPTY`] or [`FULL`]) under these waits.
@@ -94,8 +101,12 @@ impl FlagWait {
                 Waits::Bounded { timeout_ns } => wait_flags(stream, flags, count, value, self.give_up, timeout_ns)?,
                 Waits::Watched { progress } => {
                     let lane = lane as usize;
-                    let number = self.numbered[lane].get() % (LEFT - 1) + 1;
-                    self.numbered[lane].set(number);
+                    // Taken before the batch is enqueued: the watchdog may read it at once.
+                    let number = match self.numbers[lane]
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(next_number(n)))
+                    {
+                        Ok(before) | Err(before) => next_number(before),
+                    };
                     let word = progress[lane];
                     if count + 2 > MAX_MEM_OPS {
                         return Err(gp2p_cuda::Error::InvalidArgument {
@@ -106,11 +117,12 @@ impl FlagWait {
                     }
                     // Entered, every flag's wait, left: one batch.
                     let mask = self.value(value);
-                    let mut ops = [MemOp::Write { flag: word, value: number }; MAX_MEM_OPS];
+                    // The notes vouch for nothing else written: no memory barrier.
+                    let mut ops = [MemOp::Note { flag: word, value: number }; MAX_MEM_OPS];
                     for (i, op) in ops[1..=count].iter_mut().enumerate() {
                         *op = MemOp::WaitAny { flag: flags + 4 * i as u64, mask };
                     }
-                    ops[count + 1] = MemOp::Write { flag: word, value: number | LEFT };
+                    ops[count + 1] = MemOp::Note { flag: word, value: number | LEFT };
                     mem_ops(stream, &ops[..count + 2])?;
                 }
             }
@@ -125,7 +137,8 @@ mod tests {
 
     #[test]
     fn one_released_value_ends_both_kinds_of_watched_wait_and_no_other_value_ends_both() {
-        let wait = FlagWait::new(Waits::Watched { progress: [4, 8] }, GiveUp { failed: 12, broken: 16 });
+        let numbers = [AtomicU32::new(0), AtomicU32::new(0)];
+        let wait = FlagWait::new(Waits::Watched { progress: [4, 8] }, GiveUp { failed: 12, broken: 16 }, &numbers);
         let (full, empty) = (wait.value(FULL), wait.value(EMPTY));
         // A wait holds until the flag has a bit of the mask: the value it waits for.
         let ends = |flag: u32, mask: u32| flag & mask != 0;
@@ -134,9 +147,12 @@ mod tests {
         assert!(ends(RELEASED, full) && ends(RELEASED, empty), "the released value ends both");
         assert!(!ends(0, full) && !ends(0, empty), "a flag never set ends neither");
         assert_eq!(LEFT & (full | empty | RELEASED), 0);
+        // Numbers run from 1 short of LEFT, round again, never 0 and never with LEFT.
+        assert_eq!((next_number(0), next_number(1), next_number(LEFT - 2)), (1, 2, LEFT - 1));
+        assert_eq!(next_number(LEFT - 1), 1);
         // The kernel's and the unbounded waits keep the values the steps name.
         for waits in [Waits::Bounded { timeout_ns: 1 }, Waits::Unbounded] {
-            let plain = FlagWait::new(waits, GiveUp { failed: 12, broken: 16 });
+            let plain = FlagWait::new(waits, GiveUp { failed: 12, broken: 16 }, &numbers);
             assert_eq!((plain.value(EMPTY), plain.value(FULL)), (EMPTY, FULL));
         }
     }

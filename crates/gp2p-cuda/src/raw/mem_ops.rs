@@ -23,6 +23,9 @@ pub enum MemOp {
     /// Write `value`, once the stream's work before has completed and its writes are visible
     /// (the default memory barrier).
     Write { flag: RawDevicePtr, value: u32 },
+    /// Write `value` once the stream's work before has completed, with no memory barrier:
+    /// for a word that vouches for nothing else written (a note of progress).
+    Note { flag: RawDevicePtr, value: u32 },
     /// Hold the stream until the flag equals `value`.
     WaitEq { flag: RawDevicePtr, value: u32 },
     /// Hold the stream until the flag has one of `mask`'s bits set.
@@ -32,7 +35,10 @@ pub enum MemOp {
 impl MemOp {
     fn flag(self) -> RawDevicePtr {
         match self {
-            MemOp::Write { flag, .. } | MemOp::WaitEq { flag, .. } | MemOp::WaitAny { flag, .. } => flag,
+            MemOp::Write { flag, .. }
+            | MemOp::Note { flag, .. }
+            | MemOp::WaitEq { flag, .. }
+            | MemOp::WaitAny { flag, .. } => flag,
         }
     }
 
@@ -52,19 +58,25 @@ impl MemOp {
                 alias: 0,
             }
         };
+        let write = |address, value: u32, flags: sys::CUstreamWriteValue_flags| {
+            sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+                operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                address,
+                // As above.
+                __bindgen_anon_1: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                    value64: u64::from(value),
+                },
+                flags: flags as u32,
+                alias: 0,
+            }
+        };
         match self {
             MemOp::Write { flag, value } => {
-                op.writeValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
-                    operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
-                    address: flag,
-                    // As above.
-                    __bindgen_anon_1:
-                        sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
-                            value64: u64::from(value),
-                        },
-                    flags: sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-                    alias: 0,
-                };
+                op.writeValue = write(flag, value, sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT);
+            }
+            MemOp::Note { flag, value } => {
+                op.writeValue =
+                    write(flag, value, sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
             }
             MemOp::WaitEq { flag, value } => {
                 op.waitValue = wait(flag, value, sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ);
@@ -198,6 +210,11 @@ mod tests {
     fn each_operation_names_its_flag_and_the_driver_s_kind_and_condition() {
         let cases = [
             (MemOp::Write { flag: 0x1000, value: 7 }, sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32, 0),
+            (
+                MemOp::Note { flag: 0x1800, value: 7 },
+                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32,
+            ),
             (
                 MemOp::WaitEq { flag: 0x2000, value: 7 },
                 sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32,
