@@ -10,8 +10,8 @@
 //! writes [`RELEASED`], which ends every watched wait, into every flag of the pipeline, over
 //! and over while this rank still waits: whatever the calls in flight were folding is left
 //! part-done, and the next call reports why. It never touches the GPU. Told to stop (the
-//! communicator dropped), it goes on until every wait enqueued has ended, or until nothing
-//! has moved for twice the timeout (a context that died mid-wait).
+//! communicator dropped), it goes on until every wait enqueued has ended, or, once broken,
+//! until nothing has moved for twice the timeout (a context that no longer runs).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -194,7 +194,7 @@ impl Words {
 }
 
 /// The thread: look, give up or release, until told to stop and every wait enqueued has
-/// ended, or nothing has moved for twice the timeout.
+/// ended, or, broken, nothing has moved for twice the timeout.
 fn watch(segment: &Segment, words: &Words, timeout: Duration, numbers: &[AtomicU32; 2], stop: &AtomicBool) {
     let at = |offset: usize| -> Option<&AtomicU32> { word(segment, offset).ok() };
     let mut watch = Watch::new(timeout);
@@ -208,7 +208,10 @@ fn watch(segment: &Segment, words: &Words, timeout: Duration, numbers: &[AtomicU
         }
         if stop.load(Ordering::Acquire) {
             let last = [0, 1].map(|lane| numbers[lane].load(Ordering::Acquire));
-            if all_ended(progress, last) || now.duration_since(moved.1) > 2 * timeout {
+            // A call not yet started is watched however long it takes to start; a broken
+            // communicator whose waits have not moved for twice the timeout, released, has a
+            // context that no longer runs.
+            if all_ended(progress, last) || (broken && now.duration_since(moved.1) > 2 * timeout) {
                 return;
             }
         }
