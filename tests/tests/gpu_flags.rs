@@ -159,15 +159,20 @@ fn a_batch_notes_holds_until_the_flag_has_a_bit_of_the_mask_and_notes_again_in_o
         mem_ops(
             &stream,
             &[
-                MemOp::Note { flag: word(progress), value: 5 },
+                MemOp::Write { flag: word(progress), value: 5 },
                 MemOp::WaitAny { flag: word(flag), mask: 2 },
-                MemOp::Note { flag: word(progress), value: 5 | LEFT },
+                MemOp::Write { flag: word(progress), value: 5 | LEFT },
             ],
         )
         .unwrap();
         write_flag(&stream, word(after), 1).unwrap();
     }
-    // The flag holds the other bit only: the batch holds after its first note.
+    // The flag holds the other bit only: the batch holds after its first note (seen within
+    // 10 s however the GPU is shared), and holds on for 100 ms more.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while get(progress) != 5 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     std::thread::sleep(std::time::Duration::from_millis(100));
     let (noted, while_held) = (get(progress), get(after));
     set(flag, 3); // both bits: what the watchdog writes to end any watched wait
@@ -176,7 +181,7 @@ fn a_batch_notes_holds_until_the_flag_has_a_bit_of_the_mask_and_notes_again_in_o
     assert_eq!((get(progress), get(after)), (5 | LEFT, 1), "then the second note and the write after");
 
     // Refused before any work: too many operations, a missing or misaligned flag.
-    let too_many = vec![MemOp::Note { flag: word(progress), value: 1 }; MAX_MEM_OPS + 1];
+    let too_many = vec![MemOp::Write { flag: word(progress), value: 1 }; MAX_MEM_OPS + 1];
     // SAFETY: refused before the driver sees them (and would be valid words if not).
     let refused = unsafe { mem_ops(&stream, &too_many) }.unwrap_err();
     assert!(matches!(refused, CudaError::InvalidArgument { name: "ops", .. }), "{refused}");

@@ -237,6 +237,7 @@ impl Communicator {
         if len == 0 {
             return Ok(());
         }
+        super::watchdog::refuse_capture(self.waits, stream)?;
         if self.world() == 1 {
             // Nothing travels: the input is the result, copied where it goes elsewhere.
             return self.all_reduce_checked::<T>(buf, len, stream, op, note);

@@ -28,6 +28,10 @@ use crate::{Error, FlagWaits, Result, Segment};
 const LOOK_WAITING: Duration = Duration::from_millis(2);
 const LOOK_IDLE: Duration = Duration::from_millis(20);
 
+/// A look later than this after the one before (and than a quarter of the timeout) was
+/// late: the time between is not counted against any wait.
+const LATE_FLOOR: Duration = Duration::from_millis(100);
+
 /// What one look at the progress words calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -55,12 +59,18 @@ impl Watch {
         Watch { timeout, seen: [None, None], last_look: None }
     }
 
-    /// One look at the two lanes' progress words and the broken word, at `now`. A look long
-    /// after the one before (the thread not run for a quarter of the timeout) starts every
-    /// clock afresh: what happened between is unknown, and giving up wrongly breaks every rank.
+    /// One look at the two lanes' progress words and the broken word, at `now`. A look late
+    /// after the one before (the thread not run for a quarter of the timeout, and at least
+    /// [`LATE_FLOOR`]) counts none of the time between against a wait: what happened then is
+    /// unknown, and giving up wrongly breaks every rank.
     pub(crate) fn look(&mut self, progress: [u32; 2], broken: bool, now: Instant) -> Verdict {
-        if self.last_look.is_some_and(|last| now.duration_since(last) > self.timeout / 4) {
-            self.seen = [None, None];
+        if let Some(last) = self.last_look {
+            let gap = now.duration_since(last);
+            if gap > (self.timeout / 4).max(LATE_FLOOR) {
+                for (_, since) in self.seen.iter_mut().flatten() {
+                    *since += gap;
+                }
+            }
         }
         self.last_look = Some(now);
         let mut waiting = false;
@@ -90,6 +100,12 @@ impl Watch {
 /// count, `numbers`) ended, or no number was ever taken.
 pub(crate) fn all_ended(progress: [u32; 2], numbers: [u32; 2]) -> bool {
     progress.into_iter().zip(numbers).all(|(word, last)| last == 0 || word == last | LEFT)
+}
+
+/// Whether every lane's last wait enqueued has started (ended or not): no later wait is left
+/// for the GPU to reach.
+pub(crate) fn all_started(progress: [u32; 2], numbers: [u32; 2]) -> bool {
+    progress.into_iter().zip(numbers).all(|(word, last)| last == 0 || word & !LEFT == last)
 }
 
 /// A rank's watchdog thread, told to stop when dropped (it stops once no wait of the rank is
@@ -164,7 +180,8 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        // Release: the thread that sees it sees every number taken before.
+        self.stop.store(true, Ordering::Release);
     }
 }
 
@@ -209,9 +226,10 @@ fn watch(segment: &Segment, words: &Words, timeout: Duration, numbers: &[AtomicU
         if stop.load(Ordering::Acquire) {
             let last = [0, 1].map(|lane| numbers[lane].load(Ordering::Acquire));
             // A call not yet started is watched however long it takes to start; a broken
-            // communicator whose waits have not moved for twice the timeout, released, has a
-            // context that no longer runs.
-            if all_ended(progress, last) || (broken && now.duration_since(moved.1) > 2 * timeout) {
+            // communicator whose last waits have started and not moved for twice the timeout,
+            // released, has a context that no longer runs.
+            let quiet = now.duration_since(moved.1) > 2 * timeout;
+            if all_ended(progress, last) || (broken && quiet && all_started(progress, last)) {
                 return;
             }
         }
@@ -278,15 +296,13 @@ mod tests {
         // Once broken, a wait in flight is released, however new.
         assert_eq!(looks(210, 210, [4, 6 | LEFT], true), [Verdict::Release]);
         assert_eq!(looks(220, 220, [4 | LEFT, 6 | LEFT], true), [Verdict::Idle]);
-        // A look a quarter of the timeout after the one before starts the clocks afresh.
+        // A late look (past the floor of 100 ms here) counts none of the time before it.
         let mut watch = Watch::new(Duration::from_millis(100));
         assert_eq!(watch.look([9, 0], false, at(0)), Verdict::Waiting);
-        assert_eq!(watch.look([9, 0], false, at(26)), Verdict::Waiting, "26 ms unlooked: from here");
-        assert_eq!(watch.look([9, 0], false, at(50)), Verdict::Waiting);
-        assert_eq!(watch.look([9, 0], false, at(75)), Verdict::Waiting);
-        assert_eq!(watch.look([9, 0], false, at(100)), Verdict::Waiting);
-        assert_eq!(watch.look([9, 0], false, at(125)), Verdict::Waiting, "99 ms from the fresh start");
-        assert_eq!(watch.look([9, 0], false, at(126)), Verdict::GiveUp, "100 ms from the fresh start");
+        assert_eq!(watch.look([9, 0], false, at(50)), Verdict::Waiting, "50 ms watched");
+        assert_eq!(watch.look([9, 0], false, at(250)), Verdict::Waiting, "200 ms unwatched: still 50");
+        assert_eq!(watch.look([9, 0], false, at(299)), Verdict::Waiting, "99 ms watched");
+        assert_eq!(watch.look([9, 0], false, at(300)), Verdict::GiveUp, "100 ms watched");
         // A number seen again after a wait that ended starts its clock afresh.
         let mut watch = Watch::new(Duration::from_millis(100));
         assert_eq!(watch.look([1, 0], false, at(0)), Verdict::Waiting);
@@ -303,6 +319,36 @@ mod tests {
         assert!(!all_ended([4, 0], [4, 0]), "lane 0's last still holds");
         assert!(!all_ended([3 | LEFT, 0], [4, 0]), "lane 0's last not yet started");
         assert!(!all_ended([4 | LEFT, 0], [4, 1]), "lane 1's only wait not yet started");
+        assert!(all_started([4, 1 | LEFT], [4, 1]) && !all_started([3 | LEFT, 0], [4, 0]));
+    }
+
+    #[test]
+    fn told_to_stop_the_thread_watches_until_the_last_wait_enqueued_has_ended() {
+        let id = match crate::UniqueId::new() {
+            Ok(id) => id,
+            Err(crate::Error::NoSharedMemory { .. }) => return, // no /dev/shm here
+            Err(e) => panic!("{e}"),
+        };
+        let options = crate::CommOptions { waits: crate::FlagWaits::Watched, ..crate::CommOptions::default() };
+        let layout = Layout::new(2, &options).unwrap();
+        let segment = Arc::new(Segment::join(&id, 0, 1, layout.staging_bytes(), Duration::from_secs(5)).unwrap());
+        let w = |offset: usize| word(&segment, offset).unwrap();
+        // Lane 0's wait 3 is enqueued; the GPU has ended its wait 2 and not reached 3.
+        w(layout.progress(0, 0)).store(2 | LEFT, Ordering::Release);
+        let numbers = Arc::new([AtomicU32::new(3), AtomicU32::new(0)]);
+        drop(Watchdog::start(Arc::clone(&segment), &layout, 0, Duration::from_secs(60), numbers).unwrap());
+        let alive = || Arc::strong_count(&segment) > 1;
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(alive(), "gone before wait 3 started");
+        w(layout.progress(0, 0)).store(3, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(alive(), "gone while wait 3 holds");
+        w(layout.progress(0, 0)).store(3 | LEFT, Ordering::Release);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive() {
+            assert!(Instant::now() < deadline, "still there 10 s after the last wait ended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]

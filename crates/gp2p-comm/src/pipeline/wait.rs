@@ -101,12 +101,9 @@ impl<'a> FlagWait<'a> {
                 Waits::Bounded { timeout_ns } => wait_flags(stream, flags, count, value, self.give_up, timeout_ns)?,
                 Waits::Watched { progress } => {
                     let lane = lane as usize;
-                    // Taken before the batch is enqueued: the watchdog may read it at once.
-                    let number = match self.numbers[lane]
-                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(next_number(n)))
-                    {
-                        Ok(before) | Err(before) => next_number(before),
-                    };
+                    // Counted once enqueued (a rank's calls enqueue from one thread at a time):
+                    // a number the GPU will never write would keep the watchdog waiting for it.
+                    let number = next_number(self.numbers[lane].load(Ordering::Acquire));
                     let word = progress[lane];
                     if count + 2 > MAX_MEM_OPS {
                         return Err(gp2p_cuda::Error::InvalidArgument {
@@ -117,13 +114,15 @@ impl<'a> FlagWait<'a> {
                     }
                     // Entered, every flag's wait, left: one batch.
                     let mask = self.value(value);
-                    // The notes vouch for nothing else written: no memory barrier.
-                    let mut ops = [MemOp::Note { flag: word, value: number }; MAX_MEM_OPS];
+                    // Notes with the default barrier: the driver's v2 batch takes no other, and
+                    // two notes of one word must not pass each other.
+                    let mut ops = [MemOp::Write { flag: word, value: number }; MAX_MEM_OPS];
                     for (i, op) in ops[1..=count].iter_mut().enumerate() {
                         *op = MemOp::WaitAny { flag: flags + 4 * i as u64, mask };
                     }
-                    ops[count + 1] = MemOp::Note { flag: word, value: number | LEFT };
+                    ops[count + 1] = MemOp::Write { flag: word, value: number | LEFT };
                     mem_ops(stream, &ops[..count + 2])?;
+                    self.numbers[lane].store(number, Ordering::Release);
                 }
             }
         }

@@ -23,9 +23,6 @@ pub enum MemOp {
     /// Write `value`, once the stream's work before has completed and its writes are visible
     /// (the default memory barrier).
     Write { flag: RawDevicePtr, value: u32 },
-    /// Write `value` once the stream's work before has completed, with no memory barrier:
-    /// for a word that vouches for nothing else written (a note of progress).
-    Note { flag: RawDevicePtr, value: u32 },
     /// Hold the stream until the flag equals `value`.
     WaitEq { flag: RawDevicePtr, value: u32 },
     /// Hold the stream until the flag has one of `mask`'s bits set.
@@ -35,10 +32,7 @@ pub enum MemOp {
 impl MemOp {
     fn flag(self) -> RawDevicePtr {
         match self {
-            MemOp::Write { flag, .. }
-            | MemOp::Note { flag, .. }
-            | MemOp::WaitEq { flag, .. }
-            | MemOp::WaitAny { flag, .. } => flag,
+            MemOp::Write { flag, .. } | MemOp::WaitEq { flag, .. } | MemOp::WaitAny { flag, .. } => flag,
         }
     }
 
@@ -73,10 +67,6 @@ impl MemOp {
         match self {
             MemOp::Write { flag, value } => {
                 op.writeValue = write(flag, value, sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT);
-            }
-            MemOp::Note { flag, value } => {
-                op.writeValue =
-                    write(flag, value, sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
             }
             MemOp::WaitEq { flag, value } => {
                 op.waitValue = wait(flag, value, sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ);
@@ -210,11 +200,6 @@ mod tests {
     fn each_operation_names_its_flag_and_the_driver_s_kind_and_condition() {
         let cases = [
             (MemOp::Write { flag: 0x1000, value: 7 }, sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32, 0),
-            (
-                MemOp::Note { flag: 0x1800, value: 7 },
-                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
-                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32,
-            ),
             (
                 MemOp::WaitEq { flag: 0x2000, value: 7 },
                 sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32,
