@@ -67,29 +67,47 @@ fn flag_batches_set_every_word_they_name_in_stream_order_and_refuse_what_they_ca
     assert_eq!(host.as_slice().unwrap(), want.as_slice());
 }
 
+/// Zeroed words of pinned memory that the GPU polls and writes, which the host sets and reads
+/// through the raw pointer, one volatile word at a time, never a slice over them.
+struct Words {
+    host: PinnedBuffer<u32>,
+    base: u64,
+}
+
+impl Words {
+    fn new(device: &geforce_p2p::Device, count: usize) -> Words {
+        let mut host = PinnedBuffer::<u32>::alloc(device, count).unwrap();
+        host.as_mut_slice().unwrap().fill(0);
+        let base = mapped_device_ptr(device, host.host_ptr().cast()).unwrap();
+        Words { host, base }
+    }
+
+    /// The device's address of word `i`.
+    fn device(&self, i: usize) -> u64 {
+        self.base + 4 * i as u64
+    }
+
+    fn set(&self, i: usize, value: u32) {
+        assert!(i < self.host.len());
+        // SAFETY: a word of the live buffer (checked just above).
+        unsafe { self.host.host_ptr().cast_mut().add(i).write_volatile(value) };
+    }
+
+    fn get(&self, i: usize) -> u32 {
+        assert!(i < self.host.len());
+        // SAFETY: as for `set`.
+        unsafe { self.host.host_ptr().add(i).read_volatile() }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn unbounded_waits_hold_the_stream_until_every_flag_equals_the_value_and_refuse_what_they_cannot_take() {
     let [(device, stream)] = needs!(gpus: 1).map(with_stream);
     const WORDS: usize = 8;
     const AFTER: usize = WORDS - 1;
-    let mut host = PinnedBuffer::<u32>::alloc(&device, WORDS).unwrap();
-    host.as_mut_slice().unwrap().fill(0);
-    let base = mapped_device_ptr(&device, host.host_ptr().cast()).unwrap();
-    let word = |i: usize| base + 4 * i as u64;
-    // The host sets and reads words the GPU polls and writes: through the raw pointer, one
-    // volatile word at a time, never a slice over them.
-    let words = host.host_ptr().cast_mut();
-    let set = |i: usize, value: u32| {
-        assert!(i < WORDS);
-        // SAFETY: a word of the live buffer (checked just above).
-        unsafe { words.add(i).write_volatile(value) };
-    };
-    let get = |i: usize| {
-        assert!(i < WORDS);
-        // SAFETY: as for `set`.
-        unsafe { words.add(i).read_volatile() }
-    };
+    let host = Words::new(&device, WORDS);
+    let (word, set, get) = (|i| host.device(i), |i, value| host.set(i, value), |i| host.get(i));
 
     // A wait on three flags for 5, then a write behind it.
     // SAFETY: words of a live mapped pinned buffer, 4-byte aligned, kept until the sync; the
@@ -136,22 +154,8 @@ fn a_batch_notes_holds_until_the_flag_has_a_bit_of_the_mask_and_notes_again_in_o
     const WORDS: usize = 4;
     const LEFT: u32 = 1 << 31;
     let (progress, flag, after) = (0, 1, 3);
-    let mut host = PinnedBuffer::<u32>::alloc(&device, WORDS).unwrap();
-    host.as_mut_slice().unwrap().fill(0);
-    let base = mapped_device_ptr(&device, host.host_ptr().cast()).unwrap();
-    let word = |i: usize| base + 4 * i as u64;
-    let words = host.host_ptr().cast_mut();
-    // Volatile, one word at a time, as the GPU reads and writes them.
-    let set = |i: usize, value: u32| {
-        assert!(i < WORDS);
-        // SAFETY: a word of the live buffer (checked just above).
-        unsafe { words.add(i).write_volatile(value) };
-    };
-    let get = |i: usize| {
-        assert!(i < WORDS);
-        // SAFETY: as for `set`.
-        unsafe { words.add(i).read_volatile() }
-    };
+    let host = Words::new(&device, WORDS);
+    let (word, set, get) = (|i| host.device(i), |i, value| host.set(i, value), |i| host.get(i));
     set(flag, 1);
     // SAFETY: words of a live mapped pinned buffer, kept until the sync; the host sets the
     // flag's other bit below, before it waits for the stream.

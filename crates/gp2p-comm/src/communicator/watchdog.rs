@@ -262,6 +262,20 @@ fn watch(segment: &Segment, words: &Words, timeout: Duration, numbers: &[AtomicU
 mod tests {
     use super::*;
 
+    /// A segment laid out for two ranks with watched waits, joined by this process alone as
+    /// rank 0; None where there is no /dev/shm.
+    fn watched_segment() -> Option<(Arc<Segment>, Layout)> {
+        let id = match crate::UniqueId::new() {
+            Ok(id) => id,
+            Err(crate::Error::NoSharedMemory { .. }) => return None,
+            Err(e) => panic!("{e}"),
+        };
+        let options = crate::CommOptions { waits: crate::FlagWaits::Watched, ..crate::CommOptions::default() };
+        let layout = Layout::new(2, &options).unwrap();
+        let segment = Segment::join(&id, 0, 1, layout.staging_bytes(), Duration::from_secs(5)).unwrap();
+        Some((Arc::new(segment), layout))
+    }
+
     #[test]
     fn watched_waits_refuse_replays_and_other_waits_do_not() {
         for waits in FlagWaits::ALL {
@@ -324,14 +338,7 @@ mod tests {
 
     #[test]
     fn told_to_stop_the_thread_watches_until_the_last_wait_enqueued_has_ended() {
-        let id = match crate::UniqueId::new() {
-            Ok(id) => id,
-            Err(crate::Error::NoSharedMemory { .. }) => return, // no /dev/shm here
-            Err(e) => panic!("{e}"),
-        };
-        let options = crate::CommOptions { waits: crate::FlagWaits::Watched, ..crate::CommOptions::default() };
-        let layout = Layout::new(2, &options).unwrap();
-        let segment = Arc::new(Segment::join(&id, 0, 1, layout.staging_bytes(), Duration::from_secs(5)).unwrap());
+        let Some((segment, layout)) = watched_segment() else { return };
         let w = |offset: usize| word(&segment, offset).unwrap();
         // Lane 0's wait 3 is enqueued; the GPU has ended its wait 2 and not reached 3.
         w(layout.progress(0, 0)).store(2 | LEFT, Ordering::Release);
@@ -353,14 +360,7 @@ mod tests {
 
     #[test]
     fn the_thread_gives_up_on_a_stuck_wait_then_releases_every_flag_and_stops_once_it_ends() {
-        let id = match crate::UniqueId::new() {
-            Ok(id) => id,
-            Err(crate::Error::NoSharedMemory { .. }) => return, // no /dev/shm here
-            Err(e) => panic!("{e}"),
-        };
-        let options = crate::CommOptions { waits: crate::FlagWaits::Watched, ..crate::CommOptions::default() };
-        let layout = Layout::new(2, &options).unwrap();
-        let segment = Arc::new(Segment::join(&id, 0, 1, layout.staging_bytes(), Duration::from_secs(5)).unwrap());
+        let Some((segment, layout)) = watched_segment() else { return };
         set_own_flags_empty(&segment, &layout, 0).unwrap();
         let w = |offset: usize| word(&segment, offset).unwrap();
         let (first, count) = layout.all_flags();
