@@ -3,8 +3,8 @@
 //! driver call) set every word they name to the value, in stream order, and no other word;
 //! a batch refuses more flags than it takes and a misaligned one before any work.
 //! `wait_flags_unbounded` holds a stream until every flag it names holds its value, and
-//! refuses what it cannot take likewise. A batch of notes and waits for any of a mask's bits
-//! (the watched waits' form) runs in order and holds where the flag has none of them.
+//! refuses what it cannot take likewise. A stream wait for any of a mask's bits with a note
+//! around it (the watched waits' form) runs in order and holds where the flag has none of them.
 
 // The flag writes are the driver's raw stream operations: unsafe fns over addresses.
 #![allow(unsafe_code)]
@@ -14,7 +14,8 @@
 use geforce_p2p::PinnedBuffer;
 use geforce_p2p::cuda::Error as CudaError;
 use geforce_p2p::cuda::raw::{
-    MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, mapped_device_ptr, mem_ops, wait_flags_unbounded, write_flag, write_flags,
+    MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, Note, Until, mapped_device_ptr, mem_ops, wait_flags_stream,
+    wait_flags_unbounded, write_flag, write_flags,
 };
 use gp2p_tests::{needs, with_stream};
 
@@ -160,15 +161,8 @@ fn a_batch_notes_holds_until_the_flag_has_a_bit_of_the_mask_and_notes_again_in_o
     // SAFETY: words of a live mapped pinned buffer, kept until the sync; the host sets the
     // flag's other bit below, before it waits for the stream.
     unsafe {
-        mem_ops(
-            &stream,
-            &[
-                MemOp::Write { flag: word(progress), value: 5 },
-                MemOp::WaitAny { flag: word(flag), mask: 2 },
-                MemOp::Write { flag: word(progress), value: 5 | LEFT },
-            ],
-        )
-        .unwrap();
+        let note = Note { word: word(progress), entered: 5, left: 5 | LEFT };
+        wait_flags_stream(&stream, word(flag), 1, Until::AnyBit(2), Some(note)).unwrap();
         write_flag(&stream, word(after), 1).unwrap();
     }
     // The flag holds the other bit only: the batch holds after its first note (seen within
@@ -193,5 +187,9 @@ fn a_batch_notes_holds_until_the_flag_has_a_bit_of_the_mask_and_notes_again_in_o
         // SAFETY: as above.
         let refused = unsafe { mem_ops(&stream, &[MemOp::WaitAny { flag: bad, mask: 1 }]) }.unwrap_err();
         assert!(matches!(refused, CudaError::InvalidArgument { name: "flag", .. }), "{refused}");
+        let note = Note { word: bad, entered: 1, left: 2 };
+        // SAFETY: as above.
+        let refused = unsafe { wait_flags_stream(&stream, word(flag), 1, Until::AnyBit(1), Some(note)) }.unwrap_err();
+        assert!(matches!(refused, CudaError::InvalidArgument { name: "note", .. }), "{refused}");
     }
 }

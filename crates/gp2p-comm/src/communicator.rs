@@ -98,8 +98,8 @@ pub struct Communicator {
     /// [`CommOptions::waits`].
     waits: FlagWaits,
     /// Where the waits are watched, the thread that ends them (see `watchdog`); told to stop
-    /// when dropped.
-    watchdog: Option<watchdog::Watchdog>,
+    /// when dropped, it goes on until every wait enqueued has ended.
+    _watchdog: Option<watchdog::Watchdog>,
     /// The number each lane's last watched wait took, shared with the watchdog.
     numbers: Arc<[AtomicU32; 2]>,
     /// [`CommOptions::chunk_blocks`].
@@ -246,7 +246,7 @@ impl Communicator {
             pipeline,
             timeout: options.peer_timeout,
             waits: options.waits,
-            watchdog,
+            _watchdog: watchdog,
             numbers,
             chunk_blocks: options.chunk_blocks,
             many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced: options.algorithm },
@@ -570,10 +570,10 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         if self.capture == Capture::Used {
             // A captured graph may still be launched: its staging, counter, scratch, wires and
-            // sums stay, unfreed, and its watchdog, if any, watches on.
+            // sums stay, unfreed. (No graph holds a watched wait: those calls refuse capture,
+            // so the watchdog stops as for any other drop.)
             std::mem::forget(self.wires.take());
             std::mem::forget(self.sums.take());
-            std::mem::forget(self.watchdog.take());
             return;
         }
         // SAFETY: dropped once, here, and not used again; the lifetime rule defers the actual

@@ -48,7 +48,10 @@ pub use exchange::{
     ChunkAreas, ChunkWaits, ChunksLaunch, ExchangeLines, ManyLines, Numbering, exchange, exchange_many,
     plan_exchange_chunks,
 };
-pub use mem_ops::{MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, mem_ops, wait_flags_unbounded, write_flag, write_flags};
+pub use mem_ops::{
+    MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, Note, Until, mem_ops, wait_flags_stream, wait_flags_unbounded, write_flag,
+    write_flags,
+};
 
 /// Enqueue an asynchronous copy of `bytes` bytes between the memories of two devices on
 /// `stream` (a stream of either device): one peer DMA where peer access is enabled, else

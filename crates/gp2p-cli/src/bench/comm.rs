@@ -144,7 +144,7 @@ pub struct CommArgs {
     /// default), watched (stream memory operations that the communicator's watchdog ends
     /// after the peer timeout) or unbounded (stream memory operations that nothing ends: a
     /// rank that dies hangs the others; for measuring what the kernel costs).
-    #[arg(long, default_value = "kernel", value_parser = parse_waits)]
+    #[arg(long, default_value = "kernel")]
     waits: FlagWaits,
 }
 
@@ -316,11 +316,6 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
 }
 
 /// Whether the cost model prices these rows: the exact all-reduce only.
-/// `--waits`: a [`FlagWaits`] by its name.
-fn parse_waits(text: &str) -> Result<FlagWaits, String> {
-    text.parse()
-}
-
 fn kind_is_priced(kind: CommCollective, compressed: Option<WireFormat>) -> bool {
     kind == CommCollective::AllReduce && compressed.is_none()
 }

@@ -164,12 +164,17 @@ impl Watchdog {
         timeout: Duration,
         numbers: Arc<[AtomicU32; 2]>,
     ) -> Result<Watchdog> {
-        let words = Words::of(&segment, layout, rank)?;
-        let stop = Arc::new(AtomicBool::new(false));
+        // Every word inside the segment, checked here, so the thread finds them too.
+        Words::of(&segment, layout, rank)?;
+        let (layout, stop) = (*layout, Arc::new(AtomicBool::new(false)));
         let stopped = Arc::clone(&stop);
         std::thread::Builder::new()
             .name(format!("gp2p-watchdog-{rank}"))
-            .spawn(move || watch(&segment, &words, timeout, &numbers, &stopped))
+            .spawn(move || {
+                if let Ok(words) = Words::of(&segment, &layout, rank) {
+                    watch(&words, timeout, &numbers, &stopped);
+                }
+            })
             .map_err(|e| crate::Error::InvalidOption {
                 name: "waits",
                 reason: format!("the watched waits' thread could not start ({e}); use FlagWaits::Kernel"),
@@ -185,46 +190,40 @@ impl Drop for Watchdog {
     }
 }
 
-/// The offsets the thread reads and writes.
-struct Words {
-    progress: [usize; 2],
-    failed: usize,
-    broken: usize,
-    flags: (usize, usize),
+/// The words the thread reads and writes, in the segment.
+struct Words<'a> {
+    progress: [&'a AtomicU32; 2],
+    failed: &'a AtomicU32,
+    broken: &'a AtomicU32,
+    flags: Vec<&'a AtomicU32>,
 }
 
-impl Words {
-    fn of(segment: &Segment, layout: &Layout, rank: usize) -> Result<Words> {
-        let words = Words {
-            progress: [layout.progress(rank, 0), layout.progress(rank, 1)],
-            failed: layout.flag(rank),
-            broken: layout.broken(),
-            flags: layout.all_flags(),
-        };
-        // Every offset inside the segment, checked once: the thread's reads cannot fail.
-        for offset in [words.progress[0], words.progress[1], words.failed, words.broken] {
-            word(segment, offset)?;
-        }
-        word(segment, words.flags.0 + 4 * words.flags.1.saturating_sub(1))?;
-        Ok(words)
+impl<'a> Words<'a> {
+    fn of(segment: &'a Segment, layout: &Layout, rank: usize) -> Result<Words<'a>> {
+        let (first, count) = layout.all_flags();
+        Ok(Words {
+            progress: [word(segment, layout.progress(rank, 0))?, word(segment, layout.progress(rank, 1))?],
+            failed: word(segment, layout.flag(rank))?,
+            broken: word(segment, layout.broken())?,
+            flags: (0..count).map(|i| word(segment, first + 4 * i)).collect::<Result<_>>()?,
+        })
     }
 }
 
 /// The thread: look, give up or release, until told to stop and every wait enqueued has
 /// ended, or, broken, nothing has moved for twice the timeout.
-fn watch(segment: &Segment, words: &Words, timeout: Duration, numbers: &[AtomicU32; 2], stop: &AtomicBool) {
-    let at = |offset: usize| -> Option<&AtomicU32> { word(segment, offset).ok() };
+fn watch(words: &Words<'_>, timeout: Duration, numbers: &[AtomicU32; 2], stop: &AtomicBool) {
     let mut watch = Watch::new(timeout);
     let mut moved = (None, Instant::now());
     loop {
-        let progress = words.progress.map(|o| at(o).map_or(0, |w| w.load(Ordering::Acquire)));
-        let broken = at(words.broken).is_some_and(|w| w.load(Ordering::Acquire) != 0);
+        let progress = words.progress.map(|w| w.load(Ordering::Acquire));
+        let broken = words.broken.load(Ordering::Acquire) != 0;
         let now = Instant::now();
         if moved.0 != Some(progress) {
             moved = (Some(progress), now);
         }
         if stop.load(Ordering::Acquire) {
-            let last = [0, 1].map(|lane| numbers[lane].load(Ordering::Acquire));
+            let last = numbers.each_ref().map(|n| n.load(Ordering::Acquire));
             // A call not yet started is watched however long it takes to start; a broken
             // communicator whose last waits have started and not moved for twice the timeout,
             // released, has a context that no longer runs.
@@ -238,19 +237,12 @@ fn watch(segment: &Segment, words: &Words, timeout: Duration, numbers: &[AtomicU
             Verdict::Waiting => std::thread::sleep(LOOK_WAITING),
             Verdict::GiveUp => {
                 // As a wait kernel that gives up: this rank's word, then everyone's.
-                if let Some(w) = at(words.failed) {
-                    w.store(1, Ordering::Release);
-                }
-                if let Some(w) = at(words.broken) {
-                    w.store(1, Ordering::Release);
-                }
+                words.failed.store(1, Ordering::Release);
+                words.broken.store(1, Ordering::Release);
             }
             Verdict::Release => {
-                let (first, count) = words.flags;
-                for i in 0..count {
-                    if let Some(w) = at(first + 4 * i) {
-                        w.store(RELEASED, Ordering::Release);
-                    }
+                for flag in &words.flags {
+                    flag.store(RELEASED, Ordering::Release);
                 }
                 std::thread::sleep(LOOK_WAITING);
             }

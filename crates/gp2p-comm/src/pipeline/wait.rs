@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use gp2p_cuda::raw::{
-    GiveUp, MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, mem_ops, wait_flag, wait_flags, wait_flags_unbounded,
+    GiveUp, MAX_FLAG_BATCH, Note, Until, wait_flag, wait_flags, wait_flags_stream, wait_flags_unbounded,
 };
 use gp2p_cuda::{RawDevicePtr, Stream};
 
@@ -104,24 +104,9 @@ impl<'a> FlagWait<'a> {
                     // Counted once enqueued (a rank's calls enqueue from one thread at a time):
                     // a number the GPU will never write would keep the watchdog waiting for it.
                     let number = next_number(self.numbers[lane].load(Ordering::Acquire));
-                    let word = progress[lane];
-                    if count + 2 > MAX_MEM_OPS {
-                        return Err(gp2p_cuda::Error::InvalidArgument {
-                            name: "count",
-                            reason: format!("{count} flags; a watched wait takes at most {}", MAX_MEM_OPS - 2),
-                        }
-                        .into());
-                    }
                     // Entered, every flag's wait, left: one batch.
-                    let mask = self.value(value);
-                    // Notes with the default barrier: the driver's v2 batch takes no other, and
-                    // two notes of one word must not pass each other.
-                    let mut ops = [MemOp::Write { flag: word, value: number }; MAX_MEM_OPS];
-                    for (i, op) in ops[1..=count].iter_mut().enumerate() {
-                        *op = MemOp::WaitAny { flag: flags + 4 * i as u64, mask };
-                    }
-                    ops[count + 1] = MemOp::Write { flag: word, value: number | LEFT };
-                    mem_ops(stream, &ops[..count + 2])?;
+                    let note = Note { word: progress[lane], entered: number, left: number | LEFT };
+                    wait_flags_stream(stream, flags, count, Until::AnyBit(self.value(value)), Some(note))?;
                     self.numbers[lane].store(number, Ordering::Release);
                 }
             }

@@ -105,6 +105,17 @@ pub unsafe fn mem_ops(stream: &Stream, ops: &[MemOp]) -> Result<()> {
         }
         check_aligned(&[("flag", op.flag())], 4)?;
     }
+    // SAFETY: the caller's contract; every flag checked above.
+    unsafe { enqueue_ops(stream, ops) }
+}
+
+/// Enqueue `ops`, already checked (at most [`MAX_MEM_OPS`], every flag set and aligned), as
+/// one driver call; none is nothing.
+///
+/// # Safety
+/// As for [`mem_ops`].
+unsafe fn enqueue_ops(stream: &Stream, ops: &[MemOp]) -> Result<()> {
+    debug_assert!(ops.len() <= MAX_MEM_OPS, "the callers refuse larger batches");
     if ops.is_empty() {
         return Ok(());
     }
@@ -156,40 +167,114 @@ pub unsafe fn write_flags(stream: &Stream, flags: &[RawDevicePtr], value: u32) -
             reason: format!("{} flags; a batch writes at most {MAX_FLAG_BATCH}", flags.len()),
         });
     }
+    for &flag in flags {
+        if flag == 0 {
+            return Err(Error::InvalidArgument {
+                name: "flag",
+                reason: "a write needs its flag; got address 0".into(),
+            });
+        }
+        check_aligned(&[("flag", flag)], 4)?;
+    }
     let mut ops = [MemOp::Write { flag: 0, value }; MAX_FLAG_BATCH];
     for (op, &flag) in ops.iter_mut().zip(flags) {
         *op = MemOp::Write { flag, value };
     }
-    // SAFETY: writes of flags that are the caller's contract.
-    unsafe { mem_ops(stream, &ops[..flags.len()]) }
+    // SAFETY: writes of flags that are the caller's contract, each checked above.
+    unsafe { enqueue_ops(stream, &ops[..flags.len()]) }
+}
+
+/// What a stream wait on a flag holds for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// The flag equal to this value.
+    Equal(u32),
+    /// The flag with any of this mask's bits set.
+    AnyBit(u32),
+}
+
+/// A word a stream wait writes before it holds (`entered`) and once it has ended (`left`),
+/// each write with the default memory barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Note {
+    /// The device's address of the word.
+    pub word: RawDevicePtr,
+    /// Written once the wait is reached.
+    pub entered: u32,
+    /// Written once every flag is as the wait holds for.
+    pub left: u32,
 }
 
 /// Enqueue a wait on `count` consecutive `u32` flags from `flags` as one driver call, a batch
 /// of stream memory operations rather than a kernel: later work on `stream` starts once every
-/// one equals `value`. Nothing but the flags ends it (no timeout, no give-up words): for
-/// measuring what [`super::wait_flags`]' kernel costs a pipeline's steps, never where a peer
-/// may die. At most [`MAX_FLAG_BATCH`] flags; none is no wait.
+/// one is as `until` says, with `note`'s writes around the wait where given. Nothing but the
+/// flags ends it: no timeout, no give-up words (a watchdog that sets the flags may). At most
+/// [`MAX_FLAG_BATCH`] flags; none is no wait (and no note).
 ///
 /// # Safety
-/// As for [`super::wait_flags`], for each of the `count` flags; and whoever sets them must
-/// set them, or `stream`, and everything that waits for it, never moves on.
-pub unsafe fn wait_flags_unbounded(stream: &Stream, flags: RawDevicePtr, count: usize, value: u32) -> Result<()> {
+/// As for [`super::wait_flags`], for each of the `count` flags, and `note`'s word writable as
+/// the flags are; whoever must set the flags must set them, or `stream`, and everything that
+/// waits for it, never moves on.
+pub unsafe fn wait_flags_stream(
+    stream: &Stream,
+    flags: RawDevicePtr,
+    count: usize,
+    until: Until,
+    note: Option<Note>,
+) -> Result<()> {
     if count > MAX_FLAG_BATCH {
         return Err(Error::InvalidArgument {
             name: "count",
-            reason: format!("{count} flags; an unbounded wait takes at most {MAX_FLAG_BATCH}"),
+            reason: format!("{count} flags; a stream wait takes at most {MAX_FLAG_BATCH}"),
         });
     }
-    if flags == 0 {
-        return Err(Error::InvalidArgument { name: "flags", reason: "a wait needs its flags; got address 0".into() });
+    for (name, word) in [("flags", Some(flags)), ("note", note.map(|n| n.word))] {
+        match word {
+            Some(0) => {
+                return Err(Error::InvalidArgument {
+                    name,
+                    reason: "a stream wait needs this word; got address 0".into(),
+                });
+            }
+            Some(word) => check_aligned(&[(name, word)], 4)?,
+            None => {}
+        }
     }
-    check_aligned(&[("flags", flags)], 4)?;
-    let mut ops = [MemOp::WaitEq { flag: flags, value }; MAX_FLAG_BATCH];
-    for (i, op) in ops.iter_mut().enumerate() {
-        *op = MemOp::WaitEq { flag: flags + 4 * i as u64, value };
+    if count == 0 {
+        return Ok(());
     }
-    // SAFETY: waits on flags that are the caller's contract.
-    unsafe { mem_ops(stream, &ops[..count]) }
+    let wait = |flag| match until {
+        Until::Equal(value) => MemOp::WaitEq { flag, value },
+        Until::AnyBit(mask) => MemOp::WaitAny { flag, mask },
+    };
+    // [entered,] every flag's wait[, left]: at most MAX_FLAG_BATCH + 2 of MAX_MEM_OPS.
+    let mut ops = [wait(flags); MAX_MEM_OPS];
+    let mut len = 0;
+    let mut push = |op| {
+        ops[len] = op;
+        len += 1;
+    };
+    if let Some(n) = note {
+        push(MemOp::Write { flag: n.word, value: n.entered });
+    }
+    for i in 0..count {
+        push(wait(flags + 4 * i as u64));
+    }
+    if let Some(n) = note {
+        push(MemOp::Write { flag: n.word, value: n.left });
+    }
+    // SAFETY: waits and writes on words that are the caller's contract, each checked above.
+    unsafe { enqueue_ops(stream, &ops[..len]) }
+}
+
+/// [`wait_flags_stream`] until every flag equals `value`, with no note: for measuring what
+/// [`super::wait_flags`]' kernel costs a pipeline's steps, never where a peer may die.
+///
+/// # Safety
+/// As for [`wait_flags_stream`].
+pub unsafe fn wait_flags_unbounded(stream: &Stream, flags: RawDevicePtr, count: usize, value: u32) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { wait_flags_stream(stream, flags, count, Until::Equal(value), None) }
 }
 
 #[cfg(test)]
