@@ -162,14 +162,28 @@ pub(crate) struct Pipeline {
     sent: Vec<Event>,
     /// Per slot, recorded on the receive stream once the peer's chunk in that slot was read.
     received: Vec<Event>,
-    /// Calls in rounds: recorded after the copies out, or the landings, that the other
-    /// lane then waits for.
-    many_sent: Event,
-    many_landed: Event,
+    /// Calls in rounds, by mark (`LegStep::RecordSent`, `LegStep::RecordLanded`): recorded
+    /// after the copy out, or the landing, that a chunk of the other lane then waits for.
+    many_sent: Marks,
+    many_landed: Marks,
     /// Per piece of this rank's shard of a compressed call, recorded on the receive stream
-    /// once the piece is folded, for the second run's copy out of the fold (made before the
-    /// first call that needs them, see `Pipeline::run_chained`).
-    folded: Mutex<Vec<Event>>,
+    /// once the piece is folded, for the second run's copy out of the fold.
+    folded: Marks,
+}
+
+/// Events by number, each made when first used and kept for the calls after: the few a call
+/// in rounds needs (a mark or a piece each) come from earlier calls once the sizes repeat.
+struct Marks(Mutex<Vec<Event>>);
+
+impl Marks {
+    /// `use_it` on event `number`, made (on `device`) if it is the first use of that number.
+    fn with<R>(&self, device: &Device, number: usize, use_it: impl FnOnce(&Event) -> R) -> Result<R> {
+        let mut events = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while events.len() <= number {
+            events.push(Event::new(device, EventKind::Sync)?);
+        }
+        Ok(use_it(&events[number]))
+    }
 }
 
 /// One rank's side of a call in rounds (see the `rounds` module): among more than two ranks,
@@ -201,27 +215,27 @@ impl ManyTransfer {
 impl Pipeline {
     pub(crate) fn new(device: &Device, slots: usize) -> Result<Pipeline> {
         let events = || (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>();
-        let event = || Event::new(device, EventKind::Sync);
         Ok(Pipeline {
             replays: None,
             fork: StreamFork::new(device, FORKED_STREAMS)?,
             sent: events()?,
             received: events()?,
-            many_sent: event()?,
-            many_landed: event()?,
-            folded: Mutex::new(Vec::new()),
+            many_sent: Marks(Mutex::new(Vec::new())),
+            many_landed: Marks(Mutex::new(Vec::new())),
+            folded: Marks(Mutex::new(Vec::new())),
         })
     }
 
     /// The event of piece `piece`'s fold (see [`Pipeline::run_chained`], which makes it before
     /// a call's enqueue).
     pub(super) fn folded_event<R>(&self, piece: usize, use_it: impl FnOnce(&Event) -> R) -> Result<R> {
-        let mut folded = self.folded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        while folded.len() <= piece {
-            let device = self.fork.streams()[0].device();
-            folded.push(Event::new(device, EventKind::Sync)?);
-        }
-        Ok(use_it(&folded[piece]))
+        self.folded.with(self.fork.streams()[0].device(), piece, use_it)
+    }
+
+    /// Mark `mark` of the copies out (`landed` false) or the landings of a call in rounds.
+    pub(super) fn many_mark<R>(&self, landed: bool, mark: usize, use_it: impl FnOnce(&Event) -> R) -> Result<R> {
+        let marks = if landed { &self.many_landed } else { &self.many_sent };
+        marks.with(self.fork.streams()[0].device(), mark, use_it)
     }
 
     /// [`Pipeline::run`] for a call in rounds (see [`ManyTransfer`]): this rank's steps of

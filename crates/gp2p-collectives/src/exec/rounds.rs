@@ -48,9 +48,10 @@ pub(super) fn run_legs<T: Element>(
         })
         .collect();
     merged.sort_unstable_by_key(|&(key, r, i, _, _)| (key, r, i));
-    // Per rank: the point after its last copy out and landing, and the ones its records took.
+    // Per rank: the point after its last copy out and landing, and by mark the ones its
+    // records took.
     let mut last: Vec<(Option<StreamPoint>, Option<StreamPoint>)> = vec![(None, None); n];
-    let mut recorded = last.clone();
+    let mut recorded: Vec<(Marked, Marked)> = vec![(Vec::new(), Vec::new()); n];
     let elements = |at: usize, range: std::ops::Range<usize>| (at + range.start) / size..(at + range.end) / size;
     for (_, r, _, lane, step) in merged {
         let stream = &forks[r].streams()[if lane == Lane::Send { SEND } else { RECV }];
@@ -77,15 +78,15 @@ pub(super) fn run_legs<T: Element>(
                 };
                 last[r].1 = Some(fanouts[leg.writer].land(slot, r, stream, &mut dst, fold)?);
             }
-            LegStep::RecordSent => recorded[r].0.clone_from(&last[r].0),
-            LegStep::RecordLanded => recorded[r].1.clone_from(&last[r].1),
-            LegStep::AfterSent => {
-                if let Some(point) = &recorded[r].0 {
+            LegStep::RecordSent { mark } => keep(&mut recorded[r].0, mark, &last[r].0),
+            LegStep::RecordLanded { mark } => keep(&mut recorded[r].1, mark, &last[r].1),
+            LegStep::AfterSent { mark } => {
+                if let Some(point) = recorded[r].0.get(mark).and_then(Option::as_ref) {
                     stream.wait_point(point)?;
                 }
             }
-            LegStep::AfterLanded => {
-                if let Some(point) = &recorded[r].1 {
+            LegStep::AfterLanded { mark } => {
+                if let Some(point) = recorded[r].1.get(mark).and_then(Option::as_ref) {
                     stream.wait_point(point)?;
                 }
             }
@@ -98,4 +99,15 @@ pub(super) fn run_legs<T: Element>(
         }
     }
     Ok(())
+}
+
+/// A rank's records of one lane, by mark.
+type Marked = Vec<Option<StreamPoint>>;
+
+/// Keep `point` as mark `mark`'s record.
+fn keep(marks: &mut Marked, mark: usize, point: &Option<StreamPoint>) {
+    if marks.len() <= mark {
+        marks.resize(mark + 1, None);
+    }
+    marks[mark].clone_from(point);
 }

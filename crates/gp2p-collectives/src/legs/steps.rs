@@ -27,12 +27,15 @@
 //! An executor that enqueues every rank from one thread (the engine) merges the ranks' steps
 //! by key, so every record comes before the waits for it.
 //!
-//! **Overlap within a rank.** A send whose source overlaps a range this rank landed earlier
-//! in the call (the all-reduce's folded share) first waits for this rank's landings so far;
-//! a landing into a range this rank sent from earlier in the call (in place) first waits for
-//! its sends so far. One wait covers everything enqueued before it, so a lane waits again
-//! only for chunks enqueued since: the all-reduce's second half waits once, at its start,
-//! and then copies out chunk c + 1 while chunk c lands.
+//! **Overlap within a rank.** A chunk copied out of a range this rank landed in earlier in
+//! the call (the all-reduce's folded share) first waits for the last landing into that
+//! range; a chunk landed into a range this rank copied out of earlier (in place) first waits
+//! for the last copy out of it. The wait names a *mark*, an event recorded on the other
+//! lane right after that chunk: one stream runs its steps in order, so the mark covers every
+//! chunk before it too, and a lane waits only for a chunk past the last one it waited for.
+//! So the all-reduce's second half copies out chunk c as soon as chunk c is folded, while
+//! later chunks still land; a wait for every fold so far would hold the send lane idle
+//! until the last chunk of the first half had landed and folded.
 //!
 //! **Point to point among more than two ranks.** A writer's slots serve every reader, so a
 //! send may wait until the reader of an earlier call's chunk has taken it: every rank must
@@ -93,17 +96,17 @@ pub enum LegStep {
     WaitFull { writer: usize, slot: usize },
     /// Fold or copy `slot` of the leg's writer into chunk `chunk` of the leg's destination.
     Land { leg: usize, chunk: usize, slot: usize },
-    /// Record the event [`LegStep::AfterSent`] waits for: on the send lane, after the copies out
-    /// so far, and only right before a wait for it (an event a wait binds to as recorded
-    /// last, so a record no wait follows would be an operation for nothing).
-    RecordSent,
-    /// Wait for the copies out enqueued so far.
-    AfterSent,
-    /// Record the event [`LegStep::AfterLanded`] waits for: on the receive lane, after the
-    /// landings so far, and only right before a wait for it.
-    RecordLanded,
-    /// Wait for the landings enqueued so far.
-    AfterLanded,
+    /// Record mark `mark` of the send lane, which [`LegStep::AfterSent`] of the same mark waits
+    /// for: right after the copy out (and its flags) that a later landing must follow. Marks
+    /// count from 0 in each of a rank's lists; a record comes only where a wait follows.
+    RecordSent { mark: usize },
+    /// Wait for the send lane's mark `mark`: the copies out enqueued up to its record.
+    AfterSent { mark: usize },
+    /// Record mark `mark` of the receive lane, which [`LegStep::AfterLanded`] waits for:
+    /// right after the landing (and its hand-back) that a later copy out must follow.
+    RecordLanded { mark: usize },
+    /// Wait for the receive lane's mark `mark`: the landings enqueued up to its record.
+    AfterLanded { mark: usize },
 }
 
 /// A chunk's byte range within its leg: chunk `chunk` of `chunk_bytes` (at most a slot).
@@ -112,9 +115,45 @@ pub fn chunk_range(leg: &Leg, chunk: usize, chunk_bytes: usize) -> Range<usize> 
     start..(start + chunk_bytes).min(leg.bytes)
 }
 
-/// Whether `[a, a + a_len)` of buffer `a_buf` and `[b, b + b_len)` of `b_buf` overlap.
-fn overlaps((a_buf, a): (Buf, usize), a_len: usize, (b_buf, b): (Buf, usize), b_len: usize) -> bool {
-    a_buf == b_buf && a < b + b_len && b < a + a_len
+/// The chunks of one leg a lane of this rank has copied out of (its source) or landed in (its
+/// destination) so far: where the leg's range starts, and each chunk's place among the lane's
+/// chunks, by chunk.
+struct Touched {
+    leg: usize,
+    at: (Buf, usize),
+    bytes: usize,
+    places: Vec<usize>,
+}
+
+impl Touched {
+    /// The latest place, in its lane, of a chunk of this leg that overlaps `[start, start +
+    /// len)` of `buf`: a leg's chunks come in order, so its last overlapping chunk so far.
+    fn last_overlap(&self, (buf, start): (Buf, usize), len: usize, chunk_bytes: usize) -> Option<usize> {
+        let (leg_buf, leg_start) = self.at;
+        let (from, to) = (start.max(leg_start), (start + len).min(leg_start + self.bytes));
+        if buf != leg_buf || from >= to || self.places.is_empty() {
+            return None;
+        }
+        let (first, last) = ((from - leg_start) / chunk_bytes, (to - 1 - leg_start) / chunk_bytes);
+        let last = last.min(self.places.len() - 1);
+        (first <= last).then(|| self.places[last])
+    }
+}
+
+/// The latest place among `touched` of a chunk overlapping `[at, at + len)`: what a step of
+/// the other lane on that range must wait for.
+fn last_overlap(touched: &[Touched], at: (Buf, usize), len: usize, chunk_bytes: usize) -> Option<usize> {
+    touched.iter().filter_map(|t| t.last_overlap(at, len, chunk_bytes)).max()
+}
+
+/// Note chunk `chunk` of `leg` (its range in this rank's buffers at `at`) as a lane's chunk
+/// at place `place`.
+fn touch(touched: &mut Vec<Touched>, leg: &Leg, i: usize, at: (Buf, usize), chunk: usize, place: usize) {
+    match touched.iter_mut().find(|t| t.leg == i) {
+        Some(t) => t.places.push(place),
+        None => touched.push(Touched { leg: i, at, bytes: leg.bytes, places: vec![place] }),
+    }
+    debug_assert_eq!(touched.iter().find(|t| t.leg == i).map(|t| t.places.len()), Some(chunk + 1), "chunks in order");
 }
 
 /// The steps `rank` enqueues for `rounds`, in key order, through `slots` slots, each leg in
@@ -161,40 +200,37 @@ pub fn keyed_steps(
     use Lane::{Receive, Send};
     let (first_chunk, _) = first_chunks(rounds, chunk_bytes, sent);
     let slot_of = |leg: usize, chunk: usize| (first_chunk[leg] + chunk) % slots;
+    let legs = &rounds.legs;
+    // The steps with each wait naming the other lane's chunk it needs (its place among that
+    // lane's chunks) in place of a mark, and where each chunk's steps end in the list.
     let mut out: Vec<(Key, Lane, LegStep)> = Vec::new();
-    // The legs this rank has copied out of, or landed in, since the other lane last waited
-    // for them: a wait binds to the latest record, so it covers every chunk enqueued before
-    // it, and only a leg with chunks enqueued after that wait calls for another.
-    let (mut sources, mut landed): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
-    // Whether a copy out, or a landing, was enqueued since that lane's last record: a wait
-    // needs a record after them, which is made only where a wait follows.
-    let (mut sent_unrecorded, mut landed_unrecorded) = (false, false);
-    let rounds_used = rounds.legs.iter().map(|l| l.round + 1).max().unwrap_or(0);
+    let (mut copied, mut landed): (Vec<Touched>, Vec<Touched>) = (Vec::new(), Vec::new());
+    let (mut copy_ends, mut land_ends): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    // How many of the other lane's chunks each lane has waited for: a wait covers every chunk
+    // of that lane before the one it names (one stream runs them in order).
+    let (mut sends_covered, mut landings_covered) = (0, 0);
+    let rounds_used = legs.iter().map(|l| l.round + 1).max().unwrap_or(0);
     let world = rounds.world;
-    let chunks = |i: usize| rounds.legs[i].bytes.div_ceil(chunk_bytes);
+    let chunks = |i: usize| legs[i].bytes.div_ceil(chunk_bytes);
     for round in 0..rounds_used {
-        let in_round = || (0..rounds.legs.len()).filter(|&i| rounds.legs[i].round == round);
-        let send = in_round().find(|&i| rounds.legs[i].writer == rank);
+        let in_round = || (0..legs.len()).filter(|&i| legs[i].round == round);
+        let send = in_round().find(|&i| legs[i].writer == rank);
         // Landed from the nearest writer before (r − 1, r − 2, …): where every rank reads
         // every other's chunk, each reads a different writer's slot at a time.
-        let mut receives: Vec<usize> = in_round().filter(|&i| rounds.legs[i].is_read_by(rank)).collect();
-        receives.sort_by_key(|&i| (rank + world - rounds.legs[i].writer) % world);
+        let mut receives: Vec<usize> = in_round().filter(|&i| legs[i].is_read_by(rank)).collect();
+        receives.sort_by_key(|&i| (rank + world - legs[i].writer) % world);
         let most = send.iter().chain(&receives).map(|&i| chunks(i)).max().unwrap_or(0);
         for chunk in 0..most {
             if let Some(i) = send.filter(|&i| chunk < chunks(i)) {
-                let leg = &rounds.legs[i];
+                let leg = &legs[i];
                 let range = chunk_range(leg, chunk, chunk_bytes);
                 let src = (leg.src.0, leg.src.1 + range.start);
-                let after_landing = landed.iter().any(|&j: &usize| {
-                    let l: &Leg = &rounds.legs[j];
-                    overlaps(src, range.len(), l.dst, l.bytes)
-                });
-                if after_landing {
-                    if std::mem::take(&mut landed_unrecorded) {
-                        out.push(((round, chunk, Send), Receive, LegStep::RecordLanded));
-                    }
-                    out.push(((round, chunk, Send), Send, LegStep::AfterLanded));
-                    landed.clear();
+                // A chunk folded (or landed) into this source earlier: copy out once it is.
+                if let Some(place) = last_overlap(&landed, src, range.len(), chunk_bytes)
+                    && place >= landings_covered
+                {
+                    out.push(((round, chunk, Send), Send, LegStep::AfterLanded { mark: place }));
+                    landings_covered = place + 1;
                 }
                 let slot = slot_of(i, chunk);
                 // One copy out, then its readers' flags.
@@ -203,25 +239,19 @@ pub fn keyed_steps(
                     ((round, chunk, Send), Send, LegStep::CopyOut { leg: i, chunk, slot }),
                     ((round, chunk, Send), Send, LegStep::MarkFull { leg: i, slot }),
                 ]);
-                sent_unrecorded = true;
-                if !sources.contains(&i) {
-                    sources.push(i);
-                }
+                touch(&mut copied, leg, i, leg.src, chunk, copy_ends.len());
+                copy_ends.push(out.len());
             }
             for &i in receives.iter().filter(|&&i| chunk < chunks(i)) {
-                let leg = &rounds.legs[i];
+                let leg = &legs[i];
                 let range = chunk_range(leg, chunk, chunk_bytes);
                 let dst = (leg.dst.0, leg.dst.1 + range.start);
-                let after_sending = sources.iter().any(|&j: &usize| {
-                    let l: &Leg = &rounds.legs[j];
-                    overlaps(dst, range.len(), l.src, l.bytes)
-                });
-                if after_sending {
-                    if std::mem::take(&mut sent_unrecorded) {
-                        out.push(((round, chunk, Receive), Send, LegStep::RecordSent));
-                    }
-                    out.push(((round, chunk, Receive), Receive, LegStep::AfterSent));
-                    sources.clear();
+                // A chunk copied out of this destination earlier (in place): land once it is.
+                if let Some(place) = last_overlap(&copied, dst, range.len(), chunk_bytes)
+                    && place >= sends_covered
+                {
+                    out.push(((round, chunk, Receive), Receive, LegStep::AfterSent { mark: place }));
+                    sends_covered = place + 1;
                 }
                 let (writer, slot) = (leg.writer, slot_of(i, chunk));
                 out.extend([
@@ -229,14 +259,54 @@ pub fn keyed_steps(
                     ((round, chunk, Receive), Receive, LegStep::Land { leg: i, chunk, slot }),
                     ((round, chunk, Receive), Receive, LegStep::HandBack { writer, slot }),
                 ]);
-                landed_unrecorded = true;
-                if !landed.contains(&i) {
-                    landed.push(i);
-                }
+                touch(&mut landed, leg, i, leg.dst, chunk, land_ends.len());
+                land_ends.push(out.len());
             }
         }
     }
-    out
+    with_marks(out, &copy_ends, &land_ends)
+}
+
+/// `out` with a record right after each chunk some wait names (after a landing's hand-back,
+/// which a fold may wait for, and after a copy out's flags), and each wait naming its record's
+/// mark: the lane's records numbered from 0 in order.
+fn with_marks(out: Vec<(Key, Lane, LegStep)>, copy_ends: &[usize], land_ends: &[usize]) -> Vec<(Key, Lane, LegStep)> {
+    // By chunk place: whether a wait names it, and its record's mark if one does (the count
+    // of places before it that a wait names).
+    let numbered = |ends: &[usize], named: &dyn Fn(&LegStep) -> Option<usize>| {
+        let mut needed = vec![false; ends.len()];
+        out.iter().filter_map(|(_, _, s)| named(s)).for_each(|place| needed[place] = true);
+        let marks: Vec<usize> =
+            needed.iter().scan(0, |next, &n| Some(std::mem::replace(next, *next + usize::from(n)))).collect();
+        (needed, marks)
+    };
+    let (sent_needed, sent_marks) =
+        numbered(copy_ends, &|s| if let LegStep::AfterSent { mark } = *s { Some(mark) } else { None });
+    let (landed_needed, landed_marks) =
+        numbered(land_ends, &|s| if let LegStep::AfterLanded { mark } = *s { Some(mark) } else { None });
+    // Where records go: after position `end` of `out`, by position.
+    let mut records: Vec<(usize, Lane, LegStep)> = Vec::new();
+    for place in (0..copy_ends.len()).filter(|&p| sent_needed[p]) {
+        records.push((copy_ends[place], Lane::Send, LegStep::RecordSent { mark: sent_marks[place] }));
+    }
+    for place in (0..land_ends.len()).filter(|&p| landed_needed[p]) {
+        records.push((land_ends[place], Lane::Receive, LegStep::RecordLanded { mark: landed_marks[place] }));
+    }
+    records.sort_by_key(|r| r.0);
+    let mut records = records.into_iter().peekable();
+    let mut marked = Vec::with_capacity(out.len() + records.len());
+    for (at, (key, lane, step)) in out.into_iter().enumerate() {
+        let step = match step {
+            LegStep::AfterSent { mark: place } => LegStep::AfterSent { mark: sent_marks[place] },
+            LegStep::AfterLanded { mark: place } => LegStep::AfterLanded { mark: landed_marks[place] },
+            step => step,
+        };
+        marked.push((key, lane, step));
+        while let Some((_, lane, record)) = records.next_if(|r| r.0 == at + 1) {
+            marked.push((key, lane, record));
+        }
+    }
+    marked
 }
 
 #[cfg(test)]
@@ -313,11 +383,12 @@ mod tests {
         }
     }
 
-    /// A record is made only where a wait of its kind follows before the next record, and
-    /// every wait binds to a record made after the last copy out (or landing) before it: so
-    /// a wait covers everything its lane enqueued, as a record after every step did.
+    /// Each record is waited for, after it, and its marks count 0, 1, … in order; each wait
+    /// binds to a record made after the last chunk of the other lane that overlaps its own
+    /// chunk (a fold before its copy out, a copy out before a landing in place): so the
+    /// chunk waits for what it must, and waits once for each such chunk at most.
     #[test]
-    fn each_record_is_waited_for_and_each_wait_covers_its_lane_s_steps_before_it() {
+    fn each_wait_follows_the_last_overlapping_chunk_of_the_other_lane_and_each_record_is_waited_for() {
         let page = 4096;
         for world in 2..=8 {
             let calls = calls(world, page);
@@ -326,35 +397,70 @@ mod tests {
                 for rank in 0..world {
                     let what = format!("{world} ranks, call {c}, rank {rank}");
                     let list = steps(rounds, rank, page, 3, &[]);
-                    // (a step of the lane's kind since its last record, a record not yet waited for)
-                    let (mut sent, mut landed) = ((false, false), (false, false));
+                    // Per lane: each chunk's range, and each record's mark with the chunks before it.
+                    let (mut copied, mut landed) = (Vec::new(), Vec::new());
+                    let (mut sent_records, mut landed_records): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+                    let (mut sent_waited, mut landed_waited) = (Vec::new(), Vec::new());
+                    // What each lane's waits cover so far: chunks of the other lane.
+                    let (mut sends_covered, mut landings_covered) = (0, 0);
+                    let range = |leg: usize, chunk: usize, at: (Buf, usize)| {
+                        let r = chunk_range(&rounds.legs[leg], chunk, page);
+                        (at.0, at.1 + r.start, r.len())
+                    };
+                    let overlapping = |done: &[(Buf, usize, usize)], (buf, at, len): (Buf, usize, usize)| {
+                        done.iter().rposition(|&(b, a, l)| b == buf && a < at + len && at < a + l)
+                    };
                     for (_, step) in list {
                         match step {
-                            LegStep::CopyOut { .. } => sent.0 = true,
-                            LegStep::Land { .. } => landed.0 = true,
-                            LegStep::RecordSent => {
-                                assert!(!sent.1, "{what}: a record of sends no wait used");
-                                sent = (false, true);
+                            LegStep::CopyOut { leg, chunk, .. } => {
+                                let me = range(leg, chunk, rounds.legs[leg].src);
+                                if let Some(needed) = overlapping(&landed, me) {
+                                    assert!(needed < landings_covered, "{what}: copies out chunk {me:?} unfolded");
+                                }
+                                copied.push(me);
                             }
-                            LegStep::RecordLanded => {
-                                assert!(!landed.1, "{what}: a record of landings no wait used");
-                                landed = (false, true);
+                            LegStep::Land { leg, chunk, .. } => {
+                                let me = range(leg, chunk, rounds.legs[leg].dst);
+                                if let Some(needed) = overlapping(&copied, me) {
+                                    assert!(needed < sends_covered, "{what}: lands over {me:?} not yet sent");
+                                }
+                                landed.push(me);
                             }
-                            LegStep::AfterSent => {
-                                assert!(!sent.0 && sent.1, "{what}: a wait for sends without a record after them");
-                                (sent.1, waits) = (false, waits + 1);
+                            LegStep::RecordSent { mark } => {
+                                assert_eq!(mark, sent_records.len(), "{what}: marks in order");
+                                sent_records.push(copied.len());
                             }
-                            LegStep::AfterLanded => {
-                                assert!(
-                                    !landed.0 && landed.1,
-                                    "{what}: a wait for landings without a record after them"
-                                );
-                                (landed.1, waits) = (false, waits + 1);
+                            LegStep::RecordLanded { mark } => {
+                                assert_eq!(mark, landed_records.len(), "{what}: marks in order");
+                                landed_records.push(landed.len());
+                            }
+                            LegStep::AfterSent { mark } => {
+                                let covers = sent_records.get(mark).copied();
+                                let covers = covers.unwrap_or_else(|| panic!("{what}: waits for mark {mark} unmade"));
+                                assert!(covers > sends_covered, "{what}: a wait that covers nothing new");
+                                (sends_covered, waits) = (covers, waits + 1);
+                                sent_waited.push(mark);
+                            }
+                            LegStep::AfterLanded { mark } => {
+                                let covers = landed_records.get(mark).copied();
+                                let covers = covers.unwrap_or_else(|| panic!("{what}: waits for mark {mark} unmade"));
+                                assert!(covers > landings_covered, "{what}: a wait that covers nothing new");
+                                (landings_covered, waits) = (covers, waits + 1);
+                                landed_waited.push(mark);
                             }
                             _ => {}
                         }
                     }
-                    assert!(!sent.1 && !landed.1, "{what}: a record left without a wait");
+                    assert_eq!(
+                        sent_waited,
+                        (0..sent_records.len()).collect::<Vec<_>>(),
+                        "{what}: each record waited once"
+                    );
+                    assert_eq!(
+                        landed_waited,
+                        (0..landed_records.len()).collect::<Vec<_>>(),
+                        "{what}: each record waited once"
+                    );
                 }
             }
             assert!(waits > 0, "{world} ranks: the calls wait across lanes somewhere");

@@ -330,20 +330,20 @@ impl Pipeline {
                         }
                     }
                 }
-                LegStep::RecordSent => {
-                    self.many_sent.record(stream)?;
+                LegStep::RecordSent { mark } => {
+                    self.many_mark(false, mark, |event| event.record(stream))??;
                     None
                 }
-                LegStep::AfterSent => {
-                    stream.wait(&self.many_sent)?;
+                LegStep::AfterSent { mark } => {
+                    self.many_mark(false, mark, |event| stream.wait(event))??;
                     Some(("after sent", 0))
                 }
-                LegStep::RecordLanded => {
-                    self.many_landed.record(stream)?;
+                LegStep::RecordLanded { mark } => {
+                    self.many_mark(true, mark, |event| event.record(stream))??;
                     None
                 }
-                LegStep::AfterLanded => {
-                    stream.wait(&self.many_landed)?;
+                LegStep::AfterLanded { mark } => {
+                    self.many_mark(true, mark, |event| stream.wait(event))??;
                     Some(("after landed", 0))
                 }
             };

@@ -45,7 +45,8 @@ fn fold(acc: u64, x: u64) -> u64 {
     acc.wrapping_mul(1_000_003).wrapping_add(x)
 }
 
-/// A step as enqueued, with an event wait bound to the count of records enqueued before it.
+/// A step as enqueued, with an event wait bound to the count of its mark's records enqueued
+/// before it (a wait binds to its event's latest record, and each mark is an event).
 #[derive(Debug, Clone, Copy)]
 struct Queued {
     call: usize,
@@ -57,7 +58,12 @@ struct Queued {
 /// Every call's steps for `rank`, each call's slots from 0, or, `chained`, each call's as a run
 /// chained after the calls before (going on through every writer's slots).
 fn enqueue(calls: &[Call], rank: usize, slot_bytes: usize, slots: usize, chained: bool) -> Vec<Queued> {
-    let (mut sent, mut landed) = (0, 0);
+    // Records enqueued so far, per mark: (sent, landed).
+    let (mut sent, mut landed): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    let count = |records: &mut Vec<usize>, mark: usize| {
+        ran(records, mark);
+        records[mark]
+    };
     let mut out = Vec::new();
     let mut written = Vec::new();
     for (call, c) in calls.iter().enumerate() {
@@ -67,16 +73,10 @@ fn enqueue(calls: &[Call], rank: usize, slot_bytes: usize, slots: usize, chained
         }
         for (lane, step) in list {
             let bound = match step {
-                LegStep::RecordSent => {
-                    sent += 1;
-                    sent
-                }
-                LegStep::RecordLanded => {
-                    landed += 1;
-                    landed
-                }
-                LegStep::AfterSent => sent,
-                LegStep::AfterLanded => landed,
+                LegStep::RecordSent { mark } => count(&mut sent, mark),
+                LegStep::RecordLanded { mark } => count(&mut landed, mark),
+                LegStep::AfterSent { mark } => sent.get(mark).copied().unwrap_or(0),
+                LegStep::AfterLanded { mark } => landed.get(mark).copied().unwrap_or(0),
                 _ => 0,
             };
             out.push(Queued { call, lane, step, bound });
@@ -96,8 +96,8 @@ struct Model<'a> {
     /// flags[writer][slot][reader]
     flags: Vec<Vec<Vec<u32>>>,
     slots: Vec<Vec<SlotContent>>,
-    /// Records run, per rank: (sent, landed).
-    records: Vec<(usize, usize)>,
+    /// Records run, per rank and mark: (sent, landed).
+    records: Vec<(Vec<usize>, Vec<usize>)>,
     /// main[call][rank], part[call][rank]
     main: Vec<Vec<Vec<u64>>>,
     part: Vec<Vec<Vec<u64>>>,
@@ -106,6 +106,14 @@ struct Model<'a> {
     left: Vec<Vec<usize>>,
     /// Whether the calls run as runs chained one after another (see [`enqueue`]).
     chained: bool,
+}
+
+/// One more record of `mark` run.
+fn ran(records: &mut Vec<usize>, mark: usize) {
+    if records.len() <= mark {
+        records.resize(mark + 1, 0);
+    }
+    records[mark] += 1;
 }
 
 fn initial(call: usize, rank: usize, len: usize, salt: u64) -> Vec<u64> {
@@ -178,7 +186,7 @@ impl<'a> Model<'a> {
             queues,
             flags: vec![vec![vec![EMPTY; world]; slots]; world],
             slots: vec![vec![None; slots]; world],
-            records: vec![(0, 0); world],
+            records: vec![(Vec::new(), Vec::new()); world],
             main,
             part,
             folds,
@@ -196,8 +204,8 @@ impl<'a> Model<'a> {
         match q.step {
             LegStep::WaitSlotFree { slot } => self.flags[r][slot].iter().all(|&f| f == EMPTY),
             LegStep::WaitFull { writer, slot } => self.flags[writer][slot][r] == FULL,
-            LegStep::AfterSent => self.records[r].0 >= q.bound,
-            LegStep::AfterLanded => self.records[r].1 >= q.bound,
+            LegStep::AfterSent { mark } => self.records[r].0.get(mark).copied().unwrap_or(0) >= q.bound,
+            LegStep::AfterLanded { mark } => self.records[r].1.get(mark).copied().unwrap_or(0) >= q.bound,
             _ => true,
         }
     }
@@ -249,8 +257,8 @@ impl<'a> Model<'a> {
                 }
             }
             LegStep::HandBack { writer, slot } => self.flags[writer][slot][r] = EMPTY,
-            LegStep::RecordSent => self.records[r].0 += 1,
-            LegStep::RecordLanded => self.records[r].1 += 1,
+            LegStep::RecordSent { mark } => ran(&mut self.records[r].0, mark),
+            LegStep::RecordLanded { mark } => ran(&mut self.records[r].1, mark),
             _ => {}
         }
         self.left[r][q.call] -= 1;
@@ -409,7 +417,7 @@ fn the_model_sees_a_missing_wait() {
         let mut model = Model::new(&calls, world, SHARE_ALIGN, 2, false, false);
         for queues in &mut model.queues {
             for queue in queues.iter_mut() {
-                queue.retain(|q| !matches!(q.step, LegStep::AfterSent | LegStep::AfterLanded));
+                queue.retain(|q| !matches!(q.step, LegStep::AfterSent { .. } | LegStep::AfterLanded { .. }));
             }
         }
         for (r, left) in model.left.iter_mut().enumerate() {
@@ -508,17 +516,40 @@ fn a_chunk_for_every_other_rank_is_copied_out_once_with_a_flag_for_each() {
 }
 
 #[test]
-fn the_all_reduces_second_half_waits_once_so_copies_out_and_landings_overlap() {
+fn the_all_reduces_second_half_copies_out_each_chunk_once_it_alone_is_folded() {
     // Four shares of three chunks each: the first half folds, the second hands the folded
-    // share out. One wait at the start of the second half covers every fold; a wait per chunk
-    // would copy out chunk c + 1 only after chunk c landed.
+    // share out. Chunk c of the second half waits for the last fold of chunk c alone, so it
+    // goes out while later chunks still fold; one wait for every fold would hold the send
+    // lane idle until the last chunk had landed.
     let world = 4;
     let rounds = Rounds::all_reduce(world, world * 3 * SHARE_ALIGN);
+    let hand_out = rounds.legs.iter().map(|l| l.round).max().expect("legs");
+    let last_fold = hand_out - 1;
     for rank in 0..world {
         let steps = steps(&rounds, rank, SHARE_ALIGN, 3, &[]);
-        let count = |wanted: LegStep| steps.iter().filter(|(_, s)| *s == wanted).count();
-        assert_eq!(count(LegStep::AfterLanded), 1, "rank {rank}");
-        assert_eq!(count(LegStep::AfterSent), 1, "rank {rank}");
+        // By mark, the (round, chunk) of the landing its record follows.
+        let (mut landing, mut marks, mut waited) = (None, Vec::new(), None);
+        let mut copies = 0;
+        for (_, step) in &steps {
+            match *step {
+                LegStep::Land { leg, chunk, .. } => landing = Some((rounds.legs[leg].round, chunk)),
+                LegStep::RecordLanded { mark } => {
+                    assert_eq!(mark, marks.len(), "rank {rank}: marks in order");
+                    marks.push(landing.expect("a record after a landing"));
+                }
+                LegStep::AfterLanded { mark } => waited = Some(marks[mark]),
+                LegStep::CopyOut { leg, chunk, .. } if rounds.legs[leg].round == hand_out => {
+                    assert_eq!(
+                        waited.take(),
+                        Some((last_fold, chunk)),
+                        "rank {rank}: chunk {chunk} waits for its fold"
+                    );
+                    copies += 1;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(copies, 3, "rank {rank}: the folded share in three chunks");
     }
 }
 
