@@ -30,9 +30,11 @@ use crate::Result;
 use crate::handshake::{Lane, Owner, Step, plan};
 use crate::layout::Layout;
 use crate::replay::{ReplayCounts, Replays};
-use crate::rounds::{Rounds, sent_after};
+use crate::rounds::{LegStep, Rounds, sent_after, steps};
+use marks::Marks;
 
 mod many;
+mod marks;
 mod release;
 mod wait;
 
@@ -171,21 +173,6 @@ pub(crate) struct Pipeline {
     folded: Marks,
 }
 
-/// Events by number, each made when first used and kept for the calls after: the few a call
-/// in rounds needs (a mark or a piece each) come from earlier calls once the sizes repeat.
-struct Marks(Mutex<Vec<Event>>);
-
-impl Marks {
-    /// `use_it` on event `number`, made (on `device`) if it is the first use of that number.
-    fn with<R>(&self, device: &Device, number: usize, use_it: impl FnOnce(&Event) -> R) -> Result<R> {
-        let mut events = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        while events.len() <= number {
-            events.push(Event::new(device, EventKind::Sync)?);
-        }
-        Ok(use_it(&events[number]))
-    }
-}
-
 /// One rank's side of a call in rounds (see the `rounds` module): among more than two ranks,
 /// and between two on one GPU, forced to two-shot, or compressed.
 #[derive(Debug, Clone, PartialEq)]
@@ -220,9 +207,9 @@ impl Pipeline {
             fork: StreamFork::new(device, FORKED_STREAMS)?,
             sent: events()?,
             received: events()?,
-            many_sent: Marks(Mutex::new(Vec::new())),
-            many_landed: Marks(Mutex::new(Vec::new())),
-            folded: Marks(Mutex::new(Vec::new())),
+            many_sent: Marks::default(),
+            many_landed: Marks::default(),
+            folded: Marks::default(),
         })
     }
 
@@ -283,13 +270,32 @@ impl Pipeline {
         if let Some(piece) = pieces {
             self.folded_event(piece, |_| ())?;
         }
+        // Each run's steps, each writer's chunks going on through its slots from the runs
+        // before; and, made before anything is enqueued too, the events of their marks.
+        let mut sent = Vec::new();
+        let run_steps: Vec<Vec<(Lane, LegStep)>> = runs
+            .iter()
+            .map(|run| {
+                let chunk_bytes = run.chunk_bytes(side.layout);
+                let list = steps(&run.rounds, side.rank, chunk_bytes, side.layout.slot_count, &sent);
+                sent = sent_after(&run.rounds, chunk_bytes, &sent);
+                list
+            })
+            .collect();
+        for landed in [false, true] {
+            let marks = run_steps.iter().flatten().filter_map(|&(_, step)| match step {
+                LegStep::RecordSent { mark } if !landed => Some(mark),
+                LegStep::RecordLanded { mark } if landed => Some(mark),
+                _ => None,
+            });
+            if let Some(most) = marks.max() {
+                self.many_mark(landed, most, |_| ())?;
+            }
+        }
         let enqueue_runs = || {
-            let mut sent = Vec::new();
-            runs.iter().try_for_each(|run| {
-                // SAFETY: the caller's contract, for each run in turn.
-                unsafe { self.enqueue_rounds(side, run, &sent)? };
-                sent = sent_after(&run.rounds, run.chunk_bytes(side.layout), &sent);
-                Ok(())
+            runs.iter().zip(&run_steps).try_for_each(|(run, list)| {
+                // SAFETY: the caller's contract, for each run in turn, with its steps.
+                unsafe { self.enqueue_rounds(side, run, list) }
             })
         };
         // SAFETY: the caller's contract, passed on (`local` included), for the call enqueued

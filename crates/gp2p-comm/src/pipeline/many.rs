@@ -15,7 +15,7 @@ use super::release::AfterRelease;
 use super::{ManyTransfer, Pipeline, RankSide, Traced, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
 use crate::handshake::{EMPTY, FULL, Lane};
-use crate::rounds::{Buf, LegLanding, LegStep, chunk_range, steps};
+use crate::rounds::{Buf, LegLanding, LegStep, chunk_range};
 
 /// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
 /// one slot. A wire crosses the link as a DMA of its words and codes (its first
@@ -118,9 +118,9 @@ pub(crate) enum WireLand {
 }
 
 impl Pipeline {
-    /// The steps of [`Pipeline::run_many`], each as one CUDA call on the forked streams.
-    /// `sent`: each writer's chunks through its slots in the runs chained before this one
-    /// (none for a call's first run), where its chunks go on (see `steps`).
+    /// `steps`, this rank's of `transfer` (`crate::rounds::steps`, going on through each
+    /// writer's slots from the runs chained before), each as one CUDA call on the forked
+    /// streams; the events of their marks are made already.
     ///
     /// # Safety
     /// As for [`Pipeline::run_many`].
@@ -128,7 +128,7 @@ impl Pipeline {
         &self,
         side: RankSide<'_>,
         transfer: &ManyTransfer,
-        sent: &[usize],
+        steps: &[(Lane, LegStep)],
     ) -> Result<()> {
         let wait = side.flag_wait();
         let RankSide { staging, layout, rank, scratch, timeline, .. } = side;
@@ -147,7 +147,6 @@ impl Pipeline {
             debug_assert!(chunk == 0 && leg.bytes <= slot_bytes, "a wire leg is one chunk");
             (leg, values, block)
         };
-        let steps = steps(&transfer.rounds, rank, chunk_bytes, layout.slot_count, sent);
         // A wire leg encoded while its slot was still being waited for (see `WaitSlotFree`).
         let mut encoded: Option<usize> = None;
         // What a landing leaves to do once its slot is handed back (see `Land`).
