@@ -435,22 +435,15 @@ mod tests {
                                 landed_records.push(landed.len());
                             }
                             LegStep::AfterSent { mark } => {
-                                let covers = sent_records.get(mark).copied();
-                                let covers = covers.unwrap_or_else(|| panic!("{what}: waits for mark {mark} unmade"));
-                                assert!(covers > sends_covered, "{what}: a wait that covers nothing new");
-                                (sends_covered, waits) = (covers, waits + 1);
-                                sent_waited.push(mark);
+                                waited(&what, &sent_records, mark, &mut sends_covered, &mut sent_waited);
                             }
                             LegStep::AfterLanded { mark } => {
-                                let covers = landed_records.get(mark).copied();
-                                let covers = covers.unwrap_or_else(|| panic!("{what}: waits for mark {mark} unmade"));
-                                assert!(covers > landings_covered, "{what}: a wait that covers nothing new");
-                                (landings_covered, waits) = (covers, waits + 1);
-                                landed_waited.push(mark);
+                                waited(&what, &landed_records, mark, &mut landings_covered, &mut landed_waited);
                             }
                             _ => {}
                         }
                     }
+                    waits += sent_waited.len() + landed_waited.len();
                     assert_eq!(
                         sent_waited,
                         (0..sent_records.len()).collect::<Vec<_>>(),
@@ -465,5 +458,14 @@ mod tests {
             }
             assert!(waits > 0, "{world} ranks: the calls wait across lanes somewhere");
         }
+    }
+
+    /// A wait for `mark` of a lane whose records each cover the chunks in `records` (by
+    /// mark): the mark was made, and covers chunks past what `covered` counted; counts it.
+    fn waited(what: &str, records: &[usize], mark: usize, covered: &mut usize, waited: &mut Vec<usize>) {
+        let covers = records.get(mark).copied().unwrap_or_else(|| panic!("{what}: waits for mark {mark} unmade"));
+        assert!(covers > *covered, "{what}: a wait that covers nothing new");
+        *covered = covers;
+        waited.push(mark);
     }
 }
