@@ -511,16 +511,26 @@ fn one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot() 
     folds_with(test, 3, &[1, 4099, 70_001, 300_007], small_pipeline(3, 256 << 10, Some(64 << 10)));
 }
 
-/// `options` with every wait of the pipeline a stream memory operation with no timeout
-/// (`FlagWaits::Unbounded`, for measuring what the bounded kernel costs).
-fn unbounded(options: CommOptions) -> CommOptions {
-    CommOptions { waits: FlagWaits::Unbounded, ..options }
+/// The pipelines the stream waits are tried on: the rounds among two (slots of 64 KiB, chunks
+/// a slot: long shares take several), the exchange among two (chunks of 64 KiB through slots
+/// of 256 KiB) and the rounds among four.
+#[derive(Debug, Clone, Copy)]
+enum WaitsOn {
+    TwoRounds,
+    TwoExchange,
+    FourRounds,
 }
 
-/// `options` with every wait of the pipeline a stream memory operation that the
-/// communicator's watchdog ends (`FlagWaits::Watched`).
-fn watched(options: CommOptions) -> CommOptions {
-    CommOptions { waits: FlagWaits::Watched, ..options }
+/// [`folds_with`] on `on` with every wait of the pipeline `waits`.
+fn folds_with_waits(test: &str, waits: FlagWaits, on: WaitsOn) {
+    let (world, lens, options) = match on {
+        WaitsOn::TwoRounds => {
+            (2, TWO_RANK_LENS, CommOptions { algorithm: Some(Algorithm::TwoShot), ..small_pipeline(2, 64 << 10, None) })
+        }
+        WaitsOn::TwoExchange => (2, TWO_RANK_LENS, exchange(small_pipeline(2, 256 << 10, Some(64 << 10)))),
+        WaitsOn::FourRounds => (4, &[1, 4099, 70_001, 300_007][..], small_pipeline(4, 64 << 10, None)),
+    };
+    folds_with(test, world, lens, CommOptions { waits, ..options });
 }
 
 #[test]
@@ -530,8 +540,7 @@ fn one_gpu_two_processes_run_the_rounds_with_watched_waits() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    let rounds = CommOptions { algorithm: Some(Algorithm::TwoShot), ..small_pipeline(2, 64 << 10, None) };
-    folds_with(test, 2, TWO_RANK_LENS, watched(rounds));
+    folds_with_waits(test, FlagWaits::Watched, WaitsOn::TwoRounds);
 }
 
 #[test]
@@ -541,7 +550,7 @@ fn one_gpu_two_processes_exchange_with_watched_waits() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    folds_with(test, 2, TWO_RANK_LENS, watched(exchange(small_pipeline(2, 256 << 10, Some(64 << 10)))));
+    folds_with_waits(test, FlagWaits::Watched, WaitsOn::TwoExchange);
 }
 
 #[test]
@@ -551,30 +560,27 @@ fn one_gpu_four_processes_run_the_rounds_with_watched_waits() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    folds_with(test, 4, &[1, 4099, 70_001, 300_007], watched(small_pipeline(4, 64 << 10, None)));
+    folds_with_waits(test, FlagWaits::Watched, WaitsOn::FourRounds);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_run_the_rounds_with_unbounded_waits() {
-    // Slots of 64 KiB, chunks a slot: long shares take several.
     let test = "one_gpu_two_processes_run_the_rounds_with_unbounded_waits";
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    let rounds = CommOptions { algorithm: Some(Algorithm::TwoShot), ..small_pipeline(2, 64 << 10, None) };
-    folds_with(test, 2, TWO_RANK_LENS, unbounded(rounds));
+    folds_with_waits(test, FlagWaits::Unbounded, WaitsOn::TwoRounds);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_exchange_with_unbounded_waits() {
-    // Chunks of 64 KiB through slots of 256 KiB.
     let test = "one_gpu_two_processes_exchange_with_unbounded_waits";
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    folds_with(test, 2, TWO_RANK_LENS, unbounded(exchange(small_pipeline(2, 256 << 10, Some(64 << 10)))));
+    folds_with_waits(test, FlagWaits::Unbounded, WaitsOn::TwoExchange);
 }
 
 #[test]
@@ -584,7 +590,7 @@ fn one_gpu_four_processes_run_the_rounds_with_unbounded_waits() {
     if !is_child() {
         needs!(gpus: 1, compute_80);
     }
-    folds_with(test, 4, &[1, 4099, 70_001, 300_007], unbounded(small_pipeline(4, 64 << 10, None)));
+    folds_with_waits(test, FlagWaits::Unbounded, WaitsOn::FourRounds);
 }
 
 /// Rank `r`'s bytes of case `case`, `len` of them: f32 specials where whole words (NaN with

@@ -2,7 +2,7 @@
 //! `write_flag` and `write_flags` (a writer's flags for its readers of one slot, one batched
 //! driver call) set every word they name to the value, in stream order, and no other word;
 //! a batch refuses more flags than it takes and a misaligned one before any work.
-//! `wait_flags_unbounded` holds a stream until every flag it names holds its value, and
+//! `wait_flags_stream` until every flag equals a value holds a stream until every flag it names does, and
 //! refuses what it cannot take likewise. A stream wait for any of a mask's bits with a note
 //! around it (the watched waits' form) runs in order and holds where the flag has none of them.
 
@@ -14,8 +14,8 @@
 use geforce_p2p::PinnedBuffer;
 use geforce_p2p::cuda::Error as CudaError;
 use geforce_p2p::cuda::raw::{
-    MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, Note, Until, mapped_device_ptr, mem_ops, wait_flags_stream,
-    wait_flags_unbounded, write_flag, write_flags,
+    MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, Note, Until, mapped_device_ptr, mem_ops, wait_flags_stream, write_flag,
+    write_flags,
 };
 use gp2p_tests::{needs, with_stream};
 
@@ -114,7 +114,7 @@ fn unbounded_waits_hold_the_stream_until_every_flag_equals_the_value_and_refuse_
     // SAFETY: words of a live mapped pinned buffer, 4-byte aligned, kept until the sync; the
     // host sets the three flags to 5 below, before it waits for the stream.
     unsafe {
-        wait_flags_unbounded(&stream, word(0), 3, 5).unwrap();
+        wait_flags_stream(&stream, word(0), 3, Until::Equal(5), None).unwrap();
         write_flag(&stream, word(AFTER), 1).unwrap();
     }
     // Two flags equal and the third above the value: a wait for equality still holds.
@@ -130,18 +130,19 @@ fn unbounded_waits_hold_the_stream_until_every_flag_equals_the_value_and_refuse_
 
     // Refused before any work: too many flags, a misaligned or missing address; none is no wait.
     // SAFETY: refused before the driver sees them (and would be valid words if not).
-    let too_many = unsafe { wait_flags_unbounded(&stream, word(0), MAX_FLAG_BATCH + 1, 5) }.unwrap_err();
+    let too_many =
+        unsafe { wait_flags_stream(&stream, word(0), MAX_FLAG_BATCH + 1, Until::Equal(5), None) }.unwrap_err();
     assert!(matches!(too_many, CudaError::InvalidArgument { name: "count", .. }), "{too_many}");
     // SAFETY: as above.
-    let misaligned = unsafe { wait_flags_unbounded(&stream, word(0) + 2, 1, 5) }.unwrap_err();
+    let misaligned = unsafe { wait_flags_stream(&stream, word(0) + 2, 1, Until::Equal(5), None) }.unwrap_err();
     assert!(matches!(misaligned, CudaError::InvalidArgument { name: "flags", .. }), "{misaligned}");
     // SAFETY: as above.
-    let missing = unsafe { wait_flags_unbounded(&stream, 0, 1, 5) }.unwrap_err();
+    let missing = unsafe { wait_flags_stream(&stream, 0, 1, Until::Equal(5), None) }.unwrap_err();
     assert!(matches!(missing, CudaError::InvalidArgument { name: "flags", .. }), "{missing}");
     // SAFETY: no flags, so nothing is enqueued (word 3 holds 0, which a wait for 5 would
     // hold the stream on for good).
     unsafe {
-        wait_flags_unbounded(&stream, word(3), 0, 5).unwrap();
+        wait_flags_stream(&stream, word(3), 0, Until::Equal(5), None).unwrap();
         write_flag(&stream, word(AFTER), 2).unwrap();
     }
     stream.synchronize().unwrap();

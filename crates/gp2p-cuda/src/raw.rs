@@ -49,8 +49,7 @@ pub use exchange::{
     plan_exchange_chunks,
 };
 pub use mem_ops::{
-    MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, Note, Until, mem_ops, wait_flags_stream, wait_flags_unbounded, write_flag,
-    write_flags,
+    MAX_FLAG_BATCH, MAX_MEM_OPS, MemOp, Note, Until, mem_ops, wait_flags_stream, write_flag, write_flags,
 };
 
 /// Enqueue an asynchronous copy of `bytes` bytes between the memories of two devices on
@@ -234,11 +233,7 @@ pub unsafe fn wait_flag(
     give_up: GiveUp,
     timeout_ns: u64,
 ) -> Result<()> {
-    let words = [("flag", flag), ("failed", give_up.failed), ("broken", give_up.broken)];
-    if let Some((name, _)) = words.iter().find(|(_, ptr)| *ptr == 0) {
-        return Err(Error::InvalidArgument { name, reason: "a wait needs this word; got address 0".into() });
-    }
-    check_aligned(&words, 4)?;
+    check_words("a wait", &[("flag", flag), ("failed", give_up.failed), ("broken", give_up.broken)], 4)?;
     let function = Module::kernels(stream.device(), KernelFamily::Flags)?.function(WAIT_FLAG_KERNEL)?;
     let args = WaitFlagArgs { flag, value, timeout_ns, failed: give_up.failed, broken: give_up.broken };
     // SAFETY: the wait kernel; the addresses are the caller's contract.
@@ -259,11 +254,7 @@ pub unsafe fn wait_flags(
     give_up: GiveUp,
     timeout_ns: u64,
 ) -> Result<()> {
-    let words = [("flags", flags), ("failed", give_up.failed), ("broken", give_up.broken)];
-    if let Some((name, _)) = words.iter().find(|(_, ptr)| *ptr == 0) {
-        return Err(Error::InvalidArgument { name, reason: "a wait needs this word; got address 0".into() });
-    }
-    check_aligned(&words, 4)?;
+    check_words("a wait", &[("flags", flags), ("failed", give_up.failed), ("broken", give_up.broken)], 4)?;
     let count = u32::try_from(count).map_err(|_| Error::InvalidArgument {
         name: "count",
         reason: format!("{count} flags is more than one wait takes"),
@@ -282,13 +273,7 @@ pub unsafe fn wait_flags(
 /// `at` is a writable, 8-byte aligned `u64` of the stream's device that stays allocated until
 /// the kernel completes on `stream`, and that nothing else touches meanwhile.
 pub unsafe fn stamp(stream: &Stream, at: RawDevicePtr) -> Result<()> {
-    if at == 0 {
-        return Err(Error::InvalidArgument {
-            name: "at",
-            reason: "a stamp needs a word to write; got address 0".into(),
-        });
-    }
-    check_aligned(&[("at", at)], 8)?;
+    check_words("a stamp", &[("at", at)], 8)?;
     let function = Module::kernels(stream.device(), KernelFamily::Flags)?.function(STAMP_KERNEL)?;
     // SAFETY: the stamp kernel; the address is the caller's contract.
     unsafe { launch_kernel(&function, stream, ONE_THREAD, &StampArgs { at }, None) }
@@ -314,6 +299,15 @@ fn check_in_out(buf: InOut, bytes: usize, align: usize) -> Result<()> {
 }
 
 /// Refuses the first of `addresses` (argument name, address) not aligned to `align` bytes.
+/// Refuse any of `words` (each named by its argument) at address 0 or not aligned to
+/// `align` bytes: `what` (a wait, a stamp, ...) needs them all.
+pub(crate) fn check_words(what: &str, words: &[(&'static str, RawDevicePtr)], align: usize) -> Result<()> {
+    if let Some(&(name, _)) = words.iter().find(|(_, ptr)| *ptr == 0) {
+        return Err(Error::InvalidArgument { name, reason: format!("{what} needs this word; got address 0") });
+    }
+    check_aligned(words, align)
+}
+
 pub(crate) fn check_aligned(addresses: &[(&'static str, RawDevicePtr)], align: usize) -> Result<()> {
     match addresses.iter().find(|(_, ptr)| ptr % align as u64 != 0) {
         Some(&(name, ptr)) => {

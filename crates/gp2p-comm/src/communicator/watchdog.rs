@@ -175,7 +175,7 @@ impl Watchdog {
                     watch(&words, timeout, &numbers, &stopped);
                 }
             })
-            .map_err(|e| crate::Error::InvalidOption {
+            .map_err(|e| Error::InvalidOption {
                 name: "waits",
                 reason: format!("the watched waits' thread could not start ({e}); use FlagWaits::Kernel"),
             })?;

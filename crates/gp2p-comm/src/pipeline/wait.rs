@@ -13,9 +13,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use gp2p_cuda::raw::{
-    GiveUp, MAX_FLAG_BATCH, Note, Until, wait_flag, wait_flags, wait_flags_stream, wait_flags_unbounded,
-};
+use gp2p_cuda::raw::{GiveUp, MAX_FLAG_BATCH, Note, Until, wait_flag, wait_flags, wait_flags_stream};
 use gp2p_cuda::{RawDevicePtr, Stream};
 
 use crate::Result;
@@ -80,7 +78,7 @@ impl<'a> FlagWait<'a> {
     /// flags from `flags` (at most a world's) holds `value` ([`EMPTY`] or [`FULL`]).
     ///
     /// # Safety
-    /// As for [`wait_flags`] (bounded) or [`wait_flags_unbounded`] (stream waits), and a
+    /// As for [`wait_flags`] (bounded) or [`wait_flags_stream`] (stream waits), and a
     /// watched wait's progress word is its rank's in the same registered area.
     pub(super) unsafe fn enqueue(
         &self,
@@ -94,7 +92,7 @@ impl<'a> FlagWait<'a> {
         // SAFETY: the caller's contract, for whichever wait runs.
         unsafe {
             match self.waits {
-                Waits::Unbounded => wait_flags_unbounded(stream, flags, count, value)?,
+                Waits::Unbounded => wait_flags_stream(stream, flags, count, Until::Equal(value), None)?,
                 Waits::Bounded { timeout_ns } if count == 1 => {
                     wait_flag(stream, flags, value, self.give_up, timeout_ns)?;
                 }

@@ -5,11 +5,11 @@
 
 use cudarc::driver::sys;
 
-use super::check_aligned;
+use super::check_words;
 use crate::driver::{RawDevicePtr, check};
 use crate::{Error, Result, Stream};
 
-/// The most flags one [`write_flags`] writes or one [`wait_flags_unbounded`] waits on: a
+/// The most flags one [`write_flags`] writes or one [`wait_flags_stream`] waits on: a
 /// communicator's readers of one slot, or its ranks.
 pub const MAX_FLAG_BATCH: usize = 16;
 
@@ -97,13 +97,7 @@ pub unsafe fn mem_ops(stream: &Stream, ops: &[MemOp]) -> Result<()> {
         });
     }
     for op in ops {
-        if op.flag() == 0 {
-            return Err(Error::InvalidArgument {
-                name: "flag",
-                reason: "an operation needs its flag; got address 0".into(),
-            });
-        }
-        check_aligned(&[("flag", op.flag())], 4)?;
+        check_words("a stream memory operation", &[("flag", op.flag())], 4)?;
     }
     // SAFETY: the caller's contract; every flag checked above.
     unsafe { enqueue_ops(stream, ops) }
@@ -142,7 +136,7 @@ unsafe fn enqueue_ops(stream: &Stream, ops: &[MemOp]) -> Result<()> {
 /// pinned host memory as this device maps it, say) that stays allocated until the write
 /// completes on `stream`.
 pub unsafe fn write_flag(stream: &Stream, flag: RawDevicePtr, value: u32) -> Result<()> {
-    check_aligned(&[("flag", flag)], 4)?;
+    check_words("a write", &[("flag", flag)], 4)?;
     stream.device().bind()?;
     let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
     // SAFETY: the address is the caller's contract; the stream belongs to the bound context.
@@ -168,13 +162,7 @@ pub unsafe fn write_flags(stream: &Stream, flags: &[RawDevicePtr], value: u32) -
         });
     }
     for &flag in flags {
-        if flag == 0 {
-            return Err(Error::InvalidArgument {
-                name: "flag",
-                reason: "a write needs its flag; got address 0".into(),
-            });
-        }
-        check_aligned(&[("flag", flag)], 4)?;
+        check_words("a write", &[("flag", flag)], 4)?;
     }
     let mut ops = [MemOp::Write { flag: 0, value }; MAX_FLAG_BATCH];
     for (op, &flag) in ops.iter_mut().zip(flags) {
@@ -228,17 +216,9 @@ pub unsafe fn wait_flags_stream(
             reason: format!("{count} flags; a stream wait takes at most {MAX_FLAG_BATCH}"),
         });
     }
-    for (name, word) in [("flags", Some(flags)), ("note", note.map(|n| n.word))] {
-        match word {
-            Some(0) => {
-                return Err(Error::InvalidArgument {
-                    name,
-                    reason: "a stream wait needs this word; got address 0".into(),
-                });
-            }
-            Some(word) => check_aligned(&[(name, word)], 4)?,
-            None => {}
-        }
+    check_words("a stream wait", &[("flags", flags)], 4)?;
+    if let Some(note) = note {
+        check_words("a stream wait's note", &[("note", note.word)], 4)?;
     }
     if count == 0 {
         return Ok(());
@@ -265,16 +245,6 @@ pub unsafe fn wait_flags_stream(
     }
     // SAFETY: waits and writes on words that are the caller's contract, each checked above.
     unsafe { enqueue_ops(stream, &ops[..len]) }
-}
-
-/// [`wait_flags_stream`] until every flag equals `value`, with no note: for measuring what
-/// [`super::wait_flags`]' kernel costs a pipeline's steps, never where a peer may die.
-///
-/// # Safety
-/// As for [`wait_flags_stream`].
-pub unsafe fn wait_flags_unbounded(stream: &Stream, flags: RawDevicePtr, count: usize, value: u32) -> Result<()> {
-    // SAFETY: the caller's contract.
-    unsafe { wait_flags_stream(stream, flags, count, Until::Equal(value), None) }
 }
 
 #[cfg(test)]
