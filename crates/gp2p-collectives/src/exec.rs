@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use crate::calibrate::choose;
 use crate::cost::Algorithm;
 use crate::env::parse_byte_limit;
-use crate::legs::steps::{Lane, LegStep, chunk_range, keyed_steps};
+use crate::legs::steps::{Lane, LaneWaits, LegStep, chunk_range, keyed_steps};
 use crate::legs::{Buf, LegLanding, Rounds};
 use crate::schedule::step_divisor;
 use crate::schedule::{Action, Schedule};

@@ -30,7 +30,7 @@ use crate::Result;
 use crate::handshake::{Lane, Owner, Step, plan};
 use crate::layout::Layout;
 use crate::replay::{ReplayCounts, Replays};
-use crate::rounds::{LegStep, Rounds, sent_after, steps};
+use crate::rounds::{LaneWaits, LegStep, Rounds, sent_after, steps};
 use marks::Marks;
 
 mod many;
@@ -277,7 +277,8 @@ impl Pipeline {
             .iter()
             .map(|run| {
                 let chunk_bytes = run.chunk_bytes(side.layout);
-                let list = steps(&run.rounds, side.rank, chunk_bytes, side.layout.slot_count, &sent);
+                let waits = LaneWaits::for_ranks(run.rounds.world);
+                let list = steps(&run.rounds, side.rank, chunk_bytes, side.layout.slot_count, &sent, waits);
                 sent = sent_after(&run.rounds, chunk_bytes, &sent);
                 list
             })

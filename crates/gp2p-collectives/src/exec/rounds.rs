@@ -41,7 +41,7 @@ pub(super) fn run_legs<T: Element>(
     let size = size_of::<T>();
     let mut merged: Vec<_> = (0..n)
         .flat_map(|r| {
-            keyed_steps(rounds, r, slot_bytes, slots, &[])
+            keyed_steps(rounds, r, slot_bytes, slots, &[], LaneWaits::for_ranks(rounds.world))
                 .into_iter()
                 .enumerate()
                 .map(move |(i, s)| (s.0, r, i, s.1, s.2))

@@ -35,7 +35,8 @@
 //! chunk before it too, and a lane waits only for a chunk past the last one it waited for.
 //! So the all-reduce's second half copies out chunk c as soon as chunk c is folded, while
 //! later chunks still land; a wait for every fold so far would hold the send lane idle
-//! until the last chunk of the first half had landed and folded.
+//! until the last chunk of the first half had landed and folded. Which of the two a call
+//! takes is its [`LaneWaits`]: the one chunk between two ranks, every chunk so far among more.
 //!
 //! **Point to point among more than two ranks.** A writer's slots serve every reader, so a
 //! send may wait until the reader of an earlier call's chunk has taken it: every rank must
@@ -73,6 +74,32 @@ pub const FULL: u32 = 1;
 /// Where a step falls in the order every wait respects: its round, its chunk within the
 /// round, and its lane (sends first).
 pub type Key = (usize, usize, Lane);
+
+/// What a lane's wait for the other lane names, where a chunk of its own overlaps a range
+/// the other lane touched earlier in the call.
+///
+/// Measured on one H100 with N processes sharing its link under MPS
+/// (`benches/results/h10080gbhbm3/comm-marks.txt`): waiting for the one chunk took two
+/// ranks' all-reduce from 0.731 to 0.878 of its bound at 16 MiB and from 0.854 to 0.907 at
+/// 64 MiB, but cost four and eight ranks 3-6 % (64 MiB among 4: 0.912 against 0.973),
+/// where a second half that starts early takes the link from other ranks' first halves
+/// and every chunk adds a record and a wait. [`LaneWaits::for_ranks`] picks by that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneWaits {
+    /// The last chunk of the other lane that overlaps (a mark recorded right after it).
+    EachChunk,
+    /// Every chunk the other lane has enqueued so far, once one of them overlaps: one wait
+    /// then covers the chunks after it until the other lane enqueues more.
+    AllSoFar,
+}
+
+impl LaneWaits {
+    /// The waits a call among `world` ranks takes: [`LaneWaits::EachChunk`] between two,
+    /// [`LaneWaits::AllSoFar`] among more (as measured; see the type).
+    pub fn for_ranks(world: usize) -> LaneWaits {
+        if world <= 2 { LaneWaits::EachChunk } else { LaneWaits::AllSoFar }
+    }
+}
 
 /// One step of a rank's side of a call of [`Rounds`]. `leg` indexes the call's legs, `chunk`
 /// counts a leg's chunks (of the call's chunk size, at most a slot), `slot` is a slot of the leg's writer (the slot
@@ -161,9 +188,16 @@ fn touch(touched: &mut Vec<Touched>, leg: &Leg, i: usize, at: (Buf, usize), chun
 /// for a run chained after others on the same streams with no join between, it holds each
 /// writer's chunks those runs wrote ([`sent_after`]), and each writer's chunks go on through
 /// its slots from there rather than from slot 0, which the last of those may still hold.
-/// Every rank must pass the same `sent`.
-pub fn steps(rounds: &Rounds, rank: usize, chunk_bytes: usize, slots: usize, sent: &[usize]) -> Vec<(Lane, LegStep)> {
-    keyed_steps(rounds, rank, chunk_bytes, slots, sent).into_iter().map(|(_, lane, step)| (lane, step)).collect()
+/// Every rank must pass the same `sent`. Waits across the lanes are placed as `waits` says.
+pub fn steps(
+    rounds: &Rounds,
+    rank: usize,
+    chunk_bytes: usize,
+    slots: usize,
+    sent: &[usize],
+    waits: LaneWaits,
+) -> Vec<(Lane, LegStep)> {
+    keyed_steps(rounds, rank, chunk_bytes, slots, sent, waits).into_iter().map(|(_, lane, step)| (lane, step)).collect()
 }
 
 /// Each writer's chunks written once `rounds` (in chunks of `chunk_bytes`) have run after runs
@@ -196,6 +230,7 @@ pub fn keyed_steps(
     chunk_bytes: usize,
     slots: usize,
     sent: &[usize],
+    waits: LaneWaits,
 ) -> Vec<(Key, Lane, LegStep)> {
     use Lane::{Receive, Send};
     let (first_chunk, _) = first_chunks(rounds, chunk_bytes, sent);
@@ -212,6 +247,12 @@ pub fn keyed_steps(
     let rounds_used = legs.iter().map(|l| l.round + 1).max().unwrap_or(0);
     let world = rounds.world;
     let chunks = |i: usize| legs[i].bytes.div_ceil(chunk_bytes);
+    // The place a wait names, given the other lane's last overlapping chunk and how many
+    // chunks that lane has so far.
+    let named = |overlap: Option<usize>, so_far: usize| match waits {
+        LaneWaits::EachChunk => overlap,
+        LaneWaits::AllSoFar => overlap.map(|_| so_far - 1),
+    };
     for round in 0..rounds_used {
         let in_round = || (0..legs.len()).filter(|&i| legs[i].round == round);
         let send = in_round().find(|&i| legs[i].writer == rank);
@@ -226,7 +267,7 @@ pub fn keyed_steps(
                 let range = chunk_range(leg, chunk, chunk_bytes);
                 let src = (leg.src.0, leg.src.1 + range.start);
                 // A chunk folded (or landed) into this source earlier: copy out once it is.
-                if let Some(place) = last_overlap(&landed, src, range.len(), chunk_bytes)
+                if let Some(place) = named(last_overlap(&landed, src, range.len(), chunk_bytes), land_ends.len())
                     && place >= landings_covered
                 {
                     out.push(((round, chunk, Send), Send, LegStep::AfterLanded { mark: place }));
@@ -247,7 +288,7 @@ pub fn keyed_steps(
                 let range = chunk_range(leg, chunk, chunk_bytes);
                 let dst = (leg.dst.0, leg.dst.1 + range.start);
                 // A chunk copied out of this destination earlier (in place): land once it is.
-                if let Some(place) = last_overlap(&copied, dst, range.len(), chunk_bytes)
+                if let Some(place) = named(last_overlap(&copied, dst, range.len(), chunk_bytes), copy_ends.len())
                     && place >= sends_covered
                 {
                     out.push(((round, chunk, Receive), Receive, LegStep::AfterSent { mark: place }));
@@ -315,10 +356,10 @@ mod tests {
 
     /// Every rank's steps in the order the in-process engine enqueues them (`exec::run_legs`
     /// sorts by key, then rank, then place in the rank's list).
-    fn merged(rounds: &Rounds, slot_bytes: usize, slots: usize) -> Vec<(usize, LegStep)> {
+    fn merged(rounds: &Rounds, slot_bytes: usize, slots: usize, waits: LaneWaits) -> Vec<(usize, LegStep)> {
         let mut all: Vec<(Key, usize, usize, LegStep)> = (0..rounds.world)
             .flat_map(|r| {
-                keyed_steps(rounds, r, slot_bytes, slots, &[])
+                keyed_steps(rounds, r, slot_bytes, slots, &[], waits)
                     .into_iter()
                     .enumerate()
                     .map(move |(i, (k, _, s))| (k, r, i, s))
@@ -347,14 +388,14 @@ mod tests {
         // fill, which must be its own chunk's; a fill may come only once every reader of the
         // slot's last chunk has landed it (its point is what the fill waits for).
         let page = 4096;
-        for world in 3..=8 {
+        for (world, waits) in (3..=8).flat_map(|w| [(w, LaneWaits::EachChunk), (w, LaneWaits::AllSoFar)]) {
             let calls = calls(world, page);
             for slots in [1, 2, 3] {
                 let mut content: Vec<Vec<Option<(usize, usize)>>> = vec![vec![None; slots]; world];
                 let mut unread: Vec<Vec<Vec<usize>>> = vec![vec![Vec::new(); slots]; world];
                 for (c, rounds) in calls.iter().enumerate() {
-                    for (rank, step) in merged(rounds, page, slots) {
-                        let what = format!("{world} ranks, {slots} slots, call {c}, rank {rank}: {step:?}");
+                    for (rank, step) in merged(rounds, page, slots, waits) {
+                        let what = format!("{world} ranks, {slots} slots, {waits:?}, call {c}, rank {rank}: {step:?}");
                         match step {
                             LegStep::CopyOut { leg, chunk, slot } => {
                                 assert!(
@@ -385,18 +426,26 @@ mod tests {
 
     /// Each record is waited for, after it, and its marks count 0, 1, … in order; each wait
     /// binds to a record made after the last chunk of the other lane that overlaps its own
-    /// chunk (a fold before its copy out, a copy out before a landing in place): so the
-    /// chunk waits for what it must, and waits once for each such chunk at most.
+    /// chunk (a fold before its copy out, a copy out before a landing in place), or with
+    /// [`LaneWaits::AllSoFar`] after the other lane's last chunk so far: so the chunk waits
+    /// for what it must, and for no more than its [`LaneWaits`] says.
     #[test]
     fn each_wait_follows_the_last_overlapping_chunk_of_the_other_lane_and_each_record_is_waited_for() {
         let page = 4096;
-        for world in 2..=8 {
+        for (world, mode) in (2..=8).flat_map(|w| [(w, LaneWaits::EachChunk), (w, LaneWaits::AllSoFar)]) {
             let calls = calls(world, page);
             let mut waits = 0;
             for (c, rounds) in calls.iter().enumerate() {
                 for rank in 0..world {
-                    let what = format!("{world} ranks, call {c}, rank {rank}");
-                    let list = steps(rounds, rank, page, 3, &[]);
+                    let what = format!("{world} ranks, {mode:?}, call {c}, rank {rank}");
+                    let list = steps(rounds, rank, page, 3, &[], mode);
+                    // What a wait just before a chunk should cover: the other lane's chunks up
+                    // to the last overlapping one, or all of them so far.
+                    let wanted = |needed: usize, so_far: usize| match mode {
+                        LaneWaits::EachChunk => needed + 1,
+                        LaneWaits::AllSoFar => so_far,
+                    };
+                    let mut just_waited = false;
                     // Per lane: each chunk's range, and each record's mark with the chunks before it.
                     let (mut copied, mut landed) = (Vec::new(), Vec::new());
                     let (mut sent_records, mut landed_records): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
@@ -414,15 +463,41 @@ mod tests {
                         match step {
                             LegStep::CopyOut { leg, chunk, .. } => {
                                 let me = range(leg, chunk, rounds.legs[leg].src);
-                                if let Some(needed) = overlapping(&landed, me) {
+                                let waited_here = std::mem::take(&mut just_waited);
+                                let needed = overlapping(&landed, me);
+                                assert!(
+                                    needed.is_some() || !waited_here,
+                                    "{what}: waits before {me:?}, which needs none"
+                                );
+                                if let Some(needed) = needed {
                                     assert!(needed < landings_covered, "{what}: copies out chunk {me:?} unfolded");
+                                    if waited_here {
+                                        assert_eq!(
+                                            landings_covered,
+                                            wanted(needed, landed.len()),
+                                            "{what}: waits for {me:?}"
+                                        );
+                                    }
                                 }
                                 copied.push(me);
                             }
                             LegStep::Land { leg, chunk, .. } => {
                                 let me = range(leg, chunk, rounds.legs[leg].dst);
-                                if let Some(needed) = overlapping(&copied, me) {
+                                let waited_here = std::mem::take(&mut just_waited);
+                                let needed = overlapping(&copied, me);
+                                assert!(
+                                    needed.is_some() || !waited_here,
+                                    "{what}: waits before {me:?}, which needs none"
+                                );
+                                if let Some(needed) = needed {
                                     assert!(needed < sends_covered, "{what}: lands over {me:?} not yet sent");
+                                    if waited_here {
+                                        assert_eq!(
+                                            sends_covered,
+                                            wanted(needed, copied.len()),
+                                            "{what}: waits for {me:?}"
+                                        );
+                                    }
                                 }
                                 landed.push(me);
                             }
@@ -436,9 +511,11 @@ mod tests {
                             }
                             LegStep::AfterSent { mark } => {
                                 waited(&what, &sent_records, mark, &mut sends_covered, &mut sent_waited);
+                                just_waited = true;
                             }
                             LegStep::AfterLanded { mark } => {
                                 waited(&what, &landed_records, mark, &mut landings_covered, &mut landed_waited);
+                                just_waited = true;
                             }
                             _ => {}
                         }

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use super::*;
 use crate::handshake::tests::chooser;
 use crate::handshake::{EMPTY, FULL, Lane};
+use gp2p_collectives::legs::steps::LaneWaits;
 
 /// One call of the model: its legs, and its buffers' lengths in bytes (one byte is one
 /// element here).
@@ -57,7 +58,14 @@ struct Queued {
 
 /// Every call's steps for `rank`, each call's slots from 0, or, `chained`, each call's as a run
 /// chained after the calls before (going on through every writer's slots).
-fn enqueue(calls: &[Call], rank: usize, slot_bytes: usize, slots: usize, chained: bool) -> Vec<Queued> {
+fn enqueue(
+    calls: &[Call],
+    rank: usize,
+    slot_bytes: usize,
+    slots: usize,
+    chained: bool,
+    waits: LaneWaits,
+) -> Vec<Queued> {
     // Records enqueued so far, per mark: (sent, landed).
     let (mut sent, mut landed): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     let count = |records: &mut Vec<usize>, mark: usize| {
@@ -67,7 +75,7 @@ fn enqueue(calls: &[Call], rank: usize, slot_bytes: usize, slots: usize, chained
     let mut out = Vec::new();
     let mut written = Vec::new();
     for (call, c) in calls.iter().enumerate() {
-        let list = steps(&c.rounds, rank, slot_bytes, slots, if chained { &written } else { &[] });
+        let list = steps(&c.rounds, rank, slot_bytes, slots, if chained { &written } else { &[] }, waits);
         if chained {
             written = sent_after(&c.rounds, slot_bytes, &written);
         }
@@ -130,10 +138,11 @@ impl<'a> Model<'a> {
         slots: usize,
         one_queue: bool,
         chained: bool,
+        waits: LaneWaits,
     ) -> Model<'a> {
         let queues: Vec<Vec<VecDeque<Queued>>> = (0..world)
             .map(|r| {
-                let steps = enqueue(calls, r, slot_bytes, slots, chained);
+                let steps = enqueue(calls, r, slot_bytes, slots, chained, waits);
                 if one_queue {
                     vec![steps.into_iter().collect()]
                 } else {
@@ -356,13 +365,13 @@ fn every_call_lands_whole_in_the_owners_order_whatever_order_the_gpus_run_the_st
     // Slots of a page: every leg takes several chunks, and the rings wrap within a call. The
     // calls each from slot 0 after the one before, and chained (see `enqueue`).
     let slot_bytes = SHARE_ALIGN;
-    for world in 3..=8 {
+    for (world, waits) in (3..=8).flat_map(|w| [(w, LaneWaits::EachChunk), (w, LaneWaits::AllSoFar)]) {
         let calls = calls(world);
         for (slots, chained) in [2, 3].into_iter().flat_map(|s| [(s, false), (s, true)]) {
-            let what = format!("{world} ranks, {slots} slots, chained {chained}");
+            let what = format!("{world} ranks, {waits:?}, {slots} slots, chained {chained}");
             for seed in 0..3 {
                 for one_queue in [false, true] {
-                    let mut model = Model::new(&calls, world, slot_bytes, slots, one_queue, chained);
+                    let mut model = Model::new(&calls, world, slot_bytes, slots, one_queue, chained, waits);
                     // One queue: as the GPU would run both streams in the order enqueued.
                     let left = if one_queue { model.drain(|_| 0) } else { model.drain(chooser(seed + 1)) };
                     assert_eq!(left, 0, "{what}, seed {seed}, one queue {one_queue}: deadlock");
@@ -373,7 +382,7 @@ fn every_call_lands_whole_in_the_owners_order_whatever_order_the_gpus_run_the_st
                     }
                 }
                 // Also the queues in enqueue order, ranks chosen at random.
-                let mut model = Model::new(&calls, world, slot_bytes, slots, true, chained);
+                let mut model = Model::new(&calls, world, slot_bytes, slots, true, chained, waits);
                 assert_eq!(model.drain(chooser(seed + 100)), 0, "{what}, seed {seed}");
                 model.check();
             }
@@ -390,7 +399,7 @@ fn runs_chained_go_on_through_each_writers_slots() {
             // Rank 0's first copy out of each call: in slot 0 where each call starts afresh;
             // chained, some call's goes on from where the call before left off.
             let first_slots = |chained| -> Vec<usize> {
-                let queued = enqueue(&calls, 0, slot_bytes, slots, chained);
+                let queued = enqueue(&calls, 0, slot_bytes, slots, chained, LaneWaits::for_ranks(world));
                 (0..calls.len())
                     .filter_map(|call| {
                         queued.iter().filter(|q| q.call == call).find_map(|q| match q.step {
@@ -414,7 +423,7 @@ fn the_model_sees_a_missing_wait() {
     let calls = calls(world);
     let mut caught = false;
     for seed in 0..12 {
-        let mut model = Model::new(&calls, world, SHARE_ALIGN, 2, false, false);
+        let mut model = Model::new(&calls, world, SHARE_ALIGN, 2, false, false, LaneWaits::EachChunk);
         for queues in &mut model.queues {
             for queue in queues.iter_mut() {
                 queue.retain(|q| !matches!(q.step, LegStep::AfterSent { .. } | LegStep::AfterLanded { .. }));
@@ -464,7 +473,7 @@ fn a_copy_out_marks_its_readers_full_at_once_and_each_hand_back_is_one_flag() {
     for world in 2..=8 {
         for call in calls(world) {
             for rank in 0..world {
-                let steps = steps(&call.rounds, rank, SHARE_ALIGN, 3, &[]);
+                let steps = steps(&call.rounds, rank, SHARE_ALIGN, 3, &[], LaneWaits::for_ranks(world));
                 for (i, &(lane, step)) in steps.iter().enumerate() {
                     let what = format!("{world} ranks, rank {rank}, step {i}: {step:?}");
                     match step {
@@ -496,7 +505,7 @@ fn a_chunk_for_every_other_rank_is_copied_out_once_with_a_flag_for_each() {
     let world = 4;
     let rounds = Rounds::all_gather(world, 2 * SHARE_ALIGN, false);
     for rank in 0..world {
-        let steps = steps(&rounds, rank, SHARE_ALIGN, 3, &[]);
+        let steps = steps(&rounds, rank, SHARE_ALIGN, 3, &[], LaneWaits::for_ranks(world));
         let copies = steps.iter().filter(|(_, s)| matches!(s, LegStep::CopyOut { .. })).count();
         let full: usize = steps
             .iter()
@@ -520,13 +529,14 @@ fn the_all_reduces_second_half_copies_out_each_chunk_once_it_alone_is_folded() {
     // Four shares of three chunks each: the first half folds, the second hands the folded
     // share out. Chunk c of the second half waits for the last fold of chunk c alone, so it
     // goes out while later chunks still fold; one wait for every fold would hold the send
-    // lane idle until the last chunk had landed.
+    // lane idle until the last chunk had landed. (Four ranks take one wait for every fold by
+    // default, [`LaneWaits::for_ranks`]; the marks are what is checked here.)
     let world = 4;
     let rounds = Rounds::all_reduce(world, world * 3 * SHARE_ALIGN);
     let hand_out = rounds.legs.iter().map(|l| l.round).max().expect("legs");
     let last_fold = hand_out - 1;
     for rank in 0..world {
-        let steps = steps(&rounds, rank, SHARE_ALIGN, 3, &[]);
+        let steps = steps(&rounds, rank, SHARE_ALIGN, 3, &[], LaneWaits::EachChunk);
         // By mark, the (round, chunk) of the landing its record follows.
         let (mut landing, mut marks, mut waited) = (None, Vec::new(), None);
         let mut copies = 0;

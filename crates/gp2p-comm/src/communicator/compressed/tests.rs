@@ -5,7 +5,7 @@
 use gp2p_kernels::compress::{BlockSize, Format, Scheme, all_reduce, decode_wire, encode_wire};
 
 use super::*;
-use crate::rounds::{LegStep, steps};
+use crate::rounds::{LaneWaits, LegStep, steps};
 
 fn format(format: Format, block: usize) -> WireFormat {
     WireFormat { format, block: BlockSize::new(block).unwrap() }
@@ -91,7 +91,7 @@ fn every_leg_is_one_chunk_and_a_writer_has_at_most_one_leg_a_round() {
                 assert_eq!(same_round.count(), 1, "{world} ranks, round {}", leg.round);
             }
             for rank in 0..world {
-                let steps = steps(&rounds, rank, SLOT, 3, &[]);
+                let steps = steps(&rounds, rank, SLOT, 3, &[], LaneWaits::for_ranks(world));
                 let copies = steps.iter().filter(|(_, s)| matches!(s, LegStep::CopyOut { chunk: 0, .. })).count();
                 let sent = rounds.legs.iter().filter(|l| l.writer == rank).count();
                 assert_eq!(copies, sent, "{world} ranks, rank {rank}: one copy out a leg");
@@ -123,7 +123,7 @@ fn each_piece_folds_after_the_last_of_its_wires_lands_and_the_run_touches_it_no_
                 let what = format!("{world} ranks, {len} values, rank {rank}");
                 let completing = plan.completing_legs(&rounds, rank);
                 assert_eq!(completing.len(), plan.pieces[rank].len(), "{what}: a fold a piece");
-                let lands: Vec<usize> = steps(&rounds, rank, slot, 3, &[])
+                let lands: Vec<usize> = steps(&rounds, rank, slot, 3, &[], LaneWaits::for_ranks(world))
                     .into_iter()
                     .filter_map(|(_, s)| if let LegStep::Land { leg, .. } = s { Some(leg) } else { None })
                     .collect();
@@ -180,7 +180,7 @@ fn the_second_run_goes_on_through_each_writer_s_slots_and_its_readers_agree() {
             let sent = sent_after(&first, SLOT, &[]);
             let mut filled = std::collections::HashMap::new();
             for rank in 0..world {
-                for (_, step) in steps(&second, rank, SLOT, slots, &sent) {
+                for (_, step) in steps(&second, rank, SLOT, slots, &sent, LaneWaits::for_ranks(world)) {
                     if let LegStep::CopyOut { leg, slot, .. } = step {
                         filled.insert(leg, slot);
                     }
@@ -192,7 +192,7 @@ fn the_second_run_goes_on_through_each_writer_s_slots_and_its_readers_agree() {
                 }
             }
             for rank in 0..world {
-                for (_, step) in steps(&second, rank, SLOT, slots, &sent) {
+                for (_, step) in steps(&second, rank, SLOT, slots, &sent, LaneWaits::for_ranks(world)) {
                     if let LegStep::Land { leg, slot, .. } = step {
                         assert_eq!(filled[&leg], slot, "{world} ranks, {len}: rank {rank} lands leg {leg}");
                     }
