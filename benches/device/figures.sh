@@ -60,12 +60,12 @@
 #                64 MiB among 2 each way; every bench killed past 150 s with the ranks it
 #                started (a rank's unbounded waits never give up)
 #                                                       -> waits-<round>-<what>-{kernel,watched,unbounded}.*
-#   marks        the rounds with each wait across a rank's streams for the one chunk it needs
-#                (legs/steps.rs's marks), under MPS where ranks share a GPU: all_reduce
-#                4 MiB-256 MiB among 2, 4 and 8 with the rounds' chunk a slot (the default) and
-#                fixed at 2 MiB and 4 MiB, reduce_scatter among 8, the in-process engine among
-#                2, a timeline of 64 MiB among 2; OLD_G, a gp2p of an earlier build, runs each
-#                default all_reduce again beside it      -> marks-*
+#   crossover    two ranks sharing one GPU under MPS, all_reduce 1-4 MiB as the one kernel
+#                (--algorithm one-shot, room to 8 MiB), as the rounds (two-shot, the one
+#                kernel only to 64 KiB) and as the default picks, in turns, CROSSOVER_ROUNDS
+#                rounds (default 2): where the rounds, whose waits now name one chunk, overtake
+#                the one kernel (choice.rs's one_kernel_max prices that crossing)
+#                                                       -> crossover-<round>-{default,one-kernel,rounds}[-odd].*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -392,29 +392,24 @@ waits() {
   return 0
 }
 
-marks() {
-  local shared=0 n c a="comm all-reduce -f 4 -n 5 -w 2 --calls 10"
-  if [ "$GPUS" -lt 8 ]; then
-    mps_start || return
-    shared=1
-  fi
-  for n in 2 4 8; do
-    late && break
-    # shellcheck disable=SC2086 # a is a list of words
-    bench "marks-all-reduce-$n" $a --ranks "$n" -b 4M -e 256M
-    if [ -n "${OLD_G:-}" ]; then
-      # shellcheck disable=SC2086
-      G=$OLD_G bench "marks-all-reduce-$n-before" $a --ranks "$n" -b 4M -e 256M
-    fi
-    for c in 2M 4M; do
-      # shellcheck disable=SC2086
-      bench "marks-all-reduce-$n-chunk$c" $a --ranks "$n" -b 4M -e 256M --chunk-bytes "$c"
+crossover() {
+  local r mode sizes flags a="comm all-reduce --ranks 2 -n 5 -w 2 --calls 10"
+  mps_start || return
+  for r in $(seq 1 "${CROSSOVER_ROUNDS:-2}"); do
+    for mode in default one-kernel rounds; do
+      case $mode in
+      default) flags="" ;;
+      one-kernel) flags="--algorithm one-shot --small-max-bytes 8M" ;;
+      rounds) flags="--algorithm two-shot --small-max-bytes 64K" ;;
+      esac
+      for sizes in "-b 1M -e 4M" "-b 1536K -e 3M"; do
+        late && break 3
+        # shellcheck disable=SC2086 # a, sizes and flags are lists of words
+        bench "crossover-$r-$mode$([ "$sizes" = "-b 1M -e 4M" ] || echo -odd)" $a $sizes -f 2 $flags
+      done
     done
   done
-  late || bench marks-reduce-scatter-8 comm reduce-scatter -f 4 -n 5 -w 2 --calls 10 --ranks 8 -b 16M -e 256M
-  late || bench marks-timeline-2 comm all-reduce --ranks 2 -b 64M -e 64M -n 3 -w 1 --calls 5 --timeline "$RES/marks-timeline-2"
-  [ "$shared" = 1 ] && mps_stop
-  late || bench marks-engine-2 all-reduce --ranks 2 -b 16M -e 256M -f 4 -n 5 -w 2
+  mps_stop
   return 0
 }
 
@@ -467,7 +462,7 @@ for section in "${sections[@]}"; do
     probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | compress | plots)
       late || "section_$s"
       ;;
-    tune | spread | exchange | trace | mp-lines | waits | marks | ab)
+    tune | spread | exchange | trace | mp-lines | waits | crossover | ab)
       late || investigation "$s"
       ;;
     *)
