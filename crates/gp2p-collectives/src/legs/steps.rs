@@ -459,51 +459,35 @@ mod tests {
                         let r = chunk_range(&rounds.legs[leg], chunk, page);
                         (at.0, at.1 + r.start, r.len())
                     };
-                    let overlapping = |done: &[(Buf, usize, usize)], (buf, at, len): (Buf, usize, usize)| {
-                        done.iter().rposition(|&(b, a, l)| b == buf && a < at + len && at < a + l)
+                    // A chunk `me` of one lane, after the other lane's chunks `done` of which its
+                    // waits cover `covered`: the last overlapping one is covered, and a wait just
+                    // before (`waited`: what was covered before it) was needed and covers what the
+                    // mode names.
+                    let check = |me: (Buf, usize, usize),
+                                 done: &[(Buf, usize, usize)],
+                                 covered: usize,
+                                 waited: Option<usize>| {
+                        let (buf, at, len) = me;
+                        let needed = done.iter().rposition(|&(b, a, l)| b == buf && a < at + len && at < a + l);
+                        assert!(needed.is_some() || waited.is_none(), "{what}: waits before {me:?}, which needs none");
+                        if let Some(needed) = needed {
+                            assert!(needed < covered, "{what}: {me:?} goes before the other lane's chunk {needed}");
+                            if let Some(from) = waited {
+                                assert!(needed >= from, "{what}: waits before {me:?}, whose chunk was covered");
+                                assert_eq!(covered, wanted(needed, done.len()), "{what}: waits for {me:?}");
+                            }
+                        }
                     };
                     for (_, step) in list {
                         match step {
                             LegStep::CopyOut { leg, chunk, .. } => {
                                 let me = range(leg, chunk, rounds.legs[leg].src);
-                                let waited = waited_from.take();
-                                let needed = overlapping(&landed, me);
-                                assert!(
-                                    needed.is_some() || waited.is_none(),
-                                    "{what}: waits before {me:?}, which needs none"
-                                );
-                                if let Some(needed) = needed {
-                                    assert!(needed < landings_covered, "{what}: copies out chunk {me:?} unfolded");
-                                    if let Some(from) = waited {
-                                        assert!(needed >= from, "{what}: waits before {me:?}, whose chunk was covered");
-                                        assert_eq!(
-                                            landings_covered,
-                                            wanted(needed, landed.len()),
-                                            "{what}: waits for {me:?}"
-                                        );
-                                    }
-                                }
+                                check(me, &landed, landings_covered, waited_from.take());
                                 copied.push(me);
                             }
                             LegStep::Land { leg, chunk, .. } => {
                                 let me = range(leg, chunk, rounds.legs[leg].dst);
-                                let waited = waited_from.take();
-                                let needed = overlapping(&copied, me);
-                                assert!(
-                                    needed.is_some() || waited.is_none(),
-                                    "{what}: waits before {me:?}, which needs none"
-                                );
-                                if let Some(needed) = needed {
-                                    assert!(needed < sends_covered, "{what}: lands over {me:?} not yet sent");
-                                    if let Some(from) = waited {
-                                        assert!(needed >= from, "{what}: waits before {me:?}, whose chunk was covered");
-                                        assert_eq!(
-                                            sends_covered,
-                                            wanted(needed, copied.len()),
-                                            "{what}: waits for {me:?}"
-                                        );
-                                    }
-                                }
+                                check(me, &copied, sends_covered, waited_from.take());
                                 landed.push(me);
                             }
                             LegStep::RecordSent { mark } => {
