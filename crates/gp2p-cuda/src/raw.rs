@@ -298,7 +298,6 @@ fn check_in_out(buf: InOut, bytes: usize, align: usize) -> Result<()> {
     Ok(())
 }
 
-/// Refuses the first of `addresses` (argument name, address) not aligned to `align` bytes.
 /// Refuse any of `words` (each named by its argument) at address 0 or not aligned to
 /// `align` bytes: `what` (a wait, a stamp, ...) needs them all.
 pub(crate) fn check_words(what: &str, words: &[(&'static str, RawDevicePtr)], align: usize) -> Result<()> {
@@ -308,6 +307,7 @@ pub(crate) fn check_words(what: &str, words: &[(&'static str, RawDevicePtr)], al
     check_aligned(words, align)
 }
 
+/// Refuses the first of `addresses` (argument name, address) not aligned to `align` bytes.
 pub(crate) fn check_aligned(addresses: &[(&'static str, RawDevicePtr)], align: usize) -> Result<()> {
     match addresses.iter().find(|(_, ptr)| ptr % align as u64 != 0) {
         Some(&(name, ptr)) => {

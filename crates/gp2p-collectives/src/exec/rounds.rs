@@ -78,18 +78,10 @@ pub(super) fn run_legs<T: Element>(
                 };
                 last[r].1 = Some(fanouts[leg.writer].land(slot, r, stream, &mut dst, fold)?);
             }
-            LegStep::RecordSent { mark } => keep(&mut recorded[r].0, mark, &last[r].0),
-            LegStep::RecordLanded { mark } => keep(&mut recorded[r].1, mark, &last[r].1),
-            LegStep::AfterSent { mark } => {
-                if let Some(point) = recorded[r].0.get(mark).and_then(Option::as_ref) {
-                    stream.wait_point(point)?;
-                }
-            }
-            LegStep::AfterLanded { mark } => {
-                if let Some(point) = recorded[r].1.get(mark).and_then(Option::as_ref) {
-                    stream.wait_point(point)?;
-                }
-            }
+            LegStep::RecordSent { mark } => record(&mut recorded[r].0, mark, &last[r].0),
+            LegStep::RecordLanded { mark } => record(&mut recorded[r].1, mark, &last[r].1),
+            LegStep::AfterSent { mark } => after(stream, &recorded[r].0, mark)?,
+            LegStep::AfterLanded { mark } => after(stream, &recorded[r].1, mark)?,
             // The fan-out's points are the flags: a fill waits for the slot's readers, a
             // landing for the fill.
             LegStep::WaitSlotFree { .. }
@@ -104,10 +96,20 @@ pub(super) fn run_legs<T: Element>(
 /// A rank's records of one lane, by mark.
 type Marked = Vec<Option<StreamPoint>>;
 
-/// Keep `point` as mark `mark`'s record.
-fn keep(marks: &mut Marked, mark: usize, point: &Option<StreamPoint>) {
-    if marks.len() <= mark {
-        marks.resize(mark + 1, None);
+/// Keep `point`, the lane's last chunk, as its record `mark`: a lane's records come
+/// numbered in order, each after a chunk of the lane (`crate::legs::steps`).
+fn record(marks: &mut Marked, mark: usize, point: &Option<StreamPoint>) {
+    debug_assert_eq!(marks.len(), mark, "a lane's records come numbered in order");
+    debug_assert!(point.is_some(), "a record follows a chunk of its lane");
+    marks.push(point.clone());
+}
+
+/// Have `stream` wait for the other lane's record `mark`, which the merge by key put before.
+fn after(stream: &Stream, marks: &Marked, mark: usize) -> Result<()> {
+    let point = marks.get(mark).and_then(Option::as_ref);
+    debug_assert!(point.is_some(), "mark {mark} waited for before its record");
+    if let Some(point) = point {
+        stream.wait_point(point)?;
     }
-    marks[mark].clone_from(point);
+    Ok(())
 }
