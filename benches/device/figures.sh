@@ -66,6 +66,11 @@
 #                rounds (default 2): where the rounds, whose waits now name one chunk, overtake
 #                the one kernel (choice.rs's one_kernel_max prices that crossing)
 #                                                       -> crossover-<round>-{default,one-kernel,rounds}[-odd].*
+#   chunks       the rounds' chunk: all_reduce 1-16 MiB among 2, 4 and 8 processes under MPS with
+#                the default chunk (a slot) and with 512 KiB, 1 MiB and 2 MiB ones, the in-process
+#                engine at the same sizes, and two ranks' 64-256 MiB with four slots beside three
+#                                                       -> chunks-<N>-{default,512K,1M,2M}.* chunks-engine-<N>.*
+#                                                          slots4-2.* slots4-2-default.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -413,6 +418,28 @@ crossover() {
   return 0
 }
 
+chunks() {
+  local n c a="comm all-reduce -f 2 -n 5 -w 2 --calls 10 -b 1M -e 16M"
+  mps_start || return
+  for n in 2 4 8; do
+    late && break
+    bench "chunks-$n-default" $a --ranks $n
+    for c in 512K 1M 2M; do
+      late && break
+      bench "chunks-$n-$c" $a --ranks $n --chunk-bytes $c
+    done
+  done
+  mps_stop
+  for n in 2 4 8; do
+    late || bench "chunks-engine-$n" all-reduce --ranks $n -b 1M -e 16M -f 2 -n 5 -w 2
+  done
+  mps_start || return
+  late || bench slots4-2 comm all-reduce -f 4 -n 5 -w 2 --calls 10 -b 64M -e 256M --ranks 2 --slots 4
+  late || bench slots4-2-default comm all-reduce -f 4 -n 5 -w 2 --calls 10 -b 64M -e 256M --ranks 2
+  mps_stop
+  return 0
+}
+
 # ab: builds in turns. Bundles: the release tests (how long the next driver call waits after
 # each kind of release, another stream held) and the same-card figures; wheels: the whole
 # copy_ and copy call, copy_call_turns.py in alternating order.
@@ -462,7 +489,7 @@ for section in "${sections[@]}"; do
     probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | compress | plots)
       late || "section_$s"
       ;;
-    tune | spread | exchange | trace | mp-lines | waits | crossover | ab)
+    tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | ab)
       late || investigation "$s"
       ;;
     *)

@@ -144,13 +144,14 @@ impl AllReducePaths {
     /// The largest all-reduce two ranks should run as one kernel, given room for `small_max`
     /// bytes: all of it, except where the two share one link and no algorithm is forced. There
     /// the one kernel and the rounds load the same link, and the model prices the flagged
-    /// chunks' kernel at half its DMA rate ([`CHUNK_KERNEL_BYTES_PER_DATA_BYTE`]) against the
-    /// rounds' chunk steps, so past some size the rounds win: this is the largest size, in
-    /// 4 KiB steps, that the model (at `many`'s rates, the same on every rank) prices no
-    /// dearer as one kernel, never below the lines. On one H100 shared by two processes the
-    /// one kernel took 168 µs at 2 MiB against the rounds' 200, and 407 µs at 4 MiB against
-    /// 310 (`benches/results/h10080gbhbm3/comm-one-kernel-2.txt`); on cards of their own the
-    /// one kernel ran faster up to 4 MiB (see `CommOptions::small_max_bytes`'s default).
+    /// chunks' kernel below its DMA rate ([`CHUNK_KERNEL_DMA_SHARE`]) against the rounds'
+    /// chunk steps, so past some size the rounds win: this is the largest size, in 4 KiB
+    /// steps, that the model (at `many`'s rates, the same on every rank) prices no dearer as
+    /// one kernel, never below the lines. On one H100 shared by two processes the two ran
+    /// 149 against 181 µs at 2 MiB, 234 against 229 at 3 MiB and 265 against 266 at 4 MiB
+    /// (`benches/results/h10080gbhbm3/investigations/crossover-1-*.txt`); on cards of their
+    /// own the one kernel ran faster up to 4 MiB (see `CommOptions::small_max_bytes`'s
+    /// default).
     pub fn one_kernel_max(&self) -> usize {
         const STEP: usize = 4 << 10;
         let floor = self.many.lines_max.min(self.small_max);
@@ -200,10 +201,14 @@ impl AllReducePaths {
 ///
 /// - two ranks, up to `small_max`: one kernel, one phase, one-shot's traffic: each rank's
 ///   buffer up once and its peer's down once, in 8-byte lines of 4 data bytes (twice the
-///   bytes) up to the lines' capacity and in flagged chunks (the bytes, at half the rate) above;
+///   bytes) up to the lines' capacity and in flagged chunks (the bytes, below the DMA rate,
+///   after a chunk step) above;
 /// - two ranks above it: the exchange, one-shot's traffic of the bytes (each rank's buffer up
-///   through its slots, the peer's down), or the rounds where two-shot is forced or the two
-///   share a link ([`AllReducePaths::two_ranks_take_rounds`]), each with its fill (below);
+///   through its slots, the peer's down), with its fill (below), or the rounds where two-shot
+///   is forced or the two share a link ([`AllReducePaths::two_ranks_take_rounds`]), without:
+///   each of their waits names the one chunk it needs (`LaneWaits::EachChunk` of
+///   `gp2p_collectives`), and on one H100 shared by two processes the rounds of 1-16 MiB ran
+///   within 7 % of the price without the fill and up to 22 % under it with;
 /// - more ranks: the path [`ManyChoice::path`] takes, priced as [`ManyChoice::predictions`]
 ///   prices it, the rounds with their fill; one rank: nothing moves.
 ///
@@ -222,8 +227,8 @@ impl AllReducePaths {
 /// and `the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent` hold
 /// them), where the fill alone left them up to 20 % low and without the turns 1 MiB
 /// among 8 priced 60 % low; the steps make small chunks cost what they do. Two ranks'
-/// flagged-chunk kernel is priced at half the link's DMA rate
-/// ([`CHUNK_KERNEL_BYTES_PER_DATA_BYTE`]).
+/// flagged-chunk kernel is priced at a share of the link's DMA rate
+/// ([`CHUNK_KERNEL_DMA_SHARE`]).
 pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize) -> Prediction {
     let filled = |t: Traffic, fill: usize| machine.filled(t, fill as f64);
     // The rounds' first chunk: a share, or a chunk of it.
@@ -237,7 +242,7 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
         0 | 1 => price(machine, Algorithm::OneShot, traffic(Algorithm::OneShot, 1, bytes)),
         2 if bytes <= paths.small_max => {
             // One kernel, no pipeline: the lines move twice the bytes, the flagged chunks the
-            // bytes at about half the DMA rate (CHUNK_KERNEL_BYTES_PER_DATA_BYTE).
+            // bytes below the DMA rate (CHUNK_KERNEL_DMA_SHARE) after a chunk step.
             if bytes <= paths.many.lines_max {
                 return price(
                     machine,
@@ -247,17 +252,19 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
             }
             // The chunks' slower rate is the kernel's, not more bytes: the link at that rate,
             // host memory at its own.
-            let k = CHUNK_KERNEL_BYTES_PER_DATA_BYTE as f64;
+            let k = CHUNK_KERNEL_DMA_SHARE;
             let slower = Machine {
-                h2d_gbps: machine.h2d_gbps / k,
-                d2h_gbps: machine.d2h_gbps / k,
-                duplex_gbps: machine.duplex_gbps / k,
+                h2d_gbps: machine.h2d_gbps * k,
+                d2h_gbps: machine.d2h_gbps * k,
+                duplex_gbps: machine.duplex_gbps * k,
                 ..*machine
             };
-            price(&slower, Algorithm::OneShot, traffic(Algorithm::OneShot, 2, bytes))
+            stepped(price(&slower, Algorithm::OneShot, traffic(Algorithm::OneShot, 2, bytes)), 1)
         }
+        // Two ranks' rounds without the fill: each wait names the one chunk it needs
+        // (`LaneWaits::EachChunk`), so the first chunk's trip hides behind the other rank's.
         2 if paths.two_ranks_take_rounds(bytes) => stepped(
-            price(machine, Algorithm::TwoShot, filled(all_reduce_traffic(2, bytes), rounds_fill)),
+            price(machine, Algorithm::TwoShot, all_reduce_traffic(2, bytes)),
             rounds_steps(2, bytes, paths.rounds_chunk()),
         ),
         2 => {
@@ -280,15 +287,14 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
     }
 }
 
-/// How much slower than the link's DMA rate two ranks' flagged-chunk kernel (the one kernel
-/// above the lines) moves its bytes across the bus: its loads and stores reach about half
-/// of it. It is priced as the bytes at the link's rates divided by this; host memory sees
-/// each byte once (priced twice there, 1 MiB between two processes on one H100 came out
-/// DRAM-bound at 113 µs against 87 measured, 1706435; once, 96).
-/// On one H100 shared by two processes (duplex 50.5 GB/s) 1 MiB took 89-91 µs and 4 MiB
-/// 337-432 µs (`benches/results/h10080gbhbm3/comm-exact-bf16-2.txt`, `comm-all-reduce-2.txt`,
-/// `comm-chunks-message-2.txt`), where the DMA rate alone prices 52 and 177.
-pub const CHUNK_KERNEL_BYTES_PER_DATA_BYTE: usize = 2;
+/// The share of the link's DMA rate at which two ranks' flagged-chunk kernel (the one kernel
+/// above the lines) moves its bytes across the bus: its loads and stores reach about 70 % of
+/// it. It is priced as the bytes at the link's rates times this, after one chunk step (its
+/// launch, the wait for the peer's first chunk, the last chunk's flag); host memory sees each
+/// byte once. On one H100 shared by two processes (duplex 48.9 GB/s) it took 98, 125, 149,
+/// 234 and 265 µs at 1, 1.5, 2, 3 and 4 MiB (`benches/results/h10080gbhbm3/investigations/
+/// crossover-1-one-kernel*.txt`), priced 94, 125, 155, 217 and 278.
+pub const CHUNK_KERNEL_DMA_SHARE: f64 = 0.7;
 
 /// Dependent operations of one chunk step of the exact pipelines: the wait for a slot or a
 /// flag, the copy out or the landing's copy, the fold, the flag's write.
