@@ -8,7 +8,8 @@
 #   racecheck-each       racecheck binary by binary, each with its own time limit and
 #                        gpu_collectives last with what the call has left (RACECHECK_END,
 #                        default 560 s), so a call cut off at the device's limit still brings
-#                        back the binaries before                          -> racecheck-each.log
+#                        back the binaries before; RACECHECK_BINARIES names some of them
+#                        (default: every GPU binary)                       -> racecheck-each.log
 #   synccheck            gpu_comm under synccheck (the chunk kernel's named barriers)
 #                                                                          -> synccheck-gpu-comm.log
 #   python               the Python fast paths' tests under memcheck (the wheel)
@@ -54,9 +55,15 @@ for section in "${sections[@]}"; do
     # kernel at a time, its gated streams wait out their deadlines one by one.
     binaries=()
     for t in "$B"/tests/gpu_*; do
-      [ "$(basename "$t")" = gpu_collectives ] || binaries+=("$(basename "$t")")
+      t=$(basename "$t")
+      [ -n "${RACECHECK_BINARIES:-}" ] && [[ " $RACECHECK_BINARIES " != *" $t "* ]] && continue
+      [ "$t" = gpu_collectives ] || binaries+=("$t")
     done
-    for t in "${binaries[@]}" gpu_collectives; do
+    final=(gpu_collectives)
+    if [ -n "${RACECHECK_BINARIES:-}" ] && [[ " $RACECHECK_BINARIES " != *" gpu_collectives "* ]]; then
+      final=()
+    fi
+    for t in "${binaries[@]}" "${final[@]}"; do
       [ -x "$B/tests/$t" ] || continue
       limit=150
       len=65539
