@@ -66,8 +66,9 @@
 #                rounds (default 2): where the rounds, whose waits now name one chunk, overtake
 #                the one kernel (choice.rs's one_kernel_max prices that crossing)
 #                                                       -> crossover-<round>-{default,one-kernel,rounds}[-odd].*
-#   chunks       the rounds' chunk: all_reduce 1-16 MiB among 2, 4 and 8 processes under MPS with
-#                the default chunk (a slot) and with 512 KiB, 1 MiB and 2 MiB ones, the in-process
+#   chunks       the rounds' chunk: all_reduce 1-16 MiB among 2 (the rounds forced), 4 and 8
+#                processes under MPS with the default chunk (a slot) and with 512 KiB, 1 MiB and
+#                2 MiB ones, the in-process
 #                engine at the same sizes, and two ranks' 64-256 MiB with four slots beside three
 #                                                       -> chunks-<N>-{default,512K,1M,2M}.* chunks-engine-<N>.*
 #                                                          slots4-2.* slots4-2-default.*
@@ -419,14 +420,19 @@ crossover() {
 }
 
 chunks() {
-  local n c a="comm all-reduce -f 2 -n 5 -w 2 --calls 10 -b 1M -e 16M"
+  local n c rounds a="comm all-reduce -f 2 -n 5 -w 2 --calls 10 -b 1M -e 16M"
   mps_start || return
   for n in 2 4 8; do
     late && break
-    bench "chunks-$n-default" $a --ranks $n
+    # Two ranks on the rounds at every size: the chunk moves the model's cut to the one kernel.
+    rounds=""
+    [ "$n" = 2 ] && rounds="--algorithm two-shot --small-max-bytes 64K"
+    # shellcheck disable=SC2086 # a and rounds are lists of words
+    bench "chunks-$n-default" $a --ranks $n $rounds
     for c in 512K 1M 2M; do
       late && break
-      bench "chunks-$n-$c" $a --ranks $n --chunk-bytes $c
+      # shellcheck disable=SC2086
+      bench "chunks-$n-$c" $a --ranks $n --chunk-bytes $c $rounds
     done
   done
   mps_stop

@@ -447,8 +447,8 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
             "One process per GPU (torchrun, geforce_p2p.distributed) between two ranks: one kernel up to {} (8-byte \
              lines, twice the bytes, up to {}), the exchange through the slots above (two-shot rounds where \
              forced, or where the two share one GPU); the exchange priced with one chunk of fill each way (a \
-             quarter of the buffer, 1 MiB to a slot; once for a shared link), the rounds with a share's chunk, and \
-             every chunk step with four operations.\n",
+             quarter of the buffer, 1 MiB to a slot; once for a shared link), the rounds without (each wait names the \
+             one chunk it needs), and every chunk step with four operations.\n",
             format_size(paths.small_max),
             format_size(paths.many.lines_max)
         )

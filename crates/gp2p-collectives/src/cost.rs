@@ -304,7 +304,9 @@ impl Machine {
     /// anything comes down and the last down after everything went up, once for a link that
     /// several cards share (priced a card at a time, it is shared among them). Two processes
     /// on one H100 ran 16 MiB in 939 µs (`benches/results/h10080gbhbm3/comm-all-reduce-2.txt`,
-    /// 1706435), priced 942 µs with the fill once for their link and 1113 µs with a fill a card.
+    /// 1706435), priced 942 µs with the fill once for their link and 1113 µs with a fill a card;
+    /// since each of their waits names the one chunk it needs, their rounds hide it and
+    /// `gp2p_comm` prices them without.
     pub fn filled(&self, t: Traffic, fill_bytes: f64) -> Traffic {
         let fill = fill_bytes / self.cards_per_uplink.max(1) as f64;
         Traffic { up_bytes: t.up_bytes + fill, down_bytes: t.down_bytes + fill, ..t }

@@ -110,8 +110,9 @@ pub struct AllReducePaths {
 
 impl AllReducePaths {
     /// Bytes of a chunk of the rounds' legs: the fixed chunk where there is one, else a slot
-    /// (the exchange's chunks are sized by the message; the rounds' stay a slot until measured
-    /// otherwise, see [`all_reduce_prediction`]).
+    /// (the exchange's chunks are sized by the message; the rounds' stay a slot: 512 KiB to
+    /// 2 MiB chunks ran slower nearly everywhere among 2, 4 and 8 processes on one H100,
+    /// `benches/results/h10080gbhbm3/comm-rounds-chunks.txt`).
     pub fn rounds_chunk(&self) -> usize {
         self.chunk_bytes.unwrap_or(self.slot_bytes).min(self.slot_bytes)
     }
@@ -149,7 +150,7 @@ impl AllReducePaths {
     /// steps, that the model (at `many`'s rates, the same on every rank) prices no dearer as
     /// one kernel, never below the lines. On one H100 shared by two processes the two ran
     /// 149 against 181 µs at 2 MiB, 234 against 229 at 3 MiB and 265 against 266 at 4 MiB
-    /// (`benches/results/h10080gbhbm3/investigations/crossover-1-*.txt`); on cards of their
+    /// (`benches/results/h10080gbhbm3/comm-one-kernel-2.txt`); on cards of their
     /// own the one kernel ran faster up to 4 MiB (see `CommOptions::small_max_bytes`'s
     /// default).
     pub fn one_kernel_max(&self) -> usize {
@@ -212,14 +213,15 @@ impl AllReducePaths {
 /// - more ranks: the path [`ManyChoice::path`] takes, priced as [`ManyChoice::predictions`]
 ///   prices it, the rounds with their fill; one rank: nothing moves.
 ///
-/// The pipelined paths also pay their fill: the first chunk goes up before anything comes
-/// down and the last comes down after everything went up, so each direction carries one
-/// chunk's time more, once for a link several cards share (and so once a link in the host's
-/// term too: [`Machine::filled`]). For the exchange that is its chunk
-/// ([`crate::pipeline_chunk`] of the buffer); for the rounds a share, or a chunk of it
-/// ([`AllReducePaths::rounds_chunk`]). And
-/// they pay their steps: every chunk step in turn (the exchange's chunks, the rounds' N rounds
-/// of a share's chunks, [`rounds_steps`], one more for the fill) costs [`EXACT_STEP_OPS`]
+/// The pipelined paths but two ranks' rounds also pay their fill: the first chunk goes up
+/// before anything comes down and the last comes down after everything went up, so each
+/// direction carries one chunk's time more, once for a link several cards share (and so once
+/// a link in the host's term too: [`Machine::filled`]). For the exchange that is its chunk
+/// ([`crate::pipeline_chunk`] of the buffer); for the rounds among more a share, or a chunk
+/// of it ([`AllReducePaths::rounds_chunk`]). And every pipelined path pays its steps: every
+/// chunk step in turn (the exchange's chunks, the rounds' N rounds of a share's chunks,
+/// [`rounds_steps`], one more for the fill, which two ranks' rounds keep: their rows were
+/// fitted with it) costs [`EXACT_STEP_OPS`]
 /// dependent GPU operations at [`Machine::op_us`] each, and where ranks share one GPU their
 /// turns on its copy engines ([`gp2p_collectives::cost::DEVICE_TURN_US`]). With the handoff
 /// measured there, that brings every pipelined row measured on one H100 shared by two, four
@@ -292,8 +294,8 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
 /// it. It is priced as the bytes at the link's rates times this, after one chunk step (its
 /// launch, the wait for the peer's first chunk, the last chunk's flag); host memory sees each
 /// byte once. On one H100 shared by two processes (duplex 48.9 GB/s) it took 98, 125, 149,
-/// 234 and 265 µs at 1, 1.5, 2, 3 and 4 MiB (`benches/results/h10080gbhbm3/investigations/
-/// crossover-1-one-kernel*.txt`), priced 94, 125, 155, 217 and 278.
+/// 234 and 265 µs at 1, 1.5, 2, 3 and 4 MiB (`benches/results/h10080gbhbm3/
+/// comm-one-kernel-2.txt`), priced 94, 125, 155, 217 and 278.
 pub const CHUNK_KERNEL_DMA_SHARE: f64 = 0.7;
 
 /// Dependent operations of one chunk step of the exact pipelines: the wait for a slot or a
