@@ -303,8 +303,8 @@ impl Machine {
     /// `t` with a pipeline's fill: `fill_bytes` more each way, the first chunk up before
     /// anything comes down and the last down after everything went up, once for a link that
     /// several cards share (priced a card at a time, it is shared among them). Two processes
-    /// on one H100 ran 16 MiB in 939 µs (`benches/results/h10080gbhbm3/comm-all-reduce-2.txt`,
-    /// 1706435), priced 942 µs with the fill once for their link and 1113 µs with a fill a card;
+    /// on one H100 ran 16 MiB in 939 µs (`benches/results/h10080gbhbm3/comm-all-reduce-2.txt` as
+    /// of 1706435), priced 942 µs with the fill once for their link and 1113 µs with a fill a card;
     /// since each of their waits names the one chunk it needs, their rounds hide it and
     /// `gp2p_comm` prices them without.
     pub fn filled(&self, t: Traffic, fill_bytes: f64) -> Traffic {

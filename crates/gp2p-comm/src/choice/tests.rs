@@ -185,8 +185,9 @@ fn an_all_reduce_is_priced_as_the_path_it_takes() {
 /// (`comm-one-kernel-2.txt`, 47.8), four ranks' rounds in two runs
 /// (`comm-receive.txt`, `comm-chunks-slot-4.txt`): the model, with its fill and its steps,
 /// is within ±15 % of each (eight ranks, with their turns on the shared GPU: the test
-/// after this one). Two ranks' 1 MiB, the flagged-chunk kernel
-/// (`comm-all-reduce-2.txt`, `comm-exact-bf16-2.txt`: 90.5 and 89.3 µs), is too.
+/// after this one). Two ranks' 1 MiB, the flagged-chunk kernel, is too, at de4b72a on a
+/// slower host (`comm-all-reduce-2.txt` and `comm-exact-bf16-2.txt`: 101.5 µs at duplex
+/// 41.8 GB/s and 100.7 at 41.5).
 #[test]
 fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
     const MIB: usize = 1 << 20;
@@ -207,8 +208,8 @@ fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
     ];
     let two = two_ranks_default(false);
     let shared = Machine { duplex_gbps: 50.5, cards_per_uplink: 2, handoff_us: 10.7, ..Machine::h200(2) };
-    let one_kernel_us = all_reduce_prediction(&shared, &two, MIB).seconds * 1e6;
-    for measured_us in [90.5, 89.3] {
+    for (duplex_gbps, measured_us) in [(41.8, 101.5), (41.5, 100.7)] {
+        let one_kernel_us = all_reduce_prediction(&Machine { duplex_gbps, ..shared }, &two, MIB).seconds * 1e6;
         assert!((one_kernel_us / measured_us - 1.0).abs() <= 0.15, "1 MiB: model {one_kernel_us:.0} µs");
     }
     for run in runs {
@@ -252,7 +253,8 @@ fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
 /// H100 host (four slots among more than two, DRAM from the cores beside the card's DMAs;
 /// `benches/results/h10080gbhbm3/comm-all-reduce-{4,8}.txt`); between 2, those of da53d4c,
 /// whose waits name the one chunk each needs (`comm-rounds-chunks.txt`: 1-16 MiB, and 64
-/// and 256 MiB in a run of its own). Without the ranks' turns on the one GPU
+/// and 256 MiB in a run of its own), and of de4b72a on a slower host (`comm-all-reduce-2.txt`,
+/// duplex 41.8 GB/s: 13 % under from 32 MiB). Without the ranks' turns on the one GPU
 /// ([`gp2p_collectives::cost::DEVICE_TURN_US`]) 1 MiB priced 30 % and 60 % low among 4 and 8
 /// in the first.
 #[test]
@@ -262,6 +264,7 @@ fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent()
     let runs = [
         ("da53d4c", 2, 49.0, 10.8, 5.88, 134.0, [100.6, 280.5, 779.9, 0.0, 0.0]),
         ("da53d4c", 2, 47.0, 10.8, 6.53, 129.0, [0.0, 0.0, 0.0, 3453.6, 14022.9]),
+        ("de4b72a", 2, 41.8, 10.7, 5.51, 146.0, [101.5, 275.3, 979.9, 3910.5, 15558.8]),
         ("1706435", 4, 48.4, 10.8, 5.51, 68.0, [438.4, 831.3, 2432.1, 8835.4, 37229.2]),
         ("1706435", 8, 49.3, 10.7, 5.51, 70.0, [1544.5, 2468.5, 6009.5, 20894.1, 86787.4]),
         ("6ce8f1b", 4, 38.9, 10.8, 5.53, 132.0, [419.0, 834.0, 2707.2, 10415.6, 42507.7]),
@@ -294,7 +297,7 @@ fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent()
             if mib == 1 && world > 2 && commit == "1706435" {
                 assert!(model_us(&apart) / measured_us < 0.75, "{world} ranks: the turns are what was missing");
             }
-            if world == 2 && mib == 16 {
+            if world == 2 && mib == 16 && commit == "da53d4c" {
                 // Without the rounds' fill: a share (8 MiB) of it would price 950 µs.
                 assert!(error.abs() < 0.05, "two ranks, 16 MiB: model {:.0} µs", model_us(&shared));
             }
