@@ -254,7 +254,7 @@ fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
 /// `benches/results/h10080gbhbm3/comm-all-reduce-{4,8}.txt`); between 2, those of da53d4c,
 /// whose waits name the one chunk each needs (`comm-rounds-chunks.txt`: 1-16 MiB, and 64
 /// and 256 MiB in a run of its own), and of de4b72a on a slower host (`comm-all-reduce-2.txt`,
-/// duplex 41.8 GB/s: 13 % under from 32 MiB). Without the ranks' turns on the one GPU
+/// duplex 41.8 GB/s: 12-14 % under from 32 MiB). Without the ranks' turns on the one GPU
 /// ([`gp2p_collectives::cost::DEVICE_TURN_US`]) 1 MiB priced 30 % and 60 % low among 4 and 8
 /// in the first.
 #[test]
