@@ -75,6 +75,22 @@ pub enum Error {
         /// The transfer waited on.
         transfer: usize,
     },
+    /// Legs' steps whose record or wait of a lane's mark comes out of order: a fault of the
+    /// steps in this crate (`crate::legs::steps`), never of the caller's input. The call stops
+    /// there, as for [`Error::ScheduleOrder`].
+    #[error(
+        "internal error: mark {mark} of rank {rank}'s {lane} lane is {what} (a bug in gp2p-collectives, please report it)"
+    )]
+    MarkOrder {
+        /// The rank whose steps these are.
+        rank: usize,
+        /// `send` or `receive`.
+        lane: &'static str,
+        /// The mark.
+        mark: usize,
+        /// What is wrong: recorded out of turn or before a chunk, or waited on unrecorded.
+        what: &'static str,
+    },
     /// The environment variable that forces an all-reduce algorithm names none
     /// ([`crate::cost::ALGORITHM_VAR`]).
     #[error(

@@ -33,7 +33,6 @@
 use gp2p_collectives::cost::{Algorithm, Machine, Prediction, price};
 
 use crate::choice::AllReducePaths;
-use crate::rounds::LaneWaits;
 use gp2p_collectives::legs::all_reduce_traffic;
 use gp2p_cuda::codec::WireFormat;
 use gp2p_kernels::compress::{BlockSize, Format, WireLayout, shard_blocks};
@@ -235,10 +234,10 @@ pub fn compressed_prediction(
     let pieces = pieces_a_shard(values, ranks, format, slot_bytes);
     let mut t = all_reduce_traffic(ranks, wire);
     t.phases += 1;
-    // Where waits name the one piece each needs (two ranks), the fill hides (as for their
-    // exact rounds, `crate::choice::all_reduce_prediction`).
-    let one_piece = LaneWaits::for_ranks(ranks) == LaneWaits::EachChunk;
-    let fill = if one_piece { 0.0 } else { 2.0 * wire.div_ceil(ranks * pieces) as f64 };
+    let fill = match crate::choice::rounds_hide_their_fill(ranks) {
+        true => 0.0,
+        false => 2.0 * wire.div_ceil(ranks * pieces) as f64,
+    };
     let t = machine.filled(t, fill);
     let mut prediction = price(machine, Algorithm::TwoShot, t);
     // The fold between the runs: two kernels, no copy.

@@ -78,10 +78,10 @@ pub(super) fn run_legs<T: Element>(
                 };
                 last[r].1 = Some(fanouts[leg.writer].land(slot, r, stream, &mut dst, fold)?);
             }
-            LegStep::RecordSent { mark } => record(&mut recorded[r].0, mark, &last[r].0),
-            LegStep::RecordLanded { mark } => record(&mut recorded[r].1, mark, &last[r].1),
-            LegStep::AfterSent { mark } => after(stream, &recorded[r].0, mark)?,
-            LegStep::AfterLanded { mark } => after(stream, &recorded[r].1, mark)?,
+            LegStep::RecordSent { mark } => record(&mut recorded[r].0, mark, &last[r].0, (r, "send"))?,
+            LegStep::RecordLanded { mark } => record(&mut recorded[r].1, mark, &last[r].1, (r, "receive"))?,
+            LegStep::AfterSent { mark } => after(stream, &recorded[r].0, mark, (r, "send"))?,
+            LegStep::AfterLanded { mark } => after(stream, &recorded[r].1, mark, (r, "receive"))?,
             // The fan-out's points are the flags: a fill waits for the slot's readers, a
             // landing for the fill.
             LegStep::WaitSlotFree { .. }
@@ -94,22 +94,46 @@ pub(super) fn run_legs<T: Element>(
 }
 
 /// A rank's records of one lane, by mark.
-type Marked = Vec<Option<StreamPoint>>;
+type Marked = Vec<StreamPoint>;
 
 /// Keep `point`, the lane's last chunk, as its record `mark`: a lane's records come
-/// numbered in order, each after a chunk of the lane (`crate::legs::steps`).
-fn record(marks: &mut Marked, mark: usize, point: &Option<StreamPoint>) {
-    debug_assert_eq!(marks.len(), mark, "a lane's records come numbered in order");
-    debug_assert!(point.is_some(), "a record follows a chunk of its lane");
-    marks.push(point.clone());
+/// numbered in order, each after a chunk of the lane (`crate::legs::steps`); `(rank, lane)`
+/// names them in the error where they do not ([`Error::MarkOrder`], as the transfers'
+/// executor refuses a wait on a transfer not yet enqueued).
+fn record(
+    marks: &mut Marked,
+    mark: usize,
+    point: &Option<StreamPoint>,
+    (rank, lane): (usize, &'static str),
+) -> Result<()> {
+    match point {
+        Some(point) if marks.len() == mark => {
+            marks.push(point.clone());
+            Ok(())
+        }
+        _ => Err(Error::MarkOrder { rank, lane, mark, what: "recorded out of turn or before any chunk of its lane" }),
+    }
 }
 
 /// Have `stream` wait for the other lane's record `mark`, which the merge by key put before.
-fn after(stream: &Stream, marks: &Marked, mark: usize) -> Result<()> {
-    let point = marks.get(mark).and_then(Option::as_ref);
-    debug_assert!(point.is_some(), "mark {mark} waited for before its record");
-    if let Some(point) = point {
-        stream.wait_point(point)?;
+fn after(stream: &Stream, marks: &Marked, mark: usize, (rank, lane): (usize, &'static str)) -> Result<()> {
+    let point = marks.get(mark).ok_or(Error::MarkOrder { rank, lane, mark, what: "waited on before its record" })?;
+    Ok(stream.wait_point(point)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_before_any_chunk_of_its_lane_is_refused_by_mark_and_lane() {
+        let mut marks = Marked::new();
+        match record(&mut marks, 0, &None, (3, "receive")) {
+            Err(Error::MarkOrder { rank: 3, lane: "receive", mark: 0, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(marks.is_empty(), "nothing kept");
+        let text = record(&mut marks, 2, &None, (1, "send")).unwrap_err().to_string();
+        assert!(text.contains("mark 2 of rank 1's send lane") && text.contains("internal error"), "{text}");
     }
-    Ok(())
 }

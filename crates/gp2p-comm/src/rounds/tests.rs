@@ -7,7 +7,6 @@ use std::collections::VecDeque;
 use super::*;
 use crate::handshake::tests::chooser;
 use crate::handshake::{EMPTY, FULL, Lane};
-use gp2p_collectives::legs::steps::LaneWaits;
 
 /// One call of the model: its legs, and its buffers' lengths in bytes (one byte is one
 /// element here).
