@@ -31,8 +31,8 @@ pub enum Error {
         /// The call, and why where it helps.
         what: String,
     },
-    /// A call made at a time it cannot be: a communicator still being created, a group
-    /// ended that was never started.
+    /// A call made in an order or a state it cannot be: a group ended that was never
+    /// started, a call on an aborted communicator.
     #[error("{what}")]
     Usage {
         /// What was wrong with the order of calls.
@@ -86,9 +86,6 @@ pub enum Error {
         /// What failed.
         message: String,
     },
-    /// A communicator created without blocking whose creation has not finished.
-    #[error("the communicator is still being created (non-blocking init); poll ncclCommGetAsyncError")]
-    InProgress,
 }
 
 impl Error {
@@ -100,7 +97,6 @@ impl Error {
             Error::RealNccl { .. } | Error::Rendezvous { .. } => Code::SystemError,
             Error::Real { code, .. } | Error::Failed { code, .. } => *code,
             Error::Panic { .. } => Code::InternalError,
-            Error::InProgress => Code::InProgress,
             Error::Library(e) => library_code(e),
         }
     }

@@ -343,8 +343,12 @@ fn end(
             if crate::group::drop_init(&handle) {
                 return ok();
             }
-            let state = if abort { handle.state() } else { handle.wait_settled() };
-            handles::retire(&handle);
+            if !abort {
+                handle.wait_settled();
+            }
+            // Taken as the handle is given up, under its lock: a creation that ends meanwhile
+            // either settled first (its communicator is here) or aborts what it makes itself.
+            let state = handle.abandon().unwrap_or(State::Pending);
             match state {
                 State::Served(served) => {
                     if abort {

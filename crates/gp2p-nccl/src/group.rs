@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::abi::{RawStream, RawUniqueId};
+use crate::abi::{Code, RawStream, RawUniqueId};
 use crate::error::{Error, Result};
 use crate::handles::Handle;
 use crate::init::{self, Request};
@@ -28,6 +28,9 @@ struct Group {
     opened: Vec<bool>,
     calls: Vec<Held>,
     inits: Vec<(RawUniqueId, Request, Arc<Handle>)>,
+    /// The first call of the open group that failed (its code and message): the group then
+    /// fails as a whole at its end, as NCCL's does.
+    failed: Option<(Code, String)>,
 }
 
 thread_local! {
@@ -50,6 +53,18 @@ pub fn start() -> Result<()> {
     }
     GROUP.with(|g| g.borrow_mut().opened.push(real.is_some()));
     Ok(())
+}
+
+/// Note that a call made inside this thread's open group failed (it returned `e` at once):
+/// the group's end then enqueues none of its calls, fails its creations and returns the first
+/// such error, as NCCL's `ncclGroupEnd` does. Outside a group, nothing.
+pub fn fail(e: &Error) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if !g.opened.is_empty() && g.failed.is_none() {
+            g.failed = Some((e.code(), e.to_string()));
+        }
+    });
 }
 
 /// Hold `call` of `served` on `stream` until the group ends.
@@ -75,7 +90,8 @@ fn close(call: &str) -> Result<(bool, bool)> {
 }
 
 /// Forget a creation held in this thread's open group (its communicator destroyed before the
-/// group ended): `true` where it was one, which is then settled as failed.
+/// group ended): `true` where it was one, which is then settled as destroyed (no creation
+/// thread ever runs for it).
 pub fn drop_init(handle: &Arc<Handle>) -> bool {
     let held = GROUP.with(|g| {
         let mut g = g.borrow_mut();
@@ -84,42 +100,58 @@ pub fn drop_init(handle: &Arc<Handle>) -> bool {
         before != g.inits.len()
     });
     if held {
-        handle.abandon();
+        handle.settle(crate::handles::State::Destroyed);
     }
     held
 }
 
 /// `ncclGroupEnd`: at the outermost end, run the held creations, then enqueue the held
-/// calls, communicator by communicator.
+/// calls, communicator by communicator; where a call of the group failed ([`fail`]), neither:
+/// the group fails with that call's error.
+///
+/// Returns the real NCCL's group end's code where it opened one too: `ncclInProgress` for a
+/// non-blocking communicator of its own still making its calls; else success.
 ///
 /// # Errors
-/// [`Error::Usage`] without a matching start; else the first failure (the calls of the
-/// other communicators are still enqueued).
-pub fn end() -> Result<()> {
+/// [`Error::Usage`] without a matching start; the first call of the group that failed; else
+/// the first failure (the calls of the other communicators are still enqueued).
+pub fn end() -> Result<Code> {
     let (started_real, outermost) = close("ncclGroupEnd")?;
     let mut result = Ok(());
     if outermost {
-        let (calls, inits) = GROUP.with(|g| {
+        let (calls, inits, failed) = GROUP.with(|g| {
             let mut g = g.borrow_mut();
-            (std::mem::take(&mut g.calls), std::mem::take(&mut g.inits))
+            (std::mem::take(&mut g.calls), std::mem::take(&mut g.inits), g.failed.take())
         });
-        if !inits.is_empty() {
-            init::create_all(&inits);
-        }
-        // A creation that failed fails the group with its own code, as NCCL's group end does.
-        let failed = inits.iter().find_map(|(_, _, h)| match h.state() {
-            crate::handles::State::Failed(code, message) => Some(Error::Failed { code, message }),
-            _ => None,
-        });
-        result = run_held(calls);
-        if let Some(e) = failed {
-            result = Err(e);
+        if let Some((code, message)) = failed {
+            for (_, _, handle) in inits {
+                let why = format!("created inside a group that a failed call ended: {message}");
+                handle.settle(crate::handles::State::Failed(code, why));
+            }
+            let message = format!("a call of this group failed, so none of its calls ran: {message}");
+            result = Err(Error::Failed { code, message });
+        } else {
+            result = run_group(calls, &inits);
         }
     }
-    if started_real && let Some(real) = crate::real::loaded() {
-        result = result.and(real.group_end());
+    match crate::real::loaded() {
+        Some(real) if started_real => result.and(real.group_end()),
+        _ => result.map(|()| Code::Success),
     }
-    result
+}
+
+/// The outermost end of a group none of whose calls failed: its creations, then its calls.
+fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)]) -> Result<()> {
+    if !inits.is_empty() {
+        init::create_all(inits);
+    }
+    // A creation that failed fails the group with its own code, as NCCL's group end does.
+    let failed = inits.iter().find_map(|(_, _, h)| match h.state() {
+        crate::handles::State::Failed(code, message) => Some(Error::Failed { code, message }),
+        _ => None,
+    });
+    let ran = run_held(calls);
+    failed.map_or(ran, Err)
 }
 
 /// `ncclGroupSimulateEnd`: end the group as [`end`] does but enqueue nothing: held calls are
@@ -134,6 +166,7 @@ pub fn simulate_end() -> Result<bool> {
         let inits = GROUP.with(|g| {
             let mut g = g.borrow_mut();
             g.calls.clear();
+            g.failed = None;
             std::mem::take(&mut g.inits)
         });
         for (_, _, handle) in inits {
@@ -180,4 +213,56 @@ pub fn call(served: Arc<Served>, call: Call, stream: RawStream) -> Result<()> {
     }
     let ordered = order_group(&[(call, stream)], served.rank)?;
     served.run(&ordered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigArg;
+    use crate::handles::{State, register};
+
+    fn request() -> Request {
+        Request { nranks: 2, rank: 0, ordinal: None, config: ConfigArg::None, on_worker: true }
+    }
+
+    fn id() -> RawUniqueId {
+        RawUniqueId { internal: [0; crate::abi::UNIQUE_ID_BYTES] }
+    }
+
+    #[test]
+    fn a_call_that_failed_inside_a_group_fails_the_group_and_its_creations() {
+        assert!(crate::real::loaded().is_none(), "no real NCCL in the unit tests");
+        start().unwrap();
+        start().unwrap();
+        let (_, handle) = register(State::Pending);
+        hold_init(id(), request(), Arc::clone(&handle));
+        fail(&Error::argument("peer", "7 is not a rank of 2"));
+        fail(&Error::argument("root", "a later failure is not the one reported"));
+        assert_eq!(end().unwrap(), Code::Success, "an inner end runs nothing");
+        assert!(matches!(handle.state(), State::Pending), "still held");
+        let e = end().unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.to_string().contains("7 is not a rank of 2") && e.to_string().contains("none of its calls ran"), "{e}");
+        match handle.state() {
+            State::Failed(Code::InvalidArgument, why) => assert!(why.contains("7 is not a rank"), "{why}"),
+            _ => panic!("the held creation fails with the group"),
+        }
+        start().unwrap();
+        assert_eq!(end().unwrap(), Code::Success, "the next group starts clean");
+        fail(&Error::argument("comm", "outside a group"));
+        start().unwrap();
+        assert_eq!(end().unwrap(), Code::Success, "a failure outside any group fails none");
+    }
+
+    #[test]
+    fn a_creation_destroyed_inside_its_group_is_settled_destroyed_and_never_made() {
+        start().unwrap();
+        let (_, handle) = register(State::Pending);
+        hold_init(id(), request(), Arc::clone(&handle));
+        assert!(drop_init(&handle));
+        assert!(matches!(handle.wait_settled(), State::Destroyed), "settled, so a waiter never hangs");
+        assert!(!drop_init(&handle), "held once");
+        assert_eq!(end().unwrap(), Code::Success, "nothing left to create");
+        assert!(end().is_err_and(|e| e.code() == Code::InvalidUsage), "an end without a start");
+    }
 }

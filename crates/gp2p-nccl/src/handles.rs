@@ -39,29 +39,39 @@ impl Handle {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Settle a pending handle; where it was abandoned meanwhile, abort what was made.
-    pub fn settle(&self, state: State) {
+    /// Settle a pending handle; where it was abandoned meanwhile, abort what was made. The
+    /// flag is read under the state's lock, which [`Handle::abandon`] sets it under: an abort
+    /// that comes while the creation ends either finds the handle settled (and aborts what it
+    /// holds) or leaves the abort to this.
+    pub fn settle(&self, made: State) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if self.abandoned.load(std::sync::atomic::Ordering::Acquire) {
-            abort_made(&state);
-            *self.state.lock().unwrap_or_else(PoisonError::into_inner) = State::Destroyed;
+            *state = State::Destroyed;
+            drop(state);
+            abort_made(&made);
         } else {
-            *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state;
+            *state = made;
         }
         self.settled.notify_all();
     }
 
-    /// Abort what a finished creation made, and retire the handle.
+    /// Abort what a finished creation made, and retire the handle; a creation still running
+    /// aborts what it makes when it ends.
     pub fn abandon_made(&self) {
-        abort_made(&self.state());
-        self.abandon();
+        if let Some(made) = self.abandon() {
+            abort_made(&made);
+        }
     }
 
-    /// Give the handle up: a creation still running aborts what it makes when it ends.
-    pub fn abandon(&self) {
-        self.abandoned.store(true, std::sync::atomic::Ordering::Release);
+    /// Give the handle up: a creation still running aborts what it makes when it ends. Returns
+    /// what a finished creation had made (dropped here unless the caller aborts it), `None`
+    /// while one is still running.
+    pub fn abandon(&self) -> Option<State> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !matches!(*state, State::Pending) {
-            *state = State::Destroyed;
+        self.abandoned.store(true, std::sync::atomic::Ordering::Release);
+        match *state {
+            State::Pending => None,
+            _ => Some(std::mem::replace(&mut *state, State::Destroyed)),
         }
     }
 
@@ -108,13 +118,6 @@ pub fn register(state: State) -> (RawComm, Arc<Handle>) {
     (std::ptr::without_provenance_mut(address), handle)
 }
 
-/// Retire a handle (`ncclCommDestroy`, `ncclCommAbort`): the communicator it held goes when
-/// its last user does; the handle stays registered as destroyed, so a later call on it is
-/// refused by name and its address never names another communicator.
-pub fn retire(handle: &Handle) {
-    handle.abandon();
-}
-
 /// What an `ncclComm_t` names.
 pub enum Target {
     /// A door-made handle.
@@ -145,10 +148,15 @@ pub fn resolve(comm: RawComm) -> Result<Target> {
 /// What a handle's calls go to now: the served communicator, or the real one's address.
 ///
 /// # Errors
-/// [`Error::InProgress`] while it is being created; the creation's error once it failed.
+/// [`Error::InvalidArgument`] while it is being created, as NCCL refuses a communicator
+/// whose non-blocking creation has not finished (a caller that got `ncclInProgress` back
+/// would take the call as accepted); the creation's error once it failed.
 pub fn live(handle: &Handle) -> Result<Live> {
     match handle.state() {
-        State::Pending => Err(Error::InProgress),
+        State::Pending => Err(Error::argument(
+            "comm",
+            "still being created (non-blocking init): poll ncclCommGetAsyncError until it returns ncclSuccess, then call",
+        )),
         State::Served(served) => Ok(Live::Served(served)),
         State::Real(real) => Ok(Live::Real(std::ptr::with_exposed_provenance_mut(real))),
         State::Failed(code, message) => {
@@ -174,5 +182,48 @@ pub fn target(comm: RawComm) -> Result<Live> {
     match resolve(comm)? {
         Target::Door(handle) => live(&handle),
         Target::Real(real) => Ok(Live::Real(real)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::Code;
+
+    fn failed(why: &str) -> State {
+        State::Failed(Code::SystemError, why.to_owned())
+    }
+
+    #[test]
+    fn a_call_on_a_communicator_still_being_created_is_refused_as_an_invalid_argument() {
+        let (_, handle) = register(State::Pending);
+        match live(&handle) {
+            Err(e) => {
+                assert_eq!(e.code(), Code::InvalidArgument, "NCCL refuses it so: ncclInProgress would read as accepted");
+                assert!(e.to_string().contains("ncclCommGetAsyncError"), "{e}");
+            }
+            Ok(_) => panic!("a pending communicator took a call"),
+        }
+    }
+
+    #[test]
+    fn a_creation_that_ends_after_its_handle_was_given_up_leaves_it_destroyed() {
+        let (_, handle) = register(State::Pending);
+        assert!(handle.abandon().is_none(), "nothing made yet");
+        handle.settle(failed("made late"));
+        assert!(matches!(handle.state(), State::Destroyed));
+        assert!(matches!(handle.wait_settled(), State::Destroyed), "waiters are woken");
+    }
+
+    #[test]
+    fn giving_up_a_settled_handle_hands_back_what_its_creation_made_once() {
+        let (_, handle) = register(State::Pending);
+        handle.settle(failed("made"));
+        match handle.abandon() {
+            Some(State::Failed(_, why)) => assert_eq!(why, "made"),
+            _ => panic!("the settled state is handed back for the caller to abort"),
+        }
+        assert!(matches!(handle.state(), State::Destroyed));
+        assert!(matches!(handle.abandon(), Some(State::Destroyed)), "a second end finds it destroyed");
     }
 }

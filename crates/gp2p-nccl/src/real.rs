@@ -149,21 +149,22 @@ impl Real {
     /// `ncclGroupStart`.
     ///
     /// # Errors
-    /// The real NCCL's code.
+    /// The real NCCL's code, but `ncclInProgress`.
     pub fn group_start(&self) -> Result<()> {
         let f = self.get("ncclGroupStart", |f| f.ncclGroupStart)?;
         // SAFETY: no arguments.
-        check("ncclGroupStart", unsafe { f() })
+        check_in_progress("ncclGroupStart", unsafe { f() }).map(drop)
     }
 
-    /// `ncclGroupEnd`.
+    /// `ncclGroupEnd`: `ncclInProgress` where a non-blocking communicator's calls are still
+    /// being made (the caller polls `ncclCommGetAsyncError`, as NCCL says), else success.
     ///
     /// # Errors
-    /// The real NCCL's code.
-    pub fn group_end(&self) -> Result<()> {
+    /// The real NCCL's code, but `ncclInProgress`.
+    pub fn group_end(&self) -> Result<Code> {
         let f = self.get("ncclGroupEnd", |f| f.ncclGroupEnd)?;
         // SAFETY: no arguments.
-        check("ncclGroupEnd", unsafe { f() })
+        check_in_progress("ncclGroupEnd", unsafe { f() })
     }
 
     /// `ncclGetUniqueId`.
@@ -237,6 +238,18 @@ pub fn check(call: &'static str, code: RawResult) -> Result<()> {
         Some(code) => Err(Error::Real { call, code }),
         None => Err(Error::Real { call, code: Code::InternalError }),
     }
+}
+
+/// [`check`] for a call of a non-blocking communicator, whose `ncclInProgress` is no failure:
+/// the code, success or in progress.
+///
+/// # Errors
+/// As [`check`], for any other code.
+pub fn check_in_progress(call: &'static str, code: RawResult) -> Result<Code> {
+    if code == Code::InProgress.raw() {
+        return Ok(Code::InProgress);
+    }
+    check(call, code).map(|()| Code::Success)
 }
 
 /// A symbol only the door exports (`crate::exports` defines it): how it tells a copy of itself

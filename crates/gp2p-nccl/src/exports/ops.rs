@@ -28,21 +28,26 @@ fn rank_arg(name: &'static str, raw: c_int) -> Result<usize> {
     usize::try_from(raw).map_err(|_| Error::argument(name, format!("{raw} is negative")))
 }
 
-/// Serve `call` built from the served communicator, or run `forward` on the real one.
+/// Serve `call` built from the served communicator, or run `forward` on the real one. A call
+/// refused inside a group fails the group too ([`group::fail`]), as NCCL's do.
 fn dispatch(
     comm: RawComm,
     stream: RawStream,
     call: impl FnOnce(&Served) -> Result<Call>,
     forward: impl FnOnce(RawComm) -> Result<RawResult>,
 ) -> Result<RawResult> {
-    match live(comm)? {
+    let result = live(comm).and_then(|live| match live {
         Live::Served(served) => crate::host_trace::served(|| {
             let call = call(&served)?;
             group::call(served, call, stream)?;
             ok()
         }),
         Live::Real(inner) => forward(inner),
+    });
+    if let Err(e) = &result {
+        group::fail(e);
     }
+    result
 }
 
 /// The real NCCL's entry point of that name.
@@ -283,10 +288,7 @@ export!(ncclGroupStart / pncclGroupStart() -> RawResult => boundary(|| {
     ok()
 }));
 
-export!(ncclGroupEnd / pncclGroupEnd() -> RawResult => boundary(|| {
-    group::end()?;
-    ok()
-}));
+export!(ncclGroupEnd / pncclGroupEnd() -> RawResult => boundary(|| Ok(group::end()?.raw())));
 
 export!(ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: *mut RawSimInfo) -> RawResult => boundary(|| {
     let info = non_null("simInfo", sim_info)?;
