@@ -242,7 +242,10 @@ mod tests {
         assert!(matches!(handle.state(), State::Pending), "still held");
         let e = end().unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
-        assert!(e.to_string().contains("7 is not a rank of 2") && e.to_string().contains("none of its calls ran"), "{e}");
+        assert!(
+            e.to_string().contains("7 is not a rank of 2") && e.to_string().contains("none of its calls ran"),
+            "{e}"
+        );
         match handle.state() {
             State::Failed(Code::InvalidArgument, why) => assert!(why.contains("7 is not a rank"), "{why}"),
             _ => panic!("the held creation fails with the group"),

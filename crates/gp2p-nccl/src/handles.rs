@@ -199,7 +199,11 @@ mod tests {
         let (_, handle) = register(State::Pending);
         match live(&handle) {
             Err(e) => {
-                assert_eq!(e.code(), Code::InvalidArgument, "NCCL refuses it so: ncclInProgress would read as accepted");
+                assert_eq!(
+                    e.code(),
+                    Code::InvalidArgument,
+                    "NCCL refuses it so: ncclInProgress would read as accepted"
+                );
                 assert!(e.to_string().contains("ncclCommGetAsyncError"), "{e}");
             }
             Ok(_) => panic!("a pending communicator took a call"),

@@ -1,9 +1,10 @@
-//! The 128 bytes `ncclGetUniqueId` hands out while the door is on: what both paths need. The
-//! first half names the door's rendezvous (address and port) and carries a random secret
-//! every rank must present there; the second half holds the real NCCL's own id, for a
-//! communicator handed over. NCCL's id uses its first 24 bytes (a magic and a socket address:
-//! 36 with IPv6), so half of the 128 is room to spare; [`DoorId::new`] checks that the real
-//! id fits and refuses it otherwise, never cutting it.
+//! The 128 bytes `ncclGetUniqueId` hands out while the door is on: where the door's
+//! rendezvous listens (address and port), a random secret every rank must present there, and
+//! whether the process that made it loads the real NCCL. A communicator handed over gets the
+//! real NCCL's own id from that process with the rendezvous's verdict, made only then: every
+//! real id starts a bootstrap thread in the process that makes it, which waits for its ranks
+//! for ever, so an id made for every door id (most of which serve) would leave one such thread
+//! a communicator.
 //!
 //! An id without the door's magic is the real NCCL's (made with the door off): a
 //! communicator made with it is handed over whole.
@@ -16,13 +17,11 @@ use crate::error::{Error, Result};
 /// The first bytes of every door id.
 const MAGIC: [u8; 8] = *b"gp2pDOOR";
 /// The layout below; raised whenever it changes, so ranks of different door versions refuse
-/// each other's ids by name instead of misreading them.
-const VERSION: u8 = 1;
+/// each other's ids by name instead of misreading them (version 1 carried the real id).
+const VERSION: u8 = 2;
 /// Bytes of the rendezvous secret.
 pub const SECRET_BYTES: usize = 16;
-/// Where the real NCCL's id starts, and how many of its bytes the door id holds.
-const REAL_AT: usize = UNIQUE_ID_BYTES / 2;
-/// Flag: the id holds a real NCCL id.
+/// Flag: the process that made the id loads the real NCCL (a hand-over gets its id there).
 const HAS_REAL: u8 = 1;
 
 /// A unique id made by the door.
@@ -32,8 +31,9 @@ pub struct DoorId {
     pub rendezvous: SocketAddr,
     /// What every rank presents to it.
     pub secret: [u8; SECRET_BYTES],
-    /// The real NCCL's id, where the process that made the id could load one.
-    pub real: Option<RawUniqueId>,
+    /// Whether the process that made the id loads the real NCCL, which makes the real id of
+    /// a communicator handed over.
+    pub has_real: bool,
 }
 
 impl std::fmt::Debug for RawUniqueId {
@@ -52,32 +52,12 @@ impl PartialEq for RawUniqueId {
 impl Eq for RawUniqueId {}
 
 impl DoorId {
-    /// An id for a rendezvous at `rendezvous` with `secret`, holding `real` where given.
-    ///
-    /// # Errors
-    /// [`Error::RealNccl`] where the real id uses more than the half of the bytes the door
-    /// leaves it (a future NCCL's id layout): then the door cannot carry it.
-    pub fn new(rendezvous: SocketAddr, secret: [u8; SECRET_BYTES], real: Option<RawUniqueId>) -> Result<DoorId> {
-        if let Some(real) = &real
-            && let Some(last) = real.internal.iter().rposition(|&b| b != 0)
-            && last >= REAL_AT
-        {
-            return Err(Error::RealNccl {
-                problem: format!(
-                    "its unique id uses {} bytes, more than the {REAL_AT} the door's id holds for it; run with GP2P_NCCL=off",
-                    last + 1
-                ),
-            });
-        }
-        Ok(DoorId { rendezvous, secret, real })
-    }
-
     /// The id as NCCL's 128 bytes.
     pub fn to_raw(&self) -> RawUniqueId {
         let mut out = [0u8; UNIQUE_ID_BYTES];
         out[..8].copy_from_slice(&MAGIC);
         out[8] = VERSION;
-        out[9] = if self.real.is_some() { HAS_REAL } else { 0 };
+        out[9] = if self.has_real { HAS_REAL } else { 0 };
         out[10..12].copy_from_slice(&self.rendezvous.port().to_be_bytes());
         let ip = match self.rendezvous.ip() {
             IpAddr::V4(v4) => v4.to_ipv6_mapped(),
@@ -85,9 +65,6 @@ impl DoorId {
         };
         out[12..28].copy_from_slice(&ip.octets());
         out[28..28 + SECRET_BYTES].copy_from_slice(&self.secret);
-        if let Some(real) = &self.real {
-            out[REAL_AT..].copy_from_slice(&real.internal[..UNIQUE_ID_BYTES - REAL_AT]);
-        }
         RawUniqueId { internal: out }
     }
 
@@ -117,12 +94,7 @@ impl DoorId {
         let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
         let mut secret = [0u8; SECRET_BYTES];
         secret.copy_from_slice(&b[28..28 + SECRET_BYTES]);
-        let real = (b[9] & HAS_REAL != 0).then(|| {
-            let mut internal = [0u8; UNIQUE_ID_BYTES];
-            internal[..UNIQUE_ID_BYTES - REAL_AT].copy_from_slice(&b[REAL_AT..]);
-            RawUniqueId { internal }
-        });
-        Ok(Some(DoorId { rendezvous: SocketAddr::new(ip, port), secret, real }))
+        Ok(Some(DoorId { rendezvous: SocketAddr::new(ip, port), secret, has_real: b[9] & HAS_REAL != 0 }))
     }
 }
 
@@ -170,12 +142,14 @@ mod tests {
     }
 
     #[test]
-    fn an_id_round_trips_with_and_without_the_real_one() {
-        for real in [Some(real_id()), None] {
+    fn an_id_round_trips_with_and_without_a_real_nccl_behind_it() {
+        for has_real in [true, false] {
             for addr in ["127.0.0.1:4000", "[fe80::1]:65535", "192.0.2.2:1"] {
                 let addr: SocketAddr = addr.parse().expect("address");
-                let id = DoorId::new(addr, [7; SECRET_BYTES], real).expect("fits");
-                assert_eq!(DoorId::from_raw(&id.to_raw()).expect("reads"), Some(id));
+                let id = DoorId { rendezvous: addr, secret: [7; SECRET_BYTES], has_real };
+                let raw = id.to_raw();
+                assert!(raw.internal[28 + SECRET_BYTES..].iter().all(|&b| b == 0), "no real id inside");
+                assert_eq!(DoorId::from_raw(&raw).expect("reads"), Some(id));
             }
         }
     }
@@ -187,18 +161,11 @@ mod tests {
     }
 
     #[test]
-    fn a_real_id_too_long_to_carry_is_refused_not_cut() {
-        let mut long = real_id();
-        long.internal[REAL_AT] = 1;
-        let e = DoorId::new("127.0.0.1:1".parse().expect("address"), [0; SECRET_BYTES], Some(long));
-        assert!(e.is_err_and(|e| e.to_string().contains("GP2P_NCCL=off")));
-    }
-
-    #[test]
     fn another_version_of_the_door_is_named() {
-        let id = DoorId::new("127.0.0.1:1".parse().expect("address"), [0; SECRET_BYTES], None).expect("fits");
+        let id =
+            DoorId { rendezvous: "127.0.0.1:1".parse().expect("address"), secret: [0; SECRET_BYTES], has_real: false };
         let mut raw = id.to_raw();
-        raw.internal[8] = VERSION + 1;
+        raw.internal[8] = VERSION - 1;
         let e = DoorId::from_raw(&raw).expect_err("refused").to_string();
         assert!(e.contains("same geforce-p2p"), "{e}");
     }

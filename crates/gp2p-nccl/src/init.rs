@@ -19,41 +19,54 @@ use crate::env::{self, Mode};
 use crate::error::{Error, Result};
 use crate::handles::{self, Handle, State};
 use crate::id::{DoorId, fresh_secret, real_root_address};
-use crate::rendezvous::{self, Maker};
+use crate::rendezvous::{self, Maker, RealIdMaker};
 use crate::served::Served;
 
 /// `ncclGetUniqueId`: with the door off, the real NCCL's id; else a door id naming a new
-/// rendezvous in this process, carrying the real id where the real NCCL loads.
+/// rendezvous in this process, which makes the real NCCL's id only for a communicator handed
+/// over (`crate::id` says why).
 ///
 /// # Errors
 /// [`Error::Environment`] for a bad `GP2P_NCCL`; [`Error::Rendezvous`] where no listener can
 /// be opened; the real NCCL's error where it is off and fails.
 pub fn unique_id() -> Result<RawUniqueId> {
     let mode = Mode::current()?;
-    let real_id = match crate::real::real().and_then(|real| real.unique_id()) {
-        Ok(id) => Some(id),
-        Err(e) if mode == Mode::Off => return Err(e),
-        // Serving needs no real NCCL: an id without one (a hand-over then fails, saying so).
+    if mode == Mode::Off {
+        // Off: the real id untouched, so every rank hands over without a rendezvous.
+        return crate::real::real()?.unique_id();
+    }
+    // Serving needs no real NCCL: without one, a hand-over fails, saying so.
+    let real = match crate::real::real() {
+        Ok(real) => Some(real),
         Err(e) => {
-            crate::log::info(&format!("no real NCCL id in this unique id: {e}"));
+            crate::log::info(&format!("no real NCCL to hand communicators of this unique id to: {e}"));
             None
         }
     };
-    if mode == Mode::Off {
-        // Off: the real id untouched, so every rank hands over without a rendezvous.
-        return real_id.ok_or_else(|| Error::RealNccl { problem: String::from("not loaded") });
-    }
-    let ip = real_id.as_ref().and_then(real_root_address).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let ip = real.and_then(|_| root_interface()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let secret = fresh_secret()?;
     let maker = Maker {
         secret,
-        id_has_real: real_id.is_some(),
         host: geforce_p2p::comm::host_id(),
         timeout: env::timeout()?,
         comm_id: Box::new(|| UniqueId::new().map(|id| id.to_string()).map_err(|e| e.to_string())),
+        real_id: real.map(|real| -> RealIdMaker {
+            Box::new(move || real.unique_id().map(|id| id.internal.to_vec()).map_err(|e| e.to_string()))
+        }),
     };
     let addr = rendezvous::listen(ip, maker)?;
-    Ok(DoorId::new(addr, secret, real_id)?.to_raw())
+    Ok(DoorId { rendezvous: addr, secret, has_real: real.is_some() }.to_raw())
+}
+
+/// The interface the real NCCL reaches other hosts on (the address its bootstrap root would
+/// listen on), which the door's rendezvous listens on too: read from one real id, made once a
+/// process (its bootstrap thread is the one this costs).
+fn root_interface() -> Option<IpAddr> {
+    static ROOT: std::sync::OnceLock<Option<IpAddr>> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| {
+        let id = crate::real::real().and_then(|real| real.unique_id());
+        id.as_ref().ok().and_then(real_root_address)
+    })
 }
 
 /// How one creation is asked for.
@@ -121,10 +134,11 @@ pub fn create(id: &RawUniqueId, request: &Request) -> Result<Made> {
             serve(&comm_id, request, ordinal)
         }
         Decision::HandOver { .. } => {
-            let real = door
-                .real
-                .ok_or_else(|| Error::RealNccl { problem: String::from("the unique id carries no real NCCL id") })?;
-            real_init(&real, request)
+            let bytes = verdict.real_id.unwrap_or_default();
+            let internal = <[u8; crate::abi::UNIQUE_ID_BYTES]>::try_from(bytes.as_slice()).map_err(|_| {
+                Error::RealNccl { problem: format!("the rendezvous sent a real unique id of {} bytes", bytes.len()) }
+            })?;
+            real_init(&RawUniqueId { internal }, request)
         }
     }
 }

@@ -41,6 +41,9 @@ pub struct Verdict {
     pub decision: Decision,
     /// For a served communicator, the gp2p-comm unique id (hex) its ranks join.
     pub comm_id: Option<String>,
+    /// For one handed over, the real NCCL's unique id (its 128 bytes), made by the process
+    /// that made the door id once the verdict was known.
+    pub real_id: Option<Vec<u8>>,
     /// Every rank's facts, in rank order.
     pub facts: Vec<RankFacts>,
 }
@@ -56,8 +59,9 @@ pub struct Answer {
 pub struct Maker {
     /// The secret every peer must open with.
     pub secret: [u8; SECRET_BYTES],
-    /// Whether the id carries a real NCCL id.
-    pub id_has_real: bool,
+    /// Makes the real NCCL's id of a communicator handed over, where this process loads the
+    /// real NCCL (`None`: it does not, and a hand-over is refused saying so).
+    pub real_id: Option<RealIdMaker>,
     /// This process's host (`gp2p_comm::host_id`): a served communicator's shared memory is
     /// made here, so its ranks must run here.
     pub host: String,
@@ -69,6 +73,10 @@ pub struct Maker {
 
 /// Makes the gp2p-comm id (hex) of a served communicator, or says why it cannot.
 pub type CommIdMaker = Box<dyn FnOnce() -> std::result::Result<String, String> + Send>;
+
+/// Makes the real NCCL's unique id (its bytes) of a communicator handed over, or says why it
+/// cannot.
+pub type RealIdMaker = Box<dyn FnOnce() -> std::result::Result<Vec<u8>, String> + Send>;
 
 /// Listen on `ip` (port chosen by the system) and serve one communicator's rendezvous on a
 /// thread of its own. Returns the address to put in the id.
@@ -134,7 +142,7 @@ fn serve(listener: &TcpListener, maker: Maker) {
             maker.timeout
         ))
     } else {
-        verdict(facts, maker.id_has_real, &maker.host, Some(maker.comm_id))
+        verdict(facts, &maker.host, maker.comm_id, maker.real_id)
     };
     let answer = Answer { result };
     for (stream, _) in &mut peers {
@@ -159,20 +167,26 @@ fn serve(listener: &TcpListener, maker: Maker) {
     }
 }
 
-/// The verdict for a whole set of facts: the decision, and a served communicator's id.
+/// The verdict for a whole set of facts: the decision, and the id its ranks make their
+/// communicator with: a served one's (`comm_id`), or the real NCCL's (`real_id`, made only for
+/// a hand-over).
 fn verdict(
     facts: Vec<RankFacts>,
-    id_has_real: bool,
     host: &str,
-    comm_id: Option<CommIdMaker>,
+    comm_id: CommIdMaker,
+    real_id: Option<RealIdMaker>,
 ) -> std::result::Result<Verdict, String> {
     // Inconsistent facts (world sizes, ranks, versions) are refused here, the same for all.
-    let decision = decide(&facts, id_has_real, Some(host))?;
-    let comm_id = match &decision {
-        Decision::Serve { .. } => Some(comm_id.ok_or("the communicator's id was already made")?()?),
-        Decision::HandOver { .. } => None,
+    let decision = decide(&facts, real_id.is_some(), Some(host))?;
+    let (comm_id, real_id) = match &decision {
+        Decision::Serve { .. } => (Some(comm_id()?), None),
+        Decision::HandOver { .. } => {
+            let make = real_id.ok_or("no real NCCL in the process that made the unique id")?;
+            let id = make().map_err(|e| format!("the real NCCL made no unique id for the hand-over: {e}"))?;
+            (None, Some(id))
+        }
     };
-    Ok(Verdict { decision, comm_id, facts })
+    Ok(Verdict { decision, comm_id, real_id, facts })
 }
 
 /// Read a new connection's secret and facts; `None` (and the connection closed) for anything

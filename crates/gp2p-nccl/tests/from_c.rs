@@ -118,7 +118,9 @@ fn every_rank_hands_over_through_the_rendezvous_and_every_call_reaches_the_real_
         let bcast = format!("ncclBroadcast comm={rank} send=0x3000 recv=0x3000 count=8 datatype=2 root=1 stream=(nil)");
         assert!(r.calls("ncclBroadcast").contains(&bcast.as_str()), "{bcast} in\n{}", r.log);
     }
-    assert_eq!(r.calls("ncclGetUniqueId").len(), 1);
+    // One real id a process names the interface the rendezvous listens on; the hand-over's
+    // own is made once the verdict is known (a served communicator's id makes none).
+    assert_eq!(r.calls("ncclGetUniqueId").len(), 2);
     assert!(r.calls("ncclBcast").is_empty(), "ncclBcast goes as the in-place ncclBroadcast");
     assert_eq!(r.calls("ncclCommDestroy").len(), 3);
     assert_eq!(r.calls("ncclGroupStart").len(), 3);

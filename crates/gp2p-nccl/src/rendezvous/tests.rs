@@ -28,10 +28,10 @@ fn facts(rank: usize, nranks: usize) -> RankFacts {
 fn maker(secret: [u8; SECRET_BYTES], timeout: Duration) -> Maker {
     Maker {
         secret,
-        id_has_real: true,
         host: "box:boot".into(),
         timeout,
         comm_id: Box::new(|| Ok(String::from("abcd"))),
+        real_id: Some(Box::new(|| Ok(vec![5; crate::abi::UNIQUE_ID_BYTES]))),
     }
 }
 
@@ -117,4 +117,56 @@ fn secrets_compare_whole() {
     assert!(same_secret(&a, &b));
     b[SECRET_BYTES - 1] = 0;
     assert!(!same_secret(&a, &b));
+}
+
+#[test]
+fn the_real_id_is_made_once_and_only_for_a_hand_over() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let made = Arc::new(AtomicUsize::new(0));
+    let counting = |secret| {
+        let made = Arc::clone(&made);
+        let real_id: RealIdMaker = Box::new(move || {
+            made.fetch_add(1, Ordering::SeqCst);
+            Ok(vec![9; crate::abi::UNIQUE_ID_BYTES])
+        });
+        Maker { real_id: Some(real_id), ..maker(secret, Duration::from_secs(20)) }
+    };
+    // Served: no real id made, none sent.
+    let secret = [6; SECRET_BYTES];
+    let addr = listen(Ipv4Addr::LOCALHOST.into(), counting(secret)).expect("listens");
+    for r in join_all(addr, secret, (0..2).map(|r| facts(r, 2)).collect()) {
+        let v = r.expect("joins");
+        assert!(matches!(v.decision, Decision::Serve { .. }) && v.real_id.is_none() && v.comm_id.is_some());
+    }
+    assert_eq!(made.load(Ordering::SeqCst), 0);
+    // Handed over (a rank has no device the door can use): one id, the same to every rank.
+    let secret = [7; SECRET_BYTES];
+    let addr = listen(Ipv4Addr::LOCALHOST.into(), counting(secret)).expect("listens");
+    let mut all: Vec<RankFacts> = (0..3).map(|r| facts(r, 3)).collect();
+    if let Ok(device) = &mut all[2].device {
+        device.runs_communicator = false;
+    }
+    for r in join_all(addr, secret, all) {
+        let v = r.expect("joins");
+        assert!(matches!(v.decision, Decision::HandOver { .. }), "{:?}", v.decision);
+        assert_eq!(v.real_id, Some(vec![9; crate::abi::UNIQUE_ID_BYTES]));
+        assert!(v.comm_id.is_none());
+    }
+    assert_eq!(made.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_hand_over_without_a_real_nccl_where_the_id_was_made_is_refused_saying_so() {
+    let secret = [8; SECRET_BYTES];
+    let addr = listen(Ipv4Addr::LOCALHOST.into(), Maker { real_id: None, ..maker(secret, Duration::from_secs(20)) })
+        .expect("listens");
+    let mut all: Vec<RankFacts> = (0..2).map(|r| facts(r, 2)).collect();
+    if let Ok(device) = &mut all[1].device {
+        device.runs_communicator = false;
+    }
+    for r in join_all(addr, secret, all) {
+        let e = r.expect_err("refused").to_string();
+        assert!(e.contains("real NCCL"), "{e}");
+    }
 }
