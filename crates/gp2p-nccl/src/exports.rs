@@ -408,6 +408,23 @@ fn hand_out(out: *mut RawComm, made: Option<Served>) -> Result<RawResult> {
     ok()
 }
 
+/// Make a communicator from a served one with `derive`: now, or inside a group at its end (as
+/// NCCL does: one thread may split every rank of a clique in one group), handing out a pending
+/// communicator at once, or null where this rank gets none (`gets_one` false).
+fn derive_now_or_held(
+    out: *mut RawComm,
+    gets_one: bool,
+    derive: impl FnOnce() -> Result<Option<Served>> + Send + 'static,
+) -> Result<RawResult> {
+    if !crate::group::open() {
+        return hand_out(out, derive()?);
+    }
+    let pending = gets_one.then(|| handles::register(State::Pending));
+    put(out, pending.as_ref().map_or(std::ptr::null_mut(), |(comm, _)| *comm));
+    crate::group::hold_derived(Box::new(derive), pending.map(|(_, handle)| handle));
+    ok()
+}
+
 export!(ncclCommSplit / pncclCommSplit(comm: RawComm, color: c_int, key: c_int, newcomm: *mut RawComm, config: *mut RawConfig) -> RawResult
     => boundary(|| {
     let out = non_null("newcomm", newcomm)?;
@@ -417,7 +434,7 @@ export!(ncclCommSplit / pncclCommSplit(comm: RawComm, color: c_int, key: c_int, 
                 return Err(Error::argument("color", format!("{color}: pass a colour of 0 or more, or NCCL_SPLIT_NOCOLOR")));
             }
             read_config(config)?;
-            hand_out(out, served.split(color, key)?)
+            derive_now_or_held(out, color != SPLIT_NOCOLOR, move || served.split(color, key))
         }
         Live::Real(inner) => {
             let f = real()?.get("ncclCommSplit", |f| f.ncclCommSplit)?;
@@ -444,8 +461,9 @@ export!(ncclCommShrink / pncclCommShrink(
                 list.iter().map(|&r| usize::try_from(r).map_err(|_| Error::argument("excludeRanksList", format!("rank {r}")))).collect::<Result<_>>()?
             };
             read_config(config)?;
+            served.check_shrink(&excluded)?;
             let abort = shrink_flags & 1 != 0;
-            hand_out(out, Some(served.shrink(&excluded, abort)?))
+            derive_now_or_held(out, true, move || served.shrink(&excluded, abort).map(Some))
         }
         Live::Real(inner) => {
             let f = real()?.get("ncclCommShrink", |f| f.ncclCommShrink)?;

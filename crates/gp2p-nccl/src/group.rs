@@ -1,7 +1,8 @@
 //! `ncclGroupStart` / `ncclGroupEnd` on the calling thread: calls on served communicators
 //! between them are checked at once and enqueued together at the outermost end, each
 //! communicator's in the order every rank agrees on (`crate::plan::order_group`), and
-//! creations asked for inside run together there, so one thread can drive every rank of a
+//! creations asked for inside (inits, and splits and shrinks of served communicators) run
+//! together there, each on a thread of its own, so one thread can drive every rank of a
 //! clique. Nothing waits for another rank on the host except those creations.
 
 use std::cell::RefCell;
@@ -28,9 +29,22 @@ struct Group {
     opened: Vec<bool>,
     calls: Vec<Held>,
     inits: Vec<(RawUniqueId, Request, Arc<Handle>)>,
+    derived: Vec<Derived>,
     /// The first call of the open group that failed (its code and message): the group then
     /// fails as a whole at its end, as NCCL's does.
     failed: Option<(Code, String)>,
+}
+
+/// Makes a communicator from a served one (`ncclCommSplit`, `ncclCommShrink`), waiting for
+/// the other ranks of the parent: `None` where this rank takes part but gets none
+/// (`NCCL_SPLIT_NOCOLOR`).
+pub type Derive = Box<dyn FnOnce() -> Result<Option<Served>> + Send>;
+
+/// A creation from a served communicator held until the group ends, and the pending handle it
+/// settles (none for a rank that gets no communicator).
+struct Derived {
+    derive: Derive,
+    handle: Option<Arc<Handle>>,
 }
 
 thread_local! {
@@ -77,6 +91,12 @@ pub fn hold_init(id: RawUniqueId, request: Request, handle: Arc<Handle>) {
     GROUP.with(|g| g.borrow_mut().inits.push((id, request, handle)));
 }
 
+/// Hold a creation from a served communicator until the group ends; `handle` (pending, already
+/// handed out) is settled with what it makes.
+pub fn hold_derived(derive: Derive, handle: Option<Arc<Handle>>) {
+    GROUP.with(|g| g.borrow_mut().derived.push(Derived { derive, handle }));
+}
+
 /// Close the innermost open group for `call`: whether it started one of the real NCCL's too,
 /// and whether it was the outermost.
 fn close(call: &str) -> Result<(bool, bool)> {
@@ -90,19 +110,24 @@ fn close(call: &str) -> Result<(bool, bool)> {
 }
 
 /// Forget a creation held in this thread's open group (its communicator destroyed before the
-/// group ended): `true` where it was one, which is then settled as destroyed (no creation
-/// thread ever runs for it).
+/// group ended): `true` where it was one. An init is dropped and its handle settled as
+/// destroyed (no creation thread ever runs for it); a split or shrink still runs at the
+/// group's end, since the parent's other ranks wait for this one, and what it makes is
+/// aborted there.
 pub fn drop_init(handle: &Arc<Handle>) -> bool {
-    let held = GROUP.with(|g| {
+    let (init, derived) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         let before = g.inits.len();
         g.inits.retain(|(_, _, h)| !Arc::ptr_eq(h, handle));
-        before != g.inits.len()
+        let derived = g.derived.iter().any(|d| d.handle.as_ref().is_some_and(|h| Arc::ptr_eq(h, handle)));
+        (before != g.inits.len(), derived)
     });
-    if held {
+    if init {
         handle.settle(crate::handles::State::Destroyed);
+    } else if derived {
+        drop(handle.abandon());
     }
-    held
+    init || derived
 }
 
 /// `ncclGroupEnd`: at the outermost end, run the held creations, then enqueue the held
@@ -119,19 +144,23 @@ pub fn end() -> Result<Code> {
     let (started_real, outermost) = close("ncclGroupEnd")?;
     let mut result = Ok(());
     if outermost {
-        let (calls, inits, failed) = GROUP.with(|g| {
+        let (calls, inits, derived, failed) = GROUP.with(|g| {
             let mut g = g.borrow_mut();
-            (std::mem::take(&mut g.calls), std::mem::take(&mut g.inits), g.failed.take())
+            let g = &mut *g;
+            (
+                std::mem::take(&mut g.calls),
+                std::mem::take(&mut g.inits),
+                std::mem::take(&mut g.derived),
+                g.failed.take(),
+            )
         });
         if let Some((code, message)) = failed {
-            for (_, _, handle) in inits {
-                let why = format!("created inside a group that a failed call ended: {message}");
-                handle.settle(crate::handles::State::Failed(code, why));
-            }
+            let why = format!("created inside a group that a failed call ended: {message}");
+            fail_creations(inits, derived, code, &why);
             let message = format!("a call of this group failed, so none of its calls ran: {message}");
             result = Err(Error::Failed { code, message });
         } else {
-            result = run_group(calls, &inits);
+            result = run_group(calls, &inits, derived);
         }
     }
     match crate::real::loaded() {
@@ -140,18 +169,56 @@ pub fn end() -> Result<Code> {
     }
 }
 
-/// The outermost end of a group none of whose calls failed: its creations, then its calls.
-fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)]) -> Result<()> {
-    if !inits.is_empty() {
-        init::create_all(inits);
-    }
+/// The outermost end of a group none of whose calls failed: its creations, all at once, then
+/// its calls.
+fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)], derived: Vec<Derived>) -> Result<()> {
+    let derived_failed = std::thread::scope(|s| {
+        if !inits.is_empty() {
+            s.spawn(|| init::create_all(inits));
+        }
+        let running: Vec<_> = derived.into_iter().map(|d| s.spawn(move || derive(d))).collect();
+        running.into_iter().find_map(|r| r.join().unwrap_or_else(|_| Some(panicked())))
+    });
     // A creation that failed fails the group with its own code, as NCCL's group end does.
     let failed = inits.iter().find_map(|(_, _, h)| match h.state() {
         crate::handles::State::Failed(code, message) => Some(Error::Failed { code, message }),
         _ => None,
     });
     let ran = run_held(calls);
-    failed.map_or(ran, Err)
+    match failed.or(derived_failed) {
+        Some(e) => Err(e),
+        None => ran,
+    }
+}
+
+/// Run a held split or shrink and settle its handle with what it made; its error, where it
+/// failed.
+fn derive(Derived { derive, handle }: Derived) -> Option<Error> {
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(derive)).unwrap_or_else(|_| Err(panicked()));
+    let (state, error) = match made {
+        Ok(Some(served)) => (crate::handles::State::Served(Arc::new(served)), None),
+        Ok(None) => (crate::handles::State::Destroyed, None),
+        Err(e) => {
+            crate::error::remember(&e.to_string());
+            (crate::handles::State::Failed(e.code(), e.to_string()), Some(e))
+        }
+    };
+    if let Some(handle) = handle {
+        handle.settle(state);
+    }
+    error.map(|e| Error::Failed { code: e.code(), message: e.to_string() })
+}
+
+fn panicked() -> Error {
+    Error::Panic { message: String::from("while making a communicator from another at a group's end") }
+}
+
+/// Settle every held creation of a group that ends without making them as failed, `why`.
+fn fail_creations(inits: Vec<(RawUniqueId, Request, Arc<Handle>)>, derived: Vec<Derived>, code: Code, why: &str) {
+    let handles = inits.into_iter().map(|(_, _, h)| h).chain(derived.into_iter().filter_map(|d| d.handle));
+    for handle in handles {
+        handle.settle(crate::handles::State::Failed(code, why.to_owned()));
+    }
 }
 
 /// `ncclGroupSimulateEnd`: end the group as [`end`] does but enqueue nothing: held calls are
@@ -163,16 +230,14 @@ fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)]) ->
 pub fn simulate_end() -> Result<bool> {
     let (started_real, outermost) = close("ncclGroupSimulateEnd")?;
     if outermost {
-        let inits = GROUP.with(|g| {
+        let (inits, derived) = GROUP.with(|g| {
             let mut g = g.borrow_mut();
             g.calls.clear();
             g.failed = None;
-            std::mem::take(&mut g.inits)
+            (std::mem::take(&mut g.inits), std::mem::take(&mut g.derived))
         });
-        for (_, _, handle) in inits {
-            let why = String::from("created inside a group that ncclGroupSimulateEnd ended: nothing was created");
-            handle.settle(crate::handles::State::Failed(crate::abi::Code::InvalidUsage, why));
-        }
+        let why = "created inside a group that ncclGroupSimulateEnd ended: nothing was created";
+        fail_creations(inits, derived, Code::InvalidUsage, why);
     }
     Ok(started_real && crate::real::loaded().is_some())
 }
@@ -255,6 +320,69 @@ mod tests {
         fail(&Error::argument("comm", "outside a group"));
         start().unwrap();
         assert_eq!(end().unwrap(), Code::Success, "a failure outside any group fails none");
+    }
+
+    /// Two held derivations that each wait for the other, as two ranks of one parent split by
+    /// one thread do: they run at once at the group's end, or neither would finish.
+    fn meeting(ran: &Arc<std::sync::atomic::AtomicUsize>) -> (Derive, Derive) {
+        let (to_b, from_a) = std::sync::mpsc::channel::<()>();
+        let (to_a, from_b) = std::sync::mpsc::channel::<()>();
+        let patience = std::time::Duration::from_secs(20);
+        let (ran_a, ran_b) = (Arc::clone(ran), Arc::clone(ran));
+        let a: Derive = Box::new(move || {
+            ran_a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            to_b.send(()).expect("b is there");
+            from_b.recv_timeout(patience).map_err(|_| Error::argument("a", "b never came"))?;
+            Ok(None)
+        });
+        let b: Derive = Box::new(move || {
+            ran_b.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            to_a.send(()).expect("a is there");
+            from_a.recv_timeout(patience).map_err(|_| Error::argument("b", "a never came"))?;
+            Err(Error::argument("color", "made up: b's split fails"))
+        });
+        (a, b)
+    }
+
+    #[test]
+    fn splits_held_in_a_group_run_together_at_its_end_and_settle_their_handles() {
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (a, b) = meeting(&ran);
+        start().unwrap();
+        let (_, first) = register(State::Pending);
+        let (_, second) = register(State::Pending);
+        hold_derived(a, Some(Arc::clone(&first)));
+        hold_derived(b, Some(Arc::clone(&second)));
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0, "held, not run");
+        let e = end().expect_err("b's failure fails the group");
+        assert!(e.to_string().contains("b's split fails") && e.code() == Code::InvalidArgument, "{e}");
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(matches!(first.state(), State::Destroyed), "a rank that gets no communicator");
+        assert!(matches!(second.state(), State::Failed(Code::InvalidArgument, _)));
+    }
+
+    #[test]
+    fn a_held_split_is_not_run_where_the_group_fails_and_still_runs_where_its_child_was_destroyed() {
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (a, b) = meeting(&ran);
+        start().unwrap();
+        let (_, child) = register(State::Pending);
+        hold_derived(a, Some(Arc::clone(&child)));
+        hold_derived(b, None);
+        fail(&Error::argument("count", "made up"));
+        assert!(end().is_err());
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0, "a failed group makes nothing");
+        assert!(matches!(child.state(), State::Failed(Code::InvalidArgument, _)));
+
+        let (a, b) = meeting(&ran);
+        start().unwrap();
+        let (_, child) = register(State::Pending);
+        hold_derived(a, Some(Arc::clone(&child)));
+        hold_derived(b, None);
+        assert!(drop_init(&child), "destroyed inside the group");
+        assert!(end().is_err(), "b still fails: the parent's ranks met");
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 2, "both ran: the other rank waits for this one");
+        assert!(matches!(child.state(), State::Destroyed));
     }
 
     #[test]

@@ -203,6 +203,23 @@ impl Served {
     /// [`Error::InvalidArgument`] where this rank is excluded or a rank is out of range; the
     /// new communicator's join.
     pub fn shrink(&self, excluded: &[usize], abort: bool) -> Result<Served> {
+        self.check_shrink(excluded)?;
+        if abort {
+            self.abort();
+        }
+        let members: Vec<usize> = (0..self.world).filter(|r| !excluded.contains(r)).collect();
+        let rank = members.iter().position(|&r| r == self.rank).unwrap_or(0);
+        let made = self.derived.fetch_add(1, Ordering::AcqRel) + 1;
+        let id = self.control.id().derive(format!("shrink {made}").as_bytes());
+        self.child(&id, rank, members.len())
+    }
+
+    /// Refuse an `ncclCommShrink` list [`Served::shrink`] cannot take: a rank out of range, or
+    /// this rank (excluded ranks do not call it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `excludeRanksList`.
+    pub fn check_shrink(&self, excluded: &[usize]) -> Result<()> {
         if let Some(&bad) = excluded.iter().find(|&&r| r >= self.world) {
             return Err(Error::argument("excludeRanksList", format!("rank {bad} is not below nranks {}", self.world)));
         }
@@ -212,14 +229,7 @@ impl Served {
                 format!("holds this rank, {}: excluded ranks do not call it", self.rank),
             ));
         }
-        if abort {
-            self.abort();
-        }
-        let members: Vec<usize> = (0..self.world).filter(|r| !excluded.contains(r)).collect();
-        let rank = members.iter().position(|&r| r == self.rank).unwrap_or(0);
-        let made = self.derived.fetch_add(1, Ordering::AcqRel) + 1;
-        let id = self.control.id().derive(format!("shrink {made}").as_bytes());
-        self.child(&id, rank, members.len())
+        Ok(())
     }
 
     /// Join the communicator `id` made from this one, as `rank` of `world`, on this device.
