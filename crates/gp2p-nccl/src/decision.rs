@@ -84,15 +84,15 @@ fn default_hardware_queues() -> usize {
 }
 
 /// Check that `facts` describe one communicator (every rank of it once, the same world size
-/// and door version), then decide it. `id_has_real`: the unique id carries a real NCCL id, as
-/// a hand-over needs; `maker_host`: the host of the process that made the id, where a served
+/// and door version), then decide it. `maker_has_real`: the process that made the unique id
+/// loads the real NCCL, which makes a hand-over's real id; `maker_host`: the host of the process that made the id, where a served
 /// communicator's shared memory is made (`None`: made by the ranks themselves).
 ///
 /// # Errors
 /// A message for every rank where the facts disagree; where ranks that are threads of one
 /// process on one device would share its hardware queues (the message says which variable to
-/// set); or where the communicator must go to the real NCCL and a rank (or the id) has none.
-pub fn decide(facts: &[RankFacts], id_has_real: bool, maker_host: Option<&str>) -> Result<Decision, String> {
+/// set); or where the communicator must go to the real NCCL and a rank (or the process that made the id) has none.
+pub fn decide(facts: &[RankFacts], maker_has_real: bool, maker_host: Option<&str>) -> Result<Decision, String> {
     check_consistent(facts)?;
     // In rank order, so the reason names the same ranks whatever order they arrived in.
     let mut facts = facts.to_vec();
@@ -100,7 +100,7 @@ pub fn decide(facts: &[RankFacts], id_has_real: bool, maker_host: Option<&str>) 
     let decision = decide_consistent(&facts, maker_host)?;
     if let Decision::HandOver { reason } = &decision {
         let lacking: Vec<usize> = facts.iter().filter(|f| !f.real_nccl).map(|f| f.rank).collect();
-        if !id_has_real || !lacking.is_empty() {
+        if !maker_has_real || !lacking.is_empty() {
             let who = if lacking.is_empty() {
                 String::from("the process that made the unique id could not load it")
             } else {

@@ -90,6 +90,16 @@ pub(crate) fn boundary(work: impl FnOnce() -> Result<RawResult>) -> RawResult {
     }
 }
 
+/// `work`'s result; its error, inside an open group, fails the group too ([`crate::group::fail`]),
+/// as NCCL's calls that move data or make communicators do.
+pub(crate) fn failing_group(work: impl FnOnce() -> Result<RawResult>) -> Result<RawResult> {
+    let result = work();
+    if let Err(e) = &result {
+        crate::group::fail(e);
+    }
+    result
+}
+
 /// Success.
 pub(crate) fn ok() -> Result<RawResult> {
     Ok(Code::Success.raw())
@@ -252,15 +262,15 @@ fn init_rank(
 }
 
 export!(ncclCommInitRank / pncclCommInitRank(comm: *mut RawComm, nranks: c_int, comm_id: RawUniqueId, rank: c_int) -> RawResult
-    => boundary(|| init_rank(comm, nranks, comm_id, rank, std::ptr::null_mut())));
+    => boundary(|| failing_group(|| init_rank(comm, nranks, comm_id, rank, std::ptr::null_mut()))));
 
 export!(ncclCommInitRankConfig / pncclCommInitRankConfig(
     comm: *mut RawComm, nranks: c_int, comm_id: RawUniqueId, rank: c_int, config: *mut RawConfig,
-) -> RawResult => boundary(|| init_rank(comm, nranks, comm_id, rank, config)));
+) -> RawResult => boundary(|| failing_group(|| init_rank(comm, nranks, comm_id, rank, config))));
 
 export!(ncclCommInitRankScalable / pncclCommInitRankScalable(
     comm: *mut RawComm, nranks: c_int, rank: c_int, n_id: c_int, comm_ids: *mut RawUniqueId, config: *mut RawConfig,
-) -> RawResult => boundary(|| {
+) -> RawResult => boundary(|| failing_group(|| {
     let ids = non_null("commIds", comm_ids)?;
     if n_id < 1 {
         return Err(Error::argument("nId", format!("{n_id}: pass at least 1")));
@@ -276,7 +286,7 @@ export!(ncclCommInitRankScalable / pncclCommInitRankScalable(
     // The door's rendezvous needs one listener: the first id's. Every rank passes the same
     // ids, in the same order (nccl.h), so all meet there.
     init_rank(comm, nranks, first, rank, config)
-}));
+})));
 
 export!(ncclCommInitAll / pncclCommInitAll(comm: *mut RawComm, ndev: c_int, devlist: *const c_int) -> RawResult => boundary(|| {
     let out = non_null("comm", comm)?;
@@ -413,6 +423,7 @@ fn hand_out(out: *mut RawComm, made: Option<Served>) -> Result<RawResult> {
 /// communicator at once, or null where this rank gets none (`gets_one` false).
 fn derive_now_or_held(
     out: *mut RawComm,
+    parent: &Arc<Served>,
     gets_one: bool,
     derive: impl FnOnce() -> Result<Option<Served>> + Send + 'static,
 ) -> Result<RawResult> {
@@ -421,12 +432,13 @@ fn derive_now_or_held(
     }
     let pending = gets_one.then(|| handles::register(State::Pending));
     put(out, pending.as_ref().map_or(std::ptr::null_mut(), |(comm, _)| *comm));
-    crate::group::hold_derived(Box::new(derive), pending.map(|(_, handle)| handle));
+    let parent = Arc::as_ptr(parent).expose_provenance();
+    crate::group::hold_derived(parent, Box::new(derive), pending.map(|(_, handle)| handle));
     ok()
 }
 
 export!(ncclCommSplit / pncclCommSplit(comm: RawComm, color: c_int, key: c_int, newcomm: *mut RawComm, config: *mut RawConfig) -> RawResult
-    => boundary(|| {
+    => boundary(|| failing_group(|| {
     let out = non_null("newcomm", newcomm)?;
     match live(comm)? {
         Live::Served(served) => {
@@ -434,7 +446,8 @@ export!(ncclCommSplit / pncclCommSplit(comm: RawComm, color: c_int, key: c_int, 
                 return Err(Error::argument("color", format!("{color}: pass a colour of 0 or more, or NCCL_SPLIT_NOCOLOR")));
             }
             read_config(config)?;
-            derive_now_or_held(out, color != SPLIT_NOCOLOR, move || served.split(color, key))
+            let parent = Arc::clone(&served);
+            derive_now_or_held(out, &parent, color != SPLIT_NOCOLOR, move || served.split(color, key))
         }
         Live::Real(inner) => {
             let f = real()?.get("ncclCommSplit", |f| f.ncclCommSplit)?;
@@ -442,11 +455,11 @@ export!(ncclCommSplit / pncclCommSplit(comm: RawComm, color: c_int, key: c_int, 
             forwarded(unsafe { f(inner, color, key, out, config) })
         }
     }
-}));
+})));
 
 export!(ncclCommShrink / pncclCommShrink(
     comm: RawComm, exclude_ranks_list: *mut c_int, exclude_ranks_count: c_int, newcomm: *mut RawComm, config: *mut RawConfig, shrink_flags: c_int,
-) -> RawResult => boundary(|| {
+) -> RawResult => boundary(|| failing_group(|| {
     let out = non_null("newcomm", newcomm)?;
     match live(comm)? {
         Live::Served(served) => {
@@ -463,7 +476,8 @@ export!(ncclCommShrink / pncclCommShrink(
             read_config(config)?;
             served.check_shrink(&excluded)?;
             let abort = shrink_flags & 1 != 0;
-            derive_now_or_held(out, true, move || served.shrink(&excluded, abort).map(Some))
+            let parent = Arc::clone(&served);
+            derive_now_or_held(out, &parent, true, move || served.shrink(&excluded, abort).map(Some))
         }
         Live::Real(inner) => {
             let f = real()?.get("ncclCommShrink", |f| f.ncclCommShrink)?;
@@ -471,7 +485,7 @@ export!(ncclCommShrink / pncclCommShrink(
             forwarded(unsafe { f(inner, exclude_ranks_list, exclude_ranks_count, out, config, shrink_flags) })
         }
     }
-}));
+})));
 
 // ---- Questions -----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::abi::{Code, RawStream, RawUniqueId};
 use crate::error::{Error, Result};
-use crate::handles::Handle;
+use crate::handles::{Handle, State};
 use crate::init::{self, Request};
 use crate::plan::{Call, order_group};
 use crate::served::Served;
@@ -43,8 +43,15 @@ pub type Derive = Box<dyn FnOnce() -> Result<Option<Served>> + Send>;
 /// A creation from a served communicator held until the group ends, and the pending handle it
 /// settles (none for a rank that gets no communicator).
 struct Derived {
+    /// The parent (its address): one parent's derivations run one after another, in the order
+    /// they were asked for, which every rank keeps (each takes the parent's next number and
+    /// exchange round, as NCCL numbers a communicator's splits when they are called).
+    parent: usize,
     derive: Derive,
     handle: Option<Arc<Handle>>,
+    /// Its communicator was destroyed inside the group: it still takes part (the parent's
+    /// other ranks wait for it), and what it makes is dropped.
+    destroyed: bool,
 }
 
 thread_local! {
@@ -91,10 +98,10 @@ pub fn hold_init(id: RawUniqueId, request: Request, handle: Arc<Handle>) {
     GROUP.with(|g| g.borrow_mut().inits.push((id, request, handle)));
 }
 
-/// Hold a creation from a served communicator until the group ends; `handle` (pending, already
-/// handed out) is settled with what it makes.
-pub fn hold_derived(derive: Derive, handle: Option<Arc<Handle>>) {
-    GROUP.with(|g| g.borrow_mut().derived.push(Derived { derive, handle }));
+/// Hold a creation from the served communicator whose address is `parent` until the group
+/// ends; `handle` (pending, already handed out) is settled with what it makes.
+pub fn hold_derived(parent: usize, derive: Derive, handle: Option<Arc<Handle>>) {
+    GROUP.with(|g| g.borrow_mut().derived.push(Derived { parent, derive, handle, destroyed: false }));
 }
 
 /// Close the innermost open group for `call`: whether it started one of the real NCCL's too,
@@ -110,24 +117,23 @@ fn close(call: &str) -> Result<(bool, bool)> {
 }
 
 /// Forget a creation held in this thread's open group (its communicator destroyed before the
-/// group ended): `true` where it was one. An init is dropped and its handle settled as
-/// destroyed (no creation thread ever runs for it); a split or shrink still runs at the
+/// group ended): `true` where it was one, and its handle is then settled as destroyed. An
+/// init is dropped (no creation thread ever runs for it); a split or shrink still runs at the
 /// group's end, since the parent's other ranks wait for this one, and what it makes is
-/// aborted there.
+/// dropped there.
 pub fn drop_init(handle: &Arc<Handle>) -> bool {
-    let (init, derived) = GROUP.with(|g| {
+    let held = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         let before = g.inits.len();
         g.inits.retain(|(_, _, h)| !Arc::ptr_eq(h, handle));
-        let derived = g.derived.iter().any(|d| d.handle.as_ref().is_some_and(|h| Arc::ptr_eq(h, handle)));
-        (before != g.inits.len(), derived)
+        let mine = |d: &&mut Derived| !d.destroyed && d.handle.as_ref().is_some_and(|h| Arc::ptr_eq(h, handle));
+        let derived = g.derived.iter_mut().find(mine).map(|d| d.destroyed = true).is_some();
+        before != g.inits.len() || derived
     });
-    if init {
-        handle.settle(crate::handles::State::Destroyed);
-    } else if derived {
-        drop(handle.abandon());
+    if held {
+        handle.settle(State::Destroyed);
     }
-    init || derived
+    held
 }
 
 /// `ncclGroupEnd`: at the outermost end, run the held creations, then enqueue the held
@@ -169,19 +175,53 @@ pub fn end() -> Result<Code> {
     }
 }
 
-/// The outermost end of a group none of whose calls failed: its creations, all at once, then
-/// its calls.
+/// The outermost end of a group none of whose calls failed: its creations, all at once (a
+/// thread for the inits, one for each parent's splits and shrinks in turn), then its calls.
 fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)], derived: Vec<Derived>) -> Result<()> {
-    let derived_failed = std::thread::scope(|s| {
-        if !inits.is_empty() {
-            s.spawn(|| init::create_all(inits));
+    let mut by_parent: Vec<Vec<Derived>> = Vec::new();
+    for d in derived {
+        match by_parent.iter_mut().find(|list| list[0].parent == d.parent) {
+            Some(list) => list.push(d),
+            None => by_parent.push(vec![d]),
         }
-        let running: Vec<_> = derived.into_iter().map(|d| s.spawn(move || derive(d))).collect();
-        running.into_iter().find_map(|r| r.join().unwrap_or_else(|_| Some(panicked())))
+    }
+    let thread = || std::thread::Builder::new().name("gp2p-nccl-init".into());
+    let derived_failed = std::thread::scope(|s| {
+        if !inits.is_empty()
+            && let Err(e) = thread().spawn_scoped(s, || init::create_all(inits))
+        {
+            for (_, _, handle) in inits {
+                handle.settle(State::Failed(Code::SystemError, format!("cannot start a creation thread: {e}")));
+            }
+        }
+        let mut failed = None;
+        let mut running = Vec::new();
+        for list in by_parent {
+            // Handed back where no thread starts, to settle its handles as failed.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let started = thread().spawn_scoped(s, move || {
+                let list: Vec<Derived> = rx.recv().unwrap_or_default();
+                // Every one runs (the other ranks wait for each); the first error is kept.
+                list.into_iter().map(derive).fold(None, |first, e| first.or(e))
+            });
+            match started {
+                Ok(handle) => {
+                    let _ = tx.send(list);
+                    running.push(handle);
+                }
+                Err(e) => {
+                    let why = format!("cannot start a creation thread: {e}");
+                    fail_creations(Vec::new(), list, Code::SystemError, &why);
+                    failed.get_or_insert(Error::Failed { code: Code::SystemError, message: why });
+                }
+            }
+        }
+        let errors = running.into_iter().filter_map(|r| r.join().unwrap_or_else(|_| Some(panicked())));
+        errors.fold(failed, |first, e| first.or(Some(e)))
     });
     // A creation that failed fails the group with its own code, as NCCL's group end does.
     let failed = inits.iter().find_map(|(_, _, h)| match h.state() {
-        crate::handles::State::Failed(code, message) => Some(Error::Failed { code, message }),
+        State::Failed(code, message) => Some(Error::Failed { code, message }),
         _ => None,
     });
     let ran = run_held(calls);
@@ -191,19 +231,19 @@ fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)], de
     }
 }
 
-/// Run a held split or shrink and settle its handle with what it made; its error, where it
-/// failed.
-fn derive(Derived { derive, handle }: Derived) -> Option<Error> {
+/// Run a held split or shrink and settle its handle with what it made (unless it was
+/// destroyed meanwhile: then what it made is dropped); its error, where it failed.
+fn derive(Derived { derive, handle, destroyed, .. }: Derived) -> Option<Error> {
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(derive)).unwrap_or_else(|_| Err(panicked()));
     let (state, error) = match made {
-        Ok(Some(served)) => (crate::handles::State::Served(Arc::new(served)), None),
-        Ok(None) => (crate::handles::State::Destroyed, None),
+        Ok(Some(served)) => (State::Served(Arc::new(served)), None),
+        Ok(None) => (State::Destroyed, None),
         Err(e) => {
             crate::error::remember(&e.to_string());
-            (crate::handles::State::Failed(e.code(), e.to_string()), Some(e))
+            (State::Failed(e.code(), e.to_string()), Some(e))
         }
     };
-    if let Some(handle) = handle {
+    if let Some(handle) = handle.filter(|_| !destroyed) {
         handle.settle(state);
     }
     error.map(|e| Error::Failed { code: e.code(), message: e.to_string() })
@@ -215,9 +255,10 @@ fn panicked() -> Error {
 
 /// Settle every held creation of a group that ends without making them as failed, `why`.
 fn fail_creations(inits: Vec<(RawUniqueId, Request, Arc<Handle>)>, derived: Vec<Derived>, code: Code, why: &str) {
-    let handles = inits.into_iter().map(|(_, _, h)| h).chain(derived.into_iter().filter_map(|d| d.handle));
+    let live = derived.into_iter().filter(|d| !d.destroyed);
+    let handles = inits.into_iter().map(|(_, _, h)| h).chain(live.filter_map(|d| d.handle));
     for handle in handles {
-        handle.settle(crate::handles::State::Failed(code, why.to_owned()));
+        handle.settle(State::Failed(code, why.to_owned()));
     }
 }
 
@@ -351,8 +392,8 @@ mod tests {
         start().unwrap();
         let (_, first) = register(State::Pending);
         let (_, second) = register(State::Pending);
-        hold_derived(a, Some(Arc::clone(&first)));
-        hold_derived(b, Some(Arc::clone(&second)));
+        hold_derived(1, a, Some(Arc::clone(&first)));
+        hold_derived(2, b, Some(Arc::clone(&second)));
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0, "held, not run");
         let e = end().expect_err("b's failure fails the group");
         assert!(e.to_string().contains("b's split fails") && e.code() == Code::InvalidArgument, "{e}");
@@ -367,8 +408,8 @@ mod tests {
         let (a, b) = meeting(&ran);
         start().unwrap();
         let (_, child) = register(State::Pending);
-        hold_derived(a, Some(Arc::clone(&child)));
-        hold_derived(b, None);
+        hold_derived(1, a, Some(Arc::clone(&child)));
+        hold_derived(2, b, None);
         fail(&Error::argument("count", "made up"));
         assert!(end().is_err());
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0, "a failed group makes nothing");
@@ -377,12 +418,31 @@ mod tests {
         let (a, b) = meeting(&ran);
         start().unwrap();
         let (_, child) = register(State::Pending);
-        hold_derived(a, Some(Arc::clone(&child)));
-        hold_derived(b, None);
+        hold_derived(1, a, Some(Arc::clone(&child)));
+        hold_derived(2, b, None);
         assert!(drop_init(&child), "destroyed inside the group");
+        assert!(matches!(child.state(), State::Destroyed), "at once: a call on it is refused as destroyed");
+        assert!(!drop_init(&child), "a second destroy is the ordinary one, which says destroyed already");
         assert!(end().is_err(), "b still fails: the parent's ranks met");
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 2, "both ran: the other rank waits for this one");
         assert!(matches!(child.state(), State::Destroyed));
+    }
+
+    #[test]
+    fn one_parent_s_splits_run_one_after_another_in_the_order_asked() {
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        start().unwrap();
+        for (i, pause) in [(1, 40), (2, 0), (3, 10)] {
+            let order = Arc::clone(&order);
+            let derive: Derive = Box::new(move || {
+                std::thread::sleep(std::time::Duration::from_millis(pause));
+                order.lock().unwrap().push(i);
+                Ok(None)
+            });
+            hold_derived(7, derive, None);
+        }
+        assert_eq!(end().unwrap(), Code::Success);
+        assert_eq!(*order.lock().unwrap(), [1, 2, 3], "each takes the parent's next round in turn");
     }
 
     #[test]

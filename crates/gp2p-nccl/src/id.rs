@@ -1,6 +1,6 @@
 //! The 128 bytes `ncclGetUniqueId` hands out while the door is on: where the door's
-//! rendezvous listens (address and port), a random secret every rank must present there, and
-//! whether the process that made it loads the real NCCL. A communicator handed over gets the
+//! rendezvous listens (address and port) and a random secret every rank must present there.
+//! A communicator handed over gets the
 //! real NCCL's own id from that process with the rendezvous's verdict, made only then: every
 //! real id starts a bootstrap thread in the process that makes it, which waits for its ranks
 //! for ever, so an id made for every door id (most of which serve) would leave one such thread
@@ -21,8 +21,6 @@ const MAGIC: [u8; 8] = *b"gp2pDOOR";
 const VERSION: u8 = 2;
 /// Bytes of the rendezvous secret.
 pub const SECRET_BYTES: usize = 16;
-/// Flag: the process that made the id loads the real NCCL (a hand-over gets its id there).
-const HAS_REAL: u8 = 1;
 
 /// A unique id made by the door.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -31,9 +29,6 @@ pub struct DoorId {
     pub rendezvous: SocketAddr,
     /// What every rank presents to it.
     pub secret: [u8; SECRET_BYTES],
-    /// Whether the process that made the id loads the real NCCL, which makes the real id of
-    /// a communicator handed over.
-    pub has_real: bool,
 }
 
 impl std::fmt::Debug for RawUniqueId {
@@ -57,7 +52,6 @@ impl DoorId {
         let mut out = [0u8; UNIQUE_ID_BYTES];
         out[..8].copy_from_slice(&MAGIC);
         out[8] = VERSION;
-        out[9] = if self.has_real { HAS_REAL } else { 0 };
         out[10..12].copy_from_slice(&self.rendezvous.port().to_be_bytes());
         let ip = match self.rendezvous.ip() {
             IpAddr::V4(v4) => v4.to_ipv6_mapped(),
@@ -94,7 +88,7 @@ impl DoorId {
         let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
         let mut secret = [0u8; SECRET_BYTES];
         secret.copy_from_slice(&b[28..28 + SECRET_BYTES]);
-        Ok(Some(DoorId { rendezvous: SocketAddr::new(ip, port), secret, has_real: b[9] & HAS_REAL != 0 }))
+        Ok(Some(DoorId { rendezvous: SocketAddr::new(ip, port), secret }))
     }
 }
 
@@ -142,15 +136,13 @@ mod tests {
     }
 
     #[test]
-    fn an_id_round_trips_with_and_without_a_real_nccl_behind_it() {
-        for has_real in [true, false] {
-            for addr in ["127.0.0.1:4000", "[fe80::1]:65535", "192.0.2.2:1"] {
-                let addr: SocketAddr = addr.parse().expect("address");
-                let id = DoorId { rendezvous: addr, secret: [7; SECRET_BYTES], has_real };
-                let raw = id.to_raw();
-                assert!(raw.internal[28 + SECRET_BYTES..].iter().all(|&b| b == 0), "no real id inside");
-                assert_eq!(DoorId::from_raw(&raw).expect("reads"), Some(id));
-            }
+    fn an_id_round_trips_and_carries_no_real_id() {
+        for addr in ["127.0.0.1:4000", "[fe80::1]:65535", "192.0.2.2:1"] {
+            let addr: SocketAddr = addr.parse().expect("address");
+            let id = DoorId { rendezvous: addr, secret: [7; SECRET_BYTES] };
+            let raw = id.to_raw();
+            assert!(raw.internal[28 + SECRET_BYTES..].iter().all(|&b| b == 0), "no real id inside");
+            assert_eq!(DoorId::from_raw(&raw).expect("reads"), Some(id));
         }
     }
 
@@ -162,8 +154,7 @@ mod tests {
 
     #[test]
     fn another_version_of_the_door_is_named() {
-        let id =
-            DoorId { rendezvous: "127.0.0.1:1".parse().expect("address"), secret: [0; SECRET_BYTES], has_real: false };
+        let id = DoorId { rendezvous: "127.0.0.1:1".parse().expect("address"), secret: [0; SECRET_BYTES] };
         let mut raw = id.to_raw();
         raw.internal[8] = VERSION - 1;
         let e = DoorId::from_raw(&raw).expect_err("refused").to_string();

@@ -55,18 +55,21 @@ pub fn unique_id() -> Result<RawUniqueId> {
         }),
     };
     let addr = rendezvous::listen(ip, maker)?;
-    Ok(DoorId { rendezvous: addr, secret, has_real: real.is_some() }.to_raw())
+    Ok(DoorId { rendezvous: addr, secret }.to_raw())
 }
 
 /// The interface the real NCCL reaches other hosts on (the address its bootstrap root would
 /// listen on), which the door's rendezvous listens on too: read from one real id, made once a
-/// process (its bootstrap thread is the one this costs).
+/// process (its bootstrap thread is the one this costs), or made again by the next call where
+/// the real NCCL named none.
 fn root_interface() -> Option<IpAddr> {
-    static ROOT: std::sync::OnceLock<Option<IpAddr>> = std::sync::OnceLock::new();
-    *ROOT.get_or_init(|| {
-        let id = crate::real::real().and_then(|real| real.unique_id());
-        id.as_ref().ok().and_then(real_root_address)
-    })
+    static ROOT: std::sync::OnceLock<IpAddr> = std::sync::OnceLock::new();
+    if let Some(ip) = ROOT.get() {
+        return Some(*ip);
+    }
+    let id = crate::real::real().and_then(|real| real.unique_id());
+    let ip = id.as_ref().ok().and_then(real_root_address)?;
+    Some(*ROOT.get_or_init(|| ip))
 }
 
 /// How one creation is asked for.

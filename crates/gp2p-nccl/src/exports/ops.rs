@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::{boundary, export, forwarded, live, non_null, ok, put, real};
+use super::{boundary, export, failing_group, forwarded, live, non_null, ok, put, real};
 use crate::abi::{DataType, RawComm, RawResult, RawSimInfo, RawStream, RawTeam, RawWindow, Residence, SIM_INFO_MAGIC};
 use crate::error::{Error, Result};
 use crate::group;
@@ -36,18 +36,14 @@ fn dispatch(
     call: impl FnOnce(&Served) -> Result<Call>,
     forward: impl FnOnce(RawComm) -> Result<RawResult>,
 ) -> Result<RawResult> {
-    let result = live(comm).and_then(|live| match live {
+    failing_group(|| match live(comm)? {
         Live::Served(served) => crate::host_trace::served(|| {
             let call = call(&served)?;
             group::call(served, call, stream)?;
             ok()
         }),
         Live::Real(inner) => forward(inner),
-    });
-    if let Err(e) = &result {
-        group::fail(e);
-    }
-    result
+    })
 }
 
 /// The real NCCL's entry point of that name.
