@@ -284,7 +284,14 @@ export!(ncclCommInitRankScalable / pncclCommInitRankScalable(
         return forwarded(unsafe { init(comm, nranks, rank, n_id, comm_ids, config) });
     }
     // The door's rendezvous needs one listener: the first id's. Every rank passes the same
-    // ids, in the same order (nccl.h), so all meet there.
+    // ids, in the same order (nccl.h), so all meet there; the others' listeners, in whichever
+    // process made them, stop.
+    for i in 1..usize::try_from(n_id).unwrap_or(1) {
+        // SAFETY: per nccl.h `nId` ids.
+        if let Ok(Some(unused)) = crate::id::DoorId::from_raw(&unsafe { ids.add(i).read() }) {
+            crate::rendezvous::stop_unused(unused.rendezvous, &unused.secret);
+        }
+    }
     init_rank(comm, nranks, first, rank, config)
 })));
 

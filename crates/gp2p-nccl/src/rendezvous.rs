@@ -8,8 +8,11 @@
 //! Messages: the client sends the secret, then a length (u32, big-endian) and its
 //! [`RankFacts`] as JSON; the server answers with a length and an [`Answer`] as JSON.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -88,11 +91,35 @@ pub fn listen(ip: IpAddr, maker: Maker) -> Result<SocketAddr> {
     let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| fail("cannot listen", e))?;
     listener.set_nonblocking(true).map_err(|e| fail("cannot poll the listener", e))?;
     let addr = listener.local_addr().map_err(|e| fail("no local address", e))?;
-    std::thread::Builder::new()
-        .name("gp2p-nccl-rendezvous".into())
-        .spawn(move || serve(&listener, maker))
-        .map_err(|e| fail("cannot start the rendezvous thread", e))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    listening().insert((addr, maker.secret), Arc::clone(&stop));
+    let spawned = std::thread::Builder::new().name("gp2p-nccl-rendezvous".into()).spawn(move || {
+        serve(&listener, maker, &stop);
+        listening().retain(|_, s| !Arc::ptr_eq(s, &stop));
+    });
+    if let Err(e) = spawned {
+        listening().retain(|(at, _), _| *at != addr);
+        return Err(fail("cannot start the rendezvous thread", e));
+    }
     Ok(addr)
+}
+
+/// The rendezvous this process listens for, by address and secret, each with the flag that
+/// stops it.
+type Listening = HashMap<(SocketAddr, [u8; SECRET_BYTES]), Arc<AtomicBool>>;
+
+fn listening() -> std::sync::MutexGuard<'static, Listening> {
+    static LISTENING: LazyLock<Mutex<Listening>> = LazyLock::new(Mutex::default);
+    LISTENING.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Stop the rendezvous at `addr` with `secret` where this process listens for it and no rank
+/// will come: the ids of `ncclCommInitRankScalable` past the first, which the door does not
+/// use (each would otherwise hold a thread and a port until its deadline). Elsewhere, nothing.
+pub fn stop_unused(addr: SocketAddr, secret: &[u8; SECRET_BYTES]) {
+    if let Some(stop) = listening().remove(&(addr, *secret)) {
+        stop.store(true, Ordering::Release);
+    }
 }
 
 /// The listener's loop: gather facts until as many ranks are in as the largest world size any
@@ -100,7 +127,7 @@ pub fn listen(ip: IpAddr, maker: Maker) -> Result<SocketAddr> {
 /// keep answering latecomers until the deadline: with the refusal where there was one, else
 /// with one saying the communicator was made without them. Polls fast while ranks arrive and
 /// slowly while none does.
-fn serve(listener: &TcpListener, maker: Maker) {
+fn serve(listener: &TcpListener, maker: Maker, stop: &AtomicBool) {
     let started = Instant::now();
     let mut deadline = started + FIRST_ARRIVAL;
     let mut pause = ACCEPT_POLL;
@@ -118,6 +145,9 @@ fn serve(listener: &TcpListener, maker: Maker) {
         }
     };
     loop {
+        if peers.is_empty() && stop.load(Ordering::Acquire) {
+            return;
+        }
         let expected = peers.iter().map(|(_, f)| f.nranks).max();
         if expected.is_some_and(|n| peers.len() >= n) || Instant::now() >= deadline {
             break;

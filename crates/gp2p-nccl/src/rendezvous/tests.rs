@@ -170,3 +170,19 @@ fn a_hand_over_without_a_real_nccl_where_the_id_was_made_is_refused_saying_so() 
         assert!(e.contains("real NCCL"), "{e}");
     }
 }
+
+#[test]
+fn an_unused_rendezvous_of_this_process_stops_and_frees_its_port() {
+    let secret = [10; SECRET_BYTES];
+    let addr = listen(Ipv4Addr::LOCALHOST.into(), maker(secret, Duration::from_secs(20))).expect("listens");
+    stop_unused(addr, &[11; SECRET_BYTES]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(TcpStream::connect(addr).is_ok(), "another secret stops nothing");
+    stop_unused(addr, &secret);
+    let closed = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        TcpStream::connect(addr).is_err()
+    });
+    assert!(closed, "the listener at {addr} still takes connections");
+    assert!(!listening().contains_key(&(addr, secret)), "forgotten");
+}
