@@ -72,6 +72,14 @@
 #                engine at the same sizes, and two ranks' 64-256 MiB with four slots beside three
 #                                                       -> chunks-<N>-{default,512K,1M,2M}.* chunks-engine-<N>.*
 #                                                          slots4-2.* slots4-2-default.*
+#   small        what sets 1-4 MiB among 4 and 8 processes under MPS, in turns, SMALL_ROUNDS
+#                rounds (default 2): the all-reduce folding through a scratch (the default)
+#                against zero-copy (one operation fewer a chunk step, never measured below
+#                4 MiB), replayed against enqueued calls among 4, and among 8 the
+#                reduce-scatter (N - 1 folds in turn) and the all-gather (one round) beside
+#                the all-reduce
+#                                                       -> small-<round>-<N>-{scratch,zero-copy}.*
+#                                                          small-<round>-4-replay-{off,on}.* small-8-<collective>.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -446,6 +454,30 @@ chunks() {
   return 0
 }
 
+small() {
+  local r n mode c a="comm all-reduce -b 1M -e 4M -f 2 -n 5 -w 2 --calls 10"
+  mps_start || return
+  for r in $(seq 1 "${SMALL_ROUNDS:-2}"); do
+    for n in 4 8; do
+      for mode in scratch zero-copy; do
+        late && break 3
+        # shellcheck disable=SC2086 # a is a list of words
+        bench "small-$r-$n-$mode" GP2P_RECEIVE=$mode $a --ranks $n
+      done
+    done
+    for mode in off on; do
+      late && break 2
+      # shellcheck disable=SC2086
+      bench "small-$r-4-replay-$mode" GP2P_REPLAY=$mode $a --ranks 4
+    done
+  done
+  for c in reduce-scatter all-gather; do
+    late || bench "small-8-$c" comm $c -b 1M -e 4M -f 2 -n 5 -w 2 --calls 10 --ranks 8
+  done
+  mps_stop
+  return 0
+}
+
 # ab: builds in turns. Bundles: the release tests (how long the next driver call waits after
 # each kind of release, another stream held) and the same-card figures; wheels: the whole
 # copy_ and copy call, copy_call_turns.py in alternating order.
@@ -495,7 +527,7 @@ for section in "${sections[@]}"; do
     probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | compress | plots)
       late || "section_$s"
       ;;
-    tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | ab)
+    tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | ab)
       late || investigation "$s"
       ;;
     *)
