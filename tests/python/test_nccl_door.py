@@ -89,6 +89,21 @@ def test_the_environment_puts_the_door_first_once_and_names_torch_s_nccl(tmp_pat
     assert "export VLLM_NCCL_SO_PATH=/opt/door/libnccl.so.2" in nccl.exports(env)
     quoted = nccl.exports({"LD_PRELOAD": "/a b/libnccl.so.2"})
     assert quoted == ["export LD_PRELOAD='/a b/libnccl.so.2'"]
+    # A real NCCL the user named for vLLM or sglang is the one the door hands over to; the door
+    # itself, or another installation's, never is.
+    pinned = nccl.environment({"VLLM_NCCL_SO_PATH": "/opt/nccl-2.18/libnccl.so.2"}, door=door, mps=False)
+    assert pinned["GP2P_NCCL_REAL"] == "/opt/nccl-2.18/libnccl.so.2"
+    assert pinned["VLLM_NCCL_SO_PATH"] == door
+    again = nccl.environment({"SGLANG_NCCL_SO_PATH": door}, door=door, mps=False)
+    assert again["GP2P_NCCL_REAL"] == str(real)
+    other = nccl.environment({"VLLM_NCCL_SO_PATH": "/v/site/geforce_p2p/_nccl/libnccl.so.2"}, door=door, mps=False)
+    assert other["GP2P_NCCL_REAL"] == str(real)
+    assert nccl.environment({"VLLM_NCCL_SO_PATH": "/x/libnccl.so.2", "GP2P_NCCL_REAL": "/mine/libnccl.so.2"},
+                            door=door, mps=False)["GP2P_NCCL_REAL"] == "/mine/libnccl.so.2"
+    # The dynamic linker splits LD_PRELOAD at spaces and colons: such a door is refused, naming why.
+    for bad in ("/My Projects/venv/libnccl.so.2", "/a:b/libnccl.so.2"):
+        with pytest.raises(ValueError, match="space or a colon"):
+            nccl.environment({}, door=bad, mps=False)
 
 
 def run(*args, env=None):
@@ -108,11 +123,27 @@ def test_the_launcher_runs_a_command_with_the_door_preloaded():
     assert run("geforce_p2p.nccl", "path").stdout.strip() == nccl.library()
 
 
-def test_the_launcher_refuses_what_it_cannot_run_by_name():
+def test_the_launcher_refuses_what_it_cannot_run_by_name(tmp_path):
     assert run("geforce_p2p.nccl", "--").returncode == 2
+    assert run("geforce_p2p.nccl", "--", "").returncode == 2, "an empty command name is no command"
     assert run("geforce_p2p.nccl", "frobnicate").returncode == 2
+    bare = run("geforce_p2p.nccl")
+    assert bare.returncode == 2 and bare.stdout == "" and "usage:" in bare.stderr, "usage on stderr, not for eval"
     missing = run("geforce_p2p.nccl", "--", "/nonexistent/program")
     assert missing.returncode == 127 and "cannot run /nonexistent/program" in missing.stderr
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    assert run("geforce_p2p.nccl", "--", str(script)).returncode == 126, "found but not runnable, as a shell says"
+
+
+def test_the_command_gets_sigpipe_as_a_shell_would_start_it():
+    # Python ignores SIGPIPE; a command run through the launcher must not inherit that, or
+    # `all_reduce_perf | head` would run on after head exits.
+    out = run("geforce_p2p.nccl", "--", "sh", "-c", "grep SigIgn /proc/self/status")
+    assert out.returncode == 0, out.stderr
+    ignored = int(out.stdout.split()[1], 16)
+    assert not ignored & (1 << (13 - 1)), "SIGPIPE (13) ignored: %s" % out.stdout
 
 
 def test_a_python_program_runs_with_the_door_preloaded():

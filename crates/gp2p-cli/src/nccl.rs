@@ -30,13 +30,42 @@ pub fn run(command: &NcclCommand) -> Result<(), CliError> {
     match command {
         NcclCommand::Path => println!("{}", door.display()),
         NcclCommand::Env => {
-            let preload = std::env::var("LD_PRELOAD").unwrap_or_default();
-            for line in exports(&door.to_string_lossy(), &preload) {
+            let door = preloadable(&door)?;
+            let preload = std::env::var_os("LD_PRELOAD").unwrap_or_default();
+            let queues = std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() && !mps_serves();
+            for line in exports(&door, &preload.to_string_lossy(), queues) {
                 println!("{line}");
             }
         }
     }
     Ok(())
+}
+
+/// The hardware queues asked for where the environment names none and no MPS daemon serves
+/// (CUDA's most): ranks that are threads of one process on one device (nccl-tests `-t N`) need
+/// one for each of their streams. Python's launcher sets the same.
+const HARDWARE_QUEUES: &str = "32";
+
+/// Whether an MPS control daemon serves this shell's commands: its pipe folder
+/// (`CUDA_MPS_PIPE_DIRECTORY`, else `/tmp/nvidia-mps`) holds its `control` pipe.
+fn mps_serves() -> bool {
+    let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from);
+    pipe.join("control").exists()
+}
+
+/// `door` as `LD_PRELOAD` can carry it: absolute, without a space or colon (where the dynamic
+/// linker splits the variable, and torch would quietly load the real NCCL).
+fn preloadable(door: &Path) -> Result<String, CliError> {
+    let door = std::fs::canonicalize(door).unwrap_or_else(|_| door.to_path_buf());
+    let text = door.to_string_lossy().into_owned();
+    if text.contains([' ', ':']) {
+        return Err(CliError::Usage(format!(
+            "the door's path {text:?} holds a space or a colon, where LD_PRELOAD splits it: put it where its path has neither and name it in {LIBRARY_VAR}"
+        )));
+    }
+    Ok(text)
 }
 
 /// The door: `named` where given (it must exist), else beside `exe`.
@@ -57,16 +86,21 @@ fn find(named: Option<PathBuf>, exe: Option<PathBuf>) -> Result<PathBuf, CliErro
     })
 }
 
-/// The shell lines for the door at `door`, with `preload` the current `LD_PRELOAD`.
-fn exports(door: &str, preload: &str) -> Vec<String> {
+/// The shell lines for the door at `door`, with `preload` the current `LD_PRELOAD`, and the
+/// hardware queues where `queues`.
+fn exports(door: &str, preload: &str, queues: bool) -> Vec<String> {
     let rest = preload.split([':', ' ']).filter(|p| !p.is_empty() && *p != door);
     let preload: Vec<&str> = std::iter::once(door).chain(rest).collect();
     let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
-    vec![
+    let mut lines = vec![
         format!("export LD_PRELOAD={}", quote(&preload.join(":"))),
         format!("export VLLM_NCCL_SO_PATH={}", quote(door)),
         format!("export SGLANG_NCCL_SO_PATH={}", quote(door)),
-    ]
+    ];
+    if queues {
+        lines.push(format!("export CUDA_DEVICE_MAX_CONNECTIONS={HARDWARE_QUEUES}"));
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -76,10 +110,25 @@ mod tests {
     #[test]
     fn the_door_goes_first_once_and_is_quoted_for_the_shell() {
         // LD_PRELOAD's entries are separated by colons or spaces.
-        let lines = exports("/d/libnccl.so.2", "/x.so:/d/libnccl.so.2 /y.so");
+        let lines = exports("/d/libnccl.so.2", "/x.so:/d/libnccl.so.2 /y.so", false);
         assert_eq!(lines[0], "export LD_PRELOAD='/d/libnccl.so.2:/x.so:/y.so'");
         assert_eq!(lines[1], "export VLLM_NCCL_SO_PATH='/d/libnccl.so.2'");
-        assert_eq!(exports("/it's", "")[2], "export SGLANG_NCCL_SO_PATH='/it'\\''s'");
+        assert_eq!(lines.len(), 3);
+        assert_eq!(exports("/it's", "", false)[2], "export SGLANG_NCCL_SO_PATH='/it'\\''s'");
+        assert_eq!(exports("/d", "", true)[3], "export CUDA_DEVICE_MAX_CONNECTIONS=32", "as Python's launcher");
+    }
+
+    #[test]
+    fn a_door_ld_preload_would_split_is_refused_and_a_relative_one_made_absolute() {
+        let dir = std::env::temp_dir().join(format!("gp2p nccl test {}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("folder");
+        let door = dir.join("libnccl.so.2");
+        std::fs::write(&door, b"").expect("file");
+        let e = preloadable(&door).expect_err("a space").to_string();
+        assert!(e.contains("space or a colon") && e.contains(LIBRARY_VAR), "{e}");
+        let absolute = std::fs::canonicalize("Cargo.toml").expect("the crate's manifest");
+        assert_eq!(preloadable(Path::new("Cargo.toml")).expect("no space"), absolute.to_string_lossy());
+        std::fs::remove_dir_all(&dir).expect("cleaned");
     }
 
     #[test]

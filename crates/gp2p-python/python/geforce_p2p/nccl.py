@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -31,7 +32,8 @@ VARIABLES = {
     "LD_PRELOAD": "loads the door before anything that links NCCL (torch, cupy, nccl-tests)",
     "VLLM_NCCL_SO_PATH": "vLLM's pynccl loads this file",
     "SGLANG_NCCL_SO_PATH": "sglang's pynccl loads this file",
-    "GP2P_NCCL_REAL": "the real NCCL, for the communicators the door hands over",
+    "GP2P_NCCL_REAL": "the real NCCL, for the communicators the door hands over: where unset, one "
+    "VLLM_NCCL_SO_PATH or SGLANG_NCCL_SO_PATH named, else torch's",
     "CUDA_DEVICE_MAX_CONNECTIONS": "where unset and no MPS daemon serves the command, 32 hardware queues: "
     "ranks that are threads of one process on one device (nccl-tests -t N) need one for each of their streams",
 }
@@ -74,6 +76,19 @@ def mps_serves(env: Mapping[str, str]) -> bool:
     return os.path.exists(os.path.join(pipe, "control"))
 
 
+def check_preloadable(door: str) -> str:
+    """``door`` where ``LD_PRELOAD`` can carry it; ``ValueError`` where it holds a space or a
+    colon, where the dynamic linker would split it (and torch would quietly run on the real
+    NCCL)."""
+    if " " in door or ":" in door:
+        raise ValueError(
+            "the door's path %r holds a space or a colon, where LD_PRELOAD splits it, so torch would "
+            "not load it: install geforce-p2p where its path has neither (a virtual environment "
+            "elsewhere), or copy %s to such a folder and preload it yourself" % (door, LIBRARY_NAME)
+        )
+    return door
+
+
 def environment(base: Optional[Mapping[str, str]] = None, door: Optional[str] = None,
                 mps: Optional[bool] = None) -> Dict[str, str]:
     """``base`` (default ``os.environ``) with the door in NCCL's place: ``LD_PRELOAD`` gets the
@@ -82,9 +97,16 @@ def environment(base: Optional[Mapping[str, str]] = None, door: Optional[str] = 
     :data:`HARDWARE_QUEUES` unless set or an MPS daemon serves the command (``mps``; default
     :func:`mps_serves`): the processes an MPS server runs likely draw their queues from one
     device's channels: on one H100 torchrun's four processes of 32 queues each failed at a rank's
-    first CUDA call with "out of memory", where CUDA's own 8 ran."""
+    first CUDA call with "out of memory", where CUDA's own 8 ran. A real NCCL the user named
+    in ``VLLM_NCCL_SO_PATH`` or ``SGLANG_NCCL_SO_PATH`` becomes ``GP2P_NCCL_REAL`` (where that is
+    unset), so what the door hands over runs where the user said. ``ValueError`` where the
+    door's path cannot be preloaded (:func:`check_preloadable`)."""
     env = dict(os.environ if base is None else base)
-    door = library() if door is None else door
+    door = check_preloadable(library() if door is None else door)
+    named = [env.get(v, "") for v in ("VLLM_NCCL_SO_PATH", "SGLANG_NCCL_SO_PATH")]
+    mine = next((p for p in named if p and not _is_a_door(p, door)), None)
+    if mine is not None and not env.get("GP2P_NCCL_REAL"):
+        env["GP2P_NCCL_REAL"] = mine
     preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != door]
     env["LD_PRELOAD"] = ":".join([door, *preload])
     env["VLLM_NCCL_SO_PATH"] = door
@@ -96,6 +118,17 @@ def environment(base: Optional[Mapping[str, str]] = None, door: Optional[str] = 
         if real is not None:
             env["GP2P_NCCL_REAL"] = real
     return env
+
+
+def _is_a_door(path: str, door: str) -> bool:
+    """Whether ``path`` is ``door``, or another installation's door (a wheel keeps it in
+    ``geforce_p2p/_nccl``): never the real NCCL."""
+    if os.path.basename(os.path.dirname(os.path.abspath(path))) == "_nccl":
+        return True
+    try:
+        return os.path.samefile(path, door)
+    except OSError:
+        return os.path.abspath(path) == os.path.abspath(door)
 
 
 def exports(env: Mapping[str, str]) -> List[str]:
@@ -114,9 +147,12 @@ Variables set:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The launcher. Exit codes: 0 done, 1 the door is missing, 2 a usage error."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if not args:
+        sys.stderr.write(USAGE)
+        return 2
+    if args[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
-        return 0 if args else 2
+        return 0
     try:
         if args[0] == "path":
             print(library())
@@ -126,18 +162,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         if args[0] == "--":
             command = args[1:]
-            if not command:
+            if not command or not command[0]:
                 sys.stderr.write("no command after --\n" + USAGE)
                 return 2
             env = environment()
             sys.stdout.flush()
             sys.stderr.flush()
+            # Python ignores these two; the command gets them as a shell would start it.
+            for name in ("SIGPIPE", "SIGXFSZ"):
+                if hasattr(signal, name):
+                    signal.signal(getattr(signal, name), signal.SIG_DFL)
             try:
                 os.execvpe(command[0], command, env)
             except OSError as e:
                 sys.stderr.write("cannot run %s: %s\n" % (command[0], e.strerror or e))
-                return 127
-    except FileNotFoundError as e:
+                # As a shell says it: found but not runnable, or not found.
+                return 126 if isinstance(e, PermissionError) else 127
+    except (FileNotFoundError, ValueError) as e:
         sys.stderr.write("geforce-p2p NCCL door: %s\n" % e)
         return 1
     sys.stderr.write("unknown argument %r\n%s" % (args[0], USAGE))
