@@ -430,7 +430,7 @@ fn hand_out(out: *mut RawComm, made: Option<Served>) -> Result<RawResult> {
 /// communicator at once, or null where this rank gets none (`gets_one` false).
 fn derive_now_or_held(
     out: *mut RawComm,
-    parent: &Arc<Served>,
+    parent: &Served,
     gets_one: bool,
     derive: impl FnOnce() -> Result<Option<Served>> + Send + 'static,
 ) -> Result<RawResult> {
@@ -439,7 +439,7 @@ fn derive_now_or_held(
     }
     let pending = gets_one.then(|| handles::register(State::Pending));
     put(out, pending.as_ref().map_or(std::ptr::null_mut(), |(comm, _)| *comm));
-    let parent = Arc::as_ptr(parent).expose_provenance();
+    let parent = std::ptr::from_ref(parent).expose_provenance();
     crate::group::hold_derived(parent, Box::new(derive), pending.map(|(_, handle)| handle));
     ok()
 }

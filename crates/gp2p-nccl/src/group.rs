@@ -176,7 +176,7 @@ pub fn end() -> Result<Code> {
 }
 
 /// The outermost end of a group none of whose calls failed: its creations, all at once (a
-/// thread for the inits, one for each parent's splits and shrinks in turn), then its calls.
+/// thread for each init, one for each parent's splits and shrinks in turn), then its calls.
 fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)], derived: Vec<Derived>) -> Result<()> {
     let mut by_parent: Vec<Vec<Derived>> = Vec::new();
     for d in derived {
@@ -185,45 +185,32 @@ fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)], de
             None => by_parent.push(vec![d]),
         }
     }
-    let thread = || std::thread::Builder::new().name("gp2p-nccl-init".into());
     let derived_failed = std::thread::scope(|s| {
-        if !inits.is_empty()
-            && let Err(e) = thread().spawn_scoped(s, || init::create_all(inits))
-        {
-            for (_, _, handle) in inits {
-                handle.settle(State::Failed(Code::SystemError, format!("cannot start a creation thread: {e}")));
-            }
-        }
-        let mut failed = None;
-        let mut running = Vec::new();
-        for list in by_parent {
-            // Handed back where no thread starts, to settle its handles as failed.
-            let (tx, rx) = std::sync::mpsc::channel();
-            let started = thread().spawn_scoped(s, move || {
-                let list: Vec<Derived> = rx.recv().unwrap_or_default();
-                // Every one runs (the other ranks wait for each); the first error is kept.
-                list.into_iter().map(derive).fold(None, |first, e| first.or(e))
+        for (id, request, handle) in inits {
+            // Where no thread starts, the handle is settled as failed, which is seen below.
+            let _ = init::spawn_creation(s, std::slice::from_ref(handle), move || {
+                init::create_on_worker(id, request, handle);
             });
-            match started {
-                Ok(handle) => {
-                    let _ = tx.send(list);
-                    running.push(handle);
-                }
-                Err(e) => {
-                    let why = format!("cannot start a creation thread: {e}");
-                    fail_creations(Vec::new(), list, Code::SystemError, &why);
-                    failed.get_or_insert(Error::Failed { code: Code::SystemError, message: why });
-                }
-            }
         }
-        let errors = running.into_iter().filter_map(|r| r.join().unwrap_or_else(|_| Some(panicked())));
-        errors.fold(failed, |first, e| first.or(Some(e)))
+        let started: Vec<_> = by_parent
+            .into_iter()
+            .map(|list| {
+                let handles: Vec<Arc<Handle>> =
+                    list.iter().filter(|d| !d.destroyed).filter_map(|d| d.handle.clone()).collect();
+                // Every one runs (the other ranks wait for each); the first error is kept.
+                init::spawn_creation(s, &handles, move || list.into_iter().map(derive).fold(None, Option::or))
+            })
+            .collect();
+        // Every thread joined (a fold, not a search: the scope waits for them anyway); the
+        // first error kept.
+        let errors = started.into_iter().map(|started| match started {
+            Ok(running) => running.join().unwrap_or_else(|_| Some(panicked())),
+            Err(e) => Some(e),
+        });
+        errors.fold(None, Option::or)
     });
     // A creation that failed fails the group with its own code, as NCCL's group end does.
-    let failed = inits.iter().find_map(|(_, _, h)| match h.state() {
-        State::Failed(code, message) => Some(Error::Failed { code, message }),
-        _ => None,
-    });
+    let failed = inits.iter().find_map(|(_, _, h)| h.state().failure());
     let ran = run_held(calls);
     match failed.or(derived_failed) {
         Some(e) => Err(e),
@@ -235,18 +222,16 @@ fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)], de
 /// destroyed meanwhile: then what it made is dropped); its error, where it failed.
 fn derive(Derived { derive, handle, destroyed, .. }: Derived) -> Option<Error> {
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(derive)).unwrap_or_else(|_| Err(panicked()));
-    let (state, error) = match made {
-        Ok(Some(served)) => (State::Served(Arc::new(served)), None),
-        Ok(None) => (State::Destroyed, None),
-        Err(e) => {
-            crate::error::remember(&e.to_string());
-            (State::Failed(e.code(), e.to_string()), Some(e))
-        }
+    let state = match made {
+        Ok(None) => State::Destroyed,
+        Ok(Some(served)) => init::settled(Ok(init::Made::Served(Arc::new(served)))),
+        Err(e) => init::settled(Err(e)),
     };
+    let error = state.failure();
     if let Some(handle) = handle.filter(|_| !destroyed) {
         handle.settle(state);
     }
-    error.map(|e| Error::Failed { code: e.code(), message: e.to_string() })
+    error
 }
 
 fn panicked() -> Error {

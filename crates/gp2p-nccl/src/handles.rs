@@ -25,6 +25,16 @@ pub enum State {
     Destroyed,
 }
 
+impl State {
+    /// A failed creation's error, with its code and message; `None` for any other state.
+    pub fn failure(&self) -> Option<Error> {
+        match self {
+            State::Failed(code, message) => Some(Error::Failed { code: *code, message: message.clone() }),
+            _ => None,
+        }
+    }
+}
+
 /// A door-made communicator.
 pub struct Handle {
     state: Mutex<State>,

@@ -199,7 +199,7 @@ pub fn settled(made: Result<Made>) -> State {
 
 /// Create on a door's thread and settle `handle` with what it made; a panic settles it as
 /// failed, so nobody waits for it forever.
-fn create_on_worker(id: &RawUniqueId, request: &Request, handle: &Handle) {
+pub fn create_on_worker(id: &RawUniqueId, request: &Request, handle: &Handle) {
     let request = Request { on_worker: true, ..request.clone() };
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| create(id, &request)))
         .unwrap_or_else(|_| Err(Error::Panic { message: String::from("while creating a communicator") }));
@@ -224,12 +224,28 @@ pub fn create_later(id: RawUniqueId, request: Request) -> RawComm {
 pub fn create_all(jobs: &[(RawUniqueId, Request, Arc<Handle>)]) {
     std::thread::scope(|s| {
         for (id, request, handle) in jobs {
-            let made = std::thread::Builder::new()
-                .name("gp2p-nccl-init".into())
-                .spawn_scoped(s, move || create_on_worker(id, request, handle));
-            if let Err(e) = made {
-                handle.settle(State::Failed(Code::SystemError, format!("cannot start a creation thread: {e}")));
-            }
+            // Where no thread starts, the handle is settled as failed: nothing more to do.
+            let _ = spawn_creation(s, std::slice::from_ref(handle), move || create_on_worker(id, request, handle));
         }
     });
+}
+
+/// Start `work`, a creation that waits for other ranks, on a thread of scope `s`. Where no
+/// thread starts, `handles` (what the creation would have settled) are settled as failed, so
+/// nobody waits for them, and the error says why.
+///
+/// # Errors
+/// [`Error::Failed`] (a system error) where the thread cannot start.
+pub fn spawn_creation<'scope, T: Send + 'scope>(
+    s: &'scope std::thread::Scope<'scope, '_>,
+    handles: &[Arc<Handle>],
+    work: impl FnOnce() -> T + Send + 'scope,
+) -> Result<std::thread::ScopedJoinHandle<'scope, T>> {
+    std::thread::Builder::new().name("gp2p-nccl-init".into()).spawn_scoped(s, work).map_err(|e| {
+        let message = format!("cannot start a creation thread: {e}");
+        for handle in handles {
+            handle.settle(State::Failed(Code::SystemError, message.clone()));
+        }
+        Error::Failed { code: Code::SystemError, message }
+    })
 }

@@ -91,14 +91,14 @@ pub fn listen(ip: IpAddr, maker: Maker) -> Result<SocketAddr> {
     let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| fail("cannot listen", e))?;
     listener.set_nonblocking(true).map_err(|e| fail("cannot poll the listener", e))?;
     let addr = listener.local_addr().map_err(|e| fail("no local address", e))?;
-    let stop = Arc::new(AtomicBool::new(false));
-    listening().insert((addr, maker.secret), Arc::clone(&stop));
+    let (key, stop) = ((addr, maker.secret), Arc::new(AtomicBool::new(false)));
+    listening().insert(key, Arc::clone(&stop));
     let spawned = std::thread::Builder::new().name("gp2p-nccl-rendezvous".into()).spawn(move || {
         serve(&listener, maker, &stop);
-        listening().retain(|_, s| !Arc::ptr_eq(s, &stop));
+        listening().remove(&key);
     });
     if let Err(e) = spawned {
-        listening().retain(|(at, _), _| *at != addr);
+        listening().remove(&key);
         return Err(fail("cannot start the rendezvous thread", e));
     }
     Ok(addr)
