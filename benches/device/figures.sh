@@ -39,6 +39,11 @@
 #                alltoall and sendrecv for #wrong only
 #                                                       -> door-t<N>-<test>.txt comm-door-ref-<collective>-<N>.*
 #                                                          door-vs-comm-<collective>-<N>.txt
+#   door-host    host time per dist.all_reduce on "nccl" through the door, 2 processes under MPS,
+#                against the gp2p backend and a one-rank real NCCL group in the same processes (the
+#                door's trace lines give the served call's steps and the real NCCL's own call time);
+#                then the real NCCL's one rank without the door, also under MPS (the wheel)
+#                                                       -> door-host-time-2.* nccl-host-time-1.*
 #   compress     the compressed all-reduce (int8 and fp8 e4m3, blocks of 64) of bf16 beside the exact
 #                one, 1 MiB-64 MiB, among COMPRESS_RANKS processes (default 2 4 8) under MPS, and
 #                the speedup per size (the compression issue's 1.7x at 4 MiB and up)
@@ -269,6 +274,19 @@ section_door() {
     done
     mps_stop
   done
+}
+
+section_door_host() {
+  if ! wheel || ! mps_start; then return; fi
+  local script=benches/python/door_host_time.py
+  record door-host-time-2.txt GP2P_NCCL_TRACE=500 timeout -s KILL 100 python3 -m geforce_p2p.nccl -- \
+    python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29611 "$script" "$RES/door-host-time-2.json" >/dev/null
+  json_head "$RES/door-host-time-2.json" "GP2P_NCCL_TRACE=500 python3 -m geforce_p2p.nccl -- python3 -m torch.distributed.run --nproc-per-node 2 $script door-host-time-2.json (under an MPS daemon)"
+  note "door host time: $(grep -E '^ +[0-9]+ B: door' "$RES/door-host-time-2.txt" | head -1)"
+  late || record nccl-host-time-1.txt timeout -s KILL 90 python3 -m torch.distributed.run --nproc-per-node 1 \
+    --master-port 29612 "$script" "$RES/nccl-host-time-1.json" >/dev/null
+  json_head "$RES/nccl-host-time-1.json" "python3 -m torch.distributed.run --nproc-per-node 1 $script nccl-host-time-1.json (under an MPS daemon)"
+  mps_stop
 }
 
 section_compress() {
@@ -524,8 +542,8 @@ for section in "${sections[@]}"; do
   esac
   for s in "$@"; do
     case $s in
-    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | compress | plots)
-      late || "section_$s"
+    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | door-host | compress | plots)
+      late || "section_${s//-/_}"
       ;;
     tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | ab)
       late || investigation "$s"

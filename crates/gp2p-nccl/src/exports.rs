@@ -108,6 +108,7 @@ pub(crate) fn ok() -> Result<RawResult> {
 /// A real NCCL call's code, as the caller gets it; a failure leaves the real NCCL's message
 /// as the last error.
 pub(crate) fn forwarded(code: RawResult) -> Result<RawResult> {
+    crate::host_trace::handed_over();
     if code != Code::Success.raw() && code != Code::InProgress.raw() {
         error::clear();
     }

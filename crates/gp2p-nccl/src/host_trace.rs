@@ -12,8 +12,12 @@
 //!
 //! A second line gives the door's entry points called meanwhile (from any thread: a
 //! framework's watchdog too), how many per served call and the median host time of each:
-//! what else the caller asks of the door for every call it makes.
+//! what else the caller asks of the door for every call it makes. Calls handed to the real
+//! NCCL are counted apart (`ncclAllReduce handed over`), so that a communicator the real
+//! library runs beside the served ones (a one-rank group) gives that library's own call time
+//! in the same run.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -97,9 +101,24 @@ const WINDOW_OPEN: u8 = 1;
 const WINDOW_CLOSING: u8 = 2;
 const WINDOW_CLOSED: u8 = 3;
 
-/// The entry points' host times (ns) by name while the window is open, at most this many each.
-static ENTRIES: Mutex<Vec<(&'static str, Vec<u64>)>> = Mutex::new(Vec::new());
+/// The entry points' host times (ns) by name and whether the real NCCL ran them, while the
+/// window is open, at most this many each.
+static ENTRIES: Mutex<Vec<(Entry, Vec<u64>)>> = Mutex::new(Vec::new());
 const MOST_ENTRIES: usize = 1 << 20;
+
+/// An entry point's name, and whether the call was handed to the real NCCL.
+type Entry = (&'static str, bool);
+
+thread_local! {
+    /// Set where this thread's entry point handed its call to the real NCCL ([`handed_over`]).
+    static HANDED_OVER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Note that the entry point running on this thread handed its call to the real NCCL (one
+/// thread-local write: cheap enough for every forwarded call, traced or not).
+pub(crate) fn handed_over() {
+    HANDED_OVER.with(|h| h.set(true));
+}
 
 /// Run the entry point `name`'s `work`, counted and timed while served calls are traced.
 pub(crate) fn entry<R>(name: &'static str, work: impl FnOnce() -> R) -> R {
@@ -109,15 +128,17 @@ pub(crate) fn entry<R>(name: &'static str, work: impl FnOnce() -> R) -> R {
     if !open(ENTRY_WINDOW.load(Ordering::Relaxed)) {
         return work();
     }
+    HANDED_OVER.with(|h| h.set(false));
     let start = Instant::now();
     let result = work();
     let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let key = (name, HANDED_OVER.with(Cell::take));
     if open(ENTRY_WINDOW.load(Ordering::Relaxed)) {
         let mut entries = ENTRIES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let at = match entries.iter().position(|(n, _)| *n == name) {
+        let at = match entries.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
-                entries.push((name, Vec::new()));
+                entries.push((key, Vec::new()));
                 entries.len() - 1
             }
         };
@@ -134,10 +155,13 @@ pub(crate) fn entry<R>(name: &'static str, work: impl FnOnce() -> R) -> R {
 }
 
 /// The line of the entry points called while `served` calls were traced.
-fn entries_line(entries: &mut [(&'static str, Vec<u64>)], served: u64) -> String {
+fn entries_line(entries: &mut [(Entry, Vec<u64>)], served: u64) -> String {
     let each: Vec<String> = entries
         .iter_mut()
-        .map(|(name, ns)| format!("{name} {:.2} x {:.2}", ns.len() as f64 / served.max(1) as f64, median_us(ns)))
+        .map(|((name, real), ns)| {
+            let by = if *real { " handed over" } else { "" };
+            format!("{name}{by} {:.2} x {:.2}", ns.len() as f64 / served.max(1) as f64, median_us(ns))
+        })
         .collect();
     format!(
         "geforce-p2p NCCL door: entry points while those {served} calls ran, per served call x median us: {}",
@@ -197,11 +221,19 @@ mod tests {
 
     #[test]
     fn the_entries_line_gives_calls_per_served_call_and_their_median() {
-        let mut entries =
-            vec![("ncclAllReduce", vec![5000, 4000, 6000, 5000]), ("ncclCommGetAsyncError", vec![300, 100])];
+        let mut entries = vec![
+            (("ncclAllReduce", false), vec![5000, 4000, 6000, 5000]),
+            (("ncclAllReduce", true), vec![1000, 2000]),
+            (("ncclCommGetAsyncError", false), vec![300, 100]),
+        ];
         let line = entries_line(&mut entries, 4);
         assert!(line.contains("while those 4 calls ran"), "{line}");
-        assert!(line.contains("ncclAllReduce 1.00 x 5.00, ncclCommGetAsyncError 0.50 x 0.30"), "{line}");
+        assert!(
+            line.contains(
+                "ncclAllReduce 1.00 x 5.00, ncclAllReduce handed over 0.50 x 2.00, ncclCommGetAsyncError 0.50 x 0.30"
+            ),
+            "{line}"
+        );
     }
 
     #[test]
