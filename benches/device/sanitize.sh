@@ -5,9 +5,10 @@
 #   memcheck, racecheck  the bundle's runner under those tools, one test thread, short
 #                        buffers, fewer stress ops (both given: one run, memcheck then
 #                        racecheck)                                        -> sanitize.log
-#   racecheck-each       racecheck binary by binary, each with its own time limit and
-#                        gpu_collectives last with what the call has left (RACECHECK_END,
-#                        default 560 s), so a call cut off at the device's limit still brings
+#   racecheck-each       racecheck binary by binary, each with its own time limit, and
+#                        gpu_compress (at most 300 s) and gpu_collectives last with what the
+#                        call has left (RACECHECK_END, default 560 s), so a call cut off at
+#                        the device's limit still brings
 #                        back the binaries before; RACECHECK_BINARIES names some of them
 #                        (default: every GPU binary)                       -> racecheck-each.log
 #   synccheck            gpu_comm under synccheck (the chunk kernel's named barriers)
@@ -49,37 +50,51 @@ for section in "${sections[@]}"; do
   racecheck-each)
     log=$RES/racecheck-each.log
     header "GP2P_SANITIZER=racecheck compute-sanitizer --tool racecheck --error-exitcode 86 --print-limit 20 bundle/tests/<each GPU binary> --include-ignored --test-threads=1 --skip concurrent_reduce_scatters" >"$log"
-    # gpu_collectives last, with whatever time the call has left: its every-op-and-dtype
-    # sweep makes thousands of launches, each slow under racecheck, so short buffers there.
-    # gpu_lifetime's thread-concurrency test is skipped: under racecheck, which runs one
-    # kernel at a time, its gated streams wait out their deadlines one by one.
+    # The slow ones last, with whatever time the call has left: gpu_compress (the engine's
+    # compressed all-reduce ran past 150 s at 7a76c8e), then gpu_collectives, whose
+    # every-op-and-dtype sweep makes thousands of launches, each slow under racecheck, so
+    # short buffers there. gpu_lifetime's thread-concurrency test is skipped: under
+    # racecheck, which runs one kernel at a time, its gated streams wait out their deadlines
+    # one by one.
+    slow=(gpu_compress gpu_collectives)
     binaries=()
+    final=()
     for t in "$B"/tests/gpu_*; do
       t=$(basename "$t")
       [ -n "${RACECHECK_BINARIES:-}" ] && [[ " $RACECHECK_BINARIES " != *" $t "* ]] && continue
-      [ "$t" = gpu_collectives ] || binaries+=("$t")
+      [[ " ${slow[*]} " == *" $t "* ]] || binaries+=("$t")
     done
-    final=(gpu_collectives)
-    if [ -n "${RACECHECK_BINARIES:-}" ] && [[ " $RACECHECK_BINARIES " != *" gpu_collectives "* ]]; then
-      final=()
-    fi
+    for t in "${slow[@]}"; do
+      [ -n "${RACECHECK_BINARIES:-}" ] && [[ " $RACECHECK_BINARIES " != *" $t "* ]] && continue
+      final+=("$t")
+    done
     for t in "${binaries[@]}" "${final[@]}"; do
       [ -x "$B/tests/$t" ] || continue
       limit=150
       len=65539
-      if [ "$t" = gpu_collectives ]; then
-        limit=$((${RACECHECK_END:-560} - SECONDS))
+      left=$((${RACECHECK_END:-560} - SECONDS))
+      case $t in
+      gpu_compress) limit=$((left > 300 ? 300 : left)) ;;
+      gpu_collectives)
+        limit=$left
         len=1027
-      fi
+        ;;
+      esac
       if [ "$limit" -lt 60 ] || [ "$SECONDS" -gt 450 ]; then
         note "racecheck $t: skipped, the call is at $SECONDS s"
         continue
       fi
       echo "== racecheck $t" >>"$log"
+      # This binary's lines only, for its note (a binary killed at its limit prints no result).
+      from=$(($(wc -l <"$log") + 1))
       GP2P_SANITIZER=racecheck GP2P_TEST_MAX_LEN=$len GP2P_STRESS_OPS=200 GP2P_DROP_LIMIT_US=100000 GP2P_CHUNK_EXCHANGE_MAX_BYTES=0 \
         timeout --signal=KILL "$limit" "$S" --tool racecheck --error-exitcode 86 --print-limit 20 "$B/tests/$t" \
         --include-ignored --test-threads=1 --skip concurrent_reduce_scatters >>"$log" 2>&1
-      note "racecheck $t: rc $? $(grep -E '^test result' "$log" | tail -1 | cut -c1-40) $(grep -E 'RACECHECK SUMMARY' "$log" | tail -1)"
+      rc=$?
+      own=$(tail -n +"$from" "$log")
+      result_line=$(grep -E '^test result' <<<"$own" | tail -1 | cut -c1-40)
+      [ "$rc" = 137 ] && result_line="killed at its $limit s limit"
+      note "racecheck $t: rc $rc ${result_line:-no test result} $(grep -E 'RACECHECK SUMMARY' <<<"$own" | tail -1)"
     done
     ;;
   synccheck)
