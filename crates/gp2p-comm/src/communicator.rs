@@ -85,9 +85,12 @@ pub struct Communicator {
     /// so a replayed graph's calls are numbered too. Kept like `registration`.
     seq_counter: ManuallyDrop<DeviceBuffer<u32>>,
     /// Where chunks land by DMA before their fold, a slot's size, used only by the
-    /// pipeline's receive stream ([`gp2p_collectives::Receive::Scratch`]); None where folds
-    /// read the slots in place. Noted and kept as the counter is.
+    /// pipeline's receive stream ([`Receive::Scratch`], and [`Receive::Auto`] for landings
+    /// above [`crate::ZERO_COPY_MAX_LANDING`]); None where folds read the slots in place.
+    /// Noted and kept as the counter is.
     scratch: ManuallyDrop<Option<DeviceBuffer<u8>>>,
+    /// How this rank lands chunks to fold, as resolved at creation.
+    receive: Receive,
     /// The staging area's start as this device maps it.
     staging: RawDevicePtr,
     layout: Layout,
@@ -188,8 +191,8 @@ impl Communicator {
         // before any kernel can read them.
         let seq_counter = DeviceBuffer::<u32>::zeroed(device, 2)?;
         let scratch = match receive {
-            Receive::Scratch => Some(DeviceBuffer::<u8>::alloc(device, layout.slot_bytes())?),
-            _ => None,
+            Receive::Scratch | Receive::Auto => Some(DeviceBuffer::<u8>::alloc(device, layout.slot_bytes())?),
+            Receive::ZeroCopy => None,
         };
         let sums = match Self::largest_by_sum(world, &layout) {
             0 => None,
@@ -241,6 +244,7 @@ impl Communicator {
             registration: ManuallyDrop::new(registration),
             seq_counter: ManuallyDrop::new(seq_counter),
             scratch: ManuallyDrop::new(scratch),
+            receive,
             layout,
             calls: 0,
             pipeline,
@@ -317,9 +321,12 @@ impl Communicator {
     }
 
     /// How this rank folds the chunks that land in its slots ([`CommOptions::receive`] as
-    /// resolved at creation): [`Receive::Scratch`] or [`Receive::ZeroCopy`].
+    /// resolved at creation, `GP2P_RECEIVE` included): [`Receive::Scratch`],
+    /// [`Receive::ZeroCopy`], or [`Receive::Auto`], which folds landings of at most
+    /// [`crate::ZERO_COPY_MAX_LANDING`] in place and copies larger ones into the scratch
+    /// first. [`crate::describe_receive`] says it in words.
     pub fn receive(&self) -> Receive {
-        if self.scratch.is_some() { Receive::Scratch } else { Receive::ZeroCopy }
+        self.receive
     }
 
     /// How this rank's pipeline calls ran where they replay from CUDA graphs
@@ -527,6 +534,7 @@ impl Communicator {
             },
             numbers: &self.numbers,
             scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
+            zero_copy_max: crate::receive::zero_copy_max(self.receive),
             // SAFETY: `marking` is set only while `framed` launches a call, and `framed` notes
             // the call's point on the timeline once the call's streams have joined.
             timeline: self.timeline.as_ref().filter(|_| self.marking).map(|t| unsafe { Traced::new(t) }),

@@ -156,7 +156,7 @@ pub use host::{HOST_ID_VAR, host_id, host_id_from, process_id};
 pub use id::UniqueId;
 pub use layout::{CommOptions, FlagWaits, MAX_RANKS};
 pub use pipeline::STREAMS_PER_RANK;
-pub use receive::RECEIVE_VAR;
+pub use receive::{RECEIVE_VAR, ZERO_COPY_MAX_LANDING, describe as describe_receive};
 pub use replay::{REPLAY_VAR, ReplayCounts};
 pub use segment::{DEFAULT_JOIN_TIMEOUT, HOST_WORDS, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};
 pub use size::parse_size;

@@ -92,9 +92,11 @@ pub(crate) struct RankSide<'a> {
     pub(crate) waits: Waits,
     /// The number each lane's last watched wait took (see `wait::FlagWait`).
     pub(crate) numbers: &'a [AtomicU32; 2],
-    /// Device memory of a slot's size, only for the receive stream: where a chunk to fold
-    /// lands by DMA first. None: the fold reads the slot in place (zero-copy).
+    /// Device memory of a slot's size, only for the receive stream: where a chunk to fold of
+    /// more than `zero_copy_max` bytes lands by DMA first (`RankSide::scratch_for`);
+    /// a smaller one, or any without a scratch, is folded from the slot in place (zero-copy).
     pub(crate) scratch: Option<RawDevicePtr>,
+    pub(crate) zero_copy_max: usize,
     /// Where a traced call stamps each step it enqueues (see [`mark`]); such a call is always
     /// enqueued, never replayed.
     pub(crate) timeline: Option<Traced<'a>>,
@@ -141,6 +143,7 @@ pub(crate) struct SideKey {
     rank: usize,
     waits: Waits,
     scratch: Option<RawDevicePtr>,
+    zero_copy_max: usize,
 }
 
 impl SideKey {
@@ -150,6 +153,7 @@ impl SideKey {
             rank: side.rank,
             waits: side.waits,
             scratch: side.scratch,
+            zero_copy_max: side.zero_copy_max,
         }
     }
 }
@@ -422,7 +426,7 @@ impl Pipeline {
     /// As for [`Pipeline::run`].
     unsafe fn enqueue_chunks(&self, side: RankSide<'_>, transfer: Transfer) -> Result<()> {
         let wait = side.flag_wait();
-        let RankSide { staging, layout, rank, scratch, timeline, .. } = side;
+        let RankSide { staging, layout, rank, timeline, .. } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let peer = 1 - rank;
         // Both ranks send and receive the same bytes, so they cut the same chunks.
@@ -499,7 +503,7 @@ impl Pipeline {
                             // `dst`, which no other step of the call touches meanwhile; the
                             // scratch holds a slot and only this stream uses it.
                             let (from, source) = unsafe {
-                                let (from, source) = land_for_fold(stream, scratch, host, mapped, len)?;
+                                let (from, source) = land_for_fold(stream, side.scratch_for(len), host, mapped, len)?;
                                 mark_landed(timeline, stream, lane, source, len)?;
                                 (from, source)
                             };

@@ -82,7 +82,7 @@ impl PyCommunicator {
                     None => None,
                     Some(value) => Some(compression_from(Some(value))?.unwrap_or_else(Compression::off)),
                 },
-                // None: auto, which takes GP2P_RECEIVE's, else scratch.
+                // None: auto, which takes GP2P_RECEIVE's, else picks by the landing's size.
                 receive: match receive {
                     None => defaults.receive,
                     Some(name) => name.parse::<Receive>().map_err(|e| Raised::argument("receive", e))?,

@@ -123,7 +123,7 @@ pub struct CommArgs {
     chunk_bytes: Option<usize>,
     /// How each rank folds a chunk that lands in its slots: zero-copy (read in place across
     /// the link) or scratch (a DMA into device memory first); auto leaves it to
-    /// GP2P_RECEIVE, else scratch.
+    /// GP2P_RECEIVE, else zero-copy for landings up to 256 KiB and scratch above.
     #[arg(long, value_enum, default_value = "auto")]
     receive: ReceiveFlag,
     /// The all-reduce to force: one-shot (the line kernel, where the buffer fits its lines;
@@ -273,7 +273,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         format_size(comm.small_max_bytes()),
         comm.slots(),
         format_size(comm.slot_bytes()),
-        comm.receive()
+        geforce_p2p::comm::describe_receive(comm.receive())
     );
     println!(
         "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",

@@ -113,8 +113,9 @@ pub struct CommOptions {
     /// [`Receive::ZeroCopy`] reads the slot in place across the link, [`Receive::Scratch`]
     /// copies it into device memory of a slot's size by DMA and folds from there.
     /// [`Receive::Auto`] (the default) takes [`crate::RECEIVE_VAR`] (`GP2P_RECEIVE`) where
-    /// it names one, else scratch (measured faster: see `crate::receive`). Each rank may pick
-    /// its own: the fold's bits are the same.
+    /// it names one, else zero-copy for landings of at most [`crate::ZERO_COPY_MAX_LANDING`]
+    /// (256 KiB) and scratch above (each measured faster there: see `crate::receive`). Each
+    /// rank may pick its own: the fold's bits are the same.
     pub receive: Receive,
     /// Bytes of one chunk of the pipeline, each a DMA through a slot: `None` (the default)
     /// sizes two ranks' exchange by the message ([`crate::pipeline_chunk`]: the buffer in up to four

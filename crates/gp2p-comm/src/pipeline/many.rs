@@ -131,7 +131,7 @@ impl Pipeline {
         steps: &[(Lane, LegStep)],
     ) -> Result<()> {
         let wait = side.flag_wait();
-        let RankSide { staging, layout, rank, scratch, timeline, .. } = side;
+        let RankSide { staging, layout, rank, timeline, .. } = side;
         let [send, receive] = self.fork.streams() else { unreachable!("the fork was made with two streams") };
         let slot_bytes = layout.slot_bytes();
         let chunk_bytes = transfer.chunk_bytes(layout);
@@ -311,6 +311,7 @@ impl Pipeline {
                             // of the leg's destination, which nothing else of the call touches
                             // meanwhile; the scratch holds a slot and only this stream uses it.
                             let (from, source) = unsafe {
+                                let scratch = side.scratch_for(range.len());
                                 let (from, source) = land_for_fold(stream, scratch, host, mapped, range.len())?;
                                 mark_landed(timeline, stream, lane, source, range.len())?;
                                 (from, source)

@@ -142,7 +142,8 @@ class Communicator:
     the rounds where both share one GPU (one link), and ``"two-shot"`` forces the rounds,
     ``"one-shot"`` the exchange. ``receive`` (each rank its own): ``"zero-copy"`` folds each chunk that lands
     by reading it from host memory in place, ``"scratch"`` copies it into device memory first;
-    ``None`` or ``"auto"`` what ``GP2P_RECEIVE`` says, else scratch (measured faster). ``compress`` (every
+    ``None`` or ``"auto"`` what ``GP2P_RECEIVE`` says, else zero-copy for landings up to 256 KiB and
+    scratch above (each measured faster there). ``compress`` (every
     rank the same): ``"int8"`` or ``"fp8"`` (``":BLOCK"`` after either for 32 to 256 values a
     scale, 64 without) sends every all-reduce of float32, float16 or bfloat16 under sum or avg,
     from the cost model's minimum size on (``gp2p plan``; ``"@MIN"`` last names your own, in
