@@ -78,12 +78,12 @@
 #                                                       -> chunks-<N>-{default,512K,1M,2M}.* chunks-engine-<N>.*
 #                                                          slots4-2.* slots4-2-default.*
 #   small        what sets 1-4 MiB among 4 and 8 processes under MPS, in turns, SMALL_ROUNDS
-#                rounds (default 2): the all-reduce folding through a scratch (the default)
-#                against zero-copy (one operation fewer a chunk step, never measured below
-#                4 MiB), replayed against enqueued calls among 4, and among 8 the
+#                rounds (default 2): the all-reduce folding through a scratch against
+#                zero-copy (one operation fewer a chunk step) and auto (the default: zero-copy
+#                landings up to 256 KiB), replayed against enqueued calls among 4, and among 8 the
 #                reduce-scatter (N - 1 folds in turn) and the all-gather (one round) beside
 #                the all-reduce
-#                                                       -> small-<round>-<N>-{scratch,zero-copy}.*
+#                                                       -> small-<round>-<N>-{scratch,zero-copy,auto}.*
 #                                                          small-<round>-4-replay-{off,on}.* small-8-<collective>.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
@@ -477,7 +477,7 @@ small() {
   mps_start || return
   for r in $(seq 1 "${SMALL_ROUNDS:-2}"); do
     for n in 4 8; do
-      for mode in scratch zero-copy; do
+      for mode in scratch zero-copy auto; do
         late && break 3
         # shellcheck disable=SC2086 # a is a list of words
         bench "small-$r-$n-$mode" GP2P_RECEIVE=$mode $a --ranks $n

@@ -511,6 +511,20 @@ fn one_gpu_three_processes_run_the_rounds_in_fixed_chunks_smaller_than_a_slot() 
     folds_with(test, 3, &[1, 4099, 70_001, 300_007], small_pipeline(3, 256 << 10, Some(64 << 10)));
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_three_processes_fold_small_landings_in_place_and_large_ones_through_the_scratch() {
+    // Slots (so chunks) of 384 KiB and the default receive, which folds landings of at most
+    // 256 KiB in place: 460,801 elements' shares of about 600 KiB (4-byte types) land as a
+    // 384 KiB chunk through the scratch, then about 216 KiB in place, in one call; of one byte
+    // every landing in place, of two every one through the scratch, of eight both, in turn.
+    let test = "one_gpu_three_processes_fold_small_landings_in_place_and_large_ones_through_the_scratch";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_with(test, 3, &[460_801], small_pipeline(3, 384 << 10, None));
+}
+
 /// The pipelines the stream waits are tried on: the rounds among two (slots of 64 KiB, chunks
 /// a slot: long shares take several), the exchange among two (chunks of 64 KiB through slots
 /// of 256 KiB) and the rounds among four.

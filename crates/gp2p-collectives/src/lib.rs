@@ -126,7 +126,9 @@ pub use schedule::{Collective, EXCHANGE_MAX_BYTES, EXCHANGE_MAX_VAR};
 /// collectives (all-gather, broadcast) always land by DMA and ignore it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Receive {
-    /// Measure both paths once per device and use the faster.
+    /// The library's choice: the in-process engine measures both paths once per device and
+    /// uses the faster; the one-process-per-GPU communicator folds landings of at most 256 KiB
+    /// in place and larger ones from a scratch (`gp2p_comm::ZERO_COPY_MAX_LANDING`).
     #[default]
     Auto,
     /// Host-to-device DMA into a VRAM scratch, then the reduce kernel.

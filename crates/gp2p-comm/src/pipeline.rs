@@ -4,9 +4,10 @@
 //! Each rank has `slots` slots of `slot_bytes` in the segment and one flag per slot, a
 //! handshake between the slot's two users: its sender sets it to 1 once the slot holds a
 //! chunk (a stream memory operation after the device → slot copy), its receiver back to 0
-//! once it has read it (folded by a kernel that reads the mapped slot in place or, with a
-//! scratch, copied by DMA into device memory and folded from there once the slot is handed
-//! back: see [`crate::receive`] and `release`; or copied slot → device). The steps, their order and why no order a GPU may run them in deadlocks
+//! once it has read it (folded by a kernel that reads the mapped slot in place or, where it
+//! is larger than the rank's in-place limit, copied by DMA into a scratch in device memory
+//! and folded from there once the slot is handed back: see [`crate::receive`] and `release`;
+//! or copied slot → device). The steps, their order and why no order a GPU may run them in deadlocks
 //! are in [`crate::handshake`], which checks them on a model; this module turns each step into
 //! one CUDA call on one of two streams forked from the caller's.
 //!

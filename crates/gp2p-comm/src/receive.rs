@@ -9,8 +9,9 @@
 //! [`ZERO_COPY_MAX_LANDING`] (`benches/results/h10080gbhbm3/comm-small.txt`, two rounds in
 //! turns, 1-4 MiB: among 4, 1 MiB (256 KiB landings) 4 % faster, 2 MiB (512 KiB) 2-3 %
 //! slower; among 8, 1 and 2 MiB (128 and 256 KiB) 4-9 % faster, 4 MiB (512 KiB) 3-7 %
-//! slower). So the default, [`Receive::Auto`], picks per landing in the rounds. Each rank
-//! picks its own, and each landing, since both folds give the same bits.
+//! slower). So the default, [`Receive::Auto`], picks per landing (in two ranks' exchange too,
+//! whose chunks are at least 1 MiB but for a short last one). Each rank picks its own, and
+//! each landing, since both folds give the same bits.
 
 use gp2p_collectives::Receive;
 

@@ -16,7 +16,8 @@ pub const TIMEOUT_VAR: &str = "GP2P_NCCL_TIMEOUT";
 pub const PEER_TIMEOUT_VAR: &str = "GP2P_NCCL_PEER_TIMEOUT";
 /// How long a wait for another rank spins where [`PEER_TIMEOUT_VAR`] is unset: torch's own
 /// default timeout, at which its watchdog aborts the communicator anyway. NCCL's waits have
-/// no bound; a rank that exits is seen sooner, at the next `ncclCommGetAsyncError`.
+/// no bound; a rank that exits is seen sooner, at the next `ncclCommGetAsyncError` that finds
+/// the communicator free (`crate::served::Served::async_error`).
 pub const DEFAULT_PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// How long creation waits for every rank where [`TIMEOUT_VAR`] is unset: NCCL's bootstrap

@@ -114,8 +114,8 @@ pub struct CommOptions {
     /// copies it into device memory of a slot's size by DMA and folds from there.
     /// [`Receive::Auto`] (the default) takes [`crate::RECEIVE_VAR`] (`GP2P_RECEIVE`) where
     /// it names one, else zero-copy for landings of at most [`crate::ZERO_COPY_MAX_LANDING`]
-    /// (256 KiB) and scratch above (each measured faster there: see `crate::receive`). Each
-    /// rank may pick its own: the fold's bits are the same.
+    /// (256 KiB) and scratch above (as measured on one H100 shared under MPS: see
+    /// `crate::receive`). Each rank may pick its own: the fold's bits are the same.
     pub receive: Receive,
     /// Bytes of one chunk of the pipeline, each a DMA through a slot: `None` (the default)
     /// sizes two ranks' exchange by the message ([`crate::pipeline_chunk`]: the buffer in up to four
