@@ -178,20 +178,10 @@ pub fn end() -> Result<Code> {
 /// The outermost end of a group none of whose calls failed: its creations, all at once (a
 /// thread for each init, one for each parent's splits and shrinks in turn), then its calls.
 fn run_group(calls: Vec<Held>, inits: &[(RawUniqueId, Request, Arc<Handle>)], derived: Vec<Derived>) -> Result<()> {
-    let mut by_parent: Vec<Vec<Derived>> = Vec::new();
-    for d in derived {
-        match by_parent.iter_mut().find(|list| list[0].parent == d.parent) {
-            Some(list) => list.push(d),
-            None => by_parent.push(vec![d]),
-        }
-    }
+    let by_parent = batches(derived, |d| d.parent);
     let derived_failed = std::thread::scope(|s| {
-        for (id, request, handle) in inits {
-            // Where no thread starts, the handle is settled as failed, which is seen below.
-            let _ = init::spawn_creation(s, std::slice::from_ref(handle), move || {
-                init::create_on_worker(id, request, handle);
-            });
-        }
+        // Where no thread starts, the handle is settled as failed, which is seen below.
+        init::spawn_inits(s, inits);
         let started: Vec<_> = by_parent
             .into_iter()
             .map(|list| {
@@ -268,20 +258,26 @@ pub fn simulate_end() -> Result<bool> {
     Ok(started_real && crate::real::loaded().is_some())
 }
 
-/// Enqueue held calls: each communicator's together, communicators in the order first used.
-fn run_held(calls: Vec<Held>) -> Result<()> {
-    /// One communicator's held calls, each with its stream.
-    type PerComm = (Arc<Served>, Vec<(Call, RawStream)>);
-    let mut by_comm: Vec<PerComm> = Vec::new();
-    for held in calls {
-        let stream: RawStream = std::ptr::with_exposed_provenance_mut(held.stream);
-        match by_comm.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &held.served)) {
-            Some((_, list)) => list.push((held.call, stream)),
-            None => by_comm.push((held.served, vec![(held.call, stream)])),
+/// `items` in batches of equal `key`, each in the order given, batches in the order their
+/// key first came (a group's calls by communicator, its derivations by parent).
+fn batches<T, K: PartialEq>(items: Vec<T>, key: impl Fn(&T) -> K) -> Vec<Vec<T>> {
+    let mut batches: Vec<Vec<T>> = Vec::new();
+    for item in items {
+        match batches.iter_mut().find(|batch| key(&batch[0]) == key(&item)) {
+            Some(batch) => batch.push(item),
+            None => batches.push(vec![item]),
         }
     }
+    batches
+}
+
+/// Enqueue held calls: each communicator's together, communicators in the order first used.
+fn run_held(calls: Vec<Held>) -> Result<()> {
     let mut first_error = Ok(());
-    for (served, calls) in by_comm {
+    for batch in batches(calls, |held| Arc::as_ptr(&held.served)) {
+        let served = Arc::clone(&batch[0].served);
+        let calls: Vec<(Call, RawStream)> =
+            batch.into_iter().map(|held| (held.call, std::ptr::with_exposed_provenance_mut(held.stream))).collect();
         let ran = order_group(&calls, served.rank).and_then(|ordered| served.run(&ordered));
         if let Err(e) = ran
             && first_error.is_ok()
@@ -370,15 +366,25 @@ mod tests {
         (a, b)
     }
 
+    /// Open a group and hold [`meeting`]'s two derivations in it, of parents 1 and 2, settling
+    /// `a_settles` and `b_settles`.
+    fn hold_meeting(
+        ran: &Arc<std::sync::atomic::AtomicUsize>,
+        a_settles: Option<&Arc<Handle>>,
+        b_settles: Option<&Arc<Handle>>,
+    ) {
+        let (a, b) = meeting(ran);
+        start().unwrap();
+        hold_derived(1, a, a_settles.cloned());
+        hold_derived(2, b, b_settles.cloned());
+    }
+
     #[test]
     fn splits_held_in_a_group_run_together_at_its_end_and_settle_their_handles() {
         let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (a, b) = meeting(&ran);
-        start().unwrap();
         let (_, first) = register(State::Pending);
         let (_, second) = register(State::Pending);
-        hold_derived(1, a, Some(Arc::clone(&first)));
-        hold_derived(2, b, Some(Arc::clone(&second)));
+        hold_meeting(&ran, Some(&first), Some(&second));
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0, "held, not run");
         let e = end().expect_err("b's failure fails the group");
         assert!(e.to_string().contains("b's split fails") && e.code() == Code::InvalidArgument, "{e}");
@@ -390,21 +396,15 @@ mod tests {
     #[test]
     fn a_held_split_is_not_run_where_the_group_fails_and_still_runs_where_its_child_was_destroyed() {
         let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (a, b) = meeting(&ran);
-        start().unwrap();
         let (_, child) = register(State::Pending);
-        hold_derived(1, a, Some(Arc::clone(&child)));
-        hold_derived(2, b, None);
+        hold_meeting(&ran, Some(&child), None);
         fail(&Error::argument("count", "made up"));
         assert!(end().is_err());
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0, "a failed group makes nothing");
         assert!(matches!(child.state(), State::Failed(Code::InvalidArgument, _)));
 
-        let (a, b) = meeting(&ran);
-        start().unwrap();
         let (_, child) = register(State::Pending);
-        hold_derived(1, a, Some(Arc::clone(&child)));
-        hold_derived(2, b, None);
+        hold_meeting(&ran, Some(&child), None);
         assert!(drop_init(&child), "destroyed inside the group");
         assert!(matches!(child.state(), State::Destroyed), "at once: a call on it is refused as destroyed");
         assert!(!drop_init(&child), "a second destroy is the ordinary one, which says destroyed already");

@@ -43,7 +43,7 @@ pub fn unique_id() -> Result<RawUniqueId> {
             None
         }
     };
-    let ip = real.and_then(|_| root_interface()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let ip = real.and_then(root_interface).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let secret = fresh_secret()?;
     let maker = Maker {
         secret,
@@ -60,16 +60,19 @@ pub fn unique_id() -> Result<RawUniqueId> {
 
 /// The interface the real NCCL reaches other hosts on (the address its bootstrap root would
 /// listen on), which the door's rendezvous listens on too: read from one real id, made once a
-/// process (its bootstrap thread is the one this costs), or made again by the next call where
-/// the real NCCL named none.
-fn root_interface() -> Option<IpAddr> {
-    static ROOT: std::sync::OnceLock<IpAddr> = std::sync::OnceLock::new();
-    if let Some(ip) = ROOT.get() {
-        return Some(*ip);
+/// process (its bootstrap thread, which waits for ever, is the one this costs), whatever it
+/// names; made again only where making it failed (no thread was left then). Under a lock, so
+/// threads asking at once make one.
+fn root_interface(real: &crate::real::Real) -> Option<IpAddr> {
+    static ROOT: std::sync::Mutex<Option<Option<IpAddr>>> = std::sync::Mutex::new(None);
+    let mut root = ROOT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(ip) = *root {
+        return ip;
     }
-    let id = crate::real::real().and_then(|real| real.unique_id());
-    let ip = id.as_ref().ok().and_then(real_root_address)?;
-    Some(*ROOT.get_or_init(|| ip))
+    let id = real.unique_id().ok()?;
+    let ip = real_root_address(&id);
+    *root = Some(ip);
+    ip
 }
 
 /// How one creation is asked for.
@@ -220,14 +223,21 @@ pub fn create_later(id: RawUniqueId, request: Request) -> RawComm {
 }
 
 /// Create several ranks at once (each on a thread, as they wait for each other), for
-/// `ncclCommInitAll` and the inits of a group. Returns when all are made or failed.
+/// `ncclCommInitAll`. Returns when all are made or failed.
 pub fn create_all(jobs: &[(RawUniqueId, Request, Arc<Handle>)]) {
-    std::thread::scope(|s| {
-        for (id, request, handle) in jobs {
-            // Where no thread starts, the handle is settled as failed: nothing more to do.
-            let _ = spawn_creation(s, std::slice::from_ref(handle), move || create_on_worker(id, request, handle));
-        }
-    });
+    std::thread::scope(|s| spawn_inits(s, jobs));
+}
+
+/// Start each of `jobs` on a thread of scope `s`, settling its handle with what it makes
+/// ([`create_on_worker`]); where no thread starts, the handle is settled as failed.
+pub fn spawn_inits<'scope>(
+    s: &'scope std::thread::Scope<'scope, '_>,
+    jobs: &'scope [(RawUniqueId, Request, Arc<Handle>)],
+) {
+    for (id, request, handle) in jobs {
+        // Where no thread starts, the handle is settled as failed: nothing more to do.
+        let _ = spawn_creation(s, std::slice::from_ref(handle), move || create_on_worker(id, request, handle));
+    }
 }
 
 /// Start `work`, a creation that waits for other ranks, on a thread of scope `s`. Where no
