@@ -190,9 +190,12 @@ impl Communicator {
         // The call count and the kernels' ticket (see gp2p_kernels::chunks_kernel_name), zero
         // before any kernel can read them.
         let seq_counter = DeviceBuffer::<u32>::zeroed(device, 2)?;
-        let scratch = match receive {
-            Receive::Scratch | Receive::Auto => Some(DeviceBuffer::<u8>::alloc(device, layout.slot_bytes())?),
-            Receive::ZeroCopy => None,
+        // None where every landing (at most a slot) is folded in place: zero-copy, or auto with
+        // slots of at most its in-place limit.
+        let scratch = if crate::receive::needs_scratch(receive, layout.slot_bytes()) {
+            Some(DeviceBuffer::<u8>::alloc(device, layout.slot_bytes())?)
+        } else {
+            None
         };
         let sums = match Self::largest_by_sum(world, &layout) {
             0 => None,
@@ -534,7 +537,7 @@ impl Communicator {
             },
             numbers: &self.numbers,
             scratch: self.scratch.as_ref().map(|s| s.raw_ptr()),
-            zero_copy_max: crate::receive::zero_copy_max(self.receive),
+            receive: self.receive,
             // SAFETY: `marking` is set only while `framed` launches a call, and `framed` notes
             // the call's point on the timeline once the call's streams have joined.
             timeline: self.timeline.as_ref().filter(|_| self.marking).map(|t| unsafe { Traced::new(t) }),

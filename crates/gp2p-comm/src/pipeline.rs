@@ -94,10 +94,10 @@ pub(crate) struct RankSide<'a> {
     /// The number each lane's last watched wait took (see `wait::FlagWait`).
     pub(crate) numbers: &'a [AtomicU32; 2],
     /// Device memory of a slot's size, only for the receive stream: where a chunk to fold of
-    /// more than `zero_copy_max` bytes lands by DMA first (`RankSide::scratch_for`);
+    /// more than `receive` folds in place lands by DMA first (`RankSide::scratch_for`);
     /// a smaller one, or any without a scratch, is folded from the slot in place (zero-copy).
     pub(crate) scratch: Option<RawDevicePtr>,
-    pub(crate) zero_copy_max: usize,
+    pub(crate) receive: gp2p_collectives::Receive,
     /// Where a traced call stamps each step it enqueues (see [`mark`]); such a call is always
     /// enqueued, never replayed.
     pub(crate) timeline: Option<Traced<'a>>,
@@ -144,7 +144,7 @@ pub(crate) struct SideKey {
     rank: usize,
     waits: Waits,
     scratch: Option<RawDevicePtr>,
-    zero_copy_max: usize,
+    receive: gp2p_collectives::Receive,
 }
 
 impl SideKey {
@@ -154,7 +154,7 @@ impl SideKey {
             rank: side.rank,
             waits: side.waits,
             scratch: side.scratch,
-            zero_copy_max: side.zero_copy_max,
+            receive: side.receive,
         }
     }
 }

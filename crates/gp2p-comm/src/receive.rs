@@ -38,21 +38,27 @@ pub(crate) fn resolve(option: Receive, env: Option<&str>) -> Result<Receive> {
     }
 }
 
-/// The largest landing that a communicator resolved to `receive` folds in place rather than
-/// from its scratch: none under [`Receive::Scratch`], every one under [`Receive::ZeroCopy`]
-/// (it has no scratch).
-pub(crate) fn zero_copy_max(receive: Receive) -> usize {
+/// Whether a communicator resolved to `receive` folds a landing of `bytes` from the slot in
+/// place rather than from its scratch: never under [`Receive::Scratch`], always under
+/// [`Receive::ZeroCopy`], up to [`ZERO_COPY_MAX_LANDING`] under [`Receive::Auto`].
+pub(crate) fn in_place(receive: Receive, bytes: usize) -> bool {
     match receive {
-        Receive::Scratch => 0,
-        Receive::Auto => ZERO_COPY_MAX_LANDING,
-        Receive::ZeroCopy => usize::MAX,
+        Receive::Scratch => false,
+        Receive::Auto => bytes <= ZERO_COPY_MAX_LANDING,
+        Receive::ZeroCopy => true,
     }
+}
+
+/// Whether a communicator resolved to `receive` with slots of `slot_bytes` needs a scratch:
+/// some landing (at most a slot) is not folded in place.
+pub(crate) fn needs_scratch(receive: Receive, slot_bytes: usize) -> bool {
+    !in_place(receive, slot_bytes)
 }
 
 impl crate::pipeline::RankSide<'_> {
     /// Where a landing of `bytes` to fold goes first: the scratch, or None (the slot in place).
     pub(crate) fn scratch_for(&self, bytes: usize) -> Option<gp2p_cuda::RawDevicePtr> {
-        self.scratch.filter(|_| bytes > self.zero_copy_max)
+        self.scratch.filter(|_| !in_place(self.receive, bytes))
     }
 }
 
@@ -83,11 +89,12 @@ mod tests {
 
     #[test]
     fn auto_folds_landings_up_to_256_kib_in_place_and_the_forced_paths_every_one_their_way() {
-        let in_place = |receive, bytes: usize| bytes <= zero_copy_max(receive);
         assert!(in_place(Receive::Auto, 4096) && in_place(Receive::Auto, 256 * 1024));
         assert!(!in_place(Receive::Auto, 256 * 1024 + 4096) && !in_place(Receive::Auto, 512 * 1024));
         assert!(!in_place(Receive::Scratch, 4096) && !in_place(Receive::Scratch, 1));
         assert!(in_place(Receive::ZeroCopy, 64 << 20));
+        assert!(!needs_scratch(Receive::Auto, 256 * 1024) && needs_scratch(Receive::Auto, 256 * 1024 + 4096));
+        assert!(needs_scratch(Receive::Scratch, 4096) && !needs_scratch(Receive::ZeroCopy, 64 << 20));
         assert_eq!(describe(Receive::Auto), "auto (zero-copy landings up to 256 KiB, scratch above)");
         assert_eq!(describe(Receive::Scratch), "scratch");
     }
