@@ -98,6 +98,8 @@ def test_the_environment_puts_the_door_first_once_and_names_torch_s_nccl(tmp_pat
     assert again["GP2P_NCCL_REAL"] == str(real)
     other = nccl.environment({"VLLM_NCCL_SO_PATH": "/v/site/geforce_p2p/_nccl/libnccl.so.2"}, door=door, mps=False)
     assert other["GP2P_NCCL_REAL"] == str(real)
+    built = nccl.environment({"VLLM_NCCL_SO_PATH": "/w/target/release/libgp2p_nccl.so"}, door=door, mps=False)
+    assert built["GP2P_NCCL_REAL"] == str(real), "a cargo-built door is a door too"
     assert nccl.environment({"VLLM_NCCL_SO_PATH": "/x/libnccl.so.2", "GP2P_NCCL_REAL": "/mine/libnccl.so.2"},
                             door=door, mps=False)["GP2P_NCCL_REAL"] == "/mine/libnccl.so.2"
     # The dynamic linker splits LD_PRELOAD at spaces and colons: such a door is refused, naming why.

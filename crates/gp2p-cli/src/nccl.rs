@@ -33,7 +33,11 @@ pub fn run(command: &NcclCommand) -> Result<(), CliError> {
             let door = preloadable(&door)?;
             let preload = std::env::var_os("LD_PRELOAD").unwrap_or_default();
             let queues = std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() && !mps_serves();
-            for line in exports(&door, &preload.to_string_lossy(), queues) {
+            let real = match std::env::var_os(REAL_VAR).filter(|v| !v.is_empty()) {
+                Some(_) => None,
+                None => users_real(SERVERS_VARS.map(std::env::var_os), Path::new(&door)),
+            };
+            for line in exports(&door, &preload.to_string_lossy(), queues, real.as_deref()) {
                 println!("{line}");
             }
         }
@@ -86,9 +90,40 @@ fn find(named: Option<PathBuf>, exe: Option<PathBuf>) -> Result<PathBuf, CliErro
     })
 }
 
-/// The shell lines for the door at `door`, with `preload` the current `LD_PRELOAD`, and the
-/// hardware queues where `queues`.
-fn exports(door: &str, preload: &str, queues: bool) -> Vec<String> {
+/// Where the door finds the real NCCL it hands communicators over to, where set.
+const REAL_VAR: &str = "GP2P_NCCL_REAL";
+
+/// The servers' variables naming the NCCL their own wrappers load, which the door takes over.
+const SERVERS_VARS: [&str; 2] = ["VLLM_NCCL_SO_PATH", "SGLANG_NCCL_SO_PATH"];
+
+/// A real NCCL the user named in one of the servers' variables (`named`, their values), for
+/// [`REAL_VAR`]: the first that is not a door, as Python's launcher keeps it, so what the door
+/// hands over runs where the user said.
+fn users_real(named: [Option<std::ffi::OsString>; 2], door: &Path) -> Option<String> {
+    named
+        .into_iter()
+        .flatten()
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .find(|p| !is_a_door(p, door))
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// Whether `path` is `door`, or another build's door (a wheel keeps it in `geforce_p2p/_nccl`,
+/// cargo names it `libgp2p_nccl.so`): never the real NCCL.
+fn is_a_door(path: &Path, door: &Path) -> bool {
+    let in_wheel = path.parent().and_then(Path::file_name).is_some_and(|f| f == "_nccl");
+    let built = path.file_name().is_some_and(|f| f == NAMES[0]);
+    let same = match (std::fs::canonicalize(path), std::fs::canonicalize(door)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => path == door,
+    };
+    in_wheel || built || same
+}
+
+/// The shell lines for the door at `door`, with `preload` the current `LD_PRELOAD`, the
+/// hardware queues where `queues`, and the real NCCL the user named where `real`.
+fn exports(door: &str, preload: &str, queues: bool, real: Option<&str>) -> Vec<String> {
     let rest = preload.split([':', ' ']).filter(|p| !p.is_empty() && *p != door);
     let preload: Vec<&str> = std::iter::once(door).chain(rest).collect();
     let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
@@ -100,6 +135,9 @@ fn exports(door: &str, preload: &str, queues: bool) -> Vec<String> {
     if queues {
         lines.push(format!("export CUDA_DEVICE_MAX_CONNECTIONS={HARDWARE_QUEUES}"));
     }
+    if let Some(real) = real {
+        lines.push(format!("export {REAL_VAR}={}", quote(real)));
+    }
     lines
 }
 
@@ -110,12 +148,26 @@ mod tests {
     #[test]
     fn the_door_goes_first_once_and_is_quoted_for_the_shell() {
         // LD_PRELOAD's entries are separated by colons or spaces.
-        let lines = exports("/d/libnccl.so.2", "/x.so:/d/libnccl.so.2 /y.so", false);
+        let lines = exports("/d/libnccl.so.2", "/x.so:/d/libnccl.so.2 /y.so", false, None);
         assert_eq!(lines[0], "export LD_PRELOAD='/d/libnccl.so.2:/x.so:/y.so'");
         assert_eq!(lines[1], "export VLLM_NCCL_SO_PATH='/d/libnccl.so.2'");
         assert_eq!(lines.len(), 3);
-        assert_eq!(exports("/it's", "", false)[2], "export SGLANG_NCCL_SO_PATH='/it'\\''s'");
-        assert_eq!(exports("/d", "", true)[3], "export CUDA_DEVICE_MAX_CONNECTIONS=32", "as Python's launcher");
+        assert_eq!(exports("/it's", "", false, None)[2], "export SGLANG_NCCL_SO_PATH='/it'\\''s'");
+        assert_eq!(exports("/d", "", true, None)[3], "export CUDA_DEVICE_MAX_CONNECTIONS=32", "as Python's launcher");
+    }
+
+    #[test]
+    fn a_real_nccl_named_for_a_server_is_handed_on_and_a_door_never_is() {
+        let door = Path::new("/d/libnccl.so.2");
+        let named = |v: Option<&str>, s: Option<&str>| users_real([v.map(Into::into), s.map(Into::into)], door);
+        assert_eq!(named(Some("/opt/nccl/libnccl.so.2"), None).as_deref(), Some("/opt/nccl/libnccl.so.2"));
+        assert_eq!(named(Some("/d/libnccl.so.2"), Some("/s/libnccl.so.2")).as_deref(), Some("/s/libnccl.so.2"));
+        for a_door in ["/d/libnccl.so.2", "/v/site/geforce_p2p/_nccl/libnccl.so.2", "/w/target/release/libgp2p_nccl.so"]
+        {
+            assert_eq!(named(Some(a_door), Some("")), None, "{a_door}");
+        }
+        let lines = exports("/d/libnccl.so.2", "", false, Some("/opt/it's/libnccl.so.2"));
+        assert_eq!(lines.last().map(String::as_str), Some("export GP2P_NCCL_REAL='/opt/it'\\''s/libnccl.so.2'"));
     }
 
     #[test]

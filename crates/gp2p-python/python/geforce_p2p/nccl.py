@@ -104,26 +104,25 @@ def environment(base: Optional[Mapping[str, str]] = None, door: Optional[str] = 
     env = dict(os.environ if base is None else base)
     door = check_preloadable(library() if door is None else door)
     named = [env.get(v, "") for v in ("VLLM_NCCL_SO_PATH", "SGLANG_NCCL_SO_PATH")]
-    mine = next((p for p in named if p and not _is_a_door(p, door)), None)
-    if mine is not None and not env.get("GP2P_NCCL_REAL"):
-        env["GP2P_NCCL_REAL"] = mine
+    if not env.get("GP2P_NCCL_REAL"):
+        mine = next((p for p in named if p and not _is_a_door(p, door)), None)
+        real = mine if mine is not None else real_nccl()
+        if real is not None:
+            env["GP2P_NCCL_REAL"] = real
     preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != door]
     env["LD_PRELOAD"] = ":".join([door, *preload])
     env["VLLM_NCCL_SO_PATH"] = door
     env["SGLANG_NCCL_SO_PATH"] = door
     if not (mps_serves(env) if mps is None else mps):
         env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", HARDWARE_QUEUES)
-    if not env.get("GP2P_NCCL_REAL"):
-        real = real_nccl()
-        if real is not None:
-            env["GP2P_NCCL_REAL"] = real
     return env
 
 
 def _is_a_door(path: str, door: str) -> bool:
     """Whether ``path`` is ``door``, or another installation's door (a wheel keeps it in
-    ``geforce_p2p/_nccl``): never the real NCCL."""
-    if os.path.basename(os.path.dirname(os.path.abspath(path))) == "_nccl":
+    ``geforce_p2p/_nccl``, a cargo build names it ``libgp2p_nccl.so``): never the real NCCL."""
+    full = os.path.abspath(path)
+    if os.path.basename(os.path.dirname(full)) == "_nccl" or os.path.basename(full) == "libgp2p_nccl.so":
         return True
     try:
         return os.path.samefile(path, door)
