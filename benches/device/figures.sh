@@ -281,11 +281,12 @@ section_door() {
 section_door_host() {
   if ! wheel || ! mps_start; then return; fi
   local script=benches/python/door_host_time.py
-  record door-host-time-2.txt GP2P_NCCL_TRACE=500 timeout -s KILL 100 python3 -m geforce_p2p.nccl -- \
+  # TERM first (KILL 10 s later): torchrun then stops its workers, which would hold the MPS daemon.
+  record door-host-time-2.txt GP2P_NCCL_TRACE=500 timeout -k 10 100 python3 -m geforce_p2p.nccl -- \
     python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29611 "$script" "$RES/door-host-time-2.json" >/dev/null
   json_head "$RES/door-host-time-2.json" "GP2P_NCCL_TRACE=500 python3 -m geforce_p2p.nccl -- python3 -m torch.distributed.run --nproc-per-node 2 $script door-host-time-2.json (under an MPS daemon)"
   note "door host time: $(grep -E '^ +[0-9]+ B: door' "$RES/door-host-time-2.txt" | head -1)"
-  late || record nccl-host-time-1.txt timeout -s KILL 90 python3 -m torch.distributed.run --nproc-per-node 1 \
+  late || record nccl-host-time-1.txt timeout -k 10 90 python3 -m torch.distributed.run --nproc-per-node 1 \
     --master-port 29612 "$script" "$RES/nccl-host-time-1.json" >/dev/null
   json_head "$RES/nccl-host-time-1.json" "python3 -m torch.distributed.run --nproc-per-node 1 $script nccl-host-time-1.json (under an MPS daemon)"
   mps_stop

@@ -57,16 +57,15 @@ for section in "${sections[@]}"; do
     # racecheck, which runs one kernel at a time, its gated streams wait out their deadlines
     # one by one.
     slow=(gpu_compress gpu_collectives)
+    wanted() { [ -z "${RACECHECK_BINARIES:-}" ] || [[ " $RACECHECK_BINARIES " == *" $1 "* ]]; }
     binaries=()
     final=()
     for t in "$B"/tests/gpu_*; do
       t=$(basename "$t")
-      [ -n "${RACECHECK_BINARIES:-}" ] && [[ " $RACECHECK_BINARIES " != *" $t "* ]] && continue
-      [[ " ${slow[*]} " == *" $t "* ]] || binaries+=("$t")
+      wanted "$t" && [[ " ${slow[*]} " != *" $t "* ]] && binaries+=("$t")
     done
     for t in "${slow[@]}"; do
-      [ -n "${RACECHECK_BINARIES:-}" ] && [[ " $RACECHECK_BINARIES " != *" $t "* ]] && continue
-      final+=("$t")
+      wanted "$t" && final+=("$t")
     done
     for t in "${binaries[@]}" "${final[@]}"; do
       [ -x "$B/tests/$t" ] || continue
