@@ -32,7 +32,7 @@ pub fn run(command: &NcclCommand) -> Result<(), CliError> {
         NcclCommand::Env => {
             let door = preloadable(&door)?;
             let preload = std::env::var_os("LD_PRELOAD").unwrap_or_default();
-            let queues = std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() && !mps_serves();
+            let queues = std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() && !geforce_p2p::comm::mps_serves();
             let real = match std::env::var_os(REAL_VAR).filter(|v| !v.is_empty()) {
                 Some(_) => None,
                 None => users_real(SERVERS_VARS.map(std::env::var_os), Path::new(&door)),
@@ -49,15 +49,6 @@ pub fn run(command: &NcclCommand) -> Result<(), CliError> {
 /// (CUDA's most): ranks that are threads of one process on one device (nccl-tests `-t N`) need
 /// one for each of their streams. Python's launcher sets the same.
 const HARDWARE_QUEUES: &str = "32";
-
-/// Whether an MPS control daemon serves this shell's commands: its pipe folder
-/// (`CUDA_MPS_PIPE_DIRECTORY`, else `/tmp/nvidia-mps`) holds its `control` pipe.
-fn mps_serves() -> bool {
-    let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
-        .filter(|p| !p.is_empty())
-        .map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from);
-    pipe.join("control").exists()
-}
 
 /// `door` as `LD_PRELOAD` can carry it: absolute, without a space or colon (where the dynamic
 /// linker splits the variable, and torch would quietly load the real NCCL).

@@ -27,6 +27,24 @@ pub fn process_id() -> String {
     format!("{}@{}", std::process::id(), crate::segment::pid_namespace())
 }
 
+/// The variable that names an MPS control daemon's pipe folder.
+pub const MPS_PIPE_VAR: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// Where an MPS control daemon listens when [`MPS_PIPE_VAR`] names no folder.
+const MPS_DEFAULT_PIPE: &str = "/tmp/nvidia-mps";
+
+/// Whether an MPS control daemon serves this process's CUDA: its pipe folder ([`MPS_PIPE_VAR`],
+/// else `/tmp/nvidia-mps`) holds its `control` pipe. Under one, the server deals out the
+/// device's hardware queues to its clients, rather than each context getting its own.
+pub fn mps_serves() -> bool {
+    mps_control_pipe(std::env::var_os(MPS_PIPE_VAR).as_deref()).exists()
+}
+
+/// The control pipe an MPS daemon listens on, for [`MPS_PIPE_VAR`] set to `folder`.
+pub fn mps_control_pipe(folder: Option<&std::ffi::OsStr>) -> std::path::PathBuf {
+    let folder = folder.filter(|f| !f.is_empty()).unwrap_or(std::ffi::OsStr::new(MPS_DEFAULT_PIPE));
+    std::path::Path::new(folder).join("control")
+}
+
 /// [`host_id`] from what it reads: the variable, the host name and the boot id, each as found.
 pub fn host_id_from(forced: Option<&str>, name: Option<&str>, boot_id: Option<&str>) -> String {
     if let Some(forced) = forced.map(str::trim).filter(|f| !f.is_empty()) {
@@ -57,6 +75,20 @@ mod tests {
         assert_eq!(host_id_from(Some("  "), Some("box\n"), Some("b1\n")), "box:b1");
         assert_eq!(host_id_from(None, Some("box"), None), "box");
         assert_eq!(host_id_from(None, None, Some("b1")), "localhost:b1");
+    }
+
+    #[test]
+    fn an_mps_daemon_is_found_by_its_control_pipe() {
+        let dir = std::env::temp_dir().join(format!("gp2p-mps-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary folder");
+        let pipe = mps_control_pipe(Some(dir.as_os_str()));
+        assert_eq!(pipe, dir.join("control"));
+        assert!(!pipe.exists(), "no daemon yet");
+        std::fs::write(&pipe, b"").expect("a stand-in pipe");
+        assert!(mps_control_pipe(Some(dir.as_os_str())).exists());
+        std::fs::remove_dir_all(&dir).expect("removed");
+        assert_eq!(mps_control_pipe(Some(std::ffi::OsStr::new(""))), std::path::Path::new("/tmp/nvidia-mps/control"));
+        assert_eq!(mps_control_pipe(None), std::path::Path::new("/tmp/nvidia-mps/control"));
     }
 
     #[test]

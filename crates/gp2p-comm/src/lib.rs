@@ -152,7 +152,7 @@ pub use error::{Error, Result};
 pub use gp2p_collectives::Receive;
 pub use gp2p_collectives::cost::{ALGORITHM_VAR, Algorithm};
 pub use gp2p_cuda::codec::WireFormat;
-pub use host::{HOST_ID_VAR, host_id, host_id_from, process_id};
+pub use host::{HOST_ID_VAR, MPS_PIPE_VAR, host_id, host_id_from, mps_control_pipe, mps_serves, process_id};
 pub use id::UniqueId;
 pub use layout::{CommOptions, FlagWaits, MAX_RANKS};
 pub use pipeline::STREAMS_PER_RANK;

@@ -37,9 +37,10 @@ pub struct RankFacts {
     #[serde(default)]
     pub process: String,
     /// The hardware queues its process gets on each device (`CUDA_DEVICE_MAX_CONNECTIONS`
-    /// as the door read it when the communicator was made).
+    /// as the door read it when the communicator was made); `None` where an MPS daemon serves
+    /// the process and the variable is unset, so the server deals them out unknown.
     #[serde(default = "default_hardware_queues")]
-    pub hardware_queues: usize,
+    pub hardware_queues: Option<usize>,
     /// Its `GP2P_NCCL`.
     pub mode: Mode,
     /// The door's version it runs (every rank must run the same).
@@ -79,8 +80,8 @@ pub enum Decision {
     },
 }
 
-fn default_hardware_queues() -> usize {
-    DEFAULT_HARDWARE_QUEUES
+fn default_hardware_queues() -> Option<usize> {
+    Some(DEFAULT_HARDWARE_QUEUES)
 }
 
 /// Check that `facts` describe one communicator (every rank of it once, the same world size
@@ -213,31 +214,49 @@ fn decide_consistent(facts: &[RankFacts], maker_host: Option<&str>) -> Result<De
 /// anything does. They share the device's context, whose hardware queues the driver deals out
 /// to streams in turn; where two ranks' streams share a queue, one rank's kernel waiting for a
 /// peer may sit ahead of the very work that peer waits on (the likely reason 4 ranks as
-/// threads of nccl-tests hung on one H100 with the default 8 queues; not yet confirmed by a
-/// run with more). So each of their streams should get a queue, and one is left for the
-/// program. Ranks from a door that did not name its process are taken as processes of their own.
+/// threads of nccl-tests hung on one H100 with the default 8 queues, and 2 ranks under an MPS
+/// daemon with the variable unset). So each of their streams should get a queue, and one is
+/// left for the program; under MPS, whose server deals out queues from one pool, only a number
+/// the program asked for counts. Ranks from a door that did not name its process are taken as
+/// processes of their own.
 fn crowded_context(facts: &[RankFacts]) -> Option<String> {
-    let mut groups: Vec<(&str, &str, Vec<usize>, usize)> = Vec::new();
+    let mut groups: Vec<(&str, &str, Vec<usize>, Option<usize>)> = Vec::new();
     for f in facts.iter().filter(|f| !f.process.is_empty()) {
         let Ok(device) = &f.device else { continue };
         let key = (f.process.as_str(), device.pci_bus_id.as_str());
         match groups.iter_mut().find(|g| (g.0, g.1) == key) {
             Some(group) => {
                 group.2.push(f.rank);
+                // `None`, an MPS server's unknown share, is the least.
                 group.3 = group.3.min(f.hardware_queues);
             }
             None => groups.push((key.0, key.1, vec![f.rank], f.hardware_queues)),
         }
     }
     groups.into_iter().find_map(|(_, bus, ranks, queues)| {
-        let needed = ranks.len() * STREAMS_PER_RANK + 1;
-        (ranks.len() > 1 && needed > queues).then(|| {
-            format!(
-                "ranks {} are threads of one process on {bus}, whose {} streams and the program's want {needed} hardware queues, and CUDA_DEVICE_MAX_CONNECTIONS gave the process {queues} (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS={MAX_HARDWARE_QUEUES} before CUDA starts (python -m geforce_p2p.nccl does where no MPS daemon serves the command), or run one process per rank; the real NCCL does not take ranks that share a device",
-                join(&ranks),
-                ranks.len() * STREAMS_PER_RANK,
-            )
-        })
+        let streams = ranks.len() * STREAMS_PER_RANK;
+        let needed = streams + 1;
+        if ranks.len() < 2 || queues.is_some_and(|q| q >= needed) {
+            return None;
+        }
+        let ranks = join(&ranks);
+        let given = match queues {
+            Some(q) => format!("CUDA_DEVICE_MAX_CONNECTIONS gave the process {q}"),
+            None => String::from(
+                "an MPS daemon serves the process and deals out the queues itself, as CUDA_DEVICE_MAX_CONNECTIONS is unset",
+            ),
+        };
+        let fix = match queues {
+            Some(_) => format!(
+                "set CUDA_DEVICE_MAX_CONNECTIONS={MAX_HARDWARE_QUEUES} before CUDA starts (python -m geforce_p2p.nccl does where no MPS daemon serves the command)"
+            ),
+            None => format!(
+                "set CUDA_DEVICE_MAX_CONNECTIONS={MAX_HARDWARE_QUEUES} for this program (only where few processes share the daemon: its clients draw on one pool), stop the MPS daemon"
+            ),
+        };
+        Some(format!(
+            "ranks {ranks} are threads of one process on {bus}, whose {streams} streams and the program's want {needed} hardware queues, and {given} (where two ranks' streams share a queue, their waiting kernels can deadlock): {fix}, or run one process per rank; the real NCCL does not take ranks that share a device"
+        ))
     })
 }
 

@@ -21,7 +21,10 @@ pub fn local(rank: usize, nranks: usize, mode: Mode, ordinal: Option<usize>) -> 
         nranks,
         host: geforce_p2p::comm::host_id(),
         process: geforce_p2p::comm::process_id(),
-        hardware_queues: hardware_queues(std::env::var(HARDWARE_QUEUES_VAR).ok().as_deref()),
+        hardware_queues: hardware_queues(
+            std::env::var(HARDWARE_QUEUES_VAR).ok().as_deref(),
+            geforce_p2p::comm::mps_serves(),
+        ),
         mode,
         door_version: env!("CARGO_PKG_VERSION").to_owned(),
         device: device.map(|(_, d)| d),
@@ -34,12 +37,15 @@ pub fn local(rank: usize, nranks: usize, mode: Mode, ordinal: Option<usize>) -> 
 /// The variable that sets how many hardware queues CUDA gives this process on each device.
 pub const HARDWARE_QUEUES_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
-/// The hardware queues CUDA gives a process whose [`HARDWARE_QUEUES_VAR`] is `value`: the
-/// default where unset or unreadable, else the number within what CUDA takes (1 to 32).
-pub fn hardware_queues(value: Option<&str>) -> usize {
+/// The hardware queues CUDA gives a process whose [`HARDWARE_QUEUES_VAR`] is `value`, served
+/// by an MPS daemon where `mps`: the number asked for within what CUDA takes (1 to 32); where
+/// unset or unreadable, CUDA's default, or `None` under MPS, whose server deals out a share
+/// of one pool the door cannot read.
+pub fn hardware_queues(value: Option<&str>, mps: bool) -> Option<usize> {
     match value.map(str::trim).and_then(|v| v.parse::<usize>().ok()) {
-        Some(queues) => queues.clamp(1, MAX_HARDWARE_QUEUES),
-        None => DEFAULT_HARDWARE_QUEUES,
+        Some(queues) => Some(queues.clamp(1, MAX_HARDWARE_QUEUES)),
+        None if mps => None,
+        None => Some(DEFAULT_HARDWARE_QUEUES),
     }
 }
 
@@ -125,11 +131,18 @@ mod tests {
 
     #[test]
     fn hardware_queues_are_cuda_s_default_unless_set_and_within_its_range() {
-        assert_eq!(hardware_queues(None), 8);
-        assert_eq!(hardware_queues(Some("32")), 32);
-        assert_eq!(hardware_queues(Some(" 1 ")), 1);
-        assert_eq!(hardware_queues(Some("0")), 1);
-        assert_eq!(hardware_queues(Some("64")), 32);
-        assert_eq!(hardware_queues(Some("many")), 8);
+        assert_eq!(hardware_queues(None, false), Some(8));
+        assert_eq!(hardware_queues(Some("32"), false), Some(32));
+        assert_eq!(hardware_queues(Some(" 1 "), false), Some(1));
+        assert_eq!(hardware_queues(Some("0"), false), Some(1));
+        assert_eq!(hardware_queues(Some("64"), false), Some(32));
+        assert_eq!(hardware_queues(Some("many"), false), Some(8));
+    }
+
+    #[test]
+    fn under_mps_only_queues_asked_for_are_known() {
+        assert_eq!(hardware_queues(None, true), None);
+        assert_eq!(hardware_queues(Some("many"), true), None);
+        assert_eq!(hardware_queues(Some("32"), true), Some(32));
     }
 }

@@ -21,7 +21,7 @@ fn world(world: usize) -> Vec<RankFacts> {
             nranks: world,
             host: "box:boot".into(),
             process: format!("{}@1", 100 + rank),
-            hardware_queues: 8,
+            hardware_queues: Some(8),
             mode: Mode::Auto,
             door_version: "0.1.0".into(),
             device: device(&format!("0000:{:02x}:00.0", rank + 1), &[]),
@@ -54,7 +54,7 @@ fn ranks_sharing_one_device_are_served() {
 fn threads(world_size: usize, queues: usize) -> Vec<RankFacts> {
     let mut facts = world(world_size);
     for f in &mut facts {
-        (f.process, f.hardware_queues, f.device) = ("7@1".into(), queues, device("0000:01:00.0", &[]));
+        (f.process, f.hardware_queues, f.device) = ("7@1".into(), Some(queues), device("0000:01:00.0", &[]));
     }
     facts
 }
@@ -82,7 +82,7 @@ fn threads_sharing_a_device_are_served_only_with_a_hardware_queue_for_each_strea
     assert!(served(&decide(&threads(8, 32), true, None)), "8 ranks: 25 queues of 32");
     // The fewest queues any of them reports counts.
     let mut mixed = threads(4, 32);
-    mixed[3].hardware_queues = 12;
+    mixed[3].hardware_queues = Some(12);
     assert!(decide(&mixed, true, None).is_err());
     // A door that did not name the process: a process of its own.
     let mut unnamed = threads(4, 8);
@@ -207,7 +207,7 @@ proptest! {
         if crowded {
             // Two processes' threads, each with its own queues.
             for (f, q) in facts.iter_mut().zip(&queues) {
-                f.hardware_queues = *q;
+                f.hardware_queues = Some(*q);
                 if f.rank % 2 == 1 {
                     f.process = "8@1".into();
                 }
@@ -237,6 +237,37 @@ proptest! {
 }
 
 #[test]
+fn threads_sharing_a_device_under_mps_are_served_only_with_queues_asked_for() {
+    // Under an MPS daemon with CUDA_DEVICE_MAX_CONNECTIONS unset, 2 ranks as threads of
+    // nccl-tests hung on one H100: the server's share is unknown, so even 2 ranks fail.
+    let mut unset = threads(2, 8);
+    for f in &mut unset {
+        f.hardware_queues = None;
+    }
+    assert_eq!(
+        decide(&unset, true, None),
+        Err(String::from(
+            "ranks 0, 1 are threads of one process on 0000:01:00.0, whose 6 streams and the program's want 7 hardware queues, and an MPS daemon serves the process and deals out the queues itself, as CUDA_DEVICE_MAX_CONNECTIONS is unset (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS=32 for this program (only where few processes share the daemon: its clients draw on one pool), stop the MPS daemon, or run one process per rank; the real NCCL does not take ranks that share a device"
+        ))
+    );
+    // One rank alone shares nothing, and processes of their own share no context.
+    assert!(served(&decide(
+        &unset[..1].iter().map(|f| RankFacts { nranks: 1, ..f.clone() }).collect::<Vec<_>>(),
+        true,
+        None
+    )));
+    let mut processes = unset.clone();
+    processes[1].process = "8@1".into();
+    assert!(served(&decide(&processes, true, None)));
+    // One rank whose share is unknown makes the group's unknown.
+    let mut one_unset = threads(4, 32);
+    one_unset[2].hardware_queues = None;
+    assert!(decide(&one_unset, true, None).is_err_and(|e| e.contains("an MPS daemon serves the process")));
+    // A number asked for counts as it does without MPS.
+    assert!(served(&decide(&threads(4, 32), true, None)));
+}
+
+#[test]
 fn facts_from_a_door_that_names_no_process_read_as_a_process_of_its_own() {
     let Ok(serde_json::Value::Object(mut fields)) = serde_json::to_value(&world(1)[0]) else {
         unreachable!("facts are a JSON object")
@@ -246,5 +277,5 @@ fn facts_from_a_door_that_names_no_process_read_as_a_process_of_its_own() {
     let Ok(read) = serde_json::from_value::<RankFacts>(serde_json::Value::Object(fields)) else {
         unreachable!("the fields default")
     };
-    assert_eq!((read.process.as_str(), read.hardware_queues), ("", DEFAULT_HARDWARE_QUEUES));
+    assert_eq!((read.process.as_str(), read.hardware_queues), ("", Some(DEFAULT_HARDWARE_QUEUES)));
 }

@@ -12,7 +12,7 @@ fn facts(rank: usize, nranks: usize) -> RankFacts {
         nranks,
         host: "box:boot".into(),
         process: format!("{}@1", 100 + rank),
-        hardware_queues: 8,
+        hardware_queues: Some(8),
         mode: Mode::Auto,
         door_version: "0.1.0".into(),
         device: Ok(DeviceFacts {
