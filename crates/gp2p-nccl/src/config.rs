@@ -20,6 +20,18 @@ pub enum ConfigArg {
     Owned(Arc<Config>),
 }
 
+impl ConfigArg {
+    /// Whether a creation with this config may block its caller: NCCL's default, unless the
+    /// door's copy says `blocking` is 0 (a caller's own config is read only during its call,
+    /// where the door creates on the caller's thread anyway).
+    pub fn blocking(&self) -> bool {
+        match self {
+            ConfigArg::Owned(config) => config.blocking(),
+            ConfigArg::None | ConfigArg::Caller(_) => true,
+        }
+    }
+}
+
 /// An `ncclConfig_t` the door owns.
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -3,7 +3,9 @@
 //! communicator's in the order every rank agrees on (`crate::plan::order_group`), and
 //! creations asked for inside (inits, and splits and shrinks of served communicators) run
 //! together there, each on a thread of its own, so one thread can drive every rank of a
-//! clique. Nothing waits for another rank on the host except those creations.
+//! clique. Nothing waits for another rank on the host except those creations, and not even
+//! they where the group holds non-blocking inits only: its end then returns
+//! `ncclInProgress` at once, as NCCL's does, and each handle settles when its rank is made.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -140,8 +142,10 @@ pub fn drop_init(handle: &Arc<Handle>) -> bool {
 /// calls, communicator by communicator; where a call of the group failed ([`fail`]), neither:
 /// the group fails with that call's error.
 ///
-/// Returns the real NCCL's group end's code where it opened one too: `ncclInProgress` for a
-/// non-blocking communicator of its own still making its calls; else success.
+/// Returns `ncclInProgress` where the group held non-blocking inits only ([`ends_in_progress`]),
+/// which go on being made; else the real NCCL's group end's code where it opened one too
+/// (`ncclInProgress` for a non-blocking communicator of its own still making its calls); else
+/// success.
 ///
 /// # Errors
 /// [`Error::Usage`] without a matching start; the first call of the group that failed; else
@@ -149,6 +153,7 @@ pub fn drop_init(handle: &Arc<Handle>) -> bool {
 pub fn end() -> Result<Code> {
     let (started_real, outermost) = close("ncclGroupEnd")?;
     let mut result = Ok(());
+    let mut in_progress = false;
     if outermost {
         let (calls, inits, derived, failed) = GROUP.with(|g| {
             let mut g = g.borrow_mut();
@@ -165,14 +170,42 @@ pub fn end() -> Result<Code> {
             fail_creations(inits, derived, code, &why);
             let message = format!("a call of this group failed, so none of its calls ran: {message}");
             result = Err(Error::Failed { code, message });
+        } else if ends_in_progress(&calls, &inits, &derived) {
+            result = create_in_background(inits);
+            in_progress = result.is_ok();
         } else {
             result = run_group(calls, &inits, derived);
         }
     }
-    match crate::real::loaded() {
+    let code = match crate::real::loaded() {
         Some(real) if started_real => result.and(real.group_end()),
         _ => result.map(|()| Code::Success),
-    }
+    };
+    code.map(|c| if in_progress { Code::InProgress } else { c })
+}
+
+/// Whether a group's end leaves its creations running and says `ncclInProgress`: it holds
+/// inits only, each with a non-blocking config. A group that also holds calls or splits
+/// still ends once everything is made, since its calls need their communicators.
+fn ends_in_progress(calls: &[Held], inits: &[(RawUniqueId, Request, Arc<Handle>)], derived: &[Derived]) -> bool {
+    calls.is_empty() && derived.is_empty() && !inits.is_empty() && inits.iter().all(|(_, r, _)| !r.config.blocking())
+}
+
+/// Make `inits` together on a thread of their own, which settles their handles; where it
+/// cannot start, they are settled as failed.
+///
+/// # Errors
+/// [`Error::Failed`] (a system error) where the thread cannot start.
+fn create_in_background(inits: Vec<(RawUniqueId, Request, Arc<Handle>)>) -> Result<()> {
+    let handles: Vec<Arc<Handle>> = inits.iter().map(|(_, _, h)| Arc::clone(h)).collect();
+    let started = std::thread::Builder::new().name("gp2p-nccl-group".into()).spawn(move || init::create_all(&inits));
+    started.map(drop).map_err(|e| {
+        let message = format!("cannot start the group's creation thread: {e}");
+        for handle in handles {
+            handle.settle(State::Failed(Code::SystemError, message.clone()));
+        }
+        Error::Failed { code: Code::SystemError, message }
+    })
 }
 
 /// The outermost end of a group none of whose calls failed: its creations, all at once (a
@@ -428,6 +461,36 @@ mod tests {
         }
         assert_eq!(end().unwrap(), Code::Success);
         assert_eq!(*order.lock().unwrap(), [1, 2, 3], "each takes the parent's next round in turn");
+    }
+
+    fn non_blocking() -> Request {
+        let mut raw = crate::abi::RawConfig::undefined();
+        raw.blocking = 0;
+        let config = crate::config::Config::new(&raw, None, None).expect("a valid config");
+        Request { config: ConfigArg::Owned(Arc::new(config)), ..request() }
+    }
+
+    #[test]
+    fn a_group_of_non_blocking_inits_ends_in_progress_and_its_handles_settle_later() {
+        assert!(crate::real::loaded().is_none(), "no real NCCL in the unit tests");
+        start().unwrap();
+        let (_, handle) = register(State::Pending);
+        hold_init(id(), non_blocking(), Arc::clone(&handle));
+        assert_eq!(end().unwrap(), Code::InProgress, "NCCL's answer for non-blocking creations");
+        // A real id with no real NCCL to make it: the creation fails on its own thread.
+        match handle.wait_settled() {
+            State::Failed(_, why) => assert!(why.contains("NCCL"), "{why}"),
+            _ => panic!("the creation settles its handle"),
+        }
+        // One blocking init among them, or a call, or a split: the end waits, as before.
+        start().unwrap();
+        let (_, other) = register(State::Pending);
+        let (_, blocked) = register(State::Pending);
+        hold_init(id(), non_blocking(), Arc::clone(&other));
+        hold_init(id(), request(), Arc::clone(&blocked));
+        assert!(end().is_err(), "the group waits for its creations and fails with them");
+        assert!(matches!(blocked.state(), State::Failed(..)), "settled before the end returned");
+        assert!(matches!(other.state(), State::Failed(..)), "made beside it, at the end");
     }
 
     #[test]

@@ -265,3 +265,23 @@ fn one_thread_creates_and_drives_two_ranks_in_groups() {
     }
     assert_eq!(r.lines("destroy"), ["destroy 0 0", "destroy 1 0"]);
 }
+
+#[test]
+fn one_thread_creates_two_non_blocking_ranks_each_in_a_group_of_its_own() {
+    let dir = scratch("grouped-nonblocking");
+    let (standin, driver) = build(&dir);
+    let standin = standin.to_string_lossy().into_owned();
+    // A group end that waited for its rank's creation would wait for the other rank, not yet
+    // asked for, until this timeout, and then fail both.
+    let env = [("GP2P_NCCL_REAL", standin.as_str()), ("GP2P_NCCL_TIMEOUT", "20")];
+    let r = run(&dir, &driver, &["grouped_nonblocking"], &env);
+    assert_eq!(r.lines("group_init"), ["group_init 0 0 0 7", "group_init 1 0 0 7"], "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.lines("settled"), ["settled 0 0", "settled 1 0"], "{}\n{}", r.stdout, r.stderr);
+    let configs = r.calls("ncclCommInitRankConfig");
+    assert!(configs.len() == 2 && configs.iter().all(|c| c.ends_with("blocking=0")), "{}", r.log);
+    let inits = r.calls("ncclCommInitRank");
+    for rank in 0..2 {
+        assert!(inits.iter().any(|i| i.starts_with(&format!("ncclCommInitRank nranks=2 rank={rank} "))), "{}", r.log);
+    }
+    assert_eq!(r.lines("destroy"), ["destroy 0 0", "destroy 1 0"]);
+}

@@ -82,6 +82,32 @@ static int grouped(void) {
   return 0;
 }
 
+/* Two ranks of one process made by one thread, each non-blocking in a group of its own:
+ * each group's end must say ncclInProgress at once, for the first rank's creation cannot end
+ * before the second is asked for; then both are polled to the end. */
+static int grouped_nonblocking(void) {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != 0) return 1;
+  config_t configs[2] = {initializer(0), initializer(0)};
+  ncclComm_t comms[2] = {NULL, NULL};
+  for (int r = 0; r < 2; r++) {
+    int s = ncclGroupStart();
+    int i = ncclCommInitRankConfig(&comms[r], 2, id, r, &configs[r]);
+    int e = ncclGroupEnd();
+    printf("group_init %d %d %d %d\n", r, s, i, e);
+  }
+  for (int r = 0; r < 2; r++) {
+    int state = 7, polls = 0;
+    while (state == 7 && polls++ < 200000) {
+      if (ncclCommGetAsyncError(comms[r], &state) != 0) break;
+      usleep(100);
+    }
+    printf("settled %d %d\n", r, state);
+  }
+  for (int r = 0; r < 2; r++) printf("destroy %d %d\n", r, ncclCommDestroy(comms[r]));
+  return 0;
+}
+
 static void id_hex(const ncclUniqueId *id, char *out) {
   for (int i = 0; i < 16; i++) sprintf(out + 2 * i, "%02x", (unsigned char)id->internal[i]);
 }
@@ -169,5 +195,6 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "config") == 0) return with_config(1);
   if (strcmp(argv[1], "nonblocking") == 0) return with_config(0);
   if (strcmp(argv[1], "grouped") == 0) return grouped();
+  if (strcmp(argv[1], "grouped_nonblocking") == 0) return grouped_nonblocking();
   return 2;
 }
