@@ -33,11 +33,13 @@
 #   door         the NCCL door against the communicator it serves (the wheel; NCCL_TESTS: a folder of
 #                nccl-tests binaries built with benches/device/nccl-tests.sh): for N in DOOR_RANKS
 #                (default 2 4 8), nccl-tests with ranks as threads of one process (-t N, no MPS
-#                daemon: under one they hang), 16 KiB-1 GiB, float sum, then gp2p bench comm at
-#                the same N and sizes under MPS, and benches/nccl/door_vs_comm.py beside them
-#                (the door issue's busbw >= 0.95 of the communicator's from 64 KiB); reduce,
-#                alltoall and sendrecv for #wrong only
-#                                                       -> door-t<N>-<test>.txt comm-door-ref-<collective>-<N>.*
+#                daemon: under one, with CUDA_DEVICE_MAX_CONNECTIONS unset, the door refuses
+#                them), 16 KiB-1 GiB, float sum, then gp2p bench comm at the same N and sizes
+#                under MPS, DOOR_REPEATS times in turns (default 3), and
+#                benches/nccl/door_vs_comm.py over every run (the door issue's busbw >= 0.95 of
+#                the communicator's from 64 KiB, by medians); reduce, alltoall and sendrecv
+#                once, for #wrong only
+#                                                       -> door-t<N>-<test>[-<k>].txt comm-door-ref-<collective>-<N>[-<k>].*
 #                                                          door-vs-comm-<collective>-<N>.txt
 #   door-host    host time per dist.all_reduce on "nccl" through the door, 2 processes under MPS,
 #                against the gp2p backend and a one-rank real NCCL group in the same processes (the
@@ -249,32 +251,43 @@ section_door() {
   fi
   # From 16 KiB, below the issue's 64 KiB: the first timed row of a run paid a once-per-process
   # stall at 3f1da72 (all four collectives' first row slow out of place, in place not).
-  local n t c left rc sizes="-b 16K -e 1G -f 4"
+  local n t c k left rc sizes="-b 16K -e 1G -f 4" repeats=${DOOR_REPEATS:-3} suffix
   for n in ${DOOR_RANKS:-2 4 8}; do
-    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
-      late && return
-      # Each test within what is left of the call (at most 120 s): one that hangs costs no more.
-      left=$((${DEADLINE:-540} - SECONDS))
-      [ "$left" -gt 120 ] && left=120
-      record "door-t$n-$t.txt" timeout -s KILL "$left" python3 -m geforce_p2p.nccl -- "$NCCL_TESTS/${t}_perf" -t "$n" \
-        $sizes -c 1 -n 20 -w 5 -d float >/dev/null
-      rc=$?
-      note "door -t $n $t: $(grep -cE '^ +[0-9]+ ' "$RES/door-t$n-$t.txt") rows, $(grep -E 'Out of bounds' "$RES/door-t$n-$t.txt" | tr -s ' ')"
-      if [ "$rc" = 137 ]; then
-        note "door -t $n $t: killed after $left s; the other tests at $n ranks skipped"
-        break
-      fi
+    # Every test once for #wrong; then the four the communicator runs again, in turns with
+    # the communicator under MPS, so each size compares by the medians of runs taken alike.
+    for k in $(seq 1 "$repeats"); do
+      suffix=""
+      [ "$k" -gt 1 ] && suffix="-$k"
+      for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+        [ "$k" -gt 1 ] && [[ $t == reduce || $t == alltoall || $t == sendrecv ]] && continue
+        late && return
+        # Each test within what is left of the call (at most 60 s): one that hangs costs no more.
+        left=$((${DEADLINE:-540} - SECONDS))
+        [ "$left" -gt 60 ] && left=60
+        record "door-t$n-$t$suffix.txt" timeout -s KILL "$left" python3 -m geforce_p2p.nccl -- "$NCCL_TESTS/${t}_perf" -t "$n" \
+          $sizes -c 1 -n 20 -w 5 -d float >/dev/null
+        rc=$?
+        note "door -t $n $t$suffix: $(grep -cE '^ +[0-9]+ ' "$RES/door-t$n-$t$suffix.txt") rows, $(grep -E 'Out of bounds' "$RES/door-t$n-$t$suffix.txt" | tr -s ' ')"
+        if [ "$rc" = 137 ]; then
+          note "door -t $n $t$suffix: killed after $left s; the other tests at $n ranks skipped"
+          continue 3
+        fi
+      done
+      mps_start || return
+      for t in all_reduce all_gather reduce_scatter broadcast; do
+        late && break
+        c=${t//_/-}
+        bench "comm-door-ref-$c-$n$suffix" comm "$c" --ranks "$n" $sizes -n 5 -w 2 --calls 10 >/dev/null
+      done
+      mps_stop
     done
-    mps_start || return
     for t in all_reduce all_gather reduce_scatter broadcast; do
-      late && break
       c=${t//_/-}
-      bench "comm-door-ref-$c-$n" comm "$c" --ranks "$n" $sizes -n 5 -w 2 --calls 10 >/dev/null
-      python3 benches/nccl/door_vs_comm.py "$RES/door-t$n-$t.txt" "$RES/comm-door-ref-$c-$n.json" \
+      # shellcheck disable=SC2046 # the runs' files, each a word
+      python3 benches/nccl/door_vs_comm.py $(ls "$RES/door-t$n-$t"{,-[0-9]*}.txt "$RES/comm-door-ref-$c-$n"{,-[0-9]*}.json 2>/dev/null) \
         >"$RES/door-vs-comm-$c-$n.txt" 2>&1
       note "door/comm $c, $n ranks: $(tail -1 "$RES/door-vs-comm-$c-$n.txt")"
     done
-    mps_stop
   done
 }
 

@@ -153,3 +153,37 @@ def test_a_python_program_runs_with_the_door_preloaded():
     # nothing.
     out = run("geforce_p2p.nccl", "--", sys.executable, "-c", "print(sum(range(10)))")
     assert out.returncode == 0 and out.stdout.strip() == "45", out.stderr
+
+
+def test_door_vs_comm_compares_the_medians_of_every_run(tmp_path):
+    """benches/nccl/door_vs_comm.py, as figures.sh door runs it on the device: several
+    nccl-tests tables against several gp2p bench reports, size by size by their medians."""
+    import json
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benches", "nccl", "door_vs_comm.py")
+    row = "%12d %13d float sum -1 %8.2f %6.2f %6.2f %d %8.2f %6.2f %6.2f %d\n"
+    runs = [(10.0, 9.0), (20.0, 19.0), (30.0, 29.0)]  # 64 KiB's busbw (oop, ip), run by run
+    table = tmp_path / "door-t2-all_reduce.txt"
+    table.write_text("# nccl-tests header\n" + "".join(
+        row % (65536, 16384, 1.0, oop, oop, 0, 1.0, ip, ip, 0) + row % (1 << 20, 1 << 18, 1.0, 40.0, 40.0, 0, 1.0, 40.0, 40.0, 0)
+        for oop, ip in runs))
+    reports = []
+    for k, bw in enumerate([20.0, 22.0, 90.0]):
+        report = tmp_path / ("comm-%d.json" % k)
+        report.write_text(json.dumps({"rows": [{"bytes": 65536, "busbw": bw, "wrong": 0},
+                                               {"bytes": 1 << 20, "busbw": 40.0, "wrong": 0}]}))
+        reports.append(str(report))
+    done = subprocess.run([sys.executable, script, str(table), *reports], capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    small = next(line for line in lines if line.split()[0] == "65536").split()
+    # Door: medians 20 (oop) and 19 (ip); comm: median 22; ratio 19 / 22.
+    assert small[1:5] == ["20.00", "19.00", "22.00", "%.3f" % (19 / 22)], done.stdout
+    assert small[5] == "3/3" and "below 0.95" in " ".join(small), done.stdout
+    assert lines[-1] == "door/comm: NOT MET" and done.returncode == 1, done.stdout
+    # A wrong element anywhere fails the size, and a report alone is refused.
+    table.write_text(table.read_text().replace(" 40.00 0\n", " 40.00 3\n", 1))
+    done = subprocess.run([sys.executable, script, str(table), *reports, "--min-bytes", "1048576"],
+                          capture_output=True, text=True)
+    assert "wrong 3" in done.stdout and done.returncode == 1, done.stdout
+    refused = subprocess.run([sys.executable, script, *reports], capture_output=True, text=True)
+    assert refused.returncode == 2 and "nccl-tests output" in refused.stderr
