@@ -251,16 +251,18 @@ section_door() {
   fi
   # From 16 KiB, below the issue's 64 KiB: the first timed row of a run paid a once-per-process
   # stall at 3f1da72 (all four collectives' first row slow out of place, in place not).
-  local n t c k left rc sizes="-b 16K -e 1G -f 4" repeats=${DOOR_REPEATS:-3} suffix
+  local n t c k left rc sizes="-b 16K -e 1G -f 4" repeats=${DOOR_REPEATS:-3} suffix killed
   for n in ${DOOR_RANKS:-2 4 8}; do
     # Every test once for #wrong; then the four the communicator runs again, in turns with
     # the communicator under MPS, so each size compares by the medians of runs taken alike.
+    # A test killed, or the call's deadline, ends the repeats at this N; what ran is compared.
+    killed=""
     for k in $(seq 1 "$repeats"); do
       suffix=""
       [ "$k" -gt 1 ] && suffix="-$k"
       for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
         [ "$k" -gt 1 ] && [[ $t == reduce || $t == alltoall || $t == sendrecv ]] && continue
-        late && return
+        late && break 2
         # Each test within what is left of the call (at most 60 s): one that hangs costs no more.
         left=$((${DEADLINE:-540} - SECONDS))
         [ "$left" -gt 60 ] && left=60
@@ -270,7 +272,8 @@ section_door() {
         note "door -t $n $t$suffix: $(grep -cE '^ +[0-9]+ ' "$RES/door-t$n-$t$suffix.txt") rows, $(grep -E 'Out of bounds' "$RES/door-t$n-$t$suffix.txt" | tr -s ' ')"
         if [ "$rc" = 137 ]; then
           note "door -t $n $t$suffix: killed after $left s; the other tests at $n ranks skipped"
-          continue 3
+          killed=1
+          break
         fi
       done
       mps_start || return
@@ -280,6 +283,7 @@ section_door() {
         bench "comm-door-ref-$c-$n$suffix" comm "$c" --ranks "$n" $sizes -n 5 -w 2 --calls 10 >/dev/null
       done
       mps_stop
+      [ -n "$killed" ] && break
     done
     for t in all_reduce all_gather reduce_scatter broadcast; do
       c=${t//_/-}

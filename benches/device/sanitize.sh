@@ -51,7 +51,8 @@ for section in "${sections[@]}"; do
     log=$RES/racecheck-each.log
     header "GP2P_SANITIZER=racecheck compute-sanitizer --tool racecheck --error-exitcode 86 --print-limit 20 bundle/tests/<each GPU binary> --include-ignored --test-threads=1 --skip concurrent_reduce_scatters" >"$log"
     # The slow ones last, with whatever time the call has left: gpu_compress (its 8 tests
-    # took 299 s at 48aab23, the engine's compressed all-reduce most), then gpu_collectives, whose
+    # took 299 s after the other binaries and 249 s alone at 48aab23, the engine's compressed
+    # all-reduce most), then gpu_collectives, whose
     # every-op-and-dtype sweep makes thousands of launches, each slow under racecheck, so
     # short buffers there. gpu_lifetime's thread-concurrency test is skipped: under
     # racecheck, which runs one kernel at a time, its gated streams wait out their deadlines

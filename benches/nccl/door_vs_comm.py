@@ -9,8 +9,8 @@ op; several tables in one file count as several runs); COMM.json: `gp2p bench co
 <collective> --json` at the same ranks and sizes. Given several runs of either, each size takes
 the median of its runs (the door's out of place and in place apart), so runs taken in turns
 on one machine compare as a whole rather than by their luckiest or unluckiest run. Both count
-busbw as nccl-tests does. Exit status 1 where a row misses the bar or a row has `#wrong` other
-than 0, so a driver script can say so.
+busbw as nccl-tests does. Exit status 1 where a row misses the bar or a row of either has
+wrong elements, so a driver script can say so.
 """
 
 import argparse
@@ -32,9 +32,9 @@ def door_rows(path):
 
 
 def comm_rows(path):
-    """{bytes: [busbw]} from a gp2p bench report, rows without a wrong element."""
+    """{bytes: [(busbw, wrong)]} from a gp2p bench report."""
     report = json.load(open(path))
-    return {row["bytes"]: [row["busbw"]] for row in report["rows"] if row.get("wrong", 0) == 0}
+    return {row["bytes"]: [(row["busbw"], row.get("wrong", 0))] for row in report["rows"]}
 
 
 def merged(per_file):
@@ -67,11 +67,14 @@ def main(argv=None):
         parser.error("give at least one nccl-tests output and one gp2p bench report (.json)")
     door = door_medians(merged(door_rows(f) for f in tables))
     comm_runs = merged(comm_rows(f) for f in reports)
-    comm = {size: statistics.median(rs) for size, rs in comm_runs.items()}
+    # A run with wrong elements counts as wrong, not as a rate.
+    comm = {size: statistics.median(bw for bw, _ in rs) for size, rs in comm_runs.items()}
+    comm_wrong = {size: sum(w for _, w in rs) for size, rs in comm_runs.items()}
     print(f"{'bytes':>12} {'door oop':>9} {'door ip':>9} {'comm':>9} {'ratio':>7}  runs  (door busbw / comm busbw, the lower of the two; medians)")
     ok = True
     for size in sorted(set(door) & set(comm)):
         oop, inp, wrong, runs = door[size]
+        wrong += comm_wrong[size]
         ratio = min(oop, inp) / comm[size] if comm[size] > 0 else float("nan")
         short = size >= args.min_bytes and not ratio >= args.want
         ok &= not short and wrong == 0

@@ -185,5 +185,13 @@ def test_door_vs_comm_compares_the_medians_of_every_run(tmp_path):
     done = subprocess.run([sys.executable, script, str(table), *reports, "--min-bytes", "1048576"],
                           capture_output=True, text=True)
     assert "wrong 3" in done.stdout and done.returncode == 1, done.stdout
+    # So does one in a communicator's report.
+    table.write_text(table.read_text().replace(" 40.00 3\n", " 40.00 0\n", 1))
+    bad = json.loads(open(reports[0]).read())
+    bad["rows"][1]["wrong"] = 2
+    open(reports[0], "w").write(json.dumps(bad))
+    done = subprocess.run([sys.executable, script, str(table), *reports, "--min-bytes", "1048576"],
+                          capture_output=True, text=True)
+    assert "wrong 2" in done.stdout and done.returncode == 1, done.stdout
     refused = subprocess.run([sys.executable, script, *reports], capture_output=True, text=True)
     assert refused.returncode == 2 and "nccl-tests output" in refused.stderr

@@ -243,7 +243,7 @@ fn crowded_context(facts: &[RankFacts]) -> Option<String> {
         let given = match queues {
             Some(q) => format!("CUDA_DEVICE_MAX_CONNECTIONS gave the process {q}"),
             None => String::from(
-                "an MPS daemon serves the process and deals out the queues itself, as CUDA_DEVICE_MAX_CONNECTIONS is unset",
+                "an MPS daemon serves the process and deals out the queues itself, as CUDA_DEVICE_MAX_CONNECTIONS is unset or not a number",
             ),
         };
         let fix = match queues {

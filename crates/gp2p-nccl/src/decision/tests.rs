@@ -247,7 +247,7 @@ fn threads_sharing_a_device_under_mps_are_served_only_with_queues_asked_for() {
     assert_eq!(
         decide(&unset, true, None),
         Err(String::from(
-            "ranks 0, 1 are threads of one process on 0000:01:00.0, whose 6 streams and the program's want 7 hardware queues, and an MPS daemon serves the process and deals out the queues itself, as CUDA_DEVICE_MAX_CONNECTIONS is unset (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS=32 for this program (only where few processes share the daemon: its clients draw on one pool), stop the MPS daemon, or run one process per rank; the real NCCL does not take ranks that share a device"
+            "ranks 0, 1 are threads of one process on 0000:01:00.0, whose 6 streams and the program's want 7 hardware queues, and an MPS daemon serves the process and deals out the queues itself, as CUDA_DEVICE_MAX_CONNECTIONS is unset or not a number (where two ranks' streams share a queue, their waiting kernels can deadlock): set CUDA_DEVICE_MAX_CONNECTIONS=32 for this program (only where few processes share the daemon: its clients draw on one pool), stop the MPS daemon, or run one process per rank; the real NCCL does not take ranks that share a device"
         ))
     );
     // One rank alone shares nothing, and processes of their own share no context.
