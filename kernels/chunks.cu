@@ -255,3 +255,183 @@ __device__ __forceinline__ void exchange_chunks(const T* src, T* dst, u64 n, cha
 #define GP2P_CHUNKS_ALL_OPS(tname, T) GP2P_FOR_EACH_OP(GP2P_CHUNKS, tname, T)
 
 GP2P_FOR_EACH_DTYPE(GP2P_CHUNKS_ALL_OPS)
+
+// Among 3 to 8 ranks: the two-shot all-reduce in one kernel per rank, through the same
+// flagged chunks. Every rank stores each of its chunks into its own data area and flags it,
+// as above; chunk c is folded by rank c % world, its owner, which waits for every rank's
+// flag of the chunk, folds all of them in rank order, acc = op(...op(x0, x1)..., x(world-1))
+// (its own from `src`; avg divides at the last step), writes the result to `dst` and to its
+// reduced area (slot c / world) and flags that; every other rank waits for the owner's
+// reduced flag and copies the folded chunk into `dst`. So each rank sends its buffer and its
+// share of the result once and reads its share of every rank's chunks and the rest of the
+// result once: the rounds' bytes, with no host work between the phases, and every rank's
+// result the owner's bits.
+//
+// Rank q's area for a call starts `q * area_stride` bytes after `areas` (plus `half_stride`
+// for odd numbers), with room for `area_chunks` chunks: the data's chunks first, then the
+// chunks it owns folded (one in `world`, rounded up), then the data's flags and the folded
+// chunks' flags, a word every CHUNK_FLAG_STRIDE bytes (gp2p_kernels::chunks_many_area). A half is rewritten only once every peer read it:
+// a rank's next call on it comes two calls later, and in the call between, each rank waits
+// for every peer's flags of that call (each rank owns a chunk: `n` spans at least `world`
+// chunks, which the host checks), which each peer sets only after its kernel of the call
+// before ended. Waits are bounded and end on `broken` as above; a wait on a peer's data uses
+// its first chunk's flag to see it began, one on a folded chunk the owner's.
+#define CHUNKS_MANY_MAX_WORLD 8
+
+template <typename T, typename Op>
+__device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* areas, u64 area_stride, u32 rank, u32 world,
+                                            u32 divisor, u64 timeout_ns, u64 queue_timeout_ns, u32* failed,
+                                            u32* seq_counter, u64 half_stride, u64 area_chunks, u32* broken) {
+    __shared__ bool arrived;
+    const u32 seq = next_seq(*(volatile u32*)seq_counter);
+    if (seq & 1) areas += half_stride;
+    const int PER = VEC_BYTES / sizeof(T);
+    const u64 FLAG_WORDS = CHUNK_FLAG_STRIDE / sizeof(u32);
+    const u64 per_chunk = CHUNK_BYTES / VEC_BYTES;
+    const u64 groups = (n + PER - 1) / PER;
+    const u64 chunks = (groups + per_chunk - 1) / per_chunk;
+    const u32 team = blockDim.x / 2;
+    // The area's parts, as gp2p_kernels::chunks_many_area lays them out for `area_chunks`.
+    const u64 reduced_offset = area_chunks * CHUNK_BYTES;
+    const u64 flags_offset = reduced_offset + (area_chunks + world - 1) / max(world, 1u) * CHUNK_BYTES;
+    const u64 reduced_flags_offset = flags_offset + area_chunks * CHUNK_FLAG_STRIDE;
+    // Rank q's data, folded chunks and their flags.
+    auto data = [&](u32 q) { return reinterpret_cast<uint4*>(areas + q * area_stride); };
+    auto reduced = [&](u32 q) { return reinterpret_cast<uint4*>(areas + q * area_stride + reduced_offset); };
+    auto flags = [&](u32 q) { return reinterpret_cast<u32*>(areas + q * area_stride + flags_offset); };
+    auto reduced_flags = [&](u32 q) { return reinterpret_cast<u32*>(areas + q * area_stride + reduced_flags_offset); };
+    const bool valid = world >= 3 && world <= CHUNKS_MANY_MAX_WORLD && rank < world && chunks >= world && chunks <= area_chunks;
+    if (threadIdx.x < team) {
+        // As exchange_chunks' storing team: nothing here waits on a peer.
+        uint4* const out = data(rank);
+        u32* const out_flags = flags(rank);
+        u32 i = 0;
+        for (u64 c = blockIdx.x; valid && c < chunks; c += gridDim.x, ++i) {
+            if (i >= CHUNK_HANDOFF_DEPTH) team_barrier(CHUNK_FOLDED_BARRIER(i), blockDim.x);
+            const u64 end = min(groups, (c + 1) * per_chunk);
+            for (u64 g = c * per_chunk + threadIdx.x; g < end; g += team) {
+                Group16<T> own;
+                own.v = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int l = 0; l < PER; ++l) {
+                    if (g * PER + l < n) own.e[l] = src[g * PER + l];
+                }
+                out[g] = own.v;
+            }
+            team_barrier(STORE_TEAM_BARRIER, team);
+            if (threadIdx.x == 0) {
+                __threadfence_system();
+                *(volatile u32*)(out_flags + c * FLAG_WORDS) = seq;
+            }
+            barrier_arrive(CHUNK_READ_BARRIER(i), blockDim.x);
+        }
+    } else {
+        const u32 t = threadIdx.x - team;
+        bool live = true;
+        u32 i = 0;
+        for (u64 c = blockIdx.x; valid && c < chunks; c += gridDim.x, ++i) {
+            team_barrier(CHUNK_READ_BARRIER(i), blockDim.x);
+            const u32 owner = (u32)(c % world);
+            const u64 slot = c / world;
+            if (live) {
+                if (t == 0) {
+                    bool ok = true;
+                    if (owner == rank) {
+                        for (u32 q = 0; ok && q < world; ++q) {
+                            if (q != rank)
+                                ok = await_flag(flags(q) + c * FLAG_WORDS, flags(q), seq, timeout_ns, queue_timeout_ns,
+                                                failed, broken);
+                        }
+                    } else {
+                        ok = await_flag(reduced_flags(owner) + slot * FLAG_WORDS, flags(owner), seq, timeout_ns,
+                                        queue_timeout_ns, failed, broken);
+                    }
+                    arrived = ok;
+                }
+                team_barrier(FOLD_TEAM_BARRIER, team);
+                live = arrived;
+                team_barrier(FOLD_TEAM_BARRIER, team);
+            }
+            if (live) {
+                const u64 first = c * per_chunk;
+                const u64 end = min(groups, first + per_chunk);
+                if (owner == rank) {
+                    uint4* const folded = reduced(rank) + slot * per_chunk;
+                    for (u64 g = first + t; g < end; g += team) {
+                        Group16<T> acc;
+                        acc.v = make_uint4(0, 0, 0, 0);
+                        for (u32 q = 0; q < world; ++q) {
+                            Group16<T> x;
+                            if (q == rank) {
+                                x.v = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                                for (int l = 0; l < PER; ++l) {
+                                    if (g * PER + l < n) x.e[l] = src[g * PER + l];
+                                }
+                            } else {
+                                x.v = load_volatile16(data(q) + g);
+                            }
+                            if (q == 0) {
+                                acc = x;
+                            } else {
+                                combine_group<T, Op>(acc, x, q + 1 == world ? divisor : 1);
+                            }
+                        }
+#pragma unroll
+                        for (int l = 0; l < PER; ++l) {
+                            if (g * PER + l < n) dst[g * PER + l] = acc.e[l];
+                        }
+                        folded[g - first] = acc.v;
+                    }
+                    team_barrier(FOLD_TEAM_BARRIER, team);
+                    if (t == 0) {
+                        __threadfence_system();
+                        *(volatile u32*)(reduced_flags(rank) + slot * FLAG_WORDS) = seq;
+                    }
+                } else {
+                    const uint4* const folded = reduced(owner) + slot * per_chunk;
+                    for (u64 g0 = first + t; g0 < end; g0 += CHUNK_FOLD_UNROLL * team) {
+                        Group16<T> got[CHUNK_FOLD_UNROLL];
+#pragma unroll
+                        for (int k = 0; k < CHUNK_FOLD_UNROLL; ++k) {
+                            if (g0 + k * team < end) got[k].v = load_volatile16(folded + (g0 + k * team - first));
+                        }
+#pragma unroll
+                        for (int k = 0; k < CHUNK_FOLD_UNROLL; ++k) {
+                            const u64 g = g0 + k * team;
+                            if (g >= end) break;
+#pragma unroll
+                            for (int l = 0; l < PER; ++l) {
+                                if (g * PER + l < n) dst[g * PER + l] = got[k].e[l];
+                            }
+                        }
+                    }
+                }
+            }
+            if (c + (u64)CHUNK_HANDOFF_DEPTH * gridDim.x < chunks) barrier_arrive(CHUNK_FOLDED_BARRIER(i), blockDim.x);
+        }
+    }
+    // The last block to finish stores the count, as exchange_chunks does.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(seq_counter + 1, 1) == gridDim.x - 1) {
+            seq_counter[1] = 0;
+            *(volatile u32*)seq_counter = seq;
+            __threadfence();
+        }
+    }
+}
+
+#define GP2P_CHUNKS_MANY(opname, Op, tname, T)                                                       \
+    extern "C" __global__ void __launch_bounds__(512, 2) gp2p_chunks_many_##opname##_##tname(           \
+        const T* src, T* dst, u64 n, char* areas, u64 area_stride, u32 rank, u32 world, u32 divisor,  \
+        u64 timeout_ns, u64 queue_timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,          \
+        u64 area_chunks, u32* broken) {                                                               \
+        chunks_many<T, Op>(src, dst, n, areas, area_stride, rank, world, divisor, timeout_ns, queue_timeout_ns, \
+                           failed, seq_counter, half_stride, area_chunks, broken);                   \
+    }
+
+#define GP2P_CHUNKS_MANY_ALL_OPS(tname, T) GP2P_FOR_EACH_OP(GP2P_CHUNKS_MANY, tname, T)
+
+GP2P_FOR_EACH_DTYPE(GP2P_CHUNKS_MANY_ALL_OPS)

@@ -264,6 +264,9 @@ macro_rules! kernel_names {
     }};
 }
 
+mod chunks_many;
+pub use chunks_many::{CHUNKS_MANY_WORLD, ChunksManyArea, chunks_many_area, chunks_many_kernel_name};
+
 /// The exported name of the reduce kernel for `op` on `dtype`.
 pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_reduce_");
@@ -459,6 +462,7 @@ mod tests {
                 all.push((KernelFamily::Exchange, exchange_kernel_name(op, dtype)));
                 all.push((KernelFamily::ExchangeMany, exchange_many_kernel_name(op, dtype)));
                 all.push((KernelFamily::Chunks, chunks_kernel_name(op, dtype)));
+                all.push((KernelFamily::Chunks, chunks_many_kernel_name(op, dtype)));
             }
         }
         for kernel in [CodecKernel::Encode, CodecKernel::FoldEncode, CodecKernel::Decode] {

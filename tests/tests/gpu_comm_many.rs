@@ -525,6 +525,47 @@ fn one_gpu_three_processes_fold_small_landings_in_place_and_large_ones_through_t
     folds_with(test, 3, &[460_801], small_pipeline(3, 384 << 10, None));
 }
 
+/// Options whose one-kernel path runs the lines to 64 KiB and the two-shot in flagged chunks
+/// above them to 1 MiB (the rounds past it), among `world` ranks.
+fn many_chunks(world: usize) -> CommOptions {
+    CommOptions { small_max_bytes: 1 << 20, ..CommOptions::for_world(world) }
+}
+
+/// Lengths through the three paths of [`many_chunks`] for every dtype, in one communicator:
+/// the lines (1,001), the flagged chunks (16,411: 16 KiB to 128 KiB; 70,001 and 100,003, of
+/// one byte just past the lines, up to 800 KiB of eight), and 300,007, the chunks of one and
+/// two bytes, the rounds of four and eight (so each kernel follows the other's calls).
+const MANY_CHUNK_LENS: &[usize] = &[1_001, 70_001, 16_411, 100_003, 300_007];
+
+/// [`folds_with`] on [`many_chunks`]' communicator, after checking it takes the chunks where
+/// the lengths say.
+fn folds_in_many_chunks(test: &str, world: usize) {
+    let paths = gp2p_comm::choice::AllReducePaths::of(world, &many_chunks(world), None).unwrap();
+    assert_eq!(paths.path_name(70_001), "two-shot (flagged chunks)");
+    assert_eq!(paths.path_name(300_007 * 4), "two-shot (rounds)");
+    folds_with(test, world, MANY_CHUNK_LENS, many_chunks(world));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_three_processes_run_the_two_shot_in_flagged_chunks() {
+    let test = "one_gpu_three_processes_run_the_two_shot_in_flagged_chunks";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_in_many_chunks(test, 3);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_eight_processes_run_the_two_shot_in_flagged_chunks() {
+    let test = "one_gpu_eight_processes_run_the_two_shot_in_flagged_chunks";
+    if !is_child() {
+        needs!(gpus: 1, compute_80);
+    }
+    folds_in_many_chunks(test, 8);
+}
+
 /// The pipelines the stream waits are tried on: the rounds among two (slots of 64 KiB, chunks
 /// a slot: long shares take several), the exchange among two (chunks of 64 KiB through slots
 /// of 256 KiB) and the rounds among four.

@@ -32,11 +32,15 @@ use crate::{Error, Result};
 /// Bytes an 8-byte line moves per data byte (4 data bytes and a 4-byte call number).
 pub const LINE_BYTES_PER_DATA_BYTE: usize = 2;
 
-/// The communicator's two all-reduces among more than two ranks.
+/// The communicator's all-reduces among more than two ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ManyPath {
     /// The line kernel (one-shot).
     Lines,
+    /// The two-shot in one flagged-chunk kernel per rank, above the lines where the
+    /// communicator was made with room for it (`CommOptions::small_max_bytes` above
+    /// `lines_max_bytes`; not by default).
+    Chunks,
     /// The two-shot rounds.
     Rounds,
 }
@@ -48,6 +52,9 @@ pub struct ManyChoice {
     pub machine: Machine,
     /// The largest buffer the lines hold, bytes.
     pub lines_max: usize,
+    /// The largest buffer the many-rank flagged-chunk kernel takes (its areas' room), bytes;
+    /// 0 where the communicator has no areas for it.
+    pub chunks_max: usize,
     /// One-shot or two-shot, where the caller or the environment forced one.
     pub forced: Option<Algorithm>,
 }
@@ -56,6 +63,7 @@ impl std::fmt::Display for ManyPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ManyPath::Lines => "one-shot (lines)",
+            ManyPath::Chunks => "two-shot (flagged chunks)",
             ManyPath::Rounds => "two-shot (rounds)",
         })
     }
@@ -70,10 +78,15 @@ impl ManyChoice {
         (price(&self.machine, Algorithm::OneShot, lines), price(&self.machine, Algorithm::TwoShot, rounds))
     }
 
-    /// The path an all-reduce of `bytes` per rank takes.
+    /// The path an all-reduce of `bytes` per rank takes: above the lines, the flagged chunks
+    /// where the communicator has room for them and each rank owns a chunk (unless two-shot in
+    /// rounds is forced), else the rounds.
     pub fn path(&self, bytes: usize) -> ManyPath {
         if bytes > self.lines_max {
-            return ManyPath::Rounds;
+            let chunks = bytes <= self.chunks_max
+                && bytes.div_ceil(gp2p_kernels::CHUNK_BYTES) >= self.machine.ranks
+                && self.forced != Some(Algorithm::TwoShot);
+            return if chunks { ManyPath::Chunks } else { ManyPath::Rounds };
         }
         match self.forced {
             Some(Algorithm::OneShot) => ManyPath::Lines,
@@ -191,9 +204,22 @@ impl AllReducePaths {
             2 => "exchange",
             _ => match self.many.path(bytes) {
                 ManyPath::Lines => "one-shot (lines)",
+                ManyPath::Chunks => "two-shot (flagged chunks)",
                 ManyPath::Rounds => "two-shot (rounds)",
             },
         }
+    }
+}
+
+/// `machine` as a flagged-chunk kernel sees it: the link at the kernel's share of its DMA
+/// rate ([`CHUNK_KERNEL_DMA_SHARE`]), host memory at its own.
+fn chunk_kernel_rates(machine: &Machine) -> Machine {
+    let k = CHUNK_KERNEL_DMA_SHARE;
+    Machine {
+        h2d_gbps: machine.h2d_gbps * k,
+        d2h_gbps: machine.d2h_gbps * k,
+        duplex_gbps: machine.duplex_gbps * k,
+        ..*machine
     }
 }
 
@@ -256,16 +282,8 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
                     traffic(Algorithm::OneShot, 2, bytes * LINE_BYTES_PER_DATA_BYTE),
                 );
             }
-            // The chunks' slower rate is the kernel's, not more bytes: the link at that rate,
-            // host memory at its own.
-            let k = CHUNK_KERNEL_DMA_SHARE;
-            let slower = Machine {
-                h2d_gbps: machine.h2d_gbps * k,
-                d2h_gbps: machine.d2h_gbps * k,
-                duplex_gbps: machine.duplex_gbps * k,
-                ..*machine
-            };
-            stepped(price(&slower, Algorithm::OneShot, traffic(Algorithm::OneShot, 2, bytes)), 1)
+            // The chunks' slower rate is the kernel's, not more bytes.
+            stepped(price(&chunk_kernel_rates(machine), Algorithm::OneShot, traffic(Algorithm::OneShot, 2, bytes)), 1)
         }
         2 if paths.two_ranks_take_rounds(bytes) => stepped(
             price(machine, Algorithm::TwoShot, filled(all_reduce_traffic(2, bytes), rounds_fill)),
@@ -281,11 +299,15 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
         ranks => {
             let priced = ManyChoice { machine: Machine { ranks, ..*machine }, ..paths.many };
             let (lines, rounds) = priced.predictions(bytes);
-            if paths.many.path(bytes) == ManyPath::Lines {
-                lines
-            } else {
-                let rounds = price(machine, Algorithm::TwoShot, filled(rounds.traffic, rounds_fill));
-                stepped(rounds, rounds_steps(ranks, bytes, paths.rounds_chunk()))
+            match paths.many.path(bytes) {
+                ManyPath::Lines => lines,
+                // The rounds' bytes in one kernel, at its share of the DMA rate (as two ranks'
+                // chunk kernel), after a chunk step for each phase: not yet fitted to a row.
+                ManyPath::Chunks => stepped(price(&chunk_kernel_rates(machine), Algorithm::TwoShot, rounds.traffic), 2),
+                ManyPath::Rounds => {
+                    let rounds = price(machine, Algorithm::TwoShot, filled(rounds.traffic, rounds_fill));
+                    stepped(rounds, rounds_steps(ranks, bytes, paths.rounds_chunk()))
+                }
             }
         }
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use std::mem::ManuallyDrop;
 
 use gp2p_collectives::Receive;
-use gp2p_collectives::cost::{Algorithm, Machine};
+use gp2p_collectives::cost::Algorithm;
 use gp2p_cuda::raw::{
     ChunkAreas, ChunkWaits, ExchangeLines, InOut, ManyLines, Numbering, exchange, exchange_many, plan_exchange_chunks,
 };
@@ -256,7 +256,7 @@ impl Communicator {
             _watchdog: watchdog,
             numbers,
             chunk_blocks: options.chunk_blocks,
-            many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced: options.algorithm },
+            many: layout.many_choice(options.algorithm),
             last: None,
             broken: false,
             capture: Capture::Refused,
@@ -271,6 +271,7 @@ impl Communicator {
             one_kernel_max: layout.small_max,
         };
         comm.shared_link = comm.two_ranks_share_one_device()?;
+        comm.share_chunk_blocks()?;
         // Every rank alike: the same rates, options and sharing (agreed just above).
         comm.one_kernel_max = comm.all_reduce_paths().one_kernel_max();
         Ok(comm)

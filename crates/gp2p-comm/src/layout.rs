@@ -2,7 +2,9 @@
 //! and the options that decide it ([`CommOptions`], which every rank checks against its
 //! peers' at creation).
 
-use gp2p_kernels::{CHUNK_MAX_BLOCKS, chunk_area_layout, exchange_line_bytes};
+use gp2p_kernels::{
+    CHUNK_BYTES, CHUNK_MAX_BLOCKS, CHUNKS_MANY_WORLD, chunk_area_layout, chunks_many_area, exchange_line_bytes,
+};
 
 use crate::{Error, Result};
 
@@ -43,6 +45,9 @@ pub(crate) struct Layout {
     pub(crate) compress: [u32; 2],
     /// [`CommOptions::chunk_bytes`], 0 where the message sizes them.
     pub(crate) chunk_bytes: usize,
+    /// Among more than two ranks, the chunks each area holds for the many-rank flagged-chunk
+    /// kernel (`gp2p_kernels::chunks_many_area`), after the lines; 0 where it is not made.
+    pub(crate) many_chunks: usize,
 }
 
 /// The turn counter of the serialised registration, at the start of the staging area.
@@ -157,11 +162,20 @@ impl Layout {
         }
         // Bounded above, so none of this overflows.
         let lines_max = lines_max.min(small_max_bytes);
-        // More than two ranks: the line kernel is the whole one-kernel path (the flagged
-        // chunks are a two-rank kernel), so no chunk areas.
-        let small_max_bytes = if world != 2 { lines_max } else { small_max_bytes };
+        // More than two ranks: the line kernel up to lines_max, and above it, where
+        // small_max_bytes is larger (not by default: CommOptions::for_world keeps them equal),
+        // the many-rank flagged-chunk kernel, whose areas hold small_max_bytes in whole chunks.
+        let many_chunks = match world {
+            w if CHUNKS_MANY_WORLD.contains(&w) && small_max_bytes > lines_max => small_max_bytes.div_ceil(CHUNK_BYTES),
+            _ => 0,
+        };
+        let small_max_bytes = if world == 2 || many_chunks > 0 { small_max_bytes } else { lines_max };
         let lines_bytes = exchange_line_bytes(lines_max).next_multiple_of(256);
-        let (flags_offset, chunks) = if world != 2 { (0, 0) } else { chunk_area_layout(small_max_bytes) };
+        let (flags_offset, chunks) = match world {
+            2 => chunk_area_layout(small_max_bytes),
+            _ if many_chunks > 0 => (0, chunks_many_area(many_chunks * CHUNK_BYTES, world).bytes),
+            _ => (0, 0),
+        };
         let half = (lines_bytes + chunks).next_multiple_of(256).max(256);
         let chunk_flags = RANK_LINES + 64 * world;
         let areas = (chunk_flags + 4 * slot_count * world * world).next_multiple_of(LINES_ALIGN);
@@ -183,6 +197,7 @@ impl Layout {
             watched: options.waits == crate::FlagWaits::Watched,
             compress: [0, 0],
             chunk_bytes: options.chunk_bytes.unwrap_or(0),
+            many_chunks,
         })
     }
 
@@ -226,6 +241,17 @@ impl Layout {
             min_kib,
             self.chunk_bytes as u32,
         ]
+    }
+
+    /// How an all-reduce among more than two ranks picks its path with this layout (the
+    /// lines' and the flagged chunks' room) and `forced`, priced at the H200's rates.
+    pub(crate) fn many_choice(&self, forced: Option<gp2p_collectives::cost::Algorithm>) -> crate::choice::ManyChoice {
+        crate::choice::ManyChoice {
+            machine: gp2p_collectives::cost::Machine::h200(self.world),
+            lines_max: self.lines_max,
+            chunks_max: if self.many_chunks > 0 { self.small_max } else { 0 },
+            forced,
+        }
     }
 
     /// The chunk size [`CommOptions::chunk_bytes`] fixed, if it did.
@@ -281,6 +307,26 @@ mod tests {
 
     fn small(small_max_bytes: usize) -> CommOptions {
         CommOptions { small_max_bytes, ..CommOptions::default() }
+    }
+
+    #[test]
+    fn more_than_two_ranks_get_chunk_areas_only_where_the_one_kernel_passes_the_lines() {
+        let plain = Layout::new(4, &CommOptions::for_world(4)).unwrap();
+        assert_eq!((plain.many_chunks, plain.small_max), (0, plain.lines_max), "not by default");
+        let options = CommOptions { small_max_bytes: 1 << 20, ..CommOptions::for_world(4) };
+        let chunks = Layout::new(4, &options).unwrap();
+        assert_eq!((chunks.many_chunks, chunks.small_max), (256, 1 << 20));
+        let area = chunks_many_area(1 << 20, 4);
+        assert!(chunks.half >= chunks.lines_bytes + area.bytes, "the lines, then the chunk area, in each half");
+        assert_eq!((chunks.area_of(0, 0) + chunks.lines_bytes) % 64, 0, "the kernel's 64-byte alignment");
+        assert!(chunks.area_of(3, 1) + chunks.half <= chunks.slot(0, 0), "the areas end before the slots");
+        assert_ne!(chunks.options(), plain.options(), "ranks made differently are refused");
+        assert_eq!(chunks.many_choice(None).chunks_max, 1 << 20);
+        assert_eq!(plain.many_choice(None).chunks_max, 0);
+        // Two ranks have their own kernel; one rank none.
+        let two = Layout::new(2, &CommOptions { small_max_bytes: 1 << 20, ..CommOptions::for_world(2) }).unwrap();
+        assert_eq!(two.many_chunks, 0);
+        assert_eq!(Layout::new(1, &options).unwrap().many_chunks, 0);
     }
 
     #[test]

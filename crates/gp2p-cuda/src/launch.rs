@@ -161,6 +161,48 @@ impl KernelArgs for ChunksArgs {
     }
 }
 
+/// The many-rank flagged-chunk kernels' parameters `(const T* src, T* dst, u64 n, char* areas,
+/// u64 area_stride, u32 rank, u32 world, u32 divisor, u64 timeout_ns, u64 queue_timeout_ns,
+/// u32* failed, u32* seq_counter, u64 half_stride, u64 area_chunks, u32* broken)`, in order.
+#[derive(Default)]
+pub(crate) struct ChunksManyArgs {
+    pub(crate) buf: InOut,
+    pub(crate) len: u64,
+    pub(crate) areas: RawDevicePtr,
+    pub(crate) area_stride: u64,
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+    pub(crate) divisor: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) queue_timeout_ns: u64,
+    pub(crate) failed: RawDevicePtr,
+    pub(crate) seq_counter: RawDevicePtr,
+    pub(crate) half_stride: u64,
+    pub(crate) area_chunks: u64,
+    pub(crate) broken: RawDevicePtr,
+}
+
+impl KernelArgs for ChunksManyArgs {
+    fn params(&self) -> Params {
+        Params::default()
+            .u64(self.buf.src)
+            .u64(self.buf.dst)
+            .u64(self.len)
+            .u64(self.areas)
+            .u64(self.area_stride)
+            .u32(self.rank)
+            .u32(self.world)
+            .u32(self.divisor)
+            .u64(self.timeout_ns)
+            .u64(self.queue_timeout_ns)
+            .u64(self.failed)
+            .u64(self.seq_counter)
+            .u64(self.half_stride)
+            .u64(self.area_chunks)
+            .u64(self.broken)
+    }
+}
+
 /// The launch shape of a flagged-chunk kernel over `bytes` bytes: a block per chunk, at
 /// most `max_blocks` (itself at most [`CHUNK_MAX_BLOCKS`], at least 1) and
 /// [`CHUNK_BLOCKS_PER_SM`] per multiprocessor of the device (each then takes several), so

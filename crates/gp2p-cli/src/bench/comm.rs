@@ -112,8 +112,9 @@ pub struct CommArgs {
     #[arg(long)]
     slots: Option<usize>,
     /// The largest all-reduce the one-kernel path takes (K, M suffixes; 1 byte to 16M),
-    /// instead of the default (4M between two ranks; among more the lines' size caps it): for
-    /// finding where the pipeline overtakes it on this machine (every rank gets the same).
+    /// instead of the default (4M between two ranks; among more the lines' size, and above
+    /// it the two-shot in flagged chunks up to this size): for finding where the pipeline
+    /// overtakes it on this machine (every rank gets the same).
     #[arg(long, value_parser = crate::sizes::parse_size)]
     small_max_bytes: Option<usize>,
     /// Bytes of each chunk of the pipeline (K, M, G suffixes; at most a slot), instead of

@@ -7,7 +7,7 @@ use super::*;
 const KIB: usize = 1 << 10;
 
 fn h200(ranks: usize) -> ManyChoice {
-    ManyChoice { machine: Machine::h200(ranks), lines_max: 64 * KIB, forced: None }
+    ManyChoice { machine: Machine::h200(ranks), lines_max: 64 * KIB, chunks_max: 0, forced: None }
 }
 
 /// Two ranks' paths with the default options (one kernel to 4 MiB, lines to 2 KiB, 8 MiB
@@ -18,7 +18,7 @@ fn two_ranks_default(shared_link: bool) -> AllReducePaths {
         small_max: 4 << 20,
         slot_bytes: 8 << 20,
         chunk_bytes: None,
-        many: ManyChoice { machine: Machine::h200(2), lines_max: 2 * KIB, forced: None },
+        many: ManyChoice { machine: Machine::h200(2), lines_max: 2 * KIB, chunks_max: 0, forced: None },
         shared_link,
     }
 }
@@ -220,7 +220,7 @@ fn the_h100_rows_of_the_pipelined_paths_are_within_fifteen_percent() {
         let two_small_max = if run.forced == Some(Algorithm::TwoShot) { 64 * KIB } else { 4 * MIB };
         let (small_max, slot_bytes, lines_max) =
             if world == 2 { (two_small_max, 8 * MIB, 2 * KIB) } else { (64 * KIB, 4 * MIB, 64 * KIB) };
-        let many = ManyChoice { machine: Machine::h200(world), lines_max, forced: run.forced };
+        let many = ManyChoice { machine: Machine::h200(world), lines_max, chunks_max: 0, forced: run.forced };
         let paths = AllReducePaths { world, small_max, slot_bytes, chunk_bytes: run.chunk, many, shared_link: false };
         let machine = Machine {
             duplex_gbps: run.duplex,
@@ -348,4 +348,38 @@ fn two_ranks_on_one_link_stop_the_one_kernel_where_the_rounds_get_cheaper() {
     // A room the rounds never beat within is kept whole; one under the lines stays.
     assert_eq!(AllReducePaths { small_max: 256 * KIB, ..shared }.one_kernel_max(), 256 * KIB);
     assert_eq!(AllReducePaths { small_max: KIB, ..shared }.one_kernel_max(), KIB);
+}
+
+#[test]
+fn the_flagged_chunks_take_what_their_areas_hold_above_the_lines_where_each_rank_owns_a_chunk() {
+    let chunks = ManyChoice { chunks_max: 1 << 20, ..h200(4) };
+    assert_eq!(chunks.path(64 * KIB), h200(4).path(64 * KIB), "the lines' sizes choose as before");
+    assert_eq!(chunks.path(64 * KIB + 1), ManyPath::Chunks);
+    assert_eq!(chunks.path(1 << 20), ManyPath::Chunks);
+    assert_eq!(chunks.path((1 << 20) + 1), ManyPath::Rounds, "past the areas' room");
+    assert_eq!(h200(4).path(64 * KIB + 1), ManyPath::Rounds, "no areas, no chunks");
+    let two_shot = ManyChoice { forced: Some(Algorithm::TwoShot), ..chunks };
+    assert_eq!(two_shot.path(256 * KIB), ManyPath::Rounds, "forced rounds stay rounds");
+    let one_shot = ManyChoice { forced: Some(Algorithm::OneShot), ..chunks };
+    assert_eq!(one_shot.path(256 * KIB), ManyPath::Chunks, "one-shot forces the lines only where they fit");
+    // Every rank owns a chunk of 4 KiB: among 8, lines of 2 KiB, 28 KiB is 7 chunks.
+    let eight = ManyChoice { lines_max: 2 * KIB, chunks_max: 1 << 20, ..h200(8) };
+    assert_eq!(eight.path(28 * KIB), ManyPath::Rounds);
+    assert_eq!(eight.path(28 * KIB + 1), ManyPath::Chunks);
+    assert_eq!(ManyPath::Chunks.to_string(), "two-shot (flagged chunks)");
+    // Priced at the chunk kernel's rates, a finite time that grows with the bytes.
+    let paths = AllReducePaths {
+        world: 4,
+        small_max: 1 << 20,
+        slot_bytes: 4 << 20,
+        chunk_bytes: None,
+        many: chunks,
+        shared_link: false,
+    };
+    assert_eq!(paths.path_name(512 * KIB), "two-shot (flagged chunks)");
+    let (small, large) = (
+        all_reduce_prediction(&chunks.machine, &paths, 128 * KIB).seconds,
+        all_reduce_prediction(&chunks.machine, &paths, 1 << 20).seconds,
+    );
+    assert!(small > 0.0 && large > small && large.is_finite(), "{small} {large}");
 }

@@ -1,9 +1,10 @@
 //! The communicator's all-reduce: the one-kernel paths (lines, flagged chunks) for small
 //! buffers, the two-rank pipeline above them, and among more than two the cost model's
-//! choice of the line kernel or the two-shot rounds.
+//! choice of the line kernel or the two-shot rounds, with the two-shot in flagged chunks
+//! between them where the communicator was made with room for it.
 #![allow(unsafe_code)]
 
-use gp2p_cuda::raw::{memcpy_dtod_async, memset_elements_async};
+use gp2p_cuda::raw::{ManyChunkAreas, memcpy_dtod_async, memset_elements_async, plan_chunks_many};
 
 use super::*;
 
@@ -160,14 +161,15 @@ impl Communicator {
 
     /// The one-kernel all-reduce of `len` elements at `buf` in one call (see
     /// [`Communicator::call`]): between two ranks the lines or the flagged chunks, among more
-    /// the line kernel; `around`'s zeroing and copies on `stream` right before and after the
+    /// the line kernel or, above the lines, the many-rank flagged chunks; `around`'s zeroing and copies on `stream` right before and after the
     /// kernel, inside the call (after this rank's previous call, before the point `note` takes).
     ///
     /// # Safety
     /// `buf` is `len` elements of `T` on this device, its two addresses the same or apart, held
     /// until the work completes (`note`); `len` elements are at most the layout's room for
     /// the one kernel (`CommOptions::small_max_bytes`, at least [`Communicator::small_max_bytes`])
-    /// between two ranks and what the lines hold among more;
+    /// between two ranks, and among more what the lines hold or, where
+    /// [`ManyChoice::path`] takes the flagged chunks, what their areas hold;
     /// `around`'s ranges are this device's, held likewise (its own contract); every rank makes
     /// the same call.
     pub(super) unsafe fn one_kernel<T: Element>(
@@ -222,24 +224,56 @@ impl Communicator {
                 note,
             );
         }
-        let (timeout_ns, lines) = (self.timeout_ns(), self.many_lines());
+        let (timeout_ns, lines, lines_max) = (self.timeout_ns(), self.many_lines(), self.layout.lines_max);
+        let (chunk_blocks, areas) = (self.chunk_blocks, self.many_chunk_areas());
         self.call(
             stream,
             // SAFETY: `buf` is `len` elements on this device, its two addresses the same or
-            // apart, `around`'s ranges this device's, and `len` within the lines (this
-            // function's contract); every rank's area (two halves each, `2 * half` apart) lies in
-            // the registered staging area, laid out by Layout::new with lines for up to
-            // lines_max; only this rank's kernel writes its own. The failed, broken and counter words and the launch cache are as for the
-            // two-rank kernels (see all_reduce_checked), and outlive the kernel likewise. Every
-            // rank enqueues the same call.
+            // apart, `around`'s ranges this device's, and `len` within the lines or, above
+            // them, the chunk areas (this function's contract); every rank's area (two halves
+            // each, `2 * half` apart) lies in the registered staging area, laid out by
+            // Layout::new with lines for up to lines_max and after them, where the layout
+            // made them, chunk areas for small_max (many_chunks chunks); only this rank's
+            // kernels write its own. The failed, broken and counter words and the launch cache
+            // are as for the two-rank kernels (see all_reduce_checked), and outlive the kernel
+            // likewise; both kernels number calls from the counter alike. Every rank enqueues
+            // the same call (the size decides the kernel on every rank).
             |comm| unsafe {
                 around.before(stream)?;
                 let launches = comm.launches.as_mut();
-                exchange_many(stream, buf, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?;
+                if bytes <= lines_max {
+                    exchange_many(stream, buf, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?;
+                } else {
+                    let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
+                    let blocks = chunk_grid(bytes, chunk_blocks);
+                    let device = stream.device();
+                    if let Some(kernel) =
+                        plan_chunks_many(device, buf, len, T::DTYPE, op, areas, divide_by, waits, blocks)?
+                    {
+                        kernel.enqueue(stream, launches)?;
+                    }
+                }
                 around.after(stream)
             },
             note,
         )
+    }
+
+    /// Every rank's areas for the many-rank flagged-chunk kernel, after their lines,
+    /// numbered from the device counter.
+    fn many_chunk_areas(&self) -> ManyChunkAreas {
+        let at = |offset: usize| self.staging + offset as u64;
+        ManyChunkAreas {
+            areas: at(self.layout.area_of(0, 0) + self.layout.lines_bytes),
+            area_stride: 2 * self.layout.half as u64,
+            half_stride: self.layout.half as u64,
+            area_chunks: self.layout.many_chunks as u64,
+            rank: self.rank(),
+            world: self.world(),
+            counter: self.seq_counter.raw_ptr(),
+            failed: at(self.layout.flag(self.rank())),
+            broken: at(self.layout.broken()),
+        }
     }
 
     /// Every rank's lines for the line kernel among more than two ranks.

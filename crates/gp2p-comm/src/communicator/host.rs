@@ -106,6 +106,23 @@ impl Communicator {
         let all = self.control.exchange_host([mine, 0, 0, 0, 0, 0])?;
         Ok(all.iter().all(|words| words[0] == mine))
     }
+
+    /// Where the layout made areas for the many-rank flagged-chunk kernel, bound its grid so
+    /// that every rank's blocks on this device are resident at once (they all poll): the
+    /// ranks on one device split its multiprocessors, counted with one host exchange of each
+    /// rank's device's PCI bus id. Every rank asks at creation, as every rank has the same
+    /// layout; nothing is exchanged where there are no such areas.
+    pub(super) fn share_chunk_blocks(&mut self) -> Result<()> {
+        if self.layout.many_chunks == 0 {
+            return Ok(());
+        }
+        let mine = bus_id_word(&self.device.info().pci_bus_id);
+        let all = self.control.exchange_host([mine, 0, 0, 0, 0, 0])?;
+        let sharing = all.iter().filter(|words| words[0] == mine).count().max(1);
+        let resident = self.device.info().multiprocessors as usize * gp2p_kernels::CHUNK_BLOCKS_PER_SM as usize;
+        self.chunk_blocks = self.chunk_blocks.min((resident / sharing).max(1));
+        Ok(())
+    }
 }
 
 /// A PCI bus id (`domain:bus:device.function`, any case) as one word: FNV-1a over its

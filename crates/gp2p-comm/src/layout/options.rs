@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use gp2p_collectives::Receive;
-use gp2p_collectives::cost::{Algorithm, Machine};
+use gp2p_collectives::cost::Algorithm;
 
 use super::{DEFAULT_CHUNK_BLOCKS, DEFAULT_LINES_MAX_BYTES, Layout, MAX_LINES_BYTES};
 use crate::Result;
-use crate::choice::{AllReducePaths, ManyChoice};
+use crate::choice::AllReducePaths;
 
 /// How a communicator's pipeline waits for its peers' flags ([`CommOptions::waits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,7 +64,11 @@ impl std::str::FromStr for FlagWaits {
 pub struct CommOptions {
     /// The largest buffer, in bytes, a small-message call takes (its areas are sized for it).
     /// Two ranks that share one GPU may stop sooner, where the cost model prices the rounds
-    /// cheaper (`Communicator::small_max_bytes` says where).
+    /// cheaper (`Communicator::small_max_bytes` says where). Among 3 to 8 ranks,
+    /// [`CommOptions::for_world`] sets it to the lines' size; set above them, it makes areas
+    /// for the two-shot in one flagged-chunk kernel per rank, which then runs the all-reduces
+    /// between the two sizes (`gp2p bench comm --small-max-bytes`; not yet measured on a GPU, so
+    /// not the default).
     pub small_max_bytes: usize,
     /// How long a rank's kernel waits for its peer's data before it gives up (the next call
     /// then says so). It must exceed how far one rank's stream may fall behind another's.
@@ -183,7 +187,7 @@ impl AllReducePaths {
             small_max: layout.small_max,
             slot_bytes: layout.slot_bytes,
             chunk_bytes: layout.fixed_chunk(),
-            many: ManyChoice { machine: Machine::h200(world), lines_max: layout.lines_max, forced },
+            many: layout.many_choice(forced),
             // Cards of their own, each on its link: ranks sharing a GPU are seen only once made.
             shared_link: false,
         })

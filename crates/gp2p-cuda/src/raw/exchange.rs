@@ -275,6 +275,11 @@ impl std::fmt::Debug for ChunksLaunch {
 }
 
 impl ChunksLaunch {
+    /// A planned launch of `function` (a flagged-chunk kernel) with `params`.
+    pub(super) fn new(function: Function, config: LaunchConfig, params: Params) -> ChunksLaunch {
+        ChunksLaunch { function, config, params }
+    }
+
     /// Have `cache` hold this launch's graph now, so that [`ChunksLaunch::enqueue`] through it
     /// makes no driver call that may wait for a device (the capture question, the bind, the
     /// replay), provided nothing else launches or prepares through `cache` in between.
