@@ -262,20 +262,25 @@ GP2P_FOR_EACH_DTYPE(GP2P_CHUNKS_ALL_OPS)
 // flag of the chunk, folds all of them in rank order, acc = op(...op(x0, x1)..., x(world-1))
 // (its own from `src`; avg divides at the last step), writes the result to `dst` and to its
 // reduced area (slot c / world) and flags that; every other rank waits for the owner's
-// reduced flag and copies the folded chunk into `dst`. So each rank sends its buffer and its
-// share of the result once and reads its share of every rank's chunks and the rest of the
-// result once: the rounds' bytes, with no host work between the phases, and every rank's
-// result the owner's bits.
+// reduced flag and copies the folded chunk into `dst`. So each rank sends the chunks others
+// fold and its share of the result once, and reads its share of every rank's chunks and the
+// rest of the result once: the rounds' bytes, with no host work between the phases, and
+// every rank's result the owner's bits.
 //
 // Rank q's area for a call starts `q * area_stride` bytes after `areas` (plus `half_stride`
-// for odd numbers), with room for `area_chunks` chunks: the data's chunks first, then the
-// chunks it owns folded (one in `world`, rounded up), then the data's flags and the folded
-// chunks' flags, a word every CHUNK_FLAG_STRIDE bytes (gp2p_kernels::chunks_many_area). A half is rewritten only once every peer read it:
-// a rank's next call on it comes two calls later, and in the call between, each rank waits
-// for every peer's flags of that call (each rank owns a chunk: `n` spans at least `world`
-// chunks, which the host checks), which each peer sets only after its kernel of the call
-// before ended. Waits are bounded and end on `broken` as above; a wait on a peer's data uses
-// its first chunk's flag to see it began, one on a folded chunk the owner's.
+// for odd numbers), with room for `area_chunks` chunks: the data's chunks first (a rank's own
+// chunks left unwritten: it folds them from `src`), then the chunks it owns folded (one in
+// `world`, rounded up), then the data's flags and the folded chunks' flags, a word every
+// CHUNK_FLAG_STRIDE bytes (gp2p_kernels::chunks_many_area).
+//
+// A half is rewritten only once every peer read it: a rank's next call on it comes two calls
+// later, and in the call between, each rank waits for every peer's flags of that call (each
+// rank owns a chunk: `n` spans at least `world` chunks, which the host checks), which each
+// peer sets only after its kernel of the call before ended; a call of the line kernel
+// between (the counter numbers both) waits for every peer's lines likewise. Waits are
+// bounded and end on `broken` as above: one on a peer's data takes that peer's first flag as
+// the sign it began; one on a folded chunk only the longer bound, as its owner waits on
+// every rank.
 #define CHUNKS_MANY_MAX_WORLD 8
 
 template <typename T, typename Op>
@@ -301,14 +306,19 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
     auto flags = [&](u32 q) { return reinterpret_cast<u32*>(areas + q * area_stride + flags_offset); };
     auto reduced_flags = [&](u32 q) { return reinterpret_cast<u32*>(areas + q * area_stride + reduced_flags_offset); };
     const bool valid = world >= 3 && world <= CHUNKS_MANY_MAX_WORLD && rank < world && chunks >= world && chunks <= area_chunks;
-    if (threadIdx.x < team) {
-        // As exchange_chunks' storing team: nothing here waits on a peer.
+    if (!valid) {
+        // The host refuses such calls; a kernel launched with them anyway says so.
+        if (blockIdx.x == 0 && threadIdx.x == 0) *(volatile u32*)failed = 1;
+    } else if (threadIdx.x < team) {
+        // As exchange_chunks' storing team: nothing here waits on a peer. A chunk this rank
+        // owns is folded from `src`, so only its flag is stored (peers see from its first
+        // chunk's that the call began).
         uint4* const out = data(rank);
         u32* const out_flags = flags(rank);
         u32 i = 0;
-        for (u64 c = blockIdx.x; valid && c < chunks; c += gridDim.x, ++i) {
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
             if (i >= CHUNK_HANDOFF_DEPTH) team_barrier(CHUNK_FOLDED_BARRIER(i), blockDim.x);
-            const u64 end = min(groups, (c + 1) * per_chunk);
+            const u64 end = c % world == rank ? c * per_chunk : min(groups, (c + 1) * per_chunk);
             for (u64 g = c * per_chunk + threadIdx.x; g < end; g += team) {
                 Group16<T> own;
                 own.v = make_uint4(0, 0, 0, 0);
@@ -329,7 +339,7 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
         const u32 t = threadIdx.x - team;
         bool live = true;
         u32 i = 0;
-        for (u64 c = blockIdx.x; valid && c < chunks; c += gridDim.x, ++i) {
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
             team_barrier(CHUNK_READ_BARRIER(i), blockDim.x);
             const u32 owner = (u32)(c % world);
             const u64 slot = c / world;
@@ -343,8 +353,10 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
                                                 failed, broken);
                         }
                     } else {
-                        ok = await_flag(reduced_flags(owner) + slot * FLAG_WORDS, flags(owner), seq, timeout_ns,
-                                        queue_timeout_ns, failed, broken);
+                        // The owner's flag waits on every rank, the slowest included: only the
+                        // longer bound applies (the flag itself as "first seen").
+                        const u32* folded_flag = reduced_flags(owner) + slot * FLAG_WORDS;
+                        ok = await_flag(folded_flag, folded_flag, seq, timeout_ns, queue_timeout_ns, failed, broken);
                     }
                     arrived = ok;
                 }
@@ -358,6 +370,9 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
                 if (owner == rank) {
                     uint4* const folded = reduced(rank) + slot * per_chunk;
                     for (u64 g = first + t; g < end; g += team) {
+                        // Rank by rank, each load folded before the next is issued: the
+                        // team's many threads keep the bus busy, and loading every peer
+                        // first spilled registers at 64 a thread (all eight, or batches).
                         Group16<T> acc;
                         acc.v = make_uint4(0, 0, 0, 0);
                         for (u32 q = 0; q < world; ++q) {

@@ -528,14 +528,15 @@ fn one_gpu_three_processes_fold_small_landings_in_place_and_large_ones_through_t
 /// Options whose one-kernel path runs the lines to 64 KiB and the two-shot in flagged chunks
 /// above them to 1 MiB (the rounds past it), among `world` ranks.
 fn many_chunks(world: usize) -> CommOptions {
-    CommOptions { small_max_bytes: 1 << 20, ..CommOptions::for_world(world) }
+    CommOptions { small_max_bytes: 1 << 20, many_chunks: true, ..CommOptions::for_world(world) }
 }
 
-/// Lengths through the three paths of [`many_chunks`] for every dtype, in one communicator:
-/// the lines (1,001), the flagged chunks (16,411: 16 KiB to 128 KiB; 70,001 and 100,003, of
-/// one byte just past the lines, up to 800 KiB of eight), and 300,007, the chunks of one and
-/// two bytes, the rounds of four and eight (so each kernel follows the other's calls).
-const MANY_CHUNK_LENS: &[usize] = &[1_001, 70_001, 16_411, 100_003, 300_007];
+/// Lengths for [`many_chunks`]' communicator, in one: 1,001 the lines for every dtype; 70,001
+/// and 100,003 the flagged chunks for every dtype (of one byte just past the lines, of eight
+/// up to 800 KiB); 16,411 the lines of one and two bytes, the chunks of four and eight;
+/// 300,007 the chunks up to two bytes, the rounds of four and eight; 1,048,583 the rounds for
+/// every dtype. So each kernel's calls follow the others'.
+const MANY_CHUNK_LENS: &[usize] = &[1_001, 70_001, 16_411, 100_003, 300_007, 1_048_583];
 
 /// [`folds_with`] on [`many_chunks`]' communicator, after checking it takes the chunks where
 /// the lengths say.

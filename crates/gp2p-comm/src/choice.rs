@@ -38,8 +38,7 @@ pub enum ManyPath {
     /// The line kernel (one-shot).
     Lines,
     /// The two-shot in one flagged-chunk kernel per rank, above the lines where the
-    /// communicator was made with room for it (`CommOptions::small_max_bytes` above
-    /// `lines_max_bytes`; not by default).
+    /// communicator was made with room for it (`CommOptions::many_chunks`; not by default).
     Chunks,
     /// The two-shot rounds.
     Rounds,

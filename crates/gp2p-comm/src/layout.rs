@@ -162,11 +162,13 @@ impl Layout {
         }
         // Bounded above, so none of this overflows.
         let lines_max = lines_max.min(small_max_bytes);
-        // More than two ranks: the line kernel up to lines_max, and above it, where
-        // small_max_bytes is larger (not by default: CommOptions::for_world keeps them equal),
-        // the many-rank flagged-chunk kernel, whose areas hold small_max_bytes in whole chunks.
+        // More than two ranks: the line kernel up to lines_max, and above it, where asked for
+        // (CommOptions::many_chunks) and small_max_bytes is larger, the many-rank flagged-chunk
+        // kernel, whose areas hold small_max_bytes in whole chunks.
         let many_chunks = match world {
-            w if CHUNKS_MANY_WORLD.contains(&w) && small_max_bytes > lines_max => small_max_bytes.div_ceil(CHUNK_BYTES),
+            w if options.many_chunks && CHUNKS_MANY_WORLD.contains(&w) && small_max_bytes > lines_max => {
+                small_max_bytes.div_ceil(CHUNK_BYTES)
+            }
             _ => 0,
         };
         let small_max_bytes = if world == 2 || many_chunks > 0 { small_max_bytes } else { lines_max };
@@ -227,8 +229,8 @@ impl Layout {
     /// What the layout was made from, as every rank publishes it to be compared: the
     /// one-kernel path's largest size, the slot size, the slot count and the line kernel's
     /// largest size (each bounded well below `u32::MAX`), the forced all-reduce
-    /// (`choice::option_word`), the compression's two words and the fixed chunk (0: by the
-    /// message).
+    /// (`choice::option_word`) with whether waits are watched and the flagged chunks made among
+    /// more than two, the compression's two words and the fixed chunk (0: by the message).
     pub(crate) fn options(&self) -> [u32; OPTION_WORDS] {
         let [format, min_kib] = self.compress;
         [
@@ -236,7 +238,7 @@ impl Layout {
             self.slot_bytes as u32,
             self.slot_count as u32,
             self.lines_max as u32,
-            self.algorithm | u32::from(self.watched) << 8,
+            self.algorithm | u32::from(self.watched) << 8 | u32::from(self.many_chunks > 0) << 9,
             format,
             min_kib,
             self.chunk_bytes as u32,
@@ -313,7 +315,11 @@ mod tests {
     fn more_than_two_ranks_get_chunk_areas_only_where_the_one_kernel_passes_the_lines() {
         let plain = Layout::new(4, &CommOptions::for_world(4)).unwrap();
         assert_eq!((plain.many_chunks, plain.small_max), (0, plain.lines_max), "not by default");
-        let options = CommOptions { small_max_bytes: 1 << 20, ..CommOptions::for_world(4) };
+        let unasked = Layout::new(4, &CommOptions { small_max_bytes: 1 << 20, ..CommOptions::for_world(4) }).unwrap();
+        assert_eq!((unasked.many_chunks, unasked.small_max), (0, unasked.lines_max), "a larger size alone is capped");
+        let default = Layout::new(4, &CommOptions::default()).unwrap();
+        assert_eq!((default.many_chunks, default.small_max), (0, default.lines_max), "two ranks' defaults too");
+        let options = CommOptions { small_max_bytes: 1 << 20, many_chunks: true, ..CommOptions::for_world(4) };
         let chunks = Layout::new(4, &options).unwrap();
         assert_eq!((chunks.many_chunks, chunks.small_max), (256, 1 << 20));
         let area = chunks_many_area(1 << 20, 4);
@@ -324,7 +330,9 @@ mod tests {
         assert_eq!(chunks.many_choice(None).chunks_max, 1 << 20);
         assert_eq!(plain.many_choice(None).chunks_max, 0);
         // Two ranks have their own kernel; one rank none.
-        let two = Layout::new(2, &CommOptions { small_max_bytes: 1 << 20, ..CommOptions::for_world(2) }).unwrap();
+        let two =
+            Layout::new(2, &CommOptions { small_max_bytes: 1 << 20, many_chunks: true, ..CommOptions::default() })
+                .unwrap();
         assert_eq!(two.many_chunks, 0);
         assert_eq!(Layout::new(1, &options).unwrap().many_chunks, 0);
     }

@@ -74,6 +74,7 @@ impl PyCommunicator {
                 replay_calls: defaults.replay_calls,
                 waits: defaults.waits,
                 lines_max_bytes: lines_max_bytes.unwrap_or(defaults.lines_max_bytes),
+                many_chunks: defaults.many_chunks,
                 algorithm: algorithm
                     .map(|name| name.parse::<Algorithm>().map_err(|e| Raised::argument("algorithm", e)))
                     .transpose()?,

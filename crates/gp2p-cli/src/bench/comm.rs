@@ -112,11 +112,16 @@ pub struct CommArgs {
     #[arg(long)]
     slots: Option<usize>,
     /// The largest all-reduce the one-kernel path takes (K, M suffixes; 1 byte to 16M),
-    /// instead of the default (4M between two ranks; among more the lines' size, and above
-    /// it the two-shot in flagged chunks up to this size): for finding where the pipeline
-    /// overtakes it on this machine (every rank gets the same).
+    /// instead of the default (4M between two ranks; among more the lines' size caps it, but
+    /// with --many-chunks): for finding where the pipeline overtakes it on this machine
+    /// (every rank gets the same).
     #[arg(long, value_parser = crate::sizes::parse_size)]
     small_max_bytes: Option<usize>,
+    /// Among 3 to 8 ranks, run all-reduces above the lines up to --small-max-bytes as the
+    /// two-shot in one flagged-chunk kernel per rank rather than the rounds (not yet the
+    /// default: for measuring it).
+    #[arg(long)]
+    many_chunks: bool,
     /// Bytes of each chunk of the pipeline (K, M, G suffixes; at most a slot), instead of
     /// sizing two ranks' exchange by the message and the rounds' chunks a slot: for tuning
     /// (every rank gets the same).
@@ -204,6 +209,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         slot_bytes: args.slot_bytes.unwrap_or(defaults.slot_bytes),
         slots: args.slots.unwrap_or(defaults.slots),
         small_max_bytes: args.small_max_bytes.unwrap_or(defaults.small_max_bytes),
+        many_chunks: args.many_chunks,
         chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,
         algorithm: args.algorithm.map(|a| a.0),

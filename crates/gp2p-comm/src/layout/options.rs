@@ -64,11 +64,8 @@ impl std::str::FromStr for FlagWaits {
 pub struct CommOptions {
     /// The largest buffer, in bytes, a small-message call takes (its areas are sized for it).
     /// Two ranks that share one GPU may stop sooner, where the cost model prices the rounds
-    /// cheaper (`Communicator::small_max_bytes` says where). Among 3 to 8 ranks,
-    /// [`CommOptions::for_world`] sets it to the lines' size; set above them, it makes areas
-    /// for the two-shot in one flagged-chunk kernel per rank, which then runs the all-reduces
-    /// between the two sizes (`gp2p bench comm --small-max-bytes`; not yet measured on a GPU, so
-    /// not the default).
+    /// cheaper (`Communicator::small_max_bytes` says where). Among more than two ranks the
+    /// lines' size caps it, unless [`CommOptions::many_chunks`] is on.
     pub small_max_bytes: usize,
     /// How long a rank's kernel waits for its peer's data before it gives up (the next call
     /// then says so). It must exceed how far one rank's stream may fall behind another's.
@@ -97,6 +94,11 @@ pub struct CommOptions {
     /// kernels came within half a microsecond of each other at 4-8 KiB on one H200, and
     /// where they cross between two GPUs is not measured yet.
     pub lines_max_bytes: usize,
+    /// Among 3 to 8 ranks, whether all-reduces above the lines, up to `small_max_bytes`, run
+    /// the two-shot in one flagged-chunk kernel per rank (areas for it are made) rather than
+    /// the rounds. Off by default: not yet run on a GPU (`gp2p bench comm --many-chunks`).
+    /// Every rank must give the same; ranks compare it at creation.
+    pub many_chunks: bool,
     /// Among more than two ranks, the all-reduce to run: `None` (the default) for the cost
     /// model's choice per call, unless the environment variable [`crate::ALGORITHM_VAR`]
     /// (`GP2P_ALGORITHM`) names one; [`Algorithm::OneShot`] for the line kernel wherever the
@@ -162,6 +164,7 @@ impl Default for CommOptions {
             slots: crate::slots::TWO_RANK_SLOTS,
             chunk_blocks: DEFAULT_CHUNK_BLOCKS,
             lines_max_bytes: DEFAULT_LINES_MAX_BYTES,
+            many_chunks: false,
             algorithm: None,
             compress: None,
             receive: Receive::Auto,

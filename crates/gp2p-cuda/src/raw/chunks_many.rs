@@ -41,7 +41,8 @@ pub struct ManyChunkAreas {
 /// areas: every rank's area (both halves) is mapped pinned host memory of
 /// [`gp2p_kernels::chunks_many_area`]'s size for `area_chunks` chunks, each written by its own
 /// rank's kernels only, and every rank of `world` enqueues the same call. `None` for an empty
-/// buffer. Refuses a world outside 3 to 8 or a rank outside it, `divide_by` = 0, misaligned
+/// buffer. Refuses a world outside 3 to 8 or a rank outside it, areas of more than 2^20
+/// chunks, `divide_by` = 0, misaligned
 /// addresses, a `dst` that overlaps `src` without being it, a buffer of fewer chunks than
 /// ranks (each must own one) or more than an area holds, and strides that would make areas
 /// or halves overlap. At most `max_blocks` blocks run, and no more than one per chunk or two
@@ -75,8 +76,12 @@ pub fn plan_chunks_many(
     let bytes = len
         .checked_mul(dtype.size_bytes())
         .ok_or_else(|| invalid("len", format!("{len} elements of {} do not fit in the address space", dtype.name())))?;
-    let capacity = usize::try_from(areas.area_chunks).unwrap_or(usize::MAX).saturating_mul(CHUNK_BYTES);
-    let half = chunks_many_area(capacity, areas.world).bytes as u64;
+    // Far above any communicator's (16 MiB), and far from overflowing the layout's sums.
+    const MAX_AREA_CHUNKS: u64 = 1 << 20;
+    if areas.area_chunks > MAX_AREA_CHUNKS {
+        return Err(invalid("area_chunks", format!("{} is above {MAX_AREA_CHUNKS}", areas.area_chunks)));
+    }
+    let half = chunks_many_area(areas.area_chunks as usize * CHUNK_BYTES, areas.world).bytes as u64;
     if areas.half_stride < half {
         return Err(invalid("half_stride", format!("{} bytes: one half takes {half}", areas.half_stride)));
     }
