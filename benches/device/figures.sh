@@ -87,6 +87,10 @@
 #                the all-reduce
 #                                                       -> small-<round>-<N>-{scratch,zero-copy,auto}.*
 #                                                          small-<round>-4-replay-{off,on}.* small-8-<collective>.*
+#   many-chunks  the all-reduce among 4 and 8 processes under MPS, 128 KiB-2 MiB, the rounds
+#                beside the two-shot in one flagged-chunk kernel (--many-chunks, its areas
+#                for 2 MiB), in turns, CHUNKS_ROUNDS rounds (default 2)
+#                                                       -> many-chunks-<round>-<N>-{rounds,chunks}.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -516,6 +520,22 @@ small() {
   return 0
 }
 
+many_chunks() {
+  local r n a="comm all-reduce -b 128K -e 2M -f 2 -n 5 -w 2 --calls 10"
+  mps_start || return
+  for r in $(seq 1 "${CHUNKS_ROUNDS:-2}"); do
+    for n in 4 8; do
+      late && break 2
+      # shellcheck disable=SC2086 # a is a list of words
+      bench "many-chunks-$r-$n-rounds" $a --ranks $n
+      # shellcheck disable=SC2086
+      late || bench "many-chunks-$r-$n-chunks" $a --ranks $n --small-max-bytes 2M --many-chunks
+    done
+  done
+  mps_stop
+  return 0
+}
+
 # ab: builds in turns. Bundles: the release tests (how long the next driver call waits after
 # each kind of release, another stream held) and the same-card figures; wheels: the whole
 # copy_ and copy call, copy_call_turns.py in alternating order.
@@ -567,6 +587,9 @@ for section in "${sections[@]}"; do
       ;;
     tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | ab)
       late || investigation "$s"
+      ;;
+    many-chunks)
+      late || investigation many_chunks
       ;;
     *)
       echo "figures.sh: no section $s (see its head)" >&2
