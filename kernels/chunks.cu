@@ -137,6 +137,50 @@ __device__ __forceinline__ void barrier_arrive(u32 id, u32 threads) {
 // a microsecond, and volatile loads are not moved past the stores that fold them in.
 #define CHUNK_FOLD_UNROLL 4
 
+// The storing team's work: each of the block's chunks (grid-stride; the i-th of them) of
+// `src` into `out` as it is, then its flag set to `seq`, then the handoff to the folding team;
+// a chunk c with c % skip_every == skip_at (none where skip_every is 0) gets its flag only.
+// Before reusing a handoff barrier it waits for the folding team's, which comes once the fold
+// of the chunk CHUNK_HANDOFF_DEPTH back ended: folded, or given up on a peer that did not come
+// within its bounds. So every wait here ends, and the folding team's for this team's reads
+// does too.
+template <typename T>
+__device__ __forceinline__ void store_chunks(const T* src, u64 n, uint4* out, u32* out_flags, u64 chunks, u32 team,
+                                             u32 seq, u64 skip_every, u64 skip_at) {
+    const int PER = VEC_BYTES / sizeof(T);
+    const u64 FLAG_WORDS = CHUNK_FLAG_STRIDE / sizeof(u32);
+    const u64 per_chunk = CHUNK_BYTES / VEC_BYTES;
+    const u64 groups = (n + PER - 1) / PER;
+    u32 i = 0;
+    for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
+        if (i >= CHUNK_HANDOFF_DEPTH) team_barrier(CHUNK_FOLDED_BARRIER(i), blockDim.x);
+        const bool skip = skip_every != 0 && c % skip_every == skip_at;
+        const u64 end = skip ? c * per_chunk : min(groups, (c + 1) * per_chunk);
+        for (u64 g = c * per_chunk + threadIdx.x; g < end; g += team) {
+            Group16<T> own;
+            own.v = make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int l = 0; l < PER; ++l) {
+                if (g * PER + l < n) own.e[l] = src[g * PER + l];
+            }
+            out[g] = own.v;
+        }
+        // The barrier orders the team's stores before thread 0's system fence, which
+        // (cumulative, as NCCL's flags rely on) puts them all before the flag. One fence
+        // after the barrier, not one per thread before it: both ranks on one H200, the
+        // library's kernel (tests/examples/exchange_one_device.rs, three rounds) took
+        // 7.3-7.6 us against 8.5-8.8 at 8 KiB, 7.9 against 9.0-9.2 at 16 KiB, 11.7-11.8
+        // against 12.4 at 64 KiB, but 26.8 against 26.3-26.6 at 256 KiB.
+        team_barrier(STORE_TEAM_BARRIER, team);
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            *(volatile u32*)(out_flags + c * FLAG_WORDS) = seq;
+        }
+        // This thread's loads of the chunk are done: the fold may overwrite it.
+        barrier_arrive(CHUNK_READ_BARRIER(i), blockDim.x);
+    }
+}
+
 template <typename T, typename Op>
 __device__ __forceinline__ void exchange_chunks(const T* src, T* dst, u64 n, char* out_area, const char* in_area, u32 divisor,
                                                 u64 timeout_ns, u64 queue_timeout_ns, u32* failed, u32* seq_counter,
@@ -158,37 +202,7 @@ __device__ __forceinline__ void exchange_chunks(const T* src, T* dst, u64 n, cha
     const u64 chunks = (groups + per_chunk - 1) / per_chunk;
     const u32 team = blockDim.x / 2;
     if (threadIdx.x < team) {
-        // The storing team waits only for the folding team's handoff, which comes once the
-        // fold of the chunk CHUNK_HANDOFF_DEPTH back ended: folded, or given up on a peer that
-        // did not come within its bounds. So every wait here ends, and the folding team's for
-        // this team's reads does too.
-        u32 i = 0;
-        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
-            if (i >= CHUNK_HANDOFF_DEPTH) team_barrier(CHUNK_FOLDED_BARRIER(i), blockDim.x);
-            const u64 end = min(groups, (c + 1) * per_chunk);
-            for (u64 g = c * per_chunk + threadIdx.x; g < end; g += team) {
-                Group16<T> own;
-                own.v = make_uint4(0, 0, 0, 0);
-#pragma unroll
-                for (int l = 0; l < PER; ++l) {
-                    if (g * PER + l < n) own.e[l] = src[g * PER + l];
-                }
-                out_data[g] = own.v;
-            }
-            // The barrier orders the team's stores before thread 0's system fence, which
-            // (cumulative, as NCCL's flags rely on) puts them all before the flag. One fence
-            // after the barrier, not one per thread before it: both ranks on one H200, the
-            // library's kernel (tests/examples/exchange_one_device.rs, three rounds) took
-            // 7.3-7.6 us against 8.5-8.8 at 8 KiB, 7.9 against 9.0-9.2 at 16 KiB, 11.7-11.8
-            // against 12.4 at 64 KiB, but 26.8 against 26.3-26.6 at 256 KiB.
-            team_barrier(STORE_TEAM_BARRIER, team);
-            if (threadIdx.x == 0) {
-                __threadfence_system();
-                *(volatile u32*)(out_flags + c * FLAG_WORDS) = seq;
-            }
-            // This thread's loads of the chunk are done: the fold may overwrite it.
-            barrier_arrive(CHUNK_READ_BARRIER(i), blockDim.x);
-        }
+        store_chunks(src, n, out_data, out_flags, chunks, team, seq, 0, 0);
     } else {
         const u32 t = threadIdx.x - team;
         bool live = true;  // false once a wait gave up: the rest only keeps the handoff going
@@ -310,31 +324,9 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
         // The host refuses such calls; a kernel launched with them anyway says so.
         if (blockIdx.x == 0 && threadIdx.x == 0) *(volatile u32*)failed = 1;
     } else if (threadIdx.x < team) {
-        // As exchange_chunks' storing team: nothing here waits on a peer. A chunk this rank
-        // owns is folded from `src`, so only its flag is stored (peers see from its first
-        // chunk's that the call began).
-        uint4* const out = data(rank);
-        u32* const out_flags = flags(rank);
-        u32 i = 0;
-        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
-            if (i >= CHUNK_HANDOFF_DEPTH) team_barrier(CHUNK_FOLDED_BARRIER(i), blockDim.x);
-            const u64 end = c % world == rank ? c * per_chunk : min(groups, (c + 1) * per_chunk);
-            for (u64 g = c * per_chunk + threadIdx.x; g < end; g += team) {
-                Group16<T> own;
-                own.v = make_uint4(0, 0, 0, 0);
-#pragma unroll
-                for (int l = 0; l < PER; ++l) {
-                    if (g * PER + l < n) own.e[l] = src[g * PER + l];
-                }
-                out[g] = own.v;
-            }
-            team_barrier(STORE_TEAM_BARRIER, team);
-            if (threadIdx.x == 0) {
-                __threadfence_system();
-                *(volatile u32*)(out_flags + c * FLAG_WORDS) = seq;
-            }
-            barrier_arrive(CHUNK_READ_BARRIER(i), blockDim.x);
-        }
+        // A chunk this rank owns is folded from `src`, so only its flag is stored (peers see
+        // from its first chunk's that the call began).
+        store_chunks(src, n, data(rank), flags(rank), chunks, team, seq, world, rank);
     } else {
         const u32 t = threadIdx.x - team;
         bool live = true;

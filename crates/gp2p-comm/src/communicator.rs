@@ -270,8 +270,7 @@ impl Communicator {
             shared_link: false,
             one_kernel_max: layout.small_max,
         };
-        comm.shared_link = comm.two_ranks_share_one_device()?;
-        comm.share_chunk_blocks()?;
+        comm.learn_device_sharing()?;
         // Every rank alike: the same rates, options and sharing (agreed just above).
         comm.one_kernel_max = comm.all_reduce_paths().one_kernel_max();
         Ok(comm)

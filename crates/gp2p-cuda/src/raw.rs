@@ -281,6 +281,17 @@ pub unsafe fn stamp(stream: &Stream, at: RawDevicePtr) -> Result<()> {
     unsafe { launch_kernel(&function, stream, ONE_THREAD, &StampArgs { at }, None) }
 }
 
+/// The bytes of `len` elements of `dtype` at `buf`, after [`check_in_out`]'s checks; refuses a
+/// length whose bytes do not fit in the address space.
+fn checked_bytes(buf: InOut, len: usize, dtype: DType) -> Result<usize> {
+    let bytes = len.checked_mul(dtype.size_bytes()).ok_or_else(|| Error::InvalidArgument {
+        name: "len",
+        reason: format!("{len} elements of {} do not fit in the address space", dtype.name()),
+    })?;
+    check_in_out(buf, bytes, dtype.size_bytes())?;
+    Ok(bytes)
+}
+
 /// Refuse `buf`'s addresses misaligned for elements of `align` bytes, and a `dst` that
 /// overlaps `src` without being it: each thread of a kernel reads its own elements before it
 /// writes them, so the same buffer is safe, but a shifted one would have threads overwrite

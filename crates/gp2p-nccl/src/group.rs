@@ -198,14 +198,7 @@ fn ends_in_progress(calls: &[Held], inits: &[(RawUniqueId, Request, Arc<Handle>)
 /// [`Error::Failed`] (a system error) where the thread cannot start.
 fn create_in_background(inits: Vec<(RawUniqueId, Request, Arc<Handle>)>) -> Result<()> {
     let handles: Vec<Arc<Handle>> = inits.iter().map(|(_, _, h)| Arc::clone(h)).collect();
-    let started = std::thread::Builder::new().name("gp2p-nccl-group".into()).spawn(move || init::create_all(&inits));
-    started.map(drop).map_err(|e| {
-        let message = format!("cannot start the group's creation thread: {e}");
-        for handle in handles {
-            handle.settle(State::Failed(Code::SystemError, message.clone()));
-        }
-        Error::Failed { code: Code::SystemError, message }
-    })
+    init::spawn_detached(&handles, move || init::create_all(&inits))
 }
 
 /// The outermost end of a group none of whose calls failed: its creations, all at once (a

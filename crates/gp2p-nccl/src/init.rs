@@ -213,13 +213,28 @@ pub fn create_on_worker(id: &RawUniqueId, request: &Request, handle: &Handle) {
 pub fn create_later(id: RawUniqueId, request: Request) -> RawComm {
     let (comm, handle) = handles::register(State::Pending);
     let worker = Arc::clone(&handle);
-    let spawned = std::thread::Builder::new()
-        .name("gp2p-nccl-init".into())
-        .spawn(move || create_on_worker(&id, &request, &worker));
-    if let Err(e) = spawned {
-        handle.settle(State::Failed(Code::SystemError, format!("cannot start the creation thread: {e}")));
-    }
+    // Where no thread starts, the handle is settled as failed, which its caller polls.
+    let _ = spawn_detached(&[handle], move || create_on_worker(&id, &request, &worker));
     comm
+}
+
+/// Start `work`, creations that settle `handles`, on a thread of its own that nobody joins.
+/// Where no thread starts, `handles` are settled as failed, so nobody waits for them.
+///
+/// # Errors
+/// [`Error::Failed`] (a system error) where the thread cannot start.
+pub fn spawn_detached(handles: &[Arc<Handle>], work: impl FnOnce() + Send + 'static) -> Result<()> {
+    let started = std::thread::Builder::new().name("gp2p-nccl-init".into()).spawn(work);
+    started.map(drop).map_err(|e| unstarted(handles, &e))
+}
+
+/// Settle `handles`, whose creation thread could not start (`e`), as failed; the error.
+fn unstarted(handles: &[Arc<Handle>], e: &std::io::Error) -> Error {
+    let message = format!("cannot start a creation thread: {e}");
+    for handle in handles {
+        handle.settle(State::Failed(Code::SystemError, message.clone()));
+    }
+    Error::Failed { code: Code::SystemError, message }
 }
 
 /// Create several ranks at once (each on a thread, as they wait for each other), for
@@ -251,11 +266,5 @@ pub fn spawn_creation<'scope, T: Send + 'scope>(
     handles: &[Arc<Handle>],
     work: impl FnOnce() -> T + Send + 'scope,
 ) -> Result<std::thread::ScopedJoinHandle<'scope, T>> {
-    std::thread::Builder::new().name("gp2p-nccl-init".into()).spawn_scoped(s, work).map_err(|e| {
-        let message = format!("cannot start a creation thread: {e}");
-        for handle in handles {
-            handle.settle(State::Failed(Code::SystemError, message.clone()));
-        }
-        Error::Failed { code: Code::SystemError, message }
-    })
+    std::thread::Builder::new().name("gp2p-nccl-init".into()).spawn_scoped(s, work).map_err(|e| unstarted(handles, &e))
 }

@@ -94,33 +94,27 @@ impl Communicator {
 }
 
 impl Communicator {
-    /// Whether the two ranks of a two-rank communicator run on one device (processes under
-    /// MPS, or threads), so that all their traffic crosses that device's one link: asked at
-    /// creation with one host exchange of each rank's device's PCI bus id (what the driver
-    /// calls the device). False, with nothing exchanged, for any other number of ranks.
-    pub(super) fn two_ranks_share_one_device(&self) -> Result<bool> {
-        if self.world() != 2 {
-            return Ok(false);
-        }
-        let mine = bus_id_word(&self.device.info().pci_bus_id);
-        let all = self.control.exchange_host([mine, 0, 0, 0, 0, 0])?;
-        Ok(all.iter().all(|words| words[0] == mine))
-    }
-
-    /// Where the layout made areas for the many-rank flagged-chunk kernel, bound its grid so
-    /// that every rank's blocks on this device are resident at once (they all poll): the
-    /// ranks on one device split its multiprocessors, counted with one host exchange of each
-    /// rank's device's PCI bus id. Every rank asks at creation, as every rank has the same
-    /// layout; nothing is exchanged where there are no such areas.
-    pub(super) fn share_chunk_blocks(&mut self) -> Result<()> {
-        if self.layout.many_chunks == 0 {
+    /// What the ranks on this rank's device share, asked at creation with one host exchange
+    /// of each rank's device's PCI bus id (what the driver calls the device), where it matters
+    /// (every rank decides alike, from the world and the layout they agreed on; nothing is
+    /// exchanged otherwise):
+    /// - two ranks on one device (processes under MPS, or threads) share its one link
+    ///   (`shared_link`);
+    /// - where the layout made areas for the many-rank flagged-chunk kernel, whose blocks all
+    ///   poll, the ranks on one device split its multiprocessors, so that every rank's blocks
+    ///   are resident at once (`chunk_blocks`).
+    pub(super) fn learn_device_sharing(&mut self) -> Result<()> {
+        if self.world() != 2 && self.layout.many_chunks == 0 {
             return Ok(());
         }
         let mine = bus_id_word(&self.device.info().pci_bus_id);
         let all = self.control.exchange_host([mine, 0, 0, 0, 0, 0])?;
         let sharing = all.iter().filter(|words| words[0] == mine).count().max(1);
-        let resident = self.device.info().multiprocessors as usize * gp2p_kernels::CHUNK_BLOCKS_PER_SM as usize;
-        self.chunk_blocks = self.chunk_blocks.min((resident / sharing).max(1));
+        self.shared_link = self.world() == 2 && sharing == 2;
+        if self.layout.many_chunks > 0 {
+            let resident = self.device.info().multiprocessors as usize * gp2p_kernels::CHUNK_BLOCKS_PER_SM as usize;
+            self.chunk_blocks = self.chunk_blocks.min((resident / sharing).max(1));
+        }
         Ok(())
     }
 }

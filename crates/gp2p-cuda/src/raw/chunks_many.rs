@@ -5,7 +5,7 @@ use gp2p_kernels::{
     CHUNK_BYTES, CHUNKS_MANY_WORLD, DType, KernelFamily, ReduceOp, chunks_many_area, chunks_many_kernel_name,
 };
 
-use super::{ChunkWaits, ChunksLaunch, InOut, check_aligned, check_in_out};
+use super::{ChunkWaits, ChunksLaunch, InOut, check_aligned, checked_bytes};
 use crate::driver::RawDevicePtr;
 use crate::launch::{ChunksManyArgs, KernelArgs, check_divisor, chunks_launch_config};
 use crate::{Device, Error, Module, Result};
@@ -67,15 +67,12 @@ pub fn plan_chunks_many(
         ));
     }
     check_divisor(divide_by)?;
-    check_in_out(buf, len.saturating_mul(dtype.size_bytes()), dtype.size_bytes())?;
+    let bytes = checked_bytes(buf, len, dtype)?;
     check_aligned(
         &[("areas", areas.areas), ("area_stride", areas.area_stride), ("half_stride", areas.half_stride)],
         64,
     )?;
     check_aligned(&[("failed", areas.failed), ("broken", areas.broken), ("counter", areas.counter)], 4)?;
-    let bytes = len
-        .checked_mul(dtype.size_bytes())
-        .ok_or_else(|| invalid("len", format!("{len} elements of {} do not fit in the address space", dtype.name())))?;
     // Far above any communicator's (16 MiB), and far from overflowing the layout's sums.
     const MAX_AREA_CHUNKS: u64 = 1 << 20;
     if areas.area_chunks > MAX_AREA_CHUNKS {

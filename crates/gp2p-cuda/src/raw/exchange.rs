@@ -7,7 +7,7 @@ use gp2p_kernels::{
     exchange_kernel_name, exchange_many_kernel_name,
 };
 
-use super::{InOut, check_aligned, check_in_out};
+use super::{InOut, check_aligned, check_in_out, checked_bytes};
 use crate::driver::RawDevicePtr;
 use crate::launch::{
     ChunksArgs, ExchangeArgs, ExchangeManyArgs, KernelArgs, check_divisor, chunks_launch_config,
@@ -337,13 +337,9 @@ pub fn plan_exchange_chunks(
     max_blocks: usize,
 ) -> Result<Option<ChunksLaunch>> {
     check_divisor(divide_by)?;
-    check_in_out(buf, len.saturating_mul(dtype.size_bytes()), dtype.size_bytes())?;
+    let bytes = checked_bytes(buf, len, dtype)?;
     check_aligned(&[("out_area", areas.out_area), ("in_area", areas.in_area), ("half_stride", areas.half_stride)], 64)?;
     check_aligned(&[("flags_offset", areas.flags_offset)], 64)?;
-    let bytes = len.checked_mul(dtype.size_bytes()).ok_or_else(|| Error::InvalidArgument {
-        name: "len",
-        reason: format!("{len} elements of {} do not fit in the address space", dtype.name()),
-    })?;
     // The layout every maker of the areas uses: the data in whole 16-byte groups, the flags
     // from a 64-byte boundary after them (flags_offset is a multiple of 64, checked above).
     let (data, area) = chunk_area_layout(bytes);
