@@ -362,26 +362,36 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
                 if (owner == rank) {
                     uint4* const folded = reduced(rank) + slot * per_chunk;
                     for (u64 g = first + t; g < end; g += team) {
-                        // Rank by rank, each load folded before the next is issued: the
-                        // team's many threads keep the bus busy, and loading every peer
-                        // first spilled registers at 64 a thread (all eight, or batches).
-                        Group16<T> acc;
-                        acc.v = make_uint4(0, 0, 0, 0);
-                        for (u32 q = 0; q < world; ++q) {
-                            Group16<T> x;
-                            if (q == rank) {
-                                x.v = make_uint4(0, 0, 0, 0);
+                        // Every peer's group is loaded before any is folded, so the world's
+                        // loads cross the bus at once: folding each as it came waited a round
+                        // trip a peer, in turn (the world is known only at run time, so that
+                        // loop did not unroll), which among 8 ranks on one H200 made a chunk
+                        // cost about 90 us.
+                        Group16<T> x[CHUNKS_MANY_MAX_WORLD];
 #pragma unroll
-                                for (int l = 0; l < PER; ++l) {
-                                    if (g * PER + l < n) x.e[l] = src[g * PER + l];
-                                }
+                        for (u32 q = 0; q < CHUNKS_MANY_MAX_WORLD; ++q) {
+                            if (q < world && q != rank) {
+                                x[q].v = load_volatile16(data(q) + g);
                             } else {
-                                x.v = load_volatile16(data(q) + g);
+                                x[q].v = make_uint4(0, 0, 0, 0);
                             }
-                            if (q == 0) {
-                                acc = x;
-                            } else {
-                                combine_group<T, Op>(acc, x, q + 1 == world ? divisor : 1);
+                        }
+                        Group16<T> own;
+                        own.v = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                        for (int l = 0; l < PER; ++l) {
+                            if (g * PER + l < n) own.e[l] = src[g * PER + l];
+                        }
+                        // In rank order, this rank's own in its place (chosen by value: a
+                        // chosen reference put the array in local memory).
+                        Group16<T> acc;
+                        acc.v = rank == 0 ? own.v : x[0].v;
+#pragma unroll
+                        for (u32 q = 1; q < CHUNKS_MANY_MAX_WORLD; ++q) {
+                            if (q < world) {
+                                Group16<T> next;
+                                next.v = q == rank ? own.v : x[q].v;
+                                combine_group<T, Op>(acc, next, q + 1 == world ? divisor : 1);
                             }
                         }
 #pragma unroll

@@ -87,9 +87,9 @@
 #                the all-reduce
 #                                                       -> small-<round>-<N>-{scratch,zero-copy,auto}.*
 #                                                          small-<round>-4-replay-{off,on}.* small-8-<collective>.*
-#   many-chunks  the all-reduce among 4 and 8 processes under MPS, 128 KiB-2 MiB, the rounds
-#                beside the two-shot in one flagged-chunk kernel (--many-chunks, its areas
-#                for 2 MiB), in turns, CHUNKS_ROUNDS rounds (default 2)
+#   many-chunks  the all-reduce among 4 and 8 processes under MPS, 128 KiB-4 MiB, the rounds
+#                (--many-chunks off) beside the two-shot in one flagged-chunk kernel (on, its
+#                areas for 4 MiB), in turns, CHUNKS_ROUNDS rounds (default 2)
 #                                                       -> many-chunks-<round>-<N>-{rounds,chunks}.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
@@ -521,15 +521,15 @@ small() {
 }
 
 many_chunks() {
-  local r n a="comm all-reduce -b 128K -e 2M -f 2 -n 5 -w 2 --calls 10"
+  local r n a="comm all-reduce -b 128K -e 4M -f 2 -n 5 -w 2 --calls 10"
   mps_start || return
   for r in $(seq 1 "${CHUNKS_ROUNDS:-2}"); do
     for n in 4 8; do
       late && break 2
       # shellcheck disable=SC2086 # a is a list of words
-      bench "many-chunks-$r-$n-rounds" $a --ranks $n
+      bench "many-chunks-$r-$n-rounds" $a --ranks $n --many-chunks off
       # shellcheck disable=SC2086
-      late || bench "many-chunks-$r-$n-chunks" $a --ranks $n --small-max-bytes 2M --many-chunks
+      late || bench "many-chunks-$r-$n-chunks" $a --ranks $n --small-max-bytes 4M --many-chunks on
     done
   done
   mps_stop

@@ -453,10 +453,18 @@ fn communicator_table(m: &Machine, plans: &[(usize, Plan)], forced: Option<Algor
             format_size(paths.many.lines_max)
         )
     } else {
+        let chunks = if paths.many.chunks_max > paths.many.lines_max {
+            format!(
+                ", above them up to {} its two-shot in one flagged-chunk kernel",
+                format_size(paths.many.chunks_max)
+            )
+        } else {
+            String::new()
+        };
         format!(
             "One process per GPU (torchrun, geforce_p2p.distributed): its one-shot in 8-byte lines (twice the bytes, \
              up to {}) or its two-shot in rounds ({} handoffs, a share's chunk of fill each way, once for a shared \
-             link, four operations a chunk step), the cheaper at H200 rates as the communicator chooses.\n",
+             link, four operations a chunk step), the cheaper at H200 rates as the communicator chooses{chunks}.\n",
             format_size(paths.many.lines_max),
             m.ranks
         )

@@ -115,8 +115,9 @@ pub struct AllReducePaths {
     /// How more than two ranks choose (its `lines_max` also bounds the two-rank lines), and
     /// the forced algorithm.
     pub many: ManyChoice,
-    /// Whether every rank's traffic crosses one link (two ranks on one GPU, as processes
-    /// under MPS or as threads, the stand-in for cards behind one uplink): see
+    /// Whether every rank's traffic crosses one link (two ranks on one GPU as processes
+    /// under MPS, the stand-in for cards behind one uplink; two threads of one process there
+    /// share a context too and keep two cards' paths, as measured): see
     /// [`AllReducePaths::two_ranks_take_rounds`].
     pub shared_link: bool,
 }

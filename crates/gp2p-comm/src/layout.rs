@@ -9,7 +9,7 @@ use gp2p_kernels::{
 use crate::{Error, Result};
 
 mod options;
-pub use options::{CommOptions, FlagWaits};
+pub use options::{CommOptions, FlagWaits, MANY_CHUNKS_MAX_BYTES};
 
 /// Where things sit in the staging area: the same offsets in every process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,10 +313,14 @@ mod tests {
 
     #[test]
     fn more_than_two_ranks_get_chunk_areas_only_where_the_one_kernel_passes_the_lines() {
-        let plain = Layout::new(4, &CommOptions::for_world(4)).unwrap();
-        assert_eq!((plain.many_chunks, plain.small_max), (0, plain.lines_max), "not by default");
-        let unasked = Layout::new(4, &CommOptions { small_max_bytes: 1 << 20, ..CommOptions::for_world(4) }).unwrap();
+        let plain = Layout::new(4, &CommOptions { many_chunks: false, ..CommOptions::for_world(4) }).unwrap();
+        assert_eq!((plain.many_chunks, plain.small_max), (0, plain.lines_max), "not where turned off");
+        let unasked = Layout::new(4, &CommOptions { small_max_bytes: 1 << 20, ..CommOptions::default() }).unwrap();
         assert_eq!((unasked.many_chunks, unasked.small_max), (0, unasked.lines_max), "a larger size alone is capped");
+        for world in 3..=8 {
+            let made = Layout::new(world, &CommOptions::for_world(world)).unwrap();
+            assert_eq!((made.many_chunks, made.small_max), (256, MANY_CHUNKS_MAX_BYTES), "{world} ranks by default");
+        }
         let default = Layout::new(4, &CommOptions::default()).unwrap();
         assert_eq!((default.many_chunks, default.small_max), (0, default.lines_max), "two ranks' defaults too");
         let options = CommOptions { small_max_bytes: 1 << 20, many_chunks: true, ..CommOptions::for_world(4) };
@@ -388,7 +392,8 @@ mod tests {
     fn a_forced_algorithm_is_compared_between_ranks() {
         let forcing = |algorithm| Layout::new(4, &CommOptions { algorithm, ..CommOptions::for_world(4) }).unwrap();
         let (model, one, two) = (forcing(None), forcing(Some(Algorithm::OneShot)), forcing(Some(Algorithm::TwoShot)));
-        assert_eq!([model.options()[4], one.options()[4], two.options()[4]], [0, 1, 2]);
+        // The algorithm's byte, beside the flags above it (the flagged chunks' bit 9 among 4).
+        assert_eq!([model.options()[4], one.options()[4], two.options()[4]].map(|word| word & 0xff), [0, 1, 2]);
         assert_ne!(model.options(), one.options(), "a rank that forces one-shot is refused by one that does not");
         assert_eq!(model.staging_bytes(), two.staging_bytes(), "the same segment either way");
     }
@@ -438,9 +443,9 @@ mod tests {
     }
 
     #[test]
-    fn more_than_two_ranks_have_lines_only_and_a_flag_per_reader() {
+    fn more_than_two_ranks_without_the_chunks_have_lines_only_and_a_flag_per_reader() {
         for world in 3..=MAX_RANKS {
-            let options = CommOptions::for_world(world);
+            let options = CommOptions { many_chunks: false, ..CommOptions::for_world(world) };
             let layout = Layout::new(world, &options).unwrap();
             assert_eq!((layout.small_max, layout.lines_max), (64 << 10, 64 << 10), "{world} ranks");
             assert_eq!(layout.half, exchange_line_bytes(64 << 10), "no chunk area");

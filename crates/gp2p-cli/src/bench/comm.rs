@@ -112,16 +112,17 @@ pub struct CommArgs {
     #[arg(long)]
     slots: Option<usize>,
     /// The largest all-reduce the one-kernel path takes (K, M suffixes; 1 byte to 16M),
-    /// instead of the default (4M between two ranks; among more the lines' size caps it, but
-    /// with --many-chunks): for finding where the pipeline overtakes it on this machine
-    /// (every rank gets the same).
+    /// instead of the default (4M between two ranks, 1M among 3 to 8; among more, the lines'
+    /// size caps it with --many-chunks off): for finding where the pipeline overtakes it on
+    /// this machine (every rank gets the same).
     #[arg(long, value_parser = crate::sizes::parse_size)]
     small_max_bytes: Option<usize>,
-    /// Among 3 to 8 ranks, run all-reduces above the lines up to --small-max-bytes as the
-    /// two-shot in one flagged-chunk kernel per rank rather than the rounds (not yet the
-    /// default: for measuring it).
-    #[arg(long)]
-    many_chunks: bool,
+    /// Among 3 to 8 ranks, whether all-reduces above the lines up to --small-max-bytes run as
+    /// the two-shot in one flagged-chunk kernel per rank (on, the default there; the flag
+    /// alone says on) or as the rounds (off).
+    #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    many_chunks: Option<bool>,
     /// Bytes of each chunk of the pipeline (K, M, G suffixes; at most a slot), instead of
     /// sizing two ranks' exchange by the message and the rounds' chunks a slot: for tuning
     /// (every rank gets the same).
@@ -209,7 +210,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         slot_bytes: args.slot_bytes.unwrap_or(defaults.slot_bytes),
         slots: args.slots.unwrap_or(defaults.slots),
         small_max_bytes: args.small_max_bytes.unwrap_or(defaults.small_max_bytes),
-        many_chunks: args.many_chunks,
+        many_chunks: args.many_chunks.unwrap_or(defaults.many_chunks),
         chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,
         algorithm: args.algorithm.map(|a| a.0),

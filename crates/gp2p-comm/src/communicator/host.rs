@@ -98,8 +98,12 @@ impl Communicator {
     /// of each rank's device's PCI bus id (what the driver calls the device), where it matters
     /// (every rank decides alike, from the world and the layout they agreed on; nothing is
     /// exchanged otherwise):
-    /// - two ranks on one device (processes under MPS, or threads) share its one link
-    ///   (`shared_link`);
+    /// - two ranks on one device as processes (under MPS) share its one link (`shared_link`);
+    ///   two threads of one process on one device share its context as well, and keep the
+    ///   paths of two cards: there the rounds ran slower than the one kernel and the exchange
+    ///   (nccl-tests `-t 2` through the door, one H200, in turns: 390 against 3f1da72's 255 us
+    ///   at 4 MiB, 1360 against 950 at 16 MiB) and hung 2 runs in 10, which that path did in
+    ///   none of 6 (`benches/results/h200/door-threads-paths.txt`);
     /// - where the layout made areas for the many-rank flagged-chunk kernel, whose blocks all
     ///   poll, the ranks on one device split its multiprocessors, so that every rank's blocks
     ///   are resident at once (`chunk_blocks`).
@@ -110,7 +114,7 @@ impl Communicator {
         let mine = bus_id_word(&self.device.info().pci_bus_id);
         let all = self.control.exchange_host([mine, 0, 0, 0, 0, 0])?;
         let sharing = all.iter().filter(|words| words[0] == mine).count().max(1);
-        self.shared_link = self.world() == 2 && sharing == 2;
+        self.shared_link = self.world() == 2 && sharing == 2 && !self.segment.peers_share_this_process();
         if self.layout.many_chunks > 0 {
             let resident = self.device.info().multiprocessors as usize * gp2p_kernels::CHUNK_BLOCKS_PER_SM as usize;
             self.chunk_blocks = self.chunk_blocks.min((resident / sharing).max(1));

@@ -118,8 +118,9 @@ mod tests {
             assert!(docker.slot_bytes > four && docker.slot_bytes <= 16 * MIB / world, "{world} ranks: {docker:?}");
             // Room for four of the default: four.
             assert_eq!(settled_slot(options, world, false, Some(1 << 30)).unwrap(), options, "{world} ranks");
-            // Room for four a little smaller (a fifth less /dev/shm than they need): still four.
-            let need = 4 * (world * options.slots * options.slot_bytes) as u64 / 3 / 5 * 4;
+            // Room for four a little smaller (a tenth less /dev/shm than the slots need, the
+            // flagged chunks' areas besides): still four.
+            let need = 4 * (world * options.slots * options.slot_bytes) as u64 / 3 / 10 * 9;
             let near = settled_slot(options, world, false, Some(need)).unwrap();
             assert!(near.slots == 4 && near.slot_bytes < options.slot_bytes, "{world} ranks: {near:?}");
             // No room for either: the floor, four of it.
