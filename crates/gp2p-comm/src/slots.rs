@@ -62,11 +62,13 @@ pub(crate) fn is_default_slot(slot_bytes: usize, world: usize) -> bool {
 
 /// The share of /dev/shm a communicator's segment may take with its default slots: where it
 /// would need more, [`fit_slot_to_shm`] makes the slots smaller. Docker's default /dev/shm of
-/// 64 MiB then gets three slots a rank of a little under 16 MiB / N among 3 to 8 ranks (what
-/// every communicator took before [`SLOT_SPAN_BYTES`]; four would be 12 MiB / N, and three
-/// larger ones are taken instead, `communicator::shm_fit`), and two ranks, whose one-kernel areas take
-/// 16 MiB more, slots of about 5 MiB (where 8 MiB ones did not fit at all).
-const SHM_SHARE: (u64, u64) = (3, 4);
+/// 64 MiB then gets three slots a rank of a little under 16 MiB / N among 3 to 8 ranks without
+/// the flagged chunks (what every communicator took before [`SLOT_SPAN_BYTES`]; four would be
+/// 12 MiB / N, and three larger ones are taken instead, `communicator::shm_fit`), less with
+/// their areas (9-20 MiB among 3 to 8: about 9 MiB / N among 8), and two ranks, whose
+/// one-kernel areas take 16 MiB more, slots of about 5 MiB (where 8 MiB ones did not fit at
+/// all).
+pub(crate) const SHM_SHARE: (u64, u64) = (3, 4);
 
 /// The largest slot of at most `slot_bytes` (whole 64 KiB, at least 64 KiB) with which a
 /// segment of `other_bytes` besides its `world` × `slots` slots takes at most three quarters

@@ -4,12 +4,13 @@
 
 use gp2p_kernels::{
     CHUNK_BLOCK_THREADS, DType, Element, KernelFamily, REDUCE_BLOCK_THREADS, ReduceOp, WAIT_FLAG_KERNEL,
-    WAIT_FLAGS_KERNEL, chunks_kernel_name, exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
+    WAIT_FLAGS_KERNEL, chunks_kernel_name, chunks_many_kernel_name, exchange_kernel_name, exchange_many_kernel_name,
+    reduce_kernel_name,
 };
 
 use crate::launch::{
-    ChunksArgs, ExchangeArgs, ExchangeManyArgs, ONE_THREAD, ReduceArgs, SourceMemory, WaitFlagArgs, WaitFlagsArgs,
-    launch_kernel,
+    ChunksArgs, ChunksManyArgs, ExchangeArgs, ExchangeManyArgs, ONE_THREAD, ReduceArgs, SourceMemory, WaitFlagArgs,
+    WaitFlagsArgs, launch_kernel,
 };
 use crate::replay::LaunchCache;
 use crate::{DeviceView, DeviceViewMut, Error, LaunchConfig, Module, Result, Stream};
@@ -88,11 +89,17 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         let mut counter = crate::DeviceBuffer::<u32>::alloc(device, 2)?;
         counter.fill_bytes(&stream, 0)?;
         let chunk_args = ChunksArgs { seq_counter: counter.raw_ptr(), ..ChunksArgs::default() };
+        // The many-rank chunk kernel, with world 0, says so in its failed word: one of its own.
+        let mut refused = crate::DeviceBuffer::<u32>::alloc(device, 1)?;
+        refused.fill_bytes(&stream, 0)?;
+        let chunks_many_args =
+            ChunksManyArgs { seq_counter: counter.raw_ptr(), failed: refused.raw_ptr(), ..ChunksManyArgs::default() };
         for op in ReduceOp::ALL {
             for dtype in DType::ALL {
                 // SAFETY: n = 0: the reduce and exchange kernels touch no memory, so null
-                // addresses are fine; the chunk kernel touches only its counter, a live
-                // zeroed pair freed after the point noted below.
+                // addresses are fine; the chunk kernels touch only their counter, a live
+                // zeroed pair, and the many-rank one its failed word, both freed after the
+                // point noted below.
                 unsafe {
                     let reduce = module.function(reduce_kernel_name(op, dtype))?;
                     launch_kernel(&reduce, &stream, one, &ReduceArgs::default(), None)?;
@@ -104,6 +111,9 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                     // No chunks: the kernel touches only its counter.
                     let chunk = chunks.function(chunks_kernel_name(op, dtype))?;
                     launch_kernel(&chunk, &stream, one_chunk_block, &chunk_args, None)?;
+                    // World 0: the kernel sets its failed word and counts its block, nothing more.
+                    let many_chunk = chunks.function(chunks_many_kernel_name(op, dtype))?;
+                    launch_kernel(&many_chunk, &stream, one_chunk_block, &chunks_many_args, None)?;
                 }
             }
         }
@@ -141,6 +151,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         let point = stream.point()?;
         word.view(..).note_use(&point);
         counter.view(..).note_use(&point);
+        refused.view(..).note_use(&point);
         point.synchronize()
     })
 }

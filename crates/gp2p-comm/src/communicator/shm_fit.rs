@@ -4,7 +4,7 @@
 
 use crate::compression::{Resolved, requested, resolve};
 use crate::layout::{CommOptions, Layout};
-use crate::slots::{MANY_RANK_SLOTS, TWO_RANK_SLOTS, is_default_slot};
+use crate::slots::{MANY_RANK_SLOTS, SHM_SHARE, TWO_RANK_SLOTS, is_default_slot};
 use crate::{Result, fit_slot_to_shm};
 
 /// `options` with their slot settled ([`settled_slot`]) for `world` ranks on a host of `shm`
@@ -21,6 +21,7 @@ pub(crate) fn settle(
     shm: Option<u64>,
 ) -> Result<(CommOptions, Option<Resolved>)> {
     let asked = requested(&options, env)?;
+    let options = chunks_fitted(options, world, shm)?;
     let options = settled_slot(options, world, asked.is_some(), shm)?;
     let compress = resolve(asked, world, &options)?;
     Ok((options, compress))
@@ -45,6 +46,24 @@ pub(crate) fn shm_bytes() -> Option<u64> {
 ///
 /// # Errors
 /// [`crate::Error::InvalidOption`] for options a communicator refuses.
+/// `options` without the many-rank flagged chunks where their areas (each rank's two halves
+/// of room for `small_max_bytes`: about 9, 11 and 20 MiB among 3, 4 and 8 ranks at 1 MiB)
+/// would take more than half the share of /dev/shm the segment may have: a small /dev/shm
+/// (16 MiB, say) then still holds the rounds' slots, where the areas alone would have left no
+/// room; Docker's 64 MiB keeps them, at smaller slots. Every rank sees the same /dev/shm, so
+/// all decide alike (and compare the option at creation).
+fn chunks_fitted(options: CommOptions, world: usize, shm: Option<u64>) -> Result<CommOptions> {
+    let Some(shm) = shm else { return Ok(options) };
+    if !options.many_chunks {
+        return Ok(options);
+    }
+    let with = Layout::new(world, &options)?;
+    let without = CommOptions { many_chunks: false, ..options };
+    let areas = with.slots_offset.saturating_sub(Layout::new(world, &without)?.slots_offset) as u64;
+    let room = shm / SHM_SHARE.1 * SHM_SHARE.0;
+    Ok(if areas > room / 2 { without } else { options })
+}
+
 fn settled_slot(options: CommOptions, world: usize, compressing: bool, shm: Option<u64>) -> Result<CommOptions> {
     if !is_default_slot(options.slot_bytes, world) {
         return Ok(options);
@@ -79,6 +98,23 @@ mod tests {
     use crate::slots::MIN_SLOT_BYTES;
 
     const DOCKER_SHM: Option<u64> = Some(64 << 20);
+
+    #[test]
+    fn the_flagged_chunks_areas_stay_only_where_they_take_at_most_half_the_room() {
+        for world in 3..=8 {
+            let options = CommOptions::for_world(world);
+            assert!(options.many_chunks, "{world} ranks");
+            for shm in [None, Some(1 << 40), DOCKER_SHM] {
+                assert_eq!(chunks_fitted(options, world, shm).unwrap(), options, "{world} ranks, {shm:?}");
+            }
+            // 16 MiB: the areas alone (9-20 MiB) would fill it; the rounds' slots stay.
+            let small = settle(options, world, None, Some(16 << 20)).unwrap().0;
+            assert!(!small.many_chunks, "{world} ranks");
+            assert_eq!(Layout::new(world, &small).unwrap().small_max, 64 << 10, "{world} ranks: the lines only");
+        }
+        let two = CommOptions::for_world(2);
+        assert_eq!(chunks_fitted(two, 2, Some(16 << 20)).unwrap(), two, "two ranks have no such areas");
+    }
 
     #[test]
     fn fitting_keeps_a_valid_layout_and_a_fixed_chunk() {

@@ -158,7 +158,8 @@ class Communicator:
     shared segment takes about 65 MiB of /dev/shm between two ranks (about 200 MiB where they
     compress) and about 260 MiB among 3 to 8; where /dev/shm is smaller the default slots
     shrink until the segment takes three quarters of it at most (Docker's 64 MiB: slots of
-    about 16 MiB / N, three a rank, 5 MiB between two), each communicator on its own, so several at once
+    about 16 MiB / N less the flagged chunks' areas, three a rank, 5 MiB between two; the areas,
+    9-20 MiB among 3 to 8, are left out where they would take half the room), each communicator on its own, so several at once
     may still find no room: give the container ``--shm-size`` (or ``--ipc=host``), or pass
     ``slots=2`` or a smaller ``slot_bytes``; too little room is an error at creation that
     names /dev/shm.
@@ -374,6 +375,10 @@ class CustomAllreduce:
         #: The largest tensor, in bytes, this object takes (the communicator's one kernel).
         #: Read-only: the bound members below take the communicator's own.
         self.max_bytes = 0 if self.disabled else comm.max_bytes
+        # The all-gather and reduce-scatter members go through the pipeline's (small) slots:
+        # up to max_bytes between two ranks, as before, and among more up to the lines' 64 KiB
+        # they served before the one kernel grew past them there.
+        self._part_max = self.max_bytes if self.disabled or comm.world_size == 2 else min(self.max_bytes, 64 << 10)
         if not self.disabled:
             import torch
 
@@ -390,9 +395,11 @@ class CustomAllreduce:
         makes the id and broadcasts it to the others. Disabled (never raising) where this
         version cannot serve the group: one rank or more than 8, or a rank that failed to join (every
         rank then agrees to disable it, so none waits on a peer that is not there).
-        ``options`` go to :class:`Communicator`; its pipeline, which this object never uses,
-        gets the smallest slots unless given (the segment then takes about 17 MiB of
-        /dev/shm, not 65: containers often have 64 MiB, shared with NCCL)."""
+        ``options`` go to :class:`Communicator`; its pipeline, which only the all-gather and
+        reduce-scatter members use, gets the smallest slots unless given (the segment then
+        takes about 17 MiB of /dev/shm between two ranks and 11-22 MiB among 3 to 8, most of
+        it the one kernel's areas, not 65 or more: containers often have 64 MiB, shared with
+        NCCL)."""
         return cls(_join(group, device, options))
 
     def should_custom_ar(self, inp: Any) -> bool:
@@ -418,9 +425,10 @@ class CustomAllreduce:
     def _part(self, inp: Any, gathers: bool) -> Optional[tuple]:
         """The output shape of the all-gather (``gathers``) or reduce-scatter of ``inp`` along
         its first dimension, where this object serves it: as :meth:`should_custom_ar` says
-        for the input (the reduce-scatter's output too), and, for the reduce-scatter, a
+        for the input (the reduce-scatter's output too), though among more than two ranks
+        only up to 64 KiB, and, for the reduce-scatter, a
         first dimension the world size divides. None otherwise."""
-        if self.disabled or not self._serves(inp, self.max_bytes):
+        if self.disabled or not self._serves(inp, self._part_max):
             return None
         shape, world = tuple(inp.shape), self.comm.world_size
         if not shape:
