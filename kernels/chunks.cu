@@ -363,10 +363,12 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
                     uint4* const folded = reduced(rank) + slot * per_chunk;
                     for (u64 g = first + t; g < end; g += team) {
                         // Every peer's group is loaded before any is folded, so the world's
-                        // loads cross the bus at once: folding each as it came waited a round
-                        // trip a peer, in turn (the world is known only at run time, so that
-                        // loop did not unroll), which among 8 ranks on one H200 made a chunk
-                        // cost about 90 us.
+                        // loads cross the bus at once rather than a round trip a peer in turn
+                        // (the world is known only at run time, so a loop over it did not
+                        // unroll). Among 8 processes on one H200 1 MiB took 1026 us against
+                        // 1158-1261 before; other sizes among 4 and 8 within the runs' spread
+                        // (benches/results/h200/many-chunks.txt), so the loads were not what
+                        // kept a chunk at 40-90 us.
                         Group16<T> x[CHUNKS_MANY_MAX_WORLD];
 #pragma unroll
                         for (u32 q = 0; q < CHUNKS_MANY_MAX_WORLD; ++q) {

@@ -112,14 +112,14 @@ pub struct CommArgs {
     #[arg(long)]
     slots: Option<usize>,
     /// The largest all-reduce the one-kernel path takes (K, M suffixes; 1 byte to 16M),
-    /// instead of the default (4M between two ranks, 1M among 3 to 8; among more, the lines'
-    /// size caps it with --many-chunks off): for finding where the pipeline overtakes it on
-    /// this machine (every rank gets the same).
+    /// instead of the default (4M between two ranks; among more the lines' size caps it, but
+    /// with --many-chunks, whose default is 1M): for finding where the pipeline overtakes it
+    /// on this machine (every rank gets the same).
     #[arg(long, value_parser = crate::sizes::parse_size)]
     small_max_bytes: Option<usize>,
     /// Among 3 to 8 ranks, whether all-reduces above the lines up to --small-max-bytes run as
-    /// the two-shot in one flagged-chunk kernel per rank (on, the default there; the flag
-    /// alone says on) or as the rounds (off).
+    /// the two-shot in one flagged-chunk kernel per rank (on; the flag alone says on) or as
+    /// the rounds (off, the default).
     #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on",
           value_parser = clap::builder::BoolishValueParser::new())]
     many_chunks: Option<bool>,
@@ -209,7 +209,10 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         join_timeout: WAIT,
         slot_bytes: args.slot_bytes.unwrap_or(defaults.slot_bytes),
         slots: args.slots.unwrap_or(defaults.slots),
-        small_max_bytes: args.small_max_bytes.unwrap_or(defaults.small_max_bytes),
+        small_max_bytes: args.small_max_bytes.unwrap_or(match args.many_chunks {
+            Some(true) if world > 2 => geforce_p2p::comm::MANY_CHUNKS_MAX_BYTES,
+            _ => defaults.small_max_bytes,
+        }),
         many_chunks: args.many_chunks.unwrap_or(defaults.many_chunks),
         chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,

@@ -59,10 +59,10 @@ impl std::str::FromStr for FlagWaits {
     }
 }
 
-/// The largest all-reduce the two-shot in one flagged-chunk kernel takes among 3 to 8 ranks
-/// by default ([`CommOptions::for_world`]); the rounds take larger ones. Among 4 and 8
-/// processes under MPS on one H200, two rounds in turns (34c1e39, before the owner's loads
-/// went out together; `benches/results/h200/many-chunks.txt`), the kernel took 51-59 against
+/// The largest all-reduce to give the two-shot in one flagged-chunk kernel among 3 to 8
+/// ranks where it is on ([`CommOptions::many_chunks`]); the rounds take larger ones. Among 4
+/// and 8 processes under MPS on one H200, two rounds in turns (34c1e39, before the owner's
+/// loads went out together; `benches/results/h200/many-chunks.txt`), the kernel took 51-59 against
 /// the rounds' 269-286 us at 128 KiB among 4 and 137-191 against 1021-1120 among 8, 136-138
 /// against 322-335 at 512 KiB among 4 and 407-490 against 1138-1240 among 8, 335-388
 /// against 405-412 at 1 MiB among 4 and 1158-1261 against 1318-1409 among 8; at 2 MiB it
@@ -106,10 +106,13 @@ pub struct CommOptions {
     pub lines_max_bytes: usize,
     /// Among 3 to 8 ranks, whether all-reduces above the lines, up to `small_max_bytes`, run
     /// the two-shot in one flagged-chunk kernel per rank (areas for it are made) rather than
-    /// the rounds: on in [`CommOptions::for_world`]'s defaults there, up to
-    /// [`MANY_CHUNKS_MAX_BYTES`]; off in [`CommOptions::default`]'s (two ranks'), whose
-    /// `small_max_bytes` is theirs. Every rank must give the same; ranks compare it at
-    /// creation.
+    /// the rounds; [`MANY_CHUNKS_MAX_BYTES`] is where it measured faster. Off by default: its
+    /// ranks' blocks all poll, split the device's resident blocks between them whole, and
+    /// among 8 Python processes under MPS on one H200 (514ac93) the first all-reduces of
+    /// `tests/python/test_many.py` waited out their 60 s timeout, where the rounds pass
+    /// (`benches/results/h200/python-many-chunks-on.log`);
+    /// likely other kernels (a rank's waits of its next call) holding room a peer's block
+    /// needed. Every rank must give the same; ranks compare it at creation.
     pub many_chunks: bool,
     /// Among more than two ranks, the all-reduce to run: `None` (the default) for the cost
     /// model's choice per call, unless the environment variable [`crate::ALGORITHM_VAR`]
@@ -211,9 +214,9 @@ impl AllReducePaths {
 
 impl CommOptions {
     /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
-    /// kernel up to 64 KiB (the pipeline's N rounds cost more below that), among 3 to 8 the
-    /// two-shot in one flagged-chunk kernel above it up to [`MANY_CHUNKS_MAX_BYTES`]
-    /// ([`CommOptions::many_chunks`]), and four slots (`crate::slots::MANY_RANK_SLOTS`) of
+    /// kernel up to 64 KiB (the pipeline's N rounds cost more below that; the flagged chunks
+    /// above it are not on by default, see [`CommOptions::many_chunks`]), and four slots
+    /// (`crate::slots::MANY_RANK_SLOTS`) of
     /// [`crate::SLOT_SPAN_BYTES`] / N on 64 KiB: about 256 MiB of /dev/shm at any N (less
     /// where it is smaller, [`crate::fit_slot_to_shm`]).
     pub fn for_world(world: usize) -> CommOptions {
@@ -222,11 +225,9 @@ impl CommOptions {
             return default;
         }
         let slot_bytes = crate::slots::default_slot_bytes(world);
-        let many_chunks = gp2p_kernels::CHUNKS_MANY_WORLD.contains(&world);
         CommOptions {
             lines_max_bytes: MAX_LINES_BYTES,
-            small_max_bytes: if many_chunks { MANY_CHUNKS_MAX_BYTES } else { MAX_LINES_BYTES },
-            many_chunks,
+            small_max_bytes: MAX_LINES_BYTES,
             slot_bytes,
             slots: crate::slots::MANY_RANK_SLOTS,
             ..default
@@ -243,8 +244,8 @@ mod tests {
         let two = AllReducePaths::of(2, &CommOptions::for_world(2), None).unwrap();
         assert_eq!((two.small_max, two.slot_bytes, two.many.lines_max), (4 << 20, 8 << 20, 2 << 10));
         let eight = AllReducePaths::of(8, &CommOptions::for_world(8), Some(Algorithm::TwoShot)).unwrap();
-        assert_eq!((eight.small_max, eight.slot_bytes, eight.many.lines_max), (1 << 20, 8 << 20, 64 << 10));
-        assert_eq!(eight.many.chunks_max, MANY_CHUNKS_MAX_BYTES, "the flagged chunks above the lines");
+        assert_eq!((eight.small_max, eight.slot_bytes, eight.many.lines_max), (64 << 10, 8 << 20, 64 << 10));
+        assert_eq!(eight.many.chunks_max, 0, "no flagged chunks by default");
         assert_eq!(eight.many.forced, Some(Algorithm::TwoShot));
         let bad = CommOptions { slot_bytes: 3, ..CommOptions::for_world(2) };
         assert!(AllReducePaths::of(2, &bad, None).is_err());

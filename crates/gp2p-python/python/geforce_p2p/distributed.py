@@ -16,10 +16,7 @@ backend, :func:`register_backend`). More than 8 ranks are refused at creation, n
 Among more than two ranks an all-reduce of up to ``lines_max_bytes`` (64 KiB by default
 there) is one kernel per rank that writes its tensor into its lines of the segment and reads
 every other rank's (one-shot, every rank folds all N in rank order, so all get the same
-bits); above that, up to ``max_bytes`` (1 MiB by default among 3 to 8), it is two-shot in one
-kernel per rank: each rank stores its tensor in flagged 4 KiB chunks, the owner of each chunk
-folds every rank's copy of it and flags the result, and the others copy that. Above
-``max_bytes`` it is two-shot in rounds: in N-1 rounds each rank hands every other rank that rank's
+bits); above that it is two-shot: in N-1 rounds each rank hands every other rank that rank's
 share of its tensor (a 1/N slice) and folds the shares it receives into its own, then in one
 more it copies its folded share out once, for every other rank to read. Each card's link
 carries the tensor up and 2(N-1)/N of it down, in N handoffs where a ring takes 2(N-1)
@@ -45,7 +42,7 @@ captured too (tested: every collective captured, then 10 replays on new data), a
 launch of the graph runs them again on whatever the captured tensors hold then (every rank
 must capture and launch the same graphs in the same order; :meth:`Communicator.check` says
 whether a launch's waits gave up). :class:`CustomAllreduce` serves what the one kernel
-serves (up to ``max_bytes``: 1 MiB among 3 to 8 ranks by default) and says no to the rest
+serves (up to ``max_bytes``, 64 KiB among more than two ranks) and says no to the rest
 (``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
@@ -128,9 +125,8 @@ class Communicator:
     ``0..world_size``; ``device``: this rank's GPU (ordinal, ``"cuda:N"`` or a
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
     ``world_size``: 1 to 8. ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB
-    between two ranks, and the attribute of that name may read less where both share one GPU;
-    1 MiB among more, the line kernel up to ``lines_max_bytes`` and the two-shot in flagged
-    chunks above); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
+    between two ranks, and the attribute of that name may read less where both share one GPU; among more, the line kernel is the one kernel and ``lines_max_bytes``
+    bounds it); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
     pipeline's slot size (a multiple of 4096 in 64 KiB..256 MiB, default 8 MiB for two ranks,
     64 MiB / N for N, made smaller where /dev/shm has not the room) and slots per rank (2..16, default 3 for two ranks, 4 for more: where /dev/shm
     has not the room for four of the default slot, three larger ones, 4 given counting as the
@@ -158,8 +154,7 @@ class Communicator:
     shared segment takes about 65 MiB of /dev/shm between two ranks (about 200 MiB where they
     compress) and about 260 MiB among 3 to 8; where /dev/shm is smaller the default slots
     shrink until the segment takes three quarters of it at most (Docker's 64 MiB: slots of
-    about 16 MiB / N less the flagged chunks' areas, three a rank, 5 MiB between two; the areas,
-    9-20 MiB among 3 to 8, are left out where they would take half the room), each communicator on its own, so several at once
+    about 16 MiB / N, three a rank, 5 MiB between two), each communicator on its own, so several at once
     may still find no room: give the container ``--shm-size`` (or ``--ipc=host``), or pass
     ``slots=2`` or a smaller ``slot_bytes``; too little room is an error at creation that
     names /dev/shm.
@@ -349,7 +344,7 @@ class CustomAllreduce:
 
     It takes what this version runs in one kernel (contiguous CUDA tensors of a supported
     dtype on this rank's device, 16-byte multiples up to ``max_bytes``: 4 MiB between two
-    ranks, 1 MiB among 3 to 8), inside :meth:`capture` too, and says no to the rest; the
+    ranks, 64 KiB among more), inside :meth:`capture` too, and says no to the rest; the
     all-gather and reduce-scatter members take inputs of the same kind along their first
     dimension (through the communicator's staged path). Anything refused gives ``False`` or
     ``None``, never an exception, and nothing is enqueued for it.
@@ -375,10 +370,6 @@ class CustomAllreduce:
         #: The largest tensor, in bytes, this object takes (the communicator's one kernel).
         #: Read-only: the bound members below take the communicator's own.
         self.max_bytes = 0 if self.disabled else comm.max_bytes
-        # The all-gather and reduce-scatter members go through the pipeline's (small) slots:
-        # up to max_bytes between two ranks, as before, and among more up to the lines' 64 KiB
-        # they served before the one kernel grew past them there.
-        self._part_max = self.max_bytes if self.disabled or comm.world_size == 2 else min(self.max_bytes, 64 << 10)
         if not self.disabled:
             import torch
 
@@ -395,11 +386,9 @@ class CustomAllreduce:
         makes the id and broadcasts it to the others. Disabled (never raising) where this
         version cannot serve the group: one rank or more than 8, or a rank that failed to join (every
         rank then agrees to disable it, so none waits on a peer that is not there).
-        ``options`` go to :class:`Communicator`; its pipeline, which only the all-gather and
-        reduce-scatter members use, gets the smallest slots unless given (the segment then
-        takes about 17 MiB of /dev/shm between two ranks and 11-22 MiB among 3 to 8, most of
-        it the one kernel's areas, not 65 or more: containers often have 64 MiB, shared with
-        NCCL)."""
+        ``options`` go to :class:`Communicator`; its pipeline, which this object never uses,
+        gets the smallest slots unless given (the segment then takes about 17 MiB of
+        /dev/shm, not 65: containers often have 64 MiB, shared with NCCL)."""
         return cls(_join(group, device, options))
 
     def should_custom_ar(self, inp: Any) -> bool:
@@ -425,10 +414,9 @@ class CustomAllreduce:
     def _part(self, inp: Any, gathers: bool) -> Optional[tuple]:
         """The output shape of the all-gather (``gathers``) or reduce-scatter of ``inp`` along
         its first dimension, where this object serves it: as :meth:`should_custom_ar` says
-        for the input (the reduce-scatter's output too), though among more than two ranks
-        only up to 64 KiB, and, for the reduce-scatter, a
+        for the input (the reduce-scatter's output too), and, for the reduce-scatter, a
         first dimension the world size divides. None otherwise."""
-        if self.disabled or not self._serves(inp, self._part_max):
+        if self.disabled or not self._serves(inp, self.max_bytes):
             return None
         shape, world = tuple(inp.shape), self.comm.world_size
         if not shape:
