@@ -105,8 +105,9 @@ impl Communicator {
     ///   at 4 MiB, 1360 against 950 at 16 MiB) and hung 2 runs in 10, which that path did in
     ///   none of 6 (`benches/results/h200/door-threads-paths.txt`);
     /// - where the layout made areas for the many-rank flagged-chunk kernel, whose blocks all
-    ///   poll, the ranks on one device split its multiprocessors, so that every rank's blocks
-    ///   are resident at once (`chunk_blocks`).
+    ///   poll, the ranks on one device take half of its multiprocessors' room between them,
+    ///   so that every rank's blocks are resident at once beside kernels that wait on them
+    ///   (`chunk_blocks`, [`shared_chunk_blocks`]).
     pub(super) fn learn_device_sharing(&mut self) -> Result<()> {
         if self.world() != 2 && self.layout.many_chunks == 0 {
             return Ok(());
@@ -117,10 +118,21 @@ impl Communicator {
         self.shared_link = self.world() == 2 && sharing == 2 && !self.segment.peers_share_this_process();
         if self.layout.many_chunks > 0 {
             let resident = self.device.info().multiprocessors as usize * gp2p_kernels::CHUNK_BLOCKS_PER_SM as usize;
-            self.chunk_blocks = self.chunk_blocks.min((resident / sharing).max(1));
+            self.chunk_blocks = self.chunk_blocks.min(shared_chunk_blocks(resident, sharing));
         }
         Ok(())
     }
+}
+
+/// The most blocks each of `sharing` ranks on one device runs the many-rank flagged-chunk
+/// kernel with, of the device's `resident` (two a multiprocessor): half of an even split, so
+/// the kernels that may run beside it and wait on it finishing (a rank's waits for its next
+/// call, once it is ahead) always find room, and every rank's polling blocks stay resident.
+/// With the whole split among 8 Python processes on one H200 the first all-reduces waited out
+/// their timeout (`benches/results/h200/python-many-chunks-on.log`); this half is not yet
+/// measured.
+fn shared_chunk_blocks(resident: usize, sharing: usize) -> usize {
+    (resident / (2 * sharing.max(1))).max(1)
 }
 
 /// A PCI bus id (`domain:bus:device.function`, any case) as one word: FNV-1a over its
@@ -135,7 +147,19 @@ fn bus_id_word(bus_id: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::bus_id_word;
+    use super::{bus_id_word, shared_chunk_blocks};
+
+    #[test]
+    fn ranks_sharing_a_device_take_half_its_room_for_their_polling_blocks() {
+        // One H200: 132 multiprocessors, two blocks each.
+        let resident = 264;
+        assert_eq!([1, 3, 4, 8].map(|sharing| shared_chunk_blocks(resident, sharing)), [132, 44, 33, 16]);
+        for sharing in 1..=8 {
+            assert!(sharing * shared_chunk_blocks(resident, sharing) <= resident / 2, "{sharing} ranks");
+        }
+        assert_eq!(shared_chunk_blocks(4, 8), 1, "at least a block each");
+        assert_eq!(shared_chunk_blocks(264, 0), 132, "no count: this rank alone");
+    }
 
     #[test]
     fn a_bus_id_is_one_word_whatever_its_case_and_another_id_is_another() {

@@ -107,12 +107,13 @@ pub struct CommOptions {
     /// Among 3 to 8 ranks, whether all-reduces above the lines, up to `small_max_bytes`, run
     /// the two-shot in one flagged-chunk kernel per rank (areas for it are made) rather than
     /// the rounds; [`MANY_CHUNKS_MAX_BYTES`] is where it measured faster. Off by default: its
-    /// ranks' blocks all poll, split the device's resident blocks between them whole, and
-    /// among 8 Python processes under MPS on one H200 (514ac93) the first all-reduces of
-    /// `tests/python/test_many.py` waited out their 60 s timeout, where the rounds pass
-    /// (`benches/results/h200/python-many-chunks-on.log`);
-    /// likely other kernels (a rank's waits of its next call) holding room a peer's block
-    /// needed. Every rank must give the same; ranks compare it at creation.
+    /// ranks' blocks all poll, and where the ranks on a device split its whole room of
+    /// resident blocks (514ac93), among 8 Python processes under MPS on one H200 the first
+    /// all-reduces of `tests/python/test_many.py` waited out their 60 s timeout, where the
+    /// rounds pass (`benches/results/h200/python-many-chunks-on.log`): likely other kernels
+    /// (a rank's waits of its next call) holding room a peer's block needed. They now take
+    /// half of it, not yet measured. Every rank must give the same; ranks compare it at
+    /// creation.
     pub many_chunks: bool,
     /// Among more than two ranks, the all-reduce to run: `None` (the default) for the cost
     /// model's choice per call, unless the environment variable [`crate::ALGORITHM_VAR`]
