@@ -162,7 +162,8 @@ impl Communicator {
         let options = CommOptions {
             algorithm: choice::forced(options.algorithm, env(crate::ALGORITHM_VAR).as_deref())?,
             ..options
-        };
+        }
+        .with_many_chunks_from(world, env(crate::MANY_CHUNKS_VAR).as_deref())?;
         let env_compress = env(crate::COMPRESS_VAR);
         let (options, compress) = shm_fit::settle(options, world, env_compress.as_deref(), shm_fit::shm_bytes())?;
         let receive = crate::receive::resolve(options.receive, env(crate::RECEIVE_VAR).as_deref())?;

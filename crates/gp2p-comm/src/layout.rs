@@ -9,7 +9,7 @@ use gp2p_kernels::{
 use crate::{Error, Result};
 
 mod options;
-pub use options::{CommOptions, FlagWaits, MANY_CHUNKS_MAX_BYTES};
+pub use options::{CommOptions, FlagWaits, MANY_CHUNKS_MAX_BYTES, MANY_CHUNKS_VAR};
 
 /// Where things sit in the staging area: the same offsets in every process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -154,7 +154,7 @@ pub use gp2p_collectives::cost::{ALGORITHM_VAR, Algorithm};
 pub use gp2p_cuda::codec::WireFormat;
 pub use host::{HOST_ID_VAR, MPS_PIPE_VAR, host_id, host_id_from, mps_control_pipe, mps_serves, process_id};
 pub use id::UniqueId;
-pub use layout::{CommOptions, FlagWaits, MANY_CHUNKS_MAX_BYTES, MAX_RANKS};
+pub use layout::{CommOptions, FlagWaits, MANY_CHUNKS_MAX_BYTES, MANY_CHUNKS_VAR, MAX_RANKS};
 pub use pipeline::STREAMS_PER_RANK;
 pub use receive::{RECEIVE_VAR, ZERO_COPY_MAX_LANDING, describe as describe_receive};
 pub use replay::{REPLAY_VAR, ReplayCounts};

@@ -69,6 +69,13 @@ impl std::str::FromStr for FlagWaits {
 /// took 2346-2352 against 1695-1808 among 8.
 pub const MANY_CHUNKS_MAX_BYTES: usize = 1 << 20;
 
+/// The environment variable that turns the many-rank flagged chunks ([`CommOptions::many_chunks`])
+/// on or off for the communicators of 3 to 8 ranks this process makes, whatever their options
+/// say: `on` (or `1`, `true`), where a communicator whose `small_max_bytes` is no more than the
+/// lines' takes [`MANY_CHUNKS_MAX_BYTES`], or `off` (`0`, `false`). Every rank must see the
+/// same (ranks compare the option at creation).
+pub const MANY_CHUNKS_VAR: &str = "GP2P_MANY_CHUNKS";
+
 /// How a communicator is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommOptions {
@@ -112,8 +119,8 @@ pub struct CommOptions {
     /// all-reduces of `tests/python/test_many.py` waited out their 60 s timeout, where the
     /// rounds pass (`benches/results/h200/python-many-chunks-on.log`): likely other kernels
     /// (a rank's waits of its next call) holding room a peer's block needed. They now take
-    /// half of it, not yet measured. Every rank must give the same; ranks compare it at
-    /// creation.
+    /// half of it, not yet measured. [`MANY_CHUNKS_VAR`] (`GP2P_MANY_CHUNKS`) overrides it.
+    /// Every rank must give the same; ranks compare it at creation.
     pub many_chunks: bool,
     /// Among more than two ranks, the all-reduce to run: `None` (the default) for the cost
     /// model's choice per call, unless the environment variable [`crate::ALGORITHM_VAR`]
@@ -214,6 +221,31 @@ impl AllReducePaths {
 }
 
 impl CommOptions {
+    /// These options as [`MANY_CHUNKS_VAR`]'s value `env` leaves them for `world` ranks.
+    pub(crate) fn with_many_chunks_from(self, world: usize, env: Option<&str>) -> Result<CommOptions> {
+        let on = match env.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("") => return Ok(self),
+            Some("on" | "1" | "true") => true,
+            Some("off" | "0" | "false") => false,
+            Some(other) => {
+                return Err(crate::Error::InvalidOption {
+                    name: MANY_CHUNKS_VAR,
+                    reason: format!(
+                        "{other:?} is neither on nor off: set {MANY_CHUNKS_VAR}=on, {MANY_CHUNKS_VAR}=off, or unset it"
+                    ),
+                });
+            }
+        };
+        if !on || !gp2p_kernels::CHUNKS_MANY_WORLD.contains(&world) {
+            return Ok(CommOptions { many_chunks: false, ..self });
+        }
+        let small_max_bytes = match self.small_max_bytes {
+            bytes if bytes <= self.lines_max_bytes => MANY_CHUNKS_MAX_BYTES,
+            bytes => bytes,
+        };
+        Ok(CommOptions { many_chunks: true, small_max_bytes, ..self })
+    }
+
     /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
     /// kernel up to 64 KiB (the pipeline's N rounds cost more below that; the flagged chunks
     /// above it are not on by default, see [`CommOptions::many_chunks`]), and four slots
@@ -239,6 +271,25 @@ impl CommOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_variable_turns_the_flagged_chunks_on_or_off_among_three_to_eight() {
+        let four = CommOptions::for_world(4);
+        assert_eq!(four.with_many_chunks_from(4, None).unwrap(), four);
+        assert_eq!(four.with_many_chunks_from(4, Some(" ")).unwrap(), four);
+        for on in ["on", "1", "TRUE"] {
+            let made = four.with_many_chunks_from(4, Some(on)).unwrap();
+            assert_eq!((made.many_chunks, made.small_max_bytes), (true, MANY_CHUNKS_MAX_BYTES), "{on}");
+        }
+        let larger = CommOptions { small_max_bytes: 2 << 20, ..four };
+        assert_eq!(larger.with_many_chunks_from(4, Some("on")).unwrap().small_max_bytes, 2 << 20, "a size asked for");
+        let on = CommOptions { many_chunks: true, ..four };
+        assert!(!on.with_many_chunks_from(4, Some("off")).unwrap().many_chunks);
+        let two = CommOptions::for_world(2);
+        assert_eq!(two.with_many_chunks_from(2, Some("on")).unwrap(), two, "two ranks have their own kernel");
+        let e = four.with_many_chunks_from(4, Some("yes please")).unwrap_err().to_string();
+        assert!(e.contains(MANY_CHUNKS_VAR) && e.contains("neither on nor off"), "{e}");
+    }
 
     #[test]
     fn the_default_paths_are_the_default_layout_s() {
