@@ -86,7 +86,7 @@ pub enum Error {
     },
     /// This rank and the segment's creator disagree on the staging size.
     #[error(
-        "staging bytes: this rank says {here}, the segment was created with {segment}; every rank must pass the same staging size"
+        "staging bytes: this rank says {here}, the segment was created with {segment}; every rank must pass the same staging size (the same CommOptions, GP2P_COMPRESS and GP2P_MANY_CHUNKS, and one /dev/shm)"
     )]
     BytesMismatch {
         /// The staging size this rank passed.
@@ -169,7 +169,7 @@ pub enum Error {
     },
     /// A rank made its communicator with other options than this one.
     #[error(
-        "rank {rank} made its communicator with other options (one-kernel max bytes, slot bytes, slots, line kernel max bytes, forced algorithm (0 none, 1 one-shot, 2 two-shot) + 256 if the waits are watched, compression (format + 256 x block, 0 off), its minimum in KiB, chunk bytes (0 by the message): {theirs:?}, here {ours:?}); make every rank's with the same CommOptions, GP2P_ALGORITHM and GP2P_COMPRESS"
+        "rank {rank} made its communicator with other options (one-kernel max bytes, slot bytes, slots, line kernel max bytes, forced algorithm (0 none, 1 one-shot, 2 two-shot) + 256 if the waits are watched + 512 with the many-rank flagged chunks, compression (format + 256 x block, 0 off), its minimum in KiB, chunk bytes (0 by the message): {theirs:?}, here {ours:?}); make every rank's with the same CommOptions, GP2P_ALGORITHM, GP2P_COMPRESS and GP2P_MANY_CHUNKS"
     )]
     OptionsMismatch {
         /// The rank whose options differ.

@@ -119,7 +119,8 @@ pub struct CommArgs {
     small_max_bytes: Option<usize>,
     /// Among 3 to 8 ranks, whether all-reduces above the lines up to --small-max-bytes run as
     /// the two-shot in one flagged-chunk kernel per rank (on; the flag alone says on) or as
-    /// the rounds (off, the default).
+    /// the rounds (off, the default). GP2P_MANY_CHUNKS, where set, overrides it (the header's
+    /// "one kernel up to" says which ran).
     #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on",
           value_parser = clap::builder::BoolishValueParser::new())]
     many_chunks: Option<bool>,

@@ -35,17 +35,6 @@ pub(crate) fn shm_bytes() -> Option<u64> {
     Some(fs.f_blocks.saturating_mul(fs.f_frsize)).filter(|&bytes| bytes > 0)
 }
 
-/// `options` with the slot a communicator of `world` ranks makes, before anything is priced
-/// with it: a slot the caller chose stays; the default grows where the communicator compresses
-/// (`compressing`, `crate::compression::slot_bytes`), then shrinks to fit `shm` bytes of
-/// /dev/shm ([`fitted_to_shm`]). Where that shrinks the four slots more than two ranks take by
-/// default ([`MANY_RANK_SLOTS`]) below three quarters of their size, they take three, a third
-/// larger each, as before there were four: much larger slots measured far ahead of a slot more
-/// (`crate::SLOT_SPAN_BYTES` and [`MANY_RANK_SLOTS`] say by how much), so Docker's 64 MiB
-/// keeps 16 MiB / N; slightly smaller ones keep the fourth.
-///
-/// # Errors
-/// [`crate::Error::InvalidOption`] for options a communicator refuses.
 /// `options` without the many-rank flagged chunks where their areas (each rank's two halves
 /// of room for `small_max_bytes`: about 9, 11 and 20 MiB among 3, 4 and 8 ranks at 1 MiB)
 /// would take more than half the share of /dev/shm the segment may have: a small /dev/shm
@@ -64,6 +53,17 @@ fn chunks_fitted(options: CommOptions, world: usize, shm: Option<u64>) -> Result
     Ok(if areas > room / 2 { without } else { options })
 }
 
+/// `options` with the slot a communicator of `world` ranks makes, before anything is priced
+/// with it: a slot the caller chose stays; the default grows where the communicator compresses
+/// (`compressing`, `crate::compression::slot_bytes`), then shrinks to fit `shm` bytes of
+/// /dev/shm ([`fitted_to_shm`]). Where that shrinks the four slots more than two ranks take by
+/// default ([`MANY_RANK_SLOTS`]) below three quarters of their size, they take three, a third
+/// larger each, as before there were four: much larger slots measured far ahead of a slot more
+/// (`crate::SLOT_SPAN_BYTES` and [`MANY_RANK_SLOTS`] say by how much), so Docker's 64 MiB
+/// keeps 16 MiB / N; slightly smaller ones keep the fourth.
+///
+/// # Errors
+/// [`crate::Error::InvalidOption`] for options a communicator refuses.
 fn settled_slot(options: CommOptions, world: usize, compressing: bool, shm: Option<u64>) -> Result<CommOptions> {
     if !is_default_slot(options.slot_bytes, world) {
         return Ok(options);

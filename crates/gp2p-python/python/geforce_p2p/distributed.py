@@ -42,7 +42,8 @@ captured too (tested: every collective captured, then 10 replays on new data), a
 launch of the graph runs them again on whatever the captured tensors hold then (every rank
 must capture and launch the same graphs in the same order; :meth:`Communicator.check` says
 whether a launch's waits gave up). :class:`CustomAllreduce` serves what the one kernel
-serves (up to ``max_bytes``, 64 KiB among more than two ranks) and says no to the rest
+serves (up to ``max_bytes``, 64 KiB among more than two ranks, 1 MiB there with
+``GP2P_MANY_CHUNKS=on``) and says no to the rest
 (``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
@@ -126,7 +127,8 @@ class Communicator:
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
     ``world_size``: 1 to 8. ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB
     between two ranks, and the attribute of that name may read less where both share one GPU; among more, the line kernel is the one kernel and ``lines_max_bytes``
-    bounds it); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
+    bounds it, unless ``GP2P_MANY_CHUNKS=on``: then 1 MiB unless a larger one is given, the
+    flagged-chunk kernel above the lines); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
     pipeline's slot size (a multiple of 4096 in 64 KiB..256 MiB, default 8 MiB for two ranks,
     64 MiB / N for N, made smaller where /dev/shm has not the room) and slots per rank (2..16, default 3 for two ranks, 4 for more: where /dev/shm
     has not the room for four of the default slot, three larger ones, 4 given counting as the
@@ -344,7 +346,7 @@ class CustomAllreduce:
 
     It takes what this version runs in one kernel (contiguous CUDA tensors of a supported
     dtype on this rank's device, 16-byte multiples up to ``max_bytes``: 4 MiB between two
-    ranks, 64 KiB among more), inside :meth:`capture` too, and says no to the rest; the
+    ranks, 64 KiB among more, or 1 MiB with ``GP2P_MANY_CHUNKS=on``), inside :meth:`capture` too, and says no to the rest; the
     all-gather and reduce-scatter members take inputs of the same kind along their first
     dimension (through the communicator's staged path). Anything refused gives ``False`` or
     ``None``, never an exception, and nothing is enqueued for it.
@@ -370,6 +372,10 @@ class CustomAllreduce:
         #: The largest tensor, in bytes, this object takes (the communicator's one kernel).
         #: Read-only: the bound members below take the communicator's own.
         self.max_bytes = 0 if self.disabled else comm.max_bytes
+        # The all-gather and reduce-scatter members go through the pipeline's (small) slots:
+        # up to max_bytes between two ranks, and among more up to the lines' 64 KiB, even where
+        # GP2P_MANY_CHUNKS=on takes the one kernel to 1 MiB.
+        self._part_max = self.max_bytes if self.disabled or comm.world_size == 2 else min(self.max_bytes, 64 << 10)
         if not self.disabled:
             import torch
 
@@ -386,9 +392,10 @@ class CustomAllreduce:
         makes the id and broadcasts it to the others. Disabled (never raising) where this
         version cannot serve the group: one rank or more than 8, or a rank that failed to join (every
         rank then agrees to disable it, so none waits on a peer that is not there).
-        ``options`` go to :class:`Communicator`; its pipeline, which this object never uses,
-        gets the smallest slots unless given (the segment then takes about 17 MiB of
-        /dev/shm, not 65: containers often have 64 MiB, shared with NCCL)."""
+        ``options`` go to :class:`Communicator`; its pipeline, which only the all-gather and
+        reduce-scatter members use, gets the smallest slots unless given (the segment then
+        takes about 17 MiB of /dev/shm between two ranks, not 65, and 9-20 MiB more among 3
+        to 8 with ``GP2P_MANY_CHUNKS=on``: containers often have 64 MiB, shared with NCCL)."""
         return cls(_join(group, device, options))
 
     def should_custom_ar(self, inp: Any) -> bool:
@@ -414,9 +421,10 @@ class CustomAllreduce:
     def _part(self, inp: Any, gathers: bool) -> Optional[tuple]:
         """The output shape of the all-gather (``gathers``) or reduce-scatter of ``inp`` along
         its first dimension, where this object serves it: as :meth:`should_custom_ar` says
-        for the input (the reduce-scatter's output too), and, for the reduce-scatter, a
+        for the input (the reduce-scatter's output too), though among more than two ranks
+        only up to 64 KiB, and, for the reduce-scatter, a
         first dimension the world size divides. None otherwise."""
-        if self.disabled or not self._serves(inp, self.max_bytes):
+        if self.disabled or not self._serves(inp, self._part_max):
             return None
         shape, world = tuple(inp.shape), self.comm.world_size
         if not shape:
