@@ -181,6 +181,21 @@ __device__ __forceinline__ void store_chunks(const T* src, u64 n, uint4* out, u3
     }
 }
 
+// The end of a flagged-chunk call: the last block to finish stores the call's number `seq`
+// in the counter's first word (every block has read it by then) and zeroes the count of
+// finished blocks in its second.
+__device__ __forceinline__ void store_call_count(u32* seq_counter, u32 seq) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(seq_counter + 1, 1) == gridDim.x - 1) {
+            seq_counter[1] = 0;
+            *(volatile u32*)seq_counter = seq;
+            __threadfence();
+        }
+    }
+}
+
 template <typename T, typename Op>
 __device__ __forceinline__ void exchange_chunks(const T* src, T* dst, u64 n, char* out_area, const char* in_area, u32 divisor,
                                                 u64 timeout_ns, u64 queue_timeout_ns, u32* failed, u32* seq_counter,
@@ -241,16 +256,7 @@ __device__ __forceinline__ void exchange_chunks(const T* src, T* dst, u64 n, cha
             if (c + (u64)CHUNK_HANDOFF_DEPTH * gridDim.x < chunks) barrier_arrive(CHUNK_FOLDED_BARRIER(i), blockDim.x);
         }
     }
-    // The last block to finish stores the count: every block has read it by then.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(seq_counter + 1, 1) == gridDim.x - 1) {
-            seq_counter[1] = 0;
-            *(volatile u32*)seq_counter = seq;
-            __threadfence();
-        }
-    }
+    store_call_count(seq_counter, seq);
 }
 
 // Two blocks of 512 threads a multiprocessor (CHUNK_BLOCKS_PER_SM), so at most 64 registers
@@ -362,38 +368,28 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
                 if (owner == rank) {
                     uint4* const folded = reduced(rank) + slot * per_chunk;
                     for (u64 g = first + t; g < end; g += team) {
-                        // Every peer's group is loaded before any is folded, so the world's
-                        // loads cross the bus at once rather than a round trip a peer in turn
-                        // (the world is known only at run time, so a loop over it did not
-                        // unroll). Among 8 processes on one H200 1 MiB took 1026 us against
-                        // 1158-1261 before; other sizes among 4 and 8 within the runs' spread
-                        // (benches/results/h200/many-chunks.txt), so the loads were not what
-                        // kept a chunk at 40-90 us.
-                        Group16<T> x[CHUNKS_MANY_MAX_WORLD];
-#pragma unroll
-                        for (u32 q = 0; q < CHUNKS_MANY_MAX_WORLD; ++q) {
-                            if (q < world && q != rank) {
-                                x[q].v = load_volatile16(data(q) + g);
-                            } else {
-                                x[q].v = make_uint4(0, 0, 0, 0);
-                            }
-                        }
-                        Group16<T> own;
-                        own.v = make_uint4(0, 0, 0, 0);
-#pragma unroll
-                        for (int l = 0; l < PER; ++l) {
-                            if (g * PER + l < n) own.e[l] = src[g * PER + l];
-                        }
-                        // In rank order, this rank's own in its place (chosen by value: a
-                        // chosen reference put the array in local memory).
+                        // Rank by rank, each load folded before the next is issued: the
+                        // team's many threads keep the bus busy. Loading every peer first
+                        // (514ac93) spilled 90-220 bytes a thread at 64 registers, grew the
+                        // PTX by a quarter and changed only 1 MiB among 8 processes on one
+                        // H200 (1026 against 1158-1261 us; benches/results/h200/many-chunks.txt).
                         Group16<T> acc;
-                        acc.v = rank == 0 ? own.v : x[0].v;
+                        acc.v = make_uint4(0, 0, 0, 0);
+                        for (u32 q = 0; q < world; ++q) {
+                            Group16<T> x;
+                            if (q == rank) {
+                                x.v = make_uint4(0, 0, 0, 0);
 #pragma unroll
-                        for (u32 q = 1; q < CHUNKS_MANY_MAX_WORLD; ++q) {
-                            if (q < world) {
-                                Group16<T> next;
-                                next.v = q == rank ? own.v : x[q].v;
-                                combine_group<T, Op>(acc, next, q + 1 == world ? divisor : 1);
+                                for (int l = 0; l < PER; ++l) {
+                                    if (g * PER + l < n) x.e[l] = src[g * PER + l];
+                                }
+                            } else {
+                                x.v = load_volatile16(data(q) + g);
+                            }
+                            if (q == 0) {
+                                acc = x;
+                            } else {
+                                combine_group<T, Op>(acc, x, q + 1 == world ? divisor : 1);
                             }
                         }
 #pragma unroll
@@ -430,16 +426,7 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
             if (c + (u64)CHUNK_HANDOFF_DEPTH * gridDim.x < chunks) barrier_arrive(CHUNK_FOLDED_BARRIER(i), blockDim.x);
         }
     }
-    // The last block to finish stores the count, as exchange_chunks does.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(seq_counter + 1, 1) == gridDim.x - 1) {
-            seq_counter[1] = 0;
-            *(volatile u32*)seq_counter = seq;
-            __threadfence();
-        }
-    }
+    store_call_count(seq_counter, seq);
 }
 
 #define GP2P_CHUNKS_MANY(opname, Op, tname, T)                                                       \
