@@ -61,8 +61,8 @@ impl std::str::FromStr for FlagWaits {
 
 /// The largest all-reduce to give the two-shot in one flagged-chunk kernel among 3 to 8
 /// ranks where it is on ([`CommOptions::many_chunks`]); the rounds take larger ones. Among 4
-/// and 8 processes under MPS on one H200, two rounds in turns (34c1e39, before the owner's
-/// loads went out together; `benches/results/h200/many-chunks.txt`), the kernel took 51-59 against
+/// and 8 processes under MPS on one H200, two rounds in turns (34c1e39, whose kernel this is;
+/// `benches/results/h200/many-chunks.txt`), the kernel took 51-59 against
 /// the rounds' 269-286 us at 128 KiB among 4 and 137-191 against 1021-1120 among 8, 136-138
 /// against 322-335 at 512 KiB among 4 and 407-490 against 1138-1240 among 8, 335-388
 /// against 405-412 at 1 MiB among 4 and 1158-1261 against 1318-1409 among 8; at 2 MiB it
