@@ -74,15 +74,14 @@ __device__ __forceinline__ void barrier_arrive(u32 id, u32 threads) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 // The storing team's work: each of the block's chunks (grid-stride; the i-th of them) of
-// `src` into `out` as it is, then its flag set to `seq`, then the handoff to the folding team;
-// a chunk c with c % skip_every == skip_at (none where skip_every is 0) gets its flag only.
+// `src` into `out` as it is, then its flag set to `seq`, then the handoff to the folding team.
 // Before reusing a handoff barrier it waits for the folding team's, which comes once the fold
 // of the chunk CHUNK_HANDOFF_DEPTH back ended: folded, or given up on a peer that did not come
 // within its bounds. So every wait here ends, and the folding team's for this team's reads
 // does too.
 template <typename T>
 __device__ __forceinline__ void store_chunks(const T* src, u64 n, uint4* out, u32* out_flags, u64 chunks, u32 team,
-                                             u32 seq, u64 skip_every, u64 skip_at) {
+                                             u32 seq) {
     const int PER = VEC_BYTES / sizeof(T);
     const u64 FLAG_WORDS = CHUNK_FLAG_STRIDE / sizeof(u32);
     const u64 per_chunk = CHUNK_BYTES / VEC_BYTES;
@@ -90,8 +89,7 @@ __device__ __forceinline__ void store_chunks(const T* src, u64 n, uint4* out, u3
     u32 i = 0;
     for (u64 c = blockIdx.x; c < chunks; c += gridDim.x, ++i) {
         if (i >= CHUNK_HANDOFF_DEPTH) team_barrier(CHUNK_FOLDED_BARRIER(i), blockDim.x);
-        const bool skip = skip_every != 0 && c % skip_every == skip_at;
-        const u64 end = skip ? c * per_chunk : min(groups, (c + 1) * per_chunk);
+        const u64 end = min(groups, (c + 1) * per_chunk);
         for (u64 g = c * per_chunk + threadIdx.x; g < end; g += team) {
             Group16<T> own;
             own.v = make_uint4(0, 0, 0, 0);
@@ -138,7 +136,7 @@ __device__ __forceinline__ void exchange_chunks(const T* src, T* dst, u64 n, cha
     const u64 chunks = (groups + per_chunk - 1) / per_chunk;
     const u32 team = blockDim.x / 2;
     if (threadIdx.x < team) {
-        store_chunks(src, n, out_data, out_flags, chunks, team, seq, 0, 0);
+        store_chunks(src, n, out_data, out_flags, chunks, team, seq);
     } else {
         const u32 t = threadIdx.x - team;
         bool live = true;  // false once a wait gave up: the rest only keeps the handoff going

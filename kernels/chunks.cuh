@@ -31,15 +31,16 @@ __device__ __forceinline__ uint4 load_volatile16(const uint4* at) {
 }
 
 // A system-scope acquire load: the peer's data stores, fenced before its flag store on the
-// other GPU, are visible to whatever this block reads after seeing the flag (thread 0 loads,
-// the block's barrier passes it on to the other threads).
+// other GPU, are visible to whatever this thread reads after seeing the flag, and to the
+// threads a barrier after the load passes it on to (the block's in chunks.cu, the warp's in
+// chunks_many.cu).
 __device__ __forceinline__ u32 load_acquire_sys(const u32* at) {
     u32 v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
     return v;
 }
 
-// Thread 0's bounded wait for the peer's flag of a chunk: whether it arrived. Two bounds: the
+// One thread's bounded wait for a peer's flag of a chunk: whether it arrived. Two bounds: the
 // wait gives up `timeout_ns` after the peer was first seen in this call (its first chunk's
 // flag, `first_flag`, looked at every GIVE_UP_CHECK_POLLS polls), or `queue_timeout_ns` after
 // the wait began whether or not it was: a peer still behind queued work is given the longer
@@ -66,8 +67,9 @@ __device__ __forceinline__ bool await_flag(const u32* flag, const u32* first_fla
     }
     return true;
 }
-// 16-byte peer loads each folding thread keeps in flight: a load across the bus takes about
-// a microsecond, and volatile loads are not moved past the stores that fold them in.
+// 16-byte peer loads a thread keeps in flight (the two-rank fold, the many-rank copy): a
+// load across the bus takes about a microsecond, and volatile loads are not moved past the
+// stores that use them.
 #define CHUNK_FOLD_UNROLL 4
 
 // The end of a flagged-chunk call: the last block to finish stores the call's number `seq`

@@ -11,15 +11,16 @@
 // the phases, and every rank's result the owner's bits.
 //
 // The unit of work is a warp, not a block: warp w of the grid's W takes chunks w, w + W, ...
-// It first stores every one of them that others fold, fences once and flags them all (a chunk
-// it owns gets its flag only: peers see from a rank's first chunk's flag that its call began),
-// then takes them in turn: it waits (an owner's lanes poll one peer's flag each, at once),
-// then folds or copies, eight 16-byte groups a lane, four loads in flight at a time. No warp waits on
-// another, so a block keeps as many chunks' waits and reads in flight as it has warps, and no
-// store waits on a fold. (Until 2026-12-07 a block split into a storing and a folding team as
-// the two-rank kernel does, one chunk in flight per block and the stores at most
-// four chunks ahead of the fold: about 40 us a block's chunk among 4 processes
-// on one H200 and 90 among 8, benches/results/h200/many-chunks.txt.)
+// It first stores every one of them that others fold and flags each (a chunk it owns gets its
+// flag only: peers see from a rank's first chunk's flag that its call began), then takes them
+// in turn: it waits (an owner's lanes poll one peer's flag each, at once, and the warp's
+// barrier passes on what they saw), then folds (two 16-byte groups of each rank a lane at a
+// time) or copies (four), eight groups a lane in all. No warp waits on another, so a block
+// keeps as many chunks' waits and reads in flight as it has warps, and no store waits on a
+// fold. (Until 2026-12-07 a block split into a storing and a folding team as the two-rank
+// kernel does, one chunk in flight per block and the stores at most four chunks ahead of the
+// fold: about 40 us a block's chunk among 4 processes on one H200 and 90 among 8,
+// benches/results/h200/many-chunks.txt.)
 //
 // Rank q's area for a call starts `q * area_stride` bytes after `areas` (plus `half_stride`
 // for odd numbers), with room for `area_chunks` chunks: the data's chunks first (a rank's own
@@ -93,18 +94,20 @@ __device__ __forceinline__ void chunks_many(const T* src, T* dst, u64 n, char* a
         // The host refuses such calls; a kernel launched with them anyway says so.
         if (blockIdx.x == 0 && threadIdx.x == 0) *(volatile u32*)failed = 1;
     } else if (warp < chunks) {
-        // Every chunk of this warp's that others fold, into this rank's data area.
+        // Every chunk of this warp's that others fold, into this rank's data area, each
+        // flagged as soon as it is stored (a chunk this rank owns gets its flag only). The
+        // warp's barrier orders its lanes' stores before lane 0's system fence, which
+        // (cumulative) puts them all before the flag.
         for (u64 c = warp; c < chunks; c += warps) {
-            if (c % world == rank) continue;
-            const u64 end = min(groups, (c + 1) * per_chunk);
-            for (u64 g = c * per_chunk + lane; g < end; g += WARP_THREADS) data(rank)[g] = own_group(g).v;
-        }
-        // The warp's barrier orders its lanes' stores before lane 0's system fence, which
-        // (cumulative) puts them all before the flags.
-        __syncwarp();
-        if (lane == 0) {
-            __threadfence_system();
-            for (u64 c = warp; c < chunks; c += warps) *(volatile u32*)(flags(rank) + c * FLAG_WORDS) = seq;
+            if (c % world != rank) {
+                const u64 end = min(groups, (c + 1) * per_chunk);
+                for (u64 g = c * per_chunk + lane; g < end; g += WARP_THREADS) data(rank)[g] = own_group(g).v;
+            }
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence_system();
+                *(volatile u32*)(flags(rank) + c * FLAG_WORDS) = seq;
+            }
         }
         for (u64 c = warp; c < chunks; c += warps) {
             const u32 owner = (u32)(c % world);

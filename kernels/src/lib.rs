@@ -414,14 +414,16 @@ pub fn chunks_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
-/// Bytes of one chunk of the flagged-chunk kernels (one block's share, one flag).
+/// Bytes of one chunk of the flagged-chunk kernels (one flag each; a block's share in the
+/// two-rank kernel, a warp's in the many-rank one).
 pub const CHUNK_BYTES: usize = 4096;
 /// Bytes from one chunk's flag to the next (flags of different chunks on their own lines).
 pub const CHUNK_FLAG_STRIDE: usize = 64;
 /// The most blocks a flagged-chunk kernel runs (each then takes several chunks): two H200s
 /// gained up to 256 (4 MiB: 172 us with 264 blocks against 224 with 64).
 pub const CHUNK_MAX_BLOCKS: usize = 256;
-/// Threads of a flagged-chunk block: half store chunks, half fold the peer's.
+/// Threads of a flagged-chunk block: in the two-rank kernel half store chunks, half fold the
+/// peer's; in the many-rank kernel each of its 16 warps takes chunks of its own.
 pub const CHUNK_BLOCK_THREADS: u32 = 512;
 /// Resident flagged-chunk blocks per multiprocessor the grid is sized for: every block polls,
 /// so the grid should fit on the device at once.

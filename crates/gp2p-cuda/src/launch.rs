@@ -421,13 +421,15 @@ mod tests {
     #[test]
     fn every_kernel_family_is_launched_with_as_many_arguments_as_its_ptx_declares() {
         use gp2p_kernels::{
-            CHUNKS, EXCHANGE, EXCHANGE_MANY, FLAGS, REDUCE, STAMP_KERNEL, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL,
-            chunks_kernel_name, exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
+            CHUNKS, CHUNKS_MANY, EXCHANGE, EXCHANGE_MANY, FLAGS, REDUCE, STAMP_KERNEL, WAIT_FLAG_KERNEL,
+            WAIT_FLAGS_KERNEL, chunks_kernel_name, chunks_many_kernel_name, exchange_kernel_name,
+            exchange_many_kernel_name, reduce_kernel_name,
         };
         let (op, dtype) = (gp2p_kernels::ReduceOp::Avg, DType::BF16);
         let families = [
             (REDUCE.ptx, reduce_kernel_name(op, dtype), ReduceArgs::default().params().len()),
             (CHUNKS.ptx, chunks_kernel_name(op, dtype), ChunksArgs::default().params().len()),
+            (CHUNKS_MANY.ptx, chunks_many_kernel_name(op, dtype), ChunksManyArgs::default().params().len()),
             (EXCHANGE.ptx, exchange_kernel_name(op, dtype), ExchangeArgs::default().params().len()),
             (EXCHANGE_MANY.ptx, exchange_many_kernel_name(op, dtype), ExchangeManyArgs::default().params().len()),
             (FLAGS.ptx, WAIT_FLAG_KERNEL, WaitFlagArgs::default().params().len()),

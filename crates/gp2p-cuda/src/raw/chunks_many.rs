@@ -1,5 +1,5 @@
 //! The two-shot all-reduce among 3 to 8 ranks in one flagged-chunk kernel per rank
-//! (`kernels/chunks.cu`, `chunks_many`), on addresses.
+//! (`kernels/chunks_many.cu`), on addresses.
 
 use gp2p_kernels::{
     CHUNK_BYTES, CHUNKS_MANY_WORLD, DType, KernelFamily, ReduceOp, chunks_many_area, chunks_many_kernel_name,
