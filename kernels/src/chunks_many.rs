@@ -1,5 +1,5 @@
-//! The two-shot all-reduce among 3 to 8 ranks in one flagged-chunk kernel per rank
-//! (`chunks_many.cu`): its kernel names and the layout of a rank's area.
+//! The two-shot all-reduce among 3 to 8 ranks in one flagged-chunk kernel per rank (`chunks.cu`,
+//! `chunks_many`): its kernel names and the layout of a rank's area.
 
 use std::ops::RangeInclusive;
 
@@ -10,7 +10,7 @@ use crate::{CHUNK_BYTES, CHUNK_FLAG_STRIDE, DType, ReduceOp};
 pub const CHUNKS_MANY_WORLD: RangeInclusive<usize> = 3..=8;
 
 /// The exported name of the many-rank flagged-chunk all-reduce kernel for `op` on `dtype`, in
-/// [`crate::CHUNKS_MANY`].
+/// [`crate::CHUNKS`].
 ///
 /// Signature `(const T* src, T* dst, u64 n, char* areas, u64 area_stride, u32 rank, u32 world,
 /// u32 divisor, u64 timeout_ns, u64 queue_timeout_ns, u32* failed, u32* seq_counter,
@@ -20,10 +20,9 @@ pub const CHUNKS_MANY_WORLD: RangeInclusive<usize> = 3..=8;
 /// into its reduced area (slot `c / world`) and flags that; every other rank waits for the
 /// owner's flag and copies the folded chunk into `dst`. Rank q's area is `q * area_stride`
 /// bytes after `areas`, laid out as [`chunks_many_area`] lays out one of `area_chunks`
-/// chunks; numbering, halves and waits are those of `chunks_kernel_name`'s kernel, and its
-/// blocks' threads are its, but each warp takes chunks on its own (a warp a chunk fills the
-/// grid). `n` must span at least `world` chunks, so that every rank owns one (the kernel does
-/// nothing otherwise).
+/// chunks; numbering, halves, waits and
+/// launch shape are those of `chunks_kernel_name`'s kernel. `n` must span at least `world`
+/// chunks, so that every rank owns one (the kernel does nothing otherwise).
 pub fn chunks_many_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     const NAMES: [[&str; DType::ALL.len()]; ReduceOp::ALL.len()] = kernel_names!("gp2p_chunks_many_");
     NAMES[op.index()][dtype.index()]

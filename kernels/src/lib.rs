@@ -3,10 +3,8 @@
 //! The kernels are CUDA C in this crate's folder, one file per [`KernelFamily`]: `reduce.cu`
 //! (elementwise reduce), `exchange.cu` (the two-rank exchange in 8-byte lines),
 //! `exchange_many.cu` (the same lines among 2 to 8 ranks), `chunks.cu` (the two-rank exchange
-//! in flagged chunks), `chunks_many.cu` (the two-shot among 3 to 8 in flagged chunks),
-//! `flags.cu` (the bounded wait on one flag or several) and `compress.cu` (the compressed
-//! all-reduce's codec), with what they share in `common.cuh` (and the two chunk families in
-//! `chunks.cuh`). `cargo xtask ptx` compiles each with NVRTC 12.0 for
+//! in flagged chunks) and `flags.cu` (the bounded wait on one flag or several), with
+//! what they share in `common.cuh`. `cargo xtask ptx` compiles each with NVRTC 12.0 for
 //! `compute_80` and `compute_75` and the PTX is committed next to them, so users need no CUDA
 //! toolkit: the driver JIT-compiles the PTX for whatever card it meets (Turing and newer;
 //! [`PtxTarget`] picks the build). `cargo xtask ptx --check` fails when the committed PTX is
@@ -88,14 +86,6 @@ pub const CHUNKS: PtxModule = PtxModule { name: "chunks", ptx: include_str!("../
 pub const CHUNKS_COMPUTE_75: PtxModule =
     PtxModule { name: "chunks.compute_75", ptx: include_str!("../chunks.compute_75.ptx") };
 
-/// The many-rank flagged-chunk family (`chunks_many.cu`): [`chunks_many_kernel_name`] for
-/// every [`ReduceOp`] × [`DType`].
-pub const CHUNKS_MANY: PtxModule = PtxModule { name: "chunks_many", ptx: include_str!("../chunks_many.ptx") };
-
-/// [`CHUNKS_MANY`] built for `compute_75`.
-pub const CHUNKS_MANY_COMPUTE_75: PtxModule =
-    PtxModule { name: "chunks_many.compute_75", ptx: include_str!("../chunks_many.compute_75.ptx") };
-
 /// The flag family (`flags.cu`): [`WAIT_FLAG_KERNEL`].
 pub const FLAGS: PtxModule = PtxModule { name: "flags", ptx: include_str!("../flags.ptx") };
 
@@ -121,8 +111,6 @@ pub const MODULES: &[PtxModule] = &[
     EXCHANGE_MANY_COMPUTE_75,
     CHUNKS,
     CHUNKS_COMPUTE_75,
-    CHUNKS_MANY,
-    CHUNKS_MANY_COMPUTE_75,
     FLAGS,
     FLAGS_COMPUTE_75,
     COMPRESS,
@@ -141,9 +129,6 @@ pub enum KernelFamily {
     ExchangeMany,
     /// The two-rank exchange in flagged chunks ([`chunks_kernel_name`]).
     Chunks,
-    /// The two-shot all-reduce among 3 to 8 ranks in flagged chunks
-    /// ([`chunks_many_kernel_name`]).
-    ChunksMany,
     /// The bounded wait on a flag ([`WAIT_FLAG_KERNEL`]) or several ([`WAIT_FLAGS_KERNEL`]),
     /// and the clock stamp of timelines ([`STAMP_KERNEL`]).
     Flags,
@@ -153,12 +138,11 @@ pub enum KernelFamily {
 
 impl KernelFamily {
     /// Every family.
-    pub const ALL: [KernelFamily; 7] = [
+    pub const ALL: [KernelFamily; 6] = [
         KernelFamily::Reduce,
         KernelFamily::Exchange,
         KernelFamily::ExchangeMany,
         KernelFamily::Chunks,
-        KernelFamily::ChunksMany,
         KernelFamily::Flags,
         KernelFamily::Compress,
     ];
@@ -170,7 +154,6 @@ impl KernelFamily {
             KernelFamily::Exchange => "exchange",
             KernelFamily::ExchangeMany => "exchange_many",
             KernelFamily::Chunks => "chunks",
-            KernelFamily::ChunksMany => "chunks_many",
             KernelFamily::Flags => "flags",
             KernelFamily::Compress => "compress",
         }
@@ -241,8 +224,6 @@ impl PtxTarget {
             (PtxTarget::Compute80, KernelFamily::ExchangeMany) => EXCHANGE_MANY,
             (PtxTarget::Compute75, KernelFamily::Chunks) => CHUNKS_COMPUTE_75,
             (PtxTarget::Compute80, KernelFamily::Chunks) => CHUNKS,
-            (PtxTarget::Compute75, KernelFamily::ChunksMany) => CHUNKS_MANY_COMPUTE_75,
-            (PtxTarget::Compute80, KernelFamily::ChunksMany) => CHUNKS_MANY,
             (PtxTarget::Compute75, KernelFamily::Flags) => FLAGS_COMPUTE_75,
             (PtxTarget::Compute80, KernelFamily::Flags) => FLAGS,
             (PtxTarget::Compute75, KernelFamily::Compress) => COMPRESS_COMPUTE_75,
@@ -414,16 +395,14 @@ pub fn chunks_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
-/// Bytes of one chunk of the flagged-chunk kernels (one flag each; a block's share in the
-/// two-rank kernel, a warp's in the many-rank one).
+/// Bytes of one chunk of the flagged-chunk kernels (one block's share, one flag).
 pub const CHUNK_BYTES: usize = 4096;
 /// Bytes from one chunk's flag to the next (flags of different chunks on their own lines).
 pub const CHUNK_FLAG_STRIDE: usize = 64;
 /// The most blocks a flagged-chunk kernel runs (each then takes several chunks): two H200s
 /// gained up to 256 (4 MiB: 172 us with 264 blocks against 224 with 64).
 pub const CHUNK_MAX_BLOCKS: usize = 256;
-/// Threads of a flagged-chunk block: in the two-rank kernel half store chunks, half fold the
-/// peer's; in the many-rank kernel each of its 16 warps takes chunks of its own.
+/// Threads of a flagged-chunk block: half store chunks, half fold the peer's.
 pub const CHUNK_BLOCK_THREADS: u32 = 512;
 /// Resident flagged-chunk blocks per multiprocessor the grid is sized for: every block polls,
 /// so the grid should fit on the device at once.
@@ -483,7 +462,7 @@ mod tests {
                 all.push((KernelFamily::Exchange, exchange_kernel_name(op, dtype)));
                 all.push((KernelFamily::ExchangeMany, exchange_many_kernel_name(op, dtype)));
                 all.push((KernelFamily::Chunks, chunks_kernel_name(op, dtype)));
-                all.push((KernelFamily::ChunksMany, chunks_many_kernel_name(op, dtype)));
+                all.push((KernelFamily::Chunks, chunks_many_kernel_name(op, dtype)));
             }
         }
         for kernel in [CodecKernel::Encode, CodecKernel::FoldEncode, CodecKernel::Decode] {

@@ -567,18 +567,6 @@ fn one_gpu_eight_processes_run_the_two_shot_in_flagged_chunks() {
     folds_in_many_chunks(test, 8);
 }
 
-/// One block a rank: its 16 warps take up to 16 chunks each, in turn (a warp a chunk is the
-/// default's shape up to 1 MiB), so a warp's later chunks wait behind its earlier ones.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn one_gpu_three_processes_run_the_flagged_chunks_with_each_warp_taking_several() {
-    let test = "one_gpu_three_processes_run_the_flagged_chunks_with_each_warp_taking_several";
-    if !is_child() {
-        needs!(gpus: 1, compute_80);
-    }
-    folds_with(test, 3, MANY_CHUNK_LENS, CommOptions { chunk_blocks: 1, ..many_chunks(3) });
-}
-
 /// The pipelines the stream waits are tried on: the rounds among two (slots of 64 KiB, chunks
 /// a slot: long shares take several), the exchange among two (chunks of 64 KiB through slots
 /// of 256 KiB) and the rounds among four.

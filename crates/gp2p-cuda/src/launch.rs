@@ -214,17 +214,6 @@ pub fn chunks_launch_config(bytes: usize, multiprocessors: u32, max_blocks: usiz
     LaunchConfig { grid: blocks as u32, block: CHUNK_BLOCK_THREADS, shared_bytes: 0 }
 }
 
-/// The launch shape of the many-rank flagged-chunk kernel over `bytes` bytes, whose unit of
-/// work is a warp: a warp per chunk (so a block per [`CHUNK_BLOCK_THREADS`] / 32 chunks), at
-/// most `max_blocks` (itself at most [`CHUNK_MAX_BLOCKS`], at least 1) and
-/// [`CHUNK_BLOCKS_PER_SM`] per multiprocessor (each warp then takes several chunks).
-pub fn chunks_many_launch_config(bytes: usize, multiprocessors: u32, max_blocks: usize) -> LaunchConfig {
-    let cap = max_blocks.clamp(1, CHUNK_MAX_BLOCKS).min((multiprocessors.max(1) * CHUNK_BLOCKS_PER_SM) as usize);
-    let warps_per_block = (CHUNK_BLOCK_THREADS / 32) as usize;
-    let blocks = bytes.div_ceil(CHUNK_BYTES).div_ceil(warps_per_block).clamp(1, cap);
-    LaunchConfig { grid: blocks as u32, block: CHUNK_BLOCK_THREADS, shared_bytes: 0 }
-}
-
 /// The exchange kernels' parameters `(const T* src, T* dst, u64 n, u64* out_lines, const u64* in_lines,
 /// u32 seq, u32 divisor, u64 timeout_ns, u32* failed, u32* seq_counter, u64 half_stride,
 /// u32* broken)`, in order.
@@ -421,15 +410,13 @@ mod tests {
     #[test]
     fn every_kernel_family_is_launched_with_as_many_arguments_as_its_ptx_declares() {
         use gp2p_kernels::{
-            CHUNKS, CHUNKS_MANY, EXCHANGE, EXCHANGE_MANY, FLAGS, REDUCE, STAMP_KERNEL, WAIT_FLAG_KERNEL,
-            WAIT_FLAGS_KERNEL, chunks_kernel_name, chunks_many_kernel_name, exchange_kernel_name,
-            exchange_many_kernel_name, reduce_kernel_name,
+            CHUNKS, EXCHANGE, EXCHANGE_MANY, FLAGS, REDUCE, STAMP_KERNEL, WAIT_FLAG_KERNEL, WAIT_FLAGS_KERNEL,
+            chunks_kernel_name, exchange_kernel_name, exchange_many_kernel_name, reduce_kernel_name,
         };
         let (op, dtype) = (gp2p_kernels::ReduceOp::Avg, DType::BF16);
         let families = [
             (REDUCE.ptx, reduce_kernel_name(op, dtype), ReduceArgs::default().params().len()),
             (CHUNKS.ptx, chunks_kernel_name(op, dtype), ChunksArgs::default().params().len()),
-            (CHUNKS_MANY.ptx, chunks_many_kernel_name(op, dtype), ChunksManyArgs::default().params().len()),
             (EXCHANGE.ptx, exchange_kernel_name(op, dtype), ExchangeArgs::default().params().len()),
             (EXCHANGE_MANY.ptx, exchange_many_kernel_name(op, dtype), ExchangeManyArgs::default().params().len()),
             (FLAGS.ptx, WAIT_FLAG_KERNEL, WaitFlagArgs::default().params().len()),
@@ -466,14 +453,6 @@ mod tests {
         assert_eq!(chunks_launch_config(CHUNK_BYTES + 1, 132, CHUNK_MAX_BLOCKS).grid, 2);
         assert_eq!(chunks_launch_config(1 << 30, 132, CHUNK_MAX_BLOCKS).grid as usize, CHUNK_MAX_BLOCKS);
         assert_eq!(chunks_launch_config(1 << 30, 132, 64).grid, 64);
-        // The many-rank kernel: a warp a chunk, 16 a block.
-        assert_eq!(chunks_many_launch_config(1, 132, CHUNK_MAX_BLOCKS).grid, 1);
-        assert_eq!(chunks_many_launch_config(16 * CHUNK_BYTES, 132, CHUNK_MAX_BLOCKS).grid, 1);
-        assert_eq!(chunks_many_launch_config(16 * CHUNK_BYTES + 1, 132, CHUNK_MAX_BLOCKS).grid, 2);
-        assert_eq!(chunks_many_launch_config(1 << 20, 132, CHUNK_MAX_BLOCKS).grid, 16);
-        assert_eq!(chunks_many_launch_config(1 << 20, 132, 4).grid, 4, "a cap makes warps take several");
-        assert_eq!(chunks_many_launch_config(1 << 30, 2, CHUNK_MAX_BLOCKS).grid, 4, "two a multiprocessor");
-        assert_eq!(chunks_many_launch_config(1 << 20, 132, 0).grid, 1);
         assert_eq!(chunks_launch_config(1 << 30, 132, 0).grid, 1);
         assert_eq!(chunks_launch_config(1 << 30, 132, usize::MAX).grid as usize, CHUNK_MAX_BLOCKS);
         assert_eq!(chunks_launch_config(3 * CHUNK_BYTES, 132, 64).grid, 3);

@@ -81,7 +81,6 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
         let many_exchanges = Module::kernels(device, KernelFamily::ExchangeMany)?;
         let flags = Module::kernels(device, KernelFamily::Flags)?;
         let chunks = Module::kernels(device, KernelFamily::Chunks)?;
-        let many_chunks = Module::kernels(device, KernelFamily::ChunksMany)?;
         let stream = Stream::new(device)?;
         let one = LaunchConfig { grid: 1, block: REDUCE_BLOCK_THREADS, shared_bytes: 0 };
         let one_chunk_block = LaunchConfig { grid: 1, block: CHUNK_BLOCK_THREADS, shared_bytes: 0 };
@@ -113,7 +112,7 @@ pub fn load_all_reduce_kernels(device: &crate::Device) -> Result<()> {
                     let chunk = chunks.function(chunks_kernel_name(op, dtype))?;
                     launch_kernel(&chunk, &stream, one_chunk_block, &chunk_args, None)?;
                     // World 0: the kernel sets its failed word and counts its block, nothing more.
-                    let many_chunk = many_chunks.function(chunks_many_kernel_name(op, dtype))?;
+                    let many_chunk = chunks.function(chunks_many_kernel_name(op, dtype))?;
                     launch_kernel(&many_chunk, &stream, one_chunk_block, &chunks_many_args, None)?;
                 }
             }

@@ -124,12 +124,6 @@ pub struct CommArgs {
     #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on",
           value_parser = clap::builder::BoolishValueParser::new())]
     many_chunks: Option<bool>,
-    /// The most blocks of 512 threads the flagged-chunk kernels run on each rank, 1 to 256,
-    /// instead of the default (128; ranks sharing a device split half its room for the
-    /// many-rank kernel): for tuning. The many-rank kernel runs a warp per 4 KiB chunk, so
-    /// fewer blocks give each warp several chunks and fewer waits in flight.
-    #[arg(long)]
-    chunk_blocks: Option<usize>,
     /// Bytes of each chunk of the pipeline (K, M, G suffixes; at most a slot), instead of
     /// sizing two ranks' exchange by the message and the rounds' chunks a slot: for tuning
     /// (every rank gets the same).
@@ -221,7 +215,6 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
             _ => defaults.small_max_bytes,
         }),
         many_chunks: args.many_chunks.unwrap_or(defaults.many_chunks),
-        chunk_blocks: args.chunk_blocks.unwrap_or(defaults.chunk_blocks),
         chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,
         algorithm: args.algorithm.map(|a| a.0),
@@ -287,10 +280,9 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         FlagWaits::Unbounded => "unbounded stream memory operations (--waits unbounded)",
     };
     println!(
-        "# pipeline: one kernel up to {} (at most {} chunk blocks), then {} slots of {} a rank, chunks {chunks}, \
-         receive {}, algorithm {algorithm}, calls {calls}, waits {waits}",
+        "# pipeline: one kernel up to {}, then {} slots of {} a rank, chunks {chunks}, receive {}, algorithm \
+         {algorithm}, calls {calls}, waits {waits}",
         format_size(comm.small_max_bytes()),
-        options.chunk_blocks,
         comm.slots(),
         format_size(comm.slot_bytes()),
         geforce_p2p::comm::describe_receive(comm.receive())

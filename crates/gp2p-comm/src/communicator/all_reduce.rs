@@ -245,11 +245,10 @@ impl Communicator {
                     exchange_many(stream, buf, len, T::DTYPE, op, lines, divide_by, timeout_ns, launches)?;
                 } else {
                     let waits = ChunkWaits { timeout_ns, queue_timeout_ns: timeout_ns };
-                    // A warp a chunk, up to the rank's blocks (chunk_grid's modes were seen
-                    // with a block a chunk, between two processes).
+                    let blocks = chunk_grid(bytes, chunk_blocks);
                     let device = stream.device();
                     if let Some(kernel) =
-                        plan_chunks_many(device, buf, len, T::DTYPE, op, areas, divide_by, waits, chunk_blocks)?
+                        plan_chunks_many(device, buf, len, T::DTYPE, op, areas, divide_by, waits, blocks)?
                     {
                         kernel.enqueue(stream, launches)?;
                     }

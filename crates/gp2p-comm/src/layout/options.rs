@@ -100,10 +100,9 @@ pub struct CommOptions {
     /// defaults of more than two ranks (four slots of [`crate::SLOT_SPAN_BYTES`] / N, or those
     /// values given) and /dev/shm has not the room for them, three larger ones are made.
     pub slots: usize,
-    /// The most blocks the one-kernel path's flagged-chunk kernels run, 1..=256 (default 128).
-    /// Between two ranks a block takes a 4 KiB chunk up to 32 blocks, up to 64 with 4 chunks
-    /// each, more only with 8 each (see `chunk_grid`); among 3 to 8 a warp takes a chunk, 16
-    /// a block, and ranks sharing a device split half its room. Each rank may pick its own.
+    /// The most blocks the one-kernel path's flagged-chunk kernel runs, 1..=256 (default 128:
+    /// a block per 4 KiB chunk up to 32, up to 64 with 4 chunks each, more only with 8 each,
+    /// see `chunk_grid`). Each rank may pick its own.
     pub chunk_blocks: usize,
     /// All-reduces of up to this many bytes take the line kernel (8-byte lines of 4 data
     /// bytes and the call's number, one block: no fence, one read of the peer's data), larger

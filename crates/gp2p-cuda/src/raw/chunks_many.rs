@@ -1,5 +1,5 @@
 //! The two-shot all-reduce among 3 to 8 ranks in one flagged-chunk kernel per rank
-//! (`kernels/chunks_many.cu`), on addresses.
+//! (`kernels/chunks.cu`, `chunks_many`), on addresses.
 
 use gp2p_kernels::{
     CHUNK_BYTES, CHUNKS_MANY_WORLD, DType, KernelFamily, ReduceOp, chunks_many_area, chunks_many_kernel_name,
@@ -7,7 +7,7 @@ use gp2p_kernels::{
 
 use super::{ChunkWaits, ChunksLaunch, InOut, check_aligned, checked_bytes};
 use crate::driver::RawDevicePtr;
-use crate::launch::{ChunksManyArgs, KernelArgs, check_divisor, chunks_many_launch_config};
+use crate::launch::{ChunksManyArgs, KernelArgs, check_divisor, chunks_launch_config};
 use crate::{Device, Error, Module, Result};
 
 /// Every rank's areas for the many-rank flagged-chunk kernel (see
@@ -45,8 +45,8 @@ pub struct ManyChunkAreas {
 /// chunks, `divide_by` = 0, misaligned
 /// addresses, a `dst` that overlaps `src` without being it, a buffer of fewer chunks than
 /// ranks (each must own one) or more than an area holds, and strides that would make areas
-/// or halves overlap. A warp takes a chunk (`chunks_many_launch_config`): at most
-/// `max_blocks` blocks run, and no more than two per multiprocessor.
+/// or halves overlap. At most `max_blocks` blocks run, and no more than one per chunk or two
+/// per multiprocessor.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_chunks_many(
     device: &Device,
@@ -101,8 +101,8 @@ pub fn plan_chunks_many(
             ),
         ));
     }
-    let function = Module::kernels(device, KernelFamily::ChunksMany)?.function(chunks_many_kernel_name(op, dtype))?;
-    let config = chunks_many_launch_config(bytes, device.info().multiprocessors, max_blocks);
+    let function = Module::kernels(device, KernelFamily::Chunks)?.function(chunks_many_kernel_name(op, dtype))?;
+    let config = chunks_launch_config(bytes, device.info().multiprocessors, max_blocks);
     let args = ChunksManyArgs {
         buf,
         len: len as u64,
