@@ -63,11 +63,14 @@ fn plan_for_eight_ranks_prints_a_row_per_size_each_with_a_choice() {
     assert!(rows[0].contains("one-shot"), "the smallest size takes one trip: {stdout}");
     assert!(rows[rows.len() - 1].trim_start().starts_with("1G") && rows[rows.len() - 1].contains("two-shot"));
     assert!(stdout.contains("GP2P_ALGORITHM") && stdout.contains("not measurements"), "{stdout}");
-    // The communicator's own: the lines up to their 64 KiB, the rounds above.
+    // The communicator's own: the lines up to their 64 KiB, the flagged chunks to 1 MiB, the
+    // rounds above.
     let theirs = communicator_rows(&stdout);
     assert_eq!(theirs.len(), 15, "{stdout}");
+    let chunks = theirs.iter().position(|r| r.ends_with("two-shot (flagged chunks)")).unwrap();
+    assert!(theirs[chunks - 1].trim_start().starts_with("64K ") && theirs[chunks - 1].ends_with("one-shot (lines)"));
     let split = theirs.iter().position(|r| r.ends_with("two-shot (rounds)")).unwrap();
-    assert!(theirs[split - 1].trim_start().starts_with("64K ") && theirs[split - 1].ends_with("one-shot (lines)"));
+    assert!(theirs[split - 1].trim_start().starts_with("1M ") && split - chunks == 2, "256K and 1M: {stdout}");
     assert!(theirs[split..].iter().all(|r| r.ends_with("two-shot (rounds)")), "{stdout}");
     // The compressed all-reduce: exact below the model's minimum, compressed from it on.
     let squeezed = compressed_rows(&stdout);

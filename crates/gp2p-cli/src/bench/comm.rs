@@ -112,15 +112,15 @@ pub struct CommArgs {
     #[arg(long)]
     slots: Option<usize>,
     /// The largest all-reduce the one-kernel path takes (K, M suffixes; 1 byte to 16M),
-    /// instead of the default (4M between two ranks; among more the lines' size caps it, but
-    /// with --many-chunks, whose default is 1M): for finding where the pipeline overtakes it
-    /// on this machine (every rank gets the same).
+    /// instead of the default (4M between two ranks, 1M among 3 to 8; among more, or with
+    /// --many-chunks off, the lines' size caps it): for finding where the pipeline overtakes
+    /// it on this machine (every rank gets the same).
     #[arg(long, value_parser = crate::sizes::parse_size)]
     small_max_bytes: Option<usize>,
     /// Among 3 to 8 ranks, whether all-reduces above the lines up to --small-max-bytes run as
-    /// the two-shot in one flagged-chunk kernel per rank (on; the flag alone says on) or as
-    /// the rounds (off, the default). GP2P_MANY_CHUNKS, where set, overrides it (the header's
-    /// "one kernel up to" says which ran).
+    /// the two-shot in one flagged-chunk kernel per rank (on, the default there; the flag
+    /// alone says on) or as the rounds (off). GP2P_MANY_CHUNKS, where set, overrides it (the
+    /// header's "one kernel up to" says which ran).
     #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on",
           value_parser = clap::builder::BoolishValueParser::new())]
     many_chunks: Option<bool>,

@@ -109,10 +109,11 @@ fn the_table_has_a_row_per_size_with_the_choice_its_bound_and_busbw() {
         ),
         "{text}"
     );
-    // Compressed from the model's minimum on (8 H200s: 1 MiB), exact below it.
+    // Compressed from the model's minimum on (8 H200s: 2 MiB, an exact 1 MiB taking the
+    // flagged chunks), exact below it.
     let squeezed = rows_of(compressed);
     assert!(squeezed[0].ends_with("exact") && squeezed[1].ends_with("compressed"), "{text}");
-    assert!(compressed.contains("GP2P_COMPRESS=int8|fp8[:BLOCK]") && compressed.contains("exact below 1M"), "{text}");
+    assert!(compressed.contains("GP2P_COMPRESS=int8|fp8[:BLOCK]") && compressed.contains("exact below 2M"), "{text}");
     assert!(rows[0].trim_start().starts_with("8 ") && rows[0].contains("one-shot  handoffs"), "{text}");
     // 1 GiB at N = 8 on the defaults: two-shot, DRAM binds at 22 × 2^30 / 140e9 + 22.8 µs
     // = 0.16875366 s, busbw 1.75 × 2^30 / that = 11.13 GB/s.
@@ -178,18 +179,19 @@ fn json_holds_the_machine_and_every_prediction() {
 
 #[test]
 fn ranks_sharing_a_gpu_price_their_turns_in_the_communicator_s_table() {
-    // The communicator's time at 1 MiB among 8 on one 50 GB/s link, a card each or all on one GPU.
-    let one_mib_us = |line: &[&str]| -> (f64, String) {
+    // The communicator's time at 4 MiB among 8 (the rounds: above the flagged chunks) on one
+    // 50 GB/s link, a card each or all on one GPU.
+    let four_mib_us = |line: &[&str]| -> (f64, String) {
         let rates = args(line).rates(None, None).unwrap();
-        let plans = vec![(1 << 20, cost::choose_with(&rates.machine, 1 << 20, None))];
+        let plans = vec![(4 << 20, cost::choose_with(&rates.machine, 4 << 20, None))];
         let text = render(&rates, &plans, None);
         let (_, communicator) = text.split_once("One process per GPU").expect("the communicator's table");
         let row = communicator.lines().find(|l| l.trim_start().starts_with(char::is_numeric)).expect("a row");
         (row.split_whitespace().nth(1).unwrap().parse().unwrap(), text)
     };
-    let (apart, text) = one_mib_us(&["--ranks", "8", "--uplink", "8", "--duplex", "50"]);
+    let (apart, text) = four_mib_us(&["--ranks", "8", "--uplink", "8", "--duplex", "50"]);
     assert!(!text.contains("ranks share one"), "{text}");
-    let (shared, text) = one_mib_us(&["--ranks", "8", "--uplink", "8", "--duplex", "50", "--ranks-per-gpu", "8"]);
+    let (shared, text) = four_mib_us(&["--ranks", "8", "--uplink", "8", "--duplex", "50", "--ranks-per-gpu", "8"]);
     assert!(text.contains("GPU: 8 ranks share one"), "{text}");
     // Nine chunk steps (a share each of the eight rounds, and the fill), 7 × 6 turns each.
     let turns_us = 9.0 * 42.0 * cost::DEVICE_TURN_US;

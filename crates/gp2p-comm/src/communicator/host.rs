@@ -129,8 +129,9 @@ impl Communicator {
 /// the kernels that may run beside it and wait on it finishing (a rank's waits for its next
 /// call, once it is ahead) always find room, and every rank's polling blocks stay resident.
 /// With the whole split among 8 Python processes on one H200 the first all-reduces waited out
-/// their timeout (`benches/results/h200/python-many-chunks-on.log`); this half is not yet
-/// measured.
+/// their timeout (`benches/results/h200/python-many-chunks-on.log`); with this half, that
+/// file and `gpu_comm_many` passed three times each on one H100
+/// (`benches/results/h10080gbhbm3/python-many-chunks-on.log`, `comm-many-chunks-on.log`).
 fn shared_chunk_blocks(resident: usize, sharing: usize) -> usize {
     (resident / (2 * sharing.max(1))).max(1)
 }

@@ -102,11 +102,8 @@ mod tests {
     #[test]
     fn the_flagged_chunks_areas_stay_only_where_they_take_at_most_half_the_room() {
         for world in 3..=8 {
-            let options = CommOptions {
-                many_chunks: true,
-                small_max_bytes: crate::MANY_CHUNKS_MAX_BYTES,
-                ..CommOptions::for_world(world)
-            };
+            let options = CommOptions::for_world(world);
+            assert!(options.many_chunks, "{world} ranks");
             for shm in [None, Some(1 << 40), DOCKER_SHM] {
                 assert_eq!(chunks_fitted(options, world, shm).unwrap(), options, "{world} ranks, {shm:?}");
             }
@@ -157,8 +154,9 @@ mod tests {
             assert!(docker.slot_bytes > four && docker.slot_bytes <= 16 * MIB / world, "{world} ranks: {docker:?}");
             // Room for four of the default: four.
             assert_eq!(settled_slot(options, world, false, Some(1 << 30)).unwrap(), options, "{world} ranks");
-            // Room for four a little smaller (a fifth less /dev/shm than they need): still four.
-            let need = 4 * (world * options.slots * options.slot_bytes) as u64 / 3 / 5 * 4;
+            // Room for four a little smaller (a tenth less /dev/shm than the slots need, the
+            // flagged chunks' areas besides): still four.
+            let need = 4 * (world * options.slots * options.slot_bytes) as u64 / 3 / 10 * 9;
             let near = settled_slot(options, world, false, Some(need)).unwrap();
             assert!(near.slots == 4 && near.slot_bytes < options.slot_bytes, "{world} ranks: {near:?}");
             // No room for either: the floor, four of it.

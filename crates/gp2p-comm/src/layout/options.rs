@@ -59,21 +59,26 @@ impl std::str::FromStr for FlagWaits {
     }
 }
 
-/// The largest all-reduce to give the two-shot in one flagged-chunk kernel among 3 to 8
-/// ranks where it is on ([`CommOptions::many_chunks`]); the rounds take larger ones. Among 4
-/// and 8 processes under MPS on one H200, two rounds in turns (34c1e39, whose kernel this is;
-/// `benches/results/h200/many-chunks.txt`), the kernel took 51-59 against
-/// the rounds' 269-286 us at 128 KiB among 4 and 137-191 against 1021-1120 among 8, 136-138
-/// against 322-335 at 512 KiB among 4 and 407-490 against 1138-1240 among 8, 335-388
+/// The largest all-reduce the two-shot in one flagged-chunk kernel takes among 3 to 8 ranks
+/// by default ([`CommOptions::for_world`], [`CommOptions::many_chunks`]); the rounds take
+/// larger ones. Among 4 and 8 processes under MPS on one H200, two rounds in turns (34c1e39,
+/// whose kernel this is; `benches/results/h200/many-chunks.txt`), the kernel took 51-59
+/// against the rounds' 269-286 us at 128 KiB among 4 and 137-191 against 1021-1120 among 8,
+/// 136-138 against 322-335 at 512 KiB among 4 and 407-490 against 1138-1240 among 8, 335-388
 /// against 405-412 at 1 MiB among 4 and 1158-1261 against 1318-1409 among 8; at 2 MiB it
-/// took 2346-2352 against 1695-1808 among 8.
+/// took 2346-2352 against 1695-1808 among 8. With the ranks on a device taking half its
+/// room (9462a91, one H100, `benches/results/h10080gbhbm3/many-chunks-warps.txt`, the
+/// `team` rows): 54-61 against 267 us at 128 KiB and 310-315 against 435 at 1 MiB among 4,
+/// 172-174 against 1110 and 1073-1090 against 1460 among 8; at 2 MiB 587-602 against 544
+/// among 4 and 2130-2151 against 1925 among 8.
 pub const MANY_CHUNKS_MAX_BYTES: usize = 1 << 20;
 
 /// The environment variable that turns the many-rank flagged chunks ([`CommOptions::many_chunks`])
 /// on or off for the communicators of 3 to 8 ranks this process makes, whatever their options
 /// say: `on` (or `1`, `true`), where a communicator whose `small_max_bytes` is no more than the
-/// lines' takes [`MANY_CHUNKS_MAX_BYTES`], or `off` (`0`, `false`). Every rank must see the
-/// same (ranks compare the option at creation).
+/// lines' takes [`MANY_CHUNKS_MAX_BYTES`], or `off` (`0`, `false`: the rounds above the lines,
+/// as before the kernel was the default). Every rank must see the same (ranks compare the
+/// option at creation).
 pub const MANY_CHUNKS_VAR: &str = "GP2P_MANY_CHUNKS";
 
 /// How a communicator is made.
@@ -113,14 +118,17 @@ pub struct CommOptions {
     pub lines_max_bytes: usize,
     /// Among 3 to 8 ranks, whether all-reduces above the lines, up to `small_max_bytes`, run
     /// the two-shot in one flagged-chunk kernel per rank (areas for it are made) rather than
-    /// the rounds; [`MANY_CHUNKS_MAX_BYTES`] is where it measured faster. Off by default: its
-    /// ranks' blocks all poll, and where the ranks on a device split its whole room of
-    /// resident blocks (514ac93), among 8 Python processes under MPS on one H200 the first
-    /// all-reduces of `tests/python/test_many.py` waited out their 60 s timeout, where the
-    /// rounds pass (`benches/results/h200/python-many-chunks-on.log`): likely other kernels
-    /// (a rank's waits of its next call) holding room a peer's block needed. They now take
-    /// half of it, not yet measured. [`MANY_CHUNKS_VAR`] (`GP2P_MANY_CHUNKS`) overrides it.
-    /// Every rank must give the same; ranks compare it at creation.
+    /// the rounds: on in [`CommOptions::for_world`]'s defaults there, up to
+    /// [`MANY_CHUNKS_MAX_BYTES`], where it measured faster; off in [`CommOptions::default`]'s
+    /// (two ranks'), whose `small_max_bytes` is theirs. Its blocks all poll, so ranks sharing
+    /// a device take half its room of resident blocks between them: with the whole room
+    /// (514ac93), among 8 Python processes under MPS on one H200 the first all-reduces of
+    /// `tests/python/test_many.py` waited out their 60 s timeout
+    /// (`benches/results/h200/python-many-chunks-on.log`); with half, the file and its 8-rank
+    /// tests passed three times on one H100, as did `gpu_comm_many`
+    /// (`benches/results/h10080gbhbm3/python-many-chunks-on.log`, `comm-many-chunks-on.log`).
+    /// [`MANY_CHUNKS_VAR`] (`GP2P_MANY_CHUNKS`) overrides it. Every rank must give the same;
+    /// ranks compare it at creation.
     pub many_chunks: bool,
     /// Among more than two ranks, the all-reduce to run: `None` (the default) for the cost
     /// model's choice per call, unless the environment variable [`crate::ALGORITHM_VAR`]
@@ -247,9 +255,9 @@ impl CommOptions {
     }
 
     /// The defaults for `world` ranks: [`CommOptions::default`] for two; for more, the line
-    /// kernel up to 64 KiB (the pipeline's N rounds cost more below that; the flagged chunks
-    /// above it are not on by default, see [`CommOptions::many_chunks`]), and four slots
-    /// (`crate::slots::MANY_RANK_SLOTS`) of
+    /// kernel up to 64 KiB (the pipeline's N rounds cost more below that), among 3 to 8 the
+    /// two-shot in one flagged-chunk kernel above it up to [`MANY_CHUNKS_MAX_BYTES`]
+    /// ([`CommOptions::many_chunks`]), and four slots (`crate::slots::MANY_RANK_SLOTS`) of
     /// [`crate::SLOT_SPAN_BYTES`] / N on 64 KiB: about 256 MiB of /dev/shm at any N (less
     /// where it is smaller, [`crate::fit_slot_to_shm`]).
     pub fn for_world(world: usize) -> CommOptions {
@@ -258,9 +266,11 @@ impl CommOptions {
             return default;
         }
         let slot_bytes = crate::slots::default_slot_bytes(world);
+        let many_chunks = gp2p_kernels::CHUNKS_MANY_WORLD.contains(&world);
         CommOptions {
             lines_max_bytes: MAX_LINES_BYTES,
-            small_max_bytes: MAX_LINES_BYTES,
+            small_max_bytes: if many_chunks { MANY_CHUNKS_MAX_BYTES } else { MAX_LINES_BYTES },
+            many_chunks,
             slot_bytes,
             slots: crate::slots::MANY_RANK_SLOTS,
             ..default
@@ -274,7 +284,7 @@ mod tests {
 
     #[test]
     fn the_variable_turns_the_flagged_chunks_on_or_off_among_three_to_eight() {
-        let four = CommOptions::for_world(4);
+        let four = CommOptions { many_chunks: false, small_max_bytes: 64 << 10, ..CommOptions::for_world(4) };
         assert_eq!(four.with_many_chunks_from(4, None).unwrap(), four);
         assert_eq!(four.with_many_chunks_from(4, Some(" ")).unwrap(), four);
         for on in ["on", "1", "TRUE"] {
@@ -296,8 +306,15 @@ mod tests {
         let two = AllReducePaths::of(2, &CommOptions::for_world(2), None).unwrap();
         assert_eq!((two.small_max, two.slot_bytes, two.many.lines_max), (4 << 20, 8 << 20, 2 << 10));
         let eight = AllReducePaths::of(8, &CommOptions::for_world(8), Some(Algorithm::TwoShot)).unwrap();
-        assert_eq!((eight.small_max, eight.slot_bytes, eight.many.lines_max), (64 << 10, 8 << 20, 64 << 10));
-        assert_eq!(eight.many.chunks_max, 0, "no flagged chunks by default");
+        assert_eq!((eight.small_max, eight.slot_bytes, eight.many.lines_max), (1 << 20, 8 << 20, 64 << 10));
+        assert_eq!(eight.many.chunks_max, MANY_CHUNKS_MAX_BYTES, "the flagged chunks above the lines");
+        let off = CommOptions::for_world(8).with_many_chunks_from(8, Some("off")).unwrap();
+        let off = AllReducePaths::of(8, &off, None).unwrap();
+        assert_eq!(
+            (off.small_max, off.many.chunks_max),
+            (64 << 10, 0),
+            "GP2P_MANY_CHUNKS=off: the rounds above the lines"
+        );
         assert_eq!(eight.many.forced, Some(Algorithm::TwoShot));
         let bad = CommOptions { slot_bytes: 3, ..CommOptions::for_world(2) };
         assert!(AllReducePaths::of(2, &bad, None).is_err());

@@ -16,9 +16,13 @@ backend, :func:`register_backend`). More than 8 ranks are refused at creation, n
 Among more than two ranks an all-reduce of up to ``lines_max_bytes`` (64 KiB by default
 there) is one kernel per rank that writes its tensor into its lines of the segment and reads
 every other rank's (one-shot, every rank folds all N in rank order, so all get the same
-bits); above that it is two-shot: in N-1 rounds each rank hands every other rank that rank's
-share of its tensor (a 1/N slice) and folds the shares it receives into its own, then in one
-more it copies its folded share out once, for every other rank to read. Each card's link
+bits); above that, up to ``max_bytes`` (1 MiB by default among 3 to 8), it is two-shot in one
+kernel per rank: each rank stores its tensor in flagged 4 KiB chunks, the owner of each chunk
+folds every rank's copy of it and flags the result, and the others copy that
+(``GP2P_MANY_CHUNKS=off`` turns this kernel off). Above ``max_bytes`` it is two-shot in rounds:
+in N-1 rounds each rank hands every other rank that rank's share of its tensor (a 1/N slice)
+and folds the shares it receives into its own, then in one more it copies its folded share
+out once, for every other rank to read. Each card's link
 carries the tensor up and 2(N-1)/N of it down, in N handoffs where a ring takes 2(N-1)
 dependent trips through host memory per chunk. Which of the two a size takes is the cost
 model's choice (``gp2p plan --ranks N``: the lines priced at twice the data's bytes, the
@@ -42,8 +46,8 @@ captured too (tested: every collective captured, then 10 replays on new data), a
 launch of the graph runs them again on whatever the captured tensors hold then (every rank
 must capture and launch the same graphs in the same order; :meth:`Communicator.check` says
 whether a launch's waits gave up). :class:`CustomAllreduce` serves what the one kernel
-serves (up to ``max_bytes``, 64 KiB among more than two ranks, 1 MiB there with
-``GP2P_MANY_CHUNKS=on``) and says no to the rest
+serves (up to ``max_bytes``: 1 MiB among 3 to 8 ranks by default, 64 KiB with
+``GP2P_MANY_CHUNKS=off``) and says no to the rest
 (``should_custom_ar``), so callers fall back to what they used before.
 
     import geforce_p2p.distributed as gpd
@@ -126,9 +130,10 @@ class Communicator:
     ``0..world_size``; ``device``: this rank's GPU (ordinal, ``"cuda:N"`` or a
     ``torch.device``). Waits until every rank has joined, at most ``join_timeout`` seconds.
     ``world_size``: 1 to 8. ``max_bytes``: the largest all-reduce run as one kernel (default 4 MiB
-    between two ranks, and the attribute of that name may read less where both share one GPU; among more, the line kernel is the one kernel and ``lines_max_bytes``
-    bounds it, unless ``GP2P_MANY_CHUNKS=on``: then 1 MiB unless a larger one is given, the
-    flagged-chunk kernel above the lines); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
+    between two ranks, and the attribute of that name may read less where both share one GPU;
+    1 MiB among 3 to 8, the line kernel up to ``lines_max_bytes`` and the two-shot in flagged
+    chunks above, unless ``GP2P_MANY_CHUNKS=off``: then the line kernel alone, which
+    ``lines_max_bytes`` bounds); ``slot_bytes`` and ``slots`` (every rank must give the same): the staged
     pipeline's slot size (a multiple of 4096 in 64 KiB..256 MiB, default 8 MiB for two ranks,
     64 MiB / N for N, made smaller where /dev/shm has not the room) and slots per rank (2..16, default 3 for two ranks, 4 for more: where /dev/shm
     has not the room for four of the default slot, three larger ones, 4 given counting as the
@@ -156,7 +161,8 @@ class Communicator:
     shared segment takes about 65 MiB of /dev/shm between two ranks (about 200 MiB where they
     compress) and about 260 MiB among 3 to 8; where /dev/shm is smaller the default slots
     shrink until the segment takes three quarters of it at most (Docker's 64 MiB: slots of
-    about 16 MiB / N, three a rank, 5 MiB between two), each communicator on its own, so several at once
+    about 16 MiB / N less the flagged chunks' areas, three a rank, 5 MiB between two; the areas,
+    9-20 MiB among 3 to 8, are left out where they would take half the room), each communicator on its own, so several at once
     may still find no room: give the container ``--shm-size`` (or ``--ipc=host``), or pass
     ``slots=2`` or a smaller ``slot_bytes``; too little room is an error at creation that
     names /dev/shm.
@@ -346,7 +352,7 @@ class CustomAllreduce:
 
     It takes what this version runs in one kernel (contiguous CUDA tensors of a supported
     dtype on this rank's device, 16-byte multiples up to ``max_bytes``: 4 MiB between two
-    ranks, 64 KiB among more, or 1 MiB with ``GP2P_MANY_CHUNKS=on``), inside :meth:`capture` too, and says no to the rest; the
+    ranks, 1 MiB among 3 to 8, or 64 KiB with ``GP2P_MANY_CHUNKS=off``), inside :meth:`capture` too, and says no to the rest; the
     all-gather and reduce-scatter members take inputs of the same kind along their first
     dimension (through the communicator's staged path). Anything refused gives ``False`` or
     ``None``, never an exception, and nothing is enqueued for it.
