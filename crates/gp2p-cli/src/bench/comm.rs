@@ -210,10 +210,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         join_timeout: WAIT,
         slot_bytes: args.slot_bytes.unwrap_or(defaults.slot_bytes),
         slots: args.slots.unwrap_or(defaults.slots),
-        small_max_bytes: args.small_max_bytes.unwrap_or(match args.many_chunks {
-            Some(true) if world > 2 => geforce_p2p::comm::MANY_CHUNKS_MAX_BYTES,
-            _ => defaults.small_max_bytes,
-        }),
+        small_max_bytes: args.small_max_bytes.unwrap_or(defaults.small_max_bytes),
         many_chunks: args.many_chunks.unwrap_or(defaults.many_chunks),
         chunk_bytes: args.chunk_bytes,
         receive: args.receive.0,

@@ -379,8 +379,8 @@ class CustomAllreduce:
         #: Read-only: the bound members below take the communicator's own.
         self.max_bytes = 0 if self.disabled else comm.max_bytes
         # The all-gather and reduce-scatter members go through the pipeline's (small) slots:
-        # up to max_bytes between two ranks, and among more up to the lines' 64 KiB, even where
-        # GP2P_MANY_CHUNKS=on takes the one kernel to 1 MiB.
+        # up to max_bytes between two ranks, and among more up to the lines' 64 KiB, though the
+        # one kernel there takes 1 MiB by default.
         self._part_max = self.max_bytes if self.disabled or comm.world_size == 2 else min(self.max_bytes, 64 << 10)
         if not self.disabled:
             import torch
@@ -401,7 +401,8 @@ class CustomAllreduce:
         ``options`` go to :class:`Communicator`; its pipeline, which only the all-gather and
         reduce-scatter members use, gets the smallest slots unless given (the segment then
         takes about 17 MiB of /dev/shm between two ranks, not 65, and 9-20 MiB more among 3
-        to 8 with ``GP2P_MANY_CHUNKS=on``: containers often have 64 MiB, shared with NCCL)."""
+        to 8 for the flagged chunks unless ``GP2P_MANY_CHUNKS=off``: containers often have 64
+        MiB, shared with NCCL)."""
         return cls(_join(group, device, options))
 
     def should_custom_ar(self, inp: Any) -> bool:
