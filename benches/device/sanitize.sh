@@ -15,6 +15,10 @@
 #                                                                          -> synccheck-gpu-comm.log
 #   python               the Python fast paths' tests under memcheck (the wheel)
 #                                                                          -> python-memcheck.log
+#   many                 gpu_comm_many's flagged-chunk tests (3 and 8 processes) under memcheck
+#                        and racecheck, every process watched, under an MPS daemon started
+#                        for it (the runner's sanitized pass skips tests that need one)
+#                                                                          -> {memcheck,racecheck}-chunks-many.log
 # GP2P_TEST_MAX_LEN (default 65539), GP2P_TEST_TIMEOUT (default 430) pass to the runner. The
 # environment, the bundle and where files go: common.sh.
 source "$(dirname "$0")/common.sh"
@@ -108,8 +112,21 @@ for section in "${sections[@]}"; do
       tests/python/test_gpu.py -k "fast_path or fast_read or one_device or copy_between_devices" >/dev/null
     note "python fast paths under memcheck: rc $? $(grep -E 'passed' "$RES/python-memcheck.log" | tail -1) $(grep -E 'ERROR SUMMARY' "$RES/python-memcheck.log" | tail -1)"
     ;;
+  many)
+    mps_start || continue
+    for tool in memcheck racecheck; do
+      late && break
+      record "$tool-chunks-many.log" GP2P_TEST_MAX_LEN="$max_len" timeout --signal=KILL 240 "$S" --tool "$tool" \
+        --target-processes all --error-exitcode 86 --print-limit 20 "$B/tests/gpu_comm_many" --include-ignored \
+        --test-threads=1 two_shot_in_flagged_chunks >/dev/null
+      note "$tool gpu_comm_many flagged chunks under MPS: rc $? $(result "$RES/$tool-chunks-many.log")" \
+        "$(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$RES/$tool-chunks-many.log") clean process summaries," \
+        "$(grep -cE 'ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]|hazards displayed \([1-9]' "$RES/$tool-chunks-many.log") not"
+    done
+    mps_stop
+    ;;
   *)
-    echo "sanitize.sh: no section $section (memcheck, racecheck, racecheck-each, synccheck, python)" >&2
+    echo "sanitize.sh: no section $section (memcheck, racecheck, racecheck-each, synccheck, python, many)" >&2
     exit 2
     ;;
   esac
