@@ -30,16 +30,18 @@
 #                processes, under an MPS daemon where they share a GPU: all_reduce 1 MiB-256 MiB,
 #                and the other collectives 16-256 MiB at 8, each against its bound
 #                                                       -> comm-all-reduce-<N>.* comm-<collective>-8.*
-#   door         the NCCL door against the communicator it serves (the wheel; NCCL_TESTS: a folder of
-#                nccl-tests binaries built with benches/device/nccl-tests.sh): for N in DOOR_RANKS
-#                (default 2 4 8), nccl-tests with ranks as threads of one process (-t N, no MPS
-#                daemon: under one, with CUDA_DEVICE_MAX_CONNECTIONS unset, the door refuses
-#                them), 16 KiB-1 GiB, float sum, then gp2p bench comm at the same N and sizes
-#                under MPS, DOOR_REPEATS times in turns (default 3), and
+#   door         the NCCL door against the communicator it serves (the wheel; NCCL_TESTS: the build
+#                folder of benches/device/nccl-tests.sh, holding build/ and build-mp/): for N in
+#                DOOR_RANKS (default 2 4 8), nccl-tests with ranks as DOOR_RANKS_AS (default
+#                processes: N processes under an MPS daemon through benches/nccl/minimpi/mpirun.py,
+#                as the communicator's bench runs them and users run the door; threads: one
+#                process, -t N, no MPS daemon, under which with CUDA_DEVICE_MAX_CONNECTIONS unset
+#                the door refuses them), 16 KiB-1 GiB, float sum, then gp2p bench comm at the same
+#                N and sizes under MPS, DOOR_REPEATS times in turns (default 3), and
 #                benches/nccl/door_vs_comm.py over every run (the door issue's busbw >= 0.95 of
 #                the communicator's from 64 KiB, by medians); reduce, alltoall and sendrecv
 #                once, for #wrong only
-#                                                       -> door-t<N>-<test>[-<k>].txt comm-door-ref-<collective>-<N>[-<k>].*
+#                                                       -> door-{p,t}<N>-<test>[-<k>].txt comm-door-ref-<collective>-<N>[-<k>].*
 #                                                          door-vs-comm-<collective>-<N>.txt
 #   door-host    host time per dist.all_reduce on "nccl" through the door, 2 processes under MPS,
 #                against the gp2p backend and a one-rank real NCCL group in the same processes (the
@@ -249,14 +251,26 @@ section_comm() {
 
 section_door() {
   if ! wheel; then return; fi
-  if [ ! -x "${NCCL_TESTS:-}/all_reduce_perf" ]; then
-    note "door: no nccl-tests in NCCL_TESTS (${NCCL_TESTS:-unset}): build them with benches/device/nccl-tests.sh"
+  local as=${DOOR_RANKS_AS:-processes} tag build
+  case $as in
+  processes) tag=p build=build-mp ;;
+  threads) tag=t build=build ;;
+  *)
+    note "door: DOOR_RANKS_AS=$as is neither processes nor threads"
+    return
+    ;;
+  esac
+  if [ ! -x "${NCCL_TESTS:-}/$build/all_reduce_perf" ]; then
+    note "door: no nccl-tests in NCCL_TESTS/$build (NCCL_TESTS=${NCCL_TESTS:-unset}): build them with benches/device/nccl-tests.sh"
     return
   fi
   # From 16 KiB, below the issue's 64 KiB: the first timed row of a run paid a once-per-process
   # stall at 3f1da72 (all four collectives' first row slow out of place, in place not).
-  local n t c k left rc sizes="-b 16K -e 1G -f 4" repeats=${DOOR_REPEATS:-3} suffix killed
+  local n t c k left rc sizes="-b 16K -e 1G -f 4" repeats=${DOOR_REPEATS:-3} suffix killed ranks name launch
   for n in ${DOOR_RANKS:-2 4 8}; do
+    # Processes: the launcher starts N ranks of one binary; threads: one binary runs N.
+    ranks=(-t "$n")
+    [ "$as" = processes ] && ranks=()
     # Every test once for #wrong; then the four the communicator runs again, in turns with
     # the communicator under MPS, so each size compares by the medians of runs taken alike.
     # A test killed, or the call's deadline, ends the repeats at this N; what ran is compared.
@@ -270,12 +284,18 @@ section_door() {
         # Each test within what is left of the call (at most 60 s): one that hangs costs no more.
         left=$((${DEADLINE:-540} - SECONDS))
         [ "$left" -gt 60 ] && left=60
-        record "door-t$n-$t$suffix.txt" timeout -s KILL "$left" python3 -m geforce_p2p.nccl -- "$NCCL_TESTS/${t}_perf" -t "$n" \
-          $sizes -c 1 -n 20 -w 5 -d float >/dev/null
+        name=door-$tag$n-$t$suffix.txt
+        launch=()
+        [ "$as" = processes ] && launch=(python3 "$ROOT/benches/nccl/minimpi/mpirun.py" -n "$n" --)
+        [ "$as" = processes ] && { mps_start || return; }
+        # TERM first: the launcher passes it to every rank (KILL would leave them on the GPU).
+        record "$name" timeout -k 10 "$left" python3 -m geforce_p2p.nccl -- "${launch[@]}" "$NCCL_TESTS/$build/${t}_perf" \
+          "${ranks[@]}" $sizes -c 1 -n 20 -w 5 -d float >/dev/null
         rc=$?
-        note "door -t $n $t$suffix: $(grep -cE '^ +[0-9]+ ' "$RES/door-t$n-$t$suffix.txt") rows, $(grep -E 'Out of bounds' "$RES/door-t$n-$t$suffix.txt" | tr -s ' ')"
-        if [ "$rc" = 137 ]; then
-          note "door -t $n $t$suffix: killed after $left s; the other tests at $n ranks skipped"
+        [ "$as" = processes ] && mps_stop
+        note "door $as $n $t$suffix: $(grep -cE '^ +[0-9]+ ' "$RES/$name") rows, $(grep -E 'Out of bounds' "$RES/$name" | tr -s ' ')"
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+          note "door $as $n $t$suffix: killed after $left s; the other tests at $n ranks skipped"
           killed=1
           break
         fi
@@ -292,7 +312,7 @@ section_door() {
     for t in all_reduce all_gather reduce_scatter broadcast; do
       c=${t//_/-}
       # shellcheck disable=SC2046 # the runs' files, each a word
-      python3 benches/nccl/door_vs_comm.py $(ls "$RES/door-t$n-$t"{,-[0-9]*}.txt "$RES/comm-door-ref-$c-$n"{,-[0-9]*}.json 2>/dev/null) \
+      python3 benches/nccl/door_vs_comm.py $(ls "$RES/door-$tag$n-$t"{,-[0-9]*}.txt "$RES/comm-door-ref-$c-$n"{,-[0-9]*}.json 2>/dev/null) \
         >"$RES/door-vs-comm-$c-$n.txt" 2>&1
       note "door/comm $c, $n ranks: $(tail -1 "$RES/door-vs-comm-$c-$n.txt")"
     done

@@ -7,6 +7,9 @@
 # (the nvidia-nccl-cu13 wheel's, with a libnccl.so link to its libnccl.so.2); CUDA_HOME: the
 # toolkit (default: the one nvcc on PATH comes from). The binaries land in SRC/build; run them
 # through the door with `python3 -m geforce_p2p.nccl -- SRC/build/all_reduce_perf -t 2 ...`.
+# A second build, in SRC/build-mp, runs its ranks as processes (MPI=1 against minimpi,
+# benches/nccl/minimpi, since the device machines have no MPI):
+#   python3 -m geforce_p2p.nccl -- python3 benches/nccl/minimpi/mpirun.py -n 2 -- SRC/build-mp/all_reduce_perf ...
 #
 # Three changes, each checked to apply exactly once:
 # 1. Every rank picks device 0 (the tests give rank r device r, in two places: the main
@@ -52,3 +55,14 @@ PY
 make -C "$src/src" -j"$(nproc)" CUDA_HOME="$cuda_home" NCCL_HOME="$nccl_home" CUDARTLIB=cudart_static \
   NVCC_GENCODE="${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}"
 echo "nccl-tests built in $src/build (ranks share device 0)"
+
+# The process build: minimpi as a static libmpi, so the binaries need nothing at run time.
+minimpi=$(cd "$(dirname "$0")/../nccl/minimpi" && pwd)
+mpi_home=$src/minimpi
+mkdir -p "$mpi_home/include" "$mpi_home/lib"
+cp "$minimpi/mpi.h" "$mpi_home/include/"
+cc -std=c11 -O2 -fPIC -Wall -Werror -c "$minimpi/mpi.c" -o "$mpi_home/mpi.o"
+ar rcs "$mpi_home/lib/libmpi.a" "$mpi_home/mpi.o"
+make -C "$src/src" -j"$(nproc)" CUDA_HOME="$cuda_home" NCCL_HOME="$nccl_home" CUDARTLIB=cudart_static \
+  NVCC_GENCODE="${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}" MPI=1 MPI_HOME="$mpi_home" BUILDDIR=../build-mp
+echo "nccl-tests built in $src/build-mp (ranks as processes through minimpi)"
