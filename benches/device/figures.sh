@@ -36,8 +36,9 @@
 #                processes: N processes under an MPS daemon through benches/nccl/minimpi/mpirun.py,
 #                as the communicator's bench runs them and users run the door; threads: one
 #                process, -t N, no MPS daemon, under which with CUDA_DEVICE_MAX_CONNECTIONS unset
-#                the door refuses them), 16 KiB-1 GiB, float sum, then gp2p bench comm at the same
-#                N and sizes under MPS, DOOR_REPEATS times in turns (default 3), and
+#                the door refuses them), 16 KiB to DOOR_MAX_BYTES (default 1G), float sum, then
+#                gp2p bench comm at the same N and sizes under MPS, DOOR_REPEATS times in turns
+#                (default 3), and
 #                benches/nccl/door_vs_comm.py over every run (the door issue's busbw >= 0.95 of
 #                the communicator's from 64 KiB, by medians); reduce, alltoall and sendrecv
 #                once, for #wrong only
@@ -266,7 +267,7 @@ section_door() {
   fi
   # From 16 KiB, below the issue's 64 KiB: the first timed row of a run paid a once-per-process
   # stall at 3f1da72 (all four collectives' first row slow out of place, in place not).
-  local n t c k left rc sizes="-b 16K -e 1G -f 4" repeats=${DOOR_REPEATS:-3} suffix killed ranks name launch
+  local n t c k left rc sizes="-b 16K -e ${DOOR_MAX_BYTES:-1G} -f 4" repeats=${DOOR_REPEATS:-3} suffix killed ranks name launch
   for n in ${DOOR_RANKS:-2 4 8}; do
     # Processes: the launcher starts N ranks of one binary; threads: one binary runs N.
     ranks=(-t "$n")
@@ -311,9 +312,11 @@ section_door() {
     done
     for t in all_reduce all_gather reduce_scatter broadcast; do
       c=${t//_/-}
-      # shellcheck disable=SC2046 # the runs' files, each a word
-      python3 benches/nccl/door_vs_comm.py $(ls "$RES/door-$tag$n-$t"{,-[0-9]*}.txt "$RES/comm-door-ref-$c-$n"{,-[0-9]*}.json 2>/dev/null) \
-        >"$RES/door-vs-comm-$c-$n.txt" 2>&1
+      {
+        header "python3 benches/nccl/door_vs_comm.py door-$tag$n-$t{,-<k>}.txt comm-door-ref-$c-$n{,-<k>}.json (ranks as $as)"
+        # shellcheck disable=SC2046 # the runs' files, each a word
+        python3 benches/nccl/door_vs_comm.py $(ls "$RES/door-$tag$n-$t"{,-[0-9]*}.txt "$RES/comm-door-ref-$c-$n"{,-[0-9]*}.json 2>/dev/null)
+      } >"$RES/door-vs-comm-$c-$n.txt" 2>&1
       note "door/comm $c, $n ranks: $(tail -1 "$RES/door-vs-comm-$c-$n.txt")"
     done
   done
