@@ -88,11 +88,7 @@ pub fn release_cached_host_memory(device: &Device) -> Result<usize> {
         cache().lock().drain().flat_map(|(size, blocks)| blocks.into_iter().map(move |b| (size, b))).collect();
     // Outside the cache's lock, so drops and allocations go on meanwhile; and not between two
     // launches that must both be queued (see `pause_releases`).
-    let Some(_not_paused) = crate::lifetime::not_paused() else {
-        // The process is exiting: the blocks stay cached, and exit hands them back.
-        blocks.into_iter().for_each(|(size, block)| put(size, block.0));
-        return Ok(0);
-    };
+    let _not_paused = crate::lifetime::not_paused();
     let (mut freed, mut first_error) = (0, None);
     for (size, block) in blocks {
         // SAFETY: a block from cuMemHostAlloc that the cache owned (no GPU work, no owner),

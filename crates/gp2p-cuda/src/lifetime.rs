@@ -16,7 +16,6 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -340,10 +339,6 @@ fn reclaimer() -> &'static Reclaimer {
             emptied: Condvar::new(),
         }));
         let spawned = std::thread::Builder::new().name("gp2p-reclaimer".into()).spawn(move || reclaim_forever(r));
-        if spawned.is_ok() {
-            // SAFETY: registers a function that takes no arguments and never unwinds.
-            unsafe { atexit(stop_releases_at_exit) };
-        }
         if spawned.is_err() {
             // Without the thread nothing would ever be released: leak instead (the memory
             // stays mapped, which is safe), and say so at the next synchronisation.
@@ -362,43 +357,9 @@ pub(crate) fn start_reclaimer() {
     reclaimer();
 }
 
-/// Held (shared) by the reclaimer around each of its driver calls, and exclusively by
-/// [`pause_releases`]'s guard and, from the process's exit on, by [`stop_releases_at_exit`].
+/// Held (shared) by the reclaimer around each release's driver call, and exclusively by
+/// [`pause_releases`]'s guard.
 static RELEASING: RwLock<()> = RwLock::new(());
-
-/// Set once the process has begun to exit.
-static EXITING: AtomicBool = AtomicBool::new(false);
-
-unsafe extern "C" {
-    fn atexit(function: extern "C" fn()) -> std::ffi::c_int;
-}
-
-/// At exit, before the driver tears itself down, keep the reclaimer from calling it: a
-/// `cuStreamDestroy` or `cuMemFreeAsync` racing the driver's teardown faulted in 13 of 16
-/// runs of four nccl-tests processes that exited right after destroying their communicators
-/// through the NCCL door (one H100). Waits for the driver call in hand, then holds
-/// [`RELEASING`] for good: what is still queued stays allocated, which exit makes moot.
-/// Registered when the reclaimer starts, so it runs before handlers registered earlier (the
-/// CUDA runtime's) and before the driver library's own teardown.
-extern "C" fn stop_releases_at_exit() {
-    if EXITING.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    // Bounded: a thread that holds `pause_releases` across two launches lets go soon; one that
-    // does not still leaves the reclaimer stopped by `EXITING` at its next call.
-    if let Some(guard) = RELEASING.try_write_for(Duration::from_secs(2)) {
-        std::mem::forget(guard);
-    }
-}
-
-/// A shared hold of [`RELEASING`] for one driver call, or None once the process is exiting.
-fn releasing() -> Option<parking_lot::RwLockReadGuard<'static, ()>> {
-    if EXITING.load(Ordering::Acquire) {
-        return None;
-    }
-    let guard = RELEASING.read();
-    (!EXITING.load(Ordering::Acquire)).then_some(guard)
-}
 
 /// While the guard lives, the reclaimer makes no driver call. Taking the guard waits for the
 /// release in hand, if any, to finish (a free may itself wait for its device to go idle).
@@ -416,10 +377,9 @@ pub fn pause_releases() -> ReleasesPaused {
 }
 
 /// Held by a driver call that frees outside the reclaimer (the host cache's release), so it
-/// does not fall between launches made under [`pause_releases`] either; None once the
-/// process is exiting, when nothing is freed any more.
-pub(crate) fn not_paused() -> Option<parking_lot::RwLockReadGuard<'static, ()>> {
-    releasing()
+/// does not fall between launches made under [`pause_releases`] either.
+pub(crate) fn not_paused() -> parking_lot::RwLockReadGuard<'static, ()> {
+    RELEASING.read()
 }
 
 /// The guard of [`pause_releases`]: releases resume when it drops.
@@ -461,8 +421,7 @@ pub(crate) fn retry_after_releases(mut allocate: impl FnMut() -> sys::CUresult) 
 pub fn flush_releases() {
     let r = reclaimer();
     let mut queue = r.queue.lock();
-    // From exit on the reclaimer releases nothing, so there is nothing to wait for.
-    while (!queue.graves.is_empty() || queue.in_hand > 0) && !EXITING.load(Ordering::Acquire) {
+    while !queue.graves.is_empty() || queue.in_hand > 0 {
         r.wake.notify_one();
         r.emptied.wait(&mut queue);
     }
@@ -500,13 +459,10 @@ fn reclaim_forever(r: &'static Reclaimer) {
         waiting.append(&mut arrived);
         let mut settled = Vec::new();
         let mut i = 0;
-        {
-            let Some(_not_paused) = releasing() else { park_forever() };
-            while i < waiting.len() {
-                match waiting[i].readiness() {
-                    Readiness::Pending => i += 1,
-                    readiness => settled.push((readiness, waiting.swap_remove(i))),
-                }
+        while i < waiting.len() {
+            match waiting[i].readiness() {
+                Readiness::Pending => i += 1,
+                readiness => settled.push((readiness, waiting.swap_remove(i))),
             }
         }
         let settled_count = settled.len();
@@ -515,7 +471,7 @@ fn reclaim_forever(r: &'static Reclaimer) {
             // Broken: the context failed, so the work may never be known to be done; the
             // resource is leaked rather than released under it.
             if readiness == Readiness::Ready {
-                let Some(_not_paused) = releasing() else { park_forever() };
+                let _not_paused = RELEASING.read();
                 grave.release.run();
             } else {
                 // Forgotten, not dropped: a release may own the mapping of registered memory,
@@ -525,13 +481,6 @@ fn reclaim_forever(r: &'static Reclaimer) {
         }
         poll = if settled_count > 0 { POLL_MIN } else { (poll * 2).min(POLL_MAX) };
         r.queue.lock().in_hand -= settled_count;
-    }
-}
-
-/// The reclaimer's end once the process exits: it holds what it has and calls nothing.
-fn park_forever() -> ! {
-    loop {
-        std::thread::park();
     }
 }
 
@@ -557,6 +506,3 @@ impl Grave {
         Readiness::Ready
     }
 }
-
-#[cfg(test)]
-mod tests;
