@@ -290,8 +290,10 @@ section_door() {
         [ "$as" = processes ] && launch=(python3 "$ROOT/benches/nccl/minimpi/mpirun.py" -n "$n" --)
         [ "$as" = processes ] && { mps_start || return; }
         # TERM first: the launcher passes it to every rank (KILL would leave them on the GPU).
+        # -a 0: rank 0's time, as gp2p bench comm reports it (nccl-tests' default is the mean
+        # over ranks, which for a broadcast from rank 0 counts ranks that finish after it).
         record "$name" timeout -k 10 "$left" python3 -m geforce_p2p.nccl -- "${launch[@]}" "$NCCL_TESTS/$build/${t}_perf" \
-          "${ranks[@]}" $sizes -c 1 -n 20 -w 5 -d float >/dev/null
+          "${ranks[@]}" $sizes -c 1 -n 20 -w 5 -a 0 -d float >/dev/null
         rc=$?
         [ "$as" = processes ] && mps_stop
         note "door $as $n $t$suffix: $(grep -cE '^ +[0-9]+ ' "$RES/$name") rows, $(grep -E 'Out of bounds' "$RES/$name" | tr -s ' ')"
