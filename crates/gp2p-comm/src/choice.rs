@@ -211,10 +211,22 @@ impl AllReducePaths {
     }
 }
 
-/// `machine` as a flagged-chunk kernel sees it: the link at the kernel's share of its DMA
-/// rate ([`CHUNK_KERNEL_DMA_SHARE`]), host memory at its own.
+/// `machine` as two ranks' flagged-chunk kernel sees it: the link at the kernel's share of
+/// its DMA rate ([`CHUNK_KERNEL_DMA_SHARE`]), host memory at its own.
 fn chunk_kernel_rates(machine: &Machine) -> Machine {
-    let k = CHUNK_KERNEL_DMA_SHARE;
+    link_share(machine, CHUNK_KERNEL_DMA_SHARE)
+}
+
+/// `machine` as the many-rank flagged-chunk kernel sees it: the link at two ranks' share of
+/// its DMA rate, slowed by [`MANY_CHUNKS_SLOWDOWN_PER_RANK`] for each rank sharing its GPU
+/// past two.
+fn many_chunk_kernel_rates(machine: &Machine) -> Machine {
+    let past_two = machine.ranks_per_device.saturating_sub(2) as f64;
+    link_share(machine, 1.0 / (1.0 / CHUNK_KERNEL_DMA_SHARE + MANY_CHUNKS_SLOWDOWN_PER_RANK * past_two))
+}
+
+/// `machine` with its link at `k` of its DMA rates, host memory at its own.
+fn link_share(machine: &Machine, k: f64) -> Machine {
     Machine {
         h2d_gbps: machine.h2d_gbps * k,
         d2h_gbps: machine.d2h_gbps * k,
@@ -257,7 +269,9 @@ fn chunk_kernel_rates(machine: &Machine) -> Machine {
 /// them), where the fill alone left them up to 20 % low and without the turns 1 MiB
 /// among 8 priced 60 % low; the steps make small chunks cost what they do. Two ranks'
 /// flagged-chunk kernel is priced at a share of the link's DMA rate
-/// ([`CHUNK_KERNEL_DMA_SHARE`]).
+/// ([`CHUNK_KERNEL_DMA_SHARE`]); the many-rank one, one kernel of the rounds' bytes, at a
+/// share that falls with the ranks sharing a GPU ([`MANY_CHUNKS_SLOWDOWN_PER_RANK`]),
+/// after one handoff and two operations, not the rounds' handoffs and steps.
 pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize) -> Prediction {
     let filled = |t: Traffic, fill: usize| machine.filled(t, fill as f64);
     // The rounds' first chunk (a share, or a chunk of it), where their waits do not hide it.
@@ -301,9 +315,13 @@ pub fn all_reduce_prediction(machine: &Machine, paths: &AllReducePaths, bytes: u
             let (lines, rounds) = priced.predictions(bytes);
             match paths.many.path(bytes) {
                 ManyPath::Lines => lines,
-                // The rounds' bytes in one kernel, at its share of the DMA rate (as two ranks'
-                // chunk kernel), after a chunk step for each phase: not yet fitted to a row.
-                ManyPath::Chunks => stepped(price(&chunk_kernel_rates(machine), Algorithm::TwoShot, rounds.traffic), 2),
+                // The rounds' bytes in one kernel at its share of the DMA rate: one handoff,
+                // not one a round, and two dependent operations (its launch, the last flag).
+                ManyPath::Chunks => {
+                    let one_kernel = Traffic { phases: 1, ..rounds.traffic };
+                    let p = price(&many_chunk_kernel_rates(machine), Algorithm::TwoShot, one_kernel);
+                    Prediction { seconds: p.seconds + machine.ops_seconds(2), ..p }
+                }
                 ManyPath::Rounds => {
                     let rounds = price(machine, Algorithm::TwoShot, filled(rounds.traffic, rounds_fill));
                     stepped(rounds, rounds_steps(ranks, bytes, paths.rounds_chunk()))
@@ -331,6 +349,17 @@ pub(crate) fn rounds_hide_their_fill(world: usize) -> bool {
 /// 234 and 265 µs at 1, 1.5, 2, 3 and 4 MiB (`benches/results/h10080gbhbm3/
 /// comm-one-kernel-2.txt`), priced 94, 125, 155, 217 and 278.
 pub const CHUNK_KERNEL_DMA_SHARE: f64 = 0.7;
+
+/// What each rank sharing one GPU past two adds to the inverse of the many-rank flagged-chunk
+/// kernel's share of the link's DMA rate (two ranks' share is [`CHUNK_KERNEL_DMA_SHARE`]):
+/// with N processes on one H100 it moved the rounds' bytes at 0.47-0.53 of the rate among 4
+/// and 0.29-0.32 among 8 (1 / (1/0.7 + 0.3 (N - 2)): 0.49 and 0.31), its time nearly linear
+/// in the bytes from 128 KiB to 4 MiB after about 20 µs, at duplex 42-50 GB/s
+/// (`benches/results/h10080gbhbm3/many-chunks-warps.txt`'s `team` rows and
+/// `comm-door-ref-all-reduce-<N>.txt`). The ranks split one GPU's blocks, and each chunk's
+/// owner waits on every peer's flag. On cards of their own (a rank a GPU) it is unmeasured
+/// and priced at two ranks' share.
+pub const MANY_CHUNKS_SLOWDOWN_PER_RANK: f64 = 0.3;
 
 /// Dependent operations of one chunk step of the exact pipelines: the wait for a slot or a
 /// flag, the copy out or the landing's copy, the fold, the flag's write.

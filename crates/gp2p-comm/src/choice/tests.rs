@@ -307,6 +307,85 @@ fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent()
     }
 }
 
+/// The many-rank flagged-chunk kernel's H100 rows (4 and 8 processes on one GPU under MPS, the
+/// team kernel of 9462a91 in `benches/results/h10080gbhbm3/many-chunks-warps.txt` and the
+/// default of 0d4c4ae and 5ef6004 in `comm-door-ref-all-reduce-<N>.txt`), 128 KiB to 4 MiB,
+/// within ±15 % of the model at every size, where pricing them as the rounds' handoffs and
+/// steps at two ranks' share of the rate left 1 MiB among 8 at -22 to -28 % and 128 KiB
+/// among 4 at +132 %.
+#[test]
+fn the_h100_rows_of_the_many_rank_chunk_kernel_are_within_fifteen_percent() {
+    const KIB: usize = 1 << 10;
+    /// (source, ranks, duplex GB/s, handoff µs, op µs, DRAM GB/s, [(KiB, µs measured)])
+    type Run = (&'static str, usize, f64, f64, f64, f64, &'static [(usize, f64)]);
+    let runs: [Run; 6] = [
+        (
+            "9462a91 round 1",
+            4,
+            42.8,
+            10.8,
+            5.54,
+            147.0,
+            &[(128, 54.2), (256, 89.0), (512, 154.4), (1024, 315.1), (2048, 602.1), (4096, 1153.6)],
+        ),
+        (
+            "9462a91 round 2",
+            4,
+            43.7,
+            10.8,
+            5.54,
+            147.0,
+            &[(128, 61.4), (256, 87.2), (512, 160.1), (1024, 310.3), (2048, 586.6), (4096, 1133.0)],
+        ),
+        (
+            "9462a91 round 1",
+            8,
+            42.5,
+            10.8,
+            5.54,
+            147.0,
+            &[(128, 173.6), (256, 294.0), (512, 546.9), (1024, 1073.0), (2048, 2129.5), (4096, 4312.6)],
+        ),
+        (
+            "9462a91 round 2",
+            8,
+            43.0,
+            10.8,
+            5.54,
+            147.0,
+            &[(128, 171.5), (256, 298.0), (512, 545.1), (1024, 1089.7), (2048, 2150.6), (4096, 4343.9)],
+        ),
+        ("0d4c4ae", 4, 50.1, 10.8, 4.98, 134.0, &[(1024, 289.6)]),
+        ("5ef6004", 8, 50.3, 10.7, 5.51, 149.0, &[(1024, 1044.2)]),
+    ];
+    for (source, world, duplex, handoff_us, op_us, dram_gbps, rows) in runs {
+        let options = crate::CommOptions { many_chunks: true, ..crate::CommOptions::for_world(world) };
+        let paths = AllReducePaths::of(world, &options, None).unwrap();
+        // The bench forced the chunks up to 4 MiB (`--small-max-bytes 4M`); the default stops at 1.
+        let paths = AllReducePaths { many: ManyChoice { chunks_max: 4 << 20, ..paths.many }, ..paths };
+        let shared = Machine {
+            h2d_gbps: duplex,
+            d2h_gbps: duplex,
+            duplex_gbps: duplex,
+            cards_per_uplink: world,
+            ranks_per_device: world,
+            handoff_us,
+            op_us,
+            dram_gbps,
+            ..Machine::h200(world)
+        };
+        for &(kib, measured_us) in rows {
+            assert_eq!(paths.path_name(kib * KIB), "two-shot (flagged chunks)", "{source}: {kib} KiB");
+            let model_us = all_reduce_prediction(&shared, &paths, kib * KIB).seconds * 1e6;
+            let error = model_us / measured_us - 1.0;
+            assert!(
+                error.abs() <= 0.15,
+                "{source}: {world} ranks, {kib} KiB: model {model_us:.0} µs, measured {measured_us}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_forced_algorithm_comes_from_the_option_then_the_environment_and_never_the_ring() {
     assert_eq!(forced(None, None).unwrap(), None);
