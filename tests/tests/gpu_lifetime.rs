@@ -626,6 +626,41 @@ fn dropped_pinned_memory_is_reused_zeroed_and_handed_back_on_request() {
     assert_eq!(cached_host_bytes(), 0);
 }
 
+/// Waiting for the releases handed over since a mark (what the NCCL door's `ncclCommDestroy`
+/// does for its communicator's) waits for those, after their GPU work, and not for an older
+/// release whose work is still held: another owner's pending work never holds it up.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn waiting_for_the_releases_since_a_mark_skips_older_pending_ones() {
+    use geforce_p2p::cuda::lifetime::{releases_queued, wait_for_releases_since};
+    let _serial = gp2p_tests::serial();
+    let [device] = needs!(gpus: 1);
+    let (held, free) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let len = 1 << 20;
+    let host = random::<u32>(len, 7);
+    let (older, mine) =
+        (DeviceBuffer::from_host(&held, &host).unwrap(), DeviceBuffer::from_host(&free, &host).unwrap());
+    held.synchronize().unwrap();
+    free.synchronize().unwrap();
+    let mut pinned = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
+    let gate = hold(&held);
+    copy_to_host(&held, &older.view(..), &mut pinned.view_mut(..)).unwrap();
+    drop(older); // its copy waits behind the gate: its release stays pending
+    let mark = releases_queued();
+    let mut back = PinnedBuffer::<u32>::alloc(&device, len).unwrap();
+    copy_to_host(&free, &mine.view(..), &mut back.view_mut(..)).unwrap();
+    drop(mine);
+    let start = Instant::now();
+    wait_for_releases_since(mark);
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_secs(1), "waited {waited:?}: held up by the older, gated release");
+    // Its copy ran before its memory went: the data it read is whole.
+    assert_eq!(back.as_slice().unwrap(), &host[..], "the copy out of the released buffer");
+    gate.open();
+    held.synchronize().unwrap();
+    assert_eq!(pinned.as_slice().unwrap(), &host[..]);
+}
+
 /// Set in the child processes of the exit test: each drops queued work and exits at once.
 const EXIT_CHILD: &str = "GP2P_TEST_EXIT_CHILD";
 

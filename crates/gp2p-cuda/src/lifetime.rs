@@ -301,6 +301,8 @@ impl Release {
 
 /// A released resource waiting for its points.
 struct Grave {
+    /// Its place among every grave queued (the first is 1).
+    number: u64,
     points: Vec<StreamPoint>,
     release: Release,
 }
@@ -309,6 +311,10 @@ struct Queue {
     graves: Vec<Grave>,
     /// Graves taken by the reclaimer thread and not yet released.
     in_hand: usize,
+    /// Graves queued since the process started.
+    queued: u64,
+    /// The numbers of the graves queued and not yet released (or leaked).
+    unsettled: Vec<u64>,
 }
 
 /// Graves the queue and the reclaimer's lists hold without growing: a drop's push then finds
@@ -321,7 +327,7 @@ struct Reclaimer {
     queue: Mutex<Queue>,
     /// Wakes the reclaimer thread (new graves).
     wake: Condvar,
-    /// Wakes [`flush`] callers (the queue emptied).
+    /// Wakes [`flush_releases`] and [`wait_for_releases_since`] callers (graves settled).
     emptied: Condvar,
 }
 
@@ -334,7 +340,12 @@ fn reclaimer() -> &'static Reclaimer {
     static RECLAIMER: OnceLock<&'static Reclaimer> = OnceLock::new();
     RECLAIMER.get_or_init(|| {
         let r: &'static Reclaimer = Box::leak(Box::new(Reclaimer {
-            queue: Mutex::new(Queue { graves: Vec::with_capacity(GRAVES_RESERVED), in_hand: 0 }),
+            queue: Mutex::new(Queue {
+                graves: Vec::with_capacity(GRAVES_RESERVED),
+                in_hand: 0,
+                queued: 0,
+                unsettled: Vec::with_capacity(GRAVES_RESERVED),
+            }),
             wake: Condvar::new(),
             emptied: Condvar::new(),
         }));
@@ -398,8 +409,35 @@ impl std::fmt::Debug for ReleasesPaused {
 /// Never blocks: a drop calls this and returns.
 pub(crate) fn release_after(points: Vec<StreamPoint>, release: Release) {
     let r = reclaimer();
-    r.queue.lock().graves.push(Grave { points, release });
+    {
+        let mut queue = r.queue.lock();
+        queue.queued += 1;
+        let number = queue.queued;
+        queue.unsettled.push(number);
+        queue.graves.push(Grave { number, points, release });
+    }
     r.wake.notify_one();
+}
+
+/// How many releases have been handed to the reclaimer so far: a mark for
+/// [`wait_for_releases_since`].
+pub fn releases_queued() -> u64 {
+    reclaimer().queue.lock().queued
+}
+
+/// Block until every release handed over after `mark` ([`releases_queued`]) and before this
+/// call has run, waiting for the GPU work each waits for; releases handed over before `mark`
+/// or after this call are not waited for. For an owner that must know its own resources are
+/// gone before it returns (NCCL's `ncclCommDestroy`, after which a program may reset the
+/// device), without waiting for other owners' work as [`flush_releases`] does.
+pub fn wait_for_releases_since(mark: u64) {
+    let r = reclaimer();
+    let mut queue = r.queue.lock();
+    let end = queue.queued;
+    while queue.unsettled.iter().any(|&n| n > mark && n <= end) {
+        r.wake.notify_one();
+        r.emptied.wait(&mut queue);
+    }
 }
 
 /// Run a driver allocation; if it fails for lack of memory, wait until what was dropped has
@@ -439,6 +477,7 @@ fn reclaim_forever(r: &'static Reclaimer) {
     }
     let mut waiting: Vec<Grave> = Vec::with_capacity(GRAVES_RESERVED);
     let mut arrived: Vec<Grave> = Vec::with_capacity(GRAVES_RESERVED);
+    let mut settled_numbers: Vec<u64> = Vec::with_capacity(GRAVES_RESERVED);
     let mut poll = POLL_MIN;
     loop {
         {
@@ -466,6 +505,8 @@ fn reclaim_forever(r: &'static Reclaimer) {
             }
         }
         let settled_count = settled.len();
+        settled_numbers.clear();
+        settled_numbers.extend(settled.iter().map(|(_, grave)| grave.number));
         // Release outside the lock: a free may synchronise with the device.
         for (readiness, grave) in settled {
             // Broken: the context failed, so the work may never be known to be done; the
@@ -480,7 +521,12 @@ fn reclaim_forever(r: &'static Reclaimer) {
             }
         }
         poll = if settled_count > 0 { POLL_MIN } else { (poll * 2).min(POLL_MAX) };
-        r.queue.lock().in_hand -= settled_count;
+        if settled_count > 0 {
+            let mut queue = r.queue.lock();
+            queue.in_hand -= settled_count;
+            queue.unsettled.retain(|n| !settled_numbers.contains(n));
+            r.emptied.notify_all();
+        }
     }
 }
 
@@ -506,3 +552,6 @@ impl Grave {
         Readiness::Ready
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -376,8 +376,11 @@ fn end(
                     if abort {
                         served.abort();
                     } else {
+                        // Its own releases only: another communicator's pending work may wait
+                        // on a peer, as NCCL's destroy would not.
+                        let mark = geforce_p2p::cuda::lifetime::releases_queued();
                         drop(served);
-                        geforce_p2p::cuda::lifetime::flush_releases();
+                        geforce_p2p::cuda::lifetime::wait_for_releases_since(mark);
                     }
                     ok()
                 }
