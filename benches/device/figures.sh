@@ -285,6 +285,7 @@ section_door() {
         # Each test within what is left of the call (at most 60 s): one that hangs costs no more.
         left=$((${DEADLINE:-540} - SECONDS))
         [ "$left" -gt 60 ] && left=60
+        [ "$left" -lt 1 ] && left=1 # timeout 0 would mean no limit
         name=door-$tag$n-$t$suffix.txt
         launch=()
         [ "$as" = processes ] && launch=(python3 "$ROOT/benches/nccl/minimpi/mpirun.py" -n "$n" --)

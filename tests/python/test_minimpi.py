@@ -51,6 +51,19 @@ def test_a_rank_that_fails_stops_the_others_and_gives_its_status(check):
     assert "ok " not in run.stdout
 
 
+@pytest.mark.parametrize("mode, message", [
+    ("oversize", "MPI_Bcast: 2097152 bytes a rank is more than the 1048576-byte slot; raise mpirun.py's --slot-bytes"),
+    ("badop", "MPI_Allreduce: the operation is not sum, min or max"),
+])
+def test_a_call_it_cannot_serve_ends_the_ranks_with_a_message(check, mode, message):
+    # nccl-tests ignores MPI's return codes: a rank that skipped a collective would leave the
+    # others' barriers out of step, so such a call ends the process instead.
+    run = mpirun("-n", "2", "--", check, mode, timeout=60)
+    assert run.returncode == 1, run.stderr
+    assert message in run.stderr
+    assert "ok " not in run.stdout
+
+
 def test_a_peer_that_never_arrives_ends_the_wait_with_a_message(check, tmp_path):
     # One rank of a world of two, started by hand: its first collective waits for a peer that
     # never comes, until MINIMPI_TIMEOUT.

@@ -6,9 +6,12 @@
  * process per rank, the way torchrun, vLLM and sglang drive it. Only what nccl-tests v2.19.6
  * calls is here: init and finalize, size and rank, split and free, barrier, broadcast, gather,
  * all-gather and all-reduce (sum, min, max over int, long, long long, int64, double, bytes).
- * Every collective of a communicator is called by all its ranks, and the ranks of every
- * communicator call their collectives in the same order, as nccl-tests does; a peer that
- * never arrives ends the process after MINIMPI_TIMEOUT seconds (default 600) with a message.
+ * Every collective of a communicator is called by all its ranks, the ranks of every
+ * communicator call their collectives in the same order, and every process makes the same
+ * splits in the same order, as nccl-tests does; a peer that never arrives ends the process
+ * after MINIMPI_TIMEOUT seconds (default 600) with a message, and so does a call this MPI
+ * cannot serve (too many bytes for a slot, an unknown type or operation), since nccl-tests
+ * ignores return codes and a rank that skipped a collective would desynchronise the rest.
  */
 #ifndef MINIMPI_MPI_H
 #define MINIMPI_MPI_H

@@ -44,6 +44,16 @@ def main(argv=None):
     with open(segment, "wb") as f:
         f.truncate(HEADER_BYTES + args.ranks * args.slot_bytes)
     ranks = []
+
+    def forward(signum, _frame):
+        for p in ranks:
+            if p.poll() is None:
+                p.send_signal(signum)
+        if len(ranks) < args.ranks:  # still starting them: start no more
+            raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward)
     try:
         for rank in range(args.ranks):
             env = dict(os.environ, MINIMPI_SEG=segment, MINIMPI_RANK=str(rank), MINIMPI_SIZE=str(args.ranks),
@@ -53,6 +63,9 @@ def main(argv=None):
     except FileNotFoundError as e:
         print(f"mpirun.py: cannot start {command[0]}: {e}", file=sys.stderr)
         return 127
+    except KeyboardInterrupt:
+        print("mpirun.py: stopped by a signal while starting the ranks", file=sys.stderr)
+        return 130
     finally:
         stop(ranks)
         os.unlink(segment)
@@ -60,15 +73,8 @@ def main(argv=None):
 
 
 def wait(ranks):
-    """Every rank's end; the first failure's status, after stopping the rest."""
-
-    def forward(signum, _frame):
-        for p in ranks:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, forward)
+    """Every rank's end; the first failure's status (the lowest rank among those found failed
+    at one look), after stopping the rest."""
     while True:
         statuses = [p.poll() for p in ranks]
         failed = [(i, s) for i, s in enumerate(statuses) if s not in (None, 0)]

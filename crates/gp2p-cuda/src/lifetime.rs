@@ -313,8 +313,11 @@ struct Queue {
     in_hand: usize,
     /// Graves queued since the process started.
     queued: u64,
-    /// The numbers of the graves queued and not yet released (or leaked).
-    unsettled: Vec<u64>,
+    /// The numbers of the graves the reclaimer thread has taken and not yet released (or
+    /// leaked), kept by that thread, so a drop's push never grows it.
+    in_hand_numbers: Vec<u64>,
+    /// Whether the reclaimer thread runs (it could not start: nothing is ever released).
+    reclaiming: bool,
 }
 
 /// Graves the queue and the reclaimer's lists hold without growing: a drop's push then finds
@@ -344,12 +347,14 @@ fn reclaimer() -> &'static Reclaimer {
                 graves: Vec::with_capacity(GRAVES_RESERVED),
                 in_hand: 0,
                 queued: 0,
-                unsettled: Vec::with_capacity(GRAVES_RESERVED),
+                in_hand_numbers: Vec::with_capacity(GRAVES_RESERVED),
+                reclaiming: false,
             }),
             wake: Condvar::new(),
             emptied: Condvar::new(),
         }));
         let spawned = std::thread::Builder::new().name("gp2p-reclaimer".into()).spawn(move || reclaim_forever(r));
+        r.queue.lock().reclaiming = spawned.is_ok();
         if spawned.is_err() {
             // Without the thread nothing would ever be released: leak instead (the memory
             // stays mapped, which is safe), and say so at the next synchronisation.
@@ -413,7 +418,6 @@ pub(crate) fn release_after(points: Vec<StreamPoint>, release: Release) {
         let mut queue = r.queue.lock();
         queue.queued += 1;
         let number = queue.queued;
-        queue.unsettled.push(number);
         queue.graves.push(Grave { number, points, release });
     }
     r.wake.notify_one();
@@ -427,14 +431,18 @@ pub fn releases_queued() -> u64 {
 
 /// Block until every release handed over after `mark` ([`releases_queued`]) and before this
 /// call has run, waiting for the GPU work each waits for; releases handed over before `mark`
-/// or after this call are not waited for. For an owner that must know its own resources are
+/// or after this call are not waited for, but those other threads hand over in between are.
+/// Returns at once where the reclaimer thread could not start (nothing is released then). For an owner that must know its own resources are
 /// gone before it returns (NCCL's `ncclCommDestroy`, after which a program may reset the
 /// device), without waiting for other owners' work as [`flush_releases`] does.
 pub fn wait_for_releases_since(mark: u64) {
     let r = reclaimer();
     let mut queue = r.queue.lock();
     let end = queue.queued;
-    while queue.unsettled.iter().any(|&n| n > mark && n <= end) {
+    let since = |n: u64| n > mark && n <= end;
+    while queue.reclaiming
+        && (queue.graves.iter().any(|g| since(g.number)) || queue.in_hand_numbers.iter().any(|&n| since(n)))
+    {
         r.wake.notify_one();
         r.emptied.wait(&mut queue);
     }
@@ -459,7 +467,7 @@ pub(crate) fn retry_after_releases(mut allocate: impl FnMut() -> sys::CUresult) 
 pub fn flush_releases() {
     let r = reclaimer();
     let mut queue = r.queue.lock();
-    while !queue.graves.is_empty() || queue.in_hand > 0 {
+    while queue.reclaiming && (!queue.graves.is_empty() || queue.in_hand > 0) {
         r.wake.notify_one();
         r.emptied.wait(&mut queue);
     }
@@ -493,6 +501,7 @@ fn reclaim_forever(r: &'static Reclaimer) {
             // driver holds while it pins host memory).
             std::mem::swap(&mut queue.graves, &mut arrived);
             queue.in_hand += arrived.len();
+            queue.in_hand_numbers.extend(arrived.iter().map(|grave| grave.number));
         }
         // Outside the lock: `waiting` may grow, and a drop must not wait for that.
         waiting.append(&mut arrived);
@@ -524,7 +533,8 @@ fn reclaim_forever(r: &'static Reclaimer) {
         if settled_count > 0 {
             let mut queue = r.queue.lock();
             queue.in_hand -= settled_count;
-            queue.unsettled.retain(|n| !settled_numbers.contains(n));
+            settled_numbers.sort_unstable();
+            queue.in_hand_numbers.retain(|n| settled_numbers.binary_search(n).is_err());
             r.emptied.notify_all();
         }
     }

@@ -376,11 +376,7 @@ fn end(
                     if abort {
                         served.abort();
                     } else {
-                        // Its own releases only: another communicator's pending work may wait
-                        // on a peer, as NCCL's destroy would not.
-                        let mark = geforce_p2p::cuda::lifetime::releases_queued();
-                        drop(served);
-                        geforce_p2p::cuda::lifetime::wait_for_releases_since(mark);
+                        destroy_and_wait(served);
                     }
                     ok()
                 }
@@ -390,6 +386,33 @@ fn end(
                     Err(Error::argument("comm", "destroyed already (ncclCommDestroy or ncclCommAbort)"))
                 }
             }
+        }
+    }
+}
+
+/// Drop `served` once this is its last holder, and wait for the releases that drop hands
+/// over: its own only (a mark before, [`wait_for_releases_since`] after), since another
+/// communicator's pending work may wait on a peer, which NCCL's destroy would not wait for.
+/// Another thread's call holds it for microseconds; a holder that keeps it for a second (a
+/// group not yet ended) keeps it, and its resources go when that one lets go.
+///
+/// [`wait_for_releases_since`]: geforce_p2p::cuda::lifetime::wait_for_releases_since
+fn destroy_and_wait(mut served: Arc<Served>) {
+    use geforce_p2p::cuda::lifetime::{releases_queued, wait_for_releases_since};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match Arc::try_unwrap(served) {
+            Ok(last) => {
+                let mark = releases_queued();
+                drop(last);
+                wait_for_releases_since(mark);
+                return;
+            }
+            Err(shared) if std::time::Instant::now() < deadline => {
+                served = shared;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(_) => return,
         }
     }
 }
