@@ -21,6 +21,11 @@
 #   door     the NCCL door under an MPS daemon: torch's "nccl" backend, vLLM's pynccl calls and
 #            a killed rank, 2 to 8 processes (test_nccl_door_gpu.py, against the wheel's door)
 #                                                                     -> python-door.log
+#   door-reset  nccl-tests through the NCCL door among 4 processes under MPS (NCCL_TESTS: the build
+#            folder of benches/device/nccl-tests.sh), alltoall and reduce_scatter RESET_RUNS times
+#            each (default 8), with benches/probes/fault_thread.c preloaded: nccl-tests resets
+#            the device right after ncclCommDestroy, so a destroy that returned before its
+#            releases faults there; counts the runs that faulted   -> door-destroy-fault.txt
 #   kernels  test_gpu.py and test_compile.py against the copy Hugging Face kernels loads from
 #            HUB (a `cargo xtask hub` repository; kernels 0.17.2's wheels in KWHEELS)
 #                                                                     -> python-gpu-kernels.log
@@ -107,6 +112,32 @@ for section in "${sections[@]}"; do
     done
     mps_stop
     ;;
+  door-reset)
+    if [ ! -x "${NCCL_TESTS:-}/build-mp/alltoall_perf" ]; then
+      note "door-reset: no nccl-tests in NCCL_TESTS/build-mp: build them with benches/device/nccl-tests.sh"
+      continue
+    fi
+    if ! wheel || ! mps_start; then continue; fi
+    cc -shared -fPIC -O1 -o /tmp/fault_thread.so benches/probes/fault_thread.c -ldl
+    log=$RES/door-destroy-fault.txt
+    header "LD_PRELOAD=fault_thread.so python3 -m geforce_p2p.nccl -- python3 benches/nccl/minimpi/mpirun.py -n 4 -- build-mp/{alltoall,reduce_scatter}_perf -b 16K -e 16M -f 4 -c 1 -n 20 -w 5 -d float, ${RESET_RUNS:-8} times each (under an MPS daemon)" >"$log"
+    faulted=0 runs=0
+    for i in $(seq 1 "${RESET_RUNS:-8}"); do
+      late && break
+      for t in alltoall reduce_scatter; do
+        LD_PRELOAD=/tmp/fault_thread.so timeout -k 5 60 python3 -m geforce_p2p.nccl -- python3 benches/nccl/minimpi/mpirun.py -n 4 -- \
+          "$NCCL_TESTS/build-mp/${t}_perf" -b 16K -e 16M -f 4 -c 1 -n 20 -w 5 -d float >"$LOGS/reset-run.txt" 2>&1
+        rc=$?
+        runs=$((runs + 1))
+        grep -q 'FAULT pid' "$LOGS/reset-run.txt" && faulted=$((faulted + 1))
+        echo "run $i $t: rc $rc, $(grep -c 'FAULT pid' "$LOGS/reset-run.txt") fault(s), $(grep -E 'Out of bounds' "$LOGS/reset-run.txt" | tr -s ' ')" >>"$log"
+        grep 'FAULT' "$LOGS/reset-run.txt" | head -12 >>"$log"
+      done
+    done
+    rm -f "$LOGS/reset-run.txt"
+    note "door-reset: $faulted of $runs nccl-tests runs among 4 processes faulted"
+    mps_stop
+    ;;
   kernels)
     # The same tests against the copy Hugging Face kernels loads from the Hub build (HUB).
     if ! wheel || ! kernels_wheels; then continue; fi
@@ -115,7 +146,7 @@ for section in "${sections[@]}"; do
     note "python GPU tests, kernels copy: $(tail -1 "$RES/python-gpu-kernels.log")"
     ;;
   *)
-    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, many, latency, kernels)" >&2
+    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, many, latency, door, door-reset, kernels)" >&2
     exit 2
     ;;
   esac
