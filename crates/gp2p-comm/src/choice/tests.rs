@@ -6,6 +6,21 @@ use super::*;
 
 const KIB: usize = 1 << 10;
 
+/// `world` ranks on one GPU, its link every rank's, at the rates a run measured.
+fn one_gpu(world: usize, duplex: f64, handoff_us: f64, op_us: f64, dram_gbps: f64) -> Machine {
+    Machine {
+        h2d_gbps: duplex,
+        d2h_gbps: duplex,
+        duplex_gbps: duplex,
+        cards_per_uplink: world,
+        ranks_per_device: world,
+        handoff_us,
+        op_us,
+        dram_gbps,
+        ..Machine::h200(world)
+    }
+}
+
 fn h200(ranks: usize) -> ManyChoice {
     ManyChoice { machine: Machine::h200(ranks), lines_max: 64 * KIB, chunks_max: 0, forced: None }
 }
@@ -276,17 +291,7 @@ fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent()
         let paths = AllReducePaths::of(world, &options, None).unwrap();
         // Every rank on the one GPU: two ranks there share its link.
         let paths = if world == 2 { paths.on_one_link() } else { paths };
-        let shared = Machine {
-            h2d_gbps: duplex,
-            d2h_gbps: duplex,
-            duplex_gbps: duplex,
-            cards_per_uplink: world,
-            ranks_per_device: world,
-            handoff_us,
-            op_us,
-            dram_gbps,
-            ..Machine::h200(world)
-        };
+        let shared = one_gpu(world, duplex, handoff_us, op_us, dram_gbps);
         let apart = Machine { ranks_per_device: 1, ..shared };
         for (mib, measured_us) in [1, 4, 16, 64, 256].into_iter().zip(times).filter(|&(_, t)| t > 0.0) {
             let model_us = |m: &Machine| all_reduce_prediction(m, &paths, mib * MIB).seconds * 1e6;
@@ -363,17 +368,7 @@ fn the_h100_rows_of_the_many_rank_chunk_kernel_are_within_fifteen_percent() {
         let paths = AllReducePaths::of(world, &options, None).unwrap();
         // The bench forced the chunks up to 4 MiB (`--small-max-bytes 4M`); the default stops at 1.
         let paths = AllReducePaths { many: ManyChoice { chunks_max: 4 << 20, ..paths.many }, ..paths };
-        let shared = Machine {
-            h2d_gbps: duplex,
-            d2h_gbps: duplex,
-            duplex_gbps: duplex,
-            cards_per_uplink: world,
-            ranks_per_device: world,
-            handoff_us,
-            op_us,
-            dram_gbps,
-            ..Machine::h200(world)
-        };
+        let shared = one_gpu(world, duplex, handoff_us, op_us, dram_gbps);
         for &(kib, measured_us) in rows {
             assert_eq!(paths.path_name(kib * KIB), "two-shot (flagged chunks)", "{source}: {kib} KiB");
             let model_us = all_reduce_prediction(&shared, &paths, kib * KIB).seconds * 1e6;
