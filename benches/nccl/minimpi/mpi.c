@@ -244,6 +244,22 @@ int MPI_Bcast(void *buffer, int count, MPI_Datatype t, int root, MPI_Comm c) {
   return MPI_SUCCESS;
 }
 
+/* Every rank's part of `bytes` (from `send`, or in place from its own place in `recv`) into
+ * `recv` in rank order: on `root` alone, or on every rank where `root` is -1. */
+static void gather(const char *what, const void *send, size_t bytes, void *recv, int root, MPI_Comm c,
+                   const struct comm *m) {
+  const char *mine = send == MPI_IN_PLACE ? (const char *)recv + m->rank * bytes : (const char *)send;
+  if (m->size == 1) {
+    if (send != MPI_IN_PLACE) memmove(recv, send, bytes);
+    return;
+  }
+  memcpy(slot(world_rank), mine, bytes);
+  meet(c, m, what);
+  if (root < 0 || m->rank == root)
+    for (int r = 0; r < m->size; r++) memcpy((char *)recv + r * bytes, slot(m->members[r]), bytes);
+  meet(c, m, what);
+}
+
 int MPI_Gather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
                MPI_Datatype recv_type, int root, MPI_Comm c) {
   struct comm *m = lookup(c);
@@ -254,16 +270,7 @@ int MPI_Gather(const void *send, int send_count, MPI_Datatype send_type, void *r
                                       : part_bytes("MPI_Gather", send_count, send_type);
   if (m->rank == root && part_bytes("MPI_Gather", recv_count, recv_type) != bytes)
     fail("MPI_Gather: the root's receive count differs from what each rank sends");
-  const char *mine = send == MPI_IN_PLACE ? (const char *)recv + m->rank * bytes : (const char *)send;
-  if (m->size == 1) {
-    if (send != MPI_IN_PLACE) memmove(recv, send, bytes);
-    return MPI_SUCCESS;
-  }
-  memcpy(slot(world_rank), mine, bytes);
-  meet(c, m, "MPI_Gather");
-  if (m->rank == root)
-    for (int r = 0; r < m->size; r++) memcpy((char *)recv + r * bytes, slot(m->members[r]), bytes);
-  meet(c, m, "MPI_Gather");
+  gather("MPI_Gather", send, bytes, recv, root, c, m);
   return MPI_SUCCESS;
 }
 
@@ -274,15 +281,7 @@ int MPI_Allgather(const void *send, int send_count, MPI_Datatype send_type, void
   size_t bytes = part_bytes("MPI_Allgather", recv_count, recv_type);
   if (send != MPI_IN_PLACE && part_bytes("MPI_Allgather", send_count, send_type) != bytes)
     fail("MPI_Allgather: the send count differs from the receive count");
-  const char *mine = send == MPI_IN_PLACE ? (const char *)recv + m->rank * bytes : (const char *)send;
-  if (m->size == 1) {
-    if (send != MPI_IN_PLACE) memmove(recv, send, bytes);
-    return MPI_SUCCESS;
-  }
-  memcpy(slot(world_rank), mine, bytes);
-  meet(c, m, "MPI_Allgather");
-  for (int r = 0; r < m->size; r++) memcpy((char *)recv + r * bytes, slot(m->members[r]), bytes);
-  meet(c, m, "MPI_Allgather");
+  gather("MPI_Allgather", send, bytes, recv, -1, c, m);
   return MPI_SUCCESS;
 }
 

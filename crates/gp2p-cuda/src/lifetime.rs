@@ -309,13 +309,11 @@ struct Grave {
 
 struct Queue {
     graves: Vec<Grave>,
-    /// Graves taken by the reclaimer thread and not yet released.
-    in_hand: usize,
     /// Graves queued since the process started.
     queued: u64,
     /// The numbers of the graves the reclaimer thread has taken and not yet released (or
     /// leaked), kept by that thread, so a drop's push never grows it.
-    in_hand_numbers: Vec<u64>,
+    in_hand: Vec<u64>,
     /// Whether the reclaimer thread runs (it could not start: nothing is ever released).
     reclaiming: bool,
 }
@@ -345,9 +343,8 @@ fn reclaimer() -> &'static Reclaimer {
         let r: &'static Reclaimer = Box::leak(Box::new(Reclaimer {
             queue: Mutex::new(Queue {
                 graves: Vec::with_capacity(GRAVES_RESERVED),
-                in_hand: 0,
                 queued: 0,
-                in_hand_numbers: Vec::with_capacity(GRAVES_RESERVED),
+                in_hand: Vec::with_capacity(GRAVES_RESERVED),
                 reclaiming: false,
             }),
             wake: Condvar::new(),
@@ -432,16 +429,16 @@ pub fn releases_queued() -> u64 {
 /// Block until every release handed over after `mark` ([`releases_queued`]) and before this
 /// call has run, waiting for the GPU work each waits for; releases handed over before `mark`
 /// or after this call are not waited for, but those other threads hand over in between are.
-/// Returns at once where the reclaimer thread could not start (nothing is released then). For an owner that must know its own resources are
-/// gone before it returns (NCCL's `ncclCommDestroy`, after which a program may reset the
-/// device), without waiting for other owners' work as [`flush_releases`] does.
+/// For an owner that must know its own resources are gone before it returns (NCCL's
+/// `ncclCommDestroy`, after which a program may reset the device), without waiting for other
+/// owners' work as [`flush_releases`] does. Returns at once where the reclaimer thread could
+/// not start (nothing is released then).
 pub fn wait_for_releases_since(mark: u64) {
     let r = reclaimer();
     let mut queue = r.queue.lock();
     let end = queue.queued;
     let since = |n: u64| n > mark && n <= end;
-    while queue.reclaiming
-        && (queue.graves.iter().any(|g| since(g.number)) || queue.in_hand_numbers.iter().any(|&n| since(n)))
+    while queue.reclaiming && (queue.graves.iter().any(|g| since(g.number)) || queue.in_hand.iter().any(|&n| since(n)))
     {
         r.wake.notify_one();
         r.emptied.wait(&mut queue);
@@ -465,12 +462,7 @@ pub(crate) fn retry_after_releases(mut allocate: impl FnMut() -> sys::CUresult) 
 /// GPU work it waits for). For the out-of-memory path of allocations, which retry once after
 /// this, and for tests.
 pub fn flush_releases() {
-    let r = reclaimer();
-    let mut queue = r.queue.lock();
-    while queue.reclaiming && (!queue.graves.is_empty() || queue.in_hand > 0) {
-        r.wake.notify_one();
-        r.emptied.wait(&mut queue);
-    }
+    wait_for_releases_since(0);
 }
 
 fn reclaim_forever(r: &'static Reclaimer) {
@@ -491,7 +483,6 @@ fn reclaim_forever(r: &'static Reclaimer) {
         {
             let mut queue = r.queue.lock();
             if waiting.is_empty() && queue.graves.is_empty() {
-                r.emptied.notify_all();
                 r.wake.wait(&mut queue);
             } else if queue.graves.is_empty() {
                 r.wake.wait_for(&mut queue, poll);
@@ -500,8 +491,7 @@ fn reclaim_forever(r: &'static Reclaimer) {
             // allocates (an allocation can wait on the process's memory-map lock, which the
             // driver holds while it pins host memory).
             std::mem::swap(&mut queue.graves, &mut arrived);
-            queue.in_hand += arrived.len();
-            queue.in_hand_numbers.extend(arrived.iter().map(|grave| grave.number));
+            queue.in_hand.extend(arrived.iter().map(|grave| grave.number));
         }
         // Outside the lock: `waiting` may grow, and a drop must not wait for that.
         waiting.append(&mut arrived);
@@ -513,7 +503,6 @@ fn reclaim_forever(r: &'static Reclaimer) {
                 readiness => settled.push((readiness, waiting.swap_remove(i))),
             }
         }
-        let settled_count = settled.len();
         settled_numbers.clear();
         settled_numbers.extend(settled.iter().map(|(_, grave)| grave.number));
         // Release outside the lock: a free may synchronise with the device.
@@ -529,12 +518,11 @@ fn reclaim_forever(r: &'static Reclaimer) {
                 std::mem::forget(grave);
             }
         }
-        poll = if settled_count > 0 { POLL_MIN } else { (poll * 2).min(POLL_MAX) };
-        if settled_count > 0 {
+        poll = if settled_numbers.is_empty() { (poll * 2).min(POLL_MAX) } else { POLL_MIN };
+        if !settled_numbers.is_empty() {
             let mut queue = r.queue.lock();
-            queue.in_hand -= settled_count;
             settled_numbers.sort_unstable();
-            queue.in_hand_numbers.retain(|n| settled_numbers.binary_search(n).is_err());
+            queue.in_hand.retain(|n| settled_numbers.binary_search(n).is_err());
             r.emptied.notify_all();
         }
     }
