@@ -270,8 +270,13 @@ section_door() {
   local n t c k left rc sizes="-b 16K -e ${DOOR_MAX_BYTES:-1G} -f 4" repeats=${DOOR_REPEATS:-3} suffix killed ranks name launch
   for n in ${DOOR_RANKS:-2 4 8}; do
     # Processes: the launcher starts N ranks of one binary; threads: one binary runs N.
-    ranks=(-t "$n")
-    [ "$as" = processes ] && ranks=()
+    if [ "$as" = processes ]; then
+      launch=(python3 "$ROOT/benches/nccl/minimpi/mpirun.py" -n "$n" --)
+      ranks=()
+    else
+      launch=()
+      ranks=(-t "$n")
+    fi
     # Every test once for #wrong; then the four the communicator runs again, in turns with
     # the communicator under MPS, so each size compares by the medians of runs taken alike.
     # A test killed, or the call's deadline, ends the repeats at this N; what ran is compared.
@@ -287,8 +292,6 @@ section_door() {
         [ "$left" -gt 60 ] && left=60
         [ "$left" -lt 1 ] && left=1 # timeout 0 would mean no limit
         name=door-$tag$n-$t$suffix.txt
-        launch=()
-        [ "$as" = processes ] && launch=(python3 "$ROOT/benches/nccl/minimpi/mpirun.py" -n "$n" --)
         [ "$as" = processes ] && { mps_start || return; }
         # TERM first: the launcher passes it to every rank (KILL would leave them on the GPU).
         # -a 0: rank 0's time, as gp2p bench comm reports it (nccl-tests' default is the mean

@@ -25,7 +25,7 @@
 #            folder of benches/device/nccl-tests.sh), alltoall and reduce_scatter RESET_RUNS times
 #            each (default 8), with benches/probes/fault_thread.c preloaded: nccl-tests resets
 #            the device right after ncclCommDestroy, so a destroy that returned before its
-#            releases faults there; counts the runs that faulted   -> door-destroy-fault.txt
+#            releases faults there; counts the runs that faulted or failed -> door-destroy-fault.txt
 #   kernels  test_gpu.py and test_compile.py against the copy Hugging Face kernels loads from
 #            HUB (a `cargo xtask hub` repository; kernels 0.17.2's wheels in KWHEELS)
 #                                                                     -> python-gpu-kernels.log
@@ -121,7 +121,7 @@ for section in "${sections[@]}"; do
     cc -shared -fPIC -O1 -o /tmp/fault_thread.so benches/probes/fault_thread.c -ldl
     log=$RES/door-destroy-fault.txt
     header "LD_PRELOAD=fault_thread.so python3 -m geforce_p2p.nccl -- python3 benches/nccl/minimpi/mpirun.py -n 4 -- build-mp/{alltoall,reduce_scatter}_perf -b 16K -e 16M -f 4 -c 1 -n 20 -w 5 -d float, ${RESET_RUNS:-8} times each (under an MPS daemon)" >"$log"
-    faulted=0 runs=0
+    faulted=0 failed=0 runs=0
     for i in $(seq 1 "${RESET_RUNS:-8}"); do
       late && break
       for t in alltoall reduce_scatter; do
@@ -129,13 +129,14 @@ for section in "${sections[@]}"; do
           "$NCCL_TESTS/build-mp/${t}_perf" -b 16K -e 16M -f 4 -c 1 -n 20 -w 5 -d float >"$LOGS/reset-run.txt" 2>&1
         rc=$?
         runs=$((runs + 1))
+        [ "$rc" = 0 ] || failed=$((failed + 1))
         grep -q 'FAULT pid' "$LOGS/reset-run.txt" && faulted=$((faulted + 1))
         echo "run $i $t: rc $rc, $(grep -c 'FAULT pid' "$LOGS/reset-run.txt") fault(s), $(grep -E 'Out of bounds' "$LOGS/reset-run.txt" | tr -s ' ')" >>"$log"
         grep 'FAULT' "$LOGS/reset-run.txt" | head -12 >>"$log"
       done
     done
     rm -f "$LOGS/reset-run.txt"
-    note "door-reset: $faulted of $runs nccl-tests runs among 4 processes faulted"
+    note "door-reset: of $runs nccl-tests runs among 4 processes, $faulted faulted and $failed ended non-zero"
     mps_stop
     ;;
   kernels)
