@@ -19,6 +19,13 @@
 #                        and racecheck, every process watched, under an MPS daemon started
 #                        for it (the runner's sanitized pass skips tests that need one)
 #                                                                          -> {memcheck,racecheck}-chunks-many.log
+#   door                 the NCCL door under memcheck: nccl-tests' seven tests (NCCL_TESTS: the
+#                        build folder of benches/device/nccl-tests.sh) as two threads of one
+#                        process, every op and type at small sizes; then torch's "nccl" backend
+#                        and vLLM's pynccl calls between two processes under an MPS daemon
+#                        (test_nccl_door_gpu.py's 2-rank tests), every process watched (the wheel)
+#                                                                          -> memcheck-door-nccl-tests.log
+#                                                                             memcheck-door-torch.log
 # GP2P_TEST_MAX_LEN (default 65539), GP2P_TEST_TIMEOUT (default 430) pass to the runner. The
 # environment, the bundle and where files go: common.sh.
 source "$(dirname "$0")/common.sh"
@@ -125,8 +132,36 @@ for section in "${sections[@]}"; do
     done
     mps_stop
     ;;
+  door)
+    if [ ! -x "${NCCL_TESTS:-}/build/all_reduce_perf" ]; then
+      note "door: no nccl-tests in NCCL_TESTS/build: build them with benches/device/nccl-tests.sh"
+      continue
+    fi
+    wheel || continue
+    log=$RES/memcheck-door-nccl-tests.log
+    header "python3 -m geforce_p2p.nccl -- compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 build/<test>_perf -t 2 -b 8 -e 256K -f 32 -c 1 -n 1 -w 1 -o all -d all, for each of the seven tests" >"$log"
+    # Threads need no MPS daemon: the launcher gives the process the hardware queues they need.
+    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+      late && break
+      echo "== $t" >>"$log"
+      from=$(($(wc -l <"$log") + 1))
+      timeout -k 5 150 python3 -m geforce_p2p.nccl -- "$S" --tool memcheck --error-exitcode 86 --print-limit 20 \
+        "$NCCL_TESTS/build/${t}_perf" -t 2 -b 8 -e 256K -f 32 -c 1 -n 1 -w 1 -o all -d all >>"$log" 2>&1
+      rc=$?
+      own=$(tail -n +"$from" "$log")
+      note "memcheck door $t (2 threads): rc $rc, $(grep -cE '^ +[0-9]+ ' <<<"$own") rows, $(grep -E 'Out of bounds' <<<"$own" | tr -s ' ')$(grep -E 'ERROR SUMMARY' <<<"$own" | tail -1)"
+    done
+    late && continue
+    mps_start || continue
+    record memcheck-door-torch.log timeout --signal=KILL $((${DEADLINE:-540} - SECONDS)) "$S" --tool memcheck --target-processes all \
+      --error-exitcode 86 --print-limit 20 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_nccl_door_gpu.py -k "2]" >/dev/null
+    note "memcheck door, torch and pynccl among 2 processes: rc $? $(tail -1 "$RES/memcheck-door-torch.log")" \
+      "$(grep -c 'ERROR SUMMARY: 0 errors' "$RES/memcheck-door-torch.log") clean process summaries," \
+      "$(grep -cE 'ERROR SUMMARY: [1-9]' "$RES/memcheck-door-torch.log") not"
+    mps_stop
+    ;;
   *)
-    echo "sanitize.sh: no section $section (memcheck, racecheck, racecheck-each, synccheck, python, many)" >&2
+    echo "sanitize.sh: no section $section (memcheck, racecheck, racecheck-each, synccheck, python, many, door)" >&2
     exit 2
     ;;
   esac
