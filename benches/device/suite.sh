@@ -26,6 +26,12 @@
 #            each (default 8), with benches/probes/fault_thread.c preloaded: nccl-tests resets
 #            the device right after ncclCommDestroy, so a destroy that returned before its
 #            releases faults there; counts the runs that faulted or failed -> door-destroy-fault.txt
+#   door-matrix  nccl-tests' seven tests through the NCCL door with every op and type (-o all -d all),
+#            -b 8 -e MATRIX_MAX_BYTES (default 64M) -f 8, ranks as threads of one process (-t N)
+#            and as devices of one thread (-g N: ncclCommInitAll), for N in MATRIX_RANKS (default
+#            2 4 8) and the modes in MATRIX_MODES (default t g); NCCL_TESTS as for door-reset;
+#            each run at most 120 s, none started past DEADLINE -> door-matrix-<mode><N>-<test>.txt
+#                                                                      door-matrix.txt (a line a run)
 #   kernels  test_gpu.py and test_compile.py against the copy Hugging Face kernels loads from
 #            HUB (a `cargo xtask hub` repository; kernels 0.17.2's wheels in KWHEELS)
 #                                                                     -> python-gpu-kernels.log
@@ -139,6 +145,34 @@ for section in "${sections[@]}"; do
     note "door-reset: of $runs nccl-tests runs among 4 processes, $faulted faulted and $failed ended non-zero"
     mps_stop
     ;;
+  door-matrix)
+    if [ ! -x "${NCCL_TESTS:-}/build/all_reduce_perf" ]; then
+      note "door-matrix: no nccl-tests in NCCL_TESTS/build: build them with benches/device/nccl-tests.sh"
+      continue
+    fi
+    wheel || continue
+    summary_file=$RES/door-matrix.txt
+    header "python3 -m geforce_p2p.nccl -- build/<test>_perf -<mode> <N> -b 8 -e ${MATRIX_MAX_BYTES:-64M} -f 8 -c 1 -o all -d all -n 2 -w 1 (no MPS daemon), a line a run" >"$summary_file"
+    runs=0 bad=0
+    for n in ${MATRIX_RANKS:-2 4 8}; do
+      for mode in ${MATRIX_MODES:-t g}; do
+        for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+          late && break 3
+          name=door-matrix-$mode$n-$t.txt
+          record "$name" timeout -k 10 120 python3 -m geforce_p2p.nccl -- "$NCCL_TESTS/build/${t}_perf" -"$mode" "$n" \
+            -b 8 -e "${MATRIX_MAX_BYTES:-64M}" -f 8 -c 1 -o all -d all -n 2 -w 1 >/dev/null
+          rc=$?
+          # Columns 9 and 13 of a row are the out-of-place and in-place #wrong.
+          wrong=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13 { w += $9 + $13 } END { print w + 0 }' "$RES/$name")
+          rows=$(grep -cE '^ +[0-9]+ ' "$RES/$name")
+          runs=$((runs + 1))
+          { [ "$rc" = 0 ] && [ "$wrong" = 0 ] && [ "$rows" -gt 0 ]; } || bad=$((bad + 1))
+          echo "-$mode $n $t: rc $rc, $rows rows, #wrong $wrong" >>"$summary_file"
+        done
+      done
+    done
+    note "door-matrix: $runs runs, $bad with an error, a wrong element or no rows (door-matrix.txt)"
+    ;;
   kernels)
     # The same tests against the copy Hugging Face kernels loads from the Hub build (HUB).
     if ! wheel || ! kernels_wheels; then continue; fi
@@ -147,7 +181,7 @@ for section in "${sections[@]}"; do
     note "python GPU tests, kernels copy: $(tail -1 "$RES/python-gpu-kernels.log")"
     ;;
   *)
-    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, many, latency, door, door-reset, kernels)" >&2
+    echo "suite.sh: no section $section (plain, one-gpu, turing, lines, python, many, latency, door, door-reset, door-matrix, kernels)" >&2
     exit 2
     ;;
   esac
