@@ -30,7 +30,9 @@
 #            -b 8 -e MATRIX_MAX_BYTES (default 64M) -f 8, ranks as threads of one process (-t N)
 #            and as devices of one thread (-g N: ncclCommInitAll), for N in MATRIX_RANKS (default
 #            2 4 8) and the modes in MATRIX_MODES (default t g); NCCL_TESTS as for door-reset;
-#            each run at most 120 s, none started past DEADLINE -> door-matrix-<mode><N>-<test>.txt
+#            each run at most 120 s, none started past DEADLINE; then (MATRIX_OFF=1, the default) the
+#            seven with GP2P_NCCL=off and one rank (-g 1): the door hands them to the real NCCL
+#                                                       -> door-matrix-<mode><N>-<test>.txt door-matrix-off1-<test>.txt
 #                                                                      door-matrix.txt (a line a run)
 #   kernels  test_gpu.py and test_compile.py against the copy Hugging Face kernels loads from
 #            HUB (a `cargo xtask hub` repository; kernels 0.17.2's wheels in KWHEELS)
@@ -153,22 +155,30 @@ for section in "${sections[@]}"; do
     wheel || continue
     summary_file=$RES/door-matrix.txt
     header "python3 -m geforce_p2p.nccl -- build/<test>_perf -<mode> <N> -b 8 -e ${MATRIX_MAX_BYTES:-64M} -f 8 -c 1 -o all -d all -n 2 -w 1 (no MPS daemon), a line a run" >"$summary_file"
-    runs=0 bad=0
+    runs=0 bad=0 runs_list=()
     for n in ${MATRIX_RANKS:-2 4 8}; do
       for mode in ${MATRIX_MODES:-t g}; do
-        for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
-          late && break 3
-          name=door-matrix-$mode$n-$t.txt
-          record "$name" timeout -k 10 120 python3 -m geforce_p2p.nccl -- "$NCCL_TESTS/build/${t}_perf" -"$mode" "$n" \
-            -b 8 -e "${MATRIX_MAX_BYTES:-64M}" -f 8 -c 1 -o all -d all -n 2 -w 1 >/dev/null
-          rc=$?
-          # Columns 9 and 13 of a row are the out-of-place and in-place #wrong.
-          wrong=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13 { w += $9 + $13 } END { print w + 0 }' "$RES/$name")
-          rows=$(grep -cE '^ +[0-9]+ ' "$RES/$name")
-          runs=$((runs + 1))
-          { [ "$rc" = 0 ] && [ "$wrong" = 0 ] && [ "$rows" -gt 0 ]; } || bad=$((bad + 1))
-          echo "-$mode $n $t: rc $rc, $rows rows, #wrong $wrong" >>"$summary_file"
-        done
+        runs_list+=("$mode $n")
+      done
+    done
+    [ "${MATRIX_OFF:-1}" = 1 ] && runs_list+=("off 1")
+    for run in "${runs_list[@]}"; do
+      read -r mode n <<<"$run"
+      # off: the door hands the one rank's communicator to the real NCCL (-g 1).
+      door=(GP2P_NCCL=auto) flag=-$mode
+      [ "$mode" = off ] && door=(GP2P_NCCL=off) flag=-g
+      for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+        late && break 2
+        name=door-matrix-$mode$n-$t.txt
+        record "$name" "${door[@]}" timeout -k 10 120 python3 -m geforce_p2p.nccl -- "$NCCL_TESTS/build/${t}_perf" "$flag" "$n" \
+          -b 8 -e "${MATRIX_MAX_BYTES:-64M}" -f 8 -c 1 -o all -d all -n 2 -w 1 >/dev/null
+        rc=$?
+        # Columns 9 and 13 of a row are the out-of-place and in-place #wrong.
+        wrong=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13 { w += $9 + $13 } END { print w + 0 }' "$RES/$name")
+        rows=$(grep -cE '^ +[0-9]+ ' "$RES/$name")
+        runs=$((runs + 1))
+        { [ "$rc" = 0 ] && [ "$wrong" = 0 ] && [ "$rows" -gt 0 ]; } || bad=$((bad + 1))
+        echo "${door[*]} $flag $n $t: rc $rc, $rows rows, #wrong $wrong" >>"$summary_file"
       done
     done
     note "door-matrix: $runs runs, $bad with an error, a wrong element or no rows (door-matrix.txt)"
