@@ -311,4 +311,6 @@ impl Rounds {
 }
 
 #[cfg(test)]
+mod point_to_point_tests;
+#[cfg(test)]
 mod tests;

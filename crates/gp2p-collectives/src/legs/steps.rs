@@ -38,10 +38,12 @@
 //! until the last chunk of the first half had landed and folded. Which of the two a call
 //! takes is its [`LaneWaits`]: the one chunk between two ranks, every chunk so far among more.
 //!
-//! **Point to point among more than two ranks.** A writer's slots serve every reader, so a
-//! send may wait until the reader of an earlier call's chunk has taken it: every rank must
-//! make its sends and receives (and collectives) in one order that all ranks agree on, as if
-//! every call involved every rank.
+//! **Point to point among more than two ranks.** A rank not in a transfer has no steps for it,
+//! and a slot's flags are kept per reader, so each writer–reader pair meets in its own order.
+//! But a writer's slots serve every reader and each call starts at its first slot, so a send
+//! may wait until the reader of the writer's previous call has taken that call's data: any
+//! order of sends and receives works that would work if every send waited for its receive
+//! (NCCL's rule, less its buffering of small sends).
 
 use std::ops::Range;
 

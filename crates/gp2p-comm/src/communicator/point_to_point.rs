@@ -6,11 +6,12 @@ use super::*;
 impl Communicator {
     /// Send `buf` to rank `peer`, which makes the matching [`Communicator::recv`] of the same
     /// length and type; ordered after the work queued on `stream`, and `buf` may be written
-    /// by work queued there afterwards. Every rank makes its sends and receives, and its
-    /// collectives, in the same order as its peer: a send pairs with the peer's call at the
-    /// same place in its sequence. Among more than two ranks the order must be one that every
-    /// rank agrees on, as if each call involved them all: a rank's slots serve every reader,
-    /// so a send may wait until another rank has taken an earlier call's data.
+    /// by work queued there afterwards. Between two ranks a send pairs with the peer's call at
+    /// the same place in its sequence (collectives included). Among more, a rank not in a
+    /// transfer makes no call for it, and each writer–reader pair meets in its own order; a
+    /// rank's slots serve every reader, so a send may wait until the reader of this rank's
+    /// previous send has taken its data: any order works that would work if every send waited
+    /// for its receive (NCCL's rule, less its buffering of small sends).
     pub fn send<T: Element>(&mut self, buf: &DeviceView<'_, T>, stream: &Stream, peer: usize) -> Result<()> {
         self.check_call(stream, &[("buf", buf.device())])?;
         self.check_peer(peer)?;
