@@ -210,6 +210,24 @@ pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<Vec<[f64; 2]>, C
     Ok(rates.iter_mut().map(|[d2h, h2d]| [median(d2h), median(h2d)]).collect())
 }
 
+/// The bytes each of several duplex passes at once on one device moves: the one pass's share
+/// of `bytes`, but at least 256 MiB (4 MiB transfers), so the passes' pinned memory stays
+/// that of one pass while their transfers stay large.
+const SHARED_PASS_MIN_BYTES: usize = 256 << 20;
+
+/// What `passes` duplex passes at once on one device, each on streams of its own and started
+/// together ([`duplex_all_at_once`]), carry each way in all, GB/s: the part of the link that
+/// as many ranks' pipelines sharing the GPU can have together, beside one pass's
+/// [`Ceilings::duplex`].
+pub fn duplex_shared(device: &Device, passes: usize, bytes: usize, repeats: Repeats) -> Result<f64, CliError> {
+    let per_pass = (bytes / passes.max(1)).max(SHARED_PASS_MIN_BYTES);
+    let streams = (0..passes).map(|_| Stream::new(device)).collect::<Result<Vec<_>, _>>()?;
+    let mut cards =
+        streams.iter().map(|s| Ceilings::new(device, s, per_pass, repeats)).collect::<Result<Vec<_>, _>>()?;
+    let rates = duplex_all_at_once(&mut cards)?;
+    Ok(rates.iter().map(|[d2h, h2d]| (d2h + h2d) / 2.0).sum())
+}
+
 /// The median of `values` (the mean of the middle two for an even count).
 pub fn median(values: &mut [f64]) -> f64 {
     if values.is_empty() {

@@ -182,8 +182,16 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
             eprintln!("measuring the duplex ceiling ...");
             let mut ceil = Ceilings::new(&device, &stream, CEILING_BYTES, repeats)?;
             let duplex = ceil.duplex()?;
-            let measured = ceil.measured.clone();
+            let mut measured = ceil.measured.clone();
             drop(ceil);
+            // Ranks sharing this GPU: what their pipelines can have of the link together (the
+            // test bed's part of a gap to the bound).
+            let sharing = (0..args.ranks).filter(|r| r % gpus == 0).count();
+            if sharing > 1 {
+                eprintln!("measuring {sharing} duplex passes at once ...");
+                let shared = crate::measure::duplex_shared(&device, sharing, CEILING_BYTES, repeats)?;
+                measured.insert("duplex_shared", shared);
+            }
             // The model's other rates from this machine too, while nothing else runs (only
             // where rows are priced: copying DRAM takes a gigabyte of host memory).
             let here = if kind_is_priced(kind, compressed) {
@@ -249,6 +257,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
     };
     bar.finish_and_clear();
     ranks.finish()?;
+    let shared_duplex = measured.get("duplex_shared").copied();
     let report = Report::new(&device, measured, c.iters, rows)?.on_streams(c.stream.name());
     let how = compressed.map_or_else(String::new, |f| format!(" --compress {} --block {}", f.format, f.block.get()));
     println!(
@@ -284,8 +293,11 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         format_size(comm.slot_bytes()),
         geforce_p2p::comm::describe_receive(comm.receive())
     );
+    let shared = shared_duplex.map_or_else(String::new, |gbps| {
+        format!(" ({sharing} passes at once on it: {gbps:.1} in all, {:.3} of it)", gbps / duplex)
+    });
     println!(
-        "# ceiling: duplex {duplex:.1} GB/s each way; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
+        "# ceiling: duplex {duplex:.1} GB/s each way{shared}; ratio = bound / time, bound = {sharing} x f x size / duplex (f = {:.3})",
         args.collective.per_rank_factor(world)
     );
     if let Some(m) = model.filter(|_| kind_is_priced(args.collective, compressed)) {
