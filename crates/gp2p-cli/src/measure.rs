@@ -210,15 +210,16 @@ pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<Vec<[f64; 2]>, C
     Ok(rates.iter_mut().map(|[d2h, h2d]| [median(d2h), median(h2d)]).collect())
 }
 
-/// The bytes each of several duplex passes at once on one device moves: the one pass's share
-/// of `bytes`, but at least 256 MiB (4 MiB transfers), so the passes' pinned memory stays
-/// that of one pass while their transfers stay large.
+/// The fewest bytes each of several duplex passes at once on one device moves: each takes its
+/// share of the one pass's bytes, but no less than this, so its transfers stay at least 4 MiB
+/// (a 64th of it). Eight passes then hold twice the one pass's memory (2 GiB pinned for 1 GiB).
 const SHARED_PASS_MIN_BYTES: usize = 256 << 20;
 
 /// What `passes` duplex passes at once on one device, each on streams of its own and started
-/// together ([`duplex_all_at_once`]), carry each way in all, GB/s: the part of the link that
-/// as many ranks' pipelines sharing the GPU can have together, beside one pass's
-/// [`Ceilings::duplex`].
+/// together ([`duplex_all_at_once`]), carry each way in all, GB/s, beside one pass's
+/// [`Ceilings::duplex`]: what as many ranks' pipelines sharing the GPU can have of its link
+/// together. The passes are streams of this one process; ranks are processes under an MPS
+/// daemon, whose copies reach the same copy engines through it.
 pub fn duplex_shared(device: &Device, passes: usize, bytes: usize, repeats: Repeats) -> Result<f64, CliError> {
     let per_pass = (bytes / passes.max(1)).max(SHARED_PASS_MIN_BYTES);
     let streams = (0..passes).map(|_| Stream::new(device)).collect::<Result<Vec<_>, _>>()?;

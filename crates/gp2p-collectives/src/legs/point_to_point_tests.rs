@@ -107,18 +107,15 @@ fn run(world: usize, slots: usize, programs: &[Vec<Call>], seed: u64) -> Result<
         }
         let (r, l, step) = ready[rng.below(ready.len())];
         let this = programs[r][call[r]];
-        let ((_, reader), (msg, _)) = (this.pair(r), this.msg_and_chunks());
+        let ((writer, reader), (msg, _)) = (this.pair(r), this.msg_and_chunks());
         match step {
             LegStep::CopyOut { chunk, slot, .. } => held[r][slot] = Some((msg, chunk)),
             LegStep::MarkFull { slot, .. } => full[r][slot][reader] = true,
-            LegStep::Land { chunk, slot, .. } => {
-                let writer = this.pair(r).0;
-                if held[writer][slot] != Some((msg, chunk)) {
-                    return Err(format!(
-                        "rank {r} landed {:?} from rank {writer}'s slot {slot} for chunk {chunk} of message {msg}",
-                        held[writer][slot]
-                    ));
-                }
+            LegStep::Land { chunk, slot, .. } if held[writer][slot] != Some((msg, chunk)) => {
+                return Err(format!(
+                    "rank {r} landed {:?} from rank {writer}'s slot {slot} for chunk {chunk} of message {msg}",
+                    held[writer][slot]
+                ));
             }
             LegStep::HandBack { writer, slot } => full[writer][slot][r] = false,
             _ => {}
