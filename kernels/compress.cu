@@ -12,6 +12,8 @@
 //                they are, every other rank's values decoded from its wire), times the f32
 //                reciprocal of `ranks` for avg
 // - decode:      dst = T(decode(wire))
+// - fold_decode: dst = T(fold over ranks 0..ranks-1 of every rank's values decoded from its
+//                wire, times the f32 reciprocal of `ranks` for avg): the one-shot's result
 // - copy_exact_blocks: the exact blocks' values a DMA of a wire's words and codes leaves out
 //                (one kernel for every type and format)
 //
@@ -195,6 +197,36 @@ __device__ __forceinline__ void fold_encode(const T* own, u64 n, u32 block, Wire
     }
 }
 
+// The one-shot's fold: every rank's wire decoded and folded in rank order, times the f32
+// reciprocal of `ranks` for avg, rounded once into `dst` (all_reduce_one_shot's bits).
+template <typename T, typename F>
+__device__ __forceinline__ void fold_decode(u64 n, u32 block, Wires wires, u32 ranks, u32 average, T* dst) {
+    const u64 blocks = (n + block - 1) / block;
+    const float reciprocal = __fdiv_rn(1.0f, (float)ranks);
+    for (u64 b = first_block(); b < blocks; b += block_stride()) {
+        BlockValues acc, part;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            acc.present[j] = (u32)j * WARP < block && value_index(b, block, j) < n;
+            acc.v[j] = 0.0f;
+        }
+        part = acc;
+        for (u32 r = 0; r < ranks; ++r) {
+            decode_block<F>(part, b, block, wire_at(wires.at[r], n, block));
+#pragma unroll
+            for (int j = 0; j < PER_LANE; ++j) {
+                // The first rank's value starts the fold (so -0 + -0 stays -0).
+                acc.v[j] = r == 0 ? part.v[j] : __fadd_rn(acc.v[j], part.v[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            if (average) acc.v[j] = __fmul_rn(acc.v[j], reciprocal);
+            if (acc.present[j]) dst[value_index(b, block, j)] = Lane<T>::store(acc.v[j]);
+        }
+    }
+}
+
 template <typename T, typename F>
 __device__ __forceinline__ void decode(const u8* wire, u64 n, u32 block, T* dst) {
     const Wire w = wire_at(const_cast<u8*>(wire), n, block);
@@ -253,6 +285,12 @@ extern "C" __global__ void gp2p_compress_copy_exact_blocks(const u8* src, u64 n,
     extern "C" __global__ void gp2p_compress_decode_##fname##_##tname(const u8* wire, u64 n, u32 block,       \
                                                                         T* dst) {                              \
         decode<T, F>(wire, n, block, dst);                                                                     \
+    }                                                                                                          \
+    extern "C" __global__ void gp2p_compress_fold_decode_##fname##_##tname(                                    \
+        u64 n, u32 block, u8* w0, u8* w1, u8* w2, u8* w3, u8* w4, u8* w5, u8* w6, u8* w7, u32 ranks,            \
+        u32 average, T* dst) {                                                                                 \
+        const Wires wires = {{w0, w1, w2, w3, w4, w5, w6, w7}};                                                \
+        fold_decode<T, F>(n, block, wires, ranks, average, dst);                                               \
     }
 
 #define GP2P_COMPRESS_FORMATS(tname, T)          \

@@ -273,7 +273,7 @@ pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
-/// The three kernels of the compressed all-reduce's codec (`compress.cu`), each over a wire
+/// The four kernels of the compressed all-reduce's codec (`compress.cu`), each over a wire
 /// laid out as [`compress::WireLayout`] says, one warp per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CodecKernel {
@@ -287,6 +287,11 @@ pub enum CodecKernel {
     /// `(const u8* wire, u64 n, u32 block, T* dst)`: `dst` = the wire's values, rounded once to
     /// `T`.
     Decode,
+    /// `(u64 n, u32 block, u8* w0, ..., u8* w7, u32 ranks, u32 average, T* dst)`: `dst` = the
+    /// fold, in rank order, of every rank r's values decoded from its wire `wr`, times the f32
+    /// reciprocal of `ranks` where `average` is not 0, rounded once to `T` (those from `ranks`
+    /// on are not read): the one-shot's result, `compress::all_reduce_one_shot`'s bits.
+    FoldDecode,
 }
 
 /// The codec's one kernel of no type or format, in [`COMPRESS`]: `(const u8* src, u64 n, u32
@@ -296,7 +301,7 @@ pub enum CodecKernel {
 /// block travels exact.
 pub const COPY_EXACT_BLOCKS_KERNEL: &str = "gp2p_compress_copy_exact_blocks";
 
-/// The most ranks a [`CodecKernel::FoldEncode`] folds: the wires it takes by value.
+/// The most ranks a [`CodecKernel::FoldEncode`] or [`CodecKernel::FoldDecode`] folds: the wires it takes by value.
 pub const CODEC_MAX_RANKS: usize = 8;
 
 /// The exported name of the codec kernel `kernel` for `format` on `dtype`, in [`COMPRESS`];
@@ -318,7 +323,8 @@ pub fn compress_kernel_name(kernel: CodecKernel, format: compress::Format, dtype
             ]
         };
     }
-    const NAMES: [[[&str; 3]; 2]; 3] = [names!("encode"), names!("fold_encode"), names!("decode")];
+    const NAMES: [[[&str; 3]; 2]; 4] =
+        [names!("encode"), names!("fold_encode"), names!("decode"), names!("fold_decode")];
     let t = match dtype {
         DType::F32 => 0,
         DType::F16 => 1,
@@ -333,6 +339,7 @@ pub fn compress_kernel_name(kernel: CodecKernel, format: compress::Format, dtype
         CodecKernel::Encode => 0,
         CodecKernel::FoldEncode => 1,
         CodecKernel::Decode => 2,
+        CodecKernel::FoldDecode => 3,
     };
     Some(NAMES[k][f][t])
 }
@@ -465,7 +472,7 @@ mod tests {
                 all.push((KernelFamily::Chunks, chunks_many_kernel_name(op, dtype)));
             }
         }
-        for kernel in [CodecKernel::Encode, CodecKernel::FoldEncode, CodecKernel::Decode] {
+        for kernel in [CodecKernel::Encode, CodecKernel::FoldEncode, CodecKernel::Decode, CodecKernel::FoldDecode] {
             for format in compress::Format::ALL {
                 for dtype in DType::ALL {
                     if let Some(name) = compress_kernel_name(kernel, format, dtype) {

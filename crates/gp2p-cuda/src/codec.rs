@@ -1,6 +1,6 @@
 //! The compressed all-reduce's block codec on typed views: the checked launches of
-//! [`crate::raw::compress_encode`], [`crate::raw::compress_fold_encode`] and
-//! [`crate::raw::compress_decode`]. A wire is a byte view laid out as
+//! [`crate::raw::compress_encode`], [`crate::raw::compress_fold_encode`],
+//! [`crate::raw::compress_fold_decode`] and [`crate::raw::compress_decode`]. A wire is a byte view laid out as
 //! [`gp2p_kernels::compress::WireLayout`] says, on 16 bytes.
 #![allow(unsafe_code)]
 
@@ -105,6 +105,33 @@ pub fn fold_encode<T: Element>(
     own.note_use(&point);
     wires.iter().flatten().for_each(|w| w.note_use(&point));
     out.note_use(&point);
+    Ok(())
+}
+
+/// Enqueue `dst = fold` on `stream`: the fold, in rank order, of every rank r's values decoded
+/// from `wires[r]` (a wire of `dst.len()` values made by [`encode`] with this format), times
+/// the f32 reciprocal of the ranks for `average`, rounded once to `T`: the one-shot compressed
+/// all-reduce's result, the same bits wherever the same wires are folded.
+pub fn fold_decode<T: Element>(
+    stream: &Stream,
+    format: WireFormat,
+    wires: &[&DeviceView<'_, u8>],
+    average: bool,
+    dst: &mut DeviceViewMut<'_, T>,
+) -> Result<()> {
+    let len = dst.len();
+    on_stream(stream, "dst", dst.device())?;
+    for wire in wires {
+        on_stream(stream, "wires", wire.device())?;
+        holds("wires", wire.len(), format.wire_bytes(len))?;
+    }
+    let addresses: Vec<RawDevicePtr> = wires.iter().map(|w| w.raw_ptr()).collect();
+    // SAFETY: every view is on the stream's device and large enough (checked); `dst` is
+    // exclusive, so apart from the shared views it reads.
+    unsafe { crate::raw::compress_fold_decode(stream, format.codec::<T>(), &addresses, len, average, dst.raw_ptr())? };
+    let point = stream.point()?;
+    wires.iter().for_each(|w| w.note_use(&point));
+    dst.note_use(&point);
     Ok(())
 }
 

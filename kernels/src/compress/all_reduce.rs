@@ -27,6 +27,33 @@ pub fn shard_blocks(blocks: usize, ranks: usize, shard: usize) -> Range<usize> {
     start..start + base + usize::from(shard < extra)
 }
 
+/// How the blocks travel: through their owners ([`all_reduce`]) or straight to every rank
+/// ([`all_reduce_one_shot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shots {
+    /// Each block quantized once by every rank and folded by every rank: one rounding of each
+    /// input. Each rank sends its whole buffer's wire and receives N − 1 of them, so it moves
+    /// the two-shot's bytes between two ranks only.
+    One,
+    /// Each block quantized once on its way to its owner, folded there and quantized once more
+    /// for the gather: two roundings whatever N is.
+    Two,
+}
+
+/// The compressed all-reduce of `inputs` with the blocks travelling as `shots` says:
+/// [`all_reduce_one_shot`] or [`all_reduce`].
+pub fn all_reduce_by<T: Compressible>(
+    inputs: &[&[T]],
+    op: ReduceOp,
+    scheme: Scheme,
+    shots: Shots,
+) -> Result<Vec<Vec<T>>, CompressError> {
+    match shots {
+        Shots::One => all_reduce_one_shot(inputs, op, scheme),
+        Shots::Two => all_reduce(inputs, op, scheme),
+    }
+}
+
 /// The compressed all-reduce of `inputs` (one buffer per rank, all of one length) under
 /// `op`: every rank's result, in rank order.
 ///
@@ -49,6 +76,72 @@ pub fn all_reduce<T: Compressible>(
     all_reduce_with(inputs, op, scheme.block, &|block| scheme.format.quantize(block))
 }
 
+/// The one-shot compressed all-reduce of `inputs` under `op`: every rank's result, in rank
+/// order.
+///
+/// Every rank quantizes every block of its buffer once, its own included, and every rank
+/// folds, block by block, the N dequantized contributions in rank order in f32, multiplies
+/// by the f32 reciprocal of N for avg and rounds the result once to `T`: one quantization
+/// of each input, and the same bits on every rank, since each folds the same codes in the
+/// same order. Blocks with a NaN or an infinity, and tiny blocks, travel exact (see
+/// [`Format::quantize`]). Its error is within [`error_bound`](super::error_bound) with every
+/// rank's block maximum as a term and no folded block (nothing is quantized after the fold).
+///
+/// Errors: an op other than sum or avg, no ranks, or lengths that differ.
+pub fn all_reduce_one_shot<T: Compressible>(
+    inputs: &[&[T]],
+    op: ReduceOp,
+    scheme: Scheme,
+) -> Result<Vec<Vec<T>>, CompressError> {
+    one_shot_with(inputs, op, scheme.block, &|block| scheme.format.quantize(block))
+}
+
+/// [`all_reduce_one_shot`] with `quantize` as the codec; a test passes a broken one.
+pub(super) fn one_shot_with<T: Compressible>(
+    inputs: &[&[T]],
+    op: ReduceOp,
+    block: BlockSize,
+    quantize: &dyn Fn(&[f32]) -> Encoded,
+) -> Result<Vec<Vec<T>>, CompressError> {
+    let len = check_inputs(inputs, op)?;
+    let ranks = inputs.len();
+    let size = block.get();
+    let mut folded: Vec<f32> = Vec::with_capacity(len);
+    for start in (0..len).step_by(size) {
+        let range = start..(start + size).min(len);
+        let mut acc: Vec<f32> = Vec::new();
+        for (r, input) in inputs.iter().enumerate() {
+            let values: Vec<f32> = input[range.clone()].iter().map(|x| x.to_f32()).collect();
+            let part = quantize(&values).dequantize();
+            if r == 0 {
+                // Starting from the first value, not from 0, keeps -0 + -0 = -0.
+                acc = part;
+            } else {
+                acc.iter_mut().zip(part).for_each(|(a, v)| *a += v);
+            }
+        }
+        if op == ReduceOp::Avg {
+            let reciprocal = 1.0 / ranks as f32;
+            acc.iter_mut().for_each(|a| *a *= reciprocal);
+        }
+        folded.extend(acc);
+    }
+    let result: Vec<T> = folded.into_iter().map(T::from_f32).collect();
+    Ok(vec![result; ranks])
+}
+
+/// The length every rank's input has, once `op` and the inputs are checked.
+fn check_inputs<T>(inputs: &[&[T]], op: ReduceOp) -> Result<usize, CompressError> {
+    if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+        return Err(CompressError::Op { op });
+    }
+    let len = inputs.first().ok_or(CompressError::NoRanks)?.len();
+    if let Some((rank, other)) = inputs.iter().enumerate().find(|(_, v)| v.len() != len) {
+        return Err(CompressError::Length { rank, len: other.len(), expected: len });
+    }
+    Ok(len)
+}
+
 /// [`all_reduce`] with `quantize` turning a block into what travels, on both legs; a test
 /// passes a broken one to see the bound fail.
 pub(super) fn all_reduce_with<T: Compressible>(
@@ -57,13 +150,7 @@ pub(super) fn all_reduce_with<T: Compressible>(
     block: BlockSize,
     quantize: &dyn Fn(&[f32]) -> Encoded,
 ) -> Result<Vec<Vec<T>>, CompressError> {
-    if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
-        return Err(CompressError::Op { op });
-    }
-    let len = inputs.first().ok_or(CompressError::NoRanks)?.len();
-    if let Some((rank, other)) = inputs.iter().enumerate().find(|(_, v)| v.len() != len) {
-        return Err(CompressError::Length { rank, len: other.len(), expected: len });
-    }
+    let len = check_inputs(inputs, op)?;
     let ranks = inputs.len();
     let size = block.get();
     let blocks = len.div_ceil(size);
@@ -165,5 +252,23 @@ mod tests {
         let halved: Vec<f32> = folded.iter().map(|x| x * 0.5).collect();
         assert_eq!(avg[1], Format::Int8.quantize(&halved).dequantize());
         assert_eq!(all_reduce::<f32>(&[&[], &[]], ReduceOp::Sum, scheme).unwrap(), [Vec::<f32>::new(), vec![]]);
+    }
+
+    #[test]
+    fn one_shot_quantizes_every_input_once_and_rounds_nothing_after_the_fold() {
+        let scheme = Scheme { format: Format::Int8, block: BlockSize::new(32).unwrap() };
+        let (a, b) = ([1.0f32, 0.25, -2.0], [4.0f32, 0.1, 0.0]);
+        let out = all_reduce_one_shot(&[&a, &b], ReduceOp::Sum, scheme).unwrap();
+        let (qa, qb) = (Format::Int8.quantize(&a).dequantize(), Format::Int8.quantize(&b).dequantize());
+        let want: Vec<f32> = qa.iter().zip(&qb).map(|(x, y)| x + y).collect();
+        assert_eq!(out, [want.clone(), want.clone()]);
+        assert_ne!(qa, a, "rank 0's own values are quantized too");
+        assert_ne!(out, all_reduce(&[&a, &b], ReduceOp::Sum, scheme).unwrap(), "not the two-shot's bits");
+        let avg = all_reduce_by(&[&a, &b], ReduceOp::Avg, scheme, Shots::One).unwrap();
+        assert_eq!(avg[0], want.iter().map(|x| x * 0.5).collect::<Vec<f32>>());
+        let e = all_reduce_one_shot(&[&a, &b[..2]], ReduceOp::Sum, scheme).unwrap_err();
+        assert_eq!(e, CompressError::Length { rank: 1, len: 2, expected: 3 });
+        assert_eq!(all_reduce_one_shot::<f32>(&[], ReduceOp::Sum, scheme), Err(CompressError::NoRanks));
+        assert!(all_reduce_one_shot(&[&a, &b], ReduceOp::Max, scheme).is_err());
     }
 }

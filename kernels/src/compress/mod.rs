@@ -83,7 +83,7 @@ mod format;
 mod wire;
 
 pub use crate::fp8::{E4M3_MAX, e4m3_from_f32, e4m3_to_f32};
-pub use all_reduce::{Scheme, all_reduce, shard_blocks};
+pub use all_reduce::{Scheme, Shots, all_reduce, all_reduce_by, all_reduce_one_shot, shard_blocks};
 pub use block::Encoded;
 pub use bound::{Term, error_bound, quantization_error};
 pub use format::{BlockSize, CompressError, Compressible, Format, MIN_SCALED_BLOCK_MAX};

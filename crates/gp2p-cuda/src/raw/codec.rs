@@ -1,5 +1,6 @@
 //! The compressed all-reduce's block codec on addresses: encode a range into a wire, fold
-//! every rank's wire of one shard into a new wire, decode a wire, and a wire's crossing
+//! every rank's wire of one shard into a new wire, decode a wire, fold every rank's wire into
+//! the result (the one-shot), and a wire's crossing
 //! between device and pinned host memory (`kernels/compress.cu`; the
 //! wire's layout is [`gp2p_kernels::compress::WireLayout`]). The bits are those of the CPU
 //! reference, [`gp2p_kernels::compress`].
@@ -84,6 +85,23 @@ impl KernelArgs for FoldArgs {
         let head = Params::default().u64(self.own).u64(self.len).u32(self.block);
         let with_wires = self.wires.iter().fold(head, |p, &w| p.u64(w));
         with_wires.u32(self.ranks).u32(self.owner).u32(self.average).u64(self.out)
+    }
+}
+
+struct FoldDecodeArgs {
+    len: u64,
+    block: u32,
+    wires: [RawDevicePtr; CODEC_MAX_RANKS],
+    ranks: u32,
+    average: u32,
+    dst: RawDevicePtr,
+}
+
+impl KernelArgs for FoldDecodeArgs {
+    fn params(&self) -> Params {
+        let head = Params::default().u64(self.len).u32(self.block);
+        let with_wires = self.wires.iter().fold(head, |p, &w| p.u64(w));
+        with_wires.u32(self.ranks).u32(self.average).u64(self.dst)
     }
 }
 
@@ -179,6 +197,53 @@ pub unsafe fn compress_fold_encode(
         owner: owner as u32,
         average: u32::from(average),
         out,
+    };
+    // SAFETY: a fold kernel of the codec's type and format; the ranges: the caller's.
+    unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
+}
+
+/// Enqueue `dst = fold` on `stream`, the fold in rank order over `wires.len()` ranks of `len`
+/// values each, every rank r's decoded from `wires[r]`, multiplied by the f32 reciprocal of
+/// the ranks for `average`, each value rounded once to `codec.dtype`: the one-shot
+/// compressed all-reduce's result (`gp2p_kernels::compress::all_reduce_one_shot`).
+///
+/// # Safety
+/// - each `wires[r]` is a wire of `len` values that [`compress_encode`] wrote with the same
+///   codec and `dst` `len` writable values, each addressable from the stream's device, `dst`
+///   apart from the wires;
+/// - all stay allocated, nothing writes the wires and nothing else touches `dst`, until the
+///   kernel completes on `stream`.
+pub unsafe fn compress_fold_decode(
+    stream: &Stream,
+    codec: Codec,
+    wires: &[RawDevicePtr],
+    len: usize,
+    average: bool,
+    dst: RawDevicePtr,
+) -> Result<()> {
+    let ranks = wires.len();
+    if !(1..=CODEC_MAX_RANKS).contains(&ranks) {
+        return Err(Error::InvalidArgument {
+            name: "wires",
+            reason: format!("{ranks} ranks: a fold takes 1 to {CODEC_MAX_RANKS}"),
+        });
+    }
+    check_aligned(&[("dst", dst)], codec.dtype.size_bytes())?;
+    let named: Vec<(&'static str, RawDevicePtr)> = wires.iter().map(|&w| ("wires", w)).collect();
+    check_aligned(&named, WIRE_ALIGN)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let mut all = [0; CODEC_MAX_RANKS];
+    all[..ranks].copy_from_slice(wires);
+    let function = codec.function(stream, CodecKernel::FoldDecode)?;
+    let args = FoldDecodeArgs {
+        len: len as u64,
+        block: codec.block.get() as u32,
+        wires: all,
+        ranks: ranks as u32,
+        average: u32::from(average),
+        dst,
     };
     // SAFETY: a fold kernel of the codec's type and format; the ranges: the caller's.
     unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
@@ -328,12 +393,15 @@ pub(crate) fn launch_each_empty(stream: &Stream) -> Result<()> {
             let fold =
                 FoldArgs { own: 0, len: 0, block, wires: [0; CODEC_MAX_RANKS], ranks: 1, owner: 0, average: 0, out: 0 };
             let decode = DecodeArgs { wire: 0, len: 0, block, dst: 0 };
+            let fold_decode =
+                FoldDecodeArgs { len: 0, block, wires: [0; CODEC_MAX_RANKS], ranks: 1, average: 0, dst: 0 };
             // SAFETY: no values: every kernel computes zero blocks and returns, reading and
             // writing nothing, so null addresses are fine.
             unsafe {
                 launch_kernel(&codec.function(stream, CodecKernel::Encode)?, stream, one, &encode, None)?;
                 launch_kernel(&codec.function(stream, CodecKernel::FoldEncode)?, stream, one, &fold, None)?;
                 launch_kernel(&codec.function(stream, CodecKernel::Decode)?, stream, one, &decode, None)?;
+                launch_kernel(&codec.function(stream, CodecKernel::FoldDecode)?, stream, one, &fold_decode, None)?;
             }
         }
     }
@@ -374,5 +442,26 @@ mod tests {
         assert_eq!(count(codec(CodecKernel::FoldEncode)), 15);
         assert_eq!(count(codec(CodecKernel::Encode)), EncodeArgs { src: 0, len: 0, block: 0, wire: 0 }.params().len());
         assert_eq!(count(codec(CodecKernel::Decode)), DecodeArgs { wire: 0, len: 0, block: 0, dst: 0 }.params().len());
+    }
+
+    #[test]
+    fn the_one_shot_fold_passes_thirteen_arguments_in_the_kernels_order() {
+        let args =
+            FoldDecodeArgs { len: 2, block: 64, wires: [10, 11, 0, 0, 0, 0, 0, 0], ranks: 2, average: 1, dst: 99 };
+        let mut params = args.params();
+        assert_eq!(params.len(), 13);
+        // SAFETY: reads the slots the pointers point at, alive in `params`.
+        let values: Vec<u64> = params.pointers()[..13].iter().map(|&p| unsafe { *p.cast::<u64>() }).collect();
+        assert_eq!(values, [2, 64, 10, 11, 0, 0, 0, 0, 0, 0, 2, 1, 99]);
+        for ptx in [gp2p_kernels::COMPRESS.ptx, gp2p_kernels::COMPRESS_COMPUTE_75.ptx] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                for format in Format::ALL {
+                    let name = compress_kernel_name(CodecKernel::FoldDecode, format, dtype).unwrap();
+                    let start = ptx.find(&format!(".entry {name}(")).expect("the kernel is in the PTX");
+                    let end = start + ptx[start..].find(')').expect("its parameter list ends");
+                    assert_eq!(ptx[start..end].matches(".param").count(), 13, "{name}");
+                }
+            }
+        }
     }
 }

@@ -6,9 +6,10 @@ mod props;
 
 use half::{bf16, f16};
 
-use super::all_reduce::all_reduce_with;
+use super::all_reduce::{all_reduce_with, one_shot_with};
 use super::{
-    BlockSize, Encoded, Format, MIN_SCALED_BLOCK_MAX, Scheme, Term, all_reduce, e4m3_to_f32, error_bound, shard_blocks,
+    BlockSize, Encoded, Format, MIN_SCALED_BLOCK_MAX, Scheme, Shots, Term, all_reduce, all_reduce_by, e4m3_to_f32,
+    error_bound, shard_blocks,
 };
 use crate::ReduceOp;
 use data::{DataSet, Sample, draw};
@@ -27,14 +28,15 @@ fn sent_max(block: &[f64]) -> Option<f64> {
     (max == 0.0 || max >= f64::from(MIN_SCALED_BLOCK_MAX)).then_some(max)
 }
 
-/// Checks every rank's result `outs` of the all-reduce of `inputs`: the same bits on every
-/// rank, and each element within [`error_bound`] of the exact result in f64 (NaN and ±inf
-/// where the exact result has them). Returns the largest error over its bound seen.
+/// Checks every rank's result `outs` of the all-reduce of `inputs` (its blocks travelling as
+/// `shots` says): the same bits on every rank, and each element within [`error_bound`] of the
+/// exact result in f64 (NaN and ±inf where the exact result has them). Returns the largest
+/// error over its bound seen.
 fn check<T: Sample>(
     outs: &[Vec<T>],
     inputs: &[Vec<T>],
     op: ReduceOp,
-    format: Format,
+    (format, shots): (Format, Shots),
     block: usize,
 ) -> Result<f64, String> {
     let (ranks, len) = (inputs.len(), inputs[0].len());
@@ -59,8 +61,10 @@ fn check<T: Sample>(
     for b in 0..blocks {
         let owner = (0..ranks).find(|&k| shard_blocks(blocks, ranks, k).contains(&b)).ok_or("a block no one owns")?;
         let range = b * block..((b + 1) * block).min(len);
+        // Two-shot: the owner's own block is folded exact. One-shot: every block is quantized.
+        let exact_own = |r: usize| r == owner && shots == Shots::Two;
         let maxima: Vec<Option<f64>> =
-            (0..ranks).map(|r| if r == owner { None } else { sent_max(&x[r][range.clone()]) }).collect();
+            (0..ranks).map(|r| if exact_own(r) { None } else { sent_max(&x[r][range.clone()]) }).collect();
         let terms = |i: usize| -> Vec<Term> {
             x.iter().zip(&maxima).map(|(v, &block_max)| Term { value: v[i], block_max }).collect()
         };
@@ -72,7 +76,8 @@ fn check<T: Sample>(
             let hi = exact(i).abs() + before_gather;
             folded_max = if hi.is_finite() { folded_max.map(|m| m.max(hi)) } else { None };
         }
-        let folded_max = folded_max.filter(|&m| m >= f64::from(MIN_SCALED_BLOCK_MAX));
+        // One-shot quantizes nothing after the fold.
+        let folded_max = folded_max.filter(|&m| m >= f64::from(MIN_SCALED_BLOCK_MAX) && shots == Shots::Two);
         for i in range {
             let (want, got) = (exact(i), f64::from(outs[0][i].to_f32()));
             if !want.is_finite() {
@@ -97,10 +102,10 @@ fn check<T: Sample>(
     Ok(worst)
 }
 
-/// Runs one case with `quantize` as the codec on both legs and checks it.
+/// Runs one case with `quantize` as the codec (on both legs of the two-shot) and checks it.
 fn run_with<T: Sample>(
     set: DataSet,
-    format: Format,
+    (format, shots): (Format, Shots),
     op: ReduceOp,
     ranks: usize,
     (block, len): (usize, usize),
@@ -110,14 +115,17 @@ fn run_with<T: Sample>(
     let inputs = draw::<T>(set, ranks, len, block, seed);
     let views: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
     let size = BlockSize::new(block).map_err(|e| e.to_string())?;
-    let outs = all_reduce_with(&views, op, size, quantize).map_err(|e| e.to_string())?;
-    check(&outs, &inputs, op, format, block)
+    let outs = match shots {
+        Shots::One => one_shot_with(&views, op, size, quantize),
+        Shots::Two => all_reduce_with(&views, op, size, quantize),
+    };
+    check(&outs.map_err(|e| e.to_string())?, &inputs, op, (format, shots), block)
 }
 
-/// Runs one case through [`all_reduce`] and checks it.
+/// Runs one case through [`all_reduce_by`] and checks it.
 fn run<T: Sample>(
     set: DataSet,
-    format: Format,
+    (format, shots): (Format, Shots),
     op: ReduceOp,
     ranks: usize,
     (block, len): (usize, usize),
@@ -126,30 +134,36 @@ fn run<T: Sample>(
     let inputs = draw::<T>(set, ranks, len, block, seed);
     let views: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
     let scheme = Scheme { format, block: BlockSize::new(block).map_err(|e| e.to_string())? };
-    let outs = all_reduce(&views, op, scheme).map_err(|e| e.to_string())?;
-    check(&outs, &inputs, op, format, block)
+    let outs = all_reduce_by(&views, op, scheme, shots).map_err(|e| e.to_string())?;
+    check(&outs, &inputs, op, (format, shots), block)
 }
 
-/// Every format, input type, rank count from 2 to 8 and op on `set`, each case's length
-/// a few blocks per rank and not a multiple of the block (sizes cycle with the rank count).
-/// Panics on the first case that fails; returns the largest error over bound per format.
-fn sweep(set: DataSet) -> [f64; 2] {
-    let mut worst = [0.0f64; 2];
-    for (f, format) in Format::ALL.into_iter().enumerate() {
-        for ranks in 2..=8 {
-            for op in [ReduceOp::Sum, ReduceOp::Avg] {
-                let block = BlockSize::MIN << (ranks % 4);
-                let shape = (block, (2 * ranks + 1) * block + 13);
-                let seed = (ranks as u64) << 8 | (f as u64) << 4 | op.index() as u64;
-                let results = [
-                    ("f32", run::<f32>(set, format, op, ranks, shape, seed)),
-                    ("f16", run::<f16>(set, format, op, ranks, shape, seed)),
-                    ("bf16", run::<bf16>(set, format, op, ranks, shape, seed)),
-                ];
-                for (dtype, result) in results {
-                    match result {
-                        Ok(ratio) => worst[f] = worst[f].max(ratio),
-                        Err(e) => panic!("{set:?} {format} {dtype} {op}, {ranks} ranks, blocks of {block}: {e}"),
+/// Every format, input type, rank count from 2 to 8 and op on `set` for both shots, each
+/// case's length a few blocks per rank and not a multiple of the block (sizes cycle with the
+/// rank count). Panics on the first case that fails; returns the largest error over bound
+/// per format, for the two-shot then the one-shot.
+fn sweep(set: DataSet) -> [[f64; 2]; 2] {
+    let mut worst = [[0.0f64; 2]; 2];
+    for (s, shots) in [Shots::Two, Shots::One].into_iter().enumerate() {
+        for (f, format) in Format::ALL.into_iter().enumerate() {
+            for ranks in 2..=8 {
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    let block = BlockSize::MIN << (ranks % 4);
+                    let shape = (block, (2 * ranks + 1) * block + 13);
+                    let seed = (ranks as u64) << 8 | (f as u64) << 4 | op.index() as u64;
+                    let how = (format, shots);
+                    let results = [
+                        ("f32", run::<f32>(set, how, op, ranks, shape, seed)),
+                        ("f16", run::<f16>(set, how, op, ranks, shape, seed)),
+                        ("bf16", run::<bf16>(set, how, op, ranks, shape, seed)),
+                    ];
+                    for (dtype, result) in results {
+                        match result {
+                            Ok(ratio) => worst[s][f] = worst[s][f].max(ratio),
+                            Err(e) => {
+                                panic!("{set:?} {format} {shots:?} {dtype} {op}, {ranks} ranks, blocks of {block}: {e}")
+                            }
+                        }
                     }
                 }
             }
@@ -159,10 +173,11 @@ fn sweep(set: DataSet) -> [f64; 2] {
 }
 
 /// [`sweep`] of `set` keeps the bound (it panics where not), and is not vacuous: in both
-/// formats some element comes within a factor of the bound.
+/// formats and both shots some element comes within a factor of the bound.
 fn keeps_the_bound_closely(set: DataSet) {
-    let [int8, fp8] = sweep(set);
-    assert!(int8 > 0.3 && fp8 > 0.3, "{set:?}: int8 {int8}, fp8 {fp8}");
+    for (shots, [int8, fp8]) in ["two-shot", "one-shot"].into_iter().zip(sweep(set)) {
+        assert!(int8 > 0.3 && fp8 > 0.3, "{set:?} {shots}: int8 {int8}, fp8 {fp8}");
+    }
 }
 
 #[test]
@@ -182,7 +197,7 @@ fn blocks_with_an_outlier_keep_the_bound() {
 
 #[test]
 fn zero_blocks_come_back_exact() {
-    assert_eq!(sweep(DataSet::Zeros), [0.0; 2]);
+    assert_eq!(sweep(DataSet::Zeros), [[0.0; 2]; 2]);
     let inputs = draw::<bf16>(DataSet::Zeros, 3, 100, 32, 7);
     let views: Vec<&[bf16]> = inputs.iter().map(Vec::as_slice).collect();
     for format in Format::ALL {
@@ -236,10 +251,14 @@ fn a_wrong_scale_breaks_the_bound() {
     // A coarser int8 step (by a third: the bound's slack hides a few per cent), a scale that
     // clips the block maximum (int8 and fp8): each exceeds the bound somewhere, while the right
     // codec on the same data keeps it.
-    for (format, factor) in [(Format::Int8, 1.3), (Format::Int8, 0.95), (Format::Fp8E4m3, 0.9)] {
-        let broken = run_with::<f32>(DataSet::Normal, format, ReduceOp::Sum, 2, shape, 3, &scaled_by(format, factor));
-        assert!(broken.as_ref().is_err_and(|e| e.contains("over the bound")), "{format} x{factor}: {broken:?}");
-        assert!(run::<f32>(DataSet::Normal, format, ReduceOp::Sum, 2, shape, 3).is_ok());
+    for shots in [Shots::Two, Shots::One] {
+        for (format, factor) in [(Format::Int8, 1.3), (Format::Int8, 0.95), (Format::Fp8E4m3, 0.9)] {
+            let how = (format, shots);
+            let broken = run_with::<f32>(DataSet::Normal, how, ReduceOp::Sum, 2, shape, 3, &scaled_by(format, factor));
+            let message = format!("{format} {shots:?} x{factor}: {broken:?}");
+            assert!(broken.is_err_and(|e| e.contains("over the bound")), "{message}");
+            assert!(run::<f32>(DataSet::Normal, how, ReduceOp::Sum, 2, shape, 3).is_ok());
+        }
     }
 }
 
@@ -253,8 +272,11 @@ fn truncated_codes_break_the_bound() {
         }
         exact => exact,
     };
-    let broken = run_with::<bf16>(DataSet::Normal, Format::Int8, ReduceOp::Avg, 3, (32, 500), 9, &truncate);
-    assert!(broken.is_err_and(|e| e.contains("over the bound")));
+    for shots in [Shots::Two, Shots::One] {
+        let broken =
+            run_with::<bf16>(DataSet::Normal, (Format::Int8, shots), ReduceOp::Avg, 3, (32, 500), 9, &truncate);
+        assert!(broken.is_err_and(|e| e.contains("over the bound")), "{shots:?}");
+    }
     // And fp8 codes one step off where they should round down: e4m3's relative half step.
     let up_a_step = |block: &[f32]| match Format::Fp8E4m3.quantize(block) {
         Encoded::Scaled { format, scale, codes } => {
@@ -264,8 +286,11 @@ fn truncated_codes_break_the_bound() {
         }
         exact => exact,
     };
-    let broken = run_with::<f32>(DataSet::Normal, Format::Fp8E4m3, ReduceOp::Sum, 2, (32, 500), 9, &up_a_step);
-    assert!(broken.is_err_and(|e| e.contains("over the bound")));
+    for shots in [Shots::Two, Shots::One] {
+        let how = (Format::Fp8E4m3, shots);
+        let broken = run_with::<f32>(DataSet::Normal, how, ReduceOp::Sum, 2, (32, 500), 9, &up_a_step);
+        assert!(broken.is_err_and(|e| e.contains("over the bound")), "{shots:?}");
+    }
 }
 
 #[test]
@@ -276,10 +301,13 @@ fn scaling_special_or_tiny_blocks_breaks_the_checks() {
         let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         Format::Int8.quantize_with_scale(block, Format::Int8.scale(max))
     };
-    for set in [DataSet::NanInf, DataSet::Subnormal] {
-        let broken = run_with::<f32>(set, Format::Int8, ReduceOp::Sum, 3, (32, 700), 4, &always_scaled);
-        assert!(broken.is_err(), "{set:?}");
-        assert!(run::<f32>(set, Format::Int8, ReduceOp::Sum, 3, (32, 700), 4).is_ok());
+    for shots in [Shots::Two, Shots::One] {
+        for set in [DataSet::NanInf, DataSet::Subnormal] {
+            let how = (Format::Int8, shots);
+            let broken = run_with::<f32>(set, how, ReduceOp::Sum, 3, (32, 700), 4, &always_scaled);
+            assert!(broken.is_err(), "{set:?} {shots:?}");
+            assert!(run::<f32>(set, how, ReduceOp::Sum, 3, (32, 700), 4).is_ok());
+        }
     }
 }
 
@@ -288,9 +316,12 @@ fn one_rank_with_other_bits_is_caught() {
     let inputs = draw::<f16>(DataSet::Normal, 4, 300, 32, 1);
     let views: Vec<&[f16]> = inputs.iter().map(Vec::as_slice).collect();
     let scheme = Scheme { format: Format::Int8, block: BlockSize::new(32).unwrap() };
-    let mut outs = all_reduce(&views, ReduceOp::Sum, scheme).unwrap();
-    assert!(check(&outs, &inputs, ReduceOp::Sum, Format::Int8, 32).is_ok());
-    outs[3][77] = f16::from_bits(outs[3][77].to_bits() ^ 1);
-    let e = check(&outs, &inputs, ReduceOp::Sum, Format::Int8, 32).unwrap_err();
-    assert!(e.starts_with("rank 3's bits differ from rank 0's at [77]"), "{e}");
+    for shots in [Shots::Two, Shots::One] {
+        let how = (Format::Int8, shots);
+        let mut outs = all_reduce_by(&views, ReduceOp::Sum, scheme, shots).unwrap();
+        assert!(check(&outs, &inputs, ReduceOp::Sum, how, 32).is_ok());
+        outs[3][77] = f16::from_bits(outs[3][77].to_bits() ^ 1);
+        let e = check(&outs, &inputs, ReduceOp::Sum, how, 32).unwrap_err();
+        assert!(e.starts_with("rank 3's bits differ from rank 0's at [77]"), "{e}");
+    }
 }

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use super::check;
 use super::data::{Sample, normal};
 use crate::ReduceOp;
-use crate::compress::{BlockSize, Format, Scheme, all_reduce};
+use crate::compress::{BlockSize, Format, Scheme, Shots, all_reduce, all_reduce_by};
 use crate::reference::SplitMix64;
 
 /// One drawn case.
@@ -24,6 +24,7 @@ struct Case {
     spread: u32,
     format: Format,
     op: ReduceOp,
+    shots: Shots,
     seed: u64,
 }
 
@@ -45,10 +46,11 @@ fn case() -> impl Strategy<Value = Case> {
                 0u32..30,
                 prop_oneof![Just(Format::Int8), Just(Format::Fp8E4m3)],
                 prop_oneof![Just(ReduceOp::Sum), Just(ReduceOp::Avg)],
+                prop_oneof![Just(Shots::Two), Just(Shots::One)],
                 any::<u64>(),
             )
         })
-        .prop_map(|((ranks, block, len), odd, exponent, spread, format, op, seed)| Case {
+        .prop_map(|((ranks, block, len), odd, exponent, spread, format, op, shots, seed)| Case {
             ranks,
             block,
             len,
@@ -57,6 +59,7 @@ fn case() -> impl Strategy<Value = Case> {
             spread,
             format,
             op,
+            shots,
             seed,
         })
 }
@@ -90,8 +93,8 @@ fn holds<T: Sample>(case: &Case) -> Result<(), String> {
     let inputs = inputs::<T>(case);
     let views: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
     let scheme = Scheme { format: case.format, block: BlockSize::new(case.block).map_err(|e| e.to_string())? };
-    let outs = all_reduce(&views, case.op, scheme).map_err(|e| e.to_string())?;
-    check(&outs, &inputs, case.op, case.format, case.block).map(|_| ())
+    let outs = all_reduce_by(&views, case.op, scheme, case.shots).map_err(|e| e.to_string())?;
+    check(&outs, &inputs, case.op, (case.format, case.shots), case.block).map(|_| ())
 }
 
 proptest! {
@@ -113,8 +116,9 @@ fn the_property_sees_a_misplaced_block_edge() {
     let views: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
     let scheme = |block| Scheme { format: Format::Int8, block: BlockSize::new(block).unwrap() };
     let outs = all_reduce(&views, ReduceOp::Sum, scheme(32)).unwrap();
-    assert!(check(&outs, &inputs, ReduceOp::Sum, Format::Int8, 32).is_ok());
+    let int8 = (Format::Int8, Shots::Two);
+    assert!(check(&outs, &inputs, ReduceOp::Sum, int8, 32).is_ok());
     let outs = all_reduce(&views, ReduceOp::Sum, scheme(64)).unwrap();
-    assert!(check(&outs, &inputs, ReduceOp::Sum, Format::Int8, 64).is_ok());
-    assert!(check(&outs, &inputs, ReduceOp::Sum, Format::Int8, 32).is_err());
+    assert!(check(&outs, &inputs, ReduceOp::Sum, int8, 64).is_ok());
+    assert!(check(&outs, &inputs, ReduceOp::Sum, int8, 32).is_err());
 }
