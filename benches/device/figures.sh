@@ -51,8 +51,10 @@
 #                                                       -> door-host-time-2.* nccl-host-time-1.*
 #   compress     the compressed all-reduce (int8 and fp8 e4m3, blocks of 64) of bf16 beside the exact
 #                one, 1 MiB-64 MiB, among COMPRESS_RANKS processes (default 2 4 8) under MPS, and
-#                the speedup per size (the compression issue's 1.7x at 4 MiB and up)
+#                the speedup per size (the compression issue's 1.7x at 4 MiB and up); among 2 also
+#                int8 with the two-shot forced, beside the one-shot two ranks run
 #                                                       -> comm-compress-<format>-<N>.* comm-exact-bf16-<N>.*
+#                                                          comm-compress-int8-2-two-shot.*
 #   plots        the SVGs from the JSON present (also drawn at the end of every call)
 #   bench        = probe copy host reduce all-reduce collectives nccl criterion
 # Investigations (not in the default; files under $OUT/<machine>/investigations/):
@@ -353,6 +355,17 @@ section_compress() {
       late && break
       # shellcheck disable=SC2086
       bench "comm-compress-$f-$n" comm $args --ranks "$n" --compress "$f" >/dev/null
+      if [ "$n" = 2 ] && [ "$f" = int8 ]; then
+        # Two ranks run the one-shot; the two-shot, forced, beside it.
+        # shellcheck disable=SC2086
+        bench "comm-compress-$f-$n-two-shot" comm $args --ranks "$n" --compress "$f" --algorithm two-shot >/dev/null
+        note "int8 one-shot over two-shot, 2 ranks (bytes: x): $(python3 -c '
+import json, sys
+times = lambda p: {r["bytes"]: r["time_us"] for r in json.load(open(p))["rows"]}
+two, one = times(sys.argv[1]), times(sys.argv[2])
+print(" ".join("%dM:%.2f" % (b >> 20, two[b] / one[b]) for b in sorted(one) if b in two))
+' "$RES/comm-compress-$f-$n-two-shot.json" "$RES/comm-compress-$f-$n.json" 2>&1)"
+      fi
       note "compressed $f over exact, $n ranks (bytes: x): $(python3 -c '
 import json, sys
 times = lambda p: {r["bytes"]: r["time_us"] for r in json.load(open(p))["rows"]}

@@ -826,7 +826,8 @@ fn compressible_inputs<T: Compressible>(world: usize, len: usize, case: u64) -> 
 /// The compressed all-reduce of every float type, format, op and a few block sizes and
 /// lengths (slots of 64 KiB, so long buffers take several pieces a shard), each in place and
 /// then out of place on every rank (the second call reuses the wires): every rank's result
-/// equals `gp2p_kernels::compress::all_reduce`'s, bit for bit (NaN as NaN). Every mismatch is
+/// equals `gp2p_kernels::compress::all_reduce_by`'s for the communicator's shots (the one-shot
+/// between two ranks), bit for bit (NaN as NaN). Every mismatch is
 /// gathered, with its first values, before the test fails.
 fn compressed_case<T: Compressible>(
     comm: &mut Communicator,
@@ -843,7 +844,8 @@ fn compressed_case<T: Compressible>(
                 let block = BlockSize::new(block).unwrap();
                 let inputs = compressible_inputs::<T>(world, len, *case);
                 let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
-                let want = compress::all_reduce(&refs, op, Scheme { format, block }).unwrap();
+                let want =
+                    compress::all_reduce_by(&refs, op, Scheme { format, block }, comm.compressed_shots()).unwrap();
                 let wire = WireFormat { format, block };
                 let input = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
                 let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
@@ -913,15 +915,32 @@ fn compressed_with(test: &str, world: usize, options: CommOptions, lens: &[(usiz
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits() {
-    // Slots of 32 MiB; shards of about 4.4 Mi values (blocks of 64) and of 8 Mi (blocks of
-    // 128) go as two and four even pieces (`PIPELINED_PIECES`, at least 2 Mi values each), the
-    // second because of the pieces' rule, not the slot.
+    // The one-shot, slots of 32 MiB: buffers of about 8.8 Mi values (blocks of 64) and 16 Mi
+    // (blocks of 128) go as four even pieces (`PIPELINED_PIECES`), by the pieces' rule, not
+    // the slot.
     let test = "one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits";
     if !is_child() {
         needs!(gpus: 1);
     }
     let options = CommOptions { slot_bytes: 32 << 20, ..CommOptions::for_world(2) };
     compressed_with(test, 2, options, &[(8_800_003, 64), (16 << 20, 128)]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_gpu_two_processes_forced_two_shot_compressed_gives_the_reference_s_bits() {
+    // The two-shot, forced, through slots of 32 MiB: the short cases, then shards of about
+    // 4.4 Mi values (blocks of 64) and of 8 Mi (blocks of 128) as two and four even pieces (at
+    // least 2 Mi values each).
+    let test = "one_gpu_two_processes_forced_two_shot_compressed_gives_the_reference_s_bits";
+    if !is_child() {
+        needs!(gpus: 1);
+    }
+    let two_shot =
+        |slot_bytes| CommOptions { slot_bytes, algorithm: Some(Algorithm::TwoShot), ..CommOptions::for_world(2) };
+    let mut lens = COMPRESSED_LENS.to_vec();
+    lens.extend([(8_800_003, 64), (16 << 20, 128)]);
+    compressed_with(test, 2, two_shot(32 << 20), &lens);
 }
 
 #[test]
@@ -1208,7 +1227,7 @@ fn traced_among(test: &str, world: usize) {
     let inputs = compressible_inputs::<half::bf16>(world, len, 77);
     let refs: Vec<&[half::bf16]> = inputs.iter().map(Vec::as_slice).collect();
     let scheme = Scheme { format: Format::Int8, block: BlockSize::new(64).unwrap() };
-    let want = compress::all_reduce(&refs, ReduceOp::Sum, scheme).unwrap();
+    let want = compress::all_reduce_by(&refs, ReduceOp::Sum, scheme, r.comm.compressed_shots()).unwrap();
     let mut wide = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
     r.comm.start_timeline().unwrap();
     let wire = WireFormat { format: scheme.format, block: scheme.block };

@@ -6,6 +6,8 @@
 //! and infinities; every rank's result equals the reference's, bit for bit (NaN as NaN), and
 //! an encoded wire equals the reference's bytes (wires in device memory there), and a copy of
 //! one into pinned memory writes its words, codes and exact blocks and nothing else (and back).
+//! The one-shot too: every rank encodes its whole buffer and folds every wire into its
+//! output (`fold_decode`), `all_reduce_one_shot`'s bits on every rank.
 //! Then the engine's compressed all-reduce (`gp2p_collectives::all_reduce_compressed`, wires
 //! in pinned host memory, rounds pipelined across streams) among 2..8 logical ranks: every rank's
 //! result equals the reference's bits, on short buffers and on long ones of several rounds,
@@ -14,9 +16,10 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use geforce_p2p::cuda::codec::{WireFormat, decode, encode, fold_encode};
+use geforce_p2p::cuda::codec::{WireFormat, decode, encode, fold_decode, fold_encode};
 use geforce_p2p::kernels::compress::{
-    BlockSize, Compressible, Format, Scheme, WireLayout, all_reduce, decode_wire, encode_wire, shard_blocks,
+    BlockSize, Compressible, Format, Scheme, WireLayout, all_reduce, all_reduce_one_shot, decode_wire, encode_wire,
+    shard_blocks,
 };
 use geforce_p2p::pinned::{copy_from_host, copy_wire_from_host, copy_wire_to_host};
 use geforce_p2p::{DeviceBuffer, DeviceView, PinnedBuffer, ReduceOp, Stream, half};
@@ -133,6 +136,40 @@ fn case<T: Compressible + geforce_p2p::Element>(
     }
 }
 
+/// The one-shot step by step: every rank encodes its whole buffer, and every rank folds all
+/// the wires into its output (`fold_decode`); each rank's result against
+/// `all_reduce_one_shot`'s bits.
+fn one_shot_case<T: Compressible + geforce_p2p::Element>(
+    stream: &Stream,
+    scheme: Scheme,
+    ranks: usize,
+    set: usize,
+    op: ReduceOp,
+) {
+    let what = format!("one-shot {} {} block {} N {ranks} set {set} {op}", T::DTYPE, scheme.format, scheme.block.get());
+    let inputs: Vec<Vec<T>> = (0..ranks).map(|r| data(set, r, LEN).into_iter().map(T::from_f32).collect()).collect();
+    let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+    let want = all_reduce_one_shot(&refs, op, scheme).unwrap();
+    let format = WireFormat { format: scheme.format, block: scheme.block };
+    let room = format.wire_bytes(LEN).next_multiple_of(16);
+    let mut wires = DeviceBuffer::<u8>::alloc(stream.device(), room * ranks).unwrap();
+    for (r, input) in inputs.iter().enumerate() {
+        let src = DeviceBuffer::from_host(stream, input).unwrap();
+        encode(stream, format, &src.view(..), &mut wires.view_mut(r * room..(r + 1) * room)).unwrap();
+    }
+    for rank in 0..ranks {
+        // In place, as the communicator folds: the output starts as the rank's input.
+        let mut out = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
+        let views: Vec<DeviceView<'_, u8>> = (0..ranks).map(|r| wires.view(r * room..(r + 1) * room)).collect();
+        let refs: Vec<&DeviceView<'_, u8>> = views.iter().collect();
+        fold_decode(stream, format, &refs, op == ReduceOp::Avg, &mut out.view_mut(..)).unwrap();
+        let got = out.to_host_vec(stream).unwrap();
+        let wrong = (0..LEN).filter(|&i| !same(got[i], want[rank][i])).count();
+        let first = (0..LEN).find(|&i| !same(got[i], want[rank][i]));
+        assert_eq!(wrong, 0, "{what}: rank {rank} differs from the reference at {wrong} values, first {first:?}");
+    }
+}
+
 fn every_case<T: Compressible + geforce_p2p::Element>(stream: &Stream) {
     for format in Format::ALL {
         for block in [32, 256] {
@@ -141,6 +178,7 @@ fn every_case<T: Compressible + geforce_p2p::Element>(stream: &Stream) {
                 for set in 0..4 {
                     let op = if (ranks + set) % 2 == 0 { ReduceOp::Sum } else { ReduceOp::Avg };
                     case::<T>(stream, scheme, ranks, set, op);
+                    one_shot_case::<T>(stream, scheme, ranks, set, op);
                 }
             }
         }

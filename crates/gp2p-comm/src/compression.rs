@@ -30,12 +30,12 @@
 //! # let _: Option<Compression> = None;
 //! ```
 
-use gp2p_collectives::cost::{Algorithm, Machine, Prediction, price};
+use gp2p_collectives::cost::{Algorithm, Machine, Prediction, price, traffic};
 
 use crate::choice::AllReducePaths;
 use gp2p_collectives::legs::all_reduce_traffic;
 use gp2p_cuda::codec::WireFormat;
-use gp2p_kernels::compress::{BlockSize, Format, WireLayout, shard_blocks};
+use gp2p_kernels::compress::{BlockSize, Format, Shots, WireLayout, shard_blocks};
 
 use crate::{CommOptions, Error, Result};
 
@@ -187,16 +187,49 @@ pub const MIN_PIECE_VALUES: usize = 2 << 20;
 /// where the shard is shorter), more where a piece's wire would exceed a slot.
 pub(crate) fn piece_blocks(len: usize, world: usize, format: WireFormat, slot_bytes: usize) -> usize {
     let size = format.block.get();
-    // The most blocks a slot holds: a wire is about 5 bytes a value and 4 a block.
-    let mut slot_blocks = (slot_bytes / (5 * size + 4)).max(1);
-    while slot_blocks > 1 && format.wire_bytes(slot_blocks * size) > slot_bytes {
-        slot_blocks -= 1;
-    }
     // As many even pieces as the widest shard makes of the smallest piece, up to the
     // pipeline's number (so no piece is a sliver).
     let widest_shard = shard_blocks(len.div_ceil(size), world.max(1), 0).len();
     let count = (widest_shard / MIN_PIECE_VALUES.div_ceil(size)).clamp(1, PIPELINED_PIECES);
-    slot_blocks.min(widest_shard.div_ceil(count)).max(1)
+    slot_blocks(format, slot_bytes).min(widest_shard.div_ceil(count)).max(1)
+}
+
+/// The most blocks whose wire a slot of `slot_bytes` holds (at least one).
+fn slot_blocks(format: WireFormat, slot_bytes: usize) -> usize {
+    let size = format.block.get();
+    // A wire is about 5 bytes a value and 4 a block.
+    let mut blocks = (slot_bytes / (5 * size + 4)).max(1);
+    while blocks > 1 && format.wire_bytes(blocks * size) > slot_bytes {
+        blocks -= 1;
+    }
+    blocks
+}
+
+/// The one-shot cuts the whole buffer into pieces of about this many values, up to
+/// [`PIPELINED_PIECES`] of them: one trip through host memory, where the two-shot's shard
+/// makes two, so a piece's way up and the one before's way down overlap only across pieces.
+/// Half a million bf16 values make a wire of about 0.5 MiB, about 11 µs on a link of
+/// 50 GB/s: 4 MiB of bf16 goes in four pieces. Not yet measured against other sizes.
+pub const ONE_SHOT_PIECE_VALUES: usize = 512 << 10;
+
+/// Blocks of each piece of the one-shot compressed all-reduce of `len` values through slots
+/// of `slot_bytes` (the last may be shorter): the buffer in up to [`PIPELINED_PIECES`] even
+/// pieces of whole blocks and at least [`ONE_SHOT_PIECE_VALUES`] (one where the buffer is
+/// shorter), more where a piece's wire would exceed a slot.
+pub(crate) fn one_shot_piece_blocks(len: usize, format: WireFormat, slot_bytes: usize) -> usize {
+    let blocks = len.div_ceil(format.block.get());
+    let count = (blocks / ONE_SHOT_PIECE_VALUES.div_ceil(format.block.get())).clamp(1, PIPELINED_PIECES);
+    slot_blocks(format, slot_bytes).min(blocks.div_ceil(count)).max(1)
+}
+
+/// How a communicator of `world` ranks runs its compressed all-reduce, `forced` the algorithm
+/// its options or the environment force ([`crate::CommOptions::algorithm`]): between two
+/// ranks the one-shot (each rank's wire up once and the other's down once: the two-shot's
+/// bytes in one trip through host memory, with no fold and no second encode between), unless
+/// the two-shot is forced; among more the two-shot (a one-shot would bring N − 1 wires down
+/// to every rank, where the two-shot brings 2(N − 1)/N).
+pub fn compressed_shots(world: usize, forced: Option<Algorithm>) -> Shots {
+    if world == 2 && forced != Some(Algorithm::TwoShot) { Shots::One } else { Shots::Two }
 }
 
 /// Pieces of the widest shard ([`piece_blocks`] each): what the model prices steps from.
@@ -217,19 +250,34 @@ fn pieces_a_shard(len: usize, world: usize, format: WireFormat, slot_bytes: usiz
 pub const COMPRESSED_STEP_OPS: usize = 4;
 
 /// The model's time for the compressed all-reduce of `bytes` per rank of elements of
-/// `element_bytes`, through slots of `slot_bytes` (see the module doc): the two-shot of its
-/// wire in N + 1 phases, each run's first piece as its fill among more than two ranks, its
-/// rounds' steps (P(N − 1) + 1 to
-/// the owners, P + 1 back, P pieces a shard) and the fold between (two kernels: the last
-/// piece's, as the others fold while later pieces cross).
+/// `element_bytes`, through slots of `slot_bytes`, run as `shots` says
+/// ([`compressed_shots`]; see the module doc).
+///
+/// - Two-shot: the two-shot of its wire in N + 1 phases, each run's first piece as its fill
+///   among more than two ranks, its rounds' steps (P(N − 1) + 1 to the owners, P + 1 back,
+///   P pieces a shard) and the fold between (two kernels: the last piece's, as the others
+///   fold while later pieces cross).
+/// - One-shot: each rank's wire up and the others' down in one phase, its P + 1 steps (P
+///   pieces of the buffer) and the last piece's fold (one kernel); no fill between two ranks,
+///   whose waits name the one piece each needs, as for the two-shot.
 pub fn compressed_prediction(
     machine: &Machine,
     bytes: usize,
     format: WireFormat,
     element_bytes: usize,
     slot_bytes: usize,
+    shots: Shots,
 ) -> Prediction {
     let (ranks, values) = (machine.ranks.max(1), bytes / element_bytes.max(1));
+    if shots == Shots::One {
+        let wire = WireLayout { values, block: format.block }.scaled_bytes();
+        let pieces = values.div_ceil(format.block.get()).div_ceil(one_shot_piece_blocks(values, format, slot_bytes));
+        let fill = if ranks == 2 { 0.0 } else { wire.div_ceil(pieces.max(1)) as f64 };
+        let t = machine.filled(traffic(Algorithm::OneShot, ranks, wire), fill);
+        let mut prediction = price(machine, Algorithm::OneShot, t);
+        prediction.seconds += machine.steps_seconds(pieces.max(1) + 1, COMPRESSED_STEP_OPS) + machine.ops_seconds(1);
+        return prediction;
+    }
     let wire = WireLayout { values, block: format.block }.scaled_bytes();
     let pieces = pieces_a_shard(values, ranks, format, slot_bytes);
     let mut t = all_reduce_traffic(ranks, wire);
@@ -252,13 +300,14 @@ pub fn exact_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize)
 }
 
 /// The smallest power of two from 4 KiB at which the model prices the compressed all-reduce
-/// of bf16 (through slots of `slot_bytes`) below the exact one (as `paths` runs it) on
-/// `machine`; 1 GiB where it never does below that.
+/// of bf16 (through slots of `slot_bytes`, run as [`compressed_shots`] picks for `paths`)
+/// below the exact one (as `paths` runs it) on `machine`; 1 GiB where it never does below that.
 pub fn min_bytes(machine: &Machine, paths: &AllReducePaths, slot_bytes: usize, format: WireFormat) -> usize {
+    let shots = compressed_shots(paths.world, paths.many.forced);
     let mut bytes = SMALLEST;
     while bytes < LARGEST {
         let exact = exact_prediction(machine, paths, bytes).seconds;
-        if compressed_prediction(machine, bytes, format, 2, slot_bytes).seconds < exact {
+        if compressed_prediction(machine, bytes, format, 2, slot_bytes, shots).seconds < exact {
             return bytes;
         }
         bytes *= 2;
@@ -309,6 +358,8 @@ mod tests {
             assert_eq!(slot_bytes(&chosen, world, true), 1 << 20, "{world} ranks: a chosen slot stays");
         }
     }
+
+    use crate::choice::ManyChoice;
 
     fn int8() -> WireFormat {
         WireFormat { format: Format::Int8, block: BlockSize::new(64).unwrap() }
@@ -370,7 +421,9 @@ mod tests {
             let min = min_bytes(&machine, &paths, slot, int8());
             assert!(min > SMALLEST && min < LARGEST, "{world} ranks: {min}");
             assert_eq!(min, min_bytes_h200(world, int8()));
-            let compressed = |b| compressed_prediction(&machine, b, int8(), 2, slot).seconds;
+            let shots = compressed_shots(world, None);
+            assert_eq!(shots, if world == 2 { Shots::One } else { Shots::Two });
+            let compressed = |b| compressed_prediction(&machine, b, int8(), 2, slot, shots).seconds;
             let exact = |b| exact_prediction(&machine, &paths, b).seconds;
             assert!(compressed(min / 2) >= exact(min / 2), "{world} ranks at {}", min / 2);
             for bytes in [min, 4 * min, 256 << 20] {
@@ -419,7 +472,16 @@ mod tests {
             };
             let options = CommOptions::for_world(world);
             let paths = AllReducePaths::of(world, &options, None).unwrap();
-            let paths = if world == 2 { paths.on_one_link() } else { paths };
+            // Two ranks' rows ran the two-shot, as a forced two-shot runs it now (on one link
+            // the exact rounds are the same either way).
+            let paths = match world {
+                2 => {
+                    let shared = paths.on_one_link();
+                    let forced = ManyChoice { forced: Some(Algorithm::TwoShot), ..shared.many };
+                    AllReducePaths { many: forced, ..shared }
+                }
+                _ => paths,
+            };
             let slot = compressing_slot_bytes(&options, world);
             let min = min_bytes(&machine, &paths, slot, int8());
             assert_eq!(min, minimum, "{world} ranks");
@@ -429,7 +491,7 @@ mod tests {
                 _ => -0.15..0.35,
             };
             for (mib, measured_us) in [1, 4, 16, 64].into_iter().zip(times).filter(|&(_, t)| t > 0.0) {
-                let model_us = compressed_prediction(&machine, mib * MIB, int8(), 2, slot).seconds * 1e6;
+                let model_us = compressed_prediction(&machine, mib * MIB, int8(), 2, slot, Shots::Two).seconds * 1e6;
                 let error = model_us / measured_us - 1.0;
                 assert!(
                     band.contains(&error),

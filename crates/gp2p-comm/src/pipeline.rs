@@ -39,7 +39,7 @@ mod marks;
 mod release;
 mod wait;
 
-pub(crate) use many::{PieceFold, WireLand, WireLegs, WireOut};
+pub(crate) use many::{FoldInto, PieceFold, WireLand, WireLegs, WireOut};
 use release::AfterRelease;
 use wait::FlagWait;
 pub(crate) use wait::{LEFT, RELEASED, WATCHED_EMPTY, Waits};
@@ -218,9 +218,10 @@ impl Pipeline {
         })
     }
 
-    /// The event of piece `piece`'s fold (see [`Pipeline::run_chained`], which makes it before
-    /// a call's enqueue).
-    pub(super) fn folded_event<R>(&self, piece: usize, use_it: impl FnOnce(&Event) -> R) -> Result<R> {
+    /// The event of piece `piece` of a compressed call: recorded after its fold in the two-shot,
+    /// after this rank's encode of it in the one-shot (see [`Pipeline::run_chained`], which
+    /// makes it before a call's enqueue).
+    pub(super) fn piece_event<R>(&self, piece: usize, use_it: impl FnOnce(&Event) -> R) -> Result<R> {
         self.folded.with(self.fork.streams()[0].device(), piece, use_it)
     }
 
@@ -273,7 +274,7 @@ impl Pipeline {
         // must not happen between steps other ranks wait on.
         let pieces = runs.iter().filter_map(|run| run.wires.as_ref()).flat_map(|w| &w.folds).map(|f| f.piece).max();
         if let Some(piece) = pieces {
-            self.folded_event(piece, |_| ())?;
+            self.piece_event(piece, |_| ())?;
         }
         // Each run's steps, each writer's chunks going on through its slots from the runs
         // before; and, made before anything is enqueued too, the events of their marks.

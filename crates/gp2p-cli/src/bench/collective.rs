@@ -10,7 +10,7 @@ use geforce_p2p::collectives::reference::expected;
 use geforce_p2p::collectives::{
     Collective, Engine, Rank, all_gather, all_reduce, all_reduce_compressed, broadcast, reduce_scatter,
 };
-use geforce_p2p::kernels::compress::Scheme;
+use geforce_p2p::kernels::compress::{Scheme, Shots};
 use geforce_p2p::kernels::reference::{count_mismatched, fill_random};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, Stream, with_element};
 
@@ -207,7 +207,7 @@ fn run_typed<T: Compressed>(kind: Kind, args: &CollectiveArgs) -> Result<(), Cli
             // that is from the exact sum is its error, reported beside the time.
             Some(format) => {
                 let scheme = Scheme { format: format.format, block: format.block };
-                let want = T::compressed_reference(&inputs, op, scheme)
+                let want = T::compressed_reference(&inputs, op, scheme, Shots::Two)
                     .ok_or_else(|| CliError::Usage(format!("--compress takes f32, f16 or bf16, not {}", T::DTYPE)))?;
                 let wrong = outputs.iter().zip(&want).map(|(got, want)| count_unequal_bits(got, want)).sum();
                 (wrong, Some(deviation_from_exact(&inputs, &outputs, op)))

@@ -27,7 +27,7 @@ use clap::{Args, ValueEnum};
 use geforce_p2p::collectives::cost::Machine;
 use geforce_p2p::comm::choice::all_reduce_prediction;
 use geforce_p2p::comm::{CommOptions, Communicator, Compression, FlagWaits, MAX_RANKS, UniqueId, WireFormat};
-use geforce_p2p::kernels::compress::Scheme;
+use geforce_p2p::kernels::compress::{Scheme, Shots};
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, with_element};
 
@@ -316,10 +316,14 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         );
     }
     if compressed.is_some() {
+        let shots = match comm.compressed_shots() {
+            Shots::One => "one-shot (each rank's wire up once, the other's down once, one rounding of each input)",
+            Shots::Two => "two-shot (each shard's wires to its owner, the fold's back, two roundings)",
+        };
         println!(
-            "# compressed: the bound counts the wire's scales and codes, not the buffer; #wrong counts values whose bits \
-             differ from the CPU reference's; max rel err = largest |result - exact| over the largest |exact|, \
-             rms rel err = RMS(result - exact) / RMS(exact), exact in f64 (rank 0's result)"
+            "# compressed: {shots}; the bound counts the wire's scales and codes, not the buffer; #wrong counts values \
+             whose bits differ from the CPU reference's; max rel err = largest |result - exact| over the largest \
+             |exact|, rms rel err = RMS(result - exact) / RMS(exact), exact in f64 (rank 0's result)"
         );
     }
     println!("{}", rows_table(&report.rows, "of bound").trim_fmt());
@@ -425,7 +429,7 @@ fn one_size<T: Compressed>(
     let want = match compressed {
         Some(format) => {
             let scheme = Scheme { format: format.format, block: format.block };
-            let all = T::compressed_reference(&inputs, op, scheme)
+            let all = T::compressed_reference(&inputs, op, scheme, comm.compressed_shots())
                 .ok_or_else(|| CliError::Usage(format!("--compress takes f32, f16 or bf16, not {}", T::DTYPE)))?;
             let mine = all.into_iter().nth(rank);
             Some(

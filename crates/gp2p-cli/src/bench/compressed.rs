@@ -5,7 +5,7 @@
 
 use clap::Args;
 use geforce_p2p::collectives::WireFormat;
-use geforce_p2p::kernels::compress::{self, BlockSize, Scheme, WireLayout};
+use geforce_p2p::kernels::compress::{self, BlockSize, Scheme, Shots, WireLayout};
 use geforce_p2p::kernels::fp8::{F8E4M3, F8E5M2};
 use geforce_p2p::kernels::reference::Reference;
 use geforce_p2p::{DType, ReduceOp, half};
@@ -55,19 +55,27 @@ impl CompressArgs {
 /// all-reduce's CPU reference, for the three types it takes (None for the others, which
 /// [`CompressArgs::wire_format`] refuses first).
 pub trait Compressed: Reference {
-    fn compressed_reference(inputs: &[Vec<Self>], op: ReduceOp, scheme: Scheme) -> Option<Vec<Vec<Self>>>;
+    /// The reference's result on every rank for `shots` (the in-process engine runs the
+    /// two-shot; a communicator says which it runs).
+    fn compressed_reference(inputs: &[Vec<Self>], op: ReduceOp, scheme: Scheme, shots: Shots)
+    -> Option<Vec<Vec<Self>>>;
 }
 
 macro_rules! compressed {
     (some: $($t:ty),*; none: $($u:ty),*) => {
         $(impl Compressed for $t {
-            fn compressed_reference(inputs: &[Vec<Self>], op: ReduceOp, scheme: Scheme) -> Option<Vec<Vec<Self>>> {
+            fn compressed_reference(
+                inputs: &[Vec<Self>],
+                op: ReduceOp,
+                scheme: Scheme,
+                shots: Shots,
+            ) -> Option<Vec<Vec<Self>>> {
                 let refs: Vec<&[Self]> = inputs.iter().map(Vec::as_slice).collect();
-                compress::all_reduce(&refs, op, scheme).ok()
+                compress::all_reduce_by(&refs, op, scheme, shots).ok()
             }
         })*
         $(impl Compressed for $u {
-            fn compressed_reference(_: &[Vec<Self>], _: ReduceOp, _: Scheme) -> Option<Vec<Vec<Self>>> {
+            fn compressed_reference(_: &[Vec<Self>], _: ReduceOp, _: Scheme, _: Shots) -> Option<Vec<Vec<Self>>> {
                 None
             }
         })*

@@ -5,10 +5,11 @@
 use geforce_p2p::collectives::cost::Machine;
 use geforce_p2p::comm::choice::AllReducePaths;
 use geforce_p2p::comm::compression::{
-    COMPRESSED_STEP_OPS, DEFAULT_BLOCK, compressed_prediction, compressing_slot_bytes, exact_prediction, min_bytes,
+    COMPRESSED_STEP_OPS, DEFAULT_BLOCK, compressed_prediction, compressed_shots, compressing_slot_bytes,
+    exact_prediction, min_bytes,
 };
 use geforce_p2p::comm::{COMPRESS_VAR, CommOptions, MAX_RANKS, WireFormat};
-use geforce_p2p::kernels::compress::{BlockSize, Format};
+use geforce_p2p::kernels::compress::{BlockSize, Format, Shots};
 
 use crate::sizes::format_size;
 use crate::table::{num, table};
@@ -27,9 +28,14 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
         return String::new();
     };
     let min = min_bytes(m, &paths, slot_bytes, format);
+    let shots = compressed_shots(m.ranks, paths.many.forced);
+    let how = match shots {
+        Shots::One => "one-shot: each rank's wire up once and the other's down, one handoff",
+        Shots::Two => "two-shot: one more handoff than the exact rounds",
+    };
     let mut out = format!(
         "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK][@MIN]; bf16 as int8 in blocks of 64, about half \
-         the bytes, one more handoff, {} operations a piece's step): exact below {}, compressed from there on, \
+         the bytes, {how}, {} operations a piece's step): exact below {}, compressed from there on, \
          with the default slots (a communicator on a smaller /dev/shm takes smaller ones and prices its own).\n",
         COMPRESSED_STEP_OPS,
         format_size(min)
@@ -37,7 +43,7 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     let mut t = table(&["size", "exact µs", "compressed µs", "runs"], &["runs"]);
     for &bytes in sizes {
         let exact = exact_prediction(m, &paths, bytes).seconds;
-        let compressed = compressed_prediction(m, bytes, format, 2, slot_bytes).seconds;
+        let compressed = compressed_prediction(m, bytes, format, 2, slot_bytes, shots).seconds;
         let runs = if bytes >= min { "compressed" } else { "exact" };
         t.add_row(vec![format_size(bytes), num(exact * 1e6, 1), num(compressed * 1e6, 1), runs.to_owned()]);
     }

@@ -36,12 +36,14 @@ use gp2p_cuda::codec::{WireFormat, fold_wire_addresses};
 use gp2p_cuda::raw::Codec;
 use gp2p_kernels::compress::shard_blocks;
 
-use crate::compression::piece_blocks;
 #[cfg(test)]
 use crate::compression::{MIN_PIECE_VALUES, PIPELINED_PIECES};
+use crate::compression::{compressed_shots, piece_blocks};
+use gp2p_kernels::compress::Shots;
+use one_shot::OneShotPieces;
 
 use super::*;
-use crate::pipeline::{PieceFold, WireLand, WireLegs, WireOut};
+use crate::pipeline::{FoldInto, PieceFold, WireLand, WireLegs, WireOut};
 
 /// Wires start on this many bytes in device memory (the codec's alignment).
 const WIRE_ALIGN: usize = gp2p_cuda::raw::WIRE_ALIGN;
@@ -178,20 +180,32 @@ impl WirePieces {
 }
 
 impl Communicator {
+    /// How this communicator's compressed all-reduces run
+    /// ([`crate::compression::compressed_shots`]): one-shot between two ranks unless the
+    /// two-shot is forced, two-shot among more. Their result is
+    /// `gp2p_kernels::compress::all_reduce_by`'s for these shots.
+    pub fn compressed_shots(&self) -> Shots {
+        compressed_shots(self.world(), self.many.forced)
+    }
+
     /// In place on every rank, compressed: `buf` becomes the sum (or for avg the average) of
     /// every rank's `buf`, each value crossing host memory as a code of one byte in blocks
     /// of `format.block` values sharing a scale (int8 or fp8 e4m3). The result is
-    /// `gp2p_kernels::compress::all_reduce`'s bit for bit, the same on every rank, each
-    /// element within `gp2p_kernels::compress::error_bound` of the exact result; blocks with
-    /// a NaN or an infinity, and tiny ones, travel exact (docs/compression.md has the scheme
-    /// and its bound). Sum and avg of f32, f16 and bf16 only
-    /// ([`Error::NotCompressible`] otherwise), and never chosen by itself: call it where that
-    /// error is acceptable. Every rank must make the same call (length, op and format). One
-    /// rank keeps its buffer as it is.
+    /// `gp2p_kernels::compress::all_reduce_by`'s bit for bit for the communicator's
+    /// [`Communicator::compressed_shots`] (between two ranks the one-shot, each input
+    /// quantized once; among more the two-shot, each rank's own shard exact and the fold
+    /// quantized once more), the same on every rank, each element within
+    /// `gp2p_kernels::compress::error_bound` of the exact result; blocks with a NaN or an
+    /// infinity, and tiny ones, travel exact (docs/compression.md has the scheme and its
+    /// bound). Sum and avg of f32, f16 and bf16 only ([`Error::NotCompressible`] otherwise),
+    /// and never chosen by itself: call it where that error is acceptable. Every rank must
+    /// make the same call (length, op and format). One rank keeps its buffer as it is.
     ///
-    /// Each link carries the buffer's wire (about half of bf16's bytes) up and twice
-    /// (N − 1)/N of it down; the wires take about twice a buffer's wire of device memory,
-    /// kept for later calls. Capturable into a CUDA graph as the exact calls are.
+    /// Each link carries the buffer's wire (about half of bf16's bytes) up once and down
+    /// once between two ranks, twice (N − 1)/N of it down among more; the wires take about
+    /// 10 bytes a value of device memory between two ranks (a room of about 5 bytes a value
+    /// for each rank's wire), about twice a buffer's wire and two slots among more, kept for
+    /// later calls. Capturable into a CUDA graph as the exact calls are.
     pub fn all_reduce_compressed<T: Element>(
         &mut self,
         buf: &mut DeviceViewMut<'_, T>,
@@ -242,17 +256,28 @@ impl Communicator {
             // Nothing travels: the input is the result, copied where it goes elsewhere.
             return self.all_reduce_checked::<T>(buf, len, stream, op, note);
         }
-        let plan = WirePieces::new(len, self.world(), format, self.layout.slot_bytes());
-        let wires = self.take_wires(plan.bytes())?;
         let codec = Codec { dtype: T::DTYPE, format: format.format, block: format.block };
+        let average = op == ReduceOp::Avg;
+        let (two_shot, one_shot) = match compressed_shots(self.world(), self.many.forced) {
+            Shots::One => (None, Some(OneShotPieces::new(len, self.world(), format, self.layout.slot_bytes()))),
+            Shots::Two => (Some(WirePieces::new(len, self.world(), format, self.layout.slot_bytes())), None),
+        };
+        let bytes = one_shot.as_ref().map_or(0, OneShotPieces::bytes) + two_shot.as_ref().map_or(0, WirePieces::bytes);
+        let wires = self.take_wires(bytes)?;
         let memory = wires.raw_ptr();
         let launch = |comm: &mut Self| {
             // SAFETY: `buf` is `len` elements of `T` on this device, its two addresses the
             // same or apart (the callers checked); `memory` is `wires`, device memory of this
-            // device holding `plan.bytes()`, apart from `buf`, noted with the call's point
+            // device holding the plan's bytes, apart from `buf`, noted with the call's point
             // below (captured: kept for the process's life, see `take_wires`). Every rank
             // makes the same call, so the same plan.
-            unsafe { comm.enqueue_compressed(stream, buf, &plan, memory, codec, op == ReduceOp::Avg) }
+            unsafe {
+                match (&two_shot, &one_shot) {
+                    (Some(plan), _) => comm.enqueue_compressed(stream, buf, plan, memory, codec, average),
+                    (_, Some(plan)) => comm.enqueue_one_shot(stream, buf, plan, memory, codec, average),
+                    (None, None) => unreachable!("one of the two plans is made"),
+                }
+            }
         };
         let result = self.call(stream, launch, |point| {
             note(point);
@@ -295,16 +320,15 @@ impl Communicator {
             let placed: Vec<Option<(RawDevicePtr, usize)>> =
                 (0..world).map(|r| (r != rank).then(|| (at(memory, plan.got(r, p)), plan.room))).collect();
             let wires = fold_wire_addresses(format, values.len(), rank, &placed)?;
+            let (own, out) = (at(buf.src, values.start * size), at(memory, plan.folded(p)));
             folds.push(PieceFold {
                 piece: p,
                 after_leg,
-                own: at(buf.src, values.start * size),
                 values: values.len(),
                 wires,
-                owner: rank,
-                out: at(memory, plan.folded(p)),
                 dst: at(buf.dst, values.start * size),
                 average,
+                into: FoldInto::Gather { own, owner: rank, out },
             });
         }
         let (out, land, after_fold) = (WireOut::Encode, WireLand::Copy, Vec::new());
@@ -345,6 +369,67 @@ impl Communicator {
         unsafe { self.pipeline.run_chained(stream, side, &[to_owners, to_all]) }
     }
 
+    /// The one-shot's run on `stream` (see [`one_shot`]).
+    ///
+    /// # Safety
+    /// As for [`Communicator::enqueue_compressed`], with `memory` holding `plan.bytes()`.
+    unsafe fn enqueue_one_shot(
+        &self,
+        stream: &Stream,
+        buf: InOut,
+        plan: &OneShotPieces,
+        memory: RawDevicePtr,
+        codec: Codec,
+        average: bool,
+    ) -> Result<()> {
+        let (rank, world) = (self.rank(), self.world());
+        let size = codec.dtype.size_bytes();
+        let at = |base: RawDevicePtr, offset: usize| base + offset as u64;
+        let (rounds, values) = plan.legs(size);
+        let Some(completing) = plan.completing_legs(&rounds, rank) else {
+            let what = format!("the one-shot compressed all-reduce among {world} ranks");
+            return Err(Error::NotBuiltYet { what, supported: "it between two ranks (the two-shot among more)" });
+        };
+        // Each piece folds once the other rank's wire of it has landed: every rank's wire, this
+        // rank's own as its encode left it, into that piece of the output.
+        let folds = plan
+            .pieces
+            .iter()
+            .zip(completing)
+            .enumerate()
+            .map(|(p, (values, after_leg))| PieceFold {
+                piece: p,
+                after_leg,
+                values: values.len(),
+                wires: (0..world).map(|r| at(memory, plan.got(r, p))).collect(),
+                dst: at(buf.dst, values.start * size),
+                average,
+                into: FoldInto::Result,
+            })
+            .collect();
+        // The stages go unused: each wire is encoded into its kept room and landed into its
+        // own, both device memory of `memory`.
+        let (out, land, stages) = (WireOut::EncodeKept, WireLand::Copy, [memory, memory]);
+        let wires = Some(WireLegs { codec, out, land, values, stages, folds, after_fold: Vec::new() });
+        let transfer = ManyTransfer {
+            rounds,
+            dtype: codec.dtype,
+            main: buf.src,
+            part: memory,
+            op: ReduceOp::Sum,
+            divide_by: 1,
+            local: None,
+            wires,
+        };
+        // SAFETY: the legs encode pieces of the input (`buf.src`) into this rank's rooms of
+        // `memory` and land the other rank's wires into its rooms (the plan's offsets, each
+        // wire at most its room and a slot, the rooms apart); each piece folds every room of
+        // it into its piece of `buf.dst` once its wire landed and after this rank's encode of
+        // it (the piece's event), so in place the input is read before it is overwritten, and
+        // no leg reads the output. Every rank runs the same legs.
+        unsafe { self.pipeline.run_many(stream, self.side(), &transfer) }
+    }
+
     /// The wires' memory for a call of `bytes`: the kept buffer if it holds them, else a new
     /// one. A buffer too small is dropped (freed once its noted work is done) or, once a
     /// call was captured into a graph that may still replay with it, kept for the process's
@@ -375,5 +460,6 @@ fn check_compressible<T: Element>(op: ReduceOp) -> Result<()> {
     Ok(())
 }
 
+mod one_shot;
 #[cfg(test)]
 mod tests;

@@ -139,7 +139,9 @@ pub struct CommOptions {
     /// one-kernel paths for the sizes those take and otherwise run the exchange, or the
     /// rounds where both share one GPU (one link: see
     /// `crate::choice::AllReducePaths::two_ranks_take_rounds`); [`Algorithm::TwoShot`] forces
-    /// the rounds and [`Algorithm::OneShot`] the exchange.
+    /// the rounds and [`Algorithm::OneShot`] the exchange. Two ranks' compressed all-reduce
+    /// runs its one-shot unless [`Algorithm::TwoShot`] is forced
+    /// (`crate::compression::compressed_shots`).
     pub algorithm: Option<Algorithm>,
     /// All-reduces of f32, f16 and bf16 under sum or avg, from a size on, compressed
     /// (`Communicator::all_reduce_compressed`): `None` (the default) unless the environment

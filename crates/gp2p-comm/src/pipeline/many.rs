@@ -7,8 +7,8 @@
 use gp2p_cuda::RawDevicePtr;
 use gp2p_cuda::Stream;
 use gp2p_cuda::raw::{
-    Codec, MAX_FLAG_BATCH, compress_decode, compress_encode, compress_fold_encode, memcpy_dtoh_async,
-    memcpy_htod_async, wire_from_host, wire_to_host, write_flag, write_flags,
+    Codec, MAX_FLAG_BATCH, compress_decode, compress_encode, compress_fold_decode, compress_fold_encode,
+    memcpy_dtoh_async, memcpy_htod_async, wire_from_host, wire_to_host, write_flag, write_flags,
 };
 
 use super::release::AfterRelease;
@@ -42,40 +42,56 @@ pub(crate) struct WireLegs {
     pub(crate) after_fold: Vec<Option<usize>>,
 }
 
-/// The fold of a piece of this rank's shard in the compressed all-reduce's first run, on the
-/// receive stream once the piece's last wire has landed and its slot was handed back: its own
-/// values exact and the others' wires, folded and encoded once into `out`, then decoded into
-/// the piece of the output, then the piece's event is recorded for the second run's copy out
-/// of the fold (`WireLegs::after_fold`). So every piece folds while later ones cross the link.
-/// On that stream a fold also comes before the next landing's copy, which waits for it where
-/// its wire is there first.
+/// The fold of a piece on the receive stream, once the piece's last wire has landed and its
+/// slot was handed back, while later pieces cross the link. On that stream a fold also comes
+/// before the next landing's copy, which waits for it where its wire is there first.
+///
+/// - Two-shot ([`FoldInto::Gather`]), a piece of this rank's shard in the first run: its own
+///   values exact and the others' wires, folded and encoded once into `out`, then decoded into
+///   the piece of the output, then the piece's event is recorded for the second run's copy out
+///   of the fold (`WireLegs::after_fold`).
+/// - One-shot ([`FoldInto::Result`]): after the piece's event (this rank's encode of the
+///   piece, [`WireOut::EncodeKept`]), every rank's wire folded straight into the piece of the
+///   output.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PieceFold {
-    /// Which piece of this rank's shard: its fold's event is the pipeline's of that number.
+    /// Which piece: its event is the pipeline's of that number.
     pub(crate) piece: usize,
     /// The leg whose landing completes the piece: the last of its legs in the steps.
     pub(crate) after_leg: usize,
-    /// This rank's values of the piece, exact, and how many.
-    pub(crate) own: RawDevicePtr,
+    /// The piece's values.
     pub(crate) values: usize,
-    /// Every rank's wire of the piece in rank order, 0 for this rank (`owner`).
+    /// Every rank's wire of the piece in rank order (for the two-shot 0 for this rank, whose
+    /// values are `FoldInto::Gather::own`).
     pub(crate) wires: Vec<RawDevicePtr>,
-    pub(crate) owner: usize,
-    /// The fold's wire, and the piece of the output it is decoded into.
-    pub(crate) out: RawDevicePtr,
+    /// The piece of the output.
     pub(crate) dst: RawDevicePtr,
     /// Whether the fold is multiplied by the reciprocal of the ranks.
     pub(crate) average: bool,
+    /// What the fold makes.
+    pub(crate) into: FoldInto,
+}
+
+/// What a [`PieceFold`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FoldInto {
+    /// The two-shot's fold of this rank's piece, `owner` this rank and `own` its values exact,
+    /// encoded into the wire `out` for the gather and decoded into the output.
+    Gather { own: RawDevicePtr, owner: usize, out: RawDevicePtr },
+    /// The one-shot's result, every rank's wire decoded and folded into the output.
+    Result,
 }
 
 impl PieceFold {
-    /// Enqueue the fold and its decode on `stream`, with `folded` (the record of the piece's
-    /// event) between; what it did last, for a traced call's stamp.
+    /// Enqueue the fold on `stream`; for the two-shot its decode, with `piece_event` recording
+    /// the piece's event between; for the one-shot after `piece_event` waited for it. What it
+    /// did last, for a traced call's stamp.
     ///
     /// # Safety
-    /// `own` holds the piece's values and every other rank's wire is landed in device memory
-    /// (by work before, on `stream`), both left unwritten until the fold completes; `out` is a
-    /// room for the fold's wire apart from them and `dst` the piece of the output (in place,
+    /// Every wire it reads is in device memory, written by work before it on `stream` or (the
+    /// one-shot's own) before the piece's event; for the two-shot `own` holds the piece's
+    /// values; all left unwritten until the fold completes. For the two-shot `out` is a room
+    /// for the fold's wire apart from them; `dst` is the piece of the output (in place,
     /// `own` itself, which the fold reads before the decode writes it), which nothing else
     /// touches meanwhile; all of it this device's and allocated until then.
     unsafe fn enqueue(
@@ -84,18 +100,29 @@ impl PieceFold {
         codec: Codec,
         timeline: Option<Traced<'_>>,
         lane: Lane,
-        folded: impl FnOnce() -> Result<()>,
+        piece_event: impl FnOnce() -> Result<()>,
     ) -> Result<Option<(&'static str, usize)>> {
-        let bytes = self.values * codec.dtype.size_bytes();
-        let (own, values, out) = (self.own, self.values, self.out);
-        // SAFETY: the caller's contract.
-        unsafe { compress_fold_encode(stream, codec, own, values, &self.wires, self.owner, self.average, out)? };
-        mark(timeline, stream, lane.name(), "fold encode", bytes)?;
-        // The fold's wire is made: what a copy out of it waits for (the decode only reads it).
-        folded()?;
-        // SAFETY: the fold just written, into the piece of the output (the caller's contract).
-        unsafe { compress_decode(stream, codec, out, values, self.dst)? };
-        Ok(Some(("decode own", bytes)))
+        let (values, dst, average) = (self.values, self.dst, self.average);
+        let bytes = values * codec.dtype.size_bytes();
+        match self.into {
+            FoldInto::Gather { own, owner, out } => {
+                // SAFETY: the caller's contract.
+                unsafe { compress_fold_encode(stream, codec, own, values, &self.wires, owner, average, out)? };
+                mark(timeline, stream, lane.name(), "fold encode", bytes)?;
+                // The fold's wire is made: what a copy out of it waits for (the decode only reads it).
+                piece_event()?;
+                // SAFETY: the fold just written, into the piece of the output (the caller's contract).
+                unsafe { compress_decode(stream, codec, out, values, dst)? };
+                Ok(Some(("decode own", bytes)))
+            }
+            FoldInto::Result => {
+                // This rank's wire of the piece is encoded, from the input the fold may overwrite.
+                piece_event()?;
+                // SAFETY: the caller's contract.
+                unsafe { compress_fold_decode(stream, codec, &self.wires, values, average, dst)? };
+                Ok(Some(("fold decode", bytes)))
+            }
+        }
     }
 }
 
@@ -104,8 +131,23 @@ impl PieceFold {
 pub(crate) enum WireOut {
     /// Encode the leg's source, values of `codec.dtype`, into it.
     Encode,
+    /// Encode the leg's source into this rank's room at the leg's destination (where its
+    /// readers land it: the one-shot's rooms lie alike on every rank), copy that into it, and
+    /// record the piece's event (the leg's round) once encoded, for this rank's fold of it.
+    EncodeKept,
     /// Copy the wire at the leg's source into it.
     Copy,
+}
+
+impl WireOut {
+    /// Where a leg's wire is encoded, if it is: `stage` the send stage, `kept` the room.
+    fn encoded_at(self, stage: RawDevicePtr, kept: RawDevicePtr) -> Option<RawDevicePtr> {
+        match self {
+            WireOut::Encode => Some(stage),
+            WireOut::EncodeKept => Some(kept),
+            WireOut::Copy => None,
+        }
+    }
 }
 
 /// How a reader lands a wire leg.
@@ -169,14 +211,15 @@ impl Pipeline {
                     // a slot handed back to its next copy out.
                     if let (Some(wires), Some((_, LegStep::CopyOut { leg: i, chunk, .. }))) =
                         (&transfer.wires, steps.get(at_step + 1))
-                        && wires.out == WireOut::Encode
+                        && let Some(wire) = wires.out.encoded_at(wires.stages[0], at(legs[*i].dst))
                     {
                         let (leg, values, _) = wire_leg(wires, *i, *chunk);
                         // SAFETY: the leg's source holds `values` values (the caller's contract;
                         // any landing it waits for was waited for before this step); the send
-                        // stage holds a slot's bytes and only this stream uses it.
-                        unsafe { compress_encode(stream, wires.codec, at(leg.src), values, wires.stages[0])? };
-                        mark(timeline, stream, lane.name(), "encode", values * transfer.dtype.size_bytes())?;
+                        // stage holds a slot's bytes and only this stream uses it, and a kept
+                        // wire's room is this rank's alone until its fold, which waits for the
+                        // piece's event recorded below.
+                        unsafe { self.encode_wire(stream, wires, leg.round, values, wire, at(leg.src), timeline)? };
                         encoded = Some(*i);
                     }
                     let flags = device_at(layout.full(rank, slot, 0));
@@ -216,16 +259,20 @@ impl Pipeline {
                     match (fold_due.take(), &transfer.wires) {
                         (Some(fold), Some(wires)) => {
                             debug_assert!(pending.is_none(), "a wire landed by copy leaves no work");
-                            // Once the fold's wire is made: the event a later run's copy out of
-                            // it waits for.
-                            let folded = || Ok(self.folded_event(fold.piece, |event| event.record(stream))??);
+                            // The two-shot records the piece's event once the fold's wire is made
+                            // (a later run's copy out of it waits for it); the one-shot waits
+                            // for it (this rank's encode of the piece).
+                            let piece_event = || match fold.into {
+                                FoldInto::Gather { .. } => Ok(self.piece_event(fold.piece, |e| e.record(stream))??),
+                                FoldInto::Result => Ok(self.piece_event(fold.piece, |e| stream.wait(e))??),
+                            };
                             // SAFETY: the piece's wires were landed by this stream (its last
                             // just now), into rooms of the call's wire memory that no leg of
                             // the run writes again; its own values are the input's, which the
                             // run only reads, and which no leg reads where the decode writes
                             // (a rank sends only the other shards); its fold's room and piece of
                             // the output are its own (the caller's contract).
-                            unsafe { fold.enqueue(stream, wires.codec, timeline, lane, folded)? }
+                            unsafe { fold.enqueue(stream, wires.codec, timeline, lane, piece_event)? }
                         }
                         _ => pending,
                     }
@@ -235,22 +282,18 @@ impl Pipeline {
                     let (leg, values, block) = wire_leg(wires, i, chunk);
                     let (slot_host, slot_device) =
                         (host_at(layout.slot(rank, slot)), device_at(layout.slot(rank, slot)));
-                    let wire = match wires.out {
-                        WireOut::Copy => at(leg.src),
-                        WireOut::Encode => wires.stages[0],
-                    };
+                    let wire = wires.out.encoded_at(wires.stages[0], at(leg.dst)).unwrap_or(at(leg.src));
                     // A fold an earlier run made: its piece's event, recorded there after it.
                     if let Some(piece) = wires.after_fold.get(i).copied().flatten() {
-                        self.folded_event(piece, |event| stream.wait(event))??;
+                        self.piece_event(piece, |event| stream.wait(event))??;
                     }
                     // SAFETY: this rank's slot, free (the steps waited), holds the wire's room
                     // (the leg's bytes, at most a slot), and so does the send stage, which only
                     // this stream uses; the leg's source holds `values` values or a wire of
                     // them (the caller's contract).
                     unsafe {
-                        if wires.out == WireOut::Encode && encoded.take() != Some(i) {
-                            compress_encode(stream, wires.codec, at(leg.src), values, wire)?;
-                            mark(timeline, stream, lane.name(), "encode", values * transfer.dtype.size_bytes())?;
+                        if wires.out != WireOut::Copy && encoded.take() != Some(i) {
+                            self.encode_wire(stream, wires, leg.round, values, wire, at(leg.src), timeline)?;
                         }
                         let dma = |bytes| stamp(timeline, stream, lane.name(), "wire dma", bytes);
                         wire_to_host(stream, block, wire, values, slot_host, slot_device, dma)?;
@@ -353,6 +396,34 @@ impl Pipeline {
         }
         debug_assert!(after_release.is_none(), "every landing's fold and decode is enqueued");
         debug_assert!(fold_due.is_none(), "every piece's fold is enqueued");
+        Ok(())
+    }
+
+    /// Encode `values` values at `src` into `wire` on the send `stream` for a wire leg of round
+    /// `round`; where the wire is kept ([`WireOut::EncodeKept`]), then record the piece's event
+    /// (the leg's round) for this rank's fold of it.
+    ///
+    /// # Safety
+    /// `src` holds `values` values of the codec's type and `wire` a room for their wire, both
+    /// this device's, apart, and nothing else writes `src` or touches `wire` until the encode
+    /// completes (for a kept wire, until the fold that waits for the event).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn encode_wire(
+        &self,
+        stream: &Stream,
+        wires: &WireLegs,
+        round: usize,
+        values: usize,
+        wire: RawDevicePtr,
+        src: RawDevicePtr,
+        timeline: Option<Traced<'_>>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { compress_encode(stream, wires.codec, src, values, wire)? };
+        mark(timeline, stream, Lane::Send.name(), "encode", values * wires.codec.dtype.size_bytes())?;
+        if wires.out == WireOut::EncodeKept {
+            self.piece_event(round, |event| event.record(stream))??;
+        }
         Ok(())
     }
 }
