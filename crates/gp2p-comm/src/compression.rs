@@ -10,7 +10,8 @@
 //! two-shot of its wire (scales and codes: about half of bf16's bytes), in N + 1 phases
 //! (the exact rounds' N and the fold between its two runs), with each run's first piece of
 //! fill (among more than two ranks: two ranks' waits name the one piece each needs) and
-//! every piece's step of [`COMPRESSED_STEP_OPS`] GPU operations
+//! every piece's step of [`COMPRESSED_STEP_OPS`] GPU operations, or between two ranks as the
+//! one-shot of its wire (one trip each way, a step a piece; [`compressed_shots`])
 //! ([`compressed_prediction`]); the exact one as the communicator runs it
 //! (`crate::choice::all_reduce_prediction`, steps included). `gp2p plan` prints both and the
 //! minimum.

@@ -14,6 +14,10 @@
 //! (its own exact), multiplies by the f32 reciprocal of N for avg, and quantizes the folded
 //! block once for the gather; every rank, the owner included, dequantizes those codes. Two
 //! quantizations whatever N is, and every rank ends with the same bits ([`all_reduce`]).
+//! The one-shot ([`all_reduce_one_shot`], which the communicator runs between two ranks)
+//! quantizes every rank's every block once, its own included, and every rank folds all of them
+//! in rank order: one quantization of each input, none after the fold, the same bits on every
+//! rank; its bound takes every rank's block maximum and no folded block.
 //!
 //! A block holding a NaN or an infinity travels exact, a flag per block ([`Encoded::Exact`]):
 //! NaN and ±inf reach the result as the exact path's f32 fold makes them (a NaN stays NaN,

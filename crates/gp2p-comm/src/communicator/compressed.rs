@@ -1,6 +1,7 @@
 //! The communicator's compressed all-reduce: sum or avg of f32, f16 or bf16 with each value
 //! sent as a one-byte code in blocks that share a scale, `gp2p_kernels::compress::all_reduce`'s
-//! result bit for bit on every rank.
+//! result bit for bit on every rank among more than two ranks (or two forced to the two-shot),
+//! below; between two ranks the one-shot, `all_reduce_one_shot`'s ([`one_shot`]).
 //!
 //! The blocks are dealt to the ranks as that reference's shards, each shard cut into pieces
 //! whose wire fits a slot, and into up to four even pieces where it is long enough, so that in
