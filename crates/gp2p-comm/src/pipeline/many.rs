@@ -266,12 +266,21 @@ impl Pipeline {
                                 FoldInto::Gather { .. } => Ok(self.piece_event(fold.piece, |e| e.record(stream))??),
                                 FoldInto::Result => Ok(self.piece_event(fold.piece, |e| stream.wait(e))??),
                             };
+                            // The one-shot's piece p travels in round p, whose encode records its event.
+                            let in_its_round = fold.piece == legs[fold.after_leg].round;
+                            debug_assert!(
+                                fold.into != FoldInto::Result || in_its_round,
+                                "one-shot piece off its round"
+                            );
                             // SAFETY: the piece's wires were landed by this stream (its last
                             // just now), into rooms of the call's wire memory that no leg of
-                            // the run writes again; its own values are the input's, which the
-                            // run only reads, and which no leg reads where the decode writes
-                            // (a rank sends only the other shards); its fold's room and piece of
-                            // the output are its own (the caller's contract).
+                            // the run writes again. Two-shot: its own values are the input's,
+                            // which the run only reads, and which no leg reads where the decode
+                            // writes (a rank sends only the other shards); its fold's room and
+                            // piece of the output are its own (the caller's contract). One-shot:
+                            // its own wire is its encode's, which the event's wait orders before
+                            // the fold, and so is that encode's read of the input the fold may
+                            // overwrite in place; no copy out reads the input after the encode.
                             unsafe { fold.enqueue(stream, wires.codec, timeline, lane, piece_event)? }
                         }
                         _ => pending,
