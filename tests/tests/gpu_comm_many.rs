@@ -1085,8 +1085,9 @@ fn more_ranks_than_the_communicator_takes_are_refused_by_name_at_creation() {
 /// with new values, so the first call is enqueued, the second captured into a graph and the
 /// two after launch it. All-reduces of every op on every dtype through the pipeline (two ranks'
 /// exchange, the rounds among more, slots of 256 KiB so the larger length takes several
-/// chunks), all-gathers and broadcasts of bytes through the pipeline, each result checked
-/// against the reference after its call; and the counts say every key went so.
+/// chunks), all-gathers and broadcasts of bytes through the pipeline, and compressed
+/// all-reduces of bf16, each result checked against the reference after its call; and the
+/// counts say every key went so.
 fn replayed_among(test: &str, world: usize) {
     if !runs_here(test, world) {
         return;
@@ -1127,6 +1128,23 @@ fn replayed_among(test: &str, world: usize) {
         own.upload(stream, &parts[rank]).unwrap();
         r.comm.broadcast(&mut own.view_mut(..), stream, root).unwrap();
         assert!(own.to_host_vec(stream).unwrap() == parts[root], "rank {rank}: broadcast from {root}, call {call}");
+    }
+    // The compressed all-reduce (two ranks' one-shot, whose encodes and folds meet through
+    // events, and the two-shot among three), its pieces several slots' worth: the reference's
+    // bits after every call.
+    let len = 300_007;
+    let scheme = Scheme { format: Format::Int8, block: BlockSize::new(64).unwrap() };
+    let wire = WireFormat { format: scheme.format, block: scheme.block };
+    let mut buf = DeviceBuffer::<half::bf16>::alloc(r.comm.device(), len).unwrap();
+    for call in 0..CALLS {
+        let inputs = compressible_inputs::<half::bf16>(world, len, 500 + call as u64);
+        let refs: Vec<&[half::bf16]> = inputs.iter().map(Vec::as_slice).collect();
+        let want = compress::all_reduce_by(&refs, ReduceOp::Sum, scheme, r.comm.compressed_shots()).unwrap();
+        buf.upload(stream, &inputs[rank]).unwrap();
+        r.comm.all_reduce_compressed(&mut buf.view_mut(..), stream, ReduceOp::Sum, wire).unwrap();
+        let same = |a: &half::bf16, b: &half::bf16| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let wrong = differences(&buf.to_host_vec(stream).unwrap(), &want[rank], same);
+        assert!(wrong.is_none(), "rank {rank}: compressed call {call}: {wrong:?}");
     }
     let Some(counts) = r.comm.replay_counts() else { unreachable!("replays were asked for") };
     assert_eq!((counts.failed_captures, counts.first_failure.as_deref()), (0, None), "rank {rank}");
