@@ -845,7 +845,7 @@ fn compressed_case<T: Compressible>(
                 let inputs = compressible_inputs::<T>(world, len, *case);
                 let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
                 let want =
-                    compress::all_reduce_by(&refs, op, Scheme { format, block }, comm.compressed_shots()).unwrap();
+                    compress::all_reduce_by(&refs, op, Scheme { format, block }, comm.compressed_shots(len)).unwrap();
                 let wire = WireFormat { format, block };
                 let input = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
                 let mut buf = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
@@ -915,14 +915,16 @@ fn compressed_with(test: &str, world: usize, options: CommOptions, lens: &[(usiz
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits() {
-    // The one-shot, slots of 32 MiB: buffers of about 8.8 Mi values (blocks of 64) and 16 Mi
-    // (blocks of 128) go as four even pieces (`PIPELINED_PIECES`), by the pieces' rule, not
-    // the slot.
+    // The one-shot, forced (above a million values two ranks take the two-shot, which the
+    // next test forces), slots of 32 MiB: buffers of about 8.8 Mi values (blocks of 64) and
+    // 16 Mi (blocks of 128) go as four even pieces (`PIPELINED_PIECES`), by the pieces' rule,
+    // not the slot.
     let test = "one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits";
     if !is_child() {
         needs!(gpus: 1);
     }
-    let options = CommOptions { slot_bytes: 32 << 20, ..CommOptions::for_world(2) };
+    let options =
+        CommOptions { slot_bytes: 32 << 20, algorithm: Some(Algorithm::OneShot), ..CommOptions::for_world(2) };
     compressed_with(test, 2, options, &[(8_800_003, 64), (16 << 20, 128)]);
 }
 
@@ -1139,7 +1141,7 @@ fn replayed_among(test: &str, world: usize) {
     for call in 0..CALLS {
         let inputs = compressible_inputs::<half::bf16>(world, len, 500 + call as u64);
         let refs: Vec<&[half::bf16]> = inputs.iter().map(Vec::as_slice).collect();
-        let want = compress::all_reduce_by(&refs, ReduceOp::Sum, scheme, r.comm.compressed_shots()).unwrap();
+        let want = compress::all_reduce_by(&refs, ReduceOp::Sum, scheme, r.comm.compressed_shots(len)).unwrap();
         buf.upload(stream, &inputs[rank]).unwrap();
         r.comm.all_reduce_compressed(&mut buf.view_mut(..), stream, ReduceOp::Sum, wire).unwrap();
         let same = |a: &half::bf16, b: &half::bf16| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
@@ -1245,7 +1247,7 @@ fn traced_among(test: &str, world: usize) {
     let inputs = compressible_inputs::<half::bf16>(world, len, 77);
     let refs: Vec<&[half::bf16]> = inputs.iter().map(Vec::as_slice).collect();
     let scheme = Scheme { format: Format::Int8, block: BlockSize::new(64).unwrap() };
-    let want = compress::all_reduce_by(&refs, ReduceOp::Sum, scheme, r.comm.compressed_shots()).unwrap();
+    let want = compress::all_reduce_by(&refs, ReduceOp::Sum, scheme, r.comm.compressed_shots(len)).unwrap();
     let mut wide = DeviceBuffer::from_host(stream, &inputs[rank]).unwrap();
     r.comm.start_timeline().unwrap();
     let wire = WireFormat { format: scheme.format, block: scheme.block };

@@ -223,14 +223,30 @@ pub(crate) fn one_shot_piece_blocks(len: usize, format: WireFormat, slot_bytes: 
     slot_blocks(format, slot_bytes).min(blocks.div_ceil(count)).max(1)
 }
 
-/// How a communicator of `world` ranks runs its compressed all-reduce, `forced` the algorithm
-/// its options or the environment force ([`crate::CommOptions::algorithm`]): between two
-/// ranks the one-shot (each rank's wire up once and the other's down once: the two-shot's
-/// bytes in one trip through host memory, with no fold and no second encode between), unless
-/// the two-shot is forced; among more the two-shot (a one-shot would bring N − 1 wires down
-/// to every rank, where the two-shot brings 2(N − 1)/N).
-pub fn compressed_shots(world: usize, forced: Option<Algorithm>) -> Shots {
-    if world == 2 && forced != Some(Algorithm::TwoShot) { Shots::One } else { Shots::Two }
+/// Two ranks' compressed all-reduces of at most this many values run the one-shot, longer
+/// ones the two-shot. On one H100 shared by two processes under MPS (e843b67, bf16 int8,
+/// `benches/results/h10080gbhbm3/comm-compress-int8-2.txt` beside
+/// `comm-compress-int8-2-two-shot.txt`) the one-shot ran 1 MiB, one piece, 1.45 times as fast
+/// as the two-shot (99.6 µs against 144.6), but 4, 16 and 64 MiB, four pieces or more, 0.83,
+/// 0.97 and 0.94 times: each piece is a chain of an encode, a copy and the exact blocks'
+/// kernel on each side, and one trip of more pieces did not beat two trips of fewer there.
+pub const ONE_SHOT_MAX_VALUES: usize = 1 << 20;
+
+/// How a communicator of `world` ranks runs its compressed all-reduce of `values` values,
+/// `forced` the algorithm its options or the environment force
+/// ([`crate::CommOptions::algorithm`]): between two ranks the one-shot up to
+/// [`ONE_SHOT_MAX_VALUES`] (each rank's wire up once and the other's down once: the
+/// two-shot's bytes in one trip through host memory, with no fold and no second encode
+/// between) and at every size where the one-shot is forced, the two-shot where that is
+/// forced or above; among more the two-shot (a one-shot would bring N − 1 wires down to every
+/// rank, where the two-shot brings 2(N − 1)/N).
+pub fn compressed_shots(world: usize, forced: Option<Algorithm>, values: usize) -> Shots {
+    match forced {
+        _ if world != 2 => Shots::Two,
+        Some(Algorithm::OneShot) => Shots::One,
+        None if values <= ONE_SHOT_MAX_VALUES => Shots::One,
+        _ => Shots::Two,
+    }
 }
 
 /// Pieces of the widest shard ([`piece_blocks`] each): what the model prices steps from.
@@ -301,13 +317,13 @@ pub fn exact_prediction(machine: &Machine, paths: &AllReducePaths, bytes: usize)
 }
 
 /// The smallest power of two from 4 KiB at which the model prices the compressed all-reduce
-/// of bf16 (through slots of `slot_bytes`, run as [`compressed_shots`] picks for `paths`)
+/// of bf16 (through slots of `slot_bytes`, run as [`compressed_shots`] picks for `paths` and the size)
 /// below the exact one (as `paths` runs it) on `machine`; 1 GiB where it never does below that.
 pub fn min_bytes(machine: &Machine, paths: &AllReducePaths, slot_bytes: usize, format: WireFormat) -> usize {
-    let shots = compressed_shots(paths.world, paths.many.forced);
     let mut bytes = SMALLEST;
     while bytes < LARGEST {
         let exact = exact_prediction(machine, paths, bytes).seconds;
+        let shots = compressed_shots(paths.world, paths.many.forced, bytes / 2);
         if compressed_prediction(machine, bytes, format, 2, slot_bytes, shots).seconds < exact {
             return bytes;
         }
@@ -367,6 +383,19 @@ mod tests {
     }
 
     #[test]
+    fn two_ranks_take_the_one_shot_up_to_its_measured_size_unless_one_is_forced() {
+        assert_eq!(compressed_shots(2, None, 1), Shots::One);
+        assert_eq!(compressed_shots(2, None, ONE_SHOT_MAX_VALUES), Shots::One);
+        assert_eq!(compressed_shots(2, None, ONE_SHOT_MAX_VALUES + 1), Shots::Two);
+        assert_eq!(compressed_shots(2, Some(Algorithm::OneShot), usize::MAX), Shots::One);
+        assert_eq!(compressed_shots(2, Some(Algorithm::TwoShot), 1), Shots::Two);
+        for world in [1, 3, 8] {
+            assert_eq!(compressed_shots(world, Some(Algorithm::OneShot), 1), Shots::Two, "{world} ranks");
+            assert_eq!(compressed_shots(world, None, 1), Shots::Two, "{world} ranks");
+        }
+    }
+
+    #[test]
     fn the_variable_names_a_format_and_maybe_a_block_a_minimum_or_off() {
         assert_eq!(compression_from(Some("off")).unwrap(), None);
         assert_eq!(compression_from(Some(" ")).unwrap(), None);
@@ -422,9 +451,10 @@ mod tests {
             let min = min_bytes(&machine, &paths, slot, int8());
             assert!(min > SMALLEST && min < LARGEST, "{world} ranks: {min}");
             assert_eq!(min, min_bytes_h200(world, int8()));
-            let shots = compressed_shots(world, None);
-            assert_eq!(shots, if world == 2 { Shots::One } else { Shots::Two });
-            let compressed = |b| compressed_prediction(&machine, b, int8(), 2, slot, shots).seconds;
+            let compressed = |b: usize| {
+                let shots = compressed_shots(world, None, b / 2);
+                compressed_prediction(&machine, b, int8(), 2, slot, shots).seconds
+            };
             let exact = |b| exact_prediction(&machine, &paths, b).seconds;
             assert!(compressed(min / 2) >= exact(min / 2), "{world} ranks at {}", min / 2);
             for bytes in [min, 4 * min, 256 << 20] {

@@ -316,9 +316,15 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         );
     }
     if compressed.is_some() {
-        let shots = match comm.compressed_shots() {
-            Shots::One => "one-shot (each rank's wire up once, the other's down once, one rounding of each input)",
-            Shots::Two => "two-shot (each shard's wires to its owner, the fold's back, two roundings)",
+        let shots = match (comm.compressed_shots(0), comm.compressed_shots(usize::MAX)) {
+            (Shots::One, Shots::One) => {
+                "one-shot (each rank's wire up once, the other's down once, one rounding of each input)"
+            }
+            (Shots::One, Shots::Two) => {
+                "one-shot up to a million values (each rank's wire up once, the other's down once, one rounding of each \
+                 input), two-shot above (each shard's wires to its owner, the fold's back, two roundings)"
+            }
+            _ => "two-shot (each shard's wires to its owner, the fold's back, two roundings)",
         };
         println!(
             "# compressed: {shots}; the bound counts the wire's scales and codes, not the buffer; #wrong counts values \
@@ -429,7 +435,7 @@ fn one_size<T: Compressed>(
     let want = match compressed {
         Some(format) => {
             let scheme = Scheme { format: format.format, block: format.block };
-            let all = T::compressed_reference(&inputs, op, scheme, comm.compressed_shots())
+            let all = T::compressed_reference(&inputs, op, scheme, comm.compressed_shots(len))
                 .ok_or_else(|| CliError::Usage(format!("--compress takes f32, f16 or bf16, not {}", T::DTYPE)))?;
             let mine = all.into_iter().nth(rank);
             Some(

@@ -28,9 +28,11 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
         return String::new();
     };
     let min = min_bytes(m, &paths, slot_bytes, format);
-    let shots = compressed_shots(m.ranks, paths.many.forced);
-    let how = match shots {
-        Shots::One => "one-shot: each rank's wire up once and the other's down, one handoff",
+    let how = match compressed_shots(m.ranks, paths.many.forced, 0) {
+        Shots::One => {
+            "one-shot up to a million values (each rank's wire up once and the other's down, one handoff), above \
+                       that two-shot (one more handoff than the exact rounds)"
+        }
         Shots::Two => "two-shot: one more handoff than the exact rounds",
     };
     let mut out = format!(
@@ -43,6 +45,7 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     let mut t = table(&["size", "exact µs", "compressed µs", "runs"], &["runs"]);
     for &bytes in sizes {
         let exact = exact_prediction(m, &paths, bytes).seconds;
+        let shots = compressed_shots(m.ranks, paths.many.forced, bytes / 2);
         let compressed = compressed_prediction(m, bytes, format, 2, slot_bytes, shots).seconds;
         let runs = if bytes >= min { "compressed" } else { "exact" };
         t.add_row(vec![format_size(bytes), num(exact * 1e6, 1), num(compressed * 1e6, 1), runs.to_owned()]);

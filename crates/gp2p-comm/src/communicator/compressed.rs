@@ -181,21 +181,22 @@ impl WirePieces {
 }
 
 impl Communicator {
-    /// How this communicator's compressed all-reduces run
-    /// ([`crate::compression::compressed_shots`]): one-shot between two ranks unless the
-    /// two-shot is forced, two-shot among more. Their result is
-    /// `gp2p_kernels::compress::all_reduce_by`'s for these shots.
-    pub fn compressed_shots(&self) -> Shots {
-        compressed_shots(self.world(), self.many.forced)
+    /// How this communicator's compressed all-reduce of `len` values runs
+    /// ([`crate::compression::compressed_shots`]): between two ranks the one-shot up to
+    /// [`crate::compression::ONE_SHOT_MAX_VALUES`] (at every size where forced), the two-shot
+    /// above and among more. Its result is `gp2p_kernels::compress::all_reduce_by`'s for these
+    /// shots.
+    pub fn compressed_shots(&self, len: usize) -> Shots {
+        compressed_shots(self.world(), self.many.forced, len)
     }
 
     /// In place on every rank, compressed: `buf` becomes the sum (or for avg the average) of
     /// every rank's `buf`, each value crossing host memory as a code of one byte in blocks
     /// of `format.block` values sharing a scale (int8 or fp8 e4m3). The result is
     /// `gp2p_kernels::compress::all_reduce_by`'s bit for bit for the communicator's
-    /// [`Communicator::compressed_shots`] (between two ranks the one-shot, each input
-    /// quantized once; among more the two-shot, each rank's own shard exact and the fold
-    /// quantized once more), the same on every rank, each element within
+    /// [`Communicator::compressed_shots`] (between two ranks up to a million values the
+    /// one-shot, each input quantized once; above and among more the two-shot, each rank's own
+    /// shard exact and the fold quantized once more), the same on every rank, each element within
     /// `gp2p_kernels::compress::error_bound` of the exact result; blocks with a NaN or an
     /// infinity, and tiny ones, travel exact (docs/compression.md has the scheme and its
     /// bound). Sum and avg of f32, f16 and bf16 only ([`Error::NotCompressible`] otherwise),
@@ -204,8 +205,8 @@ impl Communicator {
     ///
     /// Each link carries the buffer's wire (about half of bf16's bytes) up once and down
     /// once between two ranks, twice (N − 1)/N of it down among more; the wires take about
-    /// 10 bytes a value of device memory between two ranks (a room of about 5 bytes a value
-    /// for each rank's wire), about twice a buffer's wire and two slots among more, kept for
+    /// 10 bytes a value of device memory in the one-shot (a room of about 5 bytes a value for
+    /// each rank's wire), about twice a buffer's wire and two slots in the two-shot, kept for
     /// later calls. Capturable into a CUDA graph as the exact calls are.
     pub fn all_reduce_compressed<T: Element>(
         &mut self,
@@ -259,7 +260,7 @@ impl Communicator {
         }
         let codec = Codec { dtype: T::DTYPE, format: format.format, block: format.block };
         let average = op == ReduceOp::Avg;
-        let (two_shot, one_shot) = match compressed_shots(self.world(), self.many.forced) {
+        let (two_shot, one_shot) = match self.compressed_shots(len) {
             Shots::One => (None, Some(OneShotPieces::new(len, self.world(), format, self.layout.slot_bytes()))),
             Shots::Two => (Some(WirePieces::new(len, self.world(), format, self.layout.slot_bytes())), None),
         };
