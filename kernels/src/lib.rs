@@ -273,7 +273,7 @@ pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
-/// The four kernels of the compressed all-reduce's codec (`compress.cu`), each over a wire
+/// The five kernels of the compressed all-reduce's codec (`compress.cu`), each over a wire
 /// laid out as [`compress::WireLayout`] says, one warp per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CodecKernel {
@@ -292,6 +292,10 @@ pub enum CodecKernel {
     /// reciprocal of `ranks` where `average` is not 0, rounded once to `T` (those from `ranks`
     /// on are not read): the one-shot's result, `compress::all_reduce_one_shot`'s bits.
     FoldDecode,
+    /// `(const T* src, u64 n, u32 block, u8* wire, u8* mirror)`: `wire` and `mirror` = the
+    /// quantized `src` (the mirror mapped host memory: a thread that stored into it fences its
+    /// stores to the system before the kernel ends).
+    EncodeMirrored,
 }
 
 /// The codec's one kernel of no type or format, in [`COMPRESS`]: `(const u8* src, u64 n, u32
@@ -323,8 +327,8 @@ pub fn compress_kernel_name(kernel: CodecKernel, format: compress::Format, dtype
             ]
         };
     }
-    const NAMES: [[[&str; 3]; 2]; 4] =
-        [names!("encode"), names!("fold_encode"), names!("decode"), names!("fold_decode")];
+    const NAMES: [[[&str; 3]; 2]; 5] =
+        [names!("encode"), names!("fold_encode"), names!("decode"), names!("fold_decode"), names!("encode_mirrored")];
     let t = match dtype {
         DType::F32 => 0,
         DType::F16 => 1,
@@ -340,6 +344,7 @@ pub fn compress_kernel_name(kernel: CodecKernel, format: compress::Format, dtype
         CodecKernel::FoldEncode => 1,
         CodecKernel::Decode => 2,
         CodecKernel::FoldDecode => 3,
+        CodecKernel::EncodeMirrored => 4,
     };
     Some(NAMES[k][f][t])
 }
@@ -472,7 +477,14 @@ mod tests {
                 all.push((KernelFamily::Chunks, chunks_many_kernel_name(op, dtype)));
             }
         }
-        for kernel in [CodecKernel::Encode, CodecKernel::FoldEncode, CodecKernel::Decode, CodecKernel::FoldDecode] {
+        let kernels = [
+            CodecKernel::Encode,
+            CodecKernel::FoldEncode,
+            CodecKernel::Decode,
+            CodecKernel::FoldDecode,
+            CodecKernel::EncodeMirrored,
+        ];
+        for kernel in kernels {
             for format in compress::Format::ALL {
                 for dtype in DType::ALL {
                     if let Some(name) = compress_kernel_name(kernel, format, dtype) {
