@@ -239,15 +239,7 @@ impl Pipeline {
     ///   every destination range (as reader) writable device memory on the stream's device,
     ///   within `main` or `part`, aligned for `dtype`, held until the work completes on
     ///   `stream`; `local` as for [`Transfer::local`];
-    /// - for wire legs, each of `wires.folds` names a piece this rank folds, the piece of the
-    ///   round its number names: in the two-shot ([`FoldInto::Gather`]) a piece of its shard,
-    ///   `own` its values in device memory, every wire address but its own a room that only a
-    ///   landing of these rounds writes, `out` a room apart from them and `dst` the piece of
-    ///   the output (or `own` itself, in place), no leg touching `own`, `out` or `dst`; in
-    ///   the one-shot ([`FoldInto::Result`]) every wire address a room that only a landing of
-    ///   these rounds or this rank's encode of the piece ([`WireOut::EncodeKept`]) writes, and
-    ///   `dst` the piece of the output (in place, the piece of the input that encode reads),
-    ///   which no leg touches;
+    /// - for wire legs, each of `wires.folds` as [`PieceFold`]'s contract says;
     /// - `side` as for [`Pipeline::run`], with a layout for the rounds' world;
     /// - every other rank in the legs enqueues its side of the same rounds (else the waits
     ///   end at their timeout, and the destinations hold whatever the slots held).

@@ -53,6 +53,15 @@ pub(crate) struct WireLegs {
 /// - One-shot ([`FoldInto::Result`]): after the piece's event (this rank's encode of the
 ///   piece, [`WireOut::EncodeKept`]), every rank's wire folded straight into the piece of the
 ///   output.
+///
+/// The contract of the folds a run is given ([`Pipeline::run_many`]): each names a piece this
+/// rank folds. In the two-shot a piece of its shard: `own` its values in device memory, every
+/// wire address but its own a room that only a landing of these rounds writes, `out` a room
+/// apart from them and `dst` the piece of the output (or `own` itself, in place), no leg
+/// touching `own`, `out` or `dst`. In the one-shot the piece of the round its number names:
+/// every wire address a room that only a landing of these rounds or this rank's encode of the
+/// piece writes, and `dst` the piece of the output (in place, the piece of the input that
+/// encode reads), which no leg touches.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PieceFold {
     /// Which piece: its event is the pipeline's of that number.
