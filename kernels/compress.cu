@@ -12,7 +12,6 @@
 //                they are, every other rank's values decoded from its wire), times the f32
 //                reciprocal of `ranks` for avg
 // - decode:      dst = T(decode(wire))
-// - encode_mirrored: wire = mirror = quantize(src), the mirror mapped host memory, fenced
 // - fold_decode: dst = T(fold over ranks 0..ranks-1 of every rank's values decoded from its
 //                wire, times the f32 reciprocal of `ranks` for avg): the one-shot's result
 // - copy_exact_blocks: the exact blocks' values a DMA of a wire's words and codes leaves out
@@ -162,27 +161,6 @@ __device__ __forceinline__ void encode(const T* src, u64 n, u32 block, u8* wire)
     }
 }
 
-// wire = mirror = quantize(src): the one-shot's own wire into device memory for its fold and
-// into the writer's slot (mapped host memory) for the reader, in one pass, where an encode, a
-// copy and the exact blocks' kernel would take three. A thread that stored into the mirror
-// fences its stores to the system before it ends, so they reach host memory before the flag
-// the stream writes after the kernel (the link orders them weakly otherwise).
-template <typename T, typename F>
-__device__ __forceinline__ void encode_mirrored(const T* src, u64 n, u32 block, u8* wire, u8* mirror) {
-    const Wire w = wire_at(wire, n, block);
-    const Wire m = wire_at(mirror, n, block);
-    const u64 blocks = (n + block - 1) / block;
-    bool stored = false;
-    for (u64 b = first_block(); b < blocks; b += block_stride()) {
-        BlockValues x;
-        load_block(x, src, b, n, block);
-        quantize_block<F>(x, b, n, block, w);
-        quantize_block<F>(x, b, n, block, m);
-        stored = true;
-    }
-    if (stored) __threadfence_system();
-}
-
 // The wires a fold reads: rank r's at at[r] (the owner's entry unused). The kernel takes them
 // as eight arguments, since launches pass each argument in one 64-bit slot.
 struct Wires {
@@ -307,10 +285,6 @@ extern "C" __global__ void gp2p_compress_copy_exact_blocks(const u8* src, u64 n,
     extern "C" __global__ void gp2p_compress_decode_##fname##_##tname(const u8* wire, u64 n, u32 block,       \
                                                                         T* dst) {                              \
         decode<T, F>(wire, n, block, dst);                                                                     \
-    }                                                                                                          \
-    extern "C" __global__ void gp2p_compress_encode_mirrored_##fname##_##tname(const T* src, u64 n, u32 block, \
-                                                                                 u8* wire, u8* mirror) {       \
-        encode_mirrored<T, F>(src, n, block, wire, mirror);                                                    \
     }                                                                                                          \
     extern "C" __global__ void gp2p_compress_fold_decode_##fname##_##tname(                                    \
         u64 n, u32 block, u8* w0, u8* w1, u8* w2, u8* w3, u8* w4, u8* w5, u8* w6, u8* w7, u32 ranks,            \

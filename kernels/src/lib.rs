@@ -273,7 +273,7 @@ pub fn reduce_kernel_name(op: ReduceOp, dtype: DType) -> &'static str {
     NAMES[op.index()][dtype.index()]
 }
 
-/// The five kernels of the compressed all-reduce's codec (`compress.cu`), each over a wire
+/// The four kernels of the compressed all-reduce's codec (`compress.cu`), each over a wire
 /// laid out as [`compress::WireLayout`] says, one warp per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CodecKernel {
@@ -292,10 +292,6 @@ pub enum CodecKernel {
     /// reciprocal of `ranks` where `average` is not 0, rounded once to `T` (those from `ranks`
     /// on are not read): the one-shot's result, `compress::all_reduce_one_shot`'s bits.
     FoldDecode,
-    /// `(const T* src, u64 n, u32 block, u8* wire, u8* mirror)`: `wire` and `mirror` = the
-    /// quantized `src` (the mirror mapped host memory: a thread that stored into it fences its
-    /// stores to the system before the kernel ends).
-    EncodeMirrored,
 }
 
 /// The codec's one kernel of no type or format, in [`COMPRESS`]: `(const u8* src, u64 n, u32
@@ -327,8 +323,8 @@ pub fn compress_kernel_name(kernel: CodecKernel, format: compress::Format, dtype
             ]
         };
     }
-    const NAMES: [[[&str; 3]; 2]; 5] =
-        [names!("encode"), names!("fold_encode"), names!("decode"), names!("fold_decode"), names!("encode_mirrored")];
+    const NAMES: [[[&str; 3]; 2]; 4] =
+        [names!("encode"), names!("fold_encode"), names!("decode"), names!("fold_decode")];
     let t = match dtype {
         DType::F32 => 0,
         DType::F16 => 1,
@@ -344,7 +340,6 @@ pub fn compress_kernel_name(kernel: CodecKernel, format: compress::Format, dtype
         CodecKernel::FoldEncode => 1,
         CodecKernel::Decode => 2,
         CodecKernel::FoldDecode => 3,
-        CodecKernel::EncodeMirrored => 4,
     };
     Some(NAMES[k][f][t])
 }
@@ -477,14 +472,7 @@ mod tests {
                 all.push((KernelFamily::Chunks, chunks_many_kernel_name(op, dtype)));
             }
         }
-        let kernels = [
-            CodecKernel::Encode,
-            CodecKernel::FoldEncode,
-            CodecKernel::Decode,
-            CodecKernel::FoldDecode,
-            CodecKernel::EncodeMirrored,
-        ];
-        for kernel in kernels {
+        for kernel in [CodecKernel::Encode, CodecKernel::FoldEncode, CodecKernel::Decode, CodecKernel::FoldDecode] {
             for format in compress::Format::ALL {
                 for dtype in DType::ALL {
                     if let Some(name) = compress_kernel_name(kernel, format, dtype) {

@@ -213,14 +213,6 @@ fn slot_blocks(format: WireFormat, slot_bytes: usize) -> usize {
 /// 50 GB/s: 4 MiB of bf16 goes in four pieces. Not yet measured against other sizes.
 pub const ONE_SHOT_PIECE_VALUES: usize = 512 << 10;
 
-/// Whether the one-shot encodes each piece straight into the writer's slot as well as into its
-/// kept room, in one kernel that fences its stores to the system (`encode_mirrored`), where
-/// otherwise an encode, a copy of the wire into the slot and the exact blocks' kernel follow
-/// each other on the send stream. Off until measured faster: the send stream carried the
-/// one-shot's 4 MiB on one H100 (e843b67), and the kernel's stores cross the link at the
-/// multiprocessors' rate, not the copy engine's.
-pub const ONE_SHOT_ENCODES_INTO_SLOT: bool = false;
-
 /// Blocks of each piece of the one-shot compressed all-reduce of `len` values through slots
 /// of `slot_bytes` (the last may be shorter): the buffer in up to [`PIPELINED_PIECES`] even
 /// pieces of whole blocks and at least [`ONE_SHOT_PIECE_VALUES`] (one where the buffer is

@@ -44,8 +44,8 @@ mod mem_ops;
 pub use chunks_many::{ManyChunkAreas, plan_chunks_many};
 pub(crate) use codec::launch_each_empty as launch_each_codec_kernel_empty;
 pub use codec::{
-    Codec, WIRE_ALIGN, compress_decode, compress_encode, compress_encode_mirrored, compress_fold_decode,
-    compress_fold_encode, wire_from_host, wire_to_host,
+    Codec, WIRE_ALIGN, compress_decode, compress_encode, compress_fold_decode, compress_fold_encode, wire_from_host,
+    wire_to_host,
 };
 pub use exchange::{
     ChunkAreas, ChunkWaits, ChunksLaunch, ExchangeLines, ManyLines, Numbering, exchange, exchange_many,

@@ -39,7 +39,7 @@ use gp2p_kernels::compress::shard_blocks;
 
 #[cfg(test)]
 use crate::compression::{MIN_PIECE_VALUES, PIPELINED_PIECES};
-use crate::compression::{ONE_SHOT_ENCODES_INTO_SLOT, compressed_shots, piece_blocks};
+use crate::compression::{compressed_shots, piece_blocks};
 use gp2p_kernels::compress::Shots;
 use one_shot::OneShotPieces;
 
@@ -411,8 +411,7 @@ impl Communicator {
             .collect();
         // The stages go unused: each wire is encoded into its kept room and landed into its
         // own, both device memory of `memory`.
-        let out = if ONE_SHOT_ENCODES_INTO_SLOT { WireOut::EncodeKeptToSlot } else { WireOut::EncodeKept };
-        let (land, stages) = (WireLand::Copy, [memory, memory]);
+        let (out, land, stages) = (WireOut::EncodeKept, WireLand::Copy, [memory, memory]);
         let wires = Some(WireLegs { codec, out, land, values, stages, folds, after_fold: Vec::new() });
         let transfer = ManyTransfer {
             rounds,

@@ -7,8 +7,8 @@
 use gp2p_cuda::RawDevicePtr;
 use gp2p_cuda::Stream;
 use gp2p_cuda::raw::{
-    Codec, MAX_FLAG_BATCH, compress_decode, compress_encode, compress_encode_mirrored, compress_fold_decode,
-    compress_fold_encode, memcpy_dtoh_async, memcpy_htod_async, wire_from_host, wire_to_host, write_flag, write_flags,
+    Codec, MAX_FLAG_BATCH, compress_decode, compress_encode, compress_fold_decode, compress_fold_encode,
+    memcpy_dtoh_async, memcpy_htod_async, wire_from_host, wire_to_host, write_flag, write_flags,
 };
 
 use super::release::AfterRelease;
@@ -144,9 +144,6 @@ pub(crate) enum WireOut {
     /// readers land it: the one-shot's rooms lie alike on every rank), copy that into it, and
     /// record the piece's event (the leg's round) once encoded, for this rank's fold of it.
     EncodeKept,
-    /// As [`WireOut::EncodeKept`], but one kernel encodes into the room and straight into the
-    /// slot (its device mapping) at once, in place of the copy and the exact blocks' kernel.
-    EncodeKeptToSlot,
     /// Copy the wire at the leg's source into it.
     Copy,
 }
@@ -157,8 +154,7 @@ impl WireOut {
         match self {
             WireOut::Encode => Some(stage),
             WireOut::EncodeKept => Some(kept),
-            // Encoded at the copy out, into the slot too: never before the slot is free.
-            WireOut::EncodeKeptToSlot | WireOut::Copy => None,
+            WireOut::Copy => None,
         }
     }
 }
@@ -308,19 +304,6 @@ impl Pipeline {
                     // A fold an earlier run made: its piece's event, recorded there after it.
                     if let Some(piece) = wires.after_fold.get(i).copied().flatten() {
                         self.piece_event(piece, |event| stream.wait(event))??;
-                    }
-                    if wires.out == WireOut::EncodeKeptToSlot {
-                        let (room, bytes) = (at(leg.dst), values * transfer.dtype.size_bytes());
-                        // SAFETY: this rank's slot, free (the steps waited), and its room for the
-                        // piece each hold the wire (the leg's bytes, at most a slot and a room);
-                        // the leg's source holds `values` values (the caller's contract); the
-                        // kernel fences its stores into the slot before the flag that follows.
-                        unsafe {
-                            compress_encode_mirrored(stream, wires.codec, at(leg.src), values, room, slot_device)?
-                        };
-                        mark(timeline, stream, lane.name(), "encode to slot", bytes)?;
-                        self.piece_event(leg.round, |event| event.record(stream))??;
-                        continue;
                     }
                     // SAFETY: this rank's slot, free (the steps waited), holds the wire's room
                     // (the leg's bytes, at most a slot), and so does the send stage, which only

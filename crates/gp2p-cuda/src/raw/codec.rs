@@ -69,20 +69,6 @@ impl KernelArgs for EncodeArgs {
     }
 }
 
-struct MirroredArgs {
-    src: RawDevicePtr,
-    len: u64,
-    block: u32,
-    wire: RawDevicePtr,
-    mirror: RawDevicePtr,
-}
-
-impl KernelArgs for MirroredArgs {
-    fn params(&self) -> Params {
-        Params::default().u64(self.src).u64(self.len).u32(self.block).u64(self.wire).u64(self.mirror)
-    }
-}
-
 struct FoldArgs {
     own: RawDevicePtr,
     len: u64,
@@ -155,36 +141,6 @@ pub unsafe fn compress_encode(
     let function = codec.function(stream, CodecKernel::Encode)?;
     let args = EncodeArgs { src, len: len as u64, block: codec.block.get() as u32, wire };
     // SAFETY: an encode kernel of the codec's type and format; the ranges: the caller's.
-    unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
-}
-
-/// Enqueue `wire = mirror = encode(src)` for `len` values of `codec.dtype` on `stream`, in one
-/// kernel: `mirror` may be mapped pinned host memory (a slot), whose stores the kernel fences
-/// to the system before it ends, so work the stream does after it (a flag) follows them.
-/// Only the exact blocks' values are written in either exact area, as [`compress_encode`]
-/// writes them.
-///
-/// # Safety
-/// - `src` is `len` readable values, `wire` and `mirror` `codec.layout(len).bytes()` writable
-///   bytes each, all addressable from the stream's device, the three apart;
-/// - all stay allocated, nothing else writes `src` or touches the two wires, until the
-///   kernel completes on `stream`.
-pub unsafe fn compress_encode_mirrored(
-    stream: &Stream,
-    codec: Codec,
-    src: RawDevicePtr,
-    len: usize,
-    wire: RawDevicePtr,
-    mirror: RawDevicePtr,
-) -> Result<()> {
-    check_aligned(&[("src", src)], codec.dtype.size_bytes())?;
-    check_aligned(&[("wire", wire), ("mirror", mirror)], WIRE_ALIGN)?;
-    if len == 0 {
-        return Ok(());
-    }
-    let function = codec.function(stream, CodecKernel::EncodeMirrored)?;
-    let args = MirroredArgs { src, len: len as u64, block: codec.block.get() as u32, wire, mirror };
-    // SAFETY: a mirrored encode kernel of the codec's type and format; the ranges: the caller's.
     unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
 }
 
@@ -439,7 +395,6 @@ pub(crate) fn launch_each_empty(stream: &Stream) -> Result<()> {
             let decode = DecodeArgs { wire: 0, len: 0, block, dst: 0 };
             let fold_decode =
                 FoldDecodeArgs { len: 0, block, wires: [0; CODEC_MAX_RANKS], ranks: 1, average: 0, dst: 0 };
-            let mirrored = MirroredArgs { src: 0, len: 0, block, wire: 0, mirror: 0 };
             // SAFETY: no values: every kernel computes zero blocks and returns, reading and
             // writing nothing, so null addresses are fine.
             unsafe {
@@ -447,7 +402,6 @@ pub(crate) fn launch_each_empty(stream: &Stream) -> Result<()> {
                 launch_kernel(&codec.function(stream, CodecKernel::FoldEncode)?, stream, one, &fold, None)?;
                 launch_kernel(&codec.function(stream, CodecKernel::Decode)?, stream, one, &decode, None)?;
                 launch_kernel(&codec.function(stream, CodecKernel::FoldDecode)?, stream, one, &fold_decode, None)?;
-                launch_kernel(&codec.function(stream, CodecKernel::EncodeMirrored)?, stream, one, &mirrored, None)?;
             }
         }
     }
@@ -488,12 +442,6 @@ mod tests {
         assert_eq!(count(codec(CodecKernel::FoldEncode)), 15);
         assert_eq!(count(codec(CodecKernel::Encode)), EncodeArgs { src: 0, len: 0, block: 0, wire: 0 }.params().len());
         assert_eq!(count(codec(CodecKernel::Decode)), DecodeArgs { wire: 0, len: 0, block: 0, dst: 0 }.params().len());
-        let mirrored = MirroredArgs { src: 1, len: 2, block: 32, wire: 3, mirror: 4 };
-        assert_eq!(count(codec(CodecKernel::EncodeMirrored)), mirrored.params().len());
-        let mut params = mirrored.params();
-        // SAFETY: reads the slots the pointers point at, alive in `params`.
-        let values: Vec<u64> = params.pointers()[..5].iter().map(|&p| unsafe { *p.cast::<u64>() }).collect();
-        assert_eq!(values, [1, 2, 32, 3, 4]);
     }
 
     #[test]
