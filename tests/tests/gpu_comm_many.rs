@@ -915,7 +915,7 @@ fn compressed_with(test: &str, world: usize, options: CommOptions, lens: &[(usiz
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_gpu_two_processes_compressed_shards_in_pipelined_pieces_give_the_reference_s_bits() {
-    // The one-shot, forced (above a million values two ranks take the two-shot, which the
+    // The one-shot, forced (above two million values two ranks take the two-shot, which the
     // next test forces), slots of 32 MiB: buffers of about 8.8 Mi values (blocks of 64) and
     // 16 Mi (blocks of 128) go as four even pieces (`PIPELINED_PIECES`), by the pieces' rule,
     // not the slot.

@@ -209,9 +209,12 @@ fn slot_blocks(format: WireFormat, slot_bytes: usize) -> usize {
 /// The one-shot cuts the whole buffer into pieces of about this many values, up to
 /// [`PIPELINED_PIECES`] of them: one trip through host memory, where the two-shot's shard
 /// makes two, so a piece's way up and the one before's way down overlap only across pieces.
-/// Half a million bf16 values make a wire of about 0.5 MiB, about 11 µs on a link of
-/// 50 GB/s: 4 MiB of bf16 goes in four pieces. Not yet measured against other sizes.
-pub const ONE_SHOT_PIECE_VALUES: usize = 512 << 10;
+/// On one H100 shared by two processes under MPS (bf16 int8, gp2p binaries of e843b67 built
+/// with each size, `benches/results/h10080gbhbm3/comm-compress-one-shot-pieces-2.txt`) pieces of
+/// a million values ran 4 MiB (two pieces) in 228 µs, against 297 with pieces of half a
+/// million (four) and the two-shot's 250-262 (three runs): each piece's encode, copy and exact
+/// blocks' kernel run one behind the other on the send stream, so fewer pieces did better.
+pub const ONE_SHOT_PIECE_VALUES: usize = 1 << 20;
 
 /// Blocks of each piece of the one-shot compressed all-reduce of `len` values through slots
 /// of `slot_bytes` (the last may be shorter): the buffer in up to [`PIPELINED_PIECES`] even
@@ -224,13 +227,13 @@ pub(crate) fn one_shot_piece_blocks(len: usize, format: WireFormat, slot_bytes: 
 }
 
 /// Two ranks' compressed all-reduces of at most this many values run the one-shot, longer
-/// ones the two-shot. On one H100 shared by two processes under MPS (e843b67, bf16 int8,
-/// `benches/results/h10080gbhbm3/comm-compress-int8-2.txt` beside
-/// `comm-compress-int8-2-two-shot.txt`) the one-shot ran 1 MiB, one piece, 1.45 times as fast
-/// as the two-shot (99.6 µs against 144.6), but 4, 16 and 64 MiB, four pieces or more, 0.83,
-/// 0.97 and 0.94 times: each piece is a chain of an encode, a copy and the exact blocks'
-/// kernel on each side, and one trip of more pieces did not beat two trips of fewer there.
-pub const ONE_SHOT_MAX_VALUES: usize = 1 << 20;
+/// ones the two-shot. On one H100 shared by two processes under MPS (bf16 int8,
+/// `benches/results/h10080gbhbm3/comm-compress-one-shot-pieces-2.txt`) the one-shot ran 1 MiB
+/// (one piece) 1.45 times as fast as the two-shot (99.6 µs against 144.6) and 4 MiB in pieces
+/// of a million values 1.10-1.15 times (228 against 250-262, the two-shot run three times),
+/// but 16 and 64 MiB at 0.97-1.00 and 0.95-0.97 times (604 against 588-601, 1852 against
+/// 1764-1800): past a few pieces its one trip no longer beats the two-shot's two.
+pub const ONE_SHOT_MAX_VALUES: usize = 2 << 20;
 
 /// How a communicator of `world` ranks runs its compressed all-reduce of `values` values,
 /// `forced` the algorithm its options or the environment force

@@ -321,7 +321,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
                 "one-shot (each rank's wire up once, the other's down once, one rounding of each input)"
             }
             (Shots::One, Shots::Two) => {
-                "one-shot up to a million values (each rank's wire up once, the other's down once, one rounding of each \
+                "one-shot up to two million values (each rank's wire up once, the other's down once, one rounding of each \
                  input), two-shot above (each shard's wires to its owner, the fold's back, two roundings)"
             }
             _ => "two-shot (each shard's wires to its owner, the fold's back, two roundings)",

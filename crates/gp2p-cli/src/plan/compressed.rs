@@ -30,7 +30,7 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     let min = min_bytes(m, &paths, slot_bytes, format);
     let how = match compressed_shots(m.ranks, paths.many.forced, 0) {
         Shots::One => {
-            "one-shot up to a million values (each rank's wire up once and the other's down, one handoff), above \
+            "one-shot up to two million values (each rank's wire up once and the other's down, one handoff), above \
                        that two-shot (one more handoff than the exact rounds)"
         }
         Shots::Two => "two-shot: one more handoff than the exact rounds",

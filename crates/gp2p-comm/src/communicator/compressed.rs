@@ -194,7 +194,7 @@ impl Communicator {
     /// every rank's `buf`, each value crossing host memory as a code of one byte in blocks
     /// of `format.block` values sharing a scale (int8 or fp8 e4m3). The result is
     /// `gp2p_kernels::compress::all_reduce_by`'s bit for bit for the communicator's
-    /// [`Communicator::compressed_shots`] (between two ranks up to a million values the
+    /// [`Communicator::compressed_shots`] (between two ranks up to two million values the
     /// one-shot, each input quantized once; above and among more the two-shot, each rank's own
     /// shard exact and the fold quantized once more), the same on every rank, each element within
     /// `gp2p_kernels::compress::error_bound` of the exact result; blocks with a NaN or an

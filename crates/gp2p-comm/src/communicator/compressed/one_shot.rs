@@ -112,9 +112,11 @@ mod tests {
             (0, 64, SLOT, 0),
             (1, 64, SLOT, 1),
             (100, 32, SLOT, 1),
-            (2 << 20, 64, SLOT, 4),
-            (3 << 20, 256, SLOT, 4),
-            (1 << 20, 64, SLOT, 2),
+            // Pieces of at least a million values, up to four.
+            (2 << 20, 64, SLOT, 2),
+            (3 << 20, 256, SLOT, 3),
+            (1 << 20, 64, SLOT, 1),
+            (5 << 20, 64, SLOT, 4),
             // Rooms of about 5 bytes a value: a slot holds about 6.4 million values.
             (64 << 20, 64, SLOT, 11),
             // A small slot takes more pieces: no wire is wider than a slot.
