@@ -109,25 +109,30 @@ pub(super) fn one_shot_with<T: Compressible>(
     let mut folded: Vec<f32> = Vec::with_capacity(len);
     for start in (0..len).step_by(size) {
         let range = start..(start + size).min(len);
-        let mut acc: Vec<f32> = Vec::new();
-        for (r, input) in inputs.iter().enumerate() {
+        let parts = inputs.iter().map(|input| {
             let values: Vec<f32> = input[range.clone()].iter().map(|x| x.to_f32()).collect();
-            let part = quantize(&values).dequantize();
-            if r == 0 {
-                // Starting from the first value, not from 0, keeps -0 + -0 = -0.
-                acc = part;
-            } else {
-                acc.iter_mut().zip(part).for_each(|(a, v)| *a += v);
-            }
-        }
-        if op == ReduceOp::Avg {
-            let reciprocal = 1.0 / ranks as f32;
-            acc.iter_mut().for_each(|a| *a *= reciprocal);
-        }
-        folded.extend(acc);
+            quantize(&values).dequantize()
+        });
+        folded.extend(fold_in_rank_order(parts, op, ranks));
     }
     let result: Vec<T> = folded.into_iter().map(T::from_f32).collect();
     Ok(vec![result; ranks])
+}
+
+/// One block's contributions, one per rank in rank order, folded in f32 one after the other
+/// and, for avg, multiplied by the f32 reciprocal of `ranks`. The fold starts from the first
+/// value, not from 0, which keeps -0 + -0 = -0.
+fn fold_in_rank_order(parts: impl Iterator<Item = Vec<f32>>, op: ReduceOp, ranks: usize) -> Vec<f32> {
+    let mut parts = parts;
+    let mut acc = parts.next().unwrap_or_default();
+    for part in parts {
+        acc.iter_mut().zip(part).for_each(|(a, v)| *a += v);
+    }
+    if op == ReduceOp::Avg {
+        let reciprocal = 1.0 / ranks as f32;
+        acc.iter_mut().for_each(|a| *a *= reciprocal);
+    }
+    acc
 }
 
 /// The length every rank's input has, once `op` and the inputs are checked.
@@ -179,21 +184,11 @@ pub(super) fn all_reduce_with<T: Compressible>(
             shard_blocks(blocks, ranks, k)
                 .enumerate()
                 .map(|(j, i)| {
-                    let mut folded: Vec<f32> = Vec::new();
-                    for (r, sent) in up.iter().enumerate() {
-                        let part = if r == k { values[k][range(i)].to_vec() } else { sent[k][j].dequantize() };
-                        if r == 0 {
-                            // Starting from the first value, not from 0, keeps -0 + -0 = -0.
-                            folded = part;
-                        } else {
-                            folded.iter_mut().zip(part).for_each(|(acc, v)| *acc += v);
-                        }
-                    }
-                    if op == ReduceOp::Avg {
-                        let reciprocal = 1.0 / ranks as f32;
-                        folded.iter_mut().for_each(|acc| *acc *= reciprocal);
-                    }
-                    quantize(&folded)
+                    let parts = up
+                        .iter()
+                        .enumerate()
+                        .map(|(r, sent)| if r == k { values[k][range(i)].to_vec() } else { sent[k][j].dequantize() });
+                    quantize(&fold_in_rank_order(parts, op, ranks))
                 })
                 .collect()
         })

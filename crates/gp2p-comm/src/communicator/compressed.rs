@@ -335,31 +335,13 @@ impl Communicator {
         }
         let (out, land, after_fold) = (WireOut::Encode, WireLand::Copy, Vec::new());
         let wires = Some(WireLegs { codec, out, land, values, stages, folds, after_fold });
-        let to_owners = ManyTransfer {
-            rounds,
-            dtype: codec.dtype,
-            main: buf.src,
-            part: memory,
-            op: ReduceOp::Sum,
-            divide_by: 1,
-            local: None,
-            wires,
-        };
+        let to_owners = wire_run(rounds, codec, buf.src, memory, wires);
         let (rounds, values) = plan.to_all(size);
         // This rank's legs copy out its folds, piece p in round p: each after that fold.
         let after_fold = rounds.legs.iter().map(|leg| (leg.writer == rank).then_some(leg.round)).collect();
         let (out, land, folds) = (WireOut::Copy, WireLand::Decode, Vec::new());
         let wires = Some(WireLegs { codec, out, land, values, stages, folds, after_fold });
-        let to_all = ManyTransfer {
-            rounds,
-            dtype: codec.dtype,
-            main: buf.dst,
-            part: memory,
-            op: ReduceOp::Sum,
-            divide_by: 1,
-            local: None,
-            wires,
-        };
+        let to_all = wire_run(rounds, codec, buf.dst, memory, wires);
         // SAFETY: the first run's legs encode pieces of the input into slots and land their
         // wires in rooms of `memory` (the plan's offsets, each wire at most its room and a
         // slot), and each piece of this rank's shard folds from its rooms into its own room and
@@ -413,16 +395,7 @@ impl Communicator {
         // own, both device memory of `memory`.
         let (out, land, stages) = (WireOut::EncodeKept, WireLand::Copy, [memory, memory]);
         let wires = Some(WireLegs { codec, out, land, values, stages, folds, after_fold: Vec::new() });
-        let transfer = ManyTransfer {
-            rounds,
-            dtype: codec.dtype,
-            main: buf.src,
-            part: memory,
-            op: ReduceOp::Sum,
-            divide_by: 1,
-            local: None,
-            wires,
-        };
+        let transfer = wire_run(rounds, codec, buf.src, memory, wires);
         // SAFETY: the legs encode pieces of the input (`buf.src`) into this rank's rooms of
         // `memory` and land the other rank's wires into its rooms (the plan's offsets, each
         // wire at most its room and a slot, the rooms apart); each piece folds every room of
@@ -447,6 +420,18 @@ impl Communicator {
             }
         }
     }
+}
+
+/// A run of wire legs on `main` (this rank's input or output) and the wire memory `part`: their
+/// folds are the wires' own, so no op, divisor or local copy of the exact rounds.
+fn wire_run(
+    rounds: Rounds,
+    codec: Codec,
+    main: RawDevicePtr,
+    part: RawDevicePtr,
+    wires: Option<WireLegs>,
+) -> ManyTransfer {
+    ManyTransfer { rounds, dtype: codec.dtype, main, part, op: ReduceOp::Sum, divide_by: 1, local: None, wires }
 }
 
 /// Whether the compressed all-reduce takes `op` on `T`: sum or avg of f32, f16 or bf16.

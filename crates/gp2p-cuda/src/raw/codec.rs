@@ -167,13 +167,7 @@ pub unsafe fn compress_fold_encode(
     average: bool,
     out: RawDevicePtr,
 ) -> Result<()> {
-    let ranks = wires.len();
-    if !(1..=CODEC_MAX_RANKS).contains(&ranks) {
-        return Err(Error::InvalidArgument {
-            name: "wires",
-            reason: format!("{ranks} ranks: a fold takes 1 to {CODEC_MAX_RANKS}"),
-        });
-    }
+    let (ranks, all) = fold_wires(wires)?;
     if owner >= ranks {
         return Err(Error::InvalidArgument { name: "owner", reason: format!("rank {owner} of {ranks}") });
     }
@@ -185,8 +179,6 @@ pub unsafe fn compress_fold_encode(
     if len == 0 {
         return Ok(());
     }
-    let mut all = [0; CODEC_MAX_RANKS];
-    all[..ranks].copy_from_slice(wires);
     let function = codec.function(stream, CodecKernel::FoldEncode)?;
     let args = FoldArgs {
         own,
@@ -200,6 +192,21 @@ pub unsafe fn compress_fold_encode(
     };
     // SAFETY: a fold kernel of the codec's type and format; the ranges: the caller's.
     unsafe { launch_kernel(&function, stream, codec.config(stream, len), &args, None) }
+}
+
+/// A fold's wires as its kernels take them, eight addresses (0 past the ranks), with the
+/// number of ranks: 1 to [`CODEC_MAX_RANKS`].
+fn fold_wires(wires: &[RawDevicePtr]) -> Result<(usize, [RawDevicePtr; CODEC_MAX_RANKS])> {
+    let ranks = wires.len();
+    if !(1..=CODEC_MAX_RANKS).contains(&ranks) {
+        return Err(Error::InvalidArgument {
+            name: "wires",
+            reason: format!("{ranks} ranks: a fold takes 1 to {CODEC_MAX_RANKS}"),
+        });
+    }
+    let mut all = [0; CODEC_MAX_RANKS];
+    all[..ranks].copy_from_slice(wires);
+    Ok((ranks, all))
 }
 
 /// Enqueue `dst = fold` on `stream`, the fold in rank order over `wires.len()` ranks of `len`
@@ -221,21 +228,13 @@ pub unsafe fn compress_fold_decode(
     average: bool,
     dst: RawDevicePtr,
 ) -> Result<()> {
-    let ranks = wires.len();
-    if !(1..=CODEC_MAX_RANKS).contains(&ranks) {
-        return Err(Error::InvalidArgument {
-            name: "wires",
-            reason: format!("{ranks} ranks: a fold takes 1 to {CODEC_MAX_RANKS}"),
-        });
-    }
+    let (ranks, all) = fold_wires(wires)?;
     check_aligned(&[("dst", dst)], codec.dtype.size_bytes())?;
     let named: Vec<(&'static str, RawDevicePtr)> = wires.iter().map(|&w| ("wires", w)).collect();
     check_aligned(&named, WIRE_ALIGN)?;
     if len == 0 {
         return Ok(());
     }
-    let mut all = [0; CODEC_MAX_RANKS];
-    all[..ranks].copy_from_slice(wires);
     let function = codec.function(stream, CodecKernel::FoldDecode)?;
     let args = FoldDecodeArgs {
         len: len as u64,
