@@ -27,11 +27,13 @@ use clap::{Args, ValueEnum};
 use geforce_p2p::collectives::cost::Machine;
 use geforce_p2p::comm::choice::all_reduce_prediction;
 use geforce_p2p::comm::{CommOptions, Communicator, Compression, FlagWaits, MAX_RANKS, UniqueId, WireFormat};
-use geforce_p2p::kernels::compress::{Scheme, Shots};
+use geforce_p2p::kernels::compress::Scheme;
 use geforce_p2p::kernels::reference::{Reference, count_mismatched, count_wrong_vs_fold, fill_random};
 use geforce_p2p::{Device, DeviceBuffer, Event, EventKind, ReduceOp, Stream, with_element};
 
-use super::compressed::{CompressArgs, Compressed, count_unequal_bits, deviation_from_exact, scaled_wire_bytes};
+use super::compressed::{
+    CompressArgs, Compressed, comm_compressed_header, count_unequal_bits, deviation_from_exact, scaled_wire_bytes,
+};
 use super::ranks::{as_child, start_ranks};
 use super::{CEILING_BYTES, Common, finish, progress, rows_table};
 use crate::error::CliError;
@@ -316,21 +318,7 @@ fn run_typed<T: Compressed>(args: &CommArgs) -> Result<(), CliError> {
         );
     }
     if compressed.is_some() {
-        let shots = match (comm.compressed_shots(0), comm.compressed_shots(usize::MAX)) {
-            (Shots::One, Shots::One) => {
-                "one-shot (each rank's wire up once, the other's down once, one rounding of each input)"
-            }
-            (Shots::One, Shots::Two) => {
-                "one-shot up to two million values (each rank's wire up once, the other's down once, one rounding of each \
-                 input), two-shot above (each shard's wires to its owner, the fold's back, two roundings)"
-            }
-            _ => "two-shot (each shard's wires to its owner, the fold's back, two roundings)",
-        };
-        println!(
-            "# compressed: {shots}; the bound counts the wire's scales and codes, not the buffer; #wrong counts values \
-             whose bits differ from the CPU reference's; max rel err = largest |result - exact| over the largest \
-             |exact|, rms rel err = RMS(result - exact) / RMS(exact), exact in f64 (rank 0's result)"
-        );
+        println!("{}", comm_compressed_header(&comm));
     }
     println!("{}", rows_table(&report.rows, "of bound").trim_fmt());
     for summary in &timelines {

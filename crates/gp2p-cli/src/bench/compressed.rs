@@ -5,6 +5,7 @@
 
 use clap::Args;
 use geforce_p2p::collectives::WireFormat;
+use geforce_p2p::comm::Communicator;
 use geforce_p2p::kernels::compress::{self, BlockSize, Scheme, Shots, WireLayout};
 use geforce_p2p::kernels::fp8::{F8E4M3, F8E5M2};
 use geforce_p2p::kernels::reference::Reference;
@@ -82,6 +83,26 @@ macro_rules! compressed {
     };
 }
 compressed!(some: f32, half::f16, half::bf16; none: f64, i8, u8, i32, u32, i64, u64, F8E4M3, F8E5M2);
+
+/// `gp2p bench comm`'s header line for compressed rows: the shots `comm` runs, from the
+/// shortest buffer to the longest, and what the columns count.
+pub fn comm_compressed_header(comm: &Communicator) -> String {
+    let shots = match (comm.compressed_shots(0), comm.compressed_shots(usize::MAX)) {
+        (Shots::One, Shots::One) => {
+            "one-shot (each rank's wire up once, the other's down once, one rounding of each input)"
+        }
+        (Shots::One, Shots::Two) => {
+            "one-shot up to two million values (each rank's wire up once, the other's down once, one rounding of each \
+             input), two-shot above (each shard's wires to its owner, the fold's back, two roundings)"
+        }
+        _ => "two-shot (each shard's wires to its owner, the fold's back, two roundings)",
+    };
+    format!(
+        "# compressed: {shots}; the bound counts the wire's scales and codes, not the buffer; #wrong counts values \
+         whose bits differ from the CPU reference's; max rel err = largest |result - exact| over the largest \
+         |exact|, rms rel err = RMS(result - exact) / RMS(exact), exact in f64 (rank 0's result)"
+    )
+}
 
 /// Bytes of a wire of `len` values that cross a link where no block travels exact: its
 /// scales and codes (the rest of its room holds exact blocks, written only where they occur).
