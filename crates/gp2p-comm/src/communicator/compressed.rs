@@ -260,12 +260,15 @@ impl Communicator {
         }
         let codec = Codec { dtype: T::DTYPE, format: format.format, block: format.block };
         let average = op == ReduceOp::Avg;
-        let (two_shot, one_shot) = match self.compressed_shots(len) {
-            Shots::One => (None, Some(OneShotPieces::new(len, self.world(), format, self.layout.slot_bytes()))),
-            Shots::Two => (Some(WirePieces::new(len, self.world(), format, self.layout.slot_bytes())), None),
+        let (world, slot_bytes) = (self.world(), self.layout.slot_bytes());
+        let plan = match self.compressed_shots(len) {
+            Shots::One => Plan::One(OneShotPieces::new(len, world, format, slot_bytes)),
+            Shots::Two => Plan::Two(WirePieces::new(len, world, format, slot_bytes)),
         };
-        let bytes = one_shot.as_ref().map_or(0, OneShotPieces::bytes) + two_shot.as_ref().map_or(0, WirePieces::bytes);
-        let wires = self.take_wires(bytes)?;
+        let wires = self.take_wires(match &plan {
+            Plan::One(plan) => plan.bytes(),
+            Plan::Two(plan) => plan.bytes(),
+        })?;
         let memory = wires.raw_ptr();
         let launch = |comm: &mut Self| {
             // SAFETY: `buf` is `len` elements of `T` on this device, its two addresses the
@@ -274,10 +277,9 @@ impl Communicator {
             // below (captured: kept for the process's life, see `take_wires`). Every rank
             // makes the same call, so the same plan.
             unsafe {
-                match (&two_shot, &one_shot) {
-                    (Some(plan), _) => comm.enqueue_compressed(stream, buf, plan, memory, codec, average),
-                    (_, Some(plan)) => comm.enqueue_one_shot(stream, buf, plan, memory, codec, average),
-                    (None, None) => unreachable!("one of the two plans is made"),
+                match &plan {
+                    Plan::Two(plan) => comm.enqueue_compressed(stream, buf, plan, memory, codec, average),
+                    Plan::One(plan) => comm.enqueue_one_shot(stream, buf, plan, memory, codec, average),
                 }
             }
         };
@@ -420,6 +422,12 @@ impl Communicator {
             }
         }
     }
+}
+
+/// A compressed call's plan, as its shots say.
+enum Plan {
+    One(OneShotPieces),
+    Two(WirePieces),
 }
 
 /// A run of wire legs on `main` (this rank's input or output) and the wire memory `part`: their
