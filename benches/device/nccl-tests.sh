@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Build NVIDIA's nccl-tests so that its ranks may share one GPU, to run them through the NCCL
 # door on a machine of one GPU. Usage:
-#   bash benches/device/nccl-tests.sh SRC NCCL_HOME [CUDA_HOME]
+#   bash benches/device/nccl-tests.sh SRC [NCCL_HOME [CUDA_HOME]]
 # SRC: an nccl-tests source tree (v2.19.6 was used; `fetch` NVIDIA/nccl-tests, then
-# `git archive`), edited in place; NCCL_HOME: a folder with include/nccl.h and lib/libnccl.so
-# (the nvidia-nccl-cu13 wheel's, with a libnccl.so link to its libnccl.so.2); CUDA_HOME: the
-# toolkit (default: the one nvcc on PATH comes from). The binaries land in SRC/build; run them
+# `git archive`), edited in place; NCCL_HOME: a folder with include/ (nccl.h and, from NCCL
+# 2.28, nccl_device.h with its nccl_device/ folder, which the tests' alltoall includes) and
+# lib/libnccl.so; "" or left out: one made in SRC/nccl-home from the NCCL wheel python3 imports
+# (nvidia-nccl-cu13: its whole include folder, and a libnccl.so link to its libnccl.so.2; a home
+# holding nccl.h alone fails in alltoall.cu, which then takes another nccl_device.h);
+# CUDA_HOME: the toolkit (default: the one nvcc on PATH comes from). The binaries land in SRC/build; run them
 # through the door with `python3 -m geforce_p2p.nccl -- SRC/build/all_reduce_perf -t 2 ...`.
 # A second build, in SRC/build-mp, runs its ranks as processes (MPI=1 against minimpi,
 # benches/nccl/minimpi, since the device machines have no MPI):
@@ -24,7 +27,22 @@
 # Timings and results are otherwise the tests' own.
 set -eu
 src=${1:?nccl-tests source folder}
-nccl_home=${2:?NCCL_HOME: a folder with include/nccl.h and lib/libnccl.so}
+nccl_home=${2:-}
+if [ -z "$nccl_home" ]; then
+  wheel_dir=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])') || {
+    echo "no NCCL_HOME given and python3 has no NCCL wheel (nvidia.nccl): pip install nvidia-nccl-cu13, or pass NCCL_HOME" >&2
+    exit 1
+  }
+  library=$(compgen -G "$wheel_dir/lib/libnccl.so.2*" | head -1) || true
+  if [ ! -f "$wheel_dir/include/nccl.h" ] || [ -z "$library" ]; then
+    echo "$wheel_dir has no include/nccl.h or lib/libnccl.so.2: pass NCCL_HOME" >&2
+    exit 1
+  fi
+  nccl_home=$src/nccl-home
+  mkdir -p "$nccl_home/lib"
+  ln -sfn "$wheel_dir/include" "$nccl_home/include"
+  ln -sf "$library" "$nccl_home/lib/libnccl.so"
+fi
 cuda_home=${3:-$(dirname "$(dirname "$(command -v nvcc)")")}
 
 python3 - "$src" <<'PY'
