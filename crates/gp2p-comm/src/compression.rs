@@ -25,9 +25,9 @@
 //! let fp8 = compression_from(Some("fp8:128@1M")).unwrap().unwrap();
 //! assert_eq!((fp8.format.block.get(), fp8.min_bytes), (128, Some(1 << 20)));
 //! assert!(compression_from(Some("int4")).unwrap_err().to_string().contains("int8, fp8 or off"));
-//! // Between two H200s the model turns it on from 8 MiB (at most; one H100 measured less).
+//! // Between two H200s the model turns it on from 2 MiB (priced as the one-shot there).
 //! let min = gp2p_comm::compression::min_bytes_h200(2, int8.format);
-//! assert!((1 << 20..=8 << 20).contains(&min), "{min}");
+//! assert_eq!(min, 2 << 20);
 //! # let _: Option<Compression> = None;
 //! ```
 
@@ -179,7 +179,8 @@ pub const PIPELINED_PIECES: usize = 4;
 /// of bf16 took 478 µs in four pieces of 256 Ki values on one H100
 /// (`benches/results/h10080gbhbm3/comm-compress-int8-2.txt` as of 3f1da72) and 293 µs whole on one
 /// H200 (`benches/results/h200/comm-compress-int8-2.txt`, d7d6db3, before pieces), both links
-/// about 50 GB/s each way; this size has not yet run on a GPU.
+/// about 50 GB/s each way. Pieces of this size have run on an H100 since 5315487 (16 MiB
+/// between two ranks: two a shard), not yet timed against other piece sizes.
 pub const MIN_PIECE_VALUES: usize = 2 << 20;
 
 /// Blocks of each piece of the compressed all-reduce of `len` values among `world` ranks
@@ -473,8 +474,9 @@ mod tests {
     /// The compressed and the exact bf16 all-reduce among 2, 4 and 8 processes on one H100
     /// host under MPS, each priced with its run's own rates: among 4 and 8
     /// `benches/results/h10080gbhbm3/comm-{compress-int8,exact-bf16}-{4,8}.txt` (6ce8f1b),
-    /// among 2 `comm-{compress-int8,exact-bf16}-2.txt` (de4b72a, after two ranks' waits came to name the one
-    /// chunk or piece each needs, which hides the fill of both). The minimum the model prices
+    /// among 2 `comm-{compress-int8,exact-bf16}-2.txt` as of de4b72a (after two ranks' waits
+    /// came to name the one chunk or piece each needs, which hides the fill of both; the files
+    /// now hold e843b67's one-shot runs, and `git show 7a08402:<file>` has these rows). The minimum the model prices
     /// lies where the rows say compression starts to win: 2 MiB among 4 and 8 (at 1 MiB the
     /// compressed rows ran 1.11 and 1.19 times as fast as the rounds, but an exact 1 MiB now
     /// takes the flagged chunks, which ran 335-388 and 1158-1261 µs on an H200 against the

@@ -1,7 +1,8 @@
 //! The communicator's compressed all-reduce: sum or avg of f32, f16 or bf16 with each value
 //! sent as a one-byte code in blocks that share a scale, `gp2p_kernels::compress::all_reduce`'s
-//! result bit for bit on every rank among more than two ranks (or two forced to the two-shot),
-//! below; between two ranks the one-shot, `all_reduce_one_shot`'s ([`one_shot`]).
+//! result bit for bit on every rank among more than two ranks, and between two above two
+//! million values or where the two-shot is forced (`crate::compression::compressed_shots`),
+//! below; otherwise between two ranks the one-shot, `all_reduce_one_shot`'s ([`one_shot`]).
 //!
 //! The blocks are dealt to the ranks as that reference's shards, each shard cut into pieces
 //! whose wire fits a slot, and into up to four even pieces where it is long enough, so that in
@@ -206,8 +207,9 @@ impl Communicator {
     /// Each link carries the buffer's wire (about half of bf16's bytes) up once and down
     /// once between two ranks, twice (N − 1)/N of it down among more; the wires take about
     /// 10 bytes a value of device memory in the one-shot (a room of about 5 bytes a value for
-    /// each rank's wire), about twice a buffer's wire and two slots in the two-shot, kept for
-    /// later calls. Capturable into a CUDA graph as the exact calls are.
+    /// each rank's wire), and in the two-shot N + 1 rooms for each piece of this rank's shard
+    /// (the other ranks' wires of it and its fold's; 5.6 to 7.5 bytes a value in all) and two
+    /// slots, kept for later calls. Capturable into a CUDA graph as the exact calls are.
     pub fn all_reduce_compressed<T: Element>(
         &mut self,
         buf: &mut DeviceViewMut<'_, T>,
