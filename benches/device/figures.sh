@@ -41,7 +41,7 @@
 #                (default 3), and
 #                benches/nccl/door_vs_comm.py over every run (the door issue's busbw >= 0.95 of
 #                the communicator's from 64 KiB, by medians); reduce, alltoall and sendrecv
-#                once, for #wrong only
+#                once, for #wrong only (DOOR_WRONG_ONLY=0 leaves them out, for a short call)
 #                                                       -> door-{p,t}<N>-<test>[-<k>].txt comm-door-ref-<collective>-<N>[-<k>].*
 #                                                          door-vs-comm-<collective>-<N>.txt
 #   door-host    host time per dist.all_reduce on "nccl" through the door, 2 processes under MPS,
@@ -287,7 +287,9 @@ section_door() {
       suffix=""
       [ "$k" -gt 1 ] && suffix="-$k"
       for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
-        [ "$k" -gt 1 ] && [[ $t == reduce || $t == alltoall || $t == sendrecv ]] && continue
+        if [[ $t == reduce || $t == alltoall || $t == sendrecv ]]; then
+          [ "$k" -gt 1 ] || [ "${DOOR_WRONG_ONLY:-1}" = 0 ] && continue
+        fi
         late && break 2
         # Each test within what is left of the call (at most 60 s): one that hangs costs no more.
         left=$((${DEADLINE:-540} - SECONDS))
