@@ -107,8 +107,9 @@ pub fn fit_slot_to_shm(
 /// operations (`crate::compression::COMPRESSED_STEP_OPS`). On one H100, 4 processes under
 /// MPS, bf16 int8/64 (`benches/results/h10080gbhbm3/comm-compress-slots.txt`): 64 MiB took
 /// 5.57 ms with 16 MiB slots against 7.94 with 4 MiB (1.86× the exact all-reduce's 10.37 ms,
-/// where it was 1.31×). Between two ranks the model prices 64 MiB at 2.26 ms with 32 MiB
-/// slots against 2.70 with the exact default of 8 MiB, which measured 2.60.
+/// where it was 1.31×). Between two ranks the model as of 366695a priced 64 MiB at 2.26 ms
+/// with 32 MiB slots against 2.70 with the exact default of 8 MiB, which measured 2.60 on an
+/// H100 (the two-shot, which still runs there, above the one-shot's size).
 pub(crate) fn compressed_slot_bytes(world: usize) -> usize {
     span_slot_bytes(world).max(default_slot_bytes(world))
 }
