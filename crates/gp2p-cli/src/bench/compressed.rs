@@ -6,6 +6,7 @@
 use clap::Args;
 use geforce_p2p::collectives::WireFormat;
 use geforce_p2p::comm::Communicator;
+use geforce_p2p::comm::compression::ONE_SHOT_MAX_VALUES;
 use geforce_p2p::kernels::compress::{self, BlockSize, Scheme, Shots, WireLayout};
 use geforce_p2p::kernels::fp8::{F8E4M3, F8E5M2};
 use geforce_p2p::kernels::reference::Reference;
@@ -89,13 +90,14 @@ compressed!(some: f32, half::f16, half::bf16; none: f64, i8, u8, i32, u32, i64, 
 pub fn comm_compressed_header(comm: &Communicator) -> String {
     let shots = match (comm.compressed_shots(0), comm.compressed_shots(usize::MAX)) {
         (Shots::One, Shots::One) => {
-            "one-shot (each rank's wire up once, the other's down once, one rounding of each input)"
+            "one-shot (each rank's wire up once, the other's down once, one rounding of each input)".to_string()
         }
-        (Shots::One, Shots::Two) => {
-            "one-shot up to two million values (each rank's wire up once, the other's down once, one rounding of each \
-             input), two-shot above (each shard's wires to its owner, the fold's back, two roundings)"
-        }
-        _ => "two-shot (each shard's wires to its owner, the fold's back, two roundings)",
+        (Shots::One, Shots::Two) => format!(
+            "one-shot up to {} Mi values (each rank's wire up once, the other's down once, one rounding of each \
+             input), two-shot above (each shard's wires to its owner, the fold's back, two roundings)",
+            ONE_SHOT_MAX_VALUES >> 20
+        ),
+        _ => "two-shot (each shard's wires to its owner, the fold's back, two roundings)".to_string(),
     };
     format!(
         "# compressed: {shots}; the bound counts the wire's scales and codes, not the buffer; #wrong counts values \

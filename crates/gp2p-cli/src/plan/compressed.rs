@@ -5,8 +5,8 @@
 use geforce_p2p::collectives::cost::Machine;
 use geforce_p2p::comm::choice::AllReducePaths;
 use geforce_p2p::comm::compression::{
-    COMPRESSED_STEP_OPS, DEFAULT_BLOCK, compressed_prediction, compressed_shots, compressing_slot_bytes,
-    exact_prediction, min_bytes,
+    COMPRESSED_STEP_OPS, DEFAULT_BLOCK, ONE_SHOT_MAX_VALUES, compressed_prediction, compressed_shots,
+    compressing_slot_bytes, exact_prediction, min_bytes,
 };
 use geforce_p2p::comm::{COMPRESS_VAR, CommOptions, MAX_RANKS, WireFormat};
 use geforce_p2p::kernels::compress::{BlockSize, Format, Shots};
@@ -29,11 +29,12 @@ pub(super) fn compressed_table(m: &Machine, sizes: &[usize]) -> String {
     };
     let min = min_bytes(m, &paths, slot_bytes, format);
     let how = match compressed_shots(m.ranks, paths.many.forced, 0) {
-        Shots::One => {
-            "one-shot up to two million values (each rank's wire up once and the other's down, one handoff), above \
-                       that two-shot (one more handoff than the exact rounds)"
-        }
-        Shots::Two => "two-shot: one more handoff than the exact rounds",
+        Shots::One => format!(
+            "one-shot up to {} Mi values (each rank's wire up once and the other's down, one handoff), above that \
+             two-shot (one more handoff than the exact rounds)",
+            ONE_SHOT_MAX_VALUES >> 20
+        ),
+        Shots::Two => "two-shot: one more handoff than the exact rounds".to_string(),
     };
     let mut out = format!(
         "Compressed all-reduce (opt-in: {COMPRESS_VAR}=int8|fp8[:BLOCK][@MIN]; bf16 as int8 in blocks of 64, about half \

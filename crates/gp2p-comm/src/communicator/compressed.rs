@@ -72,21 +72,11 @@ impl WirePieces {
         let size = format.block.get();
         let blocks = len.div_ceil(size);
         let piece_blocks = piece_blocks(len, world, format, slot_bytes);
-        let pieces: Vec<Vec<Range<usize>>> = (0..world)
-            .map(|s| {
-                let shard = shard_blocks(blocks, world, s);
-                (shard.start..shard.end)
-                    .step_by(piece_blocks)
-                    .map(|first| {
-                        let last = (first + piece_blocks).min(shard.end);
-                        (first * size).min(len)..(last * size).min(len)
-                    })
-                    .collect()
-            })
-            .collect();
-        let widest = pieces.iter().flatten().map(|p| format.wire_bytes(p.len())).max().unwrap_or(0);
+        let pieces: Vec<Vec<Range<usize>>> =
+            (0..world).map(|s| cut_into_pieces(shard_blocks(blocks, world, s), piece_blocks, size, len)).collect();
+        let room = widest_room(pieces.iter().flatten(), format);
         let most = pieces.iter().map(Vec::len).max().unwrap_or(0);
-        WirePieces { pieces, room: widest.next_multiple_of(WIRE_ALIGN), most, format, slot_bytes }
+        WirePieces { pieces, room, most, format, slot_bytes }
     }
 
     /// Bytes of wire memory a rank needs: a room per other rank and piece of its shard, one
@@ -121,21 +111,13 @@ impl WirePieces {
                 for writer in 0..world {
                     let owner = (writer + k) % world;
                     let Some(values) = self.pieces[owner].get(p) else { continue };
-                    let leg = Leg {
-                        round: p * (world - 1) + k - 1,
-                        writer,
-                        readers: Readers::One(owner),
-                        src: (Buf::Main, values.start * dtype_size),
-                        dst: (Buf::Part, self.got(writer, p)),
-                        bytes: self.format.wire_bytes(values.len()),
-                        landing: LegLanding::Copy,
-                    };
-                    legs.push((leg, values.len()));
+                    let (src, dst) = ((Buf::Main, values.start * dtype_size), (Buf::Part, self.got(writer, p)));
+                    let round = p * (world - 1) + k - 1;
+                    legs.push(wire_leg(round, writer, Readers::One(owner), src, dst, values, self.format));
                 }
             }
         }
-        let (legs, values) = legs.into_iter().unzip();
-        (Rounds { world, legs }, values)
+        rounds_of(world, legs)
     }
 
     /// For each piece of `rank`'s shard, the leg of the first run (`rounds`, from
@@ -164,21 +146,51 @@ impl WirePieces {
         for p in 0..self.most {
             for (owner, pieces) in self.pieces.iter().enumerate() {
                 let Some(values) = pieces.get(p) else { continue };
-                let leg = Leg {
-                    round: p,
-                    writer: owner,
-                    readers: Readers::Others,
-                    src: (Buf::Part, self.folded(p)),
-                    dst: (Buf::Main, values.start * dtype_size),
-                    bytes: self.format.wire_bytes(values.len()),
-                    landing: LegLanding::Copy,
-                };
-                legs.push((leg, values.len()));
+                let (src, dst) = ((Buf::Part, self.folded(p)), (Buf::Main, values.start * dtype_size));
+                legs.push(wire_leg(p, owner, Readers::Others, src, dst, values, self.format));
             }
         }
-        let (legs, values) = legs.into_iter().unzip();
-        (Rounds { world, legs }, values)
+        rounds_of(world, legs)
     }
+}
+
+/// The blocks `blocks` of a buffer of `len` values in blocks of `size`, cut into pieces of
+/// `piece_blocks` blocks (the last may be shorter), as value ranges: a shard's pieces in the
+/// two-shot, the whole buffer's in the one-shot.
+fn cut_into_pieces(blocks: Range<usize>, piece_blocks: usize, size: usize, len: usize) -> Vec<Range<usize>> {
+    let end = blocks.end;
+    blocks
+        .step_by(piece_blocks.max(1))
+        .map(|first| (first * size).min(len)..((first + piece_blocks).min(end) * size).min(len))
+        .collect()
+}
+
+/// The room every piece's wire gets: the widest of `pieces`' wires in `format`, on the wire
+/// alignment.
+fn widest_room<'a>(pieces: impl IntoIterator<Item = &'a Range<usize>>, format: WireFormat) -> usize {
+    let widest = pieces.into_iter().map(|p| format.wire_bytes(p.len())).max().unwrap_or(0);
+    widest.next_multiple_of(WIRE_ALIGN)
+}
+
+/// A leg of round `round` carrying `writer`'s wire of the piece `values` in `format` from
+/// `src` to `dst`, landed as it is; with the piece's value count, as the runs take them.
+fn wire_leg(
+    round: usize,
+    writer: usize,
+    readers: Readers,
+    src: (Buf, usize),
+    dst: (Buf, usize),
+    values: &Range<usize>,
+    format: WireFormat,
+) -> (Leg, usize) {
+    let bytes = format.wire_bytes(values.len());
+    (Leg { round, writer, readers, src, dst, bytes, landing: LegLanding::Copy }, values.len())
+}
+
+/// The rounds of `legs` among `world` ranks, and each leg's value count.
+fn rounds_of(world: usize, legs: Vec<(Leg, usize)>) -> (Rounds, Vec<usize>) {
+    let (legs, values) = legs.into_iter().unzip();
+    (Rounds { world, legs }, values)
 }
 
 impl Communicator {

@@ -16,14 +16,12 @@
 
 use std::ops::Range;
 
-use gp2p_collectives::legs::{Buf, Leg, LegLanding, Readers};
+use gp2p_collectives::legs::{Buf, Readers};
 use gp2p_cuda::codec::WireFormat;
 
+use super::{cut_into_pieces, rounds_of, widest_room, wire_leg};
 use crate::compression::one_shot_piece_blocks;
 use crate::rounds::Rounds;
-
-/// Wires start on this many bytes in device memory (the codec's alignment).
-const WIRE_ALIGN: usize = gp2p_cuda::raw::WIRE_ALIGN;
 
 /// The pieces of one one-shot call and where their wires sit in the wire memory: rank r's
 /// wire of piece p at `got(r, p)` on every rank, each in a room of `room` bytes.
@@ -41,11 +39,9 @@ impl OneShotPieces {
     /// The pieces of `len` values among `world` ranks through slots of `slot_bytes`.
     pub(crate) fn new(len: usize, world: usize, format: WireFormat, slot_bytes: usize) -> OneShotPieces {
         let size = format.block.get();
-        let step = one_shot_piece_blocks(len, format, slot_bytes) * size;
-        let pieces: Vec<Range<usize>> =
-            (0..len).step_by(step.max(1)).map(|start| start..(start + step).min(len)).collect();
-        let widest = pieces.iter().map(|p| format.wire_bytes(p.len())).max().unwrap_or(0);
-        OneShotPieces { pieces, room: widest.next_multiple_of(WIRE_ALIGN), world, format }
+        let blocks = 0..len.div_ceil(size);
+        let pieces = cut_into_pieces(blocks, one_shot_piece_blocks(len, format, slot_bytes), size, len);
+        OneShotPieces { room: widest_room(&pieces, format), pieces, world, format }
     }
 
     /// Bytes of wire memory a rank needs: a room per rank and piece.
@@ -65,20 +61,11 @@ impl OneShotPieces {
         let mut legs = Vec::new();
         for (p, values) in self.pieces.iter().enumerate() {
             for writer in 0..self.world {
-                let leg = Leg {
-                    round: p,
-                    writer,
-                    readers: Readers::Others,
-                    src: (Buf::Main, values.start * dtype_size),
-                    dst: (Buf::Part, self.got(writer, p)),
-                    bytes: self.format.wire_bytes(values.len()),
-                    landing: LegLanding::Copy,
-                };
-                legs.push((leg, values.len()));
+                let (src, dst) = ((Buf::Main, values.start * dtype_size), (Buf::Part, self.got(writer, p)));
+                legs.push(wire_leg(p, writer, Readers::Others, src, dst, values, self.format));
             }
         }
-        let (legs, values) = legs.into_iter().unzip();
-        (Rounds { world: self.world, legs }, values)
+        rounds_of(self.world, legs)
     }
 
     /// For each piece, the leg of `rounds` (from [`OneShotPieces::legs`]) whose landing on
@@ -99,6 +86,7 @@ mod tests {
     use gp2p_kernels::compress::{BlockSize, Format, Scheme, all_reduce_one_shot, decode_wire, encode_wire};
 
     use super::*;
+    use crate::communicator::compressed::WIRE_ALIGN;
     use crate::rounds::{LaneWaits, LegStep, steps};
 
     fn int8(block: usize) -> WireFormat {
