@@ -38,7 +38,9 @@
 #                process, -t N, no MPS daemon, under which with CUDA_DEVICE_MAX_CONNECTIONS unset
 #                the door refuses them), 16 KiB to DOOR_MAX_BYTES (default 1G), float sum, then
 #                gp2p bench comm at the same N and sizes under MPS, DOOR_REPEATS times in turns
-#                (default 3), and
+#                (default 3), both DOOR_CALLS calls back to back a timing (default 20, nccl-tests'
+#                own -n: each timing starts after a barrier, so a root or a rank that runs ahead
+#                gains once a timing, and fewer calls would count that gain more), and
 #                benches/nccl/door_vs_comm.py over every run (the door issue's busbw >= 0.95 of
 #                the communicator's from 64 KiB, by medians); reduce, alltoall and sendrecv
 #                once, for #wrong only (DOOR_WRONG_ONLY=0 leaves them out, for a short call)
@@ -270,6 +272,7 @@ section_door() {
   # From 16 KiB, below the issue's 64 KiB: the first timed row of a run paid a once-per-process
   # stall at 3f1da72 (all four collectives' first row slow out of place, in place not).
   local n t c k left rc sizes="-b 16K -e ${DOOR_MAX_BYTES:-1G} -f 4" repeats=${DOOR_REPEATS:-3} suffix killed ranks name launch
+  local calls=${DOOR_CALLS:-20}
   for n in ${DOOR_RANKS:-2 4 8}; do
     # Processes: the launcher starts N ranks of one binary; threads: one binary runs N.
     if [ "$as" = processes ]; then
@@ -301,7 +304,7 @@ section_door() {
         # -a 0: rank 0's time, as gp2p bench comm reports it (nccl-tests' default is the mean
         # over ranks, which for a broadcast from rank 0 counts ranks that finish after it).
         record "$name" timeout -k 10 "$left" python3 -m geforce_p2p.nccl -- "${launch[@]}" "$NCCL_TESTS/$build/${t}_perf" \
-          "${ranks[@]}" $sizes -c 1 -n 20 -w 5 -a 0 -d float >/dev/null
+          "${ranks[@]}" $sizes -c 1 -n "$calls" -w 5 -a 0 -d float >/dev/null
         rc=$?
         [ "$as" = processes ] && mps_stop
         note "door $as $n $t$suffix: $(grep -cE '^ +[0-9]+ ' "$RES/$name") rows, $(grep -E 'Out of bounds' "$RES/$name" | tr -s ' ')"
@@ -315,7 +318,7 @@ section_door() {
       for t in all_reduce all_gather reduce_scatter broadcast; do
         late && break
         c=${t//_/-}
-        bench "comm-door-ref-$c-$n$suffix" comm "$c" --ranks "$n" $sizes -n 5 -w 2 --calls 10 >/dev/null
+        bench "comm-door-ref-$c-$n$suffix" comm "$c" --ranks "$n" $sizes -n 5 -w 2 --calls "$calls" >/dev/null
       done
       mps_stop
       [ -n "$killed" ] && break
