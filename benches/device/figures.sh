@@ -98,6 +98,10 @@
 #                (--many-chunks off) beside the two-shot in one flagged-chunk kernel (on, its
 #                areas for 4 MiB), in turns, CHUNKS_ROUNDS rounds (default 2)
 #                                                       -> many-chunks-<round>-<N>-{rounds,chunks}.*
+#   large        what sets 64-256 MiB among 4 and 8 processes under MPS (the rounds, several chunks
+#                a share): the default chunk and slots beside smaller chunks and more, smaller
+#                slots (the same staging per rank), in turns, LARGE_ROUNDS rounds (default 1)
+#                                                       -> large-<round>-<N>-<variant>.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -583,6 +587,27 @@ many_chunks() {
   return 0
 }
 
+# The rounds above one chunk a share: among 4 a share of 256 MiB is four 16 MiB slots' worth, and
+# every slot goes round four times in a call, each time after its readers hand it back.
+large() {
+  local r n v a="comm all-reduce -b 64M -e 256M -f 2 -n 5 -w 2 --calls 10"
+  local variants4=("default" "chunk-8M:--chunk-bytes 8M" "chunk-4M:--chunk-bytes 4M" "slots-8x8M:--slots 8 --slot-bytes 8M")
+  local variants8=("default" "chunk-4M:--chunk-bytes 4M" "chunk-2M:--chunk-bytes 2M" "slots-8x4M:--slots 8 --slot-bytes 4M")
+  mps_start || return
+  for r in $(seq 1 "${LARGE_ROUNDS:-1}"); do
+    for n in 4 8; do
+      local -n variants=variants$n
+      for v in "${variants[@]}"; do
+        late && break 3
+        # shellcheck disable=SC2086 # a and the variant's flags are lists of words
+        bench "large-$r-$n-${v%%:*}" $a --ranks $n $([[ $v == *:* ]] && echo "${v#*:}")
+      done
+    done
+  done
+  mps_stop
+  return 0
+}
+
 # ab: builds in turns. Bundles: the release tests (how long the next driver call waits after
 # each kind of release, another stream held) and the same-card figures; wheels: the whole
 # copy_ and copy call, copy_call_turns.py in alternating order.
@@ -632,7 +657,7 @@ for section in "${sections[@]}"; do
     probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | door-host | compress | plots)
       late || "section_${s//-/_}"
       ;;
-    tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | ab)
+    tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | large | ab)
       late || investigation "$s"
       ;;
     many-chunks)
