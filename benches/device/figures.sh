@@ -43,7 +43,8 @@
 #                gains once a timing, and fewer calls would count that gain more), and
 #                benches/nccl/door_vs_comm.py over every run (the door issue's busbw >= 0.95 of
 #                the communicator's from 64 KiB, by medians); reduce, alltoall and sendrecv
-#                once, for #wrong only (DOOR_WRONG_ONLY=0 leaves them out, for a short call)
+#                once, for #wrong only (DOOR_WRONG_ONLY=0 leaves them out, for a short call;
+#                DOOR_TESTS names fewer of the four to compare)
 #                                                       -> door-{p,t}<N>-<test>[-<k>].txt comm-door-ref-<collective>-<N>[-<k>].*
 #                                                          door-vs-comm-<collective>-<N>.txt
 #   door-host    host time per dist.all_reduce on "nccl" through the door, 2 processes under MPS,
@@ -276,7 +277,7 @@ section_door() {
   # From 16 KiB, below the issue's 64 KiB: the first timed row of a run paid a once-per-process
   # stall at 3f1da72 (all four collectives' first row slow out of place, in place not).
   local n t c k left rc sizes="-b 16K -e ${DOOR_MAX_BYTES:-1G} -f 4" repeats=${DOOR_REPEATS:-3} suffix killed ranks name launch
-  local calls=${DOOR_CALLS:-20}
+  local calls=${DOOR_CALLS:-20} compared=${DOOR_TESTS:-all_reduce all_gather reduce_scatter broadcast}
   for n in ${DOOR_RANKS:-2 4 8}; do
     # Processes: the launcher starts N ranks of one binary; threads: one binary runs N.
     if [ "$as" = processes ]; then
@@ -293,7 +294,7 @@ section_door() {
     for k in $(seq 1 "$repeats"); do
       suffix=""
       [ "$k" -gt 1 ] && suffix="-$k"
-      for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+      for t in $compared reduce alltoall sendrecv; do
         if [[ $t == reduce || $t == alltoall || $t == sendrecv ]]; then
           [ "$k" -gt 1 ] || [ "${DOOR_WRONG_ONLY:-1}" = 0 ] && continue
         fi
@@ -319,7 +320,7 @@ section_door() {
         fi
       done
       mps_start || return
-      for t in all_reduce all_gather reduce_scatter broadcast; do
+      for t in $compared; do
         late && break
         c=${t//_/-}
         bench "comm-door-ref-$c-$n$suffix" comm "$c" --ranks "$n" $sizes -n 5 -w 2 --calls "$calls" >/dev/null
@@ -327,7 +328,7 @@ section_door() {
       mps_stop
       [ -n "$killed" ] && break
     done
-    for t in all_reduce all_gather reduce_scatter broadcast; do
+    for t in $compared; do
       c=${t//_/-}
       {
         header "python3 benches/nccl/door_vs_comm.py door-$tag$n-$t{,-<k>}.txt comm-door-ref-$c-$n{,-<k>}.json (ranks as $as)"
