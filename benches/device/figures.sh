@@ -43,8 +43,8 @@
 #                gains once a timing, and fewer calls would count that gain more), and
 #                benches/nccl/door_vs_comm.py over every run (the door issue's busbw >= 0.95 of
 #                the communicator's from 64 KiB, by medians); reduce, alltoall and sendrecv
-#                once, for #wrong only (DOOR_WRONG_ONLY=0 leaves them out, for a short call;
-#                DOOR_TESTS names fewer of the four to compare)
+#                once, for #wrong only (DOOR_WRONG_ONLY=0 leaves them out, for a short call);
+#                DOOR_TESTS names fewer of the four to compare
 #                                                       -> door-{p,t}<N>-<test>[-<k>].txt comm-door-ref-<collective>-<N>[-<k>].*
 #                                                          door-vs-comm-<collective>-<N>.txt
 #   door-host    host time per dist.all_reduce on "nccl" through the door, 2 processes under MPS,
@@ -592,6 +592,7 @@ many_chunks() {
 # every slot goes round four times in a call, each time after its readers hand it back.
 large() {
   local r n v a="comm all-reduce -b 64M -e 256M -f 2 -n 5 -w 2 --calls 10"
+  # shellcheck disable=SC2034 # read through the nameref below
   local variants4=("default" "chunk-8M:--chunk-bytes 8M" "chunk-4M:--chunk-bytes 4M" "slots-8x8M:--slots 8 --slot-bytes 8M")
   local variants8=("default" "chunk-4M:--chunk-bytes 4M" "chunk-2M:--chunk-bytes 2M" "slots-8x4M:--slots 8 --slot-bytes 4M")
   mps_start || return
@@ -600,7 +601,7 @@ large() {
       local -n variants=variants$n
       for v in "${variants[@]}"; do
         late && break 3
-        # shellcheck disable=SC2086 # a and the variant's flags are lists of words
+        # shellcheck disable=SC2046,SC2086 # a and the variant's flags are lists of words
         bench "large-$r-$n-${v%%:*}" $a --ranks $n $([[ $v == *:* ]] && echo "${v#*:}")
       done
     done

@@ -15,6 +15,7 @@
 #   python3 -m geforce_p2p.nccl -- python3 benches/nccl/minimpi/mpirun.py -n 2 -- SRC/build-mp/all_reduce_perf ...
 # NCCL_TESTS_BUILDS="threads processes" (the default) names the builds to make: one alone takes
 # half the time (about 40 s on a device machine), for a call that runs only its ranks' kind.
+# The edits below apply once, so each run takes a fresh SRC (the other build later: start over).
 #
 # Three changes, each checked to apply exactly once:
 # 1. Every rank picks device 0 (the tests give rank r device r, in two places: the main
@@ -29,6 +30,13 @@
 # Timings and results are otherwise the tests' own.
 set -eu
 src=${1:?nccl-tests source folder}
+builds=" ${NCCL_TESTS_BUILDS:-threads processes} "
+for b in $builds; do
+  if [ "$b" != threads ] && [ "$b" != processes ]; then
+    echo "NCCL_TESTS_BUILDS: \"$b\" is neither threads nor processes" >&2
+    exit 2
+  fi
+done
 nccl_home=${2:-}
 if [ -z "$nccl_home" ]; then
   wheel_dir=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])') || {
@@ -72,7 +80,6 @@ edit(f"{src}/src/common.cu",
      r"\1 Barrier(args); /* gp2p: no rank launches while another synchronises the shared device */", 2)
 PY
 
-builds=" ${NCCL_TESTS_BUILDS:-threads processes} "
 if [[ $builds == *" threads "* ]]; then
   make -C "$src/src" -j"$(nproc)" CUDA_HOME="$cuda_home" NCCL_HOME="$nccl_home" CUDARTLIB=cudart_static \
     NVCC_GENCODE="${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}"
