@@ -103,6 +103,10 @@
 #                a share): the default chunk and slots beside smaller chunks and more, smaller
 #                slots (the same staging per rank), in turns, LARGE_ROUNDS rounds (default 1)
 #                                                       -> large-<round>-<N>-<variant>.*
+#   slot-waits   the rounds' first slot waits, each (the default) beside together (GP2P_SLOT_WAITS):
+#                all-reduce among 2, 4 and 8 processes under MPS at 2-16 MiB (4-16 among 2,
+#                where the rounds start), in turns, SLOT_WAITS_ROUNDS rounds (default 2)
+#                                                       -> slot-waits-<round>-<N>-{each,together}.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -610,6 +614,25 @@ large() {
   return 0
 }
 
+# A call's first waits for its slots in one wait kernel, or one each: host time against the
+# first copy out's later start.
+slot_waits() {
+  local r n w b
+  mps_start || return
+  for r in $(seq 1 "${SLOT_WAITS_ROUNDS:-2}"); do
+    for n in 2 4 8; do
+      b=2M
+      [ "$n" = 2 ] && b=4M
+      for w in each together; do
+        late && break 3
+        bench "slot-waits-$r-$n-$w" GP2P_SLOT_WAITS=$w comm all-reduce --ranks $n -b $b -e 16M -f 2 -n 5 -w 2 --calls 10
+      done
+    done
+  done
+  mps_stop
+  return 0
+}
+
 # ab: builds in turns. Bundles: the release tests (how long the next driver call waits after
 # each kind of release, another stream held) and the same-card figures; wheels: the whole
 # copy_ and copy call, copy_call_turns.py in alternating order.
@@ -661,6 +684,9 @@ for section in "${sections[@]}"; do
       ;;
     tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | large | ab)
       late || investigation "$s"
+      ;;
+    slot-waits)
+      late || investigation slot_waits
       ;;
     many-chunks)
       late || investigation many_chunks

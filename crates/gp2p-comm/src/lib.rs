@@ -155,7 +155,7 @@ pub use gp2p_cuda::codec::WireFormat;
 pub use host::{HOST_ID_VAR, MPS_PIPE_VAR, host_id, host_id_from, mps_control_pipe, mps_serves, process_id};
 pub use id::UniqueId;
 pub use layout::{CommOptions, FlagWaits, MANY_CHUNKS_MAX_BYTES, MANY_CHUNKS_VAR, MAX_RANKS};
-pub use pipeline::STREAMS_PER_RANK;
+pub use pipeline::{SLOT_WAITS_VAR, STREAMS_PER_RANK};
 pub use receive::{RECEIVE_VAR, ZERO_COPY_MAX_LANDING, describe as describe_receive};
 pub use replay::{REPLAY_VAR, ReplayCounts};
 pub use segment::{DEFAULT_JOIN_TIMEOUT, HOST_WORDS, MAX_WORLD, STAGING_ALIGN, Segment, staging_offset};

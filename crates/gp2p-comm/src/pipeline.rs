@@ -31,16 +31,19 @@ use crate::Result;
 use crate::handshake::{Lane, Owner, Step, plan};
 use crate::layout::Layout;
 use crate::replay::{ReplayCounts, Replays};
-use crate::rounds::{LaneWaits, LegStep, Rounds, sent_after, steps};
+use crate::rounds::{LegStep, Rounds, sent_after};
 use marks::Marks;
 
 mod many;
 mod marks;
 mod release;
+mod slot_waits;
 mod wait;
 
 pub(crate) use many::{FoldInto, PieceFold, WireLand, WireLegs, WireOut};
 use release::AfterRelease;
+pub use slot_waits::SLOT_WAITS_VAR;
+use slot_waits::SlotWaits;
 use wait::FlagWait;
 pub(crate) use wait::{LEFT, RELEASED, WATCHED_EMPTY, Waits};
 
@@ -176,6 +179,8 @@ pub(crate) struct Pipeline {
     /// Per piece of this rank's shard of a compressed call, recorded on the receive stream
     /// once the piece is folded, for the second run's copy out of the fold.
     folded: Marks,
+    /// How a call's first copies out wait for their slots ([`SLOT_WAITS_VAR`]).
+    slot_waits: SlotWaits,
 }
 
 /// One rank's side of a call in rounds (see the `rounds` module): among more than two ranks,
@@ -215,6 +220,7 @@ impl Pipeline {
             many_sent: Marks::default(),
             many_landed: Marks::default(),
             folded: Marks::default(),
+            slot_waits: SlotWaits::resolve(std::env::var(SLOT_WAITS_VAR).ok().as_deref())?,
         })
     }
 
@@ -280,8 +286,7 @@ impl Pipeline {
             .iter()
             .map(|run| {
                 let chunk_bytes = run.chunk_bytes(side.layout);
-                let waits = LaneWaits::for_ranks(run.rounds.world);
-                let list = steps(&run.rounds, side.rank, chunk_bytes, side.layout.slot_count, &sent, waits);
+                let list = self.steps_of(run, &side, chunk_bytes, &sent);
                 sent = sent_after(&run.rounds, chunk_bytes, &sent);
                 list
             })

@@ -11,7 +11,9 @@
 //! events, in many orders, and check that every chunk lands whole, folded in the right
 //! order, and that nothing deadlocks.
 
-pub(crate) use gp2p_collectives::legs::steps::{LaneWaits, LegStep, chunk_range, sent_after, steps};
+pub(crate) use gp2p_collectives::legs::steps::{
+    LaneWaits, LegStep, chunk_range, first_slot_waits_together, sent_after, steps,
+};
 pub(crate) use gp2p_collectives::legs::{Buf, LegLanding, Rounds};
 #[cfg(test)]
 pub(crate) use gp2p_collectives::legs::{SHARE_ALIGN, share};

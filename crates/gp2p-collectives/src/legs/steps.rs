@@ -112,6 +112,9 @@ impl LaneWaits {
 pub enum LegStep {
     /// Wait until every reader's flag of this rank's `slot` is empty.
     WaitSlotFree { slot: usize },
+    /// Wait until every reader's flag of this rank's slots `first..first + count` is empty:
+    /// the first waits of a call's first run in one ([`first_slot_waits_together`]).
+    WaitSlotsFree { first: usize, count: usize },
     /// Copy chunk `chunk` of leg `leg`'s source into this rank's `slot`.
     CopyOut { leg: usize, chunk: usize, slot: usize },
     /// Set this rank's `slot`'s flag to [`FULL`] for every reader of leg `leg`: the chunk the
@@ -200,6 +203,40 @@ pub fn steps(
     waits: LaneWaits,
 ) -> Vec<(Lane, LegStep)> {
     keyed_steps(rounds, rank, chunk_bytes, slots, sent, waits).into_iter().map(|(_, lane, step)| (lane, step)).collect()
+}
+
+/// `list`, one rank's [`steps`] of a call's first run (`sent` empty, so its chunk j takes slot
+/// j mod `slots`), with the waits for the slots its first chunks take made one
+/// [`LegStep::WaitSlotsFree`] in place of the first, and the others of them dropped. Those
+/// slots were last read in an earlier call, every step of which comes before any of this
+/// call's, so no order deadlocks still; the first copy out then waits for the slowest reader
+/// of all of them, where each waited for its own: one wait enqueued where there were as many
+/// as the slots (a kernel launch each, where the communicator waits by kernels). Unchanged
+/// where the rank writes one chunk, or where the waits do not take slots 0, 1, … in turn.
+pub fn first_slot_waits_together(list: Vec<(Lane, LegStep)>, slots: usize) -> Vec<(Lane, LegStep)> {
+    let waited = list.iter().filter_map(|&(_, step)| match step {
+        LegStep::WaitSlotFree { slot } => Some(slot),
+        _ => None,
+    });
+    // The run of first uses: slots 0, 1, … in the order the waits come.
+    let count = waited.take(slots).enumerate().take_while(|&(i, slot)| i == slot).count();
+    if count < 2 {
+        return list;
+    }
+    let mut seen = 0;
+    let mut out = Vec::with_capacity(list.len() + 1 - count);
+    for (lane, step) in list {
+        match step {
+            LegStep::WaitSlotFree { .. } if seen < count => {
+                if seen == 0 {
+                    out.push((lane, LegStep::WaitSlotsFree { first: 0, count }));
+                }
+                seen += 1;
+            }
+            step => out.push((lane, step)),
+        }
+    }
+    out
 }
 
 /// Each writer's chunks written once `rounds` (in chunks of `chunk_bytes`) have run after runs
@@ -426,6 +463,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_first_runs_first_slot_waits_become_one_where_the_first_was_and_every_other_step_stays() {
+        let page = 4096;
+        let mut merged_some = false;
+        for world in 2..=8 {
+            for slots in [2, 3, 4] {
+                for (c, rounds) in calls(world, page).iter().enumerate() {
+                    for rank in 0..world {
+                        let what = format!("{world} ranks, {slots} slots, call {c}, rank {rank}");
+                        let list = steps(rounds, rank, page, slots, &[], LaneWaits::for_ranks(world));
+                        let is_wait = |s: &LegStep| matches!(s, LegStep::WaitSlotFree { .. });
+                        let waited: Vec<usize> = list
+                            .iter()
+                            .filter_map(
+                                |&(_, s)| if let LegStep::WaitSlotFree { slot } = s { Some(slot) } else { None },
+                            )
+                            .collect();
+                        assert!(waited.iter().enumerate().all(|(j, &slot)| slot == j % slots), "{what}: {waited:?}");
+                        let together = first_slot_waits_together(list.clone(), slots);
+                        let count = waited.len().min(slots);
+                        if count < 2 {
+                            assert_eq!(together, list, "{what}");
+                            continue;
+                        }
+                        merged_some = true;
+                        let at = list.iter().position(|(_, s)| is_wait(s)).expect("a wait");
+                        assert_eq!(together[at], (Lane::Send, LegStep::WaitSlotsFree { first: 0, count }), "{what}");
+                        // The rest in order: the list less its first `count` waits.
+                        let mut dropped = 0;
+                        let rest: Vec<(Lane, LegStep)> = list
+                            .iter()
+                            .filter(|(_, s)| {
+                                let drop = is_wait(s) && dropped < count;
+                                dropped += usize::from(drop);
+                                !drop
+                            })
+                            .copied()
+                            .collect();
+                        let kept: Vec<(Lane, LegStep)> = together
+                            .iter()
+                            .filter(|(_, s)| !matches!(s, LegStep::WaitSlotsFree { .. }))
+                            .copied()
+                            .collect();
+                        assert_eq!(kept, rest, "{what}");
+                    }
+                }
+            }
+        }
+        assert!(merged_some, "some rank writes several chunks");
+        // A run that does not take slots 0, 1, … in turn is left as it is.
+        let odd =
+            vec![(Lane::Send, LegStep::WaitSlotFree { slot: 1 }), (Lane::Send, LegStep::WaitSlotFree { slot: 2 })];
+        assert_eq!(first_slot_waits_together(odd.clone(), 3), odd);
     }
 
     /// Each record is waited for, after it, and its marks count 0, 1, … in order; each wait

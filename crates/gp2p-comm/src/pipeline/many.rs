@@ -12,10 +12,11 @@ use gp2p_cuda::raw::{
 };
 
 use super::release::AfterRelease;
-use super::{ManyTransfer, Pipeline, RankSide, Traced, land_for_fold, mark, mark_landed, stamp};
+use super::slot_waits::SlotWaits;
+use super::{ManyTransfer, Pipeline, RankSide, Traced, Waits, land_for_fold, mark, mark_landed, stamp};
 use crate::Result;
 use crate::handshake::{EMPTY, FULL, Lane};
-use crate::rounds::{Buf, LegLanding, LegStep, chunk_range};
+use crate::rounds::{Buf, LaneWaits, LegLanding, LegStep, chunk_range, first_slot_waits_together, steps};
 
 /// Legs that carry wires (`gp2p_kernels::compress::WireLayout`), each leg one wire that fits
 /// one slot. A wire crosses the link as a DMA of its words and codes (its first
@@ -169,6 +170,26 @@ pub(crate) enum WireLand {
 }
 
 impl Pipeline {
+    /// This rank's steps of `run` in chunks of `chunk_bytes` after runs that wrote `sent`
+    /// (`crate::rounds::steps`), a first run's first slot waits made one where this
+    /// pipeline's [`SlotWaits`] says so and the waits are the wait kernel's.
+    pub(super) fn steps_of(
+        &self,
+        run: &ManyTransfer,
+        side: &RankSide<'_>,
+        chunk_bytes: usize,
+        sent: &[usize],
+    ) -> Vec<(Lane, LegStep)> {
+        let (world, slots) = (run.rounds.world, side.layout.slot_count);
+        let list = steps(&run.rounds, side.rank, chunk_bytes, slots, sent, LaneWaits::for_ranks(world));
+        let bounded = matches!(side.waits, Waits::Bounded { .. });
+        if self.slot_waits == SlotWaits::Together && sent.is_empty() && bounded {
+            first_slot_waits_together(list, slots)
+        } else {
+            list
+        }
+    }
+
     /// `steps`, this rank's of `transfer` (`crate::rounds::steps`, going on through each
     /// writer's slots from the runs chained before), each as one CUDA call on the forked
     /// streams; the events of their marks are made already.
@@ -235,6 +256,13 @@ impl Pipeline {
                     // SAFETY: this slot's `world` flags and this rank's give-up words.
                     unsafe { wait.enqueue(stream, lane, flags, layout.world, EMPTY)? };
                     Some(("wait slot free", 0))
+                }
+                LegStep::WaitSlotsFree { first, count } => {
+                    let flags = device_at(layout.full(rank, first, 0));
+                    // SAFETY: the `world` flags of each of these slots, which lie side by side
+                    // (`Layout::full`), and this rank's give-up words.
+                    unsafe { wait.enqueue(stream, lane, flags, count * layout.world, EMPTY)? };
+                    Some(("wait slots free", 0))
                 }
                 LegStep::WaitFull { writer, slot } => {
                     let flag = device_at(layout.full(writer, slot, rank));

@@ -1,0 +1,60 @@
+//! How a call in rounds waits for the slots its first chunks take ([`SLOT_WAITS_VAR`]): each
+//! copy out for its own slot's readers (`each`, the default), or the first copy out for all of
+//! them at once (`together`, [`gp2p_collectives::legs::steps::first_slot_waits_together`]).
+//! Those readers are the call before's, so together waits for its slowest reader before the
+//! first copy out, and enqueues one wait where there were as many as the slots: with the
+//! wait kernel, a launch each, which on a GPU shared under MPS costs several microseconds of
+//! host time (`benches/results/h10080gbhbm3/driver-call-costs.txt`). Only the wait kernel
+//! takes it (a stream wait holds one slot's flags at most); each rank may pick its own, as
+//! the waits are its own.
+
+use crate::{Error, Result};
+
+/// The environment variable that picks how a call waits for its first slots: `each` (the
+/// default) or `together`.
+pub const SLOT_WAITS_VAR: &str = "GP2P_SLOT_WAITS";
+
+/// See the module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum SlotWaits {
+    /// A wait before each copy out, for its slot.
+    #[default]
+    Each,
+    /// One wait before the first copy out, for every slot the first chunks take.
+    Together,
+}
+
+impl SlotWaits {
+    /// The waits `env`, the value of [`SLOT_WAITS_VAR`] if set, names; unset or empty:
+    /// [`SlotWaits::Each`]. Any other value is refused, naming the variable.
+    pub(crate) fn resolve(env: Option<&str>) -> Result<SlotWaits> {
+        match env.map(str::trim).filter(|v| !v.is_empty()) {
+            None | Some("each") => Ok(SlotWaits::Each),
+            Some("together") => Ok(SlotWaits::Together),
+            Some(other) => Err(Error::InvalidOption {
+                name: SLOT_WAITS_VAR,
+                reason: format!("{other:?} is neither \"each\" nor \"together\": set it to one of them, or unset it"),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_unless_together_is_named_and_anything_else_is_refused_by_name() {
+        assert_eq!(SlotWaits::resolve(None).unwrap(), SlotWaits::Each);
+        assert_eq!(SlotWaits::resolve(Some(" ")).unwrap(), SlotWaits::Each);
+        assert_eq!(SlotWaits::resolve(Some("each")).unwrap(), SlotWaits::Each);
+        assert_eq!(SlotWaits::resolve(Some(" together ")).unwrap(), SlotWaits::Together);
+        match SlotWaits::resolve(Some("all")) {
+            Err(Error::InvalidOption { name, reason }) => {
+                assert_eq!(name, SLOT_WAITS_VAR);
+                assert!(reason.contains("\"all\"") && reason.contains("together"), "{reason}");
+            }
+            other => panic!("a value naming no waits: {other:?}"),
+        }
+    }
+}
