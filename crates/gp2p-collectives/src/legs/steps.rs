@@ -209,7 +209,8 @@ pub fn steps(
 /// j mod `slots`), with the waits for the slots its first chunks take made one
 /// [`LegStep::WaitSlotsFree`] in place of the first, and the others of them dropped. Those
 /// slots were last read in an earlier call, every step of which comes before any of this
-/// call's, so no order deadlocks still; the first copy out then waits for the slowest reader
+/// call's (a rank's call starts on the GPU once its call before has ended), so no order
+/// deadlocks still; the first copy out then waits for the slowest reader
 /// of all of them, where each waited for its own: one wait enqueued where there were as many
 /// as the slots (a kernel launch each, where the communicator waits by kernels). Unchanged
 /// where the rank writes one chunk, or where the waits do not take slots 0, 1, … in turn.

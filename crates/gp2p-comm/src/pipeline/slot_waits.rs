@@ -1,12 +1,15 @@
 //! How a call in rounds waits for the slots its first chunks take ([`SLOT_WAITS_VAR`]): each
 //! copy out for its own slot's readers (`each`, the default), or the first copy out for all of
 //! them at once (`together`, [`gp2p_collectives::legs::steps::first_slot_waits_together`]).
-//! Those readers are the call before's, so together waits for its slowest reader before the
-//! first copy out, and enqueues one wait where there were as many as the slots: with the
-//! wait kernel, a launch each, which on a GPU shared under MPS costs several microseconds of
-//! host time (`benches/results/h10080gbhbm3/driver-call-costs.txt`). Only the wait kernel
-//! takes it (a stream wait holds one slot's flags at most); each rank may pick its own, as
-//! the waits are its own.
+//! Those slots were last read in an earlier call, so together waits for the slowest of those
+//! readers before the first copy out (all of them within one peer timeout), and enqueues one
+//! wait where there were as many as the slots: with the wait kernel, a launch each, which on
+//! a GPU shared under MPS costs several microseconds of host time
+//! (`benches/results/h10080gbhbm3/driver-call-costs.txt`). Only the wait kernel takes it:
+//! watched and unbounded stream waits wait each for its own, as a batch of stream operations
+//! holds 16 flags, two slots' among 8 ranks. Each rank may pick its own, as the waits are its
+//! own. A compressed call's first wire is then encoded after the merged wait, not while its
+//! slot is waited for as with `each` (`LegStep::WaitSlotFree` in `many.rs`).
 
 use crate::{Error, Result};
 
@@ -25,10 +28,11 @@ pub(crate) enum SlotWaits {
 }
 
 impl SlotWaits {
-    /// The waits `env`, the value of [`SLOT_WAITS_VAR`] if set, names; unset or empty:
-    /// [`SlotWaits::Each`]. Any other value is refused, naming the variable.
+    /// The waits `env`, the value of [`SLOT_WAITS_VAR`] if set, names (in any case); unset or
+    /// empty: [`SlotWaits::Each`]. Any other value is refused, naming the variable.
     pub(crate) fn resolve(env: Option<&str>) -> Result<SlotWaits> {
-        match env.map(str::trim).filter(|v| !v.is_empty()) {
+        let value = env.map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty());
+        match value.as_deref() {
             None | Some("each") => Ok(SlotWaits::Each),
             Some("together") => Ok(SlotWaits::Together),
             Some(other) => Err(Error::InvalidOption {
@@ -49,6 +53,7 @@ mod tests {
         assert_eq!(SlotWaits::resolve(Some(" ")).unwrap(), SlotWaits::Each);
         assert_eq!(SlotWaits::resolve(Some("each")).unwrap(), SlotWaits::Each);
         assert_eq!(SlotWaits::resolve(Some(" together ")).unwrap(), SlotWaits::Together);
+        assert_eq!(SlotWaits::resolve(Some("Together")).unwrap(), SlotWaits::Together);
         match SlotWaits::resolve(Some("all")) {
             Err(Error::InvalidOption { name, reason }) => {
                 assert_eq!(name, SLOT_WAITS_VAR);

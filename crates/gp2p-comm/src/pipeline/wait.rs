@@ -75,7 +75,8 @@ impl<'a> FlagWait<'a> {
     }
 
     /// Enqueue on `stream`, `lane`'s stream, a wait until each of the `count` consecutive `u32`
-    /// flags from `flags` (at most a world's) holds `value` ([`EMPTY`] or [`FULL`]).
+    /// flags from `flags` holds `value` ([`EMPTY`] or [`FULL`]): at most a world's for stream
+    /// waits (a batch); the wait kernel takes several slots' (`slot_waits`).
     ///
     /// # Safety
     /// As for [`wait_flags`] (bounded) or [`wait_flags_stream`] (stream waits), and a
