@@ -85,7 +85,6 @@ pub(super) fn run_legs<T: Element>(
             // The fan-out's points are the flags: a fill waits for the slot's readers, a
             // landing for the fill.
             LegStep::WaitSlotFree { .. }
-            | LegStep::WaitSlotsFree { .. }
             | LegStep::MarkFull { .. }
             | LegStep::HandBack { .. }
             | LegStep::WaitFull { .. } => {}

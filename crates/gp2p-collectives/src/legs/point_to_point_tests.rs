@@ -87,7 +87,7 @@ fn run(world: usize, slots: usize, programs: &[Vec<Call>], seed: u64) -> Result<
             for l in 0..2 {
                 let Some(&step) = lanes[r][call[r]][l].get(at[r][l]) else { continue };
                 let can = match step {
-                    LegStep::WaitSlotFree { slot } => full[r][slot].iter().all(|f| !f),
+                    LegStep::WaitSlotFree { slot, count } => full[r][slot..slot + count].iter().flatten().all(|f| !f),
                     LegStep::WaitFull { writer, slot } => full[writer][slot][r],
                     LegStep::AfterSent { .. } | LegStep::AfterLanded { .. } => {
                         return Err(format!("rank {r}: a one-leg call waits across its lanes: {step:?}"));

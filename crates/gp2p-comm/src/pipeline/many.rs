@@ -235,7 +235,7 @@ impl Pipeline {
             // What the step did, for a traced call's stamp after it (none after a flag's write
             // or an event's record, which take no time of their own).
             let done: Option<(&str, usize)> = match step {
-                LegStep::WaitSlotFree { slot } => {
+                LegStep::WaitSlotFree { slot, count } => {
                     // A wire leg's encode writes only the send stage, which this stream's earlier
                     // copies out have finished with: it runs before the wait, off the path from
                     // a slot handed back to its next copy out.
@@ -253,16 +253,10 @@ impl Pipeline {
                         encoded = Some(*i);
                     }
                     let flags = device_at(layout.full(rank, slot, 0));
-                    // SAFETY: this slot's `world` flags and this rank's give-up words.
-                    unsafe { wait.enqueue(stream, lane, flags, layout.world, EMPTY)? };
-                    Some(("wait slot free", 0))
-                }
-                LegStep::WaitSlotsFree { first, count } => {
-                    let flags = device_at(layout.full(rank, first, 0));
                     // SAFETY: the `world` flags of each of these slots, which lie side by side
                     // (`Layout::full`), and this rank's give-up words.
                     unsafe { wait.enqueue(stream, lane, flags, count * layout.world, EMPTY)? };
-                    Some(("wait slots free", 0))
+                    Some(("wait slot free", 0))
                 }
                 LegStep::WaitFull { writer, slot } => {
                     let flag = device_at(layout.full(writer, slot, rank));

@@ -8,8 +8,7 @@
 //! (`benches/results/h10080gbhbm3/driver-call-costs.txt`). Only the wait kernel takes it:
 //! watched and unbounded stream waits wait each for its own, as a batch of stream operations
 //! holds 16 flags, two slots' among 8 ranks. Each rank may pick its own, as the waits are its
-//! own. A compressed call's first wire is then encoded after the merged wait, not while its
-//! slot is waited for as with `each` (`LegStep::WaitSlotFree` in `many.rs`).
+//! own.
 
 use crate::{Error, Result};
 
