@@ -129,17 +129,31 @@ if isinstance(doc, dict):
 PY
 }
 
+# gpu_others: the processes on the GPU other than an MPS server, "pid name" a line; none on
+# a quiet GPU. A process a killed run left behind (a sanitized test outlives a sanitizer
+# killed at its limit) takes the GPU in turns with what runs next and slows every figure.
+gpu_others() {
+  nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null |
+    grep -v 'nvidia-cuda-mps-server' | tr -d ',' || true
+}
+
 # bench NAME [VAR=value...] ARGS...: `gp2p bench ARGS... --json NAME.json`, its text in
-# NAME.txt, both headed.
+# NAME.txt, both headed. Other processes on the GPU when it starts are noted and named at the
+# end of NAME.txt, as its figures do not stand for a quiet GPU.
 bench() {
-  local name=$1 vars=() rc
+  local name=$1 vars=() rc others
   shift
   while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
     vars+=("$1")
     shift
   done
+  others=$(gpu_others)
   record "$name.txt" "${vars[@]}" "$G" bench "$@" --json "$RES/$name.json"
   rc=$?
+  if [ -n "$others" ]; then
+    note "$name: other processes on the GPU as it started: $(echo $others)"
+    printf '# other processes on the GPU as this started (not a quiet GPU): %s\n' "$(echo $others)" >>"$RES/$name.txt"
+  fi
   json_head "$RES/$name.json" "$(shown "${vars[@]}" "$G" bench "$@" --json "$name.json")"
   return $rc
 }

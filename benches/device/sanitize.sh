@@ -7,9 +7,10 @@
 #                        racecheck)                                        -> sanitize.log
 #   racecheck-each       racecheck binary by binary, each with its own time limit, and
 #                        gpu_compress (at most 480 s) and gpu_collectives last with what the
-#                        call has left (RACECHECK_END, default 560 s), so a call cut off at
-#                        the device's limit still brings
-#                        back the binaries before; RACECHECK_BINARIES names some of them
+#                        call has left (RACECHECK_END, default DEADLINE or 560 s), so a call
+#                        cut off at the device's limit still brings back the binaries before;
+#                        a binary killed at its limit has its leftover processes killed too;
+#                        RACECHECK_BINARIES names some of them
 #                        (default: every GPU binary)                       -> racecheck-each.log
 #   synccheck            gpu_comm under synccheck (the chunk kernel's named barriers)
 #                                                                          -> synccheck-gpu-comm.log
@@ -83,7 +84,7 @@ for section in "${sections[@]}"; do
       [ -x "$B/tests/$t" ] || continue
       limit=150
       len=65539
-      left=$((${RACECHECK_END:-560} - SECONDS))
+      left=$((${RACECHECK_END:-${DEADLINE:-560}} - SECONDS))
       case $t in
       gpu_compress) limit=$((left > 480 ? 480 : left)) ;;
       gpu_collectives)
@@ -104,7 +105,12 @@ for section in "${sections[@]}"; do
       rc=$?
       own=$(tail -n +"$from" "$log")
       result_line=$(grep -E '^test result' <<<"$own" | tail -1 | cut -c1-40)
-      [ "$rc" = 137 ] && result_line="killed at its $limit s limit"
+      if [ "$rc" = 137 ]; then
+        result_line="killed at its $limit s limit"
+        # The test binary may outlive its killed sanitizer and keep the GPU busy.
+        pkill -KILL -f "$B/tests/$t" 2>/dev/null
+        sleep 1
+      fi
       note "racecheck $t: rc $rc ${result_line:-no test result} $(grep -E 'RACECHECK SUMMARY' <<<"$own" | tail -1)"
     done
     ;;
