@@ -151,8 +151,9 @@ bench() {
   record "$name.txt" "${vars[@]}" "$G" bench "$@" --json "$RES/$name.json"
   rc=$?
   if [ -n "$others" ]; then
-    note "$name: other processes on the GPU as it started: $(echo $others)"
-    printf '# other processes on the GPU as this started (not a quiet GPU): %s\n' "$(echo $others)" >>"$RES/$name.txt"
+    others=${others//$'\n'/; }
+    note "$name: other processes on the GPU as it started: $others"
+    printf '# other processes on the GPU as this started (not a quiet GPU): %s\n' "$others" >>"$RES/$name.txt"
   fi
   json_head "$RES/$name.json" "$(shown "${vars[@]}" "$G" bench "$@" --json "$name.json")"
   return $rc

@@ -356,8 +356,8 @@ pub const CHUNK_KERNEL_DMA_SHARE: f64 = 0.7;
 /// and 0.29-0.32 among 8 (1 / (1/0.7 + 0.3 (N - 2)): 0.49 and 0.31), its time nearly linear
 /// in the bytes from 128 KiB to 4 MiB after about 20 µs, at duplex 42-50 GB/s
 /// (`benches/results/h10080gbhbm3/many-chunks-warps.txt`'s `team` rows and
-/// `comm-door-ref-all-reduce-<N>.txt` as of 7c68ab9). The ranks split one GPU's blocks, and each chunk's
-/// owner waits on every peer's flag. On cards of their own (a rank a GPU) it is unmeasured
+/// `comm-door-ref-all-reduce-4-2.txt` and `-8.txt` as of 7c68ab9). The ranks split one GPU's
+/// blocks, and each chunk's owner waits on every peer's flag. On cards of their own (a rank a GPU) it is unmeasured
 /// and priced at two ranks' share.
 pub const MANY_CHUNKS_SLOWDOWN_PER_RANK: f64 = 0.3;
 

@@ -314,8 +314,8 @@ fn the_h100_rows_among_two_four_and_eight_processes_are_within_fifteen_percent()
 
 /// The many-rank flagged-chunk kernel's H100 rows (4 and 8 processes on one GPU under MPS, the
 /// team kernel of 9462a91 in `benches/results/h10080gbhbm3/many-chunks-warps.txt` and the
-/// default of 0d4c4ae and 5ef6004 in `comm-door-ref-all-reduce-<N>.txt` as those files stood
-/// at 7c68ab9, before later runs replaced them), 128 KiB to 4 MiB,
+/// default of 0d4c4ae and 5ef6004 in `comm-door-ref-all-reduce-4-2.txt` and `-8.txt` as those
+/// files stood at 7c68ab9, before later runs replaced them), 128 KiB to 4 MiB,
 /// within ±15 % of the model at every size, where pricing them as the rounds' handoffs and
 /// steps at two ranks' share of the rate left 1 MiB among 8 at -22 to -28 % and 128 KiB
 /// among 4 at +132 %.

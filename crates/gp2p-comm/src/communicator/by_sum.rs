@@ -7,7 +7,8 @@
 //! twenty driver calls: between two processes on one H100, 256 KiB all-reduced in 30.7 µs
 //! where an all-gather of 256 KiB took 63.6 µs, and 1 MiB 95.3 against 86.4
 //! (`benches/results/h10080gbhbm3/comm-door-ref-all-reduce-2.txt` and
-//! `comm-door-ref-all-gather-2.txt` as of cb54137, since replaced by later runs). Among four and eight processes on one H200 the line
+//! `comm-door-ref-all-gather-2.txt` as of cb54137, since replaced by later runs).
+//! Among four and eight processes on one H200 the line
 //! kernel's 64 KiB all-reduce took 60 and 215 µs where a 64 KiB broadcast through the rounds
 //! took 64 and 270 (`benches/results/h200/eager-rounds.txt`); small all-gathers among more than
 //! two are not measured yet. The root's buffer and a gather's own part are written too, with

@@ -8,8 +8,9 @@
 //! (`benches/results/h10080gbhbm3/driver-call-costs.txt`). Only the wait kernel takes it:
 //! watched and unbounded stream waits wait each for its own, as a batch of stream operations
 //! holds 16 flags, two slots' among 8 ranks. Each rank may pick its own, as the waits are its
-//! own. On one H100 together ran no faster than each among 2, 4 and 8 processes at 2-16 MiB
-//! (`benches/results/h10080gbhbm3/comm-slot-waits.txt`), so each is the default.
+//! own. On one H100 at 2-16 MiB together ran 7-15 % slower than each between two processes,
+//! 2-8 % among 4 and -5 to +4 % among 8 (`benches/results/h10080gbhbm3/comm-slot-waits.txt`),
+//! so each is the default.
 
 use crate::{Error, Result};
 
