@@ -92,16 +92,23 @@ header() {
 
 # record NAME [VAR=value...] COMMAND...: run COMMAND (with those variables set), its output
 # (stdout and stderr) in $RES/NAME after the header that names it; print the data rows;
-# return its exit status.
+# return its exit status. Other processes on the GPU as it starts (gpu_others) are noted and
+# named at the end of NAME, as what it measured does not stand for a quiet GPU.
 record() {
-  local name=$1 start=$SECONDS rc vars=()
+  local name=$1 start=$SECONDS rc vars=() others
   shift
   while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
     vars+=("$1")
     shift
   done
+  others=$(gpu_others)
   { header "$(shown "${vars[@]}" "$@")"; env "${vars[@]}" "$@"; } >"$RES/$name" 2>&1
   rc=$?
+  if [ -n "$others" ]; then
+    others=${others//$'\n'/; }
+    note "$name: other processes on the GPU as it started: $others"
+    printf '# other processes on the GPU as this started (not a quiet GPU): %s\n' "$others" >>"$RES/$name"
+  fi
   echo "== $name (rc $rc, $((SECONDS - start)) s)"
   [ $rc -eq 0 ] || note "$name: exit status $rc (the file says why)"
   grep -E '^ +[0-9.]+[KMG]? ' "$RES/$name" | head -40
@@ -138,23 +145,16 @@ gpu_others() {
 }
 
 # bench NAME [VAR=value...] ARGS...: `gp2p bench ARGS... --json NAME.json`, its text in
-# NAME.txt, both headed. Other processes on the GPU when it starts are noted and named at the
-# end of NAME.txt, as its figures do not stand for a quiet GPU.
+# NAME.txt, both headed.
 bench() {
-  local name=$1 vars=() rc others
+  local name=$1 vars=() rc
   shift
   while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
     vars+=("$1")
     shift
   done
-  others=$(gpu_others)
   record "$name.txt" "${vars[@]}" "$G" bench "$@" --json "$RES/$name.json"
   rc=$?
-  if [ -n "$others" ]; then
-    others=${others//$'\n'/; }
-    note "$name: other processes on the GPU as it started: $others"
-    printf '# other processes on the GPU as this started (not a quiet GPU): %s\n' "$others" >>"$RES/$name.txt"
-  fi
   json_head "$RES/$name.json" "$(shown "${vars[@]}" "$G" bench "$@" --json "$name.json")"
   return $rc
 }

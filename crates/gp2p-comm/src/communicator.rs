@@ -26,7 +26,7 @@ use gp2p_kernels::{DType, Element, ReduceOp};
 
 use crate::choice::{self, AllReducePaths, ManyChoice, ManyPath};
 use crate::layout::{CommOptions, FlagWaits, Layout, chunk_grid};
-use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, Staging, Traced, Transfer, Waits};
+use crate::pipeline::{Landing, ManyTransfer, Pipeline, RankSide, SlotWaits, Staging, Traced, Transfer, Waits};
 use crate::registration::{all_registered, register_in_turn};
 use crate::rounds::Rounds;
 use crate::{Error, Result, Segment, UniqueId};
@@ -184,9 +184,9 @@ impl Communicator {
         // Loaded now, before any peer waits: a kernel loaded lazily at its first launch may
         // wait for the device to go idle, while the peer's kernel waits for this one.
         gp2p_cuda::load_all_reduce_kernels(device)?;
-        let mut pipeline = Pipeline::new(device, options.slots)?;
-        let replay_calls =
-            crate::replay::resolve(options.replay_calls, std::env::var(crate::REPLAY_VAR).ok().as_deref())?;
+        let slot_waits = SlotWaits::resolve(env(crate::SLOT_WAITS_VAR).as_deref())?;
+        let mut pipeline = Pipeline::new(device, options.slots, slot_waits)?;
+        let replay_calls = crate::replay::resolve(options.replay_calls, env(crate::REPLAY_VAR).as_deref())?;
         watchdog::refuse_replays(options.waits, replay_calls)?;
         // The call count and the kernels' ticket (see gp2p_kernels::chunks_kernel_name), zero
         // before any kernel can read them.

@@ -43,7 +43,7 @@ mod wait;
 pub(crate) use many::{FoldInto, PieceFold, WireLand, WireLegs, WireOut};
 use release::AfterRelease;
 pub use slot_waits::SLOT_WAITS_VAR;
-use slot_waits::SlotWaits;
+pub(crate) use slot_waits::SlotWaits;
 use wait::FlagWait;
 pub(crate) use wait::{LEFT, RELEASED, WATCHED_EMPTY, Waits};
 
@@ -210,7 +210,7 @@ impl ManyTransfer {
 }
 
 impl Pipeline {
-    pub(crate) fn new(device: &Device, slots: usize) -> Result<Pipeline> {
+    pub(crate) fn new(device: &Device, slots: usize, slot_waits: SlotWaits) -> Result<Pipeline> {
         let events = || (0..slots).map(|_| Event::new(device, EventKind::Sync)).collect::<Result<Vec<_>, _>>();
         Ok(Pipeline {
             replays: None,
@@ -220,7 +220,7 @@ impl Pipeline {
             many_sent: Marks::default(),
             many_landed: Marks::default(),
             folded: Marks::default(),
-            slot_waits: SlotWaits::resolve(std::env::var(SLOT_WAITS_VAR).ok().as_deref())?,
+            slot_waits,
         })
     }
 

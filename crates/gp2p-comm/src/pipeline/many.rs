@@ -252,9 +252,11 @@ impl Pipeline {
                         unsafe { self.encode_wire(stream, wires, leg.round, values, wire, at(leg.src), timeline)? };
                         encoded = Some(*i);
                     }
+                    // `steps` and `first_slot_waits_together` wait for slots of this rank's only.
+                    debug_assert!(slot + count <= layout.slot_count, "slots {slot}+{count} of {}", layout.slot_count);
                     let flags = device_at(layout.full(rank, slot, 0));
-                    // SAFETY: the `world` flags of each of these slots, which lie side by side
-                    // (`Layout::full`), and this rank's give-up words.
+                    // SAFETY: the `world` flags of each of these slots, this rank's (asserted
+                    // above), which lie side by side (`Layout::full`), and its give-up words.
                     unsafe { wait.enqueue(stream, lane, flags, count * layout.world, EMPTY)? };
                     Some(("wait slot free", 0))
                 }
