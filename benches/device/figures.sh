@@ -107,6 +107,10 @@
 #                all-reduce among 2, 4 and 8 processes under MPS at 2-16 MiB (4-16 among 2,
 #                where the rounds start), in turns, SLOT_WAITS_ROUNDS rounds (default 2)
 #                                                       -> slot-waits-<round>-<N>-{each,together}.*
+#   replay       exact bf16 and int8 all-reduce 1 MiB-64 MiB among REPLAY_RANKS processes (default
+#                2 4 8) under MPS, calls enqueued (GP2P_REPLAY=off) beside replayed from graphs
+#                (on), in turns, REPLAY_ROUNDS rounds (default 1)
+#                                                       -> replay-<round>-{off,on}-{exact-bf16,int8}-<N>.*
 #   ab           builds in turns: BUNDLES="bundle-a bundle-b" (release tests and the same-card
 #                figures, AB_ROUNDS rounds, default 2) and WHEELS="a.whl b.whl" (the whole
 #                copy_ and copy call, copy_call_turns.py, AB_PAIRS pairs in alternating
@@ -633,6 +637,34 @@ slot_waits() {
   return 0
 }
 
+# Calls enqueued against replayed from graphs (GP2P_REPLAY), exact bf16 beside int8, in turns:
+# what the host's enqueue costs the call where the same buffers recur (a training step's
+# buckets, nccl-tests, the bench), and whether compression gains more once it is gone.
+replay() {
+  local r n rp a="comm all-reduce -b 1M -e 64M -f 4 -n 5 -w 2 --dtype bf16 --calls 5"
+  mps_start || return
+  for r in $(seq 1 "${REPLAY_ROUNDS:-1}"); do
+    for n in ${REPLAY_RANKS:-2 4 8}; do
+      for rp in off on; do
+        late && break 3
+        # shellcheck disable=SC2086 # a is a list of words
+        bench "replay-$r-$rp-exact-bf16-$n" GP2P_REPLAY=$rp $a --ranks "$n" >/dev/null
+        # shellcheck disable=SC2086
+        bench "replay-$r-$rp-int8-$n" GP2P_REPLAY=$rp $a --ranks "$n" --compress int8 >/dev/null
+        note "replay $rp, $n ranks, int8 over exact (bytes: x, enqueue/time us exact then int8): $(python3 -c '
+import json, sys
+rows = lambda p: {r["bytes"]: r for r in json.load(open(p))["rows"]}
+e, c = rows(sys.argv[1]), rows(sys.argv[2])
+print(" ".join("%dM:%.2f(%.0f/%.0f,%.0f/%.0f)" % (b >> 20, e[b]["time_us"] / c[b]["time_us"], e[b]["enqueue_us"],
+    e[b]["time_us"], c[b]["enqueue_us"], c[b]["time_us"]) for b in sorted(c) if b in e))
+' "$RES/replay-$r-$rp-exact-bf16-$n.json" "$RES/replay-$r-$rp-int8-$n.json" 2>&1)"
+      done
+    done
+  done
+  mps_stop
+  return 0
+}
+
 # ab: builds in turns. Bundles: the release tests (how long the next driver call waits after
 # each kind of release, another stream held) and the same-card figures; wheels: the whole
 # copy_ and copy call, copy_call_turns.py in alternating order.
@@ -682,7 +714,7 @@ for section in "${sections[@]}"; do
     probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | door-host | compress | plots)
       late || "section_${s//-/_}"
       ;;
-    tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | large | ab)
+    tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | large | replay | ab)
       late || investigation "$s"
       ;;
     slot-waits)
