@@ -12,6 +12,9 @@
 #                GPU visible (the same-card figure)     -> copy-staged.* copy-staged-1G.*
 #   host         copy_to_host / copy_from_host          -> host.*
 #   reduce       the reduce kernels, every dtype        -> reduce.*
+#   codec        the compressed all-reduce's codec kernels alone (gp2p bench codec), bf16, int8 and
+#                fp8, 64 KiB-64 MiB, folds of 2 wires; int8 folds of 8 from 1 MiB
+#                                                       -> codec-bf16-{int8,fp8}.* codec-bf16-int8-8.*
 #   all-reduce   8 B-1 GiB by transport; 256 MiB of two logical ranks with one GPU visible
 #                                                       -> all-reduce-{auto,scratch,zero-copy}.*
 #                                                          all-reduce-256M-{auto,scratch,zero-copy}.*
@@ -59,7 +62,7 @@
 #                                                       -> comm-compress-<format>-<N>.* comm-exact-bf16-<N>.*
 #                                                          comm-compress-int8-2-two-shot.*
 #   plots        the SVGs from the JSON present (also drawn at the end of every call)
-#   bench        = probe copy host reduce all-reduce collectives nccl criterion
+#   bench        = probe copy host reduce codec all-reduce collectives nccl criterion
 # Investigations (not in the default; files under $OUT/<machine>/investigations/):
 #   tune         all_reduce chunk x slots at 64 MiB-1 GiB; copy chunk sizes
 #   spread       1 GiB all_reduce in three processes (the spread between processes)
@@ -182,7 +185,16 @@ section_reduce() {
   bench reduce reduce --dtype all -n 20 -w 5
 }
 
-section_all-reduce() {
+section_codec() {
+  local f
+  for f in int8 fp8; do
+    late && return
+    bench "codec-bf16-$f" codec --dtype bf16 --format "$f" --ranks 2 -b 64K -e 64M -f 4 -n 20 -w 5
+  done
+  late || bench codec-bf16-int8-8 codec --dtype bf16 --format int8 --ranks 8 -b 1M -e 64M -f 4 -n 20 -w 5
+}
+
+section_all_reduce() {
   local t
   for t in auto scratch zero-copy; do
     late && return
@@ -706,12 +718,12 @@ sections=("$@")
 [ $# -eq 0 ] && sections=(bench python mp)
 for section in "${sections[@]}"; do
   case $section in
-  bench) set -- probe copy host reduce all-reduce collectives nccl criterion ;;
+  bench) set -- probe copy host reduce codec all-reduce collectives nccl criterion ;;
   *) set -- "$section" ;;
   esac
   for s in "$@"; do
     case $s in
-    probe | copy | host | reduce | all-reduce | collectives | nccl | criterion | python | mp | comm | door | door-host | compress | plots)
+    probe | copy | host | reduce | codec | all-reduce | collectives | nccl | criterion | python | mp | comm | door | door-host | compress | plots)
       late || "section_${s//-/_}"
       ;;
     tune | spread | exchange | trace | mp-lines | waits | crossover | chunks | small | large | replay | ab)

@@ -56,3 +56,20 @@ fn the_one_line_summary_names_every_command() {
         assert!(summary.contains(command), "the first line lacks {command}: {summary}");
     }
 }
+
+#[test]
+fn the_codec_bench_refuses_what_its_kernels_do_not_take_before_opening_a_gpu() {
+    let help = stdout(&["bench", "codec", "-h"]);
+    assert!(help.contains("[possible values: int8, fp8]") && help.contains("--ranks"), "{help}");
+    for (args, names) in [
+        (&["bench", "codec", "--ranks", "9"][..], "--ranks 9"),
+        (&["bench", "codec", "--ranks", "1"][..], "--ranks 1"),
+        (&["bench", "codec", "--block", "48"][..], "--block 48"),
+        (&["bench", "codec", "--dtype", "i8"][..], "f32, f16 or bf16"),
+    ] {
+        let out = gp2p(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(names), "{args:?}: {stderr}");
+    }
+}

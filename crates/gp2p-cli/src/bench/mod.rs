@@ -1,6 +1,7 @@
 //! `gp2p bench …`: nccl-tests style sweeps; every row is verified and compared with a
 //! ceiling measured in the same run.
 
+mod codec;
 mod collective;
 mod comm;
 mod compressed;
@@ -51,6 +52,10 @@ pub enum BenchCommand {
     /// starts), rank r on GPU r modulo the GPUs: each row's time against the bytes' bound at
     /// the duplex rate measured first.
     Comm(comm::CommArgs),
+    /// The compressed all-reduce's codec kernels alone in device memory (encode, decode, the
+    /// owner's fold and encode, the one-shot's fold and decode), their bytes read and written
+    /// against the device-to-device copy rate, every output against the CPU reference's bits.
+    Codec(codec::CodecArgs),
     /// Draw saved `--json` reports again as SVG, with other tools' rows (NCCL, torch) beside
     /// them; needs no GPU.
     Plot(crate::plot::PlotArgs),
@@ -126,6 +131,7 @@ pub fn run(command: BenchCommand) -> Result<(), CliError> {
         BenchCommand::ReduceScatter(args) => collective::run(collective::Kind::ReduceScatter, &args),
         BenchCommand::Broadcast(args) => collective::run(collective::Kind::Broadcast, &args),
         BenchCommand::Comm(args) => comm::run(&args),
+        BenchCommand::Codec(args) => codec::run(&args),
         BenchCommand::Plot(args) => crate::plot::run(&args),
     }
 }
