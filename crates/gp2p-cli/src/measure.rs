@@ -165,14 +165,26 @@ fn duplex_rates(marks: &[Vec<Event>; 2], bytes: usize) -> Result<[f64; 2], CliEr
     Ok(rates)
 }
 
+/// What [`duplex_all_at_once`] measured.
+#[derive(Debug, Clone)]
+pub struct AllAtOnce {
+    /// Per card, the median `[d2h, h2d]` rate of the middle halves of its own passes.
+    pub cards: Vec<[f64; 2]>,
+    /// Each way, the median over the passes of every card's bytes over the time from the
+    /// earliest card's first transfer to the latest card's last: what the cards carried
+    /// together. Where the cards share a link whose copy engines run their passes one after
+    /// another rather than side by side, each card's own rate is the whole link's and their sum
+    /// counts it once a card; this does not.
+    pub in_all: [f64; 2],
+}
+
 /// The duplex passes of [`Ceilings::duplex`] on every card in `cards` at once: before each
 /// pass every device is idle, and each card's stream is held until every card's pass is
 /// enqueued, so they all start together and run side by side through host memory (one card:
-/// [`Ceilings::duplex`] itself). Returns per card the median `[d2h, h2d]` rate of the
-/// timed passes.
-pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<Vec<[f64; 2]>, CliError> {
+/// [`Ceilings::duplex`] itself).
+pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<AllAtOnce, CliError> {
     let Some(first) = cards.first() else {
-        return Ok(Vec::new());
+        return Ok(AllAtOnce { cards: Vec::new(), in_all: [0.0; 2] });
     };
     let repeats = first.repeats;
     let mut setups = Vec::with_capacity(cards.len());
@@ -183,6 +195,7 @@ pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<Vec<[f64; 2]>, C
         setups.push((fork, slots, bytes));
     }
     let mut rates: Vec<[Vec<f64>; 2]> = cards.iter().map(|_| [Vec::new(), Vec::new()]).collect();
+    let mut in_all: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for pass in 0..repeats.warmup.min(1) + repeats.timed.max(1) {
         for c in cards.iter() {
             c.device.synchronize()?;
@@ -206,8 +219,33 @@ pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<Vec<[f64; 2]>, C
             card_rates[0].push(d2h);
             card_rates[1].push(h2d);
         }
+        let moved: usize = setups.iter().map(|(_, _, bytes)| bytes * DUPLEX_TRANSFERS).sum();
+        for (dir, rates) in in_all.iter_mut().enumerate() {
+            let ms = span_ms(&marks, dir);
+            rates.push(if ms > 0.0 { gbps(moved, ms / 1e3) } else { f64::NAN });
+        }
     }
-    Ok(rates.iter_mut().map(|[d2h, h2d]| [median(d2h), median(h2d)]).collect())
+    Ok(AllAtOnce {
+        cards: rates.iter_mut().map(|[d2h, h2d]| [median(d2h), median(h2d)]).collect(),
+        in_all: in_all.map(|mut r| median(&mut r)),
+    })
+}
+
+/// Milliseconds from the earliest card's first mark to the latest card's last one in direction
+/// `dir` (0 D2H, 1 H2D): the largest time from any card's start to any card's end, so no mark
+/// needs to come after another for its time to be read.
+fn span_ms(marks: &[[Vec<Event>; 2]], dir: usize) -> f64 {
+    let mut span: f64 = 0.0;
+    for from in marks {
+        for to in marks {
+            if let (Some(start), Some(end)) = (from[dir].first(), to[dir].last())
+                && let Ok(ms) = Event::elapsed_ms(start, end)
+            {
+                span = span.max(f64::from(ms));
+            }
+        }
+    }
+    span
 }
 
 /// The fewest bytes each of several duplex passes at once on one device moves: each takes its
@@ -216,17 +254,20 @@ pub fn duplex_all_at_once(cards: &mut [Ceilings<'_>]) -> Result<Vec<[f64; 2]>, C
 const SHARED_PASS_MIN_BYTES: usize = 256 << 20;
 
 /// What `passes` duplex passes at once on one device, each on streams of its own and started
-/// together ([`duplex_all_at_once`]), carry each way in all, GB/s, beside one pass's
-/// [`Ceilings::duplex`]: what as many ranks' pipelines sharing the GPU can have of its link
-/// together. The passes are streams of this one process; ranks are processes under an MPS
-/// daemon, whose copies reach the same copy engines through it.
+/// together ([`duplex_all_at_once`]), carry each way in all, GB/s (the mean of the two ways'
+/// [`AllAtOnce::in_all`]), beside one pass's [`Ceilings::duplex`]: what as many ranks'
+/// pipelines sharing the GPU can have of its link together. The passes are streams of this
+/// one process; ranks are processes under an MPS daemon, whose copies reach the same copy
+/// engines through it. (Summing each pass's own rate instead read 7.65 times one pass's
+/// duplex for eight passes on one H100, more than its link carries: the passes had not all run
+/// side by side.)
 pub fn duplex_shared(device: &Device, passes: usize, bytes: usize, repeats: Repeats) -> Result<f64, CliError> {
     let per_pass = (bytes / passes.max(1)).max(SHARED_PASS_MIN_BYTES);
     let streams = (0..passes).map(|_| Stream::new(device)).collect::<Result<Vec<_>, _>>()?;
     let mut cards =
         streams.iter().map(|s| Ceilings::new(device, s, per_pass, repeats)).collect::<Result<Vec<_>, _>>()?;
-    let rates = duplex_all_at_once(&mut cards)?;
-    Ok(rates.iter().map(|[d2h, h2d]| (d2h + h2d) / 2.0).sum())
+    let [d2h, h2d] = duplex_all_at_once(&mut cards)?.in_all;
+    Ok((d2h + h2d) / 2.0)
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
@@ -318,7 +359,7 @@ impl<'a> Ceilings<'a> {
     pub fn duplex(&mut self) -> Result<f64, CliError> {
         // One card is the all-cards measurement of a single card: the same passes, started
         // from an idle device with the stream held until the pass is enqueued.
-        let [d2h, h2d] = duplex_all_at_once(std::slice::from_mut(self))?[0];
+        let [d2h, h2d] = duplex_all_at_once(std::slice::from_mut(self))?.cards[0];
         // A copy moves equal bytes each way, so its per-direction ceiling is half of what
         // the link carries both ways together (measured: D2H 48.9 with H2D 51.7 beside it,
         // while a pipeline pacing both directions equally ran 49.7 each way).

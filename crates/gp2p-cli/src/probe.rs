@@ -257,7 +257,7 @@ pub fn measure_links(report: &Report) -> Result<LinkRates, CliError> {
             rates.devices.push(DeviceLink { device: *ordinal, h2d_gbps, d2h_gbps, duplex_gbps });
         }
         if !cards.is_empty() {
-            let together = duplex_all_at_once(&mut cards)?;
+            let together = duplex_all_at_once(&mut cards)?.cards;
             let ordinals: Vec<usize> = devices.iter().map(|(o, _, _)| *o).collect();
             let alone: Vec<f64> = rates.devices.iter().map(|d| d.duplex_gbps).collect();
             rates.together = Some(AllCards::new(&ordinals, &alone, &together));
