@@ -12,10 +12,11 @@
 //! in the context the peers' kernels wait in, see the communicator's launch cache). Measured
 //! once against enqueuing (bf16, 1-64 MiB among 2, 4 and 8 processes on one H100,
 //! `benches/results/h10080gbhbm3/comm-replay.txt`): from 4 MiB it cut the host's time a call
-//! to 0.31-0.56 of enqueuing's, it made the compressed all-reduce 2-25 % faster among 2 and 4
-//! processes and the exact one 0-11 % among 2, but among 8 the exact one ran 4-36 % slower at
-//! 1-16 MiB; one run a side, on a test bed whose runs spread by as much. Not enough to turn
-//! it on for everyone.
+//! to 0.31-0.56 of enqueuing's; the compressed all-reduce took 2-25 % less time among 2 and 4
+//! processes and the exact one 0-11 % less among 2, but among 4 the exact one's times moved by
+//! −37 % to +2 %, and among 8 the exact one took 4-36 % more at 1-16 MiB and the compressed one
+//! −22 % to +12 %; one run a side, on a test bed whose runs spread by as much. Not enough to
+//! turn it on for everyone.
 
 use crate::{Error, Result};
 
