@@ -487,7 +487,8 @@ fn one_size<T: Compressed>(
         wrong_everywhere += all.iter().map(|w| w[0]).sum::<u64>();
         if rank == 0 {
             let file = super::timeline::file_for(dir, bytes, 0);
-            let mut summary = super::timeline::summary(bytes, n, &stamps, &file);
+            let untraced_us = median(&mut per_call.clone()) * 1e6;
+            let mut summary = super::timeline::summary(bytes, n, &stamps, &file, untraced_us);
             // Every rank has written its file (the exchange above came after): where they
             // share this GPU, their crossings share its link.
             if sharing == n {

@@ -62,8 +62,10 @@ fn began<'a>(stamps: impl IntoIterator<Item = (&'a str, u64)>, first: u64) -> Ve
     stamps.into_iter().map(|(stream, ns)| last_on.insert(stream, ns).unwrap_or(first)).collect()
 }
 
-/// Rank 0's summary of one traced call of `bytes`, as comment lines under the table.
-pub(crate) fn summary(bytes: usize, world: usize, read: &Stamps, file: &Path) -> String {
+/// Rank 0's summary of one traced call of `bytes`, as comment lines under the table;
+/// `untraced_us` the row's time a call, beside which the traced call's own shows what its
+/// stamps cost.
+pub(crate) fn summary(bytes: usize, world: usize, read: &Stamps, file: &Path, untraced_us: f64) -> String {
     let stamps = &read.stamps;
     let (span, sums) = sum_steps(stamps);
     let dropped = match read.dropped {
@@ -71,8 +73,10 @@ pub(crate) fn summary(bytes: usize, world: usize, read: &Stamps, file: &Path) ->
         n => format!(", {n} more marks past the timeline's room not stamped"),
     };
     let mut out = format!(
-        "# timeline of one call of {} among {world}, rank 0: {:.1} us from its start to its end ({} stamps{dropped}; \
-         every rank's in {})\n#   {:<8} {:<16} {:>5} {:>10} {:>6} {:>7}\n",
+        "# timeline of one call of {} among {world}, rank 0: {:.1} us from its start to its end, where the row's \
+         untraced calls took {untraced_us:.1} us each ({} stamps{dropped}, each a launch of its own, so a step's time \
+         also holds any wait for the host to launch what comes after its stamp; every rank's in {})\n\
+         #   {:<8} {:<16} {:>5} {:>10} {:>6} {:>7}\n",
         format_size(bytes),
         span as f64 / 1e3,
         stamps.len(),
@@ -266,7 +270,8 @@ mod tests {
             stamps: vec![stamp("caller", "start", 0, 0), stamp("send", "copy out", 50_000, 2_000)],
             dropped: 3,
         };
-        let text = summary(1 << 20, 2, &read, Path::new("out/timeline-1M-rank0.json"));
+        let text = summary(1 << 20, 2, &read, Path::new("out/timeline-1M-rank0.json"), 1.5);
+        assert!(text.contains("the row's untraced calls took 1.5 us each"), "{text}");
         assert!(text.contains("3 more marks past the timeline's room not stamped"), "{text}");
         let line = text.lines().find(|l| l.contains("copy out")).expect("a line for the copies");
         assert!(line.contains("100.0%"), "{line}");
