@@ -122,6 +122,14 @@ pub struct AllReducePaths {
     pub shared_link: bool,
 }
 
+/// How much dearer than the rounds the model may price two ranks' one kernel on a shared link
+/// and still pick it ([`AllReducePaths::one_kernel_max`]): the kernel is one launch where the
+/// rounds enqueue a driver call a step, and where the model priced it up to 7.5 % dearer (3-4
+/// MiB) the two ran within 2.2 % of each other on one H100 (234 against 229 µs at 3 MiB, 265
+/// against 266 at 4 MiB), the kernel's host time 2.9-5.4 µs a call where the rounds' was 60 at
+/// 4 MiB (`benches/results/h10080gbhbm3/comm-one-kernel-2.txt`, `comm-all-reduce-2.txt`).
+pub const ONE_KERNEL_HOST_TIE: f64 = 1.10;
+
 impl AllReducePaths {
     /// Bytes of a chunk of the rounds' legs: the fixed chunk where there is one, else a slot
     /// (the exchange's chunks are sized by the message; the rounds' stay a slot: 512 KiB to
@@ -150,7 +158,7 @@ impl AllReducePaths {
 
     /// These paths as two ranks on one GPU take them, sharing its link as their communicator
     /// finds (`Communicator::new`): the rounds above the one kernel, which runs only as far as
-    /// it prices cheaper ([`AllReducePaths::one_kernel_max`]).
+    /// it prices within [`ONE_KERNEL_HOST_TIE`] of them ([`AllReducePaths::one_kernel_max`]).
     pub fn on_one_link(self) -> AllReducePaths {
         let shared = AllReducePaths { shared_link: true, ..self };
         AllReducePaths { small_max: shared.one_kernel_max(), ..shared }
@@ -161,8 +169,10 @@ impl AllReducePaths {
     /// the one kernel and the rounds load the same link, and the model prices the flagged
     /// chunks' kernel below its DMA rate ([`CHUNK_KERNEL_DMA_SHARE`]) against the rounds'
     /// chunk steps, so past some size the rounds win: this is the largest size, in 4 KiB
-    /// steps, that the model (at `many`'s rates, the same on every rank) prices no dearer as
-    /// one kernel, never below the lines. On one H100 shared by two processes the two ran
+    /// steps, that the model (at `many`'s rates, the same on every rank) prices as one kernel
+    /// at most [`ONE_KERNEL_HOST_TIE`] times the rounds, never below the lines (the whole
+    /// default room of 4 MiB at the H200 defaults and at that H100's rates; about 4.5 MiB in a
+    /// room of 8). On one H100 shared by two processes the two ran
     /// 149 against 181 µs at 2 MiB, 234 against 229 at 3 MiB and 265 against 266 at 4 MiB
     /// (`benches/results/h10080gbhbm3/comm-one-kernel-2.txt`); on cards of their
     /// own the one kernel ran faster up to 4 MiB (see `CommOptions::small_max_bytes`'s
@@ -178,7 +188,7 @@ impl AllReducePaths {
         let one_kernel_wins = |bytes: usize| {
             let one = all_reduce_prediction(&machine, &AllReducePaths { small_max: bytes, ..*self }, bytes);
             let rounds = all_reduce_prediction(&machine, &AllReducePaths { small_max: 0, ..*self }, bytes);
-            one.seconds <= rounds.seconds
+            one.seconds <= rounds.seconds * ONE_KERNEL_HOST_TIE
         };
         if one_kernel_wins(self.small_max) {
             return self.small_max;
