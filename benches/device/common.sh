@@ -30,8 +30,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 ROOT=$(pwd)
 : "${OUT:?set OUT to the folder results go to}"
 B=${BUNDLE:-bundle}
-if [ ! -x "$B/run" ] && [ -f target/carry/bundle.tar.xz ]; then
-  tar xJf target/carry/bundle.tar.xz
+# Unpacked once, and again when a newer tarball comes (a warm machine keeps the last call's
+# bundle, which would otherwise run under the new GP2P_COMMIT).
+if [ -f target/carry/bundle.tar.xz ] && { [ ! -x "$B/run" ] || [ target/carry/bundle.tar.xz -nt "$B/.unpacked" ]; }; then
+  rm -rf "$B" && tar xJf target/carry/bundle.tar.xz && touch "$B/.unpacked"
 fi
 if [ ! -x "$B/run" ]; then
   echo "no bundle at $B (build one with \`cargo xtask test-gpu --bundle bundle\` and carry it)" >&2

@@ -57,7 +57,7 @@ const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
 /// [`CommOptions::peer_timeout`].
 ///
 /// Two paths: an all-reduce of at most [`Communicator::small_max_bytes`] (the option's size, or
-/// less between two ranks on one GPU) is one kernel per
+/// possibly less between two ranks on one GPU, for a room over 4 MiB) is one kernel per
 /// rank that hands its buffer over in mapped host memory (8-byte lines of data and number up
 /// to [`CommOptions::lines_max_bytes`], flagged 4 KiB chunks above), numbered in device
 /// memory; everything else goes through a pipeline of DMA copies via slots of the segment,

@@ -17,8 +17,8 @@
 //!   [`MAX_RANKS`] (8) ranks on the caller's stream (more are refused at creation). Between
 //!   two ranks: all_reduce (every op and dtype; out of place too, `all_reduce_into`, which
 //!   one kernel runs as cheaply as in place), all_gather, reduce_scatter,
-//!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] (less
-//!   between two ranks on one GPU: `Communicator::small_max_bytes`) is one kernel per rank through mapped host memory: up to
+//!   broadcast, send and recv. An all-reduce of at most [`CommOptions::small_max_bytes`] (possibly
+//!   less between two ranks on one GPU, for a room over 4 MiB: `Communicator::small_max_bytes`) is one kernel per rank through mapped host memory: up to
 //!   [`CommOptions::lines_max_bytes`] (2 KiB by default) its 8-byte lines carry data and the
 //!   call's sequence number (NCCL's LL idea); above, it stores the buffer in 4 KiB chunks and
 //!   flags each with the number (one fence and one flag per chunk, so many blocks read at once);

@@ -85,8 +85,9 @@ pub const MANY_CHUNKS_VAR: &str = "GP2P_MANY_CHUNKS";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommOptions {
     /// The largest buffer, in bytes, a small-message call takes (its areas are sized for it).
-    /// Two ranks that share one GPU may stop sooner, where the cost model prices the rounds
-    /// cheaper (`Communicator::small_max_bytes` says where). Among more than two ranks the
+    /// Two ranks that share one GPU may stop sooner, where the cost model prices the one
+    /// kernel more than `choice::ONE_KERNEL_HOST_TIE` times the rounds (not within the default
+    /// 4 MiB; `Communicator::small_max_bytes` says where). Among more than two ranks the
     /// lines' size caps it, unless [`CommOptions::many_chunks`] is on.
     pub small_max_bytes: usize,
     /// How long a rank's kernel waits for its peer's data before it gives up (the next call
