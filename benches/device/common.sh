@@ -31,8 +31,10 @@ ROOT=$(pwd)
 : "${OUT:?set OUT to the folder results go to}"
 B=${BUNDLE:-bundle}
 # Unpacked once, and again when a newer tarball comes (a warm machine keeps the last call's
-# bundle, which would otherwise run under the new GP2P_COMMIT).
-if [ -f target/carry/bundle.tar.xz ] && { [ ! -x "$B/run" ] || [ target/carry/bundle.tar.xz -nt "$B/.unpacked" ]; }; then
+# bundle, which would otherwise run under the new GP2P_COMMIT). The tarball holds bundle/, so
+# only that folder is replaced, never one BUNDLE names elsewhere.
+if [ "$B" = bundle ] && [ -f target/carry/bundle.tar.xz ] &&
+  { [ ! -x "$B/run" ] || [ target/carry/bundle.tar.xz -nt "$B/.unpacked" ]; }; then
   rm -rf "$B" && tar xJf target/carry/bundle.tar.xz && touch "$B/.unpacked"
 fi
 if [ ! -x "$B/run" ]; then

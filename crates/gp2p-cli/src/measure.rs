@@ -172,10 +172,11 @@ pub struct AllAtOnce {
     pub cards: Vec<[f64; 2]>,
     /// Each way, the median over the passes of every card's bytes over the time from the
     /// earliest card's first transfer to the latest card's last: what the cards carried
-    /// together. Meaningful where the cards are streams of one device, whose events share a
-    /// clock (`duplex_shared`); across devices, pairs whose time cannot be read are skipped. Where the cards share a link whose copy engines run their passes one after
+    /// together. Where the cards share a link whose copy engines run their passes one after
     /// another rather than side by side, each card's own rate is the whole link's and their sum
-    /// counts it once a card; this does not.
+    /// counts it once a card; this does not. Meaningful where the cards are streams of one
+    /// device, whose events share a clock (`duplex_shared`); across devices, pairs whose time
+    /// cannot be read are skipped.
     pub in_all: [f64; 2],
 }
 

@@ -467,6 +467,7 @@ fn one_size<T: Compressed>(
             enqueue.push(host / args.calls as f64);
         }
     }
+    let seconds = median(&mut per_call);
     if let Some(dir) = &args.timeline {
         reset(&mut out)?;
         stream.synchronize()?;
@@ -487,8 +488,7 @@ fn one_size<T: Compressed>(
         wrong_everywhere += all.iter().map(|w| w[0]).sum::<u64>();
         if rank == 0 {
             let file = super::timeline::file_for(dir, bytes, 0);
-            let untraced_us = median(&mut per_call.clone()) * 1e6;
-            let mut summary = super::timeline::summary(bytes, n, &stamps, &file, untraced_us);
+            let mut summary = super::timeline::summary(bytes, n, &stamps, &file, seconds * 1e6);
             // Every rank has written its file (the exchange above came after): where they
             // share this GPU, their crossings share its link.
             if sharing == n {
@@ -499,7 +499,6 @@ fn one_size<T: Compressed>(
         }
     }
     let Some(duplex) = duplex else { return Ok(None) };
-    let seconds = median(&mut per_call);
     let real = len * size_of::<T>();
     let algbw = real as f64 / seconds / 1e9;
     // Compressed, the link carries the wire (scales and codes) where it would carry the buffer.
